@@ -1,0 +1,257 @@
+//! A validated block of length-prefixed records, kept as one `Bytes`.
+//!
+//! Publish batches and event batches share the per-record layout `u32 payload_len, payload`
+//! (event batches optionally put a `u64 timestamp_micros` before each). The block is validated
+//! once when decoded and then kept as the raw bytes: iterating hands out slices, and a broker can
+//! put the very same bytes of a publish batch into the event batch it fans out, without touching
+//! a payload.
+
+use super::{EncodeError, PayloadError, Reader};
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// `count` records, optionally each with a timestamp, as validated raw bytes.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Records {
+    count: u32,
+    timed: bool,
+    payload_bytes: usize,
+    raw: Bytes,
+}
+
+/// One record of a [`Records`] block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Append time in microseconds since the Unix epoch, when the block is timed.
+    pub timestamp_micros: Option<u64>,
+    /// The payload, a slice of the block.
+    pub payload: Bytes,
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records")
+            .field("count", &self.count)
+            .field("timed", &self.timed)
+            .field("payload_bytes", &self.payload_bytes)
+            .finish()
+    }
+}
+
+impl Records {
+    /// Reads `u32 count` then the records, from the reader's position to the end.
+    pub(crate) fn decode(r: &mut Reader, timed: bool) -> Result<Records, PayloadError> {
+        let count = r.u32("count")?;
+        let per = if timed { 12 } else { 4 };
+        let remaining = r.remaining();
+        if count as usize > remaining / per {
+            return Err(PayloadError::CountTooLarge { count, remaining });
+        }
+        let raw = r.rest();
+        let mut pos = 0usize;
+        let mut payload_bytes = 0usize;
+        for _ in 0..count {
+            if timed {
+                if raw.len() - pos < 8 {
+                    return Err(PayloadError::Incomplete { field: "timestamp_micros" });
+                }
+                pos += 8;
+            }
+            if raw.len() - pos < 4 {
+                return Err(PayloadError::Incomplete { field: "payload_len" });
+            }
+            let len = u32::from_be_bytes([raw[pos], raw[pos + 1], raw[pos + 2], raw[pos + 3]]) as usize;
+            pos += 4;
+            if raw.len() - pos < len {
+                return Err(PayloadError::Incomplete { field: "payload" });
+            }
+            pos += len;
+            payload_bytes += len;
+        }
+        if pos != raw.len() {
+            return Err(PayloadError::TrailingBytes(raw.len() - pos));
+        }
+        Ok(Records { count, timed, payload_bytes, raw })
+    }
+
+    /// Builds an untimed block from payloads (one copy of each payload).
+    ///
+    /// # Errors
+    /// A payload over `u32::MAX` bytes, or more than `u32::MAX` payloads.
+    pub fn from_payloads<I, P>(payloads: I) -> Result<Records, EncodeError>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        Self::build(payloads.into_iter().map(|p| (None, p)), false)
+    }
+
+    /// Builds a timed block from `(timestamp_micros, payload)` pairs.
+    ///
+    /// # Errors
+    /// As [`from_payloads`](Self::from_payloads).
+    pub fn from_timed<I, P>(items: I) -> Result<Records, EncodeError>
+    where
+        I: IntoIterator<Item = (u64, P)>,
+        P: AsRef<[u8]>,
+    {
+        Self::build(items.into_iter().map(|(t, p)| (Some(t), p)), true)
+    }
+
+    fn build<I, P>(items: I, timed: bool) -> Result<Records, EncodeError>
+    where
+        I: Iterator<Item = (Option<u64>, P)>,
+        P: AsRef<[u8]>,
+    {
+        let mut raw = BytesMut::new();
+        let mut count: u32 = 0;
+        let mut payload_bytes = 0usize;
+        for (t, p) in items {
+            let p = p.as_ref();
+            let len = u32::try_from(p.len()).map_err(|_| EncodeError::TooLong {
+                field: "payload",
+                len: p.len(),
+                max: u32::MAX as usize,
+            })?;
+            if let Some(t) = t {
+                raw.put_u64(t);
+            }
+            raw.put_u32(len);
+            raw.extend_from_slice(p);
+            payload_bytes += p.len();
+            count = count.checked_add(1).ok_or(EncodeError::TooLong {
+                field: "count",
+                len: u32::MAX as usize + 1,
+                max: u32::MAX as usize,
+            })?;
+        }
+        Ok(Records { count, timed, payload_bytes, raw: raw.freeze() })
+    }
+
+    /// Number of records.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+    /// Whether each record carries a timestamp.
+    pub fn is_timed(&self) -> bool {
+        self.timed
+    }
+    /// Sum of the payload lengths.
+    pub fn payload_bytes(&self) -> usize {
+        self.payload_bytes
+    }
+    /// The raw block (without the count), for zero-copy re-framing.
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+    /// Iterates the records.
+    pub fn iter(&self) -> RecordsIter<'_> {
+        RecordsIter { records: self, pos: 0, left: self.count }
+    }
+    /// Iterates just the payloads.
+    pub fn payloads(&self) -> impl Iterator<Item = Bytes> + '_ {
+        self.iter().map(|r| r.payload)
+    }
+    /// This block with every record stamped `timestamp_micros` (one copy of the block).
+    pub fn with_timestamp(&self, timestamp_micros: u64) -> Records {
+        if self.timed {
+            return self.clone();
+        }
+        let mut raw = BytesMut::with_capacity(self.raw.len() + 8 * self.count as usize);
+        for r in self.iter() {
+            raw.put_u64(timestamp_micros);
+            raw.put_u32(r.payload.len() as u32);
+            raw.extend_from_slice(&r.payload);
+        }
+        Records { count: self.count, timed: true, payload_bytes: self.payload_bytes, raw: raw.freeze() }
+    }
+    /// This block without timestamps (one copy of the block when it had them).
+    pub fn without_timestamps(&self) -> Records {
+        if !self.timed {
+            return self.clone();
+        }
+        let mut raw = BytesMut::with_capacity(self.raw.len() - 8 * self.count as usize);
+        for r in self.iter() {
+            raw.put_u32(r.payload.len() as u32);
+            raw.extend_from_slice(&r.payload);
+        }
+        Records { count: self.count, timed: false, payload_bytes: self.payload_bytes, raw: raw.freeze() }
+    }
+    /// Writes `u32 count` and the block.
+    pub(crate) fn encode(&self, dst: &mut BytesMut) {
+        dst.put_u32(self.count);
+        dst.extend_from_slice(&self.raw);
+    }
+    /// Encoded size: count plus block.
+    pub(crate) fn encoded_len(&self) -> usize {
+        4 + self.raw.len()
+    }
+}
+
+/// Iterator over a [`Records`] block.
+pub struct RecordsIter<'a> {
+    records: &'a Records,
+    pos: usize,
+    left: u32,
+}
+
+impl Iterator for RecordsIter<'_> {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let raw = &self.records.raw;
+        // The block was validated when it was built, so every read below is in bounds.
+        let mut p = self.pos;
+        let timestamp_micros = if self.records.timed {
+            let mut t = [0u8; 8];
+            t.copy_from_slice(&raw[p..p + 8]);
+            p += 8;
+            Some(u64::from_be_bytes(t))
+        } else {
+            None
+        };
+        let len = u32::from_be_bytes([raw[p], raw[p + 1], raw[p + 2], raw[p + 3]]) as usize;
+        p += 4;
+        let payload = raw.slice(p..p + len);
+        self.pos = p + len;
+        Some(Record { timestamp_micros, payload })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for RecordsIter<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_iterate_and_convert() {
+        let r = Records::from_payloads(["a", "", "ccc"]).unwrap();
+        assert_eq!(r.count(), 3);
+        assert_eq!(r.payload_bytes(), 4);
+        let p: Vec<Bytes> = r.payloads().collect();
+        assert_eq!(p, vec![Bytes::from("a"), Bytes::new(), Bytes::from("ccc")]);
+        let t = r.with_timestamp(9);
+        assert!(t.iter().all(|x| x.timestamp_micros == Some(9)));
+        assert_eq!(t.without_timestamps(), r);
+    }
+
+    #[test]
+    fn count_is_bounded_before_walking() {
+        let mut raw = BytesMut::new();
+        raw.put_u32(u32::MAX);
+        let mut rd = Reader::new(raw.freeze());
+        assert_eq!(Records::decode(&mut rd, false), Err(PayloadError::CountTooLarge { count: u32::MAX, remaining: 0 }));
+    }
+}

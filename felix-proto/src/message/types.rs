@@ -1,0 +1,1068 @@
+//! The JSON control messages, one struct each, fields in upstream's serialisation order.
+//!
+//! Rules every struct follows (so that an old peer sees byte-identical frames):
+//! * an optional field is `Option<_>` with `skip_serializing_if`, so "absent" means "what it
+//!   meant before the field existed";
+//! * a few fields upstream always writes (`cache_put.ttl_ms`, `cache_value.value`,
+//!   `state_value.value`, `group_poll.wait_ms`, group record `attempts`,
+//!   `cache_event.expires_at_millis`, `cache_watch_started.resnapshot`) are always written here
+//!   too, and accepted when absent;
+//! * unknown fields are ignored on decode (serde's default), which is what makes additive fields
+//!   safe.
+
+#![allow(missing_docs)] // field docs live in docs/protocol.md; each struct says what it is.
+
+use super::B64;
+use crate::binary::{AckMode, ErrorDetail};
+use crate::error_code::{ErrorCode, RetryClass};
+use serde::{Deserialize, Serialize};
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session
+
+/// `auth`: first frame on every client stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Auth {
+    pub tenant_id: String,
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_flags: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_features: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_features_hi: Option<u32>,
+}
+
+/// `auth_ok`: answer to an `auth` that offered `client_flags`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuthOk {
+    pub server_flags: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_features: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_features_hi: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener_ports: Option<Vec<u16>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_window: Option<u32>,
+}
+
+/// `ok`: plain success.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct OkMsg {}
+
+/// `error`: a request failed. Code fields only for a client that offered `FEATURE_ERROR_CODES`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorMsg {
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryClass>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<ErrorDetail>,
+}
+
+/// `unsupported`: the broker did not understand a request and keeps the stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unsupported {
+    pub request_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extension: Option<String>,
+}
+
+/// `extension`: a request named by string (reserved area; answered `unsupported` today).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Extension {
+    pub name: String,
+    pub request_id: u64,
+    #[serde(default)]
+    pub body: serde_json::Value,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topology and shard discovery
+
+/// `topology`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Topology {}
+
+/// One broker in a `topology_view`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BrokerAddr {
+    pub node_id: String,
+    pub addr: String,
+}
+
+/// `topology_view`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopologyView {
+    pub brokers: Vec<BrokerAddr>,
+}
+
+/// `not_leader`: another broker owns the shard (client offered `FEATURE_REDIRECT`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NotLeader {
+    pub node_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    pub generation: u64,
+}
+
+/// `stream_shards`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamShards {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub request_id: u64,
+}
+
+/// How keys map to shards on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    Modulo,
+    JumpHash,
+}
+
+/// `stream_shards_view`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamShardsView {
+    pub shards: u32,
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<Routing>,
+}
+
+/// `cache_shards`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheShards {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub request_id: u64,
+}
+
+/// `cache_shards_view`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheShardsView {
+    pub shards: u32,
+    pub request_id: u64,
+}
+
+/// Whether a name is a stream or a cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardKind {
+    Stream,
+    Cache,
+}
+
+/// `shard_owners`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardOwners {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub kind: ShardKind,
+    pub request_id: u64,
+}
+
+/// One shard's owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardOwner {
+    pub shard: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    #[serde(default)]
+    pub generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
+/// `shard_owners_view`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardOwnersView {
+    pub request_id: u64,
+    pub owners: Vec<ShardOwner>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Publishing
+
+/// `publish`: one message. `shard` (FEATURE_EXPLICIT_SHARD) sits right before `request_id`;
+/// `publish_width` (FEATURE_PUBLISH_WIDTH) is appended last.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Publish {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub payload: B64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack: Option<AckMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_width: Option<u32>,
+}
+
+/// `publish_batch`: several messages appended in order, answered once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishBatchMsg {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub payloads: Vec<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack: Option<AckMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_width: Option<u32>,
+}
+
+/// `publish_width` (our extension, FEATURE_PUBLISH_WIDTH): declares, for the rest of this QUIC
+/// stream, the shard count the client routes `stream`'s binary keyed batches by. See
+/// docs/protocol.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishWidth {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub width: u32,
+}
+
+/// `publish_ok`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishOk {
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+}
+
+/// `publish_error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishError {
+    pub request_id: u64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryClass>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<ErrorDetail>,
+}
+
+/// `producer_init`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProducerInit {
+    pub request_id: u64,
+}
+
+/// `producer_init_ok`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProducerInitOk {
+    pub request_id: u64,
+    pub producer_id: u64,
+}
+
+/// `publish_idempotent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishIdempotent {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub payloads: Vec<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<B64>,
+    pub request_id: u64,
+    pub producer_id: u64,
+    pub sequence: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_width: Option<u32>,
+}
+
+/// Leader named by a `not_leader` refusal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaderHint {
+    pub node_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+}
+
+/// Why a write was refused (externally tagged, as upstream).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusedReason {
+    SequenceGap { expected: u64 },
+    UnknownProducer,
+    SequenceExpired,
+    SequenceReused,
+    OffsetMismatch { tail: u64 },
+    NotLeader(LeaderHint),
+}
+
+/// `publish_refused`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishRefused {
+    pub request_id: u64,
+    pub reason: RefusedReason,
+    pub message: String,
+}
+
+/// `publish_if`: appended only at `expected_offset`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishIf {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub payloads: Vec<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<B64>,
+    pub expected_offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_width: Option<u32>,
+}
+
+/// One state change of a `commit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum StateChange {
+    Put { key: String, value: B64 },
+    Delete { key: String },
+}
+
+/// `commit`: an event and state changes as one record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Commit {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub entity_key: B64,
+    pub event: B64,
+    pub changes: Vec<StateChange>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_offset: Option<u64>,
+}
+
+/// `commit_ok`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommitOk {
+    pub request_id: u64,
+    pub offset: u64,
+}
+
+/// `state_get`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateGet {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub entity_key: B64,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    pub request_id: u64,
+}
+
+/// `state_value`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateValue {
+    #[serde(default)]
+    pub value: Option<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<u64>,
+    pub request_id: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subscriptions
+
+/// Where a subscription (or a group seek) starts: `"latest"`, `"earliest"` or `{"offset": n}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartPosition {
+    Latest,
+    Earliest,
+    Offset(u64),
+}
+
+/// `subscribe`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscribe {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartPosition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_capacity: Option<u32>,
+}
+
+/// `subscribed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscribed {
+    pub subscription_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_capacity: Option<u32>,
+}
+
+/// Why a cursor cannot be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CursorErrorReason {
+    TooOld,
+    InFuture,
+}
+
+/// `subscribe_cursor_error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscribeCursorError {
+    pub reason: CursorErrorReason,
+    pub requested: u64,
+    pub available: u64,
+}
+
+/// `event_stream_hello`: first frame of every event stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventStreamHello {
+    pub subscription_id: u64,
+}
+
+/// `event`: one event (JSON delivery form).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub payload: B64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+}
+
+/// `event_batch`: several events (JSON delivery form).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventBatchMsg {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub payloads: Vec<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_offset: Option<u64>,
+}
+
+/// `subscription_lagged`: terminal frame after a queue drop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionLagged {
+    pub subscription_id: u64,
+    pub resume_from: u64,
+}
+
+/// `shard_moved`: terminal frame when the shard moved away.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardMoved {
+    pub subscription_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    pub generation: u64,
+}
+
+/// `stream_deleted`: terminal frame when the stream was deleted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamDeleted {
+    pub subscription_id: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading history
+
+/// `offset_for_time`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OffsetForTime {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub at_micros: u64,
+    pub request_id: u64,
+}
+
+/// `offset_value`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OffsetValue {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    pub request_id: u64,
+}
+
+/// `stream_read`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamRead {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub from: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_records: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    pub request_id: u64,
+}
+
+/// One record of `stream_records`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamRecord {
+    pub offset: u64,
+    pub payload: B64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<String>,
+    #[serde(default)]
+    pub timestamp_micros: u64,
+}
+
+/// `stream_records`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamRecords {
+    pub records: Vec<StreamRecord>,
+    pub next_offset: u64,
+    pub request_id: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cache
+
+/// `cache_put`. `ttl_ms` is always written (`null` = no expiry).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CachePut {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    pub value: B64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// `cache_get`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheGet {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+}
+
+/// `cache_delete` (FEATURE_CACHE_DELETE): answered with the removed value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheDelete {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+}
+
+/// `cache_value`. `value` is always written (`null` on a miss).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheValue {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<B64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+}
+
+/// `cache_ok`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheOk {
+    pub request_id: u64,
+}
+
+/// A conditional cache write's condition: `"absent"` or `{"version": n}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheCondition {
+    Absent,
+    Version(u64),
+}
+
+/// `cache_put_if`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CachePutIf {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    pub value: B64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    pub condition: CacheCondition,
+    pub request_id: u64,
+}
+
+/// `cache_delete_if`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheDeleteIf {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    pub version: u64,
+    pub request_id: u64,
+}
+
+/// `cache_condition_result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheConditionResult {
+    pub applied: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    pub request_id: u64,
+}
+
+/// `cache_watch`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheWatch {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub retained: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_id: Option<u64>,
+}
+
+/// `cache_watch_started`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheWatchStarted {
+    pub subscription_id: u64,
+    pub resume_offset: u64,
+    #[serde(default)]
+    pub resnapshot: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_count: Option<u64>,
+}
+
+/// `cache_event`: one change on a watch's event stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheEvent {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<B64>,
+    pub offset: u64,
+    #[serde(default)]
+    pub expires_at_millis: u64,
+}
+
+/// `cache_watch_lagged`: terminal frame of a watch that fell behind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheWatchLagged {
+    pub resume_from: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counters
+
+/// `counter_add`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterAdd {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    pub delta: i64,
+    pub request_id: u64,
+}
+
+/// `counter_get`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterGet {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    pub key: String,
+    pub request_id: u64,
+}
+
+/// `counter_value`. Absent `value` = never written (≠ 0).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterValue {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<i64>,
+    pub request_id: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer groups
+
+/// `group_poll`. `wait_ms` is always written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPoll {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub group: String,
+    pub max_records: u32,
+    #[serde(default)]
+    pub wait_ms: u64,
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_ms: Option<u64>,
+}
+
+/// One record of `group_records`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    pub offset: u64,
+    pub payload: B64,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_before: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_micros: Option<u64>,
+}
+
+/// `group_records`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRecords {
+    pub records: Vec<GroupRecord>,
+    pub request_id: u64,
+}
+
+/// `group_ack`, `group_dead_letter`, `group_discard`, `group_redrive`: one offset of a group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupOffset {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub group: String,
+    pub offset: u64,
+    pub request_id: u64,
+}
+
+/// `group_nack`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupNack {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub group: String,
+    pub offset: u64,
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+/// `group_extend`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupExtend {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub group: String,
+    pub offset: u64,
+    pub attempts: u32,
+    pub extend_ms: u64,
+    pub request_id: u64,
+}
+
+/// `group_extended`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupExtended {
+    pub visible_ms: u64,
+    pub request_id: u64,
+}
+
+/// `group_dead_letters`, `group_describe`, `group_delete`: a whole group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRef {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub group: String,
+    pub request_id: u64,
+}
+
+/// `group_dead_letter_list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupDeadLetterList {
+    pub offsets: Vec<u64>,
+    pub request_id: u64,
+}
+
+/// `group_seek`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupSeek {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub group: String,
+    pub start: StartPosition,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub if_new: bool,
+    pub request_id: u64,
+}
+
+/// `group_position`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPosition {
+    pub offset: u64,
+    pub moved: bool,
+    pub request_id: u64,
+}
+
+/// `group_info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<u64>,
+    pub tail: u64,
+    pub in_flight: u64,
+    pub owed: u64,
+    pub dead_letters: u64,
+    pub request_id: u64,
+}
+
+/// `group_deleted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupDeleted {
+    pub existed: bool,
+    pub request_id: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator diagnostics (FEATURE_INSPECT)
+
+/// `shard_inspect`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardInspect {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub kind: ShardKind,
+    pub shard: u32,
+    pub request_id: u64,
+}
+
+/// Assignment part of an inspect view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InspectAssignment {
+    pub generation: u64,
+    pub leader: String,
+    pub replicas: Vec<String>,
+    pub draining: bool,
+    pub successor: String,
+}
+
+/// Fence part of an inspect view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InspectFence {
+    pub took: Vec<String>,
+    pub pending: Vec<String>,
+    pub attempts: u32,
+    pub retry_in_ms: u64,
+}
+
+/// Lease part of an inspect view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InspectLease {
+    pub held: bool,
+    pub remaining_ms: u64,
+}
+
+/// One replica in an inspect view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InspectReplica {
+    pub node_id: String,
+    pub role: String,
+    pub next_offset: u64,
+    pub lag: u64,
+    pub fence: bool,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<String>,
+}
+
+/// A broker's own view of one shard. Words are open strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InspectView {
+    pub node_id: String,
+    pub shards: u32,
+    pub role: String,
+    pub phase: String,
+    pub serving: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<InspectAssignment>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<InspectFence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<InspectLease>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Vec<InspectReplica>>,
+}
+
+/// `shard_inspect_info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardInspectInfo {
+    pub request_id: u64,
+    pub view: InspectView,
+}
+
+/// Filter of `subscriptions_list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct SubscriptionFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropping: Option<bool>,
+}
+
+/// Paging cursor of `subscriptions_list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionCursor {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub subscriber_id: u64,
+}
+
+/// `subscriptions_list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionsList {
+    pub request_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<SubscriptionFilter>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<SubscriptionCursor>,
+}
+
+/// One subscription in `subscriptions_list_info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionInfo {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub subscriber_id: u64,
+    pub subscription_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    pub policy: String,
+    pub depth: u64,
+    pub capacity: u64,
+    pub dropped: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    pub tail: u64,
+    pub age_ms: u64,
+}
+
+/// `subscriptions_list_info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionsListInfo {
+    pub request_id: u64,
+    pub node_id: String,
+    pub subscriptions: Vec<SubscriptionInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<SubscriptionCursor>,
+}
