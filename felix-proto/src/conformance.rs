@@ -39,7 +39,7 @@ fn fail<T>(msg: impl Into<String>) -> Result<T, VectorFailure> {
 /// A non-hex character or an odd number of digits.
 pub fn parse_hex(s: &str) -> Result<Vec<u8>, VectorFailure> {
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return fail("hex has an odd number of digits");
     }
     let val = |c: u8| -> Result<u8, VectorFailure> {
@@ -70,15 +70,15 @@ pub fn check_vector(json_text: &str, hex_text: &str) -> Result<(), VectorFailure
     let desc: Value = serde_json::from_str(json_text).or_else(|e| fail(format!("vector JSON: {e}")))?;
     let Some(desc) = desc.as_object() else { return fail("vector JSON is not an object") };
     let frame = parse_hex(hex_text)?;
-    if let Some(fh) = desc.get("frame_hex").and_then(Value::as_str) {
-        if parse_hex(fh)? != frame {
-            return fail("frame_hex differs from the .hex file");
-        }
+    if let Some(fh) = desc.get("frame_hex").and_then(Value::as_str)
+        && parse_hex(fh)? != frame
+    {
+        return fail("frame_hex differs from the .hex file");
     }
-    if let Some(ph) = desc.get("payload_hex").and_then(Value::as_str) {
-        if frame.len() < HEADER_LEN || parse_hex(ph)? != frame[HEADER_LEN..] {
-            return fail("payload_hex differs from the frame's payload");
-        }
+    if let Some(ph) = desc.get("payload_hex").and_then(Value::as_str)
+        && (frame.len() < HEADER_LEN || parse_hex(ph)? != frame[HEADER_LEN..])
+    {
+        return fail("payload_hex differs from the frame's payload");
     }
     let kind = desc.get("kind").and_then(Value::as_str).unwrap_or("json_message");
     match kind {
@@ -114,10 +114,10 @@ fn decode_one(frame: &[u8], desc: &Map<String, Value>) -> Result<Frame, FrameErr
 
 fn whole_frame(frame: &[u8], desc: &Map<String, Value>) -> Result<Frame, VectorFailure> {
     let f = decode_one(frame, desc).or_else(|e| fail(format!("frame does not decode: {e}")))?;
-    if let Some(want) = desc.get("flags").and_then(Value::as_u64) {
-        if u64::from(f.flags.bits()) != want {
-            return fail(format!("flags {:#06x}, described {want:#06x}", f.flags.bits()));
-        }
+    if let Some(want) = desc.get("flags").and_then(Value::as_u64)
+        && u64::from(f.flags.bits()) != want
+    {
+        return fail(format!("flags {:#06x}, described {want:#06x}", f.flags.bits()));
     }
     Ok(f)
 }
@@ -142,10 +142,10 @@ fn check_invalid(desc: &Map<String, Value>, frame: &[u8]) -> Result<(), VectorFa
     if !stage_ok || got.1 != want {
         return fail(format!("failed at {}/{}, expected {stage}/{want}", got.0, got.1));
     }
-    if let Some(fatal) = expect.get("fatal").and_then(Value::as_bool) {
-        if fatal != got.2 {
-            return fail(format!("error fatal={}, expected fatal={fatal}", got.2));
-        }
+    if let Some(fatal) = expect.get("fatal").and_then(Value::as_bool)
+        && fatal != got.2
+    {
+        return fail(format!("error fatal={}, expected fatal={fatal}", got.2));
     }
     Ok(())
 }
@@ -173,10 +173,10 @@ fn check_json(kind: &str, desc: &Map<String, Value>, frame: &[u8]) -> Result<(),
             Ok(())
         }
         ("json_message", Decoded::Message(m)) => {
-            if let Some(t) = desc.get("type").and_then(Value::as_str) {
-                if m.type_name() != t {
-                    return fail(format!("type {}, described {t}", m.type_name()));
-                }
+            if let Some(t) = desc.get("type").and_then(Value::as_str)
+                && m.type_name() != t
+            {
+                return fail(format!("type {}, described {t}", m.type_name()));
             }
             let again = m.to_json().or_else(|e| fail(format!("re-encode: {e}")))?;
             if again != f.payload {
@@ -358,7 +358,7 @@ fn check_binary(kind: &str, desc: &Map<String, Value>, frame: &[u8]) -> Result<(
     }
     let mut out = BytesMut::new();
     let encoded = match &want {
-        Payload::Publish(b) => b.encode(&mut out).map(|()| ()),
+        Payload::Publish(b) => b.encode(&mut out),
         Payload::Ack(a) => a.encode(Flags::KNOWN, &mut out).map(|_| ()),
         Payload::Events(e) => e.encode(&mut out),
         Payload::Json(_) => Ok(()),

@@ -28,6 +28,8 @@ pub mod fuzzing;
 pub mod message;
 pub mod payload;
 pub mod routing;
+#[doc(hidden)]
+pub mod samples;
 
 pub use binary::{EventBatch, PublishAck, PublishBatch, Records};
 pub use error_code::{ErrorCode, RetryClass};

@@ -94,10 +94,10 @@ impl EventBatch {
         if self.skipped_before.is_some() && self.base_offset.is_none() {
             return Err(EncodeError::InvalidCombination("skipped_before needs base_offset"));
         }
-        if let Some(p) = &self.publisher {
-            if p.len() > u8::MAX as usize {
-                return Err(EncodeError::TooLong { field: "publisher", len: p.len(), max: 255 });
-            }
+        if let Some(p) = &self.publisher
+            && p.len() > u8::MAX as usize
+        {
+            return Err(EncodeError::TooLong { field: "publisher", len: p.len(), max: 255 });
         }
         Ok(())
     }

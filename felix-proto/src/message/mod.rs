@@ -175,6 +175,8 @@ pub struct UnknownMessage {
 }
 
 /// The result of decoding a JSON payload.
+// `Unknown` is small and rare; boxing `Message` would cost an allocation on every decode.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decoded {
     /// A message of the catalogue.
@@ -187,9 +189,12 @@ pub enum Decoded {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MessageError {
-    /// Not a JSON object at all (syntax error, wrong top-level type, invalid UTF-8).
+    /// Not valid JSON (syntax error, truncated, invalid UTF-8).
     #[error("invalid JSON: {0}")]
     InvalidJson(serde_json::Error),
+    /// Valid JSON whose top level is not an object.
+    #[error("a control message must be a JSON object")]
+    NotAnObject,
     /// An object without a string `type`.
     #[error("message has no \"type\" field")]
     MissingType,
@@ -208,6 +213,7 @@ impl MessageError {
     pub fn kind(&self) -> &'static str {
         match self {
             MessageError::InvalidJson(_) => "invalid_json",
+            MessageError::NotAnObject => "not_an_object",
             MessageError::MissingType => "missing_type",
             MessageError::InvalidFields { .. } => "invalid_fields",
         }
@@ -238,6 +244,16 @@ fn fast_tag(payload: &[u8]) -> Option<&str> {
 /// # Errors
 /// See [`MessageError`]. An unknown `type` is not an error: it is [`Decoded::Unknown`].
 pub fn decode(payload: &[u8]) -> Result<Decoded, MessageError> {
+    // serde accepts a JSON array for a struct; a control message is an object, so say so first.
+    match payload.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        _ => {
+            return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(payload) {
+                Ok(_) => MessageError::NotAnObject,
+                Err(e) => MessageError::InvalidJson(e),
+            });
+        }
+    }
     let fast = fast_tag(payload);
     let (type_name, request_id): (Cow<'_, str>, Option<u64>) = match fast {
         Some(t) if Message::direction_of(t).is_some() => (Cow::Borrowed(t), None),
@@ -335,7 +351,9 @@ mod tests {
         );
         assert!(matches!(decode(br#"{"request_id":5}"#), Err(MessageError::MissingType)));
         assert!(matches!(decode(br#"{"type":5}"#), Err(MessageError::MissingType)));
-        assert!(matches!(decode(b"[1,2]"), Err(MessageError::MissingType)));
+        assert!(matches!(decode(b"[1,2]"), Err(MessageError::NotAnObject)));
+        assert!(matches!(decode(b"  \"ok\""), Err(MessageError::NotAnObject)));
+        assert!(matches!(decode(b""), Err(MessageError::InvalidJson(_))));
         assert!(matches!(decode(b"{\"type\":"), Err(MessageError::InvalidJson(_))));
         assert!(matches!(
             decode(br#"{"type":"publish","tenant_id":"t"}"#),

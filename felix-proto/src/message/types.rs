@@ -990,7 +990,7 @@ pub struct InspectView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardInspectInfo {
     pub request_id: u64,
-    pub view: InspectView,
+    pub view: Box<InspectView>,
 }
 
 /// Filter of `subscriptions_list`.
