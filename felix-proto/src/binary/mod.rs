@@ -13,7 +13,7 @@ mod records;
 pub use ack::{AckStatus, ErrorDetail, OwnerHint, PublishAck};
 pub use event::EventBatch;
 pub use publish::{AckMode, AckedPrefix, IdempotentPrefix, PublishBatch};
-pub use records::{Record, Records, RecordsIter};
+pub use records::{Record, Records, RecordsIter, SlicesIter};
 
 use bytes::Bytes;
 

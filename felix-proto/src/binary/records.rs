@@ -151,9 +151,14 @@ impl Records {
     pub fn iter(&self) -> RecordsIter<'_> {
         RecordsIter { records: self, pos: 0, left: self.count }
     }
-    /// Iterates just the payloads.
+    /// Iterates just the payloads, as owned `Bytes` (one reference-count increment each).
     pub fn payloads(&self) -> impl Iterator<Item = Bytes> + '_ {
         self.iter().map(|r| r.payload)
+    }
+    /// Iterates the payloads as borrowed slices: no reference counting, for consumers that
+    /// only read them (hashing, printing, writing to storage).
+    pub fn slices(&self) -> SlicesIter<'_> {
+        SlicesIter { raw: &self.raw, pos: 0, left: self.count, timed: self.timed }
     }
     /// This block with every record stamped `timestamp_micros` (one copy of the block).
     pub fn with_timestamp(&self, timestamp_micros: u64) -> Records {
@@ -231,6 +236,37 @@ impl Iterator for RecordsIter<'_> {
 
 impl ExactSizeIterator for RecordsIter<'_> {}
 
+/// Borrowed iterator over a [`Records`] block's payloads.
+pub struct SlicesIter<'a> {
+    raw: &'a [u8],
+    pos: usize,
+    left: u32,
+    timed: bool,
+}
+
+impl<'a> Iterator for SlicesIter<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // Validated when the block was built: every read is in bounds.
+        let p = self.pos + if self.timed { 8 } else { 0 };
+        let raw = self.raw;
+        let len = u32::from_be_bytes([raw[p], raw[p + 1], raw[p + 2], raw[p + 3]]) as usize;
+        self.pos = p + 4 + len;
+        Some(&raw[p + 4..p + 4 + len])
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for SlicesIter<'_> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,7 +278,9 @@ mod tests {
         assert_eq!(r.payload_bytes(), 4);
         let p: Vec<Bytes> = r.payloads().collect();
         assert_eq!(p, vec![Bytes::from("a"), Bytes::new(), Bytes::from("ccc")]);
+        assert_eq!(r.slices().collect::<Vec<_>>(), vec![&b"a"[..], b"", b"ccc"]);
         let t = r.with_timestamp(9);
+        assert_eq!(t.slices().collect::<Vec<_>>(), vec![&b"a"[..], b"", b"ccc"]);
         assert!(t.iter().all(|x| x.timestamp_micros == Some(9)));
         assert_eq!(t.without_timestamps(), r);
     }

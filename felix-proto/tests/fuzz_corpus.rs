@@ -1,0 +1,77 @@
+//! Runs every fuzz target's body over its committed corpus (`fuzz/corpus/<target>/`), so that
+//! a crash found once by the fuzzer stays fixed, and CI exercises the targets without nightly.
+//!
+//! The seeds are derived from the conformance vectors; `FELIX_BLESS=1` rewrites them.
+
+use felix_proto::conformance::parse_hex;
+use std::path::{Path, PathBuf};
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus")
+}
+
+/// (target, seed name, bytes) from every vector.
+fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vectors");
+    let mut out = Vec::new();
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&vectors)
+        .expect("vectors/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "hex"))
+        .collect();
+    names.sort();
+    for p in names {
+        let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
+        let frame = parse_hex(&std::fs::read_to_string(&p).expect("read")).expect("hex");
+        // frame: chunk size 7, limit 255 * 16 bytes.
+        let mut f = vec![6u8, 255];
+        f.extend_from_slice(&frame);
+        out.push(("frame", format!("seed-{stem}"), f));
+        if frame.len() >= 12 {
+            let mut b = frame[6..8].to_vec();
+            b.extend_from_slice(&frame[12..]);
+            if frame[6..8] == [0, 0] {
+                out.push(("json_message", format!("seed-{stem}"), frame[12..].to_vec()));
+            } else {
+                out.push(("binary_payload", format!("seed-{stem}"), b));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn fuzz_bodies_pass_over_their_corpora() {
+    let bless = std::env::var_os("FELIX_BLESS").is_some();
+    let seeds = seeds();
+    let mut missing = Vec::new();
+    for (target, name, bytes) in &seeds {
+        let p = fuzz_dir().join(target).join(name);
+        if bless {
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, bytes).expect("write seed");
+        } else if std::fs::read(&p).ok().as_deref() != Some(bytes) {
+            missing.push(p.display().to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "seeds out of date (FELIX_BLESS=1 cargo test -p felix-proto --test fuzz_corpus): {missing:?}"
+    );
+    let mut ran = 0;
+    for (target, body) in [
+        ("frame", felix_proto::fuzzing::frame as fn(&[u8])),
+        ("binary_payload", felix_proto::fuzzing::binary_payload),
+        ("json_message", felix_proto::fuzzing::json_message),
+    ] {
+        let dir = fuzz_dir().join(target);
+        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.expect("entry").path();
+            if p.is_file() {
+                body(&std::fs::read(&p).expect("read"));
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= seeds.len());
+}
