@@ -19,15 +19,20 @@
 #![deny(missing_docs)]
 
 pub mod binary;
+pub mod broker;
+pub mod client;
 pub mod conformance;
 pub mod error_code;
 pub mod features;
 pub mod flags;
 pub mod frame;
 pub mod fuzzing;
+pub mod io;
 pub mod message;
+pub mod negotiate;
 pub mod payload;
 pub mod routing;
+pub mod sim;
 #[doc(hidden)]
 pub mod samples;
 

@@ -185,6 +185,28 @@ impl Records {
         }
         Records { count: self.count, timed: false, payload_bytes: self.payload_bytes, raw: raw.freeze() }
     }
+    /// This block without its first `n` records (a slice of the same bytes, no copy).
+    pub fn skip(&self, n: u32) -> Records {
+        if n == 0 {
+            return self.clone();
+        }
+        if n >= self.count {
+            return Records { count: 0, timed: self.timed, payload_bytes: 0, raw: Bytes::new() };
+        }
+        let mut it = self.iter();
+        let mut skipped_bytes = 0usize;
+        for _ in 0..n {
+            if let Some(r) = it.next() {
+                skipped_bytes += r.payload.len();
+            }
+        }
+        Records {
+            count: self.count - n,
+            timed: self.timed,
+            payload_bytes: self.payload_bytes - skipped_bytes,
+            raw: self.raw.slice(it.pos..),
+        }
+    }
     /// Writes `u32 count` and the block.
     pub(crate) fn encode(&self, dst: &mut BytesMut) {
         dst.put_u32(self.count);
@@ -283,6 +305,10 @@ mod tests {
         assert_eq!(t.slices().collect::<Vec<_>>(), vec![&b"a"[..], b"", b"ccc"]);
         assert!(t.iter().all(|x| x.timestamp_micros == Some(9)));
         assert_eq!(t.without_timestamps(), r);
+        assert_eq!(r.skip(1).payloads().collect::<Vec<_>>(), vec![Bytes::new(), Bytes::from("ccc")]);
+        assert_eq!(r.skip(1).payload_bytes(), 3);
+        assert!(r.skip(5).is_empty());
+        assert_eq!(t.skip(2).slices().collect::<Vec<_>>(), vec![&b"ccc"[..]]);
     }
 
     #[test]

@@ -1,0 +1,153 @@
+//! Broker configuration: pure data, built by the driver from files, flags and the environment.
+
+use super::auth::TokenGrant;
+use crate::features::Features;
+use crate::flags::Flags;
+use crate::message::Routing;
+use std::time::Duration;
+
+/// How long a shard keeps records in memory (and, for durable streams, on disk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention {
+    /// Keep at most this many records.
+    pub max_records: Option<u64>,
+    /// Keep at most this many payload bytes.
+    pub max_bytes: Option<u64>,
+    /// Drop records older than this.
+    pub max_age: Option<Duration>,
+}
+
+/// Configuration of one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// Durable streams give records offsets and persist them; ephemeral ones keep no history.
+    pub durable: bool,
+    /// Number of shards (at least 1).
+    pub shards: u32,
+    /// How keys map to shards.
+    pub routing: Routing,
+    /// Retention of a durable stream's history.
+    pub retention: Retention,
+    /// Default subscriber queue capacity, in published batches.
+    pub queue_capacity: u32,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            durable: true,
+            shards: 1,
+            routing: Routing::Modulo,
+            retention: Retention { max_records: Some(1_000_000), max_bytes: Some(256 << 20), max_age: None },
+            queue_capacity: 1024,
+        }
+    }
+}
+
+/// A stream named in the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream name.
+    pub name: String,
+    /// Its configuration.
+    pub config: StreamConfig,
+}
+
+/// A cache named in the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSpec {
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Cache name.
+    pub name: String,
+}
+
+/// Everything the broker state machine needs to know about its configuration.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// This node's id (in `not_leader`, `shard_moved`, inspect answers).
+    pub node_id: String,
+    /// Largest payload after `auth`.
+    pub max_frame_len: u32,
+    /// Largest payload on a stream that has not authenticated yet.
+    pub preauth_max_frame_len: u32,
+    /// Pipelined-publish window granted per stream; 0 disables pipelining.
+    pub publish_window: u32,
+    /// Answer every acked publish only after its write (with offsets), for every client.
+    pub ack_on_commit: bool,
+    /// Credentials.
+    pub tokens: Vec<TokenGrant>,
+    /// Streams created at start.
+    pub streams: Vec<StreamSpec>,
+    /// Caches created at start.
+    pub caches: Vec<CacheSpec>,
+    /// Create unknown streams and caches on first use (with `default_stream`), instead of
+    /// answering `not_found`.
+    pub auto_create: bool,
+    /// Configuration of auto-created streams.
+    pub default_stream: StreamConfig,
+    /// Largest subscriber queue a subscriber may ask for (`queue_capacity` is clamped to it).
+    pub subscriber_queue_capacity_max: u32,
+    /// Most subscriptions one connection may hold.
+    pub max_subscriptions_per_connection: u32,
+    /// Bytes written to one event stream and not yet flushed by the driver, before the broker
+    /// stops writing to it and lets the subscriber's queue fill.
+    pub event_stream_inflight_bytes: usize,
+    /// A connection that authenticates no stream within this is closed.
+    pub auth_timeout: Duration,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            node_id: "felix-1".into(),
+            max_frame_len: crate::frame::DEFAULT_MAX_FRAME_LEN,
+            preauth_max_frame_len: 64 * 1024,
+            publish_window: 256,
+            ack_on_commit: false,
+            tokens: Vec::new(),
+            streams: Vec::new(),
+            caches: Vec::new(),
+            auto_create: true,
+            default_stream: StreamConfig::default(),
+            subscriber_queue_capacity_max: 65_536,
+            max_subscriptions_per_connection: 4096,
+            event_stream_inflight_bytes: 1 << 20,
+            auth_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// The flag bits this broker implements (advertised in full, decision D8).
+    pub fn server_flags(&self) -> Flags {
+        Flags::KNOWN
+    }
+
+    /// The feature bits this broker advertises: only what it serves end to end.
+    pub fn server_features(&self) -> Features {
+        let mut f = Features::CACHE_DELETE
+            | Features::STREAM_SHARDS
+            | Features::CACHE_SHARDS
+            | Features::ERROR_CODES
+            | Features::SHARD_MOVED
+            | Features::UNSUPPORTED
+            | Features::ACK_ON_COMMIT
+            | Features::SUBSCRIPTION_LAGGED
+            | Features::SUBSCRIBE_QUEUE
+            | Features::REDIRECT
+            | Features::STREAM_DELETED
+            | Features::PUBLISH_WIDTH
+            | Features::EXPLICIT_SHARD;
+        if self.publish_window > 0 {
+            f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;
+        }
+        f
+    }
+}

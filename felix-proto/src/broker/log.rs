@@ -1,0 +1,368 @@
+//! The log of one stream shard.
+//!
+//! Design: a durable shard assigns offsets when a batch is appended, hands the batch to storage
+//! (an output the driver turns into a disk write) and makes it visible — to subscribers and to
+//! readers — only once storage confirms it, in offset order. An ephemeral shard keeps nothing:
+//! an appended batch is fanned out at once and forgotten.
+//!
+//! ```text
+//!   start            committed_tail          next_offset
+//!     |  committed (visible) | pending (writing) |
+//! ```
+//!
+//! A generation-start record takes an offset and is never delivered; the first batch after a
+//! run of them carries `skipped_before` for clients that read it.
+
+use super::config::Retention;
+use crate::binary::{EventBatch, Records};
+use crate::io::WriteToken;
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Which optional event-batch sections a subscriber receives (decided by what it offered and
+/// by the stream). One encoding per shape per batch is shared by every subscriber of that shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct Shape {
+    pub offsets: bool,
+    pub skipped: bool,
+    pub publisher: bool,
+    pub timestamps: bool,
+}
+
+/// One appended batch.
+#[derive(Debug)]
+pub(crate) struct LogBatch {
+    pub base: u64,
+    pub records: Records,
+    pub timestamp_micros: u64,
+    pub publisher: Option<Bytes>,
+    pub skipped_before: u64,
+    pub appended_at: Instant,
+    /// A generation-start record: one offset, never delivered.
+    pub generation_start: bool,
+    encoded: Vec<(Shape, [Bytes; 2])>,
+}
+
+impl LogBatch {
+    pub fn count(&self) -> u64 {
+        if self.generation_start { 1 } else { u64::from(self.records.count()) }
+    }
+    pub fn end(&self) -> u64 {
+        self.base + self.count()
+    }
+
+    fn event_batch(&self, shape: Shape, records: Records, base: u64, skipped: u64) -> EventBatch {
+        EventBatch {
+            subscription_id: None,
+            base_offset: shape.offsets.then_some(base),
+            skipped_before: (shape.offsets && shape.skipped && skipped > 0).then_some(skipped),
+            publisher: self.publisher.clone().filter(|_| shape.publisher),
+            records: if shape.timestamps { records.with_timestamp(self.timestamp_micros) } else { records },
+        }
+    }
+
+    /// The event frame for `shape`, encoded once and cached.
+    pub fn frame(&mut self, shape: Shape) -> [Bytes; 2] {
+        if let Some((_, f)) = self.encoded.iter().find(|(s, _)| *s == shape) {
+            return f.clone();
+        }
+        let e = self.event_batch(shape, self.records.clone(), self.base, self.skipped_before);
+        // A batch was validated on the way in and the publisher is capped at 255 bytes, so
+        // encoding cannot fail; an empty frame would only ever be skipped by the writer.
+        let f = e.encode_parts().unwrap_or_default();
+        self.encoded.push((shape, f.clone()));
+        f
+    }
+
+    /// The event frame for the part of this batch from `from` on (a resumed subscription that
+    /// starts inside a batch). Not cached: it happens once per subscription.
+    pub fn frame_from(&self, shape: Shape, from: u64) -> [Bytes; 2] {
+        let skip = from.saturating_sub(self.base);
+        let records = self.records.skip(skip as u32);
+        let skipped = if skip == 0 { self.skipped_before } else { 0 };
+        self.event_batch(shape, records, from.max(self.base), skipped).encode_parts().unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteState {
+    Writing,
+    Done,
+    Failed,
+}
+
+#[derive(Debug)]
+struct Pending {
+    batch: LogBatch,
+    token: WriteToken,
+    state: WriteState,
+}
+
+/// What became of the writes a storage completion settled.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    /// Batches now visible (indices into `committed`, as offset ranges).
+    pub committed: Vec<(u64, u64)>,
+    /// Writes that failed: `(token, base, end)`.
+    pub failed: Vec<(WriteToken, u64, u64)>,
+    /// Writes now visible: `(token, base)`.
+    pub done: Vec<(WriteToken, u64)>,
+}
+
+/// The log of one shard.
+#[derive(Debug)]
+pub(crate) struct ShardLog {
+    pub durable: bool,
+    committed: VecDeque<LogBatch>,
+    pending: VecDeque<Pending>,
+    next_offset: u64,
+    start: u64,
+    bytes: u64,
+    records: u64,
+    skip_next: u64,
+    retention: Retention,
+}
+
+impl ShardLog {
+    pub fn new(durable: bool, retention: Retention) -> ShardLog {
+        ShardLog {
+            durable,
+            committed: VecDeque::new(),
+            pending: VecDeque::new(),
+            next_offset: 0,
+            start: 0,
+            bytes: 0,
+            records: 0,
+            skip_next: 0,
+            retention,
+        }
+    }
+
+    /// Oldest retained offset.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// First offset not yet visible.
+    pub fn committed_tail(&self) -> u64 {
+        self.pending.front().map_or(self.next_offset, |p| p.batch.base)
+    }
+
+    /// The committed tail short of the generation-start records the log ends with: where a
+    /// `latest` subscriber starts.
+    pub fn readable_tail(&self) -> u64 {
+        let mut t = self.committed_tail();
+        for b in self.committed.iter().rev() {
+            if b.generation_start && b.end() == t {
+                t = b.base;
+            } else {
+                break;
+            }
+        }
+        t
+    }
+
+    /// Next offset to be assigned (raw tail, counting pending writes).
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// Records retained (committed, not counting generation-start records).
+    pub fn retained_records(&self) -> u64 {
+        self.records
+    }
+
+    /// Payload bytes retained.
+    pub fn retained_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Appends a batch. A durable log keeps it pending until [`settle`](Self::settle); an
+    /// ephemeral one returns it for immediate fan-out.
+    pub fn append(
+        &mut self,
+        records: Records,
+        timestamp_micros: u64,
+        publisher: Option<Bytes>,
+        now: Instant,
+        token: Option<WriteToken>,
+    ) -> (u64, Option<LogBatch>) {
+        let base = self.next_offset;
+        let batch = LogBatch {
+            base,
+            records,
+            timestamp_micros,
+            publisher,
+            skipped_before: std::mem::take(&mut self.skip_next),
+            appended_at: now,
+            generation_start: false,
+            encoded: Vec::new(),
+        };
+        self.next_offset += batch.count();
+        match token {
+            Some(token) if self.durable => {
+                self.pending.push_back(Pending { batch, token, state: WriteState::Writing });
+                (base, None)
+            }
+            _ => (base, Some(batch)),
+        }
+    }
+
+    /// Appends a generation-start record: it takes one offset and is never delivered.
+    pub fn append_generation_start(&mut self, now: Instant, token: WriteToken) -> u64 {
+        let base = self.next_offset;
+        self.next_offset += 1;
+        self.skip_next += 1;
+        let batch = LogBatch {
+            base,
+            records: Records::default(),
+            timestamp_micros: 0,
+            publisher: None,
+            skipped_before: 0,
+            appended_at: now,
+            generation_start: true,
+            encoded: Vec::new(),
+        };
+        self.pending.push_back(Pending { batch, token, state: WriteState::Writing });
+        base
+    }
+
+    /// Whether a write of this log is outstanding.
+    pub fn owns(&self, token: WriteToken) -> bool {
+        self.pending.iter().any(|p| p.token == token)
+    }
+
+    /// Records the outcome of a write, then makes visible every settled write at the front, in
+    /// offset order. A failed write never becomes visible; its offsets stay a gap.
+    pub fn settle(&mut self, token: WriteToken, ok: bool) -> Settled {
+        if let Some(p) = self.pending.iter_mut().find(|p| p.token == token) {
+            p.state = if ok { WriteState::Done } else { WriteState::Failed };
+        }
+        let mut out = Settled::default();
+        while let Some(front) = self.pending.front() {
+            match front.state {
+                WriteState::Writing => break,
+                WriteState::Failed => {
+                    let p = self.pending.pop_front().expect("front exists");
+                    out.failed.push((p.token, p.batch.base, p.batch.end()));
+                }
+                WriteState::Done => {
+                    let p = self.pending.pop_front().expect("front exists");
+                    out.done.push((p.token, p.batch.base));
+                    out.committed.push((p.batch.base, p.batch.end()));
+                    if !p.batch.generation_start {
+                        self.records += p.batch.count();
+                        self.bytes += p.batch.records.payload_bytes() as u64;
+                    }
+                    self.committed.push_back(p.batch);
+                }
+            }
+        }
+        out
+    }
+
+    /// The committed batch holding `offset`, if retained.
+    pub fn batch_at(&mut self, offset: u64) -> Option<&mut LogBatch> {
+        let i = self.committed.partition_point(|b| b.end() <= offset);
+        self.committed.get_mut(i).filter(|b| b.base <= offset)
+    }
+
+    /// The first committed, deliverable batch that ends after `offset`.
+    pub fn next_deliverable(&mut self, offset: u64) -> Option<&mut LogBatch> {
+        let i = self.committed.partition_point(|b| b.end() <= offset);
+        self.committed.range_mut(i..).find(|b| !b.generation_start)
+    }
+
+    /// Drops the oldest batches beyond the retention limits. Returns the new start.
+    pub fn enforce_retention(&mut self, now: Instant) -> u64 {
+        while let Some(front) = self.committed.front() {
+            let over_records = self.retention.max_records.is_some_and(|m| self.records > m);
+            let over_bytes = self.retention.max_bytes.is_some_and(|m| self.bytes > m);
+            let too_old =
+                self.retention.max_age.is_some_and(|age| now.saturating_duration_since(front.appended_at) > age);
+            if !(over_records || over_bytes || too_old) {
+                break;
+            }
+            let b = self.committed.pop_front().expect("front exists");
+            if !b.generation_start {
+                self.records -= b.count();
+                self.bytes -= b.records.payload_bytes() as u64;
+            }
+            self.start = b.end();
+        }
+        self.start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recs(n: usize) -> Records {
+        Records::from_payloads((0..n).map(|i| format!("r{i}"))).unwrap()
+    }
+
+    #[test]
+    fn durable_offsets_become_visible_in_order() {
+        let now = Instant::now();
+        let mut log = ShardLog::new(true, Retention::default());
+        let (a, none) = log.append(recs(2), 1, None, now, Some(WriteToken(1)));
+        assert!(none.is_none());
+        let (b, _) = log.append(recs(3), 1, None, now, Some(WriteToken(2)));
+        assert_eq!((a, b, log.next_offset()), (0, 2, 5));
+        assert_eq!(log.committed_tail(), 0);
+        // The second write finishes first: nothing is visible until the first does.
+        let s = log.settle(WriteToken(2), true);
+        assert!(s.committed.is_empty());
+        let s = log.settle(WriteToken(1), true);
+        assert_eq!(s.committed, vec![(0, 2), (2, 5)]);
+        assert_eq!(log.committed_tail(), 5);
+        assert_eq!(log.batch_at(3).unwrap().base, 2);
+        assert!(log.batch_at(5).is_none());
+    }
+
+    #[test]
+    fn failed_write_leaves_a_gap_and_is_reported() {
+        let now = Instant::now();
+        let mut log = ShardLog::new(true, Retention::default());
+        log.append(recs(2), 1, None, now, Some(WriteToken(1)));
+        log.append(recs(1), 1, None, now, Some(WriteToken(2)));
+        let s = log.settle(WriteToken(1), false);
+        assert_eq!(s.failed, vec![(WriteToken(1), 0, 2)]);
+        let s = log.settle(WriteToken(2), true);
+        assert_eq!(s.committed, vec![(2, 3)]);
+        assert_eq!(log.retained_records(), 1);
+    }
+
+    #[test]
+    fn generation_start_is_skipped_and_counted() {
+        let now = Instant::now();
+        let mut log = ShardLog::new(true, Retention::default());
+        log.append(recs(2), 1, None, now, Some(WriteToken(1)));
+        log.append_generation_start(now, WriteToken(2));
+        assert_eq!(log.next_offset(), 3);
+        log.settle(WriteToken(1), true);
+        log.settle(WriteToken(2), true);
+        assert_eq!(log.committed_tail(), 3);
+        assert_eq!(log.readable_tail(), 2, "latest stops short of a trailing generation-start record");
+        log.append(recs(1), 1, None, now, Some(WriteToken(3)));
+        log.settle(WriteToken(3), true);
+        let b = log.next_deliverable(2).unwrap();
+        assert_eq!((b.base, b.skipped_before), (3, 1));
+    }
+
+    #[test]
+    fn retention_by_records() {
+        let now = Instant::now();
+        let mut log = ShardLog::new(true, Retention { max_records: Some(3), max_bytes: None, max_age: None });
+        for t in 0..4 {
+            log.append(recs(2), 1, None, now, Some(WriteToken(t)));
+            log.settle(WriteToken(t), true);
+        }
+        assert_eq!(log.enforce_retention(now), 6);
+        assert_eq!(log.retained_records(), 2);
+        assert!(log.batch_at(5).is_none());
+        assert_eq!(log.batch_at(6).unwrap().base, 6);
+    }
+}

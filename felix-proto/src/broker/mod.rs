@@ -1,0 +1,1657 @@
+//! The broker role: every protocol decision a Felix broker makes, with no IO.
+//!
+//! # Theory of operation
+//!
+//! [`Broker`] owns all broker state: streams and their shard logs, caches, and every client
+//! connection's streams and subscriptions. A driver feeds it inputs (`handle_*` methods, each
+//! taking `now`) and drains its outputs with [`Broker::poll_output`], then sleeps until
+//! [`Broker::poll_timeout`]:
+//!
+//! ```text
+//!   driver                               Broker
+//!   ------                               ------
+//!   connection accepted  ──────────────▶ connection_opened(now) -> ConnId
+//!   bytes on stream S    ──────────────▶ handle_stream_data(conn, S, bytes, fin, now)
+//!   uni stream opened    ──────────────▶ handle_stream_opened(conn, token, S, now)
+//!   bytes written        ──────────────▶ handle_stream_flushed(conn, S, n, now)
+//!   storage wrote W      ──────────────▶ handle_write_complete(W, ok, now)
+//!   timer fired          ──────────────▶ handle_timeout(now)
+//!                        ◀────────────── poll_output(): Transmit / Finish / OpenUni /
+//!                                         Pause/ResumeReading / Persist / CloseConnection ...
+//! ```
+//!
+//! Call order: after any input, drain `poll_output` until `None`, then read `poll_timeout`.
+//! `now` must not go backwards (it is clamped if it does). Every output is a deterministic
+//! function of the inputs.
+//!
+//! Decisions that depend on what a client offered are taken per control stream, from the
+//! `auth` that opened it: a frame or field a client did not offer is never sent to it.
+
+pub mod auth;
+mod cache;
+pub mod config;
+mod log;
+
+pub use auth::{Action, Grant, TokenGrant};
+pub use config::{BrokerConfig, CacheSpec, Retention, StreamConfig, StreamSpec};
+
+use crate::binary::{ErrorDetail, OwnerHint, PublishAck, PublishBatch, Records};
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::features::Features;
+use crate::flags::{FlagError, Flags};
+use crate::frame::{Frame, FrameDecoder, FrameError};
+use crate::io::{Clock, ConnId, Dir, OpenToken, Side, StreamId, WallClock, WriteToken, close_code};
+use crate::message::{self, B64, Decoded, Direction, Message};
+use crate::negotiate::{ClientOffer, broker_answer};
+use crate::payload::PayloadKind;
+use crate::routing::shard_for_key;
+use bytes::{Bytes, BytesMut};
+use cache::Cache;
+use log::{Shape, ShardLog};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BrokerOutput {
+    /// Write `data` on `stream` (after everything written on it before).
+    Transmit {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+        /// Bytes (whole frames, or the second part of a two-part event frame).
+        data: Bytes,
+    },
+    /// Finish (FIN) our sending side of `stream` once everything before is written.
+    Finish {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Ask the peer to stop sending on `stream` (we will read nothing more from it).
+    StopSending {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+        /// QUIC application error code.
+        code: u64,
+    },
+    /// Open a unidirectional stream and report its id with `handle_stream_opened(token)`.
+    OpenUni {
+        /// Connection.
+        conn: ConnId,
+        /// Names the stream until it has an id.
+        token: OpenToken,
+    },
+    /// Stop reading `stream` (QUIC flow control then slows the client): its publish window is
+    /// full.
+    PauseReading {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Read `stream` again.
+    ResumeReading {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Persist records, then report with `handle_write_complete(token, ok)`. Writes of one shard
+    /// should complete in the order they were asked for (they become visible in offset order
+    /// either way).
+    Persist(PersistRequest),
+    /// Close the connection.
+    CloseConnection {
+        /// Connection.
+        conn: ConnId,
+        /// QUIC application error code (see [`close_code`]).
+        code: u64,
+        /// Human-readable reason.
+        reason: String,
+    },
+}
+
+/// A storage write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistRequest {
+    /// Reported back on completion.
+    pub token: WriteToken,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard.
+    pub shard: u32,
+    /// Offset of the first record.
+    pub base_offset: u64,
+    /// The records (empty for a generation-start record).
+    pub records: Records,
+    /// Append time, microseconds since the Unix epoch.
+    pub timestamp_micros: u64,
+    /// The publishing principal.
+    pub publisher: Option<Bytes>,
+    /// A generation-start record (one offset, never delivered).
+    pub generation_start: bool,
+}
+
+/// Counters, for metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Connections opened.
+    pub connections_opened: u64,
+    /// Frames received.
+    pub frames_in: u64,
+    /// Publish requests by path.
+    pub publishes_json: u64,
+    /// Binary publish frames.
+    pub publishes_binary: u64,
+    /// Records appended.
+    pub records_appended: u64,
+    /// Publishes refused.
+    pub publishes_refused: u64,
+    /// Failed unacknowledged binary publishes (no answer is sent for these).
+    pub unacked_failures: u64,
+    /// Event batches written to event streams.
+    pub batches_delivered: u64,
+    /// Records dropped from subscriber queues.
+    pub records_dropped: u64,
+    /// Subscriptions ended with `subscription_lagged`.
+    pub lagged: u64,
+    /// Cache hits and misses.
+    pub cache_hits: u64,
+    /// Cache misses.
+    pub cache_misses: u64,
+    /// Protocol violations that closed a connection.
+    pub protocol_violations: u64,
+}
+
+type Key = (String, String, String);
+
+#[derive(Debug)]
+struct Moved {
+    node_id: String,
+    addr: Option<String>,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Shard {
+    log: ShardLog,
+    subs: Vec<(ConnId, u64)>,
+    moved: Option<Moved>,
+}
+
+#[derive(Debug)]
+struct StreamEntry {
+    config: StreamConfig,
+    shards: Vec<Shard>,
+}
+
+#[derive(Debug, Clone)]
+struct Session {
+    tenant_id: String,
+    principal: Bytes,
+    token: usize,
+    offer: ClientOffer,
+    window: Option<u32>,
+    ack_on_commit: bool,
+    widths: HashMap<Key, u32>,
+}
+
+#[derive(Debug)]
+struct Owed {
+    seq: u64,
+    answer: Option<Bytes>,
+}
+
+#[derive(Debug)]
+struct CtlStream {
+    id: StreamId,
+    uni: bool,
+    decoder: FrameDecoder,
+    session: Option<Session>,
+    owed: VecDeque<Owed>,
+    next_seq: u64,
+    outstanding: usize,
+    paused: bool,
+    fin_recv: bool,
+    closed: bool,
+    send_finished: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Ending {
+    Lagged { resume_from: u64 },
+    Moved(message::ShardMoved),
+    Deleted,
+    Plain,
+}
+
+#[derive(Debug)]
+struct Sub {
+    id: u64,
+    key: Key,
+    shard: u32,
+    stream: Option<StreamId>,
+    shape: Shape,
+    offer: ClientOffer,
+    queue: VecDeque<[Bytes; 2]>,
+    capacity: usize,
+    inflight: usize,
+    cursor: Option<u64>,
+    ending: Option<Ending>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    streams: HashMap<StreamId, CtlStream>,
+    subs: HashMap<u64, Sub>,
+    opens: HashMap<OpenToken, u64>,
+    auth_deadline: Option<Instant>,
+    next_sub: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    None,
+    Json(u64),
+    Binary(u64),
+}
+
+#[derive(Debug)]
+struct Waiter {
+    conn: ConnId,
+    stream: StreamId,
+    seq: Option<u64>,
+    reply: Reply,
+    offer: ClientOffer,
+}
+
+#[derive(Debug)]
+struct WriteCtx {
+    key: Key,
+    shard: u32,
+    waiters: Vec<Waiter>,
+}
+
+/// A refusal, with everything needed to word it for any client.
+#[derive(Debug, Clone)]
+struct Refusal {
+    code: ErrorCode,
+    retry: RetryClass,
+    message: String,
+    detail: Option<ErrorDetail>,
+    /// Ends the request stream after the answer.
+    close_stream: bool,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
+        let retry = code.default_retry();
+        Refusal { code, retry, message: message.into(), detail: None, close_stream: false }
+    }
+    fn closing(mut self) -> Refusal {
+        self.close_stream = true;
+        self
+    }
+}
+
+/// The broker state machine. See the module documentation for the driving contract.
+#[derive(Debug)]
+pub struct Broker {
+    cfg: BrokerConfig,
+    clock: Clock,
+    wall: WallClock,
+    conns: HashMap<ConnId, Conn>,
+    next_conn: u64,
+    streams: HashMap<Key, StreamEntry>,
+    caches: HashMap<Key, Cache>,
+    writes: HashMap<WriteToken, WriteCtx>,
+    next_write: u64,
+    next_open: u64,
+    out: VecDeque<BrokerOutput>,
+    stats: BrokerStats,
+    server_flags: Flags,
+    server_features: Features,
+}
+
+fn key(t: &str, n: &str, s: &str) -> Key {
+    (t.to_owned(), n.to_owned(), s.to_owned())
+}
+
+fn json_frame(m: &Message) -> Bytes {
+    let mut b = BytesMut::new();
+    // Every message this broker builds is plain data; encoding cannot fail. An empty frame would
+    // be the visible symptom if it ever did.
+    let _ = m.encode(&mut b);
+    b.freeze()
+}
+
+impl Broker {
+    /// A broker with `config`. `wall` anchors wall-clock time (record timestamps) to the
+    /// monotonic time the driver passes in.
+    pub fn new(config: BrokerConfig, wall: WallClock) -> Broker {
+        let server_flags = config.server_flags();
+        let server_features = config.server_features();
+        let mut b = Broker {
+            cfg: config,
+            clock: Clock::new(),
+            wall,
+            conns: HashMap::new(),
+            next_conn: 1,
+            streams: HashMap::new(),
+            caches: HashMap::new(),
+            writes: HashMap::new(),
+            next_write: 1,
+            next_open: 1,
+            out: VecDeque::new(),
+            stats: BrokerStats::default(),
+            server_flags,
+            server_features,
+        };
+        for s in b.cfg.streams.clone() {
+            b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
+        }
+        for c in b.cfg.caches.clone() {
+            b.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), Cache::default());
+        }
+        b
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &BrokerStats {
+        &self.stats
+    }
+
+    /// Number of open connections.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Number of subscriptions across connections.
+    pub fn subscription_count(&self) -> usize {
+        self.conns.values().map(|c| c.subs.len()).sum()
+    }
+
+    /// `(start, committed tail, next offset, retained records)` of a shard, if the stream exists.
+    pub fn shard_state(&self, tenant: &str, ns: &str, stream: &str, shard: u32) -> Option<(u64, u64, u64, u64)> {
+        let s = self.streams.get(&key(tenant, ns, stream))?.shards.get(shard as usize)?;
+        Some((s.log.start(), s.log.committed_tail(), s.log.next_offset(), s.log.retained_records()))
+    }
+
+    /// Bytes queued for subscribers and not yet handed to the driver (memory held by queues).
+    pub fn queued_event_bytes(&self) -> usize {
+        self.conns
+            .values()
+            .flat_map(|c| c.subs.values())
+            .flat_map(|s| s.queue.iter())
+            .map(|[a, b]| a.len() + b.len())
+            .sum()
+    }
+
+    /// The next output, `None` when there is nothing to do.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<BrokerOutput> {
+        self.out.pop_front()
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conns.values().filter_map(|c| c.auth_deadline).min()
+    }
+
+    /// Timers: closes connections that authenticated no stream in time, applies retention.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.advance(now);
+        let expired: Vec<ConnId> =
+            self.conns.iter().filter(|(_, c)| c.auth_deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
+        for conn in expired {
+            self.out.push_back(BrokerOutput::CloseConnection {
+                conn,
+                code: close_code::AUTH_TIMEOUT,
+                reason: "authentication timeout".into(),
+            });
+            self.drop_conn(conn);
+        }
+        for entry in self.streams.values_mut() {
+            for shard in &mut entry.shards {
+                shard.log.enforce_retention(now);
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Connections and streams
+
+    /// A client connected. Returns its id.
+    pub fn connection_opened(&mut self, now: Instant) -> ConnId {
+        let now = self.clock.advance(now);
+        let id = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.stats.connections_opened += 1;
+        self.conns.insert(
+            id,
+            Conn {
+                streams: HashMap::new(),
+                subs: HashMap::new(),
+                opens: HashMap::new(),
+                auth_deadline: Some(crate::io::after(now, self.cfg.auth_timeout)),
+                next_sub: 1,
+            },
+        );
+        id
+    }
+
+    /// The connection is gone (closed by either side or lost). Its subscriptions end.
+    pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
+        self.clock.advance(now);
+        self.drop_conn(conn);
+    }
+
+    fn drop_conn(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.remove(&conn) {
+            for sub in c.subs.values() {
+                self.unlink_sub(conn, sub);
+            }
+        }
+    }
+
+    fn unlink_sub(&mut self, conn: ConnId, sub: &Sub) {
+        if let Some(shard) = self.streams.get_mut(&sub.key).and_then(|e| e.shards.get_mut(sub.shard as usize)) {
+            shard.subs.retain(|(c, id)| !(*c == conn && *id == sub.id));
+        }
+    }
+
+    /// Bytes arrived on a stream the client opened (bidirectional control stream or
+    /// unidirectional publish stream). `fin` says the client finished it.
+    pub fn handle_stream_data(&mut self, conn: ConnId, stream: StreamId, data: Bytes, fin: bool, now: Instant) {
+        let now = self.clock.advance(now);
+        let preauth = self.cfg.preauth_max_frame_len;
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if stream.initiator() != Side::Client {
+            // Our own event streams are unidirectional: a client cannot send on them.
+            return;
+        }
+        let st = c.streams.entry(stream).or_insert_with(|| {
+            let mut decoder = FrameDecoder::new();
+            decoder.set_max_frame_len(preauth);
+            decoder.set_accepted_flags(Flags::CLIENT_SENDS);
+            CtlStream {
+                id: stream,
+                uni: stream.dir() == Dir::Uni,
+                decoder,
+                session: None,
+                owed: VecDeque::new(),
+                next_seq: 0,
+                outstanding: 0,
+                paused: false,
+                fin_recv: false,
+                closed: false,
+                send_finished: false,
+            }
+        });
+        if st.closed {
+            return;
+        }
+        st.decoder.push(data);
+        st.fin_recv |= fin;
+        self.drive_stream(conn, stream, now);
+    }
+
+    /// The client reset its sending side of `stream`: drop what was buffered for it.
+    pub fn handle_stream_reset(&mut self, conn: ConnId, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(st) = c.streams.get_mut(&stream) {
+                st.closed = true;
+                st.decoder = FrameDecoder::new();
+                if st.outstanding == 0 {
+                    c.streams.remove(&stream);
+                }
+            }
+        }
+    }
+
+    /// The client asked us to stop sending on `stream`. On an event stream that ends the
+    /// subscription (this is how a client unsubscribes).
+    pub fn handle_stream_stopped(&mut self, conn: ConnId, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let sub_id = c.subs.values().find(|s| s.stream == Some(stream)).map(|s| s.id);
+        if let Some(id) = sub_id {
+            if let Some(sub) = c.subs.remove(&id) {
+                self.unlink_sub(conn, &sub);
+            }
+        } else if let Some(st) = c.streams.get_mut(&stream) {
+            st.send_finished = true;
+        }
+    }
+
+    /// The driver opened the unidirectional stream asked for with `token`.
+    pub fn handle_stream_opened(&mut self, conn: ConnId, token: OpenToken, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let Some(sub_id) = c.opens.remove(&token) else { return };
+        let Some(sub) = c.subs.get_mut(&sub_id) else {
+            // The subscription ended before its stream opened: close the stream at once.
+            self.out.push_back(BrokerOutput::Finish { conn, stream });
+            return;
+        };
+        sub.stream = Some(stream);
+        let hello = json_frame(&Message::EventStreamHello(message::EventStreamHello { subscription_id: sub.id }));
+        sub.inflight += hello.len();
+        self.out.push_back(BrokerOutput::Transmit { conn, stream, data: hello });
+        self.pump(conn, sub_id);
+    }
+
+    /// The driver finished writing `bytes` previously transmitted on `stream` (event streams
+    /// only): the writer credit comes back and more queued batches are written.
+    pub fn handle_stream_flushed(&mut self, conn: ConnId, stream: StreamId, bytes: usize, now: Instant) {
+        self.clock.advance(now);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let Some(sub) = c.subs.values_mut().find(|s| s.stream == Some(stream)) else { return };
+        sub.inflight = sub.inflight.saturating_sub(bytes);
+        let id = sub.id;
+        self.pump(conn, id);
+    }
+
+    fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {
+        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { return };
+        loop {
+            if st.paused || st.closed {
+                break;
+            }
+            match st.decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    self.stats.frames_in += 1;
+                    self.handle_frame(conn, &mut st, frame, now);
+                    if !self.conns.contains_key(&conn) {
+                        return; // the frame closed the connection
+                    }
+                }
+                Ok(None) => break,
+                Err(FrameError::Flags { error, payload }) => self.reject_flags(conn, &mut st, error, &payload),
+                Err(e) => {
+                    // Bad magic, bad version, oversized frame: the byte stream cannot be
+                    // trusted any more. Close the connection (decision D10).
+                    self.stats.protocol_violations += 1;
+                    self.out.push_back(BrokerOutput::CloseConnection {
+                        conn,
+                        code: close_code::PROTOCOL_VIOLATION,
+                        reason: e.to_string(),
+                    });
+                    self.drop_conn(conn);
+                    return;
+                }
+            }
+        }
+        if st.fin_recv && !st.paused && !st.closed && st.decoder.finish().is_err() {
+            // The client finished the stream inside a frame: nothing more can come.
+            st.closed = true;
+        }
+        self.maybe_finish(conn, &mut st);
+        let keep = !(st.send_finished && st.outstanding == 0);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if keep {
+                c.streams.insert(sid, st);
+            }
+        }
+    }
+
+    /// Finishes our side of a control stream once the client finished and every answer owed on
+    /// it is written.
+    fn maybe_finish(&mut self, conn: ConnId, st: &mut CtlStream) {
+        let drained = st.decoder.buffered() == 0 || st.closed;
+        if (st.fin_recv || st.closed) && drained && st.outstanding == 0 && !st.send_finished {
+            st.send_finished = true;
+            if !st.uni {
+                self.out.push_back(BrokerOutput::Finish { conn, stream: st.id });
+            }
+        }
+    }
+
+    /// Ends a request stream after an answer: finish our side, stop reading theirs.
+    fn close_stream(&mut self, conn: ConnId, st: &mut CtlStream) {
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        self.out.push_back(BrokerOutput::StopSending { conn, stream: st.id, code: close_code::STREAM_CLOSED });
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Answers
+
+    fn features_of(st: &CtlStream) -> ClientOffer {
+        st.session.as_ref().map_or(
+            ClientOffer { negotiating: false, flags: Flags::ORIGINAL_V1, features: Features::NONE, extended: false },
+            |s| s.offer,
+        )
+    }
+
+    fn error_message(offer: &ClientOffer, r: &Refusal) -> Message {
+        let codes = offer.has(Features::ERROR_CODES);
+        Message::Error(message::ErrorMsg {
+            message: r.message.clone(),
+            code: codes.then(|| r.code.clone()),
+            retry: codes.then_some(r.retry),
+            detail: r.detail.clone().filter(|_| codes),
+        })
+    }
+
+    fn publish_answer(offer: &ClientOffer, reply: Reply, result: Result<Option<u64>, &Refusal>) -> Option<Bytes> {
+        match reply {
+            Reply::None => None,
+            Reply::Json(request_id) => {
+                let m = match result {
+                    Ok(offset) => Message::PublishOk(message::PublishOk {
+                        request_id,
+                        offset: offset.filter(|_| offer.offered(Flags::BINARY_PUBLISH_ACK_OFFSET)),
+                    }),
+                    Err(r) => {
+                        let codes = offer.has(Features::ERROR_CODES);
+                        Message::PublishError(message::PublishError {
+                            request_id,
+                            message: r.message.clone(),
+                            code: codes.then(|| r.code.clone()),
+                            retry: codes.then_some(r.retry),
+                            detail: r.detail.clone().filter(|_| codes),
+                        })
+                    }
+                };
+                Some(json_frame(&m))
+            }
+            Reply::Binary(request_id) => {
+                let ack = match result {
+                    Ok(offset) => PublishAck::ok(request_id, offset),
+                    Err(r) => {
+                        let mut a = PublishAck::error(request_id, r.message.clone(), r.code.clone(), r.retry);
+                        a.detail = r.detail.clone();
+                        a
+                    }
+                };
+                let mut b = BytesMut::new();
+                // Strings were checked on the way in; the message is cut to fit if needed.
+                let _ = ack.encode(offer.flags, &mut b);
+                Some(b.freeze())
+            }
+        }
+    }
+
+    /// Sends a non-publish answer (never held back by the pipeline).
+    fn send(&mut self, conn: ConnId, st: &CtlStream, data: Bytes) {
+        if st.uni || st.send_finished {
+            return;
+        }
+        self.out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+    }
+
+    fn refuse(&mut self, conn: ConnId, st: &mut CtlStream, r: Refusal) {
+        let m = Self::error_message(&Self::features_of(st), &r);
+        self.send(conn, st, json_frame(&m));
+        if r.close_stream {
+            self.close_stream(conn, st);
+        }
+    }
+
+    /// Reserves the answer slot of an owed publish (pipelined streams answer in order).
+    fn owe(&mut self, conn: ConnId, st: &mut CtlStream, reply: Reply) -> Option<u64> {
+        if matches!(reply, Reply::None) {
+            return None;
+        }
+        st.outstanding += 1;
+        let window = st.session.as_ref().and_then(|s| s.window)?;
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.owed.push_back(Owed { seq, answer: None });
+        if st.owed.len() >= window as usize && !st.paused {
+            st.paused = true;
+            self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+        }
+        Some(seq)
+    }
+
+    /// Delivers an owed publish answer: at once, or in order behind earlier ones when the
+    /// stream is pipelined. Returns whether the stream should be driven again (it was paused
+    /// and has room now).
+    fn deliver_answer(&mut self, conn: ConnId, st: &mut CtlStream, seq: Option<u64>, data: Option<Bytes>) -> bool {
+        st.outstanding = st.outstanding.saturating_sub(1);
+        match seq {
+            None => {
+                if let Some(d) = data {
+                    self.send(conn, st, d);
+                }
+                false
+            }
+            Some(seq) => {
+                if let Some(o) = st.owed.iter_mut().find(|o| o.seq == seq) {
+                    o.answer = Some(data.unwrap_or_default());
+                }
+                while st.owed.front().is_some_and(|o| o.answer.is_some()) {
+                    let o = st.owed.pop_front().expect("front exists");
+                    if let Some(d) = o.answer.filter(|d| !d.is_empty()) {
+                        self.send(conn, st, d);
+                    }
+                }
+                let window = st.session.as_ref().and_then(|s| s.window).unwrap_or(u32::MAX) as usize;
+                if st.paused && st.owed.len() < window {
+                    st.paused = false;
+                    self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
+                    return true;
+                }
+                false
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Frames
+
+    fn reject_flags(&mut self, conn: ConnId, st: &mut CtlStream, error: FlagError, payload: &[u8]) {
+        let flags = match error {
+            FlagError::Unknown { flags, .. }
+            | FlagError::ConflictingKinds { flags }
+            | FlagError::MissingBase { flags, .. }
+            | FlagError::NotNegotiated { flags, .. } => Flags(flags),
+        };
+        let r = Refusal::new(ErrorCode::InvalidRequest, "unsupported frame flags");
+        if st.session.is_none() {
+            return self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first").closing());
+        }
+        // Decision D7: an acked publish is answered with its request id whatever else is wrong.
+        match PublishBatch::peek_request_id(flags, payload) {
+            Some(request_id) => {
+                let offer = Self::features_of(st);
+                let seq = self.owe(conn, st, Reply::Binary(request_id));
+                let data = Self::publish_answer(&offer, Reply::Binary(request_id), Err(&r));
+                self.deliver_answer(conn, st, seq, data);
+            }
+            None => self.refuse(conn, st, r),
+        }
+    }
+
+    fn handle_frame(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
+        if st.session.is_none() {
+            return self.handle_preauth(conn, st, frame, now);
+        }
+        match PayloadKind::of(frame.flags) {
+            Some(PayloadKind::Json) => match message::decode(&frame.payload) {
+                Ok(Decoded::Message(m)) => self.handle_message(conn, st, m, now),
+                Ok(Decoded::Unknown(u)) => self.handle_unknown(conn, st, &u.type_name, u.request_id, None),
+                Err(e) => {
+                    // JSON that does not decode is fatal to the stream (decision D16).
+                    self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, e.to_string()).closing());
+                }
+            },
+            Some(PayloadKind::Publish) => self.handle_binary_publish(conn, st, frame, now),
+            // The decoder accepts only client-sendable flags, so nothing else reaches here.
+            _ => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "unexpected frame kind").closing()),
+        }
+    }
+
+    fn handle_preauth(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
+        if !frame.flags.is_empty() {
+            // A binary publish before auth: refused and the stream ends.
+            return self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first").closing());
+        }
+        match message::decode(&frame.payload) {
+            Ok(Decoded::Message(Message::Auth(a))) => self.handle_auth(conn, st, a, now),
+            Ok(_) => self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first")),
+            Err(e) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, e.to_string()).closing()),
+        }
+    }
+
+    fn handle_auth(&mut self, conn: ConnId, st: &mut CtlStream, a: message::Auth, _now: Instant) {
+        let offer = ClientOffer::from_auth(&a);
+        let found = self
+            .cfg
+            .tokens
+            .iter()
+            .position(|t| t.token == a.token && t.tenant_id.as_ref().is_none_or(|tt| *tt == a.tenant_id));
+        let Some(token) = found else {
+            // The broker reads the feature offer before answering, so even a refused auth
+            // carries a code for a client that offered it.
+            let r = Refusal::new(ErrorCode::Unauthenticated, "invalid token").closing();
+            let m = Self::error_message(&offer, &r);
+            self.send(conn, st, json_frame(&m));
+            return self.close_stream(conn, st);
+        };
+        let grant = &self.cfg.tokens[token];
+        let mut principal = grant.principal.clone().into_bytes();
+        principal.truncate(255);
+        let window = (offer.has(Features::PUBLISH_PIPELINE) && self.cfg.publish_window > 0)
+            .then_some(self.cfg.publish_window);
+        let ack_on_commit = self.cfg.ack_on_commit || offer.has(Features::ACK_ON_COMMIT);
+        st.session = Some(Session {
+            tenant_id: a.tenant_id,
+            principal: Bytes::from(principal),
+            token,
+            offer,
+            window,
+            ack_on_commit,
+            widths: HashMap::new(),
+        });
+        st.decoder.set_max_frame_len(self.cfg.max_frame_len);
+        st.decoder.set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags));
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.auth_deadline = None;
+        }
+        let answer = match broker_answer(&offer, self.server_flags, self.server_features, self.cfg.publish_window) {
+            Some(ok) => Message::AuthOk(ok),
+            None => Message::Ok(message::OkMsg {}),
+        };
+        self.send(conn, st, json_frame(&answer));
+    }
+
+    fn handle_unknown(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        type_name: &str,
+        request_id: Option<u64>,
+        extension: Option<String>,
+    ) {
+        let offer = Self::features_of(st);
+        if offer.has(Features::UNSUPPORTED) && self.server_features.contains(Features::UNSUPPORTED) {
+            let m = Message::Unsupported(message::Unsupported { request_type: type_name.to_owned(), request_id, extension });
+            self.send(conn, st, json_frame(&m));
+        } else {
+            // The old behaviour: the stream is closed.
+            self.send_finish_and_stop(conn, st);
+        }
+    }
+
+    fn send_finish_and_stop(&mut self, conn: ConnId, st: &mut CtlStream) {
+        self.close_stream(conn, st);
+    }
+
+    fn handle_message(&mut self, conn: ConnId, st: &mut CtlStream, m: Message, now: Instant) {
+        if st.uni && !matches!(m, Message::Publish(_) | Message::PublishBatch(_) | Message::PublishWidth(_)) {
+            // A publish-only stream carries publishes only; anything else closes it.
+            return self.close_stream(conn, st);
+        }
+        match m {
+            Message::Auth(_) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "already authenticated")),
+            Message::Publish(p) => {
+                self.stats.publishes_json += 1;
+                let records = Records::from_payloads([p.payload.0]).unwrap_or_default();
+                let req = PublishReq {
+                    tenant_id: p.tenant_id,
+                    namespace: p.namespace,
+                    stream: p.stream,
+                    key: p.key.map(|k| k.0),
+                    shard: p.shard,
+                    width: p.publish_width,
+                    records,
+                };
+                self.publish_json(conn, st, req, p.request_id, p.ack, now);
+            }
+            Message::PublishBatch(p) => {
+                self.stats.publishes_json += 1;
+                let records = Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default();
+                let req = PublishReq {
+                    tenant_id: p.tenant_id,
+                    namespace: p.namespace,
+                    stream: p.stream,
+                    key: p.key.map(|k| k.0),
+                    shard: p.shard,
+                    width: p.publish_width,
+                    records,
+                };
+                self.publish_json(conn, st, req, p.request_id, p.ack, now);
+            }
+            Message::PublishWidth(w) => {
+                if let Some(s) = st.session.as_mut() {
+                    s.widths.insert(key(&w.tenant_id, &w.namespace, &w.stream), w.width);
+                }
+            }
+            Message::Subscribe(s) => self.subscribe(conn, st, s, now),
+            Message::CachePut(p) => self.cache_put(conn, st, p, now),
+            Message::CacheGet(g) => self.cache_get(conn, st, g, now),
+            Message::CacheDelete(d) => self.cache_delete(conn, st, d, now),
+            Message::StreamShards(q) => {
+                let shards =
+                    self.lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe).map_or(0, |e| e);
+                let routing = self
+                    .streams
+                    .get(&key(&q.tenant_id, &q.namespace, &q.stream))
+                    .map(|e| e.config.routing)
+                    .filter(|r| *r == message::Routing::JumpHash);
+                let m = Message::StreamShardsView(message::StreamShardsView {
+                    shards,
+                    request_id: q.request_id,
+                    routing,
+                });
+                self.send(conn, st, json_frame(&m));
+            }
+            Message::CacheShards(q) => {
+                let known = self.caches.contains_key(&key(&q.tenant_id, &q.namespace, &q.cache));
+                let m = Message::CacheShardsView(message::CacheShardsView {
+                    shards: u32::from(known),
+                    request_id: q.request_id,
+                });
+                self.send(conn, st, json_frame(&m));
+            }
+            Message::Extension(e) => self.handle_unknown(conn, st, "extension", Some(e.request_id), Some(e.name)),
+            Message::Error(_) => self.close_stream(conn, st),
+            other if other.direction() == Direction::ToClient => self.refuse(
+                conn,
+                st,
+                Refusal::new(ErrorCode::InvalidRequest, format!("unexpected message type {}", other.type_name())).closing(),
+            ),
+            // A request of the catalogue this broker does not serve (it does not advertise its
+            // feature bit): answered like an unknown type.
+            other => {
+                let rid = other.request_id();
+                self.handle_unknown(conn, st, other.type_name(), rid, None)
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Streams and permissions
+
+    fn create_stream(&mut self, k: Key, config: StreamConfig) -> u32 {
+        let shards = config.shards.max(1);
+        let entry = StreamEntry {
+            shards: (0..shards)
+                .map(|_| Shard { log: ShardLog::new(config.durable, config.retention), subs: Vec::new(), moved: None })
+                .collect(),
+            config,
+        };
+        self.streams.insert(k, entry);
+        shards
+    }
+
+    /// Checks tenant and permission, then finds (or auto-creates) the stream. Returns its shard
+    /// count.
+    fn lookup_stream(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, action: Action) -> Result<u32, Refusal> {
+        let Some(sess) = st.session.as_ref() else {
+            return Err(Refusal::new(ErrorCode::Unauthenticated, "authenticate first"));
+        };
+        if sess.tenant_id != t {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
+        }
+        if !self.cfg.tokens[sess.token].allows(action, ns, s) {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{s}", action.name())));
+        }
+        let k = key(t, ns, s);
+        if let Some(e) = self.streams.get(&k) {
+            return Ok(e.shards.len() as u32);
+        }
+        if self.cfg.auto_create {
+            let cfg = self.cfg.default_stream.clone();
+            return Ok(self.create_stream(k, cfg));
+        }
+        Err(Refusal::new(ErrorCode::NotFound, format!("stream {ns}/{s} not found")))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Publishing
+
+    fn publish_json(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        req: PublishReq,
+        request_id: Option<u64>,
+        ack: Option<crate::binary::AckMode>,
+        now: Instant,
+    ) {
+        let acked = ack.is_some_and(|a| a.is_acked());
+        let reply = match (acked, request_id) {
+            (true, Some(id)) => Reply::Json(id),
+            (true, None) => {
+                return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "an acked publish needs a request_id"));
+            }
+            // Decision D9: a request_id without ack is fire-and-forget.
+            (false, _) => Reply::None,
+        };
+        self.publish(conn, st, req, reply, now);
+    }
+
+    fn handle_binary_publish(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
+        self.stats.publishes_binary += 1;
+        let reply = match PublishBatch::peek_request_id(frame.flags, &frame.payload) {
+            Some(id) if frame.flags.contains(Flags::BINARY_PUBLISH_IDEMPOTENT) => Reply::Json(id),
+            Some(id) => Reply::Binary(id),
+            None => Reply::None,
+        };
+        match PublishBatch::decode(frame.flags, frame.payload) {
+            Ok(b) if b.idempotent.is_some() => {
+                // Idempotent producers are not served by this broker (the feature is not
+                // advertised); answer as the request type it stands for.
+                let r = Refusal::new(ErrorCode::InvalidRequest, "idempotent publishing is not supported");
+                self.answer_now(conn, st, reply, Err(&r));
+            }
+            Ok(b) => {
+                let width = b.key.as_ref().and_then(|_| {
+                    st.session.as_ref().and_then(|s| s.widths.get(&key(&b.tenant_id, &b.namespace, &b.stream)).copied())
+                });
+                let req = PublishReq {
+                    tenant_id: b.tenant_id,
+                    namespace: b.namespace,
+                    stream: b.stream,
+                    key: b.key,
+                    shard: None,
+                    width,
+                    records: b.records,
+                };
+                self.publish(conn, st, req, reply, now);
+            }
+            Err(e) => {
+                let r = Refusal::new(ErrorCode::InvalidRequest, format!("malformed publish batch: {e}"));
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1;
+                } else {
+                    self.answer_now(conn, st, reply, Err(&r));
+                }
+            }
+        }
+    }
+
+    fn answer_now(&mut self, conn: ConnId, st: &mut CtlStream, reply: Reply, result: Result<Option<u64>, &Refusal>) {
+        let offer = Self::features_of(st);
+        let seq = self.owe(conn, st, reply);
+        let data = Self::publish_answer(&offer, reply, result);
+        if !matches!(reply, Reply::None) {
+            self.deliver_answer(conn, st, seq, data);
+        }
+    }
+
+    fn publish(&mut self, conn: ConnId, st: &mut CtlStream, req: PublishReq, reply: Reply, now: Instant) {
+        let routed = self.route(st, &req);
+        let (shard, durable) = match routed {
+            Ok(v) => v,
+            Err(r) => {
+                self.stats.publishes_refused += 1;
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1; // decision D5: counted, not answered
+                    return;
+                }
+                return self.answer_now(conn, st, reply, Err(&r));
+            }
+        };
+        let sess = st.session.as_ref().expect("route checked the session");
+        let offer = sess.offer;
+        let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
+        let ack_on_commit = sess.ack_on_commit;
+        let count = u64::from(req.records.count());
+        self.stats.records_appended += count;
+        let ts = self.wall.micros(now);
+        let k = key(&req.tenant_id, &req.namespace, &req.stream);
+        if !durable {
+            let entry = self.streams.get_mut(&k).expect("routed stream exists");
+            let (_, batch) = entry.shards[shard as usize].log.append(req.records, ts, publisher, now, None);
+            if let Some(b) = batch {
+                self.fanout(&k, shard, b);
+            }
+            return self.answer_now(conn, st, reply, Ok(None));
+        }
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let entry = self.streams.get_mut(&k).expect("routed stream exists");
+        let records = req.records.clone();
+        let (base, _) = entry.shards[shard as usize].log.append(req.records, ts, publisher.clone(), now, Some(token));
+        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            token,
+            tenant_id: req.tenant_id,
+            namespace: req.namespace,
+            stream: req.stream,
+            shard,
+            base_offset: base,
+            records,
+            timestamp_micros: ts,
+            publisher,
+            generation_start: false,
+        }));
+        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new() };
+        if !matches!(reply, Reply::None) {
+            let seq = self.owe(conn, st, reply);
+            if ack_on_commit {
+                ctx.waiters.push(Waiter { conn, stream: st.id, seq, reply, offer });
+            } else {
+                // Acknowledged on enqueue: no offset (the broker never invents one).
+                let data = Self::publish_answer(&offer, reply, Ok(None));
+                self.deliver_answer(conn, st, seq, data);
+            }
+        }
+        self.writes.insert(token, ctx);
+    }
+
+    /// Picks the shard of a publish: permission, stream, explicit shard, key hash, width check.
+    fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<(u32, bool), Refusal> {
+        let shards = self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish)?;
+        let entry = self.streams.get(&key(&req.tenant_id, &req.namespace, &req.stream)).expect("looked up");
+        if let (Some(w), Some(_)) = (req.width, &req.key) {
+            if w != shards {
+                return Err(Refusal::new(
+                    ErrorCode::StaleWidth,
+                    format!("stream has {shards} shards; the batch was routed by {w}"),
+                ));
+            }
+        }
+        let shard = match req.shard {
+            Some(s) if s >= shards => {
+                return Err(Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {s} (it has {shards})")));
+            }
+            Some(s) => s,
+            None => shard_for_key(req.key.as_deref(), shards, entry.config.routing),
+        };
+        if let Some(m) = &entry.shards[shard as usize].moved {
+            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id));
+            r.retry = RetryClass::Redirect;
+            return Err(r);
+        }
+        Ok((shard, entry.config.durable))
+    }
+
+    /// Storage finished a write: durable records become visible (in offset order), their
+    /// subscribers get them, and publishes waiting for the write are answered.
+    pub fn handle_write_complete(&mut self, token: WriteToken, ok: bool, now: Instant) {
+        let now = self.clock.advance(now);
+        let Some(ctx) = self.writes.get(&token) else { return };
+        let (k, shard) = (ctx.key.clone(), ctx.shard);
+        let Some(entry) = self.streams.get_mut(&k) else {
+            self.writes.remove(&token);
+            return;
+        };
+        let settled = entry.shards[shard as usize].log.settle(token, ok);
+        for (base, end) in &settled.committed {
+            self.fanout_committed(&k, shard, *base, *end);
+        }
+        for (tok, base) in settled.done {
+            if let Some(ctx) = self.writes.remove(&tok) {
+                for w in ctx.waiters {
+                    self.finish_waiter(w, Ok(Some(base)), now);
+                }
+            }
+        }
+        for (tok, _, _) in settled.failed {
+            if let Some(ctx) = self.writes.remove(&tok) {
+                let r = Refusal::new(ErrorCode::Storage, "the write failed; nothing was stored");
+                let mut r = r;
+                r.retry = RetryClass::Retry;
+                for w in ctx.waiters {
+                    self.finish_waiter(w, Err(&r), now);
+                }
+            }
+        }
+        if let Some(entry) = self.streams.get_mut(&k) {
+            entry.shards[shard as usize].log.enforce_retention(now);
+        }
+    }
+
+    fn finish_waiter(&mut self, w: Waiter, result: Result<Option<u64>, &Refusal>, now: Instant) {
+        let data = Self::publish_answer(&w.offer, w.reply, result);
+        let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) else { return };
+        let resume = self.deliver_answer(w.conn, &mut st, w.seq, data);
+        if let Some(c) = self.conns.get_mut(&w.conn) {
+            c.streams.insert(w.stream, st);
+        }
+        if resume {
+            self.drive_stream(w.conn, w.stream, now);
+        } else if let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) {
+            self.maybe_finish(w.conn, &mut st);
+            let keep = !(st.send_finished && st.outstanding == 0);
+            if let Some(c) = self.conns.get_mut(&w.conn) {
+                if keep {
+                    c.streams.insert(w.stream, st);
+                }
+            }
+        }
+    }
+
+    /// Appends a generation-start record to a durable shard (what a leader does when it starts
+    /// serving a shard at a new generation). It takes one offset and is never delivered.
+    pub fn start_generation(&mut self, tenant: &str, ns: &str, stream: &str, shard: u32, now: Instant) -> Option<u64> {
+        let now = self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        let entry = self.streams.get_mut(&k)?;
+        if !entry.config.durable {
+            return None;
+        }
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let s = entry.shards.get_mut(shard as usize)?;
+        let base = s.log.append_generation_start(now, token);
+        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            token,
+            tenant_id: k.0.clone(),
+            namespace: k.1.clone(),
+            stream: k.2.clone(),
+            shard,
+            base_offset: base,
+            records: Records::default(),
+            timestamp_micros: self.wall.micros(now),
+            publisher: None,
+            generation_start: true,
+        }));
+        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new() });
+        Some(base)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Delivery
+
+    fn fanout_committed(&mut self, k: &Key, shard: u32, base: u64, end: u64) {
+        let Some(entry) = self.streams.get_mut(k) else { return };
+        let s = &mut entry.shards[shard as usize];
+        let subs = s.subs.clone();
+        let Some(b) = s.log.batch_at(base) else { return };
+        if b.generation_start || b.base != base || b.end() != end {
+            return;
+        }
+        let count = b.count();
+        // One encoding per subscriber shape, shared by every subscriber of that shape.
+        let mut frames: Vec<(Shape, [Bytes; 2])> = Vec::new();
+        for (conn, id) in subs {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+            if sub.cursor.is_some() || sub.ending.is_some() {
+                continue; // catching up from the log, or ending
+            }
+            let frame = match frames.iter().find(|(sh, _)| *sh == sub.shape) {
+                Some((_, f)) => f.clone(),
+                None => {
+                    let Some(b) = self.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base))
+                    else {
+                        return;
+                    };
+                    let f = b.frame(sub.shape);
+                    frames.push((sub.shape, f.clone()));
+                    f
+                }
+            };
+            let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+            Self::enqueue(&mut self.stats, sub, frame, base, count);
+            self.pump(conn, id);
+        }
+    }
+
+    fn fanout(&mut self, k: &Key, shard: u32, mut batch: log::LogBatch) {
+        let Some(entry) = self.streams.get(k) else { return };
+        let subs = entry.shards[shard as usize].subs.clone();
+        let count = batch.count();
+        for (conn, id) in subs {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+            if sub.ending.is_some() {
+                continue;
+            }
+            let frame = batch.frame(sub.shape);
+            Self::enqueue(&mut self.stats, sub, frame, batch.base, count);
+            self.pump(conn, id);
+        }
+    }
+
+    /// Queues a batch for a subscriber, or drops it when the queue is full. A client that reads
+    /// `subscription_lagged` (and offsets, on a durable stream) has its subscription ended at
+    /// the first drop; any other sees the drop as a jump in offsets.
+    fn enqueue(stats: &mut BrokerStats, sub: &mut Sub, frame: [Bytes; 2], base: u64, count: u64) {
+        if sub.queue.len() >= sub.capacity {
+            stats.records_dropped += count;
+            if sub.shape.offsets && sub.offer.has(Features::SUBSCRIPTION_LAGGED) {
+                stats.lagged += 1;
+                sub.ending = Some(Ending::Lagged { resume_from: base });
+            }
+            return;
+        }
+        sub.queue.push_back(frame);
+    }
+
+    /// Writes what a subscriber has ready, within its writer credit; ends it when it is ending
+    /// and everything before the end is written.
+    fn pump(&mut self, conn: ConnId, id: u64) {
+        let limit = self.cfg.event_stream_inflight_bytes;
+        loop {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
+            let Some(stream) = sub.stream else { return };
+            if sub.inflight >= limit {
+                return;
+            }
+            if let Some(cursor) = sub.cursor {
+                // Catching up from the log.
+                let (k, shard, shape) = (sub.key.clone(), sub.shard, sub.shape);
+                let Some(entry) = self.streams.get_mut(&k) else { return };
+                let log = &mut entry.shards[shard as usize].log;
+                let tail = log.committed_tail();
+                let next = log.next_deliverable(cursor).map(|b| {
+                    let f = if b.base >= cursor { b.frame(shape) } else { b.frame_from(shape, cursor) };
+                    (f, b.end())
+                });
+                let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+                match next {
+                    Some((frame, end)) => {
+                        sub.cursor = Some(end);
+                        sub.inflight += frame[0].len() + frame[1].len();
+                        self.stats.batches_delivered += 1;
+                        self.write_frame(conn, stream, frame);
+                    }
+                    None => {
+                        // Caught up: from here on the subscriber is fed live.
+                        let _ = tail;
+                        sub.cursor = None;
+                    }
+                }
+                continue;
+            }
+            if let Some(frame) = sub.queue.pop_front() {
+                sub.inflight += frame[0].len() + frame[1].len();
+                self.stats.batches_delivered += 1;
+                self.write_frame(conn, stream, frame);
+                continue;
+            }
+            if let Some(ending) = sub.ending.clone() {
+                let offer = sub.offer;
+                let sub_id = sub.id;
+                let terminal = match ending {
+                    Ending::Lagged { resume_from } => Some(Message::SubscriptionLagged(message::SubscriptionLagged {
+                        subscription_id: sub_id,
+                        resume_from,
+                    })),
+                    Ending::Moved(m) => offer.has(Features::SHARD_MOVED).then_some(Message::ShardMoved(m)),
+                    Ending::Deleted => offer
+                        .has(Features::STREAM_DELETED)
+                        .then_some(Message::StreamDeleted(message::StreamDeleted { subscription_id: sub_id })),
+                    Ending::Plain => None,
+                };
+                if let Some(m) = terminal {
+                    self.out.push_back(BrokerOutput::Transmit { conn, stream, data: json_frame(&m) });
+                }
+                self.out.push_back(BrokerOutput::Finish { conn, stream });
+                if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.remove(&id)) {
+                    self.unlink_sub(conn, &sub);
+                }
+            }
+            return;
+        }
+    }
+
+    fn write_frame(&mut self, conn: ConnId, stream: StreamId, [head, body]: [Bytes; 2]) {
+        self.out.push_back(BrokerOutput::Transmit { conn, stream, data: head });
+        if !body.is_empty() {
+            self.out.push_back(BrokerOutput::Transmit { conn, stream, data: body });
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Subscriptions
+
+    fn subscribe(&mut self, conn: ConnId, st: &mut CtlStream, s: message::Subscribe, _now: Instant) {
+        let shards = match self.lookup_stream(st, &s.tenant_id, &s.namespace, &s.stream, Action::Subscribe) {
+            Ok(n) => n,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let offer = Self::features_of(st);
+        let shard = s.shard.unwrap_or(0);
+        if shard >= shards {
+            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
+            return self.refuse(conn, st, r);
+        }
+        let k = key(&s.tenant_id, &s.namespace, &s.stream);
+        let max_subs = self.cfg.max_subscriptions_per_connection as usize;
+        let cap_max = self.cfg.subscriber_queue_capacity_max.max(1);
+        let entry = self.streams.get_mut(&k).expect("looked up");
+        let durable = entry.config.durable;
+        let default_cap = entry.config.queue_capacity.clamp(1, cap_max);
+        let sh = &mut entry.shards[shard as usize];
+        if let Some(m) = &sh.moved {
+            let msg = if offer.has(Features::REDIRECT) {
+                Message::NotLeader(message::NotLeader {
+                    node_id: m.node_id.clone(),
+                    addr: m.addr.clone(),
+                    generation: m.generation,
+                })
+            } else {
+                let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id));
+                r.retry = RetryClass::Redirect;
+                Self::error_message(&offer, &r)
+            };
+            return self.send(conn, st, json_frame(&msg));
+        }
+        // Where the subscription starts. A client that negotiated offsets is told where it
+        // joined, and its subscribe with no start is an explicit `latest`.
+        let start_pos = s.start.unwrap_or(message::StartPosition::Latest);
+        let tail = sh.log.readable_tail();
+        let cursor = if durable {
+            match start_pos {
+                message::StartPosition::Latest => tail,
+                message::StartPosition::Earliest => sh.log.start(),
+                message::StartPosition::Offset(n) => {
+                    let cursor_error = |reason, available| {
+                        Message::SubscribeCursorError(message::SubscribeCursorError { reason, requested: n, available })
+                    };
+                    if n < sh.log.start() {
+                        let m = cursor_error(message::CursorErrorReason::TooOld, sh.log.start());
+                        return self.send(conn, st, json_frame(&m));
+                    }
+                    if n > sh.log.committed_tail() {
+                        let m = cursor_error(message::CursorErrorReason::InFuture, sh.log.committed_tail());
+                        return self.send(conn, st, json_frame(&m));
+                    }
+                    n
+                }
+            }
+        } else {
+            if matches!(start_pos, message::StartPosition::Offset(_)) {
+                let r = Refusal::new(ErrorCode::InvalidRequest, "an ephemeral stream keeps no history to resume from");
+                return self.refuse(conn, st, r);
+            }
+            0
+        };
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.subs.len() >= max_subs {
+            let r = Refusal::new(ErrorCode::LimitExceeded, format!("at most {max_subs} subscriptions per connection"));
+            return self.refuse(conn, st, r);
+        }
+        let id = match s.subscription_id {
+            Some(id) if c.subs.contains_key(&id) => {
+                let r = Refusal::new(ErrorCode::InvalidRequest, format!("subscription {id} already exists"));
+                return self.refuse(conn, st, r);
+            }
+            Some(id) => id,
+            None => {
+                while c.subs.contains_key(&c.next_sub) {
+                    c.next_sub += 1;
+                }
+                c.next_sub += 1;
+                c.next_sub - 1
+            }
+        };
+        let granted = s.queue_capacity.map(|q| q.clamp(1, cap_max));
+        let capacity = granted.unwrap_or(default_cap) as usize;
+        let offsets = durable && offer.offered(Flags::EVENT_BATCH_OFFSETS);
+        let shape = Shape {
+            offsets,
+            skipped: offsets && offer.offered(Flags::EVENT_BATCH_SKIPPED),
+            publisher: offer.offered(Flags::EVENT_BATCH_PUBLISHER),
+            timestamps: durable && offer.offered(Flags::EVENT_BATCH_TIMESTAMPS),
+        };
+        let token = OpenToken(self.next_open);
+        self.next_open += 1;
+        c.opens.insert(token, id);
+        c.subs.insert(
+            id,
+            Sub {
+                id,
+                key: k.clone(),
+                shard,
+                stream: None,
+                shape,
+                offer,
+                queue: VecDeque::new(),
+                capacity,
+                inflight: 0,
+                cursor: (durable && cursor < tail).then_some(cursor),
+                ending: None,
+            },
+        );
+        let entry = self.streams.get_mut(&k).expect("looked up");
+        entry.shards[shard as usize].subs.push((conn, id));
+        let answer = Message::Subscribed(message::Subscribed {
+            subscription_id: id,
+            start_offset: offsets.then_some(cursor),
+            live_offset: offsets.then_some(tail.max(cursor)),
+            queue_capacity: if self.server_features.contains(Features::SUBSCRIBE_QUEUE) { granted } else { None },
+        });
+        self.send(conn, st, json_frame(&answer));
+        self.out.push_back(BrokerOutput::OpenUni { conn, token });
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Operator actions
+
+    /// Deletes a stream. Its subscriptions end after delivering what they have queued, with
+    /// `stream_deleted` for clients that read it.
+    pub fn delete_stream(&mut self, tenant: &str, ns: &str, stream: &str, now: Instant) -> bool {
+        self.clock.advance(now);
+        let Some(entry) = self.streams.remove(&key(tenant, ns, stream)) else { return false };
+        for shard in entry.shards {
+            for (conn, id) in shard.subs {
+                if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
+                    sub.cursor = None;
+                    sub.ending.get_or_insert(Ending::Deleted);
+                    self.pump(conn, id);
+                }
+            }
+        }
+        true
+    }
+
+    /// Records that a shard moved to another broker: its subscriptions end with `shard_moved`
+    /// (for clients that read it), new subscribes are redirected, publishes refused
+    /// `not_leader`.
+    pub fn move_shard(
+        &mut self,
+        tenant: &str,
+        ns: &str,
+        stream: &str,
+        shard: u32,
+        owner: OwnerHint,
+        now: Instant,
+    ) -> bool {
+        self.clock.advance(now);
+        let Some(entry) = self.streams.get_mut(&key(tenant, ns, stream)) else { return false };
+        let durable = entry.config.durable;
+        let Some(s) = entry.shards.get_mut(shard as usize) else { return false };
+        let resume_from = durable.then(|| s.log.committed_tail());
+        s.moved = Some(Moved { node_id: owner.node_id.clone(), addr: owner.addr.clone(), generation: owner.generation });
+        let subs = std::mem::take(&mut s.subs);
+        for (conn, id) in subs {
+            if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
+                let m = message::ShardMoved {
+                    subscription_id: id,
+                    resume_from,
+                    node_id: Some(owner.node_id.clone()),
+                    addr: owner.addr.clone(),
+                    generation: owner.generation,
+                };
+                sub.ending.get_or_insert(Ending::Moved(m));
+                self.pump(conn, id);
+            }
+        }
+        true
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Cache
+
+    fn cache_entry(&mut self, st: &CtlStream, t: &str, ns: &str, c: &str, action: Action) -> Result<Key, Refusal> {
+        let Some(sess) = st.session.as_ref() else {
+            return Err(Refusal::new(ErrorCode::Unauthenticated, "authenticate first"));
+        };
+        if sess.tenant_id != t {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
+        }
+        if !self.cfg.tokens[sess.token].allows(action, ns, c) {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{c}", action.name())));
+        }
+        let k = key(t, ns, c);
+        if !self.caches.contains_key(&k) {
+            if !self.cfg.auto_create {
+                return Err(Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
+            }
+            self.caches.insert(k.clone(), Cache::default());
+        }
+        Ok(k)
+    }
+
+    fn cache_put(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePut, now: Instant) {
+        let k = match self.cache_entry(st, &p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
+        self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
+        let answer = match p.request_id {
+            Some(request_id) => Message::CacheOk(message::CacheOk { request_id }),
+            None => Message::Ok(message::OkMsg {}),
+        };
+        self.send(conn, st, json_frame(&answer));
+    }
+
+    fn cache_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CacheGet, now: Instant) {
+        let k = match self.cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
+        if hit.is_some() {
+            self.stats.cache_hits += 1;
+        } else {
+            self.stats.cache_misses += 1;
+        }
+        let m = Message::CacheValue(message::CacheValue {
+            tenant_id: g.tenant_id,
+            namespace: g.namespace,
+            cache: g.cache,
+            key: g.key,
+            value: hit.map(|(v, _)| B64(v)),
+            request_id: g.request_id,
+            version: None,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    fn cache_delete(&mut self, conn: ConnId, st: &mut CtlStream, d: message::CacheDelete, now: Instant) {
+        let k = match self.cache_entry(st, &d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let removed = self.caches.get_mut(&k).expect("created").delete(&d.key, now);
+        let m = Message::CacheValue(message::CacheValue {
+            tenant_id: d.tenant_id,
+            namespace: d.namespace,
+            cache: d.cache,
+            key: d.key,
+            value: removed.map(B64),
+            request_id: d.request_id,
+            version: None,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+}
+
+/// A publish, whatever encoding it came in.
+#[derive(Debug)]
+struct PublishReq {
+    tenant_id: String,
+    namespace: String,
+    stream: String,
+    key: Option<Bytes>,
+    shard: Option<u32>,
+    width: Option<u32>,
+    records: Records,
+}

@@ -1,0 +1,918 @@
+//! The client role: one QUIC connection to a broker, with no IO.
+//!
+//! [`ClientConnection`] opens control streams (each authenticates on its own with `auth`),
+//! chooses every encoding from what the broker advertised (never from its own set), keeps the
+//! publish window of each stream, and turns the broker's event streams into [`ClientEvent`]s.
+//!
+//! Drive it like the broker: feed inputs (`handle_*`, each with `now`), then drain
+//! [`poll_output`](ClientConnection::poll_output) and [`poll_event`](ClientConnection::poll_event).
+
+use crate::binary::{AckMode, AckStatus, AckedPrefix, ErrorDetail, EventBatch, OwnerHint, PublishAck, PublishBatch, Records};
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::features::Features;
+use crate::flags::Flags;
+use crate::frame::{Frame, FrameDecoder};
+use crate::io::{Clock, Dir, OpenToken, Side, StreamId};
+use crate::message::{self, B64, Decoded, Message, StartPosition};
+use crate::negotiate::Negotiated;
+use crate::payload::Payload;
+use bytes::{Bytes, BytesMut};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Tenant to authenticate for.
+    pub tenant_id: String,
+    /// Bearer token.
+    pub token: String,
+    /// Flags to offer; `None` behaves as a legacy client that predates negotiation (it sends no
+    /// `client_flags` and expects plain `ok`).
+    pub flags: Option<Flags>,
+    /// Features to offer.
+    pub features: Features,
+    /// Largest frame accepted from the broker.
+    pub max_frame_len: u32,
+}
+
+impl ClientConfig {
+    /// A client offering everything this implementation reads.
+    pub fn new(tenant_id: impl Into<String>, token: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            tenant_id: tenant_id.into(),
+            token: token.into(),
+            flags: Some(Flags::KNOWN),
+            features: Features::ERROR_CODES
+                | Features::SHARD_MOVED
+                | Features::UNSUPPORTED
+                | Features::PUBLISH_PIPELINE
+                | Features::SUBSCRIPTION_LAGGED
+                | Features::REDIRECT
+                | Features::STREAM_DELETED,
+            max_frame_len: crate::frame::DEFAULT_MAX_FRAME_LEN,
+        }
+    }
+}
+
+/// A control stream of this client (index 0 is opened by [`ClientConnection::new`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientStream(pub u32);
+
+/// Names a publish until it is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PublishId(pub u64);
+
+/// An error a broker reported, with the code fields when the client offered them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorInfo {
+    /// Prose.
+    pub message: String,
+    /// Code, when sent.
+    pub code: Option<ErrorCode>,
+    /// Retry class, when sent.
+    pub retry: Option<RetryClass>,
+    /// Detail, when sent.
+    pub detail: Option<ErrorDetail>,
+}
+
+/// Why a subscription ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EndReason {
+    /// The broker's queue dropped records; resume from `resume_from` (see the spec).
+    Lagged {
+        /// First offset not sent.
+        resume_from: u64,
+    },
+    /// The shard moved.
+    Moved(message::ShardMoved),
+    /// The stream was deleted.
+    Deleted,
+    /// An `error` ended the stream.
+    Error(ErrorInfo),
+    /// The stream ended with no terminal frame.
+    Finished,
+}
+
+/// Something that happened. Each is reported once (edge-triggered).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ClientEvent {
+    /// A control stream authenticated.
+    Connected {
+        /// The stream.
+        stream: ClientStream,
+        /// What was negotiated on it.
+        negotiated: Negotiated,
+    },
+    /// `auth` was refused.
+    AuthFailed {
+        /// The stream.
+        stream: ClientStream,
+        /// Why.
+        error: ErrorInfo,
+    },
+    /// An acked publish succeeded.
+    PublishAcked {
+        /// The publish.
+        id: PublishId,
+        /// First record's offset, when the broker gave one.
+        offset: Option<u64>,
+        /// Owner hint of a forwarded batch.
+        owner: Option<OwnerHint>,
+    },
+    /// An acked publish failed.
+    PublishFailed {
+        /// The publish.
+        id: PublishId,
+        /// Why.
+        error: ErrorInfo,
+    },
+    /// A stream whose publish window was full has room again.
+    PublishWindowOpen {
+        /// The stream.
+        stream: ClientStream,
+    },
+    /// A subscription was confirmed.
+    Subscribed {
+        /// Its id.
+        sub: u64,
+        /// First offset it delivers (durable streams, offsets negotiated).
+        start_offset: Option<u64>,
+        /// Tail at join.
+        live_offset: Option<u64>,
+        /// Granted queue capacity.
+        queue_capacity: Option<u32>,
+    },
+    /// A subscribe was refused.
+    SubscribeFailed {
+        /// Its id.
+        sub: u64,
+        /// Why (a cursor error is reported as an `invalid_request`-like error with prose).
+        error: ErrorInfo,
+        /// For `subscribe_cursor_error`: the reason and the available offset.
+        cursor: Option<message::SubscribeCursorError>,
+        /// For `not_leader`: the owner.
+        redirect: Option<message::NotLeader>,
+    },
+    /// Events arrived.
+    Events {
+        /// Subscription.
+        sub: u64,
+        /// The batch.
+        batch: EventBatch,
+    },
+    /// A subscription ended.
+    SubscriptionEnded {
+        /// Subscription.
+        sub: u64,
+        /// Why.
+        reason: EndReason,
+    },
+    /// A cache read (or delete) answered.
+    CacheValue {
+        /// Request id.
+        request_id: u64,
+        /// The value (the removed one for a delete), `None` on a miss.
+        value: Option<Bytes>,
+    },
+    /// A cache write answered.
+    CacheOk {
+        /// Request id.
+        request_id: u64,
+    },
+    /// The broker answered a request with `unsupported`.
+    Unsupported {
+        /// The request type.
+        request_type: String,
+    },
+    /// An error no pending request claims.
+    Error {
+        /// The stream.
+        stream: ClientStream,
+        /// The error.
+        error: ErrorInfo,
+    },
+    /// The broker closed a control stream.
+    StreamClosed {
+        /// The stream.
+        stream: ClientStream,
+    },
+    /// The broker sent something this client cannot parse (it is reported, not trusted).
+    ProtocolError {
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientOutput {
+    /// Open a bidirectional stream and report its id with `handle_stream_opened(token)`.
+    OpenBi {
+        /// Names the stream until it has an id.
+        token: OpenToken,
+    },
+    /// Write bytes on a stream.
+    Transmit {
+        /// Stream.
+        stream: StreamId,
+        /// Bytes.
+        data: Bytes,
+    },
+    /// Finish our side of a stream.
+    Finish {
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Stop reading a stream (unsubscribe).
+    StopSending {
+        /// Stream.
+        stream: StreamId,
+        /// Code.
+        code: u64,
+    },
+}
+
+/// Why a command was refused (nothing was sent; the state is unchanged).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The stream has not authenticated yet (wait for `Connected`).
+    #[error("stream not authenticated yet")]
+    NotConnected,
+    /// The publish window is full (wait for `PublishWindowOpen`).
+    #[error("publish window full")]
+    WindowFull,
+    /// The broker does not offer what the command needs.
+    #[error("the broker did not advertise {0}")]
+    NotNegotiated(&'static str),
+    /// No such stream or subscription.
+    #[error("unknown stream or subscription")]
+    Unknown,
+    /// The request cannot be encoded.
+    #[error("cannot encode: {0}")]
+    Encode(String),
+}
+
+/// A publish.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Payloads (one batch).
+    pub payloads: Vec<Bytes>,
+    /// Routing key.
+    pub key: Option<Bytes>,
+    /// Explicit shard (FEATURE_EXPLICIT_SHARD).
+    pub shard: Option<u32>,
+    /// Whether an answer is wanted.
+    pub ack: bool,
+    /// Force the JSON encoding.
+    pub json: bool,
+}
+
+impl PublishRequest {
+    /// An unkeyed, unacked batch.
+    pub fn new(namespace: impl Into<String>, stream: impl Into<String>, payloads: Vec<Bytes>) -> PublishRequest {
+        PublishRequest {
+            namespace: namespace.into(),
+            stream: stream.into(),
+            payloads,
+            key: None,
+            shard: None,
+            ack: false,
+            json: false,
+        }
+    }
+    /// Asks for an acknowledgement.
+    pub fn acked(mut self) -> PublishRequest {
+        self.ack = true;
+        self
+    }
+    /// Routes by key.
+    pub fn keyed(mut self, key: impl Into<Bytes>) -> PublishRequest {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// A subscribe.
+#[derive(Debug, Clone)]
+pub struct SubscribeRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Where to start; `None` sends no `start` (latest).
+    pub start: Option<StartPosition>,
+    /// Shard.
+    pub shard: Option<u32>,
+    /// Queue capacity to ask for (sent only to a broker advertising FEATURE_SUBSCRIBE_QUEUE).
+    pub queue_capacity: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Ctl {
+    id: Option<StreamId>,
+    pending: Vec<Bytes>,
+    decoder: FrameDecoder,
+    negotiated: Option<Negotiated>,
+    inflight: u32,
+    was_full: bool,
+    pending_subs: VecDeque<u64>,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct EventStream {
+    decoder: FrameDecoder,
+    sub: Option<u64>,
+    ended: bool,
+}
+
+/// The client state machine.
+#[derive(Debug)]
+pub struct ClientConnection {
+    cfg: ClientConfig,
+    clock: Clock,
+    ctls: Vec<Ctl>,
+    opens: HashMap<OpenToken, usize>,
+    next_open: u64,
+    next_request: u64,
+    next_sub: u64,
+    publishes: HashMap<u64, (PublishId, usize)>,
+    shared_inflight: u32,
+    event_streams: HashMap<StreamId, EventStream>,
+    subs: HashMap<u64, Option<StreamId>>,
+    out: VecDeque<ClientOutput>,
+    events: VecDeque<ClientEvent>,
+}
+
+fn frame_of(m: &Message) -> Result<Bytes, CommandError> {
+    let mut b = BytesMut::new();
+    m.encode(&mut b).map_err(|e| CommandError::Encode(e.to_string()))?;
+    Ok(b.freeze())
+}
+
+fn error_info(e: message::ErrorMsg) -> ErrorInfo {
+    ErrorInfo { message: e.message, code: e.code, retry: e.retry, detail: e.detail }
+}
+
+impl ClientConnection {
+    /// A client; opens its first control stream and queues `auth` on it.
+    pub fn new(cfg: ClientConfig, now: Instant) -> ClientConnection {
+        let mut c = ClientConnection {
+            cfg,
+            clock: Clock::new(),
+            ctls: Vec::new(),
+            opens: HashMap::new(),
+            next_open: 1,
+            next_request: 1,
+            next_sub: 1,
+            publishes: HashMap::new(),
+            shared_inflight: 0,
+            event_streams: HashMap::new(),
+            subs: HashMap::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+        };
+        c.clock.advance(now);
+        c.open_stream(now);
+        c
+    }
+
+    /// Opens another control stream (it authenticates on its own).
+    pub fn open_stream(&mut self, now: Instant) -> ClientStream {
+        self.clock.advance(now);
+        let mut decoder = FrameDecoder::new();
+        decoder.set_max_frame_len(self.cfg.max_frame_len);
+        decoder.set_accepted_flags(Flags::BROKER_SENDS);
+        let auth = Message::Auth(message::Auth {
+            tenant_id: self.cfg.tenant_id.clone(),
+            token: self.cfg.token.clone(),
+            client_flags: self.cfg.flags.map(Flags::bits),
+            client_features: self.cfg.features.to_words(true).0,
+            client_features_hi: self.cfg.features.to_words(true).1,
+        });
+        let idx = self.ctls.len();
+        self.ctls.push(Ctl {
+            id: None,
+            pending: frame_of(&auth).into_iter().collect(),
+            decoder,
+            negotiated: None,
+            inflight: 0,
+            was_full: false,
+            pending_subs: VecDeque::new(),
+            closed: false,
+        });
+        let token = OpenToken(self.next_open);
+        self.next_open += 1;
+        self.opens.insert(token, idx);
+        self.out.push_back(ClientOutput::OpenBi { token });
+        ClientStream(idx as u32)
+    }
+
+    /// What a stream negotiated, once `Connected`.
+    pub fn negotiated(&self, stream: ClientStream) -> Option<&Negotiated> {
+        self.ctls.get(stream.0 as usize)?.negotiated.as_ref()
+    }
+
+    /// The flags this client offers (what it may receive).
+    fn offered_flags(&self) -> Flags {
+        self.cfg.flags.unwrap_or(Flags::ORIGINAL_V1)
+    }
+
+    /// The next output.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<ClientOutput> {
+        self.out.pop_front()
+    }
+
+    /// The next event.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// The driver opened the stream asked for with `token`.
+    pub fn handle_stream_opened(&mut self, token: OpenToken, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        let Some(idx) = self.opens.remove(&token) else { return };
+        let ctl = &mut self.ctls[idx];
+        ctl.id = Some(stream);
+        for data in ctl.pending.drain(..) {
+            self.out.push_back(ClientOutput::Transmit { stream, data });
+        }
+    }
+
+    fn send(&mut self, idx: usize, data: Bytes) {
+        let ctl = &mut self.ctls[idx];
+        match ctl.id {
+            Some(stream) => self.out.push_back(ClientOutput::Transmit { stream, data }),
+            None => ctl.pending.push(data),
+        }
+    }
+
+    fn ctl_index(&self, stream: ClientStream) -> Result<usize, CommandError> {
+        let idx = stream.0 as usize;
+        let ctl = self.ctls.get(idx).ok_or(CommandError::Unknown)?;
+        if ctl.negotiated.is_none() || ctl.closed {
+            return Err(CommandError::NotConnected);
+        }
+        Ok(idx)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Commands
+
+    /// Publishes a batch on `stream`. The encoding is chosen from what the broker advertised:
+    /// binary when it can carry the request, JSON otherwise.
+    ///
+    /// # Errors
+    /// [`CommandError::WindowFull`] when the stream's (or the connection's) publish window is
+    /// full; nothing is sent and the window state is unchanged.
+    pub fn publish(&mut self, stream: ClientStream, req: PublishRequest, now: Instant) -> Result<PublishId, CommandError> {
+        self.clock.advance(now);
+        let idx = self.ctl_index(stream)?;
+        let neg = self.ctls[idx].negotiated.expect("checked");
+        if req.shard.is_some() && !neg.broker_has(Features::EXPLICIT_SHARD) {
+            return Err(CommandError::NotNegotiated("FEATURE_EXPLICIT_SHARD"));
+        }
+        if req.ack {
+            if let Some(w) = neg.publish_window {
+                let used = if neg.per_stream_window { self.ctls[idx].inflight } else { self.shared_inflight };
+                if used >= w {
+                    self.ctls[idx].was_full = true;
+                    return Err(CommandError::WindowFull);
+                }
+            }
+        }
+        let request_id = self.next_request;
+        let binary = !req.json
+            && req.shard.is_none()
+            && (req.key.is_none() || neg.may_send(Flags::BINARY_PUBLISH_KEYED))
+            && (!req.ack || neg.may_send(Flags::BINARY_PUBLISH_ACKED));
+        let data = if binary {
+            let b = PublishBatch {
+                acked: req.ack.then_some(AckedPrefix { request_id, ack_mode: AckMode::PerBatch }),
+                idempotent: None,
+                key: req.key.clone(),
+                tenant_id: self.cfg.tenant_id.clone(),
+                namespace: req.namespace.clone(),
+                stream: req.stream.clone(),
+                records: Records::from_payloads(&req.payloads).map_err(|e| CommandError::Encode(e.to_string()))?,
+            };
+            let mut out = BytesMut::with_capacity(b.encoded_payload_len() + 12);
+            b.encode(&mut out).map_err(|e| CommandError::Encode(e.to_string()))?;
+            out.freeze()
+        } else {
+            let m = Message::PublishBatch(message::PublishBatchMsg {
+                tenant_id: self.cfg.tenant_id.clone(),
+                namespace: req.namespace.clone(),
+                stream: req.stream.clone(),
+                payloads: req.payloads.iter().cloned().map(B64).collect(),
+                key: req.key.clone().map(B64),
+                shard: req.shard,
+                request_id: req.ack.then_some(request_id),
+                ack: req.ack.then_some(AckMode::PerBatch),
+                publish_width: None,
+            });
+            frame_of(&m)?
+        };
+        self.next_request += 1;
+        let id = PublishId(request_id);
+        if req.ack {
+            self.publishes.insert(request_id, (id, idx));
+            self.ctls[idx].inflight += 1;
+            self.shared_inflight += 1;
+        }
+        self.send(idx, data);
+        Ok(id)
+    }
+
+    /// Subscribes. Returns the subscription id (chosen by the client).
+    ///
+    /// # Errors
+    /// [`CommandError::NotConnected`] before the stream authenticated;
+    /// [`CommandError::NotNegotiated`] for a queue capacity the broker does not honour.
+    pub fn subscribe(&mut self, stream: ClientStream, req: SubscribeRequest, now: Instant) -> Result<u64, CommandError> {
+        self.clock.advance(now);
+        let idx = self.ctl_index(stream)?;
+        let neg = self.ctls[idx].negotiated.expect("checked");
+        if req.queue_capacity.is_some() && !neg.broker_has(Features::SUBSCRIBE_QUEUE) {
+            return Err(CommandError::NotNegotiated("FEATURE_SUBSCRIBE_QUEUE"));
+        }
+        let sub = self.next_sub;
+        let m = Message::Subscribe(message::Subscribe {
+            tenant_id: self.cfg.tenant_id.clone(),
+            namespace: req.namespace,
+            stream: req.stream,
+            subscription_id: Some(sub),
+            start: req.start,
+            shard: req.shard,
+            queue_capacity: req.queue_capacity,
+        });
+        let data = frame_of(&m)?;
+        self.next_sub += 1;
+        self.subs.insert(sub, None);
+        self.ctls[idx].pending_subs.push_back(sub);
+        self.send(idx, data);
+        Ok(sub)
+    }
+
+    /// Ends a subscription: asks the broker to stop sending on its event stream.
+    ///
+    /// # Errors
+    /// [`CommandError::Unknown`] for an unknown or not yet bound subscription.
+    pub fn unsubscribe(&mut self, sub: u64, now: Instant) -> Result<(), CommandError> {
+        self.clock.advance(now);
+        let Some(Some(stream)) = self.subs.remove(&sub) else { return Err(CommandError::Unknown) };
+        self.event_streams.remove(&stream);
+        self.out.push_back(ClientOutput::StopSending { stream, code: crate::io::close_code::STREAM_CLOSED });
+        Ok(())
+    }
+
+    fn cache_request(&mut self, stream: ClientStream, build: impl FnOnce(u64) -> Message) -> Result<u64, CommandError> {
+        let idx = self.ctl_index(stream)?;
+        let request_id = self.next_request;
+        let data = frame_of(&build(request_id))?;
+        self.next_request += 1;
+        self.send(idx, data);
+        Ok(request_id)
+    }
+
+    /// Stores a cache value. Answered by `CacheOk` with the returned request id.
+    ///
+    /// # Errors
+    /// [`CommandError::NotConnected`] before the stream authenticated.
+    pub fn cache_put(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+    ) -> Result<u64, CommandError> {
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CachePut(message::CachePut {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                value: B64(value),
+                request_id: Some(request_id),
+                ttl_ms,
+            })
+        })
+    }
+
+    /// Reads a cache value. Answered by `CacheValue`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotConnected`] before the stream authenticated.
+    pub fn cache_get(&mut self, stream: ClientStream, namespace: &str, cache: &str, key: &str) -> Result<u64, CommandError> {
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CacheGet(message::CacheGet {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                request_id: Some(request_id),
+            })
+        })
+    }
+
+    /// Deletes a cache value (FEATURE_CACHE_DELETE). Answered by `CacheValue` with the removed
+    /// value.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn cache_delete(&mut self, stream: ClientStream, namespace: &str, cache: &str, key: &str) -> Result<u64, CommandError> {
+        let idx = self.ctl_index(stream)?;
+        if !self.ctls[idx].negotiated.expect("checked").broker_has(Features::CACHE_DELETE) {
+            return Err(CommandError::NotNegotiated("FEATURE_CACHE_DELETE"));
+        }
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CacheDelete(message::CacheDelete {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                request_id: Some(request_id),
+            })
+        })
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Inputs
+
+    /// Bytes arrived on a stream: a control stream we opened, or an event stream the broker
+    /// opened.
+    pub fn handle_stream_data(&mut self, stream: StreamId, data: Bytes, fin: bool, now: Instant) {
+        self.clock.advance(now);
+        if stream.initiator() == Side::Broker && stream.dir() == Dir::Uni {
+            return self.event_stream_data(stream, data, fin);
+        }
+        let Some(idx) = self.ctls.iter().position(|c| c.id == Some(stream)) else { return };
+        self.ctls[idx].decoder.push(data);
+        loop {
+            match self.ctls[idx].decoder.next_frame() {
+                Ok(Some(f)) => self.control_frame(idx, f),
+                Ok(None) => break,
+                Err(e) => {
+                    self.events.push_back(ClientEvent::ProtocolError { reason: e.to_string() });
+                    if e.is_fatal() {
+                        break;
+                    }
+                }
+            }
+        }
+        if fin {
+            self.ctls[idx].closed = true;
+            self.events.push_back(ClientEvent::StreamClosed { stream: ClientStream(idx as u32) });
+        }
+    }
+
+    fn control_frame(&mut self, idx: usize, f: Frame) {
+        let stream = ClientStream(idx as u32);
+        match f.decode_payload() {
+            Ok(Payload::Ack(a)) => self.on_ack(a),
+            Ok(Payload::Json(Decoded::Message(m))) => self.control_message(idx, m),
+            Ok(Payload::Json(Decoded::Unknown(u))) => {
+                self.events.push_back(ClientEvent::ProtocolError { reason: format!("unknown message type {}", u.type_name) })
+            }
+            Ok(_) => self.events.push_back(ClientEvent::ProtocolError { reason: "unexpected frame kind".into() }),
+            Err(e) => self.events.push_back(ClientEvent::ProtocolError { reason: e.to_string() }),
+        }
+        let _ = stream;
+    }
+
+    fn publish_done(&mut self, request_id: u64) -> Option<PublishId> {
+        let (id, idx) = self.publishes.remove(&request_id)?;
+        let neg = self.ctls[idx].negotiated;
+        self.ctls[idx].inflight = self.ctls[idx].inflight.saturating_sub(1);
+        self.shared_inflight = self.shared_inflight.saturating_sub(1);
+        if let Some(neg) = neg {
+            if neg.per_stream_window {
+                if self.ctls[idx].was_full {
+                    self.ctls[idx].was_full = false;
+                    self.events.push_back(ClientEvent::PublishWindowOpen { stream: ClientStream(idx as u32) });
+                }
+            } else {
+                // One shared window: every stream that found it full may go on.
+                for (i, c) in self.ctls.iter_mut().enumerate() {
+                    if c.was_full {
+                        c.was_full = false;
+                        self.events.push_back(ClientEvent::PublishWindowOpen { stream: ClientStream(i as u32) });
+                    }
+                }
+            }
+        }
+        Some(id)
+    }
+
+    fn on_ack(&mut self, a: PublishAck) {
+        let Some(id) = self.publish_done(a.request_id) else {
+            return self.events.push_back(ClientEvent::ProtocolError {
+                reason: format!("ack for unknown request {}", a.request_id),
+            });
+        };
+        match a.status {
+            AckStatus::Ok => self.events.push_back(ClientEvent::PublishAcked { id, offset: a.offset, owner: a.owner }),
+            AckStatus::Error => {
+                let (code, retry) = a.code.map_or((None, None), |(c, r)| (Some(c), Some(r)));
+                let error = ErrorInfo { message: a.message, code, retry, detail: a.detail };
+                self.events.push_back(ClientEvent::PublishFailed { id, error });
+            }
+        }
+    }
+
+    fn control_message(&mut self, idx: usize, m: Message) {
+        let stream = ClientStream(idx as u32);
+        let flags = self.offered_flags();
+        let features = self.cfg.features;
+        match m {
+            Message::AuthOk(a) if self.ctls[idx].negotiated.is_none() => {
+                let n = Negotiated::from_auth_ok(&a, flags, features);
+                self.ctls[idx].negotiated = Some(n);
+                self.events.push_back(ClientEvent::Connected { stream, negotiated: n });
+            }
+            Message::Ok(_) if self.ctls[idx].negotiated.is_none() => {
+                let n = Negotiated::legacy(flags, features);
+                self.ctls[idx].negotiated = Some(n);
+                self.events.push_back(ClientEvent::Connected { stream, negotiated: n });
+            }
+            Message::Error(e) if self.ctls[idx].negotiated.is_none() => {
+                self.events.push_back(ClientEvent::AuthFailed { stream, error: error_info(e) });
+            }
+            Message::PublishOk(p) => {
+                if let Some(id) = self.publish_done(p.request_id) {
+                    self.events.push_back(ClientEvent::PublishAcked { id, offset: p.offset, owner: None });
+                }
+            }
+            Message::PublishError(p) => {
+                if let Some(id) = self.publish_done(p.request_id) {
+                    let error = ErrorInfo { message: p.message, code: p.code, retry: p.retry, detail: p.detail };
+                    self.events.push_back(ClientEvent::PublishFailed { id, error });
+                }
+            }
+            Message::Subscribed(s) => {
+                self.ctls[idx].pending_subs.retain(|x| *x != s.subscription_id);
+                self.events.push_back(ClientEvent::Subscribed {
+                    sub: s.subscription_id,
+                    start_offset: s.start_offset,
+                    live_offset: s.live_offset,
+                    queue_capacity: s.queue_capacity,
+                });
+            }
+            Message::SubscribeCursorError(c) => {
+                if let Some(sub) = self.ctls[idx].pending_subs.pop_front() {
+                    self.subs.remove(&sub);
+                    let error = ErrorInfo {
+                        message: format!("cursor {:?}: requested {}, available {}", c.reason, c.requested, c.available),
+                        code: None,
+                        retry: None,
+                        detail: None,
+                    };
+                    self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor: Some(c), redirect: None });
+                }
+            }
+            Message::NotLeader(n) => {
+                if let Some(sub) = self.ctls[idx].pending_subs.pop_front() {
+                    self.subs.remove(&sub);
+                    let error = ErrorInfo {
+                        message: format!("shard owned by {}", n.node_id),
+                        code: Some(ErrorCode::NotLeader),
+                        retry: Some(RetryClass::Redirect),
+                        detail: None,
+                    };
+                    self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor: None, redirect: Some(n) });
+                }
+            }
+            Message::Error(e) => {
+                // Errors carry no request id: the oldest unanswered subscribe on the stream
+                // claims it (requests are answered in order on a stream).
+                match self.ctls[idx].pending_subs.pop_front() {
+                    Some(sub) => {
+                        self.subs.remove(&sub);
+                        self.events.push_back(ClientEvent::SubscribeFailed {
+                            sub,
+                            error: error_info(e),
+                            cursor: None,
+                            redirect: None,
+                        });
+                    }
+                    None => self.events.push_back(ClientEvent::Error { stream, error: error_info(e) }),
+                }
+            }
+            Message::CacheValue(v) => self.events.push_back(ClientEvent::CacheValue {
+                request_id: v.request_id.unwrap_or(0),
+                value: v.value.map(|b| b.0),
+            }),
+            Message::CacheOk(c) => self.events.push_back(ClientEvent::CacheOk { request_id: c.request_id }),
+            Message::Unsupported(u) => self.events.push_back(ClientEvent::Unsupported { request_type: u.request_type }),
+            other => self.events.push_back(ClientEvent::ProtocolError {
+                reason: format!("unexpected {} on a control stream", other.type_name()),
+            }),
+        }
+    }
+
+    fn event_stream_data(&mut self, stream: StreamId, data: Bytes, fin: bool) {
+        let max = self.cfg.max_frame_len;
+        let accepted = Flags::BROKER_SENDS.intersection(self.offered_flags().union(Flags::ORIGINAL_V1));
+        let es = self.event_streams.entry(stream).or_insert_with(|| {
+            let mut decoder = FrameDecoder::new();
+            decoder.set_max_frame_len(max);
+            decoder.set_accepted_flags(accepted);
+            EventStream { decoder, sub: None, ended: false }
+        });
+        if es.ended {
+            return;
+        }
+        es.decoder.push(data);
+        loop {
+            let Some(es) = self.event_streams.get_mut(&stream) else { return };
+            let next = es.decoder.next_frame();
+            let sub = es.sub;
+            match next {
+                Ok(Some(f)) => self.event_frame(stream, sub, f),
+                Ok(None) => break,
+                Err(e) => {
+                    self.events.push_back(ClientEvent::ProtocolError { reason: format!("event stream: {e}") });
+                    if e.is_fatal() {
+                        break;
+                    }
+                }
+            }
+        }
+        if fin {
+            if let Some(es) = self.event_streams.remove(&stream) {
+                if let (Some(sub), false) = (es.sub, es.ended) {
+                    self.subs.remove(&sub);
+                    self.events.push_back(ClientEvent::SubscriptionEnded { sub, reason: EndReason::Finished });
+                }
+            }
+        }
+    }
+
+    fn end_sub(&mut self, stream: StreamId, sub: Option<u64>, reason: EndReason) {
+        if let Some(es) = self.event_streams.get_mut(&stream) {
+            es.ended = true;
+        }
+        if let Some(sub) = sub {
+            self.subs.remove(&sub);
+            self.events.push_back(ClientEvent::SubscriptionEnded { sub, reason });
+        }
+    }
+
+    fn event_frame(&mut self, stream: StreamId, sub: Option<u64>, f: Frame) {
+        let payload = match f.decode_payload() {
+            Ok(p) => p,
+            Err(e) => return self.events.push_back(ClientEvent::ProtocolError { reason: format!("event stream: {e}") }),
+        };
+        match (sub, payload) {
+            (None, Payload::Json(Decoded::Message(Message::EventStreamHello(h)))) => {
+                if let Some(es) = self.event_streams.get_mut(&stream) {
+                    es.sub = Some(h.subscription_id);
+                }
+                self.subs.insert(h.subscription_id, Some(stream));
+            }
+            (None, _) => self
+                .events
+                .push_back(ClientEvent::ProtocolError { reason: "event stream did not start with event_stream_hello".into() }),
+            (Some(sub), Payload::Events(batch)) => self.events.push_back(ClientEvent::Events { sub, batch }),
+            (Some(sub), Payload::Json(Decoded::Message(m))) => match m {
+                Message::SubscriptionLagged(l) => {
+                    self.end_sub(stream, Some(sub), EndReason::Lagged { resume_from: l.resume_from })
+                }
+                Message::ShardMoved(m) => self.end_sub(stream, Some(sub), EndReason::Moved(m)),
+                Message::StreamDeleted(_) => self.end_sub(stream, Some(sub), EndReason::Deleted),
+                Message::Error(e) => self.end_sub(stream, Some(sub), EndReason::Error(error_info(e))),
+                Message::Event(e) => {
+                    let records = Records::from_payloads([e.payload.0]).unwrap_or_default();
+                    let batch = EventBatch { base_offset: e.offset, ..EventBatch::shared(records) };
+                    self.events.push_back(ClientEvent::Events { sub, batch });
+                }
+                Message::EventBatch(e) => {
+                    let records = Records::from_payloads(e.payloads.into_iter().map(|p| p.0)).unwrap_or_default();
+                    let batch = EventBatch { base_offset: e.base_offset, ..EventBatch::shared(records) };
+                    self.events.push_back(ClientEvent::Events { sub, batch });
+                }
+                other => self.events.push_back(ClientEvent::ProtocolError {
+                    reason: format!("unexpected {} on an event stream", other.type_name()),
+                }),
+            },
+            (Some(_), _) => {
+                self.events.push_back(ClientEvent::ProtocolError { reason: "unexpected frame on an event stream".into() })
+            }
+        }
+    }
+}

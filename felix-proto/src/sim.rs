@@ -1,0 +1,384 @@
+//! A deterministic in-memory harness: one [`Broker`], any number of clients, no sockets.
+//!
+//! Modelled on quinn-proto's `Pair`: the harness plays the driver for every party. It moves
+//! bytes between them (optionally cut into chunks by a seeded splitter), opens streams, completes
+//! storage writes (at once, or when the test says, in any order) and can hold back a client's
+//! event streams to model a slow reader. Time only moves when the test moves it.
+//!
+//! Clients are either [`ClientConnection`]s or *raw* peers that send hand-made bytes and record
+//! everything the broker writes to them byte for byte (to check what an old client would see).
+
+use crate::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest};
+use crate::client::{ClientConfig, ClientConnection, ClientEvent, ClientOutput};
+use crate::io::{ConnId, Dir, Side, StreamId, WallClock, WriteToken};
+use bytes::{Bytes, BytesMut};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+/// When storage writes complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageMode {
+    /// As soon as they are asked for.
+    Immediate,
+    /// Only when the test calls [`Sim::complete_write`] / [`Sim::complete_all_writes`].
+    Manual,
+}
+
+/// One party talking to the broker.
+#[derive(Debug)]
+pub struct SimClient {
+    /// Its broker-side connection id.
+    pub conn: ConnId,
+    /// The client state machine (`None` for a raw peer).
+    pub client: Option<ClientConnection>,
+    /// Events the client reported, in order.
+    pub events: Vec<ClientEvent>,
+    /// Everything the broker wrote, per stream (raw peers and clients alike).
+    pub received: BTreeMap<StreamId, BytesMut>,
+    /// Streams the broker finished.
+    pub finished: HashSet<StreamId>,
+    /// Streams the broker asked us to stop sending on.
+    pub stopped: HashSet<StreamId>,
+    /// Set when the broker closed the connection: `(code, reason)`.
+    pub closed: Option<(u64, String)>,
+    next_bi: u64,
+    next_uni: u64,
+    next_broker_uni: u64,
+    to_broker: VecDeque<(StreamId, Bytes, bool)>,
+    paused: HashSet<StreamId>,
+    slow: bool,
+    held: VecDeque<(StreamId, Bytes, bool)>,
+}
+
+/// The harness.
+#[derive(Debug)]
+pub struct Sim {
+    /// The broker.
+    pub broker: Broker,
+    /// Current virtual time.
+    pub now: Instant,
+    /// The parties.
+    pub clients: Vec<SimClient>,
+    /// Storage completion mode.
+    pub storage: StorageMode,
+    /// Writes asked for and not completed (manual mode).
+    pub pending_writes: Vec<PersistRequest>,
+    /// Every write the broker asked for, in order.
+    pub writes: Vec<PersistRequest>,
+    /// Chunk size for bytes sent to the broker (`None`: whole).
+    pub chunk: Option<usize>,
+    rng: u64,
+}
+
+impl Sim {
+    /// A harness around a broker with `config`; storage completes immediately.
+    pub fn new(config: BrokerConfig) -> Sim {
+        let now = Instant::now();
+        Sim {
+            broker: Broker::new(config, WallClock::new(now, 1_760_000_000_000_000)),
+            now,
+            clients: Vec::new(),
+            storage: StorageMode::Immediate,
+            pending_writes: Vec::new(),
+            writes: Vec::new(),
+            chunk: None,
+            rng: 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+
+    /// Seeds the splitter: every send to the broker is cut into chunks of 1..=max bytes.
+    pub fn with_random_chunks(mut self, seed: u64, max: usize) -> Sim {
+        self.rng = seed | 1;
+        self.chunk = Some(max.max(1));
+        self
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*: deterministic, seeded by the test.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn add(&mut self, client: Option<ClientConnection>) -> usize {
+        let conn = self.broker.connection_opened(self.now);
+        self.clients.push(SimClient {
+            conn,
+            client,
+            events: Vec::new(),
+            received: BTreeMap::new(),
+            finished: HashSet::new(),
+            stopped: HashSet::new(),
+            closed: None,
+            next_bi: 0,
+            next_uni: 0,
+            next_broker_uni: 0,
+            to_broker: VecDeque::new(),
+            paused: HashSet::new(),
+            slow: false,
+            held: VecDeque::new(),
+        });
+        self.clients.len() - 1
+    }
+
+    /// Connects a client state machine; returns its index. Call [`run`](Self::run) to let it
+    /// authenticate.
+    pub fn connect(&mut self, cfg: ClientConfig) -> usize {
+        let c = ClientConnection::new(cfg, self.now);
+        self.add(Some(c))
+    }
+
+    /// Connects a raw peer; returns its index.
+    pub fn connect_raw(&mut self) -> usize {
+        self.add(None)
+    }
+
+    /// A new client-opened bidirectional stream id for a raw peer.
+    pub fn raw_open_bi(&mut self, i: usize) -> StreamId {
+        let c = &mut self.clients[i];
+        let s = StreamId::new(Side::Client, Dir::Bi, c.next_bi);
+        c.next_bi += 1;
+        s
+    }
+
+    /// A new client-opened unidirectional stream id for a raw peer.
+    pub fn raw_open_uni(&mut self, i: usize) -> StreamId {
+        let c = &mut self.clients[i];
+        let s = StreamId::new(Side::Client, Dir::Uni, c.next_uni);
+        c.next_uni += 1;
+        s
+    }
+
+    /// Queues raw bytes from peer `i` on `stream`.
+    pub fn raw_send(&mut self, i: usize, stream: StreamId, data: impl Into<Bytes>, fin: bool) {
+        self.clients[i].to_broker.push_back((stream, data.into(), fin));
+    }
+
+    /// The client state machine of party `i`.
+    ///
+    /// # Panics
+    /// If party `i` is a raw peer (a test mistake).
+    pub fn client(&mut self, i: usize) -> &mut ClientConnection {
+        self.clients[i].client.as_mut().expect("party is a client, not a raw peer")
+    }
+
+    /// Takes the events party `i` reported so far.
+    pub fn take_events(&mut self, i: usize) -> Vec<ClientEvent> {
+        std::mem::take(&mut self.clients[i].events)
+    }
+
+    /// Takes the bytes the broker wrote to party `i` on `stream` so far.
+    pub fn take_received(&mut self, i: usize, stream: StreamId) -> Bytes {
+        self.clients[i].received.remove(&stream).map(BytesMut::freeze).unwrap_or_default()
+    }
+
+    /// Makes party `i` a slow reader: its event-stream bytes are held (not flushed) until
+    /// [`set_slow`](Self::set_slow) is called with `false`.
+    pub fn set_slow(&mut self, i: usize, slow: bool) {
+        self.clients[i].slow = slow;
+    }
+
+    /// Advances virtual time and fires timers.
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.broker.handle_timeout(self.now);
+        self.run();
+    }
+
+    /// Completes a pending write (manual storage mode).
+    pub fn complete_write(&mut self, token: WriteToken, ok: bool) {
+        self.pending_writes.retain(|w| w.token != token);
+        self.broker.handle_write_complete(token, ok, self.now);
+        self.run();
+    }
+
+    /// Completes every pending write, oldest first.
+    pub fn complete_all_writes(&mut self) {
+        while !self.pending_writes.is_empty() {
+            let w = self.pending_writes.remove(0);
+            self.broker.handle_write_complete(w.token, true, self.now);
+            self.run();
+        }
+    }
+
+    /// Runs every party until nothing moves. Returns the number of steps taken.
+    pub fn run(&mut self) -> usize {
+        let mut steps = 0;
+        while self.step() {
+            steps += 1;
+            assert!(steps < 1_000_000, "livelock: the simulation never settles");
+        }
+        steps
+    }
+
+    fn step(&mut self) -> bool {
+        let mut progress = false;
+        // Clients' outputs.
+        for i in 0..self.clients.len() {
+            loop {
+                let Some(c) = self.clients[i].client.as_mut() else { break };
+                let Some(o) = c.poll_output() else { break };
+                progress = true;
+                match o {
+                    ClientOutput::OpenBi { token } => {
+                        let sc = &mut self.clients[i];
+                        let s = StreamId::new(Side::Client, Dir::Bi, sc.next_bi);
+                        sc.next_bi += 1;
+                        let now = self.now;
+                        self.clients[i].client.as_mut().expect("client").handle_stream_opened(token, s, now);
+                    }
+                    ClientOutput::Transmit { stream, data } => self.clients[i].to_broker.push_back((stream, data, false)),
+                    ClientOutput::Finish { stream } => self.clients[i].to_broker.push_back((stream, Bytes::new(), true)),
+                    ClientOutput::StopSending { stream, .. } => {
+                        let conn = self.clients[i].conn;
+                        self.broker.handle_stream_stopped(conn, stream, self.now);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Bytes to the broker.
+        for i in 0..self.clients.len() {
+            if self.clients[i].closed.is_some() {
+                self.clients[i].to_broker.clear();
+                continue;
+            }
+            let mut keep = VecDeque::new();
+            while let Some((s, data, fin)) = self.clients[i].to_broker.pop_front() {
+                if self.clients[i].paused.contains(&s) {
+                    keep.push_back((s, data, fin));
+                    continue;
+                }
+                progress = true;
+                let conn = self.clients[i].conn;
+                match self.chunk {
+                    Some(max) if data.len() > 1 => {
+                        let mut rest = data;
+                        while !rest.is_empty() {
+                            let n = (self.next_rand() as usize % max + 1).min(rest.len());
+                            let piece = rest.split_to(n);
+                            let last = rest.is_empty();
+                            self.broker.handle_stream_data(conn, s, piece, fin && last, self.now);
+                        }
+                    }
+                    _ => self.broker.handle_stream_data(conn, s, data, fin, self.now),
+                }
+                if self.clients[i].paused.contains(&s) {
+                    // Paused while we were feeding it: the rest waits.
+                    while let Some(x) = self.clients[i].to_broker.pop_front() {
+                        keep.push_back(x);
+                    }
+                }
+            }
+            self.clients[i].to_broker = keep;
+        }
+        // Broker outputs.
+        while let Some(o) = self.broker.poll_output() {
+            progress = true;
+            self.apply(o);
+        }
+        // Release held bytes of readers that are no longer slow.
+        for i in 0..self.clients.len() {
+            if !self.clients[i].slow && !self.clients[i].held.is_empty() {
+                progress = true;
+                let held = std::mem::take(&mut self.clients[i].held);
+                for (s, data, fin) in held {
+                    self.deliver(i, s, data, fin);
+                }
+            }
+        }
+        // Client events.
+        for sc in &mut self.clients {
+            if let Some(c) = sc.client.as_mut() {
+                while let Some(e) = c.poll_event() {
+                    progress = true;
+                    sc.events.push(e);
+                }
+            }
+        }
+        progress
+    }
+
+    fn index_of(&self, conn: ConnId) -> Option<usize> {
+        self.clients.iter().position(|c| c.conn == conn)
+    }
+
+    fn deliver(&mut self, i: usize, s: StreamId, data: Bytes, fin: bool) {
+        let now = self.now;
+        let sc = &mut self.clients[i];
+        if !data.is_empty() {
+            sc.received.entry(s).or_default().extend_from_slice(&data);
+        }
+        if fin {
+            sc.finished.insert(s);
+        }
+        if let Some(c) = sc.client.as_mut() {
+            c.handle_stream_data(s, data.clone(), fin, now);
+        }
+        // The bytes are out of the broker's hands: its writer credit comes back.
+        if s.initiator() == Side::Broker && !data.is_empty() {
+            let conn = sc.conn;
+            self.broker.handle_stream_flushed(conn, s, data.len(), now);
+        }
+    }
+
+    fn apply(&mut self, o: BrokerOutput) {
+        match o {
+            BrokerOutput::Transmit { conn, stream, data } => {
+                let Some(i) = self.index_of(conn) else { return };
+                if self.clients[i].slow && stream.initiator() == Side::Broker {
+                    self.clients[i].held.push_back((stream, data, false));
+                } else {
+                    self.deliver(i, stream, data, false);
+                }
+            }
+            BrokerOutput::Finish { conn, stream } => {
+                let Some(i) = self.index_of(conn) else { return };
+                if self.clients[i].slow && stream.initiator() == Side::Broker {
+                    self.clients[i].held.push_back((stream, Bytes::new(), true));
+                } else {
+                    self.deliver(i, stream, Bytes::new(), true);
+                }
+            }
+            BrokerOutput::StopSending { conn, stream, .. } => {
+                if let Some(i) = self.index_of(conn) {
+                    self.clients[i].stopped.insert(stream);
+                    self.clients[i].to_broker.retain(|(s, _, _)| *s != stream);
+                }
+            }
+            BrokerOutput::OpenUni { conn, token } => {
+                let Some(i) = self.index_of(conn) else { return };
+                let sc = &mut self.clients[i];
+                let s = StreamId::new(Side::Broker, Dir::Uni, sc.next_broker_uni);
+                sc.next_broker_uni += 1;
+                self.broker.handle_stream_opened(conn, token, s, self.now);
+            }
+            BrokerOutput::PauseReading { conn, stream } => {
+                if let Some(i) = self.index_of(conn) {
+                    self.clients[i].paused.insert(stream);
+                }
+            }
+            BrokerOutput::ResumeReading { conn, stream } => {
+                if let Some(i) = self.index_of(conn) {
+                    self.clients[i].paused.remove(&stream);
+                }
+            }
+            BrokerOutput::Persist(w) => {
+                self.writes.push(w.clone());
+                match self.storage {
+                    StorageMode::Immediate => self.broker.handle_write_complete(w.token, true, self.now),
+                    StorageMode::Manual => self.pending_writes.push(w),
+                }
+            }
+            BrokerOutput::CloseConnection { conn, code, reason } => {
+                if let Some(i) = self.index_of(conn) {
+                    self.clients[i].closed = Some((code, reason));
+                }
+            }
+            _ => {}
+        }
+    }
+}
