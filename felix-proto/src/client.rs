@@ -7,7 +7,9 @@
 //! Drive it like the broker: feed inputs (`handle_*`, each with `now`), then drain
 //! [`poll_output`](ClientConnection::poll_output) and [`poll_event`](ClientConnection::poll_event).
 
-use crate::binary::{AckMode, AckStatus, AckedPrefix, ErrorDetail, EventBatch, OwnerHint, PublishAck, PublishBatch, Records};
+use crate::binary::{
+    AckMode, AckStatus, AckedPrefix, ErrorDetail, EventBatch, OwnerHint, PublishAck, PublishBatch, Records,
+};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::flags::Flags;
@@ -475,7 +477,12 @@ impl ClientConnection {
     /// # Errors
     /// [`CommandError::WindowFull`] when the stream's (or the connection's) publish window is
     /// full; nothing is sent and the window state is unchanged.
-    pub fn publish(&mut self, stream: ClientStream, req: PublishRequest, now: Instant) -> Result<PublishId, CommandError> {
+    pub fn publish(
+        &mut self,
+        stream: ClientStream,
+        req: PublishRequest,
+        now: Instant,
+    ) -> Result<PublishId, CommandError> {
         self.clock.advance(now);
         let idx = self.ctl_index(stream)?;
         let neg = self.ctls[idx].negotiated.expect("checked");
@@ -539,7 +546,12 @@ impl ClientConnection {
     /// # Errors
     /// [`CommandError::NotConnected`] before the stream authenticated;
     /// [`CommandError::NotNegotiated`] for a queue capacity the broker does not honour.
-    pub fn subscribe(&mut self, stream: ClientStream, req: SubscribeRequest, now: Instant) -> Result<u64, CommandError> {
+    pub fn subscribe(
+        &mut self,
+        stream: ClientStream,
+        req: SubscribeRequest,
+        now: Instant,
+    ) -> Result<u64, CommandError> {
         self.clock.advance(now);
         let idx = self.ctl_index(stream)?;
         let neg = self.ctls[idx].negotiated.expect("checked");
@@ -616,7 +628,13 @@ impl ClientConnection {
     ///
     /// # Errors
     /// [`CommandError::NotConnected`] before the stream authenticated.
-    pub fn cache_get(&mut self, stream: ClientStream, namespace: &str, cache: &str, key: &str) -> Result<u64, CommandError> {
+    pub fn cache_get(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<u64, CommandError> {
         let tenant_id = self.cfg.tenant_id.clone();
         self.cache_request(stream, |request_id| {
             Message::CacheGet(message::CacheGet {
@@ -634,7 +652,13 @@ impl ClientConnection {
     ///
     /// # Errors
     /// [`CommandError::NotNegotiated`] against a broker without the feature.
-    pub fn cache_delete(&mut self, stream: ClientStream, namespace: &str, cache: &str, key: &str) -> Result<u64, CommandError> {
+    pub fn cache_delete(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<u64, CommandError> {
         let idx = self.ctl_index(stream)?;
         if !self.ctls[idx].negotiated.expect("checked").broker_has(Features::CACHE_DELETE) {
             return Err(CommandError::NotNegotiated("FEATURE_CACHE_DELETE"));
@@ -686,9 +710,9 @@ impl ClientConnection {
         match f.decode_payload() {
             Ok(Payload::Ack(a)) => self.on_ack(a),
             Ok(Payload::Json(Decoded::Message(m))) => self.control_message(idx, m),
-            Ok(Payload::Json(Decoded::Unknown(u))) => {
-                self.events.push_back(ClientEvent::ProtocolError { reason: format!("unknown message type {}", u.type_name) })
-            }
+            Ok(Payload::Json(Decoded::Unknown(u))) => self
+                .events
+                .push_back(ClientEvent::ProtocolError { reason: format!("unknown message type {}", u.type_name) }),
             Ok(_) => self.events.push_back(ClientEvent::ProtocolError { reason: "unexpected frame kind".into() }),
             Err(e) => self.events.push_back(ClientEvent::ProtocolError { reason: e.to_string() }),
         }
@@ -721,9 +745,9 @@ impl ClientConnection {
 
     fn on_ack(&mut self, a: PublishAck) {
         let Some(id) = self.publish_done(a.request_id) else {
-            return self.events.push_back(ClientEvent::ProtocolError {
-                reason: format!("ack for unknown request {}", a.request_id),
-            });
+            return self
+                .events
+                .push_back(ClientEvent::ProtocolError { reason: format!("ack for unknown request {}", a.request_id) });
         };
         match a.status {
             AckStatus::Ok => self.events.push_back(ClientEvent::PublishAcked { id, offset: a.offset, owner: a.owner }),
@@ -876,7 +900,9 @@ impl ClientConnection {
     fn event_frame(&mut self, stream: StreamId, sub: Option<u64>, f: Frame) {
         let payload = match f.decode_payload() {
             Ok(p) => p,
-            Err(e) => return self.events.push_back(ClientEvent::ProtocolError { reason: format!("event stream: {e}") }),
+            Err(e) => {
+                return self.events.push_back(ClientEvent::ProtocolError { reason: format!("event stream: {e}") });
+            }
         };
         match (sub, payload) {
             (None, Payload::Json(Decoded::Message(Message::EventStreamHello(h)))) => {
@@ -885,9 +911,9 @@ impl ClientConnection {
                 }
                 self.subs.insert(h.subscription_id, Some(stream));
             }
-            (None, _) => self
-                .events
-                .push_back(ClientEvent::ProtocolError { reason: "event stream did not start with event_stream_hello".into() }),
+            (None, _) => self.events.push_back(ClientEvent::ProtocolError {
+                reason: "event stream did not start with event_stream_hello".into(),
+            }),
             (Some(sub), Payload::Events(batch)) => self.events.push_back(ClientEvent::Events { sub, batch }),
             (Some(sub), Payload::Json(Decoded::Message(m))) => match m {
                 Message::SubscriptionLagged(l) => {
@@ -910,9 +936,9 @@ impl ClientConnection {
                     reason: format!("unexpected {} on an event stream", other.type_name()),
                 }),
             },
-            (Some(_), _) => {
-                self.events.push_back(ClientEvent::ProtocolError { reason: "unexpected frame on an event stream".into() })
-            }
+            (Some(_), _) => self
+                .events
+                .push_back(ClientEvent::ProtocolError { reason: "unexpected frame on an event stream".into() }),
         }
     }
 }

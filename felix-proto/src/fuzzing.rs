@@ -78,7 +78,8 @@ fn check_frame(f: &Frame) {
                 // byte-canonical: its decoded value must be a fixpoint instead.
                 let flags = a.encode(Flags::KNOWN, &mut out).expect("decoded ack re-encodes");
                 assert_eq!(flags, f.flags, "an ack re-encodes with the flags it came with");
-                let again = PublishAck::decode(flags, out.freeze().slice(HEADER_LEN..)).expect("re-encoded ack decodes");
+                let again =
+                    PublishAck::decode(flags, out.freeze().slice(HEADER_LEN..)).expect("re-encoded ack decodes");
                 assert_eq!(again, a, "ack value round trip");
                 return;
             }

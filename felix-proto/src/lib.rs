@@ -32,9 +32,9 @@ pub mod message;
 pub mod negotiate;
 pub mod payload;
 pub mod routing;
-pub mod sim;
 #[doc(hidden)]
 pub mod samples;
+pub mod sim;
 
 pub use binary::{EventBatch, PublishAck, PublishBatch, Records};
 pub use error_code::{ErrorCode, RetryClass};

@@ -120,7 +120,13 @@ mod tests {
     use super::*;
 
     fn auth(flags: Option<u16>, features: Option<u32>, hi: Option<u32>) -> Auth {
-        Auth { tenant_id: "t".into(), token: "x".into(), client_flags: flags, client_features: features, client_features_hi: hi }
+        Auth {
+            tenant_id: "t".into(),
+            token: "x".into(),
+            client_flags: flags,
+            client_features: features,
+            client_features_hi: hi,
+        }
     }
 
     #[test]
@@ -153,7 +159,13 @@ mod tests {
 
     #[test]
     fn client_ignores_a_window_it_did_not_ask_for() {
-        let a = AuthOk { server_flags: 25, server_features: None, server_features_hi: None, listener_ports: None, publish_window: Some(4) };
+        let a = AuthOk {
+            server_flags: 25,
+            server_features: None,
+            server_features_hi: None,
+            listener_ports: None,
+            publish_window: Some(4),
+        };
         assert_eq!(Negotiated::from_auth_ok(&a, Flags(25), Features::NONE).publish_window, None);
         assert_eq!(Negotiated::from_auth_ok(&a, Flags(25), Features::PUBLISH_PIPELINE).publish_window, Some(4));
     }

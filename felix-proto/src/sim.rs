@@ -230,8 +230,12 @@ impl Sim {
                         let now = self.now;
                         self.clients[i].client.as_mut().expect("client").handle_stream_opened(token, s, now);
                     }
-                    ClientOutput::Transmit { stream, data } => self.clients[i].to_broker.push_back((stream, data, false)),
-                    ClientOutput::Finish { stream } => self.clients[i].to_broker.push_back((stream, Bytes::new(), true)),
+                    ClientOutput::Transmit { stream, data } => {
+                        self.clients[i].to_broker.push_back((stream, data, false))
+                    }
+                    ClientOutput::Finish { stream } => {
+                        self.clients[i].to_broker.push_back((stream, Bytes::new(), true))
+                    }
                     ClientOutput::StopSending { stream, .. } => {
                         let conn = self.clients[i].conn;
                         self.broker.handle_stream_stopped(conn, stream, self.now);

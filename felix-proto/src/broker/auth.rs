@@ -20,7 +20,8 @@ pub enum Action {
 
 impl Action {
     /// Every action.
-    pub const ALL: [Action; 5] = [Action::Publish, Action::Subscribe, Action::CacheRead, Action::CacheWrite, Action::Admin];
+    pub const ALL: [Action; 5] =
+        [Action::Publish, Action::Subscribe, Action::CacheRead, Action::CacheWrite, Action::Admin];
 
     /// The configuration spelling.
     pub fn name(self) -> &'static str {

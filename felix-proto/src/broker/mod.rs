@@ -832,8 +832,8 @@ impl Broker {
         let grant = &self.cfg.tokens[token];
         let mut principal = grant.principal.clone().into_bytes();
         principal.truncate(255);
-        let window = (offer.has(Features::PUBLISH_PIPELINE) && self.cfg.publish_window > 0)
-            .then_some(self.cfg.publish_window);
+        let window =
+            (offer.has(Features::PUBLISH_PIPELINE) && self.cfg.publish_window > 0).then_some(self.cfg.publish_window);
         let ack_on_commit = self.cfg.ack_on_commit || offer.has(Features::ACK_ON_COMMIT);
         st.session = Some(Session {
             tenant_id: a.tenant_id,
@@ -866,7 +866,11 @@ impl Broker {
     ) {
         let offer = Self::features_of(st);
         if offer.has(Features::UNSUPPORTED) && self.server_features.contains(Features::UNSUPPORTED) {
-            let m = Message::Unsupported(message::Unsupported { request_type: type_name.to_owned(), request_id, extension });
+            let m = Message::Unsupported(message::Unsupported {
+                request_type: type_name.to_owned(),
+                request_id,
+                extension,
+            });
             self.send(conn, st, json_frame(&m));
         } else {
             // The old behaviour: the stream is closed.
@@ -930,11 +934,8 @@ impl Broker {
                     .get(&key(&q.tenant_id, &q.namespace, &q.stream))
                     .map(|e| e.config.routing)
                     .filter(|r| *r == message::Routing::JumpHash);
-                let m = Message::StreamShardsView(message::StreamShardsView {
-                    shards,
-                    request_id: q.request_id,
-                    routing,
-                });
+                let m =
+                    Message::StreamShardsView(message::StreamShardsView { shards, request_id: q.request_id, routing });
                 self.send(conn, st, json_frame(&m));
             }
             Message::CacheShards(q) => {
@@ -950,7 +951,8 @@ impl Broker {
             other if other.direction() == Direction::ToClient => self.refuse(
                 conn,
                 st,
-                Refusal::new(ErrorCode::InvalidRequest, format!("unexpected message type {}", other.type_name())).closing(),
+                Refusal::new(ErrorCode::InvalidRequest, format!("unexpected message type {}", other.type_name()))
+                    .closing(),
             ),
             // A request of the catalogue this broker does not serve (it does not advertise its
             // feature bit): answered like an unknown type.
@@ -1015,7 +1017,11 @@ impl Broker {
         let reply = match (acked, request_id) {
             (true, Some(id)) => Reply::Json(id),
             (true, None) => {
-                return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "an acked publish needs a request_id"));
+                return self.refuse(
+                    conn,
+                    st,
+                    Refusal::new(ErrorCode::InvalidRequest, "an acked publish needs a request_id"),
+                );
             }
             // Decision D9: a request_id without ack is fire-and-forget.
             (false, _) => Reply::None,
@@ -1146,7 +1152,10 @@ impl Broker {
         }
         let shard = match req.shard {
             Some(s) if s >= shards => {
-                return Err(Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {s} (it has {shards})")));
+                return Err(Refusal::new(
+                    ErrorCode::InvalidRequest,
+                    format!("stream has no shard {s} (it has {shards})"),
+                ));
             }
             Some(s) => s,
             None => shard_for_key(req.key.as_deref(), shards, entry.config.routing),
@@ -1547,7 +1556,8 @@ impl Broker {
         let durable = entry.config.durable;
         let Some(s) = entry.shards.get_mut(shard as usize) else { return false };
         let resume_from = durable.then(|| s.log.committed_tail());
-        s.moved = Some(Moved { node_id: owner.node_id.clone(), addr: owner.addr.clone(), generation: owner.generation });
+        s.moved =
+            Some(Moved { node_id: owner.node_id.clone(), addr: owner.addr.clone(), generation: owner.generation });
         let subs = std::mem::take(&mut s.subs);
         for (conn, id) in subs {
             if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {

@@ -1,0 +1,141 @@
+//! Helpers shared by the scenario tests.
+#![allow(dead_code)]
+
+use bytes::{Bytes, BytesMut};
+use felix_proto::binary::{AckMode, AckedPrefix, EventBatch, PublishAck, PublishBatch};
+use felix_proto::broker::{BrokerConfig, StreamConfig, TokenGrant};
+use felix_proto::frame::{Frame, FrameDecoder};
+use felix_proto::io::StreamId;
+use felix_proto::message::{self, Decoded, Message};
+use felix_proto::sim::Sim;
+use felix_proto::{Payload, Records};
+
+pub const TOKEN: &str = "dev-token";
+
+pub fn config() -> BrokerConfig {
+    BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() }
+}
+
+pub fn ephemeral_config() -> BrokerConfig {
+    let mut c = config();
+    c.default_stream = StreamConfig { durable: false, ..StreamConfig::default() };
+    c
+}
+
+pub fn json(m: &Message) -> Bytes {
+    let mut b = BytesMut::new();
+    m.encode(&mut b).unwrap();
+    b.freeze()
+}
+
+pub fn auth(flags: Option<u16>, features: Option<u32>, hi: Option<u32>) -> Bytes {
+    json(&Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: TOKEN.into(),
+        client_flags: flags,
+        client_features: features,
+        client_features_hi: hi,
+    }))
+}
+
+pub fn frames(bytes: &[u8]) -> Vec<Frame> {
+    let mut d = FrameDecoder::new();
+    d.push(Bytes::copy_from_slice(bytes));
+    let mut out = Vec::new();
+    while let Some(f) = d.next_frame().unwrap() {
+        out.push(f);
+    }
+    assert_eq!(d.buffered(), 0, "trailing partial frame");
+    out
+}
+
+pub fn payloads(bytes: &[u8]) -> Vec<Payload> {
+    frames(bytes).iter().map(|f| f.decode_payload().unwrap()).collect()
+}
+
+pub fn messages(bytes: &[u8]) -> Vec<Message> {
+    payloads(bytes)
+        .into_iter()
+        .map(|p| match p {
+            Payload::Json(Decoded::Message(m)) => m,
+            other => panic!("expected a JSON message, got {other:?}"),
+        })
+        .collect()
+}
+
+pub fn publish_json(stream: &str, payload: &str, request_id: Option<u64>, ack: Option<AckMode>) -> Bytes {
+    json(&Message::Publish(message::Publish {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        payload: message::B64::from(payload),
+        key: None,
+        shard: None,
+        request_id,
+        ack,
+        publish_width: None,
+    }))
+}
+
+pub fn publish_binary(stream: &str, payloads: &[&str], request_id: Option<u64>, key: Option<&str>) -> Bytes {
+    let b = PublishBatch {
+        acked: request_id.map(|request_id| AckedPrefix { request_id, ack_mode: AckMode::PerBatch }),
+        idempotent: None,
+        key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        records: Records::from_payloads(payloads.iter().map(|p| p.as_bytes())).unwrap(),
+    };
+    let mut out = BytesMut::new();
+    b.encode(&mut out).unwrap();
+    out.freeze()
+}
+
+pub fn subscribe(stream: &str, start: Option<message::StartPosition>) -> Bytes {
+    json(&Message::Subscribe(message::Subscribe {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        subscription_id: None,
+        start,
+        shard: None,
+        queue_capacity: None,
+    }))
+}
+
+/// A raw peer authenticated on a fresh bidi stream; returns (party, stream) after consuming the
+/// auth answer.
+pub fn raw_session(sim: &mut Sim, flags: Option<u16>, features: Option<u32>) -> (usize, StreamId, Message) {
+    let p = sim.connect_raw();
+    let s = sim.raw_open_bi(p);
+    sim.raw_send(p, s, auth(flags, features, None), false);
+    sim.run();
+    let answer = messages(&sim.take_received(p, s)).remove(0);
+    (p, s, answer)
+}
+
+/// The event streams the broker opened toward party `p`.
+pub fn event_streams(sim: &Sim, p: usize) -> Vec<StreamId> {
+    sim.clients[p].received.keys().copied().filter(|s| s.0 & 3 == 3).collect()
+}
+
+pub fn event_batches(payloads: &[Payload]) -> Vec<EventBatch> {
+    payloads
+        .iter()
+        .filter_map(|p| match p {
+            Payload::Events(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn acks(payloads: &[Payload]) -> Vec<PublishAck> {
+    payloads
+        .iter()
+        .filter_map(|p| match p {
+            Payload::Ack(a) => Some(a.clone()),
+            _ => None,
+        })
+        .collect()
+}
