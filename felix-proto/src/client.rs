@@ -489,13 +489,13 @@ impl ClientConnection {
         if req.shard.is_some() && !neg.broker_has(Features::EXPLICIT_SHARD) {
             return Err(CommandError::NotNegotiated("FEATURE_EXPLICIT_SHARD"));
         }
-        if req.ack {
-            if let Some(w) = neg.publish_window {
-                let used = if neg.per_stream_window { self.ctls[idx].inflight } else { self.shared_inflight };
-                if used >= w {
-                    self.ctls[idx].was_full = true;
-                    return Err(CommandError::WindowFull);
-                }
+        if req.ack
+            && let Some(w) = neg.publish_window
+        {
+            let used = if neg.per_stream_window { self.ctls[idx].inflight } else { self.shared_inflight };
+            if used >= w {
+                self.ctls[idx].was_full = true;
+                return Err(CommandError::WindowFull);
             }
         }
         let request_id = self.next_request;
@@ -877,13 +877,12 @@ impl ClientConnection {
                 }
             }
         }
-        if fin {
-            if let Some(es) = self.event_streams.remove(&stream) {
-                if let (Some(sub), false) = (es.sub, es.ended) {
-                    self.subs.remove(&sub);
-                    self.events.push_back(ClientEvent::SubscriptionEnded { sub, reason: EndReason::Finished });
-                }
-            }
+        if fin
+            && let Some(es) = self.event_streams.remove(&stream)
+            && let (Some(sub), false) = (es.sub, es.ended)
+        {
+            self.subs.remove(&sub);
+            self.events.push_back(ClientEvent::SubscriptionEnded { sub, reason: EndReason::Finished });
         }
     }
 

@@ -71,9 +71,10 @@ pub struct Sim {
 }
 
 impl Sim {
-    /// A harness around a broker with `config`; storage completes immediately.
-    pub fn new(config: BrokerConfig) -> Sim {
-        let now = Instant::now();
+    /// A harness around a broker with `config`, starting at virtual time `epoch` (the caller's
+    /// clock reading: this crate never reads one); storage completes immediately.
+    pub fn new(config: BrokerConfig, epoch: Instant) -> Sim {
+        let now = epoch;
         Sim {
             broker: Broker::new(config, WallClock::new(now, 1_760_000_000_000_000)),
             now,
@@ -218,9 +219,7 @@ impl Sim {
         let mut progress = false;
         // Clients' outputs.
         for i in 0..self.clients.len() {
-            loop {
-                let Some(c) = self.clients[i].client.as_mut() else { break };
-                let Some(o) = c.poll_output() else { break };
+            while let Some(o) = self.clients[i].client.as_mut().and_then(ClientConnection::poll_output) {
                 progress = true;
                 match o {
                     ClientOutput::OpenBi { token } => {
@@ -240,7 +239,6 @@ impl Sim {
                         let conn = self.clients[i].conn;
                         self.broker.handle_stream_stopped(conn, stream, self.now);
                     }
-                    _ => {}
                 }
             }
         }
@@ -333,7 +331,9 @@ impl Sim {
         match o {
             BrokerOutput::Transmit { conn, stream, data } => {
                 let Some(i) = self.index_of(conn) else { return };
-                if self.clients[i].slow && stream.initiator() == Side::Broker {
+                // Bytes never overtake bytes still held for the same reader.
+                let behind = !self.clients[i].held.is_empty();
+                if (self.clients[i].slow || behind) && stream.initiator() == Side::Broker {
                     self.clients[i].held.push_back((stream, data, false));
                 } else {
                     self.deliver(i, stream, data, false);
@@ -341,7 +341,8 @@ impl Sim {
             }
             BrokerOutput::Finish { conn, stream } => {
                 let Some(i) = self.index_of(conn) else { return };
-                if self.clients[i].slow && stream.initiator() == Side::Broker {
+                let behind = !self.clients[i].held.is_empty();
+                if (self.clients[i].slow || behind) && stream.initiator() == Side::Broker {
                     self.clients[i].held.push_back((stream, Bytes::new(), true));
                 } else {
                     self.deliver(i, stream, Bytes::new(), true);
@@ -382,7 +383,6 @@ impl Sim {
                     self.clients[i].closed = Some((code, reason));
                 }
             }
-            _ => {}
         }
     }
 }

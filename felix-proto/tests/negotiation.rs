@@ -12,12 +12,12 @@ use felix_proto::io::{Dir, OpenToken, Side, StreamId};
 use felix_proto::message::{self, Message, StartPosition};
 use felix_proto::sim::Sim;
 use felix_proto::{Payload, frame::Frame};
-use std::time::Instant;
+
 use support::*;
 
 #[test]
 fn row1_negotiating_client_and_broker_get_auth_ok() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let (_, _, answer) = raw_session(&mut sim, Some(25), Some(0x0800));
     let Message::AuthOk(ok) = answer else { panic!("{answer:?}") };
     assert_eq!(ok.server_flags, 0x7FFF, "the broker's full set, not the intersection (D8)");
@@ -27,7 +27,7 @@ fn row1_negotiating_client_and_broker_get_auth_ok() {
     assert_eq!(ok.publish_window, None, "no window for a client that did not offer pipelining");
 
     // The state-machine client sees the same and chooses binary acked publishes.
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let c = sim.connect(ClientConfig::new("t1", TOKEN));
     sim.run();
     let ev = sim.take_events(c);
@@ -40,7 +40,7 @@ fn row1_negotiating_client_and_broker_get_auth_ok() {
 #[test]
 fn row2_negotiating_client_and_legacy_broker_falls_back_to_json() {
     // A legacy broker answers plain `ok` and ignores client_flags.
-    let now = Instant::now();
+    let now = epoch();
     let mut c = ClientConnection::new(ClientConfig::new("t1", TOKEN), now);
     let Some(ClientOutput::OpenBi { token }) = c.poll_output() else { panic!() };
     let s = StreamId::new(Side::Client, Dir::Bi, 0);
@@ -84,7 +84,7 @@ fn row2_negotiating_client_and_legacy_broker_falls_back_to_json() {
 
 #[test]
 fn row3_legacy_client_and_negotiating_broker_gets_ok_and_old_frames() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let (p, s, answer) = raw_session(&mut sim, None, None);
     assert_eq!(answer, Message::Ok(message::OkMsg {}), "plain ok, never auth_ok");
     // An error carries no code fields.
@@ -124,7 +124,7 @@ fn row3_legacy_client_and_negotiating_broker_gets_ok_and_old_frames() {
 
 #[test]
 fn row4_legacy_client_sends_no_client_flags() {
-    let now = Instant::now();
+    let now = epoch();
     let mut cfg = ClientConfig::new("t1", TOKEN);
     cfg.flags = None;
     cfg.features = Features::NONE;
@@ -139,7 +139,7 @@ fn row4_legacy_client_sends_no_client_flags() {
 
 #[test]
 fn extended_word_only_to_a_client_that_set_the_marker() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let p = sim.connect_raw();
     let s = sim.raw_open_bi(p);
     sim.raw_send(p, s, auth(Some(25), Some(0x8000_0000 | 0x0800), Some(0x2)), false);
@@ -164,7 +164,7 @@ fn pair(sim: &mut Sim) -> ((usize, StreamId), (usize, StreamId)) {
 
 #[test]
 fn error_codes_only_for_error_codes_clients() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let ((a, sa), (b, sb)) = pair(&mut sim);
     for (p, s) in [(a, sa), (b, sb)] {
         sim.raw_send(p, s, subscribe("orders", Some(StartPosition::Offset(999))), false);
@@ -197,7 +197,7 @@ fn error_codes_only_for_error_codes_clients() {
 
 #[test]
 fn not_leader_only_for_redirect_clients() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let ((a, sa), (b, sb)) = pair(&mut sim);
     sim.raw_send(a, sa, subscribe("orders", None), false);
     sim.run();
@@ -221,7 +221,7 @@ fn not_leader_only_for_redirect_clients() {
 
 #[test]
 fn shard_moved_only_for_shard_moved_clients() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let ((a, sa), (b, sb)) = pair(&mut sim);
     for (p, s) in [(a, sa), (b, sb)] {
         sim.raw_send(p, s, subscribe("orders", None), false);
@@ -248,7 +248,7 @@ fn shard_moved_only_for_shard_moved_clients() {
 
 #[test]
 fn stream_deleted_only_for_stream_deleted_clients() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let ((a, sa), (b, sb)) = pair(&mut sim);
     for (p, s) in [(a, sa), (b, sb)] {
         sim.raw_send(p, s, subscribe("orders", None), false);
@@ -267,7 +267,7 @@ fn stream_deleted_only_for_stream_deleted_clients() {
 
 #[test]
 fn unsupported_only_for_unsupported_clients() {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let ((a, sa), (b, sb)) = pair(&mut sim);
     let unknown = json_raw(r#"{"type":"frobnicate","request_id":4}"#);
     sim.raw_send(a, sa, unknown.clone(), false);
@@ -301,7 +301,7 @@ fn json_raw(s: &str) -> Bytes {
 fn publish_ok_offset_only_for_offset_clients() {
     let mut cfg = config();
     cfg.ack_on_commit = true;
-    let mut sim = Sim::new(cfg);
+    let mut sim = Sim::new(cfg, epoch());
     let (a, sa, _) = raw_session(&mut sim, Some(0x7FFF), None);
     let (b, sb, _) = raw_session(&mut sim, Some(0x0019), None);
     let (c, sc, _) = raw_session(&mut sim, None, None);
@@ -330,7 +330,7 @@ fn publish_ok_offset_only_for_offset_clients() {
 }
 
 fn event_frames_for(flags: Option<u16>, gen_start: bool) -> Vec<Frame> {
-    let mut sim = Sim::new(config());
+    let mut sim = Sim::new(config(), epoch());
     let (p, s, _) = raw_session(&mut sim, flags, None);
     sim.raw_send(p, s, publish_binary("orders", &["a"], None, None), false);
     sim.run();
@@ -380,7 +380,7 @@ fn subscription_lagged_only_with_the_feature_and_offsets() {
         // until the slow reader flushes.
         let mut cfg = config();
         cfg.event_stream_inflight_bytes = 1;
-        let mut sim = Sim::new(cfg);
+        let mut sim = Sim::new(cfg, epoch());
         let (p, s, _) = raw_session(&mut sim, flags, features);
         sim.raw_send(
             p,

@@ -47,6 +47,7 @@ impl Cache {
     }
 
     /// Number of stored entries (expired ones included until touched).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -59,7 +60,7 @@ mod tests {
 
     #[test]
     fn lazy_expiry() {
-        let t0 = Instant::now();
+        let t0 = crate::io::test_epoch();
         let mut c = Cache::default();
         c.put("a".into(), Bytes::from("1"), Some(t0 + Duration::from_millis(10)));
         c.put("b".into(), Bytes::from("2"), None);

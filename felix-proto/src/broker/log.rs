@@ -228,11 +228,6 @@ impl ShardLog {
         base
     }
 
-    /// Whether a write of this log is outstanding.
-    pub fn owns(&self, token: WriteToken) -> bool {
-        self.pending.iter().any(|p| p.token == token)
-    }
-
     /// Records the outcome of a write, then makes visible every settled write at the front, in
     /// offset order. A failed write never becomes visible; its offsets stay a gap.
     pub fn settle(&mut self, token: WriteToken, ok: bool) -> Settled {
@@ -305,7 +300,7 @@ mod tests {
 
     #[test]
     fn durable_offsets_become_visible_in_order() {
-        let now = Instant::now();
+        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
         let (a, none) = log.append(recs(2), 1, None, now, Some(WriteToken(1)));
         assert!(none.is_none());
@@ -324,7 +319,7 @@ mod tests {
 
     #[test]
     fn failed_write_leaves_a_gap_and_is_reported() {
-        let now = Instant::now();
+        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
         log.append(recs(2), 1, None, now, Some(WriteToken(1)));
         log.append(recs(1), 1, None, now, Some(WriteToken(2)));
@@ -337,7 +332,7 @@ mod tests {
 
     #[test]
     fn generation_start_is_skipped_and_counted() {
-        let now = Instant::now();
+        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
         log.append(recs(2), 1, None, now, Some(WriteToken(1)));
         log.append_generation_start(now, WriteToken(2));
@@ -354,7 +349,7 @@ mod tests {
 
     #[test]
     fn retention_by_records() {
-        let now = Instant::now();
+        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention { max_records: Some(3), max_bytes: None, max_age: None });
         for t in 0..4 {
             log.append(recs(2), 1, None, now, Some(WriteToken(t)));

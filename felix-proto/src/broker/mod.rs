@@ -232,7 +232,6 @@ enum Ending {
     Lagged { resume_from: u64 },
     Moved(message::ShardMoved),
     Deleted,
-    Plain,
 }
 
 #[derive(Debug)]
@@ -257,6 +256,11 @@ struct Conn {
     opens: HashMap<OpenToken, u64>,
     auth_deadline: Option<Instant>,
     next_sub: u64,
+    /// Highest stream index the client opened, per direction. QUIC stream ids only grow, so a
+    /// stream at or below it with no state here was closed: bytes for it are ignored rather
+    /// than taken for a new, unauthenticated stream.
+    max_bi: Option<u64>,
+    max_uni: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -392,6 +396,11 @@ impl Broker {
         Some((s.log.start(), s.log.committed_tail(), s.log.next_offset(), s.log.retained_records()))
     }
 
+    /// Payload bytes retained in memory by every shard log (memory held by history).
+    pub fn retained_log_bytes(&self) -> u64 {
+        self.streams.values().flat_map(|e| e.shards.iter()).map(|s| s.log.retained_bytes()).sum()
+    }
+
     /// Bytes queued for subscribers and not yet handed to the driver (memory held by queues).
     pub fn queued_event_bytes(&self) -> usize {
         self.conns
@@ -450,6 +459,8 @@ impl Broker {
                 opens: HashMap::new(),
                 auth_deadline: Some(crate::io::after(now, self.cfg.auth_timeout)),
                 next_sub: 1,
+                max_bi: None,
+                max_uni: None,
             },
         );
         id
@@ -485,6 +496,13 @@ impl Broker {
             // Our own event streams are unidirectional: a client cannot send on them.
             return;
         }
+        if !c.streams.contains_key(&stream) {
+            let max = if stream.dir() == Dir::Bi { &mut c.max_bi } else { &mut c.max_uni };
+            if max.is_some_and(|m| stream.index() <= m) {
+                return; // a stream that was closed
+            }
+            *max = Some(stream.index());
+        }
         let st = c.streams.entry(stream).or_insert_with(|| {
             let mut decoder = FrameDecoder::new();
             decoder.set_max_frame_len(preauth);
@@ -514,13 +532,13 @@ impl Broker {
     /// The client reset its sending side of `stream`: drop what was buffered for it.
     pub fn handle_stream_reset(&mut self, conn: ConnId, stream: StreamId, now: Instant) {
         self.clock.advance(now);
-        if let Some(c) = self.conns.get_mut(&conn) {
-            if let Some(st) = c.streams.get_mut(&stream) {
-                st.closed = true;
-                st.decoder = FrameDecoder::new();
-                if st.outstanding == 0 {
-                    c.streams.remove(&stream);
-                }
+        if let Some(c) = self.conns.get_mut(&conn)
+            && let Some(st) = c.streams.get_mut(&stream)
+        {
+            st.closed = true;
+            st.decoder = FrameDecoder::new();
+            if st.outstanding == 0 {
+                c.streams.remove(&stream);
             }
         }
     }
@@ -604,10 +622,10 @@ impl Broker {
         }
         self.maybe_finish(conn, &mut st);
         let keep = !(st.send_finished && st.outstanding == 0);
-        if let Some(c) = self.conns.get_mut(&conn) {
-            if keep {
-                c.streams.insert(sid, st);
-            }
+        if let Some(c) = self.conns.get_mut(&conn)
+            && keep
+        {
+            c.streams.insert(sid, st);
         }
     }
 
@@ -1142,13 +1160,13 @@ impl Broker {
     fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<(u32, bool), Refusal> {
         let shards = self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish)?;
         let entry = self.streams.get(&key(&req.tenant_id, &req.namespace, &req.stream)).expect("looked up");
-        if let (Some(w), Some(_)) = (req.width, &req.key) {
-            if w != shards {
-                return Err(Refusal::new(
-                    ErrorCode::StaleWidth,
-                    format!("stream has {shards} shards; the batch was routed by {w}"),
-                ));
-            }
+        if let (Some(w), Some(_)) = (req.width, &req.key)
+            && w != shards
+        {
+            return Err(Refusal::new(
+                ErrorCode::StaleWidth,
+                format!("stream has {shards} shards; the batch was routed by {w}"),
+            ));
         }
         let shard = match req.shard {
             Some(s) if s >= shards => {
@@ -1216,10 +1234,10 @@ impl Broker {
         } else if let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) {
             self.maybe_finish(w.conn, &mut st);
             let keep = !(st.send_finished && st.outstanding == 0);
-            if let Some(c) = self.conns.get_mut(&w.conn) {
-                if keep {
-                    c.streams.insert(w.stream, st);
-                }
+            if let Some(c) = self.conns.get_mut(&w.conn)
+                && keep
+            {
+                c.streams.insert(w.stream, st);
             }
         }
     }
@@ -1374,7 +1392,6 @@ impl Broker {
                     Ending::Deleted => offer
                         .has(Features::STREAM_DELETED)
                         .then_some(Message::StreamDeleted(message::StreamDeleted { subscription_id: sub_id })),
-                    Ending::Plain => None,
                 };
                 if let Some(m) = terminal {
                     self.out.push_back(BrokerOutput::Transmit { conn, stream, data: json_frame(&m) });

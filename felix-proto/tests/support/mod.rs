@@ -12,6 +12,13 @@ use felix_proto::{Payload, Records};
 
 pub const TOKEN: &str = "dev-token";
 
+/// The tests' clock reading: the harness starts its virtual time here (felix-proto itself never
+/// reads a clock).
+#[allow(clippy::disallowed_methods)]
+pub fn epoch() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
 pub fn config() -> BrokerConfig {
     BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() }
 }

@@ -1,0 +1,437 @@
+//! Publishing: every encoding, replies matching the request's encoding, routing, pipelined
+//! windows, acknowledgement on commit, storage failures and malformed input.
+
+mod support;
+
+use bytes::Bytes;
+use felix_proto::binary::{AckMode, AckStatus};
+use felix_proto::broker::{StreamConfig, StreamSpec};
+use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, CommandError, PublishRequest};
+use felix_proto::error_code::ErrorCode;
+use felix_proto::features::Features;
+use felix_proto::io::close_code;
+use felix_proto::message::{self, Message, Routing};
+use felix_proto::routing::shard_for_key;
+use felix_proto::sim::{Sim, StorageMode};
+use felix_proto::{Decoded, Payload};
+use support::*;
+
+fn ok_of(p: &Payload) -> Option<(u64, Option<u64>)> {
+    match p {
+        Payload::Json(Decoded::Message(Message::PublishOk(ok))) => Some((ok.request_id, ok.offset)),
+        _ => None,
+    }
+}
+
+#[test]
+fn json_ack_modes_and_binary_forms_get_the_matching_reply() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    sim.raw_send(p, s, publish_json("orders", "none", Some(1), None), false); // D9: no ack, no answer
+    sim.raw_send(p, s, publish_json("orders", "none2", None, Some(AckMode::None)), false);
+    sim.raw_send(p, s, publish_json("orders", "pm", Some(2), Some(AckMode::PerMessage)), false);
+    sim.raw_send(
+        p,
+        s,
+        json(&Message::PublishBatch(message::PublishBatchMsg {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            payloads: vec!["a".into(), "b".into()],
+            key: None,
+            shard: None,
+            request_id: Some(3),
+            ack: Some(AckMode::PerBatch),
+            publish_width: None,
+        })),
+        false,
+    );
+    sim.raw_send(p, s, publish_binary("orders", &["plain"], None, None), false);
+    sim.raw_send(p, s, publish_binary("orders", &["acked"], Some(4), None), false);
+    sim.raw_send(p, s, publish_binary("orders", &["keyed"], Some(5), Some("k")), false);
+    sim.run();
+    let got = payloads(&sim.take_received(p, s));
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert_eq!(ok_of(&got[0]), Some((2, None)));
+    assert_eq!(ok_of(&got[1]), Some((3, None)));
+    let a = acks(&got);
+    assert_eq!(
+        a.iter().map(|a| (a.request_id, a.status)).collect::<Vec<_>>(),
+        vec![(4, AckStatus::Ok), (5, AckStatus::Ok)]
+    );
+    assert_eq!(sim.broker.shard_state("t1", "default", "orders", 0).unwrap().2, 8, "every record appended once");
+}
+
+#[test]
+fn keyed_routing_uses_the_documented_hash_and_explicit_shards_are_checked() {
+    let mut cfg = config();
+    cfg.streams.push(StreamSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "wide".into(),
+        config: StreamConfig { shards: 8, ..StreamConfig::default() },
+    });
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    for k in ["customer-0", "customer-4", "customer-1", "customer-6", "customer-2"] {
+        sim.raw_send(p, s, publish_binary("wide", &["x"], None, Some(k)), false);
+    }
+    sim.raw_send(p, s, publish_binary("wide", &["x"], None, None), false);
+    sim.run();
+    let counts: Vec<u64> = (0..8).map(|i| sim.broker.shard_state("t1", "default", "wide", i).unwrap().2).collect();
+    // customer-0→0, -4→2, -1→3, -6→4, -2→6, unkeyed→0.
+    assert_eq!(counts, vec![2, 0, 1, 1, 1, 0, 1, 0]);
+    assert_eq!(shard_for_key(Some(b"customer-6"), 8, Routing::Modulo), 4);
+    // Explicit shard: honoured, and an unknown one is refused.
+    let explicit = |shard, rid| {
+        json(&Message::Publish(message::Publish {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "wide".into(),
+            payload: "e".into(),
+            key: Some("customer-0".into()),
+            shard: Some(shard),
+            request_id: Some(rid),
+            ack: Some(AckMode::PerBatch),
+            publish_width: None,
+        }))
+    };
+    sim.raw_send(p, s, explicit(5, 10), false);
+    sim.raw_send(p, s, explicit(8, 11), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert!(matches!(ms[0], Message::PublishOk(_)));
+    let Message::PublishError(e) = &ms[1] else { panic!("{ms:?}") };
+    assert_eq!((e.request_id, e.code.clone()), (11, Some(ErrorCode::InvalidRequest)));
+    assert_eq!(sim.broker.shard_state("t1", "default", "wide", 5).unwrap().2, 1);
+}
+
+#[test]
+fn stale_width_refuses_keyed_batches_routed_by_another_width() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    sim.raw_send(
+        p,
+        s,
+        json(&Message::PublishWidth(message::PublishWidth {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            width: 8,
+        })),
+        false,
+    );
+    sim.raw_send(p, s, publish_binary("orders", &["k"], Some(1), Some("key")), false);
+    sim.raw_send(p, s, publish_binary("orders", &["u"], Some(2), None), false); // unkeyed: not checked
+    sim.run();
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(a[0].status, AckStatus::Error);
+    assert_eq!(a[0].code.as_ref().map(|(c, _)| c.number()), Some(17));
+    assert_eq!(a[1].status, AckStatus::Ok);
+}
+
+#[test]
+fn ack_on_commit_answers_after_storage_with_offsets() {
+    let mut sim = Sim::new(config(), epoch());
+    sim.storage = StorageMode::Manual;
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ACK_ON_COMMIT.0 as u32));
+    let (q, sq, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(p, s, publish_binary("orders", &["a", "b"], Some(1), None), false);
+    sim.raw_send(q, sq, publish_binary("orders", &["c"], Some(9), None), false);
+    sim.run();
+    assert!(sim.take_received(p, s).is_empty(), "nothing answered before the write");
+    let b = acks(&payloads(&sim.take_received(q, sq)));
+    assert_eq!((b[0].request_id, b[0].offset), (9, None), "acked on enqueue, with no invented offset");
+    assert_eq!(sim.pending_writes.len(), 2);
+    sim.complete_all_writes();
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!((a[0].request_id, a[0].offset), (1, Some(0)));
+}
+
+#[test]
+fn a_failed_write_is_answered_with_storage_and_never_delivered() {
+    let mut sim = Sim::new(config(), epoch());
+    sim.storage = StorageMode::Manual;
+    let (p, s, _) =
+        raw_session(&mut sim, Some(0x7FFF), Some((Features::ACK_ON_COMMIT | Features::ERROR_CODES).0 as u32));
+    sim.raw_send(p, s, subscribe("orders", None), false);
+    sim.raw_send(p, s, publish_binary("orders", &["lost"], Some(1), None), false);
+    sim.raw_send(p, s, publish_binary("orders", &["kept"], Some(2), None), false);
+    sim.run();
+    let first = sim.pending_writes[0].token;
+    let second = sim.pending_writes[1].token;
+    sim.complete_write(second, true);
+    assert!(acks(&payloads(&sim.take_received(p, s))).is_empty(), "the later write waits for the earlier");
+    sim.complete_write(first, false);
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(a.len(), 2);
+    assert_eq!((a[0].request_id, a[0].status), (2, AckStatus::Ok));
+    assert_eq!((a[1].request_id, a[1].status), (1, AckStatus::Error));
+    assert_eq!(a[1].code.as_ref().map(|(c, _)| c.clone()), Some(ErrorCode::Storage));
+    let e = event_streams(&sim, p)[0];
+    let batches = event_batches(&payloads(&sim.take_received(p, e)));
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].records.payloads().collect::<Vec<_>>(), vec![Bytes::from("kept")]);
+}
+
+#[test]
+fn pipelined_answers_come_in_stream_order_and_the_window_pauses_reading() {
+    let mut cfg = config();
+    cfg.publish_window = 2;
+    let mut sim = Sim::new(cfg, epoch());
+    sim.storage = StorageMode::Manual;
+    let features = (Features::PUBLISH_PIPELINE | Features::ACK_ON_COMMIT).0 as u32;
+    let (p, s, answer) = raw_session(&mut sim, Some(0x7FFF), Some(features));
+    let Message::AuthOk(ok) = answer else { panic!() };
+    assert_eq!(ok.publish_window, Some(2));
+    // Two streams of the same connection, on two different streams (so two shards' writes).
+    let s2 = sim.raw_open_bi(p);
+    sim.raw_send(p, s2, auth(Some(0x7FFF), Some(features), None), false);
+    sim.run();
+    sim.take_received(p, s2);
+    for i in 0..4 {
+        sim.raw_send(p, s, publish_binary(&format!("stream{i}"), &["x"], Some(i), None), false);
+    }
+    sim.raw_send(p, s2, publish_binary("other", &["y"], Some(100), None), false);
+    sim.run();
+    // Stream s stopped at its window (2 writes asked for); s2 kept flowing.
+    let streams: Vec<String> = sim.pending_writes.iter().map(|w| w.stream.clone()).collect();
+    assert_eq!(streams, vec!["stream0", "stream1", "other"]);
+    // Complete in reverse order: answers still come in request order.
+    let tokens: Vec<_> = sim.pending_writes.iter().map(|w| w.token).collect();
+    sim.complete_write(tokens[2], true);
+    assert_eq!(acks(&payloads(&sim.take_received(p, s2)))[0].request_id, 100);
+    sim.complete_write(tokens[1], true);
+    assert!(sim.take_received(p, s).is_empty(), "request 1 is held behind request 0");
+    sim.complete_write(tokens[0], true);
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(a.iter().map(|a| a.request_id).collect::<Vec<_>>(), vec![0, 1]);
+    // Reading resumed: the other two were read and asked to be written.
+    sim.complete_all_writes();
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(a.iter().map(|a| a.request_id).collect::<Vec<_>>(), vec![2, 3]);
+}
+
+#[test]
+fn without_pipelining_answers_come_in_completion_order() {
+    let mut sim = Sim::new(config(), epoch());
+    sim.storage = StorageMode::Manual;
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ACK_ON_COMMIT.0 as u32));
+    sim.raw_send(p, s, publish_binary("a", &["x"], Some(1), None), false);
+    sim.raw_send(p, s, publish_binary("b", &["x"], Some(2), None), false);
+    sim.run();
+    let t: Vec<_> = sim.pending_writes.iter().map(|w| w.token).collect();
+    sim.complete_write(t[1], true);
+    sim.complete_write(t[0], true);
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(a.iter().map(|a| a.request_id).collect::<Vec<_>>(), vec![2, 1]);
+}
+
+#[test]
+fn client_window_is_per_stream_against_a_per_stream_broker() {
+    let mut cfg = config();
+    cfg.publish_window = 1;
+    let mut sim = Sim::new(cfg, epoch());
+    sim.storage = StorageMode::Manual;
+    let mut cc = ClientConfig::new("t1", TOKEN);
+    cc.features |= Features::ACK_ON_COMMIT;
+    let c = sim.connect(cc);
+    sim.run();
+    let s0 = ClientStream(0);
+    let now = sim.now;
+    let s1 = sim.client(c).open_stream(now);
+    sim.run();
+    assert!(sim.client(c).negotiated(s0).unwrap().per_stream_window);
+    let req = || PublishRequest::new("default", "orders", vec![Bytes::from("x")]).acked();
+    sim.client(c).publish(s0, req(), now).unwrap();
+    assert_eq!(sim.client(c).publish(s0, req(), now), Err(CommandError::WindowFull));
+    assert!(sim.client(c).publish(s1, req(), now).is_ok(), "the other stream has its own window");
+    sim.run();
+    sim.complete_all_writes();
+    let ev = sim.take_events(c);
+    assert!(ev.iter().any(|e| matches!(e, ClientEvent::PublishWindowOpen { stream } if *stream == s0)), "{ev:?}");
+    assert_eq!(ev.iter().filter(|e| matches!(e, ClientEvent::PublishAcked { offset: Some(_), .. })).count(), 2);
+    assert!(sim.client(c).publish(s0, req(), now).is_ok());
+}
+
+#[test]
+fn client_shares_one_window_against_a_broker_without_the_per_stream_bit() {
+    use felix_proto::client::{ClientConnection, ClientOutput};
+    use felix_proto::io::{Dir, Side, StreamId};
+    let now = epoch();
+    let mut c = ClientConnection::new(ClientConfig::new("t1", TOKEN), now);
+    let s1 = c.open_stream(now);
+    let ids = [StreamId::new(Side::Client, Dir::Bi, 0), StreamId::new(Side::Client, Dir::Bi, 1)];
+    let mut n = 0;
+    while let Some(o) = c.poll_output() {
+        if let ClientOutput::OpenBi { token } = o {
+            c.handle_stream_opened(token, ids[n], now);
+            n += 1;
+        }
+    }
+    // An older broker: pipelining with a window of 1, but no FEATURE_STREAM_PUBLISH_WINDOW.
+    let ok = json(&Message::AuthOk(message::AuthOk {
+        server_flags: 0x7FFF,
+        server_features: Some(Features::PUBLISH_PIPELINE.0 as u32),
+        server_features_hi: None,
+        listener_ports: None,
+        publish_window: Some(1),
+    }));
+    for id in ids {
+        c.handle_stream_data(id, ok.clone(), false, now);
+    }
+    while c.poll_event().is_some() {}
+    let req = || PublishRequest::new("default", "orders", vec![Bytes::from("x")]).acked();
+    let first = c.publish(ClientStream(0), req(), now).unwrap();
+    assert_eq!(c.publish(s1, req(), now), Err(CommandError::WindowFull), "one window for the connection");
+    let mut ack = bytes::BytesMut::new();
+    felix_proto::binary::PublishAck::ok(first.0, None).encode(felix_proto::Flags::KNOWN, &mut ack).unwrap();
+    c.handle_stream_data(ids[0], ack.freeze(), false, now);
+    let ev: Vec<_> = std::iter::from_fn(|| c.poll_event()).collect();
+    assert!(ev.contains(&ClientEvent::PublishWindowOpen { stream: s1 }), "{ev:?}");
+    assert!(c.publish(s1, req(), now).is_ok());
+}
+
+#[test]
+fn malformed_acked_binary_publish_is_answered_with_its_request_id() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    let mut bad = publish_binary("orders", &["x"], Some(42), None).to_vec();
+    let n = bad.len();
+    bad[n - 6] = 0xff; // payload_len far past the end
+    sim.raw_send(p, s, Bytes::from(bad), false);
+    // Unknown flag bit on an acked frame: also answered by request id (D7).
+    let mut flagged = publish_binary("orders", &["x"], Some(43), None).to_vec();
+    flagged[6] = 0x80;
+    sim.raw_send(p, s, Bytes::from(flagged), false);
+    // And the stream still works.
+    sim.raw_send(p, s, publish_binary("orders", &["ok"], Some(44), None), false);
+    sim.run();
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(
+        a.iter().map(|a| (a.request_id, a.status)).collect::<Vec<_>>(),
+        vec![(42, AckStatus::Error), (43, AckStatus::Error), (44, AckStatus::Ok)]
+    );
+    assert_eq!(a[0].code.as_ref().map(|(c, _)| c.clone()), Some(ErrorCode::InvalidRequest));
+}
+
+#[test]
+fn malformed_header_closes_the_connection_with_a_protocol_code() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(p, s, Bytes::from_static(b"FLX2\x00\x01\x00\x00\x00\x00\x00\x00"), false);
+    sim.run();
+    let (code, reason) = sim.clients[p].closed.clone().unwrap();
+    assert_eq!(code, close_code::PROTOCOL_VIOLATION);
+    assert!(reason.contains("magic"), "{reason}");
+    assert_eq!(sim.broker.connection_count(), 0);
+    // An oversized frame likewise, on the header alone.
+    let (q, sq, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    let mut h = bytes::BytesMut::new();
+    felix_proto::frame::FrameHeader { flags: felix_proto::Flags(1), length: 17 << 20 }.encode(&mut h);
+    sim.raw_send(q, sq, h.freeze(), false);
+    sim.run();
+    assert_eq!(sim.clients[q].closed.as_ref().map(|c| c.0), Some(close_code::PROTOCOL_VIOLATION));
+}
+
+#[test]
+fn invalid_json_is_answered_and_closes_the_stream() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    let mut bad = bytes::BytesMut::new();
+    felix_proto::frame::FrameHeader { flags: felix_proto::Flags(0), length: 5 }.encode(&mut bad);
+    bad.extend_from_slice(b"{nope");
+    sim.raw_send(p, s, bad.freeze(), false);
+    sim.raw_send(p, s, publish_binary("orders", &["x"], Some(1), None), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms.len(), 1, "nothing after the error: {ms:?}");
+    let Message::Error(e) = &ms[0] else { panic!() };
+    assert_eq!(e.code, Some(ErrorCode::InvalidRequest));
+    assert!(sim.clients[p].stopped.contains(&s));
+}
+
+#[test]
+fn requests_before_auth_and_bad_tokens_are_refused() {
+    let mut sim = Sim::new(config(), epoch());
+    let p = sim.connect_raw();
+    let s = sim.raw_open_bi(p);
+    sim.raw_send(p, s, subscribe("orders", None), false);
+    sim.run();
+    let Message::Error(e) = &messages(&sim.take_received(p, s))[0] else { panic!() };
+    assert_eq!(e.message, "authenticate first");
+    // A binary publish first ends the stream.
+    let s2 = sim.raw_open_bi(p);
+    sim.raw_send(p, s2, publish_binary("orders", &["x"], None, None), false);
+    sim.run();
+    assert!(sim.clients[p].stopped.contains(&s2));
+    // A bad token: unauthenticated, with the code for a client that offered it.
+    let s3 = sim.raw_open_bi(p);
+    let bad = json(&Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: "wrong".into(),
+        client_flags: Some(25),
+        client_features: Some(Features::ERROR_CODES.0 as u32),
+        client_features_hi: None,
+    }));
+    sim.raw_send(p, s3, bad, false);
+    sim.run();
+    let Message::Error(e) = &messages(&sim.take_received(p, s3))[0] else { panic!() };
+    assert_eq!(e.code, Some(ErrorCode::Unauthenticated));
+}
+
+#[test]
+fn auth_timeout_closes_the_connection() {
+    let mut sim = Sim::new(config(), epoch());
+    let p = sim.connect_raw();
+    sim.advance(std::time::Duration::from_secs(9));
+    assert!(sim.clients[p].closed.is_none());
+    sim.advance(std::time::Duration::from_secs(2));
+    assert_eq!(sim.clients[p].closed.as_ref().map(|c| c.0), Some(close_code::AUTH_TIMEOUT));
+}
+
+#[test]
+fn unknown_stream_is_not_found_without_auto_create() {
+    let mut cfg = config();
+    cfg.auto_create = false;
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    sim.raw_send(p, s, publish_json("nope", "x", Some(1), Some(AckMode::PerBatch)), false);
+    sim.raw_send(p, s, subscribe("nope", None), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let Message::PublishError(pe) = &ms[0] else { panic!("{ms:?}") };
+    assert_eq!(pe.code, Some(ErrorCode::NotFound));
+    let Message::Error(e) = &ms[1] else { panic!() };
+    assert_eq!(e.code, Some(ErrorCode::NotFound));
+}
+
+#[test]
+fn forbidden_without_permission() {
+    use felix_proto::broker::{Action, Grant, TokenGrant};
+    let mut cfg = config();
+    cfg.tokens.push(TokenGrant {
+        token: "reader".into(),
+        tenant_id: Some("t1".into()),
+        principal: "bob".into(),
+        grants: vec![Grant { action: Action::Subscribe, pattern: "default/*".into() }],
+    });
+    let mut sim = Sim::new(cfg, epoch());
+    let p = sim.connect_raw();
+    let s = sim.raw_open_bi(p);
+    let a = json(&Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: "reader".into(),
+        client_flags: Some(0x7FFF),
+        client_features: Some(Features::ERROR_CODES.0 as u32),
+        client_features_hi: None,
+    }));
+    sim.raw_send(p, s, a, false);
+    sim.raw_send(p, s, publish_binary("orders", &["x"], Some(1), None), false);
+    sim.raw_send(p, s, subscribe("orders", None), false);
+    sim.run();
+    let got = payloads(&sim.take_received(p, s));
+    let a = acks(&got);
+    assert_eq!(a[0].code.as_ref().map(|(c, _)| c.clone()), Some(ErrorCode::Forbidden));
+    assert!(got.iter().any(|p| matches!(p, Payload::Json(Decoded::Message(Message::Subscribed(_))))));
+}

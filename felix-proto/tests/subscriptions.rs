@@ -1,0 +1,447 @@
+//! Subscriptions (positions, join offsets, replay joining live delivery, queues, resume) and
+//! the cache.
+
+mod support;
+
+use bytes::Bytes;
+use felix_proto::broker::{Broker, BrokerOutput, Retention, StreamConfig, StreamSpec};
+use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, EndReason, PublishRequest, SubscribeRequest};
+use felix_proto::features::Features;
+use felix_proto::io::{StreamId, WallClock};
+use felix_proto::message::{self, CursorErrorReason, Message, StartPosition};
+use felix_proto::sim::Sim;
+use felix_proto::{Decoded, Payload};
+use std::time::Duration;
+use support::*;
+
+fn offsets_of(batches: &[felix_proto::EventBatch]) -> Vec<u64> {
+    batches.iter().flat_map(|b| (0..u64::from(b.records.count())).map(move |i| b.base_offset.unwrap() + i)).collect()
+}
+
+#[test]
+fn hello_first_then_join_offsets_for_latest_earliest_and_offset() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0027), None);
+    for i in 0..3 {
+        sim.raw_send(p, s, publish_binary("orders", &[&format!("m{i}"), &format!("n{i}")], None, None), false);
+    }
+    sim.run();
+    for start in [None, Some(StartPosition::Earliest), Some(StartPosition::Offset(3))] {
+        sim.raw_send(p, s, subscribe("orders", start), false);
+    }
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let joins: Vec<_> = ms
+        .iter()
+        .map(|m| match m {
+            Message::Subscribed(x) => (x.start_offset, x.live_offset),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(joins, vec![(Some(6), Some(6)), (Some(0), Some(6)), (Some(3), Some(6))]);
+    let es = event_streams(&sim, p);
+    assert_eq!(es.len(), 3);
+    let replayed: Vec<Vec<u64>> = es
+        .iter()
+        .map(|e| {
+            let got = payloads(&sim.take_received(p, *e));
+            assert!(matches!(&got[0], Payload::Json(Decoded::Message(Message::EventStreamHello(_)))));
+            offsets_of(&event_batches(&got))
+        })
+        .collect();
+    assert_eq!(
+        replayed,
+        vec![vec![], vec![0, 1, 2, 3, 4, 5], vec![3, 4, 5]],
+        "resume inside a batch starts at the offset"
+    );
+}
+
+#[test]
+fn cursor_errors_name_what_is_available() {
+    let mut cfg = config();
+    cfg.default_stream.retention = Retention { max_records: Some(2), max_bytes: None, max_age: None };
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0027), None);
+    for i in 0..3 {
+        sim.raw_send(p, s, publish_binary("orders", &[&format!("m{i}")], None, None), false);
+    }
+    sim.run();
+    sim.raw_send(p, s, subscribe("orders", Some(StartPosition::Offset(0))), false);
+    sim.raw_send(p, s, subscribe("orders", Some(StartPosition::Offset(9))), false);
+    sim.raw_send(p, s, subscribe("orders", Some(StartPosition::Earliest)), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(
+        ms[0],
+        Message::SubscribeCursorError(message::SubscribeCursorError {
+            reason: CursorErrorReason::TooOld,
+            requested: 0,
+            available: 1
+        })
+    );
+    assert_eq!(
+        ms[1],
+        Message::SubscribeCursorError(message::SubscribeCursorError {
+            reason: CursorErrorReason::InFuture,
+            requested: 9,
+            available: 3
+        })
+    );
+    let Message::Subscribed(x) = &ms[2] else { panic!() };
+    assert_eq!(x.start_offset, Some(1), "earliest is the oldest retained, not 0");
+}
+
+#[test]
+fn replay_joins_live_delivery_without_gap_or_duplicate() {
+    let mut sim = Sim::new(config(), epoch());
+    let c = sim.connect(ClientConfig::new("t1", TOKEN));
+    sim.run();
+    let s0 = ClientStream(0);
+    let now = sim.now;
+    for i in 0..50 {
+        let req = PublishRequest::new("default", "orders", vec![Bytes::from(format!("pre{i}"))]);
+        sim.client(c).publish(s0, req, now).unwrap();
+    }
+    sim.run();
+    let sub = sim
+        .client(c)
+        .subscribe(
+            s0,
+            SubscribeRequest {
+                namespace: "default".into(),
+                stream: "orders".into(),
+                start: Some(StartPosition::Earliest),
+                shard: None,
+                queue_capacity: None,
+            },
+            now,
+        )
+        .unwrap();
+    // Publish more while the replay is being written (interleaved one step at a time).
+    for i in 0..50 {
+        let req = PublishRequest::new("default", "orders", vec![Bytes::from(format!("live{i}"))]);
+        sim.client(c).publish(s0, req, now).unwrap();
+        sim.run();
+    }
+    let ev = sim.take_events(c);
+    let mut offsets = Vec::new();
+    let mut payloads_seen = Vec::new();
+    for e in &ev {
+        if let ClientEvent::Events { sub: s, batch } = e {
+            assert_eq!(*s, sub);
+            for (i, p) in batch.records.payloads().enumerate() {
+                offsets.push(batch.base_offset.unwrap() + i as u64);
+                payloads_seen.push(p);
+            }
+        }
+    }
+    assert_eq!(offsets, (0..100).collect::<Vec<_>>());
+    assert_eq!(payloads_seen[50], Bytes::from("live0"));
+}
+
+#[test]
+fn one_encoding_per_batch_is_shared_by_every_subscriber_of_a_shape() {
+    let now = std::time::Instant::now();
+    let mut b = Broker::new(config(), WallClock::new(now, 0));
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let conn = b.connection_opened(now);
+        let s = StreamId(0);
+        b.handle_stream_data(conn, s, auth(Some(0x0027), None, None), false, now);
+        b.handle_stream_data(conn, s, subscribe("orders", None), false, now);
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::OpenUni { conn, token } = o {
+                b.handle_stream_opened(conn, token, StreamId(3), now);
+            }
+        }
+        subs.push(conn);
+    }
+    let publisher = b.connection_opened(now);
+    b.handle_stream_data(publisher, StreamId(0), auth(Some(0x0027), None, None), false, now);
+    while b.poll_output().is_some() {}
+    b.handle_stream_data(publisher, StreamId(0), publish_binary("orders", &["x", "y"], None, None), false, now);
+    let mut heads = Vec::new();
+    let mut writes = Vec::new();
+    while let Some(o) = b.poll_output() {
+        match o {
+            BrokerOutput::Transmit { conn, data, .. } if subs.contains(&conn) => heads.push(data),
+            BrokerOutput::Persist(w) => writes.push(w),
+            _ => {}
+        }
+    }
+    assert_eq!(writes.len(), 1);
+    b.handle_write_complete(writes[0].token, true, now);
+    while let Some(o) = b.poll_output() {
+        if let BrokerOutput::Transmit { conn, data, .. } = o
+            && subs.contains(&conn)
+        {
+            heads.push(data);
+        }
+    }
+    // Each subscriber got the head and the record block; all three share both buffers.
+    assert_eq!(heads.len(), 6);
+    for pair in heads.chunks(2) {
+        assert_eq!(pair[0].as_ptr(), heads[0].as_ptr(), "one encoded head for every subscriber");
+        assert_eq!(pair[1].as_ptr(), heads[1].as_ptr(), "one record block for every subscriber");
+    }
+    // And the block is the very bytes the publisher sent.
+    assert_eq!(writes[0].records.raw().as_ptr(), heads[1].as_ptr());
+}
+
+#[test]
+fn queue_capacity_is_clamped_and_echoed() {
+    let mut cfg = config();
+    cfg.subscriber_queue_capacity_max = 16;
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0027), Some(Features::SUBSCRIBE_QUEUE.0 as u32));
+    for q in [Some(0u32), Some(8), Some(1000), None] {
+        sim.raw_send(
+            p,
+            s,
+            json(&Message::Subscribe(message::Subscribe {
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "orders".into(),
+                subscription_id: None,
+                start: None,
+                shard: None,
+                queue_capacity: q,
+            })),
+            false,
+        );
+    }
+    sim.run();
+    let caps: Vec<_> = messages(&sim.take_received(p, s))
+        .into_iter()
+        .map(|m| match m {
+            Message::Subscribed(x) => x.queue_capacity,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(caps, vec![Some(1), Some(8), Some(16), None]);
+}
+
+#[test]
+fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
+    let mut cfg = config();
+    cfg.event_stream_inflight_bytes = 1024;
+    cfg.default_stream = StreamConfig { queue_capacity: 4, ..StreamConfig::default() };
+    let mut sim = Sim::new(cfg, epoch());
+    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
+    let (fast, fs, _) = raw_session(&mut sim, Some(0x0027), None);
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(slow, ss, subscribe("orders", None), false);
+    sim.raw_send(fast, fs, subscribe("orders", None), false);
+    sim.run();
+    sim.set_slow(slow, true);
+    let payload = "x".repeat(256);
+    for i in 0..200 {
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
+        sim.run();
+        // Bounded: at most `capacity` batches (plus the writer credit) are held for the slow one.
+        assert!(sim.broker.queued_event_bytes() <= 4 * 400, "{}", sim.broker.queued_event_bytes());
+    }
+    assert_eq!(acks(&payloads(&sim.take_received(p, s))).len(), 200, "every publish answered");
+    let fe = event_streams(&sim, fast)[0];
+    assert_eq!(offsets_of(&event_batches(&payloads(&sim.take_received(fast, fe)))), (0..200).collect::<Vec<_>>());
+    sim.set_slow(slow, false);
+    sim.run();
+    let se = event_streams(&sim, slow)[0];
+    let got = offsets_of(&event_batches(&payloads(&sim.take_received(slow, se))));
+    assert!(got.len() < 200 && got.windows(2).all(|w| w[0] < w[1]), "drops show as jumps, order kept: {got:?}");
+    assert!(sim.broker.stats().records_dropped > 0);
+}
+
+#[test]
+fn ephemeral_streams_have_no_offsets_and_no_history() {
+    let mut sim = Sim::new(ephemeral_config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    sim.raw_send(p, s, publish_binary("live", &["before"], None, None), false);
+    sim.raw_send(p, s, subscribe("live", Some(StartPosition::Earliest)), false);
+    sim.raw_send(p, s, subscribe("live", Some(StartPosition::Offset(0))), false);
+    sim.raw_send(p, s, publish_binary("live", &["after"], Some(1), None), false);
+    sim.run();
+    let got = payloads(&sim.take_received(p, s));
+    let Payload::Json(Decoded::Message(Message::Subscribed(x))) = &got[0] else { panic!("{got:?}") };
+    assert_eq!((x.start_offset, x.live_offset), (None, None));
+    assert!(matches!(&got[1], Payload::Json(Decoded::Message(Message::Error(_)))));
+    let e = event_streams(&sim, p)[0];
+    let batches = event_batches(&payloads(&sim.take_received(p, e)));
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].base_offset, None);
+    assert_eq!(batches[0].records.payloads().collect::<Vec<_>>(), vec![Bytes::from("after")]);
+    assert!(batches[0].publisher.is_some() && !batches[0].records.is_timed(), "publisher yes, timestamps never");
+    assert!(sim.writes.is_empty(), "nothing persisted");
+}
+
+#[test]
+fn unsubscribe_ends_delivery() {
+    let mut sim = Sim::new(config(), epoch());
+    let c = sim.connect(ClientConfig::new("t1", TOKEN));
+    sim.run();
+    let now = sim.now;
+    let req = SubscribeRequest {
+        namespace: "default".into(),
+        stream: "orders".into(),
+        start: None,
+        shard: None,
+        queue_capacity: None,
+    };
+    let sub = sim.client(c).subscribe(ClientStream(0), req, now).unwrap();
+    sim.run();
+    assert_eq!(sim.broker.subscription_count(), 1);
+    sim.client(c).unsubscribe(sub, now).unwrap();
+    sim.run();
+    assert_eq!(sim.broker.subscription_count(), 0);
+}
+
+#[test]
+fn client_sees_lagged_end_with_resume_point() {
+    let mut cfg = config();
+    cfg.event_stream_inflight_bytes = 1;
+    cfg.default_stream = StreamConfig { queue_capacity: 1, ..StreamConfig::default() };
+    let mut sim = Sim::new(cfg, epoch());
+    let c = sim.connect(ClientConfig::new("t1", TOKEN));
+    sim.run();
+    let now = sim.now;
+    let req = SubscribeRequest {
+        namespace: "default".into(),
+        stream: "orders".into(),
+        start: None,
+        shard: None,
+        queue_capacity: None,
+    };
+    let sub = sim.client(c).subscribe(ClientStream(0), req, now).unwrap();
+    sim.run();
+    sim.set_slow(c, true);
+    for i in 0..4 {
+        let req = PublishRequest::new("default", "orders", vec![Bytes::from(format!("m{i}"))]);
+        sim.client(c).publish(ClientStream(0), req, now).unwrap();
+        sim.run();
+    }
+    sim.set_slow(c, false);
+    sim.run();
+    let ev = sim.take_events(c);
+    let ended = ev.iter().find_map(|e| match e {
+        ClientEvent::SubscriptionEnded { sub: s, reason } if *s == sub => Some(reason.clone()),
+        _ => None,
+    });
+    assert_eq!(ended, Some(EndReason::Lagged { resume_from: 2 }));
+}
+
+#[test]
+fn cache_put_get_delete_ttl_and_answers() {
+    let mut sim = Sim::new(config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    let put = |key: &str, ttl: Option<u64>, rid: Option<u64>| {
+        json(&Message::CachePut(message::CachePut {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "primary".into(),
+            key: key.into(),
+            value: "v".into(),
+            request_id: rid,
+            ttl_ms: ttl,
+        }))
+    };
+    let get = |key: &str, rid: Option<u64>| {
+        json(&Message::CacheGet(message::CacheGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "primary".into(),
+            key: key.into(),
+            request_id: rid,
+        }))
+    };
+    sim.raw_send(p, s, put("a", None, Some(1)), false);
+    sim.raw_send(p, s, put("b", Some(100), None), false);
+    sim.raw_send(p, s, get("a", Some(2)), false);
+    sim.raw_send(p, s, get("b", None), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms[0], Message::CacheOk(message::CacheOk { request_id: 1 }));
+    assert_eq!(ms[1], Message::Ok(message::OkMsg {}), "a write without request_id gets plain ok");
+    let Message::CacheValue(v) = &ms[2] else { panic!() };
+    assert_eq!((v.value.as_ref().map(|b| b.0.clone()), v.request_id), (Some(Bytes::from("v")), Some(2)));
+    assert!(matches!(&ms[3], Message::CacheValue(v) if v.value.is_some() && v.request_id.is_none()));
+    sim.advance(Duration::from_millis(100));
+    sim.raw_send(p, s, get("b", Some(3)), false);
+    sim.raw_send(
+        p,
+        s,
+        json(&Message::CacheDelete(message::CacheDelete {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "primary".into(),
+            key: "a".into(),
+            request_id: Some(4),
+        })),
+        false,
+    );
+    sim.raw_send(p, s, get("a", Some(5)), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let values: Vec<_> = ms
+        .iter()
+        .map(|m| match m {
+            Message::CacheValue(v) => (v.request_id, v.value.as_ref().map(|b| b.0.clone())),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(values, vec![(Some(3), None), (Some(4), Some(Bytes::from("v"))), (Some(5), None)]);
+    // The JSON bytes of a miss carry value null, as every old client expects.
+    assert!(std::str::from_utf8(&json(&ms[0])).unwrap().contains("\"value\":null"));
+}
+
+#[test]
+fn cache_requests_pipeline_over_several_streams() {
+    let mut sim = Sim::new(config(), epoch());
+    let c = sim.connect(ClientConfig::new("t1", TOKEN));
+    sim.run();
+    let now = sim.now;
+    let streams: Vec<ClientStream> = (0..3).map(|_| sim.client(c).open_stream(now)).collect();
+    sim.run();
+    let mut want = Vec::new();
+    for (i, s) in streams.iter().enumerate() {
+        for j in 0..10 {
+            let key = format!("k{i}-{j}");
+            sim.client(c).cache_put(*s, "default", "c", &key, Bytes::from(key.clone()), None).unwrap();
+            let rid = sim.client(c).cache_get(*s, "default", "c", &key).unwrap();
+            want.push((rid, key));
+        }
+    }
+    sim.run();
+    let ev = sim.take_events(c);
+    for (rid, key) in want {
+        assert!(ev.contains(&ClientEvent::CacheValue { request_id: rid, value: Some(Bytes::from(key)) }));
+    }
+}
+
+#[test]
+fn configured_multi_shard_stream_reports_its_width() {
+    let mut cfg = config();
+    cfg.streams.push(StreamSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "wide".into(),
+        config: StreamConfig { shards: 4, ..StreamConfig::default() },
+    });
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(
+        p,
+        s,
+        json(&Message::StreamShards(message::StreamShards {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "wide".into(),
+            request_id: 7,
+        })),
+        false,
+    );
+    sim.run();
+    assert_eq!(
+        messages(&sim.take_received(p, s))[0],
+        Message::StreamShardsView(message::StreamShardsView { shards: 4, request_id: 7, routing: None })
+    );
+}
