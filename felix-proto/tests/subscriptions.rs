@@ -141,7 +141,7 @@ fn replay_joins_live_delivery_without_gap_or_duplicate() {
 
 #[test]
 fn one_encoding_per_batch_is_shared_by_every_subscriber_of_a_shape() {
-    let now = std::time::Instant::now();
+    let now = epoch();
     let mut b = Broker::new(config(), WallClock::new(now, 0));
     let mut subs = Vec::new();
     for _ in 0..3 {
