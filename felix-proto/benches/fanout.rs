@@ -94,11 +94,9 @@ impl Bench {
         loop {
             while let Some(o) = self.broker.poll_output() {
                 match o {
-                    BrokerOutput::Transmit { conn, stream, data } => {
-                        if stream.0 & 3 == 3 {
-                            delivered += data.len();
-                            *self.credit.entry((conn, stream)).or_default() += data.len();
-                        }
+                    BrokerOutput::Transmit { conn, stream, data } if stream.0 & 3 == 3 => {
+                        delivered += data.len();
+                        *self.credit.entry((conn, stream)).or_default() += data.len();
                     }
                     BrokerOutput::OpenUni { conn, token } => {
                         self.broker.handle_stream_opened(conn, token, StreamId(3), self.now);
