@@ -1,2 +1,17 @@
-//! felix-driver-tokio: moves bytes and time between quinn/tokio and the `felix-proto` state
-//! machines. It makes no protocol decision.
+//! felix-driver-tokio: runs the `felix-proto` state machines over QUIC (quinn, TLS 1.3 via
+//! rustls) on tokio, with durable streams on disk.
+//!
+//! The driver makes no protocol decision. It moves bytes between QUIC streams and the state
+//! machines, turns their outputs into writes, stream opens, flow-control pauses and disk
+//! appends, and passes tokio's clock in as `now`.
+
+mod alpn;
+pub mod client;
+pub mod server;
+pub mod storage;
+pub mod tls;
+
+pub use client::{Client, ClientError, ClientOptions, PublishOptions, Subscription, SubscriptionItem};
+pub use server::{Server, ServerError, ServerOptions, TransportTuning};
+pub use storage::FsyncPolicy;
+pub use tls::{Identity, Trust};

@@ -35,6 +35,7 @@ pub mod routing;
 #[doc(hidden)]
 pub mod samples;
 pub mod sim;
+pub mod storage;
 
 pub use binary::{EventBatch, PublishAck, PublishBatch, Records};
 pub use error_code::{ErrorCode, RetryClass};

@@ -209,6 +209,38 @@ impl ShardLog {
         }
     }
 
+    /// Restores a batch read back from storage at start: it is committed as it stands. Batches
+    /// must come in offset order; the first one sets where the log starts.
+    pub fn restore(&mut self, b: crate::storage::StoredBatch, now: Instant) {
+        if self.committed.is_empty() && self.pending.is_empty() && self.records == 0 {
+            self.start = b.base_offset;
+            self.next_offset = b.base_offset;
+        }
+        if b.base_offset < self.next_offset {
+            return; // already have it
+        }
+        let skipped_before = if b.generation_start { 0 } else { std::mem::take(&mut self.skip_next) };
+        if b.generation_start {
+            self.skip_next += 1;
+        }
+        let batch = LogBatch {
+            base: b.base_offset,
+            records: b.records,
+            timestamp_micros: b.timestamp_micros,
+            publisher: b.publisher,
+            skipped_before,
+            appended_at: now,
+            generation_start: b.generation_start,
+            encoded: Vec::new(),
+        };
+        self.next_offset = batch.end();
+        if !batch.generation_start {
+            self.records += batch.count();
+            self.bytes += batch.records.payload_bytes() as u64;
+        }
+        self.committed.push_back(batch);
+    }
+
     /// Appends a generation-start record: it takes one offset and is never delivered.
     pub fn append_generation_start(&mut self, now: Instant, token: WriteToken) -> u64 {
         let base = self.next_offset;

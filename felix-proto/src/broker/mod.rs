@@ -140,6 +140,8 @@ pub struct PersistRequest {
     pub publisher: Option<Bytes>,
     /// A generation-start record (one offset, never delivered).
     pub generation_start: bool,
+    /// How many shards the stream has (for the storage layer's metadata).
+    pub stream_shards: u32,
 }
 
 /// Counters, for metrics and tests.
@@ -1128,6 +1130,7 @@ impl Broker {
         let token = WriteToken(self.next_write);
         self.next_write += 1;
         let entry = self.streams.get_mut(&k).expect("routed stream exists");
+        let entry_shards = entry.shards.len() as u32;
         let records = req.records.clone();
         let (base, _) = entry.shards[shard as usize].log.append(req.records, ts, publisher.clone(), now, Some(token));
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
@@ -1141,6 +1144,7 @@ impl Broker {
             timestamp_micros: ts,
             publisher,
             generation_start: false,
+            stream_shards: entry_shards,
         }));
         let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new() };
         if !matches!(reply, Reply::None) {
@@ -1253,6 +1257,7 @@ impl Broker {
         }
         let token = WriteToken(self.next_write);
         self.next_write += 1;
+        let stream_shards = entry.shards.len() as u32;
         let s = entry.shards.get_mut(shard as usize)?;
         let base = s.log.append_generation_start(now, token);
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
@@ -1266,6 +1271,7 @@ impl Broker {
             timestamp_micros: self.wall.micros(now),
             publisher: None,
             generation_start: true,
+            stream_shards,
         }));
         self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new() });
         Some(base)
@@ -1538,6 +1544,34 @@ impl Broker {
 
     // -----------------------------------------------------------------------------------------
     // Operator actions
+
+    /// Restores a durable shard from what storage recovered at start. `name` is
+    /// `(tenant, namespace, stream)`. Creates the stream (with `config`) if it does not exist yet.
+    /// Call before accepting connections.
+    pub fn restore_shard(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        config: StreamConfig,
+        shard: u32,
+        batches: Vec<crate::storage::StoredBatch>,
+        now: Instant,
+    ) {
+        let now = self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        if !self.streams.contains_key(&k) {
+            self.create_stream(k.clone(), config);
+        }
+        let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        for b in batches {
+            s.log.restore(b, now);
+        }
+        s.log.enforce_retention(now);
+    }
+
+    /// Every stream with its configuration.
+    pub fn streams(&self) -> impl Iterator<Item = (&str, &str, &str, &StreamConfig)> {
+        self.streams.iter().map(|((t, n, s), e)| (t.as_str(), n.as_str(), s.as_str(), &e.config))
+    }
 
     /// Deletes a stream. Its subscriptions end after delivering what they have queued, with
     /// `stream_deleted` for clients that read it.

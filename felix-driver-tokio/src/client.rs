@@ -1,0 +1,666 @@
+//! The client over QUIC: an async API around the `ClientConnection` state machine.
+//!
+//! One task owns the state machine and the QUIC connection. [`Client`] methods send it commands
+//! and await the answer; acked publishes may be many at once (they are pipelined under the
+//! broker's window, queued here while the window is full).
+
+use crate::tls::{TlsError, Trust, client_config};
+use bytes::Bytes;
+use felix_proto::binary::EventBatch;
+use felix_proto::client::{
+    ClientConfig, ClientConnection, ClientEvent, ClientOutput, ClientStream, CommandError, EndReason, ErrorInfo,
+    PublishId, PublishRequest, SubscribeRequest,
+};
+use felix_proto::error_code::{ErrorCode, RetryClass};
+use felix_proto::io::{Dir, OpenToken, Side, StreamId};
+use felix_proto::message::StartPosition;
+use felix_proto::negotiate::Negotiated;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// How to reach and authenticate to a broker.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// What to offer and how to authenticate.
+    pub config: ClientConfig,
+    /// How to trust the broker's certificate.
+    pub trust: Trust,
+    /// The name the certificate must hold (existing Felix peers use `localhost`).
+    pub server_name: String,
+    /// Offer ALPN `felix/1` (turn off to look like a client that predates it).
+    pub offer_alpn: bool,
+    /// QUIC settings.
+    pub transport: crate::server::TransportTuning,
+}
+
+impl ClientOptions {
+    /// Options for `tenant` with `token`, trusting `trust`.
+    pub fn new(tenant: impl Into<String>, token: impl Into<String>, trust: Trust) -> ClientOptions {
+        ClientOptions {
+            config: ClientConfig::new(tenant, token),
+            trust,
+            server_name: "localhost".into(),
+            offer_alpn: true,
+            transport: crate::server::TransportTuning::default(),
+        }
+    }
+}
+
+/// Why a client operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// Could not connect (address, handshake, certificate).
+    #[error("connecting: {0}")]
+    Connect(String),
+    /// TLS setup failed.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The broker refused the request.
+    #[error("{}{}", .0.message, .0.code.as_ref().map(|c| format!(" ({c})")).unwrap_or_default())]
+    Refused(ErrorInfo),
+    /// The broker does not offer what the request needs.
+    #[error("the broker does not support this: {0}")]
+    Unsupported(String),
+    /// The connection is gone.
+    #[error("connection closed: {0}")]
+    Closed(String),
+}
+
+impl ClientError {
+    /// The protocol error code, when the broker sent one.
+    pub fn code(&self) -> Option<&ErrorCode> {
+        match self {
+            ClientError::Refused(e) => e.code.as_ref(),
+            _ => None,
+        }
+    }
+    /// The retry class, when the broker sent one.
+    pub fn retry(&self) -> Option<RetryClass> {
+        match self {
+            ClientError::Refused(e) => e.retry,
+            _ => None,
+        }
+    }
+}
+
+impl From<TlsError> for ClientError {
+    fn from(e: TlsError) -> ClientError {
+        ClientError::Tls(e.to_string())
+    }
+}
+
+/// A publish's options.
+#[derive(Debug, Clone, Default)]
+pub struct PublishOptions {
+    /// Routing key.
+    pub key: Option<Bytes>,
+    /// Wait for the broker's acknowledgement.
+    pub ack: bool,
+    /// Use the JSON encoding even when binary is available.
+    pub json: bool,
+}
+
+/// What a subscription yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubscriptionItem {
+    /// A batch of events.
+    Events(EventBatch),
+    /// The subscription ended.
+    End(EndReason),
+}
+
+/// A live subscription.
+#[derive(Debug)]
+pub struct Subscription {
+    /// Its id.
+    pub id: u64,
+    /// First offset it delivers (durable streams, offsets negotiated).
+    pub start_offset: Option<u64>,
+    /// Tail at join.
+    pub live_offset: Option<u64>,
+    rx: mpsc::UnboundedReceiver<SubscriptionItem>,
+}
+
+impl Subscription {
+    /// The next batch or the end; `None` once the connection is gone.
+    pub async fn next(&mut self) -> Option<SubscriptionItem> {
+        self.rx.recv().await
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
+
+enum Cmd {
+    Publish { req: PublishRequest, reply: Reply<Option<u64>> },
+    Subscribe { req: SubscribeRequest, reply: Reply<Subscription> },
+    CachePut { ns: String, cache: String, key: String, value: Bytes, ttl: Option<u64>, reply: Reply<()> },
+    CacheGet { ns: String, cache: String, key: String, reply: Reply<Option<Bytes>> },
+    CacheDelete { ns: String, cache: String, key: String, reply: Reply<Option<Bytes>> },
+}
+
+enum Input {
+    Cmd(Cmd),
+    OpenedBi { token: OpenToken, send: quinn::SendStream, recv: quinn::RecvStream },
+    IncomingUni(quinn::RecvStream),
+    Data { stream: StreamId, data: Bytes, fin: bool },
+    Closed(String),
+}
+
+/// A connection to a broker.
+#[derive(Debug, Clone)]
+pub struct Client {
+    tx: mpsc::UnboundedSender<Input>,
+    negotiated: Negotiated,
+    closed: watch::Receiver<Option<String>>,
+    quic: quinn::Connection,
+}
+
+fn our_id(id: quinn::StreamId) -> StreamId {
+    let side = match id.initiator() {
+        quinn::Side::Client => Side::Client,
+        quinn::Side::Server => Side::Broker,
+    };
+    let dir = match id.dir() {
+        quinn::Dir::Bi => Dir::Bi,
+        quinn::Dir::Uni => Dir::Uni,
+    };
+    StreamId::new(side, dir, id.index())
+}
+
+impl Client {
+    /// Connects and authenticates.
+    ///
+    /// # Errors
+    /// Connection, TLS or authentication failures, each with what the broker said.
+    pub async fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<Client, ClientError> {
+        let tls = client_config(opts.trust.clone(), opts.offer_alpn)?;
+        let crypto =
+            quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| ClientError::Tls(e.to_string()))?;
+        let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
+        qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
+        let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("valid literal");
+        let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| ClientError::Connect(e.to_string()))?;
+        endpoint.set_default_client_config(qcfg);
+        let quic = endpoint
+            .connect(addr, &opts.server_name)
+            .map_err(|e| ClientError::Connect(e.to_string()))?
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let now = tokio::time::Instant::now().into_std();
+        let machine = ClientConnection::new(opts.config, now);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (closed_tx, closed_rx) = watch::channel(None);
+        let task = Task {
+            machine,
+            quic: quic.clone(),
+            tx: tx.clone(),
+            writers: HashMap::new(),
+            gates: HashMap::new(),
+            ready: Some(ready_tx),
+            publishes: HashMap::new(),
+            waiting: VecDeque::new(),
+            subs: HashMap::new(),
+            sub_replies: HashMap::new(),
+            cache: HashMap::new(),
+            closed: closed_tx,
+            _endpoint: endpoint,
+        };
+        tokio::spawn(accept_uni(quic.clone(), tx.clone()));
+        tokio::spawn(task.run(rx));
+        let negotiated = ready_rx.await.map_err(|_| ClientError::Closed("connection task ended".into()))??;
+        Ok(Client { tx, negotiated, closed: closed_rx, quic })
+    }
+
+    /// What was negotiated with the broker.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Input::Cmd(make(reply))).map_err(|_| self.closed_error())?;
+        rx.await.map_err(|_| self.closed_error())?
+    }
+
+    fn closed_error(&self) -> ClientError {
+        ClientError::Closed(self.closed.borrow().clone().unwrap_or_else(|| "connection task ended".into()))
+    }
+
+    /// Publishes a batch. With `ack`, waits for the broker and returns the first record's
+    /// offset when the broker gave one; without, returns once the batch is handed to QUIC.
+    ///
+    /// # Errors
+    /// The broker's refusal (with code and retry class), or a closed connection.
+    pub async fn publish(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        opts: PublishOptions,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut req = PublishRequest::new(namespace, stream, payloads);
+        req.key = opts.key;
+        req.ack = opts.ack;
+        req.json = opts.json;
+        self.call(|reply| Cmd::Publish { req, reply }).await
+    }
+
+    /// Subscribes to one shard of a stream.
+    ///
+    /// # Errors
+    /// The broker's refusal (a cursor error names what is available), or a closed connection.
+    pub async fn subscribe(
+        &self,
+        namespace: &str,
+        stream: &str,
+        start: Option<StartPosition>,
+        shard: Option<u32>,
+    ) -> Result<Subscription, ClientError> {
+        let req =
+            SubscribeRequest { namespace: namespace.into(), stream: stream.into(), start, shard, queue_capacity: None };
+        self.call(|reply| Cmd::Subscribe { req, reply }).await
+    }
+
+    /// Stores a value (with an optional TTL in milliseconds).
+    ///
+    /// # Errors
+    /// The broker's refusal, or a closed connection.
+    pub async fn cache_put(
+        &self,
+        ns: &str,
+        cache: &str,
+        key: &str,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::CachePut { ns, cache, key, value, ttl: ttl_ms, reply }).await
+    }
+
+    /// Reads a value; `None` on a miss or after expiry.
+    ///
+    /// # Errors
+    /// The broker's refusal, or a closed connection.
+    pub async fn cache_get(&self, ns: &str, cache: &str, key: &str) -> Result<Option<Bytes>, ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::CacheGet { ns, cache, key, reply }).await
+    }
+
+    /// Deletes a value, returning what was removed.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_CACHE_DELETE.
+    pub async fn cache_delete(&self, ns: &str, cache: &str, key: &str) -> Result<Option<Bytes>, ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::CacheDelete { ns, cache, key, reply }).await
+    }
+
+    /// Closes the connection.
+    pub fn close(&self) {
+        self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
+    }
+}
+
+async fn accept_uni(quic: quinn::Connection, tx: mpsc::UnboundedSender<Input>) {
+    loop {
+        match quic.accept_uni().await {
+            Ok(recv) => {
+                if tx.send(Input::IncomingUni(recv)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Input::Closed(e.to_string()));
+                return;
+            }
+        }
+    }
+}
+
+async fn reader(
+    stream: StreamId,
+    mut recv: quinn::RecvStream,
+    mut stop: watch::Receiver<bool>,
+    tx: mpsc::UnboundedSender<Input>,
+) {
+    loop {
+        tokio::select! {
+            r = recv.read_chunk(256 * 1024, true) => match r {
+                Ok(Some(c)) => { if tx.send(Input::Data { stream, data: c.bytes, fin: false }).is_err() { return } }
+                Ok(None) => { let _ = tx.send(Input::Data { stream, data: Bytes::new(), fin: true }); return }
+                Err(_) => { let _ = tx.send(Input::Data { stream, data: Bytes::new(), fin: true }); return }
+            },
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    let _ = recv.stop(quinn::VarInt::from_u32(felix_proto::io::close_code::STREAM_CLOSED as u32));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+enum WriterCmd {
+    Data(Bytes),
+    Finish,
+}
+
+async fn writer(mut send: quinn::SendStream, mut rx: mpsc::UnboundedReceiver<WriterCmd>) {
+    let mut chunks = Vec::new();
+    while let Some(cmd) = rx.recv().await {
+        let mut finish = matches!(cmd, WriterCmd::Finish);
+        if let WriterCmd::Data(b) = cmd {
+            chunks.push(b);
+        }
+        while !finish {
+            match rx.try_recv() {
+                Ok(WriterCmd::Data(b)) => chunks.push(b),
+                Ok(WriterCmd::Finish) => finish = true,
+                Err(_) => break,
+            }
+        }
+        if !chunks.is_empty() {
+            if send.write_all_chunks(&mut chunks).await.is_err() {
+                return;
+            }
+            chunks.clear();
+        }
+        if finish {
+            let _ = send.finish();
+            return;
+        }
+    }
+}
+
+struct Task {
+    machine: ClientConnection,
+    quic: quinn::Connection,
+    tx: mpsc::UnboundedSender<Input>,
+    writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
+    gates: HashMap<StreamId, watch::Sender<bool>>,
+    ready: Option<oneshot::Sender<Result<Negotiated, ClientError>>>,
+    publishes: HashMap<PublishId, Reply<Option<u64>>>,
+    waiting: VecDeque<(PublishRequest, Reply<Option<u64>>)>,
+    subs: HashMap<u64, mpsc::UnboundedSender<SubscriptionItem>>,
+    sub_replies: HashMap<u64, Reply<Subscription>>,
+    cache: HashMap<u64, CacheReply>,
+    closed: watch::Sender<Option<String>>,
+    _endpoint: quinn::Endpoint,
+}
+
+enum CacheReply {
+    Done(Reply<()>),
+    Value(Reply<Option<Bytes>>),
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn command_error(e: CommandError) -> ClientError {
+    match e {
+        CommandError::NotNegotiated(what) => ClientError::Unsupported(what.into()),
+        other => ClientError::Closed(other.to_string()),
+    }
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
+        let mut reason = String::from("connection task ended");
+        loop {
+            self.drain();
+            let Some(input) = rx.recv().await else { break };
+            if let Input::Closed(why) = &input {
+                reason = why.clone();
+                break;
+            }
+            self.handle(input);
+            for _ in 0..256 {
+                match rx.try_recv() {
+                    Ok(Input::Closed(why)) => {
+                        reason = why;
+                        self.fail_all(&reason);
+                        let _ = self.closed.send(Some(reason));
+                        return;
+                    }
+                    Ok(i) => self.handle(i),
+                    Err(_) => break,
+                }
+            }
+        }
+        self.fail_all(&reason);
+        let _ = self.closed.send(Some(reason));
+    }
+
+    fn fail_all(&mut self, reason: &str) {
+        let err = || ClientError::Closed(reason.to_owned());
+        if let Some(r) = self.ready.take() {
+            let _ = r.send(Err(ClientError::Connect(reason.to_owned())));
+        }
+        for (_, r) in self.publishes.drain() {
+            let _ = r.send(Err(err()));
+        }
+        for (_, r) in self.waiting.drain(..) {
+            let _ = r.send(Err(err()));
+        }
+        for (_, r) in self.sub_replies.drain() {
+            let _ = r.send(Err(err()));
+        }
+        for (_, r) in self.cache.drain() {
+            match r {
+                CacheReply::Done(r) => drop(r.send(Err(err()))),
+                CacheReply::Value(r) => drop(r.send(Err(err()))),
+            }
+        }
+        self.subs.clear();
+    }
+
+    fn try_publish(&mut self, req: PublishRequest, reply: Reply<Option<u64>>) {
+        let ack = req.ack;
+        match self.machine.publish(ClientStream(0), req.clone(), now()) {
+            Ok(id) if ack => {
+                self.publishes.insert(id, reply);
+            }
+            Ok(_) => {
+                let _ = reply.send(Ok(None));
+            }
+            Err(CommandError::WindowFull) => self.waiting.push_back((req, reply)),
+            Err(e) => {
+                let _ = reply.send(Err(command_error(e)));
+            }
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        let now = now();
+        match input {
+            Input::Cmd(Cmd::Publish { req, reply }) => {
+                if self.waiting.is_empty() {
+                    self.try_publish(req, reply);
+                } else {
+                    self.waiting.push_back((req, reply));
+                }
+            }
+            Input::Cmd(Cmd::Subscribe { req, reply }) => match self.machine.subscribe(ClientStream(0), req, now) {
+                Ok(id) => {
+                    self.sub_replies.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(command_error(e)));
+                }
+            },
+            Input::Cmd(Cmd::CachePut { ns, cache, key, value, ttl, reply }) => {
+                match self.machine.cache_put(ClientStream(0), &ns, &cache, &key, value, ttl) {
+                    Ok(id) => {
+                        self.cache.insert(id, CacheReply::Done(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::Cmd(Cmd::CacheGet { ns, cache, key, reply }) => {
+                match self.machine.cache_get(ClientStream(0), &ns, &cache, &key) {
+                    Ok(id) => {
+                        self.cache.insert(id, CacheReply::Value(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::Cmd(Cmd::CacheDelete { ns, cache, key, reply }) => {
+                match self.machine.cache_delete(ClientStream(0), &ns, &cache, &key) {
+                    Ok(id) => {
+                        self.cache.insert(id, CacheReply::Value(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::OpenedBi { token, send, recv } => {
+                let id = our_id(send.id());
+                let (wtx, wrx) = mpsc::unbounded_channel();
+                self.writers.insert(id, wtx);
+                tokio::spawn(writer(send, wrx));
+                let (gtx, grx) = watch::channel(false);
+                self.gates.insert(id, gtx);
+                tokio::spawn(reader(id, recv, grx, self.tx.clone()));
+                self.machine.handle_stream_opened(token, id, now);
+            }
+            Input::IncomingUni(recv) => {
+                let id = our_id(recv.id());
+                let (gtx, grx) = watch::channel(false);
+                self.gates.insert(id, gtx);
+                tokio::spawn(reader(id, recv, grx, self.tx.clone()));
+            }
+            Input::Data { stream, data, fin } => self.machine.handle_stream_data(stream, data, fin, now),
+            Input::Closed(_) => {}
+        }
+    }
+
+    fn drain(&mut self) {
+        loop {
+            let mut progress = false;
+            while let Some(o) = self.machine.poll_output() {
+                progress = true;
+                match o {
+                    ClientOutput::OpenBi { token } => {
+                        let quic = self.quic.clone();
+                        let tx = self.tx.clone();
+                        tokio::spawn(async move {
+                            match quic.open_bi().await {
+                                Ok((send, recv)) => drop(tx.send(Input::OpenedBi { token, send, recv })),
+                                Err(e) => drop(tx.send(Input::Closed(e.to_string()))),
+                            }
+                        });
+                    }
+                    ClientOutput::Transmit { stream, data } => {
+                        if let Some(w) = self.writers.get(&stream) {
+                            let _ = w.send(WriterCmd::Data(data));
+                        }
+                    }
+                    ClientOutput::Finish { stream } => {
+                        if let Some(w) = self.writers.remove(&stream) {
+                            let _ = w.send(WriterCmd::Finish);
+                        }
+                    }
+                    ClientOutput::StopSending { stream, .. } => {
+                        if let Some(g) = self.gates.remove(&stream) {
+                            let _ = g.send(true);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            while let Some(e) = self.machine.poll_event() {
+                progress = true;
+                self.event(e);
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    fn event(&mut self, e: ClientEvent) {
+        match e {
+            ClientEvent::Connected { stream: ClientStream(0), negotiated } => {
+                if let Some(r) = self.ready.take() {
+                    let _ = r.send(Ok(negotiated));
+                }
+            }
+            ClientEvent::AuthFailed { error, .. } => {
+                if let Some(r) = self.ready.take() {
+                    let _ = r.send(Err(ClientError::Refused(error)));
+                }
+            }
+            ClientEvent::PublishAcked { id, offset, .. } => {
+                if let Some(r) = self.publishes.remove(&id) {
+                    let _ = r.send(Ok(offset));
+                }
+            }
+            ClientEvent::PublishFailed { id, error } => {
+                if let Some(r) = self.publishes.remove(&id) {
+                    let _ = r.send(Err(ClientError::Refused(error)));
+                }
+            }
+            ClientEvent::PublishWindowOpen { .. } => {
+                let waiting: Vec<_> = self.waiting.drain(..).collect();
+                for (req, reply) in waiting {
+                    if self.waiting.is_empty() {
+                        self.try_publish(req, reply);
+                    } else {
+                        self.waiting.push_back((req, reply));
+                    }
+                }
+            }
+            ClientEvent::Subscribed { sub, start_offset, live_offset, .. } => {
+                if let Some(r) = self.sub_replies.remove(&sub) {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    self.subs.insert(sub, tx);
+                    let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
+                }
+            }
+            ClientEvent::SubscribeFailed { sub, error, .. } => {
+                if let Some(r) = self.sub_replies.remove(&sub) {
+                    let _ = r.send(Err(ClientError::Refused(error)));
+                }
+            }
+            ClientEvent::Events { sub, batch } => {
+                if let Some(tx) = self.subs.get(&sub) {
+                    let _ = tx.send(SubscriptionItem::Events(batch));
+                }
+            }
+            ClientEvent::SubscriptionEnded { sub, reason } => {
+                if let Some(tx) = self.subs.remove(&sub) {
+                    let _ = tx.send(SubscriptionItem::End(reason));
+                }
+            }
+            ClientEvent::CacheValue { request_id, value } => match self.cache.remove(&request_id) {
+                Some(CacheReply::Value(r)) => drop(r.send(Ok(value))),
+                Some(CacheReply::Done(r)) => drop(r.send(Ok(()))),
+                None => {}
+            },
+            ClientEvent::CacheOk { request_id } => {
+                if let Some(CacheReply::Done(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok(()));
+                }
+            }
+            ClientEvent::Error { error, .. } => {
+                // An error no request claims: cache requests carry ids, so the oldest pending
+                // cache request is the only candidate.
+                if let Some(id) = self.cache.keys().min().copied() {
+                    match self.cache.remove(&id) {
+                        Some(CacheReply::Done(r)) => drop(r.send(Err(ClientError::Refused(error)))),
+                        Some(CacheReply::Value(r)) => drop(r.send(Err(ClientError::Refused(error)))),
+                        None => {}
+                    }
+                } else {
+                    tracing::warn!("broker error: {}", error.message);
+                }
+            }
+            ClientEvent::ProtocolError { reason } => tracing::warn!("protocol error from broker: {reason}"),
+            other => tracing::debug!("client event: {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,563 @@
+//! The broker over QUIC.
+//!
+//! One task owns the [`Broker`] state machine and is the only place protocol decisions are
+//! taken. Around it:
+//! * an accept task per connection turns new QUIC streams into inputs;
+//! * a reader task per client stream forwards `read_chunk` results (cancel-safe) and can be
+//!   paused (a full publish window: QUIC flow control then slows the client) or stopped;
+//! * a writer task per stream writes what the broker transmits (writes are not cancel-safe, so
+//!   they never sit in a `select!`), and reports flushed bytes for event streams;
+//! * a storage thread appends durable records and reports each write.
+//!
+//! No task ever waits on an acknowledgement-driven event (`SendStream::stopped()`): finishing a
+//! stream is fire-and-forget.
+
+use crate::storage::{DiskStorage, FsyncPolicy, RecoveredShard};
+use crate::tls::{Identity, TlsError, server_config};
+use bytes::Bytes;
+use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest};
+use felix_proto::io::{ConnId, Dir, OpenToken, Side, StreamId, WallClock, WriteToken, close_code};
+use quinn::VarInt;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// QUIC transport settings, tuned for throughput on a LAN/loopback by default.
+#[derive(Debug, Clone)]
+pub struct TransportTuning {
+    /// Concurrent bidirectional streams a peer may open.
+    pub max_bi_streams: u32,
+    /// Concurrent unidirectional streams a peer may open.
+    pub max_uni_streams: u32,
+    /// Per-stream receive window, bytes.
+    pub stream_receive_window: u32,
+    /// Per-connection receive window, bytes.
+    pub receive_window: u32,
+    /// Per-connection send window, bytes.
+    pub send_window: u64,
+    /// Idle timeout.
+    pub idle_timeout: Duration,
+    /// Keep-alive interval (below the idle timeout).
+    pub keep_alive: Duration,
+    /// Whether to probe for a larger MTU (helps bulk throughput on real networks).
+    pub mtu_discovery: bool,
+}
+
+impl Default for TransportTuning {
+    fn default() -> Self {
+        TransportTuning {
+            max_bi_streams: 1024,
+            max_uni_streams: 1024,
+            stream_receive_window: 8 << 20,
+            receive_window: 32 << 20,
+            send_window: 32 << 20,
+            idle_timeout: Duration::from_secs(30),
+            keep_alive: Duration::from_secs(5),
+            mtu_discovery: true,
+        }
+    }
+}
+
+impl TransportTuning {
+    /// The quinn transport configuration.
+    pub fn to_quinn(&self) -> quinn::TransportConfig {
+        let mut t = quinn::TransportConfig::default();
+        t.max_concurrent_bidi_streams(VarInt::from_u32(self.max_bi_streams));
+        t.max_concurrent_uni_streams(VarInt::from_u32(self.max_uni_streams));
+        t.stream_receive_window(VarInt::from_u32(self.stream_receive_window));
+        t.receive_window(VarInt::from_u32(self.receive_window));
+        t.send_window(self.send_window);
+        if let Ok(idle) = quinn::IdleTimeout::try_from(self.idle_timeout) {
+            t.max_idle_timeout(Some(idle));
+        }
+        t.keep_alive_interval(Some(self.keep_alive));
+        if !self.mtu_discovery {
+            t.mtu_discovery_config(None);
+        }
+        t
+    }
+}
+
+/// Everything a broker needs to start.
+#[derive(Debug)]
+pub struct ServerOptions {
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// The protocol configuration.
+    pub broker: BrokerConfig,
+    /// TLS certificate and key.
+    pub identity: Identity,
+    /// Where durable streams live; `None` keeps durable streams in memory only.
+    pub data_dir: Option<PathBuf>,
+    /// When appends are forced to disk.
+    pub fsync: FsyncPolicy,
+    /// QUIC settings.
+    pub transport: TransportTuning,
+    /// Refuse clients that offer no ALPN (by default they are accepted, as existing clients
+    /// offer none).
+    pub require_alpn: bool,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// TLS setup failed.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Binding the socket or opening storage failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running broker.
+#[derive(Debug)]
+pub struct Server {
+    local_addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+    /// What storage repaired at start (torn or corrupt tails).
+    pub repairs: Vec<String>,
+    /// Records recovered at start.
+    pub recovered_records: u64,
+}
+
+impl Server {
+    /// The address the broker listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, flushes storage, and closes every connection with code 0.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.await;
+        }
+    }
+
+    /// Starts a broker: recovers storage, binds, and serves until [`shutdown`](Self::shutdown).
+    ///
+    /// # Errors
+    /// TLS, socket or storage failures.
+    pub async fn start(opts: ServerOptions) -> Result<Server, ServerError> {
+        let quic = |tls: rustls::ServerConfig| {
+            quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+                .map(Arc::new)
+                .map_err(|e| ServerError::Tls(TlsError::Generate(e.to_string())))
+        };
+        let tls = server_config(opts.identity)?;
+        let with_alpn = quic(tls.clone())?;
+        let mut qcfg = if opts.require_alpn {
+            quinn::ServerConfig::with_crypto(with_alpn)
+        } else {
+            let mut bare = tls;
+            bare.alpn_protocols.clear();
+            let without_alpn = quic(bare)?;
+            quinn::ServerConfig::with_crypto(Arc::new(crate::alpn::AlpnOptional { with_alpn, without_alpn }))
+        };
+        qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
+        let endpoint = quinn::Endpoint::server(qcfg, opts.listen)?;
+        let local_addr = endpoint.local_addr()?;
+
+        let now = tokio::time::Instant::now().into_std();
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let default_stream = opts.broker.default_stream.clone();
+        let mut broker = Broker::new(opts.broker, WallClock::new(now, unix));
+
+        let mut repairs = Vec::new();
+        let mut recovered_records = 0;
+        let storage = match &opts.data_dir {
+            Some(dir) => {
+                let mut disk = DiskStorage::open(dir, opts.fsync)?;
+                let shards: Vec<RecoveredShard> = disk.recover()?;
+                for s in shards {
+                    repairs.extend(s.repairs);
+                    recovered_records +=
+                        s.batches.iter().filter(|b| !b.generation_start).map(|b| b.count()).sum::<u64>();
+                    let mut cfg = default_stream.clone();
+                    cfg.durable = true;
+                    cfg.shards = s.stream_shards.max(1);
+                    broker.restore_shard((&s.tenant_id, &s.namespace, &s.stream), cfg, s.shard, s.batches, now);
+                }
+                Some(disk)
+            }
+            None => None,
+        };
+
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stx, srx) = std::sync::mpsc::channel::<StorageCmd>();
+        let storage_thread = {
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name("felix-storage".into())
+                .spawn(move || storage_loop(storage, srx, tx))
+                .map_err(ServerError::Io)?
+        };
+        let (shutdown_tx, shutdown_rx) = oneshot::channel();
+        let task = BrokerTask {
+            broker,
+            endpoint: endpoint.clone(),
+            conns: HashMap::new(),
+            tx: tx.clone(),
+            storage: stx,
+            pending_writes: Vec::new(),
+        };
+        let accept = tokio::spawn(accept_loop(endpoint.clone(), tx.clone()));
+        let done = tokio::spawn(async move {
+            task.run(rx, shutdown_rx).await;
+            accept.abort();
+            let _ = tokio::task::spawn_blocking(move || storage_thread.join()).await;
+            endpoint.wait_idle().await;
+        });
+        Ok(Server { local_addr, shutdown: Some(shutdown_tx), done: Some(done), repairs, recovered_records })
+    }
+}
+
+enum StorageCmd {
+    Write(Vec<PersistRequest>),
+    Stop,
+}
+
+fn storage_loop(
+    mut disk: Option<DiskStorage>,
+    rx: std::sync::mpsc::Receiver<StorageCmd>,
+    tx: mpsc::UnboundedSender<Input>,
+) {
+    while let Ok(cmd) = rx.recv() {
+        let mut reqs = match cmd {
+            StorageCmd::Write(r) => r,
+            StorageCmd::Stop => break,
+        };
+        let mut stop = false;
+        // Group commit: take everything queued since, write it, sync once.
+        while let Ok(more) = rx.try_recv() {
+            match more {
+                StorageCmd::Write(r) => reqs.extend(r),
+                StorageCmd::Stop => {
+                    stop = true;
+                    break;
+                }
+            }
+        }
+        let results = match disk.as_mut() {
+            Some(d) => d.write(reqs),
+            None => reqs.into_iter().map(|r| (r.token, true)).collect(),
+        };
+        if tx.send(Input::Written(results)).is_err() || stop {
+            break;
+        }
+    }
+    if let Some(d) = disk.as_mut() {
+        d.sync_all();
+    }
+}
+
+/// What the tasks around the broker tell it.
+enum Input {
+    Connected(quinn::Connection),
+    Stream { conn: ConnId, send: Option<quinn::SendStream>, recv: quinn::RecvStream },
+    Data { conn: ConnId, stream: StreamId, data: Bytes, fin: bool },
+    Reset { conn: ConnId, stream: StreamId },
+    Stopped { conn: ConnId, stream: StreamId },
+    Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
+    Flushed { conn: ConnId, stream: StreamId, bytes: usize },
+    Written(Vec<(WriteToken, bool)>),
+    Closed { conn: ConnId },
+}
+
+enum WriterCmd {
+    Data(Bytes),
+    Finish,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ReadGate {
+    Open,
+    Paused,
+    Stopped(u64),
+}
+
+struct ConnHandle {
+    quic: quinn::Connection,
+    writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
+    gates: HashMap<StreamId, watch::Sender<ReadGate>>,
+}
+
+fn our_id(id: quinn::StreamId) -> StreamId {
+    let side = match id.initiator() {
+        quinn::Side::Client => Side::Client,
+        quinn::Side::Server => Side::Broker,
+    };
+    let dir = match id.dir() {
+        quinn::Dir::Bi => Dir::Bi,
+        quinn::Dir::Uni => Dir::Uni,
+    };
+    StreamId::new(side, dir, id.index())
+}
+
+async fn accept_loop(endpoint: quinn::Endpoint, tx: mpsc::UnboundedSender<Input>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            match incoming.await {
+                Ok(conn) => {
+                    let _ = tx.send(Input::Connected(conn));
+                }
+                Err(e) => tracing::debug!("handshake failed: {e}"),
+            }
+        });
+    }
+}
+
+async fn conn_loop(conn: ConnId, quic: quinn::Connection, tx: mpsc::UnboundedSender<Input>) {
+    loop {
+        tokio::select! {
+            bi = quic.accept_bi() => match bi {
+                Ok((send, recv)) => { let _ = tx.send(Input::Stream { conn, send: Some(send), recv }); }
+                Err(_) => break,
+            },
+            uni = quic.accept_uni() => match uni {
+                Ok(recv) => { let _ = tx.send(Input::Stream { conn, send: None, recv }); }
+                Err(_) => break,
+            },
+        }
+    }
+    let _ = tx.send(Input::Closed { conn });
+}
+
+async fn reader(
+    conn: ConnId,
+    stream: StreamId,
+    mut recv: quinn::RecvStream,
+    mut gate: watch::Receiver<ReadGate>,
+    tx: mpsc::UnboundedSender<Input>,
+) {
+    loop {
+        // Wait while paused (a full publish window); QUIC flow control holds the client.
+        let state = match gate.wait_for(|g| *g != ReadGate::Paused).await {
+            Ok(g) => *g,
+            Err(_) => return,
+        };
+        if let ReadGate::Stopped(code) = state {
+            let _ = recv.stop(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)));
+            return;
+        }
+        tokio::select! {
+            r = recv.read_chunk(256 * 1024, true) => match r {
+                Ok(Some(chunk)) => {
+                    if tx.send(Input::Data { conn, stream, data: chunk.bytes, fin: false }).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    let _ = tx.send(Input::Data { conn, stream, data: Bytes::new(), fin: true });
+                    return;
+                }
+                Err(quinn::ReadError::Reset(_)) => {
+                    let _ = tx.send(Input::Reset { conn, stream });
+                    return;
+                }
+                Err(_) => return,
+            },
+            // A pause or stop while a read is pending: the read is cancel-safe.
+            changed = gate.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+async fn writer(
+    conn: ConnId,
+    stream: StreamId,
+    mut send: quinn::SendStream,
+    mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+    tx: mpsc::UnboundedSender<Input>,
+    report: bool,
+) {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    while let Some(cmd) = rx.recv().await {
+        let mut finish = matches!(cmd, WriterCmd::Finish);
+        if let WriterCmd::Data(b) = cmd {
+            chunks.push(b);
+        }
+        // Batch everything already queued into one write.
+        while !finish {
+            match rx.try_recv() {
+                Ok(WriterCmd::Data(b)) => chunks.push(b),
+                Ok(WriterCmd::Finish) => finish = true,
+                Err(_) => break,
+            }
+        }
+        let n: usize = chunks.iter().map(Bytes::len).sum();
+        if n > 0 {
+            if let Err(e) = send.write_all_chunks(&mut chunks).await {
+                if matches!(e, quinn::WriteError::Stopped(_)) {
+                    let _ = tx.send(Input::Stopped { conn, stream });
+                }
+                return;
+            }
+            chunks.clear();
+            if report {
+                let _ = tx.send(Input::Flushed { conn, stream, bytes: n });
+            }
+        }
+        if finish {
+            let _ = send.finish();
+            return;
+        }
+    }
+}
+
+struct BrokerTask {
+    broker: Broker,
+    endpoint: quinn::Endpoint,
+    conns: HashMap<ConnId, ConnHandle>,
+    tx: mpsc::UnboundedSender<Input>,
+    storage: std::sync::mpsc::Sender<StorageCmd>,
+    pending_writes: Vec<PersistRequest>,
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl BrokerTask {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>, mut shutdown: oneshot::Receiver<()>) {
+        loop {
+            self.drain();
+            let deadline = self.broker.poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                input = rx.recv() => {
+                    let Some(input) = input else { break };
+                    self.handle(input);
+                    // Take what else is ready before draining outputs (bounded per turn).
+                    for _ in 0..256 {
+                        match rx.try_recv() {
+                            Ok(i) => self.handle(i),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                () = sleep => self.broker.handle_timeout(now()),
+                _ = &mut shutdown => break,
+            }
+        }
+        // Shutdown: flush storage, then close every connection cleanly.
+        self.flush_storage();
+        let _ = self.storage.send(StorageCmd::Stop);
+        self.endpoint
+            .close(VarInt::from_u64(close_code::SHUTDOWN).unwrap_or(VarInt::from_u32(0)), b"broker shutting down");
+    }
+
+    fn flush_storage(&mut self) {
+        if !self.pending_writes.is_empty() {
+            let _ = self.storage.send(StorageCmd::Write(std::mem::take(&mut self.pending_writes)));
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        let now = now();
+        match input {
+            Input::Connected(quic) => {
+                let conn = self.broker.connection_opened(now);
+                tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
+                self.conns.insert(conn, ConnHandle { quic, writers: HashMap::new(), gates: HashMap::new() });
+            }
+            Input::Stream { conn, send, recv } => {
+                let Some(h) = self.conns.get_mut(&conn) else { return };
+                let stream = our_id(recv.id());
+                let (gate_tx, gate_rx) = watch::channel(ReadGate::Open);
+                h.gates.insert(stream, gate_tx);
+                tokio::spawn(reader(conn, stream, recv, gate_rx, self.tx.clone()));
+                if let Some(send) = send {
+                    let (wtx, wrx) = mpsc::unbounded_channel();
+                    h.writers.insert(stream, wtx);
+                    tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), false));
+                }
+            }
+            Input::Data { conn, stream, data, fin } => self.broker.handle_stream_data(conn, stream, data, fin, now),
+            Input::Reset { conn, stream } => self.broker.handle_stream_reset(conn, stream, now),
+            Input::Stopped { conn, stream } => self.broker.handle_stream_stopped(conn, stream, now),
+            Input::Opened { conn, token, send } => {
+                let Some(h) = self.conns.get_mut(&conn) else { return };
+                let stream = our_id(send.id());
+                let (wtx, wrx) = mpsc::unbounded_channel();
+                h.writers.insert(stream, wtx);
+                tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));
+                self.broker.handle_stream_opened(conn, token, stream, now);
+            }
+            Input::Flushed { conn, stream, bytes } => self.broker.handle_stream_flushed(conn, stream, bytes, now),
+            Input::Written(results) => {
+                for (token, ok) in results {
+                    self.broker.handle_write_complete(token, ok, now);
+                }
+            }
+            Input::Closed { conn } => {
+                self.conns.remove(&conn);
+                self.broker.connection_closed(conn, now);
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.broker.poll_output() {
+            match o {
+                BrokerOutput::Transmit { conn, stream, data } => {
+                    if let Some(w) = self.conns.get(&conn).and_then(|h| h.writers.get(&stream)) {
+                        let _ = w.send(WriterCmd::Data(data));
+                    }
+                }
+                BrokerOutput::Finish { conn, stream } => {
+                    if let Some(w) = self.conns.get_mut(&conn).and_then(|h| h.writers.remove(&stream)) {
+                        let _ = w.send(WriterCmd::Finish);
+                    }
+                }
+                BrokerOutput::StopSending { conn, stream, code } => {
+                    if let Some(g) = self.conns.get_mut(&conn).and_then(|h| h.gates.remove(&stream)) {
+                        let _ = g.send(ReadGate::Stopped(code));
+                    }
+                }
+                BrokerOutput::PauseReading { conn, stream } => {
+                    if let Some(g) = self.conns.get(&conn).and_then(|h| h.gates.get(&stream)) {
+                        let _ = g.send(ReadGate::Paused);
+                    }
+                }
+                BrokerOutput::ResumeReading { conn, stream } => {
+                    if let Some(g) = self.conns.get(&conn).and_then(|h| h.gates.get(&stream)) {
+                        let _ = g.send(ReadGate::Open);
+                    }
+                }
+                BrokerOutput::OpenUni { conn, token } => {
+                    if let Some(h) = self.conns.get(&conn) {
+                        let quic = h.quic.clone();
+                        let tx = self.tx.clone();
+                        tokio::spawn(async move {
+                            if let Ok(send) = quic.open_uni().await {
+                                let _ = tx.send(Input::Opened { conn, token, send });
+                            }
+                        });
+                    }
+                }
+                BrokerOutput::Persist(w) => self.pending_writes.push(w),
+                BrokerOutput::CloseConnection { conn, code, reason } => {
+                    if let Some(h) = self.conns.remove(&conn) {
+                        h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.flush_storage();
+    }
+}

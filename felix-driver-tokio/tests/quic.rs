@@ -1,0 +1,173 @@
+//! End-to-end over real QUIC on 127.0.0.1: wiring only; protocol behaviour is tested in
+//! felix-proto.
+
+use bytes::Bytes;
+use felix_driver_tokio::{
+    Client, ClientError, ClientOptions, FsyncPolicy, Identity, PublishOptions, Server, ServerOptions, SubscriptionItem,
+    TransportTuning, Trust,
+};
+use felix_proto::broker::{BrokerConfig, TokenGrant};
+use felix_proto::client::EndReason;
+use felix_proto::error_code::ErrorCode;
+use felix_proto::message::StartPosition;
+use rustls::pki_types::CertificateDer;
+use std::path::Path;
+use std::time::Duration;
+
+const TOKEN: &str = "test-token";
+
+async fn start(data: Option<&Path>) -> (Server, Vec<CertificateDer<'static>>) {
+    let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+    let chain = id.chain.clone();
+    let opts = ServerOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+        identity: id,
+        data_dir: data.map(Path::to_path_buf),
+        fsync: FsyncPolicy::Always,
+        transport: TransportTuning::default(),
+        require_alpn: false,
+    };
+    (Server::start(opts).await.unwrap(), chain)
+}
+
+async fn connect(server: &Server, chain: &[CertificateDer<'static>]) -> Client {
+    let opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
+    Client::connect(server.local_addr(), opts).await.unwrap()
+}
+
+async fn collect(sub: &mut felix_driver_tokio::Subscription, n: usize) -> Vec<(u64, Bytes)> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("events arrive") {
+            Some(SubscriptionItem::Events(b)) => {
+                for (i, p) in b.records.payloads().enumerate() {
+                    out.push((b.base_offset.unwrap() + i as u64, p));
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn publish_subscribe_replay_and_cache() {
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    assert!(c.negotiated().publish_window.is_some());
+    let mut live = c.subscribe("default", "orders", None, None).await.unwrap();
+    for i in 0..10 {
+        let off = c
+            .publish(
+                "default",
+                "orders",
+                vec![Bytes::from(format!("m{i}"))],
+                PublishOptions { ack: true, ..Default::default() },
+            )
+            .await
+            .unwrap();
+        assert_eq!(off, None, "acked on enqueue without ack-on-commit");
+    }
+    let got = collect(&mut live, 10).await;
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
+    let mut replay = c.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.unwrap();
+    assert_eq!(replay.start_offset, Some(0));
+    assert_eq!(collect(&mut replay, 10).await, got);
+    c.cache_put("default", "c", "k", Bytes::from("v"), None).await.unwrap();
+    assert_eq!(c.cache_get("default", "c", "k").await.unwrap(), Some(Bytes::from("v")));
+    assert_eq!(c.cache_delete("default", "c", "k").await.unwrap(), Some(Bytes::from("v")));
+    assert_eq!(c.cache_get("default", "c", "k").await.unwrap(), None);
+    // Many acked publishes at once: pipelined under the window, all answered.
+    let mut tasks = Vec::new();
+    for i in 0..500 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.publish(
+                "default",
+                "bulk",
+                vec![Bytes::from(format!("b{i}"))],
+                PublishOptions { ack: true, ..Default::default() },
+            )
+            .await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn durable_data_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (server, chain) = start(Some(dir.path())).await;
+        let c = connect(&server, &chain).await;
+        for i in 0..20 {
+            c.publish(
+                "default",
+                "orders",
+                vec![Bytes::from(format!("m{i}"))],
+                PublishOptions { ack: true, ..Default::default() },
+            )
+            .await
+            .unwrap();
+        }
+        server.shutdown().await;
+    }
+    let (server, chain) = start(Some(dir.path())).await;
+    assert_eq!(server.recovered_records, 20);
+    let c = connect(&server, &chain).await;
+    let mut sub = c.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.unwrap();
+    let got = collect(&mut sub, 20).await;
+    assert_eq!(got[19], (19, Bytes::from("m19")));
+    // Offsets continue where they were.
+    c.publish("default", "orders", vec![Bytes::from("after")], PublishOptions { ack: true, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(collect(&mut sub, 1).await, vec![(20, Bytes::from("after"))]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_token_is_unauthenticated() {
+    let (server, chain) = start(None).await;
+    let opts = ClientOptions::new("t1", "wrong", Trust::Certificates(chain));
+    let err = Client::connect(server.local_addr(), opts).await.unwrap_err();
+    assert_eq!(err.code(), Some(&ErrorCode::Unauthenticated), "{err}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn wrong_certificate_fails_the_handshake_quickly() {
+    let (server, _) = start(None).await;
+    let (other, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+    let opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(other.chain));
+    let err = tokio::time::timeout(Duration::from_secs(10), Client::connect(server.local_addr(), opts))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Connect(_)), "{err}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_offering_no_alpn_is_accepted() {
+    let (server, chain) = start(None).await;
+    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain));
+    opts.offer_alpn = false;
+    let c = Client::connect(server.local_addr(), opts).await.unwrap();
+    c.cache_put("default", "c", "k", Bytes::from("v"), None).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn subscription_ends_when_the_broker_shuts_down() {
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    let mut sub = c.subscribe("default", "orders", None, None).await.unwrap();
+    server.shutdown().await;
+    let end = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("no hang");
+    assert!(matches!(end, None | Some(SubscriptionItem::End(EndReason::Finished))), "{end:?}");
+}

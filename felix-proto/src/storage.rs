@@ -1,0 +1,361 @@
+//! The on-disk format of durable stream shards: pure encode/decode, no file IO (the driver does
+//! the IO; the fuzzer reaches this code directly).
+//!
+//! A shard is a directory of segment files named by their first offset. A segment is a run of
+//! batches, each framed and checksummed so a torn or corrupt tail is detected on recovery:
+//!
+//! ```text
+//! u32 magic            "FLXB" (0x464C5842)
+//! u32 body_len         bytes of the body below
+//! u32 crc32c           CRC-32C (Castagnoli) of the body
+//! body:
+//!   u64 base_offset
+//!   u64 timestamp_micros
+//!   u8  flags           bit 0: generation-start record
+//!   u8  publisher_len, publisher
+//!   u32 count
+//!   count × (u32 payload_len, payload)
+//! ```
+//!
+//! See docs/storage.md.
+
+use crate::binary::{PayloadError, Reader, Records};
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Batch magic, "FLXB".
+pub const BATCH_MAGIC: u32 = 0x464C_5842;
+/// Bytes before a batch's body.
+pub const BATCH_HEADER_LEN: usize = 12;
+/// The largest body a reader accepts (a defence against a corrupt length).
+pub const MAX_BATCH_BODY: usize = 256 << 20;
+
+const fn crc_table() -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { 0x82F6_3B78 ^ (c >> 1) } else { c >> 1 };
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+}
+
+static CRC_TABLE: [u32; 256] = crc_table();
+
+/// CRC-32C (Castagnoli), as used by iSCSI, ext4 and most log formats.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+/// One stored batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBatch {
+    /// Offset of the first record.
+    pub base_offset: u64,
+    /// Append time, µs since the Unix epoch.
+    pub timestamp_micros: u64,
+    /// A generation-start record (one offset, no records).
+    pub generation_start: bool,
+    /// The publishing principal.
+    pub publisher: Option<Bytes>,
+    /// The records.
+    pub records: Records,
+}
+
+impl StoredBatch {
+    /// Offsets the batch takes.
+    pub fn count(&self) -> u64 {
+        if self.generation_start { 1 } else { u64::from(self.records.count()) }
+    }
+}
+
+/// Appends one framed batch to `dst`.
+pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
+    let publisher = b.publisher.as_deref().unwrap_or(&[]);
+    let publisher = &publisher[..publisher.len().min(255)];
+    let body_len = 8 + 8 + 1 + 1 + publisher.len() + 4 + b.records.raw().len();
+    dst.reserve(BATCH_HEADER_LEN + body_len);
+    dst.put_u32(BATCH_MAGIC);
+    dst.put_u32(body_len as u32);
+    let crc_at = dst.len();
+    dst.put_u32(0);
+    let body_at = dst.len();
+    dst.put_u64(b.base_offset);
+    dst.put_u64(b.timestamp_micros);
+    dst.put_u8(u8::from(b.generation_start));
+    dst.put_u8(publisher.len() as u8);
+    dst.extend_from_slice(publisher);
+    dst.put_u32(b.records.count());
+    dst.extend_from_slice(b.records.raw());
+    let crc = crc32c(&dst[body_at..]);
+    dst[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Why reading a segment stopped before its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SegmentError {
+    /// The file ends inside a batch (a torn write).
+    #[error("torn batch at byte {at}: {have} of {need} bytes")]
+    Torn {
+        /// Where the batch starts.
+        at: usize,
+        /// Bytes present.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// The magic is wrong.
+    #[error("bad batch magic {magic:#010x} at byte {at}")]
+    BadMagic {
+        /// Where the batch starts.
+        at: usize,
+        /// What was there.
+        magic: u32,
+    },
+    /// The checksum does not match.
+    #[error("checksum mismatch at byte {at}")]
+    BadChecksum {
+        /// Where the batch starts.
+        at: usize,
+    },
+    /// The body is too long to be real.
+    #[error("batch at byte {at} claims {len} bytes")]
+    TooLong {
+        /// Where the batch starts.
+        at: usize,
+        /// Claimed length.
+        len: usize,
+    },
+    /// The body passed its checksum but does not parse.
+    #[error("malformed batch at byte {at}: {error}")]
+    Malformed {
+        /// Where the batch starts.
+        at: usize,
+        /// What is wrong.
+        error: PayloadError,
+    },
+    /// Offsets do not follow each other.
+    #[error("batch at byte {at} starts at offset {got}, expected {expected}")]
+    OutOfOrder {
+        /// Where the batch starts.
+        at: usize,
+        /// Its base offset.
+        got: u64,
+        /// The offset the previous batch ended at.
+        expected: u64,
+    },
+}
+
+/// What a segment holds, up to the first problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// The valid batches, in order.
+    pub batches: Vec<StoredBatch>,
+    /// Bytes of the file that hold them: truncate the file here to drop a bad tail.
+    pub valid_len: usize,
+    /// Why reading stopped early, if it did.
+    pub problem: Option<SegmentError>,
+}
+
+/// Reads a segment. Never panics; every batch returned passed its checksum, and offsets
+/// strictly follow each other. Reading stops at the first problem.
+pub fn decode_segment(data: Bytes) -> Recovered {
+    let mut batches = Vec::new();
+    let mut at = 0usize;
+    let mut expected: Option<u64> = None;
+    let problem = loop {
+        if at == data.len() {
+            break None;
+        }
+        let left = data.len() - at;
+        if left < BATCH_HEADER_LEN {
+            break Some(SegmentError::Torn { at, have: left, need: BATCH_HEADER_LEN });
+        }
+        let word = |i: usize| u32::from_be_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]);
+        let magic = word(at);
+        if magic != BATCH_MAGIC {
+            break Some(SegmentError::BadMagic { at, magic });
+        }
+        let len = word(at + 4) as usize;
+        if len > MAX_BATCH_BODY {
+            break Some(SegmentError::TooLong { at, len });
+        }
+        if left - BATCH_HEADER_LEN < len {
+            break Some(SegmentError::Torn { at, have: left, need: BATCH_HEADER_LEN + len });
+        }
+        let body = data.slice(at + BATCH_HEADER_LEN..at + BATCH_HEADER_LEN + len);
+        if crc32c(&body) != word(at + 8) {
+            break Some(SegmentError::BadChecksum { at });
+        }
+        let batch = match decode_body(body) {
+            Ok(b) => b,
+            Err(error) => break Some(SegmentError::Malformed { at, error }),
+        };
+        if let Some(e) = expected
+            && batch.base_offset != e
+        {
+            break Some(SegmentError::OutOfOrder { at, got: batch.base_offset, expected: e });
+        }
+        expected = Some(batch.base_offset + batch.count());
+        batches.push(batch);
+        at += BATCH_HEADER_LEN + len;
+    };
+    Recovered { batches, valid_len: at, problem }
+}
+
+fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
+    let mut r = Reader::new(body);
+    let base_offset = r.u64("base_offset")?;
+    let timestamp_micros = r.u64("timestamp_micros")?;
+    let flags = r.u8("flags")?;
+    let plen = r.u8("publisher_len")? as usize;
+    let publisher = r.bytes(plen, "publisher")?;
+    let records = Records::decode(&mut r, false)?;
+    r.finish()?;
+    Ok(StoredBatch {
+        base_offset,
+        timestamp_micros,
+        generation_start: flags & 1 != 0,
+        publisher: (!publisher.is_empty()).then_some(publisher),
+        records,
+    })
+}
+
+/// The file name of the segment whose first offset is `base`.
+pub fn segment_name(base: u64) -> String {
+    format!("{base:020}.seg")
+}
+
+/// The first offset of a segment file name, if it is one.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A tenant, namespace or stream name as a safe path component: bytes outside
+/// `[A-Za-z0-9_-]` (and a leading `.`) become `%XX`, so no name can climb out of the data
+/// directory or collide with another.
+pub fn path_component(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for (i, b) in name.bytes().enumerate() {
+        let safe = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
+        if safe {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.is_empty() {
+        out.push('%');
+    }
+    out
+}
+
+/// Inverse of [`path_component`]; `None` for a string it could not have produced.
+pub fn parse_path_component(s: &str) -> Option<String> {
+    if s == "%" {
+        return Some(String::new());
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(base: u64, payloads: &[&str]) -> StoredBatch {
+        StoredBatch {
+            base_offset: base,
+            timestamp_micros: 42,
+            generation_start: false,
+            publisher: Some(Bytes::from_static(b"alice")),
+            records: Records::from_payloads(payloads.iter().map(|p| p.as_bytes())).unwrap(),
+        }
+    }
+
+    #[test]
+    fn crc32c_known_value() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn round_trip_and_torn_tail() {
+        let mut seg = BytesMut::new();
+        encode_batch(&batch(0, &["a", "bb"]), &mut seg);
+        encode_batch(&batch(2, &["c"]), &mut seg);
+        let whole = decode_segment(seg.clone().freeze());
+        assert_eq!(whole.batches, vec![batch(0, &["a", "bb"]), batch(2, &["c"])]);
+        assert_eq!((whole.valid_len, whole.problem), (seg.len(), None));
+        let first_len = {
+            let mut one = BytesMut::new();
+            encode_batch(&batch(0, &["a", "bb"]), &mut one);
+            one.len()
+        };
+        for cut in first_len + 1..seg.len() {
+            let r = decode_segment(seg.clone().freeze().slice(..cut));
+            assert_eq!(r.batches.len(), 1);
+            assert_eq!(r.valid_len, first_len);
+            assert!(matches!(r.problem, Some(SegmentError::Torn { .. })), "{cut}");
+        }
+    }
+
+    #[test]
+    fn every_flipped_byte_is_caught() {
+        let mut seg = BytesMut::new();
+        encode_batch(&batch(7, &["payload"]), &mut seg);
+        for i in 0..seg.len() {
+            let mut bad = seg.clone();
+            bad[i] ^= 0x40;
+            let r = decode_segment(bad.freeze());
+            assert!(r.batches.is_empty() && r.problem.is_some(), "byte {i} flip went unnoticed");
+        }
+    }
+
+    #[test]
+    fn out_of_order_offsets_stop_reading() {
+        let mut seg = BytesMut::new();
+        encode_batch(&batch(0, &["a"]), &mut seg);
+        encode_batch(&batch(5, &["b"]), &mut seg);
+        let r = decode_segment(seg.freeze());
+        assert_eq!(r.batches.len(), 1);
+        assert!(matches!(r.problem, Some(SegmentError::OutOfOrder { got: 5, expected: 1, .. })));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(segment_name(42), "00000000000000000042.seg");
+        assert_eq!(parse_segment_name("00000000000000000042.seg"), Some(42));
+        assert_eq!(parse_segment_name("42.seg"), None);
+        for n in ["orders", "../etc", ".hidden", "a/b", "ünï", "", "%41"] {
+            let c = path_component(n);
+            assert!(!c.contains('/') && c != "." && c != ".." && !c.starts_with('.'), "{c}");
+            assert_eq!(parse_path_component(&c).as_deref(), Some(n));
+        }
+    }
+}
