@@ -187,11 +187,11 @@ impl DiskStorage {
         if due && !self.dirty.is_empty() {
             let mut failed = false;
             for path in std::mem::take(&mut self.dirty) {
-                if let Some(seg) = self.open.get(&path) {
-                    if let Err(e) = seg.file.sync_data() {
-                        tracing::error!("fsync {} failed: {e}", path.display());
-                        failed = true;
-                    }
+                if let Some(seg) = self.open.get(&path)
+                    && let Err(e) = seg.file.sync_data()
+                {
+                    tracing::error!("fsync {} failed: {e}", path.display());
+                    failed = true;
                 }
             }
             self.last_sync = Instant::now();
