@@ -202,6 +202,7 @@ impl Client {
             gates: HashMap::new(),
             ready: Some(ready_tx),
             publishes: HashMap::new(),
+            written: Vec::new(),
             waiting: VecDeque::new(),
             subs: HashMap::new(),
             sub_replies: HashMap::new(),
@@ -345,26 +346,41 @@ async fn reader(
 }
 
 enum WriterCmd {
-    Data(Bytes),
+    /// Bytes, and the unacknowledged publishes to complete once they are handed to QUIC.
+    Data(Bytes, Vec<Reply<Option<u64>>>),
     Finish,
 }
 
 async fn writer(mut send: quinn::SendStream, mut rx: mpsc::UnboundedReceiver<WriterCmd>) {
     let mut chunks = Vec::new();
+    let mut done: Vec<Reply<Option<u64>>> = Vec::new();
     while let Some(cmd) = rx.recv().await {
         let mut finish = matches!(cmd, WriterCmd::Finish);
-        if let WriterCmd::Data(b) = cmd {
+        if let WriterCmd::Data(b, d) = cmd {
             chunks.push(b);
+            done.extend(d);
         }
         while !finish {
             match rx.try_recv() {
-                Ok(WriterCmd::Data(b)) => chunks.push(b),
+                Ok(WriterCmd::Data(b, d)) => {
+                    chunks.push(b);
+                    done.extend(d);
+                }
                 Ok(WriterCmd::Finish) => finish = true,
                 Err(_) => break,
             }
         }
         if !chunks.is_empty() {
-            if send.write_all_chunks(&mut chunks).await.is_err() {
+            // Completing an unacknowledged publish only once QUIC took its bytes is what gives
+            // fire-and-forget publishers backpressure (flow control, not acknowledgements).
+            let res = send.write_all_chunks(&mut chunks).await;
+            for d in done.drain(..) {
+                let _ = d.send(match &res {
+                    Ok(()) => Ok(None),
+                    Err(e) => Err(ClientError::Closed(e.to_string())),
+                });
+            }
+            if res.is_err() {
                 return;
             }
             chunks.clear();
@@ -384,6 +400,7 @@ struct Task {
     gates: HashMap<StreamId, watch::Sender<bool>>,
     ready: Option<oneshot::Sender<Result<Negotiated, ClientError>>>,
     publishes: HashMap<PublishId, Reply<Option<u64>>>,
+    written: Vec<Reply<Option<u64>>>,
     waiting: VecDeque<(PublishRequest, Reply<Option<u64>>)>,
     subs: HashMap<u64, mpsc::UnboundedSender<SubscriptionItem>>,
     sub_replies: HashMap<u64, Reply<Subscription>>,
@@ -447,6 +464,9 @@ impl Task {
         for (_, r) in self.waiting.drain(..) {
             let _ = r.send(Err(err()));
         }
+        for r in self.written.drain(..) {
+            let _ = r.send(Err(err()));
+        }
         for (_, r) in self.sub_replies.drain() {
             let _ = r.send(Err(err()));
         }
@@ -465,9 +485,7 @@ impl Task {
             Ok(id) if ack => {
                 self.publishes.insert(id, reply);
             }
-            Ok(_) => {
-                let _ = reply.send(Ok(None));
-            }
+            Ok(_) => self.written.push(reply),
             Err(CommandError::WindowFull) => self.waiting.push_back((req, reply)),
             Err(e) => {
                 let _ = reply.send(Err(command_error(e)));
@@ -556,7 +574,7 @@ impl Task {
                     }
                     ClientOutput::Transmit { stream, data } => {
                         if let Some(w) = self.writers.get(&stream) {
-                            let _ = w.send(WriterCmd::Data(data));
+                            let _ = w.send(WriterCmd::Data(data, std::mem::take(&mut self.written)));
                         }
                     }
                     ClientOutput::Finish { stream } => {

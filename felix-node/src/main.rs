@@ -1,14 +1,23 @@
 //! `felix-node`: the Felix broker and its command-line client.
 
+mod bench;
+mod commands;
 mod conformance;
+mod demo;
+mod node;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Felix: a QUIC pub/sub and cache broker.
+///
+/// Start a broker with `felix-node serve` (no flags needed: it listens on 127.0.0.1:5000, keeps
+/// data in ./felix-data, generates a TLS certificate and a development token on first start).
+/// From the same directory the client commands find both automatically.
 #[derive(Parser, Debug)]
-#[command(name = "felix-node", version, about, long_about = None)]
+#[command(name = "felix-node", version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,6 +25,18 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a broker.
+    Serve(ServeArgs),
+    /// Start a broker in-process on a free port and show publish, subscribe, replay and cache.
+    Demo,
+    /// Publish messages: the arguments, the lines of --file, or the lines of standard input.
+    Publish(PublishArgs),
+    /// Subscribe to a stream and print what arrives (Ctrl-C to stop).
+    Subscribe(SubscribeArgs),
+    /// Cache operations.
+    Cache(CacheArgs),
+    /// Measure publish→deliver throughput and latency, and cache operations.
+    Bench(bench::BenchArgs),
     /// Check conformance vectors (NAME.json + NAME.hex pairs) byte for byte.
     ///
     /// For each vector the frame is decoded and compared with what the JSON says it means, then
@@ -30,12 +51,188 @@ enum Command {
     },
 }
 
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// UDP address to listen on.
+    #[arg(long, env = "FELIX_LISTEN", default_value = "127.0.0.1:5000")]
+    listen: SocketAddr,
+    /// Where durable streams, the TLS certificate and the dev token live.
+    #[arg(long, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
+    data_dir: PathBuf,
+    /// Development token (valid for any tenant, every permission). Default: generated on first
+    /// start and stored in the data directory.
+    #[arg(long, env = "FELIX_DEV_TOKEN")]
+    dev_token: Option<String>,
+    /// When appends reach the disk: always, never, or interval:MILLISECONDS.
+    #[arg(long, env = "FELIX_FSYNC", default_value = "interval:100")]
+    fsync: felix_driver_tokio::FsyncPolicy,
+    /// Auto-created streams keep no history (no offsets, nothing on disk).
+    #[arg(long, env = "FELIX_EPHEMERAL")]
+    ephemeral: bool,
+    /// Pipelined-publish window per stream (0 disables pipelining).
+    #[arg(long, env = "FELIX_PUBLISH_WINDOW", default_value_t = 256)]
+    publish_window: u32,
+    /// Largest frame payload accepted after authentication, in bytes.
+    #[arg(long, env = "FELIX_MAX_FRAME_BYTES", default_value_t = 16 * 1024 * 1024)]
+    max_frame_bytes: u32,
+    /// Answer every acked publish only after its write, with offsets.
+    #[arg(long, env = "FELIX_ACK_ON_COMMIT")]
+    ack_on_commit: bool,
+    /// Answer not_found for streams and caches that do not exist instead of creating them.
+    #[arg(long, env = "FELIX_NO_AUTO_CREATE")]
+    no_auto_create: bool,
+    /// Default subscriber queue capacity, in published batches.
+    #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY", default_value_t = 1024)]
+    queue_capacity: u32,
+    /// Refuse clients that offer no ALPN (existing clients offer none).
+    #[arg(long, env = "FELIX_TLS_REQUIRE_ALPN")]
+    require_alpn: bool,
+}
+
+/// How a client command reaches the broker.
+#[derive(Args, Debug, Clone)]
+pub struct ConnectArgs {
+    /// Broker address.
+    #[arg(long, env = "FELIX_ADDR", default_value = "127.0.0.1:5000")]
+    addr: SocketAddr,
+    /// Tenant.
+    #[arg(long, env = "FELIX_TENANT", default_value = "default")]
+    tenant: String,
+    /// Token (default: the dev token in --data-dir).
+    #[arg(long, env = "FELIX_TOKEN")]
+    token: Option<String>,
+    /// The broker's certificate (default: the one in --data-dir).
+    #[arg(long, env = "FELIX_CA")]
+    ca: Option<PathBuf>,
+    /// Where a local broker keeps its certificate and dev token.
+    #[arg(long, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
+    data_dir: PathBuf,
+    /// Name the broker's certificate must hold.
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+    /// Accept any certificate. For development only: the broker's identity is not checked.
+    #[arg(long)]
+    insecure_accept_any_certificate: bool,
+    /// Namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+}
+
+#[derive(Args, Debug)]
+struct PublishArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    /// Stream to publish to.
+    stream: String,
+    /// Messages (each one record). Without any, lines of --file or of standard input.
+    payloads: Vec<String>,
+    /// Read messages from this file, one per line.
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    /// Routing key.
+    #[arg(long, short = 'k')]
+    key: Option<String>,
+    /// Wait for the broker's acknowledgement of each batch.
+    #[arg(long)]
+    ack: bool,
+    /// Records per batch when reading lines.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+}
+
+#[derive(Args, Debug)]
+struct SubscribeArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    /// Stream to read.
+    stream: String,
+    /// Where to start: earliest, latest, or an offset.
+    #[arg(long, default_value = "latest")]
+    from: String,
+    /// Shard to read.
+    #[arg(long, default_value_t = 0)]
+    shard: u32,
+    /// Print one JSON object per event (offset, payload as text or base64).
+    #[arg(long)]
+    json: bool,
+    /// Stop after this many events.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct CacheArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    #[command(subcommand)]
+    op: CacheOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum CacheOp {
+    /// Store a value.
+    Put {
+        /// Cache name.
+        cache: String,
+        /// Key.
+        key: String,
+        /// Value.
+        value: String,
+        /// Time to live, in milliseconds.
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+    /// Read a value (exit code 1 when missing).
+    Get {
+        /// Cache name.
+        cache: String,
+        /// Key.
+        key: String,
+    },
+    /// Delete a value and print what was removed.
+    Delete {
+        /// Cache name.
+        cache: String,
+        /// Key.
+        key: String,
+    },
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,felix=info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Conformance { dirs, verbose } => {
-            let dirs = if dirs.is_empty() { vec![PathBuf::from("vectors")] } else { dirs };
-            conformance::run(&dirs, verbose)
+    init_tracing();
+    if let Command::Conformance { dirs, verbose } = cli.command {
+        let dirs = if dirs.is_empty() { vec![PathBuf::from("vectors")] } else { dirs };
+        return conformance::run(&dirs, verbose);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Serve(a) => commands::serve(a).await,
+            Command::Demo => demo::run().await,
+            Command::Publish(a) => commands::publish(a).await,
+            Command::Subscribe(a) => commands::subscribe(a).await,
+            Command::Cache(a) => commands::cache(a).await,
+            Command::Bench(a) => bench::run(a).await,
+            Command::Conformance { .. } => unreachable!("handled above"),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

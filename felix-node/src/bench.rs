@@ -1,0 +1,358 @@
+//! `felix-node bench`: publish→deliver throughput and end-to-end latency, and cache ops/s.
+//!
+//! Publishers and subscribers each get their own QUIC connection. Every record carries the time
+//! it was built (nanoseconds since the bench started, first 8 bytes), so each subscriber
+//! measures publish→deliver latency per record into an HDR histogram.
+
+use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
+use bytes::{BufMut, Bytes, BytesMut};
+use clap::Args;
+use felix_driver_tokio::{Client, ClientOptions, FsyncPolicy, Identity, PublishOptions, SubscriptionItem, Trust};
+use hdrhistogram::Histogram;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Benchmark a running broker instead of starting one in-process.
+    #[arg(long)]
+    addr: Option<SocketAddr>,
+    /// Token for --addr (default: the dev token in --data-dir).
+    #[arg(long)]
+    token: Option<String>,
+    /// Certificate for --addr (default: the one in --data-dir).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// Data directory of the broker given with --addr.
+    #[arg(long, default_value = "./felix-data")]
+    data_dir: PathBuf,
+    /// Publisher connections.
+    #[arg(long, default_value_t = 1)]
+    publishers: usize,
+    /// Subscriber connections (fan-out).
+    #[arg(long, default_value_t = 1)]
+    subscribers: usize,
+    /// Record size in bytes (at least 8: the send time rides in the first 8).
+    #[arg(long, default_value_t = 256)]
+    payload: usize,
+    /// Records per published batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Wait for an acknowledgement of every batch (pipelined).
+    #[arg(long)]
+    ack: bool,
+    /// Use a durable stream (offsets, written to disk) instead of an ephemeral one.
+    #[arg(long)]
+    durable: bool,
+    /// fsync policy of the in-process broker's durable streams.
+    #[arg(long, default_value = "interval:100")]
+    fsync: FsyncPolicy,
+    /// How long to publish, in seconds.
+    #[arg(long, default_value_t = 5)]
+    duration: u64,
+    /// Target records per second across all publishers (0: as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Benchmark cache put/get instead of publish/subscribe.
+    #[arg(long)]
+    cache: bool,
+    /// Concurrent cache requests (with --cache).
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Print results as JSON.
+    #[arg(long)]
+    json: bool,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+struct Target {
+    addr: SocketAddr,
+    token: String,
+    trust: Trust,
+    _server: Option<felix_driver_tokio::Server>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn target(a: &BenchArgs) -> Result<Target, String> {
+    if let Some(addr) = a.addr {
+        let token = match &a.token {
+            Some(t) => t.clone(),
+            None => std::fs::read_to_string(DataDir::new(&a.data_dir).token())
+                .map(|t| t.trim().to_owned())
+                .map_err(|e| format!("no --token and no dev token in {}: {e}", a.data_dir.display()))?,
+        };
+        let trust = client_trust(a.ca.as_deref(), &a.data_dir, false)?;
+        return Ok(Target { addr, token, trust, _server: None, _dir: None });
+    }
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
+    let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
+    let chain = identity.chain.clone();
+    let server = start_broker(BrokerSettings {
+        listen: "127.0.0.1:0".parse().expect("literal"),
+        data_dir: Some(dir.path().to_path_buf()),
+        token: "bench".into(),
+        identity,
+        fsync: a.fsync,
+        ephemeral: !a.durable,
+        publish_window: 256,
+        max_frame_bytes: 16 << 20,
+        ack_on_commit: false,
+        auto_create: true,
+        queue_capacity: 4096,
+        require_alpn: false,
+    })
+    .await?;
+    Ok(Target { addr: server.local_addr(), token: "bench".into(), trust: Trust::Certificates(chain), _server: Some(server), _dir: Some(dir) })
+}
+
+async fn connect(t: &Target) -> Result<Client, String> {
+    Client::connect(t.addr, ClientOptions::new("bench", t.token.clone(), t.trust.clone())).await.map_err(|e| e.to_string())
+}
+
+fn progress(quiet: bool, start: Instant, total: Duration, label: String) {
+    if !quiet {
+        eprint!("\r[{:>4.1}s/{:>3}s] {label}   ", start.elapsed().as_secs_f64(), total.as_secs());
+    }
+}
+
+pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
+    if a.payload < 8 {
+        return Err("--payload must be at least 8 bytes (the send time rides in the first 8)".into());
+    }
+    if a.publishers == 0 || a.batch == 0 || a.duration == 0 {
+        return Err("--publishers, --batch and --duration must be positive".into());
+    }
+    let t = target(&a).await?;
+    if a.cache {
+        return cache_bench(&a, &t).await;
+    }
+    let stream = format!("bench-{}", std::process::id());
+    let epoch = Instant::now();
+    let published = Arc::new(AtomicU64::new(0));
+    let delivered = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let mut subs = Vec::new();
+    for _ in 0..a.subscribers {
+        let c = connect(&t).await?;
+        let mut sub = c.subscribe("bench", &stream, None, None).await.map_err(|e| e.to_string())?;
+        let delivered = delivered.clone();
+        subs.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            let mut last_offset: Option<u64> = None;
+            let mut gaps = 0u64;
+            while let Some(item) = sub.next().await {
+                let SubscriptionItem::Events(b) = item else { break };
+                let now = epoch.elapsed().as_nanos() as u64;
+                for (i, p) in b.records.slices().enumerate() {
+                    if p.len() >= 8 {
+                        let mut ts = [0u8; 8];
+                        ts.copy_from_slice(&p[..8]);
+                        let sent = u64::from_be_bytes(ts);
+                        let _ = hist.record((now.saturating_sub(sent) / 1000).max(1));
+                    }
+                    if let Some(base) = b.base_offset {
+                        let o = base + i as u64;
+                        if let Some(l) = last_offset {
+                            gaps += o.saturating_sub(l + 1);
+                        }
+                        last_offset = Some(o);
+                    }
+                }
+                delivered.fetch_add(u64::from(b.records.count()), Ordering::Relaxed);
+            }
+            drop(c);
+            (hist, gaps)
+        }));
+    }
+
+    let total = Duration::from_secs(a.duration);
+    let per_pub_rate = if a.rate == 0 { 0.0 } else { a.rate as f64 / a.publishers as f64 };
+    let mut pubs = Vec::new();
+    for _ in 0..a.publishers {
+        let c = connect(&t).await?;
+        let (published, stop, stream) = (published.clone(), stop.clone(), stream.clone());
+        let (batch, size, ack) = (a.batch, a.payload, a.ack);
+        pubs.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let mut sent = 0u64;
+            let mut inflight = tokio::task::JoinSet::new();
+            let filler = vec![b'x'; size - 8];
+            while !stop.load(Ordering::Relaxed) {
+                if per_pub_rate > 0.0 {
+                    let due = started + Duration::from_secs_f64(sent as f64 / per_pub_rate);
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+                }
+                let now = epoch.elapsed().as_nanos() as u64;
+                let payloads: Vec<Bytes> = (0..batch)
+                    .map(|_| {
+                        let mut b = BytesMut::with_capacity(size);
+                        b.put_u64(now);
+                        b.extend_from_slice(&filler);
+                        b.freeze()
+                    })
+                    .collect();
+                let opts = PublishOptions { ack, ..Default::default() };
+                if ack {
+                    // Keep many acked batches in flight: the client pipelines them.
+                    let c = c.clone();
+                    let stream = stream.clone();
+                    inflight.spawn(async move { c.publish("bench", &stream, payloads, opts).await });
+                    while inflight.len() >= 256 {
+                        if let Some(Err(e)) | Some(Ok(Err(e))) =
+                            inflight.join_next().await.map(|r| r.map_err(|e| e.to_string()).map(|r| r.map_err(|e| e.to_string())))
+                        {
+                            return Err(e);
+                        }
+                    }
+                } else if let Err(e) = c.publish("bench", &stream, payloads, opts).await {
+                    return Err(e.to_string());
+                }
+                sent += batch as u64;
+                published.fetch_add(batch as u64, Ordering::Relaxed);
+            }
+            while let Some(r) = inflight.join_next().await {
+                if let Ok(Err(e)) = r {
+                    return Err(e.to_string());
+                }
+            }
+            Ok(c)
+        }));
+    }
+
+    let start = Instant::now();
+    while start.elapsed() < total {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let secs = start.elapsed().as_secs_f64();
+        progress(
+            a.quiet,
+            start,
+            total,
+            format!(
+                "published {:.0}/s  delivered {:.0}/s",
+                published.load(Ordering::Relaxed) as f64 / secs,
+                delivered.load(Ordering::Relaxed) as f64 / secs
+            ),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut clients = Vec::new();
+    for p in pubs {
+        clients.push(p.await.map_err(|e| e.to_string())??);
+    }
+    let elapsed = start.elapsed();
+    let sent = published.load(Ordering::Relaxed);
+    let expected = sent * a.subscribers as u64;
+    // Let the subscribers catch up (bounded).
+    let drain_start = Instant::now();
+    while delivered.load(Ordering::Relaxed) < expected && drain_start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !a.quiet {
+        eprintln!();
+    }
+    let got = delivered.load(Ordering::Relaxed);
+    for c in &clients {
+        c.close();
+    }
+    drop(t);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let mut gaps = 0;
+    for s in subs {
+        if let Ok(Ok((h, g))) = tokio::time::timeout(Duration::from_secs(5), s).await {
+            let _ = hist.add(&h);
+            gaps += g;
+        }
+    }
+    let secs = elapsed.as_secs_f64();
+    let mb = sent as f64 * a.payload as f64 / secs / 1e6;
+    let q = |p: f64| hist.value_at_quantile(p);
+    let result = serde_json::json!({
+        "publishers": a.publishers, "subscribers": a.subscribers, "payload_bytes": a.payload,
+        "batch": a.batch, "ack": a.ack, "durable": a.durable, "duration_s": secs,
+        "published_msgs": sent, "publish_msgs_per_s": sent as f64 / secs, "publish_mb_per_s": mb,
+        "delivered_events": got, "delivered_events_per_s": got as f64 / secs,
+        "not_delivered": expected.saturating_sub(got), "offset_gaps": gaps,
+        "latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": hist.max(), "samples": hist.len()},
+    });
+    if a.json {
+        println!("{result}");
+    } else {
+        println!("Felix bench: {} publisher(s), {} subscriber(s), {} B records, batch {}, {}, {}", a.publishers, a.subscribers, a.payload, a.batch,
+            if a.ack { "acked" } else { "unacked" }, if a.durable { "durable" } else { "ephemeral" });
+        println!("  {:<28} {:>14}", "published", format!("{sent} msgs"));
+        println!("  {:<28} {:>14.0}", "publish msgs/s", sent as f64 / secs);
+        println!("  {:<28} {:>14.1}", "publish MB/s (payload)", mb);
+        println!("  {:<28} {:>14.0}", "delivered events/s (total)", got as f64 / secs);
+        println!("  {:<28} {:>14}", "not delivered", expected.saturating_sub(got));
+        println!("  {:<28} {:>14}", "latency p50 (µs)", q(0.5));
+        println!("  {:<28} {:>14}", "latency p99 (µs)", q(0.99));
+        println!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));
+        println!("  {:<28} {:>14}", "latency max (µs)", hist.max());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
+    let c = connect(t).await?;
+    let ops = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let value = Bytes::from(vec![b'v'; a.payload]);
+    let mut tasks = Vec::new();
+    for w in 0..a.concurrency.max(1) {
+        let (c, ops, stop, value) = (c.clone(), ops.clone(), stop.clone(), value.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("k{w}-{}", i % 1000);
+                let t0 = Instant::now();
+                if i % 2 == 0 {
+                    c.cache_put("bench", "cache", &key, value.clone(), None).await.map_err(|e| e.to_string())?;
+                } else {
+                    c.cache_get("bench", "cache", &key).await.map_err(|e| e.to_string())?;
+                }
+                let _ = hist.record((t0.elapsed().as_micros() as u64).max(1));
+                ops.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            Ok::<_, String>(hist)
+        }));
+    }
+    let total = Duration::from_secs(a.duration);
+    let start = Instant::now();
+    while start.elapsed() < total {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        progress(a.quiet, start, total, format!("{:.0} ops/s", ops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    for t in tasks {
+        let _ = hist.add(&t.await.map_err(|e| e.to_string())??);
+    }
+    if !a.quiet {
+        eprintln!();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let n = ops.load(Ordering::Relaxed);
+    let result = serde_json::json!({
+        "cache_ops": n, "ops_per_s": n as f64 / secs, "concurrency": a.concurrency, "value_bytes": a.payload,
+        "latency_us": {"p50": hist.value_at_quantile(0.5), "p99": hist.value_at_quantile(0.99), "max": hist.max()},
+    });
+    if a.json {
+        println!("{result}");
+    } else {
+        println!("Felix cache bench: {} concurrent, {} B values, 50% put / 50% get", a.concurrency, a.payload);
+        println!("  {:<20} {:>12.0}", "ops/s", n as f64 / secs);
+        println!("  {:<20} {:>12}", "latency p50 (µs)", hist.value_at_quantile(0.5));
+        println!("  {:<20} {:>12}", "latency p99 (µs)", hist.value_at_quantile(0.99));
+    }
+    c.close();
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,260 @@
+//! `serve`, `publish`, `subscribe` and `cache`.
+
+use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
+use crate::{CacheArgs, CacheOp, ConnectArgs, PublishArgs, ServeArgs, SubscribeArgs};
+use base64::Engine;
+use bytes::Bytes;
+use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
+use felix_proto::client::EndReason;
+use felix_proto::message::StartPosition;
+use std::io::Write;
+use std::process::ExitCode;
+use tokio::io::AsyncBufReadExt;
+
+pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
+    let dir = DataDir::new(&a.data_dir);
+    let (identity, generated) = dir.identity()?;
+    let token = dir.dev_token(a.dev_token.as_deref())?;
+    let server = start_broker(BrokerSettings {
+        listen: a.listen,
+        data_dir: Some(a.data_dir.clone()),
+        token: token.clone(),
+        identity,
+        fsync: a.fsync,
+        ephemeral: a.ephemeral,
+        publish_window: a.publish_window,
+        max_frame_bytes: a.max_frame_bytes,
+        ack_on_commit: a.ack_on_commit,
+        auto_create: !a.no_auto_create,
+        queue_capacity: a.queue_capacity,
+        require_alpn: a.require_alpn,
+    })
+    .await?;
+    for r in &server.repairs {
+        eprintln!("storage repaired: {r}");
+    }
+    let data = a.data_dir.display();
+    println!("Felix broker listening on {} (QUIC, TLS 1.3, ALPN felix/1 or none)", server.local_addr());
+    println!("  data dir     {data} ({} records recovered)", server.recovered_records);
+    println!(
+        "  certificate  {}{}",
+        dir.cert().display(),
+        if generated { " (generated now: self-signed for localhost)" } else { "" }
+    );
+    println!("  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)", dir.token().display());
+    println!("  fsync        {:?}", a.fsync);
+    println!("Try, from this directory:");
+    println!("  felix-node subscribe orders --from earliest");
+    println!("  felix-node publish orders hello world --ack");
+    println!("Ctrl-C or SIGTERM stops the broker cleanly.");
+    wait_for_shutdown().await;
+    eprintln!("shutting down: flushing storage and closing connections");
+    server.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_shutdown() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
+    let trust = client_trust(c.ca.as_deref(), &c.data_dir, c.insecure_accept_any_certificate)?;
+    let token = match &c.token {
+        Some(t) => t.clone(),
+        None => std::fs::read_to_string(DataDir::new(&c.data_dir).token())
+            .map(|t| t.trim().to_owned())
+            .map_err(|e| {
+                format!(
+                    "no --token given and no dev token at {}: {e}",
+                    DataDir::new(&c.data_dir).token().display()
+                )
+            })?,
+    };
+    let mut opts = ClientOptions::new(c.tenant.clone(), token, trust);
+    opts.server_name = c.server_name.clone();
+    tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
+        .await
+        .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?
+        .map_err(|e| format!("{}: {e}", c.addr))
+}
+
+pub async fn publish(a: PublishArgs) -> Result<ExitCode, String> {
+    let client = connect(&a.conn).await?;
+    let opts = || PublishOptions { key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
+    let mut sent = 0usize;
+    let mut last_offset = None;
+    let send = |batch: Vec<Bytes>| {
+        let client = client.clone();
+        let ns = a.conn.namespace.clone();
+        let stream = a.stream.clone();
+        let o = opts();
+        async move { client.publish(&ns, &stream, batch, o).await }
+    };
+    if !a.payloads.is_empty() {
+        let batch: Vec<Bytes> = a.payloads.iter().map(|p| Bytes::from(p.clone())).collect();
+        sent += batch.len();
+        last_offset = send(batch).await.map_err(|e| e.to_string())?;
+    } else {
+        let lines: Box<dyn tokio::io::AsyncBufRead + Unpin> = match &a.file {
+            Some(f) => Box::new(tokio::io::BufReader::new(
+                tokio::fs::File::open(f).await.map_err(|e| format!("{}: {e}", f.display()))?,
+            )),
+            None => Box::new(tokio::io::BufReader::new(tokio::io::stdin())),
+        };
+        let mut lines = lines.lines();
+        let mut batch = Vec::new();
+        loop {
+            let line = lines.next_line().await.map_err(|e| format!("reading input: {e}"))?;
+            let done = line.is_none();
+            if let Some(l) = line {
+                batch.push(Bytes::from(l));
+            }
+            if (done && !batch.is_empty()) || batch.len() >= a.batch.max(1) {
+                sent += batch.len();
+                last_offset = send(std::mem::take(&mut batch)).await.map_err(|e| e.to_string())?.or(last_offset);
+            }
+            if done {
+                break;
+            }
+        }
+    }
+    match (a.ack, last_offset) {
+        (true, Some(o)) => eprintln!("published {sent} record(s); last batch starts at offset {o}"),
+        (true, None) => eprintln!("published {sent} record(s), acknowledged"),
+        _ => eprintln!("published {sent} record(s)"),
+    }
+    client.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_start(s: &str) -> Result<StartPosition, String> {
+    match s {
+        "earliest" => Ok(StartPosition::Earliest),
+        "latest" => Ok(StartPosition::Latest),
+        n => n
+            .parse::<u64>()
+            .map(StartPosition::Offset)
+            .map_err(|_| format!("--from {n:?}: expected earliest, latest or an offset")),
+    }
+}
+
+pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
+    let start = parse_start(&a.from)?;
+    let client = connect(&a.conn).await?;
+    let mut sub = client
+        .subscribe(&a.conn.namespace, &a.stream, Some(start), Some(a.shard))
+        .await
+        .map_err(|e| e.to_string())?;
+    if let (Some(s), Some(l)) = (sub.start_offset, sub.live_offset) {
+        eprintln!("subscribed to {}/{} shard {} from offset {s} (live from {l})", a.conn.namespace, a.stream, a.shard);
+    } else {
+        eprintln!("subscribed to {}/{} shard {}", a.conn.namespace, a.stream, a.shard);
+    }
+    let mut seen = 0u64;
+    let stdout = std::io::stdout();
+    loop {
+        let item = tokio::select! {
+            item = sub.next() => item,
+            _ = tokio::signal::ctrl_c() => { eprintln!("stopped after {seen} event(s)"); break; }
+        };
+        match item {
+            Some(SubscriptionItem::Events(batch)) => {
+                let mut out = stdout.lock();
+                for (i, r) in batch.records.iter().enumerate() {
+                    let offset = batch.base_offset.map(|b| b + i as u64);
+                    let text = std::str::from_utf8(&r.payload).ok();
+                    let line = if a.json {
+                        let mut o = serde_json::Map::new();
+                        if let Some(off) = offset {
+                            o.insert("offset".into(), off.into());
+                        }
+                        match text {
+                            Some(t) => o.insert("payload".into(), t.into()),
+                            None => o.insert(
+                                "payload_base64".into(),
+                                base64::engine::general_purpose::STANDARD.encode(&r.payload).into(),
+                            ),
+                        };
+                        serde_json::Value::Object(o).to_string()
+                    } else {
+                        let p = text.map_or_else(|| format!("<{} bytes>", r.payload.len()), str::to_owned);
+                        match offset {
+                            Some(o) => format!("{o}\t{p}"),
+                            None => p,
+                        }
+                    };
+                    if writeln!(out, "{line}").is_err() {
+                        return Ok(ExitCode::SUCCESS); // stdout closed (e.g. piped to head)
+                    }
+                    seen += 1;
+                    if a.count.is_some_and(|c| seen >= c) {
+                        let _ = out.flush();
+                        client.close();
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                }
+                let _ = out.flush();
+            }
+            Some(SubscriptionItem::End(reason)) => {
+                match reason {
+                    EndReason::Lagged { resume_from } => {
+                        eprintln!("subscription fell behind; resume with --from {resume_from}")
+                    }
+                    EndReason::Moved(m) => eprintln!("shard moved to {:?}; resume from {:?}", m.addr, m.resume_from),
+                    EndReason::Deleted => eprintln!("the stream was deleted"),
+                    EndReason::Error(e) => eprintln!("subscription ended: {}", e.message),
+                    EndReason::Finished => eprintln!("subscription ended by the broker"),
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+            None => return Err("connection closed".into()),
+        }
+    }
+    client.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
+    let client = connect(&a.conn).await?;
+    let ns = a.conn.namespace.clone();
+    let code = match a.op {
+        CacheOp::Put { cache, key, value, ttl } => {
+            client.cache_put(&ns, &cache, &key, Bytes::from(value), ttl).await.map_err(|e| e.to_string())?;
+            eprintln!("stored {cache}/{key}");
+            ExitCode::SUCCESS
+        }
+        CacheOp::Get { cache, key } => match client.cache_get(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
+            Some(v) => {
+                println!("{}", String::from_utf8_lossy(&v));
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("{cache}/{key}: not found");
+                ExitCode::from(1)
+            }
+        },
+        CacheOp::Delete { cache, key } => match client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
+            Some(v) => {
+                println!("{}", String::from_utf8_lossy(&v));
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("{cache}/{key}: not found");
+                ExitCode::from(1)
+            }
+        },
+    };
+    client.close();
+    Ok(code)
+}

@@ -1,0 +1,139 @@
+//! What `serve`, `demo` and `bench` share: the data directory (certificate, dev token) and
+//! starting a broker from command-line settings.
+
+use felix_driver_tokio::{FsyncPolicy, Identity, Server, ServerOptions, TransportTuning, Trust};
+use felix_proto::broker::{BrokerConfig, StreamConfig, TokenGrant};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Where the broker keeps its files.
+pub struct DataDir {
+    pub root: PathBuf,
+}
+
+impl DataDir {
+    pub fn new(root: impl Into<PathBuf>) -> DataDir {
+        DataDir { root: root.into() }
+    }
+    pub fn cert(&self) -> PathBuf {
+        self.root.join("tls").join("cert.pem")
+    }
+    pub fn key(&self) -> PathBuf {
+        self.root.join("tls").join("key.pem")
+    }
+    pub fn token(&self) -> PathBuf {
+        self.root.join("dev-token")
+    }
+
+    /// The broker's certificate: loaded, or generated (for `localhost`) on first start.
+    pub fn identity(&self) -> Result<(Identity, bool), String> {
+        if self.cert().exists() && self.key().exists() {
+            return Identity::load(&self.cert(), &self.key()).map(|i| (i, false)).map_err(|e| e.to_string());
+        }
+        let dir = self.root.join("tls");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (id, cert, key) = Identity::self_signed(&["localhost", "127.0.0.1"]).map_err(|e| e.to_string())?;
+        std::fs::write(self.cert(), cert).map_err(|e| format!("{}: {e}", self.cert().display()))?;
+        write_private(&self.key(), key.as_bytes())?;
+        Ok((id, true))
+    }
+
+    /// The development token: `given` (stored for clients to find), the stored one, or a new
+    /// random one.
+    pub fn dev_token(&self, given: Option<&str>) -> Result<String, String> {
+        std::fs::create_dir_all(&self.root).map_err(|e| format!("{}: {e}", self.root.display()))?;
+        if let Some(t) = given {
+            write_private(&self.token(), t.as_bytes())?;
+            return Ok(t.to_owned());
+        }
+        if let Ok(t) = std::fs::read_to_string(self.token()) {
+            let t = t.trim().to_owned();
+            if !t.is_empty() {
+                return Ok(t);
+            }
+        }
+        let t = random_token()?;
+        write_private(&self.token(), t.as_bytes())?;
+        Ok(t)
+    }
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(data).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn random_token() -> Result<String, String> {
+    let mut buf = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(format!("dev-{}", buf.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+/// Settings to start a broker with.
+pub struct BrokerSettings {
+    pub listen: SocketAddr,
+    pub data_dir: Option<PathBuf>,
+    pub token: String,
+    pub identity: Identity,
+    pub fsync: FsyncPolicy,
+    pub ephemeral: bool,
+    pub publish_window: u32,
+    pub max_frame_bytes: u32,
+    pub ack_on_commit: bool,
+    pub auto_create: bool,
+    pub queue_capacity: u32,
+    pub require_alpn: bool,
+}
+
+pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
+    let broker = BrokerConfig {
+        tokens: vec![TokenGrant::dev(s.token)],
+        publish_window: s.publish_window,
+        max_frame_len: s.max_frame_bytes,
+        ack_on_commit: s.ack_on_commit,
+        auto_create: s.auto_create,
+        default_stream: StreamConfig {
+            durable: !s.ephemeral,
+            queue_capacity: s.queue_capacity,
+            ..StreamConfig::default()
+        },
+        ..BrokerConfig::default()
+    };
+    let opts = ServerOptions {
+        listen: s.listen,
+        broker,
+        identity: s.identity,
+        data_dir: s.data_dir,
+        fsync: s.fsync,
+        transport: TransportTuning::default(),
+        require_alpn: s.require_alpn,
+    };
+    Server::start(opts).await.map_err(|e| format!("starting the broker on {}: {e}", s.listen))
+}
+
+/// Trust for a client: `--ca`, the data directory's certificate, or (loudly) anything.
+pub fn client_trust(ca: Option<&Path>, data_dir: &Path, insecure: bool) -> Result<Trust, String> {
+    if insecure {
+        eprintln!("WARNING: --insecure-accept-any-certificate: the broker's identity is NOT checked");
+        return Ok(Trust::DangerAcceptAnyCertificate);
+    }
+    let path = match ca {
+        Some(p) => p.to_path_buf(),
+        None => DataDir::new(data_dir).cert(),
+    };
+    let certs = felix_driver_tokio::tls::load_certs(&path).map_err(|e| {
+        format!("{e}\n  (pass --ca CERT.pem with the broker's certificate, or run from the directory where `felix-node serve` keeps ./felix-data)")
+    })?;
+    Ok(Trust::Certificates(certs))
+}
