@@ -108,11 +108,19 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         require_alpn: false,
     })
     .await?;
-    Ok(Target { addr: server.local_addr(), token: "bench".into(), trust: Trust::Certificates(chain), _server: Some(server), _dir: Some(dir) })
+    Ok(Target {
+        addr: server.local_addr(),
+        token: "bench".into(),
+        trust: Trust::Certificates(chain),
+        _server: Some(server),
+        _dir: Some(dir),
+    })
 }
 
 async fn connect(t: &Target) -> Result<Client, String> {
-    Client::connect(t.addr, ClientOptions::new("bench", t.token.clone(), t.trust.clone())).await.map_err(|e| e.to_string())
+    Client::connect(t.addr, ClientOptions::new("bench", t.token.clone(), t.trust.clone()))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn progress(quiet: bool, start: Instant, total: Duration, label: String) {
@@ -205,8 +213,10 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     let stream = stream.clone();
                     inflight.spawn(async move { c.publish("bench", &stream, payloads, opts).await });
                     while inflight.len() >= 256 {
-                        if let Some(Err(e)) | Some(Ok(Err(e))) =
-                            inflight.join_next().await.map(|r| r.map_err(|e| e.to_string()).map(|r| r.map_err(|e| e.to_string())))
+                        if let Some(Err(e)) | Some(Ok(Err(e))) = inflight
+                            .join_next()
+                            .await
+                            .map(|r| r.map_err(|e| e.to_string()).map(|r| r.map_err(|e| e.to_string())))
                         {
                             return Err(e);
                         }
@@ -284,8 +294,15 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.json {
         println!("{result}");
     } else {
-        println!("Felix bench: {} publisher(s), {} subscriber(s), {} B records, batch {}, {}, {}", a.publishers, a.subscribers, a.payload, a.batch,
-            if a.ack { "acked" } else { "unacked" }, if a.durable { "durable" } else { "ephemeral" });
+        println!(
+            "Felix bench: {} publisher(s), {} subscriber(s), {} B records, batch {}, {}, {}",
+            a.publishers,
+            a.subscribers,
+            a.payload,
+            a.batch,
+            if a.ack { "acked" } else { "unacked" },
+            if a.durable { "durable" } else { "ephemeral" }
+        );
         println!("  {:<28} {:>14}", "published", format!("{sent} msgs"));
         println!("  {:<28} {:>14.0}", "publish msgs/s", sent as f64 / secs);
         println!("  {:<28} {:>14.1}", "publish MB/s (payload)", mb);
@@ -313,7 +330,7 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
             while !stop.load(Ordering::Relaxed) {
                 let key = format!("k{w}-{}", i % 1000);
                 let t0 = Instant::now();
-                if i % 2 == 0 {
+                if i.is_multiple_of(2) {
                     c.cache_put("bench", "cache", &key, value.clone(), None).await.map_err(|e| e.to_string())?;
                 } else {
                     c.cache_get("bench", "cache", &key).await.map_err(|e| e.to_string())?;
@@ -329,7 +346,12 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
     let start = Instant::now();
     while start.elapsed() < total {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        progress(a.quiet, start, total, format!("{:.0} ops/s", ops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()));
+        progress(
+            a.quiet,
+            start,
+            total,
+            format!("{:.0} ops/s", ops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()),
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");

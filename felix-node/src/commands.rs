@@ -41,7 +41,10 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         dir.cert().display(),
         if generated { " (generated now: self-signed for localhost)" } else { "" }
     );
-    println!("  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)", dir.token().display());
+    println!(
+        "  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)",
+        dir.token().display()
+    );
     println!("  fsync        {:?}", a.fsync);
     println!("Try, from this directory:");
     println!("  felix-node subscribe orders --from earliest");
@@ -72,14 +75,11 @@ pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
     let trust = client_trust(c.ca.as_deref(), &c.data_dir, c.insecure_accept_any_certificate)?;
     let token = match &c.token {
         Some(t) => t.clone(),
-        None => std::fs::read_to_string(DataDir::new(&c.data_dir).token())
-            .map(|t| t.trim().to_owned())
-            .map_err(|e| {
-                format!(
-                    "no --token given and no dev token at {}: {e}",
-                    DataDir::new(&c.data_dir).token().display()
-                )
-            })?,
+        None => {
+            std::fs::read_to_string(DataDir::new(&c.data_dir).token()).map(|t| t.trim().to_owned()).map_err(|e| {
+                format!("no --token given and no dev token at {}: {e}", DataDir::new(&c.data_dir).token().display())
+            })?
+        }
     };
     let mut opts = ClientOptions::new(c.tenant.clone(), token, trust);
     opts.server_name = c.server_name.clone();
@@ -152,10 +152,8 @@ fn parse_start(s: &str) -> Result<StartPosition, String> {
 pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
     let start = parse_start(&a.from)?;
     let client = connect(&a.conn).await?;
-    let mut sub = client
-        .subscribe(&a.conn.namespace, &a.stream, Some(start), Some(a.shard))
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut sub =
+        client.subscribe(&a.conn.namespace, &a.stream, Some(start), Some(a.shard)).await.map_err(|e| e.to_string())?;
     if let (Some(s), Some(l)) = (sub.start_offset, sub.live_offset) {
         eprintln!("subscribed to {}/{} shard {} from offset {s} (live from {l})", a.conn.namespace, a.stream, a.shard);
     } else {
@@ -244,16 +242,18 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
                 ExitCode::from(1)
             }
         },
-        CacheOp::Delete { cache, key } => match client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
-            Some(v) => {
-                println!("{}", String::from_utf8_lossy(&v));
-                ExitCode::SUCCESS
+        CacheOp::Delete { cache, key } => {
+            match client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
+                Some(v) => {
+                    println!("{}", String::from_utf8_lossy(&v));
+                    ExitCode::SUCCESS
+                }
+                None => {
+                    eprintln!("{cache}/{key}: not found");
+                    ExitCode::from(1)
+                }
             }
-            None => {
-                eprintln!("{cache}/{key}: not found");
-                ExitCode::from(1)
-            }
-        },
+        }
     };
     client.close();
     Ok(code)

@@ -7,7 +7,10 @@ use felix_proto::message::StartPosition;
 use std::process::ExitCode;
 use std::time::Duration;
 
-async fn next_events(sub: &mut felix_driver_tokio::Subscription, n: usize) -> Result<Vec<(Option<u64>, String)>, String> {
+async fn next_events(
+    sub: &mut felix_driver_tokio::Subscription,
+    n: usize,
+) -> Result<Vec<(Option<u64>, String)>, String> {
     let mut out = Vec::new();
     while out.len() < n {
         match tokio::time::timeout(Duration::from_secs(10), sub.next()).await {
@@ -72,7 +75,10 @@ pub async fn run() -> Result<ExitCode, String> {
             )
             .await
             .map_err(|e| e.to_string())?;
-        println!("published {item:?} (key {key}) -> acknowledged at offset {}", off.map_or("-".into(), |o| o.to_string()));
+        println!(
+            "published {item:?} (key {key}) -> acknowledged at offset {}",
+            off.map_or("-".into(), |o| o.to_string())
+        );
     }
     let batch: Vec<Bytes> = (1..=5).map(|i| Bytes::from(format!("batch-{i}"))).collect();
     let off = client
@@ -85,10 +91,8 @@ pub async fn run() -> Result<ExitCode, String> {
     }
 
     println!("\n-- replay from earliest");
-    let mut replay = client
-        .subscribe("default", "orders", Some(StartPosition::Earliest), None)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut replay =
+        client.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.map_err(|e| e.to_string())?;
     let events = next_events(&mut replay, 8).await?;
     println!("replayed {} events, offsets {:?}..={:?}", events.len(), events[0].0, events[events.len() - 1].0);
 
