@@ -93,28 +93,28 @@ struct ServeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
     /// Broker address.
-    #[arg(long, env = "FELIX_ADDR", default_value = "127.0.0.1:5000")]
+    #[arg(long, global = true, env = "FELIX_ADDR", default_value = "127.0.0.1:5000")]
     addr: SocketAddr,
     /// Tenant.
-    #[arg(long, env = "FELIX_TENANT", default_value = "default")]
+    #[arg(long, global = true, env = "FELIX_TENANT", default_value = "default")]
     tenant: String,
     /// Token (default: the dev token in --data-dir).
-    #[arg(long, env = "FELIX_TOKEN")]
+    #[arg(long, global = true, env = "FELIX_TOKEN")]
     token: Option<String>,
     /// The broker's certificate (default: the one in --data-dir).
-    #[arg(long, env = "FELIX_CA")]
+    #[arg(long, global = true, env = "FELIX_CA")]
     ca: Option<PathBuf>,
     /// Where a local broker keeps its certificate and dev token.
-    #[arg(long, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
+    #[arg(long, global = true, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
     data_dir: PathBuf,
     /// Name the broker's certificate must hold.
-    #[arg(long, default_value = "localhost")]
+    #[arg(long, global = true, default_value = "localhost")]
     server_name: String,
     /// Accept any certificate. For development only: the broker's identity is not checked.
-    #[arg(long)]
+    #[arg(long, global = true)]
     insecure_accept_any_certificate: bool,
     /// Namespace.
-    #[arg(long, short = 'n', default_value = "default")]
+    #[arg(long, short = 'n', global = true, default_value = "default")]
     namespace: String,
 }
 

@@ -445,3 +445,26 @@ fn configured_multi_shard_stream_reports_its_width() {
         Message::StreamShardsView(message::StreamShardsView { shards: 4, request_id: 7, routing: None })
     );
 }
+
+#[test]
+fn retention_by_age_drops_old_records_on_a_timer() {
+    let mut cfg = config();
+    cfg.default_stream.retention =
+        Retention { max_records: None, max_bytes: None, max_age: Some(Duration::from_secs(5)) };
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0027), None);
+    sim.raw_send(p, s, publish_binary("orders", &["old"], None, None), false);
+    sim.run();
+    sim.advance(Duration::from_secs(3));
+    sim.raw_send(p, s, publish_binary("orders", &["new"], None, None), false);
+    sim.run();
+    assert_eq!(sim.broker.shard_state("t1", "default", "orders", 0).unwrap().0, 0);
+    // The broker asks to be woken for the sweep; nothing else needs to happen.
+    assert!(sim.broker.poll_timeout().is_some());
+    sim.advance(Duration::from_secs(3));
+    let (start, _, _, retained) = sim.broker.shard_state("t1", "default", "orders", 0).unwrap();
+    assert_eq!((start, retained), (1, 1), "the 6 s old record is gone, the 3 s old one stays");
+    sim.raw_send(p, s, subscribe("orders", Some(StartPosition::Offset(0))), false);
+    sim.run();
+    assert!(matches!(messages(&sim.take_received(p, s))[0], Message::SubscribeCursorError(_)));
+}

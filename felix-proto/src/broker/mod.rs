@@ -327,6 +327,7 @@ pub struct Broker {
     stats: BrokerStats,
     server_flags: Flags,
     server_features: Features,
+    next_sweep: Option<Instant>,
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -362,6 +363,7 @@ impl Broker {
             stats: BrokerStats::default(),
             server_flags,
             server_features,
+            next_sweep: None,
         };
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
@@ -419,9 +421,15 @@ impl Broker {
         self.out.pop_front()
     }
 
-    /// When to call [`handle_timeout`](Self::handle_timeout) next.
+    /// When to call [`handle_timeout`](Self::handle_timeout) next: the earliest authentication
+    /// deadline, or the next retention sweep (once a second while any stream retains by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.auth_deadline).min()
+        let auth = self.conns.values().filter_map(|c| c.auth_deadline).min();
+        let sweep = self.next_sweep.filter(|_| self.streams.values().any(|e| e.config.retention.max_age.is_some()));
+        match (auth, sweep) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Timers: closes connections that authenticated no stream in time, applies retention.
@@ -437,10 +445,13 @@ impl Broker {
             });
             self.drop_conn(conn);
         }
-        for entry in self.streams.values_mut() {
-            for shard in &mut entry.shards {
-                shard.log.enforce_retention(now);
+        if self.next_sweep.is_none_or(|t| t <= now) {
+            for entry in self.streams.values_mut() {
+                for shard in &mut entry.shards {
+                    shard.log.enforce_retention(now);
+                }
             }
+            self.next_sweep = Some(crate::io::after(now, std::time::Duration::from_secs(1)));
         }
     }
 
@@ -450,6 +461,7 @@ impl Broker {
     /// A client connected. Returns its id.
     pub fn connection_opened(&mut self, now: Instant) -> ConnId {
         let now = self.clock.advance(now);
+        self.next_sweep.get_or_insert(crate::io::after(now, std::time::Duration::from_secs(1)));
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
         self.stats.connections_opened += 1;

@@ -1,0 +1,204 @@
+//! Tests against a real `felix-node serve` process: the README's client commands, and crash
+//! safety (SIGKILL under acked load, then restart).
+
+use bytes::Bytes;
+use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem, Trust};
+use felix_proto::message::StartPosition;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
+const TOKEN: &str = "process-test-token";
+
+fn free_port() -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap()
+}
+
+/// Starts `felix-node serve` and waits for its "listening" banner.
+fn serve(data: &Path, addr: SocketAddr, extra: &[&str]) -> Child {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
+        .arg(data)
+        .args(["--dev-token", TOKEN])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    loop {
+        let line = lines.next().expect("broker printed its banner").unwrap();
+        if line.starts_with("Felix broker listening") {
+            break;
+        }
+    }
+    // Keep draining stdout so the broker never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+fn client_cmd(data: &Path, addr: SocketAddr) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("FELIX_ADDR", addr.to_string()).env("FELIX_DATA_DIR", data);
+    c
+}
+
+#[test]
+fn readme_commands_work_against_a_served_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let mut broker = serve(dir.path(), addr, &[]);
+    assert!(dir.path().join("tls/cert.pem").exists(), "certificate generated on first start");
+    let publish = client_cmd(dir.path(), addr).args(["publish", "orders", "hello", "world", "--ack"]).output().unwrap();
+    assert!(publish.status.success(), "{}", String::from_utf8_lossy(&publish.stderr));
+    let sub = client_cmd(dir.path(), addr)
+        .args(["subscribe", "orders", "--from", "earliest", "--count", "2"])
+        .output()
+        .unwrap();
+    assert!(sub.status.success(), "{}", String::from_utf8_lossy(&sub.stderr));
+    assert_eq!(String::from_utf8_lossy(&sub.stdout), "0\thello\n1\tworld\n");
+    let json = client_cmd(dir.path(), addr)
+        .args(["subscribe", "orders", "--from", "1", "--count", "1", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&json.stdout).trim(), r#"{"offset":1,"payload":"world"}"#);
+    let put = client_cmd(dir.path(), addr).args(["cache", "put", "sessions", "user:1", "alice"]).output().unwrap();
+    assert!(put.status.success());
+    let get = client_cmd(dir.path(), addr).args(["cache", "get", "sessions", "user:1"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&get.stdout), "alice\n");
+    let miss = client_cmd(dir.path(), addr).args(["cache", "get", "sessions", "nobody"]).output().unwrap();
+    assert_eq!(miss.status.code(), Some(1), "a miss exits 1");
+    // A bad token is a clear error, not a hang.
+    let bad = client_cmd(dir.path(), addr).args(["--help"]).output().unwrap();
+    assert!(bad.status.success());
+    let bad = client_cmd(dir.path(), addr).args(["cache", "get", "s", "k", "--token", "nope"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("unauthenticated"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    // Graceful shutdown on SIGTERM.
+    let pid = broker.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = broker.wait().unwrap();
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let out = Command::new(BIN).args(["serve", "--fsync", "sometimes"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown fsync policy"));
+    let out =
+        Command::new(BIN).args(["subscribe", "s", "--from", "yesterday", "--addr", "127.0.0.1:1"]).output().unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(BIN).args(["publish"]).output().unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(BIN).args(["cache", "get", "c", "k", "--data-dir", "/nonexistent-felix"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-felix"), "names the missing file");
+}
+
+async fn connect(data: &Path, addr: SocketAddr) -> Client {
+    let certs = felix_driver_tokio::tls::load_certs(&data.join("tls/cert.pem")).unwrap();
+    Client::connect(addr, ClientOptions::new("t1", TOKEN, Trust::Certificates(certs))).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_acked_load_loses_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let args = ["--fsync", "always", "--ack-on-commit"];
+    // acked offset -> payload, across every run
+    let mut acked: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let mut counter = 0u64;
+    for round in 0..3u64 {
+        let mut broker = serve(dir.path(), addr, &args);
+        let client = connect(dir.path(), addr).await;
+        // Publish acked batches from several tasks; kill the broker while they are in flight,
+        // as soon as a round-dependent number of acks has landed.
+        let (acks_tx, mut acks_rx) = tokio::sync::watch::channel(0u64);
+        let acks_tx = std::sync::Arc::new(acks_tx);
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..4 {
+            let c = client.clone();
+            let acks_tx = acks_tx.clone();
+            let base = counter + t * 1_000_000;
+            tasks.spawn(async move {
+                let mut ok = Vec::new();
+                for i in 0..1_000_000u64 {
+                    let p = Bytes::from(format!("r{round}-{}", base + i));
+                    match c
+                        .publish(
+                            "default",
+                            "crash",
+                            vec![p.clone()],
+                            PublishOptions { ack: true, ..Default::default() },
+                        )
+                        .await
+                    {
+                        Ok(Some(off)) => ok.push((off, p)),
+                        Ok(None) => panic!("ack on commit always carries an offset"),
+                        Err(_) => break, // the broker died
+                    }
+                    acks_tx.send_modify(|n| *n += 1);
+                }
+                ok
+            });
+        }
+        counter += 4_000_000;
+        let target = 200 + 300 * round;
+        tokio::time::timeout(Duration::from_secs(60), acks_rx.wait_for(|n| *n >= target))
+            .await
+            .expect("acks arrive")
+            .unwrap();
+        broker.kill().unwrap(); // SIGKILL, mid-load
+        broker.wait().unwrap();
+        // The dead broker sends no close; end our side now instead of waiting for the idle timeout.
+        client.close();
+        let before = acked.len();
+        while let Some(r) = tasks.join_next().await {
+            for (off, p) in r.unwrap() {
+                assert!(acked.insert(off, p).is_none(), "offset {off} acknowledged twice");
+            }
+        }
+        eprintln!("round {round}: {} acks before SIGKILL", acked.len() - before);
+    }
+    assert!(acked.len() > 100, "the load ran: {} acks", acked.len());
+    // Restart and read everything back.
+    let mut broker = serve(dir.path(), addr, &args);
+    let client = connect(dir.path(), addr).await;
+    let mut sub = client.subscribe("default", "crash", Some(StartPosition::Earliest), None).await.unwrap();
+    let tail = *acked.keys().last().unwrap();
+    let mut stored: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let mut next_expected = None;
+    while stored.keys().last().is_none_or(|l| *l < tail) {
+        let item = tokio::time::timeout(Duration::from_secs(20), sub.next()).await.expect("replay arrives");
+        let Some(SubscriptionItem::Events(b)) = item else { panic!("{item:?}") };
+        for (i, p) in b.records.payloads().enumerate() {
+            let off = b.base_offset.unwrap() + i as u64;
+            if let Some(n) = next_expected {
+                assert_eq!(off, n, "offsets are continuous");
+            }
+            next_expected = Some(off + 1);
+            assert!(stored.insert(off, p).is_none(), "offset {off} stored twice");
+        }
+    }
+    for (off, p) in &acked {
+        assert_eq!(stored.get(off), Some(p), "acknowledged record at {off} survived");
+    }
+    eprintln!("{} acknowledged records all present once among {} stored", acked.len(), stored.len());
+    let mut payloads: Vec<&Bytes> = stored.values().collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), stored.len(), "no record stored twice");
+    broker.kill().unwrap();
+    let _ = broker.wait();
+}
