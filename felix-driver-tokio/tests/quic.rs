@@ -171,3 +171,55 @@ async fn subscription_ends_when_the_broker_shuts_down() {
     let end = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("no hang");
     assert!(matches!(end, None | Some(SubscriptionItem::End(EndReason::Finished))), "{end:?}");
 }
+
+/// A client that predates negotiation, speaking raw frames over QUIC: it must receive exactly the
+/// frames a pre-negotiation broker sent.
+#[tokio::test]
+async fn a_legacy_client_gets_the_exact_legacy_frames() {
+    use felix_driver_tokio::tls::client_config;
+    use std::sync::Arc;
+    let (server, chain) = start(None).await;
+    let tls = client_config(Trust::Certificates(chain), false).unwrap();
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let conn = ep.connect(server.local_addr(), "localhost").unwrap().await.unwrap();
+    let frame = |json: &str| {
+        let mut v = vec![0x46, 0x4c, 0x58, 0x31, 0, 1, 0, 0];
+        v.extend_from_slice(&(json.len() as u32).to_be_bytes());
+        v.extend_from_slice(json.as_bytes());
+        v
+    };
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let requests = [
+        r#"{"type":"auth","tenant_id":"t1","token":"test-token"}"#,
+        r#"{"type":"subscribe","tenant_id":"t1","namespace":"default","stream":"legacy"}"#,
+        r#"{"type":"publish","tenant_id":"t1","namespace":"default","stream":"legacy","payload":"aGVsbG8=","request_id":1,"ack":"per_batch"}"#,
+        r#"{"type":"cache_get","tenant_id":"t1","namespace":"default","cache":"primary","key":"demo-key"}"#,
+    ];
+    for r in requests {
+        send.write_all(&frame(r)).await.unwrap();
+    }
+    let expected: Vec<u8> = [
+        r#"{"type":"ok"}"#,
+        r#"{"type":"subscribed","subscription_id":1}"#,
+        r#"{"type":"publish_ok","request_id":1}"#,
+        r#"{"type":"cache_value","tenant_id":"t1","namespace":"default","cache":"primary","key":"demo-key","value":null}"#,
+    ]
+    .iter()
+    .flat_map(|j| frame(j))
+    .collect();
+    let mut got = vec![0u8; expected.len()];
+    tokio::time::timeout(Duration::from_secs(10), recv.read_exact(&mut got)).await.expect("answers").unwrap();
+    assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&expected));
+    // The event stream: hello, then the plain shared batch (flags 0x0004, no offsets).
+    let mut uni = tokio::time::timeout(Duration::from_secs(10), conn.accept_uni()).await.unwrap().unwrap();
+    let mut want = frame(r#"{"type":"event_stream_hello","subscription_id":1}"#);
+    want.extend_from_slice(&[0x46, 0x4c, 0x58, 0x31, 0, 1, 0, 4, 0, 0, 0, 13, 0, 0, 0, 1, 0, 0, 0, 5]);
+    want.extend_from_slice(b"hello");
+    let mut got = vec![0u8; want.len()];
+    tokio::time::timeout(Duration::from_secs(10), uni.read_exact(&mut got)).await.expect("events").unwrap();
+    assert_eq!(got, want);
+    conn.close(0u32.into(), b"done");
+    server.shutdown().await;
+}

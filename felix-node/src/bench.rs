@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Concurrent cache requests (with --cache).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Measure raw QUIC instead: one stream of bulk bytes through quinn with the same TLS and
+    /// transport settings (the ceiling publish→deliver is compared against).
+    #[arg(long)]
+    raw_quinn: bool,
     /// Print results as JSON.
     #[arg(long)]
     json: bool,
@@ -136,6 +140,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.publishers == 0 || a.batch == 0 || a.duration == 0 {
         return Err("--publishers, --batch and --duration must be positive".into());
     }
+    if a.raw_quinn {
+        return raw_quinn(&a).await;
+    }
     let t = target(&a).await?;
     if a.cache {
         return cache_bench(&a, &t).await;
@@ -208,20 +215,20 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     .collect();
                 let opts = PublishOptions { ack, ..Default::default() };
                 if ack {
-                    // Keep many acked batches in flight: the client pipelines them.
-                    let c = c.clone();
-                    let stream = stream.clone();
-                    inflight.spawn(async move { c.publish("bench", &stream, payloads, opts).await });
+                    // Keep many acked batches in flight: the client pipelines them under the
+                    // broker's window.
+                    let c2 = c.clone();
+                    let stream2 = stream.clone();
+                    inflight.spawn(async move { c2.publish("bench", &stream2, payloads, opts).await });
                     while inflight.len() >= 256 {
-                        if let Some(Err(e)) | Some(Ok(Err(e))) = inflight
-                            .join_next()
-                            .await
-                            .map(|r| r.map_err(|e| e.to_string()).map(|r| r.map_err(|e| e.to_string())))
-                        {
-                            return Err(e);
+                        match inflight.join_next().await {
+                            Some(Ok(Err(e))) => return Err(e.to_string()),
+                            Some(Err(e)) => return Err(e.to_string()),
+                            _ => {}
                         }
                     }
                 } else if let Err(e) = c.publish("bench", &stream, payloads, opts).await {
+                    // Unacked: completes when QUIC took the bytes (flow-control backpressure).
                     return Err(e.to_string());
                 }
                 sent += batch as u64;
@@ -376,5 +383,62 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
         println!("  {:<20} {:>12}", "latency p99 (µs)", hist.value_at_quantile(0.99));
     }
     c.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
+    use felix_driver_tokio::TransportTuning;
+    let (id, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
+    let chain = id.chain.clone();
+    let tls = felix_driver_tokio::tls::server_config(id).map_err(|e| e.to_string())?;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut scfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    scfg.transport_config(Arc::new(TransportTuning::default().to_quinn()));
+    let server = quinn::Endpoint::server(scfg, "127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
+    let addr = server.local_addr().map_err(|e| e.to_string())?;
+    let received = Arc::new(AtomicU64::new(0));
+    let r2 = received.clone();
+    tokio::spawn(async move {
+        if let Some(inc) = server.accept().await {
+            if let Ok(conn) = inc.await {
+                if let Ok(mut uni) = conn.accept_uni().await {
+                    while let Ok(Some(c)) = uni.read_chunk(1 << 20, true).await {
+                        r2.fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    });
+    let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(chain), true).map_err(|e| e.to_string())?;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut ccfg = quinn::ClientConfig::new(Arc::new(crypto));
+    ccfg.transport_config(Arc::new(TransportTuning::default().to_quinn()));
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
+    ep.set_default_client_config(ccfg);
+    let conn = ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
+    let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
+    let chunk = Bytes::from(vec![7u8; 64 * 1024]);
+    let total = Duration::from_secs(a.duration);
+    let start = Instant::now();
+    let mut last = Instant::now();
+    while start.elapsed() < total {
+        send.write_chunk(chunk.clone()).await.map_err(|e| e.to_string())?;
+        if last.elapsed() > Duration::from_millis(250) {
+            last = Instant::now();
+            let mb = received.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64() / 1e6;
+            progress(a.quiet, start, total, format!("{mb:.0} MB/s"));
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mb = received.load(Ordering::Relaxed) as f64 / secs / 1e6;
+    if !a.quiet {
+        eprintln!();
+    }
+    if a.json {
+        println!("{}", serde_json::json!({"raw_quinn_mb_per_s": mb, "duration_s": secs}));
+    } else {
+        println!("raw quinn, one stream, same TLS and transport settings: {mb:.1} MB/s");
+    }
+    conn.close(0u32.into(), b"done");
     Ok(ExitCode::SUCCESS)
 }
