@@ -399,13 +399,12 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     let received = Arc::new(AtomicU64::new(0));
     let r2 = received.clone();
     tokio::spawn(async move {
-        if let Some(inc) = server.accept().await {
-            if let Ok(conn) = inc.await {
-                if let Ok(mut uni) = conn.accept_uni().await {
-                    while let Ok(Some(c)) = uni.read_chunk(1 << 20, true).await {
-                        r2.fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
-                    }
-                }
+        if let Some(inc) = server.accept().await
+            && let Ok(conn) = inc.await
+            && let Ok(mut uni) = conn.accept_uni().await
+        {
+            while let Ok(Some(c)) = uni.read_chunk(1 << 20, true).await {
+                r2.fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
             }
         }
     });
