@@ -100,7 +100,11 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
     let server = start_broker(BrokerSettings {
         listen: "127.0.0.1:0".parse().expect("literal"),
         data_dir: Some(dir.path().to_path_buf()),
-        token: "bench".into(),
+        token: Some("bench".into()),
+        tokens: Vec::new(),
+        streams: Vec::new(),
+        caches: Vec::new(),
+        queue_capacity_max: 65_536,
         identity,
         fsync: a.fsync,
         ephemeral: !a.durable,

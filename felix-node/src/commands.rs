@@ -12,28 +12,55 @@ use std::process::ExitCode;
 use tokio::io::AsyncBufReadExt;
 
 pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
-    let dir = DataDir::new(&a.data_dir);
+    let file = match &a.config {
+        Some(p) => crate::config::FileConfig::load(p)?,
+        None => crate::config::FileConfig::default(),
+    };
+    let b = &file.broker;
+    // Precedence: flag or FELIX_* variable, then the file, then the built-in default.
+    let listen: std::net::SocketAddr = match (a.listen, &b.listen) {
+        (Some(l), _) => l,
+        (None, Some(l)) => l.parse().map_err(|e| format!("config broker.listen {l:?}: {e}"))?,
+        (None, None) => "127.0.0.1:5000".parse().expect("literal"),
+    };
+    let data_dir =
+        a.data_dir.clone().or_else(|| b.data_dir.as_ref().map(Into::into)).unwrap_or_else(|| "./felix-data".into());
+    let fsync = match (a.fsync, &b.fsync) {
+        (Some(f), _) => f,
+        (None, Some(f)) => f.parse().map_err(|e| format!("config broker.fsync: {e}"))?,
+        (None, None) => felix_driver_tokio::FsyncPolicy::Interval(std::time::Duration::from_millis(100)),
+    };
+    let queue_capacity = a.queue_capacity.or(b.subscriber_queue_capacity).unwrap_or(1024);
+    let dir = DataDir::new(&data_dir);
     let (identity, generated) = dir.identity()?;
-    let token = dir.dev_token(a.dev_token.as_deref())?;
+    let token = if a.dev_token.is_some() || b.dev_token.unwrap_or(true) {
+        Some(dir.dev_token(a.dev_token.as_deref())?)
+    } else {
+        None
+    };
     let server = start_broker(BrokerSettings {
-        listen: a.listen,
-        data_dir: Some(a.data_dir.clone()),
+        listen,
+        data_dir: Some(data_dir.clone()),
         token: token.clone(),
+        tokens: file.tokens(),
+        streams: file.streams(queue_capacity),
+        caches: file.caches(),
+        queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),
         identity,
-        fsync: a.fsync,
-        ephemeral: a.ephemeral,
-        publish_window: a.publish_window,
-        max_frame_bytes: a.max_frame_bytes,
-        ack_on_commit: a.ack_on_commit,
-        auto_create: !a.no_auto_create,
-        queue_capacity: a.queue_capacity,
-        require_alpn: a.require_alpn,
+        fsync,
+        ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),
+        publish_window: a.publish_window.or(b.publish_window).unwrap_or(256),
+        max_frame_bytes: a.max_frame_bytes.or(b.max_frame_bytes).unwrap_or(16 << 20),
+        ack_on_commit: a.ack_on_commit || b.ack_on_commit.unwrap_or(false),
+        auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
+        queue_capacity,
+        require_alpn: a.require_alpn || b.require_alpn.unwrap_or(false),
     })
     .await?;
     for r in &server.repairs {
         eprintln!("storage repaired: {r}");
     }
-    let data = a.data_dir.display();
+    let data = data_dir.display();
     println!("Felix broker listening on {} (QUIC, TLS 1.3, ALPN felix/1 or none)", server.local_addr());
     println!("  data dir     {data} ({} records recovered)", server.recovered_records);
     println!(
@@ -41,11 +68,15 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         dir.cert().display(),
         if generated { " (generated now: self-signed for localhost)" } else { "" }
     );
-    println!(
-        "  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)",
-        dir.token().display()
-    );
-    println!("  fsync        {:?}", a.fsync);
+    match &token {
+        Some(token) => println!(
+            "  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)",
+            dir.token().display()
+        ),
+        None => println!("  dev token    none (broker.dev_token = false)"),
+    }
+    println!("  tokens       {} from the configuration", file.tokens.len());
+    println!("  fsync        {fsync:?}");
     println!("Try, from this directory:");
     println!("  felix-node subscribe orders --from earliest");
     println!("  felix-node publish orders hello world --ack");
@@ -158,6 +189,10 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         eprintln!("subscribed to {}/{} shard {} from offset {s} (live from {l})", a.conn.namespace, a.stream, a.shard);
     } else {
         eprintln!("subscribed to {}/{} shard {}", a.conn.namespace, a.stream, a.shard);
+    }
+    if a.count == Some(0) {
+        client.close();
+        return Ok(ExitCode::SUCCESS);
     }
     let mut seen = 0u64;
     let stdout = std::io::stdout();

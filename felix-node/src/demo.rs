@@ -34,7 +34,11 @@ pub async fn run() -> Result<ExitCode, String> {
     let server = start_broker(BrokerSettings {
         listen: "127.0.0.1:0".parse().expect("literal"),
         data_dir: Some(dir.path().to_path_buf()),
-        token: token.clone(),
+        token: Some(token.clone()),
+        tokens: Vec::new(),
+        streams: Vec::new(),
+        caches: Vec::new(),
+        queue_capacity_max: 65_536,
         identity,
         fsync: FsyncPolicy::Always,
         ephemeral: false,

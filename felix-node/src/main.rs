@@ -2,6 +2,7 @@
 
 mod bench;
 mod commands;
+mod config;
 mod conformance;
 mod demo;
 mod node;
@@ -53,37 +54,41 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct ServeArgs {
-    /// UDP address to listen on.
-    #[arg(long, env = "FELIX_LISTEN", default_value = "127.0.0.1:5000")]
-    listen: SocketAddr,
-    /// Where durable streams, the TLS certificate and the dev token live.
-    #[arg(long, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
-    data_dir: PathBuf,
+    /// A TOML configuration file (tokens, streams, caches, limits; see docs/operations.md).
+    /// Flags and FELIX_* variables override it.
+    #[arg(long, env = "FELIX_CONFIG")]
+    config: Option<PathBuf>,
+    /// UDP address to listen on [default: 127.0.0.1:5000].
+    #[arg(long, env = "FELIX_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Where durable streams, the TLS certificate and the dev token live [default: ./felix-data].
+    #[arg(long, env = "FELIX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
     /// Development token (valid for any tenant, every permission). Default: generated on first
     /// start and stored in the data directory.
     #[arg(long, env = "FELIX_DEV_TOKEN")]
     dev_token: Option<String>,
-    /// When appends reach the disk: always, never, or interval:MILLISECONDS.
-    #[arg(long, env = "FELIX_FSYNC", default_value = "interval:100")]
-    fsync: felix_driver_tokio::FsyncPolicy,
+    /// When appends reach the disk: always, never, or interval:MILLISECONDS [default: interval:100].
+    #[arg(long, env = "FELIX_FSYNC")]
+    fsync: Option<felix_driver_tokio::FsyncPolicy>,
     /// Auto-created streams keep no history (no offsets, nothing on disk).
     #[arg(long, env = "FELIX_EPHEMERAL")]
     ephemeral: bool,
-    /// Pipelined-publish window per stream (0 disables pipelining).
-    #[arg(long, env = "FELIX_PUBLISH_WINDOW", default_value_t = 256)]
-    publish_window: u32,
-    /// Largest frame payload accepted after authentication, in bytes.
-    #[arg(long, env = "FELIX_MAX_FRAME_BYTES", default_value_t = 16 * 1024 * 1024)]
-    max_frame_bytes: u32,
+    /// Pipelined-publish window per stream, 0 disables pipelining [default: 256].
+    #[arg(long, env = "FELIX_PUBLISH_WINDOW")]
+    publish_window: Option<u32>,
+    /// Largest frame payload accepted after authentication, in bytes [default: 16 MiB].
+    #[arg(long, env = "FELIX_MAX_FRAME_BYTES")]
+    max_frame_bytes: Option<u32>,
     /// Answer every acked publish only after its write, with offsets.
     #[arg(long, env = "FELIX_ACK_ON_COMMIT")]
     ack_on_commit: bool,
     /// Answer not_found for streams and caches that do not exist instead of creating them.
     #[arg(long, env = "FELIX_NO_AUTO_CREATE")]
     no_auto_create: bool,
-    /// Default subscriber queue capacity, in published batches.
-    #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY", default_value_t = 1024)]
-    queue_capacity: u32,
+    /// Default subscriber queue capacity, in published batches [default: 1024].
+    #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
+    queue_capacity: Option<u32>,
     /// Refuse clients that offer no ALPN (existing clients offer none).
     #[arg(long, env = "FELIX_TLS_REQUIRE_ALPN")]
     require_alpn: bool,

@@ -84,7 +84,13 @@ fn random_token() -> Result<String, String> {
 pub struct BrokerSettings {
     pub listen: SocketAddr,
     pub data_dir: Option<PathBuf>,
-    pub token: String,
+    /// The development token, if one is in use.
+    pub token: Option<String>,
+    /// Tokens from the configuration file.
+    pub tokens: Vec<TokenGrant>,
+    pub streams: Vec<felix_proto::broker::StreamSpec>,
+    pub caches: Vec<felix_proto::broker::CacheSpec>,
+    pub queue_capacity_max: u32,
     pub identity: Identity,
     pub fsync: FsyncPolicy,
     pub ephemeral: bool,
@@ -97,8 +103,15 @@ pub struct BrokerSettings {
 }
 
 pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
+    let mut tokens = s.tokens;
+    if let Some(t) = s.token {
+        tokens.push(TokenGrant::dev(t));
+    }
     let broker = BrokerConfig {
-        tokens: vec![TokenGrant::dev(s.token)],
+        tokens,
+        streams: s.streams,
+        caches: s.caches,
+        subscriber_queue_capacity_max: s.queue_capacity_max,
         publish_window: s.publish_window,
         max_frame_len: s.max_frame_bytes,
         ack_on_commit: s.ack_on_commit,

@@ -202,3 +202,81 @@ async fn sigkill_under_acked_load_loses_and_duplicates_nothing() {
     broker.kill().unwrap();
     let _ = broker.wait();
 }
+
+#[test]
+fn config_file_tokens_and_permissions_are_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("felix.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[broker]
+dev_token = false
+
+[[tokens]]
+token = "reader-token"
+tenant = "acme"
+principal = "reader"
+grants = [{ action = "subscribe", pattern = "default/*" }, { action = "cache_read", pattern = "*" }]
+
+[[streams]]
+tenant = "acme"
+namespace = "default"
+name = "orders"
+shards = 2
+"#,
+    )
+    .unwrap();
+    let addr = free_port();
+    let mut broker = {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
+            .arg(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut banner = Vec::new();
+        loop {
+            let l = lines.next().unwrap().unwrap();
+            banner.push(l.clone());
+            if l.contains("dev token") {
+                assert!(l.contains("none"), "no dev token when the config says so: {l}");
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        child
+    };
+    let run = |args: &[&str]| {
+        client_cmd(dir.path(), addr).args(args).args(["--tenant", "acme", "--token", "reader-token"]).output().unwrap()
+    };
+    let publish = run(&["publish", "orders", "x", "--ack"]);
+    assert!(!publish.status.success());
+    assert!(
+        String::from_utf8_lossy(&publish.stderr).contains("forbidden"),
+        "{}",
+        String::from_utf8_lossy(&publish.stderr)
+    );
+    let sub = run(&["subscribe", "orders", "--shard", "1", "--count", "0"]);
+    assert!(sub.status.success(), "{}", String::from_utf8_lossy(&sub.stderr));
+    let sub = run(&["subscribe", "orders", "--shard", "2"]);
+    assert!(!sub.status.success(), "the configured stream has 2 shards");
+    let other_tenant = client_cmd(dir.path(), addr)
+        .args(["cache", "get", "c", "k", "--tenant", "other", "--token", "reader-token"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&other_tenant.stderr).contains("unauthenticated"));
+    broker.kill().unwrap();
+    let _ = broker.wait();
+    // A typo in the file is a clear error at start.
+    std::fs::write(&cfg, "[broker]\nlisen = \"127.0.0.1:1\"\n").unwrap();
+    let out =
+        Command::new(BIN).args(["serve", "--data-dir"]).arg(dir.path()).arg("--config").arg(&cfg).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lisen") && err.contains("felix.toml"), "{err}");
+}

@@ -1,0 +1,260 @@
+//! `felix-node serve --config FILE`: the TOML configuration.
+//!
+//! ```toml
+//! [broker]
+//! listen = "127.0.0.1:5000"
+//! data_dir = "./felix-data"
+//! fsync = "interval:100"          # always | never | interval:MS
+//! publish_window = 256
+//! max_frame_bytes = 16777216
+//! ack_on_commit = false
+//! auto_create = true
+//! require_alpn = false
+//! dev_token = true                # generate/keep the development token
+//! subscriber_queue_capacity = 1024
+//! subscriber_queue_capacity_max = 65536
+//!
+//! [[tokens]]
+//! token = "s3cret"
+//! tenant = "acme"                 # omit for any tenant
+//! principal = "billing"
+//! grants = [{ action = "publish", pattern = "orders/*" }, { action = "subscribe", pattern = "*" }]
+//!
+//! [[streams]]
+//! tenant = "acme"
+//! namespace = "orders"
+//! name = "created"
+//! durable = true
+//! shards = 4
+//! routing = "modulo"              # modulo | jump_hash
+//! retention = { max_records = 1000000, max_bytes = 268435456, max_age_secs = 86400 }
+//! queue_capacity = 1024
+//!
+//! [[caches]]
+//! tenant = "acme"
+//! namespace = "default"
+//! name = "sessions"
+//! ```
+//!
+//! Unknown keys are errors: a typo must not silently change nothing.
+
+use felix_proto::broker::{Action, CacheSpec, Grant, Retention, StreamConfig, StreamSpec, TokenGrant};
+use felix_proto::message::Routing;
+use serde::Deserialize;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub broker: BrokerSection,
+    #[serde(default)]
+    pub tokens: Vec<TokenSection>,
+    #[serde(default)]
+    pub streams: Vec<StreamSection>,
+    #[serde(default)]
+    pub caches: Vec<CacheSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerSection {
+    pub listen: Option<String>,
+    pub data_dir: Option<String>,
+    pub fsync: Option<String>,
+    pub publish_window: Option<u32>,
+    pub max_frame_bytes: Option<u32>,
+    pub ack_on_commit: Option<bool>,
+    pub auto_create: Option<bool>,
+    pub require_alpn: Option<bool>,
+    pub dev_token: Option<bool>,
+    pub ephemeral: Option<bool>,
+    pub subscriber_queue_capacity: Option<u32>,
+    pub subscriber_queue_capacity_max: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSection {
+    pub token: String,
+    pub tenant: Option<String>,
+    pub principal: String,
+    #[serde(default)]
+    pub grants: Vec<GrantSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantSection {
+    pub action: String,
+    pub pattern: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSection {
+    pub tenant: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default = "yes")]
+    pub durable: bool,
+    #[serde(default = "one")]
+    pub shards: u32,
+    pub routing: Option<String>,
+    pub retention: Option<RetentionSection>,
+    pub queue_capacity: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSection {
+    pub max_records: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub max_age_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    pub tenant: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> u32 {
+    1
+}
+
+impl FileConfig {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<FileConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<FileConfig, String> {
+        let cfg: FileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        for t in &cfg.tokens {
+            if t.token.is_empty() {
+                return Err(format!("token of principal {:?} is empty", t.principal));
+            }
+            for g in &t.grants {
+                if Action::from_name(&g.action).is_none() {
+                    return Err(format!(
+                        "unknown action {:?} for principal {:?}: expected publish, subscribe, cache_read, cache_write or admin",
+                        g.action, t.principal
+                    ));
+                }
+            }
+        }
+        for s in &cfg.streams {
+            if s.shards == 0 {
+                return Err(format!("stream {}/{}: shards must be at least 1", s.namespace, s.name));
+            }
+            if let Some(r) = &s.routing
+                && r != "modulo"
+                && r != "jump_hash"
+            {
+                return Err(format!("stream {}/{}: routing {r:?}: expected modulo or jump_hash", s.namespace, s.name));
+            }
+        }
+        Ok(cfg)
+    }
+
+    pub fn tokens(&self) -> Vec<TokenGrant> {
+        self.tokens
+            .iter()
+            .map(|t| TokenGrant {
+                token: t.token.clone(),
+                tenant_id: t.tenant.clone(),
+                principal: t.principal.clone(),
+                grants: t
+                    .grants
+                    .iter()
+                    .filter_map(|g| {
+                        Action::from_name(&g.action).map(|action| Grant { action, pattern: g.pattern.clone() })
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    pub fn streams(&self, default_queue: u32) -> Vec<StreamSpec> {
+        self.streams
+            .iter()
+            .map(|s| StreamSpec {
+                tenant_id: s.tenant.clone(),
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                config: StreamConfig {
+                    durable: s.durable,
+                    shards: s.shards,
+                    routing: if s.routing.as_deref() == Some("jump_hash") {
+                        Routing::JumpHash
+                    } else {
+                        Routing::Modulo
+                    },
+                    retention: s.retention.as_ref().map_or(StreamConfig::default().retention, |r| Retention {
+                        max_records: r.max_records,
+                        max_bytes: r.max_bytes,
+                        max_age: r.max_age_secs.map(Duration::from_secs),
+                    }),
+                    queue_capacity: s.queue_capacity.unwrap_or(default_queue),
+                },
+            })
+            .collect()
+    }
+
+    pub fn caches(&self) -> Vec<CacheSpec> {
+        self.caches
+            .iter()
+            .map(|c| CacheSpec { tenant_id: c.tenant.clone(), namespace: c.namespace.clone(), name: c.name.clone() })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let doc = include_str!("config.rs");
+        let example: String = doc
+            .lines()
+            .skip_while(|l| !l.contains("```toml"))
+            .skip(1)
+            .take_while(|l| !l.contains("```"))
+            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = FileConfig::parse(&example).unwrap();
+        assert_eq!(cfg.tokens().len(), 1);
+        assert!(cfg.tokens()[0].allows(Action::Publish, "orders", "created"));
+        assert!(!cfg.tokens()[0].allows(Action::CacheWrite, "orders", "created"));
+        assert_eq!(cfg.streams(1024)[0].config.shards, 4);
+        assert_eq!(cfg.caches().len(), 1);
+    }
+
+    #[test]
+    fn bad_configs_are_clear_errors() {
+        let e = FileConfig::parse("[broker]\nlisten_addr = \"x\"").unwrap_err();
+        assert!(e.contains("unknown field") && e.contains("listen_addr"), "{e}");
+        let e = FileConfig::parse(
+            "[[tokens]]\ntoken = \"t\"\nprincipal = \"p\"\ngrants = [{action = \"fly\", pattern = \"*\"}]",
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown action \"fly\""), "{e}");
+        let e =
+            FileConfig::parse("[[streams]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"s\"\nshards = 0").unwrap_err();
+        assert!(e.contains("shards must be at least 1"), "{e}");
+        let e = FileConfig::parse("[broker\n").unwrap_err();
+        assert!(e.contains("line 1") || e.contains("TOML"), "{e}");
+        let e = FileConfig::parse("[broker]\npublish_window = -1").unwrap_err();
+        assert!(!e.is_empty());
+    }
+}
