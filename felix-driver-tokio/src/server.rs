@@ -99,6 +99,8 @@ pub struct ServerOptions {
     /// Refuse clients that offer no ALPN (by default they are accepted, as existing clients
     /// offer none).
     pub require_alpn: bool,
+    /// Serve Prometheus metrics over HTTP on this TCP address (off when `None`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Why the server could not start.
@@ -123,6 +125,8 @@ pub struct Server {
     pub repairs: Vec<String>,
     /// Records recovered at start.
     pub recovered_records: u64,
+    /// Where metrics are served, when enabled.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Server {
@@ -191,6 +195,15 @@ impl Server {
         };
 
         let (tx, rx) = mpsc::unbounded_channel();
+        let metrics_addr = match opts.metrics_listen {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                let bound = listener.local_addr()?;
+                tokio::spawn(metrics_loop(listener, tx.clone()));
+                Some(bound)
+            }
+            None => None,
+        };
         let (stx, srx) = std::sync::mpsc::channel::<StorageCmd>();
         let storage_thread = {
             let tx = tx.clone();
@@ -207,6 +220,7 @@ impl Server {
             tx: tx.clone(),
             storage: stx,
             pending_writes: Vec::new(),
+            io: IoCounters::default(),
         };
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx.clone()));
         let done = tokio::spawn(async move {
@@ -215,7 +229,14 @@ impl Server {
             let _ = tokio::task::spawn_blocking(move || storage_thread.join()).await;
             endpoint.wait_idle().await;
         });
-        Ok(Server { local_addr, shutdown: Some(shutdown_tx), done: Some(done), repairs, recovered_records })
+        Ok(Server {
+            local_addr,
+            shutdown: Some(shutdown_tx),
+            done: Some(done),
+            repairs,
+            recovered_records,
+            metrics_addr,
+        })
     }
 }
 
@@ -245,11 +266,13 @@ fn storage_loop(
                 }
             }
         }
+        let started = std::time::Instant::now();
         let results = match disk.as_mut() {
             Some(d) => d.write(reqs),
             None => reqs.into_iter().map(|r| (r.token, true)).collect(),
         };
-        if tx.send(Input::Written(results)).is_err() || stop {
+        let micros = started.elapsed().as_micros() as u64;
+        if tx.send(Input::Written(results, micros)).is_err() || stop {
             break;
         }
     }
@@ -267,8 +290,46 @@ enum Input {
     Stopped { conn: ConnId, stream: StreamId },
     Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
     Flushed { conn: ConnId, stream: StreamId, bytes: usize },
-    Written(Vec<(WriteToken, bool)>),
+    Written(Vec<(WriteToken, bool)>, u64),
     Closed { conn: ConnId },
+    Metrics(oneshot::Sender<String>),
+}
+
+/// Counters the driver keeps (the protocol's own are in `BrokerStats`).
+#[derive(Debug, Default)]
+struct IoCounters {
+    bytes_in: u64,
+    bytes_out: u64,
+    streams_opened: u64,
+    storage_passes: u64,
+    storage_writes: u64,
+    storage_failures: u64,
+    storage_micros: u64,
+    storage_micros_max: u64,
+}
+
+async fn metrics_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<Input>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else { return };
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await;
+            let (rtx, rrx) = oneshot::channel();
+            if tx.send(Input::Metrics(rtx)).is_err() {
+                return;
+            }
+            let Ok(body) = rrx.await else { return };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
 }
 
 enum WriterCmd {
@@ -420,6 +481,7 @@ struct BrokerTask {
     tx: mpsc::UnboundedSender<Input>,
     storage: std::sync::mpsc::Sender<StorageCmd>,
     pending_writes: Vec<PersistRequest>,
+    io: IoCounters,
 }
 
 fn now() -> std::time::Instant {
@@ -460,6 +522,82 @@ impl BrokerTask {
             .close(VarInt::from_u64(close_code::SHUTDOWN).unwrap_or(VarInt::from_u32(0)), b"broker shutting down");
     }
 
+    /// Prometheus text exposition of the broker's and the driver's counters.
+    fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let st = self.broker.stats();
+        let mut out = String::new();
+        let mut m = |name: &str, kind: &str, help: &str, value: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        m("felix_connections_open", "gauge", "Open client connections.", self.broker.connection_count() as u64);
+        m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
+        m("felix_subscriptions", "gauge", "Live subscriptions.", self.broker.subscription_count() as u64);
+        m("felix_streams_opened_total", "counter", "Client-opened QUIC streams.", self.io.streams_opened);
+        m("felix_frames_in_total", "counter", "Frames received.", st.frames_in);
+        m("felix_bytes_in_total", "counter", "Bytes received on client streams.", self.io.bytes_in);
+        m("felix_bytes_out_total", "counter", "Bytes written to client streams.", self.io.bytes_out);
+        m("felix_publishes_json_total", "counter", "JSON publish requests.", st.publishes_json);
+        m("felix_publishes_binary_total", "counter", "Binary publish frames.", st.publishes_binary);
+        m("felix_publishes_refused_total", "counter", "Publishes refused.", st.publishes_refused);
+        m(
+            "felix_unacked_publish_failures_total",
+            "counter",
+            "Failed fire-and-forget publishes (never answered).",
+            st.unacked_failures,
+        );
+        m("felix_records_appended_total", "counter", "Records appended.", st.records_appended);
+        m(
+            "felix_event_batches_delivered_total",
+            "counter",
+            "Event batches written to subscribers.",
+            st.batches_delivered,
+        );
+        m(
+            "felix_subscriber_records_dropped_total",
+            "counter",
+            "Records dropped from full subscriber queues.",
+            st.records_dropped,
+        );
+        m("felix_subscriptions_lagged_total", "counter", "Subscriptions ended with subscription_lagged.", st.lagged);
+        m("felix_cache_hits_total", "counter", "Cache reads that found a value.", st.cache_hits);
+        m("felix_cache_misses_total", "counter", "Cache reads that found nothing.", st.cache_misses);
+        m(
+            "felix_protocol_violations_total",
+            "counter",
+            "Connections closed for a framing violation.",
+            st.protocol_violations,
+        );
+        m(
+            "felix_subscriber_queue_bytes",
+            "gauge",
+            "Bytes queued for subscribers.",
+            self.broker.queued_event_bytes() as u64,
+        );
+        m(
+            "felix_retained_log_bytes",
+            "gauge",
+            "Payload bytes of history held in memory.",
+            self.broker.retained_log_bytes(),
+        );
+        m("felix_storage_writes_total", "counter", "Batches written to storage.", self.io.storage_writes);
+        m("felix_storage_write_failures_total", "counter", "Storage writes that failed.", self.io.storage_failures);
+        m(
+            "felix_storage_passes_total",
+            "counter",
+            "Group-commit passes of the storage thread.",
+            self.io.storage_passes,
+        );
+        m(
+            "felix_storage_pass_micros_total",
+            "counter",
+            "Time spent in storage passes (write and sync), microseconds.",
+            self.io.storage_micros,
+        );
+        m("felix_storage_pass_micros_max", "gauge", "Longest storage pass, microseconds.", self.io.storage_micros_max);
+        out
+    }
+
     fn flush_storage(&mut self) {
         if !self.pending_writes.is_empty() {
             let _ = self.storage.send(StorageCmd::Write(std::mem::take(&mut self.pending_writes)));
@@ -477,6 +615,7 @@ impl BrokerTask {
             Input::Stream { conn, send, recv } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = our_id(recv.id());
+                self.io.streams_opened += 1;
                 let (gate_tx, gate_rx) = watch::channel(ReadGate::Open);
                 h.gates.insert(stream, gate_tx);
                 tokio::spawn(reader(conn, stream, recv, gate_rx, self.tx.clone()));
@@ -486,7 +625,10 @@ impl BrokerTask {
                     tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), false));
                 }
             }
-            Input::Data { conn, stream, data, fin } => self.broker.handle_stream_data(conn, stream, data, fin, now),
+            Input::Data { conn, stream, data, fin } => {
+                self.io.bytes_in += data.len() as u64;
+                self.broker.handle_stream_data(conn, stream, data, fin, now)
+            }
             Input::Reset { conn, stream } => self.broker.handle_stream_reset(conn, stream, now),
             Input::Stopped { conn, stream } => self.broker.handle_stream_stopped(conn, stream, now),
             Input::Opened { conn, token, send } => {
@@ -498,10 +640,18 @@ impl BrokerTask {
                 self.broker.handle_stream_opened(conn, token, stream, now);
             }
             Input::Flushed { conn, stream, bytes } => self.broker.handle_stream_flushed(conn, stream, bytes, now),
-            Input::Written(results) => {
+            Input::Written(results, micros) => {
+                self.io.storage_passes += 1;
+                self.io.storage_micros += micros;
+                self.io.storage_micros_max = self.io.storage_micros_max.max(micros);
                 for (token, ok) in results {
+                    self.io.storage_writes += 1;
+                    self.io.storage_failures += u64::from(!ok);
                     self.broker.handle_write_complete(token, ok, now);
                 }
+            }
+            Input::Metrics(reply) => {
+                let _ = reply.send(self.metrics());
             }
             Input::Closed { conn } => {
                 self.conns.remove(&conn);
@@ -514,6 +664,7 @@ impl BrokerTask {
         while let Some(o) = self.broker.poll_output() {
             match o {
                 BrokerOutput::Transmit { conn, stream, data } => {
+                    self.io.bytes_out += data.len() as u64;
                     if let Some(w) = self.conns.get(&conn).and_then(|h| h.writers.get(&stream)) {
                         let _ = w.send(WriterCmd::Data(data));
                     }

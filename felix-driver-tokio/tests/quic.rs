@@ -27,6 +27,7 @@ async fn start(data: Option<&Path>) -> (Server, Vec<CertificateDer<'static>>) {
         fsync: FsyncPolicy::Always,
         transport: TransportTuning::default(),
         require_alpn: false,
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
     };
     (Server::start(opts).await.unwrap(), chain)
 }
@@ -221,5 +222,25 @@ async fn a_legacy_client_gets_the_exact_legacy_frames() {
     tokio::time::timeout(Duration::from_secs(10), uni.read_exact(&mut got)).await.expect("events").unwrap();
     assert_eq!(got, want);
     conn.close(0u32.into(), b"done");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_are_served_in_prometheus_text() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    c.publish("default", "m", vec![Bytes::from("x")], PublishOptions { ack: true, ..Default::default() })
+        .await
+        .unwrap();
+    c.cache_get("default", "c", "missing").await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(server.metrics_addr.unwrap()).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert!(body.contains("felix_connections_open 1"), "{body}");
+    assert!(body.contains("felix_records_appended_total 1"), "{body}");
+    assert!(body.contains("felix_cache_misses_total 1"), "{body}");
     server.shutdown().await;
 }

@@ -114,6 +114,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         auto_create: true,
         queue_capacity: 4096,
         require_alpn: false,
+        metrics_listen: None,
     })
     .await?;
     Ok(Target {

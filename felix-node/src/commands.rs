@@ -55,6 +55,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
         queue_capacity,
         require_alpn: a.require_alpn || b.require_alpn.unwrap_or(false),
+        metrics_listen: a.metrics_listen,
     })
     .await?;
     for r in &server.repairs {
@@ -77,6 +78,9 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     }
     println!("  tokens       {} from the configuration", file.tokens.len());
     println!("  fsync        {fsync:?}");
+    if let Some(m) = server.metrics_addr {
+        println!("  metrics      http://{m}/metrics");
+    }
     println!("Try, from this directory:");
     println!("  felix-node subscribe orders --from earliest");
     println!("  felix-node publish orders hello world --ack");

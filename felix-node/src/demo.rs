@@ -48,6 +48,7 @@ pub async fn run() -> Result<ExitCode, String> {
         auto_create: true,
         queue_capacity: 1024,
         require_alpn: false,
+        metrics_listen: None,
     })
     .await?;
     let addr = server.local_addr();

@@ -92,6 +92,9 @@ struct ServeArgs {
     /// Refuse clients that offer no ALPN (existing clients offer none).
     #[arg(long, env = "FELIX_TLS_REQUIRE_ALPN")]
     require_alpn: bool,
+    /// Serve Prometheus metrics over HTTP on this TCP address (off by default).
+    #[arg(long, env = "FELIX_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// How a client command reaches the broker.

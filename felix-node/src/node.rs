@@ -100,6 +100,7 @@ pub struct BrokerSettings {
     pub auto_create: bool,
     pub queue_capacity: u32,
     pub require_alpn: bool,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
@@ -131,6 +132,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         fsync: s.fsync,
         transport: TransportTuning::default(),
         require_alpn: s.require_alpn,
+        metrics_listen: s.metrics_listen,
     };
     Server::start(opts).await.map_err(|e| format!("starting the broker on {}: {e}", s.listen))
 }
