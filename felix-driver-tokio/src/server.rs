@@ -242,6 +242,7 @@ impl Server {
 
 enum StorageCmd {
     Write(Vec<PersistRequest>),
+    Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64 },
     Stop,
 }
 
@@ -251,8 +252,13 @@ fn storage_loop(
     tx: mpsc::UnboundedSender<Input>,
 ) {
     while let Ok(cmd) = rx.recv() {
+        let mut truncations = Vec::new();
         let mut reqs = match cmd {
             StorageCmd::Write(r) => r,
+            StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
+                truncations.push((tenant, namespace, stream, shard, start));
+                Vec::new()
+            }
             StorageCmd::Stop => break,
         };
         let mut stop = false;
@@ -260,11 +266,25 @@ fn storage_loop(
         while let Ok(more) = rx.try_recv() {
             match more {
                 StorageCmd::Write(r) => reqs.extend(r),
+                StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
+                    truncations.push((tenant, namespace, stream, shard, start));
+                }
                 StorageCmd::Stop => {
                     stop = true;
                     break;
                 }
             }
+        }
+        if let Some(d) = disk.as_mut() {
+            for (t, n, s, shard, start) in truncations {
+                d.truncate_before(&t, &n, &s, shard, start);
+            }
+        }
+        if reqs.is_empty() {
+            if stop {
+                break;
+            }
+            continue;
         }
         let started = std::time::Instant::now();
         let results = match disk.as_mut() {
@@ -701,6 +721,12 @@ impl BrokerTask {
                     }
                 }
                 BrokerOutput::Persist(w) => self.pending_writes.push(w),
+                BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start } => {
+                    // Writes asked for before the truncation go first.
+                    self.flush_storage();
+                    let _ =
+                        self.storage.send(StorageCmd::Truncate { tenant: tenant_id, namespace, stream, shard, start });
+                }
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());

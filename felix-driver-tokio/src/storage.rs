@@ -205,6 +205,27 @@ impl DiskStorage {
         results
     }
 
+    /// Deletes the segments of a shard that lie wholly below `start` (retention). The newest
+    /// segment is always kept. Returns how many files were deleted.
+    pub fn truncate_before(&mut self, tenant: &str, ns: &str, stream: &str, shard: u32, start: u64) -> usize {
+        let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
+        let Ok(segs) = segments(&dir) else { return 0 };
+        let mut deleted = 0;
+        for pair in segs.windows(2) {
+            let (_, path) = &pair[0];
+            let (next_base, _) = pair[1];
+            if next_base <= start {
+                self.open.remove(path);
+                self.dirty.remove(path);
+                match std::fs::remove_file(path) {
+                    Ok(()) => deleted += 1,
+                    Err(e) => tracing::warn!("retention: removing {}: {e}", path.display()),
+                }
+            }
+        }
+        deleted
+    }
+
     /// Syncs everything written (at shutdown).
     pub fn sync_all(&mut self) {
         for (path, seg) in &self.open {
@@ -377,6 +398,19 @@ mod tests {
         let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
         assert_eq!(rec[0].batches.len(), 3);
         assert!(rec[0].repairs.is_empty());
+    }
+
+    #[test]
+    fn retention_deletes_whole_segments_below_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        s.set_segment_bytes(1);
+        // One batch per segment: bases 0, 2, 3, 4.
+        s.write(vec![req(1, 0, &["a", "b"]), req(2, 2, &["c"]), req(3, 3, &["d"]), req(4, 4, &["e"])]);
+        assert_eq!(s.truncate_before("t1", "default", "../orders", 0, 3), 2, "segments [0,2) and [2,3) go");
+        assert_eq!(s.truncate_before("t1", "default", "../orders", 0, 100), 1, "the newest segment stays");
+        let rec = s.recover().unwrap();
+        assert_eq!(rec[0].batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![4]);
     }
 
     #[test]

@@ -65,6 +65,8 @@ pub struct Sim {
     pub pending_writes: Vec<PersistRequest>,
     /// Every write the broker asked for, in order.
     pub writes: Vec<PersistRequest>,
+    /// Every truncation the broker asked storage for: `(stream, shard, new start)`.
+    pub truncations: Vec<(String, u32, u64)>,
     /// Chunk size for bytes sent to the broker (`None`: whole).
     pub chunk: Option<usize>,
     rng: u64,
@@ -82,6 +84,7 @@ impl Sim {
             storage: StorageMode::Immediate,
             pending_writes: Vec::new(),
             writes: Vec::new(),
+            truncations: Vec::new(),
             chunk: None,
             rng: 0x9E37_79B9_7F4A_7C15,
         }
@@ -383,6 +386,7 @@ impl Sim {
                     self.clients[i].closed = Some((code, reason));
                 }
             }
+            BrokerOutput::Truncate { stream, shard, start, .. } => self.truncations.push((stream, shard, start)),
         }
     }
 }

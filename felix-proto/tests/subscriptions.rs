@@ -468,3 +468,22 @@ fn retention_by_age_drops_old_records_on_a_timer() {
     sim.run();
     assert!(matches!(messages(&sim.take_received(p, s))[0], Message::SubscribeCursorError(_)));
 }
+
+#[test]
+fn retention_tells_storage_what_it_may_delete() {
+    let mut cfg = config();
+    cfg.default_stream.retention = Retention { max_records: Some(4), max_bytes: None, max_age: None };
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0027), None);
+    for i in 0..6 {
+        sim.raw_send(p, s, publish_binary("orders", &[&format!("m{i}")], None, None), false);
+        sim.run();
+    }
+    assert_eq!(sim.truncations, vec![("orders".to_string(), 0, 1), ("orders".to_string(), 0, 2)]);
+    // Ephemeral streams keep nothing on disk: no truncation is ever asked for.
+    let mut sim = Sim::new(ephemeral_config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0027), None);
+    sim.raw_send(p, s, publish_binary("live", &["x"], None, None), false);
+    sim.run();
+    assert!(sim.truncations.is_empty());
+}

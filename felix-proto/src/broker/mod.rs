@@ -106,6 +106,20 @@ pub enum BrokerOutput {
     /// should complete in the order they were asked for (they become visible in offset order
     /// either way).
     Persist(PersistRequest),
+    /// Retention moved a durable shard's start: storage may delete whatever lies wholly below
+    /// `start` (whole segments).
+    Truncate {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+        /// Shard.
+        shard: u32,
+        /// The new oldest retained offset.
+        start: u64,
+    },
     /// Close the connection.
     CloseConnection {
         /// Connection.
@@ -446,12 +460,31 @@ impl Broker {
             self.drop_conn(conn);
         }
         if self.next_sweep.is_none_or(|t| t <= now) {
-            for entry in self.streams.values_mut() {
-                for shard in &mut entry.shards {
-                    shard.log.enforce_retention(now);
+            self.enforce_retention(None, now);
+            self.next_sweep = Some(crate::io::after(now, std::time::Duration::from_secs(1)));
+        }
+    }
+
+    /// Applies retention to every shard of `k` (or every stream when `None`), telling storage
+    /// when a durable shard's start moved.
+    fn enforce_retention(&mut self, only: Option<&Key>, now: Instant) {
+        for (k, entry) in &mut self.streams {
+            if only.is_some_and(|o| o != k) {
+                continue;
+            }
+            for (i, shard) in entry.shards.iter_mut().enumerate() {
+                let before = shard.log.start();
+                let after = shard.log.enforce_retention(now);
+                if entry.config.durable && after > before {
+                    self.out.push_back(BrokerOutput::Truncate {
+                        tenant_id: k.0.clone(),
+                        namespace: k.1.clone(),
+                        stream: k.2.clone(),
+                        shard: i as u32,
+                        start: after,
+                    });
                 }
             }
-            self.next_sweep = Some(crate::io::after(now, std::time::Duration::from_secs(1)));
         }
     }
 
@@ -1233,9 +1266,8 @@ impl Broker {
                 }
             }
         }
-        if let Some(entry) = self.streams.get_mut(&k) {
-            entry.shards[shard as usize].log.enforce_retention(now);
-        }
+        let _ = shard;
+        self.enforce_retention(Some(&k), now);
     }
 
     fn finish_waiter(&mut self, w: Waiter, result: Result<Option<u64>, &Refusal>, now: Instant) {
@@ -1577,7 +1609,7 @@ impl Broker {
         for b in batches {
             s.log.restore(b, now);
         }
-        s.log.enforce_retention(now);
+        self.enforce_retention(Some(&k), now);
     }
 
     /// Every stream with its configuration.
