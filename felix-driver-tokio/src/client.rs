@@ -206,6 +206,7 @@ impl Client {
             waiting: VecDeque::new(),
             subs: HashMap::new(),
             sub_replies: HashMap::new(),
+            early: HashMap::new(),
             cache: HashMap::new(),
             closed: closed_tx,
             _endpoint: endpoint,
@@ -404,6 +405,9 @@ struct Task {
     waiting: VecDeque<(PublishRequest, Reply<Option<u64>>)>,
     subs: HashMap<u64, mpsc::UnboundedSender<SubscriptionItem>>,
     sub_replies: HashMap<u64, Reply<Subscription>>,
+    /// Items of subscriptions whose `subscribed` has not been processed yet: the event stream
+    /// and the control stream are different QUIC streams, so events can arrive first.
+    early: HashMap<u64, Vec<SubscriptionItem>>,
     cache: HashMap<u64, CacheReply>,
     closed: watch::Sender<Option<String>>,
     _endpoint: quinn::Endpoint,
@@ -600,6 +604,14 @@ impl Task {
         }
     }
 
+    fn deliver(&mut self, sub: u64, item: SubscriptionItem) {
+        if let Some(tx) = self.subs.get(&sub) {
+            let _ = tx.send(item);
+        } else if self.sub_replies.contains_key(&sub) {
+            self.early.entry(sub).or_default().push(item);
+        }
+    }
+
     fn event(&mut self, e: ClientEvent) {
         match e {
             ClientEvent::Connected { stream: ClientStream(0), negotiated } => {
@@ -635,24 +647,27 @@ impl Task {
             ClientEvent::Subscribed { sub, start_offset, live_offset, .. } => {
                 if let Some(r) = self.sub_replies.remove(&sub) {
                     let (tx, rx) = mpsc::unbounded_channel();
-                    self.subs.insert(sub, tx);
+                    let mut ended = false;
+                    for item in self.early.remove(&sub).unwrap_or_default() {
+                        ended |= matches!(item, SubscriptionItem::End(_));
+                        let _ = tx.send(item);
+                    }
+                    if !ended {
+                        self.subs.insert(sub, tx);
+                    }
                     let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
                 }
             }
             ClientEvent::SubscribeFailed { sub, error, .. } => {
+                self.early.remove(&sub);
                 if let Some(r) = self.sub_replies.remove(&sub) {
                     let _ = r.send(Err(ClientError::Refused(error)));
                 }
             }
-            ClientEvent::Events { sub, batch } => {
-                if let Some(tx) = self.subs.get(&sub) {
-                    let _ = tx.send(SubscriptionItem::Events(batch));
-                }
-            }
+            ClientEvent::Events { sub, batch } => self.deliver(sub, SubscriptionItem::Events(batch)),
             ClientEvent::SubscriptionEnded { sub, reason } => {
-                if let Some(tx) = self.subs.remove(&sub) {
-                    let _ = tx.send(SubscriptionItem::End(reason));
-                }
+                self.deliver(sub, SubscriptionItem::End(reason));
+                self.subs.remove(&sub);
             }
             ClientEvent::CacheValue { request_id, value } => match self.cache.remove(&request_id) {
                 Some(CacheReply::Value(r)) => drop(r.send(Ok(value))),

@@ -172,7 +172,10 @@ impl Server {
         let now = tokio::time::Instant::now().into_std();
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
         let default_stream = opts.broker.default_stream.clone();
-        let mut broker = Broker::new(opts.broker, WallClock::new(now, unix));
+        let mut bcfg = opts.broker;
+        // With a data directory, history beyond each shard's memory budget is read from disk.
+        bcfg.history_reads = opts.data_dir.is_some();
+        let mut broker = Broker::new(bcfg, WallClock::new(now, unix));
 
         let mut repairs = Vec::new();
         let mut recovered_records = 0;
@@ -243,6 +246,7 @@ impl Server {
 enum StorageCmd {
     Write(Vec<PersistRequest>),
     Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64 },
+    Read(felix_proto::broker::ReadRequest),
     Stop,
 }
 
@@ -253,8 +257,13 @@ fn storage_loop(
 ) {
     while let Ok(cmd) = rx.recv() {
         let mut truncations = Vec::new();
+        let mut reads = Vec::new();
         let mut reqs = match cmd {
             StorageCmd::Write(r) => r,
+            StorageCmd::Read(r) => {
+                reads.push(r);
+                Vec::new()
+            }
             StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
                 truncations.push((tenant, namespace, stream, shard, start));
                 Vec::new()
@@ -269,6 +278,7 @@ fn storage_loop(
                 StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
                     truncations.push((tenant, namespace, stream, shard, start));
                 }
+                StorageCmd::Read(r) => reads.push(r),
                 StorageCmd::Stop => {
                     stop = true;
                     break;
@@ -281,7 +291,8 @@ fn storage_loop(
             }
         }
         if reqs.is_empty() {
-            if stop {
+            // Reads after the writes queued before them (so they see them).
+            if !answer_reads(&mut disk, reads, &tx) || stop {
                 break;
             }
             continue;
@@ -292,13 +303,30 @@ fn storage_loop(
             None => reqs.into_iter().map(|r| (r.token, true)).collect(),
         };
         let micros = started.elapsed().as_micros() as u64;
-        if tx.send(Input::Written(results, micros)).is_err() || stop {
+        if tx.send(Input::Written(results, micros)).is_err() || !answer_reads(&mut disk, reads, &tx) || stop {
             break;
         }
     }
     if let Some(d) = disk.as_mut() {
         d.sync_all();
     }
+}
+
+fn answer_reads(
+    disk: &mut Option<DiskStorage>,
+    reads: Vec<felix_proto::broker::ReadRequest>,
+    tx: &mpsc::UnboundedSender<Input>,
+) -> bool {
+    for r in reads {
+        let batches = match disk.as_mut() {
+            Some(d) => d.read_range((&r.tenant_id, &r.namespace, &r.stream), r.shard, r.from, r.end, r.max_bytes),
+            None => Vec::new(),
+        };
+        if tx.send(Input::ReadDone(r.token, batches)).is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// What the tasks around the broker tell it.
@@ -311,6 +339,7 @@ enum Input {
     Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
     Flushed { conn: ConnId, stream: StreamId, bytes: usize },
     Written(Vec<(WriteToken, bool)>, u64),
+    ReadDone(felix_proto::io::ReadToken, Vec<felix_proto::storage::StoredBatch>),
     Closed { conn: ConnId },
     Metrics(oneshot::Sender<String>),
 }
@@ -670,6 +699,7 @@ impl BrokerTask {
                     self.broker.handle_write_complete(token, ok, now);
                 }
             }
+            Input::ReadDone(token, batches) => self.broker.handle_read_complete(token, batches, now),
             Input::Metrics(reply) => {
                 let _ = reply.send(self.metrics());
             }
@@ -721,6 +751,10 @@ impl BrokerTask {
                     }
                 }
                 BrokerOutput::Persist(w) => self.pending_writes.push(w),
+                BrokerOutput::Read(r) => {
+                    self.flush_storage();
+                    let _ = self.storage.send(StorageCmd::Read(r));
+                }
                 BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start } => {
                     // Writes asked for before the truncation go first.
                     self.flush_storage();

@@ -17,11 +17,15 @@ use std::time::Duration;
 const TOKEN: &str = "test-token";
 
 async fn start(data: Option<&Path>) -> (Server, Vec<CertificateDer<'static>>) {
+    start_with(data, BrokerConfig::default()).await
+}
+
+async fn start_with(data: Option<&Path>, broker: BrokerConfig) -> (Server, Vec<CertificateDer<'static>>) {
     let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
     let chain = id.chain.clone();
     let opts = ServerOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
-        broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+        broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..broker },
         identity: id,
         data_dir: data.map(Path::to_path_buf),
         fsync: FsyncPolicy::Always,
@@ -242,5 +246,46 @@ async fn metrics_are_served_in_prometheus_text() {
     assert!(body.contains("felix_connections_open 1"), "{body}");
     assert!(body.contains("felix_records_appended_total 1"), "{body}");
     assert!(body.contains("felix_cache_misses_total 1"), "{body}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn old_history_is_replayed_from_disk_not_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = || {
+        let mut b = BrokerConfig::default();
+        b.default_stream.memory_bytes = 2_000;
+        b.history_read_bytes = 4_000;
+        b
+    };
+    let payload = "y".repeat(100);
+    {
+        let (server, chain) = start_with(Some(dir.path()), small()).await;
+        let c = connect(&server, &chain).await;
+        for i in 0..300 {
+            c.publish(
+                "default",
+                "hist",
+                vec![Bytes::from(format!("{i:04}{payload}"))],
+                PublishOptions { ack: true, ..Default::default() },
+            )
+            .await
+            .unwrap();
+        }
+        let mut sub = c.subscribe("default", "hist", Some(StartPosition::Earliest), None).await.unwrap();
+        let got = collect(&mut sub, 300).await;
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), (0..300).collect::<Vec<_>>());
+        assert!(got[0].1.starts_with(b"0000"));
+        server.shutdown().await;
+    }
+    // After a restart the broker holds only its budget in memory and still replays everything.
+    let (server, chain) = start_with(Some(dir.path()), small()).await;
+    assert_eq!(server.recovered_records, 300);
+    let c = connect(&server, &chain).await;
+    let mut sub = c.subscribe("default", "hist", Some(StartPosition::Offset(10)), None).await.unwrap();
+    let got = collect(&mut sub, 290).await;
+    assert_eq!(got.first().map(|g| g.0), Some(10));
+    assert_eq!(got.last().map(|g| g.0), Some(299));
+    assert!(got.windows(2).all(|w| w[1].0 == w[0].0 + 1));
     server.shutdown().await;
 }

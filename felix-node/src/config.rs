@@ -29,6 +29,7 @@
 //! routing = "modulo"              # modulo | jump_hash
 //! retention = { max_records = 1000000, max_bytes = 268435456, max_age_secs = 86400 }
 //! queue_capacity = 1024
+//! memory_bytes = 67108864         # history kept in memory per shard; older is read from disk
 //!
 //! [[caches]]
 //! tenant = "acme"
@@ -104,6 +105,8 @@ pub struct StreamSection {
     pub routing: Option<String>,
     pub retention: Option<RetentionSection>,
     pub queue_capacity: Option<u32>,
+    /// Payload bytes of history kept in memory per shard (older history is read from disk).
+    pub memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,6 +207,7 @@ impl FileConfig {
                         max_age: r.max_age_secs.map(Duration::from_secs),
                     }),
                     queue_capacity: s.queue_capacity.unwrap_or(default_queue),
+                    memory_bytes: s.memory_bytes.unwrap_or(StreamConfig::default().memory_bytes),
                 },
             })
             .collect()

@@ -66,6 +66,10 @@ pub struct OpenToken(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WriteToken(pub u64);
 
+/// Names a history read until the driver returns its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReadToken(pub u64);
+
 /// QUIC application error codes the protocol uses when it closes a connection or a stream.
 pub mod close_code {
     /// The broker is shutting down.

@@ -67,6 +67,8 @@ pub struct Sim {
     pub writes: Vec<PersistRequest>,
     /// Every truncation the broker asked storage for: `(stream, shard, new start)`.
     pub truncations: Vec<(String, u32, u64)>,
+    /// How many history reads the broker asked for (answered from `writes`).
+    pub reads: usize,
     /// Chunk size for bytes sent to the broker (`None`: whole).
     pub chunk: Option<usize>,
     rng: u64,
@@ -85,6 +87,7 @@ impl Sim {
             pending_writes: Vec::new(),
             writes: Vec::new(),
             truncations: Vec::new(),
+            reads: 0,
             chunk: None,
             rng: 0x9E37_79B9_7F4A_7C15,
         }
@@ -387,6 +390,40 @@ impl Sim {
                 }
             }
             BrokerOutput::Truncate { stream, shard, start, .. } => self.truncations.push((stream, shard, start)),
+            BrokerOutput::Read(r) => {
+                // Storage is `writes`: answer from it, as a disk would.
+                self.reads += 1;
+                let mut out = Vec::new();
+                let mut bytes = 0usize;
+                let mut ws: Vec<&PersistRequest> = self
+                    .writes
+                    .iter()
+                    .filter(|w| {
+                        let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
+                        w.tenant_id == r.tenant_id
+                            && w.namespace == r.namespace
+                            && w.stream == r.stream
+                            && w.shard == r.shard
+                            && end > r.from
+                            && w.base_offset < r.end
+                    })
+                    .collect();
+                ws.sort_by_key(|w| w.base_offset);
+                for w in ws {
+                    if bytes >= r.max_bytes {
+                        break;
+                    }
+                    bytes += w.records.payload_bytes();
+                    out.push(crate::storage::StoredBatch {
+                        base_offset: w.base_offset,
+                        timestamp_micros: w.timestamp_micros,
+                        generation_start: w.generation_start,
+                        publisher: w.publisher.clone(),
+                        records: w.records.clone(),
+                    });
+                }
+                self.broker.handle_read_complete(r.token, out, self.now);
+            }
         }
     }
 }

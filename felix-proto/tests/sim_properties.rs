@@ -46,6 +46,12 @@ fn run_case(seed: u64, ops: Vec<Op>, queue_capacity: u32) {
     let mut cfg = config();
     cfg.default_stream.queue_capacity = queue_capacity;
     cfg.event_stream_inflight_bytes = 256;
+    // Half the runs keep almost no history in memory, so catch-up reads it back from storage.
+    if seed.is_multiple_of(2) {
+        cfg.history_reads = true;
+        cfg.history_read_bytes = 64;
+        cfg.default_stream.memory_bytes = 16;
+    }
     let mut sim = Sim::new(cfg, epoch()).with_random_chunks(seed, 23);
     sim.storage = StorageMode::Manual;
     let clients: Vec<usize> = (0..3)

@@ -30,6 +30,10 @@ pub struct StreamConfig {
     pub retention: Retention,
     /// Default subscriber queue capacity, in published batches.
     pub queue_capacity: u32,
+    /// Payload bytes of a durable shard's history kept in memory when the broker can read
+    /// history back from storage (`BrokerConfig::history_reads`); older history is read from
+    /// disk on demand.
+    pub memory_bytes: u64,
 }
 
 impl Default for StreamConfig {
@@ -40,6 +44,7 @@ impl Default for StreamConfig {
             routing: Routing::Modulo,
             retention: Retention { max_records: Some(1_000_000), max_bytes: Some(256 << 20), max_age: None },
             queue_capacity: 1024,
+            memory_bytes: 64 << 20,
         }
     }
 }
@@ -101,6 +106,11 @@ pub struct BrokerConfig {
     pub event_stream_inflight_bytes: usize,
     /// A connection that authenticates no stream within this is closed.
     pub auth_timeout: Duration,
+    /// The driver can read history back from storage (`BrokerOutput::Read`), so durable shards
+    /// keep only `memory_bytes` of history in memory. Off: all retained history stays in memory.
+    pub history_reads: bool,
+    /// Most payload bytes one history read returns.
+    pub history_read_bytes: usize,
 }
 
 impl Default for BrokerConfig {
@@ -120,6 +130,8 @@ impl Default for BrokerConfig {
             max_subscriptions_per_connection: 4096,
             event_stream_inflight_bytes: 1 << 20,
             auth_timeout: Duration::from_secs(10),
+            history_reads: false,
+            history_read_bytes: 1 << 20,
         }
     }
 }

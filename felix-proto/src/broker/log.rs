@@ -30,6 +30,33 @@ pub(crate) struct Shape {
     pub timestamps: bool,
 }
 
+/// The event batch a subscriber of `shape` receives for these records.
+pub(crate) fn event_batch(
+    shape: Shape,
+    records: Records,
+    base: u64,
+    skipped: u64,
+    publisher: Option<&Bytes>,
+    timestamp_micros: u64,
+) -> EventBatch {
+    EventBatch {
+        subscription_id: None,
+        base_offset: shape.offsets.then_some(base),
+        skipped_before: (shape.offsets && shape.skipped && skipped > 0).then_some(skipped),
+        publisher: publisher.cloned().filter(|_| shape.publisher),
+        records: if shape.timestamps { records.with_timestamp(timestamp_micros) } else { records },
+    }
+}
+
+/// What is kept of a batch evicted from memory but still retained on disk.
+#[derive(Debug, Clone, Copy)]
+struct Evicted {
+    end: u64,
+    records: u64,
+    bytes: u64,
+    appended_at: Instant,
+}
+
 /// One appended batch.
 #[derive(Debug)]
 pub(crate) struct LogBatch {
@@ -53,13 +80,7 @@ impl LogBatch {
     }
 
     fn event_batch(&self, shape: Shape, records: Records, base: u64, skipped: u64) -> EventBatch {
-        EventBatch {
-            subscription_id: None,
-            base_offset: shape.offsets.then_some(base),
-            skipped_before: (shape.offsets && shape.skipped && skipped > 0).then_some(skipped),
-            publisher: self.publisher.clone().filter(|_| shape.publisher),
-            records: if shape.timestamps { records.with_timestamp(self.timestamp_micros) } else { records },
-        }
+        event_batch(shape, records, base, skipped, self.publisher.as_ref(), self.timestamp_micros)
     }
 
     /// The event frame for `shape`, encoded once and cached.
@@ -122,6 +143,11 @@ pub(crate) struct ShardLog {
     records: u64,
     skip_next: u64,
     retention: Retention,
+    /// Batches evicted from memory, oldest first (only with a memory budget).
+    evicted: VecDeque<Evicted>,
+    /// Payload bytes of history kept in memory; `None` keeps all retained history.
+    memory_budget: Option<u64>,
+    mem_bytes: u64,
 }
 
 impl ShardLog {
@@ -136,6 +162,36 @@ impl ShardLog {
             records: 0,
             skip_next: 0,
             retention,
+            evicted: VecDeque::new(),
+            memory_budget: None,
+            mem_bytes: 0,
+        }
+    }
+
+    /// Keeps at most `budget` payload bytes of history in memory; older batches are read back
+    /// from storage on demand.
+    pub fn set_memory_budget(&mut self, budget: Option<u64>) {
+        self.memory_budget = budget;
+    }
+
+    /// First offset held in memory (history below it must be read from storage).
+    pub fn memory_start(&self) -> u64 {
+        self.committed.front().map_or_else(|| self.committed_tail(), |b| b.base)
+    }
+
+    /// Payload bytes held in memory.
+    pub fn memory_bytes(&self) -> u64 {
+        self.mem_bytes
+    }
+
+    fn evict_to_budget(&mut self) {
+        let Some(budget) = self.memory_budget else { return };
+        while self.mem_bytes > budget && self.committed.len() > 1 {
+            let b = self.committed.pop_front().expect("len > 1");
+            let bytes = if b.generation_start { 0 } else { b.records.payload_bytes() as u64 };
+            self.mem_bytes -= bytes;
+            let records = if b.generation_start { 0 } else { b.count() };
+            self.evicted.push_back(Evicted { end: b.end(), records, bytes, appended_at: b.appended_at });
         }
     }
 
@@ -171,11 +227,6 @@ impl ShardLog {
     /// Records retained (committed, not counting generation-start records).
     pub fn retained_records(&self) -> u64 {
         self.records
-    }
-
-    /// Payload bytes retained.
-    pub fn retained_bytes(&self) -> u64 {
-        self.bytes
     }
 
     /// Appends a batch. A durable log keeps it pending until [`settle`](Self::settle); an
@@ -237,8 +288,10 @@ impl ShardLog {
         if !batch.generation_start {
             self.records += batch.count();
             self.bytes += batch.records.payload_bytes() as u64;
+            self.mem_bytes += batch.records.payload_bytes() as u64;
         }
         self.committed.push_back(batch);
+        self.evict_to_budget();
     }
 
     /// Appends a generation-start record: it takes one offset and is never delivered.
@@ -281,12 +334,19 @@ impl ShardLog {
                     if !p.batch.generation_start {
                         self.records += p.batch.count();
                         self.bytes += p.batch.records.payload_bytes() as u64;
+                        self.mem_bytes += p.batch.records.payload_bytes() as u64;
                     }
                     self.committed.push_back(p.batch);
                 }
             }
         }
         out
+    }
+
+    /// Moves history beyond the memory budget out of memory (after subscribers that were fed
+    /// live got it).
+    pub fn trim_memory(&mut self) {
+        self.evict_to_budget();
     }
 
     /// The committed batch holding `offset`, if retained.
@@ -303,6 +363,19 @@ impl ShardLog {
 
     /// Drops the oldest batches beyond the retention limits. Returns the new start.
     pub fn enforce_retention(&mut self, now: Instant) -> u64 {
+        while let Some(front) = self.evicted.front().copied() {
+            let over_records = self.retention.max_records.is_some_and(|m| self.records > m);
+            let over_bytes = self.retention.max_bytes.is_some_and(|m| self.bytes > m);
+            let too_old =
+                self.retention.max_age.is_some_and(|age| now.saturating_duration_since(front.appended_at) > age);
+            if !(over_records || over_bytes || too_old) {
+                return self.start;
+            }
+            self.evicted.pop_front();
+            self.records -= front.records;
+            self.bytes -= front.bytes;
+            self.start = front.end;
+        }
         while let Some(front) = self.committed.front() {
             let over_records = self.retention.max_records.is_some_and(|m| self.records > m);
             let over_bytes = self.retention.max_bytes.is_some_and(|m| self.bytes > m);
@@ -315,6 +388,7 @@ impl ShardLog {
             if !b.generation_start {
                 self.records -= b.count();
                 self.bytes -= b.records.payload_bytes() as u64;
+                self.mem_bytes -= b.records.payload_bytes() as u64;
             }
             self.start = b.end();
         }

@@ -40,7 +40,7 @@ use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::flags::{FlagError, Flags};
 use crate::frame::{Frame, FrameDecoder, FrameError};
-use crate::io::{Clock, ConnId, Dir, OpenToken, Side, StreamId, WallClock, WriteToken, close_code};
+use crate::io::{Clock, ConnId, Dir, OpenToken, ReadToken, Side, StreamId, WallClock, WriteToken, close_code};
 use crate::message::{self, B64, Decoded, Direction, Message};
 use crate::negotiate::{ClientOffer, broker_answer};
 use crate::payload::PayloadKind;
@@ -106,6 +106,11 @@ pub enum BrokerOutput {
     /// should complete in the order they were asked for (they become visible in offset order
     /// either way).
     Persist(PersistRequest),
+    /// Read history back from storage and report it with `handle_read_complete(token, batches)`:
+    /// the stored batches of a shard from the one holding `from` up to (not including) `end`,
+    /// stopping after about `max_bytes` of payload. Return what is there (an empty answer is
+    /// fine: the subscriber then sees a gap).
+    Read(ReadRequest),
     /// Retention moved a durable shard's start: storage may delete whatever lies wholly below
     /// `start` (whole segments).
     Truncate {
@@ -156,6 +161,27 @@ pub struct PersistRequest {
     pub generation_start: bool,
     /// How many shards the stream has (for the storage layer's metadata).
     pub stream_shards: u32,
+}
+
+/// A history read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// Reported back on completion.
+    pub token: ReadToken,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard.
+    pub shard: u32,
+    /// First offset wanted.
+    pub from: u64,
+    /// Stop before this offset (the start of what the broker holds in memory).
+    pub end: u64,
+    /// About how many payload bytes to return at most.
+    pub max_bytes: usize,
 }
 
 /// Counters, for metrics and tests.
@@ -263,6 +289,7 @@ struct Sub {
     inflight: usize,
     cursor: Option<u64>,
     ending: Option<Ending>,
+    reading: Option<ReadToken>,
 }
 
 #[derive(Debug)]
@@ -342,6 +369,8 @@ pub struct Broker {
     server_flags: Flags,
     server_features: Features,
     next_sweep: Option<Instant>,
+    reads: HashMap<ReadToken, (ConnId, u64)>,
+    next_read: u64,
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -378,6 +407,8 @@ impl Broker {
             server_flags,
             server_features,
             next_sweep: None,
+            reads: HashMap::new(),
+            next_read: 1,
         };
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
@@ -414,9 +445,9 @@ impl Broker {
         Some((s.log.start(), s.log.committed_tail(), s.log.next_offset(), s.log.retained_records()))
     }
 
-    /// Payload bytes retained in memory by every shard log (memory held by history).
+    /// Payload bytes of history every shard log holds in memory.
     pub fn retained_log_bytes(&self) -> u64 {
-        self.streams.values().flat_map(|e| e.shards.iter()).map(|s| s.log.retained_bytes()).sum()
+        self.streams.values().flat_map(|e| e.shards.iter()).map(|s| s.log.memory_bytes()).sum()
     }
 
     /// Bytes queued for subscribers and not yet handed to the driver (memory held by queues).
@@ -1033,9 +1064,14 @@ impl Broker {
 
     fn create_stream(&mut self, k: Key, config: StreamConfig) -> u32 {
         let shards = config.shards.max(1);
+        let budget = (config.durable && self.cfg.history_reads).then_some(config.memory_bytes);
         let entry = StreamEntry {
             shards: (0..shards)
-                .map(|_| Shard { log: ShardLog::new(config.durable, config.retention), subs: Vec::new(), moved: None })
+                .map(|_| {
+                    let mut log = ShardLog::new(config.durable, config.retention);
+                    log.set_memory_budget(budget);
+                    Shard { log, subs: Vec::new(), moved: None }
+                })
                 .collect(),
             config,
         };
@@ -1266,8 +1302,10 @@ impl Broker {
                 }
             }
         }
-        let _ = shard;
         self.enforce_retention(Some(&k), now);
+        if let Some(entry) = self.streams.get_mut(&k) {
+            entry.shards[shard as usize].log.trim_memory();
+        }
     }
 
     fn finish_waiter(&mut self, w: Waiter, result: Result<Option<u64>, &Refusal>, now: Instant) {
@@ -1400,9 +1438,34 @@ impl Broker {
             }
             if let Some(cursor) = sub.cursor {
                 // Catching up from the log.
+                if sub.reading.is_some() {
+                    return; // waiting for history from storage
+                }
                 let (k, shard, shape) = (sub.key.clone(), sub.shard, sub.shape);
                 let Some(entry) = self.streams.get_mut(&k) else { return };
                 let log = &mut entry.shards[shard as usize].log;
+                // Retention may have passed the cursor: that history is gone (a visible gap).
+                let cursor = cursor.max(log.start());
+                if cursor < log.memory_start() {
+                    let token = ReadToken(self.next_read);
+                    self.next_read += 1;
+                    let end = log.memory_start();
+                    self.reads.insert(token, (conn, id));
+                    self.out.push_back(BrokerOutput::Read(ReadRequest {
+                        token,
+                        tenant_id: k.0.clone(),
+                        namespace: k.1.clone(),
+                        stream: k.2.clone(),
+                        shard,
+                        from: cursor,
+                        end,
+                        max_bytes: self.cfg.history_read_bytes,
+                    }));
+                    let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+                    sub.cursor = Some(cursor);
+                    sub.reading = Some(token);
+                    return;
+                }
                 let tail = log.committed_tail();
                 let next = log.next_deliverable(cursor).map(|b| {
                     let f = if b.base >= cursor { b.frame(shape) } else { b.frame_from(shape, cursor) };
@@ -1453,6 +1516,62 @@ impl Broker {
             }
             return;
         }
+    }
+
+    /// Storage returned history asked for with `BrokerOutput::Read`. The batches are delivered
+    /// to the subscriber that asked, in order, and its catch-up continues.
+    pub fn handle_read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
+        self.clock.advance(now);
+        let Some((conn, id)) = self.reads.remove(&token) else { return };
+        let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
+        if sub.reading != Some(token) {
+            return;
+        }
+        sub.reading = None;
+        let (Some(stream), Some(mut cursor)) = (sub.stream, sub.cursor) else { return };
+        let shape = sub.shape;
+        let memory_start = self
+            .streams
+            .get(&sub.key)
+            .and_then(|e| e.shards.get(sub.shard as usize))
+            .map_or(cursor, |s| s.log.memory_start());
+        let mut frames = Vec::new();
+        let mut skip = 0u64;
+        for b in batches {
+            if b.generation_start {
+                skip += 1;
+                continue;
+            }
+            let end = b.base_offset + b.count();
+            if end <= cursor || b.base_offset >= memory_start {
+                skip = 0;
+                continue;
+            }
+            let from = cursor.max(b.base_offset);
+            let records = b.records.skip((from - b.base_offset) as u32);
+            let skipped = if from == b.base_offset { skip } else { 0 };
+            skip = 0;
+            let e = log::event_batch(shape, records, from, skipped, b.publisher.as_ref(), b.timestamp_micros);
+            if let Ok(f) = e.encode_parts() {
+                frames.push(f);
+            }
+            cursor = end;
+        }
+        if frames.is_empty() {
+            // Storage had nothing there (deleted by retention, or unreadable): skip to what is in
+            // memory rather than ask again forever. The subscriber sees the gap in offsets.
+            cursor = cursor.max(memory_start);
+        }
+        let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+        sub.cursor = Some(cursor);
+        for f in &frames {
+            sub.inflight += f[0].len() + f[1].len();
+        }
+        self.stats.batches_delivered += frames.len() as u64;
+        for f in frames {
+            self.write_frame(conn, stream, f);
+        }
+        self.pump(conn, id);
     }
 
     fn write_frame(&mut self, conn: ConnId, stream: StreamId, [head, body]: [Bytes; 2]) {
@@ -1572,6 +1691,7 @@ impl Broker {
                 inflight: 0,
                 cursor: (durable && cursor < tail).then_some(cursor),
                 ending: None,
+                reading: None,
             },
         );
         let entry = self.streams.get_mut(&k).expect("looked up");
