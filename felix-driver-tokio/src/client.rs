@@ -12,7 +12,7 @@ use felix_proto::client::{
     PublishId, PublishRequest, SubscribeRequest,
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
-use felix_proto::io::{Dir, OpenToken, Side, StreamId};
+use felix_proto::io::{OpenToken, StreamId};
 use felix_proto::message::StartPosition;
 use felix_proto::negotiate::Negotiated;
 use std::collections::{HashMap, VecDeque};
@@ -156,18 +156,6 @@ pub struct Client {
     negotiated: Negotiated,
     closed: watch::Receiver<Option<String>>,
     quic: quinn::Connection,
-}
-
-fn our_id(id: quinn::StreamId) -> StreamId {
-    let side = match id.initiator() {
-        quinn::Side::Client => Side::Client,
-        quinn::Side::Server => Side::Broker,
-    };
-    let dir = match id.dir() {
-        quinn::Dir::Bi => Dir::Bi,
-        quinn::Dir::Uni => Dir::Uni,
-    };
-    StreamId::new(side, dir, id.index())
 }
 
 impl Client {
@@ -540,7 +528,7 @@ impl Task {
                 }
             }
             Input::OpenedBi { token, send, recv } => {
-                let id = our_id(send.id());
+                let id = crate::stream_id(send.id());
                 let (wtx, wrx) = mpsc::unbounded_channel();
                 self.writers.insert(id, wtx);
                 tokio::spawn(writer(send, wrx));
@@ -550,7 +538,7 @@ impl Task {
                 self.machine.handle_stream_opened(token, id, now);
             }
             Input::IncomingUni(recv) => {
-                let id = our_id(recv.id());
+                let id = crate::stream_id(recv.id());
                 let (gtx, grx) = watch::channel(false);
                 self.gates.insert(id, gtx);
                 tokio::spawn(reader(id, recv, grx, self.tx.clone()));

@@ -15,3 +15,17 @@ pub use client::{Client, ClientError, ClientOptions, PublishOptions, Subscriptio
 pub use server::{Server, ServerError, ServerOptions, TransportTuning};
 pub use storage::FsyncPolicy;
 pub use tls::{Identity, Trust};
+
+/// The felix stream id of a quinn stream (both use QUIC's own numbering).
+pub(crate) fn stream_id(id: quinn::StreamId) -> felix_proto::io::StreamId {
+    use felix_proto::io::{Dir, Side, StreamId};
+    let side = match id.initiator() {
+        quinn::Side::Client => Side::Client,
+        quinn::Side::Server => Side::Broker,
+    };
+    let dir = match id.dir() {
+        quinn::Dir::Bi => Dir::Bi,
+        quinn::Dir::Uni => Dir::Uni,
+    };
+    StreamId::new(side, dir, id.index())
+}

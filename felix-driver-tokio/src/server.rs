@@ -16,7 +16,7 @@ use crate::storage::{DiskStorage, FsyncPolicy, RecoveredShard};
 use crate::tls::{Identity, TlsError, server_config};
 use bytes::Bytes;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest};
-use felix_proto::io::{ConnId, Dir, OpenToken, Side, StreamId, WallClock, WriteToken, close_code};
+use felix_proto::io::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
 use quinn::VarInt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -399,18 +399,6 @@ struct ConnHandle {
     gates: HashMap<StreamId, watch::Sender<ReadGate>>,
 }
 
-fn our_id(id: quinn::StreamId) -> StreamId {
-    let side = match id.initiator() {
-        quinn::Side::Client => Side::Client,
-        quinn::Side::Server => Side::Broker,
-    };
-    let dir = match id.dir() {
-        quinn::Dir::Bi => Dir::Bi,
-        quinn::Dir::Uni => Dir::Uni,
-    };
-    StreamId::new(side, dir, id.index())
-}
-
 async fn accept_loop(endpoint: quinn::Endpoint, tx: mpsc::UnboundedSender<Input>) {
     while let Some(incoming) = endpoint.accept().await {
         let tx = tx.clone();
@@ -663,7 +651,7 @@ impl BrokerTask {
             }
             Input::Stream { conn, send, recv } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
-                let stream = our_id(recv.id());
+                let stream = crate::stream_id(recv.id());
                 self.io.streams_opened += 1;
                 let (gate_tx, gate_rx) = watch::channel(ReadGate::Open);
                 h.gates.insert(stream, gate_tx);
@@ -682,7 +670,7 @@ impl BrokerTask {
             Input::Stopped { conn, stream } => self.broker.handle_stream_stopped(conn, stream, now),
             Input::Opened { conn, token, send } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
-                let stream = our_id(send.id());
+                let stream = crate::stream_id(send.id());
                 let (wtx, wrx) = mpsc::unbounded_channel();
                 h.writers.insert(stream, wtx);
                 tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));

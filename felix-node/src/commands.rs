@@ -271,29 +271,27 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
             eprintln!("stored {cache}/{key}");
             ExitCode::SUCCESS
         }
-        CacheOp::Get { cache, key } => match client.cache_get(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
-            Some(v) => {
-                println!("{}", String::from_utf8_lossy(&v));
-                ExitCode::SUCCESS
-            }
-            None => {
-                eprintln!("{cache}/{key}: not found");
-                ExitCode::from(1)
-            }
-        },
+        CacheOp::Get { cache, key } => {
+            print_value(&cache, &key, client.cache_get(&ns, &cache, &key).await.map_err(|e| e.to_string())?)
+        }
         CacheOp::Delete { cache, key } => {
-            match client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
-                Some(v) => {
-                    println!("{}", String::from_utf8_lossy(&v));
-                    ExitCode::SUCCESS
-                }
-                None => {
-                    eprintln!("{cache}/{key}: not found");
-                    ExitCode::from(1)
-                }
-            }
+            print_value(&cache, &key, client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())?)
         }
     };
     client.close();
     Ok(code)
+}
+
+/// Prints a value read (or removed); a miss exits 1.
+fn print_value(cache: &str, key: &str, v: Option<Bytes>) -> ExitCode {
+    match v {
+        Some(v) => {
+            println!("{}", String::from_utf8_lossy(&v));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("{cache}/{key}: not found");
+            ExitCode::from(1)
+        }
+    }
 }

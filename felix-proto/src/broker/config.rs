@@ -111,6 +111,10 @@ pub struct BrokerConfig {
     pub history_reads: bool,
     /// Most payload bytes one history read returns.
     pub history_read_bytes: usize,
+    /// Payload bytes a durable shard may have waiting for storage before the broker stops
+    /// reading the streams that publish to it (resumed below half of it). Keeps memory bounded
+    /// when publishers outrun the disk.
+    pub max_pending_write_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -132,6 +136,7 @@ impl Default for BrokerConfig {
             auth_timeout: Duration::from_secs(10),
             history_reads: false,
             history_read_bytes: 1 << 20,
+            max_pending_write_bytes: 32 << 20,
         }
     }
 }

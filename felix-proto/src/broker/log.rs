@@ -148,6 +148,7 @@ pub(crate) struct ShardLog {
     /// Payload bytes of history kept in memory; `None` keeps all retained history.
     memory_budget: Option<u64>,
     mem_bytes: u64,
+    pending_bytes: u64,
 }
 
 impl ShardLog {
@@ -165,7 +166,13 @@ impl ShardLog {
             evicted: VecDeque::new(),
             memory_budget: None,
             mem_bytes: 0,
+            pending_bytes: 0,
         }
+    }
+
+    /// Payload bytes appended and not yet confirmed by storage.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
     }
 
     /// Keeps at most `budget` payload bytes of history in memory; older batches are read back
@@ -253,6 +260,7 @@ impl ShardLog {
         self.next_offset += batch.count();
         match token {
             Some(token) if self.durable => {
+                self.pending_bytes += batch.records.payload_bytes() as u64;
                 self.pending.push_back(Pending { batch, token, state: WriteState::Writing });
                 (base, None)
             }
@@ -325,10 +333,12 @@ impl ShardLog {
                 WriteState::Writing => break,
                 WriteState::Failed => {
                     let p = self.pending.pop_front().expect("front exists");
+                    self.pending_bytes -= p.batch.records.payload_bytes() as u64;
                     out.failed.push((p.token, p.batch.base, p.batch.end()));
                 }
                 WriteState::Done => {
                     let p = self.pending.pop_front().expect("front exists");
+                    self.pending_bytes -= p.batch.records.payload_bytes() as u64;
                     out.done.push((p.token, p.batch.base));
                     out.committed.push((p.batch.base, p.batch.end()));
                     if !p.batch.generation_start {

@@ -229,6 +229,8 @@ struct Shard {
     log: ShardLog,
     subs: Vec<(ConnId, u64)>,
     moved: Option<Moved>,
+    /// Streams paused because this shard's writes backed up.
+    paused: Vec<(ConnId, StreamId)>,
 }
 
 #[derive(Debug)]
@@ -264,6 +266,8 @@ struct CtlStream {
     next_seq: u64,
     outstanding: usize,
     paused: bool,
+    /// Paused because a shard it publishes to has too much waiting for storage.
+    storage_paused: bool,
     fin_recv: bool,
     closed: bool,
     send_finished: bool,
@@ -594,6 +598,7 @@ impl Broker {
                 next_seq: 0,
                 outstanding: 0,
                 paused: false,
+                storage_paused: false,
                 fin_recv: false,
                 closed: false,
                 send_finished: false,
@@ -667,7 +672,7 @@ impl Broker {
     fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {
         let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { return };
         loop {
-            if st.paused || st.closed {
+            if st.paused || st.storage_paused || st.closed {
                 break;
             }
             match st.decoder.next_frame() {
@@ -694,7 +699,7 @@ impl Broker {
                 }
             }
         }
-        if st.fin_recv && !st.paused && !st.closed && st.decoder.finish().is_err() {
+        if st.fin_recv && !st.paused && !st.storage_paused && !st.closed && st.decoder.finish().is_err() {
             // The client finished the stream inside a frame: nothing more can come.
             st.closed = true;
         }
@@ -845,7 +850,9 @@ impl Broker {
                 let window = st.session.as_ref().and_then(|s| s.window).unwrap_or(u32::MAX) as usize;
                 if st.paused && st.owed.len() < window {
                     st.paused = false;
-                    self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
+                    if !st.storage_paused {
+                        self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
+                    }
                     return true;
                 }
                 false
@@ -1070,7 +1077,7 @@ impl Broker {
                 .map(|_| {
                     let mut log = ShardLog::new(config.durable, config.retention);
                     log.set_memory_budget(budget);
-                    Shard { log, subs: Vec::new(), moved: None }
+                    Shard { log, subs: Vec::new(), moved: None, paused: Vec::new() }
                 })
                 .collect(),
             config,
@@ -1079,18 +1086,24 @@ impl Broker {
         shards
     }
 
-    /// Checks tenant and permission, then finds (or auto-creates) the stream. Returns its shard
-    /// count.
-    fn lookup_stream(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, action: Action) -> Result<u32, Refusal> {
+    /// Whether the stream's credential may do `action` on `t`'s `ns/name`.
+    fn authorize(&self, st: &CtlStream, t: &str, ns: &str, name: &str, action: Action) -> Result<(), Refusal> {
         let Some(sess) = st.session.as_ref() else {
             return Err(Refusal::new(ErrorCode::Unauthenticated, "authenticate first"));
         };
         if sess.tenant_id != t {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
         }
-        if !self.cfg.tokens[sess.token].allows(action, ns, s) {
-            return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{s}", action.name())));
+        if !self.cfg.tokens[sess.token].allows(action, ns, name) {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{name}", action.name())));
         }
+        Ok(())
+    }
+
+    /// Checks tenant and permission, then finds (or auto-creates) the stream. Returns its shard
+    /// count.
+    fn lookup_stream(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, action: Action) -> Result<u32, Refusal> {
+        self.authorize(st, t, ns, s, action)?;
         let k = key(t, ns, s);
         if let Some(e) = self.streams.get(&k) {
             return Ok(e.shards.len() as u32);
@@ -1227,6 +1240,16 @@ impl Broker {
             generation_start: false,
             stream_shards: entry_shards,
         }));
+        // Backpressure when storage falls behind: stop reading this stream until it catches up.
+        let limit = self.cfg.max_pending_write_bytes;
+        let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
+        if sh.log.pending_bytes() > limit && !st.storage_paused {
+            st.storage_paused = true;
+            sh.paused.push((conn, st.id));
+            if !st.paused {
+                self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+            }
+        }
         let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new() };
         if !matches!(reply, Reply::None) {
             let seq = self.owe(conn, st, reply);
@@ -1303,8 +1326,22 @@ impl Broker {
             }
         }
         self.enforce_retention(Some(&k), now);
+        let limit = self.cfg.max_pending_write_bytes;
+        let mut resume = Vec::new();
         if let Some(entry) = self.streams.get_mut(&k) {
-            entry.shards[shard as usize].log.trim_memory();
+            let sh = &mut entry.shards[shard as usize];
+            sh.log.trim_memory();
+            if sh.log.pending_bytes() <= limit / 2 {
+                resume = std::mem::take(&mut sh.paused);
+            }
+        }
+        for (conn, sid) in resume {
+            let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
+            st.storage_paused = false;
+            if !st.paused {
+                self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
+                self.drive_stream(conn, sid, now);
+            }
         }
     }
 
@@ -1794,15 +1831,7 @@ impl Broker {
     // Cache
 
     fn cache_entry(&mut self, st: &CtlStream, t: &str, ns: &str, c: &str, action: Action) -> Result<Key, Refusal> {
-        let Some(sess) = st.session.as_ref() else {
-            return Err(Refusal::new(ErrorCode::Unauthenticated, "authenticate first"));
-        };
-        if sess.tenant_id != t {
-            return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
-        }
-        if !self.cfg.tokens[sess.token].allows(action, ns, c) {
-            return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{c}", action.name())));
-        }
+        self.authorize(st, t, ns, c, action)?;
         let k = key(t, ns, c);
         if !self.caches.contains_key(&k) {
             if !self.cfg.auto_create {
