@@ -125,3 +125,95 @@ pub fn json_message(data: &[u8]) {
 pub fn error_is_classified(e: &FrameError) -> bool {
     e.is_fatal() || matches!(e, FrameError::Flags { .. })
 }
+
+/// `broker_session` target: a broker with two authenticated streams (one offering every flag and
+/// feature, one legacy), then the input drives it: each step picks a stream (control, publish,
+/// or one of the broker's event streams), a chunk of bytes, whether to finish, and a time step.
+/// Storage completes in order and readers flush. The oracle: no panic, and every output names a
+/// connection that exists.
+pub fn broker_session(data: &[u8]) {
+    use crate::broker::{Broker, BrokerConfig, BrokerOutput, TokenGrant};
+    use crate::io::{Dir, Side, StreamId, WallClock};
+    use std::time::{Duration, Instant};
+    // The fuzzer supplies no clock; any fixed instant will do as the epoch.
+    #[allow(clippy::disallowed_methods)]
+    let t0 = Instant::now();
+    let cfg = BrokerConfig {
+        tokens: vec![TokenGrant::dev("t")],
+        publish_window: 2,
+        event_stream_inflight_bytes: 64,
+        max_pending_write_bytes: 256,
+        history_reads: true,
+        ..BrokerConfig::default()
+    };
+    let mut b = Broker::new(cfg, WallClock::new(t0, 0));
+    let conn = b.connection_opened(t0);
+    let auth = |flags: Option<u16>, features: Option<u32>| {
+        let m = crate::Message::Auth(crate::message::Auth {
+            tenant_id: "t1".into(),
+            token: "t".into(),
+            client_flags: flags,
+            client_features: features,
+            client_features_hi: features.map(|_| 0xF),
+        });
+        let mut out = BytesMut::new();
+        m.encode(&mut out).expect("auth encodes");
+        out.freeze()
+    };
+    let s0 = StreamId::new(Side::Client, Dir::Bi, 0);
+    let s1 = StreamId::new(Side::Client, Dir::Bi, 1);
+    let u0 = StreamId::new(Side::Client, Dir::Uni, 0);
+    b.handle_stream_data(conn, s0, auth(Some(0x7FFF), Some(u32::MAX)), false, t0);
+    b.handle_stream_data(conn, s1, auth(None, None), false, t0);
+    let mut now = t0;
+    let mut event_streams: Vec<StreamId> = Vec::new();
+    let mut next_uni = 0u64;
+    let mut rest = data;
+    let mut steps = 0;
+    while rest.len() >= 3 && steps < 256 {
+        steps += 1;
+        let (sel, len, flags) = (rest[0], usize::from(rest[1]), rest[2]);
+        rest = &rest[3..];
+        let take = len.min(rest.len());
+        let chunk = Bytes::copy_from_slice(&rest[..take]);
+        rest = &rest[take..];
+        let fin = flags & 1 != 0;
+        now += Duration::from_millis(u64::from(flags >> 1) * 10);
+        match sel % 6 {
+            0 => b.handle_stream_data(conn, s0, chunk, fin, now),
+            1 => b.handle_stream_data(conn, s1, chunk, fin, now),
+            2 => b.handle_stream_data(conn, u0, chunk, fin, now),
+            3 => b.handle_stream_reset(conn, if flags & 2 != 0 { s0 } else { s1 }, now),
+            4 => {
+                if let Some(s) = event_streams.get(usize::from(sel) % event_streams.len().max(1)) {
+                    b.handle_stream_stopped(conn, *s, now);
+                }
+            }
+            _ => b.handle_timeout(now),
+        }
+        let mut guard = 0;
+        while let Some(o) = b.poll_output() {
+            guard += 1;
+            assert!(guard < 100_000, "output loop does not settle");
+            match o {
+                BrokerOutput::Transmit { conn: c, stream, data } => {
+                    assert_eq!(c, conn);
+                    if stream.initiator() == Side::Broker {
+                        b.handle_stream_flushed(conn, stream, data.len(), now);
+                    }
+                }
+                BrokerOutput::OpenUni { conn: c, token } => {
+                    assert_eq!(c, conn);
+                    let s = StreamId::new(Side::Broker, Dir::Uni, next_uni);
+                    next_uni += 1;
+                    event_streams.push(s);
+                    b.handle_stream_opened(conn, token, s, now);
+                }
+                BrokerOutput::Persist(w) => b.handle_write_complete(w.token, flags & 4 == 0, now),
+                BrokerOutput::Read(r) => b.handle_read_complete(r.token, Vec::new(), now),
+                BrokerOutput::CloseConnection { .. } => return,
+                _ => {}
+            }
+        }
+    }
+}

@@ -27,6 +27,16 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let mut f = vec![6u8, 255];
         f.extend_from_slice(&frame);
         out.push(("frame", format!("seed-{stem}"), f));
+        // broker_session: the frame on the capable stream, then on the legacy stream, in steps of
+        // (selector, length, flags) + bytes.
+        let mut session = Vec::new();
+        for sel in [0u8, 1] {
+            for piece in frame.chunks(255) {
+                session.extend([sel, piece.len() as u8, 0]);
+                session.extend_from_slice(piece);
+            }
+        }
+        out.push(("broker_session", format!("seed-{stem}"), session));
         if frame.len() >= 12 {
             let mut b = frame[6..8].to_vec();
             b.extend_from_slice(&frame[12..]);
@@ -63,6 +73,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("frame", felix_proto::fuzzing::frame as fn(&[u8])),
         ("binary_payload", felix_proto::fuzzing::binary_payload),
         ("json_message", felix_proto::fuzzing::json_message),
+        ("broker_session", felix_proto::fuzzing::broker_session),
     ] {
         let dir = fuzz_dir().join(target);
         for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
