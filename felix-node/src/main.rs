@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod conformance;
 mod demo;
+mod live;
 mod node;
 
 use clap::{Args, Parser, Subcommand};
@@ -38,17 +39,43 @@ enum Command {
     Cache(CacheArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
     Bench(bench::BenchArgs),
-    /// Check conformance vectors (NAME.json + NAME.hex pairs) byte for byte.
+    /// Check conformance vectors byte for byte, or (with --addr) a running broker's behaviour.
     ///
-    /// For each vector the frame is decoded and compared with what the JSON says it means, then
-    /// re-encoded and compared with the bytes. Prints one line per failure and ends with
-    /// `N passed, M failed`; exits non-zero on any failure.
+    /// Vectors: for each NAME.json + NAME.hex pair the frame is decoded and compared with what
+    /// the JSON says it means, then re-encoded and compared with the bytes. One line per failure.
+    ///
+    /// --addr: behavioural checks over QUIC against any broker (negotiation rows, legacy frames,
+    /// error codes only when offered, unknown flags and types, malformed acked publishes,
+    /// oversize frames), one line per check.
+    ///
+    /// Both end with `N passed, M failed` and exit non-zero on any failure.
     Conformance {
         /// Directories holding vectors (default: ./vectors).
         dirs: Vec<PathBuf>,
         /// Also print a line for every vector that passes.
         #[arg(short, long)]
         verbose: bool,
+        /// Check a running broker at this address instead of vectors.
+        #[arg(long)]
+        addr: Option<SocketAddr>,
+        /// Tenant for --addr.
+        #[arg(long, default_value = "conformance")]
+        tenant: String,
+        /// Token for --addr (default: the dev token in --data-dir).
+        #[arg(long)]
+        token: Option<String>,
+        /// The broker's certificate for --addr (default: the one in --data-dir).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Where a local broker keeps its certificate and dev token.
+        #[arg(long, default_value = "./felix-data")]
+        data_dir: PathBuf,
+        /// Name the broker's certificate must hold.
+        #[arg(long, default_value = "localhost")]
+        server_name: String,
+        /// Accept any certificate (development only).
+        #[arg(long)]
+        insecure_accept_any_certificate: bool,
     },
 }
 
@@ -214,7 +241,7 @@ fn init_tracing() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    if let Command::Conformance { dirs, verbose } = cli.command {
+    if let Command::Conformance { dirs, verbose, addr: None, .. } = cli.command {
         let dirs = if dirs.is_empty() { vec![PathBuf::from("vectors")] } else { dirs };
         return conformance::run(&dirs, verbose);
     }
@@ -233,7 +260,26 @@ fn main() -> ExitCode {
             Command::Subscribe(a) => commands::subscribe(a).await,
             Command::Cache(a) => commands::cache(a).await,
             Command::Bench(a) => bench::run(a).await,
-            Command::Conformance { .. } => unreachable!("handled above"),
+            Command::Conformance {
+                addr: Some(addr),
+                tenant,
+                token,
+                ca,
+                data_dir,
+                server_name,
+                insecure_accept_any_certificate,
+                ..
+            } => {
+                let trust = node::client_trust(ca.as_deref(), &data_dir, insecure_accept_any_certificate)?;
+                let token = match token {
+                    Some(t) => t,
+                    None => std::fs::read_to_string(node::DataDir::new(&data_dir).token())
+                        .map(|t| t.trim().to_owned())
+                        .map_err(|e| format!("no --token and no dev token in {}: {e}", data_dir.display()))?,
+                };
+                Ok(live::run(live::Target { addr, trust, server_name, tenant, token }).await)
+            }
+            Command::Conformance { addr: None, .. } => unreachable!("handled above"),
         }
     });
     match result {

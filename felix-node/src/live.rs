@@ -1,0 +1,379 @@
+//! `felix-node conformance --addr HOST:PORT`: behavioural checks against a running broker,
+//! speaking raw frames over QUIC (the bytes an old or a new client would send), one line per
+//! check and `N passed, M failed` at the end.
+
+use bytes::{Bytes, BytesMut};
+use felix_driver_tokio::Trust;
+use felix_proto::binary::{AckMode, AckStatus, AckedPrefix, PublishAck, PublishBatch};
+use felix_proto::features::Features;
+use felix_proto::flags::Flags;
+use felix_proto::frame::{Frame, FrameDecoder, FrameHeader};
+use felix_proto::message::{self, Decoded, Message};
+use felix_proto::{Payload, Records};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+pub struct Target {
+    pub addr: SocketAddr,
+    pub trust: Trust,
+    pub server_name: String,
+    pub tenant: String,
+    pub token: String,
+}
+
+struct Conn {
+    quic: quinn::Connection,
+    _ep: quinn::Endpoint,
+}
+
+struct Stream {
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    dec: FrameDecoder,
+}
+
+impl Stream {
+    async fn send(&mut self, data: &[u8]) -> Result<(), String> {
+        self.send.write_all(data).await.map_err(|e| format!("write: {e}"))
+    }
+
+    /// The next frame, `Ok(None)` when the broker finished or stopped the stream.
+    async fn next(&mut self) -> Result<Option<Frame>, String> {
+        loop {
+            if let Some(f) = self.dec.next_frame().map_err(|e| format!("broker sent a bad frame: {e}"))? {
+                return Ok(Some(f));
+            }
+            match tokio::time::timeout(WAIT, self.recv.read_chunk(64 * 1024, true)).await {
+                Err(_) => return Err("no answer within 5 s".into()),
+                Ok(Ok(Some(c))) => self.dec.push(c.bytes),
+                Ok(Ok(None)) | Ok(Err(_)) => return Ok(None),
+            }
+        }
+    }
+
+    async fn message(&mut self) -> Result<Message, String> {
+        match self.next().await? {
+            Some(f) => match f.decode_payload().map_err(|e| e.to_string())? {
+                Payload::Json(Decoded::Message(m)) => Ok(m),
+                other => Err(format!("expected a JSON message, got {other:?}")),
+            },
+            None => Err("the stream ended".into()),
+        }
+    }
+}
+
+fn json(m: &Message) -> Bytes {
+    let mut b = BytesMut::new();
+    let _ = m.encode(&mut b);
+    b.freeze()
+}
+
+impl Target {
+    async fn connect(&self) -> Result<Conn, String> {
+        let tls = felix_driver_tokio::tls::client_config(self.trust.clone(), true).map_err(|e| e.to_string())?;
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+        let bind: SocketAddr = if self.addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("literal");
+        let mut ep = quinn::Endpoint::client(bind).map_err(|e| e.to_string())?;
+        ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        let quic = tokio::time::timeout(WAIT, ep.connect(self.addr, &self.server_name).map_err(|e| e.to_string())?)
+            .await
+            .map_err(|_| "handshake timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(Conn { quic, _ep: ep })
+    }
+
+    fn auth(&self, flags: Option<u16>, features: Option<u32>) -> Bytes {
+        json(&Message::Auth(message::Auth {
+            tenant_id: self.tenant.clone(),
+            token: self.token.clone(),
+            client_flags: flags,
+            client_features: features,
+            client_features_hi: None,
+        }))
+    }
+
+    /// A fresh stream, authenticated with the given offer; returns the auth answer too.
+    async fn session(&self, c: &Conn, flags: Option<u16>, features: Option<u32>) -> Result<(Stream, Message), String> {
+        let (send, recv) = c.quic.open_bi().await.map_err(|e| e.to_string())?;
+        let mut s = Stream { send, recv, dec: FrameDecoder::new() };
+        s.send(&self.auth(flags, features)).await?;
+        let answer = s.message().await?;
+        Ok((s, answer))
+    }
+
+    fn publish_binary(&self, stream: &str, request_id: Option<u64>) -> Bytes {
+        let b = PublishBatch {
+            acked: request_id.map(|request_id| AckedPrefix { request_id, ack_mode: AckMode::PerBatch }),
+            idempotent: None,
+            key: None,
+            tenant_id: self.tenant.clone(),
+            namespace: "conformance".into(),
+            stream: stream.into(),
+            records: Records::from_payloads(["hello"]).expect("small"),
+        };
+        let mut out = BytesMut::new();
+        let _ = b.encode(&mut out);
+        out.freeze()
+    }
+
+    fn subscribe(&self, stream: &str) -> Bytes {
+        json(&Message::Subscribe(message::Subscribe {
+            tenant_id: self.tenant.clone(),
+            namespace: "conformance".into(),
+            stream: stream.into(),
+            subscription_id: None,
+            start: None,
+            shard: None,
+            queue_capacity: None,
+        }))
+    }
+}
+
+type Check = Result<(), String>;
+type CheckFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Check> + 'a>>;
+
+fn expect(cond: bool, what: impl FnOnce() -> String) -> Check {
+    if cond { Ok(()) } else { Err(what()) }
+}
+
+async fn row1_negotiating(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (_, answer) = t.session(&c, Some(0x0019), None).await?;
+    match answer {
+        Message::AuthOk(ok) => {
+            expect(Flags(ok.server_flags).contains(Flags::ORIGINAL_V1), || {
+                format!("server_flags {:#x} lack ORIGINAL_V1", ok.server_flags)
+            })?;
+            expect(ok.publish_window.is_none(), || {
+                "publish_window granted to a client that did not offer pipelining".into()
+            })
+        }
+        other => Err(format!("expected auth_ok, got {other:?}")),
+    }
+}
+
+async fn row3_legacy_gets_plain_ok(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (send, recv) = c.quic.open_bi().await.map_err(|e| e.to_string())?;
+    let mut s = Stream { send, recv, dec: FrameDecoder::new() };
+    s.send(&t.auth(None, None)).await?;
+    let f = s.next().await?.ok_or("stream ended")?;
+    expect(f.flags.is_empty() && &f.payload[..] == br#"{"type":"ok"}"#, || {
+        format!("expected exactly {{\"type\":\"ok\"}}, got {:?}", String::from_utf8_lossy(&f.payload))
+    })
+}
+
+async fn legacy_frames_are_the_old_frames(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (mut s, _) = t.session(&c, None, None).await?;
+    let stream = format!("legacy-{}", std::process::id());
+    s.send(&t.subscribe(&stream)).await?;
+    let sub = s.next().await?.ok_or("stream ended")?;
+    let text = String::from_utf8_lossy(&sub.payload).into_owned();
+    expect(text.starts_with(r#"{"type":"subscribed","subscription_id":"#) && !text.contains("offset"), || {
+        format!("subscribed carries more than a legacy client reads: {text}")
+    })?;
+    s.send(&t.publish_binary(&stream, None)).await?;
+    let mut uni = tokio::time::timeout(WAIT, c.quic.accept_uni())
+        .await
+        .map_err(|_| "no event stream")?
+        .map_err(|e| e.to_string())?;
+    let mut dec = FrameDecoder::new();
+    let mut frames = Vec::new();
+    while frames.len() < 2 {
+        let chunk = tokio::time::timeout(WAIT, uni.read_chunk(64 * 1024, true)).await.map_err(|_| "no events")?;
+        match chunk.map_err(|e| e.to_string())? {
+            Some(c) => dec.push(c.bytes),
+            None => return Err("event stream ended early".into()),
+        }
+        while let Some(f) = dec.next_frame().map_err(|e| e.to_string())? {
+            frames.push(f);
+        }
+    }
+    let hello = String::from_utf8_lossy(&frames[0].payload).into_owned();
+    expect(hello.starts_with(r#"{"type":"event_stream_hello","subscription_id":"#), || format!("first frame {hello}"))?;
+    expect(frames[1].flags == Flags::BINARY_EVENT_BATCH_SHARED, || {
+        format!("events for a legacy client must be plain 0x0004 batches, got {}", frames[1].flags)
+    })
+}
+
+async fn error_codes_only_when_offered(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let bad = json(&Message::Publish(message::Publish {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: "codes".into(),
+        payload: "x".into(),
+        key: None,
+        shard: None,
+        request_id: None,
+        ack: Some(AckMode::PerBatch),
+        publish_width: None,
+    }));
+    let (mut legacy, _) = t.session(&c, None, None).await?;
+    legacy.send(&bad).await?;
+    match legacy.message().await? {
+        Message::Error(e) => expect(e.code.is_none() && e.retry.is_none() && e.detail.is_none(), || {
+            "an error to a client without FEATURE_ERROR_CODES carries code fields".into()
+        })?,
+        other => return Err(format!("expected error, got {other:?}")),
+    }
+    let (mut modern, _) = t.session(&c, Some(0x0019), Some(Features::ERROR_CODES.0 as u32)).await?;
+    modern.send(&bad).await?;
+    match modern.message().await? {
+        Message::Error(e) => {
+            expect(e.code.is_some(), || "no code for a client that offered FEATURE_ERROR_CODES".into())
+        }
+        other => Err(format!("expected error, got {other:?}")),
+    }
+}
+
+async fn unknown_flag_bit_is_rejected_not_masked(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (mut s, _) = t.session(&c, Some(0x7FFF), None).await?;
+    let mut frame = t.publish_binary("flags", Some(77)).to_vec();
+    frame[6] |= 0x80; // bit 15
+    s.send(&frame).await?;
+    let f = s.next().await?.ok_or("stream ended instead of answering")?;
+    match f.decode_payload().map_err(|e| e.to_string())? {
+        Payload::Ack(a) => expect(a.status == AckStatus::Error && a.request_id == 77, || format!("{a:?}"))?,
+        Payload::Json(Decoded::Message(Message::Error(_))) => {}
+        other => return Err(format!("expected a refusal, got {other:?}")),
+    }
+    // The stream still works: the frame was skipped, not misparsed.
+    s.send(&t.publish_binary("flags", Some(78))).await?;
+    let f = s.next().await?.ok_or("stream ended")?;
+    match f.decode_payload().map_err(|e| e.to_string())? {
+        Payload::Ack(a) => expect(a.status == AckStatus::Ok && a.request_id == 78, || format!("{a:?}")),
+        other => Err(format!("expected an ok ack, got {other:?}")),
+    }
+}
+
+async fn unknown_type_unsupported_or_closed(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let unknown = {
+        let body = br#"{"type":"conformance_probe","request_id":9}"#;
+        let mut b = BytesMut::new();
+        FrameHeader { flags: Flags::EMPTY, length: body.len() as u32 }.encode(&mut b);
+        b.extend_from_slice(body);
+        b.freeze()
+    };
+    let (mut with, answer) = t.session(&c, Some(0x0019), Some(Features::UNSUPPORTED.0 as u32)).await?;
+    let advertised = match &answer {
+        Message::AuthOk(ok) => {
+            Features::from_words(ok.server_features, ok.server_features_hi).contains(Features::UNSUPPORTED)
+        }
+        _ => false,
+    };
+    with.send(&unknown).await?;
+    if advertised {
+        match with.message().await? {
+            Message::Unsupported(u) => {
+                expect(u.request_type == "conformance_probe" && u.request_id == Some(9), || format!("{u:?}"))?
+            }
+            other => return Err(format!("expected unsupported, got {other:?}")),
+        }
+    }
+    let (mut without, _) = t.session(&c, Some(0x0019), None).await?;
+    without.send(&unknown).await?;
+    match without.next().await {
+        Ok(None) => Ok(()),
+        Ok(Some(f)) => Err(format!(
+            "a client without FEATURE_UNSUPPORTED got an answer: {:?}",
+            String::from_utf8_lossy(&f.payload)
+        )),
+        Err(e) => Err(format!("the stream was not closed: {e}")),
+    }
+}
+
+async fn malformed_acked_publish_answered_by_request_id(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (mut s, _) = t.session(&c, Some(0x7FFF), None).await?;
+    let mut frame = t.publish_binary("malformed", Some(4242)).to_vec();
+    let n = frame.len();
+    frame[n - 8] = 0xFF; // a payload length far past the end
+    s.send(&frame).await?;
+    let f = s.next().await?.ok_or("stream ended")?;
+    match f.decode_payload().map_err(|e| e.to_string())? {
+        Payload::Ack(a) => expect(a.status == AckStatus::Error && a.request_id == 4242, || format!("{a:?}")),
+        other => Err(format!("expected an error ack naming request 4242, got {other:?}")),
+    }
+}
+
+async fn reply_matches_request_encoding(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (mut s, _) = t.session(&c, Some(0x7FFF), None).await?;
+    s.send(&json(&Message::PublishBatch(message::PublishBatchMsg {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: "encoding".into(),
+        payloads: vec!["a".into()],
+        key: None,
+        shard: None,
+        request_id: Some(5),
+        ack: Some(AckMode::PerBatch),
+        publish_width: None,
+    })))
+    .await?;
+    match s.message().await? {
+        Message::PublishOk(ok) => expect(ok.request_id == 5, || format!("{ok:?}"))?,
+        other => return Err(format!("a JSON publish must get a JSON answer, got {other:?}")),
+    }
+    s.send(&t.publish_binary("encoding", Some(6))).await?;
+    let f = s.next().await?.ok_or("stream ended")?;
+    expect(f.flags.contains(Flags::BINARY_PUBLISH_ACK), || {
+        format!("a binary acked publish must get a binary ack, got flags {}", f.flags)
+    })?;
+    let a = PublishAck::decode(f.flags, f.payload).map_err(|e| e.to_string())?;
+    expect(a.request_id == 6, || format!("{a:?}"))
+}
+
+async fn oversize_frame_is_refused(t: &Target) -> Check {
+    let c = t.connect().await?;
+    let (mut s, _) = t.session(&c, Some(0x0019), None).await?;
+    let mut h = BytesMut::new();
+    FrameHeader { flags: Flags::BINARY_PUBLISH_BATCH, length: u32::MAX }.encode(&mut h);
+    s.send(&h).await?;
+    // The broker refuses on the header alone: it closes the connection.
+    match tokio::time::timeout(WAIT, c.quic.closed()).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err("a 4 GiB frame header did not close the connection".into()),
+    }
+}
+
+/// Runs every check; prints one line each and the totals.
+pub async fn run(t: Target) -> ExitCode {
+    let checks: Vec<(&str, CheckFuture<'_>)> = vec![
+        ("negotiating client gets auth_ok", Box::pin(row1_negotiating(&t))),
+        ("legacy client gets exactly {\"type\":\"ok\"}", Box::pin(row3_legacy_gets_plain_ok(&t))),
+        ("legacy client gets the legacy frames", Box::pin(legacy_frames_are_the_old_frames(&t))),
+        ("error codes only for FEATURE_ERROR_CODES clients", Box::pin(error_codes_only_when_offered(&t))),
+        ("unknown flag bit rejected, not masked", Box::pin(unknown_flag_bit_is_rejected_not_masked(&t))),
+        ("unknown type: unsupported or stream closed", Box::pin(unknown_type_unsupported_or_closed(&t))),
+        (
+            "malformed acked publish answered by request_id",
+            Box::pin(malformed_acked_publish_answered_by_request_id(&t)),
+        ),
+        ("reply matches the request's encoding", Box::pin(reply_matches_request_encoding(&t))),
+        ("oversize frame refused on the header", Box::pin(oversize_frame_is_refused(&t))),
+    ];
+    let (mut passed, mut failed) = (0, 0);
+    for (name, check) in checks {
+        match check.await {
+            Ok(()) => {
+                passed += 1;
+                println!("ok   {name}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {name}: {e}");
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
