@@ -992,34 +992,22 @@ impl Broker {
         }
         match m {
             Message::Auth(_) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "already authenticated")),
+            // A single publish is a batch of one.
             Message::Publish(p) => {
-                self.stats.publishes_json += 1;
-                let records = Records::from_payloads([p.payload.0]).unwrap_or_default();
-                let req = PublishReq {
+                let batch = message::PublishBatchMsg {
                     tenant_id: p.tenant_id,
                     namespace: p.namespace,
                     stream: p.stream,
-                    key: p.key.map(|k| k.0),
+                    payloads: vec![p.payload],
+                    key: p.key,
                     shard: p.shard,
-                    width: p.publish_width,
-                    records,
+                    request_id: p.request_id,
+                    ack: p.ack,
+                    publish_width: p.publish_width,
                 };
-                self.publish_json(conn, st, req, p.request_id, p.ack, now);
+                self.publish_json(conn, st, batch, now);
             }
-            Message::PublishBatch(p) => {
-                self.stats.publishes_json += 1;
-                let records = Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default();
-                let req = PublishReq {
-                    tenant_id: p.tenant_id,
-                    namespace: p.namespace,
-                    stream: p.stream,
-                    key: p.key.map(|k| k.0),
-                    shard: p.shard,
-                    width: p.publish_width,
-                    records,
-                };
-                self.publish_json(conn, st, req, p.request_id, p.ack, now);
-            }
+            Message::PublishBatch(p) => self.publish_json(conn, st, p, now),
             Message::PublishWidth(w) => {
                 if let Some(s) = st.session.as_mut() {
                     s.widths.insert(key(&w.tenant_id, &w.namespace, &w.stream), w.width);
@@ -1118,17 +1106,10 @@ impl Broker {
     // -----------------------------------------------------------------------------------------
     // Publishing
 
-    fn publish_json(
-        &mut self,
-        conn: ConnId,
-        st: &mut CtlStream,
-        req: PublishReq,
-        request_id: Option<u64>,
-        ack: Option<crate::binary::AckMode>,
-        now: Instant,
-    ) {
-        let acked = ack.is_some_and(|a| a.is_acked());
-        let reply = match (acked, request_id) {
+    fn publish_json(&mut self, conn: ConnId, st: &mut CtlStream, p: message::PublishBatchMsg, now: Instant) {
+        self.stats.publishes_json += 1;
+        let acked = p.ack.is_some_and(|a| a.is_acked());
+        let reply = match (acked, p.request_id) {
             (true, Some(id)) => Reply::Json(id),
             (true, None) => {
                 return self.refuse(
@@ -1139,6 +1120,16 @@ impl Broker {
             }
             // Decision D9: a request_id without ack is fire-and-forget.
             (false, _) => Reply::None,
+        };
+        let req = PublishReq {
+            tenant_id: p.tenant_id,
+            namespace: p.namespace,
+            stream: p.stream,
+            key: p.key.map(|k| k.0),
+            shard: p.shard,
+            width: p.publish_width,
+            // Payloads come from a frame no larger than the frame limit, so they always fit.
+            records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
         };
         self.publish(conn, st, req, reply, now);
     }
