@@ -170,7 +170,11 @@ impl Client {
         let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
         qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
         let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("valid literal");
-        let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| ClientError::Connect(e.to_string()))?;
+        let socket =
+            crate::server::udp_socket(bind, &opts.transport).map_err(|e| ClientError::Connect(e.to_string()))?;
+        let mut endpoint =
+            quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))
+                .map_err(|e| ClientError::Connect(e.to_string()))?;
         endpoint.set_default_client_config(qcfg);
         let quic = endpoint
             .connect(addr, &opts.server_name)

@@ -44,6 +44,9 @@ pub struct TransportTuning {
     pub keep_alive: Duration,
     /// Whether to probe for a larger MTU (helps bulk throughput on real networks).
     pub mtu_discovery: bool,
+    /// UDP socket receive and send buffer sizes to ask the kernel for, bytes. Linux caps the
+    /// request at `net.core.rmem_max`/`wmem_max`; the size obtained is logged.
+    pub udp_buffer_bytes: usize,
 }
 
 impl Default for TransportTuning {
@@ -57,8 +60,26 @@ impl Default for TransportTuning {
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
             mtu_discovery: true,
+            udp_buffer_bytes: 4 << 20,
         }
     }
+}
+
+/// A UDP socket bound to `addr` with the buffers `tuning` asks for (GSO/GRO and ECN are
+/// enabled by quinn-udp where the platform has them).
+pub(crate) fn udp_socket(addr: SocketAddr, tuning: &TransportTuning) -> std::io::Result<std::net::UdpSocket> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    let s = socket2::SockRef::from(&socket);
+    for (what, res) in [
+        ("receive", s.set_recv_buffer_size(tuning.udp_buffer_bytes)),
+        ("send", s.set_send_buffer_size(tuning.udp_buffer_bytes)),
+    ] {
+        if let Err(e) = res {
+            tracing::warn!("could not set the UDP {what} buffer to {} bytes: {e}", tuning.udp_buffer_bytes);
+        }
+    }
+    tracing::debug!("UDP buffers: receive {:?}, send {:?}", s.recv_buffer_size().ok(), s.send_buffer_size().ok());
+    Ok(socket)
 }
 
 impl TransportTuning {
@@ -166,7 +187,9 @@ impl Server {
             quinn::ServerConfig::with_crypto(Arc::new(crate::alpn::AlpnOptional { with_alpn, without_alpn }))
         };
         qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
-        let endpoint = quinn::Endpoint::server(qcfg, opts.listen)?;
+        let socket = udp_socket(opts.listen, &opts.transport)?;
+        let endpoint =
+            quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(qcfg), socket, Arc::new(quinn::TokioRuntime))?;
         let local_addr = endpoint.local_addr()?;
 
         let now = tokio::time::Instant::now().into_std();
