@@ -13,7 +13,7 @@ use felix_proto::client::{
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
 use felix_proto::io::{OpenToken, StreamId};
-use felix_proto::message::StartPosition;
+use felix_proto::message::{CacheCondition, StartPosition};
 use felix_proto::negotiate::Negotiated;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -134,11 +134,56 @@ impl Subscription {
 type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
 
 enum Cmd {
-    Publish { req: PublishRequest, reply: Reply<Option<u64>> },
-    Subscribe { req: SubscribeRequest, reply: Reply<Subscription> },
-    CachePut { ns: String, cache: String, key: String, value: Bytes, ttl: Option<u64>, reply: Reply<()> },
-    CacheGet { ns: String, cache: String, key: String, reply: Reply<Option<Bytes>> },
-    CacheDelete { ns: String, cache: String, key: String, reply: Reply<Option<Bytes>> },
+    Publish {
+        req: PublishRequest,
+        reply: Reply<Option<u64>>,
+    },
+    Subscribe {
+        req: SubscribeRequest,
+        reply: Reply<Subscription>,
+    },
+    CachePut {
+        ns: String,
+        cache: String,
+        key: String,
+        value: Bytes,
+        ttl: Option<u64>,
+        reply: Reply<()>,
+    },
+    CacheGet {
+        ns: String,
+        cache: String,
+        key: String,
+        reply: Reply<Option<Bytes>>,
+    },
+    CacheDelete {
+        ns: String,
+        cache: String,
+        key: String,
+        reply: Reply<Option<Bytes>>,
+    },
+    CacheGetVersioned {
+        ns: String,
+        cache: String,
+        key: String,
+        reply: Reply<(Option<Bytes>, Option<u64>)>,
+    },
+    CachePutIf {
+        ns: String,
+        cache: String,
+        key: String,
+        value: Bytes,
+        ttl: Option<u64>,
+        condition: CacheCondition,
+        reply: Reply<(bool, Option<u64>)>,
+    },
+    CacheDeleteIf {
+        ns: String,
+        cache: String,
+        key: String,
+        version: u64,
+        reply: Reply<(bool, Option<u64>)>,
+    },
 }
 
 enum Input {
@@ -293,6 +338,53 @@ impl Client {
         self.call(|reply| Cmd::CacheDelete { ns, cache, key, reply }).await
     }
 
+    /// Reads a value and its version (FEATURE_CACHE_CONDITIONAL brokers send one on a hit).
+    ///
+    /// # Errors
+    /// The broker's refusal, or a closed connection.
+    pub async fn cache_get_versioned(
+        &self,
+        ns: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<(Option<Bytes>, Option<u64>), ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::CacheGetVersioned { ns, cache, key, reply }).await
+    }
+
+    /// Stores a value only if the key's live entry matches `condition`; returns whether it
+    /// applied and the version written (or the current one).
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_CACHE_CONDITIONAL.
+    pub async fn cache_put_if(
+        &self,
+        ns: &str,
+        cache: &str,
+        key: &str,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+        condition: CacheCondition,
+    ) -> Result<(bool, Option<u64>), ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::CachePutIf { ns, cache, key, value, ttl: ttl_ms, condition, reply }).await
+    }
+
+    /// Deletes a key only if its live entry has `version`.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_CACHE_CONDITIONAL.
+    pub async fn cache_delete_if(
+        &self,
+        ns: &str,
+        cache: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<(bool, Option<u64>), ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::CacheDeleteIf { ns, cache, key, version, reply }).await
+    }
+
     /// Closes the connection.
     pub fn close(&self) {
         self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
@@ -408,6 +500,19 @@ struct Task {
 enum CacheReply {
     Done(Reply<()>),
     Value(Reply<Option<Bytes>>),
+    Versioned(Reply<(Option<Bytes>, Option<u64>)>),
+    Condition(Reply<(bool, Option<u64>)>),
+}
+
+impl CacheReply {
+    fn fail(self, e: ClientError) {
+        match self {
+            CacheReply::Done(r) => drop(r.send(Err(e))),
+            CacheReply::Value(r) => drop(r.send(Err(e))),
+            CacheReply::Versioned(r) => drop(r.send(Err(e))),
+            CacheReply::Condition(r) => drop(r.send(Err(e))),
+        }
+    }
 }
 
 fn now() -> std::time::Instant {
@@ -467,10 +572,7 @@ impl Task {
             let _ = r.send(Err(err()));
         }
         for (_, r) in self.cache.drain() {
-            match r {
-                CacheReply::Done(r) => drop(r.send(Err(err()))),
-                CacheReply::Value(r) => drop(r.send(Err(err()))),
-            }
+            r.fail(err());
         }
         self.subs.clear();
     }
@@ -527,6 +629,30 @@ impl Task {
                 match self.machine.cache_delete(ClientStream(0), &ns, &cache, &key) {
                     Ok(id) => {
                         self.cache.insert(id, CacheReply::Value(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::Cmd(Cmd::CacheGetVersioned { ns, cache, key, reply }) => {
+                match self.machine.cache_get(ClientStream(0), &ns, &cache, &key) {
+                    Ok(id) => {
+                        self.cache.insert(id, CacheReply::Versioned(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::Cmd(Cmd::CachePutIf { ns, cache, key, value, ttl, condition, reply }) => {
+                match self.machine.cache_put_if(ClientStream(0), &ns, &cache, &key, value, ttl, condition) {
+                    Ok(id) => {
+                        self.cache.insert(id, CacheReply::Condition(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::Cmd(Cmd::CacheDeleteIf { ns, cache, key, version, reply }) => {
+                match self.machine.cache_delete_if(ClientStream(0), &ns, &cache, &key, version) {
+                    Ok(id) => {
+                        self.cache.insert(id, CacheReply::Condition(reply));
                     }
                     Err(e) => drop(reply.send(Err(command_error(e)))),
                 }
@@ -661,11 +787,18 @@ impl Task {
                 self.deliver(sub, SubscriptionItem::End(reason));
                 self.subs.remove(&sub);
             }
-            ClientEvent::CacheValue { request_id, value } => match self.cache.remove(&request_id) {
+            ClientEvent::CacheValue { request_id, value, version } => match self.cache.remove(&request_id) {
                 Some(CacheReply::Value(r)) => drop(r.send(Ok(value))),
+                Some(CacheReply::Versioned(r)) => drop(r.send(Ok((value, version)))),
                 Some(CacheReply::Done(r)) => drop(r.send(Ok(()))),
+                Some(other) => other.fail(ClientError::Closed("unexpected cache_value".into())),
                 None => {}
             },
+            ClientEvent::CacheConditionResult { request_id, applied, version } => {
+                if let Some(CacheReply::Condition(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok((applied, version)));
+                }
+            }
             ClientEvent::CacheOk { request_id } => {
                 if let Some(CacheReply::Done(r)) = self.cache.remove(&request_id) {
                     let _ = r.send(Ok(()));
@@ -675,10 +808,8 @@ impl Task {
                 // An error no request claims: cache requests carry ids, so the oldest pending
                 // cache request is the only candidate.
                 if let Some(id) = self.cache.keys().min().copied() {
-                    match self.cache.remove(&id) {
-                        Some(CacheReply::Done(r)) => drop(r.send(Err(ClientError::Refused(error)))),
-                        Some(CacheReply::Value(r)) => drop(r.send(Err(ClientError::Refused(error)))),
-                        None => {}
+                    if let Some(r) = self.cache.remove(&id) {
+                        r.fail(ClientError::Refused(error));
                     }
                 } else {
                     tracing::warn!("broker error: {}", error.message);

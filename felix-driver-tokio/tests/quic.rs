@@ -289,3 +289,19 @@ async fn old_history_is_replayed_from_disk_not_memory() {
     assert!(got.windows(2).all(|w| w[1].0 == w[0].0 + 1));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn conditional_cache_writes_over_quic() {
+    use felix_proto::message::CacheCondition;
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    let (applied, v1) =
+        c.cache_put_if("default", "c", "lock", Bytes::from("me"), None, CacheCondition::Absent).await.unwrap();
+    assert!(applied);
+    let (again, current) =
+        c.cache_put_if("default", "c", "lock", Bytes::from("you"), None, CacheCondition::Absent).await.unwrap();
+    assert_eq!((again, current), (false, v1));
+    assert_eq!(c.cache_get_versioned("default", "c", "lock").await.unwrap(), (Some(Bytes::from("me")), v1));
+    assert_eq!(c.cache_delete_if("default", "c", "lock", v1.unwrap()).await.unwrap(), (true, None));
+    server.shutdown().await;
+}

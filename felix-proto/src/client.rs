@@ -51,7 +51,8 @@ impl ClientConfig {
                 | Features::PUBLISH_PIPELINE
                 | Features::SUBSCRIPTION_LAGGED
                 | Features::REDIRECT
-                | Features::STREAM_DELETED,
+                | Features::STREAM_DELETED
+                | Features::CACHE_CONDITIONAL,
             max_frame_len: crate::frame::DEFAULT_MAX_FRAME_LEN,
         }
     }
@@ -177,6 +178,18 @@ pub enum ClientEvent {
         request_id: u64,
         /// The value (the removed one for a delete), `None` on a miss.
         value: Option<Bytes>,
+        /// The value's version (a hit, from a broker with FEATURE_CACHE_CONDITIONAL).
+        version: Option<u64>,
+    },
+    /// A conditional cache write answered.
+    CacheConditionResult {
+        /// Request id.
+        request_id: u64,
+        /// Whether the write applied.
+        applied: bool,
+        /// The version written (applied), or the key's current version (not applied; `None`
+        /// when it has no live entry).
+        version: Option<u64>,
     },
     /// A cache write answered.
     CacheOk {
@@ -675,6 +688,74 @@ impl ClientConnection {
         })
     }
 
+    /// Stores `value` only if the key's live entry matches `condition`
+    /// (FEATURE_CACHE_CONDITIONAL). Answered by `CacheConditionResult`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    #[allow(clippy::too_many_arguments)] // mirrors the message's fields
+    pub fn cache_put_if(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+        condition: message::CacheCondition,
+    ) -> Result<u64, CommandError> {
+        self.require(stream, Features::CACHE_CONDITIONAL, "FEATURE_CACHE_CONDITIONAL")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CachePutIf(message::CachePutIf {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                value: B64(value),
+                ttl_ms,
+                condition,
+                request_id,
+            })
+        })
+    }
+
+    /// Deletes the key only if its live entry has `version` (FEATURE_CACHE_CONDITIONAL).
+    /// Answered by `CacheConditionResult`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn cache_delete_if(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<u64, CommandError> {
+        self.require(stream, Features::CACHE_CONDITIONAL, "FEATURE_CACHE_CONDITIONAL")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CacheDeleteIf(message::CacheDeleteIf {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                version,
+                request_id,
+            })
+        })
+    }
+
+    fn require(&self, stream: ClientStream, f: Features, name: &'static str) -> Result<(), CommandError> {
+        let idx = self.ctl_index(stream)?;
+        if self.ctls[idx].negotiated.expect("checked").broker_has(f) {
+            Ok(())
+        } else {
+            Err(CommandError::NotNegotiated(name))
+        }
+    }
+
     // -----------------------------------------------------------------------------------------
     // Inputs
 
@@ -840,6 +921,12 @@ impl ClientConnection {
             Message::CacheValue(v) => self.events.push_back(ClientEvent::CacheValue {
                 request_id: v.request_id.unwrap_or(0),
                 value: v.value.map(|b| b.0),
+                version: v.version,
+            }),
+            Message::CacheConditionResult(c) => self.events.push_back(ClientEvent::CacheConditionResult {
+                request_id: c.request_id,
+                applied: c.applied,
+                version: c.version,
             }),
             Message::CacheOk(c) => self.events.push_back(ClientEvent::CacheOk { request_id: c.request_id }),
             Message::Unsupported(u) => self.events.push_back(ClientEvent::Unsupported { request_type: u.request_type }),

@@ -95,6 +95,10 @@ impl WallClock {
     pub fn new(at: Instant, unix_micros: u64) -> WallClock {
         WallClock { anchor: at, anchor_micros: unix_micros }
     }
+    /// The instant the wall clock was anchored at.
+    pub fn anchor(&self) -> Instant {
+        self.anchor
+    }
     /// Wall time at `now`, in microseconds since the Unix epoch.
     pub fn micros(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.anchor);
@@ -111,6 +115,9 @@ pub(crate) struct Clock {
 impl Clock {
     pub(crate) fn new() -> Clock {
         Clock { last: None }
+    }
+    pub(crate) fn last(&self) -> Option<Instant> {
+        self.last
     }
     pub(crate) fn advance(&mut self, now: Instant) -> Instant {
         let now = match self.last {

@@ -413,7 +413,10 @@ fn cache_requests_pipeline_over_several_streams() {
     sim.run();
     let ev = sim.take_events(c);
     for (rid, key) in want {
-        assert!(ev.contains(&ClientEvent::CacheValue { request_id: rid, value: Some(Bytes::from(key)) }));
+        assert!(
+            ev.iter().any(|e| matches!(e, ClientEvent::CacheValue { request_id, value: Some(v), version: Some(_) }
+            if *request_id == rid && v[..] == *key.as_bytes()))
+        );
     }
 }
 
@@ -533,4 +536,104 @@ fn history_beyond_the_memory_budget_is_read_back_from_storage() {
     sim.run();
     let more = event_batches(&payloads(&sim.take_received(p, es[0])));
     assert_eq!(offsets_of(&more), vec![101]);
+}
+
+#[test]
+fn conditional_cache_writes_and_version_only_when_offered() {
+    let mut sim = Sim::new(config(), epoch());
+    let (lo, hi) = (Features::CACHE_CONDITIONAL.0 as u32, None::<u32>);
+    let _ = hi;
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(lo));
+    let (q, sq, _) = raw_session(&mut sim, None, None);
+    let put_if = |cond, rid| {
+        json(&Message::CachePutIf(message::CachePutIf {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "c".into(),
+            key: "k".into(),
+            value: "v".into(),
+            ttl_ms: None,
+            condition: cond,
+            request_id: rid,
+        }))
+    };
+    let get = |rid| {
+        json(&Message::CacheGet(message::CacheGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "c".into(),
+            key: "k".into(),
+            request_id: Some(rid),
+        }))
+    };
+    sim.raw_send(p, s, put_if(message::CacheCondition::Absent, 1), false);
+    sim.raw_send(p, s, put_if(message::CacheCondition::Absent, 2), false);
+    sim.raw_send(p, s, get(3), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let Message::CacheConditionResult(first) = &ms[0] else { panic!("{ms:?}") };
+    assert!(first.applied && first.version.is_some());
+    assert_eq!(
+        ms[1],
+        Message::CacheConditionResult(message::CacheConditionResult {
+            applied: false,
+            version: first.version,
+            request_id: 2
+        })
+    );
+    let Message::CacheValue(v) = &ms[2] else { panic!() };
+    assert_eq!(v.version, first.version, "a client that offered the bit reads the version");
+    let v1 = first.version.unwrap();
+    sim.raw_send(p, s, put_if(message::CacheCondition::Version(v1), 4), false);
+    sim.raw_send(p, s, put_if(message::CacheCondition::Version(v1), 5), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let Message::CacheConditionResult(r4) = &ms[0] else { panic!() };
+    let Message::CacheConditionResult(r5) = &ms[1] else { panic!() };
+    assert!(r4.applied && r4.version > Some(v1));
+    assert!(!r5.applied && r5.version == r4.version, "a stale version is refused with the current one");
+    let del = |version, rid| {
+        json(&Message::CacheDeleteIf(message::CacheDeleteIf {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "c".into(),
+            key: "k".into(),
+            version,
+            request_id: rid,
+        }))
+    };
+    sim.raw_send(p, s, del(v1, 6), false);
+    sim.raw_send(p, s, del(r4.version.unwrap(), 7), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(
+        ms[0],
+        Message::CacheConditionResult(message::CacheConditionResult {
+            applied: false,
+            version: r4.version,
+            request_id: 6
+        })
+    );
+    assert_eq!(
+        ms[1],
+        Message::CacheConditionResult(message::CacheConditionResult { applied: true, version: None, request_id: 7 })
+    );
+    // A client that did not offer the bit gets the cache_value bytes it always got.
+    sim.raw_send(p, s, put_if(message::CacheCondition::Absent, 8), false);
+    sim.run();
+    sim.take_received(p, s);
+    sim.raw_send(q, sq, get(9), false);
+    sim.run();
+    assert_eq!(
+        sim.take_received(q, sq),
+        json(&Message::CacheValue(message::CacheValue {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "c".into(),
+            key: "k".into(),
+            value: Some("v".into()),
+            request_id: Some(9),
+            version: None,
+        }))
+    );
 }

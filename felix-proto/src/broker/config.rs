@@ -161,7 +161,8 @@ impl BrokerConfig {
             | Features::REDIRECT
             | Features::STREAM_DELETED
             | Features::PUBLISH_WIDTH
-            | Features::EXPLICIT_SHARD;
+            | Features::EXPLICIT_SHARD
+            | Features::CACHE_CONDITIONAL;
         if self.publish_window > 0 {
             f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;
         }

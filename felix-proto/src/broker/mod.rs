@@ -417,8 +417,9 @@ impl Broker {
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
         }
+        let seed = wall.micros(wall.anchor());
         for c in b.cfg.caches.clone() {
-            b.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), Cache::default());
+            b.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), Cache::with_version_seed(seed));
         }
         b
     }
@@ -1017,6 +1018,8 @@ impl Broker {
             Message::CachePut(p) => self.cache_put(conn, st, p, now),
             Message::CacheGet(g) => self.cache_get(conn, st, g, now),
             Message::CacheDelete(d) => self.cache_delete(conn, st, d, now),
+            Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
+            Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
             Message::StreamShards(q) => {
                 let shards =
                     self.lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe).map_or(0, |e| e);
@@ -1828,9 +1831,38 @@ impl Broker {
             if !self.cfg.auto_create {
                 return Err(Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
             }
-            self.caches.insert(k.clone(), Cache::default());
+            let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
+            self.caches.insert(k.clone(), Cache::with_version_seed(seed));
         }
         Ok(k)
+    }
+
+    fn cache_put_if(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePutIf, now: Instant) {
+        let k = match self.cache_entry(st, &p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
+        let condition = match p.condition {
+            message::CacheCondition::Absent => None,
+            message::CacheCondition::Version(v) => Some(v),
+        };
+        let (applied, version) =
+            self.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
+        let m =
+            Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: p.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    fn cache_delete_if(&mut self, conn: ConnId, st: &mut CtlStream, d: message::CacheDeleteIf, now: Instant) {
+        let k = match self.cache_entry(st, &d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let (applied, version) = self.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
+        let m =
+            Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: d.request_id });
+        self.send(conn, st, json_frame(&m));
     }
 
     fn cache_put(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePut, now: Instant) {
@@ -1858,6 +1890,9 @@ impl Broker {
         } else {
             self.stats.cache_misses += 1;
         }
+        // `version` only on a hit, and only for a client that offered FEATURE_CACHE_CONDITIONAL.
+        let offered = Self::features_of(st).has(Features::CACHE_CONDITIONAL);
+        let version = hit.as_ref().map(|(_, v)| *v).filter(|_| offered);
         let m = Message::CacheValue(message::CacheValue {
             tenant_id: g.tenant_id,
             namespace: g.namespace,
@@ -1865,7 +1900,7 @@ impl Broker {
             key: g.key,
             value: hit.map(|(v, _)| B64(v)),
             request_id: g.request_id,
-            version: None,
+            version,
         });
         self.send(conn, st, json_frame(&m));
     }
