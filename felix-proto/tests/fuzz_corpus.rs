@@ -37,6 +37,22 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             }
         }
         out.push(("broker_session", format!("seed-{stem}"), session));
+        // storage_segment: the frame's payload stored as one batch (a valid segment of one).
+        if frame.len() >= 12 {
+            let mut seg = bytes::BytesMut::new();
+            let records = felix_proto::Records::from_payloads([&frame[12..]]).expect("small");
+            felix_proto::storage::encode_batch(
+                &felix_proto::storage::StoredBatch {
+                    base_offset: frame.len() as u64,
+                    timestamp_micros: 7,
+                    generation_start: false,
+                    publisher: Some(bytes::Bytes::from_static(b"seed")),
+                    records,
+                },
+                &mut seg,
+            );
+            out.push(("storage_segment", format!("seed-{stem}"), seg.to_vec()));
+        }
         if frame.len() >= 12 {
             let mut b = frame[6..8].to_vec();
             b.extend_from_slice(&frame[12..]);
@@ -80,6 +96,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("binary_payload", felix_proto::fuzzing::binary_payload),
         ("json_message", felix_proto::fuzzing::json_message),
         ("broker_session", broker_session),
+        ("storage_segment", felix_proto::fuzzing::storage_segment),
     ] {
         let dir = fuzz_dir().join(target);
         for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
