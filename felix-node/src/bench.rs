@@ -115,6 +115,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         queue_capacity: 4096,
         require_alpn: false,
         metrics_listen: None,
+        transport: felix_driver_tokio::TransportTuning::default(),
     })
     .await?;
     Ok(Target {

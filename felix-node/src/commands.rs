@@ -56,6 +56,17 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         queue_capacity,
         require_alpn: a.require_alpn || b.require_alpn.unwrap_or(false),
         metrics_listen: a.metrics_listen,
+        transport: felix_driver_tokio::TransportTuning {
+            max_bi_streams: a.max_streams,
+            max_uni_streams: a.max_streams,
+            stream_receive_window: a.stream_receive_window,
+            receive_window: a.receive_window,
+            idle_timeout: std::time::Duration::from_millis(a.idle_timeout_ms),
+            // Keep-alives must come well inside the idle timeout.
+            keep_alive: std::time::Duration::from_millis((a.idle_timeout_ms / 2).clamp(100, 5_000)),
+            udp_buffer_bytes: a.udp_buffer_bytes,
+            ..felix_driver_tokio::TransportTuning::default()
+        },
     })
     .await?;
     for r in &server.repairs {

@@ -49,6 +49,7 @@ pub async fn run() -> Result<ExitCode, String> {
         queue_capacity: 1024,
         require_alpn: false,
         metrics_listen: None,
+        transport: felix_driver_tokio::TransportTuning::default(),
     })
     .await?;
     let addr = server.local_addr();

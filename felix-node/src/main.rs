@@ -122,6 +122,21 @@ struct ServeArgs {
     /// Serve Prometheus metrics over HTTP on this TCP address (off by default).
     #[arg(long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Concurrent streams a client may open, each direction.
+    #[arg(long, env = "FELIX_MAX_STREAMS", default_value_t = 1024)]
+    max_streams: u32,
+    /// Per-stream QUIC receive window, bytes.
+    #[arg(long, env = "FELIX_STREAM_RECEIVE_WINDOW", default_value_t = 8 << 20)]
+    stream_receive_window: u32,
+    /// Per-connection QUIC receive window, bytes.
+    #[arg(long, env = "FELIX_RECEIVE_WINDOW", default_value_t = 32 << 20)]
+    receive_window: u32,
+    /// UDP socket buffers to ask the kernel for, bytes (capped by net.core.rmem_max/wmem_max).
+    #[arg(long, env = "FELIX_UDP_BUFFER_BYTES", default_value_t = 4 << 20)]
+    udp_buffer_bytes: usize,
+    /// Close connections idle this long, milliseconds.
+    #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    idle_timeout_ms: u64,
 }
 
 /// How a client command reaches the broker.

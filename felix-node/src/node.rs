@@ -101,6 +101,7 @@ pub struct BrokerSettings {
     pub queue_capacity: u32,
     pub require_alpn: bool,
     pub metrics_listen: Option<SocketAddr>,
+    pub transport: TransportTuning,
 }
 
 pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
@@ -130,7 +131,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         identity: s.identity,
         data_dir: s.data_dir,
         fsync: s.fsync,
-        transport: TransportTuning::default(),
+        transport: s.transport,
         require_alpn: s.require_alpn,
         metrics_listen: s.metrics_listen,
     };
