@@ -26,6 +26,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const BATCH_MAGIC: u32 = 0x464C_5842;
 /// Bytes before a batch's body.
 pub const BATCH_HEADER_LEN: usize = 12;
+/// Batch flag bits this version knows: bit 0, generation-start record.
+const BATCH_FLAGS_KNOWN: u8 = 0x01;
 /// The largest body a reader accepts (a defence against a corrupt length).
 pub const MAX_BATCH_BODY: usize = 256 << 20;
 
@@ -144,6 +146,15 @@ pub enum SegmentError {
         /// What is wrong.
         error: PayloadError,
     },
+    /// The batch flags carry a bit this version does not know (a newer format, or damage that
+    /// kept the checksum): refused rather than masked, as frame flags are.
+    #[error("batch at byte {at} has unknown flags {flags:#04x}")]
+    UnknownFlags {
+        /// Where the batch starts.
+        at: usize,
+        /// The flags byte.
+        flags: u8,
+    },
     /// Offsets do not follow each other.
     #[error("batch at byte {at} starts at offset {got}, expected {expected}")]
     OutOfOrder {
@@ -196,6 +207,9 @@ pub fn decode_segment(data: Bytes) -> Recovered {
         let body = data.slice(at + BATCH_HEADER_LEN..at + BATCH_HEADER_LEN + len);
         if crc32c(&body) != word(at + 8) {
             break Some(SegmentError::BadChecksum { at });
+        }
+        if body.len() > 16 && body[16] & !BATCH_FLAGS_KNOWN != 0 {
+            break Some(SegmentError::UnknownFlags { at, flags: body[16] });
         }
         let batch = match decode_body(body) {
             Ok(b) => b,
@@ -335,6 +349,19 @@ mod tests {
             let r = decode_segment(bad.freeze());
             assert!(r.batches.is_empty() && r.problem.is_some(), "byte {i} flip went unnoticed");
         }
+    }
+
+    #[test]
+    fn unknown_batch_flags_are_refused_not_masked() {
+        let mut seg = BytesMut::new();
+        encode_batch(&batch(0, &["a"]), &mut seg);
+        // Set an unknown flag bit and fix the checksum, as a newer writer would.
+        seg[BATCH_HEADER_LEN + 16] |= 0x10;
+        let crc = crc32c(&seg[BATCH_HEADER_LEN..]);
+        seg[8..12].copy_from_slice(&crc.to_be_bytes());
+        let r = decode_segment(seg.freeze());
+        assert!(r.batches.is_empty());
+        assert_eq!(r.problem, Some(SegmentError::UnknownFlags { at: 0, flags: 0x10 }));
     }
 
     #[test]
