@@ -278,34 +278,28 @@ fn storage_loop(
     rx: std::sync::mpsc::Receiver<StorageCmd>,
     tx: mpsc::UnboundedSender<Input>,
 ) {
-    while let Ok(cmd) = rx.recv() {
+    // Every queued write is written, even once the broker task is gone (at shutdown it sends its
+    // last writes, then Stop): results that nobody receives any more are dropped, writes never.
+    let mut stop = false;
+    while !stop {
+        let Ok(cmd) = rx.recv() else { break };
         let mut truncations = Vec::new();
         let mut reads = Vec::new();
-        let mut reqs = match cmd {
-            StorageCmd::Write(r) => r,
-            StorageCmd::Read(r) => {
-                reads.push(r);
-                Vec::new()
-            }
+        let mut reqs = Vec::new();
+        let mut take = |cmd: StorageCmd, stop: &mut bool| match cmd {
+            StorageCmd::Write(r) => reqs.extend(r),
+            StorageCmd::Read(r) => reads.push(r),
             StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
                 truncations.push((tenant, namespace, stream, shard, start));
-                Vec::new()
             }
-            StorageCmd::Stop => break,
+            StorageCmd::Stop => *stop = true,
         };
-        let mut stop = false;
+        take(cmd, &mut stop);
         // Group commit: take everything queued since, write it, sync once.
-        while let Ok(more) = rx.try_recv() {
-            match more {
-                StorageCmd::Write(r) => reqs.extend(r),
-                StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
-                    truncations.push((tenant, namespace, stream, shard, start));
-                }
-                StorageCmd::Read(r) => reads.push(r),
-                StorageCmd::Stop => {
-                    stop = true;
-                    break;
-                }
+        while !stop {
+            match rx.try_recv() {
+                Ok(more) => take(more, &mut stop),
+                Err(_) => break,
             }
         }
         if let Some(d) = disk.as_mut() {
@@ -313,22 +307,17 @@ fn storage_loop(
                 d.truncate_before(&t, &n, &s, shard, start);
             }
         }
-        if reqs.is_empty() {
-            // Reads after the writes queued before them (so they see them).
-            if !answer_reads(&mut disk, reads, &tx) || stop {
-                break;
-            }
-            continue;
+        if !reqs.is_empty() {
+            let started = std::time::Instant::now();
+            let results = match disk.as_mut() {
+                Some(d) => d.write(reqs),
+                None => reqs.into_iter().map(|r| (r.token, true)).collect(),
+            };
+            let micros = started.elapsed().as_micros() as u64;
+            let _ = tx.send(Input::Written(results, micros));
         }
-        let started = std::time::Instant::now();
-        let results = match disk.as_mut() {
-            Some(d) => d.write(reqs),
-            None => reqs.into_iter().map(|r| (r.token, true)).collect(),
-        };
-        let micros = started.elapsed().as_micros() as u64;
-        if tx.send(Input::Written(results, micros)).is_err() || !answer_reads(&mut disk, reads, &tx) || stop {
-            break;
-        }
+        // Reads after the writes queued before them (so they see them).
+        answer_reads(&mut disk, reads, &tx);
     }
     if let Some(d) = disk.as_mut() {
         d.sync_all();
@@ -339,17 +328,14 @@ fn answer_reads(
     disk: &mut Option<DiskStorage>,
     reads: Vec<felix_proto::broker::ReadRequest>,
     tx: &mpsc::UnboundedSender<Input>,
-) -> bool {
+) {
     for r in reads {
         let batches = match disk.as_mut() {
             Some(d) => d.read_range((&r.tenant_id, &r.namespace, &r.stream), r.shard, r.from, r.end, r.max_bytes),
             None => Vec::new(),
         };
-        if tx.send(Input::ReadDone(r.token, batches)).is_err() {
-            return false;
-        }
+        let _ = tx.send(Input::ReadDone(r.token, batches));
     }
-    true
 }
 
 /// What the tasks around the broker tell it.

@@ -122,7 +122,7 @@ async fn durable_data_survives_a_restart() {
         server.shutdown().await;
     }
     let (server, chain) = start(Some(dir.path())).await;
-    assert_eq!(server.recovered_records, 20);
+    assert_eq!(server.recovered_records, 20, "repairs: {:?}", server.repairs);
     let c = connect(&server, &chain).await;
     let mut sub = c.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.unwrap();
     let got = collect(&mut sub, 20).await;
