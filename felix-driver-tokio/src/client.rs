@@ -577,6 +577,16 @@ impl Task {
         self.subs.clear();
     }
 
+    /// Parks a cache request's reply until its answer, or fails it at once if it was refused.
+    fn await_cache(&mut self, sent: Result<u64, CommandError>, reply: CacheReply) {
+        match sent {
+            Ok(id) => {
+                self.cache.insert(id, reply);
+            }
+            Err(e) => reply.fail(command_error(e)),
+        }
+    }
+
     fn try_publish(&mut self, req: PublishRequest, reply: Reply<Option<u64>>) {
         let ack = req.ack;
         match self.machine.publish(ClientStream(0), req.clone(), now()) {
@@ -610,52 +620,28 @@ impl Task {
                 }
             },
             Input::Cmd(Cmd::CachePut { ns, cache, key, value, ttl, reply }) => {
-                match self.machine.cache_put(ClientStream(0), &ns, &cache, &key, value, ttl) {
-                    Ok(id) => {
-                        self.cache.insert(id, CacheReply::Done(reply));
-                    }
-                    Err(e) => drop(reply.send(Err(command_error(e)))),
-                }
+                let sent = self.machine.cache_put(ClientStream(0), &ns, &cache, &key, value, ttl);
+                self.await_cache(sent, CacheReply::Done(reply));
             }
             Input::Cmd(Cmd::CacheGet { ns, cache, key, reply }) => {
-                match self.machine.cache_get(ClientStream(0), &ns, &cache, &key) {
-                    Ok(id) => {
-                        self.cache.insert(id, CacheReply::Value(reply));
-                    }
-                    Err(e) => drop(reply.send(Err(command_error(e)))),
-                }
+                let sent = self.machine.cache_get(ClientStream(0), &ns, &cache, &key);
+                self.await_cache(sent, CacheReply::Value(reply));
             }
             Input::Cmd(Cmd::CacheDelete { ns, cache, key, reply }) => {
-                match self.machine.cache_delete(ClientStream(0), &ns, &cache, &key) {
-                    Ok(id) => {
-                        self.cache.insert(id, CacheReply::Value(reply));
-                    }
-                    Err(e) => drop(reply.send(Err(command_error(e)))),
-                }
+                let sent = self.machine.cache_delete(ClientStream(0), &ns, &cache, &key);
+                self.await_cache(sent, CacheReply::Value(reply));
             }
             Input::Cmd(Cmd::CacheGetVersioned { ns, cache, key, reply }) => {
-                match self.machine.cache_get(ClientStream(0), &ns, &cache, &key) {
-                    Ok(id) => {
-                        self.cache.insert(id, CacheReply::Versioned(reply));
-                    }
-                    Err(e) => drop(reply.send(Err(command_error(e)))),
-                }
+                let sent = self.machine.cache_get(ClientStream(0), &ns, &cache, &key);
+                self.await_cache(sent, CacheReply::Versioned(reply));
             }
             Input::Cmd(Cmd::CachePutIf { ns, cache, key, value, ttl, condition, reply }) => {
-                match self.machine.cache_put_if(ClientStream(0), &ns, &cache, &key, value, ttl, condition) {
-                    Ok(id) => {
-                        self.cache.insert(id, CacheReply::Condition(reply));
-                    }
-                    Err(e) => drop(reply.send(Err(command_error(e)))),
-                }
+                let sent = self.machine.cache_put_if(ClientStream(0), &ns, &cache, &key, value, ttl, condition);
+                self.await_cache(sent, CacheReply::Condition(reply));
             }
             Input::Cmd(Cmd::CacheDeleteIf { ns, cache, key, version, reply }) => {
-                match self.machine.cache_delete_if(ClientStream(0), &ns, &cache, &key, version) {
-                    Ok(id) => {
-                        self.cache.insert(id, CacheReply::Condition(reply));
-                    }
-                    Err(e) => drop(reply.send(Err(command_error(e)))),
-                }
+                let sent = self.machine.cache_delete_if(ClientStream(0), &ns, &cache, &key, version);
+                self.await_cache(sent, CacheReply::Condition(reply));
             }
             Input::OpenedBi { token, send, recv } => {
                 let id = crate::stream_id(send.id());

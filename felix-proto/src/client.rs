@@ -672,10 +672,7 @@ impl ClientConnection {
         cache: &str,
         key: &str,
     ) -> Result<u64, CommandError> {
-        let idx = self.ctl_index(stream)?;
-        if !self.ctls[idx].negotiated.expect("checked").broker_has(Features::CACHE_DELETE) {
-            return Err(CommandError::NotNegotiated("FEATURE_CACHE_DELETE"));
-        }
+        self.require(stream, Features::CACHE_DELETE, "FEATURE_CACHE_DELETE")?;
         let tenant_id = self.cfg.tenant_id.clone();
         self.cache_request(stream, |request_id| {
             Message::CacheDelete(message::CacheDelete {
