@@ -9,11 +9,11 @@ use bytes::Bytes;
 use felix_proto::binary::EventBatch;
 use felix_proto::client::{
     ClientConfig, ClientConnection, ClientEvent, ClientOutput, ClientStream, CommandError, EndReason, ErrorInfo,
-    PublishId, PublishRequest, SubscribeRequest,
+    PublishId, PublishRequest, StreamReadRequest, SubscribeRequest,
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
 use felix_proto::io::{OpenToken, StreamId};
-use felix_proto::message::{CacheCondition, StartPosition};
+use felix_proto::message::{CacheCondition, CursorErrorReason, StartPosition, StreamRecord, SubscribeCursorError};
 use felix_proto::negotiate::Negotiated;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -61,6 +61,10 @@ pub enum ClientError {
     /// The broker refused the request.
     #[error("{}{}", .0.message, .0.code.as_ref().map(|c| format!(" ({c})")).unwrap_or_default())]
     Refused(ErrorInfo),
+    /// The offset asked for is outside what the shard retains (`subscribe_cursor_error`):
+    /// `available` is the oldest retained offset (too old) or the tail (in the future).
+    #[error("offset {} is {}: available {}", .0.requested, match .0.reason { CursorErrorReason::TooOld => "too old", CursorErrorReason::InFuture => "past the tail" }, .0.available)]
+    Cursor(SubscribeCursorError),
     /// The broker does not offer what the request needs.
     #[error("the broker does not support this: {0}")]
     Unsupported(String),
@@ -184,6 +188,27 @@ enum Cmd {
         version: u64,
         reply: Reply<(bool, Option<u64>)>,
     },
+    StreamRead {
+        req: StreamReadRequest,
+        reply: Reply<Page>,
+    },
+    OffsetForTime {
+        ns: String,
+        stream: String,
+        shard: u32,
+        at_micros: u64,
+        reply: Reply<Option<u64>>,
+    },
+}
+
+/// A page of a durable shard read with [`Client::stream_read`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// The records, in offset order (each with its offset, payload, publisher, append time).
+    pub records: Vec<StreamRecord>,
+    /// Where the next page starts. An empty page whose `next_offset` equals the `from` asked
+    /// for means nothing is committed there yet.
+    pub next_offset: u64,
 }
 
 enum Input {
@@ -385,6 +410,50 @@ impl Client {
         self.call(|reply| Cmd::CacheDeleteIf { ns, cache, key, version, reply }).await
     }
 
+    /// Reads a bounded page of a durable shard without subscribing: records from `from` up to
+    /// `end` (the committed tail when `None`), within the broker's caps (and `max_records`
+    /// when given).
+    ///
+    /// # Errors
+    /// [`ClientError::Cursor`] when `from` is outside the retained range;
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_STREAM_READ.
+    pub async fn stream_read(
+        &self,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+        from: u64,
+        end: Option<u64>,
+        max_records: Option<u32>,
+    ) -> Result<Page, ClientError> {
+        let req = StreamReadRequest {
+            namespace: namespace.into(),
+            stream: stream.into(),
+            shard,
+            from,
+            end,
+            max_records,
+            max_bytes: None,
+        };
+        self.call(|reply| Cmd::StreamRead { req, reply }).await
+    }
+
+    /// The first offset of a durable shard appended at or after `at_micros` (microseconds
+    /// since the Unix epoch); `None` when no record is that recent.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_RECORD_TIMESTAMPS.
+    pub async fn offset_for_time(
+        &self,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+        at_micros: u64,
+    ) -> Result<Option<u64>, ClientError> {
+        let (ns, stream) = (namespace.to_owned(), stream.to_owned());
+        self.call(|reply| Cmd::OffsetForTime { ns, stream, shard, at_micros, reply }).await
+    }
+
     /// Closes the connection.
     pub fn close(&self) {
         self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
@@ -502,6 +571,8 @@ enum CacheReply {
     Value(Reply<Option<Bytes>>),
     Versioned(Reply<(Option<Bytes>, Option<u64>)>),
     Condition(Reply<(bool, Option<u64>)>),
+    Page(Reply<Page>),
+    Offset(Reply<Option<u64>>),
 }
 
 impl CacheReply {
@@ -511,6 +582,8 @@ impl CacheReply {
             CacheReply::Value(r) => drop(r.send(Err(e))),
             CacheReply::Versioned(r) => drop(r.send(Err(e))),
             CacheReply::Condition(r) => drop(r.send(Err(e))),
+            CacheReply::Page(r) => drop(r.send(Err(e))),
+            CacheReply::Offset(r) => drop(r.send(Err(e))),
         }
     }
 }
@@ -643,6 +716,14 @@ impl Task {
                 let sent = self.machine.cache_delete_if(ClientStream(0), &ns, &cache, &key, version);
                 self.await_cache(sent, CacheReply::Condition(reply));
             }
+            Input::Cmd(Cmd::StreamRead { req, reply }) => {
+                let sent = self.machine.stream_read(ClientStream(0), req);
+                self.await_cache(sent, CacheReply::Page(reply));
+            }
+            Input::Cmd(Cmd::OffsetForTime { ns, stream, shard, at_micros, reply }) => {
+                let sent = self.machine.offset_for_time(ClientStream(0), &ns, &stream, shard, at_micros);
+                self.await_cache(sent, CacheReply::Offset(reply));
+            }
             Input::OpenedBi { token, send, recv } => {
                 let id = crate::stream_id(send.id());
                 let (wtx, wrx) = mpsc::unbounded_channel();
@@ -762,10 +843,10 @@ impl Task {
                     let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
                 }
             }
-            ClientEvent::SubscribeFailed { sub, error, .. } => {
+            ClientEvent::SubscribeFailed { sub, error, cursor, .. } => {
                 self.early.remove(&sub);
                 if let Some(r) = self.sub_replies.remove(&sub) {
-                    let _ = r.send(Err(ClientError::Refused(error)));
+                    let _ = r.send(Err(cursor.map_or(ClientError::Refused(error), ClientError::Cursor)));
                 }
             }
             ClientEvent::Events { sub, batch } => self.deliver(sub, SubscriptionItem::Events(batch)),
@@ -790,17 +871,22 @@ impl Task {
                     let _ = r.send(Ok(()));
                 }
             }
-            ClientEvent::Error { error, .. } => {
-                // An error no request claims: cache requests carry ids, so the oldest pending
-                // cache request is the only candidate.
-                if let Some(id) = self.cache.keys().min().copied() {
-                    if let Some(r) = self.cache.remove(&id) {
-                        r.fail(ClientError::Refused(error));
-                    }
-                } else {
-                    tracing::warn!("broker error: {}", error.message);
+            ClientEvent::StreamRecords { request_id, records, next_offset } => {
+                if let Some(CacheReply::Page(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok(Page { records, next_offset }));
                 }
             }
+            ClientEvent::OffsetValue { request_id, offset } => {
+                if let Some(CacheReply::Offset(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok(offset));
+                }
+            }
+            ClientEvent::RequestFailed { request_id, error, cursor, .. } => {
+                if let Some(r) = self.cache.remove(&request_id) {
+                    r.fail(cursor.map_or(ClientError::Refused(error), ClientError::Cursor));
+                }
+            }
+            ClientEvent::Error { error, .. } => tracing::warn!("broker error: {}", error.message),
             ClientEvent::ProtocolError { reason } => tracing::warn!("protocol error from broker: {reason}"),
             other => tracing::debug!("client event: {other:?}"),
         }

@@ -11,7 +11,7 @@ pub mod server;
 pub mod storage;
 pub mod tls;
 
-pub use client::{Client, ClientError, ClientOptions, PublishOptions, Subscription, SubscriptionItem};
+pub use client::{Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem};
 pub use server::{Server, ServerError, ServerOptions, TransportTuning};
 pub use storage::FsyncPolicy;
 pub use tls::{Identity, Trust};

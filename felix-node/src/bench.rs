@@ -113,6 +113,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         ack_on_commit: false,
         auto_create: true,
         queue_capacity: 4096,
+        max_records_per_read: 1000,
         require_alpn: false,
         metrics_listen: None,
         transport: felix_driver_tokio::TransportTuning::default(),

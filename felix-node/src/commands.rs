@@ -1,7 +1,7 @@
 //! `serve`, `publish`, `subscribe` and `cache`.
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
-use crate::{CacheArgs, CacheOp, ConnectArgs, PublishArgs, ServeArgs, SubscribeArgs};
+use crate::{CacheArgs, CacheOp, ConnectArgs, PublishArgs, ReadArgs, ServeArgs, SubscribeArgs};
 use base64::Engine;
 use bytes::Bytes;
 use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
@@ -54,6 +54,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         ack_on_commit: a.ack_on_commit || b.ack_on_commit.unwrap_or(false),
         auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
         queue_capacity,
+        max_records_per_read: a.max_records_per_read.or(b.max_records_per_read).unwrap_or(1000),
         require_alpn: a.require_alpn || b.require_alpn.unwrap_or(false),
         metrics_listen: a.metrics_listen,
         transport: felix_driver_tokio::TransportTuning {
@@ -195,9 +196,41 @@ fn parse_start(s: &str) -> Result<StartPosition, String> {
     }
 }
 
+/// Parses `90s`, `10m`, `2h`, `1d`, `500ms` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number and a unit, like 10m"))?;
+    let ms = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (use ms, s, m, h or d)")),
+    };
+    n.checked_mul(ms).map(std::time::Duration::from_millis).ok_or_else(|| format!("{s:?}: too long"))
+}
+
+/// Microseconds since the Unix epoch, `ago` before now.
+fn micros_ago(ago: std::time::Duration) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.saturating_sub(ago).as_micros()).unwrap_or(u64::MAX)
+}
+
 pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
-    let start = parse_start(&a.from)?;
+    let mut start = parse_start(&a.from)?;
     let client = connect(&a.conn).await?;
+    if let Some(since) = a.since {
+        let at = micros_ago(since);
+        start = match client.offset_for_time(&a.conn.namespace, &a.stream, a.shard, at).await {
+            Ok(Some(o)) => StartPosition::Offset(o),
+            // Nothing that recent: everything from now on.
+            Ok(None) => StartPosition::Latest,
+            Err(e) => return Err(format!("finding the offset for --since: {e}")),
+        };
+    }
     let mut sub =
         client.subscribe(&a.conn.namespace, &a.stream, Some(start), Some(a.shard)).await.map_err(|e| e.to_string())?;
     if let (Some(s), Some(l)) = (sub.start_offset, sub.live_offset) {
@@ -269,6 +302,56 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
             None => return Err("connection closed".into()),
         }
     }
+    client.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
+    let client = connect(&a.conn).await?;
+    let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
+    let mut from = a.from;
+    let mut total = 0u64;
+    let stdout = std::io::stdout();
+    loop {
+        if a.to.is_some_and(|to| from >= to) {
+            break;
+        }
+        let page = client.stream_read(&ns, &stream, a.shard, from, a.to, a.page).await.map_err(|e| e.to_string())?;
+        let mut out = stdout.lock();
+        for r in &page.records {
+            let line = if a.json {
+                let mut o = serde_json::Map::new();
+                o.insert("offset".into(), r.offset.into());
+                match std::str::from_utf8(&r.payload.0) {
+                    Ok(t) => o.insert("payload".into(), t.into()),
+                    Err(_) => o.insert(
+                        "payload_base64".into(),
+                        base64::engine::general_purpose::STANDARD.encode(&r.payload.0).into(),
+                    ),
+                };
+                if let Some(p) = &r.publisher {
+                    o.insert("publisher".into(), p.clone().into());
+                }
+                o.insert("timestamp_micros".into(), r.timestamp_micros.into());
+                serde_json::Value::Object(o).to_string()
+            } else {
+                let p = std::str::from_utf8(&r.payload.0)
+                    .map_or_else(|_| format!("<{} bytes>", r.payload.0.len()), str::to_owned);
+                format!("{}\t{p}", r.offset)
+            };
+            if writeln!(out, "{line}").is_err() {
+                return Ok(ExitCode::SUCCESS); // stdout closed (e.g. piped to head)
+            }
+        }
+        let _ = out.flush();
+        total += page.records.len() as u64;
+        // An empty page that did not move means nothing more is committed: the range is done.
+        if page.records.is_empty() && page.next_offset == from {
+            break;
+        }
+        from = page.next_offset;
+    }
+    eprintln!("read {total} record(s) of {ns}/{stream} shard {}; next offset {from}", a.shard);
     client.close();
     Ok(ExitCode::SUCCESS)
 }

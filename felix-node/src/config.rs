@@ -13,6 +13,7 @@
 //! dev_token = true                # generate/keep the development token
 //! subscriber_queue_capacity = 1024
 //! subscriber_queue_capacity_max = 65536
+//! max_records_per_read = 1000
 //!
 //! [[tokens]]
 //! token = "s3cret"
@@ -73,6 +74,7 @@ pub struct BrokerSection {
     pub ephemeral: Option<bool>,
     pub subscriber_queue_capacity: Option<u32>,
     pub subscriber_queue_capacity_max: Option<u32>,
+    pub max_records_per_read: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -47,6 +47,7 @@ pub async fn run() -> Result<ExitCode, String> {
         ack_on_commit: true,
         auto_create: true,
         queue_capacity: 1024,
+        max_records_per_read: 1000,
         require_alpn: false,
         metrics_listen: None,
         transport: felix_driver_tokio::TransportTuning::default(),

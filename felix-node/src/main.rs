@@ -35,6 +35,8 @@ enum Command {
     Publish(PublishArgs),
     /// Subscribe to a stream and print what arrives (Ctrl-C to stop).
     Subscribe(SubscribeArgs),
+    /// Read a range of a durable stream without subscribing (pages of FEATURE_STREAM_READ).
+    Read(ReadArgs),
     /// Cache operations.
     Cache(CacheArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
@@ -116,6 +118,9 @@ struct ServeArgs {
     /// Default subscriber queue capacity, in published batches [default: 1024].
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
     queue_capacity: Option<u32>,
+    /// Most records one stream_read page returns [default: 1000].
+    #[arg(long, env = "FELIX_DURABLE_MAX_RECORDS_PER_READ")]
+    max_records_per_read: Option<u32>,
     /// Refuse clients that offer no ALPN (existing clients offer none).
     #[arg(long, env = "FELIX_TLS_REQUIRE_ALPN")]
     require_alpn: bool,
@@ -197,8 +202,12 @@ struct SubscribeArgs {
     /// Stream to read.
     stream: String,
     /// Where to start: earliest, latest, or an offset.
-    #[arg(long, default_value = "latest")]
+    #[arg(long, default_value = "latest", conflicts_with = "since")]
     from: String,
+    /// Start with the first record appended this long ago or later (e.g. 90s, 10m, 2h, 1d),
+    /// found with offset_for_time. Durable streams only.
+    #[arg(long, value_parser = commands::parse_duration)]
+    since: Option<std::time::Duration>,
     /// Shard to read.
     #[arg(long, default_value_t = 0)]
     shard: u32,
@@ -208,6 +217,29 @@ struct SubscribeArgs {
     /// Stop after this many events.
     #[arg(long)]
     count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct ReadArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    /// Stream to read (durable).
+    stream: String,
+    /// First offset to read.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Stop before this offset [default: the committed tail when the read starts].
+    #[arg(long)]
+    to: Option<u64>,
+    /// Shard to read.
+    #[arg(long, default_value_t = 0)]
+    shard: u32,
+    /// Records per request (the broker caps it too).
+    #[arg(long)]
+    page: Option<u32>,
+    /// Print one JSON object per record (offset, payload, publisher, timestamp_micros).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -273,6 +305,7 @@ fn main() -> ExitCode {
             Command::Demo => demo::run().await,
             Command::Publish(a) => commands::publish(a).await,
             Command::Subscribe(a) => commands::subscribe(a).await,
+            Command::Read(a) => commands::read(a).await,
             Command::Cache(a) => commands::cache(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::Conformance {

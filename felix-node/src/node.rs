@@ -99,6 +99,7 @@ pub struct BrokerSettings {
     pub ack_on_commit: bool,
     pub auto_create: bool,
     pub queue_capacity: u32,
+    pub max_records_per_read: u32,
     pub require_alpn: bool,
     pub metrics_listen: Option<SocketAddr>,
     pub transport: TransportTuning,
@@ -118,6 +119,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         max_frame_len: s.max_frame_bytes,
         ack_on_commit: s.ack_on_commit,
         auto_create: s.auto_create,
+        max_records_per_read: s.max_records_per_read,
         default_stream: StreamConfig {
             durable: !s.ephemeral,
             queue_capacity: s.queue_capacity,

@@ -68,6 +68,15 @@ fn readme_commands_work_against_a_served_broker() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&json.stdout).trim(), r#"{"offset":1,"payload":"world"}"#);
+    // History without subscribing, and by time.
+    let read = client_cmd(dir.path(), addr).args(["read", "orders", "--from", "1"]).output().unwrap();
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "1\tworld\n");
+    let since = client_cmd(dir.path(), addr)
+        .args(["subscribe", "orders", "--since", "1h", "--count", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&since.stdout), "0\thello\n1\tworld\n", "{}", String::from_utf8_lossy(&since.stderr));
     let put = client_cmd(dir.path(), addr).args(["cache", "put", "sessions", "user:1", "alice"]).output().unwrap();
     assert!(put.status.success());
     let get = client_cmd(dir.path(), addr).args(["cache", "get", "sessions", "user:1"]).output().unwrap();
@@ -101,6 +110,11 @@ fn bad_arguments_are_clear_errors() {
     assert!(!out.status.success());
     let out = Command::new(BIN).args(["publish"]).output().unwrap();
     assert!(!out.status.success());
+    let out = Command::new(BIN).args(["subscribe", "s", "--since", "10 fortnights"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN).args(["subscribe", "s", "--since", "1m", "--from", "earliest"]).output().unwrap();
+    assert!(!out.status.success(), "--since and --from conflict");
     let out = Command::new(BIN).args(["cache", "get", "c", "k", "--data-dir", "/nonexistent-felix"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-felix"), "names the missing file");

@@ -196,6 +196,33 @@ pub enum ClientEvent {
         /// Request id.
         request_id: u64,
     },
+    /// A `stream_read` page.
+    StreamRecords {
+        /// Request id.
+        request_id: u64,
+        /// The records, in offset order.
+        records: Vec<message::StreamRecord>,
+        /// Where the next page starts.
+        next_offset: u64,
+    },
+    /// An `offset_for_time` answer.
+    OffsetValue {
+        /// Request id.
+        request_id: u64,
+        /// The offset; `None` when no readable record is that recent.
+        offset: Option<u64>,
+    },
+    /// A request other than a publish or subscribe was refused.
+    RequestFailed {
+        /// Request id.
+        request_id: u64,
+        /// Why.
+        error: ErrorInfo,
+        /// For `subscribe_cursor_error` (a `stream_read` outside the retained range).
+        cursor: Option<message::SubscribeCursorError>,
+        /// For `not_leader`: the owner.
+        redirect: Option<message::NotLeader>,
+    },
     /// The broker answered a request with `unsupported`.
     Unsupported {
         /// The request type.
@@ -338,8 +365,16 @@ struct Ctl {
     negotiated: Option<Negotiated>,
     inflight: u32,
     was_full: bool,
-    pending_subs: VecDeque<u64>,
+    /// Requests not yet answered, in the order sent: answers with no request id (`error`,
+    /// `subscribe_cursor_error`, `not_leader`) belong to the oldest.
+    awaiting: VecDeque<Awaiting>,
     closed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    Sub(u64),
+    Request(u64),
 }
 
 #[derive(Debug)]
@@ -347,6 +382,25 @@ struct EventStream {
     decoder: FrameDecoder,
     sub: Option<u64>,
     ended: bool,
+}
+
+/// A `stream_read`: a page of a durable shard from `from`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamReadRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard.
+    pub shard: u32,
+    /// First offset to read.
+    pub from: u64,
+    /// Stop before this offset (`None`: the committed tail).
+    pub end: Option<u64>,
+    /// Most records (`None`: the broker's cap).
+    pub max_records: Option<u32>,
+    /// Most payload bytes (`None`: the broker's cap).
+    pub max_bytes: Option<u64>,
 }
 
 /// The client state machine.
@@ -421,7 +475,7 @@ impl ClientConnection {
             negotiated: None,
             inflight: 0,
             was_full: false,
-            pending_subs: VecDeque::new(),
+            awaiting: VecDeque::new(),
             closed: false,
         });
         let token = OpenToken(self.next_open);
@@ -584,7 +638,7 @@ impl ClientConnection {
         let data = frame_of(&m)?;
         self.next_sub += 1;
         self.subs.insert(sub, None);
-        self.ctls[idx].pending_subs.push_back(sub);
+        self.ctls[idx].awaiting.push_back(Awaiting::Sub(sub));
         self.send(idx, data);
         Ok(sub)
     }
@@ -606,8 +660,100 @@ impl ClientConnection {
         let request_id = self.next_request;
         let data = frame_of(&build(request_id))?;
         self.next_request += 1;
+        self.ctls[idx].awaiting.push_back(Awaiting::Request(request_id));
         self.send(idx, data);
         Ok(request_id)
+    }
+
+    /// Reads a bounded page of a durable shard without subscribing (FEATURE_STREAM_READ).
+    /// Answered by `StreamRecords`, or `RequestFailed` (a cursor outside the retained range
+    /// comes with `cursor`).
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn stream_read(&mut self, stream: ClientStream, req: StreamReadRequest) -> Result<u64, CommandError> {
+        self.require(stream, Features::STREAM_READ, "FEATURE_STREAM_READ")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::StreamRead(message::StreamRead {
+                tenant_id,
+                namespace: req.namespace,
+                stream: req.stream,
+                shard: req.shard,
+                from: req.from,
+                end: req.end,
+                max_records: req.max_records,
+                max_bytes: req.max_bytes,
+                request_id,
+            })
+        })
+    }
+
+    /// Asks for the first offset of a durable shard appended at or after `at_micros`
+    /// (FEATURE_RECORD_TIMESTAMPS). Answered by `OffsetValue`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn offset_for_time(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        name: &str,
+        shard: u32,
+        at_micros: u64,
+    ) -> Result<u64, CommandError> {
+        self.require(stream, Features::RECORD_TIMESTAMPS, "FEATURE_RECORD_TIMESTAMPS")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::OffsetForTime(message::OffsetForTime {
+                tenant_id,
+                namespace: namespace.into(),
+                stream: name.into(),
+                shard,
+                at_micros,
+                request_id,
+            })
+        })
+    }
+
+    /// The request an answer with `request_id` settles (removed from the order), or the oldest
+    /// request when the answer carries no id.
+    fn settle_request(&mut self, idx: usize, request_id: Option<u64>) -> Option<u64> {
+        let awaiting = &mut self.ctls[idx].awaiting;
+        match request_id {
+            Some(id) => {
+                awaiting.retain(|a| *a != Awaiting::Request(id));
+                Some(id)
+            }
+            None => {
+                let i = awaiting.iter().position(|a| matches!(a, Awaiting::Request(_)))?;
+                match awaiting.remove(i) {
+                    Some(Awaiting::Request(id)) => Some(id),
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    /// An answer with no request id (`error`, `subscribe_cursor_error`, `not_leader`) settles
+    /// the oldest unanswered request on the stream.
+    fn fail_oldest(
+        &mut self,
+        idx: usize,
+        error: ErrorInfo,
+        cursor: Option<message::SubscribeCursorError>,
+        redirect: Option<message::NotLeader>,
+    ) {
+        match self.ctls[idx].awaiting.pop_front() {
+            Some(Awaiting::Sub(sub)) => {
+                self.subs.remove(&sub);
+                self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor, redirect });
+            }
+            Some(Awaiting::Request(request_id)) => {
+                self.events.push_back(ClientEvent::RequestFailed { request_id, error, cursor, redirect })
+            }
+            None => self.events.push_back(ClientEvent::Error { stream: ClientStream(idx as u32), error }),
+        }
     }
 
     /// Stores a cache value. Answered by `CacheOk` with the returned request id.
@@ -867,7 +1013,7 @@ impl ClientConnection {
                 }
             }
             Message::Subscribed(s) => {
-                self.ctls[idx].pending_subs.retain(|x| *x != s.subscription_id);
+                self.ctls[idx].awaiting.retain(|x| *x != Awaiting::Sub(s.subscription_id));
                 self.events.push_back(ClientEvent::Subscribed {
                     sub: s.subscription_id,
                     start_offset: s.start_offset,
@@ -876,57 +1022,79 @@ impl ClientConnection {
                 });
             }
             Message::SubscribeCursorError(c) => {
-                if let Some(sub) = self.ctls[idx].pending_subs.pop_front() {
-                    self.subs.remove(&sub);
-                    let error = ErrorInfo {
-                        message: format!("cursor {:?}: requested {}, available {}", c.reason, c.requested, c.available),
-                        code: None,
-                        retry: None,
-                        detail: None,
-                    };
-                    self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor: Some(c), redirect: None });
-                }
+                let error = ErrorInfo {
+                    message: format!("cursor {:?}: requested {}, available {}", c.reason, c.requested, c.available),
+                    code: None,
+                    retry: None,
+                    detail: None,
+                };
+                self.fail_oldest(idx, error, Some(c), None);
             }
             Message::NotLeader(n) => {
-                if let Some(sub) = self.ctls[idx].pending_subs.pop_front() {
-                    self.subs.remove(&sub);
+                let error = ErrorInfo {
+                    message: format!("shard owned by {}", n.node_id),
+                    code: Some(ErrorCode::NotLeader),
+                    retry: Some(RetryClass::Redirect),
+                    detail: None,
+                };
+                self.fail_oldest(idx, error, None, Some(n));
+            }
+            // Errors carry no request id: the oldest unanswered request on the stream claims it
+            // (a broker answers a stream's requests in order).
+            Message::Error(e) => self.fail_oldest(idx, error_info(e), None, None),
+            Message::CacheValue(v) => {
+                if let Some(request_id) = self.settle_request(idx, v.request_id) {
+                    self.events.push_back(ClientEvent::CacheValue {
+                        request_id,
+                        value: v.value.map(|b| b.0),
+                        version: v.version,
+                    });
+                }
+            }
+            Message::CacheConditionResult(c) => {
+                self.settle_request(idx, Some(c.request_id));
+                self.events.push_back(ClientEvent::CacheConditionResult {
+                    request_id: c.request_id,
+                    applied: c.applied,
+                    version: c.version,
+                });
+            }
+            Message::CacheOk(c) => {
+                self.settle_request(idx, Some(c.request_id));
+                self.events.push_back(ClientEvent::CacheOk { request_id: c.request_id });
+            }
+            // A legacy broker answers a cache write with a bare `ok`.
+            Message::Ok(_) => {
+                if let Some(request_id) = self.settle_request(idx, None) {
+                    self.events.push_back(ClientEvent::CacheOk { request_id });
+                }
+            }
+            Message::StreamRecords(r) => {
+                self.settle_request(idx, Some(r.request_id));
+                self.events.push_back(ClientEvent::StreamRecords {
+                    request_id: r.request_id,
+                    records: r.records,
+                    next_offset: r.next_offset,
+                });
+            }
+            Message::OffsetValue(v) => {
+                self.settle_request(idx, Some(v.request_id));
+                self.events.push_back(ClientEvent::OffsetValue { request_id: v.request_id, offset: v.offset });
+            }
+            Message::Unsupported(u) => {
+                let awaited = u.request_id.filter(|id| self.ctls[idx].awaiting.contains(&Awaiting::Request(*id)));
+                if let Some(request_id) = awaited {
+                    self.settle_request(idx, Some(request_id));
                     let error = ErrorInfo {
-                        message: format!("shard owned by {}", n.node_id),
-                        code: Some(ErrorCode::NotLeader),
-                        retry: Some(RetryClass::Redirect),
+                        message: format!("the broker does not serve {}", u.request_type),
+                        code: Some(ErrorCode::UnknownName("unsupported".into())),
+                        retry: Some(RetryClass::Fatal),
                         detail: None,
                     };
-                    self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor: None, redirect: Some(n) });
+                    self.events.push_back(ClientEvent::RequestFailed { request_id, error, cursor: None, redirect: None });
                 }
+                self.events.push_back(ClientEvent::Unsupported { request_type: u.request_type });
             }
-            Message::Error(e) => {
-                // Errors carry no request id: the oldest unanswered subscribe on the stream
-                // claims it (requests are answered in order on a stream).
-                match self.ctls[idx].pending_subs.pop_front() {
-                    Some(sub) => {
-                        self.subs.remove(&sub);
-                        self.events.push_back(ClientEvent::SubscribeFailed {
-                            sub,
-                            error: error_info(e),
-                            cursor: None,
-                            redirect: None,
-                        });
-                    }
-                    None => self.events.push_back(ClientEvent::Error { stream, error: error_info(e) }),
-                }
-            }
-            Message::CacheValue(v) => self.events.push_back(ClientEvent::CacheValue {
-                request_id: v.request_id.unwrap_or(0),
-                value: v.value.map(|b| b.0),
-                version: v.version,
-            }),
-            Message::CacheConditionResult(c) => self.events.push_back(ClientEvent::CacheConditionResult {
-                request_id: c.request_id,
-                applied: c.applied,
-                version: c.version,
-            }),
-            Message::CacheOk(c) => self.events.push_back(ClientEvent::CacheOk { request_id: c.request_id }),
-            Message::Unsupported(u) => self.events.push_back(ClientEvent::Unsupported { request_type: u.request_type }),
             other => self.events.push_back(ClientEvent::ProtocolError {
                 reason: format!("unexpected {} on a control stream", other.type_name()),
             }),

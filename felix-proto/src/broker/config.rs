@@ -115,6 +115,10 @@ pub struct BrokerConfig {
     /// reading the streams that publish to it (resumed below half of it). Keeps memory bounded
     /// when publishers outrun the disk.
     pub max_pending_write_bytes: u64,
+    /// Most records one `stream_read` page returns (FELIX_DURABLE_MAX_RECORDS_PER_READ).
+    pub max_records_per_read: u32,
+    /// Most payload bytes one `stream_read` page returns (a single larger record still comes).
+    pub max_read_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -137,6 +141,8 @@ impl Default for BrokerConfig {
             history_reads: false,
             history_read_bytes: 1 << 20,
             max_pending_write_bytes: 32 << 20,
+            max_records_per_read: 1000,
+            max_read_bytes: 4 << 20,
         }
     }
 }
@@ -162,7 +168,9 @@ impl BrokerConfig {
             | Features::STREAM_DELETED
             | Features::PUBLISH_WIDTH
             | Features::EXPLICIT_SHARD
-            | Features::CACHE_CONDITIONAL;
+            | Features::CACHE_CONDITIONAL
+            | Features::STREAM_READ
+            | Features::RECORD_TIMESTAMPS;
         if self.publish_window > 0 {
             f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;
         }

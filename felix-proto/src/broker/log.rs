@@ -51,7 +51,10 @@ pub(crate) fn event_batch(
 /// What is kept of a batch evicted from memory but still retained on disk.
 #[derive(Debug, Clone, Copy)]
 struct Evicted {
+    base: u64,
     end: u64,
+    timestamp_micros: u64,
+    generation_start: bool,
     records: u64,
     bytes: u64,
     appended_at: Instant,
@@ -198,7 +201,15 @@ impl ShardLog {
             let bytes = if b.generation_start { 0 } else { b.records.payload_bytes() as u64 };
             self.mem_bytes -= bytes;
             let records = if b.generation_start { 0 } else { b.count() };
-            self.evicted.push_back(Evicted { end: b.end(), records, bytes, appended_at: b.appended_at });
+            self.evicted.push_back(Evicted {
+                base: b.base,
+                end: b.end(),
+                timestamp_micros: b.timestamp_micros,
+                generation_start: b.generation_start,
+                records,
+                bytes,
+                appended_at: b.appended_at,
+            });
         }
     }
 
@@ -303,14 +314,14 @@ impl ShardLog {
     }
 
     /// Appends a generation-start record: it takes one offset and is never delivered.
-    pub fn append_generation_start(&mut self, now: Instant, token: WriteToken) -> u64 {
+    pub fn append_generation_start(&mut self, timestamp_micros: u64, now: Instant, token: WriteToken) -> u64 {
         let base = self.next_offset;
         self.next_offset += 1;
         self.skip_next += 1;
         let batch = LogBatch {
             base,
             records: Records::default(),
-            timestamp_micros: 0,
+            timestamp_micros,
             publisher: None,
             skipped_before: 0,
             appended_at: now,
@@ -371,6 +382,36 @@ impl ShardLog {
         self.committed.range_mut(i..).find(|b| !b.generation_start)
     }
 
+    /// First committed offset whose batch was appended at or after `at_micros` (a binary search:
+    /// append times follow the broker's clock, so they are monotone unless it stepped back).
+    /// Generation-start records are passed over; `None` when no readable record is that recent.
+    pub fn offset_for_time(&self, at_micros: u64) -> Option<u64> {
+        let e = self.evicted.partition_point(|b| b.timestamp_micros < at_micros);
+        let evicted = self.evicted.range(e..).map(|b| (b.base, b.generation_start));
+        let c = self.committed.partition_point(|b| b.timestamp_micros < at_micros);
+        let committed = self.committed.range(c..).map(|b| (b.base, b.generation_start));
+        // Everything evicted precedes everything in memory, so when the search lands past the
+        // evicted list the answer lies in memory.
+        let found = if e < self.evicted.len() {
+            evicted.chain(self.committed.iter().map(|b| (b.base, b.generation_start))).find(|(_, g)| !g)
+        } else {
+            committed.into_iter().find(|(_, g)| !g)
+        };
+        found.map(|(base, _)| base.max(self.start))
+    }
+
+    /// Adds the committed records from `page.next` up to `end` held in memory to `page`, within
+    /// its caps. The caller has read anything below [`memory_start`](Self::memory_start) from
+    /// storage first.
+    pub fn read_page(&self, end: u64, page: &mut Page) {
+        let i = self.committed.partition_point(|b| b.end() <= page.next);
+        for b in self.committed.range(i..) {
+            if !page.take_batch(b.base, b.end(), b.generation_start, &b.records, b.publisher.as_ref(), b.timestamp_micros, end) {
+                break;
+            }
+        }
+    }
+
     /// Drops the oldest batches beyond the retention limits. Returns the new start.
     pub fn enforce_retention(&mut self, now: Instant) -> u64 {
         while let Some(front) = self.evicted.front().copied() {
@@ -403,6 +444,80 @@ impl ShardLog {
             self.start = b.end();
         }
         self.start
+    }
+}
+
+/// One record of a `stream_read` page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PageRecord {
+    pub offset: u64,
+    pub payload: Bytes,
+    pub publisher: Option<Bytes>,
+    pub timestamp_micros: u64,
+}
+
+/// A `stream_read` page being filled, from storage and then from memory, in offset order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Page {
+    pub records: Vec<PageRecord>,
+    /// Where the next page starts: after the last record taken, or after what was stepped
+    /// over (generation-start records, offsets no write filled).
+    pub next: u64,
+    bytes: u64,
+    max_records: usize,
+    max_bytes: u64,
+}
+
+impl Page {
+    pub fn new(from: u64, max_records: usize, max_bytes: u64) -> Page {
+        Page { records: Vec::new(), next: from, bytes: 0, max_records: max_records.max(1), max_bytes }
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.records.len() >= self.max_records || self.bytes >= self.max_bytes
+    }
+
+    /// Takes the records of one batch `[base, batch_end)` from `self.next` on, stopping before
+    /// `end` or when the page is full (a first record larger than the byte cap still comes,
+    /// alone). Returns whether the page can take more after this batch.
+    #[allow(clippy::too_many_arguments)] // a batch's fields, apart so stored batches fit too
+    pub fn take_batch(
+        &mut self,
+        base: u64,
+        batch_end: u64,
+        generation_start: bool,
+        records: &Records,
+        publisher: Option<&Bytes>,
+        timestamp_micros: u64,
+        end: u64,
+    ) -> bool {
+        if batch_end <= self.next {
+            return true;
+        }
+        if base >= end || self.is_full() {
+            return false;
+        }
+        if generation_start {
+            self.next = batch_end;
+            return true;
+        }
+        for (i, payload) in records.payloads().enumerate() {
+            let offset = base + i as u64;
+            if offset < self.next {
+                continue;
+            }
+            if offset >= end || self.records.len() >= self.max_records {
+                return false;
+            }
+            let len = payload.len() as u64;
+            if !self.records.is_empty() && self.bytes + len > self.max_bytes {
+                return false;
+            }
+            self.bytes += len;
+            self.records.push(PageRecord { offset, payload, publisher: publisher.cloned(), timestamp_micros });
+            self.next = offset + 1;
+        }
+        !self.is_full()
     }
 }
 
@@ -451,7 +566,7 @@ mod tests {
         let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
         log.append(recs(2), 1, None, now, Some(WriteToken(1)));
-        log.append_generation_start(now, WriteToken(2));
+        log.append_generation_start(0, now, WriteToken(2));
         assert_eq!(log.next_offset(), 3);
         log.settle(WriteToken(1), true);
         log.settle(WriteToken(2), true);

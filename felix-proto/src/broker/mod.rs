@@ -29,6 +29,7 @@
 
 pub mod auth;
 mod cache;
+mod history;
 pub mod config;
 mod log;
 
@@ -271,6 +272,36 @@ struct CtlStream {
     fin_recv: bool,
     closed: bool,
     send_finished: bool,
+    /// Answers held back behind a request answered from storage (`stream_read`), so that every
+    /// answer leaves in request order: id-less answers (`error`, `subscribe_cursor_error`) are
+    /// matched by order.
+    held: VecDeque<Held>,
+}
+
+#[derive(Debug)]
+enum Held {
+    Waiting(ReadToken),
+    Ready(Bytes),
+}
+
+/// Who asked for a storage read.
+#[derive(Debug)]
+enum ReadFor {
+    /// A subscription catching up: `(conn, subscription id)`.
+    Sub(ConnId, u64),
+    /// A `stream_read` page.
+    Page(PageRead),
+}
+
+#[derive(Debug)]
+struct PageRead {
+    conn: ConnId,
+    stream: StreamId,
+    request_id: u64,
+    key: Key,
+    shard: u32,
+    end: u64,
+    page: log::Page,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -373,7 +404,7 @@ pub struct Broker {
     server_flags: Flags,
     server_features: Features,
     next_sweep: Option<Instant>,
-    reads: HashMap<ReadToken, (ConnId, u64)>,
+    reads: HashMap<ReadToken, ReadFor>,
     next_read: u64,
 }
 
@@ -603,6 +634,7 @@ impl Broker {
                 fin_recv: false,
                 closed: false,
                 send_finished: false,
+                held: VecDeque::new(),
             }
         });
         if st.closed {
@@ -794,11 +826,26 @@ impl Broker {
     }
 
     /// Sends a non-publish answer (never held back by the pipeline).
-    fn send(&mut self, conn: ConnId, st: &CtlStream, data: Bytes) {
+    fn send(&mut self, conn: ConnId, st: &mut CtlStream, data: Bytes) {
         if st.uni || st.send_finished {
             return;
         }
-        self.out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+        if st.held.is_empty() {
+            self.out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+        } else {
+            st.held.push_back(Held::Ready(data));
+        }
+    }
+
+    /// Writes the held answers that are ready, in order, up to the first still waiting.
+    fn release_held(out: &mut VecDeque<BrokerOutput>, conn: ConnId, st: &mut CtlStream) {
+        while let Some(Held::Ready(_)) = st.held.front() {
+            if let Some(Held::Ready(data)) = st.held.pop_front()
+                && !st.send_finished
+            {
+                out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+            }
+        }
     }
 
     fn refuse(&mut self, conn: ConnId, st: &mut CtlStream, r: Refusal) {
@@ -1020,6 +1067,8 @@ impl Broker {
             Message::CacheDelete(d) => self.cache_delete(conn, st, d, now),
             Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
             Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
+            Message::StreamRead(r) => self.stream_read(conn, st, r),
+            Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
                 let shards =
                     self.lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe).map_or(0, |e| e);
@@ -1372,7 +1421,7 @@ impl Broker {
         self.next_write += 1;
         let stream_shards = entry.shards.len() as u32;
         let s = entry.shards.get_mut(shard as usize)?;
-        let base = s.log.append_generation_start(now, token);
+        let base = s.log.append_generation_start(self.wall.micros(now), now, token);
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
             tenant_id: k.0.clone(),
@@ -1481,7 +1530,7 @@ impl Broker {
                     let token = ReadToken(self.next_read);
                     self.next_read += 1;
                     let end = log.memory_start();
-                    self.reads.insert(token, (conn, id));
+                    self.reads.insert(token, ReadFor::Sub(conn, id));
                     self.out.push_back(BrokerOutput::Read(ReadRequest {
                         token,
                         tenant_id: k.0.clone(),
@@ -1553,7 +1602,11 @@ impl Broker {
     /// to the subscriber that asked, in order, and its catch-up continues.
     pub fn handle_read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
         self.clock.advance(now);
-        let Some((conn, id)) = self.reads.remove(&token) else { return };
+        let (conn, id) = match self.reads.remove(&token) {
+            Some(ReadFor::Sub(conn, id)) => (conn, id),
+            Some(ReadFor::Page(p)) => return self.page_read_complete(token, p, batches),
+            None => return,
+        };
         let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
         if sub.reading != Some(token) {
             return;
@@ -1634,17 +1687,7 @@ impl Broker {
         let default_cap = entry.config.queue_capacity.clamp(1, cap_max);
         let sh = &mut entry.shards[shard as usize];
         if let Some(m) = &sh.moved {
-            let msg = if offer.has(Features::REDIRECT) {
-                Message::NotLeader(message::NotLeader {
-                    node_id: m.node_id.clone(),
-                    addr: m.addr.clone(),
-                    generation: m.generation,
-                })
-            } else {
-                let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id));
-                r.retry = RetryClass::Redirect;
-                Self::error_message(&offer, &r)
-            };
+            let msg = Self::not_leader_answer(&offer, m, shard);
             return self.send(conn, st, json_frame(&msg));
         }
         // Where the subscription starts. A client that negotiated offsets is told where it
@@ -1735,6 +1778,22 @@ impl Broker {
         });
         self.send(conn, st, json_frame(&answer));
         self.out.push_back(BrokerOutput::OpenUni { conn, token });
+    }
+
+    /// The answer to a request for a shard that moved away: `not_leader` for a client that
+    /// offered FEATURE_REDIRECT, an `error` with code `not_leader` for any other.
+    fn not_leader_answer(offer: &ClientOffer, m: &Moved, shard: u32) -> Message {
+        if offer.has(Features::REDIRECT) {
+            Message::NotLeader(message::NotLeader {
+                node_id: m.node_id.clone(),
+                addr: m.addr.clone(),
+                generation: m.generation,
+            })
+        } else {
+            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id));
+            r.retry = RetryClass::Redirect;
+            Self::error_message(offer, &r)
+        }
     }
 
     // -----------------------------------------------------------------------------------------

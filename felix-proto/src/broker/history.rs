@@ -1,0 +1,156 @@
+//! Reading history without subscribing: `stream_read` pages and `offset_for_time`.
+//!
+//! A page below what a shard holds in memory is read from storage first (a
+//! [`BrokerOutput::Read`]), then filled on from memory. Answers on the request's stream stay in
+//! request order while the read is out: later answers are held behind it, because `error` and
+//! `subscribe_cursor_error` carry no request id and are matched by order.
+
+use super::log::Page;
+use super::{Broker, BrokerOutput, CtlStream, Held, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
+use crate::broker::auth::Action;
+use crate::error_code::ErrorCode;
+use crate::io::{ConnId, ReadToken};
+use crate::message::{self, B64, CursorErrorReason, Message};
+use crate::storage::StoredBatch;
+
+/// Why a history request cannot be served: a refusal, or a ready-made answer (`not_leader`).
+enum Denied {
+    Refused(Refusal),
+    Answer(Box<Message>),
+}
+
+impl Broker {
+    /// The checks every history request makes: permission, shard, leadership, durability.
+    fn history_shard(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, shard: u32) -> Result<Key, Denied> {
+        let shards = self.lookup_stream(st, t, ns, s, Action::Subscribe).map_err(Denied::Refused)?;
+        if shard >= shards {
+            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
+            return Err(Denied::Refused(r));
+        }
+        let k = key(t, ns, s);
+        let entry = self.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
+        if let Some(m) = &entry.shards[shard as usize].moved {
+            return Err(Denied::Answer(Box::new(Self::not_leader_answer(&Self::features_of(st), m, shard))));
+        }
+        if !entry.config.durable {
+            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream {ns}/{s} is in memory only: it keeps no history"));
+            return Err(Denied::Refused(r));
+        }
+        Ok(k)
+    }
+
+    fn deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
+        match d {
+            Denied::Refused(r) => self.refuse(conn, st, r),
+            Denied::Answer(m) => self.send(conn, st, json_frame(&m)),
+        }
+    }
+
+    pub(super) fn offset_for_time(&mut self, conn: ConnId, st: &mut CtlStream, q: message::OffsetForTime) {
+        let k = match self.history_shard(st, &q.tenant_id, &q.namespace, &q.stream, q.shard) {
+            Ok(k) => k,
+            Err(d) => return self.deny(conn, st, d),
+        };
+        let offset = self.streams[&k].shards[q.shard as usize].log.offset_for_time(q.at_micros);
+        let m = Message::OffsetValue(message::OffsetValue { offset, request_id: q.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    pub(super) fn stream_read(&mut self, conn: ConnId, st: &mut CtlStream, r: message::StreamRead) {
+        let k = match self.history_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard) {
+            Ok(k) => k,
+            Err(d) => return self.deny(conn, st, d),
+        };
+        let (cap_records, cap_bytes) = (self.cfg.max_records_per_read.max(1), self.cfg.max_read_bytes.max(1));
+        let log = &self.streams[&k].shards[r.shard as usize].log;
+        let (start, tail, memory_start) = (log.start(), log.committed_tail(), log.memory_start());
+        let cursor_error = |reason, available| {
+            Message::SubscribeCursorError(message::SubscribeCursorError { reason, requested: r.from, available })
+        };
+        if r.from < start {
+            return self.send(conn, st, json_frame(&cursor_error(CursorErrorReason::TooOld, start)));
+        }
+        if r.from > tail {
+            return self.send(conn, st, json_frame(&cursor_error(CursorErrorReason::InFuture, tail)));
+        }
+        let end = r.end.unwrap_or(tail).min(tail);
+        let max_records = r.max_records.filter(|n| *n > 0).map_or(cap_records, |n| n.min(cap_records));
+        let max_bytes = r.max_bytes.filter(|n| *n > 0).map_or(cap_bytes, |n| n.min(cap_bytes));
+        let mut page = Page::new(r.from, max_records as usize, max_bytes);
+        if r.from < end && r.from < memory_start {
+            let token = ReadToken(self.next_read);
+            self.next_read += 1;
+            self.out.push_back(BrokerOutput::Read(ReadRequest {
+                token,
+                tenant_id: k.0.clone(),
+                namespace: k.1.clone(),
+                stream: k.2.clone(),
+                shard: r.shard,
+                from: r.from,
+                end: memory_start.min(end),
+                max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
+            }));
+            let read = PageRead { conn, stream: st.id, request_id: r.request_id, key: k, shard: r.shard, end, page };
+            self.reads.insert(token, ReadFor::Page(read));
+            st.held.push_back(Held::Waiting(token));
+            st.outstanding += 1;
+            return;
+        }
+        if r.from < end {
+            log.read_page(end, &mut page);
+        }
+        let m = records_message(page, r.request_id);
+        self.send(conn, st, json_frame(&m));
+    }
+
+    /// Storage answered the read of a `stream_read` page: fill the rest from memory and answer.
+    pub(super) fn page_read_complete(&mut self, token: ReadToken, p: PageRead, batches: Vec<StoredBatch>) {
+        let PageRead { conn, stream, request_id, key, shard, end, mut page } = p;
+        let from = page.next;
+        for b in &batches {
+            let batch_end = b.base_offset + b.count();
+            if !page.take_batch(b.base_offset, batch_end, b.generation_start, &b.records, b.publisher.as_ref(), b.timestamp_micros, end) {
+                break;
+            }
+        }
+        if let Some(log) = self.streams.get(&key).and_then(|e| e.shards.get(shard as usize)).map(|s| &s.log) {
+            let memory_start = log.memory_start();
+            if page.next == from && page.records.is_empty() && page.next < memory_start {
+                // Storage had nothing there (retention removed it meanwhile, or it is
+                // unreadable): step over it rather than answer the same empty page forever.
+                page.next = memory_start.min(end);
+            }
+            if !page.is_full() && page.next >= memory_start && page.next < end {
+                log.read_page(end, &mut page);
+            }
+        }
+        let data = json_frame(&records_message(page, request_id));
+        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&stream)) else { return };
+        if let Some(h) = st.held.iter_mut().find(|h| matches!(h, Held::Waiting(t) if *t == token)) {
+            *h = Held::Ready(data);
+        }
+        st.outstanding = st.outstanding.saturating_sub(1);
+        Self::release_held(&mut self.out, conn, &mut st);
+        self.maybe_finish(conn, &mut st);
+        let keep = !(st.send_finished && st.outstanding == 0);
+        if let Some(c) = self.conns.get_mut(&conn)
+            && keep
+        {
+            c.streams.insert(stream, st);
+        }
+    }
+}
+
+fn records_message(page: Page, request_id: u64) -> Message {
+    let records = page
+        .records
+        .into_iter()
+        .map(|r| message::StreamRecord {
+            offset: r.offset,
+            payload: B64(r.payload),
+            publisher: r.publisher.map(|p| String::from_utf8_lossy(&p).into_owned()),
+            timestamp_micros: r.timestamp_micros,
+        })
+        .collect();
+    Message::StreamRecords(message::StreamRecords { records, next_offset: page.next, request_id })
+}
