@@ -188,6 +188,13 @@ enum Cmd {
         version: u64,
         reply: Reply<(bool, Option<u64>)>,
     },
+    Counter {
+        ns: String,
+        cache: String,
+        key: String,
+        delta: Option<i64>,
+        reply: Reply<Option<i64>>,
+    },
     StreamRead {
         req: StreamReadRequest,
         reply: Reply<Page>,
@@ -454,6 +461,27 @@ impl Client {
         self.call(|reply| Cmd::OffsetForTime { ns, stream, shard, at_micros, reply }).await
     }
 
+    /// Adds `delta` (negative to subtract) to a counter and returns the sum including it, once
+    /// it is durable. A retry after a lost answer counts twice (counters are at-least-once).
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_COUNTERS (brokers without
+    /// storage do not offer it).
+    pub async fn counter_add(&self, ns: &str, cache: &str, key: &str, delta: i64) -> Result<i64, ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let v = self.call(|reply| Cmd::Counter { ns, cache, key, delta: Some(delta), reply }).await?;
+        v.ok_or_else(|| ClientError::Closed("counter_value without a value after an add".into()))
+    }
+
+    /// Reads a counter; `None` when it was never written (which is not the same as 0).
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_COUNTERS.
+    pub async fn counter_get(&self, ns: &str, cache: &str, key: &str) -> Result<Option<i64>, ClientError> {
+        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        self.call(|reply| Cmd::Counter { ns, cache, key, delta: None, reply }).await
+    }
+
     /// Closes the connection.
     pub fn close(&self) {
         self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
@@ -573,6 +601,7 @@ enum CacheReply {
     Condition(Reply<(bool, Option<u64>)>),
     Page(Reply<Page>),
     Offset(Reply<Option<u64>>),
+    Counter(Reply<Option<i64>>),
 }
 
 impl CacheReply {
@@ -584,6 +613,7 @@ impl CacheReply {
             CacheReply::Condition(r) => drop(r.send(Err(e))),
             CacheReply::Page(r) => drop(r.send(Err(e))),
             CacheReply::Offset(r) => drop(r.send(Err(e))),
+            CacheReply::Counter(r) => drop(r.send(Err(e))),
         }
     }
 }
@@ -715,6 +745,13 @@ impl Task {
             Input::Cmd(Cmd::CacheDeleteIf { ns, cache, key, version, reply }) => {
                 let sent = self.machine.cache_delete_if(ClientStream(0), &ns, &cache, &key, version);
                 self.await_cache(sent, CacheReply::Condition(reply));
+            }
+            Input::Cmd(Cmd::Counter { ns, cache, key, delta, reply }) => {
+                let sent = match delta {
+                    Some(d) => self.machine.counter_add(ClientStream(0), &ns, &cache, &key, d),
+                    None => self.machine.counter_get(ClientStream(0), &ns, &cache, &key),
+                };
+                self.await_cache(sent, CacheReply::Counter(reply));
             }
             Input::Cmd(Cmd::StreamRead { req, reply }) => {
                 let sent = self.machine.stream_read(ClientStream(0), req);
@@ -874,6 +911,11 @@ impl Task {
             ClientEvent::StreamRecords { request_id, records, next_offset } => {
                 if let Some(CacheReply::Page(r)) = self.cache.remove(&request_id) {
                     let _ = r.send(Ok(Page { records, next_offset }));
+                }
+            }
+            ClientEvent::CounterValue { request_id, value } => {
+                if let Some(CacheReply::Counter(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok(value));
                 }
             }
             ClientEvent::OffsetValue { request_id, offset } => {

@@ -356,3 +356,29 @@ async fn history_reads_and_time_lookup_over_quic_survive_a_restart() {
     assert_eq!(c.stream_read("default", "h", 0, 199, None, None).await.unwrap().records.len(), 1);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn counters_over_quic_survive_a_restart_and_need_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (server, chain) = start(Some(dir.path())).await;
+        let c = connect(&server, &chain).await;
+        assert_eq!(c.counter_get("default", "stats", "views").await.unwrap(), None, "never written ≠ 0");
+        let mut last = 0;
+        for i in 1..=50 {
+            last = c.counter_add("default", "stats", "views", i).await.unwrap();
+        }
+        assert_eq!(last, 1275);
+        assert_eq!(c.counter_add("default", "stats", "views", -275).await.unwrap(), 1000);
+        server.shutdown().await;
+    }
+    let (server, chain) = start(Some(dir.path())).await;
+    let c = connect(&server, &chain).await;
+    assert_eq!(c.counter_get("default", "stats", "views").await.unwrap(), Some(1000));
+    server.shutdown().await;
+    // A broker without storage does not offer counters: the client says so without asking.
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    assert!(matches!(c.counter_add("default", "stats", "views", 1).await, Err(ClientError::Unsupported(_))));
+    server.shutdown().await;
+}

@@ -1,7 +1,7 @@
 //! `serve`, `publish`, `subscribe` and `cache`.
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
-use crate::{CacheArgs, CacheOp, ConnectArgs, PublishArgs, ReadArgs, ServeArgs, SubscribeArgs};
+use crate::{CacheArgs, CacheOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs, SubscribeArgs};
 use base64::Engine;
 use bytes::Bytes;
 use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
@@ -370,6 +370,32 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
         }
         CacheOp::Delete { cache, key } => {
             print_value(&cache, &key, client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())?)
+        }
+    };
+    client.close();
+    Ok(code)
+}
+
+pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
+    let client = connect(&a.conn).await?;
+    let ns = a.conn.namespace.clone();
+    let code = match a.op {
+        CounterOp::Add { cache, key, delta } => {
+            let sum = client.counter_add(&ns, &cache, &key, delta).await.map_err(|e| e.to_string())?;
+            println!("{sum}");
+            ExitCode::SUCCESS
+        }
+        CounterOp::Get { cache, key } => {
+            match client.counter_get(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
+                Some(v) => {
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                }
+                None => {
+                    eprintln!("{cache}/{key}: never written");
+                    ExitCode::from(1)
+                }
+            }
         }
     };
     client.close();

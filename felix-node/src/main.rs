@@ -39,6 +39,8 @@ enum Command {
     Read(ReadArgs),
     /// Cache operations.
     Cache(CacheArgs),
+    /// Durable counters (brokers with storage): add a delta, read a sum.
+    Counter(CounterArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
     Bench(bench::BenchArgs),
     /// Check conformance vectors byte for byte, or (with --addr) a running broker's behaviour.
@@ -250,6 +252,35 @@ struct CacheArgs {
     op: CacheOp,
 }
 
+#[derive(Args, Debug)]
+struct CounterArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    #[command(subcommand)]
+    op: CounterOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum CounterOp {
+    /// Add DELTA (default 1; negative to subtract) and print the new sum.
+    Add {
+        /// Cache the counter lives in.
+        cache: String,
+        /// Counter key.
+        key: String,
+        /// Amount to add.
+        #[arg(default_value_t = 1, allow_negative_numbers = true)]
+        delta: i64,
+    },
+    /// Print a counter's sum (exit code 1 when it was never written).
+    Get {
+        /// Cache the counter lives in.
+        cache: String,
+        /// Counter key.
+        key: String,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 enum CacheOp {
     /// Store a value.
@@ -307,6 +338,7 @@ fn main() -> ExitCode {
             Command::Subscribe(a) => commands::subscribe(a).await,
             Command::Read(a) => commands::read(a).await,
             Command::Cache(a) => commands::cache(a).await,
+            Command::Counter(a) => commands::counter(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::Conformance {
                 addr: Some(addr),

@@ -72,11 +72,20 @@ fn readme_commands_work_against_a_served_broker() {
     let read = client_cmd(dir.path(), addr).args(["read", "orders", "--from", "1"]).output().unwrap();
     assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
     assert_eq!(String::from_utf8_lossy(&read.stdout), "1\tworld\n");
-    let since = client_cmd(dir.path(), addr)
-        .args(["subscribe", "orders", "--since", "1h", "--count", "2"])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&since.stdout), "0\thello\n1\tworld\n", "{}", String::from_utf8_lossy(&since.stderr));
+    let since =
+        client_cmd(dir.path(), addr).args(["subscribe", "orders", "--since", "1h", "--count", "2"]).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&since.stdout),
+        "0\thello\n1\tworld\n",
+        "{}",
+        String::from_utf8_lossy(&since.stderr)
+    );
+    let add = client_cmd(dir.path(), addr).args(["counter", "add", "stats", "views", "5"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&add.stdout), "5\n", "{}", String::from_utf8_lossy(&add.stderr));
+    let add = client_cmd(dir.path(), addr).args(["counter", "add", "stats", "views", "-7"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&add.stdout), "-2\n", "{}", String::from_utf8_lossy(&add.stderr));
+    let never = client_cmd(dir.path(), addr).args(["counter", "get", "stats", "clicks"]).output().unwrap();
+    assert_eq!(never.status.code(), Some(1), "never written exits 1");
     let put = client_cmd(dir.path(), addr).args(["cache", "put", "sessions", "user:1", "alice"]).output().unwrap();
     assert!(put.status.success());
     let get = client_cmd(dir.path(), addr).args(["cache", "get", "sessions", "user:1"]).output().unwrap();

@@ -212,6 +212,13 @@ pub enum ClientEvent {
         /// The offset; `None` when no readable record is that recent.
         offset: Option<u64>,
     },
+    /// A counter's value.
+    CounterValue {
+        /// Request id.
+        request_id: u64,
+        /// The sum; `None` when the counter was never written (not the same as 0).
+        value: Option<i64>,
+    },
     /// A request other than a publish or subscribe was refused.
     RequestFailed {
         /// Request id.
@@ -716,6 +723,57 @@ impl ClientConnection {
         })
     }
 
+    /// Adds `delta` to a counter (FEATURE_COUNTERS). Answered by `CounterValue` with the sum
+    /// including it, once it is durable.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn counter_add(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+        delta: i64,
+    ) -> Result<u64, CommandError> {
+        self.require(stream, Features::COUNTERS, "FEATURE_COUNTERS")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CounterAdd(message::CounterAdd {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                delta,
+                request_id,
+            })
+        })
+    }
+
+    /// Reads a counter (FEATURE_COUNTERS). Answered by `CounterValue` (`None`: never written).
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn counter_get(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<u64, CommandError> {
+        self.require(stream, Features::COUNTERS, "FEATURE_COUNTERS")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::CounterGet(message::CounterGet {
+                tenant_id,
+                namespace: namespace.into(),
+                cache: cache.into(),
+                key: key.into(),
+                request_id,
+            })
+        })
+    }
+
     /// The request an answer with `request_id` settles (removed from the order), or the oldest
     /// request when the answer carries no id.
     fn settle_request(&mut self, idx: usize, request_id: Option<u64>) -> Option<u64> {
@@ -1077,6 +1135,10 @@ impl ClientConnection {
                     next_offset: r.next_offset,
                 });
             }
+            Message::CounterValue(v) => {
+                self.settle_request(idx, Some(v.request_id));
+                self.events.push_back(ClientEvent::CounterValue { request_id: v.request_id, value: v.value });
+            }
             Message::OffsetValue(v) => {
                 self.settle_request(idx, Some(v.request_id));
                 self.events.push_back(ClientEvent::OffsetValue { request_id: v.request_id, offset: v.offset });
@@ -1091,7 +1153,12 @@ impl ClientConnection {
                         retry: Some(RetryClass::Fatal),
                         detail: None,
                     };
-                    self.events.push_back(ClientEvent::RequestFailed { request_id, error, cursor: None, redirect: None });
+                    self.events.push_back(ClientEvent::RequestFailed {
+                        request_id,
+                        error,
+                        cursor: None,
+                        redirect: None,
+                    });
                 }
                 self.events.push_back(ClientEvent::Unsupported { request_type: u.request_type });
             }

@@ -71,8 +71,18 @@ pub struct Sim {
     pub reads: usize,
     /// Chunk size for bytes sent to the broker (`None`: whole).
     pub chunk: Option<usize>,
+    /// What storage holds: writes that completed successfully, less what truncations removed.
+    /// A [`restart`](Self::restart) recovers from exactly this.
+    pub durable: Vec<PersistRequest>,
+    /// Broker restarts so far.
+    pub restarts: u32,
+    config: BrokerConfig,
+    epoch: Instant,
     rng: u64,
 }
+
+/// The harness's wall clock at its epoch, in µs since the Unix epoch.
+pub const SIM_WALL_EPOCH_MICROS: u64 = 1_760_000_000_000_000;
 
 impl Sim {
     /// A harness around a broker with `config`, starting at virtual time `epoch` (the caller's
@@ -80,7 +90,11 @@ impl Sim {
     pub fn new(config: BrokerConfig, epoch: Instant) -> Sim {
         let now = epoch;
         Sim {
-            broker: Broker::new(config, WallClock::new(now, 1_760_000_000_000_000)),
+            broker: Broker::new(config.clone(), WallClock::new(now, SIM_WALL_EPOCH_MICROS)),
+            durable: Vec::new(),
+            restarts: 0,
+            config,
+            epoch,
             now,
             clients: Vec::new(),
             storage: StorageMode::Immediate,
@@ -197,7 +211,12 @@ impl Sim {
 
     /// Completes a pending write (manual storage mode).
     pub fn complete_write(&mut self, token: WriteToken, ok: bool) {
-        self.pending_writes.retain(|w| w.token != token);
+        if let Some(i) = self.pending_writes.iter().position(|w| w.token == token) {
+            let w = self.pending_writes.remove(i);
+            if ok {
+                self.durable.push(w);
+            }
+        }
         self.broker.handle_write_complete(token, ok, self.now);
         self.run();
     }
@@ -206,9 +225,47 @@ impl Sim {
     pub fn complete_all_writes(&mut self) {
         while !self.pending_writes.is_empty() {
             let w = self.pending_writes.remove(0);
-            self.broker.handle_write_complete(w.token, true, self.now);
+            let token = w.token;
+            self.durable.push(w);
+            self.broker.handle_write_complete(token, true, self.now);
             self.run();
         }
+    }
+
+    /// Crashes the broker and starts a new one from what storage holds ([`durable`](Self::durable)):
+    /// writes not yet completed are lost, every connection is gone (clients that were connected
+    /// see their connection closed; connect new ones). The new broker's clock goes on from now.
+    pub fn restart(&mut self) {
+        self.restarts += 1;
+        self.pending_writes.clear();
+        let since = self.now.saturating_duration_since(self.epoch);
+        let wall = WallClock::new(self.now, SIM_WALL_EPOCH_MICROS + since.as_micros() as u64);
+        self.broker = Broker::new(self.config.clone(), wall);
+        let mut shards: BTreeMap<(String, String, String, u32), Vec<crate::storage::StoredBatch>> = BTreeMap::new();
+        let mut durable = self.durable.clone();
+        durable.sort_by_key(|w| w.base_offset);
+        for w in durable {
+            shards.entry((w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard)).or_default().push(
+                crate::storage::StoredBatch {
+                    base_offset: w.base_offset,
+                    timestamp_micros: w.timestamp_micros,
+                    generation_start: w.generation_start,
+                    publisher: w.publisher.clone(),
+                    records: w.records.clone(),
+                },
+            );
+        }
+        for ((t, n, s, shard), batches) in shards {
+            let cfg = crate::broker::StreamConfig { durable: true, ..self.config.default_stream.clone() };
+            self.broker.restore_shard((&t, &n, &s), cfg, shard, batches, self.now);
+        }
+        // The old connections are gone; their ids must not match the new broker's.
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            c.conn = ConnId(u64::MAX - i as u64 - u64::from(self.restarts) * 1_000_000);
+            c.closed.get_or_insert((0, "broker restarted".into()));
+            c.to_broker.clear();
+        }
+        self.run();
     }
 
     /// Runs every party until nothing moves. Returns the number of steps taken.
@@ -380,7 +437,10 @@ impl Sim {
             BrokerOutput::Persist(w) => {
                 self.writes.push(w.clone());
                 match self.storage {
-                    StorageMode::Immediate => self.broker.handle_write_complete(w.token, true, self.now),
+                    StorageMode::Immediate => {
+                        self.durable.push(w.clone());
+                        self.broker.handle_write_complete(w.token, true, self.now)
+                    }
                     StorageMode::Manual => self.pending_writes.push(w),
                 }
             }
@@ -389,14 +449,24 @@ impl Sim {
                     self.clients[i].closed = Some((code, reason));
                 }
             }
-            BrokerOutput::Truncate { stream, shard, start, .. } => self.truncations.push((stream, shard, start)),
+            BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start } => {
+                self.durable.retain(|w| {
+                    let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
+                    !(w.tenant_id == tenant_id
+                        && w.namespace == namespace
+                        && w.stream == stream
+                        && w.shard == shard
+                        && end <= start)
+                });
+                self.truncations.push((stream, shard, start))
+            }
             BrokerOutput::Read(r) => {
-                // Storage is `writes`: answer from it, as a disk would.
+                // Storage is `durable`: answer from it, as a disk would.
                 self.reads += 1;
                 let mut out = Vec::new();
                 let mut bytes = 0usize;
                 let mut ws: Vec<&PersistRequest> = self
-                    .writes
+                    .durable
                     .iter()
                     .filter(|w| {
                         let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };

@@ -55,7 +55,12 @@ fn spilled_shard() -> (Sim, usize, StreamId) {
     let mut sim = Sim::new(cfg, epoch());
     let (p, s, _) = raw_session(&mut sim, Some(0x0827), None);
     for i in 0..50 {
-        sim.raw_send(p, s, publish_binary("orders", &[&format!("{i:03}{}", "x".repeat(100)), &format!("{i:03}b")], None, None), false);
+        sim.raw_send(
+            p,
+            s,
+            publish_binary("orders", &[&format!("{i:03}{}", "x".repeat(100)), &format!("{i:03}b")], None, None),
+            false,
+        );
         sim.run();
         if i == 20 {
             sim.broker.start_generation("t1", "default", "orders", 0, sim.now);

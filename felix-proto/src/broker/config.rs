@@ -171,6 +171,10 @@ impl BrokerConfig {
             | Features::CACHE_CONDITIONAL
             | Features::STREAM_READ
             | Features::RECORD_TIMESTAMPS;
+        if self.history_reads {
+            // Counters must survive a restart: only a broker with storage offers them.
+            f |= Features::COUNTERS;
+        }
         if self.publish_window > 0 {
             f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;
         }

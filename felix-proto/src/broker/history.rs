@@ -6,7 +6,7 @@
 //! `subscribe_cursor_error` carry no request id and are matched by order.
 
 use super::log::Page;
-use super::{Broker, BrokerOutput, CtlStream, Held, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
+use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
 use crate::io::{ConnId, ReadToken};
@@ -33,7 +33,10 @@ impl Broker {
             return Err(Denied::Answer(Box::new(Self::not_leader_answer(&Self::features_of(st), m, shard))));
         }
         if !entry.config.durable {
-            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream {ns}/{s} is in memory only: it keeps no history"));
+            let r = Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("stream {ns}/{s} is in memory only: it keeps no history"),
+            );
             return Err(Denied::Refused(r));
         }
         Ok(k)
@@ -92,8 +95,7 @@ impl Broker {
             }));
             let read = PageRead { conn, stream: st.id, request_id: r.request_id, key: k, shard: r.shard, end, page };
             self.reads.insert(token, ReadFor::Page(read));
-            st.held.push_back(Held::Waiting(token));
-            st.outstanding += 1;
+            Self::hold(st, HeldFor::Read(token));
             return;
         }
         if r.from < end {
@@ -109,7 +111,15 @@ impl Broker {
         let from = page.next;
         for b in &batches {
             let batch_end = b.base_offset + b.count();
-            if !page.take_batch(b.base_offset, batch_end, b.generation_start, &b.records, b.publisher.as_ref(), b.timestamp_micros, end) {
+            if !page.take_batch(
+                b.base_offset,
+                batch_end,
+                b.generation_start,
+                &b.records,
+                b.publisher.as_ref(),
+                b.timestamp_micros,
+                end,
+            ) {
                 break;
             }
         }
@@ -125,19 +135,7 @@ impl Broker {
             }
         }
         let data = json_frame(&records_message(page, request_id));
-        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&stream)) else { return };
-        if let Some(h) = st.held.iter_mut().find(|h| matches!(h, Held::Waiting(t) if *t == token)) {
-            *h = Held::Ready(data);
-        }
-        st.outstanding = st.outstanding.saturating_sub(1);
-        Self::release_held(&mut self.out, conn, &mut st);
-        self.maybe_finish(conn, &mut st);
-        let keep = !(st.send_finished && st.outstanding == 0);
-        if let Some(c) = self.conns.get_mut(&conn)
-            && keep
-        {
-            c.streams.insert(stream, st);
-        }
+        self.fill_held(conn, stream, HeldFor::Read(token), data);
     }
 }
 

@@ -406,10 +406,36 @@ impl ShardLog {
     pub fn read_page(&self, end: u64, page: &mut Page) {
         let i = self.committed.partition_point(|b| b.end() <= page.next);
         for b in self.committed.range(i..) {
-            if !page.take_batch(b.base, b.end(), b.generation_start, &b.records, b.publisher.as_ref(), b.timestamp_micros, end) {
+            if !page.take_batch(
+                b.base,
+                b.end(),
+                b.generation_start,
+                &b.records,
+                b.publisher.as_ref(),
+                b.timestamp_micros,
+                end,
+            ) {
                 break;
             }
         }
+    }
+
+    /// Drops every committed batch below `start` (a system log truncated under a checkpoint).
+    pub fn truncate_before(&mut self, start: u64) {
+        while self.evicted.front().is_some_and(|b| b.end <= start) {
+            let b = self.evicted.pop_front().expect("front exists");
+            self.records -= b.records;
+            self.bytes -= b.bytes;
+        }
+        while self.committed.front().is_some_and(|b| b.end() <= start) {
+            let b = self.committed.pop_front().expect("front exists");
+            if !b.generation_start {
+                self.records -= b.count();
+                self.bytes -= b.records.payload_bytes() as u64;
+                self.mem_bytes -= b.records.payload_bytes() as u64;
+            }
+        }
+        self.start = self.start.max(start);
     }
 
     /// Drops the oldest batches beyond the retention limits. Returns the new start.

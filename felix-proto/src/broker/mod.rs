@@ -29,9 +29,10 @@
 
 pub mod auth;
 mod cache;
-mod history;
 pub mod config;
+mod history;
 mod log;
+mod syslog;
 
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, Retention, StreamConfig, StreamSpec};
@@ -278,9 +279,15 @@ struct CtlStream {
     held: VecDeque<Held>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldFor {
+    Read(ReadToken),
+    Write(WriteToken),
+}
+
 #[derive(Debug)]
 enum Held {
-    Waiting(ReadToken),
+    Waiting(HeldFor),
     Ready(Bytes),
 }
 
@@ -362,6 +369,8 @@ struct WriteCtx {
     key: Key,
     shard: u32,
     waiters: Vec<Waiter>,
+    /// A system-log write: what to do once it settles.
+    sys: Option<syslog::SysPending>,
 }
 
 /// A refusal, with everything needed to word it for any client.
@@ -406,6 +415,8 @@ pub struct Broker {
     next_sweep: Option<Instant>,
     reads: HashMap<ReadToken, ReadFor>,
     next_read: u64,
+    /// Counters by cache, folded from their system logs.
+    counters: HashMap<Key, syslog::Counters>,
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -444,6 +455,7 @@ impl Broker {
             next_sweep: None,
             reads: HashMap::new(),
             next_read: 1,
+            counters: HashMap::new(),
         };
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
@@ -837,6 +849,30 @@ impl Broker {
         }
     }
 
+    /// Fills the held slot `slot` of a control stream with its answer, writes whatever is now
+    /// ready in order, and finishes the stream if that was the last thing owed on it.
+    fn fill_held(&mut self, conn: ConnId, stream: StreamId, slot: HeldFor, data: Bytes) {
+        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&stream)) else { return };
+        if let Some(h) = st.held.iter_mut().find(|h| matches!(h, Held::Waiting(t) if *t == slot)) {
+            *h = Held::Ready(data);
+        }
+        st.outstanding = st.outstanding.saturating_sub(1);
+        Self::release_held(&mut self.out, conn, &mut st);
+        self.maybe_finish(conn, &mut st);
+        let keep = !(st.send_finished && st.outstanding == 0);
+        if let Some(c) = self.conns.get_mut(&conn)
+            && keep
+        {
+            c.streams.insert(stream, st);
+        }
+    }
+
+    /// Reserves an answer slot that later answers on the stream wait behind.
+    fn hold(st: &mut CtlStream, slot: HeldFor) {
+        st.held.push_back(Held::Waiting(slot));
+        st.outstanding += 1;
+    }
+
     /// Writes the held answers that are ready, in order, up to the first still waiting.
     fn release_held(out: &mut VecDeque<BrokerOutput>, conn: ConnId, st: &mut CtlStream) {
         while let Some(Held::Ready(_)) = st.held.front() {
@@ -1068,6 +1104,12 @@ impl Broker {
             Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
             Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
             Message::StreamRead(r) => self.stream_read(conn, st, r),
+            Message::CounterAdd(a) if self.server_features.contains(Features::COUNTERS) => {
+                self.counter_add(conn, st, a, now)
+            }
+            Message::CounterGet(g) if self.server_features.contains(Features::COUNTERS) => {
+                self.counter_get(conn, st, g)
+            }
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
                 let shards =
@@ -1144,6 +1186,12 @@ impl Broker {
     /// count.
     fn lookup_stream(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, action: Action) -> Result<u32, Refusal> {
         self.authorize(st, t, ns, s, action)?;
+        if s.starts_with(syslog::SYS_PREFIX) {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("stream names starting with {} are reserved for the broker", syslog::SYS_PREFIX),
+            ));
+        }
         let k = key(t, ns, s);
         if let Some(e) = self.streams.get(&k) {
             return Ok(e.shards.len() as u32);
@@ -1293,7 +1341,7 @@ impl Broker {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
             }
         }
-        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new() };
+        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new(), sys: None };
         if !matches!(reply, Reply::None) {
             let seq = self.owe(conn, st, reply);
             if ack_on_commit {
@@ -1348,6 +1396,22 @@ impl Broker {
             return;
         };
         let settled = entry.shards[shard as usize].log.settle(token, ok);
+        if syslog::is_sys(&k) {
+            for (tok, base) in settled.done {
+                if let Some(p) = self.writes.remove(&tok).and_then(|c| c.sys) {
+                    self.sys_settled(tok, &k, Some(base), p, now);
+                }
+            }
+            for (tok, _, _) in settled.failed {
+                if let Some(p) = self.writes.remove(&tok).and_then(|c| c.sys) {
+                    self.sys_settled(tok, &k, None, p, now);
+                }
+            }
+            if let Some(e) = self.streams.get_mut(&k) {
+                e.shards[0].log.trim_memory();
+            }
+            return;
+        }
         for (base, end) in &settled.committed {
             self.fanout_committed(&k, shard, *base, *end);
         }
@@ -1435,7 +1499,7 @@ impl Broker {
             generation_start: true,
             stream_shards,
         }));
-        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new() });
+        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None });
         Some(base)
     }
 
@@ -1812,6 +1876,12 @@ impl Broker {
     ) {
         let now = self.clock.advance(now);
         let k = key(tenant, ns, stream);
+        let config = if syslog::is_sys(&k) {
+            self.sys_restore(&k, &batches);
+            syslog::sys_stream_config()
+        } else {
+            config
+        };
         if !self.streams.contains_key(&k) {
             self.create_stream(k.clone(), config);
         }
@@ -1824,7 +1894,10 @@ impl Broker {
 
     /// Every stream with its configuration.
     pub fn streams(&self) -> impl Iterator<Item = (&str, &str, &str, &StreamConfig)> {
-        self.streams.iter().map(|((t, n, s), e)| (t.as_str(), n.as_str(), s.as_str(), &e.config))
+        self.streams
+            .iter()
+            .filter(|(k, _)| !syslog::is_sys(k))
+            .map(|((t, n, s), e)| (t.as_str(), n.as_str(), s.as_str(), &e.config))
     }
 
     /// Deletes a stream. Its subscriptions end after delivering what they have queued, with
@@ -1894,6 +1967,34 @@ impl Broker {
             self.caches.insert(k.clone(), Cache::with_version_seed(seed));
         }
         Ok(k)
+    }
+
+    fn counter_add(&mut self, conn: ConnId, st: &mut CtlStream, a: message::CounterAdd, now: Instant) {
+        let k = match self.cache_entry(st, &a.tenant_id, &a.namespace, &a.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        if a.key.len() > u16::MAX as usize {
+            return self.refuse(
+                conn,
+                st,
+                Refusal::new(ErrorCode::InvalidRequest, "counter key longer than 65535 bytes"),
+            );
+        }
+        let record = syslog::CounterOp::Add { key: a.key.clone(), delta: a.delta }.encode();
+        let pending = syslog::SysPending::CounterAdd { conn, stream: st.id, request_id: a.request_id, key: a.key };
+        let token = self.sys_append(&syslog::counters_key(&k), vec![record], pending, now);
+        Self::hold(st, HeldFor::Write(token));
+    }
+
+    fn counter_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CounterGet) {
+        let k = match self.cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let value = self.counters.get(&k).and_then(|c| c.sums.get(&g.key).copied());
+        let m = Message::CounterValue(message::CounterValue { value, request_id: g.request_id });
+        self.send(conn, st, json_frame(&m));
     }
 
     fn cache_put_if(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePutIf, now: Instant) {

@@ -1,0 +1,345 @@
+//! System logs: durable logs the broker keeps for its own state (counters, consumer groups).
+//!
+//! A system log is an ordinary durable shard under a reserved stream name (`$kind.name`; user
+//! streams may not start with `$`), so it reuses the storage format, recovery and truncation of
+//! every other log. State is the fold of the committed log, in offset order: an operation is
+//! applied — and answered — only once its write is on disk, so a restart that replays the log
+//! rebuilds exactly what clients were told. A checkpoint batch (the whole state, written when
+//! nothing else is in flight) lets the log be truncated below it.
+
+use super::config::{Retention, StreamConfig};
+use super::{Broker, BrokerOutput, ConnId, HeldFor, Key, PersistRequest, StreamId, WriteCtx};
+use crate::binary::Records;
+use crate::io::WriteToken;
+use bytes::{BufMut, Bytes, BytesMut};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// First character of every system log's stream name (refused in user stream names).
+pub(crate) const SYS_PREFIX: char = '$';
+
+/// Deltas folded since the last checkpoint before another is written.
+const CHECKPOINT_EVERY: u64 = 4096;
+
+/// The stream configuration of a system log: one durable shard, no retention (truncated by
+/// checkpoints only), no history kept in memory (state is folded).
+pub(crate) fn sys_stream_config() -> StreamConfig {
+    StreamConfig {
+        durable: true,
+        shards: 1,
+        retention: Retention::default(),
+        queue_capacity: 1,
+        memory_bytes: 0,
+        ..StreamConfig::default()
+    }
+}
+
+/// Whether a stream key names a system log.
+pub(crate) fn is_sys(k: &Key) -> bool {
+    k.2.starts_with(SYS_PREFIX)
+}
+
+/// The system log of a cache's counters.
+pub(crate) fn counters_key(cache: &Key) -> Key {
+    (cache.0.clone(), cache.1.clone(), format!("{SYS_PREFIX}counters.{}", cache.2))
+}
+
+/// What waits on a system-log write.
+#[derive(Debug)]
+pub(crate) enum SysPending {
+    /// A `counter_add`: answered with the sum once the delta is folded.
+    CounterAdd { conn: ConnId, stream: StreamId, request_id: u64, key: String },
+    /// A checkpoint: once on disk, the log below it can go.
+    Checkpoint,
+}
+
+/// One counter record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CounterOp {
+    /// Add `delta` to `key`.
+    Add { key: String, delta: i64 },
+    /// Start of a checkpoint: forget everything.
+    Reset,
+    /// Part of a checkpoint: `key` holds `value`.
+    Set { key: String, value: i64 },
+}
+
+impl CounterOp {
+    const ADD: u8 = 1;
+    const RESET: u8 = 2;
+    const SET: u8 = 3;
+
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        match self {
+            CounterOp::Add { key, delta } => {
+                b.put_u8(Self::ADD);
+                put_key(&mut b, key);
+                b.put_i64(*delta);
+            }
+            CounterOp::Reset => b.put_u8(Self::RESET),
+            CounterOp::Set { key, value } => {
+                b.put_u8(Self::SET);
+                put_key(&mut b, key);
+                b.put_i64(*value);
+            }
+        }
+        b.freeze()
+    }
+
+    /// `None` for bytes this version did not write (a record is skipped, never trusted).
+    pub fn decode(b: &[u8]) -> Option<CounterOp> {
+        let (&tag, rest) = b.split_first()?;
+        if tag == Self::RESET {
+            return rest.is_empty().then_some(CounterOp::Reset);
+        }
+        let (key, rest) = take_key(rest)?;
+        let n = i64::from_be_bytes(rest.try_into().ok()?);
+        match tag {
+            Self::ADD => Some(CounterOp::Add { key, delta: n }),
+            Self::SET => Some(CounterOp::Set { key, value: n }),
+            _ => None,
+        }
+    }
+}
+
+fn put_key(b: &mut BytesMut, key: &str) {
+    // Keys are cut at u16::MAX bytes by the caller's validation; stored with their length.
+    let k = &key.as_bytes()[..key.len().min(u16::MAX as usize)];
+    b.put_u16(k.len() as u16);
+    b.put_slice(k);
+}
+
+fn take_key(b: &[u8]) -> Option<(String, &[u8])> {
+    let len = u16::from_be_bytes(b.get(..2)?.try_into().ok()?) as usize;
+    let key = std::str::from_utf8(b.get(2..2 + len)?).ok()?.to_owned();
+    Some((key, &b[2 + len..]))
+}
+
+/// The counters of one cache: the fold of its system log.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub sums: HashMap<String, i64>,
+    since_checkpoint: u64,
+}
+
+impl Counters {
+    /// Applies one committed record. Sums saturate at the ends of i64 (deterministically, so a
+    /// replay agrees with what was answered).
+    pub fn apply(&mut self, op: CounterOp) {
+        match op {
+            CounterOp::Add { key, delta } => {
+                let v = self.sums.entry(key).or_insert(0);
+                *v = v.saturating_add(delta);
+                self.since_checkpoint += 1;
+            }
+            CounterOp::Reset => {
+                self.sums.clear();
+                self.since_checkpoint = 0;
+            }
+            CounterOp::Set { key, value } => {
+                self.sums.insert(key, value);
+            }
+        }
+    }
+
+    /// Folds a batch's records.
+    pub fn apply_records(&mut self, records: &Records) {
+        for p in records.payloads() {
+            if let Some(op) = CounterOp::decode(&p) {
+                self.apply(op);
+            }
+        }
+    }
+
+    fn wants_checkpoint(&self) -> bool {
+        self.since_checkpoint >= CHECKPOINT_EVERY && self.since_checkpoint > 2 * self.sums.len() as u64
+    }
+
+    fn checkpoint(&self) -> Vec<Bytes> {
+        let mut v = vec![CounterOp::Reset.encode()];
+        let mut keys: Vec<_> = self.sums.iter().collect();
+        keys.sort();
+        v.extend(keys.into_iter().map(|(k, &value)| CounterOp::Set { key: k.clone(), value }.encode()));
+        v
+    }
+}
+
+impl Broker {
+    /// The system log `k`, created on first use.
+    fn sys_log(&mut self, k: &Key) {
+        if !self.streams.contains_key(k) {
+            self.create_stream(k.clone(), sys_stream_config());
+        }
+    }
+
+    /// Appends records to a system log and asks storage to persist them; `pending` says what
+    /// to do once they are on disk.
+    pub(super) fn sys_append(
+        &mut self,
+        k: &Key,
+        payloads: Vec<Bytes>,
+        pending: SysPending,
+        now: Instant,
+    ) -> WriteToken {
+        self.sys_log(k);
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let records = Records::from_payloads(payloads).unwrap_or_default();
+        let ts = self.wall.micros(now);
+        let entry = self.streams.get_mut(k).expect("created above");
+        let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, now, Some(token));
+        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            token,
+            tenant_id: k.0.clone(),
+            namespace: k.1.clone(),
+            stream: k.2.clone(),
+            shard: 0,
+            base_offset: base,
+            records,
+            timestamp_micros: ts,
+            publisher: None,
+            generation_start: false,
+            stream_shards: 1,
+        }));
+        self.writes.insert(token, WriteCtx { key: k.clone(), shard: 0, waiters: Vec::new(), sys: Some(pending) });
+        token
+    }
+
+    /// A system-log write settled: fold it (if it landed) and answer what waited on it.
+    pub(super) fn sys_settled(
+        &mut self,
+        token: WriteToken,
+        k: &Key,
+        base: Option<u64>,
+        pending: SysPending,
+        now: Instant,
+    ) {
+        let Some(cache) = k.2.strip_prefix("$counters.").map(|c| (k.0.clone(), k.1.clone(), c.to_owned())) else {
+            return;
+        };
+        if let Some(base) = base {
+            let records = self
+                .streams
+                .get_mut(k)
+                .and_then(|e| e.shards[0].log.batch_at(base).map(|b| b.records.clone()))
+                .unwrap_or_default();
+            self.counters.entry(cache.clone()).or_default().apply_records(&records);
+        }
+        match pending {
+            SysPending::CounterAdd { conn, stream, request_id, key } => {
+                let data = match base {
+                    Some(_) => {
+                        let value = self.counters.get(&cache).and_then(|c| c.sums.get(&key).copied());
+                        super::json_frame(&crate::message::Message::CounterValue(crate::message::CounterValue {
+                            value,
+                            request_id,
+                        }))
+                    }
+                    None => {
+                        let Some(offer) =
+                            self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of)
+                        else {
+                            return self.maybe_checkpoint(k, &cache, now);
+                        };
+                        let mut r = super::Refusal::new(
+                            crate::error_code::ErrorCode::Storage,
+                            "the write failed; the counter is unchanged",
+                        );
+                        r.retry = crate::error_code::RetryClass::Retry;
+                        super::json_frame(&Self::error_message(&offer, &r))
+                    }
+                };
+                self.fill_held(conn, stream, HeldFor::Write(token), data);
+            }
+            SysPending::Checkpoint => {
+                if let Some(base) = base {
+                    self.sys_truncate(k, base);
+                }
+            }
+        }
+        self.maybe_checkpoint(k, &cache, now);
+    }
+
+    /// Writes a checkpoint of a cache's counters when enough deltas piled up and nothing else
+    /// is in flight on its log (so the checkpoint is exactly the fold below it).
+    fn maybe_checkpoint(&mut self, k: &Key, cache: &Key, now: Instant) {
+        let Some(c) = self.counters.get(cache) else { return };
+        let idle =
+            self.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
+        if idle && c.wants_checkpoint() {
+            let records = c.checkpoint();
+            if let Some(c) = self.counters.get_mut(cache) {
+                c.since_checkpoint = 0;
+            }
+            self.sys_append(k, records, SysPending::Checkpoint, now);
+        }
+    }
+
+    /// Drops a system log below a committed checkpoint (memory and, through storage, disk).
+    fn sys_truncate(&mut self, k: &Key, start: u64) {
+        if let Some(e) = self.streams.get_mut(k) {
+            e.shards[0].log.truncate_before(start);
+            self.out.push_back(BrokerOutput::Truncate {
+                tenant_id: k.0.clone(),
+                namespace: k.1.clone(),
+                stream: k.2.clone(),
+                shard: 0,
+                start,
+            });
+        }
+    }
+
+    /// Rebuilds a system log's state from what storage recovered (in offset order).
+    pub(super) fn sys_restore(&mut self, k: &Key, batches: &[crate::storage::StoredBatch]) {
+        if let Some(cache) = k.2.strip_prefix("$counters.").map(|c| (k.0.clone(), k.1.clone(), c.to_owned())) {
+            let c = self.counters.entry(cache).or_default();
+            for b in batches.iter().filter(|b| !b.generation_start) {
+                c.apply_records(&b.records);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_junk_is_skipped() {
+        for op in [
+            CounterOp::Add { key: "k".into(), delta: -5 },
+            CounterOp::Reset,
+            CounterOp::Set { key: String::new(), value: i64::MAX },
+        ] {
+            assert_eq!(CounterOp::decode(&op.encode()), Some(op));
+        }
+        for junk in [&b""[..], b"\x01", b"\x01\x00\x05ab", b"\x02x", b"\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"] {
+            assert_eq!(CounterOp::decode(junk), None);
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_folds_to_the_same_state() {
+        let mut c = Counters::default();
+        for i in 0..10_000i64 {
+            c.apply(CounterOp::Add { key: format!("k{}", i % 7), delta: i });
+        }
+        assert!(c.wants_checkpoint());
+        let mut replay = Counters::default();
+        replay.apply(CounterOp::Add { key: "stale".into(), delta: 1 });
+        for r in c.checkpoint() {
+            replay.apply(CounterOp::decode(&r).unwrap());
+        }
+        assert_eq!(replay.sums, c.sums);
+        assert!(!replay.wants_checkpoint());
+    }
+
+    #[test]
+    fn sums_saturate() {
+        let mut c = Counters::default();
+        c.apply(CounterOp::Add { key: "k".into(), delta: i64::MAX });
+        c.apply(CounterOp::Add { key: "k".into(), delta: 1 });
+        assert_eq!(c.sums["k"], i64::MAX);
+    }
+}
