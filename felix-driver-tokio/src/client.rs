@@ -13,7 +13,9 @@ use felix_proto::client::{
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
 use felix_proto::io::{OpenToken, StreamId};
-use felix_proto::message::{CacheCondition, CursorErrorReason, StartPosition, StreamRecord, SubscribeCursorError};
+use felix_proto::message::{
+    CacheCondition, CursorErrorReason, RefusedReason, Routing, StartPosition, StreamRecord, SubscribeCursorError,
+};
 use felix_proto::negotiate::Negotiated;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -65,6 +67,15 @@ pub enum ClientError {
     /// `available` is the oldest retained offset (too old) or the tail (in the future).
     #[error("offset {} is {}: available {}", .0.requested, match .0.reason { CursorErrorReason::TooOld => "too old", CursorErrorReason::InFuture => "past the tail" }, .0.available)]
     Cursor(SubscribeCursorError),
+    /// An idempotent or conditional publish was refused with a typed reason; nothing was
+    /// written (`offset_mismatch` carries the tail to resume from).
+    #[error("publish refused ({reason:?}): {message}")]
+    PublishRefused {
+        /// Why.
+        reason: RefusedReason,
+        /// Prose.
+        message: String,
+    },
     /// The broker does not offer what the request needs.
     #[error("the broker does not support this: {0}")]
     Unsupported(String),
@@ -195,6 +206,14 @@ enum Cmd {
         delta: Option<i64>,
         reply: Reply<Option<i64>>,
     },
+    ProducerInit {
+        reply: Reply<u64>,
+    },
+    StreamShards {
+        ns: String,
+        stream: String,
+        reply: Reply<(u32, Routing)>,
+    },
     StreamRead {
         req: StreamReadRequest,
         reply: Reply<Page>,
@@ -299,6 +318,67 @@ impl Client {
 
     fn closed_error(&self) -> ClientError {
         ClientError::Closed(self.closed.borrow().clone().unwrap_or_else(|| "connection task ended".into()))
+    }
+
+    /// Publishes one batch of an idempotent producer (see [`crate::IdempotentProducer`], which
+    /// keeps the sequences and retries): appended once however often it is sent. Returns the
+    /// first record's offset (the original one for a duplicate) when the broker gives offsets.
+    ///
+    /// # Errors
+    /// [`ClientError::PublishRefused`] with the sequence's problem; the broker's error; a
+    /// closed connection (the outcome is then unknown: send again with the same sequence).
+    pub async fn publish_idempotent(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        key: Option<Bytes>,
+        producer_id: u64,
+        sequence: u64,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut req = PublishRequest::new(namespace, stream, payloads);
+        req.key = key;
+        req.ack = true;
+        req.idempotent = Some((producer_id, sequence));
+        self.call(|reply| Cmd::Publish { req, reply }).await
+    }
+
+    /// Appends a batch only if the shard's next offset is `expected_offset` (`publish_if`).
+    /// Returns the offset it landed at (when the broker gives offsets).
+    ///
+    /// # Errors
+    /// [`ClientError::PublishRefused`] with `offset_mismatch { tail }` when another write got
+    /// there first; [`ClientError::Unsupported`] without FEATURE_PUBLISH_CONDITIONAL.
+    pub async fn publish_if(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        key: Option<Bytes>,
+        expected_offset: u64,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut req = PublishRequest::new(namespace, stream, payloads);
+        req.key = key;
+        req.ack = true;
+        req.expected_offset = Some(expected_offset);
+        self.call(|reply| Cmd::Publish { req, reply }).await
+    }
+
+    /// A new producer id from the broker (FEATURE_IDEMPOTENT_PRODUCER).
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without the feature.
+    pub async fn producer_init(&self) -> Result<u64, ClientError> {
+        self.call(|reply| Cmd::ProducerInit { reply }).await
+    }
+
+    /// How many shards a stream has and how keys map to them.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_STREAM_SHARDS.
+    pub async fn stream_shards(&self, namespace: &str, stream: &str) -> Result<(u32, Routing), ClientError> {
+        let (ns, stream) = (namespace.to_owned(), stream.to_owned());
+        self.call(|reply| Cmd::StreamShards { ns, stream, reply }).await
     }
 
     /// Publishes a batch. With `ack`, waits for the broker and returns the first record's
@@ -602,6 +682,8 @@ enum CacheReply {
     Page(Reply<Page>),
     Offset(Reply<Option<u64>>),
     Counter(Reply<Option<i64>>),
+    Producer(Reply<u64>),
+    Shards(Reply<(u32, Routing)>),
 }
 
 impl CacheReply {
@@ -614,6 +696,8 @@ impl CacheReply {
             CacheReply::Page(r) => drop(r.send(Err(e))),
             CacheReply::Offset(r) => drop(r.send(Err(e))),
             CacheReply::Counter(r) => drop(r.send(Err(e))),
+            CacheReply::Producer(r) => drop(r.send(Err(e))),
+            CacheReply::Shards(r) => drop(r.send(Err(e))),
         }
     }
 }
@@ -752,6 +836,14 @@ impl Task {
                     None => self.machine.counter_get(ClientStream(0), &ns, &cache, &key),
                 };
                 self.await_cache(sent, CacheReply::Counter(reply));
+            }
+            Input::Cmd(Cmd::ProducerInit { reply }) => {
+                let sent = self.machine.producer_init(ClientStream(0));
+                self.await_cache(sent, CacheReply::Producer(reply));
+            }
+            Input::Cmd(Cmd::StreamShards { ns, stream, reply }) => {
+                let sent = self.machine.stream_shards(ClientStream(0), &ns, &stream);
+                self.await_cache(sent, CacheReply::Shards(reply));
             }
             Input::Cmd(Cmd::StreamRead { req, reply }) => {
                 let sent = self.machine.stream_read(ClientStream(0), req);
@@ -911,6 +1003,21 @@ impl Task {
             ClientEvent::StreamRecords { request_id, records, next_offset } => {
                 if let Some(CacheReply::Page(r)) = self.cache.remove(&request_id) {
                     let _ = r.send(Ok(Page { records, next_offset }));
+                }
+            }
+            ClientEvent::ProducerReady { request_id, producer_id } => {
+                if let Some(CacheReply::Producer(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok(producer_id));
+                }
+            }
+            ClientEvent::StreamShards { request_id, shards, routing } => {
+                if let Some(CacheReply::Shards(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok((shards, routing)));
+                }
+            }
+            ClientEvent::PublishRefused { id, reason, message } => {
+                if let Some(r) = self.publishes.remove(&id) {
+                    let _ = r.send(Err(ClientError::PublishRefused { reason, message }));
                 }
             }
             ClientEvent::CounterValue { request_id, value } => {

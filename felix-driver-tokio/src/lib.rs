@@ -7,11 +7,13 @@
 
 mod alpn;
 pub mod client;
+pub mod producer;
 pub mod server;
 pub mod storage;
 pub mod tls;
 
 pub use client::{Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem};
+pub use producer::{IdempotentProducer, RetryPolicy};
 pub use server::{Server, ServerError, ServerOptions, TransportTuning};
 pub use storage::FsyncPolicy;
 pub use tls::{Identity, Trust};

@@ -198,6 +198,15 @@ impl Server {
         let mut bcfg = opts.broker;
         // With a data directory, history beyond each shard's memory budget is read from disk.
         bcfg.history_reads = opts.data_dir.is_some();
+        // Randomness for the broker's choices (producer ids): the core gathers none itself.
+        bcfg.random_seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+            );
+            h.finish()
+        };
         let mut broker = Broker::new(bcfg, WallClock::new(now, unix));
 
         let mut repairs = Vec::new();

@@ -183,6 +183,7 @@ impl DiskStorage {
                     timestamp_micros: r.timestamp_micros,
                     generation_start: r.generation_start,
                     publisher: r.publisher.clone(),
+                    producer: r.producer,
                     records: r.records.clone(),
                 },
                 &mut buf,
@@ -458,6 +459,7 @@ mod tests {
             timestamp_micros: 5,
             publisher: None,
             generation_start: false,
+            producer: None,
             stream_shards: 1,
         }
     }

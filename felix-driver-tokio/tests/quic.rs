@@ -21,10 +21,18 @@ async fn start(data: Option<&Path>) -> (Server, Vec<CertificateDer<'static>>) {
 }
 
 async fn start_with(data: Option<&Path>, broker: BrokerConfig) -> (Server, Vec<CertificateDer<'static>>) {
+    start_at("127.0.0.1:0".parse().unwrap(), data, broker).await
+}
+
+async fn start_at(
+    listen: std::net::SocketAddr,
+    data: Option<&Path>,
+    broker: BrokerConfig,
+) -> (Server, Vec<CertificateDer<'static>>) {
     let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
     let chain = id.chain.clone();
     let opts = ServerOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen,
         broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..broker },
         identity: id,
         data_dir: data.map(Path::to_path_buf),
@@ -380,5 +388,49 @@ async fn counters_over_quic_survive_a_restart_and_need_storage() {
     let (server, chain) = start(None).await;
     let c = connect(&server, &chain).await;
     assert!(matches!(c.counter_add("default", "stats", "views", 1).await, Err(ClientError::Unsupported(_))));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idempotent_producer_appends_exactly_once_across_a_broker_restart() {
+    use felix_driver_tokio::IdempotentProducer;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, chain) = start(Some(dir.path())).await;
+    let addr = server.local_addr();
+    // The restarted test broker generates a new certificate: trust any for this test.
+    let _ = chain;
+    let opts = ClientOptions::new("t1", TOKEN, Trust::DangerAcceptAnyCertificate);
+    let mut p = IdempotentProducer::connect(addr, opts.clone(), "default", "idem").await.unwrap();
+    let mut offsets = Vec::new();
+    for i in 0..10 {
+        offsets.push(p.send(vec![Bytes::from(format!("b{i}"))], None).await.unwrap());
+    }
+    server.shutdown().await;
+    let (server, _) = start_at(addr, Some(dir.path()), BrokerConfig::default()).await;
+    // The connection is gone: the producer reconnects and resends under the same sequence.
+    for i in 10..15 {
+        offsets.push(p.send(vec![Bytes::from(format!("b{i}"))], None).await.unwrap());
+    }
+    assert!(p.reconnects() >= 1);
+    assert_eq!(offsets, (0..15).map(Some).collect::<Vec<_>>(), "every batch once, in order");
+    // A batch whose answer was lost, sent again: the original offset, nothing appended.
+    let c = Client::connect(addr, opts).await.unwrap();
+    let dup = c.publish_idempotent("default", "idem", vec![Bytes::from("b7")], None, p.producer_id(), 7).await;
+    assert_eq!(dup.unwrap(), Some(7));
+    let gap = c.publish_idempotent("default", "idem", vec![Bytes::from("x")], None, p.producer_id(), 99).await;
+    assert!(matches!(gap, Err(ClientError::PublishRefused { .. })), "{gap:?}");
+    let page = c.stream_read("default", "idem", 0, 0, None, None).await.unwrap();
+    assert_eq!(page.records.len(), 15);
+    // Conditional publish: the tail is 15.
+    assert_eq!(c.publish_if("default", "idem", vec![Bytes::from("c")], None, 15).await.unwrap(), Some(15));
+    match c.publish_if("default", "idem", vec![Bytes::from("d")], None, 15).await {
+        Err(ClientError::PublishRefused {
+            reason: felix_proto::message::RefusedReason::OffsetMismatch { tail },
+            ..
+        }) => {
+            assert_eq!(tail, 16)
+        }
+        other => panic!("{other:?}"),
+    }
     server.shutdown().await;
 }

@@ -131,6 +131,32 @@ pub enum ClientEvent {
         /// Why.
         error: ErrorInfo,
     },
+    /// An idempotent or conditional publish was refused with a typed reason; nothing was
+    /// written.
+    PublishRefused {
+        /// The publish.
+        id: PublishId,
+        /// Why (`sequence_gap`, `offset_mismatch`...).
+        reason: message::RefusedReason,
+        /// Prose.
+        message: String,
+    },
+    /// `stream_shards` answered.
+    StreamShards {
+        /// Request id.
+        request_id: u64,
+        /// Shards (0: the stream does not exist).
+        shards: u32,
+        /// How keys map to shards.
+        routing: message::Routing,
+    },
+    /// `producer_init` answered.
+    ProducerReady {
+        /// Request id.
+        request_id: u64,
+        /// The producer id the broker chose.
+        producer_id: u64,
+    },
     /// A stream whose publish window was full has room again.
     PublishWindowOpen {
         /// The stream.
@@ -322,6 +348,12 @@ pub struct PublishRequest {
     pub ack: bool,
     /// Force the JSON encoding.
     pub json: bool,
+    /// An idempotent producer's `(producer_id, sequence)` (FEATURE_IDEMPOTENT_PRODUCER). The
+    /// batch is always acked; a refusal comes as `PublishRefused`.
+    pub idempotent: Option<(u64, u64)>,
+    /// `publish_if` (FEATURE_PUBLISH_CONDITIONAL): append only if the shard's next offset is
+    /// this. Always acked; a mismatch comes as `PublishRefused` with the tail.
+    pub expected_offset: Option<u64>,
 }
 
 impl PublishRequest {
@@ -335,6 +367,8 @@ impl PublishRequest {
             shard: None,
             ack: false,
             json: false,
+            idempotent: None,
+            expected_offset: None,
         }
     }
     /// Asks for an acknowledgement.
@@ -563,6 +597,14 @@ impl ClientConnection {
         if req.shard.is_some() && !neg.broker_has(Features::EXPLICIT_SHARD) {
             return Err(CommandError::NotNegotiated("FEATURE_EXPLICIT_SHARD"));
         }
+        if req.idempotent.is_some() && !neg.broker_has(Features::IDEMPOTENT_PRODUCER) {
+            return Err(CommandError::NotNegotiated("FEATURE_IDEMPOTENT_PRODUCER"));
+        }
+        if req.expected_offset.is_some() && !neg.broker_has(Features::PUBLISH_CONDITIONAL) {
+            return Err(CommandError::NotNegotiated("FEATURE_PUBLISH_CONDITIONAL"));
+        }
+        let mut req = req;
+        req.ack |= req.idempotent.is_some() || req.expected_offset.is_some();
         if req.ack
             && let Some(w) = neg.publish_window
         {
@@ -575,12 +617,16 @@ impl ClientConnection {
         let request_id = self.next_request;
         let binary = !req.json
             && req.shard.is_none()
+            && req.expected_offset.is_none()
             && (req.key.is_none() || neg.may_send(Flags::BINARY_PUBLISH_KEYED))
-            && (!req.ack || neg.may_send(Flags::BINARY_PUBLISH_ACKED));
+            && (!req.ack || neg.may_send(Flags::BINARY_PUBLISH_ACKED))
+            && (req.idempotent.is_none() || neg.may_send(Flags::BINARY_PUBLISH_IDEMPOTENT));
         let data = if binary {
             let b = PublishBatch {
                 acked: req.ack.then_some(AckedPrefix { request_id, ack_mode: AckMode::PerBatch }),
-                idempotent: None,
+                idempotent: req
+                    .idempotent
+                    .map(|(producer_id, sequence)| crate::binary::IdempotentPrefix { producer_id, sequence }),
                 key: req.key.clone(),
                 tenant_id: self.cfg.tenant_id.clone(),
                 namespace: req.namespace.clone(),
@@ -590,6 +636,30 @@ impl ClientConnection {
             let mut out = BytesMut::with_capacity(b.encoded_payload_len() + 12);
             b.encode(&mut out).map_err(|e| CommandError::Encode(e.to_string()))?;
             out.freeze()
+        } else if let Some((producer_id, sequence)) = req.idempotent {
+            frame_of(&Message::PublishIdempotent(message::PublishIdempotent {
+                tenant_id: self.cfg.tenant_id.clone(),
+                namespace: req.namespace.clone(),
+                stream: req.stream.clone(),
+                payloads: req.payloads.iter().cloned().map(B64).collect(),
+                key: req.key.clone().map(B64),
+                request_id,
+                producer_id,
+                sequence,
+                publish_width: None,
+            }))?
+        } else if let Some(expected_offset) = req.expected_offset {
+            frame_of(&Message::PublishIf(message::PublishIf {
+                tenant_id: self.cfg.tenant_id.clone(),
+                namespace: req.namespace.clone(),
+                stream: req.stream.clone(),
+                payloads: req.payloads.iter().cloned().map(B64).collect(),
+                key: req.key.clone().map(B64),
+                expected_offset,
+                shard: req.shard,
+                request_id,
+                publish_width: None,
+            }))?
         } else {
             let m = Message::PublishBatch(message::PublishBatchMsg {
                 tenant_id: self.cfg.tenant_id.clone(),
@@ -769,6 +839,34 @@ impl ClientConnection {
                 namespace: namespace.into(),
                 cache: cache.into(),
                 key: key.into(),
+                request_id,
+            })
+        })
+    }
+
+    /// Asks the broker for a producer id (FEATURE_IDEMPOTENT_PRODUCER). Answered by
+    /// `ProducerReady`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn producer_init(&mut self, stream: ClientStream) -> Result<u64, CommandError> {
+        self.require(stream, Features::IDEMPOTENT_PRODUCER, "FEATURE_IDEMPOTENT_PRODUCER")?;
+        self.cache_request(stream, |request_id| Message::ProducerInit(message::ProducerInit { request_id }))
+    }
+
+    /// Asks how many shards a stream has and how keys map to them (FEATURE_STREAM_SHARDS).
+    /// Answered by `StreamShards`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn stream_shards(&mut self, stream: ClientStream, namespace: &str, name: &str) -> Result<u64, CommandError> {
+        self.require(stream, Features::STREAM_SHARDS, "FEATURE_STREAM_SHARDS")?;
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.cache_request(stream, |request_id| {
+            Message::StreamShards(message::StreamShards {
+                tenant_id,
+                namespace: namespace.into(),
+                stream: name.into(),
                 request_id,
             })
         })
@@ -1063,6 +1161,24 @@ impl ClientConnection {
                 if let Some(id) = self.publish_done(p.request_id) {
                     self.events.push_back(ClientEvent::PublishAcked { id, offset: p.offset, owner: None });
                 }
+            }
+            Message::PublishRefused(p) => {
+                if let Some(id) = self.publish_done(p.request_id) {
+                    self.events.push_back(ClientEvent::PublishRefused { id, reason: p.reason, message: p.message });
+                }
+            }
+            Message::StreamShardsView(v) => {
+                self.settle_request(idx, Some(v.request_id));
+                self.events.push_back(ClientEvent::StreamShards {
+                    request_id: v.request_id,
+                    shards: v.shards,
+                    routing: v.routing.unwrap_or(message::Routing::Modulo),
+                });
+            }
+            Message::ProducerInitOk(p) => {
+                self.settle_request(idx, Some(p.request_id));
+                self.events
+                    .push_back(ClientEvent::ProducerReady { request_id: p.request_id, producer_id: p.producer_id });
             }
             Message::PublishError(p) => {
                 if let Some(id) = self.publish_done(p.request_id) {

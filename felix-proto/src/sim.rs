@@ -251,6 +251,7 @@ impl Sim {
                     timestamp_micros: w.timestamp_micros,
                     generation_start: w.generation_start,
                     publisher: w.publisher.clone(),
+                    producer: w.producer,
                     records: w.records.clone(),
                 },
             );
@@ -489,6 +490,7 @@ impl Sim {
                         timestamp_micros: w.timestamp_micros,
                         generation_start: w.generation_start,
                         publisher: w.publisher.clone(),
+                        producer: w.producer,
                         records: w.records.clone(),
                     });
                 }

@@ -11,8 +11,9 @@
 //! body:
 //!   u64 base_offset
 //!   u64 timestamp_micros
-//!   u8  flags           bit 0: generation-start record
+//!   u8  flags           bit 0: generation-start record; bit 1: idempotent producer
 //!   u8  publisher_len, publisher
+//!   [u64 producer_id, u64 sequence]   only with flags bit 1
 //!   u32 count
 //!   count × (u32 payload_len, payload)
 //! ```
@@ -26,8 +27,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const BATCH_MAGIC: u32 = 0x464C_5842;
 /// Bytes before a batch's body.
 pub const BATCH_HEADER_LEN: usize = 12;
-/// Batch flag bits this version knows: bit 0, generation-start record.
-const BATCH_FLAGS_KNOWN: u8 = 0x01;
+/// Batch flag bits this version knows: bit 0, generation-start record; bit 1, the batch carries
+/// its idempotent producer's id and sequence.
+const BATCH_FLAGS_KNOWN: u8 = 0x03;
+const FLAG_GENERATION_START: u8 = 0x01;
+const FLAG_PRODUCER: u8 = 0x02;
 /// The largest body a reader accepts (a defence against a corrupt length).
 pub const MAX_BATCH_BODY: usize = 256 << 20;
 
@@ -69,6 +73,8 @@ pub struct StoredBatch {
     pub generation_start: bool,
     /// The publishing principal.
     pub publisher: Option<Bytes>,
+    /// The idempotent producer that wrote it: `(producer_id, sequence)`.
+    pub producer: Option<(u64, u64)>,
     /// The records.
     pub records: Records,
 }
@@ -84,7 +90,8 @@ impl StoredBatch {
 pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     let publisher = b.publisher.as_deref().unwrap_or(&[]);
     let publisher = &publisher[..publisher.len().min(255)];
-    let body_len = 8 + 8 + 1 + 1 + publisher.len() + 4 + b.records.raw().len();
+    let producer_len = if b.producer.is_some() { 16 } else { 0 };
+    let body_len = 8 + 8 + 1 + 1 + publisher.len() + producer_len + 4 + b.records.raw().len();
     dst.reserve(BATCH_HEADER_LEN + body_len);
     dst.put_u32(BATCH_MAGIC);
     dst.put_u32(body_len as u32);
@@ -93,9 +100,20 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     let body_at = dst.len();
     dst.put_u64(b.base_offset);
     dst.put_u64(b.timestamp_micros);
-    dst.put_u8(u8::from(b.generation_start));
+    let mut flags = 0;
+    if b.generation_start {
+        flags |= FLAG_GENERATION_START;
+    }
+    if b.producer.is_some() {
+        flags |= FLAG_PRODUCER;
+    }
+    dst.put_u8(flags);
     dst.put_u8(publisher.len() as u8);
     dst.extend_from_slice(publisher);
+    if let Some((id, seq)) = b.producer {
+        dst.put_u64(id);
+        dst.put_u64(seq);
+    }
     dst.put_u32(b.records.count());
     dst.extend_from_slice(b.records.raw());
     let crc = crc32c(&dst[body_at..]);
@@ -234,13 +252,15 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     let flags = r.u8("flags")?;
     let plen = r.u8("publisher_len")? as usize;
     let publisher = r.bytes(plen, "publisher")?;
+    let producer = if flags & FLAG_PRODUCER != 0 { Some((r.u64("producer_id")?, r.u64("sequence")?)) } else { None };
     let records = Records::decode(&mut r, false)?;
     r.finish()?;
     Ok(StoredBatch {
         base_offset,
         timestamp_micros,
-        generation_start: flags & 1 != 0,
+        generation_start: flags & FLAG_GENERATION_START != 0,
         publisher: (!publisher.is_empty()).then_some(publisher),
+        producer,
         records,
     })
 }
@@ -309,8 +329,22 @@ mod tests {
             timestamp_micros: 42,
             generation_start: false,
             publisher: Some(Bytes::from_static(b"alice")),
+            producer: None,
             records: Records::from_payloads(payloads.iter().map(|p| p.as_bytes())).unwrap(),
         }
+    }
+
+    #[test]
+    fn producer_id_and_sequence_round_trip() {
+        let mut b = batch(7, &["x", "yy"]);
+        b.producer = Some((0xDEAD_BEEF_0000_0001, 41));
+        let mut buf = BytesMut::new();
+        encode_batch(&b, &mut buf);
+        encode_batch(&batch(9, &["z"]), &mut buf);
+        let r = decode_segment(buf.freeze());
+        assert_eq!(r.problem, None);
+        assert_eq!(r.batches[0], b);
+        assert_eq!(r.batches[1].producer, None);
     }
 
     #[test]

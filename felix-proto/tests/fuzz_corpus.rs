@@ -47,6 +47,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                     timestamp_micros: 7,
                     generation_start: false,
                     publisher: Some(bytes::Bytes::from_static(b"seed")),
+                    producer: None,
                     records,
                 },
                 &mut seg,

@@ -119,6 +119,9 @@ pub struct BrokerConfig {
     pub max_records_per_read: u32,
     /// Most payload bytes one `stream_read` page returns (a single larger record still comes).
     pub max_read_bytes: u64,
+    /// Seed of the broker's random choices (producer ids). The driver passes real randomness;
+    /// this crate never gathers any itself.
+    pub random_seed: u64,
 }
 
 impl Default for BrokerConfig {
@@ -143,6 +146,7 @@ impl Default for BrokerConfig {
             max_pending_write_bytes: 32 << 20,
             max_records_per_read: 1000,
             max_read_bytes: 4 << 20,
+            random_seed: 0,
         }
     }
 }
@@ -170,7 +174,10 @@ impl BrokerConfig {
             | Features::EXPLICIT_SHARD
             | Features::CACHE_CONDITIONAL
             | Features::STREAM_READ
-            | Features::RECORD_TIMESTAMPS;
+            | Features::RECORD_TIMESTAMPS
+            | Features::IDEMPOTENT_PRODUCER
+            | Features::SEQUENCE_REUSED
+            | Features::PUBLISH_CONDITIONAL;
         if self.history_reads {
             // Counters must survive a restart: only a broker with storage offers them.
             f |= Features::COUNTERS;

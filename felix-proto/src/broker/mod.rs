@@ -32,6 +32,7 @@ mod cache;
 pub mod config;
 mod history;
 mod log;
+mod producer;
 mod syslog;
 
 pub use auth::{Action, Grant, TokenGrant};
@@ -161,6 +162,9 @@ pub struct PersistRequest {
     pub publisher: Option<Bytes>,
     /// A generation-start record (one offset, never delivered).
     pub generation_start: bool,
+    /// The idempotent producer that wrote it: `(producer_id, sequence)`, kept with the batch so
+    /// producer state survives a restart.
+    pub producer: Option<(u64, u64)>,
     /// How many shards the stream has (for the storage layer's metadata).
     pub stream_shards: u32,
 }
@@ -233,6 +237,8 @@ struct Shard {
     moved: Option<Moved>,
     /// Streams paused because this shard's writes backed up.
     paused: Vec<(ConnId, StreamId)>,
+    /// Idempotent producers' sequences on this shard.
+    producers: producer::Producers,
 }
 
 #[derive(Debug)]
@@ -352,6 +358,9 @@ struct Conn {
 enum Reply {
     None,
     Json(u64),
+    /// JSON, and a refusal with a typed reason is `publish_refused` (idempotent and
+    /// conditional publishes).
+    Refusable(u64),
     Binary(u64),
 }
 
@@ -371,6 +380,8 @@ struct WriteCtx {
     waiters: Vec<Waiter>,
     /// A system-log write: what to do once it settles.
     sys: Option<syslog::SysPending>,
+    /// An idempotent batch's `(producer_id, sequence)`.
+    producer: Option<(u64, u64)>,
 }
 
 /// A refusal, with everything needed to word it for any client.
@@ -382,12 +393,19 @@ struct Refusal {
     detail: Option<ErrorDetail>,
     /// Ends the request stream after the answer.
     close_stream: bool,
+    /// For requests answered with `publish_refused` (idempotent and conditional publishes): the
+    /// typed reason.
+    refused: Option<Box<message::RefusedReason>>,
 }
 
 impl Refusal {
     fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
         let retry = code.default_retry();
-        Refusal { code, retry, message: message.into(), detail: None, close_stream: false }
+        Refusal { code, retry, message: message.into(), detail: None, close_stream: false, refused: None }
+    }
+    fn with_reason(mut self, reason: message::RefusedReason) -> Refusal {
+        self.refused = Some(Box::new(reason));
+        self
     }
     fn closing(mut self) -> Refusal {
         self.close_stream = true;
@@ -417,6 +435,8 @@ pub struct Broker {
     next_read: u64,
     /// Counters by cache, folded from their system logs.
     counters: HashMap<Key, syslog::Counters>,
+    /// State of the random sequence (splitmix64), seeded from the configuration.
+    rng: u64,
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -456,7 +476,9 @@ impl Broker {
             reads: HashMap::new(),
             next_read: 1,
             counters: HashMap::new(),
+            rng: 0,
         };
+        b.rng = b.cfg.random_seed;
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
         }
@@ -554,6 +576,9 @@ impl Broker {
             for (i, shard) in entry.shards.iter_mut().enumerate() {
                 let before = shard.log.start();
                 let after = shard.log.enforce_retention(now);
+                if after > before {
+                    shard.producers.retain_from(after);
+                }
                 if entry.config.durable && after > before {
                     self.out.push_back(BrokerOutput::Truncate {
                         tenant_id: k.0.clone(),
@@ -801,7 +826,16 @@ impl Broker {
     fn publish_answer(offer: &ClientOffer, reply: Reply, result: Result<Option<u64>, &Refusal>) -> Option<Bytes> {
         match reply {
             Reply::None => None,
-            Reply::Json(request_id) => {
+            Reply::Refusable(request_id) if result.is_err_and(|r| r.refused.is_some()) => {
+                let r = result.err()?;
+                let reason = *r.refused.clone()?;
+                Some(json_frame(&Message::PublishRefused(message::PublishRefused {
+                    request_id,
+                    reason,
+                    message: r.message.clone(),
+                })))
+            }
+            Reply::Json(request_id) | Reply::Refusable(request_id) => {
                 let m = match result {
                     Ok(offset) => Message::PublishOk(message::PublishOk {
                         request_id,
@@ -1104,6 +1138,41 @@ impl Broker {
             Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
             Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
             Message::StreamRead(r) => self.stream_read(conn, st, r),
+            Message::ProducerInit(p) => {
+                let producer_id = self.random();
+                let m = Message::ProducerInitOk(message::ProducerInitOk { request_id: p.request_id, producer_id });
+                self.send(conn, st, json_frame(&m));
+            }
+            Message::PublishIdempotent(p) => {
+                self.stats.publishes_json += 1;
+                let req = PublishReq {
+                    tenant_id: p.tenant_id,
+                    namespace: p.namespace,
+                    stream: p.stream,
+                    key: p.key.map(|k| k.0),
+                    shard: None,
+                    width: p.publish_width,
+                    records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
+                    idempotent: Some((p.producer_id, p.sequence)),
+                    expected_offset: None,
+                };
+                self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
+            }
+            Message::PublishIf(p) => {
+                self.stats.publishes_json += 1;
+                let req = PublishReq {
+                    tenant_id: p.tenant_id,
+                    namespace: p.namespace,
+                    stream: p.stream,
+                    key: p.key.map(|k| k.0),
+                    shard: p.shard,
+                    width: p.publish_width,
+                    records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
+                    idempotent: None,
+                    expected_offset: Some(p.expected_offset),
+                };
+                self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
+            }
             Message::CounterAdd(a) if self.server_features.contains(Features::COUNTERS) => {
                 self.counter_add(conn, st, a, now)
             }
@@ -1148,6 +1217,15 @@ impl Broker {
         }
     }
 
+    /// The next number of the broker's random sequence (splitmix64 over the configured seed).
+    fn random(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Streams and permissions
 
@@ -1159,7 +1237,7 @@ impl Broker {
                 .map(|_| {
                     let mut log = ShardLog::new(config.durable, config.retention);
                     log.set_memory_budget(budget);
-                    Shard { log, subs: Vec::new(), moved: None, paused: Vec::new() }
+                    Shard { log, subs: Vec::new(), moved: None, paused: Vec::new(), producers: Default::default() }
                 })
                 .collect(),
             config,
@@ -1230,6 +1308,8 @@ impl Broker {
             width: p.publish_width,
             // Payloads come from a frame no larger than the frame limit, so they always fit.
             records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
+            idempotent: None,
+            expected_offset: None,
         };
         self.publish(conn, st, req, reply, now);
     }
@@ -1237,17 +1317,11 @@ impl Broker {
     fn handle_binary_publish(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
         self.stats.publishes_binary += 1;
         let reply = match PublishBatch::peek_request_id(frame.flags, &frame.payload) {
-            Some(id) if frame.flags.contains(Flags::BINARY_PUBLISH_IDEMPOTENT) => Reply::Json(id),
+            Some(id) if frame.flags.contains(Flags::BINARY_PUBLISH_IDEMPOTENT) => Reply::Refusable(id),
             Some(id) => Reply::Binary(id),
             None => Reply::None,
         };
         match PublishBatch::decode(frame.flags, frame.payload) {
-            Ok(b) if b.idempotent.is_some() => {
-                // Idempotent producers are not served by this broker (the feature is not
-                // advertised); answer as the request type it stands for.
-                let r = Refusal::new(ErrorCode::InvalidRequest, "idempotent publishing is not supported");
-                self.answer_now(conn, st, reply, Err(&r));
-            }
             Ok(b) => {
                 let width = b.key.as_ref().and_then(|_| {
                     st.session.as_ref().and_then(|s| s.widths.get(&key(&b.tenant_id, &b.namespace, &b.stream)).copied())
@@ -1260,6 +1334,8 @@ impl Broker {
                     shard: None,
                     width,
                     records: b.records,
+                    idempotent: b.idempotent.map(|i| (i.producer_id, i.sequence)),
+                    expected_offset: None,
                 };
                 self.publish(conn, st, req, reply, now);
             }
@@ -1299,14 +1375,23 @@ impl Broker {
         let sess = st.session.as_ref().expect("route checked the session");
         let offer = sess.offer;
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
-        let ack_on_commit = sess.ack_on_commit;
+        // Idempotent and conditional batches are answered after the write, with the offset.
+        let ack_on_commit = sess.ack_on_commit || req.idempotent.is_some() || req.expected_offset.is_some();
+        let k = key(&req.tenant_id, &req.namespace, &req.stream);
+        let digest = req.idempotent.map(|_| producer::digest(req.records.raw()));
+        if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
+            return verdict;
+        }
         let count = u64::from(req.records.count());
         self.stats.records_appended += count;
         let ts = self.wall.micros(now);
-        let k = key(&req.tenant_id, &req.namespace, &req.stream);
         if !durable {
             let entry = self.streams.get_mut(&k).expect("routed stream exists");
-            let (_, batch) = entry.shards[shard as usize].log.append(req.records, ts, publisher, now, None);
+            let sh = &mut entry.shards[shard as usize];
+            let (base, batch) = sh.log.append(req.records, ts, publisher, now, None);
+            if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
+                sh.producers.appended(pid, seq, d, base, base + count, None);
+            }
             if let Some(b) = batch {
                 self.fanout(&k, shard, b);
             }
@@ -1317,7 +1402,11 @@ impl Broker {
         let entry = self.streams.get_mut(&k).expect("routed stream exists");
         let entry_shards = entry.shards.len() as u32;
         let records = req.records.clone();
-        let (base, _) = entry.shards[shard as usize].log.append(req.records, ts, publisher.clone(), now, Some(token));
+        let sh = &mut entry.shards[shard as usize];
+        let (base, _) = sh.log.append(req.records, ts, publisher.clone(), now, Some(token));
+        if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
+            sh.producers.appended(pid, seq, d, base, base + count, Some(token));
+        }
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
             tenant_id: req.tenant_id,
@@ -1329,6 +1418,7 @@ impl Broker {
             timestamp_micros: ts,
             publisher,
             generation_start: false,
+            producer: req.idempotent,
             stream_shards: entry_shards,
         }));
         // Backpressure when storage falls behind: stop reading this stream until it catches up.
@@ -1341,7 +1431,7 @@ impl Broker {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
             }
         }
-        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new(), sys: None };
+        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: req.idempotent };
         if !matches!(reply, Reply::None) {
             let seq = self.owe(conn, st, reply);
             if ack_on_commit {
@@ -1353,6 +1443,78 @@ impl Broker {
             }
         }
         self.writes.insert(token, ctx);
+    }
+
+    /// The checks of an idempotent or conditional publish, made where offsets are assigned.
+    /// Returns `Some(())` when the batch was answered here (a duplicate, or a refusal) and must
+    /// not be appended.
+    #[allow(clippy::too_many_arguments)] // the publish's parts, already taken apart by the caller
+    fn precheck(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        k: &Key,
+        shard: u32,
+        durable: bool,
+        req: &PublishReq,
+        digest: Option<u64>,
+        reply: Reply,
+    ) -> Option<()> {
+        use message::RefusedReason as Why;
+        if req.idempotent.is_none() && req.expected_offset.is_none() {
+            return None;
+        }
+        let offer = Self::features_of(st);
+        let sh = &self.streams.get(k)?.shards[shard as usize];
+        if let Some(expected) = req.expected_offset {
+            let tail = sh.log.next_offset();
+            let refusal = if !durable {
+                Some(Refusal::new(ErrorCode::InvalidRequest, "publish_if needs a stream with a log (durable)"))
+            } else if req.records.is_empty() {
+                Some(Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records"))
+            } else if expected != tail {
+                Some(
+                    Refusal::new(ErrorCode::InvalidRequest, format!("expected offset {expected}, the tail is {tail}"))
+                        .with_reason(Why::OffsetMismatch { tail }),
+                )
+            } else {
+                None
+            };
+            let r = refusal?;
+            self.answer_now(conn, st, reply, Err(&r));
+            return Some(());
+        }
+        let ((pid, seq), digest) = (req.idempotent?, digest?);
+        let refuse = |why: Why, msg: String| Err(Refusal::new(ErrorCode::InvalidRequest, msg).with_reason(why));
+        let answer: Result<Option<u64>, Refusal> = match sh.producers.check(pid, seq, digest) {
+            producer::Verdict::Append => return None,
+            producer::Verdict::Duplicate { pending: Some(token), .. } if self.writes.contains_key(&token) => {
+                // The first copy is still on its way to storage: this one gets the same answer,
+                // at the same time.
+                let seq_slot = self.owe(conn, st, reply);
+                if let Some(ctx) = self.writes.get_mut(&token) {
+                    ctx.waiters.push(Waiter { conn, stream: st.id, seq: seq_slot, reply, offer });
+                }
+                return Some(());
+            }
+            producer::Verdict::Duplicate { base, .. } => Ok(durable.then_some(base)),
+            producer::Verdict::Reused if offer.has(Features::SEQUENCE_REUSED) => {
+                refuse(Why::SequenceReused, format!("sequence {seq} was used for a different batch"))
+            }
+            // A client that cannot read `sequence_reused` is told ok, and nothing is written.
+            producer::Verdict::Reused => Ok(None),
+            producer::Verdict::Expired => {
+                refuse(Why::SequenceExpired, format!("sequence {seq} is older than the remembered window"))
+            }
+            producer::Verdict::Gap { expected } => {
+                refuse(Why::SequenceGap { expected }, format!("sequence {seq}, expected {expected}"))
+            }
+            producer::Verdict::Unknown => {
+                refuse(Why::UnknownProducer, format!("unknown producer {pid} (sequence {seq} is not 0)"))
+            }
+        };
+        self.answer_now(conn, st, reply, answer.as_ref().map(|o| *o));
+        Some(())
     }
 
     /// Picks the shard of a publish: permission, stream, explicit shard, key hash, width check.
@@ -1378,7 +1540,11 @@ impl Broker {
             None => shard_for_key(req.key.as_deref(), shards, entry.config.routing),
         };
         if let Some(m) = &entry.shards[shard as usize].moved {
-            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id));
+            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id))
+                .with_reason(message::RefusedReason::NotLeader(message::LeaderHint {
+                    node_id: m.node_id.clone(),
+                    addr: m.addr.clone(),
+                }));
             r.retry = RetryClass::Redirect;
             return Err(r);
         }
@@ -1417,6 +1583,9 @@ impl Broker {
         }
         for (tok, base) in settled.done {
             if let Some(ctx) = self.writes.remove(&tok) {
+                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
+                    e.shards[shard as usize].producers.settled(pid, seq, true);
+                }
                 for w in ctx.waiters {
                     self.finish_waiter(w, Ok(Some(base)), now);
                 }
@@ -1424,6 +1593,9 @@ impl Broker {
         }
         for (tok, _, _) in settled.failed {
             if let Some(ctx) = self.writes.remove(&tok) {
+                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
+                    e.shards[shard as usize].producers.settled(pid, seq, false);
+                }
                 let r = Refusal::new(ErrorCode::Storage, "the write failed; nothing was stored");
                 let mut r = r;
                 r.retry = RetryClass::Retry;
@@ -1497,9 +1669,10 @@ impl Broker {
             timestamp_micros: self.wall.micros(now),
             publisher: None,
             generation_start: true,
+            producer: None,
             stream_shards,
         }));
-        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None });
+        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: None });
         Some(base)
     }
 
@@ -1887,6 +2060,10 @@ impl Broker {
         }
         let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         for b in batches {
+            if let Some((pid, seq)) = b.producer {
+                let end = b.base_offset + b.count();
+                s.producers.appended(pid, seq, producer::digest(b.records.raw()), b.base_offset, end, None);
+            }
             s.log.restore(b, now);
         }
         self.enforce_retention(Some(&k), now);
@@ -2094,4 +2271,8 @@ struct PublishReq {
     shard: Option<u32>,
     width: Option<u32>,
     records: Records,
+    /// An idempotent producer's `(producer_id, sequence)`.
+    idempotent: Option<(u64, u64)>,
+    /// `publish_if`: append only at this offset.
+    expected_offset: Option<u64>,
 }

@@ -200,9 +200,13 @@ impl Broker {
             timestamp_micros: ts,
             publisher: None,
             generation_start: false,
+            producer: None,
             stream_shards: 1,
         }));
-        self.writes.insert(token, WriteCtx { key: k.clone(), shard: 0, waiters: Vec::new(), sys: Some(pending) });
+        self.writes.insert(
+            token,
+            WriteCtx { key: k.clone(), shard: 0, waiters: Vec::new(), sys: Some(pending), producer: None },
+        );
         token
     }
 
