@@ -141,6 +141,13 @@ pub enum ClientEvent {
         /// Prose.
         message: String,
     },
+    /// A request sent with [`ClientConnection::request`] answered (consumer-group answers).
+    Answer {
+        /// Request id.
+        request_id: u64,
+        /// The answer.
+        message: Box<Message>,
+    },
     /// `stream_shards` answered.
     StreamShards {
         /// Request id.
@@ -872,6 +879,24 @@ impl ClientConnection {
         })
     }
 
+    /// Sends any request that carries a `request_id` (consumer groups and the rest of the
+    /// catalogue), built around the id this returns. Its answer comes as `Answer` (or
+    /// `CacheOk`, or `RequestFailed`). `needs` names the feature the broker must offer.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without `needs`.
+    pub fn request(
+        &mut self,
+        stream: ClientStream,
+        needs: Option<(Features, &'static str)>,
+        build: impl FnOnce(u64) -> Message,
+    ) -> Result<u64, CommandError> {
+        if let Some((f, name)) = needs {
+            self.require(stream, f, name)?;
+        }
+        self.cache_request(stream, build)
+    }
+
     /// The request an answer with `request_id` settles (removed from the order), or the oldest
     /// request when the answer carries no id.
     fn settle_request(&mut self, idx: usize, request_id: Option<u64>) -> Option<u64> {
@@ -1174,6 +1199,16 @@ impl ClientConnection {
                     shards: v.shards,
                     routing: v.routing.unwrap_or(message::Routing::Modulo),
                 });
+            }
+            Message::GroupRecords(_)
+            | Message::GroupExtended(_)
+            | Message::GroupDeadLetterList(_)
+            | Message::GroupPosition(_)
+            | Message::GroupInfo(_)
+            | Message::GroupDeleted(_) => {
+                let Some(request_id) = m.request_id() else { return };
+                self.settle_request(idx, Some(request_id));
+                self.events.push_back(ClientEvent::Answer { request_id, message: Box::new(m) });
             }
             Message::ProducerInitOk(p) => {
                 self.settle_request(idx, Some(p.request_id));

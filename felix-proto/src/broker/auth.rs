@@ -16,12 +16,23 @@ pub enum Action {
     CacheWrite,
     /// Operator actions.
     Admin,
+    /// Consume through a consumer group: poll, ack, nack, extend, dead-letter, describe.
+    GroupConsume,
+    /// Manage a consumer group: seek and delete.
+    GroupManage,
 }
 
 impl Action {
     /// Every action.
-    pub const ALL: [Action; 5] =
-        [Action::Publish, Action::Subscribe, Action::CacheRead, Action::CacheWrite, Action::Admin];
+    pub const ALL: [Action; 7] = [
+        Action::Publish,
+        Action::Subscribe,
+        Action::CacheRead,
+        Action::CacheWrite,
+        Action::Admin,
+        Action::GroupConsume,
+        Action::GroupManage,
+    ];
 
     /// The configuration spelling.
     pub fn name(self) -> &'static str {
@@ -31,6 +42,8 @@ impl Action {
             Action::CacheRead => "cache_read",
             Action::CacheWrite => "cache_write",
             Action::Admin => "admin",
+            Action::GroupConsume => "group_consume",
+            Action::GroupManage => "group_manage",
         }
     }
 

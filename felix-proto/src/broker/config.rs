@@ -119,6 +119,8 @@ pub struct BrokerConfig {
     pub max_records_per_read: u32,
     /// Most payload bytes one `stream_read` page returns (a single larger record still comes).
     pub max_read_bytes: u64,
+    /// Consumer-group limits.
+    pub group_limits: super::group::GroupLimits,
     /// Seed of the broker's random choices (producer ids). The driver passes real randomness;
     /// this crate never gathers any itself.
     pub random_seed: u64,
@@ -147,6 +149,7 @@ impl Default for BrokerConfig {
             max_records_per_read: 1000,
             max_read_bytes: 4 << 20,
             random_seed: 0,
+            group_limits: super::group::GroupLimits::default(),
         }
     }
 }
@@ -179,8 +182,16 @@ impl BrokerConfig {
             | Features::SEQUENCE_REUSED
             | Features::PUBLISH_CONDITIONAL;
         if self.history_reads {
-            // Counters must survive a restart: only a broker with storage offers them.
-            f |= Features::COUNTERS;
+            // Counters and group positions must survive a restart: only a broker with storage
+            // offers them.
+            f |= Features::COUNTERS
+                | Features::CONSUMER_GROUP
+                | Features::GROUP_DEAD_LETTERS
+                | Features::GROUP_CLAIM_CONTROL
+                | Features::GROUP_CONSUMER
+                | Features::GROUP_ADMIN
+                | Features::GROUP_SKIPPED
+                | Features::GROUP_PUBLISHER;
         }
         if self.publish_window > 0 {
             f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;

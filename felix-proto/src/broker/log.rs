@@ -420,6 +420,40 @@ impl ShardLog {
         }
     }
 
+    /// What offset `o` (below the committed tail) holds: a record, or something a reader steps
+    /// over up to `end` (a generation-start record, offsets a failed write left empty, history
+    /// retention removed).
+    pub fn slot(&self, o: u64) -> Slot {
+        if o < self.start {
+            return Slot::Skip { end: self.start };
+        }
+        let i = self.evicted.partition_point(|b| b.end <= o);
+        if let Some(b) = self.evicted.get(i) {
+            return if b.base > o {
+                Slot::Skip { end: b.base }
+            } else if b.generation_start {
+                Slot::Skip { end: b.end }
+            } else {
+                Slot::Record
+            };
+        }
+        let i = self.committed.partition_point(|b| b.end() <= o);
+        match self.committed.get(i) {
+            Some(b) if b.base > o => Slot::Skip { end: b.base },
+            Some(b) if b.generation_start => Slot::Skip { end: b.end() },
+            Some(_) => Slot::Record,
+            None => Slot::Skip { end: self.committed_tail().max(o + 1) },
+        }
+    }
+
+    /// The record at `o` if it is held in memory: `(payload, publisher, append time)`.
+    pub fn record_at(&self, o: u64) -> Option<(Bytes, Option<Bytes>, u64)> {
+        let i = self.committed.partition_point(|b| b.end() <= o);
+        let b = self.committed.get(i).filter(|b| b.base <= o && !b.generation_start)?;
+        let payload = b.records.payloads().nth(usize::try_from(o - b.base).ok()?)?;
+        Some((payload, b.publisher.clone(), b.timestamp_micros))
+    }
+
     /// Drops every committed batch below `start` (a system log truncated under a checkpoint).
     pub fn truncate_before(&mut self, start: u64) {
         while self.evicted.front().is_some_and(|b| b.end <= start) {
@@ -471,6 +505,15 @@ impl ShardLog {
         }
         self.start
     }
+}
+
+/// What an offset holds (see [`ShardLog::slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// A record a reader is given.
+    Record,
+    /// Nothing to give up to `end`.
+    Skip { end: u64 },
 }
 
 /// One record of a `stream_read` page.

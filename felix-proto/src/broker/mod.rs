@@ -30,6 +30,8 @@
 pub mod auth;
 mod cache;
 pub mod config;
+mod consume;
+mod group;
 mod history;
 mod log;
 mod producer;
@@ -37,6 +39,7 @@ mod syslog;
 
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, Retention, StreamConfig, StreamSpec};
+pub use group::GroupLimits;
 
 use crate::binary::{ErrorDetail, OwnerHint, PublishAck, PublishBatch, Records};
 use crate::error_code::{ErrorCode, RetryClass};
@@ -289,6 +292,8 @@ struct CtlStream {
 enum HeldFor {
     Read(ReadToken),
     Write(WriteToken),
+    /// A group poll (long-polling, or reading its records back).
+    Poll(u64),
 }
 
 #[derive(Debug)]
@@ -304,6 +309,8 @@ enum ReadFor {
     Sub(ConnId, u64),
     /// A `stream_read` page.
     Page(PageRead),
+    /// Records a group poll handed out.
+    Poll(Box<consume::PollFill>),
 }
 
 #[derive(Debug)]
@@ -437,6 +444,13 @@ pub struct Broker {
     counters: HashMap<Key, syslog::Counters>,
     /// State of the random sequence (splitmix64), seeded from the configuration.
     rng: u64,
+    /// Consumer groups by (stream, shard), then name.
+    groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
+    /// Durable group operations since the last checkpoint, per `$groups` log.
+    group_ops: HashMap<Key, u64>,
+    next_poll: u64,
+    /// Group wake-ups deferred until the control stream being handled is back in place.
+    wakes: Vec<(Key, u32)>,
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -477,6 +491,10 @@ impl Broker {
             next_read: 1,
             counters: HashMap::new(),
             rng: 0,
+            groups: HashMap::new(),
+            group_ops: HashMap::new(),
+            next_poll: 1,
+            wakes: Vec::new(),
         };
         b.rng = b.cfg.random_seed;
         for s in b.cfg.streams.clone() {
@@ -541,10 +559,7 @@ impl Broker {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.conns.values().filter_map(|c| c.auth_deadline).min();
         let sweep = self.next_sweep.filter(|_| self.streams.values().any(|e| e.config.retention.max_age.is_some()));
-        match (auth, sweep) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [auth, sweep, self.groups_deadline()].into_iter().flatten().min()
     }
 
     /// Timers: closes connections that authenticated no stream in time, applies retention.
@@ -564,6 +579,7 @@ impl Broker {
             self.enforce_retention(None, now);
             self.next_sweep = Some(crate::io::after(now, std::time::Duration::from_secs(1)));
         }
+        self.groups_timeout(now);
     }
 
     /// Applies retention to every shard of `k` (or every stream when `None`), telling storage
@@ -680,6 +696,7 @@ impl Broker {
         st.decoder.push(data);
         st.fin_recv |= fin;
         self.drive_stream(conn, stream, now);
+        self.run_wakes(now);
     }
 
     /// The client reset its sending side of `stream`: drop what was buffered for it.
@@ -1179,6 +1196,17 @@ impl Broker {
             Message::CounterGet(g) if self.server_features.contains(Features::COUNTERS) => {
                 self.counter_get(conn, st, g)
             }
+            Message::GroupPoll(p) if self.serves_groups() => self.group_poll(conn, st, p, now),
+            Message::GroupAck(a) if self.serves_groups() => self.group_ack(conn, st, a, now),
+            Message::GroupNack(n) if self.serves_groups() => self.group_nack(conn, st, n, now),
+            Message::GroupExtend(e) if self.serves_groups() => self.group_extend(conn, st, e, now),
+            Message::GroupDeadLetter(a) if self.serves_groups() => self.group_dead_letter(conn, st, a, now),
+            Message::GroupDeadLetters(r) if self.serves_groups() => self.group_dead_letters(conn, st, r),
+            Message::GroupDiscard(a) if self.serves_groups() => self.group_dead_letter_op(conn, st, a, false, now),
+            Message::GroupRedrive(a) if self.serves_groups() => self.group_dead_letter_op(conn, st, a, true, now),
+            Message::GroupSeek(q) if self.serves_groups() => self.group_seek(conn, st, q, now),
+            Message::GroupDescribe(r) if self.serves_groups() => self.group_describe(conn, st, r),
+            Message::GroupDelete(r) if self.serves_groups() => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
                 let shards =
@@ -1581,6 +1609,9 @@ impl Broker {
         for (base, end) in &settled.committed {
             self.fanout_committed(&k, shard, *base, *end);
         }
+        if !settled.committed.is_empty() {
+            self.wake_groups(&k, shard, now);
+        }
         for (tok, base) in settled.done {
             if let Some(ctx) = self.writes.remove(&tok) {
                 if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
@@ -1842,6 +1873,7 @@ impl Broker {
         let (conn, id) = match self.reads.remove(&token) {
             Some(ReadFor::Sub(conn, id)) => (conn, id),
             Some(ReadFor::Page(p)) => return self.page_read_complete(token, p, batches),
+            Some(ReadFor::Poll(p)) => return self.poll_read_complete(*p, batches),
             None => return,
         };
         let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
@@ -2127,6 +2159,8 @@ impl Broker {
                 self.pump(conn, id);
             }
         }
+        // Polls waiting on the shard answer empty.
+        self.wake_groups(&key(tenant, ns, stream), shard, now);
         true
     }
 

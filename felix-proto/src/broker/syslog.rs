@@ -51,6 +51,15 @@ pub(crate) enum SysPending {
     CounterAdd { conn: ConnId, stream: StreamId, request_id: u64, key: String },
     /// A checkpoint: once on disk, the log below it can go.
     Checkpoint,
+    /// A consumer-group operation: folded, then answered.
+    Group {
+        conn: ConnId,
+        stream: StreamId,
+        data: Key,
+        shard: u32,
+        op: super::group::GroupOp,
+        answer: super::consume::GroupAnswer,
+    },
 }
 
 /// One counter record.
@@ -219,6 +228,24 @@ impl Broker {
         pending: SysPending,
         now: Instant,
     ) {
+        if let Some((data, shard)) = super::consume::parse_groups_key(k) {
+            match pending {
+                SysPending::Group { conn, stream, data, shard, op, answer } => {
+                    let ok = base.is_some();
+                    self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, ok, now);
+                    if ok {
+                        *self.group_ops.entry(k.clone()).or_default() += 1;
+                    }
+                }
+                SysPending::Checkpoint => {
+                    if let Some(base) = base {
+                        self.sys_truncate(k, base);
+                    }
+                }
+                SysPending::CounterAdd { .. } => {}
+            }
+            return self.maybe_checkpoint_groups(k, &data, shard, now);
+        }
         let Some(cache) = k.2.strip_prefix("$counters.").map(|c| (k.0.clone(), k.1.clone(), c.to_owned())) else {
             return;
         };
@@ -261,6 +288,7 @@ impl Broker {
                     self.sys_truncate(k, base);
                 }
             }
+            SysPending::Group { .. } => {}
         }
         self.maybe_checkpoint(k, &cache, now);
     }
@@ -280,6 +308,28 @@ impl Broker {
         }
     }
 
+    /// Writes a checkpoint of a shard's groups (every group's durable state) when enough
+    /// operations piled up and nothing else is in flight on its log.
+    fn maybe_checkpoint_groups(&mut self, k: &Key, data: &Key, shard: u32, now: Instant) {
+        let ops = self.group_ops.get(k).copied().unwrap_or(0);
+        let idle =
+            self.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
+        if !idle || ops < CHECKPOINT_EVERY {
+            return;
+        }
+        self.group_ops.insert(k.clone(), 0);
+        let mut records = vec![super::group::GroupOp::Reset.encode()];
+        if let Some(groups) = self.groups.get(&(data.clone(), shard)) {
+            let mut names: Vec<_> = groups.keys().collect();
+            names.sort();
+            for name in names {
+                let state = groups[name].durable.clone();
+                records.push(super::group::GroupOp::Snapshot { group: name.clone(), state }.encode());
+            }
+        }
+        self.sys_append(k, records, SysPending::Checkpoint, now);
+    }
+
     /// Drops a system log below a committed checkpoint (memory and, through storage, disk).
     fn sys_truncate(&mut self, k: &Key, start: u64) {
         if let Some(e) = self.streams.get_mut(k) {
@@ -296,6 +346,22 @@ impl Broker {
 
     /// Rebuilds a system log's state from what storage recovered (in offset order).
     pub(super) fn sys_restore(&mut self, k: &Key, batches: &[crate::storage::StoredBatch]) {
+        if let Some((data, shard)) = super::consume::parse_groups_key(k) {
+            let groups = self.groups.entry((data, shard)).or_default();
+            for b in batches.iter().filter(|b| !b.generation_start) {
+                for p in b.records.payloads() {
+                    match super::group::GroupOp::decode(&p) {
+                        Some(super::group::GroupOp::Reset) => groups.clear(),
+                        Some(op) => {
+                            let name = op.group_name().to_owned();
+                            groups.entry(name).or_default().apply(&op);
+                        }
+                        None => {}
+                    }
+                }
+            }
+            return;
+        }
         if let Some(cache) = k.2.strip_prefix("$counters.").map(|c| (k.0.clone(), k.1.clone(), c.to_owned())) {
             let c = self.counters.entry(cache).or_default();
             for b in batches.iter().filter(|b| !b.generation_start) {

@@ -1,0 +1,676 @@
+//! The consumer-group requests: checks, claims, durable settles, long polls, answers.
+//!
+//! A group's durable changes (acks, dead letters, seeks, deletes...) go through the shard's
+//! `$groups.SHARD.STREAM` system log and are answered once folded (see `syslog`). Claims and long
+//! polls live in memory. Records handed out below what the shard holds in memory are read back
+//! from storage before the answer leaves (the answer's slot is held meanwhile, so a stream's
+//! answers stay in order).
+
+use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle};
+use super::syslog::SysPending;
+use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
+use crate::broker::auth::Action;
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::features::Features;
+use crate::io::{ConnId, ReadToken, StreamId};
+use crate::message::{self, B64, Message, StartPosition};
+use crate::storage::StoredBatch;
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+/// The system log holding the groups of one shard.
+pub(crate) fn groups_key(k: &Key, shard: u32) -> Key {
+    (k.0.clone(), k.1.clone(), format!("$groups.{shard}.{}", k.2))
+}
+
+/// The stream and shard a `$groups` system log belongs to.
+pub(crate) fn parse_groups_key(k: &Key) -> Option<(Key, u32)> {
+    let rest = k.2.strip_prefix("$groups.")?;
+    let (shard, stream) = rest.split_once('.')?;
+    Some(((k.0.clone(), k.1.clone(), stream.to_owned()), shard.parse().ok()?))
+}
+
+/// The answer a durable group operation owes once it is folded.
+#[derive(Debug, Clone)]
+pub(crate) enum GroupAnswer {
+    /// `cache_ok`.
+    Ok(u64),
+    /// `group_position` (seek).
+    Position { request_id: u64, offset: u64 },
+    /// `group_deleted`.
+    Deleted { request_id: u64, existed: bool },
+    /// Nobody waits (a dead letter after the last attempt lapsed).
+    None,
+}
+
+/// A group poll whose records are partly on disk.
+#[derive(Debug)]
+pub(crate) struct PollFill {
+    conn: ConnId,
+    stream: StreamId,
+    /// The answer's held slot (`None`: the poll is being answered synchronously, and the
+    /// first read takes a slot named by its token).
+    slot: Option<HeldFor>,
+    data: Key,
+    shard: u32,
+    group: String,
+    request: PollRequest,
+    deliveries: Vec<Delivery>,
+    records: Vec<Option<message::GroupRecord>>,
+}
+
+/// A poll's answer: ready, or waiting for a storage read.
+pub(crate) enum Filled {
+    Ready(Bytes),
+    Reading(ReadToken),
+}
+
+/// Why a group request cannot go on.
+enum Denied {
+    Refused(Refusal),
+    Answer(Box<Message>),
+}
+
+fn stale(fatal: bool, why: String) -> Refusal {
+    let mut r = Refusal::new(ErrorCode::StaleClaim, why);
+    if fatal {
+        r.retry = RetryClass::Fatal;
+    }
+    r
+}
+
+impl Broker {
+    /// Whether this broker serves consumer groups (it needs storage).
+    pub(super) fn serves_groups(&self) -> bool {
+        self.server_features.contains(Features::CONSUMER_GROUP)
+    }
+
+    /// The checks every group request makes: permission, shard, leadership, durability.
+    fn group_shard(
+        &mut self,
+        st: &CtlStream,
+        t: &str,
+        ns: &str,
+        s: &str,
+        shard: u32,
+        action: Action,
+    ) -> Result<Key, Denied> {
+        let shards = self.lookup_stream(st, t, ns, s, action).map_err(Denied::Refused)?;
+        if shard >= shards {
+            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
+            return Err(Denied::Refused(r));
+        }
+        let k = key(t, ns, s);
+        let entry = self.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
+        if let Some(m) = &entry.shards[shard as usize].moved {
+            return Err(Denied::Answer(Box::new(Self::not_leader_answer(&Self::features_of(st), m, shard))));
+        }
+        if !entry.config.durable {
+            let r = Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("stream {ns}/{s} keeps no log: consumer groups need one"),
+            );
+            return Err(Denied::Refused(r));
+        }
+        Ok(k)
+    }
+
+    fn group_deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
+        match d {
+            Denied::Refused(r) => self.refuse(conn, st, r),
+            Denied::Answer(m) => self.send(conn, st, json_frame(&m)),
+        }
+    }
+
+    fn group_mut(&mut self, k: &Key, shard: u32, name: &str) -> &mut Group {
+        self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default()
+    }
+
+    fn cache_ok(request_id: u64) -> Bytes {
+        json_frame(&Message::CacheOk(message::CacheOk { request_id }))
+    }
+
+    /// Writes a group operation; `answer` is sent once it is on disk (in the slot held here).
+    #[allow(clippy::too_many_arguments)] // the request's parts
+    fn group_write(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        k: &Key,
+        shard: u32,
+        op: GroupOp,
+        answer: GroupAnswer,
+        now: Instant,
+    ) {
+        let pending = SysPending::Group { conn, stream: st.id, data: k.clone(), shard, op: op.clone(), answer };
+        let token = self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
+        Self::hold(st, HeldFor::Write(token));
+    }
+
+    /// Writes the dead letters a poll or a lapse produced (nobody waits for them).
+    fn flush_dead_letters(&mut self, k: &Key, shard: u32, name: &str, now: Instant) {
+        let dead = std::mem::take(&mut self.group_mut(k, shard, name).to_dead_letter);
+        for offset in dead {
+            let op = GroupOp::DeadLetter { group: name.to_owned(), offset };
+            let pending = SysPending::Group {
+                conn: ConnId(0),
+                stream: StreamId(0),
+                data: k.clone(),
+                shard,
+                op: op.clone(),
+                answer: GroupAnswer::None,
+            };
+            self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
+        }
+    }
+
+    pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
+        let k = match self.group_shard(st, &p.tenant_id, &p.namespace, &p.stream, p.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        if p.consumer.as_ref().is_some_and(|c| c.is_empty() || c.len() > 128) {
+            let r = Refusal::new(ErrorCode::InvalidRequest, "consumer names are 1 to 128 bytes");
+            return self.refuse(conn, st, r);
+        }
+        let offer = Self::features_of(st);
+        let limits = self.cfg.group_limits;
+        let principal = st.session.as_ref().map(|s| s.principal.clone()).unwrap_or_default();
+        let visibility = match p.visibility_ms.filter(|v| *v > 0) {
+            Some(ms) => Duration::from_millis(ms).min(limits.max_visibility),
+            None => limits.visibility,
+        };
+        let request = PollRequest {
+            request_id: p.request_id,
+            max_records: p.max_records,
+            visibility,
+            member: p.consumer.map(|consumer| Member { consumer, principal }),
+            reclaim: p.reclaim.unwrap_or(false),
+            skipped: offer.has(Features::GROUP_SKIPPED),
+            publisher: offer.has(Features::GROUP_PUBLISHER),
+            timestamps: offer.has(Features::RECORD_TIMESTAMPS),
+        };
+        let deliveries = self.poll_now(conn, &k, p.shard, &p.group, &request, now);
+        if deliveries.is_empty() && p.wait_ms > 0 {
+            let id = self.next_poll;
+            self.next_poll += 1;
+            Self::hold(st, HeldFor::Poll(id));
+            let deadline = crate::io::after(now, Duration::from_millis(p.wait_ms).min(limits.max_wait));
+            let parked = Parked { id, conn, stream: st.id, request, deadline };
+            self.group_mut(&k, p.shard, &p.group).parked.push_back(parked);
+            return;
+        }
+        match self.answer_poll(conn, st.id, None, k, p.shard, p.group, request, deliveries) {
+            Filled::Ready(data) => self.send(conn, st, data),
+            Filled::Reading(token) => Self::hold(st, HeldFor::Read(token)),
+        }
+    }
+
+    fn poll_now(
+        &mut self,
+        conn: ConnId,
+        k: &Key,
+        shard: u32,
+        name: &str,
+        req: &PollRequest,
+        now: Instant,
+    ) -> Vec<Delivery> {
+        let limits = self.cfg.group_limits;
+        let Some(log) = self.streams.get(k).map(|e| &e.shards[shard as usize].log) else { return Vec::new() };
+        let group = self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default();
+        let out = group.poll(conn, req, log, now, &limits);
+        self.flush_dead_letters(k, shard, name, now);
+        out
+    }
+
+    /// Builds `group_records` for `deliveries`: from memory, or after reading storage.
+    #[allow(clippy::too_many_arguments)] // the poll's parts
+    fn answer_poll(
+        &mut self,
+        conn: ConnId,
+        stream: StreamId,
+        slot: Option<HeldFor>,
+        data: Key,
+        shard: u32,
+        group: String,
+        request: PollRequest,
+        deliveries: Vec<Delivery>,
+    ) -> Filled {
+        let records: Vec<Option<message::GroupRecord>> = match self.streams.get(&data) {
+            None => deliveries.iter().map(|_| None).collect(),
+            Some(e) => {
+                let log = &e.shards[shard as usize].log;
+                deliveries
+                    .iter()
+                    .map(|d| {
+                        log.record_at(d.offset)
+                            .map(|(p, publisher, ts)| group_record(&request, d, p, publisher.as_ref(), ts))
+                    })
+                    .collect()
+            }
+        };
+        let fill = PollFill { conn, stream, slot, data, shard, group, request, deliveries, records };
+        self.continue_fill(fill)
+    }
+
+    /// Reads the next missing records of a poll, or builds its answer when none are missing.
+    fn continue_fill(&mut self, mut fill: PollFill) -> Filled {
+        let missing = fill.records.iter().zip(&fill.deliveries).find(|(r, _)| r.is_none()).map(|(_, d)| d.offset);
+        let memory_start = self.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
+        match missing {
+            Some(from) if from < memory_start => {
+                let token = ReadToken(self.next_read);
+                self.next_read += 1;
+                self.out.push_back(BrokerOutput::Read(ReadRequest {
+                    token,
+                    tenant_id: fill.data.0.clone(),
+                    namespace: fill.data.1.clone(),
+                    stream: fill.data.2.clone(),
+                    shard: fill.shard,
+                    from,
+                    end: memory_start,
+                    max_bytes: self.cfg.history_read_bytes,
+                }));
+                fill.slot.get_or_insert(HeldFor::Read(token));
+                self.reads.insert(token, ReadFor::Poll(Box::new(fill)));
+                Filled::Reading(token)
+            }
+            _ => {
+                // Whatever is still missing is gone (retention removed it meanwhile): settled.
+                let PollFill { data, shard, group, request, deliveries, records, .. } = fill;
+                let g = self.group_mut(&data, shard, &group);
+                for (d, r) in deliveries.iter().zip(&records) {
+                    if r.is_none() {
+                        g.lost(d.offset);
+                    }
+                }
+                let records: Vec<_> = records.into_iter().flatten().collect();
+                let m = Message::GroupRecords(message::GroupRecords { records, request_id: request.request_id });
+                Filled::Ready(json_frame(&m))
+            }
+        }
+    }
+
+    /// Storage answered a poll's read.
+    pub(super) fn poll_read_complete(&mut self, mut fill: PollFill, batches: Vec<StoredBatch>) {
+        let mut progressed = false;
+        for (d, r) in fill.deliveries.iter().zip(fill.records.iter_mut()) {
+            if r.is_some() {
+                continue;
+            }
+            let Some(b) = batches
+                .iter()
+                .find(|b| !b.generation_start && b.base_offset <= d.offset && d.offset < b.base_offset + b.count())
+            else {
+                continue;
+            };
+            let Some(payload) = b.records.payloads().nth((d.offset - b.base_offset) as usize) else { continue };
+            *r = Some(group_record(&fill.request, d, payload, b.publisher.as_ref(), b.timestamp_micros));
+            progressed = true;
+        }
+        if !progressed {
+            // Storage had none of what is missing: give up on those below memory.
+            let memory_start =
+                self.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
+            let g = self.group_mut(&fill.data, fill.shard, &fill.group);
+            let mut kept_d = Vec::new();
+            let mut kept_r = Vec::new();
+            for (d, r) in fill.deliveries.drain(..).zip(fill.records.drain(..)) {
+                if r.is_none() && d.offset < memory_start {
+                    g.lost(d.offset);
+                } else {
+                    kept_d.push(d);
+                    kept_r.push(r);
+                }
+            }
+            fill.deliveries = kept_d;
+            fill.records = kept_r;
+        }
+        let (conn, stream, slot) = (fill.conn, fill.stream, fill.slot);
+        if let (Filled::Ready(data), Some(slot)) = (self.continue_fill(fill), slot) {
+            self.fill_held(conn, stream, slot, data);
+        }
+    }
+
+    /// Serves the parked polls of one shard's groups that can be served now: records arrived,
+    /// records became owed again, or their wait ran out (answered empty).
+    pub(super) fn wake_groups(&mut self, k: &Key, shard: u32, now: Instant) {
+        let Some(names) = self
+            .groups
+            .get(&(k.clone(), shard))
+            .map(|g| g.iter().filter(|(_, g)| !g.parked.is_empty()).map(|(n, _)| n.clone()).collect::<Vec<_>>())
+        else {
+            return;
+        };
+        for name in names {
+            let parked = std::mem::take(&mut self.group_mut(k, shard, &name).parked);
+            let mut keep = std::collections::VecDeque::new();
+            for p in parked {
+                let alive = self.conns.get(&p.conn).is_some_and(|c| c.streams.contains_key(&p.stream));
+                if !alive {
+                    continue;
+                }
+                let moved = self.streams.get(k).is_none_or(|e| e.shards[shard as usize].moved.is_some());
+                let deliveries =
+                    if moved { Vec::new() } else { self.poll_now(p.conn, k, shard, &name, &p.request, now) };
+                if deliveries.is_empty() && p.deadline > now && !moved {
+                    keep.push_back(p);
+                    continue;
+                }
+                let slot = HeldFor::Poll(p.id);
+                if let Filled::Ready(data) = self.answer_poll(
+                    p.conn,
+                    p.stream,
+                    Some(slot),
+                    k.clone(),
+                    shard,
+                    name.clone(),
+                    p.request,
+                    deliveries,
+                ) {
+                    self.fill_held(p.conn, p.stream, slot, data);
+                }
+            }
+            let g = self.group_mut(k, shard, &name);
+            keep.extend(g.parked.drain(..));
+            g.parked = keep;
+        }
+    }
+
+    /// Lapsed claims, ended delays and long polls whose wait ran out, on every group.
+    pub(super) fn groups_timeout(&mut self, now: Instant) {
+        let limits = self.cfg.group_limits;
+        let due: Vec<(Key, u32)> = self
+            .groups
+            .iter()
+            .filter(|(_, gs)| gs.values().any(|g| g.next_deadline().is_some_and(|d| d <= now)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (k, shard) in due {
+            let names: Vec<String> =
+                self.groups.get(&(k.clone(), shard)).map(|g| g.keys().cloned().collect()).unwrap_or_default();
+            for name in &names {
+                self.group_mut(&k, shard, name).expire(now, &limits);
+                self.flush_dead_letters(&k, shard, name, now);
+            }
+            self.wake_groups(&k, shard, now);
+        }
+    }
+
+    /// Runs the wake-ups deferred while a control stream was being handled.
+    pub(super) fn run_wakes(&mut self, now: Instant) {
+        while let Some((k, shard)) = self.wakes.pop() {
+            self.wake_groups(&k, shard, now);
+        }
+    }
+
+    /// When a group next needs the clock.
+    pub(super) fn groups_deadline(&self) -> Option<Instant> {
+        self.groups.values().flat_map(|gs| gs.values()).filter_map(Group::next_deadline).min()
+    }
+
+    pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
+        let k = match self.group_shard(st, &a.tenant_id, &a.namespace, &a.stream, a.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
+        let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
+        let settle = g.ack(&a.group, a.offset, log);
+        self.settle(conn, st, &k, a.shard, settle, GroupAnswer::Ok(a.request_id), now);
+    }
+
+    /// Answers a settle request: at once, after its write, or with its refusal.
+    #[allow(clippy::too_many_arguments)] // the request's parts
+    fn settle(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        k: &Key,
+        shard: u32,
+        settle: Settle,
+        answer: GroupAnswer,
+        now: Instant,
+    ) {
+        match settle {
+            Settle::Done => {
+                if let GroupAnswer::Ok(id) = answer {
+                    self.send(conn, st, Self::cache_ok(id));
+                }
+            }
+            Settle::Write(op) => self.group_write(conn, st, k, shard, op, answer, now),
+            Settle::Stale { fatal, why } => self.refuse(conn, st, stale(fatal, why)),
+            Settle::Invalid(why) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, why)),
+        }
+    }
+
+    pub(super) fn group_nack(&mut self, conn: ConnId, st: &mut CtlStream, n: message::GroupNack, now: Instant) {
+        let k = match self.group_shard(st, &n.tenant_id, &n.namespace, &n.stream, n.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let limits = self.cfg.group_limits;
+        let Some(log) = self.streams.get(&k).map(|e| &e.shards[n.shard as usize].log) else { return };
+        let g = self.groups.entry((k.clone(), n.shard)).or_default().entry(n.group.clone()).or_default();
+        let delay = n.delay_ms.map(Duration::from_millis);
+        let settle = g.nack(&n.group, n.offset, delay, n.attempts, log, now, &limits);
+        self.settle(conn, st, &k, n.shard, settle, GroupAnswer::Ok(n.request_id), now);
+        // Parked polls may take the record now, once this stream's answer is out.
+        self.wakes.push((k, n.shard));
+    }
+
+    pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {
+        let k = match self.group_shard(st, &e.tenant_id, &e.namespace, &e.stream, e.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let limits = self.cfg.group_limits;
+        let g = self.group_mut(&k, e.shard, &e.group);
+        match g.extend(e.offset, e.attempts, Duration::from_millis(e.extend_ms), now, &limits) {
+            Ok(d) => {
+                let visible_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                let m = Message::GroupExtended(message::GroupExtended { visible_ms, request_id: e.request_id });
+                self.send(conn, st, json_frame(&m));
+            }
+            Err(s) => self.settle(conn, st, &k, e.shard, s, GroupAnswer::None, now),
+        }
+    }
+
+    pub(super) fn group_dead_letter(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        a: message::GroupOffset,
+        now: Instant,
+    ) {
+        let k = match self.group_shard(st, &a.tenant_id, &a.namespace, &a.stream, a.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
+        let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
+        let settle = g.dead_letter(&a.group, a.offset, log);
+        self.settle(conn, st, &k, a.shard, settle, GroupAnswer::Ok(a.request_id), now);
+    }
+
+    pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
+        let k = match self.group_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let offsets = self
+            .groups
+            .get(&(k, r.shard))
+            .and_then(|g| g.get(&r.group))
+            .map(|g| g.durable.dead.iter().copied().collect())
+            .unwrap_or_default();
+        let m = Message::GroupDeadLetterList(message::GroupDeadLetterList { offsets, request_id: r.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    /// `group_discard` and `group_redrive`.
+    pub(super) fn group_dead_letter_op(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        a: message::GroupOffset,
+        redrive: bool,
+        now: Instant,
+    ) {
+        let k = match self.group_shard(st, &a.tenant_id, &a.namespace, &a.stream, a.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let listed = self
+            .groups
+            .get(&(k.clone(), a.shard))
+            .and_then(|g| g.get(&a.group))
+            .is_some_and(|g| g.durable.dead.contains(&a.offset));
+        if !listed {
+            let r = Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("offset {} is not a dead letter of {}", a.offset, a.group),
+            );
+            return self.refuse(conn, st, r);
+        }
+        let op = if redrive {
+            GroupOp::Redrive { group: a.group.clone(), offset: a.offset }
+        } else {
+            GroupOp::Discard { group: a.group.clone(), offset: a.offset }
+        };
+        self.group_write(conn, st, &k, a.shard, op, GroupAnswer::Ok(a.request_id), now);
+    }
+
+    pub(super) fn group_seek(&mut self, conn: ConnId, st: &mut CtlStream, s: message::GroupSeek, now: Instant) {
+        let k = match self.group_shard(st, &s.tenant_id, &s.namespace, &s.stream, s.shard, Action::GroupManage) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let Some(log) = self.streams.get(&k).map(|e| &e.shards[s.shard as usize].log) else { return };
+        let (earliest, latest) = (log.start(), log.committed_tail());
+        let target = match s.start {
+            StartPosition::Earliest => earliest,
+            StartPosition::Latest => latest,
+            StartPosition::Offset(n) if (earliest..=latest).contains(&n) => n,
+            StartPosition::Offset(n) => {
+                let r =
+                    Refusal::new(ErrorCode::InvalidRequest, format!("offset {n} is outside [{earliest}, {latest}]"));
+                return self.refuse(conn, st, r);
+            }
+        };
+        let g = self.groups.entry((k.clone(), s.shard)).or_default().entry(s.group.clone()).or_default();
+        if s.if_new && g.exists() {
+            let offset = g.position(log);
+            let m = Message::GroupPosition(message::GroupPosition { offset, moved: false, request_id: s.request_id });
+            return self.send(conn, st, json_frame(&m));
+        }
+        let op = GroupOp::Seek { group: s.group.clone(), offset: target };
+        let answer = GroupAnswer::Position { request_id: s.request_id, offset: target };
+        self.group_write(conn, st, &k, s.shard, op, answer, now);
+    }
+
+    pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
+        let k = match self.group_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard, Action::GroupConsume) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
+        let tail = log.committed_tail();
+        let (committed, in_flight, owed, dead) =
+            match self.groups.get_mut(&(k, r.shard)).and_then(|g| g.get_mut(&r.group)) {
+                Some(g) => {
+                    g.position(log);
+                    let (f, o) = g.counts();
+                    (g.durable.cursor, f, o, g.durable.dead.len() as u64)
+                }
+                None => (None, 0, 0, 0),
+            };
+        let m = Message::GroupInfo(message::GroupInfo {
+            committed,
+            tail,
+            in_flight,
+            owed,
+            dead_letters: dead,
+            request_id: r.request_id,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
+        let k = match self.group_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard, Action::GroupManage) {
+            Ok(k) => k,
+            Err(d) => return self.group_deny(conn, st, d),
+        };
+        let existed = self.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);
+        let op = GroupOp::Delete { group: r.group.clone() };
+        self.group_write(conn, st, &k, r.shard, op, GroupAnswer::Deleted { request_id: r.request_id, existed }, now);
+    }
+
+    /// A `$groups` write settled: fold it (if it landed) and answer.
+    #[allow(clippy::too_many_arguments)] // the pending write's parts
+    pub(super) fn group_settled(
+        &mut self,
+        slot: HeldFor,
+        conn: ConnId,
+        stream: StreamId,
+        data: Key,
+        shard: u32,
+        op: GroupOp,
+        answer: GroupAnswer,
+        ok: bool,
+        now: Instant,
+    ) {
+        let name = op.group_name().to_owned();
+        if ok {
+            self.group_mut(&data, shard, &name).apply(&op);
+        } else if let GroupOp::Ack { offset, .. } | GroupOp::DeadLetter { offset, .. } = op {
+            self.group_mut(&data, shard, &name).write_failed(offset);
+        }
+        let data_bytes = if ok {
+            match answer {
+                GroupAnswer::Ok(id) => Some(Self::cache_ok(id)),
+                GroupAnswer::Position { request_id, offset } => {
+                    Some(json_frame(&Message::GroupPosition(message::GroupPosition {
+                        offset,
+                        moved: true,
+                        request_id,
+                    })))
+                }
+                GroupAnswer::Deleted { request_id, existed } => {
+                    Some(json_frame(&Message::GroupDeleted(message::GroupDeleted { existed, request_id })))
+                }
+                GroupAnswer::None => None,
+            }
+        } else if matches!(answer, GroupAnswer::None) {
+            None
+        } else {
+            let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of);
+            offer.map(|offer| {
+                let mut r = Refusal::new(ErrorCode::Storage, "the write failed; the group is unchanged");
+                r.retry = RetryClass::Retry;
+                json_frame(&Self::error_message(&offer, &r))
+            })
+        };
+        if let Some(d) = data_bytes {
+            self.fill_held(conn, stream, slot, d);
+        }
+        self.wake_groups(&data, shard, now);
+    }
+}
+
+fn group_record(
+    req: &PollRequest,
+    d: &Delivery,
+    payload: Bytes,
+    publisher: Option<&Bytes>,
+    ts: u64,
+) -> message::GroupRecord {
+    message::GroupRecord {
+        offset: d.offset,
+        payload: B64(payload),
+        attempts: d.attempts,
+        skipped_before: (req.skipped && d.skipped_before > 0).then_some(d.skipped_before),
+        publisher: publisher.filter(|_| req.publisher).map(|p| String::from_utf8_lossy(p).into_owned()),
+        timestamp_micros: req.timestamps.then_some(ts),
+    }
+}
