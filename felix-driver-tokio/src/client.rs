@@ -12,9 +12,11 @@ use felix_proto::client::{
     PublishId, PublishRequest, StreamReadRequest, SubscribeRequest,
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
+use felix_proto::features::Features;
 use felix_proto::io::{OpenToken, StreamId};
 use felix_proto::message::{
-    CacheCondition, CursorErrorReason, RefusedReason, Routing, StartPosition, StreamRecord, SubscribeCursorError,
+    CacheCondition, CursorErrorReason, Message, RefusedReason, Routing, StartPosition, StreamRecord,
+    SubscribeCursorError,
 };
 use felix_proto::negotiate::Negotiated;
 use std::collections::{HashMap, VecDeque};
@@ -146,9 +148,9 @@ impl Subscription {
     }
 }
 
-type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
 
-enum Cmd {
+pub(crate) enum Cmd {
     Publish {
         req: PublishRequest,
         reply: Reply<Option<u64>>,
@@ -208,6 +210,14 @@ enum Cmd {
     },
     ProducerInit {
         reply: Reply<u64>,
+    },
+    /// A request answered by a message carrying its id (consumer groups). `long`: it may wait
+    /// at the broker (a long poll), so it goes on a control stream of its own.
+    Request {
+        needs: Option<(Features, &'static str)>,
+        build: Box<dyn FnOnce(String, u64) -> Message + Send>,
+        long: bool,
+        reply: Reply<Message>,
     },
     StreamShards {
         ns: String,
@@ -278,11 +288,12 @@ impl Client {
             .await
             .map_err(|e| ClientError::Connect(e.to_string()))?;
         let now = tokio::time::Instant::now().into_std();
-        let machine = ClientConnection::new(opts.config, now);
+        let machine = ClientConnection::new(opts.config.clone(), now);
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
         let (closed_tx, closed_rx) = watch::channel(None);
         let task = Task {
+            tenant: opts.config.tenant_id.clone(),
             machine,
             quic: quic.clone(),
             tx: tx.clone(),
@@ -296,6 +307,7 @@ impl Client {
             sub_replies: HashMap::new(),
             early: HashMap::new(),
             cache: HashMap::new(),
+            long_stream: LongStream::None,
             closed: closed_tx,
             _endpoint: endpoint,
         };
@@ -310,7 +322,7 @@ impl Client {
         &self.negotiated
     }
 
-    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, ClientError> {
+    pub(crate) async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, ClientError> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(Input::Cmd(make(reply))).map_err(|_| self.closed_error())?;
         rx.await.map_err(|_| self.closed_error())?
@@ -656,6 +668,7 @@ async fn writer(mut send: quinn::SendStream, mut rx: mpsc::UnboundedReceiver<Wri
 
 struct Task {
     machine: ClientConnection,
+    tenant: String,
     quic: quinn::Connection,
     tx: mpsc::UnboundedSender<Input>,
     writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
@@ -670,9 +683,21 @@ struct Task {
     /// and the control stream are different QUIC streams, so events can arrive first.
     early: HashMap<u64, Vec<SubscriptionItem>>,
     cache: HashMap<u64, CacheReply>,
+    /// The control stream long polls use, so they hold up nothing else.
+    long_stream: LongStream,
     closed: watch::Sender<Option<String>>,
     _endpoint: quinn::Endpoint,
 }
+
+/// The control stream for long polls: opened on first use.
+enum LongStream {
+    None,
+    Opening(ClientStream, Vec<PendingRequest>),
+    Ready(ClientStream),
+}
+
+type PendingRequest =
+    (Option<(Features, &'static str)>, Box<dyn FnOnce(String, u64) -> Message + Send>, Reply<Message>);
 
 enum CacheReply {
     Done(Reply<()>),
@@ -683,6 +708,7 @@ enum CacheReply {
     Offset(Reply<Option<u64>>),
     Counter(Reply<Option<i64>>),
     Producer(Reply<u64>),
+    Answer(Reply<Message>),
     Shards(Reply<(u32, Routing)>),
 }
 
@@ -697,6 +723,7 @@ impl CacheReply {
             CacheReply::Offset(r) => drop(r.send(Err(e))),
             CacheReply::Counter(r) => drop(r.send(Err(e))),
             CacheReply::Producer(r) => drop(r.send(Err(e))),
+            CacheReply::Answer(r) => drop(r.send(Err(e))),
             CacheReply::Shards(r) => drop(r.send(Err(e))),
         }
     }
@@ -774,6 +801,18 @@ impl Task {
         }
     }
 
+    fn send_request(
+        &mut self,
+        stream: ClientStream,
+        needs: Option<(Features, &'static str)>,
+        build: Box<dyn FnOnce(String, u64) -> Message + Send>,
+        reply: Reply<Message>,
+    ) {
+        let tenant = self.tenant.clone();
+        let sent = self.machine.request(stream, needs, |id| build(tenant, id));
+        self.await_cache(sent, CacheReply::Answer(reply));
+    }
+
     fn try_publish(&mut self, req: PublishRequest, reply: Reply<Option<u64>>) {
         let ack = req.ack;
         match self.machine.publish(ClientStream(0), req.clone(), now()) {
@@ -836,6 +875,22 @@ impl Task {
                     None => self.machine.counter_get(ClientStream(0), &ns, &cache, &key),
                 };
                 self.await_cache(sent, CacheReply::Counter(reply));
+            }
+            Input::Cmd(Cmd::Request { needs, build, long, reply }) => {
+                if !long {
+                    return self.send_request(ClientStream(0), needs, build, reply);
+                }
+                match &mut self.long_stream {
+                    LongStream::Ready(s) => {
+                        let s = *s;
+                        self.send_request(s, needs, build, reply);
+                    }
+                    LongStream::Opening(_, queue) => queue.push((needs, build, reply)),
+                    LongStream::None => {
+                        let s = self.machine.open_stream(now);
+                        self.long_stream = LongStream::Opening(s, vec![(needs, build, reply)]);
+                    }
+                }
             }
             Input::Cmd(Cmd::ProducerInit { reply }) => {
                 let sent = self.machine.producer_init(ClientStream(0));
@@ -933,6 +988,17 @@ impl Task {
                     let _ = r.send(Ok(negotiated));
                 }
             }
+            ClientEvent::Connected { stream, .. } => {
+                if let LongStream::Opening(s, _) = &self.long_stream
+                    && *s == stream
+                    && let LongStream::Opening(s, queue) =
+                        std::mem::replace(&mut self.long_stream, LongStream::Ready(stream))
+                {
+                    for (needs, build, reply) in queue {
+                        self.send_request(s, needs, build, reply);
+                    }
+                }
+            }
             ClientEvent::AuthFailed { error, .. } => {
                 if let Some(r) = self.ready.take() {
                     let _ = r.send(Err(ClientError::Refused(error)));
@@ -995,14 +1061,22 @@ impl Task {
                     let _ = r.send(Ok((applied, version)));
                 }
             }
-            ClientEvent::CacheOk { request_id } => {
-                if let Some(CacheReply::Done(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok(()));
+            ClientEvent::CacheOk { request_id } => match self.cache.remove(&request_id) {
+                Some(CacheReply::Done(r)) => drop(r.send(Ok(()))),
+                Some(CacheReply::Answer(r)) => {
+                    drop(r.send(Ok(Message::CacheOk(felix_proto::message::CacheOk { request_id }))))
                 }
-            }
+                Some(other) => other.fail(ClientError::Closed("unexpected cache_ok".into())),
+                None => {}
+            },
             ClientEvent::StreamRecords { request_id, records, next_offset } => {
                 if let Some(CacheReply::Page(r)) = self.cache.remove(&request_id) {
                     let _ = r.send(Ok(Page { records, next_offset }));
+                }
+            }
+            ClientEvent::Answer { request_id, message } => {
+                if let Some(CacheReply::Answer(r)) = self.cache.remove(&request_id) {
+                    let _ = r.send(Ok(*message));
                 }
             }
             ClientEvent::ProducerReady { request_id, producer_id } => {

@@ -7,12 +7,14 @@
 
 mod alpn;
 pub mod client;
+pub mod groups;
 pub mod producer;
 pub mod server;
 pub mod storage;
 pub mod tls;
 
 pub use client::{Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem};
+pub use groups::{GroupInfo, GroupTarget, PollOptions};
 pub use producer::{IdempotentProducer, RetryPolicy};
 pub use server::{Server, ServerError, ServerOptions, TransportTuning};
 pub use storage::FsyncPolicy;

@@ -434,3 +434,59 @@ async fn an_idempotent_producer_appends_exactly_once_across_a_broker_restart() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn consumer_groups_over_quic() {
+    use felix_driver_tokio::{GroupTarget, PollOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let g = GroupTarget::new("default", "work", "billing");
+    {
+        // Acks after the write, so what was published is committed (and pollable) at once.
+        let (server, chain) =
+            start_with(Some(dir.path()), BrokerConfig { ack_on_commit: true, ..Default::default() }).await;
+        let c = connect(&server, &chain).await;
+        for i in 0..6 {
+            let p = PublishOptions { ack: true, ..Default::default() };
+            c.publish("default", "work", vec![Bytes::from(format!("job{i}"))], p).await.unwrap();
+        }
+        let got = c.group_poll(&g, 4, PollOptions::default()).await.unwrap();
+        assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(got[0].payload.0, Bytes::from("job0"));
+        assert_eq!(got[0].attempts, 1);
+        assert_eq!(got[0].publisher.as_deref(), Some("dev"), "our client reads the publisher");
+        for r in &got[..3] {
+            c.group_ack(&g, r.offset).await.unwrap();
+        }
+        c.group_nack(&g, 3, None, Some(1)).await.unwrap();
+        c.group_dead_letter(&g, 4).await.unwrap();
+        assert_eq!(c.group_dead_letters(&g).await.unwrap(), [4]);
+        // A long poll on the group waits on its own stream: acks and publishes go on meanwhile.
+        let again = c.group_poll(&g, 10, PollOptions::default()).await.unwrap();
+        assert_eq!(again.iter().map(|r| (r.offset, r.attempts)).collect::<Vec<_>>(), [(3, 2), (5, 1)]);
+        let waiter = {
+            let c = c.clone();
+            let g = g.clone();
+            tokio::spawn(async move {
+                c.group_poll(&g, 10, PollOptions { wait: Duration::from_secs(10), ..Default::default() }).await
+            })
+        };
+        c.group_ack(&g, 3).await.unwrap();
+        c.group_ack(&g, 5).await.unwrap();
+        let p = PublishOptions { ack: true, ..Default::default() };
+        c.publish("default", "work", vec![Bytes::from("late")], p).await.unwrap();
+        let late = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap();
+        assert_eq!(late.iter().map(|r| r.offset).collect::<Vec<_>>(), [6]);
+        let info = c.group_describe(&g).await.unwrap();
+        assert_eq!((info.committed, info.tail, info.in_flight, info.dead_letters), (Some(6), 7, 1, 1));
+        server.shutdown().await;
+    }
+    // After a restart: the position and dead letters are kept; the unacked record comes back.
+    let (server, chain) = start(Some(dir.path())).await;
+    let c = connect(&server, &chain).await;
+    let got = c.group_poll(&g, 10, PollOptions::default()).await.unwrap();
+    assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), [6]);
+    assert_eq!(c.group_dead_letters(&g).await.unwrap(), [4]);
+    assert_eq!(c.group_seek(&g, StartPosition::Earliest, false).await.unwrap(), (0, true));
+    assert!(c.group_delete(&g).await.unwrap());
+    server.shutdown().await;
+}

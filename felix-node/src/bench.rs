@@ -114,6 +114,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         auto_create: true,
         queue_capacity: 4096,
         max_records_per_read: 1000,
+        group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: None,
         transport: felix_driver_tokio::TransportTuning::default(),

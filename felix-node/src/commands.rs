@@ -55,6 +55,18 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         auto_create: !a.no_auto_create && b.auto_create.unwrap_or(true),
         queue_capacity,
         max_records_per_read: a.max_records_per_read.or(b.max_records_per_read).unwrap_or(1000),
+        group_limits: {
+            let d = felix_proto::broker::GroupLimits::default();
+            let ms = std::time::Duration::from_millis;
+            felix_proto::broker::GroupLimits {
+                visibility: a.group_visibility_ms.map_or(d.visibility, ms),
+                max_visibility: a.group_max_visibility_ms.map_or(d.max_visibility, ms),
+                max_wait: a.group_max_wait_ms.map_or(d.max_wait, ms),
+                max_attempts: a.group_max_attempts.unwrap_or(d.max_attempts).max(1),
+                max_in_flight: a.group_max_in_flight.unwrap_or(d.max_in_flight).max(1),
+                ..d
+            }
+        },
         require_alpn: a.require_alpn || b.require_alpn.unwrap_or(false),
         metrics_listen: a.metrics_listen,
         transport: felix_driver_tokio::TransportTuning {

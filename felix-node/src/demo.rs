@@ -48,6 +48,7 @@ pub async fn run() -> Result<ExitCode, String> {
         auto_create: true,
         queue_capacity: 1024,
         max_records_per_read: 1000,
+        group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: None,
         transport: felix_driver_tokio::TransportTuning::default(),

@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod conformance;
 mod demo;
+mod groups;
 mod live;
 mod node;
 
@@ -41,6 +42,10 @@ enum Command {
     Cache(CacheArgs),
     /// Durable counters (brokers with storage): add a delta, read a sum.
     Counter(CounterArgs),
+    /// Consumer groups: poll, ack, nack, describe, seek, dead letters, redrive, delete.
+    Group(GroupArgs),
+    /// Consume a stream through a consumer group: poll, print, ack, until Ctrl-C.
+    Consume(ConsumeArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
     Bench(bench::BenchArgs),
     /// Check conformance vectors byte for byte, or (with --addr) a running broker's behaviour.
@@ -120,6 +125,21 @@ struct ServeArgs {
     /// Default subscriber queue capacity, in published batches [default: 1024].
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
     queue_capacity: Option<u32>,
+    /// Consumer groups: claim duration when a poll names none, ms [default: 30000].
+    #[arg(long, env = "FELIX_GROUP_VISIBILITY_TIMEOUT_MS")]
+    group_visibility_ms: Option<u64>,
+    /// Consumer groups: longest claim, extension or nack delay, ms [default: 43200000].
+    #[arg(long, env = "FELIX_GROUP_MAX_VISIBILITY_MS")]
+    group_max_visibility_ms: Option<u64>,
+    /// Consumer groups: longest long poll, ms [default: 30000].
+    #[arg(long, env = "FELIX_GROUP_MAX_WAIT_MS")]
+    group_max_wait_ms: Option<u64>,
+    /// Consumer groups: deliveries before a record is dead-lettered [default: 5].
+    #[arg(long, env = "FELIX_GROUP_MAX_ATTEMPTS")]
+    group_max_attempts: Option<u32>,
+    /// Consumer groups: records handed out and unsettled per group per shard [default: 10000].
+    #[arg(long, env = "FELIX_GROUP_MAX_IN_FLIGHT")]
+    group_max_in_flight: Option<usize>,
     /// Most records one stream_read page returns [default: 1000].
     #[arg(long, env = "FELIX_DURABLE_MAX_RECORDS_PER_READ")]
     max_records_per_read: Option<u32>,
@@ -281,6 +301,129 @@ enum CounterOp {
     },
 }
 
+/// Which group, on which stream and shard.
+#[derive(Args, Debug, Clone)]
+pub struct GroupName {
+    /// Stream the group consumes.
+    stream: String,
+    /// Group name.
+    #[arg(long, short = 'g')]
+    group: String,
+    /// Shard.
+    #[arg(long, default_value_t = 0)]
+    shard: u32,
+}
+
+#[derive(Args, Debug)]
+struct GroupArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    #[command(subcommand)]
+    op: GroupOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum GroupOp {
+    /// Claim up to --max records and print them (offset, attempts, payload); they stay claimed
+    /// until acked, nacked or their visibility timeout lapses.
+    Poll {
+        #[command(flatten)]
+        g: GroupName,
+        /// Most records.
+        #[arg(long, default_value_t = 10)]
+        max: u32,
+        /// Wait this long for records (e.g. 5s).
+        #[arg(long, value_parser = commands::parse_duration)]
+        wait: Option<std::time::Duration>,
+        /// Member name (claims are recorded as this member's).
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Print one JSON object per record.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Finish records.
+    Ack {
+        #[command(flatten)]
+        g: GroupName,
+        /// Offsets.
+        #[arg(required = true)]
+        offsets: Vec<u64>,
+    },
+    /// Hand records back (owed again now, or after --delay).
+    Nack {
+        #[command(flatten)]
+        g: GroupName,
+        /// Offsets.
+        #[arg(required = true)]
+        offsets: Vec<u64>,
+        /// Owed again only after this delay (e.g. 30s).
+        #[arg(long, value_parser = commands::parse_duration)]
+        delay: Option<std::time::Duration>,
+    },
+    /// Show the group's position, the shard's tail, and what is in flight, owed and dead.
+    Describe {
+        #[command(flatten)]
+        g: GroupName,
+    },
+    /// Move the group's position: earliest, latest or an offset.
+    Seek {
+        #[command(flatten)]
+        g: GroupName,
+        /// earliest, latest or an offset.
+        to: String,
+        /// Only move a group that never started.
+        #[arg(long)]
+        if_new: bool,
+    },
+    /// List the offsets the group gave up on.
+    DeadLetters {
+        #[command(flatten)]
+        g: GroupName,
+    },
+    /// Make dead letters owed again (attempts reset).
+    Redrive {
+        #[command(flatten)]
+        g: GroupName,
+        /// Offsets.
+        #[arg(required = true)]
+        offsets: Vec<u64>,
+    },
+    /// Drop dead letters from the list (the records stay in the log).
+    Discard {
+        #[command(flatten)]
+        g: GroupName,
+        /// Offsets.
+        #[arg(required = true)]
+        offsets: Vec<u64>,
+    },
+    /// Delete the group: position, dead letters and claims.
+    Delete {
+        #[command(flatten)]
+        g: GroupName,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ConsumeArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    #[command(flatten)]
+    g: GroupName,
+    /// Member name (default: this host's name and process id).
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Records per poll.
+    #[arg(long, default_value_t = 100)]
+    batch: u32,
+    /// Print one JSON object per record.
+    #[arg(long)]
+    json: bool,
+    /// Stop after this many records.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
 #[derive(Subcommand, Debug)]
 enum CacheOp {
     /// Store a value.
@@ -339,6 +482,8 @@ fn main() -> ExitCode {
             Command::Read(a) => commands::read(a).await,
             Command::Cache(a) => commands::cache(a).await,
             Command::Counter(a) => commands::counter(a).await,
+            Command::Group(a) => groups::group(a).await,
+            Command::Consume(a) => groups::consume(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::Conformance {
                 addr: Some(addr),

@@ -100,6 +100,7 @@ pub struct BrokerSettings {
     pub auto_create: bool,
     pub queue_capacity: u32,
     pub max_records_per_read: u32,
+    pub group_limits: felix_proto::broker::GroupLimits,
     pub require_alpn: bool,
     pub metrics_listen: Option<SocketAddr>,
     pub transport: TransportTuning,
@@ -120,6 +121,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         ack_on_commit: s.ack_on_commit,
         auto_create: s.auto_create,
         max_records_per_read: s.max_records_per_read,
+        group_limits: s.group_limits,
         default_stream: StreamConfig {
             durable: !s.ephemeral,
             queue_capacity: s.queue_capacity,

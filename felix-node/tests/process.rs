@@ -86,6 +86,33 @@ fn readme_commands_work_against_a_served_broker() {
     assert_eq!(String::from_utf8_lossy(&add.stdout), "-2\n", "{}", String::from_utf8_lossy(&add.stderr));
     let never = client_cmd(dir.path(), addr).args(["counter", "get", "stats", "clicks"]).output().unwrap();
     assert_eq!(never.status.code(), Some(1), "never written exits 1");
+    // Consumer groups: consume acks what it prints; the group's position follows.
+    let consume =
+        client_cmd(dir.path(), addr).args(["consume", "orders", "--group", "g1", "--count", "2"]).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&consume.stdout),
+        "0\t1\thello\n1\t1\tworld\n",
+        "{}",
+        String::from_utf8_lossy(&consume.stderr)
+    );
+    let describe = client_cmd(dir.path(), addr).args(["group", "describe", "orders", "-g", "g1"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&describe.stdout).starts_with("position\t2\ntail\t2\n"),
+        "{}",
+        String::from_utf8_lossy(&describe.stdout)
+    );
+    let seek = client_cmd(dir.path(), addr).args(["group", "seek", "orders", "-g", "g1", "earliest"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&seek.stdout), "0\n");
+    let poll =
+        client_cmd(dir.path(), addr).args(["group", "poll", "orders", "-g", "g1", "--max", "1"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&poll.stdout), "0\t1\thello\n");
+    let ack = client_cmd(dir.path(), addr).args(["group", "ack", "orders", "-g", "g1", "5"]).output().unwrap();
+    assert!(!ack.status.success(), "offset 5 was never written");
+    assert!(
+        String::from_utf8_lossy(&ack.stderr).contains("invalid_request"),
+        "{}",
+        String::from_utf8_lossy(&ack.stderr)
+    );
     let put = client_cmd(dir.path(), addr).args(["cache", "put", "sessions", "user:1", "alice"]).output().unwrap();
     assert!(put.status.success());
     let get = client_cmd(dir.path(), addr).args(["cache", "get", "sessions", "user:1"]).output().unwrap();

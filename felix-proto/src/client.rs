@@ -52,7 +52,11 @@ impl ClientConfig {
                 | Features::SUBSCRIPTION_LAGGED
                 | Features::REDIRECT
                 | Features::STREAM_DELETED
-                | Features::CACHE_CONDITIONAL,
+                | Features::CACHE_CONDITIONAL
+                | Features::SEQUENCE_REUSED
+                | Features::GROUP_SKIPPED
+                | Features::GROUP_PUBLISHER
+                | Features::RECORD_TIMESTAMPS,
             max_frame_len: crate::frame::DEFAULT_MAX_FRAME_LEN,
         }
     }

@@ -684,7 +684,11 @@ impl Group {
             return Settle::Invalid(format!("offset {offset} is past the log tail"));
         }
         let pos = self.position(log);
-        if self.writing.contains(&offset) || !self.in_play(offset, pos) {
+        // Any record at or above the position that is not finished is in play, handed out or
+        // not yet (a consumer may give up on a record it knows it cannot process).
+        let finished =
+            (offset < pos && !self.durable.redriven.contains(&offset)) || self.durable.finished.contains(&offset);
+        if self.writing.contains(&offset) || finished {
             return Settle::Invalid(format!("offset {offset} is already finished"));
         }
         self.writing.insert(offset);

@@ -1,0 +1,305 @@
+//! Consumer groups from the client: poll, ack, nack, extend, dead letters, seek, describe.
+//!
+//! Long polls go on a control stream of their own (opened on first use), so a poll waiting at
+//! the broker holds up no ack or publish.
+
+use crate::client::{Client, ClientError, Cmd};
+use felix_proto::features::Features;
+use felix_proto::message::{self, GroupRecord, Message, StartPosition};
+use std::time::Duration;
+
+/// One consumer group on one shard of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupTarget {
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard.
+    pub shard: u32,
+    /// Group name.
+    pub group: String,
+}
+
+impl GroupTarget {
+    /// Group `group` on shard 0 of `namespace/stream`.
+    pub fn new(namespace: impl Into<String>, stream: impl Into<String>, group: impl Into<String>) -> GroupTarget {
+        GroupTarget { namespace: namespace.into(), stream: stream.into(), shard: 0, group: group.into() }
+    }
+
+    fn offset(&self, tenant: String, offset: u64, request_id: u64) -> message::GroupOffset {
+        message::GroupOffset {
+            tenant_id: tenant,
+            namespace: self.namespace.clone(),
+            stream: self.stream.clone(),
+            shard: self.shard,
+            group: self.group.clone(),
+            offset,
+            request_id,
+        }
+    }
+
+    fn whole(&self, tenant: String, request_id: u64) -> message::GroupRef {
+        message::GroupRef {
+            tenant_id: tenant,
+            namespace: self.namespace.clone(),
+            stream: self.stream.clone(),
+            shard: self.shard,
+            group: self.group.clone(),
+            request_id,
+        }
+    }
+}
+
+/// Options of a poll.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PollOptions {
+    /// Wait up to this long for records (the broker caps it); zero answers at once.
+    pub wait: Duration,
+    /// This member's name (claims are recorded as its own; FEATURE_GROUP_CONSUMER).
+    pub consumer: Option<String>,
+    /// Take back this member's claims from older connections first.
+    pub reclaim: bool,
+    /// Claim duration (zero: the broker's default).
+    pub visibility: Duration,
+}
+
+/// What `group_describe` says.
+pub type GroupInfo = message::GroupInfo;
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn unexpected(m: &Message) -> ClientError {
+    ClientError::Closed(format!("unexpected answer {}", m.type_name()))
+}
+
+const GROUPS: Option<(Features, &str)> = Some((Features::CONSUMER_GROUP, "FEATURE_CONSUMER_GROUP"));
+const DEAD_LETTERS: Option<(Features, &str)> = Some((Features::GROUP_DEAD_LETTERS, "FEATURE_GROUP_DEAD_LETTERS"));
+const CLAIM_CONTROL: Option<(Features, &str)> = Some((Features::GROUP_CLAIM_CONTROL, "FEATURE_GROUP_CLAIM_CONTROL"));
+const ADMIN: Option<(Features, &str)> = Some((Features::GROUP_ADMIN, "FEATURE_GROUP_ADMIN"));
+
+impl Client {
+    async fn group_request(
+        &self,
+        needs: Option<(Features, &'static str)>,
+        long: bool,
+        build: impl FnOnce(String, u64) -> Message + Send + 'static,
+    ) -> Result<Message, ClientError> {
+        self.call(|reply| Cmd::Request { needs, build: Box::new(build), long, reply }).await
+    }
+
+    async fn group_ok(
+        &self,
+        needs: Option<(Features, &'static str)>,
+        build: impl FnOnce(String, u64) -> Message + Send + 'static,
+    ) -> Result<(), ClientError> {
+        match self.group_request(needs, false, build).await? {
+            Message::CacheOk(_) => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Claims up to `max_records` records of the group: records owed again first, then new
+    /// ones, lowest offset first. Empty means nothing was available (within `opts.wait`).
+    ///
+    /// # Errors
+    /// The broker's refusal; [`ClientError::Unsupported`] against a broker without groups.
+    pub async fn group_poll(
+        &self,
+        g: &GroupTarget,
+        max_records: u32,
+        opts: PollOptions,
+    ) -> Result<Vec<GroupRecord>, ClientError> {
+        let g = g.clone();
+        let long = !opts.wait.is_zero();
+        let m = self
+            .group_request(GROUPS, long, move |tenant_id, request_id| {
+                Message::GroupPoll(message::GroupPoll {
+                    tenant_id,
+                    namespace: g.namespace,
+                    stream: g.stream,
+                    shard: g.shard,
+                    group: g.group,
+                    max_records,
+                    wait_ms: millis(opts.wait),
+                    request_id,
+                    consumer: opts.consumer,
+                    reclaim: opts.reclaim.then_some(true),
+                    visibility_ms: (!opts.visibility.is_zero()).then(|| millis(opts.visibility)),
+                })
+            })
+            .await?;
+        match m {
+            Message::GroupRecords(r) => Ok(r.records),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Finishes a record (answered once durable).
+    ///
+    /// # Errors
+    /// `stale_claim` for a record not handed out since the group's state was rebuilt.
+    pub async fn group_ack(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
+        let g = g.clone();
+        self.group_ok(GROUPS, move |t, id| Message::GroupAck(g.offset(t, offset, id))).await
+    }
+
+    /// Hands a record back: owed again at once, or after `delay`. With `attempts` (the value
+    /// it was delivered with), a nack whose claim no longer stands is refused.
+    ///
+    /// # Errors
+    /// `stale_claim` when `attempts` names a delivery that is over.
+    pub async fn group_nack(
+        &self,
+        g: &GroupTarget,
+        offset: u64,
+        delay: Option<Duration>,
+        attempts: Option<u32>,
+    ) -> Result<(), ClientError> {
+        let g = g.clone();
+        self.group_ok(GROUPS, move |tenant_id, request_id| {
+            Message::GroupNack(message::GroupNack {
+                tenant_id,
+                namespace: g.namespace,
+                stream: g.stream,
+                shard: g.shard,
+                group: g.group,
+                offset,
+                request_id,
+                delay_ms: delay.map(millis),
+                attempts,
+            })
+        })
+        .await
+    }
+
+    /// Keeps a claim for `extend` from now; returns the granted extension.
+    ///
+    /// # Errors
+    /// `stale_claim` when that delivery's claim no longer stands.
+    pub async fn group_extend(
+        &self,
+        g: &GroupTarget,
+        offset: u64,
+        attempts: u32,
+        extend: Duration,
+    ) -> Result<Duration, ClientError> {
+        let g = g.clone();
+        let m = self
+            .group_request(CLAIM_CONTROL, false, move |tenant_id, request_id| {
+                Message::GroupExtend(message::GroupExtend {
+                    tenant_id,
+                    namespace: g.namespace,
+                    stream: g.stream,
+                    shard: g.shard,
+                    group: g.group,
+                    offset,
+                    attempts,
+                    extend_ms: millis(extend),
+                    request_id,
+                })
+            })
+            .await?;
+        match m {
+            Message::GroupExtended(e) => Ok(Duration::from_millis(e.visible_ms)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Gives up on a record: listed as a dead letter, then finished.
+    ///
+    /// # Errors
+    /// `invalid_request` for a record already finished.
+    pub async fn group_dead_letter(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
+        let g = g.clone();
+        self.group_ok(CLAIM_CONTROL, move |t, id| Message::GroupDeadLetter(g.offset(t, offset, id))).await
+    }
+
+    /// The offsets the group gave up on, lowest first.
+    ///
+    /// # Errors
+    /// The broker's refusal.
+    pub async fn group_dead_letters(&self, g: &GroupTarget) -> Result<Vec<u64>, ClientError> {
+        let g = g.clone();
+        match self.group_request(DEAD_LETTERS, false, move |t, id| Message::GroupDeadLetters(g.whole(t, id))).await? {
+            Message::GroupDeadLetterList(l) => Ok(l.offsets),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Drops a dead letter from the list (the record stays in the log).
+    ///
+    /// # Errors
+    /// `invalid_request` when the offset is not a dead letter.
+    pub async fn group_discard(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
+        let g = g.clone();
+        self.group_ok(DEAD_LETTERS, move |t, id| Message::GroupDiscard(g.offset(t, offset, id))).await
+    }
+
+    /// Makes a dead letter owed again, its attempt count reset.
+    ///
+    /// # Errors
+    /// `invalid_request` when the offset is not a dead letter.
+    pub async fn group_redrive(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
+        let g = g.clone();
+        self.group_ok(DEAD_LETTERS, move |t, id| Message::GroupRedrive(g.offset(t, offset, id))).await
+    }
+
+    /// Moves the group's position; with `if_new` only a group that never started moves.
+    /// Returns the position and whether it moved.
+    ///
+    /// # Errors
+    /// `invalid_request` for an offset outside the retained range.
+    pub async fn group_seek(
+        &self,
+        g: &GroupTarget,
+        start: StartPosition,
+        if_new: bool,
+    ) -> Result<(u64, bool), ClientError> {
+        let g = g.clone();
+        let m = self
+            .group_request(ADMIN, false, move |tenant_id, request_id| {
+                Message::GroupSeek(message::GroupSeek {
+                    tenant_id,
+                    namespace: g.namespace,
+                    stream: g.stream,
+                    shard: g.shard,
+                    group: g.group,
+                    start,
+                    if_new,
+                    request_id,
+                })
+            })
+            .await?;
+        match m {
+            Message::GroupPosition(p) => Ok((p.offset, p.moved)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The group's position, the shard's tail, and what is in flight, owed and dead.
+    ///
+    /// # Errors
+    /// The broker's refusal.
+    pub async fn group_describe(&self, g: &GroupTarget) -> Result<GroupInfo, ClientError> {
+        let g = g.clone();
+        match self.group_request(ADMIN, false, move |t, id| Message::GroupDescribe(g.whole(t, id))).await? {
+            Message::GroupInfo(i) => Ok(i),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Deletes the group (position, dead letters, claims); returns whether it existed.
+    ///
+    /// # Errors
+    /// The broker's refusal.
+    pub async fn group_delete(&self, g: &GroupTarget) -> Result<bool, ClientError> {
+        let g = g.clone();
+        match self.group_request(ADMIN, false, move |t, id| Message::GroupDelete(g.whole(t, id))).await? {
+            Message::GroupDeleted(d) => Ok(d.existed),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
