@@ -63,6 +63,13 @@ pub struct BenchArgs {
     /// Concurrent cache requests (with --cache).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Benchmark a consumer group instead: this many consumers (each its own connection) poll
+    /// `--batch` records at a time and ack each, from a backlog published first (durable).
+    #[arg(long)]
+    group: Option<usize>,
+    /// Records published as the group's backlog (with --group).
+    #[arg(long, default_value_t = 200_000)]
+    backlog: u64,
     /// Measure raw QUIC instead: one stream of bulk bytes through quinn with the same TLS and
     /// transport settings (the ceiling publish→deliver is compared against).
     #[arg(long)]
@@ -107,7 +114,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         queue_capacity_max: 65_536,
         identity,
         fsync: a.fsync,
-        ephemeral: !a.durable,
+        ephemeral: !a.durable && a.group.is_none(),
         publish_window: 256,
         max_frame_bytes: 16 << 20,
         ack_on_commit: false,
@@ -154,6 +161,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let t = target(&a).await?;
     if a.cache {
         return cache_bench(&a, &t).await;
+    }
+    if let Some(n) = a.group {
+        return group_bench(&a, &t, n.max(1)).await;
     }
     let stream = format!("bench-{}", std::process::id());
     let epoch = Instant::now();
@@ -391,6 +401,96 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
         println!("  {:<20} {:>12}", "latency p99 (µs)", hist.value_at_quantile(0.99));
     }
     c.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<ExitCode, String> {
+    use felix_driver_tokio::{GroupTarget, PollOptions};
+    let stream = format!("group-bench-{}", std::process::id());
+    let p = connect(t).await?;
+    let payload = Bytes::from(vec![b'g'; a.payload]);
+    let mut sent = 0u64;
+    let start = Instant::now();
+    let mut inflight = tokio::task::JoinSet::new();
+    while sent < a.backlog {
+        let n = (a.backlog - sent).min(a.batch as u64) as usize;
+        let (p, stream, batch) = (p.clone(), stream.clone(), vec![payload.clone(); n]);
+        inflight.spawn(async move {
+            p.publish("bench", &stream, batch, PublishOptions { ack: true, ..Default::default() }).await
+        });
+        sent += n as u64;
+        if inflight.len() >= 128 {
+            inflight.join_next().await.map(|r| r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())).transpose()?;
+        }
+        if sent.is_multiple_of(a.batch as u64 * 200) {
+            progress(a.quiet, start, Duration::from_secs(a.duration), format!("backlog {sent}/{}", a.backlog));
+        }
+    }
+    while let Some(r) = inflight.join_next().await {
+        r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    }
+    let g = GroupTarget::new("bench", stream.clone(), "bench-group");
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..consumers {
+        let c = connect(t).await?;
+        let (g, acked, stop, batch) = (g.clone(), acked.clone(), stop.clone(), a.batch as u32);
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            let opts = PollOptions { consumer: Some(format!("c{i}")), ..Default::default() };
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                let records = c.group_poll(&g, batch, opts.clone()).await.map_err(|e| e.to_string())?;
+                if records.is_empty() {
+                    break; // the backlog is drained
+                }
+                let mut acks = tokio::task::JoinSet::new();
+                for r in records {
+                    let (c, g) = (c.clone(), g.clone());
+                    acks.spawn(async move { c.group_ack(&g, r.offset).await });
+                }
+                while let Some(r) = acks.join_next().await {
+                    r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+                    acked.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = hist.record((t0.elapsed().as_micros() as u64).max(1));
+            }
+            c.close();
+            Ok::<_, String>(hist)
+        }));
+    }
+    let total = Duration::from_secs(a.duration);
+    let start = Instant::now();
+    while start.elapsed() < total && !tasks.iter().all(|t| t.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rate = acked.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        progress(a.quiet, start, total, format!("{rate:.0} records/s polled and acked"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    let n = acked.load(Ordering::Relaxed);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    for t in tasks {
+        let _ = hist.add(&t.await.map_err(|e| e.to_string())??);
+    }
+    if !a.quiet {
+        eprintln!();
+    }
+    let result = serde_json::json!({
+        "group_consumers": consumers, "records_acked": n, "records_per_s": n as f64 / secs,
+        "batch": a.batch, "payload_bytes": a.payload,
+        "poll_and_ack_batch_us": {"p50": hist.value_at_quantile(0.5), "p99": hist.value_at_quantile(0.99), "max": hist.max()},
+    });
+    if a.json {
+        println!("{result}");
+    } else {
+        println!("Felix consumer-group bench: {consumers} consumer(s), polls of {}, {} B records", a.batch, a.payload);
+        println!("  {:<28} {:>12.0}", "records/s (poll + ack)", n as f64 / secs);
+        println!("  {:<28} {:>12}", "batch poll+ack p50 (µs)", hist.value_at_quantile(0.5));
+        println!("  {:<28} {:>12}", "batch poll+ack p99 (µs)", hist.value_at_quantile(0.99));
+    }
+    p.close();
     Ok(ExitCode::SUCCESS)
 }
 
