@@ -125,6 +125,8 @@ pub struct PublishOptions {
 pub enum SubscriptionItem {
     /// A batch of events.
     Events(EventBatch),
+    /// A change on a cache watch.
+    CacheChange(felix_proto::message::CacheEvent),
     /// The subscription ended.
     End(EndReason),
 }
@@ -149,6 +151,28 @@ impl Subscription {
 }
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, ClientError>>;
+
+/// A live cache watch: its changes in cache-log order.
+#[derive(Debug)]
+pub struct CacheWatch {
+    /// Its id.
+    pub id: u64,
+    /// Live delivery begins at this offset (what came before was replayed or snapshotted).
+    pub resume_offset: u64,
+    /// The history asked for was compacted: the watch began with current values instead.
+    pub resnapshot: bool,
+    /// With `retained`: how many current values precede live changes.
+    pub retained_count: Option<u64>,
+    rx: mpsc::UnboundedReceiver<SubscriptionItem>,
+}
+
+impl CacheWatch {
+    /// The next change, or the end (`SubscriptionItem::End`); `None` once the connection is
+    /// gone.
+    pub async fn next(&mut self) -> Option<SubscriptionItem> {
+        self.rx.recv().await
+    }
+}
 
 pub(crate) enum Cmd {
     Publish {
@@ -223,6 +247,10 @@ pub(crate) enum Cmd {
         ns: String,
         stream: String,
         reply: Reply<(u32, Routing)>,
+    },
+    CacheWatch {
+        req: felix_proto::client::CacheWatchRequest,
+        reply: Reply<CacheWatch>,
     },
     StreamRead {
         req: StreamReadRequest,
@@ -305,6 +333,7 @@ impl Client {
             waiting: VecDeque::new(),
             subs: HashMap::new(),
             sub_replies: HashMap::new(),
+            watch_replies: HashMap::new(),
             early: HashMap::new(),
             cache: HashMap::new(),
             long_stream: LongStream::None,
@@ -574,6 +603,30 @@ impl Client {
         self.call(|reply| Cmd::Counter { ns, cache, key, delta: None, reply }).await
     }
 
+    /// Watches a cache key or prefix: from now, from a change offset (`from_offset`, a previous
+    /// change's offset + 1), or starting with current values (`retained`).
+    ///
+    /// # Errors
+    /// [`ClientError::Cursor`] for a `from_offset` past the tail; the broker's refusal (both
+    /// `retained` and `from_offset`...); [`ClientError::Unsupported`] without FEATURE_CACHE_WATCH.
+    pub async fn cache_watch(
+        &self,
+        namespace: &str,
+        cache: &str,
+        filter: felix_proto::client::WatchOn,
+        from_offset: Option<u64>,
+        retained: bool,
+    ) -> Result<CacheWatch, ClientError> {
+        let req = felix_proto::client::CacheWatchRequest {
+            namespace: namespace.into(),
+            cache: cache.into(),
+            filter,
+            from_offset,
+            retained,
+        };
+        self.call(|reply| Cmd::CacheWatch { req, reply }).await
+    }
+
     /// Closes the connection.
     pub fn close(&self) {
         self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
@@ -679,6 +732,7 @@ struct Task {
     waiting: VecDeque<(PublishRequest, Reply<Option<u64>>)>,
     subs: HashMap<u64, mpsc::UnboundedSender<SubscriptionItem>>,
     sub_replies: HashMap<u64, Reply<Subscription>>,
+    watch_replies: HashMap<u64, Reply<CacheWatch>>,
     /// Items of subscriptions whose `subscribed` has not been processed yet: the event stream
     /// and the control stream are different QUIC streams, so events can arrive first.
     early: HashMap<u64, Vec<SubscriptionItem>>,
@@ -783,6 +837,9 @@ impl Task {
             let _ = r.send(Err(err()));
         }
         for (_, r) in self.sub_replies.drain() {
+            let _ = r.send(Err(err()));
+        }
+        for (_, r) in self.watch_replies.drain() {
             let _ = r.send(Err(err()));
         }
         for (_, r) in self.cache.drain() {
@@ -900,6 +957,14 @@ impl Task {
                 let sent = self.machine.stream_shards(ClientStream(0), &ns, &stream);
                 self.await_cache(sent, CacheReply::Shards(reply));
             }
+            Input::Cmd(Cmd::CacheWatch { req, reply }) => match self.machine.cache_watch(ClientStream(0), req) {
+                Ok(id) => {
+                    self.watch_replies.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(command_error(e)));
+                }
+            },
             Input::Cmd(Cmd::StreamRead { req, reply }) => {
                 let sent = self.machine.stream_read(ClientStream(0), req);
                 self.await_cache(sent, CacheReply::Page(reply));
@@ -976,7 +1041,7 @@ impl Task {
     fn deliver(&mut self, sub: u64, item: SubscriptionItem) {
         if let Some(tx) = self.subs.get(&sub) {
             let _ = tx.send(item);
-        } else if self.sub_replies.contains_key(&sub) {
+        } else if self.sub_replies.contains_key(&sub) || self.watch_replies.contains_key(&sub) {
             self.early.entry(sub).or_default().push(item);
         }
     }
@@ -1036,6 +1101,27 @@ impl Task {
                         self.subs.insert(sub, tx);
                     }
                     let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
+                }
+            }
+            ClientEvent::CacheWatchStarted { sub, resume_offset, resnapshot, retained_count } => {
+                if let Some(r) = self.watch_replies.remove(&sub) {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let mut ended = false;
+                    for item in self.early.remove(&sub).unwrap_or_default() {
+                        ended |= matches!(item, SubscriptionItem::End(_));
+                        let _ = tx.send(item);
+                    }
+                    if !ended {
+                        self.subs.insert(sub, tx);
+                    }
+                    let _ = r.send(Ok(CacheWatch { id: sub, resume_offset, resnapshot, retained_count, rx }));
+                }
+            }
+            ClientEvent::CacheEvent { sub, event } => self.deliver(sub, SubscriptionItem::CacheChange(event)),
+            ClientEvent::SubscribeFailed { sub, error, cursor, .. } if self.watch_replies.contains_key(&sub) => {
+                self.early.remove(&sub);
+                if let Some(r) = self.watch_replies.remove(&sub) {
+                    let _ = r.send(Err(cursor.map_or(ClientError::Refused(error), ClientError::Cursor)));
                 }
             }
             ClientEvent::SubscribeFailed { sub, error, cursor, .. } => {

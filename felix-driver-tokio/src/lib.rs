@@ -13,7 +13,9 @@ pub mod server;
 pub mod storage;
 pub mod tls;
 
-pub use client::{Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem};
+pub use client::{
+    CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem,
+};
 pub use groups::{GroupInfo, GroupTarget, PollOptions};
 pub use producer::{IdempotentProducer, RetryPolicy};
 pub use server::{Server, ServerError, ServerOptions, TransportTuning};

@@ -490,3 +490,36 @@ async fn consumer_groups_over_quic() {
     assert!(c.group_delete(&g).await.unwrap());
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn cache_watches_over_quic() {
+    use felix_proto::client::WatchOn;
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    c.cache_put("default", "sessions", "user:1", Bytes::from("a"), None).await.unwrap();
+    let mut w = c.cache_watch("default", "sessions", WatchOn::Prefix("user:".into()), None, true).await.unwrap();
+    assert_eq!(w.retained_count, Some(1));
+    c.cache_put("default", "sessions", "user:2", Bytes::from("b"), Some(60_000)).await.unwrap();
+    c.cache_put("default", "sessions", "other", Bytes::from("x"), None).await.unwrap();
+    c.cache_delete("default", "sessions", "user:1").await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        match tokio::time::timeout(Duration::from_secs(5), w.next()).await.expect("changes arrive") {
+            Some(SubscriptionItem::CacheChange(e)) => got.push((e.key, e.value.map(|v| v.0), e.expires_at_millis > 0)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        got,
+        [
+            ("user:1".into(), Some(Bytes::from("a")), false),
+            ("user:2".into(), Some(Bytes::from("b")), true),
+            ("user:1".into(), None, false),
+        ]
+    );
+    match c.cache_watch("default", "sessions", WatchOn::Key("k".into()), Some(u64::MAX), false).await {
+        Err(ClientError::Cursor(e)) => assert_eq!(e.reason, felix_proto::message::CursorErrorReason::InFuture),
+        other => panic!("{other:?}"),
+    }
+    server.shutdown().await;
+}

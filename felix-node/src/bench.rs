@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// `--batch` records at a time and ack each, from a backlog published first (durable).
     #[arg(long)]
     group: Option<usize>,
+    /// Benchmark cache-watch fan-out instead: this many watchers (each its own connection)
+    /// follow a cache that `--concurrency` writers keep putting to.
+    #[arg(long)]
+    watchers: Option<usize>,
     /// Records published as the group's backlog (with --group).
     #[arg(long, default_value_t = 200_000)]
     backlog: u64,
@@ -164,6 +168,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     }
     if let Some(n) = a.group {
         return group_bench(&a, &t, n.max(1)).await;
+    }
+    if let Some(n) = a.watchers {
+        return watch_bench(&a, &t, n.max(1)).await;
     }
     let stream = format!("bench-{}", std::process::id());
     let epoch = Instant::now();
@@ -493,6 +500,106 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
     p.close();
     Ok(ExitCode::SUCCESS)
 }
+
+async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitCode, String> {
+    use felix_proto::client::WatchOn;
+    let delivered = Arc::new(AtomicU64::new(0));
+    let written = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut watch_tasks = Vec::new();
+    for _ in 0..watchers {
+        let c = connect(t).await?;
+        let mut w = c
+            .cache_watch("bench", "watched", WatchOn::Prefix(String::new()), None, false)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (delivered, stop) = (delivered.clone(), stop.clone());
+        watch_tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            while !stop.load(Ordering::Relaxed) {
+                match tokio::time::timeout(Duration::from_millis(200), w.next()).await {
+                    Ok(Some(SubscriptionItem::CacheChange(e))) => {
+                        // The value carries the write time (ns since the bench epoch).
+                        if let Some(v) = e.value.as_ref().filter(|v| v.0.len() >= 8) {
+                            let sent = u64::from_be_bytes(v.0[..8].try_into().expect("8 bytes"));
+                            let now = BENCH_EPOCH.elapsed().as_nanos() as u64;
+                            let _ = hist.record((now.saturating_sub(sent) / 1000).max(1));
+                        }
+                        delivered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Some(SubscriptionItem::End(r))) => return Err(format!("watch ended: {r:?}")),
+                    Ok(_) => {}
+                    Err(_) => {}
+                }
+            }
+            c.close();
+            Ok::<_, String>(hist)
+        }));
+    }
+    let w = connect(t).await?;
+    let mut writers = Vec::new();
+    for i in 0..a.concurrency.max(1) {
+        let (w, written, stop, size) = (w.clone(), written.clone(), stop.clone(), a.payload.max(8));
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut v = BytesMut::with_capacity(size);
+                v.put_u64(BENCH_EPOCH.elapsed().as_nanos() as u64);
+                v.resize(size, b'w');
+                w.cache_put("bench", "watched", &format!("k{i}-{}", n % 100), v.freeze(), None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                written.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    let total = Duration::from_secs(a.duration);
+    let start = Instant::now();
+    while start.elapsed() < total {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let secs = start.elapsed().as_secs_f64();
+        progress(
+            a.quiet,
+            start,
+            total,
+            format!("{:.0} changes/s delivered", delivered.load(Ordering::Relaxed) as f64 / secs),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    for t in writers {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    for t in watch_tasks {
+        let _ = hist.add(&t.await.map_err(|e| e.to_string())??);
+    }
+    if !a.quiet {
+        eprintln!();
+    }
+    let (d, wr) = (delivered.load(Ordering::Relaxed), written.load(Ordering::Relaxed));
+    let result = serde_json::json!({
+        "watchers": watchers, "writes": wr, "writes_per_s": wr as f64 / secs,
+        "changes_delivered": d, "changes_delivered_per_s": d as f64 / secs,
+        "latency_us": {"p50": hist.value_at_quantile(0.5), "p99": hist.value_at_quantile(0.99), "max": hist.max()},
+    });
+    if a.json {
+        println!("{result}");
+    } else {
+        println!("Felix cache-watch bench: {watchers} watchers, {} writers, {} B values", a.concurrency, a.payload);
+        println!("  {:<28} {:>12.0}", "writes/s", wr as f64 / secs);
+        println!("  {:<28} {:>12.0}", "changes delivered/s", d as f64 / secs);
+        println!("  {:<28} {:>12}", "write→watcher p50 (µs)", hist.value_at_quantile(0.5));
+        println!("  {:<28} {:>12}", "write→watcher p99 (µs)", hist.value_at_quantile(0.99));
+    }
+    w.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The watch bench's time origin (writes stamp their values with nanoseconds since it).
+static BENCH_EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
 async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     use felix_driver_tokio::TransportTuning;

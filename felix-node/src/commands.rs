@@ -299,6 +299,7 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                 }
                 let _ = out.flush();
             }
+            Some(SubscriptionItem::CacheChange(_)) => {} // never on a stream subscription
             Some(SubscriptionItem::End(reason)) => {
                 match reason {
                     EndReason::Lagged { resume_from } => {
@@ -308,6 +309,7 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                     EndReason::Deleted => eprintln!("the stream was deleted"),
                     EndReason::Error(e) => eprintln!("subscription ended: {}", e.message),
                     EndReason::Finished => eprintln!("subscription ended by the broker"),
+                    EndReason::WatchLagged { resume_from } => eprintln!("fell behind; resume from {resume_from}"),
                 }
                 return Ok(ExitCode::FAILURE);
             }
@@ -383,6 +385,14 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
         CacheOp::Delete { cache, key } => {
             print_value(&cache, &key, client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())?)
         }
+        CacheOp::Watch { cache, key, prefix, from, retained, json, count } => {
+            let filter = match (key, prefix) {
+                (Some(k), None) => felix_proto::client::WatchOn::Key(k),
+                (None, Some(p)) => felix_proto::client::WatchOn::Prefix(p),
+                _ => return Err("name a KEY or a --prefix (exactly one)".into()),
+            };
+            watch(&client, &ns, &cache, filter, from, retained, json, count).await?
+        }
     };
     client.close();
     Ok(code)
@@ -412,6 +422,69 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
     };
     client.close();
     Ok(code)
+}
+
+/// Prints a cache's changes as they happen (offset, key, value or `<deleted>`).
+#[allow(clippy::too_many_arguments)] // the command's options
+async fn watch(
+    client: &Client,
+    ns: &str,
+    cache: &str,
+    filter: felix_proto::client::WatchOn,
+    from: Option<u64>,
+    retained: bool,
+    json: bool,
+    count: Option<u64>,
+) -> Result<ExitCode, String> {
+    let mut w = client.cache_watch(ns, cache, filter, from, retained).await.map_err(|e| e.to_string())?;
+    let mut note = format!("watching {ns}/{cache}; live from offset {}", w.resume_offset);
+    if w.resnapshot {
+        note.push_str(" (the history asked for was compacted: current values first)");
+    }
+    if let Some(n) = w.retained_count {
+        note.push_str(&format!(" ({n} current value(s) first)"));
+    }
+    eprintln!("{note}");
+    let mut seen = 0u64;
+    while count.is_none_or(|c| seen < c) {
+        let item = tokio::select! {
+            item = w.next() => item,
+            _ = tokio::signal::ctrl_c() => break,
+        };
+        match item {
+            Some(SubscriptionItem::CacheChange(e)) => {
+                let text = e.value.as_ref().map(|v| String::from_utf8_lossy(&v.0).into_owned());
+                let line = if json {
+                    let mut o = serde_json::Map::new();
+                    o.insert("offset".into(), e.offset.into());
+                    o.insert("key".into(), e.key.clone().into());
+                    o.insert("value".into(), text.map_or(serde_json::Value::Null, Into::into));
+                    if e.expires_at_millis > 0 {
+                        o.insert("expires_at_millis".into(), e.expires_at_millis.into());
+                    }
+                    serde_json::Value::Object(o).to_string()
+                } else {
+                    format!("{}\t{}\t{}", e.offset, e.key, text.as_deref().unwrap_or("<deleted>"))
+                };
+                if writeln!(std::io::stdout().lock(), "{line}").is_err() {
+                    break;
+                }
+                seen += 1;
+            }
+            Some(SubscriptionItem::End(r)) => {
+                match r {
+                    EndReason::WatchLagged { resume_from } => {
+                        eprintln!("the watch fell behind; resume with --from {resume_from}")
+                    }
+                    other => eprintln!("the watch ended: {other:?}"),
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+            Some(SubscriptionItem::Events(_)) => {}
+            None => return Err("connection closed".into()),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Prints a value read (or removed); a miss exits 1.

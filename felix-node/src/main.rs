@@ -452,6 +452,29 @@ enum CacheOp {
         /// Key.
         key: String,
     },
+    /// Watch a key (or every key with --prefix) and print each change: offset, key, value
+    /// (`<deleted>` for deletes and expiries). Ctrl-C to stop.
+    Watch {
+        /// Cache name.
+        cache: String,
+        /// Key to watch.
+        key: Option<String>,
+        /// Watch every key starting with this instead (empty: the whole cache).
+        #[arg(long, conflicts_with = "key")]
+        prefix: Option<String>,
+        /// Replay changes from this offset first (a printed offset + 1 resumes without a gap).
+        #[arg(long, conflicts_with = "retained")]
+        from: Option<u64>,
+        /// Print each matching key's current value first.
+        #[arg(long)]
+        retained: bool,
+        /// One JSON object per change.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many changes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
 }
 
 fn init_tracing() {

@@ -113,6 +113,23 @@ fn readme_commands_work_against_a_served_broker() {
         "{}",
         String::from_utf8_lossy(&ack.stderr)
     );
+    let put0 = client_cmd(dir.path(), addr).args(["cache", "put", "sessions", "user:1", "alice"]).output().unwrap();
+    assert!(put0.status.success());
+    // A watch prints the current value (--retained), then each change as it happens.
+    let mut watch = client_cmd(dir.path(), addr)
+        .args(["cache", "watch", "sessions", "user:1", "--retained", "--count", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.ends_with("\tuser:1\talice"), "{first}");
+    let del = client_cmd(dir.path(), addr).args(["cache", "delete", "sessions", "user:1"]).output().unwrap();
+    assert!(del.status.success());
+    let second = lines.next().unwrap().unwrap();
+    assert!(second.ends_with("\tuser:1\t<deleted>"), "{second}");
+    assert!(watch.wait().unwrap().success());
     let put = client_cmd(dir.path(), addr).args(["cache", "put", "sessions", "user:1", "alice"]).output().unwrap();
     assert!(put.status.success());
     let get = client_cmd(dir.path(), addr).args(["cache", "get", "sessions", "user:1"]).output().unwrap();

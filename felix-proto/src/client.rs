@@ -95,6 +95,11 @@ pub enum EndReason {
     Moved(message::ShardMoved),
     /// The stream was deleted.
     Deleted,
+    /// A cache watch fell behind; watch again from `resume_from` for no gap.
+    WatchLagged {
+        /// First change not delivered.
+        resume_from: u64,
+    },
     /// An `error` ended the stream.
     Error(ErrorInfo),
     /// The stream ended with no terminal frame.
@@ -208,6 +213,24 @@ pub enum ClientEvent {
         sub: u64,
         /// Why.
         reason: EndReason,
+    },
+    /// A cache watch was confirmed.
+    CacheWatchStarted {
+        /// Its subscription id.
+        sub: u64,
+        /// Live delivery begins here.
+        resume_offset: u64,
+        /// The asked history was compacted: the watch starts with current values instead.
+        resnapshot: bool,
+        /// With `retained`: how many current values come before live changes.
+        retained_count: Option<u64>,
+    },
+    /// A change on a cache watch.
+    CacheEvent {
+        /// Subscription.
+        sub: u64,
+        /// The change (`value` absent: deleted or expired).
+        event: message::CacheEvent,
     },
     /// A cache read (or delete) answered.
     CacheValue {
@@ -434,6 +457,30 @@ struct EventStream {
     decoder: FrameDecoder,
     sub: Option<u64>,
     ended: bool,
+}
+
+/// What a cache watch follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchOn {
+    /// One key.
+    Key(String),
+    /// Every key starting with this (empty: every key).
+    Prefix(String),
+}
+
+/// A cache watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheWatchRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Cache.
+    pub cache: String,
+    /// Key or prefix.
+    pub filter: WatchOn,
+    /// Replay from this change offset (a previous event's offset + 1).
+    pub from_offset: Option<u64>,
+    /// Start with each matching key's current value.
+    pub retained: bool,
 }
 
 /// A `stream_read`: a page of a durable shard from `from`.
@@ -722,6 +769,42 @@ impl ClientConnection {
             start: req.start,
             shard: req.shard,
             queue_capacity: req.queue_capacity,
+        });
+        let data = frame_of(&m)?;
+        self.next_sub += 1;
+        self.subs.insert(sub, None);
+        self.ctls[idx].awaiting.push_back(Awaiting::Sub(sub));
+        self.send(idx, data);
+        Ok(sub)
+    }
+
+    /// Watches a cache key or prefix (FEATURE_CACHE_WATCH). Returns the subscription id;
+    /// confirmed by `CacheWatchStarted`, changes come as `CacheEvent`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature (or without
+    /// FEATURE_CACHE_WATCH_RETAINED for `retained`).
+    pub fn cache_watch(&mut self, stream: ClientStream, req: CacheWatchRequest) -> Result<u64, CommandError> {
+        self.require(stream, Features::CACHE_WATCH, "FEATURE_CACHE_WATCH")?;
+        if req.retained {
+            self.require(stream, Features::CACHE_WATCH_RETAINED, "FEATURE_CACHE_WATCH_RETAINED")?;
+        }
+        let idx = self.ctl_index(stream)?;
+        let sub = self.next_sub;
+        let (key, prefix) = match req.filter {
+            WatchOn::Key(k) => (Some(k), None),
+            WatchOn::Prefix(p) => (None, Some(p)),
+        };
+        let m = Message::CacheWatch(message::CacheWatch {
+            tenant_id: self.cfg.tenant_id.clone(),
+            namespace: req.namespace,
+            cache: req.cache,
+            key,
+            prefix,
+            shard: None,
+            from_offset: req.from_offset,
+            retained: req.retained,
+            subscription_id: Some(sub),
         });
         let data = frame_of(&m)?;
         self.next_sub += 1;
@@ -1225,6 +1308,15 @@ impl ClientConnection {
                     self.events.push_back(ClientEvent::PublishFailed { id, error });
                 }
             }
+            Message::CacheWatchStarted(w) => {
+                self.ctls[idx].awaiting.retain(|x| *x != Awaiting::Sub(w.subscription_id));
+                self.events.push_back(ClientEvent::CacheWatchStarted {
+                    sub: w.subscription_id,
+                    resume_offset: w.resume_offset,
+                    resnapshot: w.resnapshot,
+                    retained_count: w.retained_count,
+                });
+            }
             Message::Subscribed(s) => {
                 self.ctls[idx].awaiting.retain(|x| *x != Awaiting::Sub(s.subscription_id));
                 self.events.push_back(ClientEvent::Subscribed {
@@ -1394,6 +1486,10 @@ impl ClientConnection {
                 }
                 Message::ShardMoved(m) => self.end_sub(stream, Some(sub), EndReason::Moved(m)),
                 Message::StreamDeleted(_) => self.end_sub(stream, Some(sub), EndReason::Deleted),
+                Message::CacheEvent(event) => self.events.push_back(ClientEvent::CacheEvent { sub, event }),
+                Message::CacheWatchLagged(l) => {
+                    self.end_sub(stream, Some(sub), EndReason::WatchLagged { resume_from: l.resume_from })
+                }
                 Message::Error(e) => self.end_sub(stream, Some(sub), EndReason::Error(error_info(e))),
                 Message::Event(e) => {
                     let records = Records::from_payloads([e.payload.0]).unwrap_or_default();

@@ -1,8 +1,19 @@
-//! Cache state: values with an optional expiry, checked lazily against the time passed in.
+//! Cache state: values with an optional expiry, checked against the time passed in, and the
+//! cache's change log (what cache watches replay and follow).
+//!
+//! Every change takes the next offset of the cache's log: a put (its offset is also the value's
+//! version), a delete, an expiry. Offsets start after a seed the broker takes from the wall
+//! clock, so they keep increasing across restarts of this in-memory cache; a watch resuming from
+//! before the oldest retained change is answered with the current state instead (`resnapshot`).
 
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
+
+/// Changes kept for replay; older ones are compacted away (a watch from there resnapshots).
+const LOG_MAX_CHANGES: usize = 100_000;
+/// Payload bytes of changes kept for replay.
+const LOG_MAX_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -11,18 +22,56 @@ struct Entry {
     version: u64,
 }
 
+/// One change of a cache: a put (`value`), or a delete or expiry (`None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub offset: u64,
+    pub key: String,
+    pub value: Option<Bytes>,
+    pub expires_at: Option<Instant>,
+}
+
 /// One cache.
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
     entries: HashMap<String, Entry>,
     next_version: u64,
+    log: VecDeque<Change>,
+    log_bytes: usize,
+    /// Changes recorded and not yet handed to watchers.
+    unsent: usize,
+    /// Entries with an expiry (the broker sweeps expiries only when there are some).
+    ttl_entries: usize,
 }
 
 impl Cache {
-    /// A cache whose versions start after `seed`. An in-memory cache seeds them from the wall
-    /// clock in microseconds, so versions keep increasing across restarts.
+    /// A cache whose versions (and log offsets) start after `seed`. An in-memory cache seeds them
+    /// from the wall clock in microseconds, so they keep increasing across restarts.
     pub fn with_version_seed(seed: u64) -> Cache {
-        Cache { entries: HashMap::new(), next_version: seed }
+        Cache { next_version: seed, ..Cache::default() }
+    }
+
+    fn record(&mut self, key: &str, value: Option<Bytes>, expires_at: Option<Instant>) -> u64 {
+        self.next_version += 1;
+        let offset = self.next_version;
+        self.log_bytes += value.as_ref().map_or(0, Bytes::len) + key.len();
+        self.log.push_back(Change { offset, key: key.to_owned(), value, expires_at });
+        self.unsent += 1;
+        while self.log.len() > LOG_MAX_CHANGES || self.log_bytes > LOG_MAX_BYTES {
+            let Some(c) = self.log.pop_front() else { break };
+            self.log_bytes -= c.value.as_ref().map_or(0, Bytes::len) + c.key.len();
+            self.unsent = self.unsent.min(self.log.len());
+        }
+        offset
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Entry> {
+        let e = self.entries.remove(key)?;
+        if e.expires_at.is_some() {
+            self.ttl_entries -= 1;
+        }
+        self.record(key, None, None);
+        Some(e)
     }
 
     fn live_version(&mut self, key: &str, now: Instant) -> Option<u64> {
@@ -54,26 +103,33 @@ impl Cache {
         if current != Some(version) {
             return (false, current);
         }
-        self.entries.remove(key);
+        self.remove(key);
         (true, None)
     }
 
     /// Stores a value; `ttl` of `None` never expires. Returns its version.
     pub fn put(&mut self, key: String, value: Bytes, expires_at: Option<Instant>) -> u64 {
-        self.next_version += 1;
-        let version = self.next_version;
-        self.entries.insert(key, Entry { value, expires_at, version });
+        let version = self.record(&key, Some(value.clone()), expires_at);
+        if expires_at.is_some() {
+            self.ttl_entries += 1;
+        }
+        if let Some(old) = self.entries.insert(key, Entry { value, expires_at, version })
+            && old.expires_at.is_some()
+        {
+            self.ttl_entries -= 1;
+        }
         version
     }
 
-    /// The live value of `key` at `now`; an expired entry is removed on the way.
+    /// The live value of `key` at `now`; an expired entry is removed on the way (a change
+    /// watchers see as a delete).
     pub fn get(&mut self, key: &str, now: Instant) -> Option<(Bytes, u64)> {
         let live = match self.entries.get(key) {
             None => return None,
             Some(e) => e.expires_at.is_none_or(|t| now < t),
         };
         if !live {
-            self.entries.remove(key);
+            self.remove(key);
             return None;
         }
         self.entries.get(key).map(|e| (e.value.clone(), e.version))
@@ -81,8 +137,74 @@ impl Cache {
 
     /// Removes `key`, returning its live value (an expired value counts as absent).
     pub fn delete(&mut self, key: &str, now: Instant) -> Option<Bytes> {
-        let e = self.entries.remove(key)?;
+        let e = self.remove(key)?;
         e.expires_at.is_none_or(|t| now < t).then_some(e.value)
+    }
+
+    /// Writes deletes for up to `max` entries past their expiry (the once-a-second pass).
+    pub fn expire(&mut self, now: Instant, max: usize) -> usize {
+        if self.ttl_entries == 0 {
+            return 0;
+        }
+        let due: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.expires_at.is_some_and(|t| t <= now))
+            .map(|(k, _)| k.clone())
+            .take(max)
+            .collect();
+        for k in &due {
+            self.remove(k);
+        }
+        due.len()
+    }
+
+    /// Whether any entry has an expiry.
+    pub fn has_expiring(&self) -> bool {
+        self.ttl_entries > 0
+    }
+
+    /// The offset the next change will take.
+    pub fn tail(&self) -> u64 {
+        self.next_version + 1
+    }
+
+    /// The oldest change still kept for replay (the tail when none is).
+    pub fn log_start(&self) -> u64 {
+        self.log.front().map_or_else(|| self.tail(), |c| c.offset)
+    }
+
+    /// The changes from `from` on, or `None` when some of them were compacted away.
+    pub fn changes_from(&self, from: u64) -> Option<impl Iterator<Item = &Change>> {
+        if from < self.log_start() {
+            return None;
+        }
+        let i = self.log.partition_point(|c| c.offset < from);
+        Some(self.log.range(i..))
+    }
+
+    /// The current value of every live key `filter` accepts, as changes at the offsets of the
+    /// writes that produced them, in offset order.
+    pub fn snapshot(&self, now: Instant, filter: impl Fn(&str) -> bool) -> Vec<Change> {
+        let mut v: Vec<Change> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| filter(k) && e.expires_at.is_none_or(|t| now < t))
+            .map(|(k, e)| Change {
+                offset: e.version,
+                key: k.clone(),
+                value: Some(e.value.clone()),
+                expires_at: e.expires_at,
+            })
+            .collect();
+        v.sort_by_key(|c| c.offset);
+        v
+    }
+
+    /// The changes recorded since the last call (for the watchers).
+    pub fn take_new(&mut self) -> Vec<Change> {
+        let n = std::mem::take(&mut self.unsent).min(self.log.len());
+        self.log.range(self.log.len() - n..).cloned().collect()
     }
 
     /// Number of stored entries (expired ones included until touched).
@@ -108,6 +230,29 @@ mod tests {
         assert_eq!(c.len(), 1, "expired entry removed on access");
         assert_eq!(c.delete("b", t0), Some(Bytes::from("2")));
         assert_eq!(c.delete("b", t0), None);
+    }
+
+    #[test]
+    fn every_change_takes_an_offset_and_replays_fold_to_the_state() {
+        let t0 = crate::io::test_epoch();
+        let mut c = Cache::with_version_seed(100);
+        assert_eq!(c.tail(), 101);
+        let v = c.put("a".into(), Bytes::from("1"), None);
+        assert_eq!(v, 101);
+        c.put("b".into(), Bytes::from("2"), Some(t0 + Duration::from_secs(1)));
+        c.delete("a", t0);
+        assert_eq!(c.expire(t0 + Duration::from_secs(2), 1024), 1);
+        let all: Vec<_> =
+            c.changes_from(101).unwrap().map(|ch| (ch.offset, ch.key.clone(), ch.value.is_some())).collect();
+        assert_eq!(
+            all,
+            [(101, "a".into(), true), (102, "b".into(), true), (103, "a".into(), false), (104, "b".into(), false)]
+        );
+        assert_eq!(c.take_new().len(), 4);
+        assert!(c.take_new().is_empty());
+        assert!(c.changes_from(50).is_none(), "before the log: compacted");
+        assert_eq!(c.changes_from(105).unwrap().count(), 0, "at the tail: nothing yet");
+        assert!(!c.has_expiring());
     }
 
     #[test]

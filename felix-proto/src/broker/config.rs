@@ -180,7 +180,9 @@ impl BrokerConfig {
             | Features::RECORD_TIMESTAMPS
             | Features::IDEMPOTENT_PRODUCER
             | Features::SEQUENCE_REUSED
-            | Features::PUBLISH_CONDITIONAL;
+            | Features::PUBLISH_CONDITIONAL
+            | Features::CACHE_WATCH
+            | Features::CACHE_WATCH_RETAINED;
         if self.history_reads {
             // Counters and group positions must survive a restart: only a broker with storage
             // offers them.

@@ -36,6 +36,7 @@ mod history;
 mod log;
 mod producer;
 mod syslog;
+mod watch;
 
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, Retention, StreamConfig, StreamSpec};
@@ -327,6 +328,7 @@ struct PageRead {
 #[derive(Debug, Clone, PartialEq)]
 enum Ending {
     Lagged { resume_from: u64 },
+    WatchLagged { resume_from: u64 },
     Moved(message::ShardMoved),
     Deleted,
 }
@@ -345,6 +347,8 @@ struct Sub {
     cursor: Option<u64>,
     ending: Option<Ending>,
     reading: Option<ReadToken>,
+    /// A cache watch (its key is the cache's): what it follows.
+    watch: Option<watch::WatchFilter>,
 }
 
 #[derive(Debug)]
@@ -451,6 +455,8 @@ pub struct Broker {
     next_poll: u64,
     /// Group wake-ups deferred until the control stream being handled is back in place.
     wakes: Vec<(Key, u32)>,
+    /// Cache watches by cache.
+    cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -495,6 +501,7 @@ impl Broker {
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
+            cache_watchers: HashMap::new(),
         };
         b.rng = b.cfg.random_seed;
         for s in b.cfg.streams.clone() {
@@ -558,7 +565,10 @@ impl Broker {
     /// deadline, or the next retention sweep (once a second while any stream retains by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.conns.values().filter_map(|c| c.auth_deadline).min();
-        let sweep = self.next_sweep.filter(|_| self.streams.values().any(|e| e.config.retention.max_age.is_some()));
+        let sweep = self.next_sweep.filter(|_| {
+            self.streams.values().any(|e| e.config.retention.max_age.is_some())
+                || self.caches.values().any(cache::Cache::has_expiring)
+        });
         [auth, sweep, self.groups_deadline()].into_iter().flatten().min()
     }
 
@@ -577,6 +587,7 @@ impl Broker {
         }
         if self.next_sweep.is_none_or(|t| t <= now) {
             self.enforce_retention(None, now);
+            self.cache_sweep(now);
             self.next_sweep = Some(crate::io::after(now, std::time::Duration::from_secs(1)));
         }
         self.groups_timeout(now);
@@ -648,6 +659,12 @@ impl Broker {
     }
 
     fn unlink_sub(&mut self, conn: ConnId, sub: &Sub) {
+        if sub.watch.is_some() {
+            if let Some(w) = self.cache_watchers.get_mut(&sub.key) {
+                w.retain(|(c, id)| !(*c == conn && *id == sub.id));
+            }
+            return;
+        }
         if let Some(shard) = self.streams.get_mut(&sub.key).and_then(|e| e.shards.get_mut(sub.shard as usize)) {
             shard.subs.retain(|(c, id)| !(*c == conn && *id == sub.id));
         }
@@ -1155,6 +1172,9 @@ impl Broker {
             Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
             Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
             Message::StreamRead(r) => self.stream_read(conn, st, r),
+            Message::CacheWatch(w) if self.server_features.contains(Features::CACHE_WATCH) => {
+                self.cache_watch(conn, st, w, now)
+            }
             Message::ProducerInit(p) => {
                 let producer_id = self.random();
                 let m = Message::ProducerInitOk(message::ProducerInitOk { request_id: p.request_id, producer_id });
@@ -1849,6 +1869,9 @@ impl Broker {
                         subscription_id: sub_id,
                         resume_from,
                     })),
+                    Ending::WatchLagged { resume_from } => {
+                        Some(Message::CacheWatchLagged(message::CacheWatchLagged { resume_from }))
+                    }
                     Ending::Moved(m) => offer.has(Features::SHARD_MOVED).then_some(Message::ShardMoved(m)),
                     Ending::Deleted => offer
                         .has(Features::STREAM_DELETED)
@@ -2035,6 +2058,7 @@ impl Broker {
                 cursor: (durable && cursor < tail).then_some(cursor),
                 ending: None,
                 reading: None,
+                watch: None,
             },
         );
         let entry = self.streams.get_mut(&k).expect("looked up");
@@ -2220,6 +2244,7 @@ impl Broker {
         };
         let (applied, version) =
             self.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
+        self.cache_fanout(&k);
         let m =
             Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: p.request_id });
         self.send(conn, st, json_frame(&m));
@@ -2231,6 +2256,7 @@ impl Broker {
             Err(r) => return self.refuse(conn, st, r),
         };
         let (applied, version) = self.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
+        self.cache_fanout(&k);
         let m =
             Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: d.request_id });
         self.send(conn, st, json_frame(&m));
@@ -2243,6 +2269,7 @@ impl Broker {
         };
         let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
         self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
+        self.cache_fanout(&k);
         let answer = match p.request_id {
             Some(request_id) => Message::CacheOk(message::CacheOk { request_id }),
             None => Message::Ok(message::OkMsg {}),
@@ -2256,6 +2283,7 @@ impl Broker {
             Err(r) => return self.refuse(conn, st, r),
         };
         let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
+        self.cache_fanout(&k); // a lazy expiry is a change too
         if hit.is_some() {
             self.stats.cache_hits += 1;
         } else {
@@ -2282,6 +2310,7 @@ impl Broker {
             Err(r) => return self.refuse(conn, st, r),
         };
         let removed = self.caches.get_mut(&k).expect("created").delete(&d.key, now);
+        self.cache_fanout(&k);
         let m = Message::CacheValue(message::CacheValue {
             tenant_id: d.tenant_id,
             namespace: d.namespace,

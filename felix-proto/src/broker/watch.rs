@@ -1,0 +1,194 @@
+//! Cache watches (FEATURE_CACHE_WATCH, FEATURE_CACHE_WATCH_RETAINED): a key or prefix of a cache,
+//! delivered as `cache_event` frames on a broker-opened event stream, like a subscription.
+//!
+//! A watch starts from now, from an offset of the cache's change log (replayed, or the current
+//! state when that history was compacted: `resnapshot`), or with the current state of every
+//! matching key (`retained`). Live changes are filtered at fan-out; a watch whose queue fills
+//! gets `cache_watch_lagged` with the first change it missed, and ends.
+
+use super::cache::Change;
+use super::{Broker, BrokerOutput, CtlStream, Ending, Key, Refusal, Sub, json_frame};
+use crate::broker::auth::Action;
+use crate::error_code::ErrorCode;
+use crate::features::Features;
+use crate::io::{ConnId, OpenToken};
+use crate::message::{self, B64, Message};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// What a watch follows: one key, or every key with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WatchFilter {
+    Key(String),
+    Prefix(String),
+}
+
+impl WatchFilter {
+    pub fn accepts(&self, key: &str) -> bool {
+        match self {
+            WatchFilter::Key(k) => k == key,
+            WatchFilter::Prefix(p) => key.starts_with(p.as_str()),
+        }
+    }
+}
+
+impl Broker {
+    /// The `cache_event` frame of a change.
+    fn event_frame(&self, c: &Change) -> [Bytes; 2] {
+        let expires_at_millis = c.expires_at.map_or(0, |t| self.wall.micros(t) / 1000);
+        let m = Message::CacheEvent(message::CacheEvent {
+            key: c.key.clone(),
+            value: c.value.clone().map(B64),
+            offset: c.offset,
+            expires_at_millis,
+        });
+        [json_frame(&m), Bytes::new()]
+    }
+
+    pub(super) fn cache_watch(&mut self, conn: ConnId, st: &mut CtlStream, w: message::CacheWatch, now: Instant) {
+        let k = match self.cache_entry(st, &w.tenant_id, &w.namespace, &w.cache, Action::CacheRead) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let invalid = |m: &str| Refusal::new(ErrorCode::InvalidRequest, m);
+        let filter = match (w.key, w.prefix) {
+            (Some(k), None) => WatchFilter::Key(k),
+            (None, Some(p)) => {
+                if w.shard.is_some_and(|s| s != 0) {
+                    return self.refuse(conn, st, invalid("the cache has one shard: shard must be 0"));
+                }
+                WatchFilter::Prefix(p)
+            }
+            _ => return self.refuse(conn, st, invalid("a watch names exactly one of key and prefix")),
+        };
+        if w.retained && w.from_offset.is_some() {
+            return self.refuse(conn, st, invalid("retained and from_offset cannot be combined"));
+        }
+        if w.retained && !self.server_features.contains(Features::CACHE_WATCH_RETAINED) {
+            return self.refuse(conn, st, invalid("retained delivery is not served"));
+        }
+        let cache = self.caches.get_mut(&k).expect("cache_entry created it");
+        // Expired entries are written as deletes before the tail is read.
+        cache.expire(now, usize::MAX);
+        let tail = cache.tail();
+        if let Some(from) = w.from_offset
+            && from > tail
+        {
+            let m = Message::SubscribeCursorError(message::SubscribeCursorError {
+                reason: message::CursorErrorReason::InFuture,
+                requested: from,
+                available: tail,
+            });
+            return self.send(conn, st, json_frame(&m));
+        }
+        let (initial, resnapshot, retained_count) = if w.retained {
+            let snap = cache.snapshot(now, |key| filter.accepts(key));
+            let n = snap.len() as u64;
+            (snap, false, Some(n))
+        } else if let Some(from) = w.from_offset {
+            match cache.changes_from(from) {
+                Some(changes) => (changes.filter(|c| filter.accepts(&c.key)).cloned().collect(), false, None),
+                None => (cache.snapshot(now, |key| filter.accepts(key)), true, None),
+            }
+        } else {
+            (Vec::new(), false, None)
+        };
+        self.cache_fanout(&k);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let max_subs = self.cfg.max_subscriptions_per_connection as usize;
+        if c.subs.len() >= max_subs {
+            let r = Refusal::new(ErrorCode::LimitExceeded, format!("at most {max_subs} subscriptions per connection"));
+            return self.refuse(conn, st, r);
+        }
+        let id = match w.subscription_id {
+            Some(id) if c.subs.contains_key(&id) => {
+                return self.refuse(conn, st, invalid(&format!("subscription {id} already exists")));
+            }
+            Some(id) => id,
+            None => {
+                while c.subs.contains_key(&c.next_sub) {
+                    c.next_sub += 1;
+                }
+                c.next_sub += 1;
+                c.next_sub - 1
+            }
+        };
+        let queue: VecDeque<[Bytes; 2]> = initial.iter().map(|ch| self.event_frame(ch)).collect();
+        let replayed = queue.len();
+        let token = OpenToken(self.next_open);
+        self.next_open += 1;
+        let offer = Self::features_of(st);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        c.opens.insert(token, id);
+        c.subs.insert(
+            id,
+            Sub {
+                id,
+                key: k.clone(),
+                shard: 0,
+                stream: None,
+                shape: Default::default(),
+                offer,
+                queue,
+                // Live changes a watch may have queued before it lags (a replay at the start is
+                // queued whole): the default subscriber queue capacity.
+                capacity: self.cfg.default_stream.queue_capacity.max(1) as usize + replayed,
+                inflight: 0,
+                cursor: None,
+                ending: None,
+                reading: None,
+                watch: Some(filter),
+            },
+        );
+        self.cache_watchers.entry(k).or_default().push((conn, id));
+        let m = Message::CacheWatchStarted(message::CacheWatchStarted {
+            subscription_id: id,
+            resume_offset: tail,
+            resnapshot,
+            retained_count,
+        });
+        self.send(conn, st, json_frame(&m));
+        self.out.push_back(BrokerOutput::OpenUni { conn, token });
+    }
+
+    /// Hands a cache's new changes to its watchers.
+    pub(super) fn cache_fanout(&mut self, k: &Key) {
+        let Some(cache) = self.caches.get_mut(k) else { return };
+        let changes = cache.take_new();
+        if changes.is_empty() {
+            return;
+        }
+        let Some(watchers) = self.cache_watchers.get(k).cloned() else { return };
+        let frames: Vec<[Bytes; 2]> = changes.iter().map(|c| self.event_frame(c)).collect();
+        for (conn, id) in watchers {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+            let Some(filter) = sub.watch.clone() else { continue };
+            for (c, f) in changes.iter().zip(&frames) {
+                if sub.ending.is_some() || !filter.accepts(&c.key) {
+                    continue;
+                }
+                if sub.queue.len() >= sub.capacity {
+                    // Delivers what is queued, then says where to resume (gapless).
+                    self.stats.lagged += 1;
+                    sub.ending = Some(Ending::WatchLagged { resume_from: c.offset });
+                    continue;
+                }
+                sub.queue.push_back(f.clone());
+            }
+            self.pump(conn, id);
+        }
+    }
+
+    /// The once-a-second pass: writes deletes for expired entries (at most 1024 per cache), which
+    /// watchers receive.
+    pub(super) fn cache_sweep(&mut self, now: Instant) {
+        let keys: Vec<Key> = self.caches.iter().filter(|(_, c)| c.has_expiring()).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            if let Some(c) = self.caches.get_mut(&k) {
+                c.expire(now, 1024);
+            }
+            self.cache_fanout(&k);
+        }
+    }
+}
