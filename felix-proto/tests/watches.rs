@@ -88,7 +88,7 @@ fn key_and_prefix_watches_see_only_their_changes_in_order() {
     let k = started(&send(&mut sim, p, s, watch(Some("user:1"), None, None, false))[0]).clone();
     let all = started(&send(&mut sim, p, s, watch(None, Some(""), None, false))[0]).clone();
     let users = started(&send(&mut sim, p, s, watch(None, Some("user:"), None, false))[0]).clone();
-    assert!(k.resnapshot == false && k.retained_count.is_none());
+    assert!(!k.resnapshot && k.retained_count.is_none());
     for b in [put("user:1", "a", None), put("order:9", "x", None), put("user:2", "b", Some(60_000)), delete("user:1")] {
         send(&mut sim, p, s, b);
     }
