@@ -8,7 +8,7 @@
 
 use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle};
 use super::syslog::SysPending;
-use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
+use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame};
 use crate::broker::auth::Action;
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
@@ -65,12 +65,6 @@ pub(crate) enum Filled {
     Reading(ReadToken),
 }
 
-/// Why a group request cannot go on.
-enum Denied {
-    Refused(Refusal),
-    Answer(Box<Message>),
-}
-
 fn stale(fatal: bool, why: String) -> Refusal {
     let mut r = Refusal::new(ErrorCode::StaleClaim, why);
     if fatal {
@@ -83,43 +77,6 @@ impl Broker {
     /// Whether this broker serves consumer groups (it needs storage).
     pub(super) fn serves_groups(&self) -> bool {
         self.server_features.contains(Features::CONSUMER_GROUP)
-    }
-
-    /// The checks every group request makes: permission, shard, leadership, durability.
-    fn group_shard(
-        &mut self,
-        st: &CtlStream,
-        t: &str,
-        ns: &str,
-        s: &str,
-        shard: u32,
-        action: Action,
-    ) -> Result<Key, Denied> {
-        let shards = self.lookup_stream(st, t, ns, s, action).map_err(Denied::Refused)?;
-        if shard >= shards {
-            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
-            return Err(Denied::Refused(r));
-        }
-        let k = key(t, ns, s);
-        let entry = self.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
-        if let Some(m) = &entry.shards[shard as usize].moved {
-            return Err(Denied::Answer(Box::new(Self::not_leader_answer(&Self::features_of(st), m, shard))));
-        }
-        if !entry.config.durable {
-            let r = Refusal::new(
-                ErrorCode::InvalidRequest,
-                format!("stream {ns}/{s} keeps no log: consumer groups need one"),
-            );
-            return Err(Denied::Refused(r));
-        }
-        Ok(k)
-    }
-
-    fn group_deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
-        match d {
-            Denied::Refused(r) => self.refuse(conn, st, r),
-            Denied::Answer(m) => self.send(conn, st, json_frame(&m)),
-        }
     }
 
     fn group_mut(&mut self, k: &Key, shard: u32, name: &str) -> &mut Group {
@@ -165,9 +122,17 @@ impl Broker {
     }
 
     pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
-        let k = match self.group_shard(st, &p.tenant_id, &p.namespace, &p.stream, p.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &p.tenant_id,
+            &p.namespace,
+            &p.stream,
+            p.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         if p.consumer.as_ref().is_some_and(|c| c.is_empty() || c.len() > 128) {
             let r = Refusal::new(ErrorCode::InvalidRequest, "consumer names are 1 to 128 bytes");
@@ -410,9 +375,17 @@ impl Broker {
     }
 
     pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
-        let k = match self.group_shard(st, &a.tenant_id, &a.namespace, &a.stream, a.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &a.tenant_id,
+            &a.namespace,
+            &a.stream,
+            a.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
         let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
@@ -445,9 +418,17 @@ impl Broker {
     }
 
     pub(super) fn group_nack(&mut self, conn: ConnId, st: &mut CtlStream, n: message::GroupNack, now: Instant) {
-        let k = match self.group_shard(st, &n.tenant_id, &n.namespace, &n.stream, n.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &n.tenant_id,
+            &n.namespace,
+            &n.stream,
+            n.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let limits = self.cfg.group_limits;
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[n.shard as usize].log) else { return };
@@ -460,9 +441,17 @@ impl Broker {
     }
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {
-        let k = match self.group_shard(st, &e.tenant_id, &e.namespace, &e.stream, e.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &e.tenant_id,
+            &e.namespace,
+            &e.stream,
+            e.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let limits = self.cfg.group_limits;
         let g = self.group_mut(&k, e.shard, &e.group);
@@ -483,9 +472,17 @@ impl Broker {
         a: message::GroupOffset,
         now: Instant,
     ) {
-        let k = match self.group_shard(st, &a.tenant_id, &a.namespace, &a.stream, a.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &a.tenant_id,
+            &a.namespace,
+            &a.stream,
+            a.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
         let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
@@ -494,9 +491,17 @@ impl Broker {
     }
 
     pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
-        let k = match self.group_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &r.tenant_id,
+            &r.namespace,
+            &r.stream,
+            r.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let offsets = self
             .groups
@@ -517,9 +522,17 @@ impl Broker {
         redrive: bool,
         now: Instant,
     ) {
-        let k = match self.group_shard(st, &a.tenant_id, &a.namespace, &a.stream, a.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &a.tenant_id,
+            &a.namespace,
+            &a.stream,
+            a.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let listed = self
             .groups
@@ -542,9 +555,17 @@ impl Broker {
     }
 
     pub(super) fn group_seek(&mut self, conn: ConnId, st: &mut CtlStream, s: message::GroupSeek, now: Instant) {
-        let k = match self.group_shard(st, &s.tenant_id, &s.namespace, &s.stream, s.shard, Action::GroupManage) {
+        let k = match self.durable_shard(
+            st,
+            &s.tenant_id,
+            &s.namespace,
+            &s.stream,
+            s.shard,
+            Action::GroupManage,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[s.shard as usize].log) else { return };
         let (earliest, latest) = (log.start(), log.committed_tail());
@@ -570,9 +591,17 @@ impl Broker {
     }
 
     pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
-        let k = match self.group_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard, Action::GroupConsume) {
+        let k = match self.durable_shard(
+            st,
+            &r.tenant_id,
+            &r.namespace,
+            &r.stream,
+            r.shard,
+            Action::GroupConsume,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
         let tail = log.committed_tail();
@@ -597,9 +626,17 @@ impl Broker {
     }
 
     pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let k = match self.group_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard, Action::GroupManage) {
+        let k = match self.durable_shard(
+            st,
+            &r.tenant_id,
+            &r.namespace,
+            &r.stream,
+            r.shard,
+            Action::GroupManage,
+            "a consumer group",
+        ) {
             Ok(k) => k,
-            Err(d) => return self.group_deny(conn, st, d),
+            Err(d) => return self.deny(conn, st, d),
         };
         let existed = self.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);
         let op = GroupOp::Delete { group: r.group.clone() };

@@ -13,16 +13,29 @@ use crate::io::{ConnId, ReadToken};
 use crate::message::{self, B64, CursorErrorReason, Message};
 use crate::storage::StoredBatch;
 
-/// Why a history request cannot be served: a refusal, or a ready-made answer (`not_leader`).
-enum Denied {
+/// Why a request for a durable shard cannot be served: a refusal, or a ready-made answer
+/// (`not_leader`).
+pub(super) enum Denied {
     Refused(Refusal),
     Answer(Box<Message>),
 }
 
 impl Broker {
-    /// The checks every history request makes: permission, shard, leadership, durability.
-    fn history_shard(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, shard: u32) -> Result<Key, Denied> {
-        let shards = self.lookup_stream(st, t, ns, s, Action::Subscribe).map_err(Denied::Refused)?;
+    /// The checks every request for one durable shard makes (history reads, consumer groups):
+    /// permission for `action`, the shard, leadership, durability. `needs` says, for the
+    /// refusal, what the log is needed for.
+    #[allow(clippy::too_many_arguments)] // the request's address
+    pub(super) fn durable_shard(
+        &mut self,
+        st: &CtlStream,
+        t: &str,
+        ns: &str,
+        s: &str,
+        shard: u32,
+        action: Action,
+        needs: &str,
+    ) -> Result<Key, Denied> {
+        let shards = self.lookup_stream(st, t, ns, s, action).map_err(Denied::Refused)?;
         if shard >= shards {
             let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
             return Err(Denied::Refused(r));
@@ -35,14 +48,14 @@ impl Broker {
         if !entry.config.durable {
             let r = Refusal::new(
                 ErrorCode::InvalidRequest,
-                format!("stream {ns}/{s} is in memory only: it keeps no history"),
+                format!("stream {ns}/{s} is in memory only: it keeps no log, and {needs} needs one"),
             );
             return Err(Denied::Refused(r));
         }
         Ok(k)
     }
 
-    fn deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
+    pub(super) fn deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
         match d {
             Denied::Refused(r) => self.refuse(conn, st, r),
             Denied::Answer(m) => self.send(conn, st, json_frame(&m)),
@@ -50,7 +63,15 @@ impl Broker {
     }
 
     pub(super) fn offset_for_time(&mut self, conn: ConnId, st: &mut CtlStream, q: message::OffsetForTime) {
-        let k = match self.history_shard(st, &q.tenant_id, &q.namespace, &q.stream, q.shard) {
+        let k = match self.durable_shard(
+            st,
+            &q.tenant_id,
+            &q.namespace,
+            &q.stream,
+            q.shard,
+            Action::Subscribe,
+            "reading history",
+        ) {
             Ok(k) => k,
             Err(d) => return self.deny(conn, st, d),
         };
@@ -60,7 +81,15 @@ impl Broker {
     }
 
     pub(super) fn stream_read(&mut self, conn: ConnId, st: &mut CtlStream, r: message::StreamRead) {
-        let k = match self.history_shard(st, &r.tenant_id, &r.namespace, &r.stream, r.shard) {
+        let k = match self.durable_shard(
+            st,
+            &r.tenant_id,
+            &r.namespace,
+            &r.stream,
+            r.shard,
+            Action::Subscribe,
+            "reading history",
+        ) {
             Ok(k) => k,
             Err(d) => return self.deny(conn, st, d),
         };
