@@ -80,10 +80,6 @@ struct OpenSegment {
 }
 
 /// Bytes a batch takes in a segment (header and body).
-fn framed_len(b: &StoredBatch) -> u64 {
-    let publisher = b.publisher.as_ref().map_or(0, |p| p.len().min(255));
-    (felix_proto::storage::BATCH_HEADER_LEN + 8 + 8 + 1 + 1 + publisher + 4 + b.records.raw().len()) as u64
-}
 
 /// Appends batches to segment files.
 #[derive(Debug)]
@@ -95,6 +91,9 @@ pub struct DiskStorage {
     dirty: HashSet<PathBuf>,
     last_sync: Instant,
     known_meta: HashSet<PathBuf>,
+    /// Segments a failed write left with a partial batch that could not be cut off: never
+    /// appended to again.
+    poisoned: HashSet<PathBuf>,
     /// Per segment: `(first offset of a batch, byte position)`, in order. Lets a history read
     /// seek to the batch it needs instead of reading the whole segment.
     index: HashMap<PathBuf, Vec<(u64, u64)>>,
@@ -119,6 +118,7 @@ impl DiskStorage {
             dirty: HashSet::new(),
             last_sync: Instant::now(),
             known_meta: HashSet::new(),
+            poisoned: HashSet::new(),
             index: HashMap::new(),
         })
     }
@@ -336,7 +336,7 @@ impl DiskStorage {
                 std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
                 let existing = last_segment(&dir)?;
                 let path = match existing {
-                    Some((p, len)) if len < self.segment_bytes => p,
+                    Some((p, len)) if len < self.segment_bytes && !self.poisoned.contains(&p) => p,
                     _ => dir.join(segment_name(r.base_offset)),
                 };
                 let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| io_err(&path, e))?;
@@ -347,7 +347,18 @@ impl DiskStorage {
         };
         let seg = self.open.get_mut(&path).expect("opened above");
         let pos = seg.len;
-        seg.file.write_all(bytes).map_err(|e| io_err(&path, e))?;
+        if let Err(e) = seg.file.write_all(bytes) {
+            // A write that failed part-way (disk full, file too large) may have left some of
+            // the batch behind: cut it off, so the next batch follows a whole one. If even that
+            // fails, leave the segment: the next write starts a new one, and recovery cuts this
+            // tail.
+            if seg.file.set_len(pos).is_err() {
+                self.open.remove(&path);
+                self.dirty.remove(&path);
+                self.poisoned.insert(path.clone());
+            }
+            return Err(io_err(&path, e));
+        }
         seg.len += bytes.len() as u64;
         self.index.entry(path.clone()).or_default().push((r.base_offset, pos));
         self.dirty.insert(path);
@@ -413,6 +424,11 @@ fn recover_shard(dir: &Path) -> std::io::Result<(Vec<StoredBatch>, Vec<String>, 
         let data = std::fs::read(&path).map_err(|e| io_err(&path, e))?;
         let total = data.len();
         let r = decode_segment(Bytes::from(data));
+        for d in &r.damaged {
+            let msg = format!("{}: {d}; that batch is skipped (its offsets are lost), the rest is served", path.display());
+            tracing::error!("{msg}");
+            repairs.push(msg);
+        }
         if let Some(problem) = r.problem {
             let msg = format!(
                 "{}: {problem}; truncated from {total} to {} bytes ({} batches kept)",
@@ -426,16 +442,7 @@ fn recover_shard(dir: &Path) -> std::io::Result<(Vec<StoredBatch>, Vec<String>, 
             f.set_len(r.valid_len as u64).map_err(|e| io_err(&path, e))?;
             f.sync_all().map_err(|e| io_err(&path, e))?;
         }
-        let mut pos = 0u64;
-        let ix: Vec<(u64, u64)> = r
-            .batches
-            .iter()
-            .map(|b| {
-                let at = pos;
-                pos += framed_len(b);
-                (b.base_offset, at)
-            })
-            .collect();
+        let ix: Vec<(u64, u64)> = r.batches.iter().zip(&r.positions).map(|(b, at)| (b.base_offset, *at as u64)).collect();
         index.insert(path, ix);
         batches.extend(r.batches);
     }

@@ -523,3 +523,46 @@ async fn cache_watches_over_quic() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_corrupted_byte_is_detected_reported_and_the_rest_served() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (server, chain) = start(Some(dir.path())).await;
+        let c = connect(&server, &chain).await;
+        for i in 0..10 {
+            let p = Bytes::from(format!("batch-{i}-{}", "q".repeat(50)));
+            c.publish("default", "bits", vec![p], PublishOptions { ack: true, ..Default::default() }).await.unwrap();
+        }
+        server.shutdown().await;
+    }
+    // Flip one bit inside the payload of the fifth batch.
+    let seg = walk(dir.path()).into_iter().find(|p| p.extension().is_some_and(|e| e == "seg")).unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let at = bytes.windows(7).position(|w| w == b"batch-4").unwrap() + 10;
+    bytes[at] ^= 0x01;
+    std::fs::write(&seg, &bytes).unwrap();
+    let (server, chain) = start(Some(dir.path())).await;
+    assert!(server.repairs.iter().any(|r| r.contains("checksum") && r.contains("skipped")), "{:?}", server.repairs);
+    let c = connect(&server, &chain).await;
+    let page = c.stream_read("default", "bits", 0, 0, None, None).await.unwrap();
+    let offsets: Vec<u64> = page.records.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, [0, 1, 2, 3, 5, 6, 7, 8, 9], "everything but the damaged batch");
+    // Writing goes on after the damage.
+    let p = PublishOptions { ack: true, ..Default::default() };
+    c.publish("default", "bits", vec![Bytes::from("more")], p).await.unwrap();
+    server.shutdown().await;
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -347,3 +347,88 @@ shards = 2
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("lisen") && err.contains("felix.toml"), "{err}");
 }
+
+/// Starts `felix-node serve` under a file-size limit (`ulimit -f`, with SIGXFSZ ignored, so a
+/// write past it fails with EFBIG exactly as on a full disk).
+fn serve_limited(data: &Path, addr: SocketAddr, limit_kib: u64, extra: &[&str]) -> Child {
+    let script = format!(
+        "trap '' XFSZ; ulimit -S -f {limit_kib}; exec \"$0\" serve --listen {addr} --data-dir \"$1\" --dev-token {TOKEN} {}",
+        extra.join(" ")
+    );
+    let mut child = Command::new("bash")
+        .args(["-c", &script, BIN])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("broker printed its banner").unwrap();
+        if line.starts_with("Felix broker listening") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_writes_acks_nothing_unwritten_and_recovers_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let args = ["--fsync", "always", "--ack-on-commit"];
+    let mut broker = serve_limited(dir.path(), addr, 64, &args);
+    let c = connect(dir.path(), addr).await;
+    let acked_opts = || PublishOptions { ack: true, ..Default::default() };
+    let mut acked: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let mut refused = 0;
+    for i in 0..200u64 {
+        let p = Bytes::from(format!("{i:05}{}", "d".repeat(995)));
+        match c.publish("default", "full", vec![p.clone()], acked_opts()).await {
+            Ok(Some(off)) => {
+                acked.insert(off, p);
+            }
+            Ok(None) => panic!("ack on commit carries an offset"),
+            Err(e) => {
+                assert_eq!(e.code().map(|c| c.name().into_owned()).as_deref(), Some("storage"), "{e}");
+                assert_eq!(e.retry(), Some(felix_proto::error_code::RetryClass::Retry));
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 100 && acked.len() > 20, "{} acked, {refused} refused", acked.len());
+    // Space returns: the same broker writes again.
+    let pid = broker.id().to_string();
+    assert!(Command::new("prlimit").args(["--pid", &pid, "--fsize=unlimited"]).status().unwrap().success());
+    for i in 0..20u64 {
+        let p = Bytes::from(format!("after-{i}"));
+        let off = c.publish("default", "full", vec![p.clone()], acked_opts()).await.unwrap().unwrap();
+        acked.insert(off, p);
+    }
+    // Everything acknowledged is there, once, and nothing else: now, and after a restart.
+    for round in 0..2 {
+        let c = connect(dir.path(), addr).await;
+        let mut got = BTreeMap::new();
+        let mut from = 0;
+        loop {
+            let page = c.stream_read("default", "full", 0, from, None, None).await.unwrap();
+            if page.records.is_empty() {
+                break;
+            }
+            for r in page.records {
+                assert!(got.insert(r.offset, r.payload.0).is_none());
+            }
+            from = page.next_offset;
+        }
+        assert_eq!(got.keys().collect::<Vec<_>>(), acked.keys().collect::<Vec<_>>(), "round {round}: offsets");
+        assert!(got == acked, "round {round}: exactly the acknowledged records");
+        if round == 0 {
+            broker.kill().unwrap();
+            broker.wait().unwrap();
+            broker = serve(dir.path(), addr, &args);
+        }
+    }
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+}

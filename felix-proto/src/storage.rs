@@ -173,8 +173,8 @@ pub enum SegmentError {
         /// The flags byte.
         flags: u8,
     },
-    /// Offsets do not follow each other.
-    #[error("batch at byte {at} starts at offset {got}, expected {expected}")]
+    /// Offsets go backwards (a gap forwards is a write that failed, and is fine).
+    #[error("batch at byte {at} starts at offset {got}, below {expected}")]
     OutOfOrder {
         /// Where the batch starts.
         at: usize,
@@ -190,6 +190,11 @@ pub enum SegmentError {
 pub struct Recovered {
     /// The valid batches, in order.
     pub batches: Vec<StoredBatch>,
+    /// Where each of `batches` starts in the file.
+    pub positions: Vec<usize>,
+    /// Corrupt batches skipped in the middle of the file (their offsets are lost; what follows
+    /// them is served).
+    pub damaged: Vec<SegmentError>,
     /// Bytes of the file that hold them: truncate the file here to drop a bad tail.
     pub valid_len: usize,
     /// Why reading stopped early, if it did.
@@ -197,9 +202,13 @@ pub struct Recovered {
 }
 
 /// Reads a segment. Never panics; every batch returned passed its checksum, and offsets
-/// strictly follow each other. Reading stops at the first problem.
+/// strictly increase (a forward gap is a write that failed). A batch whose checksum fails in the
+/// middle of the file, followed by a sound batch header, is skipped and reported in `damaged`;
+/// any other problem stops reading there (the tail from it is to be truncated).
 pub fn decode_segment(data: Bytes) -> Recovered {
     let mut batches = Vec::new();
+    let mut positions = Vec::new();
+    let mut damaged = Vec::new();
     let mut at = 0usize;
     let mut expected: Option<u64> = None;
     let problem = loop {
@@ -224,6 +233,14 @@ pub fn decode_segment(data: Bytes) -> Recovered {
         }
         let body = data.slice(at + BATCH_HEADER_LEN..at + BATCH_HEADER_LEN + len);
         if crc32c(&body) != word(at + 8) {
+            let next = at + BATCH_HEADER_LEN + len;
+            let sound_next = data.len() - next >= BATCH_HEADER_LEN && word(next) == BATCH_MAGIC;
+            if sound_next {
+                // Damage inside the file, not a torn tail: skip this batch, serve the rest.
+                damaged.push(SegmentError::BadChecksum { at });
+                at = next;
+                continue;
+            }
             break Some(SegmentError::BadChecksum { at });
         }
         if body.len() > 16 && body[16] & !BATCH_FLAGS_KNOWN != 0 {
@@ -234,15 +251,16 @@ pub fn decode_segment(data: Bytes) -> Recovered {
             Err(error) => break Some(SegmentError::Malformed { at, error }),
         };
         if let Some(e) = expected
-            && batch.base_offset != e
+            && batch.base_offset < e
         {
             break Some(SegmentError::OutOfOrder { at, got: batch.base_offset, expected: e });
         }
         expected = Some(batch.base_offset + batch.count());
         batches.push(batch);
+        positions.push(at);
         at += BATCH_HEADER_LEN + len;
     };
-    Recovered { batches, valid_len: at, problem }
+    Recovered { batches, positions, damaged, valid_len: at, problem }
 }
 
 fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
@@ -399,13 +417,38 @@ mod tests {
     }
 
     #[test]
-    fn out_of_order_offsets_stop_reading() {
+    fn backward_offsets_stop_reading_and_forward_gaps_do_not() {
         let mut seg = BytesMut::new();
         encode_batch(&batch(0, &["a"]), &mut seg);
-        encode_batch(&batch(5, &["b"]), &mut seg);
+        encode_batch(&batch(5, &["b"]), &mut seg); // offsets 1..5: a write that failed
+        encode_batch(&batch(3, &["c"]), &mut seg);
         let r = decode_segment(seg.freeze());
-        assert_eq!(r.batches.len(), 1);
-        assert!(matches!(r.problem, Some(SegmentError::OutOfOrder { got: 5, expected: 1, .. })));
+        assert_eq!(r.batches.len(), 2);
+        assert!(matches!(r.problem, Some(SegmentError::OutOfOrder { got: 3, expected: 6, .. })));
+    }
+
+    #[test]
+    fn a_corrupt_batch_inside_the_file_is_skipped_and_the_rest_served() {
+        let mut seg = BytesMut::new();
+        encode_batch(&batch(0, &["a"]), &mut seg);
+        let second = seg.len();
+        encode_batch(&batch(1, &["bbbb"]), &mut seg);
+        let third = seg.len();
+        encode_batch(&batch(2, &["c"]), &mut seg);
+        let mut bytes = seg.to_vec();
+        bytes[third - 2] ^= 0x40; // a flipped bit in the second batch's payload
+        let r = decode_segment(Bytes::from(bytes.clone()));
+        assert_eq!(r.batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(r.positions, [0, third]);
+        assert_eq!(r.damaged, [SegmentError::BadChecksum { at: second }]);
+        assert_eq!((r.problem, r.valid_len), (None, bytes.len()));
+        // The same damage in the last batch is a bad tail: cut there.
+        bytes[third - 2] ^= 0x40;
+        let last = bytes.len() - 2;
+        bytes[last] ^= 0x40;
+        let r = decode_segment(Bytes::from(bytes));
+        assert_eq!(r.batches.len(), 2);
+        assert_eq!((r.problem, r.valid_len), (Some(SegmentError::BadChecksum { at: third }), third));
     }
 
     #[test]
