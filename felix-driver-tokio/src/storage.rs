@@ -79,8 +79,6 @@ struct OpenSegment {
     len: u64,
 }
 
-/// Bytes a batch takes in a segment (header and body).
-
 /// Appends batches to segment files.
 #[derive(Debug)]
 pub struct DiskStorage {
