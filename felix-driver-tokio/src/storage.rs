@@ -423,7 +423,8 @@ fn recover_shard(dir: &Path) -> std::io::Result<(Vec<StoredBatch>, Vec<String>, 
         let total = data.len();
         let r = decode_segment(Bytes::from(data));
         for d in &r.damaged {
-            let msg = format!("{}: {d}; that batch is skipped (its offsets are lost), the rest is served", path.display());
+            let msg =
+                format!("{}: {d}; that batch is skipped (its offsets are lost), the rest is served", path.display());
             tracing::error!("{msg}");
             repairs.push(msg);
         }
@@ -440,7 +441,8 @@ fn recover_shard(dir: &Path) -> std::io::Result<(Vec<StoredBatch>, Vec<String>, 
             f.set_len(r.valid_len as u64).map_err(|e| io_err(&path, e))?;
             f.sync_all().map_err(|e| io_err(&path, e))?;
         }
-        let ix: Vec<(u64, u64)> = r.batches.iter().zip(&r.positions).map(|(b, at)| (b.base_offset, *at as u64)).collect();
+        let ix: Vec<(u64, u64)> =
+            r.batches.iter().zip(&r.positions).map(|(b, at)| (b.base_offset, *at as u64)).collect();
         index.insert(path, ix);
         batches.extend(r.batches);
     }

@@ -1,7 +1,9 @@
 //! `serve`, `publish`, `subscribe` and `cache`.
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
-use crate::{CacheArgs, CacheOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs, SubscribeArgs};
+use crate::{
+    CacheArgs, CacheOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs, SimArgs, SubscribeArgs,
+};
 use base64::Engine;
 use bytes::Bytes;
 use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
@@ -499,4 +501,61 @@ fn print_value(cache: &str, key: &str, v: Option<Bytes>) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `felix-node sim`: the fault simulation over many seeds.
+pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
+    let epoch = std::time::Instant::now();
+    let single = a.seed.is_some() && a.seeds.is_none() && a.duration.is_none();
+    let first = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    let budget = a.duration.unwrap_or(std::time::Duration::from_secs(30));
+    let start = std::time::Instant::now();
+    let mut total = felix_proto::chaos::ChaosReport::default();
+    let mut ran = 0u64;
+    loop {
+        if single && ran == 1 {
+            break;
+        }
+        if a.seeds.is_some_and(|n| ran >= n) || (a.seeds.is_none() && !single && start.elapsed() >= budget) {
+            break;
+        }
+        let seed = first.wrapping_add(ran);
+        match felix_proto::chaos::run_seed(seed, epoch, a.steps) {
+            Ok(r) => {
+                total.acked += r.acked;
+                total.delivered += r.delivered;
+                total.failed_writes += r.failed_writes;
+                total.lost_connections += r.lost_connections;
+                total.crashes += r.crashes;
+                total.cache_reads += r.cache_reads;
+            }
+            Err(e) => {
+                eprintln!();
+                eprintln!("seed {seed} FAILED: {e}");
+                eprintln!("replay with: felix-node sim --seed {seed} --steps {}", a.steps);
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        ran += 1;
+        if ran.is_multiple_of(10) {
+            let secs = start.elapsed().as_secs_f64();
+            eprint!("\r{ran} seeds, {:.0} seeds/hour, no failure   ", ran as f64 * 3600.0 / secs);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    eprintln!();
+    println!(
+        "{ran} seed(s) of {} steps passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked",
+        a.steps,
+        ran as f64 * 3600.0 / secs,
+        total.acked,
+        total.delivered,
+        total.failed_writes,
+        total.lost_connections,
+        total.crashes,
+        total.cache_reads
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -46,6 +46,10 @@ enum Command {
     Group(GroupArgs),
     /// Consume a stream through a consumer group: poll, print, ack, until Ctrl-C.
     Consume(ConsumeArgs),
+    /// Run the deterministic fault simulation (broker, clients and storage in memory; lost
+    /// connections, failed and late writes, crashes) over many seeds, checking every invariant.
+    /// A failure prints its seed; `--seed N` replays exactly that run.
+    Sim(SimArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
     Bench(bench::BenchArgs),
     /// Check conformance vectors byte for byte, or (with --addr) a running broker's behaviour.
@@ -239,6 +243,22 @@ struct SubscribeArgs {
     /// Stop after this many events.
     #[arg(long)]
     count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// Run only this seed (to replay a failure), or start from it.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// How many seeds to run [default: as many as --duration allows].
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// How long to keep running seeds (e.g. 60s, 10m) [default: 30s, or one seed with --seed].
+    #[arg(long, value_parser = commands::parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// Workload steps per seed.
+    #[arg(long, default_value_t = 1000)]
+    steps: usize,
 }
 
 #[derive(Args, Debug)]
@@ -485,6 +505,9 @@ fn init_tracing() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
+    if let Command::Sim(a) = &cli.command {
+        return commands::sim(a).unwrap_or(ExitCode::FAILURE);
+    }
     if let Command::Conformance { dirs, verbose, addr: None, .. } = cli.command {
         let dirs = if dirs.is_empty() { vec![PathBuf::from("vectors")] } else { dirs };
         return conformance::run(&dirs, verbose);
@@ -527,7 +550,7 @@ fn main() -> ExitCode {
                 };
                 Ok(live::run(live::Target { addr, trust, server_name, tenant, token }).await)
             }
-            Command::Conformance { addr: None, .. } => unreachable!("handled above"),
+            Command::Conformance { addr: None, .. } | Command::Sim(_) => unreachable!("handled above"),
         }
     });
     match result {

@@ -20,6 +20,7 @@
 
 pub mod binary;
 pub mod broker;
+pub mod chaos;
 pub mod client;
 pub mod conformance;
 pub mod error_code;

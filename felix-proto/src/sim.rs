@@ -152,6 +152,18 @@ impl Sim {
         self.add(Some(c))
     }
 
+    /// The connection of party `i` is lost (no close frame: a network failure). The broker
+    /// forgets it; the party receives nothing more.
+    pub fn drop_connection(&mut self, i: usize) {
+        let conn = self.clients[i].conn;
+        self.broker.connection_closed(conn, self.now);
+        let c = &mut self.clients[i];
+        c.closed.get_or_insert((0, "connection lost".into()));
+        c.to_broker.clear();
+        c.held.clear();
+        c.conn = ConnId(u64::MAX / 2 - i as u64);
+    }
+
     /// Connects a raw peer; returns its index.
     pub fn connect_raw(&mut self) -> usize {
         self.add(None)
