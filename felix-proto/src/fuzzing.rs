@@ -214,6 +214,158 @@ pub fn broker_session(data: &[u8], t0: std::time::Instant) {
                 _ => {}
             }
         }
+        // No unbounded growth: what subscribers have queued stays within their capacity.
+        assert!(b.queued_event_bytes() <= 64 << 20, "queued {} bytes", b.queued_event_bytes());
+    }
+}
+
+/// `client_session` target: a client state machine, authenticated by a scripted `auth_ok`
+/// offering everything, then fed arbitrary operations: broker bytes on its control stream or on
+/// broker-opened event streams, stream ends, and commands of every kind (publish, subscribe,
+/// cache, stream_read, counters, groups, watches). The oracle: no panic, and bounded work (every
+/// input settles, events and outputs are drained each step).
+pub fn client_session(data: &[u8], t0: std::time::Instant) {
+    use crate::client::{
+        CacheWatchRequest, ClientConfig, ClientConnection, ClientOutput, ClientStream, PublishRequest,
+        StreamReadRequest, SubscribeRequest, WatchOn,
+    };
+    use crate::io::{Dir, Side, StreamId};
+    use std::time::Duration;
+    let mut c = ClientConnection::new(ClientConfig::new("t1", "t"), t0);
+    let s0 = StreamId::new(Side::Client, Dir::Bi, 0);
+    let mut opened = 0u64;
+    let mut now = t0;
+    let drain = |c: &mut ClientConnection, now: std::time::Instant, opened: &mut u64| {
+        let mut guard = 0;
+        while let Some(o) = c.poll_output() {
+            guard += 1;
+            assert!(guard < 100_000, "output loop does not settle");
+            if let ClientOutput::OpenBi { token } = o {
+                let s = StreamId::new(Side::Client, Dir::Bi, *opened);
+                *opened += 1;
+                c.handle_stream_opened(token, s, now);
+            }
+        }
+        let mut events = 0;
+        while c.poll_event().is_some() {
+            events += 1;
+            assert!(events < 100_000, "event loop does not settle");
+        }
+    };
+    drain(&mut c, now, &mut opened);
+    let auth_ok = crate::Message::AuthOk(crate::message::AuthOk {
+        server_flags: crate::Flags::KNOWN.bits(),
+        server_features: Some(crate::Features::known().to_words(true).0.unwrap_or(0)),
+        server_features_hi: crate::Features::known().to_words(true).1,
+        listener_ports: None,
+        publish_window: Some(4),
+    });
+    let mut out = BytesMut::new();
+    auth_ok.encode(&mut out).expect("auth_ok encodes");
+    c.handle_stream_data(s0, out.freeze(), false, now);
+    drain(&mut c, now, &mut opened);
+    let mut rest = data;
+    let mut steps = 0;
+    while rest.len() >= 3 && steps < 256 {
+        steps += 1;
+        let (sel, len, arg) = (rest[0], usize::from(rest[1]), rest[2]);
+        rest = &rest[3..];
+        let take = len.min(rest.len());
+        let chunk = Bytes::copy_from_slice(&rest[..take]);
+        rest = &rest[take..];
+        now += Duration::from_millis(u64::from(arg >> 4));
+        let text = String::from_utf8_lossy(&chunk).into_owned();
+        let stream = ClientStream(u32::from(arg & 1));
+        match sel % 12 {
+            0 => c.handle_stream_data(s0, chunk, arg & 2 != 0, now),
+            1 => c.handle_stream_data(
+                StreamId::new(Side::Broker, Dir::Uni, u64::from(arg % 4)),
+                chunk,
+                arg & 2 != 0,
+                now,
+            ),
+            2 => c.handle_stream_data(StreamId::new(Side::Client, Dir::Bi, u64::from(arg % 3)), chunk, false, now),
+            3 => {
+                let mut req = PublishRequest::new("ns", text.clone(), vec![chunk.clone()]);
+                req.ack = arg & 2 != 0;
+                req.json = arg & 4 != 0;
+                req.key = (arg & 8 != 0).then(|| chunk.clone());
+                req.idempotent = (arg & 16 != 0).then_some((u64::from(arg), u64::from(sel)));
+                req.expected_offset = (arg & 32 != 0).then_some(u64::from(sel));
+                let _ = c.publish(stream, req, now);
+            }
+            4 => {
+                let req = SubscribeRequest {
+                    namespace: "ns".into(),
+                    stream: text,
+                    start: None,
+                    shard: (arg & 2 != 0).then_some(u32::from(sel)),
+                    queue_capacity: (arg & 4 != 0).then_some(u32::from(arg)),
+                };
+                let _ = c.subscribe(stream, req, now);
+            }
+            5 => {
+                let _ = c.cache_put(stream, "ns", "c", &text, chunk, (arg & 2 != 0).then_some(5));
+            }
+            6 => {
+                let _ = c.cache_get(stream, "ns", "c", &text);
+                let _ = c.cache_delete(stream, "ns", "c", &text);
+            }
+            7 => {
+                let req = StreamReadRequest {
+                    namespace: "ns".into(),
+                    stream: text,
+                    shard: 0,
+                    from: u64::from(arg),
+                    end: None,
+                    max_records: Some(u32::from(sel)),
+                    max_bytes: None,
+                };
+                let _ = c.stream_read(stream, req);
+                let _ = c.offset_for_time(stream, "ns", "s", 0, u64::from(arg));
+            }
+            8 => {
+                let _ = c.counter_add(stream, "ns", "c", &text, i64::from(arg) - 128);
+                let _ = c.counter_get(stream, "ns", "c", &text);
+                let _ = c.producer_init(stream);
+                let _ = c.stream_shards(stream, "ns", &text);
+            }
+            9 => {
+                let filter = if arg & 2 != 0 { WatchOn::Key(text) } else { WatchOn::Prefix(text) };
+                let req = CacheWatchRequest {
+                    namespace: "ns".into(),
+                    cache: "c".into(),
+                    filter,
+                    from_offset: (arg & 4 != 0).then_some(u64::from(sel)),
+                    retained: arg & 8 != 0,
+                };
+                let _ = c.cache_watch(stream, req);
+            }
+            10 => {
+                let _ = c.unsubscribe(u64::from(arg % 8), now);
+                if arg & 2 != 0 {
+                    let _ = c.open_stream(now);
+                }
+            }
+            _ => {
+                let _ = c.request(stream, None, |request_id| {
+                    crate::Message::GroupPoll(crate::message::GroupPoll {
+                        tenant_id: "t1".into(),
+                        namespace: "ns".into(),
+                        stream: text,
+                        shard: 0,
+                        group: "g".into(),
+                        max_records: u32::from(arg),
+                        wait_ms: 0,
+                        request_id,
+                        consumer: None,
+                        reclaim: None,
+                        visibility_ms: None,
+                    })
+                });
+            }
+        }
+        drain(&mut c, now, &mut opened);
     }
 }
 

@@ -37,6 +37,16 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             }
         }
         out.push(("broker_session", format!("seed-{stem}"), session));
+        // client_session: the frame from the broker on the control stream, then on an event
+        // stream.
+        let mut session = Vec::new();
+        for sel in [0u8, 1] {
+            for piece in frame.chunks(255) {
+                session.extend([sel, piece.len() as u8, 0]);
+                session.extend_from_slice(piece);
+            }
+        }
+        out.push(("client_session", format!("seed-{stem}"), session));
         // storage_segment: the frame's payload stored as one batch (a valid segment of one).
         if frame.len() >= 12 {
             let mut seg = bytes::BytesMut::new();
@@ -67,10 +77,15 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     out
 }
 
-/// The test's clock reading, for the one body that needs an epoch.
+/// The test's clock reading, for the bodies that need an epoch.
 #[allow(clippy::disallowed_methods)]
 fn broker_session(data: &[u8]) {
     felix_proto::fuzzing::broker_session(data, std::time::Instant::now());
+}
+
+#[allow(clippy::disallowed_methods)]
+fn client_session(data: &[u8]) {
+    felix_proto::fuzzing::client_session(data, std::time::Instant::now());
 }
 
 #[test]
@@ -97,6 +112,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("binary_payload", felix_proto::fuzzing::binary_payload),
         ("json_message", felix_proto::fuzzing::json_message),
         ("broker_session", broker_session),
+        ("client_session", client_session),
         ("storage_segment", felix_proto::fuzzing::storage_segment),
     ] {
         let dir = fuzz_dir().join(target);
