@@ -530,6 +530,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
                 total.lost_connections += r.lost_connections;
                 total.crashes += r.crashes;
                 total.cache_reads += r.cache_reads;
+                total.idempotent_resends += r.idempotent_resends;
             }
             Err(e) => {
                 eprintln!();
@@ -547,7 +548,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     eprintln!();
     println!(
-        "{ran} seed(s) of {} steps passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked",
+        "{ran} seed(s) of {} steps passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends",
         a.steps,
         ran as f64 * 3600.0 / secs,
         total.acked,
@@ -555,7 +556,8 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
         total.failed_writes,
         total.lost_connections,
         total.crashes,
-        total.cache_reads
+        total.cache_reads,
+        total.idempotent_resends
     );
     Ok(ExitCode::SUCCESS)
 }

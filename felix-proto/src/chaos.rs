@@ -13,6 +13,9 @@
 //!   storage holds nothing (a failed write);
 //! * acknowledgements on a stream come in the order the publishes were sent;
 //! * cache reads equal a reference model (reset by a crash: the cache is in memory);
+//! * an idempotent producer that resends every unanswered batch under the same sequence (after
+//!   lost connections, failed writes and crashes) has each batch stored exactly once and is
+//!   never refused;
 //! * memory stays bounded: no subscriber queue holds more than its capacity.
 
 use crate::broker::{BrokerConfig, StreamConfig, TokenGrant};
@@ -41,6 +44,22 @@ pub struct ChaosReport {
     pub crashes: u64,
     /// Cache reads checked against the model.
     pub cache_reads: u64,
+    /// Idempotent batches sent again (after a lost connection, a crash or a failed write).
+    pub idempotent_resends: u64,
+}
+
+/// An idempotent producer (client 1's role): sequences from 0 on stream `alpha`, shard 0. It
+/// resends every unanswered batch, in order, under the same sequence after a lost connection or
+/// a crash, and a batch whose write failed.
+#[derive(Default)]
+struct Producer {
+    next: u64,
+    /// Sequence → payloads, not yet acknowledged.
+    unanswered: BTreeMap<u64, Bytes>,
+    /// Publish ids of the current connection → sequence.
+    in_flight: HashMap<PublishId, u64>,
+    /// Sequences to send again.
+    resend: Vec<u64>,
 }
 
 struct Rng(u64);
@@ -138,6 +157,8 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     sim.run();
     let mut counter = 0u64;
     let mut model = Model::default();
+    let mut producer = Producer::default();
+    let producer_id = seed.rotate_left(17) | 1;
     // Every acknowledged record: payload → offset it was answered with (if any).
     let mut acked: HashMap<Bytes, Option<u64>> = HashMap::new();
     for _ in 0..steps {
@@ -167,7 +188,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                     party.order.push(id);
                 }
             }
-            35..=44 => {
+            35..=39 => {
                 let stream = rng.below(2) as usize;
                 let start = match rng.below(3) {
                     0 => None,
@@ -183,6 +204,34 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 };
                 if let Ok(sub) = sim.client(parties[p].idx).subscribe(ClientStream(0), req, now) {
                     parties[p].subs.insert(sub, SubLog { stream, ..SubLog::default() });
+                }
+            }
+            40..=44 => {
+                // The idempotent producer: first what must go again, then a new batch.
+                let party = &mut parties[1];
+                let mut seqs = std::mem::take(&mut producer.resend);
+                seqs.sort_unstable();
+                report.idempotent_resends += seqs.len() as u64;
+                if rng.chance(50) {
+                    counter += 1;
+                    let seq = producer.next;
+                    producer.next += 1;
+                    producer.unanswered.insert(seq, Bytes::from(format!("s{seed}-i{counter}")));
+                    seqs.push(seq);
+                }
+                for seq in seqs {
+                    let payload = producer.unanswered[&seq].clone();
+                    let mut req = PublishRequest::new("default", STREAMS[0], vec![payload.clone()]);
+                    req.idempotent = Some((producer_id, seq));
+                    req.json = rng.chance(30);
+                    match sim.client(party.idx).publish(ClientStream(0), req, now) {
+                        Ok(id) => {
+                            producer.in_flight.insert(id, seq);
+                            party.sent.insert(id, vec![payload]);
+                            party.order.push(id);
+                        }
+                        Err(_) => producer.resend.push(seq), // window full, not connected yet
+                    }
                 }
             }
             45..=54 => {
@@ -220,6 +269,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 // A lost connection: the party starts over on a new one.
                 report.lost_connections += 1;
                 sim.drop_connection(parties[p].idx);
+                if p == 1 {
+                    producer.resend.extend(producer.in_flight.drain().map(|(_, s)| s));
+                }
                 for (key, op) in parties[p].cache_ops.values() {
                     if !matches!(op, CacheOp::Read) {
                         model.unknown.insert(key.clone());
@@ -234,9 +286,10 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
             82 | 83 if rng.chance(20) => {
                 // A crash: what storage did not complete is gone; everyone reconnects.
                 report.crashes += 1;
-                collect(&mut sim, &mut parties, &mut acked, &mut model, &mut report)?;
+                collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut report)?;
                 sim.restart();
                 model = Model::default();
+                producer.resend.extend(producer.in_flight.drain().map(|(_, s)| s));
                 for (i, party) in parties.iter_mut().enumerate() {
                     let old =
                         std::mem::replace(party, Party { idx: sim.connect(client_config(i)), ..Party::default() });
@@ -248,7 +301,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 sim.run();
             }
         }
-        collect(&mut sim, &mut parties, &mut acked, &mut model, &mut report)?;
+        collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut report)?;
         check_storage(&sim)?;
         let bound = 64 * 1024 * (sim.clients.len() + 1);
         if sim.broker.queued_event_bytes() > bound {
@@ -262,7 +315,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     sim.run();
     sim.complete_all_writes();
     sim.run();
-    collect(&mut sim, &mut parties, &mut acked, &mut model, &mut report)?;
+    collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut report)?;
     check_storage(&sim)?;
     let stored = stored(&sim);
     for (p, off) in &acked {
@@ -313,13 +366,22 @@ fn collect(
     parties: &mut [Party],
     acked: &mut HashMap<Bytes, Option<u64>>,
     model: &mut Model,
+    producer: &mut Producer,
     report: &mut ChaosReport,
 ) -> Result<(), String> {
-    for party in parties.iter_mut() {
+    for (pi, party) in parties.iter_mut().enumerate() {
+        // Publish ids are per connection: only client 1's are the producer's.
+        let mine = pi == 1;
         for e in sim.take_events(party.idx) {
             match e {
                 ClientEvent::PublishAcked { id, offset, .. } => {
                     party.answered.push(id);
+                    if let Some(seq) = mine.then(|| producer.in_flight.remove(&id)).flatten() {
+                        producer.unanswered.remove(&seq);
+                        if offset.is_none() {
+                            return Err(format!("idempotent batch {seq} acknowledged without its offset"));
+                        }
+                    }
                     let payloads = party.sent.get(&id).ok_or("ack for a publish never sent")?;
                     // Only an ack after the write (it carries the offset) promises durability;
                     // one on enqueue may be lost by a crash, as the spec says.
@@ -329,7 +391,16 @@ fn collect(
                         }
                     }
                 }
-                ClientEvent::PublishFailed { id, .. } => party.answered.push(id),
+                ClientEvent::PublishFailed { id, .. } => {
+                    party.answered.push(id);
+                    if let Some(seq) = mine.then(|| producer.in_flight.remove(&id)).flatten() {
+                        producer.resend.push(seq);
+                    }
+                }
+                ClientEvent::PublishRefused { id, reason, message } if mine => {
+                    let seq = producer.in_flight.get(&id);
+                    return Err(format!("idempotent batch {seq:?} refused: {reason:?} ({message})"));
+                }
                 ClientEvent::Events { sub, batch } => {
                     let Some(s) = party.subs.get_mut(&sub) else { continue };
                     let base = batch.base_offset.ok_or("durable stream without offsets")?;

@@ -249,11 +249,24 @@ impl Sim {
     /// see their connection closed; connect new ones). The new broker's clock goes on from now.
     pub fn restart(&mut self) {
         self.restarts += 1;
-        self.pending_writes.clear();
         let since = self.now.saturating_duration_since(self.epoch);
         let wall = WallClock::new(self.now, SIM_WALL_EPOCH_MICROS + since.as_micros() as u64);
         self.broker = Broker::new(self.config.clone(), wall);
         let mut shards: BTreeMap<(String, String, String, u32), Vec<crate::storage::StoredBatch>> = BTreeMap::new();
+        // A disk completes a shard's writes in order: what completed after a write that never
+        // did (possible only in manual mode) would not be on a real disk either.
+        let mut first_lost: BTreeMap<(String, String, String, u32), u64> = BTreeMap::new();
+        for w in &self.pending_writes {
+            let k = (w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard);
+            let e = first_lost.entry(k).or_insert(w.base_offset);
+            *e = (*e).min(w.base_offset);
+        }
+        self.durable.retain(|w| {
+            first_lost
+                .get(&(w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard))
+                .is_none_or(|lost| w.base_offset < *lost)
+        });
+        self.pending_writes.clear();
         let mut durable = self.durable.clone();
         durable.sort_by_key(|w| w.base_offset);
         for w in durable {

@@ -18,6 +18,7 @@ fn fixed_seeds_keep_every_invariant_under_faults() {
                 total.lost_connections += r.lost_connections;
                 total.crashes += r.crashes;
                 total.cache_reads += r.cache_reads;
+                total.idempotent_resends += r.idempotent_resends;
             }
             Err(e) => panic!("seed {seed} broke an invariant (replay: felix-node sim --seed {seed} --steps 400): {e}"),
         }
@@ -27,4 +28,5 @@ fn fixed_seeds_keep_every_invariant_under_faults() {
     assert!(total.delivered > 500, "{total:?}");
     assert!(total.failed_writes > 20 && total.lost_connections > 20 && total.crashes > 5, "{total:?}");
     assert!(total.cache_reads > 50, "{total:?}");
+    assert!(total.idempotent_resends > 20, "the producer retried: {total:?}");
 }

@@ -72,6 +72,9 @@ impl Producers {
             Some(l) if l.failed => Verdict::Append,
             Some(l) if l.digest == digest => Verdict::Duplicate { base: l.base, pending: l.pending },
             Some(_) => Verdict::Reused,
+            // Inside the remembered range but absent: it never landed (its write failed before
+            // a restart forgot the failure), so it may be appended now.
+            None if p.window.front().is_some_and(|l| sequence > l.sequence) => Verdict::Append,
             None => Verdict::Expired,
         }
     }
@@ -181,6 +184,9 @@ mod tests {
         p.appended(7, 65, 5, 200, 201, Some(WriteToken(2)));
         p.settled(7, 65, false);
         assert_eq!(p.check(7, 65, 99), Verdict::Append);
+        // A hole inside the remembered range never landed: appended.
+        p.appended(7, 67, 5, 300, 301, None);
+        assert_eq!(p.check(7, 66, 1), Verdict::Append);
         // Retention forgets a producer with nothing left.
         p.retain_from(10_000);
         assert_eq!(p.len(), 0);
