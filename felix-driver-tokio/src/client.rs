@@ -131,7 +131,8 @@ pub enum SubscriptionItem {
     End(EndReason),
 }
 
-/// A live subscription.
+/// A live subscription. It lives as long as its [`Client`]: dropping every handle of the
+/// client closes the connection, which ends the subscription.
 #[derive(Debug)]
 pub struct Subscription {
     /// Its id.
@@ -283,13 +284,25 @@ enum Input {
     Closed(String),
 }
 
-/// A connection to a broker.
+/// A connection to a broker. Clones share the connection; when the last one is dropped the
+/// connection is closed (the tasks behind it hold no handle that would keep it open).
 #[derive(Debug, Clone)]
 pub struct Client {
     tx: mpsc::UnboundedSender<Input>,
     negotiated: Negotiated,
     closed: watch::Receiver<Option<String>>,
     quic: quinn::Connection,
+    _close_on_drop: Arc<CloseOnDrop>,
+}
+
+/// Closes the QUIC connection when the last [`Client`] handle goes away.
+#[derive(Debug)]
+struct CloseOnDrop(quinn::Connection);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close(quinn::VarInt::from_u32(0), b"client dropped");
+    }
 }
 
 impl Client {
@@ -343,7 +356,8 @@ impl Client {
         tokio::spawn(accept_uni(quic.clone(), tx.clone()));
         tokio::spawn(task.run(rx));
         let negotiated = ready_rx.await.map_err(|_| ClientError::Closed("connection task ended".into()))??;
-        Ok(Client { tx, negotiated, closed: closed_rx, quic })
+        let guard = Arc::new(CloseOnDrop(quic.clone()));
+        Ok(Client { tx, negotiated, closed: closed_rx, quic, _close_on_drop: guard })
     }
 
     /// What was negotiated with the broker.

@@ -588,6 +588,19 @@ impl BrokerTask {
         m("felix_connections_open", "gauge", "Open client connections.", self.broker.connection_count() as u64);
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
         m("felix_subscriptions", "gauge", "Live subscriptions.", self.broker.subscription_count() as u64);
+        // Leak detectors: each must come back down when clients go away.
+        m("felix_control_streams", "gauge", "Control streams the broker holds.", self.broker.control_stream_count() as u64);
+        m("felix_driver_connections", "gauge", "Connections the driver holds.", self.conns.len() as u64);
+        let writers: usize = self.conns.values().map(|c| c.writers.len()).sum();
+        let gates: usize = self.conns.values().map(|c| c.gates.len()).sum();
+        m("felix_driver_stream_writers", "gauge", "Stream writer tasks.", writers as u64);
+        m("felix_driver_stream_readers", "gauge", "Stream reader tasks.", gates as u64);
+        m(
+            "felix_runtime_alive_tasks",
+            "gauge",
+            "Tasks alive in the broker's runtime.",
+            tokio::runtime::Handle::current().metrics().num_alive_tasks() as u64,
+        );
         m("felix_streams_opened_total", "counter", "Client-opened QUIC streams.", self.io.streams_opened);
         m("felix_frames_in_total", "counter", "Frames received.", st.frames_in);
         m("felix_bytes_in_total", "counter", "Bytes received on client streams.", self.io.bytes_in);

@@ -125,6 +125,8 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         auto_create: true,
         queue_capacity: 4096,
         max_records_per_read: 1000,
+        retention_records: None,
+        memory_bytes: None,
         group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: None,

@@ -51,6 +51,8 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),
+        retention_records: a.retention_records,
+        memory_bytes: a.memory_bytes,
         publish_window: a.publish_window.or(b.publish_window).unwrap_or(256),
         max_frame_bytes: a.max_frame_bytes.or(b.max_frame_bytes).unwrap_or(16 << 20),
         ack_on_commit: a.ack_on_commit || b.ack_on_commit.unwrap_or(false),

@@ -48,6 +48,8 @@ pub async fn run() -> Result<ExitCode, String> {
         auto_create: true,
         queue_capacity: 1024,
         max_records_per_read: 1000,
+        retention_records: None,
+        memory_bytes: None,
         group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: None,

@@ -8,6 +8,7 @@ mod demo;
 mod groups;
 mod live;
 mod node;
+mod soak;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -50,6 +51,10 @@ enum Command {
     /// connections, failed and late writes, crashes) over many seeds, checking every invariant.
     /// A failure prints its seed; `--seed N` replays exactly that run.
     Sim(SimArgs),
+    /// Soak a real broker process: many connections churning (connect, subscribe, publish,
+    /// leave, some abruptly) for a while; checks RSS stays flat, leak gauges return to
+    /// baseline and p99 stays stable.
+    Soak(soak::SoakArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
     Bench(bench::BenchArgs),
     /// Check conformance vectors byte for byte, or (with --addr) a running broker's behaviour.
@@ -144,6 +149,13 @@ struct ServeArgs {
     /// Consumer groups: records handed out and unsettled per group per shard [default: 10000].
     #[arg(long, env = "FELIX_GROUP_MAX_IN_FLIGHT")]
     group_max_in_flight: Option<usize>,
+    /// Auto-created streams keep at most this many records per shard [default: 1000000].
+    #[arg(long, env = "FELIX_DEFAULT_RETENTION_RECORDS")]
+    retention_records: Option<u64>,
+    /// Auto-created durable streams keep this many payload bytes of history per shard in
+    /// memory; older history is read from disk [default: 64 MiB].
+    #[arg(long, env = "FELIX_DEFAULT_MEMORY_BYTES")]
+    memory_bytes: Option<u64>,
     /// Most records one stream_read page returns [default: 1000].
     #[arg(long, env = "FELIX_DURABLE_MAX_RECORDS_PER_READ")]
     max_records_per_read: Option<u32>,
@@ -531,6 +543,7 @@ fn main() -> ExitCode {
             Command::Group(a) => groups::group(a).await,
             Command::Consume(a) => groups::consume(a).await,
             Command::Bench(a) => bench::run(a).await,
+            Command::Soak(a) => soak::run(a).await,
             Command::Conformance {
                 addr: Some(addr),
                 tenant,

@@ -94,6 +94,8 @@ pub struct BrokerSettings {
     pub identity: Identity,
     pub fsync: FsyncPolicy,
     pub ephemeral: bool,
+    pub retention_records: Option<u64>,
+    pub memory_bytes: Option<u64>,
     pub publish_window: u32,
     pub max_frame_bytes: u32,
     pub ack_on_commit: bool,
@@ -124,6 +126,11 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         group_limits: s.group_limits,
         default_stream: StreamConfig {
             durable: !s.ephemeral,
+            retention: felix_proto::broker::Retention {
+                max_records: s.retention_records.or(StreamConfig::default().retention.max_records),
+                ..StreamConfig::default().retention
+            },
+            memory_bytes: s.memory_bytes.unwrap_or(StreamConfig::default().memory_bytes),
             queue_capacity: s.queue_capacity,
             ..StreamConfig::default()
         },

@@ -529,6 +529,11 @@ impl Broker {
         self.conns.len()
     }
 
+    /// Control streams held, over every connection (a leak detector for drivers).
+    pub fn control_stream_count(&self) -> usize {
+        self.conns.values().map(|c| c.streams.len()).sum()
+    }
+
     /// Number of subscriptions across connections.
     pub fn subscription_count(&self) -> usize {
         self.conns.values().map(|c| c.subs.len()).sum()
