@@ -589,7 +589,12 @@ impl BrokerTask {
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
         m("felix_subscriptions", "gauge", "Live subscriptions.", self.broker.subscription_count() as u64);
         // Leak detectors: each must come back down when clients go away.
-        m("felix_control_streams", "gauge", "Control streams the broker holds.", self.broker.control_stream_count() as u64);
+        m(
+            "felix_control_streams",
+            "gauge",
+            "Control streams the broker holds.",
+            self.broker.control_stream_count() as u64,
+        );
         m("felix_driver_connections", "gauge", "Connections the driver holds.", self.conns.len() as u64);
         let writers: usize = self.conns.values().map(|c| c.writers.len()).sum();
         let gates: usize = self.conns.values().map(|c| c.gates.len()).sum();

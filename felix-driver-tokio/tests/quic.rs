@@ -566,3 +566,32 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+async fn gauge(server: &Server, name: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(server.metrics_addr.unwrap()).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap()
+}
+
+#[tokio::test]
+async fn dropping_every_client_handle_closes_its_connection() {
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    let _sub = c.subscribe("default", "d", None, None).await.unwrap();
+    let c2 = c.clone();
+    drop(c);
+    assert_eq!(gauge(&server, "felix_connections_open").await, 1, "a clone still holds it");
+    drop(c2);
+    // The broker hears the close (no idle timeout needed): wait for that event, bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while gauge(&server, "felix_connections_open").await != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the connection was not closed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gauge(&server, "felix_subscriptions").await, 0);
+    assert_eq!(gauge(&server, "felix_driver_stream_writers").await, 0);
+    server.shutdown().await;
+}

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::process::{ExitCode, Stdio};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
@@ -147,7 +147,16 @@ pub async fn run(a: SoakArgs) -> Result<ExitCode, String> {
                     // broker finds out by idle timeout).
                     let child = tokio::process::Command::new(&exe)
                         .args(["subscribe", &format!("s{}", (n >> 33) as usize % streams.max(2))])
-                        .args(["--addr", &addr.to_string(), "--token", "soak", "--tenant", "soak", "--namespace", "soak"])
+                        .args([
+                            "--addr",
+                            &addr.to_string(),
+                            "--token",
+                            "soak",
+                            "--tenant",
+                            "soak",
+                            "--namespace",
+                            "soak",
+                        ])
                         .arg("--ca")
                         .arg(&cert)
                         .stdout(Stdio::null())
@@ -293,12 +302,23 @@ pub async fn run(a: SoakArgs) -> Result<ExitCode, String> {
     if a.json {
         println!("{result}");
     } else {
-        println!("Felix soak: {} connections churning over {} streams for {} s", a.connections, a.streams, start.elapsed().as_secs());
+        println!(
+            "Felix soak: {} connections churning over {} streams for {} s",
+            a.connections,
+            a.streams,
+            start.elapsed().as_secs()
+        );
         println!("  sessions (connect, subscribe, publish, leave)  {}", sessions.load(Ordering::Relaxed));
         println!("  records delivered                              {}", delivered.load(Ordering::Relaxed));
-        println!("  broker RSS after warm-up / max / end (KiB)     {after_warm} / {max_rss} / {end_rss} ({:+.1}%)", growth * 100.0);
+        println!(
+            "  broker RSS after warm-up / max / end (KiB)     {after_warm} / {max_rss} / {end_rss} ({:+.1}%)",
+            growth * 100.0
+        );
         println!("  p99 publish→deliver, median / worst interval   {median_p99} / {worst_p99} µs");
-        println!("  leak gauges back to baseline                   {}", if leaks.is_empty() { "yes".to_owned() } else { leaks.join(", ") });
+        println!(
+            "  leak gauges back to baseline                   {}",
+            if leaks.is_empty() { "yes".to_owned() } else { leaks.join(", ") }
+        );
         println!("  verdict                                        {}", if ok { "PASS" } else { "FAIL" });
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -432,3 +432,18 @@ async fn a_full_disk_refuses_writes_acks_nothing_unwritten_and_recovers_when_spa
     broker.kill().unwrap();
     broker.wait().unwrap();
 }
+
+/// A short soak (the full one is `felix-node soak --duration 5m`): connections churn, some die
+/// by SIGKILL, and every leak gauge of the broker comes back to where it started.
+#[test]
+fn a_short_soak_leaks_no_connection_stream_or_task() {
+    let out = Command::new(BIN)
+        .args(["soak", "--duration", "12s", "--connections", "8", "--streams", "20", "--interval", "3", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["leaks"], serde_json::json!([]), "{v}");
+    assert!(v["sessions"].as_u64().unwrap() > 10, "{v}");
+    assert!(v["delivered"].as_u64().unwrap() > 100, "{v}");
+}
