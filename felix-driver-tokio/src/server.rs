@@ -6,7 +6,7 @@
 //! * a reader task per client stream forwards `read_chunk` results (cancel-safe) and can be
 //!   paused (a full publish window: QUIC flow control then slows the client) or stopped;
 //! * a writer task per stream writes what the broker transmits (writes are not cancel-safe, so
-//!   they never sit in a `select!`), and reports flushed bytes for event streams;
+//!   they never sit in a `select!`), and reports flushed bytes (answer backpressure, subscriber credit);
 //! * a storage thread appends durable records and reports each write.
 //!
 //! No task ever waits on an acknowledgement-driven event (`SendStream::stopped()`): finishing a
@@ -695,7 +695,7 @@ impl BrokerTask {
                 if let Some(send) = send {
                     let (wtx, wrx) = mpsc::unbounded_channel();
                     h.writers.insert(stream, wtx);
-                    tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), false));
+                    tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));
                 }
             }
             Input::Data { conn, stream, data, fin } => {

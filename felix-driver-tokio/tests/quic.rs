@@ -595,3 +595,55 @@ async fn dropping_every_client_handle_closes_its_connection() {
     assert_eq!(gauge(&server, "felix_driver_stream_writers").await, 0);
     server.shutdown().await;
 }
+
+/// A peer that opens streams as fast as it can is held at the stream limit by QUIC; the broker
+/// keeps serving others, holds at most that many control streams, and frees them all when the
+/// peer goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flood_is_held_at_the_limit_and_others_are_served() {
+    let (server, chain) = start(None).await;
+    let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(chain.clone()), true).unwrap();
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+    let flood = endpoint.connect(server.local_addr(), "localhost").unwrap().await.unwrap();
+    let auth = {
+        let m = felix_proto::Message::Auth(felix_proto::message::Auth {
+            tenant_id: "t1".into(),
+            token: TOKEN.into(),
+            client_flags: None,
+            client_features: None,
+            client_features_hi: None,
+        });
+        let mut b = bytes::BytesMut::new();
+        m.encode(&mut b).unwrap();
+        b.freeze()
+    };
+    let mut opened = Vec::new();
+    let blocked = loop {
+        match tokio::time::timeout(Duration::from_millis(300), flood.open_bi()).await {
+            Ok(Ok((mut send, recv))) => {
+                send.write_all(&auth).await.unwrap();
+                opened.push((send, recv));
+            }
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => break opened.len(), // QUIC says no more streams for now
+        }
+        assert!(opened.len() <= 5000, "no stream limit");
+    };
+    assert_eq!(blocked, 1024, "the advertised limit");
+    // Someone else is served meanwhile.
+    let c = connect(&server, &chain).await;
+    c.publish("default", "f", vec![Bytes::from("x")], PublishOptions { ack: true, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(gauge(&server, "felix_control_streams").await <= 1024 + 1);
+    flood.close(0u32.into(), b"done");
+    drop(opened);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while gauge(&server, "felix_control_streams").await > 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the flood's streams were not freed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.shutdown().await;
+}

@@ -409,8 +409,9 @@ impl Sim {
         if let Some(c) = sc.client.as_mut() {
             c.handle_stream_data(s, data.clone(), fin, now);
         }
-        // The bytes are out of the broker's hands: its writer credit comes back.
-        if s.initiator() == Side::Broker && !data.is_empty() {
+        // The bytes are out of the broker's hands: its writer credit comes back (event streams),
+        // and its answer backlog shrinks (control streams).
+        if !data.is_empty() {
             let conn = sc.conn;
             self.broker.handle_stream_flushed(conn, s, data.len(), now);
         }

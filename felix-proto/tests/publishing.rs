@@ -460,3 +460,126 @@ fn publishers_are_paused_when_storage_falls_behind() {
     assert_eq!(sim.writes.len(), 50);
     assert_eq!(sim.broker.shard_state("t1", "default", "orders", 0).unwrap().1, 50);
 }
+
+/// A client that floods requests and never reads the answers is slowed by flow control, not
+/// buffered for: past the unflushed-answer limit the broker stops reading its stream, and reads
+/// again once the answers drain.
+#[test]
+fn a_client_that_does_not_read_its_answers_is_paused_not_buffered() {
+    use felix_proto::broker::{Broker, BrokerOutput};
+    use felix_proto::io::{Dir, Side, StreamId, WallClock};
+    let mut cfg = config();
+    cfg.control_stream_unflushed_bytes = 4096;
+    let t0 = epoch();
+    let mut b = Broker::new(cfg, WallClock::new(t0, 0));
+    let conn = b.connection_opened(t0);
+    let s = StreamId::new(Side::Client, Dir::Bi, 0);
+    b.handle_stream_data(conn, s, auth(None, None, None), false, t0);
+    while b.poll_output().is_some() {}
+    let get = json(&Message::CacheGet(message::CacheGet {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "c".into(),
+        key: "k".into(),
+        request_id: Some(1),
+    }));
+    let flood: Vec<u8> = (0..1000).flat_map(|_| get.to_vec()).collect();
+    b.handle_stream_data(conn, s, bytes::Bytes::from(flood), false, t0);
+    let (mut written, mut paused) = (0usize, false);
+    while let Some(o) = b.poll_output() {
+        match o {
+            BrokerOutput::Transmit { data, .. } => written += data.len(),
+            BrokerOutput::PauseReading { .. } => paused = true,
+            _ => {}
+        }
+    }
+    assert!(paused, "the stream is paused");
+    assert!(written < 4096 + 500, "answers stop near the limit: {written}");
+    // The client reads: answers flow again, and in the end every request is answered.
+    let mut total = written;
+    for _ in 0..100 {
+        b.handle_stream_flushed(conn, s, written, t0);
+        written = 0;
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::Transmit { data, .. } = o {
+                written += data.len();
+            }
+        }
+        total += written;
+        if written == 0 {
+            break;
+        }
+    }
+    let one = {
+        let mut b2 = bytes::BytesMut::new();
+        Message::CacheValue(message::CacheValue {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "c".into(),
+            key: "k".into(),
+            value: None,
+            request_id: Some(1),
+            version: None,
+        })
+        .encode(&mut b2)
+        .unwrap();
+        b2.len()
+    };
+    assert_eq!(total, 1000 * one, "every request answered once");
+}
+
+/// Oversized names in every request kind are refused up front (they would become file names).
+#[test]
+fn oversized_names_are_refused() {
+    let mut cfg = config();
+    cfg.history_reads = true;
+    let mut sim = Sim::new(cfg, epoch());
+    let codes = Features::ERROR_CODES.to_words(false).0;
+    let (p, s, _) = raw_session(&mut sim, Some(1), codes);
+    let long = "x".repeat(201);
+    let escaped = "é".repeat(50); // 100 bytes, 300 as a file name
+    let reqs = [
+        json(&Message::PublishBatch(message::PublishBatchMsg {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: long.clone(),
+            payloads: vec![message::B64::from("x")],
+            key: None,
+            shard: None,
+            request_id: Some(1),
+            ack: Some(AckMode::PerBatch),
+            publish_width: None,
+        })),
+        subscribe(&escaped, None),
+        json(&Message::CacheGet(message::CacheGet {
+            tenant_id: "t1".into(),
+            namespace: long.clone(),
+            cache: "c".into(),
+            key: "k".into(),
+            request_id: Some(2),
+        })),
+        json(&Message::GroupDescribe(message::GroupRef {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "s".into(),
+            shard: 0,
+            group: long.clone(),
+            request_id: 3,
+        })),
+    ];
+    for r in reqs {
+        sim.raw_send(p, s, r, false);
+    }
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms.len(), 4, "{ms:?}");
+    for m in &ms {
+        let code = match m {
+            Message::PublishError(e) => e.code.clone(),
+            Message::Error(e) => e.code.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code.map(|c| c.name().into_owned()).as_deref(), Some("invalid_request"), "{m:?}");
+    }
+    assert!(sim.writes.is_empty(), "nothing written");
+}

@@ -119,6 +119,9 @@ pub struct BrokerConfig {
     pub max_records_per_read: u32,
     /// Most payload bytes one `stream_read` page returns (a single larger record still comes).
     pub max_read_bytes: u64,
+    /// Answer bytes a control stream may have handed to the driver and not yet flushed to the
+    /// client before the broker stops reading its requests (resumed below half of it).
+    pub control_stream_unflushed_bytes: usize,
     /// Consumer-group limits.
     pub group_limits: super::group::GroupLimits,
     /// Seed of the broker's random choices (producer ids). The driver passes real randomness;
@@ -150,6 +153,7 @@ impl Default for BrokerConfig {
             max_read_bytes: 4 << 20,
             random_seed: 0,
             group_limits: super::group::GroupLimits::default(),
+            control_stream_unflushed_bytes: 4 << 20,
         }
     }
 }

@@ -280,6 +280,11 @@ struct CtlStream {
     paused: bool,
     /// Paused because a shard it publishes to has too much waiting for storage.
     storage_paused: bool,
+    /// Paused because answers written to it are not flushed yet (a client that sends requests
+    /// and does not read the answers is slowed by QUIC flow control, not buffered for).
+    flush_paused: bool,
+    /// Answer bytes handed to the driver and not yet reported flushed.
+    unflushed: usize,
     fin_recv: bool,
     closed: bool,
     send_finished: bool,
@@ -457,6 +462,43 @@ pub struct Broker {
     wakes: Vec<(Key, u32)>,
     /// Cache watches by cache.
     cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
+}
+
+/// The group a consumer-group request names.
+fn group_name(m: &Message) -> Option<&str> {
+    Some(match m {
+        Message::GroupPoll(p) => &p.group,
+        Message::GroupAck(a) | Message::GroupDeadLetter(a) | Message::GroupDiscard(a) | Message::GroupRedrive(a) => {
+            &a.group
+        }
+        Message::GroupNack(n) => &n.group,
+        Message::GroupExtend(e) => &e.group,
+        Message::GroupSeek(s) => &s.group,
+        Message::GroupDeadLetters(r) | Message::GroupDescribe(r) | Message::GroupDelete(r) => &r.group,
+        _ => return None,
+    })
+}
+
+/// The longest tenant, namespace, stream, cache or group name, in bytes. Names become file
+/// names (escaped: a byte outside `[A-Za-z0-9_.-]` takes three), so the escaped form must also
+/// fit a file name with room for a system log's prefix.
+pub const MAX_NAME_BYTES: usize = 200;
+const MAX_ESCAPED_NAME: usize = 230;
+
+fn check_names(names: &[(&str, &str)]) -> Result<(), Refusal> {
+    for (what, name) in names {
+        let escaped = crate::storage::path_component(name).len();
+        if name.len() > MAX_NAME_BYTES || escaped > MAX_ESCAPED_NAME {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "{what} name is {} bytes ({escaped} as a file name); the most is {MAX_NAME_BYTES} ({MAX_ESCAPED_NAME})",
+                    name.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn key(t: &str, n: &str, s: &str) -> Key {
@@ -706,6 +748,8 @@ impl Broker {
                 outstanding: 0,
                 paused: false,
                 storage_paused: false,
+                flush_paused: false,
+                unflushed: 0,
                 fin_recv: false,
                 closed: false,
                 send_finished: false,
@@ -770,8 +814,21 @@ impl Broker {
     /// The driver finished writing `bytes` previously transmitted on `stream` (event streams
     /// only): the writer credit comes back and more queued batches are written.
     pub fn handle_stream_flushed(&mut self, conn: ConnId, stream: StreamId, bytes: usize, now: Instant) {
-        self.clock.advance(now);
+        let now = self.clock.advance(now);
         let Some(c) = self.conns.get_mut(&conn) else { return };
+        if let Some(st) = c.streams.get_mut(&stream) {
+            // A control stream: its answers were read.
+            st.unflushed = st.unflushed.saturating_sub(bytes);
+            if st.flush_paused && st.unflushed <= self.cfg.control_stream_unflushed_bytes / 2 {
+                st.flush_paused = false;
+                if !st.paused && !st.storage_paused {
+                    self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
+                    self.drive_stream(conn, stream, now);
+                    self.run_wakes(now);
+                }
+            }
+            return;
+        }
         let Some(sub) = c.subs.values_mut().find(|s| s.stream == Some(stream)) else { return };
         sub.inflight = sub.inflight.saturating_sub(bytes);
         let id = sub.id;
@@ -781,7 +838,7 @@ impl Broker {
     fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {
         let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { return };
         loop {
-            if st.paused || st.storage_paused || st.closed {
+            if st.paused || st.storage_paused || st.flush_paused || st.closed {
                 break;
             }
             match st.decoder.next_frame() {
@@ -808,7 +865,13 @@ impl Broker {
                 }
             }
         }
-        if st.fin_recv && !st.paused && !st.storage_paused && !st.closed && st.decoder.finish().is_err() {
+        if st.fin_recv
+            && !st.paused
+            && !st.storage_paused
+            && !st.flush_paused
+            && !st.closed
+            && st.decoder.finish().is_err()
+        {
             // The client finished the stream inside a frame: nothing more can come.
             st.closed = true;
         }
@@ -916,9 +979,20 @@ impl Broker {
             return;
         }
         if st.held.is_empty() {
+            Self::count_unflushed(&mut self.out, self.cfg.control_stream_unflushed_bytes, conn, st, data.len());
             self.out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
         } else {
             st.held.push_back(Held::Ready(data));
+        }
+    }
+
+    /// Counts answer bytes handed to the driver; past the limit, stops reading the stream's
+    /// requests until the client reads what it was sent.
+    fn count_unflushed(out: &mut VecDeque<BrokerOutput>, limit: usize, conn: ConnId, st: &mut CtlStream, n: usize) {
+        st.unflushed += n;
+        if st.unflushed > limit && !st.flush_paused {
+            st.flush_paused = true;
+            out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
         }
     }
 
@@ -952,6 +1026,7 @@ impl Broker {
             if let Some(Held::Ready(data)) = st.held.pop_front()
                 && !st.send_finished
             {
+                st.unflushed += data.len();
                 out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
             }
         }
@@ -1007,7 +1082,7 @@ impl Broker {
                 let window = st.session.as_ref().and_then(|s| s.window).unwrap_or(u32::MAX) as usize;
                 if st.paused && st.owed.len() < window {
                     st.paused = false;
-                    if !st.storage_paused {
+                    if !st.storage_paused && !st.flush_paused {
                         self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
                     }
                     return true;
@@ -1143,6 +1218,11 @@ impl Broker {
     }
 
     fn handle_message(&mut self, conn: ConnId, st: &mut CtlStream, m: Message, now: Instant) {
+        if let Some(g) = group_name(&m)
+            && let Err(r) = check_names(&[("group", g)])
+        {
+            return self.refuse(conn, st, r);
+        }
         if st.uni && !matches!(m, Message::Publish(_) | Message::PublishBatch(_) | Message::PublishWidth(_)) {
             // A publish-only stream carries publishes only; anything else closes it.
             return self.close_stream(conn, st);
@@ -1316,6 +1396,7 @@ impl Broker {
     /// Checks tenant and permission, then finds (or auto-creates) the stream. Returns its shard
     /// count.
     fn lookup_stream(&mut self, st: &CtlStream, t: &str, ns: &str, s: &str, action: Action) -> Result<u32, Refusal> {
+        check_names(&[("tenant", t), ("namespace", ns), ("stream", s)])?;
         self.authorize(st, t, ns, s, action)?;
         if s.starts_with(syslog::SYS_PREFIX) {
             return Err(Refusal::new(
@@ -1673,7 +1754,7 @@ impl Broker {
         for (conn, sid) in resume {
             let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
             st.storage_paused = false;
-            if !st.paused {
+            if !st.paused && !st.flush_paused {
                 self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
                 self.drive_stream(conn, sid, now);
             }
@@ -2197,6 +2278,7 @@ impl Broker {
     // Cache
 
     fn cache_entry(&mut self, st: &CtlStream, t: &str, ns: &str, c: &str, action: Action) -> Result<Key, Refusal> {
+        check_names(&[("tenant", t), ("namespace", ns), ("cache", c)])?;
         self.authorize(st, t, ns, c, action)?;
         let k = key(t, ns, c);
         if !self.caches.contains_key(&k) {
