@@ -214,15 +214,21 @@ impl Server {
         let storage = match &opts.data_dir {
             Some(dir) => {
                 let mut disk = DiskStorage::open(dir, opts.fsync)?;
-                let shards: Vec<RecoveredShard> = disk.recover()?;
+                // Older history is restored from segment indexes; only what the broker keeps in
+                // memory is read whole.
+                let shards: Vec<RecoveredShard> = disk.recover_within(|t, n, st| broker.memory_budget(t, n, st))?;
                 for s in shards {
                     repairs.extend(s.repairs);
+                    recovered_records +=
+                        s.summaries.iter().filter(|e| !e.generation_start).map(|e| e.count).sum::<u64>();
                     recovered_records +=
                         s.batches.iter().filter(|b| !b.generation_start).map(|b| b.count()).sum::<u64>();
                     let mut cfg = default_stream.clone();
                     cfg.durable = true;
                     cfg.shards = s.stream_shards.max(1);
-                    broker.restore_shard((&s.tenant_id, &s.namespace, &s.stream), cfg, s.shard, s.batches, now);
+                    let name = (s.tenant_id.as_str(), s.namespace.as_str(), s.stream.as_str());
+                    broker.restore_shard_summaries(name, cfg.clone(), s.shard, &s.summaries, now);
+                    broker.restore_shard(name, cfg, s.shard, s.batches, now);
                 }
                 Some(disk)
             }

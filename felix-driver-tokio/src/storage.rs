@@ -17,7 +17,8 @@ use bytes::{Bytes, BytesMut};
 use felix_proto::broker::PersistRequest;
 use felix_proto::io::WriteToken;
 use felix_proto::storage::{
-    StoredBatch, decode_segment, encode_batch, parse_path_component, parse_segment_name, path_component, segment_name,
+    IndexEntry, StoredBatch, decode_index, decode_segment, encode_batch, encode_index, parse_path_component,
+    parse_segment_name, path_component, segment_name,
 };
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -67,7 +68,10 @@ pub struct RecoveredShard {
     pub shard: u32,
     /// The stream's shard count (from its metadata).
     pub stream_shards: u32,
-    /// Valid batches, in offset order.
+    /// Older history, known by index entries only (its records stay on disk), in offset
+    /// order. Restore these first.
+    pub summaries: Vec<IndexEntry>,
+    /// Valid batches read whole (the newest, within the memory budget), in offset order.
     pub batches: Vec<StoredBatch>,
     /// Problems found and repaired (torn or corrupt tails truncated).
     pub repairs: Vec<String>,
@@ -94,7 +98,7 @@ pub struct DiskStorage {
     poisoned: HashSet<PathBuf>,
     /// Per segment: `(first offset of a batch, byte position)`, in order. Lets a history read
     /// seek to the batch it needs instead of reading the whole segment.
-    index: HashMap<PathBuf, Vec<(u64, u64)>>,
+    index: HashMap<PathBuf, Vec<IndexEntry>>,
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> std::io::Error {
@@ -130,11 +134,23 @@ impl DiskStorage {
         self.root.join("streams").join(path_component(tenant)).join(path_component(ns)).join(path_component(stream))
     }
 
-    /// Reads every shard back, truncating torn or corrupt tails (each repair is reported).
+    /// Reads every shard back whole (tests, tools): see [`recover_within`](Self::recover_within).
     ///
     /// # Errors
     /// Only for IO failures; bad data is repaired, never an error.
     pub fn recover(&mut self) -> std::io::Result<Vec<RecoveredShard>> {
+        self.recover_within(|_, _, _| u64::MAX)
+    }
+
+    /// Recovers every shard without reading the whole log: a sealed segment with a sound index
+    /// file is known by its index alone, unless its records fall within the newest `budget`
+    /// payload bytes of the shard (`budget(tenant, namespace, stream)`), which are read whole.
+    /// The newest segment is always scanned: a torn or corrupt tail is truncated, a corrupt
+    /// batch inside it skipped, each repair reported. A missing or stale index is rebuilt.
+    ///
+    /// # Errors
+    /// Only for IO failures; bad data is repaired, never an error.
+    pub fn recover_within(&mut self, budget: impl Fn(&str, &str, &str) -> u64) -> std::io::Result<Vec<RecoveredShard>> {
         let mut out = Vec::new();
         let streams = self.root.join("streams");
         for t in read_dirs(&streams)? {
@@ -151,7 +167,8 @@ impl DiskStorage {
                         else {
                             continue;
                         };
-                        let (batches, repairs, index) = recover_shard(&shard_dir)?;
+                        let keep = budget(&tenant, &namespace, &stream);
+                        let (summaries, batches, repairs, index) = recover_shard(&shard_dir, keep)?;
                         self.index.extend(index);
                         out.push(RecoveredShard {
                             tenant_id: tenant.clone(),
@@ -159,6 +176,7 @@ impl DiskStorage {
                             stream: stream.clone(),
                             shard,
                             stream_shards,
+                            summaries,
                             batches,
                             repairs,
                         });
@@ -228,6 +246,7 @@ impl DiskStorage {
                 self.open.remove(path);
                 self.dirty.remove(path);
                 self.index.remove(path);
+                let _ = std::fs::remove_file(index_path(path));
                 match std::fs::remove_file(path) {
                     Ok(()) => deleted += 1,
                     Err(e) => tracing::warn!("retention: removing {}: {e}", path.display()),
@@ -262,7 +281,7 @@ impl DiskStorage {
             let pos = self
                 .index
                 .get(path)
-                .and_then(|ix| ix.iter().rev().find(|(o, _)| *o <= from).map(|(_, p)| *p))
+                .and_then(|ix| ix.iter().rev().find(|e| e.base_offset <= from).map(|e| e.position))
                 .unwrap_or(0);
             let Ok(mut f) = File::open(path) else { return out };
             if f.seek(SeekFrom::Start(pos)).is_err() {
@@ -328,6 +347,10 @@ impl DiskStorage {
                 if let Some(old) = old {
                     if let Some(seg) = self.open.remove(&old) {
                         let _ = seg.file.sync_data();
+                        // Sealed: its index lets recovery skip reading it.
+                        if let Some(entries) = self.index.get(&old) {
+                            write_index(&old, entries, seg.len);
+                        }
                     }
                     self.dirty.remove(&old);
                 }
@@ -358,7 +381,15 @@ impl DiskStorage {
             return Err(io_err(&path, e));
         }
         seg.len += bytes.len() as u64;
-        self.index.entry(path.clone()).or_default().push((r.base_offset, pos));
+        self.index.entry(path.clone()).or_default().push(IndexEntry {
+            base_offset: r.base_offset,
+            position: pos,
+            count: if r.generation_start { 1 } else { u64::from(r.records.count()) },
+            timestamp_micros: r.timestamp_micros,
+            payload_bytes: r.records.payload_bytes() as u64,
+            generation_start: r.generation_start,
+            producer: r.producer.map(|(id, seq)| (id, seq, felix_proto::storage::records_digest(&r.records))),
+        });
         self.dirty.insert(path);
         Ok(())
     }
@@ -412,41 +443,116 @@ fn last_segment(dir: &Path) -> std::io::Result<Option<(PathBuf, u64)>> {
     }
 }
 
-type SegmentIndex = HashMap<PathBuf, Vec<(u64, u64)>>;
+type SegmentIndex = HashMap<PathBuf, Vec<IndexEntry>>;
 
-fn recover_shard(dir: &Path) -> std::io::Result<(Vec<StoredBatch>, Vec<String>, SegmentIndex)> {
-    let mut batches = Vec::new();
-    let mut repairs = Vec::new();
-    let mut index = HashMap::new();
-    for (_, path) in segments(dir)? {
-        let data = std::fs::read(&path).map_err(|e| io_err(&path, e))?;
-        let total = data.len();
-        let r = decode_segment(Bytes::from(data));
-        for d in &r.damaged {
-            let msg =
-                format!("{}: {d}; that batch is skipped (its offsets are lost), the rest is served", path.display());
-            tracing::error!("{msg}");
-            repairs.push(msg);
-        }
-        if let Some(problem) = r.problem {
-            let msg = format!(
-                "{}: {problem}; truncated from {total} to {} bytes ({} batches kept)",
-                path.display(),
-                r.valid_len,
-                r.batches.len()
-            );
-            tracing::warn!("{msg}");
-            repairs.push(msg);
-            let f = OpenOptions::new().write(true).open(&path).map_err(|e| io_err(&path, e))?;
-            f.set_len(r.valid_len as u64).map_err(|e| io_err(&path, e))?;
-            f.sync_all().map_err(|e| io_err(&path, e))?;
-        }
-        let ix: Vec<(u64, u64)> =
-            r.batches.iter().zip(&r.positions).map(|(b, at)| (b.base_offset, *at as u64)).collect();
-        index.insert(path, ix);
-        batches.extend(r.batches);
+/// The index file of a segment.
+fn index_path(seg: &Path) -> PathBuf {
+    seg.with_extension("idx")
+}
+
+/// Writes a sealed segment's index (best effort: a missing or bad index is rebuilt at start).
+fn write_index(seg: &Path, entries: &[IndexEntry], len: u64) {
+    let tmp = seg.with_extension("idx.tmp");
+    let ok = std::fs::write(&tmp, encode_index(entries, len))
+        .and_then(|()| File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, index_path(seg)));
+    if let Err(e) = ok {
+        tracing::warn!("writing the index of {}: {e}", seg.display());
     }
-    Ok((batches, repairs, index))
+}
+
+/// Reads and repairs one segment whole. Returns its batches and their index entries.
+fn scan_segment(path: &Path, repairs: &mut Vec<String>) -> std::io::Result<(Vec<StoredBatch>, Vec<IndexEntry>)> {
+    let data = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let total = data.len();
+    let r = decode_segment(Bytes::from(data));
+    for d in &r.damaged {
+        let msg = format!("{}: {d}; that batch is skipped (its offsets are lost), the rest is served", path.display());
+        tracing::error!("{msg}");
+        repairs.push(msg);
+    }
+    if let Some(problem) = r.problem {
+        let msg = format!(
+            "{}: {problem}; truncated from {total} to {} bytes ({} batches kept)",
+            path.display(),
+            r.valid_len,
+            r.batches.len()
+        );
+        tracing::warn!("{msg}");
+        repairs.push(msg);
+        let f = OpenOptions::new().write(true).open(path).map_err(|e| io_err(path, e))?;
+        f.set_len(r.valid_len as u64).map_err(|e| io_err(path, e))?;
+        f.sync_all().map_err(|e| io_err(path, e))?;
+    }
+    let entries = r.batches.iter().zip(&r.positions).map(|(b, at)| IndexEntry::of(b, *at as u64)).collect();
+    Ok((r.batches, entries))
+}
+
+/// What recovery knows of a segment.
+enum Part {
+    /// Its index only.
+    Indexed(Vec<IndexEntry>),
+    /// Read whole.
+    Scanned(Vec<StoredBatch>, Vec<IndexEntry>),
+}
+
+impl Part {
+    fn entries(&self) -> &[IndexEntry] {
+        match self {
+            Part::Indexed(e) | Part::Scanned(_, e) => e,
+        }
+    }
+}
+
+#[allow(clippy::type_complexity)] // (summaries, batches, repairs, index), named at the call
+fn recover_shard(
+    dir: &Path,
+    budget: u64,
+) -> std::io::Result<(Vec<IndexEntry>, Vec<StoredBatch>, Vec<String>, SegmentIndex)> {
+    let mut repairs = Vec::new();
+    let segs = segments(dir)?;
+    let mut parts: Vec<(PathBuf, Part)> = Vec::with_capacity(segs.len());
+    for (i, (_, path)) in segs.iter().enumerate() {
+        let newest = i + 1 == segs.len();
+        if !newest {
+            let len = std::fs::metadata(path).map_err(|e| io_err(path, e))?.len();
+            if let Ok(bytes) = std::fs::read(index_path(path))
+                && let Ok(entries) = decode_index(&bytes, len)
+            {
+                parts.push((path.clone(), Part::Indexed(entries)));
+                continue;
+            }
+        }
+        let (batches, entries) = scan_segment(path, &mut repairs)?;
+        if !newest {
+            let len = std::fs::metadata(path).map_err(|e| io_err(path, e))?.len();
+            write_index(path, &entries, len);
+        }
+        parts.push((path.clone(), Part::Scanned(batches, entries)));
+    }
+    // The newest segments whose payload fits the budget are handed over whole.
+    let mut whole_from = parts.len();
+    let mut bytes = 0u64;
+    while whole_from > 0 && bytes < budget {
+        whole_from -= 1;
+        bytes = bytes.saturating_add(parts[whole_from].1.entries().iter().map(|e| e.payload_bytes).sum::<u64>());
+    }
+    let mut summaries = Vec::new();
+    let mut batches = Vec::new();
+    let mut index = HashMap::new();
+    for (i, (path, part)) in parts.into_iter().enumerate() {
+        let entries = part.entries().to_vec();
+        if i < whole_from {
+            summaries.extend_from_slice(&entries);
+        } else {
+            match part {
+                Part::Scanned(b, _) => batches.extend(b),
+                Part::Indexed(_) => batches.extend(scan_segment(&path, &mut repairs)?.0),
+            }
+        }
+        index.insert(path, entries);
+    }
+    Ok((summaries, batches, repairs, index))
 }
 
 #[cfg(test)]
@@ -531,6 +637,63 @@ mod tests {
         let got: Vec<u64> = s.read_range(name, 0, 15, 100, 1 << 20).iter().map(|b| b.base_offset).collect();
         assert_eq!(got, (15..20).collect::<Vec<_>>());
         assert!(s.read_range(("t1", "default", "nope"), 0, 0, 10, 100).is_empty());
+    }
+
+    #[test]
+    fn recovery_reads_indexes_not_old_segments_and_rebuilds_a_bad_index() {
+        use felix_proto::broker::{Broker, BrokerConfig, StreamConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        s.set_segment_bytes(200);
+        let mut producer_req = req(1000, 100, &["idem"]);
+        producer_req.producer = Some((77, 0));
+        let mut reqs: Vec<_> = (0..100).map(|i| req(i + 1, i, &[&format!("payload-{i:03}")])).collect();
+        reqs.push(producer_req);
+        s.write(reqs);
+        drop(s);
+        let shard = dir.path().join("streams/t1/default/%2E.%2Forders/0");
+        let segs = segments(&shard).unwrap();
+        assert!(segs.len() > 10);
+        let sealed = &segs[..segs.len() - 1];
+        assert!(sealed.iter().all(|(_, p)| index_path(p).exists()), "every sealed segment has an index");
+        // Make an old segment unreadable: recovery must not need it (its index says enough).
+        let victim = &sealed[1].1;
+        let original = std::fs::read(victim).unwrap();
+        let mut garbage = original.clone();
+        garbage.iter_mut().skip(20).for_each(|b| *b = 0xAA);
+        std::fs::write(victim, &garbage).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let rec = s.recover_within(|_, _, _| 60).unwrap();
+        assert!(rec[0].repairs.is_empty(), "{:?}", rec[0].repairs);
+        let summarized: u64 = rec[0].summaries.iter().map(|e| e.count).sum();
+        let whole: u64 = rec[0].batches.iter().map(|b| b.count()).sum();
+        assert_eq!(summarized + whole, 101);
+        assert!(whole <= 15 && summarized >= 85, "only the newest part is read whole: {whole}");
+        assert_eq!(rec[0].batches.last().unwrap().producer, Some((77, 0)));
+        // The broker rebuilds the same state from summaries as from whole batches.
+        let restore = |rec: &RecoveredShard| {
+            let cfg = BrokerConfig { history_reads: true, ..BrokerConfig::default() };
+            let t0 = felix_proto::io::WallClock::new(std::time::Instant::now(), 0); // test clock
+            let mut b = Broker::new(cfg, t0);
+            let now = std::time::Instant::now();
+            let name = ("t1", "default", "../orders");
+            b.restore_shard_summaries(name, StreamConfig::default(), 0, &rec.summaries, now);
+            b.restore_shard(name, StreamConfig::default(), 0, rec.batches.clone(), now);
+            b.shard_state("t1", "default", "../orders", 0)
+        };
+        std::fs::write(victim, &original).unwrap();
+        let full = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        assert_eq!(restore(&rec[0]), restore(&full[0]));
+        // A damaged index is rebuilt from its segment.
+        let idx = index_path(&sealed[3].1);
+        std::fs::write(&idx, b"FLXI nonsense").unwrap();
+        let rec2 = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover_within(|_, _, _| 60).unwrap();
+        assert_eq!(rec2[0].summaries, rec[0].summaries);
+        assert!(decode_index(&std::fs::read(&idx).unwrap(), std::fs::metadata(&sealed[3].1).unwrap().len()).is_ok());
+        // History reads still find old records through the recovered index.
+        let got: Vec<u64> =
+            s.read_range(("t1", "default", "../orders"), 0, 5, 8, 1 << 20).iter().map(|b| b.base_offset).collect();
+        assert_eq!(got, vec![5, 6, 7]);
     }
 
     #[test]

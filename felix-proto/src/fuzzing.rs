@@ -397,4 +397,9 @@ pub fn storage_segment(data: &[u8]) {
         end_of_last = at + again.len();
     }
     assert!(end_of_last <= r.valid_len);
+    // The same bytes as an index file: refused or sound, never a panic.
+    if let Ok(entries) = crate::storage::decode_index(data, data.len() as u64) {
+        assert!(entries.windows(2).all(|w| w[1].base_offset >= w[0].base_offset + w[0].count));
+        assert!(entries.iter().all(|e| e.position < data.len() as u64 && e.count > 0));
+    }
 }

@@ -283,6 +283,152 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     })
 }
 
+/// What recovery needs of a batch without reading it: where it is, what offsets it takes, its
+/// append time and size, and (for an idempotent producer's batch) its producer, sequence and
+/// payload digest. A sealed segment's entries are kept in an index file beside it
+/// (`NNNN.idx`), so recovery reads indexes, not whole logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// First offset.
+    pub base_offset: u64,
+    /// Byte position of the batch in its segment.
+    pub position: u64,
+    /// Offsets the batch takes.
+    pub count: u64,
+    /// Append time, µs since the Unix epoch.
+    pub timestamp_micros: u64,
+    /// Payload bytes.
+    pub payload_bytes: u64,
+    /// A generation-start record.
+    pub generation_start: bool,
+    /// `(producer_id, sequence, payload digest)` of an idempotent producer's batch.
+    pub producer: Option<(u64, u64, u64)>,
+}
+
+impl IndexEntry {
+    /// The entry of `b`, stored at `position`.
+    pub fn of(b: &StoredBatch, position: u64) -> IndexEntry {
+        IndexEntry {
+            base_offset: b.base_offset,
+            position,
+            count: b.count(),
+            timestamp_micros: b.timestamp_micros,
+            payload_bytes: b.records.payload_bytes() as u64,
+            generation_start: b.generation_start,
+            producer: b.producer.map(|(id, seq)| (id, seq, records_digest(&b.records))),
+        }
+    }
+}
+
+/// CRC-64/XZ of a batch's encoded records (what idempotent producers compare).
+pub fn records_digest(records: &Records) -> u64 {
+    crate::broker::records_digest(records.raw())
+}
+
+/// Index file magic, "FLXI".
+pub const INDEX_MAGIC: u32 = 0x464C_5849;
+const INDEX_ENTRY_LEN: usize = 8 * 8 + 1;
+
+/// Why an index file cannot be used (recovery then scans the segment and writes a new one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexError {
+    /// Too short, wrong magic, or a length that does not add up.
+    #[error("not an index file")]
+    Malformed,
+    /// The checksum does not match.
+    #[error("index checksum mismatch")]
+    BadChecksum,
+    /// It describes a segment of another length (written before the segment changed).
+    #[error("index covers {covered} bytes, the segment has {actual}")]
+    Stale {
+        /// Segment length the index was written for.
+        covered: u64,
+        /// Segment length now.
+        actual: u64,
+    },
+}
+
+/// Encodes the index of a segment of `segment_len` bytes.
+///
+/// ```text
+/// u32 magic "FLXI", u64 segment_len, u32 count, u32 crc32c (of the entries)
+/// count × (u64 base, u64 position, u64 count, u64 timestamp_micros, u64 payload_bytes,
+///          u64 producer_id, u64 sequence, u64 digest, u8 flags: bit 0 generation start,
+///          bit 1 producer present)
+/// ```
+pub fn encode_index(entries: &[IndexEntry], segment_len: u64) -> Bytes {
+    let mut body = BytesMut::with_capacity(entries.len() * INDEX_ENTRY_LEN);
+    for e in entries {
+        body.put_u64(e.base_offset);
+        body.put_u64(e.position);
+        body.put_u64(e.count);
+        body.put_u64(e.timestamp_micros);
+        body.put_u64(e.payload_bytes);
+        let (id, seq, digest) = e.producer.unwrap_or_default();
+        body.put_u64(id);
+        body.put_u64(seq);
+        body.put_u64(digest);
+        body.put_u8(u8::from(e.generation_start) | (u8::from(e.producer.is_some()) << 1));
+    }
+    let mut out = BytesMut::with_capacity(20 + body.len());
+    out.put_u32(INDEX_MAGIC);
+    out.put_u64(segment_len);
+    out.put_u32(entries.len() as u32);
+    out.put_u32(crc32c(&body));
+    out.extend_from_slice(&body);
+    out.freeze()
+}
+
+/// Decodes an index written for a segment now `segment_len` bytes long. Never panics.
+///
+/// # Errors
+/// [`IndexError`] when the file cannot be trusted.
+pub fn decode_index(data: &[u8], segment_len: u64) -> Result<Vec<IndexEntry>, IndexError> {
+    let word = |i: usize| -> Result<u32, IndexError> {
+        Ok(u32::from_be_bytes(
+            data.get(i..i + 4).ok_or(IndexError::Malformed)?.try_into().map_err(|_| IndexError::Malformed)?,
+        ))
+    };
+    let long = |d: &[u8], i: usize| -> u64 { u64::from_be_bytes(d[i..i + 8].try_into().expect("8 bytes")) };
+    if data.len() < 20 || word(0)? != INDEX_MAGIC {
+        return Err(IndexError::Malformed);
+    }
+    let covered = long(data, 4);
+    let count = word(12)? as usize;
+    let body = &data[20..];
+    if count.checked_mul(INDEX_ENTRY_LEN) != Some(body.len()) {
+        return Err(IndexError::Malformed);
+    }
+    if crc32c(body) != word(16)? {
+        return Err(IndexError::BadChecksum);
+    }
+    if covered != segment_len {
+        return Err(IndexError::Stale { covered, actual: segment_len });
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut last_end: Option<u64> = None;
+    for e in body.chunks_exact(INDEX_ENTRY_LEN) {
+        let flags = e[64];
+        let entry = IndexEntry {
+            base_offset: long(e, 0),
+            position: long(e, 8),
+            count: long(e, 16),
+            timestamp_micros: long(e, 24),
+            payload_bytes: long(e, 32),
+            generation_start: flags & 1 != 0,
+            producer: (flags & 2 != 0).then(|| (long(e, 40), long(e, 48), long(e, 56))),
+        };
+        // Offsets only move forward and positions lie inside the segment.
+        if entry.position >= segment_len || last_end.is_some_and(|end| entry.base_offset < end) || entry.count == 0 {
+            return Err(IndexError::Malformed);
+        }
+        last_end = Some(entry.base_offset.saturating_add(entry.count));
+        out.push(entry);
+    }
+    Ok(out)
+}
+
 /// The file name of the segment whose first offset is `base`.
 pub fn segment_name(base: u64) -> String {
     format!("{base:020}.seg")
@@ -350,6 +496,24 @@ mod tests {
             producer: None,
             records: Records::from_payloads(payloads.iter().map(|p| p.as_bytes())).unwrap(),
         }
+    }
+
+    #[test]
+    fn index_round_trip_and_every_bad_index_is_refused() {
+        let mut b = batch(7, &["x", "yy"]);
+        b.producer = Some((9, 4));
+        let entries = vec![IndexEntry::of(&batch(0, &["a"]), 0), IndexEntry::of(&b, 40)];
+        assert_eq!(entries[1].producer.map(|p| (p.0, p.1)), Some((9, 4)));
+        let idx = encode_index(&entries, 100);
+        assert_eq!(decode_index(&idx, 100), Ok(entries));
+        assert_eq!(decode_index(&idx, 101), Err(IndexError::Stale { covered: 100, actual: 101 }));
+        for i in 0..idx.len() {
+            let mut bad = idx.to_vec();
+            bad[i] ^= 0x10;
+            assert!(decode_index(&bad, 100).is_err(), "flipped byte {i}");
+        }
+        assert_eq!(decode_index(&idx[..idx.len() - 1], 100), Err(IndexError::Malformed));
+        assert_eq!(decode_index(b"", 0), Err(IndexError::Malformed));
     }
 
     #[test]

@@ -282,7 +282,7 @@ impl ShardLog {
     /// Restores a batch read back from storage at start: it is committed as it stands. Batches
     /// must come in offset order; the first one sets where the log starts.
     pub fn restore(&mut self, b: crate::storage::StoredBatch, now: Instant) {
-        if self.committed.is_empty() && self.pending.is_empty() && self.records == 0 {
+        if self.committed.is_empty() && self.evicted.is_empty() && self.pending.is_empty() && self.records == 0 {
             self.start = b.base_offset;
             self.next_offset = b.base_offset;
         }
@@ -311,6 +311,36 @@ impl ShardLog {
         }
         self.committed.push_back(batch);
         self.evict_to_budget();
+    }
+
+    /// Restores a batch known only by its index entry (older history, kept on disk): what
+    /// retention, `offset_for_time` and the position checks need, without its records. Entries
+    /// must come in offset order, before the batches restored whole.
+    pub fn restore_summary(&mut self, e: &crate::storage::IndexEntry, now: Instant) {
+        if self.committed.is_empty() && self.evicted.is_empty() && self.pending.is_empty() && self.records == 0 {
+            self.start = e.base_offset;
+            self.next_offset = e.base_offset;
+        }
+        if e.base_offset < self.next_offset {
+            return;
+        }
+        let records = if e.generation_start { 0 } else { e.count };
+        let bytes = if e.generation_start { 0 } else { e.payload_bytes };
+        self.evicted.push_back(Evicted {
+            base: e.base_offset,
+            end: e.base_offset + e.count,
+            timestamp_micros: e.timestamp_micros,
+            generation_start: e.generation_start,
+            records,
+            bytes,
+            appended_at: now,
+        });
+        self.records += records;
+        self.bytes += bytes;
+        self.next_offset = e.base_offset + e.count;
+        // A batch after a run of generation-start records carries skipped_before; a summary
+        // is never delivered from memory, so the count restarts with what follows.
+        self.skip_next = if e.generation_start { self.skip_next + 1 } else { 0 };
     }
 
     /// Appends a generation-start record: it takes one offset and is never delivered.

@@ -41,6 +41,7 @@ mod watch;
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, Retention, StreamConfig, StreamSpec};
 pub use group::GroupLimits;
+pub(crate) use producer::digest as records_digest;
 
 use crate::binary::{ErrorDetail, OwnerHint, PublishAck, PublishBatch, Records};
 use crate::error_code::{ErrorCode, RetryClass};
@@ -2209,6 +2210,45 @@ impl Broker {
             s.log.restore(b, now);
         }
         self.enforce_retention(Some(&k), now);
+    }
+
+    /// Restores a durable shard's older history from index entries alone (its records stay on
+    /// disk and are read back on demand). Call before [`restore_shard`](Self::restore_shard)
+    /// with the newer batches. Creates the stream (with `config`) if it does not exist yet.
+    pub fn restore_shard_summaries(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        config: StreamConfig,
+        shard: u32,
+        entries: &[crate::storage::IndexEntry],
+        now: Instant,
+    ) {
+        let now = self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        if entries.is_empty() || syslog::is_sys(&k) {
+            return; // system logs are restored whole, by restore_shard
+        }
+        if !self.streams.contains_key(&k) {
+            self.create_stream(k.clone(), config);
+        }
+        let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        for e in entries {
+            if let Some((pid, seq, digest)) = e.producer {
+                s.producers.appended(pid, seq, digest, e.base_offset, e.base_offset + e.count, None);
+            }
+            s.log.restore_summary(e, now);
+        }
+    }
+
+    /// How many payload bytes of a durable stream's history the broker keeps in memory per
+    /// shard (what a driver reads whole at start; older history it restores from indexes).
+    pub fn memory_budget(&self, tenant: &str, ns: &str, stream: &str) -> u64 {
+        if stream.starts_with(syslog::SYS_PREFIX) {
+            return u64::MAX; // system logs are folded whole
+        }
+        self.streams
+            .get(&key(tenant, ns, stream))
+            .map_or(self.cfg.default_stream.memory_bytes, |e| e.config.memory_bytes)
     }
 
     /// Every stream with its configuration.

@@ -147,7 +147,7 @@ const fn crc64_table() -> [u64; 256] {
 static CRC64_TABLE: [u64; 256] = crc64_table();
 
 /// CRC-64 of a batch's encoded records (lengths included, so record boundaries count).
-pub(crate) fn digest(data: &[u8]) -> u64 {
+pub fn digest(data: &[u8]) -> u64 {
     let mut c = !0u64;
     for &b in data {
         c = CRC64_TABLE[((c ^ u64::from(b)) & 0xFF) as usize] ^ (c >> 8);
