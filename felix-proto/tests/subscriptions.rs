@@ -637,3 +637,30 @@ fn conditional_cache_writes_and_version_only_when_offered() {
         }))
     );
 }
+
+/// Age-based retention counts from when a record was appended, even across a restart.
+#[test]
+fn restored_history_ages_from_its_append_time_not_the_restart() {
+    use felix_proto::broker::{Broker, Retention, StreamConfig};
+    use felix_proto::io::WallClock;
+    use felix_proto::storage::StoredBatch;
+    use std::time::Duration;
+    let now = epoch();
+    let wall = 1_800_000_000_000_000u64;
+    let mut b = Broker::new(config(), WallClock::new(now, wall));
+    let cfg = StreamConfig {
+        retention: Retention { max_age: Some(Duration::from_secs(3600)), ..Retention::default() },
+        ..StreamConfig::default()
+    };
+    let batch = |base: u64, age_secs: u64| StoredBatch {
+        base_offset: base,
+        timestamp_micros: wall - age_secs * 1_000_000,
+        generation_start: false,
+        publisher: None,
+        producer: None,
+        records: felix_proto::Records::from_payloads([&b"x"[..]]).unwrap(),
+    };
+    b.restore_shard(("t1", "default", "aged"), cfg, 0, vec![batch(0, 7200), batch(1, 5000), batch(2, 60)], now);
+    let (start, ..) = b.shard_state("t1", "default", "aged", 0).unwrap();
+    assert_eq!(start, 2, "the two records older than an hour are gone at once");
+}

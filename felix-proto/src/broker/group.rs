@@ -724,7 +724,6 @@ mod tests {
 
     fn log_of(n: u64) -> ShardLog {
         let mut log = ShardLog::new(true, crate::broker::Retention::default());
-        let now = crate::io::test_epoch();
         for i in 0..n {
             let b = crate::storage::StoredBatch {
                 base_offset: i,
@@ -734,7 +733,7 @@ mod tests {
                 producer: None,
                 records: crate::Records::from_payloads([&b"x"[..]]).unwrap(),
             };
-            log.restore(b, now);
+            log.restore(b);
         }
         log
     }

@@ -18,7 +18,6 @@ use crate::binary::{EventBatch, Records};
 use crate::io::WriteToken;
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::time::Instant;
 
 /// Which optional event-batch sections a subscriber receives (decided by what it offered and
 /// by the stream). One encoding per shape per batch is shared by every subscriber of that shape.
@@ -57,7 +56,6 @@ struct Evicted {
     generation_start: bool,
     records: u64,
     bytes: u64,
-    appended_at: Instant,
 }
 
 /// One appended batch.
@@ -68,7 +66,6 @@ pub(crate) struct LogBatch {
     pub timestamp_micros: u64,
     pub publisher: Option<Bytes>,
     pub skipped_before: u64,
-    pub appended_at: Instant,
     /// A generation-start record: one offset, never delivered.
     pub generation_start: bool,
     encoded: Vec<(Shape, [Bytes; 2])>,
@@ -208,7 +205,6 @@ impl ShardLog {
                 generation_start: b.generation_start,
                 records,
                 bytes,
-                appended_at: b.appended_at,
             });
         }
     }
@@ -254,7 +250,6 @@ impl ShardLog {
         records: Records,
         timestamp_micros: u64,
         publisher: Option<Bytes>,
-        now: Instant,
         token: Option<WriteToken>,
     ) -> (u64, Option<LogBatch>) {
         let base = self.next_offset;
@@ -264,7 +259,6 @@ impl ShardLog {
             timestamp_micros,
             publisher,
             skipped_before: std::mem::take(&mut self.skip_next),
-            appended_at: now,
             generation_start: false,
             encoded: Vec::new(),
         };
@@ -281,7 +275,7 @@ impl ShardLog {
 
     /// Restores a batch read back from storage at start: it is committed as it stands. Batches
     /// must come in offset order; the first one sets where the log starts.
-    pub fn restore(&mut self, b: crate::storage::StoredBatch, now: Instant) {
+    pub fn restore(&mut self, b: crate::storage::StoredBatch) {
         if self.committed.is_empty() && self.evicted.is_empty() && self.pending.is_empty() && self.records == 0 {
             self.start = b.base_offset;
             self.next_offset = b.base_offset;
@@ -299,7 +293,6 @@ impl ShardLog {
             timestamp_micros: b.timestamp_micros,
             publisher: b.publisher,
             skipped_before,
-            appended_at: now,
             generation_start: b.generation_start,
             encoded: Vec::new(),
         };
@@ -316,7 +309,7 @@ impl ShardLog {
     /// Restores a batch known only by its index entry (older history, kept on disk): what
     /// retention, `offset_for_time` and the position checks need, without its records. Entries
     /// must come in offset order, before the batches restored whole.
-    pub fn restore_summary(&mut self, e: &crate::storage::IndexEntry, now: Instant) {
+    pub fn restore_summary(&mut self, e: &crate::storage::IndexEntry) {
         if self.committed.is_empty() && self.evicted.is_empty() && self.pending.is_empty() && self.records == 0 {
             self.start = e.base_offset;
             self.next_offset = e.base_offset;
@@ -333,7 +326,6 @@ impl ShardLog {
             generation_start: e.generation_start,
             records,
             bytes,
-            appended_at: now,
         });
         self.records += records;
         self.bytes += bytes;
@@ -344,7 +336,7 @@ impl ShardLog {
     }
 
     /// Appends a generation-start record: it takes one offset and is never delivered.
-    pub fn append_generation_start(&mut self, timestamp_micros: u64, now: Instant, token: WriteToken) -> u64 {
+    pub fn append_generation_start(&mut self, timestamp_micros: u64, token: WriteToken) -> u64 {
         let base = self.next_offset;
         self.next_offset += 1;
         self.skip_next += 1;
@@ -354,7 +346,6 @@ impl ShardLog {
             timestamp_micros,
             publisher: None,
             skipped_before: 0,
-            appended_at: now,
             generation_start: true,
             encoded: Vec::new(),
         };
@@ -503,12 +494,12 @@ impl ShardLog {
     }
 
     /// Drops the oldest batches beyond the retention limits. Returns the new start.
-    pub fn enforce_retention(&mut self, now: Instant) -> u64 {
+    /// Age is measured on append times (wall clock), so it holds across restarts.
+    pub fn enforce_retention(&mut self, now_micros: u64) -> u64 {
         while let Some(front) = self.evicted.front().copied() {
             let over_records = self.retention.max_records.is_some_and(|m| self.records > m);
             let over_bytes = self.retention.max_bytes.is_some_and(|m| self.bytes > m);
-            let too_old =
-                self.retention.max_age.is_some_and(|age| now.saturating_duration_since(front.appended_at) > age);
+            let too_old = self.retention.max_age.is_some_and(|age| aged(now_micros, front.timestamp_micros, age));
             if !(over_records || over_bytes || too_old) {
                 return self.start;
             }
@@ -520,8 +511,7 @@ impl ShardLog {
         while let Some(front) = self.committed.front() {
             let over_records = self.retention.max_records.is_some_and(|m| self.records > m);
             let over_bytes = self.retention.max_bytes.is_some_and(|m| self.bytes > m);
-            let too_old =
-                self.retention.max_age.is_some_and(|age| now.saturating_duration_since(front.appended_at) > age);
+            let too_old = self.retention.max_age.is_some_and(|age| aged(now_micros, front.timestamp_micros, age));
             if !(over_records || over_bytes || too_old) {
                 break;
             }
@@ -535,6 +525,11 @@ impl ShardLog {
         }
         self.start
     }
+}
+
+/// Whether a record appended at `appended_micros` is older than `age` at `now_micros`.
+fn aged(now_micros: u64, appended_micros: u64, age: std::time::Duration) -> bool {
+    now_micros.saturating_sub(appended_micros) > u64::try_from(age.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// What an offset holds (see [`ShardLog::slot`]).
@@ -630,11 +625,10 @@ mod tests {
 
     #[test]
     fn durable_offsets_become_visible_in_order() {
-        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
-        let (a, none) = log.append(recs(2), 1, None, now, Some(WriteToken(1)));
+        let (a, none) = log.append(recs(2), 1, None, Some(WriteToken(1)));
         assert!(none.is_none());
-        let (b, _) = log.append(recs(3), 1, None, now, Some(WriteToken(2)));
+        let (b, _) = log.append(recs(3), 1, None, Some(WriteToken(2)));
         assert_eq!((a, b, log.next_offset()), (0, 2, 5));
         assert_eq!(log.committed_tail(), 0);
         // The second write finishes first: nothing is visible until the first does.
@@ -649,10 +643,9 @@ mod tests {
 
     #[test]
     fn failed_write_leaves_a_gap_and_is_reported() {
-        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
-        log.append(recs(2), 1, None, now, Some(WriteToken(1)));
-        log.append(recs(1), 1, None, now, Some(WriteToken(2)));
+        log.append(recs(2), 1, None, Some(WriteToken(1)));
+        log.append(recs(1), 1, None, Some(WriteToken(2)));
         let s = log.settle(WriteToken(1), false);
         assert_eq!(s.failed, vec![(WriteToken(1), 0, 2)]);
         let s = log.settle(WriteToken(2), true);
@@ -662,16 +655,15 @@ mod tests {
 
     #[test]
     fn generation_start_is_skipped_and_counted() {
-        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention::default());
-        log.append(recs(2), 1, None, now, Some(WriteToken(1)));
-        log.append_generation_start(0, now, WriteToken(2));
+        log.append(recs(2), 1, None, Some(WriteToken(1)));
+        log.append_generation_start(0, WriteToken(2));
         assert_eq!(log.next_offset(), 3);
         log.settle(WriteToken(1), true);
         log.settle(WriteToken(2), true);
         assert_eq!(log.committed_tail(), 3);
         assert_eq!(log.readable_tail(), 2, "latest stops short of a trailing generation-start record");
-        log.append(recs(1), 1, None, now, Some(WriteToken(3)));
+        log.append(recs(1), 1, None, Some(WriteToken(3)));
         log.settle(WriteToken(3), true);
         let b = log.next_deliverable(2).unwrap();
         assert_eq!((b.base, b.skipped_before), (3, 1));
@@ -679,13 +671,12 @@ mod tests {
 
     #[test]
     fn retention_by_records() {
-        let now = crate::io::test_epoch();
         let mut log = ShardLog::new(true, Retention { max_records: Some(3), max_bytes: None, max_age: None });
         for t in 0..4 {
-            log.append(recs(2), 1, None, now, Some(WriteToken(t)));
+            log.append(recs(2), 1, None, Some(WriteToken(t)));
             log.settle(WriteToken(t), true);
         }
-        assert_eq!(log.enforce_retention(now), 6);
+        assert_eq!(log.enforce_retention(1), 6);
         assert_eq!(log.retained_records(), 2);
         assert!(log.batch_at(5).is_none());
         assert_eq!(log.batch_at(6).unwrap().base, 6);

@@ -644,13 +644,14 @@ impl Broker {
     /// Applies retention to every shard of `k` (or every stream when `None`), telling storage
     /// when a durable shard's start moved.
     fn enforce_retention(&mut self, only: Option<&Key>, now: Instant) {
+        let now_micros = self.wall.micros(now);
         for (k, entry) in &mut self.streams {
             if only.is_some_and(|o| o != k) {
                 continue;
             }
             for (i, shard) in entry.shards.iter_mut().enumerate() {
                 let before = shard.log.start();
-                let after = shard.log.enforce_retention(now);
+                let after = shard.log.enforce_retention(now_micros);
                 if after > before {
                     shard.producers.retain_from(after);
                 }
@@ -1523,7 +1524,7 @@ impl Broker {
         if !durable {
             let entry = self.streams.get_mut(&k).expect("routed stream exists");
             let sh = &mut entry.shards[shard as usize];
-            let (base, batch) = sh.log.append(req.records, ts, publisher, now, None);
+            let (base, batch) = sh.log.append(req.records, ts, publisher, None);
             if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
                 sh.producers.appended(pid, seq, d, base, base + count, None);
             }
@@ -1538,7 +1539,7 @@ impl Broker {
         let entry_shards = entry.shards.len() as u32;
         let records = req.records.clone();
         let sh = &mut entry.shards[shard as usize];
-        let (base, _) = sh.log.append(req.records, ts, publisher.clone(), now, Some(token));
+        let (base, _) = sh.log.append(req.records, ts, publisher.clone(), Some(token));
         if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
             sh.producers.appended(pid, seq, d, base, base + count, Some(token));
         }
@@ -1795,7 +1796,7 @@ impl Broker {
         self.next_write += 1;
         let stream_shards = entry.shards.len() as u32;
         let s = entry.shards.get_mut(shard as usize)?;
-        let base = s.log.append_generation_start(self.wall.micros(now), now, token);
+        let base = s.log.append_generation_start(self.wall.micros(now), token);
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
             tenant_id: k.0.clone(),
@@ -2207,7 +2208,7 @@ impl Broker {
                 let end = b.base_offset + b.count();
                 s.producers.appended(pid, seq, producer::digest(b.records.raw()), b.base_offset, end, None);
             }
-            s.log.restore(b, now);
+            s.log.restore(b);
         }
         self.enforce_retention(Some(&k), now);
     }
@@ -2223,7 +2224,7 @@ impl Broker {
         entries: &[crate::storage::IndexEntry],
         now: Instant,
     ) {
-        let now = self.clock.advance(now);
+        self.clock.advance(now);
         let k = key(tenant, ns, stream);
         if entries.is_empty() || syslog::is_sys(&k) {
             return; // system logs are restored whole, by restore_shard
@@ -2236,7 +2237,7 @@ impl Broker {
             if let Some((pid, seq, digest)) = e.producer {
                 s.producers.appended(pid, seq, digest, e.base_offset, e.base_offset + e.count, None);
             }
-            s.log.restore_summary(e, now);
+            s.log.restore_summary(e);
         }
     }
 

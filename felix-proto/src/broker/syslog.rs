@@ -197,7 +197,7 @@ impl Broker {
         let records = Records::from_payloads(payloads).unwrap_or_default();
         let ts = self.wall.micros(now);
         let entry = self.streams.get_mut(k).expect("created above");
-        let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, now, Some(token));
+        let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, Some(token));
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
             tenant_id: k.0.clone(),
