@@ -78,6 +78,10 @@ pub struct BenchArgs {
     /// transport settings (the ceiling publish→deliver is compared against).
     #[arg(long)]
     raw_quinn: bool,
+    /// With --raw-quinn: two hops through a relay that forwards one connection's stream to
+    /// another connection (the shape of publish→deliver through a broker), the fair ceiling.
+    #[arg(long)]
+    relay: bool,
     /// Print results as JSON.
     #[arg(long)]
     json: bool,
@@ -615,11 +619,23 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     let received = Arc::new(AtomicU64::new(0));
     let r2 = received.clone();
+    let relay = a.relay;
     tokio::spawn(async move {
-        if let Some(inc) = server.accept().await
-            && let Ok(conn) = inc.await
-            && let Ok(mut uni) = conn.accept_uni().await
-        {
+        let Some(inc) = server.accept().await else { return };
+        let Ok(conn) = inc.await else { return };
+        if relay {
+            // The second connection is the reader: forward the first one's stream to it.
+            let Some(inc2) = server.accept().await else { return };
+            let Ok(reader) = inc2.await else { return };
+            let (Ok(mut uni), Ok(mut out)) = (conn.accept_uni().await, reader.open_uni().await) else { return };
+            while let Ok(Some(c)) = uni.read_chunk(1 << 20, true).await {
+                if out.write_chunk(c.bytes).await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        if let Ok(mut uni) = conn.accept_uni().await {
             while let Ok(Some(c)) = uni.read_chunk(1 << 20, true).await {
                 r2.fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
             }
@@ -630,8 +646,25 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     let mut ccfg = quinn::ClientConfig::new(Arc::new(crypto));
     ccfg.transport_config(Arc::new(TransportTuning::default().to_quinn()));
     let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
-    ep.set_default_client_config(ccfg);
+    ep.set_default_client_config(ccfg.clone());
     let conn = ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
+    let _reader = if relay {
+        let mut rep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
+        rep.set_default_client_config(ccfg);
+        let rconn = rep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
+        let r3 = received.clone();
+        let rc = rconn.clone();
+        tokio::spawn(async move {
+            if let Ok(mut uni) = rc.accept_uni().await {
+                while let Ok(Some(c)) = uni.read_chunk(1 << 20, true).await {
+                    r3.fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
+                }
+            }
+        });
+        Some((rep, rconn))
+    } else {
+        None
+    };
     let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
     let chunk = Bytes::from(vec![7u8; 64 * 1024]);
     let total = Duration::from_secs(a.duration);
@@ -651,7 +684,9 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
         eprintln!();
     }
     if a.json {
-        println!("{}", serde_json::json!({"raw_quinn_mb_per_s": mb, "duration_s": secs}));
+        println!("{}", serde_json::json!({"raw_quinn_mb_per_s": mb, "relay": relay, "duration_s": secs}));
+    } else if relay {
+        println!("raw quinn relay (two hops, one forwarding process), same TLS and transport settings: {mb:.1} MB/s");
     } else {
         println!("raw quinn, one stream, same TLS and transport settings: {mb:.1} MB/s");
     }
