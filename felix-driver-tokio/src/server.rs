@@ -297,7 +297,17 @@ fn storage_loop(
     // last writes, then Stop): results that nobody receives any more are dropped, writes never.
     let mut stop = false;
     while !stop {
-        let Ok(cmd) = rx.recv() else { break };
+        let cmd = match rx.recv_timeout(std::time::Duration::from_millis(20)) {
+            Ok(cmd) => cmd,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // Idle: files under an interval policy still get synced on time.
+                if let Some(d) = disk.as_mut() {
+                    d.sync_due();
+                }
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         let mut truncations = Vec::new();
         let mut reads = Vec::new();
         let mut reqs = Vec::new();
@@ -373,6 +383,7 @@ enum Input {
 struct IoCounters {
     bytes_in: u64,
     bytes_out: u64,
+    bytes_out_events: u64,
     streams_opened: u64,
     storage_passes: u64,
     storage_writes: u64,
@@ -614,6 +625,10 @@ impl BrokerTask {
         );
         m("felix_streams_opened_total", "counter", "Client-opened QUIC streams.", self.io.streams_opened);
         m("felix_frames_in_total", "counter", "Frames received.", st.frames_in);
+        m("felix_frames_in_json_total", "counter", "JSON frames received after auth.", st.frames_in_json);
+        m("felix_frames_in_binary_publish_total", "counter", "Binary publish frames received.", st.frames_in_binary);
+        m("felix_acks_sent_total", "counter", "Publish answers sent (binary acks and JSON).", st.acks_sent);
+        m("felix_bytes_out_events_total", "counter", "Bytes written to event streams.", self.io.bytes_out_events);
         m("felix_bytes_in_total", "counter", "Bytes received on client streams.", self.io.bytes_in);
         m("felix_bytes_out_total", "counter", "Bytes written to client streams.", self.io.bytes_out);
         m("felix_publishes_json_total", "counter", "JSON publish requests.", st.publishes_json);
@@ -745,6 +760,9 @@ impl BrokerTask {
             match o {
                 BrokerOutput::Transmit { conn, stream, data } => {
                     self.io.bytes_out += data.len() as u64;
+                    if stream.initiator() == felix_proto::io::Side::Broker {
+                        self.io.bytes_out_events += data.len() as u64;
+                    }
                     if let Some(w) = self.conns.get(&conn).and_then(|h| h.writers.get(&stream)) {
                         let _ = w.send(WriterCmd::Data(data));
                     }

@@ -37,6 +37,26 @@ pub enum FsyncPolicy {
     Never,
 }
 
+impl From<FsyncPolicy> for felix_proto::broker::FsyncMode {
+    fn from(p: FsyncPolicy) -> Self {
+        match p {
+            FsyncPolicy::Always => felix_proto::broker::FsyncMode::Always,
+            FsyncPolicy::Interval(d) => felix_proto::broker::FsyncMode::Interval(d),
+            FsyncPolicy::Never => felix_proto::broker::FsyncMode::Never,
+        }
+    }
+}
+
+impl From<felix_proto::broker::FsyncMode> for FsyncPolicy {
+    fn from(m: felix_proto::broker::FsyncMode) -> Self {
+        match m {
+            felix_proto::broker::FsyncMode::Always => FsyncPolicy::Always,
+            felix_proto::broker::FsyncMode::Interval(d) => FsyncPolicy::Interval(d),
+            felix_proto::broker::FsyncMode::Never => FsyncPolicy::Never,
+        }
+    }
+}
+
 impl std::str::FromStr for FsyncPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<FsyncPolicy, String> {
@@ -91,11 +111,14 @@ pub struct DiskStorage {
     segment_bytes: u64,
     open: HashMap<PathBuf, OpenSegment>,
     dirty: HashSet<PathBuf>,
-    last_sync: Instant,
     known_meta: HashSet<PathBuf>,
     /// Segments a failed write left with a partial batch that could not be cut off: never
     /// appended to again.
     poisoned: HashSet<PathBuf>,
+    /// When each file written under an interval policy is due to be synced.
+    deadlines: HashMap<PathBuf, Instant>,
+    /// fsync calls made (for metrics and tests).
+    syncs: u64,
     /// Per segment: `(first offset of a batch, byte position)`, in order. Lets a history read
     /// seek to the batch it needs instead of reading the whole segment.
     index: HashMap<PathBuf, Vec<IndexEntry>>,
@@ -118,9 +141,10 @@ impl DiskStorage {
             segment_bytes: 64 << 20,
             open: HashMap::new(),
             dirty: HashSet::new(),
-            last_sync: Instant::now(),
             known_meta: HashSet::new(),
             poisoned: HashSet::new(),
+            deadlines: HashMap::new(),
+            syncs: 0,
             index: HashMap::new(),
         })
     }
@@ -187,10 +211,13 @@ impl DiskStorage {
         Ok(out)
     }
 
-    /// Appends the batches, syncs per policy, and reports each write.
+    /// Appends the batches, syncs per policy (each stream's own, or the storage's), and
+    /// reports each write. A write under `always` is reported only once its file is synced.
     pub fn write(&mut self, reqs: Vec<PersistRequest>) -> Vec<(WriteToken, bool)> {
         let mut results = Vec::with_capacity(reqs.len());
         let mut buf = BytesMut::new();
+        // Files written under `always` in this pass, with the results that wait on them.
+        let mut always: HashMap<PathBuf, Vec<usize>> = HashMap::new();
         for r in reqs {
             buf.clear();
             encode_batch(
@@ -204,33 +231,66 @@ impl DiskStorage {
                 },
                 &mut buf,
             );
-            let ok = self.append(&r, &buf).map_err(|e| tracing::error!("storage write failed: {e}")).is_ok();
-            results.push((r.token, ok));
-        }
-        let due = match self.policy {
-            FsyncPolicy::Always => true,
-            FsyncPolicy::Interval(d) => self.last_sync.elapsed() >= d,
-            FsyncPolicy::Never => false,
-        };
-        if due && !self.dirty.is_empty() {
-            let mut failed = false;
-            for path in std::mem::take(&mut self.dirty) {
-                if let Some(seg) = self.open.get(&path)
-                    && let Err(e) = seg.file.sync_data()
-                {
-                    tracing::error!("fsync {} failed: {e}", path.display());
-                    failed = true;
+            let policy = r.fsync.map_or(self.policy, FsyncPolicy::from);
+            match self.append(&r, &buf) {
+                Ok(path) => {
+                    match policy {
+                        FsyncPolicy::Always => always.entry(path.clone()).or_default().push(results.len()),
+                        FsyncPolicy::Interval(d) => {
+                            self.deadlines.entry(path.clone()).or_insert_with(|| Instant::now() + d);
+                        }
+                        FsyncPolicy::Never => {
+                            self.dirty.remove(&path);
+                        }
+                    }
+                    results.push((r.token, true));
                 }
-            }
-            self.last_sync = Instant::now();
-            if failed && self.policy == FsyncPolicy::Always {
-                // Nothing that may not be on disk is reported as written.
-                for r in &mut results {
-                    r.1 = false;
+                Err(e) => {
+                    tracing::error!("storage write failed: {e}");
+                    results.push((r.token, false));
                 }
             }
         }
+        // Nothing that may not be on disk is reported as written.
+        for (path, waiting) in always {
+            self.syncs += 1;
+            if let Some(seg) = self.open.get(&path)
+                && let Err(e) = seg.file.sync_data()
+            {
+                tracing::error!("fsync {} failed: {e}", path.display());
+                for i in waiting {
+                    results[i].1 = false;
+                }
+            }
+            self.dirty.remove(&path);
+        }
+        self.sync_due();
         results
+    }
+
+    /// Syncs the files written under an interval policy whose interval (since their first
+    /// unsynced write) has passed: each stream's own interval. The storage thread also calls
+    /// this when idle, so a quiet stream is synced on time too.
+    pub fn sync_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<PathBuf> = self.deadlines.iter().filter(|(_, t)| **t <= now).map(|(p, _)| p.clone()).collect();
+        for path in due {
+            self.deadlines.remove(&path);
+            if self.dirty.remove(&path)
+                && let Some(seg) = self.open.get(&path)
+                && let Err(e) = {
+                    self.syncs += 1;
+                    seg.file.sync_data()
+                }
+            {
+                tracing::error!("fsync {} failed: {e}", path.display());
+            }
+        }
+    }
+
+    /// fsync calls made so far.
+    pub fn syncs(&self) -> u64 {
+        self.syncs
     }
 
     /// Deletes the segments of a shard that lie wholly below `start` (retention). The newest
@@ -329,7 +389,7 @@ impl DiskStorage {
         self.dirty.clear();
     }
 
-    fn append(&mut self, r: &PersistRequest, bytes: &[u8]) -> std::io::Result<()> {
+    fn append(&mut self, r: &PersistRequest, bytes: &[u8]) -> std::io::Result<PathBuf> {
         let sdir = self.stream_dir(&r.tenant_id, &r.namespace, &r.stream);
         let meta = sdir.join("meta");
         if !self.known_meta.contains(&meta) {
@@ -390,8 +450,8 @@ impl DiskStorage {
             generation_start: r.generation_start,
             producer: r.producer.map(|(id, seq)| (id, seq, felix_proto::storage::records_digest(&r.records))),
         });
-        self.dirty.insert(path);
-        Ok(())
+        self.dirty.insert(path.clone());
+        Ok(path)
     }
 }
 
@@ -573,6 +633,7 @@ mod tests {
             publisher: None,
             generation_start: false,
             producer: None,
+            fsync: None,
             stream_shards: 1,
         }
     }
@@ -694,6 +755,28 @@ mod tests {
         let got: Vec<u64> =
             s.read_range(("t1", "default", "../orders"), 0, 5, 8, 1 << 20).iter().map(|b| b.base_offset).collect();
         assert_eq!(got, vec![5, 6, 7]);
+    }
+
+    #[test]
+    fn each_stream_keeps_its_own_fsync_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut always = req(1, 0, &["a"]);
+        always.fsync = Some(felix_proto::broker::FsyncMode::Always);
+        let mut plain = req(2, 0, &["b"]);
+        plain.stream = "other".into();
+        let res = s.write(vec![always, plain]);
+        assert!(res.iter().all(|r| r.1));
+        assert_eq!(s.syncs(), 1, "only the `always` stream's file was synced");
+        let mut interval = req(3, 1, &["c"]);
+        interval.fsync = Some(felix_proto::broker::FsyncMode::Interval(Duration::ZERO));
+        s.write(vec![interval]);
+        assert_eq!(s.syncs(), 2, "an interval of zero is due at once");
+        let mut never = req(4, 1, &["d"]);
+        never.stream = "other".into();
+        s.write(vec![never]);
+        s.sync_due();
+        assert_eq!(s.syncs(), 2, "the storage default here is never");
     }
 
     #[test]

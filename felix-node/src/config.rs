@@ -31,6 +31,7 @@
 //! retention = { max_records = 1000000, max_bytes = 268435456, max_age_secs = 86400 }
 //! queue_capacity = 1024
 //! memory_bytes = 67108864         # history kept in memory per shard; older is read from disk
+//! fsync = "always"                # this stream's own policy (default: the broker's)
 //!
 //! [[caches]]
 //! tenant = "acme"
@@ -109,6 +110,8 @@ pub struct StreamSection {
     pub queue_capacity: Option<u32>,
     /// Payload bytes of history kept in memory per shard (older history is read from disk).
     pub memory_bytes: Option<u64>,
+    /// This stream's fsync policy: always | never | interval:MS (default: the broker's).
+    pub fsync: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -150,7 +153,7 @@ impl FileConfig {
             for g in &t.grants {
                 if Action::from_name(&g.action).is_none() {
                     return Err(format!(
-                        "unknown action {:?} for principal {:?}: expected publish, subscribe, cache_read, cache_write or admin",
+                        "unknown action {:?} for principal {:?}: expected publish, subscribe, cache_read, cache_write, admin, group_consume or group_manage",
                         g.action, t.principal
                     ));
                 }
@@ -165,6 +168,10 @@ impl FileConfig {
                 && r != "jump_hash"
             {
                 return Err(format!("stream {}/{}: routing {r:?}: expected modulo or jump_hash", s.namespace, s.name));
+            }
+            if let Some(f) = &s.fsync {
+                f.parse::<felix_driver_tokio::FsyncPolicy>()
+                    .map_err(|e| format!("stream {}/{}: fsync: {e}", s.namespace, s.name))?;
             }
         }
         Ok(cfg)
@@ -210,6 +217,11 @@ impl FileConfig {
                     }),
                     queue_capacity: s.queue_capacity.unwrap_or(default_queue),
                     memory_bytes: s.memory_bytes.unwrap_or(StreamConfig::default().memory_bytes),
+                    fsync: s
+                        .fsync
+                        .as_deref()
+                        .and_then(|f| f.parse::<felix_driver_tokio::FsyncPolicy>().ok())
+                        .map(Into::into),
                 },
             })
             .collect()

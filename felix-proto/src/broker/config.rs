@@ -17,6 +17,17 @@ pub struct Retention {
     pub max_age: Option<Duration>,
 }
 
+/// When a stream's appends reach the disk (carried to storage with each write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncMode {
+    /// Before each write is reported (an ack on commit then means "on disk").
+    Always,
+    /// At most this long after a write.
+    Interval(Duration),
+    /// When the operating system decides.
+    Never,
+}
+
 /// Configuration of one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamConfig {
@@ -34,6 +45,8 @@ pub struct StreamConfig {
     /// history back from storage (`BrokerConfig::history_reads`); older history is read from
     /// disk on demand.
     pub memory_bytes: u64,
+    /// This stream's fsync policy; `None` uses the storage's default.
+    pub fsync: Option<FsyncMode>,
 }
 
 impl Default for StreamConfig {
@@ -45,6 +58,7 @@ impl Default for StreamConfig {
             retention: Retention { max_records: Some(1_000_000), max_bytes: Some(256 << 20), max_age: None },
             queue_capacity: 1024,
             memory_bytes: 64 << 20,
+            fsync: None,
         }
     }
 }

@@ -39,7 +39,7 @@ mod syslog;
 mod watch;
 
 pub use auth::{Action, Grant, TokenGrant};
-pub use config::{BrokerConfig, CacheSpec, Retention, StreamConfig, StreamSpec};
+pub use config::{BrokerConfig, CacheSpec, FsyncMode, Retention, StreamConfig, StreamSpec};
 pub use group::GroupLimits;
 pub(crate) use producer::digest as records_digest;
 
@@ -170,6 +170,8 @@ pub struct PersistRequest {
     /// The idempotent producer that wrote it: `(producer_id, sequence)`, kept with the batch so
     /// producer state survives a restart.
     pub producer: Option<(u64, u64)>,
+    /// The stream's fsync policy (`None`: storage's default).
+    pub fsync: Option<FsyncMode>,
     /// How many shards the stream has (for the storage layer's metadata).
     pub stream_shards: u32,
 }
@@ -202,6 +204,12 @@ pub struct BrokerStats {
     pub connections_opened: u64,
     /// Frames received.
     pub frames_in: u64,
+    /// JSON frames received (after `auth`).
+    pub frames_in_json: u64,
+    /// Binary publish frames received.
+    pub frames_in_binary: u64,
+    /// Publish answers sent (binary acks and JSON `publish_ok`/`publish_error`/`publish_refused`).
+    pub acks_sent: u64,
     /// Publish requests by path.
     pub publishes_json: u64,
     /// Binary publish frames.
@@ -1064,6 +1072,7 @@ impl Broker {
     /// and has room now).
     fn deliver_answer(&mut self, conn: ConnId, st: &mut CtlStream, seq: Option<u64>, data: Option<Bytes>) -> bool {
         st.outstanding = st.outstanding.saturating_sub(1);
+        self.stats.acks_sent += u64::from(data.is_some());
         match seq {
             None => {
                 if let Some(d) = data {
@@ -1125,15 +1134,21 @@ impl Broker {
             return self.handle_preauth(conn, st, frame, now);
         }
         match PayloadKind::of(frame.flags) {
-            Some(PayloadKind::Json) => match message::decode(&frame.payload) {
-                Ok(Decoded::Message(m)) => self.handle_message(conn, st, m, now),
-                Ok(Decoded::Unknown(u)) => self.handle_unknown(conn, st, &u.type_name, u.request_id, None),
-                Err(e) => {
-                    // JSON that does not decode is fatal to the stream (decision D16).
-                    self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, e.to_string()).closing());
+            Some(PayloadKind::Json) => {
+                self.stats.frames_in_json += 1;
+                match message::decode(&frame.payload) {
+                    Ok(Decoded::Message(m)) => self.handle_message(conn, st, m, now),
+                    Ok(Decoded::Unknown(u)) => self.handle_unknown(conn, st, &u.type_name, u.request_id, None),
+                    Err(e) => {
+                        // JSON that does not decode is fatal to the stream (decision D16).
+                        self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, e.to_string()).closing());
+                    }
                 }
-            },
-            Some(PayloadKind::Publish) => self.handle_binary_publish(conn, st, frame, now),
+            }
+            Some(PayloadKind::Publish) => {
+                self.stats.frames_in_binary += 1;
+                self.handle_binary_publish(conn, st, frame, now)
+            }
             // The decoder accepts only client-sendable flags, so nothing else reaches here.
             _ => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "unexpected frame kind").closing()),
         }
@@ -1555,6 +1570,7 @@ impl Broker {
             publisher,
             generation_start: false,
             producer: req.idempotent,
+            fsync: entry.config.fsync,
             stream_shards: entry_shards,
         }));
         // Backpressure when storage falls behind: stop reading this stream until it catches up.
@@ -1809,6 +1825,7 @@ impl Broker {
             publisher: None,
             generation_start: true,
             producer: None,
+            fsync: entry.config.fsync,
             stream_shards,
         }));
         self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: None });

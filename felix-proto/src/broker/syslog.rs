@@ -210,6 +210,7 @@ impl Broker {
             publisher: None,
             generation_start: false,
             producer: None,
+            fsync: None,
             stream_shards: 1,
         }));
         self.writes.insert(
