@@ -345,6 +345,146 @@ async fn oversize_frame_is_refused(t: &Target) -> Check {
     }
 }
 
+fn features(f: Features) -> Option<u32> {
+    f.to_words(false).0
+}
+
+/// Whether the broker advertises `f` (from a fully negotiating session).
+async fn advertises(t: &Target, c: &Conn, f: Features) -> Result<bool, String> {
+    match t.session(c, Some(0x7FFF), features(Features::ERROR_CODES)).await?.1 {
+        Message::AuthOk(ok) => {
+            let words = Features::from_words(ok.server_features, ok.server_features_hi);
+            Ok(words.contains(f))
+        }
+        other => Err(format!("expected auth_ok, got {other:?}")),
+    }
+}
+
+/// `version` on `cache_value` only for a client that offered FEATURE_CACHE_CONDITIONAL.
+async fn cache_version_only_when_offered(t: &Target) -> Check {
+    let c = t.connect().await?;
+    if !advertises(t, &c, Features::CACHE_CONDITIONAL).await? {
+        return Ok(()); // not applicable to this broker
+    }
+    let put = json(&Message::CachePut(message::CachePut {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        cache: "versions".into(),
+        key: "k".into(),
+        value: "v".into(),
+        request_id: Some(1),
+        ttl_ms: None,
+    }));
+    let get = json(&Message::CacheGet(message::CacheGet {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        cache: "versions".into(),
+        key: "k".into(),
+        request_id: Some(2),
+    }));
+    let (mut modern, _) = t.session(&c, Some(0x0001), features(Features::CACHE_CONDITIONAL)).await?;
+    modern.send(&put).await?;
+    modern.message().await?;
+    modern.send(&get).await?;
+    match modern.message().await? {
+        Message::CacheValue(v) => expect(v.version.is_some(), || "no version for a client that offered it".into())?,
+        other => return Err(format!("expected cache_value, got {other:?}")),
+    }
+    let (mut legacy, _) = t.session(&c, None, None).await?;
+    legacy.send(&get).await?;
+    match legacy.message().await? {
+        Message::CacheValue(v) => expect(v.version.is_none() && v.value.is_some(), || {
+            "a client that did not offer FEATURE_CACHE_CONDITIONAL got a version".into()
+        }),
+        other => Err(format!("expected cache_value, got {other:?}")),
+    }
+}
+
+/// `offset` on `publish_ok` only for a client that offered flag 0x1000 (answered after the
+/// write: FEATURE_ACK_ON_COMMIT offered by both).
+async fn publish_offset_only_when_offered(t: &Target) -> Check {
+    let c = t.connect().await?;
+    if !advertises(t, &c, Features::ACK_ON_COMMIT).await? {
+        return Ok(());
+    }
+    let publish = json(&Message::Publish(message::Publish {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: "offsets".into(),
+        payload: "x".into(),
+        key: None,
+        shard: None,
+        request_id: Some(7),
+        ack: Some(AckMode::PerBatch),
+        publish_width: None,
+    }));
+    for (flags, want) in [(0x1001u16, true), (0x0001, false)] {
+        let (mut s, _) = t.session(&c, Some(flags), features(Features::ACK_ON_COMMIT)).await?;
+        s.send(&publish).await?;
+        match s.message().await? {
+            Message::PublishOk(ok) => {
+                expect(ok.offset.is_some() == want, || format!("client_flags {flags:#06x}: offset {:?}", ok.offset))?
+            }
+            other => return Err(format!("expected publish_ok, got {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// `publisher` and `timestamp_micros` on group records only for clients that offered
+/// FEATURE_GROUP_PUBLISHER / FEATURE_RECORD_TIMESTAMPS.
+async fn group_record_fields_only_when_offered(t: &Target) -> Check {
+    let c = t.connect().await?;
+    if !advertises(t, &c, Features::CONSUMER_GROUP | Features::ACK_ON_COMMIT).await? {
+        return Ok(());
+    }
+    let stream = format!("groups-{}", std::process::id());
+    let publish = json(&Message::Publish(message::Publish {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: stream.clone(),
+        payload: "x".into(),
+        key: None,
+        shard: None,
+        request_id: Some(1),
+        ack: Some(AckMode::PerBatch),
+        publish_width: None,
+    }));
+    let (mut p, _) = t.session(&c, Some(0x0001), features(Features::ACK_ON_COMMIT)).await?;
+    p.send(&publish).await?;
+    p.message().await?;
+    let poll = |group: &str| {
+        json(&Message::GroupPoll(message::GroupPoll {
+            tenant_id: t.tenant.clone(),
+            namespace: "conformance".into(),
+            stream: stream.clone(),
+            shard: 0,
+            group: group.into(),
+            max_records: 1,
+            wait_ms: 0,
+            request_id: 9,
+            consumer: None,
+            reclaim: None,
+            visibility_ms: None,
+        }))
+    };
+    let rich = Features::CONSUMER_GROUP | Features::GROUP_PUBLISHER | Features::RECORD_TIMESTAMPS;
+    for (f, group, want) in [(rich, "rich", true), (Features::CONSUMER_GROUP, "plain", false)] {
+        let (mut s, _) = t.session(&c, Some(0x0001), features(f)).await?;
+        s.send(&poll(group)).await?;
+        match s.message().await? {
+            Message::GroupRecords(r) => {
+                let rec = r.records.first().ok_or("no record polled")?;
+                expect(rec.publisher.is_some() == want && rec.timestamp_micros.is_some() == want, || {
+                    format!("group {group}: publisher {:?}, timestamp {:?}", rec.publisher, rec.timestamp_micros)
+                })?;
+            }
+            other => return Err(format!("expected group_records, got {other:?}")),
+        }
+    }
+    Ok(())
+}
+
 /// Runs every check; prints one line each and the totals.
 pub async fn run(t: Target) -> ExitCode {
     let checks: Vec<(&str, CheckFuture<'_>)> = vec![
@@ -360,6 +500,9 @@ pub async fn run(t: Target) -> ExitCode {
         ),
         ("reply matches the request's encoding", Box::pin(reply_matches_request_encoding(&t))),
         ("oversize frame refused on the header", Box::pin(oversize_frame_is_refused(&t))),
+        ("cache version only for FEATURE_CACHE_CONDITIONAL clients", Box::pin(cache_version_only_when_offered(&t))),
+        ("publish_ok offset only for flag 0x1000 clients", Box::pin(publish_offset_only_when_offered(&t))),
+        ("group record publisher/timestamp only when offered", Box::pin(group_record_fields_only_when_offered(&t))),
     ];
     let (mut passed, mut failed) = (0, 0);
     for (name, check) in checks {
