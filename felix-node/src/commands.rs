@@ -533,6 +533,8 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
                 total.crashes += r.crashes;
                 total.cache_reads += r.cache_reads;
                 total.idempotent_resends += r.idempotent_resends;
+                total.group_deliveries += r.group_deliveries;
+                total.group_acks += r.group_acks;
             }
             Err(e) => {
                 eprintln!();
@@ -550,7 +552,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     eprintln!();
     println!(
-        "{ran} seed(s) of {} steps passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends",
+        "{ran} seed(s) of {} steps passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends, {} group deliveries, {} group acks",
         a.steps,
         ran as f64 * 3600.0 / secs,
         total.acked,
@@ -559,7 +561,9 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
         total.lost_connections,
         total.crashes,
         total.cache_reads,
-        total.idempotent_resends
+        total.idempotent_resends,
+        total.group_deliveries,
+        total.group_acks
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -13,6 +13,8 @@
 //!   storage holds nothing (a failed write);
 //! * acknowledgements on a stream come in the order the publishes were sent;
 //! * cache reads equal a reference model (reset by a crash: the cache is in memory);
+//! * a consumer-group member never gets a record again once its ack was confirmed (crashes
+//!   included), and every stored record reaches the group;
 //! * an idempotent producer that resends every unanswered batch under the same sequence (after
 //!   lost connections, failed writes and crashes) has each batch stored exactly once and is
 //!   never refused;
@@ -24,7 +26,7 @@ use crate::features::Features;
 use crate::message::StartPosition;
 use crate::sim::{Sim, StorageMode};
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// What a run did.
@@ -46,6 +48,63 @@ pub struct ChaosReport {
     pub cache_reads: u64,
     /// Idempotent batches sent again (after a lost connection, a crash or a failed write).
     pub idempotent_resends: u64,
+    /// Group records delivered to the consumer (first deliveries and redeliveries).
+    pub group_deliveries: u64,
+    /// Group acks confirmed.
+    pub group_acks: u64,
+}
+
+/// A consumer-group member (client 2's role) on stream `beta`: it polls, acks some of what it
+/// holds, and loses its connection or the broker like everyone else. A record whose ack was
+/// confirmed must never be delivered again, not even after a crash; at the end every stored
+/// record has been delivered.
+#[derive(Default)]
+struct Consumer {
+    polls: HashSet<u64>,
+    acks: HashMap<u64, u64>,
+    claimed: BTreeSet<u64>,
+    confirmed: BTreeSet<u64>,
+    delivered: BTreeSet<u64>,
+}
+
+impl Consumer {
+    fn forget_connection(&mut self) {
+        self.polls.clear();
+        self.acks.clear();
+        self.claimed.clear();
+    }
+}
+
+fn group_poll(max_records: u32) -> impl FnOnce(u64) -> crate::Message {
+    move |request_id| {
+        crate::Message::GroupPoll(crate::message::GroupPoll {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: STREAMS[1].into(),
+            shard: 0,
+            group: "g".into(),
+            max_records,
+            wait_ms: 0,
+            request_id,
+            consumer: None,
+            reclaim: None,
+            visibility_ms: None,
+        })
+    }
+}
+
+fn group_ack(offset: u64) -> impl FnOnce(u64) -> crate::Message {
+    move |request_id| {
+        crate::Message::GroupAck(crate::message::GroupOffset {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: STREAMS[1].into(),
+            shard: 0,
+            group: "g".into(),
+            offset,
+            request_id,
+        })
+    }
 }
 
 /// An idempotent producer (client 1's role): sequences from 0 on stream `alpha`, shard 0. It
@@ -159,6 +218,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     let mut model = Model::default();
     let mut producer = Producer::default();
     let producer_id = seed.rotate_left(17) | 1;
+    let mut consumer = Consumer::default();
     // Every acknowledged record: payload → offset it was answered with (if any).
     let mut acked: HashMap<Bytes, Option<u64>> = HashMap::new();
     for _ in 0..steps {
@@ -269,6 +329,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 // A lost connection: the party starts over on a new one.
                 report.lost_connections += 1;
                 sim.drop_connection(parties[p].idx);
+                if p == 2 {
+                    consumer.forget_connection();
+                }
                 if p == 1 {
                     producer.resend.extend(producer.in_flight.drain().map(|(_, s)| s));
                 }
@@ -286,10 +349,11 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
             82 | 83 if rng.chance(20) => {
                 // A crash: what storage did not complete is gone; everyone reconnects.
                 report.crashes += 1;
-                collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut report)?;
+                collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
                 sim.restart();
                 model = Model::default();
                 producer.resend.extend(producer.in_flight.drain().map(|(_, s)| s));
+                consumer.forget_connection();
                 for (i, party) in parties.iter_mut().enumerate() {
                     let old =
                         std::mem::replace(party, Party { idx: sim.connect(client_config(i)), ..Party::default() });
@@ -297,11 +361,25 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 }
             }
             84..=89 => sim.advance(Duration::from_millis(rng.below(1500))),
+            90..=94 => {
+                // The group member: ack something it holds, or poll for more.
+                let held: Vec<u64> = consumer.claimed.iter().copied().collect();
+                let c = sim.client(parties[2].idx);
+                if !held.is_empty() && rng.chance(60) {
+                    let o = held[rng.below(held.len() as u64) as usize];
+                    if let Ok(id) = c.request(ClientStream(0), None, group_ack(o)) {
+                        consumer.acks.insert(id, o);
+                        consumer.claimed.remove(&o);
+                    }
+                } else if let Ok(id) = c.request(ClientStream(0), None, group_poll(1 + rng.below(3) as u32)) {
+                    consumer.polls.insert(id);
+                }
+            }
             _ => {
                 sim.run();
             }
         }
-        collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut report)?;
+        collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
         check_storage(&sim)?;
         let bound = 64 * 1024 * (sim.clients.len() + 1);
         if sim.broker.queued_event_bytes() > bound {
@@ -315,9 +393,38 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     sim.run();
     sim.complete_all_writes();
     sim.run();
-    collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut report)?;
+    collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
     check_storage(&sim)?;
+    // The member drains the group: claims lapse, everything left is polled and acked.
+    for _ in 0..200 {
+        sim.advance(Duration::from_secs(31));
+        consumer.claimed.clear();
+        let c = sim.client(parties[2].idx);
+        if let Ok(id) = c.request(ClientStream(0), None, group_poll(100)) {
+            consumer.polls.insert(id);
+        }
+        sim.run();
+        sim.complete_all_writes();
+        collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
+        if consumer.claimed.is_empty() {
+            break;
+        }
+        let held: Vec<u64> = consumer.claimed.iter().copied().collect();
+        for o in held {
+            if let Ok(id) = sim.client(parties[2].idx).request(ClientStream(0), None, group_ack(o)) {
+                consumer.acks.insert(id, o);
+            }
+        }
+        sim.run();
+        sim.complete_all_writes();
+        collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
+    }
     let stored = stored(&sim);
+    for (p, (stream, o)) in &stored {
+        if stream == STREAMS[1] && !consumer.delivered.contains(o) {
+            return Err(format!("stored record {p:?} at {o} never delivered to the group"));
+        }
+    }
     for (p, off) in &acked {
         let Some((_, o)) = stored.get(p) else { return Err(format!("acknowledged record {p:?} lost")) };
         if let Some(off) = off
@@ -367,13 +474,41 @@ fn collect(
     acked: &mut HashMap<Bytes, Option<u64>>,
     model: &mut Model,
     producer: &mut Producer,
+    consumer: &mut Consumer,
     report: &mut ChaosReport,
 ) -> Result<(), String> {
     for (pi, party) in parties.iter_mut().enumerate() {
         // Publish ids are per connection: only client 1's are the producer's.
         let mine = pi == 1;
+        let member = pi == 2;
         for e in sim.take_events(party.idx) {
             match e {
+                ClientEvent::Answer { request_id, message } if member && consumer.polls.remove(&request_id) => {
+                    let crate::Message::GroupRecords(r) = *message else {
+                        return Err(format!("a poll answered with {}", message.type_name()));
+                    };
+                    for rec in r.records {
+                        if consumer.confirmed.contains(&rec.offset) {
+                            return Err(format!(
+                                "group record {} delivered again after its ack was confirmed",
+                                rec.offset
+                            ));
+                        }
+                        report.group_deliveries += 1;
+                        consumer.delivered.insert(rec.offset);
+                        consumer.claimed.insert(rec.offset);
+                    }
+                }
+                ClientEvent::CacheOk { request_id } if member && consumer.acks.contains_key(&request_id) => {
+                    if let Some(o) = consumer.acks.remove(&request_id) {
+                        report.group_acks += 1;
+                        consumer.confirmed.insert(o);
+                    }
+                }
+                ClientEvent::RequestFailed { request_id, .. } if member => {
+                    consumer.acks.remove(&request_id); // a stale claim: the record comes back
+                    consumer.polls.remove(&request_id);
+                }
                 ClientEvent::PublishAcked { id, offset, .. } => {
                     party.answered.push(id);
                     if let Some(seq) = mine.then(|| producer.in_flight.remove(&id)).flatten() {

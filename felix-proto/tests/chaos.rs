@@ -19,6 +19,8 @@ fn fixed_seeds_keep_every_invariant_under_faults() {
                 total.crashes += r.crashes;
                 total.cache_reads += r.cache_reads;
                 total.idempotent_resends += r.idempotent_resends;
+                total.group_deliveries += r.group_deliveries;
+                total.group_acks += r.group_acks;
             }
             Err(e) => panic!("seed {seed} broke an invariant (replay: felix-node sim --seed {seed} --steps 400): {e}"),
         }
@@ -29,4 +31,5 @@ fn fixed_seeds_keep_every_invariant_under_faults() {
     assert!(total.failed_writes > 20 && total.lost_connections > 20 && total.crashes > 5, "{total:?}");
     assert!(total.cache_reads > 50, "{total:?}");
     assert!(total.idempotent_resends > 20, "the producer retried: {total:?}");
+    assert!(total.group_deliveries > 200 && total.group_acks > 50, "the group member worked: {total:?}");
 }
