@@ -33,3 +33,15 @@ fn fixed_seeds_keep_every_invariant_under_faults() {
     assert!(total.idempotent_resends > 20, "the producer retried: {total:?}");
     assert!(total.group_deliveries > 200 && total.group_acks > 50, "the group member worked: {total:?}");
 }
+
+/// Seeds `felix-node sim` once failed on, kept so the fix stays fixed.
+#[test]
+fn seeds_that_once_failed() {
+    // An idempotent producer's sequence 0 failed to write, later ones landed, the broker
+    // crashed: the resend of 0 was refused sequence_expired although it never landed.
+    for (seed, steps) in [(1_795_994_640_296_538_020u64, 1000)] {
+        if let Err(e) = run_seed(seed, epoch(), steps) {
+            panic!("seed {seed}: {e}");
+        }
+    }
+}

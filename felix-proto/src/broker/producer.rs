@@ -30,6 +30,9 @@ struct Producer {
     next: u64,
     window: VecDeque<Landed>,
     last_used: u64,
+    /// The window lost batches (it overflowed, or retention removed them): a sequence below
+    /// its oldest entry may have landed.
+    trimmed: bool,
 }
 
 /// What to do with an incoming idempotent batch.
@@ -72,9 +75,10 @@ impl Producers {
             Some(l) if l.failed => Verdict::Append,
             Some(l) if l.digest == digest => Verdict::Duplicate { base: l.base, pending: l.pending },
             Some(_) => Verdict::Reused,
-            // Inside the remembered range but absent: it never landed (its write failed before
-            // a restart forgot the failure), so it may be appended now.
-            None if p.window.front().is_some_and(|l| sequence > l.sequence) => Verdict::Append,
+            // Absent, and the window holds every batch of this producer that landed at or
+            // above it: it never landed (its write failed before a restart forgot the
+            // failure), so it may be appended now.
+            None if !p.trimmed || p.window.front().is_some_and(|l| sequence > l.sequence) => Verdict::Append,
             None => Verdict::Expired,
         }
     }
@@ -98,6 +102,7 @@ impl Producers {
             p.window.push_back(landed);
             if p.window.len() > WINDOW {
                 p.window.pop_front();
+                p.trimmed = true;
             }
         }
         p.next = p.next.max(sequence + 1);
@@ -115,7 +120,9 @@ impl Producers {
     /// none left.
     pub fn retain_from(&mut self, start: u64) {
         self.map.retain(|_, p| {
+            let before = p.window.len();
             p.window.retain(|l| l.end > start || l.pending.is_some());
+            p.trimmed |= p.window.len() < before;
             !p.window.is_empty()
         });
     }
@@ -184,6 +191,10 @@ mod tests {
         p.appended(7, 65, 5, 200, 201, Some(WriteToken(2)));
         p.settled(7, 65, false);
         assert_eq!(p.check(7, 65, 99), Verdict::Append);
+        // A sequence below a window that never overflowed never landed: appended.
+        let mut q = Producers::default();
+        q.appended(8, 1, 5, 10, 11, None);
+        assert_eq!(q.check(8, 0, 9), Verdict::Append);
         // A hole inside the remembered range never landed: appended.
         p.appended(7, 67, 5, 300, 301, None);
         assert_eq!(p.check(7, 66, 1), Verdict::Append);
