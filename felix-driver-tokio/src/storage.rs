@@ -17,8 +17,8 @@ use bytes::{Bytes, BytesMut};
 use felix_proto::broker::PersistRequest;
 use felix_proto::io::WriteToken;
 use felix_proto::storage::{
-    IndexEntry, StoredBatch, decode_index, decode_segment, encode_batch, encode_index, parse_path_component,
-    parse_segment_name, path_component, segment_name,
+    IndexEntry, StoredBatch, crc32c_append, decode_index, decode_segment, encode_batch, encode_index,
+    encode_index_entry, encode_index_trailer, parse_path_component, parse_segment_name, path_component, segment_name,
 };
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -121,7 +121,14 @@ pub struct DiskStorage {
     syncs: u64,
     /// Per segment: `(first offset of a batch, byte position)`, in order. Lets a history read
     /// seek to the batch it needs instead of reading the whole segment.
-    index: HashMap<PathBuf, Vec<IndexEntry>>,
+    /// A sparse seek index per segment: `(first offset, byte position)` of every
+    /// `SPARSE_EVERY`th batch (and the first), so memory stays small whatever a segment holds.
+    index: HashMap<PathBuf, Vec<(u64, u64)>>,
+    /// The index file being written beside each open segment (entries go to disk as batches
+    /// are appended; the trailer seals it when the segment is sealed).
+    idx_open: HashMap<PathBuf, IdxWriter>,
+    /// Index entries recovery found for the newest segments, to start their index files with.
+    idx_seed: HashMap<PathBuf, Vec<IndexEntry>>,
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> std::io::Error {
@@ -143,6 +150,8 @@ impl DiskStorage {
             dirty: HashSet::new(),
             known_meta: HashSet::new(),
             poisoned: HashSet::new(),
+            idx_open: HashMap::new(),
+            idx_seed: HashMap::new(),
             deadlines: HashMap::new(),
             syncs: 0,
             index: HashMap::new(),
@@ -193,7 +202,12 @@ impl DiskStorage {
                         };
                         let keep = budget(&tenant, &namespace, &stream);
                         let (summaries, batches, repairs, index) = recover_shard(&shard_dir, keep)?;
-                        self.index.extend(index);
+                        if let Some((newest, entries)) =
+                            index.iter().max_by_key(|(p, _)| p.file_name().map(|f| f.to_owned()))
+                        {
+                            self.idx_seed.insert(newest.clone(), entries.clone());
+                        }
+                        self.index.extend(index.into_iter().map(|(p, e)| (p, sparse(&e))));
                         out.push(RecoveredShard {
                             tenant_id: tenant.clone(),
                             namespace: namespace.clone(),
@@ -306,7 +320,9 @@ impl DiskStorage {
                 self.open.remove(path);
                 self.dirty.remove(path);
                 self.index.remove(path);
+                self.idx_open.remove(path);
                 let _ = std::fs::remove_file(index_path(path));
+                let _ = std::fs::remove_file(part_path(path));
                 match std::fs::remove_file(path) {
                     Ok(()) => deleted += 1,
                     Err(e) => tracing::warn!("retention: removing {}: {e}", path.display()),
@@ -341,7 +357,7 @@ impl DiskStorage {
             let pos = self
                 .index
                 .get(path)
-                .and_then(|ix| ix.iter().rev().find(|e| e.base_offset <= from).map(|e| e.position))
+                .and_then(|ix| ix.iter().rev().find(|(base, _)| *base <= from).map(|(_, pos)| *pos))
                 .unwrap_or(0);
             let Ok(mut f) = File::open(path) else { return out };
             if f.seek(SeekFrom::Start(pos)).is_err() {
@@ -408,8 +424,8 @@ impl DiskStorage {
                     if let Some(seg) = self.open.remove(&old) {
                         let _ = seg.file.sync_data();
                         // Sealed: its index lets recovery skip reading it.
-                        if let Some(entries) = self.index.get(&old) {
-                            write_index(&old, entries, seg.len);
+                        if let Some(w) = self.idx_open.remove(&old) {
+                            w.seal(&old, seg.len);
                         }
                     }
                     self.dirty.remove(&old);
@@ -418,11 +434,27 @@ impl DiskStorage {
                 let existing = last_segment(&dir)?;
                 let path = match existing {
                     Some((p, len)) if len < self.segment_bytes && !self.poisoned.contains(&p) => p,
-                    _ => dir.join(segment_name(r.base_offset)),
+                    other => {
+                        // A full segment from before a restart is sealed now, from what recovery
+                        // found in it.
+                        if let Some((p, len)) = other
+                            && let Some(entries) = self.idx_seed.remove(&p)
+                        {
+                            write_index(&p, &entries, len);
+                        }
+                        dir.join(segment_name(r.base_offset))
+                    }
                 };
                 let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| io_err(&path, e))?;
                 let len = file.metadata().map_err(|e| io_err(&path, e))?.len();
                 self.open.insert(path.clone(), OpenSegment { file, len });
+                let seed = self.idx_seed.remove(&path).unwrap_or_default();
+                match IdxWriter::start(&path, &seed) {
+                    Ok(w) => {
+                        self.idx_open.insert(path.clone(), w);
+                    }
+                    Err(e) => tracing::warn!("index of {}: {e} (recovery will scan the segment)", path.display()),
+                }
                 path
             }
         };
@@ -436,12 +468,13 @@ impl DiskStorage {
             if seg.file.set_len(pos).is_err() {
                 self.open.remove(&path);
                 self.dirty.remove(&path);
+                self.idx_open.remove(&path);
                 self.poisoned.insert(path.clone());
             }
             return Err(io_err(&path, e));
         }
         seg.len += bytes.len() as u64;
-        self.index.entry(path.clone()).or_default().push(IndexEntry {
+        let entry = IndexEntry {
             base_offset: r.base_offset,
             position: pos,
             count: if r.generation_start { 1 } else { u64::from(r.records.count()) },
@@ -449,7 +482,17 @@ impl DiskStorage {
             payload_bytes: r.records.payload_bytes() as u64,
             generation_start: r.generation_start,
             producer: r.producer.map(|(id, seq)| (id, seq, felix_proto::storage::records_digest(&r.records))),
-        });
+        };
+        let seen = self.idx_open.get(&path).map_or(0, |w| w.count);
+        if let Some(w) = self.idx_open.get_mut(&path)
+            && w.add(&entry).is_err()
+        {
+            self.idx_open.remove(&path); // recovery rebuilds it from the segment
+        }
+        let ix = self.index.entry(path.clone()).or_default();
+        if ix.is_empty() || seen.is_multiple_of(SPARSE_EVERY) {
+            ix.push((entry.base_offset, entry.position));
+        }
         self.dirty.insert(path.clone());
         Ok(path)
     }
@@ -504,6 +547,61 @@ fn last_segment(dir: &Path) -> std::io::Result<Option<(PathBuf, u64)>> {
 }
 
 type SegmentIndex = HashMap<PathBuf, Vec<IndexEntry>>;
+
+/// One seek point per this many batches in the in-memory index.
+const SPARSE_EVERY: u32 = 64;
+
+fn sparse(entries: &[IndexEntry]) -> Vec<(u64, u64)> {
+    entries.iter().step_by(SPARSE_EVERY as usize).map(|e| (e.base_offset, e.position)).collect()
+}
+
+/// The index file of an open segment, being written.
+fn part_path(seg: &Path) -> PathBuf {
+    seg.with_extension("idx.part")
+}
+
+/// Writes an open segment's index entries as they come (buffered, never synced: a crash
+/// leaves it without its trailer, and recovery rebuilds it from the segment).
+#[derive(Debug)]
+struct IdxWriter {
+    file: std::io::BufWriter<File>,
+    crc: u32,
+    count: u32,
+}
+
+impl IdxWriter {
+    fn start(seg: &Path, seed: &[IndexEntry]) -> std::io::Result<IdxWriter> {
+        let file = File::create(part_path(seg))?;
+        let mut w = IdxWriter { file: std::io::BufWriter::with_capacity(64 * 1024, file), crc: 0, count: 0 };
+        for e in seed {
+            w.add(e)?;
+        }
+        Ok(w)
+    }
+
+    fn add(&mut self, e: &IndexEntry) -> std::io::Result<()> {
+        let mut b = BytesMut::with_capacity(felix_proto::storage::INDEX_ENTRY_LEN);
+        encode_index_entry(e, &mut b);
+        self.crc = crc32c_append(self.crc, &b);
+        self.count += 1;
+        self.file.write_all(&b)
+    }
+
+    /// Seals the index: trailer, sync, then renamed into place (whole or absent).
+    fn seal(mut self, seg: &Path, len: u64) {
+        let mut t = BytesMut::new();
+        encode_index_trailer(len, self.count, self.crc, &mut t);
+        let ok = self
+            .file
+            .write_all(&t)
+            .and_then(|()| self.file.flush())
+            .and_then(|()| self.file.get_ref().sync_all())
+            .and_then(|()| std::fs::rename(part_path(seg), index_path(seg)));
+        if let Err(e) = ok {
+            tracing::warn!("sealing the index of {}: {e}", seg.display());
+        }
+    }
+}
 
 /// The index file of a segment.
 fn index_path(seg: &Path) -> PathBuf {
@@ -751,6 +849,18 @@ mod tests {
         let rec2 = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover_within(|_, _, _| 60).unwrap();
         assert_eq!(rec2[0].summaries, rec[0].summaries);
         assert!(decode_index(&std::fs::read(&idx).unwrap(), std::fs::metadata(&sealed[3].1).unwrap().len()).is_ok());
+        // The newest segment, continued after the restart, gets a whole index when it is sealed
+        // (its entries from before the restart included).
+        let newest = segs.last().unwrap().1.clone();
+        let more: Vec<_> = (0..10).map(|i| req(2000 + i, 101 + i, &[&format!("later-{i:03}")])).collect();
+        s.set_segment_bytes(200);
+        assert!(s.write(more).iter().all(|r| r.1));
+        let sealed_now =
+            decode_index(&std::fs::read(index_path(&newest)).unwrap(), std::fs::metadata(&newest).unwrap().len())
+                .expect("sealed with a sound index");
+        let scanned = decode_segment(Bytes::from(std::fs::read(&newest).unwrap()));
+        assert_eq!(sealed_now.len(), scanned.batches.len());
+        assert_eq!(sealed_now.last().map(|e| e.base_offset), scanned.batches.last().map(|b| b.base_offset));
         // History reads still find old records through the recovered index.
         let got: Vec<u64> =
             s.read_range(("t1", "default", "../orders"), 0, 5, 8, 1 << 20).iter().map(|b| b.base_offset).collect();

@@ -55,7 +55,12 @@ static CRC_TABLE: [u32; 256] = crc_table();
 
 /// CRC-32C (Castagnoli), as used by iSCSI, ext4 and most log formats.
 pub fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
+    crc32c_append(0, data)
+}
+
+/// Continues a CRC-32C over more bytes: `crc32c_append(crc32c(a), b) == crc32c(a ++ b)`.
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    let mut c = !crc;
     for &b in data {
         c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
     }
@@ -327,7 +332,10 @@ pub fn records_digest(records: &Records) -> u64 {
 
 /// Index file magic, "FLXI".
 pub const INDEX_MAGIC: u32 = 0x464C_5849;
-const INDEX_ENTRY_LEN: usize = 8 * 8 + 1;
+/// Bytes of one index entry.
+pub const INDEX_ENTRY_LEN: usize = 8 * 8 + 1;
+/// Bytes of an index file's trailer.
+pub const INDEX_TRAILER_LEN: usize = 20;
 
 /// Why an index file cannot be used (recovery then scans the segment and writes a new one).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -349,34 +357,44 @@ pub enum IndexError {
     },
 }
 
-/// Encodes the index of a segment of `segment_len` bytes.
+/// Appends one entry of an index to `dst`. An index file is its entries, written as batches are
+/// appended (no need to hold them in memory), then a trailer once the segment is sealed:
 ///
 /// ```text
-/// u32 magic "FLXI", u64 segment_len, u32 count, u32 crc32c (of the entries)
 /// count × (u64 base, u64 position, u64 count, u64 timestamp_micros, u64 payload_bytes,
 ///          u64 producer_id, u64 sequence, u64 digest, u8 flags: bit 0 generation start,
 ///          bit 1 producer present)
+/// u32 magic "FLXI", u64 segment_len, u32 count, u32 crc32c (of the entries)
 /// ```
+pub fn encode_index_entry(e: &IndexEntry, dst: &mut BytesMut) {
+    dst.put_u64(e.base_offset);
+    dst.put_u64(e.position);
+    dst.put_u64(e.count);
+    dst.put_u64(e.timestamp_micros);
+    dst.put_u64(e.payload_bytes);
+    let (id, seq, digest) = e.producer.unwrap_or_default();
+    dst.put_u64(id);
+    dst.put_u64(seq);
+    dst.put_u64(digest);
+    dst.put_u8(u8::from(e.generation_start) | (u8::from(e.producer.is_some()) << 1));
+}
+
+/// The trailer that seals an index of `count` entries whose bytes have CRC-32C `crc`.
+pub fn encode_index_trailer(segment_len: u64, count: u32, crc: u32, dst: &mut BytesMut) {
+    dst.put_u32(INDEX_MAGIC);
+    dst.put_u64(segment_len);
+    dst.put_u32(count);
+    dst.put_u32(crc);
+}
+
+/// A whole index file (entries and trailer).
 pub fn encode_index(entries: &[IndexEntry], segment_len: u64) -> Bytes {
-    let mut body = BytesMut::with_capacity(entries.len() * INDEX_ENTRY_LEN);
+    let mut out = BytesMut::with_capacity(entries.len() * INDEX_ENTRY_LEN + INDEX_TRAILER_LEN);
     for e in entries {
-        body.put_u64(e.base_offset);
-        body.put_u64(e.position);
-        body.put_u64(e.count);
-        body.put_u64(e.timestamp_micros);
-        body.put_u64(e.payload_bytes);
-        let (id, seq, digest) = e.producer.unwrap_or_default();
-        body.put_u64(id);
-        body.put_u64(seq);
-        body.put_u64(digest);
-        body.put_u8(u8::from(e.generation_start) | (u8::from(e.producer.is_some()) << 1));
+        encode_index_entry(e, &mut out);
     }
-    let mut out = BytesMut::with_capacity(20 + body.len());
-    out.put_u32(INDEX_MAGIC);
-    out.put_u64(segment_len);
-    out.put_u32(entries.len() as u32);
-    out.put_u32(crc32c(&body));
-    out.extend_from_slice(&body);
+    let crc = crc32c(&out);
+    encode_index_trailer(segment_len, entries.len() as u32, crc, &mut out);
     out.freeze()
 }
 
@@ -391,16 +409,20 @@ pub fn decode_index(data: &[u8], segment_len: u64) -> Result<Vec<IndexEntry>, In
         ))
     };
     let long = |d: &[u8], i: usize| -> u64 { u64::from_be_bytes(d[i..i + 8].try_into().expect("8 bytes")) };
-    if data.len() < 20 || word(0)? != INDEX_MAGIC {
+    if data.len() < INDEX_TRAILER_LEN {
         return Err(IndexError::Malformed);
     }
-    let covered = long(data, 4);
-    let count = word(12)? as usize;
-    let body = &data[20..];
+    let t = data.len() - INDEX_TRAILER_LEN;
+    if word(t)? != INDEX_MAGIC {
+        return Err(IndexError::Malformed);
+    }
+    let covered = long(data, t + 4);
+    let count = word(t + 12)? as usize;
+    let body = &data[..t];
     if count.checked_mul(INDEX_ENTRY_LEN) != Some(body.len()) {
         return Err(IndexError::Malformed);
     }
-    if crc32c(body) != word(16)? {
+    if crc32c(body) != word(t + 16)? {
         return Err(IndexError::BadChecksum);
     }
     if covered != segment_len {
