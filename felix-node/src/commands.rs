@@ -525,17 +525,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
         }
         let seed = first.wrapping_add(ran);
         match felix_proto::chaos::run_seed(seed, epoch, a.steps) {
-            Ok(r) => {
-                total.acked += r.acked;
-                total.delivered += r.delivered;
-                total.failed_writes += r.failed_writes;
-                total.lost_connections += r.lost_connections;
-                total.crashes += r.crashes;
-                total.cache_reads += r.cache_reads;
-                total.idempotent_resends += r.idempotent_resends;
-                total.group_deliveries += r.group_deliveries;
-                total.group_acks += r.group_acks;
-            }
+            Ok(r) => total.add(&r),
             Err(e) => {
                 eprintln!();
                 eprintln!("seed {seed} FAILED: {e}");

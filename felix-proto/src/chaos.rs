@@ -121,6 +121,22 @@ struct Producer {
     resend: Vec<u64>,
 }
 
+impl ChaosReport {
+    /// Adds another run's counts to this one.
+    pub fn add(&mut self, r: &ChaosReport) {
+        self.steps += r.steps;
+        self.acked += r.acked;
+        self.delivered += r.delivered;
+        self.failed_writes += r.failed_writes;
+        self.lost_connections += r.lost_connections;
+        self.crashes += r.crashes;
+        self.cache_reads += r.cache_reads;
+        self.idempotent_resends += r.idempotent_resends;
+        self.group_deliveries += r.group_deliveries;
+        self.group_acks += r.group_acks;
+    }
+}
+
 struct Rng(u64);
 
 impl Rng {

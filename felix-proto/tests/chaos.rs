@@ -11,17 +11,7 @@ fn fixed_seeds_keep_every_invariant_under_faults() {
     let mut total = ChaosReport::default();
     for seed in 1..=24u64 {
         match run_seed(seed, epoch(), 400) {
-            Ok(r) => {
-                total.acked += r.acked;
-                total.delivered += r.delivered;
-                total.failed_writes += r.failed_writes;
-                total.lost_connections += r.lost_connections;
-                total.crashes += r.crashes;
-                total.cache_reads += r.cache_reads;
-                total.idempotent_resends += r.idempotent_resends;
-                total.group_deliveries += r.group_deliveries;
-                total.group_acks += r.group_acks;
-            }
+            Ok(r) => total.add(&r),
             Err(e) => panic!("seed {seed} broke an invariant (replay: felix-node sim --seed {seed} --steps 400): {e}"),
         }
     }

@@ -79,6 +79,24 @@ impl Broker {
         self.server_features.contains(Features::CONSUMER_GROUP)
     }
 
+    /// The checks of a group request (see `durable_shard`); a refusal is answered here.
+    fn group_target(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        (t, ns, s): (&str, &str, &str),
+        shard: u32,
+        action: Action,
+    ) -> Option<Key> {
+        match self.durable_shard(st, t, ns, s, shard, action, "a consumer group") {
+            Ok(k) => Some(k),
+            Err(d) => {
+                self.deny(conn, st, d);
+                None
+            }
+        }
+    }
+
     fn group_mut(&mut self, k: &Key, shard: u32, name: &str) -> &mut Group {
         self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default()
     }
@@ -122,17 +140,10 @@ impl Broker {
     }
 
     pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
-        let k = match self.durable_shard(
-            st,
-            &p.tenant_id,
-            &p.namespace,
-            &p.stream,
-            p.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, Action::GroupConsume)
+        else {
+            return;
         };
         if p.consumer.as_ref().is_some_and(|c| c.is_empty() || c.len() > 128) {
             let r = Refusal::new(ErrorCode::InvalidRequest, "consumer names are 1 to 128 bytes");
@@ -375,17 +386,10 @@ impl Broker {
     }
 
     pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
-        let k = match self.durable_shard(
-            st,
-            &a.tenant_id,
-            &a.namespace,
-            &a.stream,
-            a.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
         let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
@@ -418,17 +422,10 @@ impl Broker {
     }
 
     pub(super) fn group_nack(&mut self, conn: ConnId, st: &mut CtlStream, n: message::GroupNack, now: Instant) {
-        let k = match self.durable_shard(
-            st,
-            &n.tenant_id,
-            &n.namespace,
-            &n.stream,
-            n.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&n.tenant_id, &n.namespace, &n.stream), n.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let limits = self.cfg.group_limits;
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[n.shard as usize].log) else { return };
@@ -441,17 +438,10 @@ impl Broker {
     }
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {
-        let k = match self.durable_shard(
-            st,
-            &e.tenant_id,
-            &e.namespace,
-            &e.stream,
-            e.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&e.tenant_id, &e.namespace, &e.stream), e.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let limits = self.cfg.group_limits;
         let g = self.group_mut(&k, e.shard, &e.group);
@@ -472,17 +462,10 @@ impl Broker {
         a: message::GroupOffset,
         now: Instant,
     ) {
-        let k = match self.durable_shard(
-            st,
-            &a.tenant_id,
-            &a.namespace,
-            &a.stream,
-            a.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
         let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
@@ -491,17 +474,10 @@ impl Broker {
     }
 
     pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
-        let k = match self.durable_shard(
-            st,
-            &r.tenant_id,
-            &r.namespace,
-            &r.stream,
-            r.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let offsets = self
             .groups
@@ -522,17 +498,10 @@ impl Broker {
         redrive: bool,
         now: Instant,
     ) {
-        let k = match self.durable_shard(
-            st,
-            &a.tenant_id,
-            &a.namespace,
-            &a.stream,
-            a.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let listed = self
             .groups
@@ -555,17 +524,10 @@ impl Broker {
     }
 
     pub(super) fn group_seek(&mut self, conn: ConnId, st: &mut CtlStream, s: message::GroupSeek, now: Instant) {
-        let k = match self.durable_shard(
-            st,
-            &s.tenant_id,
-            &s.namespace,
-            &s.stream,
-            s.shard,
-            Action::GroupManage,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&s.tenant_id, &s.namespace, &s.stream), s.shard, Action::GroupManage)
+        else {
+            return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[s.shard as usize].log) else { return };
         let (earliest, latest) = (log.start(), log.committed_tail());
@@ -591,17 +553,10 @@ impl Broker {
     }
 
     pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
-        let k = match self.durable_shard(
-            st,
-            &r.tenant_id,
-            &r.namespace,
-            &r.stream,
-            r.shard,
-            Action::GroupConsume,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupConsume)
+        else {
+            return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
         let tail = log.committed_tail();
@@ -626,17 +581,10 @@ impl Broker {
     }
 
     pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let k = match self.durable_shard(
-            st,
-            &r.tenant_id,
-            &r.namespace,
-            &r.stream,
-            r.shard,
-            Action::GroupManage,
-            "a consumer group",
-        ) {
-            Ok(k) => k,
-            Err(d) => return self.deny(conn, st, d),
+        let Some(k) =
+            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupManage)
+        else {
+            return;
         };
         let existed = self.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);
         let op = GroupOp::Delete { group: r.group.clone() };
