@@ -122,6 +122,28 @@ pub async fn run() -> Result<ExitCode, String> {
     let d = client.cache_delete("default", "sessions", "user:1").await.map_err(|e| e.to_string())?;
     println!("delete user:1 -> removed {:?}", d.map(|b| String::from_utf8_lossy(&b).into_owned()));
 
+    println!("\n-- a consumer group, a range read, a counter");
+    let g = felix_driver_tokio::GroupTarget::new("default", "orders", "billing");
+    let claimed =
+        client.group_poll(&g, 3, felix_driver_tokio::PollOptions::default()).await.map_err(|e| e.to_string())?;
+    for r in &claimed {
+        client.group_ack(&g, r.offset).await.map_err(|e| e.to_string())?;
+    }
+    let info = client.group_describe(&g).await.map_err(|e| e.to_string())?;
+    println!(
+        "group billing: claimed and acked offsets {:?}; position {:?} of tail {}",
+        claimed.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        info.committed,
+        info.tail
+    );
+    let page = client.stream_read("default", "orders", 0, 2, Some(5), None).await.map_err(|e| e.to_string())?;
+    println!(
+        "read offsets 2..5 -> {:?}",
+        page.records.iter().map(|r| String::from_utf8_lossy(&r.payload.0).into_owned()).collect::<Vec<_>>()
+    );
+    let views = client.counter_add("default", "stats", "views", 3).await.map_err(|e| e.to_string())?;
+    println!("counter views += 3 -> {views}");
+
     println!("\n-- errors carry codes");
     let bad = client.subscribe("default", "orders", Some(StartPosition::Offset(1000)), None).await;
     println!("subscribe at offset 1000 -> {}", bad.err().map_or("accepted?".into(), |e| e.to_string()));
