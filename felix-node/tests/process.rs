@@ -21,7 +21,7 @@ fn free_port() -> SocketAddr {
 
 /// Starts `felix-node serve` and waits for its "listening" banner.
 fn serve(data: &Path, addr: SocketAddr, extra: &[&str]) -> Child {
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
         .arg(data)
         .args(["--dev-token", TOKEN])
@@ -30,15 +30,19 @@ fn serve(data: &Path, addr: SocketAddr, extra: &[&str]) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let out = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(out).lines();
+    wait_for_banner(child)
+}
+
+/// Waits for the broker's "listening" banner, then keeps draining its stdout so it never
+/// blocks on a full pipe.
+fn wait_for_banner(mut child: Child) -> Child {
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     loop {
         let line = lines.next().expect("broker printed its banner").unwrap();
         if line.starts_with("Felix broker listening") {
             break;
         }
     }
-    // Keep draining stdout so the broker never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     child
 }
@@ -355,22 +359,14 @@ fn serve_limited(data: &Path, addr: SocketAddr, limit_kib: u64, extra: &[&str]) 
         "trap '' XFSZ; ulimit -S -f {limit_kib}; exec \"$0\" serve --listen {addr} --data-dir \"$1\" --dev-token {TOKEN} {}",
         extra.join(" ")
     );
-    let mut child = Command::new("bash")
+    let child = Command::new("bash")
         .args(["-c", &script, BIN])
         .arg(data)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("broker printed its banner").unwrap();
-        if line.starts_with("Felix broker listening") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    child
+    wait_for_banner(child)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -176,7 +176,18 @@ impl Broker {
             self.group_mut(&k, p.shard, &p.group).parked.push_back(parked);
             return;
         }
-        match self.answer_poll(conn, st.id, None, k, p.shard, p.group, request, deliveries) {
+        let fill = PollFill {
+            conn,
+            stream: st.id,
+            slot: None,
+            data: k,
+            shard: p.shard,
+            group: p.group,
+            request,
+            deliveries,
+            records: Vec::new(),
+        };
+        match self.answer_poll(fill) {
             Filled::Ready(data) => self.send(conn, st, data),
             Filled::Reading(token) => Self::hold(st, HeldFor::Read(token)),
         }
@@ -199,33 +210,22 @@ impl Broker {
         out
     }
 
-    /// Builds `group_records` for `deliveries`: from memory, or after reading storage.
-    #[allow(clippy::too_many_arguments)] // the poll's parts
-    fn answer_poll(
-        &mut self,
-        conn: ConnId,
-        stream: StreamId,
-        slot: Option<HeldFor>,
-        data: Key,
-        shard: u32,
-        group: String,
-        request: PollRequest,
-        deliveries: Vec<Delivery>,
-    ) -> Filled {
-        let records: Vec<Option<message::GroupRecord>> = match self.streams.get(&data) {
-            None => deliveries.iter().map(|_| None).collect(),
+    /// Builds `group_records` for the poll's deliveries (`fill.records` is filled here): from
+    /// memory, or after reading storage.
+    fn answer_poll(&mut self, mut fill: PollFill) -> Filled {
+        fill.records = match self.streams.get(&fill.data) {
+            None => fill.deliveries.iter().map(|_| None).collect(),
             Some(e) => {
-                let log = &e.shards[shard as usize].log;
-                deliveries
+                let log = &e.shards[fill.shard as usize].log;
+                fill.deliveries
                     .iter()
                     .map(|d| {
                         log.record_at(d.offset)
-                            .map(|(p, publisher, ts)| group_record(&request, d, p, publisher.as_ref(), ts))
+                            .map(|(p, publisher, ts)| group_record(&fill.request, d, p, publisher.as_ref(), ts))
                     })
                     .collect()
             }
         };
-        let fill = PollFill { conn, stream, slot, data, shard, group, request, deliveries, records };
         self.continue_fill(fill)
     }
 
@@ -334,16 +334,18 @@ impl Broker {
                     continue;
                 }
                 let slot = HeldFor::Poll(p.id);
-                if let Filled::Ready(data) = self.answer_poll(
-                    p.conn,
-                    p.stream,
-                    Some(slot),
-                    k.clone(),
+                let fill = PollFill {
+                    conn: p.conn,
+                    stream: p.stream,
+                    slot: Some(slot),
+                    data: k.clone(),
                     shard,
-                    name.clone(),
-                    p.request,
+                    group: name.clone(),
+                    request: p.request,
                     deliveries,
-                ) {
+                    records: Vec::new(),
+                };
+                if let Filled::Ready(data) = self.answer_poll(fill) {
                     self.fill_held(p.conn, p.stream, slot, data);
                 }
             }

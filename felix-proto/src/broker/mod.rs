@@ -1285,30 +1285,16 @@ impl Broker {
             Message::PublishIdempotent(p) => {
                 self.stats.publishes_json += 1;
                 let req = PublishReq {
-                    tenant_id: p.tenant_id,
-                    namespace: p.namespace,
-                    stream: p.stream,
-                    key: p.key.map(|k| k.0),
-                    shard: None,
-                    width: p.publish_width,
-                    records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
                     idempotent: Some((p.producer_id, p.sequence)),
-                    expected_offset: None,
+                    ..PublishReq::json(p.tenant_id, p.namespace, p.stream, p.payloads, p.key, None, p.publish_width)
                 };
                 self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
             }
             Message::PublishIf(p) => {
                 self.stats.publishes_json += 1;
                 let req = PublishReq {
-                    tenant_id: p.tenant_id,
-                    namespace: p.namespace,
-                    stream: p.stream,
-                    key: p.key.map(|k| k.0),
-                    shard: p.shard,
-                    width: p.publish_width,
-                    records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
-                    idempotent: None,
                     expected_offset: Some(p.expected_offset),
+                    ..PublishReq::json(p.tenant_id, p.namespace, p.stream, p.payloads, p.key, p.shard, p.publish_width)
                 };
                 self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
             }
@@ -1450,18 +1436,7 @@ impl Broker {
             // Decision D9: a request_id without ack is fire-and-forget.
             (false, _) => Reply::None,
         };
-        let req = PublishReq {
-            tenant_id: p.tenant_id,
-            namespace: p.namespace,
-            stream: p.stream,
-            key: p.key.map(|k| k.0),
-            shard: p.shard,
-            width: p.publish_width,
-            // Payloads come from a frame no larger than the frame limit, so they always fit.
-            records: Records::from_payloads(p.payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
-            idempotent: None,
-            expected_offset: None,
-        };
+        let req = PublishReq::json(p.tenant_id, p.namespace, p.stream, p.payloads, p.key, p.shard, p.publish_width);
         self.publish(conn, st, req, reply, now);
     }
 
@@ -2483,4 +2458,30 @@ struct PublishReq {
     idempotent: Option<(u64, u64)>,
     /// `publish_if`: append only at this offset.
     expected_offset: Option<u64>,
+}
+
+impl PublishReq {
+    /// A plain batch from the fields every JSON publish form shares.
+    fn json(
+        tenant_id: String,
+        namespace: String,
+        stream: String,
+        payloads: Vec<message::B64>,
+        key: Option<message::B64>,
+        shard: Option<u32>,
+        width: Option<u32>,
+    ) -> PublishReq {
+        PublishReq {
+            tenant_id,
+            namespace,
+            stream,
+            key: key.map(|k| k.0),
+            shard,
+            width,
+            // Payloads come from a frame no larger than the frame limit, so they always fit.
+            records: Records::from_payloads(payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
+            idempotent: None,
+            expected_offset: None,
+        }
+    }
 }
