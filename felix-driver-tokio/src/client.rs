@@ -280,7 +280,7 @@ enum Input {
     Cmd(Cmd),
     OpenedBi { token: OpenToken, send: quinn::SendStream, recv: quinn::RecvStream },
     IncomingUni(quinn::RecvStream),
-    Data { stream: StreamId, data: Bytes, fin: bool },
+    Data { stream: StreamId, data: Vec<Bytes>, fin: bool },
     Closed(String),
 }
 
@@ -320,7 +320,7 @@ impl Client {
         let socket =
             crate::server::udp_socket(bind, &opts.transport).map_err(|e| ClientError::Connect(e.to_string()))?;
         let mut endpoint =
-            quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, Arc::new(quinn::TokioRuntime))
+            quinn::Endpoint::new(opts.transport.endpoint_config(), None, socket, Arc::new(quinn::TokioRuntime))
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
         endpoint.set_default_client_config(qcfg);
         let quic = endpoint
@@ -669,12 +669,12 @@ async fn reader(
     mut stop: watch::Receiver<bool>,
     tx: mpsc::UnboundedSender<Input>,
 ) {
+    let mut chunks = crate::ChunkReader::new();
     loop {
         tokio::select! {
-            r = recv.read_chunk(256 * 1024, true) => match r {
-                Ok(Some(c)) => { if tx.send(Input::Data { stream, data: c.bytes, fin: false }).is_err() { return } }
-                Ok(None) => { let _ = tx.send(Input::Data { stream, data: Bytes::new(), fin: true }); return }
-                Err(_) => { let _ = tx.send(Input::Data { stream, data: Bytes::new(), fin: true }); return }
+            r = chunks.read(&mut recv) => match r {
+                Ok(Some(data)) => { if tx.send(Input::Data { stream, data, fin: false }).is_err() { return } }
+                Ok(None) | Err(_) => { let _ = tx.send(Input::Data { stream, data: Vec::new(), fin: true }); return }
             },
             changed = stop.changed() => {
                 if changed.is_err() || *stop.borrow() {
@@ -1003,7 +1003,14 @@ impl Task {
                 self.gates.insert(id, gtx);
                 tokio::spawn(reader(id, recv, grx, self.tx.clone()));
             }
-            Input::Data { stream, data, fin } => self.machine.handle_stream_data(stream, data, fin, now),
+            Input::Data { stream, data, fin } => {
+                for chunk in data {
+                    self.machine.handle_stream_data(stream, chunk, false, now);
+                }
+                if fin {
+                    self.machine.handle_stream_data(stream, Bytes::new(), true, now);
+                }
+            }
             Input::Closed(_) => {}
         }
     }

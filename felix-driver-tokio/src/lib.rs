@@ -35,3 +35,25 @@ pub(crate) fn stream_id(id: quinn::StreamId) -> felix_proto::io::StreamId {
     };
     StreamId::new(side, dir, id.index())
 }
+
+/// Chunks taken from a stream in one read: every chunk quinn already holds (up to 32), so a busy
+/// stream costs one channel message and one wake-up of the state machine's task per batch of
+/// packets rather than per packet.
+pub(crate) struct ChunkReader {
+    bufs: [bytes::Bytes; 32],
+}
+
+impl ChunkReader {
+    pub(crate) fn new() -> ChunkReader {
+        ChunkReader { bufs: Default::default() }
+    }
+
+    /// The next chunks (never empty), `None` when the stream finished. Cancel-safe, as
+    /// `read_chunks` is.
+    pub(crate) async fn read(
+        &mut self,
+        recv: &mut quinn::RecvStream,
+    ) -> Result<Option<Vec<bytes::Bytes>>, quinn::ReadError> {
+        Ok(recv.read_chunks(&mut self.bufs).await?.map(|n| self.bufs[..n].iter_mut().map(std::mem::take).collect()))
+    }
+}

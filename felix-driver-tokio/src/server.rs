@@ -44,6 +44,11 @@ pub struct TransportTuning {
     pub keep_alive: Duration,
     /// Whether to probe for a larger MTU (helps bulk throughput on real networks).
     pub mtu_discovery: bool,
+    /// The largest UDP payload MTU discovery probes for and the endpoint accepts, bytes
+    /// (1200..=65527). 1452 fits Ethernet; loopback and jumbo-frame networks carry more, and
+    /// fewer, larger packets cost less CPU per byte. Discovery never settles above what the path
+    /// and the peer carry, so a high bound is safe, it only costs a few lost probes.
+    pub max_udp_payload: u16,
     /// UDP socket receive and send buffer sizes to ask the kernel for, bytes. Linux caps the
     /// request at `net.core.rmem_max`/`wmem_max`; the size obtained is logged.
     pub udp_buffer_bytes: usize,
@@ -60,6 +65,7 @@ impl Default for TransportTuning {
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
             mtu_discovery: true,
+            max_udp_payload: 1452,
             udp_buffer_bytes: 4 << 20,
         }
     }
@@ -95,10 +101,22 @@ impl TransportTuning {
             t.max_idle_timeout(Some(idle));
         }
         t.keep_alive_interval(Some(self.keep_alive));
-        if !self.mtu_discovery {
+        if self.mtu_discovery {
+            let mut mtud = quinn::MtuDiscoveryConfig::default();
+            mtud.upper_bound(self.max_udp_payload.clamp(1200, 65527));
+            t.mtu_discovery_config(Some(mtud));
+        } else {
             t.mtu_discovery_config(None);
         }
         t
+    }
+
+    /// The quinn endpoint configuration (the largest datagram this side accepts).
+    pub fn endpoint_config(&self) -> quinn::EndpointConfig {
+        let mut e = quinn::EndpointConfig::default();
+        // Never below what the endpoint accepts by default, so peers with a larger MTU still fit.
+        let _ = e.max_udp_payload_size(self.max_udp_payload.clamp(1472, 65527));
+        e
     }
 }
 
@@ -189,7 +207,7 @@ impl Server {
         qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
         let socket = udp_socket(opts.listen, &opts.transport)?;
         let endpoint =
-            quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(qcfg), socket, Arc::new(quinn::TokioRuntime))?;
+            quinn::Endpoint::new(opts.transport.endpoint_config(), Some(qcfg), socket, Arc::new(quinn::TokioRuntime))?;
         let local_addr = endpoint.local_addr()?;
 
         let now = tokio::time::Instant::now().into_std();
@@ -367,7 +385,7 @@ fn answer_reads(
 enum Input {
     Connected(quinn::Connection),
     Stream { conn: ConnId, send: Option<quinn::SendStream>, recv: quinn::RecvStream },
-    Data { conn: ConnId, stream: StreamId, data: Bytes, fin: bool },
+    Data { conn: ConnId, stream: StreamId, data: Vec<Bytes>, fin: bool },
     Reset { conn: ConnId, stream: StreamId },
     Stopped { conn: ConnId, stream: StreamId },
     Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
@@ -471,6 +489,7 @@ async fn reader(
     mut gate: watch::Receiver<ReadGate>,
     tx: mpsc::UnboundedSender<Input>,
 ) {
+    let mut chunks = crate::ChunkReader::new();
     loop {
         // Wait while paused (a full publish window); QUIC flow control holds the client.
         let state = match gate.wait_for(|g| *g != ReadGate::Paused).await {
@@ -482,14 +501,14 @@ async fn reader(
             return;
         }
         tokio::select! {
-            r = recv.read_chunk(256 * 1024, true) => match r {
-                Ok(Some(chunk)) => {
-                    if tx.send(Input::Data { conn, stream, data: chunk.bytes, fin: false }).is_err() {
+            r = chunks.read(&mut recv) => match r {
+                Ok(Some(data)) => {
+                    if tx.send(Input::Data { conn, stream, data, fin: false }).is_err() {
                         return;
                     }
                 }
                 Ok(None) => {
-                    let _ = tx.send(Input::Data { conn, stream, data: Bytes::new(), fin: true });
+                    let _ = tx.send(Input::Data { conn, stream, data: Vec::new(), fin: true });
                     return;
                 }
                 Err(quinn::ReadError::Reset(_)) => {
@@ -720,8 +739,13 @@ impl BrokerTask {
                 }
             }
             Input::Data { conn, stream, data, fin } => {
-                self.io.bytes_in += data.len() as u64;
-                self.broker.handle_stream_data(conn, stream, data, fin, now)
+                for chunk in data {
+                    self.io.bytes_in += chunk.len() as u64;
+                    self.broker.handle_stream_data(conn, stream, chunk, false, now);
+                }
+                if fin {
+                    self.broker.handle_stream_data(conn, stream, Bytes::new(), true, now);
+                }
             }
             Input::Reset { conn, stream } => self.broker.handle_stream_reset(conn, stream, now),
             Input::Stopped { conn, stream } => self.broker.handle_stream_stopped(conn, stream, now),

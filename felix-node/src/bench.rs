@@ -82,6 +82,16 @@ pub struct BenchArgs {
     /// another connection (the shape of publish→deliver through a broker), the fair ceiling.
     #[arg(long)]
     relay: bool,
+    /// Largest UDP payload MTU discovery may reach, bytes (1200..=65527), for every endpoint the
+    /// bench makes (in-process broker, clients, raw quinn). Loopback carries 65527.
+    #[arg(long, default_value_t = 1452, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    max_udp_payload: u16,
+    /// Before the publish/subscribe run, measure raw quinn (one stream of bulk bytes) and a bare
+    /// quinn relay (two hops through one forwarding task) in this process with the same TLS and
+    /// transport settings and duration, and report publish→deliver as a fraction of each, with
+    /// the CPU each path spends per GB.
+    #[arg(long)]
+    baseline: bool,
     /// Print results as JSON.
     #[arg(long)]
     json: bool,
@@ -90,10 +100,18 @@ pub struct BenchArgs {
     quiet: bool,
 }
 
+impl BenchArgs {
+    /// The transport settings of every endpoint the bench makes.
+    fn tuning(&self) -> felix_driver_tokio::TransportTuning {
+        felix_driver_tokio::TransportTuning { max_udp_payload: self.max_udp_payload, ..Default::default() }
+    }
+}
+
 struct Target {
     addr: SocketAddr,
     token: String,
     trust: Trust,
+    tuning: felix_driver_tokio::TransportTuning,
     _server: Option<felix_driver_tokio::Server>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -107,7 +125,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
                 .map_err(|e| format!("no --token and no dev token in {}: {e}", a.data_dir.display()))?,
         };
         let trust = client_trust(a.ca.as_deref(), &a.data_dir, false)?;
-        return Ok(Target { addr, token, trust, _server: None, _dir: None });
+        return Ok(Target { addr, token, trust, tuning: a.tuning(), _server: None, _dir: None });
     }
     let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
     let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
@@ -134,22 +152,23 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: None,
-        transport: felix_driver_tokio::TransportTuning::default(),
+        transport: a.tuning(),
     })
     .await?;
     Ok(Target {
         addr: server.local_addr(),
         token: "bench".into(),
         trust: Trust::Certificates(chain),
+        tuning: a.tuning(),
         _server: Some(server),
         _dir: Some(dir),
     })
 }
 
 async fn connect(t: &Target) -> Result<Client, String> {
-    Client::connect(t.addr, ClientOptions::new("bench", t.token.clone(), t.trust.clone()))
-        .await
-        .map_err(|e| e.to_string())
+    let mut opts = ClientOptions::new("bench", t.token.clone(), t.trust.clone());
+    opts.transport = t.tuning.clone();
+    Client::connect(t.addr, opts).await.map_err(|e| e.to_string())
 }
 
 fn progress(quiet: bool, start: Instant, total: Duration, label: String) {
@@ -168,6 +187,12 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.raw_quinn {
         return raw_quinn(&a).await;
     }
+    let plain = !a.cache && a.group.is_none() && a.watchers.is_none();
+    if a.baseline && !plain {
+        return Err("--baseline goes with the publish/subscribe bench, not --cache, --group or --watchers".into());
+    }
+    let baseline =
+        if a.baseline { Some((raw_quinn_run(&a, false).await?, raw_quinn_run(&a, true).await?)) } else { None };
     let t = target(&a).await?;
     if a.cache {
         return cache_bench(&a, &t).await;
@@ -236,14 +261,14 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
                 }
                 let now = epoch.elapsed().as_nanos() as u64;
-                let payloads: Vec<Bytes> = (0..batch)
-                    .map(|_| {
-                        let mut b = BytesMut::with_capacity(size);
-                        b.put_u64(now);
-                        b.extend_from_slice(&filler);
-                        b.freeze()
-                    })
-                    .collect();
+                // One buffer per batch, sliced into records: no allocation per record.
+                let mut buf = BytesMut::with_capacity(batch * size);
+                for _ in 0..batch {
+                    buf.put_u64(now);
+                    buf.extend_from_slice(&filler);
+                }
+                let buf = buf.freeze();
+                let payloads: Vec<Bytes> = (0..batch).map(|i| buf.slice(i * size..(i + 1) * size)).collect();
                 let opts = PublishOptions { ack, ..Default::default() };
                 if ack {
                     // Keep many acked batches in flight: the client pipelines them under the
@@ -274,6 +299,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         }));
     }
 
+    let cpu0 = cpu_seconds();
     let start = Instant::now();
     while start.elapsed() < total {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -290,6 +316,15 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         );
     }
     stop.store(true, Ordering::Relaxed);
+    // What arrived within the publishing window, the figure comparable with raw quinn's.
+    let in_window = Throughput {
+        mb_per_s: delivered.load(Ordering::Relaxed) as f64 * a.payload as f64
+            / a.subscribers.max(1) as f64
+            / start.elapsed().as_secs_f64()
+            / 1e6,
+        secs: start.elapsed().as_secs_f64(),
+        cpu_s: cpu_seconds().zip(cpu0).map(|(b, a)| b - a),
+    };
     let mut clients = Vec::new();
     for p in pubs {
         clients.push(p.await.map_err(|e| e.to_string())??);
@@ -321,14 +356,23 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let secs = elapsed.as_secs_f64();
     let mb = sent as f64 * a.payload as f64 / secs / 1e6;
     let q = |p: f64| hist.value_at_quantile(p);
-    let result = serde_json::json!({
+    let mut result = serde_json::json!({
         "publishers": a.publishers, "subscribers": a.subscribers, "payload_bytes": a.payload,
         "batch": a.batch, "ack": a.ack, "durable": a.durable, "duration_s": secs,
         "published_msgs": sent, "publish_msgs_per_s": sent as f64 / secs, "publish_mb_per_s": mb,
         "delivered_events": got, "delivered_events_per_s": got as f64 / secs,
         "not_delivered": expected.saturating_sub(got), "offset_gaps": gaps,
         "latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": hist.max(), "samples": hist.len()},
+        "delivered_mb_per_s_per_subscriber": in_window.mb_per_s, "cpu_s_per_gb": in_window.cpu_s_per_gb(),
     });
+    if let Some((single, relay)) = baseline {
+        result["baseline"] = serde_json::json!({
+            "raw_quinn_mb_per_s": single.mb_per_s, "raw_quinn_cpu_s_per_gb": single.cpu_s_per_gb(),
+            "relay_mb_per_s": relay.mb_per_s, "relay_cpu_s_per_gb": relay.cpu_s_per_gb(),
+            "fraction_of_raw_quinn": in_window.mb_per_s / single.mb_per_s,
+            "fraction_of_relay": in_window.mb_per_s / relay.mb_per_s,
+        });
+    }
     if a.json {
         println!("{result}");
     } else {
@@ -350,6 +394,21 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         println!("  {:<28} {:>14}", "latency p99 (µs)", q(0.99));
         println!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));
         println!("  {:<28} {:>14}", "latency max (µs)", hist.max());
+        println!("  {:<28} {:>14.1}", "delivered MB/s (per sub)", in_window.mb_per_s);
+        let cpu = |t: &Throughput| t.cpu_s_per_gb().map_or("-".to_owned(), |c| format!("{c:.2}"));
+        println!("  {:<28} {:>14}", "CPU s per GB delivered", cpu(&in_window));
+        if let Some((single, relay)) = baseline {
+            println!("Baseline, same process, TLS, transport settings and duration:");
+            println!("  {:<28} {:>14}", "", "MB/s   CPU s/GB   Felix is");
+            for (name, b) in [("raw quinn, one stream", single), ("quinn relay, two hops", relay)] {
+                println!(
+                    "  {name:<28} {:>8.1} {:>10} {:>9.1}%",
+                    b.mb_per_s,
+                    cpu(&b),
+                    100.0 * in_window.mb_per_s / b.mb_per_s
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -608,18 +667,69 @@ async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitC
 static BENCH_EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
 async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
-    use felix_driver_tokio::TransportTuning;
+    let relay = a.relay;
+    let run = raw_quinn_run(a, relay).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"raw_quinn_mb_per_s": run.mb_per_s, "relay": relay, "duration_s": run.secs,
+                "cpu_s_per_gb": run.cpu_s_per_gb()})
+        );
+    } else if relay {
+        println!(
+            "raw quinn relay (two hops, one forwarding process), same TLS and transport settings: {:.1} MB/s",
+            run.mb_per_s
+        );
+    } else {
+        println!("raw quinn, one stream, same TLS and transport settings: {:.1} MB/s", run.mb_per_s);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What one measured run moved, and the CPU it took.
+#[derive(Debug, Clone, Copy)]
+struct Throughput {
+    mb_per_s: f64,
+    secs: f64,
+    /// CPU seconds the whole process used during the run (user + system), when known.
+    cpu_s: Option<f64>,
+}
+
+impl Throughput {
+    /// CPU seconds per GB delivered: the cost of the path, whatever else the machine was doing.
+    fn cpu_s_per_gb(&self) -> Option<f64> {
+        let gb = self.mb_per_s * self.secs / 1e3;
+        self.cpu_s.filter(|_| gb > 0.0).map(|c| c / gb)
+    }
+}
+
+/// CPU time this process has used (user + system), from `/proc/self/stat`; `None` where there is
+/// no procfs. The kernel reports it in USER_HZ ticks, 100 per second on every Linux ABI.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces, so cut at its closing paren).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let (utime, stime) = (f.get(11)?.parse::<u64>().ok()?, f.get(12)?.parse::<u64>().ok()?);
+    Some((utime + stime) as f64 / 100.0)
+}
+
+async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String> {
     let (id, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
     let chain = id.chain.clone();
     let tls = felix_driver_tokio::tls::server_config(id).map_err(|e| e.to_string())?;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut scfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    scfg.transport_config(Arc::new(TransportTuning::default().to_quinn()));
-    let server = quinn::Endpoint::server(scfg, "127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
+    scfg.transport_config(Arc::new(a.tuning().to_quinn()));
+    let endpoint = |server: Option<quinn::ServerConfig>| -> Result<quinn::Endpoint, String> {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        quinn::Endpoint::new(a.tuning().endpoint_config(), server, socket, Arc::new(quinn::TokioRuntime))
+            .map_err(|e| e.to_string())
+    };
+    let server = endpoint(Some(scfg))?;
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     let received = Arc::new(AtomicU64::new(0));
     let r2 = received.clone();
-    let relay = a.relay;
     tokio::spawn(async move {
         let Some(inc) = server.accept().await else { return };
         let Ok(conn) = inc.await else { return };
@@ -644,12 +754,12 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(chain), true).map_err(|e| e.to_string())?;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut ccfg = quinn::ClientConfig::new(Arc::new(crypto));
-    ccfg.transport_config(Arc::new(TransportTuning::default().to_quinn()));
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
+    ccfg.transport_config(Arc::new(a.tuning().to_quinn()));
+    let mut ep = endpoint(None)?;
     ep.set_default_client_config(ccfg.clone());
     let conn = ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
     let _reader = if relay {
-        let mut rep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")).map_err(|e| e.to_string())?;
+        let mut rep = endpoint(None)?;
         rep.set_default_client_config(ccfg);
         let rconn = rep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
         let r3 = received.clone();
@@ -668,6 +778,7 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
     let chunk = Bytes::from(vec![7u8; 64 * 1024]);
     let total = Duration::from_secs(a.duration);
+    let cpu0 = cpu_seconds();
     let start = Instant::now();
     let mut last = Instant::now();
     while start.elapsed() < total {
@@ -680,16 +791,10 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     }
     let secs = start.elapsed().as_secs_f64();
     let mb = received.load(Ordering::Relaxed) as f64 / secs / 1e6;
+    let cpu_s = cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
     if !a.quiet {
         eprintln!();
     }
-    if a.json {
-        println!("{}", serde_json::json!({"raw_quinn_mb_per_s": mb, "relay": relay, "duration_s": secs}));
-    } else if relay {
-        println!("raw quinn relay (two hops, one forwarding process), same TLS and transport settings: {mb:.1} MB/s");
-    } else {
-        println!("raw quinn, one stream, same TLS and transport settings: {mb:.1} MB/s");
-    }
     conn.close(0u32.into(), b"done");
-    Ok(ExitCode::SUCCESS)
+    Ok(Throughput { mb_per_s: mb, secs, cpu_s })
 }

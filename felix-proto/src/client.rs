@@ -689,10 +689,10 @@ impl ClientConnection {
                 tenant_id: self.cfg.tenant_id.clone(),
                 namespace: req.namespace.clone(),
                 stream: req.stream.clone(),
-                records: Records::from_payloads(&req.payloads).map_err(|e| CommandError::Encode(e.to_string()))?,
+                records: Records::default(),
             };
-            let mut out = BytesMut::with_capacity(b.encoded_payload_len() + 12);
-            b.encode(&mut out).map_err(|e| CommandError::Encode(e.to_string()))?;
+            let mut out = BytesMut::new();
+            b.encode_payloads(&req.payloads, &mut out).map_err(|e| CommandError::Encode(e.to_string()))?;
             out.freeze()
         } else if let Some((producer_id, sequence)) = req.idempotent {
             frame_of(&Message::PublishIdempotent(message::PublishIdempotent {

@@ -172,19 +172,48 @@ impl PublishBatch {
     /// A string too long for its prefix, an acked prefix with mode `None`, or an idempotent
     /// prefix without an acked one. Nothing is left in `dst` on error.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        self.encode_with(dst, self.records.encoded_len(), |dst| {
+            self.records.encode(dst);
+            Ok(())
+        })
+    }
+
+    /// Writes the frame with `payloads` as its records (the `records` field is ignored): the
+    /// same bytes as [`encode`](Self::encode) with `Records::from_payloads(payloads)`, but each
+    /// payload is copied once, straight into `dst`, which is reserved to the exact size first.
+    /// This is the publisher's hot path.
+    ///
+    /// # Errors
+    /// As [`encode`](Self::encode), and a payload or count over `u32::MAX`.
+    pub fn encode_payloads<P: AsRef<[u8]>>(&self, payloads: &[P], dst: &mut BytesMut) -> Result<(), EncodeError> {
+        let len = super::records::payloads_encoded_len(payloads);
+        self.encode_with(dst, len, |dst| super::records::encode_payloads(payloads, dst))
+    }
+
+    fn encode_with(
+        &self,
+        dst: &mut BytesMut,
+        records_len: usize,
+        records: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
+    ) -> Result<(), EncodeError> {
         let start = dst.len();
-        let res = self.encode_inner(dst);
+        let res = self.encode_inner(dst, records_len, records);
         if res.is_err() {
             dst.truncate(start);
         }
         res
     }
 
-    fn encode_inner(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+    fn encode_inner(
+        &self,
+        dst: &mut BytesMut,
+        records_len: usize,
+        records: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
+    ) -> Result<(), EncodeError> {
         if self.idempotent.is_some() && self.acked.is_none() {
             return Err(EncodeError::InvalidCombination("an idempotent publish must be acked"));
         }
-        dst.reserve(12 + self.encoded_payload_len());
+        dst.reserve(12 + self.encoded_payload_len() - self.records.encoded_len() + records_len);
         let at = begin_frame(dst, self.flags());
         if let Some(a) = &self.acked {
             let mode = a
@@ -204,7 +233,7 @@ impl PublishBatch {
         put_str16(dst, self.tenant_id.as_bytes(), "tenant_id")?;
         put_str16(dst, self.namespace.as_bytes(), "namespace")?;
         put_str16(dst, self.stream.as_bytes(), "stream")?;
-        self.records.encode(dst);
+        records(dst)?;
         patch_length(dst, at)
     }
 }
@@ -268,5 +297,31 @@ mod tests {
         b.tenant_id = "x".repeat(70_000);
         assert!(matches!(b.encode(&mut out), Err(EncodeError::TooLong { field: "tenant_id", .. })));
         assert_eq!(&out[..], b"keep");
+    }
+
+    proptest::proptest! {
+        /// The publisher's one-copy path writes exactly the bytes of the general encoder.
+        #[test]
+        fn encode_payloads_matches_encode(
+            payloads in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..8),
+            acked in proptest::option::of(proptest::num::u64::ANY),
+            idempotent in proptest::option::of((proptest::num::u64::ANY, proptest::num::u64::ANY)),
+            key in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..5)),
+        ) {
+            let b = PublishBatch {
+                acked: acked.map(|request_id| AckedPrefix { request_id, ack_mode: AckMode::PerBatch }),
+                idempotent: idempotent.map(|(producer_id, sequence)| IdempotentPrefix { producer_id, sequence }),
+                key: key.map(Bytes::from),
+                tenant_id: "t".into(),
+                namespace: "ns".into(),
+                stream: "s".into(),
+                records: Records::from_payloads(&payloads).unwrap(),
+            };
+            let (mut general, mut direct) = (BytesMut::from(&b"x"[..]), BytesMut::from(&b"x"[..]));
+            let r1 = b.encode(&mut general);
+            let r2 = PublishBatch { records: Records::default(), ..b }.encode_payloads(&payloads, &mut direct);
+            proptest::prop_assert_eq!(r1.is_ok(), r2.is_ok());
+            proptest::prop_assert_eq!(general, direct);
+        }
     }
 }

@@ -218,6 +218,33 @@ impl Records {
     }
 }
 
+/// The encoded size (count plus block) of an untimed block holding `payloads`.
+pub(crate) fn payloads_encoded_len<P: AsRef<[u8]>>(payloads: &[P]) -> usize {
+    4 + payloads.iter().map(|p| 4 + p.as_ref().len()).sum::<usize>()
+}
+
+/// Writes an untimed block (count, then each length and payload) holding `payloads`: the bytes
+/// of `Records::from_payloads(payloads)` encoded, with one copy of each payload.
+pub(crate) fn encode_payloads<P: AsRef<[u8]>>(payloads: &[P], dst: &mut BytesMut) -> Result<(), EncodeError> {
+    let count = u32::try_from(payloads.len()).map_err(|_| EncodeError::TooLong {
+        field: "count",
+        len: payloads.len(),
+        max: u32::MAX as usize,
+    })?;
+    dst.put_u32(count);
+    for p in payloads {
+        let p = p.as_ref();
+        let len = u32::try_from(p.len()).map_err(|_| EncodeError::TooLong {
+            field: "payload",
+            len: p.len(),
+            max: u32::MAX as usize,
+        })?;
+        dst.put_u32(len);
+        dst.extend_from_slice(p);
+    }
+    Ok(())
+}
+
 /// Iterator over a [`Records`] block.
 pub struct RecordsIter<'a> {
     records: &'a Records,
