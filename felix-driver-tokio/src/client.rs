@@ -1003,14 +1003,7 @@ impl Task {
                 self.gates.insert(id, gtx);
                 tokio::spawn(reader(id, recv, grx, self.tx.clone()));
             }
-            Input::Data { stream, data, fin } => {
-                for chunk in data {
-                    self.machine.handle_stream_data(stream, chunk, false, now);
-                }
-                if fin {
-                    self.machine.handle_stream_data(stream, Bytes::new(), true, now);
-                }
-            }
+            Input::Data { stream, data, fin } => self.machine.handle_stream_chunks(stream, data, fin, now),
             Input::Closed(_) => {}
         }
     }

@@ -739,13 +739,8 @@ impl BrokerTask {
                 }
             }
             Input::Data { conn, stream, data, fin } => {
-                for chunk in data {
-                    self.io.bytes_in += chunk.len() as u64;
-                    self.broker.handle_stream_data(conn, stream, chunk, false, now);
-                }
-                if fin {
-                    self.broker.handle_stream_data(conn, stream, Bytes::new(), true, now);
-                }
+                self.io.bytes_in += data.iter().map(|c| c.len() as u64).sum::<u64>();
+                self.broker.handle_stream_chunks(conn, stream, data, fin, now);
             }
             Input::Reset { conn, stream } => self.broker.handle_stream_reset(conn, stream, now),
             Input::Stopped { conn, stream } => self.broker.handle_stream_stopped(conn, stream, now),

@@ -1173,12 +1173,23 @@ impl ClientConnection {
     /// Bytes arrived on a stream: a control stream we opened, or an event stream the broker
     /// opened.
     pub fn handle_stream_data(&mut self, stream: StreamId, data: Bytes, fin: bool, now: Instant) {
+        self.handle_stream_chunks(stream, std::iter::once(data), fin, now);
+    }
+
+    /// [`handle_stream_data`](Self::handle_stream_data) for several chunks that arrived
+    /// together, in order: the stream is looked up and decoded once for all of them.
+    pub fn handle_stream_chunks<I>(&mut self, stream: StreamId, chunks: I, fin: bool, now: Instant)
+    where
+        I: IntoIterator<Item = Bytes>,
+    {
         self.clock.advance(now);
         if stream.initiator() == Side::Broker && stream.dir() == Dir::Uni {
-            return self.event_stream_data(stream, data, fin);
+            return self.event_stream_data(stream, chunks, fin);
         }
         let Some(idx) = self.ctls.iter().position(|c| c.id == Some(stream)) else { return };
-        self.ctls[idx].decoder.push(data);
+        for data in chunks {
+            self.ctls[idx].decoder.push(data);
+        }
         loop {
             match self.ctls[idx].decoder.next_frame() {
                 Ok(Some(f)) => self.control_frame(idx, f),
@@ -1415,7 +1426,7 @@ impl ClientConnection {
         }
     }
 
-    fn event_stream_data(&mut self, stream: StreamId, data: Bytes, fin: bool) {
+    fn event_stream_data(&mut self, stream: StreamId, chunks: impl IntoIterator<Item = Bytes>, fin: bool) {
         let max = self.cfg.max_frame_len;
         let accepted = Flags::BROKER_SENDS.intersection(self.offered_flags().union(Flags::ORIGINAL_V1));
         let es = self.event_streams.entry(stream).or_insert_with(|| {
@@ -1427,7 +1438,9 @@ impl ClientConnection {
         if es.ended {
             return;
         }
-        es.decoder.push(data);
+        for data in chunks {
+            es.decoder.push(data);
+        }
         loop {
             let Some(es) = self.event_streams.get_mut(&stream) else { return };
             let next = es.decoder.next_frame();

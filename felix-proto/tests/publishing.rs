@@ -583,3 +583,60 @@ fn oversized_names_are_refused() {
     }
     assert!(sim.writes.is_empty(), "nothing written");
 }
+
+proptest::proptest! {
+    /// Chunks handed over together (`handle_stream_chunks`) are the same input as the same
+    /// chunks handed over one by one: the broker's outputs match exactly, whatever the cuts.
+    #[test]
+    fn chunks_together_or_one_by_one_give_the_same_outputs(
+        cuts in proptest::collection::vec(1usize..200, 1..40),
+        group in 1usize..8,
+    ) {
+        use felix_proto::broker::Broker;
+        use felix_proto::io::{Dir, Side, StreamId, WallClock};
+        let t0 = epoch();
+        let mut wire = Vec::new();
+        wire.extend_from_slice(&auth(Some(0x7FFF), None, None));
+        wire.extend_from_slice(&subscribe("orders", None));
+        for i in 0..5u64 {
+            wire.extend_from_slice(&publish_binary("orders", &["a", "bb", "ccc"], Some(i + 1), None));
+        }
+        // Cut the stream at the generated sizes (the rest is one last chunk).
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        for c in cuts {
+            if at >= wire.len() {
+                break;
+            }
+            let end = (at + c).min(wire.len());
+            chunks.push(Bytes::copy_from_slice(&wire[at..end]));
+            at = end;
+        }
+        if at < wire.len() {
+            chunks.push(Bytes::copy_from_slice(&wire[at..]));
+        }
+        let s = StreamId::new(Side::Client, Dir::Bi, 0);
+        let run = |together: bool| {
+            let mut b = Broker::new(config(), WallClock::new(t0, 0));
+            let conn = b.connection_opened(t0);
+            let mut out = Vec::new();
+            if together {
+                for g in chunks.chunks(group) {
+                    b.handle_stream_chunks(conn, s, g.iter().cloned(), false, t0);
+                    out.extend(std::iter::from_fn(|| b.poll_output()).map(|o| format!("{o:?}")));
+                }
+            } else {
+                for g in chunks.chunks(group) {
+                    for c in g {
+                        b.handle_stream_data(conn, s, c.clone(), false, t0);
+                    }
+                    out.extend(std::iter::from_fn(|| b.poll_output()).map(|o| format!("{o:?}")));
+                }
+            }
+            out
+        };
+        let (one_by_one, together) = (run(false), run(true));
+        proptest::prop_assert!(one_by_one.iter().any(|o| o.contains("Transmit")), "the session answered");
+        proptest::prop_assert_eq!(one_by_one, together);
+    }
+}

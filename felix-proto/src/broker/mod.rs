@@ -730,6 +730,16 @@ impl Broker {
     /// Bytes arrived on a stream the client opened (bidirectional control stream or
     /// unidirectional publish stream). `fin` says the client finished it.
     pub fn handle_stream_data(&mut self, conn: ConnId, stream: StreamId, data: Bytes, fin: bool, now: Instant) {
+        self.handle_stream_chunks(conn, stream, std::iter::once(data), fin, now);
+    }
+
+    /// [`handle_stream_data`](Self::handle_stream_data) for several chunks that arrived
+    /// together, in order: the stream is looked up and driven once for all of them (a busy
+    /// stream hands over dozens of packet-sized chunks at a time).
+    pub fn handle_stream_chunks<I>(&mut self, conn: ConnId, stream: StreamId, chunks: I, fin: bool, now: Instant)
+    where
+        I: IntoIterator<Item = Bytes>,
+    {
         let now = self.clock.advance(now);
         let preauth = self.cfg.preauth_max_frame_len;
         let Some(c) = self.conns.get_mut(&conn) else { return };
@@ -769,7 +779,9 @@ impl Broker {
         if st.closed {
             return;
         }
-        st.decoder.push(data);
+        for data in chunks {
+            st.decoder.push(data);
+        }
         st.fin_recv |= fin;
         self.drive_stream(conn, stream, now);
         self.run_wakes(now);
