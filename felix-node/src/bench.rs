@@ -208,18 +208,26 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let published = Arc::new(AtomicU64::new(0));
     let delivered = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    // Tells the subscribers to hand in their figures (a broker given with --addr keeps their
+    // subscriptions open after the run).
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
 
     let mut subs = Vec::new();
     for _ in 0..a.subscribers {
         let c = connect(&t).await?;
         let mut sub = c.subscribe("bench", &stream, None, None).await.map_err(|e| e.to_string())?;
         let delivered = delivered.clone();
+        let mut done = done_rx.clone();
         subs.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
             let mut last_offset: Option<u64> = None;
             let mut gaps = 0u64;
-            while let Some(item) = sub.next().await {
-                let SubscriptionItem::Events(b) = item else { break };
+            loop {
+                let item = tokio::select! {
+                    item = sub.next() => item,
+                    _ = done.wait_for(|d| *d) => None,
+                };
+                let Some(SubscriptionItem::Events(b)) = item else { break };
                 let now = epoch.elapsed().as_nanos() as u64;
                 for (i, p) in b.records.slices().enumerate() {
                     if p.len() >= 8 {
@@ -341,10 +349,10 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         eprintln!();
     }
     let got = delivered.load(Ordering::Relaxed);
+    let _ = done_tx.send(true);
     for c in &clients {
         c.close();
     }
-    drop(t);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let mut gaps = 0;
     for s in subs {
@@ -353,6 +361,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
             gaps += g;
         }
     }
+    drop(t);
     let secs = elapsed.as_secs_f64();
     let mb = sent as f64 * a.payload as f64 / secs / 1e6;
     let q = |p: f64| hist.value_at_quantile(p);

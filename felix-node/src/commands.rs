@@ -82,6 +82,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
             // Keep-alives must come well inside the idle timeout.
             keep_alive: std::time::Duration::from_millis((a.idle_timeout_ms / 2).clamp(100, 5_000)),
             udp_buffer_bytes: a.udp_buffer_bytes,
+            max_udp_payload: a.max_udp_payload,
             ..felix_driver_tokio::TransportTuning::default()
         },
     })

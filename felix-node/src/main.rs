@@ -180,6 +180,11 @@ struct ServeArgs {
     /// Close connections idle this long, milliseconds.
     #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     idle_timeout_ms: u64,
+    /// Largest UDP payload MTU discovery may reach, bytes (1200..=65527). Raise it on
+    /// jumbo-frame networks; on loopback larger datagrams measured slower (docs/operations.md).
+    #[arg(long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = 1452,
+        value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    max_udp_payload: u16,
 }
 
 /// How a client command reaches the broker.

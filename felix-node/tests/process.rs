@@ -150,11 +150,43 @@ fn readme_commands_work_against_a_served_broker() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+    // The README's bench, briefly, against this broker.
+    let bench = Command::new(BIN)
+        .args(["bench", "--addr", &addr.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args(["--subscribers", "2", "--duration", "1", "--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(bench.status.success(), "{}", String::from_utf8_lossy(&bench.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
+    assert!(v["published_msgs"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["delivered_events"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["latency_us"]["samples"].as_u64().unwrap() > 0, "{v}");
     // Graceful shutdown on SIGTERM.
     let pid = broker.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     let status = broker.wait().unwrap();
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+}
+
+#[test]
+fn bench_baseline_reports_fractions_of_raw_quinn_and_the_relay() {
+    let out = Command::new(BIN)
+        .args(["bench", "--payload", "4096", "--duration", "1", "--baseline", "--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = &v["baseline"];
+    let (raw, relay) = (b["raw_quinn_mb_per_s"].as_f64().unwrap(), b["relay_mb_per_s"].as_f64().unwrap());
+    assert!(raw > 0.0 && relay > 0.0, "{v}");
+    let delivered = v["delivered_mb_per_s_per_subscriber"].as_f64().unwrap();
+    assert!(delivered > 0.0, "{v}");
+    assert!((b["fraction_of_raw_quinn"].as_f64().unwrap() - delivered / raw).abs() < 1e-9, "{v}");
+    assert!((b["fraction_of_relay"].as_f64().unwrap() - delivered / relay).abs() < 1e-9, "{v}");
+    if cfg!(target_os = "linux") {
+        assert!(v["cpu_s_per_gb"].as_f64().unwrap() > 0.0, "CPU time is read from procfs: {v}");
+    }
 }
 
 #[test]
@@ -175,6 +207,16 @@ fn bad_arguments_are_clear_errors() {
     let out = Command::new(BIN).args(["cache", "get", "c", "k", "--data-dir", "/nonexistent-felix"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-felix"), "names the missing file");
+    let out = Command::new(BIN).args(["serve", "--max-udp-payload", "70000"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-udp-payload"), "names the flag");
+    let out = Command::new(BIN).args(["bench", "--cache", "--baseline"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--baseline goes with"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 async fn connect(data: &Path, addr: SocketAddr) -> Client {
