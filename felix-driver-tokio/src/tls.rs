@@ -95,8 +95,19 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         .map_err(|e| TlsError::Pem { path: path.display().to_string(), what: e.to_string() })
 }
 
+/// rustls's *ring* provider with AES-128-GCM first. Every TLS 1.3 peer implements it (it is the
+/// one mandatory suite), it has 128-bit security, and with AES-NI it costs fewer cycles per byte
+/// than AES-256-GCM (10 rounds instead of 14) on the packet protection that dominates a busy
+/// connection. The broker applies its own order (`ignore_client_order`), so clients that prefer
+/// AES-256 still get AES-128; both remain accepted, with ChaCha20-Poly1305 for hosts without AES
+/// instructions.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256];
+    Arc::new(p)
 }
 
 /// The server's rustls configuration: TLS 1.3 only, ALPN `felix/1` (a client offering no ALPN
@@ -111,6 +122,7 @@ pub fn server_config(id: Identity) -> Result<rustls::ServerConfig, TlsError> {
         .with_single_cert(id.chain, id.key)?;
     cfg.alpn_protocols = vec![ALPN.to_vec()];
     cfg.max_early_data_size = 0;
+    cfg.ignore_client_order = true;
     Ok(cfg)
 }
 
@@ -184,5 +196,59 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::CipherSuite;
+
+    /// A TLS 1.3 handshake in memory between our broker's configuration and a client that
+    /// offers `suites` (in its order of preference); the suite the broker chose.
+    fn negotiated(suites: Vec<rustls::SupportedCipherSuite>) -> CipherSuite {
+        let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(id.chain[0].clone()).unwrap();
+        let server = Arc::new(server_config(id).unwrap());
+        let mut p = rustls::crypto::ring::default_provider();
+        p.cipher_suites = suites;
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(p))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut c = rustls::ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap();
+        let mut s = rustls::ServerConnection::new(server).unwrap();
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            c.write_tls(&mut buf).unwrap();
+            s.read_tls(&mut &buf[..]).unwrap();
+            s.process_new_packets().unwrap();
+            buf.clear();
+            s.write_tls(&mut buf).unwrap();
+            c.read_tls(&mut &buf[..]).unwrap();
+            c.process_new_packets().unwrap();
+            if !c.is_handshaking() && !s.is_handshaking() {
+                break;
+            }
+        }
+        assert!(!s.is_handshaking(), "the handshake completed");
+        s.negotiated_cipher_suite().unwrap().suite()
+    }
+
+    #[test]
+    fn the_broker_chooses_aes_128_even_for_clients_that_prefer_aes_256() {
+        // rustls's default order, which existing Felix clients send: AES-256 first.
+        let default = rustls::crypto::ring::default_provider().cipher_suites;
+        assert_eq!(default[0].suite(), CipherSuite::TLS13_AES_256_GCM_SHA384, "the premise");
+        assert_eq!(negotiated(default), CipherSuite::TLS13_AES_128_GCM_SHA256);
+    }
+
+    #[test]
+    fn clients_offering_only_aes_256_or_chacha_are_still_served() {
+        use rustls::crypto::ring::cipher_suite::{TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256};
+        assert_eq!(negotiated(vec![TLS13_AES_256_GCM_SHA384]), CipherSuite::TLS13_AES_256_GCM_SHA384);
+        assert_eq!(negotiated(vec![TLS13_CHACHA20_POLY1305_SHA256]), CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
     }
 }
