@@ -138,6 +138,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,
+        queue_bytes_max: 64 << 20,
         identity,
         fsync: a.fsync,
         ephemeral: !a.durable && a.group.is_none(),

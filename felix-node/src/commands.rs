@@ -48,6 +48,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         streams: file.streams(queue_capacity),
         caches: file.caches(),
         queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),
+        queue_bytes_max: a.queue_bytes_max.or(b.subscriber_queue_bytes_max).unwrap_or(64 << 20),
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),

@@ -13,6 +13,7 @@
 //! dev_token = true                # generate/keep the development token
 //! subscriber_queue_capacity = 1024
 //! subscriber_queue_capacity_max = 65536
+//! subscriber_queue_bytes_max = 67108864   # bytes one subscriber's queue may hold
 //! max_records_per_read = 1000
 //!
 //! [[tokens]]
@@ -75,6 +76,7 @@ pub struct BrokerSection {
     pub ephemeral: Option<bool>,
     pub subscriber_queue_capacity: Option<u32>,
     pub subscriber_queue_capacity_max: Option<u32>,
+    pub subscriber_queue_bytes_max: Option<usize>,
     pub max_records_per_read: Option<u32>,
 }
 

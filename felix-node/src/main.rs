@@ -134,6 +134,10 @@ struct ServeArgs {
     /// Default subscriber queue capacity, in published batches [default: 1024].
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
     queue_capacity: Option<u32>,
+    /// Bytes one subscriber's queue may hold, whatever its capacity in batches; past it a
+    /// slow subscriber's batches are dropped [default: 64 MiB].
+    #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_BYTES_MAX")]
+    queue_bytes_max: Option<usize>,
     /// Consumer groups: claim duration when a poll names none, ms [default: 30000].
     #[arg(long, env = "FELIX_GROUP_VISIBILITY_TIMEOUT_MS")]
     group_visibility_ms: Option<u64>,

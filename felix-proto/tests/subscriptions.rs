@@ -253,6 +253,42 @@ fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
 }
 
 #[test]
+fn a_slow_subscriber_queue_is_bounded_in_bytes_not_only_in_batches() {
+    // Room for 1000 batches, but big batches: the byte bound is what holds.
+    let mut cfg = config();
+    cfg.event_stream_inflight_bytes = 1024;
+    cfg.subscriber_queue_bytes_max = 64 * 1024;
+    cfg.default_stream = StreamConfig { queue_capacity: 1000, ..StreamConfig::default() };
+    let mut sim = Sim::new(cfg, epoch());
+    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(slow, ss, subscribe("orders", None), false);
+    sim.run();
+    sim.set_slow(slow, true);
+    let payload = "x".repeat(16 * 1024);
+    for i in 0..100 {
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
+        sim.run();
+        let q = sim.broker.queued_event_bytes();
+        assert!(q <= 64 * 1024, "queue bytes bounded: {q}");
+    }
+    assert!(sim.broker.queued_event_bytes() > 32 * 1024, "the queue filled up to the bound");
+    assert!(sim.broker.stats().records_dropped > 0, "past the bound batches are dropped");
+    assert_eq!(acks(&payloads(&sim.take_received(p, s))).len(), 100, "publishers are never held");
+    sim.set_slow(slow, false);
+    sim.run();
+    let se = event_streams(&sim, slow)[0];
+    let got = offsets_of(&event_batches(&payloads(&sim.take_received(slow, se))));
+    assert!(got.len() < 100 && got.windows(2).all(|w| w[0] < w[1]), "drops show as jumps: {got:?}");
+    // One batch larger than the bound still reaches a subscriber that keeps up.
+    let huge = "y".repeat(100 * 1024);
+    sim.raw_send(p, s, publish_binary("orders", &[&huge], Some(1000), None), false);
+    sim.run();
+    let got = event_batches(&payloads(&sim.take_received(slow, se)));
+    assert_eq!(got.len(), 1, "an empty queue takes any one batch");
+}
+
+#[test]
 fn ephemeral_streams_have_no_offsets_and_no_history() {
     let mut sim = Sim::new(ephemeral_config(), epoch());
     let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));

@@ -113,6 +113,11 @@ pub struct BrokerConfig {
     pub default_stream: StreamConfig,
     /// Largest subscriber queue a subscriber may ask for (`queue_capacity` is clamped to it).
     pub subscriber_queue_capacity_max: u32,
+    /// Bytes of event frames one subscriber's queue may hold, whatever its capacity in batches:
+    /// batches can be up to `max_frame_len` each, so a count alone does not bound the memory a
+    /// slow subscriber pins. A batch that would pass it is dropped as one over the capacity is
+    /// (a gap, or `subscription_lagged`); a batch always fits an empty queue.
+    pub subscriber_queue_bytes_max: usize,
     /// Most subscriptions one connection may hold.
     pub max_subscriptions_per_connection: u32,
     /// Bytes written to one event stream and not yet flushed by the driver, before the broker
@@ -157,6 +162,7 @@ impl Default for BrokerConfig {
             auto_create: true,
             default_stream: StreamConfig::default(),
             subscriber_queue_capacity_max: 65_536,
+            subscriber_queue_bytes_max: 64 << 20,
             max_subscriptions_per_connection: 4096,
             event_stream_inflight_bytes: 1 << 20,
             auth_timeout: Duration::from_secs(10),

@@ -356,6 +356,8 @@ struct Sub {
     shape: Shape,
     offer: ClientOffer,
     queue: VecDeque<[Bytes; 2]>,
+    /// Bytes of the frames in `queue`.
+    queued_bytes: usize,
     capacity: usize,
     inflight: usize,
     cursor: Option<u64>,
@@ -363,6 +365,24 @@ struct Sub {
     reading: Option<ReadToken>,
     /// A cache watch (its key is the cache's): what it follows.
     watch: Option<watch::WatchFilter>,
+}
+
+impl Sub {
+    /// Whether a frame of `len` bytes would overflow the queue: `capacity` batches, or
+    /// `bytes_max` bytes (an empty queue takes any one frame).
+    fn full(&self, len: usize, bytes_max: usize) -> bool {
+        self.queue.len() >= self.capacity || (!self.queue.is_empty() && self.queued_bytes + len > bytes_max)
+    }
+
+    fn push(&mut self, frame: [Bytes; 2]) {
+        self.queued_bytes += frame_len(&frame);
+        self.queue.push_back(frame);
+    }
+}
+
+/// Bytes of an event frame held as header and body.
+fn frame_len(frame: &[Bytes; 2]) -> usize {
+    frame[0].len() + frame[1].len()
 }
 
 #[derive(Debug)]
@@ -1851,7 +1871,7 @@ impl Broker {
                 }
             };
             let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
-            Self::enqueue(&mut self.stats, sub, frame, base, count);
+            Self::enqueue(&mut self.stats, sub, frame, base, count, self.cfg.subscriber_queue_bytes_max);
             self.pump(conn, id);
         }
     }
@@ -1866,16 +1886,17 @@ impl Broker {
                 continue;
             }
             let frame = batch.frame(sub.shape);
-            Self::enqueue(&mut self.stats, sub, frame, batch.base, count);
+            Self::enqueue(&mut self.stats, sub, frame, batch.base, count, self.cfg.subscriber_queue_bytes_max);
             self.pump(conn, id);
         }
     }
 
-    /// Queues a batch for a subscriber, or drops it when the queue is full. A client that reads
-    /// `subscription_lagged` (and offsets, on a durable stream) has its subscription ended at
-    /// the first drop; any other sees the drop as a jump in offsets.
-    fn enqueue(stats: &mut BrokerStats, sub: &mut Sub, frame: [Bytes; 2], base: u64, count: u64) {
-        if sub.queue.len() >= sub.capacity {
+    /// Queues a batch for a subscriber, or drops it when the queue is full (in batches, or in
+    /// bytes past `bytes_max`). A client that reads `subscription_lagged` (and offsets, on a
+    /// durable stream) has its subscription ended at the first drop; any other sees the drop as
+    /// a jump in offsets.
+    fn enqueue(stats: &mut BrokerStats, sub: &mut Sub, frame: [Bytes; 2], base: u64, count: u64, bytes_max: usize) {
+        if sub.full(frame_len(&frame), bytes_max) {
             stats.records_dropped += count;
             if sub.shape.offsets && sub.offer.has(Features::SUBSCRIPTION_LAGGED) {
                 stats.lagged += 1;
@@ -1883,7 +1904,7 @@ impl Broker {
             }
             return;
         }
-        sub.queue.push_back(frame);
+        sub.push(frame);
     }
 
     /// Writes what a subscriber has ready, within its writer credit; ends it when it is ending
@@ -1948,7 +1969,9 @@ impl Broker {
                 continue;
             }
             if let Some(frame) = sub.queue.pop_front() {
-                sub.inflight += frame[0].len() + frame[1].len();
+                // Saturating: a watch's initial replay is queued without being counted.
+                sub.queued_bytes = sub.queued_bytes.saturating_sub(frame_len(&frame));
+                sub.inflight += frame_len(&frame);
                 self.stats.batches_delivered += 1;
                 self.write_frame(conn, stream, frame);
                 continue;
@@ -2145,6 +2168,7 @@ impl Broker {
                 shape,
                 offer,
                 queue: VecDeque::new(),
+                queued_bytes: 0,
                 capacity,
                 inflight: 0,
                 cursor: (durable && cursor < tail).then_some(cursor),

@@ -131,6 +131,9 @@ impl Broker {
                 shape: Default::default(),
                 offer,
                 queue,
+                // The replay is not counted against `subscriber_queue_bytes_max` (as it is not
+                // against the capacity): it is bounded by the cache's change log.
+                queued_bytes: 0,
                 // Live changes a watch may have queued before it lags (a replay at the start is
                 // queued whole): the default subscriber queue capacity.
                 capacity: self.cfg.default_stream.queue_capacity.max(1) as usize + replayed,
@@ -168,13 +171,13 @@ impl Broker {
                 if sub.ending.is_some() || !filter.accepts(&c.key) {
                     continue;
                 }
-                if sub.queue.len() >= sub.capacity {
+                if sub.full(f[0].len() + f[1].len(), self.cfg.subscriber_queue_bytes_max) {
                     // Delivers what is queued, then says where to resume (gapless).
                     self.stats.lagged += 1;
                     sub.ending = Some(Ending::WatchLagged { resume_from: c.offset });
                     continue;
                 }
-                sub.queue.push_back(f.clone());
+                sub.push(f.clone());
             }
             self.pump(conn, id);
         }
