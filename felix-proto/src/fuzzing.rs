@@ -180,6 +180,11 @@ pub fn broker_session(data: &[u8], t0: std::time::Instant) {
         now += Duration::from_millis(u64::from(flags >> 1) * 10);
         match sel % 6 {
             0 => b.handle_stream_data(conn, s0, chunk, fin, now),
+            // The same bytes handed over as two chunks at once, as the driver's readers do.
+            1 if flags & 4 != 0 => {
+                let mid = chunk.len() / 2;
+                b.handle_stream_chunks(conn, s1, [chunk.slice(..mid), chunk.slice(mid..)], fin, now)
+            }
             1 => b.handle_stream_data(conn, s1, chunk, fin, now),
             2 => b.handle_stream_data(conn, u0, chunk, fin, now),
             3 => b.handle_stream_reset(conn, if flags & 2 != 0 { s0 } else { s1 }, now),
@@ -278,12 +283,17 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
         let stream = ClientStream(u32::from(arg & 1));
         match sel % 12 {
             0 => c.handle_stream_data(s0, chunk, arg & 2 != 0, now),
-            1 => c.handle_stream_data(
-                StreamId::new(Side::Broker, Dir::Uni, u64::from(arg % 4)),
-                chunk,
-                arg & 2 != 0,
-                now,
-            ),
+            // Event streams get their bytes as two chunks at once, as the driver's readers
+            // hand them over.
+            1 => {
+                let mid = chunk.len() / 2;
+                c.handle_stream_chunks(
+                    StreamId::new(Side::Broker, Dir::Uni, u64::from(arg % 4)),
+                    [chunk.slice(..mid), chunk.slice(mid..)],
+                    arg & 2 != 0,
+                    now,
+                )
+            }
             2 => c.handle_stream_data(StreamId::new(Side::Client, Dir::Bi, u64::from(arg % 3)), chunk, false, now),
             3 => {
                 let mut req = PublishRequest::new("ns", text.clone(), vec![chunk.clone()]);
