@@ -174,8 +174,16 @@ async fn connect(t: &Target) -> Result<Client, String> {
 
 fn progress(quiet: bool, start: Instant, total: Duration, label: String) {
     if !quiet {
-        eprint!("\r[{:>4.1}s/{:>3}s] {label}   ", start.elapsed().as_secs_f64(), total.as_secs());
+        let elapsed = start.elapsed().as_secs_f64();
+        eprint!("\r{} {elapsed:>4.1}s/{}s  {label}   ", bar(elapsed / total.as_secs_f64().max(1e-9)), total.as_secs());
     }
+}
+
+/// A 20-cell progress bar for a fraction done (clamped to 0..=1).
+fn bar(done: f64) -> String {
+    const CELLS: usize = 20;
+    let filled = ((done.clamp(0.0, 1.0) * CELLS as f64).round() as usize).min(CELLS);
+    format!("[{}{}]", "#".repeat(filled), "-".repeat(CELLS - filled))
 }
 
 pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
@@ -810,4 +818,15 @@ async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String>
     }
     conn.close(0u32.into(), b"done");
     Ok(Throughput { mb_per_s: mb, secs, cpu_s })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn progress_bar_fills_with_the_fraction_done() {
+        assert_eq!(super::bar(0.0), format!("[{}]", "-".repeat(20)));
+        assert_eq!(super::bar(0.5), format!("[{}{}]", "#".repeat(10), "-".repeat(10)));
+        assert_eq!(super::bar(1.7), format!("[{}]", "#".repeat(20)), "clamped");
+        assert_eq!(super::bar(f64::NAN).len(), 22, "never panics");
+    }
 }
