@@ -138,7 +138,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,
-        queue_bytes_max: 64 << 20,
+        queue_bytes_max: 256 << 20,
         identity,
         fsync: a.fsync,
         ephemeral: !a.durable && a.group.is_none(),
@@ -226,16 +226,32 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         let c = connect(&t).await?;
         let mut sub = c.subscribe("bench", &stream, None, None).await.map_err(|e| e.to_string())?;
         let delivered = delivered.clone();
+        let stream = stream.clone();
         let mut done = done_rx.clone();
         subs.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
             let mut last_offset: Option<u64> = None;
             let mut gaps = 0u64;
+            let mut resumed = 0u64;
             loop {
                 let item = tokio::select! {
                     item = sub.next() => item,
                     _ = done.wait_for(|d| *d) => None,
                 };
+                // A durable subscriber that fell behind reads on from the log, as a real
+                // consumer would (felix-node subscribe does the same).
+                if let Some(SubscriptionItem::End(felix_proto::client::EndReason::Lagged { resume_from })) = item {
+                    let from = felix_proto::client::lagged_resume_point(last_offset, resume_from);
+                    let start = Some(felix_proto::message::StartPosition::Offset(from));
+                    match c.subscribe("bench", &stream, start, None).await {
+                        Ok(s) => {
+                            sub = s;
+                            resumed += 1;
+                            continue;
+                        }
+                        Err(_) => break,
+                    }
+                }
                 let Some(SubscriptionItem::Events(b)) = item else { break };
                 let now = epoch.elapsed().as_nanos() as u64;
                 for (i, p) in b.records.slices().enumerate() {
@@ -256,7 +272,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 delivered.fetch_add(u64::from(b.records.count()), Ordering::Relaxed);
             }
             drop(c);
-            (hist, gaps)
+            (hist, gaps, resumed)
         }));
     }
 
@@ -363,11 +379,12 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         c.close();
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-    let mut gaps = 0;
+    let (mut gaps, mut resumed) = (0, 0);
     for s in subs {
-        if let Ok(Ok((h, g))) = tokio::time::timeout(Duration::from_secs(5), s).await {
+        if let Ok(Ok((h, g, r))) = tokio::time::timeout(Duration::from_secs(5), s).await {
             let _ = hist.add(&h);
             gaps += g;
+            resumed += r;
         }
     }
     drop(t);
@@ -379,7 +396,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         "batch": a.batch, "ack": a.ack, "durable": a.durable, "duration_s": secs,
         "published_msgs": sent, "publish_msgs_per_s": sent as f64 / secs, "publish_mb_per_s": mb,
         "delivered_events": got, "delivered_events_per_s": got as f64 / secs,
-        "not_delivered": expected.saturating_sub(got), "offset_gaps": gaps,
+        "not_delivered": expected.saturating_sub(got), "offset_gaps": gaps, "resumed_after_lag": resumed,
         "latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": hist.max(), "samples": hist.len()},
         "delivered_mb_per_s_per_subscriber": in_window.mb_per_s, "cpu_s_per_gb": in_window.cpu_s_per_gb(),
     });
@@ -408,6 +425,10 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         println!("  {:<28} {:>14.1}", "publish MB/s (payload)", mb);
         println!("  {:<28} {:>14.0}", "delivered events/s (total)", got as f64 / secs);
         println!("  {:<28} {:>14}", "not delivered", expected.saturating_sub(got));
+        if a.durable {
+            println!("  {:<28} {:>14}", "offset gaps", gaps);
+            println!("  {:<28} {:>14}", "resumed after falling behind", resumed);
+        }
         println!("  {:<28} {:>14}", "latency p50 (µs)", q(0.5));
         println!("  {:<28} {:>14}", "latency p99 (µs)", q(0.99));
         println!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));

@@ -48,7 +48,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         streams: file.streams(queue_capacity),
         caches: file.caches(),
         queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),
-        queue_bytes_max: a.queue_bytes_max.or(b.subscriber_queue_bytes_max).unwrap_or(64 << 20),
+        queue_bytes_max: a.queue_bytes_max.or(b.subscriber_queue_bytes_max).unwrap_or(256 << 20),
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),
@@ -261,6 +261,8 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut seen = 0u64;
+    // The last offset printed, for resuming without a gap or a duplicate.
+    let mut last_offset: Option<u64> = None;
     let stdout = std::io::stdout();
     loop {
         let item = tokio::select! {
@@ -269,6 +271,9 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         };
         match item {
             Some(SubscriptionItem::Events(batch)) => {
+                if let Some(base) = batch.base_offset {
+                    last_offset = Some(base + u64::from(batch.records.count()).saturating_sub(1));
+                }
                 let mut out = stdout.lock();
                 for (i, r) in batch.records.iter().enumerate() {
                     let offset = batch.base_offset.map(|b| b + i as u64);
@@ -306,6 +311,15 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                 let _ = out.flush();
             }
             Some(SubscriptionItem::CacheChange(_)) => {} // never on a stream subscription
+            Some(SubscriptionItem::End(EndReason::Lagged { resume_from })) if !a.no_resume => {
+                // A durable stream keeps what we missed: read on from the log, no gap.
+                let from = felix_proto::client::lagged_resume_point(last_offset, resume_from);
+                eprintln!("fell behind (the broker dropped from offset {resume_from}); resuming from {from}");
+                sub = client
+                    .subscribe(&a.conn.namespace, &a.stream, Some(StartPosition::Offset(from)), Some(a.shard))
+                    .await
+                    .map_err(|e| format!("resuming at {from}: {e}"))?;
+            }
             Some(SubscriptionItem::End(reason)) => {
                 match reason {
                     EndReason::Lagged { resume_from } => {

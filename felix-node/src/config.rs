@@ -13,7 +13,7 @@
 //! dev_token = true                # generate/keep the development token
 //! subscriber_queue_capacity = 1024
 //! subscriber_queue_capacity_max = 65536
-//! subscriber_queue_bytes_max = 67108864   # bytes one subscriber's queue may hold
+//! subscriber_queue_bytes_max = 268435456  # bytes one subscriber's queue may hold
 //! max_records_per_read = 1000
 //!
 //! [[tokens]]

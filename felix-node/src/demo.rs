@@ -39,7 +39,7 @@ pub async fn run() -> Result<ExitCode, String> {
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,
-        queue_bytes_max: 64 << 20,
+        queue_bytes_max: 256 << 20,
         identity,
         fsync: FsyncPolicy::Always,
         ephemeral: false,

@@ -135,7 +135,7 @@ struct ServeArgs {
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
     queue_capacity: Option<u32>,
     /// Bytes one subscriber's queue may hold, whatever its capacity in batches; past it a
-    /// slow subscriber's batches are dropped [default: 64 MiB].
+    /// slow subscriber's batches are dropped [default: 256 MiB].
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_BYTES_MAX")]
     queue_bytes_max: Option<usize>,
     /// Consumer groups: claim duration when a poll names none, ms [default: 30000].
@@ -264,6 +264,10 @@ struct SubscribeArgs {
     /// Stop after this many events.
     #[arg(long)]
     count: Option<u64>,
+    /// On a durable stream, exit when the broker says this subscriber fell behind, instead of
+    /// subscribing again right after the last event printed (no gap, no duplicate).
+    #[arg(long)]
+    no_resume: bool,
 }
 
 #[derive(Args, Debug)]

@@ -106,6 +106,17 @@ pub enum EndReason {
     Finished,
 }
 
+/// Where to subscribe again after `subscription_lagged`, for no gap and no duplicate: right after
+/// the last event received, or at `resume_from` when none was. The spec's rule: a frame below
+/// `resume_from` may still have been dropped by the connection writer's queue (unreported), so
+/// `resume_from` alone is only safe when nothing arrived.
+pub fn lagged_resume_point(last_received: Option<u64>, resume_from: u64) -> u64 {
+    match last_received {
+        Some(last) => last.saturating_add(1),
+        None => resume_from,
+    }
+}
+
 /// Something that happened. Each is reported once (edge-triggered).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

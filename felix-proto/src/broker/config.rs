@@ -162,7 +162,7 @@ impl Default for BrokerConfig {
             auto_create: true,
             default_stream: StreamConfig::default(),
             subscriber_queue_capacity_max: 65_536,
-            subscriber_queue_bytes_max: 64 << 20,
+            subscriber_queue_bytes_max: 256 << 20,
             max_subscriptions_per_connection: 4096,
             event_stream_inflight_bytes: 1 << 20,
             auth_timeout: Duration::from_secs(10),
