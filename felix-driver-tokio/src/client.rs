@@ -898,6 +898,21 @@ impl Task {
         }
     }
 
+    /// The channel a confirmed subscription or watch delivers on, holding whatever arrived before
+    /// the confirmation; it stays registered unless that already included the end.
+    fn item_channel(&mut self, sub: u64) -> mpsc::UnboundedReceiver<SubscriptionItem> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut ended = false;
+        for item in self.early.remove(&sub).unwrap_or_default() {
+            ended |= matches!(item, SubscriptionItem::End(_));
+            let _ = tx.send(item);
+        }
+        if !ended {
+            self.subs.insert(sub, tx);
+        }
+        rx
+    }
+
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
@@ -1105,29 +1120,13 @@ impl Task {
             }
             ClientEvent::Subscribed { sub, start_offset, live_offset, .. } => {
                 if let Some(r) = self.sub_replies.remove(&sub) {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    let mut ended = false;
-                    for item in self.early.remove(&sub).unwrap_or_default() {
-                        ended |= matches!(item, SubscriptionItem::End(_));
-                        let _ = tx.send(item);
-                    }
-                    if !ended {
-                        self.subs.insert(sub, tx);
-                    }
+                    let rx = self.item_channel(sub);
                     let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
                 }
             }
             ClientEvent::CacheWatchStarted { sub, resume_offset, resnapshot, retained_count } => {
                 if let Some(r) = self.watch_replies.remove(&sub) {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    let mut ended = false;
-                    for item in self.early.remove(&sub).unwrap_or_default() {
-                        ended |= matches!(item, SubscriptionItem::End(_));
-                        let _ = tx.send(item);
-                    }
-                    if !ended {
-                        self.subs.insert(sub, tx);
-                    }
+                    let rx = self.item_channel(sub);
                     let _ = r.send(Ok(CacheWatch { id: sub, resume_offset, resnapshot, retained_count, rx }));
                 }
             }

@@ -103,28 +103,20 @@ impl Records {
         P: AsRef<[u8]>,
     {
         let mut raw = BytesMut::new();
-        let mut count: u32 = 0;
+        let mut count = 0usize;
         let mut payload_bytes = 0usize;
         for (t, p) in items {
             let p = p.as_ref();
-            let len = u32::try_from(p.len()).map_err(|_| EncodeError::TooLong {
-                field: "payload",
-                len: p.len(),
-                max: u32::MAX as usize,
-            })?;
+            let len = as_u32("payload", p.len())?;
             if let Some(t) = t {
                 raw.put_u64(t);
             }
             raw.put_u32(len);
             raw.extend_from_slice(p);
             payload_bytes += p.len();
-            count = count.checked_add(1).ok_or(EncodeError::TooLong {
-                field: "count",
-                len: u32::MAX as usize + 1,
-                max: u32::MAX as usize,
-            })?;
+            count += 1;
         }
-        Ok(Records { count, timed, payload_bytes, raw: raw.freeze() })
+        Ok(Records { count: as_u32("count", count)?, timed, payload_bytes, raw: raw.freeze() })
     }
 
     /// Number of records.
@@ -226,23 +218,18 @@ pub(crate) fn payloads_encoded_len<P: AsRef<[u8]>>(payloads: &[P]) -> usize {
 /// Writes an untimed block (count, then each length and payload) holding `payloads`: the bytes
 /// of `Records::from_payloads(payloads)` encoded, with one copy of each payload.
 pub(crate) fn encode_payloads<P: AsRef<[u8]>>(payloads: &[P], dst: &mut BytesMut) -> Result<(), EncodeError> {
-    let count = u32::try_from(payloads.len()).map_err(|_| EncodeError::TooLong {
-        field: "count",
-        len: payloads.len(),
-        max: u32::MAX as usize,
-    })?;
-    dst.put_u32(count);
+    dst.put_u32(as_u32("count", payloads.len())?);
     for p in payloads {
         let p = p.as_ref();
-        let len = u32::try_from(p.len()).map_err(|_| EncodeError::TooLong {
-            field: "payload",
-            len: p.len(),
-            max: u32::MAX as usize,
-        })?;
-        dst.put_u32(len);
+        dst.put_u32(as_u32("payload", p.len())?);
         dst.extend_from_slice(p);
     }
     Ok(())
+}
+
+/// A count or length as the `u32` the wire holds, or `TooLong` naming the field.
+fn as_u32(field: &'static str, len: usize) -> Result<u32, EncodeError> {
+    u32::try_from(len).map_err(|_| EncodeError::TooLong { field, len, max: u32::MAX as usize })
 }
 
 /// Iterator over a [`Records`] block.
