@@ -5,6 +5,7 @@
 //! broker's window, queued here while the window is full).
 
 use crate::tls::{TlsError, Trust, client_config};
+use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::binary::EventBatch;
 use felix_proto::client::{
@@ -22,6 +23,7 @@ use felix_proto::negotiate::Negotiated;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// How to reach and authenticate to a broker.
@@ -37,6 +39,9 @@ pub struct ClientOptions {
     pub offer_alpn: bool,
     /// QUIC settings.
     pub transport: crate::server::TransportTuning,
+    /// Event bytes one subscription may hold for the application before the client stops
+    /// reading its event stream (and reads again below half of it).
+    pub subscription_buffer_bytes: usize,
 }
 
 impl ClientOptions {
@@ -48,6 +53,7 @@ impl ClientOptions {
             server_name: "localhost".into(),
             offer_alpn: true,
             transport: crate::server::TransportTuning::default(),
+            subscription_buffer_bytes: 64 << 20,
         }
     }
 }
@@ -141,13 +147,58 @@ pub struct Subscription {
     pub start_offset: Option<u64>,
     /// Tail at join.
     pub live_offset: Option<u64>,
-    rx: mpsc::UnboundedReceiver<SubscriptionItem>,
+    rx: ItemRx,
 }
 
 impl Subscription {
     /// The next batch or the end; `None` once the connection is gone.
     pub async fn next(&mut self) -> Option<SubscriptionItem> {
-        self.rx.recv().await
+        self.rx.next().await
+    }
+}
+
+/// Event bytes waiting for the application in one subscription's channel.
+#[derive(Debug, Default)]
+struct Buffered {
+    bytes: AtomicUsize,
+    /// The connection task stopped reading the subscription's event stream.
+    paused: AtomicBool,
+}
+
+/// The application's end of a subscription's (or watch's) channel. It counts the event bytes
+/// waiting in it, so that the connection task can stop reading the event stream when the
+/// application falls behind (QUIC flow control then holds the broker, whose bounded queue and
+/// `subscription_lagged` take it from there) and read again once it catches up, rather than
+/// buffering without bound.
+#[derive(Debug)]
+struct ItemRx {
+    sub: u64,
+    rx: mpsc::UnboundedReceiver<SubscriptionItem>,
+    buffered: Arc<Buffered>,
+    /// Below this many bytes a paused subscription is read again.
+    low_water: usize,
+    task: mpsc::UnboundedSender<Input>,
+}
+
+impl ItemRx {
+    async fn next(&mut self) -> Option<SubscriptionItem> {
+        let item = self.rx.recv().await?;
+        let n = item_bytes(&item);
+        if n > 0 {
+            let left = self.buffered.bytes.fetch_sub(n, Ordering::SeqCst) - n;
+            if left <= self.low_water && self.buffered.paused.load(Ordering::SeqCst) {
+                let _ = self.task.send(Input::Drained(self.sub));
+            }
+        }
+        Some(item)
+    }
+}
+
+/// The bytes an item counts for in a subscription's buffer.
+fn item_bytes(item: &SubscriptionItem) -> usize {
+    match item {
+        SubscriptionItem::Events(b) => b.records.payload_bytes() + 4 * b.records.count() as usize,
+        _ => 0,
     }
 }
 
@@ -164,14 +215,14 @@ pub struct CacheWatch {
     pub resnapshot: bool,
     /// With `retained`: how many current values precede live changes.
     pub retained_count: Option<u64>,
-    rx: mpsc::UnboundedReceiver<SubscriptionItem>,
+    rx: ItemRx,
 }
 
 impl CacheWatch {
     /// The next change, or the end (`SubscriptionItem::End`); `None` once the connection is
     /// gone.
     pub async fn next(&mut self) -> Option<SubscriptionItem> {
-        self.rx.recv().await
+        self.rx.next().await
     }
 }
 
@@ -278,9 +329,19 @@ pub struct Page {
 
 enum Input {
     Cmd(Cmd),
-    OpenedBi { token: OpenToken, send: quinn::SendStream, recv: quinn::RecvStream },
+    OpenedBi {
+        token: OpenToken,
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+    },
     IncomingUni(quinn::RecvStream),
-    Data { stream: StreamId, data: Vec<Bytes>, fin: bool },
+    Data {
+        stream: StreamId,
+        data: Vec<Bytes>,
+        fin: bool,
+    },
+    /// The application took enough of a paused subscription's events to read it again.
+    Drained(u64),
     Closed(String),
 }
 
@@ -345,6 +406,7 @@ impl Client {
             written: Vec::new(),
             waiting: VecDeque::new(),
             subs: HashMap::new(),
+            buffer_max: opts.subscription_buffer_bytes.max(1),
             sub_replies: HashMap::new(),
             watch_replies: HashMap::new(),
             early: HashMap::new(),
@@ -665,25 +727,18 @@ async fn accept_uni(quic: quinn::Connection, tx: mpsc::UnboundedSender<Input>) {
 
 async fn reader(
     stream: StreamId,
-    mut recv: quinn::RecvStream,
-    mut stop: watch::Receiver<bool>,
+    recv: quinn::RecvStream,
+    gate: watch::Receiver<ReadGate>,
     tx: mpsc::UnboundedSender<Input>,
 ) {
-    let mut chunks = crate::ChunkReader::new();
-    loop {
-        tokio::select! {
-            r = chunks.read(&mut recv) => match r {
-                Ok(Some(data)) => { if tx.send(Input::Data { stream, data, fin: false }).is_err() { return } }
-                Ok(None) | Err(_) => { let _ = tx.send(Input::Data { stream, data: Vec::new(), fin: true }); return }
-            },
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    let _ = recv.stop(quinn::VarInt::from_u32(felix_proto::io::close_code::STREAM_CLOSED as u32));
-                    return;
-                }
-            }
+    crate::read_gated(recv, gate, |event| match event {
+        ReadEvent::Chunks(data) => tx.send(Input::Data { stream, data, fin: false }).is_ok(),
+        // However it ended, the state machine sees the end of the stream.
+        ReadEvent::Finished | ReadEvent::Reset | ReadEvent::Failed => {
+            tx.send(Input::Data { stream, data: Vec::new(), fin: true }).is_ok()
         }
-    }
+    })
+    .await
 }
 
 enum WriterCmd {
@@ -739,12 +794,14 @@ struct Task {
     quic: quinn::Connection,
     tx: mpsc::UnboundedSender<Input>,
     writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
-    gates: HashMap<StreamId, watch::Sender<bool>>,
+    gates: HashMap<StreamId, watch::Sender<ReadGate>>,
     ready: Option<oneshot::Sender<Result<Negotiated, ClientError>>>,
     publishes: HashMap<PublishId, Reply<Option<u64>>>,
     written: Vec<Reply<Option<u64>>>,
     waiting: VecDeque<(PublishRequest, Reply<Option<u64>>)>,
-    subs: HashMap<u64, mpsc::UnboundedSender<SubscriptionItem>>,
+    subs: HashMap<u64, (mpsc::UnboundedSender<SubscriptionItem>, Arc<Buffered>)>,
+    /// `ClientOptions::subscription_buffer_bytes`.
+    buffer_max: usize,
     sub_replies: HashMap<u64, Reply<Subscription>>,
     watch_replies: HashMap<u64, Reply<CacheWatch>>,
     /// Items of subscriptions whose `subscribed` has not been processed yet: the event stream
@@ -900,17 +957,19 @@ impl Task {
 
     /// The channel a confirmed subscription or watch delivers on, holding whatever arrived before
     /// the confirmation; it stays registered unless that already included the end.
-    fn item_channel(&mut self, sub: u64) -> mpsc::UnboundedReceiver<SubscriptionItem> {
+    fn item_channel(&mut self, sub: u64) -> ItemRx {
         let (tx, rx) = mpsc::unbounded_channel();
+        let buffered = Arc::new(Buffered::default());
         let mut ended = false;
         for item in self.early.remove(&sub).unwrap_or_default() {
             ended |= matches!(item, SubscriptionItem::End(_));
+            buffered.bytes.fetch_add(item_bytes(&item), Ordering::SeqCst);
             let _ = tx.send(item);
         }
         if !ended {
-            self.subs.insert(sub, tx);
+            self.subs.insert(sub, (tx, buffered.clone()));
         }
-        rx
+        ItemRx { sub, rx, buffered, low_water: self.buffer_max / 2, task: self.tx.clone() }
     }
 
     fn handle(&mut self, input: Input) {
@@ -1007,16 +1066,26 @@ impl Task {
                 let (wtx, wrx) = mpsc::unbounded_channel();
                 self.writers.insert(id, wtx);
                 tokio::spawn(writer(send, wrx));
-                let (gtx, grx) = watch::channel(false);
+                let (gtx, grx) = watch::channel(ReadGate::Open);
                 self.gates.insert(id, gtx);
                 tokio::spawn(reader(id, recv, grx, self.tx.clone()));
                 self.machine.handle_stream_opened(token, id, now);
             }
             Input::IncomingUni(recv) => {
                 let id = crate::stream_id(recv.id());
-                let (gtx, grx) = watch::channel(false);
+                let (gtx, grx) = watch::channel(ReadGate::Open);
                 self.gates.insert(id, gtx);
                 tokio::spawn(reader(id, recv, grx, self.tx.clone()));
+            }
+            Input::Drained(sub) => {
+                // The application caught up: read its event stream again.
+                let Some((_, buf)) = self.subs.get(&sub) else { return };
+                if buf.bytes.load(Ordering::SeqCst) <= self.buffer_max / 2
+                    && buf.paused.swap(false, Ordering::SeqCst)
+                    && let Some(g) = self.machine.subscription_stream(sub).and_then(|s| self.gates.get(&s))
+                {
+                    let _ = g.send(ReadGate::Open);
+                }
             }
             Input::Data { stream, data, fin } => self.machine.handle_stream_chunks(stream, data, fin, now),
             Input::Closed(_) => {}
@@ -1049,9 +1118,9 @@ impl Task {
                             let _ = w.send(WriterCmd::Finish);
                         }
                     }
-                    ClientOutput::StopSending { stream, .. } => {
+                    ClientOutput::StopSending { stream, code } => {
                         if let Some(g) = self.gates.remove(&stream) {
-                            let _ = g.send(true);
+                            let _ = g.send(ReadGate::Stopped(code));
                         }
                     }
                     _ => {}
@@ -1068,8 +1137,23 @@ impl Task {
     }
 
     fn deliver(&mut self, sub: u64, item: SubscriptionItem) {
-        if let Some(tx) = self.subs.get(&sub) {
+        if let Some((tx, buf)) = self.subs.get(&sub) {
+            let n = item_bytes(&item);
+            let total = buf.bytes.fetch_add(n, Ordering::SeqCst) + n;
             let _ = tx.send(item);
+            // The application fell behind: stop reading this event stream until it catches up.
+            if total > self.buffer_max
+                && !buf.paused.swap(true, Ordering::SeqCst)
+                && let Some(g) = self.machine.subscription_stream(sub).and_then(|s| self.gates.get(&s))
+            {
+                let _ = g.send(ReadGate::Paused);
+                // The application may have caught up before it could see the pause (and so sent
+                // no `Drained`): look again now that the pause is visible. SeqCst on both sides
+                // makes at least one of the two see the other.
+                if buf.bytes.load(Ordering::SeqCst) <= self.buffer_max / 2 && buf.paused.swap(false, Ordering::SeqCst) {
+                    let _ = g.send(ReadGate::Open);
+                }
+            }
         } else if self.sub_replies.contains_key(&sub) || self.watch_replies.contains_key(&sub) {
             self.early.entry(sub).or_default().push(item);
         }

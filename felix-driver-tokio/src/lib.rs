@@ -36,6 +36,61 @@ pub(crate) fn stream_id(id: quinn::StreamId) -> felix_proto::io::StreamId {
     StreamId::new(side, dir, id.index())
 }
 
+/// What a stream's reader may do: read, wait (QUIC flow control then holds the peer), or stop
+/// the stream with a code.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ReadGate {
+    Open,
+    Paused,
+    Stopped(u64),
+}
+
+/// What a gated reader saw.
+pub(crate) enum ReadEvent {
+    /// Chunks, in order (never empty).
+    Chunks(Vec<bytes::Bytes>),
+    /// The peer finished the stream.
+    Finished,
+    /// The peer reset it.
+    Reset,
+    /// The connection failed.
+    Failed,
+}
+
+/// Reads `recv` while `gate` allows, handing what it sees to `deliver` until that returns
+/// `false` or the stream ends. Broker and client readers are this loop with their own inputs.
+pub(crate) async fn read_gated(
+    mut recv: quinn::RecvStream,
+    mut gate: tokio::sync::watch::Receiver<ReadGate>,
+    mut deliver: impl FnMut(ReadEvent) -> bool,
+) {
+    let mut chunks = ChunkReader::new();
+    loop {
+        let state = match gate.wait_for(|g| *g != ReadGate::Paused).await {
+            Ok(g) => *g,
+            Err(_) => return,
+        };
+        if let ReadGate::Stopped(code) = state {
+            let _ = recv.stop(quinn::VarInt::from_u64(code).unwrap_or(quinn::VarInt::from_u32(0)));
+            return;
+        }
+        let event = tokio::select! {
+            r = chunks.read(&mut recv) => match r {
+                Ok(Some(data)) => ReadEvent::Chunks(data),
+                Ok(None) => ReadEvent::Finished,
+                Err(quinn::ReadError::Reset(_)) => ReadEvent::Reset,
+                Err(_) => ReadEvent::Failed,
+            },
+            // A pause or stop while a read is pending: the read is cancel-safe.
+            changed = gate.changed() => if changed.is_err() { return } else { continue },
+        };
+        let more = matches!(event, ReadEvent::Chunks(_));
+        if !deliver(event) || !more {
+            return;
+        }
+    }
+}
+
 /// Chunks taken from a stream in one read: every chunk quinn already holds (up to 32), so a busy
 /// stream costs one channel message and one wake-up of the state machine's task per batch of
 /// packets rather than per packet.

@@ -14,6 +14,7 @@
 
 use crate::storage::{DiskStorage, FsyncPolicy, RecoveredShard};
 use crate::tls::{Identity, TlsError, server_config};
+use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest};
 use felix_proto::io::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
@@ -439,13 +440,6 @@ enum WriterCmd {
     Finish,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum ReadGate {
-    Open,
-    Paused,
-    Stopped(u64),
-}
-
 struct ConnHandle {
     quic: quinn::Connection,
     writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
@@ -485,42 +479,18 @@ async fn conn_loop(conn: ConnId, quic: quinn::Connection, tx: mpsc::UnboundedSen
 async fn reader(
     conn: ConnId,
     stream: StreamId,
-    mut recv: quinn::RecvStream,
-    mut gate: watch::Receiver<ReadGate>,
+    recv: quinn::RecvStream,
+    gate: watch::Receiver<ReadGate>,
     tx: mpsc::UnboundedSender<Input>,
 ) {
-    let mut chunks = crate::ChunkReader::new();
-    loop {
-        // Wait while paused (a full publish window); QUIC flow control holds the client.
-        let state = match gate.wait_for(|g| *g != ReadGate::Paused).await {
-            Ok(g) => *g,
-            Err(_) => return,
-        };
-        if let ReadGate::Stopped(code) = state {
-            let _ = recv.stop(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)));
-            return;
-        }
-        tokio::select! {
-            r = chunks.read(&mut recv) => match r {
-                Ok(Some(data)) => {
-                    if tx.send(Input::Data { conn, stream, data, fin: false }).is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => {
-                    let _ = tx.send(Input::Data { conn, stream, data: Vec::new(), fin: true });
-                    return;
-                }
-                Err(quinn::ReadError::Reset(_)) => {
-                    let _ = tx.send(Input::Reset { conn, stream });
-                    return;
-                }
-                Err(_) => return,
-            },
-            // A pause or stop while a read is pending: the read is cancel-safe.
-            changed = gate.changed() => if changed.is_err() { return },
-        }
-    }
+    // Paused while a publish window is full: QUIC flow control holds the client.
+    crate::read_gated(recv, gate, |event| match event {
+        ReadEvent::Chunks(data) => tx.send(Input::Data { conn, stream, data, fin: false }).is_ok(),
+        ReadEvent::Finished => tx.send(Input::Data { conn, stream, data: Vec::new(), fin: true }).is_ok(),
+        ReadEvent::Reset => tx.send(Input::Reset { conn, stream }).is_ok(),
+        ReadEvent::Failed => false,
+    })
+    .await
 }
 
 async fn writer(

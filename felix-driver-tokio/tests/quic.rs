@@ -647,3 +647,62 @@ async fn a_stream_flood_is_held_at_the_limit_and_others_are_served() {
     }
     server.shutdown().await;
 }
+
+/// An application that stops reading a subscription does not make the client buffer without
+/// bound: past `subscription_buffer_bytes` the client stops reading the event stream, QUIC flow
+/// control holds the broker, and the broker's bounded queue ends the (durable) subscription with
+/// `subscription_lagged`. Resuming at `lagged_resume_point` then gets the rest, with no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_pushes_back_instead_of_buffering() {
+    let mut broker = BrokerConfig::default();
+    broker.default_stream.queue_capacity = 4;
+    let (server, chain) = start_with(None, broker).await;
+    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
+    opts.subscription_buffer_bytes = 64 * 1024;
+    opts.transport.stream_receive_window = 128 * 1024;
+    let c = Client::connect(server.local_addr(), opts).await.unwrap();
+    let mut sub = c.subscribe("default", "held", None, None).await.unwrap();
+    const N: u64 = 400;
+    let payload = |i: u64| Bytes::from(format!("{i:06}{}", "x".repeat(4090)));
+    for i in 0..N {
+        let ack = PublishOptions { ack: true, ..Default::default() };
+        c.publish("default", "held", vec![payload(i)], ack).await.unwrap();
+    }
+    // Only now does the application read.
+    let mut got: Vec<u64> = Vec::new();
+    let resume_from = loop {
+        match tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("items arrive") {
+            Some(SubscriptionItem::Events(b)) => {
+                got.extend((0..u64::from(b.records.count())).map(|i| b.base_offset.unwrap() + i))
+            }
+            Some(SubscriptionItem::End(EndReason::Lagged { resume_from })) => break resume_from,
+            other => panic!("the broker must have seen the pushback and ended with lagged: {other:?}"),
+        }
+    };
+    assert!((got.len() as u64) < N, "the client did not take everything: {} of {N}", got.len());
+    let from = felix_proto::client::lagged_resume_point(got.last().copied(), resume_from);
+    let mut rest = c.subscribe("default", "held", Some(StartPosition::Offset(from)), None).await.unwrap();
+    got.extend(collect(&mut rest, (N - from) as usize).await.into_iter().map(|(o, p)| {
+        assert_eq!(p, payload(o), "offset {o} carries its own record");
+        o
+    }));
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "nothing lost, nothing twice");
+}
+
+/// A paused subscription is read again once the application catches up: past the buffer bound
+/// but within the broker's queue, everything arrives, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_subscription_resumes_when_the_application_catches_up() {
+    let (server, chain) = start(None).await;
+    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
+    opts.subscription_buffer_bytes = 16 * 1024;
+    let c = Client::connect(server.local_addr(), opts).await.unwrap();
+    let mut sub = c.subscribe("default", "paced", None, None).await.unwrap();
+    const N: usize = 64;
+    for i in 0..N {
+        let ack = PublishOptions { ack: true, ..Default::default() };
+        c.publish("default", "paced", vec![Bytes::from(format!("{i:06}{}", "y".repeat(4090)))], ack).await.unwrap();
+    }
+    let got = collect(&mut sub, N).await;
+    assert_eq!(got.iter().map(|(o, _)| *o).collect::<Vec<_>>(), (0..N as u64).collect::<Vec<_>>());
+}

@@ -611,6 +611,12 @@ impl ClientConnection {
         self.out.pop_front()
     }
 
+    /// The event stream subscription (or watch) `sub` is delivered on, once its first frame
+    /// named it: what a driver pauses when the application falls behind.
+    pub fn subscription_stream(&self, sub: u64) -> Option<StreamId> {
+        self.event_streams.iter().find(|(_, es)| es.sub == Some(sub) && !es.ended).map(|(id, _)| *id)
+    }
+
     /// The next event.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<ClientEvent> {
