@@ -19,8 +19,34 @@ fn free_port() -> SocketAddr {
     s.local_addr().unwrap()
 }
 
+/// A broker process that is killed when dropped, so a failing test leaves no broker behind.
+struct Broker(Child);
+
+impl std::ops::Deref for Broker {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Broker {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        // Already gone after a clean stop or a kill in the test; otherwise stop it now.
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Starts `felix-node serve` and waits for its "listening" banner.
-fn serve(data: &Path, addr: SocketAddr, extra: &[&str]) -> Child {
+fn serve(data: &Path, addr: SocketAddr, extra: &[&str]) -> Broker {
     let child = Command::new(BIN)
         .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
         .arg(data)
@@ -35,7 +61,7 @@ fn serve(data: &Path, addr: SocketAddr, extra: &[&str]) -> Child {
 
 /// Waits for the broker's "listening" banner, then keeps draining its stdout so it never
 /// blocks on a full pipe.
-fn wait_for_banner(mut child: Child) -> Child {
+fn wait_for_banner(mut child: Child) -> Broker {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     loop {
         let line = lines.next().expect("broker printed its banner").unwrap();
@@ -44,7 +70,7 @@ fn wait_for_banner(mut child: Child) -> Child {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    child
+    Broker(child)
 }
 
 fn client_cmd(data: &Path, addr: SocketAddr) -> Command {
@@ -396,7 +422,7 @@ shards = 2
 
 /// Starts `felix-node serve` under a file-size limit (`ulimit -f`, with SIGXFSZ ignored, so a
 /// write past it fails with EFBIG exactly as on a full disk).
-fn serve_limited(data: &Path, addr: SocketAddr, limit_kib: u64, extra: &[&str]) -> Child {
+fn serve_limited(data: &Path, addr: SocketAddr, limit_kib: u64, extra: &[&str]) -> Broker {
     let script = format!(
         "trap '' XFSZ; ulimit -S -f {limit_kib}; exec \"$0\" serve --listen {addr} --data-dir \"$1\" --dev-token {TOKEN} {}",
         extra.join(" ")
