@@ -660,7 +660,7 @@ impl BrokerTask {
         m(
             "felix_retained_log_bytes",
             "gauge",
-            "Payload bytes of history held in memory.",
+            "Memory the history held in memory costs: payload plus a fixed overhead per batch.",
             self.broker.retained_log_bytes(),
         );
         m("felix_storage_writes_total", "counter", "Batches written to storage.", self.io.storage_writes);
