@@ -190,21 +190,9 @@ impl PublishBatch {
         self.encode_with(dst, len, |dst| super::records::encode_payloads(payloads, dst))
     }
 
+    /// Writes the frame with `records` writing the record block (`records_len` bytes); nothing
+    /// is left in `dst` on error.
     fn encode_with(
-        &self,
-        dst: &mut BytesMut,
-        records_len: usize,
-        records: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
-    ) -> Result<(), EncodeError> {
-        let start = dst.len();
-        let res = self.encode_inner(dst, records_len, records);
-        if res.is_err() {
-            dst.truncate(start);
-        }
-        res
-    }
-
-    fn encode_inner(
         &self,
         dst: &mut BytesMut,
         records_len: usize,
@@ -213,28 +201,35 @@ impl PublishBatch {
         if self.idempotent.is_some() && self.acked.is_none() {
             return Err(EncodeError::InvalidCombination("an idempotent publish must be acked"));
         }
-        dst.reserve(12 + self.encoded_payload_len() - self.records.encoded_len() + records_len);
-        let at = begin_frame(dst, self.flags());
-        if let Some(a) = &self.acked {
-            let mode = a
-                .ack_mode
-                .to_byte()
-                .ok_or(EncodeError::InvalidCombination("an acked prefix needs ack mode per_message or per_batch"))?;
-            dst.put_u64(a.request_id);
-            dst.put_u8(mode);
+        let start = dst.len();
+        let write = || -> Result<(), EncodeError> {
+            dst.reserve(12 + self.encoded_payload_len() - self.records.encoded_len() + records_len);
+            let at = begin_frame(dst, self.flags());
+            if let Some(a) = &self.acked {
+                let mode = a.ack_mode.to_byte().ok_or(EncodeError::InvalidCombination(
+                    "an acked prefix needs ack mode per_message or per_batch",
+                ))?;
+                dst.put_u64(a.request_id);
+                dst.put_u8(mode);
+            }
+            if let Some(i) = &self.idempotent {
+                dst.put_u64(i.producer_id);
+                dst.put_u64(i.sequence);
+            }
+            if let Some(k) = &self.key {
+                put_str16(dst, k, "key")?;
+            }
+            put_str16(dst, self.tenant_id.as_bytes(), "tenant_id")?;
+            put_str16(dst, self.namespace.as_bytes(), "namespace")?;
+            put_str16(dst, self.stream.as_bytes(), "stream")?;
+            records(dst)?;
+            patch_length(dst, at)
+        };
+        let res = write();
+        if res.is_err() {
+            dst.truncate(start);
         }
-        if let Some(i) = &self.idempotent {
-            dst.put_u64(i.producer_id);
-            dst.put_u64(i.sequence);
-        }
-        if let Some(k) = &self.key {
-            put_str16(dst, k, "key")?;
-        }
-        put_str16(dst, self.tenant_id.as_bytes(), "tenant_id")?;
-        put_str16(dst, self.namespace.as_bytes(), "namespace")?;
-        put_str16(dst, self.stream.as_bytes(), "stream")?;
-        records(dst)?;
-        patch_length(dst, at)
+        res
     }
 }
 
