@@ -1,49 +1,43 @@
 //! An idempotent producer: batches appended exactly once, whatever the network does.
 //!
-//! It keeps one sequence per shard (from 0, +1 per answered batch), resends an unanswered or
-//! retryable batch under the **same** sequence — reconnecting first when the connection is gone,
-//! so a batch whose answer was lost is never appended twice — and stops on a refusal (a
-//! `sequence_gap` or `sequence_reused` means the producer's own state is wrong).
+//! Every decision is felix-proto's [`ProducerState`]: sequences per shard, which batch goes
+//! (again) when, the window of at most [`MAX_IN_FLIGHT`](felix_proto::client::producer::MAX_IN_FLIGHT) unanswered batches per shard that keeps
+//! every resend inside what the broker remembers, backoff (honouring the broker's
+//! `retry_after_ms`), and when to stop. This file only carries its sends over a [`Client`],
+//! reconnecting when the connection is gone (an unanswered batch is then sent again under the
+//! same sequence, and appended only if the first copy never was).
 
 use crate::client::{Client, ClientError, ClientOptions};
 use bytes::Bytes;
-use felix_proto::error_code::RetryClass;
+use felix_proto::client::producer::{Outcome, ProducerError, ProducerEvent, ProducerState, SendId};
 use felix_proto::message::Routing;
 use felix_proto::routing::shard_for_key;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use tokio::task::JoinSet;
 
-/// How an [`IdempotentProducer`] retries.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryPolicy {
-    /// Attempts per batch, the first included.
-    pub attempts: u32,
-    /// Wait before the first retry; doubled each time, up to `max_backoff`.
-    pub backoff: Duration,
-    /// Longest wait between attempts.
-    pub max_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy { attempts: 20, backoff: Duration::from_millis(20), max_backoff: Duration::from_secs(2) }
-    }
-}
+pub use felix_proto::client::producer::RetryPolicy;
 
 /// A producer whose batches are appended exactly once (FEATURE_IDEMPOTENT_PRODUCER).
+///
+/// [`send`](Self::send) waits for its batch; [`submit`](Self::submit) queues one and returns
+/// at once (up to [`MAX_IN_FLIGHT`](felix_proto::client::producer::MAX_IN_FLIGHT) unanswered per shard, then it waits for room), and
+/// [`flush`](Self::flush) waits for everything submitted.
 #[derive(Debug)]
 pub struct IdempotentProducer {
     addr: SocketAddr,
     opts: ClientOptions,
     client: Client,
+    /// Bumped on every reconnect: a send's failure on an older connection is not news.
+    generation: u64,
     namespace: String,
     stream: String,
-    producer_id: u64,
     shards: u32,
     routing: Routing,
-    next: HashMap<u32, u64>,
-    policy: RetryPolicy,
+    state: ProducerState,
+    in_flight: JoinSet<(SendId, u64, Result<Option<u64>, ClientError>)>,
+    /// Appended batches the caller has not collected: `(shard, sequence)` → offset.
+    appended: HashMap<(u32, u64), Option<u64>>,
     reconnects: u64,
 }
 
@@ -66,25 +60,26 @@ impl IdempotentProducer {
             addr,
             opts,
             client,
+            generation: 0,
             namespace: namespace.into(),
             stream: stream.into(),
-            producer_id,
             shards: shards.max(1),
             routing,
-            next: HashMap::new(),
-            policy: RetryPolicy::default(),
+            state: ProducerState::new(producer_id, RetryPolicy::default()),
+            in_flight: JoinSet::new(),
+            appended: HashMap::new(),
             reconnects: 0,
         })
     }
 
-    /// Changes how batches are retried.
+    /// Changes how batches are retried (before the first send).
     pub fn set_retry_policy(&mut self, policy: RetryPolicy) {
-        self.policy = policy;
+        self.state = ProducerState::new(self.state.producer_id(), policy);
     }
 
     /// The broker-chosen producer id.
     pub fn producer_id(&self) -> u64 {
-        self.producer_id
+        self.state.producer_id()
     }
 
     /// How many times the producer reconnected.
@@ -94,62 +89,172 @@ impl IdempotentProducer {
 
     /// The sequence the next batch to `shard` will carry.
     pub fn next_sequence(&self, shard: u32) -> u64 {
-        self.next.get(&shard).copied().unwrap_or(0)
+        self.state.next_sequence(shard)
+    }
+
+    /// Batches submitted and not yet appended.
+    pub fn unanswered(&self) -> usize {
+        self.state.unanswered()
     }
 
     /// Sends one batch and waits until it is appended (exactly once). Returns the first
     /// record's offset when the broker gives offsets.
     ///
     /// # Errors
-    /// [`ClientError::PublishRefused`] (the producer must stop: its sequence state disagrees
-    /// with the broker's), a fatal refusal, or the last error once the attempts are used up.
+    /// [`ClientError::PublishRefused`] (the producer stops: its sequence state disagrees with
+    /// the broker's), a fatal refusal, or the last error once the attempts are used up.
     pub async fn send(&mut self, payloads: Vec<Bytes>, key: Option<Bytes>) -> Result<Option<u64>, ClientError> {
-        let shard = shard_for_key(key.as_deref(), self.shards, self.routing);
-        let sequence = self.next_sequence(shard);
-        let mut wait = self.policy.backoff;
-        let mut attempt = 0;
+        let at = self.submit(payloads, key).await?;
         loop {
-            attempt += 1;
-            let r = self
-                .client
-                .publish_idempotent(
-                    &self.namespace,
-                    &self.stream,
-                    payloads.clone(),
-                    key.clone(),
-                    self.producer_id,
-                    sequence,
-                )
-                .await;
-            let err = match r {
-                Ok(offset) => {
-                    self.next.insert(shard, sequence + 1);
-                    return Ok(offset);
-                }
-                Err(e) => e,
-            };
-            let reconnect = matches!(err, ClientError::Closed(_) | ClientError::Connect(_));
-            let retryable = reconnect
-                || matches!(err.retry(), Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::OutcomeUnknown));
-            if !retryable || attempt >= self.policy.attempts {
-                return Err(err);
+            if let Some(offset) = self.appended.remove(&at) {
+                return Ok(offset);
             }
-            tracing::debug!("idempotent batch {sequence} on shard {shard}: {err}; retrying");
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(self.policy.max_backoff);
-            if reconnect {
-                // The outcome is unknown: the same sequence on a new connection is appended
-                // only if the first copy never was.
-                if let Ok(c) = Client::connect(self.addr, self.opts.clone()).await {
-                    self.client = c;
-                    self.reconnects += 1;
-                }
-            }
+            self.step().await?;
         }
     }
 
-    /// Closes the connection.
+    /// Queues a batch and returns `(shard, sequence)` without waiting for it, once the shard has
+    /// room (fewer than [`MAX_IN_FLIGHT`](felix_proto::client::producer::MAX_IN_FLIGHT) unanswered from its oldest).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send), for this batch or an earlier one.
+    pub async fn submit(&mut self, payloads: Vec<Bytes>, key: Option<Bytes>) -> Result<(u32, u64), ClientError> {
+        let shard = shard_for_key(key.as_deref(), self.shards, self.routing);
+        while !self.state.has_room(shard) {
+            if let Some(e) = self.state.stopped() {
+                return Err(stopped(e));
+            }
+            self.step().await?;
+        }
+        let sequence = self.state.push(shard, payloads, key).map_err(|e| stopped(&e))?;
+        self.pump();
+        Ok((shard, sequence))
+    }
+
+    /// Waits until every submitted batch is appended; returns `(shard, sequence, offset)` of
+    /// each appended since the last collection, in sequence order per shard.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub async fn flush(&mut self) -> Result<Vec<(u32, u64, Option<u64>)>, ClientError> {
+        while self.state.unanswered() > 0 {
+            self.step().await?;
+        }
+        let mut out: Vec<(u32, u64, Option<u64>)> = self.appended.drain().map(|((s, q), o)| (s, q, o)).collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Closes the connection (after [`flush`](Self::flush), nothing is lost).
     pub fn close(&self) {
         self.client.close();
+    }
+
+    /// Sends whatever the state machine hands out.
+    fn pump(&mut self) {
+        while let Some(send) = self.state.poll_transmit() {
+            let client = self.client.clone();
+            let (generation, id) = (self.generation, send.id);
+            let (ns, stream, pid) = (self.namespace.clone(), self.stream.clone(), self.state.producer_id());
+            self.in_flight.spawn(async move {
+                let r = client.publish_idempotent(&ns, &stream, send.payloads, send.key, pid, id.sequence).await;
+                (id, generation, r)
+            });
+        }
+    }
+
+    /// Waits for one answer or one timer, feeds it to the state machine, and acts on what it
+    /// says.
+    async fn step(&mut self) -> Result<(), ClientError> {
+        self.pump();
+        let deadline = self.state.poll_timeout();
+        let joined = tokio::select! {
+            j = self.in_flight.join_next(), if !self.in_flight.is_empty() => j,
+            () = sleep_until(deadline), if deadline.is_some() => None,
+        };
+        let now = tokio::time::Instant::now().into_std();
+        match joined {
+            Some(Ok((id, generation, result))) => self.outcome(id, generation, result, now).await?,
+            Some(Err(e)) => return Err(ClientError::Closed(format!("a send task failed: {e}"))),
+            None => self.state.handle_timeout(now),
+        }
+        while let Some(e) = self.state.poll_event() {
+            match e {
+                ProducerEvent::Appended { shard, sequence, offset } => {
+                    self.appended.insert((shard, sequence), offset);
+                }
+                ProducerEvent::Stopped { error, .. } => return Err(stopped(&error)),
+            }
+        }
+        self.pump();
+        Ok(())
+    }
+
+    async fn outcome(
+        &mut self,
+        id: SendId,
+        generation: u64,
+        result: Result<Option<u64>, ClientError>,
+        now: std::time::Instant,
+    ) -> Result<(), ClientError> {
+        let outcome = match result {
+            Ok(offset) => Outcome::Appended { offset },
+            Err(ClientError::PublishRefused { reason, message }) => Outcome::Refused { reason, message },
+            Err(ClientError::Refused(info)) => Outcome::Failed(info),
+            Err(ClientError::Closed(_) | ClientError::Connect(_)) => {
+                // The outcome is unknown: every batch in flight on that connection goes again,
+                // under the same sequence, on a new one (once per connection lost).
+                if generation == self.generation {
+                    self.state.handle_connection_lost();
+                    self.reconnect().await?;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        self.state.handle_outcome(id, outcome, now);
+        Ok(())
+    }
+
+    async fn reconnect(&mut self) -> Result<(), ClientError> {
+        let policy = self.state.policy();
+        let mut wait = policy.backoff;
+        let mut last = None;
+        for _ in 0..policy.attempts.max(1) {
+            tokio::time::sleep(wait).await;
+            match Client::connect(self.addr, self.opts.clone()).await {
+                Ok(c) => {
+                    self.client = c;
+                    self.generation += 1;
+                    self.reconnects += 1;
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::debug!("idempotent producer: reconnecting: {e}");
+                    last = Some(e);
+                }
+            }
+            wait = (wait * 2).min(policy.max_backoff);
+        }
+        Err(last.unwrap_or_else(|| ClientError::Closed("could not reconnect".into())))
+    }
+}
+
+/// The client error for a producer that stopped (or refused a batch).
+fn stopped(e: &ProducerError) -> ClientError {
+    match e {
+        ProducerError::Refused { reason, message, .. } => {
+            ClientError::PublishRefused { reason: reason.clone(), message: message.clone() }
+        }
+        ProducerError::Fatal { error, .. } => ClientError::Refused(error.clone()),
+        ProducerError::Stopped(inner) => stopped(inner),
+        other => ClientError::Closed(other.to_string()),
+    }
+}
+
+async fn sleep_until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
     }
 }

@@ -392,6 +392,27 @@ async fn counters_over_quic_survive_a_restart_and_need_storage() {
 }
 
 #[tokio::test]
+async fn an_idempotent_producer_pipelines_up_to_its_window_and_appends_each_batch_once() {
+    use felix_driver_tokio::IdempotentProducer;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, chain) = start(Some(dir.path())).await;
+    let opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.clone()));
+    let mut p = IdempotentProducer::connect(server.local_addr(), opts, "default", "pipe").await.unwrap();
+    // 300 batches submitted without waiting: at most 64 are ever unanswered.
+    for i in 0..300 {
+        p.submit(vec![Bytes::from(format!("p{i}"))], None).await.unwrap();
+        assert!(p.unanswered() <= 64, "{} unanswered", p.unanswered());
+    }
+    let done = p.flush().await.unwrap();
+    let offsets: Vec<Option<u64>> = done.iter().map(|(_, _, o)| *o).collect();
+    assert_eq!(offsets, (0..300).map(Some).collect::<Vec<_>>(), "each batch once, in order");
+    let c = connect(&server, &chain).await;
+    let page = c.stream_read("default", "pipe", 0, 0, None, Some(1000)).await.unwrap();
+    assert_eq!(page.records.len(), 300);
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_idempotent_producer_appends_exactly_once_across_a_broker_restart() {
     use felix_driver_tokio::IdempotentProducer;
     let dir = tempfile::tempdir().unwrap();

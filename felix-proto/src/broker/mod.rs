@@ -2238,6 +2238,7 @@ impl Broker {
             }
             s.log.restore(b);
         }
+        s.producers.recovered(s.log.start());
         self.enforce_retention(Some(&k), now);
     }
 

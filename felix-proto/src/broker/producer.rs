@@ -5,17 +5,18 @@
 //! sequence), so a restart rebuilds it from the recovered batches. See REFERENCE §10.3.
 
 use crate::io::WriteToken;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
-/// Batches remembered per producer (clients keep at most this many in flight).
-pub(crate) const WINDOW: usize = 64;
+/// Sequences remembered per producer: the last `WINDOW` below its next expected one. A producer
+/// keeps at most this many unanswered (`client::producer::MAX_IN_FLIGHT`, the same number), so
+/// every batch it may resend is one this table can answer.
+pub(crate) const WINDOW: u64 = crate::client::producer::MAX_IN_FLIGHT;
 /// Producers remembered per shard; the least recently used goes first beyond it.
 pub(crate) const MAX_PRODUCERS: usize = 4096;
 
 /// Where a remembered batch landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Landed {
-    sequence: u64,
     base: u64,
     end: u64,
     digest: u64,
@@ -28,17 +29,34 @@ struct Landed {
 #[derive(Debug, Clone, Default)]
 struct Producer {
     next: u64,
-    window: VecDeque<Landed>,
+    /// Sequences in `[next - WINDOW, next)` that landed (or are landing), by sequence. Keyed
+    /// by sequence rather than by arrival, so that a resent batch that failed long ago, or a
+    /// log recovered in an order other than sequence order, cannot push out a sequence the
+    /// producer may still resend.
+    window: BTreeMap<u64, Landed>,
     last_used: u64,
-    /// The window lost batches (it overflowed, or retention removed them): a sequence below
-    /// its oldest entry may have landed.
-    trimmed: bool,
+    /// The highest sequence whose batch retention removed: an absent sequence at or below it
+    /// may have landed, so it is expired rather than appended.
+    forgotten_through: Option<u64>,
+}
+
+impl Producer {
+    /// Drops what fell below the window.
+    fn slide(&mut self) {
+        let floor = self.next.saturating_sub(WINDOW);
+        while let Some(e) = self.window.first_entry() {
+            if *e.key() >= floor || e.get().pending.is_some() {
+                break;
+            }
+            e.remove();
+        }
+    }
 }
 
 /// What to do with an incoming idempotent batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Append it (a new sequence, or the resend of one whose write failed).
+    /// Append it (a new sequence, or the resend of one whose write failed or that never landed).
     Append,
     /// Already in the log at `base` (or on its way there: wait for `pending`).
     Duplicate { base: u64, pending: Option<WriteToken> },
@@ -71,15 +89,15 @@ impl Producers {
         if sequence > p.next {
             return Verdict::Gap { expected: p.next };
         }
-        match p.window.iter().find(|l| l.sequence == sequence) {
+        match p.window.get(&sequence) {
             Some(l) if l.failed => Verdict::Append,
             Some(l) if l.digest == digest => Verdict::Duplicate { base: l.base, pending: l.pending },
             Some(_) => Verdict::Reused,
-            // Absent, and the window holds every batch of this producer that landed at or
-            // above it: it never landed (its write failed before a restart forgot the
-            // failure), so it may be appended now.
-            None if !p.trimmed || p.window.front().is_some_and(|l| sequence > l.sequence) => Verdict::Append,
-            None => Verdict::Expired,
+            None if sequence + WINDOW < p.next => Verdict::Expired,
+            None if p.forgotten_through.is_some_and(|f| sequence <= f) => Verdict::Expired,
+            // Inside the window and absent: every batch of it that landed is remembered, so this
+            // one never landed (its write failed before a restart forgot the failure).
+            None => Verdict::Append,
         }
     }
 
@@ -88,31 +106,29 @@ impl Producers {
         self.tick += 1;
         if !self.map.contains_key(&id) && self.map.len() >= MAX_PRODUCERS {
             // Forget the coldest producer (its next batch other than sequence 0 is refused
-            // `unknown_producer`, as the spec says).
+            // `unknown_producer`, as the spec says). Ticks are unique, so the choice does not
+            // depend on the map's order.
             if let Some(cold) = self.map.iter().min_by_key(|(_, p)| p.last_used).map(|(k, _)| *k) {
                 self.map.remove(&cold);
             }
         }
         let p = self.map.entry(id).or_default();
         p.last_used = self.tick;
-        let landed = Landed { sequence, base, end, digest, pending, failed: false };
-        if let Some(l) = p.window.iter_mut().find(|l| l.sequence == sequence) {
-            *l = landed; // the resend of a failed write
-        } else {
-            p.window.push_back(landed);
-            if p.window.len() > WINDOW {
-                p.window.pop_front();
-                p.trimmed = true;
-            }
-        }
         p.next = p.next.max(sequence + 1);
+        if sequence + WINDOW >= p.next {
+            p.window.insert(sequence, Landed { base, end, digest, pending, failed: false });
+        }
+        p.slide();
     }
 
     /// A write settled: a landed batch is final, a failed one may be sent again.
     pub fn settled(&mut self, id: u64, sequence: u64, ok: bool) {
-        if let Some(l) = self.map.get_mut(&id).and_then(|p| p.window.iter_mut().find(|l| l.sequence == sequence)) {
-            l.pending = None;
-            l.failed = !ok;
+        if let Some(p) = self.map.get_mut(&id) {
+            if let Some(l) = p.window.get_mut(&sequence) {
+                l.pending = None;
+                l.failed = !ok;
+            }
+            p.slide();
         }
     }
 
@@ -120,11 +136,35 @@ impl Producers {
     /// none left.
     pub fn retain_from(&mut self, start: u64) {
         self.map.retain(|_, p| {
-            let before = p.window.len();
-            p.window.retain(|l| l.end > start || l.pending.is_some());
-            p.trimmed |= p.window.len() < before;
+            let gone: Vec<u64> =
+                p.window.iter().filter(|(_, l)| l.end <= start && l.pending.is_none()).map(|(s, _)| *s).collect();
+            for s in &gone {
+                p.window.remove(s);
+            }
+            if let Some(&last) = gone.last() {
+                p.forgotten_through = Some(p.forgotten_through.map_or(last, |f| f.max(last)));
+            }
             !p.window.is_empty()
         });
+    }
+
+    /// The shard was recovered from storage whose log starts at `log_start`. Retention that
+    /// ran before the restart removed batches whose sequences nothing recorded, so an absent
+    /// sequence below a producer's oldest recovered one may have landed: it is expired, never
+    /// appended again. (An absent sequence above it is a write that failed, appended on resend;
+    /// the one case this cannot tell apart, retention cutting between batches that landed out
+    /// of sequence order, is documented in docs/protocol.md.)
+    pub fn recovered(&mut self, log_start: u64) {
+        if log_start == 0 {
+            return;
+        }
+        for p in self.map.values_mut() {
+            if let Some(&oldest) = p.window.keys().next()
+                && oldest > 0
+            {
+                p.forgotten_through = Some(p.forgotten_through.map_or(oldest - 1, |f| f.max(oldest - 1)));
+            }
+        }
     }
 
     /// Producers remembered.
@@ -183,7 +223,7 @@ mod tests {
         assert_eq!(p.check(7, 0, 12), Verdict::Reused);
         assert_eq!(p.check(7, 2, 0), Verdict::Gap { expected: 1 });
         assert_eq!(p.check(7, 1, 0), Verdict::Append);
-        for s in 1..=WINDOW as u64 {
+        for s in 1..=WINDOW {
             p.appended(7, s, s, s * 3, s * 3 + 3, None);
         }
         assert_eq!(p.check(7, 0, 11), Verdict::Expired, "fell out of the window");
@@ -191,17 +231,70 @@ mod tests {
         p.appended(7, 65, 5, 200, 201, Some(WriteToken(2)));
         p.settled(7, 65, false);
         assert_eq!(p.check(7, 65, 99), Verdict::Append);
-        // A sequence below a window that never overflowed never landed: appended.
+        // A sequence inside the window that is not remembered never landed: appended.
         let mut q = Producers::default();
         q.appended(8, 1, 5, 10, 11, None);
         assert_eq!(q.check(8, 0, 9), Verdict::Append);
         // A hole inside the remembered range never landed: appended.
         p.appended(7, 67, 5, 300, 301, None);
         assert_eq!(p.check(7, 66, 1), Verdict::Append);
+        // Retention forgetting a batch inside the window makes it expired, not appendable.
+        let mut r = Producers::default();
+        r.appended(9, 0, 1, 0, 1, None);
+        r.appended(9, 1, 1, 1, 2, None);
+        r.retain_from(1);
+        assert_eq!(r.check(9, 0, 1), Verdict::Expired);
+        assert_eq!(r.check(9, 1, 1), Verdict::Duplicate { base: 1, pending: None });
         // Retention forgets a producer with nothing left.
         p.retain_from(10_000);
         assert_eq!(p.len(), 0);
         assert_eq!(p.check(7, 66, 0), Verdict::Unknown);
+    }
+
+    /// The producer's rule (at most `WINDOW` unanswered, counted from the oldest) is enough for
+    /// every resend to be answered, however arrivals interleave: a batch that failed early and
+    /// is resent after `WINDOW - 1` later ones (arrival order far from sequence order) is still
+    /// told apart from a duplicate.
+    #[test]
+    fn a_resend_inside_the_producers_window_is_never_expired() {
+        let mut p = Producers::default();
+        p.appended(7, 0, 100, 0, 1, Some(WriteToken(1)));
+        p.settled(7, 0, false);
+        for s in 1..WINDOW {
+            p.appended(7, s, s, s, s + 1, None);
+        }
+        assert_eq!(p.check(7, 0, 100), Verdict::Append);
+        p.appended(7, 0, 100, 70, 71, None);
+        // A recovery that replays the log in arrival order (0 last) rebuilds the same answers.
+        let mut r = Producers::default();
+        for s in 1..WINDOW {
+            r.appended(7, s, s, s, s + 1, None);
+        }
+        r.appended(7, 0, 100, 70, 71, None);
+        for s in 0..WINDOW {
+            let want = if s == 0 {
+                Verdict::Duplicate { base: 70, pending: None }
+            } else {
+                Verdict::Duplicate { base: s, pending: None }
+            };
+            assert_eq!(p.check(7, s, if s == 0 { 100 } else { s }), want);
+            assert_eq!(r.check(7, s, if s == 0 { 100 } else { s }), want);
+        }
+    }
+
+    #[test]
+    fn after_a_recovery_of_a_truncated_log_what_precedes_a_producers_oldest_batch_is_expired() {
+        let mut p = Producers::default();
+        for s in 10..20 {
+            p.appended(7, s, s, 100 + s, 101 + s, None);
+        }
+        p.recovered(50);
+        assert_eq!(p.check(7, 9, 9), Verdict::Expired, "may have been removed by retention");
+        assert_eq!(p.check(7, 10, 10), Verdict::Duplicate { base: 110, pending: None });
+        let mut q = Producers::default();
+        q.appended(7, 10, 10, 110, 111, None);
+        q.recovered(0);
+        assert_eq!(q.check(7, 9, 9), Verdict::Append, "nothing was ever removed: it never landed");
     }
 
     #[test]

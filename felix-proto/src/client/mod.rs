@@ -22,6 +22,8 @@ use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+pub mod producer;
+
 /// Client settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
