@@ -523,43 +523,78 @@ fn print_value(cache: &str, key: &str, v: Option<Bytes>) -> ExitCode {
 
 /// `felix-node sim`: the fault simulation over many seeds.
 pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
     let epoch = std::time::Instant::now();
     let single = a.seed.is_some() && a.seeds.is_none() && a.duration.is_none();
     let first = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
     let budget = a.duration.unwrap_or(std::time::Duration::from_secs(30));
+    let limit = if single { Some(1) } else { a.seeds };
+    let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let start = std::time::Instant::now();
-    let mut total = felix_proto::chaos::ChaosReport::default();
-    let mut ran = 0u64;
-    loop {
-        if single && ran == 1 {
-            break;
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // (seeds passed, their counts, the failure if any)
+    let shared = Arc::new(Mutex::new((0u64, felix_proto::chaos::ChaosReport::default(), None::<String>)));
+    let steps_of = |seed: u64| a.steps.unwrap_or_else(|| felix_proto::chaos::steps_for_seed(seed));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            let (next, stop, shared) = (next.clone(), stop.clone(), shared.clone());
+            scope.spawn(move || {
+                loop {
+                    if stop.load(Ordering::SeqCst) || (limit.is_none() && start.elapsed() >= budget) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if limit.is_some_and(|n| i >= n) {
+                        return;
+                    }
+                    let seed = first.wrapping_add(i);
+                    let steps = steps_of(seed);
+                    let result = felix_proto::chaos::run_seed(seed, epoch, steps);
+                    let mut g = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match result {
+                        Ok(r) => {
+                            if !a.quiet {
+                                println!("seed {seed} steps {steps} digest {:016x} ok", r.digest);
+                            }
+                            g.0 += 1;
+                            g.1.add(&r);
+                            if g.0.is_multiple_of(10) {
+                                let secs = start.elapsed().as_secs_f64();
+                                eprint!("\r{} seeds, {:.0} seeds/hour, no failure   ", g.0, g.0 as f64 * 3600.0 / secs);
+                            }
+                        }
+                        Err(e) => {
+                            stop.store(true, Ordering::SeqCst);
+                            if g.2.is_none() {
+                                g.2 = Some(format!(
+                                    "seed {seed} FAILED: {e}\nreplay with: felix-node sim --seed {seed} --steps {steps}"
+                                ));
+                            }
+                            return;
+                        }
+                    }
+                }
+            });
         }
-        if a.seeds.is_some_and(|n| ran >= n) || (a.seeds.is_none() && !single && start.elapsed() >= budget) {
-            break;
-        }
-        let seed = first.wrapping_add(ran);
-        match felix_proto::chaos::run_seed(seed, epoch, a.steps) {
-            Ok(r) => total.add(&r),
-            Err(e) => {
-                eprintln!();
-                eprintln!("seed {seed} FAILED: {e}");
-                eprintln!("replay with: felix-node sim --seed {seed} --steps {}", a.steps);
-                return Ok(ExitCode::FAILURE);
-            }
-        }
-        ran += 1;
-        if ran.is_multiple_of(10) {
-            let secs = start.elapsed().as_secs_f64();
-            eprint!("\r{ran} seeds, {:.0} seeds/hour, no failure   ", ran as f64 * 3600.0 / secs);
-        }
-    }
+    });
+    let (ran, total, failure) = {
+        let g = shared.lock().unwrap_or_else(|e| e.into_inner());
+        (g.0, g.1.clone(), g.2.clone())
+    };
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     eprintln!();
+    if let Some(f) = failure {
+        eprintln!("{f}");
+        return Ok(ExitCode::FAILURE);
+    }
+    let steps =
+        a.steps.map_or_else(|| format!("{} steps in all (varied per seed)", total.steps), |s| format!("{s} steps"));
     println!(
-        "{ran} seed(s) of {} steps passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends, {} group deliveries, {} group acks",
-        a.steps,
+        "{ran} seed(s) of {steps} passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}, {jobs} job(s)): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends, {} group deliveries, {} group acks",
         ran as f64 * 3600.0 / secs,
         total.acked,
         total.delivered,

@@ -281,9 +281,16 @@ struct SimArgs {
     /// How long to keep running seeds (e.g. 60s, 10m) [default: 30s, or one seed with --seed].
     #[arg(long, value_parser = commands::parse_duration)]
     duration: Option<std::time::Duration>,
-    /// Workload steps per seed.
-    #[arg(long, default_value_t = 1000)]
-    steps: usize,
+    /// Workload steps per seed [default: a spread drawn from each seed, 200 to 30,000 steps,
+    /// about 3,000 on average; printed with each seed so it replays at its own length].
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Seeds run at once, on this many threads [default: the machine's cores].
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Print only the summary, not a line per seed.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Args, Debug)]

@@ -569,3 +569,19 @@ async fn subscribe_resumes_after_falling_behind_with_nothing_lost_or_repeated() 
     Command::new("kill").args(["-TERM", &broker.id().to_string()]).status().unwrap();
     broker.wait().unwrap();
 }
+
+/// A run of the simulation is a function of its seed: the same seed in two separate processes
+/// (with their own hash seeds and allocators) prints the same trace digest.
+#[test]
+fn a_sim_seed_replays_to_the_same_trace_digest_in_another_process() {
+    let digest = || {
+        let out = Command::new(BIN).args(["sim", "--seed", "11", "--steps", "1500"]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let line = stdout.lines().find(|l| l.starts_with("seed 11 ")).expect("a line for the seed").to_owned();
+        assert!(line.contains(" digest "), "{line}");
+        line
+    };
+    let (a, b) = (digest(), digest());
+    assert_eq!(a, b);
+}

@@ -15,6 +15,9 @@ use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+/// A shard's full name: tenant, namespace, stream, shard.
+type ShardName = (String, String, String, u32);
+
 /// When storage writes complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StorageMode {
@@ -76,6 +79,16 @@ pub struct Sim {
     pub durable: Vec<PersistRequest>,
     /// Broker restarts so far.
     pub restarts: u32,
+    /// A digest of everything the broker and the clients put out, in order (see [`Trace`]):
+    /// two runs of one seed that digest alike behaved alike.
+    pub trace: Trace,
+    /// Writes ever added to `durable` (removals keep the order of the rest, so the newest
+    /// `stored - n` entries are the ones added since it was `n`).
+    pub stored: u64,
+    /// `durable` by shard and base offset (positions in `durable`), so that a history read
+    /// costs what a disk's would rather than a scan of every write; rebuilt after a removal.
+    index: BTreeMap<ShardName, BTreeMap<u64, usize>>,
+    index_stale: bool,
     config: BrokerConfig,
     epoch: Instant,
     rng: u64,
@@ -93,6 +106,10 @@ impl Sim {
             broker: Broker::new(config.clone(), WallClock::new(now, SIM_WALL_EPOCH_MICROS)),
             durable: Vec::new(),
             restarts: 0,
+            trace: Trace::default(),
+            stored: 0,
+            index: BTreeMap::new(),
+            index_stale: false,
             config,
             epoch,
             now,
@@ -221,12 +238,42 @@ impl Sim {
         self.run();
     }
 
+    /// Adds a completed write to what storage holds.
+    fn store(&mut self, w: PersistRequest) {
+        if !self.index_stale {
+            let name = (w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard);
+            self.index.entry(name).or_default().insert(w.base_offset, self.durable.len());
+        }
+        self.durable.push(w);
+        self.stored += 1;
+    }
+
+    /// Removes writes from what storage holds.
+    fn unstore(&mut self, keep: impl FnMut(&PersistRequest) -> bool) {
+        let before = self.durable.len();
+        self.durable.retain(keep);
+        self.index_stale |= self.durable.len() != before;
+    }
+
+    /// The index of `durable`, rebuilt if a removal left it stale.
+    fn index(&mut self) -> &BTreeMap<ShardName, BTreeMap<u64, usize>> {
+        if self.index_stale {
+            self.index.clear();
+            for (i, w) in self.durable.iter().enumerate() {
+                let name = (w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard);
+                self.index.entry(name).or_default().insert(w.base_offset, i);
+            }
+            self.index_stale = false;
+        }
+        &self.index
+    }
+
     /// Completes a pending write (manual storage mode).
     pub fn complete_write(&mut self, token: WriteToken, ok: bool) {
         if let Some(i) = self.pending_writes.iter().position(|w| w.token == token) {
             let w = self.pending_writes.remove(i);
             if ok {
-                self.durable.push(w);
+                self.store(w);
             }
         }
         self.broker.handle_write_complete(token, ok, self.now);
@@ -238,7 +285,7 @@ impl Sim {
         while !self.pending_writes.is_empty() {
             let w = self.pending_writes.remove(0);
             let token = w.token;
-            self.durable.push(w);
+            self.store(w);
             self.broker.handle_write_complete(token, true, self.now);
             self.run();
         }
@@ -261,7 +308,7 @@ impl Sim {
             let e = first_lost.entry(k).or_insert(w.base_offset);
             *e = (*e).min(w.base_offset);
         }
-        self.durable.retain(|w| {
+        self.unstore(|w| {
             first_lost
                 .get(&(w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard))
                 .is_none_or(|lost| w.base_offset < *lost)
@@ -310,6 +357,7 @@ impl Sim {
         for i in 0..self.clients.len() {
             while let Some(o) = self.clients[i].client.as_mut().and_then(ClientConnection::poll_output) {
                 progress = true;
+                self.trace.client_output(i, &o);
                 match o {
                     ClientOutput::OpenBi { token } => {
                         let sc = &mut self.clients[i];
@@ -382,10 +430,11 @@ impl Sim {
             }
         }
         // Client events.
-        for sc in &mut self.clients {
+        for (i, sc) in self.clients.iter_mut().enumerate() {
             if let Some(c) = sc.client.as_mut() {
                 while let Some(e) = c.poll_event() {
                     progress = true;
+                    self.trace.client_event(i, &e);
                     sc.events.push(e);
                 }
             }
@@ -418,6 +467,7 @@ impl Sim {
     }
 
     fn apply(&mut self, o: BrokerOutput) {
+        self.trace.broker_output(&o);
         match o {
             BrokerOutput::Transmit { conn, stream, data } => {
                 let Some(i) = self.index_of(conn) else { return };
@@ -465,7 +515,7 @@ impl Sim {
                 self.writes.push(w.clone());
                 match self.storage {
                     StorageMode::Immediate => {
-                        self.durable.push(w.clone());
+                        self.store(w.clone());
                         self.broker.handle_write_complete(w.token, true, self.now)
                     }
                     StorageMode::Manual => self.pending_writes.push(w),
@@ -477,7 +527,7 @@ impl Sim {
                 }
             }
             BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start } => {
-                self.durable.retain(|w| {
+                self.unstore(|w| {
                     let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
                     !(w.tenant_id == tenant_id
                         && w.namespace == namespace
@@ -492,20 +542,19 @@ impl Sim {
                 self.reads += 1;
                 let mut out = Vec::new();
                 let mut bytes = 0usize;
-                let mut ws: Vec<&PersistRequest> = self
-                    .durable
-                    .iter()
-                    .filter(|w| {
-                        let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
-                        w.tenant_id == r.tenant_id
-                            && w.namespace == r.namespace
-                            && w.stream == r.stream
-                            && w.shard == r.shard
-                            && end > r.from
-                            && w.base_offset < r.end
-                    })
-                    .collect();
-                ws.sort_by_key(|w| w.base_offset);
+                let name = (r.tenant_id.clone(), r.namespace.clone(), r.stream.clone(), r.shard);
+                // The batch holding `from` starts at or below it: begin at the last one that does.
+                let positions: Vec<usize> = match self.index().get(&name) {
+                    Some(by_base) => {
+                        let first = by_base.range(..=r.from).next_back().map_or(r.from, |(b, _)| *b);
+                        by_base.range(first..r.end).map(|(_, i)| *i).collect()
+                    }
+                    None => Vec::new(),
+                };
+                let ws = positions.into_iter().map(|i| &self.durable[i]).filter(|w| {
+                    let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
+                    end > r.from
+                });
                 for w in ws {
                     if bytes >= r.max_bytes {
                         break;
@@ -522,6 +571,90 @@ impl Sim {
                 }
                 self.broker.handle_read_complete(r.token, out, self.now);
             }
+        }
+    }
+}
+
+/// A running digest (FNV-1a, 64 bits: stable across processes, builds and platforms, unlike a
+/// std hasher's) of every output of the broker and the clients, in the order they came: wire
+/// bytes both ways, storage requests, and every client event. Equal digests of one seed in two
+/// processes show that a run is a function of its seed, not of a process's hash seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trace(u64);
+
+impl Default for Trace {
+    fn default() -> Self {
+        Trace(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Trace {
+    /// The digest so far.
+    pub fn value(&self) -> u64 {
+        self.0
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        let mut h = self.0;
+        for &x in b {
+            h ^= u64::from(x);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_be_bytes());
+    }
+
+    fn debug(&mut self, v: &impl std::fmt::Debug) {
+        self.bytes(format!("{v:?}").as_bytes());
+    }
+
+    fn broker_output(&mut self, o: &BrokerOutput) {
+        match o {
+            // The bulk: hashed as bytes, not formatted.
+            BrokerOutput::Transmit { conn, stream, data } => {
+                self.u64(1);
+                self.u64(conn.0);
+                self.u64(stream.0);
+                self.bytes(data);
+            }
+            BrokerOutput::Persist(w) => {
+                self.u64(2);
+                self.u64(w.token.0);
+                self.bytes(w.stream.as_bytes());
+                self.u64(u64::from(w.shard));
+                self.u64(w.base_offset);
+                self.bytes(w.records.raw());
+                self.debug(&w.producer);
+            }
+            other => self.debug(other),
+        }
+    }
+
+    fn client_output(&mut self, client: usize, o: &ClientOutput) {
+        self.u64(client as u64);
+        match o {
+            ClientOutput::Transmit { stream, data } => {
+                self.u64(3);
+                self.u64(stream.0);
+                self.bytes(data);
+            }
+            other => self.debug(other),
+        }
+    }
+
+    fn client_event(&mut self, client: usize, e: &ClientEvent) {
+        self.u64(client as u64);
+        match e {
+            ClientEvent::Events { sub, batch } => {
+                self.u64(4);
+                self.u64(*sub);
+                self.u64(batch.base_offset.unwrap_or(u64::MAX));
+                self.bytes(batch.records.raw());
+            }
+            other => self.debug(other),
         }
     }
 }
