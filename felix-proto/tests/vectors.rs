@@ -3,8 +3,10 @@
 //! * `vectors/` (ours) is generated from `felix_proto::samples` plus hand-built negative cases;
 //!   `committed_vectors_are_current` fails when the files and the generator disagree. Run with
 //!   `FELIX_BLESS=1` to rewrite them after an intended change, then review the diff.
-//! * Both `vectors/` and the upstream vectors in `../shared/vectors-upstream` must pass the
-//!   conformance checker byte for byte.
+//! * Both `vectors/` and upstream's published vectors, vendored unchanged in `vectors/upstream/`
+//!   (`.ci/run` checks they still equal `../shared/vectors-upstream` when that is beside the
+//!   repository), must pass the conformance checker byte for byte. Nothing here reads a file
+//!   outside the repository.
 
 use bytes::BytesMut;
 use felix_proto::binary::{EventBatch, PublishAck, PublishBatch};
@@ -22,7 +24,7 @@ fn repo() -> PathBuf {
 }
 
 fn upstream_dir() -> PathBuf {
-    repo().join("../shared/vectors-upstream")
+    repo().join("vectors/upstream")
 }
 
 struct Vector {
@@ -413,7 +415,7 @@ fn our_vectors_pass() {
 #[test]
 fn every_upstream_vector_passes_byte_for_byte() {
     let dir = upstream_dir();
-    assert!(dir.is_dir(), "upstream vectors expected at {} (../shared beside the repository)", dir.display());
+    assert!(dir.is_dir(), "upstream vectors expected at {}", dir.display());
     let (passed, failures) = check_dir(&dir);
     assert!(failures.is_empty(), "{failures:#?}");
     assert_eq!(passed, 15);
