@@ -4,7 +4,7 @@
 //! and await the answer; acked publishes may be many at once (they are pipelined under the
 //! broker's window, queued here while the window is full).
 
-use crate::tls::{TlsError, Trust, client_config};
+use crate::tls::{AlpnOffer, TlsError, Trust, client_config, dial};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::binary::EventBatch;
@@ -13,7 +13,6 @@ use felix_proto::client::{
     PublishId, PublishRequest, StreamReadRequest, SubscribeRequest,
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
-use felix_proto::features::Features;
 use felix_proto::io::{OpenToken, StreamId};
 use felix_proto::message::{
     CacheCondition, CursorErrorReason, Message, RefusedReason, Routing, StartPosition, StreamRecord,
@@ -35,8 +34,9 @@ pub struct ClientOptions {
     pub trust: Trust,
     /// The name the certificate must hold (existing Felix peers use `localhost`).
     pub server_name: String,
-    /// Offer ALPN `felix/1` (turn off to look like a client that predates it).
-    pub offer_alpn: bool,
+    /// Which ALPN id to offer ([`AlpnOffer::Auto`]: `felix/1`, then none if the broker refuses
+    /// it, so both released brokers, which know no ALPN, and current ones are reached).
+    pub alpn: AlpnOffer,
     /// QUIC settings.
     pub transport: crate::server::TransportTuning,
     /// Event bytes one subscription may hold for the application before the client stops
@@ -51,7 +51,7 @@ impl ClientOptions {
             config: ClientConfig::new(tenant, token),
             trust,
             server_name: "localhost".into(),
-            offer_alpn: true,
+            alpn: AlpnOffer::Auto,
             transport: crate::server::TransportTuning::default(),
             subscription_buffer_bytes: 64 << 20,
         }
@@ -290,7 +290,6 @@ pub(crate) enum Cmd {
     /// A request answered by a message carrying its id (consumer groups). `long`: it may wait
     /// at the broker (a long poll), so it goes on a control stream of its own.
     Request {
-        needs: Option<(Features, &'static str)>,
         build: Box<dyn FnOnce(String, u64) -> Message + Send>,
         long: bool,
         reply: Reply<Message>,
@@ -372,23 +371,24 @@ impl Client {
     /// # Errors
     /// Connection, TLS or authentication failures, each with what the broker said.
     pub async fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<Client, ClientError> {
-        let tls = client_config(opts.trust.clone(), opts.offer_alpn)?;
-        let crypto =
-            quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| ClientError::Tls(e.to_string()))?;
-        let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
-        qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
+        let transport = Arc::new(opts.transport.to_quinn());
+        let quic_config = |offer_alpn: bool| -> Result<quinn::ClientConfig, String> {
+            let tls = client_config(opts.trust.clone(), offer_alpn).map_err(|e| e.to_string())?;
+            let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+            let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
+            qcfg.transport_config(transport.clone());
+            Ok(qcfg)
+        };
+        // The configuration is known to build before any packet is sent.
+        quic_config(false).map_err(ClientError::Tls)?;
         let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("valid literal");
         let socket =
             crate::server::udp_socket(bind, &opts.transport).map_err(|e| ClientError::Connect(e.to_string()))?;
-        let mut endpoint =
+        let endpoint =
             quinn::Endpoint::new(opts.transport.endpoint_config(), None, socket, Arc::new(quinn::TokioRuntime))
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
-        endpoint.set_default_client_config(qcfg);
-        let quic = endpoint
-            .connect(addr, &opts.server_name)
-            .map_err(|e| ClientError::Connect(e.to_string()))?
-            .await
-            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let quic =
+            dial(&endpoint, addr, &opts.server_name, opts.alpn, quic_config).await.map_err(ClientError::Connect)?;
         let now = tokio::time::Instant::now().into_std();
         let machine = ClientConnection::new(opts.config.clone(), now);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -821,8 +821,7 @@ enum LongStream {
     Ready(ClientStream),
 }
 
-type PendingRequest =
-    (Option<(Features, &'static str)>, Box<dyn FnOnce(String, u64) -> Message + Send>, Reply<Message>);
+type PendingRequest = (Box<dyn FnOnce(String, u64) -> Message + Send>, Reply<Message>);
 
 enum CacheReply {
     Done(Reply<()>),
@@ -932,12 +931,11 @@ impl Task {
     fn send_request(
         &mut self,
         stream: ClientStream,
-        needs: Option<(Features, &'static str)>,
         build: Box<dyn FnOnce(String, u64) -> Message + Send>,
         reply: Reply<Message>,
     ) {
         let tenant = self.tenant.clone();
-        let sent = self.machine.request(stream, needs, |id| build(tenant, id));
+        let sent = self.machine.request(stream, |id| build(tenant, id));
         self.await_cache(sent, CacheReply::Answer(reply));
     }
 
@@ -982,7 +980,9 @@ impl Task {
                     self.waiting.push_back((req, reply));
                 }
             }
-            Input::Cmd(Cmd::Subscribe { req, reply }) => match self.machine.subscribe(ClientStream(0), req, now) {
+            // Each subscription on a control stream of its own, as upstream clients do (a released
+            // broker stops a subscription's control stream after `subscribed`).
+            Input::Cmd(Cmd::Subscribe { req, reply }) => match self.machine.subscribe_dedicated(req, now) {
                 Ok(id) => {
                     self.sub_replies.insert(id, reply);
                 }
@@ -1021,19 +1021,19 @@ impl Task {
                 };
                 self.await_cache(sent, CacheReply::Counter(reply));
             }
-            Input::Cmd(Cmd::Request { needs, build, long, reply }) => {
+            Input::Cmd(Cmd::Request { build, long, reply }) => {
                 if !long {
-                    return self.send_request(ClientStream(0), needs, build, reply);
+                    return self.send_request(ClientStream(0), build, reply);
                 }
                 match &mut self.long_stream {
                     LongStream::Ready(s) => {
                         let s = *s;
-                        self.send_request(s, needs, build, reply);
+                        self.send_request(s, build, reply);
                     }
-                    LongStream::Opening(_, queue) => queue.push((needs, build, reply)),
+                    LongStream::Opening(_, queue) => queue.push((build, reply)),
                     LongStream::None => {
                         let s = self.machine.open_stream(now);
-                        self.long_stream = LongStream::Opening(s, vec![(needs, build, reply)]);
+                        self.long_stream = LongStream::Opening(s, vec![(build, reply)]);
                     }
                 }
             }
@@ -1045,7 +1045,7 @@ impl Task {
                 let sent = self.machine.stream_shards(ClientStream(0), &ns, &stream);
                 self.await_cache(sent, CacheReply::Shards(reply));
             }
-            Input::Cmd(Cmd::CacheWatch { req, reply }) => match self.machine.cache_watch(ClientStream(0), req) {
+            Input::Cmd(Cmd::CacheWatch { req, reply }) => match self.machine.cache_watch_dedicated(req, now) {
                 Ok(id) => {
                     self.watch_replies.insert(id, reply);
                 }
@@ -1172,8 +1172,8 @@ impl Task {
                     && let LongStream::Opening(s, queue) =
                         std::mem::replace(&mut self.long_stream, LongStream::Ready(stream))
                 {
-                    for (needs, build, reply) in queue {
-                        self.send_request(s, needs, build, reply);
+                    for (build, reply) in queue {
+                        self.send_request(s, build, reply);
                     }
                 }
             }

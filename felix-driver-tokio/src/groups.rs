@@ -4,7 +4,6 @@
 //! the broker holds up no ack or publish.
 
 use crate::client::{Client, ClientError, Cmd};
-use felix_proto::features::Features;
 use felix_proto::message::{self, GroupRecord, Message, StartPosition};
 use std::time::Duration;
 
@@ -75,27 +74,19 @@ fn unexpected(m: &Message) -> ClientError {
     ClientError::Closed(format!("unexpected answer {}", m.type_name()))
 }
 
-const GROUPS: Option<(Features, &str)> = Some((Features::CONSUMER_GROUP, "FEATURE_CONSUMER_GROUP"));
-const DEAD_LETTERS: Option<(Features, &str)> = Some((Features::GROUP_DEAD_LETTERS, "FEATURE_GROUP_DEAD_LETTERS"));
-const CLAIM_CONTROL: Option<(Features, &str)> = Some((Features::GROUP_CLAIM_CONTROL, "FEATURE_GROUP_CLAIM_CONTROL"));
-const ADMIN: Option<(Features, &str)> = Some((Features::GROUP_ADMIN, "FEATURE_GROUP_ADMIN"));
-
 impl Client {
+    /// Sends a group request; the core checks what it (and its optional fields) needs the
+    /// broker to have advertised.
     async fn group_request(
         &self,
-        needs: Option<(Features, &'static str)>,
         long: bool,
         build: impl FnOnce(String, u64) -> Message + Send + 'static,
     ) -> Result<Message, ClientError> {
-        self.call(|reply| Cmd::Request { needs, build: Box::new(build), long, reply }).await
+        self.call(|reply| Cmd::Request { build: Box::new(build), long, reply }).await
     }
 
-    async fn group_ok(
-        &self,
-        needs: Option<(Features, &'static str)>,
-        build: impl FnOnce(String, u64) -> Message + Send + 'static,
-    ) -> Result<(), ClientError> {
-        match self.group_request(needs, false, build).await? {
+    async fn group_ok(&self, build: impl FnOnce(String, u64) -> Message + Send + 'static) -> Result<(), ClientError> {
+        match self.group_request(false, build).await? {
             Message::CacheOk(_) => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -115,7 +106,7 @@ impl Client {
         let g = g.clone();
         let long = !opts.wait.is_zero();
         let m = self
-            .group_request(GROUPS, long, move |tenant_id, request_id| {
+            .group_request(long, move |tenant_id, request_id| {
                 Message::GroupPoll(message::GroupPoll {
                     tenant_id,
                     namespace: g.namespace,
@@ -143,7 +134,7 @@ impl Client {
     /// `stale_claim` for a record not handed out since the group's state was rebuilt.
     pub async fn group_ack(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
         let g = g.clone();
-        self.group_ok(GROUPS, move |t, id| Message::GroupAck(g.offset(t, offset, id))).await
+        self.group_ok(move |t, id| Message::GroupAck(g.offset(t, offset, id))).await
     }
 
     /// Hands a record back: owed again at once, or after `delay`. With `attempts` (the value
@@ -159,7 +150,7 @@ impl Client {
         attempts: Option<u32>,
     ) -> Result<(), ClientError> {
         let g = g.clone();
-        self.group_ok(GROUPS, move |tenant_id, request_id| {
+        self.group_ok(move |tenant_id, request_id| {
             Message::GroupNack(message::GroupNack {
                 tenant_id,
                 namespace: g.namespace,
@@ -188,7 +179,7 @@ impl Client {
     ) -> Result<Duration, ClientError> {
         let g = g.clone();
         let m = self
-            .group_request(CLAIM_CONTROL, false, move |tenant_id, request_id| {
+            .group_request(false, move |tenant_id, request_id| {
                 Message::GroupExtend(message::GroupExtend {
                     tenant_id,
                     namespace: g.namespace,
@@ -214,7 +205,7 @@ impl Client {
     /// `invalid_request` for a record already finished.
     pub async fn group_dead_letter(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
         let g = g.clone();
-        self.group_ok(CLAIM_CONTROL, move |t, id| Message::GroupDeadLetter(g.offset(t, offset, id))).await
+        self.group_ok(move |t, id| Message::GroupDeadLetter(g.offset(t, offset, id))).await
     }
 
     /// The offsets the group gave up on, lowest first.
@@ -223,7 +214,7 @@ impl Client {
     /// The broker's refusal.
     pub async fn group_dead_letters(&self, g: &GroupTarget) -> Result<Vec<u64>, ClientError> {
         let g = g.clone();
-        match self.group_request(DEAD_LETTERS, false, move |t, id| Message::GroupDeadLetters(g.whole(t, id))).await? {
+        match self.group_request(false, move |t, id| Message::GroupDeadLetters(g.whole(t, id))).await? {
             Message::GroupDeadLetterList(l) => Ok(l.offsets),
             other => Err(unexpected(&other)),
         }
@@ -235,7 +226,7 @@ impl Client {
     /// `invalid_request` when the offset is not a dead letter.
     pub async fn group_discard(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
         let g = g.clone();
-        self.group_ok(DEAD_LETTERS, move |t, id| Message::GroupDiscard(g.offset(t, offset, id))).await
+        self.group_ok(move |t, id| Message::GroupDiscard(g.offset(t, offset, id))).await
     }
 
     /// Makes a dead letter owed again, its attempt count reset.
@@ -244,7 +235,7 @@ impl Client {
     /// `invalid_request` when the offset is not a dead letter.
     pub async fn group_redrive(&self, g: &GroupTarget, offset: u64) -> Result<(), ClientError> {
         let g = g.clone();
-        self.group_ok(DEAD_LETTERS, move |t, id| Message::GroupRedrive(g.offset(t, offset, id))).await
+        self.group_ok(move |t, id| Message::GroupRedrive(g.offset(t, offset, id))).await
     }
 
     /// Moves the group's position; with `if_new` only a group that never started moves.
@@ -260,7 +251,7 @@ impl Client {
     ) -> Result<(u64, bool), ClientError> {
         let g = g.clone();
         let m = self
-            .group_request(ADMIN, false, move |tenant_id, request_id| {
+            .group_request(false, move |tenant_id, request_id| {
                 Message::GroupSeek(message::GroupSeek {
                     tenant_id,
                     namespace: g.namespace,
@@ -285,7 +276,7 @@ impl Client {
     /// The broker's refusal.
     pub async fn group_describe(&self, g: &GroupTarget) -> Result<GroupInfo, ClientError> {
         let g = g.clone();
-        match self.group_request(ADMIN, false, move |t, id| Message::GroupDescribe(g.whole(t, id))).await? {
+        match self.group_request(false, move |t, id| Message::GroupDescribe(g.whole(t, id))).await? {
             Message::GroupInfo(i) => Ok(i),
             other => Err(unexpected(&other)),
         }
@@ -297,7 +288,7 @@ impl Client {
     /// The broker's refusal.
     pub async fn group_delete(&self, g: &GroupTarget) -> Result<bool, ClientError> {
         let g = g.clone();
-        match self.group_request(ADMIN, false, move |t, id| Message::GroupDelete(g.whole(t, id))).await? {
+        match self.group_request(false, move |t, id| Message::GroupDelete(g.whole(t, id))).await? {
             Message::GroupDeleted(d) => Ok(d.existed),
             other => Err(unexpected(&other)),
         }

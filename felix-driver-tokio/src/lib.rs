@@ -11,6 +11,8 @@ pub mod groups;
 pub mod producer;
 pub mod server;
 pub mod storage;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod tls;
 
 pub use client::{

@@ -248,6 +248,7 @@ impl Server {
                     let name = (s.tenant_id.as_str(), s.namespace.as_str(), s.stream.as_str());
                     broker.restore_shard_summaries(name, cfg.clone(), s.shard, &s.summaries, now);
                     broker.restore_shard(name, cfg, s.shard, s.batches, now);
+                    broker.restore_producer_watermarks(name, s.shard, &s.producer_watermarks);
                 }
                 Some(disk)
             }
@@ -302,7 +303,7 @@ impl Server {
 
 enum StorageCmd {
     Write(Vec<PersistRequest>),
-    Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64 },
+    Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64, forgotten: Vec<(u64, u64)> },
     Read(felix_proto::broker::ReadRequest),
     Stop,
 }
@@ -333,8 +334,8 @@ fn storage_loop(
         let mut take = |cmd: StorageCmd, stop: &mut bool| match cmd {
             StorageCmd::Write(r) => reqs.extend(r),
             StorageCmd::Read(r) => reads.push(r),
-            StorageCmd::Truncate { tenant, namespace, stream, shard, start } => {
-                truncations.push((tenant, namespace, stream, shard, start));
+            StorageCmd::Truncate { tenant, namespace, stream, shard, start, forgotten } => {
+                truncations.push((tenant, namespace, stream, shard, start, forgotten));
             }
             StorageCmd::Stop => *stop = true,
         };
@@ -347,8 +348,8 @@ fn storage_loop(
             }
         }
         if let Some(d) = disk.as_mut() {
-            for (t, n, s, shard, start) in truncations {
-                d.truncate_before(&t, &n, &s, shard, start);
+            for (t, n, s, shard, start, forgotten) in truncations {
+                d.truncate_before((&t, &n, &s), shard, start, &forgotten);
             }
         }
         if !reqs.is_empty() {
@@ -792,11 +793,17 @@ impl BrokerTask {
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::Read(r));
                 }
-                BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start } => {
+                BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
                     // Writes asked for before the truncation go first.
                     self.flush_storage();
-                    let _ =
-                        self.storage.send(StorageCmd::Truncate { tenant: tenant_id, namespace, stream, shard, start });
+                    let _ = self.storage.send(StorageCmd::Truncate {
+                        tenant: tenant_id,
+                        namespace,
+                        stream,
+                        shard,
+                        start,
+                        forgotten: producers_forgotten,
+                    });
                 }
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {

@@ -17,10 +17,11 @@ use bytes::{Bytes, BytesMut};
 use felix_proto::broker::PersistRequest;
 use felix_proto::io::WriteToken;
 use felix_proto::storage::{
-    IndexEntry, StoredBatch, crc32c_append, decode_index, decode_segment, encode_batch, encode_index,
-    encode_index_entry, encode_index_trailer, parse_path_component, parse_segment_name, path_component, segment_name,
+    IndexEntry, StoredBatch, crc32c_append, decode_index, decode_producer_watermarks, decode_segment, encode_batch,
+    encode_index, encode_index_entry, encode_index_trailer, encode_producer_watermarks, parse_path_component,
+    parse_segment_name, path_component, segment_name,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -95,6 +96,9 @@ pub struct RecoveredShard {
     pub batches: Vec<StoredBatch>,
     /// Problems found and repaired (torn or corrupt tails truncated).
     pub repairs: Vec<String>,
+    /// What retention made the broker forget about idempotent producers on this shard
+    /// (`Broker::restore_producer_watermarks`).
+    pub producer_watermarks: Vec<(u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -201,7 +205,8 @@ impl DiskStorage {
                             continue;
                         };
                         let keep = budget(&tenant, &namespace, &stream);
-                        let (summaries, batches, repairs, index) = recover_shard(&shard_dir, keep)?;
+                        let (summaries, batches, mut repairs, index) = recover_shard(&shard_dir, keep)?;
+                        let producer_watermarks = read_watermarks(&shard_dir, &mut repairs);
                         if let Some((newest, entries)) =
                             index.iter().max_by_key(|(p, _)| p.file_name().map(|f| f.to_owned()))
                         {
@@ -217,6 +222,7 @@ impl DiskStorage {
                             summaries,
                             batches,
                             repairs,
+                            producer_watermarks,
                         });
                     }
                 }
@@ -309,8 +315,36 @@ impl DiskStorage {
 
     /// Deletes the segments of a shard that lie wholly below `start` (retention). The newest
     /// segment is always kept. Returns how many files were deleted.
-    pub fn truncate_before(&mut self, tenant: &str, ns: &str, stream: &str, shard: u32, start: u64) -> usize {
+    ///
+    /// `producers_forgotten` (from the broker's `Truncate`) is merged into the shard's
+    /// producer-watermark file, kept (highest per producer) and synced before any segment goes,
+    /// so that a restart never takes a sequence retention removed for one that never landed.
+    pub fn truncate_before(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        shard: u32,
+        start: u64,
+        producers_forgotten: &[(u64, u64)],
+    ) -> usize {
         let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
+        if !producers_forgotten.is_empty() {
+            let mut repairs = Vec::new();
+            let mut kept: BTreeMap<u64, u64> = read_watermarks(&dir, &mut repairs).into_iter().collect();
+            for r in repairs {
+                tracing::warn!("{r}");
+            }
+            for &(id, through) in producers_forgotten {
+                let e = kept.entry(id).or_insert(through);
+                *e = (*e).max(through);
+            }
+            let pairs: Vec<(u64, u64)> = kept.into_iter().collect();
+            if let Err(e) = write_atomically(&dir.join(WATERMARKS), &encode_producer_watermarks(&pairs)) {
+                // Keeping the segments is safe (retention is only late); deleting them without
+                // the watermark is not.
+                tracing::error!("retention: writing producer watermarks in {}: {e}; segments kept", dir.display());
+                return 0;
+            }
+        }
         let Ok(segs) = segments(&dir) else { return 0 };
         let mut deleted = 0;
         for pair in segs.windows(2) {
@@ -609,6 +643,40 @@ fn index_path(seg: &Path) -> PathBuf {
 }
 
 /// Writes a sealed segment's index (best effort: a missing or bad index is rebuilt at start).
+/// The file beside a shard's segments that keeps its producer watermarks.
+const WATERMARKS: &str = "producers.watermarks";
+
+/// Reads a shard's producer watermarks; a damaged file is reported in `repairs` and read as
+/// none (recovery goes on: the broker then treats retention-removed sequences inside a
+/// producer's window as never landed, as it did before this file existed).
+fn read_watermarks(shard_dir: &Path, repairs: &mut Vec<String>) -> Vec<(u64, u64)> {
+    let path = shard_dir.join(WATERMARKS);
+    match std::fs::read(&path) {
+        Ok(bytes) => decode_producer_watermarks(&bytes).unwrap_or_else(|e| {
+            repairs.push(format!("{}: {e}; ignored", path.display()));
+            Vec::new()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            repairs.push(format!("{}: {e}; ignored", path.display()));
+            Vec::new()
+        }
+    }
+}
+
+/// Writes `data` to `path` whole or not at all: a synced temporary file renamed into place, and
+/// the directory synced so the rename survives a crash.
+fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)?;
+    File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 fn write_index(seg: &Path, entries: &[IndexEntry], len: u64) {
     let tmp = seg.with_extension("idx.tmp");
     let ok = std::fs::write(&tmp, encode_index(entries, len))
@@ -772,10 +840,33 @@ mod tests {
         s.set_segment_bytes(1);
         // One batch per segment: bases 0, 2, 3, 4.
         s.write(vec![req(1, 0, &["a", "b"]), req(2, 2, &["c"]), req(3, 3, &["d"]), req(4, 4, &["e"])]);
-        assert_eq!(s.truncate_before("t1", "default", "../orders", 0, 3), 2, "segments [0,2) and [2,3) go");
-        assert_eq!(s.truncate_before("t1", "default", "../orders", 0, 100), 1, "the newest segment stays");
+        let name = ("t1", "default", "../orders");
+        assert_eq!(s.truncate_before(name, 0, 3, &[]), 2, "segments [0,2) and [2,3) go");
+        assert_eq!(s.truncate_before(name, 0, 100, &[]), 1, "the newest segment stays");
         let rec = s.recover().unwrap();
         assert_eq!(rec[0].batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![4]);
+        assert!(rec[0].producer_watermarks.is_empty());
+    }
+
+    #[test]
+    fn producer_watermarks_are_kept_beside_the_shard_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        s.set_segment_bytes(1);
+        s.write(vec![req(1, 0, &["a"]), req(2, 1, &["b"]), req(3, 2, &["c"])]);
+        let name = ("t1", "default", "../orders");
+        s.truncate_before(name, 0, 1, &[(7, 4), (9, 1)]);
+        s.truncate_before(name, 0, 2, &[(7, 3), (8, 5)]); // the highest per producer is kept
+        let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        assert_eq!(rec[0].producer_watermarks, vec![(7, 4), (8, 5), (9, 1)]);
+        assert!(rec[0].repairs.is_empty());
+        // A damaged file is reported and read as none; recovery goes on.
+        let file = dir.path().join("streams").join("t1").join("default");
+        let shard_dir = std::fs::read_dir(&file).unwrap().next().unwrap().unwrap().path().join("0");
+        std::fs::write(shard_dir.join(WATERMARKS), b"FLXP garbage").unwrap();
+        let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        assert!(rec[0].producer_watermarks.is_empty());
+        assert_eq!(rec[0].repairs.len(), 1, "{:?}", rec[0].repairs);
     }
 
     #[test]

@@ -136,6 +136,95 @@ pub enum Trust {
     DangerAcceptAnyCertificate,
 }
 
+/// Which ALPN id a client offers in its TLS handshake.
+///
+/// Released Felix brokers know no ALPN id and refuse a client that offers one (TLS alert 120,
+/// `no_application_protocol`); current ones speak `felix/1` and accept a client that offers
+/// none, unless they require ALPN. `Auto` works with all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AlpnOffer {
+    /// Offer `felix/1`; if the broker refuses the handshake for it (alert 120), connect once more
+    /// offering none. Costs one extra round trip, once, against a broker that knows no ALPN.
+    #[default]
+    Auto,
+    /// Offer `felix/1` only (for a broker that requires it; fails against one that knows none).
+    Felix1,
+    /// Offer none, as existing Felix clients do (fails against a broker that requires ALPN).
+    None,
+}
+
+impl std::str::FromStr for AlpnOffer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<AlpnOffer, String> {
+        match s {
+            "auto" => Ok(AlpnOffer::Auto),
+            "felix/1" => Ok(AlpnOffer::Felix1),
+            "none" => Ok(AlpnOffer::None),
+            other => Err(format!("{other:?}: expected auto, felix/1 or none")),
+        }
+    }
+}
+
+impl std::fmt::Display for AlpnOffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AlpnOffer::Auto => "auto",
+            AlpnOffer::Felix1 => "felix/1",
+            AlpnOffer::None => "none",
+        })
+    }
+}
+
+/// Whether a failed handshake is the peer refusing our ALPN offer (TLS alert 120).
+pub fn refused_alpn(e: &quinn::ConnectionError) -> bool {
+    let no_application_protocol = quinn::TransportErrorCode::crypto(120);
+    match e {
+        quinn::ConnectionError::ConnectionClosed(c) => c.error_code == no_application_protocol,
+        quinn::ConnectionError::TransportError(t) => t.code == no_application_protocol,
+        _ => false,
+    }
+}
+
+/// Connects `endpoint` to `addr` with `cfg(offer_alpn)` as the client configuration, following
+/// `alpn`: with [`AlpnOffer::Auto`], a refusal of `felix/1` is followed by one attempt offering
+/// none. The error says which offer was refused and what to try.
+///
+/// # Errors
+/// The handshake's failure, worded for a person.
+pub async fn dial(
+    endpoint: &quinn::Endpoint,
+    addr: std::net::SocketAddr,
+    server_name: &str,
+    alpn: AlpnOffer,
+    cfg: impl Fn(bool) -> Result<quinn::ClientConfig, String>,
+) -> Result<quinn::Connection, String> {
+    let attempt = async |offer: bool| -> Result<quinn::Connection, (bool, String)> {
+        let connecting = endpoint.connect_with(cfg(offer).map_err(|e| (false, e))?, addr, server_name);
+        let e = match connecting.map_err(|e| (false, e.to_string()))?.await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        Err(match (refused_alpn(&e), offer) {
+            (true, true) => (
+                true,
+                format!("{addr} refused ALPN felix/1 (a broker that knows no ALPN id): connect with --alpn none"),
+            ),
+            (true, false) => {
+                (true, format!("{addr} requires ALPN felix/1 and none was offered: connect with --alpn felix/1"))
+            }
+            (false, _) => (false, e.to_string()),
+        })
+    };
+    let first = attempt(alpn != AlpnOffer::None).await;
+    match first {
+        Err((true, why)) if alpn == AlpnOffer::Auto => {
+            tracing::debug!("{why}; connecting again offering no ALPN");
+            attempt(false).await.map_err(|(_, m)| m)
+        }
+        other => other.map_err(|(_, m)| m),
+    }
+}
+
 /// The client's rustls configuration.
 ///
 /// # Errors

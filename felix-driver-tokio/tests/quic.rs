@@ -169,7 +169,7 @@ async fn wrong_certificate_fails_the_handshake_quickly() {
 async fn a_client_offering_no_alpn_is_accepted() {
     let (server, chain) = start(None).await;
     let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain));
-    opts.offer_alpn = false;
+    opts.alpn = felix_driver_tokio::tls::AlpnOffer::None;
     let c = Client::connect(server.local_addr(), opts).await.unwrap();
     c.cache_put("default", "c", "k", Bytes::from("v"), None).await.unwrap();
     server.shutdown().await;

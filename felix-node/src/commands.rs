@@ -148,6 +148,7 @@ pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
     };
     let mut opts = ClientOptions::new(c.tenant.clone(), token, trust);
     opts.server_name = c.server_name.clone();
+    opts.alpn = c.alpn;
     tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
         .await
         .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?

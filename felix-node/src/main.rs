@@ -66,7 +66,9 @@ enum Command {
     /// error codes only when offered, unknown flags and types, malformed acked publishes,
     /// oversize frames), one line per check.
     ///
-    /// Both end with `N passed, M failed` and exit non-zero on any failure.
+    /// Vectors end with `N passed, M failed`; --addr with `N passed, M failed, K skipped` (a
+    /// check about a feature the broker does not advertise is skipped, not passed). Both exit
+    /// non-zero on any failure.
     Conformance {
         /// Directories holding vectors (default: ./vectors).
         dirs: Vec<PathBuf>,
@@ -94,6 +96,10 @@ enum Command {
         /// Accept any certificate (development only).
         #[arg(long)]
         insecure_accept_any_certificate: bool,
+        /// ALPN to offer for --addr: auto (felix/1, then none if the broker refuses it),
+        /// felix/1, or none.
+        #[arg(long, default_value = "auto")]
+        alpn: felix_driver_tokio::tls::AlpnOffer,
     },
 }
 
@@ -218,6 +224,10 @@ pub struct ConnectArgs {
     /// Namespace.
     #[arg(long, short = 'n', global = true, default_value = "default")]
     namespace: String,
+    /// ALPN to offer: auto (felix/1, and none if the broker refuses it: released Felix brokers
+    /// know no ALPN id), felix/1 (a broker that requires it), or none (as existing clients).
+    #[arg(long, global = true, env = "FELIX_ALPN", default_value = "auto")]
+    alpn: felix_driver_tokio::tls::AlpnOffer,
 }
 
 #[derive(Args, Debug)]
@@ -572,6 +582,7 @@ fn main() -> ExitCode {
                 data_dir,
                 server_name,
                 insecure_accept_any_certificate,
+                alpn,
                 ..
             } => {
                 let trust = node::client_trust(ca.as_deref(), &data_dir, insecure_accept_any_certificate)?;
@@ -581,7 +592,7 @@ fn main() -> ExitCode {
                         .map(|t| t.trim().to_owned())
                         .map_err(|e| format!("no --token and no dev token in {}: {e}", data_dir.display()))?,
                 };
-                Ok(live::run(live::Target { addr, trust, server_name, tenant, token }).await)
+                Ok(live::run(live::Target { addr, trust, server_name, tenant, token, alpn }).await)
             }
             Command::Conformance { addr: None, .. } | Command::Sim(_) => unreachable!("handled above"),
         }

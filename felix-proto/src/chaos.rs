@@ -450,11 +450,11 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 let c = sim.client(parties[2].idx);
                 if !held.is_empty() && rng.chance(60) {
                     let o = held[rng.below(held.len() as u64) as usize];
-                    if let Ok(id) = c.request(ClientStream(0), None, group_ack(o)) {
+                    if let Ok(id) = c.request(ClientStream(0), group_ack(o)) {
                         consumer.acks.insert(id, o);
                         consumer.claimed.remove(&o);
                     }
-                } else if let Ok(id) = c.request(ClientStream(0), None, group_poll(1 + rng.below(3) as u32)) {
+                } else if let Ok(id) = c.request(ClientStream(0), group_poll(1 + rng.below(3) as u32)) {
                     consumer.polls.insert(id);
                 }
             }
@@ -483,7 +483,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
         sim.advance(Duration::from_secs(31));
         consumer.claimed.clear();
         let c = sim.client(parties[2].idx);
-        if let Ok(id) = c.request(ClientStream(0), None, group_poll(100)) {
+        if let Ok(id) = c.request(ClientStream(0), group_poll(100)) {
             consumer.polls.insert(id);
         }
         sim.run();
@@ -494,7 +494,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
         }
         let held: Vec<u64> = consumer.claimed.iter().copied().collect();
         for o in held {
-            if let Ok(id) = sim.client(parties[2].idx).request(ClientStream(0), None, group_ack(o)) {
+            if let Ok(id) = sim.client(parties[2].idx).request(ClientStream(0), group_ack(o)) {
                 consumer.acks.insert(id, o);
             }
         }

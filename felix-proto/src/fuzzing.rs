@@ -358,7 +358,7 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
                 }
             }
             _ => {
-                let _ = c.request(stream, None, |request_id| {
+                let _ = c.request(stream, |request_id| {
                     crate::Message::GroupPoll(crate::message::GroupPoll {
                         tenant_id: "t1".into(),
                         namespace: "ns".into(),

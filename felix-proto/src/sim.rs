@@ -77,6 +77,10 @@ pub struct Sim {
     /// What storage holds: writes that completed successfully, less what truncations removed.
     /// A [`restart`](Self::restart) recovers from exactly this.
     pub durable: Vec<PersistRequest>,
+    /// What retention made the broker forget about idempotent producers, per shard (the
+    /// `producers_forgotten` of its truncations, highest per producer), kept with `durable` as a
+    /// disk keeps it and handed back at a restart.
+    pub producer_watermarks: BTreeMap<ShardName, BTreeMap<u64, u64>>,
     /// Broker restarts so far.
     pub restarts: u32,
     /// A digest of everything the broker and the clients put out, in order (see [`Trace`]):
@@ -106,6 +110,7 @@ impl Sim {
             broker: Broker::new(config.clone(), WallClock::new(now, SIM_WALL_EPOCH_MICROS)),
             durable: Vec::new(),
             restarts: 0,
+            producer_watermarks: BTreeMap::new(),
             trace: Trace::default(),
             stored: 0,
             index: BTreeMap::new(),
@@ -331,6 +336,10 @@ impl Sim {
         for ((t, n, s, shard), batches) in shards {
             let cfg = crate::broker::StreamConfig { durable: true, ..self.config.default_stream.clone() };
             self.broker.restore_shard((&t, &n, &s), cfg, shard, batches, self.now);
+            if let Some(w) = self.producer_watermarks.get(&(t.clone(), n.clone(), s.clone(), shard)) {
+                let w: Vec<(u64, u64)> = w.iter().map(|(id, through)| (*id, *through)).collect();
+                self.broker.restore_producer_watermarks((&t, &n, &s), shard, &w);
+            }
         }
         // The old connections are gone; their ids must not match the new broker's.
         for (i, c) in self.clients.iter_mut().enumerate() {
@@ -526,7 +535,15 @@ impl Sim {
                     self.clients[i].closed = Some((code, reason));
                 }
             }
-            BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start } => {
+            BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
+                let kept = self
+                    .producer_watermarks
+                    .entry((tenant_id.clone(), namespace.clone(), stream.clone(), shard))
+                    .or_default();
+                for (id, through) in producers_forgotten {
+                    let e = kept.entry(id).or_insert(through);
+                    *e = (*e).max(through);
+                }
                 self.unstore(|w| {
                     let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
                     !(w.tenant_id == tenant_id

@@ -649,3 +649,76 @@ mod tests {
         }
     }
 }
+
+/// Magic of a shard's producer-watermark file: "FLXP".
+const WATERMARK_MAGIC: u32 = 0x464C_5850;
+
+/// A shard's producer watermarks (`BrokerOutput::Truncate::producers_forgotten`, the highest
+/// per producer) as the file storage keeps beside the shard and hands back at recovery:
+///
+/// ```text
+/// u32 magic "FLXP", u32 count, count × (u64 producer_id, u64 forgotten_through), u32 crc32c
+/// ```
+///
+/// Pairs are written sorted by producer id, so equal contents make equal files.
+pub fn encode_producer_watermarks(pairs: &[(u64, u64)]) -> Bytes {
+    let mut sorted = pairs.to_vec();
+    sorted.sort_unstable();
+    let mut out = BytesMut::with_capacity(12 + 16 * sorted.len());
+    out.put_u32(WATERMARK_MAGIC);
+    out.put_u32(sorted.len() as u32);
+    for (id, through) in sorted {
+        out.put_u64(id);
+        out.put_u64(through);
+    }
+    let crc = crc32c(&out);
+    out.put_u32(crc);
+    out.freeze()
+}
+
+/// Reads a producer-watermark file. Never panics.
+///
+/// # Errors
+/// [`IndexError::Malformed`] for a short file, a wrong magic or a count that does not match the
+/// length; [`IndexError::BadChecksum`] for damaged contents.
+pub fn decode_producer_watermarks(data: &[u8]) -> Result<Vec<(u64, u64)>, IndexError> {
+    let word = |at: usize| data.get(at..at + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let long = |at: usize| data.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+    if word(0) != Some(WATERMARK_MAGIC) {
+        return Err(IndexError::Malformed);
+    }
+    let count = word(4).ok_or(IndexError::Malformed)? as usize;
+    let end = count.checked_mul(16).and_then(|n| n.checked_add(8)).ok_or(IndexError::Malformed)?;
+    if data.len() != end + 4 {
+        return Err(IndexError::Malformed);
+    }
+    if word(end) != Some(crc32c(&data[..end])) {
+        return Err(IndexError::BadChecksum);
+    }
+    (0..count)
+        .map(|i| Some((long(8 + 16 * i)?, long(16 + 16 * i)?)))
+        .collect::<Option<Vec<_>>>()
+        .ok_or(IndexError::Malformed)
+}
+
+#[cfg(test)]
+mod watermark_tests {
+    use super::*;
+
+    #[test]
+    fn producer_watermarks_round_trip_and_refuse_damage() {
+        let pairs = [(9, 3), (7, 100), (u64::MAX, u64::MAX)];
+        let file = encode_producer_watermarks(&pairs);
+        assert_eq!(decode_producer_watermarks(&file), Ok(vec![(7, 100), (9, 3), (u64::MAX, u64::MAX)]));
+        assert_eq!(decode_producer_watermarks(&encode_producer_watermarks(&[])), Ok(vec![]));
+        for cut in 0..file.len() {
+            assert!(decode_producer_watermarks(&file[..cut]).is_err(), "truncated at {cut}");
+        }
+        let mut flipped = file.to_vec();
+        flipped[12] ^= 1;
+        assert_eq!(decode_producer_watermarks(&flipped), Err(IndexError::BadChecksum));
+        let mut huge = file.to_vec();
+        huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode_producer_watermarks(&huge), Err(IndexError::Malformed));
+    }
+}

@@ -52,8 +52,9 @@ fn row2_negotiating_client_and_legacy_broker_falls_back_to_json() {
     let Some(ClientEvent::Connected { negotiated, .. }) = c.poll_event() else { panic!() };
     assert_eq!(negotiated.server_flags, Flags::ORIGINAL_V1);
     assert_eq!(negotiated.publish_window, None);
-    // An acked publish goes as JSON, a keyed unacked one too (0x0040 not advertised), and a
-    // plain one as a 0x0001 frame.
+    // An acked publish goes as JSON and a plain one as a 0x0001 frame. A keyed one is refused:
+    // a broker that did not advertise 0x0040 does not route by key (the released one drops a
+    // JSON publish's key), so sending it would silently change ordering.
     let stream = felix_proto::client::ClientStream(0);
     let p = |k: Option<&str>, ack| PublishRequest {
         key: k.map(|k| Bytes::copy_from_slice(k.as_bytes())),
@@ -61,7 +62,10 @@ fn row2_negotiating_client_and_legacy_broker_falls_back_to_json() {
         ..PublishRequest::new("default", "s", vec![Bytes::from("x")])
     };
     c.publish(stream, p(None, true), now).unwrap();
-    c.publish(stream, p(Some("k"), false), now).unwrap();
+    assert_eq!(
+        c.publish(stream, p(Some("k"), false), now),
+        Err(felix_proto::client::CommandError::NotNegotiated("FLAG_BINARY_PUBLISH_KEYED (routing by key)"))
+    );
     c.publish(stream, p(None, false), now).unwrap();
     let sent: Vec<Frame> = std::iter::from_fn(|| c.poll_output())
         .flat_map(|o| match o {
@@ -69,7 +73,7 @@ fn row2_negotiating_client_and_legacy_broker_falls_back_to_json() {
             _ => vec![],
         })
         .collect();
-    assert_eq!(sent.iter().map(|f| f.flags.bits()).collect::<Vec<_>>(), vec![0, 0, 1]);
+    assert_eq!(sent.iter().map(|f| f.flags.bits()).collect::<Vec<_>>(), vec![0, 1]);
     let Payload::Json(felix_proto::Decoded::Message(Message::PublishBatch(pb))) = sent[0].decode_payload().unwrap()
     else {
         panic!()

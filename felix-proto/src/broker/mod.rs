@@ -132,6 +132,12 @@ pub enum BrokerOutput {
         shard: u32,
         /// The new oldest retained offset.
         start: u64,
+        /// `(producer_id, forgotten_through)` of idempotent producers whose remembered window
+        /// this truncation cut into: storage keeps the highest per producer and hands them back
+        /// at recovery ([`Broker::restore_producer_watermarks`]), so a resent sequence that
+        /// retention removed is refused `sequence_expired` after a restart too, never appended
+        /// twice. Almost always empty.
+        producers_forgotten: Vec<(u64, u64)>,
     },
     /// Close the connection.
     CloseConnection {
@@ -680,16 +686,18 @@ impl Broker {
             for (i, shard) in entry.shards.iter_mut().enumerate() {
                 let before = shard.log.start();
                 let after = shard.log.enforce_retention(now_micros);
-                if after > before {
-                    shard.producers.retain_from(after);
+                if after <= before {
+                    continue;
                 }
-                if entry.config.durable && after > before {
+                let producers_forgotten = shard.producers.retain_from(after);
+                if entry.config.durable {
                     self.out.push_back(BrokerOutput::Truncate {
                         tenant_id: k.0.clone(),
                         namespace: k.1.clone(),
                         stream: k.2.clone(),
                         shard: i as u32,
                         start: after,
+                        producers_forgotten,
                     });
                 }
             }
@@ -2238,8 +2246,21 @@ impl Broker {
             }
             s.log.restore(b);
         }
-        s.producers.recovered(s.log.start());
         self.enforce_retention(Some(&k), now);
+    }
+
+    /// Restores what retention made a shard forget about idempotent producers (the
+    /// `producers_forgotten` of its `Truncate` outputs, as storage kept them). Call after
+    /// [`restore_shard`](Self::restore_shard).
+    pub fn restore_producer_watermarks(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        shard: u32,
+        forgotten: &[(u64, u64)],
+    ) {
+        if let Some(s) = self.streams.get_mut(&key(tenant, ns, stream)).and_then(|e| e.shards.get_mut(shard as usize)) {
+            s.producers.restore_forgotten(forgotten);
+        }
     }
 
     /// Restores a durable shard's older history from index entries alone (its records stay on

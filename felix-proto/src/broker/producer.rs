@@ -133,36 +133,38 @@ impl Producers {
     }
 
     /// Retention moved the shard's start: forget batches wholly below it, and producers with
-    /// none left.
-    pub fn retain_from(&mut self, start: u64) {
-        self.map.retain(|_, p| {
+    /// none left. Returns `(producer, forgotten_through)` for each producer still remembered whose
+    /// watermark moved: storage must keep these, since after a restart nothing else says that
+    /// those sequences landed (see [`restore_forgotten`](Self::restore_forgotten)). Sorted, so the
+    /// output does not depend on the map's order.
+    pub fn retain_from(&mut self, start: u64) -> Vec<(u64, u64)> {
+        let mut moved = Vec::new();
+        self.map.retain(|&id, p| {
             let gone: Vec<u64> =
                 p.window.iter().filter(|(_, l)| l.end <= start && l.pending.is_none()).map(|(s, _)| *s).collect();
             for s in &gone {
                 p.window.remove(s);
             }
             if let Some(&last) = gone.last() {
-                p.forgotten_through = Some(p.forgotten_through.map_or(last, |f| f.max(last)));
+                let through = p.forgotten_through.map_or(last, |f| f.max(last));
+                p.forgotten_through = Some(through);
+                if !p.window.is_empty() {
+                    moved.push((id, through));
+                }
             }
             !p.window.is_empty()
         });
+        moved.sort_unstable();
+        moved
     }
 
-    /// The shard was recovered from storage whose log starts at `log_start`. Retention that
-    /// ran before the restart removed batches whose sequences nothing recorded, so an absent
-    /// sequence below a producer's oldest recovered one may have landed: it is expired, never
-    /// appended again. (An absent sequence above it is a write that failed, appended on resend;
-    /// the one case this cannot tell apart, retention cutting between batches that landed out
-    /// of sequence order, is documented in docs/protocol.md.)
-    pub fn recovered(&mut self, log_start: u64) {
-        if log_start == 0 {
-            return;
-        }
-        for p in self.map.values_mut() {
-            if let Some(&oldest) = p.window.keys().next()
-                && oldest > 0
-            {
-                p.forgotten_through = Some(p.forgotten_through.map_or(oldest - 1, |f| f.max(oldest - 1)));
+    /// Restores the watermarks [`retain_from`](Self::retain_from) reported before a restart
+    /// (storage keeps them beside the shard): a sequence retention removed stays expired, rather
+    /// than look like one that never landed. Call after the shard's batches were restored.
+    pub fn restore_forgotten(&mut self, forgotten: &[(u64, u64)]) {
+        for &(id, through) in forgotten {
+            if let Some(p) = self.map.get_mut(&id) {
+                p.forgotten_through = Some(p.forgotten_through.map_or(through, |f| f.max(through)));
             }
         }
     }
@@ -283,18 +285,28 @@ mod tests {
     }
 
     #[test]
-    fn after_a_recovery_of_a_truncated_log_what_precedes_a_producers_oldest_batch_is_expired() {
+    fn what_retention_forgot_stays_expired_across_a_restart() {
         let mut p = Producers::default();
-        for s in 10..20 {
+        for s in 0..20 {
             p.appended(7, s, s, 100 + s, 101 + s, None);
         }
-        p.recovered(50);
-        assert_eq!(p.check(7, 9, 9), Verdict::Expired, "may have been removed by retention");
-        assert_eq!(p.check(7, 10, 10), Verdict::Duplicate { base: 110, pending: None });
+        // Retention removes sequences 0..=9; 10.. stay.
+        assert_eq!(p.retain_from(110), vec![(7, 9)]);
+        assert_eq!(p.check(7, 9, 9), Verdict::Expired);
+        // A restart rebuilds the window from the log (10..20) and the kept watermark.
+        let mut r = Producers::default();
+        for s in 10..20 {
+            r.appended(7, s, s, 100 + s, 101 + s, None);
+        }
+        assert_eq!(r.check(7, 9, 9), Verdict::Append, "without the watermark it would look never landed");
+        r.restore_forgotten(&[(7, 9), (8, 3)]);
+        assert_eq!(r.check(7, 9, 9), Verdict::Expired);
+        assert_eq!(r.check(7, 10, 10), Verdict::Duplicate { base: 110, pending: None });
+        assert_eq!(r.check(8, 1, 1), Verdict::Unknown, "a producer with nothing left stays forgotten");
+        // A log that merely starts late (its first write failed) forgets nothing.
         let mut q = Producers::default();
-        q.appended(7, 10, 10, 110, 111, None);
-        q.recovered(0);
-        assert_eq!(q.check(7, 9, 9), Verdict::Append, "nothing was ever removed: it never landed");
+        q.appended(9, 1, 1, 5, 6, None);
+        assert_eq!(q.check(9, 0, 0), Verdict::Append);
     }
 
     #[test]

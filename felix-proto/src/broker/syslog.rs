@@ -341,6 +341,7 @@ impl Broker {
                 stream: k.2.clone(),
                 shard: 0,
                 start,
+                producers_forgotten: Vec::new(),
             });
         }
     }

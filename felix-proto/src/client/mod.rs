@@ -22,6 +22,7 @@ use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+pub mod needs;
 pub mod producer;
 
 /// Client settings.
@@ -457,6 +458,21 @@ struct Ctl {
     /// `subscribe_cursor_error`, `not_leader`) belong to the oldest.
     awaiting: VecDeque<Awaiting>,
     closed: bool,
+    /// A stream opened for one subscription or cache watch: what to send once it authenticated;
+    /// our side is finished once it is answered (as upstream clients do; a released broker stops
+    /// a subscription's control stream after `subscribed`).
+    dedicated: Option<Dedicated>,
+}
+
+/// The request a dedicated control stream carries.
+#[derive(Debug)]
+enum Dedicated {
+    /// Not sent yet (the stream is authenticating).
+    Subscribe(u64, SubscribeRequest),
+    /// Not sent yet.
+    Watch(u64, CacheWatchRequest),
+    /// Sent; the stream is finished once its answer comes.
+    Sent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -589,6 +605,7 @@ impl ClientConnection {
             was_full: false,
             awaiting: VecDeque::new(),
             closed: false,
+            dedicated: None,
         });
         let token = OpenToken(self.next_open);
         self.next_open += 1;
@@ -680,6 +697,11 @@ impl ClientConnection {
         if req.expected_offset.is_some() && !neg.broker_has(Features::PUBLISH_CONDITIONAL) {
             return Err(CommandError::NotNegotiated("FEATURE_PUBLISH_CONDITIONAL"));
         }
+        // A broker that reads no keyed batches does not route by key: the key would be dropped
+        // (JSON) or the frame refused (binary), and ordering silently changed.
+        if req.key.is_some() && !neg.may_send(Flags::BINARY_PUBLISH_KEYED) {
+            return Err(CommandError::NotNegotiated("FLAG_BINARY_PUBLISH_KEYED (routing by key)"));
+        }
         let mut req = req;
         req.ack |= req.idempotent.is_some() || req.expected_offset.is_some();
         if req.ack
@@ -762,7 +784,7 @@ impl ClientConnection {
         Ok(id)
     }
 
-    /// Subscribes. Returns the subscription id (chosen by the client).
+    /// Subscribes on `stream`. Returns the subscription id (chosen by the client).
     ///
     /// # Errors
     /// [`CommandError::NotConnected`] before the stream authenticated;
@@ -774,27 +796,106 @@ impl ClientConnection {
         now: Instant,
     ) -> Result<u64, CommandError> {
         self.clock.advance(now);
-        let idx = self.ctl_index(stream)?;
-        let neg = self.ctls[idx].negotiated.expect("checked");
-        if req.queue_capacity.is_some() && !neg.broker_has(Features::SUBSCRIBE_QUEUE) {
-            return Err(CommandError::NotNegotiated("FEATURE_SUBSCRIBE_QUEUE"));
-        }
         let sub = self.next_sub;
-        let m = Message::Subscribe(message::Subscribe {
-            tenant_id: self.cfg.tenant_id.clone(),
+        self.send_subscribe(stream, sub, req)?;
+        self.next_sub += 1;
+        Ok(sub)
+    }
+
+    /// Subscribes on a control stream of its own: opened now, authenticated, then the subscribe,
+    /// and our side finished once it is answered. This is how upstream clients subscribe, and
+    /// the only way that works with a released broker, which stops a subscription's control
+    /// stream after `subscribed` (anything else pending on it would be lost). Answered by
+    /// `Subscribed` or `SubscribeFailed` (also when the stream's `auth` is refused, or the broker
+    /// lacks what the request needs).
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] when a stream of this connection already learned that the
+    /// broker lacks what the request needs (nothing is opened).
+    pub fn subscribe_dedicated(&mut self, req: SubscribeRequest, now: Instant) -> Result<u64, CommandError> {
+        if let Some(neg) = self.any_negotiated() {
+            Self::check_subscribe(&neg, &req)?;
+        }
+        Ok(self.dedicate(Dedicated::Subscribe(0, req), now))
+    }
+
+    /// [`subscribe_dedicated`](Self::subscribe_dedicated) for a cache watch.
+    ///
+    /// # Errors
+    /// As [`subscribe_dedicated`](Self::subscribe_dedicated).
+    pub fn cache_watch_dedicated(&mut self, req: CacheWatchRequest, now: Instant) -> Result<u64, CommandError> {
+        if let Some(neg) = self.any_negotiated() {
+            Self::check_watch(&neg, &req)?;
+        }
+        Ok(self.dedicate(Dedicated::Watch(0, req), now))
+    }
+
+    fn dedicate(&mut self, d: Dedicated, now: Instant) -> u64 {
+        let sub = self.next_sub;
+        self.next_sub += 1;
+        let s = self.open_stream(now);
+        self.subs.insert(sub, None);
+        self.ctls[s.0 as usize].dedicated = Some(match d {
+            Dedicated::Subscribe(_, req) => Dedicated::Subscribe(sub, req),
+            Dedicated::Watch(_, req) => Dedicated::Watch(sub, req),
+            Dedicated::Sent => Dedicated::Sent,
+        });
+        sub
+    }
+
+    /// What some stream of this connection negotiated (every stream negotiates the same with
+    /// one broker).
+    fn any_negotiated(&self) -> Option<Negotiated> {
+        self.ctls.iter().find_map(|c| c.negotiated)
+    }
+
+    fn check_subscribe(neg: &Negotiated, req: &SubscribeRequest) -> Result<(), CommandError> {
+        needs::check(neg, &Self::subscribe_message(String::new(), 0, req.clone()))
+    }
+
+    fn check_watch(neg: &Negotiated, req: &CacheWatchRequest) -> Result<(), CommandError> {
+        needs::check(neg, &Self::watch_message(String::new(), 0, req.clone()))
+    }
+
+    fn subscribe_message(tenant_id: String, sub: u64, req: SubscribeRequest) -> Message {
+        Message::Subscribe(message::Subscribe {
+            tenant_id,
             namespace: req.namespace,
             stream: req.stream,
             subscription_id: Some(sub),
             start: req.start,
             shard: req.shard,
             queue_capacity: req.queue_capacity,
-        });
+        })
+    }
+
+    fn watch_message(tenant_id: String, sub: u64, req: CacheWatchRequest) -> Message {
+        let (key, prefix) = match req.filter {
+            WatchOn::Key(k) => (Some(k), None),
+            WatchOn::Prefix(p) => (None, Some(p)),
+        };
+        Message::CacheWatch(message::CacheWatch {
+            tenant_id,
+            namespace: req.namespace,
+            cache: req.cache,
+            key,
+            prefix,
+            shard: None,
+            from_offset: req.from_offset,
+            retained: req.retained,
+            subscription_id: Some(sub),
+        })
+    }
+
+    fn send_subscribe(&mut self, stream: ClientStream, sub: u64, req: SubscribeRequest) -> Result<(), CommandError> {
+        let idx = self.ctl_index(stream)?;
+        let m = Self::subscribe_message(self.cfg.tenant_id.clone(), sub, req);
+        needs::check(&self.ctls[idx].negotiated.expect("checked"), &m)?;
         let data = frame_of(&m)?;
-        self.next_sub += 1;
         self.subs.insert(sub, None);
         self.ctls[idx].awaiting.push_back(Awaiting::Sub(sub));
         self.send(idx, data);
-        Ok(sub)
+        Ok(())
     }
 
     /// Watches a cache key or prefix (FEATURE_CACHE_WATCH). Returns the subscription id;
@@ -804,33 +905,55 @@ impl ClientConnection {
     /// [`CommandError::NotNegotiated`] against a broker without the feature (or without
     /// FEATURE_CACHE_WATCH_RETAINED for `retained`).
     pub fn cache_watch(&mut self, stream: ClientStream, req: CacheWatchRequest) -> Result<u64, CommandError> {
-        self.require(stream, Features::CACHE_WATCH, "FEATURE_CACHE_WATCH")?;
-        if req.retained {
-            self.require(stream, Features::CACHE_WATCH_RETAINED, "FEATURE_CACHE_WATCH_RETAINED")?;
-        }
-        let idx = self.ctl_index(stream)?;
         let sub = self.next_sub;
-        let (key, prefix) = match req.filter {
-            WatchOn::Key(k) => (Some(k), None),
-            WatchOn::Prefix(p) => (None, Some(p)),
-        };
-        let m = Message::CacheWatch(message::CacheWatch {
-            tenant_id: self.cfg.tenant_id.clone(),
-            namespace: req.namespace,
-            cache: req.cache,
-            key,
-            prefix,
-            shard: None,
-            from_offset: req.from_offset,
-            retained: req.retained,
-            subscription_id: Some(sub),
-        });
-        let data = frame_of(&m)?;
+        self.send_watch(stream, sub, req)?;
         self.next_sub += 1;
+        Ok(sub)
+    }
+
+    fn send_watch(&mut self, stream: ClientStream, sub: u64, req: CacheWatchRequest) -> Result<(), CommandError> {
+        let idx = self.ctl_index(stream)?;
+        let m = Self::watch_message(self.cfg.tenant_id.clone(), sub, req);
+        needs::check(&self.ctls[idx].negotiated.expect("checked"), &m)?;
+        let data = frame_of(&m)?;
         self.subs.insert(sub, None);
         self.ctls[idx].awaiting.push_back(Awaiting::Sub(sub));
         self.send(idx, data);
-        Ok(sub)
+        Ok(())
+    }
+
+    /// A dedicated stream authenticated: send what it carries. A request the broker cannot take
+    /// fails the subscription (nothing is sent).
+    fn send_dedicated(&mut self, idx: usize) {
+        let d = match self.ctls[idx].dedicated.take() {
+            Some(Dedicated::Sent) | None => return,
+            Some(d) => d,
+        };
+        self.ctls[idx].dedicated = Some(Dedicated::Sent);
+        let stream = ClientStream(idx as u32);
+        let (sub, sent) = match d {
+            Dedicated::Subscribe(sub, req) => (sub, self.send_subscribe(stream, sub, req)),
+            Dedicated::Watch(sub, req) => (sub, self.send_watch(stream, sub, req)),
+            Dedicated::Sent => return,
+        };
+        if let Err(e) = sent {
+            self.subs.remove(&sub);
+            let error = ErrorInfo { message: e.to_string(), code: None, retry: Some(RetryClass::Fatal), detail: None };
+            self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor: None, redirect: None });
+            self.finish_dedicated(idx);
+        }
+    }
+
+    /// A dedicated stream's request was answered: our side is finished.
+    fn finish_dedicated(&mut self, idx: usize) {
+        let ctl = &mut self.ctls[idx];
+        if matches!(ctl.dedicated, Some(Dedicated::Sent)) && ctl.awaiting.is_empty() {
+            ctl.dedicated = None;
+            ctl.closed = true;
+            if let Some(stream) = ctl.id {
+                self.out.push_back(ClientOutput::Finish { stream });
+            }
+        }
     }
 
     /// Ends a subscription: asks the broker to stop sending on its event stream.
@@ -848,7 +971,9 @@ impl ClientConnection {
     fn cache_request(&mut self, stream: ClientStream, build: impl FnOnce(u64) -> Message) -> Result<u64, CommandError> {
         let idx = self.ctl_index(stream)?;
         let request_id = self.next_request;
-        let data = frame_of(&build(request_id))?;
+        let m = build(request_id);
+        needs::check(&self.ctls[idx].negotiated.expect("checked"), &m)?;
+        let data = frame_of(&m)?;
         self.next_request += 1;
         self.ctls[idx].awaiting.push_back(Awaiting::Request(request_id));
         self.send(idx, data);
@@ -987,19 +1112,12 @@ impl ClientConnection {
 
     /// Sends any request that carries a `request_id` (consumer groups and the rest of the
     /// catalogue), built around the id this returns. Its answer comes as `Answer` (or
-    /// `CacheOk`, or `RequestFailed`). `needs` names the feature the broker must offer.
+    /// `CacheOk`, or `RequestFailed`).
     ///
     /// # Errors
-    /// [`CommandError::NotNegotiated`] against a broker without `needs`.
-    pub fn request(
-        &mut self,
-        stream: ClientStream,
-        needs: Option<(Features, &'static str)>,
-        build: impl FnOnce(u64) -> Message,
-    ) -> Result<u64, CommandError> {
-        if let Some((f, name)) = needs {
-            self.require(stream, f, name)?;
-        }
+    /// [`CommandError::NotNegotiated`] when the broker lacks what the request (or one of its
+    /// optional fields) needs ([`needs`]); nothing is sent.
+    pub fn request(&mut self, stream: ClientStream, build: impl FnOnce(u64) -> Message) -> Result<u64, CommandError> {
         self.cache_request(stream, build)
     }
 
@@ -1035,6 +1153,7 @@ impl ClientConnection {
             Some(Awaiting::Sub(sub)) => {
                 self.subs.remove(&sub);
                 self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor, redirect });
+                self.finish_dedicated(idx);
             }
             Some(Awaiting::Request(request_id)) => {
                 self.events.push_back(ClientEvent::RequestFailed { request_id, error, cursor, redirect })
@@ -1223,6 +1342,7 @@ impl ClientConnection {
         }
         if fin {
             self.ctls[idx].closed = true;
+            self.fail_pending(idx);
             self.events.push_back(ClientEvent::StreamClosed { stream: ClientStream(idx as u32) });
         }
     }
@@ -1239,6 +1359,60 @@ impl ClientConnection {
             Err(e) => self.events.push_back(ClientEvent::ProtocolError { reason: e.to_string() }),
         }
         let _ = stream;
+    }
+
+    /// The subscription a dedicated stream carries, sent or not.
+    fn dedicated_sub(&self, idx: usize) -> Option<u64> {
+        match &self.ctls[idx].dedicated {
+            Some(Dedicated::Subscribe(sub, _) | Dedicated::Watch(sub, _)) => Some(*sub),
+            Some(Dedicated::Sent) => self.ctls[idx].awaiting.iter().find_map(|a| match a {
+                Awaiting::Sub(s) => Some(*s),
+                Awaiting::Request(_) => None,
+            }),
+            None => None,
+        }
+    }
+
+    /// The broker ended a control stream: whatever was waiting on it will never be answered.
+    /// Each is failed now, with a typed error (`outcome_unknown`: a request may have been carried
+    /// out before the stream ended), rather than left to hang until the connection goes.
+    fn fail_pending(&mut self, idx: usize) {
+        let closed = || ErrorInfo {
+            message: "the broker closed the control stream before answering".into(),
+            code: None,
+            retry: Some(RetryClass::OutcomeUnknown),
+            detail: None,
+        };
+        if let Some(Dedicated::Subscribe(sub, _) | Dedicated::Watch(sub, _)) = self.ctls[idx].dedicated.take() {
+            self.subs.remove(&sub);
+            self.events.push_back(ClientEvent::SubscribeFailed { sub, error: closed(), cursor: None, redirect: None });
+        }
+        for a in std::mem::take(&mut self.ctls[idx].awaiting) {
+            match a {
+                Awaiting::Sub(sub) => {
+                    self.subs.remove(&sub);
+                    let error = closed();
+                    self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor: None, redirect: None });
+                }
+                Awaiting::Request(request_id) => {
+                    let error = closed();
+                    self.events.push_back(ClientEvent::RequestFailed {
+                        request_id,
+                        error,
+                        cursor: None,
+                        redirect: None,
+                    });
+                }
+            }
+        }
+        let mut stranded: Vec<u64> =
+            self.publishes.iter().filter(|(_, (_, i))| *i == idx).map(|(request_id, _)| *request_id).collect();
+        stranded.sort_unstable();
+        for request_id in stranded {
+            if let Some(id) = self.publish_done(request_id) {
+                self.events.push_back(ClientEvent::PublishFailed { id, error: closed() });
+            }
+        }
     }
 
     fn publish_done(&mut self, request_id: u64) -> Option<PublishId> {
@@ -1290,14 +1464,23 @@ impl ClientConnection {
                 let n = Negotiated::from_auth_ok(&a, flags, features);
                 self.ctls[idx].negotiated = Some(n);
                 self.events.push_back(ClientEvent::Connected { stream, negotiated: n });
+                self.send_dedicated(idx);
             }
             Message::Ok(_) if self.ctls[idx].negotiated.is_none() => {
                 let n = Negotiated::legacy(flags, features);
                 self.ctls[idx].negotiated = Some(n);
                 self.events.push_back(ClientEvent::Connected { stream, negotiated: n });
+                self.send_dedicated(idx);
             }
             Message::Error(e) if self.ctls[idx].negotiated.is_none() => {
-                self.events.push_back(ClientEvent::AuthFailed { stream, error: error_info(e) });
+                let error = error_info(e);
+                if let Some(sub) = self.dedicated_sub(idx) {
+                    self.subs.remove(&sub);
+                    self.ctls[idx].dedicated = None;
+                    let e = error.clone();
+                    self.events.push_back(ClientEvent::SubscribeFailed { sub, error: e, cursor: None, redirect: None });
+                }
+                self.events.push_back(ClientEvent::AuthFailed { stream, error });
             }
             Message::PublishOk(p) => {
                 if let Some(id) = self.publish_done(p.request_id) {
@@ -1346,6 +1529,7 @@ impl ClientConnection {
                     resnapshot: w.resnapshot,
                     retained_count: w.retained_count,
                 });
+                self.finish_dedicated(idx);
             }
             Message::Subscribed(s) => {
                 self.ctls[idx].awaiting.retain(|x| *x != Awaiting::Sub(s.subscription_id));
@@ -1355,6 +1539,7 @@ impl ClientConnection {
                     live_offset: s.live_offset,
                     queue_capacity: s.queue_capacity,
                 });
+                self.finish_dedicated(idx);
             }
             Message::SubscribeCursorError(c) => {
                 let error = ErrorInfo {
