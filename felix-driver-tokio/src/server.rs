@@ -385,7 +385,9 @@ fn answer_reads(
 
 /// What the tasks around the broker tell it.
 enum Input {
-    Connected(quinn::Connection),
+    Incoming(quinn::Incoming),
+    Connected(ConnId, quinn::Connection),
+    HandshakeFailed(ConnId),
     Stream { conn: ConnId, send: Option<quinn::SendStream>, recv: quinn::RecvStream },
     Data { conn: ConnId, stream: StreamId, data: Vec<Bytes>, fin: bool },
     Reset { conn: ConnId, stream: StreamId },
@@ -447,18 +449,23 @@ struct ConnHandle {
     gates: HashMap<StreamId, watch::Sender<ReadGate>>,
 }
 
+/// Hands every arriving connection to the broker task, which asks the core whether to admit it
+/// before any handshake work is done. A failed handshake ends only that connection.
 async fn accept_loop(endpoint: quinn::Endpoint, tx: mpsc::UnboundedSender<Input>) {
     while let Some(incoming) = endpoint.accept().await {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            match incoming.await {
-                Ok(conn) => {
-                    let _ = tx.send(Input::Connected(conn));
-                }
-                Err(e) => tracing::debug!("handshake failed: {e}"),
-            }
-        });
+        if tx.send(Input::Incoming(incoming)).is_err() {
+            return;
+        }
     }
+}
+
+/// The core's name for a peer: its IP address in 16 bytes (IPv4 mapped into IPv6).
+fn peer_addr(addr: SocketAddr) -> felix_proto::broker::PeerAddr {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    felix_proto::broker::PeerAddr(ip.octets())
 }
 
 async fn conn_loop(conn: ConnId, quic: quinn::Connection, tx: mpsc::UnboundedSender<Input>) {
@@ -594,6 +601,30 @@ impl BrokerTask {
         };
         m("felix_connections_open", "gauge", "Open client connections.", self.broker.connection_count() as u64);
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
+        m(
+            "felix_unauthenticated_connections",
+            "gauge",
+            "Connections none of whose streams authenticated yet.",
+            self.broker.unauthenticated_connections() as u64,
+        );
+        m(
+            "felix_connections_refused_total",
+            "counter",
+            "Connections refused in the handshake: too many unauthenticated ones (in all or from one address).",
+            st.connections_refused,
+        );
+        m(
+            "felix_connections_evicted_total",
+            "counter",
+            "Unauthenticated connections closed to make room for new ones.",
+            st.connections_evicted,
+        );
+        m(
+            "felix_auth_timeouts_total",
+            "counter",
+            "Control streams ended for not authenticating in time.",
+            st.auth_timeouts,
+        );
         m("felix_subscriptions", "gauge", "Live subscriptions.", self.broker.subscription_count() as u64);
         // Leak detectors: each must come back down when clients go away.
         m(
@@ -691,11 +722,29 @@ impl BrokerTask {
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
-            Input::Connected(quic) => {
-                let conn = self.broker.connection_opened(now);
+            Input::Incoming(incoming) => match self.broker.admit(peer_addr(incoming.remote_address()), now) {
+                Ok(conn) => {
+                    let tx = self.tx.clone();
+                    tokio::spawn(async move {
+                        let _ = match incoming.await {
+                            Ok(quic) => tx.send(Input::Connected(conn, quic)),
+                            Err(e) => {
+                                tracing::debug!("handshake failed: {e}");
+                                tx.send(Input::HandshakeFailed(conn))
+                            }
+                        };
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!("refused a connection from {}: {e}", incoming.remote_address());
+                    incoming.refuse();
+                }
+            },
+            Input::Connected(conn, quic) => {
                 tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
                 self.conns.insert(conn, ConnHandle { quic, writers: HashMap::new(), gates: HashMap::new() });
             }
+            Input::HandshakeFailed(conn) => self.broker.connection_closed(conn, now),
             Input::Stream { conn, send, recv } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(recv.id());
@@ -815,4 +864,18 @@ impl BrokerTask {
         }
         self.flush_storage();
     }
+}
+
+/// Reads the metrics a broker serves on `addr` (its `metrics_listen`): the Prometheus text,
+/// without the HTTP head. For tests and tools.
+///
+/// # Errors
+/// Connection and read failures.
+pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await?;
+    Ok(body.split_once("\r\n\r\n").map_or(body.clone(), |(_, b)| b.to_owned()))
 }

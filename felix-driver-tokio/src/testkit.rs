@@ -50,6 +50,7 @@ struct State {
 pub struct LegacyBroker {
     addr: SocketAddr,
     chain: Vec<CertificateDer<'static>>,
+    cert_pem: String,
     state: Arc<Mutex<State>>,
     endpoint: quinn::Endpoint,
 }
@@ -66,7 +67,7 @@ impl LegacyBroker {
     /// # Errors
     /// Certificate generation or binding failures.
     pub async fn start() -> Result<LegacyBroker, TlsError> {
-        let (id, _, _) = Identity::self_signed(&["localhost"])?;
+        let (id, cert_pem, _) = Identity::self_signed(&["localhost"])?;
         let chain = id.chain.clone();
         let mut tls = server_config(id)?;
         tls.alpn_protocols.clear(); // knows no ALPN id: rustls then refuses a client offering one
@@ -78,7 +79,7 @@ impl LegacyBroker {
         let addr = endpoint.local_addr().map_err(|e| TlsError::Generate(e.to_string()))?;
         let state = Arc::new(Mutex::new(State { next_sub: 1, ..State::default() }));
         tokio::spawn(accept(endpoint.clone(), state.clone()));
-        Ok(LegacyBroker { addr, chain, state, endpoint })
+        Ok(LegacyBroker { addr, chain, cert_pem, state, endpoint })
     }
 
     /// Its address.
@@ -89,6 +90,11 @@ impl LegacyBroker {
     /// Its certificate chain (to trust it).
     pub fn chain(&self) -> Vec<CertificateDer<'static>> {
         self.chain.clone()
+    }
+
+    /// Its certificate as PEM (for a client's `--ca`).
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
     }
 
     /// The records of `stream`, in order.
@@ -153,6 +159,21 @@ async fn serve_stream(
                 }
                 _ => return,
             },
+            // Flags it does not take: refused, the frame skipped, the stream goes on (an acked
+            // publish is answered by the request id at the front of its payload).
+            Err(felix_proto::FrameError::Flags { error, payload }) => {
+                let flags = match error {
+                    felix_proto::flags::FlagError::Unknown { flags, .. }
+                    | felix_proto::flags::FlagError::ConflictingKinds { flags }
+                    | felix_proto::flags::FlagError::MissingBase { flags, .. } => flags,
+                    _ => 0,
+                };
+                let answer = refuse_flags(Flags(flags), &payload);
+                if send.write_all(&answer).await.is_err() {
+                    return;
+                }
+                continue;
+            }
             // A frame it cannot take (past 16 MiB, bad magic): the stream ends.
             Err(_) => {
                 let _ = send.finish();
@@ -213,21 +234,29 @@ enum Answer {
     Close(Option<Bytes>),
 }
 
+fn failed_ack(request_id: u64, why: &str) -> Bytes {
+    let mut b = BytesMut::new();
+    let ack = PublishAck::error(request_id, why, ErrorCode::InvalidRequest, RetryClass::Fatal);
+    match ack.encode(Flags::BINARY_PUBLISH_ACK, &mut b) {
+        Ok(_) => b.freeze(),
+        Err(_) => error(why),
+    }
+}
+
+/// The answer to a frame whose flags it does not take: a failed binary ack naming the request
+/// when the frame is an acked publish with its id readable, `error` otherwise.
+fn refuse_flags(flags: Flags, payload: &[u8]) -> Bytes {
+    let id = payload.get(..8).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
+    match (flags.contains(Flags::BINARY_PUBLISH_ACKED), id) {
+        (true, Some(id)) => failed_ack(id, "unsupported frame flags"),
+        _ => error("unsupported frame flags"),
+    }
+}
+
 async fn handle(conn: &quinn::Connection, f: &Frame, offered: Flags, state: &Arc<Mutex<State>>) -> Answer {
     let acked_id = || (f.payload.len() >= 8).then(|| u64::from_be_bytes(f.payload[..8].try_into().expect("8 bytes")));
-    let failed_ack = |request_id: u64, why: &str| {
-        let mut b = BytesMut::new();
-        let ack = PublishAck::error(request_id, why, ErrorCode::InvalidRequest, RetryClass::Fatal);
-        match ack.encode(Flags::BINARY_PUBLISH_ACK, &mut b) {
-            Ok(_) => b.freeze(),
-            Err(_) => error(why),
-        }
-    };
     if f.flags.bits() & !LEGACY_SERVER_FLAGS != 0 {
-        return match (f.flags.contains(Flags::BINARY_PUBLISH_ACKED), acked_id()) {
-            (true, Some(id)) => Answer::Write(failed_ack(id, "unsupported frame flags")),
-            _ => Answer::Write(error("unsupported frame flags")),
-        };
+        return Answer::Write(refuse_flags(f.flags, &f.payload));
     }
     if f.flags.contains(Flags::BINARY_PUBLISH_BATCH) {
         return match PublishBatch::decode(f.flags, f.payload.clone()) {

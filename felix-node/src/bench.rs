@@ -154,6 +154,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         require_alpn: false,
         metrics_listen: None,
         transport: a.tuning(),
+        admission: crate::node::Admission::default(),
     })
     .await?;
     Ok(Target {

@@ -73,6 +73,23 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
             }
         },
         require_alpn: a.require_alpn || b.require_alpn.unwrap_or(false),
+        admission: {
+            let d = crate::node::Admission::default();
+            crate::node::Admission {
+                auth_timeout: a
+                    .auth_timeout_ms
+                    .or(b.auth_timeout_ms)
+                    .map_or(d.auth_timeout, |ms| std::time::Duration::from_millis(ms.max(1))),
+                max_unauthenticated: a
+                    .max_unauthenticated_connections
+                    .or(b.max_unauthenticated_connections)
+                    .unwrap_or(d.max_unauthenticated),
+                max_unauthenticated_per_address: a
+                    .max_unauthenticated_per_address
+                    .or(b.max_unauthenticated_per_address)
+                    .unwrap_or(d.max_unauthenticated_per_address),
+            }
+        },
         metrics_listen: a.metrics_listen,
         transport: felix_driver_tokio::TransportTuning {
             max_bi_streams: a.max_streams,

@@ -10,6 +10,9 @@
 //! ack_on_commit = false
 //! auto_create = true
 //! require_alpn = false
+//! auth_timeout_ms = 10000         # a control stream must authenticate within this
+//! max_unauthenticated_connections = 1024
+//! max_unauthenticated_per_address = 64
 //! dev_token = true                # generate/keep the development token
 //! subscriber_queue_capacity = 1024
 //! subscriber_queue_capacity_max = 65536
@@ -72,6 +75,9 @@ pub struct BrokerSection {
     pub ack_on_commit: Option<bool>,
     pub auto_create: Option<bool>,
     pub require_alpn: Option<bool>,
+    pub auth_timeout_ms: Option<u64>,
+    pub max_unauthenticated_connections: Option<usize>,
+    pub max_unauthenticated_per_address: Option<usize>,
     pub dev_token: Option<bool>,
     pub ephemeral: Option<bool>,
     pub subscriber_queue_capacity: Option<u32>,

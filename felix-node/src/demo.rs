@@ -55,6 +55,7 @@ pub async fn run() -> Result<ExitCode, String> {
         require_alpn: false,
         metrics_listen: None,
         transport: felix_driver_tokio::TransportTuning::default(),
+        admission: crate::node::Admission::default(),
     })
     .await?;
     let addr = server.local_addr();

@@ -172,6 +172,18 @@ struct ServeArgs {
     /// Refuse clients that offer no ALPN (existing clients offer none).
     #[arg(long, env = "FELIX_TLS_REQUIRE_ALPN")]
     require_alpn: bool,
+    /// A control stream must authenticate within this many milliseconds or is ended
+    /// (`unauthenticated`); its connection stays [default: 10000].
+    #[arg(long, env = "FELIX_AUTH_TIMEOUT_MS")]
+    auth_timeout_ms: Option<u64>,
+    /// Connections that authenticated no stream yet, in all; past it, one unauthenticated for
+    /// longer than the auth timeout is closed to make room, else the new one is refused
+    /// [default: 1024].
+    #[arg(long, env = "FELIX_MAX_UNAUTHENTICATED_CONNECTIONS")]
+    max_unauthenticated_connections: Option<usize>,
+    /// Connections that authenticated no stream yet, per client address [default: 64].
+    #[arg(long, env = "FELIX_MAX_UNAUTHENTICATED_PER_ADDRESS")]
+    max_unauthenticated_per_address: Option<usize>,
     /// Serve Prometheus metrics over HTTP on this TCP address (off by default).
     #[arg(long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,

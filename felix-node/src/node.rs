@@ -107,6 +107,28 @@ pub struct BrokerSettings {
     pub require_alpn: bool,
     pub metrics_listen: Option<SocketAddr>,
     pub transport: TransportTuning,
+    /// Auth timeout per control stream, and the caps on unauthenticated connections (in all,
+    /// per address).
+    pub admission: Admission,
+}
+
+/// How connections that authenticated nothing yet are limited.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission {
+    pub auth_timeout: std::time::Duration,
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_address: usize,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        let d = BrokerConfig::default();
+        Admission {
+            auth_timeout: d.auth_timeout,
+            max_unauthenticated: d.max_unauthenticated_connections,
+            max_unauthenticated_per_address: d.max_unauthenticated_per_peer,
+        }
+    }
 }
 
 pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
@@ -126,6 +148,9 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         auto_create: s.auto_create,
         max_records_per_read: s.max_records_per_read,
         group_limits: s.group_limits,
+        auth_timeout: s.admission.auth_timeout,
+        max_unauthenticated_connections: s.admission.max_unauthenticated.max(1),
+        max_unauthenticated_per_peer: s.admission.max_unauthenticated_per_address.max(1),
         default_stream: StreamConfig {
             durable: !s.ephemeral,
             retention: felix_proto::broker::Retention {

@@ -585,3 +585,28 @@ fn a_sim_seed_replays_to_the_same_trace_digest_in_another_process() {
     let (a, b) = (digest(), digest());
     assert_eq!(a, b);
 }
+
+/// `felix-node conformance --addr` against a stand-in for the released Felix broker (no ALPN,
+/// `server_flags` 0x003F, no feature bits): every check that applies passes, and the ones about
+/// features it does not advertise are reported skipped, not passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_conformance_against_the_released_broker_skips_what_it_does_not_advertise() {
+    let legacy = felix_driver_tokio::testkit::LegacyBroker::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("legacy.pem");
+    std::fs::write(&ca, legacy.cert_pem()).unwrap();
+    let out = tokio::process::Command::new(BIN)
+        .args(["conformance", "--addr", &legacy.local_addr().to_string(), "--token", "any", "--tenant", "t1", "--ca"])
+        .arg(&ca)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.ends_with("0 failed, 4 skipped"), "{stdout}");
+    for skipped in ["error codes", "cache version", "publish_ok offset", "group record"] {
+        assert!(stdout.lines().any(|l| l.starts_with("skip ") && l.contains(skipped)), "{skipped}: {stdout}");
+    }
+    assert!(stdout.contains("oversize frame refused on the header (the broker ended the stream)"), "{stdout}");
+}

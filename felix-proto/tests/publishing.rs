@@ -380,14 +380,93 @@ fn requests_before_auth_and_bad_tokens_are_refused() {
     assert_eq!(e.code, Some(ErrorCode::Unauthenticated));
 }
 
+/// Auth is per stream: a connection that authenticated nothing is not closed for it (existing
+/// clients open pooled connections and authenticate a stream only when they first use it).
 #[test]
-fn auth_timeout_closes_the_connection() {
+fn an_idle_unauthenticated_connection_stays_open() {
     let mut sim = Sim::new(config(), epoch());
     let p = sim.connect_raw();
-    sim.advance(std::time::Duration::from_secs(9));
+    sim.advance(std::time::Duration::from_secs(60));
     assert!(sim.clients[p].closed.is_none());
+    // Then a stream authenticates and is served.
+    let s = sim.raw_open_bi(p);
+    sim.raw_send(p, s, auth(None, None, None), false);
+    sim.run();
+    assert!(matches!(messages(&sim.take_received(p, s))[0], Message::Ok(_)));
+}
+
+/// A stream that does not authenticate within the auth timeout is ended with `unauthenticated`;
+/// its connection and the connection's other streams are untouched.
+#[test]
+fn a_stream_that_does_not_authenticate_in_time_is_ended_alone() {
+    let mut sim = Sim::new(config(), epoch());
+    let p = sim.connect_raw();
+    let ok = sim.raw_open_bi(p);
+    sim.raw_send(p, ok, auth(None, None, None), false);
+    let silent = sim.raw_open_bi(p);
+    sim.raw_send(p, silent, &b"FLX1"[..], false); // a header begun, never finished
+    sim.run();
+    sim.take_received(p, ok);
+    sim.advance(std::time::Duration::from_secs(9));
+    assert!(sim.take_received(p, silent).is_empty());
     sim.advance(std::time::Duration::from_secs(2));
-    assert_eq!(sim.clients[p].closed.as_ref().map(|c| c.0), Some(close_code::AUTH_TIMEOUT));
+    let Message::Error(e) = &messages(&sim.take_received(p, silent))[0] else { panic!() };
+    assert_eq!(e.message, "authentication timeout");
+    assert!(sim.clients[p].stopped.contains(&silent), "the broker stopped reading it");
+    assert!(sim.clients[p].closed.is_none(), "the connection stays");
+    assert_eq!(sim.broker.stats().auth_timeouts, 1);
+    // The authenticated stream still works.
+    let get = json(&Message::CacheGet(message::CacheGet {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "c".into(),
+        key: "k".into(),
+        request_id: None,
+    }));
+    sim.raw_send(p, ok, get, false);
+    sim.run();
+    assert!(matches!(messages(&sim.take_received(p, ok))[0], Message::CacheValue(_)));
+}
+
+#[test]
+fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
+    use felix_proto::broker::{AdmitError, Broker, PeerAddr};
+    let t0 = epoch();
+    let cfg = felix_proto::broker::BrokerConfig {
+        max_unauthenticated_connections: 4,
+        max_unauthenticated_per_peer: 3,
+        ..config()
+    };
+    let mut b = Broker::new(cfg, felix_proto::io::WallClock::new(t0, 0));
+    let (a, z) = (PeerAddr([1; 16]), PeerAddr([2; 16]));
+    for _ in 0..3 {
+        b.admit(a, t0).unwrap();
+    }
+    assert_eq!(b.admit(a, t0), Err(AdmitError::TooManyFromPeer { max: 3 }));
+    let first_z = b.admit(z, t0).unwrap();
+    // Four unauthenticated, none older than the auth timeout: the fifth is refused.
+    assert_eq!(b.admit(z, t0), Err(AdmitError::TooManyUnauthenticated { max: 4 }));
+    // An authenticated connection does not count: authenticate one of them.
+    let s = felix_proto::io::StreamId::new(felix_proto::io::Side::Client, felix_proto::io::Dir::Bi, 0);
+    b.handle_stream_data(first_z, s, auth(None, None, None), false, t0);
+    while b.poll_output().is_some() {}
+    b.admit(z, t0).unwrap();
+    assert_eq!(b.unauthenticated_connections(), 4);
+    // Past the auth timeout, the oldest unauthenticated connection makes room.
+    let later = t0 + std::time::Duration::from_secs(11);
+    let newest = b.admit(z, later).unwrap();
+    let closed: Vec<_> = std::iter::from_fn(|| b.poll_output())
+        .filter_map(|o| match o {
+            felix_proto::broker::BrokerOutput::CloseConnection { conn, code, .. } => Some((conn, code)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(closed.len(), 1);
+    assert_eq!(closed[0].1, close_code::AUTH_TIMEOUT);
+    assert_ne!(closed[0].0, first_z, "the authenticated one is never chosen");
+    assert_ne!(closed[0].0, newest);
+    assert_eq!(b.stats().connections_evicted, 1);
+    assert_eq!(b.stats().connections_refused, 2);
 }
 
 #[test]

@@ -123,8 +123,14 @@ pub struct BrokerConfig {
     /// Bytes written to one event stream and not yet flushed by the driver, before the broker
     /// stops writing to it and lets the subscriber's queue fill.
     pub event_stream_inflight_bytes: usize,
-    /// A connection that authenticates no stream within this is closed.
+    /// A control stream that does not authenticate within this is ended with `unauthenticated`
+    /// (the connection stays). Also how long a connection may stay unauthenticated before it
+    /// can be closed to make room under `max_unauthenticated_connections`.
     pub auth_timeout: Duration,
+    /// Connections that authenticated no stream yet, in all (see `Broker::admit`).
+    pub max_unauthenticated_connections: usize,
+    /// Connections that authenticated no stream yet, per peer address.
+    pub max_unauthenticated_per_peer: usize,
     /// The driver can read history back from storage (`BrokerOutput::Read`), so durable shards
     /// keep only `memory_bytes` of history in memory. Off: all retained history stays in memory.
     pub history_reads: bool,
@@ -166,6 +172,8 @@ impl Default for BrokerConfig {
             max_subscriptions_per_connection: 4096,
             event_stream_inflight_bytes: 1 << 20,
             auth_timeout: Duration::from_secs(10),
+            max_unauthenticated_connections: 1024,
+            max_unauthenticated_per_peer: 64,
             history_reads: false,
             history_read_bytes: 1 << 20,
             max_pending_write_bytes: 32 << 20,

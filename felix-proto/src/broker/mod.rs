@@ -10,7 +10,7 @@
 //! ```text
 //!   driver                               Broker
 //!   ------                               ------
-//!   connection accepted  ──────────────▶ connection_opened(now) -> ConnId
+//!   connection arriving  ──────────────▶ admit(peer, now) -> Result<ConnId, AdmitError>
 //!   bytes on stream S    ──────────────▶ handle_stream_data(conn, S, bytes, fin, now)
 //!   uni stream opened    ──────────────▶ handle_stream_opened(conn, token, S, now)
 //!   bytes written        ──────────────▶ handle_stream_flushed(conn, S, n, now)
@@ -238,6 +238,35 @@ pub struct BrokerStats {
     pub cache_misses: u64,
     /// Protocol violations that closed a connection.
     pub protocol_violations: u64,
+    /// Connections refused at admission (too many unauthenticated ones).
+    pub connections_refused: u64,
+    /// Unauthenticated connections closed to make room for new ones.
+    pub connections_evicted: u64,
+    /// Control streams ended for not authenticating in time.
+    pub auth_timeouts: u64,
+}
+
+/// A peer's address, as the driver names it to the core (an IP address in 16 bytes, IPv4
+/// mapped into IPv6): connections from one peer share a cap. Opaque to the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerAddr(pub [u8; 16]);
+
+/// Why a connection was not admitted ([`Broker::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// The peer already holds this many connections that authenticated nothing.
+    #[error("too many unauthenticated connections from this address (at most {max})")]
+    TooManyFromPeer {
+        /// The cap.
+        max: usize,
+    },
+    /// This many connections authenticated nothing, none of them for longer than the auth
+    /// timeout.
+    #[error("too many unauthenticated connections (at most {max})")]
+    TooManyUnauthenticated {
+        /// The cap.
+        max: usize,
+    },
 }
 
 type Key = (String, String, String);
@@ -303,6 +332,8 @@ struct CtlStream {
     fin_recv: bool,
     closed: bool,
     send_finished: bool,
+    /// A stream must authenticate by then (auth is per stream; the connection is not judged).
+    auth_deadline: Option<Instant>,
     /// Answers held back behind a request answered from storage (`stream_read`), so that every
     /// answer leaves in request order: id-less answers (`error`, `subscribe_cursor_error`) are
     /// matched by order.
@@ -396,7 +427,11 @@ struct Conn {
     streams: HashMap<StreamId, CtlStream>,
     subs: HashMap<u64, Sub>,
     opens: HashMap<OpenToken, u64>,
-    auth_deadline: Option<Instant>,
+    /// Some stream of it authenticated. Until then it counts against the caps on
+    /// unauthenticated connections.
+    authenticated: bool,
+    opened_at: Instant,
+    peer: Option<PeerAddr>,
     next_sub: u64,
     /// Highest stream index the client opened, per direction. QUIC stream ids only grow, so a
     /// stream at or below it with no state here was closed: bytes for it are ignored rather
@@ -644,9 +679,10 @@ impl Broker {
     }
 
     /// When to call [`handle_timeout`](Self::handle_timeout) next: the earliest authentication
-    /// deadline, or the next retention sweep (once a second while any stream retains by age).
+    /// deadline of a stream, or the next retention sweep (once a second while any stream retains
+    /// by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let auth = self.conns.values().filter_map(|c| c.auth_deadline).min();
+        let auth = self.conns.values().flat_map(|c| c.streams.values()).filter_map(|s| s.auth_deadline).min();
         let sweep = self.next_sweep.filter(|_| {
             self.streams.values().any(|e| e.config.retention.max_age.is_some())
                 || self.caches.values().any(cache::Cache::has_expiring)
@@ -654,18 +690,31 @@ impl Broker {
         [auth, sweep, self.groups_deadline()].into_iter().flatten().min()
     }
 
-    /// Timers: closes connections that authenticated no stream in time, applies retention.
+    /// Timers: ends control streams that did not authenticate in time (the connection stays:
+    /// existing clients open pooled connections and authenticate a stream only when they first
+    /// use it), applies retention.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.advance(now);
-        let expired: Vec<ConnId> =
-            self.conns.iter().filter(|(_, c)| c.auth_deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
-        for conn in expired {
-            self.out.push_back(BrokerOutput::CloseConnection {
-                conn,
-                code: close_code::AUTH_TIMEOUT,
-                reason: "authentication timeout".into(),
-            });
-            self.drop_conn(conn);
+        let mut expired: Vec<(ConnId, StreamId)> = self
+            .conns
+            .iter()
+            .flat_map(|(c, conn)| conn.streams.iter().map(move |(s, st)| (*c, *s, st.auth_deadline)))
+            .filter(|(_, _, d)| d.is_some_and(|d| d <= now))
+            .map(|(c, s, _)| (c, s))
+            .collect();
+        expired.sort_unstable();
+        for (conn, sid) in expired {
+            let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { continue };
+            st.auth_deadline = None;
+            if !st.closed {
+                self.stats.auth_timeouts += 1;
+                let r = Refusal::new(ErrorCode::Unauthenticated, "authentication timeout").closing();
+                self.refuse(conn, &mut st, r);
+                self.maybe_finish(conn, &mut st);
+            }
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.streams.insert(sid, st);
+            }
         }
         if self.next_sweep.is_none_or(|t| t <= now) {
             self.enforce_retention(None, now);
@@ -707,9 +756,57 @@ impl Broker {
     // -----------------------------------------------------------------------------------------
     // Connections and streams
 
-    /// A client connected. Returns its id.
+    /// A client connected (from a peer the driver does not name: not counted against the
+    /// per-peer cap). Returns its id.
     pub fn connection_opened(&mut self, now: Instant) -> ConnId {
         let now = self.clock.advance(now);
+        self.open_conn(None, now)
+    }
+
+    /// A client wants to connect from `peer`: call before its handshake. It is admitted (its
+    /// id is returned; report a failed handshake with [`connection_closed`](Self::connection_closed))
+    /// unless that would pass the caps on connections that authenticated no stream yet:
+    /// * per peer (`max_unauthenticated_per_peer`): refused;
+    /// * in all (`max_unauthenticated_connections`): the oldest unauthenticated connection that
+    ///   has been so for longer than `auth_timeout` is closed (code 1) to make room, or, if none
+    ///   has, the new one is refused.
+    ///
+    /// Authenticated connections never count, so a flood of idle connections cannot crowd out
+    /// clients that authenticate.
+    ///
+    /// # Errors
+    /// [`AdmitError`] naming the cap; refuse the connection in the handshake.
+    pub fn admit(&mut self, peer: PeerAddr, now: Instant) -> Result<ConnId, AdmitError> {
+        let now = self.clock.advance(now);
+        let unauth = |c: &&Conn| !c.authenticated;
+        let from_peer = self.conns.values().filter(unauth).filter(|c| c.peer == Some(peer)).count();
+        if from_peer >= self.cfg.max_unauthenticated_per_peer {
+            self.stats.connections_refused += 1;
+            return Err(AdmitError::TooManyFromPeer { max: self.cfg.max_unauthenticated_per_peer });
+        }
+        if self.unauthenticated_connections() >= self.cfg.max_unauthenticated_connections {
+            let stale = self
+                .conns
+                .iter()
+                .filter(|(_, c)| !c.authenticated && crate::io::after(c.opened_at, self.cfg.auth_timeout) <= now)
+                .min_by_key(|(id, c)| (c.opened_at, **id))
+                .map(|(id, _)| *id);
+            let Some(old) = stale else {
+                self.stats.connections_refused += 1;
+                return Err(AdmitError::TooManyUnauthenticated { max: self.cfg.max_unauthenticated_connections });
+            };
+            self.stats.connections_evicted += 1;
+            self.out.push_back(BrokerOutput::CloseConnection {
+                conn: old,
+                code: close_code::AUTH_TIMEOUT,
+                reason: "unauthenticated for too long while others wait".into(),
+            });
+            self.drop_conn(old);
+        }
+        Ok(self.open_conn(Some(peer), now))
+    }
+
+    fn open_conn(&mut self, peer: Option<PeerAddr>, now: Instant) -> ConnId {
         self.next_sweep.get_or_insert(crate::io::after(now, std::time::Duration::from_secs(1)));
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
@@ -720,13 +817,20 @@ impl Broker {
                 streams: HashMap::new(),
                 subs: HashMap::new(),
                 opens: HashMap::new(),
-                auth_deadline: Some(crate::io::after(now, self.cfg.auth_timeout)),
+                authenticated: false,
+                opened_at: now,
+                peer,
                 next_sub: 1,
                 max_bi: None,
                 max_uni: None,
             },
         );
         id
+    }
+
+    /// Connections none of whose streams authenticated yet.
+    pub fn unauthenticated_connections(&self) -> usize {
+        self.conns.values().filter(|c| !c.authenticated).count()
     }
 
     /// The connection is gone (closed by either side or lost). Its subscriptions end.
@@ -770,6 +874,7 @@ impl Broker {
     {
         let now = self.clock.advance(now);
         let preauth = self.cfg.preauth_max_frame_len;
+        let auth_timeout = self.cfg.auth_timeout;
         let Some(c) = self.conns.get_mut(&conn) else { return };
         if stream.initiator() != Side::Client {
             // Our own event streams are unidirectional: a client cannot send on them.
@@ -801,6 +906,7 @@ impl Broker {
                 fin_recv: false,
                 closed: false,
                 send_finished: false,
+                auth_deadline: Some(crate::io::after(now, auth_timeout)),
                 held: VecDeque::new(),
             }
         });
@@ -1238,8 +1344,9 @@ impl Broker {
         });
         st.decoder.set_max_frame_len(self.cfg.max_frame_len);
         st.decoder.set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags));
+        st.auth_deadline = None;
         if let Some(c) = self.conns.get_mut(&conn) {
-            c.auth_deadline = None;
+            c.authenticated = true;
         }
         let answer = match broker_answer(&offer, self.server_flags, self.server_features, self.cfg.publish_window) {
             Some(ok) => Message::AuthOk(ok),
