@@ -385,7 +385,7 @@ fn answer_reads(
 
 /// What the tasks around the broker tell it.
 enum Input {
-    Incoming(quinn::Incoming),
+    Incoming(Box<quinn::Incoming>),
     Connected(ConnId, quinn::Connection),
     HandshakeFailed(ConnId),
     Stream { conn: ConnId, send: Option<quinn::SendStream>, recv: quinn::RecvStream },
@@ -453,7 +453,7 @@ struct ConnHandle {
 /// before any handshake work is done. A failed handshake ends only that connection.
 async fn accept_loop(endpoint: quinn::Endpoint, tx: mpsc::UnboundedSender<Input>) {
     while let Some(incoming) = endpoint.accept().await {
-        if tx.send(Input::Incoming(incoming)).is_err() {
+        if tx.send(Input::Incoming(Box::new(incoming))).is_err() {
             return;
         }
     }
@@ -726,7 +726,7 @@ impl BrokerTask {
                 Ok(conn) => {
                     let tx = self.tx.clone();
                     tokio::spawn(async move {
-                        let _ = match incoming.await {
+                        let _ = match (*incoming).await {
                             Ok(quic) => tx.send(Input::Connected(conn, quic)),
                             Err(e) => {
                                 tracing::debug!("handshake failed: {e}");
