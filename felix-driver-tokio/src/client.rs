@@ -42,6 +42,8 @@ pub struct ClientOptions {
     /// Event bytes one subscription may hold for the application before the client stops
     /// reading its event stream (and reads again below half of it).
     pub subscription_buffer_bytes: usize,
+    /// How long [`Client::close`] waits for the broker to acknowledge everything written.
+    pub close_timeout: std::time::Duration,
 }
 
 impl ClientOptions {
@@ -54,6 +56,7 @@ impl ClientOptions {
             alpn: AlpnOffer::Auto,
             transport: crate::server::TransportTuning::default(),
             subscription_buffer_bytes: 64 << 20,
+            close_timeout: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -90,6 +93,21 @@ pub enum ClientError {
     /// The connection is gone.
     #[error("connection closed: {0}")]
     Closed(String),
+    /// [`Client::close`]: the broker did not acknowledge receiving everything this client wrote
+    /// (within `close_timeout`, or the connection was lost first). Up to `publishes`
+    /// fire-and-forget publishes (`bytes` bytes written on the streams concerned) may not have
+    /// reached it.
+    #[error(
+        "the broker did not confirm receipt of up to {publishes} unacknowledged publish(es) ({bytes} bytes): {reason}"
+    )]
+    Unconfirmed {
+        /// Fire-and-forget publishes written on streams whose data was not acknowledged.
+        publishes: u64,
+        /// Bytes written on those streams.
+        bytes: u64,
+        /// Why (timed out, connection lost, stream stopped).
+        reason: String,
+    },
 }
 
 impl ClientError {
@@ -227,6 +245,10 @@ impl CacheWatch {
 }
 
 pub(crate) enum Cmd {
+    /// Finish every send stream and report once the broker acknowledged their data.
+    Close {
+        reply: Reply<()>,
+    },
     Publish {
         req: PublishRequest,
         reply: Reply<Option<u64>>,
@@ -355,13 +377,16 @@ pub struct Client {
     _close_on_drop: Arc<CloseOnDrop>,
 }
 
-/// Closes the QUIC connection when the last [`Client`] handle goes away.
+/// Closes the connection when the last [`Client`] handle goes away: as [`Client::close`] does
+/// (every stream finished, the broker's acknowledgement awaited, bounded), as far as a drop can,
+/// which is as long as the runtime keeps running the connection's task.
 #[derive(Debug)]
-struct CloseOnDrop(quinn::Connection);
+struct CloseOnDrop(mpsc::UnboundedSender<Input>);
 
 impl Drop for CloseOnDrop {
     fn drop(&mut self) {
-        self.0.close(quinn::VarInt::from_u32(0), b"client dropped");
+        let (reply, _) = oneshot::channel();
+        let _ = self.0.send(Input::Cmd(Cmd::Close { reply }));
     }
 }
 
@@ -414,11 +439,15 @@ impl Client {
             long_stream: LongStream::None,
             closed: closed_tx,
             _endpoint: endpoint,
+            close_timeout: opts.close_timeout,
+            closing: false,
+            written_totals: HashMap::new(),
+            closing_fins: None,
         };
         tokio::spawn(accept_uni(quic.clone(), tx.clone()));
         tokio::spawn(task.run(rx));
         let negotiated = ready_rx.await.map_err(|_| ClientError::Closed("connection task ended".into()))??;
-        let guard = Arc::new(CloseOnDrop(quic.clone()));
+        let guard = Arc::new(CloseOnDrop(tx.clone()));
         Ok(Client { tx, negotiated, closed: closed_rx, quic, _close_on_drop: guard })
     }
 
@@ -703,8 +732,28 @@ impl Client {
         self.call(|reply| Cmd::CacheWatch { req, reply }).await
     }
 
-    /// Closes the connection.
-    pub fn close(&self) {
+    /// Closes the connection without losing what was written: every send stream is finished,
+    /// and the close waits (up to `ClientOptions::close_timeout`) until the broker acknowledged
+    /// receiving all of it, since QUIC discards stream data the peer has not acknowledged when a
+    /// connection closes. A fire-and-forget publish means "no answer", not "may be dropped on a
+    /// clean exit". Acked publishes and requests still waiting for an answer fail with
+    /// [`ClientError::Closed`].
+    ///
+    /// # Errors
+    /// [`ClientError::Unconfirmed`] with how many fire-and-forget publishes (at most) may not
+    /// have reached the broker: the wait timed out or the connection was lost first.
+    pub async fn close(&self) -> Result<(), ClientError> {
+        let r = self.call(|reply| Cmd::Close { reply }).await;
+        match r {
+            // Already closed, with nothing left to confirm.
+            Err(ClientError::Closed(_)) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Closes the connection at once, without waiting for anything written to be acknowledged
+    /// (data in flight may be lost).
+    pub fn close_now(&self) {
         self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
     }
 }
@@ -745,28 +794,48 @@ enum WriterCmd {
     /// Bytes, and the unacknowledged publishes to complete once they are handed to QUIC.
     Data(Bytes, Vec<Reply<Option<u64>>>),
     Finish,
+    /// Finish the stream and report once the broker acknowledged all its data.
+    Close(oneshot::Sender<Result<(), Unconfirmed>>),
+}
+
+/// What a stream's writer could not get acknowledged at close.
+#[derive(Debug, Clone, Copy, Default)]
+struct Unconfirmed {
+    publishes: u64,
+    bytes: u64,
+    lost: bool,
 }
 
 async fn writer(mut send: quinn::SendStream, mut rx: mpsc::UnboundedReceiver<WriterCmd>) {
     let mut chunks = Vec::new();
     let mut done: Vec<Reply<Option<u64>>> = Vec::new();
+    // Everything written on this stream, for the report at close.
+    let mut written = Unconfirmed::default();
     while let Some(cmd) = rx.recv().await {
-        let mut finish = matches!(cmd, WriterCmd::Finish);
-        if let WriterCmd::Data(b, d) = cmd {
-            chunks.push(b);
-            done.extend(d);
+        let mut finish = false;
+        let mut close = None;
+        match cmd {
+            WriterCmd::Data(b, d) => {
+                chunks.push(b);
+                done.extend(d);
+            }
+            WriterCmd::Finish => finish = true,
+            WriterCmd::Close(r) => close = Some(r),
         }
-        while !finish {
+        while !finish && close.is_none() {
             match rx.try_recv() {
                 Ok(WriterCmd::Data(b, d)) => {
                     chunks.push(b);
                     done.extend(d);
                 }
                 Ok(WriterCmd::Finish) => finish = true,
+                Ok(WriterCmd::Close(r)) => close = Some(r),
                 Err(_) => break,
             }
         }
         if !chunks.is_empty() {
+            written.bytes += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
+            written.publishes += done.len() as u64;
             // Completing an unacknowledged publish only once QUIC took its bytes is what gives
             // fire-and-forget publishers backpressure (flow control, not acknowledgements).
             let res = send.write_all_chunks(&mut chunks).await;
@@ -777,12 +846,23 @@ async fn writer(mut send: quinn::SendStream, mut rx: mpsc::UnboundedReceiver<Wri
                 });
             }
             if res.is_err() {
+                if let Some(r) = close {
+                    let _ = r.send(Err(Unconfirmed { lost: true, ..written }));
+                }
                 return;
             }
             chunks.clear();
         }
         if finish {
             let _ = send.finish();
+            return;
+        }
+        if let Some(r) = close {
+            // Once, at close: waiting on the peer's acknowledgement per request would cost a
+            // delayed ACK each time, but a close waits for it exactly once.
+            let _ = send.finish();
+            let confirmed = matches!(send.stopped().await, Ok(None));
+            let _ = r.send(if confirmed || written.bytes == 0 { Ok(()) } else { Err(written) });
             return;
         }
     }
@@ -812,6 +892,15 @@ struct Task {
     long_stream: LongStream,
     closed: watch::Sender<Option<String>>,
     _endpoint: quinn::Endpoint,
+    /// `ClientOptions::close_timeout`.
+    close_timeout: std::time::Duration,
+    /// A close is under way: nothing more is written.
+    closing: bool,
+    /// What was handed to each stream's writer (for the report of a close that times out).
+    written_totals: HashMap<StreamId, Unconfirmed>,
+    /// During a close: the control streams the broker has not finished yet, and whom to tell
+    /// once it finished them all.
+    closing_fins: Option<(std::collections::HashSet<StreamId>, oneshot::Sender<()>)>,
 }
 
 /// The control stream for long polls: opened on first use.
@@ -918,6 +1007,85 @@ impl Task {
         self.subs.clear();
     }
 
+    /// Finishes every send stream, waits (bounded) for the broker to acknowledge their data, then
+    /// closes the connection and answers `reply` with what could not be confirmed.
+    fn close(&mut self, reply: Reply<()>) {
+        if self.closing {
+            let _ = reply.send(Ok(()));
+            return;
+        }
+        self.closing = true;
+        // The broker finishes its side of a control stream once it read our finish and answered
+        // everything before it: that, not QUIC's acknowledgement (which only says the bytes
+        // reached the broker's QUIC stack, whose unread data a close discards), is what says the
+        // broker took every publish.
+        let (fins_tx, fins_rx) = oneshot::channel();
+        let control: std::collections::HashSet<StreamId> = self.writers.keys().copied().collect();
+        if control.is_empty() {
+            let _ = fins_tx.send(());
+        } else {
+            self.closing_fins = Some((control, fins_tx));
+        }
+        let totals = std::mem::take(&mut self.written_totals);
+        let waits: Vec<(Unconfirmed, oneshot::Receiver<Result<(), Unconfirmed>>)> = self
+            .writers
+            .drain()
+            .filter_map(|(id, w)| {
+                let (tx, rx) = oneshot::channel();
+                let written = totals.get(&id).copied().unwrap_or_default();
+                w.send(WriterCmd::Close(tx)).ok().map(|()| (written, rx))
+            })
+            .collect();
+        let (quic, endpoint, timeout) = (self.quic.clone(), self._endpoint.clone(), self.close_timeout);
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut missing = Unconfirmed::default();
+            let mut timed_out = false;
+            for (written, w) in waits {
+                let (publishes, bytes, lost) = match tokio::time::timeout_at(deadline, w).await {
+                    Ok(Ok(Ok(()))) => continue,
+                    Ok(Ok(Err(u))) => (u.publishes, u.bytes, u.lost),
+                    // The writer is gone: its stream failed earlier.
+                    Ok(Err(_)) => (written.publishes, written.bytes, true),
+                    Err(_) => {
+                        timed_out = true;
+                        (written.publishes, written.bytes, false)
+                    }
+                };
+                missing.publishes += publishes;
+                missing.bytes += bytes;
+                missing.lost |= lost;
+            }
+            if tokio::time::timeout_at(deadline, fins_rx).await.is_err() && missing.bytes == 0 {
+                // The bytes were acknowledged but the broker did not finish its side in time:
+                // what it had not read yet may be lost with the connection.
+                timed_out = true;
+                for w in totals.values() {
+                    missing.publishes += w.publishes;
+                    missing.bytes += w.bytes;
+                }
+            }
+            let result = if missing.bytes == 0 {
+                Ok(())
+            } else {
+                let reason = if timed_out {
+                    format!("no acknowledgement within {timeout:?}")
+                } else if missing.lost {
+                    "the connection was lost".into()
+                } else {
+                    "the broker stopped a stream".into()
+                };
+                Err(ClientError::Unconfirmed { publishes: missing.publishes, bytes: missing.bytes, reason })
+            };
+            quic.close(quinn::VarInt::from_u32(0), b"client closing");
+            // Let the endpoint send the close frame before the caller (perhaps a process about to
+            // exit) goes on, so the broker need not wait out its idle timeout. Not the whole
+            // draining period `wait_idle` would wait for: everything was confirmed already.
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(20), endpoint.wait_idle()).await;
+            let _ = reply.send(result);
+        });
+    }
+
     /// Parks a cache request's reply until its answer, or fails it at once if it was refused.
     fn await_cache(&mut self, sent: Result<u64, CommandError>, reply: CacheReply) {
         match sent {
@@ -973,6 +1141,7 @@ impl Task {
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
+            Input::Cmd(Cmd::Close { reply }) => self.close(reply),
             Input::Cmd(Cmd::Publish { req, reply }) => {
                 if self.waiting.is_empty() {
                     self.try_publish(req, reply);
@@ -1087,7 +1256,17 @@ impl Task {
                     let _ = g.send(ReadGate::Open);
                 }
             }
-            Input::Data { stream, data, fin } => self.machine.handle_stream_chunks(stream, data, fin, now),
+            Input::Data { stream, data, fin } => {
+                self.machine.handle_stream_chunks(stream, data, fin, now);
+                if fin && let Some((waiting, _)) = &mut self.closing_fins {
+                    waiting.remove(&stream);
+                    if waiting.is_empty()
+                        && let Some((_, done)) = self.closing_fins.take()
+                    {
+                        let _ = done.send(());
+                    }
+                }
+            }
             Input::Closed(_) => {}
         }
     }
@@ -1110,6 +1289,9 @@ impl Task {
                     }
                     ClientOutput::Transmit { stream, data } => {
                         if let Some(w) = self.writers.get(&stream) {
+                            let t = self.written_totals.entry(stream).or_default();
+                            t.bytes += data.len() as u64;
+                            t.publishes += self.written.len() as u64;
                             let _ = w.send(WriterCmd::Data(data, std::mem::take(&mut self.written)));
                         }
                     }

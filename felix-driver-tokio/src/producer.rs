@@ -145,9 +145,13 @@ impl IdempotentProducer {
         Ok(out)
     }
 
-    /// Closes the connection (after [`flush`](Self::flush), nothing is lost).
-    pub fn close(&self) {
-        self.client.close();
+    /// Waits for every submitted batch to be appended, then closes the connection.
+    ///
+    /// # Errors
+    /// As [`flush`](Self::flush).
+    pub async fn close(mut self) -> Result<(), ClientError> {
+        self.flush().await?;
+        self.client.close().await
     }
 
     /// Sends whatever the state machine hands out.

@@ -727,3 +727,45 @@ async fn a_paused_subscription_resumes_when_the_application_catches_up() {
     let got = collect(&mut sub, N).await;
     assert_eq!(got.iter().map(|(o, _)| *o).collect::<Vec<_>>(), (0..N as u64).collect::<Vec<_>>());
 }
+
+/// Fire-and-forget means "no answer", not "may be dropped on a clean exit": `close().await`
+/// waits until the broker acknowledged everything written, so every unacked publish lands even
+/// when the client's runtime ends the moment `close` returns (as a process does when it exits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_loses_no_unacknowledged_publish() {
+    let (server, chain) = start(None).await;
+    let addr = server.local_addr();
+    for round in 0..5 {
+        let chain = chain.clone();
+        // The client lives on a runtime of its own, dropped right after the close: nothing it
+        // left unsent gets another chance.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain));
+                let c = Client::connect(addr, opts).await.unwrap();
+                for i in 0..200 {
+                    let p = Bytes::from(format!("r{round}-{i}-{}", "x".repeat(4 << 10)));
+                    c.publish("default", "fire", vec![p], PublishOptions::default()).await.unwrap();
+                }
+                c.close().await.unwrap();
+            });
+            drop(rt);
+        })
+        .join()
+        .unwrap();
+    }
+    let c = connect(&server, &chain).await;
+    let mut n = 0;
+    let mut from = 0;
+    loop {
+        let page = c.stream_read("default", "fire", 0, from, None, None).await.unwrap();
+        if page.records.is_empty() {
+            break;
+        }
+        n += page.records.len();
+        from = page.next_offset;
+    }
+    assert_eq!(n, 1000);
+    server.shutdown().await;
+}

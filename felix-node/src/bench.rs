@@ -377,7 +377,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let got = delivered.load(Ordering::Relaxed);
     let _ = done_tx.send(true);
     for c in &clients {
-        c.close();
+        let _ = c.close().await;
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let (mut gaps, mut resumed) = (0, 0);
@@ -512,7 +512,7 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
         println!("  {:<20} {:>12}", "latency p50 (µs)", hist.value_at_quantile(0.5));
         println!("  {:<20} {:>12}", "latency p99 (µs)", hist.value_at_quantile(0.99));
     }
-    c.close();
+    let _ = c.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -568,7 +568,7 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
                 }
                 let _ = hist.record((t0.elapsed().as_micros() as u64).max(1));
             }
-            c.close();
+            let _ = c.close().await;
             Ok::<_, String>(hist)
         }));
     }
@@ -602,7 +602,7 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
         println!("  {:<28} {:>12}", "batch poll+ack p50 (µs)", hist.value_at_quantile(0.5));
         println!("  {:<28} {:>12}", "batch poll+ack p99 (µs)", hist.value_at_quantile(0.99));
     }
-    p.close();
+    let _ = p.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -637,7 +637,7 @@ async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitC
                     Err(_) => {}
                 }
             }
-            c.close();
+            let _ = c.close().await;
             Ok::<_, String>(hist)
         }));
     }
@@ -699,7 +699,7 @@ async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitC
         println!("  {:<28} {:>12}", "write→watcher p50 (µs)", hist.value_at_quantile(0.5));
         println!("  {:<28} {:>12}", "write→watcher p99 (µs)", hist.value_at_quantile(0.99));
     }
-    w.close();
+    let _ = w.close().await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -166,6 +166,7 @@ pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
     let mut opts = ClientOptions::new(c.tenant.clone(), token, trust);
     opts.server_name = c.server_name.clone();
     opts.alpn = c.alpn;
+    opts.close_timeout = c.close_timeout;
     tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
         .await
         .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?
@@ -212,12 +213,24 @@ pub async fn publish(a: PublishArgs) -> Result<ExitCode, String> {
             }
         }
     }
+    // Unacknowledged publishes are only handed to QUIC: the close waits until the broker
+    // acknowledged receiving them, and says so when it cannot.
+    if let Err(e) = client.close().await {
+        return Err(match e {
+            felix_driver_tokio::ClientError::Unconfirmed { publishes, reason, .. } if !a.ack => {
+                let at_most = if publishes == 0 { sent as u64 } else { publishes.min(sent as u64) };
+                format!(
+                    "{sent} record(s) written, but the broker did not confirm receiving them ({reason}): up to {at_most} may not have been delivered"
+                )
+            }
+            other => other.to_string(),
+        });
+    }
     match (a.ack, last_offset) {
         (true, Some(o)) => eprintln!("published {sent} record(s); last batch starts at offset {o}"),
         (true, None) => eprintln!("published {sent} record(s), acknowledged"),
-        _ => eprintln!("published {sent} record(s)"),
+        _ => eprintln!("published {sent} record(s), received by the broker"),
     }
-    client.close();
     Ok(ExitCode::SUCCESS)
 }
 
@@ -275,7 +288,7 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         eprintln!("subscribed to {}/{} shard {}", a.conn.namespace, a.stream, a.shard);
     }
     if a.count == Some(0) {
-        client.close();
+        let _ = client.close().await;
         return Ok(ExitCode::SUCCESS);
     }
     let mut seen = 0u64;
@@ -322,7 +335,7 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                     seen += 1;
                     if a.count.is_some_and(|c| seen >= c) {
                         let _ = out.flush();
-                        client.close();
+                        let _ = client.close().await;
                         return Ok(ExitCode::SUCCESS);
                     }
                 }
@@ -354,7 +367,7 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
             None => return Err("connection closed".into()),
         }
     }
-    client.close();
+    let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -404,7 +417,7 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
         from = page.next_offset;
     }
     eprintln!("read {total} record(s) of {ns}/{stream} shard {}; next offset {from}", a.shard);
-    client.close();
+    let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -432,7 +445,7 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
             watch(&client, &ns, &cache, filter, from, retained, json, count).await?
         }
     };
-    client.close();
+    let _ = client.close().await;
     Ok(code)
 }
 
@@ -458,7 +471,7 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
             }
         }
     };
-    client.close();
+    let _ = client.close().await;
     Ok(code)
 }
 

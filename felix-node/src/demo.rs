@@ -150,7 +150,7 @@ pub async fn run() -> Result<ExitCode, String> {
     let bad = client.subscribe("default", "orders", Some(StartPosition::Offset(1000)), None).await;
     println!("subscribe at offset 1000 -> {}", bad.err().map_or("accepted?".into(), |e| e.to_string()));
 
-    client.close();
+    let _ = client.close().await;
     server.shutdown().await;
     println!("\ndemo done: broker stopped cleanly");
     Ok(ExitCode::SUCCESS)

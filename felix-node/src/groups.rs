@@ -109,7 +109,7 @@ pub async fn group(a: GroupArgs) -> Result<ExitCode, String> {
             eprintln!("{}", if existed { "deleted" } else { "there was no such group" });
         }
     }
-    client.close();
+    let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -137,7 +137,7 @@ pub async fn consume(a: ConsumeArgs) -> Result<ExitCode, String> {
         for r in &records {
             let mut out = std::io::stdout().lock();
             if writeln!(out, "{}", line(r, a.json)).and_then(|()| out.flush()).is_err() {
-                client.close();
+                let _ = client.close().await;
                 return Ok(ExitCode::SUCCESS); // stdout closed: leave the rest claimed, to lapse
             }
             client.group_ack(&g, r.offset).await.map_err(|e| format!("ack {}: {e}", r.offset))?;
@@ -148,6 +148,6 @@ pub async fn consume(a: ConsumeArgs) -> Result<ExitCode, String> {
         }
     }
     eprintln!("consumed {seen} record(s)");
-    client.close();
+    let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
 }

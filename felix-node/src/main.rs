@@ -240,6 +240,10 @@ pub struct ConnectArgs {
     /// know no ALPN id), felix/1 (a broker that requires it), or none (as existing clients).
     #[arg(long, global = true, env = "FELIX_ALPN", default_value = "auto")]
     alpn: felix_driver_tokio::tls::AlpnOffer,
+    /// On exit, how long to wait for the broker to confirm it received everything written
+    /// (e.g. 10s, 500ms); past it the command says what may not have been delivered.
+    #[arg(long, global = true, env = "FELIX_CLOSE_TIMEOUT", default_value = "10s", value_parser = commands::parse_duration)]
+    close_timeout: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

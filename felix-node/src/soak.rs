@@ -220,7 +220,7 @@ pub async fn run(a: SoakArgs) -> Result<ExitCode, String> {
                         break;
                     }
                 }
-                c.close();
+                let _ = c.close().await;
                 drop(c);
                 for r in readers {
                     r.abort();
