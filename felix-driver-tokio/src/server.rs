@@ -16,7 +16,7 @@ use crate::storage::{DiskStorage, FsyncPolicy, RecoveredShard};
 use crate::tls::{Identity, TlsError, server_config};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
-use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest};
+use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
 use felix_proto::io::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
 use quinn::VarInt;
 use std::collections::HashMap;
@@ -356,7 +356,7 @@ fn storage_loop(
             let started = std::time::Instant::now();
             let results = match disk.as_mut() {
                 Some(d) => d.write(reqs),
-                None => reqs.into_iter().map(|r| (r.token, true)).collect(),
+                None => reqs.into_iter().map(|r| (r.token, WriteOutcome::Written)).collect(),
             };
             let micros = started.elapsed().as_micros() as u64;
             let _ = tx.send(Input::Written(results, micros));
@@ -394,7 +394,7 @@ enum Input {
     Stopped { conn: ConnId, stream: StreamId },
     Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
     Flushed { conn: ConnId, stream: StreamId, bytes: usize },
-    Written(Vec<(WriteToken, bool)>, u64),
+    Written(Vec<(WriteToken, WriteOutcome)>, u64),
     ReadDone(felix_proto::io::ReadToken, Vec<felix_proto::storage::StoredBatch>),
     Closed { conn: ConnId },
     Metrics(oneshot::Sender<String>),
@@ -410,6 +410,7 @@ struct IoCounters {
     storage_passes: u64,
     storage_writes: u64,
     storage_failures: u64,
+    storage_full: u64,
     storage_micros: u64,
     storage_micros_max: u64,
 }
@@ -698,6 +699,12 @@ impl BrokerTask {
         m("felix_storage_writes_total", "counter", "Batches written to storage.", self.io.storage_writes);
         m("felix_storage_write_failures_total", "counter", "Storage writes that failed.", self.io.storage_failures);
         m(
+            "felix_storage_full_total",
+            "counter",
+            "Storage writes that failed for lack of space (the shard then refuses publishes until a write succeeds).",
+            self.io.storage_full,
+        );
+        m(
             "felix_storage_passes_total",
             "counter",
             "Group-commit passes of the storage thread.",
@@ -777,10 +784,11 @@ impl BrokerTask {
                 self.io.storage_passes += 1;
                 self.io.storage_micros += micros;
                 self.io.storage_micros_max = self.io.storage_micros_max.max(micros);
-                for (token, ok) in results {
+                for (token, outcome) in results {
                     self.io.storage_writes += 1;
-                    self.io.storage_failures += u64::from(!ok);
-                    self.broker.handle_write_complete(token, ok, now);
+                    self.io.storage_failures += u64::from(outcome != WriteOutcome::Written);
+                    self.io.storage_full += u64::from(outcome == WriteOutcome::NoSpace);
+                    self.broker.handle_write_result(token, outcome, now);
                 }
             }
             Input::ReadDone(token, batches) => self.broker.handle_read_complete(token, batches, now),

@@ -14,7 +14,7 @@
 //! once it is on disk.
 
 use bytes::{Bytes, BytesMut};
-use felix_proto::broker::PersistRequest;
+use felix_proto::broker::{PersistRequest, WriteOutcome};
 use felix_proto::io::WriteToken;
 use felix_proto::storage::{
     IndexEntry, StoredBatch, crc32c_append, decode_index, decode_producer_watermarks, decode_segment, encode_batch,
@@ -233,7 +233,7 @@ impl DiskStorage {
 
     /// Appends the batches, syncs per policy (each stream's own, or the storage's), and
     /// reports each write. A write under `always` is reported only once its file is synced.
-    pub fn write(&mut self, reqs: Vec<PersistRequest>) -> Vec<(WriteToken, bool)> {
+    pub fn write(&mut self, reqs: Vec<PersistRequest>) -> Vec<(WriteToken, WriteOutcome)> {
         let mut results = Vec::with_capacity(reqs.len());
         let mut buf = BytesMut::new();
         // Files written under `always` in this pass, with the results that wait on them.
@@ -263,11 +263,11 @@ impl DiskStorage {
                             self.dirty.remove(&path);
                         }
                     }
-                    results.push((r.token, true));
+                    results.push((r.token, WriteOutcome::Written));
                 }
                 Err(e) => {
                     tracing::error!("storage write failed: {e}");
-                    results.push((r.token, false));
+                    results.push((r.token, outcome_of(&e)));
                 }
             }
         }
@@ -279,7 +279,7 @@ impl DiskStorage {
             {
                 tracing::error!("fsync {} failed: {e}", path.display());
                 for i in waiting {
-                    results[i].1 = false;
+                    results[i].1 = outcome_of(&e);
                 }
             }
             self.dirty.remove(&path);
@@ -643,6 +643,16 @@ fn index_path(seg: &Path) -> PathBuf {
 }
 
 /// Writes a sealed segment's index (best effort: a missing or bad index is rebuilt at start).
+/// How a failed write is reported: lack of space (a full disk, a quota, a file-size limit) is
+/// told apart, since the broker then stops taking writes for the shard until space returns.
+fn outcome_of(e: &std::io::Error) -> WriteOutcome {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge => WriteOutcome::NoSpace,
+        _ => WriteOutcome::Failed,
+    }
+}
+
 /// The file beside a shard's segments that keeps its producer watermarks.
 const WATERMARKS: &str = "producers.watermarks";
 
@@ -810,7 +820,7 @@ mod tests {
         let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Always).unwrap();
         s.set_segment_bytes(60);
         let res = s.write(vec![req(1, 0, &["a", "b"]), req(2, 2, &["c"]), req(3, 3, &["d"])]);
-        assert!(res.iter().all(|r| r.1));
+        assert!(res.iter().all(|r| r.1 == WriteOutcome::Written));
         drop(s);
         // Tear the last segment's tail.
         let shard = dir.path().join("streams/t1/default/%2E.%2Forders/0");
@@ -827,7 +837,7 @@ mod tests {
         assert_eq!(offsets, vec![0, 2]);
         assert_eq!(rec[0].repairs.len(), 1);
         // After the repair, appending continues cleanly.
-        assert!(s.write(vec![req(4, 3, &["d"])])[0].1);
+        assert_eq!(s.write(vec![req(4, 3, &["d"])])[0].1, WriteOutcome::Written);
         let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
         assert_eq!(rec[0].batches.len(), 3);
         assert!(rec[0].repairs.is_empty());
@@ -945,7 +955,7 @@ mod tests {
         let newest = segs.last().unwrap().1.clone();
         let more: Vec<_> = (0..10).map(|i| req(2000 + i, 101 + i, &[&format!("later-{i:03}")])).collect();
         s.set_segment_bytes(200);
-        assert!(s.write(more).iter().all(|r| r.1));
+        assert!(s.write(more).iter().all(|r| r.1 == WriteOutcome::Written));
         let sealed_now =
             decode_index(&std::fs::read(index_path(&newest)).unwrap(), std::fs::metadata(&newest).unwrap().len())
                 .expect("sealed with a sound index");
@@ -967,7 +977,7 @@ mod tests {
         let mut plain = req(2, 0, &["b"]);
         plain.stream = "other".into();
         let res = s.write(vec![always, plain]);
-        assert!(res.iter().all(|r| r.1));
+        assert!(res.iter().all(|r| r.1 == WriteOutcome::Written));
         assert_eq!(s.syncs(), 1, "only the `always` stream's file was synced");
         let mut interval = req(3, 1, &["c"]);
         interval.fsync = Some(felix_proto::broker::FsyncMode::Interval(Duration::ZERO));

@@ -233,3 +233,17 @@ async fn a_flood_of_idle_connections_is_refused_without_hurting_authenticated_cl
     assert!(metrics.contains("felix_connections_evicted_total 1"), "{metrics}");
     server.shutdown().await;
 }
+
+/// The default timeouts (auth 10 s, QUIC idle 30 s, client keep-alive 5 s): a pooled connection
+/// idle for 60 s is then served. A minute long, so run by hand (`--ignored`); the short version
+/// above runs in CI.
+#[tokio::test]
+#[ignore = "takes 60 s; run with --ignored"]
+async fn with_default_timeouts_a_connection_idle_for_a_minute_is_served() {
+    let (server, chain) = our_broker(false).await;
+    let (_ep, conn) = idle_connection(server.local_addr(), &chain, Duration::from_secs(5)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(conn.close_reason().is_none(), "{:?}", conn.close_reason());
+    serve_one_request(&conn).await.unwrap();
+    server.shutdown().await;
+}

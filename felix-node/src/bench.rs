@@ -42,9 +42,13 @@ pub struct BenchArgs {
     /// Records per published batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Wait for an acknowledgement of every batch (pipelined).
+    /// Wait for an acknowledgement of every batch (pipelined), answered after the write.
     #[arg(long)]
     ack: bool,
+    /// With --ack: acknowledgements may come on enqueue, before the write (the faster mode;
+    /// docs/operations.md says what each promises).
+    #[arg(long)]
+    ack_on_enqueue: bool,
     /// Use a durable stream (offsets, written to disk) instead of an ephemeral one.
     #[arg(long)]
     durable: bool,
@@ -112,6 +116,8 @@ struct Target {
     token: String,
     trust: Trust,
     tuning: felix_driver_tokio::TransportTuning,
+    /// `--ack-on-enqueue`.
+    ack_on_enqueue: bool,
     _server: Option<felix_driver_tokio::Server>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -125,7 +131,8 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
                 .map_err(|e| format!("no --token and no dev token in {}: {e}", a.data_dir.display()))?,
         };
         let trust = client_trust(a.ca.as_deref(), &a.data_dir, false)?;
-        return Ok(Target { addr, token, trust, tuning: a.tuning(), _server: None, _dir: None });
+        let ack_on_enqueue = a.ack_on_enqueue;
+        return Ok(Target { addr, token, trust, tuning: a.tuning(), ack_on_enqueue, _server: None, _dir: None });
     }
     let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
     let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
@@ -162,6 +169,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         token: "bench".into(),
         trust: Trust::Certificates(chain),
         tuning: a.tuning(),
+        ack_on_enqueue: a.ack_on_enqueue,
         _server: Some(server),
         _dir: Some(dir),
     })
@@ -170,6 +178,9 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
 async fn connect(t: &Target) -> Result<Client, String> {
     let mut opts = ClientOptions::new("bench", t.token.clone(), t.trust.clone());
     opts.transport = t.tuning.clone();
+    if t.ack_on_enqueue {
+        opts.config = opts.config.ack_on_enqueue();
+    }
     Client::connect(t.addr, opts).await.map_err(|e| e.to_string())
 }
 

@@ -154,6 +154,11 @@ async fn wait_for_shutdown() {
 }
 
 pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
+    connect_with(c, |_| {}).await
+}
+
+/// [`connect`], with the client options adjusted by `adjust` first.
+pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<Client, String> {
     let trust = client_trust(c.ca.as_deref(), &c.data_dir, c.insecure_accept_any_certificate)?;
     let token = match &c.token {
         Some(t) => t.clone(),
@@ -167,14 +172,21 @@ pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
     opts.server_name = c.server_name.clone();
     opts.alpn = c.alpn;
     opts.close_timeout = c.close_timeout;
+    adjust(&mut opts);
     tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
         .await
         .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?
         .map_err(|e| format!("{}: {e}", c.addr))
 }
 
-pub async fn publish(a: PublishArgs) -> Result<ExitCode, String> {
-    let client = connect(&a.conn).await?;
+pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
+    a.ack |= a.ack_on_enqueue;
+    let client = connect_with(&a.conn, |o| {
+        if a.ack_on_enqueue {
+            o.config = o.config.clone().ack_on_enqueue();
+        }
+    })
+    .await?;
     let opts = || PublishOptions { key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
     let mut sent = 0usize;
     let mut last_offset = None;

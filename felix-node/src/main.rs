@@ -260,9 +260,15 @@ struct PublishArgs {
     /// Routing key.
     #[arg(long, short = 'k')]
     key: Option<String>,
-    /// Wait for the broker's acknowledgement of each batch.
+    /// Wait for the broker's acknowledgement of each batch: it comes once the batch is stored
+    /// (written, per the stream's fsync policy), with its offset.
     #[arg(long)]
     ack: bool,
+    /// The faster mode (implies --ack): a batch may be acknowledged once the broker queued it
+    /// for storage, before the write; such an acknowledgement survives neither a broker crash
+    /// nor a failed write (docs/operations.md, "What an acknowledgement promises").
+    #[arg(long)]
+    ack_on_enqueue: bool,
     /// Records per batch when reading lines.
     #[arg(long, default_value_t = 64)]
     batch: usize,

@@ -8,7 +8,7 @@
 //! Clients are either [`ClientConnection`]s or *raw* peers that send hand-made bytes and record
 //! everything the broker writes to them byte for byte (to check what an old client would see).
 
-use crate::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest};
+use crate::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
 use crate::client::{ClientConfig, ClientConnection, ClientEvent, ClientOutput};
 use crate::io::{ConnId, Dir, Side, StreamId, WallClock, WriteToken};
 use bytes::{Bytes, BytesMut};
@@ -275,13 +275,19 @@ impl Sim {
 
     /// Completes a pending write (manual storage mode).
     pub fn complete_write(&mut self, token: WriteToken, ok: bool) {
+        let outcome = if ok { WriteOutcome::Written } else { WriteOutcome::Failed };
+        self.complete_write_with(token, outcome);
+    }
+
+    /// Completes a pending write with `outcome` (manual storage mode): `NoSpace` is a full disk.
+    pub fn complete_write_with(&mut self, token: WriteToken, outcome: WriteOutcome) {
         if let Some(i) = self.pending_writes.iter().position(|w| w.token == token) {
             let w = self.pending_writes.remove(i);
-            if ok {
+            if outcome == WriteOutcome::Written {
                 self.store(w);
             }
         }
-        self.broker.handle_write_complete(token, ok, self.now);
+        self.broker.handle_write_result(token, outcome, self.now);
         self.run();
     }
 

@@ -174,6 +174,66 @@ fn a_failed_write_is_answered_with_storage_and_never_delivered() {
     assert_eq!(batches[0].records.payloads().collect::<Vec<_>>(), vec![Bytes::from("kept")]);
 }
 
+/// A write that failed for lack of space: the shard acknowledges nothing on enqueue and writes
+/// nothing (`overloaded`, reason `storage_full`, with a suggested wait) until a write succeeds
+/// again; one publish a second goes through as a probe, answered after its write; reads go on.
+#[test]
+fn a_full_disk_stops_acks_on_enqueue_and_refuses_publishes_until_a_write_succeeds() {
+    use felix_proto::broker::WriteOutcome;
+    let mut sim = Sim::new(config(), epoch());
+    sim.storage = StorageMode::Manual;
+    // Acknowledged on enqueue (no FEATURE_ACK_ON_COMMIT), with error codes and details.
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), Some(Features::ERROR_CODES.0 as u32));
+    sim.raw_send(p, s, publish_binary("full", &["a"], Some(1), None), false);
+    sim.run();
+    assert_eq!(acks(&payloads(&sim.take_received(p, s)))[0].status, AckStatus::Ok, "on enqueue, as before");
+    let t = sim.pending_writes[0].token;
+    sim.complete_write_with(t, WriteOutcome::NoSpace);
+    // Now nothing is written or acknowledged on enqueue: acked, unacked and JSON alike.
+    sim.raw_send(p, s, publish_binary("full", &["b"], Some(2), None), false);
+    sim.raw_send(p, s, publish_binary("full", &["c"], None, None), false);
+    sim.raw_send(p, s, publish_json("full", "d", Some(3), Some(AckMode::PerBatch)), false);
+    sim.run();
+    assert!(sim.pending_writes.is_empty(), "nothing was written");
+    let answers = payloads(&sim.take_received(p, s));
+    let a = acks(&answers);
+    assert_eq!((a[0].request_id, a[0].status), (2, AckStatus::Error));
+    assert_eq!(a[0].code.as_ref().map(|(c, _)| c.clone()), Some(ErrorCode::Overloaded));
+    let detail = a[0].detail.clone().unwrap();
+    assert_eq!(detail.reason.as_deref(), Some("storage_full"));
+    assert!(detail.retry_after_ms.is_some_and(|ms| ms > 0 && ms <= 1000), "{detail:?}");
+    let json: Vec<Message> = answers
+        .iter()
+        .filter_map(|p| match p {
+            Payload::Json(Decoded::Message(m)) => Some(m.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(matches!(&json[0], Message::PublishError(e) if e.code == Some(ErrorCode::Overloaded)), "{json:?}");
+    assert_eq!(sim.broker.stats().unacked_failures, 1, "the unacked one is counted");
+    // Reads keep working.
+    sim.raw_send(p, s, subscribe("full", Some(message::StartPosition::Earliest)), false);
+    sim.run();
+    assert!(matches!(messages(&sim.take_received(p, s))[0], Message::Subscribed(_)));
+    // A second later one publish is let through as a probe, answered only after its write.
+    sim.advance(std::time::Duration::from_millis(1001));
+    sim.raw_send(p, s, publish_binary("full", &["probe"], Some(4), None), false);
+    sim.raw_send(p, s, publish_binary("full", &["behind"], Some(5), None), false);
+    sim.run();
+    assert_eq!(sim.pending_writes.len(), 1, "only the probe is written");
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!(a.iter().map(|a| (a.request_id, a.status)).collect::<Vec<_>>(), vec![(5, AckStatus::Error)]);
+    let t = sim.pending_writes[0].token;
+    sim.complete_write_with(t, WriteOutcome::Written);
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!((a[0].request_id, a[0].status, a[0].offset.is_some()), (4, AckStatus::Ok, true));
+    // Space is back: publishes are taken, and acknowledged on enqueue again.
+    sim.raw_send(p, s, publish_binary("full", &["e"], Some(6), None), false);
+    sim.run();
+    let a = acks(&payloads(&sim.take_received(p, s)));
+    assert_eq!((a[0].request_id, a[0].status, a[0].offset), (6, AckStatus::Ok, None));
+}
+
 #[test]
 fn pipelined_answers_come_in_stream_order_and_the_window_pauses_reading() {
     let mut cfg = config();

@@ -251,6 +251,21 @@ pub struct BrokerStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerAddr(pub [u8; 16]);
 
+/// How a write ended ([`Broker::handle_write_result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// On storage (as far as the stream's fsync policy promises).
+    Written,
+    /// Failed; nothing of it is stored.
+    Failed,
+    /// Failed for lack of space (a full disk, a quota, a file-size limit); nothing of it is
+    /// stored. The shard refuses publishes until a write succeeds again.
+    NoSpace,
+}
+
+/// How long a shard whose storage is full refuses publishes before it tries one write again.
+const FULL_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why a connection was not admitted ([`Broker::admit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitError {
@@ -287,6 +302,10 @@ struct Shard {
     paused: Vec<(ConnId, StreamId)>,
     /// Idempotent producers' sequences on this shard.
     producers: producer::Producers,
+    /// Storage ran out of space writing this shard: publishes are refused `overloaded` with
+    /// nothing written (nothing is acknowledged on enqueue either), except one probe write at
+    /// or after this time, answered after its write; the first write that succeeds ends it.
+    full: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -1520,7 +1539,14 @@ impl Broker {
                 .map(|_| {
                     let mut log = ShardLog::new(config.durable, config.retention);
                     log.set_memory_budget(budget);
-                    Shard { log, subs: Vec::new(), moved: None, paused: Vec::new(), producers: Default::default() }
+                    Shard {
+                        log,
+                        subs: Vec::new(),
+                        moved: None,
+                        paused: Vec::new(),
+                        producers: Default::default(),
+                        full: None,
+                    }
                 })
                 .collect(),
             config,
@@ -1645,12 +1671,34 @@ impl Broker {
                 return self.answer_now(conn, st, reply, Err(&r));
             }
         };
+        let k = key(&req.tenant_id, &req.namespace, &req.stream);
+        // A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
+        // publish a second goes through as a probe, answered after its write.
+        let mut probe = false;
+        if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize))
+            && let Some(next) = sh.full
+        {
+            if now < next {
+                self.stats.publishes_refused += 1;
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1;
+                    return;
+                }
+                let mut r = Refusal::new(ErrorCode::Overloaded, "storage is full: nothing was written");
+                r.detail = Some(ErrorDetail {
+                    reason: Some("storage_full".into()),
+                    retry_after_ms: Some(next.saturating_duration_since(now).as_millis().max(1) as u64),
+                });
+                return self.answer_now(conn, st, reply, Err(&r));
+            }
+            sh.full = Some(crate::io::after(now, FULL_PROBE_INTERVAL));
+            probe = true;
+        }
         let sess = st.session.as_ref().expect("route checked the session");
         let offer = sess.offer;
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
         // Idempotent and conditional batches are answered after the write, with the offset.
-        let ack_on_commit = sess.ack_on_commit || req.idempotent.is_some() || req.expected_offset.is_some();
-        let k = key(&req.tenant_id, &req.namespace, &req.stream);
+        let ack_on_commit = sess.ack_on_commit || probe || req.idempotent.is_some() || req.expected_offset.is_some();
         let digest = req.idempotent.map(|_| producer::digest(req.records.raw()));
         if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
             return verdict;
@@ -1828,13 +1876,29 @@ impl Broker {
     /// Storage finished a write: durable records become visible (in offset order), their
     /// subscribers get them, and publishes waiting for the write are answered.
     pub fn handle_write_complete(&mut self, token: WriteToken, ok: bool, now: Instant) {
+        let outcome = if ok { WriteOutcome::Written } else { WriteOutcome::Failed };
+        self.handle_write_result(token, outcome, now);
+    }
+
+    /// [`handle_write_complete`](Self::handle_write_complete), telling a failure for lack of
+    /// space apart: the shard then refuses publishes (`overloaded`, reason `storage_full`,
+    /// nothing written, nothing acknowledged on enqueue) until a write succeeds again, trying
+    /// one write a second. Reads are not affected.
+    pub fn handle_write_result(&mut self, token: WriteToken, outcome: WriteOutcome, now: Instant) {
         let now = self.clock.advance(now);
+        let ok = outcome == WriteOutcome::Written;
         let Some(ctx) = self.writes.get(&token) else { return };
         let (k, shard) = (ctx.key.clone(), ctx.shard);
         let Some(entry) = self.streams.get_mut(&k) else {
             self.writes.remove(&token);
             return;
         };
+        let sh = &mut entry.shards[shard as usize];
+        match outcome {
+            WriteOutcome::Written => sh.full = None,
+            WriteOutcome::NoSpace if sh.full.is_none() => sh.full = Some(crate::io::after(now, FULL_PROBE_INTERVAL)),
+            _ => {}
+        }
         let settled = entry.shards[shard as usize].log.settle(token, ok);
         if syslog::is_sys(&k) {
             for (tok, base) in settled.done {

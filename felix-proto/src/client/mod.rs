@@ -42,7 +42,10 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// A client offering everything this implementation reads.
+    /// A client offering everything this implementation reads. Its acknowledged publishes are
+    /// answered after the write (`FEATURE_ACK_ON_COMMIT`, with the offset): an acknowledgement
+    /// means the records are stored, as a user who asks for one expects (Kafka's acks=all,
+    /// JetStream's publish ack). [`ack_on_enqueue`](Self::ack_on_enqueue) trades that for speed.
     pub fn new(tenant_id: impl Into<String>, token: impl Into<String>) -> ClientConfig {
         ClientConfig {
             tenant_id: tenant_id.into(),
@@ -59,9 +62,19 @@ impl ClientConfig {
                 | Features::SEQUENCE_REUSED
                 | Features::GROUP_SKIPPED
                 | Features::GROUP_PUBLISHER
-                | Features::RECORD_TIMESTAMPS,
+                | Features::RECORD_TIMESTAMPS
+                | Features::ACK_ON_COMMIT,
             max_frame_len: crate::frame::DEFAULT_MAX_FRAME_LEN,
         }
+    }
+
+    /// The faster mode: acknowledged publishes may be answered as soon as the broker queued
+    /// them for storage (without an offset), unless the broker acknowledges after the write
+    /// anyway. Such an acknowledgement survives neither a broker crash nor a write that then
+    /// fails (docs/operations.md, "What an acknowledgement promises").
+    pub fn ack_on_enqueue(mut self) -> ClientConfig {
+        self.features = self.features.difference(Features::ACK_ON_COMMIT);
+        self
     }
 }
 
