@@ -146,13 +146,15 @@ impl Cache {
         if self.ttl_entries == 0 {
             return 0;
         }
-        let due: Vec<String> = self
+        // The earliest expiries first, then by key: which entries go (and the change offsets
+        // their deletes take) must not depend on the map's order.
+        let mut due: Vec<(Instant, String)> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.expires_at.is_some_and(|t| t <= now))
-            .map(|(k, _)| k.clone())
-            .take(max)
+            .filter_map(|(k, e)| e.expires_at.filter(|t| *t <= now).map(|t| (t, k.clone())))
             .collect();
+        due.sort_unstable();
+        let due: Vec<String> = due.into_iter().take(max).map(|(_, k)| k).collect();
         for k in &due {
             self.remove(k);
         }

@@ -318,6 +318,9 @@ impl Broker {
         else {
             return;
         };
+        // In name order: the answers this writes must not depend on the map's order.
+        let mut names = names;
+        names.sort_unstable();
         for name in names {
             let parked = std::mem::take(&mut self.group_mut(k, shard, &name).parked);
             let mut keep = std::collections::VecDeque::new();
@@ -364,9 +367,14 @@ impl Broker {
             .filter(|(_, gs)| gs.values().any(|g| g.next_deadline().is_some_and(|d| d <= now)))
             .map(|(k, _)| k.clone())
             .collect();
+        // Sorted, here and below: the writes and answers this makes must come in the same order
+        // in every run, whatever order the maps hold them in.
+        let mut due = due;
+        due.sort_unstable();
         for (k, shard) in due {
-            let names: Vec<String> =
+            let mut names: Vec<String> =
                 self.groups.get(&(k.clone(), shard)).map(|g| g.keys().cloned().collect()).unwrap_or_default();
+            names.sort_unstable();
             for name in &names {
                 self.group_mut(&k, shard, name).expire(now, &limits);
                 self.flush_dead_letters(&k, shard, name, now);

@@ -525,6 +525,12 @@ pub struct Broker {
     clock: Clock,
     wall: WallClock,
     conns: HashMap<ConnId, Conn>,
+    /// Authentication deadlines of control streams, earliest first, so `poll_timeout` reads one
+    /// entry instead of scanning every stream. Entries of streams that authenticated or went
+    /// away are removed when that happens, or skipped when they come due.
+    auth_deadlines: std::collections::BTreeSet<(Instant, ConnId, StreamId)>,
+    /// Streams whose retention is by age (they need the once-a-second sweep).
+    aged_streams: usize,
     next_conn: u64,
     streams: HashMap<Key, StreamEntry>,
     caches: HashMap<Key, Cache>,
@@ -613,6 +619,8 @@ impl Broker {
             clock: Clock::new(),
             wall,
             conns: HashMap::new(),
+            auth_deadlines: std::collections::BTreeSet::new(),
+            aged_streams: 0,
             next_conn: 1,
             streams: HashMap::new(),
             caches: HashMap::new(),
@@ -701,11 +709,8 @@ impl Broker {
     /// deadline of a stream, or the next retention sweep (once a second while any stream retains
     /// by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let auth = self.conns.values().flat_map(|c| c.streams.values()).filter_map(|s| s.auth_deadline).min();
-        let sweep = self.next_sweep.filter(|_| {
-            self.streams.values().any(|e| e.config.retention.max_age.is_some())
-                || self.caches.values().any(cache::Cache::has_expiring)
-        });
+        let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
+        let sweep = self.next_sweep.filter(|_| self.aged_streams > 0 || !self.caches.is_empty());
         [auth, sweep, self.groups_deadline()].into_iter().flatten().min()
     }
 
@@ -714,16 +719,22 @@ impl Broker {
     /// use it), applies retention.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.advance(now);
-        let mut expired: Vec<(ConnId, StreamId)> = self
-            .conns
-            .iter()
-            .flat_map(|(c, conn)| conn.streams.iter().map(move |(s, st)| (*c, *s, st.auth_deadline)))
-            .filter(|(_, _, d)| d.is_some_and(|d| d <= now))
-            .map(|(c, s, _)| (c, s))
-            .collect();
-        expired.sort_unstable();
+        let mut expired = Vec::new();
+        while let Some(&(d, conn, sid)) = self.auth_deadlines.first()
+            && d <= now
+        {
+            self.auth_deadlines.pop_first();
+            expired.push((conn, sid));
+        }
         for (conn, sid) in expired {
             let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { continue };
+            if st.auth_deadline.is_none() {
+                // Authenticated since: put it back untouched.
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.streams.insert(sid, st);
+                }
+                continue;
+            }
             st.auth_deadline = None;
             if !st.closed {
                 self.stats.auth_timeouts += 1;
@@ -747,10 +758,14 @@ impl Broker {
     /// when a durable shard's start moved.
     fn enforce_retention(&mut self, only: Option<&Key>, now: Instant) {
         let now_micros = self.wall.micros(now);
-        for (k, entry) in &mut self.streams {
-            if only.is_some_and(|o| o != k) {
-                continue;
-            }
+        // In key order: the truncations it asks storage for come in the same order every run.
+        let mut keys: Vec<Key> = match only {
+            Some(k) => vec![k.clone()],
+            None => self.streams.keys().cloned().collect(),
+        };
+        keys.sort_unstable();
+        for k in &keys {
+            let Some(entry) = self.streams.get_mut(k) else { continue };
             for (i, shard) in entry.shards.iter_mut().enumerate() {
                 let before = shard.log.start();
                 let after = shard.log.enforce_retention(now_micros);
@@ -860,6 +875,11 @@ impl Broker {
 
     fn drop_conn(&mut self, conn: ConnId) {
         if let Some(c) = self.conns.remove(&conn) {
+            for (sid, st) in &c.streams {
+                if let Some(d) = st.auth_deadline {
+                    self.auth_deadlines.remove(&(d, conn, *sid));
+                }
+            }
             for sub in c.subs.values() {
                 self.unlink_sub(conn, sub);
             }
@@ -906,7 +926,10 @@ impl Broker {
             }
             *max = Some(stream.index());
         }
+        let auth_deadlines = &mut self.auth_deadlines;
         let st = c.streams.entry(stream).or_insert_with(|| {
+            let deadline = crate::io::after(now, auth_timeout);
+            auth_deadlines.insert((deadline, conn, stream));
             let mut decoder = FrameDecoder::new();
             decoder.set_max_frame_len(preauth);
             decoder.set_accepted_flags(Flags::CLIENT_SENDS);
@@ -925,7 +948,7 @@ impl Broker {
                 fin_recv: false,
                 closed: false,
                 send_finished: false,
-                auth_deadline: Some(crate::io::after(now, auth_timeout)),
+                auth_deadline: Some(deadline),
                 held: VecDeque::new(),
             }
         });
@@ -1363,7 +1386,9 @@ impl Broker {
         });
         st.decoder.set_max_frame_len(self.cfg.max_frame_len);
         st.decoder.set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags));
-        st.auth_deadline = None;
+        if let Some(d) = st.auth_deadline.take() {
+            self.auth_deadlines.remove(&(d, conn, st.id));
+        }
         if let Some(c) = self.conns.get_mut(&conn) {
             c.authenticated = true;
         }
@@ -1551,7 +1576,10 @@ impl Broker {
                 .collect(),
             config,
         };
-        self.streams.insert(k, entry);
+        self.aged_streams += usize::from(entry.config.retention.max_age.is_some());
+        if let Some(old) = self.streams.insert(k, entry) {
+            self.aged_streams -= usize::from(old.config.retention.max_age.is_some());
+        }
         shards
     }
 
@@ -2473,12 +2501,16 @@ impl Broker {
             .map_or(self.cfg.default_stream.memory_bytes, |e| e.config.memory_bytes)
     }
 
-    /// Every stream with its configuration.
+    /// Every stream with its configuration, in name order.
     pub fn streams(&self) -> impl Iterator<Item = (&str, &str, &str, &StreamConfig)> {
-        self.streams
+        let mut v: Vec<_> = self
+            .streams
             .iter()
             .filter(|(k, _)| !syslog::is_sys(k))
             .map(|((t, n, s), e)| (t.as_str(), n.as_str(), s.as_str(), &e.config))
+            .collect();
+        v.sort_unstable_by_key(|(t, n, s, _)| (*t, *n, *s));
+        v.into_iter()
     }
 
     /// Deletes a stream. Its subscriptions end after delivering what they have queued, with
@@ -2486,6 +2518,7 @@ impl Broker {
     pub fn delete_stream(&mut self, tenant: &str, ns: &str, stream: &str, now: Instant) -> bool {
         self.clock.advance(now);
         let Some(entry) = self.streams.remove(&key(tenant, ns, stream)) else { return false };
+        self.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
         for shard in entry.shards {
             for (conn, id) in shard.subs {
                 if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {

@@ -186,7 +186,8 @@ impl Broker {
     /// The once-a-second pass: writes deletes for expired entries (at most 1024 per cache), which
     /// watchers receive.
     pub(super) fn cache_sweep(&mut self, now: Instant) {
-        let keys: Vec<Key> = self.caches.iter().filter(|(_, c)| c.has_expiring()).map(|(k, _)| k.clone()).collect();
+        let mut keys: Vec<Key> = self.caches.iter().filter(|(_, c)| c.has_expiring()).map(|(k, _)| k.clone()).collect();
+        keys.sort_unstable(); // the deletes it writes come in the same order in every run
         for k in keys {
             if let Some(c) = self.caches.get_mut(&k) {
                 c.expire(now, 1024);
