@@ -1,28 +1,29 @@
 //! The client over QUIC: an async API around the `ClientConnection` state machine.
 //!
-//! One task owns the state machine and the QUIC connection. [`Client`] methods send it commands
-//! and await the answer; acked publishes may be many at once (they are pipelined under the
-//! broker's window, queued here while the window is full).
+//! One task owns the state machine and the QUIC connection and takes no protocol decision: which
+//! stream a request goes on, what the broker may be sent, windows, queues, timeouts, the order of
+//! a subscription's events, when to pause an event stream, all of that is
+//! [`ClientConnection`]'s. The task turns [`Client`] calls into its commands, its outputs into
+//! QUIC operations, and its events into the answers the calls await: a map from ids to replies.
 
 use crate::tls::{AlpnOffer, TlsError, Trust, client_config, dial};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::binary::EventBatch;
 use felix_proto::client::{
-    ClientConfig, ClientConnection, ClientEvent, ClientOutput, ClientStream, CommandError, EndReason, ErrorInfo,
-    PublishId, PublishRequest, StreamReadRequest, SubscribeRequest,
+    self as core, CacheWatchRequest, ClientConfig, ClientConnection, ClientEvent, ClientOutput, CommandError,
+    EndReason, ErrorInfo, PublishId, PublishRequest, StreamReadRequest, SubscribeRequest, WatchOn,
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
 use felix_proto::io::{OpenToken, StreamId};
 use felix_proto::message::{
-    CacheCondition, CursorErrorReason, Message, RefusedReason, Routing, StartPosition, StreamRecord,
+    self, B64, CacheCondition, CursorErrorReason, Message, RefusedReason, Routing, StartPosition, StreamRecord,
     SubscribeCursorError,
 };
 use felix_proto::negotiate::Negotiated;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// How to reach and authenticate to a broker.
@@ -90,9 +91,14 @@ pub enum ClientError {
     /// The broker does not offer what the request needs.
     #[error("the broker does not support this: {0}")]
     Unsupported(String),
-    /// The connection is gone.
+    /// The connection is gone, or a request cannot be answered any more (`retry` tells whether
+    /// it may have been carried out).
     #[error("connection closed: {0}")]
     Closed(String),
+    /// The request cannot be sent as asked (a name or value too long for its field): a
+    /// programming or input error, never worth a retry.
+    #[error("invalid request: {0}")]
+    Invalid(String),
     /// [`Client::close`]: the broker did not acknowledge receiving everything this client wrote
     /// (within `close_timeout`, or the connection was lost first). Up to `publishes`
     /// fire-and-forget publishes (`bytes` bytes written on the streams concerned) may not have
@@ -175,48 +181,23 @@ impl Subscription {
     }
 }
 
-/// Event bytes waiting for the application in one subscription's channel.
-#[derive(Debug, Default)]
-struct Buffered {
-    bytes: AtomicUsize,
-    /// The connection task stopped reading the subscription's event stream.
-    paused: AtomicBool,
-}
-
-/// The application's end of a subscription's (or watch's) channel. It counts the event bytes
-/// waiting in it, so that the connection task can stop reading the event stream when the
-/// application falls behind (QUIC flow control then holds the broker, whose bounded queue and
-/// `subscription_lagged` take it from there) and read again once it catches up, rather than
-/// buffering without bound.
+/// The application's end of a subscription's (or watch's) channel. Each item taken is reported
+/// to the state machine, which paused the event stream if the application fell behind and reads
+/// it again once it caught up (QUIC flow control holds the broker meanwhile).
 #[derive(Debug)]
 struct ItemRx {
     sub: u64,
-    rx: mpsc::UnboundedReceiver<SubscriptionItem>,
-    buffered: Arc<Buffered>,
-    /// Below this many bytes a paused subscription is read again.
-    low_water: usize,
+    rx: mpsc::UnboundedReceiver<(SubscriptionItem, usize)>,
     task: mpsc::UnboundedSender<Input>,
 }
 
 impl ItemRx {
     async fn next(&mut self) -> Option<SubscriptionItem> {
-        let item = self.rx.recv().await?;
-        let n = item_bytes(&item);
-        if n > 0 {
-            let left = self.buffered.bytes.fetch_sub(n, Ordering::SeqCst) - n;
-            if left <= self.low_water && self.buffered.paused.load(Ordering::SeqCst) {
-                let _ = self.task.send(Input::Drained(self.sub));
-            }
+        let (item, bytes) = self.rx.recv().await?;
+        if bytes > 0 {
+            let _ = self.task.send(Input::Consumed(self.sub, bytes));
         }
         Some(item)
-    }
-}
-
-/// The bytes an item counts for in a subscription's buffer.
-fn item_bytes(item: &SubscriptionItem) -> usize {
-    match item {
-        SubscriptionItem::Events(b) => b.records.payload_bytes() + 4 * b.records.count() as usize,
-        _ => 0,
     }
 }
 
@@ -244,6 +225,9 @@ impl CacheWatch {
     }
 }
 
+/// A request built around the request id the state machine gives it (with the tenant).
+pub(crate) type Build = Box<dyn FnOnce(String, u64) -> Message + Send>;
+
 pub(crate) enum Cmd {
     /// Finish every send stream and report once the broker acknowledged their data.
     Close {
@@ -253,88 +237,17 @@ pub(crate) enum Cmd {
         req: PublishRequest,
         reply: Reply<Option<u64>>,
     },
+    Request {
+        build: Build,
+        reply: Reply<core::Reply>,
+    },
     Subscribe {
         req: SubscribeRequest,
         reply: Reply<Subscription>,
     },
-    CachePut {
-        ns: String,
-        cache: String,
-        key: String,
-        value: Bytes,
-        ttl: Option<u64>,
-        reply: Reply<()>,
-    },
-    CacheGet {
-        ns: String,
-        cache: String,
-        key: String,
-        reply: Reply<Option<Bytes>>,
-    },
-    CacheDelete {
-        ns: String,
-        cache: String,
-        key: String,
-        reply: Reply<Option<Bytes>>,
-    },
-    CacheGetVersioned {
-        ns: String,
-        cache: String,
-        key: String,
-        reply: Reply<(Option<Bytes>, Option<u64>)>,
-    },
-    CachePutIf {
-        ns: String,
-        cache: String,
-        key: String,
-        value: Bytes,
-        ttl: Option<u64>,
-        condition: CacheCondition,
-        reply: Reply<(bool, Option<u64>)>,
-    },
-    CacheDeleteIf {
-        ns: String,
-        cache: String,
-        key: String,
-        version: u64,
-        reply: Reply<(bool, Option<u64>)>,
-    },
-    Counter {
-        ns: String,
-        cache: String,
-        key: String,
-        delta: Option<i64>,
-        reply: Reply<Option<i64>>,
-    },
-    ProducerInit {
-        reply: Reply<u64>,
-    },
-    /// A request answered by a message carrying its id (consumer groups). `long`: it may wait
-    /// at the broker (a long poll), so it goes on a control stream of its own.
-    Request {
-        build: Box<dyn FnOnce(String, u64) -> Message + Send>,
-        long: bool,
-        reply: Reply<Message>,
-    },
-    StreamShards {
-        ns: String,
-        stream: String,
-        reply: Reply<(u32, Routing)>,
-    },
-    CacheWatch {
-        req: felix_proto::client::CacheWatchRequest,
+    Watch {
+        req: CacheWatchRequest,
         reply: Reply<CacheWatch>,
-    },
-    StreamRead {
-        req: StreamReadRequest,
-        reply: Reply<Page>,
-    },
-    OffsetForTime {
-        ns: String,
-        stream: String,
-        shard: u32,
-        at_micros: u64,
-        reply: Reply<Option<u64>>,
     },
 }
 
@@ -361,13 +274,14 @@ enum Input {
         data: Vec<Bytes>,
         fin: bool,
     },
-    /// The application took enough of a paused subscription's events to read it again.
-    Drained(u64),
+    Reset(StreamId),
+    /// The application took this many bytes of a subscription's events.
+    Consumed(u64, usize),
     Closed(String),
 }
 
 /// A connection to a broker. Clones share the connection; when the last one is dropped the
-/// connection is closed (the tasks behind it hold no handle that would keep it open).
+/// connection is closed as [`Client::close`] does, as far as the runtime lets it.
 #[derive(Debug, Clone)]
 pub struct Client {
     tx: mpsc::UnboundedSender<Input>,
@@ -388,6 +302,10 @@ impl Drop for CloseOnDrop {
         let (reply, _) = oneshot::channel();
         let _ = self.0.send(Input::Cmd(Cmd::Close { reply }));
     }
+}
+
+fn unexpected(r: &core::Reply) -> ClientError {
+    ClientError::Closed(format!("unexpected answer {r:?}"))
 }
 
 impl Client {
@@ -414,8 +332,9 @@ impl Client {
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
         let quic =
             dial(&endpoint, addr, &opts.server_name, opts.alpn, quic_config).await.map_err(ClientError::Connect)?;
-        let now = tokio::time::Instant::now().into_std();
-        let machine = ClientConnection::new(opts.config.clone(), now);
+        let mut config = opts.config.clone();
+        config.subscription_buffer_bytes = opts.subscription_buffer_bytes.max(1);
+        let machine = ClientConnection::new(config, now());
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
         let (closed_tx, closed_rx) = watch::channel(None);
@@ -429,16 +348,12 @@ impl Client {
             ready: Some(ready_tx),
             publishes: HashMap::new(),
             written: Vec::new(),
-            waiting: VecDeque::new(),
+            requests: HashMap::new(),
             subs: HashMap::new(),
-            buffer_max: opts.subscription_buffer_bytes.max(1),
             sub_replies: HashMap::new(),
             watch_replies: HashMap::new(),
-            early: HashMap::new(),
-            cache: HashMap::new(),
-            long_stream: LongStream::None,
             closed: closed_tx,
-            _endpoint: endpoint,
+            endpoint,
             close_timeout: opts.close_timeout,
             closing: false,
             written_totals: HashMap::new(),
@@ -460,6 +375,15 @@ impl Client {
         let (reply, rx) = oneshot::channel();
         self.tx.send(Input::Cmd(make(reply))).map_err(|_| self.closed_error())?;
         rx.await.map_err(|_| self.closed_error())?
+    }
+
+    /// Sends a request (the state machine picks its stream and checks what it needs) and awaits
+    /// its typed answer.
+    pub(crate) async fn request(
+        &self,
+        build: impl FnOnce(String, u64) -> Message + Send + 'static,
+    ) -> Result<core::Reply, ClientError> {
+        self.call(|reply| Cmd::Request { build: Box::new(build), reply }).await
     }
 
     fn closed_error(&self) -> ClientError {
@@ -515,7 +439,10 @@ impl Client {
     /// # Errors
     /// [`ClientError::Unsupported`] against a broker without the feature.
     pub async fn producer_init(&self) -> Result<u64, ClientError> {
-        self.call(|reply| Cmd::ProducerInit { reply }).await
+        match self.request(|_, request_id| Message::ProducerInit(message::ProducerInit { request_id })).await? {
+            core::Reply::ProducerId(id) => Ok(id),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// How many shards a stream has and how keys map to them.
@@ -523,8 +450,16 @@ impl Client {
     /// # Errors
     /// [`ClientError::Unsupported`] against a broker without FEATURE_STREAM_SHARDS.
     pub async fn stream_shards(&self, namespace: &str, stream: &str) -> Result<(u32, Routing), ClientError> {
-        let (ns, stream) = (namespace.to_owned(), stream.to_owned());
-        self.call(|reply| Cmd::StreamShards { ns, stream, reply }).await
+        let (namespace, stream) = (namespace.to_owned(), stream.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StreamShards(message::StreamShards { tenant_id, namespace, stream, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::StreamShards { shards, routing } => Ok((shards, routing)),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Publishes a batch. With `ack`, waits for the broker and returns the first record's
@@ -574,8 +509,24 @@ impl Client {
         value: Bytes,
         ttl_ms: Option<u64>,
     ) -> Result<(), ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::CachePut { ns, cache, key, value, ttl: ttl_ms, reply }).await
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CachePut(message::CachePut {
+                    tenant_id,
+                    namespace,
+                    cache,
+                    key,
+                    value: B64(value),
+                    request_id: Some(request_id),
+                    ttl_ms,
+                })
+            })
+            .await?;
+        match r {
+            core::Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Reads a value; `None` on a miss or after expiry.
@@ -583,8 +534,7 @@ impl Client {
     /// # Errors
     /// The broker's refusal, or a closed connection.
     pub async fn cache_get(&self, ns: &str, cache: &str, key: &str) -> Result<Option<Bytes>, ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::CacheGet { ns, cache, key, reply }).await
+        Ok(self.cache_get_versioned(ns, cache, key).await?.0)
     }
 
     /// Deletes a value, returning what was removed.
@@ -592,8 +542,22 @@ impl Client {
     /// # Errors
     /// [`ClientError::Unsupported`] against a broker without FEATURE_CACHE_DELETE.
     pub async fn cache_delete(&self, ns: &str, cache: &str, key: &str) -> Result<Option<Bytes>, ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::CacheDelete { ns, cache, key, reply }).await
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CacheDelete(message::CacheDelete {
+                    tenant_id,
+                    namespace,
+                    cache,
+                    key,
+                    request_id: Some(request_id),
+                })
+            })
+            .await?;
+        match r {
+            core::Reply::CacheValue { value, .. } => Ok(value),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Reads a value and its version (FEATURE_CACHE_CONDITIONAL brokers send one on a hit).
@@ -606,8 +570,16 @@ impl Client {
         cache: &str,
         key: &str,
     ) -> Result<(Option<Bytes>, Option<u64>), ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::CacheGetVersioned { ns, cache, key, reply }).await
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CacheGet(message::CacheGet { tenant_id, namespace, cache, key, request_id: Some(request_id) })
+            })
+            .await?;
+        match r {
+            core::Reply::CacheValue { value, version } => Ok((value, version)),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Stores a value only if the key's live entry matches `condition`; returns whether it
@@ -624,8 +596,22 @@ impl Client {
         ttl_ms: Option<u64>,
         condition: CacheCondition,
     ) -> Result<(bool, Option<u64>), ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::CachePutIf { ns, cache, key, value, ttl: ttl_ms, condition, reply }).await
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CachePutIf(message::CachePutIf {
+                    tenant_id,
+                    namespace,
+                    cache,
+                    key,
+                    value: B64(value),
+                    ttl_ms,
+                    condition,
+                    request_id,
+                })
+            })
+            .await?;
+        condition_result(r)
     }
 
     /// Deletes a key only if its live entry has `version`.
@@ -639,8 +625,13 @@ impl Client {
         key: &str,
         version: u64,
     ) -> Result<(bool, Option<u64>), ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::CacheDeleteIf { ns, cache, key, version, reply }).await
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CacheDeleteIf(message::CacheDeleteIf { tenant_id, namespace, cache, key, version, request_id })
+            })
+            .await?;
+        condition_result(r)
     }
 
     /// Reads a bounded page of a durable shard without subscribing: records from `from` up to
@@ -668,7 +659,25 @@ impl Client {
             max_records,
             max_bytes: None,
         };
-        self.call(|reply| Cmd::StreamRead { req, reply }).await
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StreamRead(message::StreamRead {
+                    tenant_id,
+                    namespace: req.namespace,
+                    stream: req.stream,
+                    shard: req.shard,
+                    from: req.from,
+                    end: req.end,
+                    max_records: req.max_records,
+                    max_bytes: req.max_bytes,
+                    request_id,
+                })
+            })
+            .await?;
+        match r {
+            core::Reply::StreamRecords { records, next_offset } => Ok(Page { records, next_offset }),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// The first offset of a durable shard appended at or after `at_micros` (microseconds
@@ -683,8 +692,23 @@ impl Client {
         shard: u32,
         at_micros: u64,
     ) -> Result<Option<u64>, ClientError> {
-        let (ns, stream) = (namespace.to_owned(), stream.to_owned());
-        self.call(|reply| Cmd::OffsetForTime { ns, stream, shard, at_micros, reply }).await
+        let (namespace, stream) = (namespace.to_owned(), stream.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::OffsetForTime(message::OffsetForTime {
+                    tenant_id,
+                    namespace,
+                    stream,
+                    shard,
+                    at_micros,
+                    request_id,
+                })
+            })
+            .await?;
+        match r {
+            core::Reply::OffsetValue(o) => Ok(o),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Adds `delta` (negative to subtract) to a counter and returns the sum including it, once
@@ -694,9 +718,16 @@ impl Client {
     /// [`ClientError::Unsupported`] against a broker without FEATURE_COUNTERS (brokers without
     /// storage do not offer it).
     pub async fn counter_add(&self, ns: &str, cache: &str, key: &str, delta: i64) -> Result<i64, ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        let v = self.call(|reply| Cmd::Counter { ns, cache, key, delta: Some(delta), reply }).await?;
-        v.ok_or_else(|| ClientError::Closed("counter_value without a value after an add".into()))
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CounterAdd(message::CounterAdd { tenant_id, namespace, cache, key, delta, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::CounterValue(Some(v)) => Ok(v),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Reads a counter; `None` when it was never written (which is not the same as 0).
@@ -704,8 +735,16 @@ impl Client {
     /// # Errors
     /// [`ClientError::Unsupported`] against a broker without FEATURE_COUNTERS.
     pub async fn counter_get(&self, ns: &str, cache: &str, key: &str) -> Result<Option<i64>, ClientError> {
-        let (ns, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
-        self.call(|reply| Cmd::Counter { ns, cache, key, delta: None, reply }).await
+        let (namespace, cache, key) = (ns.to_owned(), cache.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CounterGet(message::CounterGet { tenant_id, namespace, cache, key, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::CounterValue(v) => Ok(v),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Watches a cache key or prefix: from now, from a change offset (`from_offset`, a previous
@@ -718,26 +757,20 @@ impl Client {
         &self,
         namespace: &str,
         cache: &str,
-        filter: felix_proto::client::WatchOn,
+        filter: WatchOn,
         from_offset: Option<u64>,
         retained: bool,
     ) -> Result<CacheWatch, ClientError> {
-        let req = felix_proto::client::CacheWatchRequest {
-            namespace: namespace.into(),
-            cache: cache.into(),
-            filter,
-            from_offset,
-            retained,
-        };
-        self.call(|reply| Cmd::CacheWatch { req, reply }).await
+        let req = CacheWatchRequest { namespace: namespace.into(), cache: cache.into(), filter, from_offset, retained };
+        self.call(|reply| Cmd::Watch { req, reply }).await
     }
 
-    /// Closes the connection without losing what was written: every send stream is finished,
-    /// and the close waits (up to `ClientOptions::close_timeout`) until the broker acknowledged
-    /// receiving all of it, since QUIC discards stream data the peer has not acknowledged when a
-    /// connection closes. A fire-and-forget publish means "no answer", not "may be dropped on a
-    /// clean exit". Acked publishes and requests still waiting for an answer fail with
-    /// [`ClientError::Closed`].
+    /// Closes the connection without losing what was written: every control stream is finished,
+    /// and the close waits (up to `ClientOptions::close_timeout`) until the broker finished its
+    /// side of each, which it does only after it processed everything written on it (QUIC
+    /// discards data the broker has not read when a connection closes). A fire-and-forget
+    /// publish means "no answer", not "may be dropped on a clean exit". Acked publishes and
+    /// requests still waiting for an answer fail.
     ///
     /// # Errors
     /// [`ClientError::Unconfirmed`] with how many fire-and-forget publishes (at most) may not
@@ -755,6 +788,13 @@ impl Client {
     /// (data in flight may be lost).
     pub fn close_now(&self) {
         self.quic.close(quinn::VarInt::from_u32(0), b"client closing");
+    }
+}
+
+fn condition_result(r: core::Reply) -> Result<(bool, Option<u64>), ClientError> {
+    match r {
+        core::Reply::CacheCondition { applied, version } => Ok((applied, version)),
+        other => Err(unexpected(&other)),
     }
 }
 
@@ -782,10 +822,10 @@ async fn reader(
 ) {
     crate::read_gated(recv, gate, |event| match event {
         ReadEvent::Chunks(data) => tx.send(Input::Data { stream, data, fin: false }).is_ok(),
-        // However it ended, the state machine sees the end of the stream.
-        ReadEvent::Finished | ReadEvent::Reset | ReadEvent::Failed => {
-            tx.send(Input::Data { stream, data: Vec::new(), fin: true }).is_ok()
-        }
+        ReadEvent::Finished => tx.send(Input::Data { stream, data: Vec::new(), fin: true }).is_ok(),
+        ReadEvent::Reset => tx.send(Input::Reset(stream)).is_ok(),
+        // The connection failed: `accept_uni` reports it once, for every stream.
+        ReadEvent::Failed => false,
     })
     .await
 }
@@ -877,21 +917,14 @@ struct Task {
     gates: HashMap<StreamId, watch::Sender<ReadGate>>,
     ready: Option<oneshot::Sender<Result<Negotiated, ClientError>>>,
     publishes: HashMap<PublishId, Reply<Option<u64>>>,
+    /// Fire-and-forget publishes, completed once their bytes are handed to QUIC.
     written: Vec<Reply<Option<u64>>>,
-    waiting: VecDeque<(PublishRequest, Reply<Option<u64>>)>,
-    subs: HashMap<u64, (mpsc::UnboundedSender<SubscriptionItem>, Arc<Buffered>)>,
-    /// `ClientOptions::subscription_buffer_bytes`.
-    buffer_max: usize,
+    requests: HashMap<u64, Reply<core::Reply>>,
+    subs: HashMap<u64, mpsc::UnboundedSender<(SubscriptionItem, usize)>>,
     sub_replies: HashMap<u64, Reply<Subscription>>,
     watch_replies: HashMap<u64, Reply<CacheWatch>>,
-    /// Items of subscriptions whose `subscribed` has not been processed yet: the event stream
-    /// and the control stream are different QUIC streams, so events can arrive first.
-    early: HashMap<u64, Vec<SubscriptionItem>>,
-    cache: HashMap<u64, CacheReply>,
-    /// The control stream long polls use, so they hold up nothing else.
-    long_stream: LongStream,
     closed: watch::Sender<Option<String>>,
-    _endpoint: quinn::Endpoint,
+    endpoint: quinn::Endpoint,
     /// `ClientOptions::close_timeout`.
     close_timeout: std::time::Duration,
     /// A close is under way: nothing more is written.
@@ -903,45 +936,6 @@ struct Task {
     closing_fins: Option<(std::collections::HashSet<StreamId>, oneshot::Sender<()>)>,
 }
 
-/// The control stream for long polls: opened on first use.
-enum LongStream {
-    None,
-    Opening(ClientStream, Vec<PendingRequest>),
-    Ready(ClientStream),
-}
-
-type PendingRequest = (Box<dyn FnOnce(String, u64) -> Message + Send>, Reply<Message>);
-
-enum CacheReply {
-    Done(Reply<()>),
-    Value(Reply<Option<Bytes>>),
-    Versioned(Reply<(Option<Bytes>, Option<u64>)>),
-    Condition(Reply<(bool, Option<u64>)>),
-    Page(Reply<Page>),
-    Offset(Reply<Option<u64>>),
-    Counter(Reply<Option<i64>>),
-    Producer(Reply<u64>),
-    Answer(Reply<Message>),
-    Shards(Reply<(u32, Routing)>),
-}
-
-impl CacheReply {
-    fn fail(self, e: ClientError) {
-        match self {
-            CacheReply::Done(r) => drop(r.send(Err(e))),
-            CacheReply::Value(r) => drop(r.send(Err(e))),
-            CacheReply::Versioned(r) => drop(r.send(Err(e))),
-            CacheReply::Condition(r) => drop(r.send(Err(e))),
-            CacheReply::Page(r) => drop(r.send(Err(e))),
-            CacheReply::Offset(r) => drop(r.send(Err(e))),
-            CacheReply::Counter(r) => drop(r.send(Err(e))),
-            CacheReply::Producer(r) => drop(r.send(Err(e))),
-            CacheReply::Answer(r) => drop(r.send(Err(e))),
-            CacheReply::Shards(r) => drop(r.send(Err(e))),
-        }
-    }
-}
-
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
@@ -949,8 +943,13 @@ fn now() -> std::time::Instant {
 fn command_error(e: CommandError) -> ClientError {
     match e {
         CommandError::NotNegotiated(what) => ClientError::Unsupported(what.into()),
+        CommandError::Encode(why) => ClientError::Invalid(why),
         other => ClientError::Closed(other.to_string()),
     }
+}
+
+fn refused(error: ErrorInfo, cursor: Option<SubscribeCursorError>) -> ClientError {
+    cursor.map_or(ClientError::Refused(error), ClientError::Cursor)
 }
 
 impl Task {
@@ -958,57 +957,290 @@ impl Task {
         let mut reason = String::from("connection task ended");
         loop {
             self.drain();
-            let Some(input) = rx.recv().await else { break };
-            if let Input::Closed(why) = &input {
-                reason = why.clone();
-                break;
-            }
-            self.handle(input);
-            for _ in 0..256 {
-                match rx.try_recv() {
-                    Ok(Input::Closed(why)) => {
-                        reason = why;
-                        self.fail_all(&reason);
-                        let _ = self.closed.send(Some(reason));
-                        return;
-                    }
-                    Ok(i) => self.handle(i),
-                    Err(_) => break,
+            let deadline = self.machine.poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+                    None => std::future::pending().await,
                 }
+            };
+            tokio::select! {
+                input = rx.recv() => {
+                    let Some(input) = input else { break };
+                    if let Input::Closed(why) = input {
+                        reason = why;
+                        break;
+                    }
+                    self.handle(input);
+                    for _ in 0..256 {
+                        match rx.try_recv() {
+                            Ok(Input::Closed(why)) => {
+                                reason = why;
+                                return self.lost(reason);
+                            }
+                            Ok(i) => self.handle(i),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                () = sleep => self.machine.handle_timeout(now()),
             }
         }
-        self.fail_all(&reason);
+        self.lost(reason);
+    }
+
+    /// The connection is gone: the state machine fails everything pending, and the replies get
+    /// those failures.
+    fn lost(mut self, reason: String) {
+        self.machine.handle_connection_lost(reason.clone(), now());
+        self.drain();
+        if let Some(r) = self.ready.take() {
+            let _ = r.send(Err(ClientError::Connect(reason.clone())));
+        }
+        for r in self.written.drain(..) {
+            let _ = r.send(Err(ClientError::Closed(reason.clone())));
+        }
         let _ = self.closed.send(Some(reason));
     }
 
-    fn fail_all(&mut self, reason: &str) {
-        let err = || ClientError::Closed(reason.to_owned());
-        if let Some(r) = self.ready.take() {
-            let _ = r.send(Err(ClientError::Connect(reason.to_owned())));
+    fn handle(&mut self, input: Input) {
+        let now = now();
+        match input {
+            Input::Cmd(Cmd::Close { reply }) => self.close(reply),
+            Input::Cmd(Cmd::Publish { req, reply }) => {
+                let ack = req.ack || req.idempotent.is_some() || req.expected_offset.is_some();
+                match self.machine.publish_auto(req, now) {
+                    Ok(id) if ack => {
+                        self.publishes.insert(id, reply);
+                    }
+                    Ok(_) => self.written.push(reply),
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            Input::Cmd(Cmd::Request { build, reply }) => {
+                let tenant = self.tenant.clone();
+                match self.machine.request_auto(|id| build(tenant, id), now) {
+                    Ok(id) => {
+                        self.requests.insert(id, reply);
+                    }
+                    Err(e) => drop(reply.send(Err(command_error(e)))),
+                }
+            }
+            // Each subscription on a control stream of its own, as upstream clients do.
+            Input::Cmd(Cmd::Subscribe { req, reply }) => match self.machine.subscribe_dedicated(req, now) {
+                Ok(id) => {
+                    self.sub_replies.insert(id, reply);
+                }
+                Err(e) => drop(reply.send(Err(command_error(e)))),
+            },
+            Input::Cmd(Cmd::Watch { req, reply }) => match self.machine.cache_watch_dedicated(req, now) {
+                Ok(id) => {
+                    self.watch_replies.insert(id, reply);
+                }
+                Err(e) => drop(reply.send(Err(command_error(e)))),
+            },
+            Input::OpenedBi { token, send, recv } => {
+                let id = crate::stream_id(send.id());
+                let (wtx, wrx) = mpsc::unbounded_channel();
+                self.writers.insert(id, wtx);
+                tokio::spawn(writer(send, wrx));
+                let (gtx, grx) = watch::channel(ReadGate::Open);
+                self.gates.insert(id, gtx);
+                tokio::spawn(reader(id, recv, grx, self.tx.clone()));
+                self.machine.handle_stream_opened(token, id, now);
+            }
+            Input::IncomingUni(recv) => {
+                let id = crate::stream_id(recv.id());
+                let (gtx, grx) = watch::channel(ReadGate::Open);
+                self.gates.insert(id, gtx);
+                tokio::spawn(reader(id, recv, grx, self.tx.clone()));
+            }
+            Input::Consumed(sub, bytes) => self.machine.handle_consumed(sub, bytes, now),
+            Input::Data { stream, data, fin } => {
+                self.machine.handle_stream_chunks(stream, data, fin, now);
+                if fin {
+                    self.stream_finished(stream);
+                }
+            }
+            Input::Reset(stream) => {
+                self.machine.handle_stream_reset(stream, now);
+                self.stream_finished(stream);
+            }
+            Input::Closed(_) => {}
         }
-        for (_, r) in self.publishes.drain() {
-            let _ = r.send(Err(err()));
-        }
-        for (_, r) in self.waiting.drain(..) {
-            let _ = r.send(Err(err()));
-        }
-        for r in self.written.drain(..) {
-            let _ = r.send(Err(err()));
-        }
-        for (_, r) in self.sub_replies.drain() {
-            let _ = r.send(Err(err()));
-        }
-        for (_, r) in self.watch_replies.drain() {
-            let _ = r.send(Err(err()));
-        }
-        for (_, r) in self.cache.drain() {
-            r.fail(err());
-        }
-        self.subs.clear();
     }
 
-    /// Finishes every send stream, waits (bounded) for the broker to acknowledge their data, then
-    /// closes the connection and answers `reply` with what could not be confirmed.
+    /// The broker ended a stream; during a close, that is the confirmation awaited.
+    fn stream_finished(&mut self, stream: StreamId) {
+        self.gates.remove(&stream);
+        if let Some((waiting, _)) = &mut self.closing_fins {
+            waiting.remove(&stream);
+            if waiting.is_empty()
+                && let Some((_, done)) = self.closing_fins.take()
+            {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        loop {
+            let mut progress = false;
+            while let Some(o) = self.machine.poll_output() {
+                progress = true;
+                self.output(o);
+            }
+            while let Some(e) = self.machine.poll_event() {
+                progress = true;
+                self.event(e);
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    fn output(&mut self, o: ClientOutput) {
+        match o {
+            ClientOutput::OpenBi { token } => {
+                let quic = self.quic.clone();
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    match quic.open_bi().await {
+                        Ok((send, recv)) => drop(tx.send(Input::OpenedBi { token, send, recv })),
+                        Err(e) => drop(tx.send(Input::Closed(e.to_string()))),
+                    }
+                });
+            }
+            ClientOutput::Transmit { stream, data } => {
+                if let Some(w) = self.writers.get(&stream) {
+                    let t = self.written_totals.entry(stream).or_default();
+                    t.bytes += data.len() as u64;
+                    t.publishes += self.written.len() as u64;
+                    let _ = w.send(WriterCmd::Data(data, std::mem::take(&mut self.written)));
+                }
+            }
+            ClientOutput::Finish { stream } => {
+                if let Some(w) = self.writers.remove(&stream) {
+                    let _ = w.send(WriterCmd::Finish);
+                }
+            }
+            ClientOutput::StopSending { stream, code } => {
+                if let Some(g) = self.gates.remove(&stream) {
+                    let _ = g.send(ReadGate::Stopped(code));
+                }
+            }
+            ClientOutput::PauseReading { stream } => {
+                if let Some(g) = self.gates.get(&stream) {
+                    let _ = g.send(ReadGate::Paused);
+                }
+            }
+            ClientOutput::ResumeReading { stream } => {
+                if let Some(g) = self.gates.get(&stream) {
+                    let _ = g.send(ReadGate::Open);
+                }
+            }
+        }
+    }
+
+    /// A channel for a confirmed subscription or watch (the state machine delivers nothing for
+    /// it before the confirmation).
+    fn item_channel(&mut self, sub: u64) -> ItemRx {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.subs.insert(sub, tx);
+        ItemRx { sub, rx, task: self.tx.clone() }
+    }
+
+    fn deliver(&mut self, sub: u64, e: &ClientEvent, item: SubscriptionItem) {
+        let bytes = core::event_bytes(e);
+        match self.subs.get(&sub) {
+            Some(tx) if tx.send((item, bytes)).is_ok() => {}
+            // The application dropped the subscription: what it would have taken is taken.
+            _ => self.machine.handle_consumed(sub, bytes, now()),
+        }
+    }
+
+    fn event(&mut self, e: ClientEvent) {
+        match e {
+            ClientEvent::Connected { negotiated, .. } => {
+                if let Some(r) = self.ready.take() {
+                    let _ = r.send(Ok(negotiated));
+                }
+            }
+            ClientEvent::AuthFailed { error, .. } => {
+                if let Some(r) = self.ready.take() {
+                    let _ = r.send(Err(ClientError::Refused(error)));
+                }
+            }
+            ClientEvent::PublishAcked { id, offset, .. } => {
+                if let Some(r) = self.publishes.remove(&id) {
+                    let _ = r.send(Ok(offset));
+                }
+            }
+            ClientEvent::PublishFailed { id, error } => {
+                if let Some(r) = self.publishes.remove(&id) {
+                    let _ = r.send(Err(ClientError::Refused(error)));
+                }
+            }
+            ClientEvent::PublishRefused { id, reason, message } => {
+                if let Some(r) = self.publishes.remove(&id) {
+                    let _ = r.send(Err(ClientError::PublishRefused { reason, message }));
+                }
+            }
+            ClientEvent::Reply { request_id, reply } => {
+                if let Some(r) = self.requests.remove(&request_id) {
+                    let _ = r.send(Ok(reply));
+                }
+            }
+            ClientEvent::RequestFailed { request_id, error, cursor, .. } => {
+                if let Some(r) = self.requests.remove(&request_id) {
+                    let _ = r.send(Err(refused(error, cursor)));
+                }
+            }
+            ClientEvent::Subscribed { sub, start_offset, live_offset, .. } => {
+                if let Some(r) = self.sub_replies.remove(&sub) {
+                    let rx = self.item_channel(sub);
+                    let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
+                }
+            }
+            ClientEvent::CacheWatchStarted { sub, resume_offset, resnapshot, retained_count } => {
+                if let Some(r) = self.watch_replies.remove(&sub) {
+                    let rx = self.item_channel(sub);
+                    let _ = r.send(Ok(CacheWatch { id: sub, resume_offset, resnapshot, retained_count, rx }));
+                }
+            }
+            ClientEvent::SubscribeFailed { sub, error, cursor, .. } => {
+                let err = refused(error, cursor);
+                if let Some(r) = self.sub_replies.remove(&sub) {
+                    let _ = r.send(Err(err));
+                } else if let Some(r) = self.watch_replies.remove(&sub) {
+                    let _ = r.send(Err(err));
+                }
+            }
+            ClientEvent::Events { sub, ref batch } => {
+                let item = SubscriptionItem::Events(batch.clone());
+                self.deliver(sub, &e, item);
+            }
+            ClientEvent::CacheEvent { sub, ref event } => {
+                let item = SubscriptionItem::CacheChange(event.clone());
+                self.deliver(sub, &e, item);
+            }
+            ClientEvent::SubscriptionEnded { sub, reason } => {
+                if let Some(tx) = self.subs.remove(&sub) {
+                    let _ = tx.send((SubscriptionItem::End(reason), 0));
+                }
+            }
+            ClientEvent::Error { error, .. } => tracing::warn!("broker error: {}", error.message),
+            ClientEvent::ProtocolError { reason } => tracing::warn!("protocol error from broker: {reason}"),
+            ClientEvent::PublishWindowOpen { .. }
+            | ClientEvent::Unsupported { .. }
+            | ClientEvent::StreamClosed { .. }
+            | ClientEvent::ConnectionLost { .. } => {}
+        }
+    }
+
+    /// Finishes every send stream, waits (bounded) for the broker to take all they carried,
+    /// then closes the connection and answers `reply` with what could not be confirmed.
     fn close(&mut self, reply: Reply<()>) {
         if self.closing {
             let _ = reply.send(Ok(()));
@@ -1036,7 +1268,7 @@ impl Task {
                 w.send(WriterCmd::Close(tx)).ok().map(|()| (written, rx))
             })
             .collect();
-        let (quic, endpoint, timeout) = (self.quic.clone(), self._endpoint.clone(), self.close_timeout);
+        let (quic, endpoint, timeout) = (self.quic.clone(), self.endpoint.clone(), self.close_timeout);
         tokio::spawn(async move {
             let deadline = tokio::time::Instant::now() + timeout;
             let mut missing = Unconfirmed::default();
@@ -1084,399 +1316,5 @@ impl Task {
             let _ = tokio::time::timeout(std::time::Duration::from_millis(20), endpoint.wait_idle()).await;
             let _ = reply.send(result);
         });
-    }
-
-    /// Parks a cache request's reply until its answer, or fails it at once if it was refused.
-    fn await_cache(&mut self, sent: Result<u64, CommandError>, reply: CacheReply) {
-        match sent {
-            Ok(id) => {
-                self.cache.insert(id, reply);
-            }
-            Err(e) => reply.fail(command_error(e)),
-        }
-    }
-
-    fn send_request(
-        &mut self,
-        stream: ClientStream,
-        build: Box<dyn FnOnce(String, u64) -> Message + Send>,
-        reply: Reply<Message>,
-    ) {
-        let tenant = self.tenant.clone();
-        let sent = self.machine.request(stream, |id| build(tenant, id));
-        self.await_cache(sent, CacheReply::Answer(reply));
-    }
-
-    fn try_publish(&mut self, req: PublishRequest, reply: Reply<Option<u64>>) {
-        let ack = req.ack;
-        match self.machine.publish(ClientStream(0), req.clone(), now()) {
-            Ok(id) if ack => {
-                self.publishes.insert(id, reply);
-            }
-            Ok(_) => self.written.push(reply),
-            Err(CommandError::WindowFull) => self.waiting.push_back((req, reply)),
-            Err(e) => {
-                let _ = reply.send(Err(command_error(e)));
-            }
-        }
-    }
-
-    /// The channel a confirmed subscription or watch delivers on, holding whatever arrived before
-    /// the confirmation; it stays registered unless that already included the end.
-    fn item_channel(&mut self, sub: u64) -> ItemRx {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let buffered = Arc::new(Buffered::default());
-        let mut ended = false;
-        for item in self.early.remove(&sub).unwrap_or_default() {
-            ended |= matches!(item, SubscriptionItem::End(_));
-            buffered.bytes.fetch_add(item_bytes(&item), Ordering::SeqCst);
-            let _ = tx.send(item);
-        }
-        if !ended {
-            self.subs.insert(sub, (tx, buffered.clone()));
-        }
-        ItemRx { sub, rx, buffered, low_water: self.buffer_max / 2, task: self.tx.clone() }
-    }
-
-    fn handle(&mut self, input: Input) {
-        let now = now();
-        match input {
-            Input::Cmd(Cmd::Close { reply }) => self.close(reply),
-            Input::Cmd(Cmd::Publish { req, reply }) => {
-                if self.waiting.is_empty() {
-                    self.try_publish(req, reply);
-                } else {
-                    self.waiting.push_back((req, reply));
-                }
-            }
-            // Each subscription on a control stream of its own, as upstream clients do (a released
-            // broker stops a subscription's control stream after `subscribed`).
-            Input::Cmd(Cmd::Subscribe { req, reply }) => match self.machine.subscribe_dedicated(req, now) {
-                Ok(id) => {
-                    self.sub_replies.insert(id, reply);
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(command_error(e)));
-                }
-            },
-            Input::Cmd(Cmd::CachePut { ns, cache, key, value, ttl, reply }) => {
-                let sent = self.machine.cache_put(ClientStream(0), &ns, &cache, &key, value, ttl);
-                self.await_cache(sent, CacheReply::Done(reply));
-            }
-            Input::Cmd(Cmd::CacheGet { ns, cache, key, reply }) => {
-                let sent = self.machine.cache_get(ClientStream(0), &ns, &cache, &key);
-                self.await_cache(sent, CacheReply::Value(reply));
-            }
-            Input::Cmd(Cmd::CacheDelete { ns, cache, key, reply }) => {
-                let sent = self.machine.cache_delete(ClientStream(0), &ns, &cache, &key);
-                self.await_cache(sent, CacheReply::Value(reply));
-            }
-            Input::Cmd(Cmd::CacheGetVersioned { ns, cache, key, reply }) => {
-                let sent = self.machine.cache_get(ClientStream(0), &ns, &cache, &key);
-                self.await_cache(sent, CacheReply::Versioned(reply));
-            }
-            Input::Cmd(Cmd::CachePutIf { ns, cache, key, value, ttl, condition, reply }) => {
-                let sent = self.machine.cache_put_if(ClientStream(0), &ns, &cache, &key, value, ttl, condition);
-                self.await_cache(sent, CacheReply::Condition(reply));
-            }
-            Input::Cmd(Cmd::CacheDeleteIf { ns, cache, key, version, reply }) => {
-                let sent = self.machine.cache_delete_if(ClientStream(0), &ns, &cache, &key, version);
-                self.await_cache(sent, CacheReply::Condition(reply));
-            }
-            Input::Cmd(Cmd::Counter { ns, cache, key, delta, reply }) => {
-                let sent = match delta {
-                    Some(d) => self.machine.counter_add(ClientStream(0), &ns, &cache, &key, d),
-                    None => self.machine.counter_get(ClientStream(0), &ns, &cache, &key),
-                };
-                self.await_cache(sent, CacheReply::Counter(reply));
-            }
-            Input::Cmd(Cmd::Request { build, long, reply }) => {
-                if !long {
-                    return self.send_request(ClientStream(0), build, reply);
-                }
-                match &mut self.long_stream {
-                    LongStream::Ready(s) => {
-                        let s = *s;
-                        self.send_request(s, build, reply);
-                    }
-                    LongStream::Opening(_, queue) => queue.push((build, reply)),
-                    LongStream::None => {
-                        let s = self.machine.open_stream(now);
-                        self.long_stream = LongStream::Opening(s, vec![(build, reply)]);
-                    }
-                }
-            }
-            Input::Cmd(Cmd::ProducerInit { reply }) => {
-                let sent = self.machine.producer_init(ClientStream(0));
-                self.await_cache(sent, CacheReply::Producer(reply));
-            }
-            Input::Cmd(Cmd::StreamShards { ns, stream, reply }) => {
-                let sent = self.machine.stream_shards(ClientStream(0), &ns, &stream);
-                self.await_cache(sent, CacheReply::Shards(reply));
-            }
-            Input::Cmd(Cmd::CacheWatch { req, reply }) => match self.machine.cache_watch_dedicated(req, now) {
-                Ok(id) => {
-                    self.watch_replies.insert(id, reply);
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(command_error(e)));
-                }
-            },
-            Input::Cmd(Cmd::StreamRead { req, reply }) => {
-                let sent = self.machine.stream_read(ClientStream(0), req);
-                self.await_cache(sent, CacheReply::Page(reply));
-            }
-            Input::Cmd(Cmd::OffsetForTime { ns, stream, shard, at_micros, reply }) => {
-                let sent = self.machine.offset_for_time(ClientStream(0), &ns, &stream, shard, at_micros);
-                self.await_cache(sent, CacheReply::Offset(reply));
-            }
-            Input::OpenedBi { token, send, recv } => {
-                let id = crate::stream_id(send.id());
-                let (wtx, wrx) = mpsc::unbounded_channel();
-                self.writers.insert(id, wtx);
-                tokio::spawn(writer(send, wrx));
-                let (gtx, grx) = watch::channel(ReadGate::Open);
-                self.gates.insert(id, gtx);
-                tokio::spawn(reader(id, recv, grx, self.tx.clone()));
-                self.machine.handle_stream_opened(token, id, now);
-            }
-            Input::IncomingUni(recv) => {
-                let id = crate::stream_id(recv.id());
-                let (gtx, grx) = watch::channel(ReadGate::Open);
-                self.gates.insert(id, gtx);
-                tokio::spawn(reader(id, recv, grx, self.tx.clone()));
-            }
-            Input::Drained(sub) => {
-                // The application caught up: read its event stream again.
-                let Some((_, buf)) = self.subs.get(&sub) else { return };
-                if buf.bytes.load(Ordering::SeqCst) <= self.buffer_max / 2
-                    && buf.paused.swap(false, Ordering::SeqCst)
-                    && let Some(g) = self.machine.subscription_stream(sub).and_then(|s| self.gates.get(&s))
-                {
-                    let _ = g.send(ReadGate::Open);
-                }
-            }
-            Input::Data { stream, data, fin } => {
-                self.machine.handle_stream_chunks(stream, data, fin, now);
-                if fin && let Some((waiting, _)) = &mut self.closing_fins {
-                    waiting.remove(&stream);
-                    if waiting.is_empty()
-                        && let Some((_, done)) = self.closing_fins.take()
-                    {
-                        let _ = done.send(());
-                    }
-                }
-            }
-            Input::Closed(_) => {}
-        }
-    }
-
-    fn drain(&mut self) {
-        loop {
-            let mut progress = false;
-            while let Some(o) = self.machine.poll_output() {
-                progress = true;
-                match o {
-                    ClientOutput::OpenBi { token } => {
-                        let quic = self.quic.clone();
-                        let tx = self.tx.clone();
-                        tokio::spawn(async move {
-                            match quic.open_bi().await {
-                                Ok((send, recv)) => drop(tx.send(Input::OpenedBi { token, send, recv })),
-                                Err(e) => drop(tx.send(Input::Closed(e.to_string()))),
-                            }
-                        });
-                    }
-                    ClientOutput::Transmit { stream, data } => {
-                        if let Some(w) = self.writers.get(&stream) {
-                            let t = self.written_totals.entry(stream).or_default();
-                            t.bytes += data.len() as u64;
-                            t.publishes += self.written.len() as u64;
-                            let _ = w.send(WriterCmd::Data(data, std::mem::take(&mut self.written)));
-                        }
-                    }
-                    ClientOutput::Finish { stream } => {
-                        if let Some(w) = self.writers.remove(&stream) {
-                            let _ = w.send(WriterCmd::Finish);
-                        }
-                    }
-                    ClientOutput::StopSending { stream, code } => {
-                        if let Some(g) = self.gates.remove(&stream) {
-                            let _ = g.send(ReadGate::Stopped(code));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            while let Some(e) = self.machine.poll_event() {
-                progress = true;
-                self.event(e);
-            }
-            if !progress {
-                return;
-            }
-        }
-    }
-
-    fn deliver(&mut self, sub: u64, item: SubscriptionItem) {
-        if let Some((tx, buf)) = self.subs.get(&sub) {
-            let n = item_bytes(&item);
-            let total = buf.bytes.fetch_add(n, Ordering::SeqCst) + n;
-            let _ = tx.send(item);
-            // The application fell behind: stop reading this event stream until it catches up.
-            if total > self.buffer_max
-                && !buf.paused.swap(true, Ordering::SeqCst)
-                && let Some(g) = self.machine.subscription_stream(sub).and_then(|s| self.gates.get(&s))
-            {
-                let _ = g.send(ReadGate::Paused);
-                // The application may have caught up before it could see the pause (and so sent
-                // no `Drained`): look again now that the pause is visible. SeqCst on both sides
-                // makes at least one of the two see the other.
-                if buf.bytes.load(Ordering::SeqCst) <= self.buffer_max / 2 && buf.paused.swap(false, Ordering::SeqCst) {
-                    let _ = g.send(ReadGate::Open);
-                }
-            }
-        } else if self.sub_replies.contains_key(&sub) || self.watch_replies.contains_key(&sub) {
-            self.early.entry(sub).or_default().push(item);
-        }
-    }
-
-    fn event(&mut self, e: ClientEvent) {
-        match e {
-            ClientEvent::Connected { stream: ClientStream(0), negotiated } => {
-                if let Some(r) = self.ready.take() {
-                    let _ = r.send(Ok(negotiated));
-                }
-            }
-            ClientEvent::Connected { stream, .. } => {
-                if let LongStream::Opening(s, _) = &self.long_stream
-                    && *s == stream
-                    && let LongStream::Opening(s, queue) =
-                        std::mem::replace(&mut self.long_stream, LongStream::Ready(stream))
-                {
-                    for (build, reply) in queue {
-                        self.send_request(s, build, reply);
-                    }
-                }
-            }
-            ClientEvent::AuthFailed { error, .. } => {
-                if let Some(r) = self.ready.take() {
-                    let _ = r.send(Err(ClientError::Refused(error)));
-                }
-            }
-            ClientEvent::PublishAcked { id, offset, .. } => {
-                if let Some(r) = self.publishes.remove(&id) {
-                    let _ = r.send(Ok(offset));
-                }
-            }
-            ClientEvent::PublishFailed { id, error } => {
-                if let Some(r) = self.publishes.remove(&id) {
-                    let _ = r.send(Err(ClientError::Refused(error)));
-                }
-            }
-            ClientEvent::PublishWindowOpen { .. } => {
-                let waiting: Vec<_> = self.waiting.drain(..).collect();
-                for (req, reply) in waiting {
-                    if self.waiting.is_empty() {
-                        self.try_publish(req, reply);
-                    } else {
-                        self.waiting.push_back((req, reply));
-                    }
-                }
-            }
-            ClientEvent::Subscribed { sub, start_offset, live_offset, .. } => {
-                if let Some(r) = self.sub_replies.remove(&sub) {
-                    let rx = self.item_channel(sub);
-                    let _ = r.send(Ok(Subscription { id: sub, start_offset, live_offset, rx }));
-                }
-            }
-            ClientEvent::CacheWatchStarted { sub, resume_offset, resnapshot, retained_count } => {
-                if let Some(r) = self.watch_replies.remove(&sub) {
-                    let rx = self.item_channel(sub);
-                    let _ = r.send(Ok(CacheWatch { id: sub, resume_offset, resnapshot, retained_count, rx }));
-                }
-            }
-            ClientEvent::CacheEvent { sub, event } => self.deliver(sub, SubscriptionItem::CacheChange(event)),
-            ClientEvent::SubscribeFailed { sub, error, cursor, .. } if self.watch_replies.contains_key(&sub) => {
-                self.early.remove(&sub);
-                if let Some(r) = self.watch_replies.remove(&sub) {
-                    let _ = r.send(Err(cursor.map_or(ClientError::Refused(error), ClientError::Cursor)));
-                }
-            }
-            ClientEvent::SubscribeFailed { sub, error, cursor, .. } => {
-                self.early.remove(&sub);
-                if let Some(r) = self.sub_replies.remove(&sub) {
-                    let _ = r.send(Err(cursor.map_or(ClientError::Refused(error), ClientError::Cursor)));
-                }
-            }
-            ClientEvent::Events { sub, batch } => self.deliver(sub, SubscriptionItem::Events(batch)),
-            ClientEvent::SubscriptionEnded { sub, reason } => {
-                self.deliver(sub, SubscriptionItem::End(reason));
-                self.subs.remove(&sub);
-            }
-            ClientEvent::CacheValue { request_id, value, version } => match self.cache.remove(&request_id) {
-                Some(CacheReply::Value(r)) => drop(r.send(Ok(value))),
-                Some(CacheReply::Versioned(r)) => drop(r.send(Ok((value, version)))),
-                Some(CacheReply::Done(r)) => drop(r.send(Ok(()))),
-                Some(other) => other.fail(ClientError::Closed("unexpected cache_value".into())),
-                None => {}
-            },
-            ClientEvent::CacheConditionResult { request_id, applied, version } => {
-                if let Some(CacheReply::Condition(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok((applied, version)));
-                }
-            }
-            ClientEvent::CacheOk { request_id } => match self.cache.remove(&request_id) {
-                Some(CacheReply::Done(r)) => drop(r.send(Ok(()))),
-                Some(CacheReply::Answer(r)) => {
-                    drop(r.send(Ok(Message::CacheOk(felix_proto::message::CacheOk { request_id }))))
-                }
-                Some(other) => other.fail(ClientError::Closed("unexpected cache_ok".into())),
-                None => {}
-            },
-            ClientEvent::StreamRecords { request_id, records, next_offset } => {
-                if let Some(CacheReply::Page(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok(Page { records, next_offset }));
-                }
-            }
-            ClientEvent::Answer { request_id, message } => {
-                if let Some(CacheReply::Answer(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok(*message));
-                }
-            }
-            ClientEvent::ProducerReady { request_id, producer_id } => {
-                if let Some(CacheReply::Producer(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok(producer_id));
-                }
-            }
-            ClientEvent::StreamShards { request_id, shards, routing } => {
-                if let Some(CacheReply::Shards(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok((shards, routing)));
-                }
-            }
-            ClientEvent::PublishRefused { id, reason, message } => {
-                if let Some(r) = self.publishes.remove(&id) {
-                    let _ = r.send(Err(ClientError::PublishRefused { reason, message }));
-                }
-            }
-            ClientEvent::CounterValue { request_id, value } => {
-                if let Some(CacheReply::Counter(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok(value));
-                }
-            }
-            ClientEvent::OffsetValue { request_id, offset } => {
-                if let Some(CacheReply::Offset(r)) = self.cache.remove(&request_id) {
-                    let _ = r.send(Ok(offset));
-                }
-            }
-            ClientEvent::RequestFailed { request_id, error, cursor, .. } => {
-                if let Some(r) = self.cache.remove(&request_id) {
-                    r.fail(cursor.map_or(ClientError::Refused(error), ClientError::Cursor));
-                }
-            }
-            ClientEvent::Error { error, .. } => tracing::warn!("broker error: {}", error.message),
-            ClientEvent::ProtocolError { reason } => tracing::warn!("protocol error from broker: {reason}"),
-            other => tracing::debug!("client event: {other:?}"),
-        }
     }
 }

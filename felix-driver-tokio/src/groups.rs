@@ -3,7 +3,8 @@
 //! Long polls go on a control stream of their own (opened on first use), so a poll waiting at
 //! the broker holds up no ack or publish.
 
-use crate::client::{Client, ClientError, Cmd};
+use crate::client::{Client, ClientError};
+use felix_proto::client::Reply;
 use felix_proto::message::{self, GroupRecord, Message, StartPosition};
 use std::time::Duration;
 
@@ -70,24 +71,23 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn unexpected(m: &Message) -> ClientError {
-    ClientError::Closed(format!("unexpected answer {}", m.type_name()))
+fn unexpected(r: &Reply) -> ClientError {
+    ClientError::Closed(format!("unexpected answer {r:?}"))
 }
 
 impl Client {
     /// Sends a group request; the core checks what it (and its optional fields) needs the
-    /// broker to have advertised.
+    /// broker to have advertised, and puts a long poll on a stream of its own.
     async fn group_request(
         &self,
-        long: bool,
         build: impl FnOnce(String, u64) -> Message + Send + 'static,
-    ) -> Result<Message, ClientError> {
-        self.call(|reply| Cmd::Request { build: Box::new(build), long, reply }).await
+    ) -> Result<Reply, ClientError> {
+        self.request(build).await
     }
 
     async fn group_ok(&self, build: impl FnOnce(String, u64) -> Message + Send + 'static) -> Result<(), ClientError> {
-        match self.group_request(false, build).await? {
-            Message::CacheOk(_) => Ok(()),
+        match self.group_request(build).await? {
+            Reply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
@@ -104,9 +104,8 @@ impl Client {
         opts: PollOptions,
     ) -> Result<Vec<GroupRecord>, ClientError> {
         let g = g.clone();
-        let long = !opts.wait.is_zero();
         let m = self
-            .group_request(long, move |tenant_id, request_id| {
+            .group_request(move |tenant_id, request_id| {
                 Message::GroupPoll(message::GroupPoll {
                     tenant_id,
                     namespace: g.namespace,
@@ -123,7 +122,7 @@ impl Client {
             })
             .await?;
         match m {
-            Message::GroupRecords(r) => Ok(r.records),
+            Reply::GroupRecords(records) => Ok(records),
             other => Err(unexpected(&other)),
         }
     }
@@ -179,7 +178,7 @@ impl Client {
     ) -> Result<Duration, ClientError> {
         let g = g.clone();
         let m = self
-            .group_request(false, move |tenant_id, request_id| {
+            .group_request(move |tenant_id, request_id| {
                 Message::GroupExtend(message::GroupExtend {
                     tenant_id,
                     namespace: g.namespace,
@@ -194,7 +193,7 @@ impl Client {
             })
             .await?;
         match m {
-            Message::GroupExtended(e) => Ok(Duration::from_millis(e.visible_ms)),
+            Reply::GroupExtended(ms) => Ok(Duration::from_millis(ms)),
             other => Err(unexpected(&other)),
         }
     }
@@ -214,8 +213,8 @@ impl Client {
     /// The broker's refusal.
     pub async fn group_dead_letters(&self, g: &GroupTarget) -> Result<Vec<u64>, ClientError> {
         let g = g.clone();
-        match self.group_request(false, move |t, id| Message::GroupDeadLetters(g.whole(t, id))).await? {
-            Message::GroupDeadLetterList(l) => Ok(l.offsets),
+        match self.group_request(move |t, id| Message::GroupDeadLetters(g.whole(t, id))).await? {
+            Reply::GroupDeadLetters(offsets) => Ok(offsets),
             other => Err(unexpected(&other)),
         }
     }
@@ -251,7 +250,7 @@ impl Client {
     ) -> Result<(u64, bool), ClientError> {
         let g = g.clone();
         let m = self
-            .group_request(false, move |tenant_id, request_id| {
+            .group_request(move |tenant_id, request_id| {
                 Message::GroupSeek(message::GroupSeek {
                     tenant_id,
                     namespace: g.namespace,
@@ -265,7 +264,7 @@ impl Client {
             })
             .await?;
         match m {
-            Message::GroupPosition(p) => Ok((p.offset, p.moved)),
+            Reply::GroupPosition { offset, moved } => Ok((offset, moved)),
             other => Err(unexpected(&other)),
         }
     }
@@ -276,8 +275,8 @@ impl Client {
     /// The broker's refusal.
     pub async fn group_describe(&self, g: &GroupTarget) -> Result<GroupInfo, ClientError> {
         let g = g.clone();
-        match self.group_request(false, move |t, id| Message::GroupDescribe(g.whole(t, id))).await? {
-            Message::GroupInfo(i) => Ok(i),
+        match self.group_request(move |t, id| Message::GroupDescribe(g.whole(t, id))).await? {
+            Reply::GroupInfo(i) => Ok(i),
             other => Err(unexpected(&other)),
         }
     }
@@ -288,8 +287,8 @@ impl Client {
     /// The broker's refusal.
     pub async fn group_delete(&self, g: &GroupTarget) -> Result<bool, ClientError> {
         let g = g.clone();
-        match self.group_request(false, move |t, id| Message::GroupDelete(g.whole(t, id))).await? {
-            Message::GroupDeleted(d) => Ok(d.existed),
+        match self.group_request(move |t, id| Message::GroupDelete(g.whole(t, id))).await? {
+            Reply::GroupDeleted(existed) => Ok(existed),
             other => Err(unexpected(&other)),
         }
     }

@@ -243,6 +243,8 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         subs.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
             let mut last_offset: Option<u64> = None;
+            let mut cursor = felix_proto::client::SubscriptionCursor::new();
+            cursor.subscribed(sub.start_offset);
             let mut gaps = 0u64;
             let mut resumed = 0u64;
             loop {
@@ -252,12 +254,12 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 };
                 // A durable subscriber that fell behind reads on from the log, as a real
                 // consumer would (felix-node subscribe does the same).
-                if let Some(SubscriptionItem::End(felix_proto::client::EndReason::Lagged { resume_from })) = item {
-                    let from = felix_proto::client::lagged_resume_point(last_offset, resume_from);
-                    let start = Some(felix_proto::message::StartPosition::Offset(from));
-                    match c.subscribe("bench", &stream, start, None).await {
+                if let Some(SubscriptionItem::End(reason @ felix_proto::client::EndReason::Lagged { .. })) = item {
+                    let Some(start) = cursor.resume(&reason) else { break };
+                    match c.subscribe("bench", &stream, Some(start), None).await {
                         Ok(s) => {
                             sub = s;
+                            cursor.subscribed(sub.start_offset);
                             resumed += 1;
                             continue;
                         }
@@ -265,6 +267,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     }
                 }
                 let Some(SubscriptionItem::Events(b)) = item else { break };
+                cursor.delivered(&b);
                 let now = epoch.elapsed().as_nanos() as u64;
                 for (i, p) in b.records.slices().enumerate() {
                     if p.len() >= 8 {

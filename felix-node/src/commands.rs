@@ -304,8 +304,9 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut seen = 0u64;
-    // The last offset printed, for resuming without a gap or a duplicate.
-    let mut last_offset: Option<u64> = None;
+    // What was printed, and so where to resume without a gap or a duplicate.
+    let mut cursor = felix_proto::client::SubscriptionCursor::new();
+    cursor.subscribed(sub.start_offset);
     let stdout = std::io::stdout();
     loop {
         let item = tokio::select! {
@@ -314,9 +315,7 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         };
         match item {
             Some(SubscriptionItem::Events(batch)) => {
-                if let Some(base) = batch.base_offset {
-                    last_offset = Some(base + u64::from(batch.records.count()).saturating_sub(1));
-                }
+                cursor.delivered(&batch);
                 let mut out = stdout.lock();
                 for (i, r) in batch.records.iter().enumerate() {
                     let offset = batch.base_offset.map(|b| b + i as u64);
@@ -354,26 +353,31 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                 let _ = out.flush();
             }
             Some(SubscriptionItem::CacheChange(_)) => {} // never on a stream subscription
-            Some(SubscriptionItem::End(EndReason::Lagged { resume_from })) if !a.no_resume => {
+            Some(SubscriptionItem::End(reason @ EndReason::Lagged { resume_from })) if !a.no_resume => {
                 // A durable stream keeps what we missed: read on from the log, no gap.
-                let from = felix_proto::client::lagged_resume_point(last_offset, resume_from);
-                eprintln!("fell behind (the broker dropped from offset {resume_from}); resuming from {from}");
+                let Some(from) = cursor.resume(&reason) else { return Ok(ExitCode::FAILURE) };
+                eprintln!("fell behind (the broker dropped from offset {resume_from}); resuming from {from:?}");
                 sub = client
-                    .subscribe(&a.conn.namespace, &a.stream, Some(StartPosition::Offset(from)), Some(a.shard))
+                    .subscribe(&a.conn.namespace, &a.stream, Some(from), Some(a.shard))
                     .await
-                    .map_err(|e| format!("resuming at {from}: {e}"))?;
+                    .map_err(|e| format!("resuming at {from:?}: {e}"))?;
+                cursor.subscribed(sub.start_offset);
             }
             Some(SubscriptionItem::End(reason)) => {
-                match reason {
-                    EndReason::Lagged { resume_from } => {
-                        eprintln!("subscription fell behind; resume with --from {resume_from}")
-                    }
-                    EndReason::Moved(m) => eprintln!("shard moved to {:?}; resume from {:?}", m.addr, m.resume_from),
-                    EndReason::Deleted => eprintln!("the stream was deleted"),
-                    EndReason::Error(e) => eprintln!("subscription ended: {}", e.message),
-                    EndReason::Finished => eprintln!("subscription ended by the broker"),
-                    EndReason::WatchLagged { resume_from } => eprintln!("fell behind; resume from {resume_from}"),
-                }
+                let resume = cursor.resume(&reason).map(|p| match p {
+                    StartPosition::Offset(o) => format!("; resume with --from {o}"),
+                    _ => String::new(),
+                });
+                let what = match reason {
+                    EndReason::Lagged { resume_from } => format!("fell behind (dropped from offset {resume_from})"),
+                    EndReason::Moved(m) => format!("its shard moved to {:?}", m.addr),
+                    EndReason::Deleted => "the stream was deleted".into(),
+                    EndReason::Error(e) => format!("ended: {}", e.message),
+                    EndReason::Finished | EndReason::Reset => "ended by the broker".into(),
+                    EndReason::WatchLagged { resume_from } => format!("fell behind at {resume_from}"),
+                    EndReason::ConnectionLost(why) => format!("connection lost: {why}"),
+                };
+                eprintln!("subscription {what}{}", resume.unwrap_or_default());
                 return Ok(ExitCode::FAILURE);
             }
             None => return Err("connection closed".into()),

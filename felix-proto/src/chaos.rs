@@ -26,7 +26,9 @@
 
 use crate::broker::{BrokerConfig, Retention, StreamConfig, TokenGrant, WriteOutcome};
 use crate::client::producer::{Outcome, ProducerEvent, ProducerState, RetryPolicy, SendId};
-use crate::client::{ClientConfig, ClientEvent, ClientStream, EndReason, PublishId, PublishRequest, SubscribeRequest};
+use crate::client::{
+    ClientConfig, ClientEvent, ClientStream, EndReason, PublishId, PublishRequest, Reply, SubscribeRequest,
+};
 use crate::message::StartPosition;
 use crate::sim::{Sim, StorageMode};
 use bytes::Bytes;
@@ -595,11 +597,11 @@ fn collect(
         let member = pi == 2;
         for e in sim.take_events(party.idx) {
             match e {
-                ClientEvent::Answer { request_id, message } if member && consumer.polls.remove(&request_id) => {
-                    let crate::Message::GroupRecords(r) = *message else {
-                        return Err(format!("a poll answered with {}", message.type_name()));
+                ClientEvent::Reply { request_id, reply } if member && consumer.polls.remove(&request_id) => {
+                    let Reply::GroupRecords(records) = reply else {
+                        return Err(format!("a poll answered with {reply:?}"));
                     };
-                    for rec in r.records {
+                    for rec in records {
                         if consumer.confirmed.contains(&rec.offset) {
                             return Err(format!(
                                 "group record {} delivered again after its ack was confirmed",
@@ -611,7 +613,9 @@ fn collect(
                         consumer.claimed.insert(rec.offset);
                     }
                 }
-                ClientEvent::CacheOk { request_id } if member && consumer.acks.contains_key(&request_id) => {
+                ClientEvent::Reply { request_id, reply: Reply::Done }
+                    if member && consumer.acks.contains_key(&request_id) =>
+                {
                     if let Some(o) = consumer.acks.remove(&request_id) {
                         report.group_acks += 1;
                         consumer.confirmed.insert(o);
@@ -665,10 +669,12 @@ fn collect(
                         s.lagged = true;
                     }
                 }
-                ClientEvent::CacheValue { request_id, value, .. } => {
+                ClientEvent::Reply { request_id, reply: Reply::CacheValue { value, .. } } => {
                     cache_answer(party, model, report, request_id, value)?
                 }
-                ClientEvent::CacheOk { request_id } => cache_answer(party, model, report, request_id, None)?,
+                ClientEvent::Reply { request_id, reply: Reply::Done } => {
+                    cache_answer(party, model, report, request_id, None)?
+                }
                 _ => {}
             }
         }

@@ -51,6 +51,9 @@ pub struct SimClient {
     paused: HashSet<StreamId>,
     slow: bool,
     held: VecDeque<(StreamId, Bytes, bool)>,
+    /// Event streams the client paused (it holds too much its application has not taken):
+    /// their bytes wait here, unflushed, until it resumes them.
+    reader_paused: BTreeMap<StreamId, VecDeque<(Bytes, bool)>>,
 }
 
 /// The harness.
@@ -163,6 +166,7 @@ impl Sim {
             paused: HashSet::new(),
             slow: false,
             held: VecDeque::new(),
+            reader_paused: BTreeMap::new(),
         });
         self.clients.len() - 1
     }
@@ -221,8 +225,20 @@ impl Sim {
     }
 
     /// Takes the events party `i` reported so far.
+    /// Takes the events party `i`'s client reported: its application consumed them (which the
+    /// client is told, so a subscription it paused for holding too much reads again).
     pub fn take_events(&mut self, i: usize) -> Vec<ClientEvent> {
-        std::mem::take(&mut self.clients[i].events)
+        let events = std::mem::take(&mut self.clients[i].events);
+        let now = self.now;
+        if let Some(c) = self.clients[i].client.as_mut() {
+            for e in &events {
+                let n = crate::client::event_bytes(e);
+                if let (ClientEvent::Events { sub, .. } | ClientEvent::CacheEvent { sub, .. }, true) = (e, n > 0) {
+                    c.handle_consumed(*sub, n, now);
+                }
+            }
+        }
+        events
     }
 
     /// Takes the bytes the broker wrote to party `i` on `stream` so far.
@@ -389,7 +405,16 @@ impl Sim {
                     }
                     ClientOutput::StopSending { stream, .. } => {
                         let conn = self.clients[i].conn;
+                        self.clients[i].reader_paused.remove(&stream);
                         self.broker.handle_stream_stopped(conn, stream, self.now);
+                    }
+                    ClientOutput::PauseReading { stream } => {
+                        self.clients[i].reader_paused.entry(stream).or_default();
+                    }
+                    ClientOutput::ResumeReading { stream } => {
+                        for (data, fin) in self.clients[i].reader_paused.remove(&stream).unwrap_or_default() {
+                            self.deliver(i, stream, data, fin);
+                        }
                     }
                 }
             }
@@ -486,6 +511,9 @@ impl Sim {
         match o {
             BrokerOutput::Transmit { conn, stream, data } => {
                 let Some(i) = self.index_of(conn) else { return };
+                if let Some(q) = self.clients[i].reader_paused.get_mut(&stream) {
+                    return q.push_back((data, false));
+                }
                 // Bytes never overtake bytes still held for the same reader.
                 let behind = !self.clients[i].held.is_empty();
                 if (self.clients[i].slow || behind) && stream.initiator() == Side::Broker {
@@ -496,6 +524,9 @@ impl Sim {
             }
             BrokerOutput::Finish { conn, stream } => {
                 let Some(i) = self.index_of(conn) else { return };
+                if let Some(q) = self.clients[i].reader_paused.get_mut(&stream) {
+                    return q.push_back((Bytes::new(), true));
+                }
                 let behind = !self.clients[i].held.is_empty();
                 if (self.clients[i].slow || behind) && stream.initiator() == Side::Broker {
                     self.clients[i].held.push_back((stream, Bytes::new(), true));

@@ -4,7 +4,7 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::broker::{Action, Grant, TokenGrant};
-use felix_proto::client::{ClientConfig, ClientEvent, ClientStream};
+use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, Reply};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message};
 use felix_proto::sim::{Sim, StorageMode};
@@ -219,9 +219,9 @@ fn the_client_state_machine_adds_and_reads() {
     assert_eq!(
         sim.take_events(c),
         vec![
-            ClientEvent::CounterValue { request_id: a, value: Some(41) },
-            ClientEvent::CounterValue { request_id: b, value: Some(42) },
-            ClientEvent::CounterValue { request_id: g, value: None },
+            ClientEvent::Reply { request_id: a, reply: Reply::CounterValue(Some(41)) },
+            ClientEvent::Reply { request_id: b, reply: Reply::CounterValue(Some(42)) },
+            ClientEvent::Reply { request_id: g, reply: Reply::CounterValue(None) },
         ]
     );
 }

@@ -5,7 +5,7 @@ mod support;
 use bytes::Bytes;
 use felix_proto::binary::OwnerHint;
 use felix_proto::broker::{Action, Broker, BrokerOutput, Grant, TokenGrant};
-use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, StreamReadRequest};
+use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, Reply, StreamReadRequest};
 use felix_proto::features::Features;
 use felix_proto::io::{Dir, Side, StreamId, WallClock};
 use felix_proto::message::{self, CursorErrorReason, Message};
@@ -371,7 +371,7 @@ fn the_client_state_machine_reads_pages_and_maps_cursor_errors_to_the_request() 
     sim.run();
     let ev = sim.take_events(c);
     assert!(
-        matches!(&ev[0], ClientEvent::StreamRecords { request_id, records, next_offset: 2 }
+        matches!(&ev[0], ClientEvent::Reply { request_id, reply: Reply::StreamRecords { records, next_offset: 2 } }
             if *request_id == r1 && records.iter().map(|r| r.payload.0.clone()).collect::<Vec<_>>() == ["a", "b"]),
         "{ev:?}"
     );
@@ -380,5 +380,8 @@ fn the_client_state_machine_reads_pages_and_maps_cursor_errors_to_the_request() 
             if *request_id == r2 && c.reason == CursorErrorReason::InFuture && c.available == 3),
         "{ev:?}"
     );
-    assert!(matches!(&ev[2], ClientEvent::OffsetValue { request_id, offset: Some(0) } if *request_id == r3), "{ev:?}");
+    assert!(
+        matches!(&ev[2], ClientEvent::Reply { request_id, reply: Reply::OffsetValue(Some(0)) } if *request_id == r3),
+        "{ev:?}"
+    );
 }

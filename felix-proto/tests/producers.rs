@@ -5,7 +5,7 @@ mod support;
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::binary::{AckMode, AckedPrefix, IdempotentPrefix, OwnerHint, PublishBatch};
-use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, PublishRequest};
+use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, PublishRequest, Reply};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message, RefusedReason};
 use felix_proto::sim::{Sim, StorageMode};
@@ -270,7 +270,9 @@ fn the_client_state_machine_publishes_idempotently() {
     let r = sim.client(c).producer_init(ClientStream(0)).unwrap();
     sim.run();
     let ev = sim.take_events(c);
-    let Some(ClientEvent::ProducerReady { request_id, producer_id }) = ev.first() else { panic!("{ev:?}") };
+    let Some(ClientEvent::Reply { request_id, reply: Reply::ProducerId(producer_id) }) = ev.first() else {
+        panic!("{ev:?}")
+    };
     assert_eq!(*request_id, r);
     let req = |seq: u64, payload: &str| PublishRequest {
         idempotent: Some((*producer_id, seq)),

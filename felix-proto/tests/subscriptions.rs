@@ -5,7 +5,9 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::broker::{Broker, BrokerOutput, Retention, StreamConfig, StreamSpec};
-use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, EndReason, PublishRequest, SubscribeRequest};
+use felix_proto::client::{
+    ClientConfig, ClientEvent, ClientStream, EndReason, PublishRequest, Reply, SubscribeRequest,
+};
 use felix_proto::features::Features;
 use felix_proto::io::{StreamId, WallClock};
 use felix_proto::message::{self, CursorErrorReason, Message, StartPosition};
@@ -484,7 +486,7 @@ fn cache_requests_pipeline_over_several_streams() {
     let ev = sim.take_events(c);
     for (rid, key) in want {
         assert!(
-            ev.iter().any(|e| matches!(e, ClientEvent::CacheValue { request_id, value: Some(v), version: Some(_) }
+            ev.iter().any(|e| matches!(e, ClientEvent::Reply { request_id, reply: Reply::CacheValue { value: Some(v), version: Some(_) } }
             if *request_id == rid && v[..] == *key.as_bytes()))
         );
     }
