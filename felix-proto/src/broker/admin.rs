@@ -1,0 +1,166 @@
+//! What the driver and operators do outside the protocol: recovery at start, stream listing,
+//! deletion and shard moves.
+
+use super::*;
+use crate::binary::OwnerHint;
+use crate::message::{self};
+use std::time::Instant;
+
+impl Broker {
+    /// Restores a durable shard from what storage recovered at start. `name` is
+    /// `(tenant, namespace, stream)`. Creates the stream (with `config`) if it does not exist yet.
+    /// Call before accepting connections.
+    pub fn restore_shard(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        config: StreamConfig,
+        shard: u32,
+        batches: Vec<crate::storage::StoredBatch>,
+        now: Instant,
+    ) {
+        let now = self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        let config = if syslog::is_sys(&k) {
+            self.sys_restore(&k, &batches);
+            syslog::sys_stream_config()
+        } else {
+            config
+        };
+        if !self.streams.contains_key(&k) {
+            self.create_stream(k.clone(), config);
+        }
+        let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        for b in batches {
+            if let Some((pid, seq)) = b.producer {
+                let end = b.base_offset + b.count();
+                s.producers.appended(pid, seq, producer::digest(b.records.raw()), b.base_offset, end, None);
+            }
+            s.log.restore(b);
+        }
+        self.enforce_retention(Some(&k), now);
+    }
+
+    /// Restores what retention made a shard forget about idempotent producers (the
+    /// `producers_forgotten` of its `Truncate` outputs, as storage kept them). Call after
+    /// [`restore_shard`](Self::restore_shard).
+    pub fn restore_producer_watermarks(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        shard: u32,
+        forgotten: &[(u64, u64)],
+    ) {
+        if let Some(s) = self.streams.get_mut(&key(tenant, ns, stream)).and_then(|e| e.shards.get_mut(shard as usize)) {
+            s.producers.restore_forgotten(forgotten);
+        }
+    }
+
+    /// Restores a durable shard's older history from index entries alone (its records stay on
+    /// disk and are read back on demand). Call before [`restore_shard`](Self::restore_shard)
+    /// with the newer batches. Creates the stream (with `config`) if it does not exist yet.
+    pub fn restore_shard_summaries(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        config: StreamConfig,
+        shard: u32,
+        entries: &[crate::storage::IndexEntry],
+        now: Instant,
+    ) {
+        self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        if entries.is_empty() || syslog::is_sys(&k) {
+            return; // system logs are restored whole, by restore_shard
+        }
+        if !self.streams.contains_key(&k) {
+            self.create_stream(k.clone(), config);
+        }
+        let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        for e in entries {
+            if let Some((pid, seq, digest)) = e.producer {
+                s.producers.appended(pid, seq, digest, e.base_offset, e.base_offset + e.count, None);
+            }
+            s.log.restore_summary(e);
+        }
+    }
+
+    /// How many payload bytes of a durable stream's history the broker keeps in memory per
+    /// shard (what a driver reads whole at start; older history it restores from indexes).
+    pub fn memory_budget(&self, tenant: &str, ns: &str, stream: &str) -> u64 {
+        if stream.starts_with(syslog::SYS_PREFIX) {
+            return u64::MAX; // system logs are folded whole
+        }
+        self.streams
+            .get(&key(tenant, ns, stream))
+            .map_or(self.cfg.default_stream.memory_bytes, |e| e.config.memory_bytes)
+    }
+
+    /// Every stream with its configuration, in name order.
+    pub fn streams(&self) -> impl Iterator<Item = (&str, &str, &str, &StreamConfig)> {
+        let mut v: Vec<_> = self
+            .streams
+            .iter()
+            .filter(|(k, _)| !syslog::is_sys(k))
+            .map(|((t, n, s), e)| (t.as_str(), n.as_str(), s.as_str(), &e.config))
+            .collect();
+        v.sort_unstable_by_key(|(t, n, s, _)| (*t, *n, *s));
+        v.into_iter()
+    }
+
+    /// Deletes a stream. Its subscriptions end after delivering what they have queued, with
+    /// `stream_deleted` for clients that read it.
+    pub fn delete_stream(&mut self, tenant: &str, ns: &str, stream: &str, now: Instant) -> bool {
+        self.clock.advance(now);
+        let Some(entry) = self.streams.remove(&key(tenant, ns, stream)) else { return false };
+        self.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
+        for shard in entry.shards {
+            for (conn, id) in shard.subs {
+                if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
+                    sub.cursor = None;
+                    sub.ending.get_or_insert(Ending::Deleted);
+                    self.pump(conn, id);
+                }
+            }
+        }
+        true
+    }
+
+    /// Records that a shard moved to another broker: its subscriptions end with `shard_moved`
+    /// (for clients that read it), new subscribes are redirected, publishes refused
+    /// `not_leader`.
+    pub fn move_shard(
+        &mut self,
+        tenant: &str,
+        ns: &str,
+        stream: &str,
+        shard: u32,
+        owner: OwnerHint,
+        now: Instant,
+    ) -> bool {
+        self.clock.advance(now);
+        let Some(entry) = self.streams.get_mut(&key(tenant, ns, stream)) else { return false };
+        let durable = entry.config.durable;
+        let Some(s) = entry.shards.get_mut(shard as usize) else { return false };
+        let resume_from = durable.then(|| s.log.committed_tail());
+        s.moved =
+            Some(Moved { node_id: owner.node_id.clone(), addr: owner.addr.clone(), generation: owner.generation });
+        let subs = std::mem::take(&mut s.subs);
+        for (conn, id) in subs {
+            if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
+                let m = message::ShardMoved {
+                    subscription_id: id,
+                    resume_from,
+                    node_id: Some(owner.node_id.clone()),
+                    addr: owner.addr.clone(),
+                    generation: owner.generation,
+                };
+                sub.ending.get_or_insert(Ending::Moved(m));
+                self.pump(conn, id);
+            }
+        }
+        // Polls waiting on the shard answer empty.
+        self.wake_groups(&key(tenant, ns, stream), shard, now);
+        true
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Cache
+}

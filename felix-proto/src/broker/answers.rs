@@ -1,0 +1,233 @@
+//! Answers: each request owed an answer gets a slot on its stream, and answers leave in request
+//! order (held behind one that waits for storage); refusals worded for what the client reads.
+
+use super::*;
+use crate::binary::PublishAck;
+use crate::features::Features;
+use crate::flags::Flags;
+use crate::io::{ConnId, StreamId};
+use crate::message::{self, Message};
+use crate::negotiate::ClientOffer;
+use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
+
+impl Broker {
+    pub(super) fn features_of(st: &CtlStream) -> ClientOffer {
+        st.session.as_ref().map_or(
+            ClientOffer { negotiating: false, flags: Flags::ORIGINAL_V1, features: Features::NONE, extended: false },
+            |s| s.offer,
+        )
+    }
+
+    pub(super) fn error_message(offer: &ClientOffer, r: &Refusal) -> Message {
+        let codes = offer.has(Features::ERROR_CODES);
+        Message::Error(message::ErrorMsg {
+            message: r.message.clone(),
+            code: codes.then(|| r.code.clone()),
+            retry: codes.then_some(r.retry),
+            detail: r.detail.clone().filter(|_| codes),
+        })
+    }
+
+    pub(super) fn publish_answer(
+        offer: &ClientOffer,
+        reply: Reply,
+        result: Result<Option<u64>, &Refusal>,
+    ) -> Option<Bytes> {
+        match reply {
+            Reply::None => None,
+            Reply::Refusable(request_id) if result.is_err_and(|r| r.refused.is_some()) => {
+                let r = result.err()?;
+                let reason = *r.refused.clone()?;
+                Some(json_frame(&Message::PublishRefused(message::PublishRefused {
+                    request_id,
+                    reason,
+                    message: r.message.clone(),
+                })))
+            }
+            Reply::Json(request_id) | Reply::Refusable(request_id) => {
+                let m = match result {
+                    Ok(offset) => Message::PublishOk(message::PublishOk {
+                        request_id,
+                        offset: offset.filter(|_| offer.offered(Flags::BINARY_PUBLISH_ACK_OFFSET)),
+                    }),
+                    Err(r) => {
+                        let codes = offer.has(Features::ERROR_CODES);
+                        Message::PublishError(message::PublishError {
+                            request_id,
+                            message: r.message.clone(),
+                            code: codes.then(|| r.code.clone()),
+                            retry: codes.then_some(r.retry),
+                            detail: r.detail.clone().filter(|_| codes),
+                        })
+                    }
+                };
+                Some(json_frame(&m))
+            }
+            Reply::Binary(request_id) => {
+                let ack = match result {
+                    Ok(offset) => PublishAck::ok(request_id, offset),
+                    Err(r) => {
+                        let mut a = PublishAck::error(request_id, r.message.clone(), r.code.clone(), r.retry);
+                        a.detail = r.detail.clone();
+                        a
+                    }
+                };
+                let mut b = BytesMut::new();
+                // Strings were checked on the way in; the message is cut to fit if needed.
+                let _ = ack.encode(offer.flags, &mut b);
+                Some(b.freeze())
+            }
+        }
+    }
+
+    /// Sends a non-publish answer (never held back by the pipeline).
+    pub(super) fn send(&mut self, conn: ConnId, st: &mut CtlStream, data: Bytes) {
+        if st.uni || st.send_finished {
+            return;
+        }
+        if st.held.is_empty() {
+            Self::count_unflushed(&mut self.out, self.cfg.control_stream_unflushed_bytes, conn, st, data.len());
+            self.out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+        } else {
+            st.held.push_back(Held::Ready(data));
+        }
+    }
+
+    /// Counts answer bytes handed to the driver; past the limit, stops reading the stream's
+    /// requests until the client reads what it was sent.
+    pub(super) fn count_unflushed(
+        out: &mut VecDeque<BrokerOutput>,
+        limit: usize,
+        conn: ConnId,
+        st: &mut CtlStream,
+        n: usize,
+    ) {
+        st.unflushed += n;
+        if st.unflushed > limit && !st.flush_paused {
+            st.flush_paused = true;
+            out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+        }
+    }
+
+    /// Fills the held slot `slot` of a control stream with its answer, writes whatever is now
+    /// ready in order, and finishes the stream if that was the last thing owed on it.
+    pub(super) fn fill_held(&mut self, conn: ConnId, stream: StreamId, slot: HeldFor, data: Bytes) {
+        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&stream)) else { return };
+        if let Some(h) = st.held.iter_mut().find(|h| matches!(h, Held::Waiting(t) if *t == slot)) {
+            *h = Held::Ready(data);
+        }
+        st.outstanding = st.outstanding.saturating_sub(1);
+        Self::release_held(&mut self.out, conn, &mut st);
+        self.maybe_finish(conn, &mut st);
+        let keep = !(st.send_finished && st.outstanding == 0);
+        if let Some(c) = self.conns.get_mut(&conn)
+            && keep
+        {
+            c.streams.insert(stream, st);
+        }
+    }
+
+    /// Reserves an answer slot that later answers on the stream wait behind.
+    pub(super) fn hold(st: &mut CtlStream, slot: HeldFor) {
+        st.held.push_back(Held::Waiting(slot));
+        st.outstanding += 1;
+    }
+
+    /// Writes the held answers that are ready, in order, up to the first still waiting.
+    pub(super) fn release_held(out: &mut VecDeque<BrokerOutput>, conn: ConnId, st: &mut CtlStream) {
+        while let Some(Held::Ready(_)) = st.held.front() {
+            if let Some(Held::Ready(data)) = st.held.pop_front()
+                && !st.send_finished
+            {
+                st.unflushed += data.len();
+                out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+            }
+        }
+    }
+
+    pub(super) fn refuse(&mut self, conn: ConnId, st: &mut CtlStream, r: Refusal) {
+        let m = Self::error_message(&Self::features_of(st), &r);
+        self.send(conn, st, json_frame(&m));
+        if r.close_stream {
+            self.close_stream(conn, st);
+        }
+    }
+
+    /// Reserves the answer slot of an owed publish (pipelined streams answer in order).
+    pub(super) fn owe(&mut self, conn: ConnId, st: &mut CtlStream, reply: Reply) -> Option<u64> {
+        if matches!(reply, Reply::None) {
+            return None;
+        }
+        st.outstanding += 1;
+        let window = st.session.as_ref().and_then(|s| s.window)?;
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.owed.push_back(Owed { seq, answer: None });
+        if st.owed.len() >= window as usize && !st.paused {
+            st.paused = true;
+            self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+        }
+        Some(seq)
+    }
+
+    /// Delivers an owed publish answer: at once, or in order behind earlier ones when the
+    /// stream is pipelined. Returns whether the stream should be driven again (it was paused
+    /// and has room now).
+    pub(super) fn deliver_answer(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        seq: Option<u64>,
+        data: Option<Bytes>,
+    ) -> bool {
+        st.outstanding = st.outstanding.saturating_sub(1);
+        self.stats.acks_sent += u64::from(data.is_some());
+        match seq {
+            None => {
+                if let Some(d) = data {
+                    self.send(conn, st, d);
+                }
+                false
+            }
+            Some(seq) => {
+                if let Some(o) = st.owed.iter_mut().find(|o| o.seq == seq) {
+                    o.answer = Some(data.unwrap_or_default());
+                }
+                while st.owed.front().is_some_and(|o| o.answer.is_some()) {
+                    let o = st.owed.pop_front().expect("front exists");
+                    if let Some(d) = o.answer.filter(|d| !d.is_empty()) {
+                        self.send(conn, st, d);
+                    }
+                }
+                let window = st.session.as_ref().and_then(|s| s.window).unwrap_or(u32::MAX) as usize;
+                if st.paused && st.owed.len() < window {
+                    st.paused = false;
+                    if !st.storage_paused && !st.flush_paused {
+                        self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
+                    }
+                    return true;
+                }
+                false
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Frames
+
+    pub(super) fn answer_now(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        reply: Reply,
+        result: Result<Option<u64>, &Refusal>,
+    ) {
+        let offer = Self::features_of(st);
+        let seq = self.owe(conn, st, reply);
+        let data = Self::publish_answer(&offer, reply, result);
+        if !matches!(reply, Reply::None) {
+            self.deliver_answer(conn, st, seq, data);
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Cache and counter requests.
+
+use super::*;
+use crate::error_code::ErrorCode;
+use crate::features::Features;
+use crate::io::ConnId;
+use crate::message::{self, B64, Message};
+use cache::Cache;
+use std::time::Instant;
+
+impl Broker {
+    pub(super) fn cache_entry(
+        &mut self,
+        st: &CtlStream,
+        t: &str,
+        ns: &str,
+        c: &str,
+        action: Action,
+    ) -> Result<Key, Refusal> {
+        check_names(&[("tenant", t), ("namespace", ns), ("cache", c)])?;
+        self.authorize(st, t, ns, c, action)?;
+        let k = key(t, ns, c);
+        if !self.caches.contains_key(&k) {
+            if !self.cfg.auto_create {
+                return Err(Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
+            }
+            let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
+            self.caches.insert(k.clone(), Cache::with_version_seed(seed));
+        }
+        Ok(k)
+    }
+
+    pub(super) fn counter_add(&mut self, conn: ConnId, st: &mut CtlStream, a: message::CounterAdd, now: Instant) {
+        let k = match self.cache_entry(st, &a.tenant_id, &a.namespace, &a.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        if a.key.len() > u16::MAX as usize {
+            return self.refuse(
+                conn,
+                st,
+                Refusal::new(ErrorCode::InvalidRequest, "counter key longer than 65535 bytes"),
+            );
+        }
+        let record = syslog::CounterOp::Add { key: a.key.clone(), delta: a.delta }.encode();
+        let pending = syslog::SysPending::CounterAdd { conn, stream: st.id, request_id: a.request_id, key: a.key };
+        let token = self.sys_append(&syslog::counters_key(&k), vec![record], pending, now);
+        Self::hold(st, HeldFor::Write(token));
+    }
+
+    pub(super) fn counter_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CounterGet) {
+        let k = match self.cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let value = self.counters.get(&k).and_then(|c| c.sums.get(&g.key).copied());
+        let m = Message::CounterValue(message::CounterValue { value, request_id: g.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    pub(super) fn cache_put_if(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePutIf, now: Instant) {
+        let k = match self.cache_entry(st, &p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
+        let condition = match p.condition {
+            message::CacheCondition::Absent => None,
+            message::CacheCondition::Version(v) => Some(v),
+        };
+        let (applied, version) =
+            self.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
+        self.cache_fanout(&k);
+        let m =
+            Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: p.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    pub(super) fn cache_delete_if(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        d: message::CacheDeleteIf,
+        now: Instant,
+    ) {
+        let k = match self.cache_entry(st, &d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let (applied, version) = self.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
+        self.cache_fanout(&k);
+        let m =
+            Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: d.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    pub(super) fn cache_put(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePut, now: Instant) {
+        let k = match self.cache_entry(st, &p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
+        self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
+        self.cache_fanout(&k);
+        let answer = match p.request_id {
+            Some(request_id) => Message::CacheOk(message::CacheOk { request_id }),
+            None => Message::Ok(message::OkMsg {}),
+        };
+        self.send(conn, st, json_frame(&answer));
+    }
+
+    pub(super) fn cache_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CacheGet, now: Instant) {
+        let k = match self.cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
+        self.cache_fanout(&k); // a lazy expiry is a change too
+        if hit.is_some() {
+            self.stats.cache_hits += 1;
+        } else {
+            self.stats.cache_misses += 1;
+        }
+        // `version` only on a hit, and only for a client that offered FEATURE_CACHE_CONDITIONAL.
+        let offered = Self::features_of(st).has(Features::CACHE_CONDITIONAL);
+        let version = hit.as_ref().map(|(_, v)| *v).filter(|_| offered);
+        let m = Message::CacheValue(message::CacheValue {
+            tenant_id: g.tenant_id,
+            namespace: g.namespace,
+            cache: g.cache,
+            key: g.key,
+            value: hit.map(|(v, _)| B64(v)),
+            request_id: g.request_id,
+            version,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    pub(super) fn cache_delete(&mut self, conn: ConnId, st: &mut CtlStream, d: message::CacheDelete, now: Instant) {
+        let k = match self.cache_entry(st, &d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite) {
+            Ok(k) => k,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let removed = self.caches.get_mut(&k).expect("created").delete(&d.key, now);
+        self.cache_fanout(&k);
+        let m = Message::CacheValue(message::CacheValue {
+            tenant_id: d.tenant_id,
+            namespace: d.namespace,
+            cache: d.cache,
+            key: d.key,
+            value: removed.map(B64),
+            request_id: d.request_id,
+            version: None,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+}

@@ -1,0 +1,329 @@
+//! Connections and their control streams: admission, stream inputs, reading requests off a
+//! stream in order (pausing it when asked), finishing it.
+
+use super::*;
+use crate::flags::Flags;
+use crate::frame::{FrameDecoder, FrameError};
+use crate::io::{ConnId, Dir, OpenToken, Side, StreamId, close_code};
+use crate::message::{self, Message};
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+impl Broker {
+    /// A client connected (from a peer the driver does not name: not counted against the
+    /// per-peer cap). Returns its id.
+    pub fn connection_opened(&mut self, now: Instant) -> ConnId {
+        let now = self.clock.advance(now);
+        self.open_conn(None, now)
+    }
+
+    /// A client wants to connect from `peer`: call before its handshake. It is admitted (its
+    /// id is returned; report a failed handshake with [`connection_closed`](Self::connection_closed))
+    /// unless that would pass the caps on connections that authenticated no stream yet:
+    /// * per peer (`max_unauthenticated_per_peer`): refused;
+    /// * in all (`max_unauthenticated_connections`): the oldest unauthenticated connection that
+    ///   has been so for longer than `auth_timeout` is closed (code 1) to make room, or, if none
+    ///   has, the new one is refused.
+    ///
+    /// Authenticated connections never count, so a flood of idle connections cannot crowd out
+    /// clients that authenticate.
+    ///
+    /// # Errors
+    /// [`AdmitError`] naming the cap; refuse the connection in the handshake.
+    pub fn admit(&mut self, peer: PeerAddr, now: Instant) -> Result<ConnId, AdmitError> {
+        let now = self.clock.advance(now);
+        let unauth = |c: &&Conn| !c.authenticated;
+        let from_peer = self.conns.values().filter(unauth).filter(|c| c.peer == Some(peer)).count();
+        if from_peer >= self.cfg.max_unauthenticated_per_peer {
+            self.stats.connections_refused += 1;
+            return Err(AdmitError::TooManyFromPeer { max: self.cfg.max_unauthenticated_per_peer });
+        }
+        if self.unauthenticated_connections() >= self.cfg.max_unauthenticated_connections {
+            let stale = self
+                .conns
+                .iter()
+                .filter(|(_, c)| !c.authenticated && crate::io::after(c.opened_at, self.cfg.auth_timeout) <= now)
+                .min_by_key(|(id, c)| (c.opened_at, **id))
+                .map(|(id, _)| *id);
+            let Some(old) = stale else {
+                self.stats.connections_refused += 1;
+                return Err(AdmitError::TooManyUnauthenticated { max: self.cfg.max_unauthenticated_connections });
+            };
+            self.stats.connections_evicted += 1;
+            self.out.push_back(BrokerOutput::CloseConnection {
+                conn: old,
+                code: close_code::AUTH_TIMEOUT,
+                reason: "unauthenticated for too long while others wait".into(),
+            });
+            self.drop_conn(old);
+        }
+        Ok(self.open_conn(Some(peer), now))
+    }
+
+    pub(super) fn open_conn(&mut self, peer: Option<PeerAddr>, now: Instant) -> ConnId {
+        self.next_sweep.get_or_insert(crate::io::after(now, std::time::Duration::from_secs(1)));
+        let id = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.stats.connections_opened += 1;
+        self.conns.insert(
+            id,
+            Conn {
+                streams: HashMap::new(),
+                subs: HashMap::new(),
+                opens: HashMap::new(),
+                authenticated: false,
+                opened_at: now,
+                peer,
+                next_sub: 1,
+                max_bi: None,
+                max_uni: None,
+            },
+        );
+        id
+    }
+
+    /// Connections none of whose streams authenticated yet.
+    pub fn unauthenticated_connections(&self) -> usize {
+        self.conns.values().filter(|c| !c.authenticated).count()
+    }
+
+    /// The connection is gone (closed by either side or lost). Its subscriptions end.
+    pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
+        self.clock.advance(now);
+        self.drop_conn(conn);
+    }
+
+    pub(super) fn drop_conn(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.remove(&conn) {
+            for (sid, st) in &c.streams {
+                if let Some(d) = st.auth_deadline {
+                    self.auth_deadlines.remove(&(d, conn, *sid));
+                }
+            }
+            for sub in c.subs.values() {
+                self.unlink_sub(conn, sub);
+            }
+        }
+    }
+
+    pub(super) fn unlink_sub(&mut self, conn: ConnId, sub: &Sub) {
+        if sub.watch.is_some() {
+            if let Some(w) = self.cache_watchers.get_mut(&sub.key) {
+                w.retain(|(c, id)| !(*c == conn && *id == sub.id));
+            }
+            return;
+        }
+        if let Some(shard) = self.streams.get_mut(&sub.key).and_then(|e| e.shards.get_mut(sub.shard as usize)) {
+            shard.subs.retain(|(c, id)| !(*c == conn && *id == sub.id));
+        }
+    }
+
+    /// Bytes arrived on a stream the client opened (bidirectional control stream or
+    /// unidirectional publish stream). `fin` says the client finished it.
+    pub fn handle_stream_data(&mut self, conn: ConnId, stream: StreamId, data: Bytes, fin: bool, now: Instant) {
+        self.handle_stream_chunks(conn, stream, std::iter::once(data), fin, now);
+    }
+
+    /// [`handle_stream_data`](Self::handle_stream_data) for several chunks that arrived
+    /// together, in order: the stream is looked up and driven once for all of them (a busy
+    /// stream hands over dozens of packet-sized chunks at a time).
+    pub fn handle_stream_chunks<I>(&mut self, conn: ConnId, stream: StreamId, chunks: I, fin: bool, now: Instant)
+    where
+        I: IntoIterator<Item = Bytes>,
+    {
+        let now = self.clock.advance(now);
+        let preauth = self.cfg.preauth_max_frame_len;
+        let auth_timeout = self.cfg.auth_timeout;
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if stream.initiator() != Side::Client {
+            // Our own event streams are unidirectional: a client cannot send on them.
+            return;
+        }
+        if !c.streams.contains_key(&stream) {
+            let max = if stream.dir() == Dir::Bi { &mut c.max_bi } else { &mut c.max_uni };
+            if max.is_some_and(|m| stream.index() <= m) {
+                return; // a stream that was closed
+            }
+            *max = Some(stream.index());
+        }
+        let auth_deadlines = &mut self.auth_deadlines;
+        let st = c.streams.entry(stream).or_insert_with(|| {
+            let deadline = crate::io::after(now, auth_timeout);
+            auth_deadlines.insert((deadline, conn, stream));
+            let mut decoder = FrameDecoder::new();
+            decoder.set_max_frame_len(preauth);
+            decoder.set_accepted_flags(Flags::CLIENT_SENDS);
+            CtlStream {
+                id: stream,
+                uni: stream.dir() == Dir::Uni,
+                decoder,
+                session: None,
+                owed: VecDeque::new(),
+                next_seq: 0,
+                outstanding: 0,
+                paused: false,
+                storage_paused: false,
+                flush_paused: false,
+                unflushed: 0,
+                fin_recv: false,
+                closed: false,
+                send_finished: false,
+                auth_deadline: Some(deadline),
+                held: VecDeque::new(),
+            }
+        });
+        if st.closed {
+            return;
+        }
+        for data in chunks {
+            st.decoder.push(data);
+        }
+        st.fin_recv |= fin;
+        self.drive_stream(conn, stream, now);
+        self.run_wakes(now);
+    }
+
+    /// The client reset its sending side of `stream`: drop what was buffered for it.
+    pub fn handle_stream_reset(&mut self, conn: ConnId, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        if let Some(c) = self.conns.get_mut(&conn)
+            && let Some(st) = c.streams.get_mut(&stream)
+        {
+            st.closed = true;
+            st.decoder = FrameDecoder::new();
+            if st.outstanding == 0 {
+                c.streams.remove(&stream);
+            }
+        }
+    }
+
+    /// The client asked us to stop sending on `stream`. On an event stream that ends the
+    /// subscription (this is how a client unsubscribes).
+    pub fn handle_stream_stopped(&mut self, conn: ConnId, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let sub_id = c.subs.values().find(|s| s.stream == Some(stream)).map(|s| s.id);
+        if let Some(id) = sub_id {
+            if let Some(sub) = c.subs.remove(&id) {
+                self.unlink_sub(conn, &sub);
+            }
+        } else if let Some(st) = c.streams.get_mut(&stream) {
+            st.send_finished = true;
+        }
+    }
+
+    /// The driver opened the unidirectional stream asked for with `token`.
+    pub fn handle_stream_opened(&mut self, conn: ConnId, token: OpenToken, stream: StreamId, now: Instant) {
+        self.clock.advance(now);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let Some(sub_id) = c.opens.remove(&token) else { return };
+        let Some(sub) = c.subs.get_mut(&sub_id) else {
+            // The subscription ended before its stream opened: close the stream at once.
+            self.out.push_back(BrokerOutput::Finish { conn, stream });
+            return;
+        };
+        sub.stream = Some(stream);
+        let hello = json_frame(&Message::EventStreamHello(message::EventStreamHello { subscription_id: sub.id }));
+        sub.inflight += hello.len();
+        self.out.push_back(BrokerOutput::Transmit { conn, stream, data: hello });
+        self.pump(conn, sub_id);
+    }
+
+    /// The driver finished writing `bytes` previously transmitted on `stream` (event streams
+    /// only): the writer credit comes back and more queued batches are written.
+    pub fn handle_stream_flushed(&mut self, conn: ConnId, stream: StreamId, bytes: usize, now: Instant) {
+        let now = self.clock.advance(now);
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if let Some(st) = c.streams.get_mut(&stream) {
+            // A control stream: its answers were read.
+            st.unflushed = st.unflushed.saturating_sub(bytes);
+            if st.flush_paused && st.unflushed <= self.cfg.control_stream_unflushed_bytes / 2 {
+                st.flush_paused = false;
+                if !st.paused && !st.storage_paused {
+                    self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
+                    self.drive_stream(conn, stream, now);
+                    self.run_wakes(now);
+                }
+            }
+            return;
+        }
+        let Some(sub) = c.subs.values_mut().find(|s| s.stream == Some(stream)) else { return };
+        sub.inflight = sub.inflight.saturating_sub(bytes);
+        let id = sub.id;
+        self.pump(conn, id);
+    }
+
+    pub(super) fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {
+        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { return };
+        loop {
+            if st.paused || st.storage_paused || st.flush_paused || st.closed {
+                break;
+            }
+            match st.decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    self.stats.frames_in += 1;
+                    self.handle_frame(conn, &mut st, frame, now);
+                    if !self.conns.contains_key(&conn) {
+                        return; // the frame closed the connection
+                    }
+                }
+                Ok(None) => break,
+                Err(FrameError::Flags { error, payload }) => self.reject_flags(conn, &mut st, error, &payload),
+                Err(e) => {
+                    // Bad magic, bad version, oversized frame: the byte stream cannot be
+                    // trusted any more. Close the connection (decision D10).
+                    self.stats.protocol_violations += 1;
+                    self.out.push_back(BrokerOutput::CloseConnection {
+                        conn,
+                        code: close_code::PROTOCOL_VIOLATION,
+                        reason: e.to_string(),
+                    });
+                    self.drop_conn(conn);
+                    return;
+                }
+            }
+        }
+        if st.fin_recv
+            && !st.paused
+            && !st.storage_paused
+            && !st.flush_paused
+            && !st.closed
+            && st.decoder.finish().is_err()
+        {
+            // The client finished the stream inside a frame: nothing more can come.
+            st.closed = true;
+        }
+        self.maybe_finish(conn, &mut st);
+        let keep = !(st.send_finished && st.outstanding == 0);
+        if let Some(c) = self.conns.get_mut(&conn)
+            && keep
+        {
+            c.streams.insert(sid, st);
+        }
+    }
+
+    /// Finishes our side of a control stream once the client finished and every answer owed on
+    /// it is written.
+    pub(super) fn maybe_finish(&mut self, conn: ConnId, st: &mut CtlStream) {
+        let drained = st.decoder.buffered() == 0 || st.closed;
+        if (st.fin_recv || st.closed) && drained && st.outstanding == 0 && !st.send_finished {
+            st.send_finished = true;
+            if !st.uni {
+                self.out.push_back(BrokerOutput::Finish { conn, stream: st.id });
+            }
+        }
+    }
+
+    /// Ends a request stream after an answer: finish our side, stop reading theirs.
+    pub(super) fn close_stream(&mut self, conn: ConnId, st: &mut CtlStream) {
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        self.out.push_back(BrokerOutput::StopSending { conn, stream: st.id, code: close_code::STREAM_CLOSED });
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Answers
+}

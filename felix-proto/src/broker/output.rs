@@ -1,0 +1,228 @@
+//! What the broker tells its driver: outputs, storage requests and results, admission, counters.
+
+use super::*;
+use crate::binary::Records;
+use crate::io::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
+use bytes::Bytes;
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BrokerOutput {
+    /// Write `data` on `stream` (after everything written on it before).
+    Transmit {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+        /// Bytes (whole frames, or the second part of a two-part event frame).
+        data: Bytes,
+    },
+    /// Finish (FIN) our sending side of `stream` once everything before is written.
+    Finish {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Ask the peer to stop sending on `stream` (we will read nothing more from it).
+    StopSending {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+        /// QUIC application error code.
+        code: u64,
+    },
+    /// Open a unidirectional stream and report its id with `handle_stream_opened(token)`.
+    OpenUni {
+        /// Connection.
+        conn: ConnId,
+        /// Names the stream until it has an id.
+        token: OpenToken,
+    },
+    /// Stop reading `stream` (QUIC flow control then slows the client): its publish window is
+    /// full.
+    PauseReading {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Read `stream` again.
+    ResumeReading {
+        /// Connection.
+        conn: ConnId,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Persist records, then report with `handle_write_complete(token, ok)`. Writes of one shard
+    /// should complete in the order they were asked for (they become visible in offset order
+    /// either way).
+    Persist(PersistRequest),
+    /// Read history back from storage and report it with `handle_read_complete(token, batches)`:
+    /// the stored batches of a shard from the one holding `from` up to (not including) `end`,
+    /// stopping after about `max_bytes` of payload. Return what is there (an empty answer is
+    /// fine: the subscriber then sees a gap).
+    Read(ReadRequest),
+    /// Retention moved a durable shard's start: storage may delete whatever lies wholly below
+    /// `start` (whole segments).
+    Truncate {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+        /// Shard.
+        shard: u32,
+        /// The new oldest retained offset.
+        start: u64,
+        /// `(producer_id, forgotten_through)` of idempotent producers whose remembered window
+        /// this truncation cut into: storage keeps the highest per producer and hands them back
+        /// at recovery ([`Broker::restore_producer_watermarks`]), so a resent sequence that
+        /// retention removed is refused `sequence_expired` after a restart too, never appended
+        /// twice. Almost always empty.
+        producers_forgotten: Vec<(u64, u64)>,
+    },
+    /// Close the connection.
+    CloseConnection {
+        /// Connection.
+        conn: ConnId,
+        /// QUIC application error code (see [`close_code`]).
+        code: u64,
+        /// Human-readable reason.
+        reason: String,
+    },
+}
+
+/// A storage write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistRequest {
+    /// Reported back on completion.
+    pub token: WriteToken,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard.
+    pub shard: u32,
+    /// Offset of the first record.
+    pub base_offset: u64,
+    /// The records (empty for a generation-start record).
+    pub records: Records,
+    /// Append time, microseconds since the Unix epoch.
+    pub timestamp_micros: u64,
+    /// The publishing principal.
+    pub publisher: Option<Bytes>,
+    /// A generation-start record (one offset, never delivered).
+    pub generation_start: bool,
+    /// The idempotent producer that wrote it: `(producer_id, sequence)`, kept with the batch so
+    /// producer state survives a restart.
+    pub producer: Option<(u64, u64)>,
+    /// The stream's fsync policy (`None`: storage's default).
+    pub fsync: Option<FsyncMode>,
+    /// How many shards the stream has (for the storage layer's metadata).
+    pub stream_shards: u32,
+}
+
+/// A history read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// Reported back on completion.
+    pub token: ReadToken,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard.
+    pub shard: u32,
+    /// First offset wanted.
+    pub from: u64,
+    /// Stop before this offset (the start of what the broker holds in memory).
+    pub end: u64,
+    /// About how many payload bytes to return at most.
+    pub max_bytes: usize,
+}
+
+/// Counters, for metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Connections opened.
+    pub connections_opened: u64,
+    /// Frames received.
+    pub frames_in: u64,
+    /// JSON frames received (after `auth`).
+    pub frames_in_json: u64,
+    /// Binary publish frames received.
+    pub frames_in_binary: u64,
+    /// Publish answers sent (binary acks and JSON `publish_ok`/`publish_error`/`publish_refused`).
+    pub acks_sent: u64,
+    /// Publish requests by path.
+    pub publishes_json: u64,
+    /// Binary publish frames.
+    pub publishes_binary: u64,
+    /// Records appended.
+    pub records_appended: u64,
+    /// Publishes refused.
+    pub publishes_refused: u64,
+    /// Failed unacknowledged binary publishes (no answer is sent for these).
+    pub unacked_failures: u64,
+    /// Event batches written to event streams.
+    pub batches_delivered: u64,
+    /// Records dropped from subscriber queues.
+    pub records_dropped: u64,
+    /// Subscriptions ended with `subscription_lagged`.
+    pub lagged: u64,
+    /// Cache hits and misses.
+    pub cache_hits: u64,
+    /// Cache misses.
+    pub cache_misses: u64,
+    /// Protocol violations that closed a connection.
+    pub protocol_violations: u64,
+    /// Connections refused at admission (too many unauthenticated ones).
+    pub connections_refused: u64,
+    /// Unauthenticated connections closed to make room for new ones.
+    pub connections_evicted: u64,
+    /// Control streams ended for not authenticating in time.
+    pub auth_timeouts: u64,
+}
+
+/// A peer's address, as the driver names it to the core (an IP address in 16 bytes, IPv4
+/// mapped into IPv6): connections from one peer share a cap. Opaque to the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerAddr(pub [u8; 16]);
+
+/// How a write ended ([`Broker::handle_write_result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// On storage (as far as the stream's fsync policy promises).
+    Written,
+    /// Failed; nothing of it is stored.
+    Failed,
+    /// Failed for lack of space (a full disk, a quota, a file-size limit); nothing of it is
+    /// stored. The shard refuses publishes until a write succeeds again.
+    NoSpace,
+}
+
+/// Why a connection was not admitted ([`Broker::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// The peer already holds this many connections that authenticated nothing.
+    #[error("too many unauthenticated connections from this address (at most {max})")]
+    TooManyFromPeer {
+        /// The cap.
+        max: usize,
+    },
+    /// This many connections authenticated nothing, none of them for longer than the auth
+    /// timeout.
+    #[error("too many unauthenticated connections (at most {max})")]
+    TooManyUnauthenticated {
+        /// The cap.
+        max: usize,
+    },
+}

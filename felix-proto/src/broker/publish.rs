@@ -1,0 +1,443 @@
+//! Publishing: routing a batch to its shard, the idempotent and conditional checks, appending, the
+//! write to storage and the answers that wait for it, and a shard whose storage is full.
+
+use super::*;
+use crate::binary::{ErrorDetail, PublishBatch, Records};
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::features::Features;
+use crate::flags::Flags;
+use crate::frame::Frame;
+use crate::io::{ConnId, WriteToken};
+use crate::message::{self};
+use crate::routing::shard_for_key;
+use bytes::Bytes;
+use std::time::Instant;
+
+/// How long a shard whose storage is full refuses publishes before it tries one write again.
+const FULL_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Broker {
+    pub(super) fn publish_json(&mut self, conn: ConnId, st: &mut CtlStream, p: message::PublishBatchMsg, now: Instant) {
+        self.stats.publishes_json += 1;
+        let acked = p.ack.is_some_and(|a| a.is_acked());
+        let reply = match (acked, p.request_id) {
+            (true, Some(id)) => Reply::Json(id),
+            (true, None) => {
+                return self.refuse(
+                    conn,
+                    st,
+                    Refusal::new(ErrorCode::InvalidRequest, "an acked publish needs a request_id"),
+                );
+            }
+            // Decision D9: a request_id without ack is fire-and-forget.
+            (false, _) => Reply::None,
+        };
+        let req = PublishReq::json(p.tenant_id, p.namespace, p.stream, p.payloads, p.key, p.shard, p.publish_width);
+        self.publish(conn, st, req, reply, now);
+    }
+
+    pub(super) fn handle_binary_publish(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
+        self.stats.publishes_binary += 1;
+        let reply = match PublishBatch::peek_request_id(frame.flags, &frame.payload) {
+            Some(id) if frame.flags.contains(Flags::BINARY_PUBLISH_IDEMPOTENT) => Reply::Refusable(id),
+            Some(id) => Reply::Binary(id),
+            None => Reply::None,
+        };
+        match PublishBatch::decode(frame.flags, frame.payload) {
+            Ok(b) => {
+                let width = b.key.as_ref().and_then(|_| {
+                    st.session.as_ref().and_then(|s| s.widths.get(&key(&b.tenant_id, &b.namespace, &b.stream)).copied())
+                });
+                let req = PublishReq {
+                    tenant_id: b.tenant_id,
+                    namespace: b.namespace,
+                    stream: b.stream,
+                    key: b.key,
+                    shard: None,
+                    width,
+                    records: b.records,
+                    idempotent: b.idempotent.map(|i| (i.producer_id, i.sequence)),
+                    expected_offset: None,
+                };
+                self.publish(conn, st, req, reply, now);
+            }
+            Err(e) => {
+                let r = Refusal::new(ErrorCode::InvalidRequest, format!("malformed publish batch: {e}"));
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1;
+                } else {
+                    self.answer_now(conn, st, reply, Err(&r));
+                }
+            }
+        }
+    }
+
+    pub(super) fn publish(&mut self, conn: ConnId, st: &mut CtlStream, req: PublishReq, reply: Reply, now: Instant) {
+        let routed = self.route(st, &req);
+        let (shard, durable) = match routed {
+            Ok(v) => v,
+            Err(r) => {
+                self.stats.publishes_refused += 1;
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1; // decision D5: counted, not answered
+                    return;
+                }
+                return self.answer_now(conn, st, reply, Err(&r));
+            }
+        };
+        let k = key(&req.tenant_id, &req.namespace, &req.stream);
+        // A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
+        // publish a second goes through as a probe, answered after its write.
+        let mut probe = false;
+        if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize))
+            && let Some(next) = sh.full
+        {
+            if now < next {
+                self.stats.publishes_refused += 1;
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1;
+                    return;
+                }
+                let mut r = Refusal::new(ErrorCode::Overloaded, "storage is full: nothing was written");
+                r.detail = Some(ErrorDetail {
+                    reason: Some("storage_full".into()),
+                    retry_after_ms: Some(next.saturating_duration_since(now).as_millis().max(1) as u64),
+                });
+                return self.answer_now(conn, st, reply, Err(&r));
+            }
+            sh.full = Some(crate::io::after(now, FULL_PROBE_INTERVAL));
+            probe = true;
+        }
+        let sess = st.session.as_ref().expect("route checked the session");
+        let offer = sess.offer;
+        let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
+        // Idempotent and conditional batches are answered after the write, with the offset.
+        let ack_on_commit = sess.ack_on_commit || probe || req.idempotent.is_some() || req.expected_offset.is_some();
+        let digest = req.idempotent.map(|_| producer::digest(req.records.raw()));
+        if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
+            return verdict;
+        }
+        let count = u64::from(req.records.count());
+        self.stats.records_appended += count;
+        let ts = self.wall.micros(now);
+        if !durable {
+            let entry = self.streams.get_mut(&k).expect("routed stream exists");
+            let sh = &mut entry.shards[shard as usize];
+            let (base, batch) = sh.log.append(req.records, ts, publisher, None);
+            if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
+                sh.producers.appended(pid, seq, d, base, base + count, None);
+            }
+            if let Some(b) = batch {
+                self.fanout(&k, shard, b);
+            }
+            return self.answer_now(conn, st, reply, Ok(None));
+        }
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let entry = self.streams.get_mut(&k).expect("routed stream exists");
+        let entry_shards = entry.shards.len() as u32;
+        let records = req.records.clone();
+        let sh = &mut entry.shards[shard as usize];
+        let (base, _) = sh.log.append(req.records, ts, publisher.clone(), Some(token));
+        if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
+            sh.producers.appended(pid, seq, d, base, base + count, Some(token));
+        }
+        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            token,
+            tenant_id: req.tenant_id,
+            namespace: req.namespace,
+            stream: req.stream,
+            shard,
+            base_offset: base,
+            records,
+            timestamp_micros: ts,
+            publisher,
+            generation_start: false,
+            producer: req.idempotent,
+            fsync: entry.config.fsync,
+            stream_shards: entry_shards,
+        }));
+        // Backpressure when storage falls behind: stop reading this stream until it catches up.
+        let limit = self.cfg.max_pending_write_bytes;
+        let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
+        if sh.log.pending_bytes() > limit && !st.storage_paused {
+            st.storage_paused = true;
+            sh.paused.push((conn, st.id));
+            if !st.paused {
+                self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+            }
+        }
+        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: req.idempotent };
+        if !matches!(reply, Reply::None) {
+            let seq = self.owe(conn, st, reply);
+            if ack_on_commit {
+                ctx.waiters.push(Waiter { conn, stream: st.id, seq, reply, offer });
+            } else {
+                // Acknowledged on enqueue: no offset (the broker never invents one).
+                let data = Self::publish_answer(&offer, reply, Ok(None));
+                self.deliver_answer(conn, st, seq, data);
+            }
+        }
+        self.writes.insert(token, ctx);
+    }
+
+    /// The checks of an idempotent or conditional publish, made where offsets are assigned.
+    /// Returns `Some(())` when the batch was answered here (a duplicate, or a refusal) and must
+    /// not be appended.
+    #[allow(clippy::too_many_arguments)] // the publish's parts, already taken apart by the caller
+    pub(super) fn precheck(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        k: &Key,
+        shard: u32,
+        durable: bool,
+        req: &PublishReq,
+        digest: Option<u64>,
+        reply: Reply,
+    ) -> Option<()> {
+        use message::RefusedReason as Why;
+        if req.idempotent.is_none() && req.expected_offset.is_none() {
+            return None;
+        }
+        let offer = Self::features_of(st);
+        let sh = &self.streams.get(k)?.shards[shard as usize];
+        if let Some(expected) = req.expected_offset {
+            let tail = sh.log.next_offset();
+            let refusal = if !durable {
+                Some(Refusal::new(ErrorCode::InvalidRequest, "publish_if needs a stream with a log (durable)"))
+            } else if req.records.is_empty() {
+                Some(Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records"))
+            } else if expected != tail {
+                Some(
+                    Refusal::new(ErrorCode::InvalidRequest, format!("expected offset {expected}, the tail is {tail}"))
+                        .with_reason(Why::OffsetMismatch { tail }),
+                )
+            } else {
+                None
+            };
+            let r = refusal?;
+            self.answer_now(conn, st, reply, Err(&r));
+            return Some(());
+        }
+        let ((pid, seq), digest) = (req.idempotent?, digest?);
+        let refuse = |why: Why, msg: String| Err(Refusal::new(ErrorCode::InvalidRequest, msg).with_reason(why));
+        let answer: Result<Option<u64>, Refusal> = match sh.producers.check(pid, seq, digest) {
+            producer::Verdict::Append => return None,
+            producer::Verdict::Duplicate { pending: Some(token), .. } if self.writes.contains_key(&token) => {
+                // The first copy is still on its way to storage: this one gets the same answer,
+                // at the same time.
+                let seq_slot = self.owe(conn, st, reply);
+                if let Some(ctx) = self.writes.get_mut(&token) {
+                    ctx.waiters.push(Waiter { conn, stream: st.id, seq: seq_slot, reply, offer });
+                }
+                return Some(());
+            }
+            producer::Verdict::Duplicate { base, .. } => Ok(durable.then_some(base)),
+            producer::Verdict::Reused if offer.has(Features::SEQUENCE_REUSED) => {
+                refuse(Why::SequenceReused, format!("sequence {seq} was used for a different batch"))
+            }
+            // A client that cannot read `sequence_reused` is told ok, and nothing is written.
+            producer::Verdict::Reused => Ok(None),
+            producer::Verdict::Expired => {
+                refuse(Why::SequenceExpired, format!("sequence {seq} is older than the remembered window"))
+            }
+            producer::Verdict::Gap { expected } => {
+                refuse(Why::SequenceGap { expected }, format!("sequence {seq}, expected {expected}"))
+            }
+            producer::Verdict::Unknown => {
+                refuse(Why::UnknownProducer, format!("unknown producer {pid} (sequence {seq} is not 0)"))
+            }
+        };
+        self.answer_now(conn, st, reply, answer.as_ref().map(|o| *o));
+        Some(())
+    }
+
+    /// Picks the shard of a publish: permission, stream, explicit shard, key hash, width check.
+    pub(super) fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<(u32, bool), Refusal> {
+        let shards = self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish)?;
+        let entry = self.streams.get(&key(&req.tenant_id, &req.namespace, &req.stream)).expect("looked up");
+        if let (Some(w), Some(_)) = (req.width, &req.key)
+            && w != shards
+        {
+            return Err(Refusal::new(
+                ErrorCode::StaleWidth,
+                format!("stream has {shards} shards; the batch was routed by {w}"),
+            ));
+        }
+        let shard = match req.shard {
+            Some(s) if s >= shards => {
+                return Err(Refusal::new(
+                    ErrorCode::InvalidRequest,
+                    format!("stream has no shard {s} (it has {shards})"),
+                ));
+            }
+            Some(s) => s,
+            None => shard_for_key(req.key.as_deref(), shards, entry.config.routing),
+        };
+        if let Some(m) = &entry.shards[shard as usize].moved {
+            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id))
+                .with_reason(message::RefusedReason::NotLeader(message::LeaderHint {
+                    node_id: m.node_id.clone(),
+                    addr: m.addr.clone(),
+                }));
+            r.retry = RetryClass::Redirect;
+            return Err(r);
+        }
+        Ok((shard, entry.config.durable))
+    }
+
+    /// Storage finished a write: durable records become visible (in offset order), their
+    /// subscribers get them, and publishes waiting for the write are answered.
+    pub fn handle_write_complete(&mut self, token: WriteToken, ok: bool, now: Instant) {
+        let outcome = if ok { WriteOutcome::Written } else { WriteOutcome::Failed };
+        self.handle_write_result(token, outcome, now);
+    }
+
+    /// [`handle_write_complete`](Self::handle_write_complete), telling a failure for lack of
+    /// space apart: the shard then refuses publishes (`overloaded`, reason `storage_full`,
+    /// nothing written, nothing acknowledged on enqueue) until a write succeeds again, trying
+    /// one write a second. Reads are not affected.
+    pub fn handle_write_result(&mut self, token: WriteToken, outcome: WriteOutcome, now: Instant) {
+        let now = self.clock.advance(now);
+        let ok = outcome == WriteOutcome::Written;
+        let Some(ctx) = self.writes.get(&token) else { return };
+        let (k, shard) = (ctx.key.clone(), ctx.shard);
+        let Some(entry) = self.streams.get_mut(&k) else {
+            self.writes.remove(&token);
+            return;
+        };
+        let sh = &mut entry.shards[shard as usize];
+        match outcome {
+            WriteOutcome::Written => sh.full = None,
+            WriteOutcome::NoSpace if sh.full.is_none() => sh.full = Some(crate::io::after(now, FULL_PROBE_INTERVAL)),
+            _ => {}
+        }
+        let settled = entry.shards[shard as usize].log.settle(token, ok);
+        if syslog::is_sys(&k) {
+            for (tok, base) in settled.done {
+                if let Some(p) = self.writes.remove(&tok).and_then(|c| c.sys) {
+                    self.sys_settled(tok, &k, Some(base), p, now);
+                }
+            }
+            for (tok, _, _) in settled.failed {
+                if let Some(p) = self.writes.remove(&tok).and_then(|c| c.sys) {
+                    self.sys_settled(tok, &k, None, p, now);
+                }
+            }
+            if let Some(e) = self.streams.get_mut(&k) {
+                e.shards[0].log.trim_memory();
+            }
+            return;
+        }
+        for (base, end) in &settled.committed {
+            self.fanout_committed(&k, shard, *base, *end);
+        }
+        if !settled.committed.is_empty() {
+            self.wake_groups(&k, shard, now);
+        }
+        for (tok, base) in settled.done {
+            if let Some(ctx) = self.writes.remove(&tok) {
+                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
+                    e.shards[shard as usize].producers.settled(pid, seq, true);
+                }
+                for w in ctx.waiters {
+                    self.finish_waiter(w, Ok(Some(base)), now);
+                }
+            }
+        }
+        for (tok, _, _) in settled.failed {
+            if let Some(ctx) = self.writes.remove(&tok) {
+                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
+                    e.shards[shard as usize].producers.settled(pid, seq, false);
+                }
+                let r = Refusal::new(ErrorCode::Storage, "the write failed; nothing was stored");
+                let mut r = r;
+                r.retry = RetryClass::Retry;
+                for w in ctx.waiters {
+                    self.finish_waiter(w, Err(&r), now);
+                }
+            }
+        }
+        self.enforce_retention(Some(&k), now);
+        let limit = self.cfg.max_pending_write_bytes;
+        let mut resume = Vec::new();
+        if let Some(entry) = self.streams.get_mut(&k) {
+            let sh = &mut entry.shards[shard as usize];
+            sh.log.trim_memory();
+            if sh.log.pending_bytes() <= limit / 2 {
+                resume = std::mem::take(&mut sh.paused);
+            }
+        }
+        for (conn, sid) in resume {
+            let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
+            st.storage_paused = false;
+            if !st.paused && !st.flush_paused {
+                self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
+                self.drive_stream(conn, sid, now);
+            }
+        }
+    }
+
+    pub(super) fn finish_waiter(&mut self, w: Waiter, result: Result<Option<u64>, &Refusal>, now: Instant) {
+        let data = Self::publish_answer(&w.offer, w.reply, result);
+        let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) else { return };
+        let resume = self.deliver_answer(w.conn, &mut st, w.seq, data);
+        if let Some(c) = self.conns.get_mut(&w.conn) {
+            c.streams.insert(w.stream, st);
+        }
+        if resume {
+            self.drive_stream(w.conn, w.stream, now);
+        } else if let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) {
+            self.maybe_finish(w.conn, &mut st);
+            let keep = !(st.send_finished && st.outstanding == 0);
+            if let Some(c) = self.conns.get_mut(&w.conn)
+                && keep
+            {
+                c.streams.insert(w.stream, st);
+            }
+        }
+    }
+}
+
+/// A publish, whatever encoding it came in.
+#[derive(Debug)]
+pub(super) struct PublishReq {
+    pub(super) tenant_id: String,
+    pub(super) namespace: String,
+    pub(super) stream: String,
+    pub(super) key: Option<Bytes>,
+    pub(super) shard: Option<u32>,
+    pub(super) width: Option<u32>,
+    pub(super) records: Records,
+    /// An idempotent producer's `(producer_id, sequence)`.
+    pub(super) idempotent: Option<(u64, u64)>,
+    /// `publish_if`: append only at this offset.
+    pub(super) expected_offset: Option<u64>,
+}
+
+impl PublishReq {
+    /// A plain batch from the fields every JSON publish form shares.
+    pub(super) fn json(
+        tenant_id: String,
+        namespace: String,
+        stream: String,
+        payloads: Vec<message::B64>,
+        key: Option<message::B64>,
+        shard: Option<u32>,
+        width: Option<u32>,
+    ) -> PublishReq {
+        PublishReq {
+            tenant_id,
+            namespace,
+            stream,
+            key: key.map(|k| k.0),
+            shard,
+            width,
+            // Payloads come from a frame no larger than the frame limit, so they always fit.
+            records: Records::from_payloads(payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
+            idempotent: None,
+            expected_offset: None,
+        }
+    }
+}

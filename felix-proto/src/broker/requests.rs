@@ -1,0 +1,386 @@
+//! Requests as they arrive on a control stream: authentication, the admission table (which request
+//! is served, to whom, on which kind of stream), names and permissions.
+
+use super::*;
+use crate::binary::PublishBatch;
+use crate::error_code::ErrorCode;
+use crate::features::Features;
+use crate::flags::{FlagError, Flags};
+use crate::frame::Frame;
+use crate::io::ConnId;
+use crate::message::{self, Decoded, Direction, Message};
+use crate::negotiate::{ClientOffer, broker_answer};
+use crate::payload::PayloadKind;
+use bytes::Bytes;
+use log::ShardLog;
+use std::collections::HashMap;
+use std::time::Instant;
+
+impl Broker {
+    pub(super) fn reject_flags(&mut self, conn: ConnId, st: &mut CtlStream, error: FlagError, payload: &[u8]) {
+        let flags = match error {
+            FlagError::Unknown { flags, .. }
+            | FlagError::ConflictingKinds { flags }
+            | FlagError::MissingBase { flags, .. }
+            | FlagError::NotNegotiated { flags, .. } => Flags(flags),
+        };
+        let r = Refusal::new(ErrorCode::InvalidRequest, "unsupported frame flags");
+        if st.session.is_none() {
+            return self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first").closing());
+        }
+        // Decision D7: an acked publish is answered with its request id whatever else is wrong.
+        match PublishBatch::peek_request_id(flags, payload) {
+            Some(request_id) => {
+                let offer = Self::features_of(st);
+                let seq = self.owe(conn, st, Reply::Binary(request_id));
+                let data = Self::publish_answer(&offer, Reply::Binary(request_id), Err(&r));
+                self.deliver_answer(conn, st, seq, data);
+            }
+            None => self.refuse(conn, st, r),
+        }
+    }
+
+    pub(super) fn handle_frame(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
+        if st.session.is_none() {
+            return self.handle_preauth(conn, st, frame, now);
+        }
+        match PayloadKind::of(frame.flags) {
+            Some(PayloadKind::Json) => {
+                self.stats.frames_in_json += 1;
+                match message::decode(&frame.payload) {
+                    Ok(Decoded::Message(m)) => self.handle_message(conn, st, m, now),
+                    Ok(Decoded::Unknown(u)) => self.handle_unknown(conn, st, &u.type_name, u.request_id, None),
+                    Err(e) => {
+                        // JSON that does not decode is fatal to the stream (decision D16).
+                        self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, e.to_string()).closing());
+                    }
+                }
+            }
+            Some(PayloadKind::Publish) => {
+                self.stats.frames_in_binary += 1;
+                self.handle_binary_publish(conn, st, frame, now)
+            }
+            // The decoder accepts only client-sendable flags, so nothing else reaches here.
+            _ => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "unexpected frame kind").closing()),
+        }
+    }
+
+    pub(super) fn handle_preauth(&mut self, conn: ConnId, st: &mut CtlStream, frame: Frame, now: Instant) {
+        if !frame.flags.is_empty() {
+            // A binary publish before auth: refused and the stream ends.
+            return self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first").closing());
+        }
+        match message::decode(&frame.payload) {
+            Ok(Decoded::Message(Message::Auth(a))) => self.handle_auth(conn, st, a, now),
+            Ok(_) => self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first")),
+            Err(e) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, e.to_string()).closing()),
+        }
+    }
+
+    pub(super) fn handle_auth(&mut self, conn: ConnId, st: &mut CtlStream, a: message::Auth, _now: Instant) {
+        let offer = ClientOffer::from_auth(&a);
+        let found = self
+            .cfg
+            .tokens
+            .iter()
+            .position(|t| t.token == a.token && t.tenant_id.as_ref().is_none_or(|tt| *tt == a.tenant_id));
+        let Some(token) = found else {
+            // The broker reads the feature offer before answering, so even a refused auth
+            // carries a code for a client that offered it.
+            let r = Refusal::new(ErrorCode::Unauthenticated, "invalid token").closing();
+            let m = Self::error_message(&offer, &r);
+            self.send(conn, st, json_frame(&m));
+            return self.close_stream(conn, st);
+        };
+        let grant = &self.cfg.tokens[token];
+        let mut principal = grant.principal.clone().into_bytes();
+        principal.truncate(255);
+        let window =
+            (offer.has(Features::PUBLISH_PIPELINE) && self.cfg.publish_window > 0).then_some(self.cfg.publish_window);
+        let ack_on_commit = self.cfg.ack_on_commit || offer.has(Features::ACK_ON_COMMIT);
+        st.session = Some(Session {
+            tenant_id: a.tenant_id,
+            principal: Bytes::from(principal),
+            token,
+            offer,
+            window,
+            ack_on_commit,
+            widths: HashMap::new(),
+        });
+        st.decoder.set_max_frame_len(self.cfg.max_frame_len);
+        st.decoder.set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags));
+        if let Some(d) = st.auth_deadline.take() {
+            self.auth_deadlines.remove(&(d, conn, st.id));
+        }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.authenticated = true;
+        }
+        let answer = match broker_answer(&offer, self.server_flags, self.server_features, self.cfg.publish_window) {
+            Some(ok) => Message::AuthOk(ok),
+            None => Message::Ok(message::OkMsg {}),
+        };
+        self.send(conn, st, json_frame(&answer));
+    }
+
+    pub(super) fn handle_unknown(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        type_name: &str,
+        request_id: Option<u64>,
+        extension: Option<String>,
+    ) {
+        let offer = Self::features_of(st);
+        if offer.has(Features::UNSUPPORTED) && self.server_features.contains(Features::UNSUPPORTED) {
+            let m = Message::Unsupported(message::Unsupported {
+                request_type: type_name.to_owned(),
+                request_id,
+                extension,
+            });
+            self.send(conn, st, json_frame(&m));
+        } else {
+            // The old behaviour: the stream is closed.
+            self.send_finish_and_stop(conn, st);
+        }
+    }
+
+    pub(super) fn send_finish_and_stop(&mut self, conn: ConnId, st: &mut CtlStream) {
+        self.close_stream(conn, st);
+    }
+
+    pub(super) fn handle_message(&mut self, conn: ConnId, st: &mut CtlStream, m: Message, now: Instant) {
+        if let Some(g) = group_name(&m)
+            && let Err(r) = check_names(&[("group", g)])
+        {
+            return self.refuse(conn, st, r);
+        }
+        if st.uni && !matches!(m, Message::Publish(_) | Message::PublishBatch(_) | Message::PublishWidth(_)) {
+            // A publish-only stream carries publishes only; anything else closes it.
+            return self.close_stream(conn, st);
+        }
+        match m {
+            Message::Auth(_) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "already authenticated")),
+            // A single publish is a batch of one.
+            Message::Publish(p) => {
+                let batch = message::PublishBatchMsg {
+                    tenant_id: p.tenant_id,
+                    namespace: p.namespace,
+                    stream: p.stream,
+                    payloads: vec![p.payload],
+                    key: p.key,
+                    shard: p.shard,
+                    request_id: p.request_id,
+                    ack: p.ack,
+                    publish_width: p.publish_width,
+                };
+                self.publish_json(conn, st, batch, now);
+            }
+            Message::PublishBatch(p) => self.publish_json(conn, st, p, now),
+            Message::PublishWidth(w) => {
+                if let Some(s) = st.session.as_mut() {
+                    s.widths.insert(key(&w.tenant_id, &w.namespace, &w.stream), w.width);
+                }
+            }
+            Message::Subscribe(s) => self.subscribe(conn, st, s, now),
+            Message::CachePut(p) => self.cache_put(conn, st, p, now),
+            Message::CacheGet(g) => self.cache_get(conn, st, g, now),
+            Message::CacheDelete(d) => self.cache_delete(conn, st, d, now),
+            Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
+            Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
+            Message::StreamRead(r) => self.stream_read(conn, st, r),
+            Message::CacheWatch(w) if self.server_features.contains(Features::CACHE_WATCH) => {
+                self.cache_watch(conn, st, w, now)
+            }
+            Message::ProducerInit(p) => {
+                let producer_id = self.random();
+                let m = Message::ProducerInitOk(message::ProducerInitOk { request_id: p.request_id, producer_id });
+                self.send(conn, st, json_frame(&m));
+            }
+            Message::PublishIdempotent(p) => {
+                self.stats.publishes_json += 1;
+                let req = PublishReq {
+                    idempotent: Some((p.producer_id, p.sequence)),
+                    ..PublishReq::json(p.tenant_id, p.namespace, p.stream, p.payloads, p.key, None, p.publish_width)
+                };
+                self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
+            }
+            Message::PublishIf(p) => {
+                self.stats.publishes_json += 1;
+                let req = PublishReq {
+                    expected_offset: Some(p.expected_offset),
+                    ..PublishReq::json(p.tenant_id, p.namespace, p.stream, p.payloads, p.key, p.shard, p.publish_width)
+                };
+                self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
+            }
+            Message::CounterAdd(a) if self.server_features.contains(Features::COUNTERS) => {
+                self.counter_add(conn, st, a, now)
+            }
+            Message::CounterGet(g) if self.server_features.contains(Features::COUNTERS) => {
+                self.counter_get(conn, st, g)
+            }
+            Message::GroupPoll(p) if self.serves_groups() => self.group_poll(conn, st, p, now),
+            Message::GroupAck(a) if self.serves_groups() => self.group_ack(conn, st, a, now),
+            Message::GroupNack(n) if self.serves_groups() => self.group_nack(conn, st, n, now),
+            Message::GroupExtend(e) if self.serves_groups() => self.group_extend(conn, st, e, now),
+            Message::GroupDeadLetter(a) if self.serves_groups() => self.group_dead_letter(conn, st, a, now),
+            Message::GroupDeadLetters(r) if self.serves_groups() => self.group_dead_letters(conn, st, r),
+            Message::GroupDiscard(a) if self.serves_groups() => self.group_dead_letter_op(conn, st, a, false, now),
+            Message::GroupRedrive(a) if self.serves_groups() => self.group_dead_letter_op(conn, st, a, true, now),
+            Message::GroupSeek(q) if self.serves_groups() => self.group_seek(conn, st, q, now),
+            Message::GroupDescribe(r) if self.serves_groups() => self.group_describe(conn, st, r),
+            Message::GroupDelete(r) if self.serves_groups() => self.group_delete(conn, st, r, now),
+            Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
+            Message::StreamShards(q) => {
+                let shards =
+                    self.lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe).map_or(0, |e| e);
+                let routing = self
+                    .streams
+                    .get(&key(&q.tenant_id, &q.namespace, &q.stream))
+                    .map(|e| e.config.routing)
+                    .filter(|r| *r == message::Routing::JumpHash);
+                let m =
+                    Message::StreamShardsView(message::StreamShardsView { shards, request_id: q.request_id, routing });
+                self.send(conn, st, json_frame(&m));
+            }
+            Message::CacheShards(q) => {
+                let known = self.caches.contains_key(&key(&q.tenant_id, &q.namespace, &q.cache));
+                let m = Message::CacheShardsView(message::CacheShardsView {
+                    shards: u32::from(known),
+                    request_id: q.request_id,
+                });
+                self.send(conn, st, json_frame(&m));
+            }
+            Message::Extension(e) => self.handle_unknown(conn, st, "extension", Some(e.request_id), Some(e.name)),
+            Message::Error(_) => self.close_stream(conn, st),
+            other if other.direction() == Direction::ToClient => self.refuse(
+                conn,
+                st,
+                Refusal::new(ErrorCode::InvalidRequest, format!("unexpected message type {}", other.type_name()))
+                    .closing(),
+            ),
+            // A request of the catalogue this broker does not serve (it does not advertise its
+            // feature bit): answered like an unknown type.
+            other => {
+                let rid = other.request_id();
+                self.handle_unknown(conn, st, other.type_name(), rid, None)
+            }
+        }
+    }
+
+    pub(super) fn create_stream(&mut self, k: Key, config: StreamConfig) -> u32 {
+        let shards = config.shards.max(1);
+        let budget = (config.durable && self.cfg.history_reads).then_some(config.memory_bytes);
+        let entry = StreamEntry {
+            shards: (0..shards)
+                .map(|_| {
+                    let mut log = ShardLog::new(config.durable, config.retention);
+                    log.set_memory_budget(budget);
+                    Shard {
+                        log,
+                        subs: Vec::new(),
+                        moved: None,
+                        paused: Vec::new(),
+                        producers: Default::default(),
+                        full: None,
+                    }
+                })
+                .collect(),
+            config,
+        };
+        self.aged_streams += usize::from(entry.config.retention.max_age.is_some());
+        if let Some(old) = self.streams.insert(k, entry) {
+            self.aged_streams -= usize::from(old.config.retention.max_age.is_some());
+        }
+        shards
+    }
+
+    /// Whether the stream's credential may do `action` on `t`'s `ns/name`.
+    pub(super) fn authorize(
+        &self,
+        st: &CtlStream,
+        t: &str,
+        ns: &str,
+        name: &str,
+        action: Action,
+    ) -> Result<(), Refusal> {
+        let Some(sess) = st.session.as_ref() else {
+            return Err(Refusal::new(ErrorCode::Unauthenticated, "authenticate first"));
+        };
+        if sess.tenant_id != t {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
+        }
+        if !self.cfg.tokens[sess.token].allows(action, ns, name) {
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{name}", action.name())));
+        }
+        Ok(())
+    }
+
+    /// Checks tenant and permission, then finds (or auto-creates) the stream. Returns its shard
+    /// count.
+    pub(super) fn lookup_stream(
+        &mut self,
+        st: &CtlStream,
+        t: &str,
+        ns: &str,
+        s: &str,
+        action: Action,
+    ) -> Result<u32, Refusal> {
+        check_names(&[("tenant", t), ("namespace", ns), ("stream", s)])?;
+        self.authorize(st, t, ns, s, action)?;
+        if s.starts_with(syslog::SYS_PREFIX) {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("stream names starting with {} are reserved for the broker", syslog::SYS_PREFIX),
+            ));
+        }
+        let k = key(t, ns, s);
+        if let Some(e) = self.streams.get(&k) {
+            return Ok(e.shards.len() as u32);
+        }
+        if self.cfg.auto_create {
+            let cfg = self.cfg.default_stream.clone();
+            return Ok(self.create_stream(k, cfg));
+        }
+        Err(Refusal::new(ErrorCode::NotFound, format!("stream {ns}/{s} not found")))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Publishing
+}
+
+/// The group a consumer-group request names.
+pub(super) fn group_name(m: &Message) -> Option<&str> {
+    Some(match m {
+        Message::GroupPoll(p) => &p.group,
+        Message::GroupAck(a) | Message::GroupDeadLetter(a) | Message::GroupDiscard(a) | Message::GroupRedrive(a) => {
+            &a.group
+        }
+        Message::GroupNack(n) => &n.group,
+        Message::GroupExtend(e) => &e.group,
+        Message::GroupSeek(s) => &s.group,
+        Message::GroupDeadLetters(r) | Message::GroupDescribe(r) | Message::GroupDelete(r) => &r.group,
+        _ => return None,
+    })
+}
+
+/// The longest tenant, namespace, stream, cache or group name, in bytes. Names become file
+/// names (escaped: a byte outside `[A-Za-z0-9_.-]` takes three), so the escaped form must also
+/// fit a file name with room for a system log's prefix.
+pub const MAX_NAME_BYTES: usize = 200;
+pub(super) const MAX_ESCAPED_NAME: usize = 230;
+
+pub(super) fn check_names(names: &[(&str, &str)]) -> Result<(), Refusal> {
+    for (what, name) in names {
+        let escaped = crate::storage::path_component(name).len();
+        if name.len() > MAX_NAME_BYTES || escaped > MAX_ESCAPED_NAME {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "{what} name is {} bytes ({escaped} as a file name); the most is {MAX_NAME_BYTES} ({MAX_ESCAPED_NAME})",
+                    name.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

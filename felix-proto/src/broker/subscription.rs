@@ -1,0 +1,426 @@
+//! Subscriptions: joining a shard, catching up from the log (memory, then storage), live fan-out
+//! with one encoding per subscriber shape, bounded queues, writer credit, and the end of one.
+
+use super::*;
+use crate::binary::Records;
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::features::Features;
+use crate::flags::Flags;
+use crate::io::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
+use crate::message::{self, Message};
+use crate::negotiate::ClientOffer;
+use bytes::Bytes;
+use log::Shape;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+impl Broker {
+    /// Appends a generation-start record to a durable shard (what a leader does when it starts
+    /// serving a shard at a new generation). It takes one offset and is never delivered.
+    pub fn start_generation(&mut self, tenant: &str, ns: &str, stream: &str, shard: u32, now: Instant) -> Option<u64> {
+        let now = self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        let entry = self.streams.get_mut(&k)?;
+        if !entry.config.durable {
+            return None;
+        }
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let stream_shards = entry.shards.len() as u32;
+        let s = entry.shards.get_mut(shard as usize)?;
+        let base = s.log.append_generation_start(self.wall.micros(now), token);
+        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            token,
+            tenant_id: k.0.clone(),
+            namespace: k.1.clone(),
+            stream: k.2.clone(),
+            shard,
+            base_offset: base,
+            records: Records::default(),
+            timestamp_micros: self.wall.micros(now),
+            publisher: None,
+            generation_start: true,
+            producer: None,
+            fsync: entry.config.fsync,
+            stream_shards,
+        }));
+        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: None });
+        Some(base)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Delivery
+
+    pub(super) fn fanout_committed(&mut self, k: &Key, shard: u32, base: u64, end: u64) {
+        let Some(entry) = self.streams.get_mut(k) else { return };
+        let s = &mut entry.shards[shard as usize];
+        let subs = s.subs.clone();
+        let Some(b) = s.log.batch_at(base) else { return };
+        if b.generation_start || b.base != base || b.end() != end {
+            return;
+        }
+        let count = b.count();
+        // One encoding per subscriber shape, shared by every subscriber of that shape.
+        let mut frames: Vec<(Shape, [Bytes; 2])> = Vec::new();
+        for (conn, id) in subs {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+            if sub.cursor.is_some() || sub.ending.is_some() {
+                continue; // catching up from the log, or ending
+            }
+            let frame = match frames.iter().find(|(sh, _)| *sh == sub.shape) {
+                Some((_, f)) => f.clone(),
+                None => {
+                    let Some(b) = self.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base))
+                    else {
+                        return;
+                    };
+                    let f = b.frame(sub.shape);
+                    frames.push((sub.shape, f.clone()));
+                    f
+                }
+            };
+            let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+            Self::enqueue(&mut self.stats, sub, frame, base, count, self.cfg.subscriber_queue_bytes_max);
+            self.pump(conn, id);
+        }
+    }
+
+    pub(super) fn fanout(&mut self, k: &Key, shard: u32, mut batch: log::LogBatch) {
+        let Some(entry) = self.streams.get(k) else { return };
+        let subs = entry.shards[shard as usize].subs.clone();
+        let count = batch.count();
+        for (conn, id) in subs {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+            if sub.ending.is_some() {
+                continue;
+            }
+            let frame = batch.frame(sub.shape);
+            Self::enqueue(&mut self.stats, sub, frame, batch.base, count, self.cfg.subscriber_queue_bytes_max);
+            self.pump(conn, id);
+        }
+    }
+
+    /// Queues a batch for a subscriber, or drops it when the queue is full (in batches, or in
+    /// bytes past `bytes_max`). A client that reads `subscription_lagged` (and offsets, on a
+    /// durable stream) has its subscription ended at the first drop; any other sees the drop as
+    /// a jump in offsets.
+    pub(super) fn enqueue(
+        stats: &mut BrokerStats,
+        sub: &mut Sub,
+        frame: [Bytes; 2],
+        base: u64,
+        count: u64,
+        bytes_max: usize,
+    ) {
+        if sub.full(frame_len(&frame), bytes_max) {
+            stats.records_dropped += count;
+            if sub.shape.offsets && sub.offer.has(Features::SUBSCRIPTION_LAGGED) {
+                stats.lagged += 1;
+                sub.ending = Some(Ending::Lagged { resume_from: base });
+            }
+            return;
+        }
+        sub.push(frame);
+    }
+
+    /// Writes what a subscriber has ready, within its writer credit; ends it when it is ending
+    /// and everything before the end is written.
+    pub(super) fn pump(&mut self, conn: ConnId, id: u64) {
+        let limit = self.cfg.event_stream_inflight_bytes;
+        loop {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
+            let Some(stream) = sub.stream else { return };
+            if sub.inflight >= limit {
+                return;
+            }
+            if let Some(cursor) = sub.cursor {
+                // Catching up from the log.
+                if sub.reading.is_some() {
+                    return; // waiting for history from storage
+                }
+                let (k, shard, shape) = (sub.key.clone(), sub.shard, sub.shape);
+                let Some(entry) = self.streams.get_mut(&k) else { return };
+                let log = &mut entry.shards[shard as usize].log;
+                // Retention may have passed the cursor: that history is gone (a visible gap).
+                let cursor = cursor.max(log.start());
+                if cursor < log.memory_start() {
+                    let token = ReadToken(self.next_read);
+                    self.next_read += 1;
+                    let end = log.memory_start();
+                    self.reads.insert(token, ReadFor::Sub(conn, id));
+                    self.out.push_back(BrokerOutput::Read(ReadRequest {
+                        token,
+                        tenant_id: k.0.clone(),
+                        namespace: k.1.clone(),
+                        stream: k.2.clone(),
+                        shard,
+                        from: cursor,
+                        end,
+                        max_bytes: self.cfg.history_read_bytes,
+                    }));
+                    let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+                    sub.cursor = Some(cursor);
+                    sub.reading = Some(token);
+                    return;
+                }
+                let tail = log.committed_tail();
+                let next = log.next_deliverable(cursor).map(|b| {
+                    let f = if b.base >= cursor { b.frame(shape) } else { b.frame_from(shape, cursor) };
+                    (f, b.end())
+                });
+                let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+                match next {
+                    Some((frame, end)) => {
+                        sub.cursor = Some(end);
+                        sub.inflight += frame[0].len() + frame[1].len();
+                        self.stats.batches_delivered += 1;
+                        self.write_frame(conn, stream, frame);
+                    }
+                    None => {
+                        // Caught up: from here on the subscriber is fed live.
+                        let _ = tail;
+                        sub.cursor = None;
+                    }
+                }
+                continue;
+            }
+            if let Some(frame) = sub.queue.pop_front() {
+                // Saturating: a watch's initial replay is queued without being counted.
+                sub.queued_bytes = sub.queued_bytes.saturating_sub(frame_len(&frame));
+                sub.inflight += frame_len(&frame);
+                self.stats.batches_delivered += 1;
+                self.write_frame(conn, stream, frame);
+                continue;
+            }
+            if let Some(ending) = sub.ending.clone() {
+                let offer = sub.offer;
+                let sub_id = sub.id;
+                let terminal = match ending {
+                    Ending::Lagged { resume_from } => Some(Message::SubscriptionLagged(message::SubscriptionLagged {
+                        subscription_id: sub_id,
+                        resume_from,
+                    })),
+                    Ending::WatchLagged { resume_from } => {
+                        Some(Message::CacheWatchLagged(message::CacheWatchLagged { resume_from }))
+                    }
+                    Ending::Moved(m) => offer.has(Features::SHARD_MOVED).then_some(Message::ShardMoved(m)),
+                    Ending::Deleted => offer
+                        .has(Features::STREAM_DELETED)
+                        .then_some(Message::StreamDeleted(message::StreamDeleted { subscription_id: sub_id })),
+                };
+                if let Some(m) = terminal {
+                    self.out.push_back(BrokerOutput::Transmit { conn, stream, data: json_frame(&m) });
+                }
+                self.out.push_back(BrokerOutput::Finish { conn, stream });
+                if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.remove(&id)) {
+                    self.unlink_sub(conn, &sub);
+                }
+            }
+            return;
+        }
+    }
+
+    /// Storage returned history asked for with `BrokerOutput::Read`. The batches are delivered
+    /// to the subscriber that asked, in order, and its catch-up continues.
+    pub fn handle_read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
+        self.clock.advance(now);
+        let (conn, id) = match self.reads.remove(&token) {
+            Some(ReadFor::Sub(conn, id)) => (conn, id),
+            Some(ReadFor::Page(p)) => return self.page_read_complete(token, p, batches),
+            Some(ReadFor::Poll(p)) => return self.poll_read_complete(*p, batches),
+            None => return,
+        };
+        let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
+        if sub.reading != Some(token) {
+            return;
+        }
+        sub.reading = None;
+        let (Some(stream), Some(mut cursor)) = (sub.stream, sub.cursor) else { return };
+        let shape = sub.shape;
+        let memory_start = self
+            .streams
+            .get(&sub.key)
+            .and_then(|e| e.shards.get(sub.shard as usize))
+            .map_or(cursor, |s| s.log.memory_start());
+        let mut frames = Vec::new();
+        let mut skip = 0u64;
+        for b in batches {
+            if b.generation_start {
+                skip += 1;
+                continue;
+            }
+            let end = b.base_offset + b.count();
+            if end <= cursor || b.base_offset >= memory_start {
+                skip = 0;
+                continue;
+            }
+            let from = cursor.max(b.base_offset);
+            let records = b.records.skip((from - b.base_offset) as u32);
+            let skipped = if from == b.base_offset { skip } else { 0 };
+            skip = 0;
+            let e = log::event_batch(shape, records, from, skipped, b.publisher.as_ref(), b.timestamp_micros);
+            if let Ok(f) = e.encode_parts() {
+                frames.push(f);
+            }
+            cursor = end;
+        }
+        if frames.is_empty() {
+            // Storage had nothing there (deleted by retention, or unreadable): skip to what is in
+            // memory rather than ask again forever. The subscriber sees the gap in offsets.
+            cursor = cursor.max(memory_start);
+        }
+        let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+        sub.cursor = Some(cursor);
+        for f in &frames {
+            sub.inflight += f[0].len() + f[1].len();
+        }
+        self.stats.batches_delivered += frames.len() as u64;
+        for f in frames {
+            self.write_frame(conn, stream, f);
+        }
+        self.pump(conn, id);
+    }
+
+    pub(super) fn write_frame(&mut self, conn: ConnId, stream: StreamId, [head, body]: [Bytes; 2]) {
+        self.out.push_back(BrokerOutput::Transmit { conn, stream, data: head });
+        if !body.is_empty() {
+            self.out.push_back(BrokerOutput::Transmit { conn, stream, data: body });
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Subscriptions
+
+    pub(super) fn subscribe(&mut self, conn: ConnId, st: &mut CtlStream, s: message::Subscribe, _now: Instant) {
+        let shards = match self.lookup_stream(st, &s.tenant_id, &s.namespace, &s.stream, Action::Subscribe) {
+            Ok(n) => n,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let offer = Self::features_of(st);
+        let shard = s.shard.unwrap_or(0);
+        if shard >= shards {
+            let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
+            return self.refuse(conn, st, r);
+        }
+        let k = key(&s.tenant_id, &s.namespace, &s.stream);
+        let max_subs = self.cfg.max_subscriptions_per_connection as usize;
+        let cap_max = self.cfg.subscriber_queue_capacity_max.max(1);
+        let entry = self.streams.get_mut(&k).expect("looked up");
+        let durable = entry.config.durable;
+        let default_cap = entry.config.queue_capacity.clamp(1, cap_max);
+        let sh = &mut entry.shards[shard as usize];
+        if let Some(m) = &sh.moved {
+            let msg = Self::not_leader_answer(&offer, m, shard);
+            return self.send(conn, st, json_frame(&msg));
+        }
+        // Where the subscription starts. A client that negotiated offsets is told where it
+        // joined, and its subscribe with no start is an explicit `latest`.
+        let start_pos = s.start.unwrap_or(message::StartPosition::Latest);
+        let tail = sh.log.readable_tail();
+        let cursor = if durable {
+            match start_pos {
+                message::StartPosition::Latest => tail,
+                message::StartPosition::Earliest => sh.log.start(),
+                message::StartPosition::Offset(n) => {
+                    let cursor_error = |reason, available| {
+                        Message::SubscribeCursorError(message::SubscribeCursorError { reason, requested: n, available })
+                    };
+                    if n < sh.log.start() {
+                        let m = cursor_error(message::CursorErrorReason::TooOld, sh.log.start());
+                        return self.send(conn, st, json_frame(&m));
+                    }
+                    if n > sh.log.committed_tail() {
+                        let m = cursor_error(message::CursorErrorReason::InFuture, sh.log.committed_tail());
+                        return self.send(conn, st, json_frame(&m));
+                    }
+                    n
+                }
+            }
+        } else {
+            if matches!(start_pos, message::StartPosition::Offset(_)) {
+                let r = Refusal::new(ErrorCode::InvalidRequest, "an ephemeral stream keeps no history to resume from");
+                return self.refuse(conn, st, r);
+            }
+            0
+        };
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.subs.len() >= max_subs {
+            let r = Refusal::new(ErrorCode::LimitExceeded, format!("at most {max_subs} subscriptions per connection"));
+            return self.refuse(conn, st, r);
+        }
+        let id = match s.subscription_id {
+            Some(id) if c.subs.contains_key(&id) => {
+                let r = Refusal::new(ErrorCode::InvalidRequest, format!("subscription {id} already exists"));
+                return self.refuse(conn, st, r);
+            }
+            Some(id) => id,
+            None => {
+                while c.subs.contains_key(&c.next_sub) {
+                    c.next_sub += 1;
+                }
+                c.next_sub += 1;
+                c.next_sub - 1
+            }
+        };
+        let granted = s.queue_capacity.map(|q| q.clamp(1, cap_max));
+        let capacity = granted.unwrap_or(default_cap) as usize;
+        let offsets = durable && offer.offered(Flags::EVENT_BATCH_OFFSETS);
+        let shape = Shape {
+            offsets,
+            skipped: offsets && offer.offered(Flags::EVENT_BATCH_SKIPPED),
+            publisher: offer.offered(Flags::EVENT_BATCH_PUBLISHER),
+            timestamps: durable && offer.offered(Flags::EVENT_BATCH_TIMESTAMPS),
+        };
+        let token = OpenToken(self.next_open);
+        self.next_open += 1;
+        c.opens.insert(token, id);
+        c.subs.insert(
+            id,
+            Sub {
+                id,
+                key: k.clone(),
+                shard,
+                stream: None,
+                shape,
+                offer,
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                capacity,
+                inflight: 0,
+                cursor: (durable && cursor < tail).then_some(cursor),
+                ending: None,
+                reading: None,
+                watch: None,
+            },
+        );
+        let entry = self.streams.get_mut(&k).expect("looked up");
+        entry.shards[shard as usize].subs.push((conn, id));
+        let answer = Message::Subscribed(message::Subscribed {
+            subscription_id: id,
+            start_offset: offsets.then_some(cursor),
+            live_offset: offsets.then_some(tail.max(cursor)),
+            queue_capacity: if self.server_features.contains(Features::SUBSCRIBE_QUEUE) { granted } else { None },
+        });
+        self.send(conn, st, json_frame(&answer));
+        self.out.push_back(BrokerOutput::OpenUni { conn, token });
+    }
+
+    /// The answer to a request for a shard that moved away: `not_leader` for a client that
+    /// offered FEATURE_REDIRECT, an `error` with code `not_leader` for any other.
+    pub(super) fn not_leader_answer(offer: &ClientOffer, m: &Moved, shard: u32) -> Message {
+        if offer.has(Features::REDIRECT) {
+            Message::NotLeader(message::NotLeader {
+                node_id: m.node_id.clone(),
+                addr: m.addr.clone(),
+                generation: m.generation,
+            })
+        } else {
+            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id));
+            r.retry = RetryClass::Redirect;
+            Self::error_message(offer, &r)
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Operator actions
+}
