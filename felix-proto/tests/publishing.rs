@@ -779,3 +779,121 @@ proptest::proptest! {
         proptest::prop_assert_eq!(one_by_one, together);
     }
 }
+
+/// Two reasons to pause one stream overlap (storage behind, then answers unread while it
+/// is): the driver sees one `PauseReading`, and one `ResumeReading` only when the last goes.
+#[test]
+fn overlapping_pauses_pause_and_resume_once() {
+    use felix_proto::broker::{Broker, BrokerOutput, WriteOutcome};
+    use felix_proto::io::{Dir, Side, StreamId, WallClock, WriteToken};
+    #[derive(Default)]
+    struct Seen {
+        pauses: u32,
+        resumes: u32,
+        unflushed: usize,
+        writes: std::collections::VecDeque<WriteToken>,
+    }
+    fn drain(b: &mut Broker, seen: &mut Seen) {
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::PauseReading { .. } => seen.pauses += 1,
+                BrokerOutput::ResumeReading { .. } => seen.resumes += 1,
+                BrokerOutput::Transmit { data, .. } => seen.unflushed += data.len(),
+                BrokerOutput::Persist(p) => seen.writes.push_back(p.token),
+                _ => {}
+            }
+        }
+    }
+    let mut cfg = config();
+    cfg.max_pending_write_bytes = 1000;
+    cfg.control_stream_unflushed_bytes = 50;
+    let t0 = epoch();
+    let mut b = Broker::new(cfg, WallClock::new(t0, 0));
+    let conn = b.connection_opened(t0);
+    let s = StreamId::new(Side::Client, Dir::Bi, 0);
+    // Acks after the write: answers appear as storage completes, while it is still behind.
+    b.handle_stream_data(conn, s, auth(None, Some(Features::ACK_ON_COMMIT.0 as u32), None), false, t0);
+    let mut seen = Seen::default();
+    drain(&mut b, &mut seen);
+    b.handle_stream_flushed(conn, s, std::mem::take(&mut seen.unflushed), t0);
+    let payload = "z".repeat(100);
+    let many: Vec<u8> =
+        (0..50u64).flat_map(|i| publish_binary("orders", &[&payload], Some(i + 1), None).to_vec()).collect();
+    b.handle_stream_data(conn, s, bytes::Bytes::from(many), false, t0);
+    drain(&mut b, &mut seen);
+    let behind = seen.writes.len();
+    assert!(behind >= 10, "storage behind: {behind} writes");
+    assert_eq!((seen.pauses, seen.resumes), (1, 0), "paused for storage");
+    // Storage catches up while the client reads none of its acks: the pause for storage ends,
+    // the one for unread answers has begun, reading stays paused throughout.
+    let mut written = 0;
+    while let Some(t) = seen.writes.pop_front() {
+        b.handle_write_result(t, WriteOutcome::Written, t0);
+        written += 1;
+        drain(&mut b, &mut seen);
+    }
+    assert_eq!(written, behind);
+    assert_eq!((seen.pauses, seen.resumes), (1, 0), "still paused: {} answer bytes unread", seen.unflushed);
+    // The client reads its acks: reading resumes once, and in the end everything is written.
+    while written < 50 {
+        b.handle_stream_flushed(conn, s, std::mem::take(&mut seen.unflushed), t0);
+        drain(&mut b, &mut seen);
+        while let Some(t) = seen.writes.pop_front() {
+            b.handle_write_result(t, WriteOutcome::Written, t0);
+            written += 1;
+            drain(&mut b, &mut seen);
+        }
+    }
+    b.handle_stream_flushed(conn, s, std::mem::take(&mut seen.unflushed), t0);
+    drain(&mut b, &mut seen);
+    assert!(seen.resumes >= 1);
+    assert_eq!(seen.pauses, seen.resumes, "every pause resumed once");
+    assert_eq!(b.shard_state("t1", "default", "orders", 0).unwrap().1, 50);
+}
+
+/// One publish crosses both limits at once (storage behind, and its ack makes the unread
+/// answers too many): still one `PauseReading`, not one per reason.
+#[test]
+fn one_publish_crossing_two_limits_pauses_once() {
+    use felix_proto::broker::{Broker, BrokerOutput};
+    use felix_proto::io::{Dir, Side, StreamId, WallClock};
+    // Returns (publishes read before the pause, ack bytes written, PauseReading count).
+    fn run(unflushed_limit: usize) -> (usize, usize, usize) {
+        let mut cfg = config();
+        cfg.max_pending_write_bytes = 1000;
+        cfg.control_stream_unflushed_bytes = unflushed_limit;
+        let t0 = epoch();
+        let mut b = Broker::new(cfg, WallClock::new(t0, 0));
+        let conn = b.connection_opened(t0);
+        let s = StreamId::new(Side::Client, Dir::Bi, 0);
+        b.handle_stream_data(conn, s, auth(None, None, None), false, t0);
+        let mut auth_bytes = 0;
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::Transmit { data, .. } = o {
+                auth_bytes += data.len();
+            }
+        }
+        b.handle_stream_flushed(conn, s, auth_bytes, t0);
+        let payload = "z".repeat(100);
+        let many: Vec<u8> =
+            (0..50u64).flat_map(|i| publish_binary("orders", &[&payload], Some(i + 1), None).to_vec()).collect();
+        b.handle_stream_data(conn, s, bytes::Bytes::from(many), false, t0);
+        let (mut writes, mut acked, mut pauses) = (0, 0, 0);
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::Persist(_) => writes += 1,
+                BrokerOutput::Transmit { data, .. } => acked += data.len(),
+                BrokerOutput::PauseReading { .. } => pauses += 1,
+                _ => {}
+            }
+        }
+        (writes, acked, pauses)
+    }
+    // Where storage alone pauses the stream, and how many ack bytes that took.
+    let (n, acked, pauses) = run(usize::MAX);
+    assert_eq!(pauses, 1);
+    // An unread-answer limit the same publish's ack crosses.
+    let (m, _, pauses) = run(acked - 1);
+    assert_eq!(m, n, "the same publish crosses both limits");
+    assert_eq!(pauses, 1, "one pause for two reasons");
+}

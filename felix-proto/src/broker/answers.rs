@@ -104,8 +104,7 @@ impl Broker {
         n: usize,
     ) {
         st.unflushed += n;
-        if st.unflushed > limit && !st.flush_paused {
-            st.flush_paused = true;
+        if st.unflushed > limit && !st.pauses.has(Pause::Flush) && st.pauses.add(Pause::Flush) {
             out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
         }
     }
@@ -120,12 +119,7 @@ impl Broker {
         st.outstanding = st.outstanding.saturating_sub(1);
         Self::release_held(&mut self.out, conn, &mut st);
         self.maybe_finish(conn, &mut st);
-        let keep = !(st.send_finished && st.outstanding == 0);
-        if let Some(c) = self.conns.get_mut(&conn)
-            && keep
-        {
-            c.streams.insert(stream, st);
-        }
+        self.put_back(conn, st);
     }
 
     /// Reserves an answer slot that later answers on the stream wait behind.
@@ -164,8 +158,7 @@ impl Broker {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.owed.push_back(Owed { seq, answer: None });
-        if st.owed.len() >= window as usize && !st.paused {
-            st.paused = true;
+        if st.owed.len() >= window as usize && st.pauses.add(Pause::Window) {
             self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
         }
         Some(seq)
@@ -201,9 +194,8 @@ impl Broker {
                     }
                 }
                 let window = st.session.as_ref().and_then(|s| s.window).unwrap_or(u32::MAX) as usize;
-                if st.paused && st.owed.len() < window {
-                    st.paused = false;
-                    if !st.storage_paused && !st.flush_paused {
+                if st.pauses.has(Pause::Window) && st.owed.len() < window {
+                    if st.pauses.remove(Pause::Window) {
                         self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
                     }
                     return true;

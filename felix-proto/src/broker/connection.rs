@@ -162,24 +162,23 @@ impl Broker {
                 owed: VecDeque::new(),
                 next_seq: 0,
                 outstanding: 0,
-                paused: false,
-                storage_paused: false,
-                flush_paused: false,
+                pauses: Pauses::default(),
                 unflushed: 0,
-                fin_recv: false,
-                closed: false,
+                recv: Recv::Open,
                 send_finished: false,
                 auth_deadline: Some(deadline),
                 held: VecDeque::new(),
             }
         });
-        if st.closed {
+        if st.recv == Recv::Closed {
             return;
         }
         for data in chunks {
             st.decoder.push(data);
         }
-        st.fin_recv |= fin;
+        if fin {
+            st.recv = Recv::Finished;
+        }
         self.drive_stream(conn, stream, now);
         self.run_wakes(now);
     }
@@ -190,7 +189,7 @@ impl Broker {
         if let Some(c) = self.conns.get_mut(&conn)
             && let Some(st) = c.streams.get_mut(&stream)
         {
-            st.closed = true;
+            st.recv = Recv::Closed;
             st.decoder = FrameDecoder::new();
             if st.outstanding == 0 {
                 c.streams.remove(&stream);
@@ -238,13 +237,10 @@ impl Broker {
         if let Some(st) = c.streams.get_mut(&stream) {
             // A control stream: its answers were read.
             st.unflushed = st.unflushed.saturating_sub(bytes);
-            if st.flush_paused && st.unflushed <= self.cfg.control_stream_unflushed_bytes / 2 {
-                st.flush_paused = false;
-                if !st.paused && !st.storage_paused {
-                    self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
-                    self.drive_stream(conn, stream, now);
-                    self.run_wakes(now);
-                }
+            if st.unflushed <= self.cfg.control_stream_unflushed_bytes / 2 && st.pauses.remove(Pause::Flush) {
+                self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
+                self.drive_stream(conn, stream, now);
+                self.run_wakes(now);
             }
             return;
         }
@@ -257,7 +253,7 @@ impl Broker {
     pub(super) fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {
         let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { return };
         loop {
-            if st.paused || st.storage_paused || st.flush_paused || st.closed {
+            if !st.reading() {
                 break;
             }
             match st.decoder.next_frame() {
@@ -284,30 +280,29 @@ impl Broker {
                 }
             }
         }
-        if st.fin_recv
-            && !st.paused
-            && !st.storage_paused
-            && !st.flush_paused
-            && !st.closed
-            && st.decoder.finish().is_err()
-        {
+        if st.recv == Recv::Finished && st.reading() && st.decoder.finish().is_err() {
             // The client finished the stream inside a frame: nothing more can come.
-            st.closed = true;
+            st.recv = Recv::Closed;
         }
         self.maybe_finish(conn, &mut st);
-        let keep = !(st.send_finished && st.outstanding == 0);
+        self.put_back(conn, st);
+    }
+
+    /// Returns a control stream taken out of its connection, unless it is done (or the
+    /// connection is gone).
+    pub(super) fn put_back(&mut self, conn: ConnId, st: CtlStream) {
         if let Some(c) = self.conns.get_mut(&conn)
-            && keep
+            && !st.done()
         {
-            c.streams.insert(sid, st);
+            c.streams.insert(st.id, st);
         }
     }
 
     /// Finishes our side of a control stream once the client finished and every answer owed on
     /// it is written.
     pub(super) fn maybe_finish(&mut self, conn: ConnId, st: &mut CtlStream) {
-        let drained = st.decoder.buffered() == 0 || st.closed;
-        if (st.fin_recv || st.closed) && drained && st.outstanding == 0 && !st.send_finished {
+        let drained = st.decoder.buffered() == 0 || st.recv == Recv::Closed;
+        if st.recv != Recv::Open && drained && st.outstanding == 0 && !st.send_finished {
             st.send_finished = true;
             if !st.uni {
                 self.out.push_back(BrokerOutput::Finish { conn, stream: st.id });
@@ -317,10 +312,10 @@ impl Broker {
 
     /// Ends a request stream after an answer: finish our side, stop reading theirs.
     pub(super) fn close_stream(&mut self, conn: ConnId, st: &mut CtlStream) {
-        if st.closed {
+        if st.recv == Recv::Closed {
             return;
         }
-        st.closed = true;
+        st.recv = Recv::Closed;
         self.out.push_back(BrokerOutput::StopSending { conn, stream: st.id, code: close_code::STREAM_CLOSED });
     }
 

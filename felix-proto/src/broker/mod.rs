@@ -127,16 +127,12 @@ struct CtlStream {
     owed: VecDeque<Owed>,
     next_seq: u64,
     outstanding: usize,
-    paused: bool,
-    /// Paused because a shard it publishes to has too much waiting for storage.
-    storage_paused: bool,
-    /// Paused because answers written to it are not flushed yet (a client that sends requests
-    /// and does not read the answers is slowed by QUIC flow control, not buffered for).
-    flush_paused: bool,
+    /// Why its requests are not being read, if they are not.
+    pauses: Pauses,
     /// Answer bytes handed to the driver and not yet reported flushed.
     unflushed: usize,
-    fin_recv: bool,
-    closed: bool,
+    recv: Recv,
+    /// Our side is finished (or the client stopped it): nothing more is written.
     send_finished: bool,
     /// A stream must authenticate by then (auth is per stream; the connection is not judged).
     auth_deadline: Option<Instant>,
@@ -144,6 +140,75 @@ struct CtlStream {
     /// answer leaves in request order: id-less answers (`error`, `subscribe_cursor_error`) are
     /// matched by order.
     held: VecDeque<Held>,
+}
+
+impl CtlStream {
+    /// Nothing more will be written and nothing is owed: the stream's state can go.
+    fn done(&self) -> bool {
+        self.send_finished && self.outstanding == 0
+    }
+
+    /// Requests are read (not paused, not closed).
+    fn reading(&self) -> bool {
+        !self.pauses.any() && self.recv != Recv::Closed
+    }
+}
+
+/// The receiving side of a control stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recv {
+    /// More requests may come.
+    Open,
+    /// The client finished its side; what is buffered is still read.
+    Finished,
+    /// Nothing more is read: the client reset it, we stopped it after a closing refusal, or
+    /// it ended inside a frame.
+    Closed,
+}
+
+/// A reason to stop reading a control stream's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Pause {
+    /// As many publish answers are owed as the stream's window allows.
+    Window = 1,
+    /// A shard it publishes to has too much waiting for storage.
+    Storage = 2,
+    /// Answers written to it are not flushed yet: a client that sends requests and does not
+    /// read the answers is slowed by QUIC flow control, not buffered for.
+    Flush = 4,
+}
+
+/// The set of reasons a stream is paused. Reading stops when the first reason appears and
+/// resumes when the last goes, so the driver sees exactly one `PauseReading` and one
+/// `ResumeReading` per pause, however many reasons overlap.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Pauses(u8);
+
+impl Pauses {
+    fn any(self) -> bool {
+        self.0 != 0
+    }
+
+    fn has(self, p: Pause) -> bool {
+        self.0 & p as u8 != 0
+    }
+
+    /// Adds `p`. True when reading was running until now: the caller owes a `PauseReading`.
+    fn add(&mut self, p: Pause) -> bool {
+        let was_reading = self.0 == 0;
+        self.0 |= p as u8;
+        was_reading
+    }
+
+    /// Removes `p`. True when it was the last reason: the caller owes a `ResumeReading`.
+    fn remove(&mut self, p: Pause) -> bool {
+        if !self.has(p) {
+            return false;
+        }
+        self.0 &= !(p as u8);
+        self.0 == 0
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -486,7 +551,7 @@ impl Broker {
                 continue;
             }
             st.auth_deadline = None;
-            if !st.closed {
+            if st.recv != Recv::Closed {
                 self.stats.auth_timeouts += 1;
                 let r = Refusal::new(ErrorCode::Unauthenticated, "authentication timeout").closing();
                 self.refuse(conn, &mut st, r);
@@ -551,4 +616,24 @@ impl Broker {
 
     // -----------------------------------------------------------------------------------------
     // Streams and permissions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pause, Pauses};
+
+    #[test]
+    fn pauses_owe_one_pause_and_one_resume_however_reasons_overlap() {
+        let mut p = Pauses::default();
+        assert!(!p.any());
+        assert!(p.add(Pause::Storage), "first reason: pause");
+        assert!(!p.add(Pause::Flush), "second reason: already paused");
+        assert!(!p.add(Pause::Flush), "same reason twice");
+        assert!(!p.remove(Pause::Window), "a reason it did not have");
+        assert!(!p.remove(Pause::Storage), "one reason left");
+        assert!(p.any() && p.has(Pause::Flush) && !p.has(Pause::Storage));
+        assert!(p.remove(Pause::Flush), "last reason: resume");
+        assert!(!p.remove(Pause::Flush), "resumed once");
+        assert!(!p.any());
+    }
 }

@@ -160,10 +160,9 @@ impl Broker {
         // Backpressure when storage falls behind: stop reading this stream until it catches up.
         let limit = self.cfg.max_pending_write_bytes;
         let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
-        if sh.log.pending_bytes() > limit && !st.storage_paused {
-            st.storage_paused = true;
+        if sh.log.pending_bytes() > limit && !st.pauses.has(Pause::Storage) {
             sh.paused.push((conn, st.id));
-            if !st.paused {
+            if st.pauses.add(Pause::Storage) {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
             }
         }
@@ -371,8 +370,7 @@ impl Broker {
         }
         for (conn, sid) in resume {
             let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
-            st.storage_paused = false;
-            if !st.paused && !st.flush_paused {
+            if st.pauses.remove(Pause::Storage) {
                 self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
                 self.drive_stream(conn, sid, now);
             }
@@ -390,12 +388,7 @@ impl Broker {
             self.drive_stream(w.conn, w.stream, now);
         } else if let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) {
             self.maybe_finish(w.conn, &mut st);
-            let keep = !(st.send_finished && st.outstanding == 0);
-            if let Some(c) = self.conns.get_mut(&w.conn)
-                && keep
-            {
-                c.streams.insert(w.stream, st);
-            }
+            self.put_back(w.conn, st);
         }
     }
 }
