@@ -49,7 +49,9 @@ impl Broker {
         shard: u32,
         forgotten: &[(u64, u64)],
     ) {
-        if let Some(s) = self.streams.get_mut(&key(tenant, ns, stream)).and_then(|e| e.shards.get_mut(shard as usize)) {
+        if let Some(s) =
+            self.streams.get_mut(KeyRef(tenant, ns, stream).q()).and_then(|e| e.shards.get_mut(shard as usize))
+        {
             s.producers.restore_forgotten(forgotten);
         }
     }
@@ -89,7 +91,7 @@ impl Broker {
             return u64::MAX; // system logs are folded whole
         }
         self.streams
-            .get(&key(tenant, ns, stream))
+            .get(KeyRef(tenant, ns, stream).q())
             .map_or(self.cfg.default_stream.memory_bytes, |e| e.config.memory_bytes)
     }
 
@@ -99,7 +101,7 @@ impl Broker {
             .streams
             .iter()
             .filter(|(k, _)| !syslog::is_sys(k))
-            .map(|((t, n, s), e)| (t.as_str(), n.as_str(), s.as_str(), &e.config))
+            .map(|(k, e)| (k.tenant(), k.namespace(), k.name(), &e.config))
             .collect();
         v.sort_unstable_by_key(|(t, n, s, _)| (*t, *n, *s));
         v.into_iter()
@@ -109,13 +111,12 @@ impl Broker {
     /// `stream_deleted` for clients that read it.
     pub fn delete_stream(&mut self, tenant: &str, ns: &str, stream: &str, now: Instant) -> bool {
         self.clock.advance(now);
-        let Some(entry) = self.streams.remove(&key(tenant, ns, stream)) else { return false };
+        let Some(entry) = self.streams.remove(KeyRef(tenant, ns, stream).q()) else { return false };
         self.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
         for shard in entry.shards {
             for (conn, id) in shard.subs {
                 if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
-                    sub.cursor = None;
-                    sub.ending.get_or_insert(Ending::Deleted);
+                    sub.on(SubEvent::End(Ending::Deleted));
                     self.pump(conn, id);
                 }
             }
@@ -136,7 +137,7 @@ impl Broker {
         now: Instant,
     ) -> bool {
         self.clock.advance(now);
-        let Some(entry) = self.streams.get_mut(&key(tenant, ns, stream)) else { return false };
+        let Some(entry) = self.streams.get_mut(KeyRef(tenant, ns, stream).q()) else { return false };
         let durable = entry.config.durable;
         let Some(s) = entry.shards.get_mut(shard as usize) else { return false };
         let resume_from = durable.then(|| s.log.committed_tail());
@@ -152,7 +153,7 @@ impl Broker {
                     addr: owner.addr.clone(),
                     generation: owner.generation,
                 };
-                sub.ending.get_or_insert(Ending::Moved(m));
+                sub.on(SubEvent::End(Ending::Moved(m)));
                 self.pump(conn, id);
             }
         }

@@ -19,14 +19,15 @@ impl Broker {
     ) -> Result<Key, Refusal> {
         check_names(&[("tenant", t), ("namespace", ns), ("cache", c)])?;
         self.authorize(st, t, ns, c, action)?;
-        let k = key(t, ns, c);
-        if !self.caches.contains_key(&k) {
-            if !self.cfg.auto_create {
-                return Err(Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
-            }
-            let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
-            self.caches.insert(k.clone(), Cache::with_version_seed(seed));
+        if let Some((k, _)) = self.caches.get_key_value(KeyRef(t, ns, c).q()) {
+            return Ok(k.clone());
         }
+        if !self.cfg.auto_create {
+            return Err(Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
+        }
+        let k = key(t, ns, c);
+        let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
+        self.caches.insert(k.clone(), Cache::with_version_seed(seed));
         Ok(k)
     }
 

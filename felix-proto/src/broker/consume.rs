@@ -8,7 +8,7 @@
 
 use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle};
 use super::syslog::SysPending;
-use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame};
+use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 
 /// The system log holding the groups of one shard.
 pub(crate) fn groups_key(k: &Key, shard: u32) -> Key {
-    (k.0.clone(), k.1.clone(), format!("$groups.{shard}.{}", k.2))
+    key(k.tenant(), k.namespace(), &format!("$groups.{shard}.{}", k.name()))
 }
 
 /// The stream and shard a `$groups` system log belongs to.
 pub(crate) fn parse_groups_key(k: &Key) -> Option<(Key, u32)> {
-    let rest = k.2.strip_prefix("$groups.")?;
+    let rest = k.name().strip_prefix("$groups.")?;
     let (shard, stream) = rest.split_once('.')?;
-    Some(((k.0.clone(), k.1.clone(), stream.to_owned()), shard.parse().ok()?))
+    Some((key(k.tenant(), k.namespace(), stream), shard.parse().ok()?))
 }
 
 /// The answer a durable group operation owes once it is folded.
@@ -239,9 +239,9 @@ impl Broker {
                 self.next_read += 1;
                 self.out.push_back(BrokerOutput::Read(ReadRequest {
                     token,
-                    tenant_id: fill.data.0.clone(),
-                    namespace: fill.data.1.clone(),
-                    stream: fill.data.2.clone(),
+                    tenant_id: fill.data.tenant().to_owned(),
+                    namespace: fill.data.namespace().to_owned(),
+                    stream: fill.data.name().to_owned(),
                     shard: fill.shard,
                     from,
                     end: memory_start,

@@ -114,9 +114,9 @@ impl Broker {
             self.next_read += 1;
             self.out.push_back(BrokerOutput::Read(ReadRequest {
                 token,
-                tenant_id: k.0.clone(),
-                namespace: k.1.clone(),
-                stream: k.2.clone(),
+                tenant_id: k.tenant().to_owned(),
+                namespace: k.namespace().to_owned(),
+                stream: k.name().to_owned(),
                 shard: r.shard,
                 from: r.from,
                 end: memory_start.min(end),

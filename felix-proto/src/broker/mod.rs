@@ -42,10 +42,15 @@ mod admin;
 mod answers;
 mod cache_requests;
 mod connection;
+mod key;
 mod output;
 mod publish;
 mod requests;
+mod sub;
 mod subscription;
+
+use key::{KeyRef, StreamKey};
+use sub::{Ending, Sub, SubEvent, frame_len};
 
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, FsyncMode, Retention, StreamConfig, StreamSpec};
@@ -67,11 +72,11 @@ use crate::message::{self, Message};
 use crate::negotiate::ClientOffer;
 use bytes::{Bytes, BytesMut};
 use cache::Cache;
-use log::{Shape, ShardLog};
+use log::ShardLog;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-type Key = (String, String, String);
+type Key = StreamKey;
 
 #[derive(Debug)]
 struct Moved {
@@ -247,52 +252,6 @@ struct PageRead {
     page: log::Page,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Ending {
-    Lagged { resume_from: u64 },
-    WatchLagged { resume_from: u64 },
-    Moved(message::ShardMoved),
-    Deleted,
-}
-
-#[derive(Debug)]
-struct Sub {
-    id: u64,
-    key: Key,
-    shard: u32,
-    stream: Option<StreamId>,
-    shape: Shape,
-    offer: ClientOffer,
-    queue: VecDeque<[Bytes; 2]>,
-    /// Bytes of the frames in `queue`.
-    queued_bytes: usize,
-    capacity: usize,
-    inflight: usize,
-    cursor: Option<u64>,
-    ending: Option<Ending>,
-    reading: Option<ReadToken>,
-    /// A cache watch (its key is the cache's): what it follows.
-    watch: Option<watch::WatchFilter>,
-}
-
-impl Sub {
-    /// Whether a frame of `len` bytes would overflow the queue: `capacity` batches, or
-    /// `bytes_max` bytes (an empty queue takes any one frame).
-    fn full(&self, len: usize, bytes_max: usize) -> bool {
-        self.queue.len() >= self.capacity || (!self.queue.is_empty() && self.queued_bytes + len > bytes_max)
-    }
-
-    fn push(&mut self, frame: [Bytes; 2]) {
-        self.queued_bytes += frame_len(&frame);
-        self.queue.push_back(frame);
-    }
-}
-
-/// Bytes of an event frame held as header and body.
-fn frame_len(frame: &[Bytes; 2]) -> usize {
-    frame[0].len() + frame[1].len()
-}
-
 #[derive(Debug)]
 struct Conn {
     streams: HashMap<StreamId, CtlStream>,
@@ -411,8 +370,15 @@ pub struct Broker {
     cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
 }
 
+impl Broker {
+    /// The key a stream is stored under (shared, not allocated), if it exists.
+    fn stream_key(&self, t: &str, n: &str, s: &str) -> Option<Key> {
+        self.streams.get_key_value(KeyRef(t, n, s).q()).map(|(k, _)| k.clone())
+    }
+}
+
 fn key(t: &str, n: &str, s: &str) -> Key {
-    (t.to_owned(), n.to_owned(), s.to_owned())
+    StreamKey::new(t, n, s)
 }
 
 fn json_frame(m: &Message) -> Bytes {
@@ -495,7 +461,7 @@ impl Broker {
 
     /// `(start, committed tail, next offset, retained records)` of a shard, if the stream exists.
     pub fn shard_state(&self, tenant: &str, ns: &str, stream: &str, shard: u32) -> Option<(u64, u64, u64, u64)> {
-        let s = self.streams.get(&key(tenant, ns, stream))?.shards.get(shard as usize)?;
+        let s = self.streams.get(KeyRef(tenant, ns, stream).q())?.shards.get(shard as usize)?;
         Some((s.log.start(), s.log.committed_tail(), s.log.next_offset(), s.log.retained_records()))
     }
 
@@ -590,9 +556,9 @@ impl Broker {
                 let producers_forgotten = shard.producers.retain_from(after);
                 if entry.config.durable {
                     self.out.push_back(BrokerOutput::Truncate {
-                        tenant_id: k.0.clone(),
-                        namespace: k.1.clone(),
-                        stream: k.2.clone(),
+                        tenant_id: k.tenant().to_owned(),
+                        namespace: k.namespace().to_owned(),
+                        stream: k.name().to_owned(),
                         shard: i as u32,
                         start: after,
                         producers_forgotten,

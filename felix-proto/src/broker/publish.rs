@@ -46,7 +46,9 @@ impl Broker {
         match PublishBatch::decode(frame.flags, frame.payload) {
             Ok(b) => {
                 let width = b.key.as_ref().and_then(|_| {
-                    st.session.as_ref().and_then(|s| s.widths.get(&key(&b.tenant_id, &b.namespace, &b.stream)).copied())
+                    st.session
+                        .as_ref()
+                        .and_then(|s| s.widths.get(KeyRef(&b.tenant_id, &b.namespace, &b.stream).q()).copied())
                 });
                 let req = PublishReq {
                     tenant_id: b.tenant_id,
@@ -85,7 +87,7 @@ impl Broker {
                 return self.answer_now(conn, st, reply, Err(&r));
             }
         };
-        let k = key(&req.tenant_id, &req.namespace, &req.stream);
+        let Some(k) = self.stream_key(&req.tenant_id, &req.namespace, &req.stream) else { return };
         // A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
         // publish a second goes through as a probe, answered after its write.
         let mut probe = false;
@@ -255,7 +257,7 @@ impl Broker {
     /// Picks the shard of a publish: permission, stream, explicit shard, key hash, width check.
     pub(super) fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<(u32, bool), Refusal> {
         let shards = self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish)?;
-        let entry = self.streams.get(&key(&req.tenant_id, &req.namespace, &req.stream)).expect("looked up");
+        let entry = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()).expect("looked up");
         if let (Some(w), Some(_)) = (req.width, &req.key)
             && w != shards
         {

@@ -235,7 +235,7 @@ impl Broker {
                     self.lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe).map_or(0, |e| e);
                 let routing = self
                     .streams
-                    .get(&key(&q.tenant_id, &q.namespace, &q.stream))
+                    .get(KeyRef(&q.tenant_id, &q.namespace, &q.stream).q())
                     .map(|e| e.config.routing)
                     .filter(|r| *r == message::Routing::JumpHash);
                 let m =
@@ -243,7 +243,7 @@ impl Broker {
                 self.send(conn, st, json_frame(&m));
             }
             Message::CacheShards(q) => {
-                let known = self.caches.contains_key(&key(&q.tenant_id, &q.namespace, &q.cache));
+                let known = self.caches.contains_key(KeyRef(&q.tenant_id, &q.namespace, &q.cache).q());
                 let m = Message::CacheShardsView(message::CacheShardsView {
                     shards: u32::from(known),
                     request_id: q.request_id,
@@ -333,13 +333,12 @@ impl Broker {
                 format!("stream names starting with {} are reserved for the broker", syslog::SYS_PREFIX),
             ));
         }
-        let k = key(t, ns, s);
-        if let Some(e) = self.streams.get(&k) {
+        if let Some(e) = self.streams.get(KeyRef(t, ns, s).q()) {
             return Ok(e.shards.len() as u32);
         }
         if self.cfg.auto_create {
             let cfg = self.cfg.default_stream.clone();
-            return Ok(self.create_stream(k, cfg));
+            return Ok(self.create_stream(key(t, ns, s), cfg));
         }
         Err(Refusal::new(ErrorCode::NotFound, format!("stream {ns}/{s} not found")))
     }

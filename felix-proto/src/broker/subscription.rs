@@ -11,7 +11,6 @@ use crate::message::{self, Message};
 use crate::negotiate::ClientOffer;
 use bytes::Bytes;
 use log::Shape;
-use std::collections::VecDeque;
 use std::time::Instant;
 
 impl Broker {
@@ -31,9 +30,9 @@ impl Broker {
         let base = s.log.append_generation_start(self.wall.micros(now), token);
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
-            tenant_id: k.0.clone(),
-            namespace: k.1.clone(),
-            stream: k.2.clone(),
+            tenant_id: k.tenant().to_owned(),
+            namespace: k.namespace().to_owned(),
+            stream: k.name().to_owned(),
             shard,
             base_offset: base,
             records: Records::default(),
@@ -64,7 +63,7 @@ impl Broker {
         let mut frames: Vec<(Shape, [Bytes; 2])> = Vec::new();
         for (conn, id) in subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
-            if sub.cursor.is_some() || sub.ending.is_some() {
+            if !sub.live() {
                 continue; // catching up from the log, or ending
             }
             let frame = match frames.iter().find(|(sh, _)| *sh == sub.shape) {
@@ -91,7 +90,7 @@ impl Broker {
         let count = batch.count();
         for (conn, id) in subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
-            if sub.ending.is_some() {
+            if sub.ending() {
                 continue;
             }
             let frame = batch.frame(sub.shape);
@@ -116,7 +115,7 @@ impl Broker {
             stats.records_dropped += count;
             if sub.shape.offsets && sub.offer.has(Features::SUBSCRIPTION_LAGGED) {
                 stats.lagged += 1;
-                sub.ending = Some(Ending::Lagged { resume_from: base });
+                sub.on(SubEvent::End(Ending::Lagged { resume_from: base }));
             }
             return;
         }
@@ -133,11 +132,12 @@ impl Broker {
             if sub.inflight >= limit {
                 return;
             }
-            if let Some(cursor) = sub.cursor {
+            if let Some(catch_up) = sub.catch_up() {
                 // Catching up from the log.
-                if sub.reading.is_some() {
+                if catch_up.reading.is_some() {
                     return; // waiting for history from storage
                 }
+                let cursor = catch_up.cursor;
                 let (k, shard, shape) = (sub.key.clone(), sub.shard, sub.shape);
                 let Some(entry) = self.streams.get_mut(&k) else { return };
                 let log = &mut entry.shards[shard as usize].log;
@@ -150,20 +150,18 @@ impl Broker {
                     self.reads.insert(token, ReadFor::Sub(conn, id));
                     self.out.push_back(BrokerOutput::Read(ReadRequest {
                         token,
-                        tenant_id: k.0.clone(),
-                        namespace: k.1.clone(),
-                        stream: k.2.clone(),
+                        tenant_id: k.tenant().to_owned(),
+                        namespace: k.namespace().to_owned(),
+                        stream: k.name().to_owned(),
                         shard,
                         from: cursor,
                         end,
                         max_bytes: self.cfg.history_read_bytes,
                     }));
                     let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
-                    sub.cursor = Some(cursor);
-                    sub.reading = Some(token);
+                    sub.on(SubEvent::Reading(sub::CatchUp { cursor, reading: Some(token) }));
                     return;
                 }
-                let tail = log.committed_tail();
                 let next = log.next_deliverable(cursor).map(|b| {
                     let f = if b.base >= cursor { b.frame(shape) } else { b.frame_from(shape, cursor) };
                     (f, b.end())
@@ -171,15 +169,14 @@ impl Broker {
                 let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
                 match next {
                     Some((frame, end)) => {
-                        sub.cursor = Some(end);
+                        sub.on(SubEvent::Delivered { cursor: end });
                         sub.inflight += frame[0].len() + frame[1].len();
                         self.stats.batches_delivered += 1;
                         self.write_frame(conn, stream, frame);
                     }
                     None => {
                         // Caught up: from here on the subscriber is fed live.
-                        let _ = tail;
-                        sub.cursor = None;
+                        sub.on(SubEvent::CaughtUp);
                     }
                 }
                 continue;
@@ -192,7 +189,7 @@ impl Broker {
                 self.write_frame(conn, stream, frame);
                 continue;
             }
-            if let Some(ending) = sub.ending.clone() {
+            if let sub::Phase::Ending { why: ending, .. } = sub.phase.clone() {
                 let offer = sub.offer;
                 let sub_id = sub.id;
                 let terminal = match ending {
@@ -231,11 +228,10 @@ impl Broker {
             None => return,
         };
         let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
-        if sub.reading != Some(token) {
-            return;
-        }
-        sub.reading = None;
-        let (Some(stream), Some(mut cursor)) = (sub.stream, sub.cursor) else { return };
+        let Some(catch_up) = sub.catch_up().filter(|c| c.reading == Some(token)) else { return };
+        let mut cursor = catch_up.cursor;
+        sub.on(SubEvent::Delivered { cursor });
+        let Some(stream) = sub.stream else { return };
         let shape = sub.shape;
         let memory_start = self
             .streams
@@ -270,7 +266,7 @@ impl Broker {
             cursor = cursor.max(memory_start);
         }
         let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
-        sub.cursor = Some(cursor);
+        sub.on(SubEvent::Delivered { cursor });
         for f in &frames {
             sub.inflight += f[0].len() + f[1].len();
         }
@@ -302,7 +298,7 @@ impl Broker {
             let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
             return self.refuse(conn, st, r);
         }
-        let k = key(&s.tenant_id, &s.namespace, &s.stream);
+        let Some(k) = self.stream_key(&s.tenant_id, &s.namespace, &s.stream) else { return };
         let max_subs = self.cfg.max_subscriptions_per_connection as usize;
         let cap_max = self.cfg.subscriber_queue_capacity_max.max(1);
         let entry = self.streams.get_mut(&k).expect("looked up");
@@ -377,20 +373,8 @@ impl Broker {
         c.subs.insert(
             id,
             Sub {
-                id,
-                key: k.clone(),
-                shard,
-                stream: None,
-                shape,
-                offer,
-                queue: VecDeque::new(),
-                queued_bytes: 0,
                 capacity,
-                inflight: 0,
-                cursor: (durable && cursor < tail).then_some(cursor),
-                ending: None,
-                reading: None,
-                watch: None,
+                ..Sub::new(id, k.clone(), shard, shape, offer, (durable && cursor < tail).then_some(cursor))
             },
         );
         let entry = self.streams.get_mut(&k).expect("looked up");

@@ -8,7 +8,7 @@
 //! nothing else is in flight) lets the log be truncated below it.
 
 use super::config::{Retention, StreamConfig};
-use super::{Broker, BrokerOutput, ConnId, HeldFor, Key, PersistRequest, StreamId, WriteCtx};
+use super::{Broker, BrokerOutput, ConnId, HeldFor, Key, PersistRequest, StreamId, WriteCtx, key};
 use crate::binary::Records;
 use crate::io::WriteToken;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -36,12 +36,12 @@ pub(crate) fn sys_stream_config() -> StreamConfig {
 
 /// Whether a stream key names a system log.
 pub(crate) fn is_sys(k: &Key) -> bool {
-    k.2.starts_with(SYS_PREFIX)
+    k.name().starts_with(SYS_PREFIX)
 }
 
 /// The system log of a cache's counters.
 pub(crate) fn counters_key(cache: &Key) -> Key {
-    (cache.0.clone(), cache.1.clone(), format!("{SYS_PREFIX}counters.{}", cache.2))
+    key(cache.tenant(), cache.namespace(), &format!("{SYS_PREFIX}counters.{}", cache.name()))
 }
 
 /// What waits on a system-log write.
@@ -200,9 +200,9 @@ impl Broker {
         let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, Some(token));
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
-            tenant_id: k.0.clone(),
-            namespace: k.1.clone(),
-            stream: k.2.clone(),
+            tenant_id: k.tenant().to_owned(),
+            namespace: k.namespace().to_owned(),
+            stream: k.name().to_owned(),
             shard: 0,
             base_offset: base,
             records,
@@ -247,7 +247,7 @@ impl Broker {
             }
             return self.maybe_checkpoint_groups(k, &data, shard, now);
         }
-        let Some(cache) = k.2.strip_prefix("$counters.").map(|c| (k.0.clone(), k.1.clone(), c.to_owned())) else {
+        let Some(cache) = k.name().strip_prefix("$counters.").map(|c| key(k.tenant(), k.namespace(), c)) else {
             return;
         };
         if let Some(base) = base {
@@ -336,9 +336,9 @@ impl Broker {
         if let Some(e) = self.streams.get_mut(k) {
             e.shards[0].log.truncate_before(start);
             self.out.push_back(BrokerOutput::Truncate {
-                tenant_id: k.0.clone(),
-                namespace: k.1.clone(),
-                stream: k.2.clone(),
+                tenant_id: k.tenant().to_owned(),
+                namespace: k.namespace().to_owned(),
+                stream: k.name().to_owned(),
                 shard: 0,
                 start,
                 producers_forgotten: Vec::new(),
@@ -364,7 +364,7 @@ impl Broker {
             }
             return;
         }
-        if let Some(cache) = k.2.strip_prefix("$counters.").map(|c| (k.0.clone(), k.1.clone(), c.to_owned())) {
+        if let Some(cache) = k.name().strip_prefix("$counters.").map(|c| key(k.tenant(), k.namespace(), c)) {
             let c = self.counters.entry(cache).or_default();
             for b in batches.iter().filter(|b| !b.generation_start) {
                 c.apply_records(&b.records);

@@ -7,7 +7,7 @@
 //! gets `cache_watch_lagged` with the first change it missed, and ends.
 
 use super::cache::Change;
-use super::{Broker, BrokerOutput, CtlStream, Ending, Key, Refusal, Sub, json_frame};
+use super::{Broker, BrokerOutput, CtlStream, Ending, Key, Refusal, Sub, SubEvent, json_frame};
 use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
 use crate::features::Features;
@@ -124,12 +124,6 @@ impl Broker {
         c.subs.insert(
             id,
             Sub {
-                id,
-                key: k.clone(),
-                shard: 0,
-                stream: None,
-                shape: Default::default(),
-                offer,
                 queue,
                 // The replay is not counted against `subscriber_queue_bytes_max` (as it is not
                 // against the capacity): it is bounded by the cache's change log.
@@ -137,11 +131,8 @@ impl Broker {
                 // Live changes a watch may have queued before it lags (a replay at the start is
                 // queued whole): the default subscriber queue capacity.
                 capacity: self.cfg.default_stream.queue_capacity.max(1) as usize + replayed,
-                inflight: 0,
-                cursor: None,
-                ending: None,
-                reading: None,
                 watch: Some(filter),
+                ..Sub::new(id, k.clone(), 0, Default::default(), offer, None)
             },
         );
         self.cache_watchers.entry(k).or_default().push((conn, id));
@@ -168,13 +159,13 @@ impl Broker {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             let Some(filter) = sub.watch.clone() else { continue };
             for (c, f) in changes.iter().zip(&frames) {
-                if sub.ending.is_some() || !filter.accepts(&c.key) {
+                if sub.ending() || !filter.accepts(&c.key) {
                     continue;
                 }
                 if sub.full(f[0].len() + f[1].len(), self.cfg.subscriber_queue_bytes_max) {
                     // Delivers what is queued, then says where to resume (gapless).
                     self.stats.lagged += 1;
-                    sub.ending = Some(Ending::WatchLagged { resume_from: c.offset });
+                    sub.on(SubEvent::End(Ending::WatchLagged { resume_from: c.offset }));
                     continue;
                 }
                 sub.push(f.clone());
