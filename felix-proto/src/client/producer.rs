@@ -300,9 +300,10 @@ impl ProducerState {
         let SendId { shard, sequence, attempt } = id;
         let policy = self.policy;
         let Some(s) = self.shards.get_mut(&shard) else { return };
-        // An earlier batch of the shard that failed and waits to be sent again.
-        let earlier_retry =
-            |expected: u64| expected < sequence && s.pending.get(&expected).is_some_and(|e| e.phase != Phase::InFlight);
+        // An earlier batch of the shard not yet appended: it failed and waits to be sent again,
+        // or has already gone again (its failure and this refusal were both on the wire when
+        // the producer resent it; the broker answers in order, so the gap is its failure).
+        let earlier_retry = |expected: u64| expected < sequence && s.pending.contains_key(&expected);
         let follows_failure = matches!(&outcome, Outcome::Refused { reason: RefusedReason::SequenceGap { expected }, .. } if earlier_retry(*expected));
         let Some(p) = s.pending.get_mut(&sequence) else { return };
         let current = p.phase == Phase::InFlight && p.attempts == attempt;
@@ -555,6 +556,32 @@ mod tests {
         assert!(p.stopped().is_none());
         p.handle_timeout(t0() + Duration::from_secs(1));
         assert_eq!(sends(&mut p).iter().map(|s| s.sequence).collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    /// Simulation seed 44: batches 1 and 2 are pipelined behind 0; 0 fails and is sent again
+    /// before the gap refusals of 1 and 2 arrive. They are still gaps behind 0, not a reason
+    /// to stop.
+    #[test]
+    fn a_gap_behind_a_batch_already_sent_again_is_sent_again_too() {
+        let mut p = ProducerState::new(7, RetryPolicy::default());
+        for x in ["a", "b", "c"] {
+            p.push(0, b(x), None).unwrap();
+        }
+        let s = sends(&mut p);
+        p.handle_outcome(s[0], Outcome::Failed(err(Some(RetryClass::Retry), None)), t0());
+        p.handle_timeout(t0() + Duration::from_secs(1));
+        let again = sends(&mut p);
+        assert_eq!(again.iter().map(|s| (s.sequence, s.attempt)).collect::<Vec<_>>(), vec![(0, 2)]);
+        let gap = || Outcome::Refused { reason: RefusedReason::SequenceGap { expected: 0 }, message: String::new() };
+        p.handle_outcome(s[1], gap(), t0());
+        p.handle_outcome(s[2], gap(), t0());
+        assert!(p.stopped().is_none());
+        let resent = sends(&mut p);
+        assert_eq!(resent.iter().map(|s| (s.sequence, s.attempt)).collect::<Vec<_>>(), vec![(1, 2), (2, 2)]);
+        // A gap behind a batch already appended is the broker forgetting: that stops.
+        p.handle_outcome(again[0], Outcome::Appended { offset: Some(0) }, t0());
+        p.handle_outcome(resent[0], gap(), t0());
+        assert!(matches!(p.stopped(), Some(ProducerError::Refused { sequence: 1, .. })));
     }
 
     #[test]
