@@ -15,12 +15,12 @@ use felix_proto::client::{
     EndReason, ErrorInfo, PublishId, PublishRequest, StreamReadRequest, SubscribeRequest, WatchOn,
 };
 use felix_proto::error_code::{ErrorCode, RetryClass};
-use felix_proto::io::{OpenToken, StreamId};
 use felix_proto::message::{
     self, B64, CacheCondition, CursorErrorReason, Message, RefusedReason, Routing, StartPosition, StreamRecord,
     SubscribeCursorError,
 };
 use felix_proto::negotiate::Negotiated;
+use felix_proto::transport::{OpenToken, StreamId};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

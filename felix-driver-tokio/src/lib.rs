@@ -21,12 +21,12 @@ pub use client::{
 pub use groups::{GroupInfo, GroupTarget, PollOptions};
 pub use producer::{IdempotentProducer, RetryPolicy};
 pub use server::{Server, ServerError, ServerOptions, TransportTuning};
-pub use storage::FsyncPolicy;
+pub use storage::FsyncMode;
 pub use tls::{Identity, Trust};
 
 /// The felix stream id of a quinn stream (both use QUIC's own numbering).
-pub(crate) fn stream_id(id: quinn::StreamId) -> felix_proto::io::StreamId {
-    use felix_proto::io::{Dir, Side, StreamId};
+pub(crate) fn stream_id(id: quinn::StreamId) -> felix_proto::transport::StreamId {
+    use felix_proto::transport::{Dir, Side, StreamId};
     let side = match id.initiator() {
         quinn::Side::Client => Side::Client,
         quinn::Side::Server => Side::Broker,

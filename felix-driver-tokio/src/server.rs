@@ -12,12 +12,12 @@
 //! No task ever waits on an acknowledgement-driven event (`SendStream::stopped()`): finishing a
 //! stream is fire-and-forget.
 
-use crate::storage::{DiskStorage, FsyncPolicy, RecoveredShard};
+use crate::storage::{DiskStorage, FsyncMode, RecoveredShard};
 use crate::tls::{Identity, TlsError, server_config};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
-use felix_proto::io::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
+use felix_proto::transport::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
 use quinn::VarInt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -133,7 +133,7 @@ pub struct ServerOptions {
     /// Where durable streams live; `None` keeps durable streams in memory only.
     pub data_dir: Option<PathBuf>,
     /// When appends are forced to disk.
-    pub fsync: FsyncPolicy,
+    pub fsync: FsyncMode,
     /// QUIC settings.
     pub transport: TransportTuning,
     /// Refuse clients that offer no ALPN (by default they are accepted, as existing clients
@@ -213,7 +213,6 @@ impl Server {
 
         let now = tokio::time::Instant::now().into_std();
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
-        let default_stream = opts.broker.default_stream.clone();
         let mut bcfg = opts.broker;
         // With a data directory, history beyond each shard's memory budget is read from disk.
         bcfg.history_reads = opts.data_dir.is_some();
@@ -236,19 +235,9 @@ impl Server {
                 // Older history is restored from segment indexes; only what the broker keeps in
                 // memory is read whole.
                 let shards: Vec<RecoveredShard> = disk.recover_within(|t, n, st| broker.memory_budget(t, n, st))?;
-                for s in shards {
-                    repairs.extend(s.repairs);
-                    recovered_records +=
-                        s.summaries.iter().filter(|e| !e.generation_start).map(|e| e.count).sum::<u64>();
-                    recovered_records +=
-                        s.batches.iter().filter(|b| !b.generation_start).map(|b| b.count()).sum::<u64>();
-                    let mut cfg = default_stream.clone();
-                    cfg.durable = true;
-                    cfg.shards = s.stream_shards.max(1);
-                    let name = (s.tenant_id.as_str(), s.namespace.as_str(), s.stream.as_str());
-                    broker.restore_shard_summaries(name, cfg.clone(), s.shard, &s.summaries, now);
-                    broker.restore_shard(name, cfg, s.shard, s.batches, now);
-                    broker.restore_producer_watermarks(name, s.shard, &s.producer_watermarks);
+                for mut s in shards {
+                    repairs.append(&mut s.repairs);
+                    recovered_records += broker.restore(s, now);
                 }
                 Some(disk)
             }
@@ -356,7 +345,7 @@ fn storage_loop(
             let started = std::time::Instant::now();
             let results = match disk.as_mut() {
                 Some(d) => d.write(reqs),
-                None => reqs.into_iter().map(|r| (r.token, WriteOutcome::Written)).collect(),
+                None => felix_proto::storage::MemoryOnly.write(reqs),
             };
             let micros = started.elapsed().as_micros() as u64;
             let _ = tx.send(Input::Written(results, micros));
@@ -377,7 +366,7 @@ fn answer_reads(
     for r in reads {
         let batches = match disk.as_mut() {
             Some(d) => d.read_range((&r.tenant_id, &r.namespace, &r.stream), r.shard, r.from, r.end, r.max_bytes),
-            None => Vec::new(),
+            None => felix_proto::storage::MemoryOnly.read(&r),
         };
         let _ = tx.send(Input::ReadDone(r.token, batches));
     }
@@ -395,7 +384,7 @@ enum Input {
     Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
     Flushed { conn: ConnId, stream: StreamId, bytes: usize },
     Written(Vec<(WriteToken, WriteOutcome)>, u64),
-    ReadDone(felix_proto::io::ReadToken, Vec<felix_proto::storage::StoredBatch>),
+    ReadDone(felix_proto::transport::ReadToken, Vec<felix_proto::storage::StoredBatch>),
     Closed { conn: ConnId },
     Metrics(oneshot::Sender<String>),
 }
@@ -807,7 +796,7 @@ impl BrokerTask {
             match o {
                 BrokerOutput::Transmit { conn, stream, data } => {
                     self.io.bytes_out += data.len() as u64;
-                    if stream.initiator() == felix_proto::io::Side::Broker {
+                    if stream.initiator() == felix_proto::transport::Side::Broker {
                         self.io.bytes_out_events += data.len() as u64;
                     }
                     if let Some(w) = self.conns.get(&conn).and_then(|h| h.writers.get(&stream)) {
@@ -867,7 +856,6 @@ impl BrokerTask {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());
                     }
                 }
-                _ => {}
             }
         }
         self.flush_storage();

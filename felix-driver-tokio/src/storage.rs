@@ -10,96 +10,26 @@
 //! Names are escaped with `felix_proto::storage::path_component`, so no stream name can leave
 //! the data directory. Writes run on one dedicated thread: it takes every request queued since
 //! its last pass, appends them, syncs each touched file once (group commit) according to the
-//! fsync policy, then reports every write. With `FsyncPolicy::Always` a write is reported only
+//! fsync policy, then reports every write. With `FsyncMode::Always` a write is reported only
 //! once it is on disk.
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::broker::{PersistRequest, WriteOutcome};
-use felix_proto::io::WriteToken;
 use felix_proto::storage::{
     IndexEntry, StoredBatch, crc32c_append, decode_index, decode_producer_watermarks, decode_segment, encode_batch,
     encode_index, encode_index_entry, encode_index_trailer, encode_producer_watermarks, parse_path_component,
     parse_segment_name, path_component, segment_name,
 };
+use felix_proto::transport::WriteToken;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// When appended data is forced to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsyncPolicy {
-    /// Before every write is reported (acks on commit then mean "on disk").
-    Always,
-    /// At most this long after a write (a crash may lose the last interval).
-    Interval(Duration),
-    /// Never explicitly (the operating system decides).
-    Never,
-}
-
-impl From<FsyncPolicy> for felix_proto::broker::FsyncMode {
-    fn from(p: FsyncPolicy) -> Self {
-        match p {
-            FsyncPolicy::Always => felix_proto::broker::FsyncMode::Always,
-            FsyncPolicy::Interval(d) => felix_proto::broker::FsyncMode::Interval(d),
-            FsyncPolicy::Never => felix_proto::broker::FsyncMode::Never,
-        }
-    }
-}
-
-impl From<felix_proto::broker::FsyncMode> for FsyncPolicy {
-    fn from(m: felix_proto::broker::FsyncMode) -> Self {
-        match m {
-            felix_proto::broker::FsyncMode::Always => FsyncPolicy::Always,
-            felix_proto::broker::FsyncMode::Interval(d) => FsyncPolicy::Interval(d),
-            felix_proto::broker::FsyncMode::Never => FsyncPolicy::Never,
-        }
-    }
-}
-
-impl std::str::FromStr for FsyncPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<FsyncPolicy, String> {
-        match s {
-            "always" => Ok(FsyncPolicy::Always),
-            "never" => Ok(FsyncPolicy::Never),
-            other => match other.strip_prefix("interval:").or_else(|| other.strip_prefix("interval=")) {
-                Some(ms) => ms
-                    .trim_end_matches("ms")
-                    .parse::<u64>()
-                    .map(|ms| FsyncPolicy::Interval(Duration::from_millis(ms)))
-                    .map_err(|_| format!("bad interval in {other:?}: expected interval:MILLISECONDS")),
-                None => Err(format!("unknown fsync policy {other:?}: expected always, never or interval:MS")),
-            },
-        }
-    }
-}
-
-/// A shard read back at start.
-#[derive(Debug)]
-pub struct RecoveredShard {
-    /// Tenant.
-    pub tenant_id: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Stream.
-    pub stream: String,
-    /// Shard number.
-    pub shard: u32,
-    /// The stream's shard count (from its metadata).
-    pub stream_shards: u32,
-    /// Older history, known by index entries only (its records stay on disk), in offset
-    /// order. Restore these first.
-    pub summaries: Vec<IndexEntry>,
-    /// Valid batches read whole (the newest, within the memory budget), in offset order.
-    pub batches: Vec<StoredBatch>,
-    /// Problems found and repaired (torn or corrupt tails truncated).
-    pub repairs: Vec<String>,
-    /// What retention made the broker forget about idempotent producers on this shard
-    /// (`Broker::restore_producer_watermarks`).
-    pub producer_watermarks: Vec<(u64, u64)>,
-}
+/// When appended data is forced to disk: the broker's own setting, one type for both.
+pub use felix_proto::broker::FsyncMode;
+pub use felix_proto::storage::RecoveredShard;
 
 #[derive(Debug)]
 struct OpenSegment {
@@ -111,7 +41,7 @@ struct OpenSegment {
 #[derive(Debug)]
 pub struct DiskStorage {
     root: PathBuf,
-    policy: FsyncPolicy,
+    policy: FsyncMode,
     segment_bytes: u64,
     open: HashMap<PathBuf, OpenSegment>,
     dirty: HashSet<PathBuf>,
@@ -144,7 +74,7 @@ impl DiskStorage {
     ///
     /// # Errors
     /// If the directory cannot be created.
-    pub fn open(root: &Path, policy: FsyncPolicy) -> std::io::Result<DiskStorage> {
+    pub fn open(root: &Path, policy: FsyncMode) -> std::io::Result<DiskStorage> {
         std::fs::create_dir_all(root.join("streams")).map_err(|e| io_err(root, e))?;
         Ok(DiskStorage {
             root: root.to_path_buf(),
@@ -251,15 +181,15 @@ impl DiskStorage {
                 },
                 &mut buf,
             );
-            let policy = r.fsync.map_or(self.policy, FsyncPolicy::from);
+            let policy = r.fsync.unwrap_or(self.policy);
             match self.append(&r, &buf) {
                 Ok(path) => {
                     match policy {
-                        FsyncPolicy::Always => always.entry(path.clone()).or_default().push(results.len()),
-                        FsyncPolicy::Interval(d) => {
+                        FsyncMode::Always => always.entry(path.clone()).or_default().push(results.len()),
+                        FsyncMode::Interval(d) => {
                             self.deadlines.entry(path.clone()).or_insert_with(|| Instant::now() + d);
                         }
-                        FsyncPolicy::Never => {
+                        FsyncMode::Never => {
                             self.dirty.remove(&path);
                         }
                     }
@@ -402,10 +332,7 @@ impl DiskStorage {
                 if f.read_exact(&mut header).is_err() {
                     break; // end of this segment
                 }
-                let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
-                if len > felix_proto::storage::MAX_BATCH_BODY {
-                    return out;
-                }
+                let Ok(len) = felix_proto::storage::batch_body_len(&header) else { return out };
                 let mut frame = BytesMut::with_capacity(header.len() + len);
                 frame.extend_from_slice(&header);
                 frame.resize(header.len() + len, 0);
@@ -795,6 +722,7 @@ fn recover_shard(
 mod tests {
     use super::*;
     use felix_proto::Records;
+    use std::time::Duration;
 
     fn req(token: u64, base: u64, payloads: &[&str]) -> PersistRequest {
         PersistRequest {
@@ -817,7 +745,7 @@ mod tests {
     #[test]
     fn write_recover_and_repair_a_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Always).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Always).unwrap();
         s.set_segment_bytes(60);
         let res = s.write(vec![req(1, 0, &["a", "b"]), req(2, 2, &["c"]), req(3, 3, &["d"])]);
         assert!(res.iter().all(|r| r.1 == WriteOutcome::Written));
@@ -829,7 +757,7 @@ mod tests {
         let last = &segs.last().unwrap().1;
         let len = std::fs::metadata(last).unwrap().len();
         OpenOptions::new().write(true).open(last).unwrap().set_len(len - 3).unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Always).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Always).unwrap();
         let rec = s.recover().unwrap();
         assert_eq!(rec.len(), 1);
         assert_eq!(rec[0].stream, "../orders");
@@ -838,7 +766,7 @@ mod tests {
         assert_eq!(rec[0].repairs.len(), 1);
         // After the repair, appending continues cleanly.
         assert_eq!(s.write(vec![req(4, 3, &["d"])])[0].1, WriteOutcome::Written);
-        let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        let rec = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
         assert_eq!(rec[0].batches.len(), 3);
         assert!(rec[0].repairs.is_empty());
     }
@@ -846,7 +774,7 @@ mod tests {
     #[test]
     fn retention_deletes_whole_segments_below_the_start() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         s.set_segment_bytes(1);
         // One batch per segment: bases 0, 2, 3, 4.
         s.write(vec![req(1, 0, &["a", "b"]), req(2, 2, &["c"]), req(3, 3, &["d"]), req(4, 4, &["e"])]);
@@ -861,20 +789,20 @@ mod tests {
     #[test]
     fn producer_watermarks_are_kept_beside_the_shard_and_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         s.set_segment_bytes(1);
         s.write(vec![req(1, 0, &["a"]), req(2, 1, &["b"]), req(3, 2, &["c"])]);
         let name = ("t1", "default", "../orders");
         s.truncate_before(name, 0, 1, &[(7, 4), (9, 1)]);
         s.truncate_before(name, 0, 2, &[(7, 3), (8, 5)]); // the highest per producer is kept
-        let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        let rec = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
         assert_eq!(rec[0].producer_watermarks, vec![(7, 4), (8, 5), (9, 1)]);
         assert!(rec[0].repairs.is_empty());
         // A damaged file is reported and read as none; recovery goes on.
         let file = dir.path().join("streams").join("t1").join("default");
         let shard_dir = std::fs::read_dir(&file).unwrap().next().unwrap().unwrap().path().join("0");
         std::fs::write(shard_dir.join(WATERMARKS), b"FLXP garbage").unwrap();
-        let rec = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        let rec = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
         assert!(rec[0].producer_watermarks.is_empty());
         assert_eq!(rec[0].repairs.len(), 1, "{:?}", rec[0].repairs);
     }
@@ -882,7 +810,7 @@ mod tests {
     #[test]
     fn history_reads_seek_to_the_batch_they_need() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         s.set_segment_bytes(100);
         let reqs: Vec<_> = (0..20).map(|i| req(i + 1, i, &[&format!("payload-{i:02}")])).collect();
         s.write(reqs);
@@ -892,7 +820,7 @@ mod tests {
         let capped = s.read_range(name, 0, 0, 20, 25);
         assert_eq!(capped.len(), 3, "stops once max_bytes is reached");
         // The same after a restart, from the index rebuilt by recovery.
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         s.recover().unwrap();
         let got: Vec<u64> = s.read_range(name, 0, 15, 100, 1 << 20).iter().map(|b| b.base_offset).collect();
         assert_eq!(got, (15..20).collect::<Vec<_>>());
@@ -903,7 +831,7 @@ mod tests {
     fn recovery_reads_indexes_not_old_segments_and_rebuilds_a_bad_index() {
         use felix_proto::broker::{Broker, BrokerConfig, StreamConfig};
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         s.set_segment_bytes(200);
         let mut producer_req = req(1000, 100, &["idem"]);
         producer_req.producer = Some((77, 0));
@@ -922,7 +850,7 @@ mod tests {
         let mut garbage = original.clone();
         garbage.iter_mut().skip(20).for_each(|b| *b = 0xAA);
         std::fs::write(victim, &garbage).unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         let rec = s.recover_within(|_, _, _| 60).unwrap();
         assert!(rec[0].repairs.is_empty(), "{:?}", rec[0].repairs);
         let summarized: u64 = rec[0].summaries.iter().map(|e| e.count).sum();
@@ -933,7 +861,7 @@ mod tests {
         // The broker rebuilds the same state from summaries as from whole batches.
         let restore = |rec: &RecoveredShard| {
             let cfg = BrokerConfig { history_reads: true, ..BrokerConfig::default() };
-            let t0 = felix_proto::io::WallClock::new(std::time::Instant::now(), 0); // test clock
+            let t0 = felix_proto::transport::WallClock::new(std::time::Instant::now(), 0); // test clock
             let mut b = Broker::new(cfg, t0);
             let now = std::time::Instant::now();
             let name = ("t1", "default", "../orders");
@@ -942,12 +870,12 @@ mod tests {
             b.shard_state("t1", "default", "../orders", 0)
         };
         std::fs::write(victim, &original).unwrap();
-        let full = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover().unwrap();
+        let full = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
         assert_eq!(restore(&rec[0]), restore(&full[0]));
         // A damaged index is rebuilt from its segment.
         let idx = index_path(&sealed[3].1);
         std::fs::write(&idx, b"FLXI nonsense").unwrap();
-        let rec2 = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap().recover_within(|_, _, _| 60).unwrap();
+        let rec2 = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover_within(|_, _, _| 60).unwrap();
         assert_eq!(rec2[0].summaries, rec[0].summaries);
         assert!(decode_index(&std::fs::read(&idx).unwrap(), std::fs::metadata(&sealed[3].1).unwrap().len()).is_ok());
         // The newest segment, continued after the restart, gets a whole index when it is sealed
@@ -971,7 +899,7 @@ mod tests {
     #[test]
     fn each_stream_keeps_its_own_fsync_policy() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         let mut always = req(1, 0, &["a"]);
         always.fsync = Some(felix_proto::broker::FsyncMode::Always);
         let mut plain = req(2, 0, &["b"]);
@@ -992,8 +920,8 @@ mod tests {
 
     #[test]
     fn fsync_policy_parses() {
-        assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
-        assert_eq!("interval:50".parse(), Ok(FsyncPolicy::Interval(Duration::from_millis(50))));
-        assert!("sometimes".parse::<FsyncPolicy>().is_err());
+        assert_eq!("always".parse(), Ok(FsyncMode::Always));
+        assert_eq!("interval:50".parse(), Ok(FsyncMode::Interval(Duration::from_millis(50))));
+        assert!("sometimes".parse::<FsyncMode>().is_err());
     }
 }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use felix_driver_tokio::testkit::LegacyBroker;
 use felix_driver_tokio::tls::AlpnOffer;
 use felix_driver_tokio::{
-    Client, ClientError, ClientOptions, FsyncPolicy, Identity, PublishOptions, Server, ServerOptions, SubscriptionItem,
+    Client, ClientError, ClientOptions, FsyncMode, Identity, PublishOptions, Server, ServerOptions, SubscriptionItem,
     TransportTuning, Trust,
 };
 use felix_proto::broker::{BrokerConfig, TokenGrant};
@@ -34,7 +34,7 @@ async fn our_broker_with(require_alpn: bool, broker: BrokerConfig, transport: Tr
         broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..broker },
         identity: id,
         data_dir: None,
-        fsync: FsyncPolicy::Always,
+        fsync: FsyncMode::Always,
         transport,
         require_alpn,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use felix_driver_tokio::{
-    Client, ClientError, ClientOptions, FsyncPolicy, Identity, PublishOptions, Server, ServerOptions, SubscriptionItem,
+    Client, ClientError, ClientOptions, FsyncMode, Identity, PublishOptions, Server, ServerOptions, SubscriptionItem,
     TransportTuning, Trust,
 };
 use felix_proto::broker::{BrokerConfig, TokenGrant};
@@ -36,7 +36,7 @@ async fn start_at(
         broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..broker },
         identity: id,
         data_dir: data.map(Path::to_path_buf),
-        fsync: FsyncPolicy::Always,
+        fsync: FsyncMode::Always,
         transport: TransportTuning::default(),
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),

@@ -7,7 +7,7 @@
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
 use bytes::{BufMut, Bytes, BytesMut};
 use clap::Args;
-use felix_driver_tokio::{Client, ClientOptions, FsyncPolicy, Identity, PublishOptions, SubscriptionItem, Trust};
+use felix_driver_tokio::{Client, ClientOptions, FsyncMode, Identity, PublishOptions, SubscriptionItem, Trust};
 use hdrhistogram::Histogram;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,7 +54,7 @@ pub struct BenchArgs {
     durable: bool,
     /// fsync policy of the in-process broker's durable streams.
     #[arg(long, default_value = "interval:100")]
-    fsync: FsyncPolicy,
+    fsync: FsyncMode,
     /// How long to publish, in seconds.
     #[arg(long, default_value_t = 5)]
     duration: u64,
@@ -424,9 +424,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         });
     }
     if a.json {
-        println!("{result}");
+        out!("{result}");
     } else {
-        println!(
+        out!(
             "Felix bench: {} publisher(s), {} subscriber(s), {} B records, batch {}, {}, {}",
             a.publishers,
             a.subscribers,
@@ -435,27 +435,27 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
             if a.ack { "acked" } else { "unacked" },
             if a.durable { "durable" } else { "ephemeral" }
         );
-        println!("  {:<28} {:>14}", "published", format!("{sent} msgs"));
-        println!("  {:<28} {:>14.0}", "publish msgs/s", sent as f64 / secs);
-        println!("  {:<28} {:>14.1}", "publish MB/s (payload)", mb);
-        println!("  {:<28} {:>14.0}", "delivered events/s (total)", got as f64 / secs);
-        println!("  {:<28} {:>14}", "not delivered", expected.saturating_sub(got));
+        out!("  {:<28} {:>14}", "published", format!("{sent} msgs"));
+        out!("  {:<28} {:>14.0}", "publish msgs/s", sent as f64 / secs);
+        out!("  {:<28} {:>14.1}", "publish MB/s (payload)", mb);
+        out!("  {:<28} {:>14.0}", "delivered events/s (total)", got as f64 / secs);
+        out!("  {:<28} {:>14}", "not delivered", expected.saturating_sub(got));
         if a.durable {
-            println!("  {:<28} {:>14}", "offset gaps", gaps);
-            println!("  {:<28} {:>14}", "resumed after falling behind", resumed);
+            out!("  {:<28} {:>14}", "offset gaps", gaps);
+            out!("  {:<28} {:>14}", "resumed after falling behind", resumed);
         }
-        println!("  {:<28} {:>14}", "latency p50 (µs)", q(0.5));
-        println!("  {:<28} {:>14}", "latency p99 (µs)", q(0.99));
-        println!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));
-        println!("  {:<28} {:>14}", "latency max (µs)", hist.max());
-        println!("  {:<28} {:>14.1}", "delivered MB/s (per sub)", in_window.mb_per_s);
+        out!("  {:<28} {:>14}", "latency p50 (µs)", q(0.5));
+        out!("  {:<28} {:>14}", "latency p99 (µs)", q(0.99));
+        out!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));
+        out!("  {:<28} {:>14}", "latency max (µs)", hist.max());
+        out!("  {:<28} {:>14.1}", "delivered MB/s (per sub)", in_window.mb_per_s);
         let cpu = |t: &Throughput| t.cpu_s_per_gb().map_or("-".to_owned(), |c| format!("{c:.2}"));
-        println!("  {:<28} {:>14}", "CPU s per GB delivered", cpu(&in_window));
+        out!("  {:<28} {:>14}", "CPU s per GB delivered", cpu(&in_window));
         if let Some((single, relay)) = baseline {
-            println!("Baseline, same process, TLS, transport settings and duration:");
-            println!("  {:<28} {:>14}", "", "MB/s   CPU s/GB   Felix is");
+            out!("Baseline, same process, TLS, transport settings and duration:");
+            out!("  {:<28} {:>14}", "", "MB/s   CPU s/GB   Felix is");
             for (name, b) in [("raw quinn, one stream", single), ("quinn relay, two hops", relay)] {
-                println!(
+                out!(
                     "  {name:<28} {:>8.1} {:>10} {:>9.1}%",
                     b.mb_per_s,
                     cpu(&b),
@@ -519,12 +519,12 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
         "latency_us": {"p50": hist.value_at_quantile(0.5), "p99": hist.value_at_quantile(0.99), "max": hist.max()},
     });
     if a.json {
-        println!("{result}");
+        out!("{result}");
     } else {
-        println!("Felix cache bench: {} concurrent, {} B values, 50% put / 50% get", a.concurrency, a.payload);
-        println!("  {:<20} {:>12.0}", "ops/s", n as f64 / secs);
-        println!("  {:<20} {:>12}", "latency p50 (µs)", hist.value_at_quantile(0.5));
-        println!("  {:<20} {:>12}", "latency p99 (µs)", hist.value_at_quantile(0.99));
+        out!("Felix cache bench: {} concurrent, {} B values, 50% put / 50% get", a.concurrency, a.payload);
+        out!("  {:<20} {:>12.0}", "ops/s", n as f64 / secs);
+        out!("  {:<20} {:>12}", "latency p50 (µs)", hist.value_at_quantile(0.5));
+        out!("  {:<20} {:>12}", "latency p99 (µs)", hist.value_at_quantile(0.99));
     }
     let _ = c.close().await;
     Ok(ExitCode::SUCCESS)
@@ -609,12 +609,12 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
         "poll_and_ack_batch_us": {"p50": hist.value_at_quantile(0.5), "p99": hist.value_at_quantile(0.99), "max": hist.max()},
     });
     if a.json {
-        println!("{result}");
+        out!("{result}");
     } else {
-        println!("Felix consumer-group bench: {consumers} consumer(s), polls of {}, {} B records", a.batch, a.payload);
-        println!("  {:<28} {:>12.0}", "records/s (poll + ack)", n as f64 / secs);
-        println!("  {:<28} {:>12}", "batch poll+ack p50 (µs)", hist.value_at_quantile(0.5));
-        println!("  {:<28} {:>12}", "batch poll+ack p99 (µs)", hist.value_at_quantile(0.99));
+        out!("Felix consumer-group bench: {consumers} consumer(s), polls of {}, {} B records", a.batch, a.payload);
+        out!("  {:<28} {:>12.0}", "records/s (poll + ack)", n as f64 / secs);
+        out!("  {:<28} {:>12}", "batch poll+ack p50 (µs)", hist.value_at_quantile(0.5));
+        out!("  {:<28} {:>12}", "batch poll+ack p99 (µs)", hist.value_at_quantile(0.99));
     }
     let _ = p.close().await;
     Ok(ExitCode::SUCCESS)
@@ -705,13 +705,13 @@ async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitC
         "latency_us": {"p50": hist.value_at_quantile(0.5), "p99": hist.value_at_quantile(0.99), "max": hist.max()},
     });
     if a.json {
-        println!("{result}");
+        out!("{result}");
     } else {
-        println!("Felix cache-watch bench: {watchers} watchers, {} writers, {} B values", a.concurrency, a.payload);
-        println!("  {:<28} {:>12.0}", "writes/s", wr as f64 / secs);
-        println!("  {:<28} {:>12.0}", "changes delivered/s", d as f64 / secs);
-        println!("  {:<28} {:>12}", "write→watcher p50 (µs)", hist.value_at_quantile(0.5));
-        println!("  {:<28} {:>12}", "write→watcher p99 (µs)", hist.value_at_quantile(0.99));
+        out!("Felix cache-watch bench: {watchers} watchers, {} writers, {} B values", a.concurrency, a.payload);
+        out!("  {:<28} {:>12.0}", "writes/s", wr as f64 / secs);
+        out!("  {:<28} {:>12.0}", "changes delivered/s", d as f64 / secs);
+        out!("  {:<28} {:>12}", "write→watcher p50 (µs)", hist.value_at_quantile(0.5));
+        out!("  {:<28} {:>12}", "write→watcher p99 (µs)", hist.value_at_quantile(0.99));
     }
     let _ = w.close().await;
     Ok(ExitCode::SUCCESS)
@@ -724,18 +724,18 @@ async fn raw_quinn(a: &BenchArgs) -> Result<ExitCode, String> {
     let relay = a.relay;
     let run = raw_quinn_run(a, relay).await?;
     if a.json {
-        println!(
+        out!(
             "{}",
             serde_json::json!({"raw_quinn_mb_per_s": run.mb_per_s, "relay": relay, "duration_s": run.secs,
                 "cpu_s_per_gb": run.cpu_s_per_gb()})
         );
     } else if relay {
-        println!(
+        out!(
             "raw quinn relay (two hops, one forwarding process), same TLS and transport settings: {:.1} MB/s",
             run.mb_per_s
         );
     } else {
-        println!("raw quinn, one stream, same TLS and transport settings: {:.1} MB/s", run.mb_per_s);
+        out!("raw quinn, one stream, same TLS and transport settings: {:.1} MB/s", run.mb_per_s);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -30,7 +30,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     let fsync = match (a.fsync, &b.fsync) {
         (Some(f), _) => f,
         (None, Some(f)) => f.parse().map_err(|e| format!("config broker.fsync: {e}"))?,
-        (None, None) => felix_driver_tokio::FsyncPolicy::Interval(std::time::Duration::from_millis(100)),
+        (None, None) => felix_driver_tokio::FsyncMode::Interval(std::time::Duration::from_millis(100)),
     };
     let queue_capacity = a.queue_capacity.or(b.subscriber_queue_capacity).unwrap_or(1024);
     let dir = DataDir::new(&data_dir);
@@ -109,29 +109,29 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         eprintln!("storage repaired: {r}");
     }
     let data = data_dir.display();
-    println!("Felix broker listening on {} (QUIC, TLS 1.3, ALPN felix/1 or none)", server.local_addr());
-    println!("  data dir     {data} ({} records recovered)", server.recovered_records);
-    println!(
+    out!("Felix broker listening on {} (QUIC, TLS 1.3, ALPN felix/1 or none)", server.local_addr());
+    out!("  data dir     {data} ({} records recovered)", server.recovered_records);
+    out!(
         "  certificate  {}{}",
         dir.cert().display(),
         if generated { " (generated now: self-signed for localhost)" } else { "" }
     );
     match &token {
-        Some(token) => println!(
+        Some(token) => out!(
             "  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)",
             dir.token().display()
         ),
-        None => println!("  dev token    none (broker.dev_token = false)"),
+        None => out!("  dev token    none (broker.dev_token = false)"),
     }
-    println!("  tokens       {} from the configuration", file.tokens.len());
-    println!("  fsync        {fsync:?}");
+    out!("  tokens       {} from the configuration", file.tokens.len());
+    out!("  fsync        {fsync:?}");
     if let Some(m) = server.metrics_addr {
-        println!("  metrics      http://{m}/metrics");
+        out!("  metrics      http://{m}/metrics");
     }
-    println!("Try, from this directory:");
-    println!("  felix-node subscribe orders --from earliest");
-    println!("  felix-node publish orders hello world --ack");
-    println!("Ctrl-C or SIGTERM stops the broker cleanly.");
+    out!("Try, from this directory:");
+    out!("  felix-node subscribe orders --from earliest");
+    out!("  felix-node publish orders hello world --ack");
+    out!("Ctrl-C or SIGTERM stops the broker cleanly.");
     wait_for_shutdown().await;
     eprintln!("shutting down: flushing storage and closing connections");
     server.shutdown().await;
@@ -471,13 +471,13 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
     let code = match a.op {
         CounterOp::Add { cache, key, delta } => {
             let sum = client.counter_add(&ns, &cache, &key, delta).await.map_err(|e| e.to_string())?;
-            println!("{sum}");
+            out!("{sum}");
             ExitCode::SUCCESS
         }
         CounterOp::Get { cache, key } => {
             match client.counter_get(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
                 Some(v) => {
-                    println!("{v}");
+                    out!("{v}");
                     ExitCode::SUCCESS
                 }
                 None => {
@@ -558,7 +558,7 @@ async fn watch(
 fn print_value(cache: &str, key: &str, v: Option<Bytes>) -> ExitCode {
     match v {
         Some(v) => {
-            println!("{}", String::from_utf8_lossy(&v));
+            out!("{}", String::from_utf8_lossy(&v));
             ExitCode::SUCCESS
         }
         None => {
@@ -605,7 +605,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
                     match result {
                         Ok(r) => {
                             if !a.quiet {
-                                println!("seed {seed} steps {steps} digest {:016x} ok", r.digest);
+                                out!("seed {seed} steps {steps} digest {:016x} ok", r.digest);
                             }
                             g.0 += 1;
                             g.1.add(&r);
@@ -640,7 +640,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
     }
     let steps =
         a.steps.map_or_else(|| format!("{} steps in all (varied per seed)", total.steps), |s| format!("{s} steps"));
-    println!(
+    out!(
         "{ran} seed(s) of {steps} passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}, {jobs} job(s)): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends, {} group deliveries, {} group acks",
         ran as f64 * 3600.0 / secs,
         total.acked,

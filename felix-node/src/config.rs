@@ -178,7 +178,7 @@ impl FileConfig {
                 return Err(format!("stream {}/{}: routing {r:?}: expected modulo or jump_hash", s.namespace, s.name));
             }
             if let Some(f) = &s.fsync {
-                f.parse::<felix_driver_tokio::FsyncPolicy>()
+                f.parse::<felix_driver_tokio::FsyncMode>()
                     .map_err(|e| format!("stream {}/{}: fsync: {e}", s.namespace, s.name))?;
             }
         }
@@ -228,7 +228,7 @@ impl FileConfig {
                     fsync: s
                         .fsync
                         .as_deref()
-                        .and_then(|f| f.parse::<felix_driver_tokio::FsyncPolicy>().ok())
+                        .and_then(|f| f.parse::<felix_driver_tokio::FsyncMode>().ok())
                         .map(Into::into),
                 },
             })

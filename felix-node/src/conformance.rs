@@ -39,7 +39,7 @@ pub fn run(dirs: &[PathBuf], verbose: bool) -> ExitCode {
         match check_dir(dir) {
             Ok(outcomes) => {
                 if outcomes.is_empty() {
-                    println!("FAIL {}: no vectors found", dir.display());
+                    out!("FAIL {}: no vectors found", dir.display());
                     failed += 1;
                 }
                 for o in outcomes {
@@ -47,22 +47,22 @@ pub fn run(dirs: &[PathBuf], verbose: bool) -> ExitCode {
                         Ok(()) => {
                             passed += 1;
                             if verbose {
-                                println!("ok   {}/{}", dir.display(), o.name);
+                                out!("ok   {}/{}", dir.display(), o.name);
                             }
                         }
                         Err(e) => {
                             failed += 1;
-                            println!("FAIL {}/{}: {e}", dir.display(), o.name);
+                            out!("FAIL {}/{}: {e}", dir.display(), o.name);
                         }
                     }
                 }
             }
             Err(e) => {
                 failed += 1;
-                println!("FAIL {e}");
+                out!("FAIL {e}");
             }
         }
     }
-    println!("{passed} passed, {failed} failed");
+    out!("{passed} passed, {failed} failed");
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -2,7 +2,7 @@
 
 use crate::node::{BrokerSettings, start_broker};
 use bytes::Bytes;
-use felix_driver_tokio::{Client, ClientOptions, FsyncPolicy, Identity, PublishOptions, SubscriptionItem, Trust};
+use felix_driver_tokio::{Client, ClientOptions, FsyncMode, Identity, PublishOptions, SubscriptionItem, Trust};
 use felix_proto::message::StartPosition;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -41,7 +41,7 @@ pub async fn run() -> Result<ExitCode, String> {
         queue_capacity_max: 65_536,
         queue_bytes_max: 256 << 20,
         identity,
-        fsync: FsyncPolicy::Always,
+        fsync: FsyncMode::Always,
         ephemeral: false,
         publish_window: 256,
         max_frame_bytes: 16 << 20,
@@ -59,23 +59,23 @@ pub async fn run() -> Result<ExitCode, String> {
     })
     .await?;
     let addr = server.local_addr();
-    println!("== Felix demo");
-    println!("broker: {addr} (in-process, data in {}, fsync always, ack on commit)", dir.path().display());
+    out!("== Felix demo");
+    out!("broker: {addr} (in-process, data in {}, fsync always, ack on commit)", dir.path().display());
 
     let client = Client::connect(addr, ClientOptions::new("demo", token, Trust::Certificates(chain)))
         .await
         .map_err(|e| e.to_string())?;
     let n = client.negotiated();
-    println!(
+    out!(
         "connected: server_flags {:#06x}, {} features, publish window {:?}",
         n.server_flags.bits(),
         n.server_features.names().len(),
         n.publish_window
     );
 
-    println!("\n-- publish and subscribe");
+    out!("\n-- publish and subscribe");
     let mut live = client.subscribe("default", "orders", None, None).await.map_err(|e| e.to_string())?;
-    println!("subscribed live from offset {:?}", live.start_offset);
+    out!("subscribed live from offset {:?}", live.start_offset);
     for (i, item) in ["apple", "banana", "cherry"].iter().enumerate() {
         let key = format!("customer-{i}");
         let off = client
@@ -87,44 +87,41 @@ pub async fn run() -> Result<ExitCode, String> {
             )
             .await
             .map_err(|e| e.to_string())?;
-        println!(
-            "published {item:?} (key {key}) -> acknowledged at offset {}",
-            off.map_or("-".into(), |o| o.to_string())
-        );
+        out!("published {item:?} (key {key}) -> acknowledged at offset {}", off.map_or("-".into(), |o| o.to_string()));
     }
     let batch: Vec<Bytes> = (1..=5).map(|i| Bytes::from(format!("batch-{i}"))).collect();
     let off = client
         .publish("default", "orders", batch, PublishOptions { ack: true, ..Default::default() })
         .await
         .map_err(|e| e.to_string())?;
-    println!("published a batch of 5 -> first record at offset {}", off.map_or("-".into(), |o| o.to_string()));
+    out!("published a batch of 5 -> first record at offset {}", off.map_or("-".into(), |o| o.to_string()));
     for (off, p) in next_events(&mut live, 8).await? {
-        println!("  live event  offset {:>2}  {p}", off.map_or("-".into(), |o| o.to_string()));
+        out!("  live event  offset {:>2}  {p}", off.map_or("-".into(), |o| o.to_string()));
     }
 
-    println!("\n-- replay from earliest");
+    out!("\n-- replay from earliest");
     let mut replay =
         client.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.map_err(|e| e.to_string())?;
     let events = next_events(&mut replay, 8).await?;
-    println!("replayed {} events, offsets {:?}..={:?}", events.len(), events[0].0, events[events.len() - 1].0);
+    out!("replayed {} events, offsets {:?}..={:?}", events.len(), events[0].0, events[events.len() - 1].0);
 
-    println!("\n-- cache");
+    out!("\n-- cache");
     client.cache_put("default", "sessions", "user:1", Bytes::from("alice"), None).await.map_err(|e| e.to_string())?;
     client
         .cache_put("default", "sessions", "temp", Bytes::from("short-lived"), Some(200))
         .await
         .map_err(|e| e.to_string())?;
     let v = client.cache_get("default", "sessions", "user:1").await.map_err(|e| e.to_string())?;
-    println!("get user:1 -> {:?}", v.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    out!("get user:1 -> {:?}", v.map(|b| String::from_utf8_lossy(&b).into_owned()));
     let t = client.cache_get("default", "sessions", "temp").await.map_err(|e| e.to_string())?;
-    println!("get temp (ttl 200 ms) -> {:?}", t.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    out!("get temp (ttl 200 ms) -> {:?}", t.map(|b| String::from_utf8_lossy(&b).into_owned()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = client.cache_get("default", "sessions", "temp").await.map_err(|e| e.to_string())?;
-    println!("get temp after 300 ms -> {t:?} (expired)");
+    out!("get temp after 300 ms -> {t:?} (expired)");
     let d = client.cache_delete("default", "sessions", "user:1").await.map_err(|e| e.to_string())?;
-    println!("delete user:1 -> removed {:?}", d.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    out!("delete user:1 -> removed {:?}", d.map(|b| String::from_utf8_lossy(&b).into_owned()));
 
-    println!("\n-- a consumer group, a range read, a counter");
+    out!("\n-- a consumer group, a range read, a counter");
     let g = felix_driver_tokio::GroupTarget::new("default", "orders", "billing");
     let claimed =
         client.group_poll(&g, 3, felix_driver_tokio::PollOptions::default()).await.map_err(|e| e.to_string())?;
@@ -132,26 +129,26 @@ pub async fn run() -> Result<ExitCode, String> {
         client.group_ack(&g, r.offset).await.map_err(|e| e.to_string())?;
     }
     let info = client.group_describe(&g).await.map_err(|e| e.to_string())?;
-    println!(
+    out!(
         "group billing: claimed and acked offsets {:?}; position {:?} of tail {}",
         claimed.iter().map(|r| r.offset).collect::<Vec<_>>(),
         info.committed,
         info.tail
     );
     let page = client.stream_read("default", "orders", 0, 2, Some(5), None).await.map_err(|e| e.to_string())?;
-    println!(
+    out!(
         "read offsets 2..5 -> {:?}",
         page.records.iter().map(|r| String::from_utf8_lossy(&r.payload.0).into_owned()).collect::<Vec<_>>()
     );
     let views = client.counter_add("default", "stats", "views", 3).await.map_err(|e| e.to_string())?;
-    println!("counter views += 3 -> {views}");
+    out!("counter views += 3 -> {views}");
 
-    println!("\n-- errors carry codes");
+    out!("\n-- errors carry codes");
     let bad = client.subscribe("default", "orders", Some(StartPosition::Offset(1000)), None).await;
-    println!("subscribe at offset 1000 -> {}", bad.err().map_or("accepted?".into(), |e| e.to_string()));
+    out!("subscribe at offset 1000 -> {}", bad.err().map_or("accepted?".into(), |e| e.to_string()));
 
     let _ = client.close().await;
     server.shutdown().await;
-    println!("\ndemo done: broker stopped cleanly");
+    out!("\ndemo done: broker stopped cleanly");
     Ok(ExitCode::SUCCESS)
 }

@@ -72,24 +72,24 @@ pub async fn group(a: GroupArgs) -> Result<ExitCode, String> {
         GroupOp::Describe { g } => {
             let i = client.group_describe(&target(&ns, &g)).await.map_err(err)?;
             let committed = i.committed.map_or_else(|| "none".to_owned(), |c| c.to_string());
-            println!("position\t{committed}");
-            println!("tail\t{}", i.tail);
-            println!("lag\t{}", i.tail.saturating_sub(i.committed.unwrap_or(0)));
-            println!("in_flight\t{}", i.in_flight);
-            println!("owed\t{}", i.owed);
-            println!("dead_letters\t{}", i.dead_letters);
+            out!("position\t{committed}");
+            out!("tail\t{}", i.tail);
+            out!("lag\t{}", i.tail.saturating_sub(i.committed.unwrap_or(0)));
+            out!("in_flight\t{}", i.in_flight);
+            out!("owed\t{}", i.owed);
+            out!("dead_letters\t{}", i.dead_letters);
         }
         GroupOp::Seek { g, to, if_new } => {
             let start = parse_start(&to)?;
             let (offset, moved) = client.group_seek(&target(&ns, &g), start, if_new).await.map_err(err)?;
-            println!("{offset}");
+            out!("{offset}");
             if !moved {
                 eprintln!("not moved: the group already started (position {offset})");
             }
         }
         GroupOp::DeadLetters { g } => {
             for o in client.group_dead_letters(&target(&ns, &g)).await.map_err(err)? {
-                println!("{o}");
+                out!("{o}");
             }
         }
         GroupOp::Redrive { g, offsets } => {

@@ -564,20 +564,20 @@ pub async fn run(t: Target) -> ExitCode {
             Ok(Verdict::Passed(note)) => {
                 passed += 1;
                 match note {
-                    Some(n) => println!("ok   {name} ({n})"),
-                    None => println!("ok   {name}"),
+                    Some(n) => out!("ok   {name} ({n})"),
+                    None => out!("ok   {name}"),
                 }
             }
             Ok(Verdict::Skipped(why)) => {
                 skipped += 1;
-                println!("skip {name}: {why}");
+                out!("skip {name}: {why}");
             }
             Err(e) => {
                 failed += 1;
-                println!("FAIL {name}: {e}");
+                out!("FAIL {name}: {e}");
             }
         }
     }
-    println!("{passed} passed, {failed} failed, {skipped} skipped");
+    out!("{passed} passed, {failed} failed, {skipped} skipped");
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -1,5 +1,17 @@
 //! `felix-node`: the Felix broker and its command-line client.
 
+/// `println!` for the CLI's output: a closed stdout (`felix-node sim | head`) ends the process
+/// quietly, as it ends `cat` or `grep`, instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout().lock();
+        if writeln!(o, $($arg)*).and_then(|()| o.flush()).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 mod bench;
 mod commands;
 mod config;
@@ -121,7 +133,7 @@ struct ServeArgs {
     dev_token: Option<String>,
     /// When appends reach the disk: always, never, or interval:MILLISECONDS [default: interval:100].
     #[arg(long, env = "FELIX_FSYNC")]
-    fsync: Option<felix_driver_tokio::FsyncPolicy>,
+    fsync: Option<felix_driver_tokio::FsyncMode>,
     /// Auto-created streams keep no history (no offsets, nothing on disk).
     #[arg(long, env = "FELIX_EPHEMERAL")]
     ephemeral: bool,

@@ -1,7 +1,7 @@
 //! What `serve`, `demo` and `bench` share: the data directory (certificate, dev token) and
 //! starting a broker from command-line settings.
 
-use felix_driver_tokio::{FsyncPolicy, Identity, Server, ServerOptions, TransportTuning, Trust};
+use felix_driver_tokio::{FsyncMode, Identity, Server, ServerOptions, TransportTuning, Trust};
 use felix_proto::broker::{BrokerConfig, StreamConfig, TokenGrant};
 use std::io::Read;
 use std::net::SocketAddr;
@@ -93,7 +93,7 @@ pub struct BrokerSettings {
     pub queue_capacity_max: u32,
     pub queue_bytes_max: usize,
     pub identity: Identity,
-    pub fsync: FsyncPolicy,
+    pub fsync: FsyncMode,
     pub ephemeral: bool,
     pub retention_records: Option<u64>,
     pub memory_bytes: Option<u64>,

@@ -313,33 +313,33 @@ pub async fn run(a: SoakArgs) -> Result<ExitCode, String> {
         "leaks": leaks, "ok": ok,
     });
     if a.json {
-        println!("{result}");
+        out!("{result}");
     } else {
-        println!(
+        out!(
             "Felix soak: {} connections churning over {} streams for {} s",
             a.connections,
             a.streams,
             start.elapsed().as_secs()
         );
-        println!("  sessions (connect, subscribe, publish, leave)  {}", sessions.load(Ordering::Relaxed));
-        println!("  records delivered                              {}", delivered.load(Ordering::Relaxed));
-        println!("  warm-up (retained history full) ends at        {warm_s} s");
+        out!("  sessions (connect, subscribe, publish, leave)  {}", sessions.load(Ordering::Relaxed));
+        out!("  records delivered                              {}", delivered.load(Ordering::Relaxed));
+        out!("  warm-up (retained history full) ends at        {warm_s} s");
         if judged {
-            println!(
+            out!(
                 "  broker RSS after warm-up / max / end (KiB)     {after_warm} / {max_rss} / {end_rss} ({:+.1}%)",
                 growth * 100.0
             );
         } else {
-            println!(
+            out!(
                 "  broker RSS                                     not judged: the history filled too late, run longer"
             );
         }
-        println!("  p99 publish→deliver, median / worst interval   {median_p99} / {worst_p99} µs");
-        println!(
+        out!("  p99 publish→deliver, median / worst interval   {median_p99} / {worst_p99} µs");
+        out!(
             "  leak gauges back to baseline                   {}",
             if leaks.is_empty() { "yes".to_owned() } else { leaks.join(", ") }
         );
-        println!("  verdict                                        {}", if ok { "PASS" } else { "FAIL" });
+        out!("  verdict                                        {}", if ok { "PASS" } else { "FAIL" });
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

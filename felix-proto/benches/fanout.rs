@@ -11,8 +11,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, 
 use felix_proto::Records;
 use felix_proto::binary::PublishBatch;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, Retention, StreamConfig, TokenGrant};
-use felix_proto::io::{ConnId, StreamId, WallClock};
 use felix_proto::message::{self, Message};
+use felix_proto::transport::{ConnId, StreamId, WallClock};
 use std::collections::HashMap;
 use std::time::Instant;
 

@@ -769,7 +769,7 @@ mod tests {
 
     #[test]
     fn a_run_is_a_function_of_its_seed() {
-        let t0 = crate::io::test_epoch();
+        let t0 = crate::transport::test_epoch();
         let a = run_seed(42, t0, 300);
         let b = run_seed(42, t0, 300);
         assert_eq!(a, b);

@@ -2,7 +2,7 @@
 //!
 //! Features live in their own number space, separate from frame flags. On the wire they are two
 //! `u32` words: `client_features`/`server_features`, and, only when bit 31
-//! ([`FEATURE_EXTENDED`](Features::EXTENDED)) of the first word is set, a second word
+//! ([`FEATURE_EXTENDED`](Features::EXTENDED_MARKER)) of the first word is set, a second word
 //! `*_features_hi`. It is a separate field rather than a wider number because an older broker
 //! decodes `client_features` as a `u32` and would fail the whole `auth` on anything larger.
 //!

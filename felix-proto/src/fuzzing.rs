@@ -135,7 +135,7 @@ pub fn error_is_classified(e: &FrameError) -> bool {
 /// `t0` is any instant (the caller's clock reading: this crate reads none).
 pub fn broker_session(data: &[u8], t0: std::time::Instant) {
     use crate::broker::{Broker, BrokerConfig, BrokerOutput, TokenGrant};
-    use crate::io::{Dir, Side, StreamId, WallClock};
+    use crate::transport::{Dir, Side, StreamId, WallClock};
     use std::time::Duration;
     let cfg = BrokerConfig {
         tokens: vec![TokenGrant::dev("t")],
@@ -234,7 +234,7 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
         CacheWatchRequest, ClientConfig, ClientConnection, ClientOutput, ClientStream, PublishRequest,
         StreamReadRequest, SubscribeRequest, WatchOn,
     };
-    use crate::io::{Dir, Side, StreamId};
+    use crate::transport::{Dir, Side, StreamId};
     use std::time::Duration;
     let mut c = ClientConnection::new(ClientConfig::new("t1", "t"), t0);
     let s0 = StreamId::new(Side::Client, Dir::Bi, 0);

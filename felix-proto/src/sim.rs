@@ -10,7 +10,7 @@
 
 use crate::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
 use crate::client::{ClientConfig, ClientConnection, ClientEvent, ClientOutput};
-use crate::io::{ConnId, Dir, Side, StreamId, WallClock, WriteToken};
+use crate::transport::{ConnId, Dir, Side, StreamId, WallClock, WriteToken};
 use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};

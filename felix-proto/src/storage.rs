@@ -190,6 +190,69 @@ pub enum SegmentError {
     },
 }
 
+/// The body length a batch header announces, checked: the magic must be right and the length
+/// believable. For a reader that reads a segment one batch at a time (a header, then its body)
+/// instead of whole ([`decode_segment`]); the batch itself is then checked by `decode_segment`.
+pub fn batch_body_len(header: &[u8; BATCH_HEADER_LEN]) -> Result<usize, SegmentError> {
+    let word = |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    let magic = word(0);
+    if magic != BATCH_MAGIC {
+        return Err(SegmentError::BadMagic { at: 0, magic });
+    }
+    let len = word(4) as usize;
+    if len > MAX_BATCH_BODY {
+        return Err(SegmentError::TooLong { at: 0, len });
+    }
+    Ok(len)
+}
+
+/// A shard read back at start.
+#[derive(Debug)]
+pub struct RecoveredShard {
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard number.
+    pub shard: u32,
+    /// The stream's shard count (from its metadata).
+    pub stream_shards: u32,
+    /// Older history, known by index entries only (its records stay on disk), in offset
+    /// order. Restore these first.
+    pub summaries: Vec<IndexEntry>,
+    /// Valid batches read whole (the newest, within the memory budget), in offset order.
+    pub batches: Vec<StoredBatch>,
+    /// Problems found and repaired (torn or corrupt tails truncated).
+    pub repairs: Vec<String>,
+    /// What retention made the broker forget about idempotent producers on this shard
+    /// ([`crate::broker::Broker::restore_producer_watermarks`]).
+    pub producer_watermarks: Vec<(u64, u64)>,
+}
+
+/// Storage for a broker run without a data directory: durable streams then live in memory only.
+/// Every write is reported written at once (the records are in the broker's log; nothing
+/// survives a restart, which `serve` says when it starts) and history reads find nothing, as
+/// nothing older than the in-memory log exists. The rule lives here, not in a driver, so that
+/// every driver run without disk behaves the same.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryOnly;
+
+impl MemoryOnly {
+    /// The outcome of each write: written.
+    pub fn write(
+        &self,
+        requests: impl IntoIterator<Item = crate::broker::PersistRequest>,
+    ) -> Vec<(crate::transport::WriteToken, crate::broker::WriteOutcome)> {
+        requests.into_iter().map(|r| (r.token, crate::broker::WriteOutcome::Written)).collect()
+    }
+    /// What a history read finds: nothing.
+    pub fn read(&self, _request: &crate::broker::ReadRequest) -> Vec<StoredBatch> {
+        Vec::new()
+    }
+}
+
 /// What a segment holds, up to the first problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recovered {
@@ -536,6 +599,20 @@ mod tests {
         }
         assert_eq!(decode_index(&idx[..idx.len() - 1], 100), Err(IndexError::Malformed));
         assert_eq!(decode_index(b"", 0), Err(IndexError::Malformed));
+    }
+
+    #[test]
+    fn a_batch_header_read_alone_is_checked() {
+        let mut buf = BytesMut::new();
+        encode_batch(&batch(3, &["abc"]), &mut buf);
+        let header: [u8; BATCH_HEADER_LEN] = buf[..BATCH_HEADER_LEN].try_into().unwrap();
+        assert_eq!(batch_body_len(&header), Ok(buf.len() - BATCH_HEADER_LEN));
+        let mut bad = header;
+        bad[0] ^= 1;
+        assert!(matches!(batch_body_len(&bad), Err(SegmentError::BadMagic { .. })));
+        let mut huge = header;
+        huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(batch_body_len(&huge), Err(SegmentError::TooLong { .. })));
     }
 
     #[test]

@@ -11,8 +11,8 @@ use felix_proto::client::{
     StreamReadRequest, SubscribeRequest, WatchOn,
 };
 use felix_proto::features::Features;
-use felix_proto::io::{Dir, Side, StreamId};
 use felix_proto::message::{self, Message, StartPosition};
+use felix_proto::transport::{Dir, Side, StreamId};
 use support::epoch;
 
 const S: ClientStream = ClientStream(0);

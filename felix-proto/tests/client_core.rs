@@ -13,8 +13,8 @@ use felix_proto::client::{
 };
 use felix_proto::error_code::RetryClass;
 use felix_proto::features::Features;
-use felix_proto::io::{Dir, OpenToken, Side, StreamId};
 use felix_proto::message::{self, Message};
+use felix_proto::transport::{Dir, OpenToken, Side, StreamId};
 use std::time::{Duration, Instant};
 use support::{epoch, frames};
 

@@ -7,9 +7,9 @@ use felix_proto::binary::OwnerHint;
 use felix_proto::broker::{Action, Broker, BrokerOutput, Grant, TokenGrant};
 use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, Reply, StreamReadRequest};
 use felix_proto::features::Features;
-use felix_proto::io::{Dir, Side, StreamId, WallClock};
 use felix_proto::message::{self, CursorErrorReason, Message};
 use felix_proto::sim::Sim;
+use felix_proto::transport::{Dir, Side, StreamId, WallClock};
 use std::time::Duration;
 use support::*;
 

@@ -8,9 +8,9 @@ use felix_proto::binary::{AckMode, OwnerHint};
 use felix_proto::client::{ClientConfig, ClientConnection, ClientEvent, ClientOutput, PublishRequest};
 use felix_proto::features::Features;
 use felix_proto::flags::Flags;
-use felix_proto::io::{Dir, OpenToken, Side, StreamId};
 use felix_proto::message::{self, Message, StartPosition};
 use felix_proto::sim::Sim;
+use felix_proto::transport::{Dir, OpenToken, Side, StreamId};
 use felix_proto::{Payload, frame::Frame};
 
 use support::*;
@@ -292,6 +292,37 @@ fn unsupported_only_for_unsupported_clients() {
     sim.raw_send(a, sa, json(&Message::Topology(message::Topology {})), false);
     sim.run();
     assert!(matches!(messages(&sim.take_received(a, sa))[0], Message::Unsupported(_)));
+}
+
+/// One admission table (`client::needs::request_feature`): a broker without storage does not
+/// advertise counters, and a counter request is then answered as unknown; with storage it is
+/// advertised and served.
+#[test]
+fn a_request_is_served_exactly_when_its_feature_is_advertised() {
+    for storage in [false, true] {
+        let mut cfg = config();
+        cfg.history_reads = storage;
+        assert_eq!(cfg.server_features().contains(felix_proto::Features::COUNTERS), storage);
+        let mut sim = Sim::new(cfg, epoch());
+        let ((a, sa), _) = pair(&mut sim);
+        let get = message::CounterGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "hits".into(),
+            key: "k".into(),
+            request_id: 9,
+        };
+        sim.raw_send(a, sa, json(&Message::CounterGet(get)), false);
+        sim.run();
+        let answer = messages(&sim.take_received(a, sa)).remove(0);
+        match (storage, answer) {
+            (false, Message::Unsupported(u)) => {
+                assert_eq!((u.request_type.as_str(), u.request_id), ("counter_get", Some(9)))
+            }
+            (true, Message::CounterValue(v)) => assert_eq!(v.request_id, 9),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 fn json_raw(s: &str) -> Bytes {

@@ -9,10 +9,10 @@ use felix_proto::broker::{StreamConfig, StreamSpec};
 use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, CommandError, PublishRequest};
 use felix_proto::error_code::ErrorCode;
 use felix_proto::features::Features;
-use felix_proto::io::close_code;
 use felix_proto::message::{self, Message, Routing};
 use felix_proto::routing::shard_for_key;
 use felix_proto::sim::{Sim, StorageMode};
+use felix_proto::transport::close_code;
 use felix_proto::{Decoded, Payload};
 use support::*;
 
@@ -317,7 +317,7 @@ fn client_window_is_per_stream_against_a_per_stream_broker() {
 #[test]
 fn client_shares_one_window_against_a_broker_without_the_per_stream_bit() {
     use felix_proto::client::{ClientConnection, ClientOutput};
-    use felix_proto::io::{Dir, Side, StreamId};
+    use felix_proto::transport::{Dir, Side, StreamId};
     let now = epoch();
     let mut c = ClientConnection::new(ClientConfig::new("t1", TOKEN), now);
     let s1 = c.open_stream(now);
@@ -497,7 +497,7 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
         max_unauthenticated_per_peer: 3,
         ..config()
     };
-    let mut b = Broker::new(cfg, felix_proto::io::WallClock::new(t0, 0));
+    let mut b = Broker::new(cfg, felix_proto::transport::WallClock::new(t0, 0));
     let (a, z) = (PeerAddr([1; 16]), PeerAddr([2; 16]));
     for _ in 0..3 {
         b.admit(a, t0).unwrap();
@@ -507,7 +507,8 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
     // Four unauthenticated, none older than the auth timeout: the fifth is refused.
     assert_eq!(b.admit(z, t0), Err(AdmitError::TooManyUnauthenticated { max: 4 }));
     // An authenticated connection does not count: authenticate one of them.
-    let s = felix_proto::io::StreamId::new(felix_proto::io::Side::Client, felix_proto::io::Dir::Bi, 0);
+    let s =
+        felix_proto::transport::StreamId::new(felix_proto::transport::Side::Client, felix_proto::transport::Dir::Bi, 0);
     b.handle_stream_data(first_z, s, auth(None, None, None), false, t0);
     while b.poll_output().is_some() {}
     b.admit(z, t0).unwrap();
@@ -606,7 +607,7 @@ fn publishers_are_paused_when_storage_falls_behind() {
 #[test]
 fn a_client_that_does_not_read_its_answers_is_paused_not_buffered() {
     use felix_proto::broker::{Broker, BrokerOutput};
-    use felix_proto::io::{Dir, Side, StreamId, WallClock};
+    use felix_proto::transport::{Dir, Side, StreamId, WallClock};
     let mut cfg = config();
     cfg.control_stream_unflushed_bytes = 4096;
     let t0 = epoch();
@@ -732,7 +733,7 @@ proptest::proptest! {
         group in 1usize..8,
     ) {
         use felix_proto::broker::Broker;
-        use felix_proto::io::{Dir, Side, StreamId, WallClock};
+        use felix_proto::transport::{Dir, Side, StreamId, WallClock};
         let t0 = epoch();
         let mut wire = Vec::new();
         wire.extend_from_slice(&auth(Some(0x7FFF), None, None));
@@ -785,7 +786,7 @@ proptest::proptest! {
 #[test]
 fn overlapping_pauses_pause_and_resume_once() {
     use felix_proto::broker::{Broker, BrokerOutput, WriteOutcome};
-    use felix_proto::io::{Dir, Side, StreamId, WallClock, WriteToken};
+    use felix_proto::transport::{Dir, Side, StreamId, WallClock, WriteToken};
     #[derive(Default)]
     struct Seen {
         pauses: u32,
@@ -856,7 +857,7 @@ fn overlapping_pauses_pause_and_resume_once() {
 #[test]
 fn one_publish_crossing_two_limits_pauses_once() {
     use felix_proto::broker::{Broker, BrokerOutput};
-    use felix_proto::io::{Dir, Side, StreamId, WallClock};
+    use felix_proto::transport::{Dir, Side, StreamId, WallClock};
     // Returns (publishes read before the pause, ack bytes written, PauseReading count).
     fn run(unflushed_limit: usize) -> (usize, usize, usize) {
         let mut cfg = config();

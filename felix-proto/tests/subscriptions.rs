@@ -9,9 +9,9 @@ use felix_proto::client::{
     ClientConfig, ClientEvent, ClientStream, EndReason, PublishRequest, Reply, SubscribeRequest,
 };
 use felix_proto::features::Features;
-use felix_proto::io::{StreamId, WallClock};
 use felix_proto::message::{self, CursorErrorReason, Message, StartPosition};
 use felix_proto::sim::Sim;
+use felix_proto::transport::{StreamId, WallClock};
 use felix_proto::{Decoded, Payload};
 use std::time::Duration;
 use support::*;
@@ -714,8 +714,8 @@ fn conditional_cache_writes_and_version_only_when_offered() {
 #[test]
 fn restored_history_ages_from_its_append_time_not_the_restart() {
     use felix_proto::broker::{Broker, Retention, StreamConfig};
-    use felix_proto::io::WallClock;
     use felix_proto::storage::StoredBatch;
+    use felix_proto::transport::WallClock;
     use std::time::Duration;
     let now = epoch();
     let wall = 1_800_000_000_000_000u64;

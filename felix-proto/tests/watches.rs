@@ -4,9 +4,9 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::client::{CacheWatchRequest, ClientConfig, ClientEvent, ClientStream, EndReason, WatchOn};
-use felix_proto::io::StreamId;
 use felix_proto::message::{self, CacheEvent, Message};
 use felix_proto::sim::{SIM_WALL_EPOCH_MICROS, Sim};
+use felix_proto::transport::StreamId;
 use felix_proto::{Decoded, Payload};
 use proptest::prelude::*;
 use std::collections::BTreeMap;

@@ -7,6 +7,25 @@ use crate::message::{self};
 use std::time::Instant;
 
 impl Broker {
+    /// Restores one shard storage recovered at start, in the order recovery needs: older
+    /// history from index entries, then the batches read whole, then what retention made the
+    /// shard forget about idempotent producers. A stream not configured otherwise is restored
+    /// durable, with the default stream settings and the shard count storage recorded for it.
+    /// Call for every recovered shard before accepting connections. Returns how many records
+    /// the shard holds.
+    pub fn restore(&mut self, shard: crate::storage::RecoveredShard, now: Instant) -> u64 {
+        let records = shard.summaries.iter().filter(|e| !e.generation_start).map(|e| e.count).sum::<u64>()
+            + shard.batches.iter().filter(|b| !b.generation_start).map(|b| b.count()).sum::<u64>();
+        let mut cfg = self.cfg.default_stream.clone();
+        cfg.durable = true;
+        cfg.shards = shard.stream_shards.max(1);
+        let name = (shard.tenant_id.as_str(), shard.namespace.as_str(), shard.stream.as_str());
+        self.restore_shard_summaries(name, cfg.clone(), shard.shard, &shard.summaries, now);
+        self.restore_shard(name, cfg, shard.shard, shard.batches, now);
+        self.restore_producer_watermarks(name, shard.shard, &shard.producer_watermarks);
+        records
+    }
+
     /// Restores a durable shard from what storage recovered at start. `name` is
     /// `(tenant, namespace, stream)`. Creates the stream (with `config`) if it does not exist yet.
     /// Call before accepting connections.

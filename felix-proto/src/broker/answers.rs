@@ -5,9 +5,9 @@ use super::*;
 use crate::binary::PublishAck;
 use crate::features::Features;
 use crate::flags::Flags;
-use crate::io::{ConnId, StreamId};
 use crate::message::{self, Message};
 use crate::negotiate::ClientOffer;
+use crate::transport::{ConnId, StreamId};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 

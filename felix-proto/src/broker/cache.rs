@@ -223,7 +223,7 @@ mod tests {
 
     #[test]
     fn lazy_expiry() {
-        let t0 = crate::io::test_epoch();
+        let t0 = crate::transport::test_epoch();
         let mut c = Cache::default();
         c.put("a".into(), Bytes::from("1"), Some(t0 + Duration::from_millis(10)));
         c.put("b".into(), Bytes::from("2"), None);
@@ -236,7 +236,7 @@ mod tests {
 
     #[test]
     fn every_change_takes_an_offset_and_replays_fold_to_the_state() {
-        let t0 = crate::io::test_epoch();
+        let t0 = crate::transport::test_epoch();
         let mut c = Cache::with_version_seed(100);
         assert_eq!(c.tail(), 101);
         let v = c.put("a".into(), Bytes::from("1"), None);
@@ -259,7 +259,7 @@ mod tests {
 
     #[test]
     fn conditional_writes() {
-        let t0 = crate::io::test_epoch();
+        let t0 = crate::transport::test_epoch();
         let mut c = Cache::with_version_seed(1000);
         let (applied, v1) = c.put_if("k".into(), Bytes::from("a"), None, None, t0);
         assert!(applied && v1 > Some(1000));

@@ -3,8 +3,8 @@
 use super::*;
 use crate::error_code::ErrorCode;
 use crate::features::Features;
-use crate::io::ConnId;
 use crate::message::{self, B64, Message};
+use crate::transport::ConnId;
 use cache::Cache;
 use std::time::Instant;
 
@@ -64,7 +64,7 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
-        let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
+        let expires = p.ttl_ms.map(|ms| crate::transport::after(now, std::time::Duration::from_millis(ms)));
         let condition = match p.condition {
             message::CacheCondition::Absent => None,
             message::CacheCondition::Version(v) => Some(v),
@@ -100,7 +100,7 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
-        let expires = p.ttl_ms.map(|ms| crate::io::after(now, std::time::Duration::from_millis(ms)));
+        let expires = p.ttl_ms.map(|ms| crate::transport::after(now, std::time::Duration::from_millis(ms)));
         self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
         self.cache_fanout(&k);
         let answer = match p.request_id {

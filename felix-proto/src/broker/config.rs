@@ -28,6 +28,25 @@ pub enum FsyncMode {
     Never,
 }
 
+/// `always`, `never` or `interval:MS` (the CLI's and config file's spelling).
+impl std::str::FromStr for FsyncMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FsyncMode, String> {
+        match s {
+            "always" => Ok(FsyncMode::Always),
+            "never" => Ok(FsyncMode::Never),
+            other => match other.strip_prefix("interval:").or_else(|| other.strip_prefix("interval=")) {
+                Some(ms) => ms
+                    .trim_end_matches("ms")
+                    .parse::<u64>()
+                    .map(|ms| FsyncMode::Interval(Duration::from_millis(ms)))
+                    .map_err(|_| format!("bad interval in {other:?}: expected interval:MILLISECONDS")),
+                None => Err(format!("unknown fsync policy {other:?}: expected always, never or interval:MS")),
+            },
+        }
+    }
+}
+
 /// Configuration of one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamConfig {

@@ -4,8 +4,8 @@
 use super::*;
 use crate::flags::Flags;
 use crate::frame::{FrameDecoder, FrameError};
-use crate::io::{ConnId, Dir, OpenToken, Side, StreamId, close_code};
 use crate::message::{self, Message};
+use crate::transport::{ConnId, Dir, OpenToken, Side, StreamId, close_code};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -43,7 +43,7 @@ impl Broker {
             let stale = self
                 .conns
                 .iter()
-                .filter(|(_, c)| !c.authenticated && crate::io::after(c.opened_at, self.cfg.auth_timeout) <= now)
+                .filter(|(_, c)| !c.authenticated && crate::transport::after(c.opened_at, self.cfg.auth_timeout) <= now)
                 .min_by_key(|(id, c)| (c.opened_at, **id))
                 .map(|(id, _)| *id);
             let Some(old) = stale else {
@@ -62,7 +62,7 @@ impl Broker {
     }
 
     pub(super) fn open_conn(&mut self, peer: Option<PeerAddr>, now: Instant) -> ConnId {
-        self.next_sweep.get_or_insert(crate::io::after(now, std::time::Duration::from_secs(1)));
+        self.next_sweep.get_or_insert(crate::transport::after(now, std::time::Duration::from_secs(1)));
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
         self.stats.connections_opened += 1;
@@ -149,7 +149,7 @@ impl Broker {
         }
         let auth_deadlines = &mut self.auth_deadlines;
         let st = c.streams.entry(stream).or_insert_with(|| {
-            let deadline = crate::io::after(now, auth_timeout);
+            let deadline = crate::transport::after(now, auth_timeout);
             auth_deadlines.insert((deadline, conn, stream));
             let mut decoder = FrameDecoder::new();
             decoder.set_max_frame_len(preauth);
@@ -229,8 +229,12 @@ impl Broker {
         self.pump(conn, sub_id);
     }
 
-    /// The driver finished writing `bytes` previously transmitted on `stream` (event streams
-    /// only): the writer credit comes back and more queued batches are written.
+    /// The driver finished writing `bytes` previously transmitted on `stream`, whatever kind of
+    /// stream it is. Required on control streams as well as event streams: on an event stream
+    /// the writer credit comes back and more queued batches are written; on a control stream the
+    /// unread answers go down, and a stream paused because its client did not read its answers
+    /// ([`BrokerOutput::PauseReading`]) is resumed only by this call. A driver that reports event
+    /// streams alone leaves such a stream paused for ever.
     pub fn handle_stream_flushed(&mut self, conn: ConnId, stream: StreamId, bytes: usize, now: Instant) {
         let now = self.clock.advance(now);
         let Some(c) = self.conns.get_mut(&conn) else { return };

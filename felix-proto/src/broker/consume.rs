@@ -12,9 +12,9 @@ use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest,
 use crate::broker::auth::Action;
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
-use crate::io::{ConnId, ReadToken, StreamId};
 use crate::message::{self, B64, Message, StartPosition};
 use crate::storage::StoredBatch;
+use crate::transport::{ConnId, ReadToken, StreamId};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 
@@ -74,11 +74,6 @@ fn stale(fatal: bool, why: String) -> Refusal {
 }
 
 impl Broker {
-    /// Whether this broker serves consumer groups (it needs storage).
-    pub(super) fn serves_groups(&self) -> bool {
-        self.server_features.contains(Features::CONSUMER_GROUP)
-    }
-
     /// The checks of a group request (see `durable_shard`); a refusal is answered here.
     fn group_target(
         &mut self,
@@ -171,7 +166,7 @@ impl Broker {
             let id = self.next_poll;
             self.next_poll += 1;
             Self::hold(st, HeldFor::Poll(id));
-            let deadline = crate::io::after(now, Duration::from_millis(p.wait_ms).min(limits.max_wait));
+            let deadline = crate::transport::after(now, Duration::from_millis(p.wait_ms).min(limits.max_wait));
             let parked = Parked { id, conn, stream: st.id, request, deadline };
             self.group_mut(&k, p.shard, &p.group).parked.push_back(parked);
             return;

@@ -9,7 +9,7 @@
 //! it redelivers only what was never acknowledged.
 
 use super::log::{ShardLog, Slot};
-use crate::io::{ConnId, StreamId};
+use crate::transport::{ConnId, StreamId};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -458,7 +458,7 @@ impl Group {
         let pos = self.position(log);
         let tail = log.committed_tail();
         let mut out = Vec::new();
-        let deadline = crate::io::after(now, req.visibility);
+        let deadline = crate::transport::after(now, req.visibility);
         let max = req.max_records.min(limits.max_records).max(1) as usize;
         // Reclaim: this member's claims from older connections come back first.
         if let (true, Some(m)) = (req.reclaim, &req.member) {
@@ -645,7 +645,7 @@ impl Group {
             Some(d) => {
                 c.delayed = true;
                 c.member = None;
-                c.deadline = crate::io::after(now, d.min(limits.max_visibility));
+                c.deadline = crate::transport::after(now, d.min(limits.max_visibility));
                 self.claims.insert(offset, c);
             }
             None => {
@@ -671,7 +671,7 @@ impl Group {
         match self.claims.get_mut(&offset) {
             Some(c) if !c.delayed && c.attempts == attempts && c.deadline > now => {
                 let d = extend.min(limits.max_visibility);
-                c.deadline = crate::io::after(now, d);
+                c.deadline = crate::transport::after(now, d);
                 Ok(d)
             }
             _ => Err(Settle::Stale { fatal: true, why: format!("the claim on offset {offset} no longer stands") }),

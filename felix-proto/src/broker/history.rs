@@ -9,9 +9,9 @@ use super::log::Page;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
-use crate::io::{ConnId, ReadToken};
 use crate::message::{self, B64, CursorErrorReason, Message};
 use crate::storage::StoredBatch;
+use crate::transport::{ConnId, ReadToken};
 
 /// Why a request for a durable shard cannot be served: a refusal, or a ready-made answer
 /// (`not_leader`).

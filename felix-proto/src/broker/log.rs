@@ -15,7 +15,7 @@
 
 use super::config::Retention;
 use crate::binary::{EventBatch, Records};
-use crate::io::WriteToken;
+use crate::transport::WriteToken;
 use bytes::Bytes;
 use std::collections::VecDeque;
 

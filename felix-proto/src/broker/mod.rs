@@ -67,9 +67,9 @@ use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::flags::Flags;
 use crate::frame::FrameDecoder;
-use crate::io::{Clock, ConnId, OpenToken, ReadToken, StreamId, WallClock, WriteToken};
 use crate::message::{self, Message};
 use crate::negotiate::ClientOffer;
+use crate::transport::{Clock, ConnId, OpenToken, ReadToken, StreamId, WallClock, WriteToken};
 use bytes::{Bytes, BytesMut};
 use cache::Cache;
 use log::ShardLog;
@@ -333,6 +333,9 @@ impl Refusal {
 #[derive(Debug)]
 pub struct Broker {
     cfg: BrokerConfig,
+    /// Scratch for fan-out (a shard's subscribers, copied because delivering may end one): kept
+    /// between batches so that fanning a batch out allocates nothing.
+    fanout_subs: Vec<(ConnId, u64)>,
     clock: Clock,
     wall: WallClock,
     conns: HashMap<ConnId, Conn>,
@@ -409,6 +412,7 @@ impl Broker {
             next_write: 1,
             next_open: 1,
             out: VecDeque::new(),
+            fanout_subs: Vec::new(),
             stats: BrokerStats::default(),
             server_flags,
             server_features,
@@ -530,7 +534,7 @@ impl Broker {
         if self.next_sweep.is_none_or(|t| t <= now) {
             self.enforce_retention(None, now);
             self.cache_sweep(now);
-            self.next_sweep = Some(crate::io::after(now, std::time::Duration::from_secs(1)));
+            self.next_sweep = Some(crate::transport::after(now, std::time::Duration::from_secs(1)));
         }
         self.groups_timeout(now);
     }

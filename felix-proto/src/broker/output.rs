@@ -2,12 +2,12 @@
 
 use super::*;
 use crate::binary::Records;
-use crate::io::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
+use crate::transport::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
 use bytes::Bytes;
 
-/// Something the driver must do.
+/// Something the driver must do. Match it exhaustively (it is deliberately not
+/// `#[non_exhaustive]`): a new variant is a new duty, and a catch-all arm would drop it silently.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum BrokerOutput {
     /// Write `data` on `stream` (after everything written on it before).
     Transmit {
@@ -89,7 +89,7 @@ pub enum BrokerOutput {
     CloseConnection {
         /// Connection.
         conn: ConnId,
-        /// QUIC application error code (see [`close_code`]).
+        /// QUIC application error code (see [`close_code`](crate::transport::close_code)).
         code: u64,
         /// Human-readable reason.
         reason: String,

@@ -4,7 +4,7 @@
 //! Durable shards keep this state in the log itself (each batch carries its producer id and
 //! sequence), so a restart rebuilds it from the recovered batches. See REFERENCE §10.3.
 
-use crate::io::WriteToken;
+use crate::transport::WriteToken;
 use std::collections::{BTreeMap, HashMap};
 
 /// Sequences remembered per producer: the last `WINDOW` below its next expected one. A producer

@@ -7,9 +7,9 @@ use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::flags::Flags;
 use crate::frame::Frame;
-use crate::io::{ConnId, WriteToken};
 use crate::message::{self};
 use crate::routing::shard_for_key;
+use crate::transport::{ConnId, WriteToken};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -107,7 +107,7 @@ impl Broker {
                 });
                 return self.answer_now(conn, st, reply, Err(&r));
             }
-            sh.full = Some(crate::io::after(now, FULL_PROBE_INTERVAL));
+            sh.full = Some(crate::transport::after(now, FULL_PROBE_INTERVAL));
             probe = true;
         }
         let sess = st.session.as_ref().expect("route checked the session");
@@ -311,7 +311,9 @@ impl Broker {
         let sh = &mut entry.shards[shard as usize];
         match outcome {
             WriteOutcome::Written => sh.full = None,
-            WriteOutcome::NoSpace if sh.full.is_none() => sh.full = Some(crate::io::after(now, FULL_PROBE_INTERVAL)),
+            WriteOutcome::NoSpace if sh.full.is_none() => {
+                sh.full = Some(crate::transport::after(now, FULL_PROBE_INTERVAL))
+            }
             _ => {}
         }
         let settled = entry.shards[shard as usize].log.settle(token, ok);

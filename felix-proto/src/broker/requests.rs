@@ -7,10 +7,10 @@ use crate::error_code::ErrorCode;
 use crate::features::Features;
 use crate::flags::{FlagError, Flags};
 use crate::frame::Frame;
-use crate::io::ConnId;
 use crate::message::{self, Decoded, Direction, Message};
 use crate::negotiate::{ClientOffer, broker_answer};
 use crate::payload::PayloadKind;
+use crate::transport::ConnId;
 use bytes::Bytes;
 use log::ShardLog;
 use std::collections::HashMap;
@@ -140,12 +140,8 @@ impl Broker {
             self.send(conn, st, json_frame(&m));
         } else {
             // The old behaviour: the stream is closed.
-            self.send_finish_and_stop(conn, st);
+            self.close_stream(conn, st);
         }
-    }
-
-    pub(super) fn send_finish_and_stop(&mut self, conn: ConnId, st: &mut CtlStream) {
-        self.close_stream(conn, st);
     }
 
     pub(super) fn handle_message(&mut self, conn: ConnId, st: &mut CtlStream, m: Message, now: Instant) {
@@ -157,6 +153,14 @@ impl Broker {
         if st.uni && !matches!(m, Message::Publish(_) | Message::PublishBatch(_) | Message::PublishWidth(_)) {
             // A publish-only stream carries publishes only; anything else closes it.
             return self.close_stream(conn, st);
+        }
+        // Admission, from the table the client checks too: a request type this broker does not
+        // advertise is answered like an unknown type.
+        if let Some(bit) = crate::client::needs::request_feature(&m)
+            && !self.server_features.contains(bit)
+        {
+            let rid = m.request_id();
+            return self.handle_unknown(conn, st, m.type_name(), rid, None);
         }
         match m {
             Message::Auth(_) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "already authenticated")),
@@ -188,9 +192,7 @@ impl Broker {
             Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
             Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
             Message::StreamRead(r) => self.stream_read(conn, st, r),
-            Message::CacheWatch(w) if self.server_features.contains(Features::CACHE_WATCH) => {
-                self.cache_watch(conn, st, w, now)
-            }
+            Message::CacheWatch(w) => self.cache_watch(conn, st, w, now),
             Message::ProducerInit(p) => {
                 let producer_id = self.random();
                 let m = Message::ProducerInitOk(message::ProducerInitOk { request_id: p.request_id, producer_id });
@@ -212,23 +214,19 @@ impl Broker {
                 };
                 self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
             }
-            Message::CounterAdd(a) if self.server_features.contains(Features::COUNTERS) => {
-                self.counter_add(conn, st, a, now)
-            }
-            Message::CounterGet(g) if self.server_features.contains(Features::COUNTERS) => {
-                self.counter_get(conn, st, g)
-            }
-            Message::GroupPoll(p) if self.serves_groups() => self.group_poll(conn, st, p, now),
-            Message::GroupAck(a) if self.serves_groups() => self.group_ack(conn, st, a, now),
-            Message::GroupNack(n) if self.serves_groups() => self.group_nack(conn, st, n, now),
-            Message::GroupExtend(e) if self.serves_groups() => self.group_extend(conn, st, e, now),
-            Message::GroupDeadLetter(a) if self.serves_groups() => self.group_dead_letter(conn, st, a, now),
-            Message::GroupDeadLetters(r) if self.serves_groups() => self.group_dead_letters(conn, st, r),
-            Message::GroupDiscard(a) if self.serves_groups() => self.group_dead_letter_op(conn, st, a, false, now),
-            Message::GroupRedrive(a) if self.serves_groups() => self.group_dead_letter_op(conn, st, a, true, now),
-            Message::GroupSeek(q) if self.serves_groups() => self.group_seek(conn, st, q, now),
-            Message::GroupDescribe(r) if self.serves_groups() => self.group_describe(conn, st, r),
-            Message::GroupDelete(r) if self.serves_groups() => self.group_delete(conn, st, r, now),
+            Message::CounterAdd(a) => self.counter_add(conn, st, a, now),
+            Message::CounterGet(g) => self.counter_get(conn, st, g),
+            Message::GroupPoll(p) => self.group_poll(conn, st, p, now),
+            Message::GroupAck(a) => self.group_ack(conn, st, a, now),
+            Message::GroupNack(n) => self.group_nack(conn, st, n, now),
+            Message::GroupExtend(e) => self.group_extend(conn, st, e, now),
+            Message::GroupDeadLetter(a) => self.group_dead_letter(conn, st, a, now),
+            Message::GroupDeadLetters(r) => self.group_dead_letters(conn, st, r),
+            Message::GroupDiscard(a) => self.group_dead_letter_op(conn, st, a, false, now),
+            Message::GroupRedrive(a) => self.group_dead_letter_op(conn, st, a, true, now),
+            Message::GroupSeek(q) => self.group_seek(conn, st, q, now),
+            Message::GroupDescribe(r) => self.group_describe(conn, st, r),
+            Message::GroupDelete(r) => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
                 let shards =

@@ -17,9 +17,9 @@
 use super::Key;
 use super::log::Shape;
 use super::watch::WatchFilter;
-use crate::io::{ReadToken, StreamId};
 use crate::message;
 use crate::negotiate::ClientOffer;
+use crate::transport::{ReadToken, StreamId};
 use bytes::Bytes;
 use std::collections::VecDeque;
 

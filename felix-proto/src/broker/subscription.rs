@@ -6,9 +6,9 @@ use crate::binary::Records;
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::flags::Flags;
-use crate::io::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
 use crate::message::{self, Message};
 use crate::negotiate::ClientOffer;
+use crate::transport::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
 use bytes::Bytes;
 use log::Shape;
 use std::time::Instant;
@@ -53,42 +53,51 @@ impl Broker {
     pub(super) fn fanout_committed(&mut self, k: &Key, shard: u32, base: u64, end: u64) {
         let Some(entry) = self.streams.get_mut(k) else { return };
         let s = &mut entry.shards[shard as usize];
-        let subs = s.subs.clone();
         let Some(b) = s.log.batch_at(base) else { return };
         if b.generation_start || b.base != base || b.end() != end {
             return;
         }
         let count = b.count();
-        // One encoding per subscriber shape, shared by every subscriber of that shape.
-        let mut frames: Vec<(Shape, [Bytes; 2])> = Vec::new();
-        for (conn, id) in subs {
+        let mut subs = std::mem::take(&mut self.fanout_subs);
+        subs.clear();
+        subs.extend_from_slice(&s.subs);
+        // One encoding per subscriber shape, shared by every subscriber of that shape: four
+        // yes/no choices make 16 shapes, each kept on the stack.
+        let mut frames: [Option<(Shape, [Bytes; 2])>; 16] = Default::default();
+        for &(conn, id) in &subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             if !sub.live() {
                 continue; // catching up from the log, or ending
             }
-            let frame = match frames.iter().find(|(sh, _)| *sh == sub.shape) {
+            let shape = sub.shape;
+            let frame = match frames.iter().flatten().find(|(sh, _)| *sh == shape) {
                 Some((_, f)) => f.clone(),
                 None => {
                     let Some(b) = self.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base))
                     else {
-                        return;
+                        break;
                     };
-                    let f = b.frame(sub.shape);
-                    frames.push((sub.shape, f.clone()));
+                    let f = b.frame(shape);
+                    if let Some(slot) = frames.iter_mut().find(|f| f.is_none()) {
+                        *slot = Some((shape, f.clone()));
+                    }
                     f
                 }
             };
-            let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             Self::enqueue(&mut self.stats, sub, frame, base, count, self.cfg.subscriber_queue_bytes_max);
             self.pump(conn, id);
         }
+        self.fanout_subs = subs;
     }
 
     pub(super) fn fanout(&mut self, k: &Key, shard: u32, mut batch: log::LogBatch) {
         let Some(entry) = self.streams.get(k) else { return };
-        let subs = entry.shards[shard as usize].subs.clone();
+        let mut subs = std::mem::take(&mut self.fanout_subs);
+        subs.clear();
+        subs.extend_from_slice(&entry.shards[shard as usize].subs);
         let count = batch.count();
-        for (conn, id) in subs {
+        for &(conn, id) in &subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             if sub.ending() {
                 continue;
@@ -97,6 +106,7 @@ impl Broker {
             Self::enqueue(&mut self.stats, sub, frame, batch.base, count, self.cfg.subscriber_queue_bytes_max);
             self.pump(conn, id);
         }
+        self.fanout_subs = subs;
     }
 
     /// Queues a batch for a subscriber, or drops it when the queue is full (in batches, or in

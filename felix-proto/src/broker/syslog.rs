@@ -10,7 +10,7 @@
 use super::config::{Retention, StreamConfig};
 use super::{Broker, BrokerOutput, ConnId, HeldFor, Key, PersistRequest, StreamId, WriteCtx, key};
 use crate::binary::Records;
-use crate::io::WriteToken;
+use crate::transport::WriteToken;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::time::Instant;

@@ -11,8 +11,8 @@ use super::{Broker, BrokerOutput, CtlStream, Ending, Key, Refusal, Sub, SubEvent
 use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
 use crate::features::Features;
-use crate::io::{ConnId, OpenToken};
 use crate::message::{self, B64, Message};
+use crate::transport::{ConnId, OpenToken};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::time::Instant;

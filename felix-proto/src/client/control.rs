@@ -10,10 +10,10 @@ use crate::binary::{AckStatus, PublishAck};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::flags::Flags;
 use crate::frame::{Frame, FrameDecoder};
-use crate::io::{OpenToken, StreamId};
 use crate::message::{self, Decoded, Message};
 use crate::negotiate::Negotiated;
 use crate::payload::Payload;
+use crate::transport::{OpenToken, StreamId};
 use bytes::Bytes;
 use std::collections::VecDeque;
 

@@ -11,9 +11,9 @@ use super::{ClientConnection, ClientEvent, ClientOutput, EndReason, ErrorInfo, T
 use crate::binary::{EventBatch, Records};
 use crate::flags::Flags;
 use crate::frame::{Frame, FrameDecoder};
-use crate::io::StreamId;
 use crate::message::{self, Decoded, Message};
 use crate::payload::Payload;
+use crate::transport::StreamId;
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -90,7 +90,7 @@ impl ClientConnection {
         let stream = self.subs.get(&sub).and_then(|s| s.stream).ok_or(super::CommandError::Unknown)?;
         self.subs.remove(&sub);
         self.event_streams.remove(&stream);
-        self.out.push_back(ClientOutput::StopSending { stream, code: crate::io::close_code::STREAM_CLOSED });
+        self.out.push_back(ClientOutput::StopSending { stream, code: crate::transport::close_code::STREAM_CLOSED });
         Ok(())
     }
 
@@ -145,7 +145,7 @@ impl ClientConnection {
             && let Some(stream) = s.stream
         {
             self.event_streams.remove(&stream);
-            self.out.push_back(ClientOutput::StopSending { stream, code: crate::io::close_code::STREAM_CLOSED });
+            self.out.push_back(ClientOutput::StopSending { stream, code: crate::transport::close_code::STREAM_CLOSED });
         }
         self.events.push_back(ClientEvent::SubscribeFailed { sub, error, cursor, redirect });
     }
@@ -255,7 +255,7 @@ impl ClientConnection {
                     // A subscription this client no longer waits for (given up on): stop it.
                     None => {
                         self.event_streams.remove(&stream);
-                        let code = crate::io::close_code::STREAM_CLOSED;
+                        let code = crate::transport::close_code::STREAM_CLOSED;
                         self.out.push_back(ClientOutput::StopSending { stream, code });
                     }
                 }

@@ -30,9 +30,9 @@ use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::flags::Flags;
 use crate::frame::FrameDecoder;
-use crate::io::{Clock, OpenToken, StreamId};
 use crate::message::{self, Message, StartPosition};
 use crate::negotiate::Negotiated;
+use crate::transport::{Clock, OpenToken, StreamId};
 use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -678,7 +678,7 @@ impl ClientConnection {
     /// told (commands that take no `now` count from the latest input's).
     fn arm(&mut self, timer: Timer, extra: Duration) {
         let Some(now) = self.clock.last() else { return };
-        let at = crate::io::after(now, self.cfg.request_timeout.saturating_add(extra));
+        let at = crate::transport::after(now, self.cfg.request_timeout.saturating_add(extra));
         if let Some(old) = self.deadlines.insert(timer, at) {
             self.timers.remove(&(old, timer));
         }
@@ -762,7 +762,7 @@ impl ClientConnection {
     }
 
     fn is_event_stream(&self, stream: StreamId) -> bool {
-        stream.initiator() == crate::io::Side::Broker && stream.dir() == crate::io::Dir::Uni
+        stream.initiator() == crate::transport::Side::Broker && stream.dir() == crate::transport::Dir::Uni
     }
 
     fn new_decoder(&self) -> FrameDecoder {

@@ -135,6 +135,21 @@ pub fn needs(m: &Message) -> Vec<Need> {
     n
 }
 
+/// The feature bit that makes `m`'s request type exist, if it is not part of every broker: the
+/// first of [`needs`], without the bits its optional fields add. The broker admits a request by
+/// this same table (it serves a request type only when it advertises its bit, and answers any
+/// other like an unknown type), so client and broker cannot disagree about which bit a request
+/// needs.
+pub fn request_feature(m: &Message) -> Option<Features> {
+    if matches!(m, Message::Publish(_) | Message::PublishBatch(_) | Message::Subscribe(_)) {
+        return None; // their needs are optional fields only
+    }
+    needs(m).into_iter().find_map(|n| match n {
+        Need::Feature(bit, _) => Some(bit),
+        Need::Flag(..) => None,
+    })
+}
+
 /// Refuses `m` if the broker lacks anything it needs.
 ///
 /// # Errors

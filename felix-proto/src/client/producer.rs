@@ -347,7 +347,7 @@ impl ProducerState {
                 let asked = error.detail.as_ref().and_then(|d| d.retry_after_ms).map(Duration::from_millis);
                 let wait = asked.unwrap_or(p.wait).max(p.wait);
                 p.wait = (p.wait * 2).min(policy.max_backoff);
-                p.phase = Phase::Backoff { until: crate::io::after(now, wait) };
+                p.phase = Phase::Backoff { until: crate::transport::after(now, wait) };
             }
         }
     }
@@ -418,7 +418,7 @@ mod tests {
     use crate::binary::ErrorDetail;
 
     fn t0() -> Instant {
-        thread_local!(static T0: Instant = crate::io::test_epoch());
+        thread_local!(static T0: Instant = crate::transport::test_epoch());
         T0.with(|t| *t)
     }
 

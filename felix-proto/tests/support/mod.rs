@@ -5,9 +5,9 @@ use bytes::{Bytes, BytesMut};
 use felix_proto::binary::{AckMode, AckedPrefix, EventBatch, PublishAck, PublishBatch};
 use felix_proto::broker::{BrokerConfig, StreamConfig, TokenGrant};
 use felix_proto::frame::{Frame, FrameDecoder};
-use felix_proto::io::StreamId;
 use felix_proto::message::{self, Decoded, Message};
 use felix_proto::sim::Sim;
+use felix_proto::transport::StreamId;
 use felix_proto::{Payload, Records};
 
 pub const TOKEN: &str = "dev-token";

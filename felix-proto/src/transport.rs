@@ -1,7 +1,8 @@
-//! The vocabulary shared by the state machines and their drivers: stream ids, connection ids,
-//! outputs, and the clock the caller passes in.
+//! The transport vocabulary shared by the state machines and their drivers: QUIC stream ids,
+//! connection ids, the tokens that name a stream opening, a write or a read until the driver
+//! reports it, close codes, and the clock the caller passes in. (Named for what it describes;
+//! the crate itself does no IO.)
 
-use bytes::Bytes;
 use std::time::{Duration, Instant};
 
 /// A QUIC stream id (the transport's own number). The two low bits say who opened it and
@@ -132,15 +133,6 @@ impl Clock {
 /// Adds a duration, saturating at a far future instead of panicking on overflow.
 pub(crate) fn after(now: Instant, d: Duration) -> Instant {
     now.checked_add(d).unwrap_or(now + Duration::from_secs(86_400 * 365))
-}
-
-/// Bytes to write on a stream. Several chunks may follow for one frame; write them in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transmit {
-    /// The stream.
-    pub stream: StreamId,
-    /// The bytes.
-    pub data: Bytes,
 }
 
 /// Test-only: an arbitrary starting instant. The only clock reading in this crate, and it is
