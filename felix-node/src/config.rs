@@ -225,11 +225,7 @@ impl FileConfig {
                     }),
                     queue_capacity: s.queue_capacity.unwrap_or(default_queue),
                     memory_bytes: s.memory_bytes.unwrap_or(StreamConfig::default().memory_bytes),
-                    fsync: s
-                        .fsync
-                        .as_deref()
-                        .and_then(|f| f.parse::<felix_driver_tokio::FsyncMode>().ok())
-                        .map(Into::into),
+                    fsync: s.fsync.as_deref().and_then(|f| f.parse::<felix_driver_tokio::FsyncMode>().ok()),
                 },
             })
             .collect()

@@ -304,7 +304,12 @@ impl ProducerState {
         // or has already gone again (its failure and this refusal were both on the wire when
         // the producer resent it; the broker answers in order, so the gap is its failure).
         let earlier_retry = |expected: u64| expected < sequence && s.pending.contains_key(&expected);
-        let follows_failure = matches!(&outcome, Outcome::Refused { reason: RefusedReason::SequenceGap { expected }, .. } if earlier_retry(*expected));
+        // `unknown_producer` answers a first batch that is not sequence 0: the gap is behind 0.
+        let follows_failure = match &outcome {
+            Outcome::Refused { reason: RefusedReason::SequenceGap { expected }, .. } => earlier_retry(*expected),
+            Outcome::Refused { reason: RefusedReason::UnknownProducer, .. } => earlier_retry(0),
+            _ => false,
+        };
         let Some(p) = s.pending.get_mut(&sequence) else { return };
         let current = p.phase == Phase::InFlight && p.attempts == attempt;
         if !current && !matches!(outcome, Outcome::Appended { .. }) {
@@ -581,6 +586,28 @@ mod tests {
         // A gap behind a batch already appended is the broker forgetting: that stops.
         p.handle_outcome(again[0], Outcome::Appended { offset: Some(0) }, t0());
         p.handle_outcome(resent[0], gap(), t0());
+        assert!(matches!(p.stopped(), Some(ProducerError::Refused { sequence: 1, .. })));
+    }
+
+    /// Simulation seed 502: the producer's very first batch fails, so the broker does not know
+    /// the producer when the pipelined second arrives, and says `unknown_producer` rather than
+    /// a gap. It is still a gap behind the failure.
+    #[test]
+    fn unknown_producer_behind_a_failed_first_batch_is_sent_again() {
+        let mut p = ProducerState::new(7, RetryPolicy::default());
+        p.push(0, b("a"), None).unwrap();
+        p.push(0, b("b"), None).unwrap();
+        let s = sends(&mut p);
+        p.handle_outcome(s[0], Outcome::Failed(err(Some(RetryClass::Retry), None)), t0());
+        let unknown = || Outcome::Refused { reason: RefusedReason::UnknownProducer, message: String::new() };
+        p.handle_outcome(s[1], unknown(), t0());
+        assert!(p.stopped().is_none());
+        p.handle_timeout(t0() + Duration::from_secs(1));
+        let again = sends(&mut p);
+        assert_eq!(again.iter().map(|s| s.sequence).collect::<Vec<_>>(), vec![0, 1]);
+        // Once 0 is appended, a broker that does not know the producer has forgotten it: stop.
+        p.handle_outcome(again[0], Outcome::Appended { offset: Some(0) }, t0());
+        p.handle_outcome(again[1], unknown(), t0());
         assert!(matches!(p.stopped(), Some(ProducerError::Refused { sequence: 1, .. })));
     }
 
