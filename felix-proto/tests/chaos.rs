@@ -59,6 +59,12 @@ fn seeds_that_once_failed() {
         // unanswered one.
         (2, 5000),
         (3, 5000),
+        // Batches pipelined behind a failed one were refused as gaps only after the producer had
+        // already sent the failed one again: still gaps behind it, not a reason to stop.
+        (44, 5000),
+        // The producer's first batch failed, so the broker did not know the producer when the
+        // next arrived: `unknown_producer`, still a gap behind the failure.
+        (502, 5000),
     ];
     run(seeds);
 }
