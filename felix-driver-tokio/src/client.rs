@@ -314,7 +314,7 @@ impl Client {
     /// # Errors
     /// Connection, TLS or authentication failures, each with what the broker said.
     pub async fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<Client, ClientError> {
-        let transport = Arc::new(opts.transport.to_quinn());
+        let transport = Arc::new(opts.transport.to_quinn_for(addr));
         let quic_config = |offer_alpn: bool| -> Result<quinn::ClientConfig, String> {
             let tls = client_config(opts.trust.clone(), offer_alpn).map_err(|e| e.to_string())?;
             let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;

@@ -20,7 +20,9 @@ pub use client::{
 };
 pub use groups::{GroupInfo, GroupTarget, PollOptions};
 pub use producer::{IdempotentProducer, RetryPolicy};
-pub use server::{Server, ServerError, ServerOptions, TransportTuning};
+pub use server::{
+    DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, Server, ServerError, ServerOptions, TransportTuning, is_loopback,
+};
 pub use storage::FsyncMode;
 pub use tls::{Identity, Trust};
 

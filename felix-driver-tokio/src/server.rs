@@ -45,10 +45,12 @@ pub struct TransportTuning {
     pub keep_alive: Duration,
     /// Whether to probe for a larger MTU (helps bulk throughput on real networks).
     pub mtu_discovery: bool,
-    /// The largest UDP payload MTU discovery probes for and the endpoint accepts, bytes
-    /// (1200..=65527). 1452 fits Ethernet; loopback and jumbo-frame networks carry more, and
-    /// fewer, larger packets cost less CPU per byte. Discovery never settles above what the path
-    /// and the peer carry, so a high bound is safe, it only costs a few lost probes.
+    /// The largest UDP payload MTU discovery probes for, bytes (1200..=65527). Fewer, larger
+    /// packets cost less CPU per byte. Discovery never settles above what the path and the peer
+    /// carry, so a high bound is safe on any network; above [`GSO_SAFE_MAX_UDP_PAYLOAD`] the
+    /// kernel refuses quinn's segmentation-offload batches and every packet is sent alone.
+    /// To loopback peers the bound is used from the first packet and is also the floor (see
+    /// [`TransportTuning::to_quinn_for`]).
     pub max_udp_payload: u16,
     /// UDP socket receive and send buffer sizes to ask the kernel for, bytes. Linux caps the
     /// request at `net.core.rmem_max`/`wmem_max`; the size obtained is logged.
@@ -66,7 +68,7 @@ impl Default for TransportTuning {
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
             mtu_discovery: true,
-            max_udp_payload: 1452,
+            max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             udp_buffer_bytes: 4 << 20,
         }
     }
@@ -89,8 +91,33 @@ pub(crate) fn udp_socket(addr: SocketAddr, tuning: &TransportTuning) -> std::io:
     Ok(socket)
 }
 
+/// The largest UDP payload whose segmentation-offload (GSO) batch the kernel accepts: quinn hands
+/// the kernel up to 10 segments in one `sendmsg`, and that batch travels as one UDP datagram of
+/// at most 65,535 bytes, 8 of them the UDP header and, over IPv4, 20 the IP header:
+/// (65,535 − 28) / 10 = 6,550. Above it the kernel refuses the batch (EIO), quinn turns GSO off
+/// for the socket and every packet costs its own system call.
+pub const GSO_SAFE_MAX_UDP_PAYLOAD: u16 = 6550;
+
+/// The default bound for MTU discovery (see docs/operations.md for the measurements behind it).
+pub const DEFAULT_MAX_UDP_PAYLOAD: u16 = 6144;
+
+/// After quinn's black-hole detector drops the MTU to the minimum (it reads a burst of lost
+/// full-size packets as a path that stopped carrying them, and congestion looks the same), probe
+/// again this soon instead of quinn's one minute, so a busy connection does not spend a minute
+/// on 1200-byte packets.
+const BLACK_HOLE_COOLDOWN: Duration = Duration::from_secs(2);
+
+/// Whether `addr` is this machine (IPv4-mapped loopback included).
+pub fn is_loopback(addr: SocketAddr) -> bool {
+    match addr.ip() {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
 impl TransportTuning {
-    /// The quinn transport configuration.
+    /// The quinn transport configuration for a peer on an unknown path: start at 1200 bytes and
+    /// discover the path MTU up to `max_udp_payload`.
     pub fn to_quinn(&self) -> quinn::TransportConfig {
         let mut t = quinn::TransportConfig::default();
         t.max_concurrent_bidi_streams(VarInt::from_u32(self.max_bi_streams));
@@ -104,7 +131,8 @@ impl TransportTuning {
         t.keep_alive_interval(Some(self.keep_alive));
         if self.mtu_discovery {
             let mut mtud = quinn::MtuDiscoveryConfig::default();
-            mtud.upper_bound(self.max_udp_payload.clamp(1200, 65527));
+            mtud.upper_bound(self.bound());
+            mtud.black_hole_cooldown(BLACK_HOLE_COOLDOWN);
             t.mtu_discovery_config(Some(mtud));
         } else {
             t.mtu_discovery_config(None);
@@ -112,11 +140,30 @@ impl TransportTuning {
         t
     }
 
-    /// The quinn endpoint configuration (the largest datagram this side accepts).
+    /// The transport configuration for a peer at `peer`. A loopback path carries 64 KiB
+    /// datagrams, so there the bound is both the first and the smallest MTU: no discovery
+    /// phase at 1200 bytes, and the black-hole detector (which resets to the smallest MTU on a
+    /// burst of lost full-size packets, as a subscriber that cannot keep up causes) cannot
+    /// collapse it. Any other path starts at 1200 and discovers ([`to_quinn`](Self::to_quinn)).
+    pub fn to_quinn_for(&self, peer: SocketAddr) -> quinn::TransportConfig {
+        let mut t = self.to_quinn();
+        if is_loopback(peer) && self.mtu_discovery {
+            t.initial_mtu(self.bound());
+            t.min_mtu(self.bound());
+        }
+        t
+    }
+
+    fn bound(&self) -> u16 {
+        self.max_udp_payload.clamp(1200, 65527)
+    }
+
+    /// The quinn endpoint configuration: the largest datagram this side accepts, which it
+    /// advertises to peers. Never below the GSO-safe size, so a peer configured for more than
+    /// this side (an existing Felix broker pins 4096) is not held to less.
     pub fn endpoint_config(&self) -> quinn::EndpointConfig {
         let mut e = quinn::EndpointConfig::default();
-        // Never below what the endpoint accepts by default, so peers with a larger MTU still fit.
-        let _ = e.max_udp_payload_size(self.max_udp_payload.clamp(1472, 65527));
+        let _ = e.max_udp_payload_size(self.bound().max(GSO_SAFE_MAX_UDP_PAYLOAD));
         e
     }
 }
@@ -205,7 +252,16 @@ impl Server {
             let without_alpn = quic(bare)?;
             quinn::ServerConfig::with_crypto(Arc::new(crate::alpn::AlpnOptional { with_alpn, without_alpn }))
         };
+        let mut loopback_cfg = qcfg.clone();
         qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
+        loopback_cfg.transport_config(Arc::new(opts.transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
+        let loopback_cfg = Arc::new(loopback_cfg);
+        if opts.transport.max_udp_payload > GSO_SAFE_MAX_UDP_PAYLOAD {
+            tracing::warn!(
+                "max UDP payload {} is above {GSO_SAFE_MAX_UDP_PAYLOAD}: the kernel refuses segmentation-offload batches that large, so packets go out one system call each",
+                opts.transport.max_udp_payload
+            );
+        }
         let socket = udp_socket(opts.listen, &opts.transport)?;
         let endpoint =
             quinn::Endpoint::new(opts.transport.endpoint_config(), Some(qcfg), socket, Arc::new(quinn::TokioRuntime))?;
@@ -266,6 +322,7 @@ impl Server {
         let task = BrokerTask {
             broker,
             endpoint: endpoint.clone(),
+            loopback_cfg,
             conns: HashMap::new(),
             tx: tx.clone(),
             storage: stx,
@@ -536,6 +593,8 @@ async fn writer(
 struct BrokerTask {
     broker: Broker,
     endpoint: quinn::Endpoint,
+    /// The server configuration for loopback peers ([`TransportTuning::to_quinn_for`]).
+    loopback_cfg: Arc<quinn::ServerConfig>,
     conns: HashMap<ConnId, ConnHandle>,
     tx: mpsc::UnboundedSender<Input>,
     storage: std::sync::mpsc::Sender<StorageCmd>,
@@ -624,6 +683,44 @@ impl BrokerTask {
             self.broker.control_stream_count() as u64,
         );
         m("felix_driver_connections", "gauge", "Connections the driver holds.", self.conns.len() as u64);
+        // QUIC's own view of the open connections: what a record costs in datagrams, system
+        // calls and acknowledgements, and whether the path MTU holds (a collapse to 1200 is the
+        // black-hole detector reacting to a burst of lost full-size packets).
+        let stats: Vec<quinn::ConnectionStats> = self.conns.values().map(|c| c.quic.stats()).collect();
+        let sum = |f: fn(&quinn::ConnectionStats) -> u64| stats.iter().map(f).sum::<u64>();
+        let quic = [
+            ("felix_quic_datagrams_sent", "UDP datagrams sent on open connections.", sum(|s| s.udp_tx.datagrams)),
+            (
+                "felix_quic_datagrams_received",
+                "UDP datagrams received on open connections.",
+                sum(|s| s.udp_rx.datagrams),
+            ),
+            (
+                "felix_quic_send_calls",
+                "Send system calls (a GSO batch is one) on open connections.",
+                sum(|s| s.udp_tx.ios),
+            ),
+            ("felix_quic_receive_calls", "Receive system calls on open connections.", sum(|s| s.udp_rx.ios)),
+            ("felix_quic_acks_sent", "ACK frames sent on open connections.", sum(|s| s.frame_tx.acks)),
+            ("felix_quic_acks_received", "ACK frames received on open connections.", sum(|s| s.frame_rx.acks)),
+            ("felix_quic_lost_packets", "Packets declared lost on open connections.", sum(|s| s.path.lost_packets)),
+            (
+                "felix_quic_black_holes",
+                "MTU black holes detected on open connections.",
+                sum(|s| s.path.black_holes_detected),
+            ),
+        ];
+        for (name, help, v) in quic {
+            m(name, "gauge", help, v);
+        }
+        let mtus = || stats.iter().map(|s| u64::from(s.path.current_mtu));
+        m(
+            "felix_quic_mtu_min",
+            "gauge",
+            "Smallest current path MTU among open connections.",
+            mtus().min().unwrap_or(0),
+        );
+        m("felix_quic_mtu_max", "gauge", "Largest current path MTU among open connections.", mtus().max().unwrap_or(0));
         let writers: usize = self.conns.values().map(|c| c.writers.len()).sum();
         let gates: usize = self.conns.values().map(|c| c.gates.len()).sum();
         m("felix_driver_stream_writers", "gauge", "Stream writer tasks.", writers as u64);
@@ -721,8 +818,17 @@ impl BrokerTask {
             Input::Incoming(incoming) => match self.broker.admit(peer_addr(incoming.remote_address()), now) {
                 Ok(conn) => {
                     let tx = self.tx.clone();
+                    let connecting = if is_loopback(incoming.remote_address()) {
+                        incoming.accept_with(self.loopback_cfg.clone())
+                    } else {
+                        incoming.accept()
+                    };
                     tokio::spawn(async move {
-                        let _ = match (*incoming).await {
+                        let quic = match connecting {
+                            Ok(c) => c.await,
+                            Err(e) => Err(e),
+                        };
+                        let _ = match quic {
                             Ok(quic) => tx.send(Input::Connected(conn, quic)),
                             Err(e) => {
                                 tracing::debug!("handshake failed: {e}");

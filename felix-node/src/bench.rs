@@ -87,8 +87,9 @@ pub struct BenchArgs {
     #[arg(long)]
     relay: bool,
     /// Largest UDP payload MTU discovery may reach, bytes (1200..=65527), for every endpoint the
-    /// bench makes (in-process broker, clients, raw quinn). Loopback carries 65527.
-    #[arg(long, default_value_t = 1452, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    /// bench makes (in-process broker, clients, raw quinn). Above 6550 the kernel refuses
+    /// segmentation-offload batches (docs/operations.md).
+    #[arg(long, default_value_t = felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
     max_udp_payload: u16,
     /// Before the publish/subscribe run, measure raw quinn (one stream of bulk bytes) and a bare
     /// quinn relay (two hops through one forwarding task) in this process with the same TLS and
@@ -118,6 +119,8 @@ struct Target {
     tuning: felix_driver_tokio::TransportTuning,
     /// `--ack-on-enqueue`.
     ack_on_enqueue: bool,
+    /// The in-process broker's metrics (its QUIC counters go in the report).
+    metrics: Option<SocketAddr>,
     _server: Option<felix_driver_tokio::Server>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -132,7 +135,16 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         };
         let trust = client_trust(a.ca.as_deref(), &a.data_dir, false)?;
         let ack_on_enqueue = a.ack_on_enqueue;
-        return Ok(Target { addr, token, trust, tuning: a.tuning(), ack_on_enqueue, _server: None, _dir: None });
+        return Ok(Target {
+            addr,
+            token,
+            trust,
+            tuning: a.tuning(),
+            ack_on_enqueue,
+            metrics: None,
+            _server: None,
+            _dir: None,
+        });
     }
     let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
     let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
@@ -159,13 +171,14 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         memory_bytes: None,
         group_limits: Default::default(),
         require_alpn: false,
-        metrics_listen: None,
+        metrics_listen: Some("127.0.0.1:0".parse().expect("literal")),
         transport: a.tuning(),
         admission: crate::node::Admission::default(),
     })
     .await?;
     Ok(Target {
         addr: server.local_addr(),
+        metrics: server.metrics_addr,
         token: "bench".into(),
         trust: Trust::Certificates(chain),
         tuning: a.tuning(),
@@ -389,6 +402,11 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         eprintln!();
     }
     let got = delivered.load(Ordering::Relaxed);
+    // The broker's QUIC counters while every connection is still open.
+    let quic = match t.metrics {
+        Some(m) => broker_quic(m).await,
+        None => serde_json::Value::Null,
+    };
     let _ = done_tx.send(true);
     for c in &clients {
         let _ = c.close().await;
@@ -414,6 +432,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         "not_delivered": expected.saturating_sub(got), "offset_gaps": gaps, "resumed_after_lag": resumed,
         "latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": hist.max(), "samples": hist.len()},
         "delivered_mb_per_s_per_subscriber": in_window.mb_per_s, "cpu_s_per_gb": in_window.cpu_s_per_gb(),
+        "broker_quic": quic,
     });
     if let Some((single, relay)) = baseline {
         result["baseline"] = serde_json::json!({
@@ -768,13 +787,28 @@ fn cpu_seconds() -> Option<f64> {
     Some((utime + stime) as f64 / 100.0)
 }
 
+/// The broker's `felix_quic_*` metrics, without the prefix: datagrams, system calls and ACK
+/// frames each way, lost packets, black holes and the smallest and largest path MTU.
+async fn broker_quic(metrics: SocketAddr) -> serde_json::Value {
+    let Ok(text) = felix_driver_tokio::server::scrape(metrics).await else { return serde_json::Value::Null };
+    let mut m = serde_json::Map::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((name, v)) = line.split_once(' ')
+            && let (Some(name), Ok(v)) = (name.strip_prefix("felix_quic_"), v.parse::<u64>())
+        {
+            m.insert(name.to_owned(), v.into());
+        }
+    }
+    serde_json::Value::Object(m)
+}
+
 async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String> {
     let (id, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
     let chain = id.chain.clone();
     let tls = felix_driver_tokio::tls::server_config(id).map_err(|e| e.to_string())?;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut scfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    scfg.transport_config(Arc::new(a.tuning().to_quinn()));
+    scfg.transport_config(Arc::new(a.tuning().to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
     let endpoint = |server: Option<quinn::ServerConfig>| -> Result<quinn::Endpoint, String> {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         quinn::Endpoint::new(a.tuning().endpoint_config(), server, socket, Arc::new(quinn::TokioRuntime))
@@ -811,7 +845,7 @@ async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String>
     let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(chain), true).map_err(|e| e.to_string())?;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut ccfg = quinn::ClientConfig::new(Arc::new(crypto));
-    ccfg.transport_config(Arc::new(a.tuning().to_quinn()));
+    ccfg.transport_config(Arc::new(a.tuning().to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
     let mut ep = endpoint(None)?;
     ep.set_default_client_config(ccfg.clone());
     let conn = ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;

@@ -214,9 +214,10 @@ struct ServeArgs {
     /// Close connections idle this long, milliseconds.
     #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     idle_timeout_ms: u64,
-    /// Largest UDP payload MTU discovery may reach, bytes (1200..=65527). Raise it on
-    /// jumbo-frame networks; on loopback larger datagrams measured slower (docs/operations.md).
-    #[arg(long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = 1452,
+    /// Largest UDP payload MTU discovery may reach, bytes (1200..=65527). Discovery settles on
+    /// what the path carries (about 1452 on Ethernet); loopback peers get it from the first
+    /// packet. Above 6550 the kernel refuses segmentation-offload batches (docs/operations.md).
+    #[arg(long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD,
         value_parser = clap::value_parser!(u16).range(1200..=65527))]
     max_udp_payload: u16,
 }
