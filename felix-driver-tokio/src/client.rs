@@ -371,6 +371,12 @@ impl Client {
         &self.negotiated
     }
 
+    /// The largest UDP payload this side currently sends on the connection (its path MTU, as
+    /// MTU discovery found it).
+    pub fn path_mtu(&self) -> u16 {
+        self.quic.stats().path.current_mtu
+    }
+
     pub(crate) async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, ClientError> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(Input::Cmd(make(reply))).map_err(|_| self.closed_error())?;

@@ -52,6 +52,10 @@ pub struct TransportTuning {
     /// To loopback peers the bound is used from the first packet and is also the floor (see
     /// [`TransportTuning::to_quinn_for`]).
     pub max_udp_payload: u16,
+    /// Ask the peer (through QUIC's ACK-frequency extension, which quinn peers honour and others
+    /// ignore) to acknowledge only every `n + 1` ack-eliciting packets, within its usual ACK
+    /// delay, instead of every second one. `None`: the standard behaviour.
+    pub ack_eliciting_threshold: Option<u32>,
     /// UDP socket receive and send buffer sizes to ask the kernel for, bytes. Linux caps the
     /// request at `net.core.rmem_max`/`wmem_max`; the size obtained is logged.
     pub udp_buffer_bytes: usize,
@@ -69,6 +73,7 @@ impl Default for TransportTuning {
             keep_alive: Duration::from_secs(5),
             mtu_discovery: true,
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
+            ack_eliciting_threshold: None,
             udp_buffer_bytes: 4 << 20,
         }
     }
@@ -129,6 +134,11 @@ impl TransportTuning {
             t.max_idle_timeout(Some(idle));
         }
         t.keep_alive_interval(Some(self.keep_alive));
+        if let Some(n) = self.ack_eliciting_threshold {
+            let mut ack = quinn::AckFrequencyConfig::default();
+            ack.ack_eliciting_threshold(VarInt::from_u32(n));
+            t.ack_frequency_config(Some(ack));
+        }
         if self.mtu_discovery {
             let mut mtud = quinn::MtuDiscoveryConfig::default();
             mtud.upper_bound(self.bound());

@@ -37,6 +37,46 @@ struct OpenSegment {
     len: u64,
 }
 
+/// A thread that runs interval fsyncs on duplicated file handles (an fsync through any handle
+/// of a file syncs the file), so the storage thread keeps appending meanwhile.
+#[derive(Debug)]
+struct Syncer {
+    tx: Option<std::sync::mpsc::Sender<(PathBuf, File)>>,
+}
+
+impl Syncer {
+    fn start() -> Syncer {
+        let (tx, rx) = std::sync::mpsc::channel::<(PathBuf, File)>();
+        let spawned = std::thread::Builder::new().name("felix-fsync".into()).spawn(move || {
+            for (path, file) in rx {
+                if let Err(e) = file.sync_data() {
+                    tracing::error!("fsync {} failed: {e}", path.display());
+                }
+            }
+        });
+        match spawned {
+            Ok(_) => Syncer { tx: Some(tx) },
+            Err(e) => {
+                tracing::warn!("no fsync thread ({e}): interval syncs run on the storage thread");
+                Syncer { tx: None }
+            }
+        }
+    }
+
+    /// Syncs `file` on the syncer thread, or here when there is none or the handle cannot be
+    /// duplicated.
+    fn sync(&self, path: &Path, file: &File) {
+        if let (Some(tx), Ok(dup)) = (&self.tx, file.try_clone())
+            && tx.send((path.to_path_buf(), dup)).is_ok()
+        {
+            return;
+        }
+        if let Err(e) = file.sync_data() {
+            tracing::error!("fsync {} failed: {e}", path.display());
+        }
+    }
+}
+
 /// Appends batches to segment files.
 #[derive(Debug)]
 pub struct DiskStorage {
@@ -53,6 +93,9 @@ pub struct DiskStorage {
     deadlines: HashMap<PathBuf, Instant>,
     /// fsync calls made (for metrics and tests).
     syncs: u64,
+    /// Interval syncs run here, on their own thread, so that the writes behind them do not
+    /// wait for the disk (see [`Syncer`]).
+    syncer: Syncer,
     /// Per segment: `(first offset of a batch, byte position)`, in order. Lets a history read
     /// seek to the batch it needs instead of reading the whole segment.
     /// A sparse seek index per segment: `(first offset, byte position)` of every
@@ -88,6 +131,7 @@ impl DiskStorage {
             idx_seed: HashMap::new(),
             deadlines: HashMap::new(),
             syncs: 0,
+            syncer: Syncer::start(),
             index: HashMap::new(),
         })
     }
@@ -220,7 +264,11 @@ impl DiskStorage {
 
     /// Syncs the files written under an interval policy whose interval (since their first
     /// unsynced write) has passed: each stream's own interval. The storage thread also calls
-    /// this when idle, so a quiet stream is synced on time too.
+    /// this when idle, so a quiet stream is synced on time too. The syncs run on the syncer
+    /// thread: an interval policy promises the disk within the interval, not before the write
+    /// is reported, so neither the writes of this pass nor the ones queued behind it wait for
+    /// the disk (inline, one fsync every 100 ms put its whole duration on the p99 of live
+    /// delivery from a durable stream).
     pub fn sync_due(&mut self) {
         let now = Instant::now();
         let due: Vec<PathBuf> = self.deadlines.iter().filter(|(_, t)| **t <= now).map(|(p, _)| p.clone()).collect();
@@ -228,12 +276,9 @@ impl DiskStorage {
             self.deadlines.remove(&path);
             if self.dirty.remove(&path)
                 && let Some(seg) = self.open.get(&path)
-                && let Err(e) = {
-                    self.syncs += 1;
-                    seg.file.sync_data()
-                }
             {
-                tracing::error!("fsync {} failed: {e}", path.display());
+                self.syncs += 1;
+                self.syncer.sync(&path, &seg.file);
             }
         }
     }

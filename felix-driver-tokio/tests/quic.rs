@@ -64,6 +64,48 @@ async fn collect(sub: &mut felix_driver_tokio::Subscription, n: usize) -> Vec<(u
     out
 }
 
+/// The transport's packet size: a loopback client and the broker send packets of the GSO-safe
+/// default bound from the first packet (no discovery phase at 1200), and it holds after a burst
+/// of bulk traffic; the broker's metrics report the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_connections_use_the_full_packet_size_from_the_start() {
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    assert_eq!(c.path_mtu(), felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD);
+    const { assert!(felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD <= felix_driver_tokio::GSO_SAFE_MAX_UDP_PAYLOAD) };
+    let mut sub = c.subscribe("default", "mtu", None, None).await.unwrap();
+    let payloads: Vec<Bytes> = (0..64).map(|i| Bytes::from(vec![i as u8; 4096])).collect();
+    for _ in 0..20 {
+        c.publish("default", "mtu", payloads.clone(), PublishOptions { ack: true, ..Default::default() })
+            .await
+            .unwrap();
+    }
+    assert_eq!(collect(&mut sub, 64 * 20).await.len(), 64 * 20);
+    assert_eq!(c.path_mtu(), felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD);
+    let metrics = felix_driver_tokio::server::scrape(server.metrics_addr.unwrap()).await.unwrap();
+    let value = |name: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).unwrap()
+    };
+    assert_eq!(value("felix_quic_mtu_min "), u64::from(felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD));
+    assert_eq!(value("felix_quic_black_holes "), 0);
+    assert!(value("felix_quic_datagrams_sent ") > 0);
+}
+
+#[test]
+fn loopback_is_recognised_in_every_spelling() {
+    for (addr, want) in [
+        ("127.0.0.1:1", true),
+        ("127.8.9.10:1", true),
+        ("[::1]:1", true),
+        ("[::ffff:127.0.0.1]:1", true),
+        ("10.0.0.1:1", false),
+        ("[2001:db8::1]:1", false),
+        ("[::ffff:10.0.0.1]:1", false),
+    ] {
+        assert_eq!(felix_driver_tokio::is_loopback(addr.parse().unwrap()), want, "{addr}");
+    }
+}
+
 #[tokio::test]
 async fn publish_subscribe_replay_and_cache() {
     let (server, chain) = start(None).await;

@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// segmentation-offload batches (docs/operations.md).
     #[arg(long, default_value_t = felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
     max_udp_payload: u16,
+    /// Ask every peer to acknowledge only every N+1 ack-eliciting packets (QUIC ACK-frequency
+    /// extension) instead of every second one.
+    #[arg(long)]
+    ack_eliciting_threshold: Option<u32>,
     /// Before the publish/subscribe run, measure raw quinn (one stream of bulk bytes) and a bare
     /// quinn relay (two hops through one forwarding task) in this process with the same TLS and
     /// transport settings and duration, and report publish→deliver as a fraction of each, with
@@ -108,7 +112,11 @@ pub struct BenchArgs {
 impl BenchArgs {
     /// The transport settings of every endpoint the bench makes.
     fn tuning(&self) -> felix_driver_tokio::TransportTuning {
-        felix_driver_tokio::TransportTuning { max_udp_payload: self.max_udp_payload, ..Default::default() }
+        felix_driver_tokio::TransportTuning {
+            max_udp_payload: self.max_udp_payload,
+            ack_eliciting_threshold: self.ack_eliciting_threshold,
+            ..Default::default()
+        }
     }
 }
 
@@ -432,6 +440,8 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         "not_delivered": expected.saturating_sub(got), "offset_gaps": gaps, "resumed_after_lag": resumed,
         "latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": hist.max(), "samples": hist.len()},
         "delivered_mb_per_s_per_subscriber": in_window.mb_per_s, "cpu_s_per_gb": in_window.cpu_s_per_gb(),
+        "cpu_s": in_window.cpu_s,
+        "cpu_us_per_record": in_window.cpu_s.map(|c| c * 1e6 / sent.max(1) as f64),
         "broker_quic": quic,
     });
     if let Some((single, relay)) = baseline {
