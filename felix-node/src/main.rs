@@ -37,6 +37,12 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Threads of the async runtime (default: one per core). On a small machine shared with its
+    /// clients, 1 halves the broker's CPU per record at moderate rates and its tail latency
+    /// (docs/benchmarks.md); more help many connections on many cores.
+    #[arg(long, global = true, env = "FELIX_WORKER_THREADS",
+        value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -589,7 +595,11 @@ fn main() -> ExitCode {
         let dirs = if dirs.is_empty() { vec![PathBuf::from("vectors")] } else { dirs };
         return conformance::run(&dirs, verbose);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.worker_threads {
+        builder.worker_threads(usize::from(n));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the runtime: {e}");

@@ -233,6 +233,9 @@ fn bad_arguments_are_clear_errors() {
     let out = Command::new(BIN).args(["cache", "get", "c", "k", "--data-dir", "/nonexistent-felix"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-felix"), "names the missing file");
+    let out = Command::new(BIN).args(["serve", "--worker-threads", "0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--worker-threads"), "names the flag");
     let out = Command::new(BIN).args(["serve", "--max-udp-payload", "70000"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-udp-payload"), "names the flag");
