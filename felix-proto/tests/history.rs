@@ -4,7 +4,7 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::binary::OwnerHint;
-use felix_proto::broker::{Action, Broker, BrokerOutput, Grant, TokenGrant};
+use felix_proto::broker::{Action, Broker, BrokerConfig, BrokerOutput, Grant, TokenGrant};
 use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, Reply, StreamReadRequest};
 use felix_proto::features::Features;
 use felix_proto::message::{self, CursorErrorReason, Message};
@@ -211,24 +211,37 @@ fn history_requests_are_refused_as_the_spec_says() {
 
 #[test]
 fn a_moved_shard_answers_not_leader_in_the_form_the_client_offered() {
-    let mut sim = Sim::new(config(), epoch());
-    let redirect = (Features::REDIRECT | Features::ERROR_CODES).to_words(false).0.unwrap();
-    let (a, sa, _) = raw_session(&mut sim, None, Some(redirect));
-    let (b, sb, _) = raw_session(&mut sim, None, None);
-    sim.raw_send(a, sa, publish_binary("orders", &["one"], None, None), false);
-    sim.run();
-    let owner = OwnerHint { node_id: "broker-b".into(), addr: None, generation: 4 };
-    assert!(sim.broker.move_shard("t1", "default", "orders", 0, owner, sim.now));
-    for (p, s) in [(a, sa), (b, sb)] {
-        sim.raw_send(p, s, read("orders", 0, None, None, 1), false);
-        sim.raw_send(p, s, offset_for_time("orders", 0, 2), false);
+    // Only a clustered broker advertises FEATURE_REDIRECT and answers `not_leader`; to a client
+    // that did not offer it, or from a standalone broker, the answer is an `error`.
+    for clustered in [true, false] {
+        let cfg = BrokerConfig { clustered, ..config() };
+        assert_eq!(cfg.server_features().contains(Features::REDIRECT), clustered);
+        assert!(!cfg.server_features().contains(Features::TOPOLOGY));
+        let mut sim = Sim::new(cfg, epoch());
+        let redirect = (Features::REDIRECT | Features::ERROR_CODES).to_words(false).0.unwrap();
+        let (a, sa, _) = raw_session(&mut sim, None, Some(redirect));
+        let (b, sb, _) = raw_session(&mut sim, None, None);
+        sim.raw_send(a, sa, publish_binary("orders", &["one"], None, None), false);
+        sim.run();
+        let owner = OwnerHint { node_id: "broker-b".into(), addr: None, generation: 4 };
+        assert!(sim.broker.move_shard("t1", "default", "orders", 0, owner, sim.now));
+        for (p, s) in [(a, sa), (b, sb)] {
+            sim.raw_send(p, s, read("orders", 0, None, None, 1), false);
+            sim.raw_send(p, s, offset_for_time("orders", 0, 2), false);
+        }
+        sim.run();
+        let ma = messages(&sim.take_received(a, sa));
+        if clustered {
+            let nl = Message::NotLeader(message::NotLeader { node_id: "broker-b".into(), addr: None, generation: 4 });
+            assert_eq!(ma, vec![nl.clone(), nl]);
+        } else {
+            assert_eq!(ma.len(), 2);
+            let not_leader = |m: &Message| matches!(m, Message::Error(e) if e.code.as_ref().is_some_and(|c| c.name() == "not_leader"));
+            assert!(ma.iter().all(not_leader), "{ma:?}");
+        }
+        let legacy = r#"{"type":"error","message":"shard 0 is owned by broker-b"}"#;
+        assert_eq!(sim.take_received(b, sb), [json_raw(legacy), json_raw(legacy)].concat());
     }
-    sim.run();
-    let ma = messages(&sim.take_received(a, sa));
-    let nl = Message::NotLeader(message::NotLeader { node_id: "broker-b".into(), addr: None, generation: 4 });
-    assert_eq!(ma, vec![nl.clone(), nl]);
-    let legacy = r#"{"type":"error","message":"shard 0 is owned by broker-b"}"#;
-    assert_eq!(sim.take_received(b, sb), [json_raw(legacy), json_raw(legacy)].concat());
 }
 
 fn json_raw(s: &str) -> Bytes {

@@ -199,9 +199,11 @@ fn error_codes_only_for_error_codes_clients() {
     assert_eq!(json(&mb[1]), json_raw(r#"{"type":"error","message":"stream has no shard 7 (it has 1)"}"#));
 }
 
+/// In a cluster (the only place a shard is owned elsewhere, and the only broker that advertises
+/// FEATURE_REDIRECT): `not_leader` only to clients that offered it.
 #[test]
 fn not_leader_only_for_redirect_clients() {
-    let mut sim = Sim::new(config(), epoch());
+    let mut sim = Sim::new(felix_proto::broker::BrokerConfig { clustered: true, ..config() }, epoch());
     let ((a, sa), (b, sb)) = pair(&mut sim);
     sim.raw_send(a, sa, subscribe("orders", None), false);
     sim.run();

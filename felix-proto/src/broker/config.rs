@@ -111,6 +111,11 @@ pub struct CacheSpec {
 pub struct BrokerConfig {
     /// This node's id (in `not_leader`, `shard_moved`, inspect answers).
     pub node_id: String,
+    /// Part of a cluster, where a shard can be owned by another broker: advertises
+    /// FEATURE_REDIRECT and answers a request for a shard owned elsewhere `not_leader` to a
+    /// client that offered it. A standalone broker (the default) advertises neither REDIRECT nor
+    /// TOPOLOGY: it owns every shard, and a client must not be told it may be redirected.
+    pub clustered: bool,
     /// Largest payload after `auth`.
     pub max_frame_len: u32,
     /// Largest payload on a stream that has not authenticated yet.
@@ -177,6 +182,7 @@ impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
             node_id: "felix-1".into(),
+            clustered: false,
             max_frame_len: crate::frame::DEFAULT_MAX_FRAME_LEN,
             preauth_max_frame_len: 64 * 1024,
             publish_window: 256,
@@ -222,7 +228,6 @@ impl BrokerConfig {
             | Features::ACK_ON_COMMIT
             | Features::SUBSCRIPTION_LAGGED
             | Features::SUBSCRIBE_QUEUE
-            | Features::REDIRECT
             | Features::STREAM_DELETED
             | Features::PUBLISH_WIDTH
             | Features::EXPLICIT_SHARD
@@ -248,6 +253,9 @@ impl BrokerConfig {
         }
         if self.publish_window > 0 {
             f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;
+        }
+        if self.clustered {
+            f |= Features::REDIRECT;
         }
         f
     }

@@ -43,7 +43,12 @@ impl Broker {
         let k = key(t, ns, s);
         let entry = self.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
         if let Some(m) = &entry.shards[shard as usize].moved {
-            return Err(Denied::Answer(Box::new(Self::not_leader_answer(&Self::features_of(st), m, shard))));
+            return Err(Denied::Answer(Box::new(Self::not_leader_answer(
+                self.server_features,
+                &Self::features_of(st),
+                m,
+                shard,
+            ))));
         }
         if !entry.config.durable {
             let r = Refusal::new(

@@ -316,7 +316,7 @@ impl Broker {
         let default_cap = entry.config.queue_capacity.clamp(1, cap_max);
         let sh = &mut entry.shards[shard as usize];
         if let Some(m) = &sh.moved {
-            let msg = Self::not_leader_answer(&offer, m, shard);
+            let msg = Self::not_leader_answer(self.server_features, &offer, m, shard);
             return self.send(conn, st, json_frame(&msg));
         }
         // Where the subscription starts. A client that negotiated offsets is told where it
@@ -400,9 +400,10 @@ impl Broker {
     }
 
     /// The answer to a request for a shard that moved away: `not_leader` for a client that
-    /// offered FEATURE_REDIRECT, an `error` with code `not_leader` for any other.
-    pub(super) fn not_leader_answer(offer: &ClientOffer, m: &Moved, shard: u32) -> Message {
-        if offer.has(Features::REDIRECT) {
+    /// offered FEATURE_REDIRECT to a broker that advertised it (a clustered one), an `error`
+    /// with code `not_leader` for any other.
+    pub(super) fn not_leader_answer(server: Features, offer: &ClientOffer, m: &Moved, shard: u32) -> Message {
+        if offer.has(Features::REDIRECT) && server.contains(Features::REDIRECT) {
             Message::NotLeader(message::NotLeader {
                 node_id: m.node_id.clone(),
                 addr: m.addr.clone(),
