@@ -17,7 +17,7 @@
 //! * [`flags`] and [`features`]: the two capability number spaces, and [`negotiate`];
 //! * [`binary`]: publish batches, publish acks and event batches; [`payload`] dispatch;
 //! * [`message`]: every JSON control message; [`error_code`]: error codes and retry classes;
-//! * [`routing`]: the key → shard functions; [`storage`]: the on-disk batch, index and
+//! * [`routing`]: the key → shard functions; [`cluster`]: placement of shards on brokers; [`storage`]: the on-disk batch, index and
 //!   watermark formats and recovery's types; [`transport`]: stream and connection ids, tokens;
 //! * [`conformance`]: the vector checker behind `felix-node conformance`.
 //!
@@ -99,6 +99,7 @@ pub mod broker;
 #[cfg(any(test, feature = "testkit"))]
 pub mod chaos;
 pub mod client;
+pub mod cluster;
 pub mod conformance;
 pub mod error_code;
 pub mod features;
