@@ -1,0 +1,333 @@
+//! One member of a Raft group, on tikv's `raft` engine, driven sans-IO: time comes in as ticks,
+//! messages from peers come in as inputs, and messages to peers and committed commands come out
+//! of [`MetaNode::poll_output`]. The election, the log and its replication are the engine's; this
+//! module only runs its ready loop (persist, send, apply, advance) and makes it deterministic.
+//!
+//! Determinism: the engine draws each election timeout at random from
+//! `[min_election_tick, max_election_tick)`. Here that range holds one value per node, staggered
+//! by node id, so the same inputs give the same elections (the simulation replays seeds), and
+//! the lowest id times out first when nobody leads.
+//!
+//! Storage: the log and hard state live in the engine's `MemStorage` for now. The ready loop
+//! already orders the duties a disk needs (entries and hard state are stored before the messages
+//! that depend on them go out); the driver's durable copy comes with the cluster (issue 14).
+
+use raft::eraftpb::{ConfState, Entry, EntryType, Message};
+use raft::storage::MemStorage;
+use raft::{Config, RawNode, StateRole};
+use std::collections::VecDeque;
+
+/// Ticks without a heartbeat before a follower stands for election (before staggering).
+pub const ELECTION_TICKS: usize = 10;
+/// Ticks between a leader's heartbeats.
+pub const HEARTBEAT_TICKS: usize = 3;
+
+/// Why a Raft input was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    /// Only the leader takes proposals; the client is told who leads, when known.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader this node knows of.
+        leader: Option<u64>,
+    },
+    /// The engine refused the input (a bad configuration, a message for another group).
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    /// A message from a peer that does not decode.
+    #[error("undecodable raft message: {0}")]
+    Decode(String),
+}
+
+/// What the node asks its driver to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaOutput {
+    /// Send this message to peer `to` (encode it with [`encode_message`]).
+    Send {
+        /// Peer id.
+        to: u64,
+        /// The message.
+        message: Message,
+    },
+    /// A command committed by the group, in log order: apply it.
+    Committed {
+        /// Its log index.
+        index: u64,
+        /// The command as proposed.
+        data: Vec<u8>,
+    },
+}
+
+/// A member of a Raft group.
+pub struct MetaNode {
+    raw: RawNode<MemStorage>,
+    out: VecDeque<MetaOutput>,
+}
+
+impl std::fmt::Debug for MetaNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaNode").field("id", &self.id()).field("leader", &self.leader()).finish()
+    }
+}
+
+impl MetaNode {
+    /// Member `id` of a group whose voters are `voters` (ids are never 0).
+    ///
+    /// # Errors
+    /// [`MetaError::Raft`] for a configuration the engine refuses (id 0, `id` not a voter...).
+    pub fn new(id: u64, voters: &[u64]) -> Result<MetaNode, MetaError> {
+        if id == 0 || !voters.contains(&id) {
+            return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!("node {id} is not a voter of {voters:?}"))));
+        }
+        let storage = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        // One election timeout per node, staggered by id: deterministic, and apart enough that
+        // two nodes rarely stand at once.
+        let rank = voters.iter().filter(|v| **v < id).count();
+        let min = ELECTION_TICKS + 2 * rank;
+        let cfg = Config {
+            id,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: HEARTBEAT_TICKS,
+            min_election_tick: min,
+            max_election_tick: min + 1,
+            check_quorum: true,
+            pre_vote: true,
+            ..Config::default()
+        };
+        cfg.validate()?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&cfg, storage, &logger)?;
+        Ok(MetaNode { raw, out: VecDeque::new() })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.raw.raft.id
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.raw.raft.leader_id).filter(|l| *l != 0)
+    }
+
+    /// Whether this node leads.
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    /// One unit of time passed (the driver ticks every 100 ms, say).
+    pub fn tick(&mut self) {
+        self.raw.tick();
+        self.process_ready();
+    }
+
+    /// A message from a peer.
+    ///
+    /// # Errors
+    /// [`MetaError::Raft`] when the engine refuses it (a message for another group).
+    pub fn step(&mut self, message: Message) -> Result<(), MetaError> {
+        let r = self.raw.step(message);
+        self.process_ready();
+        r.map_err(MetaError::from)
+    }
+
+    /// Proposes a command; it comes out as [`MetaOutput::Committed`] on every member once the
+    /// group committed it.
+    ///
+    /// # Errors
+    /// [`MetaError::NotLeader`] on a follower; [`MetaError::Raft`] if the engine drops it.
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<(), MetaError> {
+        if !self.is_leader() {
+            return Err(MetaError::NotLeader { leader: self.leader() });
+        }
+        let r = self.raw.propose(Vec::new(), data);
+        self.process_ready();
+        r.map_err(MetaError::from)
+    }
+
+    /// The next thing to do.
+    pub fn poll_output(&mut self) -> Option<MetaOutput> {
+        self.out.pop_front()
+    }
+
+    /// The engine's ready loop: store entries and hard state, send, apply, advance.
+    fn process_ready(&mut self) {
+        while self.raw.has_ready() {
+            let mut rd = self.raw.ready();
+            self.send(rd.take_messages());
+            if !rd.snapshot().is_empty() {
+                let snap = rd.snapshot().clone();
+                // A snapshot from the leader replaces the log; MemStorage takes it whole.
+                let _ = self.raw.mut_store().wl().apply_snapshot(snap);
+            }
+            self.apply(rd.take_committed_entries());
+            if !rd.entries().is_empty() {
+                let _ = self.raw.mut_store().wl().append(rd.entries());
+            }
+            if let Some(hs) = rd.hs() {
+                self.raw.mut_store().wl().set_hardstate(hs.clone());
+            }
+            // Only now, with entries and hard state stored, may these go out.
+            self.send(rd.take_persisted_messages());
+            let mut light = self.raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                self.raw.mut_store().wl().mut_hard_state().set_commit(commit);
+            }
+            self.send(light.take_messages());
+            self.apply(light.take_committed_entries());
+            self.raw.advance_apply();
+        }
+    }
+
+    fn send(&mut self, messages: Vec<Message>) {
+        self.out.extend(messages.into_iter().map(|m| MetaOutput::Send { to: m.to, message: m }));
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) {
+        for e in entries {
+            // Empty entries are the engine's own (a new leader's first entry).
+            if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
+                self.out.push_back(MetaOutput::Committed { index: e.index, data: e.data.to_vec() });
+            }
+        }
+    }
+}
+
+/// A Raft message as bytes for the cluster transport.
+pub fn encode_message(m: &Message) -> Vec<u8> {
+    use protobuf::Message as _;
+    m.write_to_bytes().unwrap_or_default()
+}
+
+/// A Raft message from the cluster transport.
+///
+/// # Errors
+/// [`MetaError::Decode`] for bytes that are not a Raft message.
+pub fn decode_message(bytes: &[u8]) -> Result<Message, MetaError> {
+    use protobuf::Message as _;
+    Message::parse_from_bytes(bytes).map_err(|e| MetaError::Decode(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// Three members and a network that delivers in order, dropping what touches a cut node.
+    struct Group {
+        nodes: BTreeMap<u64, MetaNode>,
+        applied: BTreeMap<u64, Vec<Vec<u8>>>,
+        cut: BTreeSet<u64>,
+        leaders_by_term: BTreeMap<u64, BTreeSet<u64>>,
+    }
+
+    impl Group {
+        fn new(ids: &[u64]) -> Group {
+            let nodes = ids.iter().map(|&id| (id, MetaNode::new(id, ids).unwrap())).collect();
+            Group { nodes, applied: BTreeMap::new(), cut: BTreeSet::new(), leaders_by_term: BTreeMap::new() }
+        }
+
+        /// Delivers every message (through the wire encoding) until the network is quiet.
+        fn settle(&mut self) {
+            loop {
+                let mut msgs = Vec::new();
+                for (&id, n) in self.nodes.iter_mut() {
+                    while let Some(o) = n.poll_output() {
+                        match o {
+                            MetaOutput::Send { to, message } => msgs.push((id, to, encode_message(&message))),
+                            MetaOutput::Committed { data, .. } => self.applied.entry(id).or_default().push(data),
+                        }
+                    }
+                }
+                if msgs.is_empty() {
+                    break;
+                }
+                for (from, to, bytes) in msgs {
+                    if self.cut.contains(&from) || self.cut.contains(&to) {
+                        continue;
+                    }
+                    if let Some(n) = self.nodes.get_mut(&to) {
+                        let _ = n.step(decode_message(&bytes).unwrap());
+                    }
+                }
+            }
+            for n in self.nodes.values() {
+                if n.is_leader() {
+                    self.leaders_by_term.entry(n.term()).or_default().insert(n.id());
+                }
+            }
+        }
+
+        fn run(&mut self, ticks: usize) {
+            for _ in 0..ticks {
+                for n in self.nodes.values_mut() {
+                    n.tick();
+                }
+                self.settle();
+            }
+        }
+
+        fn leaders(&self) -> Vec<u64> {
+            self.nodes.values().filter(|n| n.is_leader() && !self.cut.contains(&n.id())).map(|n| n.id()).collect()
+        }
+    }
+
+    #[test]
+    fn three_members_elect_one_leader_replicate_and_fail_over() {
+        let mut g = Group::new(&[1, 2, 3]);
+        g.run(30);
+        // Deterministic: the lowest id times out first and wins.
+        assert_eq!(g.leaders(), vec![1]);
+        for i in 0..5u8 {
+            g.nodes.get_mut(&1).unwrap().propose(vec![i]).unwrap();
+        }
+        assert!(matches!(g.nodes.get_mut(&2).unwrap().propose(vec![9]), Err(MetaError::NotLeader { leader: Some(1) })));
+        g.run(5);
+        let want: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i]).collect();
+        for id in [1, 2, 3] {
+            assert_eq!(g.applied[&id], want, "node {id}");
+        }
+        // The leader is cut off: the other two elect one of themselves and go on.
+        g.cut.insert(1);
+        g.run(60);
+        let new = g.leaders();
+        assert_eq!(new.len(), 1, "{new:?}");
+        assert_ne!(new[0], 1);
+        g.nodes.get_mut(&new[0]).unwrap().propose(vec![42]).unwrap();
+        g.run(5);
+        for id in [2, 3] {
+            assert_eq!(g.applied[&id].last(), Some(&vec![42]), "node {id}");
+        }
+        // Healed: the old leader steps down and catches up; one leader per term throughout.
+        g.cut.clear();
+        g.run(40);
+        assert_eq!(g.leaders().len(), 1);
+        assert_eq!(g.applied[&1].last(), Some(&vec![42]));
+        assert!(g.leaders_by_term.values().all(|l| l.len() == 1), "{:?}", g.leaders_by_term);
+    }
+
+    #[test]
+    fn the_same_inputs_give_the_same_run() {
+        let trace = || {
+            let mut g = Group::new(&[1, 2, 3]);
+            g.run(30);
+            g.nodes.get_mut(&1).unwrap().propose(b"x".to_vec()).unwrap();
+            g.cut.insert(1);
+            g.run(60);
+            (g.leaders(), g.leaders_by_term.clone(), g.applied.clone())
+        };
+        assert_eq!(trace(), trace());
+    }
+
+    #[test]
+    fn bad_members_and_bad_bytes_are_errors() {
+        assert!(MetaNode::new(0, &[1, 2]).is_err());
+        assert!(MetaNode::new(4, &[1, 2, 3]).is_err());
+        assert!(matches!(decode_message(&[0xFF, 0xFF, 0xFF]), Err(MetaError::Decode(_))));
+    }
+}
