@@ -1,8 +1,10 @@
 //! The cluster: what several brokers agree on. So far, placement (which broker owns each
-//! shard) and a sans-IO member of a Raft group on tikv's engine ([`meta`]); membership, the
-//! metadata state machine, routing and forwarding follow (issue 14).
+//! shard), a sans-IO member of a Raft group on tikv's engine ([`meta`]) and the metadata state
+//! machine it replicates ([`metadata`]); the driver's transport and log, routing and forwarding
+//! follow (issue 14).
 
 pub mod meta;
+pub mod metadata;
 pub mod placement;
 
 pub use placement::place;

@@ -1,0 +1,440 @@
+//! The cluster's metadata: members, the registry of streams and caches, and the owner of every
+//! shard. It is the state machine of the metadata Raft group ([`super::meta`]): every broker
+//! applies the same committed [`Command`]s in the same order and so holds the same metadata.
+//! Applying is deterministic (ordered maps, placement a pure function) and never panics.
+//!
+//! Owners follow [`super::placement::place`] over the active members after every change, and
+//! every change of a shard's owner bumps its generation, which only grows: a request or answer
+//! naming an older generation is stale.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Whether a member takes shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberState {
+    /// Owns its share of shards.
+    Active,
+    /// Being emptied: owns nothing, still a member (left out of `topology`).
+    Draining,
+}
+
+/// A broker of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Node id (unique, never reused for another broker).
+    pub id: String,
+    /// Where clients reach it.
+    pub client_addr: String,
+    /// Where brokers reach it.
+    pub cluster_addr: String,
+    /// Active or draining.
+    pub state: MemberState,
+}
+
+/// Stream or cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A stream.
+    Stream,
+    /// A cache.
+    Cache,
+}
+
+/// One shard of a stream or cache.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ShardId {
+    /// Stream or cache.
+    pub kind: Kind,
+    /// Tenant.
+    pub tenant: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Shard number.
+    pub shard: u32,
+}
+
+/// Who owns a shard, and since which change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The owning member.
+    pub owner: String,
+    /// Bumped on every change of owner; only grows.
+    pub generation: u64,
+}
+
+/// A change to the metadata, as the metadata group commits it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// A broker joins (or comes back active with new addresses).
+    Join {
+        /// The member.
+        member: Member,
+    },
+    /// A broker hands its shards to the others and takes no more.
+    Drain {
+        /// Node id.
+        id: String,
+    },
+    /// A broker leaves the cluster (or is declared dead): its shards go to the others.
+    Remove {
+        /// Node id.
+        id: String,
+    },
+    /// A stream or cache is created with `shards` shards.
+    Create {
+        /// Stream or cache.
+        kind: Kind,
+        /// Tenant.
+        tenant: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Shard count (at least 1).
+        shards: u32,
+    },
+    /// A stream or cache is deleted.
+    Delete {
+        /// Stream or cache.
+        kind: Kind,
+        /// Tenant.
+        tenant: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
+/// Why a command changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// No member with that id.
+    #[error("no member {0}")]
+    UnknownMember(String),
+    /// Created already (with this many shards).
+    #[error("{name} exists with {shards} shard(s)")]
+    Exists {
+        /// Its name.
+        name: String,
+        /// Its shard count.
+        shards: u32,
+    },
+    /// Nothing by that name.
+    #[error("no {0}")]
+    Unknown(String),
+    /// Zero shards, or more than the cluster takes.
+    #[error("a shard count must be 1..={max}, not {got}")]
+    BadShardCount {
+        /// What was asked.
+        got: u32,
+        /// The largest allowed.
+        max: u32,
+    },
+    /// The bytes are not a command.
+    #[error("undecodable command: {0}")]
+    Decode(String),
+}
+
+/// The largest shard count of one stream or cache.
+pub const MAX_SHARDS: u32 = 4096;
+
+/// The metadata every broker of a cluster holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Metadata {
+    members: BTreeMap<String, Member>,
+    registry: BTreeMap<(Kind, String, String, String), u32>,
+    owners: BTreeMap<ShardId, Assignment>,
+}
+
+impl Metadata {
+    /// The members, by id.
+    pub fn members(&self) -> &BTreeMap<String, Member> {
+        &self.members
+    }
+
+    /// Every shard's owner.
+    pub fn owners(&self) -> &BTreeMap<ShardId, Assignment> {
+        &self.owners
+    }
+
+    /// The owner of one shard.
+    pub fn owner(&self, shard: &ShardId) -> Option<&Assignment> {
+        self.owners.get(shard)
+    }
+
+    /// How many shards a stream or cache has, if it exists.
+    pub fn shard_count(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> Option<u32> {
+        self.registry.get(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned())).copied()
+    }
+
+    /// Applies a committed command. A refused command changes nothing (every member refuses it
+    /// the same way, so they stay equal).
+    ///
+    /// # Errors
+    /// [`CommandError`] saying why nothing changed.
+    pub fn apply(&mut self, c: &Command) -> Result<(), CommandError> {
+        match c {
+            Command::Join { member } => {
+                self.members.insert(member.id.clone(), Member { state: MemberState::Active, ..member.clone() });
+            }
+            Command::Drain { id } => {
+                let m = self.members.get_mut(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
+                m.state = MemberState::Draining;
+            }
+            Command::Remove { id } => {
+                self.members.remove(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
+            }
+            Command::Create { kind, tenant, namespace, name, shards } => {
+                if *shards == 0 || *shards > MAX_SHARDS {
+                    return Err(CommandError::BadShardCount { got: *shards, max: MAX_SHARDS });
+                }
+                let key = (*kind, tenant.clone(), namespace.clone(), name.clone());
+                if let Some(&n) = self.registry.get(&key) {
+                    return Err(CommandError::Exists { name: name.clone(), shards: n });
+                }
+                self.registry.insert(key, *shards);
+            }
+            Command::Delete { kind, tenant, namespace, name } => {
+                let key = (*kind, tenant.clone(), namespace.clone(), name.clone());
+                self.registry.remove(&key).ok_or_else(|| CommandError::Unknown(name.clone()))?;
+                self.owners
+                    .retain(|s, _| (s.kind, &s.tenant, &s.namespace, &s.name) != (key.0, &key.1, &key.2, &key.3));
+            }
+        }
+        self.rebalance();
+        Ok(())
+    }
+
+    /// Owners by placement over the active members; a changed owner gets the next generation.
+    fn rebalance(&mut self) {
+        let shards: Vec<ShardId> = self
+            .registry
+            .iter()
+            .flat_map(|((kind, tenant, namespace, name), n)| {
+                (0..*n).map(move |shard| ShardId {
+                    kind: *kind,
+                    tenant: tenant.clone(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    shard,
+                })
+            })
+            .collect();
+        let active: Vec<String> =
+            self.members.values().filter(|m| m.state == MemberState::Active).map(|m| m.id.clone()).collect();
+        let current: BTreeMap<ShardId, String> =
+            self.owners.iter().map(|(s, a)| (s.clone(), a.owner.clone())).collect();
+        let placed = super::placement::place(&shards, &active, &current);
+        let mut next = BTreeMap::new();
+        for s in shards {
+            let old = self.owners.get(&s);
+            match (placed.get(&s), old) {
+                (Some(owner), Some(a)) if *owner == a.owner => {
+                    next.insert(s, a.clone());
+                }
+                (Some(owner), old) => {
+                    let generation = old.map_or(1, |a| a.generation + 1);
+                    next.insert(s, Assignment { owner: owner.clone(), generation });
+                }
+                // No active member: the shard keeps its last assignment (its owner is gone or
+                // draining, so it is unavailable, not lost), and its generation.
+                (None, Some(a)) => {
+                    next.insert(s, a.clone());
+                }
+                (None, None) => {}
+            }
+        }
+        self.owners = next;
+    }
+}
+
+impl Command {
+    /// The command as bytes to propose.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A committed command's bytes.
+    ///
+    /// # Errors
+    /// [`CommandError::Decode`] for bytes that are not a command.
+    pub fn decode(bytes: &[u8]) -> Result<Command, CommandError> {
+        serde_json::from_slice(bytes).map_err(|e| CommandError::Decode(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn join(id: &str) -> Command {
+        Command::Join {
+            member: Member {
+                id: id.into(),
+                client_addr: format!("{id}:5000"),
+                cluster_addr: format!("{id}:7000"),
+                state: MemberState::Active,
+            },
+        }
+    }
+
+    fn create(name: &str, shards: u32) -> Command {
+        Command::Create { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: name.into(), shards }
+    }
+
+    fn count(md: &Metadata, id: &str) -> usize {
+        md.owners().values().filter(|a| a.owner == id).count()
+    }
+
+    #[test]
+    fn members_share_shards_and_a_drained_member_owns_none() {
+        let mut md = Metadata::default();
+        for c in [join("n1"), join("n2"), join("n3"), create("orders", 6), create("events", 3)] {
+            md.apply(&c).unwrap();
+        }
+        assert_eq!(md.owners().len(), 9);
+        assert_eq!([count(&md, "n1"), count(&md, "n2"), count(&md, "n3")], [3, 3, 3]);
+        let before = md.clone();
+        md.apply(&Command::Drain { id: "n2".into() }).unwrap();
+        assert_eq!(count(&md, "n2"), 0);
+        for (s, a) in md.owners() {
+            let old = &before.owners()[s];
+            if a.owner == old.owner {
+                assert_eq!(a.generation, old.generation, "an unmoved shard keeps its generation");
+            } else {
+                assert_eq!(old.owner, "n2", "only the drained member's shards move");
+                assert_eq!(a.generation, old.generation + 1);
+            }
+        }
+        assert_eq!(md.apply(&create("orders", 2)), Err(CommandError::Exists { name: "orders".into(), shards: 6 }));
+        assert!(matches!(md.apply(&create("zero", 0)), Err(CommandError::BadShardCount { .. })));
+        assert_eq!(md.apply(&Command::Remove { id: "n9".into() }), Err(CommandError::UnknownMember("n9".into())));
+        md.apply(&Command::Delete {
+            kind: Kind::Stream,
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            name: "events".into(),
+        })
+        .unwrap();
+        assert_eq!(md.owners().len(), 6);
+        assert_eq!(md.shard_count(Kind::Stream, "t", "ns", "events"), None);
+    }
+
+    #[test]
+    fn with_no_active_member_shards_keep_their_last_owner() {
+        let mut md = Metadata::default();
+        for c in [join("n1"), create("s", 2), Command::Remove { id: "n1".into() }] {
+            md.apply(&c).unwrap();
+        }
+        assert!(md.owners().values().all(|a| a.owner == "n1" && a.generation == 1));
+        md.apply(&join("n2")).unwrap();
+        assert!(md.owners().values().all(|a| a.owner == "n2" && a.generation == 2));
+    }
+
+    #[test]
+    fn commands_round_trip_and_garbage_is_refused() {
+        for c in [join("n1"), create("s", 3), Command::Drain { id: "n1".into() }] {
+            assert_eq!(Command::decode(&c.encode()), Ok(c));
+        }
+        assert!(matches!(Command::decode(b"{\"op\":\"explode\"}"), Err(CommandError::Decode(_))));
+        assert!(matches!(Command::decode(b"\xFF"), Err(CommandError::Decode(_))));
+    }
+
+    /// The metadata group end to end: the leader proposes, every member applies what the group
+    /// committed, and all three hold the same metadata.
+    #[test]
+    fn a_raft_group_keeps_every_members_metadata_equal() {
+        use crate::cluster::meta::{MetaNode, MetaOutput};
+        let ids = [1u64, 2, 3];
+        let mut nodes: Vec<MetaNode> = ids.iter().map(|&id| MetaNode::new(id, &ids).unwrap()).collect();
+        let mut md = vec![Metadata::default(); 3];
+        let mut step = |nodes: &mut Vec<MetaNode>, md: &mut Vec<Metadata>, ticks: usize| {
+            for _ in 0..ticks {
+                nodes.iter_mut().for_each(MetaNode::tick);
+                loop {
+                    let mut msgs = Vec::new();
+                    for (i, n) in nodes.iter_mut().enumerate() {
+                        while let Some(o) = n.poll_output() {
+                            match o {
+                                MetaOutput::Send { to, message } => msgs.push((to, message)),
+                                MetaOutput::Committed { data, .. } => {
+                                    let _ = md[i].apply(&Command::decode(&data).unwrap());
+                                }
+                            }
+                        }
+                    }
+                    if msgs.is_empty() {
+                        break;
+                    }
+                    for (to, m) in msgs {
+                        let _ = nodes[(to - 1) as usize].step(m);
+                    }
+                }
+            }
+        };
+        step(&mut nodes, &mut md, 30);
+        let leader = nodes.iter().position(MetaNode::is_leader).unwrap();
+        for c in [join("n1"), join("n2"), join("n3"), create("orders", 7), Command::Drain { id: "n3".into() }] {
+            nodes[leader].propose(c.encode()).unwrap();
+        }
+        step(&mut nodes, &mut md, 5);
+        assert_eq!(md[0].owners().len(), 7);
+        assert_eq!(count(&md[0], "n3"), 0);
+        assert_eq!(md[0], md[1]);
+        assert_eq!(md[1], md[2]);
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        let id = (1u8..6).prop_map(|i| format!("n{i}"));
+        prop_oneof![
+            id.clone().prop_map(|i| join(&i)),
+            id.clone().prop_map(|id| Command::Drain { id }),
+            id.prop_map(|id| Command::Remove { id }),
+            ((0u8..4), (0u32..9)).prop_map(|(n, s)| create(&format!("s{n}"), s)),
+            (0u8..4).prop_map(|n| Command::Delete {
+                kind: Kind::Stream,
+                tenant: "t".into(),
+                namespace: "ns".into(),
+                name: format!("s{n}")
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Over any sequence of commands: generations only grow (per shard, while it exists),
+        /// owners are active members whenever one exists, loads differ by at most one, and two
+        /// members applying the same commands hold the same metadata.
+        #[test]
+        fn invariants_hold_over_any_command_sequence(cmds in proptest::collection::vec(command(), 1..40)) {
+            let mut a = Metadata::default();
+            let mut b = Metadata::default();
+            for c in &cmds {
+                let before = a.owners().clone();
+                let ra = a.apply(c);
+                prop_assert_eq!(&ra, &b.apply(&Command::decode(&c.encode()).unwrap()));
+                for (s, asg) in a.owners() {
+                    if let Some(old) = before.get(s) {
+                        prop_assert!(asg.generation >= old.generation);
+                        prop_assert_eq!(asg.generation == old.generation, asg.owner == old.owner);
+                    }
+                }
+                let active: Vec<&String> =
+                    a.members().values().filter(|m| m.state == MemberState::Active).map(|m| &m.id).collect();
+                if !active.is_empty() {
+                    prop_assert!(a.owners().values().all(|x| active.contains(&&x.owner)));
+                    let loads: Vec<usize> = active.iter().map(|id| count(&a, id)).collect();
+                    prop_assert!(loads.iter().max().unwrap() - loads.iter().min().unwrap() <= 1);
+                }
+            }
+            prop_assert_eq!(a, b);
+        }
+    }
+}
