@@ -356,7 +356,7 @@ mod tests {
         let ids = [1u64, 2, 3];
         let mut nodes: Vec<MetaNode> = ids.iter().map(|&id| MetaNode::new(id, &ids).unwrap()).collect();
         let mut md = vec![Metadata::default(); 3];
-        let mut step = |nodes: &mut Vec<MetaNode>, md: &mut Vec<Metadata>, ticks: usize| {
+        let step = |nodes: &mut Vec<MetaNode>, md: &mut Vec<Metadata>, ticks: usize| {
             for _ in 0..ticks {
                 nodes.iter_mut().for_each(MetaNode::tick);
                 loop {
