@@ -116,3 +116,12 @@ impl ChunkReader {
         Ok(recv.read_chunks(&mut self.bufs).await?.map(|n| self.bufs[..n].iter_mut().map(std::mem::take).collect()))
     }
 }
+
+/// Sleeps until a state machine's `poll_timeout`, or for ever when it has none: the timer arm
+/// of every driver loop.
+pub(crate) async fn sleep_until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
+}

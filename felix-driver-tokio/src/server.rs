@@ -621,12 +621,7 @@ impl BrokerTask {
         loop {
             self.drain();
             let deadline = self.broker.poll_timeout();
-            let sleep = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let sleep = crate::sleep_until(deadline);
             tokio::select! {
                 input = rx.recv() => {
                     let Some(input) = input else { break };
