@@ -2,7 +2,7 @@
 //! choose the stream themselves (the main stream, or the long-poll stream) and hold a request
 //! until its stream authenticated; the others take an explicit, authenticated stream.
 
-use super::control::{Awaiting, CtlState, Queued, Role};
+use super::control::{Awaiting, CtlState, Queued, Role, SubRequest};
 use super::{
     CacheWatchRequest, ClientConnection, ClientStream, CommandError, ErrorInfo, PublishId, PublishRequest,
     StreamReadRequest, SubscribeRequest, Timer, WatchOn, frame_of, needs,
@@ -191,11 +191,7 @@ impl ClientConnection {
         now: Instant,
     ) -> Result<u64, CommandError> {
         self.clock.advance(now);
-        let idx = self.ctl_index(stream)?;
-        let sub = self.next_sub;
-        self.send_subscribe(idx, sub, req)?;
-        self.next_sub += 1;
-        Ok(sub)
+        self.start_sub(stream, SubRequest::Subscribe(req))
     }
 
     /// Subscribes on a control stream of its own: opened now, authenticated, then the subscribe,
@@ -209,14 +205,7 @@ impl ClientConnection {
     /// [`CommandError::NotNegotiated`] when a stream of this connection already learned that the
     /// broker lacks what the request needs (nothing is opened); [`CommandError::ConnectionLost`].
     pub fn subscribe_dedicated(&mut self, req: SubscribeRequest, now: Instant) -> Result<u64, CommandError> {
-        self.clock.advance(now);
-        if let Some(neg) = self.any_negotiated() {
-            needs::check(&neg, &self.subscribe_message(0, req.clone()))?;
-        }
-        let sub = self.dedicate(now)?;
-        let idx = self.open_dedicated();
-        self.queue_on(idx, Queued::Subscribe { sub, req });
-        Ok(sub)
+        self.start_sub_dedicated(SubRequest::Subscribe(req), now)
     }
 
     /// Watches a cache key or prefix on `stream` (FEATURE_CACHE_WATCH). Returns the
@@ -226,11 +215,7 @@ impl ClientConnection {
     /// [`CommandError::NotNegotiated`] against a broker without the feature (or without
     /// FEATURE_CACHE_WATCH_RETAINED for `retained`).
     pub fn cache_watch(&mut self, stream: ClientStream, req: CacheWatchRequest) -> Result<u64, CommandError> {
-        let idx = self.ctl_index(stream)?;
-        let sub = self.next_sub;
-        self.send_watch(idx, sub, req)?;
-        self.next_sub += 1;
-        Ok(sub)
+        self.start_sub(stream, SubRequest::Watch(req))
     }
 
     /// [`subscribe_dedicated`](Self::subscribe_dedicated) for a cache watch.
@@ -238,13 +223,25 @@ impl ClientConnection {
     /// # Errors
     /// As [`subscribe_dedicated`](Self::subscribe_dedicated).
     pub fn cache_watch_dedicated(&mut self, req: CacheWatchRequest, now: Instant) -> Result<u64, CommandError> {
+        self.start_sub_dedicated(SubRequest::Watch(req), now)
+    }
+
+    fn start_sub(&mut self, stream: ClientStream, req: SubRequest) -> Result<u64, CommandError> {
+        let idx = self.ctl_index(stream)?;
+        let sub = self.next_sub;
+        self.send_sub(idx, sub, req)?;
+        self.next_sub += 1;
+        Ok(sub)
+    }
+
+    fn start_sub_dedicated(&mut self, req: SubRequest, now: Instant) -> Result<u64, CommandError> {
         self.clock.advance(now);
         if let Some(neg) = self.any_negotiated() {
-            needs::check(&neg, &self.watch_message(0, req.clone()))?;
+            needs::check(&neg, &self.sub_message(0, req.clone()))?;
         }
         let sub = self.dedicate(now)?;
         let idx = self.open_dedicated();
-        self.queue_on(idx, Queued::Watch { sub, req });
+        self.queue_on(idx, Queued::Sub { sub, req });
         Ok(sub)
     }
 
@@ -261,6 +258,13 @@ impl ClientConnection {
 
     fn open_dedicated(&mut self) -> usize {
         self.open_ctl(Role::Dedicated).0 as usize
+    }
+
+    fn sub_message(&self, sub: u64, req: SubRequest) -> Message {
+        match req {
+            SubRequest::Subscribe(r) => self.subscribe_message(sub, r),
+            SubRequest::Watch(r) => self.watch_message(sub, r),
+        }
     }
 
     fn subscribe_message(&self, sub: u64, req: SubscribeRequest) -> Message {
@@ -293,13 +297,8 @@ impl ClientConnection {
         })
     }
 
-    fn send_subscribe(&mut self, idx: usize, sub: u64, req: SubscribeRequest) -> Result<(), CommandError> {
-        let m = self.subscribe_message(sub, req);
-        self.send_sub_request(idx, sub, &m)
-    }
-
-    fn send_watch(&mut self, idx: usize, sub: u64, req: CacheWatchRequest) -> Result<(), CommandError> {
-        let m = self.watch_message(sub, req);
+    fn send_sub(&mut self, idx: usize, sub: u64, req: SubRequest) -> Result<(), CommandError> {
+        let m = self.sub_message(sub, req);
         self.send_sub_request(idx, sub, &m)
     }
 
@@ -382,8 +381,7 @@ impl ClientConnection {
     pub(super) fn send_queued(&mut self, idx: usize, q: Queued) {
         let sent = match &q {
             Queued::Request { request_id, message, extra } => self.send_request(idx, *request_id, message, *extra),
-            Queued::Subscribe { sub, req } => self.send_subscribe(idx, *sub, req.clone()),
-            Queued::Watch { sub, req } => self.send_watch(idx, *sub, req.clone()),
+            Queued::Sub { sub, req } => self.send_sub(idx, *sub, req.clone()),
         };
         if let Err(e) = sent {
             let error = ErrorInfo { message: e.to_string(), code: None, retry: Some(RetryClass::Fatal), detail: None };
@@ -392,10 +390,10 @@ impl ClientConnection {
         }
     }
 
-    fn fail_queued(&mut self, q: Queued, error: ErrorInfo) {
+    pub(super) fn fail_queued(&mut self, q: Queued, error: ErrorInfo) {
         match q {
             Queued::Request { request_id, .. } => self.request_failed(request_id, error, None, None),
-            Queued::Subscribe { sub, .. } | Queued::Watch { sub, .. } => self.subscribe_failed(sub, error, None, None),
+            Queued::Sub { sub, .. } => self.subscribe_failed(sub, error, None, None),
         }
     }
 

@@ -59,8 +59,15 @@ pub(super) enum Awaiting {
 #[derive(Debug)]
 pub(super) enum Queued {
     Request { request_id: u64, message: Message, extra: std::time::Duration },
-    Subscribe { sub: u64, req: SubscribeRequest },
-    Watch { sub: u64, req: CacheWatchRequest },
+    Sub { sub: u64, req: SubRequest },
+}
+
+/// What opens a subscription: a stream subscription or a cache watch. Both take a client-chosen
+/// subscription id, an event stream and the same answers, so they share one path.
+#[derive(Debug, Clone)]
+pub(super) enum SubRequest {
+    Subscribe(SubscribeRequest),
+    Watch(CacheWatchRequest),
 }
 
 #[derive(Debug)]
@@ -198,12 +205,7 @@ impl ClientConnection {
     pub(super) fn fail_stream(&mut self, idx: usize, why: &ErrorInfo) {
         self.ctls[idx].state = CtlState::Closed;
         for q in std::mem::take(&mut self.ctls[idx].queued) {
-            match q {
-                Queued::Request { request_id, .. } => self.request_failed(request_id, why.clone(), None, None),
-                Queued::Subscribe { sub, .. } | Queued::Watch { sub, .. } => {
-                    self.subscribe_failed(sub, why.clone(), None, None)
-                }
-            }
+            self.fail_queued(q, why.clone());
         }
         for a in std::mem::take(&mut self.ctls[idx].awaiting) {
             match a {
