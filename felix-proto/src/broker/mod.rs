@@ -270,6 +270,24 @@ struct Conn {
     max_uni: Option<u64>,
 }
 
+impl Conn {
+    /// The id of a new subscription or watch: the one the client chose, or the next free one.
+    /// `Err(id)` when the client chose an id already in use.
+    fn claim_sub_id(&mut self, asked: Option<u64>) -> Result<u64, u64> {
+        match asked {
+            Some(id) if self.subs.contains_key(&id) => Err(id),
+            Some(id) => Ok(id),
+            None => {
+                while self.subs.contains_key(&self.next_sub) {
+                    self.next_sub += 1;
+                }
+                self.next_sub += 1;
+                Ok(self.next_sub - 1)
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Reply {
     None,

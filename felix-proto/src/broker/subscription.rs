@@ -354,18 +354,11 @@ impl Broker {
             let r = Refusal::new(ErrorCode::LimitExceeded, format!("at most {max_subs} subscriptions per connection"));
             return self.refuse(conn, st, r);
         }
-        let id = match s.subscription_id {
-            Some(id) if c.subs.contains_key(&id) => {
+        let id = match c.claim_sub_id(s.subscription_id) {
+            Ok(id) => id,
+            Err(id) => {
                 let r = Refusal::new(ErrorCode::InvalidRequest, format!("subscription {id} already exists"));
                 return self.refuse(conn, st, r);
-            }
-            Some(id) => id,
-            None => {
-                while c.subs.contains_key(&c.next_sub) {
-                    c.next_sub += 1;
-                }
-                c.next_sub += 1;
-                c.next_sub - 1
             }
         };
         let granted = s.queue_capacity.map(|q| q.clamp(1, cap_max));

@@ -101,18 +101,9 @@ impl Broker {
             let r = Refusal::new(ErrorCode::LimitExceeded, format!("at most {max_subs} subscriptions per connection"));
             return self.refuse(conn, st, r);
         }
-        let id = match w.subscription_id {
-            Some(id) if c.subs.contains_key(&id) => {
-                return self.refuse(conn, st, invalid(&format!("subscription {id} already exists")));
-            }
-            Some(id) => id,
-            None => {
-                while c.subs.contains_key(&c.next_sub) {
-                    c.next_sub += 1;
-                }
-                c.next_sub += 1;
-                c.next_sub - 1
-            }
+        let id = match c.claim_sub_id(w.subscription_id) {
+            Ok(id) => id,
+            Err(id) => return self.refuse(conn, st, invalid(&format!("subscription {id} already exists"))),
         };
         let queue: VecDeque<[Bytes; 2]> = initial.iter().map(|ch| self.event_frame(ch)).collect();
         let replayed = queue.len();
