@@ -666,19 +666,7 @@ impl Client {
             max_bytes: None,
         };
         let r = self
-            .request(move |tenant_id, request_id| {
-                Message::StreamRead(message::StreamRead {
-                    tenant_id,
-                    namespace: req.namespace,
-                    stream: req.stream,
-                    shard: req.shard,
-                    from: req.from,
-                    end: req.end,
-                    max_records: req.max_records,
-                    max_bytes: req.max_bytes,
-                    request_id,
-                })
-            })
+            .request(move |tenant_id, request_id| felix_proto::client::stream_read_message(tenant_id, req, request_id))
             .await?;
         match r {
             core::Reply::StreamRecords { records, next_offset } => Ok(Page { records, next_offset }),

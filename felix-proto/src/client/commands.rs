@@ -695,7 +695,9 @@ fn long_wait(m: &Message) -> Duration {
     }
 }
 
-pub(super) fn stream_read_message(tenant_id: String, req: StreamReadRequest, request_id: u64) -> Message {
+/// The `stream_read` message for `req`, as the client sends it (also for drivers that build
+/// their own request through a generic request path).
+pub fn stream_read_message(tenant_id: String, req: StreamReadRequest, request_id: u64) -> Message {
     Message::StreamRead(message::StreamRead {
         tenant_id,
         namespace: req.namespace,

@@ -44,6 +44,7 @@ pub mod needs;
 pub mod producer;
 pub mod resume;
 
+pub use commands::stream_read_message;
 pub use events::event_bytes;
 pub use resume::{SubscriptionCursor, lagged_resume_point};
 
