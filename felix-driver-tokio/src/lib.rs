@@ -5,12 +5,12 @@
 //! machines, turns their outputs into writes, stream opens, flow-control pauses and disk
 //! appends, and passes tokio's clock in as `now`.
 
-mod alpn;
 pub mod client;
 pub mod groups;
 pub mod producer;
 pub mod server;
-pub mod storage;
+/// Durable stream shards on disk (shared with every driver: [`felix_driver_common::storage`]).
+pub use felix_driver_common::storage;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tls;

@@ -13,7 +13,7 @@
 //! stream is fire-and-forget.
 
 use crate::storage::{DiskStorage, FsyncMode, RecoveredShard};
-use crate::tls::{Identity, TlsError, server_config};
+use crate::tls::{Identity, TlsError, quic_server_crypto};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
@@ -247,21 +247,7 @@ impl Server {
     /// # Errors
     /// TLS, socket or storage failures.
     pub async fn start(opts: ServerOptions) -> Result<Server, ServerError> {
-        let quic = |tls: rustls::ServerConfig| {
-            quinn::crypto::rustls::QuicServerConfig::try_from(tls)
-                .map(Arc::new)
-                .map_err(|e| ServerError::Tls(TlsError::Generate(e.to_string())))
-        };
-        let tls = server_config(opts.identity)?;
-        let with_alpn = quic(tls.clone())?;
-        let mut qcfg = if opts.require_alpn {
-            quinn::ServerConfig::with_crypto(with_alpn)
-        } else {
-            let mut bare = tls;
-            bare.alpn_protocols.clear();
-            let without_alpn = quic(bare)?;
-            quinn::ServerConfig::with_crypto(Arc::new(crate::alpn::AlpnOptional { with_alpn, without_alpn }))
-        };
+        let mut qcfg = quinn::ServerConfig::with_crypto(quic_server_crypto(opts.identity, opts.require_alpn)?);
         let mut loopback_cfg = qcfg.clone();
         qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
         loopback_cfg.transport_config(Arc::new(opts.transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
@@ -517,14 +503,6 @@ async fn accept_loop(endpoint: quinn::Endpoint, tx: mpsc::UnboundedSender<Input>
 }
 
 /// The core's name for a peer: its IP address in 16 bytes (IPv4 mapped into IPv6).
-fn peer_addr(addr: SocketAddr) -> felix_proto::broker::PeerAddr {
-    let ip = match addr.ip() {
-        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        std::net::IpAddr::V6(v6) => v6,
-    };
-    felix_proto::broker::PeerAddr(ip.octets())
-}
-
 async fn conn_loop(conn: ConnId, quic: quinn::Connection, tx: mpsc::UnboundedSender<Input>) {
     loop {
         tokio::select! {
@@ -820,7 +798,7 @@ impl BrokerTask {
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
-            Input::Incoming(incoming) => match self.broker.admit(peer_addr(incoming.remote_address()), now) {
+            Input::Incoming(incoming) => match self.broker.admit(incoming.remote_address().ip().into(), now) {
                 Ok(conn) => {
                     let tx = self.tx.clone();
                     let connecting = if is_loopback(incoming.remote_address()) {

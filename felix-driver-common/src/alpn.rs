@@ -6,13 +6,13 @@
 //! lazily: it buffers the ClientHello, looks for the ALPN extension, and only then starts the
 //! real rustls session from the matching configuration, feeding it the buffered bytes.
 
-use quinn::crypto::rustls::QuicServerConfig;
-use quinn::crypto::{
+use quinn_proto::TransportError;
+use quinn_proto::crypto::rustls::QuicServerConfig;
+use quinn_proto::crypto::{
     self, ExportKeyingMaterialError, HeaderKey, KeyPair, Keys, PacketKey, Session, UnsupportedVersion,
 };
-use quinn::{ConnectionId, Side};
-use quinn_proto::TransportError;
 use quinn_proto::transport_parameters::TransportParameters;
+use quinn_proto::{ConnectionId, Side};
 use std::any::Any;
 use std::sync::Arc;
 

@@ -1,0 +1,328 @@
+//! A broker on one thread: `felix_proto::broker::Broker`, QUIC ([`crate::quic`]) and disk
+//! ([`felix_driver_common::storage`]) in one loop.
+//!
+//! ```text
+//! loop {
+//!     drain the broker's outputs   → stream writes, opens, stops, pauses, disk writes
+//!     write to disk, synchronously → handle_write_result (group commit: one pass per turn)
+//!     send what QUIC has to send
+//!     wait: a datagram, a stop, or the earliest timer (broker's, QUIC's)
+//!     hand what arrived to the broker (handle_stream_chunks, connection_closed, ...)
+//! }
+//! ```
+//!
+//! Everything the tokio driver spreads over tasks and channels is here in order on one thread,
+//! which is the point: the protocol lives in felix-proto, and this file only moves bytes.
+
+use crate::quic::{Happening, Quic};
+use felix_driver_common::storage::{DiskStorage, FsyncMode};
+use felix_driver_common::tls::{Identity, TlsError, quic_server_crypto};
+use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PeerAddr, PersistRequest, ReadRequest};
+use felix_proto::transport::{ConnId, WallClock};
+use quinn_proto::ConnectionHandle;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How a blocking broker is set up.
+#[derive(Debug)]
+pub struct BrokerOptions {
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// The protocol configuration.
+    pub broker: BrokerConfig,
+    /// TLS certificate and key.
+    pub identity: Identity,
+    /// Where durable streams live; `None` keeps them in memory only.
+    pub data_dir: Option<PathBuf>,
+    /// When appends are forced to disk.
+    pub fsync: FsyncMode,
+}
+
+/// Why the broker could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// TLS setup failed.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The socket, the poller or storage failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Stops a running [`BlockingBroker`] from another thread.
+#[derive(Clone)]
+pub struct StopHandle {
+    stop: Arc<AtomicBool>,
+    waker: Arc<mio::Waker>,
+}
+
+impl StopHandle {
+    /// Asks the broker to stop; its `run` then closes every connection and returns.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+/// A broker bound to its socket, with its storage recovered; [`run`](Self::run) serves.
+pub struct BlockingBroker {
+    broker: Broker,
+    quic: Quic,
+    disk: Option<DiskStorage>,
+    stop: StopHandle,
+    conns: BTreeMap<ConnectionHandle, ConnId>,
+    handles: BTreeMap<ConnId, ConnectionHandle>,
+    writes: Vec<PersistRequest>,
+    reads: Vec<ReadRequest>,
+    /// Records recovered from disk at start.
+    pub recovered_records: u64,
+    /// What storage repaired at start.
+    pub repairs: Vec<String>,
+}
+
+/// How often files under an interval fsync policy are checked when nothing else wakes the loop.
+const SYNC_CHECK: Duration = Duration::from_millis(20);
+
+impl BlockingBroker {
+    /// Binds, sets up TLS and recovers storage.
+    ///
+    /// # Errors
+    /// TLS, socket or storage failures.
+    pub fn bind(opts: BrokerOptions) -> Result<BlockingBroker, BrokerError> {
+        let crypto = quic_server_crypto(opts.identity, false)?;
+        let server = Arc::new(quinn_proto::ServerConfig::with_crypto(crypto));
+        let (quic, waker) = Quic::bind(opts.listen, Some(server))?;
+        let now = Instant::now();
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let mut cfg = opts.broker;
+        cfg.history_reads = opts.data_dir.is_some();
+        // The core draws no randomness itself: give it some (producer ids).
+        cfg.random_seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(unix);
+            h.finish()
+        };
+        let mut broker = Broker::new(cfg, WallClock::new(now, unix));
+        let mut repairs = Vec::new();
+        let mut recovered_records = 0;
+        let disk = match &opts.data_dir {
+            Some(dir) => {
+                let mut disk = DiskStorage::open(dir, opts.fsync)?;
+                for mut s in disk.recover_within(|t, n, st| broker.memory_budget(t, n, st))? {
+                    repairs.append(&mut s.repairs);
+                    recovered_records += broker.restore(s, now);
+                }
+                Some(disk)
+            }
+            None => None,
+        };
+        Ok(BlockingBroker {
+            broker,
+            quic,
+            disk,
+            stop: StopHandle { stop: Arc::new(AtomicBool::new(false)), waker },
+            conns: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            writes: Vec::new(),
+            reads: Vec::new(),
+            recovered_records,
+            repairs,
+        })
+    }
+
+    /// The address the broker listens on.
+    ///
+    /// # Errors
+    /// If the socket cannot say.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.quic.local_addr()
+    }
+
+    /// A handle that stops [`run`](Self::run) from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Serves until stopped, then writes what is pending and closes every connection.
+    ///
+    /// # Errors
+    /// If waiting on the socket fails.
+    pub fn run(mut self) -> Result<(), BrokerError> {
+        while !self.stop.stop.load(Ordering::SeqCst) {
+            self.drain();
+            self.quic.transmit();
+            let mut deadline = self.broker.poll_timeout();
+            if self.disk.is_some() {
+                let check = Instant::now() + SYNC_CHECK;
+                deadline = Some(deadline.map_or(check, |d| d.min(check)));
+            }
+            self.quic.wait(deadline)?;
+            let now = Instant::now();
+            if self.broker.poll_timeout().is_some_and(|t| t <= now) {
+                self.broker.handle_timeout(now);
+            }
+            while let Some(h) = self.quic.poll_happening() {
+                self.handle(h, now);
+            }
+            if let Some(d) = self.disk.as_mut() {
+                d.sync_due();
+            }
+        }
+        self.drain();
+        if let Some(d) = self.disk.as_mut() {
+            d.sync_all();
+        }
+        self.quic.close_all(felix_proto::transport::close_code::SHUTDOWN, "broker shutting down");
+        // Let the close frames go out (bounded: a peer that never answers does not hold us).
+        let until = Instant::now() + Duration::from_millis(200);
+        while self.quic.has_connections() && Instant::now() < until {
+            self.quic.wait(Some(until))?;
+            while self.quic.poll_happening().is_some() {}
+            self.quic.transmit();
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, h: Happening, now: Instant) {
+        match h {
+            Happening::Incoming(incoming) => {
+                let peer: PeerAddr = incoming.remote_address().ip().into();
+                match self.broker.admit(peer, now) {
+                    Ok(conn) => match self.quic.accept(*incoming, now) {
+                        Some(ch) => {
+                            self.conns.insert(ch, conn);
+                            self.handles.insert(conn, ch);
+                        }
+                        None => self.broker.connection_closed(conn, now),
+                    },
+                    Err(_) => self.quic.refuse(*incoming),
+                }
+            }
+            Happening::Lost(ch, _) => {
+                if let Some(conn) = self.conns.remove(&ch) {
+                    self.handles.remove(&conn);
+                    self.broker.connection_closed(conn, now);
+                }
+            }
+            Happening::Data { ch, stream, chunks, fin } => {
+                if let Some(&conn) = self.conns.get(&ch) {
+                    self.broker.handle_stream_chunks(conn, stream, chunks, fin, now);
+                }
+            }
+            Happening::Reset { ch, stream } => {
+                if let Some(&conn) = self.conns.get(&ch) {
+                    self.broker.handle_stream_reset(conn, stream, now);
+                }
+            }
+            Happening::Stopped { ch, stream } => {
+                if let Some(&conn) = self.conns.get(&ch) {
+                    self.broker.handle_stream_stopped(conn, stream, now);
+                }
+            }
+            Happening::Flushed { ch, stream, bytes } => {
+                if let Some(&conn) = self.conns.get(&ch) {
+                    self.broker.handle_stream_flushed(conn, stream, bytes, now);
+                }
+            }
+            Happening::Opened { ch, token, stream } => {
+                if let Some(&conn) = self.conns.get(&ch) {
+                    self.broker.handle_stream_opened(conn, felix_proto::transport::OpenToken(token), stream, now);
+                }
+            }
+        }
+    }
+
+    /// Carries out the broker's outputs until it has none; disk work is done in one pass at the
+    /// end of each round (writes first, then the reads queued after them).
+    fn drain(&mut self) {
+        loop {
+            while let Some(o) = self.broker.poll_output() {
+                self.output(o);
+            }
+            if self.writes.is_empty() && self.reads.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            let writes = std::mem::take(&mut self.writes);
+            if !writes.is_empty() {
+                let results = match self.disk.as_mut() {
+                    Some(d) => d.write(writes),
+                    None => felix_proto::storage::MemoryOnly.write(writes),
+                };
+                for (token, outcome) in results {
+                    self.broker.handle_write_result(token, outcome, now);
+                }
+            }
+            for r in std::mem::take(&mut self.reads) {
+                let batches = match self.disk.as_mut() {
+                    Some(d) => {
+                        d.read_range((&r.tenant_id, &r.namespace, &r.stream), r.shard, r.from, r.end, r.max_bytes)
+                    }
+                    None => felix_proto::storage::MemoryOnly.read(&r),
+                };
+                self.broker.handle_read_complete(r.token, batches, now);
+            }
+        }
+    }
+
+    fn output(&mut self, o: BrokerOutput) {
+        let ch = |conn: &ConnId| self.handles.get(conn).copied();
+        match o {
+            BrokerOutput::Transmit { conn, stream, data } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.write(ch, stream, data);
+                }
+            }
+            BrokerOutput::Finish { conn, stream } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.finish(ch, stream);
+                }
+            }
+            BrokerOutput::StopSending { conn, stream, code } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.stop(ch, stream, code);
+                }
+            }
+            BrokerOutput::PauseReading { conn, stream } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.set_paused(ch, stream, true);
+                }
+            }
+            BrokerOutput::ResumeReading { conn, stream } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.set_paused(ch, stream, false);
+                }
+            }
+            BrokerOutput::OpenUni { conn, token } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.open(ch, token.0, false);
+                }
+            }
+            BrokerOutput::Persist(w) => self.writes.push(w),
+            BrokerOutput::Read(r) => self.reads.push(r),
+            BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
+                // Writes asked for before the truncation go first.
+                if let Some(d) = self.disk.as_mut() {
+                    let writes = std::mem::take(&mut self.writes);
+                    let results = d.write(writes);
+                    let now = Instant::now();
+                    for (token, outcome) in results {
+                        self.broker.handle_write_result(token, outcome, now);
+                    }
+                    d.truncate_before((&tenant_id, &namespace, &stream), shard, start, &producers_forgotten);
+                }
+            }
+            BrokerOutput::CloseConnection { conn, code, reason } => {
+                if let Some(ch) = ch(&conn) {
+                    self.quic.close(ch, code, &reason);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! What a broker keeps at the top of its data directory besides its streams: its TLS
+//! certificate and key (generated on first start), and the development token clients on the
+//! same machine read. Every driver uses the same layout, so `felix-node` clients find a broker's
+//! certificate and token whichever driver runs it.
+
+use crate::tls::Identity;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Where the broker keeps its files.
+pub struct DataDir {
+    pub root: PathBuf,
+}
+
+impl DataDir {
+    pub fn new(root: impl Into<PathBuf>) -> DataDir {
+        DataDir { root: root.into() }
+    }
+    pub fn cert(&self) -> PathBuf {
+        self.root.join("tls").join("cert.pem")
+    }
+    pub fn key(&self) -> PathBuf {
+        self.root.join("tls").join("key.pem")
+    }
+    pub fn token(&self) -> PathBuf {
+        self.root.join("dev-token")
+    }
+
+    /// The broker's certificate: loaded, or generated (for `localhost`) on first start.
+    pub fn identity(&self) -> Result<(Identity, bool), String> {
+        if self.cert().exists() && self.key().exists() {
+            return Identity::load(&self.cert(), &self.key()).map(|i| (i, false)).map_err(|e| e.to_string());
+        }
+        let dir = self.root.join("tls");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (id, cert, key) = Identity::self_signed(&["localhost", "127.0.0.1"]).map_err(|e| e.to_string())?;
+        std::fs::write(self.cert(), cert).map_err(|e| format!("{}: {e}", self.cert().display()))?;
+        write_private(&self.key(), key.as_bytes())?;
+        Ok((id, true))
+    }
+
+    /// The development token: `given` (stored for clients to find), the stored one, or a new
+    /// random one.
+    pub fn dev_token(&self, given: Option<&str>) -> Result<String, String> {
+        std::fs::create_dir_all(&self.root).map_err(|e| format!("{}: {e}", self.root.display()))?;
+        if let Some(t) = given {
+            write_private(&self.token(), t.as_bytes())?;
+            return Ok(t.to_owned());
+        }
+        if let Ok(t) = std::fs::read_to_string(self.token()) {
+            let t = t.trim().to_owned();
+            if !t.is_empty() {
+                return Ok(t);
+            }
+        }
+        let t = random_token()?;
+        write_private(&self.token(), t.as_bytes())?;
+        Ok(t)
+    }
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(data).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn random_token() -> Result<String, String> {
+    let mut buf = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(format!("dev-{}", buf.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}

@@ -1,0 +1,17 @@
+//! felix-driver-common: the parts of a driver that are not about a runtime. Both drivers (the
+//! tokio one and the blocking one) use them, so a broker's files and certificates are the same
+//! whichever driver runs it.
+//!
+//! - [`data_dir`]: the certificate and development token a broker keeps in its data directory.
+//! - [`storage`]: durable stream shards on disk in `felix_proto::storage`'s segment format
+//!   (appends, group commit, fsync policies, recovery, retention, history reads).
+//! - [`tls`]: certificates, keys, the client's trust decision, the rustls configurations and
+//!   the QUIC server crypto that serves clients with and without ALPN.
+
+mod alpn;
+pub mod data_dir;
+pub mod storage;
+pub mod tls;
+
+pub use storage::{DiskStorage, FsyncMode};
+pub use tls::{Identity, Trust};

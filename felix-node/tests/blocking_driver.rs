@@ -1,0 +1,161 @@
+//! The blocking driver (felix-driver-blocking: no tokio, one thread, quinn-proto) serving the
+//! unchanged `felix-node` client commands and passing the live conformance suite; its client
+//! talking to both drivers; a restart recovering what it stored.
+
+use bytes::Bytes;
+use felix_driver_blocking::{BlockingBroker, BlockingClient, BrokerOptions, ConnectOptions, StopHandle};
+use felix_driver_common::data_dir::DataDir;
+use felix_driver_common::{FsyncMode, Trust};
+use felix_proto::broker::{BrokerConfig, TokenGrant};
+use felix_proto::message::StartPosition;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
+const TOKEN: &str = "blocking-test-token";
+
+struct Running {
+    addr: SocketAddr,
+    stop: StopHandle,
+    thread: Option<JoinHandle<()>>,
+    recovered: u64,
+}
+
+impl Running {
+    fn stop(mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the broker thread ended cleanly");
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.stop();
+    }
+}
+
+/// A blocking broker on its own thread, with `dir` as its data directory (certificate and dev
+/// token where `felix-node` clients look for them).
+fn start(dir: &Path) -> Running {
+    let data = DataDir::new(dir);
+    let token = data.dev_token(Some(TOKEN)).unwrap();
+    let (identity, _) = data.identity().unwrap();
+    let broker = BlockingBroker::bind(BrokerOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        broker: BrokerConfig { tokens: vec![TokenGrant::dev(token)], ..BrokerConfig::default() },
+        identity,
+        data_dir: Some(dir.to_path_buf()),
+        fsync: FsyncMode::Always,
+    })
+    .unwrap();
+    let addr = broker.local_addr().unwrap();
+    let stop = broker.stop_handle();
+    let recovered = broker.recovered_records;
+    let thread = std::thread::spawn(move || broker.run().unwrap());
+    Running { addr, stop, thread: Some(thread), recovered }
+}
+
+fn cli(dir: &Path, addr: SocketAddr, args: &[&str]) -> (bool, String, String) {
+    let out =
+        Command::new(BIN).env("FELIX_ADDR", addr.to_string()).env("FELIX_DATA_DIR", dir).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn felix_node_commands_and_live_conformance_pass_against_the_blocking_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path());
+    let (ok, _, err) = cli(dir.path(), b.addr, &["publish", "orders", "hello", "world", "--ack"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = cli(dir.path(), b.addr, &["subscribe", "orders", "--from", "earliest", "--count", "2"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "0\thello\n1\tworld\n");
+    let (_, out, err) = cli(dir.path(), b.addr, &["read", "orders", "--from", "1"]);
+    assert_eq!(out, "1\tworld\n", "{err}");
+    let (ok, _, err) = cli(dir.path(), b.addr, &["cache", "put", "sessions", "user:1", "alice"]);
+    assert!(ok, "{err}");
+    let (_, out, err) = cli(dir.path(), b.addr, &["cache", "get", "sessions", "user:1"]);
+    assert_eq!(out, "alice\n", "{err}");
+    let (_, out, err) = cli(dir.path(), b.addr, &["consume", "orders", "--group", "g1", "--count", "2"]);
+    assert_eq!(out, "0\t1\thello\n1\t1\tworld\n", "{err}");
+
+    let ca = dir.path().join("tls/cert.pem");
+    let out = Command::new(BIN)
+        .args(["conformance", "--addr", &b.addr.to_string(), "--token", TOKEN, "--tenant", "t1", "--ca"])
+        .arg(&ca)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.lines().last(), Some("12 passed, 0 failed, 0 skipped"), "{stdout}");
+    b.stop();
+}
+
+#[test]
+fn the_blocking_client_talks_to_both_drivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocking = start(dir.path());
+    let tokio_dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (identity, _) = DataDir::new(tokio_dir.path()).identity().unwrap();
+    let server = rt
+        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+            identity,
+            data_dir: Some(tokio_dir.path().to_path_buf()),
+            fsync: FsyncMode::Always,
+            transport: Default::default(),
+            require_alpn: false,
+            metrics_listen: None,
+        }))
+        .unwrap();
+    for (addr, data) in [(blocking.addr, dir.path()), (server.local_addr(), tokio_dir.path())] {
+        let certs = felix_driver_common::tls::load_certs(&data.join("tls/cert.pem")).unwrap();
+        let mut c =
+            BlockingClient::connect(ConnectOptions::new(addr, Trust::Certificates(certs), "t1", TOKEN)).unwrap();
+        let first = c.publish("default", "orders", vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]).unwrap();
+        let second = c.publish("default", "orders", vec![Bytes::from_static(b"c")]).unwrap();
+        assert_eq!((first, second), (Some(0), Some(2)), "offsets after the write");
+        let sub = c.subscribe("default", "orders", StartPosition::Earliest).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let batch = c.next_batch(sub, Duration::from_secs(5)).unwrap().expect("a batch within 5 s");
+            got.extend(batch.records.iter().map(|r| r.payload.clone()));
+        }
+        assert_eq!(got, [&b"a"[..], b"b", b"c"]);
+        c.cache_put("default", "sessions", "k", Bytes::from_static(b"v")).unwrap();
+        assert_eq!(c.cache_get("default", "sessions", "k").unwrap(), Some(Bytes::from_static(b"v")));
+        assert_eq!(c.cache_get("default", "sessions", "missing").unwrap(), None);
+        // A refusal is a typed error, not a hang.
+        let long = "x".repeat(300);
+        let err = c.publish("default", &long, vec![Bytes::new()]).unwrap_err();
+        assert!(matches!(err, felix_driver_blocking::ClientError::Refused(_)), "{err}");
+        c.close();
+    }
+    blocking.stop();
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_restarted_blocking_broker_serves_what_it_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path());
+    let (ok, _, err) = cli(dir.path(), b.addr, &["publish", "orders", "one", "two", "three", "--ack"]);
+    assert!(ok, "{err}");
+    b.stop();
+    let b = start(dir.path());
+    assert_eq!(b.recovered, 3);
+    let (_, out, err) = cli(dir.path(), b.addr, &["subscribe", "orders", "--from", "earliest", "--count", "3"]);
+    assert_eq!(out, "0\tone\n1\ttwo\n2\tthree\n", "{err}");
+    b.stop();
+}
