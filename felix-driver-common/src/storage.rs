@@ -179,7 +179,8 @@ impl DiskStorage {
                             continue;
                         };
                         let keep = budget(&tenant, &namespace, &stream);
-                        let (summaries, batches, mut repairs, index) = recover_shard(&shard_dir, keep)?;
+                        let ShardFiles { summaries, batches, state_batches, mut repairs, index } =
+                            recover_shard(&shard_dir, keep)?;
                         let producer_watermarks = read_watermarks(&shard_dir, &mut repairs);
                         if let Some((newest, entries)) =
                             index.iter().max_by_key(|(p, _)| p.file_name().map(|f| f.to_owned()))
@@ -195,6 +196,7 @@ impl DiskStorage {
                             stream_shards,
                             summaries,
                             batches,
+                            state_batches,
                             repairs,
                             producer_watermarks,
                         });
@@ -214,17 +216,7 @@ impl DiskStorage {
         let mut always: HashMap<PathBuf, Vec<usize>> = HashMap::new();
         for r in reqs {
             buf.clear();
-            encode_batch(
-                &StoredBatch {
-                    base_offset: r.base_offset,
-                    timestamp_micros: r.timestamp_micros,
-                    generation_start: r.generation_start,
-                    publisher: r.publisher.clone(),
-                    producer: r.producer,
-                    records: r.records.clone(),
-                },
-                &mut buf,
-            );
+            encode_batch(&r.to_stored(), &mut buf);
             let policy = r.fsync.unwrap_or(self.policy);
             match self.append(&r, &buf) {
                 Ok(path) => {
@@ -488,6 +480,7 @@ impl DiskStorage {
             payload_bytes: r.records.payload_bytes() as u64,
             generation_start: r.generation_start,
             producer: r.producer.map(|(id, seq)| (id, seq, felix_proto::storage::records_digest(&r.records))),
+            state: r.state.is_some(),
         };
         let seen = self.idx_open.get(&path).map_or(0, |w| w.count);
         if let Some(w) = self.idx_open.get_mut(&path)
@@ -712,11 +705,19 @@ impl Part {
     }
 }
 
-#[allow(clippy::type_complexity)] // (summaries, batches, repairs, index), named at the call
-fn recover_shard(
-    dir: &Path,
-    budget: u64,
-) -> std::io::Result<(Vec<IndexEntry>, Vec<StoredBatch>, Vec<String>, SegmentIndex)> {
+/// What recovery found in one shard's directory.
+struct ShardFiles {
+    /// Entries of the segments known by their index only.
+    summaries: Vec<IndexEntry>,
+    /// The newest batches, read whole.
+    batches: Vec<StoredBatch>,
+    /// The commit batches among `summaries`, read whole for their state.
+    state_batches: Vec<StoredBatch>,
+    repairs: Vec<String>,
+    index: SegmentIndex,
+}
+
+fn recover_shard(dir: &Path, budget: u64) -> std::io::Result<ShardFiles> {
     let mut repairs = Vec::new();
     let segs = segments(dir)?;
     let mut parts: Vec<(PathBuf, Part)> = Vec::with_capacity(segs.len());
@@ -747,11 +748,20 @@ fn recover_shard(
     }
     let mut summaries = Vec::new();
     let mut batches = Vec::new();
+    let mut state_batches = Vec::new();
     let mut index = HashMap::new();
     for (i, (path, part)) in parts.into_iter().enumerate() {
         let entries = part.entries().to_vec();
         if i < whole_from {
             summaries.extend_from_slice(&entries);
+            // Commits carry state the broker rebuilds at start: read those batches whole.
+            if entries.iter().any(|e| e.state) {
+                let whole = match part {
+                    Part::Scanned(b, _) => b,
+                    Part::Indexed(_) => scan_segment(&path, &mut repairs)?.0,
+                };
+                state_batches.extend(whole.into_iter().filter(|b| b.state.is_some()));
+            }
         } else {
             match part {
                 Part::Scanned(b, _) => batches.extend(b),
@@ -760,7 +770,7 @@ fn recover_shard(
         }
         index.insert(path, entries);
     }
-    Ok((summaries, batches, repairs, index))
+    Ok(ShardFiles { summaries, batches, state_batches, repairs, index })
 }
 
 #[cfg(test)]
@@ -782,6 +792,7 @@ mod tests {
             publisher: None,
             generation_start: false,
             producer: None,
+            state: None,
             fsync: None,
             stream_shards: 1,
         }
@@ -870,6 +881,31 @@ mod tests {
         let got: Vec<u64> = s.read_range(name, 0, 15, 100, 1 << 20).iter().map(|b| b.base_offset).collect();
         assert_eq!(got, (15..20).collect::<Vec<_>>());
         assert!(s.read_range(("t1", "default", "nope"), 0, 0, 10, 100).is_empty());
+    }
+
+    /// A commit in an old segment (known by its index only at start) still gives the broker its
+    /// state: recovery reads the commit batches whole.
+    #[test]
+    fn commits_in_summarized_segments_are_read_for_their_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        s.set_segment_bytes(200);
+        let mut first = req(1, 0, &["opened"]);
+        first.state =
+            felix_proto::storage::encode_state_changes(&[("balance".into(), Some(Bytes::from_static(b"10")))]);
+        let mut reqs = vec![first];
+        reqs.extend((1..60).map(|i| req(i + 1, i, &[&format!("payload-{i:03}")])));
+        s.write(reqs);
+        drop(s);
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        let rec = s.recover_within(|_, _, _| 60).unwrap();
+        assert!(rec[0].summaries.first().is_some_and(|e| e.base_offset == 0 && e.state), "the commit is summarized");
+        assert_eq!(rec[0].state_batches.len(), 1);
+        assert_eq!(rec[0].state_batches[0].base_offset, 0);
+        assert_eq!(
+            felix_proto::storage::decode_state_changes(rec[0].state_batches[0].state.as_ref().unwrap()).unwrap(),
+            vec![("balance".to_string(), Some(Bytes::from_static(b"10")))]
+        );
     }
 
     #[test]

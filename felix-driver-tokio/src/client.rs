@@ -724,6 +724,55 @@ impl Client {
         }
     }
 
+    /// Commits an event and state changes as one record (FEATURE_ATOMIC_COMMIT; brokers with
+    /// storage offer it) and returns its offset (the version of every key it wrote), once
+    /// durable.
+    ///
+    /// # Errors
+    /// [`ClientError::PublishRefused`] with `offset_mismatch { tail }` when `expected_offset`
+    /// was set and another write got there first (nothing written); the broker's error;
+    /// [`ClientError::Unsupported`] against a broker without the feature.
+    pub async fn commit(&self, req: core::CommitRequest) -> Result<u64, ClientError> {
+        let r = self.request(move |tenant_id, request_id| core::commit_message(tenant_id, req, request_id)).await?;
+        match r {
+            core::Reply::Committed(offset) => Ok(offset),
+            core::Reply::Refused { reason, message } => Err(ClientError::PublishRefused { reason, message }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Reads one key of the state of the shard `entity_key` routes to: its value (`None`: never
+    /// written or deleted) and the offset of the commit that wrote it.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_ATOMIC_COMMIT.
+    pub async fn state_get(
+        &self,
+        ns: &str,
+        stream: &str,
+        entity_key: Bytes,
+        key: &str,
+    ) -> Result<(Option<Bytes>, Option<u64>), ClientError> {
+        let (namespace, stream, key) = (ns.to_owned(), stream.to_owned(), key.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StateGet(message::StateGet {
+                    tenant_id,
+                    namespace,
+                    stream,
+                    entity_key: B64(entity_key),
+                    key,
+                    shard: None,
+                    request_id,
+                })
+            })
+            .await?;
+        match r {
+            core::Reply::State { value, version, .. } => Ok((value, version)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Reads a counter; `None` when it was never written (which is not the same as 0).
     ///
     /// # Errors

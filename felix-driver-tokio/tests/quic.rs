@@ -437,6 +437,60 @@ async fn counters_over_quic_survive_a_restart_and_need_storage() {
 }
 
 #[tokio::test]
+async fn commits_over_quic_write_event_and_state_together_and_survive_a_restart() {
+    use felix_proto::client::CommitRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let key = Bytes::from_static(b"account-7");
+    let req = |event: &'static [u8], changes: Vec<(String, Option<Bytes>)>, expected_offset| CommitRequest {
+        namespace: "default".into(),
+        stream: "accounts".into(),
+        entity_key: key.clone(),
+        event: Bytes::from_static(event),
+        changes,
+        expected_offset,
+    };
+    {
+        let (server, chain) = start(Some(dir.path())).await;
+        let c = connect(&server, &chain).await;
+        let put = |v: &'static [u8]| vec![("balance".to_string(), Some(Bytes::from_static(v)))];
+        assert_eq!(c.commit(req(b"opened", put(b"10"), None)).await.unwrap(), 0);
+        assert_eq!(c.commit(req(b"deposit", put(b"15"), Some(1))).await.unwrap(), 1);
+        // A stale expectation writes nothing and says where the shard is.
+        match c.commit(req(b"late", put(b"99"), Some(1))).await {
+            Err(ClientError::PublishRefused {
+                reason: felix_proto::message::RefusedReason::OffsetMismatch { tail },
+                ..
+            }) => {
+                assert_eq!(tail, 2)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            c.state_get("default", "accounts", key.clone(), "balance").await.unwrap(),
+            (Some(Bytes::from_static(b"15")), Some(1))
+        );
+        // The events are records of the stream like any other.
+        let page = c.stream_read("default", "accounts", 0, 0, None, None).await.unwrap();
+        let events: Vec<Bytes> = page.records.iter().map(|r| r.payload.0.clone()).collect();
+        assert_eq!(events, [&b"opened"[..], b"deposit"]);
+        server.shutdown().await;
+    }
+    let (server, chain) = start(Some(dir.path())).await;
+    let c = connect(&server, &chain).await;
+    assert_eq!(
+        c.state_get("default", "accounts", key.clone(), "balance").await.unwrap(),
+        (Some(Bytes::from_static(b"15")), Some(1)),
+        "state is rebuilt from the log"
+    );
+    assert_eq!(c.state_get("default", "accounts", key.clone(), "never").await.unwrap(), (None, None));
+    server.shutdown().await;
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    assert!(matches!(c.commit(req(b"e", vec![], None)).await, Err(ClientError::Unsupported(_))));
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_idempotent_producer_pipelines_up_to_its_window_and_appends_each_batch_once() {
     use felix_driver_tokio::IdempotentProducer;
     let dir = tempfile::tempdir().unwrap();

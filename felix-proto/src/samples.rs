@@ -531,6 +531,26 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
         ("publish_refused_sequence_expired", refused(RefusedReason::SequenceExpired)),
         ("publish_refused_sequence_reused", refused(RefusedReason::SequenceReused)),
         ("publish_refused_offset_mismatch", refused(RefusedReason::OffsetMismatch { tail: 44 })),
+        // Upstream's serialisation omits `expected_offset` (and `shard`) when absent.
+        (
+            "commit_unconditional",
+            Message::Commit(Commit {
+                tenant_id: s("t1"),
+                namespace: s("ns"),
+                stream: s("orders"),
+                entity_key: B64(Bytes::from_static(b"k")),
+                event: B64(Bytes::from_static(b"created")),
+                changes: vec![StateChange::Put { key: s("status"), value: B64(Bytes::from_static(b"open")) }],
+                shard: None,
+                request_id: 3,
+                expected_offset: None,
+            }),
+        ),
+        // A key never written (or deleted): `value` is null, not absent; no version.
+        (
+            "state_value_absent",
+            Message::StateValue(StateValue { value: None, version: None, as_of: Some(44), request_id: 11 }),
+        ),
         (
             "publish_refused_not_leader",
             refused(RefusedReason::NotLeader(LeaderHint { node_id: s("broker-b"), addr: Some(s("10.0.0.5:5000")) })),

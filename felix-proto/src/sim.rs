@@ -344,16 +344,10 @@ impl Sim {
         let mut durable = self.durable.clone();
         durable.sort_by_key(|w| w.base_offset);
         for w in durable {
-            shards.entry((w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard)).or_default().push(
-                crate::storage::StoredBatch {
-                    base_offset: w.base_offset,
-                    timestamp_micros: w.timestamp_micros,
-                    generation_start: w.generation_start,
-                    publisher: w.publisher.clone(),
-                    producer: w.producer,
-                    records: w.records.clone(),
-                },
-            );
+            shards
+                .entry((w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard))
+                .or_default()
+                .push(w.to_stored());
         }
         for ((t, n, s, shard), batches) in shards {
             let cfg = crate::broker::StreamConfig { durable: true, ..self.config.default_stream.clone() };
@@ -614,14 +608,7 @@ impl Sim {
                         break;
                     }
                     bytes += w.records.payload_bytes();
-                    out.push(crate::storage::StoredBatch {
-                        base_offset: w.base_offset,
-                        timestamp_micros: w.timestamp_micros,
-                        generation_start: w.generation_start,
-                        publisher: w.publisher.clone(),
-                        producer: w.producer,
-                        records: w.records.clone(),
-                    });
+                    out.push(w.to_stored());
                 }
                 self.broker.handle_read_complete(r.token, out, self.now);
             }

@@ -28,10 +28,12 @@ pub const BATCH_MAGIC: u32 = 0x464C_5842;
 /// Bytes before a batch's body.
 pub const BATCH_HEADER_LEN: usize = 12;
 /// Batch flag bits this version knows: bit 0, generation-start record; bit 1, the batch carries
-/// its idempotent producer's id and sequence.
-const BATCH_FLAGS_KNOWN: u8 = 0x03;
+/// its idempotent producer's id and sequence; bit 2, the batch is a `commit` and carries the
+/// state changes it applies ([`encode_state_changes`]).
+const BATCH_FLAGS_KNOWN: u8 = 0x07;
 const FLAG_GENERATION_START: u8 = 0x01;
 const FLAG_PRODUCER: u8 = 0x02;
+const FLAG_STATE: u8 = 0x04;
 /// The largest body a reader accepts (a defence against a corrupt length).
 pub const MAX_BATCH_BODY: usize = 256 << 20;
 
@@ -107,6 +109,9 @@ pub struct StoredBatch {
     pub publisher: Option<Bytes>,
     /// The idempotent producer that wrote it: `(producer_id, sequence)`.
     pub producer: Option<(u64, u64)>,
+    /// A `commit`'s state changes ([`encode_state_changes`]), stored with its event so that
+    /// both are written, or neither.
+    pub state: Option<Bytes>,
     /// The records.
     pub records: Records,
 }
@@ -123,7 +128,8 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     let publisher = b.publisher.as_deref().unwrap_or(&[]);
     let publisher = &publisher[..publisher.len().min(255)];
     let producer_len = if b.producer.is_some() { 16 } else { 0 };
-    let body_len = 8 + 8 + 1 + 1 + publisher.len() + producer_len + 4 + b.records.raw().len();
+    let state_len = b.state.as_ref().map_or(0, |s| 4 + s.len());
+    let body_len = 8 + 8 + 1 + 1 + publisher.len() + producer_len + state_len + 4 + b.records.raw().len();
     dst.reserve(BATCH_HEADER_LEN + body_len);
     dst.put_u32(BATCH_MAGIC);
     dst.put_u32(body_len as u32);
@@ -139,12 +145,19 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     if b.producer.is_some() {
         flags |= FLAG_PRODUCER;
     }
+    if b.state.is_some() {
+        flags |= FLAG_STATE;
+    }
     dst.put_u8(flags);
     dst.put_u8(publisher.len() as u8);
     dst.extend_from_slice(publisher);
     if let Some((id, seq)) = b.producer {
         dst.put_u64(id);
         dst.put_u64(seq);
+    }
+    if let Some(state) = &b.state {
+        dst.put_u32(state.len() as u32);
+        dst.extend_from_slice(state);
     }
     dst.put_u32(b.records.count());
     dst.extend_from_slice(b.records.raw());
@@ -251,6 +264,9 @@ pub struct RecoveredShard {
     pub summaries: Vec<IndexEntry>,
     /// Valid batches read whole (the newest, within the memory budget), in offset order.
     pub batches: Vec<StoredBatch>,
+    /// The `commit` batches among `summaries`, read whole for their state changes (the shard's
+    /// state is rebuilt from every commit it holds), in offset order.
+    pub state_batches: Vec<StoredBatch>,
     /// Problems found and repaired (torn or corrupt tails truncated).
     pub repairs: Vec<String>,
     /// What retention made the broker forget about idempotent producers on this shard
@@ -366,6 +382,14 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     let plen = r.u8("publisher_len")? as usize;
     let publisher = r.bytes(plen, "publisher")?;
     let producer = if flags & FLAG_PRODUCER != 0 { Some((r.u64("producer_id")?, r.u64("sequence")?)) } else { None };
+    let state = if flags & FLAG_STATE != 0 {
+        let len = r.u32("state_len")? as usize;
+        let state = r.bytes(len, "state")?;
+        decode_state_changes(&state)?;
+        Some(state)
+    } else {
+        None
+    };
     let records = Records::decode(&mut r, false)?;
     r.finish()?;
     Ok(StoredBatch {
@@ -374,8 +398,64 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
         generation_start: flags & FLAG_GENERATION_START != 0,
         publisher: (!publisher.is_empty()).then_some(publisher),
         producer,
+        state,
         records,
     })
+}
+
+/// One change a `commit` makes to its shard's state: a value put, or (`None`) a key deleted.
+pub type StateChange = (String, Option<Bytes>);
+
+/// The longest state key, in bytes (what the encoding's length field holds).
+pub const MAX_STATE_KEY: usize = u16::MAX as usize;
+
+/// Encodes a commit's state changes as stored with its batch:
+///
+/// ```text
+/// u32 count, then per change: u8 op (0 put, 1 delete), u16 key_len, key (UTF-8),
+///                             and for a put: u32 value_len, value
+/// ```
+///
+/// `None` when a key is longer than [`MAX_STATE_KEY`] (the broker refuses such a commit).
+pub fn encode_state_changes(changes: &[StateChange]) -> Option<Bytes> {
+    let mut out = BytesMut::new();
+    out.put_u32(u32::try_from(changes.len()).ok()?);
+    for (key, value) in changes {
+        out.put_u8(u8::from(value.is_none()));
+        out.put_u16(u16::try_from(key.len()).ok()?);
+        out.extend_from_slice(key.as_bytes());
+        if let Some(v) = value {
+            out.put_u32(u32::try_from(v.len()).ok()?);
+            out.extend_from_slice(v);
+        }
+    }
+    Some(out.freeze())
+}
+
+/// Decodes [`encode_state_changes`]. Never panics.
+///
+/// # Errors
+/// [`PayloadError`] for truncated or malformed bytes (an unknown op, a key that is not UTF-8).
+pub fn decode_state_changes(data: &Bytes) -> Result<Vec<StateChange>, PayloadError> {
+    let mut r = Reader::new(data.clone());
+    let count = r.u32("state_count")?;
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let op = r.u8("state_op")?;
+        let klen = r.u16("state_key_len")? as usize;
+        let key = r.string(klen, "state_key")?;
+        let value = match op {
+            0 => {
+                let vlen = r.u32("state_value_len")? as usize;
+                Some(r.bytes(vlen, "state_value")?)
+            }
+            1 => None,
+            other => return Err(PayloadError::InvalidStateOp(other)),
+        };
+        out.push((key, value));
+    }
+    r.finish()?;
+    Ok(out)
 }
 
 /// What recovery needs of a batch without reading it: where it is, what offsets it takes, its
@@ -398,6 +478,9 @@ pub struct IndexEntry {
     pub generation_start: bool,
     /// `(producer_id, sequence, payload digest)` of an idempotent producer's batch.
     pub producer: Option<(u64, u64, u64)>,
+    /// A `commit`: the batch carries state changes, which recovery reads even from a segment
+    /// it otherwise knows by its index only.
+    pub state: bool,
 }
 
 impl IndexEntry {
@@ -411,6 +494,7 @@ impl IndexEntry {
             payload_bytes: b.records.payload_bytes() as u64,
             generation_start: b.generation_start,
             producer: b.producer.map(|(id, seq)| (id, seq, records_digest(&b.records))),
+            state: b.state.is_some(),
         }
     }
 }
@@ -453,7 +537,7 @@ pub enum IndexError {
 /// ```text
 /// count × (u64 base, u64 position, u64 count, u64 timestamp_micros, u64 payload_bytes,
 ///          u64 producer_id, u64 sequence, u64 digest, u8 flags: bit 0 generation start,
-///          bit 1 producer present)
+///          bit 1 producer present, bit 2 state changes present)
 /// u32 magic "FLXI", u64 segment_len, u32 count, u32 crc32c (of the entries)
 /// ```
 pub fn encode_index_entry(e: &IndexEntry, dst: &mut BytesMut) {
@@ -466,7 +550,7 @@ pub fn encode_index_entry(e: &IndexEntry, dst: &mut BytesMut) {
     dst.put_u64(id);
     dst.put_u64(seq);
     dst.put_u64(digest);
-    dst.put_u8(u8::from(e.generation_start) | (u8::from(e.producer.is_some()) << 1));
+    dst.put_u8(u8::from(e.generation_start) | (u8::from(e.producer.is_some()) << 1) | (u8::from(e.state) << 2));
 }
 
 /// The trailer that seals an index of `count` entries whose bytes have CRC-32C `crc`.
@@ -530,6 +614,7 @@ pub fn decode_index(data: &[u8], segment_len: u64) -> Result<Vec<IndexEntry>, In
             payload_bytes: long(e, 32),
             generation_start: flags & 1 != 0,
             producer: (flags & 2 != 0).then(|| (long(e, 40), long(e, 48), long(e, 56))),
+            state: flags & 4 != 0,
         };
         // Offsets only move forward and positions lie inside the segment.
         if entry.position >= segment_len || last_end.is_some_and(|end| entry.base_offset < end) || entry.count == 0 {
@@ -606,6 +691,7 @@ mod tests {
             generation_start: false,
             publisher: Some(Bytes::from_static(b"alice")),
             producer: None,
+            state: None,
             records: Records::from_payloads(payloads.iter().map(|p| p.as_bytes())).unwrap(),
         }
     }
@@ -662,6 +748,63 @@ mod tests {
         let mut huge = header;
         huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(batch_body_len(&huge), Err(SegmentError::TooLong { .. })));
+    }
+
+    #[test]
+    fn a_commits_state_round_trips_in_the_segment_and_the_index() {
+        let changes: Vec<StateChange> = vec![
+            ("balance".into(), Some(Bytes::from_static(b"10"))),
+            ("owner".into(), None),
+            (String::new(), Some(Bytes::new())),
+        ];
+        let state = encode_state_changes(&changes).unwrap();
+        assert_eq!(decode_state_changes(&state).unwrap(), changes);
+        let mut b = batch(7, &["event"]);
+        b.state = Some(state);
+        b.producer = Some((1, 2));
+        let mut buf = BytesMut::new();
+        encode_batch(&b, &mut buf);
+        encode_batch(&batch(8, &["plain"]), &mut buf);
+        let r = decode_segment(buf.freeze());
+        assert_eq!(r.problem, None);
+        assert_eq!(r.batches, vec![b.clone(), batch(8, &["plain"])]);
+        let entries = vec![IndexEntry::of(&b, 0), IndexEntry::of(&batch(8, &["plain"]), 80)];
+        assert!(entries[0].state && !entries[1].state);
+        assert_eq!(decode_index(&encode_index(&entries, 100), 100), Ok(entries));
+        // A key too long for its length field is refused, not cut.
+        assert_eq!(encode_state_changes(&[("k".repeat(MAX_STATE_KEY + 1), None)]), None);
+    }
+
+    #[test]
+    fn bad_state_bytes_are_errors_and_a_batch_carrying_them_is_malformed() {
+        let state = encode_state_changes(&[("k".into(), Some(Bytes::from_static(b"v")))]).unwrap();
+        for cut in 0..state.len() {
+            assert!(decode_state_changes(&state.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        let mut bad_op = state.to_vec();
+        bad_op[4] = 9;
+        assert_eq!(decode_state_changes(&Bytes::from(bad_op.clone())), Err(PayloadError::InvalidStateOp(9)));
+        let mut not_utf8 = state.to_vec();
+        not_utf8[7] = 0xFF;
+        assert!(matches!(decode_state_changes(&Bytes::from(not_utf8)), Err(PayloadError::InvalidUtf8 { .. })));
+        let mut b = batch(1, &["e"]);
+        b.state = Some(Bytes::from(bad_op));
+        let mut buf = BytesMut::new();
+        encode_batch(&b, &mut buf);
+        let r = decode_segment(buf.freeze());
+        assert!(r.batches.is_empty());
+        assert!(matches!(r.problem, Some(SegmentError::Malformed { .. })), "{:?}", r.problem);
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes, decoding state changes returns, and what decodes encodes back.
+        #[test]
+        fn state_decoding_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let data = Bytes::from(data);
+            if let Ok(changes) = decode_state_changes(&data) {
+                proptest::prop_assert_eq!(encode_state_changes(&changes), Some(data));
+            }
+        }
     }
 
     #[test]

@@ -58,6 +58,14 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                     generation_start: false,
                     publisher: Some(bytes::Bytes::from_static(b"seed")),
                     producer: None,
+                    // Commit seeds carry a state section, so the fuzzer starts inside it too.
+                    state: stem.contains("commit").then(|| {
+                        felix_proto::storage::encode_state_changes(&[
+                            ("balance".into(), Some(bytes::Bytes::from_static(b"10"))),
+                            ("draft".into(), None),
+                        ])
+                        .expect("small")
+                    }),
                     records,
                 },
                 &mut seg,

@@ -730,6 +730,7 @@ fn restored_history_ages_from_its_append_time_not_the_restart() {
         generation_start: false,
         publisher: None,
         producer: None,
+        state: None,
         records: felix_proto::Records::from_payloads([&b"x"[..]]).unwrap(),
     };
     b.restore_shard(("t1", "default", "aged"), cfg, 0, vec![batch(0, 7200), batch(1, 5000), batch(2, 60)], now);

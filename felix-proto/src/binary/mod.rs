@@ -39,6 +39,9 @@ pub enum PayloadError {
     /// The ack status byte is not 0 or 1.
     #[error("invalid ack status {0}")]
     InvalidAckStatus(u8),
+    /// A stored commit's state change has an op other than 0 (put) or 1 (delete).
+    #[error("invalid state op {0}")]
+    InvalidStateOp(u8),
     /// `count` records cannot fit in the bytes left.
     #[error("record count {count} cannot fit in {remaining} bytes")]
     CountTooLarge {
@@ -72,6 +75,7 @@ impl PayloadError {
             PayloadError::InvalidUtf8 { .. } => "invalid_utf8",
             PayloadError::InvalidAckMode(_) => "invalid_ack_mode",
             PayloadError::InvalidAckStatus(_) => "invalid_ack_status",
+            PayloadError::InvalidStateOp(_) => "invalid_state_op",
             PayloadError::CountTooLarge { .. } => "count_too_large",
             PayloadError::TrailingBytes(_) => "trailing_bytes",
             PayloadError::WrongKind(_) => "wrong_kind",

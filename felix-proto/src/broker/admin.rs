@@ -21,6 +21,16 @@ impl Broker {
         cfg.shards = shard.stream_shards.max(1);
         let name = (shard.tenant_id.as_str(), shard.namespace.as_str(), shard.stream.as_str());
         self.restore_shard_summaries(name, cfg.clone(), shard.shard, &shard.summaries, now);
+        // The state older commits wrote, before the newer batches (which may change it again).
+        if let Some(s) = self
+            .streams
+            .get_mut(KeyRef(name.0, name.1, name.2).q())
+            .and_then(|e| e.shards.get_mut(shard.shard as usize))
+        {
+            for b in &shard.state_batches {
+                s.state.apply_stored(b);
+            }
+        }
         self.restore_shard(name, cfg, shard.shard, shard.batches, now);
         self.restore_producer_watermarks(name, shard.shard, &shard.producer_watermarks);
         records
@@ -28,7 +38,7 @@ impl Broker {
 
     /// Restores a durable shard from what storage recovered at start. `name` is
     /// `(tenant, namespace, stream)`. Creates the stream (with `config`) if it does not exist yet.
-    /// Call before accepting connections.
+    /// Commit batches among them apply their state changes. Call before accepting connections.
     pub fn restore_shard(
         &mut self,
         (tenant, ns, stream): (&str, &str, &str),
@@ -54,6 +64,7 @@ impl Broker {
                 let end = b.base_offset + b.count();
                 s.producers.appended(pid, seq, producer::digest(b.records.raw()), b.base_offset, end, None);
             }
+            s.state.apply_stored(&b);
             s.log.restore(b);
         }
         self.enforce_retention(Some(&k), now);

@@ -64,6 +64,22 @@ impl Broker {
                 };
                 Some(json_frame(&m))
             }
+            Reply::Commit(request_id) => {
+                let m = match result {
+                    Ok(offset) => {
+                        Message::CommitOk(message::CommitOk { request_id, offset: offset.unwrap_or_default() })
+                    }
+                    Err(r) => match r.refused.clone() {
+                        Some(reason) => Message::PublishRefused(message::PublishRefused {
+                            request_id,
+                            reason: *reason,
+                            message: r.message.clone(),
+                        }),
+                        None => Self::error_message(offer, r),
+                    },
+                };
+                Some(json_frame(&m))
+            }
             Reply::Binary(request_id) => {
                 let ack = match result {
                     Ok(offset) => PublishAck::ok(request_id, offset),

@@ -240,9 +240,10 @@ impl BrokerConfig {
             | Features::CACHE_WATCH
             | Features::CACHE_WATCH_RETAINED;
         if self.history_reads {
-            // Counters and group positions must survive a restart: only a broker with storage
-            // offers them.
-            f |= Features::COUNTERS
+            // Counters, group positions and commit state must survive a restart: only a broker
+            // with storage offers them.
+            f |= Features::ATOMIC_COMMIT
+                | Features::COUNTERS
                 | Features::CONSUMER_GROUP
                 | Features::GROUP_DEAD_LETTERS
                 | Features::GROUP_CLAIM_CONTROL

@@ -731,6 +731,7 @@ mod tests {
                 generation_start: false,
                 publisher: None,
                 producer: None,
+                state: None,
                 records: crate::Records::from_payloads([&b"x"[..]]).unwrap(),
             };
             log.restore(b);

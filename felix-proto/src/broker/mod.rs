@@ -46,6 +46,7 @@ mod key;
 mod output;
 mod publish;
 mod requests;
+mod state;
 mod sub;
 mod subscription;
 
@@ -98,6 +99,8 @@ struct Shard {
     /// nothing written (nothing is acknowledged on enqueue either), except one probe write at
     /// or after this time, answered after its write; the first write that succeeds ends it.
     full: Option<Instant>,
+    /// What `commit`s wrote ([`state`]).
+    state: state::ShardState,
 }
 
 #[derive(Debug)]
@@ -296,6 +299,8 @@ enum Reply {
     /// conditional publishes).
     Refusable(u64),
     Binary(u64),
+    /// A `commit`: `commit_ok`, `publish_refused` for an offset mismatch, `error` otherwise.
+    Commit(u64),
 }
 
 #[derive(Debug)]
@@ -316,6 +321,8 @@ struct WriteCtx {
     sys: Option<syslog::SysPending>,
     /// An idempotent batch's `(producer_id, sequence)`.
     producer: Option<(u64, u64)>,
+    /// A commit's state changes, applied when the write settles.
+    state: Option<Bytes>,
 }
 
 /// A refusal, with everything needed to word it for any client.
@@ -570,6 +577,10 @@ impl Broker {
         for k in &keys {
             let Some(entry) = self.streams.get_mut(k) else { continue };
             for (i, shard) in entry.shards.iter_mut().enumerate() {
+                if shard.state.holds_state() {
+                    // Its state is rebuilt from every commit it holds: nothing may go.
+                    continue;
+                }
                 let before = shard.log.start();
                 let after = shard.log.enforce_retention(now_micros);
                 if after <= before {

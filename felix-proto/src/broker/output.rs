@@ -122,10 +122,27 @@ pub struct PersistRequest {
     /// The idempotent producer that wrote it: `(producer_id, sequence)`, kept with the batch so
     /// producer state survives a restart.
     pub producer: Option<(u64, u64)>,
+    /// A `commit`'s state changes (`storage::encode_state_changes`), stored with its record.
+    pub state: Option<Bytes>,
     /// The stream's fsync policy (`None`: storage's default).
     pub fsync: Option<FsyncMode>,
     /// How many shards the stream has (for the storage layer's metadata).
     pub stream_shards: u32,
+}
+
+impl PersistRequest {
+    /// The batch as storage keeps it.
+    pub fn to_stored(&self) -> crate::storage::StoredBatch {
+        crate::storage::StoredBatch {
+            base_offset: self.base_offset,
+            timestamp_micros: self.timestamp_micros,
+            generation_start: self.generation_start,
+            publisher: self.publisher.clone(),
+            producer: self.producer,
+            state: self.state.clone(),
+            records: self.records.clone(),
+        }
+    }
 }
 
 /// A history read.

@@ -60,6 +60,7 @@ impl Broker {
                     records: b.records,
                     idempotent: b.idempotent.map(|i| (i.producer_id, i.sequence)),
                     expected_offset: None,
+                    state: None,
                 };
                 self.publish(conn, st, req, reply, now);
             }
@@ -114,7 +115,11 @@ impl Broker {
         let offer = sess.offer;
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
         // Idempotent and conditional batches are answered after the write, with the offset.
-        let ack_on_commit = sess.ack_on_commit || probe || req.idempotent.is_some() || req.expected_offset.is_some();
+        let ack_on_commit = sess.ack_on_commit
+            || probe
+            || req.idempotent.is_some()
+            || req.expected_offset.is_some()
+            || req.state.is_some();
         let digest = req.idempotent.map(|_| producer::digest(req.records.raw()));
         if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
             return verdict;
@@ -156,6 +161,7 @@ impl Broker {
             publisher,
             generation_start: false,
             producer: req.idempotent,
+            state: req.state.clone(),
             fsync: entry.config.fsync,
             stream_shards: entry_shards,
         }));
@@ -168,7 +174,8 @@ impl Broker {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
             }
         }
-        let mut ctx = WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: req.idempotent };
+        let mut ctx =
+            WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: req.idempotent, state: req.state };
         if !matches!(reply, Reply::None) {
             let seq = self.owe(conn, st, reply);
             if ack_on_commit {
@@ -206,7 +213,7 @@ impl Broker {
         if let Some(expected) = req.expected_offset {
             let tail = sh.log.next_offset();
             let refusal = if !durable {
-                Some(Refusal::new(ErrorCode::InvalidRequest, "publish_if needs a stream with a log (durable)"))
+                Some(Refusal::new(ErrorCode::InvalidRequest, "a conditional write needs a stream with a log (durable)"))
             } else if req.records.is_empty() {
                 Some(Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records"))
             } else if expected != tail {
@@ -276,16 +283,20 @@ impl Broker {
             Some(s) => s,
             None => shard_for_key(req.key.as_deref(), shards, entry.config.routing),
         };
-        if let Some(m) = &entry.shards[shard as usize].moved {
-            let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id))
-                .with_reason(message::RefusedReason::NotLeader(message::LeaderHint {
-                    node_id: m.node_id.clone(),
-                    addr: m.addr.clone(),
-                }));
-            r.retry = RetryClass::Redirect;
+        if let Some(r) = Self::moved_refusal(shard, &entry.shards[shard as usize]) {
             return Err(r);
         }
         Ok((shard, entry.config.durable))
+    }
+
+    /// The refusal for a request reaching a shard that moved to another broker.
+    pub(super) fn moved_refusal(shard: u32, sh: &Shard) -> Option<Refusal> {
+        let m = sh.moved.as_ref()?;
+        let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id)).with_reason(
+            message::RefusedReason::NotLeader(message::LeaderHint { node_id: m.node_id.clone(), addr: m.addr.clone() }),
+        );
+        r.retry = RetryClass::Redirect;
+        Some(r)
     }
 
     /// Storage finished a write: durable records become visible (in offset order), their
@@ -343,6 +354,12 @@ impl Broker {
             if let Some(ctx) = self.writes.remove(&tok) {
                 if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
                     e.shards[shard as usize].producers.settled(pid, seq, true);
+                }
+                // A commit's state changes take effect with its event, in offset order.
+                if let (Some(state), Some(e)) = (&ctx.state, self.streams.get_mut(&k))
+                    && let Ok(changes) = crate::storage::decode_state_changes(state)
+                {
+                    e.shards[shard as usize].state.apply(base, &changes);
                 }
                 for w in ctx.waiters {
                     self.finish_waiter(w, Ok(Some(base)), now);
@@ -411,6 +428,8 @@ pub(super) struct PublishReq {
     pub(super) idempotent: Option<(u64, u64)>,
     /// `publish_if`: append only at this offset.
     pub(super) expected_offset: Option<u64>,
+    /// A `commit`'s state changes (encoded as stored), written with its one record.
+    pub(super) state: Option<Bytes>,
 }
 
 impl PublishReq {
@@ -435,6 +454,7 @@ impl PublishReq {
             records: Records::from_payloads(payloads.into_iter().map(|b| b.0)).unwrap_or_default(),
             idempotent: None,
             expected_offset: None,
+            state: None,
         }
     }
 }

@@ -214,6 +214,8 @@ impl Broker {
                 };
                 self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
             }
+            Message::Commit(c) => self.commit(conn, st, c, now),
+            Message::StateGet(g) => self.state_get(conn, st, g),
             Message::CounterAdd(a) => self.counter_add(conn, st, a, now),
             Message::CounterGet(g) => self.counter_get(conn, st, g),
             Message::GroupPoll(p) => self.group_poll(conn, st, p, now),
@@ -280,6 +282,7 @@ impl Broker {
                         paused: Vec::new(),
                         producers: Default::default(),
                         full: None,
+                        state: Default::default(),
                     }
                 })
                 .collect(),

@@ -40,10 +40,12 @@ impl Broker {
             publisher: None,
             generation_start: true,
             producer: None,
+            state: None,
             fsync: entry.config.fsync,
             stream_shards,
         }));
-        self.writes.insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: None });
+        self.writes
+            .insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: None, state: None });
         Some(base)
     }
 

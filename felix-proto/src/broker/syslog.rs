@@ -210,12 +210,13 @@ impl Broker {
             publisher: None,
             generation_start: false,
             producer: None,
+            state: None,
             fsync: None,
             stream_shards: 1,
         }));
         self.writes.insert(
             token,
-            WriteCtx { key: k.clone(), shard: 0, waiters: Vec::new(), sys: Some(pending), producer: None },
+            WriteCtx { key: k.clone(), shard: 0, waiters: Vec::new(), sys: Some(pending), producer: None, state: None },
         );
         token
     }

@@ -4,8 +4,8 @@
 
 use super::control::{Awaiting, CtlState, Queued, Role, SubRequest};
 use super::{
-    CacheWatchRequest, ClientConnection, ClientStream, CommandError, ErrorInfo, PublishId, PublishRequest,
-    StreamReadRequest, SubscribeRequest, Timer, WatchOn, frame_of, needs,
+    CacheWatchRequest, ClientConnection, ClientStream, CommandError, CommitRequest, ErrorInfo, PublishId,
+    PublishRequest, StreamReadRequest, SubscribeRequest, Timer, WatchOn, frame_of, needs,
 };
 use crate::binary::{AckMode, AckedPrefix, PublishBatch, Records};
 use crate::error_code::RetryClass;
@@ -432,6 +432,45 @@ impl ClientConnection {
         self.cache_request(stream, |request_id| stream_read_message(tenant_id, req, request_id))
     }
 
+    /// Commits an event and state changes as one record (FEATURE_ATOMIC_COMMIT) to the shard
+    /// `entity_key` routes to; with `expected_offset` (FEATURE_PUBLISH_CONDITIONAL) only if the
+    /// shard's next offset is that. Answered by `Reply::Committed` once durable, `Reply::Refused`
+    /// (`offset_mismatch`), or `RequestFailed`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the features it needs.
+    pub fn commit(&mut self, stream: ClientStream, req: CommitRequest) -> Result<u64, CommandError> {
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.request(stream, |request_id| commit_message(tenant_id, req, request_id))
+    }
+
+    /// Reads one key of the state of the shard `entity_key` routes to (FEATURE_ATOMIC_COMMIT).
+    /// Answered by `Reply::State`.
+    ///
+    /// # Errors
+    /// [`CommandError::NotNegotiated`] against a broker without the feature.
+    pub fn state_get(
+        &mut self,
+        stream: ClientStream,
+        namespace: &str,
+        name: &str,
+        entity_key: Bytes,
+        key: &str,
+    ) -> Result<u64, CommandError> {
+        let tenant_id = self.cfg.tenant_id.clone();
+        self.request(stream, |request_id| {
+            Message::StateGet(message::StateGet {
+                tenant_id,
+                namespace: namespace.into(),
+                stream: name.into(),
+                entity_key: B64(entity_key),
+                key: key.into(),
+                shard: None,
+                request_id,
+            })
+        })
+    }
+
     /// Asks for the first offset of a durable shard appended at or after `at_micros`
     /// (FEATURE_RECORD_TIMESTAMPS). Answered by `Reply::OffsetValue`.
     ///
@@ -693,6 +732,29 @@ fn long_wait(m: &Message) -> Duration {
         Message::GroupPoll(p) if p.wait_ms > 0 => Duration::from_millis(p.wait_ms),
         _ => Duration::ZERO,
     }
+}
+
+/// The `commit` message for `req` (what [`ClientConnection::commit`] sends; for drivers that
+/// build requests themselves).
+pub fn commit_message(tenant_id: String, req: CommitRequest, request_id: u64) -> Message {
+    Message::Commit(message::Commit {
+        tenant_id,
+        namespace: req.namespace,
+        stream: req.stream,
+        entity_key: B64(req.entity_key),
+        event: B64(req.event),
+        changes: req
+            .changes
+            .into_iter()
+            .map(|(key, value)| match value {
+                Some(v) => message::StateChange::Put { key, value: B64(v) },
+                None => message::StateChange::Delete { key },
+            })
+            .collect(),
+        shard: None,
+        request_id,
+        expected_offset: req.expected_offset,
+    })
 }
 
 /// The `stream_read` message for `req`, as the client sends it (also for drivers that build

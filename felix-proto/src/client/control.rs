@@ -289,6 +289,9 @@ impl ClientConnection {
             Message::PublishRefused(p) => {
                 if let Some(id) = self.publish_done(p.request_id) {
                     self.events.push_back(ClientEvent::PublishRefused { id, reason: p.reason, message: p.message });
+                } else if self.settle(idx, Awaiting::Request(p.request_id)) {
+                    // A refused commit: a request, not a publish.
+                    self.reply(p.request_id, Reply::Refused { reason: p.reason, message: p.message });
                 }
             }
             Message::PublishError(p) => {
@@ -538,6 +541,10 @@ fn typed_reply(m: Message) -> Result<(Option<u64>, Reply), Box<Message>> {
         Message::GroupPosition(p) => (Some(p.request_id), Reply::GroupPosition { offset: p.offset, moved: p.moved }),
         Message::GroupDeleted(d) => (Some(d.request_id), Reply::GroupDeleted(d.existed)),
         Message::GroupInfo(i) => (Some(i.request_id), Reply::GroupInfo(i)),
+        Message::CommitOk(c) => (Some(c.request_id), Reply::Committed(c.offset)),
+        Message::StateValue(v) => {
+            (Some(v.request_id), Reply::State { value: v.value.map(|b| b.0), version: v.version, as_of: v.as_of })
+        }
         other => return Err(Box::new(other)),
     })
 }

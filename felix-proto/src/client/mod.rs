@@ -44,7 +44,7 @@ pub mod needs;
 pub mod producer;
 pub mod resume;
 
-pub use commands::stream_read_message;
+pub use commands::{commit_message, stream_read_message};
 pub use events::event_bytes;
 pub use resume::{SubscriptionCursor, lagged_resume_point};
 
@@ -225,6 +225,26 @@ pub enum Reply {
     GroupInfo(message::GroupInfo),
     /// `group_deleted`: whether the group existed.
     GroupDeleted(bool),
+    /// `commit_ok`: where the commit's event is read, and the version of every key it wrote.
+    Committed(u64),
+    /// `state_value`: a key's value (`None`: never written, or deleted), the offset of the
+    /// commit that wrote it, and the offset of the last commit the state reflects.
+    State {
+        /// The value.
+        value: Option<Bytes>,
+        /// Offset of the commit that wrote it.
+        version: Option<u64>,
+        /// Offset of the last commit applied.
+        as_of: Option<u64>,
+    },
+    /// `publish_refused` answering a request (a `commit` whose `expected_offset` was not the
+    /// shard's tail): nothing was written.
+    Refused {
+        /// Why (`offset_mismatch` with the tail).
+        reason: message::RefusedReason,
+        /// Prose.
+        message: String,
+    },
 }
 
 /// Something that happened. Each is reported once (edge-triggered).
@@ -531,6 +551,23 @@ pub struct CacheWatchRequest {
     pub from_offset: Option<u64>,
     /// Start with each matching key's current value.
     pub retained: bool,
+}
+
+/// A `commit`: an event and the state changes it makes, written as one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Stream (durable).
+    pub stream: String,
+    /// Routes the commit to its shard (as a publish key does); the state is per shard.
+    pub entity_key: Bytes,
+    /// The event, read by subscribers as one record.
+    pub event: Bytes,
+    /// `(key, Some(value))` puts, `(key, None)` deletes, applied in order.
+    pub changes: Vec<(String, Option<Bytes>)>,
+    /// Commit only if the shard's next offset is this (FEATURE_PUBLISH_CONDITIONAL).
+    pub expected_offset: Option<u64>,
 }
 
 /// A `stream_read`: a page of a durable shard from `from`.

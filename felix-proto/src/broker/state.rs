@@ -1,0 +1,139 @@
+//! Atomic commits (`commit`, `state_get`; FEATURE_ATOMIC_COMMIT): an event and the state
+//! changes it makes, as one record of a durable shard.
+//!
+//! Why it is one record: the event and its state changes travel to storage in one batch
+//! (the state in the batch's state section), so a crash keeps both or neither, and the changes
+//! are applied to the shard's state in the same step that makes the event visible to readers
+//! (when storage confirms the write), so no reader sees one without the other. `state_get`
+//! reads that state: `version` is the offset of the commit that wrote the value, `as_of` the
+//! offset of the last commit applied.
+//!
+//! The state is rebuilt at start from every commit the shard holds (recovery reads the commit
+//! batches even where it otherwise reads indexes only), so a shard that holds state is exempt
+//! from retention: deleting old segments would delete what they wrote.
+
+use super::*;
+use crate::binary::Records;
+use crate::error_code::ErrorCode;
+use crate::message::{self, Message, StateChange as WireChange};
+use crate::routing::shard_for_key;
+use crate::storage::{StateChange, decode_state_changes, encode_state_changes};
+use crate::transport::ConnId;
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// One shard's state: key → (value, offset of the commit that wrote it).
+#[derive(Debug, Default)]
+pub(super) struct ShardState {
+    values: BTreeMap<String, (Bytes, u64)>,
+    /// Offset of the last commit applied.
+    as_of: Option<u64>,
+}
+
+impl ShardState {
+    /// Applies a commit's changes, made at `offset`.
+    pub(super) fn apply(&mut self, offset: u64, changes: &[StateChange]) {
+        for (key, value) in changes {
+            match value {
+                Some(v) => {
+                    self.values.insert(key.clone(), (v.clone(), offset));
+                }
+                None => {
+                    self.values.remove(key);
+                }
+            }
+        }
+        self.as_of = Some(self.as_of.map_or(offset, |a| a.max(offset)));
+    }
+
+    /// Applies a stored commit batch (recovery). Undecodable state was refused when the segment
+    /// was read, so nothing is skipped silently here.
+    pub(super) fn apply_stored(&mut self, b: &crate::storage::StoredBatch) {
+        if let Some(changes) = b.state.as_ref().and_then(|s| decode_state_changes(s).ok()) {
+            self.apply(b.base_offset, &changes);
+        }
+    }
+
+    /// Whether any commit was applied (such a shard is exempt from retention).
+    pub(super) fn holds_state(&self) -> bool {
+        self.as_of.is_some()
+    }
+}
+
+impl Broker {
+    pub(super) fn commit(&mut self, conn: ConnId, st: &mut CtlStream, c: message::Commit, now: Instant) {
+        self.stats.publishes_json += 1;
+        let reply = Reply::Commit(c.request_id);
+        let changes: Vec<StateChange> = c
+            .changes
+            .into_iter()
+            .map(|ch| match ch {
+                WireChange::Put { key, value } => (key, Some(value.0)),
+                WireChange::Delete { key } => (key, None),
+            })
+            .collect();
+        let Some(state) = encode_state_changes(&changes) else {
+            let r = Refusal::new(ErrorCode::InvalidRequest, "a state key is longer than 65535 bytes");
+            return self.answer_now(conn, st, reply, Err(&r));
+        };
+        // Names, permission (a commit writes: publish), the shard (explicit, or by entity key).
+        if let Err(r) = self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish) {
+            return self.answer_now(conn, st, reply, Err(&r));
+        }
+        let durable =
+            self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()).is_some_and(|e| e.config.durable);
+        if !durable {
+            let r = Refusal::new(
+                ErrorCode::InvalidRequest,
+                "commit needs a durable stream: its state lives in the stream's log",
+            );
+            return self.answer_now(conn, st, reply, Err(&r));
+        }
+        let Ok(records) = Records::from_payloads([c.event.0]) else {
+            let r = Refusal::new(ErrorCode::InvalidRequest, "the event does not fit a record");
+            return self.answer_now(conn, st, reply, Err(&r));
+        };
+        let req = PublishReq {
+            tenant_id: c.tenant_id,
+            namespace: c.namespace,
+            stream: c.stream,
+            key: Some(c.entity_key.0),
+            shard: c.shard,
+            width: None,
+            records,
+            idempotent: None,
+            expected_offset: c.expected_offset,
+            state: Some(state),
+        };
+        self.publish(conn, st, req, reply, now);
+    }
+
+    pub(super) fn state_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::StateGet) {
+        let shards = match self.lookup_stream(st, &g.tenant_id, &g.namespace, &g.stream, Action::Subscribe) {
+            Ok(n) => n,
+            Err(r) => return self.refuse(conn, st, r),
+        };
+        let Some(entry) = self.streams.get(KeyRef(&g.tenant_id, &g.namespace, &g.stream).q()) else { return };
+        let shard = match g.shard {
+            Some(s) if s >= shards => {
+                let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {s} (it has {shards})"));
+                return self.refuse(conn, st, r);
+            }
+            Some(s) => s,
+            None => shard_for_key(Some(&g.entity_key.0), shards, entry.config.routing),
+        };
+        let sh = &entry.shards[shard as usize];
+        if let Some(r) = Self::moved_refusal(shard, sh) {
+            return self.refuse(conn, st, r);
+        }
+        let found = sh.state.values.get(&g.key);
+        let m = Message::StateValue(message::StateValue {
+            value: found.map(|(v, _)| message::B64(v.clone())),
+            version: found.map(|(_, o)| *o),
+            as_of: sh.state.as_of,
+            request_id: g.request_id,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+}
