@@ -159,6 +159,15 @@ pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
 
 /// [`connect`], with the client options adjusted by `adjust` first.
 pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<Client, String> {
+    let opts = client_options(c, adjust)?;
+    tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
+        .await
+        .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?
+        .map_err(|e| format!("{}: {e}", c.addr))
+}
+
+/// The client options the connection arguments say.
+fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<ClientOptions, String> {
     let trust = client_trust(c.ca.as_deref(), &c.data_dir, c.insecure_accept_any_certificate)?;
     let token = match &c.token {
         Some(t) => t.clone(),
@@ -173,13 +182,77 @@ pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOption
     opts.alpn = c.alpn;
     opts.close_timeout = c.close_timeout;
     adjust(&mut opts);
-    tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
+    Ok(opts)
+}
+
+/// The batches `publish` sends: the arguments as one batch, or lines of --file or standard
+/// input in batches of `--batch`, each handed to `send` in order.
+async fn publish_batches<F, Fut>(a: &PublishArgs, mut send: F) -> Result<(), String>
+where
+    F: FnMut(Vec<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    if !a.payloads.is_empty() {
+        return send(a.payloads.iter().map(|p| Bytes::from(p.clone())).collect()).await;
+    }
+    let lines: Box<dyn tokio::io::AsyncBufRead + Unpin> = match &a.file {
+        Some(f) => Box::new(tokio::io::BufReader::new(
+            tokio::fs::File::open(f).await.map_err(|e| format!("{}: {e}", f.display()))?,
+        )),
+        None => Box::new(tokio::io::BufReader::new(tokio::io::stdin())),
+    };
+    let mut lines = lines.lines();
+    let mut batch = Vec::new();
+    loop {
+        let line = lines.next_line().await.map_err(|e| format!("reading input: {e}"))?;
+        let done = line.is_none();
+        if let Some(l) = line {
+            batch.push(Bytes::from(l));
+        }
+        if (done && !batch.is_empty()) || batch.len() >= a.batch.max(1) {
+            send(std::mem::take(&mut batch)).await?;
+        }
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+/// `publish --idempotent`: every batch through an idempotent producer, pipelined, then a wait
+/// for all of them.
+async fn publish_idempotent(a: PublishArgs) -> Result<ExitCode, String> {
+    let opts = client_options(&a.conn, |_| {})?;
+    let connect = felix_driver_tokio::IdempotentProducer::connect(a.conn.addr, opts, &a.conn.namespace, &a.stream);
+    let producer = tokio::time::timeout(std::time::Duration::from_secs(15), connect)
         .await
-        .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?
-        .map_err(|e| format!("{}: {e}", c.addr))
+        .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", a.conn.addr))?
+        .map_err(|e| format!("{}: {e}", a.conn.addr))?;
+    let producer = std::sync::Arc::new(tokio::sync::Mutex::new(producer));
+    let key = a.key.clone().map(Bytes::from);
+    let mut sent = 0usize;
+    publish_batches(&a, |batch| {
+        sent += batch.len();
+        let (producer, key) = (producer.clone(), key.clone());
+        async move { producer.lock().await.submit(batch, key).await.map(|_| ()).map_err(|e| e.to_string()) }
+    })
+    .await?;
+    let mut producer = std::sync::Arc::try_unwrap(producer).map_err(|_| "producer still shared")?.into_inner();
+    let done = producer.flush().await.map_err(|e| e.to_string())?;
+    let id = producer.producer_id();
+    producer.close().await.map_err(|e| e.to_string())?;
+    match done.iter().filter_map(|(_, _, o)| *o).max() {
+        Some(o) => {
+            eprintln!("published {sent} record(s) exactly once (producer {id}); last batch starts at offset {o}")
+        }
+        None => eprintln!("published {sent} record(s) exactly once (producer {id})"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
+    if a.idempotent {
+        return publish_idempotent(a).await;
+    }
     a.ack |= a.ack_on_enqueue;
     let client = connect_with(&a.conn, |o| {
         if a.ack_on_enqueue {
@@ -189,42 +262,21 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
     .await?;
     let opts = || PublishOptions { key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
     let mut sent = 0usize;
-    let mut last_offset = None;
-    let send = |batch: Vec<Bytes>| {
-        let client = client.clone();
-        let ns = a.conn.namespace.clone();
-        let stream = a.stream.clone();
-        let o = opts();
-        async move { client.publish(&ns, &stream, batch, o).await }
-    };
-    if !a.payloads.is_empty() {
-        let batch: Vec<Bytes> = a.payloads.iter().map(|p| Bytes::from(p.clone())).collect();
+    let last_offset = std::sync::Arc::new(std::sync::Mutex::new(None));
+    publish_batches(&a, |batch| {
         sent += batch.len();
-        last_offset = send(batch).await.map_err(|e| e.to_string())?;
-    } else {
-        let lines: Box<dyn tokio::io::AsyncBufRead + Unpin> = match &a.file {
-            Some(f) => Box::new(tokio::io::BufReader::new(
-                tokio::fs::File::open(f).await.map_err(|e| format!("{}: {e}", f.display()))?,
-            )),
-            None => Box::new(tokio::io::BufReader::new(tokio::io::stdin())),
-        };
-        let mut lines = lines.lines();
-        let mut batch = Vec::new();
-        loop {
-            let line = lines.next_line().await.map_err(|e| format!("reading input: {e}"))?;
-            let done = line.is_none();
-            if let Some(l) = line {
-                batch.push(Bytes::from(l));
+        let client = client.clone();
+        let (ns, stream, o, last) = (a.conn.namespace.clone(), a.stream.clone(), opts(), last_offset.clone());
+        async move {
+            let offset = client.publish(&ns, &stream, batch, o).await.map_err(|e| e.to_string())?;
+            if let (Some(o), Ok(mut last)) = (offset, last.lock()) {
+                *last = Some(o);
             }
-            if (done && !batch.is_empty()) || batch.len() >= a.batch.max(1) {
-                sent += batch.len();
-                last_offset = send(std::mem::take(&mut batch)).await.map_err(|e| e.to_string())?.or(last_offset);
-            }
-            if done {
-                break;
-            }
+            Ok(())
         }
-    }
+    })
+    .await?;
+    let last_offset = last_offset.lock().ok().and_then(|l| *l);
     // Unacknowledged publishes are only handed to QUIC: the close waits until the broker
     // acknowledged receiving them, and says so when it cannot.
     if let Err(e) = client.close().await {

@@ -288,6 +288,11 @@ struct PublishArgs {
     /// nor a failed write (docs/operations.md, "What an acknowledgement promises").
     #[arg(long)]
     ack_on_enqueue: bool,
+    /// Exactly once (implies --ack): publish as an idempotent producer, so a batch resent after
+    /// a lost answer or a reconnect is appended once. Batches are pipelined (up to 64 per shard
+    /// unanswered).
+    #[arg(long, conflicts_with = "ack_on_enqueue")]
+    idempotent: bool,
     /// Records per batch when reading lines.
     #[arg(long, default_value_t = 64)]
     batch: usize,

@@ -87,6 +87,19 @@ fn felix_node_commands_and_live_conformance_pass_against_the_blocking_driver() {
     assert_eq!(out, "alice\n", "{err}");
     let (_, out, err) = cli(dir.path(), b.addr, &["consume", "orders", "--group", "g1", "--count", "2"]);
     assert_eq!(out, "0\t1\thello\n1\t1\tworld\n", "{err}");
+    // Exactly once from the command line: lines of a file, two per batch, pipelined.
+    let lines = dir.path().join("lines.txt");
+    std::fs::write(&lines, "a\nb\nc\n").unwrap();
+    let (ok, _, err) = cli(
+        dir.path(),
+        b.addr,
+        &["publish", "once", "--idempotent", "--batch", "2", "--file", lines.to_str().unwrap()],
+    );
+    assert!(ok && err.contains("published 3 record(s) exactly once"), "{err}");
+    let (_, out, err) = cli(dir.path(), b.addr, &["read", "once"]);
+    assert_eq!(out, "0\ta\n1\tb\n2\tc\n", "{err}");
+    let (ok, _, err) = cli(dir.path(), b.addr, &["publish", "once", "x", "--idempotent", "--ack-on-enqueue"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
 
     let ca = dir.path().join("tls/cert.pem");
     let out = Command::new(BIN)
