@@ -318,6 +318,19 @@ impl BlockingBroker {
                     d.truncate_before((&tenant_id, &namespace, &stream), shard, start, &producers_forgotten);
                 }
             }
+            BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
+                if let Some(d) = self.disk.as_mut() {
+                    let writes = std::mem::take(&mut self.writes);
+                    let results = d.write(writes);
+                    let now = Instant::now();
+                    for (token, outcome) in results {
+                        self.broker.handle_write_result(token, outcome, now);
+                    }
+                    if let Err(e) = d.delete_stream((&tenant_id, &namespace, &stream)) {
+                        eprintln!("deleting {namespace}/{stream}: {e}");
+                    }
+                }
+            }
             BrokerOutput::CloseConnection { conn, code, reason } => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.close(ch, code, &reason);

@@ -108,6 +108,9 @@ pub struct DiskStorage {
     idx_seed: HashMap<PathBuf, Vec<IndexEntry>>,
 }
 
+/// The name a deleted stream's directory takes while it is removed.
+const GRAVE_PREFIX: &str = ".deleted-";
+
 fn io_err(path: &Path, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
@@ -167,6 +170,13 @@ impl DiskStorage {
         for t in read_dirs(&streams)? {
             for n in read_dirs(&t)? {
                 for s in read_dirs(&n)? {
+                    if s.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with(GRAVE_PREFIX)) {
+                        // A deletion that crashed half way: finish it.
+                        if let Err(e) = std::fs::remove_dir_all(&s) {
+                            tracing::warn!("removing {} left by a stream deletion: {e}", s.display());
+                        }
+                        continue;
+                    }
                     let (Some(tenant), Some(namespace), Some(stream)) = (name_of(&t), name_of(&n), name_of(&s)) else {
                         continue;
                     };
@@ -331,6 +341,45 @@ impl DiskStorage {
             }
         }
         deleted
+    }
+
+    /// Removes a deleted stream's files. The directory is first renamed to a name no stream can
+    /// have (escaped names never start with a dot) and the rename synced, so a crash half way
+    /// leaves either the whole stream or a grave that the next start removes, never a partial
+    /// stream that comes back. Writes queued before this must have been written first.
+    ///
+    /// # Errors
+    /// The rename failing (the stream is then still whole on disk).
+    pub fn delete_stream(&mut self, (tenant, ns, stream): (&str, &str, &str)) -> std::io::Result<()> {
+        let dir = self.stream_dir(tenant, ns, stream);
+        let under = |p: &PathBuf| p.starts_with(&dir);
+        self.open.retain(|p, _| !under(p));
+        self.dirty.retain(|p| !under(p));
+        self.known_meta.retain(|p| !under(p));
+        self.poisoned.retain(|p| !under(p));
+        self.deadlines.retain(|p, _| !under(p));
+        self.index.retain(|p, _| !under(p));
+        self.idx_open.retain(|p, _| !under(p));
+        self.idx_seed.retain(|p, _| !under(p));
+        if !dir.exists() {
+            return Ok(());
+        }
+        let Some(parent) = dir.parent() else { return Ok(()) };
+        let name = dir.file_name().and_then(|f| f.to_str()).unwrap_or("stream");
+        let mut grave = parent.join(format!("{GRAVE_PREFIX}{name}"));
+        let mut n = 0;
+        while grave.exists() {
+            n += 1;
+            grave = parent.join(format!("{GRAVE_PREFIX}{name}.{n}"));
+        }
+        std::fs::rename(&dir, &grave).map_err(|e| io_err(&dir, e))?;
+        if let Ok(p) = File::open(parent) {
+            let _ = p.sync_all();
+        }
+        if let Err(e) = std::fs::remove_dir_all(&grave) {
+            tracing::warn!("removing {}: {e} (removed at the next start)", grave.display());
+        }
+        Ok(())
     }
 
     /// Reads stored batches of a shard: from the one holding `from`, stopping before `end` or

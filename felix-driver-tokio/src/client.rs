@@ -724,6 +724,26 @@ impl Client {
         }
     }
 
+    /// Deletes a stream and everything it holds (FEATURE_STREAM_ADMIN; needs the admin
+    /// permission): its subscribers are told `stream_deleted`, its files removed. Returns
+    /// whether there was such a stream.
+    ///
+    /// # Errors
+    /// `forbidden` without the permission; [`ClientError::Unsupported`] against a broker
+    /// without the feature.
+    pub async fn stream_delete(&self, ns: &str, stream: &str) -> Result<bool, ClientError> {
+        let (namespace, stream) = (ns.to_owned(), stream.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StreamDelete(message::StreamDelete { tenant_id, namespace, stream, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::StreamDeleted(existed) => Ok(existed),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Commits an event and state changes as one record (FEATURE_ATOMIC_COMMIT; brokers with
     /// storage offer it) and returns its offset (the version of every key it wrote), once
     /// durable.

@@ -347,6 +347,7 @@ enum StorageCmd {
     Write(Vec<PersistRequest>),
     Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64, forgotten: Vec<(u64, u64)> },
     Read(felix_proto::broker::ReadRequest),
+    DeleteStream { tenant: String, namespace: String, stream: String },
     Stop,
 }
 
@@ -373,19 +374,27 @@ fn storage_loop(
         let mut truncations = Vec::new();
         let mut reads = Vec::new();
         let mut reqs = Vec::new();
-        let mut take = |cmd: StorageCmd, stop: &mut bool| match cmd {
+        // A deletion ends the pass: the writes before it are written, then the stream removed;
+        // writes after it (a stream of the same name created again) go in the next pass.
+        let mut deletion = None;
+        let mut cut = false;
+        let mut take = |cmd: StorageCmd, stop: &mut bool, cut: &mut bool| match cmd {
             StorageCmd::Write(r) => reqs.extend(r),
             StorageCmd::Read(r) => reads.push(r),
             StorageCmd::Truncate { tenant, namespace, stream, shard, start, forgotten } => {
                 truncations.push((tenant, namespace, stream, shard, start, forgotten));
             }
+            StorageCmd::DeleteStream { tenant, namespace, stream } => {
+                deletion = Some((tenant, namespace, stream));
+                *cut = true;
+            }
             StorageCmd::Stop => *stop = true,
         };
-        take(cmd, &mut stop);
+        take(cmd, &mut stop, &mut cut);
         // Group commit: take everything queued since, write it, sync once.
-        while !stop {
+        while !stop && !cut {
             match rx.try_recv() {
-                Ok(more) => take(more, &mut stop),
+                Ok(more) => take(more, &mut stop, &mut cut),
                 Err(_) => break,
             }
         }
@@ -402,6 +411,11 @@ fn storage_loop(
             };
             let micros = started.elapsed().as_micros() as u64;
             let _ = tx.send(Input::Written(results, micros));
+        }
+        if let (Some(d), Some((t, n, s))) = (disk.as_mut(), deletion) {
+            if let Err(e) = d.delete_stream((&t, &n, &s)) {
+                tracing::error!("deleting stream {n}/{s}: {e}");
+            }
         }
         // Reads after the writes queued before them (so they see them).
         answer_reads(&mut disk, reads, &tx);
@@ -939,6 +953,11 @@ impl BrokerTask {
                         start,
                         forgotten: producers_forgotten,
                     });
+                }
+                BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
+                    // Writes asked for before the deletion go first.
+                    self.flush_storage();
+                    let _ = self.storage.send(StorageCmd::DeleteStream { tenant: tenant_id, namespace, stream });
                 }
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {

@@ -491,6 +491,49 @@ async fn commits_over_quic_write_event_and_state_together_and_survive_a_restart(
 }
 
 #[tokio::test]
+async fn a_deleted_stream_ends_its_subscribers_and_stays_gone_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (server, chain) = start(Some(dir.path())).await;
+        let c = connect(&server, &chain).await;
+        c.publish(
+            "default",
+            "orders",
+            vec![Bytes::from_static(b"a")],
+            PublishOptions { ack: true, ..Default::default() },
+        )
+        .await
+        .unwrap();
+        let mut sub = c.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.unwrap();
+        assert!(matches!(sub.next().await, Some(SubscriptionItem::Events(_))));
+        assert!(c.stream_delete("default", "orders").await.unwrap());
+        // Our client offers FEATURE_STREAM_DELETED: the subscription says why it ended.
+        loop {
+            match sub.next().await {
+                Some(SubscriptionItem::End(felix_proto::client::EndReason::Deleted)) => break,
+                Some(SubscriptionItem::Events(_)) => continue,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(!c.stream_delete("default", "orders").await.unwrap(), "already gone");
+        server.shutdown().await;
+    }
+    let (server, chain) = start(Some(dir.path())).await;
+    let c = connect(&server, &chain).await;
+    let offset = c
+        .publish(
+            "default",
+            "orders",
+            vec![Bytes::from_static(b"b")],
+            PublishOptions { ack: true, ..Default::default() },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offset, Some(0), "a new stream of the same name");
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_idempotent_producer_pipelines_up_to_its_window_and_appends_each_batch_once() {
     use felix_driver_tokio::IdempotentProducer;
     let dir = tempfile::tempdir().unwrap();

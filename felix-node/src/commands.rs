@@ -2,7 +2,8 @@
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
 use crate::{
-    CacheArgs, CacheOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs, SimArgs, SubscribeArgs,
+    CacheArgs, CacheOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs, SimArgs, StreamArgs,
+    StreamOp, SubscribeArgs,
 };
 use base64::Engine;
 use bytes::Bytes;
@@ -541,6 +542,34 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
     };
     let _ = client.close().await;
     Ok(code)
+}
+
+pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {
+    let StreamOp::Delete { stream, yes } = a.op;
+    let ns = a.conn.namespace.clone();
+    if !yes {
+        use std::io::IsTerminal;
+        if !std::io::stdin().is_terminal() {
+            return Err(format!("deleting {ns}/{stream} removes everything it holds: pass --yes to confirm"));
+        }
+        eprint!("delete {ns}/{stream} and everything it holds? [y/N] ");
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer).map_err(|e| e.to_string())?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("not deleted");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    let client = connect(&a.conn).await?;
+    let existed = client.stream_delete(&ns, &stream).await.map_err(|e| e.to_string())?;
+    let _ = client.close().await;
+    if existed {
+        out!("deleted {ns}/{stream}");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("no stream {ns}/{stream}");
+        Ok(ExitCode::from(1))
+    }
 }
 
 /// Prints a cache's changes as they happen (offset, key, value or `<deleted>`).

@@ -61,6 +61,8 @@ enum Command {
     Cache(CacheArgs),
     /// Durable counters (brokers with storage): add a delta, read a sum.
     Counter(CounterArgs),
+    /// Stream administration: delete a stream and everything it holds (admin permission).
+    Stream(StreamArgs),
     /// Consumer groups: poll, ack, nack, describe, seek, dead letters, redrive, delete.
     Group(GroupArgs),
     /// Consume a stream through a consumer group: poll, print, ack, until Ctrl-C.
@@ -409,6 +411,29 @@ enum CounterOp {
     },
 }
 
+#[derive(Args, Debug)]
+struct StreamArgs {
+    #[command(flatten)]
+    conn: ConnectArgs,
+    #[command(subcommand)]
+    op: StreamOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum StreamOp {
+    /// Delete a stream: its records, consumer groups and files are removed, its subscribers
+    /// told `stream_deleted`. Exit code 1 when there was no such stream. A stream declared in
+    /// the configuration file comes back empty, with its configured shards, when next used or
+    /// at the next start; remove it from the file to keep it gone.
+    Delete {
+        /// The stream.
+        stream: String,
+        /// Skip the confirmation (required when standard input is not a terminal).
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
 /// Which group, on which stream and shard.
 #[derive(Args, Debug, Clone)]
 pub struct GroupName {
@@ -620,6 +645,7 @@ fn main() -> ExitCode {
             Command::Read(a) => commands::read(a).await,
             Command::Cache(a) => commands::cache(a).await,
             Command::Counter(a) => commands::counter(a).await,
+            Command::Stream(a) => commands::stream(a).await,
             Command::Group(a) => groups::group(a).await,
             Command::Consume(a) => groups::consume(a).await,
             Command::Bench(a) => bench::run(a).await,

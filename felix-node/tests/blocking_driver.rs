@@ -170,5 +170,18 @@ fn a_restarted_blocking_broker_serves_what_it_stored() {
     assert_eq!(b.recovered, 3);
     let (_, out, err) = cli(dir.path(), b.addr, &["subscribe", "orders", "--from", "earliest", "--count", "3"]);
     assert_eq!(out, "0\tone\n1\ttwo\n2\tthree\n", "{err}");
+    // Deleted by an operator: gone from disk, not back after a restart, the name free again.
+    let (ok, _, err) = cli(dir.path(), b.addr, &["stream", "delete", "orders"]);
+    assert!(!ok && err.contains("--yes"), "a deletion without a terminal needs --yes: {err}");
+    let (ok, out, err) = cli(dir.path(), b.addr, &["stream", "delete", "orders", "--yes"]);
+    assert!(ok && out == "deleted default/orders\n", "{out}{err}");
+    let (ok, _, err) = cli(dir.path(), b.addr, &["stream", "delete", "orders", "--yes"]);
+    assert!(!ok && err.contains("no stream default/orders"), "{err}");
+    assert!(!dir.path().join("streams/t1/default/orders").exists(), "its files are removed");
+    b.stop();
+    let b = start(dir.path());
+    assert_eq!(b.recovered, 0);
+    let (ok, _, err) = cli(dir.path(), b.addr, &["publish", "orders", "fresh", "--ack"]);
+    assert!(ok && err.contains("offset 0"), "{err}");
     b.stop();
 }

@@ -96,6 +96,9 @@ feature_bits! {
     PUBLISH_WIDTH = 1 << 34, "FEATURE_PUBLISH_WIDTH";
     /// Second word, bit 0x8 (our decision, docs/protocol.md): the broker takes an explicit `shard`.
     EXPLICIT_SHARD = 1 << 35, "FEATURE_EXPLICIT_SHARD";
+    /// Second word, bit 0x10 (our decision D43, docs/protocol.md): the broker serves
+    /// `stream_delete` for a token with the admin permission.
+    STREAM_ADMIN = 1 << 36, "FEATURE_STREAM_ADMIN";
 }
 
 impl Features {

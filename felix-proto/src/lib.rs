@@ -79,6 +79,7 @@
 //!             | BrokerOutput::PauseReading { .. }
 //!             | BrokerOutput::ResumeReading { .. }
 //!             | BrokerOutput::Truncate { .. }
+//!             | BrokerOutput::DeleteStream { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
 //!         }
 //!     }

@@ -204,6 +204,8 @@ pub fn messages() -> Vec<Message> {
             generation: 9,
         }),
         Message::StreamDeleted(StreamDeleted { subscription_id: 42 }),
+        Message::StreamDelete(StreamDelete { tenant_id: t(), namespace: ns(), stream: s("orders"), request_id: 12 }),
+        Message::StreamDeleteOk(StreamDeleteOk { request_id: 12, existed: true }),
         Message::OffsetForTime(OffsetForTime {
             tenant_id: t(),
             namespace: ns(),

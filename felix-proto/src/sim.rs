@@ -585,6 +585,16 @@ impl Sim {
                 });
                 self.truncations.push((stream, shard, start))
             }
+            BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
+                // Writes asked for before it land first, then go with the rest: here they
+                // simply never land.
+                let of =
+                    |w: &PersistRequest| w.tenant_id == tenant_id && w.namespace == namespace && w.stream == stream;
+                self.pending_writes.retain(|w| !of(w));
+                self.unstore(|w| !of(w));
+                self.producer_watermarks
+                    .retain(|(t, n, s, _), _| !(*t == tenant_id && *n == namespace && *s == stream));
+            }
             BrokerOutput::Read(r) => {
                 // Storage is `durable`: answer from it, as a disk would.
                 self.reads += 1;

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::binary::OwnerHint;
-use crate::message::{self};
+use crate::error_code::ErrorCode;
+use crate::message::{self, Message};
+use crate::transport::{ConnId, WriteToken};
 use std::time::Instant;
 
 impl Broker {
@@ -137,12 +139,58 @@ impl Broker {
         v.into_iter()
     }
 
-    /// Deletes a stream. Its subscriptions end after delivering what they have queued, with
-    /// `stream_deleted` for clients that read it.
+    /// Deletes a stream and everything it holds: its subscriptions end after delivering what
+    /// they have queued, with `stream_deleted` for clients that read it; publishes still waiting
+    /// for their write are refused `not_found` (nothing of them will be read); its consumer
+    /// groups go too; storage is told to remove its files ([`BrokerOutput::DeleteStream`]), so a
+    /// restart does not bring it back. A stream of the same name can then be created again,
+    /// with the width its configuration gives it then.
     pub fn delete_stream(&mut self, tenant: &str, ns: &str, stream: &str, now: Instant) -> bool {
-        self.clock.advance(now);
-        let Some(entry) = self.streams.remove(KeyRef(tenant, ns, stream).q()) else { return false };
+        let now = self.clock.advance(now);
+        let Some(waiters) = self.remove_stream(tenant, ns, stream) else { return false };
+        let r = Self::deleted_refusal(ns, stream);
+        for w in waiters {
+            self.finish_waiter(w, Err(&r), now);
+        }
+        true
+    }
+
+    fn deleted_refusal(ns: &str, stream: &str) -> Refusal {
+        Refusal::new(ErrorCode::NotFound, format!("stream {ns}/{stream} was deleted; nothing was stored"))
+    }
+
+    /// [`delete_stream`](Self::delete_stream) without answering the publishes that waited for a
+    /// write: they are returned, for the caller to answer (one of them may wait on the control
+    /// stream the caller holds).
+    fn remove_stream(&mut self, tenant: &str, ns: &str, stream: &str) -> Option<Vec<Waiter>> {
+        let k = key(tenant, ns, stream);
+        let entry = self.streams.remove(&k)?;
         self.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
+        // The stream's consumer groups and their system logs.
+        let mut gone = vec![k.clone()];
+        for shard in 0..entry.shards.len() as u32 {
+            self.groups.remove(&(k.clone(), shard));
+            let log = consume::groups_key(&k, shard);
+            if let Some(e) = self.streams.remove(&log) {
+                self.aged_streams -= usize::from(e.config.retention.max_age.is_some());
+                self.group_ops.remove(&log);
+                gone.push(log);
+            }
+        }
+        // Writes still on their way: nobody will read them; say so to whoever waits.
+        let mut pending: Vec<WriteToken> =
+            self.writes.iter().filter(|(_, c)| gone.contains(&c.key)).map(|(t, _)| *t).collect();
+        pending.sort_unstable();
+        let waiters: Vec<Waiter> =
+            pending.into_iter().filter_map(|t| self.writes.remove(&t)).flat_map(|ctx| ctx.waiters).collect();
+        // Files: the stream's own when it is durable, its groups' system logs always.
+        for g in gone.iter().filter(|g| entry.config.durable || **g != k) {
+            self.out.push_back(BrokerOutput::DeleteStream {
+                tenant_id: g.tenant().to_owned(),
+                namespace: g.namespace().to_owned(),
+                stream: g.name().to_owned(),
+            });
+        }
         for shard in entry.shards {
             for (conn, id) in shard.subs {
                 if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
@@ -151,7 +199,36 @@ impl Broker {
                 }
             }
         }
-        true
+        Some(waiters)
+    }
+
+    /// `stream_delete` (FEATURE_STREAM_ADMIN): needs the admin permission on the stream.
+    pub(super) fn stream_delete(&mut self, conn: ConnId, st: &mut CtlStream, d: message::StreamDelete, now: Instant) {
+        if let Err(r) =
+            requests::check_names(&[("tenant", &d.tenant_id), ("namespace", &d.namespace), ("stream", &d.stream)])
+                .and_then(|()| self.authorize(st, &d.tenant_id, &d.namespace, &d.stream, Action::Admin))
+        {
+            return self.refuse(conn, st, r);
+        }
+        if d.stream.starts_with(syslog::SYS_PREFIX) {
+            let r = Refusal::new(ErrorCode::InvalidRequest, "streams starting with $ belong to the broker");
+            return self.refuse(conn, st, r);
+        }
+        let now = self.clock.advance(now);
+        let waiters = self.remove_stream(&d.tenant_id, &d.namespace, &d.stream);
+        let existed = waiters.is_some();
+        let r = Self::deleted_refusal(&d.namespace, &d.stream);
+        for w in waiters.into_iter().flatten() {
+            if w.conn == conn && w.stream == st.id {
+                // Waiting on this very stream, which the caller holds.
+                let data = Self::publish_answer(&w.offer, w.reply, Err(&r));
+                self.deliver_answer(conn, st, w.seq, data);
+            } else {
+                self.finish_waiter(w, Err(&r), now);
+            }
+        }
+        let m = Message::StreamDeleteOk(message::StreamDeleteOk { request_id: d.request_id, existed });
+        self.send(conn, st, json_frame(&m));
     }
 
     /// Records that a shard moved to another broker: its subscriptions end with `shard_moved`

@@ -238,7 +238,8 @@ impl BrokerConfig {
             | Features::SEQUENCE_REUSED
             | Features::PUBLISH_CONDITIONAL
             | Features::CACHE_WATCH
-            | Features::CACHE_WATCH_RETAINED;
+            | Features::CACHE_WATCH_RETAINED
+            | Features::STREAM_ADMIN;
         if self.history_reads {
             // Counters, group positions and commit state must survive a restart: only a broker
             // with storage offers them.

@@ -85,6 +85,16 @@ pub enum BrokerOutput {
         /// twice. Almost always empty.
         producers_forgotten: Vec<(u64, u64)>,
     },
+    /// A stream was deleted: storage removes everything it holds (after the writes asked for
+    /// before this), so a restart does not bring it back.
+    DeleteStream {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+    },
     /// Close the connection.
     CloseConnection {
         /// Connection.

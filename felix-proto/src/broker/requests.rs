@@ -215,6 +215,7 @@ impl Broker {
                 self.publish(conn, st, req, Reply::Refusable(p.request_id), now);
             }
             Message::Commit(c) => self.commit(conn, st, c, now),
+            Message::StreamDelete(d) => self.stream_delete(conn, st, d, now),
             Message::StateGet(g) => self.state_get(conn, st, g),
             Message::CounterAdd(a) => self.counter_add(conn, st, a, now),
             Message::CounterGet(g) => self.counter_get(conn, st, g),
@@ -336,6 +337,11 @@ impl Broker {
         }
         if let Some(e) = self.streams.get(KeyRef(t, ns, s).q()) {
             return Ok(e.shards.len() as u32);
+        }
+        // A configured stream deleted at run time comes back as configured when used again.
+        if let Some(spec) = self.cfg.streams.iter().find(|x| x.tenant_id == t && x.namespace == ns && x.name == s) {
+            let cfg = spec.config.clone();
+            return Ok(self.create_stream(key(t, ns, s), cfg));
         }
         if self.cfg.auto_create {
             let cfg = self.cfg.default_stream.clone();

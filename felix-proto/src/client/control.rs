@@ -542,6 +542,7 @@ fn typed_reply(m: Message) -> Result<(Option<u64>, Reply), Box<Message>> {
         Message::GroupDeleted(d) => (Some(d.request_id), Reply::GroupDeleted(d.existed)),
         Message::GroupInfo(i) => (Some(i.request_id), Reply::GroupInfo(i)),
         Message::CommitOk(c) => (Some(c.request_id), Reply::Committed(c.offset)),
+        Message::StreamDeleteOk(d) => (Some(d.request_id), Reply::StreamDeleted(d.existed)),
         Message::StateValue(v) => {
             (Some(v.request_id), Reply::State { value: v.value.map(|b| b.0), version: v.version, as_of: v.as_of })
         }

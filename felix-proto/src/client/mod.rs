@@ -225,6 +225,8 @@ pub enum Reply {
     GroupInfo(message::GroupInfo),
     /// `group_deleted`: whether the group existed.
     GroupDeleted(bool),
+    /// `stream_delete_ok`: whether there was such a stream.
+    StreamDeleted(bool),
     /// `commit_ok`: where the commit's event is read, and the version of every key it wrote.
     Committed(u64),
     /// `state_value`: a key's value (`None`: never written, or deleted), the offset of the

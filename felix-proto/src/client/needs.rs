@@ -87,6 +87,7 @@ pub fn needs(m: &Message) -> Vec<Need> {
             n.push(f(Features::SUBSCRIBE_QUEUE, "FEATURE_SUBSCRIBE_QUEUE"));
         }
         Message::Topology(_) => n.push(f(Features::TOPOLOGY, "FEATURE_TOPOLOGY")),
+        Message::StreamDelete(_) => n.push(f(Features::STREAM_ADMIN, "FEATURE_STREAM_ADMIN")),
         Message::StreamShards(_) => n.push(f(Features::STREAM_SHARDS, "FEATURE_STREAM_SHARDS")),
         Message::CacheShards(_) => n.push(f(Features::CACHE_SHARDS, "FEATURE_CACHE_SHARDS")),
         Message::ShardOwners(_) => n.push(f(Features::SHARD_OWNERS, "FEATURE_SHARD_OWNERS")),

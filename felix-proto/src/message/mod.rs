@@ -112,6 +112,8 @@ messages! {
     SubscriptionLagged(SubscriptionLagged) = "subscription_lagged", ToClient;
     ShardMoved(ShardMoved) = "shard_moved", ToClient;
     StreamDeleted(StreamDeleted) = "stream_deleted", ToClient;
+    StreamDelete(StreamDelete) = "stream_delete", ToBroker;
+    StreamDeleteOk(StreamDeleteOk) = "stream_delete_ok", ToClient;
     OffsetForTime(OffsetForTime) = "offset_for_time", ToBroker;
     OffsetValue(OffsetValue) = "offset_value", ToClient;
     StreamRead(StreamRead) = "stream_read", ToBroker;

@@ -510,6 +510,22 @@ pub struct StreamDeleted {
     pub subscription_id: u64,
 }
 
+/// `stream_delete` (FEATURE_STREAM_ADMIN, our D43): delete a stream and everything it holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamDelete {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub request_id: u64,
+}
+
+/// `stream_delete_ok`: `existed` says whether there was such a stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamDeleteOk {
+    pub request_id: u64,
+    pub existed: bool,
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reading history
 

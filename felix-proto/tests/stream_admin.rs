@@ -1,0 +1,147 @@
+//! Stream deletion by users (FEATURE_STREAM_ADMIN, `stream_delete`): admin permission, the
+//! subscribers told, waiting publishes answered, storage told to remove the files, and a stream
+//! of the same name created again from scratch.
+
+mod support;
+
+use bytes::Bytes;
+use felix_proto::broker::{Action, Grant, StreamConfig, StreamSpec, TokenGrant};
+use felix_proto::features::Features;
+use felix_proto::message::{self, Message};
+use felix_proto::sim::{Sim, StorageMode};
+use support::*;
+
+fn delete(stream: &str, request_id: u64) -> Bytes {
+    json(&Message::StreamDelete(message::StreamDelete {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        request_id,
+    }))
+}
+
+fn deleted(request_id: u64, existed: bool) -> Message {
+    Message::StreamDeleteOk(message::StreamDeleteOk { request_id, existed })
+}
+
+fn features(f: Features) -> Option<u32> {
+    f.to_words(false).0
+}
+
+#[test]
+fn deleting_a_stream_ends_its_subscriptions_answers_its_publishes_and_removes_its_files() {
+    let mut sim = Sim::new(config(), epoch());
+    // A client that offers the second feature word learns the broker serves stream_delete.
+    let p = sim.connect_raw();
+    let s = sim.raw_open_bi(p);
+    let (lo, hi) = (Features::ERROR_CODES | Features::STREAM_ADMIN | Features::ACK_ON_COMMIT).to_words(true);
+    sim.raw_send(p, s, auth(Some(0x1001), lo, hi), false);
+    sim.run();
+    let auth_ok = messages(&sim.take_received(p, s)).remove(0);
+    let Message::AuthOk(a) = &auth_ok else { panic!("{auth_ok:?}") };
+    assert!(Features::from_words(a.server_features, a.server_features_hi).contains(Features::STREAM_ADMIN));
+    let (q, qs, _) = raw_session(&mut sim, Some(1), None);
+    sim.raw_send(
+        p,
+        s,
+        publish_json("orders", "kept-before", Some(1), Some(felix_proto::binary::AckMode::PerMessage)),
+        false,
+    );
+    sim.raw_send(q, qs, subscribe("orders", Some(message::StartPosition::Earliest)), false);
+    sim.run();
+    sim.take_received(p, s);
+    assert!(sim.durable.iter().any(|w| w.stream == "orders"));
+    // A publish still on its way to storage when the stream goes (acked after the write).
+    sim.storage = StorageMode::Manual;
+    sim.raw_send(
+        p,
+        s,
+        publish_json("orders", "in-flight", Some(2), Some(felix_proto::binary::AckMode::PerMessage)),
+        false,
+    );
+    sim.raw_send(p, s, delete("orders", 3), false);
+    sim.raw_send(p, s, delete("orders", 4), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let Message::PublishError(e) = &ms[0] else { panic!("{ms:?}") };
+    assert_eq!(e.code.as_ref().map(|c| c.name().into_owned()).as_deref(), Some("not_found"), "{e:?}");
+    assert_eq!(ms[1..], [deleted(3, true), deleted(4, false)]);
+    assert!(sim.durable.iter().all(|w| w.stream != "orders"), "storage removed what it held");
+    assert!(sim.pending_writes.is_empty());
+    // The subscriber (no FEATURE_STREAM_DELETED) saw its stream end after what it had.
+    let ev = event_streams(&sim, q)[0];
+    assert!(sim.clients[q].finished.contains(&ev));
+    // The name can be used again: a new stream, from offset 0.
+    sim.storage = StorageMode::Immediate;
+    sim.raw_send(p, s, publish_json("orders", "new", Some(5), Some(felix_proto::binary::AckMode::PerMessage)), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms, [Message::PublishOk(message::PublishOk { request_id: 5, offset: Some(0) })]);
+}
+
+#[test]
+fn only_an_admin_may_delete_and_the_broker_owns_dollar_streams() {
+    let mut cfg = config();
+    cfg.tokens.push(TokenGrant {
+        token: "writer".into(),
+        tenant_id: Some("t1".into()),
+        principal: "w".into(),
+        grants: vec![Grant { action: Action::Publish, pattern: "*".into() }],
+    });
+    let mut sim = Sim::new(cfg, epoch());
+    let p = sim.connect_raw();
+    let s = sim.raw_open_bi(p);
+    let auth = json(&Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: "writer".into(),
+        client_flags: Some(1),
+        client_features: features(Features::ERROR_CODES),
+        client_features_hi: None,
+    }));
+    sim.raw_send(p, s, auth, false);
+    sim.raw_send(p, s, publish_json("orders", "x", Some(1), Some(felix_proto::binary::AckMode::PerMessage)), false);
+    sim.raw_send(p, s, delete("orders", 2), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let Message::Error(e) = &ms[2] else { panic!("{ms:?}") };
+    assert_eq!(e.code.as_ref().map(|c| c.name().into_owned()).as_deref(), Some("forbidden"));
+    assert!(sim.durable.iter().any(|w| w.stream == "orders"), "nothing deleted");
+    let (a, sa, _) = raw_session(&mut sim, Some(1), features(Features::ERROR_CODES));
+    sim.raw_send(a, sa, delete("$groups.0.orders", 3), false);
+    sim.run();
+    let ms = messages(&sim.take_received(a, sa));
+    assert!(
+        matches!(&ms[0], Message::Error(e) if e.code.as_ref().is_some_and(|c| c.name() == "invalid_request")),
+        "{ms:?}"
+    );
+}
+
+#[test]
+fn a_configured_stream_comes_back_with_its_configured_width() {
+    let mut cfg = config();
+    cfg.auto_create = false;
+    cfg.streams.push(StreamSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "wide".into(),
+        config: StreamConfig { shards: 4, ..StreamConfig::default() },
+    });
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(1), features(Features::ERROR_CODES | Features::STREAM_SHARDS));
+    sim.raw_send(p, s, delete("wide", 1), false);
+    sim.raw_send(
+        p,
+        s,
+        json(&Message::StreamShards(message::StreamShards {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "wide".into(),
+            request_id: 2,
+        })),
+        false,
+    );
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms[0], deleted(1, true));
+    assert!(matches!(&ms[1], Message::StreamShardsView(v) if v.shards == 4), "{ms:?}");
+}
