@@ -412,10 +412,10 @@ fn storage_loop(
             let micros = started.elapsed().as_micros() as u64;
             let _ = tx.send(Input::Written(results, micros));
         }
-        if let (Some(d), Some((t, n, s))) = (disk.as_mut(), deletion) {
-            if let Err(e) = d.delete_stream((&t, &n, &s)) {
-                tracing::error!("deleting stream {n}/{s}: {e}");
-            }
+        if let (Some(d), Some((t, n, s))) = (disk.as_mut(), deletion)
+            && let Err(e) = d.delete_stream((&t, &n, &s))
+        {
+            tracing::error!("deleting stream {n}/{s}: {e}");
         }
         // Reads after the writes queued before them (so they see them).
         answer_reads(&mut disk, reads, &tx);
