@@ -7,12 +7,13 @@ use felix_driver_blocking::{BlockingBroker, BlockingClient, BrokerOptions, Conne
 use felix_driver_common::data_dir::DataDir;
 use felix_driver_common::{FsyncMode, Trust};
 use felix_proto::broker::{BrokerConfig, TokenGrant};
-use felix_proto::message::StartPosition;
+use felix_proto::client::{ClientConnection, ClientEvent, ClientStream, CommandError, Reply};
+use felix_proto::message::{Message, StartPosition};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
 const TOKEN: &str = "blocking-test-token";
@@ -184,4 +185,184 @@ fn a_restarted_blocking_broker_serves_what_it_stored() {
     let (ok, _, err) = cli(dir.path(), b.addr, &["publish", "orders", "fresh", "--ack"]);
     assert!(ok && err.contains("offset 0"), "{err}");
     b.stop();
+}
+
+/// A client as the scenario below drives it: the same `ClientConnection` commands, whatever
+/// moves its bytes.
+trait Party {
+    /// Runs a command and waits for its answer, written out (`Debug` of the reply or refusal).
+    fn ask(&mut self, cmd: &dyn Fn(&mut ClientConnection, Instant) -> Result<Asked, CommandError>) -> String;
+}
+
+/// What a command returned: a request's id or a publish's.
+enum Asked {
+    Request(u64),
+    Publish(felix_proto::client::PublishId),
+}
+
+fn answer_of(e: &ClientEvent, asked: &Asked) -> Option<String> {
+    match (e, asked) {
+        // Cache versions start from the broker's wall clock (unique across restarts): only
+        // whether there is one is the same everywhere.
+        (ClientEvent::Reply { request_id, reply: Reply::CacheValue { value, version } }, Asked::Request(r))
+            if request_id == r =>
+        {
+            Some(format!("CacheValue {{ value: {value:?}, versioned: {} }}", version.is_some()))
+        }
+        (ClientEvent::Reply { request_id, reply }, Asked::Request(r)) if request_id == r => Some(format!("{reply:?}")),
+        (ClientEvent::RequestFailed { request_id, error, .. }, Asked::Request(r)) if request_id == r => {
+            Some(format!("failed {:?} {:?}", error.code, error.message))
+        }
+        (ClientEvent::PublishAcked { id, offset, .. }, Asked::Publish(p)) if id == p => {
+            Some(format!("acked {offset:?}"))
+        }
+        (ClientEvent::PublishFailed { id, error }, Asked::Publish(p)) if id == p => {
+            Some(format!("publish failed {:?}", error.code))
+        }
+        (ClientEvent::PublishRefused { id, reason, .. }, Asked::Publish(p)) if id == p => {
+            Some(format!("refused {reason:?}"))
+        }
+        _ => None,
+    }
+}
+
+impl Party for BlockingClient {
+    fn ask(&mut self, cmd: &dyn Fn(&mut ClientConnection, Instant) -> Result<Asked, CommandError>) -> String {
+        let asked = match cmd(self.core(), Instant::now()) {
+            Ok(a) => a,
+            Err(e) => return format!("not sent: {e}"),
+        };
+        self.wait_for(|e| answer_of(e, &asked).map(Ok)).unwrap()
+    }
+}
+
+/// The deterministic simulation: broker and client state machines in memory, no QUIC.
+struct SimParty {
+    sim: felix_proto::sim::Sim,
+    c: usize,
+}
+
+impl Party for SimParty {
+    fn ask(&mut self, cmd: &dyn Fn(&mut ClientConnection, Instant) -> Result<Asked, CommandError>) -> String {
+        let now = self.sim.now;
+        let asked = match cmd(self.sim.client(self.c), now) {
+            Ok(a) => a,
+            Err(e) => return format!("not sent: {e}"),
+        };
+        self.sim.run();
+        let events = self.sim.take_events(self.c);
+        events.iter().find_map(|e| answer_of(e, &asked)).unwrap_or_else(|| panic!("no answer in {events:?}"))
+    }
+}
+
+/// One scenario over every feature the drivers carry differently (acked publishes answered after
+/// the write, caches, counters and commits on storage, conditional writes, refusals, deletion):
+/// its transcript.
+fn scenario(p: &mut dyn Party) -> Vec<String> {
+    use felix_proto::client::{CommitRequest, PublishRequest};
+    let main = ClientStream(0);
+    let publish = |stream: &'static str, payloads: &'static [&'static str]| {
+        move |c: &mut ClientConnection, now: Instant| {
+            let req = PublishRequest::new(
+                "default",
+                stream,
+                payloads.iter().map(|s| Bytes::from_static(s.as_bytes())).collect(),
+            )
+            .acked();
+            c.publish_auto(req, now).map(Asked::Publish)
+        }
+    };
+    let commit = |expected_offset: Option<u64>, value: &'static str| {
+        move |c: &mut ClientConnection, _: Instant| {
+            c.commit(
+                main,
+                CommitRequest {
+                    namespace: "default".into(),
+                    stream: "accounts".into(),
+                    entity_key: Bytes::from_static(b"acct"),
+                    event: Bytes::from_static(b"event"),
+                    changes: vec![("balance".into(), Some(Bytes::from_static(value.as_bytes())))],
+                    expected_offset,
+                },
+            )
+            .map(Asked::Request)
+        }
+    };
+    vec![
+        p.ask(&publish("orders", &["a", "b"])),
+        p.ask(&publish("orders", &["c"])),
+        p.ask(&|c, _| c.cache_put(main, "default", "s", "k", Bytes::from_static(b"v"), None).map(Asked::Request)),
+        p.ask(&|c, _| c.cache_get(main, "default", "s", "k").map(Asked::Request)),
+        p.ask(&|c, _| c.cache_get(main, "default", "s", "missing").map(Asked::Request)),
+        p.ask(&|c, _| c.counter_add(main, "default", "stats", "views", 5).map(Asked::Request)),
+        p.ask(&|c, _| c.counter_add(main, "default", "stats", "views", -2).map(Asked::Request)),
+        p.ask(&commit(None, "10")),
+        p.ask(&commit(Some(0), "20")),
+        p.ask(&commit(Some(1), "30")),
+        p.ask(&|c, _| {
+            c.state_get(main, "default", "accounts", Bytes::from_static(b"acct"), "balance").map(Asked::Request)
+        }),
+        p.ask(&|c, _| c.stream_shards(main, "default", "orders").map(Asked::Request)),
+        // A name longer than names may be: refused, with a code.
+        p.ask(&|c, now| {
+            let req = PublishRequest::new("default", "x".repeat(300), vec![Bytes::from_static(b"x")]).acked();
+            c.publish_auto(req, now).map(Asked::Publish)
+        }),
+        p.ask(&|c, _| {
+            c.request(main, |request_id| {
+                Message::StreamDelete(felix_proto::message::StreamDelete {
+                    tenant_id: "t1".into(),
+                    namespace: "default".into(),
+                    stream: "orders".into(),
+                    request_id,
+                })
+            })
+            .map(Asked::Request)
+        }),
+        p.ask(&publish("orders", &["again"])),
+    ]
+}
+
+/// The same scenario through the simulation and through both drivers over QUIC gives the same
+/// transcript, answer for answer: the drivers decide nothing.
+#[test]
+fn one_scenario_gives_one_transcript_in_the_simulation_and_through_both_drivers() {
+    let mut cfg = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() };
+    cfg.history_reads = true; // the drivers run with storage
+    let mut sim = felix_proto::sim::Sim::new(cfg, Instant::now());
+    let c = sim.connect(felix_proto::client::ClientConfig::new("t1", TOKEN));
+    sim.run();
+    sim.take_events(c);
+    let expected = scenario(&mut SimParty { sim, c });
+    assert!(expected.iter().any(|l| l.contains("Committed(0)")), "{expected:#?}");
+    assert!(expected.iter().any(|l| l.contains("OffsetMismatch")), "{expected:#?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let blocking = start(dir.path());
+    let tokio_dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (identity, _) = DataDir::new(tokio_dir.path()).identity().unwrap();
+    let server = rt
+        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+            identity,
+            data_dir: Some(tokio_dir.path().to_path_buf()),
+            fsync: FsyncMode::Always,
+            transport: Default::default(),
+            require_alpn: false,
+            metrics_listen: None,
+        }))
+        .unwrap();
+    for (name, addr, data) in
+        [("blocking", blocking.addr, dir.path()), ("tokio", server.local_addr(), tokio_dir.path())]
+    {
+        let certs = felix_driver_common::tls::load_certs(&data.join("tls/cert.pem")).unwrap();
+        let mut c =
+            BlockingClient::connect(ConnectOptions::new(addr, Trust::Certificates(certs), "t1", TOKEN)).unwrap();
+        assert_eq!(scenario(&mut c), expected, "the {name} driver");
+        c.close();
+    }
+    blocking.stop();
+    rt.block_on(server.shutdown());
 }
