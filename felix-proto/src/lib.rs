@@ -128,3 +128,9 @@ pub use flags::Flags;
 pub use frame::{Frame, FrameDecoder, FrameError};
 pub use message::{Decoded, Message};
 pub use payload::{Payload, PayloadKind};
+
+/// docs/embedding.md, compiled: its `rust` blocks run as doctests, so the guide cannot drift
+/// from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/embedding.md")]
+pub struct EmbeddingGuide;
