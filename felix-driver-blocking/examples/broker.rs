@@ -50,6 +50,7 @@ fn run(listen: &str, dir: &str, token: Option<&str>) -> Result<(), String> {
         data_dir: Some(data.root.clone()),
         // `serve`'s default: appends reach the disk within 100 ms.
         fsync: FsyncMode::Interval(std::time::Duration::from_millis(100)),
+        transport: Default::default(),
     })
     .map_err(|e| e.to_string())?;
     println!(

@@ -17,6 +17,7 @@
 use crate::quic::{Happening, Quic};
 use felix_driver_common::storage::{DiskStorage, FsyncMode};
 use felix_driver_common::tls::{Identity, TlsError, quic_server_crypto};
+pub use felix_driver_common::transport::TransportTuning;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PeerAddr, PersistRequest, ReadRequest};
 use felix_proto::transport::{ConnId, WallClock};
 use quinn_proto::ConnectionHandle;
@@ -40,6 +41,8 @@ pub struct BrokerOptions {
     pub data_dir: Option<PathBuf>,
     /// When appends are forced to disk.
     pub fsync: FsyncMode,
+    /// QUIC settings (the tokio driver's, shared through felix-driver-common).
+    pub transport: TransportTuning,
 }
 
 /// Why the broker could not start or stopped.
@@ -95,8 +98,7 @@ impl BlockingBroker {
     /// TLS, socket or storage failures.
     pub fn bind(opts: BrokerOptions) -> Result<BlockingBroker, BrokerError> {
         let crypto = quic_server_crypto(opts.identity, false)?;
-        let server = Arc::new(quinn_proto::ServerConfig::with_crypto(crypto));
-        let (quic, waker) = Quic::bind(opts.listen, Some(server))?;
+        let (quic, waker) = Quic::bind(opts.listen, &opts.transport, Some(crypto))?;
         let now = Instant::now();
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
         let mut cfg = opts.broker;

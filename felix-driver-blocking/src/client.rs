@@ -20,6 +20,7 @@
 use crate::quic::{Happening, Quic};
 use bytes::Bytes;
 use felix_driver_common::tls::{TlsError, Trust, quic_client_crypto};
+use felix_driver_common::transport::TransportTuning;
 use felix_proto::binary::EventBatch;
 use felix_proto::client::{
     ClientConfig, ClientConnection, ClientEvent, ClientOutput, ClientStream, ErrorInfo, PublishId, PublishRequest,
@@ -108,10 +109,13 @@ impl BlockingClient {
     /// TLS, socket, handshake or authentication failures.
     pub fn connect(opts: ConnectOptions) -> Result<BlockingClient, ClientError> {
         let bind: SocketAddr = if opts.addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("literal");
-        let (mut quic, _waker) = Quic::bind(bind, None)?;
+        let tuning = TransportTuning::default();
+        let (mut quic, _waker) = Quic::bind(bind, &tuning, None)?;
         let crypto = quic_client_crypto(opts.trust, true)?;
         let now = Instant::now();
-        let ch = quic.connect(quinn_proto::ClientConfig::new(crypto), opts.addr, &opts.server_name, now)?;
+        let mut cfg = quinn_proto::ClientConfig::new(crypto);
+        cfg.transport_config(std::sync::Arc::new(tuning.to_quinn_for(opts.addr)));
+        let ch = quic.connect(cfg, opts.addr, &opts.server_name, now)?;
         let core = ClientConnection::new(ClientConfig::new(opts.tenant, opts.token), now);
         let mut c =
             BlockingClient { core, quic, ch, main: ClientStream(0), timeout: opts.timeout, backlog: VecDeque::new() };

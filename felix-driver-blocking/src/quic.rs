@@ -6,6 +6,7 @@
 //! knows the Felix protocol.
 
 use bytes::{Bytes, BytesMut};
+use felix_driver_common::transport::{TransportTuning, is_loopback};
 use felix_proto::transport::StreamId;
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -67,6 +68,8 @@ pub(crate) struct Quic {
     endpoint: Endpoint,
     conns: BTreeMap<ConnectionHandle, Conn>,
     server_config: Option<Arc<quinn_proto::ServerConfig>>,
+    /// The server configuration for loopback peers (no MTU discovery: the largest size at once).
+    loopback_config: Option<Arc<quinn_proto::ServerConfig>>,
     recv_buf: Vec<u8>,
     send_buf: Vec<u8>,
     /// A datagram the socket refused (`WouldBlock`): sent first when it is writable again.
@@ -86,14 +89,23 @@ impl Quic {
     /// Binds `addr`. A broker passes its server configuration; a client passes none.
     pub(crate) fn bind(
         addr: SocketAddr,
-        server_config: Option<Arc<quinn_proto::ServerConfig>>,
+        tuning: &TransportTuning,
+        crypto: Option<Arc<dyn quinn_proto::crypto::ServerConfig>>,
     ) -> std::io::Result<(Quic, Arc<Waker>)> {
         let mut socket = UdpSocket::bind(addr)?;
         let poll = Poll::new()?;
         poll.registry().register(&mut socket, SOCKET, Interest::READABLE | Interest::WRITABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let endpoint =
-            Endpoint::new(Arc::new(quinn_proto::EndpointConfig::default()), server_config.clone(), true, None);
+        let server = |transport: quinn_proto::TransportConfig| {
+            crypto.clone().map(|c| {
+                let mut s = quinn_proto::ServerConfig::with_crypto(c);
+                s.transport_config(Arc::new(transport));
+                Arc::new(s)
+            })
+        };
+        let server_config = server(tuning.to_quinn());
+        let loopback_config = server(tuning.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0))));
+        let endpoint = Endpoint::new(Arc::new(tuning.endpoint_config()), server_config.clone(), true, None);
         Ok((
             Quic {
                 socket,
@@ -102,6 +114,7 @@ impl Quic {
                 endpoint,
                 conns: BTreeMap::new(),
                 server_config,
+                loopback_config,
                 recv_buf: vec![0; 65_536],
                 send_buf: Vec::with_capacity(65_536),
                 blocked: None,
@@ -131,7 +144,12 @@ impl Quic {
     /// Accepts a knocking client.
     pub(crate) fn accept(&mut self, incoming: Incoming, now: Instant) -> Option<ConnectionHandle> {
         let mut buf = Vec::new();
-        match self.endpoint.accept(incoming, now, &mut buf, self.server_config.clone()) {
+        let cfg = if is_loopback(incoming.remote_address()) {
+            self.loopback_config.clone()
+        } else {
+            self.server_config.clone()
+        };
+        match self.endpoint.accept(incoming, now, &mut buf, cfg) {
             Ok((ch, quic)) => {
                 self.insert(ch, quic);
                 Some(ch)

@@ -16,6 +16,9 @@ use crate::storage::{DiskStorage, FsyncMode, RecoveredShard};
 use crate::tls::{Identity, TlsError, quic_server_crypto};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
+pub use felix_driver_common::transport::{
+    DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, TransportTuning, is_loopback,
+};
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
 use felix_proto::transport::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
 use quinn::VarInt;
@@ -25,59 +28,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, watch};
-
-/// QUIC transport settings, tuned for throughput on a LAN/loopback by default.
-#[derive(Debug, Clone)]
-pub struct TransportTuning {
-    /// Concurrent bidirectional streams a peer may open.
-    pub max_bi_streams: u32,
-    /// Concurrent unidirectional streams a peer may open.
-    pub max_uni_streams: u32,
-    /// Per-stream receive window, bytes.
-    pub stream_receive_window: u32,
-    /// Per-connection receive window, bytes.
-    pub receive_window: u32,
-    /// Per-connection send window, bytes.
-    pub send_window: u64,
-    /// Idle timeout.
-    pub idle_timeout: Duration,
-    /// Keep-alive interval (below the idle timeout).
-    pub keep_alive: Duration,
-    /// Whether to probe for a larger MTU (helps bulk throughput on real networks).
-    pub mtu_discovery: bool,
-    /// The largest UDP payload MTU discovery probes for, bytes (1200..=65527). Fewer, larger
-    /// packets cost less CPU per byte. Discovery never settles above what the path and the peer
-    /// carry, so a high bound is safe on any network; above [`GSO_SAFE_MAX_UDP_PAYLOAD`] the
-    /// kernel refuses quinn's segmentation-offload batches and every packet is sent alone.
-    /// To loopback peers the bound is used from the first packet and is also the floor (see
-    /// [`TransportTuning::to_quinn_for`]).
-    pub max_udp_payload: u16,
-    /// Ask the peer (through QUIC's ACK-frequency extension, which quinn peers honour and others
-    /// ignore) to acknowledge only every `n + 1` ack-eliciting packets, within its usual ACK
-    /// delay, instead of every second one. `None`: the standard behaviour.
-    pub ack_eliciting_threshold: Option<u32>,
-    /// UDP socket receive and send buffer sizes to ask the kernel for, bytes. Linux caps the
-    /// request at `net.core.rmem_max`/`wmem_max`; the size obtained is logged.
-    pub udp_buffer_bytes: usize,
-}
-
-impl Default for TransportTuning {
-    fn default() -> Self {
-        TransportTuning {
-            max_bi_streams: 1024,
-            max_uni_streams: 1024,
-            stream_receive_window: 8 << 20,
-            receive_window: 32 << 20,
-            send_window: 32 << 20,
-            idle_timeout: Duration::from_secs(30),
-            keep_alive: Duration::from_secs(5),
-            mtu_discovery: true,
-            max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
-            ack_eliciting_threshold: None,
-            udp_buffer_bytes: 4 << 20,
-        }
-    }
-}
 
 /// A UDP socket bound to `addr` with the buffers `tuning` asks for (GSO/GRO and ECN are
 /// enabled by quinn-udp where the platform has them).
@@ -94,88 +44,6 @@ pub(crate) fn udp_socket(addr: SocketAddr, tuning: &TransportTuning) -> std::io:
     }
     tracing::debug!("UDP buffers: receive {:?}, send {:?}", s.recv_buffer_size().ok(), s.send_buffer_size().ok());
     Ok(socket)
-}
-
-/// The largest UDP payload whose segmentation-offload (GSO) batch the kernel accepts: quinn hands
-/// the kernel up to 10 segments in one `sendmsg`, and that batch travels as one UDP datagram of
-/// at most 65,535 bytes, 8 of them the UDP header and, over IPv4, 20 the IP header:
-/// (65,535 − 28) / 10 = 6,550. Above it the kernel refuses the batch (EIO), quinn turns GSO off
-/// for the socket and every packet costs its own system call.
-pub const GSO_SAFE_MAX_UDP_PAYLOAD: u16 = 6550;
-
-/// The default bound for MTU discovery (see docs/operations.md for the measurements behind it).
-pub const DEFAULT_MAX_UDP_PAYLOAD: u16 = 6144;
-
-/// After quinn's black-hole detector drops the MTU to the minimum (it reads a burst of lost
-/// full-size packets as a path that stopped carrying them, and congestion looks the same), probe
-/// again this soon instead of quinn's one minute, so a busy connection does not spend a minute
-/// on 1200-byte packets.
-const BLACK_HOLE_COOLDOWN: Duration = Duration::from_secs(2);
-
-/// Whether `addr` is this machine (IPv4-mapped loopback included).
-pub fn is_loopback(addr: SocketAddr) -> bool {
-    match addr.ip() {
-        std::net::IpAddr::V4(v4) => v4.is_loopback(),
-        std::net::IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
-    }
-}
-
-impl TransportTuning {
-    /// The quinn transport configuration for a peer on an unknown path: start at 1200 bytes and
-    /// discover the path MTU up to `max_udp_payload`.
-    pub fn to_quinn(&self) -> quinn::TransportConfig {
-        let mut t = quinn::TransportConfig::default();
-        t.max_concurrent_bidi_streams(VarInt::from_u32(self.max_bi_streams));
-        t.max_concurrent_uni_streams(VarInt::from_u32(self.max_uni_streams));
-        t.stream_receive_window(VarInt::from_u32(self.stream_receive_window));
-        t.receive_window(VarInt::from_u32(self.receive_window));
-        t.send_window(self.send_window);
-        if let Ok(idle) = quinn::IdleTimeout::try_from(self.idle_timeout) {
-            t.max_idle_timeout(Some(idle));
-        }
-        t.keep_alive_interval(Some(self.keep_alive));
-        if let Some(n) = self.ack_eliciting_threshold {
-            let mut ack = quinn::AckFrequencyConfig::default();
-            ack.ack_eliciting_threshold(VarInt::from_u32(n));
-            t.ack_frequency_config(Some(ack));
-        }
-        if self.mtu_discovery {
-            let mut mtud = quinn::MtuDiscoveryConfig::default();
-            mtud.upper_bound(self.bound());
-            mtud.black_hole_cooldown(BLACK_HOLE_COOLDOWN);
-            t.mtu_discovery_config(Some(mtud));
-        } else {
-            t.mtu_discovery_config(None);
-        }
-        t
-    }
-
-    /// The transport configuration for a peer at `peer`. A loopback path carries 64 KiB
-    /// datagrams, so there the bound is both the first and the smallest MTU: no discovery
-    /// phase at 1200 bytes, and the black-hole detector (which resets to the smallest MTU on a
-    /// burst of lost full-size packets, as a subscriber that cannot keep up causes) cannot
-    /// collapse it. Any other path starts at 1200 and discovers ([`to_quinn`](Self::to_quinn)).
-    pub fn to_quinn_for(&self, peer: SocketAddr) -> quinn::TransportConfig {
-        let mut t = self.to_quinn();
-        if is_loopback(peer) && self.mtu_discovery {
-            t.initial_mtu(self.bound());
-            t.min_mtu(self.bound());
-        }
-        t
-    }
-
-    fn bound(&self) -> u16 {
-        self.max_udp_payload.clamp(1200, 65527)
-    }
-
-    /// The quinn endpoint configuration: the largest datagram this side accepts, which it
-    /// advertises to peers. Never below the GSO-safe size, so a peer configured for more than
-    /// this side (an existing Felix broker pins 4096) is not held to less.
-    pub fn endpoint_config(&self) -> quinn::EndpointConfig {
-        let mut e = quinn::EndpointConfig::default();
-        let _ = e.max_udp_payload_size(self.bound().max(GSO_SAFE_MAX_UDP_PAYLOAD));
-        e
-    }
 }
 
 /// Everything a broker needs to start.

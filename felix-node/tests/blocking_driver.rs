@@ -52,6 +52,7 @@ fn start(dir: &Path) -> Running {
         identity,
         data_dir: Some(dir.to_path_buf()),
         fsync: FsyncMode::Always,
+        transport: Default::default(),
     })
     .unwrap();
     let addr = broker.local_addr().unwrap();
