@@ -234,3 +234,26 @@ fn the_client_state_machine_commits_and_reads_state() {
     let err = sim.client(c).commit(ClientStream(0), req(vec![], None)).unwrap_err();
     assert_eq!(err, felix_proto::client::CommandError::NotNegotiated("FEATURE_ATOMIC_COMMIT"));
 }
+
+/// FEATURE_ATOMIC_COMMIT is a broker bit: a client that offered nothing (a legacy `auth`) is
+/// served the same, and its answers carry no field it did not ask for (no error codes).
+#[test]
+fn a_client_that_offered_nothing_is_served_alike() {
+    let mut sim = Sim::new(durable_config(), epoch());
+    let (p, s, ok) = raw_session(&mut sim, None, None);
+    assert_eq!(ok, Message::Ok(message::OkMsg {}), "a legacy client gets plain ok");
+    sim.raw_send(p, s, commit("accounts", "e", vec![put("k", "v")], 1, None), false);
+    sim.raw_send(p, s, commit("other", "e", vec![], 3, Some(7)), false);
+    sim.run();
+    // Answers carry their request id; a refusal made at once may overtake an answer that
+    // waits for its write.
+    let ms = messages(&sim.take_received(p, s));
+    assert!(ms.contains(&commit_ok(1, 0)), "{ms:?}");
+    assert!(
+        ms.iter().any(|m| matches!(m, Message::PublishRefused(r) if r.request_id == 3 && r.reason == RefusedReason::OffsetMismatch { tail: 0 })),
+        "{ms:?}"
+    );
+    sim.raw_send(p, s, get("k", 2), false);
+    sim.run();
+    assert_eq!(messages(&sim.take_received(p, s)), [value(Some("v"), Some(0), Some(0), 2)]);
+}
