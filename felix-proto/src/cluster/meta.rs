@@ -8,11 +8,13 @@
 //! by node id, so the same inputs give the same elections (the simulation replays seeds), and
 //! the lowest id times out first when nobody leads.
 //!
-//! Storage: the log and hard state live in the engine's `MemStorage` for now. The ready loop
-//! already orders the duties a disk needs (entries and hard state are stored before the messages
-//! that depend on them go out); the driver's durable copy comes with the cluster (issue 14).
+//! Storage: the engine works on its `MemStorage`; what must survive a crash comes out as
+//! [`MetaOutput::Persist`] (new log entries, the hard state), *before* the messages that depend
+//! on it, and the driver makes it durable before it carries out the next output. A member
+//! restarts from what was kept ([`RaftLog`], [`MetaNode::restart`]) and replays its committed
+//! commands, so the metadata is rebuilt by applying them again.
 
-use raft::eraftpb::{ConfState, Entry, EntryType, Message};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 use std::collections::VecDeque;
@@ -42,6 +44,15 @@ pub enum MetaError {
 /// What the node asks its driver to do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaOutput {
+    /// Make these durable before carrying out any later output: the entries replace the log
+    /// from the first one's index on (a new leader may overwrite an uncommitted tail), and the
+    /// hard state (term, vote, commit) replaces the old one. Fold it into a [`RaftLog`].
+    Persist {
+        /// New entries, in index order (may be empty).
+        entries: Vec<Entry>,
+        /// The new hard state, when it changed.
+        hard_state: Option<HardState>,
+    },
     /// Send this message to peer `to` (encode it with [`encode_message`]).
     Send {
         /// Peer id.
@@ -76,10 +87,32 @@ impl MetaNode {
     /// # Errors
     /// [`MetaError::Raft`] for a configuration the engine refuses (id 0, `id` not a voter...).
     pub fn new(id: u64, voters: &[u64]) -> Result<MetaNode, MetaError> {
+        Self::restart(id, voters, &RaftLog::default())
+    }
+
+    /// Member `id` starting again from what its driver kept: the log and hard state folded from
+    /// every [`MetaOutput::Persist`] before the crash. Committed commands come out again as
+    /// [`MetaOutput::Committed`] from the first, so the state machine is rebuilt by replaying.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`MetaError::Raft`] for a kept log the engine refuses.
+    pub fn restart(id: u64, voters: &[u64], kept: &RaftLog) -> Result<MetaNode, MetaError> {
         if id == 0 || !voters.contains(&id) {
             return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!("node {id} is not a voter of {voters:?}"))));
         }
         let storage = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        {
+            let mut w = storage.wl();
+            if !kept.entries.is_empty() {
+                w.append(&kept.entries)?;
+            }
+            let mut hs = kept.hard_state.clone();
+            // The kept commit cannot point past the kept log (a commit learnt before the entries
+            // it covers were written).
+            let last = kept.entries.last().map_or(0, |e| e.index);
+            hs.commit = hs.commit.min(last);
+            w.set_hardstate(hs);
+        }
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
         let rank = voters.iter().filter(|v| **v < id).count();
@@ -172,7 +205,12 @@ impl MetaNode {
             if let Some(hs) = rd.hs() {
                 self.raw.mut_store().wl().set_hardstate(hs.clone());
             }
-            // Only now, with entries and hard state stored, may these go out.
+            if !rd.entries().is_empty() || rd.hs().is_some() {
+                self.out
+                    .push_back(MetaOutput::Persist { entries: rd.entries().to_vec(), hard_state: rd.hs().cloned() });
+            }
+            // Only now, with entries and hard state stored (and asked to be made durable), may
+            // these go out.
             self.send(rd.take_persisted_messages());
             let mut light = self.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
@@ -194,6 +232,31 @@ impl MetaNode {
             if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
                 self.out.push_back(MetaOutput::Committed { index: e.index, data: e.data.to_vec() });
             }
+        }
+    }
+}
+
+/// What a member must keep across a crash: its log and hard state, folded from its
+/// [`MetaOutput::Persist`] outputs in order. The driver keeps one per member on disk (written
+/// before the next output is carried out); the simulation keeps it in memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RaftLog {
+    /// The log, in index order, without gaps.
+    pub entries: Vec<Entry>,
+    /// Term, vote and commit.
+    pub hard_state: HardState,
+}
+
+impl RaftLog {
+    /// Folds one `Persist` in: its entries replace the log from the first one's index on.
+    pub fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) {
+        if let Some(first) = entries.first() {
+            let keep = self.entries.iter().take_while(|e| e.index < first.index).count();
+            self.entries.truncate(keep);
+            self.entries.extend_from_slice(entries);
+        }
+        if let Some(hs) = hard_state {
+            self.hard_state = hs.clone();
         }
     }
 }
@@ -241,6 +304,7 @@ mod tests {
                         match o {
                             MetaOutput::Send { to, message } => msgs.push((id, to, encode_message(&message))),
                             MetaOutput::Committed { data, .. } => self.applied.entry(id).or_default().push(data),
+                            MetaOutput::Persist { .. } => {}
                         }
                     }
                 }

@@ -368,6 +368,7 @@ mod tests {
                                 MetaOutput::Committed { data, .. } => {
                                     let _ = md[i].apply(&Command::decode(&data).unwrap());
                                 }
+                                MetaOutput::Persist { .. } => {}
                             }
                         }
                     }

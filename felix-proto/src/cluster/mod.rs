@@ -6,5 +6,7 @@
 pub mod meta;
 pub mod metadata;
 pub mod placement;
+#[cfg(feature = "testkit")]
+pub mod sim;
 
 pub use placement::place;
