@@ -257,7 +257,7 @@ impl BrokerConfig {
             f |= Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW;
         }
         if self.clustered {
-            f |= Features::REDIRECT;
+            f |= Features::REDIRECT | Features::TOPOLOGY | Features::SHARD_OWNERS;
         }
         f
     }

@@ -44,6 +44,7 @@ mod cache_requests;
 mod connection;
 mod key;
 mod output;
+mod ownership;
 mod publish;
 mod requests;
 mod state;
@@ -387,6 +388,8 @@ pub struct Broker {
     counters: HashMap<Key, syslog::Counters>,
     /// State of the random sequence (splitmix64), seeded from the configuration.
     rng: u64,
+    /// The cluster this broker belongs to, as its metadata last said ([`ownership`]).
+    cluster: Option<ownership::ClusterView>,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -447,6 +450,7 @@ impl Broker {
             counters: HashMap::new(),
             rng: 0,
             groups: HashMap::new(),
+            cluster: None,
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),

@@ -216,6 +216,8 @@ impl Broker {
             }
             Message::Commit(c) => self.commit(conn, st, c, now),
             Message::StreamDelete(d) => self.stream_delete(conn, st, d, now),
+            Message::Topology(_) => self.topology(conn, st),
+            Message::ShardOwners(q) => self.shard_owners(conn, st, q),
             Message::StateGet(g) => self.state_get(conn, st, g),
             Message::CounterAdd(a) => self.counter_add(conn, st, a, now),
             Message::CounterGet(g) => self.counter_get(conn, st, g),

@@ -78,8 +78,17 @@ impl Broker {
             return self.answer_now(conn, st, reply, Err(&r));
         };
         // Names, permission (a commit writes: publish), the shard (explicit, or by entity key).
-        if let Err(r) = self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish) {
-            return self.answer_now(conn, st, reply, Err(&r));
+        let shards = match self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish) {
+            Ok(n) => n,
+            Err(r) => return self.answer_now(conn, st, reply, Err(&r)),
+        };
+        // Owner-only and never forwarded: a shard owned elsewhere is a redirect.
+        if let Some(entry) = self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()) {
+            let shard = c.shard.unwrap_or_else(|| shard_for_key(Some(&c.entity_key.0), shards, entry.config.routing));
+            if let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.moved.as_ref()) {
+                let msg = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, shard);
+                return self.send(conn, st, json_frame(&msg));
+            }
         }
         let durable =
             self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()).is_some_and(|e| e.config.durable);
@@ -124,8 +133,9 @@ impl Broker {
             None => shard_for_key(Some(&g.entity_key.0), shards, entry.config.routing),
         };
         let sh = &entry.shards[shard as usize];
-        if let Some(r) = Self::moved_refusal(shard, sh) {
-            return self.refuse(conn, st, r);
+        if let Some(m) = &sh.moved {
+            let msg = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, shard);
+            return self.send(conn, st, json_frame(&msg));
         }
         let found = sh.state.values.get(&g.key);
         let m = Message::StateValue(message::StateValue {

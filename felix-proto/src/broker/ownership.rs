@@ -1,0 +1,125 @@
+//! This broker's view of a cluster: which shards it owns, who owns the others, and the answers
+//! that come from it (`topology_view`, `shard_owners_view`, the redirects).
+//!
+//! The view is the metadata group's state ([`crate::cluster::metadata::Metadata`]) as applied on
+//! this broker: the driver hands it over after every committed change
+//! ([`Broker::apply_cluster`]). Every broker applies the same commands in the same order, so
+//! every broker holds the same view at the same log index. A shard owned elsewhere is marked
+//! moved: owner-only requests are answered `not_leader` (or `error` code `not_leader` to a client
+//! without FEATURE_REDIRECT), its subscriptions here end with `shard_moved`. A shard whose owner
+//! comes back here serves again.
+
+use super::*;
+use crate::binary::OwnerHint;
+use crate::cluster::metadata::{Kind, MemberState, Metadata, ShardId};
+use crate::message::{self, Message};
+use crate::transport::ConnId;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// What this broker knows of the cluster it belongs to.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ClusterView {
+    /// Active members that serve clients: node id → client address.
+    pub(super) brokers: Vec<(String, String)>,
+    /// Every shard's owner: node id, client address, generation.
+    pub(super) owners: BTreeMap<ShardId, (String, Option<String>, u64)>,
+}
+
+impl Broker {
+    /// Takes the cluster's metadata as committed (after every change the metadata group
+    /// applied): streams of the registry are created here with their shard counts, shards owned
+    /// elsewhere are marked moved (their local subscriptions end with `shard_moved`), shards
+    /// owned here serve. `local` is this broker's node id.
+    pub fn apply_cluster(&mut self, md: &Metadata, local: &str, now: Instant) {
+        let now = self.clock.advance(now);
+        let addr_of = |id: &str| md.members().get(id).map(|m| m.client_addr.clone());
+        let brokers = md
+            .members()
+            .values()
+            .filter(|m| m.state == MemberState::Active && !m.client_addr.is_empty())
+            .map(|m| (m.id.clone(), m.client_addr.clone()))
+            .collect();
+        let owners: BTreeMap<ShardId, (String, Option<String>, u64)> =
+            md.owners().iter().map(|(s, a)| (s.clone(), (a.owner.clone(), addr_of(&a.owner), a.generation))).collect();
+        for (shard, (owner, addr, generation)) in &owners {
+            if shard.kind != Kind::Stream {
+                continue;
+            }
+            let k = key(&shard.tenant, &shard.namespace, &shard.name);
+            if !self.streams.contains_key(&k) {
+                let shards = md.shard_count(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name).unwrap_or(1);
+                let cfg = StreamConfig { shards, ..self.cfg.default_stream.clone() };
+                self.create_stream(k.clone(), cfg);
+            }
+            let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
+                continue;
+            };
+            if owner == local {
+                sh.moved = None;
+            } else if sh.moved.as_ref().is_none_or(|m| m.node_id != *owner || m.generation != *generation) {
+                let hint = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };
+                self.move_shard(&shard.tenant, &shard.namespace, &shard.name, shard.shard, hint, now);
+            }
+        }
+        self.cluster = Some(ClusterView { brokers, owners });
+    }
+
+    /// `topology`: the brokers that serve clients (draining ones left out).
+    pub(super) fn topology(&mut self, conn: ConnId, st: &mut CtlStream) {
+        let brokers = self
+            .cluster
+            .as_ref()
+            .map(|c| {
+                c.brokers
+                    .iter()
+                    .map(|(id, addr)| message::BrokerAddr { node_id: id.clone(), addr: addr.clone() })
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.send(conn, st, json_frame(&Message::TopologyView(message::TopologyView { brokers })));
+    }
+
+    /// `shard_owners`: one entry per shard in shard order; empty for an unknown name.
+    pub(super) fn shard_owners(&mut self, conn: ConnId, st: &mut CtlStream, q: message::ShardOwners) {
+        let kind = match q.kind {
+            message::ShardKind::Stream => Kind::Stream,
+            message::ShardKind::Cache => Kind::Cache,
+        };
+        let action = if kind == Kind::Stream { Action::Subscribe } else { Action::CacheRead };
+        if let Err(r) = self.authorize(st, &q.tenant_id, &q.namespace, &q.name, action) {
+            return self.refuse(conn, st, r);
+        }
+        let owners = match &self.cluster {
+            Some(c) => c
+                .owners
+                .range(
+                    ShardId {
+                        kind,
+                        tenant: q.tenant_id.clone(),
+                        namespace: q.namespace.clone(),
+                        name: q.name.clone(),
+                        shard: 0,
+                    }..=ShardId {
+                        kind,
+                        tenant: q.tenant_id.clone(),
+                        namespace: q.namespace.clone(),
+                        name: q.name.clone(),
+                        shard: u32::MAX,
+                    },
+                )
+                .map(|(s, (owner, addr, generation))| message::ShardOwner {
+                    shard: s.shard,
+                    node_id: Some(owner.clone()),
+                    addr: addr.clone(),
+                    generation: *generation,
+                    unavailable: None,
+                })
+                .collect(),
+            // Outside a cluster: one shard, no owner named, generation 0.
+            None => vec![message::ShardOwner { shard: 0, node_id: None, addr: None, generation: 0, unavailable: None }],
+        };
+        let m = Message::ShardOwnersView(message::ShardOwnersView { request_id: q.request_id, owners });
+        self.send(conn, st, json_frame(&m));
+    }
+}
