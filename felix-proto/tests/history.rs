@@ -216,7 +216,7 @@ fn a_moved_shard_answers_not_leader_in_the_form_the_client_offered() {
     for clustered in [true, false] {
         let cfg = BrokerConfig { clustered, ..config() };
         assert_eq!(cfg.server_features().contains(Features::REDIRECT), clustered);
-        assert!(!cfg.server_features().contains(Features::TOPOLOGY));
+        assert_eq!(cfg.server_features().contains(Features::TOPOLOGY), clustered);
         let mut sim = Sim::new(cfg, epoch());
         let redirect = (Features::REDIRECT | Features::ERROR_CODES).to_words(false).0.unwrap();
         let (a, sa, _) = raw_session(&mut sim, None, Some(redirect));
