@@ -827,6 +827,10 @@ impl BrokerTask {
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::DeleteStream { tenant: tenant_id, namespace, stream });
                 }
+                // No cluster transport in this driver yet: a forward cannot be delivered (a
+                // broker only forwards once it was given a cluster's metadata).
+                BrokerOutput::Forward { publish, .. } => self.broker.handle_forward_failed(publish.id, now()),
+                BrokerOutput::ForwardAnswer { .. } => {}
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());

@@ -80,6 +80,8 @@
 //!             | BrokerOutput::ResumeReading { .. }
 //!             | BrokerOutput::Truncate { .. }
 //!             | BrokerOutput::DeleteStream { .. }
+//!             | BrokerOutput::Forward { .. }
+//!             | BrokerOutput::ForwardAnswer { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
 //!         }
 //!     }

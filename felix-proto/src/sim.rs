@@ -73,6 +73,9 @@ pub struct Sim {
     pub writes: Vec<PersistRequest>,
     /// Every truncation the broker asked storage for: `(stream, shard, new start)`.
     pub truncations: Vec<(String, u32, u64)>,
+    /// What the broker asked to send to other brokers of its cluster (`Forward`,
+    /// `ForwardAnswer`), for a test to carry to another simulation's broker.
+    pub to_peers: Vec<BrokerOutput>,
     /// How many history reads the broker asked for (answered from `writes`).
     pub reads: usize,
     /// Chunk size for bytes sent to the broker (`None`: whole).
@@ -126,6 +129,7 @@ impl Sim {
             pending_writes: Vec::new(),
             writes: Vec::new(),
             truncations: Vec::new(),
+            to_peers: Vec::new(),
             reads: 0,
             chunk: None,
             rng: 0x9E37_79B9_7F4A_7C15,
@@ -585,6 +589,7 @@ impl Sim {
                 });
                 self.truncations.push((stream, shard, start))
             }
+            o @ (BrokerOutput::Forward { .. } | BrokerOutput::ForwardAnswer { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
                 // Writes asked for before it land first, then go with the rest: here they
                 // simply never land.

@@ -181,8 +181,17 @@ impl Broker {
         let mut pending: Vec<WriteToken> =
             self.writes.iter().filter(|(_, c)| gone.contains(&c.key)).map(|(t, _)| *t).collect();
         pending.sort_unstable();
-        let waiters: Vec<Waiter> =
-            pending.into_iter().filter_map(|t| self.writes.remove(&t)).flat_map(|ctx| ctx.waiters).collect();
+        let ctxs: Vec<WriteCtx> = pending.into_iter().filter_map(|t| self.writes.remove(&t)).collect();
+        let r = Self::deleted_refusal(ns, stream);
+        let mut waiters = Vec::new();
+        for ctx in ctxs {
+            waiters.extend(ctx.waiters);
+            for (to, id) in ctx.forwards {
+                let outcome =
+                    ForwardOutcome::Refused { code: r.code.clone(), retry: r.retry, message: r.message.clone() };
+                self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+            }
+        }
         // Files: the stream's own when it is durable, its groups' system logs always.
         for g in gone.iter().filter(|g| entry.config.durable || **g != k) {
             self.out.push_back(BrokerOutput::DeleteStream {

@@ -42,6 +42,7 @@ mod admin;
 mod answers;
 mod cache_requests;
 mod connection;
+mod forward;
 mod key;
 mod output;
 mod ownership;
@@ -56,6 +57,7 @@ use sub::{Ending, Sub, SubEvent, frame_len};
 
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, FsyncMode, Retention, StreamConfig, StreamSpec};
+pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use group::GroupLimits;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
 pub use requests::MAX_NAME_BYTES;
@@ -324,6 +326,8 @@ struct WriteCtx {
     producer: Option<(u64, u64)>,
     /// A commit's state changes, applied when the write settles.
     state: Option<Bytes>,
+    /// Forwarded publishes waiting for this write: (origin node, forward id).
+    forwards: Vec<(String, u64)>,
 }
 
 /// A refusal, with everything needed to word it for any client.
@@ -390,6 +394,10 @@ pub struct Broker {
     rng: u64,
     /// The cluster this broker belongs to, as its metadata last said ([`ownership`]).
     cluster: Option<ownership::ClusterView>,
+    /// Acked publishes forwarded to their owner and not answered yet, by forward id.
+    forwards: HashMap<u64, forward::Forwarding>,
+    forward_deadlines: std::collections::BTreeSet<(Instant, u64)>,
+    next_forward: u64,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -451,6 +459,9 @@ impl Broker {
             rng: 0,
             groups: HashMap::new(),
             cluster: None,
+            forwards: HashMap::new(),
+            forward_deadlines: std::collections::BTreeSet::new(),
+            next_forward: 1,
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
@@ -525,7 +536,7 @@ impl Broker {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
         let sweep = self.next_sweep.filter(|_| self.aged_streams > 0 || !self.caches.is_empty());
-        [auth, sweep, self.groups_deadline()].into_iter().flatten().min()
+        [auth, sweep, self.groups_deadline(), self.forward_deadline()].into_iter().flatten().min()
     }
 
     /// Timers: ends control streams that did not authenticate in time (the connection stays:
@@ -560,6 +571,7 @@ impl Broker {
                 c.streams.insert(sid, st);
             }
         }
+        self.forwards_timeout(now);
         if self.next_sweep.is_none_or(|t| t <= now) {
             self.enforce_retention(None, now);
             self.cache_sweep(now);

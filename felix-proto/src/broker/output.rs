@@ -95,6 +95,25 @@ pub enum BrokerOutput {
         /// Stream.
         stream: String,
     },
+    /// Send a publish to the broker `to` owns its shard (a clustered broker): deliver it to
+    /// that broker's [`Broker::handle_forwarded`], or, when it cannot be reached, report
+    /// [`Broker::handle_forward_failed`] (an acked one is then answered `shard_unavailable`).
+    Forward {
+        /// The owner's node id.
+        to: String,
+        /// The publish.
+        publish: super::ForwardedPublish,
+    },
+    /// The answer to a publish broker `to` forwarded here: deliver it to that broker's
+    /// [`Broker::handle_forward_answer`].
+    ForwardAnswer {
+        /// The origin's node id.
+        to: String,
+        /// The forward id the origin named it by.
+        id: u64,
+        /// Appended (with the offset) or refused.
+        outcome: super::ForwardOutcome,
+    },
     /// Close the connection.
     CloseConnection {
         /// Connection.
@@ -181,6 +200,10 @@ pub struct ReadRequest {
 pub struct BrokerStats {
     /// Connections opened.
     pub connections_opened: u64,
+    /// Publishes forwarded to the owner of their shard (clustered brokers).
+    pub publishes_forwarded: u64,
+    /// Publishes other brokers forwarded here.
+    pub publishes_forwarded_in: u64,
     /// Frames received.
     pub frames_in: u64,
     /// JSON frames received (after `auth`).

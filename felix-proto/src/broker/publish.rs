@@ -79,6 +79,8 @@ impl Broker {
         let routed = self.route(st, &req);
         let (shard, durable) = match routed {
             Ok(v) => v,
+            // In a cluster, a plain publish for a shard owned elsewhere goes to its owner.
+            Err(r) if r.code == ErrorCode::NotLeader && self.try_forward(conn, st, &req, reply, now) => return,
             Err(r) => {
                 self.stats.publishes_refused += 1;
                 if matches!(reply, Reply::None) {
@@ -89,28 +91,17 @@ impl Broker {
             }
         };
         let Some(k) = self.stream_key(&req.tenant_id, &req.namespace, &req.stream) else { return };
-        // A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
-        // publish a second goes through as a probe, answered after its write.
-        let mut probe = false;
-        if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize))
-            && let Some(next) = sh.full
-        {
-            if now < next {
+        let probe = match self.storage_gate(&k, shard, now) {
+            Ok(probe) => probe,
+            Err(r) => {
                 self.stats.publishes_refused += 1;
                 if matches!(reply, Reply::None) {
                     self.stats.unacked_failures += 1;
                     return;
                 }
-                let mut r = Refusal::new(ErrorCode::Overloaded, "storage is full: nothing was written");
-                r.detail = Some(ErrorDetail {
-                    reason: Some("storage_full".into()),
-                    retry_after_ms: Some(next.saturating_duration_since(now).as_millis().max(1) as u64),
-                });
                 return self.answer_now(conn, st, reply, Err(&r));
             }
-            sh.full = Some(crate::transport::after(now, FULL_PROBE_INTERVAL));
-            probe = true;
-        }
+        };
         let sess = st.session.as_ref().expect("route checked the session");
         let offer = sess.offer;
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
@@ -124,47 +115,10 @@ impl Broker {
         if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
             return verdict;
         }
-        let count = u64::from(req.records.count());
-        self.stats.records_appended += count;
-        let ts = self.wall.micros(now);
-        if !durable {
-            let entry = self.streams.get_mut(&k).expect("routed stream exists");
-            let sh = &mut entry.shards[shard as usize];
-            let (base, batch) = sh.log.append(req.records, ts, publisher, None);
-            if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
-                sh.producers.appended(pid, seq, d, base, base + count, None);
-            }
-            if let Some(b) = batch {
-                self.fanout(&k, shard, b);
-            }
+        let batch = NewBatch { records: req.records, publisher, idempotent: req.idempotent, digest, state: req.state };
+        let Some(token) = self.append_batch(&k, shard, durable, batch, now) else {
             return self.answer_now(conn, st, reply, Ok(None));
-        }
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
-        let entry = self.streams.get_mut(&k).expect("routed stream exists");
-        let entry_shards = entry.shards.len() as u32;
-        let records = req.records.clone();
-        let sh = &mut entry.shards[shard as usize];
-        let (base, _) = sh.log.append(req.records, ts, publisher.clone(), Some(token));
-        if let (Some((pid, seq)), Some(d)) = (req.idempotent, digest) {
-            sh.producers.appended(pid, seq, d, base, base + count, Some(token));
-        }
-        self.out.push_back(BrokerOutput::Persist(PersistRequest {
-            token,
-            tenant_id: req.tenant_id,
-            namespace: req.namespace,
-            stream: req.stream,
-            shard,
-            base_offset: base,
-            records,
-            timestamp_micros: ts,
-            publisher,
-            generation_start: false,
-            producer: req.idempotent,
-            state: req.state.clone(),
-            fsync: entry.config.fsync,
-            stream_shards: entry_shards,
-        }));
+        };
         // Backpressure when storage falls behind: stop reading this stream until it catches up.
         let limit = self.cfg.max_pending_write_bytes;
         let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
@@ -174,19 +128,101 @@ impl Broker {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
             }
         }
-        let mut ctx =
-            WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: req.idempotent, state: req.state };
         if !matches!(reply, Reply::None) {
             let seq = self.owe(conn, st, reply);
             if ack_on_commit {
-                ctx.waiters.push(Waiter { conn, stream: st.id, seq, reply, offer });
+                if let Some(ctx) = self.writes.get_mut(&token) {
+                    ctx.waiters.push(Waiter { conn, stream: st.id, seq, reply, offer });
+                }
             } else {
                 // Acknowledged on enqueue: no offset (the broker never invents one).
                 let data = Self::publish_answer(&offer, reply, Ok(None));
                 self.deliver_answer(conn, st, seq, data);
             }
         }
+    }
+
+    /// A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
+    /// publish a second goes through as a probe, answered after its write. `Ok(true)`: this one
+    /// is the probe.
+    pub(super) fn storage_gate(&mut self, k: &Key, shard: u32, now: Instant) -> Result<bool, Refusal> {
+        let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return Ok(false) };
+        let Some(next) = sh.full else { return Ok(false) };
+        if now < next {
+            let mut r = Refusal::new(ErrorCode::Overloaded, "storage is full: nothing was written");
+            r.detail = Some(ErrorDetail {
+                reason: Some("storage_full".into()),
+                retry_after_ms: Some(next.saturating_duration_since(now).as_millis().max(1) as u64),
+            });
+            return Err(r);
+        }
+        sh.full = Some(crate::transport::after(now, FULL_PROBE_INTERVAL));
+        Ok(true)
+    }
+
+    /// Appends a batch to a routed shard: an ephemeral one fans it out at once (`None`); a
+    /// durable one asks storage to write it and returns the write, whose context (with no
+    /// waiters yet) is registered.
+    pub(super) fn append_batch(
+        &mut self,
+        k: &Key,
+        shard: u32,
+        durable: bool,
+        b: NewBatch,
+        now: Instant,
+    ) -> Option<WriteToken> {
+        let count = u64::from(b.records.count());
+        self.stats.records_appended += count;
+        let ts = self.wall.micros(now);
+        let entry = self.streams.get_mut(k).expect("routed stream exists");
+        if !durable {
+            let sh = &mut entry.shards[shard as usize];
+            let (base, batch) = sh.log.append(b.records, ts, b.publisher, None);
+            if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
+                sh.producers.appended(pid, seq, d, base, base + count, None);
+            }
+            if let Some(batch) = batch {
+                self.fanout(k, shard, batch);
+            }
+            return None;
+        }
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let entry_shards = entry.shards.len() as u32;
+        let fsync = entry.config.fsync;
+        let records = b.records.clone();
+        let sh = &mut entry.shards[shard as usize];
+        let (base, _) = sh.log.append(b.records, ts, b.publisher.clone(), Some(token));
+        if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
+            sh.producers.appended(pid, seq, d, base, base + count, Some(token));
+        }
+        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            token,
+            tenant_id: k.tenant().to_owned(),
+            namespace: k.namespace().to_owned(),
+            stream: k.name().to_owned(),
+            shard,
+            base_offset: base,
+            records,
+            timestamp_micros: ts,
+            publisher: b.publisher,
+            generation_start: false,
+            producer: b.idempotent,
+            state: b.state.clone(),
+            fsync,
+            stream_shards: entry_shards,
+        }));
+        let ctx = WriteCtx {
+            key: k.clone(),
+            shard,
+            waiters: Vec::new(),
+            sys: None,
+            producer: b.idempotent,
+            state: b.state,
+            forwards: Vec::new(),
+        };
         self.writes.insert(token, ctx);
+        Some(token)
     }
 
     /// The checks of an idempotent or conditional publish, made where offsets are assigned.
@@ -364,6 +400,10 @@ impl Broker {
                 for w in ctx.waiters {
                     self.finish_waiter(w, Ok(Some(base)), now);
                 }
+                for (to, id) in ctx.forwards {
+                    let outcome = ForwardOutcome::Appended { offset: Some(base) };
+                    self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+                }
             }
         }
         for (tok, _, _) in settled.failed {
@@ -376,6 +416,11 @@ impl Broker {
                 r.retry = RetryClass::Retry;
                 for w in ctx.waiters {
                     self.finish_waiter(w, Err(&r), now);
+                }
+                for (to, id) in ctx.forwards {
+                    let outcome =
+                        ForwardOutcome::Refused { code: r.code.clone(), retry: r.retry, message: r.message.clone() };
+                    self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
                 }
             }
         }
@@ -400,6 +445,11 @@ impl Broker {
 
     pub(super) fn finish_waiter(&mut self, w: Waiter, result: Result<Option<u64>, &Refusal>, now: Instant) {
         let data = Self::publish_answer(&w.offer, w.reply, result);
+        self.finish_waiter_with(w, data, now);
+    }
+
+    /// Delivers an answer already encoded to a waiter (on its stream, in its turn).
+    pub(super) fn finish_waiter_with(&mut self, w: Waiter, data: Option<Bytes>, now: Instant) {
         let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) else { return };
         let resume = self.deliver_answer(w.conn, &mut st, w.seq, data);
         if let Some(c) = self.conns.get_mut(&w.conn) {
@@ -412,6 +462,17 @@ impl Broker {
             self.put_back(w.conn, st);
         }
     }
+}
+
+/// A batch about to be appended, after its checks.
+pub(super) struct NewBatch {
+    pub(super) records: Records,
+    pub(super) publisher: Option<Bytes>,
+    /// An idempotent producer's `(producer_id, sequence)` and the batch's digest.
+    pub(super) idempotent: Option<(u64, u64)>,
+    pub(super) digest: Option<u64>,
+    /// A commit's state changes.
+    pub(super) state: Option<Bytes>,
 }
 
 /// A publish, whatever encoding it came in.

@@ -44,8 +44,18 @@ impl Broker {
             fsync: entry.config.fsync,
             stream_shards,
         }));
-        self.writes
-            .insert(token, WriteCtx { key: k, shard, waiters: Vec::new(), sys: None, producer: None, state: None });
+        self.writes.insert(
+            token,
+            WriteCtx {
+                key: k,
+                shard,
+                waiters: Vec::new(),
+                sys: None,
+                producer: None,
+                state: None,
+                forwards: Vec::new(),
+            },
+        );
         Some(base)
     }
 

@@ -216,7 +216,15 @@ impl Broker {
         }));
         self.writes.insert(
             token,
-            WriteCtx { key: k.clone(), shard: 0, waiters: Vec::new(), sys: Some(pending), producer: None, state: None },
+            WriteCtx {
+                key: k.clone(),
+                shard: 0,
+                waiters: Vec::new(),
+                sys: Some(pending),
+                producer: None,
+                state: None,
+                forwards: Vec::new(),
+            },
         );
         token
     }

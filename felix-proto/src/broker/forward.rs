@@ -1,0 +1,266 @@
+//! Forwarding: a publish that reaches a broker of a cluster which does not own its shard goes to
+//! the owner over the cluster transport, and the client gets the owner's answer (with the
+//! owner's identity in the binary ack's 0x0080 section, for a client that offered it).
+//!
+//! ```text
+//!   client ──publish──▶ origin ──BrokerOutput::Forward──▶ (driver, cluster transport)
+//!                                                           ──▶ owner.handle_forwarded
+//!   client ◀──answer─── origin ◀──handle_forward_answer── ◀── BrokerOutput::ForwardAnswer
+//! ```
+//!
+//! Only plain publishes (JSON or binary, acked or not) are forwarded: idempotent and
+//! conditional publishes and commits are owner-only (answered `not_leader`), as the reference
+//! says. The origin checked the tenant and the permission; the owner trusts a cluster peer (the
+//! transport authenticated it) and appends as if the client were its own. An answer that never
+//! comes is `unacknowledged` (outcome unknown) after [`FORWARD_TIMEOUT`]; an owner the driver
+//! cannot reach is `shard_unavailable` (retry).
+
+use super::publish::NewBatch;
+use super::*;
+use crate::binary::{OwnerHint, PublishAck, Records};
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::flags::Flags;
+use crate::routing::shard_for_key;
+use crate::transport::ConnId;
+use bytes::BytesMut;
+use std::time::{Duration, Instant};
+
+/// How long the origin waits for the owner's answer to a forwarded acked publish.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A publish forwarded to its shard's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedPublish {
+    /// Names it on the origin until its answer comes back.
+    pub id: u64,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// The shard the origin routed it to.
+    pub shard: u32,
+    /// The owner's generation the origin routed by.
+    pub generation: u64,
+    /// The records, as the client sent them.
+    pub records: Records,
+    /// The publishing principal (recorded as the publisher).
+    pub publisher: Option<Bytes>,
+    /// Whether the client waits for an answer.
+    pub acked: bool,
+}
+
+/// The owner's answer to a forwarded publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForwardOutcome {
+    /// Appended; the first record's offset on a durable shard.
+    Appended {
+        /// Offset of the first record.
+        offset: Option<u64>,
+    },
+    /// Refused; nothing was appended.
+    Refused {
+        /// Code.
+        code: ErrorCode,
+        /// Retry class.
+        retry: RetryClass,
+        /// Prose.
+        message: String,
+    },
+}
+
+/// An acked publish forwarded and not answered yet.
+#[derive(Debug)]
+pub(super) struct Forwarding {
+    waiter: Waiter,
+    owner: OwnerHint,
+    deadline: Instant,
+}
+
+impl Broker {
+    /// Forwards `req` (which [`route`](Self::route) refused `not_leader`) to the owner of its
+    /// shard, when this broker is in a cluster and the request may be forwarded. `false`: it
+    /// was not (the caller answers the refusal).
+    pub(super) fn try_forward(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        req: &PublishReq,
+        reply: Reply,
+        now: Instant,
+    ) -> bool {
+        if self.cluster.is_none() || req.idempotent.is_some() || req.expected_offset.is_some() || req.state.is_some() {
+            return false;
+        }
+        let Some(entry) = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()) else {
+            return false;
+        };
+        let shards = entry.shards.len() as u32;
+        let shard = req.shard.unwrap_or_else(|| shard_for_key(req.key.as_deref(), shards, entry.config.routing));
+        let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.moved.as_ref()) else { return false };
+        let owner = OwnerHint { node_id: m.node_id.clone(), addr: m.addr.clone(), generation: m.generation };
+        let Some(sess) = st.session.as_ref() else { return false };
+        let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
+        let offer = sess.offer;
+        let id = self.next_forward;
+        self.next_forward += 1;
+        let acked = !matches!(reply, Reply::None);
+        if acked {
+            let seq = self.owe(conn, st, reply);
+            let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
+            self.forward_deadlines.insert((deadline, id));
+            let waiter = Waiter { conn, stream: st.id, seq, reply, offer };
+            self.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline });
+        }
+        self.stats.publishes_forwarded += 1;
+        self.out.push_back(BrokerOutput::Forward {
+            to: owner.node_id.clone(),
+            publish: ForwardedPublish {
+                id,
+                tenant_id: req.tenant_id.clone(),
+                namespace: req.namespace.clone(),
+                stream: req.stream.clone(),
+                shard,
+                generation: owner.generation,
+                records: req.records.clone(),
+                publisher,
+                acked,
+            },
+        });
+        true
+    }
+
+    /// A publish another broker of the cluster forwarded here (the owner side). Its answer, for
+    /// an acked one, comes out as [`BrokerOutput::ForwardAnswer`] to `from`.
+    pub fn handle_forwarded(&mut self, from: &str, p: ForwardedPublish, now: Instant) {
+        let now = self.clock.advance(now);
+        self.stats.publishes_forwarded_in += 1;
+        let (from, id, acked) = (from.to_owned(), p.id, p.acked);
+        let refuse =
+            |code: ErrorCode, message: String| ForwardOutcome::Refused { retry: code.default_retry(), code, message };
+        let k = key(&p.tenant_id, &p.namespace, &p.stream);
+        if !self.streams.contains_key(&k) {
+            // The registry creates a cluster's streams on every broker; one unknown here was
+            // auto-created on the origin.
+            let cfg = self.cfg.default_stream.clone();
+            self.create_stream(k.clone(), cfg);
+        }
+        let entry = self.streams.get(&k).expect("created above");
+        let durable = entry.config.durable;
+        let outcome = match entry.shards.get(p.shard as usize) {
+            None => Some(refuse(ErrorCode::InvalidRequest, format!("stream has no shard {}", p.shard))),
+            Some(sh) => sh.moved.as_ref().map(|m| {
+                refuse(
+                    ErrorCode::NotLeader,
+                    format!("shard {} is owned by {} (generation {})", p.shard, m.node_id, m.generation),
+                )
+            }),
+        };
+        if let Some(o) = outcome {
+            if acked {
+                self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+            }
+            return;
+        }
+        if let Err(r) = self.storage_gate(&k, p.shard, now) {
+            if acked {
+                let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
+                self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+            }
+            return;
+        }
+        let batch =
+            NewBatch { records: p.records, publisher: p.publisher, idempotent: None, digest: None, state: None };
+        match self.append_batch(&k, p.shard, durable, batch, now) {
+            None if acked => self.out.push_back(BrokerOutput::ForwardAnswer {
+                to: from,
+                id,
+                outcome: ForwardOutcome::Appended { offset: None },
+            }),
+            None => {}
+            Some(token) if acked => {
+                if let Some(ctx) = self.writes.get_mut(&token) {
+                    ctx.forwards.push((from, id));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The owner answered a publish forwarded from here: the client gets it.
+    pub fn handle_forward_answer(&mut self, id: u64, outcome: ForwardOutcome, now: Instant) {
+        let now = self.clock.advance(now);
+        let Some(f) = self.forwards.remove(&id) else { return };
+        self.forward_deadlines.remove(&(f.deadline, id));
+        let result = match outcome {
+            ForwardOutcome::Appended { offset } => Ok(offset),
+            ForwardOutcome::Refused { code, retry, message } => {
+                let mut r = Refusal::new(code, message);
+                r.retry = retry;
+                Err(r)
+            }
+        };
+        self.answer_forwarded(f, result.as_ref().map(|o| *o), now);
+    }
+
+    /// The driver could not deliver a forwarded publish to its owner (no connection, the owner
+    /// is down): `shard_unavailable`, retryable.
+    pub fn handle_forward_failed(&mut self, id: u64, now: Instant) {
+        let now = self.clock.advance(now);
+        let Some(f) = self.forwards.remove(&id) else { return };
+        self.forward_deadlines.remove(&(f.deadline, id));
+        let mut r = Refusal::new(
+            ErrorCode::ShardUnavailable,
+            format!("the shard's owner {} cannot be reached", f.owner.node_id),
+        );
+        r.retry = RetryClass::Retry;
+        self.answer_forwarded(f, Err(&r), now);
+    }
+
+    /// Forwarded publishes whose answer did not come in time: `unacknowledged` (the owner may
+    /// have appended them).
+    pub(super) fn forwards_timeout(&mut self, now: Instant) {
+        while let Some(&(d, id)) = self.forward_deadlines.first()
+            && d <= now
+        {
+            self.forward_deadlines.pop_first();
+            if let Some(f) = self.forwards.remove(&id) {
+                let r = Refusal::new(
+                    ErrorCode::Unacknowledged,
+                    "the shard's owner did not answer in time; the batch may have been appended",
+                );
+                self.answer_forwarded(f, Err(&r), now);
+            }
+        }
+    }
+
+    pub(super) fn forward_deadline(&self) -> Option<Instant> {
+        self.forward_deadlines.first().map(|(d, _)| *d)
+    }
+
+    fn answer_forwarded(&mut self, f: Forwarding, result: Result<Option<u64>, &Refusal>, now: Instant) {
+        let w = f.waiter;
+        // The binary ack names the owner for a client that offered 0x0080.
+        let data = match w.reply {
+            Reply::Binary(request_id) if w.offer.offered(Flags::BINARY_PUBLISH_ACK_OWNER) => {
+                let mut ack = match result {
+                    Ok(offset) => {
+                        PublishAck::ok(request_id, offset.filter(|_| w.offer.offered(Flags::BINARY_PUBLISH_ACK_OFFSET)))
+                    }
+                    Err(r) => {
+                        let mut a = PublishAck::error(request_id, r.message.clone(), r.code.clone(), r.retry);
+                        a.detail = r.detail.clone();
+                        a
+                    }
+                };
+                ack.owner = Some(f.owner);
+                let mut b = BytesMut::new();
+                let _ = ack.encode(w.offer.flags, &mut b);
+                Some(b.freeze())
+            }
+            _ => Self::publish_answer(&w.offer, w.reply, result),
+        };
+        self.finish_waiter_with(w, data, now);
+    }
+}

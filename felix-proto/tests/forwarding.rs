@@ -1,0 +1,216 @@
+//! Forwarding in a cluster: a publish for a shard owned by another broker goes to that broker
+//! (`BrokerOutput::Forward` → `handle_forwarded`) and its answer comes back
+//! (`ForwardAnswer` → `handle_forward_answer`), the binary ack naming the owner for a client that
+//! offered 0x0080. Two simulations, one per broker; the test carries what goes between them.
+
+mod support;
+
+use felix_proto::binary::AckStatus;
+use felix_proto::broker::{BrokerOutput, FORWARD_TIMEOUT};
+use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, Metadata, ShardId};
+use felix_proto::features::Features;
+use felix_proto::message::{self, Message};
+use felix_proto::routing::shard_for_key;
+use felix_proto::sim::Sim;
+use support::*;
+
+fn metadata() -> Metadata {
+    let mut md = Metadata::default();
+    for (id, port) in [("n1", 5001), ("n2", 5002)] {
+        md.apply(&Command::Join {
+            member: Member {
+                id: id.into(),
+                client_addr: format!("127.0.0.1:{port}"),
+                cluster_addr: format!("127.0.0.1:{}", port + 2000),
+                state: MemberState::Active,
+            },
+        })
+        .unwrap();
+    }
+    md.apply(&Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 4,
+    })
+    .unwrap();
+    md
+}
+
+fn owner(md: &Metadata, shard: u32) -> (String, u64) {
+    let a = md
+        .owner(&ShardId {
+            kind: Kind::Stream,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: "orders".into(),
+            shard,
+        })
+        .unwrap();
+    (a.owner.clone(), a.generation)
+}
+
+/// Two brokers of one cluster, each in its own simulation.
+fn pair() -> (Sim, Sim, Metadata) {
+    let md = metadata();
+    let mut cfg = config();
+    cfg.clustered = true;
+    let mut a = Sim::new(cfg.clone(), epoch());
+    let mut b = Sim::new(cfg, epoch());
+    a.broker.apply_cluster(&md, "n1", a.now);
+    b.broker.apply_cluster(&md, "n2", b.now);
+    a.run();
+    b.run();
+    (a, b, md)
+}
+
+/// A key whose shard `who` owns.
+fn key_owned_by(md: &Metadata, who: &str) -> (String, u32) {
+    (0..1000)
+        .map(|i| format!("k{i}"))
+        .map(|k| {
+            let s = shard_for_key(Some(k.as_bytes()), 4, message::Routing::Modulo);
+            (k, s)
+        })
+        .find(|(_, s)| owner(md, *s).0 == who)
+        .unwrap()
+}
+
+/// Carries everything `from` asked to send to its peers into `to`, then runs `to`.
+fn carry(from: &mut Sim, from_id: &str, to: &mut Sim) -> usize {
+    let out = std::mem::take(&mut from.to_peers);
+    let n = out.len();
+    for o in out {
+        match o {
+            BrokerOutput::Forward { publish, .. } => to.broker.handle_forwarded(from_id, publish, to.now),
+            BrokerOutput::ForwardAnswer { id, outcome, .. } => to.broker.handle_forward_answer(id, outcome, to.now),
+            other => panic!("{other:?}"),
+        }
+    }
+    to.run();
+    n
+}
+
+#[test]
+fn an_acked_binary_publish_lands_on_the_owner_and_the_ack_names_it() {
+    let (mut a, mut b, md) = pair();
+    let (key, shard) = key_owned_by(&md, "n2");
+    let (_, generation) = owner(&md, shard);
+    // Flags: offsets (0x0020), acked binary (0x0008), owner section (0x0080), ack offset (0x1000).
+    let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000), None);
+    a.raw_send(p, s, publish_binary("orders", &["one", "two"], Some(9), Some(&key)), false);
+    a.run();
+    assert!(a.take_received(p, s).is_empty(), "answered only once the owner answered");
+    assert!(a.durable.is_empty(), "nothing written on the origin");
+    assert_eq!(carry(&mut a, "n1", &mut b), 1);
+    let landed: Vec<_> = b.durable.iter().filter(|w| w.stream == "orders").collect();
+    assert_eq!(landed.len(), 1);
+    assert_eq!((landed[0].shard, landed[0].records.count()), (shard, 2));
+    assert_eq!(carry(&mut b, "n2", &mut a), 1);
+    let ack = acks(&payloads(&a.take_received(p, s))).remove(0);
+    assert_eq!((ack.status, ack.request_id, ack.offset), (AckStatus::Ok, 9, Some(0)));
+    let o = ack.owner.expect("the owner section, offered");
+    assert_eq!((o.node_id.as_str(), o.addr.as_deref(), o.generation), ("n2", Some("127.0.0.1:5002"), generation));
+    assert_eq!(a.broker.stats().publishes_forwarded, 1);
+    assert_eq!(b.broker.stats().publishes_forwarded_in, 1);
+}
+
+#[test]
+fn legacy_and_unacked_publishes_are_forwarded_too_and_owner_only_ones_are_not() {
+    let (mut a, mut b, md) = pair();
+    let (key, shard) = key_owned_by(&md, "n2");
+    // A legacy client: JSON, acked, keyed; it gets a plain publish_ok.
+    let (p, s, _) = raw_session(&mut a, None, None);
+    let m = json(&Message::Publish(message::Publish {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        payload: message::B64(bytes::Bytes::from_static(b"legacy")),
+        key: Some(message::B64(bytes::Bytes::copy_from_slice(key.as_bytes()))),
+        shard: None,
+        request_id: Some(1),
+        ack: Some(felix_proto::binary::AckMode::PerMessage),
+        publish_width: None,
+    }));
+    a.raw_send(p, s, m, false);
+    // Unacked binary: forwarded, not tracked.
+    a.raw_send(p, s, publish_binary("orders", &["quiet"], None, Some(&key)), false);
+    a.run();
+    carry(&mut a, "n1", &mut b);
+    carry(&mut b, "n2", &mut a);
+    let ms = messages(&a.take_received(p, s));
+    assert_eq!(ms, [Message::PublishOk(message::PublishOk { request_id: 1, offset: None })]);
+    let on_owner: Vec<_> = b.durable.iter().filter(|w| w.stream == "orders" && w.shard == shard).collect();
+    assert_eq!(on_owner.len(), 2, "both landed on the owner");
+    // An idempotent publish is owner-only: refused with reason not_leader (the reference's
+    // answer), never forwarded.
+    let (q, qs, _) = raw_session(&mut a, Some(0x0001), Features::ERROR_CODES.to_words(false).0);
+    a.raw_send(
+        q,
+        qs,
+        json(&Message::PublishIdempotent(message::PublishIdempotent {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            payloads: vec![message::B64(bytes::Bytes::from_static(b"x"))],
+            key: Some(message::B64(bytes::Bytes::copy_from_slice(key.as_bytes()))),
+            request_id: 5,
+            producer_id: 1,
+            sequence: 0,
+            publish_width: None,
+        })),
+        false,
+    );
+    a.run();
+    assert!(a.to_peers.is_empty(), "not forwarded");
+    let ms = messages(&a.take_received(q, qs));
+    assert!(
+        matches!(&ms[0], Message::PublishRefused(r) if matches!(&r.reason, message::RefusedReason::NotLeader(h) if h.node_id == "n2")),
+        "{ms:?}"
+    );
+}
+
+#[test]
+fn an_unreachable_owner_is_shard_unavailable_and_a_silent_one_unacknowledged() {
+    let (mut a, _b, md) = pair();
+    let (key, _) = key_owned_by(&md, "n2");
+    let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
+    a.raw_send(p, s, publish_binary("orders", &["x"], Some(1), Some(&key)), false);
+    a.raw_send(p, s, publish_binary("orders", &["y"], Some(2), Some(&key)), false);
+    a.run();
+    let out = std::mem::take(&mut a.to_peers);
+    let BrokerOutput::Forward { publish, .. } = &out[0] else { panic!("{out:?}") };
+    // The driver cannot reach n2 for the first; the second is never answered.
+    a.broker.handle_forward_failed(publish.id, a.now);
+    a.run();
+    a.advance(FORWARD_TIMEOUT + std::time::Duration::from_millis(1));
+    a.run();
+    let acks = acks(&payloads(&a.take_received(p, s)));
+    let codes: Vec<_> =
+        acks.iter().map(|a| (a.request_id, a.code.as_ref().map(|(c, _)| c.name().into_owned()))).collect();
+    assert_eq!(
+        codes,
+        [(1, Some("shard_unavailable".to_string())), (2, Some("unacknowledged".to_string()))],
+        "in request order"
+    );
+}
+
+#[test]
+fn a_broker_that_no_longer_owns_the_shard_refuses_the_forward() {
+    let (mut a, mut b, md) = pair();
+    let (key, _) = key_owned_by(&md, "n2");
+    let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
+    a.raw_send(p, s, publish_binary("orders", &["x"], Some(1), Some(&key)), false);
+    a.run();
+    // Meanwhile n2 left: it owns nothing any more, and says so.
+    let mut md2 = md.clone();
+    md2.apply(&Command::Remove { id: "n2".into() }).unwrap();
+    b.broker.apply_cluster(&md2, "n2", b.now);
+    b.run();
+    carry(&mut a, "n1", &mut b);
+    assert!(b.durable.iter().all(|w| w.stream != "orders"), "nothing written");
+    carry(&mut b, "n2", &mut a);
+    let ack = acks(&payloads(&a.take_received(p, s))).remove(0);
+    assert_eq!(ack.code.map(|(c, _)| c.name().into_owned()).as_deref(), Some("not_leader"));
+}
