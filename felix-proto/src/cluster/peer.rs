@@ -1,0 +1,313 @@
+//! What brokers of a cluster say to each other on the cluster transport, and its bytes. The
+//! transport is QUIC on a listener of its own (never the client listener); this module is its
+//! sans-IO codec: [`encode`] a [`PeerMessage`], feed received bytes to a [`PeerDecoder`].
+//!
+//! ```text
+//! frame: u32 body_len, u8 kind, body
+//!   1 hello          u16+utf8 cluster, u16+utf8 node_id, u16+utf8 secret
+//!   2 raft           a Raft message (protobuf, `meta::encode_message`), to the end
+//!   3 forward        u64 id, u16+utf8 tenant, namespace, stream, u32 shard, u64 generation,
+//!                    u8 acked, u8 publisher_len + publisher, u32 count + records (to the end)
+//!   4 forward_answer u64 id, u8 status; 0 appended: u8 has_offset, u64 offset;
+//!                    1 refused: u16 code, u8 retry, u16+utf8 message
+//!   5 propose        a metadata command (JSON) for the leader to propose, to the end
+//! ```
+//!
+//! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
+//! whose hello does not match is refused before anything else it sent is read.
+
+use crate::binary::{PayloadError, Reader, Records};
+use crate::broker::{ForwardOutcome, ForwardedPublish};
+use crate::error_code::{ErrorCode, RetryClass};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// The largest peer frame a decoder accepts (a forwarded batch is bounded by the client frame
+/// limit; Raft messages by the engine's batch size).
+pub const MAX_PEER_FRAME: usize = 64 << 20;
+
+/// One message between brokers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PeerMessage {
+    /// The first frame of a connection: who is speaking, and the cluster's shared secret.
+    Hello {
+        /// The cluster's name.
+        cluster: String,
+        /// The speaker's node id.
+        node_id: String,
+        /// The shared secret.
+        secret: String,
+    },
+    /// A metadata Raft message.
+    Raft(Bytes),
+    /// A publish forwarded to its shard's owner.
+    Forward(ForwardedPublish),
+    /// The owner's answer to a forwarded publish.
+    ForwardAnswer {
+        /// The forward id the origin named it by.
+        id: u64,
+        /// Appended or refused.
+        outcome: ForwardOutcome,
+    },
+    /// A metadata command for the leader to propose (sent by a follower).
+    Propose(Bytes),
+}
+
+/// Why peer bytes could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerError {
+    /// A frame longer than [`MAX_PEER_FRAME`].
+    #[error("peer frame of {0} bytes is over the limit")]
+    TooLong(usize),
+    /// A kind this version does not know.
+    #[error("unknown peer message kind {0}")]
+    UnknownKind(u8),
+    /// A body that does not parse.
+    #[error("malformed peer message: {0}")]
+    Malformed(#[from] PayloadError),
+    /// A field too long for its length prefix (encoding).
+    #[error("{0} is too long for the peer encoding")]
+    FieldTooLong(&'static str),
+}
+
+fn put_str16(out: &mut BytesMut, s: &str, what: &'static str) -> Result<(), PeerError> {
+    out.put_u16(u16::try_from(s.len()).map_err(|_| PeerError::FieldTooLong(what))?);
+    out.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+/// Appends one framed message to `out`.
+///
+/// # Errors
+/// [`PeerError::FieldTooLong`] for a name or message over 65,535 bytes or a publisher over 255.
+pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
+    let mut body = BytesMut::new();
+    let kind = match m {
+        PeerMessage::Hello { cluster, node_id, secret } => {
+            put_str16(&mut body, cluster, "cluster")?;
+            put_str16(&mut body, node_id, "node_id")?;
+            put_str16(&mut body, secret, "secret")?;
+            1
+        }
+        PeerMessage::Raft(b) => {
+            body.extend_from_slice(b);
+            2
+        }
+        PeerMessage::Forward(p) => {
+            body.put_u64(p.id);
+            put_str16(&mut body, &p.tenant_id, "tenant")?;
+            put_str16(&mut body, &p.namespace, "namespace")?;
+            put_str16(&mut body, &p.stream, "stream")?;
+            body.put_u32(p.shard);
+            body.put_u64(p.generation);
+            body.put_u8(u8::from(p.acked));
+            let publisher = p.publisher.as_deref().unwrap_or(&[]);
+            body.put_u8(u8::try_from(publisher.len()).map_err(|_| PeerError::FieldTooLong("publisher"))?);
+            body.extend_from_slice(publisher);
+            body.put_u32(p.records.count());
+            body.extend_from_slice(p.records.raw());
+            3
+        }
+        PeerMessage::ForwardAnswer { id, outcome } => {
+            body.put_u64(*id);
+            match outcome {
+                ForwardOutcome::Appended { offset } => {
+                    body.put_u8(0);
+                    body.put_u8(u8::from(offset.is_some()));
+                    body.put_u64(offset.unwrap_or(0));
+                }
+                ForwardOutcome::Refused { code, retry, message } => {
+                    body.put_u8(1);
+                    body.put_u16(code.number());
+                    body.put_u8(retry.number());
+                    put_str16(&mut body, message, "message")?;
+                }
+            }
+            4
+        }
+        PeerMessage::Propose(b) => {
+            body.extend_from_slice(b);
+            5
+        }
+    };
+    if body.len() + 1 > MAX_PEER_FRAME {
+        return Err(PeerError::TooLong(body.len() + 1));
+    }
+    out.put_u32((body.len() + 1) as u32);
+    out.put_u8(kind);
+    out.extend_from_slice(&body);
+    Ok(())
+}
+
+fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
+    let mut r = Reader::new(body);
+    let m = match kind {
+        1 => PeerMessage::Hello {
+            cluster: r.str16("cluster")?,
+            node_id: r.str16("node_id")?,
+            secret: r.str16("secret")?,
+        },
+        2 => PeerMessage::Raft(r.rest()),
+        3 => {
+            let id = r.u64("id")?;
+            let tenant_id = r.str16("tenant")?;
+            let namespace = r.str16("namespace")?;
+            let stream = r.str16("stream")?;
+            let shard = r.u32("shard")?;
+            let generation = r.u64("generation")?;
+            let acked = r.u8("acked")? != 0;
+            let plen = r.u8("publisher_len")? as usize;
+            let publisher = r.bytes(plen, "publisher")?;
+            let records = Records::decode(&mut r, false)?;
+            PeerMessage::Forward(ForwardedPublish {
+                id,
+                tenant_id,
+                namespace,
+                stream,
+                shard,
+                generation,
+                records,
+                publisher: (!publisher.is_empty()).then_some(publisher),
+                acked,
+            })
+        }
+        4 => {
+            let id = r.u64("id")?;
+            let outcome = match r.u8("status")? {
+                0 => {
+                    let has = r.u8("has_offset")? != 0;
+                    let offset = r.u64("offset")?;
+                    ForwardOutcome::Appended { offset: has.then_some(offset) }
+                }
+                _ => ForwardOutcome::Refused {
+                    code: ErrorCode::from_number(r.u16("code")?),
+                    retry: RetryClass::from_number(r.u8("retry")?),
+                    message: r.str16("message")?,
+                },
+            };
+            PeerMessage::ForwardAnswer { id, outcome }
+        }
+        5 => PeerMessage::Propose(r.rest()),
+        other => return Err(PeerError::UnknownKind(other)),
+    };
+    r.finish()?;
+    Ok(m)
+}
+
+/// Reads framed peer messages from a byte stream, whatever the chunking. Never panics.
+#[derive(Debug, Default)]
+pub struct PeerDecoder {
+    buf: BytesMut,
+}
+
+impl PeerDecoder {
+    /// Bytes received.
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next whole message, `Ok(None)` when more bytes are needed.
+    ///
+    /// # Errors
+    /// [`PeerError`]: the stream cannot be trusted after it (close the connection).
+    pub fn next_message(&mut self) -> Result<Option<PeerMessage>, PeerError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        if len > MAX_PEER_FRAME {
+            return Err(PeerError::TooLong(len));
+        }
+        if len == 0 {
+            return Err(PeerError::Malformed(PayloadError::Incomplete { field: "kind" }));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        self.buf.advance(4);
+        let frame = self.buf.split_to(len).freeze();
+        decode_body(frame[0], frame.slice(1..)).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<PeerMessage> {
+        vec![
+            PeerMessage::Hello { cluster: "prod".into(), node_id: "n1".into(), secret: "s3cret".into() },
+            PeerMessage::Raft(Bytes::from_static(b"\x08\x01raft")),
+            PeerMessage::Forward(ForwardedPublish {
+                id: 7,
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "orders".into(),
+                shard: 3,
+                generation: 9,
+                records: Records::from_payloads(["a", "bb"]).unwrap(),
+                publisher: Some(Bytes::from_static(b"alice")),
+                acked: true,
+            }),
+            PeerMessage::ForwardAnswer { id: 7, outcome: ForwardOutcome::Appended { offset: Some(41) } },
+            PeerMessage::ForwardAnswer { id: 8, outcome: ForwardOutcome::Appended { offset: None } },
+            PeerMessage::ForwardAnswer {
+                id: 9,
+                outcome: ForwardOutcome::Refused {
+                    code: ErrorCode::NotLeader,
+                    retry: RetryClass::Redirect,
+                    message: "moved".into(),
+                },
+            },
+            PeerMessage::Propose(Bytes::from_static(br#"{"op":"drain","id":"n2"}"#)),
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips_whatever_the_chunking() {
+        let mut all = BytesMut::new();
+        for m in samples() {
+            encode(&m, &mut all).unwrap();
+        }
+        for chunk in [1, 3, 7, 64, all.len()] {
+            let mut d = PeerDecoder::default();
+            let mut got = Vec::new();
+            for piece in all.chunks(chunk) {
+                d.push(piece);
+                while let Some(m) = d.next_message().unwrap() {
+                    got.push(m);
+                }
+            }
+            assert_eq!(got, samples(), "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_errors() {
+        let mut d = PeerDecoder::default();
+        d.push(&[0xFF, 0xFF, 0xFF, 0xFF]);
+        assert!(matches!(d.next_message(), Err(PeerError::TooLong(_))));
+        let mut d = PeerDecoder::default();
+        d.push(&[0, 0, 0, 1, 99]);
+        assert_eq!(d.next_message(), Err(PeerError::UnknownKind(99)));
+        let mut d = PeerDecoder::default();
+        d.push(&[0, 0, 0, 3, 1, 0, 5]);
+        assert!(matches!(d.next_message(), Err(PeerError::Malformed(_))));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoder.
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut d = PeerDecoder::default();
+            d.push(&data);
+            for _ in 0..8 {
+                match d.next_message() {
+                    Ok(Some(_)) => continue,
+                    _ => break,
+                }
+            }
+        }
+    }
+}
