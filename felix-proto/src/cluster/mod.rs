@@ -5,6 +5,7 @@
 
 pub mod meta;
 pub mod metadata;
+pub mod node;
 pub mod peer;
 pub mod placement;
 #[cfg(feature = "testkit")]

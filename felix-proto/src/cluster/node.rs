@@ -1,0 +1,239 @@
+//! A broker of a cluster, sans-IO: its [`Broker`], its member of the metadata Raft group
+//! ([`MetaNode`]) and the [`Metadata`] that group replicates, wired together. The driver feeds
+//! it client traffic (through [`ClusterNode::broker`]), peer messages and time, and carries out
+//! what [`ClusterNode::poll_output`] asks: client-facing duties, messages to peer brokers, and
+//! Raft state to make durable before anything after it.
+//!
+//! What it decides: a broker proposes its own membership when it starts (and again until the
+//! group committed it); a follower hands commands to the leader; every committed command is
+//! applied to the metadata and the broker's view of the cluster ([`Broker::apply_cluster`]);
+//! publishes the broker forwards travel as peer messages.
+
+use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
+use super::metadata::{Command, Member, Metadata};
+use super::peer::PeerMessage;
+use crate::broker::{Broker, BrokerOutput};
+use bytes::Bytes;
+use raft::eraftpb::{Entry, HardState};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// How often the Raft group's clock ticks. With [`super::meta::ELECTION_TICKS`] of 10 a
+/// follower stands for election after about a second without a leader.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// Ticks between two proposals of this broker's own membership while it is not committed.
+const JOIN_RETRY_TICKS: u64 = 10;
+
+/// What the node asks its driver to do, in order.
+#[derive(Debug)]
+pub enum NodeOutput {
+    /// A client-facing duty of the broker (everything but its peer traffic).
+    Broker(BrokerOutput),
+    /// Send to peer broker `to` on the cluster transport. When it cannot be delivered, report
+    /// [`ClusterNode::handle_undeliverable`].
+    Peer {
+        /// Node id.
+        to: String,
+        /// The message.
+        message: PeerMessage,
+    },
+    /// Make this Raft state durable before carrying out any later output
+    /// ([`super::meta::MetaOutput::Persist`]).
+    PersistRaft {
+        /// New entries (replacing the log from the first one's index).
+        entries: Vec<Entry>,
+        /// The new hard state.
+        hard_state: Option<HardState>,
+    },
+}
+
+/// A broker of a cluster.
+pub struct ClusterNode {
+    /// The broker: client connections, logs, caches.
+    pub broker: Broker,
+    meta: MetaNode,
+    metadata: Metadata,
+    me: Member,
+    /// Raft id ↔ node id of every voter.
+    names: BTreeMap<u64, String>,
+    out: VecDeque<NodeOutput>,
+    next_tick: Option<Instant>,
+    ticks: u64,
+    /// Commands waiting for a leader to take them.
+    pending: VecDeque<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode").field("node", &self.me.id).field("leader", &self.meta.leader()).finish()
+    }
+}
+
+impl ClusterNode {
+    /// Broker `me` of a cluster whose voters are `peers` (node ids; every broker is given the
+    /// same list, and a node's Raft id is its position in the sorted list, from 1), starting
+    /// from `kept` (what its driver kept of the Raft log; empty on a first start).
+    ///
+    /// # Errors
+    /// [`MetaError`] when `me` is not among the peers or the kept log is refused.
+    pub fn new(broker: Broker, me: Member, peers: &[String], kept: &RaftLog) -> Result<ClusterNode, MetaError> {
+        let mut sorted: Vec<String> = peers.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        let names: BTreeMap<u64, String> = sorted.iter().enumerate().map(|(i, n)| (i as u64 + 1, n.clone())).collect();
+        let ids: BTreeMap<String, u64> = names.iter().map(|(i, n)| (n.clone(), *i)).collect();
+        let id = ids.get(&me.id).copied().unwrap_or(0);
+        let voters: Vec<u64> = names.keys().copied().collect();
+        let meta = MetaNode::restart(id, &voters, kept)?;
+        let mut node = ClusterNode {
+            broker,
+            meta,
+            metadata: Metadata::default(),
+            me,
+            names,
+            out: VecDeque::new(),
+            next_tick: None,
+            ticks: 0,
+            pending: VecDeque::new(),
+        };
+        node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
+        Ok(node)
+    }
+
+    /// This broker's node id.
+    pub fn node_id(&self) -> &str {
+        &self.me.id
+    }
+
+    /// The metadata as applied here.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The leader of the metadata group, as this broker knows it.
+    pub fn leader(&self) -> Option<&str> {
+        self.meta.leader().and_then(|l| self.names.get(&l)).map(String::as_str)
+    }
+
+    /// Proposes a metadata command (through the leader, wherever it is).
+    pub fn propose(&mut self, c: &Command, now: Instant) {
+        self.pending.push_back(c.encode());
+        self.flush_pending(now);
+    }
+
+    /// A message from peer broker `from` (its hello already checked by the transport).
+    pub fn handle_peer(&mut self, from: &str, m: PeerMessage, now: Instant) {
+        match m {
+            PeerMessage::Hello { .. } => {}
+            PeerMessage::Raft(bytes) => {
+                // A message that does not decode, or that the engine refuses (another group,
+                // a stale term), changes nothing.
+                if let Ok(msg) = decode_message(&bytes) {
+                    let _ = self.meta.step(msg);
+                }
+            }
+            PeerMessage::Forward(p) => self.broker.handle_forwarded(from, p, now),
+            PeerMessage::ForwardAnswer { id, outcome } => self.broker.handle_forward_answer(id, outcome, now),
+            PeerMessage::Propose(data) => {
+                self.pending.push_back(data.to_vec());
+                self.flush_pending(now);
+            }
+        }
+        self.drain_meta(now);
+    }
+
+    /// A message to `to` could not be delivered (no connection): a forwarded publish is then
+    /// answered `shard_unavailable`; Raft retries on its own; a proposal is retried.
+    pub fn handle_undeliverable(&mut self, message: PeerMessage, now: Instant) {
+        match message {
+            PeerMessage::Forward(p) => self.broker.handle_forward_failed(p.id, now),
+            PeerMessage::Propose(data) => self.pending.push_back(data.to_vec()),
+            _ => {}
+        }
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout): the next Raft tick or the broker's
+    /// own deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [self.next_tick, self.broker.poll_timeout()].into_iter().flatten().min()
+    }
+
+    /// Time passed: Raft ticks due, then the broker's timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let next = *self.next_tick.get_or_insert(now);
+        if next <= now {
+            self.meta.tick();
+            self.ticks += 1;
+            self.next_tick = Some(crate::transport::after(now, TICK));
+            // Not a member yet: ask again (a proposal can be lost with a leader).
+            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !self.metadata.members().contains_key(&self.me.id) {
+                self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
+            }
+            self.flush_pending(now);
+            self.drain_meta(now);
+        }
+        if self.broker.poll_timeout().is_some_and(|t| t <= now) {
+            self.broker.handle_timeout(now);
+        }
+    }
+
+    /// The next thing to do.
+    pub fn poll_output(&mut self) -> Option<NodeOutput> {
+        if let Some(o) = self.out.pop_front() {
+            return Some(o);
+        }
+        Some(match self.broker.poll_output()? {
+            BrokerOutput::Forward { to, publish } => NodeOutput::Peer { to, message: PeerMessage::Forward(publish) },
+            BrokerOutput::ForwardAnswer { to, id, outcome } => {
+                NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
+            }
+            other => NodeOutput::Broker(other),
+        })
+    }
+
+    /// Hands waiting commands to the leader (itself or a peer).
+    fn flush_pending(&mut self, now: Instant) {
+        while let Some(data) = self.pending.front().cloned() {
+            if self.meta.is_leader() {
+                self.pending.pop_front();
+                let _ = self.meta.propose(data);
+            } else if let Some(leader) = self.leader().map(str::to_owned) {
+                self.pending.pop_front();
+                self.out.push_back(NodeOutput::Peer { to: leader, message: PeerMessage::Propose(Bytes::from(data)) });
+            } else {
+                break;
+            }
+        }
+        self.drain_meta(now);
+    }
+
+    /// Carries the metadata member's outputs: Raft state to keep, messages to peers, commands
+    /// to apply.
+    fn drain_meta(&mut self, now: Instant) {
+        let mut changed = false;
+        while let Some(o) = self.meta.poll_output() {
+            match o {
+                MetaOutput::Persist { entries, hard_state } => {
+                    self.out.push_back(NodeOutput::PersistRaft { entries, hard_state })
+                }
+                MetaOutput::Send { to, message } => {
+                    if let Some(name) = self.names.get(&to) {
+                        let message = PeerMessage::Raft(Bytes::from(encode_message(&message)));
+                        self.out.push_back(NodeOutput::Peer { to: name.clone(), message });
+                    }
+                }
+                MetaOutput::Committed { data, .. } => {
+                    // A command that does not decode or is refused changes nothing, here as on
+                    // every other broker.
+                    if let Ok(c) = Command::decode(&data) {
+                        changed |= self.metadata.apply(&c).is_ok();
+                    }
+                }
+            }
+        }
+        if changed {
+            self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+        }
+    }
+}

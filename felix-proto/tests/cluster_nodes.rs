@@ -1,0 +1,270 @@
+//! Three brokers of one cluster (`cluster::node::ClusterNode`), wired in memory: they elect a
+//! metadata leader, join, spread a stream's shards, and every record published through any of
+//! them lands once, on its shard's owner.
+
+mod support;
+
+use bytes::Bytes;
+use felix_proto::binary::AckStatus;
+use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, WriteOutcome};
+use felix_proto::cluster::meta::RaftLog;
+use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, ShardId};
+use felix_proto::cluster::node::{ClusterNode, NodeOutput, TICK};
+use felix_proto::cluster::peer::{PeerDecoder, PeerMessage, encode};
+use felix_proto::message::{self, Message, StartPosition};
+use felix_proto::transport::{ConnId, Dir, Side, StreamId, WallClock};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
+use support::*;
+
+struct Cluster {
+    now: Instant,
+    nodes: BTreeMap<String, ClusterNode>,
+    kept: BTreeMap<String, RaftLog>,
+    network: VecDeque<(String, String, Bytes)>,
+    /// Bytes each client stream received: (node, conn, stream).
+    received: BTreeMap<(String, ConnId, StreamId), Vec<u8>>,
+    /// Records stored per (node, shard).
+    stored: BTreeMap<(String, u32), u32>,
+}
+
+fn member(name: &str, i: u16) -> Member {
+    Member {
+        id: name.into(),
+        client_addr: format!("127.0.0.1:{}", 5000 + i),
+        cluster_addr: format!("127.0.0.1:{}", 7000 + i),
+        state: MemberState::Active,
+    }
+}
+
+impl Cluster {
+    fn new(names: &[&str]) -> Cluster {
+        let now = epoch();
+        let peers: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let mut nodes = BTreeMap::new();
+        for (i, n) in names.iter().enumerate() {
+            let mut cfg = config();
+            cfg.clustered = true;
+            let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000));
+            let node = ClusterNode::new(broker, member(n, i as u16 + 1), &peers, &RaftLog::default()).unwrap();
+            nodes.insert(n.to_string(), node);
+        }
+        Cluster {
+            now,
+            nodes,
+            kept: BTreeMap::new(),
+            network: VecDeque::new(),
+            received: BTreeMap::new(),
+            stored: BTreeMap::new(),
+        }
+    }
+
+    /// Carries out every node's outputs, delivers the network, until all is quiet.
+    fn settle(&mut self) {
+        loop {
+            let mut moved = false;
+            let names: Vec<String> = self.nodes.keys().cloned().collect();
+            for name in &names {
+                let node = self.nodes.get_mut(name).unwrap();
+                while let Some(o) = node.poll_output() {
+                    moved = true;
+                    match o {
+                        NodeOutput::Broker(BrokerOutput::Transmit { conn, stream, data }) => {
+                            self.received.entry((name.clone(), conn, stream)).or_default().extend_from_slice(&data);
+                        }
+                        NodeOutput::Broker(BrokerOutput::Persist(w)) => {
+                            if !w.generation_start && !w.stream.starts_with('$') {
+                                *self.stored.entry((name.clone(), w.shard)).or_default() += w.records.count();
+                            }
+                            node.broker.handle_write_result(w.token, WriteOutcome::Written, self.now);
+                        }
+                        NodeOutput::Broker(_) => {}
+                        NodeOutput::Peer { to, message } => {
+                            // Through the wire encoding, as the transport would.
+                            let mut b = bytes::BytesMut::new();
+                            encode(&message, &mut b).unwrap();
+                            self.network.push_back((name.clone(), to, b.freeze()));
+                        }
+                        NodeOutput::PersistRaft { entries, hard_state } => {
+                            self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
+                        }
+                    }
+                }
+            }
+            while let Some((from, to, bytes)) = self.network.pop_front() {
+                moved = true;
+                let mut d = PeerDecoder::default();
+                d.push(&bytes);
+                let m = d.next_message().unwrap().unwrap();
+                if let Some(n) = self.nodes.get_mut(&to) {
+                    n.handle_peer(&from, m, self.now);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        self.now += TICK;
+        for n in self.nodes.values_mut() {
+            n.handle_timeout(self.now);
+        }
+        self.settle();
+    }
+
+    fn until(&mut self, what: &str, done: impl Fn(&Cluster) -> bool) {
+        for _ in 0..300 {
+            if done(self) {
+                return;
+            }
+            self.tick();
+        }
+        panic!("not within 30 s of cluster time: {what}");
+    }
+
+    /// A raw client on `node`: an authenticated control stream.
+    fn client(&mut self, node: &str, flags: u16, index: u64) -> (ConnId, StreamId) {
+        let n = self.nodes.get_mut(node).unwrap();
+        let conn = n.broker.admit(PeerAddr([index as u8; 16]), self.now).unwrap();
+        let stream = StreamId::new(Side::Client, Dir::Bi, index);
+        n.broker.handle_stream_data(conn, stream, auth(Some(flags), None, None), false, self.now);
+        self.settle();
+        self.received.remove(&(node.to_string(), conn, stream));
+        (conn, stream)
+    }
+
+    fn send(&mut self, node: &str, conn: ConnId, stream: StreamId, data: Bytes) {
+        self.nodes.get_mut(node).unwrap().broker.handle_stream_data(conn, stream, data, false, self.now);
+        self.settle();
+    }
+
+    fn take(&mut self, node: &str, conn: ConnId, stream: StreamId) -> Vec<u8> {
+        self.received.remove(&(node.to_string(), conn, stream)).unwrap_or_default()
+    }
+}
+
+const NAMES: [&str; 3] = ["n1", "n2", "n3"];
+
+fn owner(c: &Cluster, shard: u32) -> String {
+    c.nodes["n1"]
+        .metadata()
+        .owner(&ShardId {
+            kind: Kind::Stream,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: "orders".into(),
+            shard,
+        })
+        .unwrap()
+        .owner
+        .clone()
+}
+
+#[test]
+fn records_published_through_any_broker_land_once_on_their_owner() {
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined, everywhere", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let leaders: Vec<_> = c.nodes.values().map(|n| n.leader().map(str::to_owned)).collect();
+    assert!(leaders.iter().all(|l| l.is_some() && *l == leaders[0]), "one leader, known to all: {leaders:?}");
+    // Created through a follower: handed to the leader, committed, applied everywhere.
+    let follower = NAMES.iter().find(|n| Some(**n) != c.nodes["n1"].leader()).unwrap().to_string();
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 6,
+    };
+    let now = c.now;
+    c.nodes.get_mut(&follower).unwrap().propose(&create, now);
+    c.settle();
+    c.until("the stream is known everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders") == Some(6))
+    });
+    let owners: Vec<String> = (0..6).map(|s| owner(&c, s)).collect();
+    for n in NAMES {
+        assert!(owners.iter().any(|o| o == n), "{n} owns a share: {owners:?}");
+    }
+    // Thirty keyed, acked records through each broker (owner section and offsets offered).
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let mut acked = 0;
+    for (i, n) in NAMES.iter().enumerate() {
+        let (conn, st) = c.client(n, flags, i as u64 + 1);
+        for k in 0..30 {
+            let key = format!("key-{n}-{k}");
+            c.send(n, conn, st, publish_binary("orders", &["x"], Some(k + 1), Some(&key)));
+        }
+        let bytes = c.take(n, conn, st);
+        for a in acks(&payloads(&bytes)) {
+            assert_eq!(a.status, AckStatus::Ok, "{a:?}");
+            if let Some(o) = &a.owner {
+                assert_ne!(o.node_id, *n, "an owner section only for forwarded batches");
+            }
+            acked += 1;
+        }
+    }
+    assert_eq!(acked, 90, "every publish answered");
+    let total: u32 = c.stored.values().sum();
+    assert_eq!(total, 90, "every record stored once: {:?}", c.stored);
+    for ((node, shard), _) in &c.stored {
+        assert_eq!(*node, owner(&c, *shard), "shard {shard} written only on its owner");
+    }
+    // A subscribe through a broker that does not own the shard follows a redirect.
+    let theirs = (0..6).find(|s| owners[*s as usize] != "n1").unwrap() as u32;
+    let p = c.nodes.get_mut("n1").unwrap().broker.admit(PeerAddr([9; 16]), c.now).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, 9);
+    let (lo, hi) = felix_proto::features::Features::REDIRECT.to_words(true);
+    c.nodes.get_mut("n1").unwrap().broker.handle_stream_data(p, st, auth(Some(1), lo, hi), false, c.now);
+    c.settle();
+    c.take("n1", p, st);
+    let sub = json(&Message::Subscribe(message::Subscribe {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        subscription_id: None,
+        start: Some(StartPosition::Earliest),
+        shard: Some(theirs),
+        queue_capacity: None,
+    }));
+    c.send("n1", p, st, sub);
+    let ms = messages(&c.take("n1", p, st));
+    assert!(matches!(&ms[0], Message::NotLeader(n) if n.node_id == owners[theirs as usize]), "{ms:?}");
+    // Every broker holds the same metadata.
+    let md = c.nodes["n1"].metadata().clone();
+    assert!(c.nodes.values().all(|n| *n.metadata() == md));
+}
+
+#[test]
+fn a_broker_restarted_from_its_kept_raft_log_rejoins_with_the_same_metadata() {
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    // n3 crashes; it keeps only its Raft log.
+    c.nodes.remove("n3");
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 4,
+    };
+    let now = c.now;
+    let any = c.nodes.keys().next().unwrap().clone();
+    c.nodes.get_mut(&any).unwrap().propose(&create, now);
+    c.settle();
+    c.until("the two survivors commit without n3", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some())
+    });
+    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    let kept = c.kept.get("n3").cloned().unwrap_or_default();
+    assert!(!kept.entries.is_empty(), "n3 kept its log");
+    c.nodes.insert("n3".into(), ClusterNode::new(broker, member("n3", 3), &peers, &kept).unwrap());
+    c.until("n3 caught up", |c| {
+        c.nodes["n3"].metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some()
+            && c.nodes["n3"].metadata() == c.nodes["n1"].metadata()
+    });
+}
