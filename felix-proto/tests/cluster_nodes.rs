@@ -10,7 +10,7 @@ use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, WriteOutcome};
 use felix_proto::cluster::meta::RaftLog;
 use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, ShardId};
 use felix_proto::cluster::node::{ClusterNode, NodeOutput, TICK};
-use felix_proto::cluster::peer::{PeerDecoder, PeerMessage, encode};
+use felix_proto::cluster::peer::{PeerDecoder, encode};
 use felix_proto::message::{self, Message, StartPosition};
 use felix_proto::transport::{ConnId, Dir, Side, StreamId, WallClock};
 use std::collections::{BTreeMap, VecDeque};
@@ -208,7 +208,7 @@ fn records_published_through_any_broker_land_once_on_their_owner() {
     assert_eq!(acked, 90, "every publish answered");
     let total: u32 = c.stored.values().sum();
     assert_eq!(total, 90, "every record stored once: {:?}", c.stored);
-    for ((node, shard), _) in &c.stored {
+    for (node, shard) in c.stored.keys() {
         assert_eq!(*node, owner(&c, *shard), "shard {shard} written only on its owner");
     }
     // A subscribe through a broker that does not own the shard follows a redirect.
