@@ -295,7 +295,7 @@ impl RaftLog {
             return Err(bad("checksum mismatch"));
         }
         let mut at = 4;
-        let mut word = |at: &mut usize| -> Result<u32, MetaError> {
+        let word = |at: &mut usize| -> Result<u32, MetaError> {
             let w = body.get(*at..*at + 4).ok_or_else(|| bad("truncated"))?;
             *at += 4;
             Ok(u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
