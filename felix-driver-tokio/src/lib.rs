@@ -6,6 +6,7 @@
 //! appends, and passes tokio's clock in as `now`.
 
 pub mod client;
+pub mod cluster;
 pub mod groups;
 pub mod producer;
 pub mod server;

@@ -64,8 +64,11 @@ pub struct ServerOptions {
     /// Refuse clients that offer no ALPN (by default they are accepted, as existing clients
     /// offer none).
     pub require_alpn: bool,
-    /// Serve Prometheus metrics over HTTP on this TCP address (off when `None`).
+    /// Serve Prometheus metrics over HTTP on this TCP address (off when `None`); with a
+    /// cluster, `GET /cluster` there answers the cluster's state as JSON.
     pub metrics_listen: Option<SocketAddr>,
+    /// Run as a broker of a cluster (`None`: a single broker, as always).
+    pub cluster: Option<crate::cluster::ClusterOptions>,
 }
 
 /// Why the server could not start.
@@ -92,6 +95,8 @@ pub struct Server {
     pub recovered_records: u64,
     /// Where metrics are served, when enabled.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the cluster listener is, for a broker of a cluster.
+    pub cluster_addr: Option<SocketAddr>,
 }
 
 impl Server {
@@ -145,6 +150,7 @@ impl Server {
             );
             h.finish()
         };
+        bcfg.clustered |= opts.cluster.is_some();
         let mut broker = Broker::new(bcfg, WallClock::new(now, unix));
 
         let mut repairs = Vec::new();
@@ -165,6 +171,46 @@ impl Server {
         };
 
         let (tx, rx) = mpsc::unbounded_channel();
+        let (node, transport, raft_log) = match &opts.cluster {
+            None => (Node::Single(Box::new(broker)), None, None),
+            Some(c) => {
+                let path = opts.data_dir.as_deref().map(crate::cluster::raft_log_path);
+                let kept = match &path {
+                    Some(p) if p.exists() => {
+                        let bytes = std::fs::read(p)?;
+                        felix_proto::cluster::meta::RaftLog::decode(&bytes).map_err(|e| {
+                            ServerError::Io(std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                format!("{}: {e} (move it away to rejoin the cluster as a new member)", p.display()),
+                            ))
+                        })?
+                    }
+                    _ => felix_proto::cluster::meta::RaftLog::default(),
+                };
+                let me = felix_proto::cluster::metadata::Member {
+                    id: c.node_id.clone(),
+                    client_addr: c.advertise.clone().unwrap_or_else(|| local_addr.to_string()),
+                    cluster_addr: c.listen.to_string(),
+                    state: felix_proto::cluster::metadata::MemberState::Active,
+                };
+                let peers: Vec<String> = c.peers.iter().map(|(n, _)| n.clone()).collect();
+                let node = felix_proto::cluster::node::ClusterNode::new(broker, me, &peers, &kept, now)
+                    .map_err(|e| ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())))?;
+                let (ptx, mut prx) = mpsc::unbounded_channel();
+                let (cluster_id, _, _) = Identity::self_signed(&["localhost"])?;
+                let transport = crate::cluster::Transport::start(c, cluster_id, ptx)?;
+                let fwd = tx.clone();
+                tokio::spawn(async move {
+                    while let Some(p) = prx.recv().await {
+                        if fwd.send(Input::Peer(p)).is_err() {
+                            return;
+                        }
+                    }
+                });
+                (Node::Cluster(Box::new(node)), Some(transport), Some((path, kept)))
+            }
+        };
+        let cluster_addr = transport.as_ref().and_then(|t| t.local_addr().ok());
         let metrics_addr = match opts.metrics_listen {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -184,7 +230,9 @@ impl Server {
         };
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         let task = BrokerTask {
-            broker,
+            node,
+            transport,
+            raft_log,
             endpoint: endpoint.clone(),
             loopback_cfg,
             conns: HashMap::new(),
@@ -207,7 +255,47 @@ impl Server {
             repairs,
             recovered_records,
             metrics_addr,
+            cluster_addr,
         })
+    }
+}
+
+/// The state machine the broker task drives: a single broker, or a broker of a cluster.
+enum Node {
+    Single(Box<Broker>),
+    Cluster(Box<felix_proto::cluster::node::ClusterNode>),
+}
+
+impl Node {
+    fn broker(&mut self) -> &mut Broker {
+        match self {
+            Node::Single(b) => b,
+            Node::Cluster(n) => &mut n.broker,
+        }
+    }
+    fn broker_ref(&self) -> &Broker {
+        match self {
+            Node::Single(b) => b,
+            Node::Cluster(n) => &n.broker,
+        }
+    }
+    fn poll_timeout(&self) -> Option<std::time::Instant> {
+        match self {
+            Node::Single(b) => b.poll_timeout(),
+            Node::Cluster(n) => n.poll_timeout(),
+        }
+    }
+    fn handle_timeout(&mut self, now: std::time::Instant) {
+        match self {
+            Node::Single(b) => b.handle_timeout(now),
+            Node::Cluster(n) => n.handle_timeout(now),
+        }
+    }
+    fn poll_output(&mut self) -> Option<felix_proto::cluster::node::NodeOutput> {
+        match self {
+            Node::Single(b) => b.poll_output().map(felix_proto::cluster::node::NodeOutput::Broker),
+            Node::Cluster(n) => n.poll_output(),
+        }
     }
 }
 
@@ -322,6 +410,8 @@ enum Input {
     ReadDone(felix_proto::transport::ReadToken, Vec<felix_proto::storage::StoredBatch>),
     Closed { conn: ConnId },
     Metrics(oneshot::Sender<String>),
+    ClusterStatus(oneshot::Sender<String>),
+    Peer(crate::cluster::PeerInput),
 }
 
 /// Counters the driver keeps (the protocol's own are in `BrokerStats`).
@@ -346,14 +436,17 @@ async fn metrics_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSend
         let tx = tx.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
-            let _ = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await;
+            let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await.ok().and_then(Result::ok);
+            let cluster = n.is_some_and(|n| buf[..n].starts_with(b"GET /cluster"));
             let (rtx, rrx) = oneshot::channel();
-            if tx.send(Input::Metrics(rtx)).is_err() {
+            let asked = if cluster { Input::ClusterStatus(rtx) } else { Input::Metrics(rtx) };
+            if tx.send(asked).is_err() {
                 return;
             }
             let Ok(body) = rrx.await else { return };
+            let kind = if cluster { "application/json" } else { "text/plain; version=0.0.4" };
             let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
             let _ = sock.write_all(head.as_bytes()).await;
@@ -461,7 +554,11 @@ async fn writer(
 }
 
 struct BrokerTask {
-    broker: Broker,
+    node: Node,
+    /// The cluster transport, for a broker of a cluster.
+    transport: Option<crate::cluster::Transport>,
+    /// Where the metadata Raft log is kept, and what it holds.
+    raft_log: Option<(Option<PathBuf>, felix_proto::cluster::meta::RaftLog)>,
     endpoint: quinn::Endpoint,
     /// The server configuration for loopback peers ([`TransportTuning::to_quinn_for`]).
     loopback_cfg: Arc<quinn::ServerConfig>,
@@ -480,7 +577,7 @@ impl BrokerTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>, mut shutdown: oneshot::Receiver<()>) {
         loop {
             self.drain();
-            let deadline = self.broker.poll_timeout();
+            let deadline = self.node.poll_timeout();
             let sleep = crate::sleep_until(deadline);
             tokio::select! {
                 input = rx.recv() => {
@@ -494,7 +591,7 @@ impl BrokerTask {
                         }
                     }
                 }
-                () = sleep => self.broker.handle_timeout(now()),
+                () = sleep => self.node.handle_timeout(now()),
                 _ = &mut shutdown => break,
             }
         }
@@ -503,23 +600,52 @@ impl BrokerTask {
         let _ = self.storage.send(StorageCmd::Stop);
         self.endpoint
             .close(VarInt::from_u64(close_code::SHUTDOWN).unwrap_or(VarInt::from_u32(0)), b"broker shutting down");
+        if let Some(t) = &self.transport {
+            t.close();
+        }
+    }
+
+    /// `GET /cluster` on the metrics listener: members, leader, every shard's owner and
+    /// generation, as JSON (`{"cluster":false}` for a single broker).
+    fn cluster_status(&self) -> String {
+        let Node::Cluster(n) = &self.node else { return "{\"cluster\":false}\n".into() };
+        let md = n.metadata();
+        let members: Vec<serde_json::Value> = md
+            .members()
+            .values()
+            .map(|m| {
+                serde_json::json!({"node_id": m.id, "client_addr": m.client_addr, "cluster_addr": m.cluster_addr,
+                    "state": format!("{:?}", m.state).to_lowercase()})
+            })
+            .collect();
+        let shards: Vec<serde_json::Value> = md
+            .owners()
+            .iter()
+            .map(|(s, a)| {
+                serde_json::json!({"kind": format!("{:?}", s.kind).to_lowercase(), "tenant": s.tenant,
+                    "namespace": s.namespace, "name": s.name, "shard": s.shard, "owner": a.owner, "generation": a.generation})
+            })
+            .collect();
+        let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
+            "members": members, "shards": shards});
+        format!("{v}\n")
     }
 
     /// Prometheus text exposition of the broker's and the driver's counters.
     fn metrics(&self) -> String {
         use std::fmt::Write;
-        let st = self.broker.stats();
+        let st = self.node.broker_ref().stats();
         let mut out = String::new();
         let mut m = |name: &str, kind: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         };
-        m("felix_connections_open", "gauge", "Open client connections.", self.broker.connection_count() as u64);
+        m("felix_connections_open", "gauge", "Open client connections.", self.node.broker_ref().connection_count() as u64);
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
         m(
             "felix_unauthenticated_connections",
             "gauge",
             "Connections none of whose streams authenticated yet.",
-            self.broker.unauthenticated_connections() as u64,
+            self.node.broker_ref().unauthenticated_connections() as u64,
         );
         m(
             "felix_connections_refused_total",
@@ -539,13 +665,13 @@ impl BrokerTask {
             "Control streams ended for not authenticating in time.",
             st.auth_timeouts,
         );
-        m("felix_subscriptions", "gauge", "Live subscriptions.", self.broker.subscription_count() as u64);
+        m("felix_subscriptions", "gauge", "Live subscriptions.", self.node.broker_ref().subscription_count() as u64);
         // Leak detectors: each must come back down when clients go away.
         m(
             "felix_control_streams",
             "gauge",
             "Control streams the broker holds.",
-            self.broker.control_stream_count() as u64,
+            self.node.broker_ref().control_stream_count() as u64,
         );
         m("felix_driver_connections", "gauge", "Connections the driver holds.", self.conns.len() as u64);
         // QUIC's own view of the open connections: what a record costs in datagrams, system
@@ -639,13 +765,13 @@ impl BrokerTask {
             "felix_subscriber_queue_bytes",
             "gauge",
             "Bytes queued for subscribers.",
-            self.broker.queued_event_bytes() as u64,
+            self.node.broker_ref().queued_event_bytes() as u64,
         );
         m(
             "felix_retained_log_bytes",
             "gauge",
             "Memory the history held in memory costs: payload plus a fixed overhead per batch.",
-            self.broker.retained_log_bytes(),
+            self.node.broker_ref().retained_log_bytes(),
         );
         m("felix_storage_writes_total", "counter", "Batches written to storage.", self.io.storage_writes);
         m("felix_storage_write_failures_total", "counter", "Storage writes that failed.", self.io.storage_failures);
@@ -680,7 +806,7 @@ impl BrokerTask {
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
-            Input::Incoming(incoming) => match self.broker.admit(incoming.remote_address().ip().into(), now) {
+            Input::Incoming(incoming) => match self.node.broker().admit(incoming.remote_address().ip().into(), now) {
                 Ok(conn) => {
                     let tx = self.tx.clone();
                     let connecting = if is_loopback(incoming.remote_address()) {
@@ -711,7 +837,7 @@ impl BrokerTask {
                 tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
                 self.conns.insert(conn, ConnHandle { quic, writers: HashMap::new(), gates: HashMap::new() });
             }
-            Input::HandshakeFailed(conn) => self.broker.connection_closed(conn, now),
+            Input::HandshakeFailed(conn) => self.node.broker().connection_closed(conn, now),
             Input::Stream { conn, send, recv } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(recv.id());
@@ -727,19 +853,19 @@ impl BrokerTask {
             }
             Input::Data { conn, stream, data, fin } => {
                 self.io.bytes_in += data.iter().map(|c| c.len() as u64).sum::<u64>();
-                self.broker.handle_stream_chunks(conn, stream, data, fin, now);
+                self.node.broker().handle_stream_chunks(conn, stream, data, fin, now);
             }
-            Input::Reset { conn, stream } => self.broker.handle_stream_reset(conn, stream, now),
-            Input::Stopped { conn, stream } => self.broker.handle_stream_stopped(conn, stream, now),
+            Input::Reset { conn, stream } => self.node.broker().handle_stream_reset(conn, stream, now),
+            Input::Stopped { conn, stream } => self.node.broker().handle_stream_stopped(conn, stream, now),
             Input::Opened { conn, token, send } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(send.id());
                 let (wtx, wrx) = mpsc::unbounded_channel();
                 h.writers.insert(stream, wtx);
                 tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));
-                self.broker.handle_stream_opened(conn, token, stream, now);
+                self.node.broker().handle_stream_opened(conn, token, stream, now);
             }
-            Input::Flushed { conn, stream, bytes } => self.broker.handle_stream_flushed(conn, stream, bytes, now),
+            Input::Flushed { conn, stream, bytes } => self.node.broker().handle_stream_flushed(conn, stream, bytes, now),
             Input::Written(results, micros) => {
                 self.io.storage_passes += 1;
                 self.io.storage_micros += micros;
@@ -748,22 +874,59 @@ impl BrokerTask {
                     self.io.storage_writes += 1;
                     self.io.storage_failures += u64::from(outcome != WriteOutcome::Written);
                     self.io.storage_full += u64::from(outcome == WriteOutcome::NoSpace);
-                    self.broker.handle_write_result(token, outcome, now);
+                    self.node.broker().handle_write_result(token, outcome, now);
                 }
             }
-            Input::ReadDone(token, batches) => self.broker.handle_read_complete(token, batches, now),
+            Input::ReadDone(token, batches) => self.node.broker().handle_read_complete(token, batches, now),
             Input::Metrics(reply) => {
                 let _ = reply.send(self.metrics());
             }
+            Input::ClusterStatus(reply) => {
+                let _ = reply.send(self.cluster_status());
+            }
+            Input::Peer(p) => {
+                if let Node::Cluster(n) = &mut self.node {
+                    match p {
+                        crate::cluster::PeerInput::Message { from, message } => n.handle_peer(&from, message, now),
+                        crate::cluster::PeerInput::Undeliverable(m) => n.handle_undeliverable(m, now),
+                    }
+                }
+            }
             Input::Closed { conn } => {
                 self.conns.remove(&conn);
-                self.broker.connection_closed(conn, now);
+                self.node.broker().connection_closed(conn, now);
             }
         }
     }
 
     fn drain(&mut self) {
-        while let Some(o) = self.broker.poll_output() {
+        use felix_proto::cluster::node::NodeOutput;
+        while let Some(o) = self.node.poll_output() {
+            let o = match o {
+                NodeOutput::Broker(o) => o,
+                NodeOutput::Peer { to, message } => {
+                    let failed = match &self.transport {
+                        Some(t) => t.send(&to, message).err(),
+                        None => Some(message),
+                    };
+                    if let (Some(m), Node::Cluster(n)) = (failed, &mut self.node) {
+                        n.handle_undeliverable(m, now());
+                    }
+                    continue;
+                }
+                NodeOutput::PersistRaft { entries, hard_state } => {
+                    // Durable before anything after it is carried out (Raft's rule).
+                    if let Some((path, kept)) = self.raft_log.as_mut() {
+                        kept.persist(&entries, hard_state.as_ref());
+                        if let Some(p) = path
+                            && let Err(e) = crate::cluster::write_raft_log(p, &kept.encode())
+                        {
+                            tracing::error!("writing the cluster's Raft log {}: {e}", p.display());
+                        }
+                    }
+                    continue;
+                }
+            };
             match o {
                 BrokerOutput::Transmit { conn, stream, data } => {
                     self.io.bytes_out += data.len() as u64;
@@ -827,9 +990,9 @@ impl BrokerTask {
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::DeleteStream { tenant: tenant_id, namespace, stream });
                 }
-                // No cluster transport in this driver yet: a forward cannot be delivered (a
-                // broker only forwards once it was given a cluster's metadata).
-                BrokerOutput::Forward { publish, .. } => self.broker.handle_forward_failed(publish.id, now()),
+                // A single broker never forwards (only a broker given a cluster's metadata
+                // does, and its ClusterNode turns forwards into peer messages).
+                BrokerOutput::Forward { publish, .. } => self.node.broker().handle_forward_failed(publish.id, now()),
                 BrokerOutput::ForwardAnswer { .. } => {}
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {

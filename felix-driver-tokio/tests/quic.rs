@@ -40,6 +40,7 @@ async fn start_at(
         transport: TransportTuning::default(),
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        cluster: None,
     };
     (Server::start(opts).await.unwrap(), chain)
 }

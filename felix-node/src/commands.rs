@@ -92,6 +92,32 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
             }
         },
         metrics_listen: a.metrics_listen,
+        cluster: match (&a.node_id, a.cluster_listen, &a.peers) {
+            (Some(id), Some(listen), Some(commands_peers)) => {
+                let peers = &commands_peers.0;
+                if !peers.iter().any(|(n, _)| n == id) {
+                    return Err(format!("--peers must list this broker ({id}) too, with its cluster address"));
+                }
+                let secret = match &a.cluster_secret {
+                    Some(s) => s.clone(),
+                    None => {
+                        eprintln!(
+                            "warning: no --cluster-secret (FELIX_CLUSTER_SECRET): using the development secret; any broker that knows it can join"
+                        );
+                        "felix-dev-cluster-secret".into()
+                    }
+                };
+                Some(felix_driver_tokio::cluster::ClusterOptions {
+                    node_id: id.clone(),
+                    listen,
+                    peers: peers.clone(),
+                    name: a.cluster_name.clone(),
+                    secret,
+                    advertise: a.advertise.clone(),
+                })
+            }
+            _ => None,
+        },
         transport: felix_driver_tokio::TransportTuning {
             max_bi_streams: a.max_streams,
             max_uni_streams: a.max_streams,
@@ -126,6 +152,9 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     }
     out!("  tokens       {} from the configuration", file.tokens.len());
     out!("  fsync        {fsync:?}");
+    if let (Some(c), Some(id)) = (server.cluster_addr, &a.node_id) {
+        out!("  cluster      node {id}, peers on {c} (cluster {:?})", a.cluster_name);
+    }
     if let Some(m) = server.metrics_addr {
         out!("  metrics      http://{m}/metrics");
     }
@@ -308,6 +337,27 @@ fn parse_start(s: &str) -> Result<StartPosition, String> {
             .map(StartPosition::Offset)
             .map_err(|_| format!("--from {n:?}: expected earliest, latest or an offset")),
     }
+}
+
+/// The brokers of a cluster: node id and cluster address of each.
+#[derive(Debug, Clone)]
+pub struct Peers(pub Vec<(String, std::net::SocketAddr)>);
+
+/// Parses `n1=127.0.0.1:7001,n2=127.0.0.1:7002`.
+pub fn parse_peers(s: &str) -> Result<Peers, String> {
+    let mut out: Vec<(String, std::net::SocketAddr)> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part.split_once('=').ok_or_else(|| format!("{part:?}: expected ID=HOST:PORT"))?;
+        let addr = addr.parse().map_err(|e| format!("{part:?}: {addr:?} is not an address like 127.0.0.1:7001 ({e})"))?;
+        if id.is_empty() || out.iter().any(|(n, _)| n == id) {
+            return Err(format!("{part:?}: node ids must be non-empty and distinct"));
+        }
+        out.push((id.to_owned(), addr));
+    }
+    if out.is_empty() {
+        return Err("no peers given".into());
+    }
+    Ok(Peers(out))
 }
 
 /// Parses `90s`, `10m`, `2h`, `1d`, `500ms` (a bare number is seconds).

@@ -54,6 +54,7 @@ pub async fn run() -> Result<ExitCode, String> {
         group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: None,
+        cluster: None,
         transport: felix_driver_tokio::TransportTuning::default(),
         admission: crate::node::Admission::default(),
     })

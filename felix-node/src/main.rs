@@ -204,9 +204,31 @@ struct ServeArgs {
     /// Connections that authenticated no stream yet, per client address [default: 64].
     #[arg(long, env = "FELIX_MAX_UNAUTHENTICATED_PER_ADDRESS")]
     max_unauthenticated_per_address: Option<usize>,
-    /// Serve Prometheus metrics over HTTP on this TCP address (off by default).
+    /// Serve Prometheus metrics over HTTP on this TCP address (off by default). With a cluster,
+    /// `GET /cluster` there answers the cluster's state (`felix-node cluster status`).
     #[arg(long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Join a cluster as this node id (with --cluster-listen and --peers). Without it the broker
+    /// runs alone, as always.
+    #[arg(long, env = "FELIX_NODE_ID", requires_all = ["cluster_listen", "peers"])]
+    node_id: Option<String>,
+    /// Where this broker listens for the other brokers (never the client listener).
+    #[arg(long, env = "FELIX_CLUSTER_LISTEN", requires = "node_id")]
+    cluster_listen: Option<SocketAddr>,
+    /// Every broker of the cluster, this one included: ID=HOST:PORT of each cluster listener,
+    /// comma-separated (the same list on every broker).
+    #[arg(long, env = "FELIX_PEERS", requires = "node_id", value_parser = commands::parse_peers)]
+    peers: Option<commands::Peers>,
+    /// The secret the brokers of the cluster share; a broker that does not know it is refused.
+    /// [default: a development secret, with a warning]
+    #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+    /// The cluster's name: brokers of another cluster are refused.
+    #[arg(long, env = "FELIX_CLUSTER_NAME", default_value = "felix")]
+    cluster_name: String,
+    /// The client address this broker gives clients (redirects, topology) [default: --listen].
+    #[arg(long, env = "FELIX_ADVERTISE")]
+    advertise: Option<String>,
     /// Concurrent streams a client may open, each direction.
     #[arg(long, env = "FELIX_MAX_STREAMS", default_value_t = 1024)]
     max_streams: u32,

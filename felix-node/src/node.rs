@@ -34,6 +34,8 @@ pub struct BrokerSettings {
     pub group_limits: felix_proto::broker::GroupLimits,
     pub require_alpn: bool,
     pub metrics_listen: Option<SocketAddr>,
+    /// Run as a broker of a cluster.
+    pub cluster: Option<felix_driver_tokio::cluster::ClusterOptions>,
     pub transport: TransportTuning,
     /// Auth timeout per control stream, and the caps on unauthenticated connections (in all,
     /// per address).
@@ -100,6 +102,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         transport: s.transport,
         require_alpn: s.require_alpn,
         metrics_listen: s.metrics_listen,
+        cluster: s.cluster,
     };
     Server::start(opts).await.map_err(|e| format!("starting the broker on {}: {e}", s.listen))
 }

@@ -132,6 +132,7 @@ fn the_blocking_client_talks_to_both_drivers() {
             transport: Default::default(),
             require_alpn: false,
             metrics_listen: None,
+            cluster: None,
         }))
         .unwrap();
     for (addr, data) in [(blocking.addr, dir.path()), (server.local_addr(), tokio_dir.path())] {
@@ -353,6 +354,7 @@ fn one_scenario_gives_one_transcript_in_the_simulation_and_through_both_drivers(
             transport: Default::default(),
             require_alpn: false,
             metrics_listen: None,
+            cluster: None,
         }))
         .unwrap();
     for (name, addr, data) in

@@ -46,7 +46,7 @@ impl Cluster {
             let mut cfg = config();
             cfg.clustered = true;
             let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000));
-            let node = ClusterNode::new(broker, member(n, i as u16 + 1), &peers, &RaftLog::default()).unwrap();
+            let node = ClusterNode::new(broker, member(n, i as u16 + 1), &peers, &RaftLog::default(), now).unwrap();
             nodes.insert(n.to_string(), node);
         }
         Cluster {
@@ -262,7 +262,7 @@ fn a_broker_restarted_from_its_kept_raft_log_rejoins_with_the_same_metadata() {
     let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
     let kept = c.kept.get("n3").cloned().unwrap_or_default();
     assert!(!kept.entries.is_empty(), "n3 kept its log");
-    c.nodes.insert("n3".into(), ClusterNode::new(broker, member("n3", 3), &peers, &kept).unwrap());
+    c.nodes.insert("n3".into(), ClusterNode::new(broker, member("n3", 3), &peers, &kept, c.now).unwrap());
     c.until("n3 caught up", |c| {
         c.nodes["n3"].metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some()
             && c.nodes["n3"].metadata() == c.nodes["n1"].metadata()

@@ -73,11 +73,18 @@ impl std::fmt::Debug for ClusterNode {
 impl ClusterNode {
     /// Broker `me` of a cluster whose voters are `peers` (node ids; every broker is given the
     /// same list, and a node's Raft id is its position in the sorted list, from 1), starting
-    /// from `kept` (what its driver kept of the Raft log; empty on a first start).
+    /// from `kept` (what its driver kept of the Raft log; empty on a first start). The Raft
+    /// clock starts at `now`.
     ///
     /// # Errors
     /// [`MetaError`] when `me` is not among the peers or the kept log is refused.
-    pub fn new(broker: Broker, me: Member, peers: &[String], kept: &RaftLog) -> Result<ClusterNode, MetaError> {
+    pub fn new(
+        broker: Broker,
+        me: Member,
+        peers: &[String],
+        kept: &RaftLog,
+        now: Instant,
+    ) -> Result<ClusterNode, MetaError> {
         let mut sorted: Vec<String> = peers.to_vec();
         sorted.sort();
         sorted.dedup();
@@ -93,7 +100,7 @@ impl ClusterNode {
             me,
             names,
             out: VecDeque::new(),
-            next_tick: None,
+            next_tick: Some(crate::transport::after(now, TICK)),
             ticks: 0,
             pending: VecDeque::new(),
         };

@@ -1,0 +1,253 @@
+//! The cluster transport: QUIC between brokers on a listener of their own (never the client
+//! listener), carrying `felix_proto::cluster::peer` messages. The driver decides nothing: the
+//! broker's [`ClusterNode`](felix_proto::cluster::node::ClusterNode) says what goes to whom.
+//!
+//! Each broker dials every other one and sends on one unidirectional stream: first a `hello`
+//! with the cluster's name and shared secret, then messages in order. A receiving broker reads
+//! the hello before anything else; a stranger (another cluster, a wrong secret, an unknown node
+//! id) has its connection closed and is logged. A peer that cannot be reached is dialled again
+//! every 200 ms; meanwhile a forwarded publish for it is reported undeliverable (its client gets
+//! `shard_unavailable`), and Raft messages are dropped (Raft sends again).
+
+use bytes::BytesMut;
+use felix_proto::cluster::peer::{PeerDecoder, PeerMessage, encode};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The ALPN id of the cluster listener (clients never speak it).
+pub const CLUSTER_ALPN: &[u8] = b"felix-cluster/1";
+
+/// How a broker joins its cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// This broker's node id.
+    pub node_id: String,
+    /// Where this broker listens for its peers.
+    pub listen: SocketAddr,
+    /// Every broker of the cluster (this one included): node id and cluster address.
+    pub peers: Vec<(String, SocketAddr)>,
+    /// The cluster's name: brokers of another cluster are refused.
+    pub name: String,
+    /// The secret every broker of the cluster shares: a peer that does not know it is refused.
+    pub secret: String,
+    /// The client address this broker advertises to clients (default: its client listener).
+    pub advertise: Option<String>,
+}
+
+/// What the transport tells the broker task.
+pub(crate) enum PeerInput {
+    /// A message from peer `from` (its hello was checked).
+    Message { from: String, message: PeerMessage },
+    /// A message that could not be sent.
+    Undeliverable(PeerMessage),
+}
+
+/// The sending side: one queue per peer.
+pub(crate) struct Transport {
+    senders: BTreeMap<String, mpsc::UnboundedSender<PeerMessage>>,
+    endpoint: quinn::Endpoint,
+}
+
+impl Transport {
+    /// Binds the cluster listener and starts dialling every peer.
+    pub(crate) fn start(
+        opts: &ClusterOptions,
+        identity: crate::Identity,
+        inputs: mpsc::UnboundedSender<PeerInput>,
+    ) -> Result<Transport, crate::ServerError> {
+        let mut tls = crate::tls::server_config(identity)?;
+        tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+            .map_err(|e| crate::ServerError::Tls(crate::tls::TlsError::Generate(e.to_string())))?;
+        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let endpoint = quinn::Endpoint::server(server, opts.listen)?;
+        let known: Vec<String> = opts.peers.iter().map(|(n, _)| n.clone()).collect();
+        tokio::spawn(accept_loop(endpoint.clone(), opts.name.clone(), opts.secret.clone(), known, inputs.clone()));
+        let mut senders = BTreeMap::new();
+        for (name, addr) in &opts.peers {
+            if *name == opts.node_id {
+                continue;
+            }
+            let (tx, rx) = mpsc::unbounded_channel();
+            senders.insert(name.clone(), tx);
+            let hello = PeerMessage::Hello {
+                cluster: opts.name.clone(),
+                node_id: opts.node_id.clone(),
+                secret: opts.secret.clone(),
+            };
+            tokio::spawn(dial_loop(endpoint.clone(), *addr, hello, rx, inputs.clone()));
+        }
+        Ok(Transport { senders, endpoint })
+    }
+
+    /// Queues a message for peer `to`; a peer not in the cluster's list gets nothing.
+    pub(crate) fn send(&self, to: &str, message: PeerMessage) -> Result<(), PeerMessage> {
+        match self.senders.get(to) {
+            Some(tx) => tx.send(message).map_err(|e| e.0),
+            None => Err(message),
+        }
+    }
+
+    /// The cluster listener's address.
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    pub(crate) fn close(&self) {
+        self.endpoint.close(quinn::VarInt::from_u32(0), b"broker shutting down");
+    }
+}
+
+fn client_config() -> Result<quinn::ClientConfig, String> {
+    let mut tls = crate::tls::client_config(crate::Trust::DangerAcceptAnyCertificate, false).map_err(|e| e.to_string())?;
+    tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
+}
+
+/// Keeps one connection and one stream to a peer, sending what is queued for it.
+async fn dial_loop(
+    endpoint: quinn::Endpoint,
+    addr: SocketAddr,
+    hello: PeerMessage,
+    mut rx: mpsc::UnboundedReceiver<PeerMessage>,
+    inputs: mpsc::UnboundedSender<PeerInput>,
+) {
+    let Ok(cfg) = client_config() else { return };
+    let mut buf = BytesMut::new();
+    loop {
+        let conn = match endpoint.connect_with(cfg.clone(), addr, "localhost") {
+            Ok(c) => c.await.ok(),
+            Err(_) => None,
+        };
+        let stream = match &conn {
+            Some(c) => c.open_uni().await.ok(),
+            None => None,
+        };
+        let Some(mut send) = stream else {
+            // Unreachable: what waits is undeliverable now, then dial again.
+            let deadline = tokio::time::sleep(Duration::from_millis(200));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    m = rx.recv() => match m {
+                        Some(m) => { let _ = inputs.send(PeerInput::Undeliverable(m)); }
+                        None => return,
+                    },
+                    () = &mut deadline => break,
+                }
+            }
+            continue;
+        };
+        buf.clear();
+        if encode(&hello, &mut buf).is_err() || send.write_all(&buf).await.is_err() {
+            continue;
+        }
+        while let Some(m) = rx.recv().await {
+            buf.clear();
+            if encode(&m, &mut buf).is_err() {
+                continue;
+            }
+            if send.write_all(&buf).await.is_err() {
+                let _ = inputs.send(PeerInput::Undeliverable(m));
+                break;
+            }
+        }
+        if rx.is_closed() {
+            return;
+        }
+    }
+}
+
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    cluster: String,
+    secret: String,
+    known: Vec<String>,
+    inputs: mpsc::UnboundedSender<PeerInput>,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let (cluster, secret, known, inputs) = (cluster.clone(), secret.clone(), known.clone(), inputs.clone());
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            while let Ok(mut recv) = conn.accept_uni().await {
+                let (cluster, secret, known, inputs, conn) =
+                    (cluster.clone(), secret.clone(), known.clone(), inputs.clone(), conn.clone());
+                tokio::spawn(async move {
+                    let mut d = PeerDecoder::default();
+                    let mut from: Option<String> = None;
+                    while let Ok(Some(chunk)) = recv.read_chunk(64 * 1024, true).await {
+                        d.push(&chunk.bytes);
+                        loop {
+                            let m = match d.next_message() {
+                                Ok(Some(m)) => m,
+                                Ok(None) => break,
+                                Err(e) => {
+                                    tracing::warn!("peer {}: {e}; connection closed", conn.remote_address());
+                                    conn.close(quinn::VarInt::from_u32(1), b"bad peer frame");
+                                    return;
+                                }
+                            };
+                            match (&from, m) {
+                                (None, PeerMessage::Hello { cluster: c, node_id, secret: s }) => {
+                                    if c != cluster || !same_secret(&s, &secret) || !known.contains(&node_id) {
+                                        tracing::warn!(
+                                            "refused a peer at {} claiming to be {node_id:?} of cluster {c:?}: not a broker of this cluster",
+                                            conn.remote_address()
+                                        );
+                                        conn.close(quinn::VarInt::from_u32(2), b"not a broker of this cluster");
+                                        return;
+                                    }
+                                    from = Some(node_id);
+                                }
+                                (None, _) => {
+                                    tracing::warn!("peer {} spoke before its hello; refused", conn.remote_address());
+                                    conn.close(quinn::VarInt::from_u32(2), b"hello first");
+                                    return;
+                                }
+                                (Some(f), message) => {
+                                    let _ = inputs.send(PeerInput::Message { from: f.clone(), message });
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// Where a broker keeps its metadata Raft log (replaced whole, atomically, on every change).
+pub(crate) fn raft_log_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("cluster").join("raft.log")
+}
+
+/// Writes the kept Raft log: to a temporary file, synced, renamed over the old one, directory
+/// synced, so the file is always one whole version.
+pub(crate) fn write_raft_log(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
