@@ -84,10 +84,10 @@ impl Transport {
     }
 
     /// Queues a message for peer `to`; a peer not in the cluster's list gets nothing.
-    pub(crate) fn send(&self, to: &str, message: PeerMessage) -> Result<(), PeerMessage> {
+    pub(crate) fn send(&self, to: &str, message: PeerMessage) -> Result<(), Box<PeerMessage>> {
         match self.senders.get(to) {
-            Some(tx) => tx.send(message).map_err(|e| e.0),
-            None => Err(message),
+            Some(tx) => tx.send(message).map_err(|e| Box::new(e.0)),
+            None => Err(Box::new(message)),
         }
     }
 
@@ -102,7 +102,8 @@ impl Transport {
 }
 
 fn client_config() -> Result<quinn::ClientConfig, String> {
-    let mut tls = crate::tls::client_config(crate::Trust::DangerAcceptAnyCertificate, false).map_err(|e| e.to_string())?;
+    let mut tls =
+        crate::tls::client_config(crate::Trust::DangerAcceptAnyCertificate, false).map_err(|e| e.to_string())?;
     tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     Ok(quinn::ClientConfig::new(Arc::new(crypto)))

@@ -194,8 +194,10 @@ impl Server {
                     state: felix_proto::cluster::metadata::MemberState::Active,
                 };
                 let peers: Vec<String> = c.peers.iter().map(|(n, _)| n.clone()).collect();
-                let node = felix_proto::cluster::node::ClusterNode::new(broker, me, &peers, &kept, now)
-                    .map_err(|e| ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())))?;
+                let node =
+                    felix_proto::cluster::node::ClusterNode::new(broker, me, &peers, &kept, now).map_err(|e| {
+                        ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
+                    })?;
                 let (ptx, mut prx) = mpsc::unbounded_channel();
                 let (cluster_id, _, _) = Identity::self_signed(&["localhost"])?;
                 let transport = crate::cluster::Transport::start(c, cluster_id, ptx)?;
@@ -639,7 +641,12 @@ impl BrokerTask {
         let mut m = |name: &str, kind: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         };
-        m("felix_connections_open", "gauge", "Open client connections.", self.node.broker_ref().connection_count() as u64);
+        m(
+            "felix_connections_open",
+            "gauge",
+            "Open client connections.",
+            self.node.broker_ref().connection_count() as u64,
+        );
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
         m(
             "felix_unauthenticated_connections",
@@ -865,7 +872,9 @@ impl BrokerTask {
                 tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));
                 self.node.broker().handle_stream_opened(conn, token, stream, now);
             }
-            Input::Flushed { conn, stream, bytes } => self.node.broker().handle_stream_flushed(conn, stream, bytes, now),
+            Input::Flushed { conn, stream, bytes } => {
+                self.node.broker().handle_stream_flushed(conn, stream, bytes, now)
+            }
             Input::Written(results, micros) => {
                 self.io.storage_passes += 1;
                 self.io.storage_micros += micros;
@@ -906,7 +915,7 @@ impl BrokerTask {
                 NodeOutput::Broker(o) => o,
                 NodeOutput::Peer { to, message } => {
                     let failed = match &self.transport {
-                        Some(t) => t.send(&to, message).err(),
+                        Some(t) => t.send(&to, message).err().map(|m| *m),
                         None => Some(message),
                     };
                     if let (Some(m), Node::Cluster(n)) = (failed, &mut self.node) {
@@ -993,7 +1002,7 @@ impl BrokerTask {
                 // A single broker never forwards (only a broker given a cluster's metadata
                 // does, and its ClusterNode turns forwards into peer messages).
                 BrokerOutput::Forward { publish, .. } => self.node.broker().handle_forward_failed(publish.id, now()),
-                BrokerOutput::ForwardAnswer { .. } => {}
+                BrokerOutput::ForwardAnswer { .. } | BrokerOutput::ProposeStream { .. } => {}
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());

@@ -169,6 +169,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         identity,
         fsync: a.fsync,
         ephemeral: !a.durable && a.group.is_none(),
+        default_shards: 1,
         publish_window: 256,
         max_frame_bytes: 16 << 20,
         ack_on_commit: false,

@@ -53,6 +53,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),
+        default_shards: a.default_shards,
         retention_records: a.retention_records,
         memory_bytes: a.memory_bytes,
         publish_window: a.publish_window.or(b.publish_window).unwrap_or(256),
@@ -348,7 +349,8 @@ pub fn parse_peers(s: &str) -> Result<Peers, String> {
     let mut out: Vec<(String, std::net::SocketAddr)> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part.split_once('=').ok_or_else(|| format!("{part:?}: expected ID=HOST:PORT"))?;
-        let addr = addr.parse().map_err(|e| format!("{part:?}: {addr:?} is not an address like 127.0.0.1:7001 ({e})"))?;
+        let addr =
+            addr.parse().map_err(|e| format!("{part:?}: {addr:?} is not an address like 127.0.0.1:7001 ({e})"))?;
         if id.is_empty() || out.iter().any(|(n, _)| n == id) {
             return Err(format!("{part:?}: node ids must be non-empty and distinct"));
         }

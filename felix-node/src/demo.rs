@@ -43,6 +43,7 @@ pub async fn run() -> Result<ExitCode, String> {
         identity,
         fsync: FsyncMode::Always,
         ephemeral: false,
+        default_shards: 1,
         publish_window: 256,
         max_frame_bytes: 16 << 20,
         ack_on_commit: true,

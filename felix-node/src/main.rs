@@ -48,7 +48,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a broker.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Start a broker in-process on a free port and show publish, subscribe, replay and cache.
     Demo,
     /// Publish messages: the arguments, the lines of --file, or the lines of standard input.
@@ -208,6 +208,10 @@ struct ServeArgs {
     /// `GET /cluster` there answers the cluster's state (`felix-node cluster status`).
     #[arg(long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Shards of a stream created on first use (1..=4096). Keyed records spread over them by
+    /// key; in a cluster the shards are spread over the brokers.
+    #[arg(long, env = "FELIX_DEFAULT_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    default_shards: u32,
     /// Join a cluster as this node id (with --cluster-listen and --peers). Without it the broker
     /// runs alone, as always.
     #[arg(long, env = "FELIX_NODE_ID", requires_all = ["cluster_listen", "peers"])]
@@ -660,7 +664,7 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Command::Serve(a) => commands::serve(a).await,
+            Command::Serve(a) => commands::serve(*a).await,
             Command::Demo => demo::run().await,
             Command::Publish(a) => commands::publish(a).await,
             Command::Subscribe(a) => commands::subscribe(a).await,

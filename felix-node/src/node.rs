@@ -23,6 +23,8 @@ pub struct BrokerSettings {
     pub identity: Identity,
     pub fsync: FsyncMode,
     pub ephemeral: bool,
+    /// Shards of a stream created on first use (default 1).
+    pub default_shards: u32,
     pub retention_records: Option<u64>,
     pub memory_bytes: Option<u64>,
     pub publish_window: u32,
@@ -83,6 +85,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         max_unauthenticated_per_peer: s.admission.max_unauthenticated_per_address.max(1),
         default_stream: StreamConfig {
             durable: !s.ephemeral,
+            shards: s.default_shards.max(1),
             retention: felix_proto::broker::Retention {
                 max_records: s.retention_records.or(StreamConfig::default().retention.max_records),
                 ..StreamConfig::default().retention

@@ -82,6 +82,7 @@
 //!             | BrokerOutput::DeleteStream { .. }
 //!             | BrokerOutput::Forward { .. }
 //!             | BrokerOutput::ForwardAnswer { .. }
+//!             | BrokerOutput::ProposeStream { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
 //!         }
 //!     }

@@ -589,7 +589,9 @@ impl Sim {
                 });
                 self.truncations.push((stream, shard, start))
             }
-            o @ (BrokerOutput::Forward { .. } | BrokerOutput::ForwardAnswer { .. }) => self.to_peers.push(o),
+            o @ (BrokerOutput::Forward { .. }
+            | BrokerOutput::ForwardAnswer { .. }
+            | BrokerOutput::ProposeStream { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
                 // Writes asked for before it land first, then go with the rest: here they
                 // simply never land.

@@ -114,6 +114,19 @@ pub enum BrokerOutput {
         /// Appended (with the offset) or refused.
         outcome: super::ForwardOutcome,
     },
+    /// A clustered broker met a stream the cluster does not know yet: propose its creation to
+    /// the metadata group ([`crate::cluster::node::ClusterNode`] does). Meanwhile requests for
+    /// it are answered `shard_unavailable` (retry): no broker writes a stream nobody owns.
+    ProposeStream {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+        /// Its shard count.
+        shards: u32,
+    },
     /// Close the connection.
     CloseConnection {
         /// Connection.

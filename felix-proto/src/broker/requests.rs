@@ -345,6 +345,21 @@ impl Broker {
             let cfg = spec.config.clone();
             return Ok(self.create_stream(key(t, ns, s), cfg));
         }
+        if self.cfg.auto_create && self.cluster.is_some() {
+            // In a cluster a stream exists once the metadata group says so, with its owners.
+            self.out.push_back(BrokerOutput::ProposeStream {
+                tenant_id: t.to_owned(),
+                namespace: ns.to_owned(),
+                stream: s.to_owned(),
+                shards: self.cfg.default_stream.shards.max(1),
+            });
+            let mut r = Refusal::new(
+                ErrorCode::ShardUnavailable,
+                format!("stream {ns}/{s} is being created in the cluster; retry"),
+            );
+            r.detail = Some(crate::binary::ErrorDetail { reason: Some("creating".into()), retry_after_ms: Some(200) });
+            return Err(r);
+        }
         if self.cfg.auto_create {
             let cfg = self.cfg.default_stream.clone();
             return Ok(self.create_stream(key(t, ns, s), cfg));

@@ -93,6 +93,9 @@ impl ClusterNode {
         let id = ids.get(&me.id).copied().unwrap_or(0);
         let voters: Vec<u64> = names.keys().copied().collect();
         let meta = MetaNode::restart(id, &voters, kept)?;
+        // A member of a cluster from the start: nothing is served as if alone while it joins.
+        let mut broker = broker;
+        broker.apply_cluster(&Metadata::default(), &me.id, now);
         let mut node = ClusterNode {
             broker,
             meta,
@@ -194,6 +197,19 @@ impl ClusterNode {
             BrokerOutput::Forward { to, publish } => NodeOutput::Peer { to, message: PeerMessage::Forward(publish) },
             BrokerOutput::ForwardAnswer { to, id, outcome } => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
+            }
+            BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards } => {
+                let c = Command::Create {
+                    kind: super::metadata::Kind::Stream,
+                    tenant: tenant_id,
+                    namespace,
+                    name: stream,
+                    shards,
+                };
+                // Proposed at most once per request burst: a create of an existing stream is
+                // refused by the metadata and changes nothing.
+                self.pending.push_back(c.encode());
+                return self.poll_output();
             }
             other => NodeOutput::Broker(other),
         })

@@ -1,0 +1,201 @@
+//! Three `felix-node serve` processes forming a cluster on loopback: they agree on members,
+//! leader and owners; records published through every broker land once, on their shard's owner;
+//! a read through a broker that does not own the shard is redirected; after one broker is
+//! killed with SIGKILL the others keep serving their shards and what needs the dead one is
+//! answered `shard_unavailable`, never a hang.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
+const TOKEN: &str = "cluster-test-token";
+
+fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn free_tcp() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A broker process, killed when dropped.
+struct Broker {
+    child: Child,
+    name: String,
+    client: SocketAddr,
+    metrics: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str) -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_tcp();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &client.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args(["--dev-token", TOKEN, "--default-shards", "6", "--node-id", name])
+        .args(["--cluster-listen", &cluster.to_string(), "--peers", peers, "--cluster-secret", "test-secret"])
+        .args(["--metrics-listen", &metrics.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the broker printed its banner").unwrap();
+        if line.starts_with("Felix broker listening") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Broker { child, name: name.into(), client, metrics, dir }
+}
+
+/// `GET /cluster` on a broker's metrics listener.
+fn status(b: &Broker) -> Option<serde_json::Value> {
+    let mut s = TcpStream::connect_timeout(&b.metrics, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    std::io::Write::write_all(&mut s, b"GET /cluster HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    serde_json::from_str(body.split("\r\n\r\n").nth(1)?).ok()
+}
+
+/// Polls `check` (every 50 ms) until it holds, for at most `secs`.
+fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("not within {secs} s: {what}");
+}
+
+fn cli(b: &Broker, args: &[&str]) -> (bool, String, String) {
+    cli_at(b.client, b.dir.path(), args)
+}
+
+fn cli_at(addr: SocketAddr, dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out =
+        Command::new(BIN).env("FELIX_ADDR", addr.to_string()).env("FELIX_DATA_DIR", dir).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Owner of each shard of `orders`, from one broker's status.
+fn owners(v: &serde_json::Value) -> Vec<String> {
+    let mut o: Vec<(u64, String)> = v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "orders")
+        .map(|s| (s["shard"].as_u64().unwrap(), s["owner"].as_str().unwrap().to_owned()))
+        .collect();
+    o.sort();
+    o.into_iter().map(|(_, n)| n).collect()
+}
+
+#[test]
+fn three_brokers_share_a_stream_and_survive_a_sigkill() {
+    let names = ["n1", "n2", "n3"];
+    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
+    let mut brokers: Vec<Broker> =
+        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
+    wait_for("three members and one leader, seen by all", 30, || {
+        let s: Vec<_> = brokers.iter().map(status).collect();
+        s.iter().all(|v| v.as_ref().is_some_and(|v| v["members"].as_array().is_some_and(|m| m.len() == 3)))
+            && s.iter().all(|v| v.as_ref().unwrap()["leader"] == s[0].as_ref().unwrap()["leader"])
+            && !s[0].as_ref().unwrap()["leader"].is_null()
+    });
+
+    // Keyed records through every broker; the first publish creates the stream in the cluster
+    // (shard_unavailable until its owners are known: retried, bounded).
+    let mut published = 0;
+    for (i, b) in brokers.iter().enumerate() {
+        for k in 0..10 {
+            let key = format!("key-{i}-{k}");
+            let mut tries = 0;
+            loop {
+                let (ok, _, err) = cli(b, &["publish", "orders", &format!("r-{i}-{k}"), "--ack", "--key", &key]);
+                if ok {
+                    break;
+                }
+                tries += 1;
+                assert!(err.contains("shard_unavailable") && tries < 100, "{err}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            published += 1;
+        }
+    }
+    wait_for("every broker knows the same owners", 10, || {
+        let o: Vec<_> = brokers.iter().map(|b| status(b).map(|v| owners(&v))).collect();
+        o.iter().all(|x| x.as_ref().is_some_and(|x| x.len() == 6)) && o.iter().all(|x| *x == o[0])
+    });
+    let owner_of = owners(&status(&brokers[0]).unwrap());
+    for n in names {
+        assert!(owner_of.iter().any(|o| o == n), "{n} owns a share: {owner_of:?}");
+    }
+
+    // Each shard read on its owner: every record once, in total.
+    fn by_name<'a>(brokers: &'a [Broker], n: &str) -> &'a Broker {
+        brokers.iter().find(|b| b.name == n).unwrap()
+    }
+    let mut seen = Vec::new();
+    for (shard, owner) in owner_of.iter().enumerate() {
+        let (ok, out, err) =
+            cli(by_name(&brokers, owner), &["read", "orders", "--shard", &shard.to_string(), "--from", "0"]);
+        assert!(ok, "{err}");
+        seen.extend(out.lines().map(|l| l.split('\t').nth(1).unwrap().to_owned()));
+    }
+    seen.sort();
+    let before = seen.len();
+    seen.dedup();
+    assert_eq!((before, seen.len()), (published, published), "every record once: {seen:?}");
+    // A read through a broker that does not own the shard names the owner.
+    let (shard, owner) = owner_of.iter().enumerate().find(|(_, o)| *o != "n1").unwrap();
+    let (ok, _, err) = cli(by_name(&brokers, "n1"), &["read", "orders", "--shard", &shard.to_string()]);
+    assert!(!ok && err.contains("not_leader") && err.contains(owner.as_str()), "{err}");
+
+    // SIGKILL n3: the others keep serving their own shards; a write that needs n3 is answered
+    // shard_unavailable (forwarding cannot reach it), not left hanging.
+    let dead = brokers.iter().position(|b| b.name == "n3").unwrap();
+    let mut victim = brokers.remove(dead);
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let live_shard = owner_of.iter().position(|o| o == "n1").unwrap();
+    let n2 = by_name(&brokers, "n2");
+    // Keys until one lands on a shard n3 owned: that write cannot be done, and says so.
+    let mut refused = None;
+    for k in 0..60 {
+        let started = Instant::now();
+        let (ok, _, err) = cli(n2, &["publish", "orders", "after-kill", "--ack", "--key", &format!("late-{k}")]);
+        assert!(started.elapsed() < Duration::from_secs(20), "answered, not left hanging");
+        if !ok {
+            refused = Some(err);
+            break;
+        }
+    }
+    let err = refused.expect("some key routes to a shard n3 owned");
+    assert!(err.contains("shard_unavailable") || err.contains("unacknowledged"), "{err}");
+    let (ok, out, err) =
+        cli(by_name(&brokers, "n1"), &["read", "orders", "--shard", &live_shard.to_string(), "--from", "0"]);
+    assert!(ok && !out.is_empty(), "n1 still serves its shard: {err}");
+    drop(victim);
+}
