@@ -1020,9 +1020,21 @@ impl BrokerTask {
 /// # Errors
 /// Connection and read failures.
 pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+    http_get(addr, "/metrics").await
+}
+
+/// A broker's cluster state (`GET /cluster` on its metrics listener), as JSON text.
+///
+/// # Errors
+/// Connection and read failures.
+pub async fn cluster_status(addr: SocketAddr) -> std::io::Result<String> {
+    http_get(addr, "/cluster").await
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await?;
     let mut body = String::new();
     s.read_to_string(&mut body).await?;
     Ok(body.split_once("\r\n\r\n").map_or(body.clone(), |(_, b)| b.to_owned()))

@@ -2,8 +2,8 @@
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
 use crate::{
-    CacheArgs, CacheOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs, SimArgs, StreamArgs,
-    StreamOp, SubscribeArgs,
+    CacheArgs, CacheOp, ClusterArgs, ClusterOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs,
+    SimArgs, StreamArgs, StreamOp, SubscribeArgs,
 };
 use base64::Engine;
 use bytes::Bytes;
@@ -594,6 +594,52 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
     };
     let _ = client.close().await;
     Ok(code)
+}
+
+pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
+    let ClusterOp::Status { metrics, json } = a.op;
+    let text =
+        tokio::time::timeout(std::time::Duration::from_secs(5), felix_driver_tokio::server::cluster_status(metrics))
+            .await
+            .map_err(|_| format!("no answer from {metrics} within 5 s"))?
+            .map_err(|e| format!("{metrics}: {e} (is it a broker's --metrics-listen address?)"))?;
+    if json {
+        out!("{}", text.trim_end());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{metrics}: not a cluster status ({e})"))?;
+    if v["cluster"] != true {
+        out!("not a cluster: this broker runs alone");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let s = |x: &serde_json::Value| x.as_str().unwrap_or("-").to_owned();
+    out!("node     {}", s(&v["node_id"]));
+    out!("leader   {}", s(&v["leader"]));
+    out!("members");
+    for m in v["members"].as_array().into_iter().flatten() {
+        out!(
+            "  {}\t{}\tclients {}\tcluster {}",
+            s(&m["node_id"]),
+            s(&m["state"]),
+            s(&m["client_addr"]),
+            s(&m["cluster_addr"])
+        );
+    }
+    out!("shards (kind tenant/namespace/name shard: owner generation)");
+    for sh in v["shards"].as_array().into_iter().flatten() {
+        out!(
+            "  {} {}/{}/{} {}: {} {}",
+            s(&sh["kind"]),
+            s(&sh["tenant"]),
+            s(&sh["namespace"]),
+            s(&sh["name"]),
+            sh["shard"],
+            s(&sh["owner"]),
+            sh["generation"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {

@@ -61,6 +61,8 @@ enum Command {
     Cache(CacheArgs),
     /// Durable counters (brokers with storage): add a delta, read a sum.
     Counter(CounterArgs),
+    /// The cluster: members, leader, every shard's owner and generation.
+    Cluster(ClusterArgs),
     /// Stream administration: delete a stream and everything it holds (admin permission).
     Stream(StreamArgs),
     /// Consumer groups: poll, ack, nack, describe, seek, dead letters, redrive, delete.
@@ -438,6 +440,26 @@ enum CounterOp {
 }
 
 #[derive(Args, Debug)]
+struct ClusterArgs {
+    #[command(subcommand)]
+    op: ClusterOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterOp {
+    /// Print members, the metadata leader, and every shard's owner and generation, as one
+    /// broker of the cluster sees them (ask several: they agree once the metadata settled).
+    Status {
+        /// The broker's metrics listener (its --metrics-listen), where /cluster is served.
+        #[arg(long, env = "FELIX_METRICS_ADDR")]
+        metrics: SocketAddr,
+        /// Print the JSON as the broker gave it.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
 struct StreamArgs {
     #[command(flatten)]
     conn: ConnectArgs,
@@ -671,6 +693,7 @@ fn main() -> ExitCode {
             Command::Read(a) => commands::read(a).await,
             Command::Cache(a) => commands::cache(a).await,
             Command::Counter(a) => commands::counter(a).await,
+            Command::Cluster(a) => commands::cluster(a).await,
             Command::Stream(a) => commands::stream(a).await,
             Command::Group(a) => groups::group(a).await,
             Command::Consume(a) => groups::consume(a).await,

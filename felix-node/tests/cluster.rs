@@ -149,6 +149,18 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
         o.iter().all(|x| x.as_ref().is_some_and(|x| x.len() == 6)) && o.iter().all(|x| *x == o[0])
     });
     let owner_of = owners(&status(&brokers[0]).unwrap());
+    // `cluster status` agrees on all three (all but the line naming the broker asked).
+    let printed: Vec<String> = brokers
+        .iter()
+        .map(|b| {
+            let out =
+                Command::new(BIN).args(["cluster", "status", "--metrics", &b.metrics.to_string()]).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).lines().skip(1).collect::<Vec<_>>().join("\n")
+        })
+        .collect();
+    assert!(printed.iter().all(|p| *p == printed[0]), "{printed:#?}");
+    assert!(printed[0].contains("leader") && printed[0].contains("stream default/default/orders 5:"), "{}", printed[0]);
     for n in names {
         assert!(owner_of.iter().any(|o| o == n), "{n} owns a share: {owner_of:?}");
     }
