@@ -24,6 +24,10 @@ pub struct BenchArgs {
     /// Token for --addr (default: the dev token in --data-dir).
     #[arg(long)]
     token: Option<String>,
+    /// Stream to publish to, in namespace `bench` (default: one named after this process). In
+    /// a cluster, naming it lets a run go through its owner or through another broker.
+    #[arg(long)]
+    stream: Option<String>,
     /// Certificate for --addr (default: the one in --data-dir).
     #[arg(long)]
     ca: Option<PathBuf>,
@@ -247,7 +251,24 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if let Some(n) = a.watchers {
         return watch_bench(&a, &t, n.max(1)).await;
     }
-    let stream = format!("bench-{}", std::process::id());
+    let stream = a.stream.clone().unwrap_or_else(|| format!("bench-{}", std::process::id()));
+    // In a cluster a new stream exists once the metadata group created it: publish one record
+    // until it is taken (bounded), before anything is measured.
+    {
+        let c = connect(&t).await?;
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let opts = PublishOptions { ack: true, ..Default::default() };
+            match c.publish("bench", &stream, vec![Bytes::from_static(b"warm-up")], opts).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < until && e.to_string().contains("shard_unavailable") => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(format!("warm-up publish: {e}")),
+            }
+        }
+        let _ = c.close().await;
+    }
     let epoch = Instant::now();
     let published = Arc::new(AtomicU64::new(0));
     let delivered = Arc::new(AtomicU64::new(0));
