@@ -154,3 +154,137 @@ pub async fn run() -> Result<ExitCode, String> {
     out!("\ndemo done: broker stopped cleanly");
     Ok(ExitCode::SUCCESS)
 }
+
+/// `felix-node demo --cluster`: three brokers in-process on loopback forming a cluster, then
+/// routing, a forward and a redirect shown end to end.
+pub async fn run_cluster() -> Result<ExitCode, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
+    let token = "demo-token".to_string();
+    let free_udp = || -> Result<std::net::SocketAddr, String> {
+        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(|e| e.to_string())
+    };
+    let free_tcp = || -> Result<std::net::SocketAddr, String> {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(|e| e.to_string())
+    };
+    let names = ["n1", "n2", "n3"];
+    let mut addrs = Vec::new();
+    for _ in names {
+        addrs.push((free_udp()?, free_udp()?, free_tcp()?));
+    }
+    let peers: Vec<(String, std::net::SocketAddr)> =
+        names.iter().zip(&addrs).map(|(n, (_, c, _))| (n.to_string(), *c)).collect();
+    out!("== Felix cluster demo: three brokers on loopback");
+    let mut servers = Vec::new();
+    let mut chains = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
+        chains.push(identity.chain.clone());
+        let (client, cluster, metrics) = addrs[i];
+        let server = start_broker(BrokerSettings {
+            listen: client,
+            data_dir: Some(dir.path().join(n)),
+            token: Some(token.clone()),
+            tokens: Vec::new(),
+            streams: Vec::new(),
+            caches: Vec::new(),
+            queue_capacity_max: 65_536,
+            queue_bytes_max: 256 << 20,
+            identity,
+            fsync: FsyncMode::Always,
+            ephemeral: false,
+            default_shards: 3,
+            publish_window: 256,
+            max_frame_bytes: 16 << 20,
+            ack_on_commit: true,
+            auto_create: true,
+            queue_capacity: 1024,
+            max_records_per_read: 1000,
+            retention_records: None,
+            memory_bytes: None,
+            group_limits: Default::default(),
+            require_alpn: false,
+            metrics_listen: Some(metrics),
+            cluster: Some(felix_driver_tokio::cluster::ClusterOptions {
+                node_id: n.to_string(),
+                listen: cluster,
+                peers: peers.clone(),
+                name: "demo".into(),
+                secret: "demo-secret".into(),
+                advertise: None,
+            }),
+            transport: felix_driver_tokio::TransportTuning::default(),
+            admission: crate::node::Admission::default(),
+        })
+        .await?;
+        out!("{n}: clients {client}, peers {cluster}, status http://{metrics}/cluster");
+        servers.push(server);
+    }
+    let status = |i: usize| {
+        let m = addrs[i].2;
+        async move {
+            let text = felix_driver_tokio::server::cluster_status(m).await.map_err(|e| e.to_string())?;
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| e.to_string())
+        }
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = status(0).await?;
+        if v["members"].as_array().is_some_and(|m| m.len() == 3) && !v["leader"].is_null() {
+            out!("\n-- formed: leader {}, members n1 n2 n3 (metadata on tikv's raft)", v["leader"]);
+            break;
+        }
+        if std::time::Instant::now() > until {
+            return Err("the cluster did not form within 20 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let connect = |i: usize| {
+        let opts = ClientOptions::new("demo", token.clone(), Trust::Certificates(chains[i].clone()));
+        Client::connect(addrs[i].0, opts)
+    };
+    let c1 = connect(0).await.map_err(|e| e.to_string())?;
+    // The first use creates the stream through the metadata group.
+    let started = std::time::Instant::now();
+    loop {
+        let opts = PublishOptions { ack: true, key: Some(Bytes::from_static(b"k0")), ..Default::default() };
+        match c1.publish("default", "orders", vec![Bytes::from_static(b"first")], opts).await {
+            Ok(_) => break,
+            Err(e) if e.to_string().contains("shard_unavailable") && started.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    out!("\n-- stream default/orders created in the cluster in {} ms (3 shards)", started.elapsed().as_millis());
+    let v = status(0).await?;
+    let mut owners = Vec::new();
+    for s in v["shards"].as_array().into_iter().flatten().filter(|s| s["name"] == "orders") {
+        out!("shard {}: owner {} (generation {})", s["shard"], s["owner"].as_str().unwrap_or("?"), s["generation"]);
+        owners.push(s["owner"].as_str().unwrap_or("?").to_owned());
+    }
+    out!("\n-- publishing 30 keyed records, all through n1 (a forward for every shard n1 does not own)");
+    for k in 0..30 {
+        let opts = PublishOptions { ack: true, key: Some(Bytes::from(format!("key-{k}"))), ..Default::default() };
+        c1.publish("default", "orders", vec![Bytes::from(format!("record-{k}"))], opts)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    for (shard, owner) in owners.iter().enumerate() {
+        let i = names.iter().position(|n| n == owner).unwrap_or(0);
+        let c = connect(i).await.map_err(|e| e.to_string())?;
+        let page = c.stream_read("default", "orders", shard as u32, 0, None, None).await.map_err(|e| e.to_string())?;
+        out!("shard {shard} on {owner}: {} records", page.records.len());
+    }
+    if let Some((shard, owner)) = owners.iter().enumerate().find(|(_, o)| *o != "n1") {
+        out!("\n-- reading shard {shard} through n1, which does not own it:");
+        match c1.stream_read("default", "orders", shard as u32, 0, None, None).await {
+            Ok(_) => out!("served (unexpected)"),
+            Err(e) => out!("{e}   <- a redirect to {owner}"),
+        }
+    }
+    out!("\nRun your own with three `felix-node serve --node-id ...` processes: docs/cluster.md.");
+    for s in servers {
+        s.shutdown().await;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -49,8 +49,13 @@ struct Cli {
 enum Command {
     /// Run a broker.
     Serve(Box<ServeArgs>),
-    /// Start a broker in-process on a free port and show publish, subscribe, replay and cache.
-    Demo,
+    /// Start a broker in-process on a free port and show publish, subscribe, replay and cache
+    /// (`--cluster`: three brokers forming a cluster, with routing, forwards and a redirect).
+    Demo {
+        /// Three brokers on loopback forming a cluster instead of one.
+        #[arg(long)]
+        cluster: bool,
+    },
     /// Publish messages: the arguments, the lines of --file, or the lines of standard input.
     Publish(PublishArgs),
     /// Subscribe to a stream and print what arrives (Ctrl-C to stop).
@@ -687,7 +692,8 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Command::Serve(a) => commands::serve(*a).await,
-            Command::Demo => demo::run().await,
+            Command::Demo { cluster: false } => demo::run().await,
+            Command::Demo { cluster: true } => demo::run_cluster().await,
             Command::Publish(a) => commands::publish(a).await,
             Command::Subscribe(a) => commands::subscribe(a).await,
             Command::Read(a) => commands::read(a).await,

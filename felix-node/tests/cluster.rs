@@ -211,3 +211,19 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
     assert!(ok && !out.is_empty(), "n1 still serves its shard: {err}");
     drop(victim);
 }
+
+/// `felix-node demo --cluster`: three brokers in-process, every record stored on its owner, the
+/// redirect shown.
+#[test]
+fn the_cluster_demo_runs() {
+    let out = Command::new(BIN).args(["demo", "--cluster"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let stored: usize = text
+        .lines()
+        .filter(|l| l.starts_with("shard ") && l.ends_with(" records"))
+        .map(|l| l.rsplit(' ').nth(1).unwrap().parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(stored, 31, "the first record and 30 more, each once: {text}");
+    assert!(text.contains("not_leader"), "{text}");
+}
