@@ -176,6 +176,7 @@ fn records_published_through_any_broker_land_once_on_their_owner() {
         namespace: "default".into(),
         name: "orders".into(),
         shards: 6,
+        ephemeral: false,
     };
     let now = c.now;
     c.nodes.get_mut(&follower).unwrap().propose(&create, now);
@@ -248,6 +249,7 @@ fn a_broker_restarted_from_its_kept_raft_log_rejoins_with_the_same_metadata() {
         namespace: "default".into(),
         name: "orders".into(),
         shards: 4,
+        ephemeral: false,
     };
     let now = c.now;
     let any = c.nodes.keys().next().unwrap().clone();
@@ -267,4 +269,87 @@ fn a_broker_restarted_from_its_kept_raft_log_rejoins_with_the_same_metadata() {
         c.nodes["n3"].metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some()
             && c.nodes["n3"].metadata() == c.nodes["n1"].metadata()
     });
+}
+
+#[test]
+fn a_dead_broker_is_declared_down_its_in_memory_shards_move_and_its_durable_ones_wait_for_it() {
+    use felix_proto::cluster::metadata::MemberState;
+    use felix_proto::cluster::node::LEASE;
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let now = c.now;
+    for (name, ephemeral) in [("orders", false), ("ticks", true)] {
+        let create = Command::Create {
+            kind: Kind::Stream,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: name.into(),
+            shards: 6,
+            ephemeral,
+        };
+        c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    }
+    c.settle();
+    c.until("both streams known everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "ticks").is_some())
+    });
+    let owner_in = |c: &Cluster, at: &str, name: &str, shard: u32| {
+        c.nodes[at]
+            .metadata()
+            .owner(&ShardId {
+                kind: Kind::Stream,
+                tenant: "t1".into(),
+                namespace: "default".into(),
+                name: name.into(),
+                shard,
+            })
+            .unwrap()
+            .clone()
+    };
+    // A non-leader dies (SIGKILL: it keeps only its Raft log); nothing reaches it any more.
+    let leader = c.nodes["n1"].leader().unwrap().to_owned();
+    let victim = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    let survivor = NAMES.iter().find(|n| **n != leader && **n != victim).unwrap().to_string();
+    let durable_shard = (0..6).find(|s| owner_in(&c, &leader, "orders", *s).owner == victim).unwrap();
+    let memory_shard = (0..6).find(|s| owner_in(&c, &leader, "ticks", *s).owner == victim).unwrap();
+    let before = owner_in(&c, &leader, "ticks", memory_shard);
+    c.nodes.remove(&victim);
+    let died = c.now;
+    c.until("the dead broker is declared down and its in-memory shards have new owners everywhere", |c| {
+        c.nodes.values().all(|n| {
+            n.metadata().members()[&victim].state == MemberState::Down
+                && owner_in(c, n.node_id(), "ticks", memory_shard).owner != victim
+        })
+    });
+    let failover = c.now - died;
+    assert!(failover > LEASE && failover < LEASE * 3, "fail-over in {failover:?} (lease {LEASE:?})");
+    eprintln!("in-memory shards moved {failover:?} after the broker died (cluster time)");
+    let after = owner_in(&c, &leader, "ticks", memory_shard);
+    assert!(after.generation > before.generation);
+    // Its durable shard waits: a write through a survivor is shard_unavailable, not lost.
+    assert_eq!(owner_in(&c, &leader, "orders", durable_shard).owner, victim);
+    let flags = 0x0001 | 0x0008 | 0x0040 | 0x0200;
+    let (conn, st) = c.client(&survivor, flags, 7);
+    let key = (0..200)
+        .map(|k| format!("k{k}"))
+        .find(|k| felix_proto::routing::shard_for_key(Some(k.as_bytes()), 6, message::Routing::Modulo) == durable_shard)
+        .unwrap();
+    c.send(&survivor, conn, st, publish_binary("orders", &["x"], Some(1), Some(&key)));
+    let a = acks(&payloads(&c.take(&survivor, conn, st))).remove(0);
+    assert_eq!(a.code.map(|(c, _)| c.name().into_owned()).as_deref(), Some("shard_unavailable"));
+    // It comes back from its kept log, rejoins active, and serves its durable shard again.
+    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    let i = NAMES.iter().position(|n| **n == victim).unwrap() as u16 + 1;
+    let kept = c.kept[&victim].clone();
+    c.nodes.insert(victim.clone(), ClusterNode::new(broker, member(&victim, i), &peers, &kept, c.now).unwrap());
+    c.until("the broker is active again everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().members()[&victim].state == MemberState::Active)
+    });
+    c.send(&survivor, conn, st, publish_binary("orders", &["y"], Some(2), Some(&key)));
+    let a = acks(&payloads(&c.take(&survivor, conn, st))).remove(0);
+    assert_eq!(a.status, AckStatus::Ok, "{a:?}");
+    assert!(c.stored.get(&(victim.clone(), durable_shard)).is_some_and(|n| *n >= 1), "{:?}", c.stored);
 }

@@ -31,6 +31,7 @@ fn metadata() -> Metadata {
         namespace: "default".into(),
         name: "orders".into(),
         shards: 6,
+        ephemeral: false,
     })
     .unwrap();
     md

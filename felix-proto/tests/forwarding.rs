@@ -33,6 +33,7 @@ fn metadata() -> Metadata {
         namespace: "default".into(),
         name: "orders".into(),
         shards: 4,
+        ephemeral: false,
     })
     .unwrap();
     md

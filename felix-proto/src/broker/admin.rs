@@ -257,8 +257,12 @@ impl Broker {
         let durable = entry.config.durable;
         let Some(s) = entry.shards.get_mut(shard as usize) else { return false };
         let resume_from = durable.then(|| s.log.committed_tail());
-        s.moved =
-            Some(Moved { node_id: owner.node_id.clone(), addr: owner.addr.clone(), generation: owner.generation });
+        s.moved = Some(Moved {
+            node_id: owner.node_id.clone(),
+            addr: owner.addr.clone(),
+            generation: owner.generation,
+            down: false,
+        });
         let subs = std::mem::take(&mut s.subs);
         for (conn, id) in subs {
             if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {

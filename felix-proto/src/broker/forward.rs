@@ -99,6 +99,10 @@ impl Broker {
         let shards = entry.shards.len() as u32;
         let shard = req.shard.unwrap_or_else(|| shard_for_key(req.key.as_deref(), shards, entry.config.routing));
         let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.moved.as_ref()) else { return false };
+        if m.down {
+            // Nobody can write it until its owner is back: the refusal route() made stands.
+            return false;
+        }
         let owner = OwnerHint { node_id: m.node_id.clone(), addr: m.addr.clone(), generation: m.generation };
         let Some(sess) = st.session.as_ref() else { return false };
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());

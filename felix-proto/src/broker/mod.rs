@@ -87,6 +87,22 @@ struct Moved {
     node_id: String,
     addr: Option<String>,
     generation: u64,
+    /// The owner is down with records only it holds: requests are `shard_unavailable` (retry)
+    /// until it comes back, not redirected or forwarded to it.
+    down: bool,
+}
+
+impl Moved {
+    /// The answer for a shard whose owner is down.
+    fn unavailable(&self, shard: u32) -> Refusal {
+        let mut r = Refusal::new(
+            ErrorCode::ShardUnavailable,
+            format!("shard {shard} is owned by {}, which is down; it holds the shard's records", self.node_id),
+        );
+        r.detail = Some(crate::binary::ErrorDetail { reason: Some("owner_down".into()), retry_after_ms: Some(1000) });
+        r.retry = RetryClass::Retry;
+        r
+    }
 }
 
 #[derive(Debug)]

@@ -126,6 +126,8 @@ pub enum BrokerOutput {
         stream: String,
         /// Its shard count.
         shards: u32,
+        /// Kept in memory only (its shards move freely when their owner goes down).
+        ephemeral: bool,
     },
     /// Close the connection.
     CloseConnection {

@@ -24,6 +24,8 @@ pub(super) struct ClusterView {
     pub(super) brokers: Vec<(String, String)>,
     /// Every shard's owner: node id, client address, generation.
     pub(super) owners: BTreeMap<ShardId, (String, Option<String>, u64)>,
+    /// Shards whose owner is down with their records.
+    pub(super) unavailable: std::collections::BTreeSet<ShardId>,
 }
 
 impl Broker {
@@ -55,14 +57,24 @@ impl Broker {
             let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
                 continue;
             };
+            let down = md.unavailable(shard);
             if owner == local {
                 sh.moved = None;
             } else if sh.moved.as_ref().is_none_or(|m| m.node_id != *owner || m.generation != *generation) {
                 let hint = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };
                 self.move_shard(&shard.tenant, &shard.namespace, &shard.name, shard.shard, hint, now);
             }
+            if let Some(m) = self
+                .streams
+                .get_mut(&k)
+                .and_then(|e| e.shards.get_mut(shard.shard as usize))
+                .and_then(|s| s.moved.as_mut())
+            {
+                m.down = down;
+            }
         }
-        self.cluster = Some(ClusterView { brokers, owners });
+        let unavailable = md.owners().keys().filter(|s| md.unavailable(s)).cloned().collect();
+        self.cluster = Some(ClusterView { brokers, owners, unavailable });
     }
 
     /// `topology`: the brokers that serve clients (draining ones left out).
@@ -108,12 +120,24 @@ impl Broker {
                         shard: u32::MAX,
                     },
                 )
-                .map(|(s, (owner, addr, generation))| message::ShardOwner {
-                    shard: s.shard,
-                    node_id: Some(owner.clone()),
-                    addr: addr.clone(),
-                    generation: *generation,
-                    unavailable: None,
+                .map(|(s, (owner, addr, generation))| {
+                    if c.unavailable.contains(s) {
+                        // Unservable: no owner named, the reason instead.
+                        return message::ShardOwner {
+                            shard: s.shard,
+                            node_id: None,
+                            addr: None,
+                            generation: *generation,
+                            unavailable: Some("owner_down".into()),
+                        };
+                    }
+                    message::ShardOwner {
+                        shard: s.shard,
+                        node_id: Some(owner.clone()),
+                        addr: addr.clone(),
+                        generation: *generation,
+                        unavailable: None,
+                    }
                 })
                 .collect(),
             // Outside a cluster: one shard, no owner named, generation 0.

@@ -328,6 +328,9 @@ impl Broker {
     /// The refusal for a request reaching a shard that moved to another broker.
     pub(super) fn moved_refusal(shard: u32, sh: &Shard) -> Option<Refusal> {
         let m = sh.moved.as_ref()?;
+        if m.down {
+            return Some(m.unavailable(shard));
+        }
         let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id)).with_reason(
             message::RefusedReason::NotLeader(message::LeaderHint { node_id: m.node_id.clone(), addr: m.addr.clone() }),
         );

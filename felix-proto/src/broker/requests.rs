@@ -352,6 +352,7 @@ impl Broker {
                 namespace: ns.to_owned(),
                 stream: s.to_owned(),
                 shards: self.cfg.default_stream.shards.max(1),
+                ephemeral: !self.cfg.default_stream.durable,
             });
             let mut r = Refusal::new(
                 ErrorCode::ShardUnavailable,

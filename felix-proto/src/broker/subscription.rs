@@ -408,6 +408,9 @@ impl Broker {
     /// offered FEATURE_REDIRECT to a broker that advertised it (a clustered one), an `error`
     /// with code `not_leader` for any other.
     pub(super) fn not_leader_answer(server: Features, offer: &ClientOffer, m: &Moved, shard: u32) -> Message {
+        if m.down {
+            return Self::error_message(offer, &m.unavailable(shard));
+        }
         if offer.has(Features::REDIRECT) && server.contains(Features::REDIRECT) {
             Message::NotLeader(message::NotLeader {
                 node_id: m.node_id.clone(),

@@ -18,6 +18,10 @@ pub enum MemberState {
     Active,
     /// Being emptied: owns nothing, still a member (left out of `topology`).
     Draining,
+    /// Declared down by the leader (its lease ran out): its in-memory shards went to the others;
+    /// its durable shards stay its own and are unavailable until it comes back (a `Join`), as
+    /// nobody else holds their records.
+    Down,
 }
 
 /// A broker of the cluster.
@@ -98,6 +102,14 @@ pub enum Command {
         name: String,
         /// Shard count (at least 1).
         shards: u32,
+        /// Kept in memory only: its shards move freely when their owner goes down.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ephemeral: bool,
+    },
+    /// The leader declares a member down (it has not been heard from for a lease).
+    MarkDown {
+        /// Node id.
+        id: String,
     },
     /// A stream or cache is deleted.
     Delete {
@@ -150,6 +162,8 @@ pub const MAX_SHARDS: u32 = 4096;
 pub struct Metadata {
     members: BTreeMap<String, Member>,
     registry: BTreeMap<(Kind, String, String, String), u32>,
+    /// Registered names kept in memory only.
+    ephemeral: std::collections::BTreeSet<(Kind, String, String, String)>,
     owners: BTreeMap<ShardId, Assignment>,
 }
 
@@ -191,7 +205,11 @@ impl Metadata {
             Command::Remove { id } => {
                 self.members.remove(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
             }
-            Command::Create { kind, tenant, namespace, name, shards } => {
+            Command::MarkDown { id } => {
+                let m = self.members.get_mut(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
+                m.state = MemberState::Down;
+            }
+            Command::Create { kind, tenant, namespace, name, shards, ephemeral } => {
                 if *shards == 0 || *shards > MAX_SHARDS {
                     return Err(CommandError::BadShardCount { got: *shards, max: MAX_SHARDS });
                 }
@@ -199,11 +217,15 @@ impl Metadata {
                 if let Some(&n) = self.registry.get(&key) {
                     return Err(CommandError::Exists { name: name.clone(), shards: n });
                 }
+                if *ephemeral {
+                    self.ephemeral.insert(key.clone());
+                }
                 self.registry.insert(key, *shards);
             }
             Command::Delete { kind, tenant, namespace, name } => {
                 let key = (*kind, tenant.clone(), namespace.clone(), name.clone());
                 self.registry.remove(&key).ok_or_else(|| CommandError::Unknown(name.clone()))?;
+                self.ephemeral.remove(&key);
                 self.owners
                     .retain(|s, _| (s.kind, &s.tenant, &s.namespace, &s.name) != (key.0, &key.1, &key.2, &key.3));
             }
@@ -212,8 +234,24 @@ impl Metadata {
         Ok(())
     }
 
+    /// Whether a shard's owner is down with records only it holds (a durable shard of a member
+    /// declared down): the shard waits for it.
+    pub fn unavailable(&self, shard: &ShardId) -> bool {
+        let durable =
+            !self.ephemeral.contains(&(shard.kind, shard.tenant.clone(), shard.namespace.clone(), shard.name.clone()));
+        durable
+            && self
+                .owners
+                .get(shard)
+                .and_then(|a| self.members.get(&a.owner))
+                .is_some_and(|m| m.state == MemberState::Down)
+    }
+
     /// Owners by placement over the active members; a changed owner gets the next generation.
+    /// A durable shard whose owner is down keeps it (see [`MemberState::Down`]).
     fn rebalance(&mut self) {
+        let pinned: BTreeMap<ShardId, Assignment> =
+            self.owners.iter().filter(|(s, _)| self.unavailable(s)).map(|(s, a)| (s.clone(), a.clone())).collect();
         let shards: Vec<ShardId> = self
             .registry
             .iter()
@@ -226,6 +264,7 @@ impl Metadata {
                     shard,
                 })
             })
+            .filter(|s| !pinned.contains_key(s))
             .collect();
         let active: Vec<String> =
             self.members.values().filter(|m| m.state == MemberState::Active).map(|m| m.id.clone()).collect();
@@ -251,6 +290,7 @@ impl Metadata {
                 (None, None) => {}
             }
         }
+        next.extend(pinned);
         self.owners = next;
     }
 }
@@ -287,11 +327,63 @@ mod tests {
     }
 
     fn create(name: &str, shards: u32) -> Command {
-        Command::Create { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: name.into(), shards }
+        Command::Create {
+            kind: Kind::Stream,
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            shards,
+            ephemeral: false,
+        }
     }
 
     fn count(md: &Metadata, id: &str) -> usize {
         md.owners().values().filter(|a| a.owner == id).count()
+    }
+
+    #[test]
+    fn a_member_marked_down_keeps_its_durable_shards_and_hands_over_its_in_memory_ones() {
+        let mut md = Metadata::default();
+        for c in [join("n1"), join("n2"), join("n3"), create("durable", 6)] {
+            md.apply(&c).unwrap();
+        }
+        md.apply(&Command::Create {
+            kind: Kind::Stream,
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            name: "memory".into(),
+            shards: 6,
+            ephemeral: true,
+        })
+        .unwrap();
+        let before = md.owners().clone();
+        md.apply(&Command::MarkDown { id: "n3".into() }).unwrap();
+        for (s, a) in md.owners() {
+            let was = &before[s];
+            if was.owner != "n3" {
+                assert_eq!(a, was, "{s:?}: nothing else moves");
+            } else if s.name == "durable" {
+                assert_eq!(a, was, "{s:?}: a durable shard waits for its owner");
+                assert!(md.unavailable(s));
+            } else {
+                assert_ne!(a.owner, "n3", "{s:?}: an in-memory shard moves");
+                assert!(a.generation > was.generation);
+                assert!(!md.unavailable(s));
+            }
+        }
+        // Back: it serves its durable shards again, same generation (nobody else had them).
+        md.apply(&join("n3")).unwrap();
+        for (s, a) in md.owners() {
+            if s.name == "durable" && before[s].owner == "n3" {
+                assert_eq!(a, &before[s]);
+                assert!(!md.unavailable(s));
+            }
+        }
+        // An operator's remove forces them over (what only n3 held is lost; documented).
+        md.apply(&Command::MarkDown { id: "n3".into() }).unwrap();
+        md.apply(&Command::Remove { id: "n3".into() }).unwrap();
+        assert!(md.owners().values().all(|a| a.owner != "n3"));
+        assert!(md.owners().keys().all(|s| !md.unavailable(s)));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! publishes the broker forwards travel as peer messages.
 
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
-use super::metadata::{Command, Member, Metadata};
+use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::PeerMessage;
 use crate::broker::{Broker, BrokerOutput};
 use bytes::Bytes;
@@ -24,6 +24,11 @@ pub const TICK: Duration = Duration::from_millis(100);
 
 /// Ticks between two proposals of this broker's own membership while it is not committed.
 const JOIN_RETRY_TICKS: u64 = 10;
+
+/// How long the leader waits without hearing from a member before it declares it down (its
+/// in-memory shards then move; its durable ones wait for it). Raft heartbeats run every
+/// 300 ms, so a live member is heard about ten times per lease.
+pub const LEASE: Duration = Duration::from_secs(3);
 
 /// What the node asks its driver to do, in order.
 #[derive(Debug)]
@@ -62,6 +67,12 @@ pub struct ClusterNode {
     ticks: u64,
     /// Commands waiting for a leader to take them.
     pending: VecDeque<Vec<u8>>,
+    /// When each peer was last heard from (kept by the leader for leases), and whether this
+    /// broker led at the last tick.
+    last_seen: BTreeMap<String, Instant>,
+    was_leader: bool,
+    /// Members this leader proposed to mark down (not again until their state changes).
+    marked: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -106,6 +117,9 @@ impl ClusterNode {
             next_tick: Some(crate::transport::after(now, TICK)),
             ticks: 0,
             pending: VecDeque::new(),
+            last_seen: BTreeMap::new(),
+            was_leader: false,
+            marked: std::collections::BTreeSet::new(),
         };
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
         Ok(node)
@@ -134,6 +148,7 @@ impl ClusterNode {
 
     /// A message from peer broker `from` (its hello already checked by the transport).
     pub fn handle_peer(&mut self, from: &str, m: PeerMessage, now: Instant) {
+        self.last_seen.insert(from.to_owned(), now);
         match m {
             PeerMessage::Hello { .. } => {}
             PeerMessage::Raft(bytes) => {
@@ -176,10 +191,13 @@ impl ClusterNode {
             self.meta.tick();
             self.ticks += 1;
             self.next_tick = Some(crate::transport::after(now, TICK));
-            // Not a member yet: ask again (a proposal can be lost with a leader).
-            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !self.metadata.members().contains_key(&self.me.id) {
+            // Not an active member (yet, or any more): ask again (a proposal can be lost with a
+            // leader; a member declared down comes back this way).
+            let active = self.metadata.members().get(&self.me.id).is_some_and(|m| m.state == MemberState::Active);
+            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !active {
                 self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
             }
+            self.check_leases(now);
             self.flush_pending(now);
             self.drain_meta(now);
         }
@@ -198,13 +216,14 @@ impl ClusterNode {
             BrokerOutput::ForwardAnswer { to, id, outcome } => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
             }
-            BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards } => {
+            BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards, ephemeral } => {
                 let c = Command::Create {
                     kind: super::metadata::Kind::Stream,
                     tenant: tenant_id,
                     namespace,
                     name: stream,
                     shards,
+                    ephemeral,
                 };
                 // Proposed at most once per request burst: a create of an existing stream is
                 // refused by the metadata and changes nothing.
@@ -213,6 +232,36 @@ impl ClusterNode {
             }
             other => NodeOutput::Broker(other),
         })
+    }
+
+    /// The leader declares down the active members it has not heard from for [`LEASE`]. A new
+    /// leader starts every lease afresh.
+    fn check_leases(&mut self, now: Instant) {
+        let leading = self.meta.is_leader();
+        if leading && !self.was_leader {
+            for name in self.names.values() {
+                self.last_seen.insert(name.clone(), now);
+            }
+            self.marked.clear();
+        }
+        self.was_leader = leading;
+        if !leading {
+            return;
+        }
+        let mut down = Vec::new();
+        for m in self.metadata.members().values() {
+            if m.id == self.me.id || m.state != MemberState::Active {
+                self.marked.remove(&m.id);
+                continue;
+            }
+            let seen = self.last_seen.get(&m.id).copied().unwrap_or(now);
+            if now.saturating_duration_since(seen) > LEASE && self.marked.insert(m.id.clone()) {
+                down.push(Command::MarkDown { id: m.id.clone() });
+            }
+        }
+        for c in down {
+            self.pending.push_back(c.encode());
+        }
     }
 
     /// Hands waiting commands to the leader (itself or a peer).

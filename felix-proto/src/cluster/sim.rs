@@ -241,6 +241,7 @@ fn command(rng: &mut Rng, ids: &[u64], made: &mut u64) -> Command {
             },
         },
         3 => Command::Drain { id: node_name(id) },
+        9 => Command::MarkDown { id: node_name(id) },
         4 => Command::Remove { id: node_name(id) },
         5 if *made > 0 => Command::Delete {
             kind: Kind::Stream,
@@ -256,6 +257,7 @@ fn command(rng: &mut Rng, ids: &[u64], made: &mut u64) -> Command {
                 namespace: "default".into(),
                 name: format!("s{}", *made - 1),
                 shards: 1 + rng.below(8) as u32,
+                ephemeral: rng.chance(300),
             }
         }
     }
@@ -367,6 +369,7 @@ pub fn run(seed: u64, steps: u64) -> Result<Outcome, Violation> {
         namespace: "default".into(),
         name: format!("final-{seed}"),
         shards: 1,
+        ephemeral: false,
     };
     let deadline = w.step + 400;
     loop {
