@@ -62,7 +62,8 @@ impl Transport {
         tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
         let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
             .map_err(|e| crate::ServerError::Tls(crate::tls::TlsError::Generate(e.to_string())))?;
-        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        server.transport_config(peer_transport());
         let endpoint = quinn::Endpoint::server(server, opts.listen)?;
         let known: Vec<String> = opts.peers.iter().map(|(n, _)| n.clone()).collect();
         tokio::spawn(accept_loop(endpoint.clone(), opts.name.clone(), opts.secret.clone(), known, inputs.clone()));
@@ -101,12 +102,28 @@ impl Transport {
     }
 }
 
+/// Peer connections notice a dead broker within this (keep-alives every quarter of it): a
+/// connection to a broker that was killed and restarted must not linger for quinn's default
+/// 30 s, sending into a process that no longer knows it.
+const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn peer_transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    if let Ok(idle) = quinn::IdleTimeout::try_from(PEER_IDLE_TIMEOUT) {
+        t.max_idle_timeout(Some(idle));
+    }
+    t.keep_alive_interval(Some(PEER_IDLE_TIMEOUT / 4));
+    Arc::new(t)
+}
+
 fn client_config() -> Result<quinn::ClientConfig, String> {
     let mut tls =
         crate::tls::client_config(crate::Trust::DangerAcceptAnyCertificate, false).map_err(|e| e.to_string())?;
     tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
-    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    cfg.transport_config(peer_transport());
+    Ok(cfg)
 }
 
 /// Keeps one connection and one stream to a peer, sending what is queued for it.
