@@ -88,6 +88,18 @@ pub enum ClientError {
         /// Prose.
         message: String,
     },
+    /// Another broker of the cluster owns the shard (`not_leader`): ask it (`addr`, when the
+    /// broker knows it) instead. A redirect naming an older generation than one already
+    /// followed is stale.
+    #[error("shard owned by {node_id}{} (not_leader, generation {generation})", .addr.as_ref().map(|a| format!(" at {a}")).unwrap_or_default())]
+    NotLeader {
+        /// The owner's node id.
+        node_id: String,
+        /// Its client address.
+        addr: Option<String>,
+        /// The ownership generation the answer describes.
+        generation: u64,
+    },
     /// The broker does not offer what the request needs.
     #[error("the broker does not support this: {0}")]
     Unsupported(String),
@@ -1011,7 +1023,14 @@ fn command_error(e: CommandError) -> ClientError {
     }
 }
 
-fn refused(error: ErrorInfo, cursor: Option<SubscribeCursorError>) -> ClientError {
+fn refused(
+    error: ErrorInfo,
+    cursor: Option<SubscribeCursorError>,
+    redirect: Option<felix_proto::message::NotLeader>,
+) -> ClientError {
+    if let Some(n) = redirect {
+        return ClientError::NotLeader { node_id: n.node_id, addr: n.addr, generation: n.generation };
+    }
     cursor.map_or(ClientError::Refused(error), ClientError::Cursor)
 }
 
@@ -1250,9 +1269,9 @@ impl Task {
                     let _ = r.send(Ok(reply));
                 }
             }
-            ClientEvent::RequestFailed { request_id, error, cursor, .. } => {
+            ClientEvent::RequestFailed { request_id, error, cursor, redirect } => {
                 if let Some(r) = self.requests.remove(&request_id) {
-                    let _ = r.send(Err(refused(error, cursor)));
+                    let _ = r.send(Err(refused(error, cursor, redirect)));
                 }
             }
             ClientEvent::Subscribed { sub, start_offset, live_offset, .. } => {
@@ -1267,8 +1286,8 @@ impl Task {
                     let _ = r.send(Ok(CacheWatch { id: sub, resume_offset, resnapshot, retained_count, rx }));
                 }
             }
-            ClientEvent::SubscribeFailed { sub, error, cursor, .. } => {
-                let err = refused(error, cursor);
+            ClientEvent::SubscribeFailed { sub, error, cursor, redirect } => {
+                let err = refused(error, cursor, redirect);
                 if let Some(r) = self.sub_replies.remove(&sub) {
                     let _ = r.send(Err(err));
                 } else if let Some(r) = self.watch_replies.remove(&sub) {

@@ -188,6 +188,47 @@ pub async fn connect(c: &ConnectArgs) -> Result<Client, String> {
     connect_with(c, |_| {}).await
 }
 
+/// The most redirects a command follows (the spec's bound), never to the same broker twice.
+const MAX_REDIRECTS: usize = 3;
+
+/// Runs `op` on a connection to `c.addr`; when a broker of a cluster answers that another one
+/// owns the shard, connects there and runs it again (at most [`MAX_REDIRECTS`] hops, never to a
+/// broker already asked, never back to an older generation). Returns the client that answered.
+pub async fn with_redirects<T, F, Fut>(c: &ConnectArgs, mut op: F) -> Result<(Client, T), String>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = (Client, Result<T, felix_driver_tokio::ClientError>)>,
+{
+    let mut args = c.clone();
+    let mut asked = vec![args.addr];
+    let mut newest = 0u64;
+    loop {
+        let client = connect(&args).await?;
+        let (client, r) = op(client).await;
+        match r {
+            Ok(v) => return Ok((client, v)),
+            Err(felix_driver_tokio::ClientError::NotLeader { node_id, addr: Some(addr), generation })
+                if asked.len() <= MAX_REDIRECTS && generation >= newest =>
+            {
+                let Ok(next) = addr.parse::<std::net::SocketAddr>() else {
+                    return Err(format!("redirected to {node_id} at {addr:?}, which is not an address"));
+                };
+                if asked.contains(&next) {
+                    return Err(format!(
+                        "redirected back to {next} ({node_id}): the cluster's view is changing, retry"
+                    ));
+                }
+                eprintln!("{node_id} owns it: asking {next}");
+                let _ = client.close().await;
+                newest = generation;
+                asked.push(next);
+                args.addr = next;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 /// [`connect`], with the client options adjusted by `adjust` first.
 pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<Client, String> {
     let opts = client_options(c, adjust)?;
@@ -386,19 +427,25 @@ fn micros_ago(ago: std::time::Duration) -> u64 {
 }
 
 pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
-    let mut start = parse_start(&a.from)?;
-    let client = connect(&a.conn).await?;
-    if let Some(since) = a.since {
-        let at = micros_ago(since);
-        start = match client.offset_for_time(&a.conn.namespace, &a.stream, a.shard, at).await {
-            Ok(Some(o)) => StartPosition::Offset(o),
-            // Nothing that recent: everything from now on.
-            Ok(None) => StartPosition::Latest,
-            Err(e) => return Err(format!("finding the offset for --since: {e}")),
-        };
-    }
-    let mut sub =
-        client.subscribe(&a.conn.namespace, &a.stream, Some(start), Some(a.shard)).await.map_err(|e| e.to_string())?;
+    let first = parse_start(&a.from)?;
+    // Subscribing finds the shard's owner (following redirects in a cluster).
+    let (client, (mut sub, _start)) = with_redirects(&a.conn, |client| {
+        let (ns, stream, since, shard) = (a.conn.namespace.clone(), a.stream.clone(), a.since, a.shard);
+        async move {
+            let mut start = first;
+            if let Some(since) = since {
+                start = match client.offset_for_time(&ns, &stream, shard, micros_ago(since)).await {
+                    Ok(Some(o)) => StartPosition::Offset(o),
+                    // Nothing that recent: everything from now on.
+                    Ok(None) => StartPosition::Latest,
+                    Err(e) => return (client, Err(e)),
+                };
+            }
+            let r = client.subscribe(&ns, &stream, Some(start), Some(shard)).await.map(|s| (s, start));
+            (client, r)
+        }
+    })
+    .await?;
     if let (Some(s), Some(l)) = (sub.start_offset, sub.live_offset) {
         eprintln!("subscribed to {}/{} shard {} from offset {s} (live from {l})", a.conn.namespace, a.stream, a.shard);
     } else {
@@ -493,8 +540,17 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
 }
 
 pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
-    let client = connect(&a.conn).await?;
     let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
+    // The first page finds the shard's owner (following redirects in a cluster).
+    let (client, first) = with_redirects(&a.conn, |c| {
+        let (ns, stream) = (ns.clone(), stream.clone());
+        async move {
+            let r = c.stream_read(&ns, &stream, a.shard, a.from, a.to, a.page).await;
+            (c, r)
+        }
+    })
+    .await?;
+    let mut first = Some(first);
     let mut from = a.from;
     let mut total = 0u64;
     let stdout = std::io::stdout();
@@ -502,7 +558,10 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
         if a.to.is_some_and(|to| from >= to) {
             break;
         }
-        let page = client.stream_read(&ns, &stream, a.shard, from, a.to, a.page).await.map_err(|e| e.to_string())?;
+        let page = match first.take() {
+            Some(p) => p,
+            None => client.stream_read(&ns, &stream, a.shard, from, a.to, a.page).await.map_err(|e| e.to_string())?,
+        };
         let mut out = stdout.lock();
         for r in &page.records {
             let line = if a.json {
