@@ -200,7 +200,7 @@ where
     Fut: std::future::Future<Output = (Client, Result<T, felix_driver_tokio::ClientError>)>,
 {
     let mut args = c.clone();
-    let mut asked = vec![args.addr];
+    let mut asked = args.addr.0.clone();
     let mut newest = 0u64;
     loop {
         let client = connect(&args).await?;
@@ -222,7 +222,7 @@ where
                 let _ = client.close().await;
                 newest = generation;
                 asked.push(next);
-                args.addr = next;
+                args.addr = Addrs(vec![next]);
             }
             Err(e) => return Err(e.to_string()),
         }
@@ -232,10 +232,18 @@ where
 /// [`connect`], with the client options adjusted by `adjust` first.
 pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<Client, String> {
     let opts = client_options(c, adjust)?;
-    tokio::time::timeout(std::time::Duration::from_secs(15), Client::connect(c.addr, opts))
-        .await
-        .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", c.addr))?
-        .map_err(|e| format!("{}: {e}", c.addr))
+    // Several addresses: the first that answers (each given less time, so a dead one does not
+    // hold the rest up).
+    let each = if c.addr.0.len() > 1 { 5 } else { 15 };
+    let mut last = String::new();
+    for addr in &c.addr.0 {
+        match tokio::time::timeout(std::time::Duration::from_secs(each), Client::connect(*addr, opts.clone())).await {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(e)) => last = format!("{addr}: {e}"),
+            Err(_) => last = format!("no answer from {addr} within {each} s (is the broker running?)"),
+        }
+    }
+    Err(last)
 }
 
 /// The client options the connection arguments say.
@@ -294,11 +302,12 @@ where
 /// for all of them.
 async fn publish_idempotent(a: PublishArgs) -> Result<ExitCode, String> {
     let opts = client_options(&a.conn, |_| {})?;
-    let connect = felix_driver_tokio::IdempotentProducer::connect(a.conn.addr, opts, &a.conn.namespace, &a.stream);
+    let addr = a.conn.addr.first();
+    let connect = felix_driver_tokio::IdempotentProducer::connect(addr, opts, &a.conn.namespace, &a.stream);
     let producer = tokio::time::timeout(std::time::Duration::from_secs(15), connect)
         .await
-        .map_err(|_| format!("no answer from {} within 15 s (is the broker running?)", a.conn.addr))?
-        .map_err(|e| format!("{}: {e}", a.conn.addr))?;
+        .map_err(|_| format!("no answer from {addr} within 15 s (is the broker running?)"))?
+        .map_err(|e| format!("{addr}: {e}"))?;
     let producer = std::sync::Arc::new(tokio::sync::Mutex::new(producer));
     let key = a.key.clone().map(Bytes::from);
     let mut sent = 0usize;
@@ -379,6 +388,39 @@ fn parse_start(s: &str) -> Result<StartPosition, String> {
             .map(StartPosition::Offset)
             .map_err(|_| format!("--from {n:?}: expected earliest, latest or an offset")),
     }
+}
+
+/// Broker addresses to try, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addrs(pub Vec<std::net::SocketAddr>);
+
+impl Addrs {
+    /// The first one (the one a single-broker command uses).
+    pub fn first(&self) -> std::net::SocketAddr {
+        self.0[0]
+    }
+}
+
+impl std::fmt::Display for Addrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&v.join(","))
+    }
+}
+
+/// Parses `127.0.0.1:5001,127.0.0.1:5002`.
+pub fn parse_addrs(s: &str) -> Result<Addrs, String> {
+    let v: Result<Vec<std::net::SocketAddr>, String> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse().map_err(|e| format!("{p:?} is not an address like 127.0.0.1:5000 ({e})")))
+        .collect();
+    let v = v?;
+    if v.is_empty() {
+        return Err("no address given".into());
+    }
+    Ok(Addrs(v))
 }
 
 /// The brokers of a cluster: node id and cluster address of each.

@@ -266,9 +266,10 @@ struct ServeArgs {
 /// How a client command reaches the broker.
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// Broker address.
-    #[arg(long, global = true, env = "FELIX_ADDR", default_value = "127.0.0.1:5000")]
-    addr: SocketAddr,
+    /// Broker address; several, comma-separated, for a cluster (the first that answers is used,
+    /// and requests follow redirects to the owner of their shard).
+    #[arg(long, global = true, env = "FELIX_ADDR", default_value = "127.0.0.1:5000", value_parser = commands::parse_addrs)]
+    addr: commands::Addrs,
     /// Tenant.
     #[arg(long, global = true, env = "FELIX_TENANT", default_value = "default")]
     tenant: String,

@@ -88,8 +88,11 @@ fn cli(b: &Broker, args: &[&str]) -> (bool, String, String) {
 }
 
 fn cli_at(addr: SocketAddr, dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out =
-        Command::new(BIN).env("FELIX_ADDR", addr.to_string()).env("FELIX_DATA_DIR", dir).args(args).output().unwrap();
+    cli_at_addrs(&addr.to_string(), dir, args)
+}
+
+fn cli_at_addrs(addr: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).env("FELIX_ADDR", addr).env("FELIX_DATA_DIR", dir).args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -244,6 +247,12 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
     }
     let err = refused.expect("some key routes to a shard n3 owned");
     assert!(err.contains("shard_unavailable"), "{err}");
+    // Several bootstrap addresses, the first one dead: the next one serves.
+    let n1 = by_name(&brokers, "n1");
+    let both = format!("{},{}", victim.client, n1.client);
+    let (ok, out, err) =
+        cli_at_addrs(&both, n1.dir.path(), &["read", "orders", "--shard", &live_shard.to_string(), "--from", "0"]);
+    assert!(ok && !out.is_empty(), "{err}");
     let (ok, out, err) =
         cli(by_name(&brokers, "n1"), &["read", "orders", "--shard", &live_shard.to_string(), "--from", "0"]);
     assert!(ok && !out.is_empty(), "n1 still serves its shard: {err}");
