@@ -104,12 +104,7 @@ impl BlockingBroker {
         let mut cfg = opts.broker;
         cfg.history_reads = opts.data_dir.is_some();
         // The core draws no randomness itself: give it some (producer ids).
-        cfg.random_seed = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(unix);
-            h.finish()
-        };
+        cfg.random_seed = felix_driver_common::random_seed();
         let mut broker = Broker::new(cfg, WallClock::new(now, unix));
         let mut repairs = Vec::new();
         let mut recovered_records = 0;

@@ -16,4 +16,13 @@ pub mod tls;
 pub mod transport;
 
 pub use storage::{DiskStorage, FsyncMode};
+
+/// Randomness for a broker's choices (producer ids; `BrokerConfig::random_seed`): felix-proto
+/// draws none itself. From the process's hash keys (seeded by the OS) and the time.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish()
+}
 pub use tls::{Identity, Trust};

@@ -142,14 +142,7 @@ impl Server {
         // With a data directory, history beyond each shard's memory budget is read from disk.
         bcfg.history_reads = opts.data_dir.is_some();
         // Randomness for the broker's choices (producer ids): the core gathers none itself.
-        bcfg.random_seed = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-            );
-            h.finish()
-        };
+        bcfg.random_seed = felix_driver_common::random_seed();
         bcfg.clustered |= opts.cluster.is_some();
         let mut broker = Broker::new(bcfg, WallClock::new(now, unix));
 

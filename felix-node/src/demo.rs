@@ -26,15 +26,20 @@ async fn next_events(
     Ok(out)
 }
 
-pub async fn run() -> Result<ExitCode, String> {
-    let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
-    let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
-    let chain = identity.chain.clone();
-    let token = "demo-token".to_string();
-    let server = start_broker(BrokerSettings {
-        listen: "127.0.0.1:0".parse().expect("literal"),
-        data_dir: Some(dir.path().to_path_buf()),
-        token: Some(token.clone()),
+/// The demo brokers' settings: fsync always, acks after the write, everything else default.
+fn demo_settings(
+    listen: std::net::SocketAddr,
+    data_dir: std::path::PathBuf,
+    token: String,
+    identity: Identity,
+    default_shards: u32,
+    metrics_listen: Option<std::net::SocketAddr>,
+    cluster: Option<felix_driver_tokio::cluster::ClusterOptions>,
+) -> BrokerSettings {
+    BrokerSettings {
+        listen,
+        data_dir: Some(data_dir),
+        token: Some(token),
         tokens: Vec::new(),
         streams: Vec::new(),
         caches: Vec::new(),
@@ -43,7 +48,7 @@ pub async fn run() -> Result<ExitCode, String> {
         identity,
         fsync: FsyncMode::Always,
         ephemeral: false,
-        default_shards: 1,
+        default_shards,
         publish_window: 256,
         max_frame_bytes: 16 << 20,
         ack_on_commit: true,
@@ -54,11 +59,27 @@ pub async fn run() -> Result<ExitCode, String> {
         memory_bytes: None,
         group_limits: Default::default(),
         require_alpn: false,
-        metrics_listen: None,
-        cluster: None,
+        metrics_listen,
+        cluster,
         transport: felix_driver_tokio::TransportTuning::default(),
         admission: crate::node::Admission::default(),
-    })
+    }
+}
+
+pub async fn run() -> Result<ExitCode, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary data dir: {e}"))?;
+    let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
+    let chain = identity.chain.clone();
+    let token = "demo-token".to_string();
+    let server = start_broker(demo_settings(
+        "127.0.0.1:0".parse().expect("literal"),
+        dir.path().to_path_buf(),
+        token.clone(),
+        identity,
+        1,
+        None,
+        None,
+    ))
     .await?;
     let addr = server.local_addr();
     out!("== Felix demo");
@@ -180,41 +201,23 @@ pub async fn run_cluster() -> Result<ExitCode, String> {
         let (identity, _, _) = Identity::self_signed(&["localhost"]).map_err(|e| e.to_string())?;
         chains.push(identity.chain.clone());
         let (client, cluster, metrics) = addrs[i];
-        let server = start_broker(BrokerSettings {
-            listen: client,
-            data_dir: Some(dir.path().join(n)),
-            token: Some(token.clone()),
-            tokens: Vec::new(),
-            streams: Vec::new(),
-            caches: Vec::new(),
-            queue_capacity_max: 65_536,
-            queue_bytes_max: 256 << 20,
+        let options = felix_driver_tokio::cluster::ClusterOptions {
+            node_id: n.to_string(),
+            listen: cluster,
+            peers: peers.clone(),
+            name: "demo".into(),
+            secret: "demo-secret".into(),
+            advertise: None,
+        };
+        let server = start_broker(demo_settings(
+            client,
+            dir.path().join(n),
+            token.clone(),
             identity,
-            fsync: FsyncMode::Always,
-            ephemeral: false,
-            default_shards: 3,
-            publish_window: 256,
-            max_frame_bytes: 16 << 20,
-            ack_on_commit: true,
-            auto_create: true,
-            queue_capacity: 1024,
-            max_records_per_read: 1000,
-            retention_records: None,
-            memory_bytes: None,
-            group_limits: Default::default(),
-            require_alpn: false,
-            metrics_listen: Some(metrics),
-            cluster: Some(felix_driver_tokio::cluster::ClusterOptions {
-                node_id: n.to_string(),
-                listen: cluster,
-                peers: peers.clone(),
-                name: "demo".into(),
-                secret: "demo-secret".into(),
-                advertise: None,
-            }),
-            transport: felix_driver_tokio::TransportTuning::default(),
-            admission: crate::node::Admission::default(),
-        })
+            3,
+            Some(metrics),
+            Some(options),
+        ))
         .await?;
         out!("{n}: clients {client}, peers {cluster}, status http://{metrics}/cluster");
         servers.push(server);

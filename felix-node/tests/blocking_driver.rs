@@ -62,6 +62,26 @@ fn start(dir: &Path) -> Running {
     Running { addr, stop, thread: Some(thread), recovered }
 }
 
+/// The tokio driver's broker with `dir` as its data directory, on a runtime of its own.
+fn start_tokio(dir: &Path) -> (tokio::runtime::Runtime, felix_driver_tokio::Server) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (identity, _) = DataDir::new(dir).identity().unwrap();
+    let server = rt
+        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+            identity,
+            data_dir: Some(dir.to_path_buf()),
+            fsync: FsyncMode::Always,
+            transport: Default::default(),
+            require_alpn: false,
+            metrics_listen: None,
+            cluster: None,
+        }))
+        .unwrap();
+    (rt, server)
+}
+
 fn cli(dir: &Path, addr: SocketAddr, args: &[&str]) -> (bool, String, String) {
     let out =
         Command::new(BIN).env("FELIX_ADDR", addr.to_string()).env("FELIX_DATA_DIR", dir).args(args).output().unwrap();
@@ -120,21 +140,7 @@ fn the_blocking_client_talks_to_both_drivers() {
     let dir = tempfile::tempdir().unwrap();
     let blocking = start(dir.path());
     let tokio_dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (identity, _) = DataDir::new(tokio_dir.path()).identity().unwrap();
-    let server = rt
-        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
-            identity,
-            data_dir: Some(tokio_dir.path().to_path_buf()),
-            fsync: FsyncMode::Always,
-            transport: Default::default(),
-            require_alpn: false,
-            metrics_listen: None,
-            cluster: None,
-        }))
-        .unwrap();
+    let (rt, server) = start_tokio(tokio_dir.path());
     for (addr, data) in [(blocking.addr, dir.path()), (server.local_addr(), tokio_dir.path())] {
         let certs = felix_driver_common::tls::load_certs(&data.join("tls/cert.pem")).unwrap();
         let mut c =
@@ -342,21 +348,7 @@ fn one_scenario_gives_one_transcript_in_the_simulation_and_through_both_drivers(
     let dir = tempfile::tempdir().unwrap();
     let blocking = start(dir.path());
     let tokio_dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (identity, _) = DataDir::new(tokio_dir.path()).identity().unwrap();
-    let server = rt
-        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
-            identity,
-            data_dir: Some(tokio_dir.path().to_path_buf()),
-            fsync: FsyncMode::Always,
-            transport: Default::default(),
-            require_alpn: false,
-            metrics_listen: None,
-            cluster: None,
-        }))
-        .unwrap();
+    let (rt, server) = start_tokio(tokio_dir.path());
     for (name, addr, data) in
         [("blocking", blocking.addr, dir.path()), ("tokio", server.local_addr(), tokio_dir.path())]
     {

@@ -4,50 +4,19 @@
 
 mod support;
 
-use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, Metadata, ShardId};
+use felix_proto::cluster::metadata::{Command, Metadata};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message, StartPosition};
 use felix_proto::sim::Sim;
 use support::*;
 
-fn member(id: &str, port: u16) -> Member {
-    Member {
-        id: id.into(),
-        client_addr: format!("127.0.0.1:{port}"),
-        cluster_addr: format!("127.0.0.1:{}", port + 2000),
-        state: MemberState::Active,
-    }
-}
-
 /// Three members and a stream of six shards spread over them.
 fn metadata() -> Metadata {
-    let mut md = Metadata::default();
-    for (id, port) in [("n1", 5001), ("n2", 5002), ("n3", 5003)] {
-        md.apply(&Command::Join { member: member(id, port) }).unwrap();
-    }
-    md.apply(&Command::Create {
-        kind: Kind::Stream,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "orders".into(),
-        shards: 6,
-        ephemeral: false,
-    })
-    .unwrap();
-    md
+    cluster_metadata(&[("n1", 5001), ("n2", 5002), ("n3", 5003)], 6)
 }
 
 fn owner_of(md: &Metadata, shard: u32) -> (String, u64) {
-    let a = md
-        .owner(&ShardId {
-            kind: Kind::Stream,
-            tenant: "t1".into(),
-            namespace: "default".into(),
-            name: "orders".into(),
-            shard,
-        })
-        .unwrap();
-    (a.owner.clone(), a.generation)
+    orders_owner(md, shard)
 }
 
 fn subscribe_shard(shard: u32) -> bytes::Bytes {

@@ -7,7 +7,7 @@ mod support;
 
 use felix_proto::binary::AckStatus;
 use felix_proto::broker::{BrokerOutput, FORWARD_TIMEOUT};
-use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, Metadata, ShardId};
+use felix_proto::cluster::metadata::{Command, Metadata};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message};
 use felix_proto::routing::shard_for_key;
@@ -15,41 +15,11 @@ use felix_proto::sim::Sim;
 use support::*;
 
 fn metadata() -> Metadata {
-    let mut md = Metadata::default();
-    for (id, port) in [("n1", 5001), ("n2", 5002)] {
-        md.apply(&Command::Join {
-            member: Member {
-                id: id.into(),
-                client_addr: format!("127.0.0.1:{port}"),
-                cluster_addr: format!("127.0.0.1:{}", port + 2000),
-                state: MemberState::Active,
-            },
-        })
-        .unwrap();
-    }
-    md.apply(&Command::Create {
-        kind: Kind::Stream,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "orders".into(),
-        shards: 4,
-        ephemeral: false,
-    })
-    .unwrap();
-    md
+    cluster_metadata(&[("n1", 5001), ("n2", 5002)], 4)
 }
 
 fn owner(md: &Metadata, shard: u32) -> (String, u64) {
-    let a = md
-        .owner(&ShardId {
-            kind: Kind::Stream,
-            tenant: "t1".into(),
-            namespace: "default".into(),
-            name: "orders".into(),
-            shard,
-        })
-        .unwrap();
-    (a.owner.clone(), a.generation)
+    orders_owner(md, shard)
 }
 
 /// Two brokers of one cluster, each in its own simulation.

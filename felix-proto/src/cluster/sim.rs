@@ -179,6 +179,25 @@ impl World {
         Ok(())
     }
 
+    /// Restarts a crashed broker from its kept log (its metadata is rebuilt by replay); `false`
+    /// when it was running.
+    fn restart(&mut self, id: u64) -> Result<bool, Violation> {
+        let (seed, step, ids) = (self.seed, self.step, self.ids.clone());
+        let b = self.brokers.get_mut(&id).expect("exists");
+        if b.node.is_some() {
+            return Ok(false);
+        }
+        b.node = Some(MetaNode::restart(id, &ids, &b.kept).map_err(|e| Violation {
+            seed,
+            step,
+            what: format!("n{id} could not restart from its log: {e}"),
+        })?);
+        b.metadata = Metadata::default();
+        b.generations.clear();
+        b.last_applied = 0;
+        Ok(true)
+    }
+
     /// Delivers what is due this step.
     fn deliver(&mut self) {
         let now = self.step;
@@ -320,16 +339,7 @@ pub fn run(seed: u64, steps: u64) -> Result<Outcome, Violation> {
             22..=24 => {
                 // Restart a crashed one from its kept log; its metadata is rebuilt by replay.
                 let id = ids[rng.below(n) as usize];
-                let b = w.brokers.get_mut(&id).expect("exists");
-                if b.node.is_none() {
-                    b.node = Some(MetaNode::restart(id, &ids, &b.kept).map_err(|e| Violation {
-                        seed,
-                        step: w.step,
-                        what: format!("n{id} could not restart from its log: {e}"),
-                    })?);
-                    b.metadata = Metadata::default();
-                    b.generations.clear();
-                    b.last_applied = 0;
+                if w.restart(id)? {
                     w.drain(id, &mut rng, true)?;
                 }
             }
@@ -351,17 +361,7 @@ pub fn run(seed: u64, steps: u64) -> Result<Outcome, Violation> {
     // every broker.
     w.cut.clear();
     for &id in &ids {
-        let b = w.brokers.get_mut(&id).expect("exists");
-        if b.node.is_none() {
-            b.node = Some(MetaNode::restart(id, &ids, &b.kept).map_err(|e| Violation {
-                seed,
-                step: w.step,
-                what: format!("n{id} could not restart from its log: {e}"),
-            })?);
-            b.metadata = Metadata::default();
-            b.generations.clear();
-            b.last_applied = 0;
-        }
+        w.restart(id)?;
     }
     let marker = Command::Create {
         kind: Kind::Cache,

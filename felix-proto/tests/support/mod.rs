@@ -146,3 +146,42 @@ pub fn acks(payloads: &[Payload]) -> Vec<PublishAck> {
         })
         .collect()
 }
+
+/// A cluster member named `id` whose client port is `port` (cluster port `port + 2000`).
+pub fn cluster_member(id: &str, port: u16) -> felix_proto::cluster::metadata::Member {
+    felix_proto::cluster::metadata::Member {
+        id: id.into(),
+        client_addr: format!("127.0.0.1:{port}"),
+        cluster_addr: format!("127.0.0.1:{}", port + 2000),
+        state: felix_proto::cluster::metadata::MemberState::Active,
+    }
+}
+
+/// Cluster metadata: `members` (node id, client port) joined, and durable stream t1/default/orders
+/// of `shards` shards spread over them.
+pub fn cluster_metadata(members: &[(&str, u16)], shards: u32) -> felix_proto::cluster::metadata::Metadata {
+    use felix_proto::cluster::metadata::{Command, Kind, Metadata};
+    let mut md = Metadata::default();
+    for (id, port) in members {
+        md.apply(&Command::Join { member: cluster_member(id, *port) }).unwrap();
+    }
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards,
+        ephemeral: false,
+    };
+    md.apply(&create).unwrap();
+    md
+}
+
+/// Owner and generation of shard `shard` of t1/default/orders.
+pub fn orders_owner(md: &felix_proto::cluster::metadata::Metadata, shard: u32) -> (String, u64) {
+    use felix_proto::cluster::metadata::{Kind, ShardId};
+    let id =
+        ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "orders".into(), shard };
+    let a = md.owner(&id).expect("a registered shard has an owner");
+    (a.owner.clone(), a.generation)
+}
