@@ -245,17 +245,8 @@ impl BlockingBroker {
             if self.writes.is_empty() && self.reads.is_empty() {
                 return;
             }
+            self.write_pending();
             let now = Instant::now();
-            let writes = std::mem::take(&mut self.writes);
-            if !writes.is_empty() {
-                let results = match self.disk.as_mut() {
-                    Some(d) => d.write(writes),
-                    None => felix_proto::storage::MemoryOnly.write(writes),
-                };
-                for (token, outcome) in results {
-                    self.broker.handle_write_result(token, outcome, now);
-                }
-            }
             for r in std::mem::take(&mut self.reads) {
                 let batches = match self.disk.as_mut() {
                     Some(d) => {
@@ -265,6 +256,22 @@ impl BlockingBroker {
                 };
                 self.broker.handle_read_complete(r.token, batches, now);
             }
+        }
+    }
+
+    /// Writes what the broker asked to persist (one group-commit pass) and reports each outcome.
+    fn write_pending(&mut self) {
+        if self.writes.is_empty() {
+            return;
+        }
+        let writes = std::mem::take(&mut self.writes);
+        let results = match self.disk.as_mut() {
+            Some(d) => d.write(writes),
+            None => felix_proto::storage::MemoryOnly.write(writes),
+        };
+        let now = Instant::now();
+        for (token, outcome) in results {
+            self.broker.handle_write_result(token, outcome, now);
         }
     }
 
@@ -305,27 +312,18 @@ impl BlockingBroker {
             BrokerOutput::Read(r) => self.reads.push(r),
             BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
                 // Writes asked for before the truncation go first.
+                self.write_pending();
                 if let Some(d) = self.disk.as_mut() {
-                    let writes = std::mem::take(&mut self.writes);
-                    let results = d.write(writes);
-                    let now = Instant::now();
-                    for (token, outcome) in results {
-                        self.broker.handle_write_result(token, outcome, now);
-                    }
                     d.truncate_before((&tenant_id, &namespace, &stream), shard, start, &producers_forgotten);
                 }
             }
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
-                if let Some(d) = self.disk.as_mut() {
-                    let writes = std::mem::take(&mut self.writes);
-                    let results = d.write(writes);
-                    let now = Instant::now();
-                    for (token, outcome) in results {
-                        self.broker.handle_write_result(token, outcome, now);
-                    }
-                    if let Err(e) = d.delete_stream((&tenant_id, &namespace, &stream)) {
-                        eprintln!("deleting {namespace}/{stream}: {e}");
-                    }
+                // Writes asked for before the deletion go first.
+                self.write_pending();
+                if let Some(d) = self.disk.as_mut()
+                    && let Err(e) = d.delete_stream((&tenant_id, &namespace, &stream))
+                {
+                    eprintln!("deleting {namespace}/{stream}: {e}");
                 }
             }
             // No cluster transport in this driver: a broker only forwards once it was given a
