@@ -41,6 +41,52 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     } else {
         None
     };
+    let cluster_opts = {
+        let c = &file.cluster;
+        let node_id = a.node_id.clone().or_else(|| c.node_id.clone());
+        let listen = match (a.cluster_listen, &c.listen) {
+            (Some(l), _) => Some(l),
+            (None, Some(l)) => Some(l.parse().map_err(|e| format!("config cluster.listen {l:?}: {e}"))?),
+            (None, None) => None,
+        };
+        let peers = match (&a.peers, &c.peers) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(p)) => Some(parse_peers(&p.joined()).map_err(|e| format!("config cluster.peers: {e}"))?),
+            (None, None) => None,
+        };
+        match (node_id, listen, peers) {
+            (Some(id), Some(listen), Some(peers)) => {
+                let peers = peers.0;
+                if !peers.iter().any(|(n, _)| *n == id) {
+                    return Err(format!("--peers must list this broker ({id}) too, with its cluster address"));
+                }
+                let secret = match a.cluster_secret.clone().or_else(|| c.secret.clone()) {
+                    Some(s) => s,
+                    None => {
+                        eprintln!(
+                            "warning: no --cluster-secret (FELIX_CLUSTER_SECRET, cluster.secret): using the development secret; any broker that knows it can join"
+                        );
+                        "felix-dev-cluster-secret".into()
+                    }
+                };
+                Some(felix_driver_tokio::cluster::ClusterOptions {
+                    node_id: id,
+                    listen,
+                    peers,
+                    name: a.cluster_name.clone().or_else(|| c.name.clone()).unwrap_or_else(|| "felix".into()),
+                    secret,
+                    advertise: a.advertise.clone().or_else(|| c.advertise.clone()),
+                })
+            }
+            (None, None, None) => None,
+            _ => {
+                return Err(
+                    "a cluster needs all of node id, cluster listen address and peers (flags or [cluster])".into()
+                );
+            }
+        }
+    };
+    let banner = cluster_opts.as_ref().map(|c| (c.node_id.clone(), c.name.clone()));
     let server = start_broker(BrokerSettings {
         listen,
         data_dir: Some(data_dir.clone()),
@@ -53,7 +99,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),
-        default_shards: a.default_shards,
+        default_shards: a.default_shards.or(file.cluster.default_shards).unwrap_or(1),
         retention_records: a.retention_records,
         memory_bytes: a.memory_bytes,
         publish_window: a.publish_window.or(b.publish_window).unwrap_or(256),
@@ -93,32 +139,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
             }
         },
         metrics_listen: a.metrics_listen,
-        cluster: match (&a.node_id, a.cluster_listen, &a.peers) {
-            (Some(id), Some(listen), Some(commands_peers)) => {
-                let peers = &commands_peers.0;
-                if !peers.iter().any(|(n, _)| n == id) {
-                    return Err(format!("--peers must list this broker ({id}) too, with its cluster address"));
-                }
-                let secret = match &a.cluster_secret {
-                    Some(s) => s.clone(),
-                    None => {
-                        eprintln!(
-                            "warning: no --cluster-secret (FELIX_CLUSTER_SECRET): using the development secret; any broker that knows it can join"
-                        );
-                        "felix-dev-cluster-secret".into()
-                    }
-                };
-                Some(felix_driver_tokio::cluster::ClusterOptions {
-                    node_id: id.clone(),
-                    listen,
-                    peers: peers.clone(),
-                    name: a.cluster_name.clone(),
-                    secret,
-                    advertise: a.advertise.clone(),
-                })
-            }
-            _ => None,
-        },
+        cluster: cluster_opts,
         transport: felix_driver_tokio::TransportTuning {
             max_bi_streams: a.max_streams,
             max_uni_streams: a.max_streams,
@@ -153,8 +174,8 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     }
     out!("  tokens       {} from the configuration", file.tokens.len());
     out!("  fsync        {fsync:?}");
-    if let (Some(c), Some(id)) = (server.cluster_addr, &a.node_id) {
-        out!("  cluster      node {id}, peers on {c} (cluster {:?})", a.cluster_name);
+    if let (Some(c), Some((id, name))) = (server.cluster_addr, &banner) {
+        out!("  cluster      node {id}, peers on {c} (cluster {name:?})");
     }
     if let Some(m) = server.metrics_addr {
         out!("  metrics      http://{m}/metrics");

@@ -62,6 +62,43 @@ pub struct FileConfig {
     pub streams: Vec<StreamSection>,
     #[serde(default)]
     pub caches: Vec<CacheSection>,
+    /// Membership of a cluster (docs/cluster.md); flags and FELIX_* variables override it.
+    #[serde(default)]
+    pub cluster: ClusterSection,
+}
+
+/// `[cluster]`: the same settings as `serve --node-id/--cluster-listen/--peers/...`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub node_id: Option<String>,
+    pub listen: Option<String>,
+    /// `ID=HOST:PORT,...` or a list of `ID=HOST:PORT` strings.
+    pub peers: Option<PeersSetting>,
+    pub secret: Option<String>,
+    pub name: Option<String>,
+    pub advertise: Option<String>,
+    pub default_shards: Option<u32>,
+}
+
+/// The peers of `[cluster]`, as one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PeersSetting {
+    /// `"n1=127.0.0.1:7001,n2=..."`.
+    One(String),
+    /// `["n1=127.0.0.1:7001", "n2=..."]`.
+    Many(Vec<String>),
+}
+
+impl PeersSetting {
+    /// As the flag's spelling.
+    pub fn joined(&self) -> String {
+        match self {
+            PeersSetting::One(s) => s.clone(),
+            PeersSetting::Many(v) => v.join(","),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -260,6 +297,20 @@ mod tests {
         assert!(!cfg.tokens()[0].allows(Action::CacheWrite, "orders", "created"));
         assert_eq!(cfg.streams(1024)[0].config.shards, 4);
         assert_eq!(cfg.caches().len(), 1);
+    }
+
+    #[test]
+    fn the_cluster_section_takes_peers_as_one_string_or_a_list() {
+        let c = FileConfig::parse(
+            "[cluster]\nnode_id = \"n1\"\nlisten = \"127.0.0.1:7001\"\npeers = [\"n1=127.0.0.1:7001\", \"n2=127.0.0.1:7002\"]\nsecret = \"s\"",
+        )
+        .unwrap();
+        assert_eq!(c.cluster.node_id.as_deref(), Some("n1"));
+        assert_eq!(c.cluster.peers.unwrap().joined(), "n1=127.0.0.1:7001,n2=127.0.0.1:7002");
+        let c = FileConfig::parse("[cluster]\npeers = \"n1=127.0.0.1:7001\"").unwrap();
+        assert_eq!(c.cluster.peers.unwrap().joined(), "n1=127.0.0.1:7001");
+        let e = FileConfig::parse("[cluster]\nnode = \"n1\"").unwrap_err();
+        assert!(e.contains("unknown field") && e.contains("node"), "{e}");
     }
 
     #[test]

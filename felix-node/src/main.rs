@@ -217,26 +217,26 @@ struct ServeArgs {
     metrics_listen: Option<SocketAddr>,
     /// Shards of a stream created on first use (1..=4096). Keyed records spread over them by
     /// key; in a cluster the shards are spread over the brokers.
-    #[arg(long, env = "FELIX_DEFAULT_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    default_shards: u32,
+    #[arg(long, env = "FELIX_DEFAULT_SHARDS", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    default_shards: Option<u32>,
     /// Join a cluster as this node id (with --cluster-listen and --peers). Without it the broker
     /// runs alone, as always.
-    #[arg(long, env = "FELIX_NODE_ID", requires_all = ["cluster_listen", "peers"])]
+    #[arg(long, env = "FELIX_NODE_ID")]
     node_id: Option<String>,
     /// Where this broker listens for the other brokers (never the client listener).
-    #[arg(long, env = "FELIX_CLUSTER_LISTEN", requires = "node_id")]
+    #[arg(long, env = "FELIX_CLUSTER_LISTEN")]
     cluster_listen: Option<SocketAddr>,
     /// Every broker of the cluster, this one included: ID=HOST:PORT of each cluster listener,
     /// comma-separated (the same list on every broker).
-    #[arg(long, env = "FELIX_PEERS", requires = "node_id", value_parser = commands::parse_peers)]
+    #[arg(long, env = "FELIX_PEERS", value_parser = commands::parse_peers)]
     peers: Option<commands::Peers>,
     /// The secret the brokers of the cluster share; a broker that does not know it is refused.
     /// [default: a development secret, with a warning]
     #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
-    /// The cluster's name: brokers of another cluster are refused.
-    #[arg(long, env = "FELIX_CLUSTER_NAME", default_value = "felix")]
-    cluster_name: String,
+    /// The cluster's name: brokers of another cluster are refused [default: felix].
+    #[arg(long, env = "FELIX_CLUSTER_NAME")]
+    cluster_name: Option<String>,
     /// The client address this broker gives clients (redirects, topology) [default: --listen].
     #[arg(long, env = "FELIX_ADVERTISE")]
     advertise: Option<String>,

@@ -305,3 +305,29 @@ fn the_cluster_demo_runs() {
     assert_eq!(stored, 31, "the first record and 30 more, each once: {text}");
     assert!(text.contains("not_leader"), "{text}");
 }
+
+/// Half a cluster configuration is an error before anything starts.
+#[test]
+fn half_a_cluster_configuration_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &free_udp().to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args(["--node-id", "n1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a cluster needs all of node id, cluster listen address and peers"), "{err}");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &free_udp().to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args(["--node-id", "n9", "--cluster-listen", &free_udp().to_string(), "--peers", "n1=127.0.0.1:7001"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must list this broker (n9)"));
+    let out = Command::new(BIN).args(["serve", "--peers", "n1=nowhere"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not an address"));
+}
