@@ -82,6 +82,41 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             }
         }
     }
+    // peer_message: one of each message a cluster peer sends, and a kept Raft log.
+    {
+        use felix_proto::broker::{ForwardOutcome, ForwardedPublish};
+        use felix_proto::cluster::peer::{PeerMessage, encode};
+        let records = felix_proto::Records::from_payloads(["a", "bb"]).expect("small");
+        let messages = [
+            ("hello", PeerMessage::Hello { cluster: "c".into(), node_id: "n1".into(), secret: "s".into() }),
+            ("raft", PeerMessage::Raft(bytes::Bytes::from_static(b"\x08\x01\x10\x02"))),
+            (
+                "forward",
+                PeerMessage::Forward(ForwardedPublish {
+                    id: 1,
+                    tenant_id: "t1".into(),
+                    namespace: "default".into(),
+                    stream: "orders".into(),
+                    shard: 2,
+                    generation: 3,
+                    records,
+                    publisher: Some(bytes::Bytes::from_static(b"alice")),
+                    acked: true,
+                }),
+            ),
+            ("answer", PeerMessage::ForwardAnswer { id: 1, outcome: ForwardOutcome::Appended { offset: Some(9) } }),
+            ("propose", PeerMessage::Propose(bytes::Bytes::from_static(br#"{"op":"drain","id":"n2"}"#))),
+        ];
+        let mut all = bytes::BytesMut::new();
+        for (name, m) in messages {
+            let mut one = bytes::BytesMut::new();
+            encode(&m, &mut one).expect("small");
+            all.extend_from_slice(&one);
+            out.push(("peer_message", format!("seed-{name}"), one.to_vec()));
+        }
+        out.push(("peer_message", "seed-all".into(), all.to_vec()));
+        out.push(("peer_message", "seed-raft-log".into(), felix_proto::cluster::meta::RaftLog::default().encode()));
+    }
     out
 }
 
@@ -122,6 +157,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("broker_session", broker_session),
         ("client_session", client_session),
         ("storage_segment", felix_proto::fuzzing::storage_segment),
+        ("peer_message", felix_proto::fuzzing::peer_message),
     ] {
         let dir = fuzz_dir().join(target);
         for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
