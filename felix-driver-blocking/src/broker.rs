@@ -189,7 +189,7 @@ impl BlockingBroker {
     fn handle(&mut self, h: Happening, now: Instant) {
         match h {
             Happening::Incoming(incoming) => {
-                let peer: PeerAddr = incoming.remote_address().ip().into();
+                let peer: PeerAddr = felix_driver_common::peer_addr(incoming.remote_address().ip());
                 match self.broker.admit(peer, now) {
                     Ok(conn) => match self.quic.accept(*incoming, now) {
                         Some(ch) => {

@@ -17,6 +17,16 @@ pub mod transport;
 
 pub use storage::{DiskStorage, FsyncMode};
 
+/// The core's name for a client's address: IPv4 mapped into IPv6 (`::ffff:a.b.c.d`), so each
+/// peer has one form (connections from one address share the unauthenticated-connection cap).
+pub fn peer_addr(ip: std::net::IpAddr) -> felix_proto::broker::PeerAddr {
+    let v6 = match ip {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    felix_proto::broker::PeerAddr(v6.octets())
+}
+
 /// Randomness for a broker's choices (producer ids; `BrokerConfig::random_seed`): felix-proto
 /// draws none itself. From the process's hash keys (seeded by the OS) and the time.
 pub fn random_seed() -> u64 {

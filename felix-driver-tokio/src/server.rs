@@ -806,33 +806,35 @@ impl BrokerTask {
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
-            Input::Incoming(incoming) => match self.node.broker().admit(incoming.remote_address().ip().into(), now) {
-                Ok(conn) => {
-                    let tx = self.tx.clone();
-                    let connecting = if is_loopback(incoming.remote_address()) {
-                        incoming.accept_with(self.loopback_cfg.clone())
-                    } else {
-                        incoming.accept()
-                    };
-                    tokio::spawn(async move {
-                        let quic = match connecting {
-                            Ok(c) => c.await,
-                            Err(e) => Err(e),
+            Input::Incoming(incoming) => {
+                match self.node.broker().admit(felix_driver_common::peer_addr(incoming.remote_address().ip()), now) {
+                    Ok(conn) => {
+                        let tx = self.tx.clone();
+                        let connecting = if is_loopback(incoming.remote_address()) {
+                            incoming.accept_with(self.loopback_cfg.clone())
+                        } else {
+                            incoming.accept()
                         };
-                        let _ = match quic {
-                            Ok(quic) => tx.send(Input::Connected(conn, quic)),
-                            Err(e) => {
-                                tracing::debug!("handshake failed: {e}");
-                                tx.send(Input::HandshakeFailed(conn))
-                            }
-                        };
-                    });
+                        tokio::spawn(async move {
+                            let quic = match connecting {
+                                Ok(c) => c.await,
+                                Err(e) => Err(e),
+                            };
+                            let _ = match quic {
+                                Ok(quic) => tx.send(Input::Connected(conn, quic)),
+                                Err(e) => {
+                                    tracing::debug!("handshake failed: {e}");
+                                    tx.send(Input::HandshakeFailed(conn))
+                                }
+                            };
+                        });
+                    }
+                    Err(e) => {
+                        tracing::debug!("refused a connection from {}: {e}", incoming.remote_address());
+                        incoming.refuse();
+                    }
                 }
-                Err(e) => {
-                    tracing::debug!("refused a connection from {}: {e}", incoming.remote_address());
-                    incoming.refuse();
-                }
-            },
+            }
             Input::Connected(conn, quic) => {
                 tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
                 self.conns.insert(conn, ConnHandle { quic, writers: HashMap::new(), gates: HashMap::new() });

@@ -262,17 +262,6 @@ pub struct BrokerStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerAddr(pub [u8; 16]);
 
-impl From<std::net::IpAddr> for PeerAddr {
-    /// IPv4 addresses are mapped into IPv6 (`::ffff:a.b.c.d`), so each peer has one form.
-    fn from(ip: std::net::IpAddr) -> PeerAddr {
-        let v6 = match ip {
-            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            std::net::IpAddr::V6(v6) => v6,
-        };
-        PeerAddr(v6.octets())
-    }
-}
-
 /// How a write ended ([`Broker::handle_write_result`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteOutcome {
