@@ -329,7 +329,9 @@ impl BlockingBroker {
             // No cluster transport in this driver: a broker only forwards once it was given a
             // cluster's metadata, which this driver never does.
             BrokerOutput::Forward { publish, .. } => self.broker.handle_forward_failed(publish.id, Instant::now()),
-            BrokerOutput::ForwardAnswer { .. } | BrokerOutput::ProposeStream { .. } => {}
+            BrokerOutput::ForwardAnswer { .. }
+            | BrokerOutput::ProposeStream { .. }
+            | BrokerOutput::ProposeStreamDeletion { .. } => {}
             BrokerOutput::CloseConnection { conn, code, reason } => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.close(ch, code, &reason);

@@ -997,7 +997,9 @@ impl BrokerTask {
                 // A single broker never forwards (only a broker given a cluster's metadata
                 // does, and its ClusterNode turns forwards into peer messages).
                 BrokerOutput::Forward { publish, .. } => self.node.broker().handle_forward_failed(publish.id, now()),
-                BrokerOutput::ForwardAnswer { .. } | BrokerOutput::ProposeStream { .. } => {}
+                BrokerOutput::ForwardAnswer { .. }
+                | BrokerOutput::ProposeStream { .. }
+                | BrokerOutput::ProposeStreamDeletion { .. } => {}
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());

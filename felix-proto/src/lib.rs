@@ -83,6 +83,7 @@
 //!             | BrokerOutput::Forward { .. }
 //!             | BrokerOutput::ForwardAnswer { .. }
 //!             | BrokerOutput::ProposeStream { .. }
+//!             | BrokerOutput::ProposeStreamDeletion { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
 //!         }
 //!     }

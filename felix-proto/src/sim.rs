@@ -591,7 +591,8 @@ impl Sim {
             }
             o @ (BrokerOutput::Forward { .. }
             | BrokerOutput::ForwardAnswer { .. }
-            | BrokerOutput::ProposeStream { .. }) => self.to_peers.push(o),
+            | BrokerOutput::ProposeStream { .. }
+            | BrokerOutput::ProposeStreamDeletion { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
                 // Writes asked for before it land first, then go with the rest: here they
                 // simply never land.

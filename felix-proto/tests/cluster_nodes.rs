@@ -353,3 +353,58 @@ fn a_dead_broker_is_declared_down_its_in_memory_shards_move_and_its_durable_ones
     assert_eq!(a.status, AckStatus::Ok, "{a:?}");
     assert!(c.stored.get(&(victim.clone(), durable_shard)).is_some_and(|n| *n >= 1), "{:?}", c.stored);
 }
+
+#[test]
+fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 3,
+        ephemeral: false,
+    };
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.settle();
+    c.until("the stream is known everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some())
+    });
+    // A subscriber on the owner of shard 0.
+    let owner0 = owner(&c, 0);
+    let (p, st) = c.client(&owner0, 0x0001 | 0x0020, 5);
+    let sub = json(&Message::Subscribe(message::Subscribe {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        subscription_id: None,
+        start: Some(StartPosition::Latest),
+        shard: Some(0),
+        queue_capacity: None,
+    }));
+    c.send(&owner0, p, st, sub);
+    assert!(matches!(messages(&c.take(&owner0, p, st))[0], Message::Subscribed(_)));
+    let has_orders = |c: &Cluster, n: &str| c.nodes[n].broker.streams().any(|(_, _, s, _)| s == "orders");
+    assert!(NAMES.iter().all(|n| has_orders(&c, n)));
+    // Deleted through another broker.
+    let other = NAMES.iter().find(|n| **n != owner0).unwrap().to_string();
+    let (q, qs) = c.client(&other, 0x0001, 6);
+    let delete = json(&Message::StreamDelete(message::StreamDelete {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        request_id: 1,
+    }));
+    c.send(&other, q, qs, delete);
+    assert_eq!(
+        messages(&c.take(&other, q, qs)),
+        [Message::StreamDeleteOk(message::StreamDeleteOk { request_id: 1, existed: true })]
+    );
+    c.until("gone from the metadata everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_none())
+    });
+    // Every broker deleted its part (the owner's subscription was told, as a deletion does).
+    assert!(NAMES.iter().all(|n| !has_orders(&c, n)));
+}

@@ -224,6 +224,24 @@ impl Broker {
             return self.refuse(conn, st, r);
         }
         let now = self.clock.advance(now);
+        if let Some(view) = &self.cluster {
+            // In a cluster the stream is the cluster's: its deletion goes through the metadata
+            // group, and every broker deletes its shards when it is committed.
+            let existed = view.owners.keys().any(|s| {
+                s.kind == crate::cluster::metadata::Kind::Stream
+                    && (s.tenant.as_str(), s.namespace.as_str(), s.name.as_str())
+                        == (d.tenant_id.as_str(), d.namespace.as_str(), d.stream.as_str())
+            });
+            if existed {
+                self.out.push_back(BrokerOutput::ProposeStreamDeletion {
+                    tenant_id: d.tenant_id.clone(),
+                    namespace: d.namespace.clone(),
+                    stream: d.stream.clone(),
+                });
+            }
+            let m = Message::StreamDeleteOk(message::StreamDeleteOk { request_id: d.request_id, existed });
+            return self.send(conn, st, json_frame(&m));
+        }
         let waiters = self.remove_stream(&d.tenant_id, &d.namespace, &d.stream);
         let existed = waiters.is_some();
         let r = Self::deleted_refusal(&d.namespace, &d.stream);

@@ -129,6 +129,16 @@ pub enum BrokerOutput {
         /// Kept in memory only (its shards move freely when their owner goes down).
         ephemeral: bool,
     },
+    /// A clustered broker was asked to delete a stream: propose the deletion to the metadata
+    /// group; every broker deletes its part once it is committed ([`Broker::apply_cluster`]).
+    ProposeStreamDeletion {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+    },
     /// Close the connection.
     CloseConnection {
         /// Connection.

@@ -73,8 +73,20 @@ impl Broker {
                 m.down = down;
             }
         }
+        // Streams the metadata no longer has were deleted in the cluster: delete them here.
+        let names = |o: &BTreeMap<ShardId, (String, Option<String>, u64)>| -> std::collections::BTreeSet<(String, String, String)> {
+            o.keys()
+                .filter(|s| s.kind == Kind::Stream)
+                .map(|s| (s.tenant.clone(), s.namespace.clone(), s.name.clone()))
+                .collect()
+        };
+        let before = self.cluster.as_ref().map(|c| names(&c.owners)).unwrap_or_default();
+        let after = names(&owners);
         let unavailable = md.owners().keys().filter(|s| md.unavailable(s)).cloned().collect();
         self.cluster = Some(ClusterView { brokers, owners, unavailable });
+        for (t, ns, s) in before.difference(&after) {
+            self.delete_stream(t, ns, s, now);
+        }
     }
 
     /// `topology`: the brokers that serve clients (draining ones left out).

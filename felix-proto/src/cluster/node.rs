@@ -216,6 +216,13 @@ impl ClusterNode {
             BrokerOutput::ForwardAnswer { to, id, outcome } => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
             }
+            BrokerOutput::ProposeStreamDeletion { tenant_id, namespace, stream } => {
+                let c =
+                    Command::Delete { kind: super::metadata::Kind::Stream, tenant: tenant_id, namespace, name: stream };
+                // Handed to the leader at the next tick, like a creation.
+                self.pending.push_back(c.encode());
+                return self.poll_output();
+            }
             BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards, ephemeral } => {
                 let c = Command::Create {
                     kind: super::metadata::Kind::Stream,
