@@ -215,7 +215,7 @@ struct ServeArgs {
     /// `GET /cluster` there answers the cluster's state (`felix-node cluster status`).
     #[arg(long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
-    /// Shards of a stream created on first use (1..=4096). Keyed records spread over them by
+    /// Shards of a stream created on first use (1..=4096) [default: 1]. Keyed records spread over them by
     /// key; in a cluster the shards are spread over the brokers.
     #[arg(long, env = "FELIX_DEFAULT_SHARDS", value_parser = clap::value_parser!(u32).range(1..=4096))]
     default_shards: Option<u32>,
