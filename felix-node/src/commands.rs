@@ -870,7 +870,46 @@ fn print_value(cache: &str, key: &str, v: Option<Bytes>) -> ExitCode {
 }
 
 /// `felix-node sim`: the fault simulation over many seeds.
+/// `sim --cluster`: the metadata group's simulation over many seeds.
+fn sim_cluster(a: &SimArgs) -> Result<ExitCode, String> {
+    let first = a.seed.unwrap_or(0);
+    let single = a.seed.is_some() && a.seeds.is_none() && a.duration.is_none();
+    let count = if single { 1 } else { a.seeds.unwrap_or(u64::MAX) };
+    let budget = a.duration.unwrap_or(std::time::Duration::from_secs(30));
+    let steps = a.steps.map_or(300, |s| s as u64);
+    let start = std::time::Instant::now();
+    let (mut seeds, mut applied, mut crashes, mut elections, mut lost) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for seed in first..first.saturating_add(count) {
+        if !single && a.seeds.is_none() && start.elapsed() >= budget {
+            break;
+        }
+        match felix_proto::cluster::sim::run(seed, steps) {
+            Ok(o) => {
+                seeds += 1;
+                (applied, crashes, elections, lost) =
+                    (applied + o.applied, crashes + o.crashes, elections + o.elections, lost + o.lost);
+                if !a.quiet {
+                    out!("seed {seed}: {} brokers, {} applied, digest {:016x}", o.nodes, o.applied, o.digest);
+                }
+            }
+            Err(v) => {
+                out!("FAIL {v}");
+                out!("replay: felix-node sim --cluster --seed {seed} --steps {steps}");
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    out!(
+        "{seeds} seeds passed in {:.1} s: {applied} commands applied, {crashes} crashes, {elections} elections, {lost} messages lost",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
+    if a.cluster {
+        return sim_cluster(a);
+    }
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     let epoch = std::time::Instant::now();

@@ -383,6 +383,11 @@ struct SimArgs {
     /// Print only the summary, not a line per seed.
     #[arg(long, short)]
     quiet: bool,
+    /// Simulate the cluster's metadata group instead (3 or 5 brokers: message loss,
+    /// duplication, delay, partitions, crashes and restarts from the kept Raft log), checking
+    /// one history, one owner per shard and generation, growing generations and progress.
+    #[arg(long)]
+    cluster: bool,
 }
 
 #[derive(Args, Debug)]

@@ -330,3 +330,19 @@ fn half_a_cluster_configuration_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not an address"));
 }
+
+/// `felix-node sim --cluster`: the metadata group's simulation from the command line, and a seed
+/// that replays to the same digest.
+#[test]
+fn the_cluster_simulation_runs_from_the_command_line() {
+    let out = Command::new(BIN).args(["sim", "--cluster", "--seeds", "20", "--quiet"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("20 seeds passed"), "{text}");
+    let once = || {
+        let out = Command::new(BIN).args(["sim", "--cluster", "--seed", "7"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().to_owned()
+    };
+    let first = once();
+    assert!(first.contains("digest"), "{first}");
+    assert_eq!(first, once());
+}
