@@ -16,7 +16,7 @@
 
 use crate::quic::{Happening, Quic};
 use felix_driver_common::storage::{DiskStorage, FsyncMode};
-use felix_driver_common::tls::{Identity, TlsError, quic_server_crypto};
+use felix_driver_common::tls::{Identity, quic_server_crypto};
 pub use felix_driver_common::transport::TransportTuning;
 use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PeerAddr, PersistRequest, ReadRequest};
 use felix_proto::transport::{ConnId, WallClock};
@@ -45,17 +45,8 @@ pub struct BrokerOptions {
     pub transport: TransportTuning,
 }
 
-/// Why the broker could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BrokerError {
-    /// TLS setup failed.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The socket, the poller or storage failed.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-}
+/// Why the broker could not start or stopped (shared with the tokio driver).
+pub use felix_driver_common::StartError as BrokerError;
 
 /// Stops a running [`BlockingBroker`] from another thread.
 #[derive(Clone)]

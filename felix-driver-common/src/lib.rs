@@ -17,6 +17,18 @@ pub mod transport;
 
 pub use storage::{DiskStorage, FsyncMode};
 
+/// Why a broker could not start (or its loop stopped): the same two causes for every driver.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// TLS setup failed.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// A socket, the poller or storage failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
 /// The core's name for a client's address: IPv4 mapped into IPv6 (`::ffff:a.b.c.d`), so each
 /// peer has one form (connections from one address share the unauthenticated-connection cap).
 pub fn peer_addr(ip: std::net::IpAddr) -> felix_proto::broker::PeerAddr {

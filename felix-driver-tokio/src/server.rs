@@ -13,7 +13,7 @@
 //! stream is fire-and-forget.
 
 use crate::storage::{DiskStorage, FsyncMode, RecoveredShard};
-use crate::tls::{Identity, TlsError, quic_server_crypto};
+use crate::tls::{Identity, quic_server_crypto};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 pub use felix_driver_common::transport::{
@@ -71,17 +71,8 @@ pub struct ServerOptions {
     pub cluster: Option<crate::cluster::ClusterOptions>,
 }
 
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServerError {
-    /// TLS setup failed.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// Binding the socket or opening storage failed.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-}
+/// Why the server could not start (shared with the blocking driver).
+pub use felix_driver_common::StartError as ServerError;
 
 /// A running broker.
 #[derive(Debug)]
