@@ -906,7 +906,70 @@ fn sim_cluster(a: &SimArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `sim --cluster --clients`: whole brokers and clients under faults, over many seeds.
+fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
+    let first = a.seed.unwrap_or(0);
+    let single = a.seed.is_some() && a.seeds.is_none() && a.duration.is_none();
+    let count = if single { 1 } else { a.seeds.unwrap_or(u64::MAX) };
+    let budget = a.duration.unwrap_or(std::time::Duration::from_secs(30));
+    let ticks = a.steps.map_or(300, |s| s.min(u32::MAX as usize) as u32);
+    let start = std::time::Instant::now();
+    let mut t = felix_proto::cluster::world::WorldReport::default();
+    let mut seeds = 0u64;
+    for seed in first..first.saturating_add(count) {
+        if !single && a.seeds.is_none() && start.elapsed() >= budget {
+            break;
+        }
+        match felix_proto::cluster::world::run(seed, start, ticks) {
+            Ok(r) => {
+                seeds += 1;
+                t.requests += r.requests;
+                t.acked += r.acked;
+                t.forwarded += r.forwarded;
+                t.subscribed += r.subscribed;
+                t.redirected += r.redirected;
+                t.unavailable += r.unavailable;
+                t.crashes += r.crashes;
+                t.lost += r.lost;
+                if !a.quiet {
+                    out!(
+                        "seed {seed}: {} brokers, {} requests ({} acked, {} redirected, {} unavailable), {} crashes, digest {:016x}",
+                        r.nodes,
+                        r.requests,
+                        r.acked,
+                        r.redirected,
+                        r.unavailable,
+                        r.crashes,
+                        r.digest
+                    );
+                }
+            }
+            Err(v) => {
+                out!("FAIL {v}");
+                out!("replay: felix-node sim --cluster --clients --seed {seed} --steps {ticks}");
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    out!(
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} redirected, {} unavailable, {} crashes, {} peer messages lost",
+        start.elapsed().as_secs_f64(),
+        t.requests,
+        t.acked,
+        t.forwarded,
+        t.subscribed,
+        t.redirected,
+        t.unavailable,
+        t.crashes,
+        t.lost
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
+    if a.clients {
+        return sim_cluster_world(a);
+    }
     if a.cluster {
         return sim_cluster(a);
     }

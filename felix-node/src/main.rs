@@ -388,6 +388,13 @@ struct SimArgs {
     /// one history, one owner per shard and generation, growing generations and progress.
     #[arg(long)]
     cluster: bool,
+    /// With --cluster: simulate whole brokers and their clients (3 or 5 brokers, keyed
+    /// publishes and subscribes through random brokers, forwards and redirects under lost,
+    /// delayed and cut links and crashes), checking one owner per generation, writes only on
+    /// owners, every request answered and progress once healed. --steps is fault ticks of
+    /// 100 ms each [default: 300].
+    #[arg(long, requires = "cluster")]
+    clients: bool,
 }
 
 #[derive(Args, Debug)]

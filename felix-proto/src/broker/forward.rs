@@ -144,6 +144,13 @@ impl Broker {
         let refuse =
             |code: ErrorCode, message: String| ForwardOutcome::Refused { retry: code.default_retry(), code, message };
         let k = key(&p.tenant_id, &p.namespace, &p.stream);
+        if let Err(r) = self.owned_here(&p.tenant_id, &p.namespace, &p.stream, p.shard) {
+            if acked {
+                let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
+                self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+            }
+            return;
+        }
         if !self.streams.contains_key(&k) {
             // The registry creates a cluster's streams on every broker; one unknown here was
             // auto-created on the origin.

@@ -26,6 +26,8 @@ pub(super) struct ClusterView {
     pub(super) owners: BTreeMap<ShardId, (String, Option<String>, u64)>,
     /// Shards whose owner is down with their records.
     pub(super) unavailable: std::collections::BTreeSet<ShardId>,
+    /// This broker's node id.
+    pub(super) local: String,
 }
 
 impl Broker {
@@ -51,7 +53,9 @@ impl Broker {
             let k = key(&shard.tenant, &shard.namespace, &shard.name);
             if !self.streams.contains_key(&k) {
                 let shards = md.shard_count(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name).unwrap_or(1);
-                let cfg = StreamConfig { shards, ..self.cfg.default_stream.clone() };
+                // Durable or in memory as the cluster created it, whatever this broker's default.
+                let durable = !md.is_ephemeral(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name);
+                let cfg = StreamConfig { shards, durable, ..self.cfg.default_stream.clone() };
                 self.create_stream(k.clone(), cfg);
             }
             let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
@@ -83,9 +87,33 @@ impl Broker {
         let before = self.cluster.as_ref().map(|c| names(&c.owners)).unwrap_or_default();
         let after = names(&owners);
         let unavailable = md.owners().keys().filter(|s| md.unavailable(s)).cloned().collect();
-        self.cluster = Some(ClusterView { brokers, owners, unavailable });
+        self.cluster = Some(ClusterView { brokers, owners, unavailable, local: local.to_owned() });
         for (t, ns, s) in before.difference(&after) {
             self.delete_stream(t, ns, s, now);
+        }
+    }
+
+    /// Whether this broker may write shard `shard` of a stream: outside a cluster always; in
+    /// a cluster only while its view names it the owner. A shard its view does not know yet (a
+    /// broker just restarted, still replaying the metadata) is `shard_unavailable`, retryable:
+    /// never written by a broker that cannot tell it owns it.
+    pub(super) fn owned_here(&self, t: &str, ns: &str, s: &str, shard: u32) -> Result<(), Refusal> {
+        let Some(c) = &self.cluster else { return Ok(()) };
+        let id = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard };
+        match c.owners.get(&id) {
+            Some((owner, _, _)) if *owner == c.local => Ok(()),
+            Some((owner, _, generation)) => Err(Refusal::new(
+                ErrorCode::NotLeader,
+                format!("shard {shard} is owned by {owner} (generation {generation})"),
+            )),
+            None => {
+                let mut r = Refusal::new(
+                    ErrorCode::ShardUnavailable,
+                    format!("shard {shard} of {s} is not known to this broker's view of the cluster yet"),
+                );
+                r.retry = RetryClass::Retry;
+                Err(r)
+            }
         }
     }
 

@@ -188,6 +188,11 @@ impl Metadata {
         self.registry.get(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned())).copied()
     }
 
+    /// Whether a stream or cache was created kept in memory only.
+    pub fn is_ephemeral(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> bool {
+        self.ephemeral.contains(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned()))
+    }
+
     /// Applies a committed command. A refused command changes nothing (every member refuses it
     /// the same way, so they stay equal).
     ///

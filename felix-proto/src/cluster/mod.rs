@@ -10,5 +10,7 @@ pub mod peer;
 pub mod placement;
 #[cfg(feature = "testkit")]
 pub mod sim;
+#[cfg(feature = "testkit")]
+pub mod world;
 
 pub use placement::place;

@@ -1,0 +1,689 @@
+//! A deterministic simulation of a whole cluster: N brokers ([`ClusterNode`]s, each a
+//! [`Broker`] and a member of the metadata group) and clients, on a network that loses, delays
+//! (so reorders) and partitions the brokers' messages, with brokers that crash and restart from
+//! the Raft log they kept (everything else they held is gone). Everything is drawn from one
+//! seed, so a failure replays exactly ([`run`]; `felix-node sim --cluster --clients`).
+//!
+//! Clients open connections to random live brokers and send keyed, acknowledged publishes (to
+//! a durable and an in-memory stream, through whichever broker: non-owners forward) and
+//! subscribes to one shard (owner-only: non-owners redirect), as legacy clients and as clients
+//! that offered the redirect feature and the owner section.
+//!
+//! Checked as the run goes:
+//! * **one owner per generation**: for every shard and generation, every broker that saw it
+//!   names the same owner, across crashes;
+//! * **generations only grow** within one life of a broker;
+//! * **only the owner writes**: a broker persists records of a shard only while its own view
+//!   says it owns it, and a broker answers `subscribed` to a shard only while it owns it;
+//! * **every request answered**: every request on a live connection gets an answer (the ack,
+//!   `subscribed`, `not_leader`, `shard_unavailable`, `unacknowledged`) within
+//!   [`FORWARD_TIMEOUT`] and a little: never a hang, never a silent drop. A request whose
+//!   broker crashed is answered by the lost connection;
+//! * **only expected refusals**: no other error code comes back;
+//! * **progress**: once the faults stop (links healed, every broker back), a publish through
+//!   every broker to every shard is acknowledged `ok`.
+
+use super::metadata::{Command, Kind, Member, MemberState, ShardId};
+use super::node::{ClusterNode, NodeOutput, TICK};
+use super::peer::{PeerDecoder, encode};
+use crate::binary::{AckMode, AckStatus, AckedPrefix, PublishBatch, Records};
+use crate::broker::{Broker, BrokerConfig, BrokerOutput, PeerAddr, TokenGrant, WriteOutcome};
+use crate::features::Features;
+use crate::frame::FrameDecoder;
+use crate::message::{self, Decoded, Message, StartPosition};
+use crate::transport::{ConnId, Dir, Side, StreamId, WallClock};
+use crate::{ErrorCode, Payload};
+use bytes::{Bytes, BytesMut};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+pub use super::sim::Violation;
+
+/// How long a forwarding broker waits for the owner's answer (the broker's own constant).
+pub const FORWARD_TIMEOUT: Duration = crate::broker::FORWARD_TIMEOUT;
+
+/// A request must be answered within this (cluster time) after it was sent.
+const ANSWER_WITHIN: Duration = Duration::from_secs(13);
+
+const TOKEN: &str = "sim-token";
+const TENANT: &str = "t1";
+const NS: &str = "default";
+/// (stream, shards, kept in memory only)
+const STREAMS: [(&str, u32, bool); 2] = [("orders", 6, false), ("ticks", 4, true)];
+
+/// What a run did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorldReport {
+    /// Brokers.
+    pub nodes: usize,
+    /// Requests sent.
+    pub requests: u64,
+    /// Publishes acknowledged `ok`.
+    pub acked: u64,
+    /// ... of them through a broker that forwarded them (the ack named the owner).
+    pub forwarded: u64,
+    /// Subscribes answered `subscribed`.
+    pub subscribed: u64,
+    /// Answered `not_leader` (message or error code).
+    pub redirected: u64,
+    /// Answered `shard_unavailable` or `unacknowledged`.
+    pub unavailable: u64,
+    /// Lost with a crashed broker's connection.
+    pub lost_with_broker: u64,
+    /// Broker crashes.
+    pub crashes: u64,
+    /// Peer messages lost or cut.
+    pub lost: u64,
+    /// Records persisted (all brokers, all lives).
+    pub persisted: u64,
+    /// A digest of the run: equal for equal seeds.
+    pub digest: u64,
+}
+
+/// splitmix64, the run's only randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Publish,
+    Subscribe,
+}
+
+/// A request in flight: on which broker, connection and stream, since when.
+struct Pending {
+    node: String,
+    conn: ConnId,
+    ask: Ask,
+    shard: ShardId,
+    sent: Instant,
+    /// Must be answered `ok` (the calm phase's progress check).
+    must_succeed: bool,
+    bytes: BytesMut,
+    /// The auth answer was read.
+    authed: bool,
+}
+
+struct World {
+    seed: u64,
+    now: Instant,
+    names: Vec<String>,
+    nodes: BTreeMap<String, ClusterNode>,
+    kept: BTreeMap<String, crate::cluster::meta::RaftLog>,
+    /// Crashed brokers and when they come back.
+    down: BTreeMap<String, Instant>,
+    /// In flight between brokers: (deliver at, from, to, bytes).
+    network: Vec<(Instant, String, String, Bytes)>,
+    /// Brokers cut off from the others.
+    cut: BTreeSet<String>,
+    /// Every owner seen, by shard and generation.
+    owners: BTreeMap<(ShardId, u64), String>,
+    /// Per broker life: the last generation seen per shard.
+    generations: BTreeMap<String, BTreeMap<ShardId, u64>>,
+    pending: BTreeMap<(String, ConnId), Pending>,
+    /// Event-stream ids handed out per connection.
+    next_uni: u64,
+    report: WorldReport,
+}
+
+fn member(name: &str, i: usize) -> Member {
+    Member {
+        id: name.to_owned(),
+        client_addr: format!("10.0.0.{}:5000", i + 1),
+        cluster_addr: format!("10.0.0.{}:7000", i + 1),
+        state: MemberState::Active,
+    }
+}
+
+fn broker(now: Instant) -> Broker {
+    let cfg = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], clustered: true, ..BrokerConfig::default() };
+    Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000))
+}
+
+fn shard_id(stream: &str, shard: u32) -> ShardId {
+    ShardId { kind: Kind::Stream, tenant: TENANT.into(), namespace: NS.into(), name: stream.into(), shard }
+}
+
+fn encode_json(m: &Message, out: &mut BytesMut) {
+    // Our own messages always encode.
+    let _ = m.encode(out);
+}
+
+impl World {
+    fn violation(&self, what: String) -> Violation {
+        let step = self.report.requests;
+        Violation { seed: self.seed, step, what }
+    }
+
+    fn mix(&mut self, v: u64) {
+        self.report.digest = (self.report.digest ^ v).wrapping_mul(0x0100_0000_01B3);
+    }
+
+    fn start(&mut self, name: &str) -> Result<(), Violation> {
+        let i = self.names.iter().position(|n| n == name).unwrap_or(0);
+        let kept = self.kept.get(name).cloned().unwrap_or_default();
+        let node = ClusterNode::new(broker(self.now), member(name, i), &self.names, &kept, self.now)
+            .map_err(|e| self.violation(format!("{name} does not restart from its kept log: {e}")))?;
+        self.nodes.insert(name.to_owned(), node);
+        self.generations.insert(name.to_owned(), BTreeMap::new());
+        Ok(())
+    }
+
+    fn crash(&mut self, name: &str, back_at: Instant) {
+        if self.nodes.remove(name).is_none() {
+            return;
+        }
+        self.report.crashes += 1;
+        self.down.insert(name.to_owned(), back_at);
+        let lost: Vec<_> = self.pending.keys().filter(|(n, _)| n == name).cloned().collect();
+        for k in lost {
+            self.pending.remove(&k);
+            self.report.lost_with_broker += 1;
+        }
+    }
+
+    /// Carries out every broker's outputs and delivers what is due, until quiet.
+    fn settle(&mut self, rng: &mut Rng, faults: bool) -> Result<(), Violation> {
+        loop {
+            let mut moved = false;
+            let names: Vec<String> = self.nodes.keys().cloned().collect();
+            for name in &names {
+                moved |= self.drain(name, rng, faults)?;
+            }
+            let now = self.now;
+            let (due, later): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.network).into_iter().partition(|m| m.0 <= now);
+            self.network = later;
+            for (_, from, to, bytes) in due {
+                moved = true;
+                let mut d = PeerDecoder::default();
+                d.push(&bytes);
+                let m = match d.next_message() {
+                    Ok(Some(m)) => m,
+                    other => return Err(self.violation(format!("a peer message did not decode: {other:?}"))),
+                };
+                if let Some(n) = self.nodes.get_mut(&to) {
+                    n.handle_peer(&from, m, now);
+                    // Its outputs before its next input, as the drivers do: a write it asks for
+                    // is judged against the view it had when it asked.
+                    self.drain(&to, rng, faults)?;
+                }
+            }
+            self.check_metadata()?;
+            if !moved {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Carries out everything broker `name` asks for; whether it asked for anything.
+    fn drain(&mut self, name: &str, rng: &mut Rng, faults: bool) -> Result<bool, Violation> {
+        let mut any = false;
+        while let Some(o) = self.nodes.get_mut(name).and_then(ClusterNode::poll_output) {
+            any = true;
+            self.output(name, o, rng, faults)?;
+        }
+        Ok(any)
+    }
+
+    fn output(&mut self, name: &str, o: NodeOutput, rng: &mut Rng, faults: bool) -> Result<(), Violation> {
+        let now = self.now;
+        match o {
+            NodeOutput::PersistRaft { entries, hard_state } => {
+                self.kept.entry(name.to_owned()).or_default().persist(&entries, hard_state.as_ref());
+            }
+            NodeOutput::Peer { to, message } => {
+                let cut = self.cut.contains(name) != self.cut.contains(&to) || !self.nodes.contains_key(&to);
+                if cut && rng.chance(500) {
+                    // The transport knows the link is down: it says so.
+                    self.report.lost += 1;
+                    if let Some(n) = self.nodes.get_mut(name) {
+                        n.handle_undeliverable(message, now);
+                    }
+                    return Ok(());
+                }
+                if cut || (faults && rng.chance(30)) {
+                    // Lost in flight (a connection that died with it).
+                    self.report.lost += 1;
+                    return Ok(());
+                }
+                let mut b = BytesMut::new();
+                encode(&message, &mut b).map_err(|e| self.violation(format!("peer message does not encode: {e}")))?;
+                let delay = if faults { TICK * rng.below(4) as u32 } else { Duration::ZERO };
+                self.network.push((now + delay, name.to_owned(), to, b.freeze()));
+            }
+            NodeOutput::Broker(b) => self.broker_output(name, b)?,
+        }
+        Ok(())
+    }
+
+    fn broker_output(&mut self, name: &str, o: BrokerOutput) -> Result<(), Violation> {
+        let now = self.now;
+        match o {
+            BrokerOutput::Transmit { conn, stream, data } => {
+                if stream == StreamId::new(Side::Client, Dir::Bi, 0)
+                    && let Some(p) = self.pending.get_mut(&(name.to_owned(), conn))
+                {
+                    p.bytes.extend_from_slice(&data);
+                    self.answer(name, conn)?;
+                }
+            }
+            BrokerOutput::Persist(w) => {
+                if STREAMS.iter().any(|(s, _, ephemeral)| *s == w.stream && *ephemeral) {
+                    return Err(self.violation(format!("{name} persists {}, created in memory only", w.stream)));
+                }
+                if !w.generation_start && w.tenant_id == TENANT {
+                    let node = &self.nodes[name];
+                    let s = shard_id(&w.stream, w.shard);
+                    let owner = node.metadata().owner(&s).map(|a| a.owner.clone());
+                    if owner.as_deref() != Some(name) {
+                        return Err(self.violation(format!("{name} writes {s:?} owned by {owner:?}")));
+                    }
+                    self.report.persisted += u64::from(w.records.count());
+                }
+                if let Some(n) = self.nodes.get_mut(name) {
+                    n.broker.handle_write_result(w.token, WriteOutcome::Written, now);
+                }
+            }
+            BrokerOutput::Read(r) => {
+                if let Some(n) = self.nodes.get_mut(name) {
+                    n.broker.handle_read_complete(r.token, Vec::new(), now);
+                }
+            }
+            BrokerOutput::OpenUni { conn, token } => {
+                self.next_uni += 1;
+                let id = StreamId::new(Side::Broker, Dir::Uni, self.next_uni);
+                if let Some(n) = self.nodes.get_mut(name) {
+                    n.broker.handle_stream_opened(conn, token, id, now);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Reads what came back on a request's stream; an answer closes its connection.
+    fn answer(&mut self, name: &str, conn: ConnId) -> Result<(), Violation> {
+        let key = (name.to_owned(), conn);
+        let Some(p) = self.pending.get_mut(&key) else { return Ok(()) };
+        let mut d = FrameDecoder::new();
+        d.push(p.bytes.clone().freeze());
+        let mut payloads = Vec::new();
+        loop {
+            match d.next_frame() {
+                Ok(Some(f)) => match f.decode_payload() {
+                    Ok(pl) => payloads.push(pl),
+                    Err(e) => return Err(self.violation(format!("{name} sent an undecodable payload: {e}"))),
+                },
+                Ok(None) => break,
+                Err(e) => return Err(self.violation(format!("{name} sent a bad frame: {e}"))),
+            }
+        }
+        let (ask, shard, must) = (p.ask, p.shard.clone(), p.must_succeed);
+        let mut it = payloads.into_iter();
+        if !p.authed {
+            match it.next() {
+                Some(Payload::Json(Decoded::Message(Message::AuthOk(_)))) => {}
+                None => return Ok(()),
+                Some(other) => return Err(self.violation(format!("{name} answered auth with {other:?}"))),
+            }
+        }
+        let Some(answer) = it.next() else { return Ok(()) };
+        self.pending.remove(&key);
+        let refused = |code: &ErrorCode| -> Result<&'static str, String> {
+            match code {
+                ErrorCode::NotLeader => Ok("redirect"),
+                ErrorCode::ShardUnavailable | ErrorCode::Unacknowledged => Ok("unavailable"),
+                other => Err(format!("unexpected refusal {}", other.name())),
+            }
+        };
+        // A client that did not offer codes gets the message alone.
+        let legacy = |message: &str| -> Result<&'static str, String> {
+            if message.contains("owned by") {
+                Ok("redirect")
+            } else if message.is_empty() {
+                Err("a refusal that says nothing".into())
+            } else {
+                Ok("unavailable")
+            }
+        };
+        let outcome: Result<&'static str, String> = match (ask, answer) {
+            (Ask::Publish, Payload::Ack(a)) if a.status == AckStatus::Ok => {
+                if a.owner.is_some() {
+                    self.report.forwarded += 1;
+                }
+                Ok("ok")
+            }
+            (Ask::Publish, Payload::Ack(a)) => match &a.code {
+                Some((c, _)) => refused(c),
+                None => legacy(&a.message),
+            },
+            (Ask::Subscribe, Payload::Json(Decoded::Message(Message::Subscribed(_)))) => {
+                let owner = self.nodes.get(name).and_then(|n| n.metadata().owner(&shard)).map(|a| a.owner.clone());
+                if owner.as_deref() == Some(name) {
+                    self.report.subscribed += 1;
+                    Ok("ok")
+                } else {
+                    Err(format!("subscribed to {shard:?} owned by {owner:?}"))
+                }
+            }
+            (_, Payload::Json(Decoded::Message(Message::NotLeader(_)))) => Ok("redirect"),
+            (_, Payload::Json(Decoded::Message(Message::Error(e)))) => match &e.code {
+                Some(c) => refused(c),
+                None => legacy(&e.message),
+            },
+            (_, other) => Err(format!("unexpected answer {other:?}")),
+        };
+        let outcome = outcome.map_err(|w| self.violation(format!("{name}, {ask:?} {shard:?}: {w}")))?;
+        match outcome {
+            "ok" => {
+                if ask == Ask::Publish {
+                    self.report.acked += 1;
+                }
+            }
+            "redirect" => self.report.redirected += 1,
+            _ => self.report.unavailable += 1,
+        }
+        if must && outcome != "ok" {
+            return Err(self.violation(format!("{name}, healed, answered {ask:?} {shard:?} with {outcome}")));
+        }
+        self.mix(outcome.len() as u64);
+        let now = self.now;
+        if let Some(n) = self.nodes.get_mut(name) {
+            n.broker.connection_closed(conn, now);
+        }
+        Ok(())
+    }
+
+    /// One owner per shard and generation; generations only grow within a life.
+    fn check_metadata(&mut self) -> Result<(), Violation> {
+        let mut bad = None;
+        for (name, node) in &self.nodes {
+            let life = self.generations.entry(name.clone()).or_default();
+            for (s, a) in node.metadata().owners() {
+                let seen = self.owners.entry((s.clone(), a.generation)).or_insert_with(|| a.owner.clone());
+                if *seen != a.owner {
+                    bad = Some(format!(
+                        "{s:?} generation {}: {name} says {}, another said {seen}",
+                        a.generation, a.owner
+                    ));
+                }
+                let last = life.entry(s.clone()).or_insert(a.generation);
+                if a.generation < *last {
+                    bad = Some(format!("{name}: {s:?} went back from generation {last} to {}", a.generation));
+                }
+                *last = a.generation;
+            }
+        }
+        match bad {
+            Some(b) => Err(self.violation(b)),
+            None => Ok(()),
+        }
+    }
+
+    /// A client connects to `name` and sends one request.
+    fn request(&mut self, name: &str, ask: Ask, (stream, shard): (&str, u32), modern: bool, must: bool, rng: &mut Rng) {
+        let now = self.now;
+        let Some(node) = self.nodes.get_mut(name) else { return };
+        let mut addr = [0u8; 16];
+        addr[..8].copy_from_slice(&rng.next().to_be_bytes());
+        let Ok(conn) = node.broker.admit(PeerAddr(addr), now) else { return };
+        let (lo, hi) = if modern { Features::REDIRECT.to_words(true) } else { (None, None) };
+        let flags = if modern {
+            0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x0200 | 0x1000
+        } else {
+            0x0001 | 0x0008 | 0x0040
+        };
+        let mut out = BytesMut::new();
+        encode_json(
+            &Message::Auth(message::Auth {
+                tenant_id: TENANT.into(),
+                token: TOKEN.into(),
+                client_flags: Some(flags),
+                client_features: lo,
+                client_features_hi: hi,
+            }),
+            &mut out,
+        );
+        let shards = STREAMS.iter().find(|s| s.0 == stream).map_or(1, |s| s.1);
+        match ask {
+            Ask::Publish => {
+                // A key that routes to the shard wanted.
+                let key = (0..10_000u32)
+                    .map(|k| format!("k{k}"))
+                    .find(|k| {
+                        crate::routing::shard_for_key(Some(k.as_bytes()), shards, message::Routing::Modulo) == shard
+                    })
+                    .unwrap_or_default();
+                let b = PublishBatch {
+                    acked: Some(AckedPrefix { request_id: 1, ack_mode: AckMode::PerBatch }),
+                    idempotent: None,
+                    key: Some(Bytes::from(key)),
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    stream: stream.into(),
+                    records: Records::from_payloads([b"record".as_slice()]).unwrap_or_default(),
+                };
+                let _ = b.encode(&mut out);
+            }
+            Ask::Subscribe => encode_json(
+                &Message::Subscribe(message::Subscribe {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    stream: stream.into(),
+                    subscription_id: None,
+                    start: Some(StartPosition::Latest),
+                    shard: Some(shard),
+                    queue_capacity: None,
+                }),
+                &mut out,
+            ),
+        }
+        self.report.requests += 1;
+        self.pending.insert(
+            (name.to_owned(), conn),
+            Pending {
+                node: name.to_owned(),
+                conn,
+                ask,
+                shard: shard_id(stream, shard),
+                sent: now,
+                must_succeed: must,
+                bytes: BytesMut::new(),
+                authed: false,
+            },
+        );
+        let st = StreamId::new(Side::Client, Dir::Bi, 0);
+        if let Some(node) = self.nodes.get_mut(name) {
+            node.broker.handle_stream_data(conn, st, out.freeze(), false, now);
+        }
+    }
+
+    fn tick(&mut self, rng: &mut Rng, faults: bool) -> Result<(), Violation> {
+        self.now += TICK;
+        let now = self.now;
+        let back: Vec<String> = self.down.iter().filter(|(_, t)| **t <= now).map(|(n, _)| n.clone()).collect();
+        for n in back {
+            self.down.remove(&n);
+            self.start(&n)?;
+        }
+        for n in self.nodes.values_mut() {
+            n.handle_timeout(now);
+        }
+        self.settle(rng, faults)?;
+        let late: Vec<String> = self
+            .pending
+            .values()
+            .filter(|p| now.saturating_duration_since(p.sent) > ANSWER_WITHIN)
+            .map(|p| format!("{} on {} ({:?} {:?})", p.conn.0, p.node, p.ask, p.shard))
+            .collect();
+        if let Some(l) = late.first() {
+            return Err(self.violation(format!("unanswered after {ANSWER_WITHIN:?}: {l}")));
+        }
+        Ok(())
+    }
+}
+
+/// Runs one seed: `fault_ticks` of faults and traffic, then healing and the progress check.
+///
+/// # Errors
+/// The first [`Violation`] met.
+pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, Violation> {
+    let mut rng = Rng(seed ^ 0x5EED_C1A5_7E55);
+    let n = 3 + 2 * (seed % 2) as usize;
+    let names: Vec<String> = (1..=n).map(|i| format!("n{i}")).collect();
+    let mut w = World {
+        seed,
+        now: epoch,
+        names: names.clone(),
+        nodes: BTreeMap::new(),
+        kept: BTreeMap::new(),
+        down: BTreeMap::new(),
+        network: Vec::new(),
+        cut: BTreeSet::new(),
+        owners: BTreeMap::new(),
+        generations: BTreeMap::new(),
+        pending: BTreeMap::new(),
+        next_uni: 0,
+        report: WorldReport { nodes: n, digest: seed, ..WorldReport::default() },
+    };
+    for name in &names {
+        w.start(name)?;
+    }
+    // Formation: every broker joins and the streams are created, on a quiet network.
+    let formed = |w: &World| {
+        w.nodes.values().all(|node| {
+            node.metadata().members().len() == n
+                && STREAMS.iter().all(|(s, _, _)| node.metadata().shard_count(Kind::Stream, TENANT, NS, s).is_some())
+        })
+    };
+    for i in 0..200 {
+        if formed(&w) {
+            break;
+        }
+        if i % 20 == 5 {
+            let first = names[0].clone();
+            let now = w.now;
+            for (name, shards, ephemeral) in STREAMS {
+                let c = Command::Create {
+                    kind: Kind::Stream,
+                    tenant: TENANT.into(),
+                    namespace: NS.into(),
+                    name: name.into(),
+                    shards,
+                    ephemeral,
+                };
+                if let Some(node) = w.nodes.get_mut(&first) {
+                    node.propose(&c, now);
+                }
+            }
+        }
+        w.tick(&mut rng, false)?;
+    }
+    if !formed(&w) {
+        return Err(w.violation("the cluster did not form on a quiet network".into()));
+    }
+    // Faults and traffic.
+    for _ in 0..fault_ticks {
+        match rng.below(1000) {
+            0..=7 => {
+                let victim = names[rng.below(n as u64) as usize].clone();
+                let back = w.now + TICK * (10 + rng.below(140)) as u32;
+                w.crash(&victim, back);
+            }
+            8..=12 => {
+                let cut = names[rng.below(n as u64) as usize].clone();
+                w.cut.insert(cut);
+            }
+            13..=30 => w.cut.clear(),
+            _ => {}
+        }
+        for _ in 0..rng.below(3) {
+            let live: Vec<String> = w.nodes.keys().cloned().collect();
+            if live.is_empty() {
+                break;
+            }
+            let at = live[rng.below(live.len() as u64) as usize].clone();
+            let (stream, shards, _) = STREAMS[rng.below(2) as usize];
+            let shard = rng.below(u64::from(shards)) as u32;
+            let ask = if rng.chance(700) { Ask::Publish } else { Ask::Subscribe };
+            let modern = rng.chance(500);
+            w.request(&at, ask, (stream, shard), modern, false, &mut rng);
+            w.settle(&mut rng, true)?;
+        }
+        w.tick(&mut rng, true)?;
+    }
+    // Heal: links up, every broker back; let leases and joins settle, and what was in flight
+    // be answered.
+    w.cut.clear();
+    let now = w.now;
+    for t in w.down.values_mut() {
+        *t = now;
+    }
+    for _ in 0..150 {
+        w.tick(&mut rng, false)?;
+    }
+    let settled = |w: &World| {
+        w.nodes.values().all(|node| node.metadata().members().values().all(|m| m.state == MemberState::Active))
+    };
+    for _ in 0..200 {
+        if settled(&w) && w.pending.is_empty() {
+            break;
+        }
+        w.tick(&mut rng, false)?;
+    }
+    if !settled(&w) {
+        return Err(w.violation("healed, but not every broker is active again".into()));
+    }
+    // Progress: through every broker, to every shard, acked ok.
+    for name in &names {
+        for (stream, shards, _) in STREAMS {
+            for shard in 0..shards {
+                let modern = rng.chance(500);
+                w.request(name, Ask::Publish, (stream, shard), modern, true, &mut rng);
+            }
+        }
+    }
+    w.settle(&mut rng, false)?;
+    for _ in 0..50 {
+        if w.pending.is_empty() {
+            break;
+        }
+        w.tick(&mut rng, false)?;
+    }
+    if let Some(p) = w.pending.values().next() {
+        return Err(w.violation(format!("healed, but {:?} {:?} on {} is unanswered", p.ask, p.shard, p.node)));
+    }
+    let first = w.nodes[&names[0]].metadata().clone();
+    if let Some(n) = w.nodes.values().find(|n| *n.metadata() != first) {
+        return Err(w.violation(format!("{}'s metadata differs after healing", n.node_id())));
+    }
+    Ok(w.report)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[allow(clippy::disallowed_methods)]
+    fn a_seed_runs_and_replays() {
+        let epoch = std::time::Instant::now();
+        let a = super::run(7, epoch, 300).unwrap_or_else(|v| panic!("{v}"));
+        assert!(a.requests > 100 && a.acked > 0, "{a:?}");
+        assert_eq!(super::run(7, epoch, 300), Ok(a));
+    }
+}

@@ -1,0 +1,52 @@
+//! The whole cluster under faults (felix_proto::cluster::world): brokers and clients, lost,
+//! delayed and partitioned peer messages, brokers that crash and restart from their kept Raft
+//! log. Over 1,000 seeds: one owner per shard and generation, generations only grow, only
+//! owners write and accept subscribers, every request answered, progress once healed.
+
+mod support;
+
+use felix_proto::cluster::world::{WorldReport, run};
+
+fn seeds(range: std::ops::Range<u64>) -> WorldReport {
+    let epoch = support::epoch();
+    let mut t = WorldReport::default();
+    for seed in range {
+        let r = run(seed, epoch, 300).unwrap_or_else(|v| panic!("{v}"));
+        t.requests += r.requests;
+        t.acked += r.acked;
+        t.forwarded += r.forwarded;
+        t.subscribed += r.subscribed;
+        t.redirected += r.redirected;
+        t.unavailable += r.unavailable;
+        t.lost_with_broker += r.lost_with_broker;
+        t.crashes += r.crashes;
+        t.lost += r.lost;
+        t.persisted += r.persisted;
+    }
+    eprintln!("{t:?}");
+    t
+}
+
+/// Two halves, so the test harness runs them on both cores.
+#[test]
+fn the_first_500_seeds_keep_every_cluster_invariant() {
+    let t = seeds(0..500);
+    // The faults and every kind of answer happened (a quiet run proves nothing).
+    assert!(t.crashes > 500 && t.lost > 5_000, "{t:?}");
+    assert!(t.forwarded > 1_000 && t.redirected > 1_000 && t.unavailable > 100 && t.subscribed > 1_000, "{t:?}");
+    assert!(t.lost_with_broker > 0, "{t:?}");
+}
+
+#[test]
+fn the_next_500_seeds_keep_every_cluster_invariant() {
+    let t = seeds(500..1000);
+    assert!(t.crashes > 500 && t.acked > 10_000, "{t:?}");
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let epoch = support::epoch();
+    for seed in [4, 91] {
+        assert_eq!(run(seed, epoch, 300), run(seed, epoch, 300));
+    }
+}
