@@ -35,6 +35,9 @@ pub struct ClusterOptions {
     pub secret: String,
     /// The client address this broker advertises to clients (default: its client listener).
     pub advertise: Option<String>,
+    /// This broker joins a running cluster (an operator adds it with `cluster add`) instead
+    /// of founding one with `peers`; `peers` then names the members it knows of.
+    pub join: bool,
 }
 
 /// What the transport tells the broker task.
@@ -49,7 +52,14 @@ pub(crate) enum PeerInput {
 pub(crate) struct Transport {
     senders: BTreeMap<String, mpsc::UnboundedSender<PeerMessage>>,
     endpoint: quinn::Endpoint,
+    /// Node ids accepted as peers (the cluster's members; changes with `cluster add|remove`).
+    known: Known,
+    hello: PeerMessage,
+    inputs: mpsc::UnboundedSender<PeerInput>,
+    me: String,
 }
+
+type Known = Arc<std::sync::RwLock<std::collections::BTreeSet<String>>>;
 
 impl Transport {
     /// Binds the cluster listener and starts dialling every peer.
@@ -65,23 +75,47 @@ impl Transport {
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(peer_transport());
         let endpoint = quinn::Endpoint::server(server, opts.listen)?;
-        let known: Vec<String> = opts.peers.iter().map(|(n, _)| n.clone()).collect();
-        tokio::spawn(accept_loop(endpoint.clone(), opts.name.clone(), opts.secret.clone(), known, inputs.clone()));
-        let mut senders = BTreeMap::new();
+        let known: Known = Arc::new(std::sync::RwLock::new(opts.peers.iter().map(|(n, _)| n.clone()).collect()));
+        tokio::spawn(accept_loop(
+            endpoint.clone(),
+            opts.name.clone(),
+            opts.secret.clone(),
+            known.clone(),
+            inputs.clone(),
+        ));
+        let hello = PeerMessage::Hello {
+            cluster: opts.name.clone(),
+            node_id: opts.node_id.clone(),
+            secret: opts.secret.clone(),
+        };
+        let mut t = Transport { senders: BTreeMap::new(), endpoint, known, hello, inputs, me: opts.node_id.clone() };
         for (name, addr) in &opts.peers {
-            if *name == opts.node_id {
-                continue;
-            }
-            let (tx, rx) = mpsc::unbounded_channel();
-            senders.insert(name.clone(), tx);
-            let hello = PeerMessage::Hello {
-                cluster: opts.name.clone(),
-                node_id: opts.node_id.clone(),
-                secret: opts.secret.clone(),
-            };
-            tokio::spawn(dial_loop(endpoint.clone(), *addr, hello, rx, inputs.clone()));
+            t.add_peer(name, *addr);
         }
-        Ok(Transport { senders, endpoint })
+        Ok(t)
+    }
+
+    /// Accepts `name` as a peer and keeps a connection to it at `addr` (a broker added to the
+    /// cluster). Idempotent: a peer already dialled keeps its connection.
+    pub(crate) fn add_peer(&mut self, name: &str, addr: SocketAddr) {
+        if let Ok(mut k) = self.known.write() {
+            k.insert(name.to_owned());
+        }
+        if name == self.me || self.senders.contains_key(name) {
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.senders.insert(name.to_owned(), tx);
+        tokio::spawn(dial_loop(self.endpoint.clone(), addr, self.hello.clone(), rx, self.inputs.clone()));
+    }
+
+    /// Stops dialling `name` and refuses it as a peer from now on (a broker removed from the
+    /// cluster). Its connection task ends when its queue closes.
+    pub(crate) fn remove_peer(&mut self, name: &str) {
+        if let Ok(mut k) = self.known.write() {
+            k.remove(name);
+        }
+        self.senders.remove(name);
     }
 
     /// Queues a message for peer `to`; a peer not in the cluster's list gets nothing.
@@ -184,7 +218,7 @@ async fn accept_loop(
     endpoint: quinn::Endpoint,
     cluster: String,
     secret: String,
-    known: Vec<String>,
+    known: Known,
     inputs: mpsc::UnboundedSender<PeerInput>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
@@ -211,7 +245,8 @@ async fn accept_loop(
                             };
                             match (&from, m) {
                                 (None, PeerMessage::Hello { cluster: c, node_id, secret: s }) => {
-                                    if c != cluster || !same_secret(&s, &secret) || !known.contains(&node_id) {
+                                    let member = known.read().is_ok_and(|k| k.contains(&node_id));
+                                    if c != cluster || !same_secret(&s, &secret) || !member {
                                         tracing::warn!(
                                             "refused a peer at {} claiming to be {node_id:?} of cluster {c:?}: not a broker of this cluster",
                                             conn.remote_address()
@@ -239,7 +274,7 @@ async fn accept_loop(
 }
 
 /// Compares secrets in time that does not depend on where they differ.
-fn same_secret(a: &str, b: &str) -> bool {
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     let mut diff = u8::from(a.len() != b.len());
     for i in 0..a.len().max(b.len()) {

@@ -178,10 +178,14 @@ impl Server {
                     state: felix_proto::cluster::metadata::MemberState::Active,
                 };
                 let peers: Vec<String> = c.peers.iter().map(|(n, _)| n.clone()).collect();
-                let node =
-                    felix_proto::cluster::node::ClusterNode::new(broker, me, &peers, &kept, now).map_err(|e| {
-                        ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
-                    })?;
+                use felix_proto::cluster::node::ClusterNode;
+                let node = if c.join {
+                    ClusterNode::joining(broker, me, &kept, now)
+                } else {
+                    ClusterNode::new(broker, me, &peers, &kept, now)
+                }
+                .map_err(|e| ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())))?;
+                let secret = c.secret.clone();
                 let (ptx, mut prx) = mpsc::unbounded_channel();
                 let (cluster_id, _, _) = Identity::self_signed(&["localhost"])?;
                 let transport = crate::cluster::Transport::start(c, cluster_id, ptx)?;
@@ -193,15 +197,19 @@ impl Server {
                         }
                     }
                 });
-                (Node::Cluster(Box::new(node)), Some(transport), Some((path, kept)))
+                (Node::Cluster(Box::new(node)), Some((transport, secret)), Some((path, kept)))
             }
         };
-        let cluster_addr = transport.as_ref().and_then(|t| t.local_addr().ok());
+        let cluster_addr = transport.as_ref().and_then(|(t, _)| t.local_addr().ok());
+        let (transport, cluster_secret) = match transport {
+            Some((t, s)) => (Some(t), Some(s)),
+            None => (None, None),
+        };
         let metrics_addr = match opts.metrics_listen {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
                 let bound = listener.local_addr()?;
-                tokio::spawn(metrics_loop(listener, tx.clone()));
+                tokio::spawn(metrics_loop(listener, tx.clone(), cluster_secret.clone()));
                 Some(bound)
             }
             None => None,
@@ -386,17 +394,44 @@ enum Input {
     Incoming(Box<quinn::Incoming>),
     Connected(ConnId, quinn::Connection),
     HandshakeFailed(ConnId),
-    Stream { conn: ConnId, send: Option<quinn::SendStream>, recv: quinn::RecvStream },
-    Data { conn: ConnId, stream: StreamId, data: Vec<Bytes>, fin: bool },
-    Reset { conn: ConnId, stream: StreamId },
-    Stopped { conn: ConnId, stream: StreamId },
-    Opened { conn: ConnId, token: OpenToken, send: quinn::SendStream },
-    Flushed { conn: ConnId, stream: StreamId, bytes: usize },
+    Stream {
+        conn: ConnId,
+        send: Option<quinn::SendStream>,
+        recv: quinn::RecvStream,
+    },
+    Data {
+        conn: ConnId,
+        stream: StreamId,
+        data: Vec<Bytes>,
+        fin: bool,
+    },
+    Reset {
+        conn: ConnId,
+        stream: StreamId,
+    },
+    Stopped {
+        conn: ConnId,
+        stream: StreamId,
+    },
+    Opened {
+        conn: ConnId,
+        token: OpenToken,
+        send: quinn::SendStream,
+    },
+    Flushed {
+        conn: ConnId,
+        stream: StreamId,
+        bytes: usize,
+    },
     Written(Vec<(WriteToken, WriteOutcome)>, u64),
     ReadDone(felix_proto::transport::ReadToken, Vec<felix_proto::storage::StoredBatch>),
-    Closed { conn: ConnId },
+    Closed {
+        conn: ConnId,
+    },
     Metrics(oneshot::Sender<String>),
     ClusterStatus(oneshot::Sender<String>),
+    /// `POST /cluster/add|remove` (its secret checked): the answer's status and body.
+    ClusterAdmin(AdminRequest, oneshot::Sender<(u16, String)>),
     Peer(crate::cluster::PeerInput),
 }
 
@@ -415,24 +450,85 @@ struct IoCounters {
     storage_micros_max: u64,
 }
 
-async fn metrics_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<Input>) {
+/// An operator's change of the cluster's members, from the metrics listener.
+#[derive(Debug)]
+pub(crate) enum AdminRequest {
+    Add { node: String, addr: String },
+    Remove { node: String, force: bool },
+}
+
+/// Reads `POST /cluster/add?node=N&addr=A` or `POST /cluster/remove?node=N[&force=1]` with
+/// `Authorization: Bearer <cluster secret>`. Anything else is a status and a reason.
+fn admin_request(head: &str, secret: Option<&str>) -> Result<AdminRequest, (u16, String)> {
+    let mut lines = head.lines();
+    let line = lines.next().unwrap_or_default();
+    let target = line.strip_prefix("POST ").and_then(|r| r.split(' ').next()).unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let Some(secret) = secret else { return Err((404, "not a cluster member".into())) };
+    let given = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, v)| v.trim().strip_prefix("Bearer ").map(str::trim).map(str::to_owned));
+    if !given.is_some_and(|g| crate::cluster::same_secret(&g, secret)) {
+        return Err((401, "the cluster secret is missing or wrong (Authorization: Bearer <secret>)".into()));
+    }
+    let arg = |name: &str| {
+        query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.to_owned())
+    };
+    let node = arg("node").ok_or((400, "node=ID is required".to_string()))?;
+    match path {
+        "/cluster/add" => {
+            let addr = arg("addr").ok_or((400, "addr=HOST:PORT (its cluster listener) is required".to_string()))?;
+            Ok(AdminRequest::Add { node, addr })
+        }
+        "/cluster/remove" => Ok(AdminRequest::Remove { node, force: arg("force").is_some_and(|f| f == "1") }),
+        _ => Err((404, format!("no such admin path {path}"))),
+    }
+}
+
+async fn metrics_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<Input>, secret: Option<String>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
         let Ok((mut sock, _)) = listener.accept().await else { return };
         let tx = tx.clone();
+        let secret = secret.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
+            let mut buf = [0u8; 2048];
             let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await.ok().and_then(Result::ok);
-            let cluster = n.is_some_and(|n| buf[..n].starts_with(b"GET /cluster"));
-            let (rtx, rrx) = oneshot::channel();
-            let asked = if cluster { Input::ClusterStatus(rtx) } else { Input::Metrics(rtx) };
-            if tx.send(asked).is_err() {
-                return;
-            }
-            let Ok(body) = rrx.await else { return };
-            let kind = if cluster { "application/json" } else { "text/plain; version=0.0.4" };
+            let head = n.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned()).unwrap_or_default();
+            let cluster = head.starts_with("GET /cluster");
+            let (status, kind, body) = if head.starts_with("POST ") {
+                let (rtx, rrx) = oneshot::channel();
+                let answer = match admin_request(&head, secret.as_deref()) {
+                    Ok(req) => {
+                        if tx.send(Input::ClusterAdmin(req, rtx)).is_err() {
+                            return;
+                        }
+                        let Ok(a) = rrx.await else { return };
+                        a
+                    }
+                    Err(e) => e,
+                };
+                (answer.0, "application/json", answer.1)
+            } else {
+                let (rtx, rrx) = oneshot::channel();
+                let asked = if cluster { Input::ClusterStatus(rtx) } else { Input::Metrics(rtx) };
+                if tx.send(asked).is_err() {
+                    return;
+                }
+                let Ok(body) = rrx.await else { return };
+                (200, if cluster { "application/json" } else { "text/plain; version=0.0.4" }, body)
+            };
+            let reason = match status {
+                200 => "OK",
+                202 => "Accepted",
+                400 => "Bad Request",
+                401 => "Unauthorized",
+                404 => "Not Found",
+                _ => "Conflict",
+            };
             let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
             let _ = sock.write_all(head.as_bytes()).await;
@@ -613,7 +709,7 @@ impl BrokerTask {
             })
             .collect();
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
-            "members": members, "shards": shards});
+            "voters": n.voters(), "members": members, "shards": shards});
         format!("{v}\n")
     }
 
@@ -879,6 +975,27 @@ impl BrokerTask {
             Input::ClusterStatus(reply) => {
                 let _ = reply.send(self.cluster_status());
             }
+            Input::ClusterAdmin(req, reply) => {
+                let answer = match &mut self.node {
+                    Node::Single(_) => (404, "not a cluster member".to_string()),
+                    Node::Cluster(n) => {
+                        let (what, r) = match &req {
+                            AdminRequest::Add { node, addr } => (format!("add {node}"), n.request_add(node, addr, now)),
+                            AdminRequest::Remove { node, force } => {
+                                (format!("remove {node}"), n.request_remove(node, *force, now))
+                            }
+                        };
+                        match r {
+                            Ok(()) => {
+                                tracing::info!("cluster: an operator asked to {what}");
+                                (202, serde_json::json!({"proposed": what}).to_string())
+                            }
+                            Err(e) => (409, serde_json::json!({"error": e.to_string()}).to_string()),
+                        }
+                    }
+                };
+                let _ = reply.send((answer.0, format!("{}\n", answer.1)));
+            }
             Input::Peer(p) => {
                 if let Node::Cluster(n) = &mut self.node {
                     match p {
@@ -907,6 +1024,26 @@ impl BrokerTask {
                     if let (Some(m), Node::Cluster(n)) = (failed, &mut self.node) {
                         n.handle_undeliverable(m, now());
                     }
+                    continue;
+                }
+                NodeOutput::PeerAdded { name, cluster_addr } => {
+                    use std::net::ToSocketAddrs;
+                    match cluster_addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
+                        Some(addr) => {
+                            if let Some(t) = self.transport.as_mut() {
+                                t.add_peer(&name, addr);
+                            }
+                            tracing::info!("cluster: {name} joined the members, at {addr}");
+                        }
+                        None => tracing::error!("cluster: member {name}'s address {cluster_addr:?} does not resolve"),
+                    }
+                    continue;
+                }
+                NodeOutput::PeerRemoved { name } => {
+                    if let Some(t) = self.transport.as_mut() {
+                        t.remove_peer(&name);
+                    }
+                    tracing::info!("cluster: {name} left the members");
                     continue;
                 }
                 NodeOutput::PersistRaft { entries, hard_state } => {
@@ -1017,6 +1154,43 @@ pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
 /// Connection and read failures.
 pub async fn cluster_status(addr: SocketAddr) -> std::io::Result<String> {
     http_get(addr, "/cluster").await
+}
+
+/// Asks a broker of the cluster (at its metrics listener) to change the members:
+/// `add` (`node`, its cluster address `addr`) or remove (`node`, `force`). Answers the HTTP
+/// status and body: 202 when proposed, 401 for a wrong secret, 409 with the reason when refused.
+pub async fn cluster_admin(
+    metrics: SocketAddr,
+    add: Option<&str>,
+    node: &str,
+    force: bool,
+    secret: &str,
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let enc = |v: &str| -> String {
+        v.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"._-:[]".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    };
+    let path = match add {
+        Some(addr) => format!("/cluster/add?node={}&addr={}", enc(node), enc(addr)),
+        None => format!("/cluster/remove?node={}{}", enc(node), if force { "&force=1" } else { "" }),
+    };
+    let mut s = tokio::net::TcpStream::connect(metrics).await?;
+    s.write_all(
+        format!("POST {path} HTTP/1.0\r\nAuthorization: Bearer {secret}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await?;
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((status, text.split_once("\r\n\r\n").map_or(text.clone(), |(_, b)| b.to_owned())))
 }
 
 async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {

@@ -2,8 +2,8 @@
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
 use crate::{
-    CacheArgs, CacheOp, ClusterArgs, ClusterOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs, ServeArgs,
-    SimArgs, StreamArgs, StreamOp, SubscribeArgs,
+    AdminArgs, CacheArgs, CacheOp, ClusterArgs, ClusterOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs,
+    ServeArgs, SimArgs, StreamArgs, StreamOp, SubscribeArgs,
 };
 use base64::Engine;
 use bytes::Bytes;
@@ -57,7 +57,8 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         match (node_id, listen, peers) {
             (Some(id), Some(listen), Some(peers)) => {
                 let peers = peers.0;
-                if !peers.iter().any(|(n, _)| *n == id) {
+                let join = a.join || c.join.unwrap_or(false);
+                if !join && !peers.iter().any(|(n, _)| *n == id) {
                     return Err(format!("--peers must list this broker ({id}) too, with its cluster address"));
                 }
                 let secret = match a.cluster_secret.clone().or_else(|| c.secret.clone()) {
@@ -76,6 +77,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
                     name: a.cluster_name.clone().or_else(|| c.name.clone()).unwrap_or_else(|| "felix".into()),
                     secret,
                     advertise: a.advertise.clone().or_else(|| c.advertise.clone()),
+                    join,
                 })
             }
             (None, None, None) => None,
@@ -718,8 +720,99 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
     Ok(code)
 }
 
+/// `cluster add|remove`: asks, then waits (showing progress) until every change is applied
+/// as the asked broker sees it.
+async fn cluster_change(
+    add: Option<(String, String)>,
+    node: String,
+    force: bool,
+    a: AdminArgs,
+) -> Result<ExitCode, String> {
+    let m = a.metrics;
+    let (status, body) = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        felix_driver_tokio::server::cluster_admin(
+            m,
+            add.as_ref().map(|(_, addr)| addr.as_str()),
+            &node,
+            force,
+            &a.cluster_secret,
+        ),
+    )
+    .await
+    .map_err(|_| format!("no answer from {m} within 5 s"))?
+    .map_err(|e| format!("{m}: {e} (is it a broker's --metrics-listen address?)"))?;
+    let reason = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.trim().to_owned());
+    match status {
+        202 => {}
+        401 => return Err(format!("{m}: refused: {reason} (pass the brokers' --cluster-secret)")),
+        _ => return Err(format!("{m}: refused ({status}): {reason}")),
+    }
+    let what = if add.is_some() { "added" } else { "removed" };
+    eprintln!("proposed; waiting for {node} to be {what} (up to {:?})", a.wait);
+    let start = std::time::Instant::now();
+    let mut last = String::new();
+    loop {
+        let v: Option<serde_json::Value> =
+            tokio::time::timeout(std::time::Duration::from_secs(2), felix_driver_tokio::server::cluster_status(m))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|t| serde_json::from_str(&t).ok());
+        if let Some(v) = v {
+            let voter = v["voters"].as_array().into_iter().flatten().any(|x| x == node.as_str());
+            let state = v["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|x| x["node_id"] == node.as_str())
+                .and_then(|x| x["state"].as_str().map(str::to_owned));
+            let done = match &add {
+                Some(_) => voter && state.as_deref() == Some("active"),
+                None => !voter && state.is_none(),
+            };
+            if done {
+                let shards =
+                    v["shards"].as_array().into_iter().flatten().filter(|x| x["owner"] == node.as_str()).count();
+                match &add {
+                    Some(_) => out!("{node} is a member, active, owning {shards} shard(s)"),
+                    None => out!("{node} was removed; its shards went to the others"),
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let now = format!("voter: {voter}, member: {}", state.as_deref().unwrap_or("no"));
+            if now != last {
+                eprintln!("  {node}: {now}");
+                last = now;
+            }
+        }
+        if start.elapsed() >= a.wait {
+            let hint = if add.is_some() {
+                " (is the new broker running with --join, and can the members reach its cluster address?)"
+            } else {
+                ""
+            };
+            return Err(format!("{node} was not {what} within {:?}{hint}; see `felix-node cluster status`", a.wait));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
-    let ClusterOp::Status { metrics, json } = a.op;
+    let (metrics, json) = match a.op {
+        ClusterOp::Status { metrics, json } => (metrics, json),
+        ClusterOp::Add { member, admin } => {
+            let (id, addr) = member
+                .split_once('=')
+                .filter(|(id, addr)| !id.is_empty() && addr.parse::<std::net::SocketAddr>().is_ok())
+                .ok_or_else(|| format!("{member:?}: expected ID=HOST:PORT (the new broker's cluster listener)"))?;
+            return cluster_change(Some((id.to_owned(), addr.to_owned())), id.to_owned(), false, admin).await;
+        }
+        ClusterOp::Remove { node, force, admin } => return cluster_change(None, node, force, admin).await,
+    };
     let text =
         tokio::time::timeout(std::time::Duration::from_secs(5), felix_driver_tokio::server::cluster_status(metrics))
             .await

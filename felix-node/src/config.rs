@@ -79,6 +79,8 @@ pub struct ClusterSection {
     pub name: Option<String>,
     pub advertise: Option<String>,
     pub default_shards: Option<u32>,
+    /// Join a running cluster (`serve --join`).
+    pub join: Option<bool>,
 }
 
 /// The peers of `[cluster]`, as one string or a list.

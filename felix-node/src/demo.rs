@@ -208,6 +208,7 @@ pub async fn run_cluster() -> Result<ExitCode, String> {
             name: "demo".into(),
             secret: "demo-secret".into(),
             advertise: None,
+            join: false,
         };
         let server = start_broker(demo_settings(
             client,

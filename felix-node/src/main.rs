@@ -223,6 +223,11 @@ struct ServeArgs {
     /// runs alone, as always.
     #[arg(long, env = "FELIX_NODE_ID")]
     node_id: Option<String>,
+    /// Join a running cluster (after an operator's `felix-node cluster add`) instead of
+    /// founding one: --peers then lists the members it knows of. Every broker added after the
+    /// cluster first started runs with --join; only the founding brokers go without it.
+    #[arg(long, env = "FELIX_JOIN")]
+    join: bool,
     /// Where this broker listens for the other brokers (never the client listener).
     #[arg(long, env = "FELIX_CLUSTER_LISTEN")]
     cluster_listen: Option<SocketAddr>,
@@ -475,6 +480,40 @@ enum ClusterOp {
         #[arg(long)]
         json: bool,
     },
+    /// Add a broker to the cluster (a Raft configuration change), then wait until it is a
+    /// member. Start it first with `serve --join --node-id ID --cluster-listen HOST:PORT
+    /// --peers <the members>`.
+    Add {
+        /// The new broker: ID=HOST:PORT of its cluster listener.
+        member: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Remove a broker from the cluster (a Raft configuration change): its shards go to the
+    /// others. A broker owning durable shards holds records no other broker has; removing it
+    /// needs --force and loses them.
+    Remove {
+        /// Its node id.
+        node: String,
+        /// Remove it even though the records only it holds (its durable shards) are lost.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct AdminArgs {
+    /// A broker's metrics listener (its --metrics-listen), where the change is asked.
+    #[arg(long, env = "FELIX_METRICS_ADDR")]
+    metrics: SocketAddr,
+    /// The cluster's shared secret (the brokers' --cluster-secret).
+    #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true, default_value = "felix-dev-cluster-secret")]
+    cluster_secret: String,
+    /// How long to wait for the change to be applied.
+    #[arg(long, value_parser = commands::parse_duration, default_value = "30s")]
+    wait: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

@@ -38,6 +38,10 @@ impl Drop for Broker {
 }
 
 fn start(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str) -> Broker {
+    start_with(name, client, cluster, peers, &[])
+}
+
+fn start_with(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str, extra: &[&str]) -> Broker {
     let dir = tempfile::tempdir().unwrap();
     let metrics = free_tcp();
     let mut child = Command::new(BIN)
@@ -46,6 +50,7 @@ fn start(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str) -> Br
         .args(["--dev-token", TOKEN, "--default-shards", "6", "--node-id", name])
         .args(["--cluster-listen", &cluster.to_string(), "--peers", peers, "--cluster-secret", "test-secret"])
         .args(["--metrics-listen", &metrics.to_string()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -345,4 +350,78 @@ fn the_cluster_simulation_runs_from_the_command_line() {
     let first = once();
     assert!(first.contains("digest"), "{first}");
     assert_eq!(first, once());
+}
+
+#[test]
+fn an_operator_adds_a_fourth_broker_and_removes_it_with_force() {
+    let names = ["n1", "n2", "n3"];
+    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
+    let brokers: Vec<Broker> =
+        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
+    wait_for("three members", 30, || {
+        brokers.iter().all(|b| status(b).is_some_and(|v| v["members"].as_array().is_some_and(|m| m.len() == 3)))
+    });
+    let publish = |b: &Broker, key: &str| {
+        for _ in 0..100 {
+            let (ok, _, err) = cli(b, &["publish", "orders", key, "--ack", "--key", key]);
+            if ok {
+                return;
+            }
+            assert!(err.contains("shard_unavailable"), "{err}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("publish through {} never acknowledged", b.name);
+    };
+    publish(&brokers[0], "first");
+    // n4 starts joining; nothing changes until an operator adds it.
+    let (c4, k4) = (free_udp(), free_udp());
+    let n4 = start_with("n4", c4, k4, &peers, &["--join"]);
+    let admin = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["cluster"])
+            .args(args)
+            .args(["--metrics", &brokers[1].metrics.to_string(), "--wait", "30s"])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let member = format!("n4={k4}");
+    let (ok, _, err) = admin(&["add", &member, "--cluster-secret", "wrong"]);
+    assert!(!ok && err.contains("secret"), "{err}");
+    let (ok, _, err) = admin(&["add", "n4-no-address"]);
+    assert!(!ok && err.contains("ID=HOST:PORT"), "{err}");
+    let (ok, out, err) = admin(&["add", &member, "--cluster-secret", "test-secret"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("n4 is a member, active"), "{out}");
+    wait_for("n4 sees four voters and the whole metadata", 20, || {
+        status(&n4).is_some_and(|v| {
+            v["voters"].as_array().is_some_and(|m| m.len() == 4)
+                && v["members"].as_array().is_some_and(|m| m.len() == 4)
+                && owners(&v).len() == 6
+        })
+    });
+    let mine = owners(&status(&brokers[0]).unwrap()).iter().filter(|o| *o == "n4").count();
+    assert!(mine >= 1, "n4 took a share");
+    publish(&n4, "through-n4");
+    // It owns durable shards: removing it is refused without --force, done with it.
+    let (ok, _, err) = admin(&["remove", "n4", "--cluster-secret", "test-secret"]);
+    assert!(!ok && err.contains("durable shard") && err.contains("force"), "{err}");
+    let (ok, out, err) = admin(&["remove", "n4", "--force", "--cluster-secret", "test-secret"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("n4 was removed"), "{out}");
+    wait_for("the three see three voters and own everything", 20, || {
+        brokers.iter().all(|b| {
+            status(b).is_some_and(|v| {
+                v["voters"].as_array().is_some_and(|m| m.len() == 3) && owners(&v).iter().all(|o| o != "n4")
+            })
+        })
+    });
+    publish(&brokers[2], "after");
+    drop(n4);
 }

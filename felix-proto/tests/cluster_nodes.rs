@@ -26,6 +26,9 @@ struct Cluster {
     received: BTreeMap<(String, ConnId, StreamId), Vec<u8>>,
     /// Records stored per (node, shard).
     stored: BTreeMap<(String, u32), u32>,
+    /// (at, peer, address) the driver was told to dial; (at, peer) to forget.
+    peers_added: Vec<(String, String, String)>,
+    peers_removed: Vec<(String, String)>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -56,6 +59,8 @@ impl Cluster {
             network: VecDeque::new(),
             received: BTreeMap::new(),
             stored: BTreeMap::new(),
+            peers_added: Vec::new(),
+            peers_removed: Vec::new(),
         }
     }
 
@@ -85,6 +90,10 @@ impl Cluster {
                             encode(&message, &mut b).unwrap();
                             self.network.push_back((name.clone(), to, b.freeze()));
                         }
+                        NodeOutput::PeerAdded { name: peer, cluster_addr } => {
+                            self.peers_added.push((name.clone(), peer, cluster_addr));
+                        }
+                        NodeOutput::PeerRemoved { name: peer } => self.peers_removed.push((name.clone(), peer)),
                         NodeOutput::PersistRaft { entries, hard_state } => {
                             self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
                         }
@@ -407,4 +416,85 @@ fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
     });
     // Every broker deleted its part (the owner's subscription was told, as a deletion does).
     assert!(NAMES.iter().all(|n| !has_orders(&c, n)));
+}
+
+#[test]
+fn an_operator_adds_a_broker_that_takes_a_share_and_removes_one_only_with_force_for_its_durable_shards() {
+    use felix_proto::cluster::node::AdminError;
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 8,
+        ephemeral: false,
+    };
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.settle();
+    c.until("the stream is known everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some())
+    });
+    // Bad requests are refused up front.
+    let n2 = c.nodes.get_mut("n2").unwrap();
+    assert_eq!(n2.request_add("n1", "127.0.0.1:7001", now), Err(AdminError::AlreadyMember("n1".into())));
+    assert!(matches!(n2.request_add("bad id!", "127.0.0.1:7009", now), Err(AdminError::Bad { .. })));
+    assert!(matches!(n2.request_add("n4", "no-port", now), Err(AdminError::Bad { .. })));
+    assert_eq!(n2.request_remove("n9", false, now), Err(AdminError::NotMember("n9".into())));
+    // n4 starts empty, joining; an operator adds it through a follower.
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    c.nodes.insert("n4".into(), ClusterNode::joining(broker, member("n4", 4), &RaftLog::default(), c.now).unwrap());
+    let follower = NAMES.iter().find(|n| Some(**n) != c.nodes["n1"].leader()).unwrap().to_string();
+    c.nodes.get_mut(&follower).unwrap().request_add("n4", "127.0.0.1:7004", now).unwrap();
+    c.settle();
+    c.until("n4 is a voter and an active member everywhere, with the whole metadata", |c| {
+        c.nodes.values().all(|n| {
+            n.voters().len() == 4
+                && n.metadata().members().get("n4").is_some_and(|m| m.state == MemberState::Active)
+                && n.metadata() == c.nodes["n1"].metadata()
+        })
+    });
+    for n in NAMES {
+        assert!(c.peers_added.contains(&(n.into(), "n4".into(), "127.0.0.1:7004".into())), "{n} dials n4");
+    }
+    let owners: Vec<String> = (0..8).map(|s| owner(&c, s)).collect();
+    assert_eq!(owners.iter().filter(|o| *o == "n4").count(), 2, "n4 took its share: {owners:?}");
+    // Records published through n4 land on their owners.
+    let (conn, st) = c.client("n4", 0x0001 | 0x0008 | 0x0040 | 0x0200, 40);
+    for k in 0..16 {
+        c.send("n4", conn, st, publish_binary("orders", &["x"], Some(k + 1), Some(&format!("key{k}"))));
+    }
+    let acked = acks(&payloads(&c.take("n4", conn, st)));
+    assert_eq!(acked.len(), 16);
+    assert!(acked.iter().all(|a| a.status == AckStatus::Ok), "{acked:?}");
+    // n4 owns durable shards: removing it needs force.
+    let now = c.now;
+    let n1 = c.nodes.get_mut("n1").unwrap();
+    assert_eq!(n1.request_remove("n4", false, now), Err(AdminError::OwnsDurableShards { id: "n4".into(), count: 2 }));
+    n1.request_remove("n4", true, now).unwrap();
+    c.settle();
+    c.until("n4 is gone everywhere and owns nothing", |c| {
+        NAMES.iter().all(|n| {
+            let node = &c.nodes[*n];
+            node.voters().len() == 3
+                && !node.metadata().members().contains_key("n4")
+                && node.metadata().owners().values().all(|a| a.owner != "n4")
+        })
+    });
+    for n in NAMES {
+        assert!(c.peers_removed.contains(&(n.into(), "n4".into())), "{n} forgets n4");
+    }
+    // The removed broker does not come back by itself.
+    for _ in 0..30 {
+        c.tick();
+    }
+    assert!(!c.nodes["n1"].metadata().members().contains_key("n4"));
+    // The three go on.
+    let (conn, st) = c.client("n1", 0x0001 | 0x0008 | 0x0040 | 0x0200, 41);
+    c.send("n1", conn, st, publish_binary("orders", &["y"], Some(1), Some("after")));
+    assert_eq!(acks(&payloads(&c.take("n1", conn, st)))[0].status, AckStatus::Ok);
 }

@@ -14,7 +14,7 @@
 //! restarts from what was kept ([`RaftLog`], [`MetaNode::restart`]) and replays its committed
 //! commands, so the metadata is rebuilt by applying them again.
 
-use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message};
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 use std::collections::VecDeque;
@@ -60,6 +60,18 @@ pub enum MetaOutput {
         /// The message.
         message: Message,
     },
+    /// A change of the group's voters committed (and applied to the engine), in log order
+    /// with the commands: `added` or removed voter `id`, with the context it was proposed with.
+    ConfChanged {
+        /// Its log index.
+        index: u64,
+        /// Added (else removed).
+        added: bool,
+        /// The voter's Raft id.
+        id: u64,
+        /// What the proposer attached (the founding voters' own: their names).
+        context: Vec<u8>,
+    },
     /// A command committed by the group, in log order: apply it.
     Committed {
         /// Its log index.
@@ -82,25 +94,49 @@ impl std::fmt::Debug for MetaNode {
 }
 
 impl MetaNode {
-    /// Member `id` of a group whose voters are `voters` (ids are never 0).
+    /// Member `id` of a group whose founding voters are `voters` (ids are never 0).
     ///
     /// # Errors
     /// [`MetaError::Raft`] for a configuration the engine refuses (id 0, `id` not a voter...).
     pub fn new(id: u64, voters: &[u64]) -> Result<MetaNode, MetaError> {
-        Self::restart(id, voters, &RaftLog::default())
+        let founding: Vec<(u64, Vec<u8>)> = voters.iter().map(|v| (*v, Vec::new())).collect();
+        Self::restart(id, &founding, &RaftLog::default())
     }
 
-    /// Member `id` starting again from what its driver kept: the log and hard state folded from
-    /// every [`MetaOutput::Persist`] before the crash. Committed commands come out again as
-    /// [`MetaOutput::Committed`] from the first, so the state machine is rebuilt by replaying.
+    /// Member `id` starting from what its driver kept: the log and hard state folded from every
+    /// [`MetaOutput::Persist`] before (empty on a first start). Committed commands come out
+    /// again as [`MetaOutput::Committed`] from the first, so the state machine is rebuilt by
+    /// replaying.
+    ///
+    /// The group's voters are in its log: the founding voters `founding` (id and a context,
+    /// the same on every founding member) are written as its first entries on a first start,
+    /// like etcd's bootstrap, and every later change of voters is a logged configuration change
+    /// ([`propose_conf_change`](Self::propose_conf_change)). So a member added later learns
+    /// the whole membership by replicating the log, and a restart recovers it from the log.
+    /// A member that joins an existing group starts with `founding` empty and an empty log: it
+    /// waits, voting for nobody, until the leader replicates to it.
     ///
     /// # Errors
-    /// As [`new`](Self::new); [`MetaError::Raft`] for a kept log the engine refuses.
-    pub fn restart(id: u64, voters: &[u64], kept: &RaftLog) -> Result<MetaNode, MetaError> {
-        if id == 0 || !voters.contains(&id) {
-            return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!("node {id} is not a voter of {voters:?}"))));
+    /// [`MetaError::Raft`] for id 0, a founding list without `id`, or a kept log the engine
+    /// refuses.
+    pub fn restart(id: u64, founding: &[(u64, Vec<u8>)], kept: &RaftLog) -> Result<MetaNode, MetaError> {
+        let founders: Vec<u64> = founding.iter().map(|(v, _)| *v).collect();
+        if id == 0 || (!founders.is_empty() && !founders.contains(&id)) {
+            return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!(
+                "node {id} is not a founding voter of {founders:?}"
+            ))));
         }
-        let storage = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        let mut kept = kept.clone();
+        let mut first_persist = None;
+        if kept.entries.is_empty() && !founding.is_empty() && kept.hard_state.term == 0 {
+            kept = RaftLog::founding(founding);
+            first_persist =
+                Some(MetaOutput::Persist { entries: kept.entries.clone(), hard_state: Some(kept.hard_state.clone()) });
+        }
+        // Voters as the committed configuration changes of the log leave them. A log from
+        // before voters were logged has none: the founding list then says.
+        let voters = kept.voters().unwrap_or(founders);
+        let storage = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
         {
             let mut w = storage.wl();
             if !kept.entries.is_empty() {
@@ -130,7 +166,36 @@ impl MetaNode {
         cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&cfg, storage, &logger)?;
-        Ok(MetaNode { raw, out: VecDeque::new() })
+        Ok(MetaNode { raw, out: first_persist.into_iter().collect() })
+    }
+
+    /// The current voters (ascending).
+    pub fn voters(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Proposes adding (`add`) or removing voter `id`; `context` comes back with
+    /// [`MetaOutput::ConfChanged`] on every member. One change at a time: the engine drops a
+    /// second while the first is not applied.
+    ///
+    /// # Errors
+    /// [`MetaError::NotLeader`] on a follower; [`MetaError::Raft`] when the engine drops it.
+    pub fn propose_conf_change(&mut self, add: bool, id: u64, context: Vec<u8>) -> Result<(), MetaError> {
+        if !self.is_leader() {
+            return Err(MetaError::NotLeader { leader: self.leader() });
+        }
+        if self.raw.raft.has_pending_conf() {
+            return Err(MetaError::Raft(raft::Error::ProposalDropped));
+        }
+        let mut cc = ConfChange::default();
+        cc.set_change_type(if add { ConfChangeType::AddNode } else { ConfChangeType::RemoveNode });
+        cc.set_node_id(id);
+        cc.set_context(context.clone().into());
+        let r = self.raw.propose_conf_change(context, cc);
+        self.process_ready();
+        r.map_err(MetaError::from)
     }
 
     /// This node's id.
@@ -227,10 +292,28 @@ impl MetaNode {
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
+        use protobuf::Message as _;
         for e in entries {
-            // Empty entries are the engine's own (a new leader's first entry).
-            if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
-                self.out.push_back(MetaOutput::Committed { index: e.index, data: e.data.to_vec() });
+            match e.get_entry_type() {
+                // Empty entries are the engine's own (a new leader's first entry).
+                EntryType::EntryNormal if !e.data.is_empty() => {
+                    self.out.push_back(MetaOutput::Committed { index: e.index, data: e.data.to_vec() });
+                }
+                EntryType::EntryConfChange => {
+                    // Every member applies the same entry the same way; one the engine refuses
+                    // (it cannot be, as it was proposed through it) changes nothing.
+                    let Ok(cc) = ConfChange::parse_from_bytes(&e.data) else { continue };
+                    if let Ok(cs) = self.raw.apply_conf_change(&cc) {
+                        self.raw.mut_store().wl().set_conf_state(cs);
+                        self.out.push_back(MetaOutput::ConfChanged {
+                            index: e.index,
+                            added: cc.get_change_type() != ConfChangeType::RemoveNode,
+                            id: cc.get_node_id(),
+                            context: cc.get_context().to_vec(),
+                        });
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -248,6 +331,54 @@ pub struct RaftLog {
 }
 
 impl RaftLog {
+    /// A founding member's first log: one committed configuration change adding each founding
+    /// voter (in id order, at term 1), identical on every founding member.
+    pub fn founding(founding: &[(u64, Vec<u8>)]) -> RaftLog {
+        use protobuf::Message as _;
+        let mut voters = founding.to_vec();
+        voters.sort_by_key(|(id, _)| *id);
+        voters.dedup_by_key(|(id, _)| *id);
+        let entries: Vec<Entry> = voters
+            .iter()
+            .enumerate()
+            .map(|(i, (id, context))| {
+                let mut cc = ConfChange::default();
+                cc.set_change_type(ConfChangeType::AddNode);
+                cc.set_node_id(*id);
+                cc.set_context(context.clone().into());
+                let mut e = Entry::default();
+                e.set_entry_type(EntryType::EntryConfChange);
+                e.index = i as u64 + 1;
+                e.term = 1;
+                e.data = cc.write_to_bytes().unwrap_or_default().into();
+                e
+            })
+            .collect();
+        let hard_state = HardState { term: 1, commit: entries.len() as u64, ..HardState::default() };
+        RaftLog { entries, hard_state }
+    }
+
+    /// The voters the committed configuration changes of this log leave, or `None` for a log
+    /// that has none.
+    pub fn voters(&self) -> Option<Vec<u64>> {
+        use protobuf::Message as _;
+        let mut voters = std::collections::BTreeSet::new();
+        let mut any = false;
+        for e in self.entries.iter().take_while(|e| e.index <= self.hard_state.commit) {
+            if e.get_entry_type() != EntryType::EntryConfChange {
+                continue;
+            }
+            let Ok(cc) = ConfChange::parse_from_bytes(&e.data) else { continue };
+            any = true;
+            if cc.get_change_type() == ConfChangeType::RemoveNode {
+                voters.remove(&cc.get_node_id());
+            } else {
+                voters.insert(cc.get_node_id());
+            }
+        }
+        any.then(|| voters.into_iter().collect())
+    }
+
     /// Folds one `Persist` in: its entries replace the log from the first one's index on.
     pub fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) {
         if let Some(first) = entries.first() {
@@ -376,6 +507,7 @@ mod tests {
         cut: BTreeSet<u64>,
         leaders_by_term: BTreeMap<u64, BTreeSet<u64>>,
         kept: BTreeMap<u64, RaftLog>,
+        changes: BTreeMap<u64, Vec<(bool, u64)>>,
     }
 
     impl Group {
@@ -387,6 +519,7 @@ mod tests {
                 cut: BTreeSet::new(),
                 leaders_by_term: BTreeMap::new(),
                 kept: BTreeMap::new(),
+                changes: BTreeMap::new(),
             }
         }
 
@@ -401,6 +534,9 @@ mod tests {
                             MetaOutput::Committed { data, .. } => self.applied.entry(id).or_default().push(data),
                             MetaOutput::Persist { entries, hard_state } => {
                                 self.kept.entry(id).or_default().persist(&entries, hard_state.as_ref())
+                            }
+                            MetaOutput::ConfChanged { added, id: voter, .. } => {
+                                self.changes.entry(id).or_default().push((added, voter))
                             }
                         }
                     }
@@ -470,6 +606,42 @@ mod tests {
         assert_eq!(g.leaders().len(), 1);
         assert_eq!(g.applied[&1].last(), Some(&vec![42]));
         assert!(g.leaders_by_term.values().all(|l| l.len() == 1), "{:?}", g.leaders_by_term);
+    }
+
+    #[test]
+    fn a_voter_added_later_learns_everything_from_the_log_and_a_removed_one_stops_counting() {
+        let mut g = Group::new(&[1, 2, 3]);
+        g.run(30);
+        assert_eq!(g.changes[&2], vec![(true, 1), (true, 2), (true, 3)], "the founding voters, from the log");
+        let leader = g.leaders()[0];
+        g.nodes.get_mut(&leader).unwrap().propose(b"before".to_vec()).unwrap();
+        g.run(3);
+        // A fourth broker starts empty and is added.
+        g.nodes.insert(4, MetaNode::restart(4, &[], &RaftLog::default()).unwrap());
+        g.nodes.get_mut(&leader).unwrap().propose_conf_change(true, 4, b"n4".to_vec()).unwrap();
+        g.run(20);
+        assert_eq!(g.applied[&4], vec![b"before".to_vec()], "the newcomer replayed what was committed");
+        assert_eq!(g.nodes[&4].voters(), vec![1, 2, 3, 4]);
+        assert_eq!(g.nodes[&1].voters(), vec![1, 2, 3, 4]);
+        // Its kept log says who the voters are: a restart knows them without being told.
+        assert_eq!(g.kept[&4].voters(), Some(vec![1, 2, 3, 4]));
+        let again = MetaNode::restart(4, &[], &g.kept[&4]).unwrap();
+        assert_eq!(again.voters(), vec![1, 2, 3, 4]);
+        // Two of four cut off: no quorum of four... until one of them is removed.
+        let leader = g.leaders()[0];
+        let others: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|v| *v != leader).collect();
+        g.nodes.get_mut(&leader).unwrap().propose_conf_change(false, others[0], Vec::new()).unwrap();
+        g.run(5);
+        assert_eq!(g.nodes[&leader].voters().len(), 3);
+        g.cut.insert(others[0]);
+        g.cut.insert(others[1]);
+        g.nodes.get_mut(&leader).unwrap().propose(b"after".to_vec()).unwrap();
+        g.run(5);
+        assert_eq!(g.applied[&leader].last(), Some(&b"after".to_vec()), "two of three commit");
+        // A second change while one is pending is refused, not lost silently.
+        let l = g.nodes.get_mut(&leader).unwrap();
+        l.propose_conf_change(true, 9, Vec::new()).unwrap();
+        assert!(l.propose_conf_change(true, 10, Vec::new()).is_err());
     }
 
     #[test]

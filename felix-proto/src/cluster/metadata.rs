@@ -111,6 +111,24 @@ pub enum Command {
         /// Node id.
         id: String,
     },
+    /// A broker becomes a voter of the metadata group (an operator's `cluster add`). Carried
+    /// as a Raft configuration change; it changes no metadata (the broker then joins).
+    AddVoter {
+        /// Node id.
+        id: String,
+        /// Where brokers reach it (empty for a founding voter: every broker was given those).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        cluster_addr: String,
+    },
+    /// A broker stops being a voter and leaves (an operator's `cluster remove`): a Raft
+    /// configuration change, and its shards go to the others like [`Command::Remove`].
+    RemoveVoter {
+        /// Node id.
+        id: String,
+        /// The operator accepted losing the records only it held (its durable shards).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
+    },
     /// A stream or cache is deleted.
     Delete {
         /// Stream or cache.
@@ -188,6 +206,14 @@ impl Metadata {
         self.registry.get(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned())).copied()
     }
 
+    /// The durable shards `id` owns: their records are only on it.
+    pub fn durable_shards_of(&self, id: &str) -> usize {
+        self.owners
+            .iter()
+            .filter(|(s, a)| a.owner == id && !self.is_ephemeral(s.kind, &s.tenant, &s.namespace, &s.name))
+            .count()
+    }
+
     /// Whether a stream or cache was created kept in memory only.
     pub fn is_ephemeral(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> bool {
         self.ephemeral.contains(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned()))
@@ -209,6 +235,10 @@ impl Metadata {
             }
             Command::Remove { id } => {
                 self.members.remove(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
+            }
+            Command::AddVoter { .. } => return Ok(()),
+            Command::RemoveVoter { id, .. } => {
+                self.members.remove(id);
             }
             Command::MarkDown { id } => {
                 let m = self.members.get_mut(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
@@ -465,7 +495,7 @@ mod tests {
                                 MetaOutput::Committed { data, .. } => {
                                     let _ = md[i].apply(&Command::decode(&data).unwrap());
                                 }
-                                MetaOutput::Persist { .. } => {}
+                                MetaOutput::Persist { .. } | MetaOutput::ConfChanged { .. } => {}
                             }
                         }
                     }

@@ -43,6 +43,19 @@ pub enum NodeOutput {
         /// The message.
         message: PeerMessage,
     },
+    /// A broker became a voter of the cluster (an operator added it): dial it at
+    /// `cluster_addr` and accept it as a peer. Repeated on a restart's replay: idempotent.
+    PeerAdded {
+        /// Node id.
+        name: String,
+        /// Its cluster listener.
+        cluster_addr: String,
+    },
+    /// A broker left the cluster: stop dialling it, refuse it as a peer.
+    PeerRemoved {
+        /// Node id.
+        name: String,
+    },
     /// Make this Raft state durable before carrying out any later output
     /// ([`super::meta::MetaOutput::Persist`]).
     PersistRaft {
@@ -51,6 +64,55 @@ pub enum NodeOutput {
         /// The new hard state.
         hard_state: Option<HardState>,
     },
+}
+
+/// Why an operator's change of members was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdminError {
+    /// Already a voter.
+    #[error("{0} is already a member of the cluster")]
+    AlreadyMember(String),
+    /// Not a voter.
+    #[error("{0} is not a member of the cluster")]
+    NotMember(String),
+    /// The last voter cannot leave.
+    #[error("{0} is the cluster's last member")]
+    LastMember(String),
+    /// Its durable shards would lose the records only it holds.
+    #[error(
+        "{id} owns {count} durable shard(s) whose records only it holds; moving them is a shard move \
+         (not built yet), so removing it loses them: pass force to accept that"
+    )]
+    OwnsDurableShards {
+        /// Node id.
+        id: String,
+        /// How many.
+        count: usize,
+    },
+    /// A node id must be 1 to 64 of `[A-Za-z0-9._-]`; an address must be HOST:PORT.
+    #[error("bad {what}: {value:?}")]
+    Bad {
+        /// Which argument.
+        what: &'static str,
+        /// What was given.
+        value: String,
+    },
+}
+
+/// A node's Raft id: a stable 63-bit hash of its node id (never 0), the same on every broker,
+/// so a broker added later has an id nobody has to hand out.
+pub fn raft_id(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h & 0x7FFF_FFFF_FFFF_FFFF).max(1)
+}
+
+/// Whether `name` is a usable node id.
+pub fn valid_node_id(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// A broker of a cluster.
@@ -73,6 +135,8 @@ pub struct ClusterNode {
     was_leader: bool,
     /// Members this leader proposed to mark down (not again until their state changes).
     marked: std::collections::BTreeSet<String>,
+    /// This broker was removed from the cluster: it proposes nothing any more.
+    removed: bool,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -96,14 +160,44 @@ impl ClusterNode {
         kept: &RaftLog,
         now: Instant,
     ) -> Result<ClusterNode, MetaError> {
-        let mut sorted: Vec<String> = peers.to_vec();
-        sorted.sort();
-        sorted.dedup();
-        let names: BTreeMap<u64, String> = sorted.iter().enumerate().map(|(i, n)| (i as u64 + 1, n.clone())).collect();
-        let ids: BTreeMap<String, u64> = names.iter().map(|(i, n)| (n.clone(), *i)).collect();
-        let id = ids.get(&me.id).copied().unwrap_or(0);
-        let voters: Vec<u64> = names.keys().copied().collect();
-        let meta = MetaNode::restart(id, &voters, kept)?;
+        if !peers.contains(&me.id) {
+            return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!("{} is not among the peers", me.id))));
+        }
+        Self::start(broker, me, peers, kept, now)
+    }
+
+    /// Broker `me` joining a running cluster (after `cluster add`): it takes part once the
+    /// leader replicates the group's log to it, and learns every member from that log. `kept`
+    /// as for [`new`](Self::new).
+    ///
+    /// # Errors
+    /// [`MetaError`] when the kept log is refused.
+    pub fn joining(broker: Broker, me: Member, kept: &RaftLog, now: Instant) -> Result<ClusterNode, MetaError> {
+        Self::start(broker, me, &[], kept, now)
+    }
+
+    fn start(
+        broker: Broker,
+        me: Member,
+        founding: &[String],
+        kept: &RaftLog,
+        now: Instant,
+    ) -> Result<ClusterNode, MetaError> {
+        let mut names: BTreeMap<u64, String> = BTreeMap::new();
+        for n in founding {
+            if let Some(other) = names.insert(raft_id(n), n.clone())
+                && other != *n
+            {
+                return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!(
+                    "node ids {other} and {n} collide; rename one"
+                ))));
+            }
+        }
+        let voters: Vec<(u64, Vec<u8>)> = names
+            .iter()
+            .map(|(id, n)| (*id, Command::AddVoter { id: n.clone(), cluster_addr: String::new() }.encode()))
+            .collect();
+        let meta = MetaNode::restart(raft_id(&me.id), &voters, kept)?;
         // A member of a cluster from the start: nothing is served as if alone while it joins.
         let mut broker = broker;
         broker.apply_cluster(&Metadata::default(), &me.id, now);
@@ -120,9 +214,62 @@ impl ClusterNode {
             last_seen: BTreeMap::new(),
             was_leader: false,
             marked: std::collections::BTreeSet::new(),
+            removed: false,
         };
+        node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
+        // The founding entries (or a replay) come out now.
+        node.drain_meta(now);
         Ok(node)
+    }
+
+    /// The voters of the metadata group, by node id.
+    pub fn voters(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.meta.voters().iter().filter_map(|id| self.names.get(id).cloned()).collect();
+        v.sort();
+        v
+    }
+
+    /// An operator adds broker `name`, reachable by its peers at `cluster_addr`, as a voter
+    /// (`felix-node cluster add`). It is proposed through the leader; once committed every
+    /// broker dials it and the leader replicates the log to it.
+    ///
+    /// # Errors
+    /// [`AdminError`] for a bad name or address or a broker already a member.
+    pub fn request_add(&mut self, name: &str, cluster_addr: &str, now: Instant) -> Result<(), AdminError> {
+        if !valid_node_id(name) {
+            return Err(AdminError::Bad { what: "node id", value: name.into() });
+        }
+        if cluster_addr.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            return Err(AdminError::Bad { what: "cluster address", value: cluster_addr.into() });
+        }
+        if self.voters().iter().any(|v| v == name) {
+            return Err(AdminError::AlreadyMember(name.into()));
+        }
+        self.propose(&Command::AddVoter { id: name.into(), cluster_addr: cluster_addr.into() }, now);
+        Ok(())
+    }
+
+    /// An operator removes broker `name` (`felix-node cluster remove`): it stops being a voter
+    /// and its shards go to the others. A broker owning durable shards holds records nobody
+    /// else has: refused unless `force` (they are lost; moving them is a shard move).
+    ///
+    /// # Errors
+    /// [`AdminError`] for a non-member, the last member, or durable shards without `force`.
+    pub fn request_remove(&mut self, name: &str, force: bool, now: Instant) -> Result<(), AdminError> {
+        let voters = self.voters();
+        if !voters.iter().any(|v| v == name) {
+            return Err(AdminError::NotMember(name.into()));
+        }
+        if voters.len() == 1 {
+            return Err(AdminError::LastMember(name.into()));
+        }
+        let count = self.metadata.durable_shards_of(name);
+        if count > 0 && !force {
+            return Err(AdminError::OwnsDurableShards { id: name.into(), count });
+        }
+        self.propose(&Command::RemoveVoter { id: name.into(), force }, now);
+        Ok(())
     }
 
     /// This broker's node id.
@@ -155,6 +302,11 @@ impl ClusterNode {
                 // A message that does not decode, or that the engine refuses (another group,
                 // a stale term), changes nothing.
                 if let Ok(msg) = decode_message(&bytes) {
+                    // A broker that joined learns who its peers are from what they send (the
+                    // transport checked who is speaking) before its log tells it.
+                    if msg.from == raft_id(from) {
+                        self.names.entry(msg.from).or_insert_with(|| from.to_owned());
+                    }
                     let _ = self.meta.step(msg);
                 }
             }
@@ -194,7 +346,7 @@ impl ClusterNode {
             // Not an active member (yet, or any more): ask again (a proposal can be lost with a
             // leader; a member declared down comes back this way).
             let active = self.metadata.members().get(&self.me.id).is_some_and(|m| m.state == MemberState::Active);
-            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !active {
+            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !active && !self.removed {
                 self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
             }
             self.check_leases(now);
@@ -271,12 +423,30 @@ impl ClusterNode {
         }
     }
 
-    /// Hands waiting commands to the leader (itself or a peer).
+    /// Hands waiting commands to the leader (itself or a peer). The leader proposes a change
+    /// of voters as a Raft configuration change (one at a time: another waits for the next
+    /// tick), and drops the join of a broker that is not a voter (a removed one).
     fn flush_pending(&mut self, now: Instant) {
+        let mut later = Vec::new();
         while let Some(data) = self.pending.front().cloned() {
             if self.meta.is_leader() {
                 self.pending.pop_front();
-                let _ = self.meta.propose(data);
+                match Command::decode(&data) {
+                    Ok(Command::AddVoter { id, .. }) => {
+                        if self.meta.propose_conf_change(true, raft_id(&id), data.clone()).is_err() {
+                            later.push(data);
+                        }
+                    }
+                    Ok(Command::RemoveVoter { id, .. }) => {
+                        if self.meta.propose_conf_change(false, raft_id(&id), data.clone()).is_err() {
+                            later.push(data);
+                        }
+                    }
+                    Ok(Command::Join { member }) if !self.meta.voters().contains(&raft_id(&member.id)) => {}
+                    _ => {
+                        let _ = self.meta.propose(data);
+                    }
+                }
             } else if let Some(leader) = self.leader().map(str::to_owned) {
                 self.pending.pop_front();
                 self.out.push_back(NodeOutput::Peer { to: leader, message: PeerMessage::Propose(Bytes::from(data)) });
@@ -284,6 +454,7 @@ impl ClusterNode {
                 break;
             }
         }
+        self.pending.extend(later);
         self.drain_meta(now);
     }
 
@@ -300,6 +471,34 @@ impl ClusterNode {
                     if let Some(name) = self.names.get(&to) {
                         let message = PeerMessage::Raft(Bytes::from(encode_message(&message)));
                         self.out.push_back(NodeOutput::Peer { to: name.clone(), message });
+                    }
+                }
+                MetaOutput::ConfChanged { added, id, context, .. } => {
+                    let named = match Command::decode(&context) {
+                        Ok(Command::AddVoter { id: n, cluster_addr }) => Some((n, cluster_addr)),
+                        Ok(Command::RemoveVoter { id: n, .. }) => Some((n, String::new())),
+                        _ => None,
+                    };
+                    let Some((name, cluster_addr)) =
+                        named.or_else(|| self.names.get(&id).map(|n| (n.clone(), String::new())))
+                    else {
+                        continue;
+                    };
+                    if added {
+                        self.names.insert(id, name.clone());
+                        if name != self.me.id && !cluster_addr.is_empty() {
+                            self.out.push_back(NodeOutput::PeerAdded { name, cluster_addr });
+                        }
+                    } else {
+                        if name == self.me.id {
+                            self.removed = true;
+                            self.pending.clear();
+                        } else {
+                            self.out.push_back(NodeOutput::PeerRemoved { name: name.clone() });
+                        }
+                        self.last_seen.remove(&name);
+                        // Every broker applies the removal at the same log index.
+                        changed |= self.metadata.apply(&Command::RemoveVoter { id: name, force: true }).is_ok();
                     }
                 }
                 MetaOutput::Committed { data, .. } => {

@@ -121,6 +121,8 @@ impl World {
                     }
                 }
                 MetaOutput::Committed { index, data } => self.apply(id, index, data)?,
+                // The founding voters' own entries; this simulation changes no voters.
+                MetaOutput::ConfChanged { .. } => {}
             }
         }
     }
@@ -187,7 +189,8 @@ impl World {
         if b.node.is_some() {
             return Ok(false);
         }
-        b.node = Some(MetaNode::restart(id, &ids, &b.kept).map_err(|e| Violation {
+        let founding: Vec<(u64, Vec<u8>)> = ids.iter().map(|i| (*i, Vec::new())).collect();
+        b.node = Some(MetaNode::restart(id, &founding, &b.kept).map_err(|e| Violation {
             seed,
             step,
             what: format!("n{id} could not restart from its log: {e}"),

@@ -268,6 +268,8 @@ impl World {
                 self.network.push((now + delay, name.to_owned(), to, b.freeze()));
             }
             NodeOutput::Broker(b) => self.broker_output(name, b)?,
+            // This simulation's voters are the founding ones.
+            NodeOutput::PeerAdded { .. } | NodeOutput::PeerRemoved { .. } => {}
         }
         Ok(())
     }
