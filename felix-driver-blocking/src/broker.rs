@@ -320,7 +320,12 @@ impl BlockingBroker {
             // No cluster transport in this driver: a broker only forwards once it was given a
             // cluster's metadata, which this driver never does.
             BrokerOutput::Forward { publish, .. } => self.broker.handle_forward_failed(publish.id, Instant::now()),
+            BrokerOutput::ForwardRequest { request, .. } => {
+                self.broker.handle_forward_request_failed(request.id, Instant::now())
+            }
             BrokerOutput::ForwardAnswer { .. }
+            | BrokerOutput::ForwardRequestAnswer { .. }
+            | BrokerOutput::ProposeCache { .. }
             | BrokerOutput::ProposeStream { .. }
             | BrokerOutput::ProposeStreamDeletion { .. } => {}
             BrokerOutput::CloseConnection { conn, code, reason } => {

@@ -1125,7 +1125,12 @@ impl BrokerTask {
                 // A single broker never forwards (only a broker given a cluster's metadata
                 // does, and its ClusterNode turns forwards into peer messages).
                 BrokerOutput::Forward { publish, .. } => self.node.broker().handle_forward_failed(publish.id, now()),
+                BrokerOutput::ForwardRequest { request, .. } => {
+                    self.node.broker().handle_forward_request_failed(request.id, now())
+                }
                 BrokerOutput::ForwardAnswer { .. }
+                | BrokerOutput::ForwardRequestAnswer { .. }
+                | BrokerOutput::ProposeCache { .. }
                 | BrokerOutput::ProposeStream { .. }
                 | BrokerOutput::ProposeStreamDeletion { .. } => {}
                 BrokerOutput::CloseConnection { conn, code, reason } => {

@@ -1020,6 +1020,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
                 t.acked += r.acked;
                 t.forwarded += r.forwarded;
                 t.subscribed += r.subscribed;
+                t.cache_answers += r.cache_answers;
                 t.redirected += r.redirected;
                 t.unavailable += r.unavailable;
                 t.crashes += r.crashes;
@@ -1045,12 +1046,13 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} redirected, {} unavailable, {} crashes, {} peer messages lost",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
         t.forwarded,
         t.subscribed,
+        t.cache_answers,
         t.redirected,
         t.unavailable,
         t.crashes,

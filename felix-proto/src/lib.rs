@@ -82,6 +82,9 @@
 //!             | BrokerOutput::DeleteStream { .. }
 //!             | BrokerOutput::Forward { .. }
 //!             | BrokerOutput::ForwardAnswer { .. }
+//!             | BrokerOutput::ForwardRequest { .. }
+//!             | BrokerOutput::ForwardRequestAnswer { .. }
+//!             | BrokerOutput::ProposeCache { .. }
 //!             | BrokerOutput::ProposeStream { .. }
 //!             | BrokerOutput::ProposeStreamDeletion { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }

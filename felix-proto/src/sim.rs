@@ -591,6 +591,9 @@ impl Sim {
             }
             o @ (BrokerOutput::Forward { .. }
             | BrokerOutput::ForwardAnswer { .. }
+            | BrokerOutput::ForwardRequest { .. }
+            | BrokerOutput::ForwardRequestAnswer { .. }
+            | BrokerOutput::ProposeCache { .. }
             | BrokerOutput::ProposeStream { .. }
             | BrokerOutput::ProposeStreamDeletion { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {

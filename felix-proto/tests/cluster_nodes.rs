@@ -42,12 +42,18 @@ fn member(name: &str, i: u16) -> Member {
 
 impl Cluster {
     fn new(names: &[&str]) -> Cluster {
+        Self::with(names, false)
+    }
+
+    /// `history`: brokers with storage (counters, groups), as `serve` runs them.
+    fn with(names: &[&str], history: bool) -> Cluster {
         let now = epoch();
         let peers: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         let mut nodes = BTreeMap::new();
         for (i, n) in names.iter().enumerate() {
             let mut cfg = config();
             cfg.clustered = true;
+            cfg.history_reads = history;
             let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000));
             let node = ClusterNode::new(broker, member(n, i as u16 + 1), &peers, &RaftLog::default(), now).unwrap();
             nodes.insert(n.to_string(), node);
@@ -497,4 +503,170 @@ fn an_operator_adds_a_broker_that_takes_a_share_and_removes_one_only_with_force_
     let (conn, st) = c.client("n1", 0x0001 | 0x0008 | 0x0040 | 0x0200, 41);
     c.send("n1", conn, st, publish_binary("orders", &["y"], Some(1), Some("after")));
     assert_eq!(acks(&payloads(&c.take("n1", conn, st)))[0].status, AckStatus::Ok);
+}
+
+#[test]
+fn caches_and_counters_live_on_their_owner_and_every_broker_forwards_to_it() {
+    let mut c = Cluster::with(&NAMES, true);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let put = |key: &str, v: &str, rid: u64| {
+        json(&Message::CachePut(message::CachePut {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: key.into(),
+            value: message::B64::from(v),
+            request_id: Some(rid),
+            ttl_ms: None,
+        }))
+    };
+    let get = |key: &str, rid: u64| {
+        json(&Message::CacheGet(message::CacheGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: key.into(),
+            request_id: Some(rid),
+        }))
+    };
+    let add = |delta: i64, rid: u64| {
+        json(&Message::CounterAdd(message::CounterAdd {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: "logins".into(),
+            delta,
+            request_id: rid,
+        }))
+    };
+    // The first request makes the cluster create the cache: retryable until its owner is known.
+    let (conn, st) = c.client("n1", 0x0001, 1);
+    c.send("n1", conn, st, put("alice", "v1", 1));
+    let first = messages(&c.take("n1", conn, st));
+    assert!(
+        matches!(&first[0], Message::Error(e) if e.message.contains("being created"))
+            || first[0] == Message::CacheOk(message::CacheOk { request_id: 1 }),
+        "{first:?}"
+    );
+    c.until("the cache has an owner everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Cache, "t1", "default", "sessions") == Some(1))
+    });
+    let cache_owner = c.nodes["n1"]
+        .metadata()
+        .owner(&ShardId {
+            kind: Kind::Cache,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: "sessions".into(),
+            shard: 0,
+        })
+        .unwrap()
+        .owner
+        .clone();
+    // A put through every broker, each read back through every other: one cache.
+    let mut clients = BTreeMap::new();
+    for (i, n) in NAMES.iter().enumerate() {
+        clients.insert(*n, c.client(n, 0x0001, 10 + i as u64));
+    }
+    for (i, n) in NAMES.iter().enumerate() {
+        let (conn, st) = clients[n];
+        c.send(n, conn, st, put(&format!("k-{n}"), &format!("from-{n}"), 100 + i as u64));
+        assert_eq!(messages(&c.take(n, conn, st)), [Message::CacheOk(message::CacheOk { request_id: 100 + i as u64 })]);
+    }
+    for n in NAMES {
+        for m in NAMES {
+            let (conn, st) = clients[n];
+            c.send(n, conn, st, get(&format!("k-{m}"), 7));
+            let got = messages(&c.take(n, conn, st));
+            assert!(
+                matches!(&got[..], [Message::CacheValue(v)] if v.value.as_ref().map(|b| b.0.as_ref()) == Some(format!("from-{m}").as_bytes())),
+                "{n} reading k-{m}: {got:?}"
+            );
+        }
+    }
+    // Counters add up across brokers (the owner persists them: a write completes first).
+    for (i, n) in NAMES.iter().enumerate() {
+        let (conn, st) = clients[n];
+        c.send(n, conn, st, add(i as i64 + 1, 200 + i as u64));
+        let got = messages(&c.take(n, conn, st));
+        assert!(
+            matches!(&got[..], [Message::CounterValue(v)] if v.request_id == 200 + i as u64),
+            "{n} (owner {cache_owner}): {got:?}"
+        );
+    }
+    let (conn, st) = clients["n2"];
+    c.send(
+        "n2",
+        conn,
+        st,
+        json(&Message::CounterGet(message::CounterGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: "logins".into(),
+            request_id: 300,
+        })),
+    );
+    assert_eq!(
+        messages(&c.take("n2", conn, st)),
+        [Message::CounterValue(message::CounterValue { value: Some(6), request_id: 300 })]
+    );
+    // Only the owner holds the cache; the others served nothing locally.
+    let forwarded: u64 = c.nodes.values().map(|n| n.broker.stats().requests_forwarded).sum();
+    let served: u64 = c.nodes.values().map(|n| n.broker.stats().requests_forwarded_in).sum();
+    assert_eq!(forwarded, served, "every forward served");
+    assert_eq!(forwarded, 2 + 6 + 2 + 1, "puts, gets, adds and the get not made on the owner");
+    assert_eq!(c.nodes[&cache_owner].broker.stats().requests_forwarded, 0);
+    // A watch is owner-only: not_leader to a client that offered the redirect bit, an error
+    // with code not_leader to one that offered codes only.
+    let other = NAMES.iter().find(|n| **n != cache_owner).unwrap().to_string();
+    let watch = json(&Message::CacheWatch(message::CacheWatch {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "sessions".into(),
+        key: Some("k-n1".into()),
+        prefix: None,
+        shard: None,
+        from_offset: None,
+        retained: false,
+        subscription_id: None,
+    }));
+    let p = c.nodes.get_mut(&other).unwrap().broker.admit(PeerAddr([50; 16]), c.now).unwrap();
+    let ps = StreamId::new(Side::Client, Dir::Bi, 0);
+    let (lo, hi) = felix_proto::features::Features::REDIRECT.to_words(true);
+    c.nodes.get_mut(&other).unwrap().broker.handle_stream_data(p, ps, auth(Some(1), lo, hi), false, c.now);
+    c.settle();
+    c.take(&other, p, ps);
+    c.send(&other, p, ps, watch.clone());
+    let got = messages(&c.take(&other, p, ps));
+    assert!(matches!(&got[..], [Message::NotLeader(l)] if l.node_id == cache_owner), "{got:?}");
+    let (lo, hi) = felix_proto::features::Features::ERROR_CODES.to_words(true);
+    let q = c.nodes.get_mut(&other).unwrap().broker.admit(PeerAddr([51; 16]), c.now).unwrap();
+    c.nodes.get_mut(&other).unwrap().broker.handle_stream_data(q, ps, auth(Some(1), lo, hi), false, c.now);
+    c.settle();
+    c.take(&other, q, ps);
+    c.send(&other, q, ps, watch);
+    let got = messages(&c.take(&other, q, ps));
+    assert!(
+        matches!(&got[..], [Message::Error(e)] if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("not_leader")),
+        "{got:?}"
+    );
+    // cache_shards answers from the cluster's registry.
+    c.send(
+        &other,
+        q,
+        ps,
+        json(&Message::CacheShards(message::CacheShards {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            request_id: 9,
+        })),
+    );
+    assert_eq!(
+        messages(&c.take(&other, q, ps)),
+        [Message::CacheShardsView(message::CacheShardsView { shards: 1, request_id: 9 })]
+    );
+    // Internal connections are not clients.
+    assert!(c.nodes[&cache_owner].broker.connection_count() <= 3);
 }

@@ -16,6 +16,7 @@ fn seeds(range: std::ops::Range<u64>) -> WorldReport {
         t.acked += r.acked;
         t.forwarded += r.forwarded;
         t.subscribed += r.subscribed;
+        t.cache_answers += r.cache_answers;
         t.redirected += r.redirected;
         t.unavailable += r.unavailable;
         t.lost_with_broker += r.lost_with_broker;
@@ -34,7 +35,7 @@ fn the_first_500_seeds_keep_every_cluster_invariant() {
     // The faults and every kind of answer happened (a quiet run proves nothing).
     assert!(t.crashes > 500 && t.lost > 5_000, "{t:?}");
     assert!(t.forwarded > 1_000 && t.redirected > 1_000 && t.unavailable > 100 && t.subscribed > 1_000, "{t:?}");
-    assert!(t.lost_with_broker > 0, "{t:?}");
+    assert!(t.lost_with_broker > 0 && t.cache_answers > 1_000, "{t:?}");
 }
 
 #[test]

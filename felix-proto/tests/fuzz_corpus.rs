@@ -106,6 +106,18 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             ),
             ("answer", PeerMessage::ForwardAnswer { id: 1, outcome: ForwardOutcome::Appended { offset: Some(9) } }),
             ("propose", PeerMessage::Propose(bytes::Bytes::from_static(br#"{"op":"drain","id":"n2"}"#))),
+            (
+                "request",
+                PeerMessage::Request(felix_proto::broker::ForwardedRequest {
+                    id: 2,
+                    tenant_id: "t1".into(),
+                    principal: bytes::Bytes::from_static(b"alice"),
+                    flags: 1,
+                    features: 2,
+                    request: bytes::Bytes::from_static(br#"FLX1 cache_get"#),
+                }),
+            ),
+            ("request-answer", PeerMessage::RequestAnswer { id: 2, data: bytes::Bytes::from_static(b"answer") }),
         ];
         let mut all = bytes::BytesMut::new();
         for (name, m) in messages {

@@ -236,6 +236,9 @@ impl Broker {
             && d <= now
         {
             self.forward_deadlines.pop_first();
+            if self.forward_request_timed_out(id) {
+                continue;
+            }
             if let Some(f) = self.forwards.remove(&id) {
                 let r = Refusal::new(
                     ErrorCode::Unacknowledged,

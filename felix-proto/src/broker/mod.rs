@@ -43,6 +43,7 @@ mod answers;
 mod cache_requests;
 mod connection;
 mod forward;
+mod forward_request;
 mod key;
 mod output;
 mod ownership;
@@ -58,6 +59,7 @@ use sub::{Ending, Sub, SubEvent, frame_len};
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{BrokerConfig, CacheSpec, FsyncMode, Retention, StreamConfig, StreamSpec};
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
+pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
 pub use requests::MAX_NAME_BYTES;
@@ -133,6 +135,8 @@ struct Session {
     tenant_id: String,
     principal: Bytes,
     token: usize,
+    /// A request another broker of the cluster forwarded: it checked the permission.
+    vouched: bool,
     offer: ClientOffer,
     window: Option<u32>,
     ack_on_commit: bool,
@@ -244,6 +248,8 @@ enum HeldFor {
     Write(WriteToken),
     /// A group poll (long-polling, or reading its records back).
     Poll(u64),
+    /// A cache or counter request forwarded to the cache's owner.
+    Forward(u64),
 }
 
 #[derive(Debug)]
@@ -414,6 +420,10 @@ pub struct Broker {
     forwards: HashMap<u64, forward::Forwarding>,
     forward_deadlines: std::collections::BTreeSet<(Instant, u64)>,
     next_forward: u64,
+    /// Cache and counter requests forwarded to the cache's owner, by forward id.
+    request_forwards: HashMap<u64, forward_request::PendingRequest>,
+    /// Requests this broker serves for others (it owns their caches).
+    served: forward_request::Served,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -478,6 +488,8 @@ impl Broker {
             forwards: HashMap::new(),
             forward_deadlines: std::collections::BTreeSet::new(),
             next_forward: 1,
+            request_forwards: HashMap::new(),
+            served: forward_request::Served::default(),
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
@@ -506,7 +518,7 @@ impl Broker {
 
     /// Number of open connections.
     pub fn connection_count(&self) -> usize {
-        self.conns.len()
+        self.conns.len() - self.internal_connections()
     }
 
     /// Control streams held, over every connection (a leak detector for drivers).
@@ -543,7 +555,15 @@ impl Broker {
     /// The next output, `None` when there is nothing to do.
     #[must_use]
     pub fn poll_output(&mut self) -> Option<BrokerOutput> {
-        self.out.pop_front()
+        loop {
+            let o = self.out.pop_front()?;
+            if self.served.is_empty() {
+                return Some(o);
+            }
+            if let Some(o) = self.intercept_internal(o) {
+                return Some(o);
+            }
+        }
     }
 
     /// When to call [`handle_timeout`](Self::handle_timeout) next: the earliest authentication

@@ -114,6 +114,35 @@ pub enum BrokerOutput {
         /// Appended (with the offset) or refused.
         outcome: super::ForwardOutcome,
     },
+    /// Send a cache or counter request to the broker `to` that owns its cache: deliver it to
+    /// that broker's [`Broker::handle_forwarded_request`], or, when it cannot be reached,
+    /// report [`Broker::handle_forward_request_failed`].
+    ForwardRequest {
+        /// The owner's node id.
+        to: String,
+        /// The request.
+        request: super::ForwardedRequest,
+    },
+    /// The answer to a request broker `to` forwarded here: deliver it to that broker's
+    /// [`Broker::handle_forward_request_answer`].
+    ForwardRequestAnswer {
+        /// The origin's node id.
+        to: String,
+        /// The forward id the origin named it by.
+        id: u64,
+        /// The answer, as frames built for the client.
+        data: Bytes,
+    },
+    /// A clustered broker met a cache the cluster does not know yet: propose its creation
+    /// (one shard) to the metadata group.
+    ProposeCache {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Cache.
+        cache: String,
+    },
     /// A clustered broker met a stream the cluster does not know yet: propose its creation to
     /// the metadata group ([`crate::cluster::node::ClusterNode`] does). Meanwhile requests for
     /// it are answered `shard_unavailable` (retry): no broker writes a stream nobody owns.
@@ -229,6 +258,10 @@ pub struct BrokerStats {
     pub publishes_forwarded: u64,
     /// Publishes other brokers forwarded here.
     pub publishes_forwarded_in: u64,
+    /// Cache and counter requests forwarded to their cache's owner.
+    pub requests_forwarded: u64,
+    /// Cache and counter requests other brokers forwarded here.
+    pub requests_forwarded_in: u64,
     /// Frames received.
     pub frames_in: u64,
     /// JSON frames received (after `auth`).

@@ -102,6 +102,7 @@ impl Broker {
             tenant_id: a.tenant_id,
             principal: Bytes::from(principal),
             token,
+            vouched: false,
             offer,
             window,
             ack_on_commit,
@@ -162,6 +163,10 @@ impl Broker {
             let rid = m.request_id();
             return self.handle_unknown(conn, st, m.type_name(), rid, None);
         }
+        // In a cluster, cache and counter requests go to the cache's owner.
+        if self.forward_cache_request(conn, st, &m, now) {
+            return;
+        }
         match m {
             Message::Auth(_) => self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "already authenticated")),
             // A single publish is a batch of one.
@@ -192,7 +197,10 @@ impl Broker {
             Message::CachePutIf(p) => self.cache_put_if(conn, st, p, now),
             Message::CacheDeleteIf(d) => self.cache_delete_if(conn, st, d, now),
             Message::StreamRead(r) => self.stream_read(conn, st, r),
-            Message::CacheWatch(w) => self.cache_watch(conn, st, w, now),
+            Message::CacheWatch(w) => match self.cache_watch_elsewhere(st, &w) {
+                Some(answer) => self.send(conn, st, json_frame(&answer)),
+                None => self.cache_watch(conn, st, w, now),
+            },
             Message::ProducerInit(p) => {
                 let producer_id = self.random();
                 let m = Message::ProducerInitOk(message::ProducerInitOk { request_id: p.request_id, producer_id });
@@ -247,10 +255,9 @@ impl Broker {
             }
             Message::CacheShards(q) => {
                 let known = self.caches.contains_key(KeyRef(&q.tenant_id, &q.namespace, &q.cache).q());
-                let m = Message::CacheShardsView(message::CacheShardsView {
-                    shards: u32::from(known),
-                    request_id: q.request_id,
-                });
+                let shards =
+                    self.cluster_cache_shards(&q.tenant_id, &q.namespace, &q.cache).unwrap_or_else(|| u32::from(known));
+                let m = Message::CacheShardsView(message::CacheShardsView { shards, request_id: q.request_id });
                 self.send(conn, st, json_frame(&m));
             }
             Message::Extension(e) => self.handle_unknown(conn, st, "extension", Some(e.request_id), Some(e.name)),
@@ -313,7 +320,7 @@ impl Broker {
         if sess.tenant_id != t {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
         }
-        if !self.cfg.tokens[sess.token].allows(action, ns, name) {
+        if !sess.vouched && !self.cfg.tokens.get(sess.token).is_some_and(|t| t.allows(action, ns, name)) {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{name}", action.name())));
         }
         Ok(())

@@ -312,6 +312,8 @@ impl ClusterNode {
             }
             PeerMessage::Forward(p) => self.broker.handle_forwarded(from, p, now),
             PeerMessage::ForwardAnswer { id, outcome } => self.broker.handle_forward_answer(id, outcome, now),
+            PeerMessage::Request(q) => self.broker.handle_forwarded_request(from, q, now),
+            PeerMessage::RequestAnswer { id, data } => self.broker.handle_forward_request_answer(id, data, now),
             PeerMessage::Propose(data) => {
                 self.pending.push_back(data.to_vec());
                 self.flush_pending(now);
@@ -325,6 +327,7 @@ impl ClusterNode {
     pub fn handle_undeliverable(&mut self, message: PeerMessage, now: Instant) {
         match message {
             PeerMessage::Forward(p) => self.broker.handle_forward_failed(p.id, now),
+            PeerMessage::Request(q) => self.broker.handle_forward_request_failed(q.id, now),
             PeerMessage::Propose(data) => self.pending.push_back(data.to_vec()),
             _ => {}
         }
@@ -367,6 +370,25 @@ impl ClusterNode {
             BrokerOutput::Forward { to, publish } => NodeOutput::Peer { to, message: PeerMessage::Forward(publish) },
             BrokerOutput::ForwardAnswer { to, id, outcome } => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
+            }
+            BrokerOutput::ForwardRequest { to, request } => {
+                NodeOutput::Peer { to, message: PeerMessage::Request(request) }
+            }
+            BrokerOutput::ForwardRequestAnswer { to, id, data } => {
+                NodeOutput::Peer { to, message: PeerMessage::RequestAnswer { id, data } }
+            }
+            BrokerOutput::ProposeCache { tenant_id, namespace, cache } => {
+                // One shard; durable like the counters it holds (they live on its owner's disk).
+                let c = Command::Create {
+                    kind: super::metadata::Kind::Cache,
+                    tenant: tenant_id,
+                    namespace,
+                    name: cache,
+                    shards: 1,
+                    ephemeral: false,
+                };
+                self.pending.push_back(c.encode());
+                return self.poll_output();
             }
             BrokerOutput::ProposeStreamDeletion { tenant_id, namespace, stream } => {
                 let c =

@@ -11,13 +11,16 @@
 //!   4 forward_answer u64 id, u8 status; 0 appended: u8 has_offset, u64 offset;
 //!                    1 refused: u16 code, u8 retry, u16+utf8 message
 //!   5 propose        a metadata command (JSON) for the leader to propose, to the end
+//!   6 request        u64 id, u16+utf8 tenant, u8 principal_len + principal, u16 flags,
+//!                    u64 features, the request (one client JSON frame) to the end
+//!   7 request_answer u64 id, the answer (client frames, built for the client) to the end
 //! ```
 //!
 //! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
 //! whose hello does not match is refused before anything else it sent is read.
 
 use crate::binary::{PayloadError, Reader, Records};
-use crate::broker::{ForwardOutcome, ForwardedPublish};
+use crate::broker::{ForwardOutcome, ForwardedPublish, ForwardedRequest};
 use crate::error_code::{ErrorCode, RetryClass};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -50,6 +53,15 @@ pub enum PeerMessage {
     },
     /// A metadata command for the leader to propose (sent by a follower).
     Propose(Bytes),
+    /// A cache or counter request forwarded to the cache's owner.
+    Request(ForwardedRequest),
+    /// The owner's answer to a forwarded request.
+    RequestAnswer {
+        /// The forward id the origin named it by.
+        id: u64,
+        /// The answer frames.
+        data: Bytes,
+    },
 }
 
 /// Why peer bytes could not be read.
@@ -129,6 +141,21 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
             body.extend_from_slice(b);
             5
         }
+        PeerMessage::Request(q) => {
+            body.put_u64(q.id);
+            put_str16(&mut body, &q.tenant_id, "tenant")?;
+            body.put_u8(u8::try_from(q.principal.len()).map_err(|_| PeerError::FieldTooLong("principal"))?);
+            body.extend_from_slice(&q.principal);
+            body.put_u16(q.flags);
+            body.put_u64(q.features);
+            body.extend_from_slice(&q.request);
+            6
+        }
+        PeerMessage::RequestAnswer { id, data } => {
+            body.put_u64(*id);
+            body.extend_from_slice(data);
+            7
+        }
     };
     if body.len() + 1 > MAX_PEER_FRAME {
         return Err(PeerError::TooLong(body.len() + 1));
@@ -188,6 +215,16 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             PeerMessage::ForwardAnswer { id, outcome }
         }
         5 => PeerMessage::Propose(r.rest()),
+        6 => {
+            let id = r.u64("id")?;
+            let tenant_id = r.str16("tenant")?;
+            let plen = r.u8("principal_len")? as usize;
+            let principal = r.bytes(plen, "principal")?;
+            let flags = r.u16("flags")?;
+            let features = r.u64("features")?;
+            PeerMessage::Request(ForwardedRequest { id, tenant_id, principal, flags, features, request: r.rest() })
+        }
+        7 => PeerMessage::RequestAnswer { id: r.u64("id")?, data: r.rest() },
         other => return Err(PeerError::UnknownKind(other)),
     };
     r.finish()?;
@@ -233,6 +270,7 @@ impl PeerDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::ForwardedRequest;
     use proptest::prelude::*;
 
     fn samples() -> Vec<PeerMessage> {
@@ -261,6 +299,15 @@ mod tests {
                 },
             },
             PeerMessage::Propose(Bytes::from_static(br#"{"op":"drain","id":"n2"}"#)),
+            PeerMessage::Request(ForwardedRequest {
+                id: 4,
+                tenant_id: "t1".into(),
+                principal: Bytes::from_static(b"alice"),
+                flags: 0x0001,
+                features: 1 << 36 | 2,
+                request: Bytes::from_static(b"FLX1 then a cache_get"),
+            }),
+            PeerMessage::RequestAnswer { id: 4, data: Bytes::from_static(b"answer frames") },
         ]
     }
 

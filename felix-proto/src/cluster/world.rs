@@ -5,9 +5,10 @@
 //! seed, so a failure replays exactly ([`run`]; `felix-node sim --cluster --clients`).
 //!
 //! Clients open connections to random live brokers and send keyed, acknowledged publishes (to
-//! a durable and an in-memory stream, through whichever broker: non-owners forward) and
-//! subscribes to one shard (owner-only: non-owners redirect), as legacy clients and as clients
-//! that offered the redirect feature and the owner section.
+//! a durable and an in-memory stream, through whichever broker: non-owners forward), cache puts
+//! and gets (non-owners forward them to the cache's owner) and subscribes to one shard
+//! (owner-only: non-owners redirect), as legacy clients and as clients that offered the
+//! redirect feature and the owner section.
 //!
 //! Checked as the run goes:
 //! * **one owner per generation**: for every shard and generation, every broker that saw it
@@ -21,7 +22,8 @@
 //!   broker crashed is answered by the lost connection;
 //! * **only expected refusals**: no other error code comes back;
 //! * **progress**: once the faults stop (links healed, every broker back), a publish through
-//!   every broker to every shard is acknowledged `ok`.
+//!   every broker to every shard is acknowledged `ok`, and a cache put and get through every
+//!   broker are answered by the cache's owner.
 
 use super::metadata::{Command, Kind, Member, MemberState, ShardId};
 use super::node::{ClusterNode, NodeOutput, TICK};
@@ -50,6 +52,8 @@ const TENANT: &str = "t1";
 const NS: &str = "default";
 /// (stream, shards, kept in memory only)
 const STREAMS: [(&str, u32, bool); 2] = [("orders", 6, false), ("ticks", 4, true)];
+/// The cache every client uses (one shard, owned by one broker).
+const CACHE: &str = "sessions";
 
 /// What a run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,6 +68,8 @@ pub struct WorldReport {
     pub forwarded: u64,
     /// Subscribes answered `subscribed`.
     pub subscribed: u64,
+    /// Cache requests answered by the cache's owner (directly or forwarded).
+    pub cache_answers: u64,
     /// Answered `not_leader` (message or error code).
     pub redirected: u64,
     /// Answered `shard_unavailable` or `unacknowledged`.
@@ -103,6 +109,10 @@ impl Rng {
 enum Ask {
     Publish,
     Subscribe,
+    /// A cache put (forwarded by non-owners).
+    CachePut,
+    /// A cache get (forwarded by non-owners).
+    CacheGet,
 }
 
 /// A request in flight: on which broker, connection and stream, since when.
@@ -384,6 +394,11 @@ impl World {
                     Err(format!("subscribed to {shard:?} owned by {owner:?}"))
                 }
             }
+            (Ask::CachePut, Payload::Json(Decoded::Message(Message::CacheOk(_))))
+            | (Ask::CacheGet, Payload::Json(Decoded::Message(Message::CacheValue(_)))) => {
+                self.report.cache_answers += 1;
+                Ok("ok")
+            }
             (_, Payload::Json(Decoded::Message(Message::NotLeader(_)))) => Ok("redirect"),
             (_, Payload::Json(Decoded::Message(Message::Error(e)))) => match &e.code {
                 Some(c) => refused(c),
@@ -483,6 +498,28 @@ impl World {
                 };
                 let _ = b.encode(&mut out);
             }
+            Ask::CachePut => encode_json(
+                &Message::CachePut(message::CachePut {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    cache: CACHE.into(),
+                    key: format!("k{shard}"),
+                    value: message::B64::from("v"),
+                    request_id: Some(1),
+                    ttl_ms: None,
+                }),
+                &mut out,
+            ),
+            Ask::CacheGet => encode_json(
+                &Message::CacheGet(message::CacheGet {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    cache: CACHE.into(),
+                    key: format!("k{shard}"),
+                    request_id: Some(1),
+                }),
+                &mut out,
+            ),
             Ask::Subscribe => encode_json(
                 &Message::Subscribe(message::Subscribe {
                     tenant_id: TENANT.into(),
@@ -503,7 +540,16 @@ impl World {
                 node: name.to_owned(),
                 conn,
                 ask,
-                shard: shard_id(stream, shard),
+                shard: match ask {
+                    Ask::CachePut | Ask::CacheGet => ShardId {
+                        kind: Kind::Cache,
+                        tenant: TENANT.into(),
+                        namespace: NS.into(),
+                        name: CACHE.into(),
+                        shard: 0,
+                    },
+                    _ => shard_id(stream, shard),
+                },
                 sent: now,
                 must_succeed: must,
                 bytes: BytesMut::new(),
@@ -572,6 +618,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         w.nodes.values().all(|node| {
             node.metadata().members().len() == n
                 && STREAMS.iter().all(|(s, _, _)| node.metadata().shard_count(Kind::Stream, TENANT, NS, s).is_some())
+                && node.metadata().shard_count(Kind::Cache, TENANT, NS, CACHE).is_some()
         })
     };
     for i in 0..200 {
@@ -593,6 +640,17 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                 if let Some(node) = w.nodes.get_mut(&first) {
                     node.propose(&c, now);
                 }
+            }
+            let c = Command::Create {
+                kind: Kind::Cache,
+                tenant: TENANT.into(),
+                namespace: NS.into(),
+                name: CACHE.into(),
+                shards: 1,
+                ephemeral: false,
+            };
+            if let Some(node) = w.nodes.get_mut(&first) {
+                node.propose(&c, now);
             }
         }
         w.tick(&mut rng, false)?;
@@ -623,7 +681,12 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
             let at = live[rng.below(live.len() as u64) as usize].clone();
             let (stream, shards, _) = STREAMS[rng.below(2) as usize];
             let shard = rng.below(u64::from(shards)) as u32;
-            let ask = if rng.chance(700) { Ask::Publish } else { Ask::Subscribe };
+            let ask = match rng.below(10) {
+                0..=5 => Ask::Publish,
+                6 | 7 => Ask::Subscribe,
+                8 => Ask::CachePut,
+                _ => Ask::CacheGet,
+            };
             let modern = rng.chance(500);
             w.request(&at, ask, (stream, shard), modern, false, &mut rng);
             w.settle(&mut rng, true)?;
@@ -660,6 +723,11 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                 w.request(name, Ask::Publish, (stream, shard), modern, true, &mut rng);
             }
         }
+    }
+    for name in &names {
+        let modern = rng.chance(500);
+        w.request(name, Ask::CachePut, ("", 0), modern, true, &mut rng);
+        w.request(name, Ask::CacheGet, ("", 0), modern, true, &mut rng);
     }
     w.settle(&mut rng, false)?;
     for _ in 0..50 {

@@ -1,0 +1,391 @@
+//! Forwarding cache and counter requests: in a cluster every cache has one owner (one shard,
+//! placed like a stream's), and, as the reference says, "non-owners forward cache and counter
+//! operations". `cache_get`, `cache_put`, `cache_delete`, `cache_put_if`, `cache_delete_if`,
+//! `counter_add` and `counter_get` reaching a broker that does not own the cache travel to the
+//! owner, which serves them exactly as if the client were its own, and the client gets the
+//! owner's answer bytes (built for the client's own flags and features) in its turn on its
+//! stream. `cache_watch` is owner-only: `not_leader`.
+//!
+//! ```text
+//!   client ──cache_put──▶ origin ──ForwardRequest──▶ owner: an internal stream of an internal
+//!                                                   connection for the origin, vouched for
+//!   client ◀──cache_ok─── origin ◀──ForwardRequestAnswer── owner: its answer, intercepted
+//! ```
+//!
+//! The origin checked the tenant and the permission (the owner trusts a cluster peer; the
+//! transport authenticated it). An answer that does not come within [`FORWARD_TIMEOUT`] is
+//! `unacknowledged` for a write (outcome unknown) and `shard_unavailable` for a read; an owner the
+//! driver cannot reach is `shard_unavailable` (retry). A conditional write is never retried by the
+//! origin (the reference's rule): nothing here retries anything.
+
+use super::*;
+use crate::cluster::metadata::{Kind, ShardId};
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::frame::FrameDecoder;
+use crate::message::{self, Decoded, Message};
+use crate::transport::{ConnId, Dir, Side, StreamId};
+use crate::{Payload, binary::ErrorDetail};
+use std::time::Instant;
+
+pub use super::forward::FORWARD_TIMEOUT;
+
+/// A cache or counter request forwarded to the cache's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedRequest {
+    /// Names it on the origin until its answer comes back.
+    pub id: u64,
+    /// The client's tenant (the origin checked its permission).
+    pub tenant_id: String,
+    /// The client's principal.
+    pub principal: Bytes,
+    /// The client's flags, so that the answer is built for it.
+    pub flags: u16,
+    /// The client's features.
+    pub features: u64,
+    /// The request, as one JSON frame.
+    pub request: Bytes,
+}
+
+/// A forwarded request not answered yet (origin side).
+#[derive(Debug)]
+pub(super) struct PendingRequest {
+    conn: ConnId,
+    stream: StreamId,
+    offer: ClientOffer,
+    write: bool,
+    deadline: Instant,
+    owner: String,
+}
+
+/// The requests the owner serves for other brokers: one internal connection per origin.
+#[derive(Debug, Default)]
+pub(super) struct Served {
+    /// Internal connection → origin node id.
+    conns: std::collections::BTreeMap<ConnId, String>,
+    by_origin: std::collections::BTreeMap<String, ConnId>,
+    /// (internal connection, stream) → the origin's request id.
+    streams: std::collections::BTreeMap<(ConnId, StreamId), u64>,
+    next_stream: u64,
+}
+
+/// The cache and counter requests that go to the cache's owner: (tenant, namespace, cache,
+/// write).
+fn cache_target(m: &Message) -> Option<(&str, &str, &str, bool)> {
+    Some(match m {
+        Message::CacheGet(g) => (&g.tenant_id, &g.namespace, &g.cache, false),
+        Message::CachePut(p) => (&p.tenant_id, &p.namespace, &p.cache, true),
+        Message::CacheDelete(d) => (&d.tenant_id, &d.namespace, &d.cache, true),
+        Message::CachePutIf(p) => (&p.tenant_id, &p.namespace, &p.cache, true),
+        Message::CacheDeleteIf(d) => (&d.tenant_id, &d.namespace, &d.cache, true),
+        Message::CounterAdd(a) => (&a.tenant_id, &a.namespace, &a.cache, true),
+        Message::CounterGet(g) => (&g.tenant_id, &g.namespace, &g.cache, false),
+        _ => return None,
+    })
+}
+
+/// Where a cache is served from, as this broker's view of the cluster says.
+enum CacheHome {
+    /// Here (or not in a cluster).
+    Here,
+    /// The cluster does not know it yet.
+    Unknown,
+    /// Elsewhere.
+    Elsewhere(Moved),
+}
+
+impl Broker {
+    fn cache_home(&self, t: &str, ns: &str, c: &str) -> CacheHome {
+        let Some(view) = &self.cluster else { return CacheHome::Here };
+        let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
+        match view.owners.get(&id) {
+            None => CacheHome::Unknown,
+            Some((owner, _, _)) if *owner == view.local => CacheHome::Here,
+            Some((owner, addr, generation)) => CacheHome::Elsewhere(Moved {
+                node_id: owner.clone(),
+                addr: addr.clone(),
+                generation: *generation,
+                down: view.unavailable.contains(&id),
+            }),
+        }
+    }
+
+    /// A cache the cluster does not know yet: propose it and answer `shard_unavailable`
+    /// (reason `creating`), as for a stream.
+    fn cache_creating(&mut self, t: &str, ns: &str, c: &str) -> Refusal {
+        self.out.push_back(BrokerOutput::ProposeCache {
+            tenant_id: t.to_owned(),
+            namespace: ns.to_owned(),
+            cache: c.to_owned(),
+        });
+        let mut r =
+            Refusal::new(ErrorCode::ShardUnavailable, format!("cache {ns}/{c} is being created in the cluster; retry"));
+        r.detail = Some(ErrorDetail { reason: Some("creating".into()), retry_after_ms: Some(200) });
+        r.retry = RetryClass::Retry;
+        r
+    }
+
+    /// `cache_watch` in a cluster: served by the owner only. `Some(answer)` when it is not
+    /// this broker.
+    pub(super) fn cache_watch_elsewhere(&mut self, st: &CtlStream, w: &message::CacheWatch) -> Option<Message> {
+        let offer = Self::features_of(st);
+        match self.cache_home(&w.tenant_id, &w.namespace, &w.cache) {
+            CacheHome::Here => None,
+            CacheHome::Unknown => {
+                let r = self.cache_creating(&w.tenant_id, &w.namespace, &w.cache);
+                Some(Self::error_message(&offer, &r))
+            }
+            CacheHome::Elsewhere(m) => Some(Self::not_leader_answer(self.server_features, &offer, &m, 0)),
+        }
+    }
+
+    /// The shard count `cache_shards` answers in a cluster: 1 once the cluster knows the cache.
+    pub(super) fn cluster_cache_shards(&self, t: &str, ns: &str, c: &str) -> Option<u32> {
+        let view = self.cluster.as_ref()?;
+        let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
+        Some(u32::from(view.owners.contains_key(&id)))
+    }
+
+    /// Origin side: a cache or counter request for a cache owned elsewhere goes to its owner.
+    /// `true` when it was dealt with here (forwarded or refused); `false`: serve it locally.
+    pub(super) fn forward_cache_request(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        m: &Message,
+        now: Instant,
+    ) -> bool {
+        if self.cluster.is_none() {
+            return false;
+        }
+        let Some((t, ns, c, write)) = cache_target(m) else { return false };
+        let (t, ns, c) = (t.to_owned(), ns.to_owned(), c.to_owned());
+        let action = if write { Action::CacheWrite } else { Action::CacheRead };
+        if let Err(r) = check_names(&[("tenant", &t), ("namespace", &ns), ("cache", &c)])
+            .and_then(|()| self.authorize(st, &t, &ns, &c, action))
+        {
+            self.refuse(conn, st, r);
+            return true;
+        }
+        let moved = match self.cache_home(&t, &ns, &c) {
+            CacheHome::Here => return false,
+            CacheHome::Unknown => {
+                let r = self.cache_creating(&t, &ns, &c);
+                self.refuse(conn, st, r);
+                return true;
+            }
+            CacheHome::Elsewhere(m) => m,
+        };
+        if moved.down {
+            self.refuse(conn, st, moved.unavailable(0));
+            return true;
+        }
+        let Some(sess) = st.session.as_ref() else { return false };
+        let mut request = BytesMut::new();
+        if m.encode(&mut request).is_err() {
+            self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "request too large to forward"));
+            return true;
+        }
+        let id = self.next_forward;
+        self.next_forward += 1;
+        let offer = sess.offer;
+        let fwd = ForwardedRequest {
+            id,
+            tenant_id: t,
+            principal: sess.principal.clone(),
+            flags: offer.flags.0,
+            features: offer.features.0,
+            request: request.freeze(),
+        };
+        let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
+        self.forward_deadlines.insert((deadline, id));
+        self.request_forwards
+            .insert(id, PendingRequest { conn, stream: st.id, offer, write, deadline, owner: moved.node_id.clone() });
+        Self::hold(st, HeldFor::Forward(id));
+        self.stats.requests_forwarded += 1;
+        self.out.push_back(BrokerOutput::ForwardRequest { to: moved.node_id, request: fwd });
+        true
+    }
+
+    /// The owner answered a request forwarded from here: the client gets its answer bytes, in
+    /// its turn on its stream.
+    pub fn handle_forward_request_answer(&mut self, id: u64, data: Bytes, now: Instant) {
+        self.clock.advance(now);
+        let Some(p) = self.request_forwards.remove(&id) else { return };
+        self.forward_deadlines.remove(&(p.deadline, id));
+        self.fill_held(p.conn, p.stream, HeldFor::Forward(id), data);
+    }
+
+    /// The driver could not deliver a forwarded request to the cache's owner:
+    /// `shard_unavailable` (retry).
+    pub fn handle_forward_request_failed(&mut self, id: u64, now: Instant) {
+        self.clock.advance(now);
+        let Some(p) = self.request_forwards.remove(&id) else { return };
+        self.forward_deadlines.remove(&(p.deadline, id));
+        let mut r =
+            Refusal::new(ErrorCode::ShardUnavailable, format!("the cache's owner {} cannot be reached", p.owner));
+        r.retry = RetryClass::Retry;
+        let data = json_frame(&Self::error_message(&p.offer, &r));
+        self.fill_held(p.conn, p.stream, HeldFor::Forward(id), data);
+    }
+
+    /// Forwarded requests whose answer did not come in time (called with the publish forwards'
+    /// deadlines, which share the id space).
+    pub(super) fn forward_request_timed_out(&mut self, id: u64) -> bool {
+        let Some(p) = self.request_forwards.remove(&id) else { return false };
+        let r = if p.write {
+            Refusal::new(
+                ErrorCode::Unacknowledged,
+                format!("the cache's owner {} did not answer in time; the write may have been applied", p.owner),
+            )
+        } else {
+            let mut r = Refusal::new(
+                ErrorCode::ShardUnavailable,
+                format!("the cache's owner {} did not answer in time", p.owner),
+            );
+            r.retry = RetryClass::Retry;
+            r
+        };
+        let data = json_frame(&Self::error_message(&p.offer, &r));
+        self.fill_held(p.conn, p.stream, HeldFor::Forward(id), data);
+        true
+    }
+
+    /// Owner side: a cache or counter request another broker forwarded here. Its answer comes
+    /// out as [`BrokerOutput::ForwardRequestAnswer`] to `from`.
+    pub fn handle_forwarded_request(&mut self, from: &str, r: ForwardedRequest, now: Instant) {
+        let now = self.clock.advance(now);
+        self.stats.requests_forwarded_in += 1;
+        let offer = ClientOffer {
+            negotiating: true,
+            flags: crate::flags::Flags(r.flags),
+            features: crate::features::Features(r.features),
+            extended: true,
+        };
+        let answer_now = |b: &mut Broker, refusal: Refusal| {
+            let data = json_frame(&Self::error_message(&offer, &refusal));
+            b.out.push_back(BrokerOutput::ForwardRequestAnswer { to: from.to_owned(), id: r.id, data });
+        };
+        let mut d = FrameDecoder::new();
+        d.push(r.request.clone());
+        let m = match d.next_frame().map(|f| f.map(|f| f.decode_payload())) {
+            Ok(Some(Ok(Payload::Json(Decoded::Message(m))))) if cache_target(&m).is_some() => m,
+            _ => return answer_now(self, Refusal::new(ErrorCode::InvalidRequest, "not a forwardable request")),
+        };
+        let Some((t, ns, c, _)) = cache_target(&m) else { return };
+        if t != r.tenant_id {
+            return answer_now(self, Refusal::new(ErrorCode::Forbidden, "forwarded for another tenant"));
+        }
+        match self.cache_home(t, ns, c) {
+            CacheHome::Here => {}
+            CacheHome::Unknown => {
+                let mut refusal =
+                    Refusal::new(ErrorCode::ShardUnavailable, format!("cache {ns}/{c} is not known here yet"));
+                refusal.retry = RetryClass::Retry;
+                return answer_now(self, refusal);
+            }
+            CacheHome::Elsewhere(moved) => {
+                let data = json_frame(&Self::not_leader_answer(self.server_features, &offer, &moved, 0));
+                self.out.push_back(BrokerOutput::ForwardRequestAnswer { to: from.to_owned(), id: r.id, data });
+                return;
+            }
+        }
+        // An internal connection per origin, an internal stream per request, vouched for.
+        let conn = match self.served.by_origin.get(from) {
+            Some(c) => *c,
+            None => {
+                let c = self.internal_connection(now);
+                self.served.by_origin.insert(from.to_owned(), c);
+                self.served.conns.insert(c, from.to_owned());
+                c
+            }
+        };
+        let stream = StreamId::new(Side::Client, Dir::Bi, self.served.next_stream);
+        self.served.next_stream += 1;
+        self.served.streams.insert((conn, stream), r.id);
+        let mut decoder = FrameDecoder::new();
+        decoder.set_max_frame_len(self.cfg.max_frame_len);
+        let mut st = CtlStream {
+            id: stream,
+            uni: false,
+            decoder,
+            session: None,
+            owed: VecDeque::new(),
+            next_seq: 0,
+            outstanding: 0,
+            pauses: Pauses::default(),
+            unflushed: 0,
+            recv: Recv::Open,
+            send_finished: false,
+            auth_deadline: None,
+            held: VecDeque::new(),
+        };
+        st.session = Some(Session {
+            tenant_id: r.tenant_id,
+            principal: r.principal,
+            token: 0,
+            vouched: true,
+            offer,
+            window: None,
+            ack_on_commit: false,
+            widths: HashMap::new(),
+        });
+        self.handle_message(conn, &mut st, m, now);
+        if !st.done_serving() {
+            // Answered later (a counter write waits for storage): keep it until then.
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.streams.insert(stream, st);
+            }
+        }
+    }
+
+    /// A connection for requests served on another broker's behalf: authenticated, never
+    /// counted as a client's.
+    fn internal_connection(&mut self, now: Instant) -> ConnId {
+        let c = self.open_conn(None, now);
+        self.stats.connections_opened = self.stats.connections_opened.saturating_sub(1);
+        if let Some(conn) = self.conns.get_mut(&c) {
+            conn.authenticated = true;
+        }
+        c
+    }
+
+    /// How many of the connections are internal ones.
+    pub(super) fn internal_connections(&self) -> usize {
+        self.served.conns.len()
+    }
+
+    /// Turns an output for an internal connection into what it stands for: the first answer on
+    /// an internal stream goes back to the origin; everything else about it is dropped.
+    pub(super) fn intercept_internal(&mut self, o: BrokerOutput) -> Option<BrokerOutput> {
+        let conn = match &o {
+            BrokerOutput::Transmit { conn, .. }
+            | BrokerOutput::Finish { conn, .. }
+            | BrokerOutput::StopSending { conn, .. }
+            | BrokerOutput::PauseReading { conn, .. }
+            | BrokerOutput::ResumeReading { conn, .. }
+            | BrokerOutput::OpenUni { conn, .. } => *conn,
+            _ => return Some(o),
+        };
+        let Some(origin) = self.served.conns.get(&conn).cloned() else { return Some(o) };
+        let BrokerOutput::Transmit { stream, data, .. } = o else { return None };
+        let id = self.served.streams.remove(&(conn, stream))?;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.streams.remove(&stream);
+        }
+        Some(BrokerOutput::ForwardRequestAnswer { to: origin, id, data })
+    }
+}
+
+impl Served {
+    /// No internal connection yet (the common case: outputs pass straight through).
+    pub(super) fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+}
+
+impl CtlStream {
+    /// An internal stream that answered and owes nothing more.
+    fn done_serving(&self) -> bool {
+        self.outstanding == 0 && self.held.is_empty()
+    }
+}
