@@ -378,6 +378,16 @@ impl Client {
         Ok(Client { tx, negotiated, closed: closed_rx, quic, _close_on_drop: guard })
     }
 
+    /// Whether the connection is gone (a new one is needed).
+    pub fn is_closed(&self) -> bool {
+        self.closed.borrow().is_some() || self.quic.close_reason().is_some()
+    }
+
+    /// The broker's address.
+    pub fn remote_address(&self) -> SocketAddr {
+        self.quic.remote_address()
+    }
+
     /// What was negotiated with the broker.
     pub fn negotiated(&self) -> &Negotiated {
         &self.negotiated
@@ -476,6 +486,30 @@ impl Client {
             .await?;
         match r {
             core::Reply::StreamShards { shards, routing } => Ok((shards, routing)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Who owns each shard of a stream, in shard order (FEATURE_SHARD_OWNERS: a broker of a
+    /// cluster). An empty list: the cluster does not know the stream.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker outside a cluster.
+    pub async fn shard_owners(&self, namespace: &str, stream: &str) -> Result<Vec<message::ShardOwner>, ClientError> {
+        let (namespace, name) = (namespace.to_owned(), stream.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::ShardOwners(message::ShardOwners {
+                    tenant_id,
+                    namespace,
+                    name,
+                    kind: message::ShardKind::Stream,
+                    request_id,
+                })
+            })
+            .await?;
+        match r {
+            core::Reply::ShardOwners(owners) => Ok(owners),
             other => Err(unexpected(&other)),
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod cluster_client;
 pub mod groups;
 pub mod producer;
 pub mod server;
@@ -19,6 +20,7 @@ pub mod tls;
 pub use client::{
     CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem,
 };
+pub use cluster_client::ClusterClient;
 pub use groups::{GroupInfo, GroupTarget, PollOptions};
 pub use producer::{IdempotentProducer, RetryPolicy};
 pub use server::{

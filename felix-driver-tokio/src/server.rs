@@ -729,6 +729,30 @@ impl BrokerTask {
         );
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
         m(
+            "felix_publishes_forwarded_total",
+            "counter",
+            "Publishes forwarded to the owner of their shard (a cluster).",
+            st.publishes_forwarded,
+        );
+        m(
+            "felix_publishes_forwarded_in_total",
+            "counter",
+            "Publishes other brokers of the cluster forwarded here.",
+            st.publishes_forwarded_in,
+        );
+        m(
+            "felix_requests_forwarded_total",
+            "counter",
+            "Cache and counter requests forwarded to the owner of their cache.",
+            st.requests_forwarded,
+        );
+        m(
+            "felix_requests_forwarded_in_total",
+            "counter",
+            "Cache and counter requests other brokers forwarded here.",
+            st.requests_forwarded_in,
+        );
+        m(
             "felix_unauthenticated_connections",
             "gauge",
             "Connections none of whose streams authenticated yet.",

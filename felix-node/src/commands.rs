@@ -358,12 +358,21 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
         return publish_idempotent(a).await;
     }
     a.ack |= a.ack_on_enqueue;
-    let client = connect_with(&a.conn, |o| {
+    let adjust = |o: &mut ClientOptions| {
         if a.ack_on_enqueue {
             o.config = o.config.clone().ack_on_enqueue();
         }
-    })
-    .await?;
+    };
+    let client = match &a.key {
+        // A keyed publish goes straight to its shard's owner (a single broker: to it).
+        Some(key) => {
+            let cc = felix_driver_tokio::ClusterClient::connect(&a.conn.addr.0, client_options(&a.conn, adjust)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            cc.client_for_key(&a.conn.namespace, &a.stream, Some(key.as_bytes())).await.map_err(|e| e.to_string())?
+        }
+        None => connect_with(&a.conn, adjust).await?,
+    };
     let opts = || PublishOptions { key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
     let mut sent = 0usize;
     let last_offset = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -372,7 +381,24 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
         let client = client.clone();
         let (ns, stream, o, last) = (a.conn.namespace.clone(), a.stream.clone(), opts(), last_offset.clone());
         async move {
-            let offset = client.publish(&ns, &stream, batch, o).await.map_err(|e| e.to_string())?;
+            // A stream the cluster is still creating is refused for a moment (nothing written):
+            // wait as asked and send again, a bounded number of times. Any other refusal (an
+            // owner that is down) is reported at once.
+            let mut tries = 0;
+            let offset = loop {
+                match client.publish(&ns, &stream, batch.clone(), o.clone()).await {
+                    Err(felix_driver_tokio::ClientError::Refused(i))
+                        if tries < 20
+                            && i.code == Some(felix_proto::ErrorCode::ShardUnavailable)
+                            && i.detail.as_ref().and_then(|d| d.reason.as_deref()) == Some("creating") =>
+                    {
+                        tries += 1;
+                        let ms = i.detail.as_ref().and_then(|d| d.retry_after_ms).unwrap_or(200).min(2_000);
+                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                    }
+                    r => break r.map_err(|e| e.to_string())?,
+                }
+            };
             if let (Some(o), Ok(mut last)) = (offset, last.lock()) {
                 *last = Some(o);
             }

@@ -208,6 +208,8 @@ pub enum Reply {
         /// How keys map to shards.
         routing: message::Routing,
     },
+    /// `shard_owners_view`: each shard's owner, in shard order.
+    ShardOwners(Vec<message::ShardOwner>),
     /// `group_records`.
     GroupRecords(Vec<message::GroupRecord>),
     /// `group_extended`: how long the claim now stands, ms.

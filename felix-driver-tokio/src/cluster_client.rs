@@ -1,0 +1,391 @@
+//! A client of a whole cluster: several bootstrap addresses, a view of who owns each shard
+//! (`stream_shards` + `shard_owners`), keyed publishes and owner-only requests sent straight to
+//! the owner, `not_leader` followed with bounded hops, and the view refreshed whenever a broker
+//! says it is wrong.
+//!
+//! The rules (the reference's): at most [`MAX_HOPS`] redirects per request, never the same
+//! broker twice per attempt, and a redirect naming an older generation than one already
+//! followed is stale (ignored: the request fails rather than going back). A request for a shard
+//! whose owner is not known (a single broker, a stream the cluster is still creating, a view
+//! not fetched) goes to any broker: brokers forward publishes and redirect the rest, so routing
+//! here only saves a hop.
+//!
+//! Against a single broker (no FEATURE_SHARD_OWNERS) everything goes to it, as with [`Client`].
+
+use crate::client::{Client, ClientError, ClientOptions, Page, PublishOptions, Subscription};
+use bytes::Bytes;
+use felix_proto::message::{Routing, StartPosition};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Redirects followed per request at most.
+pub const MAX_HOPS: usize = 3;
+
+/// Sends of one publish at most when brokers refuse it because the view was wrong or the
+/// stream is being created (a refusal wrote nothing, so sending again cannot duplicate).
+pub const PUBLISH_TRIES: u32 = 10;
+
+/// How long a connection to one broker may take before the next one is tried (a dead broker
+/// would otherwise hold a request for QUIC's whole idle timeout).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One shard's owner as last seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardHome {
+    /// The owner's node id (`None`: unavailable, or not known).
+    pub node_id: Option<String>,
+    /// Its client address, when given and parseable.
+    pub addr: Option<SocketAddr>,
+    /// The ownership generation.
+    pub generation: u64,
+}
+
+/// What the client knows of a stream's shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamView {
+    /// Shard count.
+    pub shards: u32,
+    /// How keys map to shards.
+    pub routing: Routing,
+    /// Owner per shard (empty: no owners known, a single broker).
+    pub owners: Vec<ShardHome>,
+}
+
+impl StreamView {
+    /// The shard a key goes to.
+    pub fn shard_for(&self, key: Option<&[u8]>) -> u32 {
+        felix_proto::routing::shard_for_key(key, self.shards.max(1), self.routing)
+    }
+
+    /// The owner's address of a shard, when known.
+    pub fn owner_addr(&self, shard: u32) -> Option<SocketAddr> {
+        self.owners.get(shard as usize).and_then(|o| o.addr)
+    }
+}
+
+/// Counters, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct ClusterClientStats {
+    /// Redirects followed.
+    pub redirects: AtomicU64,
+    /// Views fetched (first time or refreshed).
+    pub view_fetches: AtomicU64,
+    /// Requests sent straight to a shard's owner.
+    pub routed_to_owner: AtomicU64,
+}
+
+/// A client of a cluster (or of a single broker).
+#[derive(Debug)]
+pub struct ClusterClient {
+    opts: ClientOptions,
+    seeds: Vec<SocketAddr>,
+    conns: tokio::sync::Mutex<BTreeMap<SocketAddr, Client>>,
+    views: std::sync::Mutex<BTreeMap<(String, String), Arc<StreamView>>>,
+    /// Counters.
+    pub stats: ClusterClientStats,
+}
+
+impl ClusterClient {
+    /// Connects to the first of `seeds` that answers.
+    ///
+    /// # Errors
+    /// The last connection error when none answers; [`ClientError::Invalid`] for no seeds.
+    pub async fn connect(seeds: &[SocketAddr], opts: ClientOptions) -> Result<ClusterClient, ClientError> {
+        if seeds.is_empty() {
+            return Err(ClientError::Invalid("no broker address".into()));
+        }
+        let c = ClusterClient {
+            opts,
+            seeds: seeds.to_vec(),
+            conns: tokio::sync::Mutex::new(BTreeMap::new()),
+            views: std::sync::Mutex::new(BTreeMap::new()),
+            stats: ClusterClientStats::default(),
+        };
+        c.any().await?;
+        Ok(c)
+    }
+
+    /// A connection to some broker: one already open, else the first seed that answers.
+    ///
+    /// # Errors
+    /// The last connection error when no broker answers.
+    pub async fn any(&self) -> Result<Client, ClientError> {
+        {
+            let conns = self.conns.lock().await;
+            if let Some(c) = conns.values().find(|c| !c.is_closed()) {
+                return Ok(c.clone());
+            }
+        }
+        let mut last = None;
+        for s in &self.seeds {
+            match self.at(*s).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Connect("no broker answered".into())))
+    }
+
+    /// The connection to the broker at `addr` (opened on first use, again after it closed).
+    ///
+    /// # Errors
+    /// The connection error.
+    pub async fn at(&self, addr: SocketAddr) -> Result<Client, ClientError> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(&addr)
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let c = tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(addr, self.opts.clone()))
+            .await
+            .map_err(|_| ClientError::Connect(format!("{addr} did not answer within {CONNECT_TIMEOUT:?}")))??;
+        conns.insert(addr, c.clone());
+        Ok(c)
+    }
+
+    /// The view of a stream: cached, or fetched from any broker.
+    ///
+    /// # Errors
+    /// The broker's errors (a single broker's missing FEATURE_SHARD_OWNERS is not one).
+    pub async fn view(&self, ns: &str, stream: &str) -> Result<Arc<StreamView>, ClientError> {
+        if let Some(v) = self.views.lock().ok().and_then(|v| v.get(&(ns.to_owned(), stream.to_owned())).cloned()) {
+            return Ok(v);
+        }
+        let c = self.any().await?;
+        let (shards, routing) = c.stream_shards(ns, stream).await?;
+        let owners = match c.shard_owners(ns, stream).await {
+            Ok(o) => o
+                .into_iter()
+                .map(|o| ShardHome {
+                    addr: o.addr.as_deref().and_then(|a| a.parse().ok()).filter(|_| o.unavailable.is_none()),
+                    node_id: o.node_id,
+                    generation: o.generation,
+                })
+                .collect(),
+            Err(ClientError::Unsupported(_)) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        self.stats.view_fetches.fetch_add(1, Ordering::Relaxed);
+        let v = Arc::new(StreamView { shards, routing, owners });
+        // Cached only once complete: a stream still being created is asked again next time.
+        if shards > 0
+            && (v.owners.is_empty() || v.owners.len() == shards as usize)
+            && let Ok(mut views) = self.views.lock()
+        {
+            views.insert((ns.to_owned(), stream.to_owned()), v.clone());
+        }
+        Ok(v)
+    }
+
+    /// Takes a view learnt elsewhere (or a stale one, to test what happens). It is used until a
+    /// broker says it is wrong.
+    pub fn prime(&self, ns: &str, stream: &str, view: StreamView) {
+        if let Ok(mut v) = self.views.lock() {
+            v.insert((ns.to_owned(), stream.to_owned()), Arc::new(view));
+        }
+    }
+
+    /// Forgets the view of a stream (a broker said it is wrong): the next request fetches it.
+    pub fn forget(&self, ns: &str, stream: &str) {
+        if let Ok(mut v) = self.views.lock() {
+            v.remove(&(ns.to_owned(), stream.to_owned()));
+        }
+    }
+
+    /// The connection a publish with `key` should use: the owner of the key's shard when the
+    /// view knows it, else any broker (which forwards). For a caller that keeps one connection
+    /// for a run of publishes to one key (the CLI).
+    ///
+    /// # Errors
+    /// As [`view`](Self::view), or no broker answering.
+    pub async fn client_for_key(&self, ns: &str, stream: &str, key: Option<&[u8]>) -> Result<Client, ClientError> {
+        let view = self.view(ns, stream).await?;
+        let shard = key.map(|k| view.shard_for(Some(k)));
+        self.route(ns, stream, shard).await
+    }
+
+    /// Where a request for `shard` goes first: its owner when known, else any broker.
+    async fn route(&self, ns: &str, stream: &str, shard: Option<u32>) -> Result<Client, ClientError> {
+        let view = self.view(ns, stream).await?;
+        if let Some(addr) = shard.and_then(|s| view.owner_addr(s)) {
+            if let Ok(c) = self.at(addr).await {
+                self.stats.routed_to_owner.fetch_add(1, Ordering::Relaxed);
+                return Ok(c);
+            }
+            // The owner does not answer: any broker says what to do (forwards, or
+            // `shard_unavailable`).
+            self.forget(ns, stream);
+        }
+        self.any().await
+    }
+
+    /// Publishes a batch, straight to the owner of the key's shard. A broker that refuses it
+    /// because the view is wrong (`not_leader`) or the stream is still being created makes the
+    /// client refresh the view and send it again, up to [`PUBLISH_TRIES`] times, after the
+    /// pause the broker asked for; any other `shard_unavailable` gets one fresh view. Only
+    /// refusals are retried: a batch whose outcome is unknown (lost in flight) is reported,
+    /// never sent twice.
+    ///
+    /// # Errors
+    /// As [`Client::publish`].
+    pub async fn publish(
+        &self,
+        ns: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        opts: PublishOptions,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let view = self.view(ns, stream).await?;
+            let shard = opts.key.as_ref().map(|k| view.shard_for(Some(k)));
+            let c = self.route(ns, stream, shard).await?;
+            let e = match c.publish(ns, stream, payloads.clone(), opts.clone()).await {
+                // Told the view is wrong, or that the stream is being created: worth another
+                // go. Another refusal (an owner that is down) is worth one fresh view at most.
+                Err(e) if Self::view_was_wrong(&e) && (tries < 2 || Self::transient(&e)) && tries < PUBLISH_TRIES => e,
+                r => return r,
+            };
+            // Refused, so nothing was written: refresh and send again, after the pause the
+            // broker asked for (a stream being created says 200 ms).
+            self.forget(ns, stream);
+            if let ClientError::Refused(i) = &e
+                && let Some(ms) = i.detail.as_ref().and_then(|d| d.retry_after_ms)
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(ms.min(2_000))).await;
+            }
+        }
+    }
+
+    /// Subscribes to one shard on its owner, following redirects.
+    ///
+    /// # Errors
+    /// As [`Client::subscribe`]; a refusal after [`MAX_HOPS`] redirects, or a redirect back to a
+    /// broker already asked or to an older generation.
+    pub async fn subscribe(
+        &self,
+        ns: &str,
+        stream: &str,
+        start: Option<StartPosition>,
+        shard: u32,
+    ) -> Result<Subscription, ClientError> {
+        self.owner_only(ns, stream, shard, |c| {
+            let (ns, stream) = (ns.to_owned(), stream.to_owned());
+            async move { c.subscribe(&ns, &stream, start, Some(shard)).await }
+        })
+        .await
+    }
+
+    /// Reads a page of one shard on its owner, following redirects.
+    ///
+    /// # Errors
+    /// As [`Client::stream_read`]; as [`subscribe`](Self::subscribe) for redirects.
+    pub async fn stream_read(
+        &self,
+        ns: &str,
+        stream: &str,
+        shard: u32,
+        from: u64,
+        max_records: Option<u32>,
+    ) -> Result<Page, ClientError> {
+        self.owner_only(ns, stream, shard, |c| {
+            let (ns, stream) = (ns.to_owned(), stream.to_owned());
+            async move { c.stream_read(&ns, &stream, shard, from, None, max_records).await }
+        })
+        .await
+    }
+
+    /// Runs an owner-only request: first where the view says, then wherever `not_leader`
+    /// points, at most [`MAX_HOPS`] times, never to a broker twice, never to an older
+    /// generation. Every redirect refreshes the view.
+    ///
+    /// # Errors
+    /// The request's own error, or [`ClientError::Refused`] when the redirects run out.
+    pub async fn owner_only<T, F, Fut>(&self, ns: &str, stream: &str, shard: u32, op: F) -> Result<T, ClientError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let mut client = self.route(ns, stream, Some(shard)).await?;
+        let mut asked: Vec<SocketAddr> = vec![client.remote_address()];
+        let mut newest = 0u64;
+        let mut hop = 0;
+        loop {
+            match op(client.clone()).await {
+                Err(ClientError::NotLeader { node_id, addr, generation }) => {
+                    self.forget(ns, stream);
+                    let next = addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok());
+                    let why = match next {
+                        _ if hop == MAX_HOPS => format!("still redirected after {MAX_HOPS} hops (last to {node_id})"),
+                        _ if generation < newest => {
+                            format!(
+                                "redirected to {node_id} at generation {generation}, older than {newest} already seen"
+                            )
+                        }
+                        None => format!("redirected to {node_id}, whose address is not known"),
+                        Some(a) if asked.contains(&a) => {
+                            format!("redirected back to {a} ({node_id}): the cluster's view is changing, retry")
+                        }
+                        Some(a) => {
+                            newest = generation;
+                            hop += 1;
+                            asked.push(a);
+                            self.stats.redirects.fetch_add(1, Ordering::Relaxed);
+                            client = self.at(a).await?;
+                            continue;
+                        }
+                    };
+                    return Err(ClientError::Refused(felix_proto::client::ErrorInfo {
+                        message: why,
+                        code: Some(felix_proto::ErrorCode::NotLeader),
+                        retry: Some(felix_proto::error_code::RetryClass::Retry),
+                        detail: None,
+                    }));
+                }
+                Err(e) => {
+                    if Self::view_was_wrong(&e) {
+                        self.forget(ns, stream);
+                    }
+                    return Err(e);
+                }
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+
+    /// A refusal that passes by itself in a moment: a redirect, or a stream being created.
+    fn transient(e: &ClientError) -> bool {
+        match e {
+            ClientError::NotLeader { .. } => true,
+            ClientError::Refused(i) => {
+                i.code == Some(felix_proto::ErrorCode::NotLeader)
+                    || i.detail.as_ref().and_then(|d| d.reason.as_deref()) == Some("creating")
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether an error means the view this client routed by is out of date.
+    fn view_was_wrong(e: &ClientError) -> bool {
+        match e {
+            ClientError::NotLeader { .. } => true,
+            ClientError::Refused(i) => matches!(
+                i.code,
+                Some(felix_proto::ErrorCode::NotLeader) | Some(felix_proto::ErrorCode::ShardUnavailable)
+            ),
+            _ => false,
+        }
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        let conns = std::mem::take(&mut *self.conns.lock().await);
+        for c in conns.values() {
+            let _ = c.close().await;
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! `ClusterClient` against three in-process brokers forming a cluster on loopback: one
+//! bootstrap address is enough; keyed publishes go straight to their shard's owner (no broker
+//! forwards them), subscribes land on the owner, and a stale view is corrected by following
+//! `not_leader` and refreshing.
+
+use bytes::Bytes;
+use felix_driver_tokio::cluster::ClusterOptions;
+use felix_driver_tokio::cluster_client::{ShardHome, StreamView};
+use felix_driver_tokio::server::{Server, ServerOptions, cluster_status};
+use felix_driver_tokio::{ClientOptions, ClusterClient, FsyncMode, Identity, PublishOptions, Trust};
+use felix_proto::broker::{BrokerConfig, TokenGrant};
+use felix_proto::message::{Routing, StartPosition};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+const TOKEN: &str = "cluster-client-token";
+
+fn free_udp() -> SocketAddr {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+struct Cluster {
+    servers: Vec<Server>,
+    clients: Vec<SocketAddr>,
+    metrics: Vec<SocketAddr>,
+    trust: Trust,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["n1", "n2", "n3"];
+    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let peers: Vec<(String, SocketAddr)> = names.iter().map(|n| (n.to_string(), free_udp())).collect();
+    let mut servers = Vec::new();
+    let mut chains = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let (identity, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+        chains.extend(identity.chain.clone());
+        let mut broker = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() };
+        broker.default_stream.shards = 6;
+        let opts = ServerOptions {
+            listen: clients[i],
+            broker,
+            identity,
+            data_dir: Some(dir.path().join(n)),
+            fsync: FsyncMode::Never,
+            transport: Default::default(),
+            require_alpn: false,
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            cluster: Some(ClusterOptions {
+                node_id: n.to_string(),
+                listen: peers[i].1,
+                peers: peers.clone(),
+                name: "test".into(),
+                secret: "s".into(),
+                advertise: None,
+                join: false,
+            }),
+        };
+        servers.push(Server::start(opts).await.unwrap());
+    }
+    let metrics: Vec<SocketAddr> = servers.iter().map(|s| s.metrics_addr.unwrap()).collect();
+    let c = Cluster { servers, clients, metrics, trust: Trust::Certificates(chains), _dir: dir };
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut formed = true;
+        for m in &c.metrics {
+            let v: serde_json::Value = serde_json::from_str(&cluster_status(*m).await.unwrap()).unwrap();
+            formed &= v["members"].as_array().is_some_and(|m| m.len() == 3) && !v["leader"].is_null();
+        }
+        if formed {
+            return c;
+        }
+        assert!(tokio::time::Instant::now() < until, "the cluster did not form in 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A counter from a broker's Prometheus text.
+async fn metric(addr: SocketAddr, name: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} not in the metrics"))
+}
+
+async fn forwarded(c: &Cluster) -> u64 {
+    let mut n = 0;
+    for m in &c.metrics {
+        n += metric(*m, "felix_publishes_forwarded_total ").await;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_publishes_go_to_their_owner_and_a_stale_view_is_corrected() {
+    let c = start().await;
+    let opts = ClientOptions::new("t1", TOKEN, c.trust.clone());
+    // One bootstrap address (n2's) is enough.
+    let cc = ClusterClient::connect(&c.clients[1..2], opts.clone()).await.unwrap();
+    // The first publish creates the stream in the cluster (refused `creating` meanwhile: the
+    // client waits as asked and sends again).
+    for k in 0..60 {
+        let key = Bytes::from(format!("key-{k}"));
+        let o = PublishOptions { key: Some(key), ack: true, ..PublishOptions::default() };
+        cc.publish("default", "orders", vec![Bytes::from(format!("r{k}"))], o).await.unwrap();
+    }
+    let view = cc.view("default", "orders").await.unwrap();
+    assert_eq!(view.shards, 6);
+    assert_eq!(view.owners.len(), 6);
+    let routed = cc.stats.routed_to_owner.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(routed >= 59, "sent straight to owners: {routed}");
+    assert_eq!(forwarded(&c).await, 0, "no broker had to forward a routed publish");
+    // A plain client through one broker is forwarded for the shards it does not own: the
+    // difference routing makes.
+    let plain = felix_driver_tokio::Client::connect(c.clients[0], opts.clone()).await.unwrap();
+    for k in 0..12 {
+        let o = PublishOptions { key: Some(Bytes::from(format!("p{k}"))), ack: true, ..PublishOptions::default() };
+        plain.publish("default", "orders", vec![Bytes::from_static(b"x")], o).await.unwrap();
+    }
+    assert!(forwarded(&c).await > 0);
+    // Every shard's subscription lands on its owner, from the view, with no redirect.
+    for shard in 0..6 {
+        let mut sub = cc.subscribe("default", "orders", Some(StartPosition::Earliest), shard).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("events");
+        assert!(first.is_some());
+    }
+    assert_eq!(cc.stats.redirects.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // A stale view (every shard said to be on n1): subscribes follow not_leader to the real
+    // owner, and the view is refreshed.
+    let fetches = cc.stats.view_fetches.load(std::sync::atomic::Ordering::Relaxed);
+    let wrong = StreamView {
+        shards: 6,
+        routing: Routing::Modulo,
+        owners: (0..6)
+            .map(|_| ShardHome { node_id: Some("n1".into()), addr: Some(c.clients[0]), generation: 0 })
+            .collect(),
+    };
+    cc.prime("default", "orders", wrong);
+    let theirs = (0..6u32).find(|s| view.owners[*s as usize].addr != Some(c.clients[0])).unwrap();
+    let page = cc.stream_read("default", "orders", theirs, 0, Some(100)).await.unwrap();
+    assert!(!page.records.is_empty());
+    assert_eq!(cc.stats.redirects.load(std::sync::atomic::Ordering::Relaxed), 1, "one hop to the owner");
+    let fresh = cc.view("default", "orders").await.unwrap();
+    assert_eq!(*fresh, *view, "the view was refreshed");
+    assert!(cc.stats.view_fetches.load(std::sync::atomic::Ordering::Relaxed) > fetches);
+    cc.close().await;
+    let _ = plain.close().await;
+    drop(c.servers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_seed_answering_is_an_error_not_a_hang() {
+    let (identity, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+    let opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(identity.chain));
+    let r =
+        tokio::time::timeout(Duration::from_secs(30), ClusterClient::connect(&[free_udp(), free_udp()], opts.clone()))
+            .await
+            .expect("bounded: each seed is given CONNECT_TIMEOUT");
+    assert!(r.is_err_and(|e| e.to_string().contains("did not answer")));
+    assert!(ClusterClient::connect(&[], opts).await.is_err());
+}
