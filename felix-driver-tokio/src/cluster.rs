@@ -65,6 +65,7 @@ impl Transport {
     /// Binds the cluster listener and starts dialling every peer.
     pub(crate) fn start(
         opts: &ClusterOptions,
+        incarnation: &str,
         identity: crate::Identity,
         inputs: mpsc::UnboundedSender<PeerInput>,
     ) -> Result<Transport, crate::ServerError> {
@@ -87,6 +88,7 @@ impl Transport {
             cluster: opts.name.clone(),
             node_id: opts.node_id.clone(),
             secret: opts.secret.clone(),
+            incarnation: incarnation.to_owned(),
         };
         let mut t = Transport { senders: BTreeMap::new(), endpoint, known, hello, inputs, me: opts.node_id.clone() };
         for (name, addr) in &opts.peers {
@@ -244,7 +246,7 @@ async fn accept_loop(
                                 }
                             };
                             match (&from, m) {
-                                (None, PeerMessage::Hello { cluster: c, node_id, secret: s }) => {
+                                (None, PeerMessage::Hello { cluster: c, node_id, secret: s, incarnation }) => {
                                     let member = known.read().is_ok_and(|k| k.contains(&node_id));
                                     if c != cluster || !same_secret(&s, &secret) || !member {
                                         tracing::warn!(
@@ -254,6 +256,15 @@ async fn accept_loop(
                                         conn.close(quinn::VarInt::from_u32(2), b"not a broker of this cluster");
                                         return;
                                     }
+                                    // The broker judges its incarnation (a wiped data directory
+                                    // is refused there).
+                                    let hello = PeerMessage::Hello {
+                                        cluster: c,
+                                        node_id: node_id.clone(),
+                                        secret: String::new(),
+                                        incarnation,
+                                    };
+                                    let _ = inputs.send(PeerInput::Message { from: node_id.clone(), message: hello });
                                     from = Some(node_id);
                                 }
                                 (None, _) => {
@@ -284,6 +295,27 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 }
 
 /// Where a broker keeps its metadata Raft log (replaced whole, atomically, on every change).
+/// This broker's incarnation: read from `DATA_DIR/cluster/incarnation`, or chosen at random and
+/// written there (synced) on the data directory's first use. Without a data directory: none.
+pub(crate) fn incarnation(data_dir: Option<&std::path::Path>) -> std::io::Result<String> {
+    let Some(dir) = data_dir else { return Ok(String::new()) };
+    let path = dir.join("cluster").join("incarnation");
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() && s.trim().len() <= 64 => return Ok(s.trim().to_owned()),
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: not an incarnation id (move it away only if the data directory is new)", path.display()),
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let id = format!("{:016x}", felix_driver_common::random_seed());
+    write_raft_log(&path, format!("{id}\n").as_bytes())?;
+    Ok(id)
+}
+
 pub(crate) fn raft_log_path(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("cluster").join("raft.log")
 }

@@ -171,11 +171,13 @@ impl Server {
                     }
                     _ => felix_proto::cluster::meta::RaftLog::default(),
                 };
+                let incarnation = crate::cluster::incarnation(opts.data_dir.as_deref())?;
                 let me = felix_proto::cluster::metadata::Member {
                     id: c.node_id.clone(),
                     client_addr: c.advertise.clone().unwrap_or_else(|| local_addr.to_string()),
                     cluster_addr: c.listen.to_string(),
                     state: felix_proto::cluster::metadata::MemberState::Active,
+                    incarnation: incarnation.clone(),
                 };
                 let peers: Vec<String> = c.peers.iter().map(|(n, _)| n.clone()).collect();
                 use felix_proto::cluster::node::ClusterNode;
@@ -188,7 +190,7 @@ impl Server {
                 let secret = c.secret.clone();
                 let (ptx, mut prx) = mpsc::unbounded_channel();
                 let (cluster_id, _, _) = Identity::self_signed(&["localhost"])?;
-                let transport = crate::cluster::Transport::start(c, cluster_id, ptx)?;
+                let transport = crate::cluster::Transport::start(c, &incarnation, cluster_id, ptx)?;
                 let fwd = tx.clone();
                 tokio::spawn(async move {
                     while let Some(p) = prx.recv().await {
@@ -1061,6 +1063,10 @@ impl BrokerTask {
                         }
                         None => tracing::error!("cluster: member {name}'s address {cluster_addr:?} does not resolve"),
                     }
+                    continue;
+                }
+                NodeOutput::PeerRefused { name, why } => {
+                    tracing::error!("cluster: refused {name}: {why}");
                     continue;
                 }
                 NodeOutput::PeerRemoved { name } => {

@@ -425,3 +425,55 @@ fn an_operator_adds_a_fourth_broker_and_removes_it_with_force() {
     publish(&brokers[2], "after");
     drop(n4);
 }
+
+#[test]
+fn a_broker_restarted_with_a_wiped_data_directory_is_refused_then_re_added() {
+    let names = ["n1", "n2", "n3"];
+    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
+    let mut brokers: Vec<Broker> =
+        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
+    wait_for("three members", 30, || {
+        brokers.iter().all(|b| status(b).is_some_and(|v| v["members"].as_array().is_some_and(|m| m.len() == 3)))
+    });
+    let state_of = |b: &Broker, n: &str| {
+        status(b).and_then(|v| {
+            v["members"]
+                .as_array()?
+                .iter()
+                .find(|m| m["node_id"] == n)
+                .map(|m| m["state"].as_str().unwrap_or("").to_owned())
+        })
+    };
+    // n3 is killed and started again on an empty data directory.
+    drop(brokers.pop());
+    let wiped = start("n3", clients[2], clusters[2], &peers);
+    wait_for("the others declare n3 down and keep it so", 20, || {
+        brokers.iter().all(|b| state_of(b, "n3").as_deref() == Some("down"))
+    });
+    // It is refused: however long it runs, it does not become active again.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert!(brokers.iter().all(|b| state_of(b, "n3").as_deref() == Some("down")), "a wiped broker was let back in");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The operator removes it and adds it back, joining.
+    drop(wiped);
+    let out = Command::new(BIN)
+        .args(["cluster", "remove", "n3", "--force", "--cluster-secret", "test-secret", "--metrics"])
+        .arg(brokers[0].metrics.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let back = start_with("n3", clients[2], clusters[2], &peers, &["--join"]);
+    let out = Command::new(BIN)
+        .args(["cluster", "add", &format!("n3={}", clusters[2]), "--cluster-secret", "test-secret", "--metrics"])
+        .arg(brokers[1].metrics.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_for("n3 active again, seen by all three", 20, || {
+        brokers.iter().chain([&back]).all(|b| state_of(b, "n3").as_deref() == Some("active"))
+    });
+}

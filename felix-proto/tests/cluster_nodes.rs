@@ -29,6 +29,8 @@ struct Cluster {
     /// (at, peer, address) the driver was told to dial; (at, peer) to forget.
     peers_added: Vec<(String, String, String)>,
     peers_removed: Vec<(String, String)>,
+    /// (at, peer, why) refused.
+    refusals: Vec<(String, String, String)>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -37,6 +39,7 @@ fn member(name: &str, i: u16) -> Member {
         client_addr: format!("127.0.0.1:{}", 5000 + i),
         cluster_addr: format!("127.0.0.1:{}", 7000 + i),
         state: MemberState::Active,
+        incarnation: format!("{name}-first-life"),
     }
 }
 
@@ -67,6 +70,7 @@ impl Cluster {
             stored: BTreeMap::new(),
             peers_added: Vec::new(),
             peers_removed: Vec::new(),
+            refusals: Vec::new(),
         }
     }
 
@@ -100,6 +104,7 @@ impl Cluster {
                             self.peers_added.push((name.clone(), peer, cluster_addr));
                         }
                         NodeOutput::PeerRemoved { name: peer } => self.peers_removed.push((name.clone(), peer)),
+                        NodeOutput::PeerRefused { name: peer, why } => self.refusals.push((name.clone(), peer, why)),
                         NodeOutput::PersistRaft { entries, hard_state } => {
                             self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
                         }
@@ -669,4 +674,73 @@ fn caches_and_counters_live_on_their_owner_and_every_broker_forwards_to_it() {
     );
     // Internal connections are not clients.
     assert!(c.nodes[&cache_owner].broker.connection_count() <= 3);
+}
+
+#[test]
+fn a_broker_back_with_a_wiped_data_directory_is_refused_until_an_operator_removes_and_re_adds_it() {
+    use felix_proto::cluster::peer::PeerMessage;
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let hello = |incarnation: &str| PeerMessage::Hello {
+        cluster: "c".into(),
+        node_id: "n3".into(),
+        secret: String::new(),
+        incarnation: incarnation.into(),
+    };
+    // Its own data directory: welcome back.
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().handle_peer("n3", hello("n3-first-life"), now);
+    assert!(c.refusals.is_empty());
+    // n3 dies and comes back wiped: no Raft log, a new incarnation.
+    c.nodes.remove("n3");
+    let wiped = Member { incarnation: "n3-second-life".into(), ..member("n3", 3) };
+    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    c.nodes.insert("n3".into(), ClusterNode::new(broker, wiped.clone(), &peers, &RaftLog::default(), c.now).unwrap());
+    let now = c.now;
+    for n in ["n1", "n2"] {
+        c.nodes.get_mut(n).unwrap().handle_peer("n3", hello("n3-second-life"), now);
+    }
+    c.settle();
+    assert_eq!(c.refusals.len(), 2, "{:?}", c.refusals);
+    assert!(
+        c.refusals
+            .iter()
+            .all(|(_, p, why)| p == "n3" && why.contains("another data directory") && why.contains("--force"))
+    );
+    // Ignored from then on: the others declare it down and it never comes back as it is.
+    c.until("n3 declared down by the others", |c| {
+        ["n1", "n2"].iter().all(|n| c.nodes[*n].metadata().members()["n3"].state == MemberState::Down)
+    });
+    for _ in 0..50 {
+        c.tick();
+    }
+    assert!(["n1", "n2"].iter().all(|n| c.nodes[*n].metadata().members()["n3"].state == MemberState::Down));
+    assert!(c.nodes["n1"].refused_peers().any(|p| p == "n3"));
+    // The operator removes it (losing what only it held) and adds it back, joining.
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().request_remove("n3", true, now).unwrap();
+    c.settle();
+    c.until("n3 removed", |c| ["n1", "n2"].iter().all(|n| !c.nodes[*n].metadata().members().contains_key("n3")));
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    c.nodes.insert("n3".into(), ClusterNode::joining(broker, wiped, &RaftLog::default(), c.now).unwrap());
+    let now = c.now;
+    for n in ["n1", "n2"] {
+        c.nodes.get_mut(n).unwrap().handle_peer("n3", hello("n3-second-life"), now);
+    }
+    c.nodes.get_mut("n2").unwrap().request_add("n3", "127.0.0.1:7003", now).unwrap();
+    c.settle();
+    c.until("n3 is back, active, with the new incarnation", |c| {
+        c.nodes.values().all(|n| {
+            n.metadata()
+                .members()
+                .get("n3")
+                .is_some_and(|m| m.state == MemberState::Active && m.incarnation == "n3-second-life")
+        })
+    });
+    assert!(c.nodes["n1"].refused_peers().next().is_none());
 }

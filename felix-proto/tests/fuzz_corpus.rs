@@ -88,7 +88,15 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         use felix_proto::cluster::peer::{PeerMessage, encode};
         let records = felix_proto::Records::from_payloads(["a", "bb"]).expect("small");
         let messages = [
-            ("hello", PeerMessage::Hello { cluster: "c".into(), node_id: "n1".into(), secret: "s".into() }),
+            (
+                "hello",
+                PeerMessage::Hello {
+                    cluster: "c".into(),
+                    node_id: "n1".into(),
+                    secret: "s".into(),
+                    incarnation: "9e1c".into(),
+                },
+            ),
             ("raft", PeerMessage::Raft(bytes::Bytes::from_static(b"\x08\x01\x10\x02"))),
             (
                 "forward",

@@ -228,7 +228,15 @@ impl MetaNode {
     ///
     /// # Errors
     /// [`MetaError::Raft`] when the engine refuses it (a message for another group).
-    pub fn step(&mut self, message: Message) -> Result<(), MetaError> {
+    pub fn step(&mut self, mut message: Message) -> Result<(), MetaError> {
+        // A heartbeat's commit is the leader's belief about this member's log. The engine
+        // trusts it and panics when it points past the log's end, which a member whose log was
+        // lost (a wiped data directory) would meet. Clamped, it only delays a commit the next
+        // append brings anyway: a peer's message never panics this node.
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat {
+            let last = self.raw.raft.raft_log.last_index();
+            message.commit = message.commit.min(last);
+        }
         let r = self.raw.step(message);
         self.process_ready();
         r.map_err(MetaError::from)

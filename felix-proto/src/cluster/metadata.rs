@@ -35,6 +35,11 @@ pub struct Member {
     pub cluster_addr: String,
     /// Active or draining.
     pub state: MemberState,
+    /// Which life of its data directory the broker is in: chosen at random when its data
+    /// directory is first used, kept there. A broker that comes back with another one lost its
+    /// Raft state and records (a wiped data directory) and is refused by its peers.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub incarnation: String,
 }
 
 /// Stream or cache.
@@ -357,6 +362,7 @@ mod tests {
                 client_addr: format!("{id}:5000"),
                 cluster_addr: format!("{id}:7000"),
                 state: MemberState::Active,
+                incarnation: String::new(),
             },
         }
     }

@@ -56,6 +56,14 @@ pub enum NodeOutput {
         /// Node id.
         name: String,
     },
+    /// A peer was refused (log it; close its connection): it came back with another data
+    /// directory than the one the cluster knows (its Raft state and records are gone).
+    PeerRefused {
+        /// Node id.
+        name: String,
+        /// What happened and what the operator can do.
+        why: String,
+    },
     /// Make this Raft state durable before carrying out any later output
     /// ([`super::meta::MetaOutput::Persist`]).
     PersistRaft {
@@ -137,6 +145,9 @@ pub struct ClusterNode {
     marked: std::collections::BTreeSet<String>,
     /// This broker was removed from the cluster: it proposes nothing any more.
     removed: bool,
+    /// Peers refused for an incarnation the cluster does not know (a wiped data directory):
+    /// what they send is ignored until the operator removes them.
+    refused: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -215,6 +226,7 @@ impl ClusterNode {
             was_leader: false,
             marked: std::collections::BTreeSet::new(),
             removed: false,
+            refused: std::collections::BTreeSet::new(),
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -295,6 +307,13 @@ impl ClusterNode {
 
     /// A message from peer broker `from` (its hello already checked by the transport).
     pub fn handle_peer(&mut self, from: &str, m: PeerMessage, now: Instant) {
+        if let PeerMessage::Hello { incarnation, .. } = &m {
+            self.check_incarnation(from, incarnation);
+            return;
+        }
+        if self.refused.contains(from) {
+            return;
+        }
         self.last_seen.insert(from.to_owned(), now);
         match m {
             PeerMessage::Hello { .. } => {}
@@ -320,6 +339,32 @@ impl ClusterNode {
             }
         }
         self.drain_meta(now);
+    }
+
+    /// A peer said hello with `incarnation`: one the cluster does not know for it (another than
+    /// the one it joined with) means its data directory was wiped or replaced. Its Raft state
+    /// (votes, log) and records are gone; letting it take part could elect two leaders in a term
+    /// and serve its durable shards empty. So it is refused until an operator removes it (and
+    /// adds it back with `--join`) or restores its data directory.
+    fn check_incarnation(&mut self, from: &str, incarnation: &str) {
+        let known = self.metadata.members().get(from).map(|m| m.incarnation.as_str()).unwrap_or("");
+        if known.is_empty() || incarnation == known {
+            self.refused.remove(from);
+            return;
+        }
+        if self.refused.insert(from.to_owned()) {
+            let why = format!(
+                "{from} came back with another data directory (incarnation {incarnation:?}, the cluster knows \
+                 {known:?}): its Raft state and the records only it held are gone. Restore its data directory, \
+                 or remove it (`felix-node cluster remove {from} --force`) and add it back started with --join"
+            );
+            self.out.push_back(NodeOutput::PeerRefused { name: from.to_owned(), why });
+        }
+    }
+
+    /// Peers refused for a wiped data directory.
+    pub fn refused_peers(&self) -> impl Iterator<Item = &String> {
+        self.refused.iter()
     }
 
     /// A message to `to` could not be delivered (no connection): a forwarded publish is then
@@ -490,7 +535,9 @@ impl ClusterNode {
                     self.out.push_back(NodeOutput::PersistRaft { entries, hard_state })
                 }
                 MetaOutput::Send { to, message } => {
-                    if let Some(name) = self.names.get(&to) {
+                    if let Some(name) = self.names.get(&to)
+                        && !self.refused.contains(name)
+                    {
                         let message = PeerMessage::Raft(Bytes::from(encode_message(&message)));
                         self.out.push_back(NodeOutput::Peer { to: name.clone(), message });
                     }
@@ -508,6 +555,10 @@ impl ClusterNode {
                     };
                     if added {
                         self.names.insert(id, name.clone());
+                        if name == self.me.id {
+                            // Added (again: a replay passes through an earlier removal first).
+                            self.removed = false;
+                        }
                         if name != self.me.id && !cluster_addr.is_empty() {
                             self.out.push_back(NodeOutput::PeerAdded { name, cluster_addr });
                         }
@@ -519,6 +570,7 @@ impl ClusterNode {
                             self.out.push_back(NodeOutput::PeerRemoved { name: name.clone() });
                         }
                         self.last_seen.remove(&name);
+                        self.refused.remove(&name);
                         // Every broker applies the removal at the same log index.
                         changed |= self.metadata.apply(&Command::RemoveVoter { id: name, force: true }).is_ok();
                     }

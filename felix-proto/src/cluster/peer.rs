@@ -5,6 +5,7 @@
 //! ```text
 //! frame: u32 body_len, u8 kind, body
 //!   1 hello          u16+utf8 cluster, u16+utf8 node_id, u16+utf8 secret
+//!                    [, u16+utf8 incarnation: absent from a broker that keeps none]
 //!   2 raft           a Raft message (protobuf, `meta::encode_message`), to the end
 //!   3 forward        u64 id, u16+utf8 tenant, namespace, stream, u32 shard, u64 generation,
 //!                    u8 acked, u8 publisher_len + publisher, u32 count + records (to the end)
@@ -39,6 +40,8 @@ pub enum PeerMessage {
         node_id: String,
         /// The shared secret.
         secret: String,
+        /// The speaker's incarnation (its data directory's life; empty when it keeps none).
+        incarnation: String,
     },
     /// A metadata Raft message.
     Raft(Bytes),
@@ -95,10 +98,13 @@ fn put_str16(out: &mut BytesMut, s: &str, what: &'static str) -> Result<(), Peer
 pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
     let mut body = BytesMut::new();
     let kind = match m {
-        PeerMessage::Hello { cluster, node_id, secret } => {
+        PeerMessage::Hello { cluster, node_id, secret, incarnation } => {
             put_str16(&mut body, cluster, "cluster")?;
             put_str16(&mut body, node_id, "node_id")?;
             put_str16(&mut body, secret, "secret")?;
+            if !incarnation.is_empty() {
+                put_str16(&mut body, incarnation, "incarnation")?;
+            }
             1
         }
         PeerMessage::Raft(b) => {
@@ -173,6 +179,7 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             cluster: r.str16("cluster")?,
             node_id: r.str16("node_id")?,
             secret: r.str16("secret")?,
+            incarnation: if r.remaining() > 0 { r.str16("incarnation")? } else { String::new() },
         },
         2 => PeerMessage::Raft(r.rest()),
         3 => {
@@ -275,7 +282,18 @@ mod tests {
 
     fn samples() -> Vec<PeerMessage> {
         vec![
-            PeerMessage::Hello { cluster: "prod".into(), node_id: "n1".into(), secret: "s3cret".into() },
+            PeerMessage::Hello {
+                cluster: "prod".into(),
+                node_id: "n1".into(),
+                secret: "s3cret".into(),
+                incarnation: "7f3a".into(),
+            },
+            PeerMessage::Hello {
+                cluster: "c".into(),
+                node_id: "n2".into(),
+                secret: "s".into(),
+                incarnation: String::new(),
+            },
             PeerMessage::Raft(Bytes::from_static(b"\x08\x01raft")),
             PeerMessage::Forward(ForwardedPublish {
                 id: 7,

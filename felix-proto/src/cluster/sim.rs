@@ -260,6 +260,7 @@ fn command(rng: &mut Rng, ids: &[u64], made: &mut u64) -> Command {
                 client_addr: format!("127.0.0.1:{}", 5000 + id),
                 cluster_addr: format!("127.0.0.1:{}", 7000 + id),
                 state: MemberState::Active,
+                incarnation: String::new(),
             },
         },
         3 => Command::Drain { id: node_name(id) },

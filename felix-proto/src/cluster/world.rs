@@ -157,6 +157,7 @@ fn member(name: &str, i: usize) -> Member {
         client_addr: format!("10.0.0.{}:5000", i + 1),
         cluster_addr: format!("10.0.0.{}:7000", i + 1),
         state: MemberState::Active,
+        incarnation: String::new(),
     }
 }
 
@@ -280,6 +281,8 @@ impl World {
             NodeOutput::Broker(b) => self.broker_output(name, b)?,
             // This simulation's voters are the founding ones.
             NodeOutput::PeerAdded { .. } | NodeOutput::PeerRemoved { .. } => {}
+            // Every restart here keeps its data directory: a refusal is a bug.
+            NodeOutput::PeerRefused { why, .. } => return Err(self.violation(format!("{name} refused a peer: {why}"))),
         }
         Ok(())
     }

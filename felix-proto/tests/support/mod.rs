@@ -154,6 +154,7 @@ pub fn cluster_member(id: &str, port: u16) -> felix_proto::cluster::metadata::Me
         client_addr: format!("127.0.0.1:{port}"),
         cluster_addr: format!("127.0.0.1:{}", port + 2000),
         state: felix_proto::cluster::metadata::MemberState::Active,
+        incarnation: String::new(),
     }
 }
 
