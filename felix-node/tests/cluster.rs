@@ -118,14 +118,41 @@ fn owners(v: &serde_json::Value) -> Vec<String> {
     o.into_iter().map(|(_, n)| n).collect()
 }
 
+/// (owner, generation) of each shard of `name`, from one broker's status.
+fn homes(v: &serde_json::Value, name: &str) -> Vec<(String, u64)> {
+    let mut o: Vec<(u64, String, u64)> = v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == name)
+        .map(|s| {
+            (s["shard"].as_u64().unwrap(), s["owner"].as_str().unwrap().to_owned(), s["generation"].as_u64().unwrap())
+        })
+        .collect();
+    o.sort();
+    o.into_iter().map(|(_, n, g)| (n, g)).collect()
+}
+
 #[test]
 fn three_brokers_share_a_stream_and_survive_a_sigkill() {
     let names = ["n1", "n2", "n3"];
     let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
     let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
     let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
-    let mut brokers: Vec<Broker> =
-        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
+    // "ticks" is configured in memory only: its shards move when their owner dies.
+    let conf = tempfile::tempdir().unwrap();
+    let conf_file = conf.path().join("felix.toml");
+    std::fs::write(
+        &conf_file,
+        "[[streams]]\ntenant = \"default\"\nnamespace = \"default\"\nname = \"ticks\"\ndurable = false\nshards = 6\n",
+    )
+    .unwrap();
+    let conf_arg = conf_file.to_str().unwrap().to_owned();
+    let mut brokers: Vec<Broker> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| start_with(n, clients[i], clusters[i], &peers, &["--config", &conf_arg]))
+        .collect();
     wait_for("three members and one leader, seen by all", 30, || {
         let s: Vec<_> = brokers.iter().map(status).collect();
         s.iter().all(|v| v.as_ref().is_some_and(|v| v["members"].as_array().is_some_and(|m| m.len() == 3)))
@@ -222,6 +249,15 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
     );
     assert!(ok && out.lines().count() == 1, "{out}{err}");
 
+    // The configured in-memory stream is registered in the cluster like any other (its first
+    // publish waits out the creation), its shards spread.
+    let (ok, _, err) = cli(&brokers[0], &["publish", "ticks", "t0", "--ack", "--key", "k"]);
+    assert!(ok, "{err}");
+    wait_for("every broker knows the owners of ticks", 10, || {
+        brokers.iter().all(|b| status(b).is_some_and(|v| homes(&v, "ticks").len() == 6))
+    });
+    let ticks_before = homes(&status(&brokers[0]).unwrap(), "ticks");
+    assert!(ticks_before.iter().any(|(o, _)| o == "n3"), "n3 owns some of ticks: {ticks_before:?}");
     // SIGKILL n3: the others keep serving their own shards; a write that needs n3 is answered
     // shard_unavailable (forwarding cannot reach it), not left hanging.
     let dead = brokers.iter().position(|b| b.name == "n3").unwrap();
@@ -238,6 +274,22 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
         })
     });
     eprintln!("n3 declared down {:?} after SIGKILL", killed.elapsed());
+    // Its in-memory shards have new owners (a newer generation), everywhere; nothing else moved.
+    wait_for("n3's in-memory shards moved", 10, || {
+        brokers.iter().all(|b| {
+            status(b).is_some_and(|v| {
+                let now = homes(&v, "ticks");
+                now.len() == 6
+                    && now
+                        .iter()
+                        .zip(&ticks_before)
+                        .all(|((o, g), (was, wg))| if was == "n3" { o != "n3" && g > wg } else { o == was && g == wg })
+            })
+        })
+    });
+    eprintln!("n3's in-memory shards had new owners {:?} after SIGKILL", killed.elapsed());
+    let (ok, _, err) = cli(&brokers[0], &["publish", "ticks", "after", "--ack", "--key", "k"]);
+    assert!(ok, "an in-memory stream keeps taking writes: {err}");
     let n2 = by_name(&brokers, "n2");
     // Keys until one lands on a (durable) shard n3 owned: it waits for n3, and says so at once.
     let mut refused = None;

@@ -30,6 +30,14 @@ pub(super) struct ClusterView {
     pub(super) local: String,
 }
 
+impl ClusterView {
+    /// Whether the cluster's registry has this stream.
+    pub(super) fn knows_stream(&self, t: &str, ns: &str, s: &str) -> bool {
+        let first = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard: 0 };
+        self.owners.contains_key(&first)
+    }
+}
+
 impl Broker {
     /// Takes the cluster's metadata as committed (after every change the metadata group
     /// applied): streams of the registry are created here with their shard counts, shards owned

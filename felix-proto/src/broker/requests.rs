@@ -326,6 +326,25 @@ impl Broker {
         Ok(())
     }
 
+    /// Asks the cluster to create a stream (the metadata group registers it and places its
+    /// shards) and says so: `shard_unavailable` reason `creating`, retry in 200 ms.
+    fn stream_creating(&mut self, t: &str, ns: &str, s: &str, shards: u32, ephemeral: bool) -> Refusal {
+        self.out.push_back(BrokerOutput::ProposeStream {
+            tenant_id: t.to_owned(),
+            namespace: ns.to_owned(),
+            stream: s.to_owned(),
+            shards,
+            ephemeral,
+        });
+        let mut r = Refusal::new(
+            ErrorCode::ShardUnavailable,
+            format!("stream {ns}/{s} is being created in the cluster; retry"),
+        );
+        r.detail = Some(crate::binary::ErrorDetail { reason: Some("creating".into()), retry_after_ms: Some(200) });
+        r.retry = RetryClass::Retry;
+        r
+    }
+
     /// Checks tenant and permission, then finds (or auto-creates) the stream. Returns its shard
     /// count.
     pub(super) fn lookup_stream(
@@ -345,6 +364,13 @@ impl Broker {
             ));
         }
         if let Some(e) = self.streams.get(KeyRef(t, ns, s).q()) {
+            // In a cluster a stream exists once the metadata says so: one this broker has from
+            // its own configuration is proposed with that configuration first (every broker
+            // would otherwise write its own copy).
+            if self.cluster.as_ref().is_some_and(|c| !c.knows_stream(t, ns, s)) {
+                let (shards, durable) = (e.shards.len() as u32, e.config.durable);
+                return Err(self.stream_creating(t, ns, s, shards, !durable));
+            }
             return Ok(e.shards.len() as u32);
         }
         // A configured stream deleted at run time comes back as configured when used again.
@@ -354,19 +380,8 @@ impl Broker {
         }
         if self.cfg.auto_create && self.cluster.is_some() {
             // In a cluster a stream exists once the metadata group says so, with its owners.
-            self.out.push_back(BrokerOutput::ProposeStream {
-                tenant_id: t.to_owned(),
-                namespace: ns.to_owned(),
-                stream: s.to_owned(),
-                shards: self.cfg.default_stream.shards.max(1),
-                ephemeral: !self.cfg.default_stream.durable,
-            });
-            let mut r = Refusal::new(
-                ErrorCode::ShardUnavailable,
-                format!("stream {ns}/{s} is being created in the cluster; retry"),
-            );
-            r.detail = Some(crate::binary::ErrorDetail { reason: Some("creating".into()), retry_after_ms: Some(200) });
-            return Err(r);
+            let (shards, durable) = (self.cfg.default_stream.shards.max(1), self.cfg.default_stream.durable);
+            return Err(self.stream_creating(t, ns, s, shards, !durable));
         }
         if self.cfg.auto_create {
             let cfg = self.cfg.default_stream.clone();
