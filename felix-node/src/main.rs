@@ -400,6 +400,12 @@ struct SimArgs {
     /// 100 ms each [default: 300].
     #[arg(long, requires = "cluster")]
     clients: bool,
+    /// Simulate one replicated (quorum) shard instead: 3 or 5 replicas of its Raft group,
+    /// idempotent producers retrying, loss, duplication, delay, partitions and crashes between
+    /// any two outputs, checking one history, exactly-once acknowledged batches, one leader per
+    /// term and progress once healed. --steps per seed [default: 600].
+    #[arg(long, conflicts_with_all = ["cluster", "clients"])]
+    replicated: bool,
 }
 
 #[derive(Args, Debug)]

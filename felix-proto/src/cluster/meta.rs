@@ -72,10 +72,15 @@ pub enum MetaOutput {
         /// What the proposer attached (the founding voters' own: their names).
         context: Vec<u8>,
     },
-    /// A command committed by the group, in log order: apply it.
+    /// A command committed by the group, in log order: apply it. (With
+    /// [`MetaNode::report_leader_entries`], also the empty entry each new leader appends: `data`
+    /// empty.)
     Committed {
         /// Its log index.
         index: u64,
+        /// The term it was proposed in (a proposal whose index commits with another term was
+        /// overwritten by a newer leader).
+        term: u64,
         /// The command as proposed.
         data: Vec<u8>,
     },
@@ -85,6 +90,8 @@ pub enum MetaOutput {
 pub struct MetaNode {
     raw: RawNode<MemStorage>,
     out: VecDeque<MetaOutput>,
+    /// Report the empty entries new leaders append (a replicated shard's generation starts).
+    report_empty: bool,
 }
 
 impl std::fmt::Debug for MetaNode {
@@ -166,7 +173,35 @@ impl MetaNode {
         cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&cfg, storage, &logger)?;
-        Ok(MetaNode { raw, out: first_persist.into_iter().collect() })
+        Ok(MetaNode { raw, out: first_persist.into_iter().collect(), report_empty: false })
+    }
+
+    /// Reports the empty entry every new leader appends as a [`MetaOutput::Committed`] with
+    /// empty data (a replicated shard makes it its generation-start record). Set before the
+    /// first tick or step: a restart's replay reports them too.
+    pub fn report_leader_entries(&mut self) {
+        self.report_empty = true;
+    }
+
+    /// Proposes like [`propose`](Self::propose) and says where the entry went: its log index
+    /// and term. It commits there with that term, or was overwritten (another term at that
+    /// index) by a newer leader.
+    ///
+    /// # Errors
+    /// As [`propose`](Self::propose).
+    pub fn propose_indexed(&mut self, data: Vec<u8>) -> Result<(u64, u64), MetaError> {
+        if !self.is_leader() {
+            return Err(MetaError::NotLeader { leader: self.leader() });
+        }
+        let before = self.raw.raft.raft_log.last_index();
+        let term = self.raw.raft.term;
+        self.raw.propose(Vec::new(), data)?;
+        let index = self.raw.raft.raft_log.last_index();
+        self.process_ready();
+        if index == before {
+            return Err(MetaError::Raft(raft::Error::ProposalDropped));
+        }
+        Ok((index, term))
     }
 
     /// The current voters (ascending).
@@ -304,8 +339,8 @@ impl MetaNode {
         for e in entries {
             match e.get_entry_type() {
                 // Empty entries are the engine's own (a new leader's first entry).
-                EntryType::EntryNormal if !e.data.is_empty() => {
-                    self.out.push_back(MetaOutput::Committed { index: e.index, data: e.data.to_vec() });
+                EntryType::EntryNormal if !e.data.is_empty() || self.report_empty => {
+                    self.out.push_back(MetaOutput::Committed { index: e.index, term: e.term, data: e.data.to_vec() });
                 }
                 EntryType::EntryConfChange => {
                     // Every member applies the same entry the same way; one the engine refuses

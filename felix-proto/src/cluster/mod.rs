@@ -1,13 +1,16 @@
-//! The cluster: what several brokers agree on. So far, placement (which broker owns each
-//! shard), a sans-IO member of a Raft group on tikv's engine ([`meta`]) and the metadata state
-//! machine it replicates ([`metadata`]); the driver's transport and log, routing and forwarding
-//! follow (issue 14).
+//! The cluster: what several brokers agree on. Placement (which broker owns each shard), a
+//! sans-IO member of a Raft group on tikv's engine ([`meta`]), the metadata state machine it
+//! replicates ([`metadata`]), a broker of a cluster ([`node`]) and the messages between brokers
+//! ([`peer`]); a replicated shard's replica, whose Raft log is the shard's log ([`replica`]).
 
 pub mod meta;
 pub mod metadata;
 pub mod node;
 pub mod peer;
 pub mod placement;
+pub mod replica;
+#[cfg(feature = "testkit")]
+pub mod replica_sim;
 #[cfg(feature = "testkit")]
 pub mod sim;
 #[cfg(feature = "testkit")]

@@ -1,0 +1,351 @@
+//! One replica of a replicated (`quorum`) shard: a member of the shard's own Raft group on the
+//! same engine as the metadata group ([`MetaNode`]), whose log *is* the shard's log. Publish
+//! batches are Raft entries; an entry is readable (delivered to subscribers, acknowledged to its
+//! publisher) only once a majority holds it, so a record once delivered is never lost by a
+//! fail-over. The empty entry every new leader appends becomes the spec's generation-start
+//! record: it takes an offset and is never delivered.
+//!
+//! Offsets are assigned when entries are applied, in log order, the same way on every replica
+//! (a generation start takes one, a batch one per record), so every replica gives every record
+//! the same offset. Idempotent producers are part of the replicated state: a batch whose
+//! (producer, sequence) was applied before is applied as a duplicate (no offsets, the original
+//! answer), so a producer that retries after `leadership_lost` or `quorum_timeout`, on whichever
+//! leader, gets its batch written exactly once.
+//!
+//! Answers to the publisher (on the leader): `Appended` once its entry committed in the term it
+//! was proposed in; `LeadershipLost` when this replica stopped leading or another leader's entry
+//! took the index (outcome unknown: it may still commit); `QuorumTimeout` when no majority
+//! confirmed it in time (outcome unknown). Sans-IO like the rest: ticks, peer messages and
+//! proposals in; what to persist, send, answer and deliver out.
+
+use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog};
+use bytes::{BufMut, Bytes, BytesMut};
+use raft::eraftpb::{Entry, HardState, Message};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Ticks a proposal may wait for a majority before it is answered `quorum_timeout`.
+pub const QUORUM_TIMEOUT_TICKS: u64 = 50;
+
+/// Sequences remembered per producer (a retry older than that is not recognised).
+pub const PRODUCER_WINDOW: usize = 256;
+
+/// A batch as replicated: its records and, for an idempotent producer, its sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicatedBatch {
+    /// (producer id, sequence) of an idempotent producer.
+    pub producer: Option<(u64, u64)>,
+    /// The records' payloads.
+    pub payloads: Vec<Bytes>,
+}
+
+/// Why replicated bytes could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed replicated batch: {0}")]
+pub struct BatchError(&'static str);
+
+impl ReplicatedBatch {
+    /// Its bytes in the Raft log: `u8 version (1)`, `u8 has_producer`, `u64 producer`,
+    /// `u64 sequence`, `u32 count`, then each payload as `u32 length` + bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        b.put_u8(1);
+        let (pid, seq) = self.producer.unwrap_or((0, 0));
+        b.put_u8(u8::from(self.producer.is_some()));
+        b.put_u64(pid);
+        b.put_u64(seq);
+        b.put_u32(self.payloads.len() as u32);
+        for p in &self.payloads {
+            b.put_u32(p.len() as u32);
+            b.extend_from_slice(p);
+        }
+        b.to_vec()
+    }
+
+    /// Reads [`encode`](Self::encode)'s bytes. Never panics.
+    ///
+    /// # Errors
+    /// [`BatchError`] for bytes that are not a whole batch.
+    pub fn decode(data: &[u8]) -> Result<ReplicatedBatch, BatchError> {
+        let mut at = 0usize;
+        let mut take = |n: usize, what: &'static str| -> Result<&[u8], BatchError> {
+            let s = data.get(at..at + n).ok_or(BatchError(what))?;
+            at += n;
+            Ok(s)
+        };
+        if take(1, "version")? != [1] {
+            return Err(BatchError("unknown version"));
+        }
+        let has = take(1, "producer flag")?[0] != 0;
+        let pid = u64::from_be_bytes(take(8, "producer")?.try_into().map_err(|_| BatchError("producer"))?);
+        let seq = u64::from_be_bytes(take(8, "sequence")?.try_into().map_err(|_| BatchError("sequence"))?);
+        let count = u32::from_be_bytes(take(4, "count")?.try_into().map_err(|_| BatchError("count"))?);
+        let mut payloads = Vec::with_capacity(count.min(1024) as usize);
+        for _ in 0..count {
+            let len = u32::from_be_bytes(take(4, "length")?.try_into().map_err(|_| BatchError("length"))?);
+            payloads.push(Bytes::copy_from_slice(take(len as usize, "payload")?));
+        }
+        if at != data.len() {
+            return Err(BatchError("trailing bytes"));
+        }
+        Ok(ReplicatedBatch { producer: has.then_some((pid, seq)), payloads })
+    }
+}
+
+/// The answer to a proposed batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Committed: the first record's offset (a duplicate's original one).
+    Appended {
+        /// Offset of the first record.
+        offset: u64,
+        /// It was a duplicate of a batch applied before (nothing new was written).
+        duplicate: bool,
+    },
+    /// This replica stopped leading, or a newer leader's entry took the index: the batch may
+    /// or may not commit (outcome unknown; an idempotent producer sends it again).
+    LeadershipLost,
+    /// No majority confirmed it in time (outcome unknown).
+    QuorumTimeout,
+}
+
+/// What a replica asks its driver to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplicaOutput {
+    /// Make durable before carrying out anything after it (as [`MetaOutput::Persist`]).
+    Persist {
+        /// New entries.
+        entries: Vec<Entry>,
+        /// The new hard state.
+        hard_state: Option<HardState>,
+    },
+    /// Send to replica `to`.
+    Send {
+        /// Peer id.
+        to: u64,
+        /// The message.
+        message: Message,
+    },
+    /// The answer to proposal `token`.
+    Answer {
+        /// The token the proposal was made with.
+        token: u64,
+        /// What became of it.
+        answer: Answer,
+    },
+    /// Records became readable (committed), in offset order: deliver them.
+    Delivered {
+        /// Offset of the first.
+        offset: u64,
+        /// The batch.
+        batch: ReplicatedBatch,
+    },
+    /// A new leader's generation starts at `offset` (an offset never delivered; readers skip
+    /// it, `skipped_before` for clients that offered 0x0800).
+    GenerationStart {
+        /// Its offset.
+        offset: u64,
+        /// The leader's term.
+        term: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Proposal {
+    token: u64,
+    term: u64,
+    age: u64,
+}
+
+/// One replica of a replicated shard.
+pub struct Replica {
+    node: MetaNode,
+    /// The next offset to assign.
+    next_offset: u64,
+    /// Per producer: sequence → first offset, the last [`PRODUCER_WINDOW`].
+    producers: BTreeMap<u64, BTreeMap<u64, u64>>,
+    /// Proposals waiting for their entry to commit, by log index (leader only).
+    pending: BTreeMap<u64, Proposal>,
+    out: VecDeque<ReplicaOutput>,
+    leading: bool,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica").field("id", &self.node.id()).field("next_offset", &self.next_offset).finish()
+    }
+}
+
+impl Replica {
+    /// Replica `id` of a shard whose replicas are `replicas`, starting from what its driver
+    /// kept (empty on a first start). A restart replays the committed log: offsets, producers
+    /// and deliveries come out again from the first, the same as before.
+    ///
+    /// # Errors
+    /// [`MetaError`] for a configuration or a kept log the engine refuses.
+    pub fn new(id: u64, replicas: &[u64], kept: &RaftLog) -> Result<Replica, MetaError> {
+        let founding: Vec<(u64, Vec<u8>)> = replicas.iter().map(|r| (*r, Vec::new())).collect();
+        let mut node = MetaNode::restart(id, &founding, kept)?;
+        node.report_leader_entries();
+        let mut r = Replica {
+            node,
+            next_offset: 0,
+            producers: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            out: VecDeque::new(),
+            leading: false,
+        };
+        r.drain();
+        Ok(r)
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> u64 {
+        self.node.id()
+    }
+
+    /// Whether it leads (it takes proposals).
+    pub fn is_leader(&self) -> bool {
+        self.node.is_leader()
+    }
+
+    /// The leader it knows of.
+    pub fn leader(&self) -> Option<u64> {
+        self.node.leader()
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.node.term()
+    }
+
+    /// The next offset a record would get (the readable bound).
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// A unit of time passed.
+    pub fn tick(&mut self) {
+        self.node.tick();
+        for p in self.pending.values_mut() {
+            p.age += 1;
+        }
+        let expired: Vec<u64> =
+            self.pending.iter().filter(|(_, p)| p.age >= QUORUM_TIMEOUT_TICKS).map(|(i, _)| *i).collect();
+        for i in expired {
+            if let Some(p) = self.pending.remove(&i) {
+                self.out.push_back(ReplicaOutput::Answer { token: p.token, answer: Answer::QuorumTimeout });
+            }
+        }
+        self.drain();
+    }
+
+    /// A message from another replica.
+    pub fn step(&mut self, m: Message) {
+        let _ = self.node.step(m);
+        self.drain();
+    }
+
+    /// Proposes a batch (on the leader); its answer comes out as [`ReplicaOutput::Answer`]
+    /// with `token`.
+    ///
+    /// # Errors
+    /// [`MetaError::NotLeader`] (with the leader known, if any) on a follower.
+    pub fn propose(&mut self, token: u64, batch: &ReplicatedBatch) -> Result<(), MetaError> {
+        let (index, term) = self.node.propose_indexed(batch.encode())?;
+        self.pending.insert(index, Proposal { token, term, age: 0 });
+        self.drain();
+        Ok(())
+    }
+
+    /// The next thing to do.
+    pub fn poll_output(&mut self) -> Option<ReplicaOutput> {
+        self.out.pop_front()
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.node.poll_output() {
+            match o {
+                MetaOutput::Persist { entries, hard_state } => {
+                    self.out.push_back(ReplicaOutput::Persist { entries, hard_state })
+                }
+                MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),
+                MetaOutput::Committed { index, term, data } => self.apply(index, term, &data),
+                MetaOutput::ConfChanged { .. } => {}
+            }
+        }
+        let leading = self.node.is_leader();
+        if self.leading && !leading {
+            // Deposed: nothing pending here will be answered by a commit we can vouch for.
+            for (_, p) in std::mem::take(&mut self.pending) {
+                self.out.push_back(ReplicaOutput::Answer { token: p.token, answer: Answer::LeadershipLost });
+            }
+        }
+        self.leading = leading;
+    }
+
+    /// Applies one committed entry: offsets, producers, deliveries, answers.
+    fn apply(&mut self, index: u64, term: u64, data: &[u8]) {
+        let answer = if data.is_empty() {
+            let offset = self.next_offset;
+            self.next_offset += 1;
+            self.out.push_back(ReplicaOutput::GenerationStart { offset, term });
+            None
+        } else {
+            match ReplicatedBatch::decode(data) {
+                // Only this crate proposes; an entry that does not decode takes no offset on
+                // any replica alike.
+                Err(_) => None,
+                Ok(batch) => {
+                    let seen = batch.producer.and_then(|(pid, seq)| self.producers.get(&pid)?.get(&seq).copied());
+                    match seen {
+                        Some(offset) => Some(Answer::Appended { offset, duplicate: true }),
+                        None => {
+                            let offset = self.next_offset;
+                            self.next_offset += batch.payloads.len() as u64;
+                            if let Some((pid, seq)) = batch.producer {
+                                let seqs = self.producers.entry(pid).or_default();
+                                seqs.insert(seq, offset);
+                                while seqs.len() > PRODUCER_WINDOW {
+                                    seqs.pop_first();
+                                }
+                            }
+                            self.out.push_back(ReplicaOutput::Delivered { offset, batch });
+                            Some(Answer::Appended { offset, duplicate: false })
+                        }
+                    }
+                }
+            }
+        };
+        // Proposals at or below this index: the one at it is answered by what committed there
+        // (if its term matches; another term means a newer leader overwrote it).
+        while let Some((&i, _)) = self.pending.first_key_value() {
+            if i > index {
+                break;
+            }
+            let Some(p) = self.pending.remove(&i) else { break };
+            let a = match (&answer, i == index && p.term == term) {
+                (Some(a), true) => a.clone(),
+                _ => Answer::LeadershipLost,
+            };
+            self.out.push_back(ReplicaOutput::Answer { token: p.token, answer: a });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_round_trips_and_garbage_is_refused() {
+        let b = ReplicatedBatch { producer: Some((7, 9)), payloads: vec![Bytes::from_static(b"a"), Bytes::new()] };
+        assert_eq!(ReplicatedBatch::decode(&b.encode()), Ok(b.clone()));
+        let bytes = b.encode();
+        for cut in 0..bytes.len() {
+            assert!(ReplicatedBatch::decode(&bytes[..cut]).is_err(), "cut {cut}");
+        }
+        assert!(ReplicatedBatch::decode(&[2]).is_err());
+        let huge = [1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF];
+        assert!(ReplicatedBatch::decode(&huge).is_err());
+    }
+}
