@@ -78,6 +78,8 @@ pub use felix_driver_common::StartError as ServerError;
 #[derive(Debug)]
 pub struct Server {
     local_addr: SocketAddr,
+    /// Feeds the broker task (to ask it to drain).
+    inputs: mpsc::UnboundedSender<Input>,
     shutdown: Option<oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<()>>,
     /// What storage repaired at start (torn or corrupt tails).
@@ -94,6 +96,20 @@ impl Server {
     /// The address the broker listens on (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Drains, then stops: takes no new work (new connections are refused, a control stream
+    /// authenticating is answered `draining`: connect elsewhere), serves what is open and
+    /// waits for what is in flight (writes storage has not confirmed, forwards not answered)
+    /// for at most `grace`, then stops as [`shutdown`](Self::shutdown) does. Returns how much
+    /// work was still in flight when it stopped (0: nothing was cut short).
+    pub async fn drain(mut self, grace: std::time::Duration) -> usize {
+        let (tx, rx) = oneshot::channel();
+        let left = if self.inputs.send(Input::Drain { grace, reply: tx }).is_ok() { rx.await.unwrap_or(0) } else { 0 };
+        if let Some(done) = self.done.take() {
+            let _ = done.await;
+        }
+        left
     }
 
     /// Stops accepting, flushes storage, and closes every connection with code 0.
@@ -236,6 +252,7 @@ impl Server {
             storage: stx,
             pending_writes: Vec::new(),
             io: IoCounters::default(),
+            draining: None,
         };
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx.clone()));
         let done = tokio::spawn(async move {
@@ -246,6 +263,7 @@ impl Server {
         });
         Ok(Server {
             local_addr,
+            inputs: tx.clone(),
             shutdown: Some(shutdown_tx),
             done: Some(done),
             repairs,
@@ -434,6 +452,12 @@ enum Input {
     ClusterStatus(oneshot::Sender<String>),
     /// `POST /cluster/add|remove` (its secret checked): the answer's status and body.
     ClusterAdmin(AdminRequest, oneshot::Sender<(u16, String)>),
+    /// Stop taking work, finish what is in flight (at most `grace`), then stop; the reply says
+    /// how much was left.
+    Drain {
+        grace: Duration,
+        reply: oneshot::Sender<usize>,
+    },
     Peer(crate::cluster::PeerInput),
 }
 
@@ -651,6 +675,8 @@ struct BrokerTask {
     storage: std::sync::mpsc::Sender<StorageCmd>,
     pending_writes: Vec<PersistRequest>,
     io: IoCounters,
+    /// Draining: until when, and who waits for the end.
+    draining: Option<(std::time::Instant, oneshot::Sender<usize>)>,
 }
 
 fn now() -> std::time::Instant {
@@ -661,7 +687,16 @@ impl BrokerTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>, mut shutdown: oneshot::Receiver<()>) {
         loop {
             self.drain();
-            let deadline = self.node.poll_timeout();
+            if let Some((until, _)) = &self.draining {
+                let left = self.node.broker_ref().work_in_flight();
+                if left == 0 || now() >= *until {
+                    if let Some((_, reply)) = self.draining.take() {
+                        let _ = reply.send(left);
+                    }
+                    break;
+                }
+            }
+            let deadline = [self.node.poll_timeout(), self.draining.as_ref().map(|d| d.0)].into_iter().flatten().min();
             let sleep = crate::sleep_until(deadline);
             tokio::select! {
                 input = rx.recv() => {
@@ -919,6 +954,12 @@ impl BrokerTask {
     fn handle(&mut self, input: Input) {
         let now = now();
         match input {
+            Input::Incoming(incoming) if self.draining.is_some() => incoming.refuse(),
+            Input::Drain { grace, reply } => {
+                self.node.broker().begin_drain(now);
+                self.flush_storage();
+                self.draining = Some((now + grace, reply));
+            }
             Input::Incoming(incoming) => {
                 match self.node.broker().admit(felix_driver_common::peer_addr(incoming.remote_address().ip()), now) {
                     Ok(conn) => {

@@ -185,10 +185,24 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     out!("Try, from this directory:");
     out!("  felix-node subscribe orders --from earliest");
     out!("  felix-node publish orders hello world --ack");
-    out!("Ctrl-C or SIGTERM stops the broker cleanly.");
+    out!("Ctrl-C or SIGTERM stops the broker cleanly (draining first).");
     wait_for_shutdown().await;
-    eprintln!("shutting down: flushing storage and closing connections");
-    server.shutdown().await;
+    eprintln!(
+        "draining: new connections and control streams refused, finishing what is in flight (up to {:?}; a second signal stops at once)",
+        a.drain_grace
+    );
+    let left = tokio::select! {
+        left = server.drain(a.drain_grace) => left,
+        () = wait_for_shutdown() => {
+            eprintln!("stopping at once");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    if left == 0 {
+        eprintln!("drained: nothing in flight; storage flushed, connections closed");
+    } else {
+        eprintln!("stopped after {:?} with {left} operation(s) still in flight (cut short)", a.drain_grace);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

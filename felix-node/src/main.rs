@@ -223,6 +223,12 @@ struct ServeArgs {
     /// runs alone, as always.
     #[arg(long, env = "FELIX_NODE_ID")]
     node_id: Option<String>,
+    /// On SIGTERM or Ctrl-C: how long to finish what is in flight (writes not yet on disk,
+    /// forwards not yet answered) before stopping; meanwhile no new work is taken (new
+    /// connections refused, new control streams answered `draining`). A second signal stops at
+    /// once.
+    #[arg(long, env = "FELIX_DRAIN_GRACE", value_parser = commands::parse_duration, default_value = "10s")]
+    drain_grace: std::time::Duration,
     /// Join a running cluster (after an operator's `felix-node cluster add`) instead of
     /// founding one: --peers then lists the members it knows of. Every broker added after the
     /// cluster first started runs with --join; only the founding brokers go without it.

@@ -145,3 +145,76 @@ fn a_configured_stream_comes_back_with_its_configured_width() {
     assert_eq!(ms[0], deleted(1, true));
     assert!(matches!(&ms[1], Message::StreamShardsView(v) if v.shards == 4), "{ms:?}");
 }
+
+/// Draining: a control stream authenticating after `begin_drain` is refused `draining` (retry)
+/// when it offered codes, and gets no answer at all otherwise; streams already open go on being
+/// served, and what storage has not confirmed is counted as work in flight.
+#[test]
+fn a_draining_broker_refuses_new_streams_and_serves_open_ones() {
+    use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, WriteOutcome};
+    use felix_proto::features::Features;
+    use felix_proto::transport::{Dir, Side, StreamId, WallClock};
+    let now = epoch();
+    let mut b = Broker::new(config(), WallClock::new(now, 1_700_000_000_000_000));
+    let take = |b: &mut Broker| {
+        let mut out = Vec::new();
+        let mut writes = Vec::new();
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::Transmit { data, .. } => out.extend_from_slice(&data),
+                BrokerOutput::Persist(w) => writes.push(w.token),
+                _ => {}
+            }
+        }
+        (out, writes)
+    };
+    let open = StreamId::new(Side::Client, Dir::Bi, 0);
+    let conn = b.admit(PeerAddr([1; 16]), now).unwrap();
+    b.handle_stream_data(conn, open, auth(Some(0x0001 | 0x0008), None, None), false, now);
+    take(&mut b);
+    // An acked publish whose write storage has not confirmed yet.
+    b.handle_stream_data(
+        conn,
+        open,
+        publish_json("orders", "a", Some(1), Some(felix_proto::binary::AckMode::PerBatch)),
+        false,
+        now,
+    );
+    let (mut answers, writes) = take(&mut b);
+    assert_eq!(writes.len(), 1);
+    assert!(!b.is_draining() && b.work_in_flight() >= 1);
+    b.begin_drain(now);
+    assert!(b.is_draining());
+    // New streams: `draining` with codes, silence without.
+    let (lo, hi) = Features::ERROR_CODES.to_words(true);
+    let s1 = StreamId::new(Side::Client, Dir::Bi, 1);
+    b.handle_stream_data(conn, s1, auth(Some(1), lo, hi), false, now);
+    let (out, _) = take(&mut b);
+    let m = messages(&out);
+    assert!(
+        matches!(&m[..], [Message::Error(e)] if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("draining")),
+        "{m:?}"
+    );
+    let s2 = StreamId::new(Side::Client, Dir::Bi, 2);
+    b.handle_stream_data(conn, s2, auth(Some(1), None, None), false, now);
+    assert!(take(&mut b).0.is_empty(), "a client without codes gets no answer");
+    // The open stream is still served; once storage confirms, nothing is in flight.
+    b.handle_write_result(writes[0], WriteOutcome::Written, now);
+    answers.extend(take(&mut b).0);
+    b.handle_stream_data(
+        conn,
+        open,
+        publish_json("orders", "b", Some(2), Some(felix_proto::binary::AckMode::PerBatch)),
+        false,
+        now,
+    );
+    let (out, writes) = take(&mut b);
+    answers.extend(out);
+    assert_eq!(writes.len(), 1, "an open stream still publishes while draining");
+    b.handle_write_result(writes[0], WriteOutcome::Written, now);
+    answers.extend(take(&mut b).0);
+    let m = messages(&answers);
+    assert!(matches!(m[..], [Message::PublishOk(_), Message::PublishOk(_)]), "both publishes answered: {m:?}");
+    assert_eq!(b.work_in_flight(), 0);
+    assert_eq!(b.stats().auths_refused_draining, 2);
+}

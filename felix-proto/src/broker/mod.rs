@@ -424,6 +424,8 @@ pub struct Broker {
     request_forwards: HashMap<u64, forward_request::PendingRequest>,
     /// Requests this broker serves for others (it owns their caches).
     served: forward_request::Served,
+    /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
+    draining: bool,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -490,6 +492,7 @@ impl Broker {
             next_forward: 1,
             request_forwards: HashMap::new(),
             served: forward_request::Served::default(),
+            draining: false,
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
@@ -516,7 +519,28 @@ impl Broker {
         &self.stats
     }
 
-    /// Number of open connections.
+    /// The broker is shutting down: it takes no new work (a control stream authenticating from
+    /// now on is refused `draining`, retry: connect elsewhere; the driver stops admitting
+    /// connections) and finishes what is in flight ([`work_in_flight`](Self::work_in_flight)),
+    /// serving everything already open meanwhile.
+    pub fn begin_drain(&mut self, now: Instant) {
+        self.clock.advance(now);
+        self.draining = true;
+    }
+
+    /// Whether [`begin_drain`](Self::begin_drain) was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// What a clean stop would cut short: writes storage has not confirmed (and the publishes
+    /// waiting on them), publishes and requests forwarded to other brokers and not answered.
+    pub fn work_in_flight(&self) -> usize {
+        self.writes.len() + self.forwards.len() + self.request_forwards.len()
+    }
+
+    /// Open client connections (internal ones serving other brokers' forwarded requests are
+    /// not counted).
     pub fn connection_count(&self) -> usize {
         self.conns.len() - self.internal_connections()
     }

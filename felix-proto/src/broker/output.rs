@@ -260,6 +260,8 @@ pub struct BrokerStats {
     pub publishes_forwarded_in: u64,
     /// Cache and counter requests forwarded to their cache's owner.
     pub requests_forwarded: u64,
+    /// Control streams refused `draining` (authenticated while the broker was shutting down).
+    pub auths_refused_draining: u64,
     /// Cache and counter requests other brokers forwarded here.
     pub requests_forwarded_in: u64,
     /// Frames received.

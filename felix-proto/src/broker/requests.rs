@@ -79,6 +79,17 @@ impl Broker {
 
     pub(super) fn handle_auth(&mut self, conn: ConnId, st: &mut CtlStream, a: message::Auth, _now: Instant) {
         let offer = ClientOffer::from_auth(&a);
+        if self.draining {
+            // The reference's rule: `draining` (retry: connect elsewhere) to a client that
+            // offered codes; nothing at all to one that did not, until the connection closes.
+            self.stats.auths_refused_draining += 1;
+            if offer.has(Features::ERROR_CODES) {
+                let mut r = Refusal::new(ErrorCode::Draining, "the broker is shutting down: connect to another");
+                r.retry = RetryClass::Retry;
+                self.send(conn, st, json_frame(&Self::error_message(&offer, &r)));
+            }
+            return self.close_stream(conn, st);
+        }
         let found = self
             .cfg
             .tokens
