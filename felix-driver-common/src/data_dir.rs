@@ -28,12 +28,24 @@ impl DataDir {
 
     /// The broker's certificate: loaded, or generated (for `localhost`) on first start.
     pub fn identity(&self) -> Result<(Identity, bool), String> {
+        self.identity_for(&[])
+    }
+
+    /// The broker's certificate: loaded, or generated on first start for `localhost`,
+    /// 127.0.0.1, ::1 and `names` (the host names and addresses the broker is reached at).
+    pub fn identity_for(&self, names: &[String]) -> Result<(Identity, bool), String> {
         if self.cert().exists() && self.key().exists() {
             return Identity::load(&self.cert(), &self.key()).map(|i| (i, false)).map_err(|e| e.to_string());
         }
         let dir = self.root.join("tls");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let (id, cert, key) = Identity::self_signed(&["localhost", "127.0.0.1"]).map_err(|e| e.to_string())?;
+        let mut all: Vec<&str> = vec!["localhost", "127.0.0.1", "::1"];
+        for n in names {
+            if !n.is_empty() && !all.contains(&n.as_str()) {
+                all.push(n);
+            }
+        }
+        let (id, cert, key) = Identity::self_signed(&all).map_err(|e| e.to_string())?;
         std::fs::write(self.cert(), cert).map_err(|e| format!("{}: {e}", self.cert().display()))?;
         write_private(&self.key(), key.as_bytes())?;
         Ok((id, true))

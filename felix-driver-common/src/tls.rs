@@ -73,6 +73,13 @@ impl Identity {
     }
 }
 
+/// A certificate's SHA-256 fingerprint, as `AB:CD:...` (what `openssl x509 -fingerprint
+/// -sha256` prints), for an operator to check what clients will see.
+pub fn fingerprint(cert: &CertificateDer<'_>) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, cert.as_ref());
+    d.as_ref().iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Io { path: path.display().to_string(), source })
 }

@@ -35,7 +35,30 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     };
     let queue_capacity = a.queue_capacity.or(b.subscriber_queue_capacity).unwrap_or(1024);
     let dir = DataDir::new(&data_dir);
-    let (identity, generated) = dir.identity()?;
+    // The operator's certificate, or the data directory's (generated on first start for the
+    // names the broker is reached at).
+    let tls_cert = a.tls_cert.clone().or_else(|| file.tls.cert.as_ref().map(Into::into));
+    let tls_key = a.tls_key.clone().or_else(|| file.tls.key.as_ref().map(Into::into));
+    let (identity, generated, cert_path) = match (tls_cert, tls_key) {
+        (Some(c), Some(k)) => {
+            let id = felix_driver_tokio::Identity::load(&c, &k)
+                .map_err(|e| format!("--tls-cert/--tls-key: {e} (a PEM certificate chain and its PEM private key)"))?;
+            (id, false, c)
+        }
+        (None, None) => {
+            let mut names: Vec<String> = Vec::new();
+            if !listen.ip().is_unspecified() {
+                names.push(listen.ip().to_string());
+            }
+            if let Some(adv) = a.advertise.clone().or_else(|| file.cluster.advertise.clone()) {
+                names.push(adv.rsplit_once(':').map_or(adv.clone(), |(h, _)| h.trim_matches(['[', ']']).to_owned()));
+            }
+            let (id, generated) = dir.identity_for(&names)?;
+            (id, generated, dir.cert())
+        }
+        _ => return Err("give both --tls-cert and --tls-key (or [tls] cert and key), or neither".into()),
+    };
+    let fingerprint = identity.chain.first().map(felix_driver_tokio::tls::fingerprint).unwrap_or_default();
     let token = if a.dev_token.is_some() || b.dev_token.unwrap_or(true) {
         Some(dir.dev_token(a.dev_token.as_deref())?)
     } else {
@@ -164,9 +187,10 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     out!("  data dir     {data} ({} records recovered)", server.recovered_records);
     out!(
         "  certificate  {}{}",
-        dir.cert().display(),
-        if generated { " (generated now: self-signed for localhost)" } else { "" }
+        cert_path.display(),
+        if generated { " (generated now: self-signed for localhost and the addresses listened on)" } else { "" }
     );
+    out!("               sha256 {fingerprint}");
     match &token {
         Some(token) => out!(
             "  dev token    {token}   (stored in {}; valid for any tenant, every permission: development only)",

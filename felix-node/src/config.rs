@@ -65,6 +65,17 @@ pub struct FileConfig {
     /// Membership of a cluster (docs/cluster.md); flags and FELIX_* variables override it.
     #[serde(default)]
     pub cluster: ClusterSection,
+    /// The broker's certificate (`serve --tls-cert/--tls-key`).
+    #[serde(default)]
+    pub tls: TlsSection,
+}
+
+/// `[tls]`: an operator's certificate chain and key (PEM files).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }
 
 /// `[cluster]`: the same settings as `serve --node-id/--cluster-listen/--peers/...`.

@@ -229,6 +229,14 @@ struct ServeArgs {
     /// once.
     #[arg(long, env = "FELIX_DRAIN_GRACE", value_parser = commands::parse_duration, default_value = "10s")]
     drain_grace: std::time::Duration,
+    /// The broker's TLS certificate chain (PEM), for a certificate an operator issued
+    /// [default: DATA_DIR/tls/cert.pem, self-signed and generated on first start]. With
+    /// --tls-key; clients then trust it with --ca (its CA, or the chain itself).
+    #[arg(long, env = "FELIX_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "FELIX_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Join a running cluster (after an operator's `felix-node cluster add`) instead of
     /// founding one: --peers then lists the members it knows of. Every broker added after the
     /// cluster first started runs with --join; only the founding brokers go without it.

@@ -783,3 +783,68 @@ async fn on_a_full_disk_acks_on_enqueue_stop_and_reads_go_on() {
     }
     drop(broker);
 }
+
+/// An operator's certificate (`--tls-cert/--tls-key`): served instead of the data directory's,
+/// clients trust it with `--ca`; half a pair or a bad file is a clear error before anything
+/// starts.
+#[test]
+fn an_operators_certificate_is_served_and_bad_ones_are_refused() {
+    // A certificate made by one broker's first start, used by another as "the operator's".
+    let issued = tempfile::tempdir().unwrap();
+    let first = serve(issued.path(), free_port(), &[]);
+    drop(first);
+    let (cert, key) = (issued.path().join("tls/cert.pem"), issued.path().join("tls/key.pem"));
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args(["--dev-token", TOKEN, "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut banner = Vec::new();
+    loop {
+        let line = lines.next().expect("a banner").unwrap();
+        let done = line.trim_start().starts_with("sha256");
+        banner.push(line);
+        if done {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let _broker = Broker(child);
+    let text = banner.join("\n");
+    assert!(text.contains(&cert.display().to_string()), "{text}");
+    let fp = banner.last().unwrap().trim().trim_start_matches("sha256 ").to_owned();
+    assert_eq!(fp.len(), 32 * 3 - 1, "{fp}");
+    assert!(!dir.path().join("tls/cert.pem").exists(), "no certificate generated when one is given");
+    // Trusted through --ca; the data directory's (absent) certificate is not needed.
+    let ok =
+        client_cmd(dir.path(), addr).args(["publish", "orders", "x", "--ack", "--ca"]).arg(&cert).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    // Half a pair, a missing file, a file that is not PEM: refused at once, saying why.
+    let bad = |extra: &[&std::ffi::OsStr]| {
+        let out = Command::new(BIN)
+            .args(["serve", "--listen", &free_port().to_string(), "--data-dir"])
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = bad(&["--tls-cert".as_ref(), cert.as_os_str()]);
+    assert!(e.contains("--tls-key"), "{e}");
+    let e = bad(&["--tls-cert".as_ref(), "/nonexistent.pem".as_ref(), "--tls-key".as_ref(), key.as_os_str()]);
+    assert!(e.contains("nonexistent.pem"), "{e}");
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let e = bad(&["--tls-cert".as_ref(), junk.as_os_str(), "--tls-key".as_ref(), key.as_os_str()]);
+    assert!(e.contains("junk.pem"), "{e}");
+}
