@@ -766,6 +766,12 @@ impl BrokerTask {
         );
         m("felix_connections_total", "counter", "Client connections accepted.", st.connections_opened);
         m(
+            "felix_publishes_rate_limited_total",
+            "counter",
+            "Publishes refused (or, unacked, dropped) for their tenant's publish rate limit.",
+            st.publishes_rate_limited,
+        );
+        m(
             "felix_publishes_forwarded_total",
             "counter",
             "Publishes forwarded to the owner of their shard (a cluster).",

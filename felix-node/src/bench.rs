@@ -169,6 +169,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,
+        tenant_limits: Vec::new(),
         queue_bytes_max: 256 << 20,
         identity,
         fsync: a.fsync,

@@ -117,6 +117,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         data_dir: Some(data_dir.clone()),
         token: token.clone(),
         tokens: file.tokens(),
+        tenant_limits: file.limits(),
         streams: file.streams(queue_capacity),
         caches: file.caches(),
         queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),

@@ -68,6 +68,20 @@ pub struct FileConfig {
     /// The broker's certificate (`serve --tls-cert/--tls-key`).
     #[serde(default)]
     pub tls: TlsSection,
+    /// Per-tenant publish rate limits.
+    #[serde(default)]
+    pub limits: Vec<LimitSection>,
+}
+
+/// `[[limits]]`: one tenant's publish rate limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSection {
+    pub tenant: String,
+    /// Records per second.
+    pub publish_records_per_s: Option<u64>,
+    /// Payload bytes per second.
+    pub publish_bytes_per_s: Option<u64>,
 }
 
 /// `[tls]`: an operator's certificate chain and key (PEM files).
@@ -217,6 +231,24 @@ impl FileConfig {
                 }
             }
         }
+        let mut limited = std::collections::BTreeSet::new();
+        for l in &cfg.limits {
+            if l.publish_records_per_s == Some(0) || l.publish_bytes_per_s == Some(0) {
+                return Err(format!(
+                    "limits for tenant {:?}: a rate of 0 would refuse everything; leave it out for no limit",
+                    l.tenant
+                ));
+            }
+            if l.publish_records_per_s.is_none() && l.publish_bytes_per_s.is_none() {
+                return Err(format!(
+                    "limits for tenant {:?}: give publish_records_per_s and/or publish_bytes_per_s",
+                    l.tenant
+                ));
+            }
+            if !limited.insert(l.tenant.clone()) {
+                return Err(format!("limits for tenant {:?} given twice", l.tenant));
+            }
+        }
         for s in &cfg.streams {
             if s.shards == 0 {
                 return Err(format!("stream {}/{}: shards must be at least 1", s.namespace, s.name));
@@ -233,6 +265,18 @@ impl FileConfig {
             }
         }
         Ok(cfg)
+    }
+
+    /// The per-tenant publish rate limits.
+    pub fn limits(&self) -> Vec<felix_proto::broker::TenantLimit> {
+        self.limits
+            .iter()
+            .map(|l| felix_proto::broker::TenantLimit {
+                tenant_id: l.tenant.clone(),
+                records_per_s: l.publish_records_per_s,
+                bytes_per_s: l.publish_bytes_per_s,
+            })
+            .collect()
     }
 
     pub fn tokens(&self) -> Vec<TokenGrant> {
@@ -338,6 +382,16 @@ mod tests {
         let e =
             FileConfig::parse("[[streams]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"s\"\nshards = 0").unwrap_err();
         assert!(e.contains("shards must be at least 1"), "{e}");
+        let c = FileConfig::parse("[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 100").unwrap();
+        assert_eq!(c.limits()[0].records_per_s, Some(100));
+        for bad in [
+            "[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 0",
+            "[[limits]]\ntenant = \"t1\"",
+            "[[limits]]\ntenant = \"t1\"\npublish_bytes_per_s = 5\n[[limits]]\ntenant = \"t1\"\npublish_bytes_per_s = 6",
+            "[[limits]]\ntenant = \"t1\"\npublish_records_per_s = -1",
+        ] {
+            assert!(FileConfig::parse(bad).is_err(), "{bad}");
+        }
         let e = FileConfig::parse("[broker\n").unwrap_err();
         assert!(e.contains("line 1") || e.contains("TOML"), "{e}");
         let e = FileConfig::parse("[broker]\npublish_window = -1").unwrap_err();

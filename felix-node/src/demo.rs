@@ -44,6 +44,7 @@ fn demo_settings(
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,
+        tenant_limits: Vec::new(),
         queue_bytes_max: 256 << 20,
         identity,
         fsync: FsyncMode::Always,

@@ -16,6 +16,8 @@ pub struct BrokerSettings {
     pub token: Option<String>,
     /// Tokens from the configuration file.
     pub tokens: Vec<TokenGrant>,
+    /// Per-tenant publish rate limits.
+    pub tenant_limits: Vec<felix_proto::broker::TenantLimit>,
     pub streams: Vec<felix_proto::broker::StreamSpec>,
     pub caches: Vec<felix_proto::broker::CacheSpec>,
     pub queue_capacity_max: u32,
@@ -70,6 +72,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
     }
     let broker = BrokerConfig {
         tokens,
+        tenant_limits: s.tenant_limits,
         streams: s.streams,
         caches: s.caches,
         subscriber_queue_capacity_max: s.queue_capacity_max,

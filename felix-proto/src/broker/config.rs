@@ -126,6 +126,8 @@ pub struct BrokerConfig {
     pub ack_on_commit: bool,
     /// Credentials.
     pub tokens: Vec<TokenGrant>,
+    /// Per-tenant publish rate limits (none: unlimited).
+    pub tenant_limits: Vec<super::TenantLimit>,
     /// Streams created at start.
     pub streams: Vec<StreamSpec>,
     /// Caches created at start.
@@ -188,6 +190,7 @@ impl Default for BrokerConfig {
             publish_window: 256,
             ack_on_commit: false,
             tokens: Vec::new(),
+            tenant_limits: Vec::new(),
             streams: Vec::new(),
             caches: Vec::new(),
             auto_create: true,

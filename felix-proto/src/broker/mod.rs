@@ -45,6 +45,7 @@ mod connection;
 mod forward;
 mod forward_request;
 mod key;
+mod limits;
 mod output;
 mod ownership;
 mod publish;
@@ -61,6 +62,7 @@ pub use config::{BrokerConfig, CacheSpec, FsyncMode, Retention, StreamConfig, St
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
+pub use limits::TenantLimit;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
 pub use requests::MAX_NAME_BYTES;
 
@@ -426,6 +428,8 @@ pub struct Broker {
     served: forward_request::Served,
     /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
     draining: bool,
+    /// Per-tenant publish rate limits.
+    limits: limits::RateLimits,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -493,12 +497,14 @@ impl Broker {
             request_forwards: HashMap::new(),
             served: forward_request::Served::default(),
             draining: false,
+            limits: limits::RateLimits::default(),
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
             cache_watchers: HashMap::new(),
         };
         b.rng = b.cfg.random_seed;
+        b.limits = limits::RateLimits::new(&b.cfg.tenant_limits);
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
         }

@@ -280,6 +280,8 @@ pub struct BrokerStats {
     pub records_appended: u64,
     /// Publishes refused.
     pub publishes_refused: u64,
+    /// Publishes refused (or, unacked, dropped) for their tenant's rate limit.
+    pub publishes_rate_limited: u64,
     /// Failed unacknowledged binary publishes (no answer is sent for these).
     pub unacked_failures: u64,
     /// Event batches written to event streams.

@@ -76,6 +76,33 @@ impl Broker {
     }
 
     pub(super) fn publish(&mut self, conn: ConnId, st: &mut CtlStream, req: PublishReq, reply: Reply, now: Instant) {
+        if !self.limits.is_empty()
+            && let Err(wait) = self.limits.admit(
+                &req.tenant_id,
+                u64::from(req.records.count()),
+                req.records.payload_bytes() as u64,
+                now,
+            )
+        {
+            // Over the tenant's rate: nothing written; the client is told when it is back
+            // under. An unacked publish is dropped and counted (it has no answer to carry it).
+            self.stats.publishes_rate_limited += 1;
+            self.stats.publishes_refused += 1;
+            let mut r = Refusal::new(
+                ErrorCode::Overloaded,
+                format!("tenant {} is over its publish rate; retry in {} ms", req.tenant_id, wait.as_millis().max(1)),
+            );
+            r.retry = RetryClass::RetryAfter;
+            r.detail = Some(crate::binary::ErrorDetail {
+                reason: Some("tenant_quota".into()),
+                retry_after_ms: Some(u64::try_from(wait.as_millis().max(1)).unwrap_or(u64::MAX)),
+            });
+            if matches!(reply, Reply::None) {
+                self.stats.unacked_failures += 1;
+                return;
+            }
+            return self.answer_now(conn, st, reply, Err(&r));
+        }
         let routed = self.route(st, &req);
         let (shard, durable) = match routed {
             Ok(v) => v,

@@ -1,0 +1,118 @@
+//! Per-tenant publish rate limits through the broker: a limited tenant gets its rate (within a
+//! second's burst) over 10 s of offered overload, each refusal says `overloaded` reason
+//! `tenant_quota` with when to retry, nothing refused is written, and another tenant publishing
+//! at the same time is never refused.
+
+mod support;
+
+use bytes::Bytes;
+use felix_proto::binary::AckMode;
+use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, TenantLimit};
+use felix_proto::features::Features;
+use felix_proto::message::{self, Message};
+use felix_proto::transport::{ConnId, Dir, Side, StreamId, WallClock};
+use std::time::Duration;
+use support::*;
+
+fn auth_as(tenant: &str, features: Features) -> Bytes {
+    let (lo, hi) = features.to_words(true);
+    json(&Message::Auth(message::Auth {
+        tenant_id: tenant.into(),
+        token: TOKEN.into(),
+        client_flags: Some(0x0001 | 0x0008),
+        client_features: lo,
+        client_features_hi: hi,
+    }))
+}
+
+fn publish_as(tenant: &str, request_id: Option<u64>) -> Bytes {
+    json(&Message::Publish(message::Publish {
+        tenant_id: tenant.into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        payload: message::B64::from("x"),
+        key: None,
+        shard: None,
+        request_id,
+        ack: request_id.map(|_| AckMode::PerBatch),
+        publish_width: None,
+    }))
+}
+
+#[test]
+fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.tenant_limits = vec![TenantLimit { tenant_id: "t1".into(), records_per_s: Some(100), bytes_per_s: None }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let open = |b: &mut Broker, tenant: &str, i: u8| -> ConnId {
+        let c = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        b.handle_stream_data(c, st, auth_as(tenant, Features::ERROR_CODES), false, t0);
+        c
+    };
+    let c1 = open(&mut b, "t1", 1);
+    let c2 = open(&mut b, "t2", 2);
+    while b.poll_output().is_some() {}
+    let (mut ok1, mut refused1, mut ok2) = (0u64, 0u64, 0u64);
+    let mut t = t0;
+    let mut rid = 1;
+    // 200 publishes per second offered by each tenant for 10 s.
+    while t < t0 + Duration::from_secs(10) {
+        for (c, tenant) in [(c1, "t1"), (c2, "t2")] {
+            b.handle_stream_data(c, st, publish_as(tenant, Some(rid)), false, t);
+            rid += 1;
+            while let Some(o) = b.poll_output() {
+                let BrokerOutput::Transmit { conn, data, .. } = o else { continue };
+                for m in messages(&data) {
+                    match (conn == c1, m) {
+                        (true, Message::PublishOk(_)) => ok1 += 1,
+                        (false, Message::PublishOk(_)) => ok2 += 1,
+                        (true, Message::PublishError(e)) => {
+                            refused1 += 1;
+                            assert_eq!(e.code.as_ref().map(|c| c.name().into_owned()).as_deref(), Some("overloaded"));
+                            let d = e.detail.unwrap();
+                            assert_eq!(d.reason.as_deref(), Some("tenant_quota"));
+                            assert!(d.retry_after_ms.is_some_and(|ms| (1..=10).contains(&ms)), "{d:?}");
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+        }
+        t += Duration::from_millis(5);
+    }
+    assert_eq!(ok2, 2000, "the other tenant is never refused");
+    assert_eq!(ok1 + refused1, 2000, "every publish answered");
+    // 100/s over 10 s, plus at most the first second's burst.
+    assert!((1000..=1101).contains(&ok1), "{ok1} records admitted at 100/s over 10 s");
+    assert_eq!(b.stats().publishes_rate_limited, refused1);
+    let (_, _, next, _) = b.shard_state("t1", "default", "orders", 0).unwrap();
+    assert_eq!(next, ok1, "nothing refused was written");
+    // A binary acked publish over the limit carries the same in its ack, for a client that
+    // offered codes (0x0200) and details (0x0400).
+    let c3 = b.admit(PeerAddr([3; 16]), t).unwrap();
+    let s3 = StreamId::new(Side::Client, Dir::Bi, 4);
+    b.handle_stream_data(c3, s3, auth(Some(0x0001 | 0x0008 | 0x0200 | 0x0400), None, None), false, t);
+    while b.poll_output().is_some() {}
+    let mut acks_seen = Vec::new();
+    for r in 0..20 {
+        b.handle_stream_data(c3, s3, publish_binary("orders", &["y"], Some(r + 1), None), false, t);
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::Transmit { data, .. } = o {
+                acks_seen.extend(acks(&payloads(&data)));
+            }
+        }
+    }
+    let refused = acks_seen.iter().find(|a| a.code.is_some()).expect("some binary publish refused");
+    assert_eq!(refused.code.as_ref().map(|(c, _)| c.name().into_owned()).as_deref(), Some("overloaded"));
+    assert_eq!(refused.detail.as_ref().and_then(|d| d.reason.as_deref()), Some("tenant_quota"));
+    // An unacked publish over the limit is dropped and counted, with no answer.
+    let before = b.stats().publishes_rate_limited;
+    for _ in 0..200 {
+        b.handle_stream_data(c1, st, publish_as("t1", None), false, t);
+    }
+    let answered = std::iter::from_fn(|| b.poll_output()).any(|o| matches!(o, BrokerOutput::Transmit { .. }));
+    assert!(!answered);
+    assert!(b.stats().publishes_rate_limited > before);
+}
