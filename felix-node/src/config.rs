@@ -82,6 +82,10 @@ pub struct LimitSection {
     pub publish_records_per_s: Option<u64>,
     /// Payload bytes per second.
     pub publish_bytes_per_s: Option<u64>,
+    /// Connections open at once.
+    pub max_connections: Option<u32>,
+    /// Streams per namespace.
+    pub max_streams_per_namespace: Option<u32>,
 }
 
 /// `[tls]`: an operator's certificate chain and key (PEM files).
@@ -239,11 +243,18 @@ impl FileConfig {
                     l.tenant
                 ));
             }
-            if l.publish_records_per_s.is_none() && l.publish_bytes_per_s.is_none() {
+            if l.publish_records_per_s.is_none()
+                && l.publish_bytes_per_s.is_none()
+                && l.max_connections.is_none()
+                && l.max_streams_per_namespace.is_none()
+            {
                 return Err(format!(
-                    "limits for tenant {:?}: give publish_records_per_s and/or publish_bytes_per_s",
+                    "limits for tenant {:?}: give publish_records_per_s, publish_bytes_per_s, max_connections and/or max_streams_per_namespace",
                     l.tenant
                 ));
+            }
+            if l.max_connections == Some(0) || l.max_streams_per_namespace == Some(0) {
+                return Err(format!("limits for tenant {:?}: a quota of 0 would refuse everything", l.tenant));
             }
             if !limited.insert(l.tenant.clone()) {
                 return Err(format!("limits for tenant {:?} given twice", l.tenant));
@@ -275,6 +286,8 @@ impl FileConfig {
                 tenant_id: l.tenant.clone(),
                 records_per_s: l.publish_records_per_s,
                 bytes_per_s: l.publish_bytes_per_s,
+                max_connections: l.max_connections,
+                max_streams_per_namespace: l.max_streams_per_namespace,
             })
             .collect()
     }

@@ -43,7 +43,8 @@ fn publish_as(tenant: &str, request_id: Option<u64>) -> Bytes {
 fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched() {
     let t0 = epoch();
     let mut cfg = ephemeral_config();
-    cfg.tenant_limits = vec![TenantLimit { tenant_id: "t1".into(), records_per_s: Some(100), bytes_per_s: None }];
+    cfg.tenant_limits =
+        vec![TenantLimit { tenant_id: "t1".into(), records_per_s: Some(100), ..TenantLimit::default() }];
     let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
     let st = StreamId::new(Side::Client, Dir::Bi, 0);
     let open = |b: &mut Broker, tenant: &str, i: u8| -> ConnId {
@@ -115,4 +116,90 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
     let answered = std::iter::from_fn(|| b.poll_output()).any(|o| matches!(o, BrokerOutput::Transmit { .. }));
     assert!(!answered);
     assert!(b.stats().publishes_rate_limited > before);
+}
+
+fn publish_to(tenant: &str, ns: &str, stream: &str, request_id: u64) -> Bytes {
+    json(&Message::Publish(message::Publish {
+        tenant_id: tenant.into(),
+        namespace: ns.into(),
+        stream: stream.into(),
+        payload: message::B64::from("x"),
+        key: None,
+        shard: None,
+        request_id: Some(request_id),
+        ack: Some(AckMode::PerBatch),
+        publish_width: None,
+    }))
+}
+
+fn answers(b: &mut Broker) -> Vec<Message> {
+    let mut out = Vec::new();
+    while let Some(o) = b.poll_output() {
+        if let BrokerOutput::Transmit { data, .. } = o {
+            out.extend(messages(&data));
+        }
+    }
+    out
+}
+
+fn code(m: &Message) -> Option<String> {
+    match m {
+        Message::Error(e) => e.code.as_ref().map(|c| c.name().into_owned()),
+        Message::PublishError(e) => e.code.as_ref().map(|c| c.name().into_owned()),
+        _ => None,
+    }
+}
+
+/// Quotas: a tenant's connections (one more than allowed is refused `limit_exceeded`, a closed
+/// one frees its place, another tenant is not counted) and streams per namespace (creating one
+/// more is refused; the existing ones and other namespaces go on).
+#[test]
+fn a_tenant_at_its_quotas_is_refused_limit_exceeded_and_nothing_else_is() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.tenant_limits = vec![TenantLimit {
+        tenant_id: "t1".into(),
+        max_connections: Some(2),
+        max_streams_per_namespace: Some(2),
+        ..TenantLimit::default()
+    }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = |i: u64| StreamId::new(Side::Client, Dir::Bi, i);
+    let mut conns = Vec::new();
+    for i in 0..3u8 {
+        let c = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        b.handle_stream_data(c, st(0), auth_as("t1", Features::ERROR_CODES), false, t0);
+        conns.push(c);
+    }
+    let got = answers(&mut b);
+    assert!(matches!(got[0], Message::AuthOk(_)) && matches!(got[1], Message::AuthOk(_)), "{got:?}");
+    assert_eq!(code(&got[2]).as_deref(), Some("limit_exceeded"), "{got:?}");
+    // A second stream on a counted connection is not another connection.
+    b.handle_stream_data(conns[0], st(4), auth_as("t1", Features::ERROR_CODES), false, t0);
+    assert!(matches!(answers(&mut b)[..], [Message::AuthOk(_)]));
+    // Another tenant is not counted.
+    let other = b.admit(PeerAddr([9; 16]), t0).unwrap();
+    b.handle_stream_data(other, st(0), auth_as("t2", Features::ERROR_CODES), false, t0);
+    assert!(matches!(answers(&mut b)[..], [Message::AuthOk(_)]));
+    // A closed connection frees its place.
+    b.connection_closed(conns[1], t0);
+    let c = b.admit(PeerAddr([5; 16]), t0).unwrap();
+    b.handle_stream_data(c, st(0), auth_as("t1", Features::ERROR_CODES), false, t0);
+    assert!(matches!(answers(&mut b)[..], [Message::AuthOk(_)]));
+    // Streams per namespace: two are made, the third is refused, the first two still take writes,
+    // and another namespace has its own two.
+    let c0 = conns[0];
+    for (i, (ns, s)) in
+        [("default", "a"), ("default", "b"), ("default", "c"), ("default", "a"), ("other", "c")].into_iter().enumerate()
+    {
+        b.handle_stream_data(c0, st(0), publish_to("t1", ns, s, i as u64 + 1), false, t0);
+        let got = answers(&mut b);
+        if s == "c" && ns == "default" {
+            assert_eq!(code(&got[0]).as_deref(), Some("limit_exceeded"), "{got:?}");
+        } else {
+            assert!(matches!(got[..], [Message::PublishOk(_)]), "{ns}/{s}: {got:?}");
+        }
+    }
+    assert!(b.shard_state("t1", "default", "c", 0).is_none(), "the refused stream was not created");
+    assert_eq!(b.stats().quota_refusals, 2);
 }

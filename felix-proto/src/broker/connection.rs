@@ -75,6 +75,7 @@ impl Broker {
                 authenticated: false,
                 opened_at: now,
                 peer,
+                tenant: None,
                 next_sub: 1,
                 max_bi: None,
                 max_uni: None,

@@ -21,6 +21,10 @@ pub struct TenantLimit {
     pub records_per_s: Option<u64>,
     /// Payload bytes per second.
     pub bytes_per_s: Option<u64>,
+    /// Connections of the tenant open at once (counted from their first authenticated stream).
+    pub max_connections: Option<u32>,
+    /// Streams per namespace of the tenant (creating one more is refused).
+    pub max_streams_per_namespace: Option<u32>,
 }
 
 /// Micro-units per unit.
@@ -63,14 +67,34 @@ impl Bucket {
 pub(super) struct RateLimits {
     limits: BTreeMap<String, (Option<u64>, Option<u64>)>,
     buckets: BTreeMap<String, (Option<Bucket>, Option<Bucket>)>,
+    /// Quotas: (connections, streams per namespace) by tenant.
+    quotas: BTreeMap<String, (Option<u32>, Option<u32>)>,
 }
 
 impl RateLimits {
     pub(super) fn new(limits: &[TenantLimit]) -> RateLimits {
         RateLimits {
-            limits: limits.iter().map(|l| (l.tenant_id.clone(), (l.records_per_s, l.bytes_per_s))).collect(),
+            limits: limits
+                .iter()
+                .filter(|l| l.records_per_s.is_some() || l.bytes_per_s.is_some())
+                .map(|l| (l.tenant_id.clone(), (l.records_per_s, l.bytes_per_s)))
+                .collect(),
             buckets: BTreeMap::new(),
+            quotas: limits
+                .iter()
+                .map(|l| (l.tenant_id.clone(), (l.max_connections, l.max_streams_per_namespace)))
+                .collect(),
         }
+    }
+
+    /// A tenant's connection quota.
+    pub(super) fn max_connections(&self, tenant: &str) -> Option<u32> {
+        self.quotas.get(tenant).and_then(|q| q.0)
+    }
+
+    /// A tenant's streams-per-namespace quota.
+    pub(super) fn max_streams(&self, tenant: &str) -> Option<u32> {
+        self.quotas.get(tenant).and_then(|q| q.1)
     }
 
     /// Whether a tenant has limits at all (the common case, none, costs one lookup).
@@ -108,7 +132,12 @@ mod tests {
     use super::*;
 
     fn limits(records: Option<u64>, bytes: Option<u64>) -> RateLimits {
-        RateLimits::new(&[TenantLimit { tenant_id: "t1".into(), records_per_s: records, bytes_per_s: bytes }])
+        RateLimits::new(&[TenantLimit {
+            tenant_id: "t1".into(),
+            records_per_s: records,
+            bytes_per_s: bytes,
+            ..TenantLimit::default()
+        }])
     }
 
     /// Offered far more than the limit for 10 s of virtual time, a tenant gets its rate within

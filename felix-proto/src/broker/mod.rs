@@ -292,6 +292,8 @@ struct Conn {
     authenticated: bool,
     opened_at: Instant,
     peer: Option<PeerAddr>,
+    /// The tenant its first authenticated stream named (for the tenant's connection quota).
+    tenant: Option<String>,
     next_sub: u64,
     /// Highest stream index the client opened, per direction. QUIC stream ids only grow, so a
     /// stream at or below it with no state here was closed: bytes for it are ignored rather

@@ -282,6 +282,8 @@ pub struct BrokerStats {
     pub publishes_refused: u64,
     /// Publishes refused (or, unacked, dropped) for their tenant's rate limit.
     pub publishes_rate_limited: u64,
+    /// Requests refused `limit_exceeded` by a tenant's quota (connections, streams).
+    pub quota_refusals: u64,
     /// Failed unacknowledged binary publishes (no answer is sent for these).
     pub unacked_failures: u64,
     /// Event batches written to event streams.

@@ -103,6 +103,28 @@ impl Broker {
             self.send(conn, st, json_frame(&m));
             return self.close_stream(conn, st);
         };
+        // The tenant's connection quota: this connection counts from its first authenticated
+        // stream; one more connection than allowed is refused, fatally.
+        let counted = self.conns.get(&conn).is_some_and(|c| c.tenant.as_deref() == Some(a.tenant_id.as_str()));
+        if let Some(max) = self.limits.max_connections(&a.tenant_id)
+            && !counted
+            && self.conns.values().filter(|c| c.tenant.as_deref() == Some(a.tenant_id.as_str())).count() >= max as usize
+        {
+            self.stats.quota_refusals += 1;
+            let r = Refusal::new(
+                ErrorCode::LimitExceeded,
+                format!("tenant {} has its {max} connection(s) open already", a.tenant_id),
+            )
+            .closing();
+            let m = Self::error_message(&offer, &r);
+            self.send(conn, st, json_frame(&m));
+            return self.close_stream(conn, st);
+        }
+        if let Some(c) = self.conns.get_mut(&conn)
+            && c.tenant.is_none()
+        {
+            c.tenant = Some(a.tenant_id.clone());
+        }
         let grant = &self.cfg.tokens[token];
         let mut principal = grant.principal.clone().into_bytes();
         principal.truncate(255);
@@ -388,6 +410,17 @@ impl Broker {
         if let Some(spec) = self.cfg.streams.iter().find(|x| x.tenant_id == t && x.namespace == ns && x.name == s) {
             let cfg = spec.config.clone();
             return Ok(self.create_stream(key(t, ns, s), cfg));
+        }
+        if self.cfg.auto_create
+            && let Some(max) = self.limits.max_streams(t)
+            && self.streams.keys().filter(|k| k.tenant() == t && k.namespace() == ns && !syslog::is_sys(k)).count()
+                >= max as usize
+        {
+            self.stats.quota_refusals += 1;
+            return Err(Refusal::new(
+                ErrorCode::LimitExceeded,
+                format!("namespace {t}/{ns} has its {max} stream(s) already: {s} is not created"),
+            ));
         }
         if self.cfg.auto_create && self.cluster.is_some() {
             // In a cluster a stream exists once the metadata group says so, with its owners.
