@@ -170,6 +170,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         caches: Vec::new(),
         queue_capacity_max: 65_536,
         tenant_limits: Vec::new(),
+        jwt: None,
         queue_bytes_max: 256 << 20,
         identity,
         fsync: a.fsync,

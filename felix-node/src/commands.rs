@@ -118,6 +118,27 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         token: token.clone(),
         tokens: file.tokens(),
         tenant_limits: file.limits(),
+        jwt: {
+            let path = a.jwks.clone().or_else(|| file.auth.jwks.as_ref().map(Into::into));
+            match path {
+                None => None,
+                Some(p) => {
+                    let bytes = std::fs::read(&p).map_err(|e| format!("--jwks {}: {e}", p.display()))?;
+                    let keys =
+                        felix_proto::jwt::Jwks::parse(&bytes).map_err(|e| format!("--jwks {}: {e}", p.display()))?;
+                    let mut v = felix_proto::jwt::Verifier::new(keys);
+                    if let Some(i) = &file.auth.issuer {
+                        v.issuer = i.clone();
+                    }
+                    if let Some(aud) = &file.auth.audience {
+                        v.audience = aud.clone();
+                    }
+                    v.revoked_jti = file.auth.revoked_jti.iter().cloned().collect();
+                    v.revoked_sub = file.auth.revoked_sub.iter().cloned().collect();
+                    Some(v)
+                }
+            }
+        },
         streams: file.streams(queue_capacity),
         caches: file.caches(),
         queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),
@@ -312,6 +333,10 @@ pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOption
 fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<ClientOptions, String> {
     let trust = client_trust(c.ca.as_deref(), &c.data_dir, c.insecure_accept_any_certificate)?;
     let token = match &c.token {
+        // `@FILE`: the token is read from a file (a minted token, kept out of shell history).
+        Some(t) if t.starts_with('@') => {
+            std::fs::read_to_string(&t[1..]).map(|s| s.trim().to_owned()).map_err(|e| format!("--token {t}: {e}"))?
+        }
         Some(t) => t.clone(),
         None => {
             std::fs::read_to_string(DataDir::new(&c.data_dir).token()).map(|t| t.trim().to_owned()).map_err(|e| {

@@ -71,6 +71,24 @@ pub struct FileConfig {
     /// Per-tenant publish rate limits.
     #[serde(default)]
     pub limits: Vec<LimitSection>,
+    /// Signed tokens (`serve --jwks`).
+    #[serde(default)]
+    pub auth: AuthSection,
+}
+
+/// `[auth]`: the JWK set signed tokens are checked against, and what they must say.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    pub jwks: Option<String>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    /// Revoked token ids.
+    #[serde(default)]
+    pub revoked_jti: Vec<String>,
+    /// Revoked principals.
+    #[serde(default)]
+    pub revoked_sub: Vec<String>,
 }
 
 /// `[[limits]]`: one tenant's publish rate limits.

@@ -45,6 +45,7 @@ fn demo_settings(
         caches: Vec::new(),
         queue_capacity_max: 65_536,
         tenant_limits: Vec::new(),
+        jwt: None,
         queue_bytes_max: 256 << 20,
         identity,
         fsync: FsyncMode::Always,

@@ -21,6 +21,7 @@ mod groups;
 mod live;
 mod node;
 mod soak;
+mod tokens;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -68,6 +69,8 @@ enum Command {
     Counter(CounterArgs),
     /// The cluster: members, leader, every shard's owner and generation.
     Cluster(ClusterArgs),
+    /// Signed tokens: make a signing key and its JWK set, mint tokens.
+    Token(tokens::TokenArgs),
     /// Stream administration: delete a stream and everything it holds (admin permission).
     Stream(StreamArgs),
     /// Consumer groups: poll, ack, nack, describe, seek, dead letters, redrive, delete.
@@ -229,6 +232,10 @@ struct ServeArgs {
     /// once.
     #[arg(long, env = "FELIX_DRAIN_GRACE", value_parser = commands::parse_duration, default_value = "10s")]
     drain_grace: std::time::Duration,
+    /// Trust signed tokens (JWT, EdDSA) whose key is in this JWK set (`felix-node token keygen`
+    /// makes one), besides the static tokens. Also `[auth] jwks`, with `issuer` and `audience`.
+    #[arg(long, env = "FELIX_JWKS")]
+    jwks: Option<std::path::PathBuf>,
     /// The broker's TLS certificate chain (PEM), for a certificate an operator issued
     /// [default: DATA_DIR/tls/cert.pem, self-signed and generated on first start]. With
     /// --tls-key; clients then trust it with --ca (its CA, or the chain itself).
@@ -772,6 +779,7 @@ fn main() -> ExitCode {
             Command::Cache(a) => commands::cache(a).await,
             Command::Counter(a) => commands::counter(a).await,
             Command::Cluster(a) => commands::cluster(a).await,
+            Command::Token(a) => tokens::run(a),
             Command::Stream(a) => commands::stream(a).await,
             Command::Group(a) => groups::group(a).await,
             Command::Consume(a) => groups::consume(a).await,

@@ -18,6 +18,8 @@ pub struct BrokerSettings {
     pub tokens: Vec<TokenGrant>,
     /// Per-tenant publish rate limits.
     pub tenant_limits: Vec<felix_proto::broker::TenantLimit>,
+    /// Signed tokens accepted.
+    pub jwt: Option<felix_proto::jwt::Verifier>,
     pub streams: Vec<felix_proto::broker::StreamSpec>,
     pub caches: Vec<felix_proto::broker::CacheSpec>,
     pub queue_capacity_max: u32,
@@ -73,6 +75,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
     let broker = BrokerConfig {
         tokens,
         tenant_limits: s.tenant_limits,
+        jwt: s.jwt,
         streams: s.streams,
         caches: s.caches,
         subscriber_queue_capacity_max: s.queue_capacity_max,

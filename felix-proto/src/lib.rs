@@ -115,6 +115,7 @@ pub mod flags;
 pub mod frame;
 #[cfg(any(test, fuzzing, feature = "testkit"))]
 pub mod fuzzing;
+pub mod jwt;
 pub mod message;
 pub mod negotiate;
 pub mod payload;

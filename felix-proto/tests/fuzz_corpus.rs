@@ -137,6 +137,32 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         out.push(("peer_message", "seed-all".into(), all.to_vec()));
         out.push(("peer_message", "seed-raft-log".into(), felix_proto::cluster::meta::RaftLog::default().encode()));
     }
+    // jwt: a token signed by the target's key (RFC 8032's first test secret), a JWK set, a
+    // permission.
+    {
+        let mut key =
+            vec![0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+        key.extend_from_slice(&[
+            0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec, 0x2c, 0xc4, 0x44, 0x49,
+            0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03, 0x1c, 0xae, 0x7f, 0x60,
+        ]);
+        let claims = felix_proto::jwt::Claims {
+            iss: "felix-auth".into(),
+            aud: "felix-broker".into(),
+            sub: "alice".into(),
+            tid: "t1".into(),
+            exp: 2_000_000_000,
+            iat: 1_600_000_000,
+            nbf: None,
+            jti: Some("j".into()),
+            perms: vec!["stream.publish:stream:t1/*/*".into(), "tenant.manage:tenant:t1".into()],
+        };
+        let token = felix_proto::jwt::mint(&key, "k1", &claims).expect("the test key signs");
+        out.push(("jwt", "seed-token".into(), token.into_bytes()));
+        let public = felix_proto::jwt::public_key(&key).expect("the test key");
+        out.push(("jwt", "seed-jwks".into(), felix_proto::jwt::Jwks::single("k1", &public).to_json().into_bytes()));
+        out.push(("jwt", "seed-perm".into(), b"cache.read:cache:t1/*/sessions".to_vec()));
+    }
     out
 }
 
@@ -178,6 +204,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("client_session", client_session),
         ("storage_segment", felix_proto::fuzzing::storage_segment),
         ("peer_message", felix_proto::fuzzing::peer_message),
+        ("jwt", felix_proto::fuzzing::jwt),
     ] {
         let dir = fuzz_dir().join(target);
         for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {

@@ -128,6 +128,8 @@ pub struct BrokerConfig {
     pub tokens: Vec<TokenGrant>,
     /// Per-tenant publish rate limits (none: unlimited).
     pub tenant_limits: Vec<super::TenantLimit>,
+    /// Signed tokens (JWT, EdDSA) accepted besides the static ones.
+    pub jwt: Option<crate::jwt::Verifier>,
     /// Streams created at start.
     pub streams: Vec<StreamSpec>,
     /// Caches created at start.
@@ -191,6 +193,7 @@ impl Default for BrokerConfig {
             ack_on_commit: false,
             tokens: Vec::new(),
             tenant_limits: Vec::new(),
+            jwt: None,
             streams: Vec::new(),
             caches: Vec::new(),
             auto_create: true,

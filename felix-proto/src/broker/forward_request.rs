@@ -324,6 +324,7 @@ impl Broker {
             principal: r.principal,
             token: 0,
             vouched: true,
+            jwt: None,
             offer,
             window: None,
             ack_on_commit: false,

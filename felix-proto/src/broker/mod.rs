@@ -139,6 +139,9 @@ struct Session {
     token: usize,
     /// A request another broker of the cluster forwarded: it checked the permission.
     vouched: bool,
+    /// Authenticated by a signed token: its permissions and expiry (seconds since the epoch),
+    /// instead of the static token `token`.
+    jwt: Option<Box<(Vec<crate::jwt::Perm>, u64)>>,
     offer: ClientOffer,
     window: Option<u32>,
     ack_on_commit: bool,

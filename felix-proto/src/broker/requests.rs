@@ -77,7 +77,7 @@ impl Broker {
         }
     }
 
-    pub(super) fn handle_auth(&mut self, conn: ConnId, st: &mut CtlStream, a: message::Auth, _now: Instant) {
+    pub(super) fn handle_auth(&mut self, conn: ConnId, st: &mut CtlStream, a: message::Auth, now: Instant) {
         let offer = ClientOffer::from_auth(&a);
         if self.draining {
             // The reference's rule: `draining` (retry: connect elsewhere) to a client that
@@ -95,13 +95,35 @@ impl Broker {
             .tokens
             .iter()
             .position(|t| t.token == a.token && t.tenant_id.as_ref().is_none_or(|tt| *tt == a.tenant_id));
-        let Some(token) = found else {
-            // The broker reads the feature offer before answering, so even a refused auth
-            // carries a code for a client that offered it.
-            let r = Refusal::new(ErrorCode::Unauthenticated, "invalid token").closing();
-            let m = Self::error_message(&offer, &r);
-            self.send(conn, st, json_frame(&m));
-            return self.close_stream(conn, st);
+        // Not a static token: a signed one, when the broker trusts signing keys.
+        let signed = match (found, &self.cfg.jwt) {
+            (None, Some(v)) if crate::jwt::Verifier::looks_like_jwt(&a.token) => {
+                let secs = self.wall.micros(now) / 1_000_000;
+                Some(v.verify(&a.token, secs).and_then(|(c, perms)| {
+                    if c.tid == a.tenant_id {
+                        Ok((c, perms))
+                    } else {
+                        Err(crate::jwt::JwtError::Malformed(format!("the token is for tenant {:?}", c.tid)))
+                    }
+                }))
+            }
+            _ => None,
+        };
+        let (token, jwt, principal) = match (found, signed) {
+            (Some(token), _) => (token, None, self.cfg.tokens[token].principal.clone()),
+            (None, Some(Ok((claims, perms)))) => (0, Some(Box::new((perms, claims.exp))), claims.sub),
+            (None, signed) => {
+                // The broker reads the feature offer before answering, so even a refused auth
+                // carries a code for a client that offered it.
+                let why = match signed {
+                    Some(Err(e)) => format!("invalid token: {e}"),
+                    _ => "invalid token".into(),
+                };
+                let r = Refusal::new(ErrorCode::Unauthenticated, why).closing();
+                let m = Self::error_message(&offer, &r);
+                self.send(conn, st, json_frame(&m));
+                return self.close_stream(conn, st);
+            }
         };
         // The tenant's connection quota: this connection counts from its first authenticated
         // stream; one more connection than allowed is refused, fatally.
@@ -125,8 +147,7 @@ impl Broker {
         {
             c.tenant = Some(a.tenant_id.clone());
         }
-        let grant = &self.cfg.tokens[token];
-        let mut principal = grant.principal.clone().into_bytes();
+        let mut principal = principal.into_bytes();
         principal.truncate(255);
         let window =
             (offer.has(Features::PUBLISH_PIPELINE) && self.cfg.publish_window > 0).then_some(self.cfg.publish_window);
@@ -136,6 +157,7 @@ impl Broker {
             principal: Bytes::from(principal),
             token,
             vouched: false,
+            jwt,
             offer,
             window,
             ack_on_commit,
@@ -352,6 +374,20 @@ impl Broker {
         };
         if sess.tenant_id != t {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
+        }
+        if let Some(j) = &sess.jwt {
+            let now = self.clock.last().unwrap_or_else(|| self.wall.anchor());
+            if self.wall.micros(now) / 1_000_000 >= j.1 {
+                // What a session opened with it may do ends with its credential.
+                return Err(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with expired"));
+            }
+            if !crate::jwt::allows(&j.0, action, t, ns, name) {
+                return Err(Refusal::new(
+                    ErrorCode::Forbidden,
+                    format!("not allowed to {} {ns}/{name}", action.name()),
+                ));
+            }
+            return Ok(());
         }
         if !sess.vouched && !self.cfg.tokens.get(sess.token).is_some_and(|t| t.allows(action, ns, name)) {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{name}", action.name())));
