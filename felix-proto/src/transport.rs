@@ -100,6 +100,10 @@ impl WallClock {
     pub fn anchor(&self) -> Instant {
         self.anchor
     }
+    /// The instant wall time reads `unix_micros` (the anchor for earlier times).
+    pub fn instant_at(&self, unix_micros: u64) -> Instant {
+        self.anchor + std::time::Duration::from_micros(unix_micros.saturating_sub(self.anchor_micros))
+    }
     /// Wall time at `now`, in microseconds since the Unix epoch.
     pub fn micros(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.anchor);

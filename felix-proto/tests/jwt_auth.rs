@@ -179,3 +179,56 @@ fn every_kind_of_token_gets_the_right_answer_on_every_request() {
     // Expiring during the session: every request afterwards is `revoked`.
     assert_eq!(run(&good, Duration::from_secs(61)), Ok(all("revoked")));
 }
+
+/// A subscription opened with a signed token ends with a final `error` code `revoked` on its
+/// event stream when the token expires, at the time the broker asked to be woken; one opened
+/// with a static token on the same broker goes on.
+#[test]
+fn a_subscription_ends_revoked_when_its_token_expires() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.jwt = Some(Verifier::new(Jwks::single("k1", &public_key(&key()).unwrap())));
+    let mut b = Broker::new(cfg, WallClock::new(t0, NOW * 1_000_000));
+    let short = mint(&key(), "k1", &Claims { exp: NOW + 5, ..claims(&["stream.subscribe:stream:t1/*/*"]) }).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let subscribe_with = |b: &mut Broker, i: u8, auth: Bytes| {
+        let conn = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        b.handle_stream_data(conn, st, auth, false, t0);
+        b.handle_stream_data(conn, st, subscribe("orders", None), false, t0);
+        let mut event_stream = None;
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::OpenUni { conn: c, token } = o {
+                let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
+                b.handle_stream_opened(c, token, id, t0);
+                event_stream = Some(id);
+            }
+        }
+        while b.poll_output().is_some() {}
+        (conn, event_stream.expect("an event stream"))
+    };
+    let (signed_conn, signed_events) = subscribe_with(&mut b, 1, auth_with(&short));
+    let (static_conn, _) =
+        subscribe_with(&mut b, 2, auth(Some(0x0001 | 0x0002), Features::ERROR_CODES.to_words(true).0, None));
+    let wake = b.poll_timeout().expect("a wake-up for the expiry");
+    assert!(wake <= t0 + Duration::from_secs(5), "{:?}", wake - t0);
+    b.handle_timeout(t0 + Duration::from_secs(5));
+    let mut ended = Vec::new();
+    let mut finished = Vec::new();
+    while let Some(o) = b.poll_output() {
+        match o {
+            BrokerOutput::Transmit { conn, stream, data } if conn == signed_conn && stream == signed_events => {
+                ended.extend(payloads(&data))
+            }
+            BrokerOutput::Finish { conn, stream } => finished.push((conn, stream)),
+            _ => {}
+        }
+    }
+    let last = ended.last().expect("a final frame");
+    assert!(
+        matches!(last, felix_proto::Payload::Json(message::Decoded::Message(Message::Error(e))) if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("revoked")),
+        "{last:?}"
+    );
+    assert!(finished.contains(&(signed_conn, signed_events)));
+    assert!(finished.iter().all(|(c, _)| *c != static_conn), "the static token's subscription goes on");
+    assert_eq!(b.subscription_count(), 1);
+}

@@ -435,6 +435,9 @@ pub struct Broker {
     draining: bool,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
+    /// Subscriptions and watches opened with a signed token: (its expiry in seconds, connection,
+    /// subscription), ended `revoked` when it comes.
+    credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64)>,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -503,6 +506,7 @@ impl Broker {
             served: forward_request::Served::default(),
             draining: false,
             limits: limits::RateLimits::default(),
+            credential_expiries: std::collections::BTreeSet::new(),
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
@@ -607,7 +611,9 @@ impl Broker {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
         let sweep = self.next_sweep.filter(|_| self.aged_streams > 0 || !self.caches.is_empty());
-        [auth, sweep, self.groups_deadline(), self.forward_deadline()].into_iter().flatten().min()
+        let expiry =
+            self.credential_expiries.first().map(|(secs, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
+        [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry].into_iter().flatten().min()
     }
 
     /// Timers: ends control streams that did not authenticate in time (the connection stays:
@@ -615,6 +621,17 @@ impl Broker {
     /// use it), applies retention.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.advance(now);
+        // Subscriptions and watches whose signed token expired end `revoked`.
+        let secs = self.wall.micros(now) / 1_000_000;
+        while let Some(&(exp, conn, id)) = self.credential_expiries.first()
+            && exp <= secs
+        {
+            self.credential_expiries.pop_first();
+            if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
+                sub.on(SubEvent::End(Ending::Revoked));
+                self.pump(conn, id);
+            }
+        }
         let mut expired = Vec::new();
         while let Some(&(d, conn, sid)) = self.auth_deadlines.first()
             && d <= now

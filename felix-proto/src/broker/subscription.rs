@@ -226,6 +226,12 @@ impl Broker {
                     Ending::Deleted => offer
                         .has(Features::STREAM_DELETED)
                         .then_some(Message::StreamDeleted(message::StreamDeleted { subscription_id: sub_id })),
+                    Ending::Revoked => offer.has(Features::ERROR_CODES).then(|| {
+                        Self::error_message(
+                            &offer,
+                            &Refusal::new(ErrorCode::Revoked, "the token this subscription was opened with expired"),
+                        )
+                    }),
                 };
                 if let Some(m) = terminal {
                     self.out.push_back(BrokerOutput::Transmit { conn, stream, data: json_frame(&m) });
@@ -385,6 +391,10 @@ impl Broker {
         let token = OpenToken(self.next_open);
         self.next_open += 1;
         c.opens.insert(token, id);
+        if let Some(j) = st.session.as_ref().and_then(|s| s.jwt.as_ref()) {
+            self.credential_expiries.insert((j.1, conn, id));
+        }
+        let Some(c) = self.conns.get_mut(&conn) else { return };
         c.subs.insert(
             id,
             Sub {
