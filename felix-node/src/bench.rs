@@ -111,6 +111,10 @@ pub struct BenchArgs {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+    /// Configure the in-process broker with a publish rate limit for the bench's tenant, in
+    /// records/s (to measure what a limit far above the load costs).
+    #[arg(long)]
+    rate_limit: Option<u64>,
 }
 
 impl BenchArgs {
@@ -169,7 +173,16 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,
-        tenant_limits: Vec::new(),
+        tenant_limits: a
+            .rate_limit
+            .map(|r| {
+                vec![felix_proto::broker::TenantLimit {
+                    tenant_id: "bench".into(),
+                    records_per_s: Some(r),
+                    ..Default::default()
+                }]
+            })
+            .unwrap_or_default(),
         jwt: None,
         queue_bytes_max: 256 << 20,
         identity,

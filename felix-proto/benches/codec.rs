@@ -142,5 +142,29 @@ fn json(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, publish, events, json);
+/// Verifying a signed token (EdDSA signature, claims, permissions): what an `auth` with one costs.
+fn jwt(c: &mut Criterion) {
+    use felix_proto::jwt::{Claims, Jwks, Verifier, mint, public_key};
+    let mut key = vec![0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    key.extend_from_slice(&[7u8; 32]);
+    let claims = Claims {
+        iss: "felix-auth".into(),
+        aud: "felix-broker".into(),
+        sub: "alice".into(),
+        tid: "t1".into(),
+        exp: 2_000_000_000,
+        iat: 1_700_000_000,
+        nbf: None,
+        jti: Some("j1".into()),
+        perms: vec!["stream.publish:stream:t1/orders/*".into(), "cache.read:cache:t1/*/sessions".into()],
+    };
+    let token = mint(&key, "k1", &claims).expect("signs");
+    let v = Verifier::new(Jwks::single("k1", &public_key(&key).expect("key")));
+    let mut g = c.benchmark_group("jwt");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("verify", |bench| bench.iter(|| black_box(v.verify(&token, 1_800_000_000).expect("valid"))));
+    g.finish();
+}
+
+criterion_group!(benches, publish, events, json, jwt);
 criterion_main!(benches);
