@@ -98,6 +98,12 @@ impl Server {
         self.local_addr
     }
 
+    /// Replaces the signed-token configuration of the running broker (a reloaded JWK set or
+    /// revocations: [`felix_proto::broker::Broker::set_jwt`]).
+    pub fn set_jwt(&self, verifier: Option<felix_proto::jwt::Verifier>) {
+        let _ = self.inputs.send(Input::SetJwt(verifier));
+    }
+
     /// Drains, then stops: takes no new work (new connections are refused, a control stream
     /// authenticating is answered `draining`: connect elsewhere), serves what is open and
     /// waits for what is in flight (writes storage has not confirmed, forwards not answered)
@@ -452,6 +458,8 @@ enum Input {
     ClusterStatus(oneshot::Sender<String>),
     /// `POST /cluster/add|remove` (its secret checked): the answer's status and body.
     ClusterAdmin(AdminRequest, oneshot::Sender<(u16, String)>),
+    /// A reloaded signed-token configuration.
+    SetJwt(Option<felix_proto::jwt::Verifier>),
     /// Stop taking work, finish what is in flight (at most `grace`), then stop; the reply says
     /// how much was left.
     Drain {
@@ -961,6 +969,7 @@ impl BrokerTask {
         let now = now();
         match input {
             Input::Incoming(incoming) if self.draining.is_some() => incoming.refuse(),
+            Input::SetJwt(v) => self.node.broker().set_jwt(v, now),
             Input::Drain { grace, reply } => {
                 self.node.broker().begin_drain(now);
                 self.flush_storage();

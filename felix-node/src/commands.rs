@@ -118,27 +118,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         token: token.clone(),
         tokens: file.tokens(),
         tenant_limits: file.limits(),
-        jwt: {
-            let path = a.jwks.clone().or_else(|| file.auth.jwks.as_ref().map(Into::into));
-            match path {
-                None => None,
-                Some(p) => {
-                    let bytes = std::fs::read(&p).map_err(|e| format!("--jwks {}: {e}", p.display()))?;
-                    let keys =
-                        felix_proto::jwt::Jwks::parse(&bytes).map_err(|e| format!("--jwks {}: {e}", p.display()))?;
-                    let mut v = felix_proto::jwt::Verifier::new(keys);
-                    if let Some(i) = &file.auth.issuer {
-                        v.issuer = i.clone();
-                    }
-                    if let Some(aud) = &file.auth.audience {
-                        v.audience = aud.clone();
-                    }
-                    v.revoked_jti = file.auth.revoked_jti.iter().cloned().collect();
-                    v.revoked_sub = file.auth.revoked_sub.iter().cloned().collect();
-                    Some(v)
-                }
-            }
-        },
+        jwt: load_jwt(&a, &file)?,
         streams: file.streams(queue_capacity),
         caches: file.caches(),
         queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),
@@ -231,8 +211,11 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     out!("Try, from this directory:");
     out!("  felix-node subscribe orders --from earliest");
     out!("  felix-node publish orders hello world --ack");
-    out!("Ctrl-C or SIGTERM stops the broker cleanly (draining first).");
-    wait_for_shutdown().await;
+    out!("Ctrl-C or SIGTERM stops the broker cleanly (draining first); SIGHUP reloads the JWK set and revocations.");
+    tokio::select! {
+        () = wait_for_shutdown() => {}
+        () = reload_auth_forever(&a, &server) => {}
+    }
     eprintln!(
         "draining: new connections and control streams refused, finishing what is in flight (up to {:?}; a second signal stops at once)",
         a.drain_grace
@@ -250,6 +233,88 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         eprintln!("stopped after {:?} with {left} operation(s) still in flight (cut short)", a.drain_grace);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The signed-token configuration: the JWK set (`--jwks` or `[auth] jwks`) with `[auth]`'s
+/// issuer, audience and revocations. `None` without a JWK set.
+fn load_jwt(a: &ServeArgs, file: &crate::config::FileConfig) -> Result<Option<felix_proto::jwt::Verifier>, String> {
+    let Some(p) = a.jwks.clone().or_else(|| file.auth.jwks.as_ref().map(Into::into)) else { return Ok(None) };
+    let bytes = std::fs::read(&p).map_err(|e| format!("--jwks {}: {e}", p.display()))?;
+    let keys = felix_proto::jwt::Jwks::parse(&bytes).map_err(|e| format!("--jwks {}: {e}", p.display()))?;
+    let mut v = felix_proto::jwt::Verifier::new(keys);
+    if let Some(i) = &file.auth.issuer {
+        v.issuer = i.clone();
+    }
+    if let Some(aud) = &file.auth.audience {
+        v.audience = aud.clone();
+    }
+    v.revoked_jti = file.auth.revoked_jti.iter().cloned().collect();
+    v.revoked_sub = file.auth.revoked_sub.iter().cloned().collect();
+    Ok(Some(v))
+}
+
+/// The files the signed-token configuration comes from, with when each last changed.
+fn auth_files_stamp(a: &ServeArgs) -> Vec<Option<std::time::SystemTime>> {
+    let file = a.config.as_ref().and_then(|p| crate::config::FileConfig::load(p).ok());
+    let jwks = a.jwks.clone().or_else(|| file.as_ref().and_then(|f| f.auth.jwks.as_ref().map(Into::into)));
+    [a.config.clone(), jwks]
+        .into_iter()
+        .map(|p| p.and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()))
+        .collect()
+}
+
+/// Reloads the signed-token configuration (JWK set and revocations) into the running broker,
+/// on SIGHUP or when its files change; a file that no longer parses keeps what was loaded.
+async fn reload_auth_forever(a: &ServeArgs, server: &felix_driver_tokio::Server) {
+    let mut stamp = auth_files_stamp(a);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<()>();
+        tokio::select! {
+            () = signalled => {}
+            () = tokio::time::sleep(std::time::Duration::from_secs(2)) => {
+                if auth_files_stamp(a) == stamp {
+                    continue;
+                }
+            }
+        }
+        stamp = auth_files_stamp(a);
+        let file = match &a.config {
+            Some(p) => match crate::config::FileConfig::load(p) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("reload: {e}; keeping the tokens configuration loaded before");
+                    continue;
+                }
+            },
+            None => crate::config::FileConfig::default(),
+        };
+        match load_jwt(a, &file) {
+            Ok(v) => {
+                let what = v.as_ref().map_or("no JWK set".to_string(), |v| {
+                    format!(
+                        "JWK set reloaded, {} revoked token id(s), {} revoked principal(s)",
+                        v.revoked_jti.len(),
+                        v.revoked_sub.len()
+                    )
+                });
+                server.set_jwt(v);
+                eprintln!("reload: {what}");
+            }
+            Err(e) => eprintln!("reload: {e}; keeping the tokens configuration loaded before"),
+        }
+    }
 }
 
 async fn wait_for_shutdown() {

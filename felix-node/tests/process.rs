@@ -904,3 +904,62 @@ fn a_minted_token_is_accepted_within_its_permissions() {
     let (ok, _, err) = mint("acme", &["stream.publish:cache:acme/x/y"]);
     assert!(!ok && err.contains("bad permission"), "{err}");
 }
+
+/// A revocation added to the configuration and reloaded with SIGHUP ends a live subscription
+/// opened with the revoked token (`revoked`), while the broker keeps serving.
+#[test]
+fn sighup_reloads_revocations_and_ends_what_the_revoked_token_opened() {
+    let keys = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN).args(["token", "keygen", "--out"]).arg(keys.path()).output().unwrap();
+    assert!(out.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("felix.toml");
+    let jwks = keys.path().join("jwks.json");
+    std::fs::write(&conf, format!("[auth]\njwks = {:?}\n", jwks.to_str().unwrap())).unwrap();
+    let addr = free_port();
+    let broker = serve(dir.path(), addr, &["--config", conf.to_str().unwrap()]);
+    let token = Command::new(BIN)
+        .args(["token", "mint", "--key"])
+        .arg(keys.path().join("signing-key.pk8"))
+        .args(["--tenant", "acme", "--jti", "leaked", "--perm", "stream.subscribe:stream:acme/*/*"])
+        .args(["--perm", "stream.publish:stream:acme/*/*"])
+        .output()
+        .unwrap();
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_owned();
+    let p = client_cmd(dir.path(), addr)
+        .args(["publish", "orders", "first", "--ack", "--tenant", "acme", "--token", &token])
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let mut sub = client_cmd(dir.path(), addr)
+        .args(["subscribe", "orders", "--from", "earliest", "--tenant", "acme", "--token", &token])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sub.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().ends_with("first"), "the subscriber is live");
+    std::fs::write(&conf, format!("[auth]\njwks = {:?}\nrevoked_jti = [\"leaked\"]\n", jwks.to_str().unwrap()))
+        .unwrap();
+    Command::new("kill").args(["-HUP", &broker.0.id().to_string()]).status().unwrap();
+    // The subscriber ends, saying why, within a bounded time.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = sub.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < until, "the revoked subscription did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut sub.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success() && err.contains("revoked"), "{status:?} {err}");
+    // The token no longer authenticates; the broker goes on serving.
+    let p = client_cmd(dir.path(), addr)
+        .args(["publish", "orders", "again", "--ack", "--tenant", "acme", "--token", &token])
+        .output()
+        .unwrap();
+    assert!(!p.status.success() && String::from_utf8_lossy(&p.stderr).contains("revoked"));
+    let ok = client_cmd(dir.path(), addr).args(["publish", "orders", "dev", "--ack"]).output().unwrap();
+    assert!(ok.status.success());
+}

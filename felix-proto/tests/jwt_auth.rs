@@ -232,3 +232,77 @@ fn a_subscription_ends_revoked_when_its_token_expires() {
     assert!(finished.iter().all(|(c, _)| *c != static_conn), "the static token's subscription goes on");
     assert_eq!(b.subscription_count(), 1);
 }
+
+/// A revocation reloaded live (`Broker::set_jwt`): the subscription opened with the revoked
+/// token ends `revoked` at once, its control stream's next request is `revoked`, and the token
+/// no longer authenticates; another token's subscription goes on.
+#[test]
+fn a_revocation_reloaded_live_ends_what_the_token_opened() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    let verifier = Verifier::new(Jwks::single("k1", &public_key(&key()).unwrap()));
+    cfg.jwt = Some(verifier.clone());
+    let mut b = Broker::new(cfg, WallClock::new(t0, NOW * 1_000_000));
+    let perms = ["stream.subscribe:stream:t1/*/*", "stream.publish:stream:t1/*/*"];
+    let bad = mint(&key(), "k1", &Claims { jti: Some("leaked".into()), ..claims(&perms) }).unwrap();
+    let good = mint(&key(), "k1", &Claims { jti: Some("fine".into()), ..claims(&perms) }).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let open = |b: &mut Broker, i: u8, token: &str| {
+        let conn = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        b.handle_stream_data(conn, st, auth_with(token), false, t0);
+        b.handle_stream_data(conn, st, subscribe("orders", None), false, t0);
+        let mut events = None;
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::OpenUni { conn: c, token } = o {
+                let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
+                b.handle_stream_opened(c, token, id, t0);
+                events = Some(id);
+            }
+        }
+        while b.poll_output().is_some() {}
+        (conn, events.unwrap())
+    };
+    let (bad_conn, bad_events) = open(&mut b, 1, &bad);
+    let (good_conn, _) = open(&mut b, 2, &good);
+    let mut revoking = verifier;
+    revoking.revoked_jti.insert("leaked".into());
+    b.set_jwt(Some(revoking), t0);
+    let mut last = None;
+    let mut finished = Vec::new();
+    while let Some(o) = b.poll_output() {
+        match o {
+            BrokerOutput::Transmit { conn, stream, data } if conn == bad_conn && stream == bad_events => {
+                last = payloads(&data).pop()
+            }
+            BrokerOutput::Finish { conn, .. } => finished.push(conn),
+            _ => {}
+        }
+    }
+    assert!(
+        matches!(&last, Some(felix_proto::Payload::Json(message::Decoded::Message(Message::Error(e)))) if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("revoked")),
+        "{last:?}"
+    );
+    assert!(finished.contains(&bad_conn) && !finished.contains(&good_conn));
+    // Its control stream: revoked.
+    b.handle_stream_data(bad_conn, st, publish_json("orders", "x", Some(9), Some(AckMode::PerBatch)), false, t0);
+    let mut out = Vec::new();
+    while let Some(o) = b.poll_output() {
+        if let BrokerOutput::Transmit { data, .. } = o {
+            out.extend_from_slice(&data);
+        }
+    }
+    assert!(
+        matches!(&messages(&out)[..], [Message::PublishError(e)] if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("revoked"))
+    );
+    // And it no longer authenticates.
+    let conn = b.admit(PeerAddr([3; 16]), t0).unwrap();
+    b.handle_stream_data(conn, st, auth_with(&bad), false, t0);
+    let mut out = Vec::new();
+    while let Some(o) = b.poll_output() {
+        if let BrokerOutput::Transmit { data, .. } = o {
+            out.extend_from_slice(&data);
+        }
+    }
+    assert!(matches!(&messages(&out)[..], [Message::Error(e)] if e.message.contains("revoked")));
+    assert_eq!(b.subscription_count(), 1);
+}

@@ -139,13 +139,29 @@ struct Session {
     token: usize,
     /// A request another broker of the cluster forwarded: it checked the permission.
     vouched: bool,
-    /// Authenticated by a signed token: its permissions and expiry (seconds since the epoch),
-    /// instead of the static token `token`.
-    jwt: Option<Box<(Vec<crate::jwt::Perm>, u64)>>,
+    /// Authenticated by a signed token, instead of the static token `token`.
+    jwt: Option<Box<SignedSession>>,
     offer: ClientOffer,
     window: Option<u32>,
     ack_on_commit: bool,
     widths: HashMap<Key, u32>,
+}
+
+/// What a control stream authenticated with a signed token holds of it.
+#[derive(Debug, Clone)]
+struct SignedSession {
+    perms: Vec<crate::jwt::Perm>,
+    /// Expiry, seconds since the epoch.
+    exp: u64,
+    /// Its id and principal, to recognise a revocation.
+    credential: Credential,
+}
+
+/// A signed token's id and principal.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Credential {
+    jti: Option<String>,
+    sub: String,
 }
 
 #[derive(Debug)]
@@ -436,8 +452,8 @@ pub struct Broker {
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
     /// Subscriptions and watches opened with a signed token: (its expiry in seconds, connection,
-    /// subscription), ended `revoked` when it comes.
-    credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64)>,
+    /// subscription, the token), ended `revoked` when it comes or the token is revoked.
+    credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64, Credential)>,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
@@ -534,6 +550,33 @@ impl Broker {
         &self.stats
     }
 
+    /// Replaces the signed-token configuration (a reloaded JWK set, new revocations): new
+    /// `auth`s are checked against it; every subscription and watch opened with a token it now
+    /// revokes ends with a final `revoked`, and every further request of a control stream
+    /// authenticated with one is refused `revoked`. `None`: signed tokens are no longer
+    /// accepted (what is open keeps its permissions until it expires).
+    pub fn set_jwt(&mut self, verifier: Option<crate::jwt::Verifier>, now: Instant) {
+        self.clock.advance(now);
+        self.cfg.jwt = verifier;
+        let Some(v) = &self.cfg.jwt else { return };
+        let revoked: Vec<(u64, ConnId, u64, Credential)> = self
+            .credential_expiries
+            .iter()
+            .filter(|(_, _, _, c)| {
+                c.jti.as_ref().is_some_and(|j| v.revoked_jti.contains(j)) || v.revoked_sub.contains(&c.sub)
+            })
+            .cloned()
+            .collect();
+        for e in revoked {
+            self.credential_expiries.remove(&e);
+            let (_, conn, id, _) = e;
+            if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
+                sub.on(SubEvent::End(Ending::Revoked { expired: false }));
+                self.pump(conn, id);
+            }
+        }
+    }
+
     /// The broker is shutting down: it takes no new work (a control stream authenticating from
     /// now on is refused `draining`, retry: connect elsewhere; the driver stops admitting
     /// connections) and finishes what is in flight ([`work_in_flight`](Self::work_in_flight)),
@@ -611,8 +654,10 @@ impl Broker {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
         let sweep = self.next_sweep.filter(|_| self.aged_streams > 0 || !self.caches.is_empty());
-        let expiry =
-            self.credential_expiries.first().map(|(secs, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
+        let expiry = self
+            .credential_expiries
+            .first()
+            .map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
         [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry].into_iter().flatten().min()
     }
 
@@ -623,12 +668,12 @@ impl Broker {
         let now = self.clock.advance(now);
         // Subscriptions and watches whose signed token expired end `revoked`.
         let secs = self.wall.micros(now) / 1_000_000;
-        while let Some(&(exp, conn, id)) = self.credential_expiries.first()
+        while let Some((exp, conn, id, _)) = self.credential_expiries.first().cloned()
             && exp <= secs
         {
             self.credential_expiries.pop_first();
             if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
-                sub.on(SubEvent::End(Ending::Revoked));
+                sub.on(SubEvent::End(Ending::Revoked { expired: true }));
                 self.pump(conn, id);
             }
         }

@@ -111,7 +111,10 @@ impl Broker {
         };
         let (token, jwt, principal) = match (found, signed) {
             (Some(token), _) => (token, None, self.cfg.tokens[token].principal.clone()),
-            (None, Some(Ok((claims, perms)))) => (0, Some(Box::new((perms, claims.exp))), claims.sub),
+            (None, Some(Ok((claims, perms)))) => {
+                let credential = Credential { jti: claims.jti, sub: claims.sub.clone() };
+                (0, Some(Box::new(SignedSession { perms, exp: claims.exp, credential })), claims.sub)
+            }
             (None, signed) => {
                 // The broker reads the feature offer before answering, so even a refused auth
                 // carries a code for a client that offered it.
@@ -377,11 +380,17 @@ impl Broker {
         }
         if let Some(j) = &sess.jwt {
             let now = self.clock.last().unwrap_or_else(|| self.wall.anchor());
-            if self.wall.micros(now) / 1_000_000 >= j.1 {
+            if self.wall.micros(now) / 1_000_000 >= j.exp {
                 // What a session opened with it may do ends with its credential.
                 return Err(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with expired"));
             }
-            if !crate::jwt::allows(&j.0, action, t, ns, name) {
+            let c = &j.credential;
+            if self.cfg.jwt.as_ref().is_some_and(|v| {
+                c.jti.as_ref().is_some_and(|x| v.revoked_jti.contains(x)) || v.revoked_sub.contains(&c.sub)
+            }) {
+                return Err(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with was revoked"));
+            }
+            if !crate::jwt::allows(&j.perms, action, t, ns, name) {
                 return Err(Refusal::new(
                     ErrorCode::Forbidden,
                     format!("not allowed to {} {ns}/{name}", action.name()),

@@ -34,9 +34,9 @@ pub(super) enum Ending {
     Moved(message::ShardMoved),
     /// The stream was deleted: `stream_deleted`.
     Deleted,
-    /// The credential it was opened with expired or was revoked: a final `error` code
-    /// `revoked` (to a client that offered codes; the stream simply ends for others).
-    Revoked,
+    /// The credential it was opened with expired (`expired`) or was revoked: a final `error`
+    /// code `revoked` (to a client that offered codes; the stream simply ends for others).
+    Revoked { expired: bool },
 }
 
 /// Delivering history from the log before anything live.

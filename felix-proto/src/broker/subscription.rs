@@ -226,10 +226,14 @@ impl Broker {
                     Ending::Deleted => offer
                         .has(Features::STREAM_DELETED)
                         .then_some(Message::StreamDeleted(message::StreamDeleted { subscription_id: sub_id })),
-                    Ending::Revoked => offer.has(Features::ERROR_CODES).then(|| {
+                    Ending::Revoked { expired } => offer.has(Features::ERROR_CODES).then(|| {
+                        let why = if expired { "expired" } else { "was revoked" };
                         Self::error_message(
                             &offer,
-                            &Refusal::new(ErrorCode::Revoked, "the token this subscription was opened with expired"),
+                            &Refusal::new(
+                                ErrorCode::Revoked,
+                                format!("the token this subscription was opened with {why}"),
+                            ),
                         )
                     }),
                 };
@@ -392,7 +396,7 @@ impl Broker {
         self.next_open += 1;
         c.opens.insert(token, id);
         if let Some(j) = st.session.as_ref().and_then(|s| s.jwt.as_ref()) {
-            self.credential_expiries.insert((j.1, conn, id));
+            self.credential_expiries.insert((j.exp, conn, id, j.credential.clone()));
         }
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.subs.insert(

@@ -111,7 +111,7 @@ impl Broker {
         self.next_open += 1;
         let offer = Self::features_of(st);
         if let Some(j) = st.session.as_ref().and_then(|s| s.jwt.as_ref()) {
-            self.credential_expiries.insert((j.1, conn, id));
+            self.credential_expiries.insert((j.exp, conn, id, j.credential.clone()));
         }
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.opens.insert(token, id);
