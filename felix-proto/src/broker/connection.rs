@@ -7,7 +7,7 @@ use crate::frame::{FrameDecoder, FrameError};
 use crate::message::{self, Message};
 use crate::transport::{ConnId, Dir, OpenToken, Side, StreamId, close_code};
 use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Instant;
 
 impl Broker {
@@ -155,21 +155,7 @@ impl Broker {
             let mut decoder = FrameDecoder::new();
             decoder.set_max_frame_len(preauth);
             decoder.set_accepted_flags(Flags::CLIENT_SENDS);
-            CtlStream {
-                id: stream,
-                uni: stream.dir() == Dir::Uni,
-                decoder,
-                session: None,
-                owed: VecDeque::new(),
-                next_seq: 0,
-                outstanding: 0,
-                pauses: Pauses::default(),
-                unflushed: 0,
-                recv: Recv::Open,
-                send_finished: false,
-                auth_deadline: Some(deadline),
-                held: VecDeque::new(),
-            }
+            CtlStream::new(stream, decoder, Some(deadline))
         });
         if st.recv == Recv::Closed {
             return;

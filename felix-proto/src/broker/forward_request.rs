@@ -304,21 +304,7 @@ impl Broker {
         self.served.streams.insert((conn, stream), r.id);
         let mut decoder = FrameDecoder::new();
         decoder.set_max_frame_len(self.cfg.max_frame_len);
-        let mut st = CtlStream {
-            id: stream,
-            uni: false,
-            decoder,
-            session: None,
-            owed: VecDeque::new(),
-            next_seq: 0,
-            outstanding: 0,
-            pauses: Pauses::default(),
-            unflushed: 0,
-            recv: Recv::Open,
-            send_finished: false,
-            auth_deadline: None,
-            held: VecDeque::new(),
-        };
+        let mut st = CtlStream::new(stream, decoder, None);
         st.session = Some(Session {
             tenant_id: r.tenant_id,
             principal: r.principal,

@@ -195,6 +195,25 @@ struct CtlStream {
 }
 
 impl CtlStream {
+    /// A fresh stream, not authenticated yet.
+    fn new(id: StreamId, decoder: FrameDecoder, auth_deadline: Option<Instant>) -> CtlStream {
+        CtlStream {
+            id,
+            uni: id.dir() == crate::transport::Dir::Uni,
+            decoder,
+            session: None,
+            owed: VecDeque::new(),
+            next_seq: 0,
+            outstanding: 0,
+            pauses: Pauses::default(),
+            unflushed: 0,
+            recv: Recv::Open,
+            send_finished: false,
+            auth_deadline,
+            held: VecDeque::new(),
+        }
+    }
+
     /// Nothing more will be written and nothing is owed: the stream's state can go.
     fn done(&self) -> bool {
         self.send_finished && self.outstanding == 0

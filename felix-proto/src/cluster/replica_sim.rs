@@ -17,7 +17,7 @@
 
 use super::meta::{RaftLog, decode_message, encode_message};
 use super::replica::{Answer, Replica, ReplicaOutput, ReplicatedBatch};
-use super::sim::Violation;
+use super::sim::{Rng, Violation};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,24 +42,6 @@ pub struct ReplicaReport {
     pub lost: u64,
     /// Digest of the history: equal for equal seeds.
     pub digest: u64,
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
 }
 
 /// What a slot of the shared history holds.

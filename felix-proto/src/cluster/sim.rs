@@ -45,21 +45,22 @@ pub struct Outcome {
     pub digest: u64,
 }
 
-/// splitmix64: the run's only source of randomness.
-struct Rng(u64);
+/// splitmix64: a simulation run's only source of randomness (shared by the cluster
+/// simulations).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-    fn chance(&mut self, per_mille: u64) -> bool {
+    pub(crate) fn chance(&mut self, per_mille: u64) -> bool {
         self.below(1000) < per_mille
     }
 }

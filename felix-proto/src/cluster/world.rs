@@ -39,6 +39,7 @@ use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use super::sim::Rng;
 pub use super::sim::Violation;
 
 /// How long a forwarding broker waits for the owner's answer (the broker's own constant).
@@ -84,25 +85,6 @@ pub struct WorldReport {
     pub persisted: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
-}
-
-/// splitmix64, the run's only randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
