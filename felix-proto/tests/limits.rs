@@ -85,8 +85,9 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
     }
     assert_eq!(ok2, 2000, "the other tenant is never refused");
     assert_eq!(ok1 + refused1, 2000, "every publish answered");
-    // 100/s over 10 s, plus at most the first second's burst.
-    assert!((1000..=1101).contains(&ok1), "{ok1} records admitted at 100/s over 10 s");
+    // 100/s over 10 s, plus at most the first burst (a quarter second): within 2.5%.
+    assert!((1000..=1026).contains(&ok1), "{ok1} records admitted at 100/s over 10 s");
+    eprintln!("admitted {ok1} records at 100/s over 10 s ({:+.1}%)", (ok1 as f64 / 1000.0 - 1.0) * 100.0);
     assert_eq!(b.stats().publishes_rate_limited, refused1);
     let (_, _, next, _) = b.shard_state("t1", "default", "orders", 0).unwrap();
     assert_eq!(next, ok1, "nothing refused was written");

@@ -4,10 +4,11 @@
 //! under (nothing written; an unacked one is dropped and counted), and no other tenant is
 //! touched: each tenant has its own buckets.
 //!
-//! A bucket holds one second of its rate and may go into debt by one batch: a batch is admitted
-//! whenever the bucket is not in debt, whatever its size, so a batch larger than a second's
-//! worth still passes once, and the long-run rate is the configured one (the debt is paid
-//! before the next batch). Integer arithmetic in micro-units: no float, no drift.
+//! A bucket holds a quarter of a second of its rate (the burst a tenant may send at once, so
+//! that over 10 s a tenant gets its rate within 2.5%) and may go into debt by one batch: a batch
+//! is admitted whenever the bucket is not in debt, whatever its size, so a batch larger than the
+//! burst still passes, and the long-run rate is the configured one (the debt is paid before the
+//! next batch). Integer arithmetic in micro-units: no float, no drift.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -41,14 +42,19 @@ struct Bucket {
 
 impl Bucket {
     fn new(rate: u64, now: Instant) -> Bucket {
-        Bucket { rate, tokens: i128::from(rate) * MICRO, last: now }
+        Bucket { rate, tokens: Self::burst(rate), last: now }
+    }
+
+    /// What a full bucket holds: a quarter of a second of the rate.
+    fn burst(rate: u64) -> i128 {
+        i128::from(rate) * MICRO / 4
     }
 
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last);
         self.last = self.last.max(now);
         let add = i128::from(self.rate) * elapsed.as_micros() as i128;
-        self.tokens = (self.tokens + add).min(i128::from(self.rate) * MICRO);
+        self.tokens = (self.tokens + add).min(Self::burst(self.rate));
     }
 
     /// How long until the bucket is out of debt (zero when it is not).
@@ -158,8 +164,8 @@ mod tests {
                 t += Duration::from_micros(500);
             }
             let want = rate * 10;
-            // The first second's burst plus at most one batch of debt.
-            assert!(admitted >= want && admitted <= want + rate + batch, "rate {rate} batch {batch}: {admitted}");
+            // The first burst (a quarter second) plus at most one batch of debt.
+            assert!(admitted >= want && admitted <= want + rate / 4 + batch, "rate {rate} batch {batch}: {admitted}");
         }
     }
 
@@ -168,7 +174,7 @@ mod tests {
     fn a_refusal_says_how_long_to_wait_and_other_tenants_are_untouched() {
         let t0 = std::time::Instant::now();
         let mut l = limits(None, Some(1000));
-        assert!(l.admit("t1", 1, 1500, t0).is_ok(), "a full bucket admits a batch bigger than a second");
+        assert!(l.admit("t1", 1, 750, t0).is_ok(), "a full bucket admits a batch bigger than its burst");
         let wait = l.admit("t1", 1, 10, t0).unwrap_err();
         assert_eq!(wait, Duration::from_millis(500), "500 bytes of debt at 1000 B/s");
         assert!(l.admit("t1", 1, 10, t0 + Duration::from_millis(499)).is_err());
