@@ -1171,15 +1171,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         match felix_proto::cluster::world::run(seed, start, ticks) {
             Ok(r) => {
                 seeds += 1;
-                t.requests += r.requests;
-                t.acked += r.acked;
-                t.forwarded += r.forwarded;
-                t.subscribed += r.subscribed;
-                t.cache_answers += r.cache_answers;
-                t.redirected += r.redirected;
-                t.unavailable += r.unavailable;
-                t.crashes += r.crashes;
-                t.lost += r.lost;
+                t.absorb(&r);
                 if !a.quiet {
                     out!(
                         "seed {seed}: {} brokers, {} requests ({} acked, {} redirected, {} unavailable), {} crashes, digest {:016x}",
@@ -1233,12 +1225,7 @@ fn sim_replicated(a: &SimArgs) -> Result<ExitCode, String> {
         match felix_proto::cluster::replica_sim::run(seed, steps) {
             Ok(r) => {
                 seeds += 1;
-                t.acked += r.acked;
-                t.duplicates += r.duplicates;
-                t.outcome_unknown += r.outcome_unknown;
-                t.crashes += r.crashes;
-                t.elections += r.elections;
-                t.lost += r.lost;
+                t.absorb(&r);
                 if !a.quiet {
                     out!(
                         "seed {seed}: {} replicas, {} batches acknowledged ({} duplicates answered), {} crashes, digest {:016x}",

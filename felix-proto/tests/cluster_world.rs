@@ -12,17 +12,7 @@ fn seeds(range: std::ops::Range<u64>) -> WorldReport {
     let mut t = WorldReport::default();
     for seed in range {
         let r = run(seed, epoch, 300).unwrap_or_else(|v| panic!("{v}"));
-        t.requests += r.requests;
-        t.acked += r.acked;
-        t.forwarded += r.forwarded;
-        t.subscribed += r.subscribed;
-        t.cache_answers += r.cache_answers;
-        t.redirected += r.redirected;
-        t.unavailable += r.unavailable;
-        t.lost_with_broker += r.lost_with_broker;
-        t.crashes += r.crashes;
-        t.lost += r.lost;
-        t.persisted += r.persisted;
+        t.absorb(&r);
     }
     eprintln!("{t:?}");
     t

@@ -10,13 +10,7 @@ fn seeds(range: std::ops::Range<u64>) -> ReplicaReport {
     let mut t = ReplicaReport::default();
     for seed in range {
         let r = run(seed, 600).unwrap_or_else(|v| panic!("{v}\nreplay: felix-node sim --replicated --seed {seed}"));
-        t.acked += r.acked;
-        t.duplicates += r.duplicates;
-        t.outcome_unknown += r.outcome_unknown;
-        t.crashes += r.crashes;
-        t.elections += r.elections;
-        t.generations += r.generations;
-        t.lost += r.lost;
+        t.absorb(&r);
     }
     eprintln!("{t:?}");
     t

@@ -44,6 +44,19 @@ pub struct ReplicaReport {
     pub digest: u64,
 }
 
+impl ReplicaReport {
+    /// Adds another run's counts (for totals over seeds; `replicas` and `digest` are per run).
+    pub fn absorb(&mut self, r: &ReplicaReport) {
+        self.acked += r.acked;
+        self.duplicates += r.duplicates;
+        self.outcome_unknown += r.outcome_unknown;
+        self.crashes += r.crashes;
+        self.elections += r.elections;
+        self.generations += r.generations;
+        self.lost += r.lost;
+    }
+}
+
 /// What a slot of the shared history holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Slot {

@@ -87,6 +87,23 @@ pub struct WorldReport {
     pub digest: u64,
 }
 
+impl WorldReport {
+    /// Adds another run's counts (for totals over seeds; `nodes` and `digest` are per run).
+    pub fn absorb(&mut self, r: &WorldReport) {
+        self.requests += r.requests;
+        self.acked += r.acked;
+        self.forwarded += r.forwarded;
+        self.subscribed += r.subscribed;
+        self.cache_answers += r.cache_answers;
+        self.redirected += r.redirected;
+        self.unavailable += r.unavailable;
+        self.lost_with_broker += r.lost_with_broker;
+        self.crashes += r.crashes;
+        self.lost += r.lost;
+        self.persisted += r.persisted;
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ask {
     Publish,
