@@ -98,6 +98,19 @@ impl Server {
         self.local_addr
     }
 
+    /// Serves another certificate (a renewed one) to new connections from now on; connections
+    /// already open keep theirs and are not dropped.
+    ///
+    /// # Errors
+    /// A certificate and key rustls refuses (nothing changes then).
+    pub async fn set_identity(&self, identity: Identity) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::SetIdentity(Box::new(identity), tx))
+            .map_err(|_| "the broker has stopped".to_string())?;
+        rx.await.map_err(|_| "the broker has stopped".to_string())?
+    }
+
     /// Replaces the signed-token configuration of the running broker (a reloaded JWK set or
     /// revocations: [`felix_proto::broker::Broker::set_jwt`]).
     pub fn set_jwt(&self, verifier: Option<felix_proto::jwt::Verifier>) {
@@ -133,10 +146,7 @@ impl Server {
     /// # Errors
     /// TLS, socket or storage failures.
     pub async fn start(opts: ServerOptions) -> Result<Server, ServerError> {
-        let mut qcfg = quinn::ServerConfig::with_crypto(quic_server_crypto(opts.identity, opts.require_alpn)?);
-        let mut loopback_cfg = qcfg.clone();
-        qcfg.transport_config(Arc::new(opts.transport.to_quinn()));
-        loopback_cfg.transport_config(Arc::new(opts.transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
+        let (qcfg, loopback_cfg) = server_configs(opts.identity, opts.require_alpn, &opts.transport)?;
         let loopback_cfg = Arc::new(loopback_cfg);
         if opts.transport.max_udp_payload > GSO_SAFE_MAX_UDP_PAYLOAD {
             tracing::warn!(
@@ -258,6 +268,8 @@ impl Server {
             storage: stx,
             pending_writes: Vec::new(),
             io: IoCounters::default(),
+            transport_tuning: opts.transport.clone(),
+            require_alpn: opts.require_alpn,
             draining: None,
         };
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx.clone()));
@@ -460,6 +472,8 @@ enum Input {
     ClusterAdmin(AdminRequest, oneshot::Sender<(u16, String)>),
     /// A reloaded signed-token configuration.
     SetJwt(Option<felix_proto::jwt::Verifier>),
+    /// A renewed certificate for new connections.
+    SetIdentity(Box<Identity>, oneshot::Sender<Result<(), String>>),
     /// Stop taking work, finish what is in flight (at most `grace`), then stop; the reply says
     /// how much was left.
     Drain {
@@ -683,6 +697,9 @@ struct BrokerTask {
     storage: std::sync::mpsc::Sender<StorageCmd>,
     pending_writes: Vec<PersistRequest>,
     io: IoCounters,
+    /// What the server configuration is built from, to rebuild it with a renewed certificate.
+    transport_tuning: TransportTuning,
+    require_alpn: bool,
     /// Draining: until when, and who waits for the end.
     draining: Option<(std::time::Instant, oneshot::Sender<usize>)>,
 }
@@ -970,6 +987,15 @@ impl BrokerTask {
         match input {
             Input::Incoming(incoming) if self.draining.is_some() => incoming.refuse(),
             Input::SetJwt(v) => self.node.broker().set_jwt(v, now),
+            Input::SetIdentity(identity, reply) => {
+                let r = server_configs(*identity, self.require_alpn, &self.transport_tuning)
+                    .map(|(cfg, loopback)| {
+                        self.endpoint.set_server_config(Some(cfg));
+                        self.loopback_cfg = Arc::new(loopback);
+                    })
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
             Input::Drain { grace, reply } => {
                 self.node.broker().begin_drain(now);
                 self.flush_storage();
@@ -1291,4 +1317,18 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     let mut body = String::new();
     s.read_to_string(&mut body).await?;
     Ok(body.split_once("\r\n\r\n").map_or(body.clone(), |(_, b)| b.to_owned()))
+}
+
+/// The QUIC server configurations for a certificate: for remote peers and for loopback ones
+/// ([`TransportTuning::to_quinn_for`]).
+fn server_configs(
+    identity: Identity,
+    require_alpn: bool,
+    transport: &TransportTuning,
+) -> Result<(quinn::ServerConfig, quinn::ServerConfig), ServerError> {
+    let mut qcfg = quinn::ServerConfig::with_crypto(quic_server_crypto(identity, require_alpn)?);
+    let mut loopback = qcfg.clone();
+    qcfg.transport_config(Arc::new(transport.to_quinn()));
+    loopback.transport_config(Arc::new(transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
+    Ok((qcfg, loopback))
 }

@@ -253,18 +253,32 @@ fn load_jwt(a: &ServeArgs, file: &crate::config::FileConfig) -> Result<Option<fe
     Ok(Some(v))
 }
 
-/// The files the signed-token configuration comes from, with when each last changed.
+/// The operator's certificate and key files (`--tls-cert/--tls-key` or `[tls]`), if given.
+fn tls_files(
+    a: &ServeArgs,
+    file: Option<&crate::config::FileConfig>,
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let cert = a.tls_cert.clone().or_else(|| file.and_then(|f| f.tls.cert.as_ref().map(Into::into)))?;
+    let key = a.tls_key.clone().or_else(|| file.and_then(|f| f.tls.key.as_ref().map(Into::into)))?;
+    Some((cert, key))
+}
+
+/// The files the reloadable configuration comes from (the configuration file, the JWK set, the
+/// operator's certificate and key), with when each last changed.
 fn auth_files_stamp(a: &ServeArgs) -> Vec<Option<std::time::SystemTime>> {
     let file = a.config.as_ref().and_then(|p| crate::config::FileConfig::load(p).ok());
     let jwks = a.jwks.clone().or_else(|| file.as_ref().and_then(|f| f.auth.jwks.as_ref().map(Into::into)));
-    [a.config.clone(), jwks]
+    let (cert, key) = tls_files(a, file.as_ref()).unzip();
+    [a.config.clone(), jwks, cert, key]
         .into_iter()
         .map(|p| p.and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()))
         .collect()
 }
 
-/// Reloads the signed-token configuration (JWK set and revocations) into the running broker,
-/// on SIGHUP or when its files change; a file that no longer parses keeps what was loaded.
+/// Reloads the signed-token configuration (JWK set and revocations) and the operator's
+/// certificate into the running broker, on SIGHUP or when their files change; a file that no
+/// longer parses keeps what was loaded, saying so. A renewed certificate is served to new
+/// connections; open ones are not dropped.
 async fn reload_auth_forever(a: &ServeArgs, server: &felix_driver_tokio::Server) {
     let mut stamp = auth_files_stamp(a);
     #[cfg(unix)]
@@ -300,6 +314,18 @@ async fn reload_auth_forever(a: &ServeArgs, server: &felix_driver_tokio::Server)
             },
             None => crate::config::FileConfig::default(),
         };
+        if let Some((cert, key)) = tls_files(a, Some(&file)) {
+            match felix_driver_tokio::Identity::load(&cert, &key) {
+                Ok(id) => {
+                    let fp = id.chain.first().map(felix_driver_tokio::tls::fingerprint).unwrap_or_default();
+                    match server.set_identity(id).await {
+                        Ok(()) => eprintln!("reload: certificate {} (sha256 {fp}) for new connections", cert.display()),
+                        Err(e) => eprintln!("reload: certificate {}: {e}; keeping the one served", cert.display()),
+                    }
+                }
+                Err(e) => eprintln!("reload: {e}; keeping the certificate served"),
+            }
+        }
         match load_jwt(a, &file) {
             Ok(v) => {
                 let what = v.as_ref().map_or("no JWK set".to_string(), |v| {

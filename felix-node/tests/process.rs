@@ -963,3 +963,62 @@ fn sighup_reloads_revocations_and_ends_what_the_revoked_token_opened() {
     let ok = client_cmd(dir.path(), addr).args(["publish", "orders", "dev", "--ack"]).output().unwrap();
     assert!(ok.status.success());
 }
+
+/// A renewed certificate is served after SIGHUP to new connections, and a subscriber connected
+/// with the old one is not dropped.
+#[test]
+fn a_renewed_certificate_is_served_after_sighup_without_dropping_connections() {
+    // Two certificates, made by two brokers' first starts.
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    drop(serve(a.path(), free_port(), &[]));
+    drop(serve(b.path(), free_port(), &[]));
+    let live = tempfile::tempdir().unwrap();
+    let (cert, key) = (live.path().join("cert.pem"), live.path().join("key.pem"));
+    std::fs::copy(a.path().join("tls/cert.pem"), &cert).unwrap();
+    std::fs::copy(a.path().join("tls/key.pem"), &key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let broker = serve(dir.path(), addr, &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    let ca_a = a.path().join("tls/cert.pem");
+    let ca_b = b.path().join("tls/cert.pem");
+    let p =
+        client_cmd(dir.path(), addr).args(["publish", "orders", "one", "--ack", "--ca"]).arg(&ca_a).output().unwrap();
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let mut sub = client_cmd(dir.path(), addr)
+        .args(["subscribe", "orders", "--from", "earliest", "--count", "2", "--ca"])
+        .arg(&ca_a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sub.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().ends_with("one"));
+    // Renewed: B's certificate at the same paths, then SIGHUP.
+    std::fs::copy(b.path().join("tls/key.pem"), &key).unwrap();
+    std::fs::copy(b.path().join("tls/cert.pem"), &cert).unwrap();
+    Command::new("kill").args(["-HUP", &broker.0.id().to_string()]).status().unwrap();
+    // New connections get B (a client trusting only A is refused once the reload landed).
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = client_cmd(dir.path(), addr)
+            .args(["publish", "orders", "two", "--ack", "--ca"])
+            .arg(&ca_b)
+            .output()
+            .unwrap();
+        if p.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the renewed certificate was not served: {}",
+            String::from_utf8_lossy(&p.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let old =
+        client_cmd(dir.path(), addr).args(["publish", "orders", "x", "--ack", "--ca"]).arg(&ca_a).output().unwrap();
+    assert!(!old.status.success(), "the old certificate is no longer served to new connections");
+    // The subscriber connected with A was not dropped: it gets the record published through B.
+    assert!(lines.next().unwrap().unwrap().ends_with("two"));
+    assert!(sub.wait().unwrap().success());
+}
