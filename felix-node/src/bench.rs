@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// How long to publish, in seconds.
     #[arg(long, default_value_t = 5)]
     duration: u64,
+    /// The tenant to publish and subscribe as (with --addr and a token valid for it; the dev
+    /// token is valid for any): two benches as two tenants show whether one slows the other.
+    #[arg(long, default_value = "bench")]
+    tenant: String,
     /// Target records per second across all publishers (0: as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
@@ -130,6 +134,8 @@ impl BenchArgs {
 
 struct Target {
     addr: SocketAddr,
+    /// The tenant it publishes as.
+    tenant: String,
     token: String,
     trust: Trust,
     tuning: felix_driver_tokio::TransportTuning,
@@ -152,6 +158,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         let trust = client_trust(a.ca.as_deref(), &a.data_dir, false)?;
         let ack_on_enqueue = a.ack_on_enqueue;
         return Ok(Target {
+            tenant: a.tenant.clone(),
             addr,
             token,
             trust,
@@ -177,7 +184,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
             .rate_limit
             .map(|r| {
                 vec![felix_proto::broker::TenantLimit {
-                    tenant_id: "bench".into(),
+                    tenant_id: a.tenant.clone(),
                     records_per_s: Some(r),
                     ..Default::default()
                 }]
@@ -206,6 +213,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
     })
     .await?;
     Ok(Target {
+        tenant: a.tenant.clone(),
         addr: server.local_addr(),
         metrics: server.metrics_addr,
         token: "bench".into(),
@@ -218,7 +226,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
 }
 
 async fn connect(t: &Target) -> Result<Client, String> {
-    let mut opts = ClientOptions::new("bench", t.token.clone(), t.trust.clone());
+    let mut opts = ClientOptions::new(t.tenant.clone(), t.token.clone(), t.trust.clone());
     opts.transport = t.tuning.clone();
     if t.ack_on_enqueue {
         opts.config = opts.config.ack_on_enqueue();

@@ -248,6 +248,10 @@ enum Pause {
     /// Answers written to it are not flushed yet: a client that sends requests and does not
     /// read the answers is slowed by QUIC flow control, not buffered for.
     Flush = 4,
+    /// Its tenant is over its publish rate: nothing more is read until the tenant is back
+    /// under, so QUIC flow control slows the publisher at its source instead of the broker
+    /// reading (and decrypting) what it would refuse.
+    Rate = 8,
 }
 
 /// The set of reasons a stream is paused. Reading stops when the first reason appears and
@@ -470,6 +474,8 @@ pub struct Broker {
     draining: bool,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
+    /// Streams paused for their tenant's rate, and when they are read again.
+    rate_resumes: std::collections::BTreeSet<(Instant, ConnId, StreamId)>,
     /// Subscriptions and watches opened with a signed token: (its expiry in seconds, connection,
     /// subscription, the token), ended `revoked` when it comes or the token is revoked.
     credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64, Credential)>,
@@ -542,6 +548,7 @@ impl Broker {
             draining: false,
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),
+            rate_resumes: std::collections::BTreeSet::new(),
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
@@ -677,7 +684,8 @@ impl Broker {
             .credential_expiries
             .first()
             .map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
-        [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry].into_iter().flatten().min()
+        let resume = self.rate_resumes.first().map(|(t, _, _)| *t);
+        [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry, resume].into_iter().flatten().min()
     }
 
     /// Timers: ends control streams that did not authenticate in time (the connection stays:
@@ -685,6 +693,21 @@ impl Broker {
     /// use it), applies retention.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.advance(now);
+        // Streams paused for their tenant's rate are read again once it is back under.
+        while let Some(&(at, conn, stream)) = self.rate_resumes.first()
+            && at <= now
+        {
+            self.rate_resumes.pop_first();
+            let resumed = self
+                .conns
+                .get_mut(&conn)
+                .and_then(|c| c.streams.get_mut(&stream))
+                .is_some_and(|st| st.pauses.remove(Pause::Rate));
+            if resumed {
+                self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
+                self.drive_stream(conn, stream, now);
+            }
+        }
         // Subscriptions and watches whose signed token expired end `revoked`.
         let secs = self.wall.micros(now) / 1_000_000;
         while let Some((exp, conn, id, _)) = self.credential_expiries.first().cloned()

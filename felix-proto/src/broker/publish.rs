@@ -88,6 +88,12 @@ impl Broker {
             // under. An unacked publish is dropped and counted (it has no answer to carry it).
             self.stats.publishes_rate_limited += 1;
             self.stats.publishes_refused += 1;
+            // Read nothing more from this stream until the tenant is back under: the publisher
+            // is slowed by flow control rather than read, decrypted and refused.
+            if st.pauses.add(Pause::Rate) {
+                self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+                self.rate_resumes.insert((crate::transport::after(now, wait), conn, st.id));
+            }
             let mut r = Refusal::new(
                 ErrorCode::Overloaded,
                 format!("tenant {} is over its publish rate; retry in {} ms", req.tenant_id, wait.as_millis().max(1)),
