@@ -747,15 +747,3 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     }
     Ok(w.report)
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    #[allow(clippy::disallowed_methods)]
-    fn a_seed_runs_and_replays() {
-        let epoch = std::time::Instant::now();
-        let a = super::run(7, epoch, 300).unwrap_or_else(|v| panic!("{v}"));
-        assert!(a.requests > 100 && a.acked > 0, "{a:?}");
-        assert_eq!(super::run(7, epoch, 300), Ok(a));
-    }
-}
