@@ -11,7 +11,7 @@
 //! next batch). Integer arithmetic in micro-units: no float, no drift.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A tenant's publish limits (`None`: no limit on that measure).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -37,11 +37,12 @@ struct Bucket {
     rate: u64,
     /// Tokens in micro-units (negative: debt).
     tokens: i128,
-    last: Instant,
+    /// When it was last refilled, in microseconds of the broker's clock.
+    last: u64,
 }
 
 impl Bucket {
-    fn new(rate: u64, now: Instant) -> Bucket {
+    fn new(rate: u64, now: u64) -> Bucket {
         Bucket { rate, tokens: Self::burst(rate), last: now }
     }
 
@@ -50,10 +51,10 @@ impl Bucket {
         i128::from(rate) * MICRO / 4
     }
 
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.last);
+    fn refill(&mut self, now: u64) {
+        let elapsed = now.saturating_sub(self.last);
         self.last = self.last.max(now);
-        let add = i128::from(self.rate) * elapsed.as_micros() as i128;
+        let add = i128::from(self.rate) * i128::from(elapsed);
         self.tokens = (self.tokens + add).min(Self::burst(self.rate));
     }
 
@@ -108,9 +109,9 @@ impl RateLimits {
         self.limits.is_empty()
     }
 
-    /// Takes `records` records of `bytes` payload bytes from `tenant`'s buckets, or says how
-    /// long to wait (nothing taken).
-    pub(super) fn admit(&mut self, tenant: &str, records: u64, bytes: u64, now: Instant) -> Result<(), Duration> {
+    /// Takes `records` records of `bytes` payload bytes from `tenant`'s buckets at `now` (in
+    /// microseconds of the broker's clock), or says how long to wait (nothing taken).
+    pub(super) fn admit(&mut self, tenant: &str, records: u64, bytes: u64, now: u64) -> Result<(), Duration> {
         let Some(&(rec_rate, byte_rate)) = self.limits.get(tenant) else { return Ok(()) };
         let (rb, bb) = self
             .buckets
@@ -149,19 +150,18 @@ mod tests {
     /// Offered far more than the limit for 10 s of virtual time, a tenant gets its rate within
     /// a second's burst.
     #[test]
-    #[allow(clippy::disallowed_methods)] // a test's own starting point; the limiter never reads it
     fn the_long_run_rate_is_the_configured_one() {
-        let start = std::time::Instant::now();
+        let start = 1_700_000_000_000_000u64;
         for (rate, batch) in [(1000u64, 10u64), (100, 1), (500, 64), (50, 200)] {
             let mut l = limits(Some(rate), None);
             let mut admitted = 0u64;
             let mut t = start;
-            let end = start + Duration::from_secs(10);
+            let end = start + 10_000_000;
             while t < end {
                 if l.admit("t1", batch, 0, t).is_ok() {
                     admitted += batch;
                 }
-                t += Duration::from_micros(500);
+                t += 500;
             }
             let want = rate * 10;
             // The first burst (a quarter second) plus at most one batch of debt.
@@ -170,15 +170,14 @@ mod tests {
     }
 
     #[test]
-    #[allow(clippy::disallowed_methods)] // a test's own starting point; the limiter never reads it
     fn a_refusal_says_how_long_to_wait_and_other_tenants_are_untouched() {
-        let t0 = std::time::Instant::now();
+        let t0 = 1_700_000_000_000_000u64;
         let mut l = limits(None, Some(1000));
         assert!(l.admit("t1", 1, 750, t0).is_ok(), "a full bucket admits a batch bigger than its burst");
         let wait = l.admit("t1", 1, 10, t0).unwrap_err();
         assert_eq!(wait, Duration::from_millis(500), "500 bytes of debt at 1000 B/s");
-        assert!(l.admit("t1", 1, 10, t0 + Duration::from_millis(499)).is_err());
-        assert!(l.admit("t1", 1, 10, t0 + Duration::from_millis(500)).is_ok());
+        assert!(l.admit("t1", 1, 10, t0 + 499_000).is_err());
+        assert!(l.admit("t1", 1, 10, t0 + 500_000).is_ok());
         for _ in 0..1000 {
             assert!(l.admit("t2", 1000, 1 << 20, t0).is_ok(), "an unlimited tenant");
         }

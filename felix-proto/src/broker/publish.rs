@@ -81,7 +81,7 @@ impl Broker {
                 &req.tenant_id,
                 u64::from(req.records.count()),
                 req.records.payload_bytes() as u64,
-                now,
+                self.wall.micros(now),
             )
         {
             // Over the tenant's rate: nothing written; the client is told when it is back
