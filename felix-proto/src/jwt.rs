@@ -258,6 +258,18 @@ pub fn public_key(pkcs8: &[u8]) -> Result<Vec<u8>, JwtError> {
     Ok(key.public_key().as_ref().to_vec())
 }
 
+/// RFC 8032's first test secret, wrapped as PKCS#8 (RFC 8410): a published key for tests,
+/// fuzz seeds and benches, never for real tokens.
+#[cfg(any(test, fuzzing, feature = "testkit"))]
+pub fn rfc8032_test_key() -> Vec<u8> {
+    let mut der = vec![0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    der.extend_from_slice(&[
+        0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec, 0x2c, 0xc4, 0x44, 0x49,
+        0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03, 0x1c, 0xae, 0x7f, 0x60,
+    ]);
+    der
+}
+
 /// What a permission lets its holder do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Verb {
@@ -343,19 +355,6 @@ pub fn allows(perms: &[Perm], action: Action, tenant: &str, namespace: &str, nam
 mod tests {
     use super::*;
 
-    /// A fixed test key (RFC 8032's first test vector's secret, as PKCS#8).
-    pub(crate) fn test_key() -> Vec<u8> {
-        let seed: [u8; 32] = [
-            0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec, 0x2c, 0xc4, 0x44, 0x49,
-            0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03, 0x1c, 0xae, 0x7f, 0x60,
-        ];
-        // PKCS#8 v1 wrapping of an Ed25519 seed (RFC 8410).
-        let mut der =
-            vec![0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
-        der.extend_from_slice(&seed);
-        der
-    }
-
     fn claims(perms: &[&str]) -> Claims {
         Claims {
             iss: "felix-auth".into(),
@@ -372,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_minted_token_verifies_and_every_flaw_is_named() {
-        let key = test_key();
+        let key = rfc8032_test_key();
         let pubkey = public_key(&key).unwrap();
         let v = Verifier::new(Jwks::single("k1", &pubkey));
         let good = mint(&key, "k1", &claims(&["stream.publish:stream:t1/orders/*"])).unwrap();
@@ -428,7 +427,7 @@ mod tests {
 
     #[test]
     fn a_jwk_set_round_trips_and_bad_ones_are_refused() {
-        let key = test_key();
+        let key = rfc8032_test_key();
         let set = Jwks::single("k1", &public_key(&key).unwrap());
         assert_eq!(Jwks::parse(set.to_json().as_bytes()), Ok(set));
         for bad in [
