@@ -301,3 +301,100 @@ fn a_revocation_reloaded_live_ends_what_the_token_opened() {
     assert!(matches!(&messages(&out)[..], [Message::Error(e)] if e.message.contains("revoked")));
     assert_eq!(b.subscription_count(), 1);
 }
+
+/// Consumer-group long polls opened with a signed token end `revoked`: one parked when its token
+/// expires (the broker asks to be woken at the expiry, not at the end of the poll's wait), one
+/// parked when its token is revoked live; a poll opened with a static token keeps waiting and is
+/// answered by the next record.
+#[test]
+fn group_long_polls_end_revoked_when_their_token_expires_or_is_revoked() {
+    let now = felix_proto::sim::SIM_WALL_EPOCH_MICROS / 1_000_000;
+    let mut cfg = support::config();
+    cfg.history_reads = true;
+    let verifier = Verifier::new(Jwks::single("k1", &public_key(&key()).unwrap()));
+    cfg.jwt = Some(verifier.clone());
+    let mut sim = felix_proto::sim::Sim::new(cfg, epoch());
+    let t0 = sim.now;
+    let perms = ["group.consume:stream:t1/*/*"];
+    let base = Claims { iat: now - 10, exp: now + 60, ..claims(&perms) };
+    let short = mint(&key(), "k1", &Claims { exp: now + 5, ..base.clone() }).unwrap();
+    let leaked = mint(&key(), "k1", &Claims { jti: Some("leaked".into()), ..base }).unwrap();
+    let features = (Features::CONSUMER_GROUP | Features::ERROR_CODES).to_words(false).0;
+    let poll = |rid: u64, wait_ms: u64| {
+        json(&Message::GroupPoll(message::GroupPoll {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "jobs".into(),
+            shard: 0,
+            group: "workers".into(),
+            max_records: 10,
+            wait_ms,
+            request_id: rid,
+            consumer: None,
+            reclaim: None,
+            visibility_ms: None,
+        }))
+    };
+    let session = |sim: &mut felix_proto::sim::Sim, token: &str| {
+        let p = sim.connect_raw();
+        let s = sim.raw_open_bi(p);
+        let a = json(&Message::Auth(message::Auth {
+            tenant_id: "t1".into(),
+            token: token.into(),
+            client_flags: Some(0x0001),
+            client_features: features,
+            client_features_hi: None,
+        }));
+        sim.raw_send(p, s, a, false);
+        sim.run();
+        assert!(matches!(messages(&sim.take_received(p, s))[..], [Message::AuthOk(_)]));
+        (p, s)
+    };
+    // The stream exists with one record, which a first poll takes: the group is then empty.
+    let (setup, ss) = session(&mut sim, support::TOKEN);
+    sim.raw_send(setup, ss, publish_binary("jobs", &["first"], None, None), false);
+    sim.run();
+    sim.raw_send(setup, ss, poll(1, 0), false);
+    sim.run();
+    assert!(matches!(&messages(&sim.take_received(setup, ss))[..], [Message::GroupRecords(r)] if r.records.len() == 1));
+    let parties = [session(&mut sim, &short), session(&mut sim, &leaked), session(&mut sim, support::TOKEN)];
+    for (i, (p, s)) in parties.iter().enumerate() {
+        sim.raw_send(*p, *s, poll(10 + i as u64, 30_000), false);
+    }
+    sim.run();
+    let mut answered = |sim: &mut felix_proto::sim::Sim| -> Vec<(usize, Vec<Message>)> {
+        parties
+            .iter()
+            .enumerate()
+            .map(|(i, (p, s))| (i, messages(&sim.take_received(*p, *s))))
+            .filter(|(_, m)| !m.is_empty())
+            .collect()
+    };
+    assert!(answered(&mut sim).is_empty(), "every poll is parked");
+    let code_of = |m: &[Message]| match m {
+        [Message::Error(e)] => e.code.as_ref().map(|c| c.name().into_owned()).unwrap_or_default(),
+        other => format!("{other:?}"),
+    };
+    // Revoked live: that poll ends at once, the others wait.
+    let mut revoking = verifier;
+    revoking.revoked_jti.insert("leaked".into());
+    sim.broker.set_jwt(Some(revoking), sim.now);
+    sim.run();
+    let out = answered(&mut sim);
+    assert_eq!(out.iter().map(|(i, m)| (*i, code_of(m))).collect::<Vec<_>>(), [(1, "revoked".to_string())]);
+    // The expiring one: woken at its expiry (5 s), not at the end of its 30 s wait.
+    let wake = sim.broker.poll_timeout().expect("a wake-up");
+    assert!(wake <= t0 + Duration::from_secs(5), "{:?}", wake - t0);
+    sim.advance(Duration::from_secs(5));
+    sim.run();
+    let out = answered(&mut sim);
+    assert_eq!(out.iter().map(|(i, m)| (*i, code_of(m))).collect::<Vec<_>>(), [(0, "revoked".to_string())]);
+    // The static token's poll still waits, and is answered by the next record.
+    sim.raw_send(setup, ss, publish_binary("jobs", &["second"], None, None), false);
+    sim.run();
+    let out = answered(&mut sim);
+    assert!(
+        matches!(&out[..], [(2, m)] if matches!(&m[..], [Message::GroupRecords(r)] if r.records.len() == 1)),
+        "{out:?}"
+    );
+}

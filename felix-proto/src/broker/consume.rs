@@ -166,7 +166,12 @@ impl Broker {
             let id = self.next_poll;
             self.next_poll += 1;
             Self::hold(st, HeldFor::Poll(id));
-            let deadline = crate::transport::after(now, Duration::from_millis(p.wait_ms).min(limits.max_wait));
+            let mut deadline = crate::transport::after(now, Duration::from_millis(p.wait_ms).min(limits.max_wait));
+            // A poll opened with a signed token is woken when the token expires, to end it
+            // `revoked` then rather than at the end of its wait.
+            if let Some(j) = st.session.as_ref().and_then(|s| s.jwt.as_ref()) {
+                deadline = deadline.min(self.wall.instant_at(j.exp.saturating_mul(1_000_000)));
+            }
             let parked = Parked { id, conn, stream: st.id, request, deadline };
             self.group_mut(&k, p.shard, &p.group).parked.push_back(parked);
             return;
@@ -320,8 +325,13 @@ impl Broker {
             let parked = std::mem::take(&mut self.group_mut(k, shard, &name).parked);
             let mut keep = std::collections::VecDeque::new();
             for p in parked {
-                let alive = self.conns.get(&p.conn).is_some_and(|c| c.streams.contains_key(&p.stream));
-                if !alive {
+                let Some(st) = self.conns.get(&p.conn).and_then(|c| c.streams.get(&p.stream)) else { continue };
+                // Its credential expired or was revoked: the poll ends `revoked`, like every
+                // later request of its stream.
+                let lapse = st.session.as_ref().and_then(|s| s.jwt.as_deref()).and_then(|j| self.credential_lapse(j));
+                if let Some(r) = lapse {
+                    let data = json_frame(&Self::error_message(&Self::features_of(st), &r));
+                    self.fill_held(p.conn, p.stream, HeldFor::Poll(p.id), data);
                     continue;
                 }
                 let moved = self.streams.get(k).is_none_or(|e| e.shards[shard as usize].moved.is_some());
@@ -374,6 +384,21 @@ impl Broker {
                 self.group_mut(&k, shard, name).expire(now, &limits);
                 self.flush_dead_letters(&k, shard, name, now);
             }
+            self.wake_groups(&k, shard, now);
+        }
+    }
+
+    /// Wakes every group with parked polls (after a revocation: those opened with a revoked
+    /// token end `revoked`), in key order.
+    pub(super) fn wake_all_groups(&mut self, now: Instant) {
+        let mut keys: Vec<(Key, u32)> = self
+            .groups
+            .iter()
+            .filter(|(_, gs)| gs.values().any(|g| !g.parked.is_empty()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort_unstable();
+        for (k, shard) in keys {
             self.wake_groups(&k, shard, now);
         }
     }

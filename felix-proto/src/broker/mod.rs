@@ -601,6 +601,8 @@ impl Broker {
                 self.pump(conn, id);
             }
         }
+        // Group long-polls waiting with a revoked token end now too.
+        self.wake_all_groups(now);
     }
 
     /// The broker is shutting down: it takes no new work (a control stream authenticating from

@@ -363,6 +363,20 @@ impl Broker {
         shards
     }
 
+    /// `revoked` when a signed token expired (by the broker's clock) or is on the revocation
+    /// list; `None` while it stands.
+    pub(super) fn credential_lapse(&self, j: &SignedSession) -> Option<Refusal> {
+        let now = self.clock.last().unwrap_or_else(|| self.wall.anchor());
+        if self.wall.micros(now) / 1_000_000 >= j.exp {
+            return Some(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with expired"));
+        }
+        let c = &j.credential;
+        let listed = self.cfg.jwt.as_ref().is_some_and(|v| {
+            c.jti.as_ref().is_some_and(|x| v.revoked_jti.contains(x)) || v.revoked_sub.contains(&c.sub)
+        });
+        listed.then(|| Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with was revoked"))
+    }
+
     /// Whether the stream's credential may do `action` on `t`'s `ns/name`.
     pub(super) fn authorize(
         &self,
@@ -379,16 +393,9 @@ impl Broker {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("token is not valid for tenant {t}")));
         }
         if let Some(j) = &sess.jwt {
-            let now = self.clock.last().unwrap_or_else(|| self.wall.anchor());
-            if self.wall.micros(now) / 1_000_000 >= j.exp {
-                // What a session opened with it may do ends with its credential.
-                return Err(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with expired"));
-            }
-            let c = &j.credential;
-            if self.cfg.jwt.as_ref().is_some_and(|v| {
-                c.jti.as_ref().is_some_and(|x| v.revoked_jti.contains(x)) || v.revoked_sub.contains(&c.sub)
-            }) {
-                return Err(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with was revoked"));
+            // What a session opened with it may do ends with its credential.
+            if let Some(r) = self.credential_lapse(j) {
+                return Err(r);
             }
             if !crate::jwt::allows(&j.perms, action, t, ns, name) {
                 return Err(Refusal::new(
