@@ -104,6 +104,12 @@ pub struct LimitSection {
     pub max_connections: Option<u32>,
     /// Streams per namespace.
     pub max_streams_per_namespace: Option<u32>,
+    /// Subscriptions and cache watches per connection.
+    pub max_subscriptions_per_connection: Option<u32>,
+    /// Payload bytes of history a namespace retains.
+    pub max_retained_bytes_per_namespace: Option<u64>,
+    /// The tenant's share of the publish queue, in payload bytes waiting for storage.
+    pub max_queued_publish_bytes: Option<u64>,
 }
 
 /// `[tls]`: an operator's certificate chain and key (PEM files).
@@ -265,13 +271,21 @@ impl FileConfig {
                 && l.publish_bytes_per_s.is_none()
                 && l.max_connections.is_none()
                 && l.max_streams_per_namespace.is_none()
+                && l.max_subscriptions_per_connection.is_none()
+                && l.max_retained_bytes_per_namespace.is_none()
+                && l.max_queued_publish_bytes.is_none()
             {
                 return Err(format!(
-                    "limits for tenant {:?}: give publish_records_per_s, publish_bytes_per_s, max_connections and/or max_streams_per_namespace",
+                    "limits for tenant {:?}: give at least one of publish_records_per_s, publish_bytes_per_s, max_connections, max_streams_per_namespace, max_subscriptions_per_connection, max_retained_bytes_per_namespace, max_queued_publish_bytes",
                     l.tenant
                 ));
             }
-            if l.max_connections == Some(0) || l.max_streams_per_namespace == Some(0) {
+            if l.max_connections == Some(0)
+                || l.max_streams_per_namespace == Some(0)
+                || l.max_subscriptions_per_connection == Some(0)
+                || l.max_retained_bytes_per_namespace == Some(0)
+                || l.max_queued_publish_bytes == Some(0)
+            {
                 return Err(format!("limits for tenant {:?}: a quota of 0 would refuse everything", l.tenant));
             }
             if !limited.insert(l.tenant.clone()) {
@@ -306,6 +320,9 @@ impl FileConfig {
                 bytes_per_s: l.publish_bytes_per_s,
                 max_connections: l.max_connections,
                 max_streams_per_namespace: l.max_streams_per_namespace,
+                max_subscriptions_per_connection: l.max_subscriptions_per_connection,
+                max_retained_bytes_per_namespace: l.max_retained_bytes_per_namespace,
+                max_queued_publish_bytes: l.max_queued_publish_bytes,
             })
             .collect()
     }
@@ -415,11 +432,24 @@ mod tests {
         assert!(e.contains("shards must be at least 1"), "{e}");
         let c = FileConfig::parse("[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 100").unwrap();
         assert_eq!(c.limits()[0].records_per_s, Some(100));
+        let c = FileConfig::parse(
+            "[[limits]]\ntenant = \"t1\"\nmax_subscriptions_per_connection = 8\nmax_retained_bytes_per_namespace = 1073741824\nmax_queued_publish_bytes = 8388608",
+        )
+        .unwrap();
+        let l = &c.limits()[0];
+        assert_eq!(
+            (l.max_subscriptions_per_connection, l.max_retained_bytes_per_namespace, l.max_queued_publish_bytes),
+            (Some(8), Some(1 << 30), Some(8 << 20))
+        );
         for bad in [
             "[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 0",
             "[[limits]]\ntenant = \"t1\"",
             "[[limits]]\ntenant = \"t1\"\npublish_bytes_per_s = 5\n[[limits]]\ntenant = \"t1\"\npublish_bytes_per_s = 6",
             "[[limits]]\ntenant = \"t1\"\npublish_records_per_s = -1",
+            "[[limits]]\ntenant = \"t1\"\nmax_queued_publish_bytes = 0",
+            "[[limits]]\ntenant = \"t1\"\nmax_retained_bytes_per_namespace = 0",
+            "[[limits]]\ntenant = \"t1\"\nmax_subscriptions_per_connection = 0",
+            "[[limits]]\ntenant = \"t1\"\nmax_retained_bytes = 5",
         ] {
             assert!(FileConfig::parse(bad).is_err(), "{bad}");
         }

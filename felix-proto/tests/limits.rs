@@ -239,3 +239,192 @@ fn a_tenant_at_its_quotas_is_refused_limit_exceeded_and_nothing_else_is() {
     assert!(b.shard_state("t1", "default", "c", 0).is_none(), "the refused stream was not created");
     assert_eq!(b.stats().quota_refusals, 2);
 }
+
+/// Completes every write the broker asked storage for.
+fn complete_writes(b: &mut Broker, t: std::time::Instant) -> Vec<Message> {
+    let mut got = Vec::new();
+    loop {
+        let mut tokens = Vec::new();
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::Persist(p) => tokens.push(p.token),
+                BrokerOutput::Transmit { data, .. } => got.extend(messages(&data)),
+                _ => {}
+            }
+        }
+        if tokens.is_empty() {
+            return got;
+        }
+        for tok in tokens {
+            b.handle_write_complete(tok, true, t);
+        }
+    }
+}
+
+/// A tenant's share of the publish queue: while its publishes fill it (storage has not written
+/// them), one more is refused `overloaded` reason `publish_queue_full` with a short
+/// `retry_after_ms`, nothing queued; another tenant's publishes are queued meanwhile; once
+/// storage writes, the tenant is admitted again.
+#[test]
+fn a_tenant_whose_share_of_the_publish_queue_is_full_is_refused_publish_queue_full() {
+    let t0 = epoch();
+    let mut cfg = config();
+    cfg.tenant_limits =
+        vec![TenantLimit { tenant_id: "t1".into(), max_queued_publish_bytes: Some(10), ..TenantLimit::default() }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let c1 = b.admit(PeerAddr([1; 16]), t0).unwrap();
+    let c2 = b.admit(PeerAddr([2; 16]), t0).unwrap();
+    b.handle_stream_data(c1, st, auth_as("t1", Features::ERROR_CODES), false, t0);
+    b.handle_stream_data(c2, st, auth_as("t2", Features::ERROR_CODES), false, t0);
+    let mut writes: Vec<(String, felix_proto::transport::WriteToken)> = Vec::new();
+    let mut refusals: Vec<(u64, message::PublishError)> = Vec::new();
+    let publish = |b: &mut Broker,
+                   c: ConnId,
+                   tenant: &str,
+                   rid: u64,
+                   writes: &mut Vec<(String, felix_proto::transport::WriteToken)>,
+                   refusals: &mut Vec<(u64, message::PublishError)>| {
+        b.handle_stream_data(c, st, publish_as(tenant, Some(rid)), false, t0);
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::Persist(p) => writes.push((p.tenant_id.clone(), p.token)),
+                BrokerOutput::Transmit { data, .. } => {
+                    refusals.extend(messages(&data).into_iter().filter_map(|m| match m {
+                        Message::PublishError(e) => Some((rid, e)),
+                        _ => None,
+                    }))
+                }
+                _ => {}
+            }
+        }
+    };
+    for rid in 1..=12 {
+        publish(&mut b, c1, "t1", rid, &mut writes, &mut refusals);
+        publish(&mut b, c2, "t2", 100 + rid, &mut writes, &mut refusals);
+    }
+    assert_eq!(writes.iter().filter(|(t, _)| t == "t1").count(), 10, "ten 1-byte publishes fill t1's share");
+    assert_eq!(writes.iter().filter(|(t, _)| t == "t2").count(), 12, "t2 has no share: all queued");
+    assert_eq!(refusals.iter().map(|(rid, _)| *rid).collect::<Vec<_>>(), [11, 12]);
+    for (_, e) in &refusals {
+        assert_eq!(e.code.as_ref().map(|c| c.name().into_owned()).as_deref(), Some("overloaded"));
+        let d = e.detail.as_ref().expect("a detail");
+        assert_eq!(d.reason.as_deref(), Some("publish_queue_full"));
+        assert_eq!(d.retry_after_ms, Some(20));
+    }
+    assert_eq!(b.stats().quota_refusals, 2);
+    // Storage writes what waits: the share is free again.
+    for (_, tok) in writes.drain(..) {
+        b.handle_write_complete(tok, true, t0);
+    }
+    complete_writes(&mut b, t0);
+    refusals.clear();
+    publish(&mut b, c1, "t1", 13, &mut writes, &mut refusals);
+    assert!(refusals.is_empty(), "{refusals:?}");
+    assert_eq!(writes.len(), 1);
+    // A failed write gives its bytes back too.
+    b.handle_write_complete(writes[0].1, false, t0);
+    for rid in 14..24 {
+        publish(&mut b, c1, "t1", rid, &mut writes, &mut refusals);
+    }
+    assert!(refusals.is_empty(), "{refusals:?}");
+    let (_, _, next, _) = b.shard_state("t1", "default", "orders", 0).unwrap();
+    assert_eq!(next, 10 + 1 + 10, "nothing refused was written");
+}
+
+/// A namespace's retained-history quota: a publish that would take it past the quota is refused
+/// `limit_exceeded` with nothing written (another namespace and another tenant go on); when
+/// retention drops old records, the next sweep's recount makes room again.
+#[test]
+fn a_namespace_at_its_retained_bytes_quota_refuses_publishes_until_retention_frees_room() {
+    let t0 = epoch();
+    let mut cfg = config();
+    cfg.default_stream.retention.max_records = Some(4);
+    cfg.tenant_limits = vec![TenantLimit {
+        tenant_id: "t1".into(),
+        max_retained_bytes_per_namespace: Some(10),
+        ..TenantLimit::default()
+    }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let c1 = b.admit(PeerAddr([1; 16]), t0).unwrap();
+    b.handle_stream_data(c1, st, auth_as("t1", Features::ERROR_CODES), false, t0);
+    let c2 = b.admit(PeerAddr([2; 16]), t0).unwrap();
+    b.handle_stream_data(c2, st, auth_as("t2", Features::ERROR_CODES), false, t0);
+    complete_writes(&mut b, t0);
+    let mut refused = Vec::new();
+    for rid in 1..=12 {
+        // Two streams of one namespace share its quota.
+        let stream = if rid % 2 == 0 { "a" } else { "b" };
+        b.handle_stream_data(c1, st, publish_to("t1", "default", stream, rid), false, t0);
+        for m in complete_writes(&mut b, t0) {
+            if let Some(c) = code(&m) {
+                refused.push((rid, c));
+            }
+        }
+    }
+    // Retention keeps 4 records a stream, but the figure is recounted only on the sweep: ten
+    // bytes admitted, then refused.
+    assert_eq!(refused, [(11, "limit_exceeded".to_string()), (12, "limit_exceeded".to_string())]);
+    let held = |b: &Broker, s: &str| b.shard_state("t1", "default", s, 0).map(|(_, _, next, _)| next).unwrap();
+    assert_eq!(held(&b, "a") + held(&b, "b"), 10, "nothing refused was written");
+    // Another namespace and another tenant are not held back.
+    b.handle_stream_data(c1, st, publish_to("t1", "other", "a", 50), false, t0);
+    b.handle_stream_data(c2, st, publish_to("t2", "default", "a", 51), false, t0);
+    assert!(complete_writes(&mut b, t0).iter().all(|m| code(m).is_none()));
+    // The sweep recounts: 4 + 4 records retained, room for 2 more.
+    let t1 = t0 + Duration::from_secs(2);
+    assert!(b.poll_timeout().is_some_and(|d| d <= t1), "the broker asks to sweep");
+    b.handle_timeout(t1);
+    let mut results = Vec::new();
+    for rid in 60..63 {
+        b.handle_stream_data(c1, st, publish_to("t1", "default", "a", rid), false, t1);
+        results.push(complete_writes(&mut b, t1).iter().find_map(code));
+    }
+    assert_eq!(results, [None, None, Some("limit_exceeded".to_string())]);
+}
+
+/// A tenant's subscriptions per connection: one more than its quota on a connection is refused
+/// `limit_exceeded` (another connection has its own; another tenant has only the broker-wide
+/// cap).
+#[test]
+fn a_tenant_at_its_subscriptions_per_connection_quota_is_refused_limit_exceeded() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.tenant_limits = vec![TenantLimit {
+        tenant_id: "t1".into(),
+        max_subscriptions_per_connection: Some(2),
+        ..TenantLimit::default()
+    }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let subscribe_as = |tenant: &str| {
+        json(&Message::Subscribe(message::Subscribe {
+            tenant_id: tenant.into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            subscription_id: None,
+            start: None,
+            shard: None,
+            queue_capacity: None,
+        }))
+    };
+    let outcome = |b: &mut Broker, i: u8, tenant: &str, n: usize| {
+        let c = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        b.handle_stream_data(c, st, auth_as(tenant, Features::ERROR_CODES), false, t0);
+        for _ in 0..n {
+            b.handle_stream_data(c, st, subscribe_as(tenant), false, t0);
+        }
+        answers(b)
+            .iter()
+            .filter_map(|m| match m {
+                Message::Subscribed(_) => Some("subscribed".to_string()),
+                Message::AuthOk(_) => None,
+                other => Some(code(other).unwrap_or_else(|| format!("{other:?}"))),
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(outcome(&mut b, 1, "t1", 3), ["subscribed", "subscribed", "limit_exceeded"]);
+    assert_eq!(outcome(&mut b, 2, "t1", 2), ["subscribed", "subscribed"], "another connection has its own");
+    assert_eq!(outcome(&mut b, 3, "t2", 3), ["subscribed"; 3], "another tenant has no quota");
+}

@@ -181,7 +181,7 @@ impl Broker {
         let mut pending: Vec<WriteToken> =
             self.writes.iter().filter(|(_, c)| gone.contains(&c.key)).map(|(t, _)| *t).collect();
         pending.sort_unstable();
-        let ctxs: Vec<WriteCtx> = pending.into_iter().filter_map(|t| self.writes.remove(&t)).collect();
+        let ctxs: Vec<WriteCtx> = pending.into_iter().filter_map(|t| self.take_write(&t)).collect();
         let r = Self::deleted_refusal(ns, stream);
         let mut waiters = Vec::new();
         for ctx in ctxs {

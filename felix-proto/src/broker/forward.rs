@@ -181,9 +181,23 @@ impl Broker {
             }
             return;
         }
+        let queued = match self.publish_quota(&k, durable, p.records.payload_bytes() as u64) {
+            Ok(q) => q,
+            Err(r) => {
+                if acked {
+                    let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
+                    self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+                }
+                return;
+            }
+        };
         let batch =
             NewBatch { records: p.records, publisher: p.publisher, idempotent: None, digest: None, state: None };
-        match self.append_batch(&k, p.shard, durable, batch, now) {
+        let appended = self.append_batch(&k, p.shard, durable, batch, now);
+        if let Some(token) = appended {
+            self.count_queued(token, queued);
+        }
+        match appended {
             None if acked => self.out.push_back(BrokerOutput::ForwardAnswer {
                 to: from,
                 id,

@@ -26,7 +26,22 @@ pub struct TenantLimit {
     pub max_connections: Option<u32>,
     /// Streams per namespace of the tenant (creating one more is refused).
     pub max_streams_per_namespace: Option<u32>,
+    /// Subscriptions and cache watches open at once on one of the tenant's connections (one more
+    /// is refused `limit_exceeded`; the broker-wide cap applies too).
+    pub max_subscriptions_per_connection: Option<u32>,
+    /// Payload bytes of history a namespace of the tenant retains, written or being written (a
+    /// publish that would go past it is refused `limit_exceeded`, nothing written).
+    pub max_retained_bytes_per_namespace: Option<u64>,
+    /// The tenant's share of the publish queue: payload bytes of its publishes waiting for
+    /// storage at once. A publish past it is refused `overloaded` reason `publish_queue_full`
+    /// with a short `retry_after_ms`, nothing queued, so one tenant cannot fill the queue every
+    /// tenant's writes wait in.
+    pub max_queued_publish_bytes: Option<u64>,
 }
+
+/// How long a publish refused `publish_queue_full` is told to wait: the queue drains at the
+/// speed of a write, so the wait is short.
+pub const QUEUE_FULL_RETRY: Duration = Duration::from_millis(20);
 
 /// Micro-units per unit.
 const MICRO: i128 = 1_000_000;
@@ -69,13 +84,27 @@ impl Bucket {
     }
 }
 
-/// Every tenant's buckets.
+/// A tenant's quotas (see [`TenantLimit`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Quota {
+    connections: Option<u32>,
+    streams: Option<u32>,
+    subscriptions: Option<u32>,
+    retained_bytes: Option<u64>,
+    queued_bytes: Option<u64>,
+}
+
+/// Every tenant's buckets and quotas, and what the quotas are counted against.
 #[derive(Debug, Default)]
 pub(super) struct RateLimits {
     limits: BTreeMap<String, (Option<u64>, Option<u64>)>,
     buckets: BTreeMap<String, (Option<Bucket>, Option<Bucket>)>,
-    /// Quotas: (connections, streams per namespace) by tenant.
-    quotas: BTreeMap<String, (Option<u32>, Option<u32>)>,
+    quotas: BTreeMap<String, Quota>,
+    /// Payload bytes waiting for storage, by tenant (only tenants with a queue share).
+    queued: BTreeMap<String, u64>,
+    /// Payload bytes of history by (tenant, namespace), only for tenants with a retained-bytes
+    /// quota: recounted from the logs on every retention sweep, plus what was admitted since.
+    retained: BTreeMap<(String, String), u64>,
 }
 
 impl RateLimits {
@@ -89,19 +118,88 @@ impl RateLimits {
             buckets: BTreeMap::new(),
             quotas: limits
                 .iter()
-                .map(|l| (l.tenant_id.clone(), (l.max_connections, l.max_streams_per_namespace)))
+                .map(|l| {
+                    let q = Quota {
+                        connections: l.max_connections,
+                        streams: l.max_streams_per_namespace,
+                        subscriptions: l.max_subscriptions_per_connection,
+                        retained_bytes: l.max_retained_bytes_per_namespace,
+                        queued_bytes: l.max_queued_publish_bytes,
+                    };
+                    (l.tenant_id.clone(), q)
+                })
                 .collect(),
+            queued: BTreeMap::new(),
+            retained: BTreeMap::new(),
         }
     }
 
     /// A tenant's connection quota.
     pub(super) fn max_connections(&self, tenant: &str) -> Option<u32> {
-        self.quotas.get(tenant).and_then(|q| q.0)
+        self.quotas.get(tenant).and_then(|q| q.connections)
     }
 
     /// A tenant's streams-per-namespace quota.
     pub(super) fn max_streams(&self, tenant: &str) -> Option<u32> {
-        self.quotas.get(tenant).and_then(|q| q.1)
+        self.quotas.get(tenant).and_then(|q| q.streams)
+    }
+
+    /// A tenant's subscriptions-per-connection quota.
+    pub(super) fn max_subscriptions(&self, tenant: &str) -> Option<u32> {
+        self.quotas.get(tenant).and_then(|q| q.subscriptions)
+    }
+
+    /// Whether any tenant has a retained-bytes quota (the retention sweep then recounts).
+    pub(super) fn counts_retained(&self) -> bool {
+        self.quotas.values().any(|q| q.retained_bytes.is_some())
+    }
+
+    /// The tenants with a retained-bytes quota.
+    pub(super) fn retained_tenants(&self) -> impl Iterator<Item = &str> {
+        self.quotas.iter().filter(|(_, q)| q.retained_bytes.is_some()).map(|(t, _)| t.as_str())
+    }
+
+    /// Replaces the retained-bytes figures with a fresh count from the logs.
+    pub(super) fn set_retained(&mut self, counted: BTreeMap<(String, String), u64>) {
+        self.retained = counted;
+    }
+
+    /// Whether `bytes` more history fits `tenant`'s namespace `ns`; counts them when it does.
+    /// `Err((held, quota))` when it does not.
+    pub(super) fn take_retained(&mut self, tenant: &str, ns: &str, bytes: u64) -> Result<(), (u64, u64)> {
+        let Some(max) = self.quotas.get(tenant).and_then(|q| q.retained_bytes) else { return Ok(()) };
+        let held = self.retained.entry((tenant.to_owned(), ns.to_owned())).or_insert(0);
+        if held.saturating_add(bytes) > max {
+            return Err((*held, max));
+        }
+        *held += bytes;
+        Ok(())
+    }
+
+    /// Whether `bytes` more of `tenant`'s publishes fit its share of the publish queue; counts
+    /// them when they do (a batch is let in whenever nothing of the tenant waits, whatever its
+    /// size, so a batch larger than the share still goes through alone). Returns whether the
+    /// bytes were counted (they must be [`release_queued`](Self::release_queued) once written).
+    pub(super) fn take_queued(&mut self, tenant: &str, bytes: u64) -> Result<bool, ()> {
+        let Some(max) = self.quotas.get(tenant).and_then(|q| q.queued_bytes) else { return Ok(false) };
+        let q = self.queued.entry(tenant.to_owned()).or_insert(0);
+        if *q > 0 && q.saturating_add(bytes) > max {
+            return Err(());
+        }
+        *q += bytes;
+        Ok(true)
+    }
+
+    /// `bytes` of `tenant`'s publishes left the queue (written, failed or dropped).
+    pub(super) fn release_queued(&mut self, tenant: &str, bytes: u64) {
+        if let Some(q) = self.queued.get_mut(tenant) {
+            *q = q.saturating_sub(bytes);
+        }
+    }
+
+    /// Bytes of `tenant`'s publishes waiting for storage (its share of the queue in use).
+    pub(super) fn queued(&self, tenant: &str) -> u64 {
+        self.queued.get(tenant).copied().unwrap_or(0)
     }
 
     /// Whether a tenant has limits at all (the common case, none, costs one lookup).
@@ -167,6 +265,32 @@ mod tests {
             // The first burst (a quarter second) plus at most one batch of debt.
             assert!(admitted >= want && admitted <= want + rate / 4 + batch, "rate {rate} batch {batch}: {admitted}");
         }
+    }
+
+    #[test]
+    fn a_queue_share_lets_one_batch_in_alone_and_refuses_past_the_share() {
+        let mut l = RateLimits::new(&[TenantLimit {
+            tenant_id: "t1".into(),
+            max_queued_publish_bytes: Some(1000),
+            max_retained_bytes_per_namespace: Some(5000),
+            ..TenantLimit::default()
+        }]);
+        assert_eq!(l.take_queued("t1", 4000), Ok(true), "alone, a batch bigger than the share goes in");
+        assert_eq!(l.take_queued("t1", 1), Err(()), "then nothing more");
+        l.release_queued("t1", 4000);
+        assert_eq!(l.queued("t1"), 0);
+        assert_eq!(l.take_queued("t1", 600), Ok(true));
+        assert_eq!(l.take_queued("t1", 400), Ok(true), "exactly the share");
+        assert_eq!(l.take_queued("t1", 1), Err(()));
+        assert_eq!(l.take_queued("t2", 1 << 40), Ok(false), "another tenant is not counted");
+        // Retained bytes: up to the quota exactly, per namespace.
+        assert_eq!(l.take_retained("t1", "a", 5000), Ok(()));
+        assert_eq!(l.take_retained("t1", "a", 1), Err((5000, 5000)));
+        assert_eq!(l.take_retained("t1", "b", 5000), Ok(()), "another namespace has its own");
+        l.set_retained(BTreeMap::from([(("t1".into(), "a".into()), 4000)]));
+        assert_eq!(l.take_retained("t1", "a", 1000), Ok(()), "a recount after retention frees room");
+        assert_eq!(l.take_retained("t1", "b", 1), Ok(()), "a namespace the recount did not see holds nothing");
+        assert!(l.counts_retained() && l.retained_tenants().eq(["t1"]));
     }
 
     #[test]

@@ -251,6 +251,11 @@ impl ShardLog {
         self.next_offset
     }
 
+    /// Payload bytes of history retained, counting batches still being written.
+    pub fn retained_bytes(&self) -> u64 {
+        self.bytes + self.pending_bytes
+    }
+
     /// Records retained (committed, not counting generation-start records).
     pub fn retained_records(&self) -> u64 {
         self.records

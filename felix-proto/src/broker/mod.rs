@@ -396,6 +396,9 @@ struct WriteCtx {
     state: Option<Bytes>,
     /// Forwarded publishes waiting for this write: (origin node, forward id).
     forwards: Vec<(String, u64)>,
+    /// Payload bytes counted against the tenant's share of the publish queue (0: not counted),
+    /// given back when the write leaves ([`Broker::take_write`]).
+    queued: u64,
 }
 
 /// A refusal, with everything needed to word it for any client.
@@ -681,7 +684,9 @@ impl Broker {
     /// by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
-        let sweep = self.next_sweep.filter(|_| self.aged_streams > 0 || !self.caches.is_empty());
+        let sweep = self
+            .next_sweep
+            .filter(|_| self.aged_streams > 0 || !self.caches.is_empty() || self.limits.counts_retained());
         let expiry = self
             .credential_expiries
             .first()
@@ -751,6 +756,7 @@ impl Broker {
         self.forwards_timeout(now);
         if self.next_sweep.is_none_or(|t| t <= now) {
             self.enforce_retention(None, now);
+            self.recount_retained();
             self.cache_sweep(now);
             self.next_sweep = Some(crate::transport::after(now, std::time::Duration::from_secs(1)));
         }

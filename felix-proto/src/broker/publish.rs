@@ -148,10 +148,23 @@ impl Broker {
         if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
             return verdict;
         }
+        let bytes = req.records.payload_bytes() as u64;
+        let queued = match self.publish_quota(&k, durable, bytes) {
+            Ok(queued) => queued,
+            Err(r) => {
+                self.stats.publishes_refused += 1;
+                if matches!(reply, Reply::None) {
+                    self.stats.unacked_failures += 1;
+                    return;
+                }
+                return self.answer_now(conn, st, reply, Err(&r));
+            }
+        };
         let batch = NewBatch { records: req.records, publisher, idempotent: req.idempotent, digest, state: req.state };
         let Some(token) = self.append_batch(&k, shard, durable, batch, now) else {
             return self.answer_now(conn, st, reply, Ok(None));
         };
+        self.count_queued(token, queued);
         // Backpressure when storage falls behind: stop reading this stream until it catches up.
         let limit = self.cfg.max_pending_write_bytes;
         let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
@@ -173,6 +186,93 @@ impl Broker {
                 self.deliver_answer(conn, st, seq, data);
             }
         }
+    }
+
+    /// The tenant's quotas on what a publish of `bytes` payload bytes to `k` adds: the
+    /// namespace's retained history (`limit_exceeded`) and, for a durable stream, its share of
+    /// the publish queue (`overloaded` reason `publish_queue_full`). Nothing is counted when it
+    /// is refused; `Ok(q)`: `q` bytes were counted against the queue share, to be tied to the
+    /// write ([`count_queued`](Self::count_queued)).
+    pub(super) fn publish_quota(&mut self, k: &Key, durable: bool, bytes: u64) -> Result<u64, Refusal> {
+        let tenant = k.tenant();
+        let queued = if durable {
+            match self.limits.take_queued(tenant, bytes) {
+                Ok(counted) => {
+                    if counted {
+                        bytes
+                    } else {
+                        0
+                    }
+                }
+                Err(()) => {
+                    self.stats.quota_refusals += 1;
+                    let mut r = Refusal::new(
+                        ErrorCode::Overloaded,
+                        format!(
+                            "tenant {tenant} has {} bytes of publishes waiting for storage, its share of the publish queue: nothing was queued",
+                            self.limits.queued(tenant)
+                        ),
+                    );
+                    r.detail = Some(ErrorDetail {
+                        reason: Some("publish_queue_full".into()),
+                        retry_after_ms: Some(limits::QUEUE_FULL_RETRY.as_millis() as u64),
+                    });
+                    return Err(r);
+                }
+            }
+        } else {
+            0
+        };
+        if let Err((held, max)) = self.limits.take_retained(tenant, k.namespace(), bytes) {
+            self.limits.release_queued(tenant, queued);
+            self.stats.quota_refusals += 1;
+            return Err(Refusal::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "namespace {tenant}/{} retains {held} bytes of history, its quota is {max}: nothing was written",
+                    k.namespace()
+                ),
+            ));
+        }
+        Ok(queued)
+    }
+
+    /// Ties `queued` bytes counted by [`publish_quota`](Self::publish_quota) to the write
+    /// `token` (given back when it leaves), or gives them back at once when there is no write.
+    pub(super) fn count_queued(&mut self, token: WriteToken, queued: u64) {
+        if queued == 0 {
+            return;
+        }
+        if let Some(ctx) = self.writes.get_mut(&token) {
+            ctx.queued = queued;
+        }
+    }
+
+    /// Removes a write's context, giving its bytes back to its tenant's share of the queue.
+    pub(super) fn take_write(&mut self, token: &WriteToken) -> Option<WriteCtx> {
+        let ctx = self.writes.remove(token)?;
+        if ctx.queued > 0 {
+            self.limits.release_queued(ctx.key.tenant(), ctx.queued);
+        }
+        Some(ctx)
+    }
+
+    /// Recounts every limited namespace's retained history from the logs (on the retention
+    /// sweep, so what retention dropped makes room again).
+    pub(super) fn recount_retained(&mut self) {
+        if !self.limits.counts_retained() {
+            return;
+        }
+        let tenants: std::collections::BTreeSet<String> = self.limits.retained_tenants().map(str::to_owned).collect();
+        let mut counted = std::collections::BTreeMap::new();
+        for (k, e) in &self.streams {
+            if !tenants.contains(k.tenant()) || syslog::is_sys(k) {
+                continue;
+            }
+            let bytes: u64 = e.shards.iter().map(|s| s.log.retained_bytes()).sum();
+            *counted.entry((k.tenant().to_owned(), k.namespace().to_owned())).or_insert(0) += bytes;
+        }
+        self.limits.set_retained(counted);
     }
 
     /// A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
@@ -253,6 +353,7 @@ impl Broker {
             producer: b.idempotent,
             state: b.state,
             forwards: Vec::new(),
+            queued: 0,
         };
         self.writes.insert(token, ctx);
         Some(token)
@@ -388,7 +489,7 @@ impl Broker {
         let Some(ctx) = self.writes.get(&token) else { return };
         let (k, shard) = (ctx.key.clone(), ctx.shard);
         let Some(entry) = self.streams.get_mut(&k) else {
-            self.writes.remove(&token);
+            self.take_write(&token);
             return;
         };
         let sh = &mut entry.shards[shard as usize];
@@ -402,12 +503,12 @@ impl Broker {
         let settled = entry.shards[shard as usize].log.settle(token, ok);
         if syslog::is_sys(&k) {
             for (tok, base) in settled.done {
-                if let Some(p) = self.writes.remove(&tok).and_then(|c| c.sys) {
+                if let Some(p) = self.take_write(&tok).and_then(|c| c.sys) {
                     self.sys_settled(tok, &k, Some(base), p, now);
                 }
             }
             for (tok, _, _) in settled.failed {
-                if let Some(p) = self.writes.remove(&tok).and_then(|c| c.sys) {
+                if let Some(p) = self.take_write(&tok).and_then(|c| c.sys) {
                     self.sys_settled(tok, &k, None, p, now);
                 }
             }
@@ -423,7 +524,7 @@ impl Broker {
             self.wake_groups(&k, shard, now);
         }
         for (tok, base) in settled.done {
-            if let Some(ctx) = self.writes.remove(&tok) {
+            if let Some(ctx) = self.take_write(&tok) {
                 if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
                     e.shards[shard as usize].producers.settled(pid, seq, true);
                 }
@@ -443,7 +544,7 @@ impl Broker {
             }
         }
         for (tok, _, _) in settled.failed {
-            if let Some(ctx) = self.writes.remove(&tok) {
+            if let Some(ctx) = self.take_write(&tok) {
                 if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
                     e.shards[shard as usize].producers.settled(pid, seq, false);
                 }

@@ -14,6 +14,14 @@ use log::Shape;
 use std::time::Instant;
 
 impl Broker {
+    /// Subscriptions and watches one connection may hold: the broker-wide cap, or the stream's
+    /// tenant's quota when it is lower.
+    pub(super) fn max_subscriptions(&self, st: &CtlStream) -> usize {
+        let cap = self.cfg.max_subscriptions_per_connection;
+        let quota = st.session.as_ref().and_then(|s| self.limits.max_subscriptions(&s.tenant_id));
+        quota.map_or(cap, |q| q.min(cap)) as usize
+    }
+
     /// Appends a generation-start record to a durable shard (what a leader does when it starts
     /// serving a shard at a new generation). It takes one offset and is never delivered.
     pub fn start_generation(&mut self, tenant: &str, ns: &str, stream: &str, shard: u32, now: Instant) -> Option<u64> {
@@ -54,6 +62,7 @@ impl Broker {
                 producer: None,
                 state: None,
                 forwards: Vec::new(),
+                queued: 0,
             },
         );
         Some(base)
@@ -331,7 +340,7 @@ impl Broker {
             return self.refuse(conn, st, r);
         }
         let Some(k) = self.stream_key(&s.tenant_id, &s.namespace, &s.stream) else { return };
-        let max_subs = self.cfg.max_subscriptions_per_connection as usize;
+        let max_subs = self.max_subscriptions(st);
         let cap_max = self.cfg.subscriber_queue_capacity_max.max(1);
         let entry = self.streams.get_mut(&k).expect("looked up");
         let durable = entry.config.durable;

@@ -224,6 +224,7 @@ impl Broker {
                 producer: None,
                 state: None,
                 forwards: Vec::new(),
+                queued: 0,
             },
         );
         token

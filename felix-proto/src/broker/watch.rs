@@ -95,8 +95,8 @@ impl Broker {
             (Vec::new(), false, None)
         };
         self.cache_fanout(&k);
+        let max_subs = self.max_subscriptions(st);
         let Some(c) = self.conns.get_mut(&conn) else { return };
-        let max_subs = self.cfg.max_subscriptions_per_connection as usize;
         if c.subs.len() >= max_subs {
             let r = Refusal::new(ErrorCode::LimitExceeded, format!("at most {max_subs} subscriptions per connection"));
             return self.refuse(conn, st, r);
