@@ -362,7 +362,7 @@ fn group_long_polls_end_revoked_when_their_token_expires_or_is_revoked() {
         sim.raw_send(*p, *s, poll(10 + i as u64, 30_000), false);
     }
     sim.run();
-    let mut answered = |sim: &mut felix_proto::sim::Sim| -> Vec<(usize, Vec<Message>)> {
+    let answered = |sim: &mut felix_proto::sim::Sim| -> Vec<(usize, Vec<Message>)> {
         parties
             .iter()
             .enumerate()
