@@ -2,8 +2,9 @@
 //! rustls, shared by every driver (the tokio one wraps it for quinn, the blocking one for
 //! quinn-proto).
 
+pub use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{PrivateKeyDer, ServerName, UnixTime};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -125,10 +126,36 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// # Errors
 /// If rustls refuses the key or chain.
 pub fn server_config(id: Identity) -> Result<rustls::ServerConfig, TlsError> {
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_no_client_auth()
-        .with_single_cert(id.chain, id.key)?;
+    server_config_with(id, None)
+}
+
+/// [`server_config`], also asking clients for a certificate when `client_ca` is given: one
+/// that presents a certificate must present one that chains to those CA certificates (or the
+/// handshake fails); one that presents none is served too and authenticates with a token.
+///
+/// # Errors
+/// If rustls refuses the key, the chain or a CA certificate.
+pub fn server_config_with(
+    id: Identity,
+    client_ca: Option<&[CertificateDer<'static>]>,
+) -> Result<rustls::ServerConfig, TlsError> {
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider()).with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(cas) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in cas {
+                roots.add(c.clone())?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::Generate(format!("client certificate verifier: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder.with_single_cert(id.chain, id.key)?;
     cfg.alpn_protocols = vec![ALPN.to_vec()];
     cfg.max_early_data_size = 0;
     cfg.ignore_client_order = true;
@@ -188,19 +215,36 @@ impl std::fmt::Display for AlpnOffer {
 /// # Errors
 /// If a trusted certificate is malformed or rustls refuses the configuration.
 pub fn client_config(trust: Trust, offer_alpn: bool) -> Result<rustls::ClientConfig, TlsError> {
+    client_config_with(trust, offer_alpn, None)
+}
+
+/// [`client_config`], presenting `cert` (a client certificate chain and its key) when the
+/// broker asks for one (mutual TLS).
+///
+/// # Errors
+/// If a trusted certificate is malformed or rustls refuses the configuration or the key.
+pub fn client_config_with(
+    trust: Trust,
+    offer_alpn: bool,
+    cert: Option<&Identity>,
+) -> Result<rustls::ClientConfig, TlsError> {
     let builder =
         rustls::ClientConfig::builder_with_provider(provider()).with_protocol_versions(&[&rustls::version::TLS13])?;
-    let mut cfg = match trust {
+    let builder = match trust {
         Trust::Certificates(certs) => {
             let mut roots = rustls::RootCertStore::empty();
             for c in certs {
                 roots.add(c)?;
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            builder.with_root_certificates(roots)
         }
         Trust::DangerAcceptAnyCertificate => {
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(AcceptAny(provider()))).with_no_client_auth()
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(AcceptAny(provider())))
         }
+    };
+    let mut cfg = match cert {
+        None => builder.with_no_client_auth(),
+        Some(id) => builder.with_client_auth_cert(id.chain.clone(), id.key.clone_key())?,
     };
     if offer_alpn {
         cfg.alpn_protocols = vec![ALPN.to_vec()];
@@ -255,11 +299,24 @@ pub fn quic_server_crypto(
     id: Identity,
     require_alpn: bool,
 ) -> Result<Arc<dyn quinn_proto::crypto::ServerConfig>, TlsError> {
+    quic_server_crypto_with(id, require_alpn, None)
+}
+
+/// [`quic_server_crypto`], verifying client certificates against `client_ca` when given
+/// ([`server_config_with`]).
+///
+/// # Errors
+/// If rustls refuses the key, the chain or a CA certificate.
+pub fn quic_server_crypto_with(
+    id: Identity,
+    require_alpn: bool,
+    client_ca: Option<&[CertificateDer<'static>]>,
+) -> Result<Arc<dyn quinn_proto::crypto::ServerConfig>, TlsError> {
     use quinn_proto::crypto::rustls::QuicServerConfig;
     let quic = |tls: rustls::ServerConfig| {
         QuicServerConfig::try_from(tls).map(Arc::new).map_err(|e| TlsError::Generate(e.to_string()))
     };
-    let tls = server_config(id)?;
+    let tls = server_config_with(id, client_ca)?;
     let with_alpn = quic(tls.clone())?;
     if require_alpn {
         return Ok(with_alpn);
@@ -282,6 +339,86 @@ pub fn quic_client_crypto(
     quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls)
         .map(|c| Arc::new(c) as Arc<dyn quinn_proto::crypto::ClientConfig>)
         .map_err(|e| TlsError::Generate(e.to_string()))
+}
+
+/// The names a verified client certificate (its leaf) carries, which a broker maps to a
+/// credential: every subject common name, then every DNS, URI and e-mail subject alternative
+/// name, in the certificate's order. A certificate that does not parse carries none.
+pub fn cert_names(leaf: &CertificateDer<'_>) -> Vec<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let Ok((_, cert)) = X509Certificate::from_der(leaf.as_ref()) else { return Vec::new() };
+    let mut names: Vec<String> =
+        cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_owned).collect();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                GeneralName::DNSName(s) | GeneralName::URI(s) | GeneralName::RFC822Name(s) => {
+                    names.push((*s).to_owned())
+                }
+                _ => {}
+            }
+        }
+    }
+    names.dedup();
+    names
+}
+
+/// A certificate authority for tests and development: a self-signed CA, and leaf certificates
+/// it signs (a broker's, or a client's for mutual TLS).
+pub struct TestCa {
+    key: rcgen::KeyPair,
+    cert: rcgen::Certificate,
+}
+
+impl std::fmt::Debug for TestCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCa").field("fingerprint", &fingerprint(self.cert.der())).finish_non_exhaustive()
+    }
+}
+
+impl TestCa {
+    /// A fresh CA named `name`.
+    ///
+    /// # Errors
+    /// If generation fails.
+    pub fn new(name: &str) -> Result<TestCa, TlsError> {
+        let g = |e: rcgen::Error| TlsError::Generate(e.to_string());
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(g)?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let key = rcgen::KeyPair::generate().map_err(g)?;
+        let cert = params.self_signed(&key).map_err(g)?;
+        Ok(TestCa { key, cert })
+    }
+
+    /// The CA's certificate (what a broker trusts for client certificates, or a client for
+    /// the broker's).
+    pub fn cert(&self) -> CertificateDer<'static> {
+        self.cert.der().clone()
+    }
+
+    /// The CA's certificate as PEM.
+    pub fn cert_pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// A leaf certificate signed by the CA with subject common name `common_name` and DNS
+    /// subject alternative names `dns`, with its PEM texts (certificate, key).
+    ///
+    /// # Errors
+    /// If generation fails.
+    pub fn issue(&self, common_name: &str, dns: &[&str]) -> Result<(Identity, String, String), TlsError> {
+        let g = |e: rcgen::Error| TlsError::Generate(e.to_string());
+        let mut params =
+            rcgen::CertificateParams::new(dns.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).map_err(g)?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+        let key = rcgen::KeyPair::generate().map_err(g)?;
+        let cert = params.signed_by(&key, &self.cert, &self.key).map_err(g)?;
+        let der = PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| TlsError::Generate(e.to_string()))?;
+        let id = Identity { chain: vec![cert.der().clone()], key: der };
+        Ok((id, cert.pem(), key.serialize_pem()))
+    }
 }
 
 #[cfg(test)]
@@ -320,6 +457,58 @@ mod tests {
         }
         assert!(!s.is_handshaking(), "the handshake completed");
         s.negotiated_cipher_suite().unwrap().suite()
+    }
+
+    /// Runs a handshake in memory; the server's view of the client's certificate names, or
+    /// the error that stopped it.
+    fn mutual(server: rustls::ServerConfig, client: rustls::ClientConfig) -> Result<Vec<String>, String> {
+        let mut c = rustls::ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap();
+        let mut s = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            c.write_tls(&mut buf).unwrap();
+            s.read_tls(&mut &buf[..]).unwrap();
+            s.process_new_packets().map_err(|e| e.to_string())?;
+            buf.clear();
+            s.write_tls(&mut buf).unwrap();
+            c.read_tls(&mut &buf[..]).unwrap();
+            c.process_new_packets().map_err(|e| e.to_string())?;
+            if !c.is_handshaking() && !s.is_handshaking() {
+                break;
+            }
+        }
+        // TLS 1.3: the server judges the client's certificate after the client's last flight.
+        let mut buf = Vec::new();
+        c.write_tls(&mut buf).unwrap();
+        s.read_tls(&mut &buf[..]).unwrap();
+        s.process_new_packets().map_err(|e| e.to_string())?;
+        Ok(s.peer_certificates().and_then(|c| c.first()).map(cert_names).unwrap_or_default())
+    }
+
+    /// Mutual TLS: a client certificate the configured CA signed is accepted and its names
+    /// read; one from another CA fails the handshake; a client with none is still served.
+    #[test]
+    fn client_certificates_from_the_configured_ca_are_verified_and_named() {
+        let ca = TestCa::new("felix test CA").unwrap();
+        let server = || {
+            let (id, _, _) = ca.issue("broker", &["localhost"]).unwrap();
+            server_config_with(id, Some(&[ca.cert()])).unwrap()
+        };
+        let trust = || Trust::Certificates(vec![ca.cert()]);
+        let (client, _, _) = ca.issue("svc-orders", &["orders.internal"]).unwrap();
+        let names = mutual(server(), client_config_with(trust(), false, Some(&client)).unwrap()).unwrap();
+        assert_eq!(names, ["svc-orders", "orders.internal"]);
+        let other = TestCa::new("someone else").unwrap();
+        let (stranger, _, _) = other.issue("svc-orders", &[]).unwrap();
+        let refused = mutual(server(), client_config_with(trust(), false, Some(&stranger)).unwrap());
+        assert!(refused.is_err(), "a certificate from another CA is refused: {refused:?}");
+        let anonymous = mutual(server(), client_config_with(trust(), false, None).unwrap()).unwrap();
+        assert!(anonymous.is_empty(), "no certificate, no names, still served");
+        // Without a client CA the broker asks for none (a client's certificate is not sent).
+        let (id, _, _) = ca.issue("broker", &["localhost"]).unwrap();
+        let plain = mutual(server_config(id).unwrap(), client_config_with(trust(), false, Some(&client)).unwrap());
+        assert_eq!(plain, Ok(Vec::new()));
+        assert!(cert_names(&CertificateDer::from(vec![1u8, 2, 3])).is_empty(), "garbage names nothing");
     }
 
     #[test]

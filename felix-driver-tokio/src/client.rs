@@ -6,7 +6,7 @@
 //! [`ClientConnection`]'s. The task turns [`Client`] calls into its commands, its outputs into
 //! QUIC operations, and its events into the answers the calls await: a map from ids to replies.
 
-use crate::tls::{AlpnOffer, TlsError, Trust, client_config, dial};
+use crate::tls::{AlpnOffer, TlsError, Trust, client_config_with, dial};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 use felix_proto::binary::EventBatch;
@@ -45,6 +45,9 @@ pub struct ClientOptions {
     pub subscription_buffer_bytes: usize,
     /// How long [`Client::close`] waits for the broker to acknowledge everything written.
     pub close_timeout: std::time::Duration,
+    /// A client certificate and key to present when the broker asks for one (mutual TLS):
+    /// with it, an empty token authenticates as what the broker maps the certificate to.
+    pub client_cert: Option<Arc<crate::tls::Identity>>,
 }
 
 impl ClientOptions {
@@ -58,6 +61,7 @@ impl ClientOptions {
             transport: crate::server::TransportTuning::default(),
             subscription_buffer_bytes: 64 << 20,
             close_timeout: std::time::Duration::from_secs(10),
+            client_cert: None,
         }
     }
 }
@@ -328,7 +332,8 @@ impl Client {
     pub async fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<Client, ClientError> {
         let transport = Arc::new(opts.transport.to_quinn_for(addr));
         let quic_config = |offer_alpn: bool| -> Result<quinn::ClientConfig, String> {
-            let tls = client_config(opts.trust.clone(), offer_alpn).map_err(|e| e.to_string())?;
+            let tls = client_config_with(opts.trust.clone(), offer_alpn, opts.client_cert.as_deref())
+                .map_err(|e| e.to_string())?;
             let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
             let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
             qcfg.transport_config(transport.clone());

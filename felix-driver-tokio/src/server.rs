@@ -13,7 +13,7 @@
 //! stream is fire-and-forget.
 
 use crate::storage::{DiskStorage, FsyncMode, RecoveredShard};
-use crate::tls::{Identity, quic_server_crypto};
+use crate::tls::{Identity, quic_server_crypto_with};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 pub use felix_driver_common::transport::{
@@ -69,6 +69,10 @@ pub struct ServerOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// Run as a broker of a cluster (`None`: a single broker, as always).
     pub cluster: Option<crate::cluster::ClusterOptions>,
+    /// Ask clients for a certificate and verify it against these CA certificates (mutual
+    /// TLS); the names of a verified one are given to the broker, which maps them to a
+    /// credential (`BrokerConfig::client_certs`). `None`: no client certificates.
+    pub client_ca: Option<Vec<crate::tls::CertificateDer<'static>>>,
 }
 
 /// Why the server could not start (shared with the blocking driver).
@@ -146,7 +150,8 @@ impl Server {
     /// # Errors
     /// TLS, socket or storage failures.
     pub async fn start(opts: ServerOptions) -> Result<Server, ServerError> {
-        let (qcfg, loopback_cfg) = server_configs(opts.identity, opts.require_alpn, &opts.transport)?;
+        let (qcfg, loopback_cfg) =
+            server_configs(opts.identity, opts.require_alpn, opts.client_ca.as_deref(), &opts.transport)?;
         let loopback_cfg = Arc::new(loopback_cfg);
         if opts.transport.max_udp_payload > GSO_SAFE_MAX_UDP_PAYLOAD {
             tracing::warn!(
@@ -270,6 +275,7 @@ impl Server {
             io: IoCounters::default(),
             transport_tuning: opts.transport.clone(),
             require_alpn: opts.require_alpn,
+            client_ca: opts.client_ca,
             draining: None,
         };
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx.clone()));
@@ -700,6 +706,7 @@ struct BrokerTask {
     /// What the server configuration is built from, to rebuild it with a renewed certificate.
     transport_tuning: TransportTuning,
     require_alpn: bool,
+    client_ca: Option<Vec<crate::tls::CertificateDer<'static>>>,
     /// Draining: until when, and who waits for the end.
     draining: Option<(std::time::Instant, oneshot::Sender<usize>)>,
 }
@@ -988,7 +995,7 @@ impl BrokerTask {
             Input::Incoming(incoming) if self.draining.is_some() => incoming.refuse(),
             Input::SetJwt(v) => self.node.broker().set_jwt(v, now),
             Input::SetIdentity(identity, reply) => {
-                let r = server_configs(*identity, self.require_alpn, &self.transport_tuning)
+                let r = server_configs(*identity, self.require_alpn, self.client_ca.as_deref(), &self.transport_tuning)
                     .map(|(cfg, loopback)| {
                         self.endpoint.set_server_config(Some(cfg));
                         self.loopback_cfg = Arc::new(loopback);
@@ -1031,6 +1038,15 @@ impl BrokerTask {
                 }
             }
             Input::Connected(conn, quic) => {
+                // A client certificate the handshake verified: its names, for the broker to map
+                // to a credential.
+                let certs =
+                    quic.peer_identity().and_then(|a| a.downcast::<Vec<crate::tls::CertificateDer<'static>>>().ok());
+                if let Some(leaf) = certs.as_deref().and_then(|c| c.first()) {
+                    let names = crate::tls::cert_names(leaf);
+                    tracing::debug!("connection {conn:?} presented a client certificate for {names:?}");
+                    self.node.broker().set_peer_certificate(conn, names);
+                }
                 tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
                 self.conns.insert(conn, ConnHandle { quic, writers: HashMap::new(), gates: HashMap::new() });
             }
@@ -1324,9 +1340,10 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
 fn server_configs(
     identity: Identity,
     require_alpn: bool,
+    client_ca: Option<&[crate::tls::CertificateDer<'static>]>,
     transport: &TransportTuning,
 ) -> Result<(quinn::ServerConfig, quinn::ServerConfig), ServerError> {
-    let mut qcfg = quinn::ServerConfig::with_crypto(quic_server_crypto(identity, require_alpn)?);
+    let mut qcfg = quinn::ServerConfig::with_crypto(quic_server_crypto_with(identity, require_alpn, client_ca)?);
     let mut loopback = qcfg.clone();
     qcfg.transport_config(Arc::new(transport.to_quinn()));
     loopback.transport_config(Arc::new(transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));

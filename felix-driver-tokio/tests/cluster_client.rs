@@ -57,6 +57,7 @@ async fn start() -> Cluster {
                 advertise: None,
                 join: false,
             }),
+            client_ca: None,
         };
         servers.push(Server::start(opts).await.unwrap());
     }

@@ -39,6 +39,7 @@ async fn our_broker_with(require_alpn: bool, broker: BrokerConfig, transport: Tr
         require_alpn,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         cluster: None,
+        client_ca: None,
     })
     .await
     .unwrap();

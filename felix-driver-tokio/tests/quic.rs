@@ -41,6 +41,7 @@ async fn start_at(
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         cluster: None,
+        client_ca: None,
     };
     (Server::start(opts).await.unwrap(), chain)
 }
@@ -937,5 +938,91 @@ async fn draining_finishes_what_is_in_flight_then_stops() {
     let client = connect(&server, &chain).await;
     let page = client.stream_read("default", "orders", 0, 0, None, None).await.unwrap();
     assert_eq!(page.records.len(), 20);
+    server.shutdown().await;
+}
+
+/// Mutual TLS over real QUIC: a client certificate the broker's client CA signed authenticates
+/// an `auth` with an empty token as the `client_certs` entry naming it (its grants apply: a
+/// publish is allowed, a subscribe forbidden); a certificate whose name is not mapped, no
+/// certificate at all with an empty token, and the right name for another tenant are refused
+/// `unauthenticated`; a certificate from another CA fails the handshake; token clients on the
+/// same broker are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_authenticate_as_the_principal_they_map_to() {
+    use felix_driver_tokio::tls::TestCa;
+    use felix_proto::broker::{Action, Grant};
+    let ca = TestCa::new("clients CA").unwrap();
+    let (broker_id, _, _) = ca.issue("broker", &["localhost"]).unwrap();
+    let opts = ServerOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        broker: BrokerConfig {
+            tokens: vec![TokenGrant::dev(TOKEN)],
+            client_certs: vec![TokenGrant {
+                token: "orders.internal".into(),
+                tenant_id: Some("t1".into()),
+                principal: "orders-service".into(),
+                grants: vec![Grant { action: Action::Publish, pattern: "default/*".into() }],
+            }],
+            ..BrokerConfig::default()
+        },
+        identity: broker_id,
+        data_dir: None,
+        fsync: FsyncMode::Never,
+        transport: TransportTuning::default(),
+        require_alpn: false,
+        metrics_listen: None,
+        cluster: None,
+        client_ca: Some(vec![ca.cert()]),
+    };
+    let server = Server::start(opts).await.unwrap();
+    let trust = Trust::Certificates(vec![ca.cert()]);
+    let connect_as = |tenant: &str, token: &str, cert: Option<Identity>| {
+        let mut o = ClientOptions::new(tenant, token, trust.clone());
+        o.client_cert = cert.map(std::sync::Arc::new);
+        Client::connect(server.local_addr(), o)
+    };
+    let code = |r: Result<Client, ClientError>| match r {
+        Err(ClientError::Refused(e)) => e.code.map(|c| c.name().into_owned()).unwrap_or_default(),
+        Err(e) => format!("{e}"),
+        Ok(_) => "connected".into(),
+    };
+    // The mapped certificate (its DNS name): publish allowed, subscribe forbidden.
+    let (svc, _, _) = ca.issue("svc-orders", &["orders.internal"]).unwrap();
+    let c = connect_as("t1", "", Some(svc)).await.expect("the certificate authenticates");
+    let ack = c
+        .publish(
+            "default",
+            "orders",
+            vec![Bytes::from("by certificate")],
+            PublishOptions { ack: true, ..Default::default() },
+        )
+        .await;
+    assert!(ack.is_ok(), "{ack:?}");
+    let sub = c.subscribe("default", "orders", None, None).await;
+    assert!(matches!(&sub, Err(ClientError::Refused(e)) if e.code == Some(ErrorCode::Forbidden)), "{sub:?}");
+    // Not mapped, no certificate, another tenant: unauthenticated.
+    let (unmapped, _, _) = ca.issue("svc-billing", &["billing.internal"]).unwrap();
+    assert_eq!(code(connect_as("t1", "", Some(unmapped)).await), "unauthenticated");
+    assert_eq!(code(connect_as("t1", "", None).await), "unauthenticated");
+    let (svc, _, _) = ca.issue("svc-orders", &["orders.internal"]).unwrap();
+    assert_eq!(code(connect_as("t2", "", Some(svc)).await), "unauthenticated");
+    // Another CA's certificate: the handshake fails.
+    let other = TestCa::new("someone else").unwrap();
+    let (stranger, _, _) = other.issue("svc-orders", &["orders.internal"]).unwrap();
+    let refused = connect_as("t1", "", Some(stranger)).await;
+    assert!(
+        matches!(refused, Err(ClientError::Connect(_) | ClientError::Closed(_) | ClientError::Tls(_))),
+        "{:?}",
+        refused.err()
+    );
+    // A token client on the same broker is unaffected, and a certificate with a token uses the token.
+    let c = connect_as("t1", TOKEN, None).await.expect("token clients still work");
+    assert!(c.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.is_ok());
+    let (svc, _, _) = ca.issue("svc-orders", &["orders.internal"]).unwrap();
+    let c = connect_as("t1", TOKEN, Some(svc)).await.unwrap();
+    assert!(
+        c.subscribe("default", "orders", None, None).await.is_ok(),
+        "the dev token's grants, not the certificate's"
+    );
     server.shutdown().await;
 }

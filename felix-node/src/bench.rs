@@ -177,6 +177,8 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         data_dir: Some(dir.path().to_path_buf()),
         token: Some("bench".into()),
         tokens: Vec::new(),
+        client_certs: Vec::new(),
+        client_ca: None,
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,

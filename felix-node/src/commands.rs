@@ -117,6 +117,8 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         data_dir: Some(data_dir.clone()),
         token: token.clone(),
         tokens: file.tokens(),
+        client_certs: file.client_certs(),
+        client_ca: client_ca(&a, &file)?,
         tenant_limits: file.limits(),
         jwt: load_jwt(&a, &file)?,
         streams: file.streams(queue_capacity),
@@ -233,6 +235,30 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         eprintln!("stopped after {:?} with {left} operation(s) still in flight (cut short)", a.drain_grace);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The CA certificates client certificates are verified against (`--tls-client-ca` or `[tls]
+/// client_ca`), if mutual TLS is on.
+fn client_ca(
+    a: &ServeArgs,
+    file: &crate::config::FileConfig,
+) -> Result<Option<Vec<felix_driver_tokio::tls::CertificateDer<'static>>>, String> {
+    let Some(p) = a.tls_client_ca.clone().or_else(|| file.tls.client_ca.as_ref().map(Into::into)) else {
+        if !file.client_certs.is_empty() {
+            return Err(
+                "[[client_certs]] needs --tls-client-ca or [tls] client_ca: the CA client certificates are verified against"
+                    .into(),
+            );
+        }
+        return Ok(None);
+    };
+    let cas = felix_driver_tokio::tls::load_certs(&p).map_err(|e| format!("--tls-client-ca: {e}"))?;
+    if file.client_certs.is_empty() {
+        eprintln!(
+            "warning: --tls-client-ca without [[client_certs]]: client certificates are verified but grant nothing"
+        );
+    }
+    Ok(Some(cas))
 }
 
 /// The signed-token configuration: the JWK set (`--jwks` or `[auth] jwks`) with `[auth]`'s
@@ -423,12 +449,21 @@ pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOption
 /// The client options the connection arguments say.
 fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<ClientOptions, String> {
     let trust = client_trust(c.ca.as_deref(), &c.data_dir, c.insecure_accept_any_certificate)?;
+    let client_cert = match (&c.cert, &c.cert_key) {
+        (Some(cert), Some(key)) => Some(std::sync::Arc::new(
+            felix_driver_tokio::Identity::load(cert, key)
+                .map_err(|e| format!("--cert/--cert-key: {e} (a PEM certificate chain and its PEM private key)"))?,
+        )),
+        _ => None,
+    };
     let token = match &c.token {
         // `@FILE`: the token is read from a file (a minted token, kept out of shell history).
         Some(t) if t.starts_with('@') => {
             std::fs::read_to_string(&t[1..]).map(|s| s.trim().to_owned()).map_err(|e| format!("--token {t}: {e}"))?
         }
         Some(t) => t.clone(),
+        // A client certificate is the credential: the token stays empty.
+        None if client_cert.is_some() => String::new(),
         None => {
             std::fs::read_to_string(DataDir::new(&c.data_dir).token()).map(|t| t.trim().to_owned()).map_err(|e| {
                 format!("no --token given and no dev token at {}: {e}", DataDir::new(&c.data_dir).token().display())
@@ -439,6 +474,7 @@ fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> R
     opts.server_name = c.server_name.clone();
     opts.alpn = c.alpn;
     opts.close_timeout = c.close_timeout;
+    opts.client_cert = client_cert;
     adjust(&mut opts);
     Ok(opts)
 }

@@ -25,6 +25,15 @@
 //! principal = "billing"
 //! grants = [{ action = "publish", pattern = "orders/*" }, { action = "subscribe", pattern = "*" }]
 //!
+//! [tls]
+//! client_ca = "clients-ca.pem"    # ask clients for certificates signed by this CA (mutual TLS)
+//!
+//! [[client_certs]]
+//! name = "svc-orders"             # a client certificate's subject CN or subject alternative name
+//! tenant = "acme"
+//! principal = "orders-service"
+//! grants = [{ action = "publish", pattern = "orders/*" }]
+//!
 //! [[streams]]
 //! tenant = "acme"
 //! namespace = "orders"
@@ -58,6 +67,9 @@ pub struct FileConfig {
     pub broker: BrokerSection,
     #[serde(default)]
     pub tokens: Vec<TokenSection>,
+    /// Client certificates (mutual TLS) mapped to credentials.
+    #[serde(default)]
+    pub client_certs: Vec<ClientCertSection>,
     #[serde(default)]
     pub streams: Vec<StreamSection>,
     #[serde(default)]
@@ -118,6 +130,20 @@ pub struct LimitSection {
 pub struct TlsSection {
     pub cert: Option<String>,
     pub key: Option<String>,
+    /// CA certificates (PEM) client certificates must chain to: turns mutual TLS on.
+    pub client_ca: Option<String>,
+}
+
+/// `[[client_certs]]`: what a verified client certificate naming `name` may do.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientCertSection {
+    /// The certificate's subject common name or one of its subject alternative names.
+    pub name: String,
+    pub tenant: String,
+    pub principal: String,
+    #[serde(default)]
+    pub grants: Vec<GrantSection>,
 }
 
 /// `[cluster]`: the same settings as `serve --node-id/--cluster-listen/--peers/...`.
@@ -230,6 +256,14 @@ pub struct CacheSection {
     pub name: String,
 }
 
+/// A credential's grants (validated at parse time: an unknown action cannot reach here).
+fn grants(sections: &[GrantSection]) -> Vec<Grant> {
+    sections
+        .iter()
+        .filter_map(|g| Action::from_name(&g.action).map(|action| Grant { action, pattern: g.pattern.clone() }))
+        .collect()
+}
+
 fn yes() -> bool {
     true
 }
@@ -255,6 +289,19 @@ impl FileConfig {
                     return Err(format!(
                         "unknown action {:?} for principal {:?}: expected publish, subscribe, cache_read, cache_write, admin, group_consume or group_manage",
                         g.action, t.principal
+                    ));
+                }
+            }
+        }
+        for c in &cfg.client_certs {
+            if c.name.is_empty() || c.tenant.is_empty() {
+                return Err(format!("client_certs of principal {:?}: name and tenant must not be empty", c.principal));
+            }
+            for g in &c.grants {
+                if Action::from_name(&g.action).is_none() {
+                    return Err(format!(
+                        "unknown action {:?} for client certificate {:?}: expected publish, subscribe, cache_read, cache_write, admin, group_consume or group_manage",
+                        g.action, c.name
                     ));
                 }
             }
@@ -334,13 +381,20 @@ impl FileConfig {
                 token: t.token.clone(),
                 tenant_id: t.tenant.clone(),
                 principal: t.principal.clone(),
-                grants: t
-                    .grants
-                    .iter()
-                    .filter_map(|g| {
-                        Action::from_name(&g.action).map(|action| Grant { action, pattern: g.pattern.clone() })
-                    })
-                    .collect(),
+                grants: grants(&t.grants),
+            })
+            .collect()
+    }
+
+    /// Client certificates as credentials (the certificate's name in `token`).
+    pub fn client_certs(&self) -> Vec<TokenGrant> {
+        self.client_certs
+            .iter()
+            .map(|c| TokenGrant {
+                token: c.name.clone(),
+                tenant_id: Some(c.tenant.clone()),
+                principal: c.principal.clone(),
+                grants: grants(&c.grants),
             })
             .collect()
     }
@@ -453,6 +507,18 @@ mod tests {
         ] {
             assert!(FileConfig::parse(bad).is_err(), "{bad}");
         }
+        let c = FileConfig::parse(
+            "[tls]\nclient_ca = \"ca.pem\"\n[[client_certs]]\nname = \"svc\"\ntenant = \"t1\"\nprincipal = \"p\"\ngrants = [{action = \"publish\", pattern = \"*\"}]",
+        )
+        .unwrap();
+        let g = &c.client_certs()[0];
+        assert_eq!((g.token.as_str(), g.tenant_id.as_deref()), ("svc", Some("t1")));
+        assert!(g.allows(Action::Publish, "a", "b") && !g.allows(Action::Subscribe, "a", "b"));
+        let e = FileConfig::parse(
+            "[tls]\nclient_ca = \"ca.pem\"\n[[client_certs]]\nname = \"\"\ntenant = \"t1\"\nprincipal = \"p\"",
+        )
+        .unwrap_err();
+        assert!(e.contains("must not be empty"), "{e}");
         let e = FileConfig::parse("[broker\n").unwrap_err();
         assert!(e.contains("line 1") || e.contains("TOML"), "{e}");
         let e = FileConfig::parse("[broker]\npublish_window = -1").unwrap_err();

@@ -41,6 +41,8 @@ fn demo_settings(
         data_dir: Some(data_dir),
         token: Some(token),
         tokens: Vec::new(),
+        client_certs: Vec::new(),
+        client_ca: None,
         streams: Vec::new(),
         caches: Vec::new(),
         queue_capacity_max: 65_536,

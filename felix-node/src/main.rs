@@ -244,6 +244,12 @@ struct ServeArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, env = "FELIX_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: ask clients for a certificate and verify it against these CA certificates
+    /// (PEM). A verified certificate authenticates an `auth` with an empty token as the
+    /// `[[client_certs]]` entry naming it (its subject CN or a subject alternative name);
+    /// clients without one still authenticate with tokens. Also `[tls] client_ca`.
+    #[arg(long, env = "FELIX_TLS_CLIENT_CA")]
+    tls_client_ca: Option<std::path::PathBuf>,
     /// Join a running cluster (after an operator's `felix-node cluster add`) instead of
     /// founding one: --peers then lists the members it knows of. Every broker added after the
     /// cluster first started runs with --join; only the founding brokers go without it.
@@ -314,6 +320,13 @@ pub struct ConnectArgs {
     /// Accept any certificate. For development only: the broker's identity is not checked.
     #[arg(long, global = true)]
     insecure_accept_any_certificate: bool,
+    /// A client certificate (PEM chain) to present to a broker that asks for one (mutual TLS);
+    /// with it, no token is needed where the broker maps the certificate to a credential.
+    #[arg(long, global = true, env = "FELIX_CERT", requires = "cert_key")]
+    cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert (`--key` is a publish's routing key).
+    #[arg(long, global = true, env = "FELIX_CERT_KEY", requires = "cert")]
+    cert_key: Option<PathBuf>,
     /// Namespace.
     #[arg(long, short = 'n', global = true, default_value = "default")]
     namespace: String,

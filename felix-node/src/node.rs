@@ -16,6 +16,8 @@ pub struct BrokerSettings {
     pub token: Option<String>,
     /// Tokens from the configuration file.
     pub tokens: Vec<TokenGrant>,
+    /// Client certificates (mutual TLS) as credentials, from the configuration file.
+    pub client_certs: Vec<TokenGrant>,
     /// Per-tenant publish rate limits.
     pub tenant_limits: Vec<felix_proto::broker::TenantLimit>,
     /// Signed tokens accepted.
@@ -42,6 +44,8 @@ pub struct BrokerSettings {
     pub metrics_listen: Option<SocketAddr>,
     /// Run as a broker of a cluster.
     pub cluster: Option<felix_driver_tokio::cluster::ClusterOptions>,
+    /// CA certificates client certificates are verified against (mutual TLS), if any.
+    pub client_ca: Option<Vec<felix_driver_tokio::tls::CertificateDer<'static>>>,
     pub transport: TransportTuning,
     /// Auth timeout per control stream, and the caps on unauthenticated connections (in all,
     /// per address).
@@ -74,6 +78,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
     }
     let broker = BrokerConfig {
         tokens,
+        client_certs: s.client_certs,
         tenant_limits: s.tenant_limits,
         jwt: s.jwt,
         streams: s.streams,
@@ -112,6 +117,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         require_alpn: s.require_alpn,
         metrics_listen: s.metrics_listen,
         cluster: s.cluster,
+        client_ca: s.client_ca,
     };
     Server::start(opts).await.map_err(|e| format!("starting the broker on {}: {e}", s.listen))
 }

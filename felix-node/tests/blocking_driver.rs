@@ -77,6 +77,7 @@ fn start_tokio(dir: &Path) -> (tokio::runtime::Runtime, felix_driver_tokio::Serv
             require_alpn: false,
             metrics_listen: None,
             cluster: None,
+            client_ca: None,
         }))
         .unwrap();
     (rt, server)

@@ -398,3 +398,64 @@ fn group_long_polls_end_revoked_when_their_token_expires_or_is_revoked() {
         "{out:?}"
     );
 }
+
+/// Client certificates as credentials (the driver verified the chain and reports the names): an
+/// empty token on a connection whose certificate names a `client_certs` entry authenticates as
+/// that entry (its tenant, principal and grants); the same connection cannot use it for another
+/// tenant; a connection without a certificate, or one whose names are not mapped, is
+/// `unauthenticated`, saying so.
+#[test]
+fn a_client_certificate_authenticates_an_empty_token_as_its_mapped_principal() {
+    use felix_proto::broker::{Action, Grant, TokenGrant};
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.client_certs = vec![TokenGrant {
+        token: "orders.internal".into(),
+        tenant_id: Some("t1".into()),
+        principal: "orders-service".into(),
+        grants: vec![Grant { action: Action::Publish, pattern: "*".into() }],
+    }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, NOW * 1_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let attempt = |b: &mut Broker, i: u8, names: &[&str], tenant: &str| {
+        let conn = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        if !names.is_empty() {
+            b.set_peer_certificate(conn, names.iter().map(|s| s.to_string()).collect());
+        }
+        let mut m = messages(&auth_with("")).remove(0);
+        if let Message::Auth(a) = &mut m {
+            a.tenant_id = tenant.into();
+        }
+        b.handle_stream_data(conn, st, json(&m), false, t0);
+        b.handle_stream_data(conn, st, publish_json("orders", "x", Some(1), Some(AckMode::PerBatch)), false, t0);
+        b.handle_stream_data(conn, st, subscribe("orders", None), false, t0);
+        let mut out = Vec::new();
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::Transmit { data, .. } = o {
+                out.extend_from_slice(&data);
+            }
+        }
+        messages(&out)
+            .into_iter()
+            .map(|m| match m {
+                Message::AuthOk(_) => "auth_ok".to_string(),
+                Message::PublishOk(_) => "publish_ok".to_string(),
+                Message::Error(e) => {
+                    format!("{}: {}", e.code.as_ref().map(|c| c.name().into_owned()).unwrap_or_default(), e.message)
+                }
+                other => format!("{other:?}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    let got = attempt(&mut b, 1, &["svc-orders", "orders.internal"], "t1");
+    assert_eq!(got[..2], ["auth_ok", "publish_ok"]);
+    assert!(got[2].starts_with("forbidden"), "the certificate's grants apply: {got:?}");
+    let got = attempt(&mut b, 2, &["orders.internal"], "t2");
+    assert!(got[0].starts_with("unauthenticated") && got[0].contains("not granted tenant t2"), "{got:?}");
+    let got = attempt(&mut b, 3, &["svc-billing"], "t1");
+    assert!(got[0].starts_with("unauthenticated"), "{got:?}");
+    let got = attempt(&mut b, 4, &[], "t1");
+    assert!(got[0].contains("no client certificate"), "{got:?}");
+    let (_, _, next, _) = b.shard_state("t1", "default", "orders", 0).unwrap();
+    assert_eq!(next, 1, "only the authenticated publish was written");
+}

@@ -126,6 +126,12 @@ pub struct BrokerConfig {
     pub ack_on_commit: bool,
     /// Credentials.
     pub tokens: Vec<TokenGrant>,
+    /// Client certificates (mutual TLS) as credentials: an `auth` with an empty token on a
+    /// connection whose verified certificate carries the name in `token` (its subject common
+    /// name or a subject alternative name, as the driver reports it with
+    /// [`Broker::set_peer_certificate`](super::Broker::set_peer_certificate)) authenticates as
+    /// that entry's tenant and principal, with its grants.
+    pub client_certs: Vec<TokenGrant>,
     /// Per-tenant publish rate limits (none: unlimited).
     pub tenant_limits: Vec<super::TenantLimit>,
     /// Signed tokens (JWT, EdDSA) accepted besides the static ones.
@@ -192,6 +198,7 @@ impl Default for BrokerConfig {
             publish_window: 256,
             ack_on_commit: false,
             tokens: Vec::new(),
+            client_certs: Vec::new(),
             tenant_limits: Vec::new(),
             jwt: None,
             streams: Vec::new(),

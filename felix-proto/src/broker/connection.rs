@@ -76,12 +76,23 @@ impl Broker {
                 opened_at: now,
                 peer,
                 tenant: None,
+                cert_names: Vec::new(),
                 next_sub: 1,
                 max_bi: None,
                 max_uni: None,
             },
         );
         id
+    }
+
+    /// The driver verified a client certificate in `conn`'s handshake (against the CA it was
+    /// configured with) carrying `names` (its subject common name and subject alternative
+    /// names). A control stream of the connection may then authenticate with an empty token
+    /// as the [`client_certs`](BrokerConfig::client_certs) entry naming one of them.
+    pub fn set_peer_certificate(&mut self, conn: ConnId, names: Vec<String>) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.cert_names = names;
+        }
     }
 
     /// Connections none of whose streams authenticated yet.

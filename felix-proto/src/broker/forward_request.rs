@@ -311,6 +311,7 @@ impl Broker {
             token: 0,
             vouched: true,
             jwt: None,
+            cert: false,
             offer,
             window: None,
             ack_on_commit: false,

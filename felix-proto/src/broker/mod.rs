@@ -141,6 +141,9 @@ struct Session {
     vouched: bool,
     /// Authenticated by a signed token, instead of the static token `token`.
     jwt: Option<Box<SignedSession>>,
+    /// Authenticated by the connection's client certificate: `token` indexes
+    /// `client_certs`, not `tokens`.
+    cert: bool,
     offer: ClientOffer,
     window: Option<u32>,
     ack_on_commit: bool,
@@ -336,6 +339,8 @@ struct Conn {
     peer: Option<PeerAddr>,
     /// The tenant its first authenticated stream named (for the tenant's connection quota).
     tenant: Option<String>,
+    /// The names of the client certificate the driver verified in the handshake, if any.
+    cert_names: Vec<String>,
     next_sub: u64,
     /// Highest stream index the client opened, per direction. QUIC stream ids only grow, so a
     /// stream at or below it with no state here was closed: bytes for it are ignored rather

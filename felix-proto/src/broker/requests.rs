@@ -109,17 +109,33 @@ impl Broker {
             }
             _ => None,
         };
-        let (token, jwt, principal) = match (found, signed) {
-            (Some(token), _) => (token, None, self.cfg.tokens[token].principal.clone()),
-            (None, Some(Ok((claims, perms)))) => {
+        // No token at all: the connection's client certificate, when the driver verified one.
+        let cert_names = self.conns.get(&conn).map(|c| c.cert_names.as_slice()).unwrap_or_default();
+        let by_cert = (found.is_none() && a.token.is_empty() && !cert_names.is_empty())
+            .then(|| {
+                self.cfg.client_certs.iter().position(|g| {
+                    cert_names.contains(&g.token) && g.tenant_id.as_ref().is_none_or(|t| *t == a.tenant_id)
+                })
+            })
+            .flatten();
+        let (token, jwt, principal) = match (found, signed, by_cert) {
+            (Some(token), _, _) => (token, None, self.cfg.tokens[token].principal.clone()),
+            (None, Some(Ok((claims, perms))), _) => {
                 let credential = Credential { jti: claims.jti, sub: claims.sub.clone() };
                 (0, Some(Box::new(SignedSession { perms, exp: claims.exp, credential })), claims.sub)
             }
-            (None, signed) => {
+            (None, None, Some(i)) => (i, None, self.cfg.client_certs[i].principal.clone()),
+            (None, signed, _) => {
                 // The broker reads the feature offer before answering, so even a refused auth
                 // carries a code for a client that offered it.
                 let why = match signed {
                     Some(Err(e)) => format!("invalid token: {e}"),
+                    _ if a.token.is_empty() && !cert_names.is_empty() => format!(
+                        "no credential: the client certificate ({}) is not granted tenant {}",
+                        cert_names.join(", "),
+                        a.tenant_id
+                    ),
+                    _ if a.token.is_empty() => "no credential: an empty token and no client certificate".to_string(),
                     _ => "invalid token".into(),
                 };
                 let r = Refusal::new(ErrorCode::Unauthenticated, why).closing();
@@ -160,6 +176,7 @@ impl Broker {
             principal: Bytes::from(principal),
             token,
             vouched: false,
+            cert: by_cert.is_some() && found.is_none() && jwt.is_none(),
             jwt,
             offer,
             window,
@@ -405,7 +422,8 @@ impl Broker {
             }
             return Ok(());
         }
-        if !sess.vouched && !self.cfg.tokens.get(sess.token).is_some_and(|t| t.allows(action, ns, name)) {
+        let grants = if sess.cert { &self.cfg.client_certs } else { &self.cfg.tokens };
+        if !sess.vouched && !grants.get(sess.token).is_some_and(|t| t.allows(action, ns, name)) {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("not allowed to {} {ns}/{name}", action.name())));
         }
         Ok(())
