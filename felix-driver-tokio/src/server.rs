@@ -509,10 +509,46 @@ struct IoCounters {
 pub(crate) enum AdminRequest {
     Add { node: String, addr: String },
     Remove { node: String, force: bool },
+    Revoke { jti: Option<String>, sub: Option<String> },
 }
 
-/// Reads `POST /cluster/add?node=N&addr=A` or `POST /cluster/remove?node=N[&force=1]` with
-/// `Authorization: Bearer <cluster secret>`. Anything else is a status and a reason.
+/// Decodes `%XX` escapes of a query value (anything malformed is kept as it is).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Encodes a query value: unreserved characters as they are, everything else `%XX`.
+fn percent_encode(v: &str) -> String {
+    v.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"._-:[]".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Reads `POST /cluster/add?node=N&addr=A`, `POST /cluster/remove?node=N[&force=1]` or `POST
+/// /cluster/revoke?jti=J&sub=S` (either or both, percent-encoded) with `Authorization: Bearer
+/// <cluster secret>`. Anything else is a status and a reason.
 fn admin_request(head: &str, secret: Option<&str>) -> Result<AdminRequest, (u16, String)> {
     let mut lines = head.lines();
     let line = lines.next().unwrap_or_default();
@@ -527,8 +563,15 @@ fn admin_request(head: &str, secret: Option<&str>) -> Result<AdminRequest, (u16,
         return Err((401, "the cluster secret is missing or wrong (Authorization: Bearer <secret>)".into()));
     }
     let arg = |name: &str| {
-        query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.to_owned())
+        query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| percent_decode(v))
     };
+    if path == "/cluster/revoke" {
+        let (jti, sub) = (arg("jti"), arg("sub"));
+        if jti.is_none() && sub.is_none() {
+            return Err((400, "jti=TOKEN_ID and/or sub=PRINCIPAL is required".into()));
+        }
+        return Ok(AdminRequest::Revoke { jti, sub });
+    }
     let node = arg("node").ok_or((400, "node=ID is required".to_string()))?;
     match path {
         "/cluster/add" => {
@@ -777,8 +820,9 @@ impl BrokerTask {
                     "namespace": s.namespace, "name": s.name, "shard": s.shard, "owner": a.owner, "generation": a.generation})
             })
             .collect();
+        let revoked = serde_json::json!({"jti": md.revoked_jti(), "sub": md.revoked_sub()});
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
-            "voters": n.voters(), "members": members, "shards": shards});
+            "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked});
         format!("{v}\n")
     }
 
@@ -1108,6 +1152,14 @@ impl BrokerTask {
                             AdminRequest::Remove { node, force } => {
                                 (format!("remove {node}"), n.request_remove(node, *force, now))
                             }
+                            AdminRequest::Revoke { jti, sub } => (
+                                format!(
+                                    "revoke{}{}",
+                                    jti.as_ref().map(|j| format!(" jti {j}")).unwrap_or_default(),
+                                    sub.as_ref().map(|s| format!(" sub {s}")).unwrap_or_default()
+                                ),
+                                n.request_revoke(jti.as_deref(), sub.as_deref(), now),
+                            ),
                         };
                         match r {
                             Ok(()) => {
@@ -1299,22 +1351,34 @@ pub async fn cluster_admin(
     force: bool,
     secret: &str,
 ) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let enc = |v: &str| -> String {
-        v.bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"._-:[]".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect()
-    };
+    let enc = percent_encode;
     let path = match add {
         Some(addr) => format!("/cluster/add?node={}&addr={}", enc(node), enc(addr)),
         None => format!("/cluster/remove?node={}{}", enc(node), if force { "&force=1" } else { "" }),
     };
+    admin_post(metrics, &path, secret).await
+}
+
+/// Asks a broker of the cluster (at its metrics listener) to revoke a signed token on every
+/// broker, by token id and/or principal. Answers as [`cluster_admin`].
+pub async fn cluster_revoke(
+    metrics: SocketAddr,
+    jti: Option<&str>,
+    sub: Option<&str>,
+    secret: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut q = Vec::new();
+    if let Some(j) = jti {
+        q.push(format!("jti={}", percent_encode(j)));
+    }
+    if let Some(s) = sub {
+        q.push(format!("sub={}", percent_encode(s)));
+    }
+    admin_post(metrics, &format!("/cluster/revoke?{}", q.join("&")), secret).await
+}
+
+async fn admin_post(metrics: SocketAddr, path: &str, secret: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(metrics).await?;
     s.write_all(
         format!("POST {path} HTTP/1.0\r\nAuthorization: Bearer {secret}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
@@ -1348,4 +1412,33 @@ fn server_configs(
     qcfg.transport_config(Arc::new(transport.to_quinn()));
     loopback.transport_config(Arc::new(transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
     Ok((qcfg, loopback))
+}
+
+#[cfg(test)]
+mod admin_tests {
+    use super::*;
+
+    fn post(target: &str, secret: &str) -> String {
+        format!("POST {target} HTTP/1.0\r\nAuthorization: Bearer {secret}\r\n")
+    }
+
+    #[test]
+    fn admin_requests_are_read_with_their_secret_and_percent_decoded() {
+        let ok = |t: &str| admin_request(&post(t, "s"), Some("s"));
+        assert!(
+            matches!(ok("/cluster/add?node=n4&addr=h:7004"), Ok(AdminRequest::Add { node, addr }) if node == "n4" && addr == "h:7004")
+        );
+        assert!(matches!(ok("/cluster/remove?node=n4&force=1"), Ok(AdminRequest::Remove { force: true, .. })));
+        let j = format!("/cluster/revoke?jti={}", percent_encode("a b/c%"));
+        assert!(matches!(ok(&j), Ok(AdminRequest::Revoke { jti: Some(j), sub: None }) if j == "a b/c%"));
+        assert!(
+            matches!(ok("/cluster/revoke?sub=alice"), Ok(AdminRequest::Revoke { jti: None, sub: Some(s) }) if s == "alice")
+        );
+        assert_eq!(ok("/cluster/revoke").err().map(|e| e.0), Some(400));
+        assert_eq!(ok("/cluster/remove").err().map(|e| e.0), Some(400));
+        assert_eq!(ok("/cluster/nope?node=x").err().map(|e| e.0), Some(404));
+        assert_eq!(admin_request(&post("/cluster/revoke?sub=a", "wrong"), Some("s")).err().map(|e| e.0), Some(401));
+        assert_eq!(admin_request(&post("/cluster/revoke?sub=a", "s"), None).err().map(|e| e.0), Some(404));
+        assert_eq!(percent_decode("%zz%4"), "%zz%4", "malformed escapes are kept");
+    }
 }

@@ -1018,6 +1018,52 @@ async fn cluster_change(
     }
 }
 
+/// `cluster revoke`: proposes the revocation, then waits until the broker asked lists it.
+async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) -> Result<ExitCode, String> {
+    let m = a.metrics;
+    let (status, body) = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        felix_driver_tokio::server::cluster_revoke(m, jti.as_deref(), sub.as_deref(), &a.cluster_secret),
+    )
+    .await
+    .map_err(|_| format!("no answer from {m} within 5 s"))?
+    .map_err(|e| format!("{m}: {e} (is it a broker's --metrics-listen address?)"))?;
+    let reason = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.trim().to_owned());
+    match status {
+        202 => {}
+        401 => return Err(format!("{m}: refused: {reason} (pass the brokers' --cluster-secret)")),
+        _ => return Err(format!("{m}: refused ({status}): {reason}")),
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let v: Option<serde_json::Value> =
+            tokio::time::timeout(std::time::Duration::from_secs(2), felix_driver_tokio::server::cluster_status(m))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|t| serde_json::from_str(&t).ok());
+        if let Some(v) = v {
+            let listed = |what: &str, x: &Option<String>| {
+                x.as_ref().is_none_or(|x| v["revoked"][what].as_array().into_iter().flatten().any(|y| y == x.as_str()))
+            };
+            if listed("jti", &jti) && listed("sub", &sub) {
+                out!("revoked on every broker of the cluster (applied by the one at {m})");
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        if start.elapsed() >= a.wait {
+            return Err(format!(
+                "the revocation was proposed but not applied within {:?}; see `felix-node cluster status --json`",
+                a.wait
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
     let (metrics, json) = match a.op {
         ClusterOp::Status { metrics, json } => (metrics, json),
@@ -1029,6 +1075,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             return cluster_change(Some((id.to_owned(), addr.to_owned())), id.to_owned(), false, admin).await;
         }
         ClusterOp::Remove { node, force, admin } => return cluster_change(None, node, force, admin).await,
+        ClusterOp::Revoke { jti, sub, admin } => return cluster_revoke(jti, sub, admin).await,
     };
     let text =
         tokio::time::timeout(std::time::Duration::from_secs(5), felix_driver_tokio::server::cluster_status(metrics))
@@ -1057,6 +1104,12 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             s(&m["client_addr"]),
             s(&m["cluster_addr"])
         );
+    }
+    let revoked = |what: &str| {
+        v["revoked"][what].as_array().into_iter().flatten().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", ")
+    };
+    if !revoked("jti").is_empty() || !revoked("sub").is_empty() {
+        out!("revoked  jti: [{}]  sub: [{}]", revoked("jti"), revoked("sub"));
     }
     out!("shards (kind tenant/namespace/name shard: owner generation)");
     for sh in v["shards"].as_array().into_iter().flatten() {

@@ -529,6 +529,20 @@ enum ClusterOp {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Revoke a signed token on every broker of the cluster, by its id (--jti) and/or every
+    /// token of a principal (--sub): it goes through the metadata group, so each broker ends
+    /// what the token opened (`revoked`) and refuses it from then on, whatever its own files
+    /// say. Waits until the broker asked has applied it.
+    Revoke {
+        /// The token's id (its `jti` claim).
+        #[arg(long, required_unless_present = "sub")]
+        jti: Option<String>,
+        /// A principal (the `sub` claim): every token it holds.
+        #[arg(long)]
+        sub: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Remove a broker from the cluster (a Raft configuration change): its shards go to the
     /// others. A broker owning durable shards holds records no other broker has; removing it
     /// needs --force and loses them.

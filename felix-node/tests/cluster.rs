@@ -476,6 +476,18 @@ fn an_operator_adds_a_fourth_broker_and_removes_it_with_force() {
     });
     publish(&brokers[2], "after");
     drop(n4);
+    // A revocation asked of one broker is applied by every broker (through the metadata group).
+    let (ok, _, err) = admin(&["revoke", "--cluster-secret", "test-secret"]);
+    assert!(!ok && err.contains("--jti"), "names nothing: {err}");
+    let (ok, out, err) = admin(&["revoke", "--jti", "leaked token/1", "--cluster-secret", "test-secret"]);
+    assert!(ok && out.contains("revoked on every broker"), "{out}{err}");
+    wait_for("every broker lists the revocation", 20, || {
+        brokers.iter().all(|b| {
+            status(b).is_some_and(|v| {
+                v["revoked"]["jti"].as_array().is_some_and(|j| j.iter().any(|x| x == "leaked token/1"))
+            })
+        })
+    });
 }
 
 #[test]

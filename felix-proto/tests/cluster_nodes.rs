@@ -744,3 +744,107 @@ fn a_broker_back_with_a_wiped_data_directory_is_refused_until_an_operator_remove
     });
     assert!(c.nodes["n1"].refused_peers().next().is_none());
 }
+
+/// A revocation through the metadata group (`ClusterNode::request_revoke` on any broker):
+/// committed, it ends the subscription the revoked token opened on another broker (`revoked`),
+/// refuses the token's next request there, and refuses it at `auth` on every broker; another
+/// token's subscription goes on. No broker's own configuration lists it.
+#[test]
+fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_broker() {
+    use felix_proto::jwt::{Claims, Jwks, Verifier, mint, public_key, rfc8032_test_key};
+    let mut c = Cluster::new(&NAMES);
+    let verifier = Verifier::new(Jwks::single("k1", &public_key(&rfc8032_test_key()).unwrap()));
+    for n in c.nodes.values_mut() {
+        let now = c.now;
+        n.broker.set_jwt(Some(verifier.clone()), now);
+    }
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let now = c.now;
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 1,
+        ephemeral: false,
+    };
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.settle();
+    c.until("the stream is known everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some())
+    });
+    let home = owner(&c, 0);
+    let secs = 1_700_000_000 + (c.now - epoch()).as_secs();
+    let claims = |jti: &str| Claims {
+        iss: "felix-auth".into(),
+        aud: "felix-broker".into(),
+        sub: "alice".into(),
+        tid: "t1".into(),
+        exp: secs + 3600,
+        iat: secs - 10,
+        nbf: None,
+        jti: Some(jti.into()),
+        perms: vec!["stream.subscribe:stream:t1/*/*".into(), "stream.publish:stream:t1/*/*".into()],
+    };
+    let leaked = mint(&rfc8032_test_key(), "k1", &claims("leaked")).unwrap();
+    let fine = mint(&rfc8032_test_key(), "k1", &claims("fine")).unwrap();
+    let (lo, hi) = felix_proto::features::Features::ERROR_CODES.to_words(true);
+    let auth_with = |token: &str| {
+        json(&Message::Auth(message::Auth {
+            tenant_id: "t1".into(),
+            token: token.into(),
+            client_flags: Some(0x0001 | 0x0008),
+            client_features: lo,
+            client_features_hi: hi,
+        }))
+    };
+    let mut subscribers = Vec::new();
+    for (i, token) in [(20u8, &leaked), (21, &fine)] {
+        let n = c.nodes.get_mut(&home).unwrap();
+        let conn = n.broker.admit(PeerAddr([i; 16]), c.now).unwrap();
+        let st = StreamId::new(Side::Client, Dir::Bi, 0);
+        n.broker.handle_stream_data(conn, st, auth_with(token), false, c.now);
+        n.broker.handle_stream_data(conn, st, subscribe("orders", None), false, c.now);
+        let mut events = None;
+        while let Some(o) = n.poll_output() {
+            if let NodeOutput::Broker(BrokerOutput::OpenUni { conn: oc, token }) = o {
+                let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
+                n.broker.handle_stream_opened(oc, token, id, c.now);
+                events = Some(id);
+            }
+        }
+        c.settle();
+        subscribers.push((conn, st, events.expect("an event stream")));
+    }
+    // Revoked through a broker that is not the subscription's.
+    let via = NAMES.iter().find(|n| **n != home).unwrap().to_string();
+    assert!(c.nodes.get_mut(&via).unwrap().request_revoke(None, None, now).is_err(), "names nothing");
+    c.nodes.get_mut(&via).unwrap().request_revoke(Some("leaked"), None, now).unwrap();
+    c.settle();
+    c.until("every broker applied the revocation", |c| {
+        c.nodes.values().all(|n| n.metadata().revoked_jti().contains("leaked"))
+    });
+    let (bad_conn, bad_st, bad_events) = subscribers[0];
+    let (good_conn, _, good_events) = subscribers[1];
+    let ended = payloads(&c.take(&home, bad_conn, bad_events));
+    assert!(
+        matches!(ended.last(), Some(felix_proto::Payload::Json(message::Decoded::Message(Message::Error(e)))) if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("revoked")),
+        "{ended:?}"
+    );
+    assert!(c.take(&home, good_conn, good_events).is_empty(), "the other token's subscription goes on");
+    c.send(&home, bad_conn, bad_st, publish_json("orders", "x", Some(5), Some(felix_proto::binary::AckMode::PerBatch)));
+    let ms = messages(&c.take(&home, bad_conn, bad_st));
+    assert!(
+        matches!(&ms[..], [Message::PublishError(e)] if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("revoked")),
+        "{ms:?}"
+    );
+    for (i, n) in NAMES.iter().enumerate() {
+        let node = c.nodes.get_mut(*n).unwrap();
+        let conn = node.broker.admit(PeerAddr([30 + i as u8; 16]), c.now).unwrap();
+        let st = StreamId::new(Side::Client, Dir::Bi, 0);
+        node.broker.handle_stream_data(conn, st, auth_with(&leaked), false, c.now);
+        c.settle();
+        let ms = messages(&c.take(n, conn, st));
+        assert!(matches!(&ms[..], [Message::Error(e)] if e.message.contains("revoked")), "{n}: {ms:?}");
+    }
+}

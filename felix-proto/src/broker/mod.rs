@@ -484,6 +484,9 @@ pub struct Broker {
     limits: limits::RateLimits,
     /// Streams paused for their tenant's rate, and when they are read again.
     rate_resumes: std::collections::BTreeSet<(Instant, ConnId, StreamId)>,
+    /// Signed tokens revoked through the cluster's metadata (by id, by principal), besides the
+    /// revocations of the broker's own configuration.
+    cluster_revoked: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
     /// Subscriptions and watches opened with a signed token: (its expiry in seconds, connection,
     /// subscription, the token), ended `revoked` when it comes or the token is revoked.
     credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64, Credential)>,
@@ -556,6 +559,7 @@ impl Broker {
             draining: false,
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),
+            cluster_revoked: Default::default(),
             rate_resumes: std::collections::BTreeSet::new(),
             group_ops: HashMap::new(),
             next_poll: 1,
@@ -592,13 +596,41 @@ impl Broker {
     pub fn set_jwt(&mut self, verifier: Option<crate::jwt::Verifier>, now: Instant) {
         self.clock.advance(now);
         self.cfg.jwt = verifier;
-        let Some(v) = &self.cfg.jwt else { return };
+        if self.cfg.jwt.is_some() {
+            self.end_revoked(now);
+        }
+    }
+
+    /// Whether a signed token is revoked, by the broker's configuration or by the cluster.
+    fn is_revoked(&self, jti: Option<&str>, sub: &str) -> bool {
+        let listed = |ids: &std::collections::BTreeSet<String>, subs: &std::collections::BTreeSet<String>| {
+            jti.is_some_and(|j| ids.contains(j)) || subs.contains(sub)
+        };
+        self.cfg.jwt.as_ref().is_some_and(|v| listed(&v.revoked_jti, &v.revoked_sub))
+            || listed(&self.cluster_revoked.0, &self.cluster_revoked.1)
+    }
+
+    /// Revocations through the cluster's metadata changed: what a newly revoked token opened
+    /// ends now.
+    pub(super) fn set_cluster_revocations(
+        &mut self,
+        jti: &std::collections::BTreeSet<String>,
+        sub: &std::collections::BTreeSet<String>,
+        now: Instant,
+    ) {
+        if self.cluster_revoked.0 == *jti && self.cluster_revoked.1 == *sub {
+            return;
+        }
+        self.cluster_revoked = (jti.clone(), sub.clone());
+        self.end_revoked(now);
+    }
+
+    /// Ends every subscription, watch and group long-poll opened with a token now revoked.
+    fn end_revoked(&mut self, now: Instant) {
         let revoked: Vec<(u64, ConnId, u64, Credential)> = self
             .credential_expiries
             .iter()
-            .filter(|(_, _, _, c)| {
-                c.jti.as_ref().is_some_and(|j| v.revoked_jti.contains(j)) || v.revoked_sub.contains(&c.sub)
-            })
+            .filter(|(_, _, _, c)| self.is_revoked(c.jti.as_deref(), &c.sub))
             .cloned()
             .collect();
         for e in revoked {

@@ -96,6 +96,7 @@ impl Broker {
         let after = names(&owners);
         let unavailable = md.owners().keys().filter(|s| md.unavailable(s)).cloned().collect();
         self.cluster = Some(ClusterView { brokers, owners, unavailable, local: local.to_owned() });
+        self.set_cluster_revocations(md.revoked_jti(), md.revoked_sub(), now);
         for (t, ns, s) in before.difference(&after) {
             self.delete_stream(t, ns, s, now);
         }

@@ -100,10 +100,12 @@ impl Broker {
             (None, Some(v)) if crate::jwt::Verifier::looks_like_jwt(&a.token) => {
                 let secs = self.wall.micros(now) / 1_000_000;
                 Some(v.verify(&a.token, secs).and_then(|(c, perms)| {
-                    if c.tid == a.tenant_id {
-                        Ok((c, perms))
-                    } else {
+                    if c.tid != a.tenant_id {
                         Err(crate::jwt::JwtError::Malformed(format!("the token is for tenant {:?}", c.tid)))
+                    } else if self.is_revoked(c.jti.as_deref(), &c.sub) {
+                        Err(crate::jwt::JwtError::Revoked)
+                    } else {
+                        Ok((c, perms))
                     }
                 }))
             }
@@ -388,10 +390,8 @@ impl Broker {
             return Some(Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with expired"));
         }
         let c = &j.credential;
-        let listed = self.cfg.jwt.as_ref().is_some_and(|v| {
-            c.jti.as_ref().is_some_and(|x| v.revoked_jti.contains(x)) || v.revoked_sub.contains(&c.sub)
-        });
-        listed.then(|| Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with was revoked"))
+        self.is_revoked(c.jti.as_deref(), &c.sub)
+            .then(|| Refusal::new(ErrorCode::Revoked, "the token this stream authenticated with was revoked"))
     }
 
     /// Whether the stream's credential may do `action` on `t`'s `ns/name`.

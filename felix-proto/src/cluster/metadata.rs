@@ -134,6 +134,17 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         force: bool,
     },
+    /// A signed token is revoked on every broker of the cluster (an operator's `cluster
+    /// revoke`), by its id (`jti`) and/or its principal (`sub`): what it opened ends `revoked`
+    /// and it no longer authenticates, whatever each broker's own files say.
+    Revoke {
+        /// The token id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jti: Option<String>,
+        /// The principal: every token it holds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sub: Option<String>,
+    },
     /// A stream or cache is deleted.
     Delete {
         /// Stream or cache.
@@ -175,6 +186,9 @@ pub enum CommandError {
     /// The bytes are not a command.
     #[error("undecodable command: {0}")]
     Decode(String),
+    /// A revocation naming neither a token id nor a principal.
+    #[error("a revocation names a token id (jti), a principal (sub) or both")]
+    EmptyRevocation,
 }
 
 /// The largest shard count of one stream or cache.
@@ -188,9 +202,22 @@ pub struct Metadata {
     /// Registered names kept in memory only.
     ephemeral: std::collections::BTreeSet<(Kind, String, String, String)>,
     owners: BTreeMap<ShardId, Assignment>,
+    /// Signed tokens revoked cluster-wide, by id and by principal.
+    revoked_jti: std::collections::BTreeSet<String>,
+    revoked_sub: std::collections::BTreeSet<String>,
 }
 
 impl Metadata {
+    /// Token ids revoked cluster-wide ([`Command::Revoke`]).
+    pub fn revoked_jti(&self) -> &std::collections::BTreeSet<String> {
+        &self.revoked_jti
+    }
+
+    /// Principals whose tokens are revoked cluster-wide.
+    pub fn revoked_sub(&self) -> &std::collections::BTreeSet<String> {
+        &self.revoked_sub
+    }
+
     /// The members, by id.
     pub fn members(&self) -> &BTreeMap<String, Member> {
         &self.members
@@ -261,6 +288,15 @@ impl Metadata {
                     self.ephemeral.insert(key.clone());
                 }
                 self.registry.insert(key, *shards);
+            }
+            Command::Revoke { jti, sub } => {
+                if jti.is_none() && sub.is_none() {
+                    return Err(CommandError::EmptyRevocation);
+                }
+                self.revoked_jti.extend(jti.clone());
+                self.revoked_sub.extend(sub.clone());
+                // Ownership does not change.
+                return Ok(());
             }
             Command::Delete { kind, tenant, namespace, name } => {
                 let key = (*kind, tenant.clone(), namespace.clone(), name.clone());
@@ -380,6 +416,24 @@ mod tests {
 
     fn count(md: &Metadata, id: &str) -> usize {
         md.owners().values().filter(|a| a.owner == id).count()
+    }
+
+    #[test]
+    fn revocations_accumulate_round_trip_and_move_no_shard() {
+        let mut md = Metadata::default();
+        md.apply(&join("a")).unwrap();
+        md.apply(&create("s", 4)).unwrap();
+        let owners = md.owners().clone();
+        let r = Command::Revoke { jti: Some("leaked".into()), sub: None };
+        assert_eq!(Command::decode(&r.encode()).unwrap(), r);
+        assert_eq!(String::from_utf8(r.encode()).unwrap(), r#"{"op":"revoke","jti":"leaked"}"#);
+        md.apply(&r).unwrap();
+        md.apply(&Command::Revoke { jti: None, sub: Some("mallory".into()) }).unwrap();
+        md.apply(&r).unwrap();
+        assert_eq!(md.revoked_jti().iter().collect::<Vec<_>>(), ["leaked"]);
+        assert_eq!(md.revoked_sub().iter().collect::<Vec<_>>(), ["mallory"]);
+        assert_eq!(md.apply(&Command::Revoke { jti: None, sub: None }), Err(CommandError::EmptyRevocation));
+        assert_eq!(md.owners(), &owners, "no shard moved, no generation changed");
     }
 
     #[test]

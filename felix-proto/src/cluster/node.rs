@@ -284,6 +284,28 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// An operator revokes a signed token on every broker (`felix-node cluster revoke`): by
+    /// its id, its principal, or both. Proposed through the leader; once committed, every
+    /// broker ends what the token opened (`revoked`) and refuses it at `auth`, whatever its
+    /// own configuration files say. Revocations are kept in the metadata for good.
+    ///
+    /// # Errors
+    /// [`AdminError::Bad`] for a revocation naming neither, or an empty or oversized name.
+    pub fn request_revoke(&mut self, jti: Option<&str>, sub: Option<&str>, now: Instant) -> Result<(), AdminError> {
+        for (what, v) in [("token id (jti)", jti), ("principal (sub)", sub)] {
+            if let Some(v) = v
+                && (v.is_empty() || v.len() > 1024)
+            {
+                return Err(AdminError::Bad { what, value: v.chars().take(64).collect() });
+            }
+        }
+        if jti.is_none() && sub.is_none() {
+            return Err(AdminError::Bad { what: "revocation (give jti, sub or both)", value: String::new() });
+        }
+        self.propose(&Command::Revoke { jti: jti.map(str::to_owned), sub: sub.map(str::to_owned) }, now);
+        Ok(())
+    }
+
     /// This broker's node id.
     pub fn node_id(&self) -> &str {
         &self.me.id
