@@ -48,6 +48,9 @@ pub struct ClientOptions {
     /// A client certificate and key to present when the broker asks for one (mutual TLS):
     /// with it, an empty token authenticates as what the broker maps the certificate to.
     pub client_cert: Option<Arc<crate::tls::Identity>>,
+    /// Refresh the token before it expires ([`TokenRefresh`]); `None`: the token is used as
+    /// long as the connection lives.
+    pub token_refresh: Option<TokenRefresh>,
 }
 
 impl ClientOptions {
@@ -62,6 +65,7 @@ impl ClientOptions {
             subscription_buffer_bytes: 64 << 20,
             close_timeout: std::time::Duration::from_secs(10),
             client_cert: None,
+            token_refresh: None,
         }
     }
 }
@@ -265,6 +269,76 @@ pub(crate) enum Cmd {
         req: CacheWatchRequest,
         reply: Reply<CacheWatch>,
     },
+    /// A refreshed token: new control streams authenticate with it.
+    SetToken(String),
+}
+
+/// Where a client gets a fresh token before the one it holds expires: a callback the embedder
+/// supplies (it may ask an identity service; it runs on a blocking thread). The client calls it
+/// at 80% of a signed token's lifetime (from its unverified `iat`/`exp` claims), or every
+/// [`every`](Self::every) for opaque tokens, and moves new work to a control stream
+/// authenticated with the answer ([`Client::set_token`]). A failed call is retried every second
+/// until the old token expires.
+#[derive(Clone)]
+pub struct TokenRefresh {
+    fetch: Arc<dyn Fn() -> Result<String, String> + Send + Sync>,
+    every: Option<std::time::Duration>,
+}
+
+impl std::fmt::Debug for TokenRefresh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenRefresh").field("every", &self.every).finish_non_exhaustive()
+    }
+}
+
+impl TokenRefresh {
+    /// Refreshes signed tokens at 80% of their lifetime with `fetch`.
+    pub fn new(fetch: impl Fn() -> Result<String, String> + Send + Sync + 'static) -> TokenRefresh {
+        TokenRefresh { fetch: Arc::new(fetch), every: None }
+    }
+
+    /// Refreshes every `period` instead (for tokens whose lifetime the client cannot read).
+    #[must_use]
+    pub fn every(mut self, period: std::time::Duration) -> TokenRefresh {
+        self.every = Some(period);
+        self
+    }
+
+    /// How long to wait before refreshing `token` at wall time `now_secs`; `None`: never.
+    fn delay(&self, token: &str, now_secs: u64) -> Option<std::time::Duration> {
+        if let Some(p) = self.every {
+            return Some(p);
+        }
+        let (iat, exp) = felix_proto::jwt::Verifier::unverified_lifetime(token)?;
+        let at = iat + exp.saturating_sub(iat) * 4 / 5;
+        Some(std::time::Duration::from_secs(at.saturating_sub(now_secs)))
+    }
+
+    /// Calls the embedder's callback and hands each fresh token to the client, until the
+    /// connection is gone.
+    async fn run(self, mut token: String, tx: mpsc::UnboundedSender<Input>) {
+        let wall = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        loop {
+            let Some(wait) = self.delay(&token, wall()) else { return };
+            tokio::time::sleep(wait).await;
+            let fresh = loop {
+                if tx.is_closed() {
+                    return;
+                }
+                let fetch = self.fetch.clone();
+                match tokio::task::spawn_blocking(move || fetch()).await {
+                    Ok(Ok(t)) => break t,
+                    Ok(Err(e)) => tracing::warn!("refreshing the token failed: {e}; trying again in 1 s"),
+                    Err(e) => tracing::warn!("the token refresh callback panicked: {e}; trying again in 1 s"),
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            };
+            if tx.send(Input::Cmd(Cmd::SetToken(fresh.clone()))).is_err() {
+                return;
+            }
+            token = fresh;
+        }
+    }
 }
 
 /// A page of a durable shard read with [`Client::stream_read`].
@@ -378,9 +452,24 @@ impl Client {
         };
         tokio::spawn(accept_uni(quic.clone(), tx.clone()));
         tokio::spawn(task.run(rx));
+        if let Some(r) = opts.token_refresh.clone() {
+            tokio::spawn(r.run(opts.config.token.clone(), tx.clone()));
+        }
         let negotiated = ready_rx.await.map_err(|_| ClientError::Closed("connection task ended".into()))??;
         let guard = Arc::new(CloseOnDrop(tx.clone()));
         Ok(Client { tx, negotiated, closed: closed_rx, quic, _close_on_drop: guard })
+    }
+
+    /// Replaces the token: the control streams requests go on are replaced by ones
+    /// authenticated with `token` (what was sent on the old ones is still answered there), so a
+    /// long-lived client keeps working past its old token's expiry. Subscriptions and watches
+    /// already open stay on the token they were opened with (the broker ends them `revoked`
+    /// when it expires). [`TokenRefresh`] calls this for you.
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`] when the connection is gone.
+    pub fn set_token(&self, token: impl Into<String>) -> Result<(), ClientError> {
+        self.tx.send(Input::Cmd(Cmd::SetToken(token.into()))).map_err(|_| self.closed_error())
     }
 
     /// Whether the connection is gone (a new one is needed).
@@ -1123,6 +1212,7 @@ impl Task {
         let now = now();
         match input {
             Input::Cmd(Cmd::Close { reply }) => self.close(reply),
+            Input::Cmd(Cmd::SetToken(token)) => self.machine.set_token(token, now),
             Input::Cmd(Cmd::Publish { req, reply }) => {
                 let ack = req.ack || req.idempotent.is_some() || req.expected_offset.is_some();
                 match self.machine.publish_auto(req, now) {

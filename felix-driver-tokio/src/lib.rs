@@ -18,7 +18,7 @@ pub mod testkit;
 pub mod tls;
 
 pub use client::{
-    CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem,
+    CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem, TokenRefresh,
 };
 pub use cluster_client::ClusterClient;
 pub use groups::{GroupInfo, GroupTarget, PollOptions};

@@ -1026,3 +1026,65 @@ async fn client_certificates_authenticate_as_the_principal_they_map_to() {
     );
     server.shutdown().await;
 }
+
+/// Token refresh through the embedder's callback: a client holding signed tokens that live 3 s
+/// publishes acked for 5 s without one refusal (the callback's fresh tokens take over before
+/// each expires); a client with the same kind of token and no refresh is refused `revoked`
+/// once its token expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_refreshed_through_the_callback_keeps_a_client_working_past_its_expiry() {
+    use felix_driver_tokio::TokenRefresh;
+    use felix_proto::jwt::{Claims, Jwks, Verifier, mint, public_key, rfc8032_test_key};
+    let key = rfc8032_test_key();
+    let verifier = Verifier::new(Jwks::single("k1", &public_key(&key).unwrap()));
+    let (server, chain) = start_with(None, BrokerConfig { jwt: Some(verifier), ..BrokerConfig::default() }).await;
+    let minted = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let fresh = {
+        let minted = minted.clone();
+        move || {
+            minted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let c = Claims {
+                iss: "felix-auth".into(),
+                aud: "felix-broker".into(),
+                sub: "svc".into(),
+                tid: "t1".into(),
+                exp: now + 3,
+                iat: now,
+                nbf: None,
+                jti: None,
+                perms: vec!["stream.publish:stream:t1/*/*".into()],
+            };
+            mint(&rfc8032_test_key(), "k1", &c).map_err(|e| e.to_string())
+        }
+    };
+    let connect = |refresh: bool| {
+        let mut o = ClientOptions::new("t1", fresh().unwrap(), Trust::Certificates(chain.clone()));
+        if refresh {
+            o.token_refresh = Some(TokenRefresh::new(fresh.clone()));
+        }
+        Client::connect(server.local_addr(), o)
+    };
+    let refreshed = connect(true).await.unwrap();
+    let plain = connect(false).await.unwrap();
+    let start = std::time::Instant::now();
+    let (mut ok, mut plain_refused) = (0, None);
+    while start.elapsed() < Duration::from_secs(5) {
+        let opts = PublishOptions { ack: true, ..Default::default() };
+        let r = refreshed.publish("default", "orders", vec![Bytes::from("x")], opts.clone()).await;
+        assert!(r.is_ok(), "refused after {:?}: {r:?}", start.elapsed());
+        ok += 1;
+        if plain_refused.is_none()
+            && let Err(ClientError::Refused(e)) = plain.publish("default", "orders", vec![Bytes::from("y")], opts).await
+        {
+            assert_eq!(e.code, Some(ErrorCode::Revoked), "{e:?}");
+            plain_refused = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok >= 20, "{ok} publishes");
+    assert!(minted.load(std::sync::atomic::Ordering::Relaxed) >= 3, "the callback was asked for fresh tokens");
+    let refused_at = plain_refused.expect("the client without refresh is refused once its token expired");
+    assert!(refused_at >= Duration::from_secs(2), "{refused_at:?}");
+    server.shutdown().await;
+}

@@ -475,6 +475,14 @@ fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> R
     opts.alpn = c.alpn;
     opts.close_timeout = c.close_timeout;
     opts.client_cert = client_cert;
+    // `@FILE`: a long-running command (subscribe, consume) reads the file again before a signed
+    // token expires, so whoever renews the file keeps it working.
+    if let Some(path) = c.token.as_deref().and_then(|t| t.strip_prefix('@')) {
+        let path = std::path::PathBuf::from(path);
+        opts.token_refresh = Some(felix_driver_tokio::TokenRefresh::new(move || {
+            std::fs::read_to_string(&path).map(|s| s.trim().to_owned()).map_err(|e| format!("{}: {e}", path.display()))
+        }));
+    }
     adjust(&mut opts);
     Ok(opts)
 }

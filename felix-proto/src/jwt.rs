@@ -185,6 +185,19 @@ impl Verifier {
         token.split('.').count() == 3
     }
 
+    /// A token's `(iat, exp)` claims, read without checking anything (for a client scheduling
+    /// its refresh; never for a decision to trust it). `None` for anything that is not a JWT.
+    pub fn unverified_lifetime(token: &str) -> Option<(u64, u64)> {
+        #[derive(serde::Deserialize)]
+        struct Times {
+            iat: u64,
+            exp: u64,
+        }
+        let claims = token.split('.').nth(1)?;
+        let t: Times = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(claims).ok()?).ok()?;
+        Some((t.iat, t.exp))
+    }
+
     /// Verifies a token at `now` (seconds since the epoch): signature, issuer, audience,
     /// validity window, revocation, and that every permission parses.
     ///
@@ -402,6 +415,17 @@ mod tests {
         assert!(matches!(v.verify("!!.!!.!!", 1), Err(JwtError::Malformed(_))));
         let bad_perm = mint(&key, "k1", &claims(&["stream.publish:cache:t1/x/y"])).unwrap();
         assert!(matches!(v.verify(&bad_perm, 1_500), Err(JwtError::BadPermission(_))));
+    }
+
+    #[test]
+    fn a_tokens_lifetime_is_read_without_verifying_it() {
+        let key = rfc8032_test_key();
+        let c = claims(&["stream.publish:stream:t1/orders/*"]);
+        let token = mint(&key, "k1", &c).unwrap();
+        assert_eq!(Verifier::unverified_lifetime(&token), Some((c.iat, c.exp)));
+        for bad in ["", "a.b", "a.!!!.c", "a.e30.c", "opaque-static-token"] {
+            assert_eq!(Verifier::unverified_lifetime(bad), None, "{bad}");
+        }
     }
 
     #[test]

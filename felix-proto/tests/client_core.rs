@@ -298,3 +298,48 @@ fn a_reset_event_stream_ends_its_subscription() {
     h.c.handle_stream_reset(EVENTS, h.now);
     assert_eq!(h.events(), vec![ClientEvent::SubscriptionEnded { sub, reason: EndReason::Reset }]);
 }
+
+/// A refreshed token (`set_token`): a new main stream authenticates with it at once and takes
+/// everything sent from then on; the old stream still gets the answers to what was sent on it,
+/// then is finished (not before). A publish made before the new stream authenticated waits for
+/// it.
+#[test]
+fn a_refreshed_token_moves_new_work_to_a_stream_authenticated_with_it_and_retires_the_old_one() {
+    let mut h = H::connected(cfg(), Some(8));
+    let old = h.opened[0];
+    let first = h.c.publish_auto(PublishRequest::new("ns", "s", vec![Bytes::from("a")]).acked(), h.now).unwrap();
+    let (tx, _) = h.outputs();
+    assert_eq!(tx.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [old]);
+    h.c.set_token("fresh", h.now);
+    let second = h.c.publish_auto(PublishRequest::new("ns", "s", vec![Bytes::from("b")]).acked(), h.now).unwrap();
+    let (tx, rest) = h.outputs();
+    assert_eq!(h.opened.len(), 2, "a new stream");
+    let new = h.opened[1];
+    let auths: Vec<Message> = tx.iter().filter(|(s, _)| *s == new).flat_map(|(_, d)| support::messages(d)).collect();
+    assert!(
+        matches!(&auths[..], [Message::Auth(a)] if a.token == "fresh"),
+        "only its auth, with the new token: {auths:?}"
+    );
+    assert!(!tx.iter().any(|(s, _)| *s == old), "nothing new on the old stream");
+    assert!(!rest.iter().any(|o| matches!(o, ClientOutput::Finish { .. })), "the old one still owes an answer");
+    // The new stream authenticates: the waiting publish goes out on it.
+    h.feed(new, auth_ok(Some(8)));
+    let (tx, _) = h.outputs();
+    assert_eq!(tx.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [new]);
+    // The old stream's answer arrives there; then it is finished.
+    let ack = |id: u64| json(&Message::PublishOk(message::PublishOk { request_id: id, offset: Some(id) }));
+    h.feed(old, ack(first.0));
+    let (_, rest) = h.outputs();
+    assert!(rest.iter().any(|o| matches!(o, ClientOutput::Finish { stream } if *stream == old)), "{rest:?}");
+    h.feed(new, ack(second.0));
+    let acked: Vec<_> = h
+        .events()
+        .into_iter()
+        .filter_map(|e| if let ClientEvent::PublishAcked { id, .. } = e { Some(id) } else { None })
+        .collect();
+    assert_eq!(acked, [first, second]);
+    // A retired stream with nothing outstanding is finished at once.
+    h.c.set_token("fresher", h.now);
+    let (_, rest) = h.outputs();
+    assert!(rest.iter().any(|o| matches!(o, ClientOutput::Finish { stream } if *stream == new)), "{rest:?}");
+}

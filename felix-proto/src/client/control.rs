@@ -43,6 +43,10 @@ pub(super) enum Role {
     Dedicated,
     /// Opened by the embedder with [`ClientConnection::open_stream`].
     Plain,
+    /// A main or long-poll stream authenticated with a token since replaced
+    /// ([`ClientConnection::set_token`]): nothing new goes on it, and it is finished once
+    /// everything sent on it is answered.
+    Retired,
 }
 
 /// An answer a stream waits for, in the order the requests went out.
@@ -188,6 +192,46 @@ impl ClientConnection {
         if fin {
             self.stream_ended(idx);
         }
+        if self.ctls[idx].role == Role::Retired {
+            self.finish_retired(idx);
+        }
+    }
+
+    /// Finishes a retired stream once nothing sent on it waits for an answer.
+    pub(super) fn finish_retired(&mut self, idx: usize) {
+        let ctl = &mut self.ctls[idx];
+        if ctl.role == Role::Retired
+            && ctl.awaiting.is_empty()
+            && ctl.queued.is_empty()
+            && ctl.inflight == 0
+            && let CtlState::Ready(_) = ctl.state
+        {
+            ctl.state = CtlState::Closed;
+            if let Some(stream) = ctl.id {
+                self.out.push_back(ClientOutput::Finish { stream });
+            }
+        }
+    }
+
+    /// Replaces the token new control streams authenticate with (a refreshed credential before
+    /// the old one expires): the main and long-poll streams are retired (what was sent on them
+    /// is still answered there, then they are finished) and a new main stream authenticates
+    /// with `token` at once; every request, publish, subscription and watch from now on goes
+    /// on streams authenticated with it. Subscriptions already open stay on the streams they
+    /// were opened with: the broker ends them `revoked` when the old token expires.
+    pub fn set_token(&mut self, token: impl Into<String>, now: std::time::Instant) {
+        self.clock.advance(now);
+        self.cfg.token = token.into();
+        if self.lost.is_some() {
+            return;
+        }
+        for idx in [Some(self.main), self.long.take()].into_iter().flatten() {
+            if !matches!(self.ctls[idx].state, CtlState::Closed | CtlState::Refused) {
+                self.ctls[idx].role = Role::Retired;
+                self.finish_retired(idx);
+            }
+        }
+        self.main = self.open_ctl(Role::Main).0 as usize;
     }
 
     /// The broker ended a control stream (finished or reset it): whatever was waiting on it will
