@@ -31,6 +31,10 @@ pub const PUBLISH_TRIES: u32 = 10;
 /// would otherwise hold a request for QUIC's whole idle timeout).
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long [`ClusterClient::any`] keeps trying the seeds when none takes a connection (every
+/// broker draining or restarting).
+pub const RECONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// One shard's owner as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardHome {
@@ -111,21 +115,58 @@ impl ClusterClient {
     ///
     /// # Errors
     /// The last connection error when no broker answers.
+    ///
+    /// A broker that is draining (it refuses connections, or answers `auth` with `draining`)
+    /// or does not answer is passed over for the next seed; when none takes the connection the
+    /// client waits and tries them all again (250 ms, doubling to 2 s) for up to
+    /// [`RECONNECT_WAIT`], so a client of a single broker rides out its restart. A refusal that
+    /// retrying cannot cure (a bad credential) is returned at once.
     pub async fn any(&self) -> Result<Client, ClientError> {
-        {
+        // Brokers whose connection closed (drained, stopped) are tried after the others: a
+        // stopped broker costs a whole connect timeout.
+        let seeds: Vec<SocketAddr> = {
             let conns = self.conns.lock().await;
             if let Some(c) = conns.values().find(|c| !c.is_closed()) {
                 return Ok(c.clone());
             }
-        }
-        let mut last = None;
-        for s in &self.seeds {
-            match self.at(*s).await {
-                Ok(c) => return Ok(c),
-                Err(e) => last = Some(e),
+            let (gone, rest): (Vec<SocketAddr>, Vec<SocketAddr>) =
+                self.seeds.iter().partition(|s| conns.get(s).is_some_and(Client::is_closed));
+            rest.into_iter().chain(gone).collect()
+        };
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(250);
+        loop {
+            let mut last = None;
+            for s in &seeds {
+                match self.at(*s).await {
+                    Ok(c) => return Ok(c),
+                    Err(e) if !Self::worth_reconnecting(&e) => return Err(e),
+                    Err(e) => last = Some(e),
+                }
             }
+            let e = last.unwrap_or_else(|| ClientError::Connect("no broker answered".into()));
+            if start.elapsed() + pause > RECONNECT_WAIT {
+                return Err(e);
+            }
+            tracing::debug!("no broker took the connection ({e}); trying again in {pause:?}");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
-        Err(last.unwrap_or_else(|| ClientError::Connect("no broker answered".into())))
+    }
+
+    /// A connection failure that another broker, or the same one a moment later, may not have:
+    /// no answer, a refused or lost connection, `draining`, or any refusal the broker marked
+    /// retryable.
+    fn worth_reconnecting(e: &ClientError) -> bool {
+        use felix_proto::error_code::RetryClass;
+        match e {
+            ClientError::Connect(_) | ClientError::Closed(_) => true,
+            ClientError::Refused(i) => {
+                i.code == Some(felix_proto::ErrorCode::Draining)
+                    || matches!(i.retry, Some(RetryClass::Retry | RetryClass::RetryAfter))
+            }
+            _ => false,
+        }
     }
 
     /// The connection to the broker at `addr` (opened on first use, again after it closed).

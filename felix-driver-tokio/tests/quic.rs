@@ -1088,3 +1088,60 @@ async fn a_token_refreshed_through_the_callback_keeps_a_client_working_past_its_
     assert!(refused_at >= Duration::from_secs(2), "{refused_at:?}");
     server.shutdown().await;
 }
+
+/// Starts a broker on `listen` with the certificate in `dir` (the same one on every start).
+async fn serve_with_cert(dir: &Path, listen: std::net::SocketAddr) -> Server {
+    let opts = ServerOptions {
+        listen,
+        broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+        identity: Identity::load(&dir.join("cert.pem"), &dir.join("key.pem")).unwrap(),
+        data_dir: None,
+        fsync: FsyncMode::Never,
+        transport: TransportTuning::default(),
+        require_alpn: false,
+        metrics_listen: None,
+        cluster: None,
+        client_ca: None,
+    };
+    Server::start(opts).await.unwrap()
+}
+
+async fn publish_through(c: &felix_driver_tokio::ClusterClient) -> Result<Option<u64>, ClientError> {
+    let o = PublishOptions { ack: true, ..PublishOptions::default() };
+    c.publish("default", "orders", vec![Bytes::from("x")], o).await
+}
+
+/// A draining broker's clients go elsewhere: a `ClusterClient` with two seeds keeps publishing
+/// through the second once the first drained and stopped; with a single seed it waits and
+/// retries until the broker is back (restarted on the same address and certificate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_a_draining_broker_reconnect_elsewhere_or_wait_for_it() {
+    use felix_driver_tokio::ClusterClient;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, cert, key) = Identity::self_signed(&["localhost"]).unwrap();
+    std::fs::write(dir.path().join("cert.pem"), &cert).unwrap();
+    std::fs::write(dir.path().join("key.pem"), &key).unwrap();
+    let chain = Identity::load(&dir.path().join("cert.pem"), &dir.path().join("key.pem")).unwrap().chain;
+    let a = serve_with_cert(dir.path(), "127.0.0.1:0".parse().unwrap()).await;
+    let b = serve_with_cert(dir.path(), "127.0.0.1:0".parse().unwrap()).await;
+    let (a_addr, b_addr) = (a.local_addr(), b.local_addr());
+    let opts = || ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.clone()));
+    let two = ClusterClient::connect(&[a_addr, b_addr], opts()).await.unwrap();
+    publish_through(&two).await.unwrap();
+    let one = ClusterClient::connect(&[a_addr], opts()).await.unwrap();
+    publish_through(&one).await.unwrap();
+    assert_eq!(a.drain(Duration::from_secs(2)).await, 0);
+    // Two seeds: the drained broker is passed over.
+    publish_through(&two).await.expect("published through the other broker");
+    // One seed: the client waits for the broker to come back.
+    let path = dir.path().to_path_buf();
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        serve_with_cert(&path, a_addr).await
+    });
+    let started = std::time::Instant::now();
+    publish_through(&one).await.expect("published once the broker is back");
+    assert!(started.elapsed() >= Duration::from_millis(700), "it waited: {:?}", started.elapsed());
+    back.await.unwrap().shutdown().await;
+    b.shutdown().await;
+}
