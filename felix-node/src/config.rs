@@ -108,6 +108,9 @@ pub struct AuthSection {
 #[serde(deny_unknown_fields)]
 pub struct LimitSection {
     pub tenant: String,
+    /// One namespace of the tenant (its rates on top of the tenant's; its stream and retained
+    /// quotas instead of the tenant's).
+    pub namespace: Option<String>,
     /// Records per second.
     pub publish_records_per_s: Option<u64>,
     /// Payload bytes per second.
@@ -335,8 +338,21 @@ impl FileConfig {
             {
                 return Err(format!("limits for tenant {:?}: a quota of 0 would refuse everything", l.tenant));
             }
-            if !limited.insert(l.tenant.clone()) {
-                return Err(format!("limits for tenant {:?} given twice", l.tenant));
+            if let Some(ns) = &l.namespace
+                && (l.max_connections.is_some()
+                    || l.max_subscriptions_per_connection.is_some()
+                    || l.max_queued_publish_bytes.is_some())
+            {
+                return Err(format!(
+                    "limits for {}/{ns}: max_connections, max_subscriptions_per_connection and max_queued_publish_bytes are a tenant's, not a namespace's (leave namespace out)",
+                    l.tenant
+                ));
+            }
+            if !limited.insert((l.tenant.clone(), l.namespace.clone())) {
+                return Err(match &l.namespace {
+                    Some(ns) => format!("limits for namespace {}/{ns} given twice", l.tenant),
+                    None => format!("limits for tenant {:?} given twice", l.tenant),
+                });
             }
         }
         for s in &cfg.streams {
@@ -363,6 +379,7 @@ impl FileConfig {
             .iter()
             .map(|l| felix_proto::broker::TenantLimit {
                 tenant_id: l.tenant.clone(),
+                namespace: l.namespace.clone(),
                 records_per_s: l.publish_records_per_s,
                 bytes_per_s: l.publish_bytes_per_s,
                 max_connections: l.max_connections,
@@ -490,6 +507,12 @@ mod tests {
             "[[limits]]\ntenant = \"t1\"\nmax_subscriptions_per_connection = 8\nmax_retained_bytes_per_namespace = 1073741824\nmax_queued_publish_bytes = 8388608",
         )
         .unwrap();
+        let c2 = FileConfig::parse(
+            "[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 1000\n[[limits]]\ntenant = \"t1\"\nnamespace = \"slow\"\npublish_records_per_s = 10",
+        )
+        .unwrap();
+        let ls = c2.limits();
+        assert_eq!((ls[0].namespace.as_deref(), ls[1].namespace.as_deref()), (None, Some("slow")));
         let l = &c.limits()[0];
         assert_eq!(
             (l.max_subscriptions_per_connection, l.max_retained_bytes_per_namespace, l.max_queued_publish_bytes),
@@ -504,6 +527,8 @@ mod tests {
             "[[limits]]\ntenant = \"t1\"\nmax_retained_bytes_per_namespace = 0",
             "[[limits]]\ntenant = \"t1\"\nmax_subscriptions_per_connection = 0",
             "[[limits]]\ntenant = \"t1\"\nmax_retained_bytes = 5",
+            "[[limits]]\ntenant = \"t1\"\nnamespace = \"n\"\nmax_connections = 5",
+            "[[limits]]\ntenant = \"t1\"\nnamespace = \"n\"\npublish_records_per_s = 5\n[[limits]]\ntenant = \"t1\"\nnamespace = \"n\"\npublish_records_per_s = 6",
         ] {
             assert!(FileConfig::parse(bad).is_err(), "{bad}");
         }

@@ -428,3 +428,51 @@ fn a_tenant_at_its_subscriptions_per_connection_quota_is_refused_limit_exceeded(
     assert_eq!(outcome(&mut b, 2, "t1", 2), ["subscribed", "subscribed"], "another connection has its own");
     assert_eq!(outcome(&mut b, 3, "t2", 3), ["subscribed"; 3], "another tenant has no quota");
 }
+
+/// A namespace's own rate through the broker: publishes to it past its burst are refused
+/// `overloaded`/`tenant_quota` naming the namespace, while the tenant's other namespaces go on
+/// (on another control stream: the one that went over is paused until the namespace is back
+/// under).
+#[test]
+fn a_namespace_over_its_own_rate_is_refused_and_the_tenants_other_namespaces_go_on() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.tenant_limits = vec![TenantLimit {
+        tenant_id: "t1".into(),
+        namespace: Some("slow".into()),
+        records_per_s: Some(100),
+        ..TenantLimit::default()
+    }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let c = b.admit(PeerAddr([1; 16]), t0).unwrap();
+    b.handle_stream_data(c, st, auth_as("t1", Features::ERROR_CODES), false, t0);
+    answers(&mut b);
+    // Another control stream of the connection, for the other namespace: the stream that went
+    // over is paused until the namespace is back under (flow control slows its publisher).
+    let other = StreamId::new(Side::Client, Dir::Bi, 4);
+    b.handle_stream_data(c, other, auth_as("t1", Features::ERROR_CODES), false, t0);
+    answers(&mut b);
+    let mut outcome = |ns: &str, rid: u64| {
+        let st = if ns == "slow" { st } else { other };
+        b.handle_stream_data(c, st, publish_to("t1", ns, "s", rid), false, t0);
+        // Read again at once, as a driver would once the pause ends.
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::Transmit { data, .. } = o {
+                return messages(&data).pop();
+            }
+        }
+        None
+    };
+    let slow: Vec<Option<Message>> = (1..=40).map(|rid| outcome("slow", rid)).collect();
+    let ok = slow.iter().filter(|m| matches!(m, Some(Message::PublishOk(_)))).count();
+    assert_eq!(ok, 26, "the namespace's quarter-second burst and one in debt");
+    let refused = slow.iter().find_map(|m| match m {
+        Some(Message::PublishError(e)) => Some(e.clone()),
+        _ => None,
+    });
+    let e = refused.expect("a refusal");
+    assert!(e.message.contains("namespace t1/slow"), "{}", e.message);
+    assert_eq!(e.detail.and_then(|d| d.reason).as_deref(), Some("tenant_quota"));
+    assert!((100..140).all(|rid| matches!(outcome("default", rid), Some(Message::PublishOk(_)))));
+}

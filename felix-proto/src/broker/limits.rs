@@ -1,5 +1,6 @@
-//! Per-tenant publish rate limits: a token bucket per tenant for records and one for bytes,
-//! refilled with the time the driver passes in. A publish over the limit is refused
+//! Per-tenant (and per-namespace) publish rate limits and quotas: a token bucket per tenant for
+//! records and one for bytes, and the same per namespace of a tenant where a `[[limits]]` entry
+//! names one, refilled with the time the driver passes in; a publish must fit both. A publish over the limit is refused
 //! `overloaded` with reason `tenant_quota` and `retry_after_ms` saying when the tenant is back
 //! under (nothing written; an unacked one is dropped and counted), and no other tenant is
 //! touched: each tenant has its own buckets.
@@ -13,11 +14,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// A tenant's publish limits (`None`: no limit on that measure).
+/// A tenant's publish limits (`None`: no limit on that measure). With `namespace`, the entry is
+/// one namespace's of the tenant: its rates apply to that namespace on top of the tenant's own,
+/// and its streams and retained-bytes quotas replace the tenant's for that namespace
+/// (connection, subscription and queue quotas are the tenant's alone).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TenantLimit {
     /// The tenant.
     pub tenant_id: String,
+    /// One namespace of the tenant, or `None` for the tenant as a whole.
+    pub namespace: Option<String>,
     /// Records per second.
     pub records_per_s: Option<u64>,
     /// Payload bytes per second.
@@ -94,12 +100,75 @@ struct Quota {
     queued_bytes: Option<u64>,
 }
 
+/// One scope's rates (a tenant, or a namespace of one) and its buckets, made on first use.
+#[derive(Debug, Clone, Default)]
+struct Rate {
+    records: Option<u64>,
+    bytes: Option<u64>,
+    buckets: Option<(Option<Bucket>, Option<Bucket>)>,
+}
+
+impl Rate {
+    fn buckets(&mut self, now: u64) -> (Option<&mut Bucket>, Option<&mut Bucket>) {
+        let (r, b) = (self.records, self.bytes);
+        let (rb, bb) =
+            self.buckets.get_or_insert_with(|| (r.map(|r| Bucket::new(r, now)), b.map(|b| Bucket::new(b, now))));
+        (rb.as_mut(), bb.as_mut())
+    }
+
+    /// Refills at `now`; how long until both buckets are out of debt.
+    fn wait(&mut self, now: u64) -> Duration {
+        let (rb, bb) = self.buckets(now);
+        [rb, bb]
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                b.refill(now);
+                b.wait()
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    fn take(&mut self, records: u64, bytes: u64, now: u64) {
+        let (rb, bb) = self.buckets(now);
+        if let Some(b) = rb {
+            b.tokens -= i128::from(records) * MICRO;
+        }
+        if let Some(b) = bb {
+            b.tokens -= i128::from(bytes) * MICRO;
+        }
+    }
+}
+
+/// A tenant's rates: its own, and its namespaces'.
+#[derive(Debug, Clone, Default)]
+struct TenantRates {
+    own: Option<Rate>,
+    namespaces: BTreeMap<String, Rate>,
+}
+
+/// A namespace's own quotas, replacing the tenant's for it.
+#[derive(Debug, Clone, Copy, Default)]
+struct NamespaceQuota {
+    streams: Option<u32>,
+    retained_bytes: Option<u64>,
+}
+
+/// A publish over a rate: how long to wait, and whether it was a namespace's rate (else the
+/// tenant's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct OverRate {
+    pub wait: Duration,
+    pub namespace: bool,
+}
+
 /// Every tenant's buckets and quotas, and what the quotas are counted against.
 #[derive(Debug, Default)]
 pub(super) struct RateLimits {
-    limits: BTreeMap<String, (Option<u64>, Option<u64>)>,
-    buckets: BTreeMap<String, (Option<Bucket>, Option<Bucket>)>,
+    rates: BTreeMap<String, TenantRates>,
     quotas: BTreeMap<String, Quota>,
+    namespace_quotas: BTreeMap<String, BTreeMap<String, NamespaceQuota>>,
     /// Payload bytes waiting for storage, by tenant (only tenants with a queue share).
     queued: BTreeMap<String, u64>,
     /// Payload bytes of history by (tenant, namespace), only for tenants with a retained-bytes
@@ -109,29 +178,48 @@ pub(super) struct RateLimits {
 
 impl RateLimits {
     pub(super) fn new(limits: &[TenantLimit]) -> RateLimits {
-        RateLimits {
-            limits: limits
-                .iter()
-                .filter(|l| l.records_per_s.is_some() || l.bytes_per_s.is_some())
-                .map(|l| (l.tenant_id.clone(), (l.records_per_s, l.bytes_per_s)))
-                .collect(),
-            buckets: BTreeMap::new(),
-            quotas: limits
-                .iter()
-                .map(|l| {
-                    let q = Quota {
-                        connections: l.max_connections,
-                        streams: l.max_streams_per_namespace,
-                        subscriptions: l.max_subscriptions_per_connection,
-                        retained_bytes: l.max_retained_bytes_per_namespace,
-                        queued_bytes: l.max_queued_publish_bytes,
-                    };
-                    (l.tenant_id.clone(), q)
-                })
-                .collect(),
-            queued: BTreeMap::new(),
-            retained: BTreeMap::new(),
+        let mut r = RateLimits::default();
+        for l in limits {
+            let rate = (l.records_per_s.is_some() || l.bytes_per_s.is_some()).then_some(Rate {
+                records: l.records_per_s,
+                bytes: l.bytes_per_s,
+                buckets: None,
+            });
+            match &l.namespace {
+                None => {
+                    if let Some(rate) = rate {
+                        r.rates.entry(l.tenant_id.clone()).or_default().own = Some(rate);
+                    }
+                    r.quotas.insert(
+                        l.tenant_id.clone(),
+                        Quota {
+                            connections: l.max_connections,
+                            streams: l.max_streams_per_namespace,
+                            subscriptions: l.max_subscriptions_per_connection,
+                            retained_bytes: l.max_retained_bytes_per_namespace,
+                            queued_bytes: l.max_queued_publish_bytes,
+                        },
+                    );
+                }
+                Some(ns) => {
+                    if let Some(rate) = rate {
+                        r.rates.entry(l.tenant_id.clone()).or_default().namespaces.insert(ns.clone(), rate);
+                    }
+                    r.namespace_quotas.entry(l.tenant_id.clone()).or_default().insert(
+                        ns.clone(),
+                        NamespaceQuota {
+                            streams: l.max_streams_per_namespace,
+                            retained_bytes: l.max_retained_bytes_per_namespace,
+                        },
+                    );
+                }
+            }
         }
+        r
+    }
+
+    fn namespace_quota(&self, tenant: &str, ns: &str) -> Option<&NamespaceQuota> {
+        self.namespace_quotas.get(tenant).and_then(|n| n.get(ns))
     }
 
     /// A tenant's connection quota.
@@ -139,9 +227,18 @@ impl RateLimits {
         self.quotas.get(tenant).and_then(|q| q.connections)
     }
 
-    /// A tenant's streams-per-namespace quota.
-    pub(super) fn max_streams(&self, tenant: &str) -> Option<u32> {
-        self.quotas.get(tenant).and_then(|q| q.streams)
+    /// The streams quota of a tenant's namespace: its own, else the tenant's per-namespace one.
+    pub(super) fn max_streams(&self, tenant: &str, ns: &str) -> Option<u32> {
+        self.namespace_quota(tenant, ns)
+            .and_then(|q| q.streams)
+            .or_else(|| self.quotas.get(tenant).and_then(|q| q.streams))
+    }
+
+    /// The retained-bytes quota of a tenant's namespace: its own, else the tenant's.
+    fn max_retained(&self, tenant: &str, ns: &str) -> Option<u64> {
+        self.namespace_quota(tenant, ns)
+            .and_then(|q| q.retained_bytes)
+            .or_else(|| self.quotas.get(tenant).and_then(|q| q.retained_bytes))
     }
 
     /// A tenant's subscriptions-per-connection quota.
@@ -151,12 +248,21 @@ impl RateLimits {
 
     /// Whether any tenant has a retained-bytes quota (the retention sweep then recounts).
     pub(super) fn counts_retained(&self) -> bool {
-        self.quotas.values().any(|q| q.retained_bytes.is_some())
+        self.retained_tenants().next().is_some()
     }
 
-    /// The tenants with a retained-bytes quota.
+    /// The tenants with a retained-bytes quota (their own or one of their namespaces').
     pub(super) fn retained_tenants(&self) -> impl Iterator<Item = &str> {
-        self.quotas.iter().filter(|(_, q)| q.retained_bytes.is_some()).map(|(t, _)| t.as_str())
+        let own = self.quotas.iter().filter(|(_, q)| q.retained_bytes.is_some()).map(|(t, _)| t.as_str());
+        let ns = self
+            .namespace_quotas
+            .iter()
+            .filter(|(t, n)| {
+                self.quotas.get(*t).is_none_or(|q| q.retained_bytes.is_none())
+                    && n.values().any(|q| q.retained_bytes.is_some())
+            })
+            .map(|(t, _)| t.as_str());
+        own.chain(ns)
     }
 
     /// Replaces the retained-bytes figures with a fresh count from the logs.
@@ -167,7 +273,7 @@ impl RateLimits {
     /// Whether `bytes` more history fits `tenant`'s namespace `ns`; counts them when it does.
     /// `Err((held, quota))` when it does not.
     pub(super) fn take_retained(&mut self, tenant: &str, ns: &str, bytes: u64) -> Result<(), (u64, u64)> {
-        let Some(max) = self.quotas.get(tenant).and_then(|q| q.retained_bytes) else { return Ok(()) };
+        let Some(max) = self.max_retained(tenant, ns) else { return Ok(()) };
         let held = self.retained.entry((tenant.to_owned(), ns.to_owned())).or_insert(0);
         if held.saturating_add(bytes) > max {
             return Err((*held, max));
@@ -202,31 +308,26 @@ impl RateLimits {
         self.queued.get(tenant).copied().unwrap_or(0)
     }
 
-    /// Whether a tenant has limits at all (the common case, none, costs one lookup).
+    /// Whether any tenant has rate limits at all (the common case, none, costs one check).
     pub(super) fn is_empty(&self) -> bool {
-        self.limits.is_empty()
+        self.rates.is_empty()
     }
 
-    /// Takes `records` records of `bytes` payload bytes from `tenant`'s buckets at `now` (in
-    /// microseconds of the broker's clock), or says how long to wait (nothing taken).
-    pub(super) fn admit(&mut self, tenant: &str, records: u64, bytes: u64, now: u64) -> Result<(), Duration> {
-        let Some(&(rec_rate, byte_rate)) = self.limits.get(tenant) else { return Ok(()) };
-        let (rb, bb) = self
-            .buckets
-            .entry(tenant.to_owned())
-            .or_insert_with(|| (rec_rate.map(|r| Bucket::new(r, now)), byte_rate.map(|r| Bucket::new(r, now))));
-        for b in [rb.as_mut(), bb.as_mut()].into_iter().flatten() {
-            b.refill(now);
+    /// Takes `records` records of `bytes` payload bytes from the buckets of `tenant` and of its
+    /// namespace `ns` at `now` (in microseconds of the broker's clock), or says how long to
+    /// wait, and whose rate it was (nothing taken).
+    pub(super) fn admit(&mut self, tenant: &str, ns: &str, records: u64, bytes: u64, now: u64) -> Result<(), OverRate> {
+        let Some(t) = self.rates.get_mut(tenant) else { return Ok(()) };
+        let own = t.own.as_mut().map_or(Duration::ZERO, |r| r.wait(now));
+        let in_ns = t.namespaces.get_mut(ns).map_or(Duration::ZERO, |r| r.wait(now));
+        if !own.is_zero() || !in_ns.is_zero() {
+            return Err(OverRate { wait: own.max(in_ns), namespace: in_ns > own });
         }
-        let wait = [rb.as_ref(), bb.as_ref()].into_iter().flatten().map(Bucket::wait).max().unwrap_or_default();
-        if !wait.is_zero() {
-            return Err(wait);
+        if let Some(r) = t.own.as_mut() {
+            r.take(records, bytes, now);
         }
-        if let Some(b) = rb {
-            b.tokens -= i128::from(records) * MICRO;
-        }
-        if let Some(b) = bb {
-            b.tokens -= i128::from(bytes) * MICRO;
+        if let Some(r) = t.namespaces.get_mut(ns) {
+            r.take(records, bytes, now);
         }
         Ok(())
     }
@@ -256,7 +357,7 @@ mod tests {
             let mut t = start;
             let end = start + 10_000_000;
             while t < end {
-                if l.admit("t1", batch, 0, t).is_ok() {
+                if l.admit("t1", "ns", batch, 0, t).is_ok() {
                     admitted += batch;
                 }
                 t += 500;
@@ -293,19 +394,63 @@ mod tests {
         assert!(l.counts_retained() && l.retained_tenants().eq(["t1"]));
     }
 
+    /// A namespace's own rate applies on top of its tenant's; its quotas replace the tenant's
+    /// for that namespace only.
+    #[test]
+    fn a_namespace_has_its_own_rate_on_top_of_its_tenants_and_its_own_quotas() {
+        let t0 = 1_700_000_000_000_000u64;
+        let mut l = RateLimits::new(&[
+            TenantLimit {
+                tenant_id: "t1".into(),
+                records_per_s: Some(1000),
+                max_streams_per_namespace: Some(10),
+                max_retained_bytes_per_namespace: Some(100),
+                ..TenantLimit::default()
+            },
+            TenantLimit {
+                tenant_id: "t1".into(),
+                namespace: Some("slow".into()),
+                records_per_s: Some(100),
+                max_streams_per_namespace: Some(2),
+                ..TenantLimit::default()
+            },
+            TenantLimit {
+                tenant_id: "t2".into(),
+                namespace: Some("big".into()),
+                max_retained_bytes_per_namespace: Some(1000),
+                ..TenantLimit::default()
+            },
+        ]);
+        // The namespace's burst (25) runs out before the tenant's (250).
+        let admitted = (0..100).filter(|_| l.admit("t1", "slow", 1, 0, t0).is_ok()).count();
+        assert_eq!(admitted, 26, "its quarter-second burst, plus one in debt");
+        let over = l.admit("t1", "slow", 1, 0, t0).unwrap_err();
+        assert!(over.namespace, "the namespace's rate, not the tenant's");
+        // Another namespace of the tenant has only the tenant's rate (of which 26 went).
+        let admitted = (0..1000).filter(|_| l.admit("t1", "fast", 1, 0, t0).is_ok()).count();
+        assert_eq!(admitted, 251 - 26);
+        assert!(!l.admit("t1", "fast", 1, 0, t0).unwrap_err().namespace, "the tenant's rate");
+        assert_eq!((l.max_streams("t1", "slow"), l.max_streams("t1", "fast")), (Some(2), Some(10)));
+        assert_eq!(l.max_streams("t2", "big"), None);
+        assert_eq!(l.take_retained("t2", "big", 1000), Ok(()));
+        assert_eq!(l.take_retained("t2", "other", 1 << 40), Ok(()), "no quota outside the namespace");
+        assert_eq!(l.take_retained("t1", "slow", 101), Err((0, 100)), "the tenant's quota, as the namespace sets none");
+        assert!(l.retained_tenants().eq(["t1", "t2"]));
+    }
+
     #[test]
     fn a_refusal_says_how_long_to_wait_and_other_tenants_are_untouched() {
         let t0 = 1_700_000_000_000_000u64;
         let mut l = limits(None, Some(1000));
-        assert!(l.admit("t1", 1, 750, t0).is_ok(), "a full bucket admits a batch bigger than its burst");
-        let wait = l.admit("t1", 1, 10, t0).unwrap_err();
+        assert!(l.admit("t1", "ns", 1, 750, t0).is_ok(), "a full bucket admits a batch bigger than its burst");
+        let wait = l.admit("t1", "ns", 1, 10, t0).unwrap_err().wait;
         assert_eq!(wait, Duration::from_millis(500), "500 bytes of debt at 1000 B/s");
-        assert!(l.admit("t1", 1, 10, t0 + 499_000).is_err());
-        assert!(l.admit("t1", 1, 10, t0 + 500_000).is_ok());
+        assert!(l.admit("t1", "ns", 1, 10, t0 + 499_000).is_err());
+        assert!(l.admit("t1", "ns", 1, 10, t0 + 500_000).is_ok());
         for _ in 0..1000 {
-            assert!(l.admit("t2", 1000, 1 << 20, t0).is_ok(), "an unlimited tenant");
+            assert!(l.admit("t2", "ns", 1000, 1 << 20, t0).is_ok(), "an unlimited tenant");
         }
         // A clock that goes back changes nothing.
-        assert!(l.admit("t1", 1, 10, t0).is_err());
+        assert!(l.admit("t1", "ns", 1, 10, t0).is_err());
     }
 }

@@ -77,8 +77,9 @@ impl Broker {
 
     pub(super) fn publish(&mut self, conn: ConnId, st: &mut CtlStream, req: PublishReq, reply: Reply, now: Instant) {
         if !self.limits.is_empty()
-            && let Err(wait) = self.limits.admit(
+            && let Err(limits::OverRate { wait, namespace }) = self.limits.admit(
                 &req.tenant_id,
+                &req.namespace,
                 u64::from(req.records.count()),
                 req.records.payload_bytes() as u64,
                 self.wall.micros(now),
@@ -94,9 +95,14 @@ impl Broker {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
                 self.rate_resumes.insert((crate::transport::after(now, wait), conn, st.id));
             }
+            let whose = if namespace {
+                format!("namespace {}/{}", req.tenant_id, req.namespace)
+            } else {
+                format!("tenant {}", req.tenant_id)
+            };
             let mut r = Refusal::new(
                 ErrorCode::Overloaded,
-                format!("tenant {} is over its publish rate; retry in {} ms", req.tenant_id, wait.as_millis().max(1)),
+                format!("{whose} is over its publish rate; retry in {} ms", wait.as_millis().max(1)),
             );
             r.retry = RetryClass::RetryAfter;
             r.detail = Some(crate::binary::ErrorDetail {

@@ -482,7 +482,7 @@ impl Broker {
             return Ok(self.create_stream(key(t, ns, s), cfg));
         }
         if self.cfg.auto_create
-            && let Some(max) = self.limits.max_streams(t)
+            && let Some(max) = self.limits.max_streams(t, ns)
             && self.streams.keys().filter(|k| k.tenant() == t && k.namespace() == ns && !syslog::is_sys(k)).count()
                 >= max as usize
         {
