@@ -476,3 +476,48 @@ fn a_namespace_over_its_own_rate_is_refused_and_the_tenants_other_namespaces_go_
     assert_eq!(e.detail.and_then(|d| d.reason).as_deref(), Some("tenant_quota"));
     assert!((100..140).all(|rid| matches!(outcome("default", rid), Some(Message::PublishOk(_)))));
 }
+
+/// A stream paused with frames already buffered (a rate-limited flood that was read ahead) is
+/// not read again by the driver until the broker processed them: every rate resume processes
+/// from the backlog, and `ResumeReading` comes once, when nothing complete is left, so the
+/// broker never holds more than what was read before the first pause.
+#[test]
+fn a_paused_stream_is_read_again_only_once_its_backlog_is_processed() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    cfg.tenant_limits =
+        vec![TenantLimit { tenant_id: "t1".into(), records_per_s: Some(100), ..TenantLimit::default() }];
+    let mut b = Broker::new(cfg, WallClock::new(t0, 1_700_000_000_000_000));
+    let st = StreamId::new(Side::Client, Dir::Bi, 0);
+    let c = b.admit(PeerAddr([1; 16]), t0).unwrap();
+    b.handle_stream_data(c, st, auth_as("t1", Features::ERROR_CODES), false, t0);
+    answers(&mut b);
+    // 60 acked publishes in one chunk: more than the burst.
+    let mut chunk = Vec::new();
+    for rid in 1..=60 {
+        chunk.extend_from_slice(&publish_as("t1", Some(rid)));
+    }
+    b.handle_stream_data(c, st, Bytes::from(chunk), false, t0);
+    let (mut answered, mut resumes, mut t) = (0, 0, t0);
+    let mut answered_at_resume = Vec::new();
+    for _ in 0..2000 {
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::Transmit { data, .. } => answered += messages(&data).len(),
+                BrokerOutput::ResumeReading { .. } => {
+                    resumes += 1;
+                    answered_at_resume.push(answered);
+                }
+                _ => {}
+            }
+        }
+        if answered == 60 {
+            break;
+        }
+        t = b.poll_timeout().expect("a rate resume is due").max(t);
+        b.handle_timeout(t);
+    }
+    assert_eq!(answered, 60, "every publish answered (admitted or refused)");
+    assert_eq!(answered_at_resume, [60], "the driver is told to read again once, after the backlog");
+    assert_eq!(resumes, 1);
+}

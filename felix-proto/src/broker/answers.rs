@@ -120,7 +120,7 @@ impl Broker {
         n: usize,
     ) {
         st.unflushed += n;
-        if st.unflushed > limit && !st.pauses.has(Pause::Flush) && st.pauses.add(Pause::Flush) {
+        if st.unflushed > limit && !st.pauses.has(Pause::Flush) && st.pause(Pause::Flush) {
             out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
         }
     }
@@ -174,7 +174,7 @@ impl Broker {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.owed.push_back(Owed { seq, answer: None });
-        if st.owed.len() >= window as usize && st.pauses.add(Pause::Window) {
+        if st.owed.len() >= window as usize && !st.pauses.has(Pause::Window) && st.pause(Pause::Window) {
             self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
         }
         Some(seq)
@@ -212,7 +212,8 @@ impl Broker {
                 let window = st.session.as_ref().and_then(|s| s.window).unwrap_or(u32::MAX) as usize;
                 if st.pauses.has(Pause::Window) && st.owed.len() < window {
                     if st.pauses.remove(Pause::Window) {
-                        self.out.push_back(BrokerOutput::ResumeReading { conn, stream: st.id });
+                        // Told to the driver once the stream's backlog is processed.
+                        st.resume_owed = true;
                     }
                     return true;
                 }

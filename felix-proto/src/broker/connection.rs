@@ -240,7 +240,7 @@ impl Broker {
             // A control stream: its answers were read.
             st.unflushed = st.unflushed.saturating_sub(bytes);
             if st.unflushed <= self.cfg.control_stream_unflushed_bytes / 2 && st.pauses.remove(Pause::Flush) {
-                self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
+                st.resume_owed = true;
                 self.drive_stream(conn, stream, now);
                 self.run_wakes(now);
             }
@@ -282,12 +282,26 @@ impl Broker {
                 }
             }
         }
+        // Every frame held is processed (or the stream paused again): the driver may read it
+        // again, if a pause ended meanwhile.
+        if st.resume_owed && st.reading() {
+            st.resume_owed = false;
+            self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
+        }
         if st.recv == Recv::Finished && st.reading() && st.decoder.finish().is_err() {
             // The client finished the stream inside a frame: nothing more can come.
             st.recv = Recv::Closed;
         }
         self.maybe_finish(conn, &mut st);
         self.put_back(conn, st);
+    }
+
+    /// The last pause reason of a stream went: the driver is told to read again at the end of
+    /// the next [`drive_stream`](Self::drive_stream), once what the stream holds is processed.
+    pub(super) fn owe_resume(&mut self, conn: ConnId, stream: StreamId) {
+        if let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&stream)) {
+            st.resume_owed = true;
+        }
     }
 
     /// Returns a control stream taken out of its connection, unless it is done (or the

@@ -184,6 +184,11 @@ struct CtlStream {
     outstanding: usize,
     /// Why its requests are not being read, if they are not.
     pauses: Pauses,
+    /// The last pause reason went, but the driver is told to read again only once the frames
+    /// the stream already holds are processed ([`Broker::drive_stream`] ends with none
+    /// complete): a stream paused with a backlog (a rate-limited flood) would otherwise have the
+    /// driver read, and the broker buffer, more than it processes, without bound.
+    resume_owed: bool,
     /// Answer bytes handed to the driver and not yet reported flushed.
     unflushed: usize,
     recv: Recv,
@@ -209,6 +214,7 @@ impl CtlStream {
             next_seq: 0,
             outstanding: 0,
             pauses: Pauses::default(),
+            resume_owed: false,
             unflushed: 0,
             recv: Recv::Open,
             send_finished: false,
@@ -220,6 +226,16 @@ impl CtlStream {
     /// Nothing more will be written and nothing is owed: the stream's state can go.
     fn done(&self) -> bool {
         self.send_finished && self.outstanding == 0
+    }
+
+    /// Adds a pause reason. True when the driver must be told to stop reading: it is reading
+    /// now (not when another reason holds it, nor when a resume was owed but not yet told,
+    /// which is then simply withdrawn), so it sees one `PauseReading` per `ResumeReading`.
+    fn pause(&mut self, p: Pause) -> bool {
+        if !self.pauses.add(p) {
+            return false;
+        }
+        !std::mem::take(&mut self.resume_owed)
     }
 
     /// Requests are read (not paused, not closed).
@@ -748,7 +764,7 @@ impl Broker {
                 .and_then(|c| c.streams.get_mut(&stream))
                 .is_some_and(|st| st.pauses.remove(Pause::Rate));
             if resumed {
-                self.out.push_back(BrokerOutput::ResumeReading { conn, stream });
+                self.owe_resume(conn, stream);
                 self.drive_stream(conn, stream, now);
             }
         }

@@ -91,8 +91,10 @@ impl Broker {
             self.stats.publishes_refused += 1;
             // Read nothing more from this stream until the tenant is back under: the publisher
             // is slowed by flow control rather than read, decrypted and refused.
-            if st.pauses.add(Pause::Rate) {
-                self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+            if !st.pauses.has(Pause::Rate) {
+                if st.pause(Pause::Rate) {
+                    self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+                }
                 self.rate_resumes.insert((crate::transport::after(now, wait), conn, st.id));
             }
             let whose = if namespace {
@@ -176,7 +178,7 @@ impl Broker {
         let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
         if sh.log.pending_bytes() > limit && !st.pauses.has(Pause::Storage) {
             sh.paused.push((conn, st.id));
-            if st.pauses.add(Pause::Storage) {
+            if st.pause(Pause::Storage) {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
             }
         }
@@ -580,7 +582,7 @@ impl Broker {
         for (conn, sid) in resume {
             let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
             if st.pauses.remove(Pause::Storage) {
-                self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
+                st.resume_owed = true;
                 self.drive_stream(conn, sid, now);
             }
         }
