@@ -1,6 +1,7 @@
 //! Signed tokens through the broker: a matrix of tokens (valid, expired, not yet valid, bad
 //! signature, unknown key, wrong audience, wrong issuer, another tenant, a permission missing,
-//! a wildcard permission, tenant.manage) over publish, subscribe, cache and counter requests:
+//! a wildcard permission, tenant.manage) over JSON and binary publishes, subscribe, cache put,
+//! get and delete (and, in their own tests, group polls and client certificates):
 //! each answered with the right code, nothing written or served when refused; a token that
 //! expires during a session makes its next request `revoked`.
 
@@ -50,7 +51,8 @@ fn auth_with(token: &str) -> Bytes {
     json(&Message::Auth(message::Auth {
         tenant_id: "t1".into(),
         token: token.into(),
-        client_flags: Some(0x0001 | 0x0008),
+        // 0x0200: binary acks carry the error code too.
+        client_flags: Some(0x0001 | 0x0008 | 0x0200),
         client_features: lo,
         client_features_hi: hi,
     }))
@@ -80,6 +82,17 @@ fn requests() -> Vec<(&'static str, Bytes)> {
                 cache: "sessions".into(),
                 key: "k".into(),
                 request_id: Some(3),
+            })),
+        ),
+        ("binary_publish", publish_binary("orders", &["b"], Some(4), None)),
+        (
+            "cache_delete",
+            json(&Message::CacheDelete(message::CacheDelete {
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                cache: "sessions".into(),
+                key: "gone".into(),
+                request_id: Some(5),
             })),
         ),
     ]
@@ -118,10 +131,16 @@ fn run(token: &str, advance: Duration) -> Result<Vec<(&'static str, String)>, St
                 out.extend_from_slice(&data);
             }
         }
-        let got = match messages(&out).first() {
-            Some(Message::Error(e)) => e.code.as_ref().map(|c| c.name().into_owned()).unwrap_or_default(),
-            Some(Message::PublishError(e)) => e.code.as_ref().map(|c| c.name().into_owned()).unwrap_or_default(),
-            Some(_) => "ok".into(),
+        use felix_proto::Payload;
+        let json_code = |m: &Message| match m {
+            Message::Error(e) => e.code.as_ref().map(|c| c.name().into_owned()).unwrap_or_default(),
+            Message::PublishError(e) => e.code.as_ref().map(|c| c.name().into_owned()).unwrap_or_default(),
+            _ => "ok".into(),
+        };
+        let got = match payloads(&out).first() {
+            Some(Payload::Json(message::Decoded::Message(m))) => json_code(m),
+            Some(Payload::Ack(a)) => a.code.as_ref().map_or("ok".into(), |(c, _)| c.name().into_owned()),
+            Some(other) => format!("{other:?}"),
             None => "nothing".into(),
         };
         results.push((name, got));
@@ -163,12 +182,15 @@ fn every_kind_of_token_gets_the_right_answer_on_every_request() {
     // A permission missing: forbidden for that request only.
     let publish_only = mint(&k, "k1", &claims(&everything[..1])).unwrap();
     let got = run(&publish_only, Duration::ZERO).unwrap();
-    assert_eq!(got[0].1, "ok");
-    assert!(got[1..].iter().all(|(_, c)| c == "forbidden"), "{got:?}");
+    let codes: Vec<&str> = got.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!(codes, ["ok", "forbidden", "forbidden", "forbidden", "ok", "forbidden"], "{got:?}");
     // Wildcards and tenant.manage.
     let wild = mint(&k, "k1", &claims(&["stream.publish:stream:t1/*/*", "cache.read:cache:t1/*/sessions"])).unwrap();
     let got = run(&wild, Duration::ZERO).unwrap();
-    assert_eq!(got.iter().map(|(_, c)| c.as_str()).collect::<Vec<_>>(), ["ok", "forbidden", "forbidden", "ok"]);
+    assert_eq!(
+        got.iter().map(|(_, c)| c.as_str()).collect::<Vec<_>>(),
+        ["ok", "forbidden", "forbidden", "ok", "ok", "forbidden"]
+    );
     let manager = mint(&k, "k1", &claims(&["tenant.manage:tenant:t1"])).unwrap();
     assert_eq!(run(&manager, Duration::ZERO), Ok(all("ok")));
     // Expiring during the session: every request afterwards is `revoked`.
