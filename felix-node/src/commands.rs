@@ -954,28 +954,8 @@ async fn cluster_change(
     a: AdminArgs,
 ) -> Result<ExitCode, String> {
     let m = a.metrics;
-    let (status, body) = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        felix_driver_tokio::server::cluster_admin(
-            m,
-            add.as_ref().map(|(_, addr)| addr.as_str()),
-            &node,
-            force,
-            &a.cluster_secret,
-        ),
-    )
-    .await
-    .map_err(|_| format!("no answer from {m} within 5 s"))?
-    .map_err(|e| format!("{m}: {e} (is it a broker's --metrics-listen address?)"))?;
-    let reason = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["error"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| body.trim().to_owned());
-    match status {
-        202 => {}
-        401 => return Err(format!("{m}: refused: {reason} (pass the brokers' --cluster-secret)")),
-        _ => return Err(format!("{m}: refused ({status}): {reason}")),
-    }
+    let addr = add.as_ref().map(|(_, addr)| addr.as_str());
+    proposed(m, felix_driver_tokio::server::cluster_admin(m, addr, &node, force, &a.cluster_secret)).await?;
     let what = if add.is_some() { "added" } else { "removed" };
     eprintln!("proposed; waiting for {node} to be {what} (up to {:?})", a.wait);
     let start = std::time::Instant::now();
@@ -1026,25 +1006,32 @@ async fn cluster_change(
     }
 }
 
-/// `cluster revoke`: proposes the revocation, then waits until the broker asked lists it.
-async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) -> Result<ExitCode, String> {
-    let m = a.metrics;
-    let (status, body) = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        felix_driver_tokio::server::cluster_revoke(m, jti.as_deref(), sub.as_deref(), &a.cluster_secret),
-    )
-    .await
-    .map_err(|_| format!("no answer from {m} within 5 s"))?
-    .map_err(|e| format!("{m}: {e} (is it a broker's --metrics-listen address?)"))?;
+/// Waits (5 s at most) for an admin request's answer: `Ok` when the broker proposed it, else
+/// what it said, worded for the operator.
+async fn proposed(
+    m: std::net::SocketAddr,
+    request: impl std::future::Future<Output = std::io::Result<(u16, String)>>,
+) -> Result<(), String> {
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(5), request)
+        .await
+        .map_err(|_| format!("no answer from {m} within 5 s"))?
+        .map_err(|e| format!("{m}: {e} (is it a broker's --metrics-listen address?)"))?;
     let reason = serde_json::from_str::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v["error"].as_str().map(str::to_owned))
         .unwrap_or_else(|| body.trim().to_owned());
     match status {
-        202 => {}
-        401 => return Err(format!("{m}: refused: {reason} (pass the brokers' --cluster-secret)")),
-        _ => return Err(format!("{m}: refused ({status}): {reason}")),
+        202 => Ok(()),
+        401 => Err(format!("{m}: refused: {reason} (pass the brokers' --cluster-secret)")),
+        _ => Err(format!("{m}: refused ({status}): {reason}")),
     }
+}
+
+/// `cluster revoke`: proposes the revocation, then waits until the broker asked lists it.
+async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) -> Result<ExitCode, String> {
+    let m = a.metrics;
+    proposed(m, felix_driver_tokio::server::cluster_revoke(m, jti.as_deref(), sub.as_deref(), &a.cluster_secret))
+        .await?;
     let start = std::time::Instant::now();
     loop {
         let v: Option<serde_json::Value> =

@@ -123,24 +123,14 @@ impl Broker {
             // In a cluster, a plain publish for a shard owned elsewhere goes to its owner.
             Err(r) if r.code == ErrorCode::NotLeader && self.try_forward(conn, st, &req, reply, now) => return,
             Err(r) => {
-                self.stats.publishes_refused += 1;
-                if matches!(reply, Reply::None) {
-                    self.stats.unacked_failures += 1; // decision D5: counted, not answered
-                    return;
-                }
-                return self.answer_now(conn, st, reply, Err(&r));
+                return self.refuse_publish(conn, st, reply, &r);
             }
         };
         let Some(k) = self.stream_key(&req.tenant_id, &req.namespace, &req.stream) else { return };
         let probe = match self.storage_gate(&k, shard, now) {
             Ok(probe) => probe,
             Err(r) => {
-                self.stats.publishes_refused += 1;
-                if matches!(reply, Reply::None) {
-                    self.stats.unacked_failures += 1;
-                    return;
-                }
-                return self.answer_now(conn, st, reply, Err(&r));
+                return self.refuse_publish(conn, st, reply, &r);
             }
         };
         let sess = st.session.as_ref().expect("route checked the session");
@@ -160,12 +150,7 @@ impl Broker {
         let queued = match self.publish_quota(&k, durable, bytes) {
             Ok(queued) => queued,
             Err(r) => {
-                self.stats.publishes_refused += 1;
-                if matches!(reply, Reply::None) {
-                    self.stats.unacked_failures += 1;
-                    return;
-                }
-                return self.answer_now(conn, st, reply, Err(&r));
+                return self.refuse_publish(conn, st, reply, &r);
             }
         };
         let batch = NewBatch { records: req.records, publisher, idempotent: req.idempotent, digest, state: req.state };
@@ -194,6 +179,17 @@ impl Broker {
                 self.deliver_answer(conn, st, seq, data);
             }
         }
+    }
+
+    /// A publish refused before anything was written: counted, and answered when it is acked
+    /// (an unacked one is only counted: decision D5).
+    fn refuse_publish(&mut self, conn: ConnId, st: &mut CtlStream, reply: Reply, r: &Refusal) {
+        self.stats.publishes_refused += 1;
+        if matches!(reply, Reply::None) {
+            self.stats.unacked_failures += 1;
+            return;
+        }
+        self.answer_now(conn, st, reply, Err(r));
     }
 
     /// The tenant's quotas on what a publish of `bytes` payload bytes to `k` adds: the
