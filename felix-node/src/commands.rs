@@ -961,12 +961,7 @@ async fn cluster_change(
     let start = std::time::Instant::now();
     let mut last = String::new();
     loop {
-        let v: Option<serde_json::Value> =
-            tokio::time::timeout(std::time::Duration::from_secs(2), felix_driver_tokio::server::cluster_status(m))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .and_then(|t| serde_json::from_str(&t).ok());
+        let v = status_json(m).await;
         if let Some(v) = v {
             let voter = v["voters"].as_array().into_iter().flatten().any(|x| x == node.as_str());
             let state = v["members"]
@@ -1006,6 +1001,15 @@ async fn cluster_change(
     }
 }
 
+/// A broker's `/cluster` status as JSON, if it answers within 2 s.
+async fn status_json(m: std::net::SocketAddr) -> Option<serde_json::Value> {
+    let text = tokio::time::timeout(std::time::Duration::from_secs(2), felix_driver_tokio::server::cluster_status(m))
+        .await
+        .ok()?
+        .ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 /// Waits (5 s at most) for an admin request's answer: `Ok` when the broker proposed it, else
 /// what it said, worded for the operator.
 async fn proposed(
@@ -1034,12 +1038,7 @@ async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) 
         .await?;
     let start = std::time::Instant::now();
     loop {
-        let v: Option<serde_json::Value> =
-            tokio::time::timeout(std::time::Duration::from_secs(2), felix_driver_tokio::server::cluster_status(m))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .and_then(|t| serde_json::from_str(&t).ok());
+        let v = status_json(m).await;
         if let Some(v) = v {
             let listed = |what: &str, x: &Option<String>| {
                 x.as_ref().is_none_or(|x| v["revoked"][what].as_array().into_iter().flatten().any(|y| y == x.as_str()))
