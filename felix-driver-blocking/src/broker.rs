@@ -328,6 +328,12 @@ impl BlockingBroker {
             | BrokerOutput::ProposeCache { .. }
             | BrokerOutput::ProposeStream { .. }
             | BrokerOutput::ProposeStreamDeletion { .. } => {}
+            // Replicated shards exist only in a cluster (a ClusterNode takes this output).
+            BrokerOutput::Replicate { token, .. } => self.broker.handle_replicated(
+                token,
+                felix_proto::cluster::replica::Answer::LeadershipLost,
+                Instant::now(),
+            ),
             BrokerOutput::CloseConnection { conn, code, reason } => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.close(ch, code, &reason);

@@ -336,3 +336,170 @@ pub(crate) fn write_raft_log(path: &std::path::Path, bytes: &[u8]) -> std::io::R
     }
     Ok(())
 }
+
+/// Where a broker keeps the Raft logs of its replicas of replicated shards: one append-only
+/// file per shard under `DATA_DIR/cluster/replicas/`. A shard's file *is* its records (the
+/// stream's log): nothing else is written for a replicated shard. Appends go to the page cache
+/// at once (before any message that depends on them is sent, so a killed process loses none)
+/// and reach the disk on the interval the broker's fsync policy names, or before every answer
+/// with `--fsync always`.
+pub(crate) struct ReplicaLogs {
+    dir: Option<std::path::PathBuf>,
+    files: std::collections::BTreeMap<ShardId, std::fs::File>,
+    dirty: std::collections::BTreeSet<ShardId>,
+    sync_every: Option<std::time::Duration>,
+    last_sync: std::time::Instant,
+    /// Write failures (logged; the replica's peers carry on with a majority).
+    pub(crate) failures: u64,
+}
+
+use felix_proto::cluster::metadata::{Kind, ShardId};
+
+fn replica_file_name(s: &ShardId) -> String {
+    use felix_proto::storage::path_component as pc;
+    let kind = if s.kind == Kind::Cache { "cache" } else { "stream" };
+    format!("{kind}~{}~{}~{}~{}.log", pc(&s.tenant), pc(&s.namespace), pc(&s.name), s.shard)
+}
+
+fn parse_replica_file_name(n: &str) -> Option<ShardId> {
+    use felix_proto::storage::parse_path_component as pc;
+    let n = n.strip_suffix(".log")?;
+    let parts: Vec<&str> = n.split('~').collect();
+    let [kind, t, ns, name, shard] = parts.as_slice() else { return None };
+    let kind = match *kind {
+        "stream" => Kind::Stream,
+        "cache" => Kind::Cache,
+        _ => return None,
+    };
+    Some(ShardId { kind, tenant: pc(t)?, namespace: pc(ns)?, name: pc(name)?, shard: shard.parse().ok()? })
+}
+
+impl ReplicaLogs {
+    /// Opens the directory (nothing is kept without a data directory) and reads back every
+    /// replica's log. A file torn by a crash mid-append is cut back to its last whole record;
+    /// a file whose name is not a shard's is left alone and said.
+    pub(crate) fn open(
+        data_dir: Option<&std::path::Path>,
+        sync_every: Option<std::time::Duration>,
+    ) -> std::io::Result<(ReplicaLogs, std::collections::BTreeMap<ShardId, felix_proto::cluster::meta::RaftLog>)> {
+        let dir = data_dir.map(|d| d.join("cluster").join("replicas"));
+        let mut kept = std::collections::BTreeMap::new();
+        if let Some(dir) = &dir
+            && dir.exists()
+        {
+            for e in std::fs::read_dir(dir)? {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(shard) = parse_replica_file_name(&name) else {
+                    if !name.ends_with(".tmp") {
+                        tracing::warn!("{}: not a replica's log, left alone", e.path().display());
+                    }
+                    continue;
+                };
+                let bytes = std::fs::read(e.path())?;
+                let (log, whole) = felix_proto::cluster::meta::fold_log_records(&bytes);
+                if whole < bytes.len() {
+                    tracing::warn!(
+                        "{}: {} bytes after the last whole record (a write cut short) were dropped",
+                        e.path().display(),
+                        bytes.len() - whole
+                    );
+                    let f = std::fs::OpenOptions::new().write(true).open(e.path())?;
+                    f.set_len(whole as u64)?;
+                    f.sync_all()?;
+                }
+                kept.insert(shard, log);
+            }
+        }
+        let logs = ReplicaLogs {
+            dir,
+            files: Default::default(),
+            dirty: Default::default(),
+            sync_every,
+            last_sync: std::time::Instant::now(),
+            failures: 0,
+        };
+        Ok((logs, kept))
+    }
+
+    /// Appends a replica's persisted state. Synced at once when the policy says `always`.
+    pub(crate) fn persist(
+        &mut self,
+        shard: &ShardId,
+        entries: &[felix_proto::cluster::meta::Entry],
+        hard_state: Option<&felix_proto::cluster::meta::HardState>,
+    ) {
+        use std::io::Write;
+        let Some(dir) = &self.dir else { return };
+        if entries.is_empty() && hard_state.is_none() {
+            return;
+        }
+        let record = felix_proto::cluster::meta::encode_log_record(entries, hard_state);
+        let r = (|| -> std::io::Result<()> {
+            if !self.files.contains_key(shard) {
+                std::fs::create_dir_all(dir)?;
+                let f =
+                    std::fs::OpenOptions::new().create(true).append(true).open(dir.join(replica_file_name(shard)))?;
+                self.files.insert(shard.clone(), f);
+            }
+            let f = self.files.get_mut(shard).expect("opened above");
+            f.write_all(&record)?;
+            if self.sync_every.is_none() {
+                f.sync_data()?;
+            } else {
+                self.dirty.insert(shard.clone());
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            self.failures += 1;
+            tracing::error!("writing {shard:?}'s replica log: {e}");
+        }
+    }
+
+    /// Syncs what was appended since the last sync, when the interval has passed.
+    pub(crate) fn sync_due(&mut self, now: std::time::Instant) {
+        let Some(every) = self.sync_every else { return };
+        if self.dirty.is_empty() || now.saturating_duration_since(self.last_sync) < every {
+            return;
+        }
+        self.last_sync = now;
+        for s in std::mem::take(&mut self.dirty) {
+            if let Some(f) = self.files.get(&s)
+                && let Err(e) = f.sync_data()
+            {
+                self.failures += 1;
+                tracing::error!("syncing {s:?}'s replica log: {e}");
+            }
+        }
+    }
+
+    /// The shard is gone (its stream deleted): its log is removed.
+    pub(crate) fn drop_shard(&mut self, shard: &ShardId) {
+        self.files.remove(shard);
+        self.dirty.remove(shard);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_file(dir.join(replica_file_name(shard)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod replica_log_tests {
+    use super::*;
+
+    #[test]
+    fn replica_file_names_round_trip_and_strangers_are_refused() {
+        let s = ShardId {
+            kind: Kind::Stream,
+            tenant: "t.1".into(),
+            namespace: "ns/x".into(),
+            name: "or ders".into(),
+            shard: 7,
+        };
+        assert_eq!(parse_replica_file_name(&replica_file_name(&s)), Some(s));
+        for bad in ["x.log", "stream~a~b~c~d.log", "queue~a~b~c~1.log", "stream~a~b~c~1", ""] {
+            assert_eq!(parse_replica_file_name(bad), None, "{bad}");
+        }
+    }
+}

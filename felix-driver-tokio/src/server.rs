@@ -192,6 +192,7 @@ impl Server {
         };
 
         let (tx, rx) = mpsc::unbounded_channel();
+        let mut replica_logs = None;
         let (node, transport, raft_log) = match &opts.cluster {
             None => (Node::Single(Box::new(broker)), None, None),
             Some(c) => {
@@ -224,6 +225,18 @@ impl Server {
                     ClusterNode::new(broker, me, &peers, &kept, now)
                 }
                 .map_err(|e| ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())))?;
+                let mut node = node;
+                // Replicated shards' logs follow the broker's fsync policy (`never` still syncs
+                // once a second: a replica's log is what a fail-over stands on).
+                let sync_every = match opts.fsync {
+                    FsyncMode::Always => None,
+                    FsyncMode::Interval(d) => Some(d),
+                    FsyncMode::Never => Some(std::time::Duration::from_secs(1)),
+                };
+                let (logs, kept_replicas) =
+                    crate::cluster::ReplicaLogs::open(opts.data_dir.as_deref(), sync_every).map_err(ServerError::Io)?;
+                node.set_kept_replicas(kept_replicas);
+                replica_logs = Some(logs);
                 let secret = c.secret.clone();
                 let (ptx, mut prx) = mpsc::unbounded_channel();
                 let (cluster_id, _, _) = Identity::self_signed(&["localhost"])?;
@@ -266,6 +279,7 @@ impl Server {
             node,
             transport,
             raft_log,
+            replica_logs,
             endpoint: endpoint.clone(),
             loopback_cfg,
             conns: HashMap::new(),
@@ -738,6 +752,8 @@ struct BrokerTask {
     transport: Option<crate::cluster::Transport>,
     /// Where the metadata Raft log is kept, and what it holds.
     raft_log: Option<(Option<PathBuf>, felix_proto::cluster::meta::RaftLog)>,
+    /// Where this broker's replicas of replicated shards keep their logs.
+    replica_logs: Option<crate::cluster::ReplicaLogs>,
     endpoint: quinn::Endpoint,
     /// The server configuration for loopback peers ([`TransportTuning::to_quinn_for`]).
     loopback_cfg: Arc<quinn::ServerConfig>,
@@ -762,6 +778,9 @@ impl BrokerTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>, mut shutdown: oneshot::Receiver<()>) {
         loop {
             self.drain();
+            if let Some(l) = self.replica_logs.as_mut() {
+                l.sync_due(now());
+            }
             if let Some((until, _)) = &self.draining {
                 let left = self.node.broker_ref().work_in_flight();
                 if left == 0 || now() >= *until {
@@ -1226,6 +1245,19 @@ impl BrokerTask {
                     tracing::info!("cluster: {name} left the members");
                     continue;
                 }
+                NodeOutput::PersistReplica { shard, entries, hard_state } => {
+                    // Appended before anything after it is carried out (Raft's rule).
+                    if let Some(l) = self.replica_logs.as_mut() {
+                        l.persist(&shard, &entries, hard_state.as_ref());
+                    }
+                    continue;
+                }
+                NodeOutput::DropReplica { shard } => {
+                    if let Some(l) = self.replica_logs.as_mut() {
+                        l.drop_shard(&shard);
+                    }
+                    continue;
+                }
                 NodeOutput::PersistRaft { entries, hard_state } => {
                     // Durable before anything after it is carried out (Raft's rule).
                     if let Some((path, kept)) = self.raft_log.as_mut() {
@@ -1313,6 +1345,12 @@ impl BrokerTask {
                 | BrokerOutput::ProposeCache { .. }
                 | BrokerOutput::ProposeStream { .. }
                 | BrokerOutput::ProposeStreamDeletion { .. } => {}
+                // Replicated shards exist only in a cluster, whose ClusterNode takes this output.
+                BrokerOutput::Replicate { token, .. } => self.node.broker().handle_replicated(
+                    token,
+                    felix_proto::cluster::replica::Answer::LeadershipLost,
+                    now(),
+                ),
                 BrokerOutput::CloseConnection { conn, code, reason } => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());

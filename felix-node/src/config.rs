@@ -45,6 +45,8 @@
 //! queue_capacity = 1024
 //! memory_bytes = 67108864         # history kept in memory per shard; older is read from disk
 //! fsync = "always"                # this stream's own policy (default: the broker's)
+//! durability = "quorum"           # disk (default) | quorum: in a cluster, each shard a Raft
+//! replication = 3                 #   group over this many brokers (2..=7, default 3)
 //!
 //! [[caches]]
 //! tenant = "acme"
@@ -161,6 +163,8 @@ pub struct ClusterSection {
     pub name: Option<String>,
     pub advertise: Option<String>,
     pub default_shards: Option<u32>,
+    /// Replicas per shard of a durable stream created on first use (1..=7).
+    pub default_replication: Option<u32>,
     /// Join a running cluster (`serve --join`).
     pub join: Option<bool>,
 }
@@ -241,6 +245,12 @@ pub struct StreamSection {
     pub memory_bytes: Option<u64>,
     /// This stream's fsync policy: always | never | interval:MS (default: the broker's).
     pub fsync: Option<String>,
+    /// `quorum`: in a cluster, every shard is replicated to `replication` brokers (default 3)
+    /// and a write is acknowledged once a majority holds it. `disk` (the default for a
+    /// durable stream) keeps a shard on its owner's disk only.
+    pub durability: Option<String>,
+    /// Replicas per shard of a `quorum` stream (2..=7; default 3).
+    pub replication: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -369,6 +379,35 @@ impl FileConfig {
                 f.parse::<felix_driver_tokio::FsyncMode>()
                     .map_err(|e| format!("stream {}/{}: fsync: {e}", s.namespace, s.name))?;
             }
+            match s.durability.as_deref() {
+                None | Some("disk") => {
+                    if s.replication.is_some_and(|r| r > 1) {
+                        return Err(format!(
+                            "stream {}/{}: replication needs durability = \"quorum\"",
+                            s.namespace, s.name
+                        ));
+                    }
+                }
+                Some("quorum") => {
+                    if !s.durable {
+                        return Err(format!(
+                            "stream {}/{}: a quorum stream keeps a log: it cannot be durable = false",
+                            s.namespace, s.name
+                        ));
+                    }
+                    if let Some(r) = s.replication
+                        && !(2..=7).contains(&r)
+                    {
+                        return Err(format!("stream {}/{}: replication {r}: expected 2..=7", s.namespace, s.name));
+                    }
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "stream {}/{}: durability {other:?}: expected disk or quorum",
+                        s.namespace, s.name
+                    ));
+                }
+            }
         }
         Ok(cfg)
     }
@@ -439,6 +478,7 @@ impl FileConfig {
                     queue_capacity: s.queue_capacity.unwrap_or(default_queue),
                     memory_bytes: s.memory_bytes.unwrap_or(StreamConfig::default().memory_bytes),
                     fsync: s.fsync.as_deref().and_then(|f| f.parse::<felix_driver_tokio::FsyncMode>().ok()),
+                    replication: if s.durability.as_deref() == Some("quorum") { s.replication.unwrap_or(3) } else { 1 },
                 },
             })
             .collect()

@@ -53,6 +53,7 @@ fn demo_settings(
         fsync: FsyncMode::Always,
         ephemeral: false,
         default_shards,
+        default_replication: 1,
         publish_window: 256,
         max_frame_bytes: 16 << 20,
         ack_on_commit: true,

@@ -222,6 +222,11 @@ struct ServeArgs {
     /// key; in a cluster the shards are spread over the brokers.
     #[arg(long, env = "FELIX_DEFAULT_SHARDS", value_parser = clap::value_parser!(u32).range(1..=4096))]
     default_shards: Option<u32>,
+    /// In a cluster: replicas per shard of a durable stream created on first use (1..=7)
+    /// [default: 1]. 3 makes each shard a Raft group over three brokers (`quorum` durability):
+    /// a write is acknowledged once two hold it, and the shard fails over when one dies.
+    #[arg(long, env = "FELIX_DEFAULT_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
+    default_replication: Option<u32>,
     /// Join a cluster as this node id (with --cluster-listen and --peers). Without it the broker
     /// runs alone, as always.
     #[arg(long, env = "FELIX_NODE_ID")]

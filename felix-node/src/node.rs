@@ -31,6 +31,8 @@ pub struct BrokerSettings {
     pub ephemeral: bool,
     /// Shards of a stream created on first use (default 1).
     pub default_shards: u32,
+    /// Replicas per shard of a durable stream created on first use, in a cluster (default 1).
+    pub default_replication: u32,
     pub retention_records: Option<u64>,
     pub memory_bytes: Option<u64>,
     pub publish_window: u32,
@@ -97,6 +99,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         default_stream: StreamConfig {
             durable: !s.ephemeral,
             shards: s.default_shards.max(1),
+            replication: s.default_replication.clamp(1, 7),
             retention: felix_proto::broker::Retention {
                 max_records: s.retention_records.or(StreamConfig::default().retention.max_records),
                 ..StreamConfig::default().retention

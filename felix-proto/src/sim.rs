@@ -595,7 +595,8 @@ impl Sim {
             | BrokerOutput::ForwardRequestAnswer { .. }
             | BrokerOutput::ProposeCache { .. }
             | BrokerOutput::ProposeStream { .. }
-            | BrokerOutput::ProposeStreamDeletion { .. }) => self.to_peers.push(o),
+            | BrokerOutput::ProposeStreamDeletion { .. }
+            | BrokerOutput::Replicate { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
                 // Writes asked for before it land first, then go with the rest: here they
                 // simply never land.

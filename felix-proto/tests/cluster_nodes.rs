@@ -21,6 +21,8 @@ struct Cluster {
     now: Instant,
     nodes: BTreeMap<String, ClusterNode>,
     kept: BTreeMap<String, RaftLog>,
+    /// What each broker kept of its replicas' Raft logs.
+    kept_replicas: BTreeMap<String, BTreeMap<ShardId, RaftLog>>,
     network: VecDeque<(String, String, Bytes)>,
     /// Bytes each client stream received: (node, conn, stream).
     received: BTreeMap<(String, ConnId, StreamId), Vec<u8>>,
@@ -65,6 +67,7 @@ impl Cluster {
             now,
             nodes,
             kept: BTreeMap::new(),
+            kept_replicas: BTreeMap::new(),
             network: VecDeque::new(),
             received: BTreeMap::new(),
             stored: BTreeMap::new(),
@@ -107,6 +110,13 @@ impl Cluster {
                         NodeOutput::PeerRefused { name: peer, why } => self.refusals.push((name.clone(), peer, why)),
                         NodeOutput::PersistRaft { entries, hard_state } => {
                             self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
+                        }
+                        NodeOutput::PersistReplica { shard, entries, hard_state } => {
+                            let k = self.kept_replicas.entry(name.clone()).or_default();
+                            k.entry(shard).or_default().persist(&entries, hard_state.as_ref());
+                        }
+                        NodeOutput::DropReplica { shard } => {
+                            self.kept_replicas.entry(name.clone()).or_default().remove(&shard);
                         }
                     }
                 }
@@ -197,6 +207,7 @@ fn records_published_through_any_broker_land_once_on_their_owner() {
         name: "orders".into(),
         shards: 6,
         ephemeral: false,
+        replication: 0,
     };
     let now = c.now;
     c.nodes.get_mut(&follower).unwrap().propose(&create, now);
@@ -270,6 +281,7 @@ fn a_broker_restarted_from_its_kept_raft_log_rejoins_with_the_same_metadata() {
         name: "orders".into(),
         shards: 4,
         ephemeral: false,
+        replication: 0,
     };
     let now = c.now;
     let any = c.nodes.keys().next().unwrap().clone();
@@ -306,6 +318,7 @@ fn a_dead_broker_is_declared_down_its_in_memory_shards_move_and_its_durable_ones
             name: name.into(),
             shards: 6,
             ephemeral,
+            replication: 0,
         };
         c.nodes.get_mut("n1").unwrap().propose(&create, now);
     }
@@ -385,6 +398,7 @@ fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
         name: "orders".into(),
         shards: 3,
         ephemeral: false,
+        replication: 0,
     };
     let now = c.now;
     c.nodes.get_mut("n1").unwrap().propose(&create, now);
@@ -441,6 +455,7 @@ fn an_operator_adds_a_broker_that_takes_a_share_and_removes_one_only_with_force_
         name: "orders".into(),
         shards: 8,
         ephemeral: false,
+        replication: 0,
     };
     let now = c.now;
     c.nodes.get_mut("n1").unwrap().propose(&create, now);
@@ -767,6 +782,7 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
         name: "orders".into(),
         shards: 1,
         ephemeral: false,
+        replication: 0,
     };
     c.nodes.get_mut("n1").unwrap().propose(&create, now);
     c.settle();
@@ -847,4 +863,118 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
         let ms = messages(&c.take(n, conn, st));
         assert!(matches!(&ms[..], [Message::Error(e)] if e.message.contains("revoked")), "{n}: {ms:?}");
     }
+}
+
+fn ledger() -> ShardId {
+    ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "ledger".into(), shard: 0 }
+}
+
+fn leading(c: &Cluster) -> Option<String> {
+    use felix_proto::broker::ReplicaRole;
+    c.nodes
+        .iter()
+        .find(|(_, n)| n.broker.replica_role(&ledger()) == Some(&ReplicaRole::Leading))
+        .map(|(k, _)| k.clone())
+}
+
+/// Every payload a broker holds committed of the ledger, in offset order, and its
+/// generation-start offsets.
+fn history(c: &Cluster, node: &str) -> (Vec<(u64, Bytes)>, Vec<u64>) {
+    let (mut records, mut starts) = (Vec::new(), Vec::new());
+    for (base, generation_start, payloads) in c.nodes[node].broker.committed_batches(&ledger(), 0) {
+        if generation_start {
+            starts.push(base);
+        }
+        for (i, p) in payloads.into_iter().enumerate() {
+            records.push((base + i as u64, p));
+        }
+    }
+    (records, starts)
+}
+
+#[test]
+fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record() {
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "ledger".into(),
+        shards: 1,
+        ephemeral: false,
+        replication: 3,
+    };
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.settle();
+    c.until("a replica leads and the metadata names it", |c| {
+        leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
+    });
+    let first = leading(&c).unwrap();
+    assert_eq!(c.nodes[&first].metadata().replicas(&ledger()).map(<[String]>::len), Some(3));
+    // Twenty acked records through the leader (offsets offered): each acknowledged once a
+    // majority holds it, at the offset every replica gives it.
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&first, flags, 1);
+    for k in 0..20u64 {
+        c.send(&first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&first, conn, st)));
+    assert_eq!(a.len(), 20);
+    assert!(a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    // Nothing of it went to segment storage: the Raft log is the stream's log.
+    assert!(c.stored.is_empty(), "{:?}", c.stored);
+    c.settle();
+    let (before, starts) = history(&c, &first);
+    assert_eq!(before.len(), 20);
+    assert_eq!(starts.len(), 1, "the first leader's generation start");
+    for n in NAMES {
+        assert_eq!(history(&c, n).0, before, "{n} holds the same history");
+    }
+    // The leader dies (keeping only what it persisted). A follower takes over: its own
+    // generation start takes the next offset, and it serves once that committed.
+    c.nodes.remove(&first);
+    c.until("a follower leads", |c| leading(c).is_some());
+    let second = leading(&c).unwrap();
+    assert_ne!(second, first);
+    let (conn, st) = c.client(&second, flags, 2);
+    for k in 0..10u64 {
+        c.send(&second, conn, st, publish_binary("ledger", &[&format!("b{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&second, conn, st)));
+    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    let (after, starts) = history(&c, &second);
+    assert_eq!(starts.len(), 2, "a second generation start: {starts:?}");
+    assert_eq!(&after[..20], &before[..], "every record acknowledged before the fail-over, in order");
+    assert_eq!(after.len(), 30);
+    assert!(after.windows(2).all(|w| w[0].0 < w[1].0), "offsets only grow");
+    // The old leader comes back from its kept logs and catches up to the same history.
+    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    let i = NAMES.iter().position(|n| *n == first).unwrap() as u16 + 1;
+    let mut node = ClusterNode::new(broker, member(&first, i), &peers, &c.kept[&first], c.now).unwrap();
+    node.set_kept_replicas(c.kept_replicas.get(&first).cloned().unwrap_or_default());
+    c.nodes.insert(first.clone(), node);
+    c.until("the old leader caught up", |c| history(c, &first).0 == history(c, &second).0);
+    // A subscriber on a follower is sent to the leader.
+    let follower = NAMES.iter().find(|n| **n != second).unwrap();
+    let (conn, st) = c.client(follower, 1, 3);
+    let sub = json(&Message::Subscribe(message::Subscribe {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        subscription_id: None,
+        start: Some(StartPosition::Earliest),
+        shard: Some(0),
+        queue_capacity: None,
+    }));
+    c.send(follower, conn, st, sub);
+    let ms = messages(&c.take(follower, conn, st));
+    assert!(
+        matches!(&ms[0], Message::Error(e) if e.message.contains(second.as_str()) || e.message.contains("owned by")),
+        "{ms:?}"
+    );
 }

@@ -280,6 +280,7 @@ impl Broker {
             addr: owner.addr.clone(),
             generation: owner.generation,
             down: false,
+            reason: "",
         });
         let subs = std::mem::take(&mut s.subs);
         for (conn, id) in subs {
@@ -287,7 +288,8 @@ impl Broker {
                 let m = message::ShardMoved {
                     subscription_id: id,
                     resume_from,
-                    node_id: Some(owner.node_id.clone()),
+                    // No leader yet (a replicated shard electing): the client asks again.
+                    node_id: Some(owner.node_id.clone()).filter(|n| !n.is_empty()),
                     addr: owner.addr.clone(),
                     generation: owner.generation,
                 };

@@ -66,6 +66,11 @@ pub struct StreamConfig {
     pub memory_bytes: u64,
     /// This stream's fsync policy; `None` uses the storage's default.
     pub fsync: Option<FsyncMode>,
+    /// Replicas of each shard in a cluster (`quorum` durability): 1 keeps a shard on its
+    /// owner's disk; 3 (say) makes every shard its own Raft group over three brokers, a write
+    /// acknowledged once a majority holds it. Ignored outside a cluster and for streams kept
+    /// in memory.
+    pub replication: u32,
 }
 
 impl Default for StreamConfig {
@@ -78,6 +83,7 @@ impl Default for StreamConfig {
             queue_capacity: 1024,
             memory_bytes: 64 << 20,
             fsync: None,
+            replication: 1,
         }
     }
 }

@@ -105,6 +105,7 @@ impl Broker {
                 addr: addr.clone(),
                 generation: *generation,
                 down: view.unavailable.contains(&id),
+                reason: "",
             }),
         }
     }

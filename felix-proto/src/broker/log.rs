@@ -353,6 +353,54 @@ impl ShardLog {
         self.skip_next = if e.generation_start { self.skip_next + 1 } else { 0 };
     }
 
+    /// Appends a batch already committed elsewhere at offset `base` (a replicated shard's
+    /// entry, committed by its Raft group, which assigned the offset): visible at once. A batch
+    /// below the tail is one the log holds (a replay) and is ignored; one above it (a log that
+    /// starts later than this one's tail) leaves the offsets between as a gap. Returns the
+    /// batch's end when it was appended.
+    pub fn append_committed(
+        &mut self,
+        base: u64,
+        records: Records,
+        timestamp_micros: u64,
+        publisher: Option<Bytes>,
+        generation_start: bool,
+    ) -> Option<u64> {
+        if base < self.next_offset || !self.pending.is_empty() {
+            return None;
+        }
+        if self.committed.is_empty() && self.evicted.is_empty() && self.records == 0 {
+            self.start = base;
+        }
+        let skipped_before = if generation_start { 0 } else { std::mem::take(&mut self.skip_next) };
+        if generation_start {
+            self.skip_next += 1;
+        }
+        let batch = LogBatch {
+            base,
+            records,
+            timestamp_micros,
+            publisher,
+            skipped_before,
+            generation_start,
+            encoded: Vec::new(),
+        };
+        self.next_offset = batch.end();
+        if !generation_start {
+            self.records += batch.count();
+            self.bytes += batch.records.payload_bytes() as u64;
+        }
+        self.mem_bytes += held_bytes(&batch);
+        self.committed.push_back(batch);
+        Some(self.next_offset)
+    }
+
+    /// The batches held in memory from `from` on: (base offset, generation start, payloads).
+    pub fn held_from(&self, from: u64) -> Vec<(u64, bool, Vec<Bytes>)> {
+        let i = self.committed.partition_point(|b| b.end() <= from);
+        self.committed.iter().skip(i).map(|b| (b.base, b.generation_start, b.records.payloads().collect())).collect()
+    }
+
     /// Appends a generation-start record: it takes one offset and is never delivered.
     pub fn append_generation_start(&mut self, timestamp_micros: u64, token: WriteToken) -> u64 {
         let base = self.next_offset;

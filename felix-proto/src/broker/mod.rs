@@ -49,6 +49,7 @@ mod limits;
 mod output;
 mod ownership;
 mod publish;
+mod replicated;
 mod requests;
 mod state;
 mod sub;
@@ -64,6 +65,7 @@ pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
 pub use limits::TenantLimit;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
+pub use replicated::ReplicaRole;
 pub use requests::MAX_NAME_BYTES;
 
 pub(crate) use producer::digest as records_digest;
@@ -94,16 +96,25 @@ struct Moved {
     /// The owner is down with records only it holds: requests are `shard_unavailable` (retry)
     /// until it comes back, not redirected or forwarded to it.
     down: bool,
+    /// Why it is unavailable when `down` (`owner_down`; for a replicated shard `not_ready`
+    /// while a new leader settles, `no_leader` while its replicas elect one).
+    reason: &'static str,
 }
 
 impl Moved {
     /// The answer for a shard whose owner is down.
     fn unavailable(&self, shard: u32) -> Refusal {
-        let mut r = Refusal::new(
-            ErrorCode::ShardUnavailable,
-            format!("shard {shard} is owned by {}, which is down; it holds the shard's records", self.node_id),
-        );
-        r.detail = Some(crate::binary::ErrorDetail { reason: Some("owner_down".into()), retry_after_ms: Some(1000) });
+        let (message, retry_ms) = match self.reason {
+            "not_ready" => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
+            "no_leader" => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
+            _ => (
+                format!("shard {shard} is owned by {}, which is down; it holds the shard's records", self.node_id),
+                1000,
+            ),
+        };
+        let mut r = Refusal::new(ErrorCode::ShardUnavailable, message);
+        let reason = if self.reason.is_empty() { "owner_down" } else { self.reason };
+        r.detail = Some(crate::binary::ErrorDetail { reason: Some(reason.into()), retry_after_ms: Some(retry_ms) });
         r.retry = RetryClass::Retry;
         r
     }
@@ -124,6 +135,11 @@ struct Shard {
     full: Option<Instant>,
     /// What `commit`s wrote ([`state`]).
     state: state::ShardState,
+    /// This broker is a replica of this replicated (`quorum`) shard, in this role; `None` for a
+    /// shard with one replica, or one this broker holds no replica of.
+    replica: Option<replicated::ReplicaRole>,
+    /// Payload bytes proposed to the shard's Raft group and not yet answered.
+    replicating: u64,
 }
 
 #[derive(Debug)]
@@ -420,6 +436,8 @@ struct WriteCtx {
     /// Payload bytes counted against the tenant's share of the publish queue (0: not counted),
     /// given back when the write leaves ([`Broker::take_write`]).
     queued: u64,
+    /// Payload bytes proposed to a replicated shard's group (0: a write to storage).
+    replicated: u64,
 }
 
 /// A refusal, with everything needed to word it for any client.

@@ -157,6 +157,20 @@ pub enum BrokerOutput {
         shards: u32,
         /// Kept in memory only (its shards move freely when their owner goes down).
         ephemeral: bool,
+        /// Replicas per shard (1: one, on its owner's disk; more: a `quorum` stream).
+        replication: u32,
+    },
+    /// Propose this batch to the Raft group of a replicated shard this broker leads
+    /// ([`crate::cluster::node::ClusterNode`] does): it becomes visible once the group commits
+    /// it ([`Broker::apply_replicated`]), and the publish is answered with the group's answer
+    /// ([`Broker::handle_replicated`], same `token`).
+    Replicate {
+        /// Names the publish in the answer.
+        token: crate::transport::WriteToken,
+        /// The shard.
+        shard: crate::cluster::metadata::ShardId,
+        /// The batch as replicated.
+        batch: crate::cluster::replica::ReplicatedBatch,
     },
     /// A clustered broker was asked to delete a stream: propose the deletion to the metadata
     /// group; every broker deletes its part once it is committed ([`Broker::apply_cluster`]).

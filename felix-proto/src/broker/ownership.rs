@@ -63,12 +63,30 @@ impl Broker {
                 let shards = md.shard_count(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name).unwrap_or(1);
                 // Durable or in memory as the cluster created it, whatever this broker's default.
                 let durable = !md.is_ephemeral(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name);
-                let cfg = StreamConfig { shards, durable, ..self.cfg.default_stream.clone() };
+                let replication = md.replication(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name);
+                let cfg = StreamConfig { shards, durable, replication, ..self.cfg.default_stream.clone() };
                 self.create_stream(k.clone(), cfg);
             }
             let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
                 continue;
             };
+            // A replicated shard this broker holds a replica of is served by its role in the
+            // shard's Raft group ([`Broker::set_replica_role`]), not by the metadata's owner (which
+            // learns of a new leader only after it took over). Until its group says, it is
+            // electing.
+            if md.replicas(shard).is_some_and(|r| r.iter().any(|n| n == local)) {
+                if sh.replica.is_none() {
+                    sh.replica = Some(super::replicated::ReplicaRole::Following { leader: None });
+                    sh.moved = Some(Moved {
+                        node_id: local.to_owned(),
+                        addr: None,
+                        generation: 0,
+                        down: true,
+                        reason: "no_leader",
+                    });
+                }
+                continue;
+            }
             let down = md.unavailable(shard);
             if owner == local {
                 sh.moved = None;
@@ -108,6 +126,16 @@ impl Broker {
     /// never written by a broker that cannot tell it owns it.
     pub(super) fn owned_here(&self, t: &str, ns: &str, s: &str, shard: u32) -> Result<(), Refusal> {
         let Some(c) = &self.cluster else { return Ok(()) };
+        if let Some(sh) = self.streams.get(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get(shard as usize))
+            && sh.replica.is_some()
+        {
+            // A replica: its role in the shard's group decides.
+            return match &sh.moved {
+                None => Ok(()),
+                Some(m) if m.down => Err(m.unavailable(shard)),
+                Some(m) => Err(Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is led by {}", m.node_id))),
+            };
+        }
         let id = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard };
         match c.owners.get(&id) {
             Some((owner, _, _)) if *owner == c.local => Ok(()),

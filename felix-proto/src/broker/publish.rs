@@ -133,17 +133,29 @@ impl Broker {
                 return self.refuse_publish(conn, st, reply, &r);
             }
         };
+        let replicated = self.streams.get(&k).is_some_and(|e| e.shards[shard as usize].replica.is_some());
+        if replicated && (req.expected_offset.is_some() || req.state.is_some()) {
+            let r = Refusal::new(
+                ErrorCode::InvalidRequest,
+                "conditional publishes and commits are not supported on a replicated (quorum) stream yet",
+            );
+            return self.refuse_publish(conn, st, reply, &r);
+        }
         let sess = st.session.as_ref().expect("route checked the session");
         let offer = sess.offer;
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
-        // Idempotent and conditional batches are answered after the write, with the offset.
+        // Idempotent and conditional batches are answered after the write, with the offset; on
+        // a replicated shard every acknowledgement waits for a majority (what quorum promises).
         let ack_on_commit = sess.ack_on_commit
             || probe
+            || replicated
             || req.idempotent.is_some()
             || req.expected_offset.is_some()
             || req.state.is_some();
         let digest = req.idempotent.map(|_| producer::digest(req.records.raw()));
-        if let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
+        // A replicated shard's producers are part of its replicated state: its group answers a
+        // retry with the original offset, whichever replica led when it was first written.
+        if !replicated && let Some(verdict) = self.precheck(conn, st, &k, shard, durable, &req, digest, reply) {
             return verdict;
         }
         let bytes = req.records.payload_bytes() as u64;
@@ -158,10 +170,11 @@ impl Broker {
             return self.answer_now(conn, st, reply, Ok(None));
         };
         self.count_queued(token, queued);
-        // Backpressure when storage falls behind: stop reading this stream until it catches up.
+        // Backpressure when storage (or the shard's group) falls behind: stop reading this
+        // stream until it catches up.
         let limit = self.cfg.max_pending_write_bytes;
         let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
-        if sh.log.pending_bytes() > limit && !st.pauses.has(Pause::Storage) {
+        if sh.log.pending_bytes() + sh.replicating > limit && !st.pauses.has(Pause::Storage) {
             sh.paused.push((conn, st.id));
             if st.pause(Pause::Storage) {
                 self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
@@ -308,6 +321,10 @@ impl Broker {
         b: NewBatch,
         now: Instant,
     ) -> Option<WriteToken> {
+        if self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.replica.is_some()) {
+            // A replicated shard: its group writes it (counted when it commits).
+            return Some(self.replicate_batch(k, shard, b, now));
+        }
         let count = u64::from(b.records.count());
         self.stats.records_appended += count;
         let ts = self.wall.micros(now);
@@ -358,6 +375,7 @@ impl Broker {
             state: b.state,
             forwards: Vec::new(),
             queued: 0,
+            replicated: 0,
         };
         self.writes.insert(token, ctx);
         Some(token)

@@ -356,7 +356,9 @@ impl Broker {
 
     pub(super) fn create_stream(&mut self, k: Key, config: StreamConfig) -> u32 {
         let shards = config.shards.max(1);
-        let budget = (config.durable && self.cfg.history_reads).then_some(config.memory_bytes);
+        // A replicated shard's history is its Raft log, held in memory: nothing to read back.
+        let budget =
+            (config.durable && self.cfg.history_reads && config.replication <= 1).then_some(config.memory_bytes);
         let entry = StreamEntry {
             shards: (0..shards)
                 .map(|_| {
@@ -370,6 +372,8 @@ impl Broker {
                         producers: Default::default(),
                         full: None,
                         state: Default::default(),
+                        replica: None,
+                        replicating: 0,
                     }
                 })
                 .collect(),
@@ -431,13 +435,22 @@ impl Broker {
 
     /// Asks the cluster to create a stream (the metadata group registers it and places its
     /// shards) and says so: `shard_unavailable` reason `creating`, retry in 200 ms.
-    fn stream_creating(&mut self, t: &str, ns: &str, s: &str, shards: u32, ephemeral: bool) -> Refusal {
+    fn stream_creating(
+        &mut self,
+        t: &str,
+        ns: &str,
+        s: &str,
+        shards: u32,
+        ephemeral: bool,
+        replication: u32,
+    ) -> Refusal {
         self.out.push_back(BrokerOutput::ProposeStream {
             tenant_id: t.to_owned(),
             namespace: ns.to_owned(),
             stream: s.to_owned(),
             shards,
             ephemeral,
+            replication,
         });
         let mut r = Refusal::new(
             ErrorCode::ShardUnavailable,
@@ -471,8 +484,8 @@ impl Broker {
             // its own configuration is proposed with that configuration first (every broker
             // would otherwise write its own copy).
             if self.cluster.as_ref().is_some_and(|c| !c.knows_stream(t, ns, s)) {
-                let (shards, durable) = (e.shards.len() as u32, e.config.durable);
-                return Err(self.stream_creating(t, ns, s, shards, !durable));
+                let (shards, durable, rf) = (e.shards.len() as u32, e.config.durable, e.config.replication);
+                return Err(self.stream_creating(t, ns, s, shards, !durable, rf));
             }
             return Ok(e.shards.len() as u32);
         }
@@ -494,8 +507,9 @@ impl Broker {
         }
         if self.cfg.auto_create && self.cluster.is_some() {
             // In a cluster a stream exists once the metadata group says so, with its owners.
-            let (shards, durable) = (self.cfg.default_stream.shards.max(1), self.cfg.default_stream.durable);
-            return Err(self.stream_creating(t, ns, s, shards, !durable));
+            let d = &self.cfg.default_stream;
+            let (shards, durable, rf) = (d.shards.max(1), d.durable, d.replication);
+            return Err(self.stream_creating(t, ns, s, shards, !durable, rf));
         }
         if self.cfg.auto_create {
             let cfg = self.cfg.default_stream.clone();

@@ -63,6 +63,7 @@ impl Broker {
                 state: None,
                 forwards: Vec::new(),
                 queued: 0,
+                replicated: 0,
             },
         );
         Some(base)

@@ -225,6 +225,7 @@ impl Broker {
                 state: None,
                 forwards: Vec::new(),
                 queued: 0,
+                replicated: 0,
             },
         );
         token

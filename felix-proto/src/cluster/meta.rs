@@ -14,7 +14,8 @@
 //! restarts from what was kept ([`RaftLog`], [`MetaNode::restart`]) and replays its committed
 //! commands, so the metadata is rebuilt by applying them again.
 
-use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message};
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, EntryType, Message};
+pub use raft::eraftpb::{Entry, HardState};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 use std::collections::VecDeque;
@@ -127,6 +128,21 @@ impl MetaNode {
     /// [`MetaError::Raft`] for id 0, a founding list without `id`, or a kept log the engine
     /// refuses.
     pub fn restart(id: u64, founding: &[(u64, Vec<u8>)], kept: &RaftLog) -> Result<MetaNode, MetaError> {
+        Self::restart_ranked(id, founding, kept, None)
+    }
+
+    /// [`restart`](Self::restart) with this member's place in the order its group's members
+    /// stand for election when nobody leads (0 first). `None`: by id, lowest first. Groups of
+    /// replicated shards give each shard another order, so their leaders spread over brokers.
+    ///
+    /// # Errors
+    /// As [`restart`](Self::restart).
+    pub fn restart_ranked(
+        id: u64,
+        founding: &[(u64, Vec<u8>)],
+        kept: &RaftLog,
+        rank: Option<usize>,
+    ) -> Result<MetaNode, MetaError> {
         let founders: Vec<u64> = founding.iter().map(|(v, _)| *v).collect();
         if id == 0 || (!founders.is_empty() && !founders.contains(&id)) {
             return Err(MetaError::Raft(raft::Error::ConfigInvalid(format!(
@@ -158,7 +174,7 @@ impl MetaNode {
         }
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
-        let rank = voters.iter().filter(|v| **v < id).count();
+        let rank = rank.unwrap_or_else(|| voters.iter().filter(|v| **v < id).count());
         let min = ELECTION_TICKS + 2 * rank;
         let cfg = Config {
             id,
@@ -497,6 +513,41 @@ impl RaftLog {
     }
 }
 
+/// One [`MetaOutput::Persist`] as a record of an append-only file (how a driver keeps a
+/// replicated shard's Raft log, appended to on every write rather than rewritten):
+/// `u32 length`, `u8 has_hard_state`, then the persisted part as a [`RaftLog`] (whose own
+/// checksum covers it).
+pub fn encode_log_record(entries: &[Entry], hard_state: Option<&HardState>) -> Vec<u8> {
+    let part = RaftLog { entries: entries.to_vec(), hard_state: hard_state.cloned().unwrap_or_default() }.encode();
+    let mut out = Vec::with_capacity(part.len() + 5);
+    out.extend_from_slice(&((part.len() + 1) as u32).to_be_bytes());
+    out.push(u8::from(hard_state.is_some()));
+    out.extend_from_slice(&part);
+    out
+}
+
+/// Folds an append-only file of [`encode_log_record`] records into the log they leave, and
+/// says how many bytes of it were whole records. A torn or damaged record ends the file there
+/// (a crash mid-append): what came before it stands, and the driver cuts the file to that
+/// length before appending again. Never panics.
+pub fn fold_log_records(data: &[u8]) -> (RaftLog, usize) {
+    let mut log = RaftLog::default();
+    let mut at = 0usize;
+    while let Some(w) = data.get(at..at + 4) {
+        let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
+        let Some(body) = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty()) else { break };
+        let Ok(part) = RaftLog::decode(&body[1..]) else { break };
+        // The entries must continue the log (or overwrite its tail): a record that would leave
+        // a gap is damage, not a crash, and ends the file like one.
+        if part.entries.first().is_some_and(|e| e.index > log.entries.last().map_or(1, |l| l.index + 1)) {
+            break;
+        }
+        log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
+        at += 4 + len;
+    }
+    (log, at)
+}
+
 /// A Raft message as bytes for the cluster transport.
 pub fn encode_message(m: &Message) -> Vec<u8> {
     use protobuf::Message as _;
@@ -541,6 +592,40 @@ mod tests {
             bad[i] ^= 0x40;
             assert!(RaftLog::decode(&bad).is_err(), "flipped byte {i}");
         }
+    }
+
+    #[test]
+    fn an_append_only_log_folds_back_and_stops_at_a_torn_record() {
+        let e =
+            |index: u64, term: u64, data: &[u8]| Entry { index, term, data: data.to_vec().into(), ..Entry::default() };
+        let hs = |term: u64, commit: u64| HardState { term, vote: 1, commit, ..HardState::default() };
+        let mut file = Vec::new();
+        file.extend(encode_log_record(&[e(1, 1, b"a"), e(2, 1, b"b"), e(3, 1, b"c")], Some(&hs(1, 1))));
+        // A new leader overwrote the tail from index 3; no hard state change in this one.
+        file.extend(encode_log_record(&[e(3, 2, b"x")], None));
+        file.extend(encode_log_record(&[], Some(&hs(2, 3))));
+        let whole = file.len();
+        let (log, len) = fold_log_records(&file);
+        assert_eq!(len, whole);
+        assert_eq!(log.entries.iter().map(|e| (e.index, e.term)).collect::<Vec<_>>(), vec![(1, 1), (2, 1), (3, 2)]);
+        assert_eq!(log.hard_state, hs(2, 3));
+        // Torn anywhere in the last record: the records before it stand.
+        let last = encode_log_record(&[e(4, 2, b"y")], None);
+        for cut in 0..last.len() {
+            let mut torn = file.clone();
+            torn.extend_from_slice(&last[..cut]);
+            let (l, n) = fold_log_records(&torn);
+            assert_eq!((l.entries.len(), n), (3, whole), "cut at {cut}");
+        }
+        // A damaged byte inside a record ends the file there.
+        let mut bad = file.clone();
+        bad[whole - 3] ^= 0x10;
+        assert!(fold_log_records(&bad).1 < whole);
+        // A record that would leave a gap is refused.
+        let mut gap = file.clone();
+        gap.extend(encode_log_record(&[e(9, 2, b"z")], None));
+        assert_eq!(fold_log_records(&gap).1, whole);
+        assert_eq!(fold_log_records(&[0xFF; 7]).1, 0);
     }
 
     /// Three members and a network that delivers in order, dropping what touches a cut node.

@@ -110,6 +110,21 @@ pub enum Command {
         /// Kept in memory only: its shards move freely when their owner goes down.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         ephemeral: bool,
+        /// Replicas of each shard (`quorum` durability): 0 or 1 is a single replica on its
+        /// owner's disk; more makes every shard its own Raft group over that many brokers.
+        #[serde(default, skip_serializing_if = "is_single")]
+        replication: u32,
+    },
+    /// A replica of a replicated shard says it leads the shard's Raft group in `term` (its
+    /// generation-start record committed): it becomes the shard's owner, and the shard's
+    /// generation grows. An older term than the one recorded changes nothing.
+    Lead {
+        /// The shard.
+        shard: ShardId,
+        /// The leading replica's node id.
+        node: String,
+        /// Its Raft term.
+        term: u64,
     },
     /// The leader declares a member down (it has not been heard from for a lease).
     MarkDown {
@@ -158,6 +173,10 @@ pub enum Command {
     },
 }
 
+fn is_single(r: &u32) -> bool {
+    *r <= 1
+}
+
 /// Why a command changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommandError {
@@ -189,7 +208,14 @@ pub enum CommandError {
     /// A revocation naming neither a token id nor a principal.
     #[error("a revocation names a token id (jti), a principal (sub) or both")]
     EmptyRevocation,
+    /// A leadership claim from a broker that is not a replica of the shard, or for a shard
+    /// that is not replicated, or older than the leadership recorded.
+    #[error("stale or foreign leadership claim for {0}")]
+    StaleLead(String),
 }
+
+/// The largest replication factor of a stream or cache.
+pub const MAX_REPLICATION: u32 = 7;
 
 /// The largest shard count of one stream or cache.
 pub const MAX_SHARDS: u32 = 4096;
@@ -202,6 +228,11 @@ pub struct Metadata {
     /// Registered names kept in memory only.
     ephemeral: std::collections::BTreeSet<(Kind, String, String, String)>,
     owners: BTreeMap<ShardId, Assignment>,
+    /// Replicated (`quorum`) names: their replication factor.
+    replication: BTreeMap<(Kind, String, String, String), u32>,
+    /// Every replicated shard's replicas (fixed when it is created) and the newest term a
+    /// replica claimed leadership in.
+    replicas: BTreeMap<ShardId, (Vec<String>, u64)>,
     /// Signed tokens revoked cluster-wide, by id and by principal.
     revoked_jti: std::collections::BTreeSet<String>,
     revoked_sub: std::collections::BTreeSet<String>,
@@ -233,6 +264,22 @@ impl Metadata {
         self.owners.get(shard)
     }
 
+    /// The replicas of a replicated shard (`None` for a single-replica one), in the order
+    /// they were chosen.
+    pub fn replicas(&self, shard: &ShardId) -> Option<&[String]> {
+        self.replicas.get(shard).map(|(r, _)| r.as_slice())
+    }
+
+    /// Every replicated shard with its replicas.
+    pub fn replicated_shards(&self) -> impl Iterator<Item = (&ShardId, &[String])> {
+        self.replicas.iter().map(|(s, (r, _))| (s, r.as_slice()))
+    }
+
+    /// The replication factor of a stream or cache (1 when it is not replicated).
+    pub fn replication(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> u32 {
+        self.replication.get(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned())).copied().unwrap_or(1)
+    }
+
     /// How many shards a stream or cache has, if it exists.
     pub fn shard_count(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> Option<u32> {
         self.registry.get(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned())).copied()
@@ -242,7 +289,11 @@ impl Metadata {
     pub fn durable_shards_of(&self, id: &str) -> usize {
         self.owners
             .iter()
-            .filter(|(s, a)| a.owner == id && !self.is_ephemeral(s.kind, &s.tenant, &s.namespace, &s.name))
+            .filter(|(s, a)| {
+                a.owner == id
+                    && !self.is_ephemeral(s.kind, &s.tenant, &s.namespace, &s.name)
+                    && !self.replicas.contains_key(s)
+            })
             .count()
     }
 
@@ -276,7 +327,7 @@ impl Metadata {
                 let m = self.members.get_mut(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;
                 m.state = MemberState::Down;
             }
-            Command::Create { kind, tenant, namespace, name, shards, ephemeral } => {
+            Command::Create { kind, tenant, namespace, name, shards, ephemeral, replication } => {
                 if *shards == 0 || *shards > MAX_SHARDS {
                     return Err(CommandError::BadShardCount { got: *shards, max: MAX_SHARDS });
                 }
@@ -287,7 +338,27 @@ impl Metadata {
                 if *ephemeral {
                     self.ephemeral.insert(key.clone());
                 }
-                self.registry.insert(key, *shards);
+                self.registry.insert(key.clone(), *shards);
+                // A replicated stream kept in memory makes no sense (its log is its Raft log):
+                // ephemeral wins.
+                if *replication > 1 && !*ephemeral {
+                    let rf = (*replication).min(MAX_REPLICATION);
+                    self.replication.insert(key, rf);
+                    self.place_replicas(*kind, tenant, namespace, name, *shards, rf);
+                }
+            }
+            Command::Lead { shard, node, term } => {
+                let Some((replicas, led)) = self.replicas.get_mut(shard) else {
+                    return Err(CommandError::StaleLead(shard.name.clone()));
+                };
+                if !replicas.contains(node) || *term <= *led {
+                    return Err(CommandError::StaleLead(shard.name.clone()));
+                }
+                *led = *term;
+                let generation = self.owners.get(shard).map_or(1, |a| a.generation + 1);
+                self.owners.insert(shard.clone(), Assignment { owner: node.clone(), generation });
+                // Nothing else moves.
+                return Ok(());
             }
             Command::Revoke { jti, sub } => {
                 if jti.is_none() && sub.is_none() {
@@ -302,6 +373,9 @@ impl Metadata {
                 let key = (*kind, tenant.clone(), namespace.clone(), name.clone());
                 self.registry.remove(&key).ok_or_else(|| CommandError::Unknown(name.clone()))?;
                 self.ephemeral.remove(&key);
+                self.replication.remove(&key);
+                self.replicas
+                    .retain(|s, _| (s.kind, &s.tenant, &s.namespace, &s.name) != (key.0, &key.1, &key.2, &key.3));
                 self.owners
                     .retain(|s, _| (s.kind, &s.tenant, &s.namespace, &s.name) != (key.0, &key.1, &key.2, &key.3));
             }
@@ -310,9 +384,41 @@ impl Metadata {
         Ok(())
     }
 
+    /// Chooses each shard's replicas when a replicated stream is created: `rf` active members
+    /// (all of them when fewer), starting at a different member for each shard so leaders and
+    /// load spread, in a deterministic order. The first is the shard's first owner, until a
+    /// replica claims leadership ([`Command::Lead`]).
+    fn place_replicas(&mut self, kind: Kind, tenant: &str, namespace: &str, name: &str, shards: u32, rf: u32) {
+        let active: Vec<String> =
+            self.members.values().filter(|m| m.state == MemberState::Active).map(|m| m.id.clone()).collect();
+        if active.is_empty() {
+            return;
+        }
+        // Where this stream starts on the ring: a stable hash of its name, so streams with
+        // one shard each do not all lead on the same broker.
+        let start = name.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(usize::from(b)));
+        let n = active.len();
+        for shard in 0..shards {
+            let first = (start + shard as usize) % n;
+            let replicas: Vec<String> = (0..(rf as usize).min(n)).map(|i| active[(first + i) % n].clone()).collect();
+            let id = ShardId {
+                kind,
+                tenant: tenant.to_owned(),
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                shard,
+            };
+            self.replicas.insert(id, (replicas, 0));
+        }
+    }
+
     /// Whether a shard's owner is down with records only it holds (a durable shard of a member
     /// declared down): the shard waits for it.
     pub fn unavailable(&self, shard: &ShardId) -> bool {
+        if self.replicas.contains_key(shard) {
+            // Its replicas elect another leader; the group decides, not the lease.
+            return false;
+        }
         let durable =
             !self.ephemeral.contains(&(shard.kind, shard.tenant.clone(), shard.namespace.clone(), shard.name.clone()));
         durable
@@ -340,7 +446,7 @@ impl Metadata {
                     shard,
                 })
             })
-            .filter(|s| !pinned.contains_key(s))
+            .filter(|s| !pinned.contains_key(s) && !self.replicas.contains_key(s))
             .collect();
         let active: Vec<String> =
             self.members.values().filter(|m| m.state == MemberState::Active).map(|m| m.id.clone()).collect();
@@ -367,6 +473,20 @@ impl Metadata {
             }
         }
         next.extend(pinned);
+        // A replicated shard is owned by the replica that claimed leadership last; before any
+        // did, by its first replica (so requests have somewhere to go while it elects).
+        for (s, (replicas, _)) in &self.replicas {
+            match self.owners.get(s) {
+                Some(a) => {
+                    next.insert(s.clone(), a.clone());
+                }
+                None => {
+                    if let Some(first) = replicas.first() {
+                        next.insert(s.clone(), Assignment { owner: first.clone(), generation: 1 });
+                    }
+                }
+            }
+        }
         self.owners = next;
     }
 }
@@ -411,6 +531,7 @@ mod tests {
             name: name.into(),
             shards,
             ephemeral: false,
+            replication: 0,
         }
     }
 
@@ -449,6 +570,7 @@ mod tests {
             name: "memory".into(),
             shards: 6,
             ephemeral: true,
+            replication: 0,
         })
         .unwrap();
         let before = md.owners().clone();

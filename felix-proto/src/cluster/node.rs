@@ -10,9 +10,12 @@
 //! publishes the broker forwards travel as peer messages.
 
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
+use super::metadata::ShardId;
 use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::PeerMessage;
-use crate::broker::{Broker, BrokerOutput};
+use super::replica::{Answer, Replica, ReplicaOutput};
+use crate::binary::OwnerHint;
+use crate::broker::{Broker, BrokerOutput, ReplicaRole};
 use bytes::Bytes;
 use raft::eraftpb::{Entry, HardState};
 use std::collections::{BTreeMap, VecDeque};
@@ -63,6 +66,23 @@ pub enum NodeOutput {
         name: String,
         /// What happened and what the operator can do.
         why: String,
+    },
+    /// Make this state of a replicated shard's Raft group durable (its log: the shard's
+    /// records) before carrying out any later output, as for [`NodeOutput::PersistRaft`]. Keep
+    /// it per shard and hand it back at a restart ([`ClusterNode::set_kept_replicas`]).
+    PersistReplica {
+        /// The shard.
+        shard: ShardId,
+        /// New entries (replacing the log from the first one's index).
+        entries: Vec<Entry>,
+        /// The new hard state.
+        hard_state: Option<HardState>,
+    },
+    /// This broker no longer holds a replica of the shard (its stream was deleted): its kept
+    /// Raft state may be removed.
+    DropReplica {
+        /// The shard.
+        shard: ShardId,
     },
     /// Make this Raft state durable before carrying out any later output
     /// ([`super::meta::MetaOutput::Persist`]).
@@ -148,6 +168,23 @@ pub struct ClusterNode {
     /// Peers refused for an incarnation the cluster does not know (a wiped data directory):
     /// what they send is ignored until the operator removes them.
     refused: std::collections::BTreeSet<String>,
+    /// This broker's replicas of replicated shards.
+    replicas: BTreeMap<ShardId, Hosted>,
+    /// What the driver kept of replicas' Raft state, taken when each replica starts.
+    kept_replicas: BTreeMap<ShardId, RaftLog>,
+    /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
+    shard_sends: BTreeMap<String, Vec<(ShardId, Bytes)>>,
+}
+
+/// A replica this broker hosts, and what it told the broker about it.
+struct Hosted {
+    replica: Replica,
+    /// Replica Raft id → node id of the shard's replicas.
+    names: BTreeMap<u64, String>,
+    /// The role the broker was told.
+    role: Option<ReplicaRole>,
+    /// The term whose generation-start record committed while this replica led it.
+    ready_term: Option<u64>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -227,6 +264,9 @@ impl ClusterNode {
             marked: std::collections::BTreeSet::new(),
             removed: false,
             refused: std::collections::BTreeSet::new(),
+            replicas: BTreeMap::new(),
+            kept_replicas: BTreeMap::new(),
+            shard_sends: BTreeMap::new(),
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -359,8 +399,133 @@ impl ClusterNode {
                 self.pending.push_back(data.to_vec());
                 self.flush_pending(now);
             }
+            PeerMessage::ShardRaft(list) => {
+                for (shard, bytes) in list {
+                    // A message for a shard this broker holds no replica of (yet: it starts at
+                    // the next tick), or one that does not decode, changes nothing; Raft resends.
+                    let Some(h) = self.replicas.get_mut(&shard) else { continue };
+                    let Ok(msg) = decode_message(&bytes) else { continue };
+                    if h.names.get(&msg.from).is_none_or(|n| n != from) {
+                        continue; // only a shard's own replicas speak for it
+                    }
+                    h.replica.step(msg);
+                    self.drain_replica(&shard, now);
+                }
+            }
+        }
+        if !self.pending.is_empty() {
+            self.flush_pending(now);
         }
         self.drain_meta(now);
+        self.flush_shard_sends();
+    }
+
+    /// Hands over what the driver kept of this broker's replicas (their Raft logs, read back at
+    /// a restart), before the first [`handle_timeout`](Self::handle_timeout): each replica
+    /// starts from its own when the metadata names it.
+    pub fn set_kept_replicas(&mut self, kept: BTreeMap<ShardId, RaftLog>) {
+        self.kept_replicas = kept;
+    }
+
+    /// The replicated shards this broker holds a replica of: shard, leader (node id), term,
+    /// the next offset (the readable bound).
+    pub fn replica_status(&self) -> Vec<(ShardId, Option<String>, u64, u64)> {
+        self.replicas
+            .iter()
+            .map(|(s, h)| {
+                let leader = h.replica.leader().and_then(|l| h.names.get(&l).cloned());
+                (s.clone(), leader, h.replica.term(), h.replica.next_offset())
+            })
+            .collect()
+    }
+
+    /// Starts a replica for every replicated shard the metadata names this broker a replica
+    /// of, and stops those of deleted shards.
+    fn sync_replicas(&mut self, now: Instant) {
+        let wanted: Vec<(ShardId, Vec<String>)> = self
+            .metadata
+            .replicated_shards()
+            .filter(|(s, r)| r.contains(&self.me.id) && !self.replicas.contains_key(*s))
+            .map(|(s, r)| (s.clone(), r.to_vec()))
+            .collect();
+        for (shard, names) in wanted {
+            let ids: Vec<u64> = names.iter().map(|n| raft_id(n)).collect();
+            let rank = names.iter().position(|n| *n == self.me.id);
+            let kept = self.kept_replicas.remove(&shard).unwrap_or_default();
+            match Replica::new_ranked(raft_id(&self.me.id), &ids, &kept, rank) {
+                Ok(replica) => {
+                    let names = names.iter().map(|n| (raft_id(n), n.clone())).collect();
+                    self.replicas.insert(shard.clone(), Hosted { replica, names, role: None, ready_term: None });
+                    self.drain_replica(&shard, now);
+                }
+                // A kept log the engine refuses: the replica stays out (its peers carry on
+                // with a majority); said once in the status.
+                Err(_) => continue,
+            }
+        }
+        let gone: Vec<ShardId> =
+            self.replicas.keys().filter(|s| self.metadata.replicas(s).is_none()).cloned().collect();
+        for shard in gone {
+            self.replicas.remove(&shard);
+            self.out.push_back(NodeOutput::DropReplica { shard });
+        }
+    }
+
+    /// Carries a replica's outputs: state to keep, messages to its peers (batched per peer),
+    /// commits into the broker's log, answers to publishers; then tells the broker its role.
+    fn drain_replica(&mut self, shard: &ShardId, now: Instant) {
+        let Some(h) = self.replicas.get_mut(shard) else { return };
+        while let Some(o) = h.replica.poll_output() {
+            match o {
+                ReplicaOutput::Persist { entries, hard_state } => {
+                    self.out.push_back(NodeOutput::PersistReplica { shard: shard.clone(), entries, hard_state })
+                }
+                ReplicaOutput::Send { to, message } => {
+                    if let Some(name) = h.names.get(&to) {
+                        self.shard_sends
+                            .entry(name.clone())
+                            .or_default()
+                            .push((shard.clone(), Bytes::from(encode_message(&message))));
+                    }
+                }
+                ReplicaOutput::Answer { token, answer } => {
+                    self.broker.handle_replicated(crate::transport::WriteToken(token), answer, now)
+                }
+                ReplicaOutput::Delivered { offset, batch } => self.broker.apply_replicated(shard, offset, batch, now),
+                ReplicaOutput::GenerationStart { offset, term } => {
+                    self.broker.apply_replicated_generation(shard, offset, now);
+                    if h.replica.is_leader() && term == h.replica.term() {
+                        h.ready_term = Some(term);
+                        // The metadata learns who leads (routing, `shard_owners`, generations).
+                        let c = Command::Lead { shard: shard.clone(), node: self.me.id.clone(), term };
+                        self.pending.push_back(c.encode());
+                    }
+                }
+            }
+        }
+        let role = if h.replica.is_leader() {
+            if h.ready_term == Some(h.replica.term()) { ReplicaRole::Leading } else { ReplicaRole::Settling }
+        } else {
+            let leader = h.replica.leader().and_then(|l| h.names.get(&l)).filter(|n| **n != self.me.id).map(|n| {
+                let addr = self.metadata.members().get(n).map(|m| m.client_addr.clone()).filter(|a| !a.is_empty());
+                let generation = self.metadata.owner(shard).map_or(0, |a| a.generation);
+                OwnerHint { node_id: n.clone(), addr, generation }
+            });
+            ReplicaRole::Following { leader }
+        };
+        if h.role.as_ref() != Some(&role) {
+            h.role = Some(role.clone());
+            self.broker.set_replica_role(shard, role, now);
+        }
+    }
+
+    /// Sends the shard Raft messages gathered, one message per peer.
+    fn flush_shard_sends(&mut self) {
+        for (to, list) in std::mem::take(&mut self.shard_sends) {
+            if !self.refused.contains(&to) {
+                self.out.push_back(NodeOutput::Peer { to, message: PeerMessage::ShardRaft(list) });
+            }
+        }
     }
 
     /// A peer said hello with `incarnation`: one the cluster does not know for it (another than
@@ -420,8 +585,17 @@ impl ClusterNode {
                 self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
             }
             self.check_leases(now);
+            self.sync_replicas(now);
+            let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
+            for shard in shards {
+                if let Some(h) = self.replicas.get_mut(&shard) {
+                    h.replica.tick();
+                }
+                self.drain_replica(&shard, now);
+            }
             self.flush_pending(now);
             self.drain_meta(now);
+            self.flush_shard_sends();
         }
         if self.broker.poll_timeout().is_some_and(|t| t <= now) {
             self.broker.handle_timeout(now);
@@ -433,7 +607,26 @@ impl ClusterNode {
         if let Some(o) = self.out.pop_front() {
             return Some(o);
         }
-        Some(match self.broker.poll_output()? {
+        let Some(o) = self.broker.poll_output() else {
+            // Proposals made while draining the broker go out together, one message per peer.
+            if !self.shard_sends.is_empty() {
+                self.flush_shard_sends();
+                return self.out.pop_front();
+            }
+            return None;
+        };
+        Some(match o {
+            BrokerOutput::Replicate { token, shard, batch } => {
+                let now = self.broker.last_now();
+                let proposed = self.replicas.get_mut(&shard).map(|h| h.replica.propose(token.0, &batch));
+                match proposed {
+                    Some(Ok(())) => self.drain_replica(&shard, now),
+                    // Not (or no longer) leading: the batch was not proposed, but the broker
+                    // asked in the belief it leads; outcome unknown is the safe answer.
+                    _ => self.broker.handle_replicated(token, Answer::LeadershipLost, now),
+                }
+                return self.poll_output();
+            }
             BrokerOutput::Forward { to, publish } => NodeOutput::Peer { to, message: PeerMessage::Forward(publish) },
             BrokerOutput::ForwardAnswer { to, id, outcome } => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
@@ -453,6 +646,7 @@ impl ClusterNode {
                     name: cache,
                     shards: 1,
                     ephemeral: false,
+                    replication: 0,
                 };
                 self.pending.push_back(c.encode());
                 return self.poll_output();
@@ -464,7 +658,7 @@ impl ClusterNode {
                 self.pending.push_back(c.encode());
                 return self.poll_output();
             }
-            BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards, ephemeral } => {
+            BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards, ephemeral, replication } => {
                 let c = Command::Create {
                     kind: super::metadata::Kind::Stream,
                     tenant: tenant_id,
@@ -472,6 +666,7 @@ impl ClusterNode {
                     name: stream,
                     shards,
                     ephemeral,
+                    replication,
                 };
                 // Proposed at most once per request burst: a create of an existing stream is
                 // refused by the metadata and changes nothing.

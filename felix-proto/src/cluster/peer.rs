@@ -15,6 +15,9 @@
 //!   6 request        u64 id, u16+utf8 tenant, u8 principal_len + principal, u16 flags,
 //!                    u64 features, the request (one client JSON frame) to the end
 //!   7 request_answer u64 id, the answer (client frames, built for the client) to the end
+//!   8 shard_raft     u32 count, then per message: u8 kind (0 stream, 1 cache),
+//!                    u16+utf8 tenant, namespace, name, u32 shard, u32 len + a Raft message
+//!                    of that shard's group (every group's messages to one peer in one frame)
 //! ```
 //!
 //! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
@@ -22,6 +25,7 @@
 
 use crate::binary::{PayloadError, Reader, Records};
 use crate::broker::{ForwardOutcome, ForwardedPublish, ForwardedRequest};
+use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::{ErrorCode, RetryClass};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -65,6 +69,9 @@ pub enum PeerMessage {
         /// The answer frames.
         data: Bytes,
     },
+    /// Raft messages of replicated shards' groups, every group's in one message (one flow
+    /// per pair of brokers, not per group).
+    ShardRaft(Vec<(ShardId, Bytes)>),
 }
 
 /// Why peer bytes could not be read.
@@ -162,6 +169,19 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
             body.extend_from_slice(data);
             7
         }
+        PeerMessage::ShardRaft(list) => {
+            body.put_u32(u32::try_from(list.len()).map_err(|_| PeerError::FieldTooLong("shard messages"))?);
+            for (shard, m) in list {
+                body.put_u8(u8::from(shard.kind == Kind::Cache));
+                put_str16(&mut body, &shard.tenant, "tenant")?;
+                put_str16(&mut body, &shard.namespace, "namespace")?;
+                put_str16(&mut body, &shard.name, "name")?;
+                body.put_u32(shard.shard);
+                body.put_u32(u32::try_from(m.len()).map_err(|_| PeerError::FieldTooLong("raft message"))?);
+                body.extend_from_slice(m);
+            }
+            8
+        }
     };
     if body.len() + 1 > MAX_PEER_FRAME {
         return Err(PeerError::TooLong(body.len() + 1));
@@ -232,6 +252,25 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             PeerMessage::Request(ForwardedRequest { id, tenant_id, principal, flags, features, request: r.rest() })
         }
         7 => PeerMessage::RequestAnswer { id: r.u64("id")?, data: r.rest() },
+        8 => {
+            let count = r.u32("count")?;
+            // Each takes at least 15 bytes: a count beyond that is a lie.
+            if count as usize > r.remaining() / 15 {
+                return Err(PeerError::Malformed(PayloadError::CountTooLarge { count, remaining: r.remaining() }));
+            }
+            let mut list = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                let kind = if r.u8("kind")? == 1 { Kind::Cache } else { Kind::Stream };
+                let tenant = r.str16("tenant")?;
+                let namespace = r.str16("namespace")?;
+                let name = r.str16("name")?;
+                let shard = r.u32("shard")?;
+                let len = r.u32("len")? as usize;
+                let m = r.bytes(len, "raft message")?;
+                list.push((ShardId { kind, tenant, namespace, name, shard }, m));
+            }
+            PeerMessage::ShardRaft(list)
+        }
         other => return Err(PeerError::UnknownKind(other)),
     };
     r.finish()?;
@@ -295,6 +334,29 @@ mod tests {
                 incarnation: String::new(),
             },
             PeerMessage::Raft(Bytes::from_static(b"\x08\x01raft")),
+            PeerMessage::ShardRaft(vec![
+                (
+                    ShardId {
+                        kind: Kind::Stream,
+                        tenant: "t".into(),
+                        namespace: "ns".into(),
+                        name: "s".into(),
+                        shard: 3,
+                    },
+                    Bytes::from_static(b"\x08\x02"),
+                ),
+                (
+                    ShardId {
+                        kind: Kind::Cache,
+                        tenant: "t".into(),
+                        namespace: "ns".into(),
+                        name: "c".into(),
+                        shard: 0,
+                    },
+                    Bytes::new(),
+                ),
+            ]),
+            PeerMessage::ShardRaft(Vec::new()),
             PeerMessage::Forward(ForwardedPublish {
                 id: 7,
                 tenant_id: "t1".into(),

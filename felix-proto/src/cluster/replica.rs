@@ -19,6 +19,7 @@
 //! proposals in; what to persist, send, answer and deliver out.
 
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog};
+use crate::binary::{Reader, Records};
 use bytes::{BufMut, Bytes, BytesMut};
 use raft::eraftpb::{Entry, HardState, Message};
 use std::collections::{BTreeMap, VecDeque};
@@ -29,13 +30,19 @@ pub const QUORUM_TIMEOUT_TICKS: u64 = 50;
 /// Sequences remembered per producer (a retry older than that is not recognised).
 pub const PRODUCER_WINDOW: usize = 256;
 
-/// A batch as replicated: its records and, for an idempotent producer, its sequence.
+/// A batch as replicated: everything a replica needs to hold the same batch as its leader
+/// (the records block as published, the append time the leader gave it, the publisher), and,
+/// for an idempotent producer, its sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicatedBatch {
     /// (producer id, sequence) of an idempotent producer.
     pub producer: Option<(u64, u64)>,
-    /// The records' payloads.
-    pub payloads: Vec<Bytes>,
+    /// Append time the leader gave it, microseconds since the Unix epoch.
+    pub timestamp_micros: u64,
+    /// Who published it (principal), when known.
+    pub publisher: Option<Bytes>,
+    /// The records (an untimed block, as published).
+    pub records: Records,
 }
 
 /// Why replicated bytes could not be read.
@@ -44,20 +51,38 @@ pub struct ReplicatedBatch {
 pub struct BatchError(&'static str);
 
 impl ReplicatedBatch {
-    /// Its bytes in the Raft log: `u8 version (1)`, `u8 has_producer`, `u64 producer`,
-    /// `u64 sequence`, `u32 count`, then each payload as `u32 length` + bytes.
+    /// A batch of these payloads (tests and the simulation).
+    pub fn from_payloads(producer: Option<(u64, u64)>, payloads: &[Bytes]) -> ReplicatedBatch {
+        ReplicatedBatch {
+            producer,
+            timestamp_micros: 0,
+            publisher: None,
+            records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
+        }
+    }
+
+    /// Its payloads, in order.
+    pub fn payloads(&self) -> Vec<Bytes> {
+        self.records.payloads().collect()
+    }
+
+    /// Its bytes in the Raft log: `u8 version (2)`, `u8 flags` (0x1 producer, 0x2 publisher),
+    /// `u64 producer`, `u64 sequence`, `u64 timestamp_micros`, `u8 publisher_len` + publisher,
+    /// then the records block as in a publish batch (`u32 count`, each `u32 len` + payload).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = BytesMut::new();
-        b.put_u8(1);
+        let publisher = self.publisher.as_ref().filter(|p| p.len() <= 255);
+        let mut b = BytesMut::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
+        b.put_u8(2);
         let (pid, seq) = self.producer.unwrap_or((0, 0));
-        b.put_u8(u8::from(self.producer.is_some()));
+        b.put_u8(u8::from(self.producer.is_some()) | (u8::from(publisher.is_some()) << 1));
         b.put_u64(pid);
         b.put_u64(seq);
-        b.put_u32(self.payloads.len() as u32);
-        for p in &self.payloads {
-            b.put_u32(p.len() as u32);
-            b.extend_from_slice(p);
-        }
+        b.put_u64(self.timestamp_micros);
+        let p = publisher.map_or(&[][..], |p| p.as_ref());
+        b.put_u8(p.len() as u8);
+        b.extend_from_slice(p);
+        b.put_u32(self.records.count());
+        b.extend_from_slice(self.records.raw());
         b.to_vec()
     }
 
@@ -66,28 +91,24 @@ impl ReplicatedBatch {
     /// # Errors
     /// [`BatchError`] for bytes that are not a whole batch.
     pub fn decode(data: &[u8]) -> Result<ReplicatedBatch, BatchError> {
-        let mut at = 0usize;
-        let mut take = |n: usize, what: &'static str| -> Result<&[u8], BatchError> {
-            let s = data.get(at..at + n).ok_or(BatchError(what))?;
-            at += n;
-            Ok(s)
-        };
-        if take(1, "version")? != [1] {
+        let mut r = Reader::new(Bytes::copy_from_slice(data));
+        let bad = |what: &'static str| move |_| BatchError(what);
+        if r.u8("version").map_err(bad("version"))? != 2 {
             return Err(BatchError("unknown version"));
         }
-        let has = take(1, "producer flag")?[0] != 0;
-        let pid = u64::from_be_bytes(take(8, "producer")?.try_into().map_err(|_| BatchError("producer"))?);
-        let seq = u64::from_be_bytes(take(8, "sequence")?.try_into().map_err(|_| BatchError("sequence"))?);
-        let count = u32::from_be_bytes(take(4, "count")?.try_into().map_err(|_| BatchError("count"))?);
-        let mut payloads = Vec::with_capacity(count.min(1024) as usize);
-        for _ in 0..count {
-            let len = u32::from_be_bytes(take(4, "length")?.try_into().map_err(|_| BatchError("length"))?);
-            payloads.push(Bytes::copy_from_slice(take(len as usize, "payload")?));
-        }
-        if at != data.len() {
-            return Err(BatchError("trailing bytes"));
-        }
-        Ok(ReplicatedBatch { producer: has.then_some((pid, seq)), payloads })
+        let flags = r.u8("flags").map_err(bad("flags"))?;
+        let pid = r.u64("producer").map_err(bad("producer"))?;
+        let seq = r.u64("sequence").map_err(bad("sequence"))?;
+        let timestamp_micros = r.u64("timestamp").map_err(bad("timestamp"))?;
+        let plen = r.u8("publisher_len").map_err(bad("publisher length"))?;
+        let publisher = r.bytes(usize::from(plen), "publisher").map_err(bad("publisher"))?;
+        let records = Records::decode(&mut r, false).map_err(bad("records"))?;
+        Ok(ReplicatedBatch {
+            producer: (flags & 1 != 0).then_some((pid, seq)),
+            timestamp_micros,
+            publisher: (flags & 2 != 0).then_some(publisher),
+            records,
+        })
     }
 }
 
@@ -183,8 +204,17 @@ impl Replica {
     /// # Errors
     /// [`MetaError`] for a configuration or a kept log the engine refuses.
     pub fn new(id: u64, replicas: &[u64], kept: &RaftLog) -> Result<Replica, MetaError> {
+        Self::new_ranked(id, replicas, kept, None)
+    }
+
+    /// [`new`](Self::new), standing for election in the order of `replicas` (the first stands
+    /// first when nobody leads) rather than by id.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn new_ranked(id: u64, replicas: &[u64], kept: &RaftLog, rank: Option<usize>) -> Result<Replica, MetaError> {
         let founding: Vec<(u64, Vec<u8>)> = replicas.iter().map(|r| (*r, Vec::new())).collect();
-        let mut node = MetaNode::restart(id, &founding, kept)?;
+        let mut node = MetaNode::restart_ranked(id, &founding, kept, rank)?;
         node.report_leader_entries();
         let mut r = Replica {
             node,
@@ -301,7 +331,7 @@ impl Replica {
                         Some(offset) => Some(Answer::Appended { offset, duplicate: true }),
                         None => {
                             let offset = self.next_offset;
-                            self.next_offset += batch.payloads.len() as u64;
+                            self.next_offset += u64::from(batch.records.count());
                             if let Some((pid, seq)) = batch.producer {
                                 let seqs = self.producers.entry(pid).or_default();
                                 seqs.insert(seq, offset);
@@ -338,14 +368,18 @@ mod tests {
 
     #[test]
     fn a_batch_round_trips_and_garbage_is_refused() {
-        let b = ReplicatedBatch { producer: Some((7, 9)), payloads: vec![Bytes::from_static(b"a"), Bytes::new()] };
+        let mut b = ReplicatedBatch::from_payloads(Some((7, 9)), &[Bytes::from_static(b"a"), Bytes::new()]);
+        b.publisher = Some(Bytes::from_static(b"alice"));
+        b.timestamp_micros = 42;
         assert_eq!(ReplicatedBatch::decode(&b.encode()), Ok(b.clone()));
         let bytes = b.encode();
         for cut in 0..bytes.len() {
             assert!(ReplicatedBatch::decode(&bytes[..cut]).is_err(), "cut {cut}");
         }
-        assert!(ReplicatedBatch::decode(&[2]).is_err());
-        let huge = [1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF];
+        assert!(ReplicatedBatch::decode(&[1]).is_err());
+        let mut huge = vec![2u8, 0];
+        huge.extend_from_slice(&[0; 24]);
+        huge.extend_from_slice(&[0, 0xFF, 0xFF, 0xFF, 0xFF]);
         assert!(ReplicatedBatch::decode(&huge).is_err());
     }
 }

@@ -141,7 +141,7 @@ impl World {
                     self.report.generations += 1;
                 }
                 ReplicaOutput::Delivered { offset, batch } => {
-                    for (i, p) in batch.payloads.iter().enumerate() {
+                    for (i, p) in batch.payloads().iter().enumerate() {
                         let slot = Slot::Record { producer: batch.producer, at: i as u64, payload: p.clone() };
                         self.deliver(id, offset + i as u64, slot)?;
                     }
@@ -307,10 +307,8 @@ impl World {
             }
             let target = self.producers[p].target;
             let (pid, seq) = (self.producers[p].id, self.producers[p].seq);
-            let batch = ReplicatedBatch {
-                producer: Some((pid, seq)),
-                payloads: (0..1 + seq % 3).map(|i| Bytes::from(format!("p{pid}-s{seq}-{i}"))).collect(),
-            };
+            let payloads: Vec<Bytes> = (0..1 + seq % 3).map(|i| Bytes::from(format!("p{pid}-s{seq}-{i}"))).collect();
+            let batch = ReplicatedBatch::from_payloads(Some((pid, seq)), &payloads);
             let token = self.next_token;
             self.next_token += 1;
             let Some(r) = self.nodes.get_mut(&target).and_then(|n| n.replica.as_mut()) else {

@@ -282,6 +282,7 @@ fn command(rng: &mut Rng, ids: &[u64], made: &mut u64) -> Command {
                 name: format!("s{}", *made - 1),
                 shards: 1 + rng.below(8) as u32,
                 ephemeral: rng.chance(300),
+                replication: 0,
             }
         }
     }
@@ -375,6 +376,7 @@ pub fn run(seed: u64, steps: u64) -> Result<Outcome, Violation> {
         name: format!("final-{seed}"),
         shards: 1,
         ephemeral: false,
+        replication: 0,
     };
     let deadline = w.step + 400;
     loop {

@@ -51,8 +51,10 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(13);
 const TOKEN: &str = "sim-token";
 const TENANT: &str = "t1";
 const NS: &str = "default";
-/// (stream, shards, kept in memory only)
-const STREAMS: [(&str, u32, bool); 2] = [("orders", 6, false), ("ticks", 4, true)];
+/// (stream, shards, kept in memory only, replicas)
+const STREAMS: [(&str, u32, bool, u32); 3] = [("orders", 6, false, 1), ("ticks", 4, true, 1), ("ledger", 2, false, 3)];
+/// The replicated stream: every shard a Raft group of three brokers.
+const LEDGER: &str = "ledger";
 /// The cache every client uses (one shard, owned by one broker).
 const CACHE: &str = "sessions";
 
@@ -83,6 +85,12 @@ pub struct WorldReport {
     pub lost: u64,
     /// Records persisted (all brokers, all lives).
     pub persisted: u64,
+    /// Publishes to the replicated stream acknowledged (a majority held each).
+    pub quorum_acked: u64,
+    /// ... answered outcome unknown (`leadership_lost`, `quorum_timeout`).
+    pub quorum_unknown: u64,
+    /// Committed records of the replicated stream checked against every replica's history.
+    pub quorum_checked: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -101,6 +109,9 @@ impl WorldReport {
         self.crashes += r.crashes;
         self.lost += r.lost;
         self.persisted += r.persisted;
+        self.quorum_acked += r.quorum_acked;
+        self.quorum_unknown += r.quorum_unknown;
+        self.quorum_checked += r.quorum_checked;
     }
 }
 
@@ -134,6 +145,18 @@ struct World {
     names: Vec<String>,
     nodes: BTreeMap<String, ClusterNode>,
     kept: BTreeMap<String, crate::cluster::meta::RaftLog>,
+    /// Per broker, what it kept of its replicas' Raft state.
+    kept_replicas: BTreeMap<String, BTreeMap<ShardId, crate::cluster::meta::RaftLog>>,
+    /// The replicated stream's history as any broker ever held it committed: offset → record
+    /// (a generation start as an empty one). Two brokers, or one broker at two times, holding
+    /// different records at one offset is a lost or rewritten record.
+    history: BTreeMap<(ShardId, u64), Bytes>,
+    /// Per (broker, shard): offsets below this were checked against `history` (this life).
+    checked: BTreeMap<(String, ShardId), u64>,
+    /// Payloads of acknowledged publishes to the replicated stream.
+    quorum_acked: BTreeMap<Bytes, ShardId>,
+    /// Payloads of the replicated stream's publishes in flight, by connection.
+    quorum_payloads: BTreeMap<(String, ConnId), Bytes>,
     /// Crashed brokers and when they come back.
     down: BTreeMap<String, Instant>,
     /// In flight between brokers: (deliver at, from, to, bytes).
@@ -187,9 +210,11 @@ impl World {
     fn start(&mut self, name: &str) -> Result<(), Violation> {
         let i = self.names.iter().position(|n| n == name).unwrap_or(0);
         let kept = self.kept.get(name).cloned().unwrap_or_default();
-        let node = ClusterNode::new(broker(self.now), member(name, i), &self.names, &kept, self.now)
+        let mut node = ClusterNode::new(broker(self.now), member(name, i), &self.names, &kept, self.now)
             .map_err(|e| self.violation(format!("{name} does not restart from its kept log: {e}")))?;
+        node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
         self.nodes.insert(name.to_owned(), node);
+        self.checked.retain(|(n, _), _| n != name);
         self.generations.insert(name.to_owned(), BTreeMap::new());
         Ok(())
     }
@@ -203,7 +228,42 @@ impl World {
         let lost: Vec<_> = self.pending.keys().filter(|(n, _)| n == name).cloned().collect();
         for k in lost {
             self.pending.remove(&k);
+            self.quorum_payloads.remove(&k);
             self.report.lost_with_broker += 1;
+        }
+    }
+
+    /// Checks what every live broker holds committed of the replicated stream against the
+    /// history seen so far: one record per offset, ever.
+    fn check_history(&mut self) -> Result<(), Violation> {
+        let mut bad = None;
+        for (name, node) in &self.nodes {
+            for (shard, _, _, _) in node.replica_status() {
+                let from = self.checked.get(&(name.clone(), shard.clone())).copied().unwrap_or(0);
+                let mut upto = from;
+                for (base, generation_start, payloads) in node.broker.committed_batches(&shard, from) {
+                    let records: Vec<Bytes> = if generation_start { vec![Bytes::new()] } else { payloads };
+                    for (i, p) in records.into_iter().enumerate() {
+                        let at = base + i as u64;
+                        if at < from {
+                            continue;
+                        }
+                        self.report.quorum_checked += 1;
+                        let seen = self.history.entry((shard.clone(), at)).or_insert_with(|| p.clone());
+                        if *seen != p {
+                            bad = Some(format!(
+                                "{name} holds {p:?} committed at {shard:?} offset {at}, where {seen:?} was committed before"
+                            ));
+                        }
+                        upto = at + 1;
+                    }
+                }
+                self.checked.insert((name.clone(), shard), upto);
+            }
+        }
+        match bad {
+            Some(b) => Err(self.violation(b)),
+            None => Ok(()),
         }
     }
 
@@ -257,6 +317,19 @@ impl World {
             NodeOutput::PersistRaft { entries, hard_state } => {
                 self.kept.entry(name.to_owned()).or_default().persist(&entries, hard_state.as_ref());
             }
+            NodeOutput::PersistReplica { shard, entries, hard_state } => {
+                self.kept_replicas
+                    .entry(name.to_owned())
+                    .or_default()
+                    .entry(shard)
+                    .or_default()
+                    .persist(&entries, hard_state.as_ref());
+            }
+            NodeOutput::DropReplica { shard } => {
+                if let Some(k) = self.kept_replicas.get_mut(name) {
+                    k.remove(&shard);
+                }
+            }
             NodeOutput::Peer { to, message } => {
                 let cut = self.cut.contains(name) != self.cut.contains(&to) || !self.nodes.contains_key(&to);
                 if cut && rng.chance(500) {
@@ -298,8 +371,11 @@ impl World {
                 }
             }
             BrokerOutput::Persist(w) => {
-                if STREAMS.iter().any(|(s, _, ephemeral)| *s == w.stream && *ephemeral) {
+                if STREAMS.iter().any(|(s, _, ephemeral, _)| *s == w.stream && *ephemeral) {
                     return Err(self.violation(format!("{name} persists {}, created in memory only", w.stream)));
+                }
+                if w.stream == LEDGER {
+                    return Err(self.violation(format!("{name} writes the replicated {LEDGER} beside its Raft log")));
                 }
                 if !w.generation_start && w.tenant_id == TENANT {
                     let node = &self.nodes[name];
@@ -363,6 +439,9 @@ impl World {
             match code {
                 ErrorCode::NotLeader => Ok("redirect"),
                 ErrorCode::ShardUnavailable | ErrorCode::Unacknowledged => Ok("unavailable"),
+                // A replicated shard's outcome-unknown answers (its leader deposed, or no
+                // majority in time).
+                ErrorCode::LeadershipLost | ErrorCode::QuorumTimeout if shard.name == LEDGER => Ok("unknown"),
                 other => Err(format!("unexpected refusal {}", other.name())),
             }
         };
@@ -389,7 +468,11 @@ impl World {
             },
             (Ask::Subscribe, Payload::Json(Decoded::Message(Message::Subscribed(_)))) => {
                 let owner = self.nodes.get(name).and_then(|n| n.metadata().owner(&shard)).map(|a| a.owner.clone());
-                if owner.as_deref() == Some(name) {
+                // A replicated shard is served by its Raft group's leader, which serves before
+                // the metadata learns it leads.
+                let leads = self.nodes.get(name).and_then(|n| n.broker.replica_role(&shard))
+                    == Some(&crate::broker::ReplicaRole::Leading);
+                if (shard.name != LEDGER && owner.as_deref() == Some(name)) || leads {
                     self.report.subscribed += 1;
                     Ok("ok")
                 } else {
@@ -409,13 +492,19 @@ impl World {
             (_, other) => Err(format!("unexpected answer {other:?}")),
         };
         let outcome = outcome.map_err(|w| self.violation(format!("{name}, {ask:?} {shard:?}: {w}")))?;
+        let payload = self.quorum_payloads.remove(&key);
         match outcome {
             "ok" => {
                 if ask == Ask::Publish {
                     self.report.acked += 1;
+                    if let Some(p) = payload {
+                        self.report.quorum_acked += 1;
+                        self.quorum_acked.insert(p, shard.clone());
+                    }
                 }
             }
             "redirect" => self.report.redirected += 1,
+            "unknown" => self.report.quorum_unknown += 1,
             _ => self.report.unavailable += 1,
         }
         if must && outcome != "ok" {
@@ -480,6 +569,12 @@ impl World {
             &mut out,
         );
         let shards = STREAMS.iter().find(|s| s.0 == stream).map_or(1, |s| s.1);
+        // Every record of the replicated stream is unique, so the checker can find it.
+        let payload = if stream == LEDGER {
+            Bytes::from(format!("{}-{}", self.seed, self.report.requests))
+        } else {
+            Bytes::from_static(b"record")
+        };
         match ask {
             Ask::Publish => {
                 // A key that routes to the shard wanted.
@@ -496,7 +591,7 @@ impl World {
                     tenant_id: TENANT.into(),
                     namespace: NS.into(),
                     stream: stream.into(),
-                    records: Records::from_payloads([b"record".as_slice()]).unwrap_or_default(),
+                    records: Records::from_payloads([payload.as_ref()]).unwrap_or_default(),
                 };
                 let _ = b.encode(&mut out);
             }
@@ -536,6 +631,9 @@ impl World {
             ),
         }
         self.report.requests += 1;
+        if stream == LEDGER && ask == Ask::Publish {
+            self.quorum_payloads.insert((name.to_owned(), conn), payload);
+        }
         self.pending.insert(
             (name.to_owned(), conn),
             Pending {
@@ -576,6 +674,7 @@ impl World {
             n.handle_timeout(now);
         }
         self.settle(rng, faults)?;
+        self.check_history()?;
         let late: Vec<String> = self
             .pending
             .values()
@@ -603,6 +702,11 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         names: names.clone(),
         nodes: BTreeMap::new(),
         kept: BTreeMap::new(),
+        kept_replicas: BTreeMap::new(),
+        history: BTreeMap::new(),
+        checked: BTreeMap::new(),
+        quorum_acked: BTreeMap::new(),
+        quorum_payloads: BTreeMap::new(),
         down: BTreeMap::new(),
         network: Vec::new(),
         cut: BTreeSet::new(),
@@ -619,7 +723,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     let formed = |w: &World| {
         w.nodes.values().all(|node| {
             node.metadata().members().len() == n
-                && STREAMS.iter().all(|(s, _, _)| node.metadata().shard_count(Kind::Stream, TENANT, NS, s).is_some())
+                && STREAMS.iter().all(|(s, _, _, _)| node.metadata().shard_count(Kind::Stream, TENANT, NS, s).is_some())
                 && node.metadata().shard_count(Kind::Cache, TENANT, NS, CACHE).is_some()
         })
     };
@@ -630,7 +734,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         if i % 20 == 5 {
             let first = names[0].clone();
             let now = w.now;
-            for (name, shards, ephemeral) in STREAMS {
+            for (name, shards, ephemeral, replication) in STREAMS {
                 let c = Command::Create {
                     kind: Kind::Stream,
                     tenant: TENANT.into(),
@@ -638,6 +742,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                     name: name.into(),
                     shards,
                     ephemeral,
+                    replication,
                 };
                 if let Some(node) = w.nodes.get_mut(&first) {
                     node.propose(&c, now);
@@ -650,6 +755,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                 name: CACHE.into(),
                 shards: 1,
                 ephemeral: false,
+                replication: 0,
             };
             if let Some(node) = w.nodes.get_mut(&first) {
                 node.propose(&c, now);
@@ -681,7 +787,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                 break;
             }
             let at = live[rng.below(live.len() as u64) as usize].clone();
-            let (stream, shards, _) = STREAMS[rng.below(2) as usize];
+            let (stream, shards, _, _) = STREAMS[rng.below(STREAMS.len() as u64) as usize];
             let shard = rng.below(u64::from(shards)) as u32;
             let ask = match rng.below(10) {
                 0..=5 => Ask::Publish,
@@ -719,7 +825,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     }
     // Progress: through every broker, to every shard, acked ok.
     for name in &names {
-        for (stream, shards, _) in STREAMS {
+        for (stream, shards, _, _) in STREAMS {
             for shard in 0..shards {
                 let modern = rng.chance(500);
                 w.request(name, Ask::Publish, (stream, shard), modern, true, &mut rng);
@@ -744,6 +850,34 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     let first = w.nodes[&names[0]].metadata().clone();
     if let Some(n) = w.nodes.values().find(|n| *n.metadata() != first) {
         return Err(w.violation(format!("{}'s metadata differs after healing", n.node_id())));
+    }
+    // The replicated stream, healed: every replica holds one and the same history (checked
+    // record by record against everything ever committed), and every acknowledged record is
+    // in it exactly once.
+    w.check_history()?;
+    for (shard, replicas) in first.replicated_shards() {
+        let ends: Vec<(String, u64)> = replicas
+            .iter()
+            .filter_map(|r| Some((r.clone(), w.checked.get(&(r.clone(), shard.clone())).copied()?)))
+            .collect();
+        if let Some((a, b)) = ends.iter().zip(ends.iter().skip(1)).find(|(a, b)| a.1 != b.1) {
+            return Err(w.violation(format!(
+                "healed, but {shard:?}'s replicas differ: {} holds up to {}, {} up to {}",
+                a.0, a.1, b.0, b.1
+            )));
+        }
+    }
+    let mut count: BTreeMap<&Bytes, u32> = BTreeMap::new();
+    for ((shard, _), p) in &w.history {
+        if !p.is_empty() && shard.name == LEDGER {
+            *count.entry(p).or_default() += 1;
+        }
+    }
+    if let Some((p, n)) = count.iter().find(|(_, n)| **n > 1) {
+        return Err(w.violation(format!("{p:?} was written {n} times to {LEDGER}")));
+    }
+    if let Some((p, s)) = w.quorum_acked.iter().find(|(p, _)| !count.contains_key(p)) {
+        return Err(w.violation(format!("{p:?} was acknowledged on {s:?} and is not in its history")));
     }
     Ok(w.report)
 }

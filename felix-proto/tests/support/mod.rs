@@ -173,6 +173,7 @@ pub fn cluster_metadata(members: &[(&str, u16)], shards: u32) -> felix_proto::cl
         name: "orders".into(),
         shards,
         ephemeral: false,
+        replication: 0,
     };
     md.apply(&create).unwrap();
     md

@@ -1,0 +1,213 @@
+//! Replicated (`quorum`) shards, the broker's side. A replicated shard's log is its Raft
+//! group's log ([`crate::cluster::replica::Replica`], hosted by the
+//! [`crate::cluster::node::ClusterNode`]): this broker never assigns its offsets. On the leader a
+//! publish becomes a proposal ([`BrokerOutput::Replicate`]) and waits for the group; on every
+//! replica, the leader included, committed entries are appended as they come out of the group
+//! ([`Broker::apply_replicated`]), so subscribers only ever see records a majority holds, at the
+//! offsets every replica gives them.
+//!
+//! The role of this broker's replica decides what clients get: the leader serves once its
+//! generation-start record committed (its readable bound is settled); before that it refuses
+//! readers and writers `shard_unavailable` reason `not_ready`; a follower redirects to the leader
+//! it knows (`not_leader`) or, while there is none, answers `shard_unavailable` reason
+//! `no_leader`. A deposed leader ends its subscriptions after delivering what committed, as on
+//! a shard move, and its unanswered publishes end `leadership_lost` (outcome unknown).
+
+use super::*;
+use crate::binary::OwnerHint;
+use crate::cluster::metadata::{Kind, ShardId};
+use crate::cluster::replica::{Answer, ReplicatedBatch};
+use crate::error_code::ErrorCode;
+use crate::transport::WriteToken;
+use bytes::Bytes;
+use std::time::Instant;
+
+/// The role of this broker's replica of a replicated shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaRole {
+    /// Leads, and its generation start committed: it serves.
+    Leading,
+    /// Leads, its generation-start record not committed yet: `not_ready`.
+    Settling,
+    /// Follows the leader it knows of (none while its group elects one).
+    Following {
+        /// The leader: node id, client address, generation.
+        leader: Option<OwnerHint>,
+    },
+}
+
+impl Broker {
+    /// The latest time the broker was given (its clock never goes back).
+    pub fn last_now(&self) -> Instant {
+        self.clock.last().unwrap_or_else(|| self.wall.anchor())
+    }
+
+    /// Sets the role of this broker's replica of a replicated shard (the cluster node calls it
+    /// when the shard's Raft group changes leader). Becoming a follower ends the shard's
+    /// subscriptions like a shard move (after what committed was delivered), with the leader's
+    /// address for clients that read `shard_moved`.
+    pub fn set_replica_role(&mut self, shard: &ShardId, role: ReplicaRole, now: Instant) {
+        let now = self.clock.advance(now);
+        if shard.kind != Kind::Stream {
+            return;
+        }
+        let (t, ns, s, n) = (shard.tenant.as_str(), shard.namespace.as_str(), shard.name.as_str(), shard.shard);
+        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let Some(sh) = self.streams.get_mut(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get_mut(n as usize)) else {
+            return;
+        };
+        if sh.replica.as_ref() == Some(&role) {
+            return;
+        }
+        let was_serving = sh.moved.is_none();
+        sh.replica = Some(role.clone());
+        match role {
+            ReplicaRole::Leading => sh.moved = None,
+            ReplicaRole::Settling | ReplicaRole::Following { leader: None } => {
+                let reason = if role == ReplicaRole::Settling { "not_ready" } else { "no_leader" };
+                let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason };
+                if was_serving {
+                    // Readers end as on a move: what committed was delivered; they come back.
+                    let hint = OwnerHint { node_id: String::new(), addr: None, generation: 0 };
+                    self.move_shard(t, ns, s, n, hint, now);
+                }
+                if let Some(sh) = self.streams.get_mut(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get_mut(n as usize))
+                {
+                    sh.moved = Some(m);
+                }
+            }
+            ReplicaRole::Following { leader: Some(hint) } => {
+                self.move_shard(t, ns, s, n, hint, now);
+            }
+        }
+    }
+
+    /// The committed batches of a shard held in memory from offset `from` on: base offset,
+    /// whether it is a generation-start record, payloads (checkers and diagnostics).
+    pub fn committed_batches(&self, shard: &ShardId, from: u64) -> Vec<(u64, bool, Vec<Bytes>)> {
+        self.streams
+            .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
+            .and_then(|e| e.shards.get(shard.shard as usize))
+            .map(|s| s.log.held_from(from))
+            .unwrap_or_default()
+    }
+
+    /// The role of this broker's replica of a shard, if it holds one.
+    pub fn replica_role(&self, shard: &ShardId) -> Option<&ReplicaRole> {
+        self.streams
+            .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?
+            .shards
+            .get(shard.shard as usize)?
+            .replica
+            .as_ref()
+    }
+
+    /// An entry of a replicated shard committed (on every replica, in log order): the batch
+    /// becomes visible at `offset`, the offset the group gave it, and live subscribers get it.
+    pub fn apply_replicated(&mut self, shard: &ShardId, offset: u64, batch: ReplicatedBatch, now: Instant) {
+        let now = self.clock.advance(now);
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
+        let count = u64::from(batch.records.count());
+        let Some(end) = sh.log.append_committed(offset, batch.records, batch.timestamp_micros, batch.publisher, false)
+        else {
+            return;
+        };
+        self.stats.records_appended += count;
+        self.fanout_committed(&k, shard.shard, offset, end);
+        self.wake_groups(&k, shard.shard, now);
+        self.enforce_retention(Some(&k), now);
+    }
+
+    /// A generation-start record of a replicated shard committed at `offset` (a new leader's
+    /// first entry): it takes the offset and is never delivered; the next batch carries
+    /// `skipped_before` for clients that read it.
+    pub fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, now: Instant) {
+        let now = self.clock.advance(now);
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
+        let ts = self.wall.micros(now);
+        let _ = sh.log.append_committed(offset, crate::binary::Records::default(), ts, None, true);
+    }
+
+    /// The group's answer to a batch proposed for the publish `token`: publishers (and brokers
+    /// that forwarded it) are answered. `leadership_lost` and `quorum_timeout` are outcome
+    /// unknown: the batch may still commit, and an idempotent producer's retry is written once.
+    pub fn handle_replicated(&mut self, token: WriteToken, answer: Answer, now: Instant) {
+        let now = self.clock.advance(now);
+        let Some(ctx) = self.take_write(&token) else { return };
+        let mut resume = Vec::new();
+        if let Some(sh) = self.streams.get_mut(&ctx.key).and_then(|e| e.shards.get_mut(ctx.shard as usize)) {
+            sh.replicating = sh.replicating.saturating_sub(ctx.replicated);
+            if sh.replicating <= self.cfg.max_pending_write_bytes / 2 {
+                resume = std::mem::take(&mut sh.paused);
+            }
+        }
+        let result = match answer {
+            Answer::Appended { offset, .. } => Ok(offset),
+            Answer::LeadershipLost => Err(Refusal::new(
+                ErrorCode::LeadershipLost,
+                "this broker stopped leading the shard before a majority confirmed the batch: it may or may not be written",
+            )),
+            Answer::QuorumTimeout => Err(Refusal::new(
+                ErrorCode::QuorumTimeout,
+                "no majority of the shard's replicas confirmed the batch in time: it may or may not be written",
+            )),
+        };
+        for w in ctx.waiters {
+            self.finish_waiter(w, result.as_ref().map(|o| Some(*o)), now);
+        }
+        for (to, id) in ctx.forwards {
+            let outcome = match &result {
+                Ok(o) => ForwardOutcome::Appended { offset: Some(*o) },
+                Err(r) => ForwardOutcome::Refused { code: r.code.clone(), retry: r.retry, message: r.message.clone() },
+            };
+            self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+        }
+        for (conn, sid) in resume {
+            let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
+            if st.pauses.remove(Pause::Storage) {
+                st.resume_owed = true;
+                self.drive_stream(conn, sid, now);
+            }
+        }
+    }
+
+    /// Proposes a batch to a replicated shard this broker leads: nothing is appended here until
+    /// the group commits it. Returns the write whose context (no waiters yet) is registered.
+    pub(super) fn replicate_batch(&mut self, k: &Key, shard: u32, b: publish::NewBatch, now: Instant) -> WriteToken {
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let bytes = b.records.payload_bytes() as u64;
+        let batch = ReplicatedBatch {
+            producer: b.idempotent,
+            timestamp_micros: self.wall.micros(now),
+            publisher: b.publisher,
+            records: b.records,
+        };
+        if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
+            sh.replicating += bytes;
+        }
+        let id = ShardId {
+            kind: Kind::Stream,
+            tenant: k.tenant().to_owned(),
+            namespace: k.namespace().to_owned(),
+            name: k.name().to_owned(),
+            shard,
+        };
+        self.out.push_back(BrokerOutput::Replicate { token, shard: id, batch });
+        let ctx = WriteCtx {
+            key: k.clone(),
+            shard,
+            waiters: Vec::new(),
+            sys: None,
+            producer: None,
+            state: None,
+            forwards: Vec::new(),
+            queued: 0,
+            replicated: bytes,
+        };
+        self.writes.insert(token, ctx);
+        token
+    }
+}
