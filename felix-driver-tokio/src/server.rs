@@ -840,8 +840,24 @@ impl BrokerTask {
             })
             .collect();
         let revoked = serde_json::json!({"jti": md.revoked_jti(), "sub": md.revoked_sub()});
+        let replicas: Vec<serde_json::Value> = n
+            .replica_report()
+            .into_iter()
+            .map(|r| {
+                let followers: Vec<serde_json::Value> = r
+                    .followers
+                    .iter()
+                    .map(|(id, matched, lag)| serde_json::json!({"node_id": id, "matched_index": matched, "lag": lag}))
+                    .collect();
+                serde_json::json!({"kind": format!("{:?}", r.shard.kind).to_lowercase(), "tenant": r.shard.tenant,
+                    "namespace": r.shard.namespace, "name": r.shard.name, "shard": r.shard.shard,
+                    "replicas": md.replicas(&r.shard), "leader": r.leader, "term": r.term, "role": r.role,
+                    "next_offset": r.next_offset, "last_index": r.last_index, "committed_index": r.committed_index,
+                    "followers": followers})
+            })
+            .collect();
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
-            "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked});
+            "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas});
         format!("{v}\n")
     }
 

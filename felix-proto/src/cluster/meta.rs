@@ -269,6 +269,22 @@ impl MetaNode {
         self.raw.raft.term
     }
 
+    /// The index of the last entry in the log, and the highest committed.
+    pub fn indexes(&self) -> (u64, u64) {
+        (self.raw.raft.raft_log.last_index(), self.raw.raft.raft_log.committed)
+    }
+
+    /// On the leader: each voter and the highest index it is known to hold (its replication
+    /// progress), in id order. Empty on a follower.
+    pub fn progress(&self) -> Vec<(u64, u64)> {
+        if !self.is_leader() {
+            return Vec::new();
+        }
+        let mut v: Vec<(u64, u64)> = self.raw.raft.prs().iter().map(|(id, p)| (*id, p.matched)).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// One unit of time passed (the driver ticks every 100 ms, say).
     pub fn tick(&mut self) {
         self.raw.tick();

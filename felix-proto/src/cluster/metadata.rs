@@ -173,6 +173,9 @@ pub enum Command {
     },
 }
 
+/// A stream's or cache's registry key: kind, tenant, namespace, name.
+type Name = (Kind, String, String, String);
+
 fn is_single(r: &u32) -> bool {
     *r <= 1
 }
@@ -342,9 +345,8 @@ impl Metadata {
                 // A replicated stream kept in memory makes no sense (its log is its Raft log):
                 // ephemeral wins.
                 if *replication > 1 && !*ephemeral {
-                    let rf = (*replication).min(MAX_REPLICATION);
-                    self.replication.insert(key, rf);
-                    self.place_replicas(*kind, tenant, namespace, name, *shards, rf);
+                    // Its replicas are chosen in `rebalance`, once enough brokers are active.
+                    self.replication.insert(key, (*replication).min(MAX_REPLICATION));
                 }
             }
             Command::Lead { shard, node, term } => {
@@ -384,14 +386,16 @@ impl Metadata {
         Ok(())
     }
 
-    /// Chooses each shard's replicas when a replicated stream is created: `rf` active members
-    /// (all of them when fewer), starting at a different member for each shard so leaders and
-    /// load spread, in a deterministic order. The first is the shard's first owner, until a
-    /// replica claims leadership ([`Command::Lead`]).
+    /// Chooses each shard's replicas of a replicated stream: `rf` active members, starting at a
+    /// different member for each shard so leaders and load spread, in a deterministic order.
+    /// The first is the shard's first owner, until a replica claims leadership
+    /// ([`Command::Lead`]). A replica set is a Raft group's founding voters, so it is chosen
+    /// once, when `rf` brokers are active: a stream created earlier waits (its shards have no
+    /// owner and are refused, retryable) rather than start with fewer replicas than asked.
     fn place_replicas(&mut self, kind: Kind, tenant: &str, namespace: &str, name: &str, shards: u32, rf: u32) {
         let active: Vec<String> =
             self.members.values().filter(|m| m.state == MemberState::Active).map(|m| m.id.clone()).collect();
-        if active.is_empty() {
+        if active.len() < rf as usize {
             return;
         }
         // Where this stream starts on the ring: a stable hash of its name, so streams with
@@ -408,7 +412,7 @@ impl Metadata {
                 name: name.to_owned(),
                 shard,
             };
-            self.replicas.insert(id, (replicas, 0));
+            self.replicas.entry(id).or_insert((replicas, 0));
         }
     }
 
@@ -432,6 +436,20 @@ impl Metadata {
     /// Owners by placement over the active members; a changed owner gets the next generation.
     /// A durable shard whose owner is down keeps it (see [`MemberState::Down`]).
     fn rebalance(&mut self) {
+        // Replicated streams still waiting for enough brokers get their replicas.
+        let waiting: Vec<(Name, u32, u32)> = self
+            .replication
+            .iter()
+            .filter_map(|(k, rf)| {
+                let shards = *self.registry.get(k)?;
+                let first =
+                    ShardId { kind: k.0, tenant: k.1.clone(), namespace: k.2.clone(), name: k.3.clone(), shard: 0 };
+                (!self.replicas.contains_key(&first)).then(|| (k.clone(), shards, *rf))
+            })
+            .collect();
+        for ((kind, t, ns, name), shards, rf) in waiting {
+            self.place_replicas(kind, &t, &ns, &name, shards, rf);
+        }
         let pinned: BTreeMap<ShardId, Assignment> =
             self.owners.iter().filter(|(s, _)| self.unavailable(s)).map(|(s, a)| (s.clone(), a.clone())).collect();
         let shards: Vec<ShardId> = self
@@ -446,7 +464,10 @@ impl Metadata {
                     shard,
                 })
             })
-            .filter(|s| !pinned.contains_key(s) && !self.replicas.contains_key(s))
+            .filter(|s| {
+                !pinned.contains_key(s)
+                    && !self.replication.contains_key(&(s.kind, s.tenant.clone(), s.namespace.clone(), s.name.clone()))
+            })
             .collect();
         let active: Vec<String> =
             self.members.values().filter(|m| m.state == MemberState::Active).map(|m| m.id.clone()).collect();

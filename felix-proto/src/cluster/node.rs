@@ -176,6 +176,27 @@ pub struct ClusterNode {
     shard_sends: BTreeMap<String, Vec<(ShardId, Bytes)>>,
 }
 
+/// One replica of a replicated shard as its broker sees it ([`ClusterNode::replica_report`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaReport {
+    /// The shard.
+    pub shard: ShardId,
+    /// The leader this replica knows of.
+    pub leader: Option<String>,
+    /// Its Raft term.
+    pub term: u64,
+    /// `leader`, `settling` (leads, generation start not committed) or `follower`.
+    pub role: &'static str,
+    /// The readable bound: the next offset a record gets.
+    pub next_offset: u64,
+    /// Its last Raft log index.
+    pub last_index: u64,
+    /// The highest committed index it knows.
+    pub committed_index: u64,
+    /// On the leader: (replica, replicated index, lag in entries) of every replica.
+    pub followers: Vec<(String, u64, u64)>,
+}
+
 /// A replica this broker hosts, and what it told the broker about it.
 struct Hosted {
     replica: Replica,
@@ -435,6 +456,40 @@ impl ClusterNode {
             .map(|(s, h)| {
                 let leader = h.replica.leader().and_then(|l| h.names.get(&l).cloned());
                 (s.clone(), leader, h.replica.term(), h.replica.next_offset())
+            })
+            .collect()
+    }
+
+    /// This broker's replicas in detail, for `cluster status`: per shard its leader, term,
+    /// role, readable bound (next offset), last and committed log index, and on the leader
+    /// every replica's replicated index and lag (entries behind the leader's last).
+    pub fn replica_report(&self) -> Vec<ReplicaReport> {
+        self.replicas
+            .iter()
+            .map(|(s, h)| {
+                let (last, committed) = h.replica.indexes();
+                let followers = h
+                    .replica
+                    .progress()
+                    .into_iter()
+                    .filter_map(|(id, matched)| {
+                        Some((h.names.get(&id)?.clone(), matched, last.saturating_sub(matched)))
+                    })
+                    .collect();
+                ReplicaReport {
+                    shard: s.clone(),
+                    leader: h.replica.leader().and_then(|l| h.names.get(&l).cloned()),
+                    term: h.replica.term(),
+                    role: match &h.role {
+                        Some(ReplicaRole::Leading) => "leader",
+                        Some(ReplicaRole::Settling) => "settling",
+                        _ => "follower",
+                    },
+                    next_offset: h.replica.next_offset(),
+                    last_index: last,
+                    committed_index: committed,
+                    followers,
+                }
             })
             .collect()
     }

@@ -248,6 +248,16 @@ impl Replica {
         self.node.term()
     }
 
+    /// The last log index and the committed index.
+    pub fn indexes(&self) -> (u64, u64) {
+        self.node.indexes()
+    }
+
+    /// On the leader: each replica's id and the highest log index it holds.
+    pub fn progress(&self) -> Vec<(u64, u64)> {
+        self.node.progress()
+    }
+
     /// The next offset a record would get (the readable bound).
     pub fn next_offset(&self) -> u64 {
         self.next_offset
