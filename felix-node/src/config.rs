@@ -541,6 +541,17 @@ mod tests {
         let e =
             FileConfig::parse("[[streams]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"s\"\nshards = 0").unwrap_err();
         assert!(e.contains("shards must be at least 1"), "{e}");
+        let stream = |extra: &str| format!("[[streams]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"s\"\n{extra}");
+        let e = FileConfig::parse(&stream("durability = \"raid\"")).unwrap_err();
+        assert!(e.contains("durability \"raid\": expected disk or quorum"), "{e}");
+        let e = FileConfig::parse(&stream("replication = 3")).unwrap_err();
+        assert!(e.contains("replication needs durability = \"quorum\""), "{e}");
+        let e = FileConfig::parse(&stream("durability = \"quorum\"\nreplication = 9")).unwrap_err();
+        assert!(e.contains("replication 9: expected 2..=7"), "{e}");
+        let e = FileConfig::parse(&stream("durability = \"quorum\"\ndurable = false")).unwrap_err();
+        assert!(e.contains("cannot be durable = false"), "{e}");
+        let q = FileConfig::parse(&stream("durability = \"quorum\"")).unwrap();
+        assert_eq!(q.streams(1024)[0].config.replication, 3, "quorum defaults to three replicas");
         let c = FileConfig::parse("[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 100").unwrap();
         assert_eq!(c.limits()[0].records_per_s, Some(100));
         let c = FileConfig::parse(

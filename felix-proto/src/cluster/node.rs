@@ -647,6 +647,18 @@ impl ClusterNode {
                     h.replica.tick();
                 }
                 self.drain_replica(&shard, now);
+                // A leadership claim can be lost with the metadata leader it was sent to: a
+                // leader the metadata does not name yet claims again (a repeated claim for a
+                // term already recorded changes nothing).
+                let me = self.me.id.clone();
+                if self.ticks.is_multiple_of(JOIN_RETRY_TICKS)
+                    && let Some(h) = self.replicas.get(&shard)
+                    && h.role == Some(ReplicaRole::Leading)
+                    && self.metadata.owner(&shard).is_none_or(|a| a.owner != me)
+                    && let Some(term) = h.ready_term
+                {
+                    self.pending.push_back(Command::Lead { shard: shard.clone(), node: me, term }.encode());
+                }
             }
             self.flush_pending(now);
             self.drain_meta(now);
