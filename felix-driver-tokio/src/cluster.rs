@@ -423,16 +423,19 @@ impl ReplicaLogs {
     }
 
     /// Appends a replica's persisted state. Synced at once when the policy says `always`.
+    ///
+    /// # Errors
+    /// The write's error: the replica must stop (it cannot vouch for what it did not keep).
     pub(crate) fn persist(
         &mut self,
         shard: &ShardId,
         entries: &[felix_proto::cluster::meta::Entry],
         hard_state: Option<&felix_proto::cluster::meta::HardState>,
-    ) {
+    ) -> std::io::Result<()> {
         use std::io::Write;
-        let Some(dir) = &self.dir else { return };
+        let Some(dir) = &self.dir else { return Ok(()) };
         if entries.is_empty() && hard_state.is_none() {
-            return;
+            return Ok(());
         }
         let record = felix_proto::cluster::meta::encode_log_record(entries, hard_state);
         let r = (|| -> std::io::Result<()> {
@@ -451,10 +454,13 @@ impl ReplicaLogs {
             }
             Ok(())
         })();
-        if let Err(e) = r {
+        if let Err(e) = &r {
             self.failures += 1;
-            tracing::error!("writing {shard:?}'s replica log: {e}");
+            // What was appended of it may be torn: the file is cut back at the next start.
+            self.files.remove(shard);
+            tracing::error!("writing {shard:?}'s replica log: {e}; the replica stops until the broker restarts");
         }
+        r
     }
 
     /// Syncs what was appended since the last sync, when the interval has passed.

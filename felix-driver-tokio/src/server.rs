@@ -856,8 +856,17 @@ impl BrokerTask {
                     "followers": followers})
             })
             .collect();
+        let failed: Vec<serde_json::Value> = n
+            .failed_replicas()
+            .iter()
+            .map(|(s, why)| {
+                serde_json::json!({"name": s.name, "namespace": s.namespace, "tenant": s.tenant,
+                "shard": s.shard, "failed": why})
+            })
+            .collect();
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
-            "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas});
+            "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas,
+            "failed_replicas": failed});
         format!("{v}\n")
     }
 
@@ -1263,8 +1272,11 @@ impl BrokerTask {
                 }
                 NodeOutput::PersistReplica { shard, entries, hard_state } => {
                     // Appended before anything after it is carried out (Raft's rule).
-                    if let Some(l) = self.replica_logs.as_mut() {
-                        l.persist(&shard, &entries, hard_state.as_ref());
+                    if let Some(l) = self.replica_logs.as_mut()
+                        && let Err(e) = l.persist(&shard, &entries, hard_state.as_ref())
+                        && let Node::Cluster(n) = &mut self.node
+                    {
+                        n.handle_replica_persist_failed(&shard, &e.to_string(), now());
                     }
                     continue;
                 }

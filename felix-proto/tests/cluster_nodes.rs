@@ -23,6 +23,8 @@ struct Cluster {
     kept: BTreeMap<String, RaftLog>,
     /// What each broker kept of its replicas' Raft logs.
     kept_replicas: BTreeMap<String, BTreeMap<ShardId, RaftLog>>,
+    /// Brokers whose disk refuses their replicas' writes.
+    failing_disks: std::collections::BTreeSet<String>,
     network: VecDeque<(String, String, Bytes)>,
     /// Bytes each client stream received: (node, conn, stream).
     received: BTreeMap<(String, ConnId, StreamId), Vec<u8>>,
@@ -68,6 +70,7 @@ impl Cluster {
             nodes,
             kept: BTreeMap::new(),
             kept_replicas: BTreeMap::new(),
+            failing_disks: Default::default(),
             network: VecDeque::new(),
             received: BTreeMap::new(),
             stored: BTreeMap::new(),
@@ -112,6 +115,10 @@ impl Cluster {
                             self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
                         }
                         NodeOutput::PersistReplica { shard, entries, hard_state } => {
+                            if self.failing_disks.contains(name) {
+                                node.handle_replica_persist_failed(&shard, "No space left on device", self.now);
+                                continue;
+                            }
                             let k = self.kept_replicas.entry(name.clone()).or_default();
                             k.entry(shard).or_default().persist(&entries, hard_state.as_ref());
                         }
@@ -977,4 +984,78 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
         matches!(&ms[0], Message::Error(e) if e.message.contains(second.as_str()) || e.message.contains("owned by")),
         "{ms:?}"
     );
+}
+
+fn create_ledger(c: &mut Cluster) {
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "ledger".into(),
+        shards: 1,
+        ephemeral: false,
+        replication: 3,
+    };
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.settle();
+    c.until("a replica leads", |c| leading(c).is_some());
+}
+
+fn restart(c: &mut Cluster, name: &str) {
+    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    let i = NAMES.iter().position(|n| *n == name).unwrap() as u16 + 1;
+    let mut node = ClusterNode::new(broker, member(name, i), &peers, &c.kept[name], c.now).unwrap();
+    node.set_kept_replicas(c.kept_replicas.get(name).cloned().unwrap_or_default());
+    c.nodes.insert(name.to_owned(), node);
+}
+
+#[test]
+fn a_replica_whose_disk_fails_stops_and_the_group_carries_on_without_losing_a_record() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    // A follower's disk fills: its replica stops (it acknowledges nothing it did not keep), and
+    // the leader and the other follower, a majority, go on acknowledging.
+    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.failing_disks.insert(follower.clone());
+    let (conn, st) = c.client(&leader, flags, 1);
+    for k in 0..10u64 {
+        c.send(&leader, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&leader, conn, st)));
+    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    assert!(c.nodes[&follower].failed_replicas().contains_key(&ledger()), "the follower's replica stopped");
+    // Now the leader's disk fails too: it stops; the last healthy replica cannot commit alone,
+    // so a publish is not acknowledged `ok` (outcome unknown or refused), never lost silently.
+    c.failing_disks.insert(leader.clone());
+    c.send(&leader, conn, st, publish_binary("ledger", &["lost?"], Some(11), None));
+    let a = acks(&payloads(&c.take(&leader, conn, st)));
+    assert!(a.iter().all(|a| a.status != AckStatus::Ok), "{a:?}");
+    // Both disks mended and brokers restarted: the group has its majority back, every
+    // acknowledged record is there once, and it takes writes again.
+    c.failing_disks.clear();
+    restart(&mut c, &follower);
+    restart(&mut c, &leader);
+    c.until("a replica leads again", |c| leading(c).is_some());
+    let now_leader = leading(&c).unwrap();
+    let (conn, st) = c.client(&now_leader, flags, 2);
+    c.send(&now_leader, conn, st, publish_binary("ledger", &["after"], Some(1), None));
+    let a = acks(&payloads(&c.take(&now_leader, conn, st)));
+    assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
+    let (records, _) = history(&c, &now_leader);
+    let payloads: Vec<&[u8]> = records.iter().map(|(_, p)| p.as_ref()).collect();
+    for k in 0..10 {
+        let p = format!("a{k}");
+        assert_eq!(payloads.iter().filter(|x| **x == p.as_bytes()).count(), 1, "{p} exactly once: {payloads:?}");
+    }
+    assert_eq!(payloads.last().copied(), Some(&b"after"[..]));
+    c.until("every replica holds the same history", |c| {
+        NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
+    });
 }

@@ -172,6 +172,9 @@ pub struct ClusterNode {
     replicas: BTreeMap<ShardId, Hosted>,
     /// What the driver kept of replicas' Raft state, taken when each replica starts.
     kept_replicas: BTreeMap<ShardId, RaftLog>,
+    /// Replicas stopped because their state could not be kept (a failed or full disk), and why:
+    /// they take no part until the broker restarts.
+    failed_replicas: BTreeMap<ShardId, String>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
     shard_sends: BTreeMap<String, Vec<(ShardId, Bytes)>>,
 }
@@ -287,6 +290,7 @@ impl ClusterNode {
             refused: std::collections::BTreeSet::new(),
             replicas: BTreeMap::new(),
             kept_replicas: BTreeMap::new(),
+            failed_replicas: BTreeMap::new(),
             shard_sends: BTreeMap::new(),
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
@@ -494,13 +498,48 @@ impl ClusterNode {
             .collect()
     }
 
+    /// The driver could not keep what a replica asked it to persist ([`NodeOutput::PersistReplica`]
+    /// failed: an I/O error, a full disk). Raft's promise rests on that state being kept before
+    /// anything after it is sent, so the replica stops here and now: what it was about to send
+    /// (acknowledgements of entries it does not hold) is withdrawn, it votes and acknowledges
+    /// nothing more, its unanswered proposals end `leadership_lost` (outcome unknown), and the
+    /// shard's other replicas carry on while a majority of them is healthy. It comes back when
+    /// the broker restarts (from what it did keep). Meanwhile the shard is served here as by a
+    /// replica that knows no leader.
+    pub fn handle_replica_persist_failed(&mut self, shard: &ShardId, why: &str, now: Instant) {
+        let Some(h) = self.replicas.remove(shard) else { return };
+        self.failed_replicas.insert(shard.clone(), why.to_owned());
+        for token in h.replica.abandon() {
+            self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
+        }
+        let strip = |list: &mut Vec<(ShardId, Bytes)>| list.retain(|(s, _)| s != shard);
+        for list in self.shard_sends.values_mut() {
+            strip(list);
+        }
+        for o in self.out.iter_mut() {
+            if let NodeOutput::Peer { message: PeerMessage::ShardRaft(list), .. } = o {
+                strip(list);
+            }
+        }
+        // Nor does it persist anything more.
+        self.out.retain(|o| !matches!(o, NodeOutput::PersistReplica { shard: s, .. } if s == shard));
+        self.broker.set_replica_role(shard, ReplicaRole::Following { leader: None }, now);
+    }
+
+    /// Replicas stopped for a failed write, and why.
+    pub fn failed_replicas(&self) -> &BTreeMap<ShardId, String> {
+        &self.failed_replicas
+    }
+
     /// Starts a replica for every replicated shard the metadata names this broker a replica
     /// of, and stops those of deleted shards.
     fn sync_replicas(&mut self, now: Instant) {
         let wanted: Vec<(ShardId, Vec<String>)> = self
             .metadata
             .replicated_shards()
-            .filter(|(s, r)| r.contains(&self.me.id) && !self.replicas.contains_key(*s))
+            .filter(|(s, r)| {
+                r.contains(&self.me.id) && !self.replicas.contains_key(*s) && !self.failed_replicas.contains_key(*s)
+            })
             .map(|(s, r)| (s.clone(), r.to_vec()))
             .collect();
         for (shard, names) in wanted {
@@ -521,7 +560,11 @@ impl ClusterNode {
         let gone: Vec<ShardId> =
             self.replicas.keys().filter(|s| self.metadata.replicas(s).is_none()).cloned().collect();
         for shard in gone {
-            self.replicas.remove(&shard);
+            if let Some(h) = self.replicas.remove(&shard) {
+                for token in h.replica.abandon() {
+                    self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
+                }
+            }
             self.out.push_back(NodeOutput::DropReplica { shard });
         }
     }

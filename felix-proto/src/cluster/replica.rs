@@ -297,6 +297,17 @@ impl Replica {
         Ok(())
     }
 
+    /// Stops this replica: the tokens of the proposals it still owed an answer (outcome
+    /// unknown: they may commit on the others).
+    pub fn abandon(self) -> Vec<u64> {
+        let mut owed: Vec<u64> = self.pending.values().map(|p| p.token).collect();
+        owed.extend(self.out.iter().filter_map(|o| match o {
+            ReplicaOutput::Answer { token, .. } => Some(*token),
+            _ => None,
+        }));
+        owed
+    }
+
     /// The next thing to do.
     pub fn poll_output(&mut self) -> Option<ReplicaOutput> {
         self.out.pop_front()
