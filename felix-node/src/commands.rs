@@ -9,6 +9,7 @@ use base64::Engine;
 use bytes::Bytes;
 use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
 use felix_proto::client::EndReason;
+use felix_proto::error_code::RetryClass;
 use felix_proto::message::StartPosition;
 use std::io::Write;
 use std::process::ExitCode;
@@ -401,10 +402,13 @@ where
     Fut: std::future::Future<Output = (Client, Result<T, felix_driver_tokio::ClientError>)>,
 {
     let mut args = c.clone();
-    let mut asked = args.addr.0.clone();
+    // The brokers actually asked (of several seeds, the one that answered): a redirect to
+    // another seed is followed, one back to a broker already asked is a view in flux.
+    let mut asked: Vec<std::net::SocketAddr> = Vec::new();
     let mut newest = 0u64;
     loop {
         let client = connect(&args).await?;
+        asked.push(client.remote_address());
         let (client, r) = op(client).await;
         match r {
             Ok(v) => return Ok((client, v)),
@@ -422,7 +426,6 @@ where
                 eprintln!("{node_id} owns it: asking {next}");
                 let _ = client.close().await;
                 newest = generation;
-                asked.push(next);
                 args.addr = Addrs(vec![next]);
             }
             Err(e) => return Err(e.to_string()),
@@ -433,15 +436,28 @@ where
 /// [`connect`], with the client options adjusted by `adjust` first.
 pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<Client, String> {
     let opts = client_options(c, adjust)?;
-    // Several addresses: the first that answers (each given less time, so a dead one does not
-    // hold the rest up).
-    let each = if c.addr.0.len() > 1 { 5 } else { 15 };
+    // Several addresses: tried in order, each given a head start of STAGGER before the next is
+    // tried beside it, and the first that answers is used (so a dead seed costs a quarter of a
+    // second, not a connect timeout).
+    const STAGGER: std::time::Duration = std::time::Duration::from_millis(250);
+    let wait = std::time::Duration::from_secs(15);
+    let mut tries = tokio::task::JoinSet::new();
+    for (i, addr) in c.addr.0.iter().copied().enumerate() {
+        let opts = opts.clone();
+        tries.spawn(async move {
+            tokio::time::sleep(STAGGER * i as u32).await;
+            (addr, tokio::time::timeout(wait, Client::connect(addr, opts)).await)
+        });
+    }
     let mut last = String::new();
-    for addr in &c.addr.0 {
-        match tokio::time::timeout(std::time::Duration::from_secs(each), Client::connect(*addr, opts.clone())).await {
-            Ok(Ok(client)) => return Ok(client),
-            Ok(Err(e)) => last = format!("{addr}: {e}"),
-            Err(_) => last = format!("no answer from {addr} within {each} s (is the broker running?)"),
+    while let Some(r) = tries.join_next().await {
+        match r {
+            Ok((_, Ok(Ok(client)))) => return Ok(client),
+            Ok((addr, Ok(Err(e)))) => last = format!("{addr}: {e}"),
+            Ok((addr, Err(_))) => {
+                last = format!("no answer from {addr} within {} s (is the broker running?)", wait.as_secs())
+            }
+            Err(e) => last = format!("connecting: {e}"),
         }
     }
     Err(last)
@@ -720,7 +736,7 @@ fn micros_ago(ago: std::time::Duration) -> u64 {
 pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
     let first = parse_start(&a.from)?;
     // Subscribing finds the shard's owner (following redirects in a cluster).
-    let (client, (mut sub, _start)) = with_redirects(&a.conn, |client| {
+    let (mut client, (mut sub, _start)) = with_redirects(&a.conn, |client| {
         let (ns, stream, since, shard) = (a.conn.namespace.clone(), a.stream.clone(), a.since, a.shard);
         async move {
             let mut start = first;
@@ -806,6 +822,17 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                     .map_err(|e| format!("resuming at {from:?}: {e}"))?;
                 cursor.subscribed(sub.start_offset);
             }
+            Some(SubscriptionItem::End(reason)) if !a.no_resume && follows(&reason) => {
+                // The shard's leader changed (fail-over, a move) or its broker went away: resume
+                // where the last printed event ends, wherever the shard is served now.
+                let Some(from) = cursor.resume(&reason) else { return Ok(ExitCode::FAILURE) };
+                eprintln!("subscription {}; resuming from {from:?}", ended(&reason));
+                let _ = client.close().await;
+                let (c, s) = resubscribe(&a, from).await?;
+                client = c;
+                sub = s;
+                cursor.subscribed(sub.start_offset);
+            }
             Some(SubscriptionItem::End(reason)) => {
                 let resume = cursor.resume(&reason).map(|p| match p {
                     StartPosition::Offset(o) => format!("; resume with --from {o}"),
@@ -823,11 +850,69 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                 eprintln!("subscription {what}{}", resume.unwrap_or_default());
                 return Ok(ExitCode::FAILURE);
             }
+            None if !a.no_resume => {
+                let from = cursor.resume(&EndReason::ConnectionLost("closed".into())).unwrap_or(StartPosition::Latest);
+                eprintln!("connection closed; resuming from {from:?}");
+                let (c, s) = resubscribe(&a, from).await?;
+                client = c;
+                sub = s;
+                cursor.subscribed(sub.start_offset);
+            }
             None => return Err("connection closed".into()),
         }
     }
     let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a subscription that ended so is followed to wherever its shard is served now: a
+/// move or a fail-over (its broker said so, or went away), or a retryable refusal.
+fn follows(reason: &EndReason) -> bool {
+    match reason {
+        EndReason::Moved(_) | EndReason::ConnectionLost(_) | EndReason::Finished | EndReason::Reset => true,
+        EndReason::Error(e) => {
+            matches!(e.retry, Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::Redirect))
+        }
+        _ => false,
+    }
+}
+
+fn ended(reason: &EndReason) -> String {
+    match reason {
+        EndReason::Moved(m) => format!("moved (to {})", m.node_id.as_deref().unwrap_or("a broker being chosen")),
+        EndReason::ConnectionLost(why) => format!("lost its connection ({why})"),
+        EndReason::Error(e) => format!("ended: {}", e.message),
+        _ => "ended by the broker".into(),
+    }
+}
+
+/// Subscribes again from `from` through the seeds (following redirects), retrying refusals
+/// and unreachable brokers with a growing pause, for at most a minute.
+async fn resubscribe(
+    a: &SubscribeArgs,
+    from: StartPosition,
+) -> Result<(Client, felix_driver_tokio::Subscription), String> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        let r = with_redirects(&a.conn, |client| {
+            let (ns, stream, shard) = (a.conn.namespace.clone(), a.stream.clone(), a.shard);
+            async move {
+                let r = client.subscribe(&ns, &stream, Some(from), Some(shard)).await;
+                (client, r)
+            }
+        })
+        .await;
+        match r {
+            Ok(v) => return Ok(v),
+            Err(e) if std::time::Instant::now() < until => {
+                eprintln!("resubscribing: {e}; retrying in {} ms", pause.as_millis());
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+            Err(e) => return Err(format!("could not resubscribe from {from:?} for a minute: {e}")),
+        }
+    }
 }
 
 pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {

@@ -400,8 +400,10 @@ struct SubscribeArgs {
     /// Stop after this many events.
     #[arg(long)]
     count: Option<u64>,
-    /// On a durable stream, exit when the broker says this subscriber fell behind, instead of
-    /// subscribing again right after the last event printed (no gap, no duplicate).
+    /// Exit when the subscription ends (this subscriber fell behind, its shard moved or failed
+    /// over, its broker went away) instead of subscribing again, wherever the shard is served
+    /// now, right after the last event printed (no gap, no duplicate; retried for up to a
+    /// minute).
     #[arg(long)]
     no_resume: bool,
 }

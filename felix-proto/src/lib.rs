@@ -87,6 +87,7 @@
 //!             | BrokerOutput::ProposeCache { .. }
 //!             | BrokerOutput::ProposeStream { .. }
 //!             | BrokerOutput::ProposeStreamDeletion { .. }
+//!             | BrokerOutput::Replicate { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
 //!         }
 //!     }
