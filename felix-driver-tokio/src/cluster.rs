@@ -74,8 +74,12 @@ impl Transport {
         let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
             .map_err(|e| crate::ServerError::Tls(crate::tls::TlsError::Generate(e.to_string())))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-        server.transport_config(peer_transport());
-        let endpoint = quinn::Endpoint::server(server, opts.listen)?;
+        // Peers are on the listener's kind of path (loopback with loopback).
+        server.transport_config(peer_transport(opts.listen));
+        let tuning = felix_driver_common::transport::TransportTuning::default();
+        let socket = crate::server::udp_socket(opts.listen, &tuning)?;
+        let endpoint =
+            quinn::Endpoint::new(tuning.endpoint_config(), Some(server), socket, Arc::new(quinn::TokioRuntime))?;
         let known: Known = Arc::new(std::sync::RwLock::new(opts.peers.iter().map(|(n, _)| n.clone()).collect()));
         tokio::spawn(accept_loop(
             endpoint.clone(),
@@ -143,8 +147,13 @@ impl Transport {
 /// 30 s, sending into a process that no longer knows it.
 const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
-fn peer_transport() -> Arc<quinn::TransportConfig> {
-    let mut t = quinn::TransportConfig::default();
+/// The cluster transport's QUIC settings for a path to `peer`: the client path's tuning
+/// (windows, a 6,144-byte MTU from the first packet on loopback, discovery elsewhere: a
+/// replicated shard's whole batches cross it, where quinn's defaults, 1,200-byte packets and
+/// small windows, held a three-replica stream to a sixth of one replica's throughput), with a
+/// short idle timeout.
+fn peer_transport(peer: SocketAddr) -> Arc<quinn::TransportConfig> {
+    let mut t = felix_driver_common::transport::TransportTuning::default().to_quinn_for(peer);
     if let Ok(idle) = quinn::IdleTimeout::try_from(PEER_IDLE_TIMEOUT) {
         t.max_idle_timeout(Some(idle));
     }
@@ -152,13 +161,13 @@ fn peer_transport() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
-fn client_config() -> Result<quinn::ClientConfig, String> {
+fn client_config(peer: SocketAddr) -> Result<quinn::ClientConfig, String> {
     let mut tls =
         crate::tls::client_config(crate::Trust::DangerAcceptAnyCertificate, false).map_err(|e| e.to_string())?;
     tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(peer_transport());
+    cfg.transport_config(peer_transport(peer));
     Ok(cfg)
 }
 
@@ -170,7 +179,7 @@ async fn dial_loop(
     mut rx: mpsc::UnboundedReceiver<PeerMessage>,
     inputs: mpsc::UnboundedSender<PeerInput>,
 ) {
-    let Ok(cfg) = client_config() else { return };
+    let Ok(cfg) = client_config(addr) else { return };
     let mut buf = BytesMut::new();
     loop {
         let conn = match endpoint.connect_with(cfg.clone(), addr, "localhost") {

@@ -24,6 +24,8 @@ use std::collections::VecDeque;
 pub const ELECTION_TICKS: usize = 10;
 /// Ticks between a leader's heartbeats.
 pub const HEARTBEAT_TICKS: usize = 3;
+/// The most entry bytes one append message carries (at least one entry, whatever its size).
+pub const MAX_APPEND_BYTES: u64 = 1 << 20;
 
 /// Why a Raft input was refused.
 #[derive(Debug, thiserror::Error)]
@@ -82,8 +84,8 @@ pub enum MetaOutput {
         /// The term it was proposed in (a proposal whose index commits with another term was
         /// overwritten by a newer leader).
         term: u64,
-        /// The command as proposed.
-        data: Vec<u8>,
+        /// The command as proposed (shared with the log: no copy).
+        data: bytes::Bytes,
     },
 }
 
@@ -184,6 +186,11 @@ impl MetaNode {
             max_election_tick: min + 1,
             check_quorum: true,
             pre_vote: true,
+            // Several entries per append message (the engine's default is one): a replicated
+            // shard's publish batches are entries, and one message each cost a peer frame and a
+            // transport write per batch.
+            max_size_per_msg: MAX_APPEND_BYTES,
+            max_inflight_msgs: 256,
             ..Config::default()
         };
         cfg.validate()?;
@@ -372,7 +379,7 @@ impl MetaNode {
             match e.get_entry_type() {
                 // Empty entries are the engine's own (a new leader's first entry).
                 EntryType::EntryNormal if !e.data.is_empty() || self.report_empty => {
-                    self.out.push_back(MetaOutput::Committed { index: e.index, term: e.term, data: e.data.to_vec() });
+                    self.out.push_back(MetaOutput::Committed { index: e.index, term: e.term, data: e.data.clone() });
                 }
                 EntryType::EntryConfChange => {
                     // Every member applies the same entry the same way; one the engine refuses
@@ -534,11 +541,34 @@ impl RaftLog {
 /// `u32 length`, `u8 has_hard_state`, then the persisted part as a [`RaftLog`] (whose own
 /// checksum covers it).
 pub fn encode_log_record(entries: &[Entry], hard_state: Option<&HardState>) -> Vec<u8> {
-    let part = RaftLog { entries: entries.to_vec(), hard_state: hard_state.cloned().unwrap_or_default() }.encode();
-    let mut out = Vec::with_capacity(part.len() + 5);
-    out.extend_from_slice(&((part.len() + 1) as u32).to_be_bytes());
+    use protobuf::Message as _;
+    // Written straight into one buffer (each entry's bytes copied once): the same bytes as
+    // `RaftLog::encode` of the part, behind the record's length and flag.
+    let none = HardState::default();
+    let hs = hard_state.unwrap_or(&none);
+    let size: usize = entries.iter().map(|e| e.compute_size() as usize + 4).sum::<usize>() + hs.compute_size() as usize;
+    let mut out = Vec::with_capacity(size + 21);
+    out.extend_from_slice(&[0; 4]);
     out.push(u8::from(hard_state.is_some()));
-    out.extend_from_slice(&part);
+    let part = out.len();
+    out.extend_from_slice(b"FLXR");
+    out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+    let put = |out: &mut Vec<u8>, m: &dyn protobuf::Message| {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        // Writing a message to a Vec does not fail.
+        let _ = m.write_to_vec(out);
+        let n = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&n.to_be_bytes());
+    };
+    for e in entries {
+        put(&mut out, e);
+    }
+    put(&mut out, hs);
+    let crc = crate::storage::crc32c(&out[part..]);
+    out.extend_from_slice(&crc.to_be_bytes());
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
     out
 }
 
@@ -577,6 +607,16 @@ pub fn encode_message(m: &Message) -> Vec<u8> {
 pub fn decode_message(bytes: &[u8]) -> Result<Message, MetaError> {
     use protobuf::Message as _;
     Message::parse_from_bytes(bytes).map_err(|e| MetaError::Decode(e.to_string()))
+}
+
+/// [`decode_message`] from shared bytes: the entries' data are slices of `bytes`, not copies
+/// (a replicated shard's entries are whole publish batches).
+///
+/// # Errors
+/// As [`decode_message`].
+pub fn decode_message_shared(bytes: &bytes::Bytes) -> Result<Message, MetaError> {
+    use protobuf::Message as _;
+    Message::parse_from_carllerche_bytes(bytes).map_err(|e| MetaError::Decode(e.to_string()))
 }
 
 #[cfg(test)]
@@ -675,7 +715,9 @@ mod tests {
                     while let Some(o) = n.poll_output() {
                         match o {
                             MetaOutput::Send { to, message } => msgs.push((id, to, encode_message(&message))),
-                            MetaOutput::Committed { data, .. } => self.applied.entry(id).or_default().push(data),
+                            MetaOutput::Committed { data, .. } => {
+                                self.applied.entry(id).or_default().push(data.to_vec())
+                            }
                             MetaOutput::Persist { entries, hard_state } => {
                                 self.kept.entry(id).or_default().persist(&entries, hard_state.as_ref())
                             }

@@ -429,7 +429,7 @@ impl ClusterNode {
                     // A message for a shard this broker holds no replica of (yet: it starts at
                     // the next tick), or one that does not decode, changes nothing; Raft resends.
                     let Some(h) = self.replicas.get_mut(&shard) else { continue };
-                    let Ok(msg) = decode_message(&bytes) else { continue };
+                    let Ok(msg) = super::meta::decode_message_shared(&bytes) else { continue };
                     if h.names.get(&msg.from).is_none_or(|n| n != from) {
                         continue; // only a shard's own replicas speak for it
                     }

@@ -103,14 +103,46 @@ fn put_str16(out: &mut BytesMut, s: &str, what: &'static str) -> Result<(), Peer
 /// # Errors
 /// [`PeerError::FieldTooLong`] for a name or message over 65,535 bytes or a publisher over 255.
 pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
-    let mut body = BytesMut::new();
-    let kind = match m {
+    // The body is written in place after a header patched at the end: a large message (a
+    // forwarded batch, every group's Raft messages) is copied once, not twice.
+    let hint = match m {
+        PeerMessage::ShardRaft(list) => list.iter().map(|(s, b)| b.len() + s.name.len() + 64).sum(),
+        PeerMessage::Forward(p) => p.records.raw().len() + 128,
+        PeerMessage::Raft(b) | PeerMessage::Propose(b) => b.len(),
+        _ => 64,
+    };
+    out.reserve(5 + hint);
+    let header = out.len();
+    out.put_u32(0);
+    out.put_u8(0);
+    let mut body = out.split_off(out.len());
+    let kind = match write_body(m, &mut body) {
+        Ok(kind) => kind,
+        Err(e) => {
+            out.truncate(header);
+            return Err(e);
+        }
+    };
+    if body.len() + 1 > MAX_PEER_FRAME {
+        out.truncate(header);
+        return Err(PeerError::TooLong(body.len() + 1));
+    }
+    let len = (body.len() + 1) as u32;
+    out.unsplit(body);
+    out[header..header + 4].copy_from_slice(&len.to_be_bytes());
+    out[header + 4] = kind;
+    Ok(())
+}
+
+/// Writes a message's body; its kind.
+fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
+    Ok(match m {
         PeerMessage::Hello { cluster, node_id, secret, incarnation } => {
-            put_str16(&mut body, cluster, "cluster")?;
-            put_str16(&mut body, node_id, "node_id")?;
-            put_str16(&mut body, secret, "secret")?;
+            put_str16(body, cluster, "cluster")?;
+            put_str16(body, node_id, "node_id")?;
+            put_str16(body, secret, "secret")?;
             if !incarnation.is_empty() {
-                put_str16(&mut body, incarnation, "incarnation")?;
+                put_str16(body, incarnation, "incarnation")?;
             }
             1
         }
@@ -120,9 +152,9 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
         }
         PeerMessage::Forward(p) => {
             body.put_u64(p.id);
-            put_str16(&mut body, &p.tenant_id, "tenant")?;
-            put_str16(&mut body, &p.namespace, "namespace")?;
-            put_str16(&mut body, &p.stream, "stream")?;
+            put_str16(body, &p.tenant_id, "tenant")?;
+            put_str16(body, &p.namespace, "namespace")?;
+            put_str16(body, &p.stream, "stream")?;
             body.put_u32(p.shard);
             body.put_u64(p.generation);
             body.put_u8(u8::from(p.acked));
@@ -145,7 +177,7 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
                     body.put_u8(1);
                     body.put_u16(code.number());
                     body.put_u8(retry.number());
-                    put_str16(&mut body, message, "message")?;
+                    put_str16(body, message, "message")?;
                 }
             }
             4
@@ -156,7 +188,7 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
         }
         PeerMessage::Request(q) => {
             body.put_u64(q.id);
-            put_str16(&mut body, &q.tenant_id, "tenant")?;
+            put_str16(body, &q.tenant_id, "tenant")?;
             body.put_u8(u8::try_from(q.principal.len()).map_err(|_| PeerError::FieldTooLong("principal"))?);
             body.extend_from_slice(&q.principal);
             body.put_u16(q.flags);
@@ -173,23 +205,16 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
             body.put_u32(u32::try_from(list.len()).map_err(|_| PeerError::FieldTooLong("shard messages"))?);
             for (shard, m) in list {
                 body.put_u8(u8::from(shard.kind == Kind::Cache));
-                put_str16(&mut body, &shard.tenant, "tenant")?;
-                put_str16(&mut body, &shard.namespace, "namespace")?;
-                put_str16(&mut body, &shard.name, "name")?;
+                put_str16(body, &shard.tenant, "tenant")?;
+                put_str16(body, &shard.namespace, "namespace")?;
+                put_str16(body, &shard.name, "name")?;
                 body.put_u32(shard.shard);
                 body.put_u32(u32::try_from(m.len()).map_err(|_| PeerError::FieldTooLong("raft message"))?);
                 body.extend_from_slice(m);
             }
             8
         }
-    };
-    if body.len() + 1 > MAX_PEER_FRAME {
-        return Err(PeerError::TooLong(body.len() + 1));
-    }
-    out.put_u32((body.len() + 1) as u32);
-    out.put_u8(kind);
-    out.extend_from_slice(&body);
-    Ok(())
+    })
 }
 
 fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {

@@ -20,7 +20,7 @@
 
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog};
 use crate::binary::{Reader, Records};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 use raft::eraftpb::{Entry, HardState, Message};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -71,7 +71,7 @@ impl ReplicatedBatch {
     /// then the records block as in a publish batch (`u32 count`, each `u32 len` + payload).
     pub fn encode(&self) -> Vec<u8> {
         let publisher = self.publisher.as_ref().filter(|p| p.len() <= 255);
-        let mut b = BytesMut::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
+        let mut b = Vec::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
         b.put_u8(2);
         let (pid, seq) = self.producer.unwrap_or((0, 0));
         b.put_u8(u8::from(self.producer.is_some()) | (u8::from(publisher.is_some()) << 1));
@@ -83,7 +83,7 @@ impl ReplicatedBatch {
         b.extend_from_slice(p);
         b.put_u32(self.records.count());
         b.extend_from_slice(self.records.raw());
-        b.to_vec()
+        b
     }
 
     /// Reads [`encode`](Self::encode)'s bytes. Never panics.
@@ -91,7 +91,16 @@ impl ReplicatedBatch {
     /// # Errors
     /// [`BatchError`] for bytes that are not a whole batch.
     pub fn decode(data: &[u8]) -> Result<ReplicatedBatch, BatchError> {
-        let mut r = Reader::new(Bytes::copy_from_slice(data));
+        Self::decode_shared(Bytes::copy_from_slice(data))
+    }
+
+    /// [`decode`](Self::decode) from shared bytes: the records are a slice of `data`, not a
+    /// copy (the Raft log already holds the entry).
+    ///
+    /// # Errors
+    /// As [`decode`](Self::decode).
+    pub fn decode_shared(data: Bytes) -> Result<ReplicatedBatch, BatchError> {
+        let mut r = Reader::new(data);
         let bad = |what: &'static str| move |_| BatchError(what);
         if r.u8("version").map_err(bad("version"))? != 2 {
             return Err(BatchError("unknown version"));
@@ -320,7 +329,7 @@ impl Replica {
                     self.out.push_back(ReplicaOutput::Persist { entries, hard_state })
                 }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),
-                MetaOutput::Committed { index, term, data } => self.apply(index, term, &data),
+                MetaOutput::Committed { index, term, data } => self.apply(index, term, data),
                 MetaOutput::ConfChanged { .. } => {}
             }
         }
@@ -335,14 +344,14 @@ impl Replica {
     }
 
     /// Applies one committed entry: offsets, producers, deliveries, answers.
-    fn apply(&mut self, index: u64, term: u64, data: &[u8]) {
+    fn apply(&mut self, index: u64, term: u64, data: Bytes) {
         let answer = if data.is_empty() {
             let offset = self.next_offset;
             self.next_offset += 1;
             self.out.push_back(ReplicaOutput::GenerationStart { offset, term });
             None
         } else {
-            match ReplicatedBatch::decode(data) {
+            match ReplicatedBatch::decode_shared(data) {
                 // Only this crate proposes; an entry that does not decode takes no offset on
                 // any replica alike.
                 Err(_) => None,

@@ -121,7 +121,7 @@ impl World {
                         self.network.push((self.step + 1 + rng.below(6), id, to, bytes));
                     }
                 }
-                MetaOutput::Committed { index, data, .. } => self.apply(id, index, data)?,
+                MetaOutput::Committed { index, data, .. } => self.apply(id, index, data.to_vec())?,
                 // The founding voters' own entries; this simulation changes no voters.
                 MetaOutput::ConfChanged { .. } => {}
             }
