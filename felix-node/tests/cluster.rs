@@ -4,8 +4,8 @@
 //! killed with SIGKILL the others keep serving their shards and what needs the dead one is
 //! answered `shard_unavailable`, never a hang.
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,13 +13,8 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
 const TOKEN: &str = "cluster-test-token";
 
-fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
+mod common;
+use common::{free_tcp, free_udp, wait_for};
 
 /// A broker process, killed when dropped.
 struct Broker {
@@ -68,24 +63,7 @@ fn start_with(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str, 
 
 /// `GET /cluster` on a broker's metrics listener.
 fn status(b: &Broker) -> Option<serde_json::Value> {
-    let mut s = TcpStream::connect_timeout(&b.metrics, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    std::io::Write::write_all(&mut s, b"GET /cluster HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    serde_json::from_str(body.split("\r\n\r\n").nth(1)?).ok()
-}
-
-/// Polls `check` (every 50 ms) until it holds, for at most `secs`.
-fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < until {
-        if check() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("not within {secs} s: {what}");
+    common::cluster_status(b.metrics)
 }
 
 fn cli(b: &Broker, args: &[&str]) -> (bool, String, String) {

@@ -3,8 +3,8 @@
 //! restarted from its data directory each time). Afterwards every acknowledged record is in the
 //! stream exactly once and in order, nothing is written twice, and the killed brokers caught up.
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,13 +12,8 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
 const TOKEN: &str = "quorum-test-token";
 
-fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
+mod common;
+use common::{cluster_status as status, free_tcp, free_udp, wait_for};
 
 /// A broker process, killed (SIGKILL) when dropped.
 struct Proc(Child);
@@ -66,26 +61,6 @@ impl Node {
     fn kill(&mut self) {
         self.proc = None;
     }
-}
-
-fn status(metrics: SocketAddr) -> Option<serde_json::Value> {
-    let mut s = TcpStream::connect_timeout(&metrics, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    std::io::Write::write_all(&mut s, b"GET /cluster HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    serde_json::from_str(body.split("\r\n\r\n").nth(1)?).ok()
-}
-
-fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < until {
-        if check() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("not within {secs} s: {what}");
 }
 
 fn cli(addrs: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {

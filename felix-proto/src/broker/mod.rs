@@ -440,6 +440,23 @@ struct WriteCtx {
     replicated: u64,
 }
 
+impl WriteCtx {
+    /// A write to shard `shard` of `key` that nobody waits for yet.
+    fn new(key: Key, shard: u32) -> WriteCtx {
+        WriteCtx {
+            key,
+            shard,
+            waiters: Vec::new(),
+            sys: None,
+            producer: None,
+            state: None,
+            forwards: Vec::new(),
+            queued: 0,
+            replicated: 0,
+        }
+    }
+}
+
 /// A refusal, with everything needed to word it for any client.
 #[derive(Debug, Clone)]
 struct Refusal {

@@ -366,17 +366,7 @@ impl Broker {
             fsync,
             stream_shards: entry_shards,
         }));
-        let ctx = WriteCtx {
-            key: k.clone(),
-            shard,
-            waiters: Vec::new(),
-            sys: None,
-            producer: b.idempotent,
-            state: b.state,
-            forwards: Vec::new(),
-            queued: 0,
-            replicated: 0,
-        };
+        let ctx = WriteCtx { producer: b.idempotent, state: b.state, ..WriteCtx::new(k.clone(), shard) };
         self.writes.insert(token, ctx);
         Some(token)
     }

@@ -196,17 +196,7 @@ impl Broker {
             shard,
         };
         self.out.push_back(BrokerOutput::Replicate { token, shard: id, batch });
-        let ctx = WriteCtx {
-            key: k.clone(),
-            shard,
-            waiters: Vec::new(),
-            sys: None,
-            producer: None,
-            state: None,
-            forwards: Vec::new(),
-            queued: 0,
-            replicated: bytes,
-        };
+        let ctx = WriteCtx { replicated: bytes, ..WriteCtx::new(k.clone(), shard) };
         self.writes.insert(token, ctx);
         token
     }

@@ -52,20 +52,7 @@ impl Broker {
             fsync: entry.config.fsync,
             stream_shards,
         }));
-        self.writes.insert(
-            token,
-            WriteCtx {
-                key: k,
-                shard,
-                waiters: Vec::new(),
-                sys: None,
-                producer: None,
-                state: None,
-                forwards: Vec::new(),
-                queued: 0,
-                replicated: 0,
-            },
-        );
+        self.writes.insert(token, WriteCtx::new(k, shard));
         Some(base)
     }
 

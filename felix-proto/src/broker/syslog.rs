@@ -214,20 +214,7 @@ impl Broker {
             fsync: None,
             stream_shards: 1,
         }));
-        self.writes.insert(
-            token,
-            WriteCtx {
-                key: k.clone(),
-                shard: 0,
-                waiters: Vec::new(),
-                sys: Some(pending),
-                producer: None,
-                state: None,
-                forwards: Vec::new(),
-                queued: 0,
-                replicated: 0,
-            },
-        );
+        self.writes.insert(token, WriteCtx { sys: Some(pending), ..WriteCtx::new(k.clone(), 0) });
         token
     }
 

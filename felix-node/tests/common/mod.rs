@@ -1,0 +1,38 @@
+//! What the multi-process cluster tests share: free ports, a broker's `GET /cluster`, and a
+//! bounded wait on a condition.
+
+#![allow(dead_code)] // each test crate uses its own part
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+pub fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+pub fn free_tcp() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// `GET /cluster` on a broker's metrics listener (`None` while it does not answer).
+pub fn cluster_status(metrics: SocketAddr) -> Option<serde_json::Value> {
+    let mut s = TcpStream::connect_timeout(&metrics, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    std::io::Write::write_all(&mut s, b"GET /cluster HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    serde_json::from_str(body.split("\r\n\r\n").nth(1)?).ok()
+}
+
+/// Polls `check` (every 50 ms) until it holds, for at most `secs`.
+pub fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("not within {secs} s: {what}");
+}
