@@ -1204,6 +1204,43 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             sh["generation"]
         );
     }
+    let replicas = v["replicas"].as_array().cloned().unwrap_or_default();
+    if !replicas.is_empty() {
+        out!(
+            "replicas on this broker (shard: role, leader, term, readable up to, committed index; on the leader each replica's lag in entries)"
+        );
+        for r in &replicas {
+            let lag: Vec<String> = r["followers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| format!("{} lag {}", s(&f["node_id"]), f["lag"]))
+                .collect();
+            out!(
+                "  {}/{}/{} {}: {}, leader {}, term {}, next offset {}, committed {}{}",
+                s(&r["tenant"]),
+                s(&r["namespace"]),
+                s(&r["name"]),
+                r["shard"],
+                s(&r["role"]),
+                s(&r["leader"]),
+                r["term"],
+                r["next_offset"],
+                r["committed_index"],
+                if lag.is_empty() { String::new() } else { format!("; {}", lag.join(", ")) }
+            );
+        }
+    }
+    for f in v["failed_replicas"].as_array().into_iter().flatten() {
+        out!(
+            "  {}/{}/{} {}: STOPPED, {} (it rejoins when this broker restarts)",
+            s(&f["tenant"]),
+            s(&f["namespace"]),
+            s(&f["name"]),
+            f["shard"],
+            s(&f["failed"])
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

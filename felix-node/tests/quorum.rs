@@ -248,6 +248,14 @@ fn kill_loop(kills: usize, per_round: usize) {
     assert!(printed.windows(2).all(|w| w[0].0 < w[1].0), "offsets only grow: {printed:?}");
     let seen: Vec<String> = printed.iter().map(|(_, p)| p.clone()).collect();
     assert_eq!(seen, records, "the subscriber saw every record once, in order");
+    // `cluster status` on the leader shows its replica leading, every replica caught up.
+    let lead = leader(&nodes).expect("a leader");
+    let m = nodes.iter().find(|n| n.name == lead).unwrap().metrics;
+    wait_for("every replica caught up, as the leader's status says", 30, || {
+        let out = Command::new(BIN).args(["cluster", "status", "--metrics", &m.to_string()]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines().any(|l| l.contains("default/default/ledger 0: leader") && l.matches(" lag 0").count() == 3)
+    });
     failovers.sort();
     elections.sort();
     eprintln!(
