@@ -26,6 +26,8 @@ pub use felix_proto::client::producer::RetryPolicy;
 #[derive(Debug)]
 pub struct IdempotentProducer {
     addr: SocketAddr,
+    /// Other brokers of a cluster to go to when this one stops leading the shard or is gone.
+    seeds: Vec<SocketAddr>,
     opts: ClientOptions,
     client: Client,
     /// Bumped on every reconnect: a send's failure on an older connection is not news.
@@ -58,6 +60,7 @@ impl IdempotentProducer {
         let (shards, routing) = client.stream_shards(namespace, stream).await?;
         Ok(IdempotentProducer {
             addr,
+            seeds: vec![addr],
             opts,
             client,
             generation: 0,
@@ -70,6 +73,17 @@ impl IdempotentProducer {
             appended: HashMap::new(),
             reconnects: 0,
         })
+    }
+
+    /// The brokers of a cluster this producer may go to: when its broker is gone, or refuses a
+    /// batch because another broker leads its shard (a replicated shard's fail-over), it
+    /// reconnects to the next one (or the leader named), and resends the unanswered batches
+    /// under their sequences: each is still appended once.
+    pub fn set_seeds(&mut self, seeds: Vec<SocketAddr>) {
+        self.seeds = seeds;
+        if !self.seeds.contains(&self.addr) {
+            self.seeds.insert(0, self.addr);
+        }
     }
 
     /// Changes how batches are retried (before the first send).
@@ -203,13 +217,65 @@ impl IdempotentProducer {
     ) -> Result<(), ClientError> {
         let outcome = match result {
             Ok(offset) => Outcome::Appended { offset },
+            Err(ClientError::PublishRefused {
+                reason: felix_proto::message::RefusedReason::NotLeader(hint),
+                message,
+            }) => {
+                // Sent to a broker that does not lead the shard (a fail-over moved it): the
+                // batch goes again under its sequence, to the leader named (or the next seed).
+                let next = hint.addr.as_deref().and_then(|a| a.parse().ok());
+                let reason = felix_proto::message::RefusedReason::NotLeader(hint);
+                self.state.handle_outcome(id, Outcome::Refused { reason, message }, now);
+                if generation == self.generation {
+                    match next {
+                        Some(a) if a != self.addr => self.addr = a,
+                        _ => self.next_seed(),
+                    }
+                    self.reconnect().await?;
+                }
+                return Ok(());
+            }
             Err(ClientError::PublishRefused { reason, message }) => Outcome::Refused { reason, message },
-            Err(ClientError::Refused(info)) => Outcome::Failed(info),
+            Err(ClientError::NotLeader { node_id, addr, .. }) => {
+                // Another broker leads the shard: the batch goes again there (same sequence),
+                // after the usual backoff (a shard electing a new leader names the old one for
+                // a moment).
+                let info = felix_proto::client::ErrorInfo {
+                    message: format!("{node_id} leads the shard"),
+                    code: Some(felix_proto::ErrorCode::NotLeader),
+                    retry: Some(felix_proto::RetryClass::Redirect),
+                    detail: None,
+                };
+                self.state.handle_outcome(id, Outcome::Failed(info), now);
+                if generation == self.generation {
+                    match addr.and_then(|a| a.parse().ok()) {
+                        Some(a) if a != self.addr => self.addr = a,
+                        _ => self.next_seed(),
+                    }
+                    self.reconnect().await?;
+                }
+                return Ok(());
+            }
+            Err(ClientError::Refused(info)) => {
+                // A follower, or a shard whose replicas are electing: after the backoff the
+                // batch goes again, to the next broker.
+                let elsewhere = matches!(
+                    info.code,
+                    Some(felix_proto::ErrorCode::NotLeader | felix_proto::ErrorCode::ShardUnavailable)
+                );
+                self.state.handle_outcome(id, Outcome::Failed(info), now);
+                if elsewhere && generation == self.generation && self.seeds.len() > 1 {
+                    self.next_seed();
+                    self.reconnect().await?;
+                }
+                return Ok(());
+            }
             Err(ClientError::Closed(_) | ClientError::Connect(_)) => {
                 // The outcome is unknown: every batch in flight on that connection goes again,
                 // under the same sequence, on a new one (once per connection lost).
                 if generation == self.generation {
                     self.state.handle_connection_lost();
+                    self.next_seed();
                     self.reconnect().await?;
                 }
                 return Ok(());
@@ -220,13 +286,33 @@ impl IdempotentProducer {
         Ok(())
     }
 
+    /// Moves on to the next seed (the same broker when there is only one).
+    fn next_seed(&mut self) {
+        if let Some(i) = self.seeds.iter().position(|s| *s == self.addr) {
+            self.addr = self.seeds[(i + 1) % self.seeds.len()];
+        }
+    }
+
     async fn reconnect(&mut self) -> Result<(), ClientError> {
         let policy = self.state.policy();
         let mut wait = policy.backoff;
         let mut last = None;
-        for _ in 0..policy.attempts.max(1) {
+        for attempt in 0..policy.attempts.max(1) {
             tokio::time::sleep(wait).await;
-            match Client::connect(self.addr, self.opts.clone()).await {
+            if attempt > 0 {
+                self.next_seed();
+            }
+            let connect = Client::connect(self.addr, self.opts.clone());
+            // A dead seed must not hold the producer for a whole connect timeout.
+            let each = if self.seeds.len() > 1 {
+                std::time::Duration::from_secs(2)
+            } else {
+                std::time::Duration::from_secs(15)
+            };
+            let r = tokio::time::timeout(each, connect)
+                .await
+                .unwrap_or_else(|_| Err(ClientError::Connect(format!("no answer from {} within {each:?}", self.addr))));
+            match r {
                 Ok(c) => {
                     self.client = c;
                     self.generation += 1;

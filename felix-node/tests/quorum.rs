@@ -91,7 +91,7 @@ fn leader(nodes: &[Node]) -> Option<String> {
     })
 }
 
-fn kill_loop(kills: usize, per_round: usize) {
+fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
     let names = ["n1", "n2", "n3"];
     let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
     let mut nodes: Vec<Node> = names
@@ -216,8 +216,49 @@ fn kill_loop(kills: usize, per_round: usize) {
         }
         nodes[victim].start(&peers);
     }
+    // An idempotent producer through the cluster while the leader is killed under it: every
+    // batch it sent is appended exactly once (it goes to the new leader and resends the
+    // unanswered ones under their sequences).
+    let lines: Vec<String> = (0..idempotent_lines).map(|k| format!("idem-{k}")).collect();
+    let mut idem = None;
+    if idempotent_lines > 0 {
+        // Its records come on standard input over about three seconds, so the kill, a second
+        // in, lands while it publishes.
+        let mut child = Command::new(BIN)
+            .env("FELIX_ADDR", &addrs)
+            .env("FELIX_DATA_DIR", &any_dir)
+            .env("FELIX_TOKEN", TOKEN)
+            .args(["publish", "ledger", "--idempotent", "--insecure-accept-any-certificate"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let feed = lines.clone();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let chunk = feed.len().div_ceil(30).max(1);
+            for part in feed.chunks(chunk) {
+                if stdin.write_all((part.join("\n") + "\n").as_bytes()).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        let who = leader(&nodes).expect("a leader");
+        let victim = nodes.iter().position(|n| n.name == who).unwrap();
+        nodes[victim].kill();
+        writer.join().unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "the idempotent producer failed: {}", String::from_utf8_lossy(&out.stderr));
+        nodes[victim].start(&peers);
+        idem = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
     // Everything, read back through the cluster from the start.
     let mut records: Vec<String> = Vec::new();
+    let mut offsets: std::collections::BTreeMap<String, u64> = Default::default();
     wait_for("the whole ledger is readable", 60, || {
         // Through any broker (a follower redirects to the leader).
         let Some(out) = nodes.iter().find_map(|n| {
@@ -226,17 +267,26 @@ fn kill_loop(kills: usize, per_round: usize) {
         }) else {
             return false;
         };
-        records = out
+        let parsed: Vec<(u64, String)> = out
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter_map(|v| v["payload"].as_str().map(str::to_owned))
+            .filter_map(|v| Some((v["offset"].as_u64()?, v["payload"].as_str()?.to_owned())))
             .collect();
-        acked.iter().all(|a| records.contains(a))
+        records = parsed.iter().map(|(_, p)| p.clone()).collect();
+        offsets = parsed.into_iter().map(|(o, p)| (p, o)).collect();
+        acked.iter().all(|a| records.contains(a)) && lines.iter().all(|l| records.contains(l))
     });
     let mut seen = std::collections::BTreeSet::new();
     for r in &records {
         assert!(seen.insert(r.clone()), "{r} is in the ledger twice");
-        assert!(acked.contains(r) || unknown.contains(r), "{r} was never published");
+        assert!(acked.contains(r) || unknown.contains(r) || lines.contains(r), "{r} was never published");
+    }
+    if let (Some(first), Some(last)) = (lines.first(), lines.last()) {
+        let span = offsets[last] - offsets[first] + 1;
+        assert!(
+            span > lines.len() as u64,
+            "a leader was killed while the idempotent producer ran (a generation start among its records)"
+        );
     }
     let positions: Vec<usize> = acked.iter().map(|a| records.iter().position(|r| r == a).unwrap()).collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "acknowledged records out of order");
@@ -258,6 +308,9 @@ fn kill_loop(kills: usize, per_round: usize) {
     });
     failovers.sort();
     elections.sort();
+    if let Some(said) = &idem {
+        eprintln!("idempotent producer across a kill: {}", said.lines().last().unwrap_or(""));
+    }
     eprintln!(
         "{kills} kills: {} acknowledged, {} outcome unknown, {} in the ledger; a new leader serving after median {:?}, worst {:?}; first acknowledged write through the CLI after median {:?}, worst {:?}",
         acked.len(),
@@ -273,12 +326,12 @@ fn kill_loop(kills: usize, per_round: usize) {
 
 #[test]
 fn a_replicated_stream_keeps_every_acknowledged_record_across_three_leader_kills() {
-    kill_loop(3, 8);
+    kill_loop(3, 8, 30_000);
 }
 
 /// The long run (`cargo test --release -p felix-node --test quorum -- --ignored --nocapture`).
 #[test]
 #[ignore = "ten SIGKILLs of the leader, about a minute"]
 fn a_replicated_stream_keeps_every_acknowledged_record_across_ten_leader_kills() {
-    kill_loop(10, 20);
+    kill_loop(10, 20, 100_000);
 }
