@@ -902,19 +902,7 @@ fn history(c: &Cluster, node: &str) -> (Vec<(u64, Bytes)>, Vec<u64>) {
 #[test]
 fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record() {
     let mut c = Cluster::new(&NAMES);
-    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
-    let create = Command::Create {
-        kind: Kind::Stream,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "ledger".into(),
-        shards: 1,
-        ephemeral: false,
-        replication: 3,
-    };
-    let now = c.now;
-    c.nodes.get_mut("n1").unwrap().propose(&create, now);
-    c.settle();
+    create_ledger(&mut c);
     c.until("a replica leads and the metadata names it", |c| {
         leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
     });
@@ -957,14 +945,7 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
     assert_eq!(after.len(), 30);
     assert!(after.windows(2).all(|w| w[0].0 < w[1].0), "offsets only grow");
     // The old leader comes back from its kept logs and catches up to the same history.
-    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
-    let mut cfg = config();
-    cfg.clustered = true;
-    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
-    let i = NAMES.iter().position(|n| *n == first).unwrap() as u16 + 1;
-    let mut node = ClusterNode::new(broker, member(&first, i), &peers, &c.kept[&first], c.now).unwrap();
-    node.set_kept_replicas(c.kept_replicas.get(&first).cloned().unwrap_or_default());
-    c.nodes.insert(first.clone(), node);
+    restart(&mut c, &first);
     c.until("the old leader caught up", |c| history(c, &first).0 == history(c, &second).0);
     // A subscriber on a follower is sent to the leader.
     let follower = NAMES.iter().find(|n| **n != second).unwrap();
