@@ -4,7 +4,6 @@
 //! killed with SIGKILL the others keep serving their shards and what needs the dead one is
 //! answered `shard_unavailable`, never a hang.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -50,14 +49,7 @@ fn start_with(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str, 
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("the broker printed its banner").unwrap();
-        if line.starts_with("Felix broker listening") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
+    common::wait_for_banner(&mut child);
     Broker { child, name: name.into(), client, metrics, dir }
 }
 

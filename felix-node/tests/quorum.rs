@@ -47,14 +47,7 @@ impl Node {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        loop {
-            let line = lines.next().expect("the broker printed its banner").unwrap();
-            if line.starts_with("Felix broker listening") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
+        common::wait_for_banner(&mut child);
         self.proc = Some(Proc(child));
     }
 

@@ -36,3 +36,17 @@ pub fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
     }
     panic!("not within {secs} s: {what}");
 }
+
+/// Waits for a `serve` child's "listening" banner on its stdout (piped), then keeps draining
+/// the rest so the broker never blocks on a full pipe.
+pub fn wait_for_banner(child: &mut std::process::Child) {
+    use std::io::{BufRead, BufReader};
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
+    loop {
+        let line = lines.next().expect("the broker printed its banner").unwrap();
+        if line.starts_with("Felix broker listening") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+}
