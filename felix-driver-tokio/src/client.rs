@@ -528,11 +528,35 @@ impl Client {
         producer_id: u64,
         sequence: u64,
     ) -> Result<Option<u64>, ClientError> {
+        self.start_publish_idempotent(namespace, stream, payloads, key, producer_id, sequence).await
+    }
+
+    /// [`publish_idempotent`](Self::publish_idempotent), queued on the connection now (not
+    /// when the returned future is first polled): batches started one after another go out in
+    /// that order, which an idempotent producer needs (a batch that overtakes an earlier one
+    /// of its shard is refused `sequence_gap`).
+    pub fn start_publish_idempotent(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        key: Option<Bytes>,
+        producer_id: u64,
+        sequence: u64,
+    ) -> impl std::future::Future<Output = Result<Option<u64>, ClientError>> + Send + 'static {
         let mut req = PublishRequest::new(namespace, stream, payloads);
         req.key = key;
         req.ack = true;
         req.idempotent = Some((producer_id, sequence));
-        self.call(|reply| Cmd::Publish { req, reply }).await
+        let (reply, rx) = oneshot::channel();
+        let queued = self.tx.send(Input::Cmd(Cmd::Publish { req, reply })).is_ok();
+        let me = self.clone();
+        async move {
+            if !queued {
+                return Err(me.closed_error());
+            }
+            rx.await.map_err(|_| me.closed_error())?
+        }
     }
 
     /// Appends a batch only if the shard's next offset is `expected_offset` (`publish_if`).

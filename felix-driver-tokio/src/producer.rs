@@ -12,7 +12,7 @@ use bytes::Bytes;
 use felix_proto::client::producer::{Outcome, ProducerError, ProducerEvent, ProducerState, SendId};
 use felix_proto::message::Routing;
 use felix_proto::routing::shard_for_key;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use tokio::task::JoinSet;
 
@@ -38,6 +38,11 @@ pub struct IdempotentProducer {
     routing: Routing,
     state: ProducerState,
     in_flight: JoinSet<(SendId, u64, Result<Option<u64>, ClientError>)>,
+    /// Sends on the current connection, in the order they went out: their answers are fed to
+    /// the state machine in that order (the broker's order), whichever task finishes first.
+    sent: VecDeque<SendId>,
+    /// Answers on the current connection that arrived ahead of an earlier send's.
+    early: HashMap<SendId, Result<Option<u64>, ClientError>>,
     /// Appended batches the caller has not collected: `(shard, sequence)` → offset.
     appended: HashMap<(u32, u64), Option<u64>>,
     reconnects: u64,
@@ -70,6 +75,8 @@ impl IdempotentProducer {
             routing,
             state: ProducerState::new(producer_id, RetryPolicy::default()),
             in_flight: JoinSet::new(),
+            sent: VecDeque::new(),
+            early: HashMap::new(),
             appended: HashMap::new(),
             reconnects: 0,
         })
@@ -171,13 +178,19 @@ impl IdempotentProducer {
     /// Sends whatever the state machine hands out.
     fn pump(&mut self) {
         while let Some(send) = self.state.poll_transmit() {
-            let client = self.client.clone();
             let (generation, id) = (self.generation, send.id);
-            let (ns, stream, pid) = (self.namespace.clone(), self.stream.clone(), self.state.producer_id());
-            self.in_flight.spawn(async move {
-                let r = client.publish_idempotent(&ns, &stream, send.payloads, send.key, pid, id.sequence).await;
-                (id, generation, r)
-            });
+            // Queued on the connection here, in the order handed out (a task's first poll
+            // would not keep it); the task only waits for the answer.
+            let answer = self.client.start_publish_idempotent(
+                &self.namespace,
+                &self.stream,
+                send.payloads,
+                send.key,
+                self.state.producer_id(),
+                id.sequence,
+            );
+            self.sent.push_back(id);
+            self.in_flight.spawn(async move { (id, generation, answer.await) });
         }
     }
 
@@ -192,7 +205,26 @@ impl IdempotentProducer {
         };
         let now = tokio::time::Instant::now().into_std();
         match joined {
-            Some(Ok((id, generation, result))) => self.outcome(id, generation, result, now).await?,
+            Some(Ok((id, generation, result))) if generation != self.generation => {
+                self.outcome(id, generation, result, now).await?;
+            }
+            Some(Ok((id, generation, result))) => {
+                // In send order: a gap refusal must not be read after the appended answer of
+                // the batch it waited for (which the broker sent after it).
+                self.early.insert(id, result);
+                while let Some(front) = self.sent.front().copied() {
+                    let Some(result) = self.early.remove(&front) else { break };
+                    self.sent.pop_front();
+                    self.outcome(front, generation, result, now).await?;
+                    if generation != self.generation {
+                        // Reconnected: what is left belongs to the connection given up on.
+                        for (id, result) in std::mem::take(&mut self.early) {
+                            self.outcome(id, generation, result, now).await?;
+                        }
+                        break;
+                    }
+                }
+            }
             Some(Err(e)) => return Err(ClientError::Closed(format!("a send task failed: {e}"))),
             None => self.state.handle_timeout(now),
         }
@@ -316,6 +348,7 @@ impl IdempotentProducer {
                 Ok(c) => {
                     self.client = c;
                     self.generation += 1;
+                    self.sent.clear();
                     self.reconnects += 1;
                     return Ok(());
                 }
