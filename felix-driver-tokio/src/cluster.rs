@@ -346,87 +346,133 @@ pub(crate) fn write_raft_log(path: &std::path::Path, bytes: &[u8]) -> std::io::R
     Ok(())
 }
 
-/// Where a broker keeps the Raft logs of its replicas of replicated shards: one append-only
-/// file per shard under `DATA_DIR/cluster/replicas/`. A shard's file *is* its records (the
-/// stream's log): nothing else is written for a replicated shard. Appends go to the page cache
-/// at once (before any message that depends on them is sent, so a killed process loses none)
-/// and reach the disk on the interval the broker's fsync policy names, or before every answer
-/// with `--fsync always`.
+/// Where a broker keeps the Raft logs of its replicas of replicated shards: append-only
+/// segment files per shard under `DATA_DIR/cluster/replicas/`. A shard's files *are* its
+/// records (the stream's log): nothing else is written for a replicated shard. Appends go to
+/// the page cache at once (before any message that depends on them is sent, so a killed
+/// process loses none) and reach the disk on the interval the broker's fsync policy names, or
+/// before every answer with `--fsync always`. A segment is closed at [`SEGMENT_BYTES`]; once a
+/// snapshot covers every entry of a closed segment (retention dropped those records), the
+/// segment is deleted, so disk use follows retention.
 pub(crate) struct ReplicaLogs {
     dir: Option<std::path::PathBuf>,
-    files: std::collections::BTreeMap<ShardId, std::fs::File>,
+    shards: std::collections::BTreeMap<ShardId, ShardFiles>,
     dirty: std::collections::BTreeSet<ShardId>,
     sync_every: Option<std::time::Duration>,
     last_sync: std::time::Instant,
     /// Write failures (logged; the replica's peers carry on with a majority).
     pub(crate) failures: u64,
+    /// [`SEGMENT_BYTES`] (tests make it small).
+    segment_bytes: u64,
+}
+
+/// Bytes after which a replica's segment is closed and a new one started.
+pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// One shard's segments.
+#[derive(Default)]
+struct ShardFiles {
+    /// (sequence, highest entry index in it), oldest first; the last is appended to.
+    segments: Vec<(u64, u64)>,
+    /// The last segment, open for appending.
+    file: Option<std::fs::File>,
+    /// Its length.
+    len: u64,
+    /// The last hard state written (repeated at the head of every new segment, so deleting
+    /// old segments never loses it).
+    hard_state: Option<felix_proto::cluster::meta::HardState>,
 }
 
 use felix_proto::cluster::metadata::{Kind, ShardId};
 
-fn replica_file_name(s: &ShardId) -> String {
+/// A shard's segment file name: sequence 0 is `KIND~tenant~ns~name~shard.log` (the name a
+/// replica's single file had before segments), later ones add `~SEQUENCE`.
+fn replica_file_name(s: &ShardId, seq: u64) -> String {
     use felix_proto::storage::path_component as pc;
     let kind = if s.kind == Kind::Cache { "cache" } else { "stream" };
-    format!("{kind}~{}~{}~{}~{}.log", pc(&s.tenant), pc(&s.namespace), pc(&s.name), s.shard)
+    let base = format!("{kind}~{}~{}~{}~{}", pc(&s.tenant), pc(&s.namespace), pc(&s.name), s.shard);
+    if seq == 0 { format!("{base}.log") } else { format!("{base}~{seq:020}.log") }
 }
 
-fn parse_replica_file_name(n: &str) -> Option<ShardId> {
+fn parse_replica_file_name(n: &str) -> Option<(ShardId, u64)> {
     use felix_proto::storage::parse_path_component as pc;
     let n = n.strip_suffix(".log")?;
     let parts: Vec<&str> = n.split('~').collect();
-    let [kind, t, ns, name, shard] = parts.as_slice() else { return None };
+    let (kind, t, ns, name, shard, seq) = match parts.as_slice() {
+        [kind, t, ns, name, shard] => (kind, t, ns, name, shard, 0),
+        [kind, t, ns, name, shard, seq] if seq.len() == 20 => (kind, t, ns, name, shard, seq.parse().ok()?),
+        _ => return None,
+    };
     let kind = match *kind {
         "stream" => Kind::Stream,
         "cache" => Kind::Cache,
         _ => return None,
     };
-    Some(ShardId { kind, tenant: pc(t)?, namespace: pc(ns)?, name: pc(name)?, shard: shard.parse().ok()? })
+    Some((ShardId { kind, tenant: pc(t)?, namespace: pc(ns)?, name: pc(name)?, shard: shard.parse().ok()? }, seq))
 }
 
 impl ReplicaLogs {
     /// Opens the directory (nothing is kept without a data directory) and reads back every
-    /// replica's log. A file torn by a crash mid-append is cut back to its last whole record;
-    /// a file whose name is not a shard's is left alone and said.
+    /// replica's log. A segment torn by a crash mid-append is cut back to its last whole
+    /// record; a file whose name is not a shard's is left alone and said.
     pub(crate) fn open(
         data_dir: Option<&std::path::Path>,
         sync_every: Option<std::time::Duration>,
     ) -> std::io::Result<(ReplicaLogs, std::collections::BTreeMap<ShardId, felix_proto::cluster::meta::RaftLog>)> {
         let dir = data_dir.map(|d| d.join("cluster").join("replicas"));
         let mut kept = std::collections::BTreeMap::new();
+        let mut shards = std::collections::BTreeMap::new();
         if let Some(dir) = &dir
             && dir.exists()
         {
+            let mut found: std::collections::BTreeMap<ShardId, Vec<u64>> = Default::default();
             for e in std::fs::read_dir(dir)? {
                 let e = e?;
                 let name = e.file_name().to_string_lossy().into_owned();
-                let Some(shard) = parse_replica_file_name(&name) else {
+                let Some((shard, seq)) = parse_replica_file_name(&name) else {
                     if !name.ends_with(".tmp") {
                         tracing::warn!("{}: not a replica's log, left alone", e.path().display());
                     }
                     continue;
                 };
-                let bytes = std::fs::read(e.path())?;
-                let (log, whole) = felix_proto::cluster::meta::fold_log_records(&bytes);
-                if whole < bytes.len() {
-                    tracing::warn!(
-                        "{}: {} bytes after the last whole record (a write cut short) were dropped",
-                        e.path().display(),
-                        bytes.len() - whole
-                    );
-                    let f = std::fs::OpenOptions::new().write(true).open(e.path())?;
-                    f.set_len(whole as u64)?;
-                    f.sync_all()?;
+                found.entry(shard).or_default().push(seq);
+            }
+            for (shard, mut seqs) in found {
+                seqs.sort_unstable();
+                let mut datas = Vec::with_capacity(seqs.len());
+                for seq in &seqs {
+                    datas.push(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?);
                 }
+                let views: Vec<&[u8]> = datas.iter().map(Vec::as_slice).collect();
+                let (log, infos) = felix_proto::cluster::meta::fold_log_segments(&views);
+                let mut files = ShardFiles { hard_state: Some(log.hard_state.clone()), ..ShardFiles::default() };
+                for ((seq, info), data) in seqs.iter().zip(&infos).zip(&datas) {
+                    let path = dir.join(replica_file_name(&shard, *seq));
+                    if info.whole < data.len() {
+                        tracing::warn!(
+                            "{}: {} bytes after the last whole record (a write cut short) were dropped",
+                            path.display(),
+                            data.len() - info.whole
+                        );
+                        let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+                        f.set_len(info.whole as u64)?;
+                        f.sync_all()?;
+                    }
+                    files.segments.push((*seq, info.max_index));
+                    files.len = info.whole as u64;
+                }
+                shards.insert(shard.clone(), files);
                 kept.insert(shard, log);
             }
         }
         let logs = ReplicaLogs {
             dir,
-            files: Default::default(),
+            shards,
             dirty: Default::default(),
             sync_every,
             last_sync: std::time::Instant::now(),
             failures: 0,
+            segment_bytes: SEGMENT_BYTES,
         };
         Ok((logs, kept))
     }
@@ -441,33 +487,107 @@ impl ReplicaLogs {
         entries: &[felix_proto::cluster::meta::Entry],
         hard_state: Option<&felix_proto::cluster::meta::HardState>,
     ) -> std::io::Result<()> {
-        use std::io::Write;
-        let Some(dir) = &self.dir else { return Ok(()) };
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
         }
         let record = felix_proto::cluster::meta::encode_log_record(entries, hard_state);
-        let r = (|| -> std::io::Result<()> {
-            if !self.files.contains_key(shard) {
-                std::fs::create_dir_all(dir)?;
-                let f =
-                    std::fs::OpenOptions::new().create(true).append(true).open(dir.join(replica_file_name(shard)))?;
-                self.files.insert(shard.clone(), f);
+        let max = entries.last().map_or(0, |e| e.index);
+        let r = self.append(shard, &record, max);
+        if r.is_ok()
+            && let Some(hs) = hard_state
+            && let Some(f) = self.shards.get_mut(shard)
+        {
+            f.hard_state = Some(hs.clone());
+        }
+        r
+    }
+
+    /// Appends a snapshot of a replica's log, then deletes the closed segments it made useless
+    /// (every entry in them at or below its index).
+    ///
+    /// # Errors
+    /// As [`persist`](Self::persist).
+    pub(crate) fn persist_snapshot(
+        &mut self,
+        shard: &ShardId,
+        snapshot: &felix_proto::cluster::meta::Snapshot,
+    ) -> std::io::Result<()> {
+        let record = felix_proto::cluster::meta::encode_snapshot_record(snapshot);
+        self.append(shard, &record, 0)?;
+        let index = snapshot.get_metadata().index;
+        let (Some(dir), Some(f)) = (&self.dir, self.shards.get_mut(shard)) else { return Ok(()) };
+        let current = f.segments.last().map(|(s, _)| *s);
+        let mut deleted = Vec::new();
+        f.segments.retain(|(seq, max)| {
+            let useless = Some(*seq) != current && *max <= index;
+            if useless {
+                deleted.push(*seq);
             }
-            let f = self.files.get_mut(shard).expect("opened above");
-            f.write_all(&record)?;
-            if self.sync_every.is_none() {
-                f.sync_data()?;
-            } else {
-                self.dirty.insert(shard.clone());
+            !useless
+        });
+        for seq in deleted {
+            if let Err(e) = std::fs::remove_file(dir.join(replica_file_name(shard, seq))) {
+                tracing::warn!("removing a compacted segment of {shard:?}'s replica log: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one record to the shard's last segment (a new one past [`SEGMENT_BYTES`]).
+    fn append(&mut self, shard: &ShardId, record: &[u8], max_index: u64) -> std::io::Result<()> {
+        use std::io::Write;
+        let Some(dir) = self.dir.clone() else { return Ok(()) };
+        let sync_always = self.sync_every.is_none();
+        let segment_bytes = self.segment_bytes;
+        let f = self.shards.entry(shard.clone()).or_default();
+        let r = (|| -> std::io::Result<()> {
+            if f.file.is_some() && f.len >= segment_bytes {
+                // Closed: made durable now (it is not appended to again), and the next one
+                // starts with the hard state.
+                if let Some(old) = f.file.take() {
+                    old.sync_data()?;
+                }
+                let seq = f.segments.last().map_or(0, |(s, _)| s + 1);
+                f.segments.push((seq, 0));
+                f.len = 0;
+                let mut file = open_segment(&dir, shard, seq)?;
+                if let Some(hs) = &f.hard_state {
+                    let head = felix_proto::cluster::meta::encode_log_record(&[], Some(hs));
+                    file.write_all(&head)?;
+                    f.len += head.len() as u64;
+                }
+                f.file = Some(file);
+            }
+            if f.file.is_none() {
+                if f.segments.is_empty() {
+                    f.segments.push((0, 0));
+                }
+                let seq = f.segments.last().map_or(0, |(s, _)| *s);
+                f.file = Some(open_segment(&dir, shard, seq)?);
+            }
+            let file = f.file.as_mut().expect("opened above");
+            file.write_all(record)?;
+            f.len += record.len() as u64;
+            if let Some(last) = f.segments.last_mut() {
+                last.1 = last.1.max(max_index);
+            }
+            if sync_always {
+                file.sync_data()?;
             }
             Ok(())
         })();
-        if let Err(e) = &r {
-            self.failures += 1;
-            // What was appended of it may be torn: the file is cut back at the next start.
-            self.files.remove(shard);
-            tracing::error!("writing {shard:?}'s replica log: {e}; the replica stops until the broker restarts");
+        match &r {
+            Ok(()) => {
+                if !sync_always {
+                    self.dirty.insert(shard.clone());
+                }
+            }
+            Err(e) => {
+                self.failures += 1;
+                // What was appended of it may be torn: the file is cut back at the next start.
+                f.file = None;
+                tracing::error!("writing {shard:?}'s replica log: {e}; the replica stops until the broker restarts");
+            }
         }
         r
     }
@@ -480,7 +600,7 @@ impl ReplicaLogs {
         }
         self.last_sync = now;
         for s in std::mem::take(&mut self.dirty) {
-            if let Some(f) = self.files.get(&s)
+            if let Some(f) = self.shards.get(&s).and_then(|f| f.file.as_ref())
                 && let Err(e) = f.sync_data()
             {
                 self.failures += 1;
@@ -491,17 +611,68 @@ impl ReplicaLogs {
 
     /// The shard is gone (its stream deleted): its log is removed.
     pub(crate) fn drop_shard(&mut self, shard: &ShardId) {
-        self.files.remove(shard);
         self.dirty.remove(shard);
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_file(dir.join(replica_file_name(shard)));
+        if let (Some(dir), Some(f)) = (&self.dir, self.shards.remove(shard)) {
+            for (seq, _) in f.segments {
+                let _ = std::fs::remove_file(dir.join(replica_file_name(shard, seq)));
+            }
         }
     }
+
+    /// Segment files kept per shard (diagnostics and tests).
+    #[cfg(test)]
+    fn segments(&self, shard: &ShardId) -> Vec<u64> {
+        self.shards.get(shard).map(|f| f.segments.iter().map(|(s, _)| *s).collect()).unwrap_or_default()
+    }
+}
+
+fn open_segment(dir: &std::path::Path, shard: &ShardId, seq: u64) -> std::io::Result<std::fs::File> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::OpenOptions::new().create(true).append(true).open(dir.join(replica_file_name(shard, seq)))
 }
 
 #[cfg(test)]
 mod replica_log_tests {
     use super::*;
+
+    #[test]
+    fn a_replica_log_rolls_segments_and_a_snapshot_deletes_the_ones_it_covers() {
+        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
+        let dir = std::env::temp_dir().join(format!("felix-replica-segments-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard =
+            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
+        let (mut logs, kept) = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1))).unwrap();
+        assert!(kept.is_empty());
+        logs.segment_bytes = 1000;
+        let mut expect = felix_proto::cluster::meta::RaftLog::default();
+        for index in 1..=100u64 {
+            let e = vec![Entry { index, term: 1, data: vec![7; 50].into(), ..Entry::default() }];
+            let hs = HardState { term: 1, commit: index, ..HardState::default() };
+            logs.persist(&shard, &e, Some(&hs)).unwrap();
+            expect.persist(&e, Some(&hs));
+        }
+        let before = logs.segments(&shard);
+        assert!(before.len() > 5, "rolled: {before:?}");
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = 80;
+        snap.mut_metadata().term = 1;
+        snap.set_data(b"state".to_vec().into());
+        logs.persist_snapshot(&shard, &snap).unwrap();
+        expect.persist_snapshot(&snap);
+        let after = logs.segments(&shard);
+        assert!(after.len() < before.len() / 2, "deleted: {before:?} -> {after:?}");
+        let files = std::fs::read_dir(dir.join("cluster").join("replicas")).unwrap().count();
+        assert_eq!(files, after.len());
+        // Written on after the snapshot, then read back: the same log.
+        let e = vec![Entry { index: 101, term: 1, data: vec![8; 50].into(), ..Entry::default() }];
+        logs.persist(&shard, &e, None).unwrap();
+        expect.persist(&e, None);
+        drop(logs);
+        let (_, kept) = ReplicaLogs::open(Some(&dir), None).unwrap();
+        assert_eq!(kept.get(&shard), Some(&expect));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn replica_file_names_round_trip_and_strangers_are_refused() {
@@ -512,8 +683,9 @@ mod replica_log_tests {
             name: "or ders".into(),
             shard: 7,
         };
-        assert_eq!(parse_replica_file_name(&replica_file_name(&s)), Some(s));
-        for bad in ["x.log", "stream~a~b~c~d.log", "queue~a~b~c~1.log", "stream~a~b~c~1", ""] {
+        assert_eq!(parse_replica_file_name(&replica_file_name(&s, 0)), Some((s.clone(), 0)));
+        assert_eq!(parse_replica_file_name(&replica_file_name(&s, 12)), Some((s, 12)));
+        for bad in ["x.log", "stream~a~b~c~d.log", "queue~a~b~c~1.log", "stream~a~b~c~1", "stream~a~b~c~1~2.log", ""] {
             assert_eq!(parse_replica_file_name(bad), None, "{bad}");
         }
     }

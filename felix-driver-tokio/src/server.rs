@@ -852,7 +852,7 @@ impl BrokerTask {
                 serde_json::json!({"kind": format!("{:?}", r.shard.kind).to_lowercase(), "tenant": r.shard.tenant,
                     "namespace": r.shard.namespace, "name": r.shard.name, "shard": r.shard.shard,
                     "replicas": md.replicas(&r.shard), "leader": r.leader, "term": r.term, "role": r.role,
-                    "next_offset": r.next_offset, "last_index": r.last_index, "committed_index": r.committed_index,
+                    "next_offset": r.next_offset, "last_index": r.last_index, "first_index": r.first_index, "committed_index": r.committed_index,
                     "followers": followers})
             })
             .collect();
@@ -1274,6 +1274,15 @@ impl BrokerTask {
                     // Appended before anything after it is carried out (Raft's rule).
                     if let Some(l) = self.replica_logs.as_mut()
                         && let Err(e) = l.persist(&shard, &entries, hard_state.as_ref())
+                        && let Node::Cluster(n) = &mut self.node
+                    {
+                        n.handle_replica_persist_failed(&shard, &e.to_string(), now());
+                    }
+                    continue;
+                }
+                NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                    if let Some(l) = self.replica_logs.as_mut()
+                        && let Err(e) = l.persist_snapshot(&shard, &snapshot)
                         && let Node::Cluster(n) = &mut self.node
                     {
                         n.handle_replica_persist_failed(&shard, &e.to_string(), now());

@@ -1209,7 +1209,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
     let replicas = v["replicas"].as_array().cloned().unwrap_or_default();
     if !replicas.is_empty() {
         out!(
-            "replicas on this broker (shard: role, leader, term, readable up to, committed index; on the leader each replica's lag in entries)"
+            "replicas on this broker (shard: role, leader, term, readable up to, committed index, log held from; on the leader each replica's lag in entries)"
         );
         for r in &replicas {
             let lag: Vec<String> = r["followers"]
@@ -1219,7 +1219,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                 .map(|f| format!("{} lag {}", s(&f["node_id"]), f["lag"]))
                 .collect();
             out!(
-                "  {}/{}/{} {}: {}, leader {}, term {}, next offset {}, committed {}{}",
+                "  {}/{}/{} {}: {}, leader {}, term {}, next offset {}, committed {}, log from {}{}",
                 s(&r["tenant"]),
                 s(&r["namespace"]),
                 s(&r["name"]),
@@ -1229,6 +1229,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                 r["term"],
                 r["next_offset"],
                 r["committed_index"],
+                r["first_index"],
                 if lag.is_empty() { String::new() } else { format!("; {}", lag.join(", ")) }
             );
         }

@@ -35,6 +35,9 @@ struct Cluster {
     peers_removed: Vec<(String, String)>,
     /// (at, peer, why) refused.
     refusals: Vec<(String, String, String)>,
+    /// Streams retain this many records, and replicas checkpoint every few hundred bytes (so
+    /// their logs are compacted within a test).
+    retain: Option<u64>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -77,7 +80,37 @@ impl Cluster {
             peers_added: Vec::new(),
             peers_removed: Vec::new(),
             refusals: Vec::new(),
+            retain: None,
         }
+    }
+
+    /// Brokers whose streams retain `records` records, compacting their replicas' logs.
+    fn retaining(names: &[&str], records: u64) -> Cluster {
+        let mut c = Self::new(names);
+        c.retain = Some(records);
+        let now = c.now;
+        for name in names {
+            c.start(name, &RaftLog::default(), now);
+        }
+        c
+    }
+
+    /// (Re)starts broker `name` from its kept Raft log and replica logs.
+    fn start(&mut self, name: &str, kept: &RaftLog, now: Instant) {
+        let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+        let mut cfg = config();
+        cfg.clustered = true;
+        if let Some(r) = self.retain {
+            cfg.default_stream.retention.max_records = Some(r);
+        }
+        let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000));
+        let i = NAMES.iter().position(|n| *n == name).unwrap() as u16 + 1;
+        let mut node = ClusterNode::new(broker, member(name, i), &peers, kept, now).unwrap();
+        if self.retain.is_some() {
+            node.set_replica_checkpoint_bytes(300);
+        }
+        node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
+        self.nodes.insert(name.to_owned(), node);
     }
 
     /// Carries out every node's outputs, delivers the network, until all is quiet.
@@ -121,6 +154,14 @@ impl Cluster {
                             }
                             let k = self.kept_replicas.entry(name.clone()).or_default();
                             k.entry(shard).or_default().persist(&entries, hard_state.as_ref());
+                        }
+                        NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                            if self.failing_disks.contains(name) {
+                                node.handle_replica_persist_failed(&shard, "No space left on device", self.now);
+                                continue;
+                            }
+                            let k = self.kept_replicas.entry(name.clone()).or_default();
+                            k.entry(shard).or_default().persist_snapshot(&snapshot);
                         }
                         NodeOutput::DropReplica { shard } => {
                             self.kept_replicas.entry(name.clone()).or_default().remove(&shard);
@@ -985,14 +1026,8 @@ fn create_ledger(c: &mut Cluster) {
 }
 
 fn restart(c: &mut Cluster, name: &str) {
-    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
-    let mut cfg = config();
-    cfg.clustered = true;
-    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
-    let i = NAMES.iter().position(|n| *n == name).unwrap() as u16 + 1;
-    let mut node = ClusterNode::new(broker, member(name, i), &peers, &c.kept[name], c.now).unwrap();
-    node.set_kept_replicas(c.kept_replicas.get(name).cloned().unwrap_or_default());
-    c.nodes.insert(name.to_owned(), node);
+    let (kept, now) = (c.kept[name].clone(), c.now);
+    c.start(name, &kept, now);
 }
 
 #[test]
@@ -1037,6 +1072,58 @@ fn a_replica_whose_disk_fails_stops_and_the_group_carries_on_without_losing_a_re
     }
     assert_eq!(payloads.last().copied(), Some(&b"after"[..]));
     c.until("every replica holds the same history", |c| {
+        NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
+    });
+}
+
+#[test]
+fn a_replicas_log_is_compacted_to_what_retention_keeps_and_a_follower_behind_it_catches_up_from_a_snapshot() {
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    // One follower is down while 300 records are written (acknowledged by the other two).
+    c.nodes.remove(&behind);
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&leader, flags, 1);
+    for k in 0..300u64 {
+        c.send(&leader, conn, st, publish_binary("ledger", &[&format!("r{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&leader, conn, st)));
+    assert!(a.len() == 300 && a.iter().all(|a| a.status == AckStatus::Ok), "{:?}", a.len());
+    for _ in 0..3 {
+        c.tick();
+    }
+    // The leader holds the last 30 records, and its Raft log no longer holds the entries of
+    // the ones retention dropped: memory and disk stay bounded by retention.
+    let (held, _) = history(&c, &leader);
+    assert!(held.len() <= 31 && held.last().map(|(_, p)| p.as_ref()) == Some(&b"r299"[..]), "{held:?}");
+    let report = c.nodes[&leader].replica_report();
+    let first = report[0].first_index;
+    assert!(first > 200, "compacted: the log starts at {first} of {}", report[0].last_index);
+    let kept = &c.kept_replicas[&leader][&ledger()];
+    assert!(kept.snapshot.is_some() && kept.entries.len() < 100, "{} entries kept", kept.entries.len());
+    // The follower comes back with its old log: the entries it lacks are gone, so it is sent
+    // a snapshot and then the entries after it; it ends holding what the leader holds.
+    restart(&mut c, &behind);
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
+    // Restarted from their compacted logs, the leader and the follower come back with the same
+    // records, and writes go on at the next offsets.
+    let before = history(&c, &leader).0;
+    restart(&mut c, &leader);
+    restart(&mut c, &behind);
+    c.until("a replica leads again", |c| leading(c).is_some());
+    let now_leader = leading(&c).unwrap();
+    let after = history(&c, &now_leader).0;
+    assert_eq!(&after[..before.len().min(after.len())], &before[..before.len().min(after.len())]);
+    let (conn, st) = c.client(&now_leader, flags, 2);
+    c.send(&now_leader, conn, st, publish_binary("ledger", &["after"], Some(1), None));
+    let a = acks(&payloads(&c.take(&now_leader, conn, st)));
+    assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
+    let offset = a[0].offset.unwrap_or(0);
+    assert!(offset > before.last().map_or(0, |(o, _)| *o), "offsets go on: {offset}");
+    c.until("every replica holds the same records", |c| {
         NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
     });
 }

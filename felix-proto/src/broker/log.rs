@@ -182,6 +182,21 @@ impl ShardLog {
         }
     }
 
+    /// Empties the log, which goes on from `offset` (a replicated shard restored from a
+    /// snapshot: everything before `offset` is gone).
+    pub fn reset_to(&mut self, offset: u64) {
+        self.committed.clear();
+        self.pending.clear();
+        self.evicted.clear();
+        self.next_offset = offset;
+        self.start = offset;
+        self.bytes = 0;
+        self.records = 0;
+        self.skip_next = 0;
+        self.mem_bytes = 0;
+        self.pending_bytes = 0;
+    }
+
     /// Payload bytes appended and not yet confirmed by storage.
     pub fn pending_bytes(&self) -> u64 {
         self.pending_bytes

@@ -16,8 +16,9 @@
 use super::*;
 use crate::binary::OwnerHint;
 use crate::cluster::metadata::{Kind, ShardId};
-use crate::cluster::replica::{Answer, ReplicatedBatch};
+use crate::cluster::replica::{Answer, ReplicatedBatch, SequenceRefusal};
 use crate::error_code::ErrorCode;
+use crate::message::RefusedReason;
 use crate::transport::WriteToken;
 use bytes::Bytes;
 use std::time::Instant;
@@ -92,6 +93,26 @@ impl Broker {
             .unwrap_or_default()
     }
 
+    /// The first offset a replicated shard still retains here (retention dropped what is
+    /// before it), or `None` for a shard this broker does not hold.
+    pub fn replicated_start(&self, shard: &ShardId) -> Option<u64> {
+        let e = self.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
+        Some(e.shards.get(shard.shard as usize)?.log.start())
+    }
+
+    /// A replicated shard's replica was restored from a snapshot: what is held goes (every
+    /// record before `next_offset` was dropped by retention), and the log goes on from
+    /// `next_offset`. Readers of the shard (a follower has none) end as on a move.
+    pub fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, now: Instant) {
+        self.clock.advance(now);
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
+        if sh.log.next_offset() == next_offset && sh.log.start() == next_offset {
+            return;
+        }
+        sh.log.reset_to(next_offset);
+    }
+
     /// The role of this broker's replica of a shard, if it holds one.
     pub fn replica_role(&self, shard: &ShardId) -> Option<&ReplicaRole> {
         self.streams
@@ -153,6 +174,7 @@ impl Broker {
                 ErrorCode::QuorumTimeout,
                 "no majority of the shard's replicas confirmed the batch in time: it may or may not be written",
             )),
+            Answer::Refused(why) => Err(sequence_refusal(why)),
         };
         for w in ctx.waiters {
             self.finish_waiter(w, result.as_ref().map(|o| Some(*o)), now);
@@ -200,4 +222,21 @@ impl Broker {
         self.writes.insert(token, ctx);
         token
     }
+}
+
+/// The `publish_refused` for an idempotent batch its group refused (the same reasons, worded
+/// the same way, as a single broker's).
+fn sequence_refusal(why: SequenceRefusal) -> Refusal {
+    let (reason, message) = match why {
+        SequenceRefusal::Gap { expected } => {
+            (RefusedReason::SequenceGap { expected }, format!("sequence out of order, expected {expected}"))
+        }
+        SequenceRefusal::Expired => {
+            (RefusedReason::SequenceExpired, "sequence is older than the remembered window".to_owned())
+        }
+        SequenceRefusal::UnknownProducer => {
+            (RefusedReason::UnknownProducer, "unknown producer (its first batch is not sequence 0)".to_owned())
+        }
+    };
+    Refusal::new(ErrorCode::InvalidRequest, message).with_reason(reason)
 }

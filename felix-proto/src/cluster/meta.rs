@@ -15,10 +15,59 @@
 //! commands, so the metadata is rebuilt by applying them again.
 
 use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, EntryType, Message};
-pub use raft::eraftpb::{Entry, HardState};
+pub use raft::eraftpb::{Entry, HardState, Snapshot};
 use raft::storage::MemStorage;
-use raft::{Config, RawNode, StateRole};
+use raft::{Config, GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 use std::collections::VecDeque;
+
+/// The engine's storage: its `MemStorage`, and the snapshot this member compacted its log to
+/// (or installed from its leader), which the engine hands a follower that needs entries the
+/// log no longer holds. `MemStorage`'s own snapshots carry no data (and the commit index, not
+/// the compaction point), so snapshots are answered here.
+struct GroupStore {
+    mem: MemStorage,
+    snapshot: Snapshot,
+}
+
+impl Storage for GroupStore {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        self.mem.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let m = self.snapshot.get_metadata();
+        if idx == m.index && idx > 0 {
+            return Ok(m.term);
+        }
+        self.mem.term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        let index = self.snapshot.get_metadata().index;
+        if index == 0 || index < request_index {
+            return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(self.snapshot.clone())
+    }
+}
 
 /// Ticks without a heartbeat before a follower stands for election (before staggering).
 pub const ELECTION_TICKS: usize = 10;
@@ -56,6 +105,18 @@ pub enum MetaOutput {
         /// The new hard state, when it changed.
         hard_state: Option<HardState>,
     },
+    /// Make this snapshot durable before carrying out any later output: it stands for the log
+    /// up to its index (entries at or below it are dropped; later ones stay if the entry at
+    /// its index has its term, else all go). Fold it into a [`RaftLog`] with
+    /// [`RaftLog::persist_snapshot`].
+    PersistSnapshot {
+        /// The snapshot (its data is the state machine's, at its index).
+        snapshot: Snapshot,
+        /// It came from the leader (this member was behind its compacted log): the state
+        /// machine is restored from its data, and the committed entries after it follow.
+        /// Otherwise this member compacted its own log ([`MetaNode::compact`]).
+        received: bool,
+    },
     /// Send this message to peer `to` (encode it with [`encode_message`]).
     Send {
         /// Peer id.
@@ -91,10 +152,12 @@ pub enum MetaOutput {
 
 /// A member of a Raft group.
 pub struct MetaNode {
-    raw: RawNode<MemStorage>,
+    raw: RawNode<GroupStore>,
     out: VecDeque<MetaOutput>,
     /// Report the empty entries new leaders append (a replicated shard's generation starts).
     report_empty: bool,
+    /// Followers sent a snapshot in this round (reported to the engine as sent).
+    snapshots_sent: Vec<u64>,
 }
 
 impl std::fmt::Debug for MetaNode {
@@ -160,20 +223,30 @@ impl MetaNode {
         }
         // Voters as the committed configuration changes of the log leave them. A log from
         // before voters were logged has none: the founding list then says.
-        let voters = kept.voters().unwrap_or(founders);
+        let snapshot = kept.snapshot.clone().unwrap_or_default();
+        let snap_voters = (snapshot.get_metadata().index > 0)
+            .then(|| snapshot.get_metadata().get_conf_state().voters.clone())
+            .filter(|v| !v.is_empty());
+        let voters = kept.voters().or(snap_voters).unwrap_or(founders);
         let storage = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
         {
             let mut w = storage.wl();
-            if !kept.entries.is_empty() {
-                w.append(&kept.entries)?;
+            if snapshot.get_metadata().index > 0 {
+                w.apply_snapshot(snapshot.clone())?;
+            }
+            let after: Vec<Entry> =
+                kept.entries.iter().filter(|e| e.index > snapshot.get_metadata().index).cloned().collect();
+            if !after.is_empty() {
+                w.append(&after)?;
             }
             let mut hs = kept.hard_state.clone();
             // The kept commit cannot point past the kept log (a commit learnt before the entries
             // it covers were written).
-            let last = kept.entries.last().map_or(0, |e| e.index);
-            hs.commit = hs.commit.min(last);
+            let last = kept.entries.last().map_or(0, |e| e.index).max(snapshot.get_metadata().index);
+            hs.commit = hs.commit.min(last).max(snapshot.get_metadata().index);
             w.set_hardstate(hs);
         }
+        let storage = GroupStore { mem: storage, snapshot };
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
         let rank = rank.unwrap_or_else(|| voters.iter().filter(|v| **v < id).count());
@@ -196,7 +269,7 @@ impl MetaNode {
         cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&cfg, storage, &logger)?;
-        Ok(MetaNode { raw, out: first_persist.into_iter().collect(), report_empty: false })
+        Ok(MetaNode { raw, out: first_persist.into_iter().collect(), report_empty: false, snapshots_sent: Vec::new() })
     }
 
     /// Reports the empty entry every new leader appends as a [`MetaOutput::Committed`] with
@@ -204,6 +277,38 @@ impl MetaNode {
     /// first tick or step: a restart's replay reports them too.
     pub fn report_leader_entries(&mut self) {
         self.report_empty = true;
+    }
+
+    /// Compacts the log through `index` (at most the applied index): the entries up to it are
+    /// dropped, replaced by a snapshot of `data`, the state machine's state right after
+    /// applying entry `index`. A follower that needs a dropped entry is sent the snapshot.
+    /// Comes out as [`MetaOutput::PersistSnapshot`] (not `received`). Returns whether it
+    /// compacted (not for an index past what was applied, or not past the last snapshot).
+    pub fn compact(&mut self, index: u64, data: Vec<u8>) -> bool {
+        let applied = self.raw.raft.raft_log.applied;
+        let conf = self.raw.raft.prs().conf().to_conf_state();
+        let store = self.raw.mut_store();
+        if index > applied || index <= store.snapshot.get_metadata().index {
+            return false;
+        }
+        let Ok(term) = store.term(index) else { return false };
+        let mut snap = Snapshot::default();
+        snap.set_data(data.into());
+        let m = snap.mut_metadata();
+        m.index = index;
+        m.term = term;
+        m.set_conf_state(conf);
+        if store.mem.wl().compact(index + 1).is_err() {
+            return false;
+        }
+        store.snapshot = snap.clone();
+        self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: false });
+        true
+    }
+
+    /// The first index the log still holds (after the last snapshot).
+    pub fn first_index(&self) -> u64 {
+        self.raw.raft.raft_log.first_index()
     }
 
     /// Proposes like [`propose`](Self::propose) and says where the entry went: its log index
@@ -342,15 +447,19 @@ impl MetaNode {
             self.send(rd.take_messages());
             if !rd.snapshot().is_empty() {
                 let snap = rd.snapshot().clone();
-                // A snapshot from the leader replaces the log; MemStorage takes it whole.
-                let _ = self.raw.mut_store().wl().apply_snapshot(snap);
+                // A snapshot from the leader replaces the log; MemStorage takes it whole. It
+                // is kept (and the state machine restored from it) before anything after it.
+                if self.raw.mut_store().mem.wl().apply_snapshot(snap.clone()).is_ok() {
+                    self.raw.mut_store().snapshot = snap.clone();
+                    self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: true });
+                }
             }
             self.apply(rd.take_committed_entries());
             if !rd.entries().is_empty() {
-                let _ = self.raw.mut_store().wl().append(rd.entries());
+                let _ = self.raw.mut_store().mem.wl().append(rd.entries());
             }
             if let Some(hs) = rd.hs() {
-                self.raw.mut_store().wl().set_hardstate(hs.clone());
+                self.raw.mut_store().mem.wl().set_hardstate(hs.clone());
             }
             if !rd.entries().is_empty() || rd.hs().is_some() {
                 self.out
@@ -361,16 +470,31 @@ impl MetaNode {
             self.send(rd.take_persisted_messages());
             let mut light = self.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
-                self.raw.mut_store().wl().mut_hard_state().set_commit(commit);
+                self.raw.mut_store().mem.wl().mut_hard_state().set_commit(commit);
             }
             self.send(light.take_messages());
             self.apply(light.take_committed_entries());
             self.raw.advance_apply();
+            self.report_snapshots();
         }
     }
 
     fn send(&mut self, messages: Vec<Message>) {
-        self.out.extend(messages.into_iter().map(|m| MetaOutput::Send { to: m.to, message: m }));
+        for m in messages {
+            if m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+                self.snapshots_sent.push(m.to);
+            }
+            self.out.push_back(MetaOutput::Send { to: m.to, message: m });
+        }
+    }
+
+    /// A snapshot goes over the same lossy transport as everything else: the engine is told it
+    /// went, so it probes the follower again (and sends another if this one was lost) rather
+    /// than waiting for it forever.
+    fn report_snapshots(&mut self) {
+        for to in std::mem::take(&mut self.snapshots_sent) {
+            self.raw.report_snapshot(to, raft::SnapshotStatus::Finish);
+        }
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
@@ -386,7 +510,7 @@ impl MetaNode {
                     // (it cannot be, as it was proposed through it) changes nothing.
                     let Ok(cc) = ConfChange::parse_from_bytes(&e.data) else { continue };
                     if let Ok(cs) = self.raw.apply_conf_change(&cc) {
-                        self.raw.mut_store().wl().set_conf_state(cs);
+                        self.raw.mut_store().mem.wl().set_conf_state(cs);
                         self.out.push_back(MetaOutput::ConfChanged {
                             index: e.index,
                             added: cc.get_change_type() != ConfChangeType::RemoveNode,
@@ -410,6 +534,8 @@ pub struct RaftLog {
     pub entries: Vec<Entry>,
     /// Term, vote and commit.
     pub hard_state: HardState,
+    /// The snapshot the log was compacted to (it stands for every entry up to its index).
+    pub snapshot: Option<Snapshot>,
 }
 
 impl RaftLog {
@@ -437,7 +563,7 @@ impl RaftLog {
             })
             .collect();
         let hard_state = HardState { term: 1, commit: entries.len() as u64, ..HardState::default() };
-        RaftLog { entries, hard_state }
+        RaftLog { entries, hard_state, snapshot: None }
     }
 
     /// The voters the committed configuration changes of this log leave, or `None` for a log
@@ -459,6 +585,30 @@ impl RaftLog {
             }
         }
         any.then(|| voters.into_iter().collect())
+    }
+
+    /// Folds one [`MetaOutput::PersistSnapshot`] in: entries up to its index go, and so do
+    /// later ones unless the entry at its index has its term (a compaction keeps them; a
+    /// snapshot from the leader replaced a log that did not match).
+    pub fn persist_snapshot(&mut self, snapshot: &Snapshot) {
+        let m = snapshot.get_metadata();
+        if self.snapshot.as_ref().is_some_and(|s| s.get_metadata().index >= m.index) {
+            return;
+        }
+        let matches = self.entries.iter().any(|e| e.index == m.index && e.term == m.term);
+        if matches {
+            self.entries.retain(|e| e.index > m.index);
+        } else {
+            self.entries.clear();
+        }
+        self.hard_state.commit = self.hard_state.commit.max(m.index);
+        self.hard_state.term = self.hard_state.term.max(m.term);
+        self.snapshot = Some(snapshot.clone());
+    }
+
+    /// Bytes of entry data the log holds (what a compaction would give back).
+    pub fn entry_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.data.len() as u64 + 24).sum()
     }
 
     /// Folds one `Persist` in: its entries replace the log from the first one's index on.
@@ -532,7 +682,7 @@ impl RaftLog {
         if entries.windows(2).any(|w| w[1].index != w[0].index + 1) || entries.first().is_some_and(|e| e.index == 0) {
             return Err(bad("entries out of order"));
         }
-        Ok(RaftLog { entries, hard_state })
+        Ok(RaftLog { entries, hard_state, snapshot: None })
     }
 }
 
@@ -572,26 +722,123 @@ pub fn encode_log_record(entries: &[Entry], hard_state: Option<&HardState>) -> V
     out
 }
 
-/// Folds an append-only file of [`encode_log_record`] records into the log they leave, and
-/// says how many bytes of it were whole records. A torn or damaged record ends the file there
-/// (a crash mid-append): what came before it stands, and the driver cuts the file to that
-/// length before appending again. Never panics.
-pub fn fold_log_records(data: &[u8]) -> (RaftLog, usize) {
-    let mut log = RaftLog::default();
-    let mut at = 0usize;
-    while let Some(w) = data.get(at..at + 4) {
-        let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
-        let Some(body) = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty()) else { break };
-        let Ok(part) = RaftLog::decode(&body[1..]) else { break };
-        // The entries must continue the log (or overwrite its tail): a record that would leave
-        // a gap is damage, not a crash, and ends the file like one.
-        if part.entries.first().is_some_and(|e| e.index > log.entries.last().map_or(1, |l| l.index + 1)) {
-            break;
-        }
-        log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
-        at += 4 + len;
+/// One [`MetaOutput::PersistSnapshot`] as a record of the same append-only file:
+/// `u32 length`, `u8 2`, `"FLXS"`, `u32 length` + the snapshot's protobuf, CRC-32C of the bytes
+/// from `"FLXS"` on.
+pub fn encode_snapshot_record(snapshot: &Snapshot) -> Vec<u8> {
+    use protobuf::Message as _;
+    let mut out = vec![0; 4];
+    out.push(2);
+    let part = out.len();
+    out.extend_from_slice(b"FLXS");
+    out.extend_from_slice(&[0; 4]);
+    let _ = snapshot.write_to_vec(&mut out);
+    let n = (out.len() - part - 8) as u32;
+    out[part + 4..part + 8].copy_from_slice(&n.to_be_bytes());
+    let crc = crate::storage::crc32c(&out[part..]);
+    out.extend_from_slice(&crc.to_be_bytes());
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    out
+}
+
+/// A whole log as records of the append-only file: its snapshot, its entries and hard state.
+/// A driver rewrites a file to this when most of it is entries a snapshot replaced.
+pub fn encode_log_records(log: &RaftLog) -> Vec<u8> {
+    let mut out = log.snapshot.as_ref().map(encode_snapshot_record).unwrap_or_default();
+    out.extend_from_slice(&encode_log_record(&log.entries, Some(&log.hard_state)));
+    out
+}
+
+fn decode_snapshot_record(body: &[u8]) -> Option<Snapshot> {
+    use protobuf::Message as _;
+    if body.len() < 12 || &body[..4] != b"FLXS" {
+        return None;
     }
-    (log, at)
+    let (part, crc) = body.split_at(body.len() - 4);
+    if crate::storage::crc32c(part).to_be_bytes() != crc {
+        return None;
+    }
+    let n = u32::from_be_bytes([part[4], part[5], part[6], part[7]]) as usize;
+    let b = part.get(8..).filter(|b| b.len() == n)?;
+    Snapshot::parse_from_bytes(b).ok()
+}
+
+/// Folds an append-only file of [`encode_log_record`] (and [`encode_snapshot_record`])
+/// records into the log they leave, and says how many bytes of it were whole records. A torn
+/// or damaged record ends the file there (a crash mid-append): what came before it stands, and
+/// the driver cuts the file to that length before appending again. Never panics.
+pub fn fold_log_records(data: &[u8]) -> (RaftLog, usize) {
+    let (log, segments) = fold_log_segments(&[data]);
+    (log, segments.first().map_or(0, |s| s.whole))
+}
+
+/// What [`fold_log_segments`] found in one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SegmentInfo {
+    /// Bytes of whole records (a torn tail after them is cut).
+    pub whole: usize,
+    /// The highest entry index it holds (0: none). A segment whose entries all lie at or
+    /// below the log's snapshot is no longer needed.
+    pub max_index: u64,
+}
+
+/// Folds a log kept as several append-only files (segments, oldest first) into the log they
+/// leave. Segments a snapshot made useless may have been deleted, so the fold starts from the
+/// last snapshot: entries below its index are skipped wherever they are, and the ones after it
+/// must follow without a gap (a gap is damage and ends the file there, like a torn record).
+/// Never panics.
+pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
+    // Pass 1: the last snapshot's index (records whose framing holds).
+    let mut floor = 0;
+    for data in segments {
+        let mut at = 0usize;
+        while let Some(w) = data.get(at..at + 4) {
+            let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
+            let Some(body) = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty()) else { break };
+            if body[0] == 2
+                && let Some(snap) = decode_snapshot_record(&body[1..])
+            {
+                floor = floor.max(snap.get_metadata().index);
+            }
+            at += 4 + len;
+        }
+    }
+    // Pass 2: every record in order, entries below the floor skipped.
+    let mut log = RaftLog::default();
+    let mut infos = Vec::with_capacity(segments.len());
+    for data in segments {
+        let mut info = SegmentInfo::default();
+        let mut at = 0usize;
+        while let Some(w) = data.get(at..at + 4) {
+            let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
+            let Some(body) = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty()) else { break };
+            if body[0] == 2 {
+                let Some(snap) = decode_snapshot_record(&body[1..]) else { break };
+                log.persist_snapshot(&snap);
+                at += 4 + len;
+                continue;
+            }
+            let Ok(mut part) = RaftLog::decode(&body[1..]) else { break };
+            info.max_index = info.max_index.max(part.entries.last().map_or(0, |e| e.index));
+            // Entries below the last snapshot are covered by it (the one at its index stays
+            // until the snapshot is folded in: it says whether later entries match).
+            let below = log.snapshot.as_ref().map_or(floor, |s| s.get_metadata().index + 1).max(floor);
+            part.entries.retain(|e| e.index >= below);
+            // The entries must continue the log (or overwrite its tail): a record that would
+            // leave a gap is damage, not a crash, and ends the file like one.
+            let next = log.entries.last().map(|l| l.index + 1);
+            let next = next.or(log.snapshot.as_ref().map(|s| s.get_metadata().index + 1)).unwrap_or(floor.max(1));
+            if part.entries.first().is_some_and(|e| e.index > next) {
+                break;
+            }
+            log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
+            at += 4 + len;
+        }
+        info.whole = at;
+        infos.push(info);
+    }
+    (log, infos)
 }
 
 /// A Raft message as bytes for the cluster transport.
@@ -717,6 +964,9 @@ mod tests {
                             MetaOutput::Send { to, message } => msgs.push((id, to, encode_message(&message))),
                             MetaOutput::Committed { data, .. } => {
                                 self.applied.entry(id).or_default().push(data.to_vec())
+                            }
+                            MetaOutput::PersistSnapshot { snapshot, .. } => {
+                                self.kept.entry(id).or_default().persist_snapshot(&snapshot)
                             }
                             MetaOutput::Persist { entries, hard_state } => {
                                 self.kept.entry(id).or_default().persist(&entries, hard_state.as_ref())
@@ -848,5 +1098,49 @@ mod tests {
         assert!(MetaNode::new(0, &[1, 2]).is_err());
         assert!(MetaNode::new(4, &[1, 2, 3]).is_err());
         assert!(matches!(decode_message(&[0xFF, 0xFF, 0xFF]), Err(MetaError::Decode(_))));
+    }
+
+    fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
+        range.map(|index| Entry { index, term, data: vec![index as u8].into(), ..Entry::default() }).collect()
+    }
+
+    fn snapshot_at(index: u64, term: u64) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.mut_metadata().index = index;
+        s.mut_metadata().term = term;
+        s.set_data(b"state".to_vec().into());
+        s
+    }
+
+    #[test]
+    fn segments_fold_from_the_last_snapshot_even_with_older_segments_deleted() {
+        let hs = |commit| HardState { term: 1, commit, ..HardState::default() };
+        let mut a = encode_log_record(&entries(1..=10, 1), Some(&hs(10)));
+        a.extend_from_slice(&encode_log_record(&entries(11..=12, 1), None));
+        let mut b = encode_log_record(&[], Some(&hs(12)));
+        b.extend_from_slice(&encode_log_record(&entries(13..=20, 1), Some(&hs(20))));
+        b.extend_from_slice(&encode_snapshot_record(&snapshot_at(15, 1)));
+        b.extend_from_slice(&encode_log_record(&entries(21..=22, 1), Some(&hs(22))));
+        // Both segments: the snapshot stands for 1..=15, entries 16..=22 follow.
+        let (log, infos) = fold_log_segments(&[&a, &b]);
+        assert_eq!(log.snapshot.as_ref().map(|s| s.get_metadata().index), Some(15));
+        assert_eq!(log.entries.iter().map(|e| e.index).collect::<Vec<_>>(), (16..=22).collect::<Vec<_>>());
+        assert_eq!(log.hard_state.commit, 22);
+        assert_eq!(infos.iter().map(|i| i.max_index).collect::<Vec<_>>(), vec![12, 22]);
+        assert_eq!(infos[1].whole, b.len());
+        // The first segment deleted (all its entries are below the snapshot): the same log.
+        let (alone, _) = fold_log_segments(&[&b]);
+        assert_eq!(alone, log);
+        // A snapshot from the leader that does not match the log replaces it whole.
+        let mut c = encode_log_record(&entries(1..=10, 1), Some(&hs(5)));
+        c.extend_from_slice(&encode_snapshot_record(&snapshot_at(8, 2)));
+        c.extend_from_slice(&encode_log_record(&entries(9..=9, 2), None));
+        let (log, _) = fold_log_records(&c);
+        assert_eq!(log.entries.iter().map(|e| (e.index, e.term)).collect::<Vec<_>>(), vec![(9, 2)]);
+        assert_eq!((log.hard_state.commit, log.hard_state.term), (8, 2));
+        // A torn snapshot record ends the file there.
+        let cut = c.len() - encode_log_record(&entries(9..=9, 2), None).len() - 3;
+        let (log, whole) = fold_log_records(&c[..cut]);
+        assert!(log.snapshot.is_none() && whole < cut);
     }
 }

@@ -698,7 +698,9 @@ mod tests {
                                 MetaOutput::Committed { data, .. } => {
                                     let _ = md[i].apply(&Command::decode(&data).unwrap());
                                 }
-                                MetaOutput::Persist { .. } | MetaOutput::ConfChanged { .. } => {}
+                                MetaOutput::Persist { .. }
+                                | MetaOutput::PersistSnapshot { .. }
+                                | MetaOutput::ConfChanged { .. } => {}
                             }
                         }
                     }

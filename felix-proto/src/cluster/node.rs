@@ -78,6 +78,16 @@ pub enum NodeOutput {
         /// The new hard state.
         hard_state: Option<HardState>,
     },
+    /// Make this snapshot of a replicated shard's Raft group durable before carrying out any
+    /// later output: it replaces the shard's kept log up to its index
+    /// ([`super::meta::RaftLog::persist_snapshot`]; in a file, an
+    /// [`super::meta::encode_snapshot_record`] record).
+    PersistReplicaSnapshot {
+        /// The shard.
+        shard: ShardId,
+        /// The snapshot.
+        snapshot: super::meta::Snapshot,
+    },
     /// This broker no longer holds a replica of the shard (its stream was deleted): its kept
     /// Raft state may be removed.
     DropReplica {
@@ -175,6 +185,8 @@ pub struct ClusterNode {
     /// Replicas stopped because their state could not be kept (a failed or full disk), and why:
     /// they take no part until the broker restarts.
     failed_replicas: BTreeMap<ShardId, String>,
+    /// Entry bytes between a replica's checkpoints (`None`: the default).
+    checkpoint_bytes: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
     shard_sends: BTreeMap<String, Vec<(ShardId, Bytes)>>,
 }
@@ -194,6 +206,9 @@ pub struct ReplicaReport {
     pub next_offset: u64,
     /// Its last Raft log index.
     pub last_index: u64,
+    /// The first index its log still holds (what is before it was compacted into a snapshot,
+    /// once retention dropped those records).
+    pub first_index: u64,
     /// The highest committed index it knows.
     pub committed_index: u64,
     /// On the leader: (replica, replicated index, lag in entries) of every replica.
@@ -291,6 +306,7 @@ impl ClusterNode {
             replicas: BTreeMap::new(),
             kept_replicas: BTreeMap::new(),
             failed_replicas: BTreeMap::new(),
+            checkpoint_bytes: None,
             shard_sends: BTreeMap::new(),
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
@@ -491,6 +507,7 @@ impl ClusterNode {
                     },
                     next_offset: h.replica.next_offset(),
                     last_index: last,
+                    first_index: h.replica.first_index(),
                     committed_index: committed,
                     followers,
                 }
@@ -522,8 +539,17 @@ impl ClusterNode {
             }
         }
         // Nor does it persist anything more.
-        self.out.retain(|o| !matches!(o, NodeOutput::PersistReplica { shard: s, .. } if s == shard));
+        self.out.retain(|o| {
+            !matches!(o, NodeOutput::PersistReplica { shard: s, .. } | NodeOutput::PersistReplicaSnapshot { shard: s, .. } if s == shard)
+        });
         self.broker.set_replica_role(shard, ReplicaRole::Following { leader: None }, now);
+    }
+
+    /// Entry bytes between the checkpoints a replica's log can be compacted to (tests and
+    /// simulations make it small; [`super::replica::CHECKPOINT_BYTES`] otherwise). For
+    /// replicas started after the call.
+    pub fn set_replica_checkpoint_bytes(&mut self, bytes: u64) {
+        self.checkpoint_bytes = Some(bytes);
     }
 
     /// Replicas stopped for a failed write, and why.
@@ -547,7 +573,10 @@ impl ClusterNode {
             let rank = names.iter().position(|n| *n == self.me.id);
             let kept = self.kept_replicas.remove(&shard).unwrap_or_default();
             match Replica::new_ranked(raft_id(&self.me.id), &ids, &kept, rank) {
-                Ok(replica) => {
+                Ok(mut replica) => {
+                    if let Some(b) = self.checkpoint_bytes {
+                        replica.set_checkpoint_bytes(b);
+                    }
                     let names = names.iter().map(|n| (raft_id(n), n.clone())).collect();
                     self.replicas.insert(shard.clone(), Hosted { replica, names, role: None, ready_term: None });
                     self.drain_replica(&shard, now);
@@ -578,6 +607,10 @@ impl ClusterNode {
                 ReplicaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(NodeOutput::PersistReplica { shard: shard.clone(), entries, hard_state })
                 }
+                ReplicaOutput::PersistSnapshot { snapshot } => {
+                    self.out.push_back(NodeOutput::PersistReplicaSnapshot { shard: shard.clone(), snapshot })
+                }
+                ReplicaOutput::Restored { next_offset } => self.broker.restore_replicated(shard, next_offset, now),
                 ReplicaOutput::Send { to, message } => {
                     if let Some(name) = h.names.get(&to) {
                         self.shard_sends
@@ -686,8 +719,13 @@ impl ClusterNode {
             self.sync_replicas(now);
             let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
             for shard in shards {
+                let floor = self.broker.replicated_start(&shard);
                 if let Some(h) = self.replicas.get_mut(&shard) {
                     h.replica.tick();
+                    // What retention dropped here need not stay in the Raft log either.
+                    if let Some(floor) = floor {
+                        h.replica.compact_below(floor);
+                    }
                 }
                 self.drain_replica(&shard, now);
                 // A leadership claim can be lost with the metadata leader it was sent to: a
@@ -858,6 +896,9 @@ impl ClusterNode {
         let mut changed = false;
         while let Some(o) = self.meta.poll_output() {
             match o {
+                // The metadata group never compacts its log, so its leader never sends a
+                // snapshot (its storage has none to give).
+                MetaOutput::PersistSnapshot { .. } => {}
                 MetaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(NodeOutput::PersistRaft { entries, hard_state })
                 }

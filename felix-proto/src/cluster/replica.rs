@@ -18,7 +18,7 @@
 //! confirmed it in time (outcome unknown). Sans-IO like the rest: ticks, peer messages and
 //! proposals in; what to persist, send, answer and deliver out.
 
-use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog};
+use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, Snapshot};
 use crate::binary::{Reader, Records};
 use bytes::{BufMut, Bytes};
 use raft::eraftpb::{Entry, HardState, Message};
@@ -27,8 +27,41 @@ use std::collections::{BTreeMap, VecDeque};
 /// Ticks a proposal may wait for a majority before it is answered `quorum_timeout`.
 pub const QUORUM_TIMEOUT_TICKS: u64 = 50;
 
-/// Sequences remembered per producer (a retry older than that is not recognised).
+/// Sequences remembered per producer (a retry older than that is not recognised). At least
+/// the client's `MAX_IN_FLIGHT`, so every batch a producer may still resend is answered.
 pub const PRODUCER_WINDOW: usize = 256;
+
+/// Producers remembered per shard; beyond it the one whose last batch is oldest in the log is
+/// forgotten (the same one on every replica: the choice depends only on the log).
+pub const MAX_PRODUCERS: usize = 4096;
+
+/// Entry bytes applied between two checkpoints of the replicated state (the points the log
+/// can be compacted to once retention dropped every record before them).
+pub const CHECKPOINT_BYTES: u64 = 8 << 20;
+
+/// Checkpoints kept (the oldest go first: compaction then waits for the next one).
+const MAX_CHECKPOINTS: usize = 64;
+
+/// The replicated state right after applying entry `index`: what a snapshot at that index
+/// holds.
+#[derive(Debug, Clone)]
+struct Checkpoint {
+    index: u64,
+    next_offset: u64,
+    data: Vec<u8>,
+}
+
+/// What one idempotent producer's batches did on this shard (replicated state: every replica
+/// derives it from the same log).
+#[derive(Debug, Clone, Default)]
+struct ProducerSeqs {
+    /// The sequence its next batch must carry.
+    next: u64,
+    /// Sequence → first offset, the last [`PRODUCER_WINDOW`] appended.
+    landed: BTreeMap<u64, u64>,
+    /// Log index of its last batch (which producer to forget first).
+    last_index: u64,
+}
 
 /// A batch as replicated: everything a replica needs to hold the same batch as its leader
 /// (the records block as published, the append time the leader gave it, the publisher), and,
@@ -136,6 +169,24 @@ pub enum Answer {
     LeadershipLost,
     /// No majority confirmed it in time (outcome unknown).
     QuorumTimeout,
+    /// Committed, and refused when applied (nothing written): an idempotent producer's batch
+    /// out of its sequence order. Every replica refuses it alike, so a producer's batches land
+    /// in sequence order whichever leader wrote them.
+    Refused(SequenceRefusal),
+}
+
+/// Why an idempotent producer's batch was not written (REFERENCE §10.3's refusals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceRefusal {
+    /// Ahead of the producer's next sequence (an earlier batch has not landed yet).
+    Gap {
+        /// The sequence expected.
+        expected: u64,
+    },
+    /// Below the remembered window: whether it landed cannot be told.
+    Expired,
+    /// No batch of this producer landed and the sequence is not 0.
+    UnknownProducer,
 }
 
 /// What a replica asks its driver to do, in order.
@@ -161,6 +212,20 @@ pub enum ReplicaOutput {
         token: u64,
         /// What became of it.
         answer: Answer,
+    },
+    /// Make this snapshot durable before carrying out anything after it (as
+    /// [`MetaOutput::PersistSnapshot`]): the log up to its index is replaced by it.
+    PersistSnapshot {
+        /// The snapshot.
+        snapshot: Snapshot,
+    },
+    /// The replica's state was restored from a snapshot (at a restart from a compacted log,
+    /// or sent by the leader because this replica fell behind its compaction): the shard's
+    /// records before `next_offset` are gone (retention dropped them everywhere); drop what
+    /// is held and go on from `next_offset`.
+    Restored {
+        /// The next offset the group gives.
+        next_offset: u64,
     },
     /// Records became readable (committed), in offset order: deliver them.
     Delivered {
@@ -191,12 +256,17 @@ pub struct Replica {
     node: MetaNode,
     /// The next offset to assign.
     next_offset: u64,
-    /// Per producer: sequence → first offset, the last [`PRODUCER_WINDOW`].
-    producers: BTreeMap<u64, BTreeMap<u64, u64>>,
+    /// Per producer: its sequences (replicated state).
+    producers: BTreeMap<u64, ProducerSeqs>,
     /// Proposals waiting for their entry to commit, by log index (leader only).
     pending: BTreeMap<u64, Proposal>,
     out: VecDeque<ReplicaOutput>,
     leading: bool,
+    /// Points the log can be compacted to, oldest first.
+    checkpoints: VecDeque<Checkpoint>,
+    /// Entry bytes applied since the last checkpoint, and how many make one.
+    since_checkpoint: u64,
+    checkpoint_bytes: u64,
 }
 
 impl std::fmt::Debug for Replica {
@@ -232,7 +302,14 @@ impl Replica {
             pending: BTreeMap::new(),
             out: VecDeque::new(),
             leading: false,
+            checkpoints: VecDeque::new(),
+            since_checkpoint: 0,
+            checkpoint_bytes: CHECKPOINT_BYTES,
         };
+        if let Some(snap) = kept.snapshot.as_ref() {
+            // Its state first: the committed entries replayed next come after it.
+            r.restore(snap.get_data());
+        }
         r.drain();
         Ok(r)
     }
@@ -270,6 +347,87 @@ impl Replica {
     /// The next offset a record would get (the readable bound).
     pub fn next_offset(&self) -> u64 {
         self.next_offset
+    }
+
+    /// Applied entry bytes between checkpoints ([`CHECKPOINT_BYTES`] unless set; the
+    /// simulations set it small).
+    pub fn set_checkpoint_bytes(&mut self, bytes: u64) {
+        self.checkpoint_bytes = bytes.max(1);
+    }
+
+    /// The first log index still held (entries before it were compacted into a snapshot).
+    pub fn first_index(&self) -> u64 {
+        self.node.first_index()
+    }
+
+    /// Compacts the log as far as retention allows: to the last checkpoint whose records all
+    /// lie below `floor` (the first offset the shard still retains here), so nothing a reader
+    /// could still be given exists only in the dropped entries. Comes out as
+    /// [`ReplicaOutput::PersistSnapshot`]. Returns whether it compacted.
+    pub fn compact_below(&mut self, floor: u64) -> bool {
+        let Some(at) = self.checkpoints.iter().rposition(|c| c.next_offset <= floor) else { return false };
+        let cp = self.checkpoints[at].clone();
+        self.checkpoints.drain(..=at);
+        let done = self.node.compact(cp.index, cp.data);
+        self.drain();
+        done
+    }
+
+    /// The replicated state as snapshot data: `u8 version (1)`, `u64 next_offset`,
+    /// `u32 producers`, each `u64 id`, `u64 next`, `u64 last_index`, `u32 n` and `n` times
+    /// `u64 sequence`, `u64 offset`.
+    fn encode_state(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(13 + self.producers.len() * 28);
+        b.put_u8(1);
+        b.put_u64(self.next_offset);
+        b.put_u32(self.producers.len() as u32);
+        for (id, p) in &self.producers {
+            b.put_u64(*id);
+            b.put_u64(p.next);
+            b.put_u64(p.last_index);
+            b.put_u32(p.landed.len() as u32);
+            for (seq, off) in &p.landed {
+                b.put_u64(*seq);
+                b.put_u64(*off);
+            }
+        }
+        b
+    }
+
+    /// Reads [`encode_state`](Self::encode_state)'s bytes. Never panics.
+    fn decode_state(data: &[u8]) -> Option<(u64, BTreeMap<u64, ProducerSeqs>)> {
+        let mut r = Reader::new(Bytes::copy_from_slice(data));
+        if r.u8("version").ok()? != 1 {
+            return None;
+        }
+        let next_offset = r.u64("next_offset").ok()?;
+        let n = r.u32("producers").ok()?;
+        let mut producers = BTreeMap::new();
+        for _ in 0..n {
+            let id = r.u64("id").ok()?;
+            let mut p =
+                ProducerSeqs { next: r.u64("next").ok()?, last_index: r.u64("index").ok()?, ..Default::default() };
+            for _ in 0..r.u32("landed").ok()? {
+                let seq = r.u64("sequence").ok()?;
+                p.landed.insert(seq, r.u64("offset").ok()?);
+            }
+            producers.insert(id, p);
+        }
+        Some((next_offset, producers))
+    }
+
+    /// Takes the state a snapshot holds. Snapshots are only made by this module; one whose
+    /// data does not read leaves the state as it was (the same on every replica).
+    fn restore(&mut self, data: &[u8]) {
+        let Some((next_offset, producers)) = Self::decode_state(data) else { return };
+        self.next_offset = next_offset;
+        self.producers = producers;
+        self.checkpoints.clear();
+        self.since_checkpoint = 0;
+        for (_, p) in std::mem::take(&mut self.pending) {
+            self.out.push_back(ReplicaOutput::Answer { token: p.token, answer: Answer::LeadershipLost });
+        }
+        self.out.push_back(ReplicaOutput::Restored { next_offset });
     }
 
     /// A unit of time passed.
@@ -328,8 +486,27 @@ impl Replica {
                 MetaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(ReplicaOutput::Persist { entries, hard_state })
                 }
+                MetaOutput::PersistSnapshot { snapshot, received } => {
+                    // Kept before anything after it; received, the state becomes its.
+                    let data = received.then(|| snapshot.get_data().to_vec());
+                    self.out.push_back(ReplicaOutput::PersistSnapshot { snapshot });
+                    if let Some(data) = data {
+                        self.restore(&data);
+                    }
+                }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),
-                MetaOutput::Committed { index, term, data } => self.apply(index, term, data),
+                MetaOutput::Committed { index, term, data } => {
+                    self.since_checkpoint += data.len() as u64 + 64;
+                    self.apply(index, term, data);
+                    if self.since_checkpoint >= self.checkpoint_bytes {
+                        self.since_checkpoint = 0;
+                        let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state() };
+                        self.checkpoints.push_back(cp);
+                        if self.checkpoints.len() > MAX_CHECKPOINTS {
+                            self.checkpoints.pop_front();
+                        }
+                    }
+                }
                 MetaOutput::ConfChanged { .. } => {}
             }
         }
@@ -341,6 +518,41 @@ impl Replica {
             }
         }
         self.leading = leading;
+    }
+
+    /// Whether producer `pid`'s batch `seq` is new (`Ok(true)`), a duplicate of one that landed
+    /// (`Ok(false)`), or out of order (the refusal).
+    fn sequence_verdict(&self, pid: u64, seq: u64) -> Result<bool, Answer> {
+        let refuse = |r| Err(Answer::Refused(r));
+        let Some(p) = self.producers.get(&pid) else {
+            return if seq == 0 { Ok(true) } else { refuse(SequenceRefusal::UnknownProducer) };
+        };
+        if seq == p.next {
+            Ok(true)
+        } else if seq > p.next {
+            refuse(SequenceRefusal::Gap { expected: p.next })
+        } else if p.landed.contains_key(&seq) {
+            Ok(false)
+        } else {
+            refuse(SequenceRefusal::Expired)
+        }
+    }
+
+    /// Records producer `pid`'s batch `seq` landing at `offset` (log index `index`).
+    fn landed(&mut self, pid: u64, seq: u64, offset: u64, index: u64) {
+        if !self.producers.contains_key(&pid) && self.producers.len() >= MAX_PRODUCERS {
+            // Log indexes are unique: the choice is the same on every replica.
+            if let Some(cold) = self.producers.iter().min_by_key(|(_, p)| p.last_index).map(|(k, _)| *k) {
+                self.producers.remove(&cold);
+            }
+        }
+        let p = self.producers.entry(pid).or_default();
+        p.next = seq + 1;
+        p.last_index = index;
+        p.landed.insert(seq, offset);
+        while p.landed.len() > PRODUCER_WINDOW {
+            p.landed.pop_first();
+        }
     }
 
     /// Applies one committed entry: offsets, producers, deliveries, answers.
@@ -355,25 +567,22 @@ impl Replica {
                 // Only this crate proposes; an entry that does not decode takes no offset on
                 // any replica alike.
                 Err(_) => None,
-                Ok(batch) => {
-                    let seen = batch.producer.and_then(|(pid, seq)| self.producers.get(&pid)?.get(&seq).copied());
-                    match seen {
-                        Some(offset) => Some(Answer::Appended { offset, duplicate: true }),
-                        None => {
-                            let offset = self.next_offset;
-                            self.next_offset += u64::from(batch.records.count());
-                            if let Some((pid, seq)) = batch.producer {
-                                let seqs = self.producers.entry(pid).or_default();
-                                seqs.insert(seq, offset);
-                                while seqs.len() > PRODUCER_WINDOW {
-                                    seqs.pop_first();
-                                }
-                            }
-                            self.out.push_back(ReplicaOutput::Delivered { offset, batch });
-                            Some(Answer::Appended { offset, duplicate: false })
-                        }
+                Ok(batch) => match batch.producer.map(|(pid, seq)| (pid, seq, self.sequence_verdict(pid, seq))) {
+                    Some((_, _, Err(refusal))) => Some(refusal),
+                    Some((pid, seq, Ok(false))) => {
+                        let offset = self.producers.get(&pid).and_then(|p| p.landed.get(&seq).copied());
+                        offset.map(|offset| Answer::Appended { offset, duplicate: true })
                     }
-                }
+                    verdict => {
+                        let offset = self.next_offset;
+                        self.next_offset += u64::from(batch.records.count());
+                        if let Some((pid, seq, _)) = verdict {
+                            self.landed(pid, seq, offset, index);
+                        }
+                        self.out.push_back(ReplicaOutput::Delivered { offset, batch });
+                        Some(Answer::Appended { offset, duplicate: false })
+                    }
+                },
             }
         };
         // Proposals at or below this index: the one at it is answered by what committed there
@@ -411,5 +620,54 @@ mod tests {
         huge.extend_from_slice(&[0; 24]);
         huge.extend_from_slice(&[0, 0xFF, 0xFF, 0xFF, 0xFF]);
         assert!(ReplicatedBatch::decode(&huge).is_err());
+    }
+
+    /// A one-replica group ticked until it leads; its outputs collected.
+    fn leading_alone() -> Replica {
+        let mut r = Replica::new(1, &[1], &RaftLog::default()).expect("replica");
+        for _ in 0..100 {
+            if r.is_leader() {
+                break;
+            }
+            r.tick();
+        }
+        assert!(r.is_leader(), "a one-replica group elects itself");
+        while r.poll_output().is_some() {}
+        r
+    }
+
+    fn propose(r: &mut Replica, token: u64, producer: (u64, u64)) -> Answer {
+        let b = ReplicatedBatch::from_payloads(Some(producer), &[Bytes::from_static(b"x"), Bytes::from_static(b"y")]);
+        r.propose(token, &b).expect("leads");
+        let mut answer = None;
+        while let Some(o) = r.poll_output() {
+            if let ReplicaOutput::Answer { token: t, answer: a } = o {
+                assert_eq!(t, token);
+                answer = Some(a);
+            }
+        }
+        answer.expect("a one-replica group commits at once")
+    }
+
+    #[test]
+    fn an_idempotent_producers_batches_land_in_sequence_order_or_are_refused() {
+        let mut r = leading_alone();
+        let first = propose(&mut r, 1, (7, 0));
+        let Answer::Appended { offset, duplicate: false } = first else { panic!("{first:?}") };
+        // Ahead of its turn (sequence 1 has not landed): refused, nothing written.
+        let next = r.next_offset();
+        assert_eq!(propose(&mut r, 2, (7, 2)), Answer::Refused(SequenceRefusal::Gap { expected: 1 }));
+        assert_eq!(r.next_offset(), next);
+        assert_eq!(propose(&mut r, 3, (7, 1)), Answer::Appended { offset: next, duplicate: false });
+        assert_eq!(propose(&mut r, 4, (7, 2)), Answer::Appended { offset: next + 2, duplicate: false });
+        // A resend is answered with where it landed.
+        assert_eq!(propose(&mut r, 5, (7, 0)), Answer::Appended { offset, duplicate: true });
+        // A producer never seen whose first batch is not 0.
+        assert_eq!(propose(&mut r, 6, (8, 3)), Answer::Refused(SequenceRefusal::UnknownProducer));
+        // Past the remembered window.
+        for seq in 3..3 + PRODUCER_WINDOW as u64 {
+            assert!(matches!(propose(&mut r, 10 + seq, (7, seq)), Answer::Appended { duplicate: false, .. }));
+        }
+        assert_eq!(propose(&mut r, 9, (7, 1)), Answer::Refused(SequenceRefusal::Expired));
     }
 }

@@ -42,6 +42,10 @@ pub struct ReplicaReport {
     pub lost: u64,
     /// Digest of the history: equal for equal seeds.
     pub digest: u64,
+    /// Logs compacted into a snapshot (a replica's retention dropped the records before it).
+    pub compactions: u64,
+    /// Replicas that caught up from a leader's snapshot (they were behind its compaction).
+    pub snapshots_installed: u64,
 }
 
 impl ReplicaReport {
@@ -54,8 +58,14 @@ impl ReplicaReport {
         self.elections += r.elections;
         self.generations += r.generations;
         self.lost += r.lost;
+        self.compactions += r.compactions;
+        self.snapshots_installed += r.snapshots_installed;
     }
 }
+
+/// Entry bytes between checkpoints: small, so logs are compacted (and lagging replicas sent
+/// snapshots) within a run.
+const CHECKPOINT_BYTES: u64 = 400;
 
 /// What a slot of the shared history holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +109,8 @@ struct World {
     leader: Option<u64>,
     /// Once healing: producers stop at these sequences, so the replicas can converge.
     stop_at: Option<Vec<u64>>,
+    /// Offsets each replica retains (its log is compacted below them).
+    retain: u64,
 }
 
 impl World {
@@ -122,6 +134,32 @@ impl World {
                 ReplicaOutput::Persist { entries, hard_state } => {
                     if let Some(n) = self.nodes.get_mut(&id) {
                         n.kept.persist(&entries, hard_state.as_ref());
+                    }
+                }
+                ReplicaOutput::PersistSnapshot { snapshot } => {
+                    if let Some(n) = self.nodes.get_mut(&id) {
+                        n.kept.persist_snapshot(&snapshot);
+                    }
+                }
+                ReplicaOutput::Restored { next_offset } => {
+                    let next = self.nodes.get(&id).map_or(0, |n| n.next);
+                    if next_offset < next {
+                        return Err(self.violation(format!(
+                            "r{id} restored a snapshot at offset {next_offset}, behind what it delivered ({next})"
+                        )));
+                    }
+                    if next_offset > self.history.len() as u64 {
+                        return Err(self.violation(format!(
+                            "r{id} restored a snapshot at offset {next_offset}, past every offset committed ({})",
+                            self.history.len()
+                        )));
+                    }
+                    // A restart starts from 0; a life already under way was sent the snapshot.
+                    if next > 0 {
+                        self.report.snapshots_installed += 1;
+                    }
+                    if let Some(n) = self.nodes.get_mut(&id) {
+                        n.next = next_offset;
                     }
                 }
                 ReplicaOutput::Send { to, message } => {
@@ -166,12 +204,14 @@ impl World {
         if n.replica.is_some() {
             return Ok(());
         }
-        n.replica = Some(Replica::new(id, &ids, &n.kept).map_err(|e| Violation {
+        let mut r = Replica::new(id, &ids, &n.kept).map_err(|e| Violation {
             seed,
             step,
             what: format!("r{id} does not restart from its kept log: {e}"),
-        })?);
-        // A new life replays the log from the start.
+        })?;
+        r.set_checkpoint_bytes(CHECKPOINT_BYTES);
+        n.replica = Some(r);
+        // A new life replays the log from the start (or from its snapshot).
         n.next = 0;
         Ok(())
     }
@@ -238,6 +278,11 @@ impl World {
                 self.report.outcome_unknown += 1;
                 prod.inflight = None;
             }
+            // One batch in flight, resent under its sequence until answered: never out of order.
+            Answer::Refused(why) => {
+                let pid = prod.id;
+                return Err(self.violation(format!("producer {pid} seq {seq} refused {why:?}")));
+            }
         }
         Ok(())
     }
@@ -265,8 +310,15 @@ impl World {
         self.step += 1;
         self.deliver_network(rng, lossy)?;
         for id in self.ids.clone() {
-            if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.replica.as_mut()) {
+            let retain = self.retain;
+            if let Some(n) = self.nodes.get_mut(&id)
+                && let Some(r) = n.replica.as_mut()
+            {
                 r.tick();
+                // Retention keeps the last `retain` offsets this replica delivered.
+                if r.compact_below(n.next.saturating_sub(retain)) {
+                    self.report.compactions += 1;
+                }
             }
             self.drain(id, rng, lossy)?;
         }
@@ -355,6 +407,7 @@ pub fn run(seed: u64, steps: u64) -> Result<ReplicaReport, Violation> {
         report: ReplicaReport { replicas: n as usize, digest: seed, ..ReplicaReport::default() },
         leader: None,
         stop_at: None,
+        retain: 4 + seed % 16,
     };
     for &id in &ids {
         w.nodes.insert(id, Node { replica: None, kept: RaftLog::default(), next: 0 });

@@ -109,6 +109,7 @@ impl World {
             let Some(out) = b.node.as_mut().and_then(MetaNode::poll_output) else { return Ok(()) };
             match out {
                 MetaOutput::Persist { entries, hard_state } => b.kept.persist(&entries, hard_state.as_ref()),
+                MetaOutput::PersistSnapshot { snapshot, .. } => b.kept.persist_snapshot(&snapshot),
                 MetaOutput::Send { to, message } => {
                     let bytes = encode_message(&message);
                     if self.cut.contains(&(id, to)) || (lossy && rng.chance(50)) {

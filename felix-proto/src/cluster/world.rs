@@ -325,6 +325,14 @@ impl World {
                     .or_default()
                     .persist(&entries, hard_state.as_ref());
             }
+            NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                self.kept_replicas
+                    .entry(name.to_owned())
+                    .or_default()
+                    .entry(shard)
+                    .or_default()
+                    .persist_snapshot(&snapshot);
+            }
             NodeOutput::DropReplica { shard } => {
                 if let Some(k) = self.kept_replicas.get_mut(name) {
                     k.remove(&shard);
