@@ -295,11 +295,12 @@ fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
         assert!(acked.contains(r) || unknown.contains(r) || lines.contains(r), "{r} was never published");
     }
     if !lines.is_empty() {
-        // Where its records landed: a generation start among them shows the leader was
-        // killed while it ran. (Pipelined batches resent after a fail-over may land in another
-        // order than their sequences on a replicated shard: docs/cluster.md.)
+        // In the order they were fed (the order of their sequences: a replicated shard
+        // refuses a batch ahead of its turn, on every replica alike), and a generation start
+        // among them shows the leader was killed while the producer ran.
         let at: Vec<u64> = lines.iter().map(|l| offsets[l]).collect();
-        let (lo, hi) = (*at.iter().min().unwrap(), *at.iter().max().unwrap());
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "the idempotent records are out of sequence order");
+        let (lo, hi) = (at[0], at[at.len() - 1]);
         eprintln!("idempotent records at offsets {lo}..={hi}");
         assert!(
             hi - lo + 1 > lines.len() as u64,

@@ -91,6 +91,9 @@ pub struct WorldReport {
     pub quorum_unknown: u64,
     /// Committed records of the replicated stream checked against every replica's history.
     pub quorum_checked: u64,
+    /// Replica logs compacted into a snapshot, or restored from one (sent by the leader to
+    /// a replica behind its compaction, or read back at a restart).
+    pub snapshots: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -112,6 +115,7 @@ impl WorldReport {
         self.quorum_acked += r.quorum_acked;
         self.quorum_unknown += r.quorum_unknown;
         self.quorum_checked += r.quorum_checked;
+        self.snapshots += r.snapshots;
     }
 }
 
@@ -173,6 +177,11 @@ struct World {
     report: WorldReport,
 }
 
+/// Records each stream shard retains.
+const RETAINED: u64 = 8;
+/// Entry bytes between a replica's checkpoints.
+const CHECKPOINT_BYTES: u64 = 150;
+
 fn member(name: &str, i: usize) -> Member {
     Member {
         id: name.to_owned(),
@@ -184,7 +193,10 @@ fn member(name: &str, i: usize) -> Member {
 }
 
 fn broker(now: Instant) -> Broker {
-    let cfg = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], clustered: true, ..BrokerConfig::default() };
+    let mut cfg = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], clustered: true, ..BrokerConfig::default() };
+    // Streams retain few records, so replicas compact their logs within a run (and a
+    // replica that was down is sent a snapshot).
+    cfg.default_stream.retention.max_records = Some(RETAINED);
     Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000))
 }
 
@@ -213,6 +225,7 @@ impl World {
         let mut node = ClusterNode::new(broker(self.now), member(name, i), &self.names, &kept, self.now)
             .map_err(|e| self.violation(format!("{name} does not restart from its kept log: {e}")))?;
         node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
+        node.set_replica_checkpoint_bytes(CHECKPOINT_BYTES);
         self.nodes.insert(name.to_owned(), node);
         self.checked.retain(|(n, _), _| n != name);
         self.generations.insert(name.to_owned(), BTreeMap::new());
@@ -326,6 +339,7 @@ impl World {
                     .persist(&entries, hard_state.as_ref());
             }
             NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                self.report.snapshots += 1;
                 self.kept_replicas
                     .entry(name.to_owned())
                     .or_default()
