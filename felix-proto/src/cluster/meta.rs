@@ -715,11 +715,30 @@ pub fn encode_log_record(entries: &[Entry], hard_state: Option<&HardState>) -> V
         put(&mut out, e);
     }
     put(&mut out, hs);
+    seal_record(out, part)
+}
+
+/// Ends a record begun with 4 placeholder bytes: the CRC-32C of its part from `part` on, then
+/// its length in front.
+fn seal_record(mut out: Vec<u8>, part: usize) -> Vec<u8> {
     let crc = crate::storage::crc32c(&out[part..]);
     out.extend_from_slice(&crc.to_be_bytes());
     let len = (out.len() - 4) as u32;
     out[..4].copy_from_slice(&len.to_be_bytes());
     out
+}
+
+/// The records of an append-only file, each as (its end in `data`, its body), up to the first
+/// whose framing does not hold (a torn tail).
+fn records(data: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        let w = data.get(at..at + 4)?;
+        let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
+        let body = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty())?;
+        at += 4 + len;
+        Some((at, body))
+    })
 }
 
 /// One [`MetaOutput::PersistSnapshot`] as a record of the same append-only file:
@@ -735,19 +754,7 @@ pub fn encode_snapshot_record(snapshot: &Snapshot) -> Vec<u8> {
     let _ = snapshot.write_to_vec(&mut out);
     let n = (out.len() - part - 8) as u32;
     out[part + 4..part + 8].copy_from_slice(&n.to_be_bytes());
-    let crc = crate::storage::crc32c(&out[part..]);
-    out.extend_from_slice(&crc.to_be_bytes());
-    let len = (out.len() - 4) as u32;
-    out[..4].copy_from_slice(&len.to_be_bytes());
-    out
-}
-
-/// A whole log as records of the append-only file: its snapshot, its entries and hard state.
-/// A driver rewrites a file to this when most of it is entries a snapshot replaced.
-pub fn encode_log_records(log: &RaftLog) -> Vec<u8> {
-    let mut out = log.snapshot.as_ref().map(encode_snapshot_record).unwrap_or_default();
-    out.extend_from_slice(&encode_log_record(&log.entries, Some(&log.hard_state)));
-    out
+    seal_record(out, part)
 }
 
 fn decode_snapshot_record(body: &[u8]) -> Option<Snapshot> {
@@ -792,16 +799,12 @@ pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
     // Pass 1: the last snapshot's index (records whose framing holds).
     let mut floor = 0;
     for data in segments {
-        let mut at = 0usize;
-        while let Some(w) = data.get(at..at + 4) {
-            let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
-            let Some(body) = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty()) else { break };
+        for (_, body) in records(data) {
             if body[0] == 2
                 && let Some(snap) = decode_snapshot_record(&body[1..])
             {
                 floor = floor.max(snap.get_metadata().index);
             }
-            at += 4 + len;
         }
     }
     // Pass 2: every record in order, entries below the floor skipped.
@@ -809,14 +812,11 @@ pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
     let mut infos = Vec::with_capacity(segments.len());
     for data in segments {
         let mut info = SegmentInfo::default();
-        let mut at = 0usize;
-        while let Some(w) = data.get(at..at + 4) {
-            let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
-            let Some(body) = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty()) else { break };
+        for (end, body) in records(data) {
             if body[0] == 2 {
                 let Some(snap) = decode_snapshot_record(&body[1..]) else { break };
                 log.persist_snapshot(&snap);
-                at += 4 + len;
+                info.whole = end;
                 continue;
             }
             let Ok(mut part) = RaftLog::decode(&body[1..]) else { break };
@@ -833,9 +833,8 @@ pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
                 break;
             }
             log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
-            at += 4 + len;
+            info.whole = end;
         }
-        info.whole = at;
         infos.push(info);
     }
     (log, infos)
