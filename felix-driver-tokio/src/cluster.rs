@@ -211,7 +211,9 @@ async fn dial_loop(
         }
         while let Some(m) = rx.recv().await {
             buf.clear();
-            if encode(&m, &mut buf).is_err() {
+            if let Err(e) = encode(&m, &mut buf) {
+                // The node never makes one (its batches are split): said, not silently lost.
+                tracing::warn!("a peer message for {addr} was not sent: {e}");
                 continue;
             }
             if send.write_all(&buf).await.is_err() {
