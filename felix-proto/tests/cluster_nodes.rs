@@ -1127,3 +1127,52 @@ fn a_replicas_log_is_compacted_to_what_retention_keeps_and_a_follower_behind_it_
         NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
     });
 }
+
+#[test]
+fn a_conditional_publish_on_a_replicated_stream_is_written_only_at_its_expected_offset() {
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, RefusedReason};
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let n = c.nodes.get_mut(&leader).unwrap();
+    let conn = n.broker.admit(PeerAddr([9; 16]), c.now).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, 9);
+    let features = (Features::PUBLISH_CONDITIONAL.union(Features::ERROR_CODES)).to_words(false).0;
+    n.broker.handle_stream_data(conn, st, auth(Some(0x0001 | 0x0080 | 0x1000), features, None), false, c.now);
+    c.settle();
+    c.take(&leader, conn, st);
+    let publish_if = |expected_offset, request_id, payload: &'static str| {
+        json(&Message::PublishIf(message::PublishIf {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            payloads: vec![B64(Bytes::from_static(payload.as_bytes()))],
+            key: None,
+            expected_offset,
+            shard: Some(0),
+            request_id,
+            publish_width: None,
+        }))
+    };
+    // The tail after the leader's generation start.
+    let tail = c.nodes[&leader].broker.replicated_start(&ledger()).unwrap()
+        + history(&c, &leader).1.len() as u64
+        + history(&c, &leader).0.len() as u64;
+    c.send(&leader, conn, st, publish_if(tail, 1, "first"));
+    c.send(&leader, conn, st, publish_if(tail, 2, "second"));
+    let ms = messages(&c.take(&leader, conn, st));
+    assert!(matches!(&ms[0], Message::PublishOk(ok) if ok.request_id == 1 && ok.offset == Some(tail)), "{ms:?}");
+    assert!(
+        matches!(&ms[1], Message::PublishRefused(r) if r.request_id == 2
+            && r.reason == RefusedReason::OffsetMismatch { tail: tail + 1 }),
+        "{ms:?}"
+    );
+    // Every replica wrote the first and not the second.
+    c.settle();
+    for n in NAMES {
+        let (records, _) = history(&c, n);
+        let payloads: Vec<&[u8]> = records.iter().map(|(_, p)| p.as_ref()).collect();
+        assert_eq!(payloads, vec![&b"first"[..]], "{n}");
+    }
+}

@@ -191,8 +191,14 @@ impl Broker {
                 return;
             }
         };
-        let batch =
-            NewBatch { records: p.records, publisher: p.publisher, idempotent: None, digest: None, state: None };
+        let batch = NewBatch {
+            records: p.records,
+            publisher: p.publisher,
+            idempotent: None,
+            digest: None,
+            state: None,
+            expected_offset: None,
+        };
         let appended = self.append_batch(&k, p.shard, durable, batch, now);
         if let Some(token) = appended {
             self.count_queued(token, queued);

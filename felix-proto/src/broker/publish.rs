@@ -134,11 +134,15 @@ impl Broker {
             }
         };
         let replicated = self.streams.get(&k).is_some_and(|e| e.shards[shard as usize].replica.is_some());
-        if replicated && (req.expected_offset.is_some() || req.state.is_some()) {
+        if replicated && req.state.is_some() {
             let r = Refusal::new(
                 ErrorCode::InvalidRequest,
-                "conditional publishes and commits are not supported on a replicated (quorum) stream yet",
+                "commits are not supported on a replicated (quorum) stream yet",
             );
+            return self.refuse_publish(conn, st, reply, &r);
+        }
+        if replicated && req.expected_offset.is_some() && req.records.is_empty() {
+            let r = Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records");
             return self.refuse_publish(conn, st, reply, &r);
         }
         let sess = st.session.as_ref().expect("route checked the session");
@@ -165,7 +169,16 @@ impl Broker {
                 return self.refuse_publish(conn, st, reply, &r);
             }
         };
-        let batch = NewBatch { records: req.records, publisher, idempotent: req.idempotent, digest, state: req.state };
+        // On a replicated shard the expected offset is checked where offsets are assigned: when
+        // the group applies the entry (the same on every replica).
+        let batch = NewBatch {
+            records: req.records,
+            publisher,
+            idempotent: req.idempotent,
+            digest,
+            state: req.state,
+            expected_offset: req.expected_offset,
+        };
         let Some(token) = self.append_batch(&k, shard, durable, batch, now) else {
             return self.answer_now(conn, st, reply, Ok(None));
         };
@@ -622,6 +635,9 @@ pub(super) struct NewBatch {
     pub(super) digest: Option<u64>,
     /// A commit's state changes.
     pub(super) state: Option<Bytes>,
+    /// A conditional publish's expected offset (checked by a replicated shard's group; a
+    /// single broker checked it before).
+    pub(super) expected_offset: Option<u64>,
 }
 
 /// A publish, whatever encoding it came in.

@@ -16,7 +16,7 @@
 use super::*;
 use crate::binary::OwnerHint;
 use crate::cluster::metadata::{Kind, ShardId};
-use crate::cluster::replica::{Answer, ReplicatedBatch, SequenceRefusal};
+use crate::cluster::replica::{Answer, ApplyRefusal, ReplicatedBatch};
 use crate::error_code::ErrorCode;
 use crate::message::RefusedReason;
 use crate::transport::WriteToken;
@@ -206,6 +206,7 @@ impl Broker {
             timestamp_micros: self.wall.micros(now),
             publisher: b.publisher,
             records: b.records,
+            expected_offset: b.expected_offset,
         };
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.replicating += bytes;
@@ -224,18 +225,21 @@ impl Broker {
     }
 }
 
-/// The `publish_refused` for an idempotent batch its group refused (the same reasons, worded
-/// the same way, as a single broker's).
-fn sequence_refusal(why: SequenceRefusal) -> Refusal {
+/// The `publish_refused` for a batch its group refused when applying it (the same reasons as
+/// a single broker's).
+fn sequence_refusal(why: ApplyRefusal) -> Refusal {
     let (reason, message) = match why {
-        SequenceRefusal::Gap { expected } => {
+        ApplyRefusal::Gap { expected } => {
             (RefusedReason::SequenceGap { expected }, format!("sequence out of order, expected {expected}"))
         }
-        SequenceRefusal::Expired => {
+        ApplyRefusal::Expired => {
             (RefusedReason::SequenceExpired, "sequence is older than the remembered window".to_owned())
         }
-        SequenceRefusal::UnknownProducer => {
+        ApplyRefusal::UnknownProducer => {
             (RefusedReason::UnknownProducer, "unknown producer (its first batch is not sequence 0)".to_owned())
+        }
+        ApplyRefusal::OffsetMismatch { tail } => {
+            (RefusedReason::OffsetMismatch { tail }, format!("the expected offset was taken; the tail is {tail}"))
         }
     };
     Refusal::new(ErrorCode::InvalidRequest, message).with_reason(reason)

@@ -76,6 +76,9 @@ pub struct ReplicatedBatch {
     pub publisher: Option<Bytes>,
     /// The records (an untimed block, as published).
     pub records: Records,
+    /// A conditional publish (`publish_if`): written only if the shard's next offset is this
+    /// when the entry is applied.
+    pub expected_offset: Option<u64>,
 }
 
 /// Why replicated bytes could not be read.
@@ -91,6 +94,7 @@ impl ReplicatedBatch {
             timestamp_micros: 0,
             publisher: None,
             records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
+            expected_offset: None,
         }
     }
 
@@ -99,21 +103,29 @@ impl ReplicatedBatch {
         self.records.payloads().collect()
     }
 
-    /// Its bytes in the Raft log: `u8 version (2)`, `u8 flags` (0x1 producer, 0x2 publisher),
-    /// `u64 producer`, `u64 sequence`, `u64 timestamp_micros`, `u8 publisher_len` + publisher,
-    /// then the records block as in a publish batch (`u32 count`, each `u32 len` + payload).
+    /// Its bytes in the Raft log: `u8 version (2)`, `u8 flags` (0x1 producer, 0x2 publisher,
+    /// 0x4 expected offset), `u64 producer`, `u64 sequence`, `u64 timestamp_micros`,
+    /// `u8 publisher_len` + publisher, `u64 expected_offset` (with 0x4 only), then the records
+    /// block as in a publish batch (`u32 count`, each `u32 len` + payload).
     pub fn encode(&self) -> Vec<u8> {
         let publisher = self.publisher.as_ref().filter(|p| p.len() <= 255);
         let mut b = Vec::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
         b.put_u8(2);
         let (pid, seq) = self.producer.unwrap_or((0, 0));
-        b.put_u8(u8::from(self.producer.is_some()) | (u8::from(publisher.is_some()) << 1));
+        b.put_u8(
+            u8::from(self.producer.is_some())
+                | (u8::from(publisher.is_some()) << 1)
+                | (u8::from(self.expected_offset.is_some()) << 2),
+        );
         b.put_u64(pid);
         b.put_u64(seq);
         b.put_u64(self.timestamp_micros);
         let p = publisher.map_or(&[][..], |p| p.as_ref());
         b.put_u8(p.len() as u8);
         b.extend_from_slice(p);
+        if let Some(e) = self.expected_offset {
+            b.put_u64(e);
+        }
         b.put_u32(self.records.count());
         b.extend_from_slice(self.records.raw());
         b
@@ -144,12 +156,15 @@ impl ReplicatedBatch {
         let timestamp_micros = r.u64("timestamp").map_err(bad("timestamp"))?;
         let plen = r.u8("publisher_len").map_err(bad("publisher length"))?;
         let publisher = r.bytes(usize::from(plen), "publisher").map_err(bad("publisher"))?;
+        let expected_offset =
+            if flags & 4 != 0 { Some(r.u64("expected_offset").map_err(bad("expected offset"))?) } else { None };
         let records = Records::decode(&mut r, false).map_err(bad("records"))?;
         Ok(ReplicatedBatch {
             producer: (flags & 1 != 0).then_some((pid, seq)),
             timestamp_micros,
             publisher: (flags & 2 != 0).then_some(publisher),
             records,
+            expected_offset,
         })
     }
 }
@@ -172,12 +187,13 @@ pub enum Answer {
     /// Committed, and refused when applied (nothing written): an idempotent producer's batch
     /// out of its sequence order. Every replica refuses it alike, so a producer's batches land
     /// in sequence order whichever leader wrote them.
-    Refused(SequenceRefusal),
+    Refused(ApplyRefusal),
 }
 
-/// Why an idempotent producer's batch was not written (REFERENCE §10.3's refusals).
+/// Why a committed batch was not written when applied: an idempotent producer's batch out of
+/// its sequence order (REFERENCE §10.3's refusals), or a conditional one whose offset was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SequenceRefusal {
+pub enum ApplyRefusal {
     /// Ahead of the producer's next sequence (an earlier batch has not landed yet).
     Gap {
         /// The sequence expected.
@@ -187,6 +203,11 @@ pub enum SequenceRefusal {
     Expired,
     /// No batch of this producer landed and the sequence is not 0.
     UnknownProducer,
+    /// A `publish_if` whose expected offset is not the shard's next one.
+    OffsetMismatch {
+        /// The shard's next offset.
+        tail: u64,
+    },
 }
 
 /// What a replica asks its driver to do, in order.
@@ -525,16 +546,16 @@ impl Replica {
     fn sequence_verdict(&self, pid: u64, seq: u64) -> Result<bool, Answer> {
         let refuse = |r| Err(Answer::Refused(r));
         let Some(p) = self.producers.get(&pid) else {
-            return if seq == 0 { Ok(true) } else { refuse(SequenceRefusal::UnknownProducer) };
+            return if seq == 0 { Ok(true) } else { refuse(ApplyRefusal::UnknownProducer) };
         };
         if seq == p.next {
             Ok(true)
         } else if seq > p.next {
-            refuse(SequenceRefusal::Gap { expected: p.next })
+            refuse(ApplyRefusal::Gap { expected: p.next })
         } else if p.landed.contains_key(&seq) {
             Ok(false)
         } else {
-            refuse(SequenceRefusal::Expired)
+            refuse(ApplyRefusal::Expired)
         }
     }
 
@@ -572,6 +593,9 @@ impl Replica {
                     Some((pid, seq, Ok(false))) => {
                         let offset = self.producers.get(&pid).and_then(|p| p.landed.get(&seq).copied());
                         offset.map(|offset| Answer::Appended { offset, duplicate: true })
+                    }
+                    _ if batch.expected_offset.is_some_and(|e| e != self.next_offset) => {
+                        Some(Answer::Refused(ApplyRefusal::OffsetMismatch { tail: self.next_offset }))
                     }
                     verdict => {
                         let offset = self.next_offset;
@@ -656,18 +680,42 @@ mod tests {
         let Answer::Appended { offset, duplicate: false } = first else { panic!("{first:?}") };
         // Ahead of its turn (sequence 1 has not landed): refused, nothing written.
         let next = r.next_offset();
-        assert_eq!(propose(&mut r, 2, (7, 2)), Answer::Refused(SequenceRefusal::Gap { expected: 1 }));
+        assert_eq!(propose(&mut r, 2, (7, 2)), Answer::Refused(ApplyRefusal::Gap { expected: 1 }));
         assert_eq!(r.next_offset(), next);
         assert_eq!(propose(&mut r, 3, (7, 1)), Answer::Appended { offset: next, duplicate: false });
         assert_eq!(propose(&mut r, 4, (7, 2)), Answer::Appended { offset: next + 2, duplicate: false });
         // A resend is answered with where it landed.
         assert_eq!(propose(&mut r, 5, (7, 0)), Answer::Appended { offset, duplicate: true });
         // A producer never seen whose first batch is not 0.
-        assert_eq!(propose(&mut r, 6, (8, 3)), Answer::Refused(SequenceRefusal::UnknownProducer));
+        assert_eq!(propose(&mut r, 6, (8, 3)), Answer::Refused(ApplyRefusal::UnknownProducer));
         // Past the remembered window.
         for seq in 3..3 + PRODUCER_WINDOW as u64 {
             assert!(matches!(propose(&mut r, 10 + seq, (7, seq)), Answer::Appended { duplicate: false, .. }));
         }
-        assert_eq!(propose(&mut r, 9, (7, 1)), Answer::Refused(SequenceRefusal::Expired));
+        assert_eq!(propose(&mut r, 9, (7, 1)), Answer::Refused(ApplyRefusal::Expired));
+    }
+
+    #[test]
+    fn a_conditional_batch_is_written_only_at_its_expected_offset() {
+        let mut r = leading_alone();
+        let mut answer = |r: &mut Replica, token, expected| {
+            let mut b = ReplicatedBatch::from_payloads(None, &[Bytes::from_static(b"x")]);
+            b.expected_offset = Some(expected);
+            assert_eq!(ReplicatedBatch::decode(&b.encode()), Ok(b.clone()));
+            r.propose(token, &b).expect("leads");
+            let mut a = None;
+            while let Some(o) = r.poll_output() {
+                if let ReplicaOutput::Answer { answer, .. } = o {
+                    a = Some(answer);
+                }
+            }
+            a.expect("answered")
+        };
+        let tail = r.next_offset();
+        assert_eq!(answer(&mut r, 1, tail), Answer::Appended { offset: tail, duplicate: false });
+        // Written at `tail`: the same expectation again is refused with the new tail.
+        assert_eq!(answer(&mut r, 2, tail), Answer::Refused(ApplyRefusal::OffsetMismatch { tail: tail + 1 }));
+        assert_eq!(r.next_offset(), tail + 1);
+        assert_eq!(answer(&mut r, 3, tail + 1), Answer::Appended { offset: tail + 1, duplicate: false });
     }
 }
