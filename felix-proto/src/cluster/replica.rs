@@ -698,7 +698,7 @@ mod tests {
     #[test]
     fn a_conditional_batch_is_written_only_at_its_expected_offset() {
         let mut r = leading_alone();
-        let mut answer = |r: &mut Replica, token, expected| {
+        let answer = |r: &mut Replica, token, expected| {
             let mut b = ReplicatedBatch::from_payloads(None, &[Bytes::from_static(b"x")]);
             b.expected_offset = Some(expected);
             assert_eq!(ReplicatedBatch::decode(&b.encode()), Ok(b.clone()));
