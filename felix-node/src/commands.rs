@@ -129,6 +129,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),
+        durable_caches: a.durable_caches || b.durable_caches.unwrap_or(false),
         default_shards: a.default_shards.or(file.cluster.default_shards).unwrap_or(1),
         default_replication: a.default_replication.or(file.cluster.default_replication).unwrap_or(1),
         retention_records: a.retention_records,

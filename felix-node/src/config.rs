@@ -52,6 +52,7 @@
 //! tenant = "acme"
 //! namespace = "default"
 //! name = "sessions"
+//! durable = true                  # values survive a restart (default: in memory only)
 //! ```
 //!
 //! Unknown keys are errors: a typo must not silently change nothing.
@@ -205,6 +206,9 @@ pub struct BrokerSection {
     pub max_unauthenticated_per_address: Option<usize>,
     pub dev_token: Option<bool>,
     pub ephemeral: Option<bool>,
+    /// Caches created on first use keep their values across a restart.
+    #[serde(default)]
+    pub durable_caches: Option<bool>,
     pub subscriber_queue_capacity: Option<u32>,
     pub subscriber_queue_capacity_max: Option<u32>,
     pub subscriber_queue_bytes_max: Option<usize>,
@@ -267,6 +271,9 @@ pub struct CacheSection {
     pub tenant: String,
     pub namespace: String,
     pub name: String,
+    /// Its values survive a restart (written before each change is answered).
+    #[serde(default)]
+    pub durable: bool,
 }
 
 /// A credential's grants (validated at parse time: an unknown action cannot reach here).
@@ -487,7 +494,12 @@ impl FileConfig {
     pub fn caches(&self) -> Vec<CacheSpec> {
         self.caches
             .iter()
-            .map(|c| CacheSpec { tenant_id: c.tenant.clone(), namespace: c.namespace.clone(), name: c.name.clone() })
+            .map(|c| CacheSpec {
+                tenant_id: c.tenant.clone(),
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                durable: c.durable,
+            })
             .collect()
     }
 }
@@ -513,6 +525,10 @@ mod tests {
         assert!(!cfg.tokens()[0].allows(Action::CacheWrite, "orders", "created"));
         assert_eq!(cfg.streams(1024)[0].config.shards, 4);
         assert_eq!(cfg.caches().len(), 1);
+        assert!(cfg.caches()[0].durable, "the example's cache is durable");
+        let plain = FileConfig::parse("[[caches]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"c\"").unwrap();
+        assert!(!plain.caches()[0].durable, "in memory unless asked");
+        assert!(FileConfig::parse("[[caches]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"c\"\ndurable = 1").is_err());
     }
 
     #[test]

@@ -155,6 +155,11 @@ struct ServeArgs {
     /// Auto-created streams keep no history (no offsets, nothing on disk).
     #[arg(long, env = "FELIX_EPHEMERAL")]
     ephemeral: bool,
+    /// Caches created on first use keep their values across a restart: every change is written
+    /// (on the --fsync policy) before it is answered. Without it they live in memory only;
+    /// `[[caches]] durable = true` makes one named cache durable.
+    #[arg(long, env = "FELIX_DURABLE_CACHES")]
+    durable_caches: bool,
     /// Pipelined-publish window per stream, 0 disables pipelining [default: 256].
     #[arg(long, env = "FELIX_PUBLISH_WINDOW")]
     publish_window: Option<u32>,

@@ -29,6 +29,8 @@ pub struct BrokerSettings {
     pub identity: Identity,
     pub fsync: FsyncMode,
     pub ephemeral: bool,
+    /// Caches created on first use survive a restart.
+    pub durable_caches: bool,
     /// Shards of a stream created on first use (default 1).
     pub default_shards: u32,
     /// Replicas per shard of a durable stream created on first use, in a cluster (default 1).
@@ -96,6 +98,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         auth_timeout: s.admission.auth_timeout,
         max_unauthenticated_connections: s.admission.max_unauthenticated.max(1),
         max_unauthenticated_per_peer: s.admission.max_unauthenticated_per_address.max(1),
+        durable_caches: s.durable_caches,
         default_stream: StreamConfig {
             durable: !s.ephemeral,
             shards: s.default_shards.max(1),

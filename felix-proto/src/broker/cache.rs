@@ -42,6 +42,10 @@ pub(crate) struct Cache {
     unsent: usize,
     /// Entries with an expiry (the broker sweeps expiries only when there are some).
     ttl_entries: usize,
+    /// Its changes are written to its system log (`$cache.NAME`) and survive a restart.
+    pub durable: bool,
+    /// Changes written since the last checkpoint of its system log.
+    pub since_checkpoint: u64,
 }
 
 impl Cache {
@@ -210,9 +214,54 @@ impl Cache {
     }
 
     /// Number of stored entries (expired ones included until touched).
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Every entry (expired ones included until swept), in key order: a checkpoint.
+    pub fn entries_sorted(&self) -> Vec<Change> {
+        let mut v: Vec<Change> = self
+            .entries
+            .iter()
+            .map(|(k, e)| Change {
+                offset: e.version,
+                key: k.clone(),
+                value: Some(e.value.clone()),
+                expires_at: e.expires_at,
+            })
+            .collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    /// Folds one change read back from the cache's system log (a restart): the entry as it
+    /// was written, at its version, and in the change log for watches resuming there.
+    pub fn restore(&mut self, c: Change) {
+        self.next_version = self.next_version.max(c.offset);
+        if let Some(old) = self.entries.remove(&c.key)
+            && old.expires_at.is_some()
+        {
+            self.ttl_entries -= 1;
+        }
+        if let Some(value) = c.value.clone() {
+            if c.expires_at.is_some() {
+                self.ttl_entries += 1;
+            }
+            self.entries.insert(c.key.clone(), Entry { value, expires_at: c.expires_at, version: c.offset });
+        }
+        self.log_bytes += c.value.as_ref().map_or(0, Bytes::len) + c.key.len();
+        self.log.push_back(c);
+        while self.log.len() > LOG_MAX_CHANGES || self.log_bytes > LOG_MAX_BYTES {
+            let Some(c) = self.log.pop_front() else { break };
+            self.log_bytes -= c.value.as_ref().map_or(0, Bytes::len) + c.key.len();
+        }
+    }
+
+    /// Forgets every entry (a checkpoint's start when its system log is read back); versions
+    /// keep growing.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.ttl_entries = 0;
     }
 }
 

@@ -27,7 +27,9 @@ impl Broker {
         }
         let k = key(t, ns, c);
         let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
-        self.caches.insert(k.clone(), Cache::with_version_seed(seed));
+        let mut cache = Cache::with_version_seed(seed);
+        cache.durable = self.cfg.durable_caches;
+        self.caches.insert(k.clone(), cache);
         Ok(k)
     }
 
@@ -71,10 +73,10 @@ impl Broker {
         };
         let (applied, version) =
             self.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
-        self.cache_fanout(&k);
+        let token = self.cache_fanout(&k, now);
         let m =
             Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: p.request_id });
-        self.send(conn, st, json_frame(&m));
+        self.cache_reply(conn, st, token, json_frame(&m));
     }
 
     pub(super) fn cache_delete_if(
@@ -89,10 +91,10 @@ impl Broker {
             Err(r) => return self.refuse(conn, st, r),
         };
         let (applied, version) = self.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
-        self.cache_fanout(&k);
+        let token = self.cache_fanout(&k, now);
         let m =
             Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: d.request_id });
-        self.send(conn, st, json_frame(&m));
+        self.cache_reply(conn, st, token, json_frame(&m));
     }
 
     pub(super) fn cache_put(&mut self, conn: ConnId, st: &mut CtlStream, p: message::CachePut, now: Instant) {
@@ -102,12 +104,12 @@ impl Broker {
         };
         let expires = p.ttl_ms.map(|ms| crate::transport::after(now, std::time::Duration::from_millis(ms)));
         self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
-        self.cache_fanout(&k);
+        let token = self.cache_fanout(&k, now);
         let answer = match p.request_id {
             Some(request_id) => Message::CacheOk(message::CacheOk { request_id }),
             None => Message::Ok(message::OkMsg {}),
         };
-        self.send(conn, st, json_frame(&answer));
+        self.cache_reply(conn, st, token, json_frame(&answer));
     }
 
     pub(super) fn cache_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CacheGet, now: Instant) {
@@ -116,7 +118,7 @@ impl Broker {
             Err(r) => return self.refuse(conn, st, r),
         };
         let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
-        self.cache_fanout(&k); // a lazy expiry is a change too
+        self.cache_fanout(&k, now); // a lazy expiry is a change too
         if hit.is_some() {
             self.stats.cache_hits += 1;
         } else {
@@ -143,7 +145,7 @@ impl Broker {
             Err(r) => return self.refuse(conn, st, r),
         };
         let removed = self.caches.get_mut(&k).expect("created").delete(&d.key, now);
-        self.cache_fanout(&k);
+        let token = self.cache_fanout(&k, now);
         let m = Message::CacheValue(message::CacheValue {
             tenant_id: d.tenant_id,
             namespace: d.namespace,
@@ -153,6 +155,21 @@ impl Broker {
             request_id: d.request_id,
             version: None,
         });
-        self.send(conn, st, json_frame(&m));
+        self.cache_reply(conn, st, token, json_frame(&m));
+    }
+
+    /// Answers a cache write: at once for a cache kept in memory, once its changes are on disk
+    /// for a durable one.
+    fn cache_reply(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        token: Option<crate::transport::WriteToken>,
+        data: Bytes,
+    ) {
+        match token {
+            Some(t) => self.hold_cache_answer(t, conn, st, data),
+            None => self.send(conn, st, data),
+        }
     }
 }

@@ -110,6 +110,9 @@ pub struct CacheSpec {
     pub namespace: String,
     /// Cache name.
     pub name: String,
+    /// Its values survive a restart: every change is written to its system log
+    /// (`$cache.NAME`) before the write is answered.
+    pub durable: bool,
 }
 
 /// Everything the broker state machine needs to know about its configuration.
@@ -146,6 +149,8 @@ pub struct BrokerConfig {
     pub streams: Vec<StreamSpec>,
     /// Caches created at start.
     pub caches: Vec<CacheSpec>,
+    /// Caches created on first use are durable (their values survive a restart).
+    pub durable_caches: bool,
     /// Create unknown streams and caches on first use (with `default_stream`), instead of
     /// answering `not_found`.
     pub auto_create: bool,
@@ -209,6 +214,7 @@ impl Default for BrokerConfig {
             jwt: None,
             streams: Vec::new(),
             caches: Vec::new(),
+            durable_caches: false,
             auto_create: true,
             default_stream: StreamConfig::default(),
             subscriber_queue_capacity_max: 65_536,

@@ -624,7 +624,9 @@ impl Broker {
         }
         let seed = wall.micros(wall.anchor());
         for c in b.cfg.caches.clone() {
-            b.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), Cache::with_version_seed(seed));
+            let mut cache = Cache::with_version_seed(seed);
+            cache.durable = c.durable;
+            b.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), cache);
         }
         b
     }

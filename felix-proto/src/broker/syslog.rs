@@ -44,9 +44,76 @@ pub(crate) fn counters_key(cache: &Key) -> Key {
     key(cache.tenant(), cache.namespace(), &format!("{SYS_PREFIX}counters.{}", cache.name()))
 }
 
+/// The system log of a durable cache's values.
+pub(crate) fn cache_log_key(cache: &Key) -> Key {
+    key(cache.tenant(), cache.namespace(), &format!("{SYS_PREFIX}cache.{}", cache.name()))
+}
+
+/// One record of a durable cache's system log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CacheRecord {
+    /// `key` holds `value` from version `version` on (until `expires_micros`, Unix µs, when
+    /// not 0).
+    Put { version: u64, key: String, value: Bytes, expires_micros: u64 },
+    /// `key` was deleted (or expired) at version `version`.
+    Remove { version: u64, key: String },
+    /// Start of a checkpoint: forget every entry.
+    Reset,
+}
+
+impl CacheRecord {
+    const PUT: u8 = 1;
+    const REMOVE: u8 = 2;
+    const RESET: u8 = 3;
+
+    /// `u8 1`, `u64 version`, key (`u16` length + bytes), `u64 expires_micros`, the value (the
+    /// rest); `u8 2`, `u64 version`, key; `u8 3`.
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        match self {
+            CacheRecord::Put { version, key, value, expires_micros } => {
+                b.put_u8(Self::PUT);
+                b.put_u64(*version);
+                put_key(&mut b, key);
+                b.put_u64(*expires_micros);
+                b.put_slice(value);
+            }
+            CacheRecord::Remove { version, key } => {
+                b.put_u8(Self::REMOVE);
+                b.put_u64(*version);
+                put_key(&mut b, key);
+            }
+            CacheRecord::Reset => b.put_u8(Self::RESET),
+        }
+        b.freeze()
+    }
+
+    /// `None` for bytes this version did not write (skipped, never trusted).
+    pub fn decode(b: &Bytes) -> Option<CacheRecord> {
+        let (&tag, rest) = b.split_first()?;
+        if tag == Self::RESET {
+            return rest.is_empty().then_some(CacheRecord::Reset);
+        }
+        let version = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+        let (key, rest) = take_key(&rest[8..])?;
+        match tag {
+            Self::PUT => {
+                let expires_micros = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+                let at = b.len() - rest.len() + 8;
+                Some(CacheRecord::Put { version, key, value: b.slice(at..), expires_micros })
+            }
+            Self::REMOVE => rest.is_empty().then_some(CacheRecord::Remove { version, key }),
+            _ => None,
+        }
+    }
+}
+
 /// What waits on a system-log write.
 #[derive(Debug)]
 pub(crate) enum SysPending {
+    /// A durable cache's changes: the answer to the request that made them (if any) is
+    /// delivered once they are on disk.
+    CacheChanges { answer: Option<(ConnId, StreamId, Bytes)> },
     /// A `counter_add`: answered with the sum once the delta is folded.
     CounterAdd { conn: ConnId, stream: StreamId, request_id: u64, key: String },
     /// A checkpoint: once on disk, the log below it can go.
@@ -241,9 +308,38 @@ impl Broker {
                         self.sys_truncate(k, base);
                     }
                 }
-                SysPending::CounterAdd { .. } => {}
+                SysPending::CounterAdd { .. } | SysPending::CacheChanges { .. } => {}
             }
             return self.maybe_checkpoint_groups(k, &data, shard, now);
+        }
+        if let Some(cache) = k.name().strip_prefix("$cache.").map(|c| key(k.tenant(), k.namespace(), c)) {
+            match pending {
+                SysPending::CacheChanges { answer: Some((conn, stream, data)) } => {
+                    let data = if base.is_some() {
+                        data
+                    } else {
+                        let Some(offer) =
+                            self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of)
+                        else {
+                            return;
+                        };
+                        let mut r = super::Refusal::new(
+                            crate::error_code::ErrorCode::Storage,
+                            "the write failed: the change is in memory but will not survive a restart",
+                        );
+                        r.retry = crate::error_code::RetryClass::Retry;
+                        super::json_frame(&Self::error_message(&offer, &r))
+                    };
+                    self.fill_held(conn, stream, HeldFor::Write(token), data);
+                }
+                SysPending::Checkpoint => {
+                    if let Some(base) = base {
+                        self.sys_truncate(k, base);
+                    }
+                }
+                _ => {}
+            }
+            return self.maybe_checkpoint_cache(k, &cache, now);
         }
         let Some(cache) = k.name().strip_prefix("$counters.").map(|c| key(k.tenant(), k.namespace(), c)) else {
             return;
@@ -287,9 +383,73 @@ impl Broker {
                     self.sys_truncate(k, base);
                 }
             }
-            SysPending::Group { .. } => {}
+            SysPending::Group { .. } | SysPending::CacheChanges { .. } => {}
         }
         self.maybe_checkpoint(k, &cache, now);
+    }
+
+    /// Writes a durable cache's changes to its system log; the token of the write, to hold an
+    /// answer on (`None` for a cache kept in memory, or no change).
+    pub(super) fn cache_persist(
+        &mut self,
+        cache: &Key,
+        changes: &[super::cache::Change],
+        now: Instant,
+    ) -> Option<WriteToken> {
+        // Without storage (a broker that cannot read history back) a cache stays in memory.
+        let has_storage = self.cfg.history_reads;
+        let c = self.caches.get_mut(cache).filter(|c| c.durable && has_storage)?;
+        if changes.is_empty() {
+            return None;
+        }
+        c.since_checkpoint += changes.len() as u64;
+        let records: Vec<Bytes> = changes.iter().map(|ch| self.cache_record(ch).encode()).collect();
+        Some(self.sys_append(&cache_log_key(cache), records, SysPending::CacheChanges { answer: None }, now))
+    }
+
+    fn cache_record(&self, c: &super::cache::Change) -> CacheRecord {
+        match &c.value {
+            Some(value) => CacheRecord::Put {
+                version: c.offset,
+                key: c.key.clone(),
+                value: value.clone(),
+                expires_micros: c.expires_at.map_or(0, |t| self.wall.micros(t).max(1)),
+            },
+            None => CacheRecord::Remove { version: c.offset, key: c.key.clone() },
+        }
+    }
+
+    /// Holds `answer` until the write `token` of a durable cache's changes settles.
+    pub(super) fn hold_cache_answer(
+        &mut self,
+        token: WriteToken,
+        conn: ConnId,
+        st: &mut super::CtlStream,
+        answer: Bytes,
+    ) {
+        if let Some(ctx) = self.writes.get_mut(&token)
+            && let Some(SysPending::CacheChanges { answer: slot }) = ctx.sys.as_mut()
+        {
+            *slot = Some((conn, st.id, answer));
+            Self::hold(st, HeldFor::Write(token));
+        }
+    }
+
+    /// Writes a checkpoint of a durable cache (every entry) when enough changes piled up and
+    /// nothing else is in flight on its log, so the log below it can go.
+    fn maybe_checkpoint_cache(&mut self, k: &Key, cache: &Key, now: Instant) {
+        let Some(c) = self.caches.get(cache) else { return };
+        let idle =
+            self.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
+        if !idle || c.since_checkpoint < CHECKPOINT_EVERY || c.since_checkpoint <= 2 * c.len() as u64 {
+            return;
+        }
+        let mut records = vec![CacheRecord::Reset.encode()];
+        records.extend(c.entries_sorted().iter().map(|e| self.cache_record(e).encode()));
+        if let Some(c) = self.caches.get_mut(cache) {
+            c.since_checkpoint = 0;
+        }
+        self.sys_append(k, records, SysPending::Checkpoint, now);
     }
 
     /// Writes a checkpoint of a cache's counters when enough deltas piled up and nothing else
@@ -355,6 +515,27 @@ impl Broker {
                         Some(op) => {
                             let name = op.group_name().to_owned();
                             groups.entry(name).or_default().apply(&op);
+                        }
+                        None => {}
+                    }
+                }
+            }
+            return;
+        }
+        if let Some(cache) = k.name().strip_prefix("$cache.").map(|c| key(k.tenant(), k.namespace(), c)) {
+            let wall = self.wall;
+            let c = self.caches.entry(cache).or_default();
+            c.durable = true;
+            for b in batches.iter().filter(|b| !b.generation_start) {
+                for p in b.records.payloads() {
+                    match CacheRecord::decode(&p) {
+                        Some(CacheRecord::Reset) => c.clear(),
+                        Some(CacheRecord::Put { version, key, value, expires_micros }) => {
+                            let expires_at = (expires_micros != 0).then(|| wall.instant_at(expires_micros));
+                            c.restore(super::cache::Change { offset: version, key, value: Some(value), expires_at });
+                        }
+                        Some(CacheRecord::Remove { version, key }) => {
+                            c.restore(super::cache::Change { offset: version, key, value: None, expires_at: None });
                         }
                         None => {}
                     }

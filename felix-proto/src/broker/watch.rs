@@ -94,7 +94,7 @@ impl Broker {
         } else {
             (Vec::new(), false, None)
         };
-        self.cache_fanout(&k);
+        self.cache_fanout(&k, now);
         let max_subs = self.max_subscriptions(st);
         let Some(c) = self.conns.get_mut(&conn) else { return };
         if c.subs.len() >= max_subs {
@@ -141,13 +141,16 @@ impl Broker {
     }
 
     /// Hands a cache's new changes to its watchers.
-    pub(super) fn cache_fanout(&mut self, k: &Key) {
-        let Some(cache) = self.caches.get_mut(k) else { return };
+    /// A durable cache's changes are also written to its system log: the write's token comes
+    /// back, for the answer of the request that made them to wait on.
+    pub(super) fn cache_fanout(&mut self, k: &Key, now: Instant) -> Option<crate::transport::WriteToken> {
+        let cache = self.caches.get_mut(k)?;
         let changes = cache.take_new();
         if changes.is_empty() {
-            return;
+            return None;
         }
-        let Some(watchers) = self.cache_watchers.get(k).cloned() else { return };
+        let token = self.cache_persist(k, &changes, now);
+        let Some(watchers) = self.cache_watchers.get(k).cloned() else { return token };
         let frames: Vec<[Bytes; 2]> = changes.iter().map(|c| self.event_frame(c)).collect();
         for (conn, id) in watchers {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
@@ -166,6 +169,7 @@ impl Broker {
             }
             self.pump(conn, id);
         }
+        token
     }
 
     /// The once-a-second pass: writes deletes for expired entries (at most 1024 per cache), which
@@ -177,7 +181,7 @@ impl Broker {
             if let Some(c) = self.caches.get_mut(&k) {
                 c.expire(now, 1024);
             }
-            self.cache_fanout(&k);
+            self.cache_fanout(&k, now);
         }
     }
 }
