@@ -22,6 +22,18 @@ struct Entry {
     version: u64,
 }
 
+impl Entry {
+    /// The entry as the put that wrote it.
+    fn change(&self, key: &str) -> Change {
+        Change {
+            offset: self.version,
+            key: key.to_owned(),
+            value: Some(self.value.clone()),
+            expires_at: self.expires_at,
+        }
+    }
+}
+
 /// One change of a cache: a put (`value`), or a delete or expiry (`None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Change {
@@ -196,12 +208,7 @@ impl Cache {
             .entries
             .iter()
             .filter(|(k, e)| filter(k) && e.expires_at.is_none_or(|t| now < t))
-            .map(|(k, e)| Change {
-                offset: e.version,
-                key: k.clone(),
-                value: Some(e.value.clone()),
-                expires_at: e.expires_at,
-            })
+            .map(|(k, e)| e.change(k))
             .collect();
         v.sort_by_key(|c| c.offset);
         v
@@ -220,16 +227,7 @@ impl Cache {
 
     /// Every entry (expired ones included until swept), in key order: a checkpoint.
     pub fn entries_sorted(&self) -> Vec<Change> {
-        let mut v: Vec<Change> = self
-            .entries
-            .iter()
-            .map(|(k, e)| Change {
-                offset: e.version,
-                key: k.clone(),
-                value: Some(e.value.clone()),
-                expires_at: e.expires_at,
-            })
-            .collect();
+        let mut v: Vec<Change> = self.entries.iter().map(|(k, e)| e.change(k)).collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
     }

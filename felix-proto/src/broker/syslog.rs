@@ -318,17 +318,9 @@ impl Broker {
                     let data = if base.is_some() {
                         data
                     } else {
-                        let Some(offer) =
-                            self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of)
-                        else {
-                            return;
-                        };
-                        let mut r = super::Refusal::new(
-                            crate::error_code::ErrorCode::Storage,
-                            "the write failed: the change is in memory but will not survive a restart",
-                        );
-                        r.retry = crate::error_code::RetryClass::Retry;
-                        super::json_frame(&Self::error_message(&offer, &r))
+                        let why = "the write failed: the change is in memory but will not survive a restart";
+                        let Some(data) = self.write_failed_frame(conn, stream, why) else { return };
+                        data
                     };
                     self.fill_held(conn, stream, HeldFor::Write(token), data);
                 }
@@ -363,17 +355,11 @@ impl Broker {
                         }))
                     }
                     None => {
-                        let Some(offer) =
-                            self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of)
-                        else {
+                        let why = "the write failed; the counter is unchanged";
+                        let Some(data) = self.write_failed_frame(conn, stream, why) else {
                             return self.maybe_checkpoint(k, &cache, now);
                         };
-                        let mut r = super::Refusal::new(
-                            crate::error_code::ErrorCode::Storage,
-                            "the write failed; the counter is unchanged",
-                        );
-                        r.retry = crate::error_code::RetryClass::Retry;
-                        super::json_frame(&Self::error_message(&offer, &r))
+                        data
                     }
                 };
                 self.fill_held(conn, stream, HeldFor::Write(token), data);
@@ -386,6 +372,15 @@ impl Broker {
             SysPending::Group { .. } | SysPending::CacheChanges { .. } => {}
         }
         self.maybe_checkpoint(k, &cache, now);
+    }
+
+    /// The answer to a request whose system-log write failed (`storage`, retry), worded for
+    /// what its stream offered; `None` when the stream is gone.
+    fn write_failed_frame(&self, conn: ConnId, stream: StreamId, why: &str) -> Option<Bytes> {
+        let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of)?;
+        let mut r = super::Refusal::new(crate::error_code::ErrorCode::Storage, why);
+        r.retry = crate::error_code::RetryClass::Retry;
+        Some(super::json_frame(&Self::error_message(&offer, &r)))
     }
 
     /// Writes a durable cache's changes to its system log; the token of the write, to hold an
