@@ -366,6 +366,8 @@ pub(crate) struct ReplicaLogs {
     pub(crate) failures: u64,
     /// [`SEGMENT_BYTES`] (tests make it small).
     segment_bytes: u64,
+    /// The buffer records are encoded into.
+    scratch: Vec<u8>,
 }
 
 /// Bytes after which a replica's segment is closed and a new one started.
@@ -475,6 +477,7 @@ impl ReplicaLogs {
             last_sync: std::time::Instant::now(),
             failures: 0,
             segment_bytes: SEGMENT_BYTES,
+            scratch: Vec::new(),
         };
         Ok((logs, kept))
     }
@@ -492,9 +495,13 @@ impl ReplicaLogs {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
         }
-        let record = felix_proto::cluster::meta::encode_log_record(entries, hard_state);
+        // Into the one reused buffer: no fresh allocation (faulted in and zeroed) per write.
+        let mut record = std::mem::take(&mut self.scratch);
+        record.clear();
+        felix_proto::cluster::meta::encode_log_record_into(&mut record, entries, hard_state);
         let max = entries.last().map_or(0, |e| e.index);
         let r = self.append(shard, &record, max);
+        self.scratch = record;
         if r.is_ok()
             && let Some(hs) = hard_state
             && let Some(f) = self.shards.get_mut(shard)
