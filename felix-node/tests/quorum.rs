@@ -350,7 +350,7 @@ fn a_replicated_stream_keeps_every_acknowledged_record_across_three_leader_kills
 
 /// The long run (`cargo test --release -p felix-node --test quorum -- --ignored --nocapture`).
 #[test]
-#[ignore = "ten SIGKILLs of the leader, about a minute"]
+#[ignore = "ten SIGKILLs of the leader and 100,000 idempotent records, about four minutes"]
 fn a_replicated_stream_keeps_every_acknowledged_record_across_ten_leader_kills() {
     kill_loop(10, 20, 100_000);
 }
