@@ -199,6 +199,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         ephemeral: !a.durable && a.group.is_none(),
         default_shards: 1,
         default_replication: 1,
+        cache_replication: 1,
         durable_caches: false,
         publish_window: 256,
         max_frame_bytes: 16 << 20,

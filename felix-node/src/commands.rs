@@ -132,6 +132,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         durable_caches: a.durable_caches || b.durable_caches.unwrap_or(false),
         default_shards: a.default_shards.or(file.cluster.default_shards).unwrap_or(1),
         default_replication: a.default_replication.or(file.cluster.default_replication).unwrap_or(1),
+        cache_replication: a.cache_replication.or(file.cluster.cache_replication).unwrap_or(1),
         retention_records: a.retention_records,
         memory_bytes: a.memory_bytes,
         publish_window: a.publish_window.or(b.publish_window).unwrap_or(256),

@@ -53,6 +53,13 @@
 //! namespace = "default"
 //! name = "sessions"
 //! durable = true                  # values survive a restart (default: in memory only)
+//!
+//! [[caches]]
+//! tenant = "acme"
+//! namespace = "default"
+//! name = "leases"
+//! durability = "quorum"           # in a cluster: the cache's changes are a Raft group's log
+//! replication = 3                 #   over this many brokers (2..=7, default 3)
 //! ```
 //!
 //! Unknown keys are errors: a typo must not silently change nothing.
@@ -166,6 +173,8 @@ pub struct ClusterSection {
     pub default_shards: Option<u32>,
     /// Replicas per shard of a durable stream created on first use (1..=7).
     pub default_replication: Option<u32>,
+    /// Replicas of a cache created on first use (1..=7).
+    pub cache_replication: Option<u32>,
     /// Join a running cluster (`serve --join`).
     pub join: Option<bool>,
 }
@@ -274,6 +283,11 @@ pub struct CacheSection {
     /// Its values survive a restart (written before each change is answered).
     #[serde(default)]
     pub durable: bool,
+    /// `quorum`: in a cluster, the cache's changes are the log of a Raft group over
+    /// `replication` brokers (default 3), a write answered once a majority holds it.
+    pub durability: Option<String>,
+    /// Replicas of a `quorum` cache (2..=7; default 3).
+    pub replication: Option<u32>,
 }
 
 /// A credential's grants (validated at parse time: an unknown action cannot reach here).
@@ -416,6 +430,36 @@ impl FileConfig {
                 }
             }
         }
+        for c in &cfg.caches {
+            match c.durability.as_deref() {
+                None | Some("memory") | Some("disk") => {
+                    if c.replication.is_some_and(|r| r > 1) {
+                        return Err(format!(
+                            "cache {}/{}: replication needs durability = \"quorum\"",
+                            c.namespace, c.name
+                        ));
+                    }
+                }
+                Some("quorum") => {
+                    if let Some(r) = c.replication
+                        && !(2..=7).contains(&r)
+                    {
+                        return Err(format!("cache {}/{}: replication {r}: expected 2..=7", c.namespace, c.name));
+                    }
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "cache {}/{}: durability {other:?}: expected memory, disk or quorum",
+                        c.namespace, c.name
+                    ));
+                }
+            }
+        }
+        if let Some(r) = cfg.cluster.cache_replication
+            && !(1..=7).contains(&r)
+        {
+            return Err(format!("cluster.cache_replication {r}: expected 1..=7"));
+        }
         Ok(cfg)
     }
 
@@ -499,6 +543,7 @@ impl FileConfig {
                 namespace: c.namespace.clone(),
                 name: c.name.clone(),
                 durable: c.durable,
+                replication: if c.durability.as_deref() == Some("quorum") { c.replication.unwrap_or(3) } else { 1 },
             })
             .collect()
     }
@@ -568,6 +613,17 @@ mod tests {
         assert!(e.contains("cannot be durable = false"), "{e}");
         let q = FileConfig::parse(&stream("durability = \"quorum\"")).unwrap();
         assert_eq!(q.streams(1024)[0].config.replication, 3, "quorum defaults to three replicas");
+        let cache = |extra: &str| format!("[[caches]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"c\"\n{extra}");
+        let e = FileConfig::parse(&cache("replication = 3")).unwrap_err();
+        assert!(e.contains("cache n/c: replication needs durability = \"quorum\""), "{e}");
+        let e = FileConfig::parse(&cache("durability = \"quorum\"\nreplication = 1")).unwrap_err();
+        assert!(e.contains("replication 1: expected 2..=7"), "{e}");
+        let e = FileConfig::parse(&cache("durability = \"paper\"")).unwrap_err();
+        assert!(e.contains("durability \"paper\": expected memory, disk or quorum"), "{e}");
+        let q = FileConfig::parse(&cache("durability = \"quorum\"")).unwrap();
+        assert_eq!(q.caches()[0].replication, 3, "a quorum cache defaults to three replicas");
+        let e = FileConfig::parse("[cluster]\ncache_replication = 8").unwrap_err();
+        assert!(e.contains("cache_replication 8: expected 1..=7"), "{e}");
         let c = FileConfig::parse("[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 100").unwrap();
         assert_eq!(c.limits()[0].records_per_s, Some(100));
         let c = FileConfig::parse(

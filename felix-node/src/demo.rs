@@ -54,6 +54,7 @@ fn demo_settings(
         ephemeral: false,
         default_shards,
         default_replication: 1,
+        cache_replication: 1,
         durable_caches: false,
         publish_window: 256,
         max_frame_bytes: 16 << 20,

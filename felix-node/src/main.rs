@@ -232,6 +232,11 @@ struct ServeArgs {
     /// a write is acknowledged once two hold it, and the shard fails over when one dies.
     #[arg(long, env = "FELIX_DEFAULT_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
     default_replication: Option<u32>,
+    /// In a cluster: replicas of a cache created on first use (1..=7) [default: 1]. 3 makes the
+    /// cache's changes the log of a Raft group over three brokers: a write is answered once two
+    /// hold it, and values, versions and watch offsets survive the loss of one.
+    #[arg(long, env = "FELIX_CACHE_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
+    cache_replication: Option<u32>,
     /// Join a cluster as this node id (with --cluster-listen and --peers). Without it the broker
     /// runs alone, as always.
     #[arg(long, env = "FELIX_NODE_ID")]

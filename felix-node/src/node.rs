@@ -35,6 +35,8 @@ pub struct BrokerSettings {
     pub default_shards: u32,
     /// Replicas per shard of a durable stream created on first use, in a cluster (default 1).
     pub default_replication: u32,
+    /// Replicas of a cache created on first use, in a cluster (default 1).
+    pub cache_replication: u32,
     pub retention_records: Option<u64>,
     pub memory_bytes: Option<u64>,
     pub publish_window: u32,
@@ -99,6 +101,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         max_unauthenticated_connections: s.admission.max_unauthenticated.max(1),
         max_unauthenticated_per_peer: s.admission.max_unauthenticated_per_address.max(1),
         durable_caches: s.durable_caches,
+        cache_replication: s.cache_replication.clamp(1, 7),
         default_stream: StreamConfig {
             durable: !s.ephemeral,
             shards: s.default_shards.max(1),

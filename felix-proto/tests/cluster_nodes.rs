@@ -38,6 +38,10 @@ struct Cluster {
     /// Streams retain this many records, and replicas checkpoint every few hundred bytes (so
     /// their logs are compacted within a test).
     retain: Option<u64>,
+    /// Broker-opened streams handed out so far.
+    next_uni: u64,
+    /// Brokers (re)started with storage (counters, groups).
+    history: bool,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -81,6 +85,8 @@ impl Cluster {
             peers_removed: Vec::new(),
             refusals: Vec::new(),
             retain: None,
+            next_uni: 0,
+            history,
         }
     }
 
@@ -88,6 +94,7 @@ impl Cluster {
     fn retaining(names: &[&str], records: u64) -> Cluster {
         let mut c = Self::new(names);
         c.retain = Some(records);
+        c.history = true;
         let now = c.now;
         for name in names {
             c.start(name, &RaftLog::default(), now);
@@ -100,6 +107,7 @@ impl Cluster {
         let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
         let mut cfg = config();
         cfg.clustered = true;
+        cfg.history_reads = self.history;
         if let Some(r) = self.retain {
             cfg.default_stream.retention.max_records = Some(r);
         }
@@ -126,13 +134,23 @@ impl Cluster {
                         NodeOutput::Broker(BrokerOutput::Transmit { conn, stream, data }) => {
                             self.received.entry((name.clone(), conn, stream)).or_default().extend_from_slice(&data);
                         }
+                        NodeOutput::Broker(BrokerOutput::OpenUni { conn, token }) => {
+                            // Event streams (cache watches) get ids of their own.
+                            self.next_uni += 1;
+                            let s = StreamId::new(Side::Broker, Dir::Uni, self.next_uni);
+                            node.broker.handle_stream_opened(conn, token, s, self.now);
+                        }
                         NodeOutput::Broker(BrokerOutput::Persist(w)) => {
                             if !w.generation_start && !w.stream.starts_with('$') {
                                 *self.stored.entry((name.clone(), w.shard)).or_default() += w.records.count();
                             }
                             node.broker.handle_write_result(w.token, WriteOutcome::Written, self.now);
                         }
-                        NodeOutput::Broker(_) => {}
+                        NodeOutput::Broker(o) => {
+                            if std::env::var("DBG").is_ok() {
+                                eprintln!("{name}: {o:?}");
+                            }
+                        }
                         NodeOutput::Peer { to, message } => {
                             // Through the wire encoding, as the transport would.
                             let mut b = bytes::BytesMut::new();
@@ -1175,4 +1193,303 @@ fn a_conditional_publish_on_a_replicated_stream_is_written_only_at_its_expected_
         let payloads: Vec<&[u8]> = records.iter().map(|(_, p)| p.as_ref()).collect();
         assert_eq!(payloads, vec![&b"first"[..]], "{n}");
     }
+}
+
+fn sessions() -> ShardId {
+    ShardId { kind: Kind::Cache, tenant: "t1".into(), namespace: "default".into(), name: "sessions".into(), shard: 0 }
+}
+
+fn cache_leader(c: &Cluster) -> Option<String> {
+    use felix_proto::broker::ReplicaRole;
+    c.nodes
+        .iter()
+        .find(|(_, n)| n.broker.replica_role(&sessions()) == Some(&ReplicaRole::Leading))
+        .map(|(k, _)| k.clone())
+}
+
+/// Creates `sessions` replicated three ways and waits for its leader.
+fn create_sessions(c: &mut Cluster) {
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let create = Command::Create {
+        kind: Kind::Cache,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "sessions".into(),
+        shards: 1,
+        ephemeral: false,
+        replication: 3,
+    };
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.settle();
+    c.until("a replica leads the cache and the metadata names it", |c| {
+        cache_leader(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&sessions()).unwrap().owner == l))
+    });
+}
+
+mod quorum_cache {
+    use super::*;
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, CacheCondition};
+
+    pub fn put(key: &str, v: &str, ttl_ms: Option<u64>, rid: u64) -> Bytes {
+        json(&Message::CachePut(message::CachePut {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: key.into(),
+            value: B64::from(v),
+            request_id: Some(rid),
+            ttl_ms,
+        }))
+    }
+
+    pub fn put_if(key: &str, v: &str, condition: CacheCondition, rid: u64) -> Bytes {
+        json(&Message::CachePutIf(message::CachePutIf {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: key.into(),
+            value: B64::from(v),
+            ttl_ms: None,
+            condition,
+            request_id: rid,
+        }))
+    }
+
+    pub fn get(key: &str, rid: u64) -> Bytes {
+        json(&Message::CacheGet(message::CacheGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: key.into(),
+            request_id: Some(rid),
+        }))
+    }
+
+    pub fn add(delta: i64, rid: u64) -> Bytes {
+        json(&Message::CounterAdd(message::CounterAdd {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: "logins".into(),
+            delta,
+            request_id: rid,
+        }))
+    }
+
+    pub fn watch(from_offset: Option<u64>) -> Bytes {
+        json(&Message::CacheWatch(message::CacheWatch {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: None,
+            prefix: Some(String::new()),
+            shard: None,
+            from_offset,
+            retained: false,
+            subscription_id: None,
+        }))
+    }
+
+    /// A client on `node` that offered codes, conditional caches, watches and shard moves.
+    pub fn client(c: &mut Cluster, node: &str, index: u64) -> (ConnId, StreamId) {
+        let f = Features::ERROR_CODES | Features::CACHE_CONDITIONAL | Features::CACHE_WATCH | Features::SHARD_MOVED;
+        let (lo, hi) = f.to_words(true);
+        let n = c.nodes.get_mut(node).unwrap();
+        let conn = n.broker.admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+        let stream = StreamId::new(Side::Client, Dir::Bi, index);
+        n.broker.handle_stream_data(conn, stream, auth(Some(1), lo, hi), false, c.now);
+        c.settle();
+        let hello = messages(&c.take(node, conn, stream));
+        assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
+        (conn, stream)
+    }
+
+    pub fn ask(c: &mut Cluster, node: &str, (conn, st): (ConnId, StreamId), b: Bytes) -> Message {
+        c.send(node, conn, st, b);
+        let mut got = messages(&c.take(node, conn, st));
+        assert_eq!(got.len(), 1, "one answer: {got:?}");
+        got.remove(0)
+    }
+
+    /// The value and version `key` reads on `node`.
+    pub fn read(c: &mut Cluster, node: &str, key: &str, index: u64) -> Option<(String, Option<u64>)> {
+        let cl = client(c, node, index);
+        match ask(c, node, cl, get(key, 1)) {
+            Message::CacheValue(v) => v.value.map(|b| (String::from_utf8_lossy(&b.0).into_owned(), v.version)),
+            other => panic!("{node} reading {key}: {other:?}"),
+        }
+    }
+
+    /// Cache events received on `node` for the connection, by event stream, with any final
+    /// `shard_moved`.
+    pub fn events(c: &mut Cluster, node: &str, conn: ConnId) -> (Vec<message::CacheEvent>, Option<message::ShardMoved>) {
+        let keys: Vec<_> = c
+            .received
+            .keys()
+            .filter(|(n, cn, s)| n == node && *cn == conn && s.dir() == Dir::Uni)
+            .cloned()
+            .collect();
+        let (mut events, mut moved) = (Vec::new(), None);
+        for k in keys {
+            let bytes = c.received.remove(&k).unwrap();
+            for p in payloads(&bytes) {
+                match p {
+                    felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::CacheEvent(e))) => events.push(e),
+                    felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::ShardMoved(m))) => moved = Some(m),
+                    _ => {}
+                }
+            }
+        }
+        (events, moved)
+    }
+}
+
+#[test]
+fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_offsets() {
+    use felix_proto::message::CacheCondition;
+    use quorum_cache::*;
+    let mut c = Cluster::with(&NAMES, true);
+    create_sessions(&mut c);
+    let first = cache_leader(&c).unwrap();
+    let cl = client(&mut c, &first, 1);
+    // A watch on the leader sees every change, at the offsets the group gives them.
+    let w = ask(&mut c, &first, cl, watch(None));
+    let Message::CacheWatchStarted(started) = w else { panic!("{w:?}") };
+    assert_eq!(ask(&mut c, &first, cl, put("alice", "a1", None, 2)), Message::CacheOk(message::CacheOk { request_id: 2 }));
+    let Message::CacheConditionResult(r) = ask(&mut c, &first, cl, put_if("bob", "b1", CacheCondition::Absent, 3)) else {
+        panic!()
+    };
+    assert!(r.applied);
+    let bob_v1 = r.version.unwrap();
+    // A second "absent" put of bob fails on every replica alike, with bob's version.
+    let Message::CacheConditionResult(r) = ask(&mut c, &first, cl, put_if("bob", "b2", CacheCondition::Absent, 4)) else {
+        panic!()
+    };
+    assert_eq!((r.applied, r.version), (false, Some(bob_v1)));
+    let Message::CacheConditionResult(r) =
+        ask(&mut c, &first, cl, put_if("bob", "b2", CacheCondition::Version(bob_v1), 5))
+    else {
+        panic!()
+    };
+    assert!(r.applied && r.version > Some(bob_v1));
+    let bob_v2 = r.version.unwrap();
+    for (i, d) in [3i64, 4].iter().enumerate() {
+        let m = ask(&mut c, &first, cl, add(*d, 10 + i as u64));
+        assert!(matches!(m, Message::CounterValue(ref v) if v.value == Some(if i == 0 { 3 } else { 7 })), "{m:?}");
+    }
+    // A short-lived key: written, then deleted by the leader's expiry pass (an entry of the log).
+    assert_eq!(ask(&mut c, &first, cl, put("eve", "e1", Some(500), 6)), Message::CacheOk(message::CacheOk { request_id: 6 }));
+    for _ in 0..25 {
+        c.tick();
+    }
+    assert_eq!(read(&mut c, &first, "eve", 20), None, "expired");
+    let (seen, _) = events(&mut c, &first, cl.0);
+    let changes: Vec<(String, bool)> = seen.iter().map(|e| (e.key.clone(), e.value.is_some())).collect();
+    assert_eq!(
+        changes,
+        [("alice".into(), true), ("bob".into(), true), ("bob".into(), true), ("eve".into(), true), ("eve".into(), false)],
+        "every change once, the expiry as a delete"
+    );
+    assert!(seen.windows(2).all(|w| w[0].offset < w[1].offset));
+    assert!(seen[0].offset >= started.resume_offset);
+    assert_eq!(seen[2].offset, bob_v2, "an event's offset is the version written");
+    // Every replica holds the same cache: a follower forwards to the leader, and the group's
+    // state is one.
+    for n in NAMES {
+        assert_eq!(read(&mut c, n, "bob", 30), Some(("b2".into(), Some(bob_v2))), "{n}");
+    }
+    // The leader dies. Its watch ended (it is gone); a follower takes over with every value,
+    // version and counter, and a watch resuming after the last event seen misses nothing and
+    // repeats nothing.
+    c.nodes.remove(&first);
+    c.until("another replica leads the cache", |c| cache_leader(c).is_some());
+    let second = cache_leader(&c).unwrap();
+    assert_ne!(second, first);
+    assert_eq!(read(&mut c, &second, "alice", 40), Some(("a1".into(), Some(seen[0].offset))));
+    assert_eq!(read(&mut c, &second, "bob", 41), Some(("b2".into(), Some(bob_v2))));
+    assert_eq!(read(&mut c, &second, "eve", 42), None);
+    let cl2 = client(&mut c, &second, 43);
+    let m = ask(&mut c, &second, cl2, json(&Message::CounterGet(message::CounterGet {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "sessions".into(),
+        key: "logins".into(),
+        request_id: 44,
+    })));
+    assert_eq!(m, Message::CounterValue(message::CounterValue { value: Some(7), request_id: 44 }));
+    let last = seen.last().unwrap().offset;
+    let w = ask(&mut c, &second, cl2, watch(Some(last + 1)));
+    assert!(matches!(w, Message::CacheWatchStarted(ref s) if !s.resnapshot), "{w:?}");
+    assert_eq!(ask(&mut c, &second, cl2, put("carol", "c1", None, 45)), Message::CacheOk(message::CacheOk { request_id: 45 }));
+    let (after, _) = events(&mut c, &second, cl2.0);
+    assert_eq!(after.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["carol"], "no gap, no repeat");
+    assert!(after[0].offset > last);
+    // The old leader comes back from its kept logs and serves the same cache once it leads.
+    restart(&mut c, &first);
+    c.until("the old leader caught up", |c| {
+        c.nodes[&first].replica_report().iter().any(|r| r.shard == sessions() && r.committed_index > 0)
+    });
+    for _ in 0..10 {
+        c.tick();
+    }
+    // Its leader dies too: the restarted replica and the third lead on with everything.
+    c.nodes.remove(&second);
+    c.until("a replica leads again", |c| cache_leader(c).is_some());
+    let third = cache_leader(&c).unwrap();
+    for (k, v) in [("alice", "a1"), ("bob", "b2"), ("carol", "c1")] {
+        assert_eq!(read(&mut c, &third, k, 50).map(|x| x.0), Some(v.to_owned()), "{k} on {third}");
+    }
+}
+
+#[test]
+fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follower_catches_up_from_one() {
+    use quorum_cache::*;
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_sessions(&mut c);
+    let leader = cache_leader(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.nodes.remove(&behind);
+    let cl = client(&mut c, &leader, 1);
+    // 200 writes over 20 keys: the log grows, the cache does not.
+    for i in 0..200u64 {
+        let m = ask(&mut c, &leader, cl, put(&format!("k{}", i % 20), &format!("v{i}"), None, i + 1));
+        assert_eq!(m, Message::CacheOk(message::CacheOk { request_id: i + 1 }));
+    }
+    let _ = ask(&mut c, &leader, cl, add(5, 1000));
+    for _ in 0..3 {
+        c.tick();
+    }
+    let report = c.nodes[&leader].replica_report();
+    let r = report.iter().find(|r| r.shard == sessions()).unwrap();
+    assert!(r.first_index > 150, "compacted to a checkpoint: the log starts at {} of {}", r.first_index, r.last_index);
+    // The follower comes back behind the compaction: it is sent a snapshot holding the values.
+    restart(&mut c, &behind);
+    c.until("the follower caught up", |c| {
+        let lead = c.nodes[&leader].replica_report();
+        let l = lead.iter().find(|r| r.shard == sessions()).unwrap().last_index;
+        c.nodes[&behind].replica_report().iter().any(|r| r.shard == sessions() && r.committed_index >= l)
+    });
+    assert!(c.kept_replicas[&behind][&sessions()].snapshot.is_some(), "it installed a snapshot");
+    // It takes over (the leader dies): every key's last value, and the counter.
+    c.nodes.remove(&leader);
+    c.until("a replica leads the cache", |c| cache_leader(c).is_some());
+    let now_leader = cache_leader(&c).unwrap();
+    for k in 0..20u64 {
+        assert_eq!(read(&mut c, &now_leader, &format!("k{k}"), 100 + k).map(|x| x.0), Some(format!("v{}", 180 + k)));
+    }
+    // Everyone restarted from compacted logs: the same values again.
+    for n in NAMES {
+        if c.nodes.contains_key(n) {
+            restart(&mut c, n);
+        }
+    }
+    restart(&mut c, &leader);
+    c.until("a replica leads the cache", |c| cache_leader(c).is_some());
+    let l = cache_leader(&c).unwrap();
+    assert_eq!(read(&mut c, &l, "k7", 200).map(|x| x.0), Some("v187".to_owned()));
+    let cl = client(&mut c, &l, 201);
+    let m = ask(&mut c, &l, cl, add(1, 202));
+    assert_eq!(m, Message::CounterValue(message::CounterValue { value: Some(6), request_id: 202 }));
 }

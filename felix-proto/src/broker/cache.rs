@@ -20,6 +20,10 @@ struct Entry {
     value: Bytes,
     expires_at: Option<Instant>,
     version: u64,
+    /// A replicated cache's expiry in wall-clock microseconds (0: none), what its replicas
+    /// decide by: every replica maps wall time to its own instants, so only this is alike on
+    /// all of them.
+    expires_wall: u64,
 }
 
 impl Entry {
@@ -58,6 +62,14 @@ pub(crate) struct Cache {
     pub durable: bool,
     /// Changes written since the last checkpoint of its system log.
     pub since_checkpoint: u64,
+    /// Key and value bytes stored.
+    bytes: usize,
+    /// A replicated (`quorum`) cache: the role of this broker's replica in its Raft group.
+    /// Its changes are made only by applying the group's committed log.
+    pub replica: Option<super::replicated::ReplicaRole>,
+    /// On its leader: what applying each entry did, by offset, until the proposal's answer
+    /// comes out of the group.
+    pub results: std::collections::BTreeMap<u64, super::quorum_cache::Outcome>,
 }
 
 impl Cache {
@@ -83,6 +95,7 @@ impl Cache {
 
     fn remove(&mut self, key: &str) -> Option<Entry> {
         let e = self.entries.remove(key)?;
+        self.bytes -= key.len() + e.value.len();
         if e.expires_at.is_some() {
             self.ttl_entries -= 1;
         }
@@ -125,16 +138,149 @@ impl Cache {
 
     /// Stores a value; `ttl` of `None` never expires. Returns its version.
     pub fn put(&mut self, key: String, value: Bytes, expires_at: Option<Instant>) -> u64 {
+        self.put_wall(key, value, expires_at, 0)
+    }
+
+    fn put_wall(&mut self, key: String, value: Bytes, expires_at: Option<Instant>, expires_wall: u64) -> u64 {
         let version = self.record(&key, Some(value.clone()), expires_at);
         if expires_at.is_some() {
             self.ttl_entries += 1;
         }
-        if let Some(old) = self.entries.insert(key, Entry { value, expires_at, version })
-            && old.expires_at.is_some()
-        {
-            self.ttl_entries -= 1;
+        self.bytes += key.len() + value.len();
+        if let Some(old) = self.entries.insert(key.clone(), Entry { value, expires_at, version, expires_wall }) {
+            self.bytes -= key.len() + old.value.len();
+            if old.expires_at.is_some() {
+                self.ttl_entries -= 1;
+            }
         }
         version
+    }
+
+    /// Key and value bytes stored (expired entries included until removed).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Key and value bytes `key`'s entry takes (0 without one).
+    pub fn entry_bytes(&self, key: &str) -> usize {
+        self.entries.get(key).map_or(0, |e| key.len() + e.value.len())
+    }
+
+    /// The version of `key`'s entry, live or not.
+    pub fn version_of(&self, key: &str) -> Option<u64> {
+        self.entries.get(key).map(|e| e.version)
+    }
+
+    /// The changes of a replicated cache come from its log: the next one takes `offset`
+    /// (offsets grow; one that did not change anything leaves a gap).
+    fn at(&mut self, offset: u64) {
+        self.next_version = self.next_version.max(offset.saturating_sub(1));
+    }
+
+    /// A replicated cache's live version of `key` at wall time `wall` (microseconds): what
+    /// its conditions are decided by, alike on every replica.
+    pub fn live_at(&self, key: &str, wall: u64) -> Option<u64> {
+        self.entries.get(key).filter(|e| e.expires_wall == 0 || wall < e.expires_wall).map(|e| e.version)
+    }
+
+    /// Applies a replicated put at `offset` (its version), expiring at `expires` (the
+    /// instant here and the wall time it stands for).
+    pub fn put_at(&mut self, offset: u64, key: String, value: Bytes, expires: Option<(Instant, u64)>) -> u64 {
+        self.at(offset);
+        self.put_wall(key, value, expires.map(|e| e.0), expires.map_or(0, |e| e.1.max(1)))
+    }
+
+    /// Applies a replicated delete at `offset`: the value it removed, if any (live or not).
+    pub fn remove_at(&mut self, offset: u64, key: &str) -> Option<Bytes> {
+        self.at(offset);
+        self.remove(key).map(|e| e.value)
+    }
+
+    /// The value of `key` if live at `now`, changing nothing (a replicated cache's expiries
+    /// are entries of its log, not side effects of a read).
+    pub fn peek(&self, key: &str, now: Instant) -> Option<(Bytes, u64)> {
+        self.entries.get(key).filter(|e| e.expires_at.is_none_or(|t| now < t)).map(|e| (e.value.clone(), e.version))
+    }
+
+    /// Up to `max` entries past their expiry at `now`, earliest first, with their versions.
+    pub fn due(&self, now: Instant, max: usize) -> Vec<(String, u64)> {
+        if self.ttl_entries == 0 {
+            return Vec::new();
+        }
+        let mut due: Vec<(Instant, &String, u64)> = self
+            .entries
+            .iter()
+            .filter_map(|(k, e)| e.expires_at.filter(|t| *t <= now).map(|t| (t, k, e.version)))
+            .collect();
+        due.sort_unstable();
+        due.into_iter().take(max).map(|(_, k, v)| (k.clone(), v)).collect()
+    }
+
+    /// A replicated cache's state as a snapshot holds it: `u8 version (1)`, `u64 next_version`,
+    /// `u32 n`, each entry (in key order) `u16 key_len` + key, `u64 version`,
+    /// `u64 expires_wall` (0: none), `u32 value_len` + value.
+    pub fn encode_state(&self) -> Vec<u8> {
+        use bytes::BufMut;
+        let mut keys: Vec<&String> = self.entries.keys().collect();
+        keys.sort_unstable();
+        let mut b = Vec::with_capacity(13 + self.bytes + 22 * keys.len());
+        b.put_u8(1);
+        b.put_u64(self.next_version);
+        b.put_u32(keys.len() as u32);
+        for k in keys {
+            let e = &self.entries[k];
+            b.put_u16(k.len() as u16);
+            b.extend_from_slice(k.as_bytes());
+            b.put_u64(e.version);
+            b.put_u64(e.expires_wall);
+            b.put_u32(e.value.len() as u32);
+            b.extend_from_slice(&e.value);
+        }
+        b
+    }
+
+    /// Takes the state [`encode_state`](Self::encode_state) wrote (a snapshot installed or a
+    /// restart from a compacted log): every entry as it was, expiries mapped to instants
+    /// here by `instant_at`. The change log starts over (a watch from before resnapshots).
+    /// Bytes that do not read leave the cache empty rather than half-restored.
+    pub fn restore_state(&mut self, r: &mut crate::binary::Reader, instant_at: impl Fn(u64) -> Instant) -> bool {
+        self.entries.clear();
+        self.ttl_entries = 0;
+        self.bytes = 0;
+        self.log.clear();
+        self.log_bytes = 0;
+        self.unsent = 0;
+        self.results.clear();
+        let mut read = || -> Option<()> {
+            if r.u8("version").ok()? != 1 {
+                return None;
+            }
+            self.next_version = self.next_version.max(r.u64("next_version").ok()?);
+            for _ in 0..r.u32("entries").ok()? {
+                let key = r.str16("key").ok()?;
+                let version = r.u64("version").ok()?;
+                let expires_wall = r.u64("expires").ok()?;
+                let len = r.u32("value_len").ok()? as usize;
+                let value = r.bytes(len, "value").ok()?;
+                let expires_at = (expires_wall != 0).then(|| instant_at(expires_wall));
+                if expires_at.is_some() {
+                    self.ttl_entries += 1;
+                }
+                self.bytes += key.len() + value.len();
+                if let Some(old) = self.entries.insert(key.clone(), Entry { value, expires_at, version, expires_wall }) {
+                    self.bytes -= key.len() + old.value.len();
+                    self.ttl_entries -= usize::from(old.expires_at.is_some());
+                }
+            }
+            Some(())
+        };
+        if read().is_none() {
+            self.entries.clear();
+            self.ttl_entries = 0;
+            self.bytes = 0;
+            return false;
+        }
+        true
     }
 
     /// The live value of `key` at `now`; an expired entry is removed on the way (a change
@@ -236,16 +382,19 @@ impl Cache {
     /// was written, at its version, and in the change log for watches resuming there.
     pub fn restore(&mut self, c: Change) {
         self.next_version = self.next_version.max(c.offset);
-        if let Some(old) = self.entries.remove(&c.key)
-            && old.expires_at.is_some()
-        {
-            self.ttl_entries -= 1;
+        if let Some(old) = self.entries.remove(&c.key) {
+            self.bytes -= c.key.len() + old.value.len();
+            if old.expires_at.is_some() {
+                self.ttl_entries -= 1;
+            }
         }
         if let Some(value) = c.value.clone() {
             if c.expires_at.is_some() {
                 self.ttl_entries += 1;
             }
-            self.entries.insert(c.key.clone(), Entry { value, expires_at: c.expires_at, version: c.offset });
+            self.bytes += c.key.len() + value.len();
+            let e = Entry { value, expires_at: c.expires_at, version: c.offset, expires_wall: 0 };
+            self.entries.insert(c.key.clone(), e);
         }
         self.log_bytes += c.value.as_ref().map_or(0, Bytes::len) + c.key.len();
         self.log.push_back(c);
@@ -260,6 +409,7 @@ impl Cache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.ttl_entries = 0;
+        self.bytes = 0;
     }
 }
 

@@ -6,6 +6,7 @@ use crate::features::Features;
 use crate::message::{self, B64, Message};
 use crate::transport::ConnId;
 use cache::Cache;
+use quorum_cache::{CacheOp, CacheReply};
 use std::time::Instant;
 
 impl Broker {
@@ -45,6 +46,10 @@ impl Broker {
                 Refusal::new(ErrorCode::InvalidRequest, "counter key longer than 65535 bytes"),
             );
         }
+        if self.is_quorum_cache(&k) {
+            let op = CacheOp::CounterAdd { key: a.key, delta: a.delta };
+            return self.propose_cache_op(conn, st, &k, op, CacheReply::Counter { request_id: a.request_id }, now);
+        }
         let record = syslog::CounterOp::Add { key: a.key.clone(), delta: a.delta }.encode();
         let pending = syslog::SysPending::CounterAdd { conn, stream: st.id, request_id: a.request_id, key: a.key };
         let token = self.sys_append(&syslog::counters_key(&k), vec![record], pending, now);
@@ -71,6 +76,10 @@ impl Broker {
             message::CacheCondition::Absent => None,
             message::CacheCondition::Version(v) => Some(v),
         };
+        if self.is_quorum_cache(&k) {
+            let op = CacheOp::PutIf { key: p.key, value: p.value.0, ttl_ms: p.ttl_ms, condition };
+            return self.propose_cache_op(conn, st, &k, op, CacheReply::Condition { request_id: p.request_id }, now);
+        }
         let (applied, version) =
             self.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
         let token = self.cache_fanout(&k, now);
@@ -90,6 +99,10 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
+        if self.is_quorum_cache(&k) {
+            let op = CacheOp::DeleteIf { key: d.key, version: d.version };
+            return self.propose_cache_op(conn, st, &k, op, CacheReply::Condition { request_id: d.request_id }, now);
+        }
         let (applied, version) = self.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
         let token = self.cache_fanout(&k, now);
         let m =
@@ -102,6 +115,9 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
+        if self.is_quorum_cache(&k) {
+            return self.quorum_put(conn, st, &k, p, now);
+        }
         let expires = p.ttl_ms.map(|ms| crate::transport::after(now, std::time::Duration::from_millis(ms)));
         self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
         let token = self.cache_fanout(&k, now);
@@ -117,8 +133,14 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
-        let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
-        self.cache_fanout(&k, now); // a lazy expiry is a change too
+        let hit = if self.is_quorum_cache(&k) {
+            // What committed; its expiries are entries of its log, not side effects of reads.
+            self.caches.get(&k).and_then(|c| c.peek(&g.key, now))
+        } else {
+            let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
+            self.cache_fanout(&k, now); // a lazy expiry is a change too
+            hit
+        };
         if hit.is_some() {
             self.stats.cache_hits += 1;
         } else {
@@ -144,6 +166,16 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
+        if self.is_quorum_cache(&k) {
+            let reply = CacheReply::Delete {
+                tenant_id: d.tenant_id,
+                namespace: d.namespace,
+                cache: d.cache,
+                key: d.key.clone(),
+                request_id: d.request_id,
+            };
+            return self.propose_cache_op(conn, st, &k, CacheOp::Delete { key: d.key }, reply, now);
+        }
         let removed = self.caches.get_mut(&k).expect("created").delete(&d.key, now);
         let token = self.cache_fanout(&k, now);
         let m = Message::CacheValue(message::CacheValue {

@@ -113,6 +113,10 @@ pub struct CacheSpec {
     /// Its values survive a restart: every change is written to its system log
     /// (`$cache.NAME`) before the write is answered.
     pub durable: bool,
+    /// Replicas of the cache in a cluster (`quorum` durability): 1 keeps it on its owner;
+    /// 3 (say) makes its changes the log of a Raft group over three brokers, a write answered
+    /// once a majority holds it. Ignored outside a cluster.
+    pub replication: u32,
 }
 
 /// Everything the broker state machine needs to know about its configuration.
@@ -151,6 +155,8 @@ pub struct BrokerConfig {
     pub caches: Vec<CacheSpec>,
     /// Caches created on first use are durable (their values survive a restart).
     pub durable_caches: bool,
+    /// Replicas of a cache a cluster creates on first use (1: on its owner only).
+    pub cache_replication: u32,
     /// Create unknown streams and caches on first use (with `default_stream`), instead of
     /// answering `not_found`.
     pub auto_create: bool,
@@ -215,6 +221,7 @@ impl Default for BrokerConfig {
             streams: Vec::new(),
             caches: Vec::new(),
             durable_caches: false,
+            cache_replication: 1,
             auto_create: true,
             default_stream: StreamConfig::default(),
             subscriber_queue_capacity_max: 65_536,

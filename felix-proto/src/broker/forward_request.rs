@@ -91,11 +91,20 @@ enum CacheHome {
     Unknown,
     /// Elsewhere.
     Elsewhere(Moved),
+    /// Nowhere now: a replicated cache electing its leader, or one settling.
+    Refused(Refusal),
 }
 
 impl Broker {
     fn cache_home(&self, t: &str, ns: &str, c: &str) -> CacheHome {
         let Some(view) = &self.cluster else { return CacheHome::Here };
+        // A replicated cache with a replica here: where its group says it is led.
+        match self.quorum_cache_home(&key(t, ns, c)) {
+            Some(Ok(leader)) => return CacheHome::Elsewhere(leader),
+            Some(Err(r)) => return CacheHome::Refused(r),
+            None if self.is_quorum_cache(&key(t, ns, c)) => return CacheHome::Here,
+            None => {}
+        }
         let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
         match view.owners.get(&id) {
             None => CacheHome::Unknown,
@@ -113,10 +122,13 @@ impl Broker {
     /// A cache the cluster does not know yet: propose it and answer `shard_unavailable`
     /// (reason `creating`), as for a stream.
     fn cache_creating(&mut self, t: &str, ns: &str, c: &str) -> Refusal {
+        let spec = self.cfg.caches.iter().find(|s| s.tenant_id == t && s.namespace == ns && s.name == c);
+        let replication = spec.map_or(self.cfg.cache_replication, |s| s.replication);
         self.out.push_back(BrokerOutput::ProposeCache {
             tenant_id: t.to_owned(),
             namespace: ns.to_owned(),
             cache: c.to_owned(),
+            replication,
         });
         let mut r =
             Refusal::new(ErrorCode::ShardUnavailable, format!("cache {ns}/{c} is being created in the cluster; retry"));
@@ -136,6 +148,7 @@ impl Broker {
                 Some(Self::error_message(&offer, &r))
             }
             CacheHome::Elsewhere(m) => Some(Self::not_leader_answer(self.server_features, &offer, &m, 0)),
+            CacheHome::Refused(r) => Some(Self::error_message(&offer, &r)),
         }
     }
 
@@ -175,6 +188,10 @@ impl Broker {
                 return true;
             }
             CacheHome::Elsewhere(m) => m,
+            CacheHome::Refused(r) => {
+                self.refuse(conn, st, r);
+                return true;
+            }
         };
         if moved.down {
             self.refuse(conn, st, moved.unavailable(0));
@@ -289,6 +306,7 @@ impl Broker {
                 self.out.push_back(BrokerOutput::ForwardRequestAnswer { to: from.to_owned(), id: r.id, data });
                 return;
             }
+            CacheHome::Refused(refusal) => return answer_now(self, refusal),
         }
         // An internal connection per origin, an internal stream per request, vouched for.
         let conn = match self.served.by_origin.get(from) {

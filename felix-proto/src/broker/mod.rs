@@ -49,6 +49,7 @@ mod limits;
 mod output;
 mod ownership;
 mod publish;
+mod quorum_cache;
 mod replicated;
 mod requests;
 mod state;
@@ -506,6 +507,8 @@ pub struct Broker {
     streams: HashMap<Key, StreamEntry>,
     caches: HashMap<Key, Cache>,
     writes: HashMap<WriteToken, WriteCtx>,
+    /// Operations proposed to replicated caches' groups, waiting for their answer.
+    cache_writes: std::collections::BTreeMap<WriteToken, quorum_cache::CacheWrite>,
     next_write: u64,
     next_open: u64,
     out: VecDeque<BrokerOutput>,
@@ -588,6 +591,7 @@ impl Broker {
             streams: HashMap::new(),
             caches: HashMap::new(),
             writes: HashMap::new(),
+            cache_writes: std::collections::BTreeMap::new(),
             next_write: 1,
             next_open: 1,
             out: VecDeque::new(),

@@ -142,6 +142,8 @@ pub enum BrokerOutput {
         namespace: String,
         /// Cache.
         cache: String,
+        /// Its replicas (1: not replicated).
+        replication: u32,
     },
     /// A clustered broker met a stream the cluster does not know yet: propose its creation to
     /// the metadata group ([`crate::cluster::node::ClusterNode`] does). Meanwhile requests for

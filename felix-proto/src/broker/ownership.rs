@@ -54,6 +54,7 @@ impl Broker {
             .collect();
         let owners: BTreeMap<ShardId, (String, Option<String>, u64)> =
             md.owners().iter().map(|(s, a)| (s.clone(), (a.owner.clone(), addr_of(&a.owner), a.generation))).collect();
+        self.note_quorum_caches(md, local);
         for (shard, (owner, addr, generation)) in &owners {
             if shard.kind != Kind::Stream {
                 continue;

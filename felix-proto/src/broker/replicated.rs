@@ -49,8 +49,8 @@ impl Broker {
     /// address for clients that read `shard_moved`.
     pub fn set_replica_role(&mut self, shard: &ShardId, role: ReplicaRole, now: Instant) {
         let now = self.clock.advance(now);
-        if shard.kind != Kind::Stream {
-            return;
+        if shard.kind == Kind::Cache {
+            return self.set_cache_replica_role(shard, role);
         }
         let (t, ns, s, n) = (shard.tenant.as_str(), shard.namespace.as_str(), shard.name.as_str(), shard.shard);
         let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
@@ -86,6 +86,9 @@ impl Broker {
     /// The committed batches of a shard held in memory from offset `from` on: base offset,
     /// whether it is a generation-start record, payloads (checkers and diagnostics).
     pub fn committed_batches(&self, shard: &ShardId, from: u64) -> Vec<(u64, bool, Vec<Bytes>)> {
+        if shard.kind != Kind::Stream {
+            return Vec::new();
+        }
         self.streams
             .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
             .and_then(|e| e.shards.get(shard.shard as usize))
@@ -96,6 +99,10 @@ impl Broker {
     /// The first offset a replicated shard still retains here (retention dropped what is
     /// before it), or `None` for a shard this broker does not hold.
     pub fn replicated_start(&self, shard: &ShardId) -> Option<u64> {
+        if shard.kind == Kind::Cache {
+            // A cache's checkpoints hold all of it: its log can go up to the latest one.
+            return Some(u64::MAX);
+        }
         let e = self.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
         Some(e.shards.get(shard.shard as usize)?.log.start())
     }
@@ -103,8 +110,11 @@ impl Broker {
     /// A replicated shard's replica was restored from a snapshot: what is held goes (every
     /// record before `next_offset` was dropped by retention), and the log goes on from
     /// `next_offset`. Readers of the shard (a follower has none) end as on a move.
-    pub fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, now: Instant) {
+    pub fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, state: &[u8], now: Instant) {
         self.clock.advance(now);
+        if shard.kind == Kind::Cache {
+            return self.restore_quorum_cache(shard, state);
+        }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         if sh.log.next_offset() == next_offset && sh.log.start() == next_offset {
@@ -113,8 +123,18 @@ impl Broker {
         sh.log.reset_to(next_offset);
     }
 
+    /// What a replicated shard's checkpoint carries besides the group's own state: a cache's
+    /// values and counters (a stream's records are not part of its snapshots: retention
+    /// dropped them before its log is compacted).
+    pub fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
+        if shard.kind == Kind::Cache { self.quorum_cache_state(shard) } else { Vec::new() }
+    }
+
     /// The role of this broker's replica of a shard, if it holds one.
     pub fn replica_role(&self, shard: &ShardId) -> Option<&ReplicaRole> {
+        if shard.kind == Kind::Cache {
+            return self.caches.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?.replica.as_ref();
+        }
         self.streams
             .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?
             .shards
@@ -127,6 +147,9 @@ impl Broker {
     /// becomes visible at `offset`, the offset the group gave it, and live subscribers get it.
     pub fn apply_replicated(&mut self, shard: &ShardId, offset: u64, batch: ReplicatedBatch, now: Instant) {
         let now = self.clock.advance(now);
+        if shard.kind == Kind::Cache {
+            return self.apply_replicated_cache(shard, offset, batch, now);
+        }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         let count = u64::from(batch.records.count());
@@ -145,6 +168,10 @@ impl Broker {
     /// `skipped_before` for clients that read it.
     pub fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, now: Instant) {
         let now = self.clock.advance(now);
+        if shard.kind == Kind::Cache {
+            // It takes the offset; a cache has no record to keep for it.
+            return;
+        }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         let ts = self.wall.micros(now);
@@ -156,6 +183,9 @@ impl Broker {
     /// unknown: the batch may still commit, and an idempotent producer's retry is written once.
     pub fn handle_replicated(&mut self, token: WriteToken, answer: Answer, now: Instant) {
         let now = self.clock.advance(now);
+        if self.handle_cache_answer(token, &answer).is_some() {
+            return;
+        }
         let Some(ctx) = self.take_write(&token) else { return };
         let mut resume = Vec::new();
         if let Some(sh) = self.streams.get_mut(&ctx.key).and_then(|e| e.shards.get_mut(ctx.shard as usize)) {

@@ -69,8 +69,11 @@ impl Broker {
             return self.refuse(conn, st, invalid("retained delivery is not served"));
         }
         let cache = self.caches.get_mut(&k).expect("cache_entry created it");
-        // Expired entries are written as deletes before the tail is read.
-        cache.expire(now, usize::MAX);
+        // Expired entries are written as deletes before the tail is read (a replicated cache's
+        // come from its log).
+        if cache.replica.is_none() {
+            cache.expire(now, usize::MAX);
+        }
         let tail = cache.tail();
         if let Some(from) = w.from_offset
             && from > tail
@@ -175,7 +178,13 @@ impl Broker {
     /// The once-a-second pass: writes deletes for expired entries (at most 1024 per cache), which
     /// watchers receive.
     pub(super) fn cache_sweep(&mut self, now: Instant) {
-        let mut keys: Vec<Key> = self.caches.iter().filter(|(_, c)| c.has_expiring()).map(|(k, _)| k.clone()).collect();
+        self.quorum_cache_sweep(now);
+        let mut keys: Vec<Key> = self
+            .caches
+            .iter()
+            .filter(|(_, c)| c.has_expiring() && c.replica.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
         keys.sort_unstable(); // the deletes it writes come in the same order in every run
         for k in keys {
             if let Some(c) = self.caches.get_mut(&k) {

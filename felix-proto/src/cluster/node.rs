@@ -572,7 +572,9 @@ impl ClusterNode {
             let ids: Vec<u64> = names.iter().map(|n| raft_id(n)).collect();
             let rank = names.iter().position(|n| *n == self.me.id);
             let kept = self.kept_replicas.remove(&shard).unwrap_or_default();
-            match Replica::new_ranked(raft_id(&self.me.id), &ids, &kept, rank) {
+            // A cache's values are the fold of its whole log: they are part of its checkpoints.
+            let hosting = shard.kind == super::metadata::Kind::Cache;
+            match Replica::new_hosting(raft_id(&self.me.id), &ids, &kept, rank, hosting) {
                 Ok(mut replica) => {
                     if let Some(b) = self.checkpoint_bytes {
                         replica.set_checkpoint_bytes(b);
@@ -610,7 +612,13 @@ impl ClusterNode {
                 ReplicaOutput::PersistSnapshot { snapshot } => {
                     self.out.push_back(NodeOutput::PersistReplicaSnapshot { shard: shard.clone(), snapshot })
                 }
-                ReplicaOutput::Restored { next_offset } => self.broker.restore_replicated(shard, next_offset, now),
+                ReplicaOutput::Restored { next_offset, state } => {
+                    self.broker.restore_replicated(shard, next_offset, &state, now)
+                }
+                ReplicaOutput::CheckpointDue { index } => {
+                    let state = self.broker.replicated_state(shard);
+                    h.replica.complete_checkpoint(index, &state);
+                }
                 ReplicaOutput::Send { to, message } => {
                     if let Some(name) = h.names.get(&to) {
                         self.shard_sends
@@ -788,8 +796,9 @@ impl ClusterNode {
             BrokerOutput::ForwardRequestAnswer { to, id, data } => {
                 NodeOutput::Peer { to, message: PeerMessage::RequestAnswer { id, data } }
             }
-            BrokerOutput::ProposeCache { tenant_id, namespace, cache } => {
-                // One shard; durable like the counters it holds (they live on its owner's disk).
+            BrokerOutput::ProposeCache { tenant_id, namespace, cache, replication } => {
+                // One shard; durable like the counters it holds (they live on its owner's disk,
+                // or with `replication` above 1 in its own Raft group's log).
                 let c = Command::Create {
                     kind: super::metadata::Kind::Cache,
                     tenant: tenant_id,
@@ -797,7 +806,7 @@ impl ClusterNode {
                     name: cache,
                     shards: 1,
                     ephemeral: false,
-                    replication: 0,
+                    replication: if replication > 1 { replication } else { 0 },
                 };
                 self.pending.push_back(c.encode());
                 return self.poll_output();

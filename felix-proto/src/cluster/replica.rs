@@ -247,6 +247,16 @@ pub enum ReplicaOutput {
     Restored {
         /// The next offset the group gives.
         next_offset: u64,
+        /// The host's state in the snapshot ([`Replica::complete_checkpoint`]; empty for a
+        /// stream, whose records are not part of its snapshots).
+        state: Bytes,
+    },
+    /// A checkpoint is due right after entry `index` (everything up to it was delivered):
+    /// for a replica whose host keeps state of its own ([`Replica::set_host_state`]), hand
+    /// that state to [`Replica::complete_checkpoint`].
+    CheckpointDue {
+        /// The last entry the checkpoint covers.
+        index: u64,
     },
     /// Records became readable (committed), in offset order: deliver them.
     Delivered {
@@ -288,6 +298,10 @@ pub struct Replica {
     /// Entry bytes applied since the last checkpoint, and how many make one.
     since_checkpoint: u64,
     checkpoint_bytes: u64,
+    /// The host's state is part of every checkpoint (a replicated cache: its values are the
+    /// fold of the whole log, not something retention drops), and the checkpoint waiting for it.
+    host_state: bool,
+    due: Option<Checkpoint>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -313,6 +327,22 @@ impl Replica {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn new_ranked(id: u64, replicas: &[u64], kept: &RaftLog, rank: Option<usize>) -> Result<Replica, MetaError> {
+        Self::new_hosting(id, replicas, kept, rank, false)
+    }
+
+    /// [`new_ranked`](Self::new_ranked) for a host with state of its own in every checkpoint
+    /// (`host_state`: see [`set_host_state`](Self::set_host_state)); set from the start, so the
+    /// checkpoints of the replay at a restart carry it too.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn new_hosting(
+        id: u64,
+        replicas: &[u64],
+        kept: &RaftLog,
+        rank: Option<usize>,
+        host_state: bool,
+    ) -> Result<Replica, MetaError> {
         let founding: Vec<(u64, Vec<u8>)> = replicas.iter().map(|r| (*r, Vec::new())).collect();
         let mut node = MetaNode::restart_ranked(id, &founding, kept, rank)?;
         node.report_leader_entries();
@@ -326,6 +356,8 @@ impl Replica {
             checkpoints: VecDeque::new(),
             since_checkpoint: 0,
             checkpoint_bytes: CHECKPOINT_BYTES,
+            host_state,
+            due: None,
         };
         if let Some(snap) = kept.snapshot.as_ref() {
             // Its state first: the committed entries replayed next come after it.
@@ -376,6 +408,25 @@ impl Replica {
         self.checkpoint_bytes = bytes.max(1);
     }
 
+    /// The host keeps state of its own that checkpoints must carry (a replicated cache's
+    /// values): checkpoints come out as [`ReplicaOutput::CheckpointDue`], completed with
+    /// [`complete_checkpoint`](Self::complete_checkpoint), and a restore hands the state back
+    /// in [`ReplicaOutput::Restored`].
+    pub fn set_host_state(&mut self) {
+        self.host_state = true;
+    }
+
+    /// Completes the checkpoint due after entry `index` with the host's state as of that
+    /// entry (a checkpoint asked for earlier and never completed is dropped).
+    pub fn complete_checkpoint(&mut self, index: u64, state: &[u8]) {
+        let Some(mut cp) = self.due.take().filter(|c| c.index == index) else { return };
+        cp.data.extend_from_slice(state);
+        self.checkpoints.push_back(cp);
+        if self.checkpoints.len() > MAX_CHECKPOINTS {
+            self.checkpoints.pop_front();
+        }
+    }
+
     /// The first log index still held (entries before it were compacted into a snapshot).
     pub fn first_index(&self) -> u64 {
         self.node.first_index()
@@ -396,7 +447,7 @@ impl Replica {
 
     /// The replicated state as snapshot data: `u8 version (1)`, `u64 next_offset`,
     /// `u32 producers`, each `u64 id`, `u64 next`, `u64 last_index`, `u32 n` and `n` times
-    /// `u64 sequence`, `u64 offset`.
+    /// `u64 sequence`, `u64 offset`; then, to the end, the host's state (empty for a stream).
     fn encode_state(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(13 + self.producers.len() * 28);
         b.put_u8(1);
@@ -416,7 +467,7 @@ impl Replica {
     }
 
     /// Reads [`encode_state`](Self::encode_state)'s bytes. Never panics.
-    fn decode_state(data: &[u8]) -> Option<(u64, BTreeMap<u64, ProducerSeqs>)> {
+    fn decode_state(data: &[u8]) -> Option<(u64, BTreeMap<u64, ProducerSeqs>, Bytes)> {
         let mut r = Reader::new(Bytes::copy_from_slice(data));
         if r.u8("version").ok()? != 1 {
             return None;
@@ -434,21 +485,22 @@ impl Replica {
             }
             producers.insert(id, p);
         }
-        Some((next_offset, producers))
+        Some((next_offset, producers, r.rest()))
     }
 
     /// Takes the state a snapshot holds. Snapshots are only made by this module; one whose
     /// data does not read leaves the state as it was (the same on every replica).
     fn restore(&mut self, data: &[u8]) {
-        let Some((next_offset, producers)) = Self::decode_state(data) else { return };
+        let Some((next_offset, producers, state)) = Self::decode_state(data) else { return };
         self.next_offset = next_offset;
         self.producers = producers;
         self.checkpoints.clear();
+        self.due = None;
         self.since_checkpoint = 0;
         for (_, p) in std::mem::take(&mut self.pending) {
             self.out.push_back(ReplicaOutput::Answer { token: p.token, answer: Answer::LeadershipLost });
         }
-        self.out.push_back(ReplicaOutput::Restored { next_offset });
+        self.out.push_back(ReplicaOutput::Restored { next_offset, state });
     }
 
     /// A unit of time passed.
@@ -522,9 +574,15 @@ impl Replica {
                     if self.since_checkpoint >= self.checkpoint_bytes {
                         self.since_checkpoint = 0;
                         let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state() };
-                        self.checkpoints.push_back(cp);
-                        if self.checkpoints.len() > MAX_CHECKPOINTS {
-                            self.checkpoints.pop_front();
+                        if self.host_state {
+                            // Completed once the host applied what came out before this.
+                            self.due = Some(cp);
+                            self.out.push_back(ReplicaOutput::CheckpointDue { index });
+                        } else {
+                            self.checkpoints.push_back(cp);
+                            if self.checkpoints.len() > MAX_CHECKPOINTS {
+                                self.checkpoints.pop_front();
+                            }
                         }
                     }
                 }

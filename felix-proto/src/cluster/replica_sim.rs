@@ -141,7 +141,9 @@ impl World {
                         n.kept.persist_snapshot(&snapshot);
                     }
                 }
-                ReplicaOutput::Restored { next_offset } => {
+                // A stream's replica keeps no host state: never asked for it.
+                ReplicaOutput::CheckpointDue { .. } => {}
+                ReplicaOutput::Restored { next_offset, .. } => {
                     let next = self.nodes.get(&id).map_or(0, |n| n.next);
                     if next_offset < next {
                         return Err(self.violation(format!(

@@ -1,0 +1,558 @@
+//! Replicated (`quorum`) caches: a cache whose changes are the entries of its own Raft group
+//! ([`crate::cluster::replica::Replica`], hosted by the cluster node like a replicated stream's
+//! shard), so its values, versions and watch offsets survive the loss of any minority of its
+//! replicas and every restart.
+//!
+//! The leader never changes the cache itself. A write becomes an operation ([`CacheOp`]: a put,
+//! conditional put, delete, conditional delete, counter add, or an expiry) proposed to the group
+//! with the leader's wall-clock time; every replica, the leader included, applies the committed
+//! operations in log order ([`Broker::apply_replicated_cache`]). An operation's outcome (applied
+//! or not, the version written, the value removed, the sum) depends only on the log: conditions
+//! and TTLs are decided on the entry's wall time, versions are the offsets the group gives, so
+//! every replica holds the same cache. The leader answers the client once its operation
+//! committed and was applied; `leadership_lost` and `quorum_timeout` are outcome unknown, like a
+//! replicated publish.
+//!
+//! Reads (`cache_get`, `counter_get`, watches) are served by the leader from what committed
+//! (a leader deposed by a partition it has not noticed may answer a read an election timeout
+//! old). Expiry deletes are operations too: the leader's once-a-second pass proposes one per due
+//! key. A cache's state is part of its group's snapshots (its values are the fold of the whole
+//! log), which bounds its size: [`MAX_QUORUM_CACHE_BYTES`] of keys and values.
+
+use super::*;
+use crate::binary::{Reader, Records};
+use crate::cluster::metadata::{Kind, ShardId};
+use crate::cluster::replica::{Answer, ReplicatedBatch};
+use crate::error_code::{ErrorCode, RetryClass};
+use crate::message::{self, B64, Message};
+use crate::transport::{ConnId, StreamId, WriteToken};
+use bytes::{BufMut, Bytes};
+use std::time::Instant;
+
+/// Key and value bytes a replicated cache may hold: its whole state travels in one snapshot
+/// message to a follower that fell behind, under the peer frame limit.
+pub const MAX_QUORUM_CACHE_BYTES: usize = 32 << 20;
+
+/// Expiry deletes the leader proposes per cache per pass.
+const EXPIRIES_PER_PASS: usize = 1024;
+
+/// Outcomes remembered per cache for answers not given yet (the group answers in log order,
+/// right after applying, so only a handful are ever waiting).
+const MAX_RESULTS: usize = 4096;
+
+/// One operation of a replicated cache's log: one record of a replicated batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CacheOp {
+    /// `cache_put`.
+    Put { key: String, value: Bytes, ttl_ms: Option<u64> },
+    /// `cache_put_if`: `condition` `None` is "absent", `Some(v)` "live at version v".
+    PutIf { key: String, value: Bytes, ttl_ms: Option<u64>, condition: Option<u64> },
+    /// `cache_delete`.
+    Delete { key: String },
+    /// `cache_delete_if`.
+    DeleteIf { key: String, version: u64 },
+    /// The leader's expiry pass: delete `key` if it is still at `version` and expired.
+    Expire { key: String, version: u64 },
+    /// `counter_add`.
+    CounterAdd { key: String, delta: i64 },
+}
+
+impl CacheOp {
+    /// Its bytes: `u8 op` (1 put, 2 put_if, 3 delete, 4 delete_if, 5 expire, 6 counter_add),
+    /// `u8 flags` (0x1 a TTL, 0x2 a version condition), `u64 a` (TTL ms, or the delta),
+    /// `u64 b` (the version), `u16 key_len` + key, then the value to the end.
+    pub fn encode(&self) -> Bytes {
+        let (op, flags, a, b, key, value) = match self {
+            CacheOp::Put { key, value, ttl_ms } => (1, u8::from(ttl_ms.is_some()), ttl_ms.unwrap_or(0), 0, key, Some(value)),
+            CacheOp::PutIf { key, value, ttl_ms, condition } => (
+                2,
+                u8::from(ttl_ms.is_some()) | (u8::from(condition.is_some()) << 1),
+                ttl_ms.unwrap_or(0),
+                condition.unwrap_or(0),
+                key,
+                Some(value),
+            ),
+            CacheOp::Delete { key } => (3, 0, 0, 0, key, None),
+            CacheOp::DeleteIf { key, version } => (4, 0, 0, *version, key, None),
+            CacheOp::Expire { key, version } => (5, 0, 0, *version, key, None),
+            CacheOp::CounterAdd { key, delta } => (6, 0, *delta as u64, 0, key, None),
+        };
+        let mut out = Vec::with_capacity(20 + key.len() + value.map_or(0, Bytes::len));
+        out.put_u8(op);
+        out.put_u8(flags);
+        out.put_u64(a);
+        out.put_u64(b);
+        // Keys are checked to fit before an operation is made.
+        out.put_u16(key.len().min(u16::MAX as usize) as u16);
+        out.extend_from_slice(&key.as_bytes()[..key.len().min(u16::MAX as usize)]);
+        if let Some(v) = value {
+            out.extend_from_slice(v);
+        }
+        Bytes::from(out)
+    }
+
+    /// Reads [`encode`](Self::encode)'s bytes; `None` for anything else. Never panics.
+    pub fn decode(b: &Bytes) -> Option<CacheOp> {
+        let mut r = Reader::new(b.clone());
+        let op = r.u8("op").ok()?;
+        let flags = r.u8("flags").ok()?;
+        let a = r.u64("a").ok()?;
+        let v = r.u64("b").ok()?;
+        let key = r.str16("key").ok()?;
+        let ttl_ms = (flags & 1 != 0).then_some(a);
+        let rest = r.rest();
+        let empty = rest.is_empty();
+        Some(match op {
+            1 => CacheOp::Put { key, value: rest, ttl_ms },
+            2 => CacheOp::PutIf { key, value: rest, ttl_ms, condition: (flags & 2 != 0).then_some(v) },
+            3 if empty => CacheOp::Delete { key },
+            4 if empty => CacheOp::DeleteIf { key, version: v },
+            5 if empty => CacheOp::Expire { key, version: v },
+            6 if empty => CacheOp::CounterAdd { key, delta: a as i64 },
+            _ => return None,
+        })
+    }
+}
+
+/// What applying one operation did (on every replica alike).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    /// A conditional write's condition held (always for the others).
+    applied: bool,
+    /// The version written, or (not applied) the key's live version.
+    version: Option<u64>,
+    /// The value a delete removed.
+    removed: Option<Bytes>,
+    /// The sum after a counter add.
+    sum: Option<i64>,
+    /// Refused: the cache would pass [`MAX_QUORUM_CACHE_BYTES`].
+    full: bool,
+}
+
+/// The answer a client waits for, by request.
+#[derive(Debug, Clone)]
+pub(super) enum CacheReply {
+    /// `cache_ok` (with a request id) or `ok`.
+    Put { request_id: Option<u64> },
+    /// `cache_condition_result`.
+    Condition { request_id: u64 },
+    /// `cache_value` with the removed value.
+    Delete { tenant_id: String, namespace: String, cache: String, key: String, request_id: Option<u64> },
+    /// `counter_value`.
+    Counter { request_id: u64 },
+}
+
+/// A proposed operation waiting for its group.
+#[derive(Debug)]
+pub(super) struct CacheWrite {
+    cache: Key,
+    /// Who is answered, with what (none for an expiry).
+    to: Option<(ConnId, StreamId, ClientOffer, CacheReply)>,
+}
+
+/// The shard id of a cache's one shard.
+fn cache_shard(k: &Key) -> ShardId {
+    ShardId {
+        kind: Kind::Cache,
+        tenant: k.tenant().to_owned(),
+        namespace: k.namespace().to_owned(),
+        name: k.name().to_owned(),
+        shard: 0,
+    }
+}
+
+impl Broker {
+    /// Whether the cache is replicated (this broker holds one of its replicas).
+    pub(super) fn is_quorum_cache(&self, k: &Key) -> bool {
+        self.caches.get(k).is_some_and(|c| c.replica.is_some())
+    }
+
+    /// The cache of a replicated cache's shard, created (empty, following) on first sight: a
+    /// replica starts before any client named the cache here.
+    fn quorum_cache(&mut self, shard: &ShardId) -> &mut Cache {
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let c = self.caches.entry(k).or_default();
+        if c.replica.is_none() {
+            c.replica = Some(ReplicaRole::Following { leader: None });
+            // Its log is the group's: no system log of its own.
+            c.durable = false;
+        }
+        c
+    }
+
+    /// Marks the caches whose replicas this broker holds, as the metadata names them.
+    pub(super) fn note_quorum_caches(&mut self, md: &crate::cluster::metadata::Metadata, local: &str) {
+        let mine: Vec<ShardId> = md
+            .replicated_shards()
+            .filter(|(s, r)| s.kind == Kind::Cache && r.iter().any(|n| n == local))
+            .map(|(s, _)| s.clone())
+            .collect();
+        for s in mine {
+            self.quorum_cache(&s);
+        }
+    }
+
+    /// Proposes a client's write to a replicated cache this broker leads; the client's answer
+    /// waits (in its turn on its stream) for the group.
+    pub(super) fn propose_cache_op(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        k: &Key,
+        op: CacheOp,
+        reply: CacheReply,
+        now: Instant,
+    ) {
+        if op_key(&op).len() > u16::MAX as usize {
+            return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "cache key longer than 65535 bytes"));
+        }
+        let token = self.propose_cache_ops(k, &[op], now);
+        self.cache_writes.insert(token, CacheWrite { cache: k.clone(), to: Some((conn, st.id, Self::features_of(st), reply)) });
+        Self::hold(st, HeldFor::Write(token));
+    }
+
+    /// Proposes operations as one batch; the token its answer comes with.
+    fn propose_cache_ops(&mut self, k: &Key, ops: &[CacheOp], now: Instant) -> WriteToken {
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let payloads: Vec<Bytes> = ops.iter().map(CacheOp::encode).collect();
+        let batch = ReplicatedBatch {
+            producer: None,
+            timestamp_micros: self.wall.micros(now),
+            publisher: None,
+            records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
+            expected_offset: None,
+        };
+        self.out.push_back(BrokerOutput::Replicate { token, shard: cache_shard(k), batch });
+        token
+    }
+
+    /// The leader's expiry pass over its replicated caches: one expiry operation per due key
+    /// (applied only if the key is still at that version and expired at the entry's time, so a
+    /// repeated or late one changes nothing).
+    pub(super) fn quorum_cache_sweep(&mut self, now: Instant) {
+        let mut due: Vec<(Key, Vec<CacheOp>)> = self
+            .caches
+            .iter()
+            .filter(|(_, c)| c.replica == Some(ReplicaRole::Leading) && c.has_expiring())
+            .map(|(k, c)| {
+                let ops = c.due(now, EXPIRIES_PER_PASS).into_iter().map(|(key, version)| CacheOp::Expire { key, version });
+                (k.clone(), ops.collect::<Vec<_>>())
+            })
+            .filter(|(_, ops)| !ops.is_empty())
+            .collect();
+        due.sort_by(|a, b| a.0.cmp(&b.0));
+        for (k, ops) in due {
+            let token = self.propose_cache_ops(&k, &ops, now);
+            self.cache_writes.insert(token, CacheWrite { cache: k, to: None });
+        }
+    }
+
+    /// Committed operations of a replicated cache (on every replica, in log order), the first
+    /// at `offset`: applied to the cache, watchers told, outcomes kept for the leader's answers.
+    pub(super) fn apply_replicated_cache(&mut self, shard: &ShardId, offset: u64, batch: ReplicatedBatch, now: Instant) {
+        let wall = batch.timestamp_micros;
+        let clock = self.wall;
+        let expiry = |ttl: Option<u64>| {
+            ttl.map(|ms| {
+                let w = wall.saturating_add(ms.saturating_mul(1000));
+                (clock.instant_at(w), w)
+            })
+        };
+        let ops: Vec<(u64, Option<CacheOp>)> =
+            batch.records.payloads().enumerate().map(|(i, p)| (offset + i as u64, CacheOp::decode(&p))).collect();
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let mut sums = Vec::new();
+        for (at, op) in ops {
+            let expires = match &op {
+                Some(CacheOp::Put { ttl_ms, .. } | CacheOp::PutIf { ttl_ms, .. }) => expiry(*ttl_ms),
+                _ => None,
+            };
+            let c = self.quorum_cache(shard);
+            let fits = |c: &Cache, key: &str, value: &Bytes| {
+                c.bytes() - c.entry_bytes(key) + key.len() + value.len() <= MAX_QUORUM_CACHE_BYTES
+            };
+            let outcome = match op {
+                // Only this crate proposes; an operation that does not read changes nothing on
+                // any replica alike.
+                None => Outcome::default(),
+                Some(CacheOp::Put { key, value, .. }) => {
+                    if !fits(c, &key, &value) {
+                        Outcome { full: true, ..Outcome::default() }
+                    } else {
+                        let v = c.put_at(at, key, value, expires);
+                        Outcome { applied: true, version: Some(v), ..Outcome::default() }
+                    }
+                }
+                Some(CacheOp::PutIf { key, value, condition, .. }) => {
+                    let current = c.live_at(&key, wall);
+                    if current != condition {
+                        Outcome { applied: false, version: current, ..Outcome::default() }
+                    } else if !fits(c, &key, &value) {
+                        Outcome { full: true, ..Outcome::default() }
+                    } else {
+                        let v = c.put_at(at, key, value, expires);
+                        Outcome { applied: true, version: Some(v), ..Outcome::default() }
+                    }
+                }
+                Some(CacheOp::Delete { key }) => {
+                    let live = c.live_at(&key, wall).is_some();
+                    let removed = c.remove_at(at, &key).filter(|_| live);
+                    Outcome { applied: true, removed, ..Outcome::default() }
+                }
+                Some(CacheOp::DeleteIf { key, version }) => {
+                    let current = c.live_at(&key, wall);
+                    if current == Some(version) {
+                        c.remove_at(at, &key);
+                        Outcome { applied: true, ..Outcome::default() }
+                    } else {
+                        Outcome { applied: false, version: current, ..Outcome::default() }
+                    }
+                }
+                Some(CacheOp::Expire { key, version }) => {
+                    // Still the version the pass saw, and no longer live at the entry's time.
+                    if c.version_of(&key) == Some(version) && c.live_at(&key, wall).is_none() {
+                        c.remove_at(at, &key);
+                    }
+                    Outcome::default()
+                }
+                Some(CacheOp::CounterAdd { key, delta }) => {
+                    sums.push((at, key, delta));
+                    continue;
+                }
+            };
+            self.keep_outcome(&k, at, outcome);
+        }
+        for (at, key_name, delta) in sums {
+            let counters = self.counters.entry(k.clone()).or_default();
+            counters.apply(syslog::CounterOp::Add { key: key_name.clone(), delta });
+            let sum = counters.sums.get(&key_name).copied();
+            self.keep_outcome(&k, at, Outcome { applied: true, sum, ..Outcome::default() });
+        }
+        self.cache_fanout(&k, now);
+    }
+
+    /// Keeps an operation's outcome for the answer the leader owes (a follower owes none).
+    fn keep_outcome(&mut self, k: &Key, at: u64, outcome: Outcome) {
+        let Some(c) = self.caches.get_mut(k) else { return };
+        if !matches!(c.replica, Some(ReplicaRole::Leading | ReplicaRole::Settling)) {
+            return;
+        }
+        c.results.insert(at, outcome);
+        while c.results.len() > MAX_RESULTS {
+            c.results.pop_first();
+        }
+    }
+
+    /// The group's answer to a proposed cache operation: `Some(())` when `token` was one.
+    pub(super) fn handle_cache_answer(&mut self, token: WriteToken, answer: &Answer) -> Option<()> {
+        let w = self.cache_writes.remove(&token)?;
+        let outcome = match answer {
+            Answer::Appended { offset, .. } => self.caches.get_mut(&w.cache).and_then(|c| c.results.remove(offset)),
+            _ => None,
+        };
+        let (conn, stream, offer, reply) = w.to?;
+        let refusal = |code, message: &str| Err(Refusal::new(code, message));
+        let result = match (answer, outcome) {
+            (Answer::Appended { .. }, Some(o)) if o.full => {
+                let mut r = Refusal::new(
+                    ErrorCode::LimitExceeded,
+                    format!("the replicated cache is full: it holds at most {MAX_QUORUM_CACHE_BYTES} bytes of keys and values"),
+                );
+                r.retry = RetryClass::Fatal;
+                Err(r)
+            }
+            (Answer::Appended { .. }, Some(o)) => Ok(o),
+            (Answer::Appended { .. }, None) => refusal(
+                ErrorCode::Unacknowledged,
+                "the write committed but its outcome was not kept here; read the key to see it",
+            ),
+            (Answer::LeadershipLost, _) => refusal(
+                ErrorCode::LeadershipLost,
+                "this broker stopped leading the cache before a majority confirmed the write: it may or may not be applied",
+            ),
+            (Answer::QuorumTimeout, _) => refusal(
+                ErrorCode::QuorumTimeout,
+                "no majority of the cache's replicas confirmed the write in time: it may or may not be applied",
+            ),
+            (Answer::Refused(_), _) => refusal(ErrorCode::Internal, "the cache's group refused the write"),
+        };
+        let m = match result {
+            Err(r) => Self::error_message(&offer, &r),
+            Ok(o) => match reply {
+                CacheReply::Put { request_id: Some(request_id) } => Message::CacheOk(message::CacheOk { request_id }),
+                CacheReply::Put { request_id: None } => Message::Ok(message::OkMsg {}),
+                CacheReply::Condition { request_id } => Message::CacheConditionResult(message::CacheConditionResult {
+                    applied: o.applied,
+                    version: o.version,
+                    request_id,
+                }),
+                CacheReply::Delete { tenant_id, namespace, cache, key, request_id } => {
+                    Message::CacheValue(message::CacheValue {
+                        tenant_id,
+                        namespace,
+                        cache,
+                        key,
+                        value: o.removed.map(B64),
+                        request_id,
+                        version: None,
+                    })
+                }
+                CacheReply::Counter { request_id } => {
+                    Message::CounterValue(message::CounterValue { value: o.sum, request_id })
+                }
+            },
+        };
+        self.fill_held(conn, stream, HeldFor::Write(token), json_frame(&m));
+        Some(())
+    }
+
+    /// A replicated cache's state for its group's checkpoint: its values and its counters.
+    pub(super) fn quorum_cache_state(&self, shard: &ShardId) -> Vec<u8> {
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let mut b = self.caches.get(&k).map(Cache::encode_state).unwrap_or_else(|| Cache::default().encode_state());
+        let mut sums: Vec<(&String, &i64)> = self.counters.get(&k).map(|c| c.sums.iter().collect()).unwrap_or_default();
+        sums.sort_unstable();
+        b.put_u32(sums.len() as u32);
+        for (key, sum) in sums {
+            b.put_u16(key.len() as u16);
+            b.extend_from_slice(key.as_bytes());
+            b.put_u64(*sum as u64);
+        }
+        b
+    }
+
+    /// A replicated cache's replica was restored from a snapshot: the cache and its counters
+    /// become the snapshot's. Its watchers (a follower has none) resume elsewhere.
+    pub(super) fn restore_quorum_cache(&mut self, shard: &ShardId, state: &[u8]) {
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let wall = self.wall;
+        let mut r = Reader::new(Bytes::copy_from_slice(state));
+        let read = self.quorum_cache(shard).restore_state(&mut r, |w| wall.instant_at(w));
+        let mut sums = std::collections::HashMap::new();
+        if read {
+            let mut counters = || -> Option<()> {
+                for _ in 0..r.u32("counters").ok()? {
+                    let key = r.str16("key").ok()?;
+                    sums.insert(key, r.u64("sum").ok()? as i64);
+                }
+                Some(())
+            };
+            if counters().is_none() {
+                sums.clear();
+            }
+        }
+        self.counters.entry(k).or_default().sums = sums;
+    }
+
+    /// The role of this broker's replica of a replicated cache changed: a broker that stops
+    /// leading ends the cache's watches (after what they were sent: they resume on the new
+    /// leader at the next offset, which every replica gives the same change) and forgets the
+    /// outcomes it kept.
+    pub(super) fn set_cache_replica_role(&mut self, shard: &ShardId, role: ReplicaRole) {
+        let leading = role == ReplicaRole::Leading;
+        let hint = match &role {
+            ReplicaRole::Following { leader: Some(h) } => Some(h.clone()),
+            _ => None,
+        };
+        let c = self.quorum_cache(shard);
+        if c.replica.as_ref() == Some(&role) {
+            return;
+        }
+        c.replica = Some(role);
+        if leading {
+            return;
+        }
+        c.results.clear();
+        let resume_from = Some(c.tail());
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        for (conn, id) in self.cache_watchers.remove(&k).unwrap_or_default() {
+            let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+            let m = message::ShardMoved {
+                subscription_id: id,
+                resume_from,
+                node_id: hint.as_ref().map(|h| h.node_id.clone()).filter(|n| !n.is_empty()),
+                addr: hint.as_ref().and_then(|h| h.addr.clone()),
+                generation: hint.as_ref().map_or(0, |h| h.generation),
+            };
+            sub.on(SubEvent::End(Ending::Moved(m)));
+            self.pump(conn, id);
+        }
+    }
+
+    /// Where a request for a replicated cache whose replica is here goes: `None` to serve it
+    /// here (this replica leads), else the refusal or the leader to send it to.
+    pub(super) fn quorum_cache_home(&self, k: &Key) -> Option<Result<Moved, Refusal>> {
+        let role = self.caches.get(k)?.replica.as_ref()?;
+        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let down = |reason| Moved { node_id: local.clone(), addr: None, generation: 0, down: true, reason };
+        match role {
+            ReplicaRole::Leading => None,
+            ReplicaRole::Settling => Some(Err(down("not_ready").unavailable(0))),
+            ReplicaRole::Following { leader: None } => Some(Err(down("no_leader").unavailable(0))),
+            ReplicaRole::Following { leader: Some(h) } => Some(Ok(Moved {
+                node_id: h.node_id.clone(),
+                addr: h.addr.clone(),
+                generation: h.generation,
+                down: false,
+                reason: "",
+            })),
+        }
+    }
+
+    /// A `cache_put` for a replicated cache.
+    pub(super) fn quorum_put(&mut self, conn: ConnId, st: &mut CtlStream, k: &Key, p: message::CachePut, now: Instant) {
+        let op = CacheOp::Put { key: p.key, value: p.value.0, ttl_ms: p.ttl_ms };
+        self.propose_cache_op(conn, st, k, op, CacheReply::Put { request_id: p.request_id }, now);
+    }
+}
+
+/// The key an operation names.
+fn op_key(op: &CacheOp) -> &str {
+    match op {
+        CacheOp::Put { key, .. }
+        | CacheOp::PutIf { key, .. }
+        | CacheOp::Delete { key }
+        | CacheOp::DeleteIf { key, .. }
+        | CacheOp::Expire { key, .. }
+        | CacheOp::CounterAdd { key, .. } => key,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_round_trip_and_junk_is_refused() {
+        let ops = [
+            CacheOp::Put { key: "k".into(), value: Bytes::from_static(b"v"), ttl_ms: Some(5) },
+            CacheOp::Put { key: String::new(), value: Bytes::new(), ttl_ms: None },
+            CacheOp::PutIf { key: "k".into(), value: Bytes::from_static(b"v2"), ttl_ms: None, condition: Some(9) },
+            CacheOp::PutIf { key: "k".into(), value: Bytes::from_static(b"v2"), ttl_ms: Some(0), condition: None },
+            CacheOp::Delete { key: "k".into() },
+            CacheOp::DeleteIf { key: "k".into(), version: 3 },
+            CacheOp::Expire { key: "k".into(), version: 4 },
+            CacheOp::CounterAdd { key: "hits".into(), delta: -7 },
+        ];
+        for op in ops {
+            let b = op.encode();
+            assert_eq!(CacheOp::decode(&b), Some(op.clone()));
+            for cut in 0..20 {
+                assert_eq!(CacheOp::decode(&b.slice(..cut.min(b.len() - 1))), None, "{op:?} cut at {cut}");
+            }
+        }
+        // Unknown operations, and a value on an operation that carries none.
+        let mut unknown = CacheOp::Delete { key: "k".into() }.encode().to_vec();
+        unknown[0] = 9;
+        assert_eq!(CacheOp::decode(&Bytes::from(unknown)), None);
+        let mut trailing = CacheOp::Delete { key: "k".into() }.encode().to_vec();
+        trailing.push(1);
+        assert_eq!(CacheOp::decode(&Bytes::from(trailing)), None);
+        // A key that is not UTF-8.
+        let mut bad = CacheOp::Delete { key: "kk".into() }.encode().to_vec();
+        let n = bad.len();
+        bad[n - 1] = 0xFF;
+        assert_eq!(CacheOp::decode(&Bytes::from(bad)), None);
+    }
+}
