@@ -1324,20 +1324,22 @@ mod quorum_cache {
 
     /// Cache events received on `node` for the connection, by event stream, with any final
     /// `shard_moved`.
-    pub fn events(c: &mut Cluster, node: &str, conn: ConnId) -> (Vec<message::CacheEvent>, Option<message::ShardMoved>) {
-        let keys: Vec<_> = c
-            .received
-            .keys()
-            .filter(|(n, cn, s)| n == node && *cn == conn && s.dir() == Dir::Uni)
-            .cloned()
-            .collect();
+    pub fn events(
+        c: &mut Cluster,
+        node: &str,
+        conn: ConnId,
+    ) -> (Vec<message::CacheEvent>, Option<message::ShardMoved>) {
+        let keys: Vec<_> =
+            c.received.keys().filter(|(n, cn, s)| n == node && *cn == conn && s.dir() == Dir::Uni).cloned().collect();
         let (mut events, mut moved) = (Vec::new(), None);
         for k in keys {
             let bytes = c.received.remove(&k).unwrap();
             for p in payloads(&bytes) {
                 match p {
                     felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::CacheEvent(e))) => events.push(e),
-                    felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::ShardMoved(m))) => moved = Some(m),
+                    felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::ShardMoved(m))) => {
+                        moved = Some(m)
+                    }
                     _ => {}
                 }
             }
@@ -1357,14 +1359,19 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     // A watch on the leader sees every change, at the offsets the group gives them.
     let w = ask(&mut c, &first, cl, watch(None));
     let Message::CacheWatchStarted(started) = w else { panic!("{w:?}") };
-    assert_eq!(ask(&mut c, &first, cl, put("alice", "a1", None, 2)), Message::CacheOk(message::CacheOk { request_id: 2 }));
-    let Message::CacheConditionResult(r) = ask(&mut c, &first, cl, put_if("bob", "b1", CacheCondition::Absent, 3)) else {
+    assert_eq!(
+        ask(&mut c, &first, cl, put("alice", "a1", None, 2)),
+        Message::CacheOk(message::CacheOk { request_id: 2 })
+    );
+    let Message::CacheConditionResult(r) = ask(&mut c, &first, cl, put_if("bob", "b1", CacheCondition::Absent, 3))
+    else {
         panic!()
     };
     assert!(r.applied);
     let bob_v1 = r.version.unwrap();
     // A second "absent" put of bob fails on every replica alike, with bob's version.
-    let Message::CacheConditionResult(r) = ask(&mut c, &first, cl, put_if("bob", "b2", CacheCondition::Absent, 4)) else {
+    let Message::CacheConditionResult(r) = ask(&mut c, &first, cl, put_if("bob", "b2", CacheCondition::Absent, 4))
+    else {
         panic!()
     };
     assert_eq!((r.applied, r.version), (false, Some(bob_v1)));
@@ -1380,7 +1387,10 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
         assert!(matches!(m, Message::CounterValue(ref v) if v.value == Some(if i == 0 { 3 } else { 7 })), "{m:?}");
     }
     // A short-lived key: written, then deleted by the leader's expiry pass (an entry of the log).
-    assert_eq!(ask(&mut c, &first, cl, put("eve", "e1", Some(500), 6)), Message::CacheOk(message::CacheOk { request_id: 6 }));
+    assert_eq!(
+        ask(&mut c, &first, cl, put("eve", "e1", Some(500), 6)),
+        Message::CacheOk(message::CacheOk { request_id: 6 })
+    );
     for _ in 0..25 {
         c.tick();
     }
@@ -1389,7 +1399,13 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     let changes: Vec<(String, bool)> = seen.iter().map(|e| (e.key.clone(), e.value.is_some())).collect();
     assert_eq!(
         changes,
-        [("alice".into(), true), ("bob".into(), true), ("bob".into(), true), ("eve".into(), true), ("eve".into(), false)],
+        [
+            ("alice".into(), true),
+            ("bob".into(), true),
+            ("bob".into(), true),
+            ("eve".into(), true),
+            ("eve".into(), false)
+        ],
         "every change once, the expiry as a delete"
     );
     assert!(seen.windows(2).all(|w| w[0].offset < w[1].offset));
@@ -1411,18 +1427,26 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     assert_eq!(read(&mut c, &second, "bob", 41), Some(("b2".into(), Some(bob_v2))));
     assert_eq!(read(&mut c, &second, "eve", 42), None);
     let cl2 = client(&mut c, &second, 43);
-    let m = ask(&mut c, &second, cl2, json(&Message::CounterGet(message::CounterGet {
-        tenant_id: "t1".into(),
-        namespace: "default".into(),
-        cache: "sessions".into(),
-        key: "logins".into(),
-        request_id: 44,
-    })));
+    let m = ask(
+        &mut c,
+        &second,
+        cl2,
+        json(&Message::CounterGet(message::CounterGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: "logins".into(),
+            request_id: 44,
+        })),
+    );
     assert_eq!(m, Message::CounterValue(message::CounterValue { value: Some(7), request_id: 44 }));
     let last = seen.last().unwrap().offset;
     let w = ask(&mut c, &second, cl2, watch(Some(last + 1)));
     assert!(matches!(w, Message::CacheWatchStarted(ref s) if !s.resnapshot), "{w:?}");
-    assert_eq!(ask(&mut c, &second, cl2, put("carol", "c1", None, 45)), Message::CacheOk(message::CacheOk { request_id: 45 }));
+    assert_eq!(
+        ask(&mut c, &second, cl2, put("carol", "c1", None, 45)),
+        Message::CacheOk(message::CacheOk { request_id: 45 })
+    );
     let (after, _) = events(&mut c, &second, cl2.0);
     assert_eq!(after.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["carol"], "no gap, no repeat");
     assert!(after[0].offset > last);

@@ -15,7 +15,13 @@ use support::*;
 fn durable_config(durable: bool) -> felix_proto::broker::BrokerConfig {
     let mut c = config();
     c.history_reads = true; // the driver has storage
-    c.caches.push(CacheSpec { tenant_id: "t1".into(), namespace: "default".into(), name: "sessions".into(), durable, replication: 1 });
+    c.caches.push(CacheSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "sessions".into(),
+        durable,
+        replication: 1,
+    });
     c
 }
 

@@ -267,7 +267,8 @@ impl Cache {
                     self.ttl_entries += 1;
                 }
                 self.bytes += key.len() + value.len();
-                if let Some(old) = self.entries.insert(key.clone(), Entry { value, expires_at, version, expires_wall }) {
+                if let Some(old) = self.entries.insert(key.clone(), Entry { value, expires_at, version, expires_wall })
+                {
                     self.bytes -= key.len() + old.value.len();
                     self.ttl_entries -= usize::from(old.expires_at.is_some());
                 }

@@ -63,7 +63,9 @@ impl CacheOp {
     /// `u64 b` (the version), `u16 key_len` + key, then the value to the end.
     pub fn encode(&self) -> Bytes {
         let (op, flags, a, b, key, value) = match self {
-            CacheOp::Put { key, value, ttl_ms } => (1, u8::from(ttl_ms.is_some()), ttl_ms.unwrap_or(0), 0, key, Some(value)),
+            CacheOp::Put { key, value, ttl_ms } => {
+                (1, u8::from(ttl_ms.is_some()), ttl_ms.unwrap_or(0), 0, key, Some(value))
+            }
             CacheOp::PutIf { key, value, ttl_ms, condition } => (
                 2,
                 u8::from(ttl_ms.is_some()) | (u8::from(condition.is_some()) << 1),
@@ -207,7 +209,8 @@ impl Broker {
             return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "cache key longer than 65535 bytes"));
         }
         let token = self.propose_cache_ops(k, &[op], now);
-        self.cache_writes.insert(token, CacheWrite { cache: k.clone(), to: Some((conn, st.id, Self::features_of(st), reply)) });
+        self.cache_writes
+            .insert(token, CacheWrite { cache: k.clone(), to: Some((conn, st.id, Self::features_of(st), reply)) });
         Self::hold(st, HeldFor::Write(token));
     }
 
@@ -236,7 +239,8 @@ impl Broker {
             .iter()
             .filter(|(_, c)| c.replica == Some(ReplicaRole::Leading) && c.has_expiring())
             .map(|(k, c)| {
-                let ops = c.due(now, EXPIRIES_PER_PASS).into_iter().map(|(key, version)| CacheOp::Expire { key, version });
+                let ops =
+                    c.due(now, EXPIRIES_PER_PASS).into_iter().map(|(key, version)| CacheOp::Expire { key, version });
                 (k.clone(), ops.collect::<Vec<_>>())
             })
             .filter(|(_, ops)| !ops.is_empty())
@@ -250,7 +254,13 @@ impl Broker {
 
     /// Committed operations of a replicated cache (on every replica, in log order), the first
     /// at `offset`: applied to the cache, watchers told, outcomes kept for the leader's answers.
-    pub(super) fn apply_replicated_cache(&mut self, shard: &ShardId, offset: u64, batch: ReplicatedBatch, now: Instant) {
+    pub(super) fn apply_replicated_cache(
+        &mut self,
+        shard: &ShardId,
+        offset: u64,
+        batch: ReplicatedBatch,
+        now: Instant,
+    ) {
         let wall = batch.timestamp_micros;
         let clock = self.wall;
         let expiry = |ttl: Option<u64>| {
@@ -357,7 +367,9 @@ impl Broker {
             (Answer::Appended { .. }, Some(o)) if o.full => {
                 let mut r = Refusal::new(
                     ErrorCode::LimitExceeded,
-                    format!("the replicated cache is full: it holds at most {MAX_QUORUM_CACHE_BYTES} bytes of keys and values"),
+                    format!(
+                        "the replicated cache is full: it holds at most {MAX_QUORUM_CACHE_BYTES} bytes of keys and values"
+                    ),
                 );
                 r.retry = RetryClass::Fatal;
                 Err(r)

@@ -130,6 +130,12 @@ impl Broker {
         if shard.kind == Kind::Cache { self.quorum_cache_state(shard) } else { Vec::new() }
     }
 
+    /// The live value and version of `key` in a cache held here (checkers and diagnostics;
+    /// changes nothing).
+    pub fn cache_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<(Bytes, u64)> {
+        self.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
+    }
+
     /// The role of this broker's replica of a shard, if it holds one.
     pub fn replica_role(&self, shard: &ShardId) -> Option<&ReplicaRole> {
         if shard.kind == Kind::Cache {

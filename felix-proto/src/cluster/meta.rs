@@ -298,7 +298,11 @@ impl MetaNode {
         m.index = index;
         m.term = term;
         m.set_conf_state(conf);
-        if store.mem.wl().compact(index + 1).is_err() {
+        // The last entry stays, whatever the snapshot covers: the in-memory log reads its last
+        // index from its entries, and with none it would fall back to its own (older) snapshot
+        // and take the next proposal below the committed index.
+        let last = store.mem.last_index().unwrap_or(0);
+        if store.mem.wl().compact((index + 1).min(last)).is_err() {
             return false;
         }
         store.snapshot = snap.clone();

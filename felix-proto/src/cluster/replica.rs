@@ -419,7 +419,10 @@ impl Replica {
     /// Completes the checkpoint due after entry `index` with the host's state as of that
     /// entry (a checkpoint asked for earlier and never completed is dropped).
     pub fn complete_checkpoint(&mut self, index: u64, state: &[u8]) {
-        let Some(mut cp) = self.due.take().filter(|c| c.index == index) else { return };
+        if self.due.as_ref().is_none_or(|c| c.index != index) {
+            return;
+        }
+        let Some(mut cp) = self.due.take() else { return };
         cp.data.extend_from_slice(state);
         self.checkpoints.push_back(cp);
         if self.checkpoints.len() > MAX_CHECKPOINTS {
@@ -751,6 +754,57 @@ mod tests {
             assert!(matches!(propose(&mut r, 10 + seq, (7, seq)), Answer::Appended { duplicate: false, .. }));
         }
         assert_eq!(propose(&mut r, 9, (7, 1)), Answer::Refused(ApplyRefusal::Expired));
+    }
+
+    #[test]
+    fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_the_log_usable() {
+        let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
+        r.set_checkpoint_bytes(1);
+        for _ in 0..100 {
+            if r.is_leader() {
+                break;
+            }
+            r.tick();
+        }
+        // Every entry is a checkpoint here: each asks the host for its state.
+        let mut due = Vec::new();
+        let mut snapshots = Vec::new();
+        for token in 1..=3u64 {
+            let b = ReplicatedBatch::from_payloads(None, &[Bytes::from(format!("x{token}"))]);
+            r.propose(token, &b).expect("leads");
+            while let Some(o) = r.poll_output() {
+                match o {
+                    ReplicaOutput::CheckpointDue { index } => {
+                        due.push(index);
+                        r.complete_checkpoint(index, format!("host@{index}").as_bytes());
+                    }
+                    ReplicaOutput::PersistSnapshot { snapshot } => snapshots.push(snapshot),
+                    _ => {}
+                }
+            }
+            // Compacted right up to the last entry it applied: the next proposal still lands
+            // after the committed index (the in-memory log keeps its last entry).
+            assert!(r.compact_below(u64::MAX), "compacts to the checkpoint just made");
+            while let Some(o) = r.poll_output() {
+                if let ReplicaOutput::PersistSnapshot { snapshot } = o {
+                    snapshots.push(snapshot);
+                }
+            }
+        }
+        assert_eq!(due.len(), 3 + 1, "the generation start and three batches: {due:?}");
+        let last = snapshots.last().expect("snapshots");
+        let data = last.get_data();
+        assert!(data.ends_with(format!("host@{}", last.get_metadata().index).as_bytes()), "{data:?}");
+        // Restarted from the snapshot alone: the host's state comes back with the offsets.
+        let kept = RaftLog { snapshot: Some(last.clone()), ..RaftLog::default() };
+        let mut again = Replica::new_hosting(1, &[1], &kept, None, true).expect("restart");
+        let restored = std::iter::from_fn(|| again.poll_output()).find_map(|o| match o {
+            ReplicaOutput::Restored { next_offset, state } => Some((next_offset, state)),
+            _ => None,
+        });
+        let (next, state) = restored.expect("restored");
+        assert_eq!(next, r.next_offset());
+        assert_eq!(state.as_ref(), format!("host@{}", last.get_metadata().index).as_bytes());
     }
 
     #[test]

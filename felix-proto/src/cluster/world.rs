@@ -57,6 +57,10 @@ const STREAMS: [(&str, u32, bool, u32); 3] = [("orders", 6, false, 1), ("ticks",
 const LEDGER: &str = "ledger";
 /// The cache every client uses (one shard, owned by one broker).
 const CACHE: &str = "sessions";
+/// The replicated cache: a Raft group of three brokers; its puts carry unique values.
+const QCACHE: &str = "leases";
+/// Keys of the replicated cache.
+const QKEYS: u64 = 3;
 
 /// What a run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,6 +98,8 @@ pub struct WorldReport {
     /// Replica logs compacted into a snapshot, or restored from one (sent by the leader to
     /// a replica behind its compaction, or read back at a restart).
     pub snapshots: u64,
+    /// Puts to the replicated cache acknowledged (a majority held each).
+    pub qcache_acked: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -116,6 +122,7 @@ impl WorldReport {
         self.quorum_unknown += r.quorum_unknown;
         self.quorum_checked += r.quorum_checked;
         self.snapshots += r.snapshots;
+        self.qcache_acked += r.qcache_acked;
     }
 }
 
@@ -161,6 +168,8 @@ struct World {
     quorum_acked: BTreeMap<Bytes, ShardId>,
     /// Payloads of the replicated stream's publishes in flight, by connection.
     quorum_payloads: BTreeMap<(String, ConnId), Bytes>,
+    /// Every put to the replicated cache, by its (unique) value: key, sent, acknowledged.
+    qputs: BTreeMap<Bytes, (String, Instant, Option<Instant>)>,
     /// Crashed brokers and when they come back.
     down: BTreeMap<String, Instant>,
     /// In flight between brokers: (deliver at, from, to, bytes).
@@ -463,7 +472,11 @@ impl World {
                 ErrorCode::ShardUnavailable | ErrorCode::Unacknowledged => Ok("unavailable"),
                 // A replicated shard's outcome-unknown answers (its leader deposed, or no
                 // majority in time).
-                ErrorCode::LeadershipLost | ErrorCode::QuorumTimeout if shard.name == LEDGER => Ok("unknown"),
+                ErrorCode::LeadershipLost | ErrorCode::QuorumTimeout
+                    if shard.name == LEDGER || shard.name == QCACHE =>
+                {
+                    Ok("unknown")
+                }
                 other => Err(format!("unexpected refusal {}", other.name())),
             }
         };
@@ -517,6 +530,13 @@ impl World {
         let payload = self.quorum_payloads.remove(&key);
         match outcome {
             "ok" => {
+                if ask == Ask::CachePut
+                    && shard.name == QCACHE
+                    && let Some(put) = payload.as_ref().and_then(|p| self.qputs.get_mut(p))
+                {
+                    put.2 = Some(self.now);
+                    self.report.qcache_acked += 1;
+                }
                 if ask == Ask::Publish {
                     self.report.acked += 1;
                     if let Some(p) = payload {
@@ -591,8 +611,10 @@ impl World {
             &mut out,
         );
         let shards = STREAMS.iter().find(|s| s.0 == stream).map_or(1, |s| s.1);
-        // Every record of the replicated stream is unique, so the checker can find it.
-        let payload = if stream == LEDGER {
+        // Every record of the replicated stream is unique, so the checker can find it (and so
+        // is every value put to the replicated cache).
+        let cache = if stream == QCACHE { QCACHE } else { CACHE };
+        let payload = if stream == LEDGER || stream == QCACHE {
             Bytes::from(format!("{}-{}", self.seed, self.report.requests))
         } else {
             Bytes::from_static(b"record")
@@ -621,9 +643,9 @@ impl World {
                 &Message::CachePut(message::CachePut {
                     tenant_id: TENANT.into(),
                     namespace: NS.into(),
-                    cache: CACHE.into(),
+                    cache: cache.into(),
                     key: format!("k{shard}"),
-                    value: message::B64::from("v"),
+                    value: message::B64(if stream == QCACHE { payload.clone() } else { Bytes::from_static(b"v") }),
                     request_id: Some(1),
                     ttl_ms: None,
                 }),
@@ -633,7 +655,7 @@ impl World {
                 &Message::CacheGet(message::CacheGet {
                     tenant_id: TENANT.into(),
                     namespace: NS.into(),
-                    cache: CACHE.into(),
+                    cache: cache.into(),
                     key: format!("k{shard}"),
                     request_id: Some(1),
                 }),
@@ -655,6 +677,9 @@ impl World {
         self.report.requests += 1;
         if stream == LEDGER && ask == Ask::Publish {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
+        } else if stream == QCACHE && ask == Ask::CachePut {
+            self.qputs.insert(payload.clone(), (format!("k{shard}"), now, None));
+            self.quorum_payloads.insert((name.to_owned(), conn), payload);
         }
         self.pending.insert(
             (name.to_owned(), conn),
@@ -667,7 +692,7 @@ impl World {
                         kind: Kind::Cache,
                         tenant: TENANT.into(),
                         namespace: NS.into(),
-                        name: CACHE.into(),
+                        name: cache.into(),
                         shard: 0,
                     },
                     _ => shard_id(stream, shard),
@@ -682,6 +707,63 @@ impl World {
         if let Some(node) = self.nodes.get_mut(name) {
             node.broker.handle_stream_data(conn, st, out.freeze(), false, now);
         }
+    }
+
+    /// The replicated cache, healed: every replica holds the same state, and every key holds
+    /// a value that was put to it, no older than its last acknowledged put: a put sent after
+    /// another was acknowledged was applied after it.
+    fn check_quorum_cache(&mut self, md: &super::metadata::Metadata, rng: &mut Rng) -> Result<(), Violation> {
+        let shard =
+            ShardId { kind: Kind::Cache, tenant: TENANT.into(), namespace: NS.into(), name: QCACHE.into(), shard: 0 };
+        let Some(replicas) = md.replicas(&shard).map(<[String]>::to_vec) else {
+            return Err(self.violation(format!("{QCACHE} has no replicas")));
+        };
+        // The commit index reaches followers with the next append or heartbeat.
+        for _ in 0..10 {
+            self.tick(rng, false)?;
+        }
+        let states: Vec<(String, Vec<u8>)> = replicas
+            .iter()
+            .filter_map(|r| Some((r.clone(), self.nodes.get(r)?.broker.replicated_state(&shard))))
+            .collect();
+        if let Some((a, b)) = states.iter().zip(states.iter().skip(1)).find(|(a, b)| a.1 != b.1) {
+            return Err(
+                self.violation(format!("healed, but {QCACHE}'s replicas {} and {} hold different caches", a.0, b.0))
+            );
+        }
+        let Some((holder, _)) = states.first() else {
+            return Err(self.violation(format!("no replica of {QCACHE} is up")));
+        };
+        for k in 0..QKEYS {
+            let key = format!("k{k}");
+            let value = self.nodes[holder].broker.cache_peek(TENANT, NS, QCACHE, &key).map(|(v, _)| v);
+            let acked = |p: &&(String, Instant, Option<Instant>)| p.0 == key && p.2.is_some();
+            let last_sent_acked = self.qputs.values().filter(acked).map(|p| p.1).max();
+            let Some(v) = value else {
+                if let Some(sent) = last_sent_acked {
+                    return Err(
+                        self.violation(format!("{key}'s put sent at {sent:?} was acknowledged and the key is empty"))
+                    );
+                }
+                continue;
+            };
+            let Some(put) = self.qputs.get(&v).cloned() else {
+                return Err(self.violation(format!("{key} holds {v:?}, which no client put")));
+            };
+            if put.0 != key {
+                return Err(self.violation(format!("{key} holds {v:?}, put to {}", put.0)));
+            }
+            if let Some(acked_at) = put.2
+                && let Some(later) =
+                    self.qputs.iter().find(|(p, x)| **p != v && x.0 == key && x.2.is_some() && x.1 > acked_at)
+            {
+                return Err(self.violation(format!(
+                    "{key} holds {v:?} (acknowledged at {acked_at:?}), but {:?}, sent after that, was acknowledged too",
+                    later.0
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn tick(&mut self, rng: &mut Rng, faults: bool) -> Result<(), Violation> {
@@ -729,6 +811,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         checked: BTreeMap::new(),
         quorum_acked: BTreeMap::new(),
         quorum_payloads: BTreeMap::new(),
+        qputs: BTreeMap::new(),
         down: BTreeMap::new(),
         network: Vec::new(),
         cut: BTreeSet::new(),
@@ -747,6 +830,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
             node.metadata().members().len() == n
                 && STREAMS.iter().all(|(s, _, _, _)| node.metadata().shard_count(Kind::Stream, TENANT, NS, s).is_some())
                 && node.metadata().shard_count(Kind::Cache, TENANT, NS, CACHE).is_some()
+                && node.metadata().shard_count(Kind::Cache, TENANT, NS, QCACHE).is_some()
         })
     };
     for i in 0..200 {
@@ -782,6 +866,18 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
             if let Some(node) = w.nodes.get_mut(&first) {
                 node.propose(&c, now);
             }
+            let c = Command::Create {
+                kind: Kind::Cache,
+                tenant: TENANT.into(),
+                namespace: NS.into(),
+                name: QCACHE.into(),
+                shards: 1,
+                ephemeral: false,
+                replication: 3,
+            };
+            if let Some(node) = w.nodes.get_mut(&first) {
+                node.propose(&c, now);
+            }
         }
         w.tick(&mut rng, false)?;
     }
@@ -811,14 +907,16 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
             let at = live[rng.below(live.len() as u64) as usize].clone();
             let (stream, shards, _, _) = STREAMS[rng.below(STREAMS.len() as u64) as usize];
             let shard = rng.below(u64::from(shards)) as u32;
-            let ask = match rng.below(10) {
-                0..=5 => Ask::Publish,
-                6 | 7 => Ask::Subscribe,
-                8 => Ask::CachePut,
-                _ => Ask::CacheGet,
+            let (ask, target) = match rng.below(12) {
+                0..=5 => (Ask::Publish, (stream, shard)),
+                6 | 7 => (Ask::Subscribe, (stream, shard)),
+                8 => (Ask::CachePut, (stream, shard)),
+                9 => (Ask::CacheGet, (stream, shard)),
+                10 => (Ask::CachePut, (QCACHE, rng.below(QKEYS) as u32)),
+                _ => (Ask::CacheGet, (QCACHE, rng.below(QKEYS) as u32)),
             };
             let modern = rng.chance(500);
-            w.request(&at, ask, (stream, shard), modern, false, &mut rng);
+            w.request(&at, ask, target, modern, false, &mut rng);
             w.settle(&mut rng, true)?;
         }
         w.tick(&mut rng, true)?;
@@ -858,6 +956,8 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         let modern = rng.chance(500);
         w.request(name, Ask::CachePut, ("", 0), modern, true, &mut rng);
         w.request(name, Ask::CacheGet, ("", 0), modern, true, &mut rng);
+        w.request(name, Ask::CachePut, (QCACHE, 0), modern, true, &mut rng);
+        w.request(name, Ask::CacheGet, (QCACHE, 0), modern, true, &mut rng);
     }
     w.settle(&mut rng, false)?;
     for _ in 0..50 {
@@ -901,5 +1001,6 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     if let Some((p, s)) = w.quorum_acked.iter().find(|(p, _)| !count.contains_key(p)) {
         return Err(w.violation(format!("{p:?} was acknowledged on {s:?} and is not in its history")));
     }
+    w.check_quorum_cache(&first, &mut rng)?;
     Ok(w.report)
 }
