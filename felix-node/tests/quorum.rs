@@ -40,7 +40,7 @@ impl Node {
             .args(["serve", "--listen", &self.client.to_string(), "--data-dir"])
             .arg(&self.dir)
             .args(["--dev-token", TOKEN, "--node-id", &self.name])
-            .args(["--default-shards", "1", "--default-replication", "3"])
+            .args(["--default-shards", "1", "--default-replication", "3", "--cache-replication", "3"])
             .args(["--cluster-listen", &self.cluster.to_string(), "--peers", peers, "--cluster-secret", "s"])
             .args(["--metrics-listen", &self.metrics.to_string()])
             .stdout(Stdio::piped())
@@ -75,9 +75,14 @@ fn cli(addrs: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {
 /// The ledger's leader: the live broker whose replica leads it (its own status says so), else
 /// the owner the metadata names (it learns of a new leader a moment after).
 fn leader(nodes: &[Node]) -> Option<String> {
+    leader_of(nodes, "ledger")
+}
+
+/// The leader of the replicated stream or cache `name`, as [`leader`].
+fn leader_of(nodes: &[Node], name: &str) -> Option<String> {
     let leading = nodes.iter().filter(|n| n.proc.is_some()).find(|n| {
         status(n.metrics).is_some_and(|v| {
-            v["replicas"].as_array().is_some_and(|r| r.iter().any(|r| r["name"] == "ledger" && r["role"] == "leader"))
+            v["replicas"].as_array().is_some_and(|r| r.iter().any(|r| r["name"] == name && r["role"] == "leader"))
         })
     });
     if let Some(n) = leading {
@@ -85,11 +90,7 @@ fn leader(nodes: &[Node]) -> Option<String> {
     }
     nodes.iter().filter(|n| n.proc.is_some()).find_map(|n| {
         let v = status(n.metrics)?;
-        v["shards"]
-            .as_array()?
-            .iter()
-            .find(|s| s["name"] == "ledger")
-            .and_then(|s| s["owner"].as_str().map(str::to_owned))
+        v["shards"].as_array()?.iter().find(|s| s["name"] == name).and_then(|s| s["owner"].as_str().map(str::to_owned))
     })
 }
 
@@ -353,4 +354,106 @@ fn a_replicated_stream_keeps_every_acknowledged_record_across_three_leader_kills
 #[ignore = "ten SIGKILLs of the leader and 100,000 idempotent records, about four minutes"]
 fn a_replicated_stream_keeps_every_acknowledged_record_across_ten_leader_kills() {
     kill_loop(10, 20, 100_000);
+}
+
+/// Three brokers with a replicated cache (`--cache-replication 3`): values put through the
+/// cluster while the cache's leader is killed with SIGKILL twice (restarted each time). Every
+/// broker then reads every key's last acknowledged value (or a later put whose answer was lost
+/// with a killed broker), with the same version everywhere.
+#[test]
+fn a_replicated_cache_keeps_every_acknowledged_value_across_leader_kills() {
+    let names = ["n1", "n2", "n3"];
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| Node {
+            name: n.to_string(),
+            client: free_udp(),
+            cluster: free_udp(),
+            metrics: free_tcp(),
+            dir: d.path().to_owned(),
+            proc: None,
+        })
+        .collect();
+    let peers = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    for n in &mut nodes {
+        n.start(&peers);
+    }
+    let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
+    let any_dir = nodes[0].dir.clone();
+    // A put, retried while refused (nothing written); `true` once acknowledged, `false` when
+    // its outcome is unknown (the broker died with it, or was deposed).
+    let put = |key: &str, value: &str| -> bool {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (ok, _, err) =
+                cli(&addrs, &any_dir, &["cache", "put", "sessions", key, value, "--close-timeout", "3s"]);
+            if ok {
+                return true;
+            }
+            let refused = ["shard_unavailable", "not_leader", "owned by", "electing", "settling", "being created"]
+                .iter()
+                .any(|w| err.contains(w));
+            if !refused {
+                eprintln!("{key}={value}: outcome unknown: {err}");
+                return false;
+            }
+            assert!(Instant::now() < until, "no broker took {key}={value} for 30 s: {err}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    const KEYS: usize = 4;
+    const KILLS: usize = 2;
+    // Per key: every value put, in order, and whether it was acknowledged.
+    let mut puts: Vec<Vec<(String, bool)>> = vec![Vec::new(); KEYS];
+    for round in 0..=KILLS {
+        for (k, log) in puts.iter_mut().enumerate() {
+            let v = format!("v{round}-{k}");
+            let acked = put(&format!("k{k}"), &v);
+            log.push((v, acked));
+        }
+        if round == KILLS {
+            break;
+        }
+        let mut who = None;
+        wait_for("the cache's leader is known", 30, || {
+            who = leader_of(&nodes, "sessions");
+            who.is_some()
+        });
+        let victim = nodes.iter().position(|n| Some(&n.name) == who.as_ref()).unwrap();
+        nodes[victim].kill();
+        wait_for("a survivor leads the cache", 30, || {
+            nodes.iter().filter(|n| n.proc.is_some()).filter_map(|n| status(n.metrics)).any(|v| {
+                v["replicas"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["name"] == "sessions" && r["role"] == "leader"))
+            })
+        });
+        // Written while the victim is down: it catches up when it comes back.
+        for (k, log) in puts.iter_mut().enumerate() {
+            let v = format!("v{round}b-{k}");
+            let acked = put(&format!("k{k}"), &v);
+            log.push((v, acked));
+        }
+        nodes[victim].start(&peers);
+    }
+    for (k, log) in puts.iter().enumerate() {
+        let last_acked = log.iter().rposition(|(_, a)| *a).expect("some put of each key was acknowledged");
+        let allowed: Vec<&str> = log[last_acked..].iter().map(|(v, _)| v.as_str()).collect();
+        // Through every broker (followers forward to the leader): one value, one version.
+        let mut seen = Vec::new();
+        for n in &nodes {
+            let mut got = None;
+            wait_for("the key is readable through every broker", 30, || {
+                let (ok, out, _) =
+                    cli(&n.client.to_string(), &any_dir, &["cache", "get", "sessions", &format!("k{k}")]);
+                got = ok.then(|| out.trim().to_owned());
+                got.is_some()
+            });
+            seen.push(got.unwrap());
+        }
+        assert!(allowed.contains(&seen[0].as_str()), "k{k} reads {:?}; allowed {allowed:?}", seen[0]);
+        assert!(seen.iter().all(|s| *s == seen[0]), "k{k} reads differently on different brokers: {seen:?}");
+    }
 }

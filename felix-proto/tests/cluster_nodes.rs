@@ -1465,6 +1465,25 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     for (k, v) in [("alice", "a1"), ("bob", "b2"), ("carol", "c1")] {
         assert_eq!(read(&mut c, &third, k, 50).map(|x| x.0), Some(v.to_owned()), "{k} on {third}");
     }
+    // A leader deposed (its group says another leads) ends its watches after what they were
+    // sent, with shard_moved naming the new leader and where to resume: the next offset.
+    let cl3 = client(&mut c, &third, 60);
+    let w = ask(&mut c, &third, cl3, watch(None));
+    let Message::CacheWatchStarted(st3) = w else { panic!("{w:?}") };
+    let other = NAMES.iter().find(|n| **n != third && c.nodes.contains_key(**n)).unwrap().to_string();
+    let hint = felix_proto::binary::OwnerHint { node_id: other.clone(), addr: None, generation: 9 };
+    let now = c.now;
+    let role = felix_proto::broker::ReplicaRole::Following { leader: Some(hint) };
+    c.nodes.get_mut(&third).unwrap().broker.set_replica_role(&sessions(), role, now);
+    c.settle();
+    let (_, moved) = events(&mut c, &third, cl3.0);
+    let moved = moved.expect("shard_moved to a client that offered it");
+    assert_eq!(moved.node_id.as_deref(), Some(other.as_str()));
+    assert_eq!(moved.resume_from, Some(st3.resume_offset));
+    // It now sends writes to the leader it was told of (which, leading in fact, says it is
+    // `third`: the client is told to go there).
+    let m = ask(&mut c, &third, cl3, put("dave", "d1", None, 61));
+    assert!(matches!(&m, Message::Error(e) if e.code.as_ref().is_some_and(|c| c.name() == "not_leader")), "{m:?}");
 }
 
 #[test]
