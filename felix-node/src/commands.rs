@@ -1221,7 +1221,8 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                 .map(|f| format!("{} lag {}", s(&f["node_id"]), f["lag"]))
                 .collect();
             out!(
-                "  {}/{}/{} {}: {}, leader {}, term {}, next offset {}, committed {}, log from {}{}",
+                "  {}{}/{}/{} {}: {}, leader {}, term {}, next offset {}, committed {}, log from {}{}",
+                if r["kind"] == "cache" { "cache " } else { "" },
                 s(&r["tenant"]),
                 s(&r["namespace"]),
                 s(&r["name"]),

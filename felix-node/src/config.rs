@@ -542,7 +542,7 @@ impl FileConfig {
                 tenant_id: c.tenant.clone(),
                 namespace: c.namespace.clone(),
                 name: c.name.clone(),
-                durable: c.durable,
+                durable: c.durable || c.durability.as_deref() == Some("disk"),
                 replication: if c.durability.as_deref() == Some("quorum") { c.replication.unwrap_or(3) } else { 1 },
             })
             .collect()
@@ -569,8 +569,9 @@ mod tests {
         assert!(cfg.tokens()[0].allows(Action::Publish, "orders", "created"));
         assert!(!cfg.tokens()[0].allows(Action::CacheWrite, "orders", "created"));
         assert_eq!(cfg.streams(1024)[0].config.shards, 4);
-        assert_eq!(cfg.caches().len(), 1);
+        assert_eq!(cfg.caches().len(), 2);
         assert!(cfg.caches()[0].durable, "the example's cache is durable");
+        assert_eq!(cfg.caches()[1].replication, 3, "and its second a quorum cache");
         let plain = FileConfig::parse("[[caches]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"c\"").unwrap();
         assert!(!plain.caches()[0].durable, "in memory unless asked");
         assert!(FileConfig::parse("[[caches]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"c\"\ndurable = 1").is_err());
@@ -622,6 +623,8 @@ mod tests {
         assert!(e.contains("durability \"paper\": expected memory, disk or quorum"), "{e}");
         let q = FileConfig::parse(&cache("durability = \"quorum\"")).unwrap();
         assert_eq!(q.caches()[0].replication, 3, "a quorum cache defaults to three replicas");
+        let d = FileConfig::parse(&cache("durability = \"disk\"")).unwrap();
+        assert!(d.caches()[0].durable && d.caches()[0].replication == 1, "disk is durable = true");
         let e = FileConfig::parse("[cluster]\ncache_replication = 8").unwrap_err();
         assert!(e.contains("cache_replication 8: expected 1..=7"), "{e}");
         let c = FileConfig::parse("[[limits]]\ntenant = \"t1\"\npublish_records_per_s = 100").unwrap();
