@@ -416,8 +416,9 @@ pub fn storage_segment(data: &[u8]) {
 
 /// `peer_message` target: any bytes from a cluster peer, in any chunking, and the same bytes as
 /// a kept Raft log file. Never a panic; what decodes encodes again to a frame that decodes to the
-/// same message.
-pub fn peer_message(data: &[u8]) {
+/// same message. The same bytes go through a replicated cache's entry and snapshot decoders
+/// (`t0`: the instant its expiries are mapped to).
+pub fn peer_message(data: &[u8], t0: std::time::Instant) {
     use crate::cluster::peer::{PeerDecoder, encode};
     let split = data.first().map_or(1, |b| usize::from(*b % 7) + 1);
     let mut d = PeerDecoder::default();
@@ -441,6 +442,14 @@ pub fn peer_message(data: &[u8]) {
     if let Ok(log) = crate::cluster::meta::RaftLog::decode(data) {
         assert_eq!(crate::cluster::meta::RaftLog::decode(&log.encode()).ok(), Some(log));
     }
+    // The same bytes as a replicated cache's entry and snapshot state.
+    crate::broker::fuzz_cache_entry(data, t0);
+}
+
+/// Seeds for `peer_message`'s replicated-cache decoders: an entry with one operation of each
+/// kind, and a cache's snapshot state.
+pub fn cache_entry_seeds(t0: std::time::Instant) -> (Vec<u8>, Vec<u8>) {
+    crate::broker::cache_entry_samples(t0)
 }
 
 /// `jwt` target: any bytes as a signed token (against a fixed key set, at a fixed time), as a

@@ -136,6 +136,10 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         }
         out.push(("peer_message", "seed-all".into(), all.to_vec()));
         out.push(("peer_message", "seed-raft-log".into(), felix_proto::cluster::meta::RaftLog::default().encode()));
+        #[allow(clippy::disallowed_methods)]
+        let (entry, state) = felix_proto::fuzzing::cache_entry_seeds(std::time::Instant::now());
+        out.push(("peer_message", "seed-cache-entry".into(), entry));
+        out.push(("peer_message", "seed-cache-state".into(), state));
     }
     // jwt: a token signed by the target's key (RFC 8032's first test secret), a JWK set, a
     // permission.
@@ -165,6 +169,11 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
 #[allow(clippy::disallowed_methods)]
 fn broker_session(data: &[u8]) {
     felix_proto::fuzzing::broker_session(data, std::time::Instant::now());
+}
+
+#[allow(clippy::disallowed_methods)]
+fn peer_message(data: &[u8]) {
+    felix_proto::fuzzing::peer_message(data, std::time::Instant::now());
 }
 
 #[allow(clippy::disallowed_methods)]
@@ -198,7 +207,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("broker_session", broker_session),
         ("client_session", client_session),
         ("storage_segment", felix_proto::fuzzing::storage_segment),
-        ("peer_message", felix_proto::fuzzing::peer_message),
+        ("peer_message", peer_message),
         ("jwt", felix_proto::fuzzing::jwt),
     ] {
         let dir = fuzz_dir().join(target);

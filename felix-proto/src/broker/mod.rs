@@ -50,6 +50,8 @@ mod output;
 mod ownership;
 mod publish;
 mod quorum_cache;
+#[cfg(any(test, fuzzing, feature = "testkit"))]
+pub(crate) use quorum_cache::{cache_entry_samples, fuzz_cache_entry};
 mod replicated;
 mod requests;
 mod state;
