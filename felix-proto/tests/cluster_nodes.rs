@@ -1536,3 +1536,102 @@ fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follo
     let m = ask(&mut c, &l, cl, add(1, 202));
     assert_eq!(m, Message::CounterValue(message::CounterValue { value: Some(6), request_id: 202 }));
 }
+
+#[test]
+fn a_commit_on_a_replicated_stream_keeps_its_event_and_state_together_across_a_fail_over() {
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, StateChange};
+    let mut c = Cluster::with(&NAMES, true);
+    create_ledger(&mut c);
+    c.until("the metadata names the ledger's leader", |c| {
+        leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
+    });
+    let first = leading(&c).unwrap();
+    let f = Features::ATOMIC_COMMIT | Features::PUBLISH_CONDITIONAL | Features::ERROR_CODES;
+    let open = |c: &mut Cluster, node: &str, index: u64| {
+        let (lo, hi) = f.to_words(true);
+        let n = c.nodes.get_mut(node).unwrap();
+        let conn = n.broker.admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+        let st = StreamId::new(Side::Client, Dir::Bi, index);
+        n.broker.handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+        c.settle();
+        let hello = messages(&c.take(node, conn, st));
+        assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
+        (conn, st)
+    };
+    let commit = |event: &str, changes: Vec<StateChange>, rid: u64, expected: Option<u64>| {
+        json(&Message::Commit(message::Commit {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: B64(Bytes::from_static(b"account-1")),
+            event: B64(Bytes::copy_from_slice(event.as_bytes())),
+            changes,
+            shard: None,
+            request_id: rid,
+            expected_offset: expected,
+        }))
+    };
+    let get = |key: &str, rid: u64| {
+        json(&Message::StateGet(message::StateGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: B64(Bytes::from_static(b"account-1")),
+            key: key.into(),
+            shard: None,
+            request_id: rid,
+        }))
+    };
+    let put = |k: &str, v: &str| StateChange::Put { key: k.into(), value: B64(Bytes::copy_from_slice(v.as_bytes())) };
+    let (conn, st) = open(&mut c, &first, 1);
+    c.send(&first, conn, st, commit("opened", vec![put("balance", "10"), put("owner", "ann")], 1, None));
+    let got = messages(&c.take(&first, conn, st));
+    let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+    let opened_at = ok.offset;
+    c.send(&first, conn, st, commit("deposit", vec![put("balance", "25")], 2, Some(opened_at + 1)));
+    let got = messages(&c.take(&first, conn, st));
+    let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+    let deposit_at = ok.offset;
+    assert_eq!(deposit_at, opened_at + 1);
+    // A commit expecting a taken offset is refused, its state untouched.
+    c.send(&first, conn, st, commit("late", vec![put("balance", "0")], 3, Some(opened_at)));
+    let got = messages(&c.take(&first, conn, st));
+    assert!(matches!(&got[..], [Message::PublishRefused(_)] | [Message::Error(_)]), "{got:?}");
+    c.send(&first, conn, st, get("balance", 4));
+    assert_eq!(
+        messages(&c.take(&first, conn, st)),
+        [Message::StateValue(message::StateValue {
+            value: Some(B64(Bytes::from_static(b"25"))),
+            version: Some(deposit_at),
+            as_of: Some(deposit_at),
+            request_id: 4
+        })]
+    );
+    // The leader dies: the new one has the events and the state they wrote, at the same offsets.
+    c.settle();
+    c.nodes.remove(&first);
+    c.until("a follower leads", |c| leading(c).is_some());
+    let second = leading(&c).unwrap();
+    let (conn, st) = open(&mut c, &second, 2);
+    for (key, want, at) in [("balance", "25", deposit_at), ("owner", "ann", opened_at)] {
+        c.send(&second, conn, st, get(key, 5));
+        let got = messages(&c.take(&second, conn, st));
+        let [Message::StateValue(v)] = &got[..] else { panic!("{got:?}") };
+        assert_eq!(v.value.as_ref().map(|b| b.0.as_ref()), Some(want.as_bytes()), "{key}");
+        assert_eq!(v.version, Some(at), "{key}");
+    }
+    let (records, _) = history(&c, &second);
+    let events: Vec<&[u8]> = records.iter().map(|(_, p)| p.as_ref()).collect();
+    assert_eq!(events, [&b"opened"[..], b"deposit"], "every committed event once, the refused one absent");
+    // And a restarted replica rebuilds the state from its log.
+    restart(&mut c, &first);
+    c.until("the old leader caught up", |c| history(c, &first).0 == history(c, &second).0);
+    c.nodes.remove(&second);
+    c.until("a replica leads again", |c| leading(c).is_some());
+    let third = leading(&c).unwrap();
+    let (conn, st) = open(&mut c, &third, 3);
+    c.send(&third, conn, st, get("balance", 6));
+    let got = messages(&c.take(&third, conn, st));
+    assert!(matches!(&got[..], [Message::StateValue(v)] if v.version == Some(deposit_at)), "{got:?}");
+}

@@ -134,13 +134,6 @@ impl Broker {
             }
         };
         let replicated = self.streams.get(&k).is_some_and(|e| e.shards[shard as usize].replica.is_some());
-        if replicated && req.state.is_some() {
-            let r = Refusal::new(
-                ErrorCode::InvalidRequest,
-                "commits are not supported on a replicated (quorum) stream yet",
-            );
-            return self.refuse_publish(conn, st, reply, &r);
-        }
         if replicated && req.expected_offset.is_some() && req.records.is_empty() {
             let r = Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records");
             return self.refuse_publish(conn, st, reply, &r);

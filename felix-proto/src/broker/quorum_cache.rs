@@ -225,6 +225,7 @@ impl Broker {
             publisher: None,
             records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
             expected_offset: None,
+            state: None,
         };
         self.out.push_back(BrokerOutput::Replicate { token, shard: cache_shard(k), batch });
         token
@@ -558,6 +559,7 @@ pub(crate) fn cache_entry_samples(t0: Instant) -> (Vec<u8>, Vec<u8>) {
         publisher: None,
         records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
         expected_offset: None,
+        state: None,
     };
     let mut c = Cache::default();
     c.put_at(7, "a".into(), Bytes::from_static(b"1"), None);

@@ -159,10 +159,16 @@ impl Broker {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         let count = u64::from(batch.records.count());
+        let state = batch.state;
         let Some(end) = sh.log.append_committed(offset, batch.records, batch.timestamp_micros, batch.publisher, false)
         else {
             return;
         };
+        // A commit: its state changes take effect with its event, alike on every replica
+        // (the leader checked they encode; bytes that do not decode change nothing anywhere).
+        if let Some(changes) = state.as_ref().and_then(|s| crate::storage::decode_state_changes(s).ok()) {
+            sh.state.apply(offset, &changes);
+        }
         self.stats.records_appended += count;
         self.fanout_committed(&k, shard.shard, offset, end);
         self.wake_groups(&k, shard.shard, now);
@@ -243,6 +249,7 @@ impl Broker {
             publisher: b.publisher,
             records: b.records,
             expected_offset: b.expected_offset,
+            state: b.state,
         };
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.replicating += bytes;

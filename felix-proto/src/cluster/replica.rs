@@ -79,6 +79,9 @@ pub struct ReplicatedBatch {
     /// A conditional publish (`publish_if`): written only if the shard's next offset is this
     /// when the entry is applied.
     pub expected_offset: Option<u64>,
+    /// A commit's state changes (encoded as in a stored batch's state section), applied to the
+    /// shard's state at the batch's offset when the entry is applied.
+    pub state: Option<Bytes>,
 }
 
 /// Why replicated bytes could not be read.
@@ -95,6 +98,7 @@ impl ReplicatedBatch {
             publisher: None,
             records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
             expected_offset: None,
+            state: None,
         }
     }
 
@@ -104,9 +108,10 @@ impl ReplicatedBatch {
     }
 
     /// Its bytes in the Raft log: `u8 version (2)`, `u8 flags` (0x1 producer, 0x2 publisher,
-    /// 0x4 expected offset), `u64 producer`, `u64 sequence`, `u64 timestamp_micros`,
-    /// `u8 publisher_len` + publisher, `u64 expected_offset` (with 0x4 only), then the records
-    /// block as in a publish batch (`u32 count`, each `u32 len` + payload).
+    /// 0x4 expected offset, 0x8 state), `u64 producer`, `u64 sequence`, `u64 timestamp_micros`,
+    /// `u8 publisher_len` + publisher, `u64 expected_offset` (with 0x4 only), `u32 state_len` +
+    /// state (with 0x8 only), then the records block as in a publish batch (`u32 count`, each
+    /// `u32 len` + payload).
     pub fn encode(&self) -> Vec<u8> {
         let publisher = self.publisher.as_ref().filter(|p| p.len() <= 255);
         let mut b = Vec::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
@@ -115,7 +120,8 @@ impl ReplicatedBatch {
         b.put_u8(
             u8::from(self.producer.is_some())
                 | (u8::from(publisher.is_some()) << 1)
-                | (u8::from(self.expected_offset.is_some()) << 2),
+                | (u8::from(self.expected_offset.is_some()) << 2)
+                | (u8::from(self.state.is_some()) << 3),
         );
         b.put_u64(pid);
         b.put_u64(seq);
@@ -125,6 +131,10 @@ impl ReplicatedBatch {
         b.extend_from_slice(p);
         if let Some(e) = self.expected_offset {
             b.put_u64(e);
+        }
+        if let Some(s) = &self.state {
+            b.put_u32(s.len() as u32);
+            b.extend_from_slice(s);
         }
         b.put_u32(self.records.count());
         b.extend_from_slice(self.records.raw());
@@ -158,6 +168,12 @@ impl ReplicatedBatch {
         let publisher = r.bytes(usize::from(plen), "publisher").map_err(bad("publisher"))?;
         let expected_offset =
             if flags & 4 != 0 { Some(r.u64("expected_offset").map_err(bad("expected offset"))?) } else { None };
+        let state = if flags & 8 != 0 {
+            let len = r.u32("state_len").map_err(bad("state length"))?;
+            Some(r.bytes(len as usize, "state").map_err(bad("state"))?)
+        } else {
+            None
+        };
         let records = Records::decode(&mut r, false).map_err(bad("records"))?;
         Ok(ReplicatedBatch {
             producer: (flags & 1 != 0).then_some((pid, seq)),
@@ -165,6 +181,7 @@ impl ReplicatedBatch {
             publisher: (flags & 2 != 0).then_some(publisher),
             records,
             expected_offset,
+            state,
         })
     }
 }
@@ -695,6 +712,9 @@ mod tests {
         let mut b = ReplicatedBatch::from_payloads(Some((7, 9)), &[Bytes::from_static(b"a"), Bytes::new()]);
         b.publisher = Some(Bytes::from_static(b"alice"));
         b.timestamp_micros = 42;
+        assert_eq!(ReplicatedBatch::decode(&b.encode()), Ok(b.clone()));
+        b.state = Some(Bytes::from_static(b"changes"));
+        b.expected_offset = Some(3);
         assert_eq!(ReplicatedBatch::decode(&b.encode()), Ok(b.clone()));
         let bytes = b.encode();
         for cut in 0..bytes.len() {
