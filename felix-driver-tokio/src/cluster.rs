@@ -93,6 +93,7 @@ impl Transport {
             node_id: opts.node_id.clone(),
             secret: opts.secret.clone(),
             incarnation: incarnation.to_owned(),
+            features: felix_proto::cluster::peer::PEER_FEATURES,
         };
         let mut t = Transport { senders: BTreeMap::new(), endpoint, known, hello, inputs, me: opts.node_id.clone() };
         for (name, addr) in &opts.peers {
@@ -257,7 +258,10 @@ async fn accept_loop(
                                 }
                             };
                             match (&from, m) {
-                                (None, PeerMessage::Hello { cluster: c, node_id, secret: s, incarnation }) => {
+                                (
+                                    None,
+                                    PeerMessage::Hello { cluster: c, node_id, secret: s, incarnation, features },
+                                ) => {
                                     let member = known.read().is_ok_and(|k| k.contains(&node_id));
                                     if c != cluster || !same_secret(&s, &secret) || !member {
                                         tracing::warn!(
@@ -274,6 +278,7 @@ async fn accept_loop(
                                         node_id: node_id.clone(),
                                         secret: String::new(),
                                         incarnation,
+                                        features,
                                     };
                                     let _ = inputs.send(PeerInput::Message { from: node_id.clone(), message: hello });
                                     from = Some(node_id);

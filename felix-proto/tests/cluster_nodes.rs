@@ -42,6 +42,10 @@ struct Cluster {
     next_uni: u64,
     /// Brokers (re)started with storage (counters, groups).
     history: bool,
+    /// Brokers that say in their hello they read no coalesced heartbeats (an older version).
+    old_peers: std::collections::BTreeSet<String>,
+    /// Peer messages sent, by kind: (from, to, kind) → count.
+    sent_kinds: BTreeMap<(String, String, &'static str), u64>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -72,7 +76,7 @@ impl Cluster {
             let node = ClusterNode::new(broker, member(n, i as u16 + 1), &peers, &RaftLog::default(), now).unwrap();
             nodes.insert(n.to_string(), node);
         }
-        Cluster {
+        let mut c = Cluster {
             now,
             nodes,
             kept: BTreeMap::new(),
@@ -87,7 +91,13 @@ impl Cluster {
             retain: None,
             next_uni: 0,
             history,
+            old_peers: Default::default(),
+            sent_kinds: BTreeMap::new(),
+        };
+        for n in names {
+            c.hellos(n);
         }
+        c
     }
 
     /// Brokers whose streams retain `records` records, compacting their replicas' logs.
@@ -119,6 +129,32 @@ impl Cluster {
         }
         node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
         self.nodes.insert(name.to_owned(), node);
+        self.hellos(name);
+    }
+
+    /// The hellos of new connections between `name` and every other broker, both ways (what
+    /// each reads: coalesced heartbeats unless `old_peers` names it).
+    fn hellos(&mut self, name: &str) {
+        use felix_proto::cluster::peer::{PEER_FEATURES, PeerMessage};
+        let hello = |c: &Cluster, from: &str| PeerMessage::Hello {
+            cluster: "c".into(),
+            node_id: from.into(),
+            secret: String::new(),
+            incarnation: format!("{from}-first-life"),
+            features: if c.old_peers.contains(from) { 0 } else { PEER_FEATURES },
+        };
+        let now = self.now;
+        let others: Vec<String> = self.nodes.keys().filter(|n| *n != name).cloned().collect();
+        for o in others {
+            let to_me = hello(self, &o);
+            let to_them = hello(self, name);
+            if let Some(n) = self.nodes.get_mut(name) {
+                n.handle_peer(&o, to_me, now);
+            }
+            if let Some(n) = self.nodes.get_mut(&o) {
+                n.handle_peer(name, to_them, now);
+            }
+        }
     }
 
     /// Carries out every node's outputs, delivers the network, until all is quiet.
@@ -152,6 +188,26 @@ impl Cluster {
                             }
                         }
                         NodeOutput::Peer { to, message } => {
+                            use felix_proto::cluster::peer::PeerMessage;
+                            let kind = match &message {
+                                PeerMessage::Heartbeats(_) => "heartbeats",
+                                PeerMessage::ShardRaft(list)
+                                    if list.iter().all(|(_, b)| {
+                                        felix_proto::cluster::meta::decode_message(b).is_ok_and(|m| {
+                                            matches!(
+                                                m.get_msg_type(),
+                                                raft::eraftpb::MessageType::MsgHeartbeat
+                                                    | raft::eraftpb::MessageType::MsgHeartbeatResponse
+                                            )
+                                        })
+                                    }) =>
+                                {
+                                    "shard_raft heartbeats"
+                                }
+                                PeerMessage::ShardRaft(_) => "shard_raft",
+                                _ => "other",
+                            };
+                            *self.sent_kinds.entry((name.clone(), to.clone(), kind)).or_default() += 1;
                             // Through the wire encoding, as the transport would.
                             let mut b = bytes::BytesMut::new();
                             encode(&message, &mut b).unwrap();
@@ -767,6 +823,7 @@ fn a_broker_back_with_a_wiped_data_directory_is_refused_until_an_operator_remove
         node_id: "n3".into(),
         secret: String::new(),
         incarnation: incarnation.into(),
+        features: 0,
     };
     // Its own data directory: welcome back.
     let now = c.now;
@@ -1634,4 +1691,41 @@ fn a_commit_on_a_replicated_stream_keeps_its_event_and_state_together_across_a_f
     c.send(&third, conn, st, get("balance", 6));
     let got = messages(&c.take(&third, conn, st));
     assert!(matches!(&got[..], [Message::StateValue(v)] if v.version == Some(deposit_at)), "{got:?}");
+}
+
+#[test]
+fn shard_groups_heartbeats_are_coalesced_for_peers_that_read_them_and_whole_for_one_that_does_not() {
+    let mut c = Cluster::new(&NAMES);
+    // n3 says in its hello it is an older broker: it reads no coalesced heartbeats.
+    c.old_peers.insert("n3".into());
+    c.hellos("n3");
+    create_ledger(&mut c);
+    create_sessions(&mut c);
+    c.sent_kinds.clear();
+    for _ in 0..30 {
+        c.tick();
+    }
+    let sent = |from: &str, to: &str, kind: &str| {
+        c.sent_kinds.get(&(from.to_owned(), to.to_owned(), kind)).copied().unwrap_or(0)
+    };
+    let leader = leading(&c).unwrap();
+    let mut coalesced = 0;
+    for to in NAMES.iter().filter(|n| **n != leader) {
+        if *to == "n3" {
+            assert_eq!(sent(&leader, to, "heartbeats"), 0, "nothing n3 cannot read");
+            assert!(sent(&leader, to, "shard_raft heartbeats") > 0, "n3 gets its heartbeats as Raft messages");
+        } else {
+            coalesced += sent(&leader, to, "heartbeats");
+            assert_eq!(sent(&leader, to, "shard_raft heartbeats"), 0, "{leader} → {to}: every heartbeat coalesced");
+        }
+    }
+    assert!(coalesced > 0, "{:?}", c.sent_kinds);
+    // The groups are healthy on coalesced heartbeats: no election while quiet, and a write
+    // commits on the followers.
+    let term = c.nodes[&leader].replica_report().iter().find(|r| r.shard == ledger()).unwrap().term;
+    for _ in 0..50 {
+        c.tick();
+    }
+    assert_eq!(leading(&c), Some(leader.clone()));
+    assert_eq!(c.nodes[&leader].replica_report().iter().find(|r| r.shard == ledger()).unwrap().term, term);
 }

@@ -95,7 +95,21 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                     node_id: "n1".into(),
                     secret: "s".into(),
                     incarnation: "9e1c".into(),
+                    features: felix_proto::cluster::peer::PEER_FEATURES,
                 },
+            ),
+            (
+                "heartbeats",
+                PeerMessage::Heartbeats(vec![(
+                    felix_proto::cluster::metadata::ShardId {
+                        kind: felix_proto::cluster::metadata::Kind::Stream,
+                        tenant: "t".into(),
+                        namespace: "ns".into(),
+                        name: "ledger".into(),
+                        shard: 0,
+                    },
+                    felix_proto::cluster::peer::Beat { response: false, term: 3, commit: 17 },
+                )]),
             ),
             ("raft", PeerMessage::Raft(bytes::Bytes::from_static(b"\x08\x01\x10\x02"))),
             (

@@ -523,6 +523,7 @@ impl Broker {
 /// Fuzzing: any bytes as a replicated cache's entry (a batch of operations) and as the cache
 /// state of its snapshot. Never a panic; an operation that decodes encodes to one that decodes
 /// to it again.
+#[cfg(any(test, fuzzing, feature = "testkit"))]
 pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
     if let Ok(batch) = ReplicatedBatch::decode(data) {
         for p in batch.records.payloads() {
@@ -543,6 +544,7 @@ pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
 
 /// Fuzzing seeds: a replicated cache's entry holding one operation of each kind, and the
 /// snapshot state of a cache holding two keys (one expiring).
+#[cfg(any(test, fuzzing, feature = "testkit"))]
 pub(crate) fn cache_entry_samples(t0: Instant) -> (Vec<u8>, Vec<u8>) {
     let ops = [
         CacheOp::Put { key: "k".into(), value: Bytes::from_static(b"v"), ttl_ms: Some(5) },

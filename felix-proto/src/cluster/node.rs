@@ -12,12 +12,12 @@
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
 use super::metadata::ShardId;
 use super::metadata::{Command, Member, MemberState, Metadata};
-use super::peer::PeerMessage;
+use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, PeerMessage};
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
 use crate::broker::{Broker, BrokerOutput, ReplicaRole};
 use bytes::Bytes;
-use raft::eraftpb::{Entry, HardState};
+use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -189,6 +189,10 @@ pub struct ClusterNode {
     checkpoint_bytes: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
     shard_sends: BTreeMap<String, Vec<(ShardId, Bytes)>>,
+    /// Shard groups' heartbeats waiting to go, per peer that reads them coalesced.
+    beats: BTreeMap<String, Vec<(ShardId, Beat)>>,
+    /// What each peer's hello offered ([`super::peer::PEER_FEATURES`]).
+    peer_features: BTreeMap<String, u64>,
 }
 
 /// One replica of a replicated shard as its broker sees it ([`ClusterNode::replica_report`]).
@@ -308,6 +312,8 @@ impl ClusterNode {
             failed_replicas: BTreeMap::new(),
             checkpoint_bytes: None,
             shard_sends: BTreeMap::new(),
+            beats: BTreeMap::new(),
+            peer_features: BTreeMap::new(),
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -410,7 +416,10 @@ impl ClusterNode {
 
     /// A message from peer broker `from` (its hello already checked by the transport).
     pub fn handle_peer(&mut self, from: &str, m: PeerMessage, now: Instant) {
-        if let PeerMessage::Hello { incarnation, .. } = &m {
+        if let PeerMessage::Hello { incarnation, features, .. } = &m {
+            // A new connection: what it reads is what this hello says (a peer restarted as an
+            // older version reads fewer kinds).
+            self.peer_features.insert(from.to_owned(), *features);
             self.check_incarnation(from, incarnation);
             return;
         }
@@ -449,6 +458,27 @@ impl ClusterNode {
                     if h.names.get(&msg.from).is_none_or(|n| n != from) {
                         continue; // only a shard's own replicas speak for it
                     }
+                    h.replica.step(msg);
+                    self.drain_replica(&shard, now);
+                }
+            }
+            PeerMessage::Heartbeats(list) => {
+                let sender = raft_id(from);
+                for (shard, beat) in list {
+                    let Some(h) = self.replicas.get_mut(&shard) else { continue };
+                    if h.names.get(&sender).is_none_or(|n| n != from) {
+                        continue; // only a shard's own replicas speak for it
+                    }
+                    let mut msg = Message::default();
+                    msg.set_msg_type(if beat.response {
+                        MessageType::MsgHeartbeatResponse
+                    } else {
+                        MessageType::MsgHeartbeat
+                    });
+                    msg.from = sender;
+                    msg.to = h.replica.id();
+                    msg.term = beat.term;
+                    msg.commit = beat.commit;
                     h.replica.step(msg);
                     self.drain_replica(&shard, now);
                 }
@@ -533,9 +563,15 @@ impl ClusterNode {
         for list in self.shard_sends.values_mut() {
             strip(list);
         }
+        for list in self.beats.values_mut() {
+            list.retain(|(s, _)| s != shard);
+        }
         for o in self.out.iter_mut() {
             if let NodeOutput::Peer { message: PeerMessage::ShardRaft(list), .. } = o {
                 strip(list);
+            }
+            if let NodeOutput::Peer { message: PeerMessage::Heartbeats(list), .. } = o {
+                list.retain(|(s, _)| s != shard);
             }
         }
         // Nor does it persist anything more.
@@ -620,7 +656,20 @@ impl ClusterNode {
                     h.replica.complete_checkpoint(index, &state);
                 }
                 ReplicaOutput::Send { to, message } => {
-                    if let Some(name) = h.names.get(&to) {
+                    let Some(name) = h.names.get(&to) else { continue };
+                    let heartbeat =
+                        matches!(message.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
+                    let coalesce = heartbeat
+                        && message.context.is_empty()
+                        && self.peer_features.get(name).is_some_and(|f| f & FEATURE_COALESCED_HEARTBEATS != 0);
+                    if coalesce {
+                        let beat = Beat {
+                            response: message.get_msg_type() == MessageType::MsgHeartbeatResponse,
+                            term: message.term,
+                            commit: message.commit,
+                        };
+                        self.beats.entry(name.clone()).or_default().push((shard.clone(), beat));
+                    } else {
                         self.shard_sends
                             .entry(name.clone())
                             .or_default()
@@ -660,6 +709,15 @@ impl ClusterNode {
 
     /// Sends the shard Raft messages gathered, one message per peer.
     fn flush_shard_sends(&mut self) {
+        for (to, list) in std::mem::take(&mut self.beats) {
+            if self.refused.contains(&to) {
+                continue;
+            }
+            for part in list.chunks(MAX_BEATS_PER_MESSAGE) {
+                self.out
+                    .push_back(NodeOutput::Peer { to: to.clone(), message: PeerMessage::Heartbeats(part.to_vec()) });
+            }
+        }
         for (to, list) in std::mem::take(&mut self.shard_sends) {
             if self.refused.contains(&to) {
                 continue;
@@ -976,6 +1034,10 @@ impl ClusterNode {
 /// was refused whole, so the follower got one append per heartbeat (measured: a catch-up at
 /// 3 MB/s).
 pub const SHARD_RAFT_BATCH_BYTES: usize = 4 << 20;
+
+/// Coalesced heartbeats one `heartbeats` peer message carries at most (23 bytes each: well
+/// under the peer frame limit).
+pub const MAX_BEATS_PER_MESSAGE: usize = 100_000;
 
 /// Splits one peer's Raft messages, in order, into runs of at most `max` bytes (a message
 /// bigger than that alone in its run).

@@ -5,7 +5,8 @@
 //! ```text
 //! frame: u32 body_len, u8 kind, body
 //!   1 hello          u16+utf8 cluster, u16+utf8 node_id, u16+utf8 secret
-//!                    [, u16+utf8 incarnation: absent from a broker that keeps none]
+//!                    [, u16+utf8 incarnation: absent from a broker that keeps none
+//!                    [, u64 features: absent from a broker older than them]]
 //!   2 raft           a Raft message (protobuf, `meta::encode_message`), to the end
 //!   3 forward        u64 id, u16+utf8 tenant, namespace, stream, u32 shard, u64 generation,
 //!                    u8 acked, u8 publisher_len + publisher, u32 count + records (to the end)
@@ -18,6 +19,11 @@
 //!   8 shard_raft     u32 count, then per message: u8 kind (0 stream, 1 cache),
 //!                    u16+utf8 tenant, namespace, name, u32 shard, u32 len + a Raft message
 //!                    of that shard's group (every group's messages to one peer in one frame)
+//!   9 heartbeats     u16 names, each u8 kind (0 stream, 1 cache), u16+utf8 tenant,
+//!                    namespace, name; u32 count, each u16 name index, u32 shard,
+//!                    u8 type (0 heartbeat, 1 response), u64 term, u64 commit: the shard
+//!                    groups' heartbeats to one peer, coalesced (sent only to a peer whose
+//!                    hello offered [`FEATURE_COALESCED_HEARTBEATS`])
 //! ```
 //!
 //! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
@@ -28,6 +34,25 @@ use crate::broker::{ForwardOutcome, ForwardedPublish, ForwardedRequest};
 use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::{ErrorCode, RetryClass};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// A peer's hello bit: it reads `heartbeats` (kind 9).
+pub const FEATURE_COALESCED_HEARTBEATS: u64 = 0x1;
+
+/// What this implementation offers its peers in its hello.
+pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS;
+
+/// One shard group's heartbeat or heartbeat response, without what the pair of brokers
+/// already says (who sends, to whom: the replicas' ids are their brokers'), nor a context
+/// (heartbeats with one go as whole Raft messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// A response to a heartbeat (else a heartbeat).
+    pub response: bool,
+    /// The sender's term.
+    pub term: u64,
+    /// The commit index it carries.
+    pub commit: u64,
+}
 
 /// The largest peer frame a decoder accepts (a forwarded batch is bounded by the client frame
 /// limit; Raft messages by the engine's batch size).
@@ -46,6 +71,9 @@ pub enum PeerMessage {
         secret: String,
         /// The speaker's incarnation (its data directory's life; empty when it keeps none).
         incarnation: String,
+        /// What the speaker reads besides the first eight kinds ([`PEER_FEATURES`]; 0 from a
+        /// broker older than them).
+        features: u64,
     },
     /// A metadata Raft message.
     Raft(Bytes),
@@ -72,6 +100,9 @@ pub enum PeerMessage {
     /// Raft messages of replicated shards' groups, every group's in one message (one flow
     /// per pair of brokers, not per group).
     ShardRaft(Vec<(ShardId, Bytes)>),
+    /// Shard groups' heartbeats to one peer, coalesced: a few bytes each instead of a Raft
+    /// message and a shard name each.
+    Heartbeats(Vec<(ShardId, Beat)>),
 }
 
 /// Why peer bytes could not be read.
@@ -137,12 +168,15 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
 /// Writes a message's body; its kind.
 fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
     Ok(match m {
-        PeerMessage::Hello { cluster, node_id, secret, incarnation } => {
+        PeerMessage::Hello { cluster, node_id, secret, incarnation, features } => {
             put_str16(body, cluster, "cluster")?;
             put_str16(body, node_id, "node_id")?;
             put_str16(body, secret, "secret")?;
-            if !incarnation.is_empty() {
+            if !incarnation.is_empty() || *features != 0 {
                 put_str16(body, incarnation, "incarnation")?;
+            }
+            if *features != 0 {
+                body.put_u64(*features);
             }
             1
         }
@@ -214,6 +248,35 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             }
             8
         }
+        PeerMessage::Heartbeats(list) => {
+            // The names once each (most groups of one stream share one), then the beats.
+            let mut names: Vec<(Kind, &str, &str, &str)> = Vec::new();
+            let mut index = std::collections::BTreeMap::new();
+            for (s, _) in list {
+                let k = (s.kind, s.tenant.as_str(), s.namespace.as_str(), s.name.as_str());
+                if let std::collections::btree_map::Entry::Vacant(e) = index.entry(k) {
+                    e.insert(names.len());
+                    names.push(k);
+                }
+            }
+            body.put_u16(u16::try_from(names.len()).map_err(|_| PeerError::FieldTooLong("heartbeat names"))?);
+            for (kind, tenant, namespace, name) in &names {
+                body.put_u8(u8::from(*kind == Kind::Cache));
+                put_str16(body, tenant, "tenant")?;
+                put_str16(body, namespace, "namespace")?;
+                put_str16(body, name, "name")?;
+            }
+            body.put_u32(u32::try_from(list.len()).map_err(|_| PeerError::FieldTooLong("heartbeats"))?);
+            for (s, b) in list {
+                let k = (s.kind, s.tenant.as_str(), s.namespace.as_str(), s.name.as_str());
+                body.put_u16(index.get(&k).copied().unwrap_or(0) as u16);
+                body.put_u32(s.shard);
+                body.put_u8(u8::from(b.response));
+                body.put_u64(b.term);
+                body.put_u64(b.commit);
+            }
+            9
+        }
     })
 }
 
@@ -225,6 +288,7 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             node_id: r.str16("node_id")?,
             secret: r.str16("secret")?,
             incarnation: if r.remaining() > 0 { r.str16("incarnation")? } else { String::new() },
+            features: if r.remaining() >= 8 { r.u64("features")? } else { 0 },
         },
         2 => PeerMessage::Raft(r.rest()),
         3 => {
@@ -296,6 +360,41 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             }
             PeerMessage::ShardRaft(list)
         }
+        9 => {
+            let n = r.u16("names")?;
+            if usize::from(n) > r.remaining() / 7 {
+                return Err(PeerError::Malformed(PayloadError::CountTooLarge {
+                    count: u32::from(n),
+                    remaining: r.remaining(),
+                }));
+            }
+            let mut names = Vec::with_capacity(usize::from(n));
+            for _ in 0..n {
+                let kind = if r.u8("kind")? == 1 { Kind::Cache } else { Kind::Stream };
+                names.push((kind, r.str16("tenant")?, r.str16("namespace")?, r.str16("name")?));
+            }
+            let count = r.u32("count")?;
+            if count as usize > r.remaining() / 23 {
+                return Err(PeerError::Malformed(PayloadError::CountTooLarge { count, remaining: r.remaining() }));
+            }
+            let mut list = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                let i = usize::from(r.u16("name index")?);
+                let (kind, tenant, namespace, name) = names
+                    .get(i)
+                    .cloned()
+                    .ok_or(PeerError::Malformed(PayloadError::Incomplete { field: "name index" }))?;
+                let shard = r.u32("shard")?;
+                let response = match r.u8("type")? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(PeerError::Malformed(PayloadError::Incomplete { field: "heartbeat type" })),
+                };
+                let beat = Beat { response, term: r.u64("term")?, commit: r.u64("commit")? };
+                list.push((ShardId { kind, tenant, namespace, name, shard }, beat));
+            }
+            PeerMessage::Heartbeats(list)
+        }
         other => return Err(PeerError::UnknownKind(other)),
     };
     r.finish()?;
@@ -351,12 +450,54 @@ mod tests {
                 node_id: "n1".into(),
                 secret: "s3cret".into(),
                 incarnation: "7f3a".into(),
+                features: 0,
             },
+            PeerMessage::Hello {
+                cluster: "prod".into(),
+                node_id: "n1".into(),
+                secret: "s3cret".into(),
+                incarnation: String::new(),
+                features: PEER_FEATURES,
+            },
+            PeerMessage::Heartbeats(vec![
+                (
+                    ShardId {
+                        kind: Kind::Stream,
+                        tenant: "t".into(),
+                        namespace: "ns".into(),
+                        name: "s".into(),
+                        shard: 3,
+                    },
+                    Beat { response: false, term: 7, commit: 99 },
+                ),
+                (
+                    ShardId {
+                        kind: Kind::Stream,
+                        tenant: "t".into(),
+                        namespace: "ns".into(),
+                        name: "s".into(),
+                        shard: 4,
+                    },
+                    Beat { response: true, term: 7, commit: 98 },
+                ),
+                (
+                    ShardId {
+                        kind: Kind::Cache,
+                        tenant: "t".into(),
+                        namespace: "ns".into(),
+                        name: "s".into(),
+                        shard: 0,
+                    },
+                    Beat { response: false, term: 1, commit: 0 },
+                ),
+            ]),
+            PeerMessage::Heartbeats(Vec::new()),
             PeerMessage::Hello {
                 cluster: "c".into(),
                 node_id: "n2".into(),
                 secret: "s".into(),
                 incarnation: String::new(),
+                features: 0,
             },
             PeerMessage::Raft(Bytes::from_static(b"\x08\x01raft")),
             PeerMessage::ShardRaft(vec![
@@ -461,5 +602,42 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod heartbeat_size {
+    use super::*;
+    use raft::eraftpb::{Message, MessageType};
+
+    /// What coalescing saves: one heartbeat round of 100 groups of one stream to one peer.
+    #[test]
+    fn a_hundred_groups_heartbeats_take_a_fraction_of_the_bytes_coalesced() {
+        let shard = |i: u32| ShardId {
+            kind: Kind::Stream,
+            tenant: "acme".into(),
+            namespace: "payments".into(),
+            name: "ledger".into(),
+            shard: i,
+        };
+        let whole: Vec<(ShardId, Bytes)> = (0..100)
+            .map(|i| {
+                let mut m = Message::default();
+                m.set_msg_type(MessageType::MsgHeartbeat);
+                m.from = crate::cluster::node::raft_id("n1");
+                m.to = crate::cluster::node::raft_id("n2");
+                m.term = 12;
+                m.commit = 1_000_000 + u64::from(i);
+                (shard(i), Bytes::from(crate::cluster::meta::encode_message(&m)))
+            })
+            .collect();
+        let beats: Vec<(ShardId, Beat)> = (0..100)
+            .map(|i| (shard(i), Beat { response: false, term: 12, commit: 1_000_000 + u64::from(i) }))
+            .collect();
+        let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+        encode(&PeerMessage::ShardRaft(whole), &mut a).unwrap();
+        encode(&PeerMessage::Heartbeats(beats), &mut b).unwrap();
+        eprintln!("100 heartbeats: {} bytes as Raft messages, {} coalesced", a.len(), b.len());
+        assert!(b.len() * 2 < a.len(), "{} vs {}", b.len(), a.len());
     }
 }
