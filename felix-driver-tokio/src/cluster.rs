@@ -10,7 +10,7 @@
 //! `shard_unavailable`), and Raft messages are dropped (Raft sends again).
 
 use bytes::BytesMut;
-use felix_proto::cluster::peer::{PeerDecoder, PeerMessage, encode};
+use felix_proto::cluster::peer::{PeerDecoder, PeerMessage, encode, encode_chunks};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -210,14 +210,17 @@ async fn dial_loop(
         if encode(&hello, &mut buf).is_err() || send.write_all(&buf).await.is_err() {
             continue;
         }
+        let mut chunks: Vec<bytes::Bytes> = Vec::new();
         while let Some(m) = rx.recv().await {
-            buf.clear();
-            if let Err(e) = encode(&m, &mut buf) {
+            chunks.clear();
+            // In pieces: the entries a leader replicates go to QUIC as they are, not copied into
+            // a frame buffer (and again into the stream's) for every follower.
+            if let Err(e) = encode_chunks(&m, &mut chunks) {
                 // The node never makes one (its batches are split): said, not silently lost.
                 tracing::warn!("a peer message for {addr} was not sent: {e}");
                 continue;
             }
-            if send.write_all(&buf).await.is_err() {
+            if send.write_all_chunks(&mut chunks).await.is_err() {
                 let _ = inputs.send(PeerInput::Undeliverable(m));
                 break;
             }

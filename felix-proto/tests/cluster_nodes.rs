@@ -193,7 +193,7 @@ impl Cluster {
                                 PeerMessage::Heartbeats(_) => "heartbeats",
                                 PeerMessage::ShardRaft(list)
                                     if list.iter().all(|(_, b)| {
-                                        felix_proto::cluster::meta::decode_message(b).is_ok_and(|m| {
+                                        felix_proto::cluster::meta::decode_message(&b.to_bytes()).is_ok_and(|m| {
                                             matches!(
                                                 m.get_msg_type(),
                                                 raft::eraftpb::MessageType::MsgHeartbeat

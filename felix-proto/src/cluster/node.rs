@@ -12,7 +12,7 @@
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
 use super::metadata::ShardId;
 use super::metadata::{Command, Member, MemberState, Metadata};
-use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, PeerMessage};
+use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, PeerMessage, RaftBytes};
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
 use crate::broker::{Broker, BrokerOutput, ReplicaRole};
@@ -188,7 +188,7 @@ pub struct ClusterNode {
     /// Entry bytes between a replica's checkpoints (`None`: the default).
     checkpoint_bytes: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
-    shard_sends: BTreeMap<String, Vec<(ShardId, Bytes)>>,
+    shard_sends: BTreeMap<String, Vec<(ShardId, RaftBytes)>>,
     /// Shard groups' heartbeats waiting to go, per peer that reads them coalesced.
     beats: BTreeMap<String, Vec<(ShardId, Beat)>>,
     /// What each peer's hello offered ([`super::peer::PEER_FEATURES`]).
@@ -454,7 +454,7 @@ impl ClusterNode {
                     // A message for a shard this broker holds no replica of (yet: it starts at
                     // the next tick), or one that does not decode, changes nothing; Raft resends.
                     let Some(h) = self.replicas.get_mut(&shard) else { continue };
-                    let Ok(msg) = super::meta::decode_message_shared(&bytes) else { continue };
+                    let Ok(msg) = super::meta::decode_message_shared(&bytes.to_bytes()) else { continue };
                     if h.names.get(&msg.from).is_none_or(|n| n != from) {
                         continue; // only a shard's own replicas speak for it
                     }
@@ -559,7 +559,7 @@ impl ClusterNode {
         for token in h.replica.abandon() {
             self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
         }
-        let strip = |list: &mut Vec<(ShardId, Bytes)>| list.retain(|(s, _)| s != shard);
+        let strip = |list: &mut Vec<(ShardId, RaftBytes)>| list.retain(|(s, _)| s != shard);
         for list in self.shard_sends.values_mut() {
             strip(list);
         }
@@ -673,7 +673,7 @@ impl ClusterNode {
                         self.shard_sends
                             .entry(name.clone())
                             .or_default()
-                            .push((shard.clone(), Bytes::from(encode_message(&message))));
+                            .push((shard.clone(), super::meta::encode_message_parts(&message)));
                     }
                 }
                 ReplicaOutput::Answer { token, answer } => {
@@ -1041,8 +1041,8 @@ pub const MAX_BEATS_PER_MESSAGE: usize = 100_000;
 
 /// Splits one peer's Raft messages, in order, into runs of at most `max` bytes (a message
 /// bigger than that alone in its run).
-fn split_shard_sends(list: Vec<(ShardId, Bytes)>, max: usize) -> Vec<Vec<(ShardId, Bytes)>> {
-    let mut parts: Vec<Vec<(ShardId, Bytes)>> = Vec::new();
+fn split_shard_sends(list: Vec<(ShardId, RaftBytes)>, max: usize) -> Vec<Vec<(ShardId, RaftBytes)>> {
+    let mut parts: Vec<Vec<(ShardId, RaftBytes)>> = Vec::new();
     let mut size = 0;
     for (shard, bytes) in list {
         let n = bytes.len() + shard.name.len() + 64;
@@ -1072,7 +1072,8 @@ mod split_tests {
             shard: i,
         };
         // 256 appends of 1 MiB: one frame would be 256 MiB.
-        let list: Vec<(ShardId, Bytes)> = (0..256).map(|i| (shard(i), Bytes::from(vec![i as u8; 1 << 20]))).collect();
+        let list: Vec<(ShardId, RaftBytes)> =
+            (0..256).map(|i| (shard(i), RaftBytes::from(Bytes::from(vec![i as u8; 1 << 20])))).collect();
         let parts = split_shard_sends(list.clone(), SHARD_RAFT_BATCH_BYTES);
         assert!(parts.len() >= 64, "{} parts", parts.len());
         for p in &parts {
@@ -1081,7 +1082,10 @@ mod split_tests {
         }
         assert_eq!(parts.concat(), list, "every message, in order");
         // One message bigger than the limit still goes, alone.
-        let big = vec![(shard(0), Bytes::from(vec![0; 5 << 20])), (shard(1), Bytes::from_static(b"x"))];
+        let big = vec![
+            (shard(0), RaftBytes::from(Bytes::from(vec![0; 5 << 20]))),
+            (shard(1), RaftBytes::from(Bytes::from_static(b"x"))),
+        ];
         assert_eq!(split_shard_sends(big, SHARD_RAFT_BATCH_BYTES).len(), 2);
         assert!(split_shard_sends(Vec::new(), SHARD_RAFT_BATCH_BYTES).is_empty());
     }

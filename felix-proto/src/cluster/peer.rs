@@ -41,6 +41,63 @@ pub const FEATURE_COALESCED_HEARTBEATS: u64 = 0x1;
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS;
 
+/// One Raft message's bytes, possibly in pieces: a leader's entries are not copied into one
+/// buffer per follower ([`crate::cluster::meta::encode_message_parts`]); the transport sends the
+/// pieces as they are ([`encode_chunks`]) and a receiver gets them contiguous.
+#[derive(Debug, Clone, Default)]
+pub struct RaftBytes {
+    parts: Vec<Bytes>,
+}
+
+impl RaftBytes {
+    /// From its pieces, in order.
+    pub fn from_parts(parts: Vec<Bytes>) -> RaftBytes {
+        RaftBytes { parts }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(Bytes::len).sum()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its pieces.
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// Its bytes in one buffer (shared, not copied, when it is in one piece).
+    pub fn to_bytes(&self) -> Bytes {
+        match self.parts.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => {
+                let mut b = BytesMut::with_capacity(self.len());
+                for p in many {
+                    b.extend_from_slice(p);
+                }
+                b.freeze()
+            }
+        }
+    }
+}
+
+impl From<Bytes> for RaftBytes {
+    fn from(b: Bytes) -> RaftBytes {
+        RaftBytes { parts: vec![b] }
+    }
+}
+
+impl PartialEq for RaftBytes {
+    fn eq(&self, other: &RaftBytes) -> bool {
+        self.len() == other.len() && self.to_bytes() == other.to_bytes()
+    }
+}
+
 /// One shard group's heartbeat or heartbeat response, without what the pair of brokers
 /// already says (who sends, to whom: the replicas' ids are their brokers'), nor a context
 /// (heartbeats with one go as whole Raft messages).
@@ -99,7 +156,7 @@ pub enum PeerMessage {
     },
     /// Raft messages of replicated shards' groups, every group's in one message (one flow
     /// per pair of brokers, not per group).
-    ShardRaft(Vec<(ShardId, Bytes)>),
+    ShardRaft(Vec<(ShardId, RaftBytes)>),
     /// Shard groups' heartbeats to one peer, coalesced: a few bytes each instead of a Raft
     /// message and a shard name each.
     Heartbeats(Vec<(ShardId, Beat)>),
@@ -162,6 +219,57 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
     out.unsplit(body);
     out[header..header + 4].copy_from_slice(&len.to_be_bytes());
     out[header + 4] = kind;
+    Ok(())
+}
+
+/// Pieces at least this long go to the transport as they are (shared, not copied).
+const CHUNK_MIN: usize = 4096;
+
+/// [`encode`] as a list of pieces for a transport that sends pieces without copying them
+/// (QUIC `write_all_chunks`): the Raft messages of a `shard_raft` message, and the entries in
+/// them, are not copied into one frame. The same bytes as [`encode`], in pieces.
+///
+/// # Errors
+/// As [`encode`].
+pub fn encode_chunks(m: &PeerMessage, out: &mut Vec<Bytes>) -> Result<(), PeerError> {
+    let PeerMessage::ShardRaft(list) = m else {
+        let mut b = BytesMut::new();
+        encode(m, &mut b)?;
+        out.push(b.freeze());
+        return Ok(());
+    };
+    let mut body_len: usize = 4;
+    for (s, r) in list {
+        body_len += 1 + 6 + s.tenant.len() + s.namespace.len() + s.name.len() + 4 + 4 + r.len();
+    }
+    if body_len + 1 > MAX_PEER_FRAME {
+        return Err(PeerError::TooLong(body_len + 1));
+    }
+    let mut small = BytesMut::with_capacity(64 + 32 * list.len());
+    small.put_u32((body_len + 1) as u32);
+    small.put_u8(8);
+    small.put_u32(u32::try_from(list.len()).map_err(|_| PeerError::FieldTooLong("shard messages"))?);
+    for (shard, r) in list {
+        small.put_u8(u8::from(shard.kind == Kind::Cache));
+        put_str16(&mut small, &shard.tenant, "tenant")?;
+        put_str16(&mut small, &shard.namespace, "namespace")?;
+        put_str16(&mut small, &shard.name, "name")?;
+        small.put_u32(shard.shard);
+        small.put_u32(u32::try_from(r.len()).map_err(|_| PeerError::FieldTooLong("raft message"))?);
+        for p in r.parts() {
+            if p.len() >= CHUNK_MIN {
+                if !small.is_empty() {
+                    out.push(small.split().freeze());
+                }
+                out.push(p.clone());
+            } else {
+                small.extend_from_slice(p);
+            }
+        }
+    }
+    if !small.is_empty() {
+        out.push(small.freeze());
+    }
     Ok(())
 }
 
@@ -244,7 +352,9 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
                 put_str16(body, &shard.name, "name")?;
                 body.put_u32(shard.shard);
                 body.put_u32(u32::try_from(m.len()).map_err(|_| PeerError::FieldTooLong("raft message"))?);
-                body.extend_from_slice(m);
+                for p in m.parts() {
+                    body.extend_from_slice(p);
+                }
             }
             8
         }
@@ -356,7 +466,7 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
                 let shard = r.u32("shard")?;
                 let len = r.u32("len")? as usize;
                 let m = r.bytes(len, "raft message")?;
-                list.push((ShardId { kind, tenant, namespace, name, shard }, m));
+                list.push((ShardId { kind, tenant, namespace, name, shard }, RaftBytes::from(m)));
             }
             PeerMessage::ShardRaft(list)
         }
@@ -410,6 +520,13 @@ pub struct PeerDecoder {
 impl PeerDecoder {
     /// Bytes received.
     pub fn push(&mut self, data: &[u8]) {
+        // Room for the whole frame being read, once: growing by doubling (and moving what
+        // was read each time) cost a large frame several copies of itself.
+        if self.buf.len() >= 4 {
+            let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+            let want = (4 + len.min(MAX_PEER_FRAME)).max(self.buf.len() + data.len());
+            self.buf.reserve(want - self.buf.len());
+        }
         self.buf.extend_from_slice(data);
     }
 
@@ -509,7 +626,7 @@ mod tests {
                         name: "s".into(),
                         shard: 3,
                     },
-                    Bytes::from_static(b"\x08\x02"),
+                    RaftBytes::from(Bytes::from_static(b"\x08\x02")),
                 ),
                 (
                     ShardId {
@@ -519,7 +636,7 @@ mod tests {
                         name: "c".into(),
                         shard: 0,
                     },
-                    Bytes::new(),
+                    RaftBytes::from_parts(vec![Bytes::new(), Bytes::from(vec![7u8; 5000]), Bytes::from_static(b"end")]),
                 ),
             ]),
             PeerMessage::ShardRaft(Vec::new()),
@@ -577,6 +694,18 @@ mod tests {
     }
 
     #[test]
+    fn pieces_are_the_same_bytes_as_one_frame() {
+        for m in samples() {
+            let mut one = BytesMut::new();
+            encode(&m, &mut one).unwrap();
+            let mut parts = Vec::new();
+            encode_chunks(&m, &mut parts).unwrap();
+            let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+            assert_eq!(joined, one.to_vec(), "{m:?}");
+        }
+    }
+
+    #[test]
     fn bad_frames_are_errors() {
         let mut d = PeerDecoder::default();
         d.push(&[0xFF, 0xFF, 0xFF, 0xFF]);
@@ -620,7 +749,7 @@ mod heartbeat_size {
             name: "ledger".into(),
             shard: i,
         };
-        let whole: Vec<(ShardId, Bytes)> = (0..100)
+        let whole: Vec<(ShardId, RaftBytes)> = (0..100)
             .map(|i| {
                 let mut m = Message::default();
                 m.set_msg_type(MessageType::MsgHeartbeat);
@@ -628,7 +757,7 @@ mod heartbeat_size {
                 m.to = crate::cluster::node::raft_id("n2");
                 m.term = 12;
                 m.commit = 1_000_000 + u64::from(i);
-                (shard(i), Bytes::from(crate::cluster::meta::encode_message(&m)))
+                (shard(i), RaftBytes::from(Bytes::from(crate::cluster::meta::encode_message(&m))))
             })
             .collect();
         let beats: Vec<(ShardId, Beat)> = (0..100)
