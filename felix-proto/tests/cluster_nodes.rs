@@ -46,6 +46,8 @@ struct Cluster {
     old_peers: std::collections::BTreeSet<String>,
     /// Peer messages sent, by kind: (from, to, kind) → count.
     sent_kinds: BTreeMap<(String, String, &'static str), u64>,
+    /// Brokers cut off from the others: what they send and what is sent to them is lost.
+    cut: std::collections::BTreeSet<String>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -93,6 +95,7 @@ impl Cluster {
             history,
             old_peers: Default::default(),
             sent_kinds: BTreeMap::new(),
+            cut: Default::default(),
         };
         for n in names {
             c.hellos(n);
@@ -245,6 +248,9 @@ impl Cluster {
             }
             while let Some((from, to, bytes)) = self.network.pop_front() {
                 moved = true;
+                if self.cut.contains(&from) != self.cut.contains(&to) {
+                    continue;
+                }
                 let mut d = PeerDecoder::default();
                 d.push(&bytes);
                 let m = d.next_message().unwrap().unwrap();
@@ -1728,4 +1734,61 @@ fn shard_groups_heartbeats_are_coalesced_for_peers_that_read_them_and_whole_for_
     }
     assert_eq!(leading(&c), Some(leader.clone()));
     assert_eq!(c.nodes[&leader].replica_report().iter().find(|r| r.shard == ledger()).unwrap().term, term);
+}
+
+#[test]
+fn a_broker_cut_off_from_the_metadata_leader_fences_itself_before_its_lease_lapses_and_serves_again_once_back() {
+    use felix_proto::binary::AckStatus;
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let create = Command::Create {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shards: 3,
+        ephemeral: false,
+        replication: 0,
+    };
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&create, now);
+    c.until("every broker knows the stream", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders") == Some(3))
+    });
+    // A broker that owns a shard and does not lead the metadata group.
+    let meta_leader = c.nodes["n1"].leader().unwrap().to_owned();
+    let (victim, shard) =
+        (0..3).map(|s| (owner(&c, s), s)).find(|(o, _)| *o != meta_leader).expect("a shard owned by a follower");
+    let key = (0..1000)
+        .map(|k| format!("k{k}"))
+        .find(|k| felix_proto::routing::shard_for_key(Some(k.as_bytes()), 3, message::Routing::Modulo) == shard)
+        .unwrap();
+    let flags = 0x0001 | 0x0008 | 0x0040 | 0x0200 | 0x0400;
+    let (conn, st) = c.client(&victim, flags, 1);
+    c.send(&victim, conn, st, publish_binary("orders", &["before"], Some(1), Some(&key)));
+    let a = acks(&payloads(&c.take(&victim, conn, st)));
+    assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
+    // Cut off: within FENCE_AFTER (before the leader's LEASE could give its shards away) it
+    // stops serving them, with a reason a client can act on.
+    c.cut.insert(victim.clone());
+    let mut ticks = 0;
+    while !c.nodes[&victim].broker.is_fenced() {
+        c.tick();
+        ticks += 1;
+        assert!(ticks < 30, "fenced within 3 s");
+    }
+    assert!(felix_proto::cluster::node::TICK * ticks < felix_proto::cluster::node::LEASE, "{ticks} ticks");
+    c.send(&victim, conn, st, publish_binary("orders", &["while cut"], Some(2), Some(&key)));
+    let a = acks(&payloads(&c.take(&victim, conn, st)));
+    assert!(a.len() == 1 && a[0].status != AckStatus::Ok, "{a:?}");
+    assert_eq!(a[0].detail.as_ref().and_then(|d| d.reason.as_deref()), Some("fenced"), "{a:?}");
+    // Back in contact: it serves its durable shard again (it kept it: its records are there).
+    c.cut.clear();
+    c.until("no longer fenced", |c| !c.nodes[&victim].broker.is_fenced());
+    c.until("every broker is active again", |c| {
+        c.nodes.values().all(|n| n.metadata().members().values().all(|m| m.state == MemberState::Active))
+    });
+    c.send(&victim, conn, st, publish_binary("orders", &["after"], Some(3), Some(&key)));
+    let a = acks(&payloads(&c.take(&victim, conn, st)));
+    assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
 }

@@ -108,6 +108,10 @@ impl Broker {
         let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
         match view.owners.get(&id) {
             None => CacheHome::Unknown,
+            Some((owner, _, _)) if *owner == view.local && self.fenced => {
+                let m = Moved { node_id: owner.clone(), addr: None, generation: 0, down: true, reason: "fenced" };
+                CacheHome::Refused(m.unavailable(0))
+            }
             Some((owner, _, _)) if *owner == view.local => CacheHome::Here,
             Some((owner, addr, generation)) => CacheHome::Elsewhere(Moved {
                 node_id: owner.clone(),

@@ -110,6 +110,12 @@ impl Moved {
         let (message, retry_ms) = match self.reason {
             "not_ready" => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
             "no_leader" => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
+            "fenced" => (
+                format!(
+                    "this broker lost contact with the cluster's metadata leader: it serves shard {shard} again once back in contact; retry (another broker may own it by then)"
+                ),
+                500,
+            ),
             _ => (
                 format!("shard {shard} is owned by {}, which is down; it holds the shard's records", self.node_id),
                 1000,
@@ -536,6 +542,9 @@ pub struct Broker {
     served: forward_request::Served,
     /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
     draining: bool,
+    /// In a cluster, this broker lost contact with the metadata leader (its lease may have
+    /// lapsed and its shards been given to others): it serves none of its own shards.
+    fenced: bool,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
     /// Streams paused for their tenant's rate, and when they are read again.
@@ -614,6 +623,7 @@ impl Broker {
             request_forwards: HashMap::new(),
             served: forward_request::Served::default(),
             draining: false,
+            fenced: false,
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),
             cluster_revoked: Default::default(),

@@ -55,6 +55,7 @@ impl Broker {
         let owners: BTreeMap<ShardId, (String, Option<String>, u64)> =
             md.owners().iter().map(|(s, a)| (s.clone(), (a.owner.clone(), addr_of(&a.owner), a.generation))).collect();
         self.note_quorum_caches(md, local);
+        let fenced = self.fenced;
         for (shard, (owner, addr, generation)) in &owners {
             if shard.kind != Kind::Stream {
                 continue;
@@ -90,7 +91,8 @@ impl Broker {
             }
             let down = md.unavailable(shard);
             if owner == local {
-                sh.moved = None;
+                // A fenced broker does not take its shards back until it is in contact again.
+                sh.moved = fenced.then(|| fence_mark(local));
             } else if sh.moved.as_ref().is_none_or(|m| m.node_id != *owner || m.generation != *generation) {
                 let hint = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };
                 self.move_shard(&shard.tenant, &shard.namespace, &shard.name, shard.shard, hint, now);
@@ -223,5 +225,52 @@ impl Broker {
         };
         let m = Message::ShardOwnersView(message::ShardOwnersView { request_id: q.request_id, owners });
         self.send(conn, st, json_frame(&m));
+    }
+}
+
+/// What a fenced broker's own shards say: unavailable here, reason `fenced` (retry).
+fn fence_mark(local: &str) -> Moved {
+    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: "fenced" }
+}
+
+impl Broker {
+    /// In a cluster: whether this broker is fenced ([`set_fenced`](Self::set_fenced)).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// The cluster node says this broker lost contact with the metadata leader (`true`), or is
+    /// back in contact (`false`). Fenced, it may have been declared down and its shards given
+    /// to others, so it serves none of its own: its subscriptions on them end as on a move
+    /// (after what they were sent), and publishes, subscribes and cache requests for them are
+    /// refused `shard_unavailable` reason `fenced` (retry) until it is back. Replicated shards
+    /// are their Raft groups' to decide (a leader that lost its majority steps down).
+    pub fn set_fenced(&mut self, fenced: bool, now: Instant) {
+        let now = self.clock.advance(now);
+        if self.fenced == fenced {
+            return;
+        }
+        self.fenced = fenced;
+        let Some(local) = self.cluster.as_ref().map(|c| c.local.clone()) else { return };
+        let mut owned: Vec<(Key, u32)> = Vec::new();
+        for (k, e) in &self.streams {
+            for (i, sh) in e.shards.iter().enumerate() {
+                let ours =
+                    if fenced { sh.moved.is_none() } else { sh.moved.as_ref().is_some_and(|m| m.reason == "fenced") };
+                if sh.replica.is_none() && ours && !syslog::is_sys(k) {
+                    owned.push((k.clone(), i as u32));
+                }
+            }
+        }
+        owned.sort();
+        for (k, n) in owned {
+            if fenced {
+                let hint = OwnerHint { node_id: String::new(), addr: None, generation: 0 };
+                self.move_shard(k.tenant(), k.namespace(), k.name(), n, hint, now);
+            }
+            if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(n as usize)) {
+                sh.moved = fenced.then(|| fence_mark(&local));
+            }
+        }
     }
 }

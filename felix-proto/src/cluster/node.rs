@@ -33,6 +33,11 @@ const JOIN_RETRY_TICKS: u64 = 10;
 /// 300 ms, so a live member is heard about ten times per lease.
 pub const LEASE: Duration = Duration::from_secs(3);
 
+/// Without a word from a metadata leader for this long, a broker fences itself (serves none of
+/// its own shards): well inside [`LEASE`], after which the leader may declare it down and give
+/// its in-memory shards to others, so two brokers never serve one shard. Five heartbeats.
+pub const FENCE_AFTER: Duration = Duration::from_millis(1500);
+
 /// What the node asks its driver to do, in order.
 #[derive(Debug)]
 pub enum NodeOutput {
@@ -193,6 +198,8 @@ pub struct ClusterNode {
     beats: BTreeMap<String, Vec<(ShardId, Beat)>>,
     /// What each peer's hello offered ([`super::peer::PEER_FEATURES`]).
     peer_features: BTreeMap<String, u64>,
+    /// When a metadata leader was last heard from (or this broker last led).
+    leader_contact: Instant,
 }
 
 /// One replica of a replicated shard as its broker sees it ([`ClusterNode::replica_report`]).
@@ -314,6 +321,7 @@ impl ClusterNode {
             shard_sends: BTreeMap::new(),
             beats: BTreeMap::new(),
             peer_features: BTreeMap::new(),
+            leader_contact: now,
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -437,6 +445,14 @@ impl ClusterNode {
                     // transport checked who is speaking) before its log tells it.
                     if msg.from == raft_id(from) {
                         self.names.entry(msg.from).or_insert_with(|| from.to_owned());
+                    }
+                    // Only a leader sends these: it is in contact (its lease holds).
+                    if matches!(
+                        msg.get_msg_type(),
+                        MessageType::MsgHeartbeat | MessageType::MsgAppend | MessageType::MsgSnapshot
+                    ) && msg.term >= self.meta.term()
+                    {
+                        self.leader_contact = now;
                     }
                     let _ = self.meta.step(msg);
                 }
@@ -785,6 +801,7 @@ impl ClusterNode {
                 self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
             }
             self.check_leases(now);
+            self.check_fence(now);
             self.sync_replicas(now);
             let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
             for shard in shards {
@@ -893,6 +910,19 @@ impl ClusterNode {
             }
             other => NodeOutput::Broker(other),
         })
+    }
+
+    /// Fences the broker while no metadata leader was heard from for [`FENCE_AFTER`] (a
+    /// broker alone in its cluster never is), and lifts it once one is.
+    fn check_fence(&mut self, now: Instant) {
+        if self.meta.is_leader() {
+            self.leader_contact = now;
+        }
+        let alone = self.meta.voters().len() <= 1;
+        let fenced = !alone && !self.removed && now.saturating_duration_since(self.leader_contact) > FENCE_AFTER;
+        if fenced != self.broker.is_fenced() {
+            self.broker.set_fenced(fenced, now);
+        }
     }
 
     /// The leader declares down the active members it has not heard from for [`LEASE`]. A new
