@@ -48,6 +48,8 @@ struct Cluster {
     sent_kinds: BTreeMap<(String, String, &'static str), u64>,
     /// Brokers cut off from the others: what they send and what is sent to them is lost.
     cut: std::collections::BTreeSet<String>,
+    /// Caches named in the configuration of brokers (re)started by `start`.
+    cache_specs: Vec<felix_proto::broker::CacheSpec>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -96,6 +98,7 @@ impl Cluster {
             old_peers: Default::default(),
             sent_kinds: BTreeMap::new(),
             cut: Default::default(),
+            cache_specs: Vec::new(),
         };
         for n in names {
             c.hellos(n);
@@ -121,11 +124,13 @@ impl Cluster {
         let mut cfg = config();
         cfg.clustered = true;
         cfg.history_reads = self.history;
+        cfg.caches = self.cache_specs.clone();
         if let Some(r) = self.retain {
             cfg.default_stream.retention.max_records = Some(r);
         }
-        let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000));
         let i = NAMES.iter().position(|n| *n == name).unwrap() as u16 + 1;
+        // Each broker's own clock: wall times a few milliseconds apart, as on real machines.
+        let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000 + u64::from(i) * 7_000));
         let mut node = ClusterNode::new(broker, member(name, i), &peers, kept, now).unwrap();
         if self.retain.is_some() {
             node.set_replica_checkpoint_bytes(300);
@@ -1416,6 +1421,20 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     use felix_proto::message::CacheCondition;
     use quorum_cache::*;
     let mut c = Cluster::with(&NAMES, true);
+    // Named in the configuration too (a configured cache starts its versions after a wall-clock
+    // seed of its own broker's; replicated, they are the group's offsets everywhere).
+    c.cache_specs = vec![felix_proto::broker::CacheSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "sessions".into(),
+        durable: false,
+        replication: 3,
+    }];
+    for (i, n) in NAMES.iter().enumerate() {
+        c.now += std::time::Duration::from_millis(7 * i as u64 + 1);
+        let now = c.now;
+        c.start(n, &RaftLog::default(), now);
+    }
     create_sessions(&mut c);
     let first = cache_leader(&c).unwrap();
     let cl = client(&mut c, &first, 1);

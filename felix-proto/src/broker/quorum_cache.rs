@@ -175,9 +175,11 @@ impl Broker {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let c = self.caches.entry(k).or_default();
         if c.replica.is_none() {
+            // Everything it holds comes from the group's log from now on, versions included:
+            // not the wall-clock seed a configured cache starts its versions after, which
+            // differs from broker to broker (every replica must give a change one version).
+            *c = Cache::default();
             c.replica = Some(ReplicaRole::Following { leader: None });
-            // Its log is the group's: no system log of its own.
-            c.durable = false;
         }
         c
     }
