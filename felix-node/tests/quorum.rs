@@ -94,7 +94,9 @@ fn leader_of(nodes: &[Node], name: &str) -> Option<String> {
     })
 }
 
-fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
+/// Three brokers started on loopback, each with a data directory of its own (kept while the
+/// returned directories live), and the `--peers` list they were given.
+fn three_brokers() -> (Vec<tempfile::TempDir>, Vec<Node>, String) {
     let names = ["n1", "n2", "n3"];
     let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
     let mut nodes: Vec<Node> = names
@@ -113,6 +115,11 @@ fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
     for n in &mut nodes {
         n.start(&peers);
     }
+    (dirs, nodes, peers)
+}
+
+fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
+    let (_dirs, mut nodes, peers) = three_brokers();
     let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
     let any_dir = nodes[0].dir.clone();
     let metrics: Vec<SocketAddr> = nodes.iter().map(|n| n.metrics).collect();
@@ -362,24 +369,7 @@ fn a_replicated_stream_keeps_every_acknowledged_record_across_ten_leader_kills()
 /// with a killed broker), with the same version everywhere.
 #[test]
 fn a_replicated_cache_keeps_every_acknowledged_value_across_leader_kills() {
-    let names = ["n1", "n2", "n3"];
-    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes: Vec<Node> = names
-        .iter()
-        .zip(&dirs)
-        .map(|(n, d)| Node {
-            name: n.to_string(),
-            client: free_udp(),
-            cluster: free_udp(),
-            metrics: free_tcp(),
-            dir: d.path().to_owned(),
-            proc: None,
-        })
-        .collect();
-    let peers = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
-    for n in &mut nodes {
-        n.start(&peers);
-    }
+    let (_dirs, mut nodes, peers) = three_brokers();
     let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
     let any_dir = nodes[0].dir.clone();
     // A put, retried while refused (nothing written); `true` once acknowledged, `false` when

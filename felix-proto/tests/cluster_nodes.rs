@@ -287,6 +287,27 @@ impl Cluster {
         panic!("not within 30 s of cluster time: {what}");
     }
 
+    /// Once every broker joined: creates a stream or cache (`replication` 0 or 1: not
+    /// replicated) through the metadata group, and waits until every broker knows it.
+    fn create(&mut self, kind: Kind, name: &str, shards: u32, replication: u32) {
+        self.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+        let create = Command::Create {
+            kind,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: name.into(),
+            shards,
+            ephemeral: false,
+            replication,
+        };
+        let now = self.now;
+        self.nodes.get_mut("n1").unwrap().propose(&create, now);
+        self.settle();
+        self.until("every broker knows it", |c| {
+            c.nodes.values().all(|n| n.metadata().shard_count(kind, "t1", "default", name) == Some(shards))
+        });
+    }
+
     /// A raw client on `node`: an authenticated control stream.
     fn client(&mut self, node: &str, flags: u16, index: u64) -> (ConnId, StreamId) {
         let n = self.nodes.get_mut(node).unwrap();
@@ -523,22 +544,7 @@ fn a_dead_broker_is_declared_down_its_in_memory_shards_move_and_its_durable_ones
 #[test]
 fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
     let mut c = Cluster::new(&NAMES);
-    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
-    let create = Command::Create {
-        kind: Kind::Stream,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "orders".into(),
-        shards: 3,
-        ephemeral: false,
-        replication: 0,
-    };
-    let now = c.now;
-    c.nodes.get_mut("n1").unwrap().propose(&create, now);
-    c.settle();
-    c.until("the stream is known everywhere", |c| {
-        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders").is_some())
-    });
+    c.create(Kind::Stream, "orders", 3, 0);
     // A subscriber on the owner of shard 0.
     let owner0 = owner(&c, 0);
     let (p, st) = c.client(&owner0, 0x0001 | 0x0020, 5);
@@ -1095,19 +1101,7 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
 }
 
 fn create_ledger(c: &mut Cluster) {
-    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
-    let create = Command::Create {
-        kind: Kind::Stream,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "ledger".into(),
-        shards: 1,
-        ephemeral: false,
-        replication: 3,
-    };
-    let now = c.now;
-    c.nodes.get_mut("n1").unwrap().propose(&create, now);
-    c.settle();
+    c.create(Kind::Stream, "ledger", 1, 3);
     c.until("a replica leads", |c| leading(c).is_some());
 }
 
@@ -1277,19 +1271,7 @@ fn cache_leader(c: &Cluster) -> Option<String> {
 
 /// Creates `sessions` replicated three ways and waits for its leader.
 fn create_sessions(c: &mut Cluster) {
-    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
-    let create = Command::Create {
-        kind: Kind::Cache,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "sessions".into(),
-        shards: 1,
-        ephemeral: false,
-        replication: 3,
-    };
-    let now = c.now;
-    c.nodes.get_mut("n1").unwrap().propose(&create, now);
-    c.settle();
+    c.create(Kind::Cache, "sessions", 1, 3);
     c.until("a replica leads the cache and the metadata names it", |c| {
         cache_leader(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&sessions()).unwrap().owner == l))
     });
@@ -1759,21 +1741,7 @@ fn shard_groups_heartbeats_are_coalesced_for_peers_that_read_them_and_whole_for_
 fn a_broker_cut_off_from_the_metadata_leader_fences_itself_before_its_lease_lapses_and_serves_again_once_back() {
     use felix_proto::binary::AckStatus;
     let mut c = Cluster::new(&NAMES);
-    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
-    let create = Command::Create {
-        kind: Kind::Stream,
-        tenant: "t1".into(),
-        namespace: "default".into(),
-        name: "orders".into(),
-        shards: 3,
-        ephemeral: false,
-        replication: 0,
-    };
-    let now = c.now;
-    c.nodes.get_mut("n1").unwrap().propose(&create, now);
-    c.until("every broker knows the stream", |c| {
-        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", "orders") == Some(3))
-    });
+    c.create(Kind::Stream, "orders", 3, 0);
     // A broker that owns a shard and does not lead the metadata group.
     let meta_leader = c.nodes["n1"].leader().unwrap().to_owned();
     let (victim, shard) =
