@@ -364,7 +364,8 @@ impl Broker {
             Answer::Appended { offset, .. } => self.caches.get_mut(&w.cache).and_then(|c| c.results.remove(offset)),
             _ => None,
         };
-        let (conn, stream, offer, reply) = w.to?;
+        // An expiry pass's proposal: nobody waits for it.
+        let Some((conn, stream, offer, reply)) = w.to else { return Some(()) };
         let refusal = |code, message: &str| Err(Refusal::new(code, message));
         let result = match (answer, outcome) {
             (Answer::Appended { .. }, Some(o)) if o.full => {
