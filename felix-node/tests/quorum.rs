@@ -94,6 +94,14 @@ fn leader_of(nodes: &[Node], name: &str) -> Option<String> {
     })
 }
 
+/// Whether a CLI error says the request was refused before anything was written (retry it),
+/// rather than that its outcome is unknown.
+fn refused_before_writing(err: &str) -> bool {
+    ["shard_unavailable", "not_leader", "owned by", "electing", "settling", "being created"]
+        .iter()
+        .any(|w| err.contains(w))
+}
+
 /// Three brokers started on loopback, each with a data directory of its own (kept while the
 /// returned directories live), and the `--peers` list they were given.
 fn three_brokers() -> (Vec<tempfile::TempDir>, Vec<Node>, String) {
@@ -133,9 +141,7 @@ fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
             if ok {
                 return true;
             }
-            let refused = ["shard_unavailable", "not_leader", "owned by", "electing", "settling", "being created"]
-                .iter()
-                .any(|w| err.contains(w));
+            let refused = refused_before_writing(&err);
             if !refused {
                 return false;
             }
@@ -382,9 +388,7 @@ fn a_replicated_cache_keeps_every_acknowledged_value_across_leader_kills() {
             if ok {
                 return true;
             }
-            let refused = ["shard_unavailable", "not_leader", "owned by", "electing", "settling", "being created"]
-                .iter()
-                .any(|w| err.contains(w));
+            let refused = refused_before_writing(&err);
             if !refused {
                 eprintln!("{key}={value}: outcome unknown: {err}");
                 return false;

@@ -1009,12 +1009,14 @@ fn ledger() -> ShardId {
     ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "ledger".into(), shard: 0 }
 }
 
-fn leading(c: &Cluster) -> Option<String> {
+/// The broker whose replica of `shard` leads (its generation start committed).
+fn leader_of(c: &Cluster, shard: &ShardId) -> Option<String> {
     use felix_proto::broker::ReplicaRole;
-    c.nodes
-        .iter()
-        .find(|(_, n)| n.broker.replica_role(&ledger()) == Some(&ReplicaRole::Leading))
-        .map(|(k, _)| k.clone())
+    c.nodes.iter().find(|(_, n)| n.broker.replica_role(shard) == Some(&ReplicaRole::Leading)).map(|(k, _)| k.clone())
+}
+
+fn leading(c: &Cluster) -> Option<String> {
+    leader_of(c, &ledger())
 }
 
 /// Every payload a broker holds committed of the ledger, in offset order, and its
@@ -1262,11 +1264,7 @@ fn sessions() -> ShardId {
 }
 
 fn cache_leader(c: &Cluster) -> Option<String> {
-    use felix_proto::broker::ReplicaRole;
-    c.nodes
-        .iter()
-        .find(|(_, n)| n.broker.replica_role(&sessions()) == Some(&ReplicaRole::Leading))
-        .map(|(k, _)| k.clone())
+    leader_of(c, &sessions())
 }
 
 /// Creates `sessions` replicated three ways and waits for its leader.
