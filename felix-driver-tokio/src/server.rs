@@ -865,6 +865,7 @@ impl BrokerTask {
             })
             .collect();
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
+            "fenced": n.broker.is_fenced(),
             "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas,
             "failed_replicas": failed});
         format!("{v}\n")

@@ -1177,7 +1177,15 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     let s = |x: &serde_json::Value| x.as_str().unwrap_or("-").to_owned();
-    out!("node     {}", s(&v["node_id"]));
+    if v["fenced"] == true {
+        // On the first line, the one that is this broker's own.
+        out!(
+            "node     {}  FENCED: not in contact with the metadata leader (or not caught up): serves none of its shards",
+            s(&v["node_id"])
+        );
+    } else {
+        out!("node     {}", s(&v["node_id"]));
+    }
     out!("leader   {}", s(&v["leader"]));
     out!("members");
     for m in v["members"].as_array().into_iter().flatten() {

@@ -301,12 +301,15 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
         .unwrap();
     // Killed when dropped, whatever happens below.
     let back = Broker { child, name: "n3".into(), client, metrics, dir };
-    wait_for("n3 active again, for everyone", 20, || {
+    // (Its own view is the log it replayed until the leader confirmed it caught up: fenced
+    // until then, whatever that view says.)
+    wait_for("n3 active again, for everyone, and n3 caught up", 20, || {
         brokers.iter().chain([&back]).all(|b| {
             status(b).is_some_and(|v| {
                 v["members"]
                     .as_array()
                     .is_some_and(|m| m.iter().any(|m| m["node_id"] == "n3" && m["state"] == "active"))
+                    && v["fenced"] == false
             })
         })
     });

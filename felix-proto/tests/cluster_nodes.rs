@@ -524,17 +524,57 @@ fn a_dead_broker_is_declared_down_its_in_memory_shards_move_and_its_durable_ones
     c.send(&survivor, conn, st, publish_binary("orders", &["x"], Some(1), Some(&key)));
     let a = acks(&payloads(&c.take(&survivor, conn, st))).remove(0);
     assert_eq!(a.code.map(|(c, _)| c.name().into_owned()).as_deref(), Some("shard_unavailable"));
-    // It comes back from its kept log, rejoins active, and serves its durable shard again.
+    // It comes back from its kept log, still cut off: what it replayed says it owns the
+    // in-memory shard that moved while it was down, yet it serves nothing until a leader
+    // confirmed what the cluster committed and it applied that (fenced from the start).
     let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
     let mut cfg = config();
     cfg.clustered = true;
     let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
     let i = NAMES.iter().position(|n| **n == victim).unwrap() as u16 + 1;
     let kept = c.kept[&victim].clone();
+    c.cut.insert(victim.clone());
     c.nodes.insert(victim.clone(), ClusterNode::new(broker, member(&victim, i), &peers, &kept, c.now).unwrap());
+    c.tick();
+    assert_eq!(
+        c.nodes[&victim]
+            .metadata()
+            .owner(&ShardId {
+                kind: Kind::Stream,
+                tenant: "t1".into(),
+                namespace: "default".into(),
+                name: "ticks".into(),
+                shard: memory_shard,
+            })
+            .map(|a| a.owner.clone()),
+        Some(victim.clone()),
+        "its replayed view is stale"
+    );
+    let memory_key = (0..200)
+        .map(|k| format!("m{k}"))
+        .find(|k| felix_proto::routing::shard_for_key(Some(k.as_bytes()), 6, message::Routing::Modulo) == memory_shard)
+        .unwrap();
+    let (vconn, vst) = c.client(&victim, 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x0200 | 0x0400 | 0x1000, 8);
+    c.send(&victim, vconn, vst, publish_binary("ticks", &["stale"], Some(1), Some(&memory_key)));
+    let a = acks(&payloads(&c.take(&victim, vconn, vst))).remove(0);
+    assert_eq!(a.detail.as_ref().and_then(|d| d.reason.as_deref()), Some("fenced"), "{a:?}");
+    for _ in 0..5 {
+        c.tick();
+    }
+    assert!(c.nodes[&victim].broker.is_fenced(), "no leader heard: still fenced");
+    // In contact again: it rejoins active, learns the shard's new owner and forwards to it.
+    c.cut.clear();
     c.until("the broker is active again everywhere", |c| {
         c.nodes.values().all(|n| n.metadata().members()[&victim].state == MemberState::Active)
     });
+    c.until("no longer fenced", |c| !c.nodes[&victim].broker.is_fenced());
+    // (The placement may have handed it back to it, at a newer generation still.)
+    let now_owner = owner_in(&c, &leader, "ticks", memory_shard);
+    assert_eq!(owner_in(&c, &victim, "ticks", memory_shard), now_owner, "its view is the cluster's");
+    assert!(now_owner.generation > before.generation);
+    c.send(&victim, vconn, vst, publish_binary("ticks", &["fresh"], Some(2), Some(&memory_key)));
+    let a = acks(&payloads(&c.take(&victim, vconn, vst))).remove(0);
+    assert_eq!(a.status, AckStatus::Ok, "{a:?}");
     c.send(&survivor, conn, st, publish_binary("orders", &["y"], Some(2), Some(&key)));
     let a = acks(&payloads(&c.take(&survivor, conn, st))).remove(0);
     assert_eq!(a.status, AckStatus::Ok, "{a:?}");

@@ -91,8 +91,10 @@ impl Broker {
             }
             let down = md.unavailable(shard);
             if owner == local {
-                // A fenced broker does not take its shards back until it is in contact again.
+                // A fenced broker does not take its shards back until it is in contact again
+                // (its own mark stays `down`: it never names itself as the owner to go to).
                 sh.moved = fenced.then(|| fence_mark(local));
+                continue;
             } else if sh.moved.as_ref().is_none_or(|m| m.node_id != *owner || m.generation != *generation) {
                 let hint = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };
                 self.move_shard(&shard.tenant, &shard.namespace, &shard.name, shard.shard, hint, now);

@@ -136,6 +136,15 @@ pub enum MetaOutput {
         /// What the proposer attached (the founding voters' own: their names).
         context: Vec<u8>,
     },
+    /// A read-index request ([`MetaNode::read_index`]) was confirmed by the leader: once this
+    /// member applied up to `index`, its state is at least as new as the group's was when the
+    /// request was made (the leader checked with a majority that it still leads).
+    ReadIndex {
+        /// What the request was made with.
+        ctx: Vec<u8>,
+        /// The leader's commit index when it confirmed.
+        index: u64,
+    },
     /// A command committed by the group, in log order: apply it. (With
     /// [`MetaNode::report_leader_entries`], also the empty entry each new leader appends: `data`
     /// empty.)
@@ -439,6 +448,28 @@ impl MetaNode {
         r.map_err(MetaError::from)
     }
 
+    /// Asks the leader for its commit index, confirmed with a majority (Raft's read index):
+    /// answered by a [`MetaOutput::ReadIndex`] with `ctx`, or never (no leader, or a message
+    /// lost: ask again later).
+    pub fn read_index(&mut self, ctx: Vec<u8>) {
+        self.raw.read_index(ctx);
+        self.process_ready();
+    }
+
+    /// On the leader, once an entry of its own term committed: its commit index, which covers
+    /// everything the group ever committed (the condition under which Raft's leader answers a
+    /// read index). `None` elsewhere.
+    pub fn leader_commit(&self) -> Option<u64> {
+        let log = &self.raw.raft.raft_log;
+        (self.is_leader() && log.term(log.committed).is_ok_and(|t| t == self.term())).then_some(log.committed)
+    }
+
+    /// The index up to which committed entries were handed out (every entry, the engine's
+    /// own empty ones too).
+    pub fn applied(&self) -> u64 {
+        self.raw.raft.raft_log.applied()
+    }
+
     /// The next thing to do.
     pub fn poll_output(&mut self) -> Option<MetaOutput> {
         self.out.pop_front()
@@ -459,6 +490,9 @@ impl MetaNode {
                 }
             }
             self.apply(rd.take_committed_entries());
+            for r in rd.take_read_states() {
+                self.out.push_back(MetaOutput::ReadIndex { ctx: r.request_ctx, index: r.index });
+            }
             if !rd.entries().is_empty() {
                 let _ = self.raw.mut_store().mem.wl().append(rd.entries());
             }
@@ -1044,6 +1078,7 @@ mod tests {
         leaders_by_term: BTreeMap<u64, BTreeSet<u64>>,
         kept: BTreeMap<u64, RaftLog>,
         changes: BTreeMap<u64, Vec<(bool, u64)>>,
+        reads: BTreeMap<u64, Vec<(Vec<u8>, u64)>>,
     }
 
     impl Group {
@@ -1056,6 +1091,7 @@ mod tests {
                 leaders_by_term: BTreeMap::new(),
                 kept: BTreeMap::new(),
                 changes: BTreeMap::new(),
+                reads: BTreeMap::new(),
             }
         }
 
@@ -1078,6 +1114,9 @@ mod tests {
                             }
                             MetaOutput::ConfChanged { added, id: voter, .. } => {
                                 self.changes.entry(id).or_default().push((added, voter))
+                            }
+                            MetaOutput::ReadIndex { ctx, index } => {
+                                self.reads.entry(id).or_default().push((ctx, index))
                             }
                         }
                     }
@@ -1147,6 +1186,35 @@ mod tests {
         assert_eq!(g.leaders().len(), 1);
         assert_eq!(g.applied[&1].last(), Some(&vec![42]));
         assert!(g.leaders_by_term.values().all(|l| l.len() == 1), "{:?}", g.leaders_by_term);
+    }
+
+    #[test]
+    fn a_read_index_is_the_leaders_commit_confirmed_and_none_comes_without_a_majority() {
+        let mut g = Group::new(&[1, 2, 3]);
+        g.run(30);
+        for i in 0..3u8 {
+            g.nodes.get_mut(&1).unwrap().propose(vec![i]).unwrap();
+        }
+        g.settle();
+        let committed = g.nodes[&1].indexes().1;
+        // A follower asks: the leader answers with its commit index, which the follower applied
+        // (or will apply) up to.
+        g.nodes.get_mut(&3).unwrap().read_index(b"r1".to_vec());
+        g.settle();
+        let (ctx, index) = g.reads[&3].last().cloned().unwrap();
+        assert_eq!((ctx.as_slice(), index), (&b"r1"[..], committed));
+        assert!(g.nodes[&3].applied() >= index);
+        // The leader cut off from both followers: it cannot confirm it still leads, and a
+        // follower cut off cannot ask: nothing is answered.
+        g.cut.insert(1);
+        g.nodes.get_mut(&1).unwrap().read_index(b"r2".to_vec());
+        g.settle();
+        assert!(g.reads.get(&1).is_none_or(|r| r.is_empty()), "{:?}", g.reads.get(&1));
+        g.cut.clear();
+        g.cut.insert(2);
+        g.nodes.get_mut(&2).unwrap().read_index(b"r3".to_vec());
+        g.settle();
+        assert_eq!(g.reads[&3].len() + g.reads.get(&2).map_or(0, Vec::len), 1);
     }
 
     #[test]

@@ -700,6 +700,7 @@ mod tests {
                                 }
                                 MetaOutput::Persist { .. }
                                 | MetaOutput::PersistSnapshot { .. }
+                                | MetaOutput::ReadIndex { .. }
                                 | MetaOutput::ConfChanged { .. } => {}
                             }
                         }

@@ -200,7 +200,33 @@ pub struct ClusterNode {
     peer_features: BTreeMap<String, u64>,
     /// When a metadata leader was last heard from (or this broker last led).
     leader_contact: Instant,
+    /// Where this broker stands on knowing the cluster's current metadata ([`Currency`]).
+    currency: Currency,
+    /// The last read-index request's context (a counter).
+    read_ctx: u64,
 }
+
+/// Whether this broker's applied metadata is known to be current: a broker that (re)starts
+/// replays its own log, and one cut off may have missed entries (its shards given to others),
+/// so contact with a leader alone does not make its view current (the entries may follow the
+/// heartbeat). It is fenced until a read index ([`MetaNode::read_index`]) asked after the
+/// contact resumed was confirmed and applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Currency {
+    /// Not known current: a read index (context at least `since`) was asked at `asked`, while
+    /// the leader known and the commit index were `of`. A follower that knows no leader cannot
+    /// ask, and a leader drops what is asked before it committed an entry of its term: asked
+    /// again when either changes (and every [`READ_INDEX_RETRY`], for what a network lost).
+    Unconfirmed { since: u64, asked: Option<Instant>, of: (Option<u64>, u64) },
+    /// The leader confirmed index `index` (for a request of this period); applied once this
+    /// broker applied up to it.
+    Confirmed { index: u64 },
+    /// Applied the confirmed index: current while contact lasts.
+    Current,
+}
+
+/// A read-index request unanswered for this long is asked again (it or its answer was lost).
+const READ_INDEX_RETRY: Duration = Duration::from_millis(300);
 
 /// One replica of a replicated shard as its broker sees it ([`ClusterNode::replica_report`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,11 +348,15 @@ impl ClusterNode {
             beats: BTreeMap::new(),
             peer_features: BTreeMap::new(),
             leader_contact: now,
+            currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
+            read_ctx: 0,
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
         // The founding entries (or a replay) come out now.
         node.drain_meta(now);
+        // What was replayed is not known current: fenced until confirmed.
+        node.check_fence(now);
         Ok(node)
     }
 
@@ -455,6 +485,10 @@ impl ClusterNode {
                         self.leader_contact = now;
                     }
                     let _ = self.meta.step(msg);
+                    // Not known current: asked as soon as there is a leader to ask.
+                    if self.currency != Currency::Current {
+                        self.check_fence(now);
+                    }
                 }
             }
             PeerMessage::Forward(p) => self.broker.handle_forwarded(from, p, now),
@@ -919,7 +953,38 @@ impl ClusterNode {
             self.leader_contact = now;
         }
         let alone = self.meta.voters().len() <= 1;
-        let fenced = !alone && !self.removed && now.saturating_duration_since(self.leader_contact) > FENCE_AFTER;
+        let lost = now.saturating_duration_since(self.leader_contact) > FENCE_AFTER;
+        if lost && !matches!(self.currency, Currency::Unconfirmed { .. }) {
+            // Entries may be missed from now on: a new confirmation, asked after contact
+            // resumes, is needed.
+            self.currency = Currency::Unconfirmed { since: self.read_ctx + 1, asked: None, of: (None, 0) };
+        }
+        if let Currency::Confirmed { index } = self.currency
+            && self.meta.applied() >= index
+        {
+            self.currency = Currency::Current;
+        }
+        if let Currency::Unconfirmed { .. } = self.currency
+            && let Some(index) = self.meta.leader_commit()
+        {
+            // The leader itself: its committed log has everything (Raft's leader completeness).
+            self.currency =
+                if self.meta.applied() >= index { Currency::Current } else { Currency::Confirmed { index } };
+        }
+        let at = (self.meta.leader(), self.meta.indexes().1);
+        if let Currency::Unconfirmed { since, asked, of } = self.currency
+            && !lost
+            && !alone
+            && at.0.is_some()
+            && (of != at || asked.is_none_or(|a| now.saturating_duration_since(a) >= READ_INDEX_RETRY))
+        {
+            self.read_ctx += 1;
+            self.currency = Currency::Unconfirmed { since, asked: Some(now), of: at };
+            self.meta.read_index(self.read_ctx.to_be_bytes().to_vec());
+            self.drain_meta(now);
+        }
+        let current = self.currency == Currency::Current;
+        let fenced = !alone && !self.removed && (lost || !current);
         if fenced != self.broker.is_fenced() {
             self.broker.set_fenced(fenced, now);
         }
@@ -994,6 +1059,7 @@ impl ClusterNode {
     /// to apply.
     fn drain_meta(&mut self, now: Instant) {
         let mut changed = false;
+        let mut confirmed = false;
         while let Some(o) = self.meta.poll_output() {
             match o {
                 // The metadata group never compacts its log, so its leader never sends a
@@ -1043,6 +1109,15 @@ impl ClusterNode {
                         changed |= self.metadata.apply(&Command::RemoveVoter { id: name, force: true }).is_ok();
                     }
                 }
+                MetaOutput::ReadIndex { ctx, index } => {
+                    let ctx = ctx.try_into().map(u64::from_be_bytes).unwrap_or(0);
+                    if let Currency::Unconfirmed { since, .. } = self.currency
+                        && ctx >= since
+                    {
+                        self.currency = Currency::Confirmed { index };
+                        confirmed = true;
+                    }
+                }
                 MetaOutput::Committed { data, .. } => {
                     // A command that does not decode or is refused changes nothing, here as on
                     // every other broker.
@@ -1054,6 +1129,10 @@ impl ClusterNode {
         }
         if changed {
             self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+        }
+        // Unfenced as soon as what was confirmed is applied (not at the next tick).
+        if matches!(self.currency, Currency::Confirmed { index } if self.meta.applied() >= index) || confirmed {
+            self.check_fence(now);
         }
     }
 }

@@ -588,6 +588,8 @@ impl Replica {
                     }
                 }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),
+                // A replica never asks for a read index.
+                MetaOutput::ReadIndex { .. } => {}
                 MetaOutput::Committed { index, term, data } => {
                     self.since_checkpoint += data.len() as u64 + 64;
                     self.apply(index, term, data);

@@ -124,7 +124,7 @@ impl World {
                 }
                 MetaOutput::Committed { index, data, .. } => self.apply(id, index, data.to_vec())?,
                 // The founding voters' own entries; this simulation changes no voters.
-                MetaOutput::ConfChanged { .. } => {}
+                MetaOutput::ConfChanged { .. } | MetaOutput::ReadIndex { .. } => {}
             }
         }
     }
