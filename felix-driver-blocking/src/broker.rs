@@ -327,7 +327,10 @@ impl BlockingBroker {
             | BrokerOutput::ForwardRequestAnswer { .. }
             | BrokerOutput::ProposeCache { .. }
             | BrokerOutput::ProposeStream { .. }
-            | BrokerOutput::ProposeStreamDeletion { .. } => {}
+            | BrokerOutput::ProposeStreamDeletion { .. }
+            | BrokerOutput::Copy { .. }
+            | BrokerOutput::ProposeCluster(_)
+            | BrokerOutput::ResetShard { .. } => {}
             // Replicated shards exist only in a cluster (a ClusterNode takes this output).
             BrokerOutput::Replicate { token, .. } => self.broker.handle_replicated(
                 token,

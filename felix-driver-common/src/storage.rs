@@ -382,6 +382,30 @@ impl DiskStorage {
         Ok(())
     }
 
+    /// Removes everything held of one shard (a shard moving here is copied from its old
+    /// owner's start). Writes queued before this must have been written first. A crash half way
+    /// leaves part of the old files, which the copy's next start removes again.
+    ///
+    /// # Errors
+    /// Removing the shard's directory failing.
+    pub fn reset_shard(&mut self, (tenant, ns, stream): (&str, &str, &str), shard: u32) -> std::io::Result<()> {
+        let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
+        let under = |p: &PathBuf| p.starts_with(&dir);
+        self.open.retain(|p, _| !under(p));
+        self.dirty.retain(|p| !under(p));
+        self.known_meta.retain(|p| !under(p));
+        self.poisoned.retain(|p| !under(p));
+        self.deadlines.retain(|p, _| !under(p));
+        self.index.retain(|p, _| !under(p));
+        self.idx_open.retain(|p, _| !under(p));
+        self.idx_seed.retain(|p, _| !under(p));
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&dir, e)),
+        }
+    }
+
     /// Reads stored batches of a shard: from the one holding `from`, stopping before `end` or
     /// after about `max_bytes` of payload. Problems end the read early (what was read is
     /// returned); nothing here panics on bad data.

@@ -356,6 +356,7 @@ enum StorageCmd {
     Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64, forgotten: Vec<(u64, u64)> },
     Read(felix_proto::broker::ReadRequest),
     DeleteStream { tenant: String, namespace: String, stream: String },
+    ResetShard { tenant: String, namespace: String, stream: String, shard: u32 },
     Stop,
 }
 
@@ -385,6 +386,7 @@ fn storage_loop(
         // A deletion ends the pass: the writes before it are written, then the stream removed;
         // writes after it (a stream of the same name created again) go in the next pass.
         let mut deletion = None;
+        let mut reset = None;
         let mut cut = false;
         let mut take = |cmd: StorageCmd, stop: &mut bool, cut: &mut bool| match cmd {
             StorageCmd::Write(r) => reqs.extend(r),
@@ -394,6 +396,10 @@ fn storage_loop(
             }
             StorageCmd::DeleteStream { tenant, namespace, stream } => {
                 deletion = Some((tenant, namespace, stream));
+                *cut = true;
+            }
+            StorageCmd::ResetShard { tenant, namespace, stream, shard } => {
+                reset = Some((tenant, namespace, stream, shard));
                 *cut = true;
             }
             StorageCmd::Stop => *stop = true,
@@ -424,6 +430,11 @@ fn storage_loop(
             && let Err(e) = d.delete_stream((&t, &n, &s))
         {
             tracing::error!("deleting stream {n}/{s}: {e}");
+        }
+        if let (Some(d), Some((t, n, s, shard))) = (disk.as_mut(), reset)
+            && let Err(e) = d.reset_shard((&t, &n, &s), shard)
+        {
+            tracing::error!("emptying shard {shard} of {n}/{s} for the copy moving here: {e}");
         }
         // Reads after the writes queued before them (so they see them).
         answer_reads(&mut disk, reads, &tx);
@@ -524,6 +535,9 @@ pub(crate) enum AdminRequest {
     Add { node: String, addr: String },
     Remove { node: String, force: bool },
     Revoke { jti: Option<String>, sub: Option<String> },
+    Move { shard: felix_proto::cluster::metadata::ShardId, to: Option<String> },
+    Drain { node: String },
+    Rebalance,
 }
 
 /// Decodes `%XX` escapes of a query value (anything malformed is kept as it is).
@@ -579,6 +593,27 @@ fn admin_request(head: &str, secret: Option<&str>) -> Result<AdminRequest, (u16,
     let arg = |name: &str| {
         query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| percent_decode(v))
     };
+    if path == "/cluster/rebalance" {
+        return Ok(AdminRequest::Rebalance);
+    }
+    if path == "/cluster/move" {
+        let stream = arg("stream").ok_or((400, "stream=NAME is required".to_string()))?;
+        let shard = arg("shard")
+            .and_then(|s| s.parse::<u32>().ok())
+            .ok_or((400, "shard=N (a shard number) is required".to_string()))?;
+        let to = arg("to");
+        if to.is_none() && arg("cancel").is_none_or(|c| c != "1") {
+            return Err((400, "to=NODE (or cancel=1) is required".into()));
+        }
+        let shard = felix_proto::cluster::metadata::ShardId {
+            kind: felix_proto::cluster::metadata::Kind::Stream,
+            tenant: arg("tenant").unwrap_or_else(|| "default".into()),
+            namespace: arg("namespace").unwrap_or_else(|| "default".into()),
+            name: stream,
+            shard,
+        };
+        return Ok(AdminRequest::Move { shard, to });
+    }
     if path == "/cluster/revoke" {
         let (jti, sub) = (arg("jti"), arg("sub"));
         if jti.is_none() && sub.is_none() {
@@ -593,6 +628,7 @@ fn admin_request(head: &str, secret: Option<&str>) -> Result<AdminRequest, (u16,
             Ok(AdminRequest::Add { node, addr })
         }
         "/cluster/remove" => Ok(AdminRequest::Remove { node, force: arg("force").is_some_and(|f| f == "1") }),
+        "/cluster/drain" => Ok(AdminRequest::Drain { node }),
         _ => Err((404, format!("no such admin path {path}"))),
     }
 }
@@ -864,8 +900,30 @@ impl BrokerTask {
                 "shard": s.shard, "failed": why})
             })
             .collect();
+        let moves: Vec<serde_json::Value> = md
+            .moves()
+            .iter()
+            .map(|(s, m)| {
+                let (phase, at) = match m.phase {
+                    felix_proto::cluster::metadata::MovePhase::CatchingUp => ("catching_up", None),
+                    felix_proto::cluster::metadata::MovePhase::CutOver { at } => ("cut_over", Some(at)),
+                };
+                serde_json::json!({"tenant": s.tenant, "namespace": s.namespace, "name": s.name, "shard": s.shard,
+                    "from": m.from, "to": m.to, "phase": phase, "at": at})
+            })
+            .collect();
+        let progress: Vec<serde_json::Value> = n
+            .broker
+            .move_progress()
+            .into_iter()
+            .map(|p| {
+                serde_json::json!({"tenant": p.shard.tenant, "namespace": p.shard.namespace, "name": p.shard.name,
+                    "shard": p.shard.shard, "direction": if p.outgoing { "out" } else { "in" }, "peer": p.peer,
+                    "copied": p.copied, "source_tail": p.source_tail, "cutting": p.cutting})
+            })
+            .collect();
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
-            "fenced": n.broker.is_fenced(),
+            "fenced": n.broker.is_fenced(), "moves": moves, "move_progress": progress,
             "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas,
             "failed_replicas": failed});
         format!("{v}\n")
@@ -1205,6 +1263,25 @@ impl BrokerTask {
                                 ),
                                 n.request_revoke(jti.as_deref(), sub.as_deref(), now),
                             ),
+                            AdminRequest::Move { shard, to: Some(to) } => (
+                                format!(
+                                    "move {}/{}/{} shard {} to {to}",
+                                    shard.tenant, shard.namespace, shard.name, shard.shard
+                                ),
+                                n.request_move(shard.clone(), to, now),
+                            ),
+                            AdminRequest::Move { shard, to: None } => (
+                                format!(
+                                    "cancel the move of {}/{}/{} shard {}",
+                                    shard.tenant, shard.namespace, shard.name, shard.shard
+                                ),
+                                n.request_cancel_move(shard.clone(), now),
+                            ),
+                            AdminRequest::Drain { node } => (format!("drain {node}"), n.request_drain(node, now)),
+                            AdminRequest::Rebalance => {
+                                n.request_rebalance(now);
+                                ("rebalance".to_string(), Ok(()))
+                            }
                         };
                         match r {
                             Ok(()) => {
@@ -1372,6 +1449,10 @@ impl BrokerTask {
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::DeleteStream { tenant: tenant_id, namespace, stream });
                 }
+                BrokerOutput::ResetShard { tenant_id, namespace, stream, shard } => {
+                    self.flush_storage();
+                    let _ = self.storage.send(StorageCmd::ResetShard { tenant: tenant_id, namespace, stream, shard });
+                }
                 // A single broker never forwards (only a broker given a cluster's metadata
                 // does, and its ClusterNode turns forwards into peer messages).
                 BrokerOutput::Forward { publish, .. } => self.node.broker().handle_forward_failed(publish.id, now()),
@@ -1382,6 +1463,8 @@ impl BrokerTask {
                 | BrokerOutput::ForwardRequestAnswer { .. }
                 | BrokerOutput::ProposeCache { .. }
                 | BrokerOutput::ProposeStream { .. }
+                | BrokerOutput::Copy { .. }
+                | BrokerOutput::ProposeCluster(_)
                 | BrokerOutput::ProposeStreamDeletion { .. } => {}
                 // Replicated shards exist only in a cluster, whose ClusterNode takes this output.
                 BrokerOutput::Replicate { token, .. } => self.node.broker().handle_replicated(
@@ -1431,6 +1514,39 @@ pub async fn cluster_admin(
     let path = match add {
         Some(addr) => format!("/cluster/add?node={}&addr={}", enc(node), enc(addr)),
         None => format!("/cluster/remove?node={}{}", enc(node), if force { "&force=1" } else { "" }),
+    };
+    admin_post(metrics, &path, secret).await
+}
+
+/// Asks a broker of the cluster (at its metrics listener) to move a stream shard to `to`, or
+/// with `to` `None` to cancel its move. Answers as [`cluster_admin`].
+pub async fn cluster_move(
+    metrics: SocketAddr,
+    (tenant, namespace, stream): (&str, &str, &str),
+    shard: u32,
+    to: Option<&str>,
+    secret: &str,
+) -> std::io::Result<(u16, String)> {
+    let enc = percent_encode;
+    let what = match to {
+        Some(to) => format!("to={}", enc(to)),
+        None => "cancel=1".into(),
+    };
+    let path = format!(
+        "/cluster/move?tenant={}&namespace={}&stream={}&shard={shard}&{what}",
+        enc(tenant),
+        enc(namespace),
+        enc(stream)
+    );
+    admin_post(metrics, &path, secret).await
+}
+
+/// Asks a broker of the cluster to drain broker `node` (its shards move to the others), or
+/// with `node` `None` to rebalance every shard. Answers as [`cluster_admin`].
+pub async fn cluster_drain(metrics: SocketAddr, node: Option<&str>, secret: &str) -> std::io::Result<(u16, String)> {
+    let path = match node {
+        Some(n) => format!("/cluster/drain?node={}", percent_encode(n)),
+        None => "/cluster/rebalance".into(),
     };
     admin_post(metrics, &path, secret).await
 }

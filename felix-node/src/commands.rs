@@ -1121,6 +1121,99 @@ async fn proposed(
     }
 }
 
+/// Shows the cluster's moves (as the broker asked sees them) until `done` says the operator's
+/// change is complete; gives up after `--wait` without any progress.
+async fn watch_moves(
+    what: &str,
+    json: bool,
+    a: AdminArgs,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> Result<ExitCode, String> {
+    let m = a.metrics;
+    if !json {
+        eprintln!("proposed: {what}");
+    }
+    let start = std::time::Instant::now();
+    let mut progressed = std::time::Instant::now();
+    let mut last = String::new();
+    let mut polls = 0u32;
+    loop {
+        polls += 1;
+        if let Some(v) = status_json(m).await {
+            // What this broker knows of the copies it takes part in (bytes copied so far).
+            let copied = |x: &serde_json::Value| {
+                v["move_progress"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| {
+                        p["direction"] == "in"
+                            && p["name"] == x["name"]
+                            && p["shard"] == x["shard"]
+                            && p["namespace"] == x["namespace"]
+                    })
+                    .map(|p| (p["copied"].as_u64().unwrap_or(0), p["source_tail"].as_u64().unwrap_or(0)))
+            };
+            let lines: Vec<(String, serde_json::Value)> = v["moves"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| {
+                    let phase = x["phase"].as_str().unwrap_or("?");
+                    let mut text = format!(
+                        "  {}/{} shard {}: {} → {}  {}",
+                        x["namespace"].as_str().unwrap_or("?"),
+                        x["name"].as_str().unwrap_or("?"),
+                        x["shard"],
+                        x["from"].as_str().unwrap_or("?"),
+                        x["to"].as_str().unwrap_or("?"),
+                        phase.replace('_', " ")
+                    );
+                    let mut j = x.clone();
+                    if let Some((c, t)) = copied(x) {
+                        text.push_str(&format!(" (offset {c} of {t})"));
+                        j["copied"] = c.into();
+                        j["source_tail"] = t.into();
+                    }
+                    if let Some(at) = x["at"].as_u64() {
+                        text.push_str(&format!(" at offset {at}"));
+                    }
+                    (text, j)
+                })
+                .collect();
+            let now: String = lines.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>().join("\n");
+            if now != last {
+                progressed = std::time::Instant::now();
+                if json {
+                    for (_, j) in &lines {
+                        out!("{}", serde_json::json!({"move": j, "elapsed_ms": start.elapsed().as_millis() as u64}));
+                    }
+                } else if !now.is_empty() {
+                    eprintln!("{} moves in progress ({:.1} s):\n{now}", lines.len(), start.elapsed().as_secs_f64());
+                }
+                last = now;
+            }
+            // A change just proposed may not be applied yet on the first look.
+            if polls > 1 && done(&v) {
+                let secs = start.elapsed().as_secs_f64();
+                if json {
+                    out!("{}", serde_json::json!({"done": what, "elapsed_ms": start.elapsed().as_millis() as u64}));
+                } else {
+                    out!("done: {what} ({secs:.1} s)");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        if progressed.elapsed() >= a.wait {
+            return Err(format!(
+                "{what}: no progress for {:?}; see `felix-node cluster status` (cancel a stuck move with `cluster move STREAM SHARD --cancel`)",
+                a.wait
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// `cluster revoke`: proposes the revocation, then waits until the broker asked lists it.
 async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) -> Result<ExitCode, String> {
     let m = a.metrics;
@@ -1160,6 +1253,46 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
         }
         ClusterOp::Remove { node, force, admin } => return cluster_change(None, node, force, admin).await,
         ClusterOp::Revoke { jti, sub, admin } => return cluster_revoke(jti, sub, admin).await,
+        ClusterOp::Move { stream, shard, to, cancel, namespace, tenant, json, admin } => {
+            let m = admin.metrics;
+            let name = (tenant.as_str(), namespace.as_str(), stream.as_str());
+            let to = if cancel { None } else { to };
+            proposed(m, felix_driver_tokio::server::cluster_move(m, name, shard, to.as_deref(), &admin.cluster_secret))
+                .await?;
+            let what = match &to {
+                Some(to) => format!("{namespace}/{stream} shard {shard} → {to}"),
+                None => format!("cancel the move of {namespace}/{stream} shard {shard}"),
+            };
+            let done = move |v: &serde_json::Value| {
+                let this = |x: &serde_json::Value| {
+                    x["tenant"] == tenant.as_str()
+                        && x["namespace"] == namespace.as_str()
+                        && x["name"] == stream.as_str()
+                        && x["shard"] == shard
+                };
+                let moving = v["moves"].as_array().into_iter().flatten().any(&this);
+                let owner = v["shards"].as_array().into_iter().flatten().find(|x| x["kind"] == "stream" && this(x));
+                !moving && to.as_ref().is_none_or(|to| owner.is_some_and(|o| o["owner"] == to.as_str()))
+            };
+            return watch_moves(&what, json, admin, done).await;
+        }
+        ClusterOp::Drain { node, json, admin } => {
+            let m = admin.metrics;
+            proposed(m, felix_driver_tokio::server::cluster_drain(m, Some(&node), &admin.cluster_secret)).await?;
+            let what = format!("drain {node}");
+            let done = move |v: &serde_json::Value| {
+                let owns = v["shards"].as_array().into_iter().flatten().any(|x| x["owner"] == node.as_str());
+                let moving = v["moves"].as_array().into_iter().flatten().any(|x| x["from"] == node.as_str());
+                !owns && !moving
+            };
+            return watch_moves(&what, json, admin, done).await;
+        }
+        ClusterOp::Rebalance { json, admin } => {
+            let m = admin.metrics;
+            proposed(m, felix_driver_tokio::server::cluster_drain(m, None, &admin.cluster_secret)).await?;
+            let done = |v: &serde_json::Value| v["moves"].as_array().is_none_or(Vec::is_empty);
+            return watch_moves("rebalance", json, admin, done).await;
+        }
     };
     let text =
         tokio::time::timeout(std::time::Duration::from_secs(5), felix_driver_tokio::server::cluster_status(metrics))
@@ -1202,6 +1335,23 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
     };
     if !revoked("jti").is_empty() || !revoked("sub").is_empty() {
         out!("revoked  jti: [{}]  sub: [{}]", revoked("jti"), revoked("sub"));
+    }
+    let moves = v["moves"].as_array().cloned().unwrap_or_default();
+    if !moves.is_empty() {
+        out!("moves");
+        for x in &moves {
+            out!(
+                "  {}/{}/{} {}: {} -> {} {}{}",
+                s(&x["tenant"]),
+                s(&x["namespace"]),
+                s(&x["name"]),
+                x["shard"],
+                s(&x["from"]),
+                s(&x["to"]),
+                s(&x["phase"]).replace('_', " "),
+                x["at"].as_u64().map(|a| format!(" at {a}")).unwrap_or_default()
+            );
+        }
     }
     out!("shards (kind tenant/namespace/name shard: owner generation)");
     for sh in v["shards"].as_array().into_iter().flatten() {

@@ -560,9 +560,59 @@ enum ClusterOp {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Move one shard of a stream to another broker, and show the move until it is done. A
+    /// durable shard's records are copied to the new owner while the old one serves on; then
+    /// writes pause for a moment (refused `moving`, retried by clients), the new owner takes
+    /// over, and subscribers follow it with no gap. An in-memory shard changes owner at once.
+    /// The shard stays there until moved again (`cluster rebalance` lets placement decide).
+    Move {
+        /// The stream.
+        stream: String,
+        /// The shard number.
+        shard: u32,
+        /// The broker it goes to (its node id).
+        #[arg(long, required_unless_present = "cancel")]
+        to: Option<String>,
+        /// Give the shard's move up instead: it stays with its owner.
+        #[arg(long, conflicts_with = "to")]
+        cancel: bool,
+        /// The stream's namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// The stream's tenant.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Progress as JSON lines.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Drain a broker: it takes no more shards and leaves the topology view, and its shards
+    /// move to the others (durable ones copied first, a few at a time); it answers
+    /// `not_leader` with their new owners meanwhile. Shows the moves until it owns nothing;
+    /// then `cluster remove` it without --force.
+    Drain {
+        /// Its node id.
+        node: String,
+        /// Progress as JSON lines.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Let placement move every shard again (also those operators placed or cancelled moves
+    /// left), and show the moves until none is left.
+    Rebalance {
+        /// Progress as JSON lines.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Remove a broker from the cluster (a Raft configuration change): its shards go to the
-    /// others. A broker owning durable shards holds records no other broker has; removing it
-    /// needs --force and loses them.
+    /// others. A broker owning durable shards holds records no other broker has: drain it
+    /// first, or removing it needs --force and loses them.
     Remove {
         /// Its node id.
         node: String,
@@ -582,7 +632,8 @@ struct AdminArgs {
     /// The cluster's shared secret (the brokers' --cluster-secret).
     #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true, default_value = "felix-dev-cluster-secret")]
     cluster_secret: String,
-    /// How long to wait for the change to be applied.
+    /// How long to wait for the change to be applied (for a move, drain or rebalance: how
+    /// long to wait without any progress).
     #[arg(long, value_parser = commands::parse_duration, default_value = "30s")]
     wait: std::time::Duration,
 }

@@ -596,6 +596,9 @@ impl Sim {
             | BrokerOutput::ProposeCache { .. }
             | BrokerOutput::ProposeStream { .. }
             | BrokerOutput::ProposeStreamDeletion { .. }
+            | BrokerOutput::Copy { .. }
+            | BrokerOutput::ProposeCluster(_)
+            | BrokerOutput::ResetShard { .. }
             | BrokerOutput::Replicate { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
                 // Writes asked for before it land first, then go with the rest: here they

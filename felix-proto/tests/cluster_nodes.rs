@@ -319,6 +319,45 @@ impl Cluster {
         (conn, stream)
     }
 
+    /// A client whose hello offers `features` besides `flags`.
+    fn client_with(&mut self, node: &str, flags: u16, features: u32, index: u64) -> (ConnId, StreamId) {
+        let n = self.nodes.get_mut(node).unwrap();
+        let conn = n.broker.admit(PeerAddr([index as u8; 16]), self.now).unwrap();
+        let stream = StreamId::new(Side::Client, Dir::Bi, index);
+        n.broker.handle_stream_data(conn, stream, auth(Some(flags), Some(features), None), false, self.now);
+        self.settle();
+        self.received.remove(&(node.to_string(), conn, stream));
+        (conn, stream)
+    }
+
+    /// What a connection's event streams on `node` carried: each event's offset and payload,
+    /// and a final `shard_moved`.
+    fn stream_events(&mut self, node: &str, conn: ConnId) -> (Vec<(u64, String)>, Option<message::ShardMoved>) {
+        let keys: Vec<_> = self
+            .received
+            .keys()
+            .filter(|(n, cn, s)| n == node && *cn == conn && s.dir() == Dir::Uni)
+            .cloned()
+            .collect();
+        let (mut events, mut moved) = (Vec::new(), None);
+        for k in keys {
+            let bytes = self.received.remove(&k).unwrap();
+            let ps = payloads(&bytes);
+            for b in event_batches(&ps) {
+                let base = b.base_offset.unwrap();
+                for (i, r) in b.records.iter().enumerate() {
+                    events.push((base + i as u64, String::from_utf8_lossy(&r.payload).into_owned()));
+                }
+            }
+            for p in ps {
+                if let felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::ShardMoved(m))) = p {
+                    moved = Some(m);
+                }
+            }
+        }
+        (events, moved)
+    }
+
     fn send(&mut self, node: &str, conn: ConnId, stream: StreamId, data: Bytes) {
         self.nodes.get_mut(node).unwrap().broker.handle_stream_data(conn, stream, data, false, self.now);
         self.settle();
@@ -666,6 +705,11 @@ fn an_operator_adds_a_broker_that_takes_a_share_and_removes_one_only_with_force_
     for n in NAMES {
         assert!(c.peers_added.contains(&(n.into(), "n4".into(), "127.0.0.1:7004".into())), "{n} dials n4");
     }
+    // Its share of the durable shards moves to it: copied, then handed over.
+    c.until("n4's share was copied to it and handed over", |c| {
+        c.nodes.values().all(|n| n.metadata().moves().is_empty())
+            && (0..8).filter(|s| owner(c, *s) == "n4").count() == 2
+    });
     let owners: Vec<String> = (0..8).map(|s| owner(&c, s)).collect();
     assert_eq!(owners.iter().filter(|o| *o == "n4").count(), 2, "n4 took its share: {owners:?}");
     // Records published through n4 land on their owners.
@@ -1816,4 +1860,121 @@ fn a_broker_cut_off_from_the_metadata_leader_fences_itself_before_its_lease_laps
     c.send(&victim, conn, st, publish_binary("orders", &["after"], Some(3), Some(&key)));
     let a = acks(&payloads(&c.take(&victim, conn, st)));
     assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
+}
+
+/// A key that routes to `shard` of a stream with `shards` shards.
+fn key_for(shard: u32, shards: u32) -> String {
+    (0..10_000)
+        .map(|k| format!("k{k}"))
+        .find(|k| felix_proto::routing::shard_for_key(Some(k.as_bytes()), shards, message::Routing::Modulo) == shard)
+        .unwrap()
+}
+
+fn subscribe_shard(shard: u32, from: u64) -> Bytes {
+    json(&Message::Subscribe(message::Subscribe {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        subscription_id: None,
+        start: Some(StartPosition::Offset(from)),
+        shard: Some(shard),
+        queue_capacity: None,
+    }))
+}
+
+#[test]
+fn a_durable_shard_moves_with_its_records_under_load_and_a_subscriber_follows_it_with_no_gap_and_no_duplicate() {
+    let mut c = Cluster::new(&NAMES);
+    c.create(Kind::Stream, "orders", 3, 0);
+    let from = owner(&c, 0);
+    let to = NAMES.iter().find(|n| **n != from).unwrap().to_string();
+    let before = c.nodes["n1"].metadata().owner(&orders_shard(0)).unwrap().clone();
+    let key = key_for(0, 3);
+    // Publishes through the old owner all along: binary, keyed, acked with codes, details and
+    // offsets.
+    let pub_flags = 0x0001 | 0x0008 | 0x0040 | 0x0200 | 0x0400 | 0x1000;
+    let (pc, ps) = c.client(&from, pub_flags, 1);
+    let mut acked: Vec<String> = Vec::new();
+    let mut next = 0u64;
+    let publish = |c: &mut Cluster, acked: &mut Vec<String>, next: &mut u64| -> Option<String> {
+        let payload = format!("r{next}");
+        c.send(&from, pc, ps, publish_binary("orders", &[&payload], Some(*next + 1), Some(&key)));
+        let a = acks(&payloads(&c.take(&from, pc, ps)));
+        assert_eq!(a.len(), 1, "answered at once: {a:?}");
+        if a[0].status == AckStatus::Ok {
+            acked.push(payload);
+            *next += 1;
+            None
+        } else {
+            Some(a[0].detail.as_ref().and_then(|d| d.reason.clone()).unwrap_or_else(|| a[0].message.clone()))
+        }
+    };
+    for _ in 0..20 {
+        assert_eq!(publish(&mut c, &mut acked, &mut next), None);
+    }
+    // A subscriber on the old owner from the start; it reads `shard_moved`.
+    let sub_flags = 0x0001 | 0x0020 | 0x0800;
+    let (sc, ss) = c.client_with(&from, sub_flags, 0x1000, 2);
+    c.send(&from, sc, ss, subscribe_shard(0, 0));
+    assert!(matches!(messages(&c.take(&from, sc, ss))[0], Message::Subscribed(_)));
+    // The operator moves the shard; writes go on meanwhile, one per tick.
+    let now = c.now;
+    c.nodes.get_mut(&from).unwrap().propose(&Command::MoveShard { shard: orders_shard(0), to: to.clone() }, now);
+    let mut refusals = 0;
+    let mut phases = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let md = c.nodes["n1"].metadata();
+        if let Some(m) = md.moving(&orders_shard(0)) {
+            phases.insert(format!("{:?}", m.phase).split(' ').next().unwrap().to_owned());
+        } else if md.owner(&orders_shard(0)).is_some_and(|a| a.owner == to) {
+            break;
+        }
+        if let Some(why) = publish(&mut c, &mut acked, &mut next) {
+            assert_eq!(why, "moving", "a write in the cut-over is refused moving (retry)");
+            refusals += 1;
+        }
+        c.tick();
+    }
+    let after = c.nodes["n1"].metadata().owner(&orders_shard(0)).unwrap().clone();
+    assert_eq!(after.owner, to, "moved: {phases:?}");
+    assert!(after.generation > before.generation);
+    eprintln!(
+        "{} records acked, {refusals} writes refused `moving` during the cut-over; phases seen {phases:?}",
+        acked.len()
+    );
+    assert!(refusals <= 5, "the cut-over is short: {refusals} refusals");
+    // Writes through the old owner go on, forwarded to the new one.
+    for _ in 0..5 {
+        assert_eq!(publish(&mut c, &mut acked, &mut next), None);
+    }
+    // The old owner's subscriber got everything it committed, then `shard_moved`.
+    let (seen, moved) = c.stream_events(&from, sc);
+    let moved = moved.expect("shard_moved");
+    assert_eq!(moved.node_id.as_deref(), Some(to.as_str()));
+    assert_eq!(moved.generation, after.generation);
+    let resume_from = moved.resume_from.expect("a durable shard names where to resume");
+    assert_eq!(seen.iter().map(|(o, _)| *o).collect::<Vec<_>>(), (0..resume_from).collect::<Vec<_>>());
+    // It resumes on the new owner at max(last + 1, resume_from): the rest, once, in order.
+    let last = seen.last().map(|(o, _)| *o);
+    let resume = last.map_or(resume_from, |l| (l + 1).max(resume_from));
+    let (tc, ts) = c.client_with(&to, sub_flags, 0x1000, 3);
+    c.send(&to, tc, ts, subscribe_shard(0, resume));
+    assert!(matches!(messages(&c.take(&to, tc, ts))[0], Message::Subscribed(_)));
+    let (rest, none) = c.stream_events(&to, tc);
+    assert!(none.is_none());
+    let got: Vec<String> = seen.iter().chain(&rest).map(|(_, p)| p.clone()).collect();
+    assert_eq!(got, acked, "every acknowledged record once, in order");
+    // The new owner's log below the cut-over is the old owner's, offset for offset; its own
+    // generation starts at the cut-over tail.
+    let old: Vec<_> = c.nodes[&from].broker.committed_batches(&orders_shard(0), 0);
+    let new: Vec<_> = c.nodes[&to].broker.committed_batches(&orders_shard(0), 0);
+    let below = |v: &Vec<(u64, bool, Vec<Bytes>)>| v.iter().filter(|b| b.0 < resume_from).cloned().collect::<Vec<_>>();
+    assert_eq!(below(&new), below(&old));
+    assert!(new.iter().any(|(base, gen_start, _)| *base == resume_from && *gen_start), "{new:?}");
+    // The old owner holds no reader and takes no write of it any more.
+    assert!(c.nodes[&from].broker.move_progress().is_empty() && c.nodes[&to].broker.move_progress().is_empty());
+}
+
+fn orders_shard(shard: u32) -> ShardId {
+    ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "orders".into(), shard }
 }

@@ -80,6 +80,10 @@ pub(crate) struct LogBatch {
     pub skipped_before: u64,
     /// A generation-start record: one offset, never delivered.
     pub generation_start: bool,
+    /// The idempotent producer that wrote it, as stored (a moving shard's copy carries it).
+    pub producer: Option<(u64, u64)>,
+    /// A commit's state changes, as stored.
+    pub state: Option<Bytes>,
     encoded: Vec<(Shape, [Bytes; 2])>,
 }
 
@@ -293,6 +297,8 @@ impl ShardLog {
             publisher,
             skipped_before: std::mem::take(&mut self.skip_next),
             generation_start: false,
+            producer: None,
+            state: None,
             encoded: Vec::new(),
         };
         self.next_offset += batch.count();
@@ -304,6 +310,48 @@ impl ShardLog {
             }
             _ => (base, Some(batch)),
         }
+    }
+
+    /// What is stored with the batch just appended besides its records (the producer that
+    /// wrote it, a commit's state changes): kept for a copy of the shard to another broker.
+    pub fn note_last(&mut self, producer: Option<(u64, u64)>, state: Option<Bytes>) {
+        if let Some(p) = self.pending.back_mut() {
+            p.batch.producer = producer;
+            p.batch.state = state;
+        }
+    }
+
+    /// The batches held in memory from the one holding `from` up to the committed tail, about
+    /// `max_bytes` of payload at most (one at least), as storage holds them: what a moving
+    /// shard's new owner is sent. Empty when `from` is below what memory holds.
+    pub fn stored_from(&self, from: u64, max_bytes: usize) -> Vec<crate::storage::StoredBatch> {
+        if from < self.memory_start() {
+            return Vec::new();
+        }
+        let i = self.committed.partition_point(|b| b.end() <= from);
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for b in self.committed.iter().skip(i) {
+            if !out.is_empty() && bytes + b.records.payload_bytes() > max_bytes {
+                break;
+            }
+            bytes += b.records.payload_bytes();
+            out.push(crate::storage::StoredBatch {
+                base_offset: b.base,
+                timestamp_micros: b.timestamp_micros,
+                generation_start: b.generation_start,
+                publisher: b.publisher.clone(),
+                producer: b.producer,
+                state: b.state.clone(),
+                records: b.records.clone(),
+            });
+        }
+        out
+    }
+
+    /// Whether no write is in flight: the committed tail is final until the next append.
+    pub fn settled(&self) -> bool {
+        self.pending.is_empty()
     }
 
     /// Restores a batch read back from storage at start: it is committed as it stands. Batches
@@ -327,6 +375,8 @@ impl ShardLog {
             publisher: b.publisher,
             skipped_before,
             generation_start: b.generation_start,
+            producer: b.producer,
+            state: b.state,
             encoded: Vec::new(),
         };
         self.next_offset = batch.end();
@@ -398,6 +448,8 @@ impl ShardLog {
             publisher,
             skipped_before,
             generation_start,
+            producer: None,
+            state: None,
             encoded: Vec::new(),
         };
         self.next_offset = batch.end();
@@ -428,6 +480,8 @@ impl ShardLog {
             publisher: None,
             skipped_before: 0,
             generation_start: true,
+            producer: None,
+            state: None,
             encoded: Vec::new(),
         };
         self.pending.push_back(Pending { batch, token, state: WriteState::Writing });

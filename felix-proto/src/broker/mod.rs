@@ -46,6 +46,7 @@ mod forward;
 mod forward_request;
 mod key;
 mod limits;
+mod moves;
 mod output;
 mod ownership;
 mod publish;
@@ -110,6 +111,7 @@ impl Moved {
         let (message, retry_ms) = match self.reason {
             "not_ready" => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
             "no_leader" => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
+            "moving" => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 250),
             "fenced" => (
                 format!(
                     "this broker lost contact with the cluster's metadata leader: it serves shard {shard} again once back in contact; retry (another broker may own it by then)"
@@ -355,6 +357,8 @@ enum ReadFor {
     Page(PageRead),
     /// Records a group poll handed out.
     Poll(Box<consume::PollFill>),
+    /// Records a moving shard's new owner asked for.
+    Copy { to: String, shard: crate::cluster::metadata::ShardId, max: usize },
 }
 
 #[derive(Debug)]
@@ -545,6 +549,13 @@ pub struct Broker {
     /// In a cluster, this broker lost contact with the metadata leader (its lease may have
     /// lapsed and its shards been given to others): it serves none of its own shards.
     fenced: bool,
+    /// Moves of shards this broker owns, to others.
+    moves_out: std::collections::BTreeMap<crate::cluster::metadata::ShardId, moves::Outgoing>,
+    /// Moves of shards to this broker: their copies.
+    moves_in: std::collections::BTreeMap<crate::cluster::metadata::ShardId, moves::Incoming>,
+    /// Copied batches being written.
+    import_writes:
+        std::collections::BTreeMap<WriteToken, (crate::cluster::metadata::ShardId, crate::storage::StoredBatch)>,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
     /// Streams paused for their tenant's rate, and when they are read again.
@@ -624,6 +635,9 @@ impl Broker {
             served: forward_request::Served::default(),
             draining: false,
             fenced: false,
+            moves_out: Default::default(),
+            moves_in: Default::default(),
+            import_writes: Default::default(),
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),
             cluster_revoked: Default::default(),

@@ -184,6 +184,30 @@ pub enum BrokerOutput {
         /// Stream.
         stream: String,
     },
+    /// Send this message to broker `to` of the cluster (a shard copy's request or answer;
+    /// [`crate::cluster::node::ClusterNode`] does).
+    Copy {
+        /// Node id.
+        to: String,
+        /// The message.
+        message: crate::cluster::peer::CopyMessage,
+    },
+    /// Propose this metadata command (a move's cut-over, finish or cancel;
+    /// [`crate::cluster::node::ClusterNode`] does).
+    ProposeCluster(crate::cluster::metadata::Command),
+    /// Storage removes everything it holds of one shard (after the writes asked for before
+    /// this): a shard moving here is copied from the old owner's start, whatever was here
+    /// from an earlier stay. Writes asked for after this land in the emptied shard.
+    ResetShard {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+        /// Shard.
+        shard: u32,
+    },
     /// Close the connection.
     CloseConnection {
         /// Connection.

@@ -55,6 +55,7 @@ impl Broker {
         let owners: BTreeMap<ShardId, (String, Option<String>, u64)> =
             md.owners().iter().map(|(s, a)| (s.clone(), (a.owner.clone(), addr_of(&a.owner), a.generation))).collect();
         self.note_quorum_caches(md, local);
+        self.note_moves(md, local, now);
         let fenced = self.fenced;
         for (shard, (owner, addr, generation)) in &owners {
             if shard.kind != Kind::Stream {
@@ -92,8 +93,14 @@ impl Broker {
             let down = md.unavailable(shard);
             if owner == local {
                 // A fenced broker does not take its shards back until it is in contact again
-                // (its own mark stays `down`: it never names itself as the owner to go to).
-                sh.moved = fenced.then(|| fence_mark(local));
+                // (its own mark stays `down`: it never names itself as the owner to go to);
+                // one cutting over a move takes no writes.
+                let cutting = self.cutting_over(shard).map(str::to_owned);
+                let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
+                    continue;
+                };
+                sh.moved =
+                    if fenced { Some(fence_mark(local)) } else { cutting.map(|to| super::moves::moving_mark(&to)) };
                 continue;
             } else if sh.moved.as_ref().is_none_or(|m| m.node_id != *owner || m.generation != *generation) {
                 let hint = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };

@@ -353,6 +353,9 @@ impl Broker {
         let records = b.records.clone();
         let sh = &mut entry.shards[shard as usize];
         let (base, _) = sh.log.append(b.records, ts, b.publisher.clone(), Some(token));
+        if b.idempotent.is_some() || b.state.is_some() {
+            sh.log.note_last(b.idempotent, b.state.clone());
+        }
         if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
             sh.producers.appended(pid, seq, d, base, base + count, Some(token));
         }
@@ -504,6 +507,9 @@ impl Broker {
     pub fn handle_write_result(&mut self, token: WriteToken, outcome: WriteOutcome, now: Instant) {
         let now = self.clock.advance(now);
         let ok = outcome == WriteOutcome::Written;
+        if self.import_written(token, ok, now) {
+            return;
+        }
         let Some(ctx) = self.writes.get(&token) else { return };
         let (k, shard) = (ctx.key.clone(), ctx.shard);
         let Some(entry) = self.streams.get_mut(&k) else {

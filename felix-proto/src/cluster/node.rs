@@ -123,8 +123,8 @@ pub enum AdminError {
     LastMember(String),
     /// Its durable shards would lose the records only it holds.
     #[error(
-        "{id} owns {count} durable shard(s) whose records only it holds; moving them is a shard move \
-         (not built yet), so removing it loses them: pass force to accept that"
+        "{id} owns {count} durable shard(s) whose records only it holds: drain it first (`cluster drain {id}` \
+         copies them to the others), or pass force to remove it and lose them"
     )]
     OwnsDurableShards {
         /// Node id.
@@ -132,6 +132,9 @@ pub enum AdminError {
         /// How many.
         count: usize,
     },
+    /// A move, drain or cancel the metadata refuses (why, as it says).
+    #[error("{0}")]
+    Refused(String),
     /// A node id must be 1 to 64 of `[A-Za-z0-9._-]`; an address must be HOST:PORT.
     #[error("bad {what}: {value:?}")]
     Bad {
@@ -409,6 +412,53 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// Checks a command against the metadata as applied here (every broker applies it the same
+    /// way, so a refusal here is a refusal there), then proposes it.
+    fn request_checked(&mut self, c: Command, now: Instant) -> Result<(), AdminError> {
+        self.metadata.clone().apply(&c).map_err(|e| AdminError::Refused(e.to_string()))?;
+        self.propose(&c, now);
+        Ok(())
+    }
+
+    /// An operator moves a stream shard to broker `to` (`felix-node cluster move`): an
+    /// in-memory one changes owner at once; a durable one is copied to `to`, then handed over
+    /// (its readers follow, nothing is lost). It stays on `to` until moved again.
+    ///
+    /// # Errors
+    /// [`AdminError::Refused`] for an unknown shard, a target that is not an active member, a
+    /// shard already there or already moving, a replicated shard.
+    pub fn request_move(&mut self, shard: ShardId, to: &str, now: Instant) -> Result<(), AdminError> {
+        self.request_checked(Command::MoveShard { shard, to: to.to_owned() }, now)
+    }
+
+    /// An operator gives a move up (`cluster move --cancel`): the shard stays with its old
+    /// owner, which serves it on.
+    ///
+    /// # Errors
+    /// [`AdminError::Refused`] when the shard is not moving.
+    pub fn request_cancel_move(&mut self, shard: ShardId, now: Instant) -> Result<(), AdminError> {
+        self.request_checked(Command::CancelMove { shard }, now)
+    }
+
+    /// An operator drains broker `name` (`felix-node cluster drain`): it takes no more shards,
+    /// leaves the topology view, and its shards move to the others (durable ones copied, a few
+    /// at a time); it answers `not_leader` with their new owners meanwhile.
+    ///
+    /// # Errors
+    /// [`AdminError::NotMember`] for a broker that is not a member.
+    pub fn request_drain(&mut self, name: &str, now: Instant) -> Result<(), AdminError> {
+        if !self.metadata.members().contains_key(name) {
+            return Err(AdminError::NotMember(name.into()));
+        }
+        self.request_checked(Command::Drain { id: name.to_owned() }, now)
+    }
+
+    /// An operator rebalances (`felix-node cluster rebalance`): placement may move every shard
+    /// again, the ones operators placed and the ones cancelled moves left too.
+    pub fn request_rebalance(&mut self, now: Instant) {
+        self.propose(&Command::Rebalance, now);
+    }
+
     /// An operator revokes a signed token on every broker (`felix-node cluster revoke`): by
     /// its id, its principal, or both. Proposed through the leader; once committed, every
     /// broker ends what the token opened (`revoked`) and refuses it at `auth`, whatever its
@@ -491,6 +541,8 @@ impl ClusterNode {
                     }
                 }
             }
+            PeerMessage::CopyRequest(q) => self.broker.handle_copy_request(from, q, now),
+            PeerMessage::CopyAnswer(a) => self.broker.handle_copy_answer(from, a, now),
             PeerMessage::Forward(p) => self.broker.handle_forwarded(from, p, now),
             PeerMessage::ForwardAnswer { id, outcome } => self.broker.handle_forward_answer(id, outcome, now),
             PeerMessage::Request(q) => self.broker.handle_forwarded_request(from, q, now),
@@ -836,6 +888,7 @@ impl ClusterNode {
             }
             self.check_leases(now);
             self.check_fence(now);
+            self.broker.tick_moves(now);
             self.sync_replicas(now);
             let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
             for shard in shards {
@@ -939,6 +992,21 @@ impl ClusterNode {
                 };
                 // Proposed at most once per request burst: a create of an existing stream is
                 // refused by the metadata and changes nothing.
+                self.pending.push_back(c.encode());
+                return self.poll_output();
+            }
+            BrokerOutput::Copy { to, message } => {
+                // A peer that did not offer FEATURE_SHARD_COPY (an older broker) cannot take
+                // part in a copy: the new owner gives the move up (the shard stays home).
+                if self.peer_features.get(&to).is_some_and(|f| f & super::peer::FEATURE_SHARD_COPY == 0) {
+                    if let super::peer::CopyMessage::Request(q) = &message {
+                        self.pending.push_back(Command::CancelMove { shard: q.shard.clone() }.encode());
+                    }
+                    return self.poll_output();
+                }
+                NodeOutput::Peer { to, message: message.into() }
+            }
+            BrokerOutput::ProposeCluster(c) => {
                 self.pending.push_back(c.encode());
                 return self.poll_output();
             }

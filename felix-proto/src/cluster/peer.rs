@@ -24,6 +24,13 @@
 //!                    u8 type (0 heartbeat, 1 response), u64 term, u64 commit: the shard
 //!                    groups' heartbeats to one peer, coalesced (sent only to a peer whose
 //!                    hello offered [`FEATURE_COALESCED_HEARTBEATS`])
+//!  10 copy_request   u16+utf8 tenant, namespace, stream, u32 shard, u8 has_from, u64 from,
+//!                    u32 max_bytes: a moving shard's new owner asks the old one for its
+//!                    records from `from` (none yet: from its start)
+//!  11 copy_answer    u16+utf8 tenant, namespace, stream, u32 shard, u8 status;
+//!                    0: u64 start, u64 tail, u8 cutting, then stored batches (the segment
+//!                    format, `storage::encode_batch`) to the end; 1 refused: u16+utf8 message
+//!                    (10 and 11 only to a peer whose hello offered [`FEATURE_SHARD_COPY`])
 //! ```
 //!
 //! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
@@ -38,8 +45,68 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 /// A peer's hello bit: it reads `heartbeats` (kind 9).
 pub const FEATURE_COALESCED_HEARTBEATS: u64 = 0x1;
 
+/// A peer's hello bit: it copies moving shards (`copy_request`, `copy_answer`: kinds 10, 11).
+pub const FEATURE_SHARD_COPY: u64 = 0x2;
+
 /// What this implementation offers its peers in its hello.
-pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS;
+pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS | FEATURE_SHARD_COPY;
+
+/// A moving shard's new owner asks the old one for its records (kind 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyRequest {
+    /// The stream shard.
+    pub shard: ShardId,
+    /// The first offset wanted; `None` for a first request (from the shard's start).
+    pub from: Option<u64>,
+    /// About how many payload bytes to send at most.
+    pub max_bytes: u32,
+}
+
+/// The old owner's answer to a [`CopyRequest`] (kind 11).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyAnswer {
+    /// The stream shard.
+    pub shard: ShardId,
+    /// What it sends, or why not.
+    pub body: CopyBody,
+}
+
+/// A shard copy's message, as a broker hands it to its cluster node to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyMessage {
+    /// To the old owner.
+    Request(CopyRequest),
+    /// To the new owner.
+    Answer(CopyAnswer),
+}
+
+impl From<CopyMessage> for PeerMessage {
+    fn from(m: CopyMessage) -> PeerMessage {
+        match m {
+            CopyMessage::Request(q) => PeerMessage::CopyRequest(q),
+            CopyMessage::Answer(a) => PeerMessage::CopyAnswer(a),
+        }
+    }
+}
+
+/// What a [`CopyAnswer`] carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyBody {
+    /// Records in offset order from the one asked for (fewer than asked near the tail).
+    Batches {
+        /// The old owner's oldest retained offset.
+        start: u64,
+        /// Its committed tail: the first offset it has not written (yet).
+        tail: u64,
+        /// It stopped taking writes for the cut-over: `tail` is final.
+        cutting: bool,
+        /// The batches.
+        batches: Vec<crate::storage::StoredBatch>,
+    },
+    /// It cannot serve the copy (not the shard's owner, no such move, a read that failed):
+    /// ask again later.
+    Refused(String),
+}
 
 /// One Raft message's bytes, possibly in pieces: a leader's entries are not copied into one
 /// buffer per follower ([`crate::cluster::meta::encode_message_parts`]); the transport sends the
@@ -160,6 +227,10 @@ pub enum PeerMessage {
     /// Shard groups' heartbeats to one peer, coalesced: a few bytes each instead of a Raft
     /// message and a shard name each.
     Heartbeats(Vec<(ShardId, Beat)>),
+    /// A moving shard's new owner asks for records.
+    CopyRequest(CopyRequest),
+    /// The old owner's records.
+    CopyAnswer(CopyAnswer),
 }
 
 /// Why peer bytes could not be read.
@@ -197,6 +268,9 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
         PeerMessage::ShardRaft(list) => list.iter().map(|(s, b)| b.len() + s.name.len() + 64).sum(),
         PeerMessage::Forward(p) => p.records.raw().len() + 128,
         PeerMessage::Raft(b) | PeerMessage::Propose(b) => b.len(),
+        PeerMessage::CopyAnswer(CopyAnswer { body: CopyBody::Batches { batches, .. }, .. }) => {
+            batches.iter().map(|b| b.records.raw().len() + 64).sum()
+        }
         _ => 64,
     };
     out.reserve(5 + hint);
@@ -387,6 +461,50 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             }
             9
         }
+        PeerMessage::CopyRequest(q) => {
+            put_stream_shard(body, &q.shard)?;
+            body.put_u8(u8::from(q.from.is_some()));
+            body.put_u64(q.from.unwrap_or(0));
+            body.put_u32(q.max_bytes);
+            10
+        }
+        PeerMessage::CopyAnswer(a) => {
+            put_stream_shard(body, &a.shard)?;
+            match &a.body {
+                CopyBody::Batches { start, tail, cutting, batches } => {
+                    body.put_u8(0);
+                    body.put_u64(*start);
+                    body.put_u64(*tail);
+                    body.put_u8(u8::from(*cutting));
+                    for b in batches {
+                        crate::storage::encode_batch(b, body);
+                    }
+                }
+                CopyBody::Refused(why) => {
+                    body.put_u8(1);
+                    put_str16(body, why, "message")?;
+                }
+            }
+            11
+        }
+    })
+}
+
+fn put_stream_shard(body: &mut BytesMut, s: &ShardId) -> Result<(), PeerError> {
+    put_str16(body, &s.tenant, "tenant")?;
+    put_str16(body, &s.namespace, "namespace")?;
+    put_str16(body, &s.name, "stream")?;
+    body.put_u32(s.shard);
+    Ok(())
+}
+
+fn stream_shard(r: &mut Reader) -> Result<ShardId, PeerError> {
+    Ok(ShardId {
+        kind: Kind::Stream,
+        tenant: r.str16("tenant")?,
+        namespace: r.str16("namespace")?,
+        name: r.str16("stream")?,
+        shard: r.u32("shard")?,
     })
 }
 
@@ -504,6 +622,31 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
                 list.push((ShardId { kind, tenant, namespace, name, shard }, beat));
             }
             PeerMessage::Heartbeats(list)
+        }
+        10 => {
+            let shard = stream_shard(&mut r)?;
+            let has = r.u8("has_from")? != 0;
+            let from = r.u64("from")?;
+            PeerMessage::CopyRequest(CopyRequest { shard, from: has.then_some(from), max_bytes: r.u32("max_bytes")? })
+        }
+        11 => {
+            let shard = stream_shard(&mut r)?;
+            let body = match r.u8("status")? {
+                0 => {
+                    let start = r.u64("start")?;
+                    let tail = r.u64("tail")?;
+                    let cutting = r.u8("cutting")? != 0;
+                    // The batches in the segment format: every one passed its checksum, in
+                    // strictly increasing offsets; anything else is a malformed answer.
+                    let seg = crate::storage::decode_segment(r.rest());
+                    if seg.problem.is_some() || !seg.damaged.is_empty() {
+                        return Err(PeerError::Malformed(PayloadError::Incomplete { field: "copied batches" }));
+                    }
+                    CopyBody::Batches { start, tail, cutting, batches: seg.batches }
+                }
+                _ => CopyBody::Refused(r.str16("message")?),
+            };
+            PeerMessage::CopyAnswer(CopyAnswer { shard, body })
         }
         other => return Err(PeerError::UnknownKind(other)),
     };
@@ -671,7 +814,46 @@ mod tests {
                 request: Bytes::from_static(b"FLX1 then a cache_get"),
             }),
             PeerMessage::RequestAnswer { id: 4, data: Bytes::from_static(b"answer frames") },
+            PeerMessage::CopyRequest(CopyRequest { shard: orders(2), from: None, max_bytes: 1 << 20 }),
+            PeerMessage::CopyRequest(CopyRequest { shard: orders(2), from: Some(41), max_bytes: 4096 }),
+            PeerMessage::CopyAnswer(CopyAnswer {
+                shard: orders(2),
+                body: CopyBody::Batches {
+                    start: 3,
+                    tail: 12,
+                    cutting: true,
+                    batches: vec![
+                        crate::storage::StoredBatch {
+                            base_offset: 3,
+                            timestamp_micros: 17,
+                            generation_start: false,
+                            publisher: Some(Bytes::from_static(b"alice")),
+                            producer: Some((9, 4)),
+                            state: None,
+                            records: Records::from_payloads(["a", "bb"]).unwrap(),
+                        },
+                        crate::storage::StoredBatch {
+                            base_offset: 5,
+                            timestamp_micros: 18,
+                            generation_start: true,
+                            publisher: None,
+                            producer: None,
+                            state: None,
+                            records: Records::default(),
+                        },
+                    ],
+                },
+            }),
+            PeerMessage::CopyAnswer(CopyAnswer {
+                shard: orders(0),
+                body: CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new() },
+            }),
+            PeerMessage::CopyAnswer(CopyAnswer { shard: orders(1), body: CopyBody::Refused("not moving".into()) }),
         ]
+    }
+
+    fn orders(shard: u32) -> ShardId {
+        ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "orders".into(), shard }
     }
 
     #[test]

@@ -1,0 +1,505 @@
+//! Shard moves, this broker's part: copying a moving durable shard's records to its new owner,
+//! the cut-over, and the hand-over (REFERENCE.md §10.7; the lifecycle is the metadata's,
+//! [`crate::cluster::metadata::Move`]).
+//!
+//! The old owner serves on while the new one copies: the new owner asks for records from its
+//! next offset (`copy_request`), writes what it is sent to its own storage at the same offsets
+//! (with the producer and commit state stored beside them), and asks again. When an answer
+//! reaches the old owner's tail, the old owner stops taking writes (`shard_unavailable` reason
+//! `moving`, retry), waits for the writes already in flight, and proposes the cut-over at its
+//! tail. The new owner copies up to it and proposes the finish: it owns the shard at the next
+//! generation, starting it with a generation-start record, and the old owner's readers end
+//! with `shard_moved` (`resume_from` its tail) after everything it committed. A cut-over that
+//! does not finish in [`CUTOVER_GIVE_UP`] is cancelled by the old owner, which then serves on.
+//!
+//! Registering a reader and ending readers happen in one step of this state machine, so there
+//! is no window in which a subscribe lands on a broker that already ended its readers: while
+//! the shard is cutting over, new subscribes are refused `moving` anyway (its routes are about
+//! to change), and once the move is done they are answered `not_leader` with the new owner.
+
+use super::*;
+use crate::cluster::metadata::{Command, Kind, Metadata, MovePhase, ShardId};
+use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::storage::StoredBatch;
+use crate::transport::{ReadToken, WriteToken};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Payload bytes one copy answer carries at most.
+pub const COPY_CHUNK_BYTES: u32 = 1 << 20;
+
+/// A copy request unanswered for this long is asked again (it or its answer was lost).
+const COPY_RETRY: Duration = Duration::from_millis(1000);
+
+/// Between two requests that found nothing new (the old owner not cutting over yet).
+const COPY_POLL: Duration = Duration::from_millis(50);
+
+/// A move proposal (cut-over, finish, cancel) not applied yet is proposed again after this.
+const PROPOSE_RETRY: Duration = Duration::from_millis(1000);
+
+/// An old owner that stopped taking writes for a cut-over that did not finish in this long
+/// cancels the move and serves on (its new owner is slow or gone).
+pub const CUTOVER_GIVE_UP: Duration = Duration::from_secs(5);
+
+/// The old owner's side of a move.
+#[derive(Debug, Clone)]
+pub(super) struct Outgoing {
+    /// The new owner.
+    to: String,
+    /// It stopped taking writes (since when), for the cut-over.
+    cutting: Option<Instant>,
+    /// When it last proposed the cut-over (or the cancel).
+    proposed: Option<Instant>,
+    /// The metadata says the cut-over happened (at this tail).
+    cut_at: Option<u64>,
+}
+
+/// The new owner's side of a move.
+#[derive(Debug, Clone)]
+pub(super) struct Incoming {
+    /// The old owner.
+    from: String,
+    /// The next offset to copy; `None` before the first answer (which resets the shard here).
+    next: Option<u64>,
+    /// A request is out (since when).
+    asked: Option<Instant>,
+    /// When to ask next (after an answer that brought nothing new).
+    due: Option<Instant>,
+    /// Copied batches being written here.
+    writing: usize,
+    /// A copied write failed: start again from scratch once the others are done.
+    failed: bool,
+    /// The cut-over tail, once the metadata has it.
+    cut_at: Option<u64>,
+    /// When it last proposed the finish.
+    proposed: Option<Instant>,
+    /// The old owner's tail in its last answer (progress).
+    source_tail: u64,
+}
+
+/// What a move in progress looks like from this broker (`cluster status`, inspect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveProgress {
+    /// The shard.
+    pub shard: ShardId,
+    /// This broker sends it (else receives it).
+    pub outgoing: bool,
+    /// The other broker.
+    pub peer: String,
+    /// Receiving: the next offset to copy; sending: the tail.
+    pub copied: u64,
+    /// Receiving: the old owner's tail as last heard.
+    pub source_tail: u64,
+    /// Sending: writes are stopped for the cut-over.
+    pub cutting: bool,
+}
+
+impl Broker {
+    /// The moves of the metadata as applied here: starts sending and receiving the ones that
+    /// involve this broker, and ends the ones that are over (the new owner starts its
+    /// generation; a cancelled move's old owner starts a new one, a cancelled copy is dropped).
+    pub(super) fn note_moves(&mut self, md: &Metadata, local: &str, now: Instant) {
+        let mut outgoing = BTreeMap::new();
+        let mut incoming = BTreeMap::new();
+        for (s, m) in md.moves() {
+            let cut_at = match m.phase {
+                MovePhase::CutOver { at } => Some(at),
+                MovePhase::CatchingUp => None,
+            };
+            if m.from == local {
+                let mut o = self.moves_out.remove(s).unwrap_or(Outgoing {
+                    to: m.to.clone(),
+                    cutting: None,
+                    proposed: None,
+                    cut_at: None,
+                });
+                if o.cut_at.is_none() && cut_at.is_some() {
+                    o.proposed = None;
+                }
+                o.cut_at = cut_at;
+                outgoing.insert(s.clone(), o);
+            } else if m.to == local {
+                let mut i = self.moves_in.remove(s).unwrap_or(Incoming {
+                    from: m.from.clone(),
+                    next: None,
+                    asked: None,
+                    due: Some(now),
+                    writing: 0,
+                    failed: false,
+                    cut_at: None,
+                    proposed: None,
+                    source_tail: 0,
+                });
+                i.cut_at = cut_at;
+                incoming.insert(s.clone(), i);
+            }
+        }
+        // What is left is over.
+        for s in std::mem::take(&mut self.moves_out).into_keys() {
+            if md.owner(&s).is_some_and(|a| a.owner == local) {
+                // Cancelled: this broker serves on, at a new generation.
+                self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
+            }
+        }
+        for (s, i) in std::mem::take(&mut self.moves_in) {
+            if md.owner(&s).is_some_and(|a| a.owner == local) {
+                // Done: it is ours from the cut-over tail on.
+                self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
+            } else if i.next.is_some() {
+                // Cancelled: what was copied is dropped (a later move starts afresh).
+                self.reset_moved_shard(&s);
+            }
+        }
+        self.moves_out = outgoing;
+        self.moves_in = incoming;
+        // The new owners ask at once.
+        let due: Vec<ShardId> = self.moves_in.keys().cloned().collect();
+        for s in due {
+            self.ask_copy(&s, now, false);
+        }
+    }
+
+    /// Whether writes to a shard are stopped for a cut-over here.
+    pub(super) fn cutting_over(&self, shard: &ShardId) -> Option<&str> {
+        self.moves_out.get(shard).filter(|o| o.cutting.is_some() || o.cut_at.is_some()).map(|o| o.to.as_str())
+    }
+
+    /// The moves this broker takes part in.
+    pub fn move_progress(&self) -> Vec<MoveProgress> {
+        let mut v: Vec<MoveProgress> = self
+            .moves_out
+            .iter()
+            .map(|(s, o)| MoveProgress {
+                shard: s.clone(),
+                outgoing: true,
+                peer: o.to.clone(),
+                copied: self.shard_log(s).map_or(0, ShardLog::committed_tail),
+                source_tail: self.shard_log(s).map_or(0, ShardLog::committed_tail),
+                cutting: o.cutting.is_some() || o.cut_at.is_some(),
+            })
+            .collect();
+        v.extend(self.moves_in.iter().map(|(s, i)| MoveProgress {
+            shard: s.clone(),
+            outgoing: false,
+            peer: i.from.clone(),
+            copied: i.next.unwrap_or(0),
+            source_tail: i.source_tail,
+            cutting: i.cut_at.is_some(),
+        }));
+        v
+    }
+
+    fn shard_log(&self, s: &ShardId) -> Option<&ShardLog> {
+        self.streams
+            .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
+            .and_then(|e| e.shards.get(s.shard as usize))
+            .map(|sh| &sh.log)
+    }
+
+    /// Empties a shard's copy here, in memory and in storage.
+    fn reset_moved_shard(&mut self, s: &ShardId) {
+        let Some(sh) = self
+            .streams
+            .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
+            .and_then(|e| e.shards.get_mut(s.shard as usize))
+        else {
+            return;
+        };
+        sh.log.reset_to(0);
+        sh.producers = Default::default();
+        sh.state = Default::default();
+        self.out.push_back(BrokerOutput::ResetShard {
+            tenant_id: s.tenant.clone(),
+            namespace: s.namespace.clone(),
+            stream: s.name.clone(),
+            shard: s.shard,
+        });
+    }
+
+    /// Time passed: lost copy requests asked again, cut-overs and finishes proposed (again),
+    /// a cut-over that took too long given up.
+    pub fn tick_moves(&mut self, now: Instant) {
+        let now = self.clock.advance(now);
+        let ins: Vec<ShardId> = self.moves_in.keys().cloned().collect();
+        for s in ins {
+            self.ask_copy(&s, now, false);
+            self.maybe_finish_move(&s, now);
+        }
+        let outs: Vec<ShardId> = self.moves_out.keys().cloned().collect();
+        for s in outs {
+            self.maybe_cut_over(&s, now);
+        }
+    }
+
+    /// The new owner asks for what it has not copied yet, unless a request or writes are out
+    /// (`force`: an answer just came, ask now).
+    fn ask_copy(&mut self, s: &ShardId, now: Instant, force: bool) {
+        let Some(i) = self.moves_in.get_mut(s) else { return };
+        if i.writing > 0 || i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at)) {
+            return;
+        }
+        let lost = i.asked.is_some_and(|a| now.saturating_duration_since(a) >= COPY_RETRY);
+        let due = i.asked.is_none() && (force || i.due.is_none_or(|d| d <= now));
+        if !(lost || due) {
+            return;
+        }
+        if i.failed {
+            // Start again from scratch.
+            i.failed = false;
+            i.next = None;
+        }
+        i.asked = Some(now);
+        i.due = None;
+        let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next, max_bytes: COPY_CHUNK_BYTES });
+        let to = i.from.clone();
+        self.out.push_back(BrokerOutput::Copy { to, message });
+    }
+
+    /// The new owner, with everything below the cut-over tail written: it proposes the finish.
+    fn maybe_finish_move(&mut self, s: &ShardId, now: Instant) {
+        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let Some(i) = self.moves_in.get_mut(s) else { return };
+        let Some(at) = i.cut_at else { return };
+        if i.writing > 0 || i.next.is_none_or(|n| n < at) {
+            return;
+        }
+        if i.proposed.is_some_and(|p| now.saturating_duration_since(p) < PROPOSE_RETRY) {
+            return;
+        }
+        i.proposed = Some(now);
+        self.out.push_back(BrokerOutput::ProposeCluster(Command::FinishMove { shard: s.clone(), to: local, at }));
+    }
+
+    /// The old owner, writes stopped: once the writes in flight are done it proposes the
+    /// cut-over at its tail; after [`CUTOVER_GIVE_UP`] it cancels the move.
+    fn maybe_cut_over(&mut self, s: &ShardId, now: Instant) {
+        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let Some(o) = self.moves_out.get(s) else { return };
+        let Some(since) = o.cutting.or(o.cut_at.map(|_| now)) else { return };
+        let retry = o.proposed.is_none_or(|p| now.saturating_duration_since(p) >= PROPOSE_RETRY);
+        let cut = o.cut_at.is_some();
+        if now.saturating_duration_since(since) >= CUTOVER_GIVE_UP && o.cutting.is_some() {
+            if retry {
+                if let Some(o) = self.moves_out.get_mut(s) {
+                    o.proposed = Some(now);
+                }
+                self.out.push_back(BrokerOutput::ProposeCluster(Command::CancelMove { shard: s.clone() }));
+            }
+            return;
+        }
+        if cut || !retry {
+            return;
+        }
+        let Some(log) = self.shard_log(s) else { return };
+        if !log.settled() {
+            return;
+        }
+        let at = log.committed_tail();
+        if let Some(o) = self.moves_out.get_mut(s) {
+            o.proposed = Some(now);
+        }
+        self.out.push_back(BrokerOutput::ProposeCluster(Command::CutOver { shard: s.clone(), from: local, at }));
+    }
+
+    /// A new owner asks for records (it copies a shard moving here from this broker).
+    pub fn handle_copy_request(&mut self, from: &str, q: CopyRequest, now: Instant) {
+        let now = self.clock.advance(now);
+        let s = q.shard;
+        let refuse = |why: String| CopyMessage::Answer(CopyAnswer { shard: s.clone(), body: CopyBody::Refused(why) });
+        if s.kind != Kind::Stream || self.moves_out.get(&s).is_none_or(|o| o.to != from) {
+            let m = refuse(format!("no move of {} shard {} to {from} here", s.name, s.shard));
+            return self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message: m });
+        }
+        let Some(log) = self.shard_log(&s) else {
+            let m = refuse(format!("{} is not here", s.name));
+            return self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message: m });
+        };
+        let max = (q.max_bytes.clamp(1, COPY_CHUNK_BYTES * 16)) as usize;
+        let want = q.from.unwrap_or_else(|| log.start()).max(log.start());
+        let memory_start = log.memory_start();
+        if want < memory_start && want < log.committed_tail() {
+            // Older history is on disk: read it, answer when storage has.
+            let token = ReadToken(self.next_read);
+            self.next_read += 1;
+            self.out.push_back(BrokerOutput::Read(ReadRequest {
+                token,
+                tenant_id: s.tenant.clone(),
+                namespace: s.namespace.clone(),
+                stream: s.name.clone(),
+                shard: s.shard,
+                from: want,
+                end: memory_start,
+                max_bytes: max,
+            }));
+            self.reads.insert(token, ReadFor::Copy { to: from.to_owned(), shard: s, max });
+            return;
+        }
+        let batches = log.stored_from(want, max);
+        self.answer_copy(from, s, batches, now);
+    }
+
+    /// Storage answered the read of a copy: what it holds, or (a broker that keeps nothing on
+    /// disk) from memory on.
+    pub(super) fn copy_read_complete(
+        &mut self,
+        to: String,
+        shard: ShardId,
+        max: usize,
+        batches: Vec<StoredBatch>,
+        now: Instant,
+    ) {
+        let batches = if batches.is_empty() {
+            let Some(log) = self.shard_log(&shard) else { return };
+            log.stored_from(log.memory_start(), max)
+        } else {
+            batches
+        };
+        self.answer_copy(&to, shard, batches, now);
+    }
+
+    fn answer_copy(&mut self, to: &str, s: ShardId, batches: Vec<StoredBatch>, now: Instant) {
+        let Some(log) = self.shard_log(&s) else { return };
+        let (start, tail) = (log.start(), log.committed_tail());
+        let reaches_tail = batches.last().is_none_or(|b| b.base_offset + b.count() >= tail);
+        let settled = log.settled();
+        // This answer brings the new owner up to the tail: stop taking writes for the cut-over.
+        if reaches_tail
+            && let Some(o) = self.moves_out.get_mut(&s)
+            && o.cutting.is_none()
+        {
+            o.cutting = Some(now);
+            self.mark_moving(&s);
+        }
+        let cutting = self.moves_out.get(&s).is_some_and(|o| o.cutting.is_some()) && settled;
+        let message = CopyMessage::Answer(CopyAnswer {
+            shard: s.clone(),
+            body: CopyBody::Batches { start, tail, cutting, batches },
+        });
+        self.out.push_back(BrokerOutput::Copy { to: to.to_owned(), message });
+        self.maybe_cut_over(&s, now);
+    }
+
+    /// New writes and readers of a shard cutting over are refused `moving` (retry).
+    fn mark_moving(&mut self, s: &ShardId) {
+        let to = self.moves_out.get(s).map(|o| o.to.clone()).unwrap_or_default();
+        if let Some(sh) = self
+            .streams
+            .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
+            .and_then(|e| e.shards.get_mut(s.shard as usize))
+            && sh.moved.is_none()
+        {
+            sh.moved = Some(moving_mark(&to));
+        }
+    }
+
+    /// The old owner's answer to a copy request.
+    pub fn handle_copy_answer(&mut self, from: &str, a: CopyAnswer, now: Instant) {
+        let now = self.clock.advance(now);
+        let s = a.shard;
+        let Some(i) = self.moves_in.get_mut(&s) else { return };
+        if i.from != from {
+            return;
+        }
+        i.asked = None;
+        let (start, tail, batches) = match a.body {
+            CopyBody::Refused(_) => {
+                // Not ready there yet (its metadata behind ours): ask again later.
+                i.due = Some(crate::transport::after(now, COPY_RETRY));
+                return;
+            }
+            CopyBody::Batches { start, tail, batches, .. } => (start, tail, batches),
+        };
+        i.source_tail = tail;
+        let first = i.next.is_none();
+        let mut next = i.next.unwrap_or_else(|| batches.first().map_or(start, |b| b.base_offset.min(start)));
+        let k = key(&s.tenant, &s.namespace, &s.name);
+        if first {
+            // Whatever this broker held of the shard before (an older stay here) goes: the copy
+            // is the old owner's log from its start.
+            self.reset_moved_shard(&s);
+            if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(s.shard as usize)) {
+                sh.log.reset_to(next);
+            }
+        }
+        let Some(entry) = self.streams.get(&k) else { return };
+        let (fsync, stream_shards) = (entry.config.fsync, entry.shards.len() as u32);
+        let mut writes = 0;
+        for b in batches {
+            let end = b.base_offset + b.count();
+            if end <= next {
+                continue; // had it
+            }
+            // A gap (a write that failed there) stays a gap here.
+            next = end;
+            let token = WriteToken(self.next_write);
+            self.next_write += 1;
+            self.out.push_back(BrokerOutput::Persist(PersistRequest {
+                token,
+                tenant_id: s.tenant.clone(),
+                namespace: s.namespace.clone(),
+                stream: s.name.clone(),
+                shard: s.shard,
+                base_offset: b.base_offset,
+                records: b.records.clone(),
+                timestamp_micros: b.timestamp_micros,
+                publisher: b.publisher.clone(),
+                generation_start: b.generation_start,
+                producer: b.producer,
+                state: b.state.clone(),
+                fsync,
+                stream_shards,
+            }));
+            self.import_writes.insert(token, (s.clone(), b));
+            writes += 1;
+        }
+        let Some(i) = self.moves_in.get_mut(&s) else { return };
+        i.next = Some(next);
+        i.writing += writes;
+        if writes == 0 {
+            // Nothing new: up to date with the old owner for now.
+            if next < tail && !first {
+                // Offsets without records (a write that failed on the old owner).
+                i.next = Some(tail);
+            }
+            i.due = Some(crate::transport::after(now, COPY_POLL));
+            self.maybe_finish_move(&s, now);
+        }
+    }
+
+    /// A copied batch was written here (or not). Returns whether `token` was one.
+    pub(super) fn import_written(&mut self, token: WriteToken, ok: bool, now: Instant) -> bool {
+        let Some((s, b)) = self.import_writes.remove(&token) else { return false };
+        let Some(i) = self.moves_in.get_mut(&s) else { return true };
+        i.writing = i.writing.saturating_sub(1);
+        if !ok {
+            i.failed = true;
+        }
+        let done = i.writing == 0;
+        let failed = i.failed;
+        if ok
+            && !failed
+            && let Some(sh) = self
+                .streams
+                .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
+                .and_then(|e| e.shards.get_mut(s.shard as usize))
+        {
+            if let Some((pid, seq)) = b.producer {
+                let end = b.base_offset + b.count();
+                sh.producers.appended(pid, seq, producer::digest(b.records.raw()), b.base_offset, end, None);
+            }
+            sh.state.apply_stored(&b);
+            sh.log.restore(b);
+        }
+        if done {
+            self.ask_copy(&s, now, true);
+            self.maybe_finish_move(&s, now);
+        }
+        true
+    }
+}
+
+/// What a shard cutting over says to new writes and readers: `shard_unavailable` reason
+/// `moving`, retry.
+pub(super) fn moving_mark(to: &str) -> Moved {
+    Moved { node_id: to.to_owned(), addr: None, generation: 0, down: true, reason: "moving" }
+}
