@@ -1283,7 +1283,12 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             let done = move |v: &serde_json::Value| {
                 let owns = v["shards"].as_array().into_iter().flatten().any(|x| x["owner"] == node.as_str());
                 let moving = v["moves"].as_array().into_iter().flatten().any(|x| x["from"] == node.as_str());
-                !owns && !moving
+                let draining = v["members"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["node_id"] == node.as_str() && m["state"] == "draining");
+                draining && !owns && !moving
             };
             return watch_moves(&what, json, admin, done).await;
         }

@@ -514,3 +514,164 @@ fn a_broker_restarted_with_a_wiped_data_directory_is_refused_then_re_added() {
         brokers.iter().chain([&back]).all(|b| state_of(b, "n3").as_deref() == Some("active"))
     });
 }
+
+/// `cluster drain` under load: the drained broker's durable shards are copied to the others
+/// and handed over while records keep coming; a CLI subscriber on one of them follows it to
+/// its new owner and prints every record once, in order; the drained broker ends owning
+/// nothing, and can then be removed without --force.
+#[test]
+fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_subscriber_follows() {
+    let names = ["n1", "n2", "n3"];
+    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
+    let brokers: Vec<Broker> =
+        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
+    wait_for("three members, one leader, none fenced", 30, || {
+        brokers.iter().all(|b| {
+            status(b).is_some_and(|v| {
+                v["members"].as_array().is_some_and(|m| m.len() == 3) && !v["leader"].is_null() && v["fenced"] == false
+            })
+        })
+    });
+    let publish = |b: &Broker, payload: &str, key: &str| {
+        for _ in 0..200 {
+            let (ok, _, err) = cli(b, &["publish", "orders", payload, "--ack", "--key", key]);
+            if ok {
+                return;
+            }
+            assert!(err.contains("shard_unavailable") || err.contains("moving"), "{err}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{payload} never acknowledged");
+    };
+    publish(&brokers[0], "first", "k0");
+    wait_for("every broker knows the owners", 10, || {
+        brokers.iter().all(|b| status(b).is_some_and(|v| owners(&v).len() == 6))
+    });
+    let owner_of = owners(&status(&brokers[0]).unwrap());
+    let victim = brokers.iter().find(|b| b.name == owner_of[1]).unwrap();
+    let other = brokers.iter().find(|b| b.name != victim.name).unwrap();
+    // Keys of shard 1 (the victim's).
+    let keys: Vec<String> = (0..1000)
+        .map(|k| format!("key-{k}"))
+        .filter(|k| {
+            felix_proto::routing::shard_for_key(Some(k.as_bytes()), 6, felix_proto::message::Routing::Modulo) == 1
+        })
+        .take(3)
+        .collect();
+    let mut expected = Vec::new();
+    for i in 0..30 {
+        let p = format!("before-{i}");
+        publish(other, &p, &keys[i % 3]);
+        expected.push(p);
+    }
+    // A subscriber on the victim from the start, trusting every broker (it follows the move).
+    let bundle = victim.dir.path().join("all-brokers.pem");
+    let pems: String =
+        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
+    std::fs::write(&bundle, pems).unwrap();
+    let mut sub = Command::new(BIN)
+        .env("FELIX_ADDR", victim.client.to_string())
+        .env("FELIX_DATA_DIR", victim.dir.path())
+        .args(["subscribe", "orders", "--shard", "1", "--from", "0", "--ca", bundle.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stdout = sub.stdout.take().unwrap();
+    let stderr = sub.stderr.take().unwrap();
+    let _sub = Kill(sub);
+    let seen = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            seen.lock().unwrap().push(l);
+        }
+    });
+    let errs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let e2 = errs.clone();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut s = String::new();
+        let mut r = stderr;
+        let mut buf = [0u8; 512];
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s.push_str(&String::from_utf8_lossy(&buf[..n]));
+            *e2.lock().unwrap() = s.clone();
+        }
+    });
+    wait_for("the subscriber printed what was there", 20, || lines.lock().unwrap().len() >= expected.len());
+    // Drain the victim while records keep coming through another broker.
+    let drain = {
+        let metrics = victim.metrics.to_string();
+        let name = victim.name.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let out = Command::new(BIN)
+                .args(["cluster", "drain", &name, "--metrics", &metrics, "--cluster-secret", "test-secret"])
+                .output()
+                .unwrap();
+            (out, started.elapsed())
+        })
+    };
+    let mut i = 0;
+    while !drain.is_finished() {
+        let p = format!("during-{i}");
+        publish(other, &p, &keys[i % 3]);
+        expected.push(p);
+        i += 1;
+    }
+    let (out, took) = drain.join().unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("drained in {took:?} with {i} records published meanwhile");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    for k in 0..5 {
+        let p = format!("after-{k}");
+        publish(other, &p, &keys[k % 3]);
+        expected.push(p);
+    }
+    // The drained broker owns nothing, everyone agrees, and it leaves without --force.
+    wait_for("the drained broker owns nothing, for everyone", 10, || {
+        brokers.iter().all(|b| {
+            status(b).is_some_and(|v| {
+                owners(&v).iter().all(|o| *o != victim.name) && v["moves"].as_array().is_some_and(Vec::is_empty)
+            })
+        })
+    });
+    // The subscriber followed: every record once, in the order published.
+    wait_for("the subscriber printed every record", 30, || lines.lock().unwrap().len() >= expected.len());
+    let got: Vec<String> = lines.lock().unwrap().iter().map(|l| l.split('\t').nth(1).unwrap_or(l).to_owned()).collect();
+    let got: Vec<String> = got.into_iter().filter(|p| p != "first").collect();
+    assert_eq!(got, expected, "subscriber stderr: {}", errs.lock().unwrap());
+    assert!(errs.lock().unwrap().contains("moved"), "{}", errs.lock().unwrap());
+    let new_owner = owners(&status(other).unwrap())[1].clone();
+    let new_owner = brokers.iter().find(|b| b.name == new_owner).unwrap();
+    let (ok, out, err) = cli(new_owner, &["read", "orders", "--shard", "1", "--from", "0"]);
+    assert!(ok, "{err}");
+    assert!(out.lines().count() >= expected.len(), "the new owner holds every record: {out}");
+    let removed = Command::new(BIN)
+        .args([
+            "cluster",
+            "remove",
+            &victim.name,
+            "--metrics",
+            &other.metrics.to_string(),
+            "--cluster-secret",
+            "test-secret",
+        ])
+        .output()
+        .unwrap();
+    assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
+}

@@ -162,6 +162,12 @@ impl Broker {
         let outcome = match entry.shards.get(p.shard as usize) {
             None => Some(refuse(ErrorCode::InvalidRequest, format!("stream has no shard {}", p.shard))),
             Some(sh) => sh.moved.as_ref().map(|m| {
+                if m.down {
+                    // Not served here for now (fenced, cutting over a move): retry, as a client
+                    // of this broker would be told.
+                    let r = m.unavailable(p.shard);
+                    return ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
+                }
                 refuse(
                     ErrorCode::NotLeader,
                     format!("shard {} is owned by {} (generation {})", p.shard, m.node_id, m.generation),

@@ -405,7 +405,13 @@ impl Metadata {
     pub fn apply(&mut self, c: &Command) -> Result<(), CommandError> {
         match c {
             Command::Join { member } => {
-                self.members.insert(member.id.clone(), Member { state: MemberState::Active, ..member.clone() });
+                // A draining member stays draining (restarted, it joins again): an operator
+                // asked for it.
+                let state = match self.members.get(&member.id) {
+                    Some(m) if m.state == MemberState::Draining => MemberState::Draining,
+                    _ => MemberState::Active,
+                };
+                self.members.insert(member.id.clone(), Member { state, ..member.clone() });
             }
             Command::Drain { id } => {
                 let m = self.members.get_mut(id).ok_or_else(|| CommandError::UnknownMember(id.clone()))?;

@@ -882,7 +882,12 @@ impl ClusterNode {
             self.next_tick = Some(crate::transport::after(now, TICK));
             // Not an active member (yet, or any more): ask again (a proposal can be lost with a
             // leader; a member declared down comes back this way).
-            let active = self.metadata.members().get(&self.me.id).is_some_and(|m| m.state == MemberState::Active);
+            // (A draining broker stays draining: an operator asked for it.)
+            let active = self
+                .metadata
+                .members()
+                .get(&self.me.id)
+                .is_some_and(|m| matches!(m.state, MemberState::Active | MemberState::Draining));
             if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !active && !self.removed {
                 self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
             }
