@@ -1594,7 +1594,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -1604,7 +1604,9 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.redirected,
         t.unavailable,
         t.crashes,
-        t.lost
+        t.lost,
+        t.moves_asked,
+        t.moves_done
     );
     Ok(ExitCode::SUCCESS)
 }

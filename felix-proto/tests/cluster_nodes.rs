@@ -50,6 +50,8 @@ struct Cluster {
     cut: std::collections::BTreeSet<String>,
     /// Caches named in the configuration of brokers (re)started by `start`.
     cache_specs: Vec<felix_proto::broker::CacheSpec>,
+    /// Streams the brokers finished (FIN), by broker, connection and stream.
+    finished: std::collections::BTreeSet<(String, ConnId, StreamId)>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -99,6 +101,7 @@ impl Cluster {
             sent_kinds: BTreeMap::new(),
             cut: Default::default(),
             cache_specs: Vec::new(),
+            finished: Default::default(),
         };
         for n in names {
             c.hellos(n);
@@ -177,6 +180,9 @@ impl Cluster {
                     match o {
                         NodeOutput::Broker(BrokerOutput::Transmit { conn, stream, data }) => {
                             self.received.entry((name.clone(), conn, stream)).or_default().extend_from_slice(&data);
+                        }
+                        NodeOutput::Broker(BrokerOutput::Finish { conn, stream }) => {
+                            self.finished.insert((name.clone(), conn, stream));
                         }
                         NodeOutput::Broker(BrokerOutput::OpenUni { conn, token }) => {
                             // Event streams (cache watches) get ids of their own.
@@ -1977,4 +1983,52 @@ fn a_durable_shard_moves_with_its_records_under_load_and_a_subscriber_follows_it
 
 fn orders_shard(shard: u32) -> ShardId {
     ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "orders".into(), shard }
+}
+
+#[test]
+fn a_legacy_subscriber_of_a_moved_shard_sees_its_stream_end_cleanly_and_can_subscribe_again() {
+    let mut c = Cluster::new(&NAMES);
+    c.create(Kind::Stream, "orders", 3, 0);
+    let from = owner(&c, 0);
+    let to = NAMES.iter().find(|n| **n != from).unwrap().to_string();
+    let key = key_for(0, 3);
+    let (pc, ps) = c.client(&from, 0x0001 | 0x0008 | 0x0040 | 0x1000, 1);
+    for k in 0..5u64 {
+        c.send(&from, pc, ps, publish_binary("orders", &[&format!("r{k}")], Some(k + 1), Some(&key)));
+    }
+    assert!(acks(&payloads(&c.take(&from, pc, ps))).iter().all(|a| a.status == AckStatus::Ok));
+    // A client that offered no SHARD_MOVED (no features at all), with offsets.
+    let (sc, ss) = c.client(&from, 0x0001 | 0x0020, 2);
+    c.send(&from, sc, ss, subscribe_shard(0, 0));
+    assert!(matches!(messages(&c.take(&from, sc, ss))[0], Message::Subscribed(_)));
+    let now = c.now;
+    c.nodes.get_mut(&from).unwrap().propose(&Command::MoveShard { shard: orders_shard(0), to: to.clone() }, now);
+    c.until("moved", |c| c.nodes.values().all(|n| n.metadata().owner(&orders_shard(0)).is_some_and(|a| a.owner == to)));
+    // Its event stream carried the records, then simply ended: no frame it cannot read.
+    let keys: Vec<_> =
+        c.received.keys().filter(|(n, cn, s)| *n == from && *cn == sc && s.dir() == Dir::Uni).cloned().collect();
+    assert_eq!(keys.len(), 1);
+    let bytes = c.received.get(&keys[0]).cloned().unwrap();
+    let ps = payloads(&bytes);
+    assert!(
+        ps.iter()
+            .all(|p| !matches!(p, felix_proto::Payload::Json(felix_proto::Decoded::Message(Message::ShardMoved(_))))),
+        "no shard_moved for a client that did not offer it: {ps:?}"
+    );
+    assert!(c.finished.contains(&(from.clone(), sc, keys[0].2)), "the event stream was finished");
+    let (seen, moved) = c.stream_events(&from, sc);
+    assert!(moved.is_none());
+    assert_eq!(seen.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>(), ["r0", "r1", "r2", "r3", "r4"]);
+    // It subscribes again where it stopped (asking the old owner first: it is told where to go).
+    c.send(&from, sc, ss, subscribe_shard(0, 5));
+    let answer = messages(&c.take(&from, sc, ss));
+    assert!(matches!(&answer[0], Message::Error(e) if e.message.contains(to.as_str())), "{answer:?}");
+    let (tc, ts) = c.client(&to, 0x0001 | 0x0020, 3);
+    c.send(&to, tc, ts, subscribe_shard(0, 5));
+    assert!(matches!(messages(&c.take(&to, tc, ts))[0], Message::Subscribed(_)));
+    let (pc2, ps2) = c.client(&to, 0x0001 | 0x0008 | 0x0040 | 0x1000, 4);
+    c.send(&to, pc2, ps2, publish_binary("orders", &["r5"], Some(9), Some(&key)));
+    assert!(acks(&payloads(&c.take(&to, pc2, ps2))).iter().all(|a| a.status == AckStatus::Ok));
+    let (rest, _) = c.stream_events(&to, tc);
+    assert_eq!(rest.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>(), ["r5"]);
 }

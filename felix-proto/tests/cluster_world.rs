@@ -1,7 +1,10 @@
 //! The whole cluster under faults (felix_proto::cluster::world): brokers and clients, lost,
 //! delayed and partitioned peer messages, brokers that crash and restart from their kept Raft
-//! log. Over 1,000 seeds: one owner per shard and generation, generations only grow, only
-//! owners write and accept subscribers, every request answered, progress once healed.
+//! log, operators moving durable shards (copied, cut over, handed over) and cancelling moves.
+//! Over 1,000 seeds: one owner per shard and generation, generations only grow, only owners
+//! (and a moving shard's new owner, its copy) write and accept subscribers, every request
+//! answered, progress once healed, every acknowledged durable record at its offset on its
+//! final owner, no reader left on a broker that lost its shard.
 
 mod support;
 
@@ -26,6 +29,8 @@ fn the_first_500_seeds_keep_every_cluster_invariant() {
     assert!(t.crashes > 500 && t.lost > 5_000, "{t:?}");
     assert!(t.forwarded > 1_000 && t.redirected > 1_000 && t.unavailable > 100 && t.subscribed > 1_000, "{t:?}");
     assert!(t.lost_with_broker > 0 && t.cache_answers > 1_000, "{t:?}");
+    // Operators moved durable shards (and cancelled moves) under all of it.
+    assert!(t.moves_asked > 1_000 && t.moves_done > 1_000, "{t:?}");
 }
 
 #[test]

@@ -189,6 +189,14 @@ impl Broker {
         v
     }
 
+    /// How many subscriptions this broker serves on one stream shard.
+    pub fn subscribers_of(&self, s: &ShardId) -> usize {
+        self.streams
+            .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
+            .and_then(|e| e.shards.get(s.shard as usize))
+            .map_or(0, |sh| sh.subs.len())
+    }
+
     fn shard_log(&self, s: &ShardId) -> Option<&ShardLog> {
         self.streams
             .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())

@@ -15,12 +15,19 @@
 //!   names the same owner, across crashes;
 //! * **generations only grow** within one life of a broker;
 //! * **only the owner writes**: a broker persists records of a shard only while its own view
-//!   says it owns it, and a broker answers `subscribed` to a shard only while it owns it;
+//!   says it owns it (or that the shard is moving to it: the copy), and a broker answers
+//!   `subscribed` to a shard only while it owns it;
 //! * **every request answered**: every request on a live connection gets an answer (the ack,
 //!   `subscribed`, `not_leader`, `shard_unavailable`, `unacknowledged`) within
 //!   [`FORWARD_TIMEOUT`] and a little: never a hang, never a silent drop. A request whose
 //!   broker crashed is answered by the lost connection;
 //! * **only expected refusals**: no other error code comes back;
+//! * **moves keep records**: operators move durable shards, cancel moves and rebalance
+//!   throughout (each broker's disk survives its crashes); every record a broker holds
+//!   committed at an offset is the one ever held there (the new owner's copy included), every
+//!   move finishes once healed, the final owner holds every acknowledged record at the offset
+//!   its ack named (what retention kept), and no broker serves a reader of a shard it does
+//!   not own;
 //! * **progress**: once the faults stop (links healed, every broker back), a publish through
 //!   every broker to every shard is acknowledged `ok`, and a cache put and get through every
 //!   broker are answered by the cache's owner.
@@ -100,6 +107,10 @@ pub struct WorldReport {
     pub snapshots: u64,
     /// Puts to the replicated cache acknowledged (a majority held each).
     pub qcache_acked: u64,
+    /// Operator moves (and cancels, rebalances) proposed.
+    pub moves_asked: u64,
+    /// Moves of the durable stream's shards completed (its owner changed with a copy).
+    pub moves_done: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -123,6 +134,8 @@ impl WorldReport {
         self.quorum_checked += r.quorum_checked;
         self.snapshots += r.snapshots;
         self.qcache_acked += r.qcache_acked;
+        self.moves_asked += r.moves_asked;
+        self.moves_done += r.moves_done;
     }
 }
 
@@ -183,8 +196,17 @@ struct World {
     pending: BTreeMap<(String, ConnId), Pending>,
     /// Event-stream ids handed out per connection.
     next_uni: u64,
+    /// Per broker, what its disk holds of the durable stream (kept across its crashes).
+    disks: BTreeMap<String, BTreeMap<u32, BTreeMap<u64, crate::storage::StoredBatch>>>,
+    /// Acknowledged publishes to the durable stream: (shard, offset, payload).
+    durable_acked: Vec<(u32, u64, Bytes)>,
+    /// The durable stream's owners as last seen (moves counted).
+    last_owner: BTreeMap<u32, String>,
     report: WorldReport,
 }
+
+/// The durable (single-replica) stream: its shards move with their records.
+const ORDERS: &str = "orders";
 
 /// Records each stream shard retains.
 const RETAINED: u64 = 8;
@@ -231,7 +253,28 @@ impl World {
     fn start(&mut self, name: &str) -> Result<(), Violation> {
         let i = self.names.iter().position(|n| n == name).unwrap_or(0);
         let kept = self.kept.get(name).cloned().unwrap_or_default();
-        let mut node = ClusterNode::new(broker(self.now), member(name, i), &self.names, &kept, self.now)
+        // What its disk holds of the durable stream comes back, as a driver recovers it.
+        let mut b = broker(self.now);
+        let shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(1, |s| s.1);
+        for (shard, batches) in self.disks.get(name).into_iter().flatten() {
+            if batches.is_empty() {
+                continue;
+            }
+            let r = crate::storage::RecoveredShard {
+                tenant_id: TENANT.into(),
+                namespace: NS.into(),
+                stream: ORDERS.into(),
+                shard: *shard,
+                stream_shards: shards,
+                summaries: Vec::new(),
+                batches: batches.values().cloned().collect(),
+                state_batches: Vec::new(),
+                repairs: Vec::new(),
+                producer_watermarks: Vec::new(),
+            };
+            b.restore(r, self.now);
+        }
+        let mut node = ClusterNode::new(b, member(name, i), &self.names, &kept, self.now)
             .map_err(|e| self.violation(format!("{name} does not restart from its kept log: {e}")))?;
         node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
         node.set_replica_checkpoint_bytes(CHECKPOINT_BYTES);
@@ -283,8 +326,10 @@ impl World {
     /// history seen so far: one record per offset, ever.
     fn check_history(&mut self) -> Result<(), Violation> {
         let mut bad = None;
+        let orders_shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(0, |s| s.1);
         for (name, node) in &self.nodes {
-            for (shard, _, _, _) in node.replica_status() {
+            let replicated = node.replica_status().into_iter().map(|(s, ..)| s);
+            for shard in replicated.chain((0..orders_shards).map(|i| shard_id(ORDERS, i))) {
                 let from = self.checked.get(&(name.clone(), shard.clone())).copied().unwrap_or(0);
                 let mut upto = from;
                 for (base, generation_start, payloads) in node.broker.committed_batches(&shard, from) {
@@ -432,6 +477,18 @@ impl World {
                 if w.stream == LEDGER {
                     return Err(self.violation(format!("{name} writes the replicated {LEDGER} beside its Raft log")));
                 }
+                if w.stream == ORDERS && w.tenant_id == TENANT {
+                    let b = crate::storage::StoredBatch {
+                        base_offset: w.base_offset,
+                        timestamp_micros: w.timestamp_micros,
+                        generation_start: w.generation_start,
+                        publisher: w.publisher.clone(),
+                        producer: w.producer,
+                        state: w.state.clone(),
+                        records: w.records.clone(),
+                    };
+                    self.disks.entry(name.to_owned()).or_default().entry(w.shard).or_default().insert(w.base_offset, b);
+                }
                 if !w.generation_start && w.tenant_id == TENANT {
                     let node = &self.nodes[name];
                     let s = shard_id(&w.stream, w.shard);
@@ -448,8 +505,39 @@ impl World {
                 }
             }
             BrokerOutput::Read(r) => {
+                // From the batch holding `from`, before `end`, about `max_bytes` at most.
+                let mut batches = Vec::new();
+                if r.stream == ORDERS
+                    && let Some(disk) = self.disks.get(name).and_then(|d| d.get(&r.shard))
+                {
+                    let mut bytes = 0;
+                    for b in disk.values() {
+                        if b.base_offset + b.count() <= r.from {
+                            continue;
+                        }
+                        if b.base_offset >= r.end || (!batches.is_empty() && bytes >= r.max_bytes) {
+                            break;
+                        }
+                        bytes += b.records.payload_bytes();
+                        batches.push(b.clone());
+                    }
+                }
                 if let Some(n) = self.nodes.get_mut(name) {
-                    n.broker.handle_read_complete(r.token, Vec::new(), now);
+                    n.broker.handle_read_complete(r.token, batches, now);
+                }
+            }
+            BrokerOutput::ResetShard { stream, shard, .. } => {
+                if stream == ORDERS
+                    && let Some(d) = self.disks.get_mut(name)
+                {
+                    d.remove(&shard);
+                }
+            }
+            BrokerOutput::Truncate { stream, shard, start, .. } => {
+                if stream == ORDERS
+                    && let Some(disk) = self.disks.get_mut(name).and_then(|d| d.get_mut(&shard))
+                {
+                    disk.retain(|_, b| b.base_offset + b.count() > start);
                 }
             }
             BrokerOutput::OpenUni { conn, token } => {
@@ -521,6 +609,11 @@ impl World {
                 if a.owner.is_some() {
                     self.report.forwarded += 1;
                 }
+                if shard.name == ORDERS
+                    && let (Some(offset), Some(p)) = (a.offset, self.quorum_payloads.get(&key))
+                {
+                    self.durable_acked.push((shard.shard, offset, p.clone()));
+                }
                 Ok("ok")
             }
             (Ask::Publish, Payload::Ack(a)) => match &a.code {
@@ -565,7 +658,7 @@ impl World {
                 }
                 if ask == Ask::Publish {
                     self.report.acked += 1;
-                    if let Some(p) = payload {
+                    if let Some(p) = payload.filter(|_| shard.name == LEDGER) {
                         self.report.quorum_acked += 1;
                         self.quorum_acked.insert(p, shard.clone());
                     }
@@ -640,7 +733,7 @@ impl World {
         // Every record of the replicated stream is unique, so the checker can find it (and so
         // is every value put to the replicated cache).
         let cache = if stream == QCACHE { QCACHE } else { CACHE };
-        let payload = if stream == LEDGER || stream == QCACHE {
+        let payload = if stream == LEDGER || stream == QCACHE || stream == ORDERS {
             Bytes::from(format!("{}-{}", self.seed, self.report.requests))
         } else {
             Bytes::from_static(b"record")
@@ -701,7 +794,7 @@ impl World {
             ),
         }
         self.report.requests += 1;
-        if stream == LEDGER && ask == Ask::Publish {
+        if (stream == LEDGER || stream == ORDERS) && ask == Ask::Publish {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
         } else if stream == QCACHE && ask == Ask::CachePut {
             self.qputs.insert(payload.clone(), (format!("k{shard}"), now, None));
@@ -805,6 +898,17 @@ impl World {
         }
         self.settle(rng, faults)?;
         self.check_history()?;
+        // Owner changes of the durable stream's shards (moves with a copy), as one broker sees.
+        if let Some(node) = self.nodes.values().next() {
+            for (s, a) in node.metadata().owners() {
+                if s.name == ORDERS
+                    && let Some(was) = self.last_owner.insert(s.shard, a.owner.clone())
+                    && was != a.owner
+                {
+                    self.report.moves_done += 1;
+                }
+            }
+        }
         let late: Vec<String> = self
             .pending
             .values()
@@ -845,6 +949,9 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         generations: BTreeMap::new(),
         pending: BTreeMap::new(),
         next_uni: 0,
+        disks: BTreeMap::new(),
+        durable_acked: Vec::new(),
+        last_owner: BTreeMap::new(),
         report: WorldReport { nodes: n, digest: seed, ..WorldReport::default() },
     };
     for name in &names {
@@ -923,6 +1030,26 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                 w.cut.insert(cut);
             }
             13..=30 => w.cut.clear(),
+            // An operator moves a durable shard, gives a move up, or rebalances.
+            31..=40 => {
+                let live: Vec<String> = w.nodes.keys().cloned().collect();
+                if !live.is_empty() {
+                    let via = live[rng.below(live.len() as u64) as usize].clone();
+                    let to = names[rng.below(n as u64) as usize].clone();
+                    let shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(1, |s| s.1);
+                    let shard = shard_id(ORDERS, rng.below(u64::from(shards)) as u32);
+                    let c = match rng.below(10) {
+                        0..=6 => Command::MoveShard { shard, to },
+                        7 | 8 => Command::CancelMove { shard },
+                        _ => Command::Rebalance,
+                    };
+                    let now = w.now;
+                    w.report.moves_asked += 1;
+                    if let Some(node) = w.nodes.get_mut(&via) {
+                        node.propose(&c, now);
+                    }
+                }
+            }
             _ => {}
         }
         for _ in 0..rng.below(3) {
@@ -968,6 +1095,16 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     }
     if !settled(&w) {
         return Err(w.violation("healed, but not every broker is active again".into()));
+    }
+    // Every move finishes (or is given up) once healed.
+    for _ in 0..300 {
+        if w.nodes.values().all(|node| node.metadata().moves().is_empty()) {
+            break;
+        }
+        w.tick(&mut rng, false)?;
+    }
+    if let Some((s, m)) = w.nodes.values().flat_map(|node| node.metadata().moves().iter()).next() {
+        return Err(w.violation(format!("healed, but the move of {s:?} ({} → {}) did not finish", m.from, m.to)));
     }
     // Progress: through every broker, to every shard, acked ok.
     for name in &names {
@@ -1028,5 +1165,50 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         return Err(w.violation(format!("{p:?} was acknowledged on {s:?} and is not in its history")));
     }
     w.check_quorum_cache(&first, &mut rng)?;
+    w.check_durable(&first)?;
     Ok(w.report)
+}
+
+impl World {
+    /// The durable stream, healed: its owner holds every acknowledged record at the offset its
+    /// ack named (what retention kept of it), whichever moves, crashes and cancels its shard
+    /// went through, and no broker serves a reader of a shard it does not own.
+    fn check_durable(&mut self, md: &super::metadata::Metadata) -> Result<(), Violation> {
+        for (name, node) in &self.nodes {
+            for shard in 0..STREAMS.iter().find(|s| s.0 == ORDERS).map_or(0, |s| s.1) {
+                let id = shard_id(ORDERS, shard);
+                let owner = md.owner(&id).map(|a| a.owner.as_str());
+                if node.broker.subscribers_of(&id) > 0 && owner != Some(name.as_str()) {
+                    return Err(self.violation(format!("{name} serves readers of {id:?}, owned by {owner:?}")));
+                }
+            }
+        }
+        let mut logs: BTreeMap<u32, (u64, BTreeMap<u64, Bytes>)> = BTreeMap::new();
+        for (shard, offset, payload) in self.durable_acked.clone() {
+            let id = shard_id(ORDERS, shard);
+            let Some(owner) = md.owner(&id).map(|a| a.owner.clone()) else { continue };
+            let Some(node) = self.nodes.get(&owner) else { continue };
+            let (start, log) = logs.entry(shard).or_insert_with(|| {
+                let batches = node.broker.committed_batches(&id, 0);
+                let start = batches.first().map_or(u64::MAX, |b| b.0);
+                let mut log = BTreeMap::new();
+                for (base, _, payloads) in batches {
+                    for (i, p) in payloads.into_iter().enumerate() {
+                        log.insert(base + i as u64, p);
+                    }
+                }
+                (start, log)
+            });
+            if offset < *start {
+                continue; // retention dropped it
+            }
+            if log.get(&offset) != Some(&payload) {
+                return Err(self.violation(format!(
+                    "{payload:?} was acknowledged at {id:?} offset {offset}; its owner {owner} holds {:?} there",
+                    log.get(&offset)
+                )));
+            }
+        }
+        Ok(())
+    }
 }
