@@ -632,6 +632,53 @@ impl Client {
         }
     }
 
+    /// The broker's own view of one shard (FEATURE_INSPECT; the token must hold exactly
+    /// `node.view:cluster:*`).
+    ///
+    /// # Errors
+    /// `forbidden` for any other token; [`ClientError::Unsupported`] against a broker without
+    /// the feature.
+    pub async fn shard_inspect(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: message::ShardKind,
+        shard: u32,
+    ) -> Result<message::InspectView, ClientError> {
+        let (namespace, name) = (namespace.to_owned(), name.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::ShardInspect(message::ShardInspect { tenant_id, namespace, name, kind, shard, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::ShardInspect(v) => Ok(*v),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One page of the subscriptions the broker serves (FEATURE_INSPECT, as
+    /// [`shard_inspect`](Self::shard_inspect)).
+    ///
+    /// # Errors
+    /// As [`shard_inspect`](Self::shard_inspect).
+    pub async fn subscriptions_list(
+        &self,
+        filter: Option<message::SubscriptionFilter>,
+        limit: Option<u32>,
+        cursor: Option<message::SubscriptionCursor>,
+    ) -> Result<message::SubscriptionsListInfo, ClientError> {
+        let r = self
+            .request(move |_, request_id| {
+                Message::SubscriptionsList(message::SubscriptionsList { request_id, filter, limit, cursor })
+            })
+            .await?;
+        match r {
+            core::Reply::Subscriptions(l) => Ok(*l),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Publishes a batch. With `ack`, waits for the broker and returns the first record's
     /// offset when the broker gave one; without, returns once the batch is handed to QUIC.
     ///

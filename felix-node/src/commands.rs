@@ -1214,6 +1214,104 @@ async fn watch_moves(
     }
 }
 
+/// `cluster inspect`: one broker's own view of a shard, or the subscriptions it serves.
+async fn cluster_inspect(
+    name: Option<String>,
+    shard: u32,
+    cache: bool,
+    subscriptions: bool,
+    json: bool,
+    conn: ConnectArgs,
+) -> Result<ExitCode, String> {
+    use felix_proto::message::ShardKind;
+    let client = connect(&conn).await?;
+    let ns = conn.namespace.clone();
+    let explain = |e: felix_driver_tokio::ClientError| {
+        let t = e.to_string();
+        if t.contains("forbidden") {
+            format!("{t} (diagnostics need a signed token with exactly node.view:cluster:*)")
+        } else {
+            t
+        }
+    };
+    if subscriptions {
+        let filter = felix_proto::message::SubscriptionFilter {
+            namespace: name.as_ref().map(|_| ns.clone()),
+            stream: name.clone(),
+            ..Default::default()
+        };
+        let mut cursor = None;
+        let mut all = Vec::new();
+        let node = loop {
+            let page = client.subscriptions_list(Some(filter.clone()), Some(1000), cursor).await.map_err(explain)?;
+            let node = page.node_id;
+            all.extend(page.subscriptions);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break node,
+            }
+        };
+        let _ = client.close().await;
+        if json {
+            out!("{}", serde_json::json!({"node_id": node, "subscriptions": all}));
+        } else {
+            out!("{} subscription(s) served by {}", all.len(), if node.is_empty() { "this broker" } else { &node });
+            for s in &all {
+                out!(
+                    "  {}/{}/{} shard {}  id {}  queue {}/{}  dropped {}  at {}  tail {}",
+                    s.tenant_id,
+                    s.namespace,
+                    s.stream,
+                    s.shard,
+                    s.subscriber_id,
+                    s.depth,
+                    s.capacity,
+                    s.dropped,
+                    s.position.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                    s.tail
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let name = name.ok_or("name the stream (or --cache cache) to inspect, or pass --subscriptions")?;
+    let kind = if cache { ShardKind::Cache } else { ShardKind::Stream };
+    let v = client.shard_inspect(&ns, &name, kind, shard).await.map_err(explain)?;
+    let _ = client.close().await;
+    if json {
+        out!("{}", serde_json::to_string(&v).unwrap_or_default());
+        return Ok(ExitCode::SUCCESS);
+    }
+    out!(
+        "{ns}/{name} shard {shard} as {} sees it ({} shard(s))",
+        if v.node_id.is_empty() { "this broker" } else { &v.node_id },
+        v.shards
+    );
+    out!(
+        "  role {}, phase {}, {}",
+        v.role,
+        v.phase,
+        if v.serving { "serving".to_owned() } else { format!("not serving ({})", v.reason.as_deref().unwrap_or("-")) }
+    );
+    if let Some(a) = &v.assignment {
+        out!(
+            "  assignment: generation {}, leader {}, replicas [{}]{}{}",
+            a.generation,
+            a.leader,
+            a.replicas.join(", "),
+            if a.draining { ", leader draining" } else { "" },
+            if a.successor.is_empty() { String::new() } else { format!(", moving to {}", a.successor) }
+        );
+    }
+    if let Some(t) = v.tail {
+        out!("  tail {t}{}", v.committed.map(|c| format!(", readable up to {c}")).unwrap_or_default());
+    }
+    if let Some(d) = &v.detail {
+        out!("  {d}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `cluster revoke`: proposes the revocation, then waits until the broker asked lists it.
 async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) -> Result<ExitCode, String> {
     let m = a.metrics;
@@ -1291,6 +1389,9 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                 draining && !owns && !moving
             };
             return watch_moves(&what, json, admin, done).await;
+        }
+        ClusterOp::Inspect { name, shard, cache, subscriptions, json, conn } => {
+            return cluster_inspect(name, shard, cache, subscriptions, json, conn).await;
         }
         ClusterOp::Rebalance { json, admin } => {
             let m = admin.metrics;

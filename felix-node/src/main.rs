@@ -601,6 +601,29 @@ enum ClusterOp {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Ask one broker (`--addr`) for its own view of a shard: whether it serves it, why not,
+    /// its assignment, generation, tail, the move in progress; or (--subscriptions) the
+    /// subscriptions it serves with their queue depth and drops. The token must be a signed
+    /// one holding exactly `node.view:cluster:*` (`felix-node token mint --perm
+    /// node.view:cluster:*`); every other token is refused `forbidden`.
+    Inspect {
+        /// The stream (or with --cache, the cache).
+        name: Option<String>,
+        /// The shard.
+        #[arg(default_value_t = 0)]
+        shard: u32,
+        /// NAME is a cache.
+        #[arg(long)]
+        cache: bool,
+        /// List the subscriptions the broker serves (of NAME, when given) instead.
+        #[arg(long)]
+        subscriptions: bool,
+        /// Print the broker's answer as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: ConnectArgs,
+    },
     /// Let placement move every shard again (also those operators placed or cancelled moves
     /// left), and show the moves until none is left.
     Rebalance {

@@ -1185,3 +1185,59 @@ fn a_durable_cache_keeps_its_values_across_a_sigkill() {
     let out = client_cmd(dir.path(), addr).args(["cache", "get", "scratch", "k"]).output().unwrap();
     assert_ne!(String::from_utf8_lossy(&out.stdout).trim(), "v");
 }
+
+/// `cluster inspect`: a token minted with exactly `node.view:cluster:*` is shown a broker's own
+/// view of a shard and the subscriptions it serves; any other token is refused `forbidden`,
+/// with a hint.
+#[test]
+fn cluster_inspect_shows_a_shard_and_subscriptions_to_a_node_view_token_only() {
+    let keys = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN).args(["token", "keygen", "--out"]).arg(keys.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let jwks = keys.path().join("jwks.json");
+    let _broker = serve(dir.path(), addr, &["--jwks", jwks.to_str().unwrap()]);
+    let mint = |perm: &str| {
+        let out = Command::new(BIN)
+            .args(["token", "mint", "--key"])
+            .arg(keys.path().join("signing-key.pk8"))
+            .args(["--tenant", "default", "--perm", perm])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let p = client_cmd(dir.path(), addr).args(["publish", "orders", "one", "--ack"]).output().unwrap();
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let view = mint("node.view:cluster:*");
+    let inspect = |token: &str, args: &[&str]| {
+        let out = client_cmd(dir.path(), addr)
+            .args(["cluster", "inspect"])
+            .args(args)
+            .args(["--token", token])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = inspect(&view, &["orders", "0"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("role leader, phase active, serving") && out.contains("tail 1"), "{out}");
+    let (ok, out, err) = inspect(&view, &["orders", "0", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["serving"].as_bool(), v["tail"].as_u64()), (Some(true), Some(1)), "{v}");
+    let (ok, out, err) = inspect(&view, &["--subscriptions"]);
+    assert!(ok && out.contains("0 subscription(s)"), "{out}{err}");
+    for other in [mint("stream.admin:stream:default/*/*"), "dev-token-is-not-it".into()] {
+        let (ok, _, err) = inspect(&other, &["orders", "0"]);
+        assert!(!ok && (err.contains("forbidden") || err.contains("unauthenticated")), "{err}");
+    }
+    // The static dev token may do everything else, but it is no diagnostics token.
+    let (ok, _, err) = inspect(TOKEN, &["orders", "0"]);
+    assert!(!ok && err.contains("node.view:cluster:*"), "{err}");
+}

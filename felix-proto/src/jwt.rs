@@ -347,6 +347,12 @@ impl Perm {
         Ok(Perm { verb, kind: kind.to_owned(), path })
     }
 
+    /// Whether this is exactly `node.view:cluster:*` (what operator diagnostics need; no
+    /// other spelling counts).
+    pub fn is_cluster_view(&self) -> bool {
+        self.verb == Verb::View && self.kind == "cluster" && self.path == ["*"]
+    }
+
     /// Whether this permission allows `action` on `tenant/namespace/name`.
     pub fn allows(&self, action: Action, tenant: &str, namespace: &str, name: &str) -> bool {
         let subject = [tenant, namespace, name];

@@ -481,3 +481,113 @@ fn a_client_certificate_authenticates_an_empty_token_as_its_mapped_principal() {
     let (_, _, next, _) = b.shard_state("t1", "default", "orders", 0).unwrap();
     assert_eq!(next, 1, "only the authenticated publish was written");
 }
+
+/// `shard_inspect` and `subscriptions_list` (FEATURE_INSPECT): answered only for a signed
+/// token holding exactly `node.view:cluster:*`; `forbidden` (the stream open) for a wildcard
+/// `node.view`, any other permission, and the static dev token. Answers come from what the
+/// broker holds: the shard's tail, the subscriptions with their queue depth and drops.
+#[test]
+fn diagnostics_answer_only_a_token_with_exactly_node_view_cluster() {
+    let t0 = epoch();
+    let mut cfg = ephemeral_config();
+    let pk = public_key(&key()).unwrap();
+    cfg.jwt = Some(Verifier::new(Jwks::single("k1", &pk)));
+    let mut b = Broker::new(cfg, WallClock::new(t0, NOW * 1_000_000));
+    assert!(ephemeral_config().server_features().contains(Features::INSPECT));
+    let take = |b: &mut Broker, st: StreamId| {
+        let mut out = Vec::new();
+        while let Some(o) = b.poll_output() {
+            if let BrokerOutput::Transmit { data, stream, .. } = o
+                && stream == st
+            {
+                out.extend_from_slice(&data);
+            }
+        }
+        messages(&out)
+    };
+    let session = |b: &mut Broker, token: &str, i: u8| {
+        let conn = b.admit(PeerAddr([i; 16]), t0).unwrap();
+        let st = StreamId::new(Side::Client, Dir::Bi, 0);
+        let (lo, hi) = (Features::ERROR_CODES | Features::INSPECT).to_words(true);
+        let auth = json(&Message::Auth(message::Auth {
+            tenant_id: "t1".into(),
+            token: token.into(),
+            client_flags: Some(0x0001),
+            client_features: lo,
+            client_features_hi: hi,
+        }));
+        b.handle_stream_data(conn, st, auth, false, t0);
+        assert!(matches!(take(b, st).first(), Some(Message::AuthOk(_))));
+        (conn, st)
+    };
+    // Something to look at: a subscriber and three records.
+    let writer = mint(
+        &key(),
+        "k1",
+        &claims(&["stream.publish:stream:t1/default/orders", "stream.subscribe:stream:t1/default/orders"]),
+    )
+    .unwrap();
+    let (wc, ws) = session(&mut b, &writer, 1);
+    b.handle_stream_data(wc, ws, subscribe("orders", None), false, t0);
+    assert!(matches!(take(&mut b, ws).first(), Some(Message::Subscribed(_))));
+    for i in 0..3 {
+        b.handle_stream_data(wc, ws, publish_json("orders", "x", Some(10 + i), Some(AckMode::PerBatch)), false, t0);
+    }
+    take(&mut b, ws);
+    let inspect = json(&Message::ShardInspect(message::ShardInspect {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        kind: message::ShardKind::Stream,
+        shard: 0,
+        request_id: 5,
+    }));
+    let list = json(&Message::SubscriptionsList(message::SubscriptionsList {
+        request_id: 6,
+        filter: Some(message::SubscriptionFilter { stream: Some("orders".into()), ..Default::default() }),
+        limit: None,
+        cursor: None,
+    }));
+    let refused = |m: &[Message]| matches!(m.first(), Some(Message::Error(e)) if e.code.as_ref().is_some_and(|c| c.name() == "forbidden"));
+    for (i, perms) in [vec!["node.view:cluster:x"], vec!["stream.admin:stream:t1/*/*"], vec!["tenant.manage:tenant:t1"]]
+        .into_iter()
+        .enumerate()
+    {
+        let token = mint(&key(), "k1", &claims(&perms)).unwrap();
+        let (c, st) = session(&mut b, &token, 10 + i as u8);
+        b.handle_stream_data(c, st, inspect.clone(), false, t0);
+        assert!(refused(&take(&mut b, st)), "{perms:?}");
+        b.handle_stream_data(c, st, list.clone(), false, t0);
+        assert!(refused(&take(&mut b, st)), "{perms:?}: the stream stays open");
+    }
+    let (dc, ds) = session(&mut b, TOKEN, 20);
+    b.handle_stream_data(dc, ds, inspect.clone(), false, t0);
+    assert!(refused(&take(&mut b, ds)), "the static dev token is no diagnostics token");
+    // Exactly node.view:cluster:*.
+    let operator = mint(&key(), "k1", &claims(&["node.view:cluster:*"])).unwrap();
+    let (oc, os) = session(&mut b, &operator, 30);
+    b.handle_stream_data(oc, os, inspect, false, t0);
+    match take(&mut b, os).first() {
+        Some(Message::ShardInspectInfo(i)) => {
+            assert_eq!(i.request_id, 5);
+            let v = &i.view;
+            assert_eq!(
+                (v.shards, v.role.as_str(), v.phase.as_str(), v.serving),
+                (1, "leader", "active", true),
+                "{v:?}"
+            );
+            assert_eq!(v.tail, Some(3));
+        }
+        other => panic!("{other:?}"),
+    }
+    b.handle_stream_data(oc, os, list, false, t0);
+    match take(&mut b, os).first() {
+        Some(Message::SubscriptionsListInfo(l)) => {
+            assert_eq!(l.subscriptions.len(), 1, "{l:?}");
+            let s = &l.subscriptions[0];
+            assert_eq!((s.stream.as_str(), s.shard, s.tail, s.dropped), ("orders", 0, 3, 0));
+            assert!(l.next_cursor.is_none());
+        }
+        other => panic!("{other:?}"),
+    }
+}

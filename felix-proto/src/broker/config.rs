@@ -271,7 +271,8 @@ impl BrokerConfig {
             | Features::PUBLISH_CONDITIONAL
             | Features::CACHE_WATCH
             | Features::CACHE_WATCH_RETAINED
-            | Features::STREAM_ADMIN;
+            | Features::STREAM_ADMIN
+            | Features::INSPECT;
         if self.history_reads {
             // Counters, group positions and commit state must survive a restart: only a broker
             // with storage offers them.

@@ -44,6 +44,7 @@ mod cache_requests;
 mod connection;
 mod forward;
 mod forward_request;
+mod inspect;
 mod key;
 mod limits;
 mod moves;

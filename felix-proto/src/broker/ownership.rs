@@ -28,9 +28,26 @@ pub(super) struct ClusterView {
     pub(super) unavailable: std::collections::BTreeSet<ShardId>,
     /// This broker's node id.
     pub(super) local: String,
+    /// Moves in progress.
+    pub(super) moves: BTreeMap<ShardId, crate::cluster::metadata::Move>,
+    /// Replicated shards' replicas.
+    pub(super) replicas: BTreeMap<ShardId, Vec<String>>,
 }
 
 impl ClusterView {
+    /// How many shards the registry gives the stream or cache of `id`, if it has it.
+    pub(super) fn shard_count(&self, id: &ShardId) -> Option<u32> {
+        let first = ShardId { shard: 0, ..id.clone() };
+        let n = self
+            .owners
+            .range(first..)
+            .take_while(|(s, _)| {
+                (s.kind, &s.tenant, &s.namespace, &s.name) == (id.kind, &id.tenant, &id.namespace, &id.name)
+            })
+            .count();
+        (n > 0).then_some(n as u32)
+    }
+
     /// Whether the cluster's registry has this stream.
     pub(super) fn knows_stream(&self, t: &str, ns: &str, s: &str) -> bool {
         let first = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard: 0 };
@@ -125,7 +142,9 @@ impl Broker {
         let before = self.cluster.as_ref().map(|c| names(&c.owners)).unwrap_or_default();
         let after = names(&owners);
         let unavailable = md.owners().keys().filter(|s| md.unavailable(s)).cloned().collect();
-        self.cluster = Some(ClusterView { brokers, owners, unavailable, local: local.to_owned() });
+        let moves = md.moves().clone();
+        let replicas = md.replicated_shards().map(|(s, r)| (s.clone(), r.to_vec())).collect();
+        self.cluster = Some(ClusterView { brokers, owners, unavailable, local: local.to_owned(), moves, replicas });
         self.set_cluster_revocations(md.revoked_jti(), md.revoked_sub(), now);
         for (t, ns, s) in before.difference(&after) {
             self.delete_stream(t, ns, s, now);

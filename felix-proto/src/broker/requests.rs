@@ -303,6 +303,8 @@ impl Broker {
             Message::StreamDelete(d) => self.stream_delete(conn, st, d, now),
             Message::Topology(_) => self.topology(conn, st),
             Message::ShardOwners(q) => self.shard_owners(conn, st, q),
+            Message::ShardInspect(q) => self.shard_inspect(conn, st, q),
+            Message::SubscriptionsList(q) => self.subscriptions_list(conn, st, q),
             Message::StateGet(g) => self.state_get(conn, st, g),
             Message::CounterAdd(a) => self.counter_add(conn, st, a, now),
             Message::CounterGet(g) => self.counter_get(conn, st, g),

@@ -91,6 +91,11 @@ pub(super) struct Sub {
     pub phase: Phase,
     /// A cache watch (its key is the cache's): what it follows.
     pub watch: Option<WatchFilter>,
+    /// Records its full queue dropped (diagnostics).
+    pub dropped: u64,
+    /// The offset after the last batch offered to it (queued or dropped), on a stream with
+    /// offsets (diagnostics).
+    pub offered: Option<u64>,
 }
 
 impl Sub {
@@ -112,6 +117,8 @@ impl Sub {
                 None => Phase::Live,
             },
             watch: None,
+            dropped: 0,
+            offered: None,
         }
     }
 

@@ -130,8 +130,10 @@ impl Broker {
         count: u64,
         bytes_max: usize,
     ) {
+        sub.offered = Some(base + count);
         if sub.full(frame_len(&frame), bytes_max) {
             stats.records_dropped += count;
+            sub.dropped += count;
             if sub.shape.offsets && sub.offer.has(Features::SUBSCRIPTION_LAGGED) {
                 stats.lagged += 1;
                 sub.on(SubEvent::End(Ending::Lagged { resume_from: base }));

@@ -580,6 +580,8 @@ fn typed_reply(m: Message) -> Result<(Option<u64>, Reply), Box<Message>> {
             Reply::StreamShards { shards: v.shards, routing: v.routing.unwrap_or(message::Routing::Modulo) },
         ),
         Message::ShardOwnersView(v) => (Some(v.request_id), Reply::ShardOwners(v.owners)),
+        Message::ShardInspectInfo(i) => (Some(i.request_id), Reply::ShardInspect(i.view)),
+        Message::SubscriptionsListInfo(l) => (Some(l.request_id), Reply::Subscriptions(Box::new(l))),
         Message::GroupRecords(r) => (Some(r.request_id), Reply::GroupRecords(r.records)),
         Message::GroupExtended(e) => (Some(e.request_id), Reply::GroupExtended(e.visible_ms)),
         Message::GroupDeadLetterList(l) => (Some(l.request_id), Reply::GroupDeadLetters(l.offsets)),

@@ -210,6 +210,10 @@ pub enum Reply {
     },
     /// `shard_owners_view`: each shard's owner, in shard order.
     ShardOwners(Vec<message::ShardOwner>),
+    /// `shard_inspect_info`: the broker's own view of one shard.
+    ShardInspect(Box<message::InspectView>),
+    /// `subscriptions_list_info`: one page of the subscriptions the broker serves.
+    Subscriptions(Box<message::SubscriptionsListInfo>),
     /// `group_records`.
     GroupRecords(Vec<message::GroupRecord>),
     /// `group_extended`: how long the claim now stands, ms.

@@ -1,0 +1,234 @@
+//! Operator diagnostics (FEATURE_INSPECT, REFERENCE.md §9.10): `shard_inspect`, this broker's
+//! own view of one shard, and `subscriptions_list`, the subscriptions it serves. Only a signed
+//! token holding exactly `node.view:cluster:*` may ask (wildcards such as `node.view:*` do not
+//! count, nor does any static token): everyone else is refused `forbidden` and the stream stays
+//! open. Answered from what this broker holds, never forwarded, changing nothing.
+
+use super::*;
+use crate::cluster::metadata::{Kind, ShardId};
+use crate::error_code::ErrorCode;
+use crate::message::{self, Message};
+use crate::transport::ConnId;
+
+/// Subscriptions one `subscriptions_list` answer lists at most.
+const LIST_MAX: u32 = 1000;
+/// ... when the request names no limit.
+const LIST_DEFAULT: u32 = 100;
+
+impl Broker {
+    /// Whether the stream's session holds exactly `node.view:cluster:*`.
+    fn may_inspect(st: &CtlStream) -> bool {
+        st.session
+            .as_ref()
+            .and_then(|s| s.jwt.as_ref())
+            .is_some_and(|j| j.perms.iter().any(crate::jwt::Perm::is_cluster_view))
+    }
+
+    fn refuse_inspect(&mut self, conn: ConnId, st: &mut CtlStream) {
+        let r = Refusal::new(
+            ErrorCode::Forbidden,
+            "diagnostics need a signed token with exactly the permission node.view:cluster:*",
+        );
+        self.refuse(conn, st, r);
+    }
+
+    /// `shard_inspect`.
+    pub(super) fn shard_inspect(&mut self, conn: ConnId, st: &mut CtlStream, q: message::ShardInspect) {
+        if !Self::may_inspect(st) {
+            return self.refuse_inspect(conn, st);
+        }
+        let view = self.inspect_view(&q);
+        let m = Message::ShardInspectInfo(message::ShardInspectInfo { request_id: q.request_id, view: Box::new(view) });
+        self.send(conn, st, json_frame(&m));
+    }
+
+    fn inspect_view(&self, q: &message::ShardInspect) -> message::InspectView {
+        let kind = match q.kind {
+            message::ShardKind::Stream => Kind::Stream,
+            message::ShardKind::Cache => Kind::Cache,
+        };
+        let id = ShardId {
+            kind,
+            tenant: q.tenant_id.clone(),
+            namespace: q.namespace.clone(),
+            name: q.name.clone(),
+            shard: q.shard,
+        };
+        let node_id = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let k = KeyRef(&q.tenant_id, &q.namespace, &q.name);
+        let mut view = message::InspectView {
+            node_id: node_id.clone(),
+            shards: 0,
+            role: "none".into(),
+            phase: "unassigned".into(),
+            serving: false,
+            reason: Some("not_assigned_here".into()),
+            detail: None,
+            generation: None,
+            assignment: None,
+            fence: None,
+            lease: None,
+            tail: None,
+            committed: None,
+            accepted_generation: None,
+            replicas: None,
+        };
+        // What this broker holds of it: shard count, tail, whether it serves it.
+        let (shards, local, moved, replica) = match kind {
+            Kind::Stream => match self.streams.get(k.q()) {
+                Some(e) => {
+                    let sh = e.shards.get(q.shard as usize);
+                    (
+                        e.shards.len() as u32,
+                        sh.map(|s| (s.log.committed_tail(), s.log.readable_tail())),
+                        sh.and_then(|s| s.moved.as_ref().map(|m| (m.reason, m.down))),
+                        sh.and_then(|s| s.replica.clone()),
+                    )
+                }
+                None => (0, None, None, None),
+            },
+            Kind::Cache => match self.caches.get(k.q()) {
+                Some(c) => (1, (q.shard == 0).then(|| (c.tail(), c.tail())), None, c.replica.clone()),
+                None => (0, None, None, None),
+            },
+        };
+        view.shards = self.cluster.as_ref().and_then(|c| c.shard_count(&id)).unwrap_or(shards);
+        if view.shards == 0 || q.shard >= view.shards {
+            view.shards = view.shards.max(shards);
+            return view;
+        }
+        let Some(c) = &self.cluster else {
+            // A broker alone serves everything it has.
+            view.role = "leader".into();
+            view.phase = "active".into();
+            view.serving = local.is_some();
+            view.reason = None;
+            view.tail = local.map(|l| l.0);
+            view.committed = local.map(|l| l.1);
+            return view;
+        };
+        let owner = c.owners.get(&id).cloned();
+        let moving = c.moves.get(&id).map(|m| m.to.clone());
+        if let Some((leader, _, generation)) = &owner {
+            view.generation = Some(*generation);
+            view.assignment = Some(message::InspectAssignment {
+                generation: *generation,
+                leader: leader.clone(),
+                replicas: c.replicas.get(&id).cloned().unwrap_or_else(|| vec![leader.clone()]),
+                draining: !c.brokers.iter().any(|(n, _)| n == leader),
+                successor: moving.clone().unwrap_or_default(),
+            });
+        }
+        let mine = match &replica {
+            Some(super::replicated::ReplicaRole::Leading) => {
+                view.role = "leader".into();
+                true
+            }
+            Some(_) => {
+                view.role = "follower".into();
+                false
+            }
+            None => {
+                let here = owner.as_ref().is_some_and(|(o, _, _)| *o == c.local);
+                if here {
+                    view.role = "leader".into();
+                }
+                here
+            }
+        };
+        if mine || replica.is_some() {
+            view.tail = local.map(|l| l.0);
+            view.committed = local.map(|l| l.1);
+        }
+        let (phase, reason) = match (&moved, mine) {
+            _ if self.fenced && mine => ("fencing", Some("lease_lapsed")),
+            (Some(("moving", _)), true) => ("draining", Some("draining")),
+            (Some(("fenced", _)), true) => ("fencing", Some("lease_lapsed")),
+            (Some((_, true)), true) => ("opening", Some("opening")),
+            (None, true) => ("active", None),
+            (_, true) => ("active", None),
+            (_, false) if replica.is_some() => ("active", Some("not_assigned_here")),
+            (_, false) => ("unassigned", Some("not_assigned_here")),
+        };
+        view.phase = phase.into();
+        view.serving = mine && reason.is_none();
+        view.reason = reason.map(str::to_owned);
+        if let Some(to) = moving.filter(|_| mine) {
+            view.detail = Some(format!("moving to {to}"));
+        }
+        view
+    }
+
+    /// `subscriptions_list`: in (tenant, namespace, stream, shard, subscriber id) order, from
+    /// after `cursor`, at most `limit` (100 by default, 1,000 at most).
+    pub(super) fn subscriptions_list(&mut self, conn: ConnId, st: &mut CtlStream, q: message::SubscriptionsList) {
+        if !Self::may_inspect(st) {
+            return self.refuse_inspect(conn, st);
+        }
+        let limit = q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX) as usize;
+        let f = q.filter.unwrap_or_default();
+        let after = q.cursor.map(|c| (c.tenant_id, c.namespace, c.stream, c.shard, c.subscriber_id));
+        let mut all: Vec<message::SubscriptionInfo> = Vec::new();
+        for (cid, c) in self.conns.iter() {
+            for sub in c.subs.values() {
+                if sub.watch.is_some() {
+                    continue; // a cache watch, not a subscription
+                }
+                let (t, ns, s) = (sub.key.tenant(), sub.key.namespace(), sub.key.name());
+                let log = self.streams.get(&sub.key).and_then(|e| e.shards.get(sub.shard as usize)).map(|s| &s.log);
+                let info = message::SubscriptionInfo {
+                    tenant_id: t.to_owned(),
+                    namespace: ns.to_owned(),
+                    stream: s.to_owned(),
+                    shard: sub.shard,
+                    subscriber_id: sub.id,
+                    subscription_id: sub.id,
+                    connection: Some(cid.0),
+                    peer: None,
+                    principal: None,
+                    // A full queue drops the newest batch (for this subscriber only).
+                    policy: "drop_new".into(),
+                    depth: sub.queue.len() as u64,
+                    capacity: sub.capacity as u64,
+                    dropped: sub.dropped,
+                    position: sub.offered,
+                    tail: log.map_or(0, ShardLog::committed_tail),
+                    age_ms: 0,
+                };
+                let keep = f.tenant_id.as_ref().is_none_or(|x| *x == info.tenant_id)
+                    && f.namespace.as_ref().is_none_or(|x| *x == info.namespace)
+                    && f.stream.as_ref().is_none_or(|x| *x == info.stream)
+                    && f.shard.is_none_or(|x| x == info.shard)
+                    && f.principal.as_ref().is_none_or(|x| info.principal.as_ref() == Some(x))
+                    && f.dropping.is_none_or(|d| d == (info.dropped > 0));
+                if keep {
+                    all.push(info);
+                }
+            }
+        }
+        let order = |i: &message::SubscriptionInfo| {
+            (i.tenant_id.clone(), i.namespace.clone(), i.stream.clone(), i.shard, i.subscriber_id)
+        };
+        all.sort_by_key(order);
+        let mut page: Vec<message::SubscriptionInfo> =
+            all.into_iter().filter(|i| after.as_ref().is_none_or(|a| order(i) > *a)).take(limit + 1).collect();
+        let next_cursor = (page.len() > limit).then(|| {
+            page.truncate(limit);
+            let last = page.last().map(order).unwrap_or_default();
+            message::SubscriptionCursor {
+                tenant_id: last.0,
+                namespace: last.1,
+                stream: last.2,
+                shard: last.3,
+                subscriber_id: last.4,
+            }
+        });
+        let m = Message::SubscriptionsListInfo(message::SubscriptionsListInfo {
+            request_id: q.request_id,
+            node_id: self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default(),
+            subscriptions: page,
+            next_cursor,
+        });
+        self.send(conn, st, json_frame(&m));
+    }
+}
