@@ -87,6 +87,9 @@
 //!             | BrokerOutput::ProposeCache { .. }
 //!             | BrokerOutput::ProposeStream { .. }
 //!             | BrokerOutput::ProposeStreamDeletion { .. }
+//!             | BrokerOutput::Copy { .. }
+//!             | BrokerOutput::ProposeCluster(_)
+//!             | BrokerOutput::ResetShard { .. }
 //!             | BrokerOutput::Replicate { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
 //!         }

@@ -140,6 +140,34 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 }),
             ),
             ("request-answer", PeerMessage::RequestAnswer { id: 2, data: bytes::Bytes::from_static(b"answer") }),
+            (
+                "copy-request",
+                PeerMessage::CopyRequest(felix_proto::cluster::peer::CopyRequest {
+                    shard: orders(),
+                    from: Some(7),
+                    max_bytes: 1 << 20,
+                }),
+            ),
+            (
+                "copy-answer",
+                PeerMessage::CopyAnswer(felix_proto::cluster::peer::CopyAnswer {
+                    shard: orders(),
+                    body: felix_proto::cluster::peer::CopyBody::Batches {
+                        start: 0,
+                        tail: 9,
+                        cutting: true,
+                        batches: vec![felix_proto::storage::StoredBatch {
+                            base_offset: 7,
+                            timestamp_micros: 1,
+                            generation_start: false,
+                            publisher: Some(bytes::Bytes::from_static(b"alice")),
+                            producer: Some((4, 2)),
+                            state: None,
+                            records: felix_proto::binary::Records::from_payloads(["a", "bb"]).expect("small"),
+                        }],
+                    },
+                }),
+            ),
         ];
         let mut all = bytes::BytesMut::new();
         for (name, m) in messages {
@@ -234,4 +262,14 @@ fn fuzz_bodies_pass_over_their_corpora() {
         }
     }
     assert!(ran >= seeds.len());
+}
+
+fn orders() -> felix_proto::cluster::metadata::ShardId {
+    felix_proto::cluster::metadata::ShardId {
+        kind: felix_proto::cluster::metadata::Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "orders".into(),
+        shard: 2,
+    }
 }
