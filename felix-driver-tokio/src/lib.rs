@@ -16,6 +16,7 @@ pub use felix_driver_common::storage;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tls;
+mod web;
 
 pub use client::{
     CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem, TokenRefresh,

@@ -67,6 +67,8 @@ pub struct ServerOptions {
     /// Serve Prometheus metrics over HTTP on this TCP address (off when `None`); with a
     /// cluster, `GET /cluster` there answers the cluster's state as JSON.
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the operator web view on this TCP address, behind this token (off when `None`).
+    pub http: Option<(SocketAddr, String)>,
     /// Run as a broker of a cluster (`None`: a single broker, as always).
     pub cluster: Option<crate::cluster::ClusterOptions>,
     /// Ask clients for a certificate and verify it against these CA certificates (mutual
@@ -92,6 +94,8 @@ pub struct Server {
     pub recovered_records: u64,
     /// Where metrics are served, when enabled.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the web view is served, when enabled.
+    pub http_addr: Option<SocketAddr>,
     /// Where the cluster listener is, for a broker of a cluster.
     pub cluster_addr: Option<SocketAddr>,
 }
@@ -266,6 +270,15 @@ impl Server {
             }
             None => None,
         };
+        let http_addr = match &opts.http {
+            Some((addr, token)) => {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                let bound = listener.local_addr()?;
+                tokio::spawn(web_loop(listener, tx.clone(), token.clone()));
+                Some(bound)
+            }
+            None => None,
+        };
         let (stx, srx) = std::sync::mpsc::channel::<StorageCmd>();
         let storage_thread = {
             let tx = tx.clone();
@@ -307,6 +320,7 @@ impl Server {
             repairs,
             recovered_records,
             metrics_addr,
+            http_addr,
             cluster_addr,
         })
     }
@@ -499,6 +513,8 @@ enum Input {
     },
     Metrics(oneshot::Sender<String>),
     ClusterStatus(oneshot::Sender<String>),
+    /// The web view's page.
+    WebView(oneshot::Sender<String>),
     /// `POST /cluster/add|remove` (its secret checked): the answer's status and body.
     ClusterAdmin(AdminRequest, oneshot::Sender<(u16, String)>),
     /// A reloaded signed-token configuration.
@@ -538,6 +554,11 @@ pub(crate) enum AdminRequest {
     Move { shard: felix_proto::cluster::metadata::ShardId, to: Option<String> },
     Drain { node: String },
     Rebalance,
+}
+
+/// [`percent_decode`], for the web view.
+pub(crate) fn percent_decode_pub(v: &str) -> String {
+    percent_decode(v)
 }
 
 /// Decodes `%XX` escapes of a query value (anything malformed is kept as it is).
@@ -630,6 +651,50 @@ fn admin_request(head: &str, secret: Option<&str>) -> Result<AdminRequest, (u16,
         "/cluster/remove" => Ok(AdminRequest::Remove { node, force: arg("force").is_some_and(|f| f == "1") }),
         "/cluster/drain" => Ok(AdminRequest::Drain { node }),
         _ => Err((404, format!("no such admin path {path}"))),
+    }
+}
+
+/// The web view's listener: `GET /` with the token gets the page; anything else 401 or 404.
+async fn web_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<Input>, token: String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else { return };
+        let tx = tx.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await.ok().and_then(Result::ok);
+            let head = n.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned()).unwrap_or_default();
+            let path = head.split(' ').nth(1).unwrap_or_default().split('?').next().unwrap_or_default().to_owned();
+            let (status, body) = if !head.starts_with("GET ") {
+                (405, "GET only (the view is read-only)\n".to_string())
+            } else if !crate::web::authorized(&head, &token) {
+                (401, "the web view needs its token: ?token=... or Authorization: Bearer ...\n".to_string())
+            } else if path != "/" {
+                (404, "not found\n".to_string())
+            } else {
+                let (rtx, rrx) = oneshot::channel();
+                if tx.send(Input::WebView(rtx)).is_err() {
+                    return;
+                }
+                let Ok(page) = rrx.await else { return };
+                (200, page)
+            };
+            let reason = match status {
+                200 => "OK",
+                401 => "Unauthorized",
+                404 => "Not Found",
+                _ => "Method Not Allowed",
+            };
+            let kind = if status == 200 { "text/html; charset=utf-8" } else { "text/plain" };
+            let head = format!(
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
     }
 }
 
@@ -1245,6 +1310,14 @@ impl BrokerTask {
             }
             Input::ClusterStatus(reply) => {
                 let _ = reply.send(self.cluster_status());
+            }
+            Input::WebView(reply) => {
+                let status: serde_json::Value =
+                    serde_json::from_str(&self.cluster_status()).unwrap_or(serde_json::Value::Null);
+                let b = self.node.broker_ref();
+                let streams: Vec<(String, String, String, u32)> =
+                    b.streams().map(|(t, n, s, c)| (t.to_owned(), n.to_owned(), s.to_owned(), c.shards)).collect();
+                let _ = reply.send(crate::web::page(&status, &streams, &b.subscriptions_snapshot()));
             }
             Input::ClusterAdmin(req, reply) => {
                 let answer = match &mut self.node {

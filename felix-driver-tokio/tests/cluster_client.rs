@@ -48,6 +48,7 @@ async fn start() -> Cluster {
             transport: Default::default(),
             require_alpn: false,
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            http: None,
             cluster: Some(ClusterOptions {
                 node_id: n.to_string(),
                 listen: peers[i].1,

@@ -38,6 +38,7 @@ async fn our_broker_with(require_alpn: bool, broker: BrokerConfig, transport: Tr
         transport,
         require_alpn,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        http: None,
         cluster: None,
         client_ca: None,
     })

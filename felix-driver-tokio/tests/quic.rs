@@ -40,6 +40,7 @@ async fn start_at(
         transport: TransportTuning::default(),
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        http: None,
         cluster: None,
         client_ca: None,
     };
@@ -971,6 +972,7 @@ async fn client_certificates_authenticate_as_the_principal_they_map_to() {
         transport: TransportTuning::default(),
         require_alpn: false,
         metrics_listen: None,
+        http: None,
         cluster: None,
         client_ca: Some(vec![ca.cert()]),
     };
@@ -1100,6 +1102,7 @@ async fn serve_with_cert(dir: &Path, listen: std::net::SocketAddr) -> Server {
         transport: TransportTuning::default(),
         require_alpn: false,
         metrics_listen: None,
+        http: None,
         cluster: None,
         client_ca: None,
     };

@@ -212,6 +212,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().expect("literal")),
+        http: None,
         cluster: None,
         transport: a.tuning(),
         admission: crate::node::Admission::default(),

@@ -172,6 +172,16 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
             }
         },
         metrics_listen: a.metrics_listen,
+        http: match a.http {
+            Some(addr) => Some((
+                addr,
+                a.http_token
+                    .clone()
+                    .or_else(|| token.clone())
+                    .ok_or("--http needs a token: pass --http-token (FELIX_HTTP_TOKEN), or keep the dev token")?,
+            )),
+            None => None,
+        },
         cluster: cluster_opts,
         transport: felix_driver_tokio::TransportTuning {
             max_bi_streams: a.max_streams,
@@ -210,6 +220,12 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     out!("  fsync        {fsync:?}");
     if let (Some(c), Some((id, name))) = (server.cluster_addr, &banner) {
         out!("  cluster      node {id}, peers on {c} (cluster {name:?})");
+    }
+    if let Some(h) = server.http_addr {
+        out!(
+            "  web view     http://{h}/?token=<{}>",
+            if a.http_token.is_some() { "the --http-token" } else { "the dev token" }
+        );
     }
     if let Some(m) = server.metrics_addr {
         out!("  metrics      http://{m}/metrics");

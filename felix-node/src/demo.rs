@@ -38,6 +38,7 @@ fn demo_settings(
 ) -> BrokerSettings {
     BrokerSettings {
         listen,
+        http: None,
         data_dir: Some(data_dir),
         token: Some(token),
         tokens: Vec::new(),

@@ -223,6 +223,14 @@ struct ServeArgs {
     /// `GET /cluster` there answers the cluster's state (`felix-node cluster status`).
     #[arg(long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Serve the operator web view on this TCP address (off by default): brokers, shards and
+    /// their owners, replica lag, moves in progress, the subscriptions served here; read-only,
+    /// refreshed every 2 s. Open http://ADDR/?token=TOKEN (the banner prints the address).
+    #[arg(long, env = "FELIX_HTTP_LISTEN")]
+    http: Option<SocketAddr>,
+    /// The web view's token [default: the dev token; without one, --http needs this].
+    #[arg(long, env = "FELIX_HTTP_TOKEN", hide_env_values = true)]
+    http_token: Option<String>,
     /// Shards of a stream created on first use (1..=4096) [default: 1]. Keyed records spread over them by
     /// key; in a cluster the shards are spread over the brokers.
     #[arg(long, env = "FELIX_DEFAULT_SHARDS", value_parser = clap::value_parser!(u32).range(1..=4096))]

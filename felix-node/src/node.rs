@@ -48,6 +48,8 @@ pub struct BrokerSettings {
     pub group_limits: felix_proto::broker::GroupLimits,
     pub require_alpn: bool,
     pub metrics_listen: Option<SocketAddr>,
+    /// The operator web view's address and token (off when `None`).
+    pub http: Option<(std::net::SocketAddr, String)>,
     /// Run as a broker of a cluster.
     pub cluster: Option<felix_driver_tokio::cluster::ClusterOptions>,
     /// CA certificates client certificates are verified against (mutual TLS), if any.
@@ -125,6 +127,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         transport: s.transport,
         require_alpn: s.require_alpn,
         metrics_listen: s.metrics_listen,
+        http: s.http,
         cluster: s.cluster,
         client_ca: s.client_ca,
     };

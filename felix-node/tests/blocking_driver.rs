@@ -76,6 +76,7 @@ fn start_tokio(dir: &Path) -> (tokio::runtime::Runtime, felix_driver_tokio::Serv
             transport: Default::default(),
             require_alpn: false,
             metrics_listen: None,
+            http: None,
             cluster: None,
             client_ca: None,
         }))

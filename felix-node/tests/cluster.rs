@@ -675,3 +675,92 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
         .unwrap();
     assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
 }
+
+/// The operator web view (`serve --http`), driven in headless Chromium as a person would open
+/// it: after `cluster move`, the page shows the three brokers, the moved shard on its new owner
+/// at a newer generation, no move left in progress; without its token the page is refused.
+#[test]
+fn the_web_view_shows_a_moved_shard_on_its_new_owner_in_a_browser() {
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .expect("the web view's test drives Chromium: apt-get install chromium (.ci/run installs it)");
+    let names = ["n1", "n2", "n3"];
+    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
+    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
+    let web = free_tcp();
+    let web_arg = web.to_string();
+    let brokers: Vec<Broker> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let extra: &[&str] = if i == 0 { &["--http", &web_arg, "--http-token", "look-token"] } else { &[] };
+            start_with(n, clients[i], clusters[i], &peers, extra)
+        })
+        .collect();
+    wait_for("three members, one leader, none fenced", 30, || {
+        brokers.iter().all(|b| {
+            status(b).is_some_and(|v| {
+                v["members"].as_array().is_some_and(|m| m.len() == 3) && !v["leader"].is_null() && v["fenced"] == false
+            })
+        })
+    });
+    for _ in 0..100 {
+        if cli(&brokers[0], &["publish", "orders", "x", "--ack", "--key", "k"]).0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_for("the owners are known", 10, || status(&brokers[0]).is_some_and(|v| owners(&v).len() == 6));
+    let before = homes(&status(&brokers[0]).unwrap(), "orders");
+    let (from, generation) = before[2].clone();
+    let to = names.iter().find(|n| **n != from).unwrap().to_string();
+    let out = Command::new(BIN)
+        .args(["cluster", "move", "orders", "2", "--to", &to, "--metrics", &brokers[0].metrics.to_string()])
+        .args(["--cluster-secret", "test-secret"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"), "{}", String::from_utf8_lossy(&out.stdout));
+    let dump = |url: &str| {
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dump-dom"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("chromium did not finish within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut s = String::new();
+        use std::io::Read;
+        child.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+        s
+    };
+    let page = dump(&format!("http://{web}/?token=look-token"));
+    // What a person sees: every broker, active; the moved shard on its new owner, one
+    // generation on; nothing moving any more.
+    for n in names {
+        assert!(page.contains(&format!("<td>{n}</td><td>active</td>")), "{n} listed active: {page}");
+    }
+    let row = format!("<td>stream</td><td>default/default/orders</td><td>2</td><td>{to}</td><td>");
+    let at = page.find(&row).unwrap_or_else(|| panic!("shard 2 on {to}: {page}"));
+    let shown: u64 = page[at + row.len()..].split('<').next().unwrap().parse().unwrap();
+    assert!(shown > generation, "generation {shown} after {generation}");
+    assert!(page.contains("<p id=\"moves\">none</p>"), "{page}");
+    // Without the token: refused.
+    let refused = dump(&format!("http://{web}/"));
+    assert!(refused.contains("needs its token") && !refused.contains("orders"), "{refused}");
+}

@@ -168,7 +168,7 @@ fn an_unreachable_owner_is_shard_unavailable_and_a_silent_one_unacknowledged() {
 }
 
 #[test]
-fn a_broker_that_no_longer_owns_the_shard_refuses_the_forward() {
+fn a_broker_that_no_longer_owns_the_shard_refuses_the_forward_and_the_client_is_told_to_retry() {
     let (mut a, mut b, md) = pair();
     let (key, _) = key_owned_by(&md, "n2");
     let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
@@ -182,6 +182,12 @@ fn a_broker_that_no_longer_owns_the_shard_refuses_the_forward() {
     carry(&mut a, "n1", &mut b);
     assert!(b.durable.iter().all(|w| w.stream != "orders"), "nothing written");
     carry(&mut b, "n2", &mut a);
+    // The origin's view was behind: nothing was written, and its client is told to retry
+    // (`shard_unavailable`, reason `stale`), by when the origin knows the new owner.
     let ack = acks(&payloads(&a.take_received(p, s))).remove(0);
-    assert_eq!(ack.code.map(|(c, _)| c.name().into_owned()).as_deref(), Some("not_leader"));
+    assert_eq!(
+        ack.code.map(|(c, r)| (c.name().into_owned(), r)),
+        Some(("shard_unavailable".into(), felix_proto::RetryClass::Retry))
+    );
+    assert!(ack.message.contains("moved while the publish was forwarded"), "{}", ack.message);
 }

@@ -232,6 +232,18 @@ impl Broker {
         self.forward_deadlines.remove(&(f.deadline, id));
         let result = match outcome {
             ForwardOutcome::Appended { offset } => Ok(offset),
+            ForwardOutcome::Refused { code: ErrorCode::NotLeader, message, .. } => {
+                // The shard left the broker this one forwarded to before the forward got there
+                // (a move, a fail-over): this broker's view was behind. Nothing was written;
+                // the client retries, by when this view has caught up (`stale`).
+                let mut r = Refusal::new(
+                    ErrorCode::ShardUnavailable,
+                    format!("the shard moved while the publish was forwarded ({message}); retry"),
+                );
+                r.retry = RetryClass::Retry;
+                r.detail = Some(crate::binary::ErrorDetail { reason: Some("stale".into()), retry_after_ms: Some(100) });
+                Err(r)
+            }
             ForwardOutcome::Refused { code, retry, message } => {
                 let mut r = Refusal::new(code, message);
                 r.retry = retry;

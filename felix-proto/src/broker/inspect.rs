@@ -159,27 +159,20 @@ impl Broker {
         view
     }
 
-    /// `subscriptions_list`: in (tenant, namespace, stream, shard, subscriber id) order, from
-    /// after `cursor`, at most `limit` (100 by default, 1,000 at most).
-    pub(super) fn subscriptions_list(&mut self, conn: ConnId, st: &mut CtlStream, q: message::SubscriptionsList) {
-        if !Self::may_inspect(st) {
-            return self.refuse_inspect(conn, st);
-        }
-        let limit = q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX) as usize;
-        let f = q.filter.unwrap_or_default();
-        let after = q.cursor.map(|c| (c.tenant_id, c.namespace, c.stream, c.shard, c.subscriber_id));
+    /// Every stream subscription this broker serves, in (tenant, namespace, stream, shard,
+    /// subscriber id) order, with its queue depth, capacity, drops and position.
+    pub fn subscriptions_snapshot(&self) -> Vec<message::SubscriptionInfo> {
         let mut all: Vec<message::SubscriptionInfo> = Vec::new();
         for (cid, c) in self.conns.iter() {
             for sub in c.subs.values() {
                 if sub.watch.is_some() {
                     continue; // a cache watch, not a subscription
                 }
-                let (t, ns, s) = (sub.key.tenant(), sub.key.namespace(), sub.key.name());
                 let log = self.streams.get(&sub.key).and_then(|e| e.shards.get(sub.shard as usize)).map(|s| &s.log);
-                let info = message::SubscriptionInfo {
-                    tenant_id: t.to_owned(),
-                    namespace: ns.to_owned(),
-                    stream: s.to_owned(),
+                all.push(message::SubscriptionInfo {
+                    tenant_id: sub.key.tenant().to_owned(),
+                    namespace: sub.key.namespace().to_owned(),
+                    stream: sub.key.name().to_owned(),
                     shard: sub.shard,
                     subscriber_id: sub.id,
                     subscription_id: sub.id,
@@ -194,22 +187,45 @@ impl Broker {
                     position: sub.offered,
                     tail: log.map_or(0, ShardLog::committed_tail),
                     age_ms: 0,
-                };
-                let keep = f.tenant_id.as_ref().is_none_or(|x| *x == info.tenant_id)
+                });
+            }
+        }
+        all.sort_by(|a, b| {
+            (&a.tenant_id, &a.namespace, &a.stream, a.shard, a.subscriber_id).cmp(&(
+                &b.tenant_id,
+                &b.namespace,
+                &b.stream,
+                b.shard,
+                b.subscriber_id,
+            ))
+        });
+        all
+    }
+
+    /// `subscriptions_list`: in (tenant, namespace, stream, shard, subscriber id) order, from
+    /// after `cursor`, at most `limit` (100 by default, 1,000 at most).
+    pub(super) fn subscriptions_list(&mut self, conn: ConnId, st: &mut CtlStream, q: message::SubscriptionsList) {
+        if !Self::may_inspect(st) {
+            return self.refuse_inspect(conn, st);
+        }
+        let limit = q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX) as usize;
+        let f = q.filter.unwrap_or_default();
+        let after = q.cursor.map(|c| (c.tenant_id, c.namespace, c.stream, c.shard, c.subscriber_id));
+        let all: Vec<message::SubscriptionInfo> = self
+            .subscriptions_snapshot()
+            .into_iter()
+            .filter(|info| {
+                f.tenant_id.as_ref().is_none_or(|x| *x == info.tenant_id)
                     && f.namespace.as_ref().is_none_or(|x| *x == info.namespace)
                     && f.stream.as_ref().is_none_or(|x| *x == info.stream)
                     && f.shard.is_none_or(|x| x == info.shard)
                     && f.principal.as_ref().is_none_or(|x| info.principal.as_ref() == Some(x))
-                    && f.dropping.is_none_or(|d| d == (info.dropped > 0));
-                if keep {
-                    all.push(info);
-                }
-            }
-        }
+                    && f.dropping.is_none_or(|d| d == (info.dropped > 0))
+            })
+            .collect();
         let order = |i: &message::SubscriptionInfo| {
             (i.tenant_id.clone(), i.namespace.clone(), i.stream.clone(), i.shard, i.subscriber_id)
         };
-        all.sort_by_key(order);
         let mut page: Vec<message::SubscriptionInfo> =
             all.into_iter().filter(|i| after.as_ref().is_none_or(|a| order(i) > *a)).take(limit + 1).collect();
         let next_cursor = (page.len() > limit).then(|| {
