@@ -1018,7 +1018,8 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
                 (None, Some(p)) => felix_proto::client::WatchOn::Prefix(p),
                 _ => return Err("name a KEY or a --prefix (exactly one)".into()),
             };
-            watch(&client, &ns, &cache, filter, from, retained, json, count).await?
+            let _ = client.close().await;
+            return watch(&a.conn, &ns, &cache, filter, from, retained, json, count).await;
         }
     };
     let _ = client.close().await;
@@ -1558,10 +1559,12 @@ pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {
     }
 }
 
-/// Prints a cache's changes as they happen (offset, key, value or `<deleted>`).
+/// Prints a cache's changes as they happen (offset, key, value or `<deleted>`). A watch whose
+/// cache moved or failed over (`shard_moved`), or whose broker went away, is opened again on
+/// the cache's owner from `max(last change + 1, resume_from)`: no change missed or repeated.
 #[allow(clippy::too_many_arguments)] // the command's options
 async fn watch(
-    client: &Client,
+    conn: &ConnectArgs,
     ns: &str,
     cache: &str,
     filter: felix_proto::client::WatchOn,
@@ -1570,7 +1573,17 @@ async fn watch(
     json: bool,
     count: Option<u64>,
 ) -> Result<ExitCode, String> {
-    let mut w = client.cache_watch(ns, cache, filter, from, retained).await.map_err(|e| e.to_string())?;
+    let open = |from: Option<u64>, retained: bool| {
+        let filter = filter.clone();
+        with_redirects(conn, move |client| {
+            let (ns, cache, filter) = (ns.to_owned(), cache.to_owned(), filter.clone());
+            async move {
+                let r = client.cache_watch(&ns, &cache, filter, from, retained).await;
+                (client, r)
+            }
+        })
+    };
+    let (mut client, mut w) = open(from, retained).await?;
     let mut note = format!("watching {ns}/{cache}; live from offset {}", w.resume_offset);
     if w.resnapshot {
         note.push_str(" (the history asked for was compacted: current values first)");
@@ -1580,13 +1593,16 @@ async fn watch(
     }
     eprintln!("{note}");
     let mut seen = 0u64;
+    let mut last: Option<u64> = None;
+    let mut start = w.resume_offset;
     while count.is_none_or(|c| seen < c) {
         let item = tokio::select! {
             item = w.next() => item,
             _ = tokio::signal::ctrl_c() => break,
         };
-        match item {
+        let resume_from = match item {
             Some(SubscriptionItem::CacheChange(e)) => {
+                last = Some(e.offset);
                 let text = e.value.as_ref().map(|v| String::from_utf8_lossy(&v.0).into_owned());
                 let line = if json {
                     let mut o = serde_json::Map::new();
@@ -1604,20 +1620,56 @@ async fn watch(
                     break;
                 }
                 seen += 1;
+                continue;
             }
-            Some(SubscriptionItem::End(r)) => {
-                match r {
-                    EndReason::WatchLagged { resume_from } => {
-                        eprintln!("the watch fell behind; resume with --from {resume_from}")
-                    }
-                    other => eprintln!("the watch ended: {other:?}"),
-                }
+            Some(SubscriptionItem::End(EndReason::WatchLagged { resume_from })) => {
+                eprintln!("the watch fell behind; resume with --from {resume_from}");
                 return Ok(ExitCode::FAILURE);
             }
-            Some(SubscriptionItem::Events(_)) => {}
-            None => return Err("connection closed".into()),
+            Some(SubscriptionItem::End(EndReason::Moved(m))) => {
+                eprintln!("the watch ended: {}", ended(&EndReason::Moved(m.clone())));
+                m.resume_from
+            }
+            Some(SubscriptionItem::End(r)) if follows(&r) => {
+                eprintln!("the watch ended: {}", ended(&r));
+                None
+            }
+            Some(SubscriptionItem::End(other)) => {
+                eprintln!("the watch ended: {other:?}");
+                return Ok(ExitCode::FAILURE);
+            }
+            Some(SubscriptionItem::Events(_)) => continue,
+            None => {
+                eprintln!("the watch's connection closed");
+                None
+            }
+        };
+        // Where to go on: after the last change printed, never before where the old owner
+        // said its log ends.
+        let after = last.map_or(start, |l| l + 1);
+        let from = resume_from.map_or(after, |r| r.max(after));
+        let _ = client.close().await;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            match open(Some(from), false).await {
+                Ok((c, nw)) => {
+                    eprintln!("watching again from offset {from}");
+                    client = c;
+                    w = nw;
+                    start = from;
+                    break;
+                }
+                Err(e) if std::time::Instant::now() < until => {
+                    eprintln!("watching again: {e}; retrying in {} ms", pause.as_millis());
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                }
+                Err(e) => return Err(format!("could not watch again from offset {from} for a minute: {e}")),
+            }
         }
     }
+    let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
 }
 

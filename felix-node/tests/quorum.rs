@@ -399,6 +399,63 @@ fn a_replicated_cache_keeps_every_acknowledged_value_across_leader_kills() {
     };
     const KEYS: usize = 4;
     const KILLS: usize = 2;
+    // A CLI watcher of every key from the start: it follows the cache through the kills (a
+    // deposed or killed leader ends it; it watches again on the new one from where it was).
+    assert!(put("k0", "first"), "the cache takes a first put");
+    let mut watcher = Command::new(BIN)
+        .env("FELIX_ADDR", &addrs)
+        .env("FELIX_DATA_DIR", &any_dir)
+        .env("FELIX_TOKEN", TOKEN)
+        .args([
+            "cache",
+            "watch",
+            "sessions",
+            "--prefix",
+            "k",
+            "--from",
+            "0",
+            "--json",
+            "--insecure-accept-any-certificate",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watched = std::sync::Arc::new(std::sync::Mutex::new(Vec::<serde_json::Value>::new()));
+    {
+        let out = watcher.stdout.take().unwrap();
+        let w = watched.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&l) {
+                    w.lock().unwrap().push(v);
+                }
+            }
+        });
+    }
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut watcher = KillOnDrop(watcher);
+    let watch_err = watcher.0.stderr.take().unwrap();
+    let watch_log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    {
+        let log = watch_log.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(watch_err).lines().map_while(Result::ok) {
+                let mut g = log.lock().unwrap();
+                g.push_str(&l);
+                g.push('\n');
+            }
+        });
+    }
+    wait_for("the watcher saw the first put", 30, || watched.lock().unwrap().iter().any(|v| v["value"] == "first"));
     // Per key: every value put, in order, and whether it was acknowledged.
     let mut puts: Vec<Vec<(String, bool)>> = vec![Vec::new(); KEYS];
     for round in 0..=KILLS {
@@ -432,6 +489,20 @@ fn a_replicated_cache_keeps_every_acknowledged_value_across_leader_kills() {
         }
         nodes[victim].start(&peers);
     }
+    // The watcher printed every acknowledged put, each once, in offset order, across the kills.
+    let acked: Vec<String> = puts.iter().flatten().filter(|(_, a)| *a).map(|(v, _)| v.clone()).collect();
+    wait_for("the watcher printed every acknowledged put", 60, || {
+        let w = watched.lock().unwrap();
+        acked.iter().all(|v| w.iter().any(|x| x["value"] == v.as_str()))
+    });
+    {
+        let w = watched.lock().unwrap();
+        let offsets: Vec<u64> = w.iter().filter_map(|x| x["offset"].as_u64()).collect();
+        assert!(offsets.windows(2).all(|p| p[0] < p[1]), "no change twice, in order: {offsets:?}");
+        let log = watch_log.lock().unwrap();
+        assert!(log.contains("watching again from offset"), "it followed the cache: {log}");
+    }
+    drop(watcher);
     for (k, log) in puts.iter().enumerate() {
         let last_acked = log.iter().rposition(|(_, a)| *a).expect("some put of each key was acknowledged");
         let allowed: Vec<&str> = log[last_acked..].iter().map(|(v, _)| v.as_str()).collect();
