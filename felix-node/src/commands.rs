@@ -617,19 +617,32 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
         let client = client.clone();
         let (ns, stream, o, last) = (a.conn.namespace.clone(), a.stream.clone(), opts(), last_offset.clone());
         async move {
-            // A stream the cluster is still creating is refused for a moment (nothing written):
-            // wait as asked and send again, a bounded number of times. Any other refusal (an
-            // owner that is down) is reported at once.
+            // A shard that is refused for a moment (nothing written: the cluster is still
+            // creating the stream, the shard is cutting over a move, the broker's view is one
+            // move behind, it is fenced or electing) is sent again after the wait it asks for
+            // (50 ms and doubling without one), a bounded number of times. Any other refusal (an owner that
+            // is down) is reported at once.
             let mut tries = 0;
             let offset = loop {
                 match client.publish(&ns, &stream, batch.clone(), o.clone()).await {
                     Err(felix_driver_tokio::ClientError::Refused(i))
                         if tries < 20
                             && i.code == Some(felix_proto::ErrorCode::ShardUnavailable)
-                            && i.detail.as_ref().and_then(|d| d.reason.as_deref()) == Some("creating") =>
+                            && matches!(
+                                i.detail.as_ref().and_then(|d| d.reason.as_deref()),
+                                // (None: a refusal the owner gave a forwarded publish, whose
+                                // reason the forward does not carry: moving, fenced, settling.)
+                                None | Some("creating" | "moving" | "stale" | "fenced" | "not_ready" | "no_leader")
+                            ) =>
                     {
                         tries += 1;
-                        let ms = i.detail.as_ref().and_then(|d| d.retry_after_ms).unwrap_or(200).min(2_000);
+                        // Without a suggested wait (a forwarded refusal): 50 ms, doubling.
+                        let ms = i
+                            .detail
+                            .as_ref()
+                            .and_then(|d| d.retry_after_ms)
+                            .unwrap_or(50u64 << (tries - 1).min(5))
+                            .min(2_000);
                         tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                     }
                     r => break r.map_err(|e| e.to_string())?,
@@ -848,7 +861,12 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                 let Some(from) = cursor.resume(&reason) else { return Ok(ExitCode::FAILURE) };
                 eprintln!("subscription {}; resuming from {from:?}", ended(&reason));
                 let _ = client.close().await;
-                let (c, s) = resubscribe(&a, from).await?;
+                // Straight to the broker the move named, when it did (one connection less).
+                let hint = match &reason {
+                    EndReason::Moved(m) => m.addr.as_deref().and_then(|a| a.parse::<std::net::SocketAddr>().ok()),
+                    _ => None,
+                };
+                let (c, s) = resubscribe_at(&a, from, hint).await?;
                 client = c;
                 sub = s;
                 cursor.subscribed(sub.start_offset);
@@ -912,10 +930,24 @@ async fn resubscribe(
     a: &SubscribeArgs,
     from: StartPosition,
 ) -> Result<(Client, felix_driver_tokio::Subscription), String> {
+    resubscribe_at(a, from, None).await
+}
+
+/// [`resubscribe`], asking `first` (the new owner a move named) before the seeds.
+async fn resubscribe_at(
+    a: &SubscribeArgs,
+    from: StartPosition,
+    first: Option<std::net::SocketAddr>,
+) -> Result<(Client, felix_driver_tokio::Subscription), String> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut pause = std::time::Duration::from_millis(100);
+    let mut first = first;
     loop {
-        let r = with_redirects(&a.conn, |client| {
+        let mut conn = a.conn.clone();
+        if let Some(addr) = first.take() {
+            conn.addr = Addrs(vec![addr]);
+        }
+        let r = with_redirects(&conn, |client| {
             let (ns, stream, shard) = (a.conn.namespace.clone(), a.stream.clone(), a.shard);
             async move {
                 let r = client.subscribe(&ns, &stream, Some(from), Some(shard)).await;

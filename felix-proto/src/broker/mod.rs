@@ -112,7 +112,7 @@ impl Moved {
         let (message, retry_ms) = match self.reason {
             "not_ready" => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
             "no_leader" => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
-            "moving" => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 250),
+            "moving" => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 50),
             "fenced" => (
                 format!(
                     "this broker lost contact with the cluster's metadata leader: it serves shard {shard} again once back in contact; retry (another broker may own it by then)"

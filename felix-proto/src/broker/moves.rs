@@ -130,6 +130,10 @@ impl Broker {
                     proposed: None,
                     source_tail: 0,
                 });
+                if i.cut_at.is_none() && cut_at.is_some() {
+                    // Cut over: what is left to copy is final; ask for it now.
+                    i.due = Some(now);
+                }
                 i.cut_at = cut_at;
                 incoming.insert(s.clone(), i);
             }
@@ -280,7 +284,7 @@ impl Broker {
 
     /// The old owner, writes stopped: once the writes in flight are done it proposes the
     /// cut-over at its tail; after [`CUTOVER_GIVE_UP`] it cancels the move.
-    fn maybe_cut_over(&mut self, s: &ShardId, now: Instant) {
+    pub(super) fn maybe_cut_over(&mut self, s: &ShardId, now: Instant) {
         let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let Some(o) = self.moves_out.get(s) else { return };
         let Some(since) = o.cutting.or(o.cut_at.map(|_| now)) else { return };

@@ -525,6 +525,19 @@ impl Broker {
             _ => {}
         }
         let settled = entry.shards[shard as usize].log.settle(token, ok);
+        if !self.moves_out.is_empty() {
+            // A shard cutting over a move proposes its cut-over once its last write landed.
+            let id = crate::cluster::metadata::ShardId {
+                kind: crate::cluster::metadata::Kind::Stream,
+                tenant: k.tenant().to_owned(),
+                namespace: k.namespace().to_owned(),
+                name: k.name().to_owned(),
+                shard,
+            };
+            if self.cutting_over(&id).is_some() {
+                self.maybe_cut_over(&id, now);
+            }
+        }
         if syslog::is_sys(&k) {
             for (tok, base) in settled.done {
                 if let Some(p) = self.take_write(&tok).and_then(|c| c.sys) {

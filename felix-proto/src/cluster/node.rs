@@ -207,6 +207,9 @@ pub struct ClusterNode {
     currency: Currency,
     /// The last read-index request's context (a counter).
     read_ctx: u64,
+    /// The time of the latest input (what a proposal the broker asked for between inputs is
+    /// made at).
+    last_now: Instant,
 }
 
 /// Whether this broker's applied metadata is known to be current: a broker that (re)starts
@@ -353,6 +356,7 @@ impl ClusterNode {
             leader_contact: now,
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
             read_ctx: 0,
+            last_now: now,
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -504,6 +508,7 @@ impl ClusterNode {
 
     /// A message from peer broker `from` (its hello already checked by the transport).
     pub fn handle_peer(&mut self, from: &str, m: PeerMessage, now: Instant) {
+        self.last_now = self.last_now.max(now);
         if let PeerMessage::Hello { incarnation, features, .. } = &m {
             // A new connection: what it reads is what this hello says (a peer restarted as an
             // older version reads fewer kinds).
@@ -875,6 +880,7 @@ impl ClusterNode {
 
     /// Time passed: Raft ticks due, then the broker's timers.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
         let next = *self.next_tick.get_or_insert(now);
         if next <= now {
             self.meta.tick();
@@ -1012,7 +1018,11 @@ impl ClusterNode {
                 NodeOutput::Peer { to, message: message.into() }
             }
             BrokerOutput::ProposeCluster(c) => {
+                // A move's step: handed to the leader now, not at the next tick (writes to
+                // the shard wait for it).
                 self.pending.push_back(c.encode());
+                let now = self.last_now;
+                self.flush_pending(now);
                 return self.poll_output();
             }
             other => NodeOutput::Broker(other),
