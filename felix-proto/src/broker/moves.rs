@@ -107,7 +107,8 @@ impl Broker {
                 MovePhase::CatchingUp => None,
             };
             if m.from == local {
-                let mut o = self.moves_out.remove(s).unwrap_or(Outgoing {
+                // (Another move of the shard than the one this broker knew: started afresh.)
+                let mut o = self.moves_out.remove(s).filter(|o| o.to == m.to).unwrap_or(Outgoing {
                     to: m.to.clone(),
                     cutting: None,
                     proposed: None,
@@ -119,7 +120,7 @@ impl Broker {
                 o.cut_at = cut_at;
                 outgoing.insert(s.clone(), o);
             } else if m.to == local {
-                let mut i = self.moves_in.remove(s).unwrap_or(Incoming {
+                let mut i = self.moves_in.remove(s).filter(|i| i.from == m.from).unwrap_or(Incoming {
                     from: m.from.clone(),
                     next: None,
                     asked: None,
@@ -247,7 +248,7 @@ impl Broker {
     /// (`force`: an answer just came, ask now).
     fn ask_copy(&mut self, s: &ShardId, now: Instant, force: bool) {
         let Some(i) = self.moves_in.get_mut(s) else { return };
-        if i.writing > 0 || i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at)) {
+        if i.writing > 0 || (!i.failed && i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at))) {
             return;
         }
         let lost = i.asked.is_some_and(|a| now.saturating_duration_since(a) >= COPY_RETRY);
@@ -272,7 +273,7 @@ impl Broker {
         let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let Some(i) = self.moves_in.get_mut(s) else { return };
         let Some(at) = i.cut_at else { return };
-        if i.writing > 0 || i.next.is_none_or(|n| n < at) {
+        if i.writing > 0 || i.failed || i.next.is_none_or(|n| n < at) {
             return;
         }
         if i.proposed.is_some_and(|p| now.saturating_duration_since(p) < PROPOSE_RETRY) {

@@ -296,8 +296,19 @@ impl Broker {
                 let hint = OwnerHint { node_id: String::new(), addr: None, generation: 0 };
                 self.move_shard(k.tenant(), k.namespace(), k.name(), n, hint, now);
             }
+            // Back in contact, a shard cutting over a move still takes no writes (its new
+            // owner may already have started at the cut-over tail).
+            let id = ShardId {
+                kind: Kind::Stream,
+                tenant: k.tenant().to_owned(),
+                namespace: k.namespace().to_owned(),
+                name: k.name().to_owned(),
+                shard: n,
+            };
+            let cutting = (!fenced).then(|| self.cutting_over(&id).map(str::to_owned)).flatten();
             if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(n as usize)) {
-                sh.moved = fenced.then(|| fence_mark(&local));
+                sh.moved =
+                    if fenced { Some(fence_mark(&local)) } else { cutting.map(|to| super::moves::moving_mark(&to)) };
             }
         }
     }
