@@ -352,15 +352,7 @@ impl DiskStorage {
     /// The rename failing (the stream is then still whole on disk).
     pub fn delete_stream(&mut self, (tenant, ns, stream): (&str, &str, &str)) -> std::io::Result<()> {
         let dir = self.stream_dir(tenant, ns, stream);
-        let under = |p: &PathBuf| p.starts_with(&dir);
-        self.open.retain(|p, _| !under(p));
-        self.dirty.retain(|p| !under(p));
-        self.known_meta.retain(|p| !under(p));
-        self.poisoned.retain(|p| !under(p));
-        self.deadlines.retain(|p, _| !under(p));
-        self.index.retain(|p, _| !under(p));
-        self.idx_open.retain(|p, _| !under(p));
-        self.idx_seed.retain(|p, _| !under(p));
+        self.forget_under(&dir);
         if !dir.exists() {
             return Ok(());
         }
@@ -382,15 +374,9 @@ impl DiskStorage {
         Ok(())
     }
 
-    /// Removes everything held of one shard (a shard moving here is copied from its old
-    /// owner's start). Writes queued before this must have been written first. A crash half way
-    /// leaves part of the old files, which the copy's next start removes again.
-    ///
-    /// # Errors
-    /// Removing the shard's directory failing.
-    pub fn reset_shard(&mut self, (tenant, ns, stream): (&str, &str, &str), shard: u32) -> std::io::Result<()> {
-        let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
-        let under = |p: &PathBuf| p.starts_with(&dir);
+    /// Forgets every open file, index and pending sync under `dir` (about to be removed).
+    fn forget_under(&mut self, dir: &Path) {
+        let under = |p: &PathBuf| p.starts_with(dir);
         self.open.retain(|p, _| !under(p));
         self.dirty.retain(|p| !under(p));
         self.known_meta.retain(|p| !under(p));
@@ -399,6 +385,17 @@ impl DiskStorage {
         self.index.retain(|p, _| !under(p));
         self.idx_open.retain(|p, _| !under(p));
         self.idx_seed.retain(|p, _| !under(p));
+    }
+
+    /// Removes everything held of one shard (a shard moving here is copied from its old
+    /// owner's start). Writes queued before this must have been written first. A crash half way
+    /// leaves part of the old files, which the copy's next start removes again.
+    ///
+    /// # Errors
+    /// Removing the shard's directory failing.
+    pub fn reset_shard(&mut self, (tenant, ns, stream): (&str, &str, &str), shard: u32) -> std::io::Result<()> {
+        let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
+        self.forget_under(&dir);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -379,15 +379,7 @@ fn the_cluster_simulation_runs_from_the_command_line() {
 
 #[test]
 fn an_operator_adds_a_fourth_broker_and_removes_it_with_force() {
-    let names = ["n1", "n2", "n3"];
-    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
-    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
-    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
-    let brokers: Vec<Broker> =
-        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
-    wait_for("three members", 30, || {
-        brokers.iter().all(|b| status(b).is_some_and(|v| v["members"].as_array().is_some_and(|m| m.len() == 3)))
-    });
+    let (brokers, peers) = three_formed(|_| Vec::new());
     let publish = |b: &Broker, key: &str| {
         for _ in 0..100 {
             let (ok, _, err) = cli(b, &["publish", "orders", key, "--ack", "--key", key]);
@@ -515,18 +507,22 @@ fn a_broker_restarted_with_a_wiped_data_directory_is_refused_then_re_added() {
     });
 }
 
-/// `cluster drain` under load: the drained broker's durable shards are copied to the others
-/// and handed over while records keep coming; a CLI subscriber on one of them follows it to
-/// its new owner and prints every record once, in order; the drained broker ends owning
-/// nothing, and can then be removed without --force.
-#[test]
-fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_subscriber_follows() {
+/// Three brokers n1..n3 forming a cluster (`extra(i)`: more `serve` arguments for broker i),
+/// once all three see three members and one leader and none is fenced; and the `--peers` list.
+fn three_formed(extra: impl Fn(usize) -> Vec<String>) -> (Vec<Broker>, String) {
     let names = ["n1", "n2", "n3"];
     let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
     let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
     let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
-    let brokers: Vec<Broker> =
-        names.iter().enumerate().map(|(i, n)| start(n, clients[i], clusters[i], &peers)).collect();
+    let brokers: Vec<Broker> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let more = extra(i);
+            let more: Vec<&str> = more.iter().map(String::as_str).collect();
+            start_with(n, clients[i], clusters[i], &peers, &more)
+        })
+        .collect();
     wait_for("three members, one leader, none fenced", 30, || {
         brokers.iter().all(|b| {
             status(b).is_some_and(|v| {
@@ -534,6 +530,16 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
             })
         })
     });
+    (brokers, peers)
+}
+
+/// `cluster drain` under load: the drained broker's durable shards are copied to the others
+/// and handed over while records keep coming; a CLI subscriber on one of them follows it to
+/// its new owner and prints every record once, in order; the drained broker ends owning
+/// nothing, and can then be removed without --force.
+#[test]
+fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_subscriber_follows() {
+    let (brokers, _) = three_formed(|_| Vec::new());
     let publish = |b: &Broker, payload: &str, key: &str| {
         for _ in 0..200 {
             let (ok, _, err) = cli(b, &["publish", "orders", payload, "--ack", "--key", key]);
@@ -686,25 +692,13 @@ fn the_web_view_shows_a_moved_shard_on_its_new_owner_in_a_browser() {
         .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
         .expect("the web view's test drives Chromium: apt-get install chromium (.ci/run installs it)");
     let names = ["n1", "n2", "n3"];
-    let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
-    let clusters: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
-    let peers = names.iter().zip(&clusters).map(|(n, a)| format!("{n}={a}")).collect::<Vec<_>>().join(",");
     let web = free_tcp();
-    let web_arg = web.to_string();
-    let brokers: Vec<Broker> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let extra: &[&str] = if i == 0 { &["--http", &web_arg, "--http-token", "look-token"] } else { &[] };
-            start_with(n, clients[i], clusters[i], &peers, extra)
-        })
-        .collect();
-    wait_for("three members, one leader, none fenced", 30, || {
-        brokers.iter().all(|b| {
-            status(b).is_some_and(|v| {
-                v["members"].as_array().is_some_and(|m| m.len() == 3) && !v["leader"].is_null() && v["fenced"] == false
-            })
-        })
+    let (brokers, _) = three_formed(|i| {
+        if i == 0 {
+            vec!["--http".into(), web.to_string(), "--http-token".into(), "look-token".into()]
+        } else {
+            Vec::new()
+        }
     });
     for _ in 0..100 {
         if cli(&brokers[0], &["publish", "orders", "x", "--ack", "--key", "k"]).0 {
