@@ -25,7 +25,7 @@ pub const MAX_HOPS: usize = 3;
 
 /// Sends of one publish at most when brokers refuse it because the view was wrong or the
 /// stream is being created (a refusal wrote nothing, so sending again cannot duplicate).
-pub const PUBLISH_TRIES: u32 = 10;
+pub const PUBLISH_TRIES: u32 = 20;
 
 /// How long a connection to one broker may take before the next one is tried (a dead broker
 /// would otherwise hold a request for QUIC's whole idle timeout).
@@ -286,18 +286,20 @@ impl ClusterClient {
             let shard = opts.key.as_ref().map(|k| view.shard_for(Some(k)));
             let c = self.route(ns, stream, shard).await?;
             let e = match c.publish(ns, stream, payloads.clone(), opts.clone()).await {
-                // Told the view is wrong, or that the stream is being created: worth another
-                // go. Another refusal (an owner that is down) is worth one fresh view at most.
+                // Told the view is wrong, or refused for a moment (the stream being created,
+                // the shard cutting over a move, electing): worth another go. Another refusal
+                // (an owner that is down) is worth one fresh view at most.
                 Err(e) if Self::view_was_wrong(&e) && (tries < 2 || Self::transient(&e)) && tries < PUBLISH_TRIES => e,
                 r => return r,
             };
             // Refused, so nothing was written: refresh and send again, after the pause the
-            // broker asked for (a stream being created says 200 ms).
+            // broker asked for (a stream being created says 200 ms, a cut-over 50 ms), else
+            // 50 ms doubling.
             self.forget(ns, stream);
-            if let ClientError::Refused(i) = &e
-                && let Some(ms) = i.detail.as_ref().and_then(|d| d.retry_after_ms)
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(ms.min(2_000))).await;
+            if let ClientError::Refused(i) = &e {
+                let ms =
+                    i.detail.as_ref().and_then(|d| d.retry_after_ms).unwrap_or(50u64 << (tries - 1).min(5)).min(2_000);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             }
         }
     }
@@ -398,13 +400,20 @@ impl ClusterClient {
         }
     }
 
-    /// A refusal that passes by itself in a moment: a redirect, or a stream being created.
-    fn transient(e: &ClientError) -> bool {
+    /// A refusal that passes by itself in a moment, having written nothing: a redirect, a
+    /// stream being created, a shard cutting over a move, a broker whose view is a move behind
+    /// (`stale`), fenced until it confirmed its view, or a replicated shard settling or
+    /// electing (and a forwarded refusal, whose reason the forward does not carry). An owner
+    /// that is down is not: it may stay down.
+    pub fn transient(e: &ClientError) -> bool {
         match e {
             ClientError::NotLeader { .. } => true,
             ClientError::Refused(i) => {
+                let reason = i.detail.as_ref().and_then(|d| d.reason.as_deref());
                 i.code == Some(felix_proto::ErrorCode::NotLeader)
-                    || i.detail.as_ref().and_then(|d| d.reason.as_deref()) == Some("creating")
+                    || reason == Some("creating")
+                    || (i.code == Some(felix_proto::ErrorCode::ShardUnavailable)
+                        && matches!(reason, None | Some("moving" | "stale" | "fenced" | "not_ready" | "no_leader")))
             }
             _ => false,
         }

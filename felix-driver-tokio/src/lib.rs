@@ -8,6 +8,7 @@
 pub mod client;
 pub mod cluster;
 pub mod cluster_client;
+pub mod following;
 pub mod groups;
 pub mod producer;
 pub mod server;
@@ -22,6 +23,7 @@ pub use client::{
     CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem, TokenRefresh,
 };
 pub use cluster_client::ClusterClient;
+pub use following::Following;
 pub use groups::{GroupInfo, GroupTarget, PollOptions};
 pub use producer::{IdempotentProducer, RetryPolicy};
 pub use server::{

@@ -167,3 +167,93 @@ async fn no_seed_answering_is_an_error_not_a_hang() {
     assert!(r.is_err_and(|e| e.to_string().contains("did not answer")));
     assert!(ClusterClient::connect(&[], opts).await.is_err());
 }
+
+/// A following subscription (`ClusterClient::follow`) on a durable shard that an operator moves
+/// twice while a publisher writes to it: every acknowledged record arrives once, in order,
+/// and the subscription was made again on each new owner (the broker `shard_moved` named).
+/// The publisher rides the cut-overs too (`moving` refusals are sent again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_following_subscription_keeps_every_record_across_two_moves() {
+    use felix_driver_tokio::server::cluster_move;
+    let c = start().await;
+    let opts = ClientOptions::new("t1", TOKEN, c.trust.clone());
+    let cc = std::sync::Arc::new(ClusterClient::connect(&c.clients[..1], opts.clone()).await.unwrap());
+    // A key of shard 2, and its first record (which creates the stream).
+    let key = (0..1000)
+        .map(|k| Bytes::from(format!("k{k}")))
+        .find(|k| felix_proto::routing::shard_for_key(Some(k), 6, Routing::Modulo) == 2)
+        .unwrap();
+    let o = PublishOptions { key: Some(key.clone()), ack: true, ..PublishOptions::default() };
+    cc.publish("default", "orders", vec![Bytes::from_static(b"r0")], o.clone()).await.unwrap();
+    let mut f = cc.follow("default", "orders", 2, Some(StartPosition::Earliest)).await.unwrap();
+    const N: u32 = 600;
+    let publisher = {
+        let (cc, o) = (cc.clone(), o.clone());
+        tokio::spawn(async move {
+            for i in 1..N {
+                cc.publish("default", "orders", vec![Bytes::from(format!("r{i}"))], o.clone()).await.unwrap();
+                if i % 50 == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        })
+    };
+    let owner_of = |v: &serde_json::Value| {
+        v["shards"].as_array().and_then(|a| {
+            a.iter()
+                .find(|o| o["kind"] == "stream" && o["name"] == "orders" && o["shard"] == 2)
+                .and_then(|o| o["owner"].as_str().map(String::from))
+        })
+    };
+    // The operator moves the shard twice, each time to a broker that does not hold it.
+    let mover = {
+        let metrics = c.metrics.clone();
+        tokio::spawn(async move {
+            let mut owners = Vec::new();
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let v: serde_json::Value = serde_json::from_str(&cluster_status(metrics[0]).await.unwrap()).unwrap();
+                let from = owner_of(&v).expect("shard 2 has an owner");
+                let to = ["n1", "n2", "n3"].into_iter().find(|n| *n != from).unwrap();
+                let (code, body) =
+                    cluster_move(metrics[0], ("t1", "default", "orders"), 2, Some(to), "s").await.unwrap();
+                assert_eq!(code, 202, "{body}");
+                let until = tokio::time::Instant::now() + Duration::from_secs(30);
+                loop {
+                    let v: serde_json::Value =
+                        serde_json::from_str(&cluster_status(metrics[0]).await.unwrap()).unwrap();
+                    if owner_of(&v).as_deref() == Some(to) && v["moves"].as_array().is_some_and(|m| m.is_empty()) {
+                        break;
+                    }
+                    assert!(tokio::time::Instant::now() < until, "the move to {to} did not finish: {v}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                owners.push(to.to_owned());
+            }
+            owners
+        })
+    };
+    let mut got = Vec::new();
+    while got.len() < N as usize {
+        let batch = tokio::time::timeout(Duration::from_secs(30), f.next())
+            .await
+            .unwrap_or_else(|_| panic!("stuck after {} records ({:?})", got.len(), f.last_end()))
+            .unwrap();
+        let base = batch.base_offset.expect("offsets");
+        for (i, r) in batch.records.iter().enumerate() {
+            got.push((base + i as u64, String::from_utf8(r.payload.to_vec()).unwrap()));
+        }
+    }
+    publisher.await.unwrap();
+    let owners = mover.await.unwrap();
+    assert_eq!(owners.len(), 2);
+    let payloads: Vec<&str> = got.iter().map(|(_, p)| p.as_str()).collect();
+    let want: Vec<String> = (0..N).map(|i| format!("r{i}")).collect();
+    assert_eq!(payloads, want, "every record once, in order");
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "offsets only grow");
+    assert!(f.resumes() >= 2, "made again on each new owner: {} ({:?})", f.resumes(), f.last_end());
+    assert!(f.last_end().is_some_and(|w| w.contains("moved")), "{:?}", f.last_end());
+    drop(f);
+    cc.close().await;
+    drop(c.servers);
+}

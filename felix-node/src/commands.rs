@@ -626,13 +626,10 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
             let offset = loop {
                 match client.publish(&ns, &stream, batch.clone(), o.clone()).await {
                     Err(felix_driver_tokio::ClientError::Refused(i))
-                        if tries < 20
+                        if tries < felix_driver_tokio::cluster_client::PUBLISH_TRIES
                             && i.code == Some(felix_proto::ErrorCode::ShardUnavailable)
-                            && matches!(
-                                i.detail.as_ref().and_then(|d| d.reason.as_deref()),
-                                // (None: a refusal the owner gave a forwarded publish, whose
-                                // reason the forward does not carry: moving, fenced, settling.)
-                                None | Some("creating" | "moving" | "stale" | "fenced" | "not_ready" | "no_leader")
+                            && felix_driver_tokio::ClusterClient::transient(
+                                &felix_driver_tokio::ClientError::Refused(i.clone()),
                             ) =>
                     {
                         tries += 1;
@@ -1795,7 +1792,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed)",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -1807,7 +1804,9 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.crashes,
         t.lost,
         t.moves_asked,
-        t.moves_done
+        t.moves_done,
+        t.followed,
+        t.follows
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -4,7 +4,8 @@
 //! Over 1,000 seeds: one owner per shard and generation, generations only grow, only owners
 //! (and a moving shard's new owner, its copy) write and accept subscribers, every request
 //! answered, progress once healed, every acknowledged durable record at its offset on its
-//! final owner, no reader left on a broker that lost its shard.
+//! final owner, no reader left on a broker that lost its shard, and subscribers that follow
+//! every durable shard through its moves given every committed record once, in order.
 
 mod support;
 
@@ -31,6 +32,8 @@ fn the_first_500_seeds_keep_every_cluster_invariant() {
     assert!(t.lost_with_broker > 0 && t.cache_answers > 1_000, "{t:?}");
     // Operators moved durable shards (and cancelled moves) under all of it.
     assert!(t.moves_asked > 1_000 && t.moves_done > 1_000, "{t:?}");
+    // Subscribers followed their shards through them, each record checked once and in order.
+    assert!(t.followed > 10_000 && t.follows > 500, "{t:?}");
 }
 
 #[test]

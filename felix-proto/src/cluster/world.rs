@@ -28,6 +28,9 @@
 //!   move finishes once healed, the final owner holds every acknowledged record at the offset
 //!   its ack named (what retention kept), and no broker serves a reader of a shard it does
 //!   not own;
+//! * **followers see everything once**: a subscriber per durable shard (real client state
+//!   machines, some legacy) follows it through moves, fail-overs and crashes, and is given
+//!   every committed record once, in order, catching up on the final owner ([`follow`]);
 //! * **progress**: once the faults stop (links healed, every broker back), a publish through
 //!   every broker to every shard is acknowledged `ok`, and a cache put and get through every
 //!   broker are answered by the cache's owner.
@@ -48,6 +51,9 @@ use std::time::{Duration, Instant};
 
 use super::sim::Rng;
 pub use super::sim::Violation;
+
+mod follow;
+use follow::Follower;
 
 /// How long a forwarding broker waits for the owner's answer (the broker's own constant).
 pub const FORWARD_TIMEOUT: Duration = crate::broker::FORWARD_TIMEOUT;
@@ -111,6 +117,11 @@ pub struct WorldReport {
     pub moves_asked: u64,
     /// Moves of the durable stream's shards completed (its owner changed with a copy).
     pub moves_done: u64,
+    /// Records given to the subscribers that follow the durable stream's shards (each checked
+    /// once, in order, against what was committed there).
+    pub followed: u64,
+    /// ... times such a subscriber was told its shard moved (`shard_moved`) and followed it.
+    pub follows: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -136,6 +147,8 @@ impl WorldReport {
         self.qcache_acked += r.qcache_acked;
         self.moves_asked += r.moves_asked;
         self.moves_done += r.moves_done;
+        self.followed += r.followed;
+        self.follows += r.follows;
     }
 }
 
@@ -202,6 +215,8 @@ struct World {
     durable_acked: Vec<(u32, u64, Bytes)>,
     /// The durable stream's owners as last seen (moves counted).
     last_owner: BTreeMap<u32, String>,
+    /// Subscribers that follow the durable stream's shards.
+    followers: Vec<Follower>,
     report: WorldReport,
 }
 
@@ -314,6 +329,7 @@ impl World {
         }
         self.report.crashes += 1;
         self.down.insert(name.to_owned(), back_at);
+        self.follower_lost(name, None, "the broker crashed");
         let lost: Vec<_> = self.pending.keys().filter(|(n, _)| n == name).cloned().collect();
         for k in lost {
             self.pending.remove(&k);
@@ -385,6 +401,7 @@ impl World {
                     self.drain(&to, rng, faults)?;
                 }
             }
+            moved |= self.pump_followers(rng)?;
             self.check_metadata()?;
             if !moved {
                 return Ok(());
@@ -462,6 +479,13 @@ impl World {
     fn broker_output(&mut self, name: &str, o: BrokerOutput) -> Result<(), Violation> {
         let now = self.now;
         match o {
+            BrokerOutput::Transmit { conn, stream, data } if self.is_follower(name, conn) => {
+                self.give_follower(name, conn, stream, data, false);
+            }
+            BrokerOutput::Finish { conn, stream } if self.is_follower(name, conn) => {
+                self.give_follower(name, conn, stream, Bytes::new(), true);
+            }
+            BrokerOutput::CloseConnection { conn, reason, .. } => self.follower_lost(name, Some(conn), &reason),
             BrokerOutput::Transmit { conn, stream, data } => {
                 if stream == StreamId::new(Side::Client, Dir::Bi, 0)
                     && let Some(p) = self.pending.get_mut(&(name.to_owned(), conn))
@@ -896,8 +920,10 @@ impl World {
         for n in self.nodes.values_mut() {
             n.handle_timeout(now);
         }
+        self.tick_followers();
         self.settle(rng, faults)?;
         self.check_history()?;
+        self.check_followers()?;
         // Owner changes of the durable stream's shards (moves with a copy), as one broker sees.
         if let Some(node) = self.nodes.values().next() {
             for (s, a) in node.metadata().owners() {
@@ -952,6 +978,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         disks: BTreeMap::new(),
         durable_acked: Vec::new(),
         last_owner: BTreeMap::new(),
+        followers: Vec::new(),
         report: WorldReport { nodes: n, digest: seed, ..WorldReport::default() },
     };
     for name in &names {
@@ -1016,6 +1043,11 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     }
     if !formed(&w) {
         return Err(w.violation("the cluster did not form on a quiet network".into()));
+    }
+    // A subscriber follows every shard of the durable stream from its start; every third is a
+    // legacy client.
+    for shard in 0..STREAMS.iter().find(|s| s.0 == ORDERS).map_or(0, |s| s.1) {
+        w.followers.push(Follower::new(shard, shard % 3 == 2, w.now));
     }
     // Faults and traffic.
     for _ in 0..fault_ticks {
@@ -1165,6 +1197,16 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         return Err(w.violation(format!("{p:?} was acknowledged on {s:?} and is not in its history")));
     }
     w.check_quorum_cache(&first, &mut rng)?;
+    // Every follower ends on its shard's owner with everything it committed.
+    for _ in 0..300 {
+        if w.followers_caught_up() {
+            break;
+        }
+        w.tick(&mut rng, false)?;
+    }
+    if !w.followers_caught_up() {
+        return Err(w.violation(format!("healed, but not every follower caught up: {}", w.followers_behind())));
+    }
     w.check_durable(&first)?;
     Ok(w.report)
 }
