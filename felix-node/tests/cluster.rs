@@ -533,9 +533,50 @@ fn three_formed(extra: impl Fn(usize) -> Vec<String>) -> (Vec<Broker>, String) {
     (brokers, peers)
 }
 
-/// `cluster drain` under load: the drained broker's durable shards are copied to the others
-/// and handed over while records keep coming; a CLI subscriber on one of them follows it to
-/// its new owner and prints every record once, in order; the drained broker ends owning
+/// A child killed (and reaped) when dropped.
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` with its stdout read line by line and its stderr gathered as it comes.
+#[allow(clippy::type_complexity)]
+fn spawn_lines(
+    cmd: &mut Command,
+) -> (std::sync::Arc<std::sync::Mutex<Vec<String>>>, std::sync::Arc<std::sync::Mutex<String>>, Kill) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let errs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (stdout, mut stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let seen = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            seen.lock().unwrap().push(l);
+        }
+    });
+    let e2 = errs.clone();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 512];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            e2.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (lines, errs, Kill(child))
+}
+
+/// `cluster drain` under load: the drained broker's durable shards and its cache are copied to
+/// the others and handed over while records and cache puts keep coming; a CLI subscriber on
+/// one of its shards and a CLI cache watcher of its cache follow them to their new owners and
+/// print every record and every change once, in order; the drained broker ends owning
 /// nothing, and can then be removed without --force.
 #[test]
 fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_subscriber_follows() {
@@ -551,18 +592,42 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
         }
         panic!("{payload} never acknowledged");
     };
+    // Cache puts, sent again while the cache is being created or handed over (nothing written).
+    let cache_put = |b: &Broker, key: &str, value: &str| {
+        for _ in 0..200 {
+            let (ok, _, err) = cli(b, &["cache", "put", "sessions", key, value]);
+            if ok {
+                return;
+            }
+            assert!(err.contains("created") || err.contains("shard_unavailable") || err.contains("moving"), "{err}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{key}={value} never stored");
+    };
     publish(&brokers[0], "first", "k0");
+    cache_put(&brokers[0], "warm", "w0");
+    let cache_owner = |v: &serde_json::Value| {
+        v["shards"].as_array().and_then(|a| {
+            a.iter()
+                .find(|s| s["kind"] == "cache" && s["name"] == "sessions")
+                .and_then(|s| s["owner"].as_str().map(str::to_owned))
+        })
+    };
     wait_for("every broker knows the owners", 10, || {
-        brokers.iter().all(|b| status(b).is_some_and(|v| owners(&v).len() == 6))
+        brokers.iter().all(|b| status(b).is_some_and(|v| owners(&v).len() == 6 && cache_owner(&v).is_some()))
     });
-    let owner_of = owners(&status(&brokers[0]).unwrap());
-    let victim = brokers.iter().find(|b| b.name == owner_of[1]).unwrap();
+    // The victim owns the cache and a shard of the stream.
+    let st = status(&brokers[0]).unwrap();
+    let owner_of = owners(&st);
+    let victim = brokers.iter().find(|b| Some(&b.name) == cache_owner(&st).as_ref()).unwrap();
+    let shard = owner_of.iter().position(|o| *o == victim.name).expect("the victim owns a shard") as u32;
+    let shard_arg = shard.to_string();
     let other = brokers.iter().find(|b| b.name != victim.name).unwrap();
-    // Keys of shard 1 (the victim's).
+    // Keys of the victim's shard.
     let keys: Vec<String> = (0..1000)
         .map(|k| format!("key-{k}"))
         .filter(|k| {
-            felix_proto::routing::shard_for_key(Some(k.as_bytes()), 6, felix_proto::message::Routing::Modulo) == 1
+            felix_proto::routing::shard_for_key(Some(k.as_bytes()), 6, felix_proto::message::Routing::Modulo) == shard
         })
         .take(3)
         .collect();
@@ -577,48 +642,29 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
     let pems: String =
         brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
     std::fs::write(&bundle, pems).unwrap();
-    let mut sub = Command::new(BIN)
-        .env("FELIX_ADDR", victim.client.to_string())
-        .env("FELIX_DATA_DIR", victim.dir.path())
-        .args(["subscribe", "orders", "--shard", "1", "--from", "0", "--ca", bundle.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let stdout = sub.stdout.take().unwrap();
-    let stderr = sub.stderr.take().unwrap();
-    let _sub = Kill(sub);
-    let seen = lines.clone();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            seen.lock().unwrap().push(l);
-        }
-    });
-    let errs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let e2 = errs.clone();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut s = String::new();
-        let mut r = stderr;
-        let mut buf = [0u8; 512];
-        while let Ok(n) = r.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            s.push_str(&String::from_utf8_lossy(&buf[..n]));
-            *e2.lock().unwrap() = s.clone();
-        }
-    });
+    let (lines, errs, _sub) =
+        spawn_lines(
+            Command::new(BIN)
+                .env("FELIX_ADDR", victim.client.to_string())
+                .env("FELIX_DATA_DIR", victim.dir.path())
+                .args(["subscribe", "orders", "--shard", &shard_arg, "--from", "0", "--ca", bundle.to_str().unwrap()]),
+        );
     wait_for("the subscriber printed what was there", 20, || lines.lock().unwrap().len() >= expected.len());
+    // A cache watcher on the victim, of the whole cache.
+    let (watched, watch_errs, _watch) =
+        spawn_lines(
+            Command::new(BIN)
+                .env("FELIX_ADDR", victim.client.to_string())
+                .env("FELIX_DATA_DIR", victim.dir.path())
+                .args(["cache", "watch", "sessions", "--prefix", "", "--ca", bundle.to_str().unwrap()]),
+        );
+    wait_for("the watch started", 20, || watch_errs.lock().unwrap().contains("watching"));
+    let mut expected_cache = Vec::new();
+    for i in 0..10 {
+        let v = format!("cv-before-{i}");
+        cache_put(other, &format!("c{}", i % 4), &v);
+        expected_cache.push(v);
+    }
     // Drain the victim while records keep coming through another broker.
     let drain = {
         let metrics = victim.metrics.to_string();
@@ -637,6 +683,9 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
         let p = format!("during-{i}");
         publish(other, &p, &keys[i % 3]);
         expected.push(p);
+        let v = format!("cv-during-{i}");
+        cache_put(other, &format!("c{}", i % 4), &v);
+        expected_cache.push(v);
         i += 1;
     }
     let (out, took) = drain.join().unwrap();
@@ -647,6 +696,9 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
         let p = format!("after-{k}");
         publish(other, &p, &keys[k % 3]);
         expected.push(p);
+        let v = format!("cv-after-{k}");
+        cache_put(other, &format!("c{}", k % 4), &v);
+        expected_cache.push(v);
     }
     // The drained broker owns nothing, everyone agrees, and it leaves without --force.
     wait_for("the drained broker owns nothing, for everyone", 10, || {
@@ -662,9 +714,28 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
     let got: Vec<String> = got.into_iter().filter(|p| p != "first").collect();
     assert_eq!(got, expected, "subscriber stderr: {}", errs.lock().unwrap());
     assert!(errs.lock().unwrap().contains("moved"), "{}", errs.lock().unwrap());
-    let new_owner = owners(&status(other).unwrap())[1].clone();
+    // The cache watcher followed the cache to its new owner: every change once, in order, at
+    // offsets that only grow.
+    wait_for("the watcher printed every change", 30, || watched.lock().unwrap().len() >= expected_cache.len());
+    let changes: Vec<(u64, String)> = watched
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f[0].parse().unwrap(), f[2].to_owned())
+        })
+        .collect();
+    let values: Vec<String> = changes.iter().map(|c| c.1.clone()).collect();
+    assert_eq!(values, expected_cache, "watch stderr: {}", watch_errs.lock().unwrap());
+    assert!(changes.windows(2).all(|w| w[0].0 < w[1].0), "{changes:?}");
+    assert!(watch_errs.lock().unwrap().contains("watching again"), "{}", watch_errs.lock().unwrap());
+    // ... and the new owner holds the values (the one put before the watch too).
+    let (ok, out, _) = cli(other, &["cache", "get", "sessions", "warm"]);
+    assert!(ok && out.trim() == "w0", "{out}");
+    let new_owner = owners(&status(other).unwrap())[shard as usize].clone();
     let new_owner = brokers.iter().find(|b| b.name == new_owner).unwrap();
-    let (ok, out, err) = cli(new_owner, &["read", "orders", "--shard", "1", "--from", "0"]);
+    let (ok, out, err) = cli(new_owner, &["read", "orders", "--shard", &shard_arg, "--from", "0"]);
     assert!(ok, "{err}");
     assert!(out.lines().count() >= expected.len(), "the new owner holds every record: {out}");
     let removed = Command::new(BIN)

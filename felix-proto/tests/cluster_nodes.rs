@@ -2032,3 +2032,94 @@ fn a_legacy_subscriber_of_a_moved_shard_sees_its_stream_end_cleanly_and_can_subs
     let (rest, _) = c.stream_events(&to, tc);
     assert_eq!(rest.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>(), ["r5"]);
 }
+
+#[test]
+fn a_cache_moves_with_its_values_versions_and_counters_and_its_watch_resumes_on_the_new_owner_with_no_gap() {
+    use felix_proto::message::CacheCondition;
+    use quorum_cache::*;
+    let mut c = Cluster::with(&NAMES, true);
+    // Kept on disk (its system log), one replica.
+    c.cache_specs = vec![felix_proto::broker::CacheSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "sessions".into(),
+        durable: true,
+        replication: 1,
+    }];
+    for (i, n) in NAMES.iter().enumerate() {
+        c.now += std::time::Duration::from_millis(7 * i as u64 + 1);
+        let now = c.now;
+        c.start(n, &RaftLog::default(), now);
+    }
+    c.create(Kind::Cache, "sessions", 1, 1);
+    c.until("the cache has an owner", |c| c.nodes.values().all(|n| n.metadata().owner(&sessions()).is_some()));
+    let from = c.nodes["n1"].metadata().owner(&sessions()).unwrap().owner.clone();
+    let to = NAMES.iter().find(|n| **n != from).unwrap().to_string();
+    let before = c.nodes["n1"].metadata().owner(&sessions()).unwrap().generation;
+    let cl = client(&mut c, &from, 1);
+    let w = ask(&mut c, &from, cl, watch(None));
+    assert!(matches!(w, Message::CacheWatchStarted(_)), "{w:?}");
+    for i in 0..10u64 {
+        let p = put(&format!("k{i}"), &format!("v{i}"), None, 10 + i);
+        assert_eq!(ask(&mut c, &from, cl, p), Message::CacheOk(message::CacheOk { request_id: 10 + i }));
+    }
+    let (_, v3) = read(&mut c, &from, "k3", 2).unwrap();
+    let v3 = v3.expect("versions offered");
+    assert!(matches!(ask(&mut c, &from, cl, add(5, 30)), Message::CounterValue(v) if v.value == Some(5)));
+    // The operator moves it; puts through the old owner go on, one per tick.
+    let now = c.now;
+    c.nodes.get_mut(&from).unwrap().propose(&Command::MoveShard { shard: sessions(), to: to.clone() }, now);
+    let (mut refusals, mut puts) = (0, 0u64);
+    for i in 0..200u64 {
+        let md = c.nodes["n1"].metadata();
+        if md.moving(&sessions()).is_none() && md.owner(&sessions()).is_some_and(|a| a.owner == to) {
+            break;
+        }
+        match ask(&mut c, &from, cl, put("during", &format!("d{i}"), None, 100 + i)) {
+            Message::CacheOk(_) => puts += 1,
+            Message::Error(e) => {
+                assert_eq!(e.detail.and_then(|d| d.reason).as_deref(), Some("moving"), "{}", e.message);
+                refusals += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+        c.tick();
+    }
+    let after = c.nodes["n1"].metadata().owner(&sessions()).unwrap().clone();
+    assert_eq!(after.owner, to);
+    assert!(after.generation > before);
+    eprintln!("{puts} puts during the copy, {refusals} refused in the cut-over");
+    assert!(puts > 0 && refusals <= 5, "{puts} puts during the copy, {refusals} refused in the cut-over");
+    // The old owner's watch got every change, then `shard_moved` naming the new owner and the
+    // tail.
+    let (seen, moved) = events(&mut c, &from, cl.0);
+    let moved = moved.expect("shard_moved");
+    assert_eq!(moved.node_id.as_deref(), Some(to.as_str()));
+    let resume_from = moved.resume_from.expect("a cache handed over with its contents names its tail");
+    assert_eq!(seen.len() as u64, 10 + puts, "every change once: {seen:?}");
+    assert!(seen.iter().all(|e| e.offset < resume_from));
+    // The new owner has the values at their versions, and the counters.
+    assert_eq!(read(&mut c, &to, "k3", 3), Some(("v3".to_owned(), Some(v3))));
+    let cl2 = client(&mut c, &to, 4);
+    assert!(matches!(ask(&mut c, &to, cl2, add(1, 31)), Message::CounterValue(v) if v.value == Some(6)));
+    // A conditional write on the version read before the move applies: versions went on.
+    let Message::CacheConditionResult(r) = ask(&mut c, &to, cl2, put_if("k3", "v3b", CacheCondition::Version(v3), 32))
+    else {
+        panic!()
+    };
+    assert!(r.applied);
+    // The watch resumes at max(last + 1, resume_from) on the new owner: the next change is the
+    // first one it sees, with nothing in between.
+    let last = seen.last().map(|e| e.offset);
+    let resume = last.map_or(resume_from, |l| (l + 1).max(resume_from));
+    let w = ask(&mut c, &to, cl2, watch(Some(resume)));
+    assert!(matches!(&w, Message::CacheWatchStarted(s) if !s.resnapshot), "{w:?}");
+    let (rest, none) = events(&mut c, &to, cl2.0);
+    assert!(none.is_none());
+    // The counter add and the conditional put came after the hand-over: offsets from the tail.
+    assert_eq!(rest.first().map(|e| e.offset), Some(resume_from), "{rest:?}");
+    assert_eq!(rest.last().and_then(|e| e.value.as_ref()).map(|v| v.0.as_ref()), Some(&b"v3b"[..]));
+    // The old owner dropped its copy: reads through it are the new owner's.
+    assert_eq!(read(&mut c, &from, "k3", 5).map(|v| v.0), Some("v3b".to_owned()));
+    assert!(c.nodes[&from].broker.move_progress().is_empty() && c.nodes[&to].broker.move_progress().is_empty());
+}

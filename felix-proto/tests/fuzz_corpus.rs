@@ -168,6 +168,25 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                     },
                 }),
             ),
+            (
+                "cache-copy-answer",
+                PeerMessage::CopyAnswer(felix_proto::cluster::peer::CopyAnswer {
+                    shard: felix_proto::cluster::metadata::ShardId {
+                        kind: felix_proto::cluster::metadata::Kind::Cache,
+                        tenant: "t1".into(),
+                        namespace: "default".into(),
+                        name: "sessions".into(),
+                        shard: 0,
+                    },
+                    body: felix_proto::cluster::peer::CopyBody::Cache {
+                        tail: 12,
+                        cutting: true,
+                        full: false,
+                        records: vec![bytes::Bytes::from_static(&[2, 0, 0, 0, 0, 0, 0, 0, 9, 0, 1, b'k'])],
+                        counters: vec![bytes::Bytes::from_static(&[2])],
+                    },
+                }),
+            ),
         ];
         let mut all = bytes::BytesMut::new();
         for (name, m) in messages {

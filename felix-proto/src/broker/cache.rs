@@ -329,6 +329,12 @@ impl Cache {
         self.ttl_entries > 0
     }
 
+    /// Changes from here on take offsets from `tail` at least (a moved cache continues at its
+    /// old owner's tail).
+    pub fn advance_tail(&mut self, tail: u64) {
+        self.next_version = self.next_version.max(tail.saturating_sub(1));
+    }
+
     /// The offset the next change will take.
     pub fn tail(&self) -> u64 {
         self.next_version + 1
@@ -372,10 +378,12 @@ impl Cache {
         self.entries.len()
     }
 
-    /// Every entry (expired ones included until swept), in key order: a checkpoint.
+    /// Every entry (expired ones included until swept), in version order: a checkpoint.
+    /// (Version order, not key order: folded back, the entries are the change log a watch
+    /// replays from, which is searched by offset.)
     pub fn entries_sorted(&self) -> Vec<Change> {
         let mut v: Vec<Change> = self.entries.iter().map(|(k, e)| e.change(k)).collect();
-        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v.sort_by_key(|c| c.offset);
         v
     }
 

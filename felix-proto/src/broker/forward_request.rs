@@ -112,6 +112,11 @@ impl Broker {
                 let m = Moved { node_id: owner.clone(), addr: None, generation: 0, down: true, reason: "fenced" };
                 CacheHome::Refused(m.unavailable(0))
             }
+            // Handing the cache over to its next owner: writes and new watches wait.
+            Some((owner, _, _)) if *owner == view.local && self.cutting_over(&id).is_some() => {
+                let to = self.cutting_over(&id).unwrap_or_default();
+                CacheHome::Refused(super::moves::moving_mark(to).unavailable(0))
+            }
             Some((owner, _, _)) if *owner == view.local => CacheHome::Here,
             Some((owner, addr, generation)) => CacheHome::Elsewhere(Moved {
                 node_id: owner.clone(),

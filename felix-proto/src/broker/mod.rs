@@ -40,6 +40,7 @@ mod watch;
 
 mod admin;
 mod answers;
+mod cache_moves;
 mod cache_requests;
 mod connection;
 mod forward;

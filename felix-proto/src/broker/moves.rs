@@ -32,7 +32,7 @@ pub const COPY_CHUNK_BYTES: u32 = 1 << 20;
 const COPY_RETRY: Duration = Duration::from_millis(1000);
 
 /// Between two requests that found nothing new (the old owner not cutting over yet).
-const COPY_POLL: Duration = Duration::from_millis(50);
+pub(super) const COPY_POLL: Duration = Duration::from_millis(50);
 
 /// A move proposal (cut-over, finish, cancel) not applied yet is proposed again after this.
 const PROPOSE_RETRY: Duration = Duration::from_millis(1000);
@@ -58,23 +58,40 @@ pub(super) struct Outgoing {
 #[derive(Debug, Clone)]
 pub(super) struct Incoming {
     /// The old owner.
-    from: String,
+    pub(super) from: String,
     /// The next offset to copy; `None` before the first answer (which resets the shard here).
-    next: Option<u64>,
+    pub(super) next: Option<u64>,
     /// A request is out (since when).
-    asked: Option<Instant>,
+    pub(super) asked: Option<Instant>,
     /// When to ask next (after an answer that brought nothing new).
-    due: Option<Instant>,
+    pub(super) due: Option<Instant>,
     /// Copied batches being written here.
-    writing: usize,
+    pub(super) writing: usize,
     /// A copied write failed: start again from scratch once the others are done.
-    failed: bool,
+    pub(super) failed: bool,
     /// The cut-over tail, once the metadata has it.
-    cut_at: Option<u64>,
+    pub(super) cut_at: Option<u64>,
     /// When it last proposed the finish.
-    proposed: Option<Instant>,
+    pub(super) proposed: Option<Instant>,
     /// The old owner's tail in its last answer (progress).
-    source_tail: u64,
+    pub(super) source_tail: u64,
+}
+
+impl Outgoing {
+    /// The new owner.
+    pub(super) fn to(&self) -> &str {
+        &self.to
+    }
+
+    /// Stops taking writes for the cut-over (from now, unless already).
+    pub(super) fn start_cutting(&mut self, now: Instant) {
+        self.cutting.get_or_insert(now);
+    }
+
+    /// Writes are stopped for the cut-over.
+    pub(super) fn is_cutting(&self) -> bool {
+        self.cutting.is_some()
+    }
 }
 
 /// What a move in progress looks like from this broker (`cluster status`, inspect).
@@ -140,19 +157,31 @@ impl Broker {
             }
         }
         // What is left is over.
-        for s in std::mem::take(&mut self.moves_out).into_keys() {
-            if md.owner(&s).is_some_and(|a| a.owner == local) {
+        for (s, o) in std::mem::take(&mut self.moves_out) {
+            let home = md.owner(&s).is_some_and(|a| a.owner == local);
+            match s.kind {
                 // Cancelled: this broker serves on, at a new generation.
-                self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
+                Kind::Stream if home => {
+                    self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
+                }
+                // Handed over: its watches go to the new owner, which goes on from the tail.
+                Kind::Cache if !home => self.cache_gone(&s, o.cut_at, md),
+                // (A cancelled cache move serves on: its writes are taken again.)
+                _ => {}
             }
         }
         for (s, i) in std::mem::take(&mut self.moves_in) {
             if md.owner(&s).is_some_and(|a| a.owner == local) {
-                // Done: it is ours from the cut-over tail on.
-                self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
+                // Done: it is ours from the cut-over tail on (a cache's versions go on there).
+                if s.kind == Kind::Stream {
+                    self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
+                }
             } else if i.next.is_some() {
                 // Cancelled: what was copied is dropped (a later move starts afresh).
-                self.reset_moved_shard(&s);
+                match s.kind {
+                    Kind::Stream => self.reset_moved_shard(&s),
+                    Kind::Cache => self.cache_gone(&s, None, md),
+                }
             }
         }
         self.moves_out = outgoing;
@@ -174,13 +203,21 @@ impl Broker {
         let mut v: Vec<MoveProgress> = self
             .moves_out
             .iter()
-            .map(|(s, o)| MoveProgress {
-                shard: s.clone(),
-                outgoing: true,
-                peer: o.to.clone(),
-                copied: self.shard_log(s).map_or(0, ShardLog::committed_tail),
-                source_tail: self.shard_log(s).map_or(0, ShardLog::committed_tail),
-                cutting: o.cutting.is_some() || o.cut_at.is_some(),
+            .map(|(s, o)| {
+                let tail = match s.kind {
+                    Kind::Stream => self.shard_log(s).map_or(0, ShardLog::committed_tail),
+                    Kind::Cache => {
+                        self.caches.get(KeyRef(&s.tenant, &s.namespace, &s.name).q()).map_or(0, |c| c.tail())
+                    }
+                };
+                MoveProgress {
+                    shard: s.clone(),
+                    outgoing: true,
+                    peer: o.to.clone(),
+                    copied: tail,
+                    source_tail: tail,
+                    cutting: o.cutting.is_some() || o.cut_at.is_some(),
+                }
             })
             .collect();
         v.extend(self.moves_in.iter().map(|(s, i)| MoveProgress {
@@ -246,7 +283,7 @@ impl Broker {
 
     /// The new owner asks for what it has not copied yet, unless a request or writes are out
     /// (`force`: an answer just came, ask now).
-    fn ask_copy(&mut self, s: &ShardId, now: Instant, force: bool) {
+    pub(super) fn ask_copy(&mut self, s: &ShardId, now: Instant, force: bool) {
         let Some(i) = self.moves_in.get_mut(s) else { return };
         if i.writing > 0 || (!i.failed && i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at))) {
             return;
@@ -269,7 +306,7 @@ impl Broker {
     }
 
     /// The new owner, with everything below the cut-over tail written: it proposes the finish.
-    fn maybe_finish_move(&mut self, s: &ShardId, now: Instant) {
+    pub(super) fn maybe_finish_move(&mut self, s: &ShardId, now: Instant) {
         let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let Some(i) = self.moves_in.get_mut(s) else { return };
         let Some(at) = i.cut_at else { return };
@@ -303,11 +340,22 @@ impl Broker {
         if cut || !retry {
             return;
         }
-        let Some(log) = self.shard_log(s) else { return };
-        if !log.settled() {
-            return;
-        }
-        let at = log.committed_tail();
+        let at = match s.kind {
+            Kind::Stream => {
+                let Some(log) = self.shard_log(s) else { return };
+                if !log.settled() {
+                    return;
+                }
+                log.committed_tail()
+            }
+            Kind::Cache => {
+                let k = key(&s.tenant, &s.namespace, &s.name);
+                if !self.cache_settled(&k) {
+                    return;
+                }
+                self.cache_tail(&k)
+            }
+        };
         if let Some(o) = self.moves_out.get_mut(s) {
             o.proposed = Some(now);
         }
@@ -317,9 +365,12 @@ impl Broker {
     /// A new owner asks for records (it copies a shard moving here from this broker).
     pub fn handle_copy_request(&mut self, from: &str, q: CopyRequest, now: Instant) {
         let now = self.clock.advance(now);
+        if q.shard.kind == Kind::Cache {
+            return self.handle_cache_copy_request(from, q, now);
+        }
         let s = q.shard;
         let refuse = |why: String| CopyMessage::Answer(CopyAnswer { shard: s.clone(), body: CopyBody::Refused(why) });
-        if s.kind != Kind::Stream || self.moves_out.get(&s).is_none_or(|o| o.to != from) {
+        if self.moves_out.get(&s).is_none_or(|o| o.to != from) {
             let m = refuse(format!("no move of {} shard {} to {from} here", s.name, s.shard));
             return self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message: m });
         }
@@ -420,6 +471,7 @@ impl Broker {
                 i.due = Some(crate::transport::after(now, COPY_RETRY));
                 return;
             }
+            body @ CopyBody::Cache { .. } => return self.cache_copy_answer(&s, body, now),
             CopyBody::Batches { start, tail, batches, .. } => (start, tail, batches),
         };
         i.source_tail = tail;

@@ -73,6 +73,7 @@ impl Broker {
             md.owners().iter().map(|(s, a)| (s.clone(), (a.owner.clone(), addr_of(&a.owner), a.generation))).collect();
         self.note_quorum_caches(md, local);
         self.note_moves(md, local, now);
+        self.note_caches(md, local);
         let fenced = self.fenced;
         for (shard, (owner, addr, generation)) in &owners {
             if shard.kind != Kind::Stream {

@@ -118,6 +118,9 @@ pub(crate) enum SysPending {
     CounterAdd { conn: ConnId, stream: StreamId, request_id: u64, key: String },
     /// A checkpoint: once on disk, the log below it can go.
     Checkpoint,
+    /// A copy of a cache moving here ([`super::cache_moves`]): once on disk, the move goes
+    /// on; `full` (a reset first): the log below it can go.
+    MoveCopy { shard: crate::cluster::metadata::ShardId, full: bool },
     /// A consumer-group operation: folded, then answered.
     Group {
         conn: ConnId,
@@ -221,7 +224,12 @@ impl Counters {
 
     /// Folds a batch's records.
     pub fn apply_records(&mut self, records: &Records) {
-        for p in records.payloads() {
+        self.apply_payloads(records.payloads());
+    }
+
+    /// Folds records given one by one (a moved cache's counters).
+    pub fn apply_payloads(&mut self, records: impl Iterator<Item = Bytes>) {
+        for p in records {
             if let Some(op) = CounterOp::decode(&p) {
                 self.apply(op);
             }
@@ -232,7 +240,7 @@ impl Counters {
         self.since_checkpoint >= CHECKPOINT_EVERY && self.since_checkpoint > 2 * self.sums.len() as u64
     }
 
-    fn checkpoint(&self) -> Vec<Bytes> {
+    pub fn checkpoint(&self) -> Vec<Bytes> {
         let mut v = vec![CounterOp::Reset.encode()];
         let mut keys: Vec<_> = self.sums.iter().collect();
         keys.sort();
@@ -294,6 +302,13 @@ impl Broker {
         pending: SysPending,
         now: Instant,
     ) {
+        if let SysPending::MoveCopy { shard, full } = pending {
+            // The copy already set the state in memory: nothing to fold.
+            if let (Some(base), true) = (base, full) {
+                self.sys_truncate(k, base);
+            }
+            return self.cache_copy_written(&shard, base.is_some(), now);
+        }
         if let Some((data, shard)) = super::consume::parse_groups_key(k) {
             match pending {
                 SysPending::Group { conn, stream, data, shard, op, answer } => {
@@ -308,7 +323,7 @@ impl Broker {
                         self.sys_truncate(k, base);
                     }
                 }
-                SysPending::CounterAdd { .. } | SysPending::CacheChanges { .. } => {}
+                SysPending::CounterAdd { .. } | SysPending::CacheChanges { .. } | SysPending::MoveCopy { .. } => {}
             }
             return self.maybe_checkpoint_groups(k, &data, shard, now);
         }
@@ -369,7 +384,7 @@ impl Broker {
                     self.sys_truncate(k, base);
                 }
             }
-            SysPending::Group { .. } | SysPending::CacheChanges { .. } => {}
+            SysPending::Group { .. } | SysPending::CacheChanges { .. } | SysPending::MoveCopy { .. } => {}
         }
         self.maybe_checkpoint(k, &cache, now);
     }
@@ -402,7 +417,7 @@ impl Broker {
         Some(self.sys_append(&cache_log_key(cache), records, SysPending::CacheChanges { answer: None }, now))
     }
 
-    fn cache_record(&self, c: &super::cache::Change) -> CacheRecord {
+    pub(super) fn cache_record(&self, c: &super::cache::Change) -> CacheRecord {
         match &c.value {
             Some(value) => CacheRecord::Put {
                 version: c.offset,
@@ -522,19 +537,7 @@ impl Broker {
             let c = self.caches.entry(cache).or_default();
             c.durable = true;
             for b in batches.iter().filter(|b| !b.generation_start) {
-                for p in b.records.payloads() {
-                    match CacheRecord::decode(&p) {
-                        Some(CacheRecord::Reset) => c.clear(),
-                        Some(CacheRecord::Put { version, key, value, expires_micros }) => {
-                            let expires_at = (expires_micros != 0).then(|| wall.instant_at(expires_micros));
-                            c.restore(super::cache::Change { offset: version, key, value: Some(value), expires_at });
-                        }
-                        Some(CacheRecord::Remove { version, key }) => {
-                            c.restore(super::cache::Change { offset: version, key, value: None, expires_at: None });
-                        }
-                        None => {}
-                    }
-                }
+                fold_cache_records(c, wall, b.records.payloads());
             }
             return;
         }
@@ -543,6 +546,29 @@ impl Broker {
             for b in batches.iter().filter(|b| !b.generation_start) {
                 c.apply_records(&b.records);
             }
+        }
+    }
+}
+
+/// Folds cache records (read back from a system log, or copied from a cache's old owner)
+/// into `c`: each entry as written, at its version; expiries mapped to instants by `wall`.
+/// Records this version did not write are skipped.
+pub(super) fn fold_cache_records(
+    c: &mut super::cache::Cache,
+    wall: crate::transport::WallClock,
+    records: impl Iterator<Item = Bytes>,
+) {
+    for p in records {
+        match CacheRecord::decode(&p) {
+            Some(CacheRecord::Reset) => c.clear(),
+            Some(CacheRecord::Put { version, key, value, expires_micros }) => {
+                let expires_at = (expires_micros != 0).then(|| wall.instant_at(expires_micros));
+                c.restore(super::cache::Change { offset: version, key, value: Some(value), expires_at });
+            }
+            Some(CacheRecord::Remove { version, key }) => {
+                c.restore(super::cache::Change { offset: version, key, value: None, expires_at: None });
+            }
+            None => {}
         }
     }
 }

@@ -392,6 +392,19 @@ impl Metadata {
             .count()
     }
 
+    /// Whether a shard owned by `owner` is copied to its new owner when it moves (a move
+    /// with a copy and a cut-over), rather than changing owner at once: a durable stream's
+    /// shard, and a cache (in memory or not: a planned move does not empty it), while its
+    /// owner is a member that holds them. An in-memory stream's records mean nothing
+    /// elsewhere; a replicated shard's replicas are its Raft group's.
+    pub fn copied_on_move(&self, shard: &ShardId, owner: &str) -> bool {
+        let kept = match shard.kind {
+            Kind::Stream => !self.is_ephemeral(shard.kind, &shard.tenant, &shard.namespace, &shard.name),
+            Kind::Cache => true,
+        };
+        kept && !self.replicas.contains_key(shard) && self.members.contains_key(owner)
+    }
+
     /// Whether a stream or cache was created kept in memory only.
     pub fn is_ephemeral(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> bool {
         self.ephemeral.contains(&(kind, tenant.to_owned(), namespace.to_owned(), name.to_owned()))
@@ -524,9 +537,6 @@ impl Metadata {
         let Some(a) = self.owners.get(shard).cloned() else {
             return Err(CommandError::Unknown(name()));
         };
-        if shard.kind != Kind::Stream {
-            return Err(CommandError::Move(format!("{}: only stream shards move (caches follow placement)", name())));
-        }
         if self.replicas.contains_key(shard) {
             return Err(CommandError::Move(format!(
                 "{} is replicated: its replicas are its Raft group's, and moving one is not built yet",
@@ -543,9 +553,7 @@ impl Metadata {
             return Err(CommandError::Move(format!("{} is on {to} already", name())));
         }
         self.pins.insert(shard.clone(), to.to_owned());
-        if self.is_ephemeral(shard.kind, &shard.tenant, &shard.namespace, &shard.name)
-            || !self.members.contains_key(&a.owner)
-        {
+        if !self.copied_on_move(shard, &a.owner) {
             // Nothing to copy (in memory, or its owner is gone): it changes owner now.
             self.owners.insert(shard.clone(), Assignment { owner: to.to_owned(), generation: a.generation + 1 });
         } else {
@@ -688,13 +696,9 @@ impl Metadata {
                     // In place, or on its way (a later change may move it again once there).
                     next.insert(s, a.clone());
                 }
-                (Some(owner), Some(a))
-                    if s.kind == Kind::Stream
-                        && self.members.contains_key(&a.owner)
-                        && !self.is_ephemeral(s.kind, &s.tenant, &s.namespace, &s.name) =>
-                {
-                    // A durable shard whose owner still has its records: it moves (copied
-                    // first), a few at a time; the rest wait for a later change.
+                (Some(owner), Some(a)) if self.copied_on_move(&s, &a.owner) => {
+                    // A durable shard or a cache whose owner still has its contents: it moves
+                    // (copied first), a few at a time; the rest wait for a later change.
                     if self.moves.len() + starts.len() < MAX_PLACEMENT_MOVES {
                         starts.push((
                             s.clone(),
@@ -880,12 +884,10 @@ mod tests {
         }
         assert_eq!(count(&md, "n1"), 16);
         md.apply(&join("n2")).unwrap();
-        // Placement wants six streams' shards on n2; four start, the rest wait for them. A
-        // cache's contents do not move (yet): its shard changes owner at once, as before, and
-        // takes no move's place.
+        // Placement wants eight shards on n2 (streams' and caches': a cache is copied too);
+        // four start, the rest wait for them.
         assert_eq!(md.moves().len(), MAX_PLACEMENT_MOVES);
-        assert!(md.moves().keys().all(|s| s.kind == Kind::Stream));
-        assert_eq!(count(&md, "n1"), 12, "nothing changed owner yet");
+        assert_eq!(count(&md, "n1"), 16, "nothing changed owner yet");
         assert!(md.moves().values().all(|m| m.from == "n1" && m.to == "n2"));
         let (s, m) = md.moves().iter().next().map(|(s, m)| (s.clone(), m.clone())).unwrap();
         md.apply(&Command::CutOver { shard: s.clone(), from: m.from, at: 1 }).unwrap();

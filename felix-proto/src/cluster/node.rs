@@ -1007,9 +1007,19 @@ impl ClusterNode {
                 return self.poll_output();
             }
             BrokerOutput::Copy { to, message } => {
-                // A peer that did not offer FEATURE_SHARD_COPY (an older broker) cannot take
-                // part in a copy: the new owner gives the move up (the shard stays home).
-                if self.peer_features.get(&to).is_some_and(|f| f & super::peer::FEATURE_SHARD_COPY == 0) {
+                // A peer that did not offer FEATURE_SHARD_COPY (FEATURE_CACHE_COPY for a cache;
+                // an older broker) cannot take part in a copy: the new owner gives the move up
+                // (the shard stays home).
+                let needs = match &message {
+                    super::peer::CopyMessage::Request(q) if q.shard.kind == super::metadata::Kind::Cache => {
+                        super::peer::FEATURE_CACHE_COPY
+                    }
+                    super::peer::CopyMessage::Answer(a) if a.shard.kind == super::metadata::Kind::Cache => {
+                        super::peer::FEATURE_CACHE_COPY
+                    }
+                    _ => super::peer::FEATURE_SHARD_COPY,
+                };
+                if self.peer_features.get(&to).is_some_and(|f| f & needs == 0) {
                     if let super::peer::CopyMessage::Request(q) = &message {
                         self.pending.push_back(Command::CancelMove { shard: q.shard.clone() }.encode());
                     }

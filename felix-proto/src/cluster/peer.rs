@@ -31,6 +31,16 @@
 //!                    0: u64 start, u64 tail, u8 cutting, then stored batches (the segment
 //!                    format, `storage::encode_batch`) to the end; 1 refused: u16+utf8 message
 //!                    (10 and 11 only to a peer whose hello offered [`FEATURE_SHARD_COPY`])
+//!  12 cache_copy_request  as 10, for a cache (u16+utf8 tenant, namespace, cache, u32 shard,
+//!                    u8 has_from, u64 from, u32 max_bytes): `from` is the cache-log offset
+//!                    the new owner holds everything below (none yet: the whole cache)
+//!  13 cache_copy_answer   u16+utf8 tenant, namespace, cache, u32 shard, u8 status;
+//!                    0: u64 tail (the offset its next change takes), u8 cutting, u8 full,
+//!                    u32 count, each u32 len + a cache record (the system log's format:
+//!                    put, remove, or reset first when `full`), u32 count, each u32 len + a
+//!                    counter record (reset, then every counter's value); 1 refused:
+//!                    u16+utf8 message
+//!                    (12 and 13 only to a peer whose hello offered [`FEATURE_CACHE_COPY`])
 //! ```
 //!
 //! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
@@ -48,8 +58,12 @@ pub const FEATURE_COALESCED_HEARTBEATS: u64 = 0x1;
 /// A peer's hello bit: it copies moving shards (`copy_request`, `copy_answer`: kinds 10, 11).
 pub const FEATURE_SHARD_COPY: u64 = 0x2;
 
+/// A peer's hello bit: it copies moving caches (`cache_copy_request`, `cache_copy_answer`:
+/// kinds 12, 13).
+pub const FEATURE_CACHE_COPY: u64 = 0x4;
+
 /// What this implementation offers its peers in its hello.
-pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS | FEATURE_SHARD_COPY;
+pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS | FEATURE_SHARD_COPY | FEATURE_CACHE_COPY;
 
 /// A moving shard's new owner asks the old one for its records (kind 10).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +116,19 @@ pub enum CopyBody {
         cutting: bool,
         /// The batches.
         batches: Vec<crate::storage::StoredBatch>,
+    },
+    /// A cache's values (and counters), whole or what changed since the offset asked for.
+    Cache {
+        /// The offset the cache's next change takes there.
+        tail: u64,
+        /// It stopped taking writes for the cut-over: `tail` is final.
+        cutting: bool,
+        /// `records` are the whole cache (a reset first), not changes.
+        full: bool,
+        /// Cache records (the system log's encoding), in offset order.
+        records: Vec<Bytes>,
+        /// The counters, whole (a reset, then every value).
+        counters: Vec<Bytes>,
     },
     /// It cannot serve the copy (not the shard's owner, no such move, a read that failed):
     /// ask again later.
@@ -249,6 +276,10 @@ pub enum PeerError {
     /// A field too long for its length prefix (encoding).
     #[error("{0} is too long for the peer encoding")]
     FieldTooLong(&'static str),
+    /// A message whose parts do not go together (encoding): a copy answer whose body is not
+    /// for its shard's kind.
+    #[error("{0}")]
+    Mismatched(&'static str),
 }
 
 fn put_str16(out: &mut BytesMut, s: &str, what: &'static str) -> Result<(), PeerError> {
@@ -466,7 +497,33 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             body.put_u8(u8::from(q.from.is_some()));
             body.put_u64(q.from.unwrap_or(0));
             body.put_u32(q.max_bytes);
-            10
+            if q.shard.kind == Kind::Cache { 12 } else { 10 }
+        }
+        PeerMessage::CopyAnswer(a) if a.shard.kind == Kind::Cache => {
+            put_stream_shard(body, &a.shard)?;
+            match &a.body {
+                CopyBody::Cache { tail, cutting, full, records, counters } => {
+                    body.put_u8(0);
+                    body.put_u64(*tail);
+                    body.put_u8(u8::from(*cutting));
+                    body.put_u8(u8::from(*full));
+                    for list in [records, counters] {
+                        body.put_u32(u32::try_from(list.len()).map_err(|_| PeerError::FieldTooLong("records"))?);
+                        for r in list {
+                            body.put_u32(u32::try_from(r.len()).map_err(|_| PeerError::FieldTooLong("record"))?);
+                            body.extend_from_slice(r);
+                        }
+                    }
+                }
+                CopyBody::Refused(why) => {
+                    body.put_u8(1);
+                    put_str16(body, why, "message")?;
+                }
+                CopyBody::Batches { .. } => {
+                    return Err(PeerError::Mismatched("a cache's copy cannot carry stream batches"));
+                }
+            }
+            13
         }
         PeerMessage::CopyAnswer(a) => {
             put_stream_shard(body, &a.shard)?;
@@ -483,6 +540,9 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
                 CopyBody::Refused(why) => {
                     body.put_u8(1);
                     put_str16(body, why, "message")?;
+                }
+                CopyBody::Cache { .. } => {
+                    return Err(PeerError::Mismatched("a stream's copy cannot carry cache records"));
                 }
             }
             11
@@ -628,6 +688,34 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             let has = r.u8("has_from")? != 0;
             let from = r.u64("from")?;
             PeerMessage::CopyRequest(CopyRequest { shard, from: has.then_some(from), max_bytes: r.u32("max_bytes")? })
+        }
+        12 => {
+            let shard = ShardId { kind: Kind::Cache, ..stream_shard(&mut r)? };
+            let has = r.u8("has_from")? != 0;
+            let from = r.u64("from")?;
+            PeerMessage::CopyRequest(CopyRequest { shard, from: has.then_some(from), max_bytes: r.u32("max_bytes")? })
+        }
+        13 => {
+            let shard = ShardId { kind: Kind::Cache, ..stream_shard(&mut r)? };
+            let body = match r.u8("status")? {
+                0 => {
+                    let tail = r.u64("tail")?;
+                    let cutting = r.u8("cutting")? != 0;
+                    let full = r.u8("full")? != 0;
+                    let mut lists = [Vec::new(), Vec::new()];
+                    for list in &mut lists {
+                        let n = r.u32("count")?;
+                        for _ in 0..n {
+                            let len = r.u32("record_len")? as usize;
+                            list.push(r.bytes(len, "record")?);
+                        }
+                    }
+                    let [records, counters] = lists;
+                    CopyBody::Cache { tail, cutting, full, records, counters }
+                }
+                _ => CopyBody::Refused(r.str16("message")?),
+            };
+            PeerMessage::CopyAnswer(CopyAnswer { shard, body })
         }
         11 => {
             let shard = stream_shard(&mut r)?;
@@ -849,7 +937,74 @@ mod tests {
                 body: CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new() },
             }),
             PeerMessage::CopyAnswer(CopyAnswer { shard: orders(1), body: CopyBody::Refused("not moving".into()) }),
+            PeerMessage::CopyRequest(CopyRequest { shard: sessions(), from: None, max_bytes: 1 << 20 }),
+            PeerMessage::CopyRequest(CopyRequest {
+                shard: sessions(),
+                from: Some(1_700_000_000_000_007),
+                max_bytes: 9,
+            }),
+            PeerMessage::CopyAnswer(CopyAnswer {
+                shard: sessions(),
+                body: CopyBody::Cache {
+                    tail: 1_700_000_000_000_012,
+                    cutting: false,
+                    full: true,
+                    records: vec![Bytes::from_static(&[3]), Bytes::from_static(b"\x01put")],
+                    counters: vec![Bytes::from_static(&[2])],
+                },
+            }),
+            PeerMessage::CopyAnswer(CopyAnswer {
+                shard: sessions(),
+                body: CopyBody::Cache {
+                    tail: 4,
+                    cutting: true,
+                    full: false,
+                    records: Vec::new(),
+                    counters: Vec::new(),
+                },
+            }),
+            PeerMessage::CopyAnswer(CopyAnswer { shard: sessions(), body: CopyBody::Refused("no move".into()) }),
         ]
+    }
+
+    fn sessions() -> ShardId {
+        ShardId {
+            kind: Kind::Cache,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: "sessions".into(),
+            shard: 0,
+        }
+    }
+
+    #[test]
+    fn a_copy_answer_whose_body_is_not_for_its_shards_kind_does_not_encode() {
+        let cache = CopyBody::Cache { tail: 1, cutting: false, full: true, records: Vec::new(), counters: Vec::new() };
+        let batches = CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new() };
+        for (shard, body) in [(orders(0), cache), (sessions(), batches)] {
+            let m = PeerMessage::CopyAnswer(CopyAnswer { shard, body });
+            assert!(matches!(encode(&m, &mut BytesMut::new()), Err(PeerError::Mismatched(_))), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn a_cache_copy_answer_claiming_more_records_than_it_holds_is_malformed() {
+        // kind 13, the shard, status 0, tail, cutting, full, then 1,000,000 records of which
+        // none is there.
+        let mut body = BytesMut::new();
+        put_stream_shard(&mut body, &sessions()).unwrap();
+        body.put_u8(0);
+        body.put_u64(5);
+        body.put_u8(0);
+        body.put_u8(1);
+        body.put_u32(1_000_000);
+        let mut frame = BytesMut::new();
+        frame.put_u32(body.len() as u32 + 1);
+        frame.put_u8(13);
+        frame.extend_from_slice(&body);
+        let mut d = PeerDecoder::default();
+        d.push(&frame);
+        assert!(matches!(d.next_message(), Err(PeerError::Malformed(_))));
     }
 
     fn orders(shard: u32) -> ShardId {

@@ -196,6 +196,8 @@ struct World {
     quorum_payloads: BTreeMap<(String, ConnId), Bytes>,
     /// Every put to the replicated cache, by its (unique) value: key, sent, acknowledged.
     qputs: BTreeMap<Bytes, (String, Instant, Option<Instant>)>,
+    /// The same for the single-replica cache.
+    cache_puts: BTreeMap<Bytes, (String, Instant, Option<Instant>)>,
     /// Crashed brokers and when they come back.
     down: BTreeMap<String, Instant>,
     /// In flight between brokers: (deliver at, from, to, bytes).
@@ -680,6 +682,12 @@ impl World {
                     put.2 = Some(self.now);
                     self.report.qcache_acked += 1;
                 }
+                if ask == Ask::CachePut
+                    && shard.name == CACHE
+                    && let Some(put) = payload.as_ref().and_then(|p| self.cache_puts.get_mut(p))
+                {
+                    put.2 = Some(self.now);
+                }
                 if ask == Ask::Publish {
                     self.report.acked += 1;
                     if let Some(p) = payload.filter(|_| shard.name == LEDGER) {
@@ -757,7 +765,7 @@ impl World {
         // Every record of the replicated stream is unique, so the checker can find it (and so
         // is every value put to the replicated cache).
         let cache = if stream == QCACHE { QCACHE } else { CACHE };
-        let payload = if stream == LEDGER || stream == QCACHE || stream == ORDERS {
+        let payload = if stream == LEDGER || stream == QCACHE || stream == ORDERS || ask == Ask::CachePut {
             Bytes::from(format!("{}-{}", self.seed, self.report.requests))
         } else {
             Bytes::from_static(b"record")
@@ -788,7 +796,7 @@ impl World {
                     namespace: NS.into(),
                     cache: cache.into(),
                     key: format!("k{shard}"),
-                    value: message::B64(if stream == QCACHE { payload.clone() } else { Bytes::from_static(b"v") }),
+                    value: message::B64(payload.clone()),
                     request_id: Some(1),
                     ttl_ms: None,
                 }),
@@ -820,8 +828,9 @@ impl World {
         self.report.requests += 1;
         if (stream == LEDGER || stream == ORDERS) && ask == Ask::Publish {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
-        } else if stream == QCACHE && ask == Ask::CachePut {
-            self.qputs.insert(payload.clone(), (format!("k{shard}"), now, None));
+        } else if ask == Ask::CachePut {
+            let puts = if stream == QCACHE { &mut self.qputs } else { &mut self.cache_puts };
+            puts.insert(payload.clone(), (format!("k{shard}"), now, None));
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
         }
         self.pending.insert(
@@ -877,34 +886,62 @@ impl World {
         let Some((holder, _)) = states.first() else {
             return Err(self.violation(format!("no replica of {QCACHE} is up")));
         };
+        let holder = holder.clone();
         for k in 0..QKEYS {
             let key = format!("k{k}");
-            let value = self.nodes[holder].broker.cache_peek(TENANT, NS, QCACHE, &key).map(|(v, _)| v);
-            let acked = |p: &&(String, Instant, Option<Instant>)| p.0 == key && p.2.is_some();
-            let last_sent_acked = self.qputs.values().filter(acked).map(|p| p.1).max();
-            let Some(v) = value else {
-                if let Some(sent) = last_sent_acked {
-                    return Err(
-                        self.violation(format!("{key}'s put sent at {sent:?} was acknowledged and the key is empty"))
-                    );
-                }
-                continue;
-            };
-            let Some(put) = self.qputs.get(&v).cloned() else {
-                return Err(self.violation(format!("{key} holds {v:?}, which no client put")));
-            };
-            if put.0 != key {
-                return Err(self.violation(format!("{key} holds {v:?}, put to {}", put.0)));
+            let value = self.nodes[&holder].broker.cache_peek(TENANT, NS, QCACHE, &key).map(|(v, _)| v);
+            self.check_value(QCACHE, &key, value, true)?;
+        }
+        Ok(())
+    }
+
+    /// What a key holds once healed, against every put to it: a value some client put to
+    /// that key, and no older than the last acknowledged put (a put sent after another was
+    /// acknowledged was applied after it: an old value never comes back). `kept`: an
+    /// acknowledged put is never lost (a replicated cache; a single-replica one loses what
+    /// its owner held in memory when it crashes).
+    fn check_value(&self, cache: &str, key: &str, value: Option<Bytes>, kept: bool) -> Result<(), Violation> {
+        let puts = if cache == QCACHE { &self.qputs } else { &self.cache_puts };
+        let acked = |p: &&(String, Instant, Option<Instant>)| p.0 == key && p.2.is_some();
+        let last_sent_acked = puts.values().filter(acked).map(|p| p.1).max();
+        let Some(v) = value else {
+            if let Some(sent) = last_sent_acked.filter(|_| kept) {
+                return Err(self
+                    .violation(format!("{cache} {key}'s put sent at {sent:?} was acknowledged and the key is empty")));
             }
-            if let Some(acked_at) = put.2
-                && let Some(later) =
-                    self.qputs.iter().find(|(p, x)| **p != v && x.0 == key && x.2.is_some() && x.1 > acked_at)
-            {
-                return Err(self.violation(format!(
-                    "{key} holds {v:?} (acknowledged at {acked_at:?}), but {:?}, sent after that, was acknowledged too",
-                    later.0
-                )));
-            }
+            return Ok(());
+        };
+        let Some(put) = puts.get(&v).cloned() else {
+            return Err(self.violation(format!("{cache} {key} holds {v:?}, which no client put")));
+        };
+        if put.0 != key {
+            return Err(self.violation(format!("{cache} {key} holds {v:?}, put to {}", put.0)));
+        }
+        if let Some(acked_at) = put.2
+            && let Some(later) = puts.iter().find(|(p, x)| **p != v && x.0 == key && x.2.is_some() && x.1 > acked_at)
+        {
+            return Err(self.violation(format!(
+                "{cache} {key} holds {v:?} (acknowledged at {acked_at:?}), but {:?}, sent after that, was acknowledged too",
+                later.0
+            )));
+        }
+        Ok(())
+    }
+
+    /// The single-replica cache, healed: every key its owner holds is a value put to it and
+    /// no older than its last acknowledged put, whichever moves (copied) and crashes (lost
+    /// with the owner's memory) it went through.
+    fn check_cache(&mut self, md: &super::metadata::Metadata) -> Result<(), Violation> {
+        let shard =
+            ShardId { kind: Kind::Cache, tenant: TENANT.into(), namespace: NS.into(), name: CACHE.into(), shard: 0 };
+        let Some(owner) = md.owner(&shard).map(|a| a.owner.clone()) else {
+            return Err(self.violation(format!("{CACHE} has no owner")));
+        };
+        let keys: BTreeSet<String> = self.cache_puts.values().map(|p| p.0.clone()).collect();
+        for key in keys {
+            let value =
+                self.nodes.get(&owner).and_then(|n| n.broker.cache_peek(TENANT, NS, CACHE, &key)).map(|(v, _)| v);
+            self.check_value(CACHE, &key, value, false)?;
         }
         Ok(())
     }
@@ -968,6 +1005,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         quorum_acked: BTreeMap::new(),
         quorum_payloads: BTreeMap::new(),
         qputs: BTreeMap::new(),
+        cache_puts: BTreeMap::new(),
         down: BTreeMap::new(),
         network: Vec::new(),
         cut: BTreeSet::new(),
@@ -1069,7 +1107,17 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                     let via = live[rng.below(live.len() as u64) as usize].clone();
                     let to = names[rng.below(n as u64) as usize].clone();
                     let shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(1, |s| s.1);
-                    let shard = shard_id(ORDERS, rng.below(u64::from(shards)) as u32);
+                    let mut shard = shard_id(ORDERS, rng.below(u64::from(shards)) as u32);
+                    if rng.chance(250) {
+                        // The single-replica cache: copied too.
+                        shard = ShardId {
+                            kind: Kind::Cache,
+                            tenant: TENANT.into(),
+                            namespace: NS.into(),
+                            name: CACHE.into(),
+                            shard: 0,
+                        };
+                    }
                     let c = match rng.below(10) {
                         0..=6 => Command::MoveShard { shard, to },
                         7 | 8 => Command::CancelMove { shard },
@@ -1197,6 +1245,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         return Err(w.violation(format!("{p:?} was acknowledged on {s:?} and is not in its history")));
     }
     w.check_quorum_cache(&first, &mut rng)?;
+    w.check_cache(&first)?;
     // Every follower ends on its shard's owner with everything it committed.
     for _ in 0..300 {
         if w.followers_caught_up() {
