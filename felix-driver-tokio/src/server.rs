@@ -970,6 +970,8 @@ impl BrokerTask {
             .iter()
             .map(|(s, m)| {
                 let (phase, at) = match m.phase {
+                    // A replicated shard's move: its group's leadership is being handed over.
+                    _ if md.replicas(s).is_some() => ("transferring_leadership", None),
                     felix_proto::cluster::metadata::MovePhase::CatchingUp => ("catching_up", None),
                     felix_proto::cluster::metadata::MovePhase::CutOver { at } => ("cut_over", Some(at)),
                 };

@@ -1026,20 +1026,73 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Runs a cache or counter request on its cache's owner: `not_leader` followed, and sent again
+/// while the cache is being created or handed over by a move (a refusal that wrote nothing:
+/// the wait it asks for, else 50 ms doubling, a bounded number of times).
+async fn cache_request<T, F, Fut>(c: &ConnectArgs, op: F) -> Result<T, String>
+where
+    F: Fn(Client) -> Fut + Clone,
+    Fut: std::future::Future<Output = Result<T, felix_driver_tokio::ClientError>>,
+{
+    let (client, v) = with_redirects(c, |client| {
+        let op = op.clone();
+        async move {
+            let mut tries = 0u32;
+            loop {
+                match op(client.clone()).await {
+                    Err(felix_driver_tokio::ClientError::Refused(i))
+                        if tries < felix_driver_tokio::cluster_client::PUBLISH_TRIES
+                            && felix_driver_tokio::ClusterClient::transient(
+                                &felix_driver_tokio::ClientError::Refused(i.clone()),
+                            ) =>
+                    {
+                        tries += 1;
+                        let ms = i
+                            .detail
+                            .as_ref()
+                            .and_then(|d| d.retry_after_ms)
+                            .unwrap_or(50u64 << (tries - 1).min(5))
+                            .min(2_000);
+                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                    }
+                    r => return (client, r),
+                }
+            }
+        }
+    })
+    .await?;
+    let _ = client.close().await;
+    Ok(v)
+}
+
 pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
-    let client = connect(&a.conn).await?;
     let ns = a.conn.namespace.clone();
     let code = match a.op {
         CacheOp::Put { cache, key, value, ttl } => {
-            client.cache_put(&ns, &cache, &key, Bytes::from(value), ttl).await.map_err(|e| e.to_string())?;
+            let value = Bytes::from(value);
+            cache_request(&a.conn, |c| {
+                let (ns, cache, key, value) = (ns.clone(), cache.clone(), key.clone(), value.clone());
+                async move { c.cache_put(&ns, &cache, &key, value, ttl).await }
+            })
+            .await?;
             eprintln!("stored {cache}/{key}");
             ExitCode::SUCCESS
         }
         CacheOp::Get { cache, key } => {
-            print_value(&cache, &key, client.cache_get(&ns, &cache, &key).await.map_err(|e| e.to_string())?)
+            let v = cache_request(&a.conn, |c| {
+                let (ns, cache, key) = (ns.clone(), cache.clone(), key.clone());
+                async move { c.cache_get(&ns, &cache, &key).await }
+            })
+            .await?;
+            print_value(&cache, &key, v)
         }
         CacheOp::Delete { cache, key } => {
-            print_value(&cache, &key, client.cache_delete(&ns, &cache, &key).await.map_err(|e| e.to_string())?)
+            let v = cache_request(&a.conn, |c| {
+                let (ns, cache, key) = (ns.clone(), cache.clone(), key.clone());
+                async move { c.cache_delete(&ns, &cache, &key).await }
+            })
+            .await?;
+            print_value(&cache, &key, v)
         }
         CacheOp::Watch { cache, key, prefix, from, retained, json, count } => {
             let filter = match (key, prefix) {
@@ -1047,25 +1100,31 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
                 (None, Some(p)) => felix_proto::client::WatchOn::Prefix(p),
                 _ => return Err("name a KEY or a --prefix (exactly one)".into()),
             };
-            let _ = client.close().await;
             return watch(&a.conn, &ns, &cache, filter, from, retained, json, count).await;
         }
     };
-    let _ = client.close().await;
     Ok(code)
 }
 
 pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
-    let client = connect(&a.conn).await?;
     let ns = a.conn.namespace.clone();
     let code = match a.op {
         CounterOp::Add { cache, key, delta } => {
-            let sum = client.counter_add(&ns, &cache, &key, delta).await.map_err(|e| e.to_string())?;
+            let sum = cache_request(&a.conn, |c| {
+                let (ns, cache, key) = (ns.clone(), cache.clone(), key.clone());
+                async move { c.counter_add(&ns, &cache, &key, delta).await }
+            })
+            .await?;
             out!("{sum}");
             ExitCode::SUCCESS
         }
         CounterOp::Get { cache, key } => {
-            match client.counter_get(&ns, &cache, &key).await.map_err(|e| e.to_string())? {
+            let v = cache_request(&a.conn, |c| {
+                let (ns, cache, key) = (ns.clone(), cache.clone(), key.clone());
+                async move { c.counter_get(&ns, &cache, &key).await }
+            })
+            .await?;
+            match v {
                 Some(v) => {
                     out!("{v}");
                     ExitCode::SUCCESS
@@ -1077,7 +1136,6 @@ pub async fn counter(a: CounterArgs) -> Result<ExitCode, String> {
             }
         }
     };
-    let _ = client.close().await;
     Ok(code)
 }
 

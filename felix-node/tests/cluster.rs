@@ -592,10 +592,18 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
         }
         panic!("{payload} never acknowledged");
     };
-    // Cache puts, sent again while the cache is being created or handed over (nothing written).
+    // Every broker's certificate, for clients that follow a redirect.
+    let bundle_dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_dir.path().join("all-brokers.pem");
+    let pems: String =
+        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
+    std::fs::write(&bundle, pems).unwrap();
+    let ca = bundle.to_str().unwrap().to_owned();
+    // Cache puts (the CLI waits out a cache being created or handed over, and follows a
+    // redirect from its old owner).
     let cache_put = |b: &Broker, key: &str, value: &str| {
         for _ in 0..200 {
-            let (ok, _, err) = cli(b, &["cache", "put", "sessions", key, value]);
+            let (ok, _, err) = cli(b, &["cache", "put", "sessions", key, value, "--ca", &ca]);
             if ok {
                 return;
             }
@@ -638,10 +646,6 @@ fn a_broker_drained_under_load_hands_its_shards_over_with_every_record_and_a_sub
         expected.push(p);
     }
     // A subscriber on the victim from the start, trusting every broker (it follows the move).
-    let bundle = victim.dir.path().join("all-brokers.pem");
-    let pems: String =
-        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
-    std::fs::write(&bundle, pems).unwrap();
     let (lines, errs, _sub) =
         spawn_lines(
             Command::new(BIN)

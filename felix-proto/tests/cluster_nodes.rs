@@ -1877,10 +1877,14 @@ fn key_for(shard: u32, shards: u32) -> String {
 }
 
 fn subscribe_shard(shard: u32, from: u64) -> Bytes {
+    subscribe_shard_of("orders", shard, from)
+}
+
+fn subscribe_shard_of(stream: &str, shard: u32, from: u64) -> Bytes {
     json(&Message::Subscribe(message::Subscribe {
         tenant_id: "t1".into(),
         namespace: "default".into(),
-        stream: "orders".into(),
+        stream: stream.into(),
         subscription_id: None,
         start: Some(StartPosition::Offset(from)),
         shard: Some(shard),
@@ -2122,4 +2126,90 @@ fn a_cache_moves_with_its_values_versions_and_counters_and_its_watch_resumes_on_
     // The old owner dropped its copy: reads through it are the new owner's.
     assert_eq!(read(&mut c, &from, "k3", 5).map(|v| v.0), Some("v3b".to_owned()));
     assert!(c.nodes[&from].broker.move_progress().is_empty() && c.nodes[&to].broker.move_progress().is_empty());
+}
+
+#[test]
+fn a_replicated_shard_moves_by_handing_its_leadership_to_another_replica_and_its_subscriber_follows() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    c.until("a replica leads and the metadata names it", |c| {
+        leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
+    });
+    let first = leading(&c).unwrap();
+    let to = NAMES.iter().find(|n| **n != first).unwrap().to_string();
+    let generation = c.nodes["n1"].metadata().owner(&ledger()).unwrap().generation;
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&first, flags, 1);
+    for k in 0..10u64 {
+        c.send(&first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&first, conn, st)));
+    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    // A subscriber on the leader from the start, offering SHARD_MOVED.
+    let sub_flags = 0x0001 | 0x0020 | 0x0800;
+    let (sc, ss) = c.client_with(&first, sub_flags, 0x1000, 2);
+    c.send(&first, sc, ss, subscribe_shard_of("ledger", 0, 0));
+    assert!(matches!(messages(&c.take(&first, sc, ss))[0], Message::Subscribed(_)));
+    c.settle();
+    // A move to a broker outside the group is refused (its replicas are its Raft group's).
+    let refused =
+        c.nodes["n1"].metadata().clone().apply(&Command::MoveShard { shard: ledger(), to: "n9".into() }).unwrap_err();
+    assert!(refused.to_string().contains("not an active member"), "{refused}");
+    // The operator moves it to another replica: its leadership is handed over.
+    let now = c.now;
+    c.nodes.get_mut(&first).unwrap().propose(&Command::MoveShard { shard: ledger(), to: to.clone() }, now);
+    c.until("the other replica leads, and the metadata says so", |c| {
+        leading(c).as_deref() == Some(to.as_str())
+            && c.nodes.values().all(|n| {
+                n.metadata().owner(&ledger()).is_some_and(|a| a.owner == to) && n.metadata().moving(&ledger()).is_none()
+            })
+    });
+    assert!(c.nodes["n1"].metadata().owner(&ledger()).unwrap().generation > generation);
+    // The old leader's subscriber got every record, then `shard_moved` naming the new leader.
+    let (seen, moved) = c.stream_events(&first, sc);
+    let moved = moved.expect("shard_moved");
+    let resume_from = moved.resume_from.expect("a replicated stream names where to resume");
+    assert_eq!(
+        seen.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>(),
+        (0..10).map(|k| format!("a{k}")).collect::<Vec<_>>()
+    );
+    // It resumes on the new leader with nothing missed; writes go on there.
+    let (conn, st) = c.client(&to, flags, 3);
+    for k in 0..5u64 {
+        c.send(&to, conn, st, publish_binary("ledger", &[&format!("b{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&to, conn, st)));
+    assert!(a.len() == 5 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    let last = seen.last().map(|(o, _)| *o).unwrap();
+    let (tc, ts) = c.client_with(&to, sub_flags, 0x1000, 4);
+    c.send(&to, tc, ts, subscribe_shard_of("ledger", 0, (last + 1).max(resume_from)));
+    assert!(matches!(messages(&c.take(&to, tc, ts))[0], Message::Subscribed(_)));
+    c.settle();
+    let (rest, _) = c.stream_events(&to, tc);
+    assert_eq!(
+        rest.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>(),
+        (0..5).map(|k| format!("b{k}")).collect::<Vec<_>>()
+    );
+    // Every replica holds one history.
+    for n in NAMES {
+        assert_eq!(history(&c, n).0, history(&c, &to).0, "{n}");
+    }
+}
+
+#[test]
+fn a_draining_broker_hands_the_leadership_of_its_replicated_shards_to_another_replica() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    c.until("a replica leads and the metadata names it", |c| {
+        leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
+    });
+    let first = leading(&c).unwrap();
+    let now = c.now;
+    c.nodes.get_mut(&first).unwrap().propose(&Command::Drain { id: first.clone() }, now);
+    c.until("another replica leads, and the metadata says so", |c| {
+        leading(c).is_some_and(|l| l != first)
+            && c.nodes.values().all(|n| {
+                n.metadata().owner(&ledger()).is_some_and(|a| a.owner != first) && n.metadata().moves().is_empty()
+            })
+    });
 }

@@ -119,6 +119,10 @@ impl Broker {
         let mut outgoing = BTreeMap::new();
         let mut incoming = BTreeMap::new();
         for (s, m) in md.moves() {
+            if md.replicas(s).is_some() {
+                // A replicated shard's move is its group's leadership transfer (the node's).
+                continue;
+            }
             let cut_at = match m.phase {
                 MovePhase::CutOver { at } => Some(at),
                 MovePhase::CatchingUp => None,

@@ -392,6 +392,7 @@ impl Broker {
                 "no majority of the cache's replicas confirmed the write in time: it may or may not be applied",
             ),
             (Answer::Refused(_), _) => refusal(ErrorCode::Internal, "the cache's group refused the write"),
+            (Answer::NotProposed, _) => Err(super::moves::moving_mark("another of its replicas").unavailable(0)),
         };
         let m = match result {
             Err(r) => Self::error_message(&offer, &r),

@@ -217,6 +217,7 @@ impl Broker {
                 "no majority of the shard's replicas confirmed the batch in time: it may or may not be written",
             )),
             Answer::Refused(why) => Err(sequence_refusal(why)),
+            Answer::NotProposed => Err(super::moves::moving_mark("another of its replicas").unavailable(ctx.shard)),
         };
         for w in ctx.waiters {
             self.finish_waiter(w, result.as_ref().map(|o| Some(*o)), now);

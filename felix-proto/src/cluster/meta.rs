@@ -456,6 +456,21 @@ impl MetaNode {
         self.process_ready();
     }
 
+    /// On the leader: hands leadership to voter `to` (Raft's leadership transfer: it stops
+    /// taking proposals, brings `to` up to date, and tells it to stand at once). Given up by
+    /// the engine after an election timeout if `to` does not take over.
+    pub fn transfer_leader(&mut self, to: u64) {
+        if self.is_leader() && to != self.id() {
+            self.raw.transfer_leader(to);
+            self.process_ready();
+        }
+    }
+
+    /// Whether a leadership transfer is in progress (on the leader).
+    pub fn transferring(&self) -> bool {
+        self.raw.raft.lead_transferee.is_some()
+    }
+
     /// On the leader, once an entry of its own term committed: its commit index, which covers
     /// everything the group ever committed (the condition under which Raft's leader answers a
     /// read index). `None` elsewhere.

@@ -470,6 +470,10 @@ impl Metadata {
                 *led = *term;
                 let generation = self.owners.get(shard).map_or(1, |a| a.generation + 1);
                 self.owners.insert(shard.clone(), Assignment { owner: node.clone(), generation });
+                // A leadership move to it is done.
+                if self.moves.get(shard).is_some_and(|m| m.to == *node) {
+                    self.moves.remove(shard);
+                }
                 // Nothing else moves.
                 return Ok(());
             }
@@ -537,12 +541,6 @@ impl Metadata {
         let Some(a) = self.owners.get(shard).cloned() else {
             return Err(CommandError::Unknown(name()));
         };
-        if self.replicas.contains_key(shard) {
-            return Err(CommandError::Move(format!(
-                "{} is replicated: its replicas are its Raft group's, and moving one is not built yet",
-                name()
-            )));
-        }
         if !self.members.get(to).is_some_and(|m| m.state == MemberState::Active) {
             return Err(CommandError::Move(format!("{to} is not an active member")));
         }
@@ -551,6 +549,20 @@ impl Metadata {
         }
         if a.owner == to {
             return Err(CommandError::Move(format!("{} is on {to} already", name())));
+        }
+        if let Some((replicas, _)) = self.replicas.get(shard) {
+            // A replicated shard is served by its group's leader: it moves by a leadership
+            // transfer to another of its replicas, done when that one claims the lead.
+            if !replicas.iter().any(|r| r == to) {
+                return Err(CommandError::Move(format!(
+                    "{} is replicated on {}: it moves to one of its replicas (its leadership); moving a \
+                     replica to a broker outside its Raft group is not built yet",
+                    name(),
+                    replicas.join(", ")
+                )));
+            }
+            self.moves.insert(shard.clone(), Move { from: a.owner, to: to.to_owned(), phase: MovePhase::CatchingUp });
+            return Ok(());
         }
         self.pins.insert(shard.clone(), to.to_owned());
         if !self.copied_on_move(shard, &a.owner) {
@@ -565,6 +577,10 @@ impl Metadata {
     /// A move was given up: the old owner keeps the shard at the next generation (it serves
     /// again; a cut-over had stopped its writes) and placement leaves it there.
     fn cancelled(&mut self, shard: &ShardId, m: &Move) {
+        if self.replicas.contains_key(shard) {
+            // A leadership move: its group's leader leads on.
+            return;
+        }
         if let Some(a) = self.owners.get_mut(shard) {
             a.generation += 1;
         }
@@ -652,6 +668,24 @@ impl Metadata {
                 self.cancelled(&s, &m);
             }
         }
+        // A replicated shard led by a draining broker moves its leadership to another of its
+        // replicas that is active.
+        let handing: Vec<(ShardId, Move)> = self
+            .replicas
+            .iter()
+            .filter(|(s, _)| !self.moves.contains_key(*s))
+            .filter_map(|(s, (replicas, _))| {
+                let owner = &self.owners.get(s)?.owner;
+                if self.members.get(owner).is_none_or(|m| m.state != MemberState::Draining) {
+                    return None;
+                }
+                let to = replicas
+                    .iter()
+                    .find(|r| *r != owner && self.members.get(*r).is_some_and(|m| m.state == MemberState::Active))?;
+                Some((s.clone(), Move { from: owner.clone(), to: to.clone(), phase: MovePhase::CatchingUp }))
+            })
+            .collect();
+        self.moves.extend(handing);
         // A pin holds while its broker is active.
         let members = &self.members;
         self.pins.retain(|_, n| members.get(n).is_some_and(|m| m.state == MemberState::Active));
@@ -801,6 +835,52 @@ mod tests {
 
     fn sid(name: &str, shard: u32) -> ShardId {
         ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: name.into(), shard }
+    }
+
+    #[test]
+    fn a_replicated_shard_moves_its_leadership_to_one_of_its_replicas_only() {
+        let mut md = Metadata::default();
+        for c in [join("n1"), join("n2"), join("n3"), join("n4")] {
+            md.apply(&c).unwrap();
+        }
+        md.apply(&Command::Create {
+            kind: Kind::Stream,
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            name: "q".into(),
+            shards: 1,
+            ephemeral: false,
+            replication: 3,
+        })
+        .unwrap();
+        let q = sid("q", 0);
+        let replicas = md.replicas(&q).unwrap().to_vec();
+        md.apply(&Command::Lead { shard: q.clone(), node: replicas[0].clone(), term: 2 }).unwrap();
+        let outsider = ["n1", "n2", "n3", "n4"].into_iter().find(|n| !replicas.iter().any(|r| r == n)).unwrap();
+        let e = md.apply(&Command::MoveShard { shard: q.clone(), to: outsider.into() }).unwrap_err();
+        assert!(e.to_string().contains("replicated on"), "{e}");
+        // To another replica: a move until that one claims the lead.
+        md.apply(&Command::MoveShard { shard: q.clone(), to: replicas[1].clone() }).unwrap();
+        assert_eq!(
+            md.moving(&q).map(|m| (m.from.as_str(), m.to.as_str())),
+            Some((replicas[0].as_str(), replicas[1].as_str()))
+        );
+        let before = md.owner(&q).unwrap().clone();
+        md.apply(&Command::Lead { shard: q.clone(), node: replicas[1].clone(), term: 3 }).unwrap();
+        assert!(md.moving(&q).is_none());
+        assert_eq!(md.owner(&q).unwrap().owner, replicas[1]);
+        assert!(md.owner(&q).unwrap().generation > before.generation);
+        // A cancelled one leaves the leader leading, at its generation.
+        md.apply(&Command::MoveShard { shard: q.clone(), to: replicas[2].clone() }).unwrap();
+        let before = md.owner(&q).unwrap().clone();
+        md.apply(&Command::CancelMove { shard: q.clone() }).unwrap();
+        assert_eq!(md.owner(&q), Some(&before));
+        assert!(md.moving(&q).is_none());
+        // A draining leader hands it to an active replica.
+        md.apply(&Command::Drain { id: replicas[1].clone() }).unwrap();
+        let m = md.moving(&q).expect("a leadership move off the draining broker").clone();
+        assert_eq!(m.from, replicas[1]);
+        assert!(m.to != replicas[1] && replicas.contains(&m.to));
     }
 
     #[test]

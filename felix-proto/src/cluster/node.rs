@@ -904,7 +904,16 @@ impl ClusterNode {
             let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
             for shard in shards {
                 let floor = self.broker.replicated_start(&shard);
+                // A leadership move: the leader hands over to the replica it names (again
+                // whenever the engine gave an attempt up), until that one claims the lead.
+                let to = self.metadata.moving(&shard).map(|m| m.to.clone()).filter(|t| *t != self.me.id);
                 if let Some(h) = self.replicas.get_mut(&shard) {
+                    if let Some(to) = to
+                        && h.replica.is_leader()
+                        && !h.replica.transferring()
+                    {
+                        h.replica.transfer_leader(raft_id(&to));
+                    }
                     h.replica.tick();
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {
@@ -950,9 +959,13 @@ impl ClusterNode {
         Some(match o {
             BrokerOutput::Replicate { token, shard, batch } => {
                 let now = self.broker.last_now();
+                // A leader handing its leadership over takes no proposal (the engine drops it):
+                // nothing is written, so the writer is told to send it again.
+                let transferring = self.replicas.get(&shard).is_some_and(|h| h.replica.transferring());
                 let proposed = self.replicas.get_mut(&shard).map(|h| h.replica.propose(token.0, &batch));
                 match proposed {
                     Some(Ok(())) => self.drain_replica(&shard, now),
+                    _ if transferring => self.broker.handle_replicated(token, Answer::NotProposed, now),
                     // Not (or no longer) leading: the batch was not proposed, but the broker
                     // asked in the belief it leads; outcome unknown is the safe answer.
                     _ => self.broker.handle_replicated(token, Answer::LeadershipLost, now),

@@ -201,6 +201,9 @@ pub enum Answer {
     LeadershipLost,
     /// No majority confirmed it in time (outcome unknown).
     QuorumTimeout,
+    /// Not proposed: the leader is handing its leadership over (a move). Nothing was written;
+    /// send it again (to the new leader, soon).
+    NotProposed,
     /// Committed, and refused when applied (nothing written): an idempotent producer's batch
     /// out of its sequence order. Every replica refuses it alike, so a producer's batches land
     /// in sequence order whichever leader wrote them.
@@ -392,6 +395,17 @@ impl Replica {
     /// Whether it leads (it takes proposals).
     pub fn is_leader(&self) -> bool {
         self.node.is_leader()
+    }
+
+    /// On the leader: hands the group's leadership to replica `to` ([`MetaNode::transfer_leader`]).
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.node.transfer_leader(to);
+        self.drain();
+    }
+
+    /// Whether it is handing its leadership over.
+    pub fn transferring(&self) -> bool {
+        self.node.transferring()
     }
 
     /// The leader it knows of.

@@ -280,6 +280,8 @@ impl World {
                 self.report.outcome_unknown += 1;
                 prod.inflight = None;
             }
+            // (This simulation moves no leadership.)
+            Answer::NotProposed => prod.inflight = None,
             // One batch in flight, resent under its sequence until answered: never out of order.
             Answer::Refused(why) => {
                 let pid = prod.id;

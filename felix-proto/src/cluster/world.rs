@@ -1108,7 +1108,12 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                     let to = names[rng.below(n as u64) as usize].clone();
                     let shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(1, |s| s.1);
                     let mut shard = shard_id(ORDERS, rng.below(u64::from(shards)) as u32);
-                    if rng.chance(250) {
+                    if rng.chance(200) {
+                        // The replicated stream: its leadership moves to the replica named (a
+                        // broker outside its group is refused).
+                        let shards = STREAMS.iter().find(|s| s.0 == LEDGER).map_or(1, |s| s.1);
+                        shard = shard_id(LEDGER, rng.below(u64::from(shards)) as u32);
+                    } else if rng.chance(250) {
                         // The single-replica cache: copied too.
                         shard = ShardId {
                             kind: Kind::Cache,
