@@ -296,10 +296,8 @@ impl ClusterClient {
             // broker asked for (a stream being created says 200 ms, a cut-over 50 ms), else
             // 50 ms doubling.
             self.forget(ns, stream);
-            if let ClientError::Refused(i) = &e {
-                let ms =
-                    i.detail.as_ref().and_then(|d| d.retry_after_ms).unwrap_or(50u64 << (tries - 1).min(5)).min(2_000);
-                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            if let Some(wait) = Self::retry_wait(&e, tries) {
+                tokio::time::sleep(wait).await;
             }
         }
     }
@@ -419,6 +417,19 @@ impl ClusterClient {
         }
     }
 
+    /// How long to wait before sending again a request refused for a moment (see
+    /// [`transient`](Self::transient)) after `tries` sends: the wait the broker asked for, else
+    /// 50 ms doubling, at most 2 s; `None` for another error, or after [`PUBLISH_TRIES`] sends.
+    pub fn retry_wait(e: &ClientError, tries: u32) -> Option<std::time::Duration> {
+        let ClientError::Refused(i) = e else { return None };
+        if tries >= PUBLISH_TRIES || !Self::transient(e) {
+            return None;
+        }
+        let asked = i.detail.as_ref().and_then(|d| d.retry_after_ms);
+        let ms = asked.unwrap_or(50u64 << tries.saturating_sub(1).min(5)).min(2_000);
+        Some(std::time::Duration::from_millis(ms))
+    }
+
     /// Whether an error means the view this client routed by is out of date.
     fn view_was_wrong(e: &ClientError) -> bool {
         match e {
@@ -437,5 +448,34 @@ impl ClusterClient {
         for c in conns.values() {
             let _ = c.close().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use felix_proto::binary::ErrorDetail;
+    use felix_proto::client::ErrorInfo;
+    use std::time::Duration;
+
+    fn unavailable(reason: &str, retry_after_ms: Option<u64>) -> ClientError {
+        ClientError::Refused(ErrorInfo {
+            message: "x".into(),
+            code: Some(felix_proto::ErrorCode::ShardUnavailable),
+            retry: Some(felix_proto::error_code::RetryClass::RetryAfter),
+            detail: Some(ErrorDetail { reason: Some(reason.into()), retry_after_ms }),
+        })
+    }
+
+    #[test]
+    fn a_passing_refusal_is_sent_again_after_the_wait_asked_for_else_doubling_and_not_forever() {
+        assert_eq!(ClusterClient::retry_wait(&unavailable("moving", Some(50)), 1), Some(Duration::from_millis(50)));
+        assert_eq!(ClusterClient::retry_wait(&unavailable("fenced", None), 1), Some(Duration::from_millis(50)));
+        assert_eq!(ClusterClient::retry_wait(&unavailable("fenced", None), 3), Some(Duration::from_millis(200)));
+        assert_eq!(ClusterClient::retry_wait(&unavailable("no_leader", None), 19), Some(Duration::from_millis(1600)));
+        assert_eq!(ClusterClient::retry_wait(&unavailable("moving", Some(50)), PUBLISH_TRIES), None);
+        // An owner that is down may stay down; a bad request never passes.
+        assert_eq!(ClusterClient::retry_wait(&unavailable("down", None), 1), None);
+        assert_eq!(ClusterClient::retry_wait(&ClientError::Invalid("x".into()), 1), None);
     }
 }

@@ -624,23 +624,13 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
             // is down) is reported at once.
             let mut tries = 0;
             let offset = loop {
+                tries += 1;
                 match client.publish(&ns, &stream, batch.clone(), o.clone()).await {
-                    Err(felix_driver_tokio::ClientError::Refused(i))
-                        if tries < felix_driver_tokio::cluster_client::PUBLISH_TRIES
-                            && i.code == Some(felix_proto::ErrorCode::ShardUnavailable)
-                            && felix_driver_tokio::ClusterClient::transient(
-                                &felix_driver_tokio::ClientError::Refused(i.clone()),
-                            ) =>
-                    {
-                        tries += 1;
-                        // Without a suggested wait (a forwarded refusal): 50 ms, doubling.
-                        let ms = i
-                            .detail
-                            .as_ref()
-                            .and_then(|d| d.retry_after_ms)
-                            .unwrap_or(50u64 << (tries - 1).min(5))
-                            .min(2_000);
-                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                    Err(e) if e.code() == Some(&felix_proto::ErrorCode::ShardUnavailable) => {
+                        let Some(wait) = felix_driver_tokio::ClusterClient::retry_wait(&e, tries) else {
+                            return Err(e.to_string());
+                        };
+                        tokio::time::sleep(wait).await;
                     }
                     r => break r.map_err(|e| e.to_string())?,
                 }
@@ -1039,22 +1029,12 @@ where
         async move {
             let mut tries = 0u32;
             loop {
+                tries += 1;
                 match op(client.clone()).await {
-                    Err(felix_driver_tokio::ClientError::Refused(i))
-                        if tries < felix_driver_tokio::cluster_client::PUBLISH_TRIES
-                            && felix_driver_tokio::ClusterClient::transient(
-                                &felix_driver_tokio::ClientError::Refused(i.clone()),
-                            ) =>
-                    {
-                        tries += 1;
-                        let ms = i
-                            .detail
-                            .as_ref()
-                            .and_then(|d| d.retry_after_ms)
-                            .unwrap_or(50u64 << (tries - 1).min(5))
-                            .min(2_000);
-                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                    }
+                    Err(e) => match felix_driver_tokio::ClusterClient::retry_wait(&e, tries) {
+                        Some(wait) => tokio::time::sleep(wait).await,
+                        None => return (client, Err(e)),
+                    },
                     r => return (client, r),
                 }
             }
