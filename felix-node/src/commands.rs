@@ -1830,7 +1830,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed)",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -1844,7 +1844,8 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.moves_asked,
         t.moves_done,
         t.followed,
-        t.follows
+        t.follows,
+        t.replica_moves
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -296,7 +296,7 @@ impl Cluster {
     /// Once every broker joined: creates a stream or cache (`replication` 0 or 1: not
     /// replicated) through the metadata group, and waits until every broker knows it.
     fn create(&mut self, kind: Kind, name: &str, shards: u32, replication: u32) {
-        self.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+        self.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == c.nodes.len()));
         let create = Command::Create {
             kind,
             tenant: "t1".into(),
@@ -2212,4 +2212,68 @@ fn a_draining_broker_hands_the_leadership_of_its_replicated_shards_to_another_re
                 n.metadata().owner(&ledger()).is_some_and(|a| a.owner != first) && n.metadata().moves().is_empty()
             })
     });
+}
+
+#[test]
+fn a_replicated_shard_moves_to_a_broker_outside_its_group_which_takes_the_leaders_place() {
+    let four = ["n1", "n2", "n3", "n4"];
+    let mut c = Cluster::new(&four);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 4));
+    create_ledger(&mut c);
+    c.until("a replica leads and the metadata names it", |c| {
+        leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
+    });
+    let first = leading(&c).unwrap();
+    let group = c.nodes["n1"].metadata().replicas(&ledger()).unwrap().to_vec();
+    let outside = four.iter().find(|n| !group.iter().any(|g| g == *n)).unwrap().to_string();
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&first, flags, 1);
+    for k in 0..10u64 {
+        c.send(&first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&first, conn, st)));
+    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    let sub_flags = 0x0001 | 0x0020 | 0x0800;
+    let (sc, ss) = c.client_with(&first, sub_flags, 0x1000, 2);
+    c.send(&first, sc, ss, subscribe_shard_of("ledger", 0, 0));
+    assert!(matches!(messages(&c.take(&first, sc, ss))[0], Message::Subscribed(_)));
+    c.settle();
+    // The operator moves it to the broker outside the group: it joins, catches up, takes the
+    // lead, and the old leader leaves.
+    let now = c.now;
+    c.nodes.get_mut(&first).unwrap().propose(&Command::MoveShard { shard: ledger(), to: outside.clone() }, now);
+    c.until("the new broker leads the group the old leader left", |c| {
+        leading(c).as_deref() == Some(outside.as_str())
+            && c.nodes.values().all(|n| {
+                let md = n.metadata();
+                md.moving(&ledger()).is_none()
+                    && md.replicas(&ledger()).is_some_and(|r| r.contains(&outside) && !r.contains(&first))
+                    && md.owner(&ledger()).is_some_and(|a| a.owner == outside)
+            })
+    });
+    // Its history is the group's, record for record; the old leader holds no replica now.
+    c.settle();
+    let now_group = c.nodes["n1"].metadata().replicas(&ledger()).unwrap().to_vec();
+    assert_eq!(now_group.len(), 3);
+    for n in &now_group {
+        assert_eq!(history(&c, n).0, history(&c, &outside).0, "{n}");
+    }
+    assert_eq!(history(&c, &outside).0.len(), 10);
+    c.until("the old leader dropped its replica", |c| {
+        c.nodes[&first].replica_status().iter().all(|(s, ..)| *s != ledger())
+    });
+    // The old leader's subscriber got every record, then `shard_moved`; writes go on.
+    let (seen, moved) = c.stream_events(&first, sc);
+    assert!(moved.is_some(), "shard_moved");
+    assert_eq!(seen.len(), 10);
+    let (conn, st) = c.client(&outside, flags, 3);
+    for k in 0..5u64 {
+        c.send(&outside, conn, st, publish_binary("ledger", &[&format!("b{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&outside, conn, st)));
+    assert!(a.len() == 5 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    c.settle();
+    for n in &now_group {
+        assert_eq!(history(&c, n).0.len(), 15, "{n}");
+    }
 }

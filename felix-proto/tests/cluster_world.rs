@@ -32,8 +32,9 @@ fn the_first_500_seeds_keep_every_cluster_invariant() {
     assert!(t.lost_with_broker > 0 && t.cache_answers > 1_000, "{t:?}");
     // Operators moved durable shards (and cancelled moves) under all of it.
     assert!(t.moves_asked > 1_000 && t.moves_done > 1_000, "{t:?}");
-    // Subscribers followed their shards through them, each record checked once and in order.
-    assert!(t.followed > 10_000 && t.follows > 500, "{t:?}");
+    // Subscribers followed their shards through them, each record checked once and in order;
+    // replicas of the replicated stream moved to other brokers.
+    assert!(t.followed > 10_000 && t.follows > 500 && t.replica_moves > 10, "{t:?}");
 }
 
 #[test]

@@ -60,10 +60,20 @@ impl Storage for GroupStore {
         self.mem.last_index()
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         let index = self.snapshot.get_metadata().index;
         if index == 0 || index < request_index {
             return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
+        }
+        let conf = self.snapshot.get_metadata().get_conf_state();
+        if to != 0 && !conf.voters.contains(&to) && !conf.learners.contains(&to) {
+            // A member added after the compaction: the engine refuses a snapshot whose
+            // configuration does not name it, and would be sent this one forever. It gets the
+            // configuration of now (the changes after the snapshot come again with the entries
+            // that follow it, and re-applying them changes nothing).
+            let mut snap = self.snapshot.clone();
+            snap.mut_metadata().set_conf_state(self.mem.initial_state()?.conf_state);
+            return Ok(snap);
         }
         Ok(self.snapshot.clone())
     }

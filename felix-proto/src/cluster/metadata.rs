@@ -464,14 +464,16 @@ impl Metadata {
                 let Some((replicas, led)) = self.replicas.get_mut(shard) else {
                     return Err(CommandError::StaleLead(shard.name.clone()));
                 };
-                if !replicas.contains(node) || *term <= *led {
+                // (A replica move's target leads before the finish makes it a replica.)
+                let joining = self.moves.get(shard).is_some_and(|m| m.to == *node);
+                if !(replicas.contains(node) || joining) || *term <= *led {
                     return Err(CommandError::StaleLead(shard.name.clone()));
                 }
                 *led = *term;
                 let generation = self.owners.get(shard).map_or(1, |a| a.generation + 1);
                 self.owners.insert(shard.clone(), Assignment { owner: node.clone(), generation });
-                // A leadership move to it is done.
-                if self.moves.get(shard).is_some_and(|m| m.to == *node) {
+                // A leadership move to it is done (a replica move ends with its finish).
+                if self.moves.get(shard).is_some_and(|m| m.to == *node) && replicas.contains(node) {
                     self.moves.remove(shard);
                 }
                 // Nothing else moves.
@@ -500,9 +502,22 @@ impl Metadata {
                 return Ok(());
             }
             Command::FinishMove { shard, to, at } => {
-                let Some(m) = self.moves.get(shard) else {
+                let Some(m) = self.moves.get(shard).cloned() else {
                     return Err(CommandError::Move(format!("{} is not moving", shard.name)));
                 };
+                if let Some((replicas, _)) = self.replicas.get_mut(shard) {
+                    // A replica move: its target takes the leaving replica's place in the group
+                    // (whose configuration already says so: the finish comes from its leader).
+                    if m.to != *to || replicas.contains(to) {
+                        return Err(CommandError::Move(format!("stale finish of {}'s move to {to}", shard.name)));
+                    }
+                    match replicas.iter().position(|r| *r == m.from) {
+                        Some(i) => replicas[i] = to.clone(),
+                        None => replicas.push(to.clone()),
+                    }
+                    self.moves.remove(shard);
+                    return Ok(());
+                }
                 if m.to != *to || m.phase != (MovePhase::CutOver { at: *at }) {
                     return Err(CommandError::Move(format!("stale finish of {}'s move to {to}", shard.name)));
                 }
@@ -550,17 +565,12 @@ impl Metadata {
         if a.owner == to {
             return Err(CommandError::Move(format!("{} is on {to} already", name())));
         }
-        if let Some((replicas, _)) = self.replicas.get(shard) {
-            // A replicated shard is served by its group's leader: it moves by a leadership
-            // transfer to another of its replicas, done when that one claims the lead.
-            if !replicas.iter().any(|r| r == to) {
-                return Err(CommandError::Move(format!(
-                    "{} is replicated on {}: it moves to one of its replicas (its leadership); moving a \
-                     replica to a broker outside its Raft group is not built yet",
-                    name(),
-                    replicas.join(", ")
-                )));
-            }
+        if self.replicas.contains_key(shard) {
+            // A replicated shard is served by its group's leader. To another of its replicas
+            // it moves by a leadership transfer, done when that one claims the lead; to a
+            // broker outside the group, that broker replaces the leader's replica in the group
+            // (added, caught up, handed the leadership, the old one removed), done with
+            // [`Command::FinishMove`].
             self.moves.insert(shard.clone(), Move { from: a.owner, to: to.to_owned(), phase: MovePhase::CatchingUp });
             return Ok(());
         }
@@ -668,21 +678,25 @@ impl Metadata {
                 self.cancelled(&s, &m);
             }
         }
-        // A replicated shard led by a draining broker moves its leadership to another of its
-        // replicas that is active.
+        // A replicated shard with a replica on a draining broker: that replica is replaced by
+        // an active broker outside the group when there is one; else, when it leads, its
+        // leadership moves to another replica that is active.
+        let active = |id: &String| self.members.get(id).is_some_and(|m| m.state == MemberState::Active);
+        let draining = |id: &String| self.members.get(id).is_some_and(|m| m.state == MemberState::Draining);
         let handing: Vec<(ShardId, Move)> = self
             .replicas
             .iter()
             .filter(|(s, _)| !self.moves.contains_key(*s))
             .filter_map(|(s, (replicas, _))| {
                 let owner = &self.owners.get(s)?.owner;
-                if self.members.get(owner).is_none_or(|m| m.state != MemberState::Draining) {
-                    return None;
-                }
-                let to = replicas
-                    .iter()
-                    .find(|r| *r != owner && self.members.get(*r).is_some_and(|m| m.state == MemberState::Active))?;
-                Some((s.clone(), Move { from: owner.clone(), to: to.clone(), phase: MovePhase::CatchingUp }))
+                let leaving = replicas.iter().find(|r| draining(r))?;
+                let outside = self.members.keys().find(|m| active(m) && !replicas.contains(m));
+                let (from, to) = match outside {
+                    Some(to) => (leaving, to),
+                    None if leaving == owner => (owner, replicas.iter().find(|r| active(r))?),
+                    None => return None,
+                };
+                Some((s.clone(), Move { from: from.clone(), to: to.clone(), phase: MovePhase::CatchingUp }))
             })
             .collect();
         self.moves.extend(handing);
@@ -838,7 +852,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replicated_shard_moves_its_leadership_to_one_of_its_replicas_only() {
+    fn a_replicated_shard_moves_its_leadership_to_a_replica_or_a_replica_to_another_broker() {
         let mut md = Metadata::default();
         for c in [join("n1"), join("n2"), join("n3"), join("n4")] {
             md.apply(&c).unwrap();
@@ -857,8 +871,24 @@ mod tests {
         let replicas = md.replicas(&q).unwrap().to_vec();
         md.apply(&Command::Lead { shard: q.clone(), node: replicas[0].clone(), term: 2 }).unwrap();
         let outsider = ["n1", "n2", "n3", "n4"].into_iter().find(|n| !replicas.iter().any(|r| r == n)).unwrap();
-        let e = md.apply(&Command::MoveShard { shard: q.clone(), to: outsider.into() }).unwrap_err();
-        assert!(e.to_string().contains("replicated on"), "{e}");
+        // To a broker outside the group: it takes the leader's place once the group says so
+        // (its leader's finish); it may lead before that.
+        md.apply(&Command::MoveShard { shard: q.clone(), to: outsider.into() }).unwrap();
+        md.apply(&Command::Lead { shard: q.clone(), node: outsider.into(), term: 2 }).unwrap_err();
+        md.apply(&Command::Lead { shard: q.clone(), node: outsider.into(), term: 3 }).unwrap();
+        assert!(md.moving(&q).is_some(), "a replica move ends with its finish, not the lead");
+        let stale = Command::FinishMove { shard: q.clone(), to: replicas[1].clone(), at: 0 };
+        assert!(md.apply(&stale).is_err());
+        md.apply(&Command::FinishMove { shard: q.clone(), to: outsider.into(), at: 0 }).unwrap();
+        let mut group = replicas.clone();
+        group[0] = outsider.to_owned();
+        assert_eq!(md.replicas(&q).unwrap(), &group[..], "in the leaving replica's place");
+        assert!(md.moving(&q).is_none());
+        // And back (the first replica is outside the group now), for the rest of the test.
+        md.apply(&Command::MoveShard { shard: q.clone(), to: replicas[0].clone() }).unwrap();
+        md.apply(&Command::FinishMove { shard: q.clone(), to: replicas[0].clone(), at: 0 }).unwrap();
+        md.apply(&Command::Lead { shard: q.clone(), node: replicas[0].clone(), term: 4 }).unwrap();
+        assert_eq!(md.replicas(&q).unwrap(), &replicas[..]);
         // To another replica: a move until that one claims the lead.
         md.apply(&Command::MoveShard { shard: q.clone(), to: replicas[1].clone() }).unwrap();
         assert_eq!(
@@ -866,7 +896,7 @@ mod tests {
             Some((replicas[0].as_str(), replicas[1].as_str()))
         );
         let before = md.owner(&q).unwrap().clone();
-        md.apply(&Command::Lead { shard: q.clone(), node: replicas[1].clone(), term: 3 }).unwrap();
+        md.apply(&Command::Lead { shard: q.clone(), node: replicas[1].clone(), term: 6 }).unwrap();
         assert!(md.moving(&q).is_none());
         assert_eq!(md.owner(&q).unwrap().owner, replicas[1]);
         assert!(md.owner(&q).unwrap().generation > before.generation);
@@ -876,11 +906,10 @@ mod tests {
         md.apply(&Command::CancelMove { shard: q.clone() }).unwrap();
         assert_eq!(md.owner(&q), Some(&before));
         assert!(md.moving(&q).is_none());
-        // A draining leader hands it to an active replica.
+        // A draining replica is replaced by the active broker outside the group.
         md.apply(&Command::Drain { id: replicas[1].clone() }).unwrap();
-        let m = md.moving(&q).expect("a leadership move off the draining broker").clone();
-        assert_eq!(m.from, replicas[1]);
-        assert!(m.to != replicas[1] && replicas.contains(&m.to));
+        let m = md.moving(&q).expect("a move off the draining broker").clone();
+        assert_eq!((m.from.as_str(), m.to.as_str()), (replicas[1].as_str(), outsider));
     }
 
     #[test]

@@ -617,6 +617,13 @@ impl ClusterNode {
             .collect()
     }
 
+    /// The voters of this broker's replica of `shard`, by node id, as its configuration has
+    /// them (`None`: no replica here).
+    pub fn replica_voters(&self, shard: &ShardId) -> Option<Vec<String>> {
+        let h = self.replicas.get(shard)?;
+        Some(h.replica.voters().iter().map(|v| h.names.get(v).cloned().unwrap_or_else(|| format!("#{v}"))).collect())
+    }
+
     /// This broker's replicas in detail, for `cluster status`: per shard its leader, term,
     /// role, readable bound (next offset), last and committed log index, and on the leader
     /// every replica's replicated index and lag (entries behind the leader's last).
@@ -703,16 +710,22 @@ impl ClusterNode {
     /// Starts a replica for every replicated shard the metadata names this broker a replica
     /// of, and stops those of deleted shards.
     fn sync_replicas(&mut self, now: Instant) {
-        let wanted: Vec<(ShardId, Vec<String>)> = self
+        let me = self.me.id.clone();
+        // (A replica move's target joins the group: it starts knowing no voters and learns
+        // them from the leader's log.)
+        let joining = |md: &Metadata, s: &ShardId| md.moving(s).is_some_and(|m| m.to == me);
+        let wanted: Vec<(ShardId, Vec<String>, bool)> = self
             .metadata
             .replicated_shards()
             .filter(|(s, r)| {
-                r.contains(&self.me.id) && !self.replicas.contains_key(*s) && !self.failed_replicas.contains_key(*s)
+                (r.contains(&me) || joining(&self.metadata, s))
+                    && !self.replicas.contains_key(*s)
+                    && !self.failed_replicas.contains_key(*s)
             })
-            .map(|(s, r)| (s.clone(), r.to_vec()))
+            .map(|(s, r)| (s.clone(), r.to_vec(), !r.contains(&me)))
             .collect();
-        for (shard, names) in wanted {
-            let ids: Vec<u64> = names.iter().map(|n| raft_id(n)).collect();
+        for (shard, names, joins) in wanted {
+            let ids: Vec<u64> = if joins { Vec::new() } else { names.iter().map(|n| raft_id(n)).collect() };
             let rank = names.iter().position(|n| *n == self.me.id);
             let kept = self.kept_replicas.remove(&shard).unwrap_or_default();
             // A cache's values are the fold of its whole log: they are part of its checkpoints.
@@ -722,7 +735,7 @@ impl ClusterNode {
                     if let Some(b) = self.checkpoint_bytes {
                         replica.set_checkpoint_bytes(b);
                     }
-                    let names = names.iter().map(|n| (raft_id(n), n.clone())).collect();
+                    let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
                     self.replicas.insert(shard.clone(), Hosted { replica, names, role: None, ready_term: None });
                     self.drain_replica(&shard, now);
                 }
@@ -731,8 +744,15 @@ impl ClusterNode {
                 Err(_) => continue,
             }
         }
-        let gone: Vec<ShardId> =
-            self.replicas.keys().filter(|s| self.metadata.replicas(s).is_none()).cloned().collect();
+        // Deleted shards, and groups this broker left (a replica move took its place).
+        let gone: Vec<ShardId> = self
+            .replicas
+            .keys()
+            .filter(|s| {
+                self.metadata.replicas(s).is_none_or(|r| !r.contains(&self.me.id) && !joining(&self.metadata, s))
+            })
+            .cloned()
+            .collect();
         for shard in gone {
             if let Some(h) = self.replicas.remove(&shard) {
                 for token in h.replica.abandon() {
@@ -740,6 +760,63 @@ impl ClusterNode {
                 }
             }
             self.out.push_back(NodeOutput::DropReplica { shard });
+        }
+    }
+
+    /// The leader's part in a move of its shard (each tick, one step at a time, each tried
+    /// again until the log or the metadata shows it done):
+    /// * to another replica of the group: hand the leadership over (Raft's transfer), until
+    ///   that one claims the lead;
+    /// * to a broker outside the group (it replaces `from`): add it as a voter; once it holds
+    ///   everything committed, remove `from` (first handing it the leadership if `from`
+    ///   leads); then propose the finish, which makes it a replica in the metadata;
+    /// * none: a voter the metadata's group does not have (a replica move given up after its
+    ///   target was added) is removed.
+    fn drive_replica_move(&mut self, shard: &ShardId) {
+        let mv = self.metadata.moving(shard).cloned();
+        let members: Vec<String> = self.metadata.replicas(shard).map(<[String]>::to_vec).unwrap_or_default();
+        let fenced = self.broker.is_fenced();
+        let me = self.me.id.clone();
+        let Some(h) = self.replicas.get_mut(shard) else { return };
+        for n in members.iter().chain(mv.iter().map(|m| &m.to)) {
+            h.names.entry(raft_id(n)).or_insert_with(|| n.clone());
+        }
+        if !h.replica.is_leader() || h.replica.transferring() || fenced {
+            return;
+        }
+        let voters = h.replica.voters();
+        match mv {
+            Some(m) if members.contains(&m.to) => {
+                if m.to != me {
+                    h.replica.transfer_leader(raft_id(&m.to));
+                }
+            }
+            Some(m) => {
+                let (to, from) = (raft_id(&m.to), raft_id(&m.from));
+                if !voters.contains(&to) {
+                    let _ = h.replica.propose_conf_change(true, to);
+                } else if voters.contains(&from) {
+                    let (_, commit) = h.replica.indexes();
+                    let caught_up = h.replica.progress().iter().any(|(id, matched)| *id == to && *matched >= commit);
+                    if !caught_up {
+                        return;
+                    }
+                    if from == h.replica.id() {
+                        h.replica.transfer_leader(to);
+                    } else {
+                        let _ = h.replica.propose_conf_change(false, from);
+                    }
+                } else {
+                    let c = Command::FinishMove { shard: shard.clone(), to: m.to.clone(), at: 0 };
+                    self.pending.push_back(c.encode());
+                }
+            }
+            None => {
+                let extra = voters.iter().find(|v| !members.iter().any(|n| raft_id(n) == **v)).copied();
+                if let Some(extra) = extra {
+                    let _ = h.replica.propose_conf_change(false, extra);
+                }
+            }
         }
     }
 
@@ -904,16 +981,8 @@ impl ClusterNode {
             let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
             for shard in shards {
                 let floor = self.broker.replicated_start(&shard);
-                // A leadership move: the leader hands over to the replica it names (again
-                // whenever the engine gave an attempt up), until that one claims the lead.
-                let to = self.metadata.moving(&shard).map(|m| m.to.clone()).filter(|t| *t != self.me.id);
+                self.drive_replica_move(&shard);
                 if let Some(h) = self.replicas.get_mut(&shard) {
-                    if let Some(to) = to
-                        && h.replica.is_leader()
-                        && !h.replica.transferring()
-                    {
-                        h.replica.transfer_leader(raft_id(&to));
-                    }
                     h.replica.tick();
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {

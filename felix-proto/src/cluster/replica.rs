@@ -403,6 +403,21 @@ impl Replica {
         self.drain();
     }
 
+    /// The group's voters, as this replica's configuration has them.
+    pub fn voters(&self) -> Vec<u64> {
+        self.node.voters()
+    }
+
+    /// On the leader: proposes adding (`add`) or removing voter `id` (one change at a time).
+    ///
+    /// # Errors
+    /// As [`MetaNode::propose_conf_change`].
+    pub fn propose_conf_change(&mut self, add: bool, id: u64) -> Result<(), MetaError> {
+        let r = self.node.propose_conf_change(add, id, Vec::new());
+        self.drain();
+        r
+    }
+
     /// Whether it is handing its leadership over.
     pub fn transferring(&self) -> bool {
         self.node.transferring()

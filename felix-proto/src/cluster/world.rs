@@ -117,6 +117,9 @@ pub struct WorldReport {
     pub moves_asked: u64,
     /// Moves of the durable stream's shards completed (its owner changed with a copy).
     pub moves_done: u64,
+    /// Replica moves of the replicated stream finished (a broker took another's place in a
+    /// shard's Raft group).
+    pub replica_moves: u64,
     /// Records given to the subscribers that follow the durable stream's shards (each checked
     /// once, in order, against what was committed there).
     pub followed: u64,
@@ -148,6 +151,7 @@ impl WorldReport {
         self.moves_asked += r.moves_asked;
         self.moves_done += r.moves_done;
         self.followed += r.followed;
+        self.replica_moves += r.replica_moves;
         self.follows += r.follows;
     }
 }
@@ -217,6 +221,8 @@ struct World {
     durable_acked: Vec<(u32, u64, Bytes)>,
     /// The durable stream's owners as last seen (moves counted).
     last_owner: BTreeMap<u32, String>,
+    /// The replicated stream's replica sets as last seen (replica moves counted).
+    last_group: BTreeMap<u32, Vec<String>>,
     /// Subscribers that follow the durable stream's shards.
     followers: Vec<Follower>,
     report: WorldReport,
@@ -961,8 +967,17 @@ impl World {
         self.settle(rng, faults)?;
         self.check_history()?;
         self.check_followers()?;
-        // Owner changes of the durable stream's shards (moves with a copy), as one broker sees.
+        // Owner changes of the durable stream's shards (moves with a copy), and replica set
+        // changes of the replicated one's, as one broker sees.
         if let Some(node) = self.nodes.values().next() {
+            for (s, r) in node.metadata().replicated_shards() {
+                if s.name == LEDGER
+                    && let Some(was) = self.last_group.insert(s.shard, r.to_vec())
+                    && was != r
+                {
+                    self.report.replica_moves += 1;
+                }
+            }
             for (s, a) in node.metadata().owners() {
                 if s.name == ORDERS
                     && let Some(was) = self.last_owner.insert(s.shard, a.owner.clone())
@@ -1016,6 +1031,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         disks: BTreeMap::new(),
         durable_acked: Vec::new(),
         last_owner: BTreeMap::new(),
+        last_group: BTreeMap::new(),
         followers: Vec::new(),
         report: WorldReport { nodes: n, digest: seed, ..WorldReport::default() },
     };
@@ -1189,7 +1205,22 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         w.tick(&mut rng, false)?;
     }
     if let Some((s, m)) = w.nodes.values().flat_map(|node| node.metadata().moves().iter()).next() {
-        return Err(w.violation(format!("healed, but the move of {s:?} ({} → {}) did not finish", m.from, m.to)));
+        // What each broker's replica of it says (a replicated shard's move is its group's).
+        let groups: Vec<String> = w
+            .nodes
+            .iter()
+            .filter_map(|(n, node)| {
+                let (_, leader, term, _) = node.replica_status().into_iter().find(|r| r.0 == *s)?;
+                Some(format!("{n}: voters {:?}, leader {leader:?}, term {term}", node.replica_voters(s)?))
+            })
+            .collect();
+        let replicas = w.nodes.values().next().and_then(|n| n.metadata().replicas(s).map(<[String]>::to_vec));
+        return Err(w.violation(format!(
+            "healed, but the move of {s:?} ({} → {}) did not finish (replicas {replicas:?}; {})",
+            m.from,
+            m.to,
+            groups.join("; ")
+        )));
     }
     // Progress: through every broker, to every shard, acked ok.
     for name in &names {
