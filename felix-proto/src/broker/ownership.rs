@@ -95,7 +95,10 @@ impl Broker {
             // shard's Raft group ([`Broker::set_replica_role`]), not by the metadata's owner (which
             // learns of a new leader only after it took over). Until its group says, it is
             // electing.
-            if md.replicas(shard).is_some_and(|r| r.iter().any(|n| n == local)) {
+            // (The target of a replica move is one from the moment it joins the group, before
+            // the metadata lists it; a broker that left a group is not one any more.)
+            let joining = md.replicas(shard).is_some() && md.moving(shard).is_some_and(|m| m.to == local);
+            if md.replicas(shard).is_some_and(|r| r.iter().any(|n| n == local)) || joining {
                 if sh.replica.is_none() {
                     sh.replica = Some(super::replicated::ReplicaRole::Following { leader: None });
                     sh.moved = Some(Moved {
@@ -108,7 +111,21 @@ impl Broker {
                 }
                 continue;
             }
+            sh.replica = None;
             let down = md.unavailable(shard);
+            if owner == local && md.replicas(shard).is_some() {
+                // Named the owner of a replicated shard it holds no replica of (a replica move
+                // given up after its target led): only a replica serves it; the group's leader
+                // claims it again.
+                sh.moved = Some(Moved {
+                    node_id: local.to_owned(),
+                    addr: None,
+                    generation: 0,
+                    down: true,
+                    reason: "no_leader",
+                });
+                continue;
+            }
             if owner == local {
                 // A fenced broker does not take its shards back until it is in contact again
                 // (its own mark stays `down`: it never names itself as the owner to go to);
@@ -169,6 +186,14 @@ impl Broker {
             };
         }
         let id = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard };
+        if c.replicas.get(&id).is_some_and(|r| !r.contains(&c.local))
+            && c.owners.get(&id).is_some_and(|o| o.0 == c.local)
+        {
+            // Named the owner of a replicated shard without a replica of it here: only its
+            // group writes it.
+            let m = Moved { node_id: c.local.clone(), addr: None, generation: 0, down: true, reason: "no_leader" };
+            return Err(m.unavailable(shard));
+        }
         match c.owners.get(&id) {
             Some((owner, _, _)) if *owner == c.local => Ok(()),
             Some((owner, _, generation)) => Err(Refusal::new(

@@ -587,8 +587,15 @@ impl Metadata {
     /// A move was given up: the old owner keeps the shard at the next generation (it serves
     /// again; a cut-over had stopped its writes) and placement leaves it there.
     fn cancelled(&mut self, shard: &ShardId, m: &Move) {
-        if self.replicas.contains_key(shard) {
-            // A leadership move: its group's leader leads on.
+        if let Some((replicas, _)) = self.replicas.get(shard) {
+            // Its group's leader leads on. A replica move's target that led before it was
+            // given up is no replica: the shard goes back to the leaving one until the group's
+            // leader claims it.
+            if let Some(a) = self.owners.get_mut(shard)
+                && !replicas.contains(&a.owner)
+            {
+                *a = Assignment { owner: m.from.clone(), generation: a.generation + 1 };
+            }
             return;
         }
         if let Some(a) = self.owners.get_mut(shard) {

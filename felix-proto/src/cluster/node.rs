@@ -770,8 +770,9 @@ impl ClusterNode {
     /// * to a broker outside the group (it replaces `from`): add it as a voter; once it holds
     ///   everything committed, remove `from` (first handing it the leadership if `from`
     ///   leads); then propose the finish, which makes it a replica in the metadata;
-    /// * none: a voter the metadata's group does not have (a replica move given up after its
-    ///   target was added) is removed.
+    /// * none: the group's configuration is brought back to the metadata's replica set (a
+    ///   replica move given up half way is undone: a missing member added back, then an extra
+    ///   one removed).
     fn drive_replica_move(&mut self, shard: &ShardId) {
         let mv = self.metadata.moving(shard).cloned();
         let members: Vec<String> = self.metadata.replicas(shard).map(<[String]>::to_vec).unwrap_or_default();
@@ -785,6 +786,16 @@ impl ClusterNode {
             return;
         }
         let voters = h.replica.voters();
+        if !voters.contains(&h.replica.id()) {
+            // Removed from the group while it led it (a removal another leader proposed
+            // committed under this one): the engine takes no proposal from it any more, so it
+            // hands the lead to the voter holding the most.
+            let best = h.replica.progress().into_iter().filter(|(id, _)| voters.contains(id)).max_by_key(|p| p.1);
+            if let Some((id, _)) = best {
+                h.replica.transfer_leader(id);
+            }
+            return;
+        }
         match mv {
             Some(m) if members.contains(&m.to) => {
                 if m.to != me {
@@ -812,9 +823,14 @@ impl ClusterNode {
                 }
             }
             None => {
-                let extra = voters.iter().find(|v| !members.iter().any(|n| raft_id(n) == **v)).copied();
-                if let Some(extra) = extra {
-                    let _ = h.replica.propose_conf_change(false, extra);
+                // The group as the metadata has it: a replica move given up half way (its
+                // target added, maybe the leaving replica removed) is undone, a missing member
+                // added back before an extra one is removed.
+                let ids: Vec<u64> = members.iter().map(|n| raft_id(n)).collect();
+                if let Some(missing) = ids.iter().find(|id| !voters.contains(id)) {
+                    let _ = h.replica.propose_conf_change(true, *missing);
+                } else if let Some(extra) = voters.iter().find(|v| !ids.contains(v)) {
+                    let _ = h.replica.propose_conf_change(false, *extra);
                 }
             }
         }

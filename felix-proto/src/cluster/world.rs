@@ -611,6 +611,7 @@ impl World {
             }
         }
         let Some(answer) = it.next() else { return Ok(()) };
+        let said = format!("{answer:?}");
         self.pending.remove(&key);
         let refused = |code: &ErrorCode| -> Result<&'static str, String> {
             match code {
@@ -707,7 +708,38 @@ impl World {
             _ => self.report.unavailable += 1,
         }
         if must && outcome != "ok" {
-            return Err(self.violation(format!("{name}, healed, answered {ask:?} {shard:?} with {outcome}")));
+            let why = self.nodes.get(name).map(|n| {
+                let md = n.metadata();
+                format!(
+                    "replicas {:?}, owner {:?}, moving {:?}, its replica: {:?}",
+                    md.replicas(&shard),
+                    md.owner(&shard),
+                    md.moving(&shard),
+                    n.replica_voters(&shard)
+                )
+            });
+            let groups: Vec<String> = self
+                .nodes
+                .iter()
+                .filter_map(|(n, node)| {
+                    let (_, leader, term, _) = node.replica_status().into_iter().find(|r| r.0 == shard)?;
+                    Some(format!(
+                        "{n}: voters {:?}, role {:?}, leader {leader:?}, term {term}, fenced {}, moving {:?}, replicas {:?}",
+                        node.replica_voters(&shard)?,
+                        node.broker.replica_role(&shard),
+                        node.broker.is_fenced(),
+                        node.metadata().moving(&shard),
+                        node.metadata().replicas(&shard)
+                    ))
+                })
+                .collect();
+            let roles: Vec<String> =
+                self.nodes.iter().map(|(n, node)| format!("{n} {:?}", node.broker.replica_role(&shard))).collect();
+            return Err(self.violation(format!(
+                "{name}, healed, answered {ask:?} {shard:?} with {outcome}: {said} ({why:?}) [{}] roles {}",
+                groups.join("; "),
+                roles.join(", ")
+            )));
         }
         self.mix(outcome.len() as u64);
         let now = self.now;
