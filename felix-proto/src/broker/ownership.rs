@@ -55,6 +55,12 @@ impl ClusterView {
     }
 }
 
+/// What a replicated shard without a leader this broker can name says to writes and readers:
+/// `shard_unavailable` reason `no_leader`, retry.
+fn no_leader_mark(local: &str) -> Moved {
+    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: "no_leader" }
+}
+
 impl Broker {
     /// Takes the cluster's metadata as committed (after every change the metadata group
     /// applied): streams of the registry are created here with their shard counts, shards owned
@@ -101,13 +107,7 @@ impl Broker {
             if md.replicas(shard).is_some_and(|r| r.iter().any(|n| n == local)) || joining {
                 if sh.replica.is_none() {
                     sh.replica = Some(super::replicated::ReplicaRole::Following { leader: None });
-                    sh.moved = Some(Moved {
-                        node_id: local.to_owned(),
-                        addr: None,
-                        generation: 0,
-                        down: true,
-                        reason: "no_leader",
-                    });
+                    sh.moved = Some(no_leader_mark(local));
                 }
                 continue;
             }
@@ -117,13 +117,7 @@ impl Broker {
                 // Named the owner of a replicated shard it holds no replica of (a replica move
                 // given up after its target led): only a replica serves it; the group's leader
                 // claims it again.
-                sh.moved = Some(Moved {
-                    node_id: local.to_owned(),
-                    addr: None,
-                    generation: 0,
-                    down: true,
-                    reason: "no_leader",
-                });
+                sh.moved = Some(no_leader_mark(local));
                 continue;
             }
             if owner == local {
@@ -191,8 +185,7 @@ impl Broker {
         {
             // Named the owner of a replicated shard without a replica of it here: only its
             // group writes it.
-            let m = Moved { node_id: c.local.clone(), addr: None, generation: 0, down: true, reason: "no_leader" };
-            return Err(m.unavailable(shard));
+            return Err(no_leader_mark(&c.local).unavailable(shard));
         }
         match c.owners.get(&id) {
             Some((owner, _, _)) if *owner == c.local => Ok(()),
