@@ -1358,6 +1358,24 @@ fn cache_leader(c: &Cluster) -> Option<String> {
 }
 
 /// Creates `sessions` replicated three ways and waits for its leader.
+/// Names `sessions` in every broker's configuration (kept on disk or not, its replication) and
+/// restarts them with it, a few milliseconds apart (each seeds a configured cache's versions
+/// from its own clock).
+fn configure_sessions(c: &mut Cluster, durable: bool, replication: u32) {
+    c.cache_specs = vec![felix_proto::broker::CacheSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "sessions".into(),
+        durable,
+        replication,
+    }];
+    for (i, n) in NAMES.iter().enumerate() {
+        c.now += std::time::Duration::from_millis(7 * i as u64 + 1);
+        let now = c.now;
+        c.start(n, &RaftLog::default(), now);
+    }
+}
+
 fn create_sessions(c: &mut Cluster) {
     c.create(Kind::Cache, "sessions", 1, 3);
     c.until("a replica leads the cache and the metadata names it", |c| {
@@ -1493,18 +1511,7 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     let mut c = Cluster::with(&NAMES, true);
     // Named in the configuration too (a configured cache starts its versions after a wall-clock
     // seed of its own broker's; replicated, they are the group's offsets everywhere).
-    c.cache_specs = vec![felix_proto::broker::CacheSpec {
-        tenant_id: "t1".into(),
-        namespace: "default".into(),
-        name: "sessions".into(),
-        durable: false,
-        replication: 3,
-    }];
-    for (i, n) in NAMES.iter().enumerate() {
-        c.now += std::time::Duration::from_millis(7 * i as u64 + 1);
-        let now = c.now;
-        c.start(n, &RaftLog::default(), now);
-    }
+    configure_sessions(&mut c, false, 3);
     create_sessions(&mut c);
     let first = cache_leader(&c).unwrap();
     let cl = client(&mut c, &first, 1);
@@ -2043,18 +2050,7 @@ fn a_cache_moves_with_its_values_versions_and_counters_and_its_watch_resumes_on_
     use quorum_cache::*;
     let mut c = Cluster::with(&NAMES, true);
     // Kept on disk (its system log), one replica.
-    c.cache_specs = vec![felix_proto::broker::CacheSpec {
-        tenant_id: "t1".into(),
-        namespace: "default".into(),
-        name: "sessions".into(),
-        durable: true,
-        replication: 1,
-    }];
-    for (i, n) in NAMES.iter().enumerate() {
-        c.now += std::time::Duration::from_millis(7 * i as u64 + 1);
-        let now = c.now;
-        c.start(n, &RaftLog::default(), now);
-    }
+    configure_sessions(&mut c, true, 1);
     c.create(Kind::Cache, "sessions", 1, 1);
     c.until("the cache has an owner", |c| c.nodes.values().all(|n| n.metadata().owner(&sessions()).is_some()));
     let from = c.nodes["n1"].metadata().owner(&sessions()).unwrap().owner.clone();
