@@ -51,6 +51,13 @@ pub struct ClientOptions {
     /// Refresh the token before it expires ([`TokenRefresh`]); `None`: the token is used as
     /// long as the connection lives.
     pub token_refresh: Option<TokenRefresh>,
+    /// Give the connection up when the broker sent nothing at all for this long (default 2 s):
+    /// what is waiting for an answer ends outcome unknown and subscriptions end, as on a lost
+    /// connection, so a client of a broker that died (SIGKILL, a host gone: no close reaches
+    /// it) fails over in seconds instead of waiting out QUIC's idle timeout (30 s). The client
+    /// sends keep-alives at a quarter of it, which a live broker acknowledges within its ACK
+    /// delay however busy its application is. `None`: only the idle timeout ends it.
+    pub unresponsive_after: Option<std::time::Duration>,
 }
 
 impl ClientOptions {
@@ -66,6 +73,45 @@ impl ClientOptions {
             close_timeout: std::time::Duration::from_secs(10),
             client_cert: None,
             token_refresh: None,
+            unresponsive_after: Some(DEFAULT_UNRESPONSIVE_AFTER),
+        }
+    }
+}
+
+/// The default [`ClientOptions::unresponsive_after`].
+pub const DEFAULT_UNRESPONSIVE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// QUIC application error code of a connection the client gave up because the broker went
+/// silent.
+const UNRESPONSIVE_CODE: u32 = 0x10;
+
+/// Watches a connection for a broker that went silent: every eighth of `after` it reads how
+/// many datagrams arrived; when none did for `after` *and* for eight checks in a row (so a
+/// client process that was not scheduled for a while, and wakes to a full socket buffer, does
+/// not mistake its own pause for the broker's), the connection is closed with that reason.
+async fn watch_liveness(quic: quinn::Connection, after: std::time::Duration, tx: mpsc::UnboundedSender<Input>) {
+    const CHECKS: u32 = 8;
+    let mut tick = tokio::time::interval((after / CHECKS).max(std::time::Duration::from_millis(5)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = quic.stats().udp_rx.datagrams;
+    let mut heard = tokio::time::Instant::now();
+    let mut silent = 0u32;
+    loop {
+        tokio::select! {
+            _ = quic.closed() => return,
+            _ = tick.tick() => {}
+        }
+        let rx = quic.stats().udp_rx.datagrams;
+        if rx != last {
+            (last, heard, silent) = (rx, tokio::time::Instant::now(), 0);
+            continue;
+        }
+        silent += 1;
+        if silent >= CHECKS && heard.elapsed() >= after {
+            let why = format!("the broker sent nothing for {:.1} s (unresponsive)", heard.elapsed().as_secs_f64());
+            let _ = tx.send(Input::Closed(why));
+            quic.close(quinn::VarInt::from_u32(UNRESPONSIVE_CODE), b"broker unresponsive");
+            return;
         }
     }
 }
@@ -404,7 +450,12 @@ impl Client {
     /// # Errors
     /// Connection, TLS or authentication failures, each with what the broker said.
     pub async fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<Client, ClientError> {
-        let transport = Arc::new(opts.transport.to_quinn_for(addr));
+        let mut tuning = opts.transport.clone();
+        if let Some(after) = opts.unresponsive_after {
+            // Keep-alives often enough that a live broker is heard several times per period.
+            tuning.keep_alive = tuning.keep_alive.min(after / 4);
+        }
+        let transport = Arc::new(tuning.to_quinn_for(addr));
         let quic_config = |offer_alpn: bool| -> Result<quinn::ClientConfig, String> {
             let tls = client_config_with(opts.trust.clone(), offer_alpn, opts.client_cert.as_deref())
                 .map_err(|e| e.to_string())?;
@@ -451,6 +502,9 @@ impl Client {
             closing_fins: None,
         };
         tokio::spawn(accept_uni(quic.clone(), tx.clone()));
+        if let Some(after) = opts.unresponsive_after {
+            tokio::spawn(watch_liveness(quic.clone(), after, tx.clone()));
+        }
         tokio::spawn(task.run(rx));
         if let Some(r) = opts.token_refresh.clone() {
             tokio::spawn(r.run(opts.config.token.clone(), tx.clone()));
