@@ -31,6 +31,11 @@ pub const PUBLISH_TRIES: u32 = 20;
 /// would otherwise hold a request for QUIC's whole idle timeout).
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a broker whose connection was just lost, or that did not take one, is passed over
+/// for the others (a killed broker would otherwise cost a whole [`CONNECT_TIMEOUT`] on every
+/// request the view still sends to it).
+pub const LOST_BACKOFF: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How long [`ClusterClient::any`] keeps trying the seeds when none takes a connection (every
 /// broker draining or restarting).
 pub const RECONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -87,6 +92,8 @@ pub struct ClusterClient {
     seeds: Vec<SocketAddr>,
     conns: tokio::sync::Mutex<BTreeMap<SocketAddr, Client>>,
     views: std::sync::Mutex<BTreeMap<(String, String), Arc<StreamView>>>,
+    /// Brokers whose connection was lost or could not be made, and when ([`LOST_BACKOFF`]).
+    lost: std::sync::Mutex<BTreeMap<SocketAddr, std::time::Instant>>,
     /// Counters.
     pub stats: ClusterClientStats,
 }
@@ -105,6 +112,7 @@ impl ClusterClient {
             seeds: seeds.to_vec(),
             conns: tokio::sync::Mutex::new(BTreeMap::new()),
             views: std::sync::Mutex::new(BTreeMap::new()),
+            lost: std::sync::Mutex::new(BTreeMap::new()),
             stats: ClusterClientStats::default(),
         };
         c.any().await?;
@@ -170,21 +178,58 @@ impl ClusterClient {
     }
 
     /// The connection to the broker at `addr` (opened on first use, again after it closed).
+    /// A broker whose connection was lost, or that did not take one, less than
+    /// [`LOST_BACKOFF`] ago is not dialled again yet (the caller goes to another broker).
     ///
     /// # Errors
     /// The connection error.
     pub async fn at(&self, addr: SocketAddr) -> Result<Client, ClientError> {
         let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(&addr)
-            && !c.is_closed()
+        match conns.get(&addr) {
+            Some(c) if !c.is_closed() => return Ok(c.clone()),
+            Some(_) => {
+                conns.remove(&addr);
+                self.note_lost(addr);
+            }
+            None => {}
+        }
+        if let Some(ago) = self.lost_since(addr)
+            && ago < LOST_BACKOFF
         {
-            return Ok(c.clone());
+            return Err(ClientError::Connect(format!(
+                "{addr}: lost or refused a connection {} ms ago, passed over for {LOST_BACKOFF:?}",
+                ago.as_millis()
+            )));
         }
         let c = tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(addr, self.opts.clone()))
             .await
-            .map_err(|_| ClientError::Connect(format!("{addr} did not answer within {CONNECT_TIMEOUT:?}")))??;
-        conns.insert(addr, c.clone());
-        Ok(c)
+            .map_err(|_| ClientError::Connect(format!("{addr} did not answer within {CONNECT_TIMEOUT:?}")))
+            .and_then(|r| r);
+        match c {
+            Ok(c) => {
+                if let Ok(mut l) = self.lost.lock() {
+                    l.remove(&addr);
+                }
+                conns.insert(addr, c.clone());
+                Ok(c)
+            }
+            Err(e) => {
+                if Self::worth_reconnecting(&e) {
+                    self.note_lost(addr);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn note_lost(&self, addr: SocketAddr) {
+        if let Ok(mut l) = self.lost.lock() {
+            l.insert(addr, std::time::Instant::now());
+        }
+    }
+
+    fn lost_since(&self, addr: SocketAddr) -> Option<std::time::Duration> {
+        self.lost.lock().ok()?.get(&addr).map(std::time::Instant::elapsed)
     }
 
     /// The view of a stream: cached, or fetched from any broker.
@@ -236,7 +281,7 @@ impl ClusterClient {
         }
     }
 
-    /// The connection a publish with `key` should use: the owner of the key's shard when the
+    /// The connection a publish with `key` should use: the owner of the key's shard (shard 0 without a key) when the
     /// view knows it, else any broker (which forwards). For a caller that keeps one connection
     /// for a run of publishes to one key (the CLI).
     ///
@@ -244,7 +289,7 @@ impl ClusterClient {
     /// As [`view`](Self::view), or no broker answering.
     pub async fn client_for_key(&self, ns: &str, stream: &str, key: Option<&[u8]>) -> Result<Client, ClientError> {
         let view = self.view(ns, stream).await?;
-        let shard = key.map(|k| view.shard_for(Some(k)));
+        let shard = Some(view.shard_for(key));
         self.route(ns, stream, shard).await
     }
 
@@ -280,11 +325,21 @@ impl ClusterClient {
         opts: PublishOptions,
     ) -> Result<Option<u64>, ClientError> {
         let mut tries = 0;
+        // Where the last `not_leader` pointed: asked next, before the view (which may still
+        // name the old owner for a moment after a fail-over).
+        let mut hint: Option<SocketAddr> = None;
         loop {
             tries += 1;
             let view = self.view(ns, stream).await?;
-            let shard = opts.key.as_ref().map(|k| view.shard_for(Some(k)));
-            let c = self.route(ns, stream, shard).await?;
+            // An unkeyed publish goes to shard 0, as brokers route it.
+            let shard = Some(view.shard_for(opts.key.as_deref()));
+            let c = match hint.take() {
+                Some(a) => match self.at(a).await {
+                    Ok(c) => c,
+                    Err(_) => self.route(ns, stream, shard).await?,
+                },
+                None => self.route(ns, stream, shard).await?,
+            };
             let e = match c.publish(ns, stream, payloads.clone(), opts.clone()).await {
                 // Told the view is wrong, or refused for a moment (the stream being created,
                 // the shard cutting over a move, electing): worth another go. Another refusal
@@ -296,8 +351,14 @@ impl ClusterClient {
             // broker asked for (a stream being created says 200 ms, a cut-over 50 ms), else
             // 50 ms doubling.
             self.forget(ns, stream);
+            if let ClientError::NotLeader { addr: Some(a), .. } = &e {
+                hint = a.parse().ok();
+            }
             if let Some(wait) = Self::retry_wait(&e, tries) {
                 tokio::time::sleep(wait).await;
+            } else if hint.is_none() && matches!(e, ClientError::NotLeader { .. }) {
+                // A redirect naming no address (the broker knows no leader yet): a moment.
+                tokio::time::sleep(std::time::Duration::from_millis(20u64 << tries.min(5))).await;
             }
         }
     }
