@@ -414,10 +414,24 @@ fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
         eprintln!("killing {who} at readable bound {at_kill:?} (the producer started at {start})");
         nodes[victim].kill();
         writer.join().unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "the idempotent producer failed: {}", String::from_utf8_lossy(&out.stderr));
+        // Bounded: a producer that never ends fails the test (its stderr read beside it; the
+        // guard kills it either way).
+        let mut child = Proc(child);
+        let mut stderr = child.0.stderr.take().unwrap();
+        let said = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        let mut status = None;
+        wait_for("the idempotent producer finished", 120, || {
+            status = child.0.try_wait().unwrap();
+            status.is_some()
+        });
+        let said = said.join().unwrap();
+        assert!(status.is_some_and(|s| s.success()), "the idempotent producer failed: {said}");
         nodes[victim].start(&peers);
-        idem = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+        idem = Some(said);
     }
     // Everything, read back through the cluster from the start.
     let mut records: Vec<String> = Vec::new();

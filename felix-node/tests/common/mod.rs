@@ -37,16 +37,29 @@ pub fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
     panic!("not within {secs} s: {what}");
 }
 
-/// Waits for a `serve` child's "listening" banner on its stdout (piped), then keeps draining
-/// the rest so the broker never blocks on a full pipe.
+/// How long a `serve` child may take to print its banner (a restart folds its logs first).
+pub const BANNER_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits (at most [`BANNER_WAIT`]) for a `serve` child's "listening" banner on its stdout
+/// (piped), and keeps draining the rest so the broker never blocks on a full pipe. A child
+/// that does not print it in time is killed and the test fails.
 pub fn wait_for_banner(child: &mut std::process::Child) {
     use std::io::{BufRead, BufReader};
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
-    loop {
-        let line = lines.next().expect("the broker printed its banner").unwrap();
-        if line.starts_with("Felix broker listening") {
-            break;
+    let lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in lines.map_while(Result::ok) {
+            if line.starts_with("Felix broker listening")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(());
+            }
         }
+    });
+    if rx.recv_timeout(BANNER_WAIT).is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the broker printed no banner within {BANNER_WAIT:?} (or exited first)");
     }
-    std::thread::spawn(move || for _ in lines {});
 }
