@@ -212,6 +212,8 @@ fn bench_baseline_reports_fractions_of_raw_quinn_and_the_relay() {
     assert!((b["fraction_of_relay"].as_f64().unwrap() - delivered / relay).abs() < 1e-9, "{v}");
     if cfg!(target_os = "linux") {
         assert!(v["cpu_s_per_gb"].as_f64().unwrap() > 0.0, "CPU time is read from procfs: {v}");
+        let stolen = v["host_steal_fraction"].as_f64().expect("the host's steal is read from /proc/stat");
+        assert!((0.0..=1.0).contains(&stolen), "a fraction of the machine's CPU time: {v}");
     }
 }
 
