@@ -191,3 +191,29 @@ fn a_broker_that_no_longer_owns_the_shard_refuses_the_forward_and_the_client_is_
     );
     assert!(ack.message.contains("moved while the publish was forwarded"), "{}", ack.message);
 }
+
+/// The owner a publish was forwarded to is declared down (killed with the publish in flight):
+/// its answer may never come, so the client is answered `unacknowledged` (outcome unknown) as
+/// soon as the metadata says so, not after the whole forward timeout. A forward to an owner
+/// that is still up keeps waiting for its answer.
+#[test]
+fn a_forward_to_an_owner_declared_down_is_answered_at_once() {
+    let (mut a, _b, mut md) = pair();
+    let (key, _) = key_owned_by(&md, "n2");
+    let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
+    a.raw_send(p, s, publish_binary("orders", &["x"], Some(1), Some(&key)), false);
+    a.run();
+    assert_eq!(std::mem::take(&mut a.to_peers).len(), 1, "forwarded to n2");
+    // A view that changes nothing about n2 leaves it waiting.
+    a.broker.apply_cluster(&md, "n1", a.now);
+    a.run();
+    assert!(a.take_received(p, s).is_empty(), "still waiting for the owner's answer");
+    md.apply(&Command::MarkDown { id: "n2".into() }).unwrap();
+    a.advance(std::time::Duration::from_millis(10));
+    a.broker.apply_cluster(&md, "n1", a.now);
+    a.run();
+    let acks = acks(&payloads(&a.take_received(p, s)));
+    let codes: Vec<_> =
+        acks.iter().map(|a| (a.request_id, a.code.as_ref().map(|(c, _)| c.name().into_owned()))).collect();
+    assert_eq!(codes, [(1, Some("unacknowledged".to_string()))], "answered when n2 was declared down");
+}

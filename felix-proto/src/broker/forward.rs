@@ -76,6 +76,8 @@ pub(super) struct Forwarding {
     waiter: Waiter,
     owner: OwnerHint,
     deadline: Instant,
+    /// The shard it went to: (tenant, namespace, stream, shard).
+    shard: (String, String, String, u32),
 }
 
 impl Broker {
@@ -115,7 +117,8 @@ impl Broker {
             let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
             self.forward_deadlines.insert((deadline, id));
             let waiter = Waiter { conn, stream: st.id, seq, reply, offer };
-            self.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline });
+            let to = (req.tenant_id.clone(), req.namespace.clone(), req.stream.clone(), shard);
+            self.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: to });
         }
         self.stats.publishes_forwarded += 1;
         self.out.push_back(BrokerOutput::Forward {
@@ -284,6 +287,54 @@ impl Broker {
                 );
                 self.answer_forwarded(f, Err(&r), now);
             }
+        }
+    }
+
+    /// Forwarded publishes whose owner the metadata now says is gone: declared down, no longer
+    /// a member, or replaced as the leader of a replicated shard at a newer generation. Its
+    /// answer may never come (a broker killed with the publish in flight), so waiting out
+    /// [`FORWARD_TIMEOUT`] would only hold the client: it is answered `unacknowledged` (outcome
+    /// unknown) now, as the timeout would. A shard moved between live brokers keeps waiting:
+    /// its old owner answers, and that answer is definite.
+    pub(super) fn forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata, now: Instant) {
+        use crate::cluster::metadata::{Kind, MemberState, ShardId};
+        let mut gone: Vec<u64> = self
+            .forwards
+            .iter()
+            .filter(|(_, f)| {
+                let (t, ns, s, n) = &f.shard;
+                let member = md.members().get(&f.owner.node_id);
+                if member.is_none_or(|m| m.state == MemberState::Down) {
+                    return true;
+                }
+                let id = ShardId {
+                    kind: Kind::Stream,
+                    tenant: t.clone(),
+                    namespace: ns.clone(),
+                    name: s.clone(),
+                    shard: *n,
+                };
+                md.replicas(&id).is_some()
+                    && md
+                        .owners()
+                        .get(&id)
+                        .is_some_and(|a| a.owner != f.owner.node_id && a.generation > f.owner.generation)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        // In the order they were forwarded (the map's own order must not decide the output's).
+        gone.sort_unstable();
+        for id in gone {
+            let Some(f) = self.forwards.remove(&id) else { continue };
+            self.forward_deadlines.remove(&(f.deadline, id));
+            let r = Refusal::new(
+                ErrorCode::Unacknowledged,
+                format!(
+                    "the shard's owner {} went down or lost the shard while the publish was forwarded; the batch may have been appended",
+                    f.owner.node_id
+                ),
+            );
+            self.answer_forwarded(f, Err(&r), now);
         }
     }
 

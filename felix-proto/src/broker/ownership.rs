@@ -80,6 +80,7 @@ impl Broker {
         self.note_quorum_caches(md, local);
         self.note_moves(md, local, now);
         self.note_caches(md, local);
+        self.forwards_to_gone_owners(md, now);
         let fenced = self.fenced;
         for (shard, (owner, addr, generation)) in &owners {
             if shard.kind != Kind::Stream {

@@ -1009,12 +1009,7 @@ mod tests {
     /// long log one entry at a time keeps every entry once, in order.
     #[test]
     fn persist_appends_and_overwrites_a_tail_at_the_right_place() {
-        let entry = |index: u64, term: u64| {
-            let mut e = Entry::default();
-            e.index = index;
-            e.term = term;
-            e
-        };
+        let entry = |index: u64, term: u64| Entry { index, term, ..Entry::default() };
         let mut log = RaftLog::default();
         for i in 1..=200_000u64 {
             log.persist(&[entry(i, 1)], None);
