@@ -78,6 +78,34 @@ impl ClientOptions {
     }
 }
 
+/// A connection's QUIC counters ([`Client::quic_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuicCounts {
+    /// UDP datagrams sent.
+    pub datagrams_sent: u64,
+    /// UDP datagrams received.
+    pub datagrams_received: u64,
+    /// Send system calls (fewer than datagrams with segmentation offload).
+    pub send_calls: u64,
+    /// Receive system calls (fewer than datagrams with batched receives or GRO).
+    pub receive_calls: u64,
+    /// ACK frames sent.
+    pub acks_sent: u64,
+    /// ACK frames received.
+    pub acks_received: u64,
+}
+
+impl std::ops::AddAssign for QuicCounts {
+    fn add_assign(&mut self, o: QuicCounts) {
+        self.datagrams_sent += o.datagrams_sent;
+        self.datagrams_received += o.datagrams_received;
+        self.send_calls += o.send_calls;
+        self.receive_calls += o.receive_calls;
+        self.acks_sent += o.acks_sent;
+        self.acks_received += o.acks_received;
+    }
+}
+
 /// The default [`ClientOptions::unresponsive_after`].
 pub const DEFAULT_UNRESPONSIVE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -529,6 +557,20 @@ impl Client {
     /// Whether the connection is gone (a new one is needed).
     pub fn is_closed(&self) -> bool {
         self.closed.borrow().is_some() || self.quic.close_reason().is_some()
+    }
+
+    /// What this connection's QUIC layer has sent and received so far (datagrams, system calls,
+    /// ACK frames): what a record costs on the wire, counted from the client's side.
+    pub fn quic_counts(&self) -> QuicCounts {
+        let s = self.quic.stats();
+        QuicCounts {
+            datagrams_sent: s.udp_tx.datagrams,
+            datagrams_received: s.udp_rx.datagrams,
+            send_calls: s.udp_tx.ios,
+            receive_calls: s.udp_rx.ios,
+            acks_sent: s.frame_tx.acks,
+            acks_received: s.frame_rx.acks,
+        }
     }
 
     /// The broker's address.

@@ -20,7 +20,8 @@ pub mod tls;
 mod web;
 
 pub use client::{
-    CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, Subscription, SubscriptionItem, TokenRefresh,
+    CacheWatch, Client, ClientError, ClientOptions, Page, PublishOptions, QuicCounts, Subscription, SubscriptionItem,
+    TokenRefresh,
 };
 pub use cluster_client::ClusterClient;
 pub use following::Following;

@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// Wait for an acknowledgement of every batch (pipelined), answered after the write.
     #[arg(long)]
     ack: bool,
+    /// Publish as JSON control messages (base64 payloads) instead of binary batches, as a
+    /// plain client that implements only the JSON encoding does.
+    #[arg(long)]
+    json_publish: bool,
     /// With --ack: acknowledgements may come on enqueue, before the write (the faster mode;
     /// docs/operations.md says what each promises).
     #[arg(long)]
@@ -359,8 +363,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 }
                 delivered.fetch_add(u64::from(b.records.count()), Ordering::Relaxed);
             }
+            let counts = c.quic_counts();
             drop(c);
-            (hist, gaps, resumed)
+            (hist, gaps, resumed, counts)
         }));
     }
 
@@ -370,7 +375,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     for _ in 0..a.publishers {
         let c = connect(&t).await?;
         let (published, stop, stream) = (published.clone(), stop.clone(), stream.clone());
-        let (batch, size, ack) = (a.batch, a.payload, a.ack);
+        let (batch, size, ack, json) = (a.batch, a.payload, a.ack, a.json_publish);
         pubs.push(tokio::spawn(async move {
             let started = Instant::now();
             let mut sent = 0u64;
@@ -390,7 +395,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 }
                 let buf = buf.freeze();
                 let payloads: Vec<Bytes> = (0..batch).map(|i| buf.slice(i * size..(i + 1) * size)).collect();
-                let opts = PublishOptions { ack, ..Default::default() };
+                let opts = PublishOptions { ack, json, ..Default::default() };
                 if ack {
                     // Keep many acked batches in flight: the client pipelines them under the
                     // broker's window.
@@ -454,6 +459,10 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     for p in pubs {
         clients.push(p.await.map_err(|e| e.to_string())??);
     }
+    let mut pub_counts = felix_driver_tokio::QuicCounts::default();
+    for c in &clients {
+        pub_counts += c.quic_counts();
+    }
     let elapsed = start.elapsed();
     let sent = published.load(Ordering::Relaxed);
     let expected = sent * a.subscribers as u64;
@@ -477,13 +486,24 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let (mut gaps, mut resumed) = (0, 0);
+    let mut sub_counts = felix_driver_tokio::QuicCounts::default();
     for s in subs {
-        if let Ok(Ok((h, g, r))) = tokio::time::timeout(Duration::from_secs(5), s).await {
+        if let Ok(Ok((h, g, r, counts))) = tokio::time::timeout(Duration::from_secs(5), s).await {
             let _ = hist.add(&h);
             gaps += g;
             resumed += r;
+            sub_counts += counts;
         }
     }
+    // What a record cost on the clients' wire, per record published (both directions).
+    let per_record = |c: felix_driver_tokio::QuicCounts| {
+        let n = sent.max(1) as f64;
+        serde_json::json!({
+            "datagrams_sent": c.datagrams_sent as f64 / n, "datagrams_received": c.datagrams_received as f64 / n,
+            "send_calls": c.send_calls as f64 / n, "receive_calls": c.receive_calls as f64 / n,
+            "acks_sent": c.acks_sent as f64 / n, "acks_received": c.acks_received as f64 / n,
+        })
+    };
     drop(t);
     let secs = elapsed.as_secs_f64();
     let mb = sent as f64 * a.payload as f64 / secs / 1e6;
@@ -500,6 +520,8 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         "cpu_us_per_record": in_window.cpu_s.map(|c| c * 1e6 / sent.max(1) as f64),
         "host_steal_fraction": stolen,
         "broker_quic": quic,
+        "client_quic_per_record": {"publishers": per_record(pub_counts), "subscribers": per_record(sub_counts)},
+        "json_publish": a.json_publish,
     });
     if let Some((single, relay)) = baseline {
         result["baseline"] = serde_json::json!({

@@ -212,6 +212,9 @@ fn bench_baseline_reports_fractions_of_raw_quinn_and_the_relay() {
     assert!((b["fraction_of_relay"].as_f64().unwrap() - delivered / relay).abs() < 1e-9, "{v}");
     if cfg!(target_os = "linux") {
         assert!(v["cpu_s_per_gb"].as_f64().unwrap() > 0.0, "CPU time is read from procfs: {v}");
+        let wire = &v["client_quic_per_record"];
+        assert!(wire["publishers"]["datagrams_sent"].as_f64().unwrap() > 0.0, "the publisher's datagrams: {v}");
+        assert!(wire["subscribers"]["datagrams_received"].as_f64().unwrap() > 0.0, "the subscriber's: {v}");
         let stolen = v["host_steal_fraction"].as_f64().expect("the host's steal is read from /proc/stat");
         assert!((0.0..=1.0).contains(&stolen), "a fraction of the machine's CPU time: {v}");
     }
