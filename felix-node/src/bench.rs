@@ -209,7 +209,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         max_frame_bytes: 16 << 20,
         ack_on_commit: false,
         auto_create: true,
-        queue_capacity: 4096,
+        queue_capacity: felix_proto::broker::DEFAULT_SUBSCRIBER_QUEUE_CAPACITY,
         max_records_per_read: 1000,
         retention_records: None,
         memory_bytes: None,

@@ -34,7 +34,10 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         (None, Some(f)) => f.parse().map_err(|e| format!("config broker.fsync: {e}"))?,
         (None, None) => felix_driver_tokio::FsyncMode::Interval(std::time::Duration::from_millis(100)),
     };
-    let queue_capacity = a.queue_capacity.or(b.subscriber_queue_capacity).unwrap_or(1024);
+    let queue_capacity = a
+        .queue_capacity
+        .or(b.subscriber_queue_capacity)
+        .unwrap_or(felix_proto::broker::DEFAULT_SUBSCRIBER_QUEUE_CAPACITY);
     let dir = DataDir::new(&data_dir);
     // The operator's certificate, or the data directory's (generated on first start for the
     // names the broker is reached at).

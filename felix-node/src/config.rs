@@ -14,7 +14,7 @@
 //! max_unauthenticated_connections = 1024
 //! max_unauthenticated_per_address = 64
 //! dev_token = true                # generate/keep the development token
-//! subscriber_queue_capacity = 1024
+//! subscriber_queue_capacity = 4096
 //! subscriber_queue_capacity_max = 65536
 //! subscriber_queue_bytes_max = 268435456  # bytes one subscriber's queue may hold
 //! max_records_per_read = 1000
@@ -42,7 +42,7 @@
 //! shards = 4
 //! routing = "modulo"              # modulo | jump_hash
 //! retention = { max_records = 1000000, max_bytes = 268435456, max_age_secs = 86400 }
-//! queue_capacity = 1024
+//! queue_capacity = 4096
 //! memory_bytes = 67108864         # history kept in memory per shard; older is read from disk
 //! fsync = "always"                # this stream's own policy (default: the broker's)
 //! durability = "quorum"           # disk (default) | quorum: in a cluster, each shard a Raft

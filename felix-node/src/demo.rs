@@ -61,7 +61,7 @@ fn demo_settings(
         max_frame_bytes: 16 << 20,
         ack_on_commit: true,
         auto_create: true,
-        queue_capacity: 1024,
+        queue_capacity: felix_proto::broker::DEFAULT_SUBSCRIBER_QUEUE_CAPACITY,
         max_records_per_read: 1000,
         retention_records: None,
         memory_bytes: None,

@@ -172,7 +172,7 @@ struct ServeArgs {
     /// Answer not_found for streams and caches that do not exist instead of creating them.
     #[arg(long, env = "FELIX_NO_AUTO_CREATE")]
     no_auto_create: bool,
-    /// Default subscriber queue capacity, in published batches [default: 1024].
+    /// Default subscriber queue capacity, in published batches [default: 4096].
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
     queue_capacity: Option<u32>,
     /// Bytes one subscriber's queue may hold, whatever its capacity in batches; past it a

@@ -65,7 +65,9 @@ use key::{KeyRef, StreamKey};
 use sub::{Ending, Sub, SubEvent, frame_len};
 
 pub use auth::{Action, Grant, TokenGrant};
-pub use config::{BrokerConfig, CacheSpec, FsyncMode, Retention, StreamConfig, StreamSpec};
+pub use config::{
+    BrokerConfig, CacheSpec, DEFAULT_SUBSCRIBER_QUEUE_CAPACITY, FsyncMode, Retention, StreamConfig, StreamSpec,
+};
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
