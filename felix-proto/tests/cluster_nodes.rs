@@ -2273,3 +2273,56 @@ fn a_replicated_shard_moves_to_a_broker_outside_its_group_which_takes_the_leader
         assert_eq!(history(&c, n).0.len(), 15, "{n}");
     }
 }
+
+/// A cache write forwarded to the cache's owner, which dies with it in flight (SIGKILL: no
+/// answer ever comes), is answered as soon as the metadata declares the owner down, outcome
+/// unknown, well inside the forward timeout it used to wait out (cluster time).
+#[test]
+fn a_cache_write_forwarded_to_an_owner_that_dies_is_answered_once_it_is_declared_down() {
+    use felix_proto::broker::FORWARD_TIMEOUT;
+    let mut c = Cluster::with(&NAMES, true);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let put = |v: &str, rid: u64| {
+        json(&Message::CachePut(message::CachePut {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: "sessions".into(),
+            key: "k".into(),
+            value: message::B64::from(v),
+            request_id: Some(rid),
+            ttl_ms: None,
+        }))
+    };
+    let (conn, st) = c.client("n1", 0x0001, 1);
+    c.send("n1", conn, st, put("first", 1));
+    c.until("the cache has an owner everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Cache, "t1", "default", "sessions") == Some(1))
+    });
+    let id = ShardId {
+        kind: Kind::Cache,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "sessions".into(),
+        shard: 0,
+    };
+    let owner = c.nodes["n1"].metadata().owner(&id).unwrap().owner.clone();
+    let via = NAMES.iter().find(|n| **n != owner).unwrap().to_string();
+    let (conn, st) = c.client(&via, 0x0001, 2);
+    c.send(&via, conn, st, put("second", 2));
+    assert_eq!(messages(&c.take(&via, conn, st)), [Message::CacheOk(message::CacheOk { request_id: 2 })], "served");
+    // The owner dies; the next put is forwarded to it and never answered by it.
+    c.nodes.remove(&owner);
+    let sent = c.now;
+    c.send(&via, conn, st, put("third", 3));
+    c.until("the forwarded put is answered", |c| {
+        c.received.get(&(via.clone(), conn, st)).is_some_and(|b| !b.is_empty())
+    });
+    let waited = c.now - sent;
+    let got = messages(&c.take(&via, conn, st));
+    assert!(
+        matches!(&got[..], [Message::Error(e)] if e.message.contains("went down")),
+        "outcome unknown once the owner is declared down: {got:?}"
+    );
+    assert!(waited < FORWARD_TIMEOUT, "answered after {waited:?}, inside the {FORWARD_TIMEOUT:?} forward timeout");
+    eprintln!("answered {waited:?} after the owner died (cluster time)");
+}

@@ -336,6 +336,7 @@ impl Broker {
             );
             self.answer_forwarded(f, Err(&r), now);
         }
+        self.request_forwards_to_gone_owners(md);
     }
 
     pub(super) fn forward_deadline(&self) -> Option<Instant> {

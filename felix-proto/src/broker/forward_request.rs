@@ -258,17 +258,38 @@ impl Broker {
     /// Forwarded requests whose answer did not come in time (called with the publish forwards'
     /// deadlines, which share the id space).
     pub(super) fn forward_request_timed_out(&mut self, id: u64) -> bool {
+        self.give_up_request_forward(id, "did not answer in time")
+    }
+
+    /// Forwarded requests whose owner the metadata now says is gone (declared down, or no
+    /// longer a member): answered now as a timeout would answer them, since a killed owner's
+    /// answer never comes. In the order they were forwarded.
+    pub(super) fn request_forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata) {
+        use crate::cluster::metadata::MemberState;
+        let mut gone: Vec<(u64, Instant)> = self
+            .request_forwards
+            .iter()
+            .filter(|(_, p)| md.members().get(&p.owner).is_none_or(|m| m.state == MemberState::Down))
+            .map(|(id, p)| (*id, p.deadline))
+            .collect();
+        gone.sort_unstable();
+        for (id, deadline) in gone {
+            self.forward_deadlines.remove(&(deadline, id));
+            self.give_up_request_forward(id, "went down before it answered");
+        }
+    }
+
+    /// Answers a forwarded request whose owner's answer is not coming: a write's outcome is
+    /// unknown, a read may be sent again.
+    fn give_up_request_forward(&mut self, id: u64, why: &str) -> bool {
         let Some(p) = self.request_forwards.remove(&id) else { return false };
         let r = if p.write {
             Refusal::new(
                 ErrorCode::Unacknowledged,
-                format!("the cache's owner {} did not answer in time; the write may have been applied", p.owner),
+                format!("the cache's owner {} {why}; the write may have been applied", p.owner),
             )
         } else {
-            let mut r = Refusal::new(
-                ErrorCode::ShardUnavailable,
-                format!("the cache's owner {} did not answer in time", p.owner),
-            );
+            let mut r = Refusal::new(ErrorCode::ShardUnavailable, format!("the cache's owner {} {why}", p.owner));
             r.retry = RetryClass::Retry;
             r
         };
