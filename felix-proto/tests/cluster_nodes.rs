@@ -2135,18 +2135,8 @@ fn a_replicated_shard_moves_by_handing_its_leadership_to_another_replica_and_its
     let to = NAMES.iter().find(|n| **n != first).unwrap().to_string();
     let generation = c.nodes["n1"].metadata().owner(&ledger()).unwrap().generation;
     let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
-    let (conn, st) = c.client(&first, flags, 1);
-    for k in 0..10u64 {
-        c.send(&first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
-    }
-    let a = acks(&payloads(&c.take(&first, conn, st)));
-    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
     // A subscriber on the leader from the start, offering SHARD_MOVED.
-    let sub_flags = 0x0001 | 0x0020 | 0x0800;
-    let (sc, ss) = c.client_with(&first, sub_flags, 0x1000, 2);
-    c.send(&first, sc, ss, subscribe_shard_of("ledger", 0, 0));
-    assert!(matches!(messages(&c.take(&first, sc, ss))[0], Message::Subscribed(_)));
-    c.settle();
+    let (sc, _) = ten_acked_then_a_subscriber(&mut c, &first, flags);
     // A move to a broker outside the group is refused (its replicas are its Raft group's).
     let refused =
         c.nodes["n1"].metadata().clone().apply(&Command::MoveShard { shard: ledger(), to: "n9".into() }).unwrap_err();
@@ -2177,7 +2167,7 @@ fn a_replicated_shard_moves_by_handing_its_leadership_to_another_replica_and_its
     let a = acks(&payloads(&c.take(&to, conn, st)));
     assert!(a.len() == 5 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
     let last = seen.last().map(|(o, _)| *o).unwrap();
-    let (tc, ts) = c.client_with(&to, sub_flags, 0x1000, 4);
+    let (tc, ts) = c.client_with(&to, MOVED_SUB_FLAGS, 0x1000, 4);
     c.send(&to, tc, ts, subscribe_shard_of("ledger", 0, (last + 1).max(resume_from)));
     assert!(matches!(messages(&c.take(&to, tc, ts))[0], Message::Subscribed(_)));
     c.settle();
@@ -2223,17 +2213,7 @@ fn a_replicated_shard_moves_to_a_broker_outside_its_group_which_takes_the_leader
     let group = c.nodes["n1"].metadata().replicas(&ledger()).unwrap().to_vec();
     let outside = four.iter().find(|n| !group.iter().any(|g| g == *n)).unwrap().to_string();
     let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
-    let (conn, st) = c.client(&first, flags, 1);
-    for k in 0..10u64 {
-        c.send(&first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
-    }
-    let a = acks(&payloads(&c.take(&first, conn, st)));
-    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
-    let sub_flags = 0x0001 | 0x0020 | 0x0800;
-    let (sc, ss) = c.client_with(&first, sub_flags, 0x1000, 2);
-    c.send(&first, sc, ss, subscribe_shard_of("ledger", 0, 0));
-    assert!(matches!(messages(&c.take(&first, sc, ss))[0], Message::Subscribed(_)));
-    c.settle();
+    let (sc, _) = ten_acked_then_a_subscriber(&mut c, &first, flags);
     // The operator moves it to the broker outside the group: it joins, catches up, takes the
     // lead, and the old leader leaves.
     let now = c.now;
@@ -2325,4 +2305,23 @@ fn a_cache_write_forwarded_to_an_owner_that_dies_is_answered_once_it_is_declared
     );
     assert!(waited < FORWARD_TIMEOUT, "answered after {waited:?}, inside the {FORWARD_TIMEOUT:?} forward timeout");
     eprintln!("answered {waited:?} after the owner died (cluster time)");
+}
+
+/// A subscriber's flags: binary, offsets, generation-start skips (with FEATURE_SHARD_MOVED).
+const MOVED_SUB_FLAGS: u16 = 0x0001 | 0x0020 | 0x0800;
+
+/// Ten acked publishes (`a0`..`a9`, with `flags`) to the ledger on its leader `first`, then a
+/// subscriber there from offset 0 offering SHARD_MOVED: the subscriber's connection and stream.
+fn ten_acked_then_a_subscriber(c: &mut Cluster, first: &str, flags: u16) -> (ConnId, StreamId) {
+    let (conn, st) = c.client(first, flags, 1);
+    for k in 0..10u64 {
+        c.send(first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(first, conn, st)));
+    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    let (sc, ss) = c.client_with(first, MOVED_SUB_FLAGS, 0x1000, 2);
+    c.send(first, sc, ss, subscribe_shard_of("ledger", 0, 0));
+    assert!(matches!(messages(&c.take(first, sc, ss))[0], Message::Subscribed(_)));
+    c.settle();
+    (sc, ss)
 }
