@@ -281,9 +281,9 @@ impl ClusterClient {
         }
     }
 
-    /// The connection a publish with `key` should use: the owner of the key's shard (shard 0 without a key) when the
-    /// view knows it, else any broker (which forwards). For a caller that keeps one connection
-    /// for a run of publishes to one key (the CLI).
+    /// The connection a publish with `key` should use: the owner of the key's shard (shard 0
+    /// without a key) when the view knows it, else any broker (which forwards). For a caller
+    /// that keeps one connection for a run of publishes to one key (the CLI).
     ///
     /// # Errors
     /// As [`view`](Self::view), or no broker answering.
