@@ -297,14 +297,13 @@ impl Broker {
     /// unknown) now, as the timeout would. A shard moved between live brokers keeps waiting:
     /// its old owner answers, and that answer is definite.
     pub(super) fn forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata, now: Instant) {
-        use crate::cluster::metadata::{Kind, MemberState, ShardId};
+        use crate::cluster::metadata::{Kind, ShardId};
         let mut gone: Vec<u64> = self
             .forwards
             .iter()
             .filter(|(_, f)| {
                 let (t, ns, s, n) = &f.shard;
-                let member = md.members().get(&f.owner.node_id);
-                if member.is_none_or(|m| m.state == MemberState::Down) {
+                if md.is_gone(&f.owner.node_id) {
                     return true;
                 }
                 let id = ShardId {

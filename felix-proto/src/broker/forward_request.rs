@@ -265,11 +265,10 @@ impl Broker {
     /// longer a member): answered now as a timeout would answer them, since a killed owner's
     /// answer never comes. In the order they were forwarded.
     pub(super) fn request_forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata) {
-        use crate::cluster::metadata::MemberState;
         let mut gone: Vec<(u64, Instant)> = self
             .request_forwards
             .iter()
-            .filter(|(_, p)| md.members().get(&p.owner).is_none_or(|m| m.state == MemberState::Down))
+            .filter(|(_, p)| md.is_gone(&p.owner))
             .map(|(id, p)| (*id, p.deadline))
             .collect();
         gone.sort_unstable();

@@ -349,6 +349,12 @@ impl Metadata {
         &self.members
     }
 
+    /// Whether `id` is gone: not a member, or declared down (what it was asked may never be
+    /// answered).
+    pub fn is_gone(&self, id: &str) -> bool {
+        self.members.get(id).is_none_or(|m| m.state == MemberState::Down)
+    }
+
     /// Every shard's owner.
     pub fn owners(&self) -> &BTreeMap<ShardId, Assignment> {
         &self.owners
