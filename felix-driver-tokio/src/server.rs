@@ -1152,6 +1152,18 @@ impl BrokerTask {
             "Records dropped from full subscriber queues.",
             st.records_dropped,
         );
+        m(
+            "felix_publishers_held_total",
+            "counter",
+            "Times a publishing stream was held for a slow subscriber of a stream kept in memory.",
+            st.publishers_held,
+        );
+        m(
+            "felix_subscribers_excused_total",
+            "counter",
+            "Subscribers that held their publishers as long as allowed and were left behind.",
+            st.subscribers_excused,
+        );
         m("felix_subscriptions_lagged_total", "counter", "Subscriptions ended with subscription_lagged.", st.lagged);
         m("felix_cache_hits_total", "counter", "Cache reads that found a value.", st.cache_hits);
         m("felix_cache_misses_total", "counter", "Cache reads that found nothing.", st.cache_misses);

@@ -873,6 +873,52 @@ async fn a_paused_subscription_resumes_when_the_application_catches_up() {
     assert_eq!(got.iter().map(|(o, _)| *o).collect::<Vec<_>>(), (0..N as u64).collect::<Vec<_>>());
 }
 
+/// On a stream kept in memory there is no log to catch up from, so a subscriber that stops
+/// reading holds its publisher instead of losing records: the broker stops reading the
+/// publisher's stream, QUIC flow control blocks its unacknowledged publishes, and once the
+/// application reads again every record arrives, in order, none dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacked_publisher_is_held_for_a_subscriber_of_an_ephemeral_stream_and_nothing_is_lost() {
+    let mut broker = BrokerConfig::default();
+    broker.default_stream.durable = false;
+    broker.default_stream.queue_capacity = 4;
+    let (server, chain) = start_with(None, broker).await;
+    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
+    opts.subscription_buffer_bytes = 64 * 1024;
+    opts.transport.stream_receive_window = 128 * 1024;
+    let reader = Client::connect(server.local_addr(), opts).await.unwrap();
+    let mut sub = reader.subscribe("default", "mem", None, None).await.unwrap();
+    const N: usize = 800;
+    let payload = |i: usize| Bytes::from(format!("{i:06}{}", "x".repeat(4090)));
+    let publisher = connect(&server, &chain).await;
+    let publishing = tokio::spawn(async move {
+        for i in 0..N {
+            publisher.publish("default", "mem", vec![payload(i)], PublishOptions::default()).await.unwrap();
+        }
+        publisher.close().await.unwrap();
+    });
+    // The application reads nothing until the broker holds the publisher (3.2 MB sent at a
+    // subscriber that takes about 1.3 MB before its windows and queue are full).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while gauge(&server, "felix_publishers_held_total").await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the publisher was never held");
+        assert!(!publishing.is_finished(), "all {N} went out without a hold");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut got = Vec::new();
+    while got.len() < N {
+        match tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("events arrive") {
+            Some(SubscriptionItem::Events(b)) => got.extend(b.records.payloads()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(10), publishing).await.expect("the publisher finished").unwrap();
+    assert!(got.iter().enumerate().all(|(i, p)| *p == payload(i)), "every record once, in order");
+    assert_eq!(gauge(&server, "felix_subscriber_records_dropped_total").await, 0);
+    assert_eq!(gauge(&server, "felix_subscribers_excused_total").await, 0);
+    server.shutdown().await;
+}
+
 /// Fire-and-forget means "no answer", not "may be dropped on a clean exit": `close().await`
 /// waits until the broker acknowledged everything written, so every unacked publish lands even
 /// when the client's runtime ends the moment `close` returns (as a process does when it exits).

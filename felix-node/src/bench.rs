@@ -198,6 +198,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
             .unwrap_or_default(),
         jwt: None,
         queue_bytes_max: 256 << 20,
+        publisher_hold_max: felix_proto::broker::DEFAULT_PUBLISHER_HOLD_MAX,
         identity,
         fsync: a.fsync,
         ephemeral: !a.durable && a.group.is_none(),

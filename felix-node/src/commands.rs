@@ -129,6 +129,10 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         caches: file.caches(),
         queue_capacity_max: b.subscriber_queue_capacity_max.unwrap_or(65_536),
         queue_bytes_max: a.queue_bytes_max.or(b.subscriber_queue_bytes_max).unwrap_or(256 << 20),
+        publisher_hold_max: a
+            .publisher_hold_ms
+            .or(b.publisher_hold_ms)
+            .map_or(felix_proto::broker::DEFAULT_PUBLISHER_HOLD_MAX, std::time::Duration::from_millis),
         identity,
         fsync,
         ephemeral: a.ephemeral || b.ephemeral.unwrap_or(false),

@@ -17,6 +17,8 @@
 //! subscriber_queue_capacity = 4096
 //! subscriber_queue_capacity_max = 65536
 //! subscriber_queue_bytes_max = 268435456  # bytes one subscriber's queue may hold
+//! publisher_hold_ms = 1000        # in-memory streams: how long a slow subscriber may hold
+//!                                 #   its publishers before it is left to drop (0: never)
 //! max_records_per_read = 1000
 //!
 //! [[tokens]]
@@ -221,6 +223,8 @@ pub struct BrokerSection {
     pub subscriber_queue_capacity: Option<u32>,
     pub subscriber_queue_capacity_max: Option<u32>,
     pub subscriber_queue_bytes_max: Option<usize>,
+    /// Streams kept in memory: how long a slow subscriber may hold its publishers, ms.
+    pub publisher_hold_ms: Option<u64>,
     pub max_records_per_read: Option<u32>,
 }
 

@@ -50,6 +50,7 @@ fn demo_settings(
         tenant_limits: Vec::new(),
         jwt: None,
         queue_bytes_max: 256 << 20,
+        publisher_hold_max: felix_proto::broker::DEFAULT_PUBLISHER_HOLD_MAX,
         identity,
         fsync: FsyncMode::Always,
         ephemeral: false,

@@ -179,6 +179,11 @@ struct ServeArgs {
     /// slow subscriber's batches are dropped [default: 256 MiB].
     #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_BYTES_MAX")]
     queue_bytes_max: Option<usize>,
+    /// Streams kept in memory: how long publishers may be held (not read) for a subscriber
+    /// whose queue is over half full before it is left behind to drop, ms; 0 drops at once
+    /// [default: 1000].
+    #[arg(long, env = "FELIX_PUBLISHER_HOLD_MS")]
+    publisher_hold_ms: Option<u64>,
     /// Consumer groups: claim duration when a poll names none, ms [default: 30000].
     #[arg(long, env = "FELIX_GROUP_VISIBILITY_TIMEOUT_MS")]
     group_visibility_ms: Option<u64>,

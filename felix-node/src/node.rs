@@ -26,6 +26,8 @@ pub struct BrokerSettings {
     pub caches: Vec<felix_proto::broker::CacheSpec>,
     pub queue_capacity_max: u32,
     pub queue_bytes_max: usize,
+    /// [`BrokerConfig::publisher_hold_max`].
+    pub publisher_hold_max: std::time::Duration,
     pub identity: Identity,
     pub fsync: FsyncMode,
     pub ephemeral: bool,
@@ -93,6 +95,7 @@ pub async fn start_broker(s: BrokerSettings) -> Result<Server, String> {
         caches: s.caches,
         subscriber_queue_capacity_max: s.queue_capacity_max,
         subscriber_queue_bytes_max: s.queue_bytes_max,
+        publisher_hold_max: s.publisher_hold_max,
         publish_window: s.publish_window,
         max_frame_len: s.max_frame_bytes,
         ack_on_commit: s.ack_on_commit,

@@ -586,6 +586,8 @@ fn diagnostics_answer_only_a_token_with_exactly_node_view_cluster() {
             assert_eq!(l.subscriptions.len(), 1, "{l:?}");
             let s = &l.subscriptions[0];
             assert_eq!((s.stream.as_str(), s.shard, s.tail, s.dropped), ("orders", 0, 3, 0));
+            // A stream kept in memory holds its publishers for a full subscriber (for a while).
+            assert_eq!(s.policy, "block");
             assert!(l.next_cursor.is_none());
         }
         other => panic!("{other:?}"),

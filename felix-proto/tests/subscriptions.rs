@@ -223,11 +223,11 @@ fn queue_capacity_is_clamped_and_echoed() {
     assert_eq!(caps, vec![Some(1), Some(8), Some(16), None]);
 }
 
-#[test]
-fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
-    let mut cfg = config();
+/// Two subscribers of `orders` (queues of `queue` batches, 1 KiB of writer credit), the one to
+/// be made slow first, and a publisher: the parties.
+fn slow_and_fast(mut cfg: felix_proto::broker::BrokerConfig, queue: u32) -> (Sim, usize, usize, (usize, StreamId)) {
     cfg.event_stream_inflight_bytes = 1024;
-    cfg.default_stream = StreamConfig { queue_capacity: 4, ..StreamConfig::default() };
+    cfg.default_stream.queue_capacity = queue;
     let mut sim = Sim::new(cfg, epoch());
     let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
     let (fast, fs, _) = raw_session(&mut sim, Some(0x0027), None);
@@ -235,6 +235,12 @@ fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
     sim.raw_send(slow, ss, subscribe("orders", None), false);
     sim.raw_send(fast, fs, subscribe("orders", None), false);
     sim.run();
+    (sim, slow, fast, (p, s))
+}
+
+#[test]
+fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
+    let (mut sim, slow, fast, (p, s)) = slow_and_fast(config(), 4);
     sim.set_slow(slow, true);
     let payload = "x".repeat(256);
     for i in 0..200 {
@@ -252,6 +258,112 @@ fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
     let got = offsets_of(&event_batches(&payloads(&sim.take_received(slow, se))));
     assert!(got.len() < 200 && got.windows(2).all(|w| w[0] < w[1]), "drops show as jumps, order kept: {got:?}");
     assert!(sim.broker.stats().records_dropped > 0);
+}
+
+/// An ephemeral stream with a slow subscriber and a fast one (queues of 8 batches, 1 KiB of
+/// writer credit), and its publisher: the three parties.
+fn ephemeral_slow_and_fast(hold: Duration) -> (Sim, usize, usize, (usize, StreamId)) {
+    let mut cfg = ephemeral_config();
+    cfg.publisher_hold_max = hold;
+    slow_and_fast(cfg, 8)
+}
+
+/// Publishes records `ids`, one per batch, each payload its number (ephemeral streams have no
+/// offsets) padded to 256 bytes.
+fn publish_n(sim: &mut Sim, (p, s): (usize, StreamId), ids: std::ops::Range<u64>) {
+    for i in ids {
+        let payload = format!("{i:<256}");
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
+        sim.run();
+    }
+}
+
+/// The numbers of the records party `who` received on its first event stream.
+fn numbers(sim: &mut Sim, who: usize) -> Vec<u64> {
+    let e = event_streams(sim, who)[0];
+    event_batches(&payloads(&sim.take_received(who, e)))
+        .iter()
+        .flat_map(|b| b.records.payloads().collect::<Vec<_>>())
+        .map(|p| String::from_utf8_lossy(&p).trim().parse().expect("a number"))
+        .collect()
+}
+
+/// The slow subscriber stops reading and `n` records are published: the publisher is held
+/// (fewer than 20 answered). Returns the parties and how many were answered.
+fn held_after(n: u64) -> (Sim, usize, usize, (usize, StreamId), usize) {
+    let (mut sim, slow, fast, (p, s)) = ephemeral_slow_and_fast(Duration::from_secs(1));
+    sim.set_slow(slow, true);
+    publish_n(&mut sim, (p, s), 0..n);
+    let early = acks(&payloads(&sim.take_received(p, s))).len();
+    assert!(early < 20, "the publisher is held, {early} of {n} answered");
+    assert!(sim.broker.stats().publishers_held >= 1);
+    (sim, slow, fast, (p, s), early)
+}
+
+#[test]
+fn an_ephemeral_stream_holds_its_publisher_for_a_slow_subscriber_and_loses_nothing() {
+    let (mut sim, slow, fast, (p, s), early) = held_after(100);
+    // Held: the publisher's stream is not read while the slow queue is over half full.
+    assert!(sim.broker.queued_event_bytes() <= 8 * 400, "{}", sim.broker.queued_event_bytes());
+    // The subscriber reads again: its queue drains, the publisher goes on, nothing is lost,
+    // and no time had to pass.
+    sim.set_slow(slow, false);
+    sim.run();
+    assert_eq!(early + acks(&payloads(&sim.take_received(p, s))).len(), 100, "every publish answered");
+    for who in [slow, fast] {
+        assert_eq!(numbers(&mut sim, who), (0..100).collect::<Vec<_>>(), "party {who} got every record, in order");
+    }
+    let st = sim.broker.stats();
+    assert_eq!((st.records_dropped, st.subscribers_excused), (0, 0));
+}
+
+#[test]
+fn a_stopped_subscriber_holds_its_publisher_only_as_long_as_allowed_and_holds_again_once_drained() {
+    let (mut sim, slow, fast, (p, s), early) = held_after(100);
+    sim.advance(Duration::from_millis(999));
+    assert_eq!(acks(&payloads(&sim.take_received(p, s))).len(), 0, "still held before the deadline");
+    sim.advance(Duration::from_millis(1));
+    // Past the deadline: the stopped subscriber is left behind and loses what overflows its
+    // queue; the publisher and the fast subscriber go on.
+    assert_eq!(early + acks(&payloads(&sim.take_received(p, s))).len(), 100, "every publish answered");
+    assert_eq!(numbers(&mut sim, fast), (0..100).collect::<Vec<_>>());
+    assert_eq!(sim.broker.stats().subscribers_excused, 1);
+    assert!(sim.broker.stats().records_dropped > 0);
+    // Excused, it holds no one while it stays behind...
+    let held = sim.broker.stats().publishers_held;
+    publish_n(&mut sim, (p, s), 100..120);
+    assert_eq!(acks(&payloads(&sim.take_received(p, s))).len(), 20);
+    assert_eq!(sim.broker.stats().publishers_held, held);
+    // ...and once it caught up it is held for again.
+    sim.set_slow(slow, false);
+    sim.run();
+    let got = numbers(&mut sim, slow);
+    assert!(got.len() < 100 && got.windows(2).all(|w| w[0] < w[1]), "what its queue held, in order: {got:?}");
+    sim.set_slow(slow, true);
+    publish_n(&mut sim, (p, s), 120..200);
+    assert!(sim.broker.stats().publishers_held > held, "a drained subscriber holds again");
+    assert!(acks(&payloads(&sim.take_received(p, s))).len() < 20);
+}
+
+#[test]
+fn a_holding_subscriber_that_goes_away_releases_its_publisher_at_once() {
+    let (mut sim, slow, fast, (p, s), early) = held_after(50);
+    sim.drop_connection(slow);
+    sim.run();
+    assert_eq!(early + acks(&payloads(&sim.take_received(p, s))).len(), 50, "released without waiting");
+    assert_eq!(numbers(&mut sim, fast), (0..50).collect::<Vec<_>>());
+}
+
+#[test]
+fn with_no_hold_allowed_an_ephemeral_stream_drops_for_a_slow_subscriber_at_once() {
+    let (mut sim, slow, fast, (p, s)) = ephemeral_slow_and_fast(Duration::ZERO);
+    sim.set_slow(slow, true);
+    publish_n(&mut sim, (p, s), 0..100);
+    assert_eq!(acks(&payloads(&sim.take_received(p, s))).len(), 100, "never held");
+    assert_eq!(numbers(&mut sim, fast), (0..100).collect::<Vec<_>>());
+    let st = sim.broker.stats();
+    assert!(st.records_dropped > 0);
+    assert_eq!(st.publishers_held, 0);
 }
 
 #[test]

@@ -82,6 +82,11 @@ pub struct StreamConfig {
 /// records take no more memory.
 pub const DEFAULT_SUBSCRIBER_QUEUE_CAPACITY: u32 = 4096;
 
+/// The default [`BrokerConfig::publisher_hold_max`]: a subscriber paused by its machine for a
+/// moment (a busy core, a collector) slows its publishers instead of losing records, and one
+/// that stopped costs them a second, once.
+pub const DEFAULT_PUBLISHER_HOLD_MAX: Duration = Duration::from_secs(1);
+
 impl Default for StreamConfig {
     fn default() -> Self {
         StreamConfig {
@@ -183,6 +188,16 @@ pub struct BrokerConfig {
     /// Bytes written to one event stream and not yet flushed by the driver, before the broker
     /// stops writing to it and lets the subscriber's queue fill.
     pub event_stream_inflight_bytes: usize,
+    /// How long an ephemeral stream's publishers may be held for a slow subscriber. When a live
+    /// subscriber's queue of a stream kept in memory passes half its capacity (in batches or
+    /// bytes), the broker stops reading the streams that publish to that shard, so QUIC flow
+    /// control slows the publishers instead of the subscriber losing records; they are read
+    /// again once every such queue is back under a quarter. A subscriber that holds them this
+    /// long (stopped, or far slower than its publishers) is left behind: it no longer holds
+    /// anyone until its queue drains, and what overflows its queue is dropped (offset gaps, or
+    /// `subscription_lagged`). Zero: never hold, drop at once when a queue is full. Durable
+    /// streams never hold: a subscriber that falls behind reads on from the log.
+    pub publisher_hold_max: Duration,
     /// A control stream that does not authenticate within this is ended with `unauthenticated`
     /// (the connection stays). Also how long a connection may stay unauthenticated before it
     /// can be closed to make room under `max_unauthenticated_connections`.
@@ -237,6 +252,7 @@ impl Default for BrokerConfig {
             subscriber_queue_bytes_max: 256 << 20,
             max_subscriptions_per_connection: 4096,
             event_stream_inflight_bytes: 1 << 20,
+            publisher_hold_max: DEFAULT_PUBLISHER_HOLD_MAX,
             auth_timeout: Duration::from_secs(10),
             max_unauthenticated_connections: 1024,
             max_unauthenticated_per_peer: 64,

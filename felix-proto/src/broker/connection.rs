@@ -102,8 +102,9 @@ impl Broker {
 
     /// The connection is gone (closed by either side or lost). Its subscriptions end.
     pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
-        self.clock.advance(now);
+        let now = self.clock.advance(now);
         self.drop_conn(conn);
+        self.run_releases(now);
     }
 
     pub(super) fn drop_conn(&mut self, conn: ConnId) {
@@ -120,6 +121,9 @@ impl Broker {
     }
 
     pub(super) fn unlink_sub(&mut self, conn: ConnId, sub: &Sub) {
+        if sub.holding {
+            self.releases.push((sub.key.clone(), sub.shard));
+        }
         if sub.watch.is_some() {
             if let Some(w) = self.cache_watchers.get_mut(&sub.key) {
                 w.retain(|(c, id)| !(*c == conn && *id == sub.id));
@@ -179,6 +183,7 @@ impl Broker {
         }
         self.drive_stream(conn, stream, now);
         self.run_wakes(now);
+        self.run_releases(now);
     }
 
     /// The client reset its sending side of `stream`: drop what was buffered for it.
@@ -208,6 +213,7 @@ impl Broker {
         } else if let Some(st) = c.streams.get_mut(&stream) {
             st.send_finished = true;
         }
+        self.run_releases(now);
     }
 
     /// The driver opened the unidirectional stream asked for with `token`.
@@ -250,6 +256,7 @@ impl Broker {
         sub.inflight = sub.inflight.saturating_sub(bytes);
         let id = sub.id;
         self.pump(conn, id);
+        self.run_releases(now);
     }
 
     pub(super) fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {

@@ -168,7 +168,13 @@ impl Broker {
                 if sub.watch.is_some() {
                     continue; // a cache watch, not a subscription
                 }
-                let log = self.streams.get(&sub.key).and_then(|e| e.shards.get(sub.shard as usize)).map(|s| &s.log);
+                let entry = self.streams.get(&sub.key);
+                let log = entry.and_then(|e| e.shards.get(sub.shard as usize)).map(|s| &s.log);
+                // A stream kept in memory holds its publishers for a subscriber over half full
+                // (for a while: one that held them as long as allowed is excused and drops); a
+                // durable stream's full queue drops the newest batch, for this subscriber only.
+                let blocks =
+                    entry.is_some_and(|e| !e.config.durable) && !self.cfg.publisher_hold_max.is_zero() && !sub.excused;
                 all.push(message::SubscriptionInfo {
                     tenant_id: sub.key.tenant().to_owned(),
                     namespace: sub.key.namespace().to_owned(),
@@ -179,8 +185,7 @@ impl Broker {
                     connection: Some(cid.0),
                     peer: None,
                     principal: None,
-                    // A full queue drops the newest batch (for this subscriber only).
-                    policy: "drop_new".into(),
+                    policy: if blocks { "block" } else { "drop_new" }.into(),
                     depth: sub.queue.len() as u64,
                     capacity: sub.capacity as u64,
                     dropped: sub.dropped,

@@ -45,6 +45,7 @@ mod cache_requests;
 mod connection;
 mod forward;
 mod forward_request;
+mod hold;
 mod inspect;
 mod key;
 mod limits;
@@ -66,7 +67,8 @@ use sub::{Ending, Sub, SubEvent, frame_len};
 
 pub use auth::{Action, Grant, TokenGrant};
 pub use config::{
-    BrokerConfig, CacheSpec, DEFAULT_SUBSCRIBER_QUEUE_CAPACITY, FsyncMode, Retention, StreamConfig, StreamSpec,
+    BrokerConfig, CacheSpec, DEFAULT_PUBLISHER_HOLD_MAX, DEFAULT_SUBSCRIBER_QUEUE_CAPACITY, FsyncMode, Retention,
+    StreamConfig, StreamSpec,
 };
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
@@ -142,6 +144,9 @@ struct Shard {
     moved: Option<Moved>,
     /// Streams paused because this shard's writes backed up.
     paused: Vec<(ConnId, StreamId)>,
+    /// An ephemeral shard's publishers held for a slow subscriber
+    /// ([`BrokerConfig::publisher_hold_max`]).
+    hold: Option<Hold>,
     /// Idempotent producers' sequences on this shard.
     producers: producer::Producers,
     /// Storage ran out of space writing this shard: publishes are refused `overloaded` with
@@ -196,6 +201,15 @@ struct SignedSession {
 struct Credential {
     jti: Option<String>,
     sub: String,
+}
+
+/// Publishers of an ephemeral shard held (not read) while one of its subscribers' queues is
+/// over half full, until every such queue is under a quarter or the deadline comes
+/// ([`hold`]).
+#[derive(Debug)]
+struct Hold {
+    deadline: Instant,
+    streams: Vec<(ConnId, StreamId)>,
 }
 
 #[derive(Debug)]
@@ -302,6 +316,9 @@ enum Pause {
     /// under, so QUIC flow control slows the publisher at its source instead of the broker
     /// reading (and decrypting) what it would refuse.
     Rate = 8,
+    /// An ephemeral shard it publishes to has a subscriber whose queue is over half full
+    /// ([`Hold`]).
+    Subscribers = 16,
 }
 
 /// The set of reasons a stream is paused. Reading stops when the first reason appears and
@@ -577,6 +594,11 @@ pub struct Broker {
     next_poll: u64,
     /// Group wake-ups deferred until the control stream being handled is back in place.
     wakes: Vec<(Key, u32)>,
+    /// Shards holding their publishers for a slow subscriber, by deadline.
+    hold_deadlines: std::collections::BTreeSet<(Instant, Key, u32)>,
+    /// Shards whose holding subscriber drained or went: their publishers may be read again
+    /// (deferred like `wakes`, run at the end of the input that caused it).
+    releases: Vec<(Key, u32)>,
     /// Cache watches by cache.
     cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
 }
@@ -649,6 +671,8 @@ impl Broker {
             group_ops: HashMap::new(),
             next_poll: 1,
             wakes: Vec::new(),
+            hold_deadlines: std::collections::BTreeSet::new(),
+            releases: Vec::new(),
             cache_watchers: HashMap::new(),
         };
         b.rng = b.cfg.random_seed;
@@ -816,7 +840,10 @@ impl Broker {
             .first()
             .map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
         let resume = self.rate_resumes.first().map(|(t, _, _)| *t);
-        [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry, resume].into_iter().flatten().min()
+        // A release owed is due at once; a hold ends at its deadline.
+        let hold =
+            if self.releases.is_empty() { self.hold_deadlines.first().map(|(t, _, _)| *t) } else { self.clock.last() };
+        [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry, resume, hold].into_iter().flatten().min()
     }
 
     /// Timers: ends control streams that did not authenticate in time (the connection stays:
@@ -824,6 +851,7 @@ impl Broker {
     /// use it), applies retention.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.advance(now);
+        self.expire_holds(now);
         // Streams paused for their tenant's rate are read again once it is back under.
         while let Some(&(at, conn, stream)) = self.rate_resumes.first()
             && at <= now

@@ -330,6 +330,10 @@ pub struct BrokerStats {
     pub batches_delivered: u64,
     /// Records dropped from subscriber queues.
     pub records_dropped: u64,
+    /// Times a publishing stream was held (not read) for an ephemeral shard's slow subscriber.
+    pub publishers_held: u64,
+    /// Subscribers that held their shard's publishers as long as allowed and were left behind.
+    pub subscribers_excused: u64,
     /// Subscriptions ended with `subscription_lagged`.
     pub lagged: u64,
     /// Cache hits and misses.

@@ -173,6 +173,7 @@ impl Broker {
             expected_offset: req.expected_offset,
         };
         let Some(token) = self.append_batch(&k, shard, durable, batch, now) else {
+            self.hold_publisher(conn, st, &k, shard);
             return self.answer_now(conn, st, reply, Ok(None));
         };
         self.count_queued(token, queued);
@@ -341,8 +342,10 @@ impl Broker {
             if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
                 sh.producers.appended(pid, seq, d, base, base + count, None);
             }
-            if let Some(batch) = batch {
-                self.fanout(k, shard, batch);
+            if let Some(batch) = batch
+                && self.fanout(k, shard, batch)
+            {
+                self.start_hold(k, shard, now);
             }
             return None;
         }

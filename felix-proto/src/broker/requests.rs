@@ -371,6 +371,7 @@ impl Broker {
                         subs: Vec::new(),
                         moved: None,
                         paused: Vec::new(),
+                        hold: None,
                         producers: Default::default(),
                         full: None,
                         state: Default::default(),

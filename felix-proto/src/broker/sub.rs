@@ -96,6 +96,12 @@ pub(super) struct Sub {
     /// The offset after the last batch offered to it (queued or dropped), on a stream with
     /// offsets (diagnostics).
     pub offered: Option<u64>,
+    /// Its queue passed half full on an ephemeral shard: the shard's publishers are held until
+    /// it is back under a quarter.
+    pub holding: bool,
+    /// It held the publishers as long as allowed: it holds no one again until its queue is
+    /// back under a quarter.
+    pub excused: bool,
 }
 
 impl Sub {
@@ -119,6 +125,8 @@ impl Sub {
             watch: None,
             dropped: 0,
             offered: None,
+            holding: false,
+            excused: false,
         }
     }
 
@@ -177,6 +185,16 @@ impl Sub {
     /// `bytes_max` bytes (an empty queue takes any one frame).
     pub fn full(&self, len: usize, bytes_max: usize) -> bool {
         self.queue.len() >= self.capacity || (!self.queue.is_empty() && self.queued_bytes + len > bytes_max)
+    }
+
+    /// Over half its queue (in batches, or in bytes of `bytes_max`): time to hold publishers.
+    pub fn over_half(&self, bytes_max: usize) -> bool {
+        self.queue.len() * 2 >= self.capacity.max(2) || self.queued_bytes * 2 >= bytes_max
+    }
+
+    /// Under a quarter of its queue: publishers held for it may go on.
+    pub fn under_quarter(&self, bytes_max: usize) -> bool {
+        self.queue.len() * 4 <= self.capacity && self.queued_bytes * 4 <= bytes_max
     }
 
     pub fn push(&mut self, frame: [Bytes; 2]) {

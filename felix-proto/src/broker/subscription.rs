@@ -100,22 +100,38 @@ impl Broker {
         self.fanout_subs = subs;
     }
 
-    pub(super) fn fanout(&mut self, k: &Key, shard: u32, mut batch: log::LogBatch) {
-        let Some(entry) = self.streams.get(k) else { return };
+    /// Fans a batch of an ephemeral shard out to its subscribers. True when one of them (live,
+    /// not excused) is left with its queue over half full: the shard's publishers are to be
+    /// held ([`BrokerConfig::publisher_hold_max`]).
+    pub(super) fn fanout(&mut self, k: &Key, shard: u32, mut batch: log::LogBatch) -> bool {
+        let Some(entry) = self.streams.get(k) else { return false };
         let mut subs = std::mem::take(&mut self.fanout_subs);
         subs.clear();
         subs.extend_from_slice(&entry.shards[shard as usize].subs);
         let count = batch.count();
+        let bytes_max = self.cfg.subscriber_queue_bytes_max;
+        let holds = !self.cfg.publisher_hold_max.is_zero();
+        let mut hold = false;
         for &(conn, id) in &subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             if sub.ending() {
                 continue;
             }
             let frame = batch.frame(sub.shape);
-            Self::enqueue(&mut self.stats, sub, frame, batch.base, count, self.cfg.subscriber_queue_bytes_max);
+            Self::enqueue(&mut self.stats, sub, frame, batch.base, count, bytes_max);
             self.pump(conn, id);
+            if holds
+                && let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id))
+                && sub.live()
+                && !sub.excused
+                && sub.over_half(bytes_max)
+            {
+                sub.holding = true;
+                hold = true;
+            }
         }
         self.fanout_subs = subs;
+        hold
     }
 
     /// Queues a batch for a subscriber, or drops it when the queue is full (in batches, or in
@@ -205,6 +221,13 @@ impl Broker {
             if let Some(frame) = sub.queue.pop_front() {
                 // Saturating: a watch's initial replay is queued without being counted.
                 sub.queued_bytes = sub.queued_bytes.saturating_sub(frame_len(&frame));
+                if (sub.holding || sub.excused) && sub.under_quarter(self.cfg.subscriber_queue_bytes_max) {
+                    if sub.holding {
+                        self.releases.push((sub.key.clone(), sub.shard));
+                    }
+                    sub.holding = false;
+                    sub.excused = false;
+                }
                 sub.inflight += frame_len(&frame);
                 self.stats.batches_delivered += 1;
                 self.write_frame(conn, stream, frame);
