@@ -218,3 +218,49 @@ fn a_draining_broker_refuses_new_streams_and_serves_open_ones() {
     assert_eq!(b.work_in_flight(), 0);
     assert_eq!(b.stats().auths_refused_draining, 2);
 }
+
+/// A publisher paused because the stream's writes backed up is let go when the stream is
+/// deleted: nothing is left to resume it otherwise, and its next publishes (which create the
+/// stream again) would wait for ever.
+#[test]
+fn deleting_a_stream_lets_go_of_the_publishers_its_storage_paused() {
+    let mut cfg = config();
+    cfg.max_pending_write_bytes = 1000;
+    let mut sim = Sim::new(cfg, epoch());
+    sim.storage = StorageMode::Manual;
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    let payload = "z".repeat(100);
+    for _ in 0..50 {
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], None, None), false);
+    }
+    sim.run();
+    let asked = sim.writes.len();
+    assert!(asked < 20, "paused: {asked} writes asked");
+    assert!(sim.broker.delete_stream("t1", "default", "orders", sim.now));
+    sim.run();
+    assert!(sim.writes.len() > asked, "read again: {} writes asked", sim.writes.len());
+}
+
+/// The same for a publisher held by a slow subscriber of a stream kept in memory.
+#[test]
+fn deleting_a_stream_lets_go_of_the_publishers_its_slow_subscriber_held() {
+    let mut cfg = ephemeral_config();
+    cfg.event_stream_inflight_bytes = 1024;
+    cfg.default_stream.queue_capacity = 8;
+    let mut sim = Sim::new(cfg, epoch());
+    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(slow, ss, subscribe("orders", None), false);
+    sim.run();
+    sim.set_slow(slow, true);
+    let payload = "h".repeat(256);
+    for i in 0..50 {
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
+    }
+    sim.run();
+    let early = acks(&payloads(&sim.take_received(p, s))).len();
+    assert!(early < 20, "held: {early} of 50 answered");
+    assert!(sim.broker.delete_stream("t1", "default", "orders", sim.now));
+    sim.run();
+    assert_eq!(early + acks(&payloads(&sim.take_received(p, s))).len(), 50, "every publish answered, no time passing");
+}

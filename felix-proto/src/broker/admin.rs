@@ -152,6 +152,7 @@ impl Broker {
         for w in waiters {
             self.finish_waiter(w, Err(&r), now);
         }
+        self.run_releases(now);
         true
     }
 
@@ -164,8 +165,12 @@ impl Broker {
     /// stream the caller holds).
     fn remove_stream(&mut self, tenant: &str, ns: &str, stream: &str) -> Option<Vec<Waiter>> {
         let k = key(tenant, ns, stream);
-        let entry = self.streams.remove(&k)?;
+        let mut entry = self.streams.remove(&k)?;
         self.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
+        for (shard, sh) in entry.shards.iter_mut().enumerate() {
+            let (paused, hold) = (std::mem::take(&mut sh.paused), sh.hold.take());
+            self.let_go_of(&k, shard as u32, paused, hold);
+        }
         // The stream's consumer groups and their system logs.
         let mut gone = vec![k.clone()];
         for shard in 0..entry.shards.len() as u32 {

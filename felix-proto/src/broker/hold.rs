@@ -54,6 +54,28 @@ impl Broker {
         while let Some((k, shard)) = self.releases.pop() {
             self.release(&k, shard, now);
         }
+        while let Some((conn, sid)) = self.resumes.pop() {
+            self.drive_stream(conn, sid, now);
+        }
+    }
+
+    /// A shard is going away (its stream deleted): the streams it paused, for its storage or
+    /// for its subscribers, are let go (read again once the caller's input is handled), or
+    /// they would stay paused with nothing left to resume them.
+    pub(super) fn let_go_of(&mut self, k: &Key, shard: u32, paused: Vec<(ConnId, StreamId)>, hold: Option<Hold>) {
+        let held = hold.map(|h| {
+            self.hold_deadlines.remove(&(h.deadline, k.clone(), shard));
+            h.streams
+        });
+        let storage = paused.into_iter().map(|s| (s, Pause::Storage));
+        for ((conn, sid), why) in storage.chain(held.into_iter().flatten().map(|s| (s, Pause::Subscribers))) {
+            if let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid))
+                && st.pauses.remove(why)
+            {
+                st.resume_owed = true;
+                self.resumes.push((conn, sid));
+            }
+        }
     }
 
     /// Holds past their deadline: the subscribers still holding are excused, and the

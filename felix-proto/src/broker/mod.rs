@@ -599,6 +599,9 @@ pub struct Broker {
     /// Shards whose holding subscriber drained or went: their publishers may be read again
     /// (deferred like `wakes`, run at the end of the input that caused it).
     releases: Vec<(Key, u32)>,
+    /// Control streams whose last pause went with the shard that caused it (a deleted
+    /// stream): to be read again, deferred like `releases`.
+    resumes: Vec<(ConnId, StreamId)>,
     /// Cache watches by cache.
     cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
 }
@@ -673,6 +676,7 @@ impl Broker {
             wakes: Vec::new(),
             hold_deadlines: std::collections::BTreeSet::new(),
             releases: Vec::new(),
+            resumes: Vec::new(),
             cache_watchers: HashMap::new(),
         };
         b.rng = b.cfg.random_seed;
@@ -841,8 +845,11 @@ impl Broker {
             .map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
         let resume = self.rate_resumes.first().map(|(t, _, _)| *t);
         // A release owed is due at once; a hold ends at its deadline.
-        let hold =
-            if self.releases.is_empty() { self.hold_deadlines.first().map(|(t, _, _)| *t) } else { self.clock.last() };
+        let hold = if self.releases.is_empty() && self.resumes.is_empty() {
+            self.hold_deadlines.first().map(|(t, _, _)| *t)
+        } else {
+            self.clock.last()
+        };
         [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry, resume, hold].into_iter().flatten().min()
     }
 
