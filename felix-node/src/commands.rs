@@ -802,7 +802,9 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
         match item {
             Some(SubscriptionItem::Events(batch)) => {
                 cursor.delivered(&batch);
-                let mut out = stdout.lock();
+                // Buffered per batch: stdout alone is line-buffered, one write system call per
+                // record, which held a catch-up read to about a million lines a second.
+                let mut out = std::io::BufWriter::with_capacity(64 << 10, stdout.lock());
                 for (i, r) in batch.records.iter().enumerate() {
                     let offset = batch.base_offset.map(|b| b + i as u64);
                     let text = std::str::from_utf8(&r.payload).ok();
@@ -820,13 +822,16 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                         };
                         serde_json::Value::Object(o).to_string()
                     } else {
-                        let p = text.map_or_else(|| format!("<{} bytes>", r.payload.len()), str::to_owned);
-                        match offset {
-                            Some(o) => format!("{o}\t{p}"),
-                            None => p,
-                        }
+                        String::new()
                     };
-                    if writeln!(out, "{line}").is_err() {
+                    let written = match (a.json, offset, text) {
+                        (true, _, _) => writeln!(out, "{line}"),
+                        (false, Some(o), Some(t)) => writeln!(out, "{o}\t{t}"),
+                        (false, Some(o), None) => writeln!(out, "{o}\t<{} bytes>", r.payload.len()),
+                        (false, None, Some(t)) => writeln!(out, "{t}"),
+                        (false, None, None) => writeln!(out, "<{} bytes>", r.payload.len()),
+                    };
+                    if written.is_err() {
                         return Ok(ExitCode::SUCCESS); // stdout closed (e.g. piped to head)
                     }
                     seen += 1;
@@ -836,7 +841,9 @@ pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
                         return Ok(ExitCode::SUCCESS);
                     }
                 }
-                let _ = out.flush();
+                if out.flush().is_err() {
+                    return Ok(ExitCode::SUCCESS); // stdout closed
+                }
             }
             Some(SubscriptionItem::CacheChange(_)) => {} // never on a stream subscription
             Some(SubscriptionItem::End(reason @ EndReason::Lagged { resume_from })) if !a.no_resume => {
@@ -984,7 +991,8 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
             Some(p) => p,
             None => client.stream_read(&ns, &stream, a.shard, from, a.to, a.page).await.map_err(|e| e.to_string())?,
         };
-        let mut out = stdout.lock();
+        // A page at a time, not a system call per line (stdout alone is line-buffered).
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, stdout.lock());
         for r in &page.records {
             let line = if a.json {
                 let mut o = serde_json::Map::new();
@@ -1010,7 +1018,9 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
                 return Ok(ExitCode::SUCCESS); // stdout closed (e.g. piped to head)
             }
         }
-        let _ = out.flush();
+        if out.flush().is_err() {
+            return Ok(ExitCode::SUCCESS); // stdout closed
+        }
         total += page.records.len() as u64;
         // An empty page that did not move means nothing more is committed: the range is done.
         if page.records.is_empty() && page.next_offset == from {

@@ -79,6 +79,43 @@ fn client_cmd(data: &Path, addr: SocketAddr) -> Command {
     c
 }
 
+/// `felix-node subscribe | head -n 1`: the subscriber writes its output a batch at a time, and
+/// must still notice that its reader went away and exit, rather than read on for ever.
+#[test]
+fn subscribe_exits_once_its_output_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let _broker = serve(dir.path(), addr, &[]);
+    let publish = |what: &str| {
+        let p = client_cmd(dir.path(), addr).args(["publish", "orders", what, "--ack"]).output().unwrap();
+        assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    };
+    publish("first");
+    let mut sub = client_cmd(dir.path(), addr)
+        .args(["subscribe", "orders", "--from", "earliest"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sub.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "0\tfirst");
+    drop(lines); // the reader goes away, as `head` does
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        // Something more to write: the write meets the closed pipe.
+        publish("more");
+        if let Some(s) = sub.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > until {
+            let _ = sub.kill();
+            panic!("the subscriber went on with its output closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
 #[test]
 fn readme_commands_work_against_a_served_broker() {
     let dir = tempfile::tempdir().unwrap();
