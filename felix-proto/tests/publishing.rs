@@ -578,16 +578,7 @@ fn forbidden_without_permission() {
 
 #[test]
 fn publishers_are_paused_when_storage_falls_behind() {
-    let mut cfg = config();
-    cfg.max_pending_write_bytes = 1000;
-    let mut sim = Sim::new(cfg, epoch());
-    sim.storage = StorageMode::Manual;
-    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
-    let payload = "z".repeat(100);
-    for _ in 0..50 {
-        sim.raw_send(p, s, publish_binary("orders", &[&payload], None, None), false);
-    }
-    sim.run();
+    let (mut sim, _, _) = publisher_paused_by_storage();
     // Reading stopped once about 1000 bytes waited for storage: the rest stays with the client
     // (QUIC flow control), not in the broker.
     let asked = sim.pending_writes.len();

@@ -224,16 +224,7 @@ fn a_draining_broker_refuses_new_streams_and_serves_open_ones() {
 /// stream again) would wait for ever.
 #[test]
 fn deleting_a_stream_lets_go_of_the_publishers_its_storage_paused() {
-    let mut cfg = config();
-    cfg.max_pending_write_bytes = 1000;
-    let mut sim = Sim::new(cfg, epoch());
-    sim.storage = StorageMode::Manual;
-    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
-    let payload = "z".repeat(100);
-    for _ in 0..50 {
-        sim.raw_send(p, s, publish_binary("orders", &[&payload], None, None), false);
-    }
-    sim.run();
+    let (mut sim, _, _) = publisher_paused_by_storage();
     let asked = sim.writes.len();
     assert!(asked < 20, "paused: {asked} writes asked");
     assert!(sim.broker.delete_stream("t1", "default", "orders", sim.now));
@@ -244,14 +235,7 @@ fn deleting_a_stream_lets_go_of_the_publishers_its_storage_paused() {
 /// The same for a publisher held by a slow subscriber of a stream kept in memory.
 #[test]
 fn deleting_a_stream_lets_go_of_the_publishers_its_slow_subscriber_held() {
-    let mut cfg = ephemeral_config();
-    cfg.event_stream_inflight_bytes = 1024;
-    cfg.default_stream.queue_capacity = 8;
-    let mut sim = Sim::new(cfg, epoch());
-    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
-    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
-    sim.raw_send(slow, ss, subscribe("orders", None), false);
-    sim.run();
+    let (mut sim, slow, _, (p, s)) = slow_and_fast(ephemeral_config(), 8);
     sim.set_slow(slow, true);
     let payload = "h".repeat(256);
     for i in 0..50 {

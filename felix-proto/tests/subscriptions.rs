@@ -223,21 +223,6 @@ fn queue_capacity_is_clamped_and_echoed() {
     assert_eq!(caps, vec![Some(1), Some(8), Some(16), None]);
 }
 
-/// Two subscribers of `orders` (queues of `queue` batches, 1 KiB of writer credit), the one to
-/// be made slow first, and a publisher: the parties.
-fn slow_and_fast(mut cfg: felix_proto::broker::BrokerConfig, queue: u32) -> (Sim, usize, usize, (usize, StreamId)) {
-    cfg.event_stream_inflight_bytes = 1024;
-    cfg.default_stream.queue_capacity = queue;
-    let mut sim = Sim::new(cfg, epoch());
-    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
-    let (fast, fs, _) = raw_session(&mut sim, Some(0x0027), None);
-    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
-    sim.raw_send(slow, ss, subscribe("orders", None), false);
-    sim.raw_send(fast, fs, subscribe("orders", None), false);
-    sim.run();
-    (sim, slow, fast, (p, s))
-}
-
 #[test]
 fn a_slow_subscriber_never_blocks_publishers_and_memory_stays_bounded() {
     let (mut sim, slow, fast, (p, s)) = slow_and_fast(config(), 4);

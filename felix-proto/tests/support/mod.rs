@@ -187,3 +187,35 @@ pub fn orders_owner(md: &felix_proto::cluster::metadata::Metadata, shard: u32) -
     let a = md.owner(&id).expect("a registered shard has an owner");
     (a.owner.clone(), a.generation)
 }
+
+/// Two subscribers of `orders` (queues of `queue` batches, 1 KiB of writer credit), the one to
+/// be made slow first, and a publisher: the parties.
+pub fn slow_and_fast(mut cfg: BrokerConfig, queue: u32) -> (Sim, usize, usize, (usize, StreamId)) {
+    cfg.event_stream_inflight_bytes = 1024;
+    cfg.default_stream.queue_capacity = queue;
+    let mut sim = Sim::new(cfg, epoch());
+    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
+    let (fast, fs, _) = raw_session(&mut sim, Some(0x0027), None);
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    sim.raw_send(slow, ss, subscribe("orders", None), false);
+    sim.raw_send(fast, fs, subscribe("orders", None), false);
+    sim.run();
+    (sim, slow, fast, (p, s))
+}
+
+/// A publisher of fifty unacked 100-byte records to `orders`, with storage completing nothing
+/// (manual) and room for 1000 bytes waiting for it: the broker stopped reading it after about
+/// ten. Returns the sim and the publisher's party and stream.
+pub fn publisher_paused_by_storage() -> (Sim, usize, StreamId) {
+    let mut cfg = config();
+    cfg.max_pending_write_bytes = 1000;
+    let mut sim = Sim::new(cfg, epoch());
+    sim.storage = felix_proto::sim::StorageMode::Manual;
+    let (p, s, _) = raw_session(&mut sim, Some(0x7FFF), None);
+    let payload = "z".repeat(100);
+    for _ in 0..50 {
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], None, None), false);
+    }
+    sim.run();
+    (sim, p, s)
+}
