@@ -119,16 +119,13 @@ impl Broker {
             }
             let frame = batch.frame(sub.shape);
             Self::enqueue(&mut self.stats, sub, frame, batch.base, count, bytes_max);
-            self.pump(conn, id);
-            if holds
-                && let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id))
-                && sub.live()
-                && !sub.excused
-                && sub.over_half(bytes_max)
-            {
+            // Judged before the writer takes what its credit allows (no second look-up on
+            // this path); a queue the writer drains under a quarter releases at once.
+            if holds && sub.live() && !sub.excused && sub.over_half(bytes_max) {
                 sub.holding = true;
                 hold = true;
             }
+            self.pump(conn, id);
         }
         self.fanout_subs = subs;
         hold
