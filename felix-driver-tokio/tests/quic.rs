@@ -814,19 +814,25 @@ async fn a_stream_flood_is_held_at_the_limit_and_others_are_served() {
     server.shutdown().await;
 }
 
+/// A broker whose subscriber queues hold 4 batches, and a client that holds at most 64 KiB of
+/// unread events per subscription behind a 128 KiB stream window: a reader that soon pushes back.
+async fn small_queues_and_a_reader(mut broker: BrokerConfig) -> (Server, Vec<CertificateDer<'static>>, Client) {
+    broker.default_stream.queue_capacity = 4;
+    let (server, chain) = start_with(None, broker).await;
+    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
+    opts.subscription_buffer_bytes = 64 * 1024;
+    opts.transport.stream_receive_window = 128 * 1024;
+    let reader = Client::connect(server.local_addr(), opts).await.unwrap();
+    (server, chain, reader)
+}
+
 /// An application that stops reading a subscription does not make the client buffer without
 /// bound: past `subscription_buffer_bytes` the client stops reading the event stream, QUIC flow
 /// control holds the broker, and the broker's bounded queue ends the (durable) subscription with
 /// `subscription_lagged`. Resuming at `lagged_resume_point` then gets the rest, with no gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_stops_reading_pushes_back_instead_of_buffering() {
-    let mut broker = BrokerConfig::default();
-    broker.default_stream.queue_capacity = 4;
-    let (server, chain) = start_with(None, broker).await;
-    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
-    opts.subscription_buffer_bytes = 64 * 1024;
-    opts.transport.stream_receive_window = 128 * 1024;
-    let c = Client::connect(server.local_addr(), opts).await.unwrap();
+    let (_server, _chain, c) = small_queues_and_a_reader(BrokerConfig::default()).await;
     let mut sub = c.subscribe("default", "held", None, None).await.unwrap();
     const N: u64 = 400;
     let payload = |i: u64| Bytes::from(format!("{i:06}{}", "x".repeat(4090)));
@@ -881,12 +887,7 @@ async fn a_paused_subscription_resumes_when_the_application_catches_up() {
 async fn an_unacked_publisher_is_held_for_a_subscriber_of_an_ephemeral_stream_and_nothing_is_lost() {
     let mut broker = BrokerConfig::default();
     broker.default_stream.durable = false;
-    broker.default_stream.queue_capacity = 4;
-    let (server, chain) = start_with(None, broker).await;
-    let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.to_vec()));
-    opts.subscription_buffer_bytes = 64 * 1024;
-    opts.transport.stream_receive_window = 128 * 1024;
-    let reader = Client::connect(server.local_addr(), opts).await.unwrap();
+    let (server, chain, reader) = small_queues_and_a_reader(broker).await;
     let mut sub = reader.subscribe("default", "mem", None, None).await.unwrap();
     const N: usize = 800;
     let payload = |i: usize| Bytes::from(format!("{i:06}{}", "x".repeat(4090)));

@@ -237,11 +237,7 @@ fn deleting_a_stream_lets_go_of_the_publishers_its_storage_paused() {
 fn deleting_a_stream_lets_go_of_the_publishers_its_slow_subscriber_held() {
     let (mut sim, slow, _, (p, s)) = slow_and_fast(ephemeral_config(), 8);
     sim.set_slow(slow, true);
-    let payload = "h".repeat(256);
-    for i in 0..50 {
-        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
-    }
-    sim.run();
+    publish_n(&mut sim, (p, s), 0..50);
     let early = acks(&payloads(&sim.take_received(p, s))).len();
     assert!(early < 20, "held: {early} of 50 answered");
     assert!(sim.broker.delete_stream("t1", "default", "orders", sim.now));

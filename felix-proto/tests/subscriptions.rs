@@ -253,16 +253,6 @@ fn ephemeral_slow_and_fast(hold: Duration) -> (Sim, usize, usize, (usize, Stream
     slow_and_fast(cfg, 8)
 }
 
-/// Publishes records `ids`, one per batch, each payload its number (ephemeral streams have no
-/// offsets) padded to 256 bytes.
-fn publish_n(sim: &mut Sim, (p, s): (usize, StreamId), ids: std::ops::Range<u64>) {
-    for i in ids {
-        let payload = format!("{i:<256}");
-        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
-        sim.run();
-    }
-}
-
 /// The numbers of the records party `who` received on its first event stream.
 fn numbers(sim: &mut Sim, who: usize) -> Vec<u64> {
     let e = event_streams(sim, who)[0];

@@ -219,3 +219,13 @@ pub fn publisher_paused_by_storage() -> (Sim, usize, StreamId) {
     sim.run();
     (sim, p, s)
 }
+
+/// Publishes records `ids`, one per batch, each payload its number (ephemeral streams have no
+/// offsets) padded to 256 bytes.
+pub fn publish_n(sim: &mut Sim, (p, s): (usize, StreamId), ids: std::ops::Range<u64>) {
+    for i in ids {
+        let payload = format!("{i:<256}");
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], Some(i), None), false);
+        sim.run();
+    }
+}
