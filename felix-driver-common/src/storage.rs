@@ -41,17 +41,15 @@ struct OpenSegment {
 /// of a file syncs the file), so the storage thread keeps appending meanwhile.
 #[derive(Debug)]
 struct Syncer {
-    tx: Option<std::sync::mpsc::Sender<(PathBuf, File)>>,
+    tx: Option<std::sync::mpsc::Sender<(PathBuf, File, u64)>>,
 }
 
 impl Syncer {
     fn start() -> Syncer {
-        let (tx, rx) = std::sync::mpsc::channel::<(PathBuf, File)>();
+        let (tx, rx) = std::sync::mpsc::channel::<(PathBuf, File, u64)>();
         let spawned = std::thread::Builder::new().name("felix-fsync".into()).spawn(move || {
-            for (path, file) in rx {
-                if let Err(e) = file.sync_data() {
-                    tracing::error!("fsync {} failed: {e}", path.display());
-                }
+            for (path, file, len) in rx {
+                sync_file(&path, &file, len);
             }
         });
         match spawned {
@@ -65,14 +63,27 @@ impl Syncer {
 
     /// Syncs `file` on the syncer thread, or here when there is none or the handle cannot be
     /// duplicated.
-    fn sync(&self, path: &Path, file: &File) {
+    fn sync(&self, path: &Path, file: &File, len: u64) {
         if let (Some(tx), Ok(dup)) = (&self.tx, file.try_clone())
-            && tx.send((path.to_path_buf(), dup)).is_ok()
+            && tx.send((path.to_path_buf(), dup, len)).is_ok()
         {
             return;
         }
-        if let Err(e) = file.sync_data() {
+        sync_file(path, file, len);
+    }
+}
+
+/// `fdatasync` of a segment of `len` bytes, said in the sync journal once it returned.
+fn sync_file(path: &Path, file: &File, len: u64) -> bool {
+    crate::sync_journal::before_sync();
+    match file.sync_data() {
+        Ok(()) => {
+            crate::sync_journal::synced(path, len);
+            true
+        }
+        Err(e) => {
             tracing::error!("fsync {} failed: {e}", path.display());
+            false
         }
     }
 }
@@ -250,6 +261,7 @@ impl DiskStorage {
         // Nothing that may not be on disk is reported as written.
         for (path, waiting) in always {
             self.syncs += 1;
+            crate::sync_journal::before_sync();
             if let Some(seg) = self.open.get(&path)
                 && let Err(e) = seg.file.sync_data()
             {
@@ -257,6 +269,8 @@ impl DiskStorage {
                 for i in waiting {
                     results[i].1 = outcome_of(&e);
                 }
+            } else if let Some(seg) = self.open.get(&path) {
+                crate::sync_journal::synced(&path, seg.len);
             }
             self.dirty.remove(&path);
         }
@@ -280,7 +294,7 @@ impl DiskStorage {
                 && let Some(seg) = self.open.get(&path)
             {
                 self.syncs += 1;
-                self.syncer.sync(&path, &seg.file);
+                self.syncer.sync(&path, &seg.file, seg.len);
             }
         }
     }
@@ -466,9 +480,7 @@ impl DiskStorage {
     /// Syncs everything written (at shutdown).
     pub fn sync_all(&mut self) {
         for (path, seg) in &self.open {
-            if let Err(e) = seg.file.sync_data() {
-                tracing::error!("fsync {} failed: {e}", path.display());
-            }
+            sync_file(path, &seg.file, seg.len);
         }
         self.dirty.clear();
     }
@@ -490,7 +502,7 @@ impl DiskStorage {
             old => {
                 if let Some(old) = old {
                     if let Some(seg) = self.open.remove(&old) {
-                        let _ = seg.file.sync_data();
+                        sync_file(&old, &seg.file, seg.len);
                         // Sealed: its index lets recovery skip reading it.
                         if let Some(w) = self.idx_open.remove(&old) {
                             w.seal(&old, seg.len);
@@ -515,6 +527,9 @@ impl DiskStorage {
                 };
                 let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| io_err(&path, e))?;
                 let len = file.metadata().map_err(|e| io_err(&path, e))?.len();
+                if len == 0 {
+                    crate::sync_journal::created(&path);
+                }
                 self.open.insert(path.clone(), OpenSegment { file, len });
                 let seed = self.idx_seed.remove(&path).unwrap_or_default();
                 match IdxWriter::start(&path, &seed) {
@@ -754,6 +769,14 @@ fn scan_segment(path: &Path, repairs: &mut Vec<String>) -> std::io::Result<(Vec<
         let f = OpenOptions::new().write(true).open(path).map_err(|e| io_err(path, e))?;
         f.set_len(r.valid_len as u64).map_err(|e| io_err(path, e))?;
         f.sync_all().map_err(|e| io_err(path, e))?;
+        crate::sync_journal::synced(path, r.valid_len as u64);
+    } else {
+        // What a crashed broker wrote but had not synced is still in the page cache and reads
+        // back whole: it reaches the disk now, before any of it is served (a power cut after
+        // the restart must not take back what subscribers were since given).
+        let f = File::open(path).map_err(|e| io_err(path, e))?;
+        f.sync_data().map_err(|e| io_err(path, e))?;
+        crate::sync_journal::synced(path, total as u64);
     }
     let entries = r.batches.iter().zip(&r.positions).map(|(b, at)| IndexEntry::of(b, *at as u64)).collect();
     Ok((r.batches, entries))
@@ -1074,5 +1097,8 @@ mod tests {
         assert_eq!("always".parse(), Ok(FsyncMode::Always));
         assert_eq!("interval:50".parse(), Ok(FsyncMode::Interval(Duration::from_millis(50))));
         assert!("sometimes".parse::<FsyncMode>().is_err());
+        for m in [FsyncMode::Always, FsyncMode::Never, FsyncMode::Interval(Duration::from_millis(100))] {
+            assert_eq!(m.to_string().parse(), Ok(m), "printed as it is written: {m}");
+        }
     }
 }

@@ -359,11 +359,15 @@ pub(crate) fn write_raft_log(path: &std::path::Path, bytes: &[u8]) -> std::io::R
 /// Where a broker keeps the Raft logs of its replicas of replicated shards: append-only
 /// segment files per shard under `DATA_DIR/cluster/replicas/`. A shard's files *are* its
 /// records (the stream's log): nothing else is written for a replicated shard. Appends go to
-/// the page cache at once (before any message that depends on them is sent, so a killed
-/// process loses none) and reach the disk on the interval the broker's fsync policy names, or
-/// before every answer with `--fsync always`. A segment is closed at [`SEGMENT_BYTES`]; once a
-/// snapshot covers every entry of a closed segment (retention dropped those records), the
-/// segment is deleted, so disk use follows retention.
+/// the page cache at once, on the broker task. By default (`sync_every` `None`) they reach the
+/// disk before anything that depends on them is carried out: the broker task holds every
+/// output after an append until [`take_unsynced`](Self::take_unsynced)'s files were synced off
+/// the task (group commit: one `fdatasync` per written file for every append since the last
+/// sync, whatever the number of shards). A vote, an append response or the leader's own count
+/// toward a commit is never made of bytes a power cut can take back. With a lazy policy
+/// (`sync_every` `Some`, chosen explicitly) they are synced on that interval instead. A segment
+/// is closed at [`SEGMENT_BYTES`]; once a snapshot covers every entry of a closed segment
+/// (retention dropped those records), the segment is deleted, so disk use follows retention.
 pub(crate) struct ReplicaLogs {
     dir: Option<std::path::PathBuf>,
     shards: std::collections::BTreeMap<ShardId, ShardFiles>,
@@ -386,8 +390,8 @@ pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 struct ShardFiles {
     /// (sequence, highest entry index in it), oldest first; the last is appended to.
     segments: Vec<(u64, u64)>,
-    /// The last segment, open for appending.
-    file: Option<std::fs::File>,
+    /// The last segment, open for appending (shared with the sync thread).
+    file: Option<Arc<std::fs::File>>,
     /// Its length.
     len: u64,
     /// The last hard state written (repeated at the head of every new segment, so deleting
@@ -469,7 +473,14 @@ impl ReplicaLogs {
                         let f = std::fs::OpenOptions::new().write(true).open(&path)?;
                         f.set_len(info.whole as u64)?;
                         f.sync_all()?;
+                    } else {
+                        // What the broker wrote before it was killed but had not synced is still
+                        // in the page cache: it reaches the disk now, before this replica says it
+                        // holds any of it (else a power cut after the restart could take back
+                        // an entry it acknowledged since).
+                        std::fs::File::open(&path)?.sync_data()?;
                     }
+                    felix_driver_common::sync_journal::synced(&path, info.whole as u64);
                     files.segments.push((*seq, info.max_index));
                     files.len = info.whole as u64;
                 }
@@ -554,7 +565,6 @@ impl ReplicaLogs {
     fn append(&mut self, shard: &ShardId, record: &[u8], max_index: u64) -> std::io::Result<()> {
         use std::io::Write;
         let Some(dir) = self.dir.clone() else { return Ok(()) };
-        let sync_always = self.sync_every.is_none();
         let segment_bytes = self.segment_bytes;
         let f = self.shards.entry(shard.clone()).or_default();
         let r = (|| -> std::io::Result<()> {
@@ -562,15 +572,18 @@ impl ReplicaLogs {
                 // Closed: made durable now (it is not appended to again), and the next one
                 // starts with the hard state.
                 if let Some(old) = f.file.take() {
+                    let len = felix_driver_common::sync_journal::len_of(&old);
                     old.sync_data()?;
+                    let seq = f.segments.last().map_or(0, |(s, _)| *s);
+                    felix_driver_common::sync_journal::synced(&dir.join(replica_file_name(shard, seq)), len);
                 }
                 let seq = f.segments.last().map_or(0, |(s, _)| s + 1);
                 f.segments.push((seq, 0));
                 f.len = 0;
-                let mut file = open_segment(&dir, shard, seq)?;
+                let file = open_segment(&dir, shard, seq)?;
                 if let Some(hs) = &f.hard_state {
                     let head = felix_proto::cluster::meta::encode_log_record(&[], Some(hs));
-                    file.write_all(&head)?;
+                    (&*file).write_all(&head)?;
                     f.len += head.len() as u64;
                 }
                 f.file = Some(file);
@@ -582,22 +595,17 @@ impl ReplicaLogs {
                 let seq = f.segments.last().map_or(0, |(s, _)| *s);
                 f.file = Some(open_segment(&dir, shard, seq)?);
             }
-            let file = f.file.as_mut().expect("opened above");
-            file.write_all(record)?;
+            let file = f.file.as_ref().expect("opened above");
+            (&**file).write_all(record)?;
             f.len += record.len() as u64;
             if let Some(last) = f.segments.last_mut() {
                 last.1 = last.1.max(max_index);
-            }
-            if sync_always {
-                file.sync_data()?;
             }
             Ok(())
         })();
         match &r {
             Ok(()) => {
-                if !sync_always {
-                    self.dirty.insert(shard.clone());
-                }
+                self.dirty.insert(shard.clone());
             }
             Err(e) => {
                 self.failures += 1;
@@ -609,19 +617,47 @@ impl ReplicaLogs {
         r
     }
 
-    /// Syncs what was appended since the last sync, when the interval has passed.
+    /// Whether appends are synced before what depends on them is carried out (the default)
+    /// rather than on an interval.
+    pub(crate) fn syncs_before_answering(&self) -> bool {
+        self.dir.is_some() && self.sync_every.is_none()
+    }
+
+    /// The files appended to since the last call, each with its path and its length now, to be
+    /// synced (off the broker task) before anything output after those appends is carried out.
+    pub(crate) fn take_unsynced(&mut self) -> Vec<UnsyncedFile> {
+        let Some(dir) = &self.dir else {
+            self.dirty.clear();
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(self.dirty.len());
+        for s in std::mem::take(&mut self.dirty) {
+            if let Some(f) = self.shards.get(&s)
+                && let (Some(file), Some((seq, _))) = (&f.file, f.segments.last())
+            {
+                out.push(UnsyncedFile {
+                    shard: s.clone(),
+                    path: dir.join(replica_file_name(&s, *seq)),
+                    len: f.len,
+                    file: file.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Syncs what was appended since the last sync, when the interval has passed (a lazy
+    /// policy only).
     pub(crate) fn sync_due(&mut self, now: std::time::Instant) {
         let Some(every) = self.sync_every else { return };
         if self.dirty.is_empty() || now.saturating_duration_since(self.last_sync) < every {
             return;
         }
         self.last_sync = now;
-        for s in std::mem::take(&mut self.dirty) {
-            if let Some(f) = self.shards.get(&s).and_then(|f| f.file.as_ref())
-                && let Err(e) = f.sync_data()
-            {
+        for f in self.take_unsynced() {
+            if let Err(e) = f.sync() {
                 self.failures += 1;
-                tracing::error!("syncing {s:?}'s replica log: {e}");
+                tracing::error!("syncing {:?}'s replica log: {e}", f.shard);
             }
         }
     }
@@ -643,9 +679,36 @@ impl ReplicaLogs {
     }
 }
 
-fn open_segment(dir: &std::path::Path, shard: &ShardId, seq: u64) -> std::io::Result<std::fs::File> {
+fn open_segment(dir: &std::path::Path, shard: &ShardId, seq: u64) -> std::io::Result<Arc<std::fs::File>> {
     std::fs::create_dir_all(dir)?;
-    std::fs::OpenOptions::new().create(true).append(true).open(dir.join(replica_file_name(shard, seq)))
+    let path = dir.join(replica_file_name(shard, seq));
+    let f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    if felix_driver_common::sync_journal::len_of(&f) == 0 {
+        felix_driver_common::sync_journal::created(&path);
+    }
+    Ok(Arc::new(f))
+}
+
+/// A replica log file with appends not yet on disk: what the sync thread syncs.
+pub(crate) struct UnsyncedFile {
+    pub(crate) shard: ShardId,
+    path: std::path::PathBuf,
+    len: u64,
+    file: Arc<std::fs::File>,
+}
+
+impl UnsyncedFile {
+    /// `fdatasync`s the file (said in the sync journal once done).
+    ///
+    /// # Errors
+    /// The sync's: the kernel may have dropped the pages, so nothing appended to the file
+    /// since its last good sync may be vouched for.
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        felix_driver_common::sync_journal::before_sync();
+        self.file.sync_data()?;
+        felix_driver_common::sync_journal::synced(&self.path, self.len);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -293,6 +293,8 @@ impl Server {
             transport,
             raft_log,
             replica_logs,
+            gate: ReplicaSyncGate::default(),
+            replica_syncer: replica_sync_thread(tx.clone()).map_err(ServerError::Io)?,
             endpoint: endpoint.clone(),
             loopback_cfg,
             conns: HashMap::new(),
@@ -528,6 +530,11 @@ enum Input {
         reply: oneshot::Sender<usize>,
     },
     Peer(crate::cluster::PeerInput),
+    /// The replica sync thread synced the files of the appends up to `covers`.
+    ReplicaSynced {
+        covers: u64,
+        result: Result<(), String>,
+    },
 }
 
 /// Counters the driver keeps (the protocol's own are in `BrokerStats`).
@@ -855,6 +862,10 @@ struct BrokerTask {
     raft_log: Option<(Option<PathBuf>, felix_proto::cluster::meta::RaftLog)>,
     /// Where this broker's replicas of replicated shards keep their logs.
     replica_logs: Option<crate::cluster::ReplicaLogs>,
+    /// What waits for the replica logs to be synced.
+    gate: ReplicaSyncGate,
+    /// The replica sync thread's queue.
+    replica_syncer: std::sync::mpsc::Sender<(u64, Vec<crate::cluster::UnsyncedFile>)>,
     endpoint: quinn::Endpoint,
     /// The server configuration for loopback peers ([`TransportTuning::to_quinn_for`]).
     loopback_cfg: Arc<quinn::ServerConfig>,
@@ -1393,12 +1404,112 @@ impl BrokerTask {
                 self.conns.remove(&conn);
                 self.node.broker().connection_closed(conn, now);
             }
+            Input::ReplicaSynced { covers, result } => self.replica_synced(covers, result),
         }
     }
 
+    /// Carries out what the state machine asks for. Its writes to the replica logs (and the
+    /// metadata log) are made at once, in order; with the replica logs synced before answering
+    /// (the default), every other output after an append waits in [`ReplicaSyncGate`] until a
+    /// sync has put that append on disk, so a vote, an append response, a commit counted with
+    /// this broker's own copy, or a client's acknowledgement never goes out ahead of its bytes.
     fn drain(&mut self) {
         use felix_proto::cluster::node::NodeOutput;
         while let Some(o) = self.node.poll_output() {
+            match o {
+                NodeOutput::PersistReplica { shard, entries, hard_state } => {
+                    // Appended before anything after it is carried out (Raft's rule).
+                    if let Some(l) = self.replica_logs.as_mut() {
+                        match l.persist(&shard, &entries, hard_state.as_ref()) {
+                            Ok(()) => self.gate.wrote(l.syncs_before_answering()),
+                            Err(e) => {
+                                if let Node::Cluster(n) = &mut self.node {
+                                    n.handle_replica_persist_failed(&shard, &e.to_string(), now());
+                                }
+                            }
+                        }
+                    }
+                }
+                NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                    if let Some(l) = self.replica_logs.as_mut() {
+                        match l.persist_snapshot(&shard, &snapshot) {
+                            Ok(()) => self.gate.wrote(l.syncs_before_answering()),
+                            Err(e) => {
+                                if let Node::Cluster(n) = &mut self.node {
+                                    n.handle_replica_persist_failed(&shard, &e.to_string(), now());
+                                }
+                            }
+                        }
+                    }
+                }
+                NodeOutput::DropReplica { shard } => {
+                    if let Some(l) = self.replica_logs.as_mut() {
+                        l.drop_shard(&shard);
+                    }
+                }
+                NodeOutput::PersistRaft { entries, hard_state } => {
+                    // Durable before anything after it is carried out (Raft's rule): written
+                    // whole and synced here, on the task.
+                    if let Some((path, kept)) = self.raft_log.as_mut() {
+                        kept.persist(&entries, hard_state.as_ref());
+                        if let Some(p) = path
+                            && let Err(e) = crate::cluster::write_raft_log(p, &kept.encode())
+                        {
+                            tracing::error!("writing the cluster's Raft log {}: {e}", p.display());
+                        }
+                    }
+                }
+                o => {
+                    if let Some(o) = self.gate.hold(o) {
+                        self.carry_out(o);
+                    }
+                }
+            }
+        }
+        self.start_replica_sync();
+        self.flush_storage();
+    }
+
+    /// Hands the replica log files written since the last sync to the sync thread, unless a
+    /// sync is already running (the next one then covers them too: group commit).
+    fn start_replica_sync(&mut self) {
+        let Some(covers) = self.gate.sync_to_start() else { return };
+        let files = self.replica_logs.as_mut().map(crate::cluster::ReplicaLogs::take_unsynced).unwrap_or_default();
+        if files.is_empty() {
+            // Nothing left to sync (a shard dropped meanwhile): done at once.
+            self.replica_synced(covers, Ok(()));
+            return;
+        }
+        if self.replica_syncer.send((covers, files)).is_err() {
+            self.replica_synced(covers, Err("the replica sync thread is gone".into()));
+        }
+    }
+
+    /// A sync the sync thread ran has ended: what waited on it is carried out. A failed sync
+    /// stops the broker: the kernel may have dropped the pages it failed to write, so what this
+    /// broker appended (and told its peers it holds) can no longer be vouched for; the outputs
+    /// that waited on it are never carried out (as PostgreSQL does since 2018's fsync
+    /// failures). The process exits 74 (EX_IOERR) and a restart reads what is on disk.
+    fn replica_synced(&mut self, covers: u64, result: Result<(), String>) {
+        if let Err(e) = result {
+            tracing::error!(
+                "syncing a replica log failed: {e}; the broker stops rather than vouch for what the disk may not hold"
+            );
+            eprintln!(
+                "felix: syncing a replica log failed: {e}; stopping (exit 74) without answering what waited on it"
+            );
+            std::process::exit(74);
+        }
+        for o in self.gate.synced(covers) {
+            self.carry_out(o);
+        }
+        self.start_replica_sync();
+    }
+
+    /// Carries out one output that is not a write to a replica or metadata log.
+    fn carry_out(&mut self, o: felix_proto::cluster::node::NodeOutput) {
+        use felix_proto::cluster::node::NodeOutput;
+        {
             let o = match o {
                 NodeOutput::Broker(o) => o,
                 NodeOutput::Peer { to, message } => {
@@ -1409,7 +1520,7 @@ impl BrokerTask {
                     if let (Some(m), Node::Cluster(n)) = (failed, &mut self.node) {
                         n.handle_undeliverable(m, now());
                     }
-                    continue;
+                    return;
                 }
                 NodeOutput::PeerAdded { name, cluster_addr } => {
                     use std::net::ToSocketAddrs;
@@ -1422,56 +1533,24 @@ impl BrokerTask {
                         }
                         None => tracing::error!("cluster: member {name}'s address {cluster_addr:?} does not resolve"),
                     }
-                    continue;
+                    return;
                 }
                 NodeOutput::PeerRefused { name, why } => {
                     tracing::error!("cluster: refused {name}: {why}");
-                    continue;
+                    return;
                 }
                 NodeOutput::PeerRemoved { name } => {
                     if let Some(t) = self.transport.as_mut() {
                         t.remove_peer(&name);
                     }
                     tracing::info!("cluster: {name} left the members");
-                    continue;
+                    return;
                 }
-                NodeOutput::PersistReplica { shard, entries, hard_state } => {
-                    // Appended before anything after it is carried out (Raft's rule).
-                    if let Some(l) = self.replica_logs.as_mut()
-                        && let Err(e) = l.persist(&shard, &entries, hard_state.as_ref())
-                        && let Node::Cluster(n) = &mut self.node
-                    {
-                        n.handle_replica_persist_failed(&shard, &e.to_string(), now());
-                    }
-                    continue;
-                }
-                NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
-                    if let Some(l) = self.replica_logs.as_mut()
-                        && let Err(e) = l.persist_snapshot(&shard, &snapshot)
-                        && let Node::Cluster(n) = &mut self.node
-                    {
-                        n.handle_replica_persist_failed(&shard, &e.to_string(), now());
-                    }
-                    continue;
-                }
-                NodeOutput::DropReplica { shard } => {
-                    if let Some(l) = self.replica_logs.as_mut() {
-                        l.drop_shard(&shard);
-                    }
-                    continue;
-                }
-                NodeOutput::PersistRaft { entries, hard_state } => {
-                    // Durable before anything after it is carried out (Raft's rule).
-                    if let Some((path, kept)) = self.raft_log.as_mut() {
-                        kept.persist(&entries, hard_state.as_ref());
-                        if let Some(p) = path
-                            && let Err(e) = crate::cluster::write_raft_log(p, &kept.encode())
-                        {
-                            tracing::error!("writing the cluster's Raft log {}: {e}", p.display());
-                        }
-                    }
-                    continue;
-                }
+                // Writes are made in `drain`, never held.
+                NodeOutput::PersistReplica { .. }
+                | NodeOutput::PersistReplicaSnapshot { .. }
+                | NodeOutput::DropReplica { .. }
+                | NodeOutput::PersistRaft { .. } => return,
             };
             match o {
                 BrokerOutput::Transmit { conn, stream, data } => {
@@ -1566,8 +1645,91 @@ impl BrokerTask {
                 }
             }
         }
-        self.flush_storage();
     }
+}
+
+/// The outputs that wait for replica log appends to reach the disk.
+///
+/// Each append taken from the state machine counts one write; an output polled after it is
+/// held, tagged with the writes made so far, and carried out once a sync covering that many
+/// writes has ended. Held outputs leave in the order they came (a client stream's frames, a
+/// peer's messages), so one held output holds every later one: it is a queue, not a filter.
+/// While a sync runs, appends go on and the next sync covers all of them: one `fdatasync` per
+/// written file for every append since the last, so the disk's latency is paid once per batch
+/// of work, not once per shard or per record.
+#[derive(Default)]
+struct ReplicaSyncGate {
+    /// Appends made that must be synced before what follows them.
+    writes: u64,
+    /// Appends the last finished sync covered.
+    synced: u64,
+    /// A sync is running.
+    syncing: bool,
+    /// Outputs waiting, each with the writes that must be synced first.
+    held: std::collections::VecDeque<(u64, felix_proto::cluster::node::NodeOutput)>,
+}
+
+impl ReplicaSyncGate {
+    /// An append was made; `must_sync`: under the default policy (a lazy one holds nothing).
+    fn wrote(&mut self, must_sync: bool) {
+        if must_sync {
+            self.writes += 1;
+        }
+    }
+
+    /// `o` if it may be carried out now, else `None` (held).
+    fn hold(&mut self, o: felix_proto::cluster::node::NodeOutput) -> Option<felix_proto::cluster::node::NodeOutput> {
+        if self.held.is_empty() && self.writes == self.synced {
+            return Some(o);
+        }
+        self.held.push_back((self.writes, o));
+        None
+    }
+
+    /// The writes a sync started now covers, when one should start.
+    fn sync_to_start(&mut self) -> Option<u64> {
+        if self.syncing || self.writes == self.synced {
+            return None;
+        }
+        self.syncing = true;
+        Some(self.writes)
+    }
+
+    /// A sync covering `covers` writes ended: the outputs it released, in order.
+    fn synced(&mut self, covers: u64) -> Vec<felix_proto::cluster::node::NodeOutput> {
+        self.syncing = false;
+        self.synced = self.synced.max(covers);
+        let mut out = Vec::new();
+        while self.held.front().is_some_and(|(needs, _)| *needs <= self.synced) {
+            if let Some((_, o)) = self.held.pop_front() {
+                out.push(o);
+            }
+        }
+        out
+    }
+}
+
+/// The thread that syncs replica log files off the broker task: each job is the files written
+/// since the last one and the writes it covers; its end is sent back as an input.
+fn replica_sync_thread(
+    tx: mpsc::UnboundedSender<Input>,
+) -> std::io::Result<std::sync::mpsc::Sender<(u64, Vec<crate::cluster::UnsyncedFile>)>> {
+    let (jobs, rx) = std::sync::mpsc::channel::<(u64, Vec<crate::cluster::UnsyncedFile>)>();
+    std::thread::Builder::new().name("felix-replica-sync".into()).spawn(move || {
+        for (covers, files) in rx {
+            let mut result = Ok(());
+            for f in &files {
+                if let Err(e) = f.sync() {
+                    result = Err(format!("{:?}: {e}", f.shard));
+                    break;
+                }
+            }
+            if tx.send(Input::ReplicaSynced { covers, result }).is_err() {
+                return;
+            }
+        }
+    })?;
+    Ok(jobs)
 }
 
 /// Reads the metrics a broker serves on `addr` (its `metrics_listen`): the Prometheus text,
@@ -1719,5 +1881,52 @@ mod admin_tests {
         assert_eq!(admin_request(&post("/cluster/revoke?sub=a", "wrong"), Some("s")).err().map(|e| e.0), Some(401));
         assert_eq!(admin_request(&post("/cluster/revoke?sub=a", "s"), None).err().map(|e| e.0), Some(404));
         assert_eq!(percent_decode("%zz%4"), "%zz%4", "malformed escapes are kept");
+    }
+}
+
+#[cfg(test)]
+mod replica_sync_gate_tests {
+    use super::ReplicaSyncGate;
+    use felix_proto::cluster::node::NodeOutput;
+
+    fn out(n: u8) -> NodeOutput {
+        NodeOutput::PeerRemoved { name: n.to_string() }
+    }
+
+    fn names(v: Vec<NodeOutput>) -> Vec<String> {
+        v.into_iter()
+            .map(|o| match o {
+                NodeOutput::PeerRemoved { name } => name,
+                _ => String::from("?"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn outputs_after_an_append_wait_for_its_sync_and_leave_in_order() {
+        let mut g = ReplicaSyncGate::default();
+        // Nothing written: carried out at once.
+        assert!(g.hold(out(1)).is_some());
+        assert_eq!(g.sync_to_start(), None);
+        g.wrote(true);
+        assert!(g.hold(out(2)).is_none(), "after an unsynced append: held");
+        assert_eq!(g.sync_to_start(), Some(1));
+        // While that sync runs, more appends: the next sync covers them, not this one.
+        g.wrote(true);
+        assert!(g.hold(out(3)).is_none());
+        assert_eq!(g.sync_to_start(), None, "one sync at a time");
+        assert_eq!(names(g.synced(1)), ["2"], "only what the first append held");
+        assert!(g.hold(out(4)).is_none(), "behind a held output: held, whatever it needs");
+        assert_eq!(g.sync_to_start(), Some(2));
+        assert_eq!(names(g.synced(2)), ["3", "4"]);
+        assert!(g.hold(out(5)).is_some(), "all synced, nothing held: at once again");
+    }
+
+    #[test]
+    fn a_lazy_policy_holds_nothing() {
+        let mut g = ReplicaSyncGate::default();
+        g.wrote(false);
+        assert!(g.hold(out(1)).is_some());
+        assert_eq!(g.sync_to_start(), None);
     }
 }

@@ -61,7 +61,7 @@ pub struct BenchArgs {
     #[arg(long)]
     durable: bool,
     /// fsync policy of the in-process broker's durable streams.
-    #[arg(long, default_value = "interval:100")]
+    #[arg(long, default_value = "always")]
     fsync: FsyncMode,
     /// How long to publish, in seconds.
     #[arg(long, default_value_t = 5)]

@@ -32,7 +32,9 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     let fsync = match (a.fsync, &b.fsync) {
         (Some(f), _) => f,
         (None, Some(f)) => f.parse().map_err(|e| format!("config broker.fsync: {e}"))?,
-        (None, None) => felix_driver_tokio::FsyncMode::Interval(std::time::Duration::from_millis(100)),
+        // Nothing is acknowledged that a power cut could take back unless the operator chose a
+        // lazy policy (docs/storage.md: what each loses; group commit keeps throughput).
+        (None, None) => felix_driver_tokio::FsyncMode::Always,
     };
     let queue_capacity = a
         .queue_capacity
@@ -224,7 +226,10 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         None => out!("  dev token    none (broker.dev_token = false)"),
     }
     out!("  tokens       {} from the configuration", file.tokens.len());
-    out!("  fsync        {fsync:?}");
+    match fsync {
+        felix_driver_tokio::FsyncMode::Always => out!("  fsync        always (acknowledged once on disk)"),
+        lazy => out!("  fsync        {lazy} (lazy: a power failure can take acknowledged writes back)"),
+    }
     if let (Some(c), Some((id, name))) = (server.cluster_addr, &banner) {
         out!("  cluster      node {id}, peers on {c} (cluster {name:?})");
     }

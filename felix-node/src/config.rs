@@ -4,7 +4,7 @@
 //! [broker]
 //! listen = "127.0.0.1:5000"
 //! data_dir = "./felix-data"
-//! fsync = "interval:100"          # always | never | interval:MS
+//! fsync = "always"                # always (default) | never | interval:MS (lazy: see docs/storage.md)
 //! publish_window = 256
 //! max_frame_bytes = 16777216
 //! ack_on_commit = false

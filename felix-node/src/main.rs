@@ -149,7 +149,9 @@ struct ServeArgs {
     /// start and stored in the data directory.
     #[arg(long, env = "FELIX_DEV_TOKEN")]
     dev_token: Option<String>,
-    /// When appends reach the disk: always, never, or interval:MILLISECONDS [default: interval:100].
+    /// When appends reach the disk, for durable streams and replicated shards alike: always
+    /// (acknowledged only once on disk, group commit), or a lazy interval:MILLISECONDS or never
+    /// that a power cut can take acknowledged records back from (docs/storage.md) [default: always].
     #[arg(long, env = "FELIX_FSYNC")]
     fsync: Option<felix_driver_tokio::FsyncMode>,
     /// Auto-created streams keep no history (no offsets, nothing on disk).

@@ -28,6 +28,18 @@ pub enum FsyncMode {
     Never,
 }
 
+/// As users write it (`always`, `never`, `interval:MS`): what [`FromStr`](std::str::FromStr)
+/// reads back.
+impl std::fmt::Display for FsyncMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncMode::Always => f.write_str("always"),
+            FsyncMode::Interval(d) => write!(f, "interval:{}", d.as_millis()),
+            FsyncMode::Never => f.write_str("never"),
+        }
+    }
+}
+
 /// `always`, `never` or `interval:MS` (the CLI's and config file's spelling).
 impl std::str::FromStr for FsyncMode {
     type Err = String;

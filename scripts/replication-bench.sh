@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Acked publish throughput through a replicated stream's leader: three `felix-node serve`
+# brokers on loopback, a fresh cluster per run, then `felix-node bench --ack` against the leader.
+#
+#   scripts/replication-bench.sh [--replication N] [--payload BYTES] [--duration SECS]
+#                                [--fsync POLICY] [--bin PATH] [--runs N]
+#
+# Prints one line per run: replication, payload, fsync policy, records/s, MB/s. Everything it
+# starts is killed when it ends (or is interrupted); data lives in a temporary directory.
+set -euo pipefail
+
+replication=3
+payload=256
+duration=5
+fsync=""
+runs=1
+bin="target/release/felix-node"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --replication) replication="$2"; shift 2 ;;
+    --payload) payload="$2"; shift 2 ;;
+    --duration) duration="$2"; shift 2 ;;
+    --fsync) fsync="$2"; shift 2 ;;
+    --bin) bin="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$bin" ] || { echo "$bin is not built: cargo build --release -p felix-node" >&2; exit 1; }
+
+pids=()
+tmp=""
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+  pids=()
+  [ -n "$tmp" ] && rm -rf "$tmp"
+  tmp=""
+}
+trap cleanup EXIT
+
+# A free port on loopback, of the given kind (udp or tcp).
+free_port() {
+  python3 -c "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM if sys.argv[1]=='udp' else socket.SOCK_STREAM); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])" "$1"
+}
+
+one_run() {
+  tmp=$(mktemp -d)
+  local names=(n1 n2 n3) client=() cluster=() metrics=() peers=""
+  for n in "${names[@]}"; do
+    client+=("127.0.0.1:$(free_port udp)")
+    cluster+=("127.0.0.1:$(free_port udp)")
+    metrics+=("127.0.0.1:$(free_port tcp)")
+  done
+  for i in 0 1 2; do peers+="${names[$i]}=${cluster[$i]},"; done
+  peers=${peers%,}
+  local extra=()
+  [ -n "$fsync" ] && extra+=(--fsync "$fsync")
+  for i in 0 1 2; do
+    "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
+      --node-id "${names[$i]}" --default-shards 1 --default-replication "$replication" \
+      --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
+      --metrics-listen "${metrics[$i]}" "${extra[@]}" > "$tmp/${names[$i]}.out" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1 2; do
+    for _ in $(seq 1 300); do grep -q "listening" "$tmp/${names[$i]}.out" && break; sleep 0.1; done
+  done
+  # Create the stream (the first publish is retried until the metadata group took it).
+  local ok=""
+  for _ in $(seq 1 100); do
+    if "$bin" publish --addr "${client[0]}" --token bench-token --tenant bench --namespace bench \
+         --insecure-accept-any-certificate b1 warm-up --ack >/dev/null 2>&1; then ok=1; break; fi
+    # A redirect to the leader is a success for creation; try the others too.
+    for i in 1 2; do
+      if "$bin" publish --addr "${client[$i]}" --token bench-token --tenant bench --namespace bench \
+           --insecure-accept-any-certificate b1 warm-up --ack >/dev/null 2>&1; then ok=1; break 2; fi
+    done
+    sleep 0.1
+  done
+  [ -n "$ok" ] || { echo "the stream was never created" >&2; cat "$tmp"/n1.out >&2; return 1; }
+  # The leader: the broker whose status lists a leading replica of b1.
+  local leader="" leader_dir=""
+  for _ in $(seq 1 100); do
+    for i in 0 1 2; do
+      if python3 - "${metrics[$i]}" <<'PY'
+import json, sys, urllib.request
+body = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/cluster", timeout=2))
+sys.exit(0 if any(r.get("name") == "b1" and r.get("role") == "leader" for r in body.get("replicas", [])) else 1)
+PY
+      then leader="${client[$i]}"; leader_dir="$tmp/${names[$i]}"; break 2; fi
+    done
+    [ "$replication" = 1 ] && break
+    sleep 0.1
+  done
+  if [ -z "$leader" ]; then
+    # One replica (or an old broker): the owner the metadata names.
+    leader=$(python3 - "${metrics[0]}" <<'PY'
+import json, sys, urllib.request
+body = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/cluster", timeout=2))
+owner = next(s["owner"] for s in body["shards"] if s["name"] == "b1")
+print(next(m["client_addr"] for m in body["members"] if m["node_id"] == owner), owner)
+PY
+)
+    leader_dir="$tmp/${leader#* }"
+    leader="${leader% *}"
+  fi
+  local out
+  out=$("$bin" bench --addr "$leader" --token bench-token --stream b1 --ack --subscribers 1 \
+        --duration "$duration" --payload "$payload" --data-dir "$leader_dir" --tenant bench --json --quiet 2>/dev/null)
+  python3 - "$replication" "$payload" "${fsync:-default}" "$out" <<'PY'
+import json, sys
+r, p, f, out = sys.argv[1:]
+v = json.loads(out.strip().splitlines()[-1])
+rps = v["publish_msgs_per_s"]
+print(f"replication={r} payload={p} fsync={f} records/s={rps:.0f} MB/s={rps*int(p)/1e6:.1f}")
+PY
+  cleanup
+}
+
+for _ in $(seq 1 "$runs"); do one_run; done
