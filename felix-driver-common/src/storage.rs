@@ -49,7 +49,7 @@ impl Syncer {
         let (tx, rx) = std::sync::mpsc::channel::<(PathBuf, File, u64)>();
         let spawned = std::thread::Builder::new().name("felix-fsync".into()).spawn(move || {
             for (path, file, len) in rx {
-                sync_file(&path, &file, len);
+                let _ = sync_file(&path, &file, len);
             }
         });
         match spawned {
@@ -69,21 +69,22 @@ impl Syncer {
         {
             return;
         }
-        sync_file(path, file, len);
+        let _ = sync_file(path, file, len);
     }
 }
 
-/// `fdatasync` of a segment of `len` bytes, said in the sync journal once it returned.
-fn sync_file(path: &Path, file: &File, len: u64) -> bool {
+/// `fdatasync` of a segment of `len` bytes, said in the sync journal once it returned; a
+/// failure is logged and returned.
+fn sync_file(path: &Path, file: &File, len: u64) -> std::io::Result<()> {
     crate::sync_journal::before_sync();
     match file.sync_data() {
         Ok(()) => {
             crate::sync_journal::synced(path, len);
-            true
+            Ok(())
         }
         Err(e) => {
             tracing::error!("fsync {} failed: {e}", path.display());
-            false
+            Err(e)
         }
     }
 }
@@ -261,16 +262,12 @@ impl DiskStorage {
         // Nothing that may not be on disk is reported as written.
         for (path, waiting) in always {
             self.syncs += 1;
-            crate::sync_journal::before_sync();
             if let Some(seg) = self.open.get(&path)
-                && let Err(e) = seg.file.sync_data()
+                && let Err(e) = sync_file(&path, &seg.file, seg.len)
             {
-                tracing::error!("fsync {} failed: {e}", path.display());
                 for i in waiting {
                     results[i].1 = outcome_of(&e);
                 }
-            } else if let Some(seg) = self.open.get(&path) {
-                crate::sync_journal::synced(&path, seg.len);
             }
             self.dirty.remove(&path);
         }
@@ -480,7 +477,7 @@ impl DiskStorage {
     /// Syncs everything written (at shutdown).
     pub fn sync_all(&mut self) {
         for (path, seg) in &self.open {
-            sync_file(path, &seg.file, seg.len);
+            let _ = sync_file(path, &seg.file, seg.len);
         }
         self.dirty.clear();
     }
@@ -502,7 +499,7 @@ impl DiskStorage {
             old => {
                 if let Some(old) = old {
                     if let Some(seg) = self.open.remove(&old) {
-                        sync_file(&old, &seg.file, seg.len);
+                        let _ = sync_file(&old, &seg.file, seg.len);
                         // Sealed: its index lets recovery skip reading it.
                         if let Some(w) = self.idx_open.remove(&old) {
                             w.seal(&old, seg.len);

@@ -571,11 +571,10 @@ impl ReplicaLogs {
             if f.file.is_some() && f.len >= segment_bytes {
                 // Closed: made durable now (it is not appended to again), and the next one
                 // starts with the hard state.
-                if let Some(old) = f.file.take() {
-                    let len = felix_driver_common::sync_journal::len_of(&old);
-                    old.sync_data()?;
+                if let Some(file) = f.file.take() {
                     let seq = f.segments.last().map_or(0, |(s, _)| *s);
-                    felix_driver_common::sync_journal::synced(&dir.join(replica_file_name(shard, seq)), len);
+                    let path = dir.join(replica_file_name(shard, seq));
+                    UnsyncedFile { shard: shard.clone(), path, len: f.len, file }.sync()?;
                 }
                 let seq = f.segments.last().map_or(0, |(s, _)| s + 1);
                 f.segments.push((seq, 0));
