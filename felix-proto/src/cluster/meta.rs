@@ -810,19 +810,6 @@ fn seal_record_at(out: &mut Vec<u8>, start: usize, part: usize) {
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-/// The records of an append-only file, each as (its end in `data`, its body), up to the first
-/// whose framing does not hold (a torn tail).
-fn records(data: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
-    let mut at = 0usize;
-    std::iter::from_fn(move || {
-        let w = data.get(at..at + 4)?;
-        let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
-        let body = data.get(at + 4..at + 4 + len).filter(|b| !b.is_empty())?;
-        at += 4 + len;
-        Some((at, body))
-    })
-}
-
 /// One [`MetaOutput::PersistSnapshot`] as a record of the same append-only file:
 /// `u32 length`, `u8 2`, `"FLXS"`, `u32 length` + the snapshot's protobuf, CRC-32C of the bytes
 /// from `"FLXS"` on.
@@ -855,8 +842,9 @@ fn decode_snapshot_record(body: &[u8]) -> Option<Snapshot> {
 
 /// Folds an append-only file of [`encode_log_record`] (and [`encode_snapshot_record`])
 /// records into the log they leave, and says how many bytes of it were whole records. A torn
-/// or damaged record ends the file there (a crash mid-append): what came before it stands, and
-/// the driver cuts the file to that length before appending again. Never panics.
+/// record ends the file there (a crash mid-append): what came before it stands, and the driver
+/// cuts the file to that length before appending again. Damage (see [`LogDamage`]) also ends
+/// it there; [`fold_log_segments_checked`] tells the two apart. Never panics.
 pub fn fold_log_records(data: &[u8]) -> (RaftLog, usize) {
     let (log, segments) = fold_log_segments(&[data]);
     (log, segments.first().map_or(0, |s| s.whole))
@@ -872,54 +860,201 @@ pub struct SegmentInfo {
     pub max_index: u64,
 }
 
+/// Why a kept replica log cannot be trusted. A crash mid-append leaves a *torn tail*: the
+/// last record runs past the end of the file (or its length was only partly written), and
+/// nothing whole follows it; what was torn was never synced, so never acknowledged, and is
+/// cut. Anything else is damage: a bit flip, a truncation, a lost block. The bytes past it may
+/// have held entries this replica acknowledged and the vote it gave in a term, so the log
+/// neither serves nor votes from what is left: the replica rejoins its group afresh.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("segment {segment}, byte {offset}: {kind}")]
+pub struct LogDamage {
+    /// Which segment (0: the oldest given).
+    pub segment: usize,
+    /// Where in it the damage starts.
+    pub offset: usize,
+    /// What was found.
+    pub kind: DamageKind,
+}
+
+/// What [`LogDamage`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DamageKind {
+    /// A record whose bytes are all there fails its checksum or does not decode.
+    #[error("a whole record fails its checksum")]
+    Checksum,
+    /// The last record's length says it runs past the end of the file, yet the bytes after
+    /// the length are a whole record: the length itself was damaged (a torn write leaves a
+    /// body that fails its checksum).
+    #[error("a record's length field is damaged")]
+    Length,
+    /// The framing breaks, yet a whole record follows later in the file (not a torn tail).
+    #[error("the framing breaks with whole records after it")]
+    RecordsAfterBreak,
+    /// A closed segment (one a later segment follows) ends short: it was synced whole when
+    /// it was closed.
+    #[error("a closed segment ends short")]
+    ClosedSegmentShort,
+    /// A record's entries do not continue the log.
+    #[error("entries leave a gap")]
+    Gap,
+    /// The kept hard state says entries were committed past the last one kept (a truncation).
+    #[error("the commit index lies past the last entry kept")]
+    CommitPastEntries,
+}
+
+/// What is at `at` in an append-only file.
+enum RecordAt<'a> {
+    /// The end of the file.
+    End,
+    /// Framing that does not hold: fewer than 4 bytes, a zero length, or a length past the end.
+    Short,
+    /// A whole record (by its framing): its end and its body.
+    Whole(usize, &'a [u8]),
+}
+
+fn record_at(data: &[u8], at: usize) -> RecordAt<'_> {
+    if at >= data.len() {
+        return RecordAt::End;
+    }
+    let Some(w) = data.get(at..at + 4) else { return RecordAt::Short };
+    let len = u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize;
+    match data.get(at + 4..(at + 4).saturating_add(len)) {
+        Some(body) if !body.is_empty() => RecordAt::Whole(at + 4 + len, body),
+        _ => RecordAt::Short,
+    }
+}
+
+/// A record body that decodes: a snapshot (`Ok(Ok)`), a log part (`Ok(Err)`), or damage
+/// (`Err`). The flag byte lies outside the checksum, so it is checked against what it flags:
+/// a record with a hard state carries one Raft wrote (never the all-zero initial one), a
+/// record without carries the zero placeholder. A flipped flag would otherwise forget a vote
+/// or put term 0 in its place.
+fn decode_body(body: &[u8]) -> Result<Result<Snapshot, RaftLog>, ()> {
+    match body[0] {
+        2 => decode_snapshot_record(&body[1..]).map(Ok).ok_or(()),
+        flag @ (0 | 1) => {
+            let part = RaftLog::decode(&body[1..]).map_err(|_| ())?;
+            if (flag == 1) == (part.hard_state == HardState::default()) {
+                return Err(());
+            }
+            Ok(Err(part))
+        }
+        _ => Err(()),
+    }
+}
+
+/// Whether a whole record that decodes starts anywhere after `from` (a cheap check of its
+/// flag and magic first: a scan of garbage costs one comparison per byte).
+fn whole_record_after(data: &[u8], from: usize) -> bool {
+    (from + 1..data.len().saturating_sub(8)).any(|at| {
+        let flag = data[at + 4];
+        let magic = &data[at + 5..at + 9];
+        let plausible = (flag <= 1 && magic == b"FLXR") || (flag == 2 && magic == b"FLXS");
+        plausible && matches!(record_at(data, at), RecordAt::Whole(_, body) if decode_body(body).is_ok())
+    })
+}
+
 /// Folds a log kept as several append-only files (segments, oldest first) into the log they
 /// leave. Segments a snapshot made useless may have been deleted, so the fold starts from the
 /// last snapshot: entries below its index are skipped wherever they are, and the ones after it
-/// must follow without a gap (a gap is damage and ends the file there, like a torn record).
-/// Never panics.
+/// must follow without a gap. A torn tail or damage ends the fold there (see
+/// [`fold_log_segments_checked`] to tell them apart). Never panics.
 pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
-    // Pass 1: the last snapshot's index (records whose framing holds).
+    let (log, infos, _) = fold_log_segments_checked(segments);
+    (log, infos)
+}
+
+/// [`fold_log_segments`], and the first damage found (`None`: at most a torn tail, which
+/// [`SegmentInfo::whole`] says where to cut). After damage the fold stops: the log returned is
+/// what came before it, which a driver must not serve or vote from. Never panics.
+pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>) {
+    // Pass 1: the last snapshot's index (whole records that decode).
     let mut floor = 0;
     for data in segments {
-        for (_, body) in records(data) {
-            if body[0] == 2
-                && let Some(snap) = decode_snapshot_record(&body[1..])
-            {
+        let mut at = 0;
+        while let RecordAt::Whole(end, body) = record_at(data, at) {
+            if let Ok(Ok(snap)) = decode_body(body) {
                 floor = floor.max(snap.get_metadata().index);
             }
+            at = end;
         }
     }
     // Pass 2: every record in order, entries below the floor skipped.
     let mut log = RaftLog::default();
     let mut infos = Vec::with_capacity(segments.len());
-    for data in segments {
+    let mut damage = None;
+    'segments: for (segment, data) in segments.iter().enumerate() {
         let mut info = SegmentInfo::default();
-        for (end, body) in records(data) {
-            if body[0] == 2 {
-                let Some(snap) = decode_snapshot_record(&body[1..]) else { break };
-                log.persist_snapshot(&snap);
-                info.whole = end;
-                continue;
-            }
-            let Ok(mut part) = RaftLog::decode(&body[1..]) else { break };
-            info.max_index = info.max_index.max(part.entries.last().map_or(0, |e| e.index));
+        let last = segment + 1 == segments.len();
+        let damaged = |offset, kind| Some(LogDamage { segment, offset, kind });
+        loop {
+            let body = match record_at(data, info.whole) {
+                RecordAt::End => break,
+                RecordAt::Whole(_, body) => body,
+                RecordAt::Short if !last => {
+                    damage = damaged(info.whole, DamageKind::ClosedSegmentShort);
+                    infos.push(info);
+                    break 'segments;
+                }
+                RecordAt::Short
+                    if data.len() > info.whole + 5 && decode_body(&data[info.whole + 4..]).is_ok() =>
+                {
+                    damage = damaged(info.whole, DamageKind::Length);
+                    infos.push(info);
+                    break 'segments;
+                }
+                RecordAt::Short if whole_record_after(data, info.whole) => {
+                    damage = damaged(info.whole, DamageKind::RecordsAfterBreak);
+                    infos.push(info);
+                    break 'segments;
+                }
+                // A torn tail: cut here.
+                RecordAt::Short => break,
+            };
+            let end = info.whole + 4 + body.len();
+            let mut part = match decode_body(body) {
+                Ok(Ok(snap)) => {
+                    log.persist_snapshot(&snap);
+                    info.whole = end;
+                    continue;
+                }
+                Ok(Err(part)) => part,
+                Err(()) => {
+                    damage = damaged(info.whole, DamageKind::Checksum);
+                    infos.push(info);
+                    break 'segments;
+                }
+            };
             // Entries below the last snapshot are covered by it (the one at its index stays
             // until the snapshot is folded in: it says whether later entries match).
             let below = log.snapshot.as_ref().map_or(floor, |s| s.get_metadata().index + 1).max(floor);
+            let max_index = part.entries.last().map_or(0, |e| e.index);
             part.entries.retain(|e| e.index >= below);
             // The entries must continue the log (or overwrite its tail): a record that would
-            // leave a gap is damage, not a crash, and ends the file like one.
+            // leave a gap is damage, not a crash.
             let next = log.entries.last().map(|l| l.index + 1);
             let next = next.or(log.snapshot.as_ref().map(|s| s.get_metadata().index + 1)).unwrap_or(floor.max(1));
             if part.entries.first().is_some_and(|e| e.index > next) {
-                break;
+                damage = damaged(info.whole, DamageKind::Gap);
+                infos.push(info);
+                break 'segments;
             }
+            info.max_index = info.max_index.max(max_index);
             log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
             info.whole = end;
         }
         infos.push(info);
     }
-    (log, infos)
+    // A commit past every entry kept: entries this replica held (and may have acknowledged)
+    // are gone, though every record left is whole (a file cut at a record boundary).
+    let last_index = log.entries.last().map(|e| e.index).or(log.snapshot.as_ref().map(|s| s.get_metadata().index));
+    if damage.is_none() && log.hard_state.commit > last_index.unwrap_or(0) {
+        let segment = infos.len().saturating_sub(1);
+        let offset = infos.last().map_or(0, |i| i.whole);
+        damage = Some(LogDamage { segment, offset, kind: DamageKind::CommitPastEntries });
+    }
+    (log, infos, damage)
 }
 
 /// A Raft message as bytes for the cluster transport.
@@ -1108,15 +1243,87 @@ mod tests {
             let (l, n) = fold_log_records(&torn);
             assert_eq!((l.entries.len(), n), (3, whole), "cut at {cut}");
         }
-        // A damaged byte inside a record ends the file there.
+        // A damaged byte inside a record ends the file there, and is said to be damage.
         let mut bad = file.clone();
         bad[whole - 3] ^= 0x10;
         assert!(fold_log_records(&bad).1 < whole);
+        assert_eq!(fold_log_segments_checked(&[&bad]).2.map(|d| d.kind), Some(DamageKind::Checksum));
         // A record that would leave a gap is refused.
         let mut gap = file.clone();
         gap.extend(encode_log_record(&[e(9, 2, b"z")], None));
         assert_eq!(fold_log_records(&gap).1, whole);
+        assert_eq!(fold_log_segments_checked(&[&gap]).2.map(|d| d.kind), Some(DamageKind::Gap));
         assert_eq!(fold_log_records(&[0xFF; 7]).1, 0);
+    }
+
+    /// Three records as a replica writes them: entries with a hard state, entries without,
+    /// entries with a newer hard state (a vote in term 2).
+    fn three_records() -> (Vec<u8>, [usize; 3]) {
+        let hs = |term, commit| HardState { term, vote: 2, commit, ..HardState::default() };
+        let mut file = encode_log_record(&entries(1..=3, 1), Some(&hs(1, 1)));
+        let a = file.len();
+        file.extend(encode_log_record(&entries(4..=5, 1), None));
+        let b = file.len();
+        file.extend(encode_log_record(&entries(6..=6, 2), Some(&hs(2, 5))));
+        (file.clone(), [a, b, file.len()])
+    }
+
+    #[test]
+    fn every_single_bit_flip_in_a_replica_log_is_found_as_damage_never_taken_for_a_torn_tail() {
+        let (file, _) = three_records();
+        assert_eq!(fold_log_segments_checked(&[&file]).2, None);
+        for at in 0..file.len() {
+            for bit in 0..8 {
+                let mut bad = file.clone();
+                bad[at] ^= 1 << bit;
+                let (_, _, damage) = fold_log_segments_checked(&[&bad]);
+                assert!(damage.is_some(), "a flip of bit {bit} of byte {at} passed as intact or torn");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tail_torn_anywhere_is_cut_without_damage_and_what_came_before_stands() {
+        let (file, [a, b, end]) = three_records();
+        for cut in 0..end {
+            let (log, infos, damage) = fold_log_segments_checked(&[&file[..cut]]);
+            assert_eq!(damage, None, "cut at {cut}");
+            let kept = if cut >= b { b } else if cut >= a { a } else { 0 };
+            assert_eq!(infos[0].whole, kept, "cut at {cut}");
+            assert_eq!(log.entries.len(), [0, 3, 5][[0, a, b].iter().position(|k| *k == kept).unwrap()]);
+        }
+        // Zeros after the last record (space the filesystem gave but the write never filled)
+        // are a torn tail too.
+        let mut zeros = file.clone();
+        zeros.extend_from_slice(&[0; 100]);
+        let (log, infos, damage) = fold_log_segments_checked(&[&zeros]);
+        assert_eq!((damage, infos[0].whole, log.hard_state.term), (None, end, 2));
+    }
+
+    #[test]
+    fn damage_in_a_closed_segment_or_a_commit_past_the_entries_kept_is_found() {
+        let (file, [a, ..]) = three_records();
+        let hs = HardState { term: 2, vote: 2, commit: 6, ..HardState::default() };
+        let next = encode_log_record(&entries(7..=8, 2), Some(&hs));
+        // The first segment cut short (its tail lost) while the next one goes on.
+        let (_, _, damage) = fold_log_segments_checked(&[&file[..a + 5], &next]);
+        assert_eq!(damage.map(|d| (d.segment, d.offset, d.kind)), Some((0, a, DamageKind::ClosedSegmentShort)));
+        // Whole, but the next segment's entries do not follow the first's.
+        let (_, _, damage) = fold_log_segments_checked(&[&file[..a], &next]);
+        assert_eq!(damage.map(|d| (d.segment, d.kind)), Some((1, DamageKind::Gap)));
+        // A record framing break in the middle with whole records after it.
+        let mut broken = file.clone();
+        broken[a..a + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        let (log, _, damage) = fold_log_segments_checked(&[&broken]);
+        assert_eq!(damage.map(|d| d.kind), Some(DamageKind::RecordsAfterBreak));
+        assert_eq!(log.entries.len(), 3, "what came before the damage is what the fold returns");
+        // A hard state that says more was committed than the entries left.
+        let mut past = encode_log_record(&entries(1..=2, 1), None);
+        past.extend(encode_log_record(&[], Some(&HardState { term: 1, commit: 4, ..HardState::default() })));
+        assert_eq!(fold_log_segments_checked(&[&past]).2.map(|d| d.kind), Some(DamageKind::CommitPastEntries));
+        // Every kind of damage says where it is.
+        let d = LogDamage { segment: 1, offset: 40, kind: DamageKind::Length };
+        assert_eq!(d.to_string(), "segment 1, byte 40: a record's length field is damaged");
     }
 
     /// Three members and a network that delivers in order, dropping what touches a cut node.
