@@ -382,6 +382,38 @@ pub(crate) struct ReplicaLogs {
     scratch: Vec<u8>,
 }
 
+/// What [`ReplicaLogs::open`] read back.
+pub(crate) struct OpenedReplicaLogs {
+    /// The logs, to append to.
+    pub(crate) logs: ReplicaLogs,
+    /// Every intact replica's log.
+    pub(crate) kept: std::collections::BTreeMap<ShardId, felix_proto::cluster::meta::RaftLog>,
+    /// Replicas whose log was found damaged (and set aside), and why.
+    pub(crate) damaged: std::collections::BTreeMap<ShardId, String>,
+}
+
+/// Moves a damaged replica log's segments to `replicas/damaged/` (each name gets the time it
+/// was set aside, so a second damage of the same shard never overwrites the first), synced so
+/// the move survives a power cut; returns the directory.
+fn quarantine(dir: &std::path::Path, shard: &ShardId, seqs: &[u64]) -> std::io::Result<std::path::PathBuf> {
+    let aside = dir.join("damaged");
+    std::fs::create_dir_all(&aside)?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    for seq in seqs {
+        let name = replica_file_name(shard, *seq);
+        let mut to = aside.join(format!("{name}.{stamp}"));
+        let mut n = 1;
+        while to.exists() {
+            to = aside.join(format!("{name}.{stamp}-{n}"));
+            n += 1;
+        }
+        std::fs::rename(dir.join(&name), &to)?;
+    }
+    std::fs::File::open(&aside)?.sync_all()?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(aside)
+}
+
 /// Bytes after which a replica's segment is closed and a new one started.
 pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 
@@ -430,13 +462,21 @@ fn parse_replica_file_name(n: &str) -> Option<(ShardId, u64)> {
 impl ReplicaLogs {
     /// Opens the directory (nothing is kept without a data directory) and reads back every
     /// replica's log. A segment torn by a crash mid-append is cut back to its last whole
-    /// record; a file whose name is not a shard's is left alone and said.
+    /// record; a file whose name is not a shard's is left alone and said. A log found damaged
+    /// (a flipped bit, a closed segment cut short, a gap: [`LogDamage`]) is neither served
+    /// nor voted from: its files are moved to `replicas/damaged/` (kept for an operator, never
+    /// read again) and the shard is returned among the damaged, with why, for its replica to
+    /// rejoin its group afresh ([`ClusterNode::set_damaged_replicas`]).
+    ///
+    /// [`LogDamage`]: felix_proto::cluster::meta::LogDamage
+    /// [`ClusterNode::set_damaged_replicas`]: felix_proto::cluster::node::ClusterNode::set_damaged_replicas
     pub(crate) fn open(
         data_dir: Option<&std::path::Path>,
         sync_every: Option<std::time::Duration>,
-    ) -> std::io::Result<(ReplicaLogs, std::collections::BTreeMap<ShardId, felix_proto::cluster::meta::RaftLog>)> {
+    ) -> std::io::Result<OpenedReplicaLogs> {
         let dir = data_dir.map(|d| d.join("cluster").join("replicas"));
         let mut kept = std::collections::BTreeMap::new();
+        let mut damaged = std::collections::BTreeMap::new();
         let mut shards = std::collections::BTreeMap::new();
         if let Some(dir) = &dir
             && dir.exists()
@@ -444,6 +484,9 @@ impl ReplicaLogs {
             let mut found: std::collections::BTreeMap<ShardId, Vec<u64>> = Default::default();
             for e in std::fs::read_dir(dir)? {
                 let e = e?;
+                if e.file_type()?.is_dir() {
+                    continue; // `damaged/`: logs set aside
+                }
                 let name = e.file_name().to_string_lossy().into_owned();
                 let Some((shard, seq)) = parse_replica_file_name(&name) else {
                     if !name.ends_with(".tmp") {
@@ -460,7 +503,19 @@ impl ReplicaLogs {
                     datas.push(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?);
                 }
                 let views: Vec<&[u8]> = datas.iter().map(Vec::as_slice).collect();
-                let (log, infos) = felix_proto::cluster::meta::fold_log_segments(&views);
+                let (log, infos, damage) = felix_proto::cluster::meta::fold_log_segments_checked(&views);
+                if let Some(d) = damage {
+                    let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
+                    let why = format!("{}, byte {}: {}", path.display(), d.offset, d.kind);
+                    let aside = quarantine(dir, &shard, &seqs)?;
+                    tracing::error!(
+                        "replica log damaged: {why}. It is neither served nor voted from: moved to {}; the \
+                         replica rejoins its group afresh and catches up from its peers",
+                        aside.display()
+                    );
+                    damaged.insert(shard, why);
+                    continue;
+                }
                 let mut files = ShardFiles { hard_state: Some(log.hard_state.clone()), ..ShardFiles::default() };
                 for ((seq, info), data) in seqs.iter().zip(&infos).zip(&datas) {
                     let path = dir.join(replica_file_name(&shard, *seq));
@@ -498,7 +553,7 @@ impl ReplicaLogs {
             segment_bytes: SEGMENT_BYTES,
             scratch: Vec::new(),
         };
-        Ok((logs, kept))
+        Ok(OpenedReplicaLogs { logs, kept, damaged })
     }
 
     /// Appends a replica's persisted state. Synced at once when the policy says `always`.
@@ -721,7 +776,8 @@ mod replica_log_tests {
         let _ = std::fs::remove_dir_all(&dir);
         let shard =
             ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
-        let (mut logs, kept) = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1))).unwrap();
+        let OpenedReplicaLogs { mut logs, kept, .. } =
+            ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1))).unwrap();
         assert!(kept.is_empty());
         logs.segment_bytes = 1000;
         let mut expect = felix_proto::cluster::meta::RaftLog::default();
@@ -748,8 +804,64 @@ mod replica_log_tests {
         logs.persist(&shard, &e, None).unwrap();
         expect.persist(&e, None);
         drop(logs);
-        let (_, kept) = ReplicaLogs::open(Some(&dir), None).unwrap();
+        let kept = ReplicaLogs::open(Some(&dir), None).unwrap().kept;
         assert_eq!(kept.get(&shard), Some(&expect));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_damaged_replica_log_is_set_aside_and_said_while_a_torn_one_is_cut_and_kept() {
+        use felix_proto::cluster::meta::{Entry, HardState};
+        let dir = std::env::temp_dir().join(format!("felix-replica-damaged-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard = |name: &str| ShardId {
+            kind: Kind::Stream,
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            shard: 0,
+        };
+        let (damaged, torn) = (shard("damaged"), shard("torn"));
+        let mut logs = ReplicaLogs::open(Some(&dir), None).unwrap().logs;
+        for index in 1..=10u64 {
+            let e = vec![Entry { index, term: 1, data: vec![7; 50].into(), ..Entry::default() }];
+            let hs = HardState { term: 1, vote: 2, commit: index, ..HardState::default() };
+            logs.persist(&damaged, &e, Some(&hs)).unwrap();
+            logs.persist(&torn, &e, Some(&hs)).unwrap();
+        }
+        drop(logs);
+        let replicas = dir.join("cluster").join("replicas");
+        let path = |s: &ShardId| replicas.join(replica_file_name(s, 0));
+        // One bit flipped in the middle of one log; the other's last record half written.
+        let mut bytes = std::fs::read(path(&damaged)).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x04;
+        std::fs::write(path(&damaged), &bytes).unwrap();
+        let whole = std::fs::metadata(path(&torn)).unwrap().len();
+        let mut f = std::fs::OpenOptions::new().append(true).open(path(&torn)).unwrap();
+        std::io::Write::write_all(&mut f, &felix_proto::cluster::meta::encode_log_record(&[], None)[..7]).unwrap();
+        drop(f);
+        let opened = ReplicaLogs::open(Some(&dir), None).unwrap();
+        // The torn one is cut back to its whole records and kept.
+        assert_eq!(opened.kept.get(&torn).map(|l| l.entries.len()), Some(10));
+        assert_eq!(std::fs::metadata(path(&torn)).unwrap().len(), whole);
+        // The damaged one is neither kept nor left where it would be read again: it is in
+        // `damaged/`, byte for byte, and said with its file and why.
+        assert!(!opened.kept.contains_key(&damaged));
+        let why = &opened.damaged[&damaged];
+        assert!(why.contains(&replica_file_name(&damaged, 0)) && why.contains(", byte "), "{why}");
+        assert!(!path(&damaged).exists());
+        let aside: Vec<_> = std::fs::read_dir(replicas.join("damaged")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(std::fs::read(&aside[0]).unwrap(), bytes);
+        // Its replica starts a fresh log; the next open reads that, and leaves `damaged/` alone.
+        let mut logs = opened.logs;
+        let e = vec![Entry { index: 1, term: 3, data: vec![1].into(), ..Entry::default() }];
+        logs.persist(&damaged, &e, Some(&HardState { term: 3, commit: 1, ..HardState::default() })).unwrap();
+        drop(logs);
+        let again = ReplicaLogs::open(Some(&dir), None).unwrap();
+        assert!(again.damaged.is_empty());
+        assert_eq!(again.kept.get(&damaged).map(|l| l.hard_state.term), Some(3));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

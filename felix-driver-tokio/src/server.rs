@@ -237,10 +237,11 @@ impl Server {
                     FsyncMode::Interval(d) => Some(d),
                     FsyncMode::Never => Some(std::time::Duration::from_secs(1)),
                 };
-                let (logs, kept_replicas) =
+                let opened =
                     crate::cluster::ReplicaLogs::open(opts.data_dir.as_deref(), sync_every).map_err(ServerError::Io)?;
-                node.set_kept_replicas(kept_replicas);
-                replica_logs = Some(logs);
+                node.set_kept_replicas(opened.kept);
+                node.set_damaged_replicas(opened.damaged);
+                replica_logs = Some(opened.logs);
                 let secret = c.secret.clone();
                 let (ptx, mut prx) = mpsc::unbounded_channel();
                 let (cluster_id, _, _) = Identity::self_signed(&["localhost"])?;
@@ -976,6 +977,14 @@ impl BrokerTask {
                 "shard": s.shard, "failed": why})
             })
             .collect();
+        let rejoining: Vec<serde_json::Value> = n
+            .rejoining_replicas()
+            .iter()
+            .map(|(s, why)| {
+                serde_json::json!({"kind": format!("{:?}", s.kind).to_lowercase(), "name": s.name,
+                "namespace": s.namespace, "tenant": s.tenant, "shard": s.shard, "damaged": why})
+            })
+            .collect();
         let moves: Vec<serde_json::Value> = md
             .moves()
             .iter()
@@ -1003,7 +1012,7 @@ impl BrokerTask {
         let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
             "fenced": n.broker.is_fenced(), "moves": moves, "move_progress": progress,
             "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas,
-            "failed_replicas": failed});
+            "failed_replicas": failed, "rejoining_replicas": rejoining});
         format!("{v}\n")
     }
 
@@ -1127,6 +1136,28 @@ impl BrokerTask {
         let gates: usize = self.conns.values().map(|c| c.gates.len()).sum();
         m("felix_driver_stream_writers", "gauge", "Stream writer tasks.", writers as u64);
         m("felix_driver_stream_readers", "gauge", "Stream reader tasks.", gates as u64);
+        if let Node::Cluster(n) = &self.node {
+            let r = n.rejoin_counts();
+            m(
+                "felix_replica_logs_damaged_total",
+                "counter",
+                "Replica logs found damaged (at start, or shorter than they had acknowledged): each replica rejoins its group afresh.",
+                r.damaged,
+            );
+            m("felix_replica_rejoins_healed_total", "counter", "Of those, the replicas that rejoined.", r.healed);
+            m(
+                "felix_replicas_rejoining",
+                "gauge",
+                "Replicas here rejoining their group (granting no vote until it took them out and back in).",
+                n.rejoining_replicas().len() as u64,
+            );
+            m(
+                "felix_replicas_readded_total",
+                "counter",
+                "Other brokers' rejoining replicas this broker, leading their group, took out and added back.",
+                r.readded,
+            );
+        }
         m(
             "felix_runtime_alive_tasks",
             "gauge",
@@ -1537,6 +1568,16 @@ impl BrokerTask {
                 }
                 NodeOutput::PeerRefused { name, why } => {
                     tracing::error!("cluster: refused {name}: {why}");
+                    return;
+                }
+                NodeOutput::ReplicaRejoin { shard, what } => {
+                    tracing::warn!(
+                        "cluster: replica of {}/{}/{} shard {}: {what}",
+                        shard.tenant,
+                        shard.namespace,
+                        shard.name,
+                        shard.shard
+                    );
                     return;
                 }
                 NodeOutput::PeerRemoved { name } => {

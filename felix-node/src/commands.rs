@@ -1607,6 +1607,17 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             );
         }
     }
+    for f in v["rejoining_replicas"].as_array().into_iter().flatten() {
+        out!(
+            "  {}{}/{}/{} {}: REJOINING, its log was damaged ({}): set aside, it grants no vote until its group takes it out and adds it back, then catches up",
+            if f["kind"] == "cache" { "cache " } else { "" },
+            s(&f["tenant"]),
+            s(&f["namespace"]),
+            s(&f["name"]),
+            f["shard"],
+            s(&f["damaged"])
+        );
+    }
     for f in v["failed_replicas"].as_array().into_iter().flatten() {
         out!(
             "  {}/{}/{} {}: STOPPED, {} (it rejoins when this broker restarts)",

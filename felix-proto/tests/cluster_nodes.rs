@@ -52,6 +52,8 @@ struct Cluster {
     cache_specs: Vec<felix_proto::broker::CacheSpec>,
     /// Streams the brokers finished (FIN), by broker, connection and stream.
     finished: std::collections::BTreeSet<(String, ConnId, StreamId)>,
+    /// Steps of replica rejoins the brokers said: (broker, what).
+    rejoin_notes: Vec<(String, String)>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -102,6 +104,7 @@ impl Cluster {
             cut: Default::default(),
             cache_specs: Vec::new(),
             finished: Default::default(),
+            rejoin_notes: Vec::new(),
         };
         for n in names {
             c.hellos(n);
@@ -232,6 +235,7 @@ impl Cluster {
                         }
                         NodeOutput::PeerRemoved { name: peer } => self.peers_removed.push((name.clone(), peer)),
                         NodeOutput::PeerRefused { name: peer, why } => self.refusals.push((name.clone(), peer, why)),
+                        NodeOutput::ReplicaRejoin { what, .. } => self.rejoin_notes.push((name.clone(), what)),
                         NodeOutput::PersistRaft { entries, hard_state } => {
                             self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
                         }
@@ -2324,4 +2328,131 @@ fn ten_acked_then_a_subscriber(c: &mut Cluster, first: &str, flags: u16) -> (Con
     assert!(matches!(messages(&c.take(first, sc, ss))[0], Message::Subscribed(_)));
     c.settle();
     (sc, ss)
+}
+
+/// Restarts `name` as a broker whose kept log of the ledger's replica was found damaged: the
+/// driver set it aside and says why.
+fn restart_damaged(c: &mut Cluster, name: &str) {
+    c.kept_replicas.entry(name.to_owned()).or_default().remove(&ledger());
+    restart(c, name);
+    let why = "segment 0, byte 4096: a whole record fails its checksum".to_string();
+    c.nodes.get_mut(name).unwrap().set_damaged_replicas([(ledger(), why)].into_iter().collect());
+}
+
+fn rejoining(c: &Cluster, name: &str) -> bool {
+    c.nodes[name].rejoining_replicas().contains_key(&ledger())
+}
+
+const ACKED: u16 = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+
+/// `n` acked publishes through `node` (offsets offered from `first`), all acknowledged `ok`.
+fn publish_acked(c: &mut Cluster, node: &str, index: u64, prefix: &str, n: u64) {
+    let (conn, st) = c.client(node, ACKED, index);
+    for k in 0..n {
+        c.send(node, conn, st, publish_binary("ledger", &[&format!("{prefix}{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(node, conn, st)));
+    assert!(a.len() == n as usize && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+}
+
+#[test]
+fn a_replica_whose_kept_log_is_damaged_rejoins_afresh_catches_up_and_votes_again() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    publish_acked(&mut c, &leader, 1, "a", 20);
+    c.settle();
+    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    // The follower restarts; its replica's log was found damaged and set aside.
+    c.nodes.remove(&follower);
+    restart_damaged(&mut c, &follower);
+    assert!(rejoining(&c, &follower));
+    c.until("its replica started, rejoining", |c| {
+        c.nodes[&follower].replica_report().iter().any(|r| r.shard == ledger() && r.role == "rejoining")
+    });
+    // The leader takes it out of the group and adds it back; it catches up from the leader and
+    // is told it may vote again.
+    c.until("the damaged replica rejoined", |c| !rejoining(c, &follower));
+    c.until("it holds the whole history", |c| history(c, &follower).0 == history(c, &leader).0);
+    assert_eq!(history(&c, &follower).0.len(), 20);
+    let counts = c.nodes[&follower].rejoin_counts();
+    assert_eq!((counts.damaged, counts.healed), (1, 1));
+    assert_eq!(c.nodes[&leader].rejoin_counts().readded, 1);
+    let notes: Vec<&str> = c.rejoin_notes.iter().map(|(_, w)| w.as_str()).collect();
+    assert!(notes.iter().any(|w| w.contains("took") && w.contains("out of the group")), "{notes:?}");
+    assert!(notes.iter().any(|w| w.starts_with("rejoined its group")), "{notes:?}");
+    assert_eq!(c.nodes[&leader].replica_voters(&ledger()).map(|v| v.len()), Some(3));
+    // A full voter again: with the leader gone, it and the third replica elect a leader that
+    // holds every acknowledged record and takes writes.
+    c.nodes.remove(&leader);
+    c.until("a new leader", |c| leading(c).is_some());
+    let second = leading(&c).unwrap();
+    publish_acked(&mut c, &second, 2, "b", 5);
+    let (records, _) = history(&c, &second);
+    assert_eq!(records.len(), 25);
+    c.until("the rejoined replica holds it all", |c| history(c, &follower).0 == history(c, &second).0);
+}
+
+#[test]
+fn a_damaged_replica_grants_no_vote_so_a_replica_without_the_acknowledged_records_cannot_lead() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let others: Vec<String> = NAMES.iter().filter(|n| **n != leader).map(|n| n.to_string()).collect();
+    let (holder, behind) = (others[0].clone(), others[1].clone());
+    // `behind` is cut off while ten records are acknowledged by the leader and `holder`.
+    c.cut.insert(behind.clone());
+    publish_acked(&mut c, &leader, 1, "a", 10);
+    c.settle();
+    assert_eq!(history(&c, &behind).0.len(), 0);
+    // `holder` loses them (its kept log damaged, set aside) and the leader dies: the only
+    // replica that could lead is `behind`, which never had them. An empty replica that voted
+    // for it would lose ten acknowledged records; this one grants no vote, so nobody leads.
+    c.nodes.remove(&leader);
+    c.nodes.remove(&holder);
+    c.cut.clear();
+    restart_damaged(&mut c, &holder);
+    for _ in 0..100 {
+        c.tick();
+    }
+    assert_eq!(leading(&c), None, "a leader without the acknowledged records");
+    assert!(rejoining(&c, &holder));
+    // The old leader comes back with its log: it leads (or hands over) with every record, and
+    // the damaged replica rejoins and catches up.
+    restart(&mut c, &leader);
+    c.until("a leader again", |c| leading(c).is_some());
+    c.until("the damaged replica rejoined", |c| !rejoining(c, &holder));
+    let now_leader = leading(&c).unwrap();
+    let payloads: Vec<Bytes> = history(&c, &now_leader).0.into_iter().map(|(_, p)| p).collect();
+    for k in 0..10 {
+        assert!(payloads.iter().any(|p| p.as_ref() == format!("a{k}").as_bytes()), "a{k} lost: {payloads:?}");
+    }
+    c.until("every replica holds the same history", |c| {
+        NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
+    });
+}
+
+#[test]
+fn a_replica_whose_log_comes_back_shorter_than_it_acknowledged_rejoins_when_its_leader_says_so() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    publish_acked(&mut c, &leader, 1, "a", 20);
+    c.settle();
+    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    // Its kept log comes back cut at a record boundary (a truncated file looks whole to its
+    // owner): the leader sees it answer below what it had acknowledged.
+    let kept = c.kept_replicas.get_mut(&follower).unwrap().get_mut(&ledger()).unwrap();
+    let keep = kept.entries.len() / 2;
+    kept.entries.truncate(keep);
+    kept.hard_state.commit = kept.hard_state.commit.min(kept.entries.last().map_or(0, |e| e.index));
+    c.nodes.remove(&follower);
+    restart(&mut c, &follower);
+    c.until("it saw it lost entries it acknowledged", |c| rejoining(c, &follower));
+    c.until("the leader took it out and added it back", |c| c.nodes[&leader].rejoin_counts().readded == 1);
+    c.until("it rejoined", |c| !rejoining(c, &follower));
+    c.until("it holds the whole history", |c| history(c, &follower).0 == history(c, &leader).0);
+    let counts = c.nodes[&follower].rejoin_counts();
+    assert_eq!((counts.damaged, counts.healed), (1, 1));
+    assert_eq!(c.nodes[&leader].replica_voters(&ledger()).map(|v| v.len()), Some(3));
 }

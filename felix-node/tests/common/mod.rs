@@ -17,12 +17,17 @@ pub fn free_tcp() -> SocketAddr {
 
 /// `GET /cluster` on a broker's metrics listener (`None` while it does not answer).
 pub fn cluster_status(metrics: SocketAddr) -> Option<serde_json::Value> {
+    serde_json::from_str(&http_get(metrics, "/cluster")?).ok()
+}
+
+/// The body of `GET path` on a broker's metrics listener (`None` while it does not answer).
+pub fn http_get(metrics: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&metrics, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    std::io::Write::write_all(&mut s, b"GET /cluster HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    std::io::Write::write_all(&mut s, format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
-    serde_json::from_str(body.split("\r\n\r\n").nth(1)?).ok()
+    body.split("\r\n\r\n").nth(1).map(str::to_owned)
 }
 
 /// Polls `check` (every 50 ms) until it holds, for at most `secs`.

@@ -997,9 +997,7 @@ pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInf
                     infos.push(info);
                     break 'segments;
                 }
-                RecordAt::Short
-                    if data.len() > info.whole + 5 && decode_body(&data[info.whole + 4..]).is_ok() =>
-                {
+                RecordAt::Short if data.len() > info.whole + 5 && decode_body(&data[info.whole + 4..]).is_ok() => {
                     damage = damaged(info.whole, DamageKind::Length);
                     infos.push(info);
                     break 'segments;
@@ -1288,7 +1286,13 @@ mod tests {
         for cut in 0..end {
             let (log, infos, damage) = fold_log_segments_checked(&[&file[..cut]]);
             assert_eq!(damage, None, "cut at {cut}");
-            let kept = if cut >= b { b } else if cut >= a { a } else { 0 };
+            let kept = if cut >= b {
+                b
+            } else if cut >= a {
+                a
+            } else {
+                0
+            };
             assert_eq!(infos[0].whole, kept, "cut at {cut}");
             assert_eq!(log.entries.len(), [0, 3, 5][[0, a, b].iter().position(|k| *k == kept).unwrap()]);
         }

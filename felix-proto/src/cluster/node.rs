@@ -99,6 +99,15 @@ pub enum NodeOutput {
         /// The shard.
         shard: ShardId,
     },
+    /// A step of a replica's rejoin after its kept log was found damaged (log it): this
+    /// broker's replica starts one, or heals; a leader takes a replica out of its group and
+    /// adds it back.
+    ReplicaRejoin {
+        /// The shard.
+        shard: ShardId,
+        /// What happened, for an operator.
+        what: String,
+    },
     /// Make this Raft state durable before carrying out any later output
     /// ([`super::meta::MetaOutput::Persist`]).
     PersistRaft {
@@ -156,6 +165,37 @@ pub fn raft_id(name: &str) -> u64 {
     (h & 0x7FFF_FFFF_FFFF_FFFF).max(1)
 }
 
+/// On a replica: whether `msg` shows its sender asks to rejoin the group afresh
+/// ([`REJOIN_CONTEXT`]: its kept log was damaged, or it found it lost entries it had
+/// acknowledged). A sender already told it is back in, who stopped asking, is forgotten.
+/// (A rejected append below what the sender had acknowledged is no such sign: the network
+/// may deliver an old rejection after newer acceptances.)
+fn note_rejoin(h: &mut Hosted, msg: &Message) {
+    if msg.context.as_ref() == REJOIN_CONTEXT {
+        h.rejoins.entry(msg.from).or_insert(RejoinStep::Remove);
+    } else if h.rejoins.get(&msg.from) == Some(&RejoinStep::Readded) {
+        h.rejoins.remove(&msg.from);
+    }
+}
+
+/// On a replica not yet rejoining: whether `msg`, a heartbeat, shows it lost entries it
+/// acknowledged, and then (why, what to log). A leader's heartbeat carries its commit only up
+/// to what this replica acknowledged holding; one past the end of its log means its disk gave
+/// back less than it had (a truncated file, a lazy fsync policy's power cut). It must not vote
+/// from that log: it rejoins like a replica whose log was found damaged.
+fn lost_acknowledged(h: &Hosted, msg: &Message, rejoining: bool) -> Option<(String, String)> {
+    let (last, _) = h.replica.indexes();
+    if rejoining || msg.get_msg_type() != MessageType::MsgHeartbeat || msg.commit <= last {
+        return None;
+    }
+    let why = format!(
+        "its leader counts it as holding index {} but its log ends at {last}: entries it acknowledged are gone",
+        msg.commit
+    );
+    let what = format!("{why}; it grants no vote and rejoins its group afresh");
+    Some((why, what))
+}
+
 /// Whether `name` is a usable node id.
 pub fn valid_node_id(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -193,6 +233,11 @@ pub struct ClusterNode {
     /// Replicas stopped because their state could not be kept (a failed or full disk), and why:
     /// they take no part until the broker restarts.
     failed_replicas: BTreeMap<ShardId, String>,
+    /// Replicas whose kept log was found damaged, and why: each starts empty and rejoins its
+    /// group afresh ([`ClusterNode::set_damaged_replicas`]).
+    rejoining: BTreeMap<ShardId, String>,
+    /// Rejoins started and finished here since the start (for metrics).
+    rejoin_counts: RejoinCounts,
     /// Entry bytes between a replica's checkpoints (`None`: the default).
     checkpoint_bytes: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
@@ -258,11 +303,44 @@ pub struct ReplicaReport {
     pub followers: Vec<(String, u64, u64)>,
 }
 
+/// Counts of replica rejoins (see [`ClusterNode::set_damaged_replicas`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RejoinCounts {
+    /// This broker's replicas that found their kept log damaged and started a rejoin.
+    pub damaged: u64,
+    /// Of those, the ones that have rejoined (their group took them out and back in).
+    pub healed: u64,
+    /// Replicas of other brokers this broker, leading their group, took out and back in.
+    pub readded: u64,
+}
+
+/// The context a rejoining replica puts on every Raft message it sends: "my log was damaged;
+/// take me out of the group and add me back". A broker that does not know it ignores it (the
+/// engine does not read a response's context), so the replica stays a non-voting follower.
+pub const REJOIN_CONTEXT: &[u8] = b"felix:rejoin";
+/// The context a leader puts on its messages to a replica it took out of the group and added
+/// back, once that re-addition committed: the replica may vote again.
+pub const READDED_CONTEXT: &[u8] = b"felix:readded";
+
+/// A leader's progress in taking a rejoining replica out of its group and back in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RejoinStep {
+    /// Removal proposed until the configuration no longer has it.
+    Remove,
+    /// Addition proposed until the configuration has it again.
+    ReAdd,
+    /// Back in (committed): the replica is told so on every message until it stops asking.
+    Readded,
+}
+
 /// A replica this broker hosts, and what it told the broker about it.
 struct Hosted {
     replica: Replica,
     /// Replica Raft id → node id of the shard's replicas.
     names: BTreeMap<u64, String>,
+    /// On the leader: replicas that asked to rejoin (their log was damaged, or they answered
+    /// below what they had acknowledged), by Raft id.
+    rejoins: BTreeMap<u64, RejoinStep>,
     /// The role the broker was told.
     role: Option<ReplicaRole>,
     /// The term whose generation-start record committed while this replica led it.
@@ -349,6 +427,8 @@ impl ClusterNode {
             replicas: BTreeMap::new(),
             kept_replicas: BTreeMap::new(),
             failed_replicas: BTreeMap::new(),
+            rejoining: BTreeMap::new(),
+            rejoin_counts: RejoinCounts::default(),
             checkpoint_bytes: None,
             shard_sends: BTreeMap::new(),
             beats: BTreeMap::new(),
@@ -565,6 +645,26 @@ impl ClusterNode {
                     if h.names.get(&msg.from).is_none_or(|n| n != from) {
                         continue; // only a shard's own replicas speak for it
                     }
+                    if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
+                        self.rejoin_counts.damaged += 1;
+                        self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+                        self.rejoining.insert(shard.clone(), why);
+                    }
+                    if let Some(why) = self.rejoining.get(&shard) {
+                        // Rejoining: it may have voted in a term it no longer remembers and
+                        // acknowledged entries it no longer holds, so it grants no vote until
+                        // its group took it out and added it back.
+                        if matches!(msg.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote) {
+                            continue;
+                        }
+                        if msg.context.as_ref() == READDED_CONTEXT {
+                            let what = format!("rejoined its group (its damaged log: {why})");
+                            self.rejoining.remove(&shard);
+                            self.rejoin_counts.healed += 1;
+                            self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+                        }
+                    }
+                    note_rejoin(h, &msg);
                     h.replica.step(msg);
                     self.drain_replica(&shard, now);
                 }
@@ -586,6 +686,11 @@ impl ClusterNode {
                     msg.to = h.replica.id();
                     msg.term = beat.term;
                     msg.commit = beat.commit;
+                    if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
+                        self.rejoin_counts.damaged += 1;
+                        self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+                        self.rejoining.insert(shard.clone(), why);
+                    }
                     h.replica.step(msg);
                     self.drain_replica(&shard, now);
                 }
@@ -603,6 +708,85 @@ impl ClusterNode {
     /// starts from its own when the metadata names it.
     pub fn set_kept_replicas(&mut self, kept: BTreeMap<ShardId, RaftLog>) {
         self.kept_replicas = kept;
+    }
+
+    /// Hands over the replicas whose kept log the driver found damaged (and why), before the
+    /// first [`handle_timeout`](Self::handle_timeout). The bytes past the damage may have held
+    /// this replica's vote in a term and entries it acknowledged, so what is left of the log is
+    /// neither served nor voted from: each such replica starts empty, grants no vote and never
+    /// campaigns, and asks its group's leader (on every message, [`REJOIN_CONTEXT`]) to take it
+    /// out of the group and add it back. The leader does so once the rest of the group can
+    /// commit without it; from the re-addition on (committed by a majority that excludes it, so
+    /// in a term at least as high as any it could have voted in) it is a fresh member, and votes
+    /// again when the leader says so ([`READDED_CONTEXT`]). It catches up from the leader like a
+    /// move's target. A leader that does not know the signal leaves it a non-voting follower:
+    /// safe, with one failure less to spare.
+    pub fn set_damaged_replicas(&mut self, damaged: BTreeMap<ShardId, String>) {
+        for (shard, why) in damaged {
+            self.rejoin_counts.damaged += 1;
+            let what = format!("its kept log is damaged ({why}): it starts empty and rejoins its group afresh");
+            self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+            self.rejoining.insert(shard, why);
+        }
+    }
+
+    /// This broker's replicas rejoining their group (their kept log was damaged), and why.
+    pub fn rejoining_replicas(&self) -> &BTreeMap<ShardId, String> {
+        &self.rejoining
+    }
+
+    /// Rejoins started, finished and carried out here.
+    pub fn rejoin_counts(&self) -> RejoinCounts {
+        self.rejoin_counts
+    }
+
+    /// The leader's part in rejoins (each tick, each step tried again until the configuration
+    /// shows it done): a replica that must rejoin is removed from the group's configuration,
+    /// then added back; once the addition is applied (committed) it is told so.
+    fn drive_rejoins(&mut self, shard: &ShardId) {
+        let members: Vec<String> = self.metadata.replicas(shard).map(<[String]>::to_vec).unwrap_or_default();
+        let Some(h) = self.replicas.get_mut(shard) else { return };
+        if h.rejoins.is_empty() || !h.replica.is_leader() || h.replica.transferring() {
+            return;
+        }
+        // Only the shard's own replicas rejoin (one moved away meanwhile is forgotten).
+        let names = &h.names;
+        h.rejoins.retain(|id, _| names.get(id).is_some_and(|n| members.contains(n)));
+        let voters = h.replica.voters();
+        let progress = h.replica.progress();
+        let me = h.replica.id();
+        for (id, step) in h.rejoins.iter_mut() {
+            let name = h.names.get(id).cloned().unwrap_or_default();
+            match step {
+                // The leader itself never rejoins from here (it would have to hand over first).
+                RejoinStep::Remove if *id == me => {}
+                // Taken out only while every other voter is caught up (a proxy for alive): the
+                // group without it must still be able to commit.
+                RejoinStep::Remove if voters.contains(id) => {
+                    let (_, commit) = h.replica.indexes();
+                    let others_current =
+                        progress.iter().filter(|(v, _)| v != id && voters.contains(v)).all(|(_, m)| *m >= commit);
+                    if others_current {
+                        let _ = h.replica.propose_conf_change(false, *id);
+                    }
+                }
+                RejoinStep::Remove => {
+                    *step = RejoinStep::ReAdd;
+                    let what = format!("took {name}'s replica out of the group to add it back afresh");
+                    self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+                }
+                RejoinStep::ReAdd if voters.contains(id) => {
+                    *step = RejoinStep::Readded;
+                    self.rejoin_counts.readded += 1;
+                    let what = format!("added {name}'s replica back: a fresh member");
+                    self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+                }
+                RejoinStep::ReAdd => {
+                    let _ = h.replica.propose_conf_change(true, *id);
+                }
+                RejoinStep::Readded => {}
+            }
+        }
     }
 
     /// The replicated shards this broker holds a replica of: shard, leader (node id), term,
@@ -645,6 +829,7 @@ impl ClusterNode {
                     leader: h.replica.leader().and_then(|l| h.names.get(&l).cloned()),
                     term: h.replica.term(),
                     role: match &h.role {
+                        _ if self.rejoining.contains_key(s) => "rejoining",
                         Some(ReplicaRole::Leading) => "leader",
                         Some(ReplicaRole::Settling) => "settling",
                         _ => "follower",
@@ -725,9 +910,12 @@ impl ClusterNode {
             .map(|(s, r)| (s.clone(), r.to_vec(), !r.contains(&me)))
             .collect();
         for (shard, names, joins) in wanted {
-            let ids: Vec<u64> = if joins { Vec::new() } else { names.iter().map(|n| raft_id(n)).collect() };
+            // A rejoining replica (its kept log was damaged) starts like a move's target: an
+            // empty log, no voters known; it learns both from the leader.
+            let rejoins = self.rejoining.contains_key(&shard);
+            let ids: Vec<u64> = if joins || rejoins { Vec::new() } else { names.iter().map(|n| raft_id(n)).collect() };
             let rank = names.iter().position(|n| *n == self.me.id);
-            let kept = self.kept_replicas.remove(&shard).unwrap_or_default();
+            let kept = self.kept_replicas.remove(&shard).filter(|_| !rejoins).unwrap_or_default();
             // A cache's values are the fold of its whole log: they are part of its checkpoints.
             let hosting = shard.kind == super::metadata::Kind::Cache;
             match Replica::new_hosting(raft_id(&self.me.id), &ids, &kept, rank, hosting) {
@@ -736,7 +924,10 @@ impl ClusterNode {
                         replica.set_checkpoint_bytes(b);
                     }
                     let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
-                    self.replicas.insert(shard.clone(), Hosted { replica, names, role: None, ready_term: None });
+                    self.replicas.insert(
+                        shard.clone(),
+                        Hosted { replica, names, rejoins: BTreeMap::new(), role: None, ready_term: None },
+                    );
                     self.drain_replica(&shard, now);
                 }
                 // A kept log the engine refuses: the replica stays out (its peers carry on
@@ -855,8 +1046,21 @@ impl ClusterNode {
                     let state = self.broker.replicated_state(shard);
                     h.replica.complete_checkpoint(index, &state);
                 }
-                ReplicaOutput::Send { to, message } => {
+                ReplicaOutput::Send { to, mut message } => {
                     let Some(name) = h.names.get(&to) else { continue };
+                    // The rejoin's two signals ride on the engine's own messages.
+                    if message.context.is_empty() {
+                        if self.rejoining.contains_key(shard) {
+                            message.context = REJOIN_CONTEXT.to_vec().into();
+                        } else if h.rejoins.get(&to) == Some(&RejoinStep::Readded)
+                            && matches!(
+                                message.get_msg_type(),
+                                MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+                            )
+                        {
+                            message.context = READDED_CONTEXT.to_vec().into();
+                        }
+                    }
                     let heartbeat =
                         matches!(message.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
                     let coalesce = heartbeat
@@ -998,8 +1202,13 @@ impl ClusterNode {
             for shard in shards {
                 let floor = self.broker.replicated_start(&shard);
                 self.drive_replica_move(&shard);
+                self.drive_rejoins(&shard);
                 if let Some(h) = self.replicas.get_mut(&shard) {
-                    h.replica.tick();
+                    // A rejoining replica never campaigns (its vote for itself could be a
+                    // second one in a term): it only answers its leader.
+                    if !self.rejoining.contains_key(&shard) {
+                        h.replica.tick();
+                    }
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {
                         h.replica.compact_below(floor);

@@ -480,6 +480,13 @@ impl World {
             NodeOutput::PeerAdded { .. } | NodeOutput::PeerRemoved { .. } => {}
             // Every restart here keeps its data directory: a refusal is a bug.
             NodeOutput::PeerRefused { why, .. } => return Err(self.violation(format!("{name} refused a peer: {why}"))),
+            // The world damages no kept log; a leader that saw a replica answer below what it
+            // acknowledged takes it out and back in, which changes no history.
+            NodeOutput::ReplicaRejoin { what, .. } => {
+                if std::env::var_os("FELIX_WORLD_DEBUG").is_some() {
+                    eprintln!("{name}: {what}");
+                }
+            }
         }
         Ok(())
     }
