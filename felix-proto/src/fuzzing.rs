@@ -379,6 +379,42 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
     }
 }
 
+/// `replica_log` target: any bytes as a replicated shard's Raft log, cut into up to three
+/// segments at the positions its first two bytes name. The fold never panics; a torn tail is
+/// never past the bytes given; a log folded without damage leaves its commit within its
+/// entries; and a log that folds without damage, cut anywhere inside its last segment's torn
+/// tail, still folds without damage to the same log.
+pub fn replica_log(data: &[u8]) {
+    use crate::cluster::meta::fold_log_segments_checked;
+    let (cuts, body) = data.split_at(data.len().min(2));
+    let mut at: Vec<usize> = cuts.iter().map(|c| usize::from(*c) * body.len() / 256).collect();
+    at.sort_unstable();
+    let mut segments = Vec::new();
+    let mut from = 0;
+    for a in at.into_iter().chain(std::iter::once(body.len())) {
+        segments.push(&body[from..a.max(from)]);
+        from = a.max(from);
+    }
+    let (log, infos, damage) = fold_log_segments_checked(&segments);
+    assert!(infos.len() <= segments.len());
+    for (info, seg) in infos.iter().zip(&segments) {
+        assert!(info.whole <= seg.len());
+    }
+    if damage.is_none() {
+        assert_eq!(infos.len(), segments.len());
+        let last = log.entries.last().map(|e| e.index).or(log.snapshot.as_ref().map(|s| s.get_metadata().index));
+        assert!(log.hard_state.commit <= last.unwrap_or(0), "commit past the entries kept, said to be intact");
+        // What the driver does: cut the torn tail; the cut log folds the same, intact.
+        if let (Some(info), Some(seg)) = (infos.last(), segments.last()) {
+            let mut cut: Vec<&[u8]> = segments.clone();
+            let n = cut.len();
+            cut[n - 1] = &seg[..info.whole];
+            let (again, _, d) = fold_log_segments_checked(&cut);
+            assert!(d.is_none() && again == log, "a cut tail changed the log");
+        }
+    }
+}
+
 /// `storage_segment` target: any bytes as a segment file. Recovery never panics, never returns
 /// a batch that does not re-encode to exactly the bytes it was read from (so its checksum held),
 /// keeps offsets strictly following each other, and reports a problem exactly when it stopped

@@ -197,6 +197,25 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         }
         out.push(("peer_message", "seed-all".into(), all.to_vec()));
         out.push(("peer_message", "seed-raft-log".into(), felix_proto::cluster::meta::RaftLog::default().encode()));
+        // replica_log: records with and without a hard state, and a snapshot, as one segment
+        // and as two (the first two bytes say where segments are cut).
+        use felix_proto::cluster::meta::{Entry, HardState, Snapshot, encode_log_record, encode_snapshot_record};
+        let entries = |r: std::ops::RangeInclusive<u64>, term| -> Vec<Entry> {
+            r.map(|index| Entry { index, term, data: vec![index as u8; 3].into(), ..Entry::default() }).collect()
+        };
+        let mut log = encode_log_record(&entries(1..=3, 1), Some(&HardState { term: 1, vote: 2, commit: 2, ..HardState::default() }));
+        log.extend(encode_log_record(&entries(4..=5, 1), None));
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = 4;
+        snap.mut_metadata().term = 1;
+        log.extend(encode_snapshot_record(&snap));
+        log.extend(encode_log_record(&entries(6..=6, 2), Some(&HardState { term: 2, vote: 1, commit: 5, ..HardState::default() })));
+        let mut one = vec![255, 255];
+        one.extend_from_slice(&log);
+        out.push(("replica_log", "seed-one-segment".into(), one));
+        let mut two = vec![128, 255];
+        two.extend_from_slice(&log);
+        out.push(("replica_log", "seed-two-segments".into(), two));
         #[allow(clippy::disallowed_methods)]
         let (entry, state) = felix_proto::fuzzing::cache_entry_seeds(std::time::Instant::now());
         out.push(("peer_message", "seed-cache-entry".into(), entry));
@@ -268,6 +287,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("broker_session", broker_session),
         ("client_session", client_session),
         ("storage_segment", felix_proto::fuzzing::storage_segment),
+        ("replica_log", felix_proto::fuzzing::replica_log),
         ("peer_message", peer_message),
         ("jwt", felix_proto::fuzzing::jwt),
     ] {
