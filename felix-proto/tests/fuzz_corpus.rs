@@ -203,13 +203,19 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let entries = |r: std::ops::RangeInclusive<u64>, term| -> Vec<Entry> {
             r.map(|index| Entry { index, term, data: vec![index as u8; 3].into(), ..Entry::default() }).collect()
         };
-        let mut log = encode_log_record(&entries(1..=3, 1), Some(&HardState { term: 1, vote: 2, commit: 2, ..HardState::default() }));
+        let mut log = encode_log_record(
+            &entries(1..=3, 1),
+            Some(&HardState { term: 1, vote: 2, commit: 2, ..HardState::default() }),
+        );
         log.extend(encode_log_record(&entries(4..=5, 1), None));
         let mut snap = Snapshot::default();
         snap.mut_metadata().index = 4;
         snap.mut_metadata().term = 1;
         log.extend(encode_snapshot_record(&snap));
-        log.extend(encode_log_record(&entries(6..=6, 2), Some(&HardState { term: 2, vote: 1, commit: 5, ..HardState::default() })));
+        log.extend(encode_log_record(
+            &entries(6..=6, 2),
+            Some(&HardState { term: 2, vote: 1, commit: 5, ..HardState::default() }),
+        ));
         let mut one = vec![255, 255];
         one.extend_from_slice(&log);
         out.push(("replica_log", "seed-one-segment".into(), one));
