@@ -930,7 +930,7 @@ fn a_follower_whose_replica_log_is_corrupted_rejoins_afresh_and_no_acknowledged_
 /// within a bound after the pause began.
 #[test]
 fn a_paused_leader_is_replaced_and_on_resuming_follows_with_no_acknowledged_record_lost_or_doubled() {
-    let (_dirs, mut nodes, _peers) = three_brokers();
+    let (_dirs, nodes, _peers) = three_brokers();
     let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
     let any_dir = nodes[0].dir.clone();
     wait_for("the ledger is created", 30, || {
