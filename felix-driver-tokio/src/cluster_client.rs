@@ -94,6 +94,10 @@ pub struct ClusterClient {
     views: std::sync::Mutex<BTreeMap<(String, String), Arc<StreamView>>>,
     /// Brokers whose connection was lost or could not be made, and when ([`LOST_BACKOFF`]).
     lost: std::sync::Mutex<BTreeMap<SocketAddr, std::time::Instant>>,
+    /// Views forgotten after a refusal: each one moves [`any`](Self::any) on to the next seed,
+    /// so a broker whose own view is stale (cut off from the others, it still names itself the
+    /// owner) is not the one asked again and again.
+    turn: std::sync::atomic::AtomicUsize,
     /// Counters.
     pub stats: ClusterClientStats,
 }
@@ -113,6 +117,7 @@ impl ClusterClient {
             conns: tokio::sync::Mutex::new(BTreeMap::new()),
             views: std::sync::Mutex::new(BTreeMap::new()),
             lost: std::sync::Mutex::new(BTreeMap::new()),
+            turn: std::sync::atomic::AtomicUsize::new(0),
             stats: ClusterClientStats::default(),
         };
         c.any().await?;
@@ -130,6 +135,17 @@ impl ClusterClient {
     /// [`RECONNECT_WAIT`], so a client of a single broker rides out its restart. A refusal that
     /// retrying cannot cure (a bad credential) is returned at once.
     pub async fn any(&self) -> Result<Client, ClientError> {
+        // After a refusal: the seeds in turn, from the next one on (a broker passed over for a
+        // lost connection is skipped by `at`).
+        let turn = self.turn.load(Ordering::Relaxed);
+        if turn > 0 {
+            let n = self.seeds.len();
+            for k in 0..n {
+                if let Ok(c) = self.at(self.seeds[(turn + k) % n]).await {
+                    return Ok(c);
+                }
+            }
+        }
         // Brokers whose connection closed (drained, stopped) are tried after the others: a
         // stopped broker costs a whole connect timeout.
         let seeds: Vec<SocketAddr> = {
@@ -279,6 +295,7 @@ impl ClusterClient {
         if let Ok(mut v) = self.views.lock() {
             v.remove(&(ns.to_owned(), stream.to_owned()));
         }
+        self.turn.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The connection a publish with `key` should use: the owner of the key's shard (shard 0
@@ -345,6 +362,15 @@ impl ClusterClient {
                 // the shard cutting over a move, electing): worth another go. Another refusal
                 // (an owner that is down) is worth one fresh view at most.
                 Err(e) if Self::view_was_wrong(&e) && (tries < 2 || Self::transient(&e)) && tries < PUBLISH_TRIES => e,
+                // Outcome unknown (never sent again), but the broker lost the lead, could not
+                // reach a majority, or forwarded to an owner that did not answer: whoever the
+                // view names is not serving the shard. The next publish asks again, of another
+                // broker. (Found by the one-way fault test: kept, the view sent every lane back
+                // to a deposed leader that forwarded each batch into a dead link for 10 s.)
+                Err(e) if Self::leader_suspect(&e) => {
+                    self.forget(ns, stream);
+                    return Err(e);
+                }
                 r => return r,
             };
             // Refused, so nothing was written: refresh and send again, after the pause the
@@ -492,6 +518,13 @@ impl ClusterClient {
     }
 
     /// Whether an error means the view this client routed by is out of date.
+    /// An outcome-unknown answer that says the broker asked is not (or no longer) serving the
+    /// shard: `leadership_lost`, `quorum_timeout`, `unacknowledged`.
+    fn leader_suspect(e: &ClientError) -> bool {
+        use felix_proto::ErrorCode as C;
+        matches!(e, ClientError::Refused(i) if matches!(i.code, Some(C::LeadershipLost | C::QuorumTimeout | C::Unacknowledged)))
+    }
+
     fn view_was_wrong(e: &ClientError) -> bool {
         match e {
             ClientError::NotLeader { .. } => true,

@@ -21,6 +21,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
 const TOKEN: &str = "quorum-test-token";
 
 mod common;
+use common::faultnet::{FaultNet, Link};
 use common::{cluster_status as status, free_tcp, free_udp, wait_for};
 
 /// A broker process, killed (SIGKILL) when dropped.
@@ -156,6 +157,220 @@ fn three_brokers_with(
     (dirs, nodes, peers)
 }
 
+/// Three brokers whose peer traffic all goes through a [`FaultNet`] (clients reach them
+/// directly), and the network.
+fn three_brokers_through_faults(seed: u64) -> (Vec<tempfile::TempDir>, Vec<Node>, FaultNet) {
+    let names = ["n1", "n2", "n3"];
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| Node {
+            name: n.to_string(),
+            client: free_udp(),
+            cluster: free_udp(),
+            metrics: free_tcp(),
+            dir: d.path().join("data"),
+            proc: None,
+            extra: Vec::new(),
+            journal: None,
+            env: Vec::new(),
+        })
+        .collect();
+    let brokers: Vec<(String, SocketAddr)> = nodes.iter().map(|n| (n.name.clone(), n.cluster)).collect();
+    let (net, peers) = FaultNet::new(&brokers, seed);
+    for n in &mut nodes {
+        let p = peers[&n.name].clone();
+        n.start(&p);
+    }
+    (dirs, nodes, net)
+}
+
+/// What [`under_a_fault`] saw.
+struct FaultRun {
+    acked: usize,
+    /// Acknowledgements per second before the fault, during it, and after it healed.
+    rates: [f64; 3],
+    /// The longest stretch without an acknowledgement, from the fault's start to the end.
+    longest_gap: Duration,
+    /// Peer datagrams forwarded, dropped and duplicated by the fault network.
+    datagrams: (u64, u64, u64),
+}
+
+/// Three brokers behind a fault network, a full-speed acked publisher (8 lanes) throughout:
+/// `fault` is applied (given the network and the ledger leader's name) for `hold`, then healed.
+/// Afterwards every acknowledged record is in the ledger exactly once and nothing never sent
+/// is; the broker that led when the fault began is checked to follow a leader once healed when
+/// `deposes` says the fault must have replaced it. `FELIX_FAULT_DEBUG=1` prints every broker's
+/// view at the end of the fault and every slow or refused publish.
+fn under_a_fault(seed: u64, hold: Duration, deposes: bool, fault: impl FnOnce(&FaultNet, &str)) -> FaultRun {
+    let (_dirs, nodes, net) = three_brokers_through_faults(seed);
+    let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
+    let any_dir = nodes[0].dir.clone();
+    wait_for("the ledger is created", 60, || {
+        cli(&addrs, &any_dir, &["publish", "ledger", "first", "--ack", "--close-timeout", "3s"]).0
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let fast = fast_publisher(nodes.iter().map(|n| n.client).collect(), 8, stop.clone(), acks.clone());
+    let count = || acks.lock().unwrap().len();
+    let started = Instant::now();
+    wait_for("the publisher is acknowledged", 60, || count() >= 300);
+    let mut lead = None;
+    wait_for("a leader", 30, || {
+        lead = leader(&nodes);
+        lead.is_some()
+    });
+    let lead = lead.unwrap();
+    let old = nodes.iter().position(|n| n.name == lead).unwrap();
+    let began = Instant::now();
+    let before = count();
+    fault(&net, &lead);
+    if deposes {
+        let others: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+        wait_for("another broker leads", 30, || {
+            others.iter().any(|i| {
+                status(nodes[*i].metrics).is_some_and(|v| {
+                    v["replicas"]
+                        .as_array()
+                        .is_some_and(|r| r.iter().any(|r| r["name"] == "ledger" && r["role"] == "leader"))
+                })
+            })
+        });
+    }
+    while began.elapsed() < hold {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if std::env::var_os("FELIX_FAULT_DEBUG").is_some() {
+        for n in &nodes {
+            if let Some(v) = status(n.metrics) {
+                eprintln!("{}: leader {} fenced {} replicas {}", n.name, v["leader"], v["fenced"], v["replicas"]);
+            }
+        }
+    }
+    let during = count() - before;
+    net.heal();
+    let healed = Instant::now();
+    if deposes {
+        wait_for("the old leader follows once healed", 60, || {
+            status(nodes[old].metrics).is_some_and(|v| {
+                v["replicas"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["name"] == "ledger" && r["role"] == "follower"))
+            })
+        });
+    }
+    let after_heal = count();
+    wait_for("acknowledged again after the heal", 60, || count() >= after_heal + 300);
+    let after = count() - after_heal;
+    let after_secs = healed.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let fast = fast.join().expect("the publisher");
+    assert!(fast.fatal.is_empty(), "{:?}", fast.fatal);
+    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
+    let longest_gap = {
+        let mut times: Vec<Instant> = acks.lock().unwrap().iter().filter(|t| **t > began).copied().collect();
+        times.sort();
+        std::iter::once(began)
+            .chain(times)
+            .collect::<Vec<_>>()
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default()
+    };
+    let mut records = Vec::new();
+    wait_for("every acknowledged record is read back", 60, || {
+        let Some(out) = nodes.iter().find_map(|n| {
+            let (ok, out, _) = cli(&n.client.to_string(), &any_dir, &["read", "ledger", "--from", "0", "--json"]);
+            ok.then_some(out)
+        }) else {
+            return false;
+        };
+        records = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["payload"].as_str().map(str::to_owned))
+            .collect();
+        let have: std::collections::BTreeSet<&String> = records.iter().collect();
+        acked.iter().all(|a| have.contains(a))
+    });
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &records {
+        assert!(seen.insert(r), "{r} is in the ledger twice");
+        assert!(
+            r == "first" || acked.contains(r) || fast.unknown.contains(r),
+            "{r} is in the ledger but was never sent"
+        );
+    }
+    let c = &net.counts;
+    FaultRun {
+        acked: acked.len(),
+        rates: [
+            before as f64 / began.duration_since(started).as_secs_f64(),
+            during as f64 / hold.as_secs_f64(),
+            after as f64 / after_secs,
+        ],
+        longest_gap,
+        datagrams: (
+            c.forwarded.load(Ordering::Relaxed),
+            c.dropped.load(Ordering::Relaxed),
+            c.duplicated.load(Ordering::Relaxed),
+        ),
+    }
+}
+
+/// The ledger's leader is cut off from both other brokers for 8 s (clients still reach it):
+/// the other two elect a leader and take the writes; the cut-off one acknowledges nothing it
+/// could not commit (anything it did would be missing afterwards), and follows once healed.
+#[test]
+fn a_partitioned_leader_is_replaced_acknowledges_nothing_it_cannot_commit_and_follows_once_healed() {
+    let r = under_a_fault(1, Duration::from_secs(8), true, |net, leader| net.isolate(leader));
+    eprintln!(
+        "partitioned leader: {} acknowledged, none lost or doubled; rates before/during/after {:.0?}/s; \
+         longest stretch without an ack {:?}; datagrams forwarded/dropped {:?}",
+        r.acked, r.rates, r.longest_gap, r.datagrams
+    );
+    assert!(
+        r.longest_gap < Duration::from_secs(5),
+        "no write acknowledged for {:?} of an 8 s partition",
+        r.longest_gap
+    );
+}
+
+/// One way only: the leader's datagrams to both others are dropped while theirs reach it.
+/// They stop hearing it and elect another; it hears the new term and steps down.
+#[test]
+fn a_leader_whose_outgoing_traffic_is_lost_one_way_is_replaced_with_nothing_lost_or_doubled() {
+    let r = under_a_fault(2, Duration::from_secs(8), true, |net, leader| {
+        for o in ["n1", "n2", "n3"].into_iter().filter(|o| *o != leader) {
+            net.set(leader, o, Link { blocked: true, ..Link::default() });
+        }
+    });
+    eprintln!(
+        "one-way loss from the leader: {} acknowledged, none lost or doubled; rates {:.0?}/s; longest stretch without an ack {:?}",
+        r.acked, r.rates, r.longest_gap
+    );
+    // Availability is reported, not asserted: in about one run of four the deposed leader
+    // learns the new one from its appends before it fences itself, forwards the publishers'
+    // batches to it over the dead direction, and they wait out the 10 s forward timeout
+    // (docs/reliability.md; issue 31 stays open on it).
+}
+
+/// Every peer link at once drops 5 % of datagrams, duplicates 5 % and delays each 0–20 ms
+/// (so reorders them) for 10 s under load: writes go on, nothing is lost or written twice.
+#[test]
+fn lossy_duplicating_reordering_peer_links_lose_and_double_nothing() {
+    let bad = Link { blocked: false, loss: 50, duplicate: 50, delay_ms: (0, 20) };
+    let r = under_a_fault(3, Duration::from_secs(10), false, |net, _| net.set_all(bad));
+    eprintln!(
+        "lossy links: {} acknowledged, none lost or doubled; rates {:.0?}/s; datagrams forwarded/dropped/duplicated {:?}",
+        r.acked, r.rates, r.datagrams
+    );
+    assert!(r.datagrams.1 > 100 && r.datagrams.2 > 100, "the faults happened: {:?}", r.datagrams);
+    assert!(r.rates[1] > 0.0, "no write acknowledged on lossy links");
+}
+
 /// What the full-speed publisher's lanes did.
 #[derive(Default)]
 struct FastOutcome {
@@ -205,12 +420,25 @@ fn fast_publisher(
                         n += 1;
                         loop {
                             let ack = PublishOptions { ack: true, ..PublishOptions::default() };
-                            match client.publish("default", "ledger", vec![Bytes::from(p.clone())], ack).await {
+                            let t0 = Instant::now();
+                            let r = client.publish("default", "ledger", vec![Bytes::from(p.clone())], ack).await;
+                            if std::env::var_os("FELIX_FAULT_DEBUG").is_some() && t0.elapsed() > Duration::from_secs(1)
+                            {
+                                eprintln!(
+                                    "lane {lane}: a publish took {:?}: {:?}",
+                                    t0.elapsed(),
+                                    r.as_ref().map(|_| ())
+                                );
+                            }
+                            match r {
                                 Ok(_) => {
                                     acks.lock().unwrap().push(Instant::now());
                                     acked.push(p)
                                 }
                                 Err(e) if not_written(&e) => {
+                                    if std::env::var_os("FELIX_FAULT_DEBUG").is_some() {
+                                        eprintln!("lane {lane}: {e}");
+                                    }
                                     if stop.load(Ordering::Relaxed) {
                                         break 'records;
                                     }
@@ -220,7 +448,12 @@ fn fast_publisher(
                                 Err(ClientError::Refused(i)) if i.retry == Some(RetryClass::Fatal) => {
                                     fatal.push(format!("{p}: {}", i.message))
                                 }
-                                Err(_) => unknown.push(p),
+                                Err(e) => {
+                                    if std::env::var_os("FELIX_FAULT_DEBUG").is_some() {
+                                        eprintln!("lane {lane}: unknown: {e}");
+                                    }
+                                    unknown.push(p)
+                                }
                             }
                             break;
                         }

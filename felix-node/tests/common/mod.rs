@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test crate uses its own part
 
+pub mod faultnet;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};

@@ -95,6 +95,13 @@ impl Broker {
         if self.cluster.is_none() || req.idempotent.is_some() || req.expected_offset.is_some() || req.state.is_some() {
             return false;
         }
+        // A fenced broker (out of touch with the metadata leader) forwards nothing: the owner
+        // it knows may be stale and the link to it may be what cut it off (a one-way fault left
+        // every forwarded batch unanswered for the whole forward timeout). The refusal stands:
+        // `not_leader` names the owner, and the client goes there itself.
+        if self.fenced {
+            return false;
+        }
         let Some(entry) = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()) else {
             return false;
         };
