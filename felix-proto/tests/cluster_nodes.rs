@@ -1196,6 +1196,11 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
     );
 }
 
+/// Whether every broker holds the same ledger history as `leader`.
+fn same_history_everywhere(c: &Cluster, leader: &str) -> bool {
+    NAMES.iter().all(|n| history(c, n).0 == history(c, leader).0)
+}
+
 fn create_ledger(c: &mut Cluster) {
     c.create(Kind::Stream, "ledger", 1, 3);
     c.until("a replica leads", |c| leading(c).is_some());
@@ -1247,9 +1252,7 @@ fn a_replica_whose_disk_fails_stops_and_the_group_carries_on_without_losing_a_re
         assert_eq!(payloads.iter().filter(|x| **x == p.as_bytes()).count(), 1, "{p} exactly once: {payloads:?}");
     }
     assert_eq!(payloads.last().copied(), Some(&b"after"[..]));
-    c.until("every replica holds the same history", |c| {
-        NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
-    });
+    c.until("every replica holds the same history", |c| same_history_everywhere(c, &now_leader));
 }
 
 #[test]
@@ -1299,9 +1302,7 @@ fn a_replicas_log_is_compacted_to_what_retention_keeps_and_a_follower_behind_it_
     assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
     let offset = a[0].offset.unwrap_or(0);
     assert!(offset > before.last().map_or(0, |(o, _)| *o), "offsets go on: {offset}");
-    c.until("every replica holds the same records", |c| {
-        NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
-    });
+    c.until("every replica holds the same records", |c| same_history_everywhere(c, &now_leader));
 }
 
 #[test]
@@ -2355,14 +2356,21 @@ fn publish_acked(c: &mut Cluster, node: &str, index: u64, prefix: &str, n: u64) 
     assert!(a.len() == n as usize && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
 }
 
-#[test]
-fn a_replica_whose_kept_log_is_damaged_rejoins_afresh_catches_up_and_votes_again() {
+/// Three brokers, the ledger with twenty acknowledged records everywhere: the cluster, its
+/// leader and a follower.
+fn twenty_acked() -> (Cluster, String, String) {
     let mut c = Cluster::new(&NAMES);
     create_ledger(&mut c);
     let leader = leading(&c).unwrap();
     publish_acked(&mut c, &leader, 1, "a", 20);
     c.settle();
     let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    (c, leader, follower)
+}
+
+#[test]
+fn a_replica_whose_kept_log_is_damaged_rejoins_afresh_catches_up_and_votes_again() {
+    let (mut c, leader, follower) = twenty_acked();
     // The follower restarts; its replica's log was found damaged and set aside.
     c.nodes.remove(&follower);
     restart_damaged(&mut c, &follower);
@@ -2427,19 +2435,12 @@ fn a_damaged_replica_grants_no_vote_so_a_replica_without_the_acknowledged_record
     for k in 0..10 {
         assert!(payloads.iter().any(|p| p.as_ref() == format!("a{k}").as_bytes()), "a{k} lost: {payloads:?}");
     }
-    c.until("every replica holds the same history", |c| {
-        NAMES.iter().all(|n| history(c, n).0 == history(c, &now_leader).0)
-    });
+    c.until("every replica holds the same history", |c| same_history_everywhere(c, &now_leader));
 }
 
 #[test]
 fn a_replica_whose_log_comes_back_shorter_than_it_acknowledged_rejoins_when_its_leader_says_so() {
-    let mut c = Cluster::new(&NAMES);
-    create_ledger(&mut c);
-    let leader = leading(&c).unwrap();
-    publish_acked(&mut c, &leader, 1, "a", 20);
-    c.settle();
-    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    let (mut c, leader, follower) = twenty_acked();
     // Its kept log comes back cut at a record boundary (a truncated file looks whole to its
     // owner): the leader sees it answer below what it had acknowledged.
     let kept = c.kept_replicas.get_mut(&follower).unwrap().get_mut(&ledger()).unwrap();
