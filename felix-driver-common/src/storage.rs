@@ -76,8 +76,7 @@ impl Syncer {
 /// `fdatasync` of a segment of `len` bytes, said in the sync journal once it returned; a
 /// failure is logged and returned.
 fn sync_file(path: &Path, file: &File, len: u64) -> std::io::Result<()> {
-    crate::sync_journal::before_sync();
-    match file.sync_data() {
+    match crate::sync_journal::before_sync().and_then(|()| file.sync_data()) {
         Ok(()) => {
             crate::sync_journal::synced(path, len);
             Ok(())

@@ -13,6 +13,8 @@
 //! `FELIX_FAULT_SYNC_DELAY_MS=N` makes every such sync take N ms longer (a slow disk): the
 //! window in which written bytes are not yet on disk grows from a fraction of a millisecond to
 //! N ms, so a test can tell a broker that waits for its syncs from one that does not.
+//! `FELIX_FAULT_SYNC_FAIL_AFTER=N` makes every such sync after the first N fail with `EIO` (a
+//! failing disk): what the broker does then (it stops, exit 74) can be tested.
 //!
 //! Off (the default) each costs one load of an initialised `OnceLock` per sync.
 
@@ -45,9 +47,20 @@ pub const DELAY_ENV: &str = "FELIX_FAULT_SYNC_DELAY_MS";
 
 static DELAY: OnceLock<Option<std::time::Duration>> = OnceLock::new();
 
+/// The environment variable that makes every sync after the first N fail (a failing disk,
+/// for tests): `EIO`, as the kernel reports a write-back error.
+pub const FAIL_AFTER_ENV: &str = "FELIX_FAULT_SYNC_FAIL_AFTER";
+
+static FAIL_AFTER: OnceLock<Option<u64>> = OnceLock::new();
+static SYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Call right before an `fsync` of a file the journal covers: sleeps for the configured delay,
-/// if any (a slow disk).
-pub fn before_sync() {
+/// if any (a slow disk), and fails once the configured number of syncs went through (a failing
+/// disk).
+///
+/// # Errors
+/// The injected failure (`EIO`), with `FELIX_FAULT_SYNC_FAIL_AFTER` set.
+pub fn before_sync() -> std::io::Result<()> {
     let delay = DELAY.get_or_init(|| {
         let ms: u64 = std::env::var(DELAY_ENV).ok()?.parse().ok()?;
         (ms > 0).then(|| std::time::Duration::from_millis(ms))
@@ -55,6 +68,13 @@ pub fn before_sync() {
     if let Some(d) = delay {
         std::thread::sleep(*d);
     }
+    let fail_after = FAIL_AFTER.get_or_init(|| std::env::var(FAIL_AFTER_ENV).ok()?.parse().ok());
+    if let Some(n) = fail_after
+        && SYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= *n
+    {
+        return Err(std::io::Error::from_raw_os_error(5)); // EIO
+    }
+    Ok(())
 }
 
 /// `path` reached the disk with its first `len` bytes (call after the sync returned, with the

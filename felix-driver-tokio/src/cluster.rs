@@ -758,7 +758,7 @@ impl UnsyncedFile {
     /// The sync's: the kernel may have dropped the pages, so nothing appended to the file
     /// since its last good sync may be vouched for.
     pub(crate) fn sync(&self) -> std::io::Result<()> {
-        felix_driver_common::sync_journal::before_sync();
+        felix_driver_common::sync_journal::before_sync()?;
         self.file.sync_data()?;
         felix_driver_common::sync_journal::synced(&self.path, self.len);
         Ok(())
