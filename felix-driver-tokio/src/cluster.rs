@@ -46,6 +46,8 @@ pub(crate) enum PeerInput {
     Message { from: String, message: PeerMessage },
     /// A message that could not be sent.
     Undeliverable(PeerMessage),
+    /// The connection to peer `name` closed: what was written on it may not have arrived.
+    Lost(String),
 }
 
 /// The sending side: one queue per peer.
@@ -113,7 +115,8 @@ impl Transport {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         self.senders.insert(name.to_owned(), tx);
-        tokio::spawn(dial_loop(self.endpoint.clone(), addr, self.hello.clone(), rx, self.inputs.clone()));
+        let peer = name.to_owned();
+        tokio::spawn(dial_loop(self.endpoint.clone(), addr, peer, self.hello.clone(), rx, self.inputs.clone()));
     }
 
     /// Stops dialling `name` and refuses it as a peer from now on (a broker removed from the
@@ -176,6 +179,7 @@ fn client_config(peer: SocketAddr) -> Result<quinn::ClientConfig, String> {
 async fn dial_loop(
     endpoint: quinn::Endpoint,
     addr: SocketAddr,
+    peer: String,
     hello: PeerMessage,
     mut rx: mpsc::UnboundedReceiver<PeerMessage>,
     inputs: mpsc::UnboundedSender<PeerInput>,
@@ -211,7 +215,26 @@ async fn dial_loop(
             continue;
         }
         let mut chunks: Vec<bytes::Bytes> = Vec::new();
-        while let Some(m) = rx.recv().await {
+        // Writes and the connection's end, together: a connection that died (the peer went
+        // quiet past the idle timeout) is said at once, not when the next write fails.
+        let closed = conn.clone();
+        let closed = async move {
+            if let Some(c) = closed {
+                c.closed().await;
+            }
+        };
+        tokio::pin!(closed);
+        loop {
+            let m = tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => break,
+                },
+                () = &mut closed => {
+                    let _ = inputs.send(PeerInput::Lost(peer.clone()));
+                    break;
+                }
+            };
             chunks.clear();
             // In pieces: the entries a leader replicates go to QUIC as they are, not copied into
             // a frame buffer (and again into the stream's) for every follower.
@@ -222,6 +245,7 @@ async fn dial_loop(
             }
             if send.write_all_chunks(&mut chunks).await.is_err() {
                 let _ = inputs.send(PeerInput::Undeliverable(m));
+                let _ = inputs.send(PeerInput::Lost(peer.clone()));
                 break;
             }
         }

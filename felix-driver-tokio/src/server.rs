@@ -1428,6 +1428,7 @@ impl BrokerTask {
                     match p {
                         crate::cluster::PeerInput::Message { from, message } => n.handle_peer(&from, message, now),
                         crate::cluster::PeerInput::Undeliverable(m) => n.handle_undeliverable(m, now),
+                        crate::cluster::PeerInput::Lost(peer) => n.handle_peer_lost(&peer, now),
                     }
                 }
             }

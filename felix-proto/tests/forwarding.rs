@@ -217,3 +217,33 @@ fn a_forward_to_an_owner_declared_down_is_answered_at_once() {
         acks.iter().map(|a| (a.request_id, a.code.as_ref().map(|(c, _)| c.name().into_owned()))).collect();
     assert_eq!(codes, [(1, Some("unacknowledged".to_string()))], "answered when n2 was declared down");
 }
+
+/// The driver's connection to the owner closed with two publishes forwarded on it: both are
+/// answered `unacknowledged` (outcome unknown) at once, in request order, not after the
+/// forward timeout; a later answer from the owner for either changes nothing.
+#[test]
+fn forwards_on_a_lost_peer_connection_are_answered_outcome_unknown_at_once() {
+    let (mut a, _b, md) = pair();
+    let (key, _) = key_owned_by(&md, "n2");
+    let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
+    a.raw_send(p, s, publish_binary("orders", &["x"], Some(1), Some(&key)), false);
+    a.raw_send(p, s, publish_binary("orders", &["y"], Some(2), Some(&key)), false);
+    a.run();
+    let out = std::mem::take(&mut a.to_peers);
+    assert_eq!(out.len(), 2, "{out:?}");
+    // A connection to another peer closing changes nothing.
+    a.broker.handle_peer_connection_lost("n3", a.now);
+    a.run();
+    assert!(a.take_received(p, s).is_empty());
+    a.broker.handle_peer_connection_lost("n2", a.now);
+    a.run();
+    let acks = acks(&payloads(&a.take_received(p, s)));
+    let codes: Vec<_> =
+        acks.iter().map(|a| (a.request_id, a.code.as_ref().map(|(c, _)| c.name().into_owned()))).collect();
+    assert_eq!(codes, [(1, Some("unacknowledged".to_string())), (2, Some("unacknowledged".to_string()))]);
+    assert!(acks[0].message.contains("connection to the shard's owner n2 was lost"), "{}", acks[0].message);
+    // The forward timeout later answers nothing twice.
+    a.advance(FORWARD_TIMEOUT + std::time::Duration::from_millis(1));
+    a.run();
+    assert!(a.take_received(p, s).is_empty());
+}

@@ -277,6 +277,30 @@ impl Broker {
         self.answer_forwarded(f, Err(&r), now);
     }
 
+    /// The driver's connection to peer `peer` was lost: forwarded publishes it carried may
+    /// have reached the owner or not, and their answers will not come back on it. Each one is
+    /// answered `unacknowledged` (outcome unknown) now, as the forward timeout would 10 s
+    /// later: a client told at once goes to the new owner instead of waiting (a one-way fault
+    /// held publishers for the whole timeout).
+    pub fn handle_peer_connection_lost(&mut self, peer: &str, now: Instant) {
+        let now = self.clock.advance(now);
+        let mut lost: Vec<u64> =
+            self.forwards.iter().filter(|(_, f)| f.owner.node_id == peer).map(|(id, _)| *id).collect();
+        // In the order they were forwarded (the map's own order must not decide the output's).
+        lost.sort_unstable();
+        for id in lost {
+            let Some(f) = self.forwards.remove(&id) else { continue };
+            self.forward_deadlines.remove(&(f.deadline, id));
+            let r = Refusal::new(
+                ErrorCode::Unacknowledged,
+                format!(
+                    "the connection to the shard's owner {peer} was lost while the publish was forwarded; the batch may have been appended"
+                ),
+            );
+            self.answer_forwarded(f, Err(&r), now);
+        }
+    }
+
     /// Forwarded publishes whose answer did not come in time: `unacknowledged` (the owner may
     /// have appended them).
     pub(super) fn forwards_timeout(&mut self, now: Instant) {

@@ -1169,6 +1169,13 @@ impl ClusterNode {
         }
     }
 
+    /// The driver's connection to peer `peer` closed (it went quiet past the idle timeout, or
+    /// was closed): what was forwarded on it is answered now, outcome unknown
+    /// ([`Broker::handle_peer_connection_lost`]); Raft resends on its own.
+    pub fn handle_peer_lost(&mut self, peer: &str, now: Instant) {
+        self.broker.handle_peer_connection_lost(peer, now);
+    }
+
     /// When to call [`handle_timeout`](Self::handle_timeout): the next Raft tick or the broker's
     /// own deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
