@@ -142,8 +142,9 @@ fn legacy_and_unacked_publishes_are_forwarded_too_and_owner_only_ones_are_not() 
     );
 }
 
-#[test]
-fn an_unreachable_owner_is_shard_unavailable_and_a_silent_one_unacknowledged() {
+/// Broker n1 with two acked publishes (request ids 1 and 2) forwarded to their owner n2: the
+/// broker, the client's connection and stream, and what went to the peers.
+fn two_forwarded_to_n2() -> (Sim, usize, felix_proto::transport::StreamId, Vec<BrokerOutput>) {
     let (mut a, _b, md) = pair();
     let (key, _) = key_owned_by(&md, "n2");
     let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
@@ -151,6 +152,12 @@ fn an_unreachable_owner_is_shard_unavailable_and_a_silent_one_unacknowledged() {
     a.raw_send(p, s, publish_binary("orders", &["y"], Some(2), Some(&key)), false);
     a.run();
     let out = std::mem::take(&mut a.to_peers);
+    (a, p, s, out)
+}
+
+#[test]
+fn an_unreachable_owner_is_shard_unavailable_and_a_silent_one_unacknowledged() {
+    let (mut a, p, s, out) = two_forwarded_to_n2();
     let BrokerOutput::Forward { publish, .. } = &out[0] else { panic!("{out:?}") };
     // The driver cannot reach n2 for the first; the second is never answered.
     a.broker.handle_forward_failed(publish.id, a.now);
@@ -223,13 +230,7 @@ fn a_forward_to_an_owner_declared_down_is_answered_at_once() {
 /// forward timeout; a later answer from the owner for either changes nothing.
 #[test]
 fn forwards_on_a_lost_peer_connection_are_answered_outcome_unknown_at_once() {
-    let (mut a, _b, md) = pair();
-    let (key, _) = key_owned_by(&md, "n2");
-    let (p, s, _) = raw_session(&mut a, Some(0x0001 | 0x0008 | 0x0040 | 0x0200), None);
-    a.raw_send(p, s, publish_binary("orders", &["x"], Some(1), Some(&key)), false);
-    a.raw_send(p, s, publish_binary("orders", &["y"], Some(2), Some(&key)), false);
-    a.run();
-    let out = std::mem::take(&mut a.to_peers);
+    let (mut a, p, s, out) = two_forwarded_to_n2();
     assert_eq!(out.len(), 2, "{out:?}");
     // A connection to another peer closing changes nothing.
     a.broker.handle_peer_connection_lost("n3", a.now);
