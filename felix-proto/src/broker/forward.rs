@@ -288,15 +288,20 @@ impl Broker {
             self.forwards.iter().filter(|(_, f)| f.owner.node_id == peer).map(|(id, _)| *id).collect();
         // In the order they were forwarded (the map's own order must not decide the output's).
         lost.sort_unstable();
-        for id in lost {
-            let Some(f) = self.forwards.remove(&id) else { continue };
-            self.forward_deadlines.remove(&(f.deadline, id));
-            let r = Refusal::new(
-                ErrorCode::Unacknowledged,
-                format!(
-                    "the connection to the shard's owner {peer} was lost while the publish was forwarded; the batch may have been appended"
-                ),
-            );
+        self.answer_forwards_unknown(&lost, now, |owner| {
+            format!(
+                "the connection to the shard's owner {owner} was lost while the publish was forwarded; the batch may have been appended"
+            )
+        });
+    }
+
+    /// Answers the forwarded publishes `ids` (in that order) `unacknowledged`, outcome unknown,
+    /// with `why` of their owner.
+    fn answer_forwards_unknown(&mut self, ids: &[u64], now: Instant, why: impl Fn(&str) -> String) {
+        for id in ids {
+            let Some(f) = self.forwards.remove(id) else { continue };
+            self.forward_deadlines.remove(&(f.deadline, *id));
+            let r = Refusal::new(ErrorCode::Unacknowledged, why(&f.owner.node_id));
             self.answer_forwarded(f, Err(&r), now);
         }
     }
@@ -354,18 +359,11 @@ impl Broker {
             .collect();
         // In the order they were forwarded (the map's own order must not decide the output's).
         gone.sort_unstable();
-        for id in gone {
-            let Some(f) = self.forwards.remove(&id) else { continue };
-            self.forward_deadlines.remove(&(f.deadline, id));
-            let r = Refusal::new(
-                ErrorCode::Unacknowledged,
-                format!(
-                    "the shard's owner {} went down or lost the shard while the publish was forwarded; the batch may have been appended",
-                    f.owner.node_id
-                ),
-            );
-            self.answer_forwarded(f, Err(&r), now);
-        }
+        self.answer_forwards_unknown(&gone, now, |owner| {
+            format!(
+                "the shard's owner {owner} went down or lost the shard while the publish was forwarded; the batch may have been appended"
+            )
+        });
         self.request_forwards_to_gone_owners(md);
     }
 

@@ -196,6 +196,22 @@ fn lost_acknowledged(h: &Hosted, msg: &Message, rejoining: bool) -> Option<(Stri
     Some((why, what))
 }
 
+/// This broker's replica of `shard` rejoins its group afresh (see
+/// [`ClusterNode::set_damaged_replicas`]): counted, said, and from now on gated. (Fields, not
+/// `&mut ClusterNode`: it is called with one of the node's replicas borrowed.)
+fn start_rejoin(
+    rejoining: &mut BTreeMap<ShardId, String>,
+    counts: &mut RejoinCounts,
+    out: &mut VecDeque<NodeOutput>,
+    shard: &ShardId,
+    why: String,
+    what: String,
+) {
+    counts.damaged += 1;
+    out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+    rejoining.insert(shard.clone(), why);
+}
+
 /// Whether `name` is a usable node id.
 pub fn valid_node_id(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -646,9 +662,7 @@ impl ClusterNode {
                         continue; // only a shard's own replicas speak for it
                     }
                     if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
-                        self.rejoin_counts.damaged += 1;
-                        self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
-                        self.rejoining.insert(shard.clone(), why);
+                        start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
                     }
                     if let Some(why) = self.rejoining.get(&shard) {
                         // Rejoining: it may have voted in a term it no longer remembers and
@@ -687,9 +701,7 @@ impl ClusterNode {
                     msg.term = beat.term;
                     msg.commit = beat.commit;
                     if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
-                        self.rejoin_counts.damaged += 1;
-                        self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
-                        self.rejoining.insert(shard.clone(), why);
+                        start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
                     }
                     h.replica.step(msg);
                     self.drain_replica(&shard, now);
@@ -723,10 +735,8 @@ impl ClusterNode {
     /// safe, with one failure less to spare.
     pub fn set_damaged_replicas(&mut self, damaged: BTreeMap<ShardId, String>) {
         for (shard, why) in damaged {
-            self.rejoin_counts.damaged += 1;
             let what = format!("its kept log is damaged ({why}): it starts empty and rejoins its group afresh");
-            self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
-            self.rejoining.insert(shard, why);
+            start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
         }
     }
 
