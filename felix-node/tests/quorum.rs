@@ -854,21 +854,14 @@ fn power_cut_every_broker(extra: &[&str], acks: usize, read_within: u64) -> Afte
     // answering before its sync ended would be caught by the cut (it is, with the hold removed).
     let slow_disk = [(felix_driver_common::sync_journal::DELAY_ENV, "20")];
     let (_dirs, mut nodes, peers) = three_brokers_with(extra, &slow_disk, true);
-    let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
     let any_dir = nodes[0].dir.clone();
-    wait_for("the ledger is created", 30, || {
-        cli(&addrs, &any_dir, &["publish", "ledger", "first", "--ack", "--close-timeout", "3s"]).0
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let fast_acks = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
-    let fast = fast_publisher(nodes.iter().map(|n| n.client).collect(), 16, stop.clone(), fast_acks.clone());
-    wait_for("the publisher is acknowledged", 60, || fast_acks.lock().unwrap().len() >= acks);
+    let load = Load::start(&nodes, 16);
+    load.wait_acks("the publisher is acknowledged", 0, acks);
     // The power goes: every broker at once, in the middle of the publisher's stream.
     for n in &mut nodes {
         n.kill();
     }
-    stop.store(true, Ordering::Relaxed);
-    let fast = fast.join().expect("the publisher");
+    let fast = load.finish();
     let mut dropped = 0;
     for n in &nodes {
         let journal = n.journal.as_ref().expect("a journal");

@@ -969,12 +969,15 @@ pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
 /// [`SegmentInfo::whole`] says where to cut). After damage the fold stops: the log returned is
 /// what came before it, which a driver must not serve or vote from. Never panics.
 pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>) {
-    // Pass 1: the last snapshot's index (whole records that decode).
+    // Pass 1: the last snapshot's index (whole snapshot records that decode; entry records
+    // are decoded once, in pass 2).
     let mut floor = 0;
     for data in segments {
         let mut at = 0;
         while let RecordAt::Whole(end, body) = record_at(data, at) {
-            if let Ok(Ok(snap)) = decode_body(body) {
+            if body[0] == 2
+                && let Some(snap) = decode_snapshot_record(&body[1..])
+            {
                 floor = floor.max(snap.get_metadata().index);
             }
             at = end;
