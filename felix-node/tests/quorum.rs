@@ -7,8 +7,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,165 +17,10 @@ use bytes::Bytes;
 use felix_driver_tokio::{ClientError, ClientOptions, ClusterClient, PublishOptions, Trust};
 use felix_proto::error_code::RetryClass;
 
-const BIN: &str = env!("CARGO_BIN_EXE_felix-node");
-const TOKEN: &str = "quorum-test-token";
-
 mod common;
+use common::brokers::*;
 use common::faultnet::{FaultNet, Link};
-use common::{cluster_status as status, free_tcp, free_udp, wait_for};
-
-/// A broker process, killed (SIGKILL) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Node {
-    name: String,
-    client: SocketAddr,
-    cluster: SocketAddr,
-    metrics: SocketAddr,
-    dir: PathBuf,
-    proc: Option<Proc>,
-    /// More `serve` arguments (an fsync policy).
-    extra: Vec<String>,
-    /// Where this broker journals what reached its disk (`FELIX_SYNC_JOURNAL`), if it does.
-    journal: Option<PathBuf>,
-    /// Environment for the broker (a slow disk).
-    env: Vec<(String, String)>,
-}
-
-impl Node {
-    fn start(&mut self, peers: &str) {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", &self.client.to_string(), "--data-dir"])
-            .arg(&self.dir)
-            .args(["--dev-token", TOKEN, "--node-id", &self.name])
-            .args(["--default-shards", "1", "--default-replication", "3", "--cache-replication", "3"])
-            .args(["--cluster-listen", &self.cluster.to_string(), "--peers", peers, "--cluster-secret", "s"])
-            .args(["--metrics-listen", &self.metrics.to_string()])
-            .args(&self.extra)
-            .envs(self.journal.iter().map(|j| (felix_driver_common::sync_journal::ENV, j)))
-            .envs(self.env.iter().cloned())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        common::wait_for_banner(&mut child);
-        self.proc = Some(Proc(child));
-    }
-
-    fn kill(&mut self) {
-        self.proc = None;
-    }
-}
-
-fn cli(addrs: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .env("FELIX_ADDR", addrs)
-        .env("FELIX_DATA_DIR", dir)
-        .env("FELIX_TOKEN", TOKEN)
-        .args(args)
-        .arg("--insecure-accept-any-certificate")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The ledger's leader: the live broker whose replica leads it (its own status says so), else
-/// the owner the metadata names (it learns of a new leader a moment after).
-fn leader(nodes: &[Node]) -> Option<String> {
-    leader_of(nodes, "ledger")
-}
-
-/// The leader of the replicated stream or cache `name`, as [`leader`].
-fn leader_of(nodes: &[Node], name: &str) -> Option<String> {
-    let leading = nodes.iter().filter(|n| n.proc.is_some()).find(|n| {
-        status(n.metrics).is_some_and(|v| {
-            v["replicas"].as_array().is_some_and(|r| r.iter().any(|r| r["name"] == name && r["role"] == "leader"))
-        })
-    });
-    if let Some(n) = leading {
-        return Some(n.name.clone());
-    }
-    nodes.iter().filter(|n| n.proc.is_some()).find_map(|n| {
-        let v = status(n.metrics)?;
-        v["shards"].as_array()?.iter().find(|s| s["name"] == name).and_then(|s| s["owner"].as_str().map(str::to_owned))
-    })
-}
-
-/// Whether a CLI error says the request was refused before anything was written (retry it),
-/// rather than that its outcome is unknown.
-fn refused_before_writing(err: &str) -> bool {
-    ["shard_unavailable", "not_leader", "owned by", "electing", "settling", "being created"]
-        .iter()
-        .any(|w| err.contains(w))
-}
-
-/// Three brokers started on loopback, each with a data directory of its own (kept while the
-/// returned directories live), and the `--peers` list they were given.
-fn three_brokers() -> (Vec<tempfile::TempDir>, Vec<Node>, String) {
-    three_brokers_with(&[], &[], false)
-}
-
-/// As [`three_brokers`], each started with `extra` arguments and `env` and, with `journal`,
-/// keeping a sync journal beside its data directory (for power cuts).
-fn three_brokers_with(
-    extra: &[&str],
-    env: &[(&str, &str)],
-    journal: bool,
-) -> (Vec<tempfile::TempDir>, Vec<Node>, String) {
-    let (dirs, mut nodes) = three_nodes(extra, env, journal);
-    let peers = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
-    for n in &mut nodes {
-        n.start(&peers);
-    }
-    (dirs, nodes, peers)
-}
-
-/// Three brokers' addresses and data directories (kept while the directories live), not
-/// started.
-fn three_nodes(extra: &[&str], env: &[(&str, &str)], journal: bool) -> (Vec<tempfile::TempDir>, Vec<Node>) {
-    let names = ["n1", "n2", "n3"];
-    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
-    let nodes: Vec<Node> = names
-        .iter()
-        .zip(&dirs)
-        .map(|(n, d)| Node {
-            name: n.to_string(),
-            client: free_udp(),
-            cluster: free_udp(),
-            metrics: free_tcp(),
-            dir: d.path().join("data"),
-            proc: None,
-            extra: extra.iter().map(|a| a.to_string()).collect(),
-            journal: journal.then(|| d.path().join("sync-journal")),
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        })
-        .collect();
-    (dirs, nodes)
-}
-
-/// Three brokers whose peer traffic all goes through a [`FaultNet`] (clients reach them
-/// directly), and the network.
-fn three_brokers_through_faults(seed: u64) -> (Vec<tempfile::TempDir>, Vec<Node>, FaultNet) {
-    let (dirs, mut nodes) = three_nodes(&[], &[], false);
-    let brokers: Vec<(String, SocketAddr)> = nodes.iter().map(|n| (n.name.clone(), n.cluster)).collect();
-    let (net, peers) = FaultNet::new(&brokers, seed);
-    for n in &mut nodes {
-        let p = peers[&n.name].clone();
-        n.start(&p);
-    }
-    (dirs, nodes, net)
-}
+use common::{cluster_status as status, wait_for};
 
 /// A full-speed acked publisher on the ledger of three brokers, started once a CLI publish
 /// created it.
@@ -409,17 +254,6 @@ struct FastOutcome {
     unknown: Vec<String>,
     /// Refusals that say retrying cannot help (there must be none).
     fatal: Vec<String>,
-}
-
-/// Whether a publish error says nothing was written (so the same record may be sent again).
-fn not_written(e: &ClientError) -> bool {
-    match e {
-        ClientError::NotLeader { .. } | ClientError::Connect(_) => true,
-        ClientError::Refused(i) => {
-            matches!(i.retry, Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::Redirect))
-        }
-        _ => false,
-    }
 }
 
 /// An acknowledged publisher at full speed through the Rust cluster client: `lanes` tasks,

@@ -2259,27 +2259,26 @@ fn a_replicated_shard_moves_to_a_broker_outside_its_group_which_takes_the_leader
     }
 }
 
-/// A cache write forwarded to the cache's owner, which dies with it in flight (SIGKILL: no
-/// answer ever comes), is answered as soon as the metadata declares the owner down, outcome
-/// unknown, well inside the forward timeout it used to wait out (cluster time).
-#[test]
-fn a_cache_write_forwarded_to_an_owner_that_dies_is_answered_once_it_is_declared_down() {
-    use felix_proto::broker::FORWARD_TIMEOUT;
-    let mut c = Cluster::with(&NAMES, true);
+/// A cache put as JSON (request id `rid`) to `sessions`.
+fn sessions_put(v: &str, rid: u64) -> Bytes {
+    json(&Message::CachePut(message::CachePut {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "sessions".into(),
+        key: "k".into(),
+        value: message::B64::from(v),
+        request_id: Some(rid),
+        ttl_ms: None,
+    }))
+}
+
+/// Three brokers with the `sessions` cache created, and a put already served through a broker
+/// that is not its owner: the owner's name, that broker's, and its client's connection and
+/// stream.
+fn a_cache_served_through_another_broker(c: &mut Cluster) -> (String, String, ConnId, StreamId) {
     c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
-    let put = |v: &str, rid: u64| {
-        json(&Message::CachePut(message::CachePut {
-            tenant_id: "t1".into(),
-            namespace: "default".into(),
-            cache: "sessions".into(),
-            key: "k".into(),
-            value: message::B64::from(v),
-            request_id: Some(rid),
-            ttl_ms: None,
-        }))
-    };
     let (conn, st) = c.client("n1", 0x0001, 1);
-    c.send("n1", conn, st, put("first", 1));
+    c.send("n1", conn, st, sessions_put("first", 1));
     c.until("the cache has an owner everywhere", |c| {
         c.nodes.values().all(|n| n.metadata().shard_count(Kind::Cache, "t1", "default", "sessions") == Some(1))
     });
@@ -2293,12 +2292,23 @@ fn a_cache_write_forwarded_to_an_owner_that_dies_is_answered_once_it_is_declared
     let owner = c.nodes["n1"].metadata().owner(&id).unwrap().owner.clone();
     let via = NAMES.iter().find(|n| **n != owner).unwrap().to_string();
     let (conn, st) = c.client(&via, 0x0001, 2);
-    c.send(&via, conn, st, put("second", 2));
+    c.send(&via, conn, st, sessions_put("second", 2));
     assert_eq!(messages(&c.take(&via, conn, st)), [Message::CacheOk(message::CacheOk { request_id: 2 })], "served");
+    (owner, via, conn, st)
+}
+
+/// A cache write forwarded to the cache's owner, which dies with it in flight (SIGKILL: no
+/// answer ever comes), is answered as soon as the metadata declares the owner down, outcome
+/// unknown, well inside the forward timeout it used to wait out (cluster time).
+#[test]
+fn a_cache_write_forwarded_to_an_owner_that_dies_is_answered_once_it_is_declared_down() {
+    use felix_proto::broker::FORWARD_TIMEOUT;
+    let mut c = Cluster::with(&NAMES, true);
+    let (owner, via, conn, st) = a_cache_served_through_another_broker(&mut c);
     // The owner dies; the next put is forwarded to it and never answered by it.
     c.nodes.remove(&owner);
     let sent = c.now;
-    c.send(&via, conn, st, put("third", 3));
+    c.send(&via, conn, st, sessions_put("third", 3));
     c.until("the forwarded put is answered", |c| {
         c.received.get(&(via.clone(), conn, st)).is_some_and(|b| !b.is_empty())
     });
@@ -2310,6 +2320,28 @@ fn a_cache_write_forwarded_to_an_owner_that_dies_is_answered_once_it_is_declared
     );
     assert!(waited < FORWARD_TIMEOUT, "answered after {waited:?}, inside the {FORWARD_TIMEOUT:?} forward timeout");
     eprintln!("answered {waited:?} after the owner died (cluster time)");
+}
+
+/// The connection to the cache's owner closes with a put forwarded on it: the put is answered
+/// at once, outcome unknown (`unacknowledged`: it may have been applied), not after the
+/// forward timeout; the owner's late answer changes nothing.
+#[test]
+fn a_cache_write_forwarded_on_a_connection_that_closes_is_answered_outcome_unknown_at_once() {
+    let mut c = Cluster::with(&NAMES, true);
+    let (owner, via, conn, st) = a_cache_served_through_another_broker(&mut c);
+    // Sent into a link that carries nothing any more: held, waiting for the owner's answer.
+    c.cut.insert(owner.clone());
+    c.send(&via, conn, st, sessions_put("third", 3));
+    assert!(c.take(&via, conn, st).is_empty(), "waiting for the owner's answer");
+    let now = c.now;
+    c.nodes.get_mut(&via).unwrap().handle_peer_lost(&owner, now);
+    c.settle();
+    let got = messages(&c.take(&via, conn, st));
+    assert!(
+        matches!(&got[..], [Message::Error(e)] if e.message.contains("closed its connection")
+            && e.message.contains("may have been applied")),
+        "outcome unknown at once: {got:?}"
+    );
 }
 
 /// A subscriber's flags: binary, offsets, generation-start skips (with FEATURE_SHARD_MOVED).

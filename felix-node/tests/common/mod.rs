@@ -3,7 +3,9 @@
 
 #![allow(dead_code)] // each test crate uses its own part
 
+pub mod brokers;
 pub mod faultnet;
+pub mod history;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream, UdpSocket};

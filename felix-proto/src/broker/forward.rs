@@ -293,6 +293,7 @@ impl Broker {
                 "the connection to the shard's owner {owner} was lost while the publish was forwarded; the batch may have been appended"
             )
         });
+        self.request_forwards_on_lost_connection(peer);
     }
 
     /// Answers the forwarded publishes `ids` (in that order) `unacknowledged`, outcome unknown,

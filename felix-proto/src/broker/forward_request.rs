@@ -278,6 +278,20 @@ impl Broker {
         }
     }
 
+    /// Cache and counter requests forwarded to `peer` when the connection to it closed: their
+    /// answers are not coming on it, so they are answered now (a write's outcome unknown, a read
+    /// to be sent again) rather than after the forward timeout. In the order they were
+    /// forwarded.
+    pub(super) fn request_forwards_on_lost_connection(&mut self, peer: &str) {
+        let mut lost: Vec<(u64, Instant)> =
+            self.request_forwards.iter().filter(|(_, p)| p.owner == peer).map(|(id, p)| (*id, p.deadline)).collect();
+        lost.sort_unstable();
+        for (id, deadline) in lost {
+            self.forward_deadlines.remove(&(deadline, id));
+            self.give_up_request_forward(id, "closed its connection to this broker before it answered");
+        }
+    }
+
     /// Answers a forwarded request whose owner's answer is not coming: a write's outcome is
     /// unknown, a read may be sent again.
     fn give_up_request_forward(&mut self, id: u64, why: &str) -> bool {
