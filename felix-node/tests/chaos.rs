@@ -1,0 +1,739 @@
+//! A schedule of faults against three `felix-node serve` processes under a concurrent workload,
+//! judged afterwards by an independent checker over what was recorded ([`common::history`]).
+//!
+//! The brokers' peer traffic goes through a fault network ([`FaultNet`]); clients reach the
+//! brokers directly, so a partitioned leader is still asked by clients. Each episode applies
+//! one fault for a few seconds and heals it: a partitioned leader, one-way loss from a leader,
+//! lossy, duplicating, reordering links, a bridge, a paused leader (SIGSTOP), a killed leader
+//! (SIGKILL, restarted), a power cut of one broker (what it wrote but had not synced is taken
+//! back), and a follower's replica log with a bit flipped while it is down. The fault's target
+//! alternates between the stream's leader and the cache's.
+//!
+//! The workload throughout: acknowledged publishes (plain and keyed lanes through the cluster
+//! client, an idempotent producer), a subscriber following the stream, and one cache client per
+//! broker doing reads, puts, conditional puts and deletes on keys of their own per episode.
+//!
+//! Afterwards: every acknowledged record once, at the offset its acknowledgement gave, and on
+//! every replica's disk; nothing unsent; the subscriber's sequence gap-free against the stream;
+//! no two replicas with different committed entries at one index; every key's history
+//! linearizable (a stale read fails it). The short schedule runs in CI; the long one
+//! (`FELIX_CHAOS_EPISODES`, default 200) is ignored and run by hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_driver_tokio::{
+    Client, ClientError, ClientOptions, ClusterClient, IdempotentProducer, PublishOptions, Trust,
+};
+use felix_proto::message::{CacheCondition, StartPosition};
+
+mod common;
+use common::brokers::*;
+use common::faultnet::{FaultNet, Link};
+use common::history::{
+    CacheCall, CacheOp, CacheReturn, ReplicaLog, check_stream, check_subscriber, divergent, linearizable,
+};
+use common::{cluster_status as status, wait_for};
+
+/// The kinds of fault, in the order a schedule goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Partition,
+    OneWayLoss,
+    LossyLinks,
+    Bridge,
+    Pause,
+    Kill,
+    PowerCut,
+    CorruptFollower,
+}
+
+const KINDS: [Fault; 8] = [
+    Fault::Partition,
+    Fault::OneWayLoss,
+    Fault::LossyLinks,
+    Fault::Bridge,
+    Fault::Pause,
+    Fault::Kill,
+    Fault::PowerCut,
+    Fault::CorruptFollower,
+];
+
+/// The stream and the cache the workload uses.
+const STREAM: &str = "ledger";
+const CACHE: &str = "sessions";
+/// Keys per episode.
+const KEYS: usize = 3;
+
+/// xorshift64*: the schedule replays for a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % n.max(1)
+    }
+}
+
+/// What the workload recorded.
+#[derive(Default)]
+struct History {
+    /// Acknowledged publishes: the record and the offset its acknowledgement gave.
+    acked: Vec<(String, Option<u64>)>,
+    /// When each acknowledgement came.
+    ack_times: Vec<Instant>,
+    /// Published with an unknown outcome.
+    unknown: BTreeSet<String>,
+    /// What the subscriber saw: (offset, record).
+    seen: Vec<(u64, String)>,
+    /// Each key's cache operations.
+    cache: BTreeMap<String, Vec<CacheOp>>,
+    /// Cache operations answered, and refused before taking effect.
+    cache_answered: u64,
+    cache_refused: u64,
+}
+
+struct Workload {
+    stop: Arc<AtomicBool>,
+    /// The episode whose keys the cache clients use.
+    episode: Arc<AtomicU64>,
+    history: Arc<Mutex<History>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn opts() -> ClientOptions {
+    ClientOptions::new("default", TOKEN, Trust::DangerAcceptAnyCertificate)
+}
+
+/// Whether a refusal or error says the operation did not take effect.
+fn refused(e: &ClientError) -> bool {
+    not_written(e)
+}
+
+fn elapsed(t0: Instant) -> u64 {
+    t0.elapsed().as_nanos() as u64
+}
+
+impl Workload {
+    fn start(brokers: Vec<SocketAddr>, t0: Instant) -> Workload {
+        let stop = Arc::new(AtomicBool::new(false));
+        let episode = Arc::new(AtomicU64::new(0));
+        let history = Arc::new(Mutex::new(History::default()));
+        let (s, e, h) = (stop.clone(), episode.clone(), history.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            rt.block_on(async move {
+                let cc = Arc::new(ClusterClient::connect(&brokers, opts()).await.expect("the workload connects"));
+                let mut tasks = Vec::new();
+                for lane in 0..4 {
+                    tasks.push(tokio::spawn(publisher(cc.clone(), lane, s.clone(), h.clone())));
+                }
+                tasks.push(tokio::spawn(idempotent(brokers.clone(), s.clone(), h.clone())));
+                tasks.push(tokio::spawn(subscriber(cc.clone(), s.clone(), h.clone())));
+                for (i, addr) in brokers.iter().enumerate() {
+                    tasks.push(tokio::spawn(cache_client(i, *addr, t0, s.clone(), e.clone(), h.clone())));
+                }
+                for t in tasks {
+                    t.await.expect("a workload task");
+                }
+                cc.close().await;
+            });
+        });
+        Workload { stop, episode, history, thread }
+    }
+
+    fn acks(&self) -> usize {
+        self.history.lock().unwrap().acked.len()
+    }
+
+    fn finish(self) -> History {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the workload");
+        Arc::try_unwrap(self.history).ok().expect("the workload's tasks ended").into_inner().unwrap()
+    }
+}
+
+/// An acknowledged publisher lane (odd lanes keyed), paced a little: a record refused before
+/// it was written is sent again; one whose outcome is unknown is noted (never resent).
+async fn publisher(cc: Arc<ClusterClient>, lane: usize, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let p = format!("p{lane}-{n}");
+        n += 1;
+        let key = (lane % 2 == 1).then(|| Bytes::from(format!("key-{}", n % 7)));
+        loop {
+            let o = PublishOptions { ack: true, key: key.clone(), ..PublishOptions::default() };
+            match cc.publish("default", STREAM, vec![Bytes::from(p.clone())], o).await {
+                Ok(offset) => {
+                    let mut h = h.lock().unwrap();
+                    h.acked.push((p, offset));
+                    h.ack_times.push(Instant::now());
+                }
+                Err(e) if refused(&e) && !stop.load(Ordering::Relaxed) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Err(_) => {
+                    h.lock().unwrap().unknown.insert(p);
+                }
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An idempotent producer: each record sent until appended (exactly once); a producer that
+/// gives up leaves its record unknown and a new one (a new producer id) goes on.
+async fn idempotent(brokers: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let mut n = 0u64;
+    let mut producer: Option<IdempotentProducer> = None;
+    while !stop.load(Ordering::Relaxed) {
+        if producer.is_none() {
+            let at = brokers[n as usize % brokers.len()];
+            match IdempotentProducer::connect(at, opts(), "default", STREAM).await {
+                Ok(mut p) => {
+                    p.set_seeds(brokers.clone());
+                    producer = Some(p);
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    n += 1;
+                    continue;
+                }
+            }
+        }
+        let Some(p) = producer.as_mut() else { continue };
+        let r = format!("idem-{n}");
+        n += 1;
+        match p.send(vec![Bytes::from(r.clone())], None).await {
+            Ok(offset) => {
+                let mut h = h.lock().unwrap();
+                h.acked.push((r, offset));
+                h.ack_times.push(Instant::now());
+            }
+            Err(_) => {
+                h.lock().unwrap().unknown.insert(r);
+                producer = None;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A subscriber following the stream from its start, wherever it is served.
+async fn subscriber(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let mut f = loop {
+        match cc.follow("default", STREAM, 0, Some(StartPosition::Earliest)).await {
+            Ok(f) => break f,
+            Err(_) if !stop.load(Ordering::Relaxed) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => return,
+        }
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let batch = tokio::select! {
+            b = f.next() => b,
+            () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+        };
+        let Ok(batch) = batch else { panic!("the subscriber gave up: {:?}", batch.err()) };
+        let Some(base) = batch.base_offset else { panic!("a batch without offsets") };
+        let mut h = h.lock().unwrap();
+        for (i, p) in batch.records.payloads().enumerate() {
+            h.seen.push((base + i as u64, String::from_utf8_lossy(&p).into_owned()));
+        }
+    }
+}
+
+/// One cache client, on one broker throughout (it forwards to the cache's leader, or answers
+/// itself if it thinks it leads): reads, puts, conditional puts and deletes on this episode's
+/// keys, each with when it was sent and what came back.
+async fn cache_client(
+    me: usize,
+    addr: SocketAddr,
+    t0: Instant,
+    stop: Arc<AtomicBool>,
+    episode: Arc<AtomicU64>,
+    h: Arc<Mutex<History>>,
+) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (me as u64 + 1));
+    let mut client: Option<Client> = None;
+    // The last version this client saw of each key.
+    let mut versions: BTreeMap<String, u64> = BTreeMap::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(c) = client.as_ref() else {
+            match tokio::time::timeout(Duration::from_secs(2), Client::connect(addr, opts())).await {
+                Ok(Ok(c)) => client = Some(c),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+            continue;
+        };
+        let ep = episode.load(Ordering::Relaxed);
+        let key = format!("e{ep}-k{}", rng.below(KEYS as u64));
+        n += 1;
+        let value = format!("c{me}-{n}");
+        let call = match rng.below(20) {
+            0..=7 => CacheCall::Get,
+            8..=12 => CacheCall::Put(value.clone()),
+            13..=15 => CacheCall::PutIfAbsent(value.clone()),
+            16..=18 => CacheCall::PutIfVersion(value.clone(), versions.get(&key).copied().unwrap_or(1)),
+            _ => CacheCall::Delete,
+        };
+        let invoked = elapsed(t0);
+        let b = |v: &str| Bytes::from(v.to_owned());
+        let text = |v: Option<Bytes>| v.map(|v| String::from_utf8_lossy(&v).into_owned());
+        let answer = tokio::time::timeout(Duration::from_secs(15), async {
+            match &call {
+                CacheCall::Get => c
+                    .cache_get_versioned("default", CACHE, &key)
+                    .await
+                    .map(|(v, ver)| CacheReturn::Value(text(v).map(|v| (v, ver)))),
+                CacheCall::Put(v) => c.cache_put("default", CACHE, &key, b(v), None).await.map(|()| CacheReturn::Done),
+                CacheCall::PutIfAbsent(v) => c
+                    .cache_put_if("default", CACHE, &key, b(v), None, CacheCondition::Absent)
+                    .await
+                    .map(|(a, ver)| CacheReturn::Condition(a, ver)),
+                CacheCall::PutIfVersion(v, want) => c
+                    .cache_put_if("default", CACHE, &key, b(v), None, CacheCondition::Version(*want))
+                    .await
+                    .map(|(a, ver)| CacheReturn::Condition(a, ver)),
+                CacheCall::Delete => {
+                    c.cache_delete("default", CACHE, &key).await.map(|v| CacheReturn::Removed(text(v)))
+                }
+            }
+        })
+        .await;
+        let answered = elapsed(t0);
+        {
+            let mut h = h.lock().unwrap();
+            let record = |h: &mut History, answered| {
+                h.cache.entry(key.clone()).or_default().push(CacheOp {
+                    client: me,
+                    invoked,
+                    answered,
+                    call: call.clone(),
+                })
+            };
+            match answer {
+                Ok(Ok(ret)) => {
+                    if let CacheReturn::Value(Some((_, Some(v)))) | CacheReturn::Condition(_, Some(v)) = &ret {
+                        versions.insert(key.clone(), *v);
+                    }
+                    h.cache_answered += 1;
+                    record(&mut h, Some((answered, ret)));
+                }
+                // Refused before it took effect (or a read that failed): it did nothing.
+                Ok(Err(e)) if refused(&e) || call == CacheCall::Get => {
+                    h.cache_refused += 1;
+                    if !matches!(e, ClientError::Refused(_) | ClientError::NotLeader { .. }) {
+                        client = None;
+                    }
+                }
+                // Sent, no answer: it may have taken effect.
+                Ok(Err(_)) | Err(_) => {
+                    if call != CacheCall::Get {
+                        record(&mut h, None);
+                    }
+                    client = None;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What one episode measured.
+struct Episode {
+    kind: Fault,
+    /// From the heal (restart, resume) to the next acknowledged publish.
+    unavailable_after_heal: Duration,
+    /// The longest stretch without an acknowledged publish, from the fault's start until the
+    /// cluster settled after the heal.
+    longest_gap: Duration,
+}
+
+/// Flips one bit in the middle of `node`'s replica log of the stream (while it is down).
+fn flip_a_bit(node: &Node) {
+    let replicas = node.dir.join("cluster").join("replicas");
+    let file = std::fs::read_dir(&replicas)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains(&format!("~{STREAM}~")))
+        .expect("the stream's replica log");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(&file, &bytes).unwrap();
+}
+
+/// The broker leading replicated shard `name`, by its own status.
+fn leading(nodes: &[Node], name: &str) -> Option<usize> {
+    nodes.iter().position(|n| {
+        n.proc.is_some()
+            && status(n.metrics).is_some_and(|v| {
+                v["replicas"].as_array().is_some_and(|r| r.iter().any(|r| r["name"] == name && r["role"] == "leader"))
+            })
+    })
+}
+
+/// Every broker up and its replicas of the stream and the cache leading or following.
+fn settled(nodes: &[Node]) -> bool {
+    nodes.iter().all(|n| {
+        status(n.metrics).is_some_and(|v| {
+            let role = |name: &str| {
+                v["replicas"].as_array().is_some_and(|r| {
+                    r.iter().any(|r| r["name"] == name && (r["role"] == "leader" || r["role"] == "follower"))
+                })
+            };
+            role(STREAM) && role(CACHE)
+        })
+    })
+}
+
+fn signal(node: &Node, s: &str) {
+    let pid = node.proc.as_ref().expect("running").0.id().to_string();
+    assert!(Command::new("kill").args([s, &pid]).status().unwrap().success());
+}
+
+/// Applies `kind` to the broker `target` for `hold`, then heals it.
+fn apply(
+    kind: Fault,
+    nodes: &mut [Node],
+    net: &FaultNet,
+    peers: &BTreeMap<String, String>,
+    target: usize,
+    hold: Duration,
+) {
+    let name = nodes[target].name.clone();
+    let other = (0..nodes.len()).find(|i| *i != target).unwrap();
+    let hold_then = |f: &mut dyn FnMut()| {
+        std::thread::sleep(hold);
+        f();
+    };
+    match kind {
+        Fault::Partition => {
+            net.isolate(&name);
+            hold_then(&mut || net.heal());
+        }
+        Fault::OneWayLoss => {
+            for o in nodes.iter().filter(|o| o.name != name) {
+                net.set(&name, &o.name, Link { blocked: true, ..Link::default() });
+            }
+            hold_then(&mut || net.heal());
+        }
+        Fault::LossyLinks => {
+            net.set_all(Link { loss: 150, duplicate: 50, delay_ms: (0, 25), ..Link::default() });
+            hold_then(&mut || net.heal());
+        }
+        Fault::Bridge => {
+            let cut = nodes[other].name.clone();
+            net.set(&name, &cut, Link { blocked: true, ..Link::default() });
+            net.set(&cut, &name, Link { blocked: true, ..Link::default() });
+            hold_then(&mut || net.heal());
+        }
+        Fault::Pause => {
+            signal(&nodes[target], "-STOP");
+            hold_then(&mut || signal(&nodes[target], "-CONT"));
+        }
+        Fault::Kill => {
+            nodes[target].kill();
+            std::thread::sleep(hold);
+            nodes[target].start(&peers[&name]);
+        }
+        Fault::PowerCut => {
+            nodes[target].kill();
+            let journal = nodes[target].journal.clone().expect("a journal");
+            felix_driver_common::sync_journal::power_cut(&journal).expect("the power cut");
+            std::thread::sleep(hold);
+            nodes[target].start(&peers[&name]);
+        }
+        Fault::CorruptFollower => {
+            // A follower of the stream (the target may lead it).
+            let lead = leading(nodes, STREAM);
+            let f = (0..nodes.len()).find(|i| Some(*i) != lead).unwrap();
+            let fname = nodes[f].name.clone();
+            nodes[f].kill();
+            flip_a_bit(&nodes[f]);
+            std::thread::sleep(hold);
+            nodes[f].start(&peers[&fname]);
+        }
+    }
+}
+
+/// The stream read back whole through the cluster: (offset, record).
+fn read_stream(brokers: &[SocketAddr]) -> Vec<(u64, String)> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let cc = ClusterClient::connect(brokers, opts()).await.expect("the reader connects");
+        let mut out = Vec::new();
+        let mut from = 0;
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            match cc.stream_read("default", STREAM, 0, from, Some(10_000)).await {
+                Ok(page) if page.records.is_empty() => break,
+                Ok(page) => {
+                    for r in page.records {
+                        out.push((r.offset, String::from_utf8_lossy(&r.payload.0).into_owned()));
+                    }
+                    from = page.next_offset;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < until, "the stream is not readable: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        cc.close().await;
+        out
+    })
+}
+
+/// Each key's final value read through every broker, after everything healed: one more
+/// operation per broker at the end of each key's history.
+fn final_reads(brokers: &[SocketAddr], t0: Instant, keys: &[String]) -> Vec<(String, CacheOp)> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut out = Vec::new();
+        for (i, addr) in brokers.iter().enumerate() {
+            let c = Client::connect(*addr, opts()).await.expect("a final reader connects");
+            for k in keys {
+                let until = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let invoked = elapsed(t0);
+                    match c.cache_get_versioned("default", CACHE, k).await {
+                        Ok((v, ver)) => {
+                            let ret = CacheReturn::Value(v.map(|v| (String::from_utf8_lossy(&v).into_owned(), ver)));
+                            let op = CacheOp {
+                                client: 100 + i,
+                                invoked,
+                                answered: Some((elapsed(t0), ret)),
+                                call: CacheCall::Get,
+                            };
+                            out.push((k.clone(), op));
+                            break;
+                        }
+                        Err(e) => {
+                            assert!(Instant::now() < until, "{k} is not readable through {addr}: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+            let _ = c.close().await;
+        }
+        out
+    })
+}
+
+/// Each broker's replica log of the stream, as its files hold it (read with the brokers
+/// stopped).
+fn replica_logs(nodes: &[Node]) -> Vec<ReplicaLog> {
+    nodes
+        .iter()
+        .map(|n| {
+            let dir = n.dir.join("cluster").join("replicas");
+            let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.is_file() && p.file_name().unwrap().to_string_lossy().contains(&format!("~{STREAM}~")))
+                .collect();
+            files.sort();
+            let datas: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+            let views: Vec<&[u8]> = datas.iter().map(Vec::as_slice).collect();
+            let (log, _, damage) = felix_proto::cluster::meta::fold_log_segments_checked(&views);
+            assert!(damage.is_none(), "{}: its replica log is damaged: {damage:?}", n.name);
+            ReplicaLog {
+                broker: n.name.clone(),
+                entries: log.entries.iter().map(|e| (e.index, e.term, e.data.to_vec())).collect(),
+                commit: log.hard_state.commit,
+            }
+        })
+        .collect()
+}
+
+/// The records a replica's committed entries hold.
+fn committed_records(log: &ReplicaLog) -> BTreeSet<String> {
+    log.entries
+        .iter()
+        .filter(|e| e.0 <= log.commit && !e.2.is_empty())
+        .filter_map(|e| felix_proto::cluster::replica::ReplicatedBatch::decode(&e.2).ok())
+        .flat_map(|b| b.payloads())
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .collect()
+}
+
+/// Runs `episodes` faults (kinds in turn, holds and targets from `seed`) and checks the
+/// history. Returns the report.
+fn schedule(episodes: usize, seed: u64) -> String {
+    // `FELIX_CHAOS_KINDS` (names, comma-separated) keeps only those kinds.
+    let only = std::env::var("FELIX_CHAOS_KINDS").unwrap_or_default();
+    let kinds: Vec<Fault> =
+        KINDS.into_iter().filter(|k| only.is_empty() || only.split(',').any(|o| o == format!("{k:?}"))).collect();
+    assert!(!kinds.is_empty(), "FELIX_CHAOS_KINDS names no kind of {KINDS:?}");
+    let (_dirs, mut nodes) = three_nodes(&[], &[], true);
+    let brokers: Vec<(String, SocketAddr)> = nodes.iter().map(|n| (n.name.clone(), n.cluster)).collect();
+    let (net, peers) = FaultNet::new(&brokers, seed);
+    for n in &mut nodes {
+        let p = peers[&n.name].clone();
+        n.start(&p);
+    }
+    let clients: Vec<SocketAddr> = nodes.iter().map(|n| n.client).collect();
+    let addrs = clients.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(",");
+    let any_dir = nodes[0].dir.clone();
+    // The stream and the cache exist before the workload starts.
+    wait_for("the stream is created", 60, || {
+        cli(&addrs, &any_dir, &["publish", STREAM, "first", "--ack", "--close-timeout", "3s"]).0
+    });
+    wait_for("the cache is created", 60, || {
+        cli(&addrs, &any_dir, &["cache", "put", CACHE, "warm", "up", "--close-timeout", "3s"]).0
+    });
+    wait_for("the cluster settles", 60, || settled(&nodes));
+    let t0 = Instant::now();
+    let load = Workload::start(clients.clone(), t0);
+    wait_for("the workload is acknowledged", 60, || load.acks() >= 100);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9) | 1);
+    let mut done = Vec::new();
+    for ep in 0..episodes {
+        load.episode.store(ep as u64, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(800));
+        let kind = kinds[ep % kinds.len()];
+        // Each kind is aimed at the stream's leader and the cache's in turn.
+        let shard = if (ep % kinds.len() + ep / kinds.len()) % 2 == 0 { STREAM } else { CACHE };
+        let mut target = None;
+        wait_for("a leader to aim at", 60, || {
+            target = leading(&nodes, shard);
+            target.is_some()
+        });
+        let hold = Duration::from_millis(1500 + rng.below(3500));
+        eprintln!("episode {ep}: {kind:?} on {} (leads {shard}) for {hold:?}", nodes[target.unwrap()].name);
+        let began = Instant::now();
+        apply(kind, &mut nodes, &net, &peers, target.unwrap(), hold);
+        let healed = Instant::now();
+        let before = load.acks();
+        wait_for("a publish is acknowledged after the heal", 90, || load.acks() > before);
+        let first = load.history.lock().unwrap().ack_times.iter().filter(|t| **t > healed).min().copied();
+        wait_for("the cluster settles after the heal", 120, || settled(&nodes));
+        let longest_gap = {
+            let h = load.history.lock().unwrap();
+            let mut times: Vec<Instant> = h.ack_times.iter().filter(|t| **t > began).copied().collect();
+            times.sort();
+            std::iter::once(began).chain(times).collect::<Vec<_>>().windows(2).map(|w| w[1] - w[0]).max()
+        };
+        done.push(Episode {
+            kind,
+            unavailable_after_heal: first.map(|t| t - healed).unwrap_or_default(),
+            longest_gap: longest_gap.unwrap_or_default(),
+        });
+    }
+    net.heal();
+    std::thread::sleep(Duration::from_secs(1));
+    let h = load.finish();
+    // The final word: the stream read back, each key read through every broker.
+    let log = read_stream(&clients);
+    let keys: Vec<String> = h.cache.keys().cloned().collect();
+    let mut cache = h.cache.clone();
+    for (k, op) in final_reads(&clients, t0, &keys) {
+        cache.entry(k).or_default().push(op);
+    }
+    // Let followers apply what the leader committed last, then stop every broker and read its
+    // files.
+    std::thread::sleep(Duration::from_secs(2));
+    for n in &mut nodes {
+        n.kill();
+    }
+    let replicas = replica_logs(&nodes);
+
+    // The verdicts.
+    let mut unknown = h.unknown.clone();
+    unknown.insert("first".into());
+    let stream = check_stream(&log, &h.acked, &unknown);
+    let subscriber = check_subscriber(&h.seen, &log);
+    let diverged = divergent(&replicas);
+    let mut missing_on_disk = Vec::new();
+    for r in &replicas {
+        let held = committed_records(r);
+        let missing = h.acked.iter().filter(|(p, _)| !held.contains(p)).count();
+        if missing > 0 {
+            missing_on_disk.push(format!("{}: {missing} acknowledged records not in its committed log", r.broker));
+        }
+    }
+    let mut stale = Vec::new();
+    let mut ops = 0;
+    for (k, history) in &cache {
+        ops += history.len();
+        if let Err(why) = linearizable(history) {
+            stale.push(format!("{k}: {why}"));
+        }
+    }
+    let mut by_kind: BTreeMap<Fault, (Vec<Duration>, Vec<Duration>)> = BTreeMap::new();
+    for e in &done {
+        let k = by_kind.entry(e.kind).or_default();
+        k.0.push(e.unavailable_after_heal);
+        k.1.push(e.longest_gap);
+    }
+    let mut report = format!(
+        "{} episodes; {} records acknowledged, {} unknown; lost {}, duplicated {}, misplaced {}, phantom {}; \
+         subscriber saw {} with {} faults; {} divergent indexes; {} not on every replica's disk; \
+         cache: {} keys, {} operations ({} answered, {} refused), {} keys not linearizable\n",
+        done.len(),
+        h.acked.len(),
+        h.unknown.len(),
+        stream.lost.len(),
+        stream.duplicated.len(),
+        stream.misplaced.len(),
+        stream.phantom.len(),
+        h.seen.len(),
+        subscriber.len(),
+        diverged.len(),
+        missing_on_disk.len(),
+        cache.len(),
+        ops,
+        h.cache_answered,
+        h.cache_refused,
+        stale.len(),
+    );
+    for (kind, (after, gaps)) in &mut by_kind {
+        after.sort();
+        gaps.sort();
+        report.push_str(&format!(
+            "  {kind:?}: {} episodes; heal to the next acknowledged write: median {:.0?}, worst {:.0?}; \
+             longest stretch without one from the fault's start: median {:.0?}, worst {:.0?}\n",
+            after.len(),
+            after[after.len() / 2],
+            after[after.len() - 1],
+            gaps[gaps.len() / 2],
+            gaps[gaps.len() - 1]
+        ));
+    }
+    eprintln!("{report}");
+    assert!(stream.is_clean(), "the stream: {stream:?}");
+    assert!(subscriber.is_empty(), "the subscriber: {:?}", &subscriber[..subscriber.len().min(10)]);
+    assert!(diverged.is_empty(), "replicas diverge: {diverged:?}");
+    assert!(missing_on_disk.is_empty(), "{missing_on_disk:?}");
+    assert!(stale.is_empty(), "not linearizable: {}", stale.join("\n"));
+    report
+}
+
+/// Two episodes of each kind of fault (CI).
+#[test]
+fn a_short_fault_schedule_loses_doubles_and_reads_nothing_stale() {
+    // Each kind twice: once at the stream's leader, once at the cache's.
+    schedule(2 * KINDS.len(), 1);
+}
+
+/// The long schedule: `FELIX_CHAOS_EPISODES` episodes (default 200), `FELIX_CHAOS_SEED`.
+#[test]
+#[ignore = "long: about a minute per eight episodes; run by hand and reported"]
+fn a_long_fault_schedule_loses_doubles_and_reads_nothing_stale() {
+    let n = std::env::var("FELIX_CHAOS_EPISODES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let seed = std::env::var("FELIX_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    schedule(n, seed);
+}
