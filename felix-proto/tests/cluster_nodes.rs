@@ -1509,6 +1509,55 @@ mod quorum_cache {
     }
 }
 
+/// A replicated cache's leader is cut off from the other two brokers while its clients still
+/// reach it. Tick by tick, a client reads through it while the others elect a leader and take
+/// a newer value: the cut-off one answers no read with what it held once the newer value could
+/// exist (a stale read). Its read lease ran out before any election could end, so it refuses
+/// reads (retry) until it learns it was deposed. Before the cut, reads were answered.
+#[test]
+fn a_partitioned_cache_leader_answers_no_stale_read_once_a_new_leader_could_exist() {
+    use felix_proto::broker::ReplicaRole;
+    use quorum_cache::*;
+    let mut c = Cluster::with(&NAMES, true);
+    create_sessions(&mut c);
+    let old = cache_leader(&c).unwrap();
+    let cl = client(&mut c, &old, 1);
+    assert_eq!(ask(&mut c, &old, cl, put("k", "v1", None, 2)), Message::CacheOk(message::CacheOk { request_id: 2 }));
+    c.tick();
+    assert_eq!(read(&mut c, &old, "k", 2).map(|v| v.0).as_deref(), Some("v1"), "answered while it leads");
+    c.cut.insert(old.clone());
+    let others: Vec<String> = NAMES.iter().filter(|n| **n != old).map(|n| n.to_string()).collect();
+    let (mut written, mut refused, mut answered) = (None, 0, 0);
+    for step in 0..60u64 {
+        c.tick();
+        let new = others.iter().find(|n| c.nodes[*n].broker.replica_role(&sessions()) == Some(&ReplicaRole::Leading));
+        if written.is_none()
+            && let Some(new) = new.cloned()
+        {
+            let w = client(&mut c, &new, 10 + step);
+            if ask(&mut c, &new, w, put("k", "v2", None, 3)) == Message::CacheOk(message::CacheOk { request_id: 3 }) {
+                written = Some(step);
+            }
+        }
+        match ask(&mut c, &old, cl, get("k", 100 + step)) {
+            Message::CacheValue(v) => {
+                answered += 1;
+                assert!(written.is_none(), "a stale read at step {step}, after {new:?} took v2: {v:?}");
+            }
+            Message::Error(e) => {
+                refused += 1;
+                assert!(e.retry == Some(felix_proto::RetryClass::Retry), "{e:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(written.is_some(), "the other two elected a leader that took v2");
+    assert!(refused > 0, "the cut-off leader refused reads");
+    eprintln!(
+        "cut-off cache leader: {answered} reads answered inside its lease, then {refused} refused; v2 written at tick {written:?}"
+    );
+}
+
 #[test]
 fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_offsets() {
     use felix_proto::message::CacheCondition;

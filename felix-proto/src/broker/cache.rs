@@ -67,6 +67,8 @@ pub(crate) struct Cache {
     /// A replicated (`quorum`) cache: the role of this broker's replica in its Raft group.
     /// Its changes are made only by applying the group's committed log.
     pub replica: Option<super::replicated::ReplicaRole>,
+    /// A replicated cache's leader answers reads until then (its read lease).
+    pub read_lease: Option<std::time::Instant>,
     /// On its leader: what applying each entry did, by offset, until the proposal's answer
     /// comes out of the group.
     pub results: std::collections::BTreeMap<u64, super::quorum_cache::Outcome>,

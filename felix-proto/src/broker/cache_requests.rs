@@ -56,8 +56,11 @@ impl Broker {
         Self::hold(st, HeldFor::Write(token));
     }
 
-    pub(super) fn counter_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CounterGet) {
-        let k = match self.cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead) {
+    pub(super) fn counter_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CounterGet, now: Instant) {
+        let k = match self
+            .cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
+            .and_then(|k| self.quorum_read_allowed(&k, now).map(|()| k))
+        {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
@@ -129,7 +132,10 @@ impl Broker {
     }
 
     pub(super) fn cache_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::CacheGet, now: Instant) {
-        let k = match self.cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead) {
+        let k = match self
+            .cache_entry(st, &g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
+            .and_then(|k| self.quorum_read_allowed(&k, now).map(|()| k))
+        {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };

@@ -497,6 +497,31 @@ impl Broker {
         }
     }
 
+    /// How long this broker's replica of a replicated cache may answer reads
+    /// ([`crate::cluster::replica::Replica::read_lease`]; `None`: not now).
+    pub fn set_read_lease(&mut self, shard: &ShardId, until: Option<Instant>) {
+        self.quorum_cache(shard).read_lease = until;
+    }
+
+    /// `Err` when a read of replicated cache `k` may not be answered here now: its replica
+    /// leads but holds no read lease (a majority has not confirmed it leads lately: it may
+    /// have been deposed by a partition it has not noticed). Retried, the read finds a
+    /// confirmed leader, here or elsewhere.
+    pub(super) fn quorum_read_allowed(&self, k: &Key, now: Instant) -> Result<(), Refusal> {
+        let Some(c) = self.caches.get(k).filter(|c| c.replica.is_some()) else { return Ok(()) };
+        if c.read_lease.is_some_and(|until| now < until) {
+            return Ok(());
+        }
+        let mut r = Refusal::new(
+            ErrorCode::ShardUnavailable,
+            "the cache's leader is confirming with its replicas that it still leads; retry",
+        );
+        r.detail =
+            Some(crate::binary::ErrorDetail { reason: Some("confirming_leader".into()), retry_after_ms: Some(50) });
+        r.retry = RetryClass::Retry;
+        Err(r)
+    }
+
     /// Where a request for a replicated cache whose replica is here goes: `None` to serve it
     /// here (this replica leads), else the refusal or the leader to send it to.
     pub(super) fn quorum_cache_home(&self, k: &Key) -> Option<Result<Moved, Refusal>> {

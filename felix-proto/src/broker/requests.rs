@@ -307,7 +307,7 @@ impl Broker {
             Message::SubscriptionsList(q) => self.subscriptions_list(conn, st, q),
             Message::StateGet(g) => self.state_get(conn, st, g),
             Message::CounterAdd(a) => self.counter_add(conn, st, a, now),
-            Message::CounterGet(g) => self.counter_get(conn, st, g),
+            Message::CounterGet(g) => self.counter_get(conn, st, g, now),
             Message::GroupPoll(p) => self.group_poll(conn, st, p, now),
             Message::GroupAck(a) => self.group_ack(conn, st, a, now),
             Message::GroupNack(n) => self.group_nack(conn, st, n, now),

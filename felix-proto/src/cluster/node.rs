@@ -38,6 +38,14 @@ pub const LEASE: Duration = Duration::from_secs(3);
 /// its in-memory shards to others, so two brokers never serve one shard. Five heartbeats.
 pub const FENCE_AFTER: Duration = Duration::from_millis(1500);
 
+/// How long after it starts a broker's replicas grant no vote nor pre-vote. A broker that
+/// restarts forgot which leaders it heard: without the hold it could vote at once for a
+/// candidate while a leader it confirmed a moment before its crash still holds a read lease
+/// ([`super::replica::READ_LEASE`]) counting on it. One election timeout
+/// ([`super::meta::ELECTION_TICKS`] ticks), the time a follower that heard that leader would
+/// have waited.
+pub const VOTE_HOLD: Duration = Duration::from_secs(1);
+
 /// What the node asks its driver to do, in order.
 #[derive(Debug)]
 pub enum NodeOutput {
@@ -271,6 +279,8 @@ pub struct ClusterNode {
     /// The time of the latest input (what a proposal the broker asked for between inputs is
     /// made at).
     last_now: Instant,
+    /// When this node started: its replicas grant no vote until [`VOTE_HOLD`] after.
+    started: Instant,
 }
 
 /// Whether this broker's applied metadata is known to be current: a broker that (re)starts
@@ -361,6 +371,8 @@ struct Hosted {
     role: Option<ReplicaRole>,
     /// The term whose generation-start record committed while this replica led it.
     ready_term: Option<u64>,
+    /// The read lease the broker was told (a replicated cache's).
+    lease: Option<Instant>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -453,6 +465,7 @@ impl ClusterNode {
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
             read_ctx: 0,
             last_now: now,
+            started: now,
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -664,11 +677,16 @@ impl ClusterNode {
                     if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
                         start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
                     }
+                    let vote =
+                        matches!(msg.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
+                    if vote && now < crate::transport::after(self.started, VOTE_HOLD) {
+                        continue; // just started: see VOTE_HOLD
+                    }
                     if let Some(why) = self.rejoining.get(&shard) {
                         // Rejoining: it may have voted in a term it no longer remembers and
                         // acknowledged entries it no longer holds, so it grants no vote until
                         // its group took it out and added it back.
-                        if matches!(msg.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote) {
+                        if vote {
                             continue;
                         }
                         if msg.context.as_ref() == READDED_CONTEXT {
@@ -936,7 +954,7 @@ impl ClusterNode {
                     let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
                     self.replicas.insert(
                         shard.clone(),
-                        Hosted { replica, names, rejoins: BTreeMap::new(), role: None, ready_term: None },
+                        Hosted { replica, names, rejoins: BTreeMap::new(), role: None, ready_term: None, lease: None },
                     );
                     self.drain_replica(&shard, now);
                 }
@@ -1119,6 +1137,18 @@ impl ClusterNode {
             h.role = Some(role.clone());
             self.broker.set_replica_role(shard, role, now);
         }
+        if shard.kind == super::metadata::Kind::Cache {
+            let lease = h.replica.read_lease();
+            if h.lease != lease {
+                h.lease = lease;
+                self.broker.set_read_lease(shard, lease);
+            }
+            // A replicated cache's new leader asks for its first read lease as soon as its
+            // first entry committed, not at the next tick (and what that sends goes out now).
+            if lease.is_none() && !h.replica.confirming() && h.replica.confirm_leadership(now) {
+                self.drain_replica(shard, now);
+            }
+        }
     }
 
     /// Sends the shard Raft messages gathered, one message per peer.
@@ -1225,6 +1255,15 @@ impl ClusterNode {
                     // second one in a term): it only answers its leader.
                     if !self.rejoining.contains_key(&shard) {
                         h.replica.tick();
+                    }
+                    // A replicated cache's leader keeps its read lease fresh: asked again when
+                    // less than half of it is left.
+                    let renew = crate::transport::after(now, super::replica::READ_LEASE / 2);
+                    if shard.kind == super::metadata::Kind::Cache
+                        && h.replica.is_leader()
+                        && h.replica.read_lease().is_none_or(|until| until <= renew)
+                    {
+                        let _ = h.replica.confirm_leadership(now);
                     }
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {

@@ -23,6 +23,7 @@ use crate::binary::{Reader, Records};
 use bytes::{BufMut, Bytes};
 use raft::eraftpb::{Entry, HardState, Message};
 use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 /// Ticks a proposal may wait for a majority before it is answered `quorum_timeout`.
 pub const QUORUM_TIMEOUT_TICKS: u64 = 50;
@@ -38,6 +39,31 @@ pub const MAX_PRODUCERS: usize = 4096;
 /// Entry bytes applied between two checkpoints of the replicated state (the points the log
 /// can be compacted to once retention dropped every record before them).
 pub const CHECKPOINT_BYTES: u64 = 8 << 20;
+
+/// How long after a leader asked its group to confirm it leads (a read index) it may answer
+/// reads from what it applied without asking again: its read lease. A follower whose
+/// confirmation counted heard the leader at or after the asking, and grants no vote nor
+/// pre-vote until [`super::meta::ELECTION_TICKS`] of its own ticks passed since (the engine's
+/// check-quorum lease): at least 900 ms of its clock, its first tick coming at once at worst
+/// and the driver ticking no faster than once per 100 ms. Any new leader needs the vote of one
+/// such follower (two majorities meet), so none can be elected within 900 ms of the asking by
+/// that follower's clock. 700 ms holds while the two clocks' rates differ by less than 22%
+/// (docs/cluster.md, "Read leases"); a broker that restarts forgets what it heard, so its
+/// replicas grant no vote for [`super::node::VOTE_HOLD`] after it starts.
+pub const READ_LEASE: Duration = Duration::from_millis(700);
+
+/// Read-index requests a leader keeps waiting for their confirmation (older ones are
+/// forgotten: a later one's confirmation stands for them).
+const MAX_READS_ASKED: usize = 16;
+
+/// A majority confirmed this replica led in `term` as of `asked`; it answers reads once it
+/// applied `index` (everything committed when it asked).
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    term: u64,
+    asked: Instant,
+    index: u64,
+}
 
 /// Checkpoints kept (the oldest go first: compaction then waits for the next one).
 const MAX_CHECKPOINTS: usize = 64;
@@ -322,6 +348,11 @@ pub struct Replica {
     /// fold of the whole log, not something retention drops), and the checkpoint waiting for it.
     host_state: bool,
     due: Option<Checkpoint>,
+    /// Read-index requests waiting for a majority: counter → (asked at, term).
+    reads: BTreeMap<u64, (Instant, u64)>,
+    next_read: u64,
+    /// The newest confirmation of this replica's leadership.
+    lease: Option<Lease>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -378,6 +409,9 @@ impl Replica {
             checkpoint_bytes: CHECKPOINT_BYTES,
             host_state,
             due: None,
+            reads: BTreeMap::new(),
+            next_read: 0,
+            lease: None,
         };
         if let Some(snap) = kept.snapshot.as_ref() {
             // Its state first: the committed entries replayed next come after it.
@@ -399,8 +433,49 @@ impl Replica {
 
     /// On the leader: hands the group's leadership to replica `to` ([`MetaNode::transfer_leader`]).
     pub fn transfer_leader(&mut self, to: u64) {
+        // The replica it hands over to stands at once, with every vote granted regardless of
+        // any lease: no read is answered here from now on.
+        self.lease = None;
+        self.reads.clear();
         self.node.transfer_leader(to);
         self.drain();
+    }
+
+    /// On the leader: asks the group to confirm it still leads (a read index), as of `now`.
+    /// Once a majority answered, [`read_lease`](Self::read_lease) holds until `now` +
+    /// [`READ_LEASE`]. Not asked (`false`) before an entry of its own term committed: the
+    /// engine drops a read index asked earlier.
+    pub fn confirm_leadership(&mut self, now: Instant) -> bool {
+        if self.node.leader_commit().is_none() || self.node.transferring() {
+            return false;
+        }
+        self.next_read += 1;
+        self.reads.insert(self.next_read, (now, self.node.term()));
+        while self.reads.len() > MAX_READS_ASKED {
+            self.reads.pop_first();
+        }
+        self.node.read_index(self.next_read.to_be_bytes().to_vec());
+        self.drain();
+        true
+    }
+
+    /// Whether a confirmation of its leadership was asked in this term and not answered yet.
+    pub fn confirming(&self) -> bool {
+        let term = self.node.term();
+        self.reads.values().any(|(_, t)| *t == term)
+    }
+
+    /// Until when this replica may answer a read from what it applied (linearizable: no other
+    /// leader can have been elected, and everything committed before the confirmation was
+    /// asked is applied); `None`: not now (not leading, handing over, never or no longer
+    /// confirmed, or still applying).
+    pub fn read_lease(&self) -> Option<Instant> {
+        let l = self.lease?;
+        let holds = self.node.is_leader()
+            && !self.node.transferring()
+            && l.term == self.node.term()
+            && self.node.applied() >= l.index;
+        holds.then(|| l.asked.checked_add(READ_LEASE)).flatten()
     }
 
     /// The group's voters, as this replica's configuration has them.
@@ -617,8 +692,7 @@ impl Replica {
                     }
                 }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),
-                // A replica never asks for a read index.
-                MetaOutput::ReadIndex { .. } => {}
+                MetaOutput::ReadIndex { ctx, index } => self.confirmed(&ctx, index),
                 MetaOutput::Committed { index, term, data } => {
                     self.since_checkpoint += data.len() as u64 + 64;
                     self.apply(index, term, data);
@@ -648,6 +722,18 @@ impl Replica {
             }
         }
         self.leading = leading;
+    }
+
+    /// A majority answered read-index request `ctx`: the lease runs from when it was asked
+    /// (those asked before it are answered by it too).
+    fn confirmed(&mut self, ctx: &[u8], index: u64) {
+        let Ok(b) = <[u8; 8]>::try_from(ctx) else { return };
+        let id = u64::from_be_bytes(b);
+        let Some((asked, term)) = self.reads.remove(&id) else { return };
+        self.reads.retain(|k, _| *k > id);
+        if term == self.node.term() && self.lease.is_none_or(|l| l.term != term || l.asked < asked) {
+            self.lease = Some(Lease { term, asked, index });
+        }
     }
 
     /// Whether producer `pid`'s batch `seq` is new (`Ok(true)`), a duplicate of one that landed
