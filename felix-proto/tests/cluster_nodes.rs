@@ -1211,6 +1211,34 @@ fn restart(c: &mut Cluster, name: &str) {
     c.start(name, &kept, now);
 }
 
+/// A broker that restarts forgot which leader it heard, so for `VOTE_HOLD` after it starts its
+/// replicas grant no vote nor pre-vote (a read lease may still count on what it heard). The
+/// ledger's leader is cut off; most of an election timeout later one follower restarts: the
+/// other, standing first, is elected only once the hold is over. Tried with each follower
+/// restarting (without the hold, the one whose timer runs first would win at once).
+#[test]
+fn a_restarted_broker_grants_no_replica_vote_for_an_election_timeout() {
+    use felix_proto::broker::ReplicaRole;
+    use felix_proto::cluster::node::VOTE_HOLD;
+    for pick in 0..2 {
+        let mut c = Cluster::new(&NAMES);
+        create_ledger(&mut c);
+        let old = leading(&c).unwrap();
+        let others: Vec<String> = NAMES.iter().filter(|n| **n != old).map(|n| n.to_string()).collect();
+        c.cut.insert(old.clone());
+        for _ in 0..8 {
+            c.tick();
+        }
+        restart(&mut c, &others[pick]);
+        let restarted = c.now;
+        c.until("a survivor leads", |c| {
+            others.iter().any(|n| c.nodes[n].broker.replica_role(&ledger()) == Some(&ReplicaRole::Leading))
+        });
+        let after = c.now - restarted;
+        assert!(after >= VOTE_HOLD, "restarting {}: a leader {after:?} after the restart", others[pick]);
+    }
+}
+
 #[test]
 fn a_replica_whose_disk_fails_stops_and_the_group_carries_on_without_losing_a_record() {
     let mut c = Cluster::new(&NAMES);
