@@ -10,8 +10,9 @@
 //! alternates between the stream's leader and the cache's.
 //!
 //! The workload throughout: acknowledged publishes (plain and keyed lanes through the cluster
-//! client, an idempotent producer), a subscriber following the stream, and one cache client per
-//! broker doing reads, puts, conditional puts and deletes on keys of their own per episode.
+//! client, an idempotent producer), conditional appends (`publish_if`) to a second stream, a
+//! subscriber following the stream, and one cache client per broker doing reads, puts,
+//! conditional puts and deletes on keys of their own per episode.
 //!
 //! Afterwards: every acknowledged record once, at the offset its acknowledgement gave, and on
 //! every replica's disk; nothing unsent; the subscriber's sequence gap-free against the stream;
@@ -66,6 +67,9 @@ const KINDS: [Fault; 8] = [
 
 /// The stream and the cache the workload uses.
 const STREAM: &str = "ledger";
+/// The stream the conditional writer appends to (one writer: each append names the offset it
+/// must land at).
+const COND: &str = "cond";
 const CACHE: &str = "sessions";
 /// Keys per episode.
 const KEYS: usize = 3;
@@ -93,6 +97,11 @@ struct History {
     unknown: BTreeSet<String>,
     /// What the subscriber saw: (offset, record).
     seen: Vec<(u64, String)>,
+    /// The conditional writer's appends acknowledged (record, offset), those whose outcome is
+    /// unknown, and any acknowledged at another offset than the one it named.
+    cond_acked: Vec<(String, Option<u64>)>,
+    cond_unknown: BTreeSet<String>,
+    cond_misplaced: Vec<String>,
     /// Each key's cache operations.
     cache: BTreeMap<String, Vec<CacheOp>>,
     /// Cache operations answered, and refused before taking effect.
@@ -137,6 +146,7 @@ impl Workload {
                 }
                 tasks.push(tokio::spawn(idempotent(brokers.clone(), s.clone(), h.clone())));
                 tasks.push(tokio::spawn(subscriber(cc.clone(), s.clone(), h.clone())));
+                tasks.push(tokio::spawn(conditional(cc.clone(), s.clone(), h.clone())));
                 for (i, addr) in brokers.iter().enumerate() {
                     tasks.push(tokio::spawn(cache_client(i, *addr, t0, s.clone(), e.clone(), h.clone())));
                 }
@@ -225,6 +235,59 @@ async fn idempotent(brokers: Vec<SocketAddr>, stop: Arc<AtomicBool>, h: Arc<Mute
             }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A conditional writer (`publish_if`): each record names the offset it must land at (the tail
+/// it last learnt); a mismatch tells the tail and the record is sent again there.
+async fn conditional(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    use felix_proto::message::RefusedReason;
+    let mut expected = 0u64;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let r = format!("cond-{n}");
+        n += 1;
+        loop {
+            let at = expected;
+            let p = Bytes::from(r.clone());
+            let res = cc
+                .owner_only("default", COND, 0, |c| {
+                    let p = p.clone();
+                    async move { c.publish_if("default", COND, vec![p], None, at).await }
+                })
+                .await;
+            match res {
+                Ok(offset) => {
+                    let mut h = h.lock().unwrap();
+                    if offset != Some(at) {
+                        h.cond_misplaced.push(format!("{r}: asked {at}, acknowledged at {offset:?}"));
+                    }
+                    h.cond_acked.push((r, offset));
+                    expected = at + 1;
+                }
+                Err(ClientError::PublishRefused { reason: RefusedReason::OffsetMismatch { tail }, .. }) => {
+                    expected = tail;
+                    continue;
+                }
+                // Refused with another typed reason (a `not_leader` in the refusal): nothing
+                // was written either.
+                Err(e)
+                    if (refused(&e) || matches!(e, ClientError::PublishRefused { .. }))
+                        && !stop.load(Ordering::Relaxed) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Err(e) => {
+                    if std::env::var_os("FELIX_FAULT_DEBUG").is_some() {
+                        eprintln!("conditional {r}: unknown: {e}");
+                    }
+                    h.lock().unwrap().cond_unknown.insert(r);
+                }
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -469,7 +532,7 @@ fn apply(
 }
 
 /// The stream read back whole through the cluster: (offset, record).
-fn read_stream(brokers: &[SocketAddr]) -> Vec<(u64, String)> {
+fn read_stream(brokers: &[SocketAddr], stream: &str) -> Vec<(u64, String)> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let cc = ClusterClient::connect(brokers, opts()).await.expect("the reader connects");
@@ -477,7 +540,7 @@ fn read_stream(brokers: &[SocketAddr]) -> Vec<(u64, String)> {
         let mut from = 0;
         let until = Instant::now() + Duration::from_secs(60);
         loop {
-            match cc.stream_read("default", STREAM, 0, from, Some(10_000)).await {
+            match cc.stream_read("default", stream, 0, from, Some(10_000)).await {
                 Ok(page) if page.records.is_empty() => break,
                 Ok(page) => {
                     for r in page.records {
@@ -592,6 +655,9 @@ fn schedule(episodes: usize, seed: u64) -> String {
     wait_for("the stream is created", 60, || {
         cli(&addrs, &any_dir, &["publish", STREAM, "first", "--ack", "--close-timeout", "3s"]).0
     });
+    wait_for("the conditional stream is created", 60, || {
+        cli(&addrs, &any_dir, &["publish", COND, "first", "--ack", "--close-timeout", "3s"]).0
+    });
     wait_for("the cache is created", 60, || {
         cli(&addrs, &any_dir, &["cache", "put", CACHE, "warm", "up", "--close-timeout", "3s"]).0
     });
@@ -606,7 +672,7 @@ fn schedule(episodes: usize, seed: u64) -> String {
         std::thread::sleep(Duration::from_millis(800));
         let kind = kinds[ep % kinds.len()];
         // Each kind is aimed at the stream's leader and the cache's in turn.
-        let shard = if (ep % kinds.len() + ep / kinds.len()) % 2 == 0 { STREAM } else { CACHE };
+        let shard = if (ep % kinds.len() + ep / kinds.len()).is_multiple_of(2) { STREAM } else { CACHE };
         let mut target = None;
         wait_for("a leader to aim at", 60, || {
             target = leading(&nodes, shard);
@@ -637,7 +703,8 @@ fn schedule(episodes: usize, seed: u64) -> String {
     std::thread::sleep(Duration::from_secs(1));
     let h = load.finish();
     // The final word: the stream read back, each key read through every broker.
-    let log = read_stream(&clients);
+    let log = read_stream(&clients, STREAM);
+    let cond_log = read_stream(&clients, COND);
     let keys: Vec<String> = h.cache.keys().cloned().collect();
     let mut cache = h.cache.clone();
     for (k, op) in final_reads(&clients, t0, &keys) {
@@ -656,6 +723,9 @@ fn schedule(episodes: usize, seed: u64) -> String {
     unknown.insert("first".into());
     let stream = check_stream(&log, &h.acked, &unknown);
     let subscriber = check_subscriber(&h.seen, &log);
+    let mut cond_unknown = h.cond_unknown.clone();
+    cond_unknown.insert("first".into());
+    let cond = check_stream(&cond_log, &h.cond_acked, &cond_unknown);
     let diverged = divergent(&replicas);
     let mut missing_on_disk = Vec::new();
     for r in &replicas {
@@ -682,7 +752,8 @@ fn schedule(episodes: usize, seed: u64) -> String {
     let mut report = format!(
         "{} episodes; {} records acknowledged, {} unknown; lost {}, duplicated {}, misplaced {}, phantom {}; \
          subscriber saw {} with {} faults; {} divergent indexes; {} not on every replica's disk; \
-         cache: {} keys, {} operations ({} answered, {} refused), {} keys not linearizable\n",
+         cache: {} keys, {} operations ({} answered, {} refused), {} keys not linearizable; \
+         conditional appends: {} acknowledged, {} unknown, {} not at their offset, clean: {}\n",
         done.len(),
         h.acked.len(),
         h.unknown.len(),
@@ -699,6 +770,10 @@ fn schedule(episodes: usize, seed: u64) -> String {
         h.cache_answered,
         h.cache_refused,
         stale.len(),
+        h.cond_acked.len(),
+        h.cond_unknown.len(),
+        h.cond_misplaced.len(),
+        cond.is_clean(),
     );
     for (kind, (after, gaps)) in &mut by_kind {
         after.sort();
@@ -715,6 +790,7 @@ fn schedule(episodes: usize, seed: u64) -> String {
     }
     eprintln!("{report}");
     assert!(stream.is_clean(), "the stream: {stream:?}");
+    assert!(cond.is_clean() && h.cond_misplaced.is_empty(), "conditional appends: {cond:?} {:?}", h.cond_misplaced);
     assert!(subscriber.is_empty(), "the subscriber: {:?}", &subscriber[..subscriber.len().min(10)]);
     assert!(diverged.is_empty(), "replicas diverge: {diverged:?}");
     assert!(missing_on_disk.is_empty(), "{missing_on_disk:?}");

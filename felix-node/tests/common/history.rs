@@ -162,7 +162,7 @@ pub fn linearizable(ops: &[CacheOp]) -> Result<(), String> {
         }
     }
     let stuck: Vec<&CacheOp> = (0..n)
-        .filter(|i| !deepest_at.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0))
+        .filter(|i| deepest_at.get(i / 64).is_none_or(|w| w & (1 << (i % 64)) == 0))
         .map(|i| &ops[i])
         .filter(|o| o.answered.is_some())
         .take(4)
