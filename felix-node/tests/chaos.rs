@@ -641,13 +641,7 @@ fn schedule(episodes: usize, seed: u64) -> String {
     let kinds: Vec<Fault> =
         KINDS.into_iter().filter(|k| only.is_empty() || only.split(',').any(|o| o == format!("{k:?}"))).collect();
     assert!(!kinds.is_empty(), "FELIX_CHAOS_KINDS names no kind of {KINDS:?}");
-    let (_dirs, mut nodes) = three_nodes(&[], &[], true);
-    let brokers: Vec<(String, SocketAddr)> = nodes.iter().map(|n| (n.name.clone(), n.cluster)).collect();
-    let (net, peers) = FaultNet::new(&brokers, seed);
-    for n in &mut nodes {
-        let p = peers[&n.name].clone();
-        n.start(&p);
-    }
+    let (_dirs, mut nodes, net, peers) = three_brokers_through_faults_with(seed, true);
     let clients: Vec<SocketAddr> = nodes.iter().map(|n| n.client).collect();
     let addrs = clients.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(",");
     let any_dir = nodes[0].dir.clone();

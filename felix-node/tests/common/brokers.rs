@@ -157,14 +157,24 @@ pub fn three_nodes(extra: &[&str], env: &[(&str, &str)], journal: bool) -> (Vec<
 /// Three brokers whose peer traffic all goes through a [`FaultNet`] (clients reach them
 /// directly), and the network.
 pub fn three_brokers_through_faults(seed: u64) -> (Vec<tempfile::TempDir>, Vec<Node>, FaultNet) {
-    let (dirs, mut nodes) = three_nodes(&[], &[], false);
+    let (dirs, nodes, net, _) = three_brokers_through_faults_with(seed, false);
+    (dirs, nodes, net)
+}
+
+/// As [`three_brokers_through_faults`], each broker keeping a sync journal with `journal`
+/// (for power cuts); also the `--peers` list each was started with (to restart it).
+pub fn three_brokers_through_faults_with(
+    seed: u64,
+    journal: bool,
+) -> (Vec<tempfile::TempDir>, Vec<Node>, FaultNet, std::collections::BTreeMap<String, String>) {
+    let (dirs, mut nodes) = three_nodes(&[], &[], journal);
     let brokers: Vec<(String, SocketAddr)> = nodes.iter().map(|n| (n.name.clone(), n.cluster)).collect();
     let (net, peers) = FaultNet::new(&brokers, seed);
     for n in &mut nodes {
         let p = peers[&n.name].clone();
         n.start(&p);
     }
-    (dirs, nodes, net)
+    (dirs, nodes, net, peers)
 }
 
 /// Whether a publish error says nothing was written (so the same record may be sent again).
