@@ -117,6 +117,9 @@ impl Moved {
         let (message, retry_ms) = match self.reason {
             "not_ready" => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
             "no_leader" => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
+            "confirming_leader" => {
+                (format!("shard {shard}'s leader is confirming with its replicas that it still leads; retry"), 50)
+            }
             "moving" => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 50),
             "fenced" => (
                 format!(

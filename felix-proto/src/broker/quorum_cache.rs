@@ -512,14 +512,9 @@ impl Broker {
         if c.read_lease.is_some_and(|until| now < until) {
             return Ok(());
         }
-        let mut r = Refusal::new(
-            ErrorCode::ShardUnavailable,
-            "the cache's leader is confirming with its replicas that it still leads; retry",
-        );
-        r.detail =
-            Some(crate::binary::ErrorDetail { reason: Some("confirming_leader".into()), retry_after_ms: Some(50) });
-        r.retry = RetryClass::Retry;
-        Err(r)
+        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason: "confirming_leader" };
+        Err(m.unavailable(0))
     }
 
     /// Where a request for a replicated cache whose replica is here goes: `None` to serve it

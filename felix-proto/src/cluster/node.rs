@@ -46,6 +46,16 @@ pub const FENCE_AFTER: Duration = Duration::from_millis(1500);
 /// have waited.
 pub const VOTE_HOLD: Duration = Duration::from_secs(1);
 
+/// Keeps a replicated cache leader's read lease fresh: asks its group again when it holds no
+/// lease or less than half of one is left. Between ticks only when nothing asked in this term
+/// is still waiting; at a tick regardless (a request or its answers can be lost). `true` when
+/// it asked.
+fn renew_read_lease(replica: &mut Replica, now: Instant, at_tick: bool) -> bool {
+    let renew = crate::transport::after(now, super::replica::READ_LEASE / 2);
+    let due = replica.is_leader() && replica.read_lease().is_none_or(|until| until <= renew);
+    due && (at_tick || !replica.confirming()) && replica.confirm_leadership(now)
+}
+
 /// What the node asks its driver to do, in order.
 #[derive(Debug)]
 pub enum NodeOutput {
@@ -1143,9 +1153,9 @@ impl ClusterNode {
                 h.lease = lease;
                 self.broker.set_read_lease(shard, lease);
             }
-            // A replicated cache's new leader asks for its first read lease as soon as its
-            // first entry committed, not at the next tick (and what that sends goes out now).
-            if lease.is_none() && !h.replica.confirming() && h.replica.confirm_leadership(now) {
+            // A new leader asks for its first lease as soon as its first entry committed, not
+            // at the next tick (and what that sends goes out now).
+            if renew_read_lease(&mut h.replica, now, false) {
                 self.drain_replica(shard, now);
             }
         }
@@ -1256,14 +1266,8 @@ impl ClusterNode {
                     if !self.rejoining.contains_key(&shard) {
                         h.replica.tick();
                     }
-                    // A replicated cache's leader keeps its read lease fresh: asked again when
-                    // less than half of it is left.
-                    let renew = crate::transport::after(now, super::replica::READ_LEASE / 2);
-                    if shard.kind == super::metadata::Kind::Cache
-                        && h.replica.is_leader()
-                        && h.replica.read_lease().is_none_or(|until| until <= renew)
-                    {
-                        let _ = h.replica.confirm_leadership(now);
+                    if shard.kind == super::metadata::Kind::Cache {
+                        renew_read_lease(&mut h.replica, now, true);
                     }
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {
