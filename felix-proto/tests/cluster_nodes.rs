@@ -2566,3 +2566,209 @@ fn a_replica_whose_log_comes_back_shorter_than_it_acknowledged_rejoins_when_its_
     assert_eq!((counts.damaged, counts.healed), (1, 1));
     assert_eq!(c.nodes[&leader].replica_voters(&ledger()).map(|v| v.len()), Some(3));
 }
+
+/// A client's offer of consumer groups with dead letters and their administration.
+fn group_features() -> u32 {
+    use felix_proto::features::Features;
+    let f = Features::CONSUMER_GROUP
+        | Features::GROUP_DEAD_LETTERS
+        | Features::GROUP_ADMIN
+        | Features::GROUP_CLAIM_CONTROL
+        | Features::ERROR_CODES;
+    f.to_words(false).0.unwrap_or(0)
+}
+
+fn ledger_group_poll(max_records: u32, request_id: u64) -> Bytes {
+    json(&Message::GroupPoll(message::GroupPoll {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        shard: 0,
+        group: "billing".into(),
+        max_records,
+        wait_ms: 0,
+        request_id,
+        consumer: None,
+        reclaim: None,
+        visibility_ms: Some(60_000),
+    }))
+}
+
+fn ledger_group_offset(offset: u64, request_id: u64) -> message::GroupOffset {
+    message::GroupOffset {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        shard: 0,
+        group: "billing".into(),
+        offset,
+        request_id,
+    }
+}
+
+/// The offsets and payloads of the `group_records` a group poll was answered with.
+fn group_records(ms: &[Message]) -> Vec<(u64, String)> {
+    ms.iter()
+        .filter_map(|m| match m {
+            Message::GroupRecords(r) => Some(r.records.iter()),
+            _ => None,
+        })
+        .flatten()
+        .map(|r| (r.offset, String::from_utf8_lossy(&r.payload.0).into_owned()))
+        .collect()
+}
+
+/// Polls the ledger's group `billing` on `node` and acks every record it hands out until a
+/// poll hands out nothing; the offsets it acked.
+fn drain_group(c: &mut Cluster, node: &str, index: u64) -> Vec<u64> {
+    let (conn, st) = c.client_with(node, 1, group_features(), index);
+    let mut acked = Vec::new();
+    for round in 0..100u64 {
+        c.send(node, conn, st, ledger_group_poll(50, round * 100));
+        let got = group_records(&messages(&c.take(node, conn, st)));
+        if got.is_empty() {
+            return acked;
+        }
+        for (i, (offset, _)) in got.iter().enumerate() {
+            let m = Message::GroupAck(ledger_group_offset(*offset, round * 100 + 1 + i as u64));
+            c.send(node, conn, st, json(&m));
+        }
+        let ms = messages(&c.take(node, conn, st));
+        assert!(ms.len() == got.len() && ms.iter().all(|m| matches!(m, Message::CacheOk(_))), "{ms:?}");
+        acked.extend(got.iter().map(|(o, _)| *o));
+    }
+    panic!("the group kept handing records out");
+}
+
+/// A consumer group's settlements on a replicated stream are entries of the shard's own Raft
+/// log, folded on every replica: after the leader dies, the new leader hands out again only
+/// what was never settled (claims live with the leader: those are owed again), keeps the dead
+/// letters, and a dead letter's redrive and the acks after it are again entries. Without it
+/// (settlements in the leader's own `$groups` log) the new leader handed out all ten again.
+#[test]
+fn a_consumer_groups_acks_on_a_replicated_stream_survive_a_fail_over_and_nothing_acked_is_handed_out_again() {
+    let mut c = Cluster::with(&NAMES, true);
+    create_ledger(&mut c);
+    let first = leading(&c).unwrap();
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&first, flags, 1);
+    for k in 0..10u64 {
+        c.send(&first, conn, st, publish_binary("ledger", &[&format!("r{k}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&first, conn, st)));
+    assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    // All ten handed out; six acked, one dead-lettered, three left claimed.
+    let (gc, gs) = c.client_with(&first, 1, group_features(), 2);
+    c.send(&first, gc, gs, ledger_group_poll(10, 1));
+    let ms = messages(&c.take(&first, gc, gs));
+    let got = group_records(&ms);
+    assert_eq!(got.len(), 10, "{ms:?}");
+    for (i, (offset, _)) in got[..6].iter().enumerate() {
+        c.send(&first, gc, gs, json(&Message::GroupAck(ledger_group_offset(*offset, 10 + i as u64))));
+    }
+    let dead = got[6].0;
+    c.send(&first, gc, gs, json(&Message::GroupDeadLetter(ledger_group_offset(dead, 20))));
+    let ms = messages(&c.take(&first, gc, gs));
+    assert!(ms.len() == 7 && ms.iter().all(|m| matches!(m, Message::CacheOk(_))), "{ms:?}");
+    c.settle();
+    // The leader dies; a follower takes over and hands out the three never settled, once.
+    c.nodes.remove(&first);
+    c.until("a follower leads", |c| leading(c).is_some());
+    let second = leading(&c).unwrap();
+    let (gc, gs) = c.client_with(&second, 1, group_features(), 3);
+    c.send(&second, gc, gs, ledger_group_poll(10, 30));
+    let again = group_records(&messages(&c.take(&second, gc, gs)));
+    assert_eq!(again, got[7..].to_vec(), "only the records never settled");
+    let list = message::GroupRef {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        shard: 0,
+        group: "billing".into(),
+        request_id: 31,
+    };
+    c.send(&second, gc, gs, json(&Message::GroupDeadLetters(list.clone())));
+    let ms = messages(&c.take(&second, gc, gs));
+    assert!(matches!(&ms[..], [Message::GroupDeadLetterList(l)] if l.offsets == [dead]), "{ms:?}");
+    // Settled on the new leader (a redrive of the dead letter among them), then the first
+    // leader comes back from its kept log and leads again: it folded the same entries.
+    for (i, (offset, _)) in again.iter().enumerate() {
+        c.send(&second, gc, gs, json(&Message::GroupAck(ledger_group_offset(*offset, 40 + i as u64))));
+    }
+    c.send(&second, gc, gs, json(&Message::GroupRedrive(ledger_group_offset(dead, 50))));
+    let ms = messages(&c.take(&second, gc, gs));
+    assert!(ms.len() == 4 && ms.iter().all(|m| matches!(m, Message::CacheOk(_))), "{ms:?}");
+    restart(&mut c, &first);
+    c.settle();
+    c.until("the old leader caught up", |c| history(c, &first).0 == history(c, &second).0);
+    c.nodes.remove(&second);
+    c.until("another replica leads", |c| leading(c).is_some());
+    let third = leading(&c).unwrap();
+    assert_eq!(drain_group(&mut c, &third, 4), vec![dead], "the redriven dead letter alone");
+}
+
+/// A replica's checkpoints carry its stream's groups: with the log compacted under them (the
+/// entries of the settlements gone), a replica restarted from its snapshot, or sent one because
+/// it fell behind the compaction, knows every settlement: it lists the same dead letter (its
+/// record long dropped by retention) and hands nothing out again. (Compaction stops at what
+/// retention dropped, so only what outlives its record, a dead letter, tells a snapshot
+/// without the groups apart; without them it listed none.)
+#[test]
+fn a_replicated_streams_groups_are_part_of_its_snapshots() {
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.nodes.remove(&behind);
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&leader, flags, 1);
+    c.send(&leader, conn, st, publish_binary("ledger", &["dead"], Some(1), None));
+    let (gc, gs) = c.client_with(&leader, 1, group_features(), 2);
+    c.send(&leader, gc, gs, ledger_group_poll(10, 1));
+    let got = group_records(&messages(&c.take(&leader, gc, gs)));
+    let dead = got[0].0;
+    c.send(&leader, gc, gs, json(&Message::GroupDeadLetter(ledger_group_offset(dead, 2))));
+    let mut acked = Vec::new();
+    // (Fewer at a time than retention keeps: the group reads each one before it goes.)
+    for round in 0..12u64 {
+        for k in 0..25u64 {
+            let seq = round * 25 + k + 2;
+            c.send(&leader, conn, st, publish_binary("ledger", &[&format!("r{seq}")], Some(seq), None));
+        }
+        let mut a = acks(&payloads(&c.take(&leader, conn, st)));
+        if round == 0 {
+            a.remove(0); // "dead"
+        }
+        assert!(a.len() == 25 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+        acked.extend(drain_group(&mut c, &leader, 10 + round));
+    }
+    assert_eq!(acked.len(), 300);
+    for _ in 0..3 {
+        c.tick();
+    }
+    let report = c.nodes[&leader].replica_report();
+    assert!(report[0].first_index > 200, "compacted: the log starts at {}", report[0].first_index);
+    // The follower behind is sent a snapshot; then the leader dies and it leads, with the
+    // other follower (restarted from its own snapshot).
+    restart(&mut c, &behind);
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
+    let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
+    restart(&mut c, &other);
+    c.nodes.remove(&leader);
+    c.until("a follower leads", |c| leading(c).is_some());
+    let now_leader = leading(&c).unwrap();
+    assert_eq!(drain_group(&mut c, &now_leader, 20), Vec::<u64>::new(), "nothing acked is handed out again");
+    let (gc, gs) = c.client_with(&now_leader, 1, group_features(), 21);
+    let list = message::GroupRef {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        shard: 0,
+        group: "billing".into(),
+        request_id: 3,
+    };
+    c.send(&now_leader, gc, gs, json(&Message::GroupDeadLetters(list)));
+    let ms = messages(&c.take(&now_leader, gc, gs));
+    assert!(matches!(&ms[..], [Message::GroupDeadLetterList(l)] if l.offsets == [dead]), "{ms:?}");
+}

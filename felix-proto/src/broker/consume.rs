@@ -1,8 +1,12 @@
 //! The consumer-group requests: checks, claims, durable settles, long polls, answers.
 //!
 //! A group's durable changes (acks, dead letters, seeks, deletes...) go through the shard's
-//! `$groups.SHARD.STREAM` system log and are answered once folded (see `syslog`). Claims and long
-//! polls live in memory. Records handed out below what the shard holds in memory are read back
+//! `$groups.SHARD.STREAM` system log and are answered once folded (see `syslog`). On a
+//! replicated (`quorum`) shard they are side entries of the shard's own Raft log instead
+//! (proposed by the leader, folded on every replica in log order with the records, carried in
+//! its checkpoints), so a new leader knows every settlement the old one answered and
+//! redelivers only what was never settled. Claims and long polls live in memory (the leader's:
+//! a fail-over hands out again what was claimed and not settled). Records handed out below what the shard holds in memory are read back
 //! from storage before the answer leaves (the answer's slot is held meanwhile, so a stream's
 //! answers stay in order).
 
@@ -10,11 +14,13 @@ use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle
 use super::syslog::SysPending;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
+use crate::cluster::metadata::{Kind, ShardId};
+use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::message::{self, B64, Message, StartPosition};
 use crate::storage::StoredBatch;
-use crate::transport::{ConnId, ReadToken, StreamId};
+use crate::transport::{ConnId, ReadToken, StreamId, WriteToken};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 
@@ -42,6 +48,31 @@ pub(crate) enum GroupAnswer {
     /// Nobody waits (a dead letter after the last attempt lapsed).
     None,
 }
+
+/// A group operation proposed to a replicated shard, waiting for its group's answer.
+#[derive(Debug)]
+pub(crate) struct GroupProposal {
+    conn: ConnId,
+    stream: StreamId,
+    data: Key,
+    shard: u32,
+    op: GroupOp,
+    answer: GroupAnswer,
+}
+
+/// How a group operation's write ended.
+pub(super) enum Settled {
+    /// On disk in the `$groups` system log: fold it, then answer.
+    Written,
+    /// Committed as a side entry of the replicated shard: already folded (it came out of the
+    /// log before its answer); answer.
+    Applied,
+    /// Not written, or not known to be: the refusal to answer with.
+    Failed(Refusal),
+}
+
+/// Version of [`Broker::replicated_groups_state`]'s bytes.
+const GROUPS_STATE_VERSION: u8 = 1;
 
 /// A group poll whose records are partly on disk.
 #[derive(Debug)]
@@ -112,9 +143,42 @@ impl Broker {
         answer: GroupAnswer,
         now: Instant,
     ) {
-        let pending = SysPending::Group { conn, stream: st.id, data: k.clone(), shard, op: op.clone(), answer };
-        let token = self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
+        let token = self.group_persist(conn, st.id, k, shard, op, answer, now);
         Self::hold(st, HeldFor::Write(token));
+    }
+
+    /// Makes a group operation durable: a side entry of a replicated shard's log, or a record
+    /// of the shard's `$groups` system log. Returns the write's token (its answer's slot).
+    #[allow(clippy::too_many_arguments)] // the request's parts
+    fn group_persist(
+        &mut self,
+        conn: ConnId,
+        stream: StreamId,
+        k: &Key,
+        shard: u32,
+        op: GroupOp,
+        answer: GroupAnswer,
+        now: Instant,
+    ) -> WriteToken {
+        let replicated =
+            self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.replica.is_some());
+        if !replicated {
+            let pending = SysPending::Group { conn, stream, data: k.clone(), shard, op: op.clone(), answer };
+            return self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
+        }
+        let token = WriteToken(self.next_write);
+        self.next_write += 1;
+        let batch = ReplicatedBatch::side_entry(self.wall.micros(now), &[op.encode()]);
+        let id = ShardId {
+            kind: Kind::Stream,
+            tenant: k.tenant().to_owned(),
+            namespace: k.namespace().to_owned(),
+            name: k.name().to_owned(),
+            shard,
+        };
+        self.out.push_back(BrokerOutput::Replicate { token, shard: id, batch });
+        self.group_proposals.insert(token, GroupProposal { conn, stream, data: k.clone(), shard, op, answer });
+        token
     }
 
     /// Writes the dead letters a poll or a lapse produced (nobody waits for them).
@@ -122,16 +186,89 @@ impl Broker {
         let dead = std::mem::take(&mut self.group_mut(k, shard, name).to_dead_letter);
         for offset in dead {
             let op = GroupOp::DeadLetter { group: name.to_owned(), offset };
-            let pending = SysPending::Group {
-                conn: ConnId(0),
-                stream: StreamId(0),
-                data: k.clone(),
-                shard,
-                op: op.clone(),
-                answer: GroupAnswer::None,
-            };
-            self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
+            self.group_persist(ConnId(0), StreamId(0), k, shard, op, GroupAnswer::None, now);
         }
+    }
+
+    /// Committed group operations of a replicated shard (a side entry), folded in log order on
+    /// every replica. Checkpoint records are never proposed; bytes that do not decode change
+    /// nothing, on any replica alike.
+    pub(super) fn fold_group_ops(&mut self, k: &Key, shard: u32, ops: impl Iterator<Item = Bytes>) {
+        if self.streams.get(k).is_none_or(|e| e.shards.len() <= shard as usize) {
+            return;
+        }
+        for p in ops {
+            match GroupOp::decode(&p) {
+                None | Some(GroupOp::Reset | GroupOp::Snapshot { .. }) => {}
+                Some(op) => {
+                    let name = op.group_name().to_owned();
+                    self.group_mut(k, shard, &name).apply(&op);
+                }
+            }
+        }
+    }
+
+    /// The durable state of a shard's groups, for its replica's checkpoints: `u8 version (1)`,
+    /// `u32 count`, then per group (in name order) `u32 len` + a checkpoint record
+    /// ([`GroupOp::Snapshot`]).
+    pub(super) fn replicated_groups_state(&self, k: &Key, shard: u32) -> Vec<u8> {
+        let mut b = vec![GROUPS_STATE_VERSION];
+        let mut records: Vec<Bytes> = Vec::new();
+        if let Some(groups) = self.groups.get(&(k.clone(), shard)) {
+            let mut names: Vec<_> = groups.keys().collect();
+            names.sort();
+            for name in names {
+                let state = groups[name].durable.clone();
+                records.push(GroupOp::Snapshot { group: name.clone(), state }.encode());
+            }
+        }
+        b.extend_from_slice(&(records.len() as u32).to_be_bytes());
+        for r in records {
+            b.extend_from_slice(&(r.len() as u32).to_be_bytes());
+            b.extend_from_slice(&r);
+        }
+        b
+    }
+
+    /// A replicated shard's replica was restored from a snapshot: its groups become the ones
+    /// the snapshot holds. Bytes that do not read whole change nothing (an empty state is a
+    /// snapshot from before groups were replicated: the log's side entries carry them).
+    pub(super) fn restore_replicated_groups(&mut self, k: &Key, shard: u32, state: &[u8]) {
+        let Some(ops) = decode_groups_state(state) else { return };
+        let groups = self.groups.entry((k.clone(), shard)).or_default();
+        for g in groups.values_mut() {
+            g.apply(&GroupOp::Reset);
+        }
+        for op in ops {
+            groups.entry(op.group_name().to_owned()).or_default().apply(&op);
+        }
+        groups.retain(|_, g| g.exists() || !g.parked.is_empty());
+    }
+
+    /// A group operation proposed to a replicated shard was answered.
+    pub(super) fn group_answered(&mut self, token: WriteToken, p: GroupProposal, answer: Answer, now: Instant) {
+        let unknown = |code, why: &str| {
+            let mut r = Refusal::new(code, format!("{why}: the group's change may or may not be made"));
+            r.retry = RetryClass::Retry;
+            r
+        };
+        let settled = match answer {
+            Answer::Applied => Settled::Applied,
+            Answer::LeadershipLost => {
+                Settled::Failed(unknown(ErrorCode::LeadershipLost, "this broker stopped leading the shard"))
+            }
+            Answer::QuorumTimeout => {
+                Settled::Failed(unknown(ErrorCode::QuorumTimeout, "no majority of the shard's replicas confirmed it"))
+            }
+            Answer::NotProposed => {
+                Settled::Failed(super::moves::moving_mark("another of its replicas").unavailable(p.shard))
+            }
+            Answer::Appended { .. } | Answer::Refused(_) => {
+                Settled::Failed(Refusal::new(ErrorCode::Internal, "the shard's group took the change as records"))
+            }
+        };
+        let GroupProposal { conn, stream, data, shard, op, answer } = p;
+        self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, settled, now);
     }
 
     pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
@@ -632,16 +769,24 @@ impl Broker {
         shard: u32,
         op: GroupOp,
         answer: GroupAnswer,
-        ok: bool,
+        settled: Settled,
         now: Instant,
     ) {
         let name = op.group_name().to_owned();
-        if ok {
-            self.group_mut(&data, shard, &name).apply(&op);
-        } else if let GroupOp::Ack { offset, .. } | GroupOp::DeadLetter { offset, .. } = op {
-            self.group_mut(&data, shard, &name).write_failed(offset);
-        }
-        let data_bytes = if ok {
+        let failed = match settled {
+            Settled::Written => {
+                self.group_mut(&data, shard, &name).apply(&op);
+                None
+            }
+            Settled::Applied => None,
+            Settled::Failed(r) => {
+                if let GroupOp::Ack { offset, .. } | GroupOp::DeadLetter { offset, .. } = op {
+                    self.group_mut(&data, shard, &name).write_failed(offset);
+                }
+                Some(r)
+            }
+        };
+        let data_bytes = if failed.is_none() {
             match answer {
                 GroupAnswer::Ok(id) => Some(Self::cache_ok(id)),
                 GroupAnswer::Position { request_id, offset } => {
@@ -660,17 +805,38 @@ impl Broker {
             None
         } else {
             let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of);
-            offer.map(|offer| {
-                let mut r = Refusal::new(ErrorCode::Storage, "the write failed; the group is unchanged");
-                r.retry = RetryClass::Retry;
-                json_frame(&Self::error_message(&offer, &r))
-            })
+            offer.zip(failed).map(|(offer, r)| json_frame(&Self::error_message(&offer, &r)))
         };
         if let Some(d) = data_bytes {
             self.fill_held(conn, stream, slot, d);
         }
         self.wake_groups(&data, shard, now);
     }
+}
+
+/// Reads [`Broker::replicated_groups_state`]'s bytes: the checkpoint records it holds, or
+/// `None` for bytes that are not a whole state (an empty one included). Never panics.
+pub(crate) fn decode_groups_state(state: &[u8]) -> Option<Vec<GroupOp>> {
+    let (&version, mut rest) = state.split_first()?;
+    if version != GROUPS_STATE_VERSION {
+        return None;
+    }
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (a, b) = rest.split_at_checked(n)?;
+        rest = b;
+        Some(a)
+    };
+    let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
+    // Each record takes at least its length: a count beyond what is left is garbage.
+    let mut ops = Vec::with_capacity((count as usize).min(state.len() / 4));
+    for _ in 0..count {
+        let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+        match GroupOp::decode(take(len)?)? {
+            op @ GroupOp::Snapshot { .. } => ops.push(op),
+            _ => return None,
+        }
+    }
+    rest.is_empty().then_some(ops)
 }
 
 fn group_record(
@@ -687,5 +853,46 @@ fn group_record(
         skipped_before: (req.skipped && d.skipped_before > 0).then_some(d.skipped_before),
         publisher: publisher.filter(|_| req.publisher).map(|p| String::from_utf8_lossy(p).into_owned()),
         timestamp_micros: req.timestamps.then_some(ts),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::group::Durable;
+
+    #[test]
+    fn a_groups_state_round_trips_and_garbage_changes_nothing() {
+        let snap = |name: &str, cursor| GroupOp::Snapshot {
+            group: name.into(),
+            state: Durable { cursor: Some(cursor), dead: [3, 9].into(), ..Durable::default() },
+        };
+        let ops = vec![snap("a", 4), snap("b", 11)];
+        let mut bytes = vec![GROUPS_STATE_VERSION];
+        bytes.extend_from_slice(&2u32.to_be_bytes());
+        for op in &ops {
+            let e = op.encode();
+            bytes.extend_from_slice(&(e.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(&e);
+        }
+        assert_eq!(decode_groups_state(&bytes), Some(ops));
+        // Every cut, a wrong version, trailing bytes, an absurd count, an empty state: none.
+        for cut in 0..bytes.len() {
+            assert_eq!(decode_groups_state(&bytes[..cut]), None, "cut {cut}");
+        }
+        let mut v = bytes.clone();
+        v[0] = 9;
+        assert_eq!(decode_groups_state(&v), None);
+        let mut t = bytes.clone();
+        t.push(0);
+        assert_eq!(decode_groups_state(&t), None);
+        assert_eq!(decode_groups_state(&[1, 0xFF, 0xFF, 0xFF, 0xFF]), None);
+        // A record that is not a checkpoint record does not belong in a state.
+        let ack = GroupOp::Ack { group: "a".into(), offset: 1 }.encode();
+        let mut a = vec![GROUPS_STATE_VERSION, 0, 0, 0, 1];
+        a.extend_from_slice(&(ack.len() as u32).to_be_bytes());
+        a.extend_from_slice(&ack);
+        assert_eq!(decode_groups_state(&a), None);
+        assert_eq!(decode_groups_state(&[GROUPS_STATE_VERSION, 0, 0, 0, 0]), Some(Vec::new()));
     }
 }

@@ -545,6 +545,8 @@ pub struct Broker {
     writes: HashMap<WriteToken, WriteCtx>,
     /// Operations proposed to replicated caches' groups, waiting for their answer.
     cache_writes: std::collections::BTreeMap<WriteToken, quorum_cache::CacheWrite>,
+    /// Consumer-group settlements proposed to replicated shards, by the token of their entry.
+    group_proposals: std::collections::BTreeMap<WriteToken, consume::GroupProposal>,
     next_write: u64,
     next_open: u64,
     out: VecDeque<BrokerOutput>,
@@ -646,6 +648,7 @@ impl Broker {
             caches: HashMap::new(),
             writes: HashMap::new(),
             cache_writes: std::collections::BTreeMap::new(),
+            group_proposals: std::collections::BTreeMap::new(),
             next_write: 1,
             next_open: 1,
             out: VecDeque::new(),

@@ -228,6 +228,7 @@ impl Broker {
             records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
             expected_offset: None,
             state: None,
+            side: false,
         };
         self.out.push_back(BrokerOutput::Replicate { token, shard: cache_shard(k), batch });
         token
@@ -391,7 +392,9 @@ impl Broker {
                 ErrorCode::QuorumTimeout,
                 "no majority of the cache's replicas confirmed the write in time: it may or may not be applied",
             ),
-            (Answer::Refused(_), _) => refusal(ErrorCode::Internal, "the cache's group refused the write"),
+            (Answer::Refused(_) | Answer::Applied, _) => {
+                refusal(ErrorCode::Internal, "the cache's group refused the write")
+            }
             (Answer::NotProposed, _) => Err(super::moves::moving_mark("another of its replicas").unavailable(0)),
         };
         let m = match result {
@@ -549,6 +552,10 @@ impl Broker {
 /// to it again.
 #[cfg(any(test, fuzzing, feature = "testkit"))]
 pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
+    // The same bytes as a stream replica's groups state: read whole or not at all.
+    if let Some(ops) = super::consume::decode_groups_state(data) {
+        assert!(ops.iter().all(|op| matches!(op, super::group::GroupOp::Snapshot { .. })));
+    }
     if let Ok(batch) = ReplicatedBatch::decode(data) {
         for p in batch.records.payloads() {
             if let Some(op) = CacheOp::decode(&p) {
@@ -586,6 +593,7 @@ pub(crate) fn cache_entry_samples(t0: Instant) -> (Vec<u8>, Vec<u8>) {
         records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
         expected_offset: None,
         state: None,
+        side: false,
     };
     let mut c = Cache::default();
     c.put_at(7, "a".into(), Bytes::from_static(b"1"), None);

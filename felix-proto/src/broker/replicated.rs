@@ -116,6 +116,7 @@ impl Broker {
             return self.restore_quorum_cache(shard, state);
         }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        self.restore_replicated_groups(&k, shard.shard, state);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         if sh.log.next_offset() == next_offset && sh.log.start() == next_offset {
             return;
@@ -124,10 +125,27 @@ impl Broker {
     }
 
     /// What a replicated shard's checkpoint carries besides the group's own state: a cache's
-    /// values and counters (a stream's records are not part of its snapshots: retention
-    /// dropped them before its log is compacted).
+    /// values and counters; a stream's consumer groups (their settlements are side entries of
+    /// its log). A stream's records are not part of its snapshots: retention dropped them
+    /// before its log is compacted.
     pub fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
-        if shard.kind == Kind::Cache { self.quorum_cache_state(shard) } else { Vec::new() }
+        if shard.kind == Kind::Cache {
+            self.quorum_cache_state(shard)
+        } else {
+            self.replicated_groups_state(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard)
+        }
+    }
+
+    /// A side entry of a replicated shard committed (on every replica, in log order with its
+    /// records): a stream's consumer-group settlements, folded into its groups here. It took
+    /// no offset.
+    pub fn apply_replicated_side(&mut self, shard: &ShardId, batch: ReplicatedBatch, now: Instant) {
+        self.clock.advance(now);
+        if shard.kind != Kind::Stream {
+            return;
+        }
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        self.fold_group_ops(&k, shard.shard, batch.records.payloads());
     }
 
     /// The live value and version of `key` in a cache held here (checkers and diagnostics;
@@ -198,6 +216,9 @@ impl Broker {
         if self.handle_cache_answer(token, &answer).is_some() {
             return;
         }
+        if let Some(p) = self.group_proposals.remove(&token) {
+            return self.group_answered(token, p, answer, now);
+        }
         let Some(ctx) = self.take_write(&token) else { return };
         let mut resume = Vec::new();
         if let Some(sh) = self.streams.get_mut(&ctx.key).and_then(|e| e.shards.get_mut(ctx.shard as usize)) {
@@ -218,6 +239,8 @@ impl Broker {
             )),
             Answer::Refused(why) => Err(sequence_refusal(why)),
             Answer::NotProposed => Err(super::moves::moving_mark("another of its replicas").unavailable(ctx.shard)),
+            // Only group settlements are side entries, and those are answered above.
+            Answer::Applied => Err(Refusal::new(ErrorCode::Internal, "a publish was answered as a side entry")),
         };
         for w in ctx.waiters {
             self.finish_waiter(w, result.as_ref().map(|o| Some(*o)), now);
@@ -251,6 +274,7 @@ impl Broker {
             records: b.records,
             expected_offset: b.expected_offset,
             state: b.state,
+            side: false,
         };
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.replicating += bytes;

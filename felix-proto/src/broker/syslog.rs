@@ -313,7 +313,17 @@ impl Broker {
             match pending {
                 SysPending::Group { conn, stream, data, shard, op, answer } => {
                     let ok = base.is_some();
-                    self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, ok, now);
+                    let settled = if ok {
+                        super::consume::Settled::Written
+                    } else {
+                        let mut r = super::Refusal::new(
+                            crate::error_code::ErrorCode::Storage,
+                            "the write failed; the group is unchanged",
+                        );
+                        r.retry = crate::error_code::RetryClass::Retry;
+                        super::consume::Settled::Failed(r)
+                    };
+                    self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, settled, now);
                     if ok {
                         *self.group_ops.entry(k.clone()).or_default() += 1;
                     }

@@ -954,8 +954,9 @@ impl ClusterNode {
             let ids: Vec<u64> = if joins || rejoins { Vec::new() } else { names.iter().map(|n| raft_id(n)).collect() };
             let rank = names.iter().position(|n| *n == self.me.id);
             let kept = self.kept_replicas.remove(&shard).filter(|_| !rejoins).unwrap_or_default();
-            // A cache's values are the fold of its whole log: they are part of its checkpoints.
-            let hosting = shard.kind == super::metadata::Kind::Cache;
+            // A cache's values, and a stream's consumer groups, are the fold of the whole log
+            // (not something retention drops): they are part of its checkpoints.
+            let hosting = true;
             match Replica::new_hosting(raft_id(&self.me.id), &ids, &kept, rank, hosting) {
                 Ok(mut replica) => {
                     if let Some(b) = self.checkpoint_bytes {
@@ -1122,6 +1123,7 @@ impl ClusterNode {
                     self.broker.handle_replicated(crate::transport::WriteToken(token), answer, now)
                 }
                 ReplicaOutput::Delivered { offset, batch } => self.broker.apply_replicated(shard, offset, batch, now),
+                ReplicaOutput::Side { batch } => self.broker.apply_replicated_side(shard, batch, now),
                 ReplicaOutput::GenerationStart { offset, term } => {
                     self.broker.apply_replicated_generation(shard, offset, now);
                     if h.replica.is_leader() && term == h.replica.term() {

@@ -108,6 +108,12 @@ pub struct ReplicatedBatch {
     /// A commit's state changes (encoded as in a stored batch's state section), applied to the
     /// shard's state at the batch's offset when the entry is applied.
     pub state: Option<Bytes>,
+    /// A side entry: its records are operations on the host's own state of the shard (a
+    /// stream's consumer-group settlements), not records of the shard. It takes no offset and
+    /// comes out as [`ReplicaOutput::Side`]; it is answered [`Answer::Applied`]. Encoded as
+    /// version 3, which a replica that predates side entries does not decode, and so skips
+    /// (taking no offset for it) rather than delivering its operations as records.
+    pub side: bool,
 }
 
 /// Why replicated bytes could not be read.
@@ -125,6 +131,17 @@ impl ReplicatedBatch {
             records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
             expected_offset: None,
             state: None,
+            side: false,
+        }
+    }
+
+    /// A side entry (see [`side`](Self::side)) holding these operations.
+    pub fn side_entry(timestamp_micros: u64, ops: &[Bytes]) -> ReplicatedBatch {
+        ReplicatedBatch {
+            timestamp_micros,
+            side: true,
+            records: Records::from_payloads(ops.iter()).unwrap_or_default(),
+            ..ReplicatedBatch::from_payloads(None, &[])
         }
     }
 
@@ -133,7 +150,7 @@ impl ReplicatedBatch {
         self.records.payloads().collect()
     }
 
-    /// Its bytes in the Raft log: `u8 version (2)`, `u8 flags` (0x1 producer, 0x2 publisher,
+    /// Its bytes in the Raft log: `u8 version` (2; 3 for a side entry, same layout), `u8 flags` (0x1 producer, 0x2 publisher,
     /// 0x4 expected offset, 0x8 state), `u64 producer`, `u64 sequence`, `u64 timestamp_micros`,
     /// `u8 publisher_len` + publisher, `u64 expected_offset` (with 0x4 only), `u32 state_len` +
     /// state (with 0x8 only), then the records block as in a publish batch (`u32 count`, each
@@ -141,7 +158,7 @@ impl ReplicatedBatch {
     pub fn encode(&self) -> Vec<u8> {
         let publisher = self.publisher.as_ref().filter(|p| p.len() <= 255);
         let mut b = Vec::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
-        b.put_u8(2);
+        b.put_u8(if self.side { 3 } else { 2 });
         let (pid, seq) = self.producer.unwrap_or((0, 0));
         b.put_u8(
             u8::from(self.producer.is_some())
@@ -183,9 +200,11 @@ impl ReplicatedBatch {
     pub fn decode_shared(data: Bytes) -> Result<ReplicatedBatch, BatchError> {
         let mut r = Reader::new(data);
         let bad = |what: &'static str| move |_| BatchError(what);
-        if r.u8("version").map_err(bad("version"))? != 2 {
-            return Err(BatchError("unknown version"));
-        }
+        let side = match r.u8("version").map_err(bad("version"))? {
+            2 => false,
+            3 => true,
+            _ => return Err(BatchError("unknown version")),
+        };
         let flags = r.u8("flags").map_err(bad("flags"))?;
         let pid = r.u64("producer").map_err(bad("producer"))?;
         let seq = r.u64("sequence").map_err(bad("sequence"))?;
@@ -208,6 +227,7 @@ impl ReplicatedBatch {
             records,
             expected_offset,
             state,
+            side,
         })
     }
 }
@@ -227,6 +247,8 @@ pub enum Answer {
     LeadershipLost,
     /// No majority confirmed it in time (outcome unknown).
     QuorumTimeout,
+    /// A side entry committed and came out as [`ReplicaOutput::Side`] (before this answer).
+    Applied,
     /// Not proposed: the leader is handing its leadership over (a move). Nothing was written;
     /// send it again (to the new leader, soon).
     NotProposed,
@@ -309,6 +331,12 @@ pub enum ReplicaOutput {
         /// Offset of the first.
         offset: u64,
         /// The batch.
+        batch: ReplicatedBatch,
+    },
+    /// A side entry committed (in log order with the deliveries): apply its operations to the
+    /// host's state of the shard. It took no offset.
+    Side {
+        /// The entry.
         batch: ReplicatedBatch,
     },
     /// A new leader's generation starts at `offset` (an offset never delivered; readers skip
@@ -783,6 +811,10 @@ impl Replica {
                 // Only this crate proposes; an entry that does not decode takes no offset on
                 // any replica alike.
                 Err(_) => None,
+                Ok(batch) if batch.side => {
+                    self.out.push_back(ReplicaOutput::Side { batch });
+                    Some(Answer::Applied)
+                }
                 Ok(batch) => match batch.producer.map(|(pid, seq)| (pid, seq, self.sequence_verdict(pid, seq))) {
                     Some((_, _, Err(refusal))) => Some(refusal),
                     Some((pid, seq, Ok(false))) => {
@@ -966,5 +998,46 @@ mod tests {
         assert_eq!(answer(&mut r, 2, tail), Answer::Refused(ApplyRefusal::OffsetMismatch { tail: tail + 1 }));
         assert_eq!(r.next_offset(), tail + 1);
         assert_eq!(answer(&mut r, 3, tail + 1), Answer::Appended { offset: tail + 1, duplicate: false });
+    }
+
+    /// A side entry (a consumer group's settlements) comes out in log order with the records,
+    /// takes no offset, and is answered `Applied`; its bytes are version 3, which a replica
+    /// from before side entries refuses to decode (and so skips) rather than taking its
+    /// operations for records.
+    #[test]
+    fn a_side_entry_takes_no_offset_and_comes_out_in_log_order() {
+        let mut r = leading_alone();
+        let side = ReplicatedBatch::side_entry(5, &[Bytes::from_static(b"op1"), Bytes::from_static(b"op2")]);
+        let bytes = side.encode();
+        assert_eq!(bytes[0], 3);
+        assert_eq!(ReplicatedBatch::decode(&bytes), Ok(side.clone()));
+        let mut plain = bytes.clone();
+        plain[0] = 2;
+        assert!(!ReplicatedBatch::decode(&plain).is_ok_and(|b| b.side), "version 2 is never a side entry");
+        let tail = r.next_offset();
+        let records = ReplicatedBatch::from_payloads(None, &[Bytes::from_static(b"x")]);
+        r.propose(1, &records).expect("leads");
+        r.propose(2, &side).expect("leads");
+        r.propose(3, &records).expect("leads");
+        let outs: Vec<ReplicaOutput> = std::iter::from_fn(|| r.poll_output()).collect();
+        let seen: Vec<String> = outs
+            .iter()
+            .filter_map(|o| match o {
+                ReplicaOutput::Delivered { offset, .. } => Some(format!("records@{offset}")),
+                ReplicaOutput::Side { batch } => Some(format!("side{:?}", batch.payloads())),
+                ReplicaOutput::Answer { token, answer } => Some(format!("{token}:{answer:?}")),
+                _ => None,
+            })
+            .collect();
+        let want = [
+            format!("records@{tail}"),
+            format!("1:{:?}", Answer::Appended { offset: tail, duplicate: false }),
+            format!("side{:?}", side.payloads()),
+            "2:Applied".to_owned(),
+            format!("records@{}", tail + 1),
+            format!("3:{:?}", Answer::Appended { offset: tail + 1, duplicate: false }),
+        ];
+        assert_eq!(seen, want);
+        assert_eq!(r.next_offset(), tail + 2);
     }
 }

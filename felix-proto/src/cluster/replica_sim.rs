@@ -187,6 +187,8 @@ impl World {
                     }
                 }
                 ReplicaOutput::Answer { token, answer } => self.answer(token, answer)?,
+                // (This simulation proposes no side entries.)
+                ReplicaOutput::Side { .. } => {}
             }
         }
     }
@@ -282,10 +284,11 @@ impl World {
             }
             // (This simulation moves no leadership.)
             Answer::NotProposed => prod.inflight = None,
-            // One batch in flight, resent under its sequence until answered: never out of order.
-            Answer::Refused(why) => {
+            // One batch in flight, resent under its sequence until answered: never out of order;
+            // and it proposes no side entries.
+            Answer::Refused(_) | Answer::Applied => {
                 let pid = prod.id;
-                return Err(self.violation(format!("producer {pid} seq {seq} refused {why:?}")));
+                return Err(self.violation(format!("producer {pid} seq {seq} answered {answer:?}")));
             }
         }
         Ok(())
