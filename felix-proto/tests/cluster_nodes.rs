@@ -2606,6 +2606,22 @@ fn ledger_group_offset(offset: u64, request_id: u64) -> message::GroupOffset {
     }
 }
 
+/// Polls the ledger's group on `node`: a new leader first confirms it leads (its read lease,
+/// asked at its next tick; refused `confirming_leader` meanwhile), then hands records out.
+fn poll_group(c: &mut Cluster, node: &str, conn: ConnId, st: StreamId, max: u32, rid: u64) -> Vec<(u64, String)> {
+    for _ in 0..20 {
+        c.send(node, conn, st, ledger_group_poll(max, rid));
+        let ms = messages(&c.take(node, conn, st));
+        match &ms[..] {
+            [Message::Error(e)] if e.message.contains("confirming") || format!("{e:?}").contains("confirming") => {
+                c.tick()
+            }
+            _ => return group_records(&ms),
+        }
+    }
+    panic!("{node} never confirmed it leads");
+}
+
 /// The offsets and payloads of the `group_records` a group poll was answered with.
 fn group_records(ms: &[Message]) -> Vec<(u64, String)> {
     ms.iter()
@@ -2624,8 +2640,7 @@ fn drain_group(c: &mut Cluster, node: &str, index: u64) -> Vec<u64> {
     let (conn, st) = c.client_with(node, 1, group_features(), index);
     let mut acked = Vec::new();
     for round in 0..100u64 {
-        c.send(node, conn, st, ledger_group_poll(50, round * 100));
-        let got = group_records(&messages(&c.take(node, conn, st)));
+        let got = poll_group(c, node, conn, st, 50, round * 100);
         if got.is_empty() {
             return acked;
         }
@@ -2659,10 +2674,8 @@ fn a_consumer_groups_acks_on_a_replicated_stream_survive_a_fail_over_and_nothing
     assert!(a.len() == 10 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
     // All ten handed out; six acked, one dead-lettered, three left claimed.
     let (gc, gs) = c.client_with(&first, 1, group_features(), 2);
-    c.send(&first, gc, gs, ledger_group_poll(10, 1));
-    let ms = messages(&c.take(&first, gc, gs));
-    let got = group_records(&ms);
-    assert_eq!(got.len(), 10, "{ms:?}");
+    let got = poll_group(&mut c, &first, gc, gs, 10, 1);
+    assert_eq!(got.len(), 10, "{got:?}");
     for (i, (offset, _)) in got[..6].iter().enumerate() {
         c.send(&first, gc, gs, json(&Message::GroupAck(ledger_group_offset(*offset, 10 + i as u64))));
     }
@@ -2676,8 +2689,7 @@ fn a_consumer_groups_acks_on_a_replicated_stream_survive_a_fail_over_and_nothing
     c.until("a follower leads", |c| leading(c).is_some());
     let second = leading(&c).unwrap();
     let (gc, gs) = c.client_with(&second, 1, group_features(), 3);
-    c.send(&second, gc, gs, ledger_group_poll(10, 30));
-    let again = group_records(&messages(&c.take(&second, gc, gs)));
+    let again = poll_group(&mut c, &second, gc, gs, 10, 30);
     assert_eq!(again, got[7..].to_vec(), "only the records never settled");
     let list = message::GroupRef {
         tenant_id: "t1".into(),
@@ -2724,8 +2736,7 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
     let (conn, st) = c.client(&leader, flags, 1);
     c.send(&leader, conn, st, publish_binary("ledger", &["dead"], Some(1), None));
     let (gc, gs) = c.client_with(&leader, 1, group_features(), 2);
-    c.send(&leader, gc, gs, ledger_group_poll(10, 1));
-    let got = group_records(&messages(&c.take(&leader, gc, gs)));
+    let got = poll_group(&mut c, &leader, gc, gs, 10, 1);
     let dead = got[0].0;
     c.send(&leader, gc, gs, json(&Message::GroupDeadLetter(ledger_group_offset(dead, 2))));
     let mut acked = Vec::new();
@@ -2771,4 +2782,61 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
     c.send(&now_leader, gc, gs, json(&Message::GroupDeadLetters(list)));
     let ms = messages(&c.take(&now_leader, gc, gs));
     assert!(matches!(&ms[..], [Message::GroupDeadLetterList(l)] if l.offsets == [dead]), "{ms:?}");
+}
+
+/// A consumer group's poll on a replicated stream is a read of the group's state, so a leader
+/// serves it only within its read lease: cut off by a partition it has not noticed, it stops
+/// handing records out before the others can elect a leader, which may then settle them.
+/// Without the lease, the cut-off leader handed out the nine records the new leader's consumer
+/// had acknowledged.
+#[test]
+fn a_partitioned_stream_leader_hands_out_nothing_its_successor_could_have_settled() {
+    use felix_proto::broker::ReplicaRole;
+    let mut c = Cluster::with(&NAMES, true);
+    create_ledger(&mut c);
+    let old = leading(&c).unwrap();
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&old, flags, 1);
+    for k in 0..10u64 {
+        c.send(&old, conn, st, publish_binary("ledger", &[&format!("r{k}")], Some(k + 1), None));
+    }
+    let (gc, gs) = c.client_with(&old, 1, group_features(), 2);
+    let first = poll_group(&mut c, &old, gc, gs, 1, 1);
+    c.send(&old, gc, gs, json(&Message::GroupAck(ledger_group_offset(first[0].0, 2))));
+    assert!(matches!(&messages(&c.take(&old, gc, gs))[..], [Message::CacheOk(_)]));
+    c.cut.insert(old.clone());
+    let others: Vec<String> = NAMES.iter().filter(|n| **n != old).map(|n| n.to_string()).collect();
+    let (mut settled, mut refused, mut handed) = (None, 0, 0);
+    for step in 0..60u64 {
+        c.tick();
+        let new = others.iter().find(|n| c.nodes[*n].broker.replica_role(&ledger()) == Some(&ReplicaRole::Leading));
+        if settled.is_none()
+            && let Some(new) = new.cloned()
+        {
+            let acked = drain_group(&mut c, &new, 10 + step);
+            assert_eq!(acked.len(), 9, "the new leader hands out the nine never settled: {acked:?}");
+            settled = Some(step);
+        }
+        if settled.is_none() {
+            continue;
+        }
+        c.send(&old, gc, gs, ledger_group_poll(10, 100 + step));
+        let ms = messages(&c.take(&old, gc, gs));
+        match &ms[..] {
+            [Message::GroupRecords(r)] => {
+                handed += r.records.len();
+                assert!(r.records.is_empty(), "handed out at step {step}, after {new:?} settled them: {r:?}");
+            }
+            [Message::Error(e)] => {
+                refused += 1;
+                assert!(e.retry == Some(felix_proto::RetryClass::Retry), "{e:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(settled.is_some(), "the other two elected a leader that settled the records");
+    assert!(refused > 0, "the cut-off leader refused polls");
+    eprintln!(
+        "cut-off stream leader: {handed} records handed out, {refused} polls refused; settled at tick {settled:?}"
+    );
 }

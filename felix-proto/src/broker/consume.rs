@@ -271,10 +271,44 @@ impl Broker {
         self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, settled, now);
     }
 
+    /// `Err` when a replicated shard's groups may not be read here now: its replica leads but
+    /// holds no read lease (a majority has not confirmed it leads lately: a partition it has
+    /// not noticed may have deposed it, and a newer leader may have settled what it would hand
+    /// out). The shard is marked as having groups, so the lease is asked for; retried, the
+    /// request finds a confirmed leader, here or elsewhere.
+    fn group_read_allowed(&mut self, k: &Key, shard: u32, now: Instant) -> Result<(), Refusal> {
+        let Some(sh) = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)) else { return Ok(()) };
+        if sh.replica.is_none() || sh.read_lease.is_some_and(|until| now < until) {
+            return Ok(());
+        }
+        self.groups.entry((k.clone(), shard)).or_default();
+        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        Err(super::Moved { node_id: local, addr: None, generation: 0, down: true, reason: "confirming_leader" }
+            .unavailable(shard))
+    }
+
+    /// [`group_target`](Self::group_target), and for a read of a replicated shard's groups,
+    /// its read lease.
+    fn group_read_target(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        target: (&str, &str, &str),
+        shard: u32,
+        now: Instant,
+    ) -> Option<Key> {
+        let k = self.group_target(conn, st, target, shard, Action::GroupConsume)?;
+        match self.group_read_allowed(&k, shard, now) {
+            Ok(()) => Some(k),
+            Err(r) => {
+                self.refuse(conn, st, r);
+                None
+            }
+        }
+    }
+
     pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
-        let Some(k) =
-            self.group_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, Action::GroupConsume)
-        else {
+        let Some(k) = self.group_read_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, now) else {
             return;
         };
         if p.consumer.as_ref().is_some_and(|c| c.is_empty() || c.len() > 128) {
@@ -340,6 +374,10 @@ impl Broker {
         now: Instant,
     ) -> Vec<Delivery> {
         let limits = self.cfg.group_limits;
+        // A parked poll waits on while the lease is out (it is asked for meanwhile).
+        if self.group_read_allowed(k, shard, now).is_err() {
+            return Vec::new();
+        }
         let Some(log) = self.streams.get(k).map(|e| &e.shards[shard as usize].log) else { return Vec::new() };
         let group = self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default();
         let out = group.poll(conn, req, log, now, &limits);
@@ -640,10 +678,8 @@ impl Broker {
         self.settle(conn, st, &k, a.shard, settle, GroupAnswer::Ok(a.request_id), now);
     }
 
-    pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
-        let Some(k) =
-            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupConsume)
-        else {
+    pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
+        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, now) else {
             return;
         };
         let offsets = self
@@ -719,10 +755,8 @@ impl Broker {
         self.group_write(conn, st, &k, s.shard, op, answer, now);
     }
 
-    pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef) {
-        let Some(k) =
-            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupConsume)
-        else {
+    pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
+        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, now) else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };

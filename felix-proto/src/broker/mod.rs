@@ -163,6 +163,9 @@ struct Shard {
     replica: Option<replicated::ReplicaRole>,
     /// Payload bytes proposed to the shard's Raft group and not yet answered.
     replicating: u64,
+    /// A replicated shard's leader serves its consumer groups' polls and reads until then
+    /// (its read lease; asked for only while the shard has groups here).
+    read_lease: Option<Instant>,
 }
 
 #[derive(Debug)]

@@ -503,7 +503,22 @@ impl Broker {
     /// How long this broker's replica of a replicated cache may answer reads
     /// ([`crate::cluster::replica::Replica::read_lease`]; `None`: not now).
     pub fn set_read_lease(&mut self, shard: &ShardId, until: Option<Instant>) {
-        self.quorum_cache(shard).read_lease = until;
+        if shard.kind == Kind::Cache {
+            self.quorum_cache(shard).read_lease = until;
+        } else if let Some(sh) = self
+            .streams
+            .get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
+            .and_then(|e| e.shards.get_mut(shard.shard as usize))
+        {
+            sh.read_lease = until;
+        }
+    }
+
+    /// Whether this broker's replica of `shard` needs a read lease: always for a cache; for a
+    /// stream, while it has consumer groups here (their polls are served only within one).
+    pub fn wants_read_lease(&self, shard: &ShardId) -> bool {
+        shard.kind == Kind::Cache
+            || self.groups.contains_key(&(key(&shard.tenant, &shard.namespace, &shard.name), shard.shard))
     }
 
     /// `Err` when a read of replicated cache `k` may not be answered here now: its replica

@@ -313,11 +313,11 @@ impl Broker {
             Message::GroupNack(n) => self.group_nack(conn, st, n, now),
             Message::GroupExtend(e) => self.group_extend(conn, st, e, now),
             Message::GroupDeadLetter(a) => self.group_dead_letter(conn, st, a, now),
-            Message::GroupDeadLetters(r) => self.group_dead_letters(conn, st, r),
+            Message::GroupDeadLetters(r) => self.group_dead_letters(conn, st, r, now),
             Message::GroupDiscard(a) => self.group_dead_letter_op(conn, st, a, false, now),
             Message::GroupRedrive(a) => self.group_dead_letter_op(conn, st, a, true, now),
             Message::GroupSeek(q) => self.group_seek(conn, st, q, now),
-            Message::GroupDescribe(r) => self.group_describe(conn, st, r),
+            Message::GroupDescribe(r) => self.group_describe(conn, st, r, now),
             Message::GroupDelete(r) => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
@@ -377,6 +377,7 @@ impl Broker {
                         state: Default::default(),
                         replica: None,
                         replicating: 0,
+                        read_lease: None,
                     }
                 })
                 .collect(),

@@ -46,7 +46,8 @@ pub const FENCE_AFTER: Duration = Duration::from_millis(1500);
 /// have waited.
 pub const VOTE_HOLD: Duration = Duration::from_secs(1);
 
-/// Keeps a replicated cache leader's read lease fresh: asks its group again when it holds no
+/// Keeps the read lease of a replicated cache's leader (or a stream's, while it has consumer
+/// groups) fresh: asks its group again when it holds no
 /// lease or less than half of one is left. Between ticks only when nothing asked in this term
 /// is still waiting; at a tick regardless (a request or its answers can be lost). `true` when
 /// it asked.
@@ -1149,7 +1150,7 @@ impl ClusterNode {
             h.role = Some(role.clone());
             self.broker.set_replica_role(shard, role, now);
         }
-        if shard.kind == super::metadata::Kind::Cache {
+        if self.broker.wants_read_lease(shard) {
             let lease = h.replica.read_lease();
             if h.lease != lease {
                 h.lease = lease;
@@ -1268,7 +1269,7 @@ impl ClusterNode {
                     if !self.rejoining.contains_key(&shard) {
                         h.replica.tick();
                     }
-                    if shard.kind == super::metadata::Kind::Cache {
+                    if self.broker.wants_read_lease(&shard) {
                         renew_read_lease(&mut h.replica, now, true);
                     }
                     // What retention dropped here need not stay in the Raft log either.
