@@ -12,12 +12,15 @@
 //! The workload throughout: acknowledged publishes (plain and keyed lanes through the cluster
 //! client, an idempotent producer), conditional appends (`publish_if`) to a second stream, a
 //! subscriber following the stream, and one cache client per broker doing reads, puts,
-//! conditional puts and deletes on keys of their own per episode.
+//! conditional puts and deletes on keys of their own per episode; a third stream of jobs (an
+//! acknowledged producer) worked through by a consumer group (polls, acks, one first delivery
+//! in ten left to lapse and come back), drained to the end after the last episode.
 //!
 //! Afterwards: every acknowledged record once, at the offset its acknowledgement gave, and on
 //! every replica's disk; nothing unsent; the subscriber's sequence gap-free against the stream;
 //! no two replicas with different committed entries at one index; every key's history
-//! linearizable (a stale read fails it). The short schedule runs in CI; the long one
+//! linearizable (a stale read fails it); the group never handed out a job after its ack came
+//! back, nor something the stream does not hold, and settled every job by the end. The short schedule runs in CI; the long one
 //! (`FELIX_CHAOS_EPISODES`, default 200) is ignored and run by hand.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,15 +32,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_driver_tokio::{
-    Client, ClientError, ClientOptions, ClusterClient, IdempotentProducer, PublishOptions, Trust,
+    Client, ClientError, ClientOptions, ClusterClient, GroupTarget, IdempotentProducer, PollOptions, PublishOptions,
+    Trust,
 };
+use felix_proto::RetryClass;
 use felix_proto::message::{CacheCondition, StartPosition};
 
 mod common;
 use common::brokers::*;
 use common::faultnet::{FaultNet, Link};
 use common::history::{
-    CacheCall, CacheOp, CacheReturn, ReplicaLog, check_stream, check_subscriber, divergent, linearizable,
+    CacheCall, CacheOp, CacheReturn, GroupHistory, ReplicaLog, check_group, check_stream, check_subscriber, divergent,
+    linearizable,
 };
 use common::{cluster_status as status, wait_for};
 
@@ -71,6 +77,11 @@ const STREAM: &str = "ledger";
 /// must land at).
 const COND: &str = "cond";
 const CACHE: &str = "sessions";
+/// The stream of jobs and the consumer group working through it.
+const JOBS: &str = "jobs";
+const GROUP: &str = "workers";
+/// How long a job handed out stays claimed (one left unacknowledged comes back after it).
+const VISIBILITY: Duration = Duration::from_secs(3);
 /// Keys per episode.
 const KEYS: usize = 3;
 
@@ -107,6 +118,13 @@ struct History {
     /// Cache operations answered, and refused before taking effect.
     cache_answered: u64,
     cache_refused: u64,
+    /// The jobs acknowledged (record, offset) and those whose outcome is unknown.
+    jobs_acked: Vec<(String, Option<u64>)>,
+    jobs_unknown: BTreeSet<String>,
+    /// What the consumer group handed out and settled.
+    group: GroupHistory,
+    /// Polls refused or failed.
+    polls_failed: u64,
 }
 
 struct Workload {
@@ -147,6 +165,8 @@ impl Workload {
                 tasks.push(tokio::spawn(idempotent(brokers.clone(), s.clone(), h.clone())));
                 tasks.push(tokio::spawn(subscriber(cc.clone(), s.clone(), h.clone())));
                 tasks.push(tokio::spawn(conditional(cc.clone(), s.clone(), h.clone())));
+                tasks.push(tokio::spawn(jobs(cc.clone(), s.clone(), h.clone())));
+                tasks.push(tokio::spawn(consumer(cc.clone(), t0, s.clone(), h.clone())));
                 for (i, addr) in brokers.iter().enumerate() {
                     tasks.push(tokio::spawn(cache_client(i, *addr, t0, s.clone(), e.clone(), h.clone())));
                 }
@@ -289,6 +309,137 @@ async fn conditional(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The jobs' producer: acknowledged publishes, a record refused before it was written sent
+/// again, one whose outcome is unknown noted.
+async fn jobs(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let p = format!("job-{n}");
+        n += 1;
+        loop {
+            let o = PublishOptions { ack: true, ..PublishOptions::default() };
+            match cc.publish("default", JOBS, vec![Bytes::from(p.clone())], o).await {
+                Ok(offset) => h.lock().unwrap().jobs_acked.push((p, offset)),
+                Err(e) if refused(&e) && !stop.load(Ordering::Relaxed) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Err(_) => {
+                    h.lock().unwrap().jobs_unknown.insert(p);
+                }
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+}
+
+/// Whether a settlement's error says it was not carried out: refused with a class other than
+/// outcome unknown (`stale_claim` for a job its leader did not hand out, `shard_unavailable`),
+/// redirected, or never sent.
+fn not_settled(e: &ClientError) -> bool {
+    match e {
+        ClientError::Refused(i) => i.retry.is_some() && i.retry != Some(RetryClass::OutcomeUnknown),
+        e => refused(e),
+    }
+}
+
+/// The consumer group's member: polls the jobs' leader, acks what it is handed (one first
+/// delivery in ten left to lapse and come back), until stopped.
+async fn consumer(cc: Arc<ClusterClient>, t0: Instant, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let g = GroupTarget::new("default", JOBS, GROUP);
+    let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+    while !stop.load(Ordering::Relaxed) {
+        consume_round(&cc, &g, t0, &h, Some(&mut rng)).await;
+    }
+}
+
+/// One poll and the settlement of what it handed out, each recorded with when the poll was
+/// sent and when each ack came back; `skip` leaves a first delivery unacknowledged now and
+/// then. How many it was handed (`None`: the poll failed).
+async fn consume_round(
+    cc: &ClusterClient,
+    g: &GroupTarget,
+    t0: Instant,
+    h: &Mutex<History>,
+    mut skip: Option<&mut Rng>,
+) -> Option<usize> {
+    let opts = PollOptions { wait: Duration::from_millis(300), visibility: VISIBILITY, ..PollOptions::default() };
+    let polled = elapsed(t0);
+    let poll = cc.owner_only("default", JOBS, 0, |c| {
+        let (g, o) = (g.clone(), opts.clone());
+        async move { c.group_poll(&g, 20, o).await }
+    });
+    let records = match tokio::time::timeout(Duration::from_secs(10), poll).await {
+        Ok(Ok(records)) => records,
+        _ => {
+            h.lock().unwrap().polls_failed += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return None;
+        }
+    };
+    {
+        let mut h = h.lock().unwrap();
+        for r in &records {
+            h.group.delivered.push((r.offset, String::from_utf8_lossy(&r.payload.0).into_owned(), polled));
+        }
+    }
+    for r in &records {
+        if r.attempts <= 1 && skip.as_mut().is_some_and(|rng| rng.below(10) == 0) {
+            continue;
+        }
+        let ack = cc.owner_only("default", JOBS, 0, |c| {
+            let g = g.clone();
+            async move { c.group_ack(&g, r.offset).await }
+        });
+        let res = tokio::time::timeout(Duration::from_secs(10), ack).await;
+        let answered = elapsed(t0);
+        let mut h = h.lock().unwrap();
+        match res {
+            Ok(Ok(())) => h.group.acked.push((r.offset, answered)),
+            Ok(Err(e)) if not_settled(&e) => {}
+            _ => {
+                h.group.ack_unknown.insert(r.offset);
+            }
+        }
+    }
+    Some(records.len())
+}
+
+/// After the workload: the group worked to the end (every claim left lapses and comes back),
+/// and its dead letters (jobs whose claim lapsed five times) read. Returns those.
+fn drain_group(brokers: &[SocketAddr], t0: Instant, h: &Mutex<History>) -> BTreeSet<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let cc = ClusterClient::connect(brokers, opts()).await.expect("the drain connects");
+        let g = GroupTarget::new("default", JOBS, GROUP);
+        let until = Instant::now() + Duration::from_secs(120);
+        // Empty polls for longer than a claim lasts: nothing is left to come back.
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < VISIBILITY + Duration::from_secs(1) {
+            assert!(Instant::now() < until, "the group does not drain");
+            if consume_round(&cc, &g, t0, h, None).await != Some(0) {
+                quiet_since = Instant::now();
+            }
+        }
+        let dead = loop {
+            let list = cc.owner_only("default", JOBS, 0, |c| {
+                let g = g.clone();
+                async move { c.group_dead_letters(&g).await }
+            });
+            match list.await {
+                Ok(d) => break d,
+                Err(e) => {
+                    assert!(Instant::now() < until, "the dead letters are not readable: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        cc.close().await;
+        dead.into_iter().collect()
+    })
 }
 
 /// A subscriber following the stream from its start, wherever it is served.
@@ -652,6 +803,9 @@ fn schedule(episodes: usize, seed: u64) -> String {
     wait_for("the conditional stream is created", 60, || {
         cli(&addrs, &any_dir, &["publish", COND, "first", "--ack", "--close-timeout", "3s"]).0
     });
+    wait_for("the jobs' stream is created", 60, || {
+        cli(&addrs, &any_dir, &["publish", JOBS, "first", "--ack", "--close-timeout", "3s"]).0
+    });
     wait_for("the cache is created", 60, || {
         cli(&addrs, &any_dir, &["cache", "put", CACHE, "warm", "up", "--close-timeout", "3s"]).0
     });
@@ -696,9 +850,15 @@ fn schedule(episodes: usize, seed: u64) -> String {
     net.heal();
     std::thread::sleep(Duration::from_secs(1));
     let h = load.finish();
-    // The final word: the stream read back, each key read through every broker.
+    let h = Mutex::new(h);
+    let dead = drain_group(&clients, t0, &h);
+    let mut h = h.into_inner().unwrap();
+    // Dead letters are settled (by the group, after five lapsed claims).
+    h.group.ack_unknown.extend(dead.iter().copied());
+    // The final word: the streams read back, each key read through every broker.
     let log = read_stream(&clients, STREAM);
     let cond_log = read_stream(&clients, COND);
+    let jobs_log = read_stream(&clients, JOBS);
     let keys: Vec<String> = h.cache.keys().cloned().collect();
     let mut cache = h.cache.clone();
     for (k, op) in final_reads(&clients, t0, &keys) {
@@ -720,6 +880,10 @@ fn schedule(episodes: usize, seed: u64) -> String {
     let mut cond_unknown = h.cond_unknown.clone();
     cond_unknown.insert("first".into());
     let cond = check_stream(&cond_log, &h.cond_acked, &cond_unknown);
+    let mut jobs_unknown = h.jobs_unknown.clone();
+    jobs_unknown.insert("first".into());
+    let jobs = check_stream(&jobs_log, &h.jobs_acked, &jobs_unknown);
+    let group = check_group(&jobs_log, &h.group);
     let diverged = divergent(&replicas);
     let mut missing_on_disk = Vec::new();
     for r in &replicas {
@@ -747,7 +911,9 @@ fn schedule(episodes: usize, seed: u64) -> String {
         "{} episodes; {} records acknowledged, {} unknown; lost {}, duplicated {}, misplaced {}, phantom {}; \
          subscriber saw {} with {} faults; {} divergent indexes; {} not on every replica's disk; \
          cache: {} keys, {} operations ({} answered, {} refused), {} keys not linearizable; \
-         conditional appends: {} acknowledged, {} unknown, {} not at their offset, clean: {}\n",
+         conditional appends: {} acknowledged, {} unknown, {} not at their offset, clean: {}; \
+         jobs: {} acknowledged, {} unknown, clean: {}; group: {} handed out, {} acks ({} unknown), \
+         {} dead letters, {} polls failed, {} handed out after their ack, {} never settled, {} phantom\n",
         done.len(),
         h.acked.len(),
         h.unknown.len(),
@@ -768,6 +934,17 @@ fn schedule(episodes: usize, seed: u64) -> String {
         h.cond_unknown.len(),
         h.cond_misplaced.len(),
         cond.is_clean(),
+        h.jobs_acked.len(),
+        h.jobs_unknown.len(),
+        jobs.is_clean(),
+        h.group.delivered.len(),
+        h.group.acked.len(),
+        h.group.ack_unknown.len() - dead.len().min(h.group.ack_unknown.len()),
+        dead.len(),
+        h.polls_failed,
+        group.redelivered.len(),
+        group.lost.len(),
+        group.phantom.len(),
     );
     for (kind, (after, gaps)) in &mut by_kind {
         after.sort();
@@ -786,6 +963,8 @@ fn schedule(episodes: usize, seed: u64) -> String {
     assert!(stream.is_clean(), "the stream: {stream:?}");
     assert!(cond.is_clean() && h.cond_misplaced.is_empty(), "conditional appends: {cond:?} {:?}", h.cond_misplaced);
     assert!(subscriber.is_empty(), "the subscriber: {:?}", &subscriber[..subscriber.len().min(10)]);
+    assert!(jobs.is_clean(), "the jobs: {jobs:?}");
+    assert!(group.is_clean(), "the consumer group: {group:?}");
     assert!(diverged.is_empty(), "replicas diverge: {diverged:?}");
     assert!(missing_on_disk.is_empty(), "{missing_on_disk:?}");
     assert!(stale.is_empty(), "not linearizable: {}", stale.join("\n"));

@@ -281,6 +281,57 @@ pub fn divergent(logs: &[ReplicaLog]) -> Vec<(u64, String, String)> {
     out
 }
 
+/// What one consumer group was seen doing: each record it handed out (offset, payload, when
+/// the poll was sent), each settlement acknowledged (offset, when its answer came), and the
+/// offsets whose settlement's outcome is unknown.
+#[derive(Debug, Default, Clone)]
+pub struct GroupHistory {
+    pub delivered: Vec<(u64, String, Nanos)>,
+    pub acked: Vec<(u64, Nanos)>,
+    pub ack_unknown: BTreeSet<u64>,
+}
+
+/// What a consumer group did wrong.
+#[derive(Debug, Default)]
+pub struct GroupVerdict {
+    /// Handed out by a poll sent after its acknowledgement came: (offset, acked, polled).
+    pub redelivered: Vec<(u64, Nanos, Nanos)>,
+    /// In the stream, never settled (acknowledged or unknown) by the end.
+    pub lost: Vec<u64>,
+    /// Handed out with a payload the stream does not hold at that offset.
+    pub phantom: Vec<(u64, String)>,
+}
+
+impl GroupVerdict {
+    pub fn is_clean(&self) -> bool {
+        self.redelivered.is_empty() && self.lost.is_empty() && self.phantom.is_empty()
+    }
+}
+
+/// Checks a group's history against its stream read back whole (`log`: offset, payload):
+/// nothing acknowledged handed out again (a poll sent after the acknowledgement came; one sent
+/// before may legitimately race it), nothing in the stream left unsettled after the final
+/// drain, nothing handed out that the stream does not hold there.
+pub fn check_group(log: &[(u64, String)], g: &GroupHistory) -> GroupVerdict {
+    let stream: BTreeMap<u64, &str> = log.iter().map(|(o, p)| (*o, p.as_str())).collect();
+    let mut first_ack: BTreeMap<u64, Nanos> = BTreeMap::new();
+    for (o, t) in &g.acked {
+        let e = first_ack.entry(*o).or_insert(*t);
+        *e = (*e).min(*t);
+    }
+    let mut v = GroupVerdict::default();
+    for (o, p, polled) in &g.delivered {
+        if stream.get(o) != Some(&p.as_str()) {
+            v.phantom.push((*o, p.clone()));
+        }
+        if let Some(acked) = first_ack.get(o).filter(|a| *a < polled) {
+            v.redelivered.push((*o, *acked, *polled));
+        }
+    }
+    v.lost = stream.keys().filter(|o| !first_ack.contains_key(o) && !g.ack_unknown.contains(o)).copied().collect();
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,5 +445,27 @@ mod tests {
         // Past the commit both know, a difference is an uncommitted tail: allowed.
         assert!(divergent(&[a.clone(), log("b", &[b"x", b"y", b"q"], 2)]).is_empty());
         assert_eq!(divergent(&[a, log("b", &[b"x", b"q", b"z"], 3)]), [(2, "a".into(), "b".into())]);
+    }
+
+    #[test]
+    fn a_group_that_redelivers_loses_or_invents_is_caught() {
+        let log: Vec<(u64, String)> = (0..3).map(|o| (o, format!("r{o}"))).collect();
+        let mut g = GroupHistory {
+            delivered: vec![(0, "r0".into(), 1), (1, "r1".into(), 1), (2, "r2".into(), 1)],
+            acked: vec![(0, 5), (1, 5)],
+            ack_unknown: BTreeSet::from([2]),
+        };
+        assert!(check_group(&log, &g).is_clean());
+        // Handed out again by a poll sent before the ack came: a race, allowed; after: not.
+        g.delivered.push((0, "r0".into(), 4));
+        assert!(check_group(&log, &g).is_clean());
+        g.delivered.push((1, "r1".into(), 6));
+        assert_eq!(check_group(&log, &g).redelivered, [(1, 5, 6)]);
+        g.delivered.pop();
+        // Never settled, or handed out with the wrong payload.
+        g.ack_unknown.clear();
+        assert_eq!(check_group(&log, &g).lost, [2]);
+        g.delivered.push((2, "x".into(), 7));
+        assert_eq!(check_group(&log, &g).phantom, [(2, "x".into())]);
     }
 }

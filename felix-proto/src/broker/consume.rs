@@ -247,11 +247,8 @@ impl Broker {
 
     /// A group operation proposed to a replicated shard was answered.
     pub(super) fn group_answered(&mut self, token: WriteToken, p: GroupProposal, answer: Answer, now: Instant) {
-        let unknown = |code, why: &str| {
-            let mut r = Refusal::new(code, format!("{why}: the group's change may or may not be made"));
-            r.retry = RetryClass::Retry;
-            r
-        };
+        // Outcome unknown (the codes' own retry class): the entry may still commit.
+        let unknown = |code, why: &str| Refusal::new(code, format!("{why}: the group's change may or may not be made"));
         let settled = match answer {
             Answer::Applied => Settled::Applied,
             Answer::LeadershipLost => {
