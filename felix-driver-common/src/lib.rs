@@ -5,6 +5,7 @@
 //! - [`data_dir`]: the certificate and development token a broker keeps in its data directory.
 //! - [`storage`]: durable stream shards on disk in `felix_proto::storage`'s segment format
 //!   (appends, group commit, fsync policies, recovery, retention, history reads).
+//! - [`fault_clock`]: a broker's wall clock set off, for clock-fault tests.
 //! - [`sync_journal`]: a record of what reached the disk, for power-cut tests.
 //! - [`transport`]: the QUIC transport settings (MTU, windows, timeouts) tuned for throughput.
 //! - [`tls`]: certificates, keys, the client's trust decision, the rustls configurations and
@@ -12,6 +13,7 @@
 
 mod alpn;
 pub mod data_dir;
+pub mod fault_clock;
 pub mod storage;
 pub mod sync_journal;
 pub mod tls;

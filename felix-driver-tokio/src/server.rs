@@ -170,6 +170,7 @@ impl Server {
 
         let now = tokio::time::Instant::now().into_std();
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let unix = felix_driver_common::fault_clock::wall_micros(unix);
         let mut bcfg = opts.broker;
         // With a data directory, history beyond each shard's memory budget is read from disk.
         bcfg.history_reads = opts.data_dir.is_some();

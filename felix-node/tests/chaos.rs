@@ -6,8 +6,10 @@
 //! one fault for a few seconds and heals it: a partitioned leader, one-way loss from a leader,
 //! lossy, duplicating, reordering links, a bridge, a paused leader (SIGSTOP), a killed leader
 //! (SIGKILL, restarted), a power cut of one broker (what it wrote but had not synced is taken
-//! back), and a follower's replica log with a bit flipped while it is down. The fault's target
-//! alternates between the stream's leader and the cache's.
+//! back), a follower's replica log with a bit flipped while it is down, and a clock jump (the
+//! leader restarts with its wall clock an hour behind or ten minutes ahead, then again with it
+//! right: a broker reads the system clock only at start). The fault's target alternates between
+//! the stream's leader and the cache's.
 //!
 //! The workload throughout: acknowledged publishes (plain and keyed lanes through the cluster
 //! client, an idempotent producer), conditional appends (`publish_if`) to a second stream, a
@@ -58,9 +60,10 @@ enum Fault {
     Kill,
     PowerCut,
     CorruptFollower,
+    ClockJump,
 }
 
-const KINDS: [Fault; 8] = [
+const KINDS: [Fault; 9] = [
     Fault::Partition,
     Fault::OneWayLoss,
     Fault::LossyLinks,
@@ -69,6 +72,7 @@ const KINDS: [Fault; 8] = [
     Fault::Kill,
     Fault::PowerCut,
     Fault::CorruptFollower,
+    Fault::ClockJump,
 ];
 
 /// The stream and the cache the workload uses.
@@ -669,6 +673,39 @@ fn apply(
             std::thread::sleep(hold);
             nodes[target].start(&peers[&name]);
         }
+        Fault::ClockJump => {
+            // Stepped back an hour, or ahead ten minutes (the hold's parity picks), then right.
+            let off = if hold.as_millis().is_multiple_of(2) { "-3600000" } else { "600000" };
+            let env = (felix_driver_common::fault_clock::WALL_OFFSET_ENV.to_owned(), off.to_owned());
+            nodes[target].kill();
+            nodes[target].env.push(env.clone());
+            nodes[target].start(&peers[&name]);
+            // It leads the stream while its clock is off (the stream's leadership handed to it;
+            // bounded: a move that cannot finish is given up).
+            let metrics = nodes[other].metrics.to_string();
+            let mut why = String::new();
+            let moved = (0..5).any(|_| {
+                if leading(nodes, STREAM) == Some(target) {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                let out = std::process::Command::new("timeout")
+                    .arg("15")
+                    .arg(BIN)
+                    .args(["cluster", "move", STREAM, "0", "--to", &name, "--metrics", &metrics])
+                    .args(["--cluster-secret", "s"])
+                    .output();
+                why = out.as_ref().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+                out.is_ok_and(|o| o.status.success())
+            });
+            if !moved {
+                eprintln!("  (the stream's leadership did not move to {name}: {})", why.trim());
+            }
+            std::thread::sleep(hold);
+            nodes[target].kill();
+            nodes[target].env.retain(|e| *e != env);
+            nodes[target].start(&peers[&name]);
+        }
         Fault::CorruptFollower => {
             // A follower of the stream (the target may lead it).
             let lead = leading(nodes, STREAM);
@@ -682,12 +719,14 @@ fn apply(
     }
 }
 
-/// The stream read back whole through the cluster: (offset, record).
-fn read_stream(brokers: &[SocketAddr], stream: &str) -> Vec<(u64, String)> {
+/// The stream read back whole through the cluster: (offset, record), and the offsets whose
+/// timestamp is older than the record's before them (timestamps never go back).
+fn read_stream(brokers: &[SocketAddr], stream: &str) -> (Vec<(u64, String)>, Vec<u64>) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let cc = ClusterClient::connect(brokers, opts()).await.expect("the reader connects");
         let mut out = Vec::new();
+        let (mut back, mut last_ts) = (Vec::new(), 0);
         let mut from = 0;
         let until = Instant::now() + Duration::from_secs(60);
         loop {
@@ -695,6 +734,10 @@ fn read_stream(brokers: &[SocketAddr], stream: &str) -> Vec<(u64, String)> {
                 Ok(page) if page.records.is_empty() => break,
                 Ok(page) => {
                     for r in page.records {
+                        if r.timestamp_micros < last_ts {
+                            back.push(r.offset);
+                        }
+                        last_ts = last_ts.max(r.timestamp_micros);
                         out.push((r.offset, String::from_utf8_lossy(&r.payload.0).into_owned()));
                     }
                     from = page.next_offset;
@@ -706,7 +749,7 @@ fn read_stream(brokers: &[SocketAddr], stream: &str) -> Vec<(u64, String)> {
             }
         }
         cc.close().await;
-        out
+        (out, back)
     })
 }
 
@@ -856,9 +899,10 @@ fn schedule(episodes: usize, seed: u64) -> String {
     // Dead letters are settled (by the group, after five lapsed claims).
     h.group.ack_unknown.extend(dead.iter().copied());
     // The final word: the streams read back, each key read through every broker.
-    let log = read_stream(&clients, STREAM);
-    let cond_log = read_stream(&clients, COND);
-    let jobs_log = read_stream(&clients, JOBS);
+    let (log, back) = read_stream(&clients, STREAM);
+    let (cond_log, cond_back) = read_stream(&clients, COND);
+    let (jobs_log, jobs_back) = read_stream(&clients, JOBS);
+    let times_back = back.len() + cond_back.len() + jobs_back.len();
     let keys: Vec<String> = h.cache.keys().cloned().collect();
     let mut cache = h.cache.clone();
     for (k, op) in final_reads(&clients, t0, &keys) {
@@ -913,7 +957,8 @@ fn schedule(episodes: usize, seed: u64) -> String {
          cache: {} keys, {} operations ({} answered, {} refused), {} keys not linearizable; \
          conditional appends: {} acknowledged, {} unknown, {} not at their offset, clean: {}; \
          jobs: {} acknowledged, {} unknown, clean: {}; group: {} handed out, {} acks ({} unknown), \
-         {} dead letters, {} polls failed, {} handed out after their ack, {} never settled, {} phantom\n",
+         {} dead letters, {} polls failed, {} handed out after their ack, {} never settled, {} phantom; \
+         {} records older than the one before\n",
         done.len(),
         h.acked.len(),
         h.unknown.len(),
@@ -945,6 +990,7 @@ fn schedule(episodes: usize, seed: u64) -> String {
         group.redelivered.len(),
         group.lost.len(),
         group.phantom.len(),
+        times_back,
     );
     for (kind, (after, gaps)) in &mut by_kind {
         after.sort();
@@ -964,6 +1010,7 @@ fn schedule(episodes: usize, seed: u64) -> String {
     assert!(cond.is_clean() && h.cond_misplaced.is_empty(), "conditional appends: {cond:?} {:?}", h.cond_misplaced);
     assert!(subscriber.is_empty(), "the subscriber: {:?}", &subscriber[..subscriber.len().min(10)]);
     assert!(jobs.is_clean(), "the jobs: {jobs:?}");
+    assert!(times_back == 0, "timestamps go back at {back:?} {cond_back:?} {jobs_back:?}");
     assert!(group.is_clean(), "the consumer group: {group:?}");
     assert!(diverged.is_empty(), "replicas diverge: {diverged:?}");
     assert!(missing_on_disk.is_empty(), "{missing_on_disk:?}");

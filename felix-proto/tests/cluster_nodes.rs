@@ -54,6 +54,8 @@ struct Cluster {
     finished: std::collections::BTreeSet<(String, ConnId, StreamId)>,
     /// Steps of replica rejoins the brokers said: (broker, what).
     rejoin_notes: Vec<(String, String)>,
+    /// Brokers (re)started by `start` with their wall clock this many microseconds off.
+    wall_skew: BTreeMap<String, i64>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -105,6 +107,7 @@ impl Cluster {
             cache_specs: Vec::new(),
             finished: Default::default(),
             rejoin_notes: Vec::new(),
+            wall_skew: BTreeMap::new(),
         };
         for n in names {
             c.hellos(n);
@@ -136,7 +139,9 @@ impl Cluster {
         }
         let i = NAMES.iter().position(|n| *n == name).unwrap() as u16 + 1;
         // Each broker's own clock: wall times a few milliseconds apart, as on real machines.
-        let broker = Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000 + u64::from(i) * 7_000));
+        let skew = self.wall_skew.get(name).copied().unwrap_or(0);
+        let wall = (1_700_000_000_000_000 + i64::from(i) * 7_000 + skew) as u64;
+        let broker = Broker::new(cfg, WallClock::new(now, wall));
         let mut node = ClusterNode::new(broker, member(name, i), &peers, kept, now).unwrap();
         if self.retain.is_some() {
             node.set_replica_checkpoint_bytes(300);
@@ -2839,4 +2844,78 @@ fn a_partitioned_stream_leader_hands_out_nothing_its_successor_could_have_settle
     eprintln!(
         "cut-off stream leader: {handed} records handed out, {refused} polls refused; settled at tick {settled:?}"
     );
+}
+
+/// Each record's (offset, timestamp) as the ledger's leader `node` reads it back.
+fn ledger_times(c: &mut Cluster, node: &str, index: u64) -> Vec<(u64, u64)> {
+    let (conn, st) = c.client(node, 1, index);
+    let read = message::StreamRead {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        shard: 0,
+        from: 0,
+        end: None,
+        max_records: Some(1000),
+        max_bytes: None,
+        request_id: 1,
+    };
+    c.send(node, conn, st, json(&Message::StreamRead(read)));
+    match &messages(&c.take(node, conn, st))[..] {
+        [Message::StreamRecords(r)] => r.records.iter().map(|r| (r.offset, r.timestamp_micros)).collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A new leader whose clock is an hour behind the old one's (both followers restarted with
+/// their clocks set back) gives no record an older time than the records before it: every
+/// replica clamps an entry's time to the last one's, alike, so timestamps never go back along
+/// the offsets and `offset_for_time` finds the first record at or after a time. Without the
+/// clamp the second leader's records were an hour older than the first's.
+#[test]
+fn timestamps_never_go_back_along_a_replicated_stream_whose_new_leaders_clock_is_behind() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let first = leading(&c).unwrap();
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&first, flags, 1);
+    for k in 0..10u64 {
+        c.tick();
+        c.send(&first, conn, st, publish_binary("ledger", &[&format!("a{k}")], Some(k + 1), None));
+    }
+    c.settle();
+    let others: Vec<String> = NAMES.iter().filter(|n| **n != first).map(|n| n.to_string()).collect();
+    for n in &others {
+        c.wall_skew.insert(n.clone(), -3_600_000_000);
+        restart(&mut c, n);
+    }
+    c.until("the followers caught up", |c| others.iter().all(|n| history(c, n).0 == history(c, &first).0));
+    let before = ledger_times(&mut c, &first, 2);
+    c.nodes.remove(&first);
+    c.until("a follower leads", |c| leading(c).is_some());
+    let second = leading(&c).unwrap();
+    let (conn, st) = c.client(&second, flags, 3);
+    for k in 0..10u64 {
+        c.tick();
+        c.send(&second, conn, st, publish_binary("ledger", &[&format!("b{k}")], Some(k + 1), None));
+    }
+    let after = ledger_times(&mut c, &second, 4);
+    assert_eq!(after.len(), 20);
+    assert_eq!(&after[..10], &before[..], "the first leader's records keep their times");
+    assert!(before.windows(2).all(|w| w[0].1 < w[1].1), "a tick apart: {before:?}");
+    assert!(after.windows(2).all(|w| w[0].1 <= w[1].1), "timestamps go back: {after:?}");
+    // The first record at or after the last of the first leader's times is its last record.
+    let (last_offset, last_ts) = before[9];
+    let (conn, st) = c.client(&second, 1, 5);
+    let q = message::OffsetForTime {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "ledger".into(),
+        shard: 0,
+        at_micros: last_ts,
+        request_id: 9,
+    };
+    c.send(&second, conn, st, json(&Message::OffsetForTime(q)));
+    let ms = messages(&c.take(&second, conn, st));
+    assert!(matches!(&ms[..], [Message::OffsetValue(v)] if v.offset == Some(last_offset)), "{ms:?}");
 }

@@ -71,8 +71,8 @@ pub(super) enum Settled {
     Failed(Refusal),
 }
 
-/// Version of [`Broker::replicated_groups_state`]'s bytes.
-const GROUPS_STATE_VERSION: u8 = 1;
+/// Version of [`Broker::replicated_stream_state`]'s bytes.
+const STREAM_STATE_VERSION: u8 = 1;
 
 /// A group poll whose records are partly on disk.
 #[derive(Debug)]
@@ -208,11 +208,14 @@ impl Broker {
         }
     }
 
-    /// The durable state of a shard's groups, for its replica's checkpoints: `u8 version (1)`,
+    /// What a replicated stream shard's checkpoints carry of its broker's state: its log's last
+    /// timestamp and its groups' durable state. `u8 version (1)`, `u64 last_timestamp_micros`,
     /// `u32 count`, then per group (in name order) `u32 len` + a checkpoint record
     /// ([`GroupOp::Snapshot`]).
-    pub(super) fn replicated_groups_state(&self, k: &Key, shard: u32) -> Vec<u8> {
-        let mut b = vec![GROUPS_STATE_VERSION];
+    pub(super) fn replicated_stream_state(&self, k: &Key, shard: u32) -> Vec<u8> {
+        let mut b = vec![STREAM_STATE_VERSION];
+        let ts = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).map_or(0, |s| s.log.last_timestamp());
+        b.extend_from_slice(&ts.to_be_bytes());
         let mut records: Vec<Bytes> = Vec::new();
         if let Some(groups) = self.groups.get(&(k.clone(), shard)) {
             let mut names: Vec<_> = groups.keys().collect();
@@ -231,10 +234,14 @@ impl Broker {
     }
 
     /// A replicated shard's replica was restored from a snapshot: its groups become the ones
-    /// the snapshot holds. Bytes that do not read whole change nothing (an empty state is a
-    /// snapshot from before groups were replicated: the log's side entries carry them).
-    pub(super) fn restore_replicated_groups(&mut self, k: &Key, shard: u32, state: &[u8]) {
-        let Some(ops) = decode_groups_state(state) else { return };
+    /// the snapshot holds, and its timestamps go on from the snapshot's. Bytes that do not
+    /// read whole change nothing (an empty state is a snapshot from before groups were
+    /// replicated: the log's side entries carry them).
+    pub(super) fn restore_replicated_stream(&mut self, k: &Key, shard: u32, state: &[u8]) {
+        let Some((ts, ops)) = decode_stream_state(state) else { return };
+        if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
+            sh.log.raise_timestamp(ts);
+        }
         let groups = self.groups.entry((k.clone(), shard)).or_default();
         for g in groups.values_mut() {
             g.apply(&GroupOp::Reset);
@@ -845,11 +852,12 @@ impl Broker {
     }
 }
 
-/// Reads [`Broker::replicated_groups_state`]'s bytes: the checkpoint records it holds, or
-/// `None` for bytes that are not a whole state (an empty one included). Never panics.
-pub(crate) fn decode_groups_state(state: &[u8]) -> Option<Vec<GroupOp>> {
+/// Reads [`Broker::replicated_stream_state`]'s bytes: the last timestamp and the checkpoint
+/// records it holds, or `None` for bytes that are not a whole state (an empty one included).
+/// Never panics.
+pub(crate) fn decode_stream_state(state: &[u8]) -> Option<(u64, Vec<GroupOp>)> {
     let (&version, mut rest) = state.split_first()?;
-    if version != GROUPS_STATE_VERSION {
+    if version != STREAM_STATE_VERSION {
         return None;
     }
     let mut take = |n: usize| -> Option<&[u8]> {
@@ -857,6 +865,7 @@ pub(crate) fn decode_groups_state(state: &[u8]) -> Option<Vec<GroupOp>> {
         rest = b;
         Some(a)
     };
+    let ts = u64::from_be_bytes(take(8)?.try_into().ok()?);
     let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
     // Each record takes at least its length: a count beyond what is left is garbage.
     let mut ops = Vec::with_capacity((count as usize).min(state.len() / 4));
@@ -867,7 +876,7 @@ pub(crate) fn decode_groups_state(state: &[u8]) -> Option<Vec<GroupOp>> {
             _ => return None,
         }
     }
-    rest.is_empty().then_some(ops)
+    rest.is_empty().then_some((ts, ops))
 }
 
 fn group_record(
@@ -893,37 +902,39 @@ mod tests {
     use crate::broker::group::Durable;
 
     #[test]
-    fn a_groups_state_round_trips_and_garbage_changes_nothing() {
+    fn a_stream_state_round_trips_and_garbage_changes_nothing() {
         let snap = |name: &str, cursor| GroupOp::Snapshot {
             group: name.into(),
             state: Durable { cursor: Some(cursor), dead: [3, 9].into(), ..Durable::default() },
         };
         let ops = vec![snap("a", 4), snap("b", 11)];
-        let mut bytes = vec![GROUPS_STATE_VERSION];
+        let mut bytes = vec![STREAM_STATE_VERSION];
+        bytes.extend_from_slice(&77u64.to_be_bytes());
         bytes.extend_from_slice(&2u32.to_be_bytes());
         for op in &ops {
             let e = op.encode();
             bytes.extend_from_slice(&(e.len() as u32).to_be_bytes());
             bytes.extend_from_slice(&e);
         }
-        assert_eq!(decode_groups_state(&bytes), Some(ops));
+        assert_eq!(decode_stream_state(&bytes), Some((77, ops)));
         // Every cut, a wrong version, trailing bytes, an absurd count, an empty state: none.
         for cut in 0..bytes.len() {
-            assert_eq!(decode_groups_state(&bytes[..cut]), None, "cut {cut}");
+            assert_eq!(decode_stream_state(&bytes[..cut]), None, "cut {cut}");
         }
         let mut v = bytes.clone();
         v[0] = 9;
-        assert_eq!(decode_groups_state(&v), None);
+        assert_eq!(decode_stream_state(&v), None);
         let mut t = bytes.clone();
         t.push(0);
-        assert_eq!(decode_groups_state(&t), None);
-        assert_eq!(decode_groups_state(&[1, 0xFF, 0xFF, 0xFF, 0xFF]), None);
+        assert_eq!(decode_stream_state(&t), None);
+        assert_eq!(decode_stream_state(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]), None);
         // A record that is not a checkpoint record does not belong in a state.
         let ack = GroupOp::Ack { group: "a".into(), offset: 1 }.encode();
-        let mut a = vec![GROUPS_STATE_VERSION, 0, 0, 0, 1];
+        let mut a = vec![STREAM_STATE_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
         a.extend_from_slice(&(ack.len() as u32).to_be_bytes());
         a.extend_from_slice(&ack);
-        assert_eq!(decode_groups_state(&a), None);
-        assert_eq!(decode_groups_state(&[GROUPS_STATE_VERSION, 0, 0, 0, 0]), Some(Vec::new()));
+        assert_eq!(decode_stream_state(&a), None);
+        let none = [STREAM_STATE_VERSION, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0];
+        assert_eq!(decode_stream_state(&none), Some((9, Vec::new())));
     }
 }

@@ -165,6 +165,8 @@ pub(crate) struct ShardLog {
     memory_budget: Option<u64>,
     mem_bytes: u64,
     pending_bytes: u64,
+    /// The newest timestamp any batch of this log was given (see [`stamp`](Self::stamp)).
+    last_ts: u64,
 }
 
 impl ShardLog {
@@ -183,7 +185,28 @@ impl ShardLog {
             memory_budget: None,
             mem_bytes: 0,
             pending_bytes: 0,
+            last_ts: 0,
         }
+    }
+
+    /// The timestamp for the next batch, from the clock's `wall_micros`: never less than the
+    /// last batch's, so timestamps never go back along the offsets whatever a broker's clock
+    /// says (a restarted broker whose clock was set back, a new leader whose clock is behind
+    /// the old one's). `offset_for_time`'s search and age retention count on that. A clock set
+    /// ahead is not undone: later batches keep its time until the clocks pass it.
+    pub fn stamp(&self, wall_micros: u64) -> u64 {
+        wall_micros.max(self.last_ts)
+    }
+
+    /// The newest timestamp given (a replica's checkpoint keeps it: every replica clamps the
+    /// same way after restoring one).
+    pub fn last_timestamp(&self) -> u64 {
+        self.last_ts
+    }
+
+    /// Raises the newest timestamp given to at least `ts` (a snapshot's).
+    pub fn raise_timestamp(&mut self, ts: u64) {
+        self.last_ts = self.last_ts.max(ts);
     }
 
     /// Empties the log, which goes on from `offset` (a replicated shard restored from a
@@ -290,6 +313,8 @@ impl ShardLog {
         token: Option<WriteToken>,
     ) -> (u64, Option<LogBatch>) {
         let base = self.next_offset;
+        let timestamp_micros = self.stamp(timestamp_micros);
+        self.last_ts = timestamp_micros;
         let batch = LogBatch {
             base,
             records,
@@ -368,6 +393,7 @@ impl ShardLog {
         if b.generation_start {
             self.skip_next += 1;
         }
+        self.last_ts = self.last_ts.max(b.timestamp_micros);
         let batch = LogBatch {
             base: b.base_offset,
             records: b.records,
@@ -402,6 +428,7 @@ impl ShardLog {
         }
         let records = if e.generation_start { 0 } else { e.count };
         let bytes = if e.generation_start { 0 } else { e.payload_bytes };
+        self.last_ts = self.last_ts.max(e.timestamp_micros);
         self.evicted.push_back(Evicted {
             base: e.base_offset,
             end: e.base_offset + e.count,
@@ -441,6 +468,9 @@ impl ShardLog {
         if generation_start {
             self.skip_next += 1;
         }
+        // Clamped alike on every replica (the same entries in the same order).
+        let timestamp_micros = self.stamp(timestamp_micros);
+        self.last_ts = timestamp_micros;
         let batch = LogBatch {
             base,
             records,
@@ -471,6 +501,8 @@ impl ShardLog {
     /// Appends a generation-start record: it takes one offset and is never delivered.
     pub fn append_generation_start(&mut self, timestamp_micros: u64, token: WriteToken) -> u64 {
         let base = self.next_offset;
+        let timestamp_micros = self.stamp(timestamp_micros);
+        self.last_ts = timestamp_micros;
         self.next_offset += 1;
         self.skip_next += 1;
         let batch = LogBatch {
@@ -756,6 +788,40 @@ mod tests {
 
     fn recs(n: usize) -> Records {
         Records::from_payloads((0..n).map(|i| format!("r{i}"))).unwrap()
+    }
+
+    /// A broker restarted with its clock set back (or handed a batch stamped by a clock behind)
+    /// gives no batch an older time than the last one: `offset_for_time` stays a search over
+    /// non-decreasing times. Without the clamp the batch after the restart was stamped 50.
+    #[test]
+    fn timestamps_never_go_back_whatever_the_clock_says() {
+        let mut log = ShardLog::new(true, Retention::default());
+        log.restore(crate::storage::StoredBatch {
+            base_offset: 0,
+            timestamp_micros: 100,
+            generation_start: false,
+            publisher: None,
+            producer: None,
+            state: None,
+            records: recs(2),
+        });
+        assert_eq!(log.stamp(50), 100);
+        let (base, _) = log.append(recs(1), 50, None, Some(WriteToken(1)));
+        log.settle(WriteToken(1), true);
+        assert_eq!(log.append_generation_start(10, WriteToken(2)), 3);
+        log.settle(WriteToken(2), true);
+        let (later, _) = log.append(recs(1), 300, None, Some(WriteToken(3)));
+        log.settle(WriteToken(3), true);
+        assert_eq!(log.append_committed(5, recs(1), 200, None, false), Some(6));
+        let times: Vec<u64> = log.committed.iter().map(|b| b.timestamp_micros).collect();
+        assert_eq!(times, [100, 100, 100, 300, 300]);
+        assert_eq!(log.offset_for_time(100), Some(0));
+        assert_eq!(log.offset_for_time(101), Some(later));
+        assert_eq!(base, 2);
+        // A snapshot's time raises it; nothing lowers it.
+        log.raise_timestamp(400);
+        log.raise_timestamp(7);
+        assert_eq!(log.last_timestamp(), 400);
     }
 
     #[test]

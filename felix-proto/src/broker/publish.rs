@@ -334,8 +334,10 @@ impl Broker {
         }
         let count = u64::from(b.records.count());
         self.stats.records_appended += count;
-        let ts = self.wall.micros(now);
+        let wall = self.wall.micros(now);
         let entry = self.streams.get_mut(k).expect("routed stream exists");
+        // What the log will give the batch (never less than its last one's).
+        let ts = entry.shards[shard as usize].log.stamp(wall);
         if !durable {
             let sh = &mut entry.shards[shard as usize];
             let (base, batch) = sh.log.append(b.records, ts, b.publisher, None);

@@ -116,7 +116,7 @@ impl Broker {
             return self.restore_quorum_cache(shard, state);
         }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        self.restore_replicated_groups(&k, shard.shard, state);
+        self.restore_replicated_stream(&k, shard.shard, state);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         if sh.log.next_offset() == next_offset && sh.log.start() == next_offset {
             return;
@@ -126,13 +126,13 @@ impl Broker {
 
     /// What a replicated shard's checkpoint carries besides the group's own state: a cache's
     /// values and counters; a stream's consumer groups (their settlements are side entries of
-    /// its log). A stream's records are not part of its snapshots: retention dropped them
+    /// its log) and its last timestamp. A stream's records are not part of its snapshots: retention dropped them
     /// before its log is compacted.
     pub fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
         if shard.kind == Kind::Cache {
             self.quorum_cache_state(shard)
         } else {
-            self.replicated_groups_state(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard)
+            self.replicated_stream_state(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard)
         }
     }
 
@@ -197,15 +197,16 @@ impl Broker {
     /// first entry): it takes the offset and is never delivered; the next batch carries
     /// `skipped_before` for clients that read it.
     pub fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, now: Instant) {
-        let now = self.clock.advance(now);
+        self.clock.advance(now);
         if shard.kind == Kind::Cache {
             // It takes the offset; a cache has no record to keep for it.
             return;
         }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
-        let ts = self.wall.micros(now);
-        let _ = sh.log.append_committed(offset, crate::binary::Records::default(), ts, None, true);
+        // The entry carries no time: it takes the last batch's, alike on every replica (this
+        // broker's own clock would differ from the others').
+        let _ = sh.log.append_committed(offset, crate::binary::Records::default(), 0, None, true);
     }
 
     /// The group's answer to a batch proposed for the publish `token`: publishers (and brokers

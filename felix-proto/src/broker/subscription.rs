@@ -35,7 +35,8 @@ impl Broker {
         self.next_write += 1;
         let stream_shards = entry.shards.len() as u32;
         let s = entry.shards.get_mut(shard as usize)?;
-        let base = s.log.append_generation_start(self.wall.micros(now), token);
+        let ts = s.log.stamp(self.wall.micros(now));
+        let base = s.log.append_generation_start(ts, token);
         self.out.push_back(BrokerOutput::Persist(PersistRequest {
             token,
             tenant_id: k.tenant().to_owned(),
@@ -44,7 +45,7 @@ impl Broker {
             shard,
             base_offset: base,
             records: Records::default(),
-            timestamp_micros: self.wall.micros(now),
+            timestamp_micros: ts,
             publisher: None,
             generation_start: true,
             producer: None,
