@@ -16,7 +16,11 @@
 //! `FELIX_FAULT_SYNC_FAIL_AFTER=N` makes every such sync after the first N fail with `EIO` (a
 //! failing disk): what the broker does then (it stops, exit 74) can be tested.
 //!
-//! Off (the default) each costs one load of an initialised `OnceLock` per sync.
+//! `FELIX_FAULT_FULL_AFTER_BYTES=N` makes every append to a replica log fail with `ENOSPC`
+//! once N bytes were appended (a full disk): what the broker does then (that replica stops,
+//! said in `cluster status`; the others carry on) can be tested.
+//!
+//! Off (the default) each costs one load of an initialised `OnceLock` per sync or append.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -53,6 +57,29 @@ pub const FAIL_AFTER_ENV: &str = "FELIX_FAULT_SYNC_FAIL_AFTER";
 
 static FAIL_AFTER: OnceLock<Option<u64>> = OnceLock::new();
 static SYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The environment variable that makes replica-log appends fail with `ENOSPC` once this many
+/// bytes were appended (a full disk, for tests).
+pub const FULL_AFTER_ENV: &str = "FELIX_FAULT_FULL_AFTER_BYTES";
+
+static FULL_AFTER: OnceLock<Option<u64>> = OnceLock::new();
+static APPENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Call right before appending `len` bytes to a replica log: fails with `ENOSPC` once the
+/// configured number of bytes went in (a full disk; nothing of this append is written).
+///
+/// # Errors
+/// The injected failure (`ENOSPC`), with `FELIX_FAULT_FULL_AFTER_BYTES` set.
+pub fn before_append(len: usize) -> std::io::Result<()> {
+    let full_after = FULL_AFTER.get_or_init(|| std::env::var(FULL_AFTER_ENV).ok()?.parse().ok());
+    if let Some(n) = full_after {
+        let before = APPENDED.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        if before + len as u64 > *n {
+            return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+    }
+    Ok(())
+}
 
 /// Call right before an `fsync` of a file the journal covers: sleeps for the configured delay,
 /// if any (a slow disk), and fails once the configured number of syncs went through (a failing

@@ -674,6 +674,7 @@ impl ReplicaLogs {
                 f.file = Some(open_segment(&dir, shard, seq)?);
             }
             let file = f.file.as_ref().expect("opened above");
+            felix_driver_common::sync_journal::before_append(record.len())?;
             (&**file).write_all(record)?;
             f.len += record.len() as u64;
             if let Some(last) = f.segments.last_mut() {

@@ -1057,6 +1057,47 @@ fn a_broker_whose_fsync_fails_stops_and_the_others_go_on_losing_no_acknowledged_
     eprintln!("failing fsync: the broker stopped (74); {} acknowledged, none lost or doubled", acked.len());
 }
 
+/// One broker's disk fills under load (`FELIX_FAULT_FULL_AFTER_BYTES`: its replica-log
+/// appends fail `ENOSPC` after 400 kB): its replica stops (it acknowledges nothing it did not
+/// keep) and says so in `cluster status`, the broker itself stays up, the other two go on
+/// taking writes, and once restarted with room it catches up and takes part again. Nothing
+/// acknowledged is lost or written twice.
+#[test]
+fn a_broker_whose_disk_fills_stops_that_replica_says_so_and_the_others_lose_nothing() {
+    let (_dirs, mut nodes) = three_nodes(&[], &[], false);
+    nodes[2].env.push((felix_driver_common::sync_journal::FULL_AFTER_ENV.into(), "400000".into()));
+    let peers = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    for n in &mut nodes {
+        n.start(&peers);
+    }
+    let any_dir = nodes[0].dir.clone();
+    let load = Load::start(&nodes, 8);
+    let mut why = String::new();
+    wait_for("the full broker's replica stops and says why", 60, || {
+        let failed = status(nodes[2].metrics).and_then(|v| {
+            v["failed_replicas"].as_array()?.iter().find(|r| r["name"] == "ledger").map(|r| r["failed"].to_string())
+        });
+        failed.is_some_and(|f| {
+            why = f;
+            true
+        })
+    });
+    assert!(why.contains("No space left") || why.contains("28"), "{why}");
+    assert!(nodes[2].proc.as_mut().is_some_and(|p| p.0.try_wait().ok().flatten().is_none()), "the broker stays up");
+    load.wait_acks("the other two go on", load.count(), 300);
+    nodes[2].proc = None;
+    nodes[2].env.clear();
+    nodes[2].start(&peers);
+    wait_for("it takes part again", 60, || {
+        ledger_role_is(&nodes[2], "follower") || ledger_role_is(&nodes[2], "leader")
+    });
+    load.wait_acks("acknowledged after its restart", load.count(), 200);
+    let fast = load.finish();
+    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
+    check_ledger(&nodes, &any_dir, &acked, &fast.unknown);
+    eprintln!("full disk: the replica stopped ({why}); {} acknowledged, none lost or doubled", acked.len());
+}
+
 /// A bridge: the leader and one follower cannot reach each other, the other follower reaches
 /// both. Nothing acknowledged is lost or doubled, and writes go on (pre-vote keeps the cut-off
 /// follower from deposing a leader the bridge still hears, or a new leader is elected through
