@@ -16,7 +16,8 @@
 //! subscriber following the stream, and one cache client per broker doing reads, puts,
 //! conditional puts and deletes on keys of their own per episode; a third stream of jobs (an
 //! acknowledged producer) worked through by a consumer group (polls, acks, one first delivery
-//! in ten left to lapse and come back), drained to the end after the last episode.
+//! in ten left to lapse and come back), drained to the end after the last episode; and a
+//! committer writing an event and the state key it sets together (`commit`) to a fourth.
 //!
 //! Afterwards: every acknowledged record once, at the offset its acknowledgement gave, and on
 //! every replica's disk; nothing unsent; the subscriber's sequence gap-free against the stream;
@@ -84,6 +85,9 @@ const CACHE: &str = "sessions";
 /// The stream of jobs and the consumer group working through it.
 const JOBS: &str = "jobs";
 const GROUP: &str = "workers";
+/// The stream a committer writes events and state to together (`commit`): one key, whose
+/// value is the event that wrote it.
+const ACCOUNTS: &str = "accounts";
 /// How long a job handed out stays claimed (one left unacknowledged comes back after it).
 const VISIBILITY: Duration = Duration::from_secs(3);
 /// Keys per episode.
@@ -129,6 +133,9 @@ struct History {
     group: GroupHistory,
     /// Polls refused or failed.
     polls_failed: u64,
+    /// Commits acknowledged (event, offset), and those whose outcome is unknown.
+    commits_acked: Vec<(String, Option<u64>)>,
+    commits_unknown: BTreeSet<String>,
 }
 
 struct Workload {
@@ -170,6 +177,7 @@ impl Workload {
                 tasks.push(tokio::spawn(subscriber(cc.clone(), s.clone(), h.clone())));
                 tasks.push(tokio::spawn(conditional(cc.clone(), s.clone(), h.clone())));
                 tasks.push(tokio::spawn(jobs(cc.clone(), s.clone(), h.clone())));
+                tasks.push(tokio::spawn(committer(cc.clone(), s.clone(), h.clone())));
                 tasks.push(tokio::spawn(consumer(cc.clone(), t0, s.clone(), h.clone())));
                 for (i, addr) in brokers.iter().enumerate() {
                     tasks.push(tokio::spawn(cache_client(i, *addr, t0, s.clone(), e.clone(), h.clone())));
@@ -338,6 +346,70 @@ async fn jobs(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex<Histor
         }
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
+}
+
+/// The committer: each commit writes an event and sets the one key to that event, together;
+/// refused before it was written, it is sent again; an unknown outcome is noted.
+async fn committer(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex<History>>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let ev = format!("commit-{n}");
+        n += 1;
+        loop {
+            let req = felix_proto::client::CommitRequest {
+                namespace: "default".into(),
+                stream: ACCOUNTS.into(),
+                entity_key: Bytes::from_static(b"acct"),
+                event: Bytes::from(ev.clone()),
+                changes: vec![("balance".into(), Some(Bytes::from(ev.clone())))],
+                expected_offset: None,
+            };
+            let res = cc
+                .owner_only("default", ACCOUNTS, 0, |c| {
+                    let req = req.clone();
+                    async move { c.commit(req).await }
+                })
+                .await;
+            match res {
+                Ok(offset) => h.lock().unwrap().commits_acked.push((ev, Some(offset))),
+                Err(e) if refused(&e) && !stop.load(Ordering::Relaxed) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Err(_) => {
+                    h.lock().unwrap().commits_unknown.insert(ev);
+                }
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The committed state's one key read back: its value and the offset of the commit that
+/// wrote it.
+fn read_state(brokers: &[SocketAddr]) -> (Option<String>, Option<u64>) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let cc = ClusterClient::connect(brokers, opts()).await.expect("the state reader connects");
+        let until = Instant::now() + Duration::from_secs(60);
+        let got = loop {
+            let r = cc
+                .owner_only("default", ACCOUNTS, 0, |c| async move {
+                    c.state_get("default", ACCOUNTS, Bytes::from_static(b"acct"), "balance").await
+                })
+                .await;
+            match r {
+                Ok((v, version)) => break (v.map(|v| String::from_utf8_lossy(&v).into_owned()), version),
+                Err(e) => {
+                    assert!(Instant::now() < until, "the state is not readable: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        cc.close().await;
+        got
+    })
 }
 
 /// Whether a settlement's error says it was not carried out: refused with a class other than
@@ -849,6 +921,9 @@ fn schedule(episodes: usize, seed: u64) -> String {
     wait_for("the jobs' stream is created", 60, || {
         cli(&addrs, &any_dir, &["publish", JOBS, "first", "--ack", "--close-timeout", "3s"]).0
     });
+    wait_for("the committed stream is created", 60, || {
+        cli(&addrs, &any_dir, &["publish", ACCOUNTS, "first", "--ack", "--close-timeout", "3s"]).0
+    });
     wait_for("the cache is created", 60, || {
         cli(&addrs, &any_dir, &["cache", "put", CACHE, "warm", "up", "--close-timeout", "3s"]).0
     });
@@ -902,7 +977,9 @@ fn schedule(episodes: usize, seed: u64) -> String {
     let (log, back) = read_stream(&clients, STREAM);
     let (cond_log, cond_back) = read_stream(&clients, COND);
     let (jobs_log, jobs_back) = read_stream(&clients, JOBS);
-    let times_back = back.len() + cond_back.len() + jobs_back.len();
+    let (accounts_log, accounts_back) = read_stream(&clients, ACCOUNTS);
+    let times_back = back.len() + cond_back.len() + jobs_back.len() + accounts_back.len();
+    let state = read_state(&clients);
     let keys: Vec<String> = h.cache.keys().cloned().collect();
     let mut cache = h.cache.clone();
     for (k, op) in final_reads(&clients, t0, &keys) {
@@ -928,6 +1005,12 @@ fn schedule(episodes: usize, seed: u64) -> String {
     jobs_unknown.insert("first".into());
     let jobs = check_stream(&jobs_log, &h.jobs_acked, &jobs_unknown);
     let group = check_group(&jobs_log, &h.group);
+    let mut commits_unknown = h.commits_unknown.clone();
+    commits_unknown.insert("first".into());
+    let commits = check_stream(&accounts_log, &h.commits_acked, &commits_unknown);
+    // The state is the last commit's, at its offset: event and state went together.
+    let last_commit = accounts_log.iter().rev().find(|(_, p)| p.starts_with("commit-"));
+    let state_ok = state == (last_commit.map(|(_, p)| p.clone()), last_commit.map(|(o, _)| *o));
     let diverged = divergent(&replicas);
     let mut missing_on_disk = Vec::new();
     for r in &replicas {
@@ -958,7 +1041,8 @@ fn schedule(episodes: usize, seed: u64) -> String {
          conditional appends: {} acknowledged, {} unknown, {} not at their offset, clean: {}; \
          jobs: {} acknowledged, {} unknown, clean: {}; group: {} handed out, {} acks ({} unknown), \
          {} dead letters, {} polls failed, {} handed out after their ack, {} never settled, {} phantom; \
-         {} records older than the one before\n",
+         {} records older than the one before; commits: {} acknowledged, {} unknown, clean: {}, \
+         state is the last commit's: {}\n",
         done.len(),
         h.acked.len(),
         h.unknown.len(),
@@ -991,6 +1075,10 @@ fn schedule(episodes: usize, seed: u64) -> String {
         group.lost.len(),
         group.phantom.len(),
         times_back,
+        h.commits_acked.len(),
+        h.commits_unknown.len(),
+        commits.is_clean(),
+        state_ok,
     );
     for (kind, (after, gaps)) in &mut by_kind {
         after.sort();
@@ -1010,6 +1098,8 @@ fn schedule(episodes: usize, seed: u64) -> String {
     assert!(cond.is_clean() && h.cond_misplaced.is_empty(), "conditional appends: {cond:?} {:?}", h.cond_misplaced);
     assert!(subscriber.is_empty(), "the subscriber: {:?}", &subscriber[..subscriber.len().min(10)]);
     assert!(jobs.is_clean(), "the jobs: {jobs:?}");
+    assert!(commits.is_clean(), "the commits: {commits:?}");
+    assert!(state_ok, "the state {state:?} is not the last commit's {last_commit:?}");
     assert!(times_back == 0, "timestamps go back at {back:?} {cond_back:?} {jobs_back:?}");
     assert!(group.is_clean(), "the consumer group: {group:?}");
     assert!(diverged.is_empty(), "replicas diverge: {diverged:?}");
