@@ -170,13 +170,17 @@ fn follows(reason: &EndReason) -> bool {
 }
 
 /// Whether a failed subscribe is worth another go: a redirect, a shard being handed over or
-/// without a leader, a broker that is unreachable or went away.
+/// without a leader, a broker that is unreachable or went away. A subscribe changes nothing,
+/// so an outcome it cannot know (its connection lost mid-request: the broker went quiet under
+/// load) is worth another go too.
 fn retryable(e: &ClientError) -> bool {
     match e {
         ClientError::NotLeader { .. } | ClientError::Connect(_) | ClientError::Closed(_) => true,
         ClientError::Refused(i) => {
-            matches!(i.retry, Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::Redirect))
-                || matches!(i.code, Some(felix_proto::ErrorCode::NotLeader | felix_proto::ErrorCode::ShardUnavailable))
+            matches!(
+                i.retry,
+                Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::Redirect | RetryClass::OutcomeUnknown)
+            ) || matches!(i.code, Some(felix_proto::ErrorCode::NotLeader | felix_proto::ErrorCode::ShardUnavailable))
         }
         _ => false,
     }
@@ -229,6 +233,15 @@ mod tests {
         assert!(retryable(&refused(ErrorCode::ShardUnavailable, RetryClass::RetryAfter)));
         assert!(retryable(&ClientError::NotLeader { node_id: "n2".into(), addr: None, generation: 3 }));
         assert!(retryable(&ClientError::Connect("refused".into())));
+        // Found by the fault schedule: the subscribe sent again on a connection that went
+        // quiet ended "connection lost", outcome unknown, and the follower gave up.
+        let lost = ErrorInfo {
+            message: "connection lost: the broker sent nothing for 2.0 s (unresponsive)".into(),
+            code: None,
+            retry: Some(RetryClass::OutcomeUnknown),
+            detail: None,
+        };
+        assert!(retryable(&ClientError::Refused(lost)));
         assert!(!retryable(&refused(ErrorCode::Forbidden, RetryClass::Fatal)));
         assert!(!retryable(&ClientError::Invalid("name too long".into())));
     }

@@ -945,6 +945,12 @@ fn schedule(episodes: usize, seed: u64) -> String {
             target.is_some()
         });
         let hold = Duration::from_millis(1500 + rng.below(3500));
+        // A paused leader stays stopped 1 to 20 s (a VM stall, a long GC pause): the same draw,
+        // spread wider.
+        let hold = match kind {
+            Fault::Pause => Duration::from_millis(1000 + (hold.as_millis() as u64 - 1500) * 19_000 / 3_500),
+            _ => hold,
+        };
         eprintln!("episode {ep}: {kind:?} on {} (leads {shard}) for {hold:?}", nodes[target.unwrap()].name);
         let began = Instant::now();
         apply(kind, &mut nodes, &net, &peers, target.unwrap(), hold);
