@@ -1031,6 +1031,24 @@ fn a_paused_leader_is_replaced_and_on_resuming_follows_with_no_acknowledged_reco
     assert!(gap < Duration::from_secs(10), "no acknowledged write for {gap:?} after the leader paused");
 }
 
+/// After broker n3's disk fault (the others carried on): 300 more acknowledged, n3 restarted
+/// on a mended disk takes part again, 200 more, and the ledger holds every acknowledged
+/// record once. Returns those.
+fn mended_and_nothing_lost(nodes: &mut [Node], peers: &str, any_dir: &Path, load: Load) -> Vec<String> {
+    load.wait_acks("the other two go on", load.count(), 300);
+    nodes[2].proc = None;
+    nodes[2].env.clear();
+    nodes[2].start(peers);
+    wait_for("it takes part again", 60, || {
+        ledger_role_is(&nodes[2], "follower") || ledger_role_is(&nodes[2], "leader")
+    });
+    load.wait_acks("acknowledged after its restart", load.count(), 200);
+    let fast = load.finish();
+    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
+    check_ledger(nodes, any_dir, &acked, &fast.unknown);
+    acked
+}
+
 /// One broker's disk starts failing its syncs under load (`FELIX_FAULT_SYNC_FAIL_AFTER`, `EIO`
 /// after 200): it stops at once (exit 74) without carrying out what waited on the failed sync,
 /// the other two go on taking writes, and once restarted on a mended disk it takes part again.
@@ -1052,17 +1070,7 @@ fn a_broker_whose_fsync_fails_stops_and_the_others_go_on_losing_no_acknowledged_
             true
         })
     });
-    load.wait_acks("the other two go on", load.count(), 300);
-    nodes[2].proc = None;
-    nodes[2].env.clear();
-    nodes[2].start(&peers);
-    wait_for("it takes part again", 60, || {
-        ledger_role_is(&nodes[2], "follower") || ledger_role_is(&nodes[2], "leader")
-    });
-    load.wait_acks("acknowledged after its restart", load.count(), 200);
-    let fast = load.finish();
-    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
-    check_ledger(&nodes, &any_dir, &acked, &fast.unknown);
+    let acked = mended_and_nothing_lost(&mut nodes, &peers, &any_dir, load);
     eprintln!("failing fsync: the broker stopped (74); {} acknowledged, none lost or doubled", acked.len());
 }
 
@@ -1093,17 +1101,7 @@ fn a_broker_whose_disk_fills_stops_that_replica_says_so_and_the_others_lose_noth
     });
     assert!(why.contains("No space left") || why.contains("28"), "{why}");
     assert!(nodes[2].proc.as_mut().is_some_and(|p| p.0.try_wait().ok().flatten().is_none()), "the broker stays up");
-    load.wait_acks("the other two go on", load.count(), 300);
-    nodes[2].proc = None;
-    nodes[2].env.clear();
-    nodes[2].start(&peers);
-    wait_for("it takes part again", 60, || {
-        ledger_role_is(&nodes[2], "follower") || ledger_role_is(&nodes[2], "leader")
-    });
-    load.wait_acks("acknowledged after its restart", load.count(), 200);
-    let fast = load.finish();
-    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
-    check_ledger(&nodes, &any_dir, &acked, &fast.unknown);
+    let acked = mended_and_nothing_lost(&mut nodes, &peers, &any_dir, load);
     eprintln!("full disk: the replica stopped ({why}); {} acknowledged, none lost or doubled", acked.len());
 }
 

@@ -14,7 +14,6 @@ use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle
 use super::syslog::SysPending;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
-use crate::cluster::metadata::{Kind, ShardId};
 use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
@@ -49,15 +48,16 @@ pub(crate) enum GroupAnswer {
     None,
 }
 
-/// A group operation proposed to a replicated shard, waiting for its group's answer.
+/// A group operation on its way to being durable (proposed to a replicated shard, or written
+/// to the `$groups` system log), and whom it answers.
 #[derive(Debug)]
 pub(crate) struct GroupProposal {
-    conn: ConnId,
-    stream: StreamId,
-    data: Key,
-    shard: u32,
-    op: GroupOp,
-    answer: GroupAnswer,
+    pub(super) conn: ConnId,
+    pub(super) stream: StreamId,
+    pub(super) data: Key,
+    pub(super) shard: u32,
+    pub(super) op: GroupOp,
+    pub(super) answer: GroupAnswer,
 }
 
 /// How a group operation's write ended.
@@ -169,13 +169,7 @@ impl Broker {
         let token = WriteToken(self.next_write);
         self.next_write += 1;
         let batch = ReplicatedBatch::side_entry(self.wall.micros(now), &[op.encode()]);
-        let id = ShardId {
-            kind: Kind::Stream,
-            tenant: k.tenant().to_owned(),
-            namespace: k.namespace().to_owned(),
-            name: k.name().to_owned(),
-            shard,
-        };
+        let id = super::replicated::stream_shard(k, shard);
         self.out.push_back(BrokerOutput::Replicate { token, shard: id, batch });
         self.group_proposals.insert(token, GroupProposal { conn, stream, data: k.clone(), shard, op, answer });
         token
@@ -271,8 +265,7 @@ impl Broker {
                 Settled::Failed(Refusal::new(ErrorCode::Internal, "the shard's group took the change as records"))
             }
         };
-        let GroupProposal { conn, stream, data, shard, op, answer } = p;
-        self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, settled, now);
+        self.group_settled(HeldFor::Write(token), p, settled, now);
     }
 
     /// `Err` when a replicated shard's groups may not be read here now: its replica leads but
@@ -797,19 +790,8 @@ impl Broker {
     }
 
     /// A `$groups` write settled: fold it (if it landed) and answer.
-    #[allow(clippy::too_many_arguments)] // the pending write's parts
-    pub(super) fn group_settled(
-        &mut self,
-        slot: HeldFor,
-        conn: ConnId,
-        stream: StreamId,
-        data: Key,
-        shard: u32,
-        op: GroupOp,
-        answer: GroupAnswer,
-        settled: Settled,
-        now: Instant,
-    ) {
+    pub(super) fn group_settled(&mut self, slot: HeldFor, w: GroupProposal, settled: Settled, now: Instant) {
+        let GroupProposal { conn, stream, data, shard, op, answer } = w;
         let name = op.group_name().to_owned();
         let failed = match settled {
             Settled::Written => {

@@ -280,17 +280,21 @@ impl Broker {
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.replicating += bytes;
         }
-        let id = ShardId {
-            kind: Kind::Stream,
-            tenant: k.tenant().to_owned(),
-            namespace: k.namespace().to_owned(),
-            name: k.name().to_owned(),
-            shard,
-        };
-        self.out.push_back(BrokerOutput::Replicate { token, shard: id, batch });
+        self.out.push_back(BrokerOutput::Replicate { token, shard: stream_shard(k, shard), batch });
         let ctx = WriteCtx { replicated: bytes, ..WriteCtx::new(k.clone(), shard) };
         self.writes.insert(token, ctx);
         token
+    }
+}
+
+/// The cluster's name for shard `shard` of stream `k`.
+pub(super) fn stream_shard(k: &Key, shard: u32) -> ShardId {
+    ShardId {
+        kind: Kind::Stream,
+        tenant: k.tenant().to_owned(),
+        namespace: k.namespace().to_owned(),
+        name: k.name().to_owned(),
+        shard,
     }
 }
 

@@ -323,7 +323,8 @@ impl Broker {
                         r.retry = crate::error_code::RetryClass::Retry;
                         super::consume::Settled::Failed(r)
                     };
-                    self.group_settled(HeldFor::Write(token), conn, stream, data, shard, op, answer, settled, now);
+                    let w = super::consume::GroupProposal { conn, stream, data, shard, op, answer };
+                    self.group_settled(HeldFor::Write(token), w, settled, now);
                     if ok {
                         *self.group_ops.entry(k.clone()).or_default() += 1;
                     }
