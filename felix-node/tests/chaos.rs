@@ -373,6 +373,9 @@ async fn committer(cc: Arc<ClusterClient>, stop: Arc<AtomicBool>, h: Arc<Mutex<H
             match res {
                 Ok(offset) => h.lock().unwrap().commits_acked.push((ev, Some(offset))),
                 Err(e) if refused(&e) && !stop.load(Ordering::Relaxed) => {
+                    if std::env::var_os("FELIX_FAULT_DEBUG").is_some() {
+                        eprintln!("commit {ev}: sent again after {e:?}");
+                    }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }

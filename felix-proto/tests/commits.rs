@@ -78,12 +78,14 @@ fn a_commit_is_one_record_and_its_state_appears_with_its_event() {
     sim.raw_send(p, s, commit("accounts", "opened", vec![put("balance", "10"), put("owner", "ann")], 1, None), false);
     sim.raw_send(p, s, get("balance", 2), false);
     sim.run();
-    // Nothing is visible before the write: not the state, not the answer.
-    assert_eq!(messages(&sim.take_received(p, s)), vec![value(None, None, None, 2)]);
+    // Nothing is visible before the write: not the state, not the answer (the read, answered
+    // with the state as it was, keeps its turn behind the commit).
+    assert_eq!(messages(&sim.take_received(p, s)), vec![]);
     assert_eq!(sim.pending_writes.len(), 1, "event and state go to storage as one batch");
     assert_eq!(sim.pending_writes[0].records.count(), 1);
     assert!(sim.pending_writes[0].state.is_some());
     sim.complete_all_writes();
+    assert_eq!(messages(&sim.take_received(p, s)), vec![commit_ok(1, 0), value(None, None, None, 2)]);
     sim.raw_send(p, s, commit("accounts", "deposit", vec![put("balance", "15"), del("owner")], 3, None), false);
     sim.run();
     sim.complete_all_writes();
@@ -94,7 +96,6 @@ fn a_commit_is_one_record_and_its_state_appears_with_its_event() {
     assert_eq!(
         messages(&sim.take_received(p, s)),
         vec![
-            commit_ok(1, 0),
             commit_ok(3, 1),
             value(Some("15"), Some(1), Some(1), 10),
             value(None, None, Some(1), 11),
@@ -256,4 +257,44 @@ fn a_client_that_offered_nothing_is_served_alike() {
     sim.raw_send(p, s, get("k", 2), false);
     sim.run();
     assert_eq!(messages(&sim.take_received(p, s)), [value(Some("v"), Some(0), Some(0), 2)]);
+}
+
+/// A commit's answer keeps its turn on its stream: an `error` carries no request id, so a
+/// client gives one to its oldest unanswered request, and a later request's immediate refusal
+/// sent ahead of a commit still waiting for its write would be taken as the commit's (the
+/// fault schedule's committer sent a written commit again after a `stale_claim` meant for a
+/// group ack, and the stream held it twice). Here a `state_get` of a stream that does not
+/// exist is refused at once while the commit before it waits for its write: the commit's
+/// `commit_ok` still comes first. Without the held turn the refusal came first.
+#[test]
+fn a_refusal_never_overtakes_a_commit_still_waiting_for_its_write() {
+    let mut sim = Sim::new(durable_config(), epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(1), features(ALL));
+    // The stream exists (its first commit written) before the one that waits.
+    sim.raw_send(p, s, commit("accounts", "e0", vec![put("balance", "0")], 1, None), false);
+    sim.run();
+    sim.take_received(p, s);
+    sim.storage = StorageMode::Manual;
+    sim.raw_send(p, s, commit("accounts", "e1", vec![put("balance", "10")], 2, None), false);
+    let mut missing = json(&Message::StateGet(message::StateGet {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "$reserved".into(),
+        entity_key: B64(Bytes::from_static(b"account-1")),
+        key: "balance".into(),
+        shard: None,
+        request_id: 3,
+    }))
+    .to_vec();
+    missing.extend_from_slice(&get("balance", 4));
+    sim.raw_send(p, s, Bytes::from(missing), false);
+    sim.run();
+    assert!(messages(&sim.take_received(p, s)).is_empty(), "nothing before the commit's answer");
+    sim.complete_all_writes();
+    let ms = messages(&sim.take_received(p, s));
+    assert!(
+        matches!(&ms[..], [Message::CommitOk(c), Message::Error(_), Message::StateValue(v)]
+        if c.request_id == 2 && v.request_id == 4),
+        "{ms:?}"
+    );
 }

@@ -164,42 +164,63 @@ impl Broker {
         }
     }
 
-    /// Reserves the answer slot of an owed publish (pipelined streams answer in order).
-    pub(super) fn owe(&mut self, conn: ConnId, st: &mut CtlStream, reply: Reply) -> Option<u64> {
+    /// Reserves the answer slot of an owed publish (pipelined streams answer in order). A
+    /// commit's answer keeps its turn among every answer of its stream: it may be an `error`,
+    /// which the client gives to its oldest unanswered request.
+    pub(super) fn owe(&mut self, conn: ConnId, st: &mut CtlStream, reply: Reply) -> AnswerSlot {
         if matches!(reply, Reply::None) {
-            return None;
+            return AnswerSlot::Now;
+        }
+        if matches!(reply, Reply::Commit(_)) {
+            let id = self.next_poll;
+            self.next_poll += 1;
+            Self::hold(st, HeldFor::Commit(id));
+            return AnswerSlot::Held(id);
         }
         st.outstanding += 1;
-        let window = st.session.as_ref().and_then(|s| s.window)?;
+        let Some(window) = st.session.as_ref().and_then(|s| s.window) else { return AnswerSlot::Now };
         let seq = st.next_seq;
         st.next_seq += 1;
         st.owed.push_back(Owed { seq, answer: None });
         if st.owed.len() >= window as usize && !st.pauses.has(Pause::Window) && st.pause(Pause::Window) {
             self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
         }
-        Some(seq)
+        AnswerSlot::Owed(seq)
     }
 
-    /// Delivers an owed publish answer: at once, or in order behind earlier ones when the
-    /// stream is pipelined. Returns whether the stream should be driven again (it was paused
-    /// and has room now).
+    /// Delivers an owed publish answer: at once, in order behind earlier ones when the stream
+    /// is pipelined, or in its held turn (a commit). Returns whether the stream should be
+    /// driven again (it was paused and has room now).
     pub(super) fn deliver_answer(
         &mut self,
         conn: ConnId,
         st: &mut CtlStream,
-        seq: Option<u64>,
+        seq: AnswerSlot,
         data: Option<Bytes>,
     ) -> bool {
         st.outstanding = st.outstanding.saturating_sub(1);
         self.stats.acks_sent += u64::from(data.is_some());
         match seq {
-            None => {
+            AnswerSlot::Now => {
                 if let Some(d) = data {
                     self.send(conn, st, d);
                 }
                 false
             }
-            Some(seq) => {
+            AnswerSlot::Held(id) => {
+                let slot = HeldFor::Commit(id);
+                if let Some(i) = st.held.iter().position(|h| matches!(h, Held::Waiting(t) if *t == slot)) {
+                    match data {
+                        Some(d) => st.held[i] = Held::Ready(d),
+                        None => {
+                            st.held.remove(i);
+                        }
+                    }
+                }
+                Self::release_held(&mut self.out, conn, st);
+                false
+            }
+            AnswerSlot::Owed(seq) => {
                 if let Some(o) = st.owed.iter_mut().find(|o| o.seq == seq) {
                     o.answer = Some(data.unwrap_or_default());
                 }

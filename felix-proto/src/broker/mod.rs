@@ -367,6 +367,20 @@ enum HeldFor {
     Poll(u64),
     /// A cache or counter request forwarded to the cache's owner.
     Forward(u64),
+    /// A `commit`'s answer (it may fail with an `error`, which carries no request id, so it
+    /// keeps its turn among the stream's other answers).
+    Commit(u64),
+}
+
+/// Where an owed publish answer goes once it is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerSlot {
+    /// Sent when ready (a publish answer carries its request id).
+    Now,
+    /// In order behind earlier ones on a pipelined stream (this sequence number).
+    Owed(u64),
+    /// In its turn among the stream's held answers ([`HeldFor::Commit`]).
+    Held(u64),
 }
 
 #[derive(Debug)]
@@ -455,7 +469,7 @@ enum Reply {
 struct Waiter {
     conn: ConnId,
     stream: StreamId,
-    seq: Option<u64>,
+    seq: AnswerSlot,
     reply: Reply,
     offer: ClientOffer,
 }
