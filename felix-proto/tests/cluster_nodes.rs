@@ -1119,6 +1119,12 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
     }
 }
 
+/// Which of `others` leads `shard` (its replica's generation start committed).
+fn leading_among<'a>(c: &Cluster, others: &'a [String], shard: &ShardId) -> Option<&'a String> {
+    use felix_proto::broker::ReplicaRole;
+    others.iter().find(|n| c.nodes[*n].broker.replica_role(shard) == Some(&ReplicaRole::Leading))
+}
+
 fn ledger() -> ShardId {
     ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "ledger".into(), shard: 0 }
 }
@@ -1578,7 +1584,7 @@ fn a_partitioned_cache_leader_answers_no_stale_read_once_a_new_leader_could_exis
     let (mut written, mut refused, mut answered) = (None, 0, 0);
     for step in 0..60u64 {
         c.tick();
-        let new = others.iter().find(|n| c.nodes[*n].broker.replica_role(&sessions()) == Some(&ReplicaRole::Leading));
+        let new = leading_among(&c, &others, &sessions());
         if written.is_none()
             && let Some(new) = new.cloned()
         {
@@ -2829,7 +2835,7 @@ fn a_partitioned_stream_leader_hands_out_nothing_its_successor_could_have_settle
     let (mut settled, mut refused, mut handed) = (None, 0, 0);
     for step in 0..60u64 {
         c.tick();
-        let new = others.iter().find(|n| c.nodes[*n].broker.replica_role(&ledger()) == Some(&ReplicaRole::Leading));
+        let new = leading_among(&c, &others, &ledger());
         if settled.is_none()
             && let Some(new) = new.cloned()
         {
@@ -2953,7 +2959,7 @@ fn stale_reads_with_leader_rate(rate: f64) -> (u32, u32) {
     let (mut written, mut stale, mut refused) = (false, 0, 0);
     for step in 0..60u64 {
         c.tick();
-        let new = others.iter().find(|n| c.nodes[*n].broker.replica_role(&sessions()) == Some(&ReplicaRole::Leading));
+        let new = leading_among(&c, &others, &sessions());
         if !written && let Some(new) = new.cloned() {
             let w = client(&mut c, &new, 10 + step);
             written =
