@@ -1570,7 +1570,6 @@ mod quorum_cache {
 /// reads (retry) until it learns it was deposed. Before the cut, reads were answered.
 #[test]
 fn a_partitioned_cache_leader_answers_no_stale_read_once_a_new_leader_could_exist() {
-    use felix_proto::broker::ReplicaRole;
     use quorum_cache::*;
     let mut c = Cluster::with(&NAMES, true);
     create_sessions(&mut c);
@@ -2817,7 +2816,6 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
 /// had acknowledged.
 #[test]
 fn a_partitioned_stream_leader_hands_out_nothing_its_successor_could_have_settled() {
-    use felix_proto::broker::ReplicaRole;
     let mut c = Cluster::with(&NAMES, true);
     create_ledger(&mut c);
     let old = leading(&c).unwrap();
@@ -2945,7 +2943,6 @@ fn timestamps_never_go_back_along_a_replicated_stream_whose_new_leaders_clock_is
 /// clock running at `rate` from the cut: how many reads it answered after the new leader
 /// took `v2` (stale), and how many it refused.
 fn stale_reads_with_leader_rate(rate: f64) -> (u32, u32) {
-    use felix_proto::broker::ReplicaRole;
     use quorum_cache::*;
     let mut c = Cluster::with(&NAMES, true);
     create_sessions(&mut c);
