@@ -453,6 +453,76 @@ struct ShardFiles {
     /// The last hard state written (repeated at the head of every new segment, so deleting
     /// old segments never loses it).
     hard_state: Option<felix_proto::cluster::meta::HardState>,
+    /// Where its records start (sparse): how entries that left the replica's memory are read
+    /// back ([`ReplicaLogs::read_job`]).
+    points: felix_proto::cluster::log_read::LogPoints,
+}
+
+/// A read of entries of one replica's log, run off the broker's task
+/// ([`ReplicaLogRead::run`]): from a point of its index, record by record, until it holds what
+/// was asked for and nothing after can rewrite it.
+pub(crate) struct ReplicaLogRead {
+    dir: std::path::PathBuf,
+    shard: ShardId,
+    /// The segments from the one the read starts in, oldest first.
+    segments: Vec<u64>,
+    start: felix_proto::cluster::log_read::Point,
+    /// The points after the start, up to the first past the range.
+    after: Vec<felix_proto::cluster::log_read::Point>,
+    low: u64,
+    high: u64,
+    max_bytes: u64,
+}
+
+impl ReplicaLogRead {
+    /// Reads the entries. A segment deleted meanwhile (a compaction) ends the read with what
+    /// was found; other errors are returned.
+    pub(crate) fn run(self) -> Result<Vec<felix_proto::cluster::meta::Entry>, String> {
+        use felix_proto::cluster::log_read::EntryCollector;
+        use std::io::{Read, Seek, SeekFrom};
+        let mut c = EntryCollector::new(self.low, self.high, self.max_bytes);
+        let mut next = self.after.iter().peekable();
+        let mut record = Vec::new();
+        'segments: for seq in self.segments {
+            let path = self.dir.join(replica_file_name(&self.shard, seq));
+            let file = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            };
+            let mut r = std::io::BufReader::with_capacity(256 << 10, file);
+            let mut at = if seq == self.start.segment { self.start.pos } else { 0 };
+            r.seek(SeekFrom::Start(at)).map_err(|e| format!("{}: {e}", path.display()))?;
+            loop {
+                while next.peek().is_some_and(|p| (p.segment, p.pos) < (seq, at)) {
+                    next.next();
+                }
+                if next.peek().is_some_and(|p| (p.segment, p.pos) == (seq, at)) && c.done(next.peek().copied()) {
+                    break 'segments;
+                }
+                let mut len = [0u8; 4];
+                if r.read_exact(&mut len).is_err() {
+                    break; // the end of this segment (a torn tail is never read: it is past what was asked)
+                }
+                let n = u32::from_be_bytes(len) as usize;
+                record.clear();
+                record.extend_from_slice(&len);
+                record.resize(4 + n, 0);
+                if r.read_exact(&mut record[4..]).is_err() {
+                    break;
+                }
+                if let Some((_, part)) = felix_proto::cluster::meta::read_log_record(&record, 0) {
+                    if let Some(part) = part {
+                        c.feed(part);
+                    }
+                } else {
+                    break;
+                }
+                at += 4 + n as u64;
+            }
+        }
+        Ok(c.finish())
+    }
 }
 
 use felix_proto::cluster::metadata::{Kind, ShardId};
@@ -527,7 +597,7 @@ impl ReplicaLogs {
                     datas.push(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?);
                 }
                 let views: Vec<&[u8]> = datas.iter().map(Vec::as_slice).collect();
-                let (log, infos, damage) = felix_proto::cluster::meta::fold_log_segments_checked(&views);
+                let (log, infos, damage, mut points) = felix_proto::cluster::meta::fold_log_segments_indexed(&views);
                 if let Some(d) = damage {
                     let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
                     let why = format!("{}, byte {}: {}", path.display(), d.offset, d.kind);
@@ -540,7 +610,9 @@ impl ReplicaLogs {
                     damaged.insert(shard, why);
                     continue;
                 }
-                let mut files = ShardFiles { hard_state: Some(log.hard_state.clone()), ..ShardFiles::default() };
+                points.map_segments(|i| seqs.get(i as usize).copied().unwrap_or(u64::MAX));
+                let mut files =
+                    ShardFiles { hard_state: Some(log.hard_state.clone()), points, ..ShardFiles::default() };
                 for ((seq, info), data) in seqs.iter().zip(&infos).zip(&datas) {
                     let path = dir.join(replica_file_name(&shard, *seq));
                     if info.whole < data.len() {
@@ -599,14 +671,29 @@ impl ReplicaLogs {
         felix_proto::cluster::meta::encode_log_record_into(&mut record, entries, hard_state);
         let max = entries.last().map_or(0, |e| e.index);
         let r = self.append(shard, &record, max);
+        let len = record.len() as u64;
         self.scratch = record;
-        if r.is_ok()
-            && let Some(hs) = hard_state
-            && let Some(f) = self.shards.get_mut(shard)
-        {
-            f.hard_state = Some(hs.clone());
+        let (seq, pos) = r?;
+        if let Some(f) = self.shards.get_mut(shard) {
+            if let Some(hs) = hard_state {
+                f.hard_state = Some(hs.clone());
+            }
+            match (entries.first(), entries.last()) {
+                (Some(a), Some(b)) => f.points.record(seq, pos, len, a.index, b.index),
+                _ => f.points.skip(len),
+            }
         }
-        r
+        Ok(())
+    }
+
+    /// A read of entries `low..high` of the shard's log (about `max_bytes`), to run off the
+    /// task; `None` when nothing is kept for it (no data directory, an unknown shard).
+    pub(crate) fn read_job(&self, shard: &ShardId, low: u64, high: u64, max_bytes: u64) -> Option<ReplicaLogRead> {
+        let dir = self.dir.clone()?;
+        let f = self.shards.get(shard)?;
+        let (start, after) = f.points.plan(low, high)?;
+        let segments = f.segments.iter().map(|(s, _)| *s).filter(|s| *s >= start.segment).collect();
+        Some(ReplicaLogRead { dir, shard: shard.clone(), segments, start, after, low, high, max_bytes })
     }
 
     /// Appends a snapshot of a replica's log, then deletes the closed segments it made useless
@@ -623,6 +710,7 @@ impl ReplicaLogs {
         self.append(shard, &record, 0)?;
         let index = snapshot.get_metadata().index;
         let (Some(dir), Some(f)) = (&self.dir, self.shards.get_mut(shard)) else { return Ok(()) };
+        f.points.skip(record.len() as u64);
         let current = f.segments.last().map(|(s, _)| *s);
         let mut deleted = Vec::new();
         f.segments.retain(|(seq, max)| {
@@ -632,6 +720,8 @@ impl ReplicaLogs {
             }
             !useless
         });
+        let kept: Vec<u64> = f.segments.iter().map(|(s, _)| *s).collect();
+        f.points.retain_segments(|s| kept.contains(&s));
         for seq in deleted {
             if let Err(e) = std::fs::remove_file(dir.join(replica_file_name(shard, seq))) {
                 tracing::warn!("removing a compacted segment of {shard:?}'s replica log: {e}");
@@ -640,13 +730,14 @@ impl ReplicaLogs {
         Ok(())
     }
 
-    /// Appends one record to the shard's last segment (a new one past [`SEGMENT_BYTES`]).
-    fn append(&mut self, shard: &ShardId, record: &[u8], max_index: u64) -> std::io::Result<()> {
+    /// Appends one record to the shard's last segment (a new one past [`SEGMENT_BYTES`]);
+    /// returns the segment and the position it was written at.
+    fn append(&mut self, shard: &ShardId, record: &[u8], max_index: u64) -> std::io::Result<(u64, u64)> {
         use std::io::Write;
-        let Some(dir) = self.dir.clone() else { return Ok(()) };
+        let Some(dir) = self.dir.clone() else { return Ok((0, 0)) };
         let segment_bytes = self.segment_bytes;
         let f = self.shards.entry(shard.clone()).or_default();
-        let r = (|| -> std::io::Result<()> {
+        let r = (|| -> std::io::Result<(u64, u64)> {
             if f.file.is_some() && f.len >= segment_bytes {
                 // Closed: made durable now (it is not appended to again), and the next one
                 // starts with the hard state.
@@ -676,14 +767,15 @@ impl ReplicaLogs {
             let file = f.file.as_ref().expect("opened above");
             felix_driver_common::sync_journal::before_append(record.len())?;
             (&**file).write_all(record)?;
+            let at = (f.segments.last().map_or(0, |(s, _)| *s), f.len);
             f.len += record.len() as u64;
             if let Some(last) = f.segments.last_mut() {
                 last.1 = last.1.max(max_index);
             }
-            Ok(())
+            Ok(at)
         })();
         match &r {
-            Ok(()) => {
+            Ok(_) => {
                 self.dirty.insert(shard.clone());
             }
             Err(e) => {
@@ -793,6 +885,55 @@ impl UnsyncedFile {
 #[cfg(test)]
 mod replica_log_tests {
     use super::*;
+
+    /// Entries are read back from the files by index, across segments, with an overwritten
+    /// tail giving its last write, after a snapshot deleted the oldest segments, and after a
+    /// restart (whose index is rebuilt by the fold). The index holds a point per segment, not
+    /// per record.
+    #[test]
+    fn a_replica_logs_entries_are_read_back_by_index_across_segments_and_restarts() {
+        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
+        let dir = std::env::temp_dir().join(format!("felix-replica-reads-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard =
+            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
+        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1))).unwrap().logs;
+        logs.segment_bytes = 4000;
+        let entry =
+            |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
+        for index in 1..=200u64 {
+            let hs = HardState { term: 1, commit: index.saturating_sub(5), ..HardState::default() };
+            logs.persist(&shard, &[entry(index, 1)], Some(&hs)).unwrap();
+        }
+        // A new leader (term 2) overwrote the uncommitted tail 196..=200.
+        let tail: Vec<Entry> = (196..=203).map(|i| entry(i, 2)).collect();
+        logs.persist(&shard, &tail, Some(&HardState { term: 2, commit: 203, ..HardState::default() })).unwrap();
+        let read = |logs: &ReplicaLogs, low, high, max| -> Vec<(u64, u64)> {
+            let job = logs.read_job(&shard, low, high, max).expect("kept");
+            job.run().unwrap().iter().map(|e| (e.index, e.term)).collect()
+        };
+        let want = |low: u64, high: u64| -> Vec<(u64, u64)> {
+            (low..high).map(|i| (i, if i >= 196 { 2 } else { 1 })).collect()
+        };
+        let segments = logs.segments(&shard).len();
+        assert!(segments > 5, "rolled into {segments} segments");
+        assert!(logs.shards[&shard].points.len() <= segments + 1, "{} points", logs.shards[&shard].points.len());
+        for (low, high) in [(1, 4), (37, 120), (190, 204), (196, 199)] {
+            assert_eq!(read(&logs, low, high, u64::MAX), want(low, high), "{low}..{high}");
+        }
+        assert_eq!(read(&logs, 10, 200, 400), want(10, 15), "about 400 bytes: five entries of 90");
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = 100;
+        snap.mut_metadata().term = 1;
+        logs.persist_snapshot(&shard, &snap).unwrap();
+        assert!(logs.segments(&shard).len() < segments, "a snapshot deleted segments");
+        assert_eq!(read(&logs, 150, 160, u64::MAX), want(150, 160));
+        drop(logs);
+        let logs = ReplicaLogs::open(Some(&dir), None).unwrap().logs;
+        assert_eq!(read(&logs, 150, 160, u64::MAX), want(150, 160), "after a restart");
+        assert_eq!(read(&logs, 190, 204, u64::MAX), want(190, 204), "after a restart");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_replica_log_rolls_segments_and_a_snapshot_deletes_the_ones_it_covers() {

@@ -537,6 +537,13 @@ enum Input {
         covers: u64,
         result: Result<(), String>,
     },
+    /// A read of a replica's log ([`NodeOutput::ReadReplicaLog`]) ended.
+    ///
+    /// [`NodeOutput::ReadReplicaLog`]: felix_proto::cluster::node::NodeOutput::ReadReplicaLog
+    ReplicaLogRead {
+        token: u64,
+        result: Result<Vec<felix_proto::cluster::meta::Entry>, String>,
+    },
 }
 
 /// Counters the driver keeps (the protocol's own are in `BrokerStats`).
@@ -1438,6 +1445,14 @@ impl BrokerTask {
                 self.node.broker().connection_closed(conn, now);
             }
             Input::ReplicaSynced { covers, result } => self.replica_synced(covers, result),
+            Input::ReplicaLogRead { token, result } => {
+                if let Err(e) = &result {
+                    tracing::warn!("reading a replica's log back: {e}");
+                }
+                if let Node::Cluster(n) = &mut self.node {
+                    n.handle_replica_log_read(token, result, now);
+                }
+            }
         }
     }
 
@@ -1478,6 +1493,23 @@ impl BrokerTask {
                 NodeOutput::DropReplica { shard } => {
                     if let Some(l) = self.replica_logs.as_mut() {
                         l.drop_shard(&shard);
+                    }
+                }
+                NodeOutput::ReadReplicaLog { shard, token, low, high, max_bytes } => {
+                    // What was appended is readable now (a sync is not needed to read it), so
+                    // the read is not held behind one; it runs on the blocking pool.
+                    match self.replica_logs.as_ref().and_then(|l| l.read_job(&shard, low, high, max_bytes)) {
+                        Some(job) => {
+                            let tx = self.tx.clone();
+                            tokio::task::spawn_blocking(move || {
+                                let _ = tx.send(Input::ReplicaLogRead { token, result: job.run() });
+                            });
+                        }
+                        None => {
+                            if let Node::Cluster(n) = &mut self.node {
+                                n.handle_replica_log_read(token, Err("no log kept for the shard".into()), now());
+                            }
+                        }
                     }
                 }
                 NodeOutput::PersistRaft { entries, hard_state } => {
@@ -1589,10 +1621,11 @@ impl BrokerTask {
                     tracing::info!("cluster: {name} left the members");
                     return;
                 }
-                // Writes are made in `drain`, never held.
+                // Writes (and reads of replica logs) are made in `drain`, never held.
                 NodeOutput::PersistReplica { .. }
                 | NodeOutput::PersistReplicaSnapshot { .. }
                 | NodeOutput::DropReplica { .. }
+                | NodeOutput::ReadReplicaLog { .. }
                 | NodeOutput::PersistRaft { .. } => return,
             };
             match o {

@@ -58,6 +58,11 @@ struct Cluster {
     wall_skew: BTreeMap<String, i64>,
     /// Brokers whose clock runs at a rate of their own from an instant on: (since, rate).
     rates: BTreeMap<String, (Instant, f64)>,
+    /// Brokers (re)started by `start` keep this much of a stream's history in memory, and
+    /// this many entry bytes of each replica's Raft log (`None`: the defaults).
+    memory: Option<(u64, u64)>,
+    /// Reads of kept replica logs answered.
+    replica_reads: u64,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -111,6 +116,8 @@ impl Cluster {
             rejoin_notes: Vec::new(),
             wall_skew: BTreeMap::new(),
             rates: BTreeMap::new(),
+            memory: None,
+            replica_reads: 0,
         };
         for n in names {
             c.hellos(n);
@@ -140,6 +147,9 @@ impl Cluster {
         if let Some(r) = self.retain {
             cfg.default_stream.retention.max_records = Some(r);
         }
+        if let Some((history, _)) = self.memory {
+            cfg.default_stream.memory_bytes = history;
+        }
         let i = NAMES.iter().position(|n| *n == name).unwrap() as u16 + 1;
         // Each broker's own clock: wall times a few milliseconds apart, as on real machines.
         let skew = self.wall_skew.get(name).copied().unwrap_or(0);
@@ -148,6 +158,9 @@ impl Cluster {
         let mut node = ClusterNode::new(broker, member(name, i), &peers, kept, now).unwrap();
         if self.retain.is_some() {
             node.set_replica_checkpoint_bytes(300);
+        }
+        if let Some((_, entries)) = self.memory {
+            node.set_replica_entry_cache(entries);
         }
         node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
         self.nodes.insert(name.to_owned(), node);
@@ -266,6 +279,12 @@ impl Cluster {
                         }
                         NodeOutput::DropReplica { shard } => {
                             self.kept_replicas.entry(name.clone()).or_default().remove(&shard);
+                        }
+                        NodeOutput::ReadReplicaLog { shard, token, low, high, max_bytes } => {
+                            let kept = self.kept_replicas.get(name.as_str()).and_then(|k| k.get(&shard));
+                            let entries = kept.map(|l| l.read(low, high, max_bytes)).unwrap_or_default();
+                            self.replica_reads += 1;
+                            node.handle_replica_log_read(token, Ok(entries), self.now);
                         }
                     }
                 }
@@ -1220,6 +1239,66 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
         matches!(&ms[0], Message::Error(e) if e.message.contains(second.as_str()) || e.message.contains("owned by")),
         "{ms:?}"
     );
+}
+
+/// With history reads (a driver that reads back what it kept, as `serve` with a data
+/// directory) a replicated shard holds only its newest batches and Raft entries in memory;
+/// older ones are read back from the replica's kept log: by a subscriber from the start, and
+/// by the leader for a follower that was cut off while they were written. Then the leader
+/// dies, and the follower that caught up from read-back entries serves the same history.
+/// Without the bound every record stays in memory (the first assertions fail).
+#[test]
+fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_ones_back_from_its_log() {
+    let mut c = Cluster::with(&NAMES, true);
+    c.memory = Some((4096, 4096));
+    let now = c.now;
+    for name in NAMES {
+        c.start(name, &RaftLog::default(), now);
+    }
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let away = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.cut.insert(away.clone());
+    // 300 acked records of 100 bytes, one batch each: about 30 KB of payload (and 150 KB
+    // counting what each batch costs in memory), against budgets of 4 KiB.
+    let pad = "x".repeat(96);
+    let (conn, st) = c.client(&leader, ACKED, 1);
+    for k in 0..300u64 {
+        c.send(&leader, conn, st, publish_binary("ledger", &[&format!("{k:03}:{pad}")], Some(k + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&leader, conn, st)));
+    assert!(a.len() == 300 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    c.settle();
+    let held = c.nodes[&leader].broker.committed_batches(&ledger(), 0).len();
+    assert!(held < 20, "the leader's log holds {held} of 300 batches in memory");
+    let (bytes, on_disk) = c.nodes[&leader].replica_entry_memory();
+    assert!(
+        bytes <= 4096 + 512 && on_disk > 250,
+        "the leader's Raft log: {bytes} bytes in memory, {on_disk} entries on disk only"
+    );
+    // The follower comes back 300 entries behind: the leader reads them back to send them.
+    let reads = c.replica_reads;
+    c.cut.clear();
+    let tail = |c: &Cluster, n: &str| c.nodes[n].replica_status().iter().find(|r| r.0 == ledger()).map(|r| r.3);
+    c.until("the follower that was away caught up", |c| tail(c, &away) == tail(c, &leader));
+    assert!(c.replica_reads > reads, "the entries it missed were read back from the leader's log");
+    // A subscriber from the start gets every record in order, most read back from the log.
+    let expect: Vec<(u64, String)> = (0..300u64).map(|k| (k + 1, format!("{k:03}:{pad}"))).collect();
+    let subscribe_all = |c: &mut Cluster, node: &str, index: u64| {
+        let reads = c.replica_reads;
+        let (sc, ss) = c.client_with(node, MOVED_SUB_FLAGS, 0x1000, index);
+        c.send(node, sc, ss, subscribe_shard_of("ledger", 0, 0));
+        assert!(matches!(messages(&c.take(node, sc, ss))[0], Message::Subscribed(_)));
+        c.settle();
+        assert!(c.replica_reads > reads, "{node}: history was read back from the replica log");
+        c.stream_events(node, sc).0
+    };
+    assert_eq!(subscribe_all(&mut c, &leader, 2), expect, "offset 0 is the generation start");
+    // The leader dies; the follower that was away may lead, and serves the same history.
+    c.nodes.remove(&leader);
+    c.until("another replica leads", |c| leading(c).is_some());
+    let second = leading(&c).unwrap();
+    assert_eq!(subscribe_all(&mut c, &second, 3), expect);
 }
 
 /// Whether every broker holds the same ledger history as `leader`.

@@ -68,6 +68,9 @@ struct Evicted {
     generation_start: bool,
     records: u64,
     bytes: u64,
+    /// A replicated shard's batch: its entry's index in the shard's Raft log, where it is
+    /// read back from (0: a batch of segment storage).
+    entry: u64,
 }
 
 /// One appended batch.
@@ -84,6 +87,8 @@ pub(crate) struct LogBatch {
     pub producer: Option<(u64, u64)>,
     /// A commit's state changes, as stored.
     pub state: Option<Bytes>,
+    /// A replicated shard's batch: its entry's index in the Raft log (0 otherwise).
+    pub entry: u64,
     encoded: Vec<(Shape, [Bytes; 2])>,
 }
 
@@ -260,6 +265,7 @@ impl ShardLog {
                 generation_start: b.generation_start,
                 records,
                 bytes,
+                entry: b.entry,
             });
         }
     }
@@ -324,6 +330,7 @@ impl ShardLog {
             generation_start: false,
             producer: None,
             state: None,
+            entry: 0,
             encoded: Vec::new(),
         };
         self.next_offset += batch.count();
@@ -403,6 +410,7 @@ impl ShardLog {
             generation_start: b.generation_start,
             producer: b.producer,
             state: b.state,
+            entry: 0,
             encoded: Vec::new(),
         };
         self.next_offset = batch.end();
@@ -436,6 +444,7 @@ impl ShardLog {
             generation_start: e.generation_start,
             records,
             bytes,
+            entry: 0,
         });
         self.records += records;
         self.bytes += bytes;
@@ -457,6 +466,7 @@ impl ShardLog {
         timestamp_micros: u64,
         publisher: Option<Bytes>,
         generation_start: bool,
+        entry: u64,
     ) -> Option<u64> {
         if base < self.next_offset || !self.pending.is_empty() {
             return None;
@@ -480,6 +490,7 @@ impl ShardLog {
             generation_start,
             producer: None,
             state: None,
+            entry,
             encoded: Vec::new(),
         };
         self.next_offset = batch.end();
@@ -489,7 +500,37 @@ impl ShardLog {
         }
         self.mem_bytes += held_bytes(&batch);
         self.committed.push_back(batch);
+        // Only batches that know their entry leave memory: they are read back from the Raft
+        // log by index.
+        if entry > 0 {
+            self.evict_to_budget();
+        }
         Some(self.next_offset)
+    }
+
+    /// For a read of `from..end` below memory on a replicated shard: the range of Raft log
+    /// indexes holding the evicted batches from the one holding `from` on, about `max_bytes`
+    /// of payload (one batch at least). `None` when no evicted batch of a replicated shard
+    /// holds `from`.
+    pub fn entry_range(&self, from: u64, end: u64, max_bytes: usize) -> Option<(u64, u64)> {
+        let i = self.evicted.partition_point(|b| b.end <= from);
+        let first = self.evicted.get(i).filter(|b| b.entry > 0 && b.base < end)?;
+        let (mut last, mut bytes) = (first, 0u64);
+        for b in self.evicted.range(i..) {
+            if b.base >= end || b.entry == 0 || (bytes > 0 && bytes + b.bytes > max_bytes as u64) {
+                break;
+            }
+            bytes += b.bytes;
+            last = b;
+        }
+        Some((first.entry, last.entry + 1))
+    }
+
+    /// The evicted batch whose entry is `entry`: its offset, time and whether it is a
+    /// generation start (what a read of a replicated shard needs besides the entry's bytes).
+    pub fn evicted_entry(&self, entry: u64) -> Option<(u64, u64, bool)> {
+        let i = self.evicted.partition_point(|b| b.entry < entry);
+        self.evicted.get(i).filter(|b| b.entry == entry).map(|b| (b.base, b.timestamp_micros, b.generation_start))
     }
 
     /// The batches held in memory from `from` on: (base offset, generation start, payloads).
@@ -514,6 +555,7 @@ impl ShardLog {
             generation_start: true,
             producer: None,
             state: None,
+            entry: 0,
             encoded: Vec::new(),
         };
         self.pending.push_back(Pending { batch, token, state: WriteState::Writing });
@@ -812,7 +854,7 @@ mod tests {
         log.settle(WriteToken(2), true);
         let (later, _) = log.append(recs(1), 300, None, Some(WriteToken(3)));
         log.settle(WriteToken(3), true);
-        assert_eq!(log.append_committed(5, recs(1), 200, None, false), Some(6));
+        assert_eq!(log.append_committed(5, recs(1), 200, None, false, 0), Some(6));
         let times: Vec<u64> = log.committed.iter().map(|b| b.timestamp_micros).collect();
         assert_eq!(times, [100, 100, 100, 300, 300]);
         assert_eq!(log.offset_for_time(100), Some(0));

@@ -15,11 +15,12 @@
 
 use super::*;
 use crate::binary::OwnerHint;
+use crate::cluster::meta::Entry;
 use crate::cluster::metadata::{Kind, ShardId};
 use crate::cluster::replica::{Answer, ApplyRefusal, ReplicatedBatch};
 use crate::error_code::ErrorCode;
 use crate::message::RefusedReason;
-use crate::transport::WriteToken;
+use crate::transport::{ReadToken, WriteToken};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -169,7 +170,7 @@ impl Broker {
 
     /// An entry of a replicated shard committed (on every replica, in log order): the batch
     /// becomes visible at `offset`, the offset the group gave it, and live subscribers get it.
-    pub fn apply_replicated(&mut self, shard: &ShardId, offset: u64, batch: ReplicatedBatch, now: Instant) {
+    pub fn apply_replicated(&mut self, shard: &ShardId, offset: u64, entry: u64, batch: ReplicatedBatch, now: Instant) {
         let now = self.clock.advance(now);
         if shard.kind == Kind::Cache {
             return self.apply_replicated_cache(shard, offset, batch, now);
@@ -178,7 +179,8 @@ impl Broker {
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         let count = u64::from(batch.records.count());
         let state = batch.state;
-        let Some(end) = sh.log.append_committed(offset, batch.records, batch.timestamp_micros, batch.publisher, false)
+        let Some(end) =
+            sh.log.append_committed(offset, batch.records, batch.timestamp_micros, batch.publisher, false, entry)
         else {
             return;
         };
@@ -196,7 +198,7 @@ impl Broker {
     /// A generation-start record of a replicated shard committed at `offset` (a new leader's
     /// first entry): it takes the offset and is never delivered; the next batch carries
     /// `skipped_before` for clients that read it.
-    pub fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, now: Instant) {
+    pub fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, entry: u64, now: Instant) {
         self.clock.advance(now);
         if shard.kind == Kind::Cache {
             // It takes the offset; a cache has no record to keep for it.
@@ -206,7 +208,7 @@ impl Broker {
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         // The entry carries no time: it takes the last batch's, alike on every replica (this
         // broker's own clock would differ from the others').
-        let _ = sh.log.append_committed(offset, crate::binary::Records::default(), 0, None, true);
+        let _ = sh.log.append_committed(offset, crate::binary::Records::default(), 0, None, true, entry);
     }
 
     /// The group's answer to a batch proposed for the publish `token`: publishers (and brokers
@@ -260,6 +262,58 @@ impl Broker {
                 self.drive_stream(conn, sid, now);
             }
         }
+    }
+
+    /// For a history read ([`BrokerOutput::Read`]) of a replicated shard below what its log
+    /// holds in memory: the Raft log indexes `low..high` holding the batches to read back.
+    /// `None` for a shard whose older history is not in a Raft log.
+    pub fn replicated_read_range(&self, r: &ReadRequest) -> Option<(u64, u64)> {
+        let sh = self.streams.get(KeyRef(&r.tenant_id, &r.namespace, &r.stream).q())?.shards.get(r.shard as usize)?;
+        sh.log.entry_range(r.from, r.end, r.max_bytes)
+    }
+
+    /// The entries a history read of a replicated shard asked for
+    /// ([`replicated_read_range`](Self::replicated_read_range)), read back: the read completes
+    /// with the batches they hold, at the offsets and times the log gave them. Entries that
+    /// hold no batch the log knows (side entries, configuration changes, refused batches)
+    /// are passed over.
+    pub fn replicated_read_complete(&mut self, token: ReadToken, shard: &ShardId, entries: Vec<Entry>, now: Instant) {
+        let k = KeyRef(&shard.tenant, &shard.namespace, &shard.name);
+        let log = self.streams.get(k.q()).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log);
+        let mut batches = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Some((base_offset, timestamp_micros, generation_start)) = log.and_then(|l| l.evicted_entry(e.index))
+            else {
+                continue;
+            };
+            let stored = if generation_start {
+                crate::storage::StoredBatch {
+                    base_offset,
+                    timestamp_micros,
+                    generation_start,
+                    publisher: None,
+                    producer: None,
+                    state: None,
+                    records: crate::binary::Records::default(),
+                }
+            } else {
+                let Ok(b) = ReplicatedBatch::decode_shared(e.data) else { continue };
+                if b.side {
+                    continue;
+                }
+                crate::storage::StoredBatch {
+                    base_offset,
+                    timestamp_micros,
+                    generation_start,
+                    publisher: b.publisher,
+                    producer: b.producer,
+                    state: b.state,
+                    records: b.records,
+                }
+            };
+            batches.push(stored);
+        }
+        self.handle_read_complete(token, batches, now);
     }
 
     /// Proposes a batch to a replicated shard this broker leads: nothing is appended here until

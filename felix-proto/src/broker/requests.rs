@@ -358,9 +358,9 @@ impl Broker {
 
     pub(super) fn create_stream(&mut self, k: Key, config: StreamConfig) -> u32 {
         let shards = config.shards.max(1);
-        // A replicated shard's history is its Raft log, held in memory: nothing to read back.
-        let budget =
-            (config.durable && self.cfg.history_reads && config.replication <= 1).then_some(config.memory_bytes);
+        // A replicated shard's older history is read back from its Raft log on disk (the
+        // cluster node turns the read into one of the log), a durable shard's from its segments.
+        let budget = (config.durable && self.cfg.history_reads).then_some(config.memory_bytes);
         let entry = StreamEntry {
             shards: (0..shards)
                 .map(|_| {

@@ -24,10 +24,138 @@ use std::collections::VecDeque;
 /// (or installed from its leader), which the engine hands a follower that needs entries the
 /// log no longer holds. `MemStorage`'s own snapshots carry no data (and the commit index, not
 /// the compaction point), so snapshots are answered here.
+///
+/// With an entry cache ([`MetaNode::set_entry_cache`]) `MemStorage` holds only the newest
+/// entries: once applied, older ones leave memory while the log on disk keeps them
+/// ([`OnDisk`]). The engine asks for those only to send them to a follower that is behind
+/// (`SendAppend`, the one context it lets storage answer later): they are asked of the driver
+/// ([`MetaOutput::ReadEntries`]), and the send is tried again once they arrive
+/// ([`MetaNode::handle_entries_read`]). Every other read the engine makes (committed entries to
+/// apply, a pending configuration change before a transfer) lies after the applied index, which
+/// the cache always holds.
 struct GroupStore {
     mem: MemStorage,
     snapshot: Snapshot,
+    /// Entries after the snapshot that left memory (the driver's log holds them).
+    disk: OnDisk,
+    /// What `mem` holds, for the cache's byte count.
+    cached: EntryCache,
+    /// Reads of evicted entries asked and answered (the engine reads through `&self`).
+    reads: std::cell::RefCell<DiskReads>,
 }
+
+/// The entries `first..end` of the log that are held on disk only, with their terms (the
+/// engine asks an entry's term at any time, and must be answered at once): one run per term,
+/// a few bytes for millions of entries.
+#[derive(Debug, Default)]
+struct OnDisk {
+    first: u64,
+    end: u64,
+    /// (first index, term), ascending; the last run goes on to `end`.
+    runs: Vec<(u64, u64)>,
+}
+
+impl OnDisk {
+    fn is_empty(&self) -> bool {
+        self.first >= self.end
+    }
+
+    fn term(&self, idx: u64) -> Option<u64> {
+        if idx < self.first || idx >= self.end {
+            return None;
+        }
+        let i = self.runs.partition_point(|(start, _)| *start <= idx);
+        i.checked_sub(1).map(|i| self.runs[i].1)
+    }
+
+    /// Entry `idx` of `term` left memory (entries leave in index order).
+    fn push(&mut self, idx: u64, term: u64) {
+        if self.is_empty() {
+            self.first = idx;
+            self.runs.clear();
+        }
+        if self.runs.last().is_none_or(|(_, t)| *t != term) {
+            self.runs.push((idx, term));
+        }
+        self.end = idx + 1;
+    }
+
+    /// Everything at or below `index` was compacted away.
+    fn drop_through(&mut self, index: u64) {
+        if index < self.first {
+            return;
+        }
+        if index + 1 >= self.end {
+            *self = OnDisk::default();
+            return;
+        }
+        let keep = self.runs.partition_point(|(start, _)| *start <= index + 1).saturating_sub(1);
+        self.runs.drain(..keep);
+        if let Some(r) = self.runs.first_mut() {
+            r.0 = index + 1;
+        }
+        self.first = index + 1;
+    }
+}
+
+/// The size of each entry `MemStorage` holds, and their sum.
+#[derive(Debug, Default)]
+struct EntryCache {
+    /// Most entry bytes kept in memory once applied (`None`: every entry stays).
+    budget: Option<u64>,
+    /// (index, bytes) of each entry in memory, ascending.
+    sizes: VecDeque<(u64, u64)>,
+    bytes: u64,
+}
+
+impl EntryCache {
+    fn appended(&mut self, entries: &[Entry]) {
+        let Some(first) = entries.first() else { return };
+        while self.sizes.back().is_some_and(|(i, _)| *i >= first.index) {
+            let (_, b) = self.sizes.pop_back().unwrap_or_default();
+            self.bytes -= b;
+        }
+        for e in entries {
+            let b = e.data.len() as u64 + ENTRY_OVERHEAD;
+            self.sizes.push_back((e.index, b));
+            self.bytes += b;
+        }
+    }
+
+    /// Entries below `first` left memory.
+    fn dropped_below(&mut self, first: u64) {
+        while self.sizes.front().is_some_and(|(i, _)| *i < first) {
+            let (_, b) = self.sizes.pop_front().unwrap_or_default();
+            self.bytes -= b;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.sizes.clear();
+        self.bytes = 0;
+    }
+}
+
+/// What an entry in memory costs besides its data (its `Entry`, its place in the log).
+const ENTRY_OVERHEAD: u64 = 128;
+
+/// Reads of entries held on disk only.
+#[derive(Default)]
+struct DiskReads {
+    /// Asked by the engine and not yet handed to the driver: (low, high, max bytes).
+    asked: Vec<(u64, u64, u64)>,
+    /// Reads under way, by their first index.
+    pending: std::collections::BTreeSet<u64>,
+    /// The engine's requests waiting on a read, with the read's first index (tried again
+    /// when it is answered). A few at most: the engine asks again on its next heartbeat.
+    waiting: VecDeque<(u64, GetEntriesContext)>,
+    /// Entries read, by their first index, while the engine takes them.
+    ready: std::collections::BTreeMap<u64, Vec<Entry>>,
+}
+
+/// Requests kept waiting on reads of the disk (older ones are dropped: the engine asks again
+/// at its next heartbeat to that follower).
+const MAX_WAITING_READS: usize = 16;
 
 impl Storage for GroupStore {
     fn initial_state(&self) -> raft::Result<RaftState> {
@@ -41,7 +169,33 @@ impl Storage for GroupStore {
         max_size: impl Into<Option<u64>>,
         context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        self.mem.entries(low, high, max_size, context)
+        let max_size = max_size.into();
+        if self.disk.is_empty() || low >= self.disk.end {
+            return self.mem.entries(low, high, max_size, context);
+        }
+        if low < self.disk.first {
+            return Err(raft::Error::Store(raft::StorageError::Compacted));
+        }
+        let mut reads = self.reads.borrow_mut();
+        if let Some(got) = reads.ready.get(&low) {
+            let mut ents: Vec<Entry> = got.iter().take_while(|e| e.index < high).cloned().collect();
+            raft::util::limit_size(&mut ents, max_size);
+            return Ok(ents);
+        }
+        if !context.can_async() {
+            // Never met: the engine reads synchronously only after the applied index, and only
+            // applied entries leave memory. Compacted is what the engine copes with.
+            return Err(raft::Error::Store(raft::StorageError::Compacted));
+        }
+        if reads.pending.insert(low) {
+            let max = max_size.unwrap_or(MAX_APPEND_BYTES).min(MAX_APPEND_BYTES);
+            reads.asked.push((low, high.min(self.disk.end), max));
+        }
+        if reads.waiting.len() >= MAX_WAITING_READS {
+            reads.waiting.pop_front();
+        }
+        reads.waiting.push_back((low, context));
+        Err(raft::Error::Store(raft::StorageError::LogTemporarilyUnavailable))
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
@@ -49,11 +203,14 @@ impl Storage for GroupStore {
         if idx == m.index && idx > 0 {
             return Ok(m.term);
         }
+        if let Some(t) = self.disk.term(idx) {
+            return Ok(t);
+        }
         self.mem.term(idx)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        self.mem.first_index()
+        if self.disk.is_empty() { self.mem.first_index() } else { Ok(self.disk.first) }
     }
 
     fn last_index(&self) -> raft::Result<u64> {
@@ -76,6 +233,37 @@ impl Storage for GroupStore {
             return Ok(snap);
         }
         Ok(self.snapshot.clone())
+    }
+}
+
+impl GroupStore {
+    /// Lets applied entries beyond the cache's budget leave memory, oldest first (the last
+    /// entry always stays: `MemStorage` reads its last index from its entries).
+    fn evict(&mut self, applied: u64) {
+        let Some(budget) = self.cached.budget else { return };
+        if self.cached.bytes <= budget {
+            return;
+        }
+        let mut bytes = self.cached.bytes;
+        let mut until = None;
+        for (i, (idx, b)) in self.cached.sizes.iter().enumerate() {
+            if bytes <= budget || *idx > applied || i + 1 == self.cached.sizes.len() {
+                break;
+            }
+            bytes -= b;
+            until = Some(*idx);
+        }
+        let Some(until) = until else { return };
+        let Ok(first) = self.mem.first_index() else { return };
+        for idx in first..=until {
+            match self.mem.term(idx) {
+                Ok(t) => self.disk.push(idx, t),
+                Err(_) => return,
+            }
+        }
+        if self.mem.wl().compact(until + 1).is_ok() {
+            self.cached.dropped_below(until + 1);
+        }
     }
 }
 
@@ -154,6 +342,19 @@ pub enum MetaOutput {
         ctx: Vec<u8>,
         /// The leader's commit index when it confirmed.
         index: u64,
+    },
+    /// Read the entries `low..high` of this member's kept log (about `max_bytes` of them from
+    /// `low` on, one at least; fewer when the log ends sooner) and hand them to
+    /// [`MetaNode::handle_entries_read`]. Only with an entry cache
+    /// ([`MetaNode::set_entry_cache`]): entries that left memory, wanted by a follower behind.
+    /// Off the state machine's task: nothing waits on it but that follower.
+    ReadEntries {
+        /// First index wanted.
+        low: u64,
+        /// Stop before this index.
+        high: u64,
+        /// About how many bytes of entries to return at most.
+        max_bytes: u64,
     },
     /// A command committed by the group, in log order: apply it. (With
     /// [`MetaNode::report_leader_entries`], also the empty entry each new leader appends: `data`
@@ -265,7 +466,11 @@ impl MetaNode {
             hs.commit = hs.commit.min(last).max(snapshot.get_metadata().index);
             w.set_hardstate(hs);
         }
-        let storage = GroupStore { mem: storage, snapshot };
+        let mut cached = EntryCache::default();
+        cached.appended(
+            &kept.entries.iter().filter(|e| e.index > snapshot.get_metadata().index).cloned().collect::<Vec<_>>(),
+        );
+        let storage = GroupStore { mem: storage, snapshot, disk: OnDisk::default(), cached, reads: Default::default() };
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
         let rank = rank.unwrap_or_else(|| voters.iter().filter(|v| **v < id).count());
@@ -323,6 +528,10 @@ impl MetaNode {
         let last = store.mem.last_index().unwrap_or(0);
         if store.mem.wl().compact((index + 1).min(last)).is_err() {
             return false;
+        }
+        store.disk.drop_through(index);
+        if let Ok(first) = store.mem.first_index() {
+            store.cached.dropped_below(first);
         }
         store.snapshot = snap.clone();
         self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: false });
@@ -510,7 +719,10 @@ impl MetaNode {
                 // A snapshot from the leader replaces the log; MemStorage takes it whole. It
                 // is kept (and the state machine restored from it) before anything after it.
                 if self.raw.mut_store().mem.wl().apply_snapshot(snap.clone()).is_ok() {
-                    self.raw.mut_store().snapshot = snap.clone();
+                    let store = self.raw.mut_store();
+                    store.snapshot = snap.clone();
+                    store.disk = OnDisk::default();
+                    store.cached.clear();
                     self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: true });
                 }
             }
@@ -519,7 +731,10 @@ impl MetaNode {
                 self.out.push_back(MetaOutput::ReadIndex { ctx: r.request_ctx, index: r.index });
             }
             if !rd.entries().is_empty() {
-                let _ = self.raw.mut_store().mem.wl().append(rd.entries());
+                let store = self.raw.mut_store();
+                if store.mem.wl().append(rd.entries()).is_ok() {
+                    store.cached.appended(rd.entries());
+                }
             }
             if let Some(hs) = rd.hs() {
                 self.raw.mut_store().mem.wl().set_hardstate(hs.clone());
@@ -540,6 +755,65 @@ impl MetaNode {
             self.raw.advance_apply();
             self.report_snapshots();
         }
+        let applied = self.raw.raft.raft_log.applied;
+        let store = self.raw.mut_store();
+        store.evict(applied);
+        for (low, high, max_bytes) in std::mem::take(&mut store.reads.get_mut().asked) {
+            self.out.push_back(MetaOutput::ReadEntries { low, high, max_bytes });
+        }
+    }
+
+    /// Keeps at most `budget` bytes of applied entries in memory (`None`, the default: every
+    /// entry stays); older ones are read back from the driver's log when a follower needs
+    /// them ([`MetaOutput::ReadEntries`]). A driver that sets it must answer those reads.
+    pub fn set_entry_cache(&mut self, budget: Option<u64>) {
+        self.raw.mut_store().cached.budget = budget;
+        self.process_ready();
+    }
+
+    /// Entry bytes held in memory (with [`ENTRY_OVERHEAD`] each), and how many entries of the
+    /// log are on disk only.
+    pub fn entry_memory(&self) -> (u64, u64) {
+        let s = self.raw.store();
+        (s.cached.bytes, s.disk.end.saturating_sub(s.disk.first))
+    }
+
+    /// The driver read the entries a [`MetaOutput::ReadEntries`] from `low` asked for (or
+    /// failed to: `Err` says why). Entries that are not the log's (another term at an index, a
+    /// gap, not starting at `low`) are refused and the read counts as failed; the follower
+    /// waiting on them is tried again at the engine's next heartbeat. Returns whether they were
+    /// taken.
+    pub fn handle_entries_read(&mut self, low: u64, entries: Result<Vec<Entry>, String>) -> bool {
+        let store = self.raw.mut_store();
+        store.reads.get_mut().pending.remove(&low);
+        let taken = match entries {
+            Ok(mut entries) => {
+                entries.retain(|e| e.index < store.disk.end);
+                let fits = entries.first().is_some_and(|e| e.index == low)
+                    && entries.windows(2).all(|w| w[1].index == w[0].index + 1)
+                    && entries.iter().all(|e| store.term(e.index).is_ok_and(|t| t == e.term));
+                if fits {
+                    store.reads.get_mut().ready.insert(low, entries);
+                }
+                fits
+            }
+            Err(_) => false,
+        };
+        let reads = store.reads.get_mut();
+        let waiting: Vec<GetEntriesContext> = {
+            let (now, later): (VecDeque<_>, VecDeque<_>) =
+                std::mem::take(&mut reads.waiting).into_iter().partition(|(l, _)| *l == low);
+            reads.waiting = later;
+            now.into_iter().map(|(_, c)| c).collect()
+        };
+        if taken {
+            for context in waiting {
+                self.raw.on_entries_fetched(context);
+            }
+        }
+        self.raw.mut_store().reads.get_mut().ready.remove(&low);
+        self.process_ready();
+        taken
     }
 
     fn send(&mut self, messages: Vec<Message>) {
@@ -667,6 +941,23 @@ impl RaftLog {
         self.hard_state.commit = self.hard_state.commit.max(m.index);
         self.hard_state.term = self.hard_state.term.max(m.term);
         self.snapshot = Some(snapshot.clone());
+    }
+
+    /// The entries `low..high` it holds, about `max_bytes` of them from `low` on (one at
+    /// least): what a driver keeping the log in memory answers [`MetaOutput::ReadEntries`]
+    /// (and a replica log read) with.
+    pub fn read(&self, low: u64, high: u64, max_bytes: u64) -> Vec<Entry> {
+        let from = self.entries.partition_point(|e| e.index < low);
+        let mut bytes = 0u64;
+        let mut out = Vec::new();
+        for e in self.entries[from..].iter().take_while(|e| e.index < high) {
+            if !out.is_empty() && bytes + e.data.len() as u64 > max_bytes {
+                break;
+            }
+            bytes += e.data.len() as u64;
+            out.push(e.clone());
+        }
+        out
     }
 
     /// Bytes of entry data the log holds (what a compaction would give back).
@@ -969,6 +1260,27 @@ pub fn fold_log_segments(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>) {
 /// [`SegmentInfo::whole`] says where to cut). After damage the fold stops: the log returned is
 /// what came before it, which a driver must not serve or vote from. Never panics.
 pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>) {
+    let (log, infos, damage, _) = fold_log_segments_indexed(segments);
+    (log, infos, damage)
+}
+
+/// The record at `at` of an append-only log file: where it ends, and its entries and hard
+/// state (`None` for a snapshot record, or one that does not decode). `None` at the end of the
+/// file or where the framing breaks. Never panics.
+pub fn read_log_record(data: &[u8], at: usize) -> Option<(usize, Option<RaftLog>)> {
+    match record_at(data, at) {
+        RecordAt::Whole(end, body) => Some((end, decode_body(body).ok().and_then(Result::err))),
+        RecordAt::End | RecordAt::Short => None,
+    }
+}
+
+/// [`fold_log_segments_checked`], and the sparse index of where its records start
+/// ([`super::log_read::LogPoints`], segments numbered from 0 in the order given): what a driver
+/// reads entries back with once they left memory. Never panics.
+pub fn fold_log_segments_indexed(
+    segments: &[&[u8]],
+) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>, super::log_read::LogPoints) {
+    let mut points = super::log_read::LogPoints::default();
     // Pass 1: the last snapshot's index (whole snapshot records that decode; entry records
     // are decoded once, in pass 2).
     let mut floor = 0;
@@ -1017,6 +1329,7 @@ pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInf
             let mut part = match decode_body(body) {
                 Ok(Ok(snap)) => {
                     log.persist_snapshot(&snap);
+                    points.skip((end - info.whole) as u64);
                     info.whole = end;
                     continue;
                 }
@@ -1042,6 +1355,11 @@ pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInf
                 break 'segments;
             }
             info.max_index = info.max_index.max(max_index);
+            let len = (end - info.whole) as u64;
+            match (part.entries.first(), part.entries.last()) {
+                (Some(f), Some(l)) => points.record(segment as u64, info.whole as u64, len, f.index, l.index),
+                _ => points.skip(len),
+            }
             log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
             info.whole = end;
         }
@@ -1055,7 +1373,7 @@ pub fn fold_log_segments_checked(segments: &[&[u8]]) -> (RaftLog, Vec<SegmentInf
         let offset = infos.last().map_or(0, |i| i.whole);
         damage = Some(LogDamage { segment, offset, kind: DamageKind::CommitPastEntries });
     }
-    (log, infos, damage)
+    (log, infos, damage, points)
 }
 
 /// A Raft message as bytes for the cluster transport.
@@ -1342,6 +1660,10 @@ mod tests {
         kept: BTreeMap<u64, RaftLog>,
         changes: BTreeMap<u64, Vec<(bool, u64)>>,
         reads: BTreeMap<u64, Vec<(Vec<u8>, u64)>>,
+        /// Reads of kept logs answered and taken.
+        disk_reads: u64,
+        /// Answer reads of kept logs with entries of another term (a disk gone wrong).
+        corrupt_reads: bool,
     }
 
     impl Group {
@@ -1355,6 +1677,8 @@ mod tests {
                 kept: BTreeMap::new(),
                 changes: BTreeMap::new(),
                 reads: BTreeMap::new(),
+                disk_reads: 0,
+                corrupt_reads: false,
             }
         }
 
@@ -1362,6 +1686,7 @@ mod tests {
         fn settle(&mut self) {
             loop {
                 let mut msgs = Vec::new();
+                let mut asks = Vec::new();
                 for (&id, n) in self.nodes.iter_mut() {
                     while let Some(o) = n.poll_output() {
                         match o {
@@ -1381,11 +1706,23 @@ mod tests {
                             MetaOutput::ReadIndex { ctx, index } => {
                                 self.reads.entry(id).or_default().push((ctx, index))
                             }
+                            MetaOutput::ReadEntries { low, high, max_bytes } => asks.push((id, low, high, max_bytes)),
                         }
                     }
                 }
-                if msgs.is_empty() {
+                if msgs.is_empty() && asks.is_empty() {
                     break;
+                }
+                for (id, low, high, max_bytes) in asks {
+                    let mut entries = self.kept.get(&id).map(|k| k.read(low, high, max_bytes)).unwrap_or_default();
+                    if self.corrupt_reads {
+                        entries.iter_mut().for_each(|e| e.term += 1);
+                    }
+                    if let Some(n) = self.nodes.get_mut(&id)
+                        && n.handle_entries_read(low, Ok(entries))
+                    {
+                        self.disk_reads += 1;
+                    }
                 }
                 for (from, to, bytes) in msgs {
                     if self.cut.contains(&from) || self.cut.contains(&to) {
@@ -1415,6 +1752,42 @@ mod tests {
         fn leaders(&self) -> Vec<u64> {
             self.nodes.values().filter(|n| n.is_leader() && !self.cut.contains(&n.id())).map(|n| n.id()).collect()
         }
+    }
+
+    /// With an entry cache, applied entries past its budget leave memory (their terms stay, a
+    /// run per term); a follower cut off while they were written is sent them read back from
+    /// the kept log. A read that comes back wrong (entries of another term) is refused, and
+    /// the follower waits for a good one.
+    #[test]
+    fn entries_past_the_cache_leave_memory_and_a_follower_behind_is_sent_them_read_back() {
+        let mut g = Group::new(&[1, 2, 3]);
+        for n in g.nodes.values_mut() {
+            n.set_entry_cache(Some(2048));
+        }
+        g.run(30);
+        assert_eq!(g.leaders(), vec![1]);
+        g.cut.insert(3);
+        for i in 0..200u8 {
+            g.nodes.get_mut(&1).unwrap().propose(vec![i; 40]).unwrap();
+            g.settle();
+        }
+        for id in [1, 2] {
+            let (bytes, on_disk) = g.nodes[&id].entry_memory();
+            assert!(bytes <= 2048 && on_disk > 150, "node {id}: {bytes} bytes in memory, {on_disk} on disk only");
+        }
+        // Terms of entries on disk only are still answered (the engine asks them at once).
+        assert_eq!(g.nodes[&1].raw.raft.raft_log.term(10).ok(), Some(g.nodes[&1].term()));
+        g.corrupt_reads = true;
+        g.cut.clear();
+        g.run(10);
+        assert_eq!(g.disk_reads, 0);
+        assert!(g.applied.get(&3).map_or(0, Vec::len) < 100, "entries of another term were not taken");
+        g.corrupt_reads = false;
+        g.run(10);
+        assert!(g.disk_reads > 0);
+        assert_eq!(g.applied[&3], g.applied[&1], "the follower caught up with what was read back");
+        let (bytes, on_disk) = g.nodes[&3].entry_memory();
+        assert!(bytes <= 2048 && on_disk > 150, "and it keeps only its cache too: {bytes}, {on_disk}");
     }
 
     #[test]

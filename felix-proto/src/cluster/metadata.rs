@@ -1183,6 +1183,7 @@ mod tests {
                                 MetaOutput::Persist { .. }
                                 | MetaOutput::PersistSnapshot { .. }
                                 | MetaOutput::ReadIndex { .. }
+                                | MetaOutput::ReadEntries { .. }
                                 | MetaOutput::ConfChanged { .. } => {}
                             }
                         }

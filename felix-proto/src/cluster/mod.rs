@@ -1,8 +1,10 @@
 //! The cluster: what several brokers agree on. Placement (which broker owns each shard), a
 //! sans-IO member of a Raft group on tikv's engine ([`meta`]), the metadata state machine it
 //! replicates ([`metadata`]), a broker of a cluster ([`node`]) and the messages between brokers
-//! ([`peer`]); a replicated shard's replica, whose Raft log is the shard's log ([`replica`]).
+//! ([`peer`]); a replicated shard's replica, whose Raft log is the shard's log ([`replica`]), and
+//! reading that log back from its files once entries left memory ([`log_read`]).
 
+pub mod log_read;
 pub mod meta;
 pub mod metadata;
 pub mod node;

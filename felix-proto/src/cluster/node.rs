@@ -135,6 +135,41 @@ pub enum NodeOutput {
         /// The new hard state.
         hard_state: Option<HardState>,
     },
+    /// Read entries `low..high` of the shard's kept Raft log back from disk (about
+    /// `max_bytes` of them from `low` on, one at least; fewer where the log ends) and hand
+    /// them to [`ClusterNode::handle_replica_log_read`] with `token`. A replica keeps only its
+    /// newest entries in memory and a replicated shard's broker log only its newest batches
+    /// (with [`BrokerConfig::history_reads`](crate::broker::BrokerConfig::history_reads), which
+    /// says the driver reads back what it kept): a follower far behind and a reader of older
+    /// history are served from here. Carry it out off the state machine's task; it depends on
+    /// no sync (the entries were written before they were asked for) and nothing waits on it
+    /// but the read.
+    ReadReplicaLog {
+        /// The shard.
+        shard: ShardId,
+        /// Handed back with the entries.
+        token: u64,
+        /// First index wanted.
+        low: u64,
+        /// Stop before this index.
+        high: u64,
+        /// About how many bytes of entries at most.
+        max_bytes: u64,
+    },
+}
+
+/// Entry bytes of a replicated shard's Raft log each replica keeps in memory once applied
+/// (with history reads): enough for followers a few seconds behind at full speed; older
+/// entries are read back from the log on disk.
+pub const REPLICA_ENTRY_CACHE: u64 = 8 << 20;
+
+/// Who asked for a read of a replica's log.
+#[derive(Debug)]
+enum ReplicaRead {
+    /// The replica's Raft engine, for a follower behind: the read's first index.
+    Raft { shard: ShardId, low: u64 },
+    /// The broker, for history below what its log of the shard holds in memory.
+    History { shard: ShardId, read: crate::transport::ReadToken },
 }
 
 /// Why an operator's change of members was refused.
@@ -275,6 +310,8 @@ pub struct ClusterNode {
     rejoin_counts: RejoinCounts,
     /// Entry bytes between a replica's checkpoints (`None`: the default).
     checkpoint_bytes: Option<u64>,
+    /// Entry bytes a replica keeps in memory (`None`: [`REPLICA_ENTRY_CACHE`]).
+    entry_cache: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
     shard_sends: BTreeMap<String, Vec<(ShardId, RaftBytes)>>,
     /// Shard groups' heartbeats waiting to go, per peer that reads them coalesced.
@@ -292,6 +329,9 @@ pub struct ClusterNode {
     last_now: Instant,
     /// When this node started: its replicas grant no vote until [`VOTE_HOLD`] after.
     started: Instant,
+    /// Reads of replica logs under way ([`NodeOutput::ReadReplicaLog`]), by token.
+    replica_reads: BTreeMap<u64, ReplicaRead>,
+    next_replica_read: u64,
 }
 
 /// Whether this broker's applied metadata is known to be current: a broker that (re)starts
@@ -469,8 +509,11 @@ impl ClusterNode {
             rejoining: BTreeMap::new(),
             rejoin_counts: RejoinCounts::default(),
             checkpoint_bytes: None,
+            entry_cache: None,
             shard_sends: BTreeMap::new(),
             beats: BTreeMap::new(),
+            replica_reads: BTreeMap::new(),
+            next_replica_read: 1,
             peer_features: BTreeMap::new(),
             leader_contact: now,
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
@@ -926,6 +969,18 @@ impl ClusterNode {
         self.checkpoint_bytes = Some(bytes);
     }
 
+    /// Entry bytes each replica started after this keeps in memory once applied, in place of
+    /// [`REPLICA_ENTRY_CACHE`] (tests make it small). Only with history reads.
+    pub fn set_replica_entry_cache(&mut self, bytes: u64) {
+        self.entry_cache = Some(bytes);
+    }
+
+    /// Over this broker's replicas: entry bytes of their Raft logs held in memory, and entries
+    /// held on disk only (read back when asked for).
+    pub fn replica_entry_memory(&self) -> (u64, u64) {
+        self.replicas.values().map(|h| h.replica.entry_memory()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
     /// Replicas stopped for a failed write, and why.
     pub fn failed_replicas(&self) -> &BTreeMap<ShardId, String> {
         &self.failed_replicas
@@ -962,6 +1017,9 @@ impl ClusterNode {
                 Ok(mut replica) => {
                     if let Some(b) = self.checkpoint_bytes {
                         replica.set_checkpoint_bytes(b);
+                    }
+                    if self.broker.config().history_reads {
+                        replica.set_entry_cache(Some(self.entry_cache.unwrap_or(REPLICA_ENTRY_CACHE)));
                     }
                     let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
                     self.replicas.insert(
@@ -1123,10 +1181,24 @@ impl ClusterNode {
                 ReplicaOutput::Answer { token, answer } => {
                     self.broker.handle_replicated(crate::transport::WriteToken(token), answer, now)
                 }
-                ReplicaOutput::Delivered { offset, batch } => self.broker.apply_replicated(shard, offset, batch, now),
+                ReplicaOutput::Delivered { offset, index, batch } => {
+                    self.broker.apply_replicated(shard, offset, index, batch, now)
+                }
                 ReplicaOutput::Side { batch } => self.broker.apply_replicated_side(shard, batch, now),
-                ReplicaOutput::GenerationStart { offset, term } => {
-                    self.broker.apply_replicated_generation(shard, offset, now);
+                ReplicaOutput::ReadEntries { low, high, max_bytes } => {
+                    let token = self.next_replica_read;
+                    self.next_replica_read += 1;
+                    self.replica_reads.insert(token, ReplicaRead::Raft { shard: shard.clone(), low });
+                    self.out.push_back(NodeOutput::ReadReplicaLog {
+                        shard: shard.clone(),
+                        token,
+                        low,
+                        high,
+                        max_bytes,
+                    });
+                }
+                ReplicaOutput::GenerationStart { offset, index, term } => {
+                    self.broker.apply_replicated_generation(shard, offset, index, now);
                     if h.replica.is_leader() && term == h.replica.term() {
                         h.ready_term = Some(term);
                         // The metadata learns who leads (routing, `shard_owners`, generations).
@@ -1300,6 +1372,30 @@ impl ClusterNode {
         }
     }
 
+    /// The driver read back what a [`NodeOutput::ReadReplicaLog`] asked for (`Err`: it could
+    /// not, and why). A follower behind is sent the entries (or tried again at the next
+    /// heartbeat, when they are not the log's); a history read completes with the batches
+    /// they hold (on an error, with none: the reader skips to what memory holds, as with a
+    /// segment that could not be read).
+    pub fn handle_replica_log_read(&mut self, token: u64, entries: Result<Vec<Entry>, String>, now: Instant) {
+        self.last_now = self.last_now.max(now);
+        let now = self.last_now;
+        match self.replica_reads.remove(&token) {
+            Some(ReplicaRead::Raft { shard, low }) => {
+                if let Some(h) = self.replicas.get_mut(&shard) {
+                    h.replica.handle_entries_read(low, entries);
+                    self.drain_replica(&shard, now);
+                    self.flush_shard_sends();
+                }
+            }
+            Some(ReplicaRead::History { shard, read }) => match entries {
+                Ok(entries) => self.broker.replicated_read_complete(read, &shard, entries, now),
+                Err(_) => self.broker.handle_read_complete(read, Vec::new(), now),
+            },
+            None => {}
+        }
+    }
+
     /// The next thing to do.
     pub fn poll_output(&mut self) -> Option<NodeOutput> {
         if let Some(o) = self.out.pop_front() {
@@ -1314,6 +1410,25 @@ impl ClusterNode {
             return None;
         };
         Some(match o {
+            BrokerOutput::Read(r) => {
+                // History of a replicated shard below what the broker's log of it holds in
+                // memory is in the shard's Raft log on disk; anything else is the driver's
+                // segment storage.
+                let shard = ShardId {
+                    kind: super::metadata::Kind::Stream,
+                    tenant: r.tenant_id.clone(),
+                    namespace: r.namespace.clone(),
+                    name: r.stream.clone(),
+                    shard: r.shard,
+                };
+                let range = self.replicas.contains_key(&shard).then(|| self.broker.replicated_read_range(&r)).flatten();
+                let Some((low, high)) = range else { return Some(NodeOutput::Broker(BrokerOutput::Read(r))) };
+                let token = self.next_replica_read;
+                self.next_replica_read += 1;
+                self.replica_reads.insert(token, ReplicaRead::History { shard: shard.clone(), read: r.token });
+                // The whole range: it was sized by the batches' payload.
+                NodeOutput::ReadReplicaLog { shard, token, low, high, max_bytes: u64::MAX }
+            }
             BrokerOutput::Replicate { token, shard, batch } => {
                 let now = self.broker.last_now();
                 // A leader handing its leadership over takes no proposal (the engine drops it):
@@ -1527,7 +1642,9 @@ impl ClusterNode {
             match o {
                 // The metadata group never compacts its log, so its leader never sends a
                 // snapshot (its storage has none to give).
-                MetaOutput::PersistSnapshot { .. } => {}
+                // The metadata group keeps its whole log in memory (no entry cache): it never
+                // reads back.
+                MetaOutput::PersistSnapshot { .. } | MetaOutput::ReadEntries { .. } => {}
                 MetaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(NodeOutput::PersistRaft { entries, hard_state })
                 }

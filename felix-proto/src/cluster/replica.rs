@@ -330,6 +330,8 @@ pub enum ReplicaOutput {
     Delivered {
         /// Offset of the first.
         offset: u64,
+        /// The entry's index in the group's log (where to read it back once it left memory).
+        index: u64,
         /// The batch.
         batch: ReplicatedBatch,
     },
@@ -344,8 +346,20 @@ pub enum ReplicaOutput {
     GenerationStart {
         /// Its offset.
         offset: u64,
+        /// The entry's index in the group's log.
+        index: u64,
         /// The leader's term.
         term: u64,
+    },
+    /// Read entries of the kept log back (as [`MetaOutput::ReadEntries`]) and hand them to
+    /// [`Replica::handle_entries_read`].
+    ReadEntries {
+        /// First index wanted.
+        low: u64,
+        /// Stop before this index.
+        high: u64,
+        /// About how many bytes of entries at most.
+        max_bytes: u64,
     },
 }
 
@@ -700,6 +714,26 @@ impl Replica {
         owed
     }
 
+    /// Keeps at most `budget` bytes of applied entries of the group's log in memory (see
+    /// [`MetaNode::set_entry_cache`]); the host must then answer [`ReplicaOutput::ReadEntries`].
+    pub fn set_entry_cache(&mut self, budget: Option<u64>) {
+        self.node.set_entry_cache(budget);
+        self.drain();
+    }
+
+    /// Entry bytes of the group's log held in memory, and entries held on disk only.
+    pub fn entry_memory(&self) -> (u64, u64) {
+        self.node.entry_memory()
+    }
+
+    /// The host read back the entries a [`ReplicaOutput::ReadEntries`] from `low` asked for
+    /// (see [`MetaNode::handle_entries_read`]). Returns whether they were taken.
+    pub fn handle_entries_read(&mut self, low: u64, entries: Result<Vec<Entry>, String>) -> bool {
+        let taken = self.node.handle_entries_read(low, entries);
+        self.drain();
+        taken
+    }
+
     /// The next thing to do.
     pub fn poll_output(&mut self) -> Option<ReplicaOutput> {
         self.out.pop_front()
@@ -740,6 +774,9 @@ impl Replica {
                     }
                 }
                 MetaOutput::ConfChanged { .. } => {}
+                MetaOutput::ReadEntries { low, high, max_bytes } => {
+                    self.out.push_back(ReplicaOutput::ReadEntries { low, high, max_bytes })
+                }
             }
         }
         let leading = self.node.is_leader();
@@ -804,7 +841,7 @@ impl Replica {
         let answer = if data.is_empty() {
             let offset = self.next_offset;
             self.next_offset += 1;
-            self.out.push_back(ReplicaOutput::GenerationStart { offset, term });
+            self.out.push_back(ReplicaOutput::GenerationStart { offset, index, term });
             None
         } else {
             match ReplicatedBatch::decode_shared(data) {
@@ -830,7 +867,7 @@ impl Replica {
                         if let Some((pid, seq, _)) = verdict {
                             self.landed(pid, seq, offset, index);
                         }
-                        self.out.push_back(ReplicaOutput::Delivered { offset, batch });
+                        self.out.push_back(ReplicaOutput::Delivered { offset, index, batch });
                         Some(Answer::Appended { offset, duplicate: false })
                     }
                 },

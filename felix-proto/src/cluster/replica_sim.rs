@@ -46,6 +46,9 @@ pub struct ReplicaReport {
     pub compactions: u64,
     /// Replicas that caught up from a leader's snapshot (they were behind its compaction).
     pub snapshots_installed: u64,
+    /// Reads of entries that had left a replica's memory, answered from its kept log and
+    /// taken (a follower behind was sent them).
+    pub entry_reads: u64,
 }
 
 impl ReplicaReport {
@@ -60,12 +63,17 @@ impl ReplicaReport {
         self.lost += r.lost;
         self.compactions += r.compactions;
         self.snapshots_installed += r.snapshots_installed;
+        self.entry_reads += r.entry_reads;
     }
 }
 
 /// Entry bytes between checkpoints: small, so logs are compacted (and lagging replicas sent
 /// snapshots) within a run.
 const CHECKPOINT_BYTES: u64 = 400;
+
+/// Entry bytes a replica keeps in memory once applied: about two entries, so a follower a
+/// few entries behind is served from the kept log (the driver's disk, here).
+const ENTRY_CACHE: u64 = 300;
 
 /// What a slot of the shared history holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +119,8 @@ struct World {
     stop_at: Option<Vec<u64>>,
     /// Offsets each replica retains (its log is compacted below them).
     retain: u64,
+    /// Reads of kept logs asked for: (due step, replica, low, high, max bytes).
+    reads: Vec<(u64, u64, u64, u64, u64)>,
 }
 
 impl World {
@@ -180,7 +190,7 @@ impl World {
                     self.deliver(id, offset, Slot::Generation)?;
                     self.report.generations += 1;
                 }
-                ReplicaOutput::Delivered { offset, batch } => {
+                ReplicaOutput::Delivered { offset, batch, .. } => {
                     for (i, p) in batch.payloads().iter().enumerate() {
                         let slot = Slot::Record { producer: batch.producer, at: i as u64, payload: p.clone() };
                         self.deliver(id, offset + i as u64, slot)?;
@@ -189,6 +199,10 @@ impl World {
                 ReplicaOutput::Answer { token, answer } => self.answer(token, answer)?,
                 // (This simulation proposes no side entries.)
                 ReplicaOutput::Side { .. } => {}
+                ReplicaOutput::ReadEntries { low, high, max_bytes } => {
+                    let due = self.step + if lossy { rng.below(4) } else { 0 };
+                    self.reads.push((due, id, low, high, max_bytes));
+                }
             }
         }
     }
@@ -214,6 +228,7 @@ impl World {
             what: format!("r{id} does not restart from its kept log: {e}"),
         })?;
         r.set_checkpoint_bytes(CHECKPOINT_BYTES);
+        r.set_entry_cache(Some(ENTRY_CACHE));
         n.replica = Some(r);
         // A new life replays the log from the start (or from its snapshot).
         n.next = 0;
@@ -313,9 +328,34 @@ impl World {
         Ok(())
     }
 
+    /// Reads of kept logs that are due are answered from what each replica kept (one in ten
+    /// fails when lossy, as a disk read may); a replica that crashed meanwhile gets the answer
+    /// in its new life, which never asked for it.
+    fn answer_reads(&mut self, rng: &mut Rng, lossy: bool) -> Result<(), Violation> {
+        let now = self.step;
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reads).into_iter().partition(|r| r.0 <= now);
+        self.reads = later;
+        for (_, id, low, high, max_bytes) in due {
+            let Some(n) = self.nodes.get_mut(&id) else { continue };
+            let entries = if lossy && rng.chance(10) {
+                Err("the disk failed the read".to_owned())
+            } else {
+                Ok(n.kept.read(low, high, max_bytes))
+            };
+            if let Some(r) = n.replica.as_mut()
+                && r.handle_entries_read(low, entries)
+            {
+                self.report.entry_reads += 1;
+            }
+            self.drain(id, rng, lossy)?;
+        }
+        Ok(())
+    }
+
     fn tick(&mut self, rng: &mut Rng, lossy: bool) -> Result<(), Violation> {
         self.step += 1;
         self.deliver_network(rng, lossy)?;
+        self.answer_reads(rng, lossy)?;
         for id in self.ids.clone() {
             let retain = self.retain;
             if let Some(n) = self.nodes.get_mut(&id)
@@ -414,7 +454,10 @@ pub fn run(seed: u64, steps: u64) -> Result<ReplicaReport, Violation> {
         report: ReplicaReport { replicas: n as usize, digest: seed, ..ReplicaReport::default() },
         leader: None,
         stop_at: None,
-        retain: 4 + seed % 16,
+        // One seed in three retains everything: its logs are never compacted, so a follower
+        // behind is always sent entries read back from the kept log rather than a snapshot.
+        retain: if seed.is_multiple_of(3) { u64::MAX } else { 4 + seed % 16 },
+        reads: Vec::new(),
     };
     for &id in &ids {
         w.nodes.insert(id, Node { replica: None, kept: RaftLog::default(), next: 0 });

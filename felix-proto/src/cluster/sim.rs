@@ -124,7 +124,8 @@ impl World {
                 }
                 MetaOutput::Committed { index, data, .. } => self.apply(id, index, data.to_vec())?,
                 // The founding voters' own entries; this simulation changes no voters.
-                MetaOutput::ConfChanged { .. } | MetaOutput::ReadIndex { .. } => {}
+                // (No entry cache here: nothing is read back.)
+                MetaOutput::ConfChanged { .. } | MetaOutput::ReadIndex { .. } | MetaOutput::ReadEntries { .. } => {}
             }
         }
     }

@@ -455,6 +455,13 @@ impl World {
                     k.remove(&shard);
                 }
             }
+            NodeOutput::ReadReplicaLog { shard, token, low, high, max_bytes } => {
+                let kept = self.kept_replicas.get(name).and_then(|k| k.get(&shard));
+                let entries = kept.map(|l| l.read(low, high, max_bytes)).unwrap_or_default();
+                if let Some(n) = self.nodes.get_mut(name) {
+                    n.handle_replica_log_read(token, Ok(entries), now);
+                }
+            }
             NodeOutput::Peer { to, message } => {
                 let cut = self.cut.contains(name) != self.cut.contains(&to) || !self.nodes.contains_key(&to);
                 if cut && rng.chance(500) {
