@@ -4,9 +4,13 @@
 #
 #   scripts/replication-bench.sh [--replication N] [--payload BYTES] [--duration SECS]
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
+#                                [--retain-records N] [--rss]
 #
-# Prints one line per run: replication, payload, fsync policy, records/s, MB/s. Everything it
-# starts is killed when it ends (or is interrupted); data lives in a temporary directory.
+# Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
+# broker's peak and current resident memory after the run. --retain-records N configures the
+# bench stream (a [[streams]] entry) to retain N records (and N x 4 x payload bytes), so a long
+# run keeps far more than memory budgets hold. Everything it starts is killed when it ends (or
+# is interrupted); data lives in a temporary directory.
 set -euo pipefail
 
 replication=3
@@ -14,6 +18,8 @@ payload=256
 duration=5
 fsync=""
 runs=1
+retain=""
+rss=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,7 +29,9 @@ while [ $# -gt 0 ]; do
     --fsync) fsync="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
-    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    --retain-records) retain="$2"; shift 2 ;;
+    --rss) rss=1; shift ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,6 +65,20 @@ one_run() {
   peers=${peers%,}
   local extra=()
   [ -n "$fsync" ] && extra+=(--fsync "$fsync")
+  if [ -n "$retain" ]; then
+    local quorum=""
+    [ "$replication" != 1 ] && quorum=$'durability = "quorum"\nreplication = '"$replication"
+    cat > "$tmp/streams.toml" <<TOML
+[[streams]]
+tenant = "bench"
+namespace = "bench"
+name = "b1"
+shards = 1
+retention = { max_records = $retain, max_bytes = $((retain * 4 * payload)) }
+$quorum
+TOML
+    extra+=(--config "$tmp/streams.toml")
+  fi
   for i in 0 1 2; do
     "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
       --node-id "${names[$i]}" --default-shards 1 --default-replication "$replication" \
@@ -116,6 +138,11 @@ v = json.loads(out.strip().splitlines()[-1])
 rps = v["publish_msgs_per_s"]
 print(f"replication={r} payload={p} fsync={f} records/s={rps:.0f} MB/s={rps*int(p)/1e6:.1f}")
 PY
+  if [ -n "$rss" ]; then
+    for i in 0 1 2; do
+      awk -v n="${names[$i]}" '/^VmHWM|^VmRSS/ {v[$1]=$2} END {printf "  %s: peak RSS %.0f MB, now %.0f MB\n", n, v["VmHWM:"]/1024, v["VmRSS:"]/1024}' "/proc/${pids[$i]}/status"
+    done
+  fi
   cleanup
 }
 
