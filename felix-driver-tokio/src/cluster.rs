@@ -38,6 +38,10 @@ pub struct ClusterOptions {
     /// This broker joins a running cluster (an operator adds it with `cluster add`) instead
     /// of founding one with `peers`; `peers` then names the members it knows of.
     pub join: bool,
+    /// Entry bytes of its Raft log each replica keeps in memory once applied (older entries
+    /// are read back from its log files); `None`: `REPLICA_ENTRY_CACHE` (8 MiB). Only with a
+    /// data directory.
+    pub replica_entry_cache: Option<u64>,
 }
 
 /// What the transport tells the broker task.

@@ -231,6 +231,9 @@ impl Server {
                 }
                 .map_err(|e| ServerError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())))?;
                 let mut node = node;
+                if let Some(bytes) = c.replica_entry_cache {
+                    node.set_replica_entry_cache(bytes);
+                }
                 // Replicated shards' logs follow the broker's fsync policy (`never` still syncs
                 // once a second: a replica's log is what a fail-over stands on).
                 let sync_every = match opts.fsync {
@@ -295,6 +298,7 @@ impl Server {
             transport,
             raft_log,
             replica_logs,
+            replica_log_reads: 0,
             gate: ReplicaSyncGate::default(),
             replica_syncer: replica_sync_thread(tx.clone()).map_err(ServerError::Io)?,
             endpoint: endpoint.clone(),
@@ -871,6 +875,8 @@ struct BrokerTask {
     raft_log: Option<(Option<PathBuf>, felix_proto::cluster::meta::RaftLog)>,
     /// Where this broker's replicas of replicated shards keep their logs.
     replica_logs: Option<crate::cluster::ReplicaLogs>,
+    /// Reads of replica log files started (metrics).
+    replica_log_reads: u64,
     /// What waits for the replica logs to be synced.
     gate: ReplicaSyncGate,
     /// The replica sync thread's queue.
@@ -1164,6 +1170,25 @@ impl BrokerTask {
                 "counter",
                 "Other brokers' rejoining replicas this broker, leading their group, took out and added back.",
                 r.readded,
+            );
+            let (bytes, on_disk) = n.replica_entry_memory();
+            m(
+                "felix_replica_entry_bytes",
+                "gauge",
+                "Bytes of replicas' Raft log entries held in memory (each replica keeps its newest, --replica-entry-cache).",
+                bytes,
+            );
+            m(
+                "felix_replica_entries_on_disk",
+                "gauge",
+                "Entries of replicas' Raft logs held only in their log files (read back when a follower or a reader needs them).",
+                on_disk,
+            );
+            m(
+                "felix_replica_log_reads_total",
+                "counter",
+                "Reads of replica log files: entries for a follower behind, history below what memory holds.",
+                self.replica_log_reads,
             );
         }
         m(
@@ -1500,6 +1525,7 @@ impl BrokerTask {
                     // the read is not held behind one; it runs on the blocking pool.
                     match self.replica_logs.as_ref().and_then(|l| l.read_job(&shard, low, high, max_bytes)) {
                         Some(job) => {
+                            self.replica_log_reads += 1;
                             let tx = self.tx.clone();
                             tokio::task::spawn_blocking(move || {
                                 let _ = tx.send(Input::ReplicaLogRead { token, result: job.run() });

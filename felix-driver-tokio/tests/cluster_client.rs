@@ -57,6 +57,7 @@ async fn start() -> Cluster {
                 secret: "s".into(),
                 advertise: None,
                 join: false,
+                replica_entry_cache: None,
             }),
             client_ca: None,
         };

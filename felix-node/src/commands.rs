@@ -107,6 +107,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
                     secret,
                     advertise: a.advertise.clone().or_else(|| c.advertise.clone()),
                     join,
+                    replica_entry_cache: a.replica_entry_cache,
                 })
             }
             (None, None, None) => None,

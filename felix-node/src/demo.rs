@@ -218,6 +218,7 @@ pub async fn run_cluster() -> Result<ExitCode, String> {
             secret: "demo-secret".into(),
             advertise: None,
             join: false,
+            replica_entry_cache: None,
         };
         let server = start_broker(demo_settings(
             client,

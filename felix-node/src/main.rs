@@ -285,6 +285,11 @@ struct ServeArgs {
     /// cluster first started runs with --join; only the founding brokers go without it.
     #[arg(long, env = "FELIX_JOIN")]
     join: bool,
+    /// Cluster: bytes of its Raft log each replica of a replicated shard keeps in memory once
+    /// applied; older entries are read back from its log files when a follower behind or a
+    /// reader needs them [default: 8388608 (8 MiB)].
+    #[arg(long, env = "FELIX_REPLICA_ENTRY_CACHE")]
+    replica_entry_cache: Option<u64>,
     /// Where this broker listens for the other brokers (never the client listener).
     #[arg(long, env = "FELIX_CLUSTER_LISTEN")]
     cluster_listen: Option<SocketAddr>,

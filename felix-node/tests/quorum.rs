@@ -968,22 +968,14 @@ fn a_follower_whose_replica_log_is_corrupted_rejoins_afresh_and_no_acknowledged_
     std::fs::write(&file, &bytes).unwrap();
     nodes[f].start(&peers);
     // Found, set aside, said.
-    let metric = |n: &Node, name: &str| -> Option<u64> {
-        let body = common::http_get(n.metrics, "/metrics")?;
-        body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    };
     wait_for("the damage is counted", 30, || metric(&nodes[f], "felix_replica_logs_damaged_total") == Some(1));
     let aside = std::fs::read_dir(replicas.join("damaged")).unwrap().count();
     assert_eq!(aside, 1, "the damaged file is kept aside");
     // Healed: taken out, added back, caught up to the leader's next offset.
     wait_for("the damaged replica rejoined and caught up", 60, || {
-        let (Some(mine), Some(theirs)) = (status(nodes[f].metrics), status(nodes[lead].metrics)) else { return false };
-        let next = |v: &serde_json::Value| {
-            v["replicas"].as_array()?.iter().find(|r| r["name"] == "ledger").map(|r| r["next_offset"].clone())
-        };
-        mine["rejoining_replicas"].as_array().is_some_and(Vec::is_empty)
-            && next(&mine).is_some()
-            && next(&mine) == next(&theirs)
+        let rejoined =
+            status(nodes[f].metrics).is_some_and(|v| v["rejoining_replicas"].as_array().is_some_and(Vec::is_empty));
+        rejoined && ledger_caught_up(&nodes[f], &nodes[lead])
     });
     assert_eq!(metric(&nodes[f], "felix_replica_rejoins_healed_total"), Some(1));
     assert_eq!(metric(&nodes[lead], "felix_replicas_readded_total"), Some(1));
@@ -991,6 +983,59 @@ fn a_follower_whose_replica_log_is_corrupted_rejoins_afresh_and_no_acknowledged_
     nodes[lead].kill();
     check_ledger(&nodes, &any_dir, &acked, &fast.unknown);
     eprintln!("corrupted follower: {} acknowledged, none lost or doubled", acked.len());
+}
+
+/// A metric of broker `n` (`None` while it does not answer).
+fn metric(n: &Node, name: &str) -> Option<u64> {
+    let body = common::http_get(n.metrics, "/metrics")?;
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Whether broker `a`'s replica of the ledger is at broker `b`'s next offset.
+fn ledger_caught_up(a: &Node, b: &Node) -> bool {
+    let (Some(mine), Some(theirs)) = (status(a.metrics), status(b.metrics)) else { return false };
+    let next = |v: &serde_json::Value| {
+        v["replicas"].as_array()?.iter().find(|r| r["name"] == "ledger").map(|r| r["next_offset"].clone())
+    };
+    next(&mine).is_some() && next(&mine) == next(&theirs)
+}
+
+/// A replicated shard holds only its newest history in memory (budgets of 64 KiB here: the
+/// broker's log of it, `--memory-bytes`, and each replica's Raft log, `--replica-entry-cache`).
+/// A follower down while far more was written catches up from the entries its leader reads
+/// back from its log files; then the leader is killed and every acknowledged record is read
+/// back from offset 0 on the survivors, most of it from their files.
+#[test]
+fn a_follower_away_while_far_more_than_memory_was_written_catches_up_from_its_leaders_log_files() {
+    let budgets = ["--memory-bytes", "65536", "--replica-entry-cache", "65536"];
+    let (_dirs, mut nodes, peers) = three_brokers_with(&budgets, &[], false);
+    let any_dir = nodes[0].dir.clone();
+    let load = Load::start(&nodes, 8);
+    load.wait_acks("the publisher is acknowledged", 0, 500);
+    let lead = leader_index(&nodes);
+    let f = (0..3).find(|i| *i != lead).unwrap();
+    nodes[f].kill();
+    let from = load.count();
+    load.wait_acks("acknowledged while the follower is down", from, 5_000);
+    let on_disk = metric(&nodes[lead], "felix_replica_entries_on_disk").unwrap_or(0);
+    assert!(on_disk > 1_000, "the leader's Raft log keeps {on_disk} entries on disk only");
+    nodes[f].start(&peers);
+    wait_for("the follower caught up", 60, || ledger_caught_up(&nodes[f], &nodes[lead]));
+    let reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0);
+    assert!(reads > 0, "the entries the follower missed were read back from the leader's files");
+    let fast = load.finish();
+    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
+    nodes[lead].kill();
+    let before: u64 =
+        nodes.iter().filter(|n| n.proc.is_some()).filter_map(|n| metric(n, "felix_replica_log_reads_total")).sum();
+    check_ledger(&nodes, &any_dir, &acked, &fast.unknown);
+    let after: u64 =
+        nodes.iter().filter(|n| n.proc.is_some()).filter_map(|n| metric(n, "felix_replica_log_reads_total")).sum();
+    assert!(after > before, "history below memory was read back from the survivors' files");
+    eprintln!(
+        "{} acknowledged, {on_disk} entries on disk only on the leader, {reads} reads for the follower",
+        acked.len()
+    );
 }
 
 /// The leader is paused (SIGSTOP) for several seconds under a full-speed acked publisher, as a
