@@ -13,7 +13,6 @@ use felix_proto::error_code::RetryClass;
 use felix_proto::message::StartPosition;
 use std::io::Write;
 use std::process::ExitCode;
-use tokio::io::AsyncBufReadExt;
 
 pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     let file = match &a.config {
@@ -535,35 +534,111 @@ fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> R
     Ok(opts)
 }
 
+/// How reading the lines to publish ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InputEnd {
+    /// The input ended (or the records were arguments).
+    Done,
+    /// Ctrl-C or SIGTERM: what was read was sent, nothing more is read.
+    Interrupted,
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 /// The batches `publish` sends: the arguments as one batch, or lines of --file or standard
-/// input in batches of `--batch`, each handed to `send` in order.
-async fn publish_batches<F, Fut>(a: &PublishArgs, mut send: F) -> Result<(), String>
+/// input, each handed to `send` in order. A batch goes once it holds `--batch` lines, or once
+/// `--linger` passed with no further line (a pipe from `tail -f` is sent as it comes, not 64
+/// lines at a time), or when the input ends. On Ctrl-C or SIGTERM what was read is sent and
+/// nothing more is read: no line that was read is dropped.
+async fn publish_batches<F, Fut>(a: &PublishArgs, mut send: F) -> Result<InputEnd, String>
 where
     F: FnMut(Vec<Bytes>) -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     if !a.payloads.is_empty() {
-        return send(a.payloads.iter().map(|p| Bytes::from(p.clone())).collect()).await;
+        send(a.payloads.iter().map(|p| Bytes::from(p.clone())).collect()).await?;
+        return Ok(InputEnd::Done);
     }
-    let lines: Box<dyn tokio::io::AsyncBufRead + Unpin> = match &a.file {
-        Some(f) => Box::new(tokio::io::BufReader::new(
-            tokio::fs::File::open(f).await.map_err(|e| format!("{}: {e}", f.display()))?,
-        )),
-        None => Box::new(tokio::io::BufReader::new(tokio::io::stdin())),
+    // Lines are read on a thread of their own: a read of standard input cannot be cancelled,
+    // and on tokio's blocking pool one still waiting (the writer of the pipe alive, as `tail
+    // -f` is) would keep the command from exiting after Ctrl-C.
+    let input: Box<dyn std::io::Read + Send> = match &a.file {
+        Some(f) => {
+            Box::new(std::io::BufReader::new(std::fs::File::open(f).map_err(|e| format!("{}: {e}", f.display()))?))
+        }
+        None => Box::new(std::io::BufReader::new(std::io::stdin())),
     };
-    let mut lines = lines.lines();
+    let (tx, mut lines) = tokio::sync::mpsc::channel::<std::io::Result<String>>(1024);
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(input)) {
+            let failed = line.is_err();
+            if tx.blocking_send(line).is_err() || failed {
+                return;
+            }
+        }
+    });
     let mut batch = Vec::new();
+    // When the batch held goes even if no further line comes.
+    let mut due: Option<tokio::time::Instant> = None;
+    let stop = interrupted();
+    tokio::pin!(stop);
     loop {
-        let line = lines.next_line().await.map_err(|e| format!("reading input: {e}"))?;
-        let done = line.is_none();
-        if let Some(l) = line {
-            batch.push(Bytes::from(l));
-        }
-        if (done && !batch.is_empty()) || batch.len() >= a.batch.max(1) {
-            send(std::mem::take(&mut batch)).await?;
-        }
-        if done {
-            return Ok(());
+        let at = due;
+        let linger = async move {
+            match at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = &mut stop => {
+                // Lines already waiting in the pipe were written before the signal: they are
+                // read too (until the input pauses for the linger, at least 20 ms, or ends).
+                let grace = a.linger.max(std::time::Duration::from_millis(20)).min(std::time::Duration::from_secs(1));
+                while let Ok(Some(Ok(l))) = tokio::time::timeout(grace, lines.recv()).await {
+                    batch.push(Bytes::from(l));
+                }
+                for chunk in batch.chunks(a.batch.max(1)) {
+                    send(chunk.to_vec()).await?;
+                }
+                return Ok(InputEnd::Interrupted);
+            }
+            () = linger => {
+                send(std::mem::take(&mut batch)).await?;
+                due = None;
+            }
+            // Cancel-safe: a line not taken when another branch wins stays in the channel.
+            line = lines.recv() => match line.transpose().map_err(|e| format!("reading input: {e}"))? {
+                Some(l) => {
+                    batch.push(Bytes::from(l));
+                    due.get_or_insert_with(|| tokio::time::Instant::now() + a.linger);
+                    if batch.len() >= a.batch.max(1) {
+                        send(std::mem::take(&mut batch)).await?;
+                        due = None;
+                    }
+                }
+                None => {
+                    if !batch.is_empty() {
+                        send(std::mem::take(&mut batch)).await?;
+                    }
+                    return Ok(InputEnd::Done);
+                }
+            },
         }
     }
 }
@@ -583,7 +658,7 @@ async fn publish_idempotent(a: PublishArgs) -> Result<ExitCode, String> {
     let producer = std::sync::Arc::new(tokio::sync::Mutex::new(producer));
     let key = a.key.clone().map(Bytes::from);
     let mut sent = 0usize;
-    publish_batches(&a, |batch| {
+    let end = publish_batches(&a, |batch| {
         sent += batch.len();
         let (producer, key) = (producer.clone(), key.clone());
         async move { producer.lock().await.submit(batch, key).await.map(|_| ()).map_err(|e| e.to_string()) }
@@ -599,7 +674,19 @@ async fn publish_idempotent(a: PublishArgs) -> Result<ExitCode, String> {
         }
         None => eprintln!("published {sent} record(s) exactly once (producer {id})"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(exit_after(end))
+}
+
+/// The exit code once everything read was sent: 130 after Ctrl-C or SIGTERM (said), as other
+/// command-line tools exit when interrupted.
+fn exit_after(end: InputEnd) -> ExitCode {
+    match end {
+        InputEnd::Done => ExitCode::SUCCESS,
+        InputEnd::Interrupted => {
+            eprintln!("interrupted: stopped reading; every line read was sent");
+            ExitCode::from(130)
+        }
+    }
 }
 
 pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
@@ -625,7 +712,7 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
     let opts = || PublishOptions { key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
     let mut sent = 0usize;
     let last_offset = std::sync::Arc::new(std::sync::Mutex::new(None));
-    publish_batches(&a, |batch| {
+    let end = publish_batches(&a, |batch| {
         sent += batch.len();
         let client = client.clone();
         let (ns, stream, o, last) = (a.conn.namespace.clone(), a.stream.clone(), opts(), last_offset.clone());
@@ -674,7 +761,7 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
         (true, None) => eprintln!("published {sent} record(s), acknowledged"),
         _ => eprintln!("published {sent} record(s), received by the broker"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(exit_after(end))
 }
 
 fn parse_start(s: &str) -> Result<StartPosition, String> {

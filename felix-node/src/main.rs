@@ -406,6 +406,12 @@ struct PublishArgs {
     /// Records per batch when reading lines.
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// When reading lines: send a batch that is not full once no line came for this long
+    /// (e.g. 5ms, 100ms), so `tail -f app.log | felix-node publish logs` sends as lines come.
+    /// On Ctrl-C or SIGTERM what was read is sent (and acknowledged, with --ack) before the
+    /// command exits with 130.
+    #[arg(long, default_value = "5ms", value_parser = commands::parse_duration)]
+    linger: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

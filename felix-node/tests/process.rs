@@ -807,6 +807,65 @@ async fn a_thousand_unacked_cli_publishes_all_land() {
     assert_eq!(got, want);
 }
 
+/// `tail -f app.log | felix-node publish logs`: lines are sent as they come (after a short
+/// linger, not 64 at a time), and Ctrl-C sends (and, with --ack, acknowledges) what was read
+/// before the command exits with 130, saying how many records went. Both parts fail without
+/// the change: three lines of a 64-line batch waited for more, and a held line was dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_a_pipe_sends_lines_as_they_come_and_ctrl_c_sends_what_was_read() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let _broker = serve(dir.path(), addr, &[]);
+    let publisher = |stream: &str, extra: &[&str]| {
+        let mut cmd = tokio::process::Command::from(client_cmd(dir.path(), addr));
+        cmd.env("FELIX_TENANT", "t1")
+            .args(["publish", stream, "--ack"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let c = connect(dir.path(), addr).await;
+    let wait_records = |stream: &'static str, n: usize| {
+        let c = &c;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let got = read_all(c, stream).await;
+                if got.len() >= n {
+                    return got;
+                }
+                assert!(std::time::Instant::now() < deadline, "{stream}: {} of {n} records arrived", got.len());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // Three lines, the pipe left open: they arrive without waiting for 61 more.
+    let mut tail = publisher("piped", &[]);
+    let mut stdin = tail.stdin.take().unwrap();
+    stdin.write_all(b"one\ntwo\nthree\n").await.unwrap();
+    assert_eq!(wait_records("piped", 3).await.len(), 3);
+    drop(stdin);
+    assert!(tail.wait().await.unwrap().success());
+    // Batches of two that never linger: two lines arrive as a full batch (its signal handler
+    // is in place by then); a third is held until Ctrl-C, which sends it.
+    let mut held = publisher("held", &["--batch", "2", "--linger", "1h"]);
+    let mut stdin = held.stdin.take().unwrap();
+    stdin.write_all(b"a\nb\n").await.unwrap();
+    assert_eq!(wait_records("held", 2).await.len(), 2);
+    stdin.write_all(b"c\n").await.unwrap();
+    let pid = held.id().unwrap().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let out = tokio::time::timeout(Duration::from_secs(20), held.wait_with_output()).await.unwrap().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("published 3 record(s)") && err.contains("interrupted"), "{err}");
+    let got = wait_records("held", 3).await;
+    assert_eq!(got.len(), 3, "each line once: {got:?}");
+}
+
 /// A publisher whose broker stops answering (here: SIGSTOP) exits saying what it could not get
 /// confirmed, instead of claiming success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
