@@ -46,7 +46,7 @@ fn start_with(name: &str, client: SocketAddr, cluster: SocketAddr, peers: &str, 
         .args(["--metrics-listen", &metrics.to_string()])
         .args(extra)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     common::wait_for_banner(&mut child);

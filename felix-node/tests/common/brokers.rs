@@ -52,7 +52,7 @@ impl Node {
             .envs(self.journal.iter().map(|j| (felix_driver_common::sync_journal::ENV, j)))
             .envs(self.env.iter().cloned())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         super::wait_for_banner(&mut child);

@@ -50,8 +50,10 @@ pub fn wait_for(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
 pub const BANNER_WAIT: Duration = Duration::from_secs(60);
 
 /// Waits (at most [`BANNER_WAIT`]) for a `serve` child's "listening" banner on its stdout
-/// (piped), and keeps draining the rest so the broker never blocks on a full pipe. A child
-/// that does not print it in time is killed and the test fails.
+/// (piped), and keeps draining the rest so the broker never blocks on a full pipe. With its
+/// stderr piped too, the last lines it wrote there are kept (and drained likewise). A child that
+/// does not print the banner in time, or exits first, is killed and the test fails saying how
+/// it ended and what it last wrote (a port another test took meanwhile, say).
 pub fn wait_for_banner(child: &mut std::process::Child) {
     use std::io::{BufRead, BufReader};
     let lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
@@ -66,9 +68,26 @@ pub fn wait_for_banner(child: &mut std::process::Child) {
             }
         }
     });
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::<String>::new()));
+    if let Some(err) = child.stderr.take() {
+        let tail = tail.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let Ok(mut t) = tail.lock() else { return };
+                if t.len() == 20 {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        });
+    }
     if rx.recv_timeout(BANNER_WAIT).is_err() {
+        let ended = child.try_wait().ok().flatten();
         let _ = child.kill();
         let _ = child.wait();
-        panic!("the broker printed no banner within {BANNER_WAIT:?} (or exited first)");
+        let said = tail.lock().map(|t| Vec::from(t.clone()).join("\n")).unwrap_or_default();
+        panic!(
+            "the broker printed no banner within {BANNER_WAIT:?} (ended first: {ended:?}); its last lines on stderr:\n{said}"
+        );
     }
 }
