@@ -4,13 +4,15 @@
 #
 #   scripts/replication-bench.sh [--replication N] [--payload BYTES] [--duration SECS]
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
-#                                [--retain-records N] [--rss]
+#                                [--retain-records N] [--rss] [--restart-follower]
 #
 # Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
 # broker's peak and current resident memory after the run. --retain-records N configures the
 # bench stream (a [[streams]] entry) to retain N records (and N x 4 x payload bytes), so a long
-# run keeps far more than memory budgets hold. Everything it starts is killed when it ends (or
-# is interrupted); data lives in a temporary directory.
+# run keeps far more than memory budgets hold. --restart-follower then kills a follower
+# (SIGKILL), starts it again on its data, and says how long until it listened and until its
+# replica was caught up with the leader, and its peak RSS. Everything it starts is killed when
+# it ends (or is interrupted); data lives in a temporary directory.
 set -euo pipefail
 
 replication=3
@@ -20,6 +22,7 @@ fsync=""
 runs=1
 retain=""
 rss=""
+restart=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,7 +34,8 @@ while [ $# -gt 0 ]; do
     --runs) runs="$2"; shift 2 ;;
     --retain-records) retain="$2"; shift 2 ;;
     --rss) rss=1; shift ;;
-    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
+    --restart-follower) restart=1; shift ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -79,13 +83,15 @@ $quorum
 TOML
     extra+=(--config "$tmp/streams.toml")
   fi
-  for i in 0 1 2; do
+  start_one() {
+    local i=$1
     "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
       --node-id "${names[$i]}" --default-shards 1 --default-replication "$replication" \
       --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
-      --metrics-listen "${metrics[$i]}" "${extra[@]}" > "$tmp/${names[$i]}.out" 2>&1 &
-    pids+=($!)
-  done
+      --metrics-listen "${metrics[$i]}" "${extra[@]}" >> "$tmp/${names[$i]}.out" 2>&1 &
+    pids[i]=$!
+  }
+  for i in 0 1 2; do start_one "$i"; done
   for i in 0 1 2; do
     for _ in $(seq 1 300); do grep -q "listening" "$tmp/${names[$i]}.out" && break; sleep 0.1; done
   done
@@ -142,6 +148,41 @@ PY
     for i in 0 1 2; do
       awk -v n="${names[$i]}" '/^VmHWM|^VmRSS/ {v[$1]=$2} END {printf "  %s: peak RSS %.0f MB, now %.0f MB\n", n, v["VmHWM:"]/1024, v["VmRSS:"]/1024}' "/proc/${pids[$i]}/status"
     done
+  fi
+  if [ -n "$restart" ] && [ "$replication" != 1 ]; then
+    local f="" l=""
+    for i in 0 1 2; do
+      if [ "${client[$i]}" = "$leader" ]; then l=$i; elif [ -z "$f" ]; then f=$i; fi
+    done
+    kill -9 "${pids[$f]}"
+    wait "${pids[$f]}" 2>/dev/null || true
+    local lines
+    lines=$(wc -l < "$tmp/${names[$f]}.out")
+    local t0
+    t0=$(date +%s.%N)
+    start_one "$f"
+    python3 - "${metrics[$f]}" "${metrics[$l]}" "$t0" "$tmp/${names[$f]}.out" "$lines" "${pids[$f]}" <<'PY'
+import json, sys, time, urllib.request
+mine, leader, t0, out, skip, pid = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+def next_offset(addr):
+    try:
+        body = json.load(urllib.request.urlopen(f"http://{addr}/cluster", timeout=2))
+    except Exception:
+        return None
+    return next((r.get("next_offset") for r in body.get("replicas", []) if r.get("name") == "b1"), None)
+listening = None
+deadline = time.time() + 300
+while time.time() < deadline:
+    if listening is None and any("listening" in l for l in open(out).readlines()[skip:]):
+        listening = time.time() - t0
+    a, b = next_offset(mine), next_offset(leader)
+    if a is not None and a == b:
+        rss = next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM"))
+        print(f"  restarted follower: listening after {listening or 0:.2f} s, caught up (next offset {a}) after {time.time() - t0:.2f} s, peak RSS {rss / 1024:.0f} MB")
+        sys.exit(0)
+    time.sleep(0.05)
+print("  restarted follower: not caught up within 300 s")
+PY
   fi
   cleanup
 }
