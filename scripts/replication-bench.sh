@@ -177,8 +177,10 @@ while time.time() < deadline:
         listening = time.time() - t0
     a, b = next_offset(mine), next_offset(leader)
     if a is not None and a == b:
-        rss = next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM"))
-        print(f"  restarted follower: listening after {listening or 0:.2f} s, caught up (next offset {a}) after {time.time() - t0:.2f} s, peak RSS {rss / 1024:.0f} MB")
+        caught = time.time() - t0
+        time.sleep(2)
+        st = {l.split(":")[0]: int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith(("VmHWM", "VmRSS"))}
+        print(f"  restarted follower: listening after {listening or 0:.2f} s, caught up (next offset {a}) after {caught:.2f} s, peak RSS {st['VmHWM'] / 1024:.0f} MB, {st['VmRSS'] / 1024:.0f} MB 2 s later")
         sys.exit(0)
     time.sleep(0.05)
 print("  restarted follower: not caught up within 300 s")

@@ -596,12 +596,13 @@ impl ReplicaLogs {
             }
             for (shard, mut seqs) in found {
                 seqs.sort_unstable();
+                // Each segment read into one buffer that the entries folded from it share: the
+                // log is held once, and a segment's buffer is freed once its entries left memory.
                 let mut datas = Vec::with_capacity(seqs.len());
                 for seq in &seqs {
-                    datas.push(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?);
+                    datas.push(bytes::Bytes::from(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?));
                 }
-                let views: Vec<&[u8]> = datas.iter().map(Vec::as_slice).collect();
-                let (log, infos, damage, mut points) = felix_proto::cluster::meta::fold_log_segments_indexed(&views);
+                let (log, infos, damage, mut points) = felix_proto::cluster::meta::fold_log_segments_shared(&datas);
                 if let Some(d) = damage {
                     let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
                     let why = format!("{}, byte {}: {}", path.display(), d.offset, d.kind);

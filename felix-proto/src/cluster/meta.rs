@@ -1006,6 +1006,16 @@ impl RaftLog {
     /// # Errors
     /// [`MetaError::Decode`] for bytes that are not a whole, intact Raft log.
     pub fn decode(data: &[u8]) -> Result<RaftLog, MetaError> {
+        Self::decode_in(data, None)
+    }
+
+    /// [`decode`](Self::decode), the entries' data shared with `buffer` (of which `data` is a
+    /// part) rather than copied: a log read back at a restart is then held once, and a
+    /// segment's buffer is freed whole once its entries left memory. Never panics.
+    ///
+    /// # Errors
+    /// As [`decode`](Self::decode).
+    fn decode_in(data: &[u8], buffer: Option<&bytes::Bytes>) -> Result<RaftLog, MetaError> {
         use protobuf::Message as _;
         let bad = |why: &str| MetaError::Decode(format!("raft log: {why}"));
         if data.len() < 12 || &data[..4] != b"FLXR" {
@@ -1027,7 +1037,11 @@ impl RaftLog {
             let len = word(&mut at)? as usize;
             let b = body.get(at..at + len).ok_or_else(|| bad("truncated entry"))?;
             at += len;
-            entries.push(Entry::parse_from_bytes(b).map_err(|e| bad(&e.to_string()))?);
+            let e = match buffer.and_then(|buf| shared_part(buf, b)) {
+                Some(shared) => Entry::parse_from_carllerche_bytes(&shared),
+                None => Entry::parse_from_bytes(b),
+            };
+            entries.push(e.map_err(|e| bad(&e.to_string()))?);
         }
         let len = word(&mut at)? as usize;
         let b = body.get(at..at + len).ok_or_else(|| bad("truncated hard state"))?;
@@ -1221,11 +1235,22 @@ fn record_at(data: &[u8], at: usize) -> RecordAt<'_> {
 /// a record with a hard state carries one Raft wrote (never the all-zero initial one), a
 /// record without carries the zero placeholder. A flipped flag would otherwise forget a vote
 /// or put term 0 in its place.
+/// `part` as a slice of `buffer` (no copy), when it lies within it.
+fn shared_part(buffer: &bytes::Bytes, part: &[u8]) -> Option<bytes::Bytes> {
+    let start = (part.as_ptr() as usize).checked_sub(buffer.as_ptr() as usize)?;
+    (start + part.len() <= buffer.len()).then(|| buffer.slice(start..start + part.len()))
+}
+
 fn decode_body(body: &[u8]) -> Result<Result<Snapshot, RaftLog>, ()> {
+    decode_body_in(body, None)
+}
+
+/// [`decode_body`], entries sharing `buffer` (see [`RaftLog::decode_in`]).
+fn decode_body_in(body: &[u8], buffer: Option<&bytes::Bytes>) -> Result<Result<Snapshot, RaftLog>, ()> {
     match body[0] {
         2 => decode_snapshot_record(&body[1..]).map(Ok).ok_or(()),
         flag @ (0 | 1) => {
-            let part = RaftLog::decode(&body[1..]).map_err(|_| ())?;
+            let part = RaftLog::decode_in(&body[1..], buffer).map_err(|_| ())?;
             if (flag == 1) == (part.hard_state == HardState::default()) {
                 return Err(());
             }
@@ -1280,6 +1305,23 @@ pub fn read_log_record(data: &[u8], at: usize) -> Option<(usize, Option<RaftLog>
 pub fn fold_log_segments_indexed(
     segments: &[&[u8]],
 ) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>, super::log_read::LogPoints) {
+    fold_segments(segments, None)
+}
+
+/// [`fold_log_segments_indexed`] over segments read into shared buffers: the entries' data are
+/// slices of them, not copies (a restart holds the log once; a segment's buffer goes whole once
+/// its entries left memory). Never panics.
+pub fn fold_log_segments_shared(
+    segments: &[bytes::Bytes],
+) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>, super::log_read::LogPoints) {
+    let views: Vec<&[u8]> = segments.iter().map(|b| b.as_ref()).collect();
+    fold_segments(&views, Some(segments))
+}
+
+fn fold_segments(
+    segments: &[&[u8]],
+    buffers: Option<&[bytes::Bytes]>,
+) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>, super::log_read::LogPoints) {
     let mut points = super::log_read::LogPoints::default();
     // Pass 1: the last snapshot's index (whole snapshot records that decode; entry records
     // are decoded once, in pass 2).
@@ -1326,7 +1368,7 @@ pub fn fold_log_segments_indexed(
                 RecordAt::Short => break,
             };
             let end = info.whole + 4 + body.len();
-            let mut part = match decode_body(body) {
+            let mut part = match decode_body_in(body, buffers.and_then(|b| b.get(segment))) {
                 Ok(Ok(snap)) => {
                     log.persist_snapshot(&snap);
                     points.skip((end - info.whole) as u64);
@@ -1623,6 +1665,33 @@ mod tests {
         zeros.extend_from_slice(&[0; 100]);
         let (log, infos, damage) = fold_log_segments_checked(&[&zeros]);
         assert_eq!((damage, infos[0].whole, log.hard_state.term), (None, end, 2));
+    }
+
+    /// The shared fold gives the same log, index and verdict as the copying one, and its
+    /// entries' data lie in the segment buffers (nothing copied), damage included.
+    #[test]
+    fn a_shared_fold_gives_the_same_log_with_entries_in_the_segment_buffers() {
+        let (file, [a, ..]) = three_records();
+        let hs = HardState { term: 2, vote: 2, commit: 6, ..HardState::default() };
+        let next = encode_log_record(&entries(7..=8, 2), Some(&hs));
+        let segments = [bytes::Bytes::from(file.clone()), bytes::Bytes::from(next.clone())];
+        let (log, infos, damage, _) = fold_log_segments_shared(&segments);
+        let (copied, copied_infos, copied_damage, _) = fold_log_segments_indexed(&[&file, &next]);
+        assert_eq!((&log, &infos, &damage), (&copied, &copied_infos, &copied_damage));
+        assert_eq!(log.entries.len(), 8);
+        let within = |e: &Entry| {
+            segments.iter().any(|s| {
+                let (p, d) = (s.as_ptr() as usize, e.data.as_ptr() as usize);
+                !e.data.is_empty() && d >= p && d + e.data.len() <= p + s.len()
+            })
+        };
+        assert!(log.entries.iter().filter(|e| !e.data.is_empty()).all(within), "entries share the buffers");
+        // A flipped bit is damage the same way.
+        let mut bad = file.clone();
+        bad[a / 2] ^= 1;
+        let (_, _, d, _) = fold_log_segments_shared(&[bytes::Bytes::from(bad.clone())]);
+        assert_eq!(d, fold_log_segments_checked(&[&bad]).2);
+        assert!(d.is_some());
     }
 
     #[test]
