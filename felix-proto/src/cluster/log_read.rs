@@ -51,7 +51,7 @@ impl LogPoints {
             self.points.retain(|p| p.index < first);
         }
         let point = overwrites
-            || first != self.last + 1
+            || Some(first) != self.last.checked_add(1)
             || self.segment != Some(segment)
             || self.since >= POINT_EVERY
             || self.points.is_empty();
@@ -141,7 +141,7 @@ impl EntryCollector {
             if e.index < self.low || e.index >= self.high || self.full() {
                 continue;
             }
-            if self.entries.last().is_none_or(|l| e.index == l.index + 1) {
+            if self.entries.last().is_none_or(|l| l.index.checked_add(1) == Some(e.index)) {
                 self.bytes += e.data.len() as u64;
                 self.entries.push(e);
             }
@@ -161,7 +161,7 @@ impl EntryCollector {
             return true;
         }
         let Some(last) = self.entries.last() else { return false };
-        next.index > last.index && (last.index + 1 >= self.high || self.full())
+        next.index > last.index && (last.index.saturating_add(1) >= self.high || self.full())
     }
 
     /// The entries gathered.

@@ -77,7 +77,7 @@ impl OnDisk {
         if self.runs.last().is_none_or(|(_, t)| *t != term) {
             self.runs.push((idx, term));
         }
-        self.end = idx + 1;
+        self.end = idx.saturating_add(1);
     }
 
     /// Everything at or below `index` was compacted away.
@@ -85,16 +85,17 @@ impl OnDisk {
         if index < self.first {
             return;
         }
-        if index + 1 >= self.end {
+        let next = index.saturating_add(1);
+        if next >= self.end {
             *self = OnDisk::default();
             return;
         }
-        let keep = self.runs.partition_point(|(start, _)| *start <= index + 1).saturating_sub(1);
+        let keep = self.runs.partition_point(|(start, _)| *start <= next).saturating_sub(1);
         self.runs.drain(..keep);
         if let Some(r) = self.runs.first_mut() {
-            r.0 = index + 1;
+            r.0 = next;
         }
-        self.first = index + 1;
+        self.first = next;
     }
 }
 
@@ -790,7 +791,7 @@ impl MetaNode {
             Ok(mut entries) => {
                 entries.retain(|e| e.index < store.disk.end);
                 let fits = entries.first().is_some_and(|e| e.index == low)
-                    && entries.windows(2).all(|w| w[1].index == w[0].index + 1)
+                    && entries.windows(2).all(|w| w[0].index.checked_add(1) == Some(w[1].index))
                     && entries.iter().all(|e| store.term(e.index).is_ok_and(|t| t == e.term));
                 if fits {
                     store.reads.get_mut().ready.insert(low, entries);
