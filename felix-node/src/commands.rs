@@ -401,6 +401,7 @@ async fn reload_auth_forever(a: &ServeArgs, server: &felix_driver_tokio::Server)
     }
 }
 
+/// Resolves on Ctrl-C or SIGTERM (a broker's drain, a publisher's last send).
 async fn wait_for_shutdown() {
     #[cfg(unix)]
     {
@@ -543,22 +544,6 @@ enum InputEnd {
     Interrupted,
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn interrupted() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 /// The batches `publish` sends: the arguments as one batch, or lines of --file or standard
 /// input, each handed to `send` in order. A batch goes once it holds `--batch` lines, or once
 /// `--linger` passed with no further line (a pipe from `tail -f` is sent as it comes, not 64
@@ -594,7 +579,7 @@ where
     let mut batch = Vec::new();
     // When the batch held goes even if no further line comes.
     let mut due: Option<tokio::time::Instant> = None;
-    let stop = interrupted();
+    let stop = wait_for_shutdown();
     tokio::pin!(stop);
     loop {
         let at = due;
