@@ -1262,12 +1262,7 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     // 300 acked records of 100 bytes, one batch each: about 30 KB of payload (and 150 KB
     // counting what each batch costs in memory), against budgets of 4 KiB.
     let pad = "x".repeat(96);
-    let (conn, st) = c.client(&leader, ACKED, 1);
-    for k in 0..300u64 {
-        c.send(&leader, conn, st, publish_binary("ledger", &[&format!("{k:03}:{pad}")], Some(k + 1), None));
-    }
-    let a = acks(&payloads(&c.take(&leader, conn, st)));
-    assert!(a.len() == 300 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    publish_acked(&mut c, &leader, 1, &pad, 300);
     c.settle();
     let held = c.nodes[&leader].broker.committed_batches(&ledger(), 0).len();
     assert!(held < 20, "the leader's log holds {held} of 300 batches in memory");
@@ -1283,7 +1278,7 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     c.until("the follower that was away caught up", |c| tail(c, &away) == tail(c, &leader));
     assert!(c.replica_reads > reads, "the entries it missed were read back from the leader's log");
     // A subscriber from the start gets every record in order, most read back from the log.
-    let expect: Vec<(u64, String)> = (0..300u64).map(|k| (k + 1, format!("{k:03}:{pad}"))).collect();
+    let expect: Vec<(u64, String)> = (0..300u64).map(|k| (k + 1, format!("{pad}{k}"))).collect();
     let subscribe_all = |c: &mut Cluster, node: &str, index: u64| {
         let reads = c.replica_reads;
         let (sc, ss) = c.client_with(node, MOVED_SUB_FLAGS, 0x1000, index);
