@@ -165,7 +165,7 @@ fn history_requests_are_refused_as_the_spec_says() {
     let mut bad = message::StreamRead {
         tenant_id: "t1".into(),
         namespace: "default".into(),
-        stream: "orders".into(),
+        stream: "ticks".into(),
         shard: 3,
         from: 0,
         end: None,
@@ -174,6 +174,9 @@ fn history_requests_are_refused_as_the_spec_says() {
         request_id: 3,
     };
     sim.raw_send(p, s, json(&Message::StreamRead(bad.clone())), false);
+    // A stream that does not exist: reading it is not_found, and creates nothing.
+    sim.raw_send(p, s, read("nosuch", 0, None, None, 4), false);
+    sim.raw_send(p, s, offset_for_time("nosuch", 0, 5), false);
     sim.run();
     let ms = messages(&sim.take_received(p, s));
     let code = |m: &Message| match m {
@@ -183,6 +186,9 @@ fn history_requests_are_refused_as_the_spec_says() {
     assert_eq!(code(&ms[0]).as_deref(), Some("invalid_request"));
     assert_eq!(code(&ms[1]).as_deref(), Some("invalid_request"));
     assert_eq!(code(&ms[2]).as_deref(), Some("invalid_request"));
+    assert_eq!(code(&ms[3]).as_deref(), Some("not_found"));
+    assert_eq!(code(&ms[4]).as_deref(), Some("not_found"));
+    assert!(!sim.broker.streams().any(|(_, _, s, _)| s == "nosuch"), "a read created nothing");
     // Reading needs the subscribe permission.
     let w = sim.connect_raw();
     let ws = sim.raw_open_bi(w);
@@ -397,4 +403,62 @@ fn the_client_state_machine_reads_pages_and_maps_cursor_errors_to_the_request() 
         matches!(&ev[2], ClientEvent::Reply { request_id, reply: Reply::OffsetValue(Some(0)) } if *request_id == r3),
         "{ev:?}"
     );
+}
+
+/// Names of new streams follow one grammar (D49), checked where the stream would be created;
+/// `stream_shards` asks without creating (0: no such stream).
+#[test]
+fn new_stream_names_follow_the_grammar_and_questions_create_nothing() {
+    let mut sim = Sim::new(config(), epoch());
+    let codes = Features::ERROR_CODES.to_words(false).0.unwrap();
+    let (p, s, _) = raw_session(&mut sim, None, Some(codes));
+    let publish = |stream: &str, request_id: u64| {
+        json(&Message::Publish(message::Publish {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: stream.into(),
+            payload: message::B64(Bytes::from_static(b"x")),
+            key: None,
+            shard: None,
+            request_id: Some(request_id),
+            ack: Some(felix_proto::binary::AckMode::PerMessage),
+            publish_width: None,
+        }))
+    };
+    let shards = |stream: &str, request_id: u64| {
+        json(&Message::StreamShards(message::StreamShards {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: stream.into(),
+            request_id,
+        }))
+    };
+    let bad = ["", "orders.*", "bad stream/name", "..", "naïve"];
+    for (i, name) in bad.iter().enumerate() {
+        sim.raw_send(p, s, publish(name, i as u64 + 1), false);
+    }
+    sim.raw_send(p, s, shards("nosuch", 10), false);
+    sim.raw_send(p, s, publish("orders-eu.v2_1", 11), false);
+    sim.raw_send(p, s, shards("orders-eu.v2_1", 12), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms.len(), bad.len() + 3, "{ms:?}");
+    for (m, name) in ms.iter().zip(bad) {
+        let (code, text) = match m {
+            Message::PublishError(e) => (&e.code, &e.message),
+            Message::Error(e) => (&e.code, &e.message),
+            other => panic!("{name:?}: expected a refusal, got {other:?}"),
+        };
+        assert_eq!(code.as_ref().map(|c| c.name().into_owned()).as_deref(), Some("invalid_request"), "{name:?}");
+        assert!(text.contains("names are 1 to 200"), "{name:?}: {text}");
+        match m {
+            Message::PublishError(_) | Message::Error(_) => {}
+            other => panic!("{name:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(matches!(&ms[bad.len()], Message::StreamShardsView(v) if v.shards == 0), "{:?}", ms[bad.len()]);
+    assert!(matches!(&ms[bad.len() + 1], Message::PublishOk(_)), "{:?}", ms[bad.len() + 1]);
+    assert!(matches!(&ms[bad.len() + 2], Message::StreamShardsView(v) if v.shards == 1), "{:?}", ms[bad.len() + 2]);
+    let names: Vec<&str> = sim.broker.streams().map(|(_, _, s, _)| s).collect();
+    assert_eq!(names, ["orders-eu.v2_1"], "only the good name was created");
 }

@@ -26,6 +26,9 @@ impl Broker {
         if !self.cfg.auto_create {
             return Err(Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
         }
+        check_new_name("tenant", t)?;
+        check_new_name("namespace", ns)?;
+        check_new_name("cache", c)?;
         let k = key(t, ns, c);
         let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
         let mut cache = Cache::with_version_seed(seed);

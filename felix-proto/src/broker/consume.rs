@@ -14,6 +14,7 @@ use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle
 use super::syslog::SysPending;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
+use super::requests::Missing;
 use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
@@ -113,8 +114,9 @@ impl Broker {
         (t, ns, s): (&str, &str, &str),
         shard: u32,
         action: Action,
+        missing: Missing,
     ) -> Option<Key> {
-        match self.durable_shard(st, t, ns, s, shard, action, "a consumer group") {
+        match self.durable_shard(st, t, ns, s, shard, action, missing, "a consumer group") {
             Ok(k) => Some(k),
             Err(d) => {
                 self.deny(conn, st, d);
@@ -292,9 +294,10 @@ impl Broker {
         st: &mut CtlStream,
         target: (&str, &str, &str),
         shard: u32,
+        missing: Missing,
         now: Instant,
     ) -> Option<Key> {
-        let k = self.group_target(conn, st, target, shard, Action::GroupConsume)?;
+        let k = self.group_target(conn, st, target, shard, Action::GroupConsume, missing)?;
         match self.group_read_allowed(&k, shard, now) {
             Ok(()) => Some(k),
             Err(r) => {
@@ -305,7 +308,7 @@ impl Broker {
     }
 
     pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
-        let Some(k) = self.group_read_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, now) else {
+        let Some(k) = self.group_read_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, Missing::Create, now) else {
             return;
         };
         if p.consumer.as_ref().is_some_and(|c| c.is_empty() || c.len() > 128) {
@@ -589,7 +592,7 @@ impl Broker {
 
     pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
         let Some(k) =
-            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume)
+            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume, Missing::NotFound)
         else {
             return;
         };
@@ -625,7 +628,7 @@ impl Broker {
 
     pub(super) fn group_nack(&mut self, conn: ConnId, st: &mut CtlStream, n: message::GroupNack, now: Instant) {
         let Some(k) =
-            self.group_target(conn, st, (&n.tenant_id, &n.namespace, &n.stream), n.shard, Action::GroupConsume)
+            self.group_target(conn, st, (&n.tenant_id, &n.namespace, &n.stream), n.shard, Action::GroupConsume, Missing::NotFound)
         else {
             return;
         };
@@ -641,7 +644,7 @@ impl Broker {
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {
         let Some(k) =
-            self.group_target(conn, st, (&e.tenant_id, &e.namespace, &e.stream), e.shard, Action::GroupConsume)
+            self.group_target(conn, st, (&e.tenant_id, &e.namespace, &e.stream), e.shard, Action::GroupConsume, Missing::NotFound)
         else {
             return;
         };
@@ -665,7 +668,7 @@ impl Broker {
         now: Instant,
     ) {
         let Some(k) =
-            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume)
+            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume, Missing::NotFound)
         else {
             return;
         };
@@ -676,7 +679,7 @@ impl Broker {
     }
 
     pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, now) else {
+        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Missing::NotFound, now) else {
             return;
         };
         let offsets = self
@@ -699,7 +702,7 @@ impl Broker {
         now: Instant,
     ) {
         let Some(k) =
-            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume)
+            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume, Missing::NotFound)
         else {
             return;
         };
@@ -725,7 +728,7 @@ impl Broker {
 
     pub(super) fn group_seek(&mut self, conn: ConnId, st: &mut CtlStream, s: message::GroupSeek, now: Instant) {
         let Some(k) =
-            self.group_target(conn, st, (&s.tenant_id, &s.namespace, &s.stream), s.shard, Action::GroupManage)
+            self.group_target(conn, st, (&s.tenant_id, &s.namespace, &s.stream), s.shard, Action::GroupManage, Missing::Create)
         else {
             return;
         };
@@ -753,7 +756,7 @@ impl Broker {
     }
 
     pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, now) else {
+        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Missing::NotFound, now) else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
@@ -780,7 +783,7 @@ impl Broker {
 
     pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
         let Some(k) =
-            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupManage)
+            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupManage, Missing::NotFound)
         else {
             return;
         };

@@ -192,7 +192,13 @@ impl Broker {
         let moved = match self.cache_home(&t, &ns, &c) {
             CacheHome::Here => return false,
             CacheHome::Unknown => {
-                let r = self.cache_creating(&t, &ns, &c);
+                let r = match check_new_name("tenant", &t)
+                    .and_then(|()| check_new_name("namespace", &ns))
+                    .and_then(|()| check_new_name("cache", &c))
+                {
+                    Ok(()) => self.cache_creating(&t, &ns, &c),
+                    Err(r) => r,
+                };
                 self.refuse(conn, st, r);
                 return true;
             }

@@ -8,6 +8,7 @@
 use super::log::Page;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
+use super::requests::Missing;
 use crate::error_code::ErrorCode;
 use crate::message::{self, B64, CursorErrorReason, Message};
 use crate::storage::StoredBatch;
@@ -33,9 +34,10 @@ impl Broker {
         s: &str,
         shard: u32,
         action: Action,
+        missing: Missing,
         needs: &str,
     ) -> Result<Key, Denied> {
-        let shards = self.lookup_stream(st, t, ns, s, action).map_err(Denied::Refused)?;
+        let shards = self.lookup_stream(st, t, ns, s, action, missing).map_err(Denied::Refused)?;
         if shard >= shards {
             let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
             return Err(Denied::Refused(r));
@@ -75,6 +77,7 @@ impl Broker {
             &q.stream,
             q.shard,
             Action::Subscribe,
+            Missing::NotFound,
             "reading history",
         ) {
             Ok(k) => k,
@@ -93,6 +96,7 @@ impl Broker {
             &r.stream,
             r.shard,
             Action::Subscribe,
+            Missing::NotFound,
             "reading history",
         ) {
             Ok(k) => k,

@@ -80,7 +80,7 @@ pub use requests::MAX_NAME_BYTES;
 
 pub(crate) use producer::digest as records_digest;
 use publish::PublishReq;
-use requests::check_names;
+use requests::{Missing, check_names, check_new_name};
 
 use crate::binary::ErrorDetail;
 use crate::error_code::{ErrorCode, RetryClass};

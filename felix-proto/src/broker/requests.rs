@@ -223,8 +223,11 @@ impl Broker {
     }
 
     pub(super) fn handle_message(&mut self, conn: ConnId, st: &mut CtlStream, m: Message, now: Instant) {
+        // A poll or seek may create its group: its name follows the grammar of new names.
+        let creates = matches!(m, Message::GroupPoll(_) | Message::GroupSeek(_));
         if let Some(g) = group_name(&m)
-            && let Err(r) = check_names(&[("group", g)])
+            && let Err(r) =
+                check_names(&[("group", g)]).and_then(|()| if creates { check_new_name("group", g) } else { Ok(()) })
         {
             return self.refuse(conn, st, r);
         }
@@ -321,8 +324,10 @@ impl Broker {
             Message::GroupDelete(r) => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
-                let shards =
-                    self.lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe).map_or(0, |e| e);
+                // A question, never a creation: 0 is "no such stream" (REFERENCE.md).
+                let shards = self
+                    .lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe, Missing::NotFound)
+                    .map_or(0, |e| e);
                 let routing = self
                     .streams
                     .get(KeyRef(&q.tenant_id, &q.namespace, &q.stream).q())
@@ -474,6 +479,7 @@ impl Broker {
         ns: &str,
         s: &str,
         action: Action,
+        missing: Missing,
     ) -> Result<u32, Refusal> {
         check_names(&[("tenant", t), ("namespace", ns), ("stream", s)])?;
         self.authorize(st, t, ns, s, action)?;
@@ -493,11 +499,18 @@ impl Broker {
             }
             return Ok(e.shards.len() as u32);
         }
-        // A configured stream deleted at run time comes back as configured when used again.
+        // A configured stream deleted at run time comes back as configured when used again
+        // (it exists as far as a reader is concerned: the configuration declares it).
         if let Some(spec) = self.cfg.streams.iter().find(|x| x.tenant_id == t && x.namespace == ns && x.name == s) {
             let cfg = spec.config.clone();
             return Ok(self.create_stream(key(t, ns, s), cfg));
         }
+        if missing == Missing::NotFound {
+            return Err(Refusal::new(ErrorCode::NotFound, format!("stream {ns}/{s} not found")));
+        }
+        check_new_name("tenant", t)?;
+        check_new_name("namespace", ns)?;
+        check_new_name("stream", s)?;
         if self.cfg.auto_create
             && let Some(max) = self.limits.max_streams(t, ns)
             && self.streams.keys().filter(|k| k.tenant() == t && k.namespace() == ns && !syslog::is_sys(k)).count()
@@ -526,6 +539,17 @@ impl Broker {
     // Publishing
 }
 
+/// What a request does with a stream that does not exist: a write (and a subscription, which
+/// waits for writes) creates it where the broker auto-creates; a read or a question about it
+/// never does (`read nosuchstream` must not leave a stream behind), it answers `not_found`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Missing {
+    /// Created on first use (when `auto_create` is on).
+    Create,
+    /// Answered `not_found`.
+    NotFound,
+}
+
 /// The group a consumer-group request names.
 pub(super) fn group_name(m: &Message) -> Option<&str> {
     Some(match m {
@@ -546,6 +570,28 @@ pub(super) fn group_name(m: &Message) -> Option<&str> {
 /// fit a file name with room for a system log's prefix.
 pub const MAX_NAME_BYTES: usize = 200;
 pub(super) const MAX_ESCAPED_NAME: usize = 230;
+
+/// Whether `name` may name a new stream, cache or group (D49): 1 to [`MAX_NAME_BYTES`] bytes of
+/// ASCII letters, digits, `_`, `-` and `.`, not `.` or `..`; Kafka's topic grammar, so a name
+/// is its own file name and never a pattern (`orders.*`), a path (`a/b`) or blank. It is checked
+/// only where something would be created: a stream or cache an older broker created under a
+/// name outside it stays reachable.
+pub(super) fn check_new_name(what: &str, name: &str) -> Result<(), Refusal> {
+    let bad = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')));
+    let why = if name.is_empty() {
+        "is empty".to_owned()
+    } else if name == "." || name == ".." {
+        format!("{name:?} is not a name")
+    } else if let Some(c) = bad {
+        format!("{name:?} holds {c:?}")
+    } else {
+        return Ok(());
+    };
+    Err(Refusal::new(
+        ErrorCode::InvalidRequest,
+        format!("{what} name {why}: names are 1 to {MAX_NAME_BYTES} letters, digits, '_', '-' and '.'"),
+    ))
+}
 
 pub(super) fn check_names(names: &[(&str, &str)]) -> Result<(), Refusal> {
     for (what, name) in names {

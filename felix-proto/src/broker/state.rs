@@ -78,7 +78,7 @@ impl Broker {
             return self.answer_now(conn, st, reply, Err(&r));
         };
         // Names, permission (a commit writes: publish), the shard (explicit, or by entity key).
-        let shards = match self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish) {
+        let shards = match self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish, Missing::Create) {
             Ok(n) => n,
             Err(r) => return self.answer_now(conn, st, reply, Err(&r)),
         };
@@ -119,7 +119,7 @@ impl Broker {
     }
 
     pub(super) fn state_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::StateGet) {
-        let shards = match self.lookup_stream(st, &g.tenant_id, &g.namespace, &g.stream, Action::Subscribe) {
+        let shards = match self.lookup_stream(st, &g.tenant_id, &g.namespace, &g.stream, Action::Subscribe, Missing::NotFound) {
             Ok(n) => n,
             Err(r) => return self.refuse(conn, st, r),
         };

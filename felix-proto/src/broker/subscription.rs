@@ -341,7 +341,7 @@ impl Broker {
     // Subscriptions
 
     pub(super) fn subscribe(&mut self, conn: ConnId, st: &mut CtlStream, s: message::Subscribe, _now: Instant) {
-        let shards = match self.lookup_stream(st, &s.tenant_id, &s.namespace, &s.stream, Action::Subscribe) {
+        let shards = match self.lookup_stream(st, &s.tenant_id, &s.namespace, &s.stream, Action::Subscribe, Missing::Create) {
             Ok(n) => n,
             Err(r) => return self.refuse(conn, st, r),
         };
