@@ -2,10 +2,9 @@
 
 use crate::node::{BrokerSettings, DataDir, client_trust, start_broker};
 use crate::{
-    AdminArgs, CacheArgs, CacheOp, ClusterArgs, ClusterOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ReadArgs,
-    ServeArgs, SimArgs, StreamArgs, StreamOp, SubscribeArgs,
+    AdminArgs, CacheArgs, CacheOp, ClusterArgs, ClusterOp, ConnectArgs, CounterArgs, CounterOp, PublishArgs, ServeArgs,
+    SimArgs, StreamArgs, StreamOp,
 };
-use base64::Engine;
 use bytes::Bytes;
 use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
 use felix_proto::client::EndReason;
@@ -402,7 +401,7 @@ async fn reload_auth_forever(a: &ServeArgs, server: &felix_driver_tokio::Server)
 }
 
 /// Resolves on Ctrl-C or SIGTERM (a broker's drain, a publisher's last send).
-async fn wait_for_shutdown() {
+pub(crate) async fn wait_for_shutdown() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -457,7 +456,7 @@ where
                 eprintln!("{node_id} owns it: asking {next}");
                 let _ = client.close().await;
                 newest = generation;
-                args.addr = Addrs(vec![next]);
+                args.addr = Addrs::one(next);
             }
             Err(e) => return Err(e.to_string()),
         }
@@ -471,7 +470,7 @@ pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOption
     // tried beside it, and the first that answers is used (so a dead seed costs a quarter of a
     // second, not a connect timeout).
     const STAGGER: std::time::Duration = std::time::Duration::from_millis(250);
-    let wait = std::time::Duration::from_secs(15);
+    let wait = c.connect_timeout;
     let mut tries = tokio::task::JoinSet::new();
     for (i, addr) in c.addr.0.iter().copied().enumerate() {
         let opts = opts.clone();
@@ -484,14 +483,51 @@ pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOption
     while let Some(r) = tries.join_next().await {
         match r {
             Ok((_, Ok(Ok(client)))) => return Ok(client),
-            Ok((addr, Ok(Err(e)))) => last = format!("{addr}: {e}"),
-            Ok((addr, Err(_))) => {
-                last = format!("no answer from {addr} within {} s (is the broker running?)", wait.as_secs())
-            }
+            Ok((addr, Ok(Err(e)))) => last = format!("{addr}: {}", tidy_tls_error(&e.to_string())),
+            Ok((addr, Err(_))) => last = no_answer(addr, wait),
             Err(e) => last = format!("connecting: {e}"),
         }
     }
     Err(last)
+}
+
+/// rustls says which names a certificate holds in Rust debug text (`DnsName("localhost")`,
+/// `IpAddress(127.0.0.1)`); said as a user writes them, with what to do about it.
+pub fn tidy_tls_error(e: &str) -> String {
+    let Some((head, names)) = e.split_once("certificate is only valid for ") else { return e.to_owned() };
+    let names: Vec<String> = names
+        .split(", ")
+        .flat_map(|n| n.split(" or "))
+        .map(|n| {
+            let n = n.trim();
+            let inner = n.split_once('(').map_or(n, |(_, rest)| rest.trim_end_matches(')'));
+            inner.trim_matches('"').replace("0::1", "::1")
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    let head = head.trim_end_matches("; ").trim_end();
+    format!(
+        "{head}; it names {}: give one of them with --server-name (or --addr by that name), or trust the right certificate with --ca",
+        names.join(", ")
+    )
+}
+
+/// A broker that did not answer within `--connect-timeout`.
+pub fn no_answer(addr: std::net::SocketAddr, wait: std::time::Duration) -> String {
+    format!("no answer from {addr} within {} (is the broker running? --connect-timeout waits longer)", humantime(wait))
+}
+
+/// A duration as the CLI's flags take it: `5s`, `250ms`, `2m`.
+pub fn humantime(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
 }
 
 /// The client options the connection arguments say.
@@ -519,7 +555,9 @@ fn client_options(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> R
         }
     };
     let mut opts = ClientOptions::new(c.tenant.clone(), token, trust);
-    opts.server_name = c.server_name.clone();
+    // The name the certificate must hold: --server-name, else the host name --addr gave, else
+    // localhost (what a broker's generated certificate names).
+    opts.server_name = c.server_name.clone().or_else(|| c.addr.1.clone()).unwrap_or_else(|| "localhost".into());
     opts.alpn = c.alpn;
     opts.close_timeout = c.close_timeout;
     opts.client_cert = client_cert;
@@ -684,13 +722,25 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
             o.config = o.config.clone().ack_on_enqueue();
         }
     };
+    let mut cluster = None;
     let client = match &a.key {
         // A keyed publish goes straight to its shard's owner (a single broker: to it).
         Some(key) => {
-            let cc = felix_driver_tokio::ClusterClient::connect(&a.conn.addr.0, client_options(&a.conn, adjust)?)
+            let seeds = &a.conn.addr.0;
+            let wait = a.conn.connect_timeout * u32::try_from(seeds.len()).unwrap_or(u32::MAX);
+            let cc = tokio::time::timeout(
+                wait,
+                felix_driver_tokio::ClusterClient::connect(seeds, client_options(&a.conn, adjust)?),
+            )
+            .await
+            .map_err(|_| no_answer(a.conn.addr.first(), a.conn.connect_timeout))?
+            .map_err(|e| e.to_string())?;
+            let c = cc
+                .client_for_key(&a.conn.namespace, &a.stream, Some(key.as_bytes()))
                 .await
                 .map_err(|e| e.to_string())?;
-            cc.client_for_key(&a.conn.namespace, &a.stream, Some(key.as_bytes())).await.map_err(|e| e.to_string())?
+            cluster = Some(cc);
+            c
         }
         None => connect_with(&a.conn, adjust).await?,
     };
@@ -727,6 +777,18 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
         }
     })
     .await?;
+    // Which shard the records went to: an unkeyed batch goes to shard 0, a keyed one to its
+    // key's shard of the stream as it is now (asked again: the first publish may have created it).
+    let shard = match (&cluster, &a.key) {
+        (Some(cc), Some(key)) => {
+            cc.forget(&a.conn.namespace, &a.stream);
+            match cc.view(&a.conn.namespace, &a.stream).await {
+                Ok(v) => format!("shard {} of {}", v.shard_for(Some(key.as_bytes())), v.shards),
+                Err(_) => "the key's shard".to_owned(),
+            }
+        }
+        _ => "shard 0".to_owned(),
+    };
     let last_offset = last_offset.lock().ok().and_then(|l| *l);
     // Unacknowledged publishes are only handed to QUIC: the close waits until the broker
     // acknowledged receiving them, and says so when it cannot.
@@ -741,15 +803,18 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
             other => other.to_string(),
         });
     }
+    let (ns, stream) = (&a.conn.namespace, &a.stream);
     match (a.ack, last_offset) {
-        (true, Some(o)) => eprintln!("published {sent} record(s); last batch starts at offset {o}"),
-        (true, None) => eprintln!("published {sent} record(s), acknowledged"),
-        _ => eprintln!("published {sent} record(s), received by the broker"),
+        (true, Some(o)) => {
+            eprintln!("published {sent} record(s) to {ns}/{stream} {shard}; last batch starts at offset {o}")
+        }
+        (true, None) => eprintln!("published {sent} record(s) to {ns}/{stream} {shard}, acknowledged"),
+        _ => eprintln!("published {sent} record(s) to {ns}/{stream} {shard}, received by the broker"),
     }
     Ok(exit_after(end))
 }
 
-fn parse_start(s: &str) -> Result<StartPosition, String> {
+pub(crate) fn parse_start(s: &str) -> Result<StartPosition, String> {
     match s {
         "earliest" => Ok(StartPosition::Earliest),
         "latest" => Ok(StartPosition::Latest),
@@ -760,11 +825,17 @@ fn parse_start(s: &str) -> Result<StartPosition, String> {
     }
 }
 
-/// Broker addresses to try, in order.
+/// Broker addresses to try, in order, and the host name the first was given by (the TLS
+/// server name when `--server-name` is not given).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Addrs(pub Vec<std::net::SocketAddr>);
+pub struct Addrs(pub Vec<std::net::SocketAddr>, pub Option<String>);
 
 impl Addrs {
+    /// One address, given as an address.
+    pub fn one(addr: std::net::SocketAddr) -> Self {
+        Self(vec![addr], None)
+    }
+
     /// The first one (the one a single-broker command uses).
     pub fn first(&self) -> std::net::SocketAddr {
         self.0[0]
@@ -778,19 +849,37 @@ impl std::fmt::Display for Addrs {
     }
 }
 
-/// Parses `127.0.0.1:5001,127.0.0.1:5002`.
+/// Parses `127.0.0.1:5001,broker-2.example:5002`: addresses, or host names resolved now (each
+/// name's first address; a name is also what the broker's certificate is checked against).
 pub fn parse_addrs(s: &str) -> Result<Addrs, String> {
-    let v: Result<Vec<std::net::SocketAddr>, String> = s
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(|p| p.parse().map_err(|e| format!("{p:?} is not an address like 127.0.0.1:5000 ({e})")))
-        .collect();
-    let v = v?;
+    use std::net::ToSocketAddrs;
+    let mut v = Vec::new();
+    let mut host = None;
+    for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Ok(a) = p.parse::<std::net::SocketAddr>() {
+            v.push(a);
+            continue;
+        }
+        let Some((name, port)) = p.rsplit_once(':') else {
+            return Err(format!("{p:?} is not HOST:PORT (like 127.0.0.1:5000 or localhost:5000)"));
+        };
+        if port.parse::<u16>().is_err() {
+            return Err(format!("{p:?}: the port {port:?} is not a number from 0 to 65535"));
+        }
+        let found = p.to_socket_addrs().map_err(|e| format!("{p:?}: cannot resolve {name:?} ({e})"))?;
+        // IPv4 first: a broker listening on 127.0.0.1 (the default) is not on ::1.
+        let mut found: Vec<_> = found.collect();
+        found.sort_by_key(|a| !a.is_ipv4());
+        let a = found.first().ok_or_else(|| format!("{p:?}: {name:?} resolves to no address"))?;
+        v.push(*a);
+        if host.is_none() && v.len() == 1 {
+            host = Some(name.trim_start_matches('[').trim_end_matches(']').to_owned());
+        }
+    }
     if v.is_empty() {
         return Err("no address given".into());
     }
-    Ok(Addrs(v))
+    Ok(Addrs(v, host))
 }
 
 /// The brokers of a cluster: node id and cluster address of each.
@@ -815,6 +904,15 @@ pub fn parse_peers(s: &str) -> Result<Peers, String> {
     Ok(Peers(out))
 }
 
+/// A stream, cache or group name, checked against the broker's grammar (docs/protocol.md D49)
+/// before anything is sent.
+pub fn parse_name(s: &str) -> Result<String, String> {
+    match felix_proto::broker::name_problem(s) {
+        None => Ok(s.to_owned()),
+        Some(why) => Err(format!("the name {why}")),
+    }
+}
+
 /// Parses `90s`, `10m`, `2h`, `1d`, `500ms` (a bare number is seconds).
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
@@ -833,158 +931,14 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 }
 
 /// Microseconds since the Unix epoch, `ago` before now.
-fn micros_ago(ago: std::time::Duration) -> u64 {
+pub(crate) fn micros_ago(ago: std::time::Duration) -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(now.saturating_sub(ago).as_micros()).unwrap_or(u64::MAX)
 }
 
-pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
-    let first = parse_start(&a.from)?;
-    // Subscribing finds the shard's owner (following redirects in a cluster).
-    let (mut client, (mut sub, _start)) = with_redirects(&a.conn, |client| {
-        let (ns, stream, since, shard) = (a.conn.namespace.clone(), a.stream.clone(), a.since, a.shard);
-        async move {
-            let mut start = first;
-            if let Some(since) = since {
-                start = match client.offset_for_time(&ns, &stream, shard, micros_ago(since)).await {
-                    Ok(Some(o)) => StartPosition::Offset(o),
-                    // Nothing that recent: everything from now on.
-                    Ok(None) => StartPosition::Latest,
-                    Err(e) => return (client, Err(e)),
-                };
-            }
-            let r = client.subscribe(&ns, &stream, Some(start), Some(shard)).await.map(|s| (s, start));
-            (client, r)
-        }
-    })
-    .await?;
-    if let (Some(s), Some(l)) = (sub.start_offset, sub.live_offset) {
-        eprintln!("subscribed to {}/{} shard {} from offset {s} (live from {l})", a.conn.namespace, a.stream, a.shard);
-    } else {
-        eprintln!("subscribed to {}/{} shard {}", a.conn.namespace, a.stream, a.shard);
-    }
-    if a.count == Some(0) {
-        let _ = client.close().await;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut seen = 0u64;
-    // What was printed, and so where to resume without a gap or a duplicate.
-    let mut cursor = felix_proto::client::SubscriptionCursor::new();
-    cursor.subscribed(sub.start_offset);
-    let stdout = std::io::stdout();
-    loop {
-        let item = tokio::select! {
-            item = sub.next() => item,
-            _ = tokio::signal::ctrl_c() => { eprintln!("stopped after {seen} event(s)"); break; }
-        };
-        match item {
-            Some(SubscriptionItem::Events(batch)) => {
-                cursor.delivered(&batch);
-                // Buffered per batch: stdout alone is line-buffered, one write system call per
-                // record, which held a catch-up read to about a million lines a second.
-                let mut out = std::io::BufWriter::with_capacity(64 << 10, stdout.lock());
-                for (i, r) in batch.records.iter().enumerate() {
-                    let offset = batch.base_offset.map(|b| b + i as u64);
-                    let text = std::str::from_utf8(&r.payload).ok();
-                    let line = if a.json {
-                        let mut o = serde_json::Map::new();
-                        if let Some(off) = offset {
-                            o.insert("offset".into(), off.into());
-                        }
-                        match text {
-                            Some(t) => o.insert("payload".into(), t.into()),
-                            None => o.insert(
-                                "payload_base64".into(),
-                                base64::engine::general_purpose::STANDARD.encode(&r.payload).into(),
-                            ),
-                        };
-                        serde_json::Value::Object(o).to_string()
-                    } else {
-                        String::new()
-                    };
-                    let written = match (a.json, offset, text) {
-                        (true, _, _) => writeln!(out, "{line}"),
-                        (false, Some(o), Some(t)) => writeln!(out, "{o}\t{t}"),
-                        (false, Some(o), None) => writeln!(out, "{o}\t<{} bytes>", r.payload.len()),
-                        (false, None, Some(t)) => writeln!(out, "{t}"),
-                        (false, None, None) => writeln!(out, "<{} bytes>", r.payload.len()),
-                    };
-                    if written.is_err() {
-                        return Ok(ExitCode::SUCCESS); // stdout closed (e.g. piped to head)
-                    }
-                    seen += 1;
-                    if a.count.is_some_and(|c| seen >= c) {
-                        let _ = out.flush();
-                        let _ = client.close().await;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                }
-                if out.flush().is_err() {
-                    return Ok(ExitCode::SUCCESS); // stdout closed
-                }
-            }
-            Some(SubscriptionItem::CacheChange(_)) => {} // never on a stream subscription
-            Some(SubscriptionItem::End(reason @ EndReason::Lagged { resume_from })) if !a.no_resume => {
-                // A durable stream keeps what we missed: read on from the log, no gap.
-                let Some(from) = cursor.resume(&reason) else { return Ok(ExitCode::FAILURE) };
-                eprintln!("fell behind (the broker dropped from offset {resume_from}); resuming from {from:?}");
-                sub = client
-                    .subscribe(&a.conn.namespace, &a.stream, Some(from), Some(a.shard))
-                    .await
-                    .map_err(|e| format!("resuming at {from:?}: {e}"))?;
-                cursor.subscribed(sub.start_offset);
-            }
-            Some(SubscriptionItem::End(reason)) if !a.no_resume && follows(&reason) => {
-                // The shard's leader changed (fail-over, a move) or its broker went away: resume
-                // where the last printed event ends, wherever the shard is served now.
-                let Some(from) = cursor.resume(&reason) else { return Ok(ExitCode::FAILURE) };
-                eprintln!("subscription {}; resuming from {from:?}", ended(&reason));
-                let _ = client.close().await;
-                // Straight to the broker the move named, when it did (one connection less).
-                let hint = match &reason {
-                    EndReason::Moved(m) => m.addr.as_deref().and_then(|a| a.parse::<std::net::SocketAddr>().ok()),
-                    _ => None,
-                };
-                let (c, s) = resubscribe_at(&a, from, hint).await?;
-                client = c;
-                sub = s;
-                cursor.subscribed(sub.start_offset);
-            }
-            Some(SubscriptionItem::End(reason)) => {
-                let resume = cursor.resume(&reason).map(|p| match p {
-                    StartPosition::Offset(o) => format!("; resume with --from {o}"),
-                    _ => String::new(),
-                });
-                let what = match reason {
-                    EndReason::Lagged { resume_from } => format!("fell behind (dropped from offset {resume_from})"),
-                    EndReason::Moved(m) => format!("its shard moved to {:?}", m.addr),
-                    EndReason::Deleted => "the stream was deleted".into(),
-                    EndReason::Error(e) => format!("ended: {}", e.message),
-                    EndReason::Finished | EndReason::Reset => "ended by the broker".into(),
-                    EndReason::WatchLagged { resume_from } => format!("fell behind at {resume_from}"),
-                    EndReason::ConnectionLost(why) => format!("connection lost: {why}"),
-                };
-                eprintln!("subscription {what}{}", resume.unwrap_or_default());
-                return Ok(ExitCode::FAILURE);
-            }
-            None if !a.no_resume => {
-                let from = cursor.resume(&EndReason::ConnectionLost("closed".into())).unwrap_or(StartPosition::Latest);
-                eprintln!("connection closed; resuming from {from:?}");
-                let (c, s) = resubscribe(&a, from).await?;
-                client = c;
-                sub = s;
-                cursor.subscribed(sub.start_offset);
-            }
-            None => return Err("connection closed".into()),
-        }
-    }
-    let _ = client.close().await;
-    Ok(ExitCode::SUCCESS)
-}
-
 /// Whether a subscription that ended so is followed to wherever its shard is served now: a
 /// move or a fail-over (its broker said so, or went away), or a retryable refusal.
-fn follows(reason: &EndReason) -> bool {
+pub(crate) fn follows(reason: &EndReason) -> bool {
     match reason {
         EndReason::Moved(_) | EndReason::ConnectionLost(_) | EndReason::Finished | EndReason::Reset => true,
         EndReason::Error(e) => {
@@ -994,121 +948,13 @@ fn follows(reason: &EndReason) -> bool {
     }
 }
 
-fn ended(reason: &EndReason) -> String {
+pub(crate) fn ended(reason: &EndReason) -> String {
     match reason {
         EndReason::Moved(m) => format!("moved (to {})", m.node_id.as_deref().unwrap_or("a broker being chosen")),
         EndReason::ConnectionLost(why) => format!("lost its connection ({why})"),
         EndReason::Error(e) => format!("ended: {}", e.message),
         _ => "ended by the broker".into(),
     }
-}
-
-/// Subscribes again from `from` through the seeds (following redirects), retrying refusals
-/// and unreachable brokers with a growing pause, for at most a minute.
-async fn resubscribe(
-    a: &SubscribeArgs,
-    from: StartPosition,
-) -> Result<(Client, felix_driver_tokio::Subscription), String> {
-    resubscribe_at(a, from, None).await
-}
-
-/// [`resubscribe`], asking `first` (the new owner a move named) before the seeds.
-async fn resubscribe_at(
-    a: &SubscribeArgs,
-    from: StartPosition,
-    first: Option<std::net::SocketAddr>,
-) -> Result<(Client, felix_driver_tokio::Subscription), String> {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut pause = std::time::Duration::from_millis(100);
-    let mut first = first;
-    loop {
-        let mut conn = a.conn.clone();
-        if let Some(addr) = first.take() {
-            conn.addr = Addrs(vec![addr]);
-        }
-        let r = with_redirects(&conn, |client| {
-            let (ns, stream, shard) = (a.conn.namespace.clone(), a.stream.clone(), a.shard);
-            async move {
-                let r = client.subscribe(&ns, &stream, Some(from), Some(shard)).await;
-                (client, r)
-            }
-        })
-        .await;
-        match r {
-            Ok(v) => return Ok(v),
-            Err(e) if std::time::Instant::now() < until => {
-                eprintln!("resubscribing: {e}; retrying in {} ms", pause.as_millis());
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(2));
-            }
-            Err(e) => return Err(format!("could not resubscribe from {from:?} for a minute: {e}")),
-        }
-    }
-}
-
-pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
-    let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
-    // The first page finds the shard's owner (following redirects in a cluster).
-    let (client, first) = with_redirects(&a.conn, |c| {
-        let (ns, stream) = (ns.clone(), stream.clone());
-        async move {
-            let r = c.stream_read(&ns, &stream, a.shard, a.from, a.to, a.page).await;
-            (c, r)
-        }
-    })
-    .await?;
-    let mut first = Some(first);
-    let mut from = a.from;
-    let mut total = 0u64;
-    let stdout = std::io::stdout();
-    loop {
-        if a.to.is_some_and(|to| from >= to) {
-            break;
-        }
-        let page = match first.take() {
-            Some(p) => p,
-            None => client.stream_read(&ns, &stream, a.shard, from, a.to, a.page).await.map_err(|e| e.to_string())?,
-        };
-        // A page at a time, not a system call per line (stdout alone is line-buffered).
-        let mut out = std::io::BufWriter::with_capacity(64 << 10, stdout.lock());
-        for r in &page.records {
-            let line = if a.json {
-                let mut o = serde_json::Map::new();
-                o.insert("offset".into(), r.offset.into());
-                match std::str::from_utf8(&r.payload.0) {
-                    Ok(t) => o.insert("payload".into(), t.into()),
-                    Err(_) => o.insert(
-                        "payload_base64".into(),
-                        base64::engine::general_purpose::STANDARD.encode(&r.payload.0).into(),
-                    ),
-                };
-                if let Some(p) = &r.publisher {
-                    o.insert("publisher".into(), p.clone().into());
-                }
-                o.insert("timestamp_micros".into(), r.timestamp_micros.into());
-                serde_json::Value::Object(o).to_string()
-            } else {
-                let p = std::str::from_utf8(&r.payload.0)
-                    .map_or_else(|_| format!("<{} bytes>", r.payload.0.len()), str::to_owned);
-                format!("{}\t{p}", r.offset)
-            };
-            if writeln!(out, "{line}").is_err() {
-                return Ok(ExitCode::SUCCESS); // stdout closed (e.g. piped to head)
-            }
-        }
-        if out.flush().is_err() {
-            return Ok(ExitCode::SUCCESS); // stdout closed
-        }
-        total += page.records.len() as u64;
-        // An empty page that did not move means nothing more is committed: the range is done.
-        if page.records.is_empty() && page.next_offset == from {
-            break;
-        }
-        from = page.next_offset;
-    }
-    eprintln!("read {total} record(s) of {ns}/{stream} shard {}; next offset {from}", a.shard);
-    let _ = client.close().await;
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs a cache or counter request on its cache's owner: `not_leader` followed, and sent again
@@ -1768,10 +1614,15 @@ async fn watch(
     let mut seen = 0u64;
     let mut last: Option<u64> = None;
     let mut start = w.resume_offset;
+    let mut code = ExitCode::SUCCESS;
     while count.is_none_or(|c| seen < c) {
         let item = tokio::select! {
             item = w.next() => item,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = wait_for_shutdown() => {
+                // Interrupted, as other command-line tools say it: 130.
+                code = ExitCode::from(130);
+                break;
+            }
         };
         let resume_from = match item {
             Some(SubscriptionItem::CacheChange(e)) => {
@@ -1843,7 +1694,7 @@ async fn watch(
         }
     }
     let _ = client.close().await;
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 /// Prints a value read (or removed); a miss exits 1.
@@ -2099,4 +1950,39 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
         total.group_acks
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_names_read_as_users_write_them() {
+        let e = "connecting: the cryptographic handshake failed: error 42: invalid peer certificate: certificate not valid for name \"foo\"; certificate is only valid for DnsName(\"localhost\"), IpAddress(127.0.0.1) or IpAddress(0::1)";
+        let t = tidy_tls_error(e);
+        assert!(t.contains("it names localhost, 127.0.0.1, ::1: give one"), "{t}");
+        assert!(!t.contains("DnsName"), "{t}");
+        assert_eq!(tidy_tls_error("other"), "other");
+    }
+
+    #[test]
+    fn addresses_may_be_host_names_whose_name_is_the_server_name() {
+        let a = parse_addrs("localhost:5000").unwrap();
+        assert_eq!(a.0, vec!["127.0.0.1:5000".parse().unwrap()], "IPv4 first: the default listener");
+        assert_eq!(a.1.as_deref(), Some("localhost"));
+        let b = parse_addrs("127.0.0.1:5001, localhost:5002").unwrap();
+        assert_eq!(b.0.len(), 2);
+        assert_eq!(b.1, None, "the first was an address: the default server name stays");
+        assert!(parse_addrs("localhost").unwrap_err().contains("HOST:PORT"));
+        assert!(parse_addrs("localhost:http").unwrap_err().contains("not a number"));
+        assert!(parse_addrs(" , ").unwrap_err().contains("no address"));
+    }
+
+    #[test]
+    fn durations_print_as_the_flags_take_them() {
+        for s in ["5s", "250ms", "2m", "1h", "1d", "0s"] {
+            assert_eq!(humantime(parse_duration(s).unwrap()), s);
+        }
+        assert_eq!(humantime(std::time::Duration::from_millis(1500)), "1500ms");
+    }
 }

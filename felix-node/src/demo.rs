@@ -99,15 +99,15 @@ pub async fn run() -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
     let n = client.negotiated();
     out!(
-        "connected: server_flags {:#06x}, {} features, publish window {:?}",
+        "connected: server_flags {:#06x}, {} features, publish window {}",
         n.server_flags.bits(),
         n.server_features.names().len(),
-        n.publish_window
+        n.publish_window.map_or_else(|| "none".to_owned(), |w| w.to_string())
     );
 
     out!("\n-- publish and subscribe");
     let mut live = client.subscribe("default", "orders", None, None).await.map_err(|e| e.to_string())?;
-    out!("subscribed live from offset {:?}", live.start_offset);
+    out!("subscribed live from offset {}", offset(live.start_offset));
     for (i, item) in ["apple", "banana", "cherry"].iter().enumerate() {
         let key = format!("customer-{i}");
         let off = client
@@ -135,7 +135,7 @@ pub async fn run() -> Result<ExitCode, String> {
     let mut replay =
         client.subscribe("default", "orders", Some(StartPosition::Earliest), None).await.map_err(|e| e.to_string())?;
     let events = next_events(&mut replay, 8).await?;
-    out!("replayed {} events, offsets {:?}..={:?}", events.len(), events[0].0, events[events.len() - 1].0);
+    out!("replayed {} events, offsets {}..={}", events.len(), offset(events[0].0), offset(events[events.len() - 1].0));
 
     out!("\n-- cache");
     client.cache_put("default", "sessions", "user:1", Bytes::from("alice"), None).await.map_err(|e| e.to_string())?;
@@ -144,14 +144,14 @@ pub async fn run() -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string())?;
     let v = client.cache_get("default", "sessions", "user:1").await.map_err(|e| e.to_string())?;
-    out!("get user:1 -> {:?}", v.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    out!("get user:1 -> {}", value(v.as_ref()));
     let t = client.cache_get("default", "sessions", "temp").await.map_err(|e| e.to_string())?;
-    out!("get temp (ttl 200 ms) -> {:?}", t.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    out!("get temp (ttl 200 ms) -> {}", value(t.as_ref()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = client.cache_get("default", "sessions", "temp").await.map_err(|e| e.to_string())?;
-    out!("get temp after 300 ms -> {t:?} (expired)");
+    out!("get temp after 300 ms -> {} (expired)", value(t.as_ref()));
     let d = client.cache_delete("default", "sessions", "user:1").await.map_err(|e| e.to_string())?;
-    out!("delete user:1 -> removed {:?}", d.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    out!("delete user:1 -> removed {}", value(d.as_ref()));
 
     out!("\n-- a consumer group, a range read, a counter");
     let g = felix_driver_tokio::GroupTarget::new("default", "orders", "billing");
@@ -162,15 +162,15 @@ pub async fn run() -> Result<ExitCode, String> {
     }
     let info = client.group_describe(&g).await.map_err(|e| e.to_string())?;
     out!(
-        "group billing: claimed and acked offsets {:?}; position {:?} of tail {}",
-        claimed.iter().map(|r| r.offset).collect::<Vec<_>>(),
-        info.committed,
+        "group billing: claimed and acked offsets {}; position {} of tail {}",
+        claimed.iter().map(|r| r.offset.to_string()).collect::<Vec<_>>().join(", "),
+        offset(info.committed),
         info.tail
     );
     let page = client.stream_read("default", "orders", 0, 2, Some(5), None).await.map_err(|e| e.to_string())?;
     out!(
-        "read offsets 2..5 -> {:?}",
-        page.records.iter().map(|r| String::from_utf8_lossy(&r.payload.0).into_owned()).collect::<Vec<_>>()
+        "read offsets 2..5 -> {}",
+        page.records.iter().map(|r| String::from_utf8_lossy(&r.payload.0).into_owned()).collect::<Vec<_>>().join(", ")
     );
     let views = client.counter_add("default", "stats", "views", 3).await.map_err(|e| e.to_string())?;
     out!("counter views += 3 -> {views}");
@@ -301,4 +301,14 @@ pub async fn run_cluster() -> Result<ExitCode, String> {
         s.shutdown().await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An offset as a user reads it: the number, or `-` where the stream keeps none.
+fn offset(o: Option<u64>) -> String {
+    o.map_or_else(|| "-".to_owned(), |o| o.to_string())
+}
+
+/// A cache value as a user reads it: quoted text, or `(none)`.
+fn value(v: Option<&Bytes>) -> String {
+    v.map_or_else(|| "(none)".to_owned(), |b| format!("{:?}", String::from_utf8_lossy(b)))
 }

@@ -20,6 +20,7 @@ mod demo;
 mod groups;
 mod live;
 mod node;
+mod reading;
 mod soak;
 mod tokens;
 
@@ -59,7 +60,7 @@ enum Command {
     },
     /// Publish messages: the arguments, the lines of --file, or the lines of standard input.
     Publish(PublishArgs),
-    /// Subscribe to a stream and print what arrives (Ctrl-C to stop).
+    /// Subscribe to a stream (every shard, or --shard) and print what arrives (Ctrl-C to stop).
     Subscribe(SubscribeArgs),
     /// Read a range of a durable stream without subscribing (pages of FEATURE_STREAM_READ).
     Read(ReadArgs),
@@ -333,8 +334,9 @@ struct ServeArgs {
 /// How a client command reaches the broker.
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// Broker address; several, comma-separated, for a cluster (the first that answers is used,
-    /// and requests follow redirects to the owner of their shard).
+    /// Broker address (HOST:PORT, a name or an IP address); several, comma-separated, for a
+    /// cluster (the first that answers is used, and requests follow redirects to the owner of
+    /// their shard).
     #[arg(long, global = true, env = "FELIX_ADDR", default_value = "127.0.0.1:5000", value_parser = commands::parse_addrs)]
     addr: commands::Addrs,
     /// Tenant.
@@ -349,9 +351,10 @@ pub struct ConnectArgs {
     /// Where a local broker keeps its certificate and dev token.
     #[arg(long, global = true, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
     data_dir: PathBuf,
-    /// Name the broker's certificate must hold.
-    #[arg(long, global = true, default_value = "localhost")]
-    server_name: String,
+    /// Name the broker's certificate must hold [default: the host name of --addr, or localhost
+    /// for an IP address].
+    #[arg(long, global = true, env = "FELIX_SERVER_NAME")]
+    server_name: Option<String>,
     /// Accept any certificate. For development only: the broker's identity is not checked.
     #[arg(long, global = true)]
     insecure_accept_any_certificate: bool,
@@ -369,6 +372,10 @@ pub struct ConnectArgs {
     /// know no ALPN id), felix/1 (a broker that requires it), or none (as existing clients).
     #[arg(long, global = true, env = "FELIX_ALPN", default_value = "auto")]
     alpn: felix_driver_tokio::tls::AlpnOffer,
+    /// How long to wait for a broker to answer a connection (e.g. 5s, 500ms) before saying it
+    /// does not; with several --addr, for each.
+    #[arg(long, global = true, env = "FELIX_CONNECT_TIMEOUT", default_value = "5s", value_parser = commands::parse_duration)]
+    connect_timeout: std::time::Duration,
     /// On exit, how long to wait for the broker to confirm it received everything written
     /// (e.g. 10s, 500ms); past it the command says what may not have been delivered.
     #[arg(long, global = true, env = "FELIX_CLOSE_TIMEOUT", default_value = "10s", value_parser = commands::parse_duration)]
@@ -380,6 +387,7 @@ struct PublishArgs {
     #[command(flatten)]
     conn: ConnectArgs,
     /// Stream to publish to.
+    #[arg(value_parser = commands::parse_name)]
     stream: String,
     /// Messages (each one record). Without any, lines of --file or of standard input.
     payloads: Vec<String>,
@@ -419,6 +427,7 @@ struct SubscribeArgs {
     #[command(flatten)]
     conn: ConnectArgs,
     /// Stream to read.
+    #[arg(value_parser = commands::parse_name)]
     stream: String,
     /// Where to start: earliest, latest, or an offset.
     #[arg(long, default_value = "latest", conflicts_with = "since")]
@@ -427,10 +436,11 @@ struct SubscribeArgs {
     /// found with offset_for_time. Durable streams only.
     #[arg(long, value_parser = commands::parse_duration)]
     since: Option<std::time::Duration>,
-    /// Shard to read.
-    #[arg(long, default_value_t = 0)]
-    shard: u32,
-    /// Print one JSON object per event (offset, payload as text or base64).
+    /// Shard to read [default: every shard of the stream, merged; lines then read
+    /// SHARD/OFFSET].
+    #[arg(long)]
+    shard: Option<u32>,
+    /// Print one JSON object per event (shard, offset, payload as text or base64).
     #[arg(long)]
     json: bool,
     /// Stop after this many events.
@@ -490,6 +500,7 @@ struct ReadArgs {
     #[command(flatten)]
     conn: ConnectArgs,
     /// Stream to read (durable).
+    #[arg(value_parser = commands::parse_name)]
     stream: String,
     /// First offset to read.
     #[arg(long, default_value_t = 0)]
@@ -497,13 +508,14 @@ struct ReadArgs {
     /// Stop before this offset [default: the committed tail when the read starts].
     #[arg(long)]
     to: Option<u64>,
-    /// Shard to read.
-    #[arg(long, default_value_t = 0)]
-    shard: u32,
+    /// Shard to read [default: every shard of the stream, one after the other; lines then
+    /// read SHARD/OFFSET].
+    #[arg(long)]
+    shard: Option<u32>,
     /// Records per request (the broker caps it too).
     #[arg(long)]
     page: Option<u32>,
-    /// Print one JSON object per record (offset, payload, publisher, timestamp_micros).
+    /// Print one JSON object per record (shard, offset, payload, publisher, timestamp_micros).
     #[arg(long)]
     json: bool,
 }
@@ -529,6 +541,7 @@ enum CounterOp {
     /// Add DELTA (default 1; negative to subtract) and print the new sum.
     Add {
         /// Cache the counter lives in.
+        #[arg(value_parser = commands::parse_name)]
         cache: String,
         /// Counter key.
         key: String,
@@ -539,6 +552,7 @@ enum CounterOp {
     /// Print a counter's sum (exit code 1 when it was never written).
     Get {
         /// Cache the counter lives in.
+        #[arg(value_parser = commands::parse_name)]
         cache: String,
         /// Counter key.
         key: String,
@@ -714,13 +728,14 @@ enum StreamOp {
 #[derive(Args, Debug, Clone)]
 pub struct GroupName {
     /// Stream the group consumes.
+    #[arg(value_parser = commands::parse_name)]
     stream: String,
     /// Group name.
-    #[arg(long, short = 'g')]
+    #[arg(long, short = 'g', value_parser = commands::parse_name)]
     group: String,
-    /// Shard.
-    #[arg(long, default_value_t = 0)]
-    shard: u32,
+    /// Shard [default: the stream's only shard; `consume` and `group describe`: every shard].
+    #[arg(long)]
+    shard: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -770,10 +785,14 @@ enum GroupOp {
         #[arg(long, value_parser = commands::parse_duration)]
         delay: Option<std::time::Duration>,
     },
-    /// Show the group's position, the shard's tail, and what is in flight, owed and dead.
+    /// Show the group's position, the shard's tail, its lag, and what is in flight, owed and
+    /// dead (every shard of the stream unless --shard names one).
     Describe {
         #[command(flatten)]
         g: GroupName,
+        /// One JSON object per shard.
+        #[arg(long)]
+        json: bool,
     },
     /// Move the group's position: earliest, latest or an offset.
     Seek {
@@ -838,6 +857,7 @@ enum CacheOp {
     /// Store a value.
     Put {
         /// Cache name.
+        #[arg(value_parser = commands::parse_name)]
         cache: String,
         /// Key.
         key: String,
@@ -850,6 +870,7 @@ enum CacheOp {
     /// Read a value (exit code 1 when missing).
     Get {
         /// Cache name.
+        #[arg(value_parser = commands::parse_name)]
         cache: String,
         /// Key.
         key: String,
@@ -857,6 +878,7 @@ enum CacheOp {
     /// Delete a value and print what was removed.
     Delete {
         /// Cache name.
+        #[arg(value_parser = commands::parse_name)]
         cache: String,
         /// Key.
         key: String,
@@ -865,6 +887,7 @@ enum CacheOp {
     /// (`<deleted>` for deletes and expiries). Ctrl-C to stop.
     Watch {
         /// Cache name.
+        #[arg(value_parser = commands::parse_name)]
         cache: String,
         /// Key to watch.
         key: Option<String>,
@@ -918,8 +941,8 @@ fn main() -> ExitCode {
             Command::Demo { cluster: false } => demo::run().await,
             Command::Demo { cluster: true } => demo::run_cluster().await,
             Command::Publish(a) => commands::publish(a).await,
-            Command::Subscribe(a) => commands::subscribe(a).await,
-            Command::Read(a) => commands::read(a).await,
+            Command::Subscribe(a) => reading::subscribe(a).await,
+            Command::Read(a) => reading::read(a).await,
             Command::Cache(a) => commands::cache(a).await,
             Command::Counter(a) => commands::counter(a).await,
             Command::Cluster(a) => commands::cluster(a).await,

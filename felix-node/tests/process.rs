@@ -140,7 +140,7 @@ fn readme_commands_work_against_a_served_broker() {
         .args(["subscribe", "orders", "--from", "1", "--count", "1", "--json"])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&json.stdout).trim(), r#"{"offset":1,"payload":"world"}"#);
+    assert_eq!(String::from_utf8_lossy(&json.stdout).trim(), r#"{"offset":1,"payload":"world","shard":0}"#);
     // History without subscribing, and by time.
     let read = client_cmd(dir.path(), addr).args(["read", "orders", "--from", "1"]).output().unwrap();
     assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
@@ -674,10 +674,11 @@ async fn subscribe_resumes_after_falling_behind_with_nothing_lost_or_repeated() 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until it is subscribed, then keep its stderr for the resume notices.
+    // The stream does not exist yet: the command says it waits for it (and subscribes from
+    // its start once the burst creates it). Its stderr is kept for the resume notices.
     let mut err = BufReader::new(sub.stderr.take().unwrap()).lines();
-    let first = err.next().unwrap().unwrap();
-    assert!(first.starts_with("subscribed to"), "{first}");
+    let waiting = err.next().unwrap().unwrap();
+    assert!(waiting.contains("does not exist yet"), "{waiting}");
     let notices = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
     // A guard, not a wait: a lost record would leave the subscriber waiting forever.
     let pid = sub.id();
@@ -711,6 +712,7 @@ async fn subscribe_resumes_after_falling_behind_with_nothing_lost_or_repeated() 
     let offsets: Vec<u64> =
         String::from_utf8_lossy(&out.stdout).lines().map(|l| l.split('\t').next().unwrap().parse().unwrap()).collect();
     assert_eq!(offsets, (0..N as u64).collect::<Vec<_>>(), "every offset once, in order; {notices:?}");
+    assert!(notices.first().is_some_and(|n| n.starts_with("subscribed to")), "{notices:?}");
     eprintln!("resume notices: {}", notices.iter().filter(|n| n.contains("resuming")).count());
     let _ = client.close().await;
     Command::new("kill").args(["-TERM", &broker.id().to_string()]).status().unwrap();
@@ -763,7 +765,11 @@ async fn read_all(c: &Client, stream: &str) -> Vec<Bytes> {
     let mut out = Vec::new();
     let mut from = 0;
     loop {
-        let page = c.stream_read("default", stream, 0, from, None, None).await.unwrap();
+        let page = match c.stream_read("default", stream, 0, from, None, None).await {
+            // Not created yet: nothing in it (a read creates no stream).
+            Err(e) if e.code() == Some(&felix_proto::ErrorCode::NotFound) => return out,
+            r => r.unwrap(),
+        };
         if page.records.is_empty() {
             return out;
         }
@@ -1425,4 +1431,107 @@ fn cluster_inspect_shows_a_shard_and_subscriptions_to_a_node_view_token_only() {
     // The static dev token may do everything else, but it is no diagnostics token.
     let (ok, _, err) = inspect(TOKEN, &["orders", "0"]);
     assert!(!ok && err.contains("node.view:cluster:*"), "{err}");
+}
+
+/// A new user's reads on a stream of several shards see every shard (issue 37): `read`,
+/// `subscribe` and `consume` cover them all unless `--shard` names one, with the shard on each
+/// line; `group` commands that work on one shard's offsets ask which; reads of a stream that
+/// does not exist fail, say so and create nothing; `subscribe` waits for such a stream and
+/// prints its first records; Ctrl-C ends a subscribe with 130. Without the change a read saw
+/// shard 0 only, `read nosuch` exited 0 and created the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_cover_every_shard_and_never_create_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let _broker = serve(dir.path(), addr, &["--default-shards", "3"]);
+    let run = |args: &[&str]| {
+        let out = client_cmd(dir.path(), addr).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Twelve keys: with three shards each gets some (key routing is fixed, so this is stable).
+    let mut shards_hit = std::collections::BTreeSet::new();
+    for k in 0..12 {
+        let (code, _, err) = run(&["publish", "orders", &format!("r{k}"), "--key", &format!("k{k}"), "--ack"]);
+        assert_eq!(code, Some(0), "{err}");
+        let shard = err.split("shard ").nth(1).and_then(|t| t.split(' ').next()).unwrap_or_default().to_owned();
+        assert!(err.contains(" of 3"), "publish names the shard and the count: {err}");
+        shards_hit.insert(shard);
+    }
+    assert_eq!(shards_hit.len(), 3, "{shards_hit:?}");
+    // `read` without --shard: every record, lines SHARD/OFFSET.
+    let (code, out, err) = run(&["read", "orders"]);
+    assert_eq!(code, Some(0), "{err}");
+    let mut payloads: Vec<&str> = out.lines().map(|l| l.split('\t').nth(1).unwrap()).collect();
+    payloads.sort_unstable();
+    let mut want: Vec<String> = (0..12).map(|k| format!("r{k}")).collect();
+    want.sort();
+    assert_eq!(payloads, want, "{out}");
+    assert!(out.lines().all(|l| l.split('\t').next().unwrap().contains('/')), "{out}");
+    assert!(err.contains("read 12 record(s)") && err.contains("3 shards"), "{err}");
+    // --shard 9 on a 3-shard stream names the count.
+    let (code, _, err) = run(&["read", "orders", "--shard", "9"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("has 3 shard(s)"), "{err}");
+    // `subscribe --json` from the start: every record, each with its shard.
+    let (code, out, err) = run(&["subscribe", "orders", "--from", "earliest", "--count", "12", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let seen: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(seen.len(), 12, "{out}");
+    let shards: std::collections::BTreeSet<u64> = seen.iter().map(|v| v["shard"].as_u64().unwrap()).collect();
+    assert_eq!(shards.len(), 3, "{out}");
+    // `consume` over every shard.
+    let (code, out, err) = run(&["consume", "orders", "--group", "g1", "--count", "12"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.lines().count(), 12, "{out}");
+    assert!(err.contains("all 3 shards"), "{err}");
+    // Offsets are one shard's: `group ack` without --shard asks which.
+    let (code, _, err) = run(&["group", "ack", "orders", "--group", "g1", "0"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--shard"), "{err}");
+    // `group describe` covers every shard, and says the total lag (nothing left: all acked).
+    let (code, out, err) = run(&["group", "describe", "orders", "--group", "g1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.lines().filter(|l| l.starts_with(|c: char| c.is_ascii_digit())).count(), 3, "{out}");
+    assert!(out.contains("total lag\t0"), "{out}");
+    // Reads of a stream that does not exist: an error saying so, and nothing is created.
+    for args in
+        [&["read", "nosuch"][..], &["read", "nosuch", "--shard", "0"], &["group", "describe", "nosuch", "-g", "g"]]
+    {
+        let (code, _, err) = run(args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("no stream default/nosuch") || err.contains("not found"), "{args:?}: {err}");
+    }
+    // The CLI's tenant ("default"), which the helper's client is not.
+    let certs = felix_driver_tokio::tls::load_certs(&dir.path().join("tls/cert.pem")).unwrap();
+    let c = Client::connect(addr, ClientOptions::new("default", TOKEN, Trust::Certificates(certs))).await.unwrap();
+    assert_eq!(c.stream_shards("default", "orders").await.unwrap().0, 3, "the right tenant");
+    assert_eq!(c.stream_shards("default", "nosuch").await.unwrap().0, 0, "no read created it");
+    // `subscribe` to a stream that does not exist yet waits for it, then prints its first
+    // records (from the start: they came after the command did).
+    let mut sub = tokio::process::Command::from(client_cmd(dir.path(), addr))
+        .args(["subscribe", "later"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err_lines = tokio::io::BufReader::new(sub.stderr.take().unwrap()).lines();
+    use tokio::io::AsyncBufReadExt;
+    let said = tokio::time::timeout(Duration::from_secs(20), err_lines.next_line()).await.unwrap().unwrap().unwrap();
+    assert!(said.contains("does not exist yet"), "{said}");
+    assert_eq!(c.stream_shards("default", "later").await.unwrap().0, 0, "waiting created nothing");
+    let (code, _, err) = run(&["publish", "later", "first", "--ack"]);
+    assert_eq!(code, Some(0), "{err}");
+    let mut out_lines = tokio::io::BufReader::new(sub.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), out_lines.next_line()).await.unwrap().unwrap().unwrap();
+    assert_eq!(line.split('\t').nth(1), Some("first"), "{line}");
+    // Ctrl-C: 130, as other command-line tools exit when interrupted.
+    let pid = sub.id().unwrap().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(20), sub.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let _ = c.close().await;
 }

@@ -11,10 +11,10 @@
 //! answers stay in order).
 
 use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle};
+use super::requests::Missing;
 use super::syslog::SysPending;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
-use super::requests::Missing;
 use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
@@ -308,7 +308,9 @@ impl Broker {
     }
 
     pub(super) fn group_poll(&mut self, conn: ConnId, st: &mut CtlStream, p: message::GroupPoll, now: Instant) {
-        let Some(k) = self.group_read_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, Missing::Create, now) else {
+        let Some(k) =
+            self.group_read_target(conn, st, (&p.tenant_id, &p.namespace, &p.stream), p.shard, Missing::Create, now)
+        else {
             return;
         };
         if p.consumer.as_ref().is_some_and(|c| c.is_empty() || c.len() > 128) {
@@ -591,9 +593,14 @@ impl Broker {
     }
 
     pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
-        let Some(k) =
-            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume, Missing::NotFound)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&a.tenant_id, &a.namespace, &a.stream),
+            a.shard,
+            Action::GroupConsume,
+            Missing::NotFound,
+        ) else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
@@ -627,9 +634,14 @@ impl Broker {
     }
 
     pub(super) fn group_nack(&mut self, conn: ConnId, st: &mut CtlStream, n: message::GroupNack, now: Instant) {
-        let Some(k) =
-            self.group_target(conn, st, (&n.tenant_id, &n.namespace, &n.stream), n.shard, Action::GroupConsume, Missing::NotFound)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&n.tenant_id, &n.namespace, &n.stream),
+            n.shard,
+            Action::GroupConsume,
+            Missing::NotFound,
+        ) else {
             return;
         };
         let limits = self.cfg.group_limits;
@@ -643,9 +655,14 @@ impl Broker {
     }
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {
-        let Some(k) =
-            self.group_target(conn, st, (&e.tenant_id, &e.namespace, &e.stream), e.shard, Action::GroupConsume, Missing::NotFound)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&e.tenant_id, &e.namespace, &e.stream),
+            e.shard,
+            Action::GroupConsume,
+            Missing::NotFound,
+        ) else {
             return;
         };
         let limits = self.cfg.group_limits;
@@ -667,9 +684,14 @@ impl Broker {
         a: message::GroupOffset,
         now: Instant,
     ) {
-        let Some(k) =
-            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume, Missing::NotFound)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&a.tenant_id, &a.namespace, &a.stream),
+            a.shard,
+            Action::GroupConsume,
+            Missing::NotFound,
+        ) else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
@@ -679,7 +701,9 @@ impl Broker {
     }
 
     pub(super) fn group_dead_letters(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Missing::NotFound, now) else {
+        let Some(k) =
+            self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Missing::NotFound, now)
+        else {
             return;
         };
         let offsets = self
@@ -701,9 +725,14 @@ impl Broker {
         redrive: bool,
         now: Instant,
     ) {
-        let Some(k) =
-            self.group_target(conn, st, (&a.tenant_id, &a.namespace, &a.stream), a.shard, Action::GroupConsume, Missing::NotFound)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&a.tenant_id, &a.namespace, &a.stream),
+            a.shard,
+            Action::GroupConsume,
+            Missing::NotFound,
+        ) else {
             return;
         };
         let listed = self
@@ -727,9 +756,14 @@ impl Broker {
     }
 
     pub(super) fn group_seek(&mut self, conn: ConnId, st: &mut CtlStream, s: message::GroupSeek, now: Instant) {
-        let Some(k) =
-            self.group_target(conn, st, (&s.tenant_id, &s.namespace, &s.stream), s.shard, Action::GroupManage, Missing::Create)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&s.tenant_id, &s.namespace, &s.stream),
+            s.shard,
+            Action::GroupManage,
+            Missing::Create,
+        ) else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[s.shard as usize].log) else { return };
@@ -756,7 +790,9 @@ impl Broker {
     }
 
     pub(super) fn group_describe(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let Some(k) = self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Missing::NotFound, now) else {
+        let Some(k) =
+            self.group_read_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Missing::NotFound, now)
+        else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
@@ -782,9 +818,14 @@ impl Broker {
     }
 
     pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let Some(k) =
-            self.group_target(conn, st, (&r.tenant_id, &r.namespace, &r.stream), r.shard, Action::GroupManage, Missing::NotFound)
-        else {
+        let Some(k) = self.group_target(
+            conn,
+            st,
+            (&r.tenant_id, &r.namespace, &r.stream),
+            r.shard,
+            Action::GroupManage,
+            Missing::NotFound,
+        ) else {
             return;
         };
         let existed = self.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);

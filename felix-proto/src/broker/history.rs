@@ -6,9 +6,9 @@
 //! `subscribe_cursor_error` carry no request id and are matched by order.
 
 use super::log::Page;
+use super::requests::Missing;
 use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
 use crate::broker::auth::Action;
-use super::requests::Missing;
 use crate::error_code::ErrorCode;
 use crate::message::{self, B64, CursorErrorReason, Message};
 use crate::storage::StoredBatch;

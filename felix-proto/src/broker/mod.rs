@@ -76,7 +76,7 @@ pub use group::GroupLimits;
 pub use limits::TenantLimit;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
 pub use replicated::ReplicaRole;
-pub use requests::MAX_NAME_BYTES;
+pub use requests::{MAX_NAME_BYTES, name_problem};
 
 pub(crate) use producer::digest as records_digest;
 use publish::PublishReq;

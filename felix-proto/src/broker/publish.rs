@@ -459,7 +459,8 @@ impl Broker {
 
     /// Picks the shard of a publish: permission, stream, explicit shard, key hash, width check.
     pub(super) fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<(u32, bool), Refusal> {
-        let shards = self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish, Missing::Create)?;
+        let shards =
+            self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish, Missing::Create)?;
         let entry = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()).expect("looked up");
         if let (Some(w), Some(_)) = (req.width, &req.key)
             && w != shards

@@ -324,10 +324,21 @@ impl Broker {
             Message::GroupDelete(r) => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {
-                // A question, never a creation: 0 is "no such stream" (REFERENCE.md).
-                let shards = self
-                    .lookup_stream(st, &q.tenant_id, &q.namespace, &q.stream, Action::Subscribe, Missing::NotFound)
-                    .map_or(0, |e| e);
+                // A question, never a creation: 0 is "no such stream" (REFERENCE.md), or one
+                // still being created. Publishers ask it (to route keys) as well as readers, so
+                // either permission answers; a token with neither is refused (D49), as before
+                // it was answered 0, which a reader took for a missing stream.
+                let (t, ns, s) = (&q.tenant_id, &q.namespace, &q.stream);
+                let action = if self.authorize(st, t, ns, s, Action::Publish).is_ok() {
+                    Action::Publish
+                } else {
+                    Action::Subscribe
+                };
+                let shards = match self.lookup_stream(st, t, ns, s, action, Missing::NotFound) {
+                    Ok(n) => n,
+                    Err(r) if matches!(r.code, ErrorCode::NotFound | ErrorCode::ShardUnavailable) => 0,
+                    Err(r) => return self.refuse(conn, st, r),
+                };
                 let routing = self
                     .streams
                     .get(KeyRef(&q.tenant_id, &q.namespace, &q.stream).q())
@@ -571,26 +582,33 @@ pub(super) fn group_name(m: &Message) -> Option<&str> {
 pub const MAX_NAME_BYTES: usize = 200;
 pub(super) const MAX_ESCAPED_NAME: usize = 230;
 
-/// Whether `name` may name a new stream, cache or group (D49): 1 to [`MAX_NAME_BYTES`] bytes of
-/// ASCII letters, digits, `_`, `-` and `.`, not `.` or `..`; Kafka's topic grammar, so a name
-/// is its own file name and never a pattern (`orders.*`), a path (`a/b`) or blank. It is checked
-/// only where something would be created: a stream or cache an older broker created under a
-/// name outside it stays reachable.
-pub(super) fn check_new_name(what: &str, name: &str) -> Result<(), Refusal> {
+/// Why `name` may not name a new tenant, namespace, stream, cache or group (D49), or `None`:
+/// it must be 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits, `_`, `-` and `.`, and not
+/// `.` or `..`: Kafka's topic grammar, so a name is its own file name and never a pattern
+/// (`orders.*`), a path (`a/b`) or blank. Clients check it too, before sending.
+pub fn name_problem(name: &str) -> Option<String> {
     let bad = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')));
     let why = if name.is_empty() {
         "is empty".to_owned()
     } else if name == "." || name == ".." {
         format!("{name:?} is not a name")
+    } else if name.len() > MAX_NAME_BYTES {
+        format!("is {} bytes long", name.len())
     } else if let Some(c) = bad {
         format!("{name:?} holds {c:?}")
     } else {
-        return Ok(());
+        return None;
     };
-    Err(Refusal::new(
-        ErrorCode::InvalidRequest,
-        format!("{what} name {why}: names are 1 to {MAX_NAME_BYTES} letters, digits, '_', '-' and '.'"),
-    ))
+    Some(format!("{why}: names are 1 to {MAX_NAME_BYTES} letters, digits, '_', '-' and '.'"))
+}
+
+/// [`name_problem`] as the broker's refusal. It is checked only where something would be
+/// created: a stream or cache an older broker created under a name outside it stays reachable.
+pub(super) fn check_new_name(what: &str, name: &str) -> Result<(), Refusal> {
+    match name_problem(name) {
+        None => Ok(()),
+        Some(why) => Err(Refusal::new(ErrorCode::InvalidRequest, format!("{what} name {why}"))),
+    }
 }
 
 pub(super) fn check_names(names: &[(&str, &str)]) -> Result<(), Refusal> {

@@ -78,10 +78,11 @@ impl Broker {
             return self.answer_now(conn, st, reply, Err(&r));
         };
         // Names, permission (a commit writes: publish), the shard (explicit, or by entity key).
-        let shards = match self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish, Missing::Create) {
-            Ok(n) => n,
-            Err(r) => return self.answer_now(conn, st, reply, Err(&r)),
-        };
+        let shards =
+            match self.lookup_stream(st, &c.tenant_id, &c.namespace, &c.stream, Action::Publish, Missing::Create) {
+                Ok(n) => n,
+                Err(r) => return self.answer_now(conn, st, reply, Err(&r)),
+            };
         // Owner-only and never forwarded: a shard owned elsewhere is a redirect.
         if let Some(entry) = self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()) {
             let shard = c.shard.unwrap_or_else(|| shard_for_key(Some(&c.entity_key.0), shards, entry.config.routing));
@@ -119,10 +120,11 @@ impl Broker {
     }
 
     pub(super) fn state_get(&mut self, conn: ConnId, st: &mut CtlStream, g: message::StateGet) {
-        let shards = match self.lookup_stream(st, &g.tenant_id, &g.namespace, &g.stream, Action::Subscribe, Missing::NotFound) {
-            Ok(n) => n,
-            Err(r) => return self.refuse(conn, st, r),
-        };
+        let shards =
+            match self.lookup_stream(st, &g.tenant_id, &g.namespace, &g.stream, Action::Subscribe, Missing::NotFound) {
+                Ok(n) => n,
+                Err(r) => return self.refuse(conn, st, r),
+            };
         let Some(entry) = self.streams.get(KeyRef(&g.tenant_id, &g.namespace, &g.stream).q()) else { return };
         let shard = match g.shard {
             Some(s) if s >= shards => {

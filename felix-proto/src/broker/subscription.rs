@@ -341,10 +341,11 @@ impl Broker {
     // Subscriptions
 
     pub(super) fn subscribe(&mut self, conn: ConnId, st: &mut CtlStream, s: message::Subscribe, _now: Instant) {
-        let shards = match self.lookup_stream(st, &s.tenant_id, &s.namespace, &s.stream, Action::Subscribe, Missing::Create) {
-            Ok(n) => n,
-            Err(r) => return self.refuse(conn, st, r),
-        };
+        let shards =
+            match self.lookup_stream(st, &s.tenant_id, &s.namespace, &s.stream, Action::Subscribe, Missing::Create) {
+                Ok(n) => n,
+                Err(r) => return self.refuse(conn, st, r),
+            };
         let offer = Self::features_of(st);
         let shard = s.shard.unwrap_or(0);
         if shard >= shards {
