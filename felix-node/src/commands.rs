@@ -38,36 +38,6 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         .queue_capacity
         .or(b.subscriber_queue_capacity)
         .unwrap_or(felix_proto::broker::DEFAULT_SUBSCRIBER_QUEUE_CAPACITY);
-    let dir = DataDir::new(&data_dir);
-    // The operator's certificate, or the data directory's (generated on first start for the
-    // names the broker is reached at).
-    let tls_cert = a.tls_cert.clone().or_else(|| file.tls.cert.as_ref().map(Into::into));
-    let tls_key = a.tls_key.clone().or_else(|| file.tls.key.as_ref().map(Into::into));
-    let (identity, generated, cert_path) = match (tls_cert, tls_key) {
-        (Some(c), Some(k)) => {
-            let id = felix_driver_tokio::Identity::load(&c, &k)
-                .map_err(|e| format!("--tls-cert/--tls-key: {e} (a PEM certificate chain and its PEM private key)"))?;
-            (id, false, c)
-        }
-        (None, None) => {
-            let mut names: Vec<String> = Vec::new();
-            if !listen.ip().is_unspecified() {
-                names.push(listen.ip().to_string());
-            }
-            if let Some(adv) = a.advertise.clone().or_else(|| file.cluster.advertise.clone()) {
-                names.push(adv.rsplit_once(':').map_or(adv.clone(), |(h, _)| h.trim_matches(['[', ']']).to_owned()));
-            }
-            let (id, generated) = dir.identity_for(&names)?;
-            (id, generated, dir.cert())
-        }
-        _ => return Err("give both --tls-cert and --tls-key (or [tls] cert and key), or neither".into()),
-    };
-    let fingerprint = identity.chain.first().map(felix_driver_tokio::tls::fingerprint).unwrap_or_default();
-    let token = if a.dev_token.is_some() || b.dev_token.unwrap_or(true) {
-        Some(dir.dev_token(a.dev_token.as_deref())?)
-    } else {
-        None
-    };
     let cluster_opts = {
         let c = &file.cluster;
         let node_id = a.node_id.clone().or_else(|| c.node_id.clone());
@@ -115,6 +85,39 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
                 );
             }
         }
+    };
+    // Bind first: a port already taken is said before anything is written (a new data
+    // directory, its certificate and token), not after.
+    probe_ports(listen, cluster_opts.as_ref().map(|c| c.listen), [a.metrics_listen, a.http])?;
+    let dir = DataDir::new(&data_dir);
+    // The operator's certificate, or the data directory's (generated on first start for the
+    // names the broker is reached at).
+    let tls_cert = a.tls_cert.clone().or_else(|| file.tls.cert.as_ref().map(Into::into));
+    let tls_key = a.tls_key.clone().or_else(|| file.tls.key.as_ref().map(Into::into));
+    let (identity, generated, cert_path) = match (tls_cert, tls_key) {
+        (Some(c), Some(k)) => {
+            let id = felix_driver_tokio::Identity::load(&c, &k)
+                .map_err(|e| format!("--tls-cert/--tls-key: {e} (a PEM certificate chain and its PEM private key)"))?;
+            (id, false, c)
+        }
+        (None, None) => {
+            let mut names: Vec<String> = Vec::new();
+            if !listen.ip().is_unspecified() {
+                names.push(listen.ip().to_string());
+            }
+            if let Some(adv) = a.advertise.clone().or_else(|| file.cluster.advertise.clone()) {
+                names.push(adv.rsplit_once(':').map_or(adv.clone(), |(h, _)| h.trim_matches(['[', ']']).to_owned()));
+            }
+            let (id, generated) = dir.identity_for(&names)?;
+            (id, generated, dir.cert())
+        }
+        _ => return Err("give both --tls-cert and --tls-key (or [tls] cert and key), or neither".into()),
+    };
+    let fingerprint = identity.chain.first().map(felix_driver_tokio::tls::fingerprint).unwrap_or_default();
+    let token = if a.dev_token.is_some() || b.dev_token.unwrap_or(true) {
+        Some(dir.dev_token(a.dev_token.as_deref())?)
+    } else {
+        None
     };
     let banner = cluster_opts.as_ref().map(|c| (c.node_id.clone(), c.name.clone()));
     let server = start_broker(BrokerSettings {
@@ -241,9 +244,28 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     if let Some(m) = server.metrics_addr {
         out!("  metrics      http://{m}/metrics");
     }
-    out!("Try, from this directory:");
-    out!("  felix-node subscribe orders --from earliest");
-    out!("  felix-node publish orders hello world --ack");
+    let hint = client_hint(
+        server.local_addr(),
+        &data_dir,
+        token.is_some(),
+        (!generated && a.tls_cert.is_some()).then_some(&cert_path),
+    );
+    if banner.is_some() && a.tls_cert.is_none() {
+        // Each broker of a cluster made its own certificate: a command redirected to another
+        // broker must trust it too (docs/cluster.md, "Clients": --ca with every broker's
+        // certificate). For a first try on this machine:
+        out!("Try, from this directory (a cluster: requests are redirected to other brokers, whose generated");
+        out!(
+            "certificates this one does not vouch for; give --ca a file with every broker's cert.pem, or for a first try):"
+        );
+        let hint = format!("{hint} --insecure-accept-any-certificate");
+        out!("  felix-node subscribe orders --from earliest{hint}");
+        out!("  felix-node publish orders hello world --ack{hint}");
+    } else {
+        out!("Try, from this directory:");
+        out!("  felix-node subscribe orders --from earliest{hint}");
+        out!("  felix-node publish orders hello world --ack{hint}");
+    }
     out!("Ctrl-C or SIGTERM stops the broker cleanly (draining first); SIGHUP reloads the JWK set and revocations.");
     tokio::select! {
         () = wait_for_shutdown() => {}
@@ -266,6 +288,59 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         eprintln!("stopped after {:?} with {left} operation(s) still in flight (cut short)", a.drain_grace);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a client command needs besides its defaults to reach this broker from the directory it
+/// was started in: the address unless it is the default one, the data directory (for the
+/// certificate and dev token) unless it is ./felix-data, an operator's certificate, and a
+/// token when there is no dev token. The hint must work as printed.
+fn client_hint(
+    addr: std::net::SocketAddr,
+    data_dir: &std::path::Path,
+    dev_token: bool,
+    cert: Option<&std::path::PathBuf>,
+) -> String {
+    let mut hint = String::new();
+    // A broker listening on every interface is reached on loopback from here.
+    let reach = if addr.ip().is_unspecified() {
+        std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+    } else {
+        addr
+    };
+    if reach.to_string() != "127.0.0.1:5000" {
+        hint.push_str(&format!(" --addr {reach}"));
+    }
+    if data_dir != std::path::Path::new("./felix-data") {
+        hint.push_str(&format!(" --data-dir {}", data_dir.display()));
+    }
+    if let Some(c) = cert {
+        hint.push_str(&format!(" --ca {}", c.display()));
+    }
+    if !dev_token {
+        hint.push_str(" --token TOKEN");
+    }
+    hint
+}
+
+/// Binds each address the broker will listen on, and lets it go: a port in use is an error
+/// before the data directory is touched (there is a moment between this and the real bind,
+/// in which another process could take the port; the real bind then fails as before).
+fn probe_ports(
+    listen: std::net::SocketAddr,
+    cluster: Option<std::net::SocketAddr>,
+    http: [Option<std::net::SocketAddr>; 2],
+) -> Result<(), String> {
+    let in_use = |what: &str, addr: std::net::SocketAddr, e: std::io::Error| {
+        format!("cannot listen on {addr} ({what}): {e}; is another broker running there? nothing was written")
+    };
+    std::net::UdpSocket::bind(listen).map_err(|e| in_use("QUIC, --listen", listen, e))?;
+    if let Some(c) = cluster {
+        std::net::UdpSocket::bind(c).map_err(|e| in_use("cluster, --cluster-listen", c, e))?;
+    }
+    for h in http.into_iter().flatten() {
+        std::net::TcpListener::bind(h).map_err(|e| in_use("HTTP, --metrics-listen or --http", h, e))?;
+    }
+    Ok(())
 }
 
 /// The CA certificates client certificates are verified against (`--tls-client-ca` or `[tls]

@@ -1535,3 +1535,68 @@ async fn reads_cover_every_shard_and_never_create_a_stream() {
     assert_eq!(status.code(), Some(130));
     let _ = c.close().await;
 }
+
+/// The banner's "Try, from this directory" commands work as printed for a broker on another
+/// port and data directory (they named ./felix-data and 127.0.0.1:5000 whatever the broker
+/// used), and a second broker on a port in use fails before it writes anything (it used to
+/// create a data directory, a certificate and a token first).
+#[test]
+fn the_banners_hint_works_as_printed_and_a_port_in_use_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let mut child = Command::new(BIN)
+        .current_dir(dir.path())
+        .env_remove("FELIX_ADDR")
+        .env_remove("FELIX_DATA_DIR")
+        .args(["serve", "--listen", &addr.to_string(), "--data-dir", "data"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut hints = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(cmd) = line.trim().strip_prefix("felix-node ") {
+            hints.push(cmd.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+        }
+        if line.starts_with("Ctrl-C") {
+            break;
+        }
+    }
+    let _broker = Broker(child);
+    std::thread::spawn(move || for _ in lines {});
+    assert_eq!(hints.len(), 2, "{hints:?}");
+    let run = |args: &[String], more: &[&str]| {
+        let out = Command::new(BIN)
+            .current_dir(dir.path())
+            .env_remove("FELIX_ADDR")
+            .env_remove("FELIX_DATA_DIR")
+            .args(args)
+            .args(more)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let publish = hints.iter().find(|h| h[0] == "publish").unwrap();
+    let (ok, _, err) = run(publish, &[]);
+    assert!(ok, "{publish:?}: {err}");
+    let subscribe = hints.iter().find(|h| h[0] == "subscribe").unwrap();
+    let (ok, out, err) = run(subscribe, &["--count", "2"]);
+    assert!(ok, "{subscribe:?}: {err}");
+    assert_eq!(out, "0\thello\n1\tworld\n");
+    // The same port again, with a data directory that does not exist yet.
+    let second = Command::new(BIN)
+        .current_dir(dir.path())
+        .args(["serve", "--listen", &addr.to_string(), "--data-dir", "second"])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("cannot listen on") && err.contains("nothing was written"), "{err}");
+    assert!(!dir.path().join("second").exists(), "no data directory, certificate or token written");
+}
