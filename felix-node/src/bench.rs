@@ -63,9 +63,9 @@ pub struct BenchArgs {
     /// fsync policy of the in-process broker's durable streams.
     #[arg(long, default_value = "always")]
     fsync: FsyncMode,
-    /// How long to publish, in seconds.
-    #[arg(long, default_value_t = 5)]
-    duration: u64,
+    /// How long to publish (e.g. 5s, 1m; a bare number is seconds).
+    #[arg(long, default_value = "5s", value_parser = crate::commands::parse_duration)]
+    duration: Duration,
     /// The tenant to publish and subscribe as (with --addr and a token valid for it; the dev
     /// token is valid for any): two benches as two tenants show whether one slows the other.
     #[arg(long, default_value = "bench")]
@@ -245,10 +245,21 @@ async fn connect(t: &Target) -> Result<Client, String> {
     Client::connect(t.addr, opts).await.map_err(|e| e.to_string())
 }
 
+/// Whether the `\r` progress line is drawn: only on a terminal, as indicatif does; in a log
+/// file or a pipe it would be a long line of carriage returns.
+fn progress_shown() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}
+
 fn progress(quiet: bool, start: Instant, total: Duration, label: String) {
-    if !quiet {
+    if !quiet && progress_shown() {
         let elapsed = start.elapsed().as_secs_f64();
-        eprint!("\r{} {elapsed:>4.1}s/{}s  {label}   ", bar(elapsed / total.as_secs_f64().max(1e-9)), total.as_secs());
+        eprint!(
+            "\r{} {elapsed:>4.1}s/{}  {label}   ",
+            bar(elapsed / total.as_secs_f64().max(1e-9)),
+            crate::commands::humantime(total)
+        );
     }
 }
 
@@ -263,7 +274,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.payload < 8 {
         return Err("--payload must be at least 8 bytes (the send time rides in the first 8)".into());
     }
-    if a.publishers == 0 || a.batch == 0 || a.duration == 0 {
+    if a.publishers == 0 || a.batch == 0 || a.duration.is_zero() {
         return Err("--publishers, --batch and --duration must be positive".into());
     }
     if a.raw_quinn {
@@ -370,7 +381,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         }));
     }
 
-    let total = Duration::from_secs(a.duration);
+    let total = a.duration;
     let per_pub_rate = if a.rate == 0 { 0.0 } else { a.rate as f64 / a.publishers as f64 };
     let mut pubs = Vec::new();
     for _ in 0..a.publishers {
@@ -472,7 +483,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     while delivered.load(Ordering::Relaxed) < expected && drain_start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if !a.quiet {
+    if !a.quiet && progress_shown() {
         eprintln!();
     }
     let got = delivered.load(Ordering::Relaxed);
@@ -609,7 +620,7 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
             Ok::<_, String>(hist)
         }));
     }
-    let total = Duration::from_secs(a.duration);
+    let total = a.duration;
     let start = Instant::now();
     while start.elapsed() < total {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -625,7 +636,7 @@ async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {
     for t in tasks {
         let _ = hist.add(&t.await.map_err(|e| e.to_string())??);
     }
-    if !a.quiet {
+    if !a.quiet && progress_shown() {
         eprintln!();
     }
     let secs = start.elapsed().as_secs_f64();
@@ -665,7 +676,7 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
             inflight.join_next().await.map(|r| r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())).transpose()?;
         }
         if sent.is_multiple_of(a.batch as u64 * 200) {
-            progress(a.quiet, start, Duration::from_secs(a.duration), format!("backlog {sent}/{}", a.backlog));
+            progress(a.quiet, start, a.duration, format!("backlog {sent}/{}", a.backlog));
         }
     }
     while let Some(r) = inflight.join_next().await {
@@ -702,7 +713,7 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
             Ok::<_, String>(hist)
         }));
     }
-    let total = Duration::from_secs(a.duration);
+    let total = a.duration;
     let start = Instant::now();
     while start.elapsed() < total && !tasks.iter().all(|t| t.is_finished()) {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -716,7 +727,7 @@ async fn group_bench(a: &BenchArgs, t: &Target, consumers: usize) -> Result<Exit
     for t in tasks {
         let _ = hist.add(&t.await.map_err(|e| e.to_string())??);
     }
-    if !a.quiet {
+    if !a.quiet && progress_shown() {
         eprintln!();
     }
     let result = serde_json::json!({
@@ -790,7 +801,7 @@ async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitC
             Ok::<_, String>(())
         }));
     }
-    let total = Duration::from_secs(a.duration);
+    let total = a.duration;
     let start = Instant::now();
     while start.elapsed() < total {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -811,7 +822,7 @@ async fn watch_bench(a: &BenchArgs, t: &Target, watchers: usize) -> Result<ExitC
     for t in watch_tasks {
         let _ = hist.add(&t.await.map_err(|e| e.to_string())??);
     }
-    if !a.quiet {
+    if !a.quiet && progress_shown() {
         eprintln!();
     }
     let (d, wr) = (delivered.load(Ordering::Relaxed), written.load(Ordering::Relaxed));
@@ -976,7 +987,7 @@ async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String>
     };
     let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
     let chunk = Bytes::from(vec![7u8; 64 * 1024]);
-    let total = Duration::from_secs(a.duration);
+    let total = a.duration;
     let cpu0 = cpu_seconds();
     let start = Instant::now();
     let mut last = Instant::now();
@@ -991,7 +1002,7 @@ async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String>
     let secs = start.elapsed().as_secs_f64();
     let mb = received.load(Ordering::Relaxed) as f64 / secs / 1e6;
     let cpu_s = cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
-    if !a.quiet {
+    if !a.quiet && progress_shown() {
         eprintln!();
     }
     conn.close(0u32.into(), b"done");

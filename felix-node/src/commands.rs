@@ -979,6 +979,11 @@ pub fn parse_peers(s: &str) -> Result<Peers, String> {
     Ok(Peers(out))
 }
 
+/// An offset: a whole number (0 is a shard's first record).
+pub fn parse_offset(s: &str) -> Result<u64, String> {
+    s.trim().parse().map_err(|_| format!("{s:?}: expected an offset, a whole number (0 is a shard's first record)"))
+}
+
 /// A stream, cache or group name, checked against the broker's grammar (docs/protocol.md D49)
 /// before anything is sent.
 pub fn parse_name(s: &str) -> Result<String, String> {
@@ -986,6 +991,15 @@ pub fn parse_name(s: &str) -> Result<String, String> {
         None => Ok(s.to_owned()),
         Some(why) => Err(format!("the name {why}")),
     }
+}
+
+/// [`parse_duration`] for a flag that once took bare milliseconds (`--ttl`): a number without
+/// a unit is refused rather than read as seconds, which would silently mean 1000 times longer.
+pub fn parse_duration_with_unit(s: &str) -> Result<std::time::Duration, String> {
+    if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s:?}: give a unit, like {s}ms or {s}s"));
+    }
+    parse_duration(s)
 }
 
 /// Parses `90s`, `10m`, `2h`, `1d`, `500ms` (a bare number is seconds).
@@ -1068,7 +1082,10 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
             let value = Bytes::from(value);
             cache_request(&a.conn, |c| {
                 let (ns, cache, key, value) = (ns.clone(), cache.clone(), key.clone(), value.clone());
-                async move { c.cache_put(&ns, &cache, &key, value, ttl).await }
+                async move {
+                    c.cache_put(&ns, &cache, &key, value, ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)))
+                        .await
+                }
             })
             .await?;
             eprintln!("stored {cache}/{key}");
@@ -1980,7 +1997,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
                             }
                             g.0 += 1;
                             g.1.add(&r);
-                            if g.0.is_multiple_of(10) {
+                            if g.0.is_multiple_of(10) && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
                                 let secs = start.elapsed().as_secs_f64();
                                 eprint!("\r{} seeds, {:.0} seeds/hour, no failure   ", g.0, g.0 as f64 * 3600.0 / secs);
                             }

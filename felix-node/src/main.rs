@@ -34,8 +34,18 @@ use std::process::ExitCode;
 /// Start a broker with `felix-node serve` (no flags needed: it listens on 127.0.0.1:5000, keeps
 /// data in ./felix-data, generates a TLS certificate and a development token on first start).
 /// From the same directory the client commands find both automatically.
+///
+/// Logs go to standard error; RUST_LOG sets what is logged (default `warn,felix=info`: failed
+/// logins, brokers joining and leaving, elections; `RUST_LOG=debug` for more). Durations take a
+/// unit: 500ms, 10s, 5m, 2h, 1d. Ctrl-C ends a command with exit code 130.
 #[derive(Parser, Debug)]
-#[command(name = "felix-node", version, about, long_about)]
+#[command(
+    name = "felix-node",
+    version,
+    about,
+    long_about,
+    after_help = "Logs: RUST_LOG (default warn,felix=info). Durations: 500ms, 10s, 5m, 2h, 1d."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -50,6 +60,9 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a broker.
+    #[command(
+        after_help = "Logs go to standard error; RUST_LOG sets what is logged (default warn,felix=info).\nEvery flag has the FELIX_* variable named after it (--http is FELIX_HTTP)."
+    )]
     Serve(Box<ServeArgs>),
     /// Start a broker in-process on a free port and show publish, subscribe, replay and cache
     /// (`--cluster`: three brokers forming a cluster, with routing, forwards and a redirect).
@@ -138,201 +151,202 @@ enum Command {
 struct ServeArgs {
     /// A TOML configuration file (tokens, streams, caches, limits; see docs/operations.md).
     /// Flags and FELIX_* variables override it.
-    #[arg(long, env = "FELIX_CONFIG")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_CONFIG")]
     config: Option<PathBuf>,
     /// UDP address to listen on [default: 127.0.0.1:5000].
-    #[arg(long, env = "FELIX_LISTEN")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_LISTEN")]
     listen: Option<SocketAddr>,
     /// Where durable streams, the TLS certificate and the dev token live [default: ./felix-data].
-    #[arg(long, env = "FELIX_DATA_DIR")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Development token (valid for any tenant, every permission). Default: generated on first
     /// start and stored in the data directory.
-    #[arg(long, env = "FELIX_DEV_TOKEN")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_DEV_TOKEN")]
     dev_token: Option<String>,
     /// When appends reach the disk, for durable streams and replicated shards alike: always
     /// (acknowledged only once on disk, group commit), or a lazy interval:MILLISECONDS or never
     /// that a power cut can take acknowledged records back from (docs/storage.md) [default: always].
-    #[arg(long, env = "FELIX_FSYNC")]
+    #[arg(help_heading = "Storage", long, env = "FELIX_FSYNC")]
     fsync: Option<felix_driver_tokio::FsyncMode>,
     /// Auto-created streams keep no history (no offsets, nothing on disk).
-    #[arg(long, env = "FELIX_EPHEMERAL")]
+    #[arg(help_heading = "Storage", long, env = "FELIX_EPHEMERAL")]
     ephemeral: bool,
     /// Caches created on first use keep their values across a restart: every change is written
     /// (on the --fsync policy) before it is answered. Without it they live in memory only;
     /// `[[caches]] durable = true` makes one named cache durable.
-    #[arg(long, env = "FELIX_DURABLE_CACHES")]
+    #[arg(help_heading = "Storage", long, env = "FELIX_DURABLE_CACHES")]
     durable_caches: bool,
     /// Pipelined-publish window per stream, 0 disables pipelining [default: 256].
-    #[arg(long, env = "FELIX_PUBLISH_WINDOW")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_PUBLISH_WINDOW")]
     publish_window: Option<u32>,
     /// Largest frame payload accepted after authentication, in bytes [default: 16 MiB].
-    #[arg(long, env = "FELIX_MAX_FRAME_BYTES")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_MAX_FRAME_BYTES")]
     max_frame_bytes: Option<u32>,
     /// Answer every acked publish only after its write, with offsets.
-    #[arg(long, env = "FELIX_ACK_ON_COMMIT")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_ACK_ON_COMMIT")]
     ack_on_commit: bool,
     /// Answer not_found for streams and caches that do not exist instead of creating them.
-    #[arg(long, env = "FELIX_NO_AUTO_CREATE")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_NO_AUTO_CREATE")]
     no_auto_create: bool,
     /// Default subscriber queue capacity, in published batches [default: 4096].
-    #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_CAPACITY")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_QUEUE_CAPACITY")]
     queue_capacity: Option<u32>,
     /// Bytes one subscriber's queue may hold, whatever its capacity in batches; past it a
     /// slow subscriber's batches are dropped [default: 256 MiB].
-    #[arg(long, env = "FELIX_SUBSCRIBER_QUEUE_BYTES_MAX")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_QUEUE_BYTES_MAX")]
     queue_bytes_max: Option<usize>,
     /// Streams kept in memory: how long publishers may be held (not read) for a subscriber
     /// whose queue is over half full before it is left behind to drop, ms; 0 drops at once
     /// [default: 1000].
-    #[arg(long, env = "FELIX_PUBLISHER_HOLD_MS")]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_PUBLISHER_HOLD_MS")]
     publisher_hold_ms: Option<u64>,
     /// Consumer groups: claim duration when a poll names none, ms [default: 30000].
-    #[arg(long, env = "FELIX_GROUP_VISIBILITY_TIMEOUT_MS")]
+    #[arg(help_heading = "Consumer groups", long, env = "FELIX_GROUP_VISIBILITY_MS")]
     group_visibility_ms: Option<u64>,
     /// Consumer groups: longest claim, extension or nack delay, ms [default: 43200000].
-    #[arg(long, env = "FELIX_GROUP_MAX_VISIBILITY_MS")]
+    #[arg(help_heading = "Consumer groups", long, env = "FELIX_GROUP_MAX_VISIBILITY_MS")]
     group_max_visibility_ms: Option<u64>,
     /// Consumer groups: longest long poll, ms [default: 30000].
-    #[arg(long, env = "FELIX_GROUP_MAX_WAIT_MS")]
+    #[arg(help_heading = "Consumer groups", long, env = "FELIX_GROUP_MAX_WAIT_MS")]
     group_max_wait_ms: Option<u64>,
     /// Consumer groups: deliveries before a record is dead-lettered [default: 5].
-    #[arg(long, env = "FELIX_GROUP_MAX_ATTEMPTS")]
+    #[arg(help_heading = "Consumer groups", long, env = "FELIX_GROUP_MAX_ATTEMPTS")]
     group_max_attempts: Option<u32>,
     /// Consumer groups: records handed out and unsettled per group per shard [default: 10000].
-    #[arg(long, env = "FELIX_GROUP_MAX_IN_FLIGHT")]
+    #[arg(help_heading = "Consumer groups", long, env = "FELIX_GROUP_MAX_IN_FLIGHT")]
     group_max_in_flight: Option<usize>,
     /// Auto-created streams keep at most this many records per shard [default: 1000000].
-    #[arg(long, env = "FELIX_DEFAULT_RETENTION_RECORDS")]
+    #[arg(help_heading = "Storage", long, env = "FELIX_RETENTION_RECORDS")]
     retention_records: Option<u64>,
     /// Auto-created durable streams keep this many payload bytes of history per shard in
     /// memory; older history is read from disk [default: 64 MiB].
-    #[arg(long, env = "FELIX_DEFAULT_MEMORY_BYTES")]
+    #[arg(help_heading = "Storage", long, env = "FELIX_MEMORY_BYTES")]
     memory_bytes: Option<u64>,
     /// Most records one stream_read page returns [default: 1000].
-    #[arg(long, env = "FELIX_DURABLE_MAX_RECORDS_PER_READ")]
+    #[arg(help_heading = "Storage", long, env = "FELIX_MAX_RECORDS_PER_READ")]
     max_records_per_read: Option<u32>,
     /// Refuse clients that offer no ALPN (existing clients offer none).
-    #[arg(long, env = "FELIX_TLS_REQUIRE_ALPN")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_REQUIRE_ALPN")]
     require_alpn: bool,
     /// A control stream must authenticate within this many milliseconds or is ended
     /// (`unauthenticated`); its connection stays [default: 10000].
-    #[arg(long, env = "FELIX_AUTH_TIMEOUT_MS")]
+    #[arg(help_heading = "Admission", long, env = "FELIX_AUTH_TIMEOUT_MS")]
     auth_timeout_ms: Option<u64>,
     /// Connections that authenticated no stream yet, in all; past it, one unauthenticated for
     /// longer than the auth timeout is closed to make room, else the new one is refused
     /// [default: 1024].
-    #[arg(long, env = "FELIX_MAX_UNAUTHENTICATED_CONNECTIONS")]
+    #[arg(help_heading = "Admission", long, env = "FELIX_MAX_UNAUTHENTICATED_CONNECTIONS")]
     max_unauthenticated_connections: Option<usize>,
     /// Connections that authenticated no stream yet, per client address [default: 64].
-    #[arg(long, env = "FELIX_MAX_UNAUTHENTICATED_PER_ADDRESS")]
+    #[arg(help_heading = "Admission", long, env = "FELIX_MAX_UNAUTHENTICATED_PER_ADDRESS")]
     max_unauthenticated_per_address: Option<usize>,
     /// Serve Prometheus metrics over HTTP on this TCP address (off by default). With a cluster,
     /// `GET /cluster` there answers the cluster's state (`felix-node cluster status`).
-    #[arg(long, env = "FELIX_METRICS_LISTEN")]
+    #[arg(help_heading = "Observability", long, env = "FELIX_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
     /// Serve the operator web view on this TCP address (off by default): brokers, shards and
     /// their owners, replica lag, moves in progress, the subscriptions served here; read-only,
     /// refreshed every 2 s. Open http://ADDR/?token=TOKEN (the banner prints the address).
-    #[arg(long, env = "FELIX_HTTP_LISTEN")]
+    #[arg(help_heading = "Observability", long, env = "FELIX_HTTP")]
     http: Option<SocketAddr>,
     /// The web view's token [default: the dev token; without one, --http needs this].
-    #[arg(long, env = "FELIX_HTTP_TOKEN", hide_env_values = true)]
+    #[arg(help_heading = "Observability", long, env = "FELIX_HTTP_TOKEN", hide_env_values = true)]
     http_token: Option<String>,
     /// Shards of a stream created on first use (1..=4096) [default: 1]. Keyed records spread over them by
     /// key; in a cluster the shards are spread over the brokers.
-    #[arg(long, env = "FELIX_DEFAULT_SHARDS", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(help_heading = "Streams and subscribers", long, env = "FELIX_DEFAULT_SHARDS", value_parser = clap::value_parser!(u32).range(1..=4096))]
     default_shards: Option<u32>,
     /// In a cluster: replicas per shard of a durable stream created on first use (1..=7)
     /// [default: 1]. 3 makes each shard a Raft group over three brokers (`quorum` durability):
     /// a write is acknowledged once two hold it, and the shard fails over when one dies.
-    #[arg(long, env = "FELIX_DEFAULT_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_DEFAULT_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
     default_replication: Option<u32>,
     /// In a cluster: replicas of a cache created on first use (1..=7) [default: 1]. 3 makes the
     /// cache's changes the log of a Raft group over three brokers: a write is answered once two
     /// hold it, and values, versions and watch offsets survive the loss of one.
-    #[arg(long, env = "FELIX_CACHE_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_CACHE_REPLICATION", value_parser = clap::value_parser!(u32).range(1..=7))]
     cache_replication: Option<u32>,
     /// Join a cluster as this node id (with --cluster-listen and --peers). Without it the broker
     /// runs alone, as always.
-    #[arg(long, env = "FELIX_NODE_ID")]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_NODE_ID")]
     node_id: Option<String>,
     /// On SIGTERM or Ctrl-C: how long to finish what is in flight (writes not yet on disk,
     /// forwards not yet answered) before stopping; meanwhile no new work is taken (new
     /// connections refused, new control streams answered `draining`). A second signal stops at
     /// once.
-    #[arg(long, env = "FELIX_DRAIN_GRACE", value_parser = commands::parse_duration, default_value = "10s")]
+    #[arg(help_heading = "Admission", long, env = "FELIX_DRAIN_GRACE", value_parser = commands::parse_duration, default_value = "10s")]
     drain_grace: std::time::Duration,
     /// Trust signed tokens (JWT, EdDSA) whose key is in this JWK set (`felix-node token keygen`
     /// makes one), besides the static tokens. Also `[auth] jwks`, with `issuer` and `audience`.
-    #[arg(long, env = "FELIX_JWKS")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_JWKS")]
     jwks: Option<std::path::PathBuf>,
     /// The broker's TLS certificate chain (PEM), for a certificate an operator issued
     /// [default: DATA_DIR/tls/cert.pem, self-signed and generated on first start]. With
     /// --tls-key; clients then trust it with --ca (its CA, or the chain itself).
-    #[arg(long, env = "FELIX_TLS_CERT", requires = "tls_key")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
     /// The private key (PEM) of --tls-cert.
-    #[arg(long, env = "FELIX_TLS_KEY", requires = "tls_cert")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
     /// Mutual TLS: ask clients for a certificate and verify it against these CA certificates
     /// (PEM). A verified certificate authenticates an `auth` with an empty token as the
     /// `[[client_certs]]` entry naming it (its subject CN or a subject alternative name);
     /// clients without one still authenticate with tokens. Also `[tls] client_ca`.
-    #[arg(long, env = "FELIX_TLS_CLIENT_CA")]
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_TLS_CLIENT_CA")]
     tls_client_ca: Option<std::path::PathBuf>,
     /// Join a running cluster (after an operator's `felix-node cluster add`) instead of
     /// founding one: --peers then lists the members it knows of. Every broker added after the
     /// cluster first started runs with --join; only the founding brokers go without it.
-    #[arg(long, env = "FELIX_JOIN")]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_JOIN")]
     join: bool,
     /// Cluster: bytes of its Raft log each replica of a replicated shard keeps in memory once
     /// applied; older entries are read back from its log files when a follower behind or a
     /// reader needs them [default: 8388608 (8 MiB)].
-    #[arg(long, env = "FELIX_REPLICA_ENTRY_CACHE")]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_REPLICA_ENTRY_CACHE")]
     replica_entry_cache: Option<u64>,
     /// Where this broker listens for the other brokers (never the client listener).
-    #[arg(long, env = "FELIX_CLUSTER_LISTEN")]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_CLUSTER_LISTEN")]
     cluster_listen: Option<SocketAddr>,
     /// Every broker of the cluster, this one included: ID=HOST:PORT of each cluster listener,
     /// comma-separated (the same list on every broker).
-    #[arg(long, env = "FELIX_PEERS", value_parser = commands::parse_peers)]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_PEERS", value_parser = commands::parse_peers)]
     peers: Option<commands::Peers>,
     /// The secret the brokers of the cluster share; a broker that does not know it is refused.
     /// [default: a development secret, with a warning]
-    #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true)]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
     /// The cluster's name: brokers of another cluster are refused [default: felix].
-    #[arg(long, env = "FELIX_CLUSTER_NAME")]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_CLUSTER_NAME")]
     cluster_name: Option<String>,
     /// The client address this broker gives clients (redirects, topology) [default: --listen].
-    #[arg(long, env = "FELIX_ADVERTISE")]
+    #[arg(help_heading = "Cluster", long, env = "FELIX_ADVERTISE")]
     advertise: Option<String>,
     /// Concurrent streams a client may open, each direction.
-    #[arg(long, env = "FELIX_MAX_STREAMS", default_value_t = 1024)]
+    #[arg(help_heading = "QUIC transport", long, env = "FELIX_MAX_STREAMS", default_value_t = 1024)]
     max_streams: u32,
     /// Per-stream QUIC receive window, bytes.
-    #[arg(long, env = "FELIX_STREAM_RECEIVE_WINDOW", default_value_t = 8 << 20)]
+    #[arg(help_heading = "QUIC transport", long, env = "FELIX_STREAM_RECEIVE_WINDOW", default_value_t = 8 << 20)]
     stream_receive_window: u32,
     /// Per-connection QUIC receive window, bytes.
-    #[arg(long, env = "FELIX_RECEIVE_WINDOW", default_value_t = 32 << 20)]
+    #[arg(help_heading = "QUIC transport", long, env = "FELIX_RECEIVE_WINDOW", default_value_t = 32 << 20)]
     receive_window: u32,
     /// UDP socket buffers to ask the kernel for, bytes (capped by net.core.rmem_max/wmem_max).
-    #[arg(long, env = "FELIX_UDP_BUFFER_BYTES", default_value_t = 4 << 20)]
+    #[arg(help_heading = "QUIC transport", long, env = "FELIX_UDP_BUFFER_BYTES", default_value_t = 4 << 20)]
     udp_buffer_bytes: usize,
     /// Close connections idle this long, milliseconds.
-    #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(help_heading = "QUIC transport", long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     idle_timeout_ms: u64,
     /// Largest UDP payload MTU discovery may reach, bytes (1200..=65527). Discovery settles on
     /// what the path carries (about 1452 on Ethernet); loopback peers get it from the first
     /// packet. Above 6550 the kernel refuses segmentation-offload batches (docs/operations.md).
-    #[arg(long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD,
+    #[arg(help_heading = "QUIC transport", long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = felix_driver_tokio::DEFAULT_MAX_UDP_PAYLOAD,
         value_parser = clap::value_parser!(u16).range(1200..=65527))]
     max_udp_payload: u16,
 }
 
 /// How a client command reaches the broker.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Connection (every client command)")]
 pub struct ConnectArgs {
     /// Broker address (HOST:PORT, a name or an IP address); several, comma-separated, for a
     /// cluster (the first that answers is used, and requests follow redirects to the owner of
@@ -384,8 +398,6 @@ pub struct ConnectArgs {
 
 #[derive(Args, Debug)]
 struct PublishArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     /// Stream to publish to.
     #[arg(value_parser = commands::parse_name)]
     stream: String,
@@ -420,12 +432,12 @@ struct PublishArgs {
     /// command exits with 130.
     #[arg(long, default_value = "5ms", value_parser = commands::parse_duration)]
     linger: std::time::Duration,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Args, Debug)]
 struct SubscribeArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     /// Stream to read.
     #[arg(value_parser = commands::parse_name)]
     stream: String,
@@ -452,6 +464,8 @@ struct SubscribeArgs {
     /// minute).
     #[arg(long)]
     no_resume: bool,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Args, Debug)]
@@ -497,17 +511,18 @@ struct SimArgs {
 
 #[derive(Args, Debug)]
 struct ReadArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     /// Stream to read (durable).
     #[arg(value_parser = commands::parse_name)]
     stream: String,
-    /// First offset to read.
-    #[arg(long, default_value_t = 0)]
+    /// First offset to read (of each shard read).
+    #[arg(long, default_value_t = 0, value_parser = commands::parse_offset)]
     from: u64,
     /// Stop before this offset [default: the committed tail when the read starts].
-    #[arg(long)]
+    #[arg(long, value_parser = commands::parse_offset)]
     to: Option<u64>,
+    /// Stop after this many records (over every shard read).
+    #[arg(long)]
+    count: Option<u64>,
     /// Shard to read [default: every shard of the stream, one after the other; lines then
     /// read SHARD/OFFSET].
     #[arg(long)]
@@ -518,22 +533,24 @@ struct ReadArgs {
     /// Print one JSON object per record (shard, offset, payload, publisher, timestamp_micros).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Args, Debug)]
 struct CacheArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     #[command(subcommand)]
     op: CacheOp,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Args, Debug)]
 struct CounterArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     #[command(subcommand)]
     op: CounterOp,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -571,7 +588,7 @@ enum ClusterOp {
     /// broker of the cluster sees them (ask several: they agree once the metadata settled).
     Status {
         /// The broker's metrics listener (its --metrics-listen), where /cluster is served.
-        #[arg(long, env = "FELIX_METRICS_ADDR")]
+        #[arg(long, env = "FELIX_METRICS")]
         metrics: SocketAddr,
         /// Print the JSON as the broker gave it.
         #[arg(long)]
@@ -690,7 +707,7 @@ enum ClusterOp {
 #[derive(Args, Debug)]
 struct AdminArgs {
     /// A broker's metrics listener (its --metrics-listen), where the change is asked.
-    #[arg(long, env = "FELIX_METRICS_ADDR")]
+    #[arg(long, env = "FELIX_METRICS")]
     metrics: SocketAddr,
     /// The cluster's shared secret (the brokers' --cluster-secret).
     #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true, default_value = "felix-dev-cluster-secret")]
@@ -703,10 +720,10 @@ struct AdminArgs {
 
 #[derive(Args, Debug)]
 struct StreamArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     #[command(subcommand)]
     op: StreamOp,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -740,10 +757,10 @@ pub struct GroupName {
 
 #[derive(Args, Debug)]
 struct GroupArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     #[command(subcommand)]
     op: GroupOp,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -835,8 +852,6 @@ enum GroupOp {
 #[derive(Args, Debug)]
 struct ConsumeArgs {
     #[command(flatten)]
-    conn: ConnectArgs,
-    #[command(flatten)]
     g: GroupName,
     /// Member name (default: this host's name and process id).
     #[arg(long)]
@@ -850,6 +865,8 @@ struct ConsumeArgs {
     /// Stop after this many records.
     #[arg(long)]
     count: Option<u64>,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -863,9 +880,9 @@ enum CacheOp {
         key: String,
         /// Value.
         value: String,
-        /// Time to live, in milliseconds.
-        #[arg(long)]
-        ttl: Option<u64>,
+        /// Time to live, with a unit (e.g. 500ms, 60s, 2h).
+        #[arg(long, value_parser = commands::parse_duration_with_unit)]
+        ttl: Option<std::time::Duration>,
     },
     /// Read a value (exit code 1 when missing).
     Get {
@@ -909,13 +926,90 @@ enum CacheOp {
     },
 }
 
+/// Environment variables renamed to follow their flag (`--http` is `FELIX_HTTP`), old name
+/// first: the old name still works, with a warning, so no deployment breaks.
+const RENAMED_ENV: &[(&str, &str)] = &[
+    ("FELIX_SUBSCRIBER_QUEUE_CAPACITY", "FELIX_QUEUE_CAPACITY"),
+    ("FELIX_SUBSCRIBER_QUEUE_BYTES_MAX", "FELIX_QUEUE_BYTES_MAX"),
+    ("FELIX_GROUP_VISIBILITY_TIMEOUT_MS", "FELIX_GROUP_VISIBILITY_MS"),
+    ("FELIX_DEFAULT_RETENTION_RECORDS", "FELIX_RETENTION_RECORDS"),
+    ("FELIX_DEFAULT_MEMORY_BYTES", "FELIX_MEMORY_BYTES"),
+    ("FELIX_DURABLE_MAX_RECORDS_PER_READ", "FELIX_MAX_RECORDS_PER_READ"),
+    ("FELIX_TLS_REQUIRE_ALPN", "FELIX_REQUIRE_ALPN"),
+    ("FELIX_HTTP_LISTEN", "FELIX_HTTP"),
+    ("FELIX_METRICS_ADDR", "FELIX_METRICS"),
+];
+
+/// Reads each renamed variable under its old name when the new one is not set: the flags
+/// that read the new name read the old one instead (the environment itself is left alone).
+fn adopt_renamed_env(mut cmd: clap::Command) -> clap::Command {
+    for (old, new) in RENAMED_ENV {
+        if std::env::var_os(old).is_some() && std::env::var_os(new).is_none() {
+            eprintln!("warning: {old} is now {new}; the old name still works for now");
+            cmd = read_env_from(cmd, new, old);
+        }
+    }
+    cmd
+}
+
+/// Every argument of `cmd` and its subcommands that reads `new` reads `old` instead.
+fn read_env_from(mut cmd: clap::Command, new: &str, old: &'static str) -> clap::Command {
+    let ids: Vec<clap::Id> = cmd
+        .get_arguments()
+        .filter(|a| a.get_env() == Some(std::ffi::OsStr::new(new)))
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in ids {
+        cmd = cmd.mut_arg(id, |a| a.env(old));
+    }
+    let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+    for sub in subs {
+        cmd = cmd.mut_subcommand(sub, |sc| read_env_from(sc, new, old));
+    }
+    cmd
+}
+
+/// `-h` short, `--help` whole: an argument whose help says more than one sentence shows its
+/// first sentence (and its `[default: ...]`) under `-h`. Clap does that for doc comments of
+/// several paragraphs; ours are one paragraph each, so `-h` printed all of it.
+fn short_help(mut cmd: clap::Command) -> clap::Command {
+    let ids: Vec<(clap::Id, String)> =
+        cmd.get_arguments().filter_map(|a| Some((a.get_id().clone(), a.get_help()?.to_string()))).collect();
+    for (id, help) in ids {
+        if let Some(short) = first_sentence(&help) {
+            cmd = cmd.mut_arg(id, |a| a.help(short).long_help(help));
+        }
+    }
+    let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+    for sub in subs {
+        cmd = cmd.mut_subcommand(sub, short_help);
+    }
+    cmd
+}
+
+/// The first sentence of `help` with its `[default: ...]`, when there is more to it.
+fn first_sentence(help: &str) -> Option<String> {
+    let end = help.match_indices(". ").map(|(i, _)| i).find(|&i| {
+        // Not an abbreviation like "e.g. " or "i.e. ".
+        !help[..i].ends_with("e.g") && !help[..i].ends_with("i.e")
+    })?;
+    let mut short = help[..end].to_owned();
+    if let Some(d) = help.find("[default:").filter(|&d| d > end) {
+        let close = help[d..].find(']').map_or(help.len(), |c| d + c + 1);
+        short.push(' ');
+        short.push_str(&help[d..close]);
+    }
+    Some(short)
+}
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,felix=info".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cmd = short_help(adopt_renamed_env(<Cli as clap::CommandFactory>::command()));
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit());
     init_tracing();
     if let Command::Sim(a) = &cli.command {
         return commands::sim(a).unwrap_or(ExitCode::FAILURE);

@@ -366,7 +366,11 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
     let mut total = 0u64;
     let mut nexts = Vec::new();
     for &shard in &shards.list {
-        let (n, next, closed) = read_shard(&a, shard, tag).await?;
+        let left = a.count.map(|c| c.saturating_sub(total));
+        if left == Some(0) {
+            break;
+        }
+        let (n, next, closed) = read_shard(&a, shard, tag, left).await?;
         total += n;
         nexts.push((shard, next));
         if closed {
@@ -387,9 +391,10 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reads one shard from `--from` to `--to` (or its committed tail), page by page. Returns the
-/// records printed, the next offset, and whether standard output closed.
-async fn read_shard(a: &ReadArgs, shard: u32, tag: bool) -> Result<(u64, u64, bool), String> {
+/// Reads one shard from `--from` to `--to` (or its committed tail), page by page, at most
+/// `left` records. Returns the records printed, the next offset, and whether standard output
+/// closed.
+async fn read_shard(a: &ReadArgs, shard: u32, tag: bool, left: Option<u64>) -> Result<(u64, u64, bool), String> {
     let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
     // The first page finds the shard's owner (following redirects in a cluster).
     let (client, first) = with_redirects(&a.conn, |c| {
@@ -415,7 +420,9 @@ async fn read_shard(a: &ReadArgs, shard: u32, tag: bool) -> Result<(u64, u64, bo
         };
         // A page at a time, not a system call per line (stdout alone is line-buffered).
         let mut out = std::io::BufWriter::with_capacity(64 << 10, stdout.lock());
-        for r in &page.records {
+        let room = left.map_or(usize::MAX, |l| usize::try_from(l - total).unwrap_or(usize::MAX));
+        let records = &page.records[..page.records.len().min(room)];
+        for r in records {
             let line = if a.json {
                 let mut o = serde_json::Map::new();
                 o.insert("shard".into(), shard.into());
@@ -442,7 +449,11 @@ async fn read_shard(a: &ReadArgs, shard: u32, tag: bool) -> Result<(u64, u64, bo
         if out.flush().is_err() {
             return Ok((total, from, true));
         }
-        total += page.records.len() as u64;
+        total += records.len() as u64;
+        if records.len() < page.records.len() || left.is_some_and(|l| total >= l) {
+            from = records.last().map_or(from, |r| r.offset + 1);
+            break; // --count reached
+        }
         // An empty page that did not move means nothing more is committed: the range is done.
         if page.records.is_empty() && page.next_offset == from {
             break;

@@ -37,9 +37,9 @@ pub struct SoakArgs {
     /// Records each shard retains (the warm-up lasts until the retained history is full).
     #[arg(long, default_value_t = 2000)]
     retention_records: u64,
-    /// Seconds between samples.
-    #[arg(long, default_value_t = 10)]
-    interval: u64,
+    /// Time between samples (e.g. 10s, 1m; a bare number is seconds).
+    #[arg(long, default_value = "10s", value_parser = crate::commands::parse_duration)]
+    interval: Duration,
     /// Print results as JSON.
     #[arg(long)]
     json: bool,
@@ -232,7 +232,7 @@ pub async fn run(a: SoakArgs) -> Result<ExitCode, String> {
     let start = Instant::now();
     let mut last_delivered = 0;
     while start.elapsed() < a.duration {
-        tokio::time::sleep(Duration::from_secs(a.interval.max(1))).await;
+        tokio::time::sleep(a.interval.max(Duration::from_secs(1))).await;
         let d = delivered.load(Ordering::Relaxed);
         let (p50, p99) = {
             let mut h = hist.lock().unwrap_or_else(|e| e.into_inner());

@@ -1600,3 +1600,71 @@ fn the_banners_hint_works_as_printed_and_a_port_in_use_writes_nothing() {
     assert!(err.contains("cannot listen on") && err.contains("nothing was written"), "{err}");
     assert!(!dir.path().join("second").exists(), "no data directory, certificate or token written");
 }
+
+/// `bench` draws its `\r` progress line only on a terminal: into a pipe or a log it wrote a
+/// long line of carriage returns. Its summary still comes.
+#[test]
+fn bench_progress_is_drawn_only_on_a_terminal() {
+    let out = Command::new(BIN).args(["bench", "--duration", "1", "--subscribers", "1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!out.stderr.contains(&b'\r'), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!out.stdout.is_empty(), "the summary");
+}
+
+/// Help a new user can read: `-h` short and `--help` whole, serve's flags under headings, the
+/// connection flags under one; durations with units (`--ttl 500` is refused, not read as 500 s);
+/// offsets explained; a variable renamed to follow its flag still read under its old name.
+#[test]
+fn help_is_grouped_durations_take_units_and_old_variable_names_still_work() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (_, short, _) = run(&["serve", "-h"]);
+    let (_, long, _) = run(&["serve", "--help"]);
+    assert!(
+        short.lines().count() * 2 < long.lines().count(),
+        "-h {} lines, --help {}",
+        short.lines().count(),
+        long.lines().count()
+    );
+    for heading in ["Listening and TLS:", "Storage:", "Cluster:", "QUIC transport:", "RUST_LOG"] {
+        assert!(short.contains(heading), "{heading} in serve -h");
+    }
+    let (_, read_help, _) = run(&["read", "--help"]);
+    assert!(read_help.contains("Connection (every client command):"), "{read_help}");
+    let (code, _, err) = run(&["cache", "put", "c", "k", "v", "--ttl", "500"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("give a unit, like 500ms or 500s"), "{err}");
+    let (code, _, err) = run(&["read", "orders", "--from", "garbage"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("expected an offset"), "{err}");
+    // FELIX_HTTP_LISTEN is FELIX_HTTP now; the old name still opens the web view.
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &free_port().to_string(), "--data-dir"])
+        .arg(dir.path())
+        .env("FELIX_HTTP_LISTEN", "127.0.0.1:0")
+        .env_remove("FELIX_HTTP")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut web = false;
+    for line in lines {
+        let line = line.unwrap();
+        web |= line.contains("web view");
+        if line.starts_with("Ctrl-C") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(web, "the old variable opened the web view");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FELIX_HTTP_LISTEN is now FELIX_HTTP"));
+}

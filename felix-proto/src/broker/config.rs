@@ -227,7 +227,7 @@ pub struct BrokerConfig {
     /// reading the streams that publish to it (resumed below half of it). Keeps memory bounded
     /// when publishers outrun the disk.
     pub max_pending_write_bytes: u64,
-    /// Most records one `stream_read` page returns (FELIX_DURABLE_MAX_RECORDS_PER_READ).
+    /// Most records one `stream_read` page returns (FELIX_MAX_RECORDS_PER_READ).
     pub max_records_per_read: u32,
     /// Most payload bytes one `stream_read` page returns (a single larger record still comes).
     pub max_read_bytes: u64,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// Limits of consumer groups (FELIX_GROUP_* settings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupLimits {
-    /// Claim duration when a poll names none (FELIX_GROUP_VISIBILITY_TIMEOUT_MS).
+    /// Claim duration when a poll names none (FELIX_GROUP_VISIBILITY_MS).
     pub visibility: Duration,
     /// Longest claim, extension or nack delay (FELIX_GROUP_MAX_VISIBILITY_MS).
     pub max_visibility: Duration,
