@@ -233,6 +233,11 @@ impl BlockingBroker {
             while let Some(o) = self.broker.poll_output() {
                 self.output(o);
             }
+            // This driver has no logger (it depends on nothing but std and the core): notices
+            // go to standard error, as a refused login is worth an operator's eye.
+            while let Some(n) = self.broker.poll_notice() {
+                eprintln!("felix: {n}");
+            }
             if self.writes.is_empty() && self.reads.is_empty() {
                 return;
             }

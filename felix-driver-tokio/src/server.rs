@@ -905,6 +905,7 @@ impl BrokerTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>, mut shutdown: oneshot::Receiver<()>) {
         loop {
             self.drain();
+            self.log_notices();
             if let Some(l) = self.replica_logs.as_mut() {
                 l.sync_due(now());
             }
@@ -1477,6 +1478,20 @@ impl BrokerTask {
                 if let Node::Cluster(n) = &mut self.node {
                     n.handle_replica_log_read(token, result, now);
                 }
+            }
+        }
+    }
+
+    /// Writes the state machine's operator notices (failed logins, elections, leadership
+    /// changes, peers) to the log at info level, with the client's address for a login.
+    fn log_notices(&mut self) {
+        while let Some(n) = self.node.broker().poll_notice() {
+            match &n {
+                felix_proto::broker::Notice::LoginRefused { conn, .. } => {
+                    let from = self.conns.get(conn).map(|c| c.quic.remote_address().to_string());
+                    tracing::info!("{n} (from {})", from.as_deref().unwrap_or("a closed connection"));
+                }
+                _ => tracing::info!("{n}"),
             }
         }
     }

@@ -1668,3 +1668,27 @@ fn help_is_grouped_durations_take_units_and_old_variable_names_still_work() {
     assert!(web, "the old variable opened the web view");
     assert!(String::from_utf8_lossy(&out.stderr).contains("FELIX_HTTP_LISTEN is now FELIX_HTTP"));
 }
+
+/// A failed login is in the broker's log at the default level, with the client's address.
+#[test]
+fn a_failed_login_is_logged_with_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().starts_with("Ctrl-C")), "banner");
+    let out =
+        client_cmd(dir.path(), addr).args(["publish", "orders", "x", "--token", "not-the-token"]).output().unwrap();
+    assert!(!out.status.success());
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("login refused (tenant default): invalid token (from 127.0.0.1:"), "{log}");
+}

@@ -3062,3 +3062,32 @@ fn a_cache_leaders_read_lease_holds_with_its_clock_15_percent_slow_and_not_at_ha
         [0.8, 0.75, 0.7, 0.65, 0.6].into_iter().map(|r| (r, stale_reads_with_leader_rate(r).0)).collect();
     eprintln!("half-speed clock: {stale} stale reads; stale reads by rate: {scan:?}");
 }
+
+/// Elections and leadership changes are operator notices (the driver logs them at info):
+/// every broker notices who leads the metadata, and every replica of a replicated shard who
+/// leads it, itself included.
+#[test]
+fn elections_and_leadership_changes_are_noticed_for_the_operators_log() {
+    use felix_proto::broker::Notice;
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    c.until("a replica leads and the metadata names it", |c| {
+        leading(c).is_some_and(|l| c.nodes.values().all(|n| n.metadata().owner(&ledger()).unwrap().owner == l))
+    });
+    c.settle();
+    let shard_leader = leading(&c).unwrap();
+    let meta_leader = c.nodes.values().find_map(|n| n.leader().map(str::to_owned)).expect("a metadata leader");
+    for (name, node) in &mut c.nodes {
+        let notices: Vec<Notice> = std::iter::from_fn(|| node.broker.poll_notice()).collect();
+        let last_meta = notices.iter().rev().find_map(|n| match n {
+            Notice::MetadataLeader { leader, .. } => Some(leader.clone()),
+            _ => None,
+        });
+        assert_eq!(last_meta, Some(Some(meta_leader.clone())), "{name}: {notices:?}");
+        let last_shard = notices.iter().rev().find_map(|n| match n {
+            Notice::ShardLeader { shard, leader, .. } if shard.ends_with("/ledger#0") => Some(leader.clone()),
+            _ => None,
+        });
+        assert_eq!(last_shard, Some(Some(shard_leader.clone())), "{name}: {notices:?}");
+    }
+}

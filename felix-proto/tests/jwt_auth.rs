@@ -593,3 +593,32 @@ fn diagnostics_answer_only_a_token_with_exactly_node_view_cluster() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A refused login is an operator notice (the driver logs it at info, with the address); a
+/// good one is not.
+#[test]
+fn a_refused_login_is_noticed_for_the_operators_log() {
+    use felix_proto::broker::Notice;
+    let mut sim = felix_proto::sim::Sim::new(support::config(), support::epoch());
+    let (_, _, ok) = support::raw_session(&mut sim, None, None);
+    assert!(matches!(ok, Message::Ok(_) | Message::AuthOk(_)), "{ok:?}");
+    assert_eq!(sim.broker.poll_notice(), None, "a good login is not noticed");
+    let p = sim.connect_raw();
+    let s = sim.raw_open_bi(p);
+    let bad = support::json(&Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: "wrong".into(),
+        client_flags: None,
+        client_features: None,
+        client_features_hi: None,
+    }));
+    sim.raw_send(p, s, bad, false);
+    sim.run();
+    match sim.broker.poll_notice() {
+        Some(Notice::LoginRefused { tenant, reason, .. }) => {
+            assert_eq!(tenant, "t1");
+            assert_eq!(reason, "invalid token");
+        }
+        other => panic!("{other:?}"),
+    }
+}

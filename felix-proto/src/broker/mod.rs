@@ -50,6 +50,7 @@ mod inspect;
 mod key;
 mod limits;
 mod moves;
+pub mod notice;
 mod output;
 mod ownership;
 mod publish;
@@ -74,6 +75,7 @@ pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
 pub use limits::TenantLimit;
+pub use notice::Notice;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
 pub use replicated::ReplicaRole;
 pub use requests::{MAX_NAME_BYTES, name_problem};
@@ -544,6 +546,8 @@ impl Refusal {
 #[derive(Debug)]
 pub struct Broker {
     cfg: BrokerConfig,
+    /// Operator notices waiting for the driver's log ([`Broker::poll_notice`]).
+    notices: notice::Notices,
     /// Scratch for fan-out (a shard's subscribers, copied because delivering may end one): kept
     /// between batches so that fanning a batch out allocates nothing.
     fanout_subs: Vec<(ConnId, u64)>,
@@ -671,6 +675,7 @@ impl Broker {
             out: VecDeque::new(),
             fanout_subs: Vec::new(),
             stats: BrokerStats::default(),
+            notices: notice::Notices::default(),
             server_flags,
             server_features,
             next_sweep: None,
@@ -838,6 +843,16 @@ impl Broker {
             .flat_map(|s| s.queue.iter())
             .map(|[a, b]| a.len() + b.len())
             .sum()
+    }
+
+    /// The next operator notice, oldest first (a driver logs them; see [`Notice`]).
+    pub fn poll_notice(&mut self) -> Option<Notice> {
+        self.notices.pop()
+    }
+
+    /// Queues an operator notice (the cluster layer's too).
+    pub(crate) fn notice(&mut self, n: Notice) {
+        self.notices.push(n);
     }
 
     /// The next output, `None` when there is nothing to do.

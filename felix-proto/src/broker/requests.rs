@@ -140,6 +140,7 @@ impl Broker {
                     _ if a.token.is_empty() => "no credential: an empty token and no client certificate".to_string(),
                     _ => "invalid token".into(),
                 };
+                self.notice(Notice::LoginRefused { conn, tenant: a.tenant_id.clone(), reason: why.clone() });
                 let r = Refusal::new(ErrorCode::Unauthenticated, why).closing();
                 let m = Self::error_message(&offer, &r);
                 self.send(conn, st, json_frame(&m));

@@ -15,7 +15,7 @@ use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, PeerMessage, RaftBytes};
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
-use crate::broker::{Broker, BrokerOutput, ReplicaRole};
+use crate::broker::{Broker, BrokerOutput, Notice, ReplicaRole};
 use bytes::Bytes;
 use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use std::collections::{BTreeMap, VecDeque};
@@ -327,6 +327,8 @@ pub struct ClusterNode {
     /// The time of the latest input (what a proposal the broker asked for between inputs is
     /// made at).
     last_now: Instant,
+    /// The metadata leader and term last noticed (a change is an operator notice).
+    meta_leader_seen: (Option<u64>, u64),
     /// When this node started: its replicas grant no vote until [`VOTE_HOLD`] after.
     started: Instant,
     /// Reads of replica logs under way ([`NodeOutput::ReadReplicaLog`]), by token.
@@ -519,6 +521,7 @@ impl ClusterNode {
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
             read_ctx: 0,
             last_now: now,
+            meta_leader_seen: (None, 0),
             started: now,
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
@@ -677,6 +680,7 @@ impl ClusterNode {
             // older version reads fewer kinds).
             self.peer_features.insert(from.to_owned(), *features);
             self.check_incarnation(from, incarnation);
+            self.broker.notice(Notice::PeerConnected { peer: from.to_owned() });
             return;
         }
         if self.refused.contains(from) {
@@ -1219,6 +1223,16 @@ impl ClusterNode {
             ReplicaRole::Following { leader }
         };
         if h.role.as_ref() != Some(&role) {
+            let leader = match &role {
+                ReplicaRole::Leading => Some(self.me.id.clone()),
+                ReplicaRole::Settling => None,
+                ReplicaRole::Following { leader } => leader.as_ref().map(|l| l.node_id.clone()),
+            };
+            // Settling (elected, its first entry not yet committed) is said once it leads.
+            if !matches!(role, ReplicaRole::Settling) {
+                let name = format!("{}/{}/{}#{}", shard.tenant, shard.namespace, shard.name, shard.shard);
+                self.broker.notice(Notice::ShardLeader { shard: name, leader, term: h.replica.term() });
+            }
             h.role = Some(role.clone());
             self.broker.set_replica_role(shard, role, now);
         }
@@ -1298,6 +1312,7 @@ impl ClusterNode {
     /// was closed): what was forwarded on it is answered now, outcome unknown
     /// ([`Broker::handle_peer_connection_lost`]); Raft resends on its own.
     pub fn handle_peer_lost(&mut self, peer: &str, now: Instant) {
+        self.broker.notice(Notice::PeerLost { peer: peer.to_owned() });
         self.broker.handle_peer_connection_lost(peer, now);
     }
 
@@ -1636,6 +1651,12 @@ impl ClusterNode {
     /// Carries the metadata member's outputs: Raft state to keep, messages to peers, commands
     /// to apply.
     fn drain_meta(&mut self, now: Instant) {
+        let seen = (self.meta.leader(), self.meta.term());
+        if seen != self.meta_leader_seen {
+            self.meta_leader_seen = seen;
+            let leader = seen.0.map(|l| self.names.get(&l).cloned().unwrap_or_else(|| format!("raft id {l}")));
+            self.broker.notice(Notice::MetadataLeader { leader, term: seen.1 });
+        }
         let mut changed = false;
         let mut confirmed = false;
         while let Some(o) = self.meta.poll_output() {

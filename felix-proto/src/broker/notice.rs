@@ -1,0 +1,113 @@
+//! What an operator wants in the log. The state machines log nothing themselves (no IO); they
+//! queue a [`Notice`] and the driver writes it, at info level: failed logins, elections and
+//! leadership changes, peers connecting and going away.
+
+use crate::transport::ConnId;
+use std::collections::VecDeque;
+
+/// The most notices kept for a driver that does not take them: a flood of bad logins must not
+/// grow memory. Past it new ones are counted and dropped.
+pub const MAX_NOTICES: usize = 1024;
+
+/// One thing worth a line in the operator's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// An `auth` was refused: a wrong, expired or revoked token, or an unknown certificate.
+    LoginRefused {
+        /// The connection (the driver knows its address).
+        conn: ConnId,
+        /// The tenant it asked for.
+        tenant: String,
+        /// Why, as the client was told.
+        reason: String,
+    },
+    /// Who leads the cluster's metadata group changed; `None` while an election is on.
+    MetadataLeader {
+        /// The leader's node id.
+        leader: Option<String>,
+        /// The Raft term.
+        term: u64,
+    },
+    /// This broker's part in a replicated shard's group changed.
+    ShardLeader {
+        /// The shard, as `tenant/namespace/stream#shard`.
+        shard: String,
+        /// Who leads it now (this broker's own id when it does), `None` while none does.
+        leader: Option<String>,
+        /// The Raft term.
+        term: u64,
+    },
+    /// A peer broker opened a connection to this one (its hello).
+    PeerConnected {
+        /// Its node id.
+        peer: String,
+    },
+    /// The connection to a peer broker closed.
+    PeerLost {
+        /// Its node id.
+        peer: String,
+    },
+}
+
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Notice::LoginRefused { tenant, reason, .. } => write!(f, "login refused (tenant {tenant}): {reason}"),
+            Notice::MetadataLeader { leader: Some(l), term } => {
+                write!(f, "cluster: {l} leads the metadata (term {term})")
+            }
+            Notice::MetadataLeader { leader: None, term } => write!(f, "cluster: metadata election (term {term})"),
+            Notice::ShardLeader { shard, leader: Some(l), term } => {
+                write!(f, "cluster: {l} leads {shard} (term {term})")
+            }
+            Notice::ShardLeader { shard, leader: None, term } => {
+                write!(f, "cluster: {shard} has no leader (term {term})")
+            }
+            Notice::PeerConnected { peer } => write!(f, "cluster: peer {peer} connected"),
+            Notice::PeerLost { peer } => write!(f, "cluster: lost the connection to peer {peer}"),
+        }
+    }
+}
+
+/// The queue of notices, bounded.
+#[derive(Debug, Default)]
+pub(crate) struct Notices {
+    queue: VecDeque<Notice>,
+    /// Dropped because the queue was full.
+    pub(crate) dropped: u64,
+}
+
+impl Notices {
+    pub(crate) fn push(&mut self, n: Notice) {
+        if self.queue.len() >= MAX_NOTICES {
+            self.dropped += 1;
+        } else {
+            self.queue.push_back(n);
+        }
+    }
+
+    pub(crate) fn pop(&mut self) -> Option<Notice> {
+        self.queue.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_is_bounded_and_counts_what_it_drops() {
+        let mut q = Notices::default();
+        for i in 0..MAX_NOTICES + 5 {
+            q.push(Notice::PeerLost { peer: i.to_string() });
+        }
+        assert_eq!(q.dropped, 5);
+        assert_eq!(q.pop(), Some(Notice::PeerLost { peer: "0".into() }), "oldest first");
+    }
+
+    #[test]
+    fn notices_read_as_log_lines() {
+        let n = Notice::ShardLeader { shard: "t/ns/s#2".into(), leader: Some("n2".into()), term: 7 };
+        assert_eq!(n.to_string(), "cluster: n2 leads t/ns/s#2 (term 7)");
+    }
+}
