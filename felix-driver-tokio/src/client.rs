@@ -850,6 +850,34 @@ impl Client {
         Ok(self.cache_get_versioned(ns, cache, key).await?.0)
     }
 
+    /// A page of a cache's live keys in byte order (FEATURE_LISTING): those starting with
+    /// `prefix`, after `after`, at most `limit` (the broker caps it at 1000); and the key to
+    /// continue after when more follow.
+    ///
+    /// # Errors
+    /// `not_found` for a cache that does not exist; [`ClientError::Unsupported`] against a
+    /// broker without the feature.
+    pub async fn cache_keys(
+        &self,
+        ns: &str,
+        cache: &str,
+        prefix: Option<&str>,
+        after: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<String>, Option<String>), ClientError> {
+        let (namespace, cache) = (ns.to_owned(), cache.to_owned());
+        let (prefix, after) = (prefix.map(str::to_owned), after.map(str::to_owned));
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::CacheKeys(message::CacheKeys { tenant_id, namespace, cache, prefix, after, limit, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::CacheKeys { keys, next } => Ok((keys, next)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Deletes a value, returning what was removed.
     ///
     /// # Errors

@@ -219,6 +219,27 @@ impl Client {
         }
     }
 
+    /// The consumer groups of one shard, by name (FEATURE_LISTING).
+    ///
+    /// # Errors
+    /// `not_found` for a stream that does not exist; [`ClientError::Unsupported`] against a
+    /// broker without the feature.
+    pub async fn group_list(
+        &self,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+    ) -> Result<Vec<message::GroupSummary>, ClientError> {
+        let (namespace, stream) = (namespace.to_owned(), stream.to_owned());
+        let build = move |tenant_id, request_id| {
+            Message::GroupList(message::GroupList { tenant_id, namespace, stream, shard, request_id })
+        };
+        match self.group_request(build).await? {
+            Reply::GroupList(groups) => Ok(groups),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Drops a dead letter from the list (the record stays in the log).
     ///
     /// # Errors

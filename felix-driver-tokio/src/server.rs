@@ -312,6 +312,8 @@ impl Server {
             require_alpn: opts.require_alpn,
             client_ca: opts.client_ca,
             draining: None,
+            started: now,
+            web_sample: None,
         };
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx.clone()));
         let done = tokio::spawn(async move {
@@ -581,6 +583,11 @@ pub(crate) fn percent_decode_pub(v: &str) -> String {
     percent_decode(v)
 }
 
+/// [`percent_encode`], for the web view's cookie and the banner's link.
+pub fn percent_encode_pub(v: &str) -> String {
+    percent_encode(v)
+}
+
 /// Decodes `%XX` escapes of a query value (anything malformed is kept as it is).
 fn percent_decode(v: &str) -> String {
     let b = v.as_bytes();
@@ -686,10 +693,20 @@ async fn web_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
             let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await.ok().and_then(Result::ok);
             let head = n.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned()).unwrap_or_default();
             let path = head.split(' ').nth(1).unwrap_or_default().split('?').next().unwrap_or_default().to_owned();
+            let mut extra = String::new();
             let (status, body) = if !head.starts_with("GET ") {
                 (405, "GET only (the view is read-only)\n".to_string())
+            } else if crate::web::token_in_query(&head, &token) {
+                // A login: the cookie keeps the browser logged in, and the address it is sent
+                // to has no token in it (out of the address bar, history and screenshots).
+                extra = format!(
+                    "Set-Cookie: {}={}; HttpOnly; SameSite=Strict; Path=/\r\nLocation: /\r\n",
+                    crate::web::COOKIE,
+                    crate::server::percent_encode_pub(&token)
+                );
+                (303, "logged in\n".to_string())
             } else if !crate::web::authorized(&head, &token) {
-                (401, "the web view needs its token: ?token=... or Authorization: Bearer ...\n".to_string())
+                (401, crate::web::login_page())
             } else if path != "/" {
                 (404, "not found\n".to_string())
             } else {
@@ -702,13 +719,14 @@ async fn web_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
             };
             let reason = match status {
                 200 => "OK",
+                303 => "See Other",
                 401 => "Unauthorized",
                 404 => "Not Found",
                 _ => "Method Not Allowed",
             };
-            let kind = if status == 200 { "text/html; charset=utf-8" } else { "text/plain" };
+            let kind = if status == 200 || status == 401 { "text/html; charset=utf-8" } else { "text/plain" };
             let head = format!(
-                "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n{extra}Cache-Control: no-store\r\nConnection: close\r\n\r\n",
                 body.len()
             );
             let _ = sock.write_all(head.as_bytes()).await;
@@ -895,7 +913,14 @@ struct BrokerTask {
     client_ca: Option<Vec<crate::tls::CertificateDer<'static>>>,
     /// Draining: until when, and who waits for the end.
     draining: Option<(std::time::Instant, oneshot::Sender<usize>)>,
+    /// When the broker started (the web view's uptime).
+    started: std::time::Instant,
+    /// The web view's last sample of each shard's tail and subscriber positions, for rates.
+    web_sample: Option<(std::time::Instant, WebSample)>,
 }
+
+/// Per shard (tenant, namespace, stream, shard): its tail and its subscribers' positions.
+type WebSample = std::collections::BTreeMap<(String, String, String, u32), (u64, u64)>;
 
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
@@ -1405,9 +1430,47 @@ impl BrokerTask {
                 let status: serde_json::Value =
                     serde_json::from_str(&self.cluster_status()).unwrap_or(serde_json::Value::Null);
                 let b = self.node.broker_ref();
-                let streams: Vec<(String, String, String, u32)> =
-                    b.streams().map(|(t, n, s, c)| (t.to_owned(), n.to_owned(), s.to_owned(), c.shards)).collect();
-                let _ = reply.send(crate::web::page(&status, &streams, &b.subscriptions_snapshot()));
+                let shards = b.shard_summaries();
+                // Rates since the previous page: the tail's and the subscribers' positions'
+                // change over the time between them.
+                let at = now;
+                let rates: Vec<Option<(f64, f64)>> = shards
+                    .iter()
+                    .map(|x| {
+                        let (then, prev) = self.web_sample.as_ref()?;
+                        let secs = at.duration_since(*then).as_secs_f64();
+                        let key = (x.tenant.clone(), x.namespace.clone(), x.stream.clone(), x.shard);
+                        let (tail, delivered) = prev.get(&key)?;
+                        (secs > 0.0).then(|| {
+                            (
+                                x.tail.saturating_sub(*tail) as f64 / secs,
+                                x.delivered_positions.saturating_sub(*delivered) as f64 / secs,
+                            )
+                        })
+                    })
+                    .collect();
+                let sample = shards
+                    .iter()
+                    .map(|x| {
+                        (
+                            (x.tenant.clone(), x.namespace.clone(), x.stream.clone(), x.shard),
+                            (x.tail, x.delivered_positions),
+                        )
+                    })
+                    .collect();
+                let unix =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let view = crate::web::View {
+                    status: &status,
+                    shards: &shards,
+                    rates: &rates,
+                    subs: &b.subscriptions_snapshot(),
+                    version: env!("CARGO_PKG_VERSION"),
+                    uptime: at.duration_since(self.started),
+                    now_unix: unix,
+                };
+                let _ = reply.send(crate::web::page(&view));
+                self.web_sample = Some((at, sample));
             }
             Input::ClusterAdmin(req, reply) => {
                 let answer = match &mut self.node {

@@ -1,8 +1,9 @@
 //! The operator web view (`serve --http`): one read-only page, rendered by the broker task from
 //! what `GET /cluster` and `cluster inspect --subscriptions` show (brokers, moves in progress,
 //! shards with owners, generations and replica lag, the subscriptions this broker serves), and
-//! refreshed every two seconds. Behind a token: `Authorization: Bearer <token>` or
-//! `?token=<token>` (a browser's address bar); anything else is 401.
+//! refreshed every two seconds. Behind a token: `Authorization: Bearer <token>`, or once in a
+//! browser's address (`?token=<token>`, or the login form), after which an `HttpOnly`,
+//! `SameSite=Strict` cookie keeps it logged in and the address is cleaned; anything else is 401.
 
 use std::fmt::Write;
 
@@ -22,36 +23,137 @@ pub(crate) fn esc(s: &str) -> String {
     o
 }
 
-/// The page, from the broker's `/cluster` JSON (or `{"cluster":false}`), its streams (for a
-/// broker alone) and its subscriptions.
-pub(crate) fn page(
-    status: &serde_json::Value,
-    streams: &[(String, String, String, u32)],
-    subs: &[felix_proto::message::SubscriptionInfo],
-) -> String {
+/// What the page shows: the broker's `/cluster` JSON (or `{"cluster":false}`), the shards it
+/// holds with their rates since the last page, the subscriptions it serves, and who it is.
+pub(crate) struct View<'a> {
+    pub status: &'a serde_json::Value,
+    pub shards: &'a [felix_proto::broker::ShardSummary],
+    /// Per shard (same order as `shards`): records published and delivered per second since
+    /// the previous page (`None` on the first).
+    pub rates: &'a [Option<(f64, f64)>],
+    pub subs: &'a [felix_proto::message::SubscriptionInfo],
+    pub version: &'a str,
+    pub uptime: std::time::Duration,
+    /// The wall clock, seconds since the Unix epoch.
+    pub now_unix: u64,
+}
+
+/// A byte count as people read it.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+/// A rate as people read it.
+fn rate(r: Option<f64>) -> String {
+    match r {
+        None => "…".into(),
+        Some(r) if r >= 1e6 => format!("{:.1}M/s", r / 1e6),
+        Some(r) if r >= 1e3 => format!("{:.1}k/s", r / 1e3),
+        Some(r) => format!("{r:.0}/s"),
+    }
+}
+
+/// `12d 3h`, `3h 4m`, `4m 5s`, `5s`.
+fn uptime(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let (days, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (days, h, m) {
+        (0, 0, 0) => format!("{sec}s"),
+        (0, 0, _) => format!("{m}m {sec}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{days}d {h}h"),
+    }
+}
+
+/// `2026-12-04 10:41:15 UTC` from seconds since the Unix epoch (civil-from-days, proleptic
+/// Gregorian: no date crate for one line).
+fn utc(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// The style: readable tables, health in colour (green ok, amber attention, red down).
+const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em 2em;color:#222;background:#fafafa}\
+h1{font-size:20px;margin:0 0 .2em}h2{font-size:16px;margin:1.4em 0 .4em}.meta{color:#666;margin-bottom:1em}\
+table{border-collapse:collapse;margin-bottom:1em;background:#fff;box-shadow:0 1px 2px #0002}\
+td,th{border-bottom:1px solid #e4e4e4;padding:4px 10px;text-align:left;white-space:nowrap}\
+th{background:#f0f2f5;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+tr.ok td:first-child{border-left:4px solid #2e9d4b}tr.warn td:first-child{border-left:4px solid #e3a008}\
+tr.bad td:first-child{border-left:4px solid #d03030}.badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}\
+.badge.ok{background:#2e9d4b}.badge.warn{background:#e3a008}.badge.bad{background:#d03030}.warn{color:#b06000}";
+
+/// The page.
+pub(crate) fn page(v: &View<'_>) -> String {
+    let status = v.status;
     let s = |v: &serde_json::Value| esc(v.as_str().unwrap_or("-"));
     let mut h = String::new();
     let node = status["node_id"].as_str().unwrap_or("");
     let title = if node.is_empty() { "Felix broker".to_owned() } else { format!("Felix broker {}", esc(node)) };
+    let cluster = status["cluster"] == true;
+    let members = status["members"].as_array().cloned().unwrap_or_default();
+    let replicas = status["replicas"].as_array().cloned().unwrap_or_default();
+    // Health at a glance: red when this broker is fenced or a broker is down, amber when a
+    // subscriber drops or a replica is far behind, green otherwise.
+    let down = members.iter().filter(|m| m["state"] != "active" && m["state"] != "draining").count();
+    let dropping = v.subs.iter().filter(|x| x.dropped > 0).count();
+    let lagging = replicas
+        .iter()
+        .flat_map(|r| r["followers"].as_array().cloned().unwrap_or_default())
+        .filter(|f| f["lag"].as_u64().unwrap_or(0) > 10_000)
+        .count();
+    let (class, health) = if status["fenced"] == true {
+        ("bad", "fenced: not serving its shards".to_owned())
+    } else if down > 0 {
+        ("bad", format!("{down} broker(s) down"))
+    } else if dropping > 0 || lagging > 0 {
+        ("warn", format!("{dropping} subscriber(s) dropping, {lagging} replica(s) far behind"))
+    } else {
+        ("ok", "healthy".to_owned())
+    };
     let _ = write!(
         h,
         "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"2\">\
-         <title>{title}</title><style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1.5em}}\
-         td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}th{{background:#eee}}.warn{{color:#b00}}</style></head><body>\
-         <h1>{title}</h1>"
+         <title>{title}</title><style>{STYLE}</style></head><body>\
+         <h1>{title} <span id=\"health\" class=\"badge {class}\">{health}</span></h1>\
+         <div class=\"meta\">version {} · up <span id=\"uptime\">{}</span> · updated {} · refreshed every 2 s</div>",
+        esc(v.version),
+        uptime(v.uptime),
+        utc(v.now_unix)
     );
-    if status["cluster"] == true {
+    if cluster {
         let _ = write!(h, "<p id=\"leader\">metadata leader: <b>{}</b>", s(&status["leader"]));
         if status["fenced"] == true {
             h.push_str(" <span class=\"warn\">FENCED: not serving its shards</span>");
         }
         h.push_str("</p><h2>Brokers</h2><table id=\"brokers\"><tr><th>node</th><th>state</th><th>clients</th><th>cluster</th><th>shards</th></tr>");
         let shards = status["shards"].as_array().cloned().unwrap_or_default();
-        for m in status["members"].as_array().into_iter().flatten() {
+        for m in &members {
             let owned = shards.iter().filter(|x| x["owner"] == m["node_id"]).count();
+            let class = match m["state"].as_str() {
+                Some("active") => "ok",
+                Some("draining") => "warn",
+                _ => "bad",
+            };
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{owned}</td></tr>",
+                "<tr class=\"{class}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{owned}</td></tr>",
                 s(&m["node_id"]),
                 s(&m["state"]),
                 s(&m["client_addr"]),
@@ -76,7 +178,7 @@ pub(crate) fn page(
                     .unwrap_or_default();
                 let _ = write!(
                     h,
-                    "<tr><td>{}/{}/{} {}</td><td>{}</td><td>{}</td><td>{}</td><td>{copied}</td></tr>",
+                    "<tr class=\"warn\"><td>{}/{}/{} {}</td><td>{}</td><td>{}</td><td>{}</td><td>{copied}</td></tr>",
                     s(&m["tenant"]),
                     s(&m["namespace"]),
                     s(&m["name"]),
@@ -88,21 +190,12 @@ pub(crate) fn page(
             }
             h.push_str("</table>");
         }
-        h.push_str("<h2>Shards</h2><table id=\"shards\"><tr><th>kind</th><th>name</th><th>shard</th><th>owner</th><th>generation</th><th>replicas (lag)</th></tr>");
-        let replicas = status["replicas"].as_array().cloned().unwrap_or_default();
+        h.push_str("<h2>Shards of the cluster</h2><table id=\"shards\"><tr><th>kind</th><th>name</th><th>shard</th><th>owner</th><th>generation</th><th>replicas (entries behind)</th></tr>");
         for x in &shards {
             let lag = replicas
                 .iter()
                 .find(|r| r["name"] == x["name"] && r["shard"] == x["shard"] && r["kind"] == x["kind"])
-                .map(|r| {
-                    r["followers"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|f| format!("{} ({})", f["node_id"].as_str().unwrap_or("?"), f["lag"]))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
+                .map(replica_cell)
                 .unwrap_or_default();
             let _ = write!(
                 h,
@@ -119,18 +212,63 @@ pub(crate) fn page(
         }
         h.push_str("</table>");
     } else {
-        h.push_str("<p>a single broker (not a cluster)</p><h2>Streams</h2><table id=\"streams\"><tr><th>name</th><th>shards</th></tr>");
-        for (t, ns, name, shards) in streams {
-            let _ = write!(h, "<tr><td>{}/{}/{}</td><td>{shards}</td></tr>", esc(t), esc(ns), esc(name));
-        }
-        h.push_str("</table>");
+        h.push_str("<p>a single broker (not a cluster)</p>");
     }
-    let _ = write!(h, "<h2>Subscriptions served here ({})</h2>", subs.len());
-    h.push_str("<table id=\"subscriptions\"><tr><th>stream</th><th>shard</th><th>id</th><th>queue</th><th>dropped</th><th>position</th><th>tail</th></tr>");
-    for x in subs {
+    h.push_str(
+        "<h2>Streams held here</h2><table id=\"streams\"><tr><th>stream</th><th>shard</th><th>kind</th><th>records</th>\
+         <th>bytes</th><th>offsets</th><th>publish</th><th>delivery</th><th>subscribers</th><th>consumer groups (lag)</th></tr>",
+    );
+    for (i, x) in v.shards.iter().enumerate() {
+        let (pubs, dels) = v.rates.get(i).copied().flatten().map_or((None, None), |(p, d)| (Some(p), Some(d)));
+        let groups: Vec<String> = x
+            .groups
+            .iter()
+            .map(
+                |(g, _, lag, flight)| {
+                    if *flight > 0 { format!("{g} ({lag}, {flight} in flight)") } else { format!("{g} ({lag})") }
+                },
+            )
+            .collect();
+        let lagging = x.groups.iter().any(|(_, _, lag, _)| *lag > 10_000);
+        let class = if !x.served {
+            ""
+        } else if lagging {
+            "warn"
+        } else {
+            "ok"
+        };
+        let kind = match (x.durable, x.served) {
+            (true, true) => "durable",
+            (false, true) => "in memory",
+            (true, false) => "durable (copy)",
+            (false, false) => "in memory (moved)",
+        };
         let _ = write!(
             h,
-            "<tr><td>{}/{}/{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr class=\"{class}\"><td>{}/{}/{}</td><td class=\"n\">{}</td><td>{kind}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}..{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            esc(&x.tenant),
+            esc(&x.namespace),
+            esc(&x.stream),
+            x.shard,
+            x.records,
+            bytes(x.bytes),
+            x.start,
+            x.tail,
+            rate(pubs),
+            rate(dels),
+            x.subscribers,
+            esc(&groups.join(", "))
+        );
+    }
+    h.push_str("</table>");
+    let _ = write!(h, "<h2>Subscriptions served here ({})</h2>", v.subs.len());
+    h.push_str("<table id=\"subscriptions\"><tr><th>stream</th><th>shard</th><th>id</th><th>queue</th><th>dropped</th><th>position</th><th>tail</th></tr>");
+    for x in v.subs {
+        let class = if x.dropped > 0 { "warn" } else { "ok" };
+        let _ = write!(
+            h,
+            "<tr class=\"{class}\"><td>{}/{}/{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}/{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
             esc(&x.tenant_id),
             esc(&x.namespace),
             esc(&x.stream),
@@ -147,6 +285,53 @@ pub(crate) fn page(
     h
 }
 
+/// A replicated shard's replicas as this broker knows them: on its leader each follower's
+/// entries behind; on a follower, whom it follows and how far its own copy reached (only the
+/// leader knows the others').
+fn replica_cell(r: &serde_json::Value) -> String {
+    let followers = r["followers"].as_array().cloned().unwrap_or_default();
+    if !followers.is_empty() {
+        return followers
+            .iter()
+            .map(|f| format!("{} ({})", f["node_id"].as_str().unwrap_or("?"), f["lag"]))
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
+    let leader = r["leader"].as_str().unwrap_or("none yet");
+    format!(
+        "{} here, following {leader}: index {} of {} committed",
+        r["role"].as_str().unwrap_or("replica"),
+        r["last_index"],
+        r["committed_index"]
+    )
+}
+
+/// The login form a browser without the cookie gets (status 401): the token goes into the
+/// address once, and the broker answers with a cookie and a clean address.
+pub(crate) fn login_page() -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Felix broker: log in</title><style>{STYLE}</style></head><body>\
+         <h1>Felix broker</h1><p>The web view needs its token (the dev token, or the broker's --http-token).</p>\
+         <form method=\"get\" action=\"/\"><input name=\"token\" type=\"password\" size=\"44\" autofocus> <button>Open</button></form>\
+         </body></html>\n"
+    )
+}
+
+/// The cookie that keeps a browser logged in: `HttpOnly` (no script reads it),
+/// `SameSite=Strict` (no other site sends it), for the view's own path.
+pub(crate) const COOKIE: &str = "felix_view";
+
+/// Whether a request's query names the token (a login: answered with the cookie and a
+/// redirect to the clean address, so the token leaves the address bar and history).
+pub(crate) fn token_in_query(head: &str, token: &str) -> bool {
+    let target = head.lines().next().and_then(|l| l.split(' ').nth(1)).unwrap_or_default();
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .any(|(k, v)| k == "token" && crate::cluster::same_secret(&crate::server::percent_decode_pub(v), token))
+}
+
 /// Whether a request head carries the token (bearer header or `token=` query argument).
 pub(crate) fn authorized(head: &str, token: &str) -> bool {
     let mut lines = head.lines();
@@ -156,12 +341,19 @@ pub(crate) fn authorized(head: &str, token: &str) -> bool {
         .split('&')
         .filter_map(|kv| kv.split_once('='))
         .any(|(k, v)| k == "token" && crate::cluster::same_secret(&crate::server::percent_decode_pub(v), token));
-    let in_header = lines
-        .filter_map(|l| l.split_once(':'))
+    let headers: Vec<(&str, &str)> = lines.filter_map(|l| l.split_once(':')).collect();
+    let in_header = headers
+        .iter()
         .filter(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
         .filter_map(|(_, v)| v.trim().strip_prefix("Bearer ").map(str::trim))
         .any(|g| crate::cluster::same_secret(g, token));
-    in_query || in_header
+    let in_cookie = headers
+        .iter()
+        .filter(|(k, _)| k.trim().eq_ignore_ascii_case("cookie"))
+        .flat_map(|(_, v)| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .any(|(k, v)| k == COOKIE && crate::cluster::same_secret(&crate::server::percent_decode_pub(v), token));
+    in_query || in_header || in_cookie
 }
 
 #[cfg(test)]
@@ -176,7 +368,61 @@ mod tests {
         assert!(!authorized("GET / HTTP/1.1\r\n\r\n", "s3cret"));
         assert_eq!(esc("<a href='x'>&"), "&lt;a href=&#39;x&#39;&gt;&amp;");
         let v = serde_json::json!({"cluster": true, "node_id": "n<1>", "leader": "n1", "members": [], "shards": []});
-        let p = page(&v, &[], &[]);
+        let p = page(&View {
+            status: &v,
+            shards: &[],
+            rates: &[],
+            subs: &[],
+            version: "1.2.3",
+            uptime: std::time::Duration::from_secs(3700),
+            now_unix: 0,
+        });
         assert!(p.contains("Felix broker n&lt;1&gt;") && !p.contains("n<1>"));
+        assert!(p.contains("version 1.2.3") && p.contains("up <span id=\"uptime\">1h 1m</span>"), "{p}");
+        assert!(p.contains("1970-01-01 00:00:00 UTC") && p.contains("badge ok"), "{p}");
+        // The cookie logs a browser in; a wrong one does not.
+        assert!(authorized("GET / HTTP/1.1\r\nCookie: a=b; felix_view=s3cret\r\n\r\n", "s3cret"));
+        assert!(!authorized("GET / HTTP/1.1\r\nCookie: felix_view=nope\r\n\r\n", "s3cret"));
+        assert!(token_in_query("GET /?token=s3cret HTTP/1.1\r\n\r\n", "s3cret"));
+        assert!(!token_in_query("GET / HTTP/1.1\r\nCookie: felix_view=s3cret\r\n\r\n", "s3cret"));
+    }
+
+    #[test]
+    fn shards_show_records_bytes_rates_groups_and_health() {
+        let shard = felix_proto::broker::ShardSummary {
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            stream: "orders".into(),
+            shard: 1,
+            durable: true,
+            served: true,
+            start: 0,
+            tail: 50_000,
+            records: 50_000,
+            bytes: 3 << 20,
+            subscribers: 2,
+            delivered_positions: 0,
+            groups: vec![("billing".into(), Some(10), 49_990, 5)],
+        };
+        let v = serde_json::json!({"cluster": true, "node_id": "n1", "leader": "n1",
+            "members": [{"node_id": "n1", "state": "active"}, {"node_id": "n2", "state": "down"}], "shards": []});
+        let p = page(&View {
+            status: &v,
+            shards: &[shard],
+            rates: &[Some((1500.0, 3000.0))],
+            subs: &[],
+            version: "1",
+            uptime: std::time::Duration::ZERO,
+            now_unix: 1_796_380_875,
+        });
+        assert!(p.contains("<td>t/ns/orders</td><td class=\"n\">1</td><td>durable</td><td class=\"n\">50000</td><td class=\"n\">3.0 MiB</td>"), "{p}");
+        assert!(p.contains("1.5k/s") && p.contains("3.0k/s") && p.contains("billing (49990, 5 in flight)"), "{p}");
+        assert!(p.contains("<tr class=\"warn\"><td>t/ns/orders"), "a group far behind is amber: {p}");
+        assert!(p.contains("badge bad\">1 broker(s) down"), "{p}");
+        assert!(p.contains("<tr class=\"bad\"><td>n2</td><td>down</td>"), "{p}");
+        assert!(p.contains("2026-12-04"), "{p}");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(rate(None), "…");
     }
 }

@@ -236,10 +236,15 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         out!("  cluster      node {id}, peers on {c} (cluster {name:?})");
     }
     if let Some(h) = server.http_addr {
-        out!(
-            "  web view     http://{h}/?token=<{}>",
-            if a.http_token.is_some() { "the --http-token" } else { "the dev token" }
-        );
+        // A link that opens: with the dev token (printed above anyway) it logs the browser in
+        // (a cookie) and leaves the token out of the address; an operator's --http-token is
+        // not printed, the page asks for it once.
+        match (&a.http_token, &token) {
+            (None, Some(t)) => {
+                out!("  web view     http://{h}/?token={}", felix_driver_tokio::server::percent_encode_pub(t))
+            }
+            _ => out!("  web view     http://{h}/  (log in once with the --http-token)"),
+        }
     }
     if let Some(m) = server.metrics_addr {
         out!("  metrics      http://{m}/metrics");
@@ -1098,6 +1103,32 @@ pub async fn cache(a: CacheArgs) -> Result<ExitCode, String> {
             })
             .await?;
             print_value(&cache, &key, v)
+        }
+        CacheOp::Keys { cache, prefix, max } => {
+            // Page by page (1000 keys each), each page from the cache's owner.
+            let mut after: Option<String> = None;
+            let mut shown = 0u64;
+            loop {
+                let want = max.map_or(1000, |m| u32::try_from(m - shown).unwrap_or(1000).min(1000));
+                if want == 0 {
+                    break;
+                }
+                let (keys, next) = cache_request(&a.conn, |c| {
+                    let (ns, cache, prefix, after) = (ns.clone(), cache.clone(), prefix.clone(), after.clone());
+                    async move { c.cache_keys(&ns, &cache, prefix.as_deref(), after.as_deref(), Some(want)).await }
+                })
+                .await?;
+                for k in &keys {
+                    out!("{k}");
+                }
+                shown += keys.len() as u64;
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            eprintln!("{shown} key(s) in {ns}/{cache}");
+            ExitCode::SUCCESS
         }
         CacheOp::Delete { cache, key } => {
             let v = cache_request(&a.conn, |c| {

@@ -73,6 +73,9 @@ fn parse_start(s: &str) -> Result<StartPosition, String> {
 }
 
 pub async fn group(a: GroupArgs) -> Result<ExitCode, String> {
+    if let GroupOp::List { stream, shard, json } = &a.op {
+        return group_list(&a.conn, stream, *shard, *json).await;
+    }
     let ns = a.conn.namespace.clone();
     let err = |e: felix_driver_tokio::ClientError| e.to_string();
     // Describe covers every shard unless one is named; the others work on one shard.
@@ -94,6 +97,7 @@ pub async fn group(a: GroupArgs) -> Result<ExitCode, String> {
             | GroupOp::Delete { g },
             None,
         ) => one_shard(&a.conn, g).await?,
+        (GroupOp::List { .. }, None) => 0, // answered above
     };
     let client = connect(&a.conn).await?;
     match a.op {
@@ -154,11 +158,40 @@ pub async fn group(a: GroupArgs) -> Result<ExitCode, String> {
             }
             eprintln!("discarded {} dead letter(s)", offsets.len());
         }
+        GroupOp::List { .. } => {}
         GroupOp::Delete { g } => {
             let existed = client.group_delete(&target(&ns, &g, shard)).await.map_err(err)?;
             eprintln!("{}", if existed { "deleted" } else { "there was no such group" });
         }
     }
+    let _ = client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `group list`: every group of the stream's shards (or one), a line each:
+/// `SHARD GROUP POSITION LAG IN_FLIGHT DEAD_LETTERS`, or JSON.
+async fn group_list(c: &ConnectArgs, stream: &str, shard: Option<u32>, json: bool) -> Result<ExitCode, String> {
+    let shards = shards_of(c, stream, shard, false).await?;
+    let client = connect(c).await?;
+    let mut rows = 0usize;
+    if !json {
+        out!("shard\tgroup\tposition\tlag\tin_flight\tdead_letters");
+    }
+    for &s in &shards.list {
+        let groups = client.group_list(&c.namespace, stream, s).await.map_err(|e| format!("shard {s}: {e}"))?;
+        for g in groups {
+            rows += 1;
+            if json {
+                let v = serde_json::json!({"shard": s, "group": g.group, "position": g.position, "lag": g.lag,
+                    "in_flight": g.in_flight, "dead_letters": g.dead_letters});
+                out!("{v}");
+            } else {
+                let position = g.position.map_or_else(|| "none".to_owned(), |p| p.to_string());
+                out!("{s}\t{}\t{position}\t{}\t{}\t{}", g.group, g.lag, g.in_flight, g.dead_letters);
+            }
+        }
+    }
+    eprintln!("{rows} group(s) on {} shard(s) of {}/{stream}", shards.list.len(), c.namespace);
     let _ = client.close().await;
     Ok(ExitCode::SUCCESS)
 }

@@ -842,6 +842,19 @@ enum GroupOp {
         #[arg(required = true)]
         offsets: Vec<u64>,
     },
+    /// List a stream's consumer groups with their position, lag, in flight and dead letters
+    /// (every shard unless --shard names one).
+    List {
+        /// Stream.
+        #[arg(value_parser = commands::parse_name)]
+        stream: String,
+        /// Shard [default: every shard].
+        #[arg(long)]
+        shard: Option<u32>,
+        /// One JSON object per group and shard.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete the group: position, dead letters and claims.
     Delete {
         #[command(flatten)]
@@ -891,6 +904,18 @@ enum CacheOp {
         cache: String,
         /// Key.
         key: String,
+    },
+    /// List the cache's live keys in byte order (paged from the broker, 1000 at a time).
+    Keys {
+        /// Cache name.
+        #[arg(value_parser = commands::parse_name)]
+        cache: String,
+        /// Only keys starting with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Stop after this many keys.
+        #[arg(long)]
+        max: Option<u64>,
     },
     /// Delete a value and print what was removed.
     Delete {

@@ -818,7 +818,12 @@ fn the_web_view_shows_a_moved_shard_on_its_new_owner_in_a_browser() {
         child.stdout.take().unwrap().read_to_string(&mut s).unwrap();
         s
     };
+    // The token once in the address: the broker answers with a cookie and the clean address,
+    // which the browser then loads logged in.
     let page = dump(&format!("http://{web}/?token=look-token"));
+    assert!(page.contains("id=\"health\"") && page.contains("badge ok"), "health at a glance: {page}");
+    assert!(page.contains("version ") && page.contains("id=\"uptime\""), "{page}");
+    assert!(page.contains("<table id=\"streams\">"), "streams held here: {page}");
     // What a person sees: every broker, active; the moved shard on its new owner, one
     // generation on; nothing moving any more.
     for n in names {
@@ -829,9 +834,35 @@ fn the_web_view_shows_a_moved_shard_on_its_new_owner_in_a_browser() {
     let shown: u64 = page[at + row.len()..].split('<').next().unwrap().parse().unwrap();
     assert!(shown > generation, "generation {shown} after {generation}");
     assert!(page.contains("<p id=\"moves\">none</p>"), "{page}");
-    // Without the token: refused.
+    // Without the token: the login form, nothing else.
     let refused = dump(&format!("http://{web}/"));
     assert!(refused.contains("needs its token") && !refused.contains("orders"), "{refused}");
+    // A screenshot check: the page renders (styled tables, colours) to far more than a blank
+    // page of the same size does.
+    let shot = |url: &str| {
+        let profile = tempfile::tempdir().unwrap();
+        let png = profile.path().join("shot.png");
+        let status = Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars"])
+            .arg("--window-size=1280,900")
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("--screenshot={}", png.display()))
+            .arg(url)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "a PNG");
+        // IHDR: width and height, big-endian, at bytes 16..24.
+        let dim = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        assert_eq!((dim(16), dim(20)), (1280, 900));
+        bytes.len()
+    };
+    let blank = shot("about:blank");
+    let rendered = shot(&format!("http://{web}/?token=look-token"));
+    assert!(rendered > blank * 5, "the page rendered {rendered} bytes of PNG, a blank page {blank}");
 }
 
 /// `cluster move` of a replicated shard to a broker outside its Raft group, on real processes:

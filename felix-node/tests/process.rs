@@ -1692,3 +1692,30 @@ fn a_failed_login_is_logged_with_its_address() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("login refused (tenant default): invalid token (from 127.0.0.1:"), "{log}");
 }
+
+/// `cache keys` lists a cache's live keys in order (paged from the broker), `group list` a
+/// stream's groups with their lag: what a user looks for first (issue 37).
+#[test]
+fn cache_keys_and_group_list_show_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let _broker = serve(dir.path(), addr, &[]);
+    let run = |args: &[&str]| {
+        let out = client_cmd(dir.path(), addr).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for k in ["user:2", "user:1", "cart:7"] {
+        run(&["cache", "put", "sessions", k, "v"]);
+    }
+    assert_eq!(run(&["cache", "keys", "sessions"]), "cart:7\nuser:1\nuser:2\n");
+    assert_eq!(run(&["cache", "keys", "sessions", "--prefix", "user:", "--max", "1"]), "user:1\n");
+    run(&["publish", "orders", "a", "b", "c", "--ack"]);
+    run(&["consume", "orders", "--group", "billing", "--count", "2", "--batch", "2"]);
+    run(&["group", "seek", "orders", "--group", "audit", "earliest"]);
+    let list = run(&["group", "list", "orders"]);
+    let rows: Vec<Vec<&str>> = list.lines().skip(1).map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows, [vec!["0", "audit", "0", "3", "0", "0"], vec!["0", "billing", "2", "1", "0", "0"]], "{list}");
+    let missing = client_cmd(dir.path(), addr).args(["cache", "keys", "nosuch"]).output().unwrap();
+    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("not found"));
+}

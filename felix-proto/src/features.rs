@@ -99,6 +99,9 @@ feature_bits! {
     /// Second word, bit 0x10 (our decision D43, docs/protocol.md): the broker serves
     /// `stream_delete` for a token with the admin permission.
     STREAM_ADMIN = 1 << 36, "FEATURE_STREAM_ADMIN";
+    /// Second word, bit 0x20 (our decision D50, docs/protocol.md): the broker serves
+    /// `group_list` and `cache_keys`.
+    LISTING = 1 << 37, "FEATURE_LISTING";
 }
 
 impl Features {

@@ -403,6 +403,28 @@ pub fn messages() -> Vec<Message> {
         }),
         Message::GroupDelete(group_ref(30)),
         Message::GroupDeleted(GroupDeleted { existed: true, request_id: 30 }),
+        Message::GroupList(GroupList { tenant_id: t(), namespace: ns(), stream: st(), shard: 0, request_id: 31 }),
+        Message::GroupListView(GroupListView {
+            groups: vec![
+                GroupSummary { group: s("audit"), position: None, lag: 10, in_flight: 0, dead_letters: 0 },
+                GroupSummary { group: s("billing"), position: Some(5), lag: 5, in_flight: 2, dead_letters: 1 },
+            ],
+            request_id: 31,
+        }),
+        Message::CacheKeys(CacheKeys {
+            tenant_id: t(),
+            namespace: ns(),
+            cache: s("sessions"),
+            prefix: Some(s("user:")),
+            after: Some(s("user:1")),
+            limit: Some(2),
+            request_id: 32,
+        }),
+        Message::CacheKeysView(CacheKeysView {
+            keys: vec![s("user:2"), s("user:3")],
+            next: Some(s("user:3")),
+            request_id: 32,
+        }),
         Message::ShardInspect(ShardInspect {
             tenant_id: t(),
             namespace: ns(),

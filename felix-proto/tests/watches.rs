@@ -311,3 +311,58 @@ proptest! {
         prop_assert_eq!(live, now);
     }
 }
+
+/// `cache_keys` (D50): live keys in byte order, by prefix, paged with `after`/`next`; an
+/// expired key is not listed; a cache that does not exist is `not_found` and is not created.
+#[test]
+fn cache_keys_pages_live_keys_in_order_and_never_creates_a_cache() {
+    let mut sim = Sim::new(config(), epoch());
+    let codes = felix_proto::features::Features::ERROR_CODES.to_words(false).0.unwrap();
+    let (p, s, _) = raw_session(&mut sim, None, Some(codes));
+    for k in ["user:3", "user:1", "order:9", "user:2", "user:10"] {
+        sim.raw_send(p, s, put(k, "v", None), false);
+    }
+    sim.raw_send(p, s, put("user:0", "short", Some(10)), false);
+    sim.run();
+    let _ = sim.take_received(p, s);
+    sim.advance(Duration::from_millis(50));
+    let keys = |cache: &str, prefix: Option<&str>, after: Option<&str>, limit: Option<u32>, request_id: u64| {
+        json(&Message::CacheKeys(message::CacheKeys {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            cache: cache.into(),
+            prefix: prefix.map(Into::into),
+            after: after.map(Into::into),
+            limit,
+            request_id,
+        }))
+    };
+    sim.raw_send(p, s, keys("c", Some("user:"), None, Some(2), 1), false);
+    sim.raw_send(p, s, keys("c", Some("user:"), Some("user:10"), Some(2), 2), false);
+    sim.raw_send(p, s, keys("c", None, None, None, 3), false);
+    sim.raw_send(p, s, keys("nosuch", None, None, None, 4), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    let view = |m: &Message| match m {
+        Message::CacheKeysView(v) => (v.keys.clone(), v.next.clone()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        view(&ms[0]),
+        (vec!["user:1".to_owned(), "user:10".into()], Some("user:10".into())),
+        "expired user:0 is not listed"
+    );
+    assert_eq!(view(&ms[1]), (vec!["user:2".to_owned(), "user:3".into()], None));
+    assert_eq!(view(&ms[2]).0, ["order:9", "user:1", "user:10", "user:2", "user:3"]);
+    assert!(
+        matches!(&ms[3], Message::Error(e) if e.code.as_ref().map(|c| c.name().into_owned()).as_deref() == Some("not_found")),
+        "{:?}",
+        ms[3]
+    );
+    sim.raw_send(p, s, keys("nosuch", None, None, None, 5), false);
+    sim.run();
+    assert!(
+        matches!(&messages(&sim.take_received(p, s))[0], Message::Error(_)),
+        "still not there: the listing created nothing"
+    );
+}

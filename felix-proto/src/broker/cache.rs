@@ -369,6 +369,22 @@ impl Cache {
         v
     }
 
+    /// A page of live keys starting with `prefix`, after `after`, in byte order: at most
+    /// `limit`, and whether more follow. (Sorted here: the entries are a hash map.)
+    pub fn keys_page(&self, now: Instant, prefix: &str, after: Option<&str>, limit: usize) -> (Vec<String>, bool) {
+        let mut keys: Vec<&String> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| {
+                k.starts_with(prefix) && after.is_none_or(|a| k.as_str() > a) && e.expires_at.is_none_or(|t| now < t)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_unstable();
+        let more = keys.len() > limit;
+        (keys.into_iter().take(limit).cloned().collect(), more)
+    }
+
     /// The changes recorded since the last call (for the watchers).
     pub fn take_new(&mut self) -> Vec<Change> {
         let n = std::mem::take(&mut self.unsent).min(self.log.len());

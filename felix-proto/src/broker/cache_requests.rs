@@ -37,6 +37,27 @@ impl Broker {
         Ok(k)
     }
 
+    /// `cache_keys` (D50): a page of live keys in byte order, never creating the cache.
+    pub(super) fn cache_keys(&mut self, conn: ConnId, st: &mut CtlStream, q: message::CacheKeys, now: Instant) {
+        /// Keys one page holds at most, and when the request names no limit.
+        const MAX: u32 = 1000;
+        const DEFAULT: u32 = 100;
+        let (t, ns, c) = (&q.tenant_id, &q.namespace, &q.cache);
+        if let Err(r) = check_names(&[("tenant", t), ("namespace", ns), ("cache", c)])
+            .and_then(|()| self.authorize(st, t, ns, c, Action::CacheRead))
+        {
+            return self.refuse(conn, st, r);
+        }
+        let Some(cache) = self.caches.get(KeyRef(t, ns, c).q()) else {
+            return self.refuse(conn, st, Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
+        };
+        let limit = q.limit.unwrap_or(DEFAULT).clamp(1, MAX) as usize;
+        let (keys, more) = cache.keys_page(now, q.prefix.as_deref().unwrap_or(""), q.after.as_deref(), limit);
+        let next = if more { keys.last().cloned() } else { None };
+        let m = Message::CacheKeysView(message::CacheKeysView { keys, next, request_id: q.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
     pub(super) fn counter_add(&mut self, conn: ConnId, st: &mut CtlStream, a: message::CounterAdd, now: Instant) {
         let k = match self.cache_entry(st, &a.tenant_id, &a.namespace, &a.cache, Action::CacheWrite) {
             Ok(k) => k,

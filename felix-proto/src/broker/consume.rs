@@ -817,6 +817,40 @@ impl Broker {
         self.send(conn, st, json_frame(&m));
     }
 
+    /// `group_list` (D50): the shard's groups by name, with position, lag and what is in
+    /// flight and dead. Never creates the stream.
+    pub(super) fn group_list(&mut self, conn: ConnId, st: &mut CtlStream, q: message::GroupList, now: Instant) {
+        let Some(k) =
+            self.group_read_target(conn, st, (&q.tenant_id, &q.namespace, &q.stream), q.shard, Missing::NotFound, now)
+        else {
+            return;
+        };
+        let Some(log) = self.streams.get(&k).map(|e| &e.shards[q.shard as usize].log) else { return };
+        let tail = log.committed_tail();
+        let mut groups: Vec<message::GroupSummary> = self
+            .groups
+            .get_mut(&(k, q.shard))
+            .into_iter()
+            .flatten()
+            .filter(|(_, g)| g.exists())
+            .map(|(name, g)| {
+                g.position(log);
+                let (in_flight, _) = g.counts();
+                let position = g.durable.cursor;
+                message::GroupSummary {
+                    group: name.clone(),
+                    position,
+                    lag: tail.saturating_sub(position.unwrap_or(log.start())),
+                    in_flight,
+                    dead_letters: g.durable.dead.len() as u64,
+                }
+            })
+            .collect();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        let m = Message::GroupListView(message::GroupListView { groups, request_id: q.request_id });
+        self.send(conn, st, json_frame(&m));
+    }
+
     pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
         let Some(k) = self.group_target(
             conn,

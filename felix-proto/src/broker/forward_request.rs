@@ -79,6 +79,7 @@ fn cache_target(m: &Message) -> Option<(&str, &str, &str, bool)> {
         Message::CacheDeleteIf(d) => (&d.tenant_id, &d.namespace, &d.cache, true),
         Message::CounterAdd(a) => (&a.tenant_id, &a.namespace, &a.cache, true),
         Message::CounterGet(g) => (&g.tenant_id, &g.namespace, &g.cache, false),
+        Message::CacheKeys(k) => (&k.tenant_id, &k.namespace, &k.cache, false),
         _ => return None,
     })
 }
@@ -191,6 +192,11 @@ impl Broker {
         }
         let moved = match self.cache_home(&t, &ns, &c) {
             CacheHome::Here => return false,
+            // A listing asks, it never creates (D50).
+            CacheHome::Unknown if matches!(m, Message::CacheKeys(_)) => {
+                self.refuse(conn, st, Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
+                return true;
+            }
             CacheHome::Unknown => {
                 let r = match check_new_name("tenant", &t)
                     .and_then(|()| check_new_name("namespace", &ns))

@@ -253,3 +253,91 @@ impl Broker {
         self.send(conn, st, json_frame(&m));
     }
 }
+
+/// One shard this broker holds, as the operator web view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSummary {
+    /// Tenant, namespace and stream.
+    pub tenant: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream.
+    pub stream: String,
+    /// Shard number.
+    pub shard: u32,
+    /// Kept on disk (offsets, history).
+    pub durable: bool,
+    /// This broker serves it (not moved away, not a follower's copy).
+    pub served: bool,
+    /// Offsets retained: `start..tail`.
+    pub start: u64,
+    /// The committed tail: records ever appended.
+    pub tail: u64,
+    /// Records and payload bytes retained.
+    pub records: u64,
+    /// Payload bytes retained.
+    pub bytes: u64,
+    /// Live subscribers here, and the sum of their positions (the driver turns its change into
+    /// a delivery rate).
+    pub subscribers: u64,
+    /// Σ of each subscriber's next offset to deliver.
+    pub delivered_positions: u64,
+    /// Consumer groups: name, position (next offset owed), lag, records claimed and unsettled.
+    pub groups: Vec<(String, Option<u64>, u64, u64)>,
+}
+
+impl Broker {
+    /// Every shard this broker holds, sorted by name: what the web view lists per stream and
+    /// shard. Reads nothing it does not hold in memory and changes nothing.
+    pub fn shard_summaries(&self) -> Vec<ShardSummary> {
+        let mut all = Vec::new();
+        for (k, e) in &self.streams {
+            if syslog::is_sys(k) {
+                continue;
+            }
+            for (i, s) in e.shards.iter().enumerate() {
+                let shard = i as u32;
+                let mut subscribers = 0;
+                let mut delivered_positions = 0u64;
+                for (cid, id) in &s.subs {
+                    if let Some(sub) = self.conns.get(cid).and_then(|c| c.subs.get(id)) {
+                        subscribers += 1;
+                        delivered_positions = delivered_positions.saturating_add(sub.offered.unwrap_or(0));
+                    }
+                }
+                let tail = s.log.committed_tail();
+                let mut groups: Vec<(String, Option<u64>, u64, u64)> = self
+                    .groups
+                    .get(&(k.clone(), shard))
+                    .into_iter()
+                    .flatten()
+                    .map(|(name, g)| {
+                        let pos = g.durable.cursor;
+                        let lag = tail.saturating_sub(pos.unwrap_or(s.log.start()));
+                        (name.clone(), pos, lag, g.counts().0)
+                    })
+                    .collect();
+                groups.sort();
+                all.push(ShardSummary {
+                    tenant: k.tenant().to_owned(),
+                    namespace: k.namespace().to_owned(),
+                    stream: k.name().to_owned(),
+                    shard,
+                    durable: e.config.durable,
+                    served: s.moved.is_none() && !matches!(s.replica, Some(replicated::ReplicaRole::Following { .. })),
+                    start: s.log.start(),
+                    tail,
+                    records: s.log.retained_records(),
+                    bytes: s.log.retained_bytes(),
+                    subscribers,
+                    delivered_positions,
+                    groups,
+                });
+            }
+        }
+        all.sort_by(|a, b| {
+            (&a.tenant, &a.namespace, &a.stream, a.shard).cmp(&(&b.tenant, &b.namespace, &b.stream, b.shard))
+        });
+        all
+    }
+}

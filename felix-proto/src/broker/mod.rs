@@ -74,6 +74,7 @@ pub use config::{
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
+pub use inspect::ShardSummary;
 pub use limits::TenantLimit;
 pub use notice::Notice;
 pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};

@@ -322,6 +322,8 @@ impl Broker {
             Message::GroupRedrive(a) => self.group_dead_letter_op(conn, st, a, true, now),
             Message::GroupSeek(q) => self.group_seek(conn, st, q, now),
             Message::GroupDescribe(r) => self.group_describe(conn, st, r, now),
+            Message::GroupList(q) => self.group_list(conn, st, q, now),
+            Message::CacheKeys(q) => self.cache_keys(conn, st, q, now),
             Message::GroupDelete(r) => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {

@@ -229,6 +229,15 @@ pub enum Reply {
     },
     /// `group_info`.
     GroupInfo(message::GroupInfo),
+    /// `group_list_view`: a shard's groups, by name.
+    GroupList(Vec<message::GroupSummary>),
+    /// `cache_keys_view`: a page of keys, and the key to continue after when more follow.
+    CacheKeys {
+        /// The keys, in byte order.
+        keys: Vec<String>,
+        /// The last key, when more follow.
+        next: Option<String>,
+    },
     /// `group_deleted`: whether the group existed.
     GroupDeleted(bool),
     /// `stream_delete_ok`: whether there was such a stream.

@@ -130,6 +130,7 @@ pub fn needs(m: &Message) -> Vec<Need> {
             n.push(f(Features::GROUP_ADMIN, "FEATURE_GROUP_ADMIN"));
         }
         Message::ShardInspect(_) | Message::SubscriptionsList(_) => n.push(f(Features::INSPECT, "FEATURE_INSPECT")),
+        Message::GroupList(_) | Message::CacheKeys(_) => n.push(f(Features::LISTING, "FEATURE_LISTING")),
         // The rest is part of every broker (auth, cache_put/get) or never sent by a client.
         _ => {}
     }

@@ -148,6 +148,10 @@ messages! {
     GroupPosition(GroupPosition) = "group_position", ToClient;
     GroupDescribe(GroupDescribe) = "group_describe", ToBroker;
     GroupInfo(GroupInfo) = "group_info", ToClient;
+    GroupList(GroupList) = "group_list", ToBroker;
+    GroupListView(GroupListView) = "group_list_view", ToClient;
+    CacheKeys(CacheKeys) = "cache_keys", ToBroker;
+    CacheKeysView(CacheKeysView) = "cache_keys_view", ToClient;
     GroupDelete(GroupDelete) = "group_delete", ToBroker;
     GroupDeleted(GroupDeleted) = "group_deleted", ToClient;
     ShardInspect(ShardInspect) = "shard_inspect", ToBroker;

@@ -912,6 +912,63 @@ pub struct GroupInfo {
     pub request_id: u64,
 }
 
+/// `cache_keys` (D50, FEATURE_LISTING): a page of a cache's live keys, in byte order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheKeys {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub cache: String,
+    /// Only keys starting with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Only keys after this one (the `next` of the previous page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Most keys (the broker caps it at 1000; 100 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    pub request_id: u64,
+}
+
+/// `cache_keys_view`: keys in byte order; `next` (the last key) when more follow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheKeysView {
+    pub keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    pub request_id: u64,
+}
+
+/// `group_list` (D50, FEATURE_LISTING): the consumer groups of one shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupList {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub request_id: u64,
+}
+
+/// One group of a `group_list_view`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSummary {
+    pub group: String,
+    /// The next offset owed (absent: never started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// Records from its position to the shard's tail.
+    pub lag: u64,
+    pub in_flight: u64,
+    pub dead_letters: u64,
+}
+
+/// `group_list_view`: groups by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupListView {
+    pub groups: Vec<GroupSummary>,
+    pub request_id: u64,
+}
+
 /// `group_deleted`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupDeleted {
