@@ -1782,7 +1782,15 @@ async fn watch(
                 None
             }
             Some(SubscriptionItem::End(other)) => {
-                eprintln!("the watch ended: {other:?}");
+                let why = match other {
+                    EndReason::WatchLagged { resume_from } => {
+                        format!("it fell behind; resume with --from {resume_from}")
+                    }
+                    EndReason::Deleted => "the cache was deleted".into(),
+                    EndReason::Error(e) => e.message,
+                    other => ended(&other),
+                };
+                eprintln!("the watch ended: {why}");
                 return Ok(ExitCode::FAILURE);
             }
             Some(SubscriptionItem::Events(_)) => continue,
