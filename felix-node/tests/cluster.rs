@@ -218,6 +218,27 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
         ],
     );
     assert!(ok && out.lines().count() == 1, "{out}{err}");
+    // Without --shard, one command through one broker covers every shard, each from its
+    // owner (redirects followed per shard): every record once, the shard on each line.
+    let ca = ["--ca", bundle.to_str().unwrap()];
+    let (ok, out, err) = cli(by_name(&brokers, "n1"), &[&["read", "orders", "--from", "0"][..], &ca].concat());
+    assert!(ok, "{err}");
+    let mut all: Vec<&str> = out.lines().map(|l| l.split('\t').nth(1).unwrap()).collect();
+    all.sort_unstable();
+    assert_eq!(all, seen, "read: every record of the six shards once");
+    assert!(out.lines().all(|l| l.contains('/')), "SHARD/OFFSET: {out}");
+    let count = published.to_string();
+    let (ok, out, err) = cli(
+        by_name(&brokers, "n1"),
+        &[&["subscribe", "orders", "--from", "earliest", "--count", &count, "--json"][..], &ca].concat(),
+    );
+    assert!(ok, "{err}");
+    let mut subscribed: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
+        .collect();
+    subscribed.sort();
+    assert_eq!(subscribed, seen, "subscribe: every record of the six shards once");
 
     // The configured in-memory stream is registered in the cluster like any other (its first
     // publish waits out the creation), its shards spread.
