@@ -752,9 +752,9 @@ async fn publish_idempotent(a: PublishArgs) -> Result<ExitCode, String> {
     let opts = client_options(&a.conn, |_| {})?;
     let addr = a.conn.addr.first();
     let connect = felix_driver_tokio::IdempotentProducer::connect(addr, opts, &a.conn.namespace, &a.stream);
-    let mut producer = tokio::time::timeout(std::time::Duration::from_secs(15), connect)
+    let mut producer = tokio::time::timeout(a.conn.connect_timeout, connect)
         .await
-        .map_err(|_| format!("no answer from {addr} within 15 s (is the broker running?)"))?
+        .map_err(|_| no_answer(addr, a.conn.connect_timeout))?
         .map_err(|e| format!("{addr}: {e}"))?;
     // In a cluster, the other brokers to go to when this one stops leading the stream's shard.
     producer.set_seeds(a.conn.addr.0.clone());
