@@ -125,6 +125,18 @@ impl Broker {
         }
     }
 
+    /// [`group_target`](Self::group_target) for a request on a group that must already have
+    /// its stream (everything but poll and seek): a missing stream is `not_found`.
+    fn existing_group(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        (t, ns, s, shard): (&str, &str, &str, u32),
+        action: Action,
+    ) -> Option<Key> {
+        self.group_target(conn, st, (t, ns, s), shard, action, Missing::NotFound)
+    }
+
     fn group_mut(&mut self, k: &Key, shard: u32, name: &str) -> &mut Group {
         self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default()
     }
@@ -593,14 +605,9 @@ impl Broker {
     }
 
     pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
-        let Some(k) = self.group_target(
-            conn,
-            st,
-            (&a.tenant_id, &a.namespace, &a.stream),
-            a.shard,
-            Action::GroupConsume,
-            Missing::NotFound,
-        ) else {
+        let Some(k) =
+            self.existing_group(conn, st, (&a.tenant_id, &a.namespace, &a.stream, a.shard), Action::GroupConsume)
+        else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
@@ -634,14 +641,9 @@ impl Broker {
     }
 
     pub(super) fn group_nack(&mut self, conn: ConnId, st: &mut CtlStream, n: message::GroupNack, now: Instant) {
-        let Some(k) = self.group_target(
-            conn,
-            st,
-            (&n.tenant_id, &n.namespace, &n.stream),
-            n.shard,
-            Action::GroupConsume,
-            Missing::NotFound,
-        ) else {
+        let Some(k) =
+            self.existing_group(conn, st, (&n.tenant_id, &n.namespace, &n.stream, n.shard), Action::GroupConsume)
+        else {
             return;
         };
         let limits = self.cfg.group_limits;
@@ -655,14 +657,9 @@ impl Broker {
     }
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {
-        let Some(k) = self.group_target(
-            conn,
-            st,
-            (&e.tenant_id, &e.namespace, &e.stream),
-            e.shard,
-            Action::GroupConsume,
-            Missing::NotFound,
-        ) else {
+        let Some(k) =
+            self.existing_group(conn, st, (&e.tenant_id, &e.namespace, &e.stream, e.shard), Action::GroupConsume)
+        else {
             return;
         };
         let limits = self.cfg.group_limits;
@@ -684,14 +681,9 @@ impl Broker {
         a: message::GroupOffset,
         now: Instant,
     ) {
-        let Some(k) = self.group_target(
-            conn,
-            st,
-            (&a.tenant_id, &a.namespace, &a.stream),
-            a.shard,
-            Action::GroupConsume,
-            Missing::NotFound,
-        ) else {
+        let Some(k) =
+            self.existing_group(conn, st, (&a.tenant_id, &a.namespace, &a.stream, a.shard), Action::GroupConsume)
+        else {
             return;
         };
         let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
@@ -725,14 +717,9 @@ impl Broker {
         redrive: bool,
         now: Instant,
     ) {
-        let Some(k) = self.group_target(
-            conn,
-            st,
-            (&a.tenant_id, &a.namespace, &a.stream),
-            a.shard,
-            Action::GroupConsume,
-            Missing::NotFound,
-        ) else {
+        let Some(k) =
+            self.existing_group(conn, st, (&a.tenant_id, &a.namespace, &a.stream, a.shard), Action::GroupConsume)
+        else {
             return;
         };
         let listed = self
@@ -852,14 +839,9 @@ impl Broker {
     }
 
     pub(super) fn group_delete(&mut self, conn: ConnId, st: &mut CtlStream, r: message::GroupRef, now: Instant) {
-        let Some(k) = self.group_target(
-            conn,
-            st,
-            (&r.tenant_id, &r.namespace, &r.stream),
-            r.shard,
-            Action::GroupManage,
-            Missing::NotFound,
-        ) else {
+        let Some(k) =
+            self.existing_group(conn, st, (&r.tenant_id, &r.namespace, &r.stream, r.shard), Action::GroupManage)
+        else {
             return;
         };
         let existed = self.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);
