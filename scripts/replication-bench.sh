@@ -5,6 +5,7 @@
 #   scripts/replication-bench.sh [--replication N] [--payload BYTES] [--duration SECS]
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
 #                                [--retain-records N] [--rss] [--restart-follower]
+#                                [--late-reader N]
 #
 # Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
 # broker's peak and current resident memory after the run. --retain-records N configures the
@@ -12,7 +13,10 @@
 # run keeps far more than memory budgets hold. --restart-follower then kills a follower
 # (SIGKILL), starts it again on its data, and says how long until it listened and until its
 # replica was caught up with the leader, and its peak RSS. Everything it starts is killed when
-# it ends (or is interrupted); data lives in a temporary directory.
+# it ends (or is interrupted); data lives in a temporary directory. --late-reader N replaces the
+# live subscriber with one that starts N records behind the tail once N were published
+# (`bench --late-reader`) and says how fast it read and whether it caught up; give
+# --retain-records above N so retention keeps what it has to read.
 set -euo pipefail
 
 replication=3
@@ -23,6 +27,7 @@ runs=1
 retain=""
 rss=""
 restart=""
+late=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,7 +40,8 @@ while [ $# -gt 0 ]; do
     --retain-records) retain="$2"; shift 2 ;;
     --rss) rss=1; shift ;;
     --restart-follower) restart=1; shift ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --late-reader) late="$2"; shift 2 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -134,8 +140,9 @@ PY
     leader_dir="$tmp/${leader#* }"
     leader="${leader% *}"
   fi
-  local out
-  out=$("$bin" bench --addr "$leader" --token bench-token --stream b1 --ack --subscribers 1 \
+  local out readers=(--subscribers 1)
+  [ -n "$late" ] && readers=(--subscribers 0 --late-reader "$late")
+  out=$("$bin" bench --addr "$leader" --token bench-token --stream b1 --ack "${readers[@]}" \
         --duration "$duration" --payload "$payload" --data-dir "$leader_dir" --tenant bench --json --quiet 2>/dev/null)
   python3 - "$replication" "$payload" "${fsync:-default}" "$out" <<'PY'
 import json, sys
@@ -143,6 +150,10 @@ r, p, f, out = sys.argv[1:]
 v = json.loads(out.strip().splitlines()[-1])
 rps = v["publish_msgs_per_s"]
 print(f"replication={r} payload={p} fsync={f} records/s={rps:.0f} MB/s={rps*int(p)/1e6:.1f}")
+l = v.get("late_reader")
+if l:
+    caught = f"caught up after {l['caught_up_after_s']:.2f} s" if l["caught_up_after_s"] is not None else f"not caught up ({l['last_record_age_s']:.1f} s behind at the end)"
+    print(f"  late reader {l['behind']} behind: {l['read_per_s_while_behind']:.0f} records/s while behind, {caught}, {l['skipped_by_retention']} skipped by retention")
 PY
   if [ -n "$rss" ]; then
     for i in 0 1 2; do

@@ -155,6 +155,11 @@ impl DiskStorage {
         self.segment_bytes = n.max(1);
     }
 
+    /// A reader of this directory's history for another thread ([`HistoryReader`]).
+    pub fn history_reader(&self) -> HistoryReader {
+        HistoryReader::new(&self.root)
+    }
+
     fn stream_dir(&self, tenant: &str, ns: &str, stream: &str) -> PathBuf {
         self.root.join("streams").join(path_component(tenant)).join(path_component(ns)).join(path_component(stream))
     }
@@ -424,12 +429,10 @@ impl DiskStorage {
         end: u64,
         max_bytes: usize,
     ) -> Vec<StoredBatch> {
-        use std::io::{Read, Seek, SeekFrom};
         let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
         let Ok(segs) = segments(&dir) else { return Vec::new() };
         let first = segs.iter().rposition(|(base, _)| *base <= from).unwrap_or(0);
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
+        let mut read = RangeRead::new(from, end, max_bytes);
         for (_, path) in &segs[first..] {
             // Unflushed appends must be visible to the read.
             if let Some(seg) = self.open.get_mut(path) {
@@ -440,37 +443,11 @@ impl DiskStorage {
                 .get(path)
                 .and_then(|ix| ix.iter().rev().find(|(base, _)| *base <= from).map(|(_, pos)| *pos))
                 .unwrap_or(0);
-            let Ok(mut f) = File::open(path) else { return out };
-            if f.seek(SeekFrom::Start(pos)).is_err() {
-                return out;
-            }
-            let mut header = [0u8; felix_proto::storage::BATCH_HEADER_LEN];
-            loop {
-                if f.read_exact(&mut header).is_err() {
-                    break; // end of this segment
-                }
-                let Ok(len) = felix_proto::storage::batch_body_len(&header) else { return out };
-                let mut frame = BytesMut::with_capacity(header.len() + len);
-                frame.extend_from_slice(&header);
-                frame.resize(header.len() + len, 0);
-                if f.read_exact(&mut frame[header.len()..]).is_err() {
-                    return out;
-                }
-                let r = decode_segment(frame.freeze());
-                let Some(b) = r.batches.into_iter().next() else { return out };
-                if b.base_offset >= end {
-                    return out;
-                }
-                if b.base_offset + b.count() > from {
-                    bytes += b.records.payload_bytes();
-                    out.push(b);
-                    if bytes >= max_bytes {
-                        return out;
-                    }
-                }
+            if !read.segment(path, pos) {
+                break;
             }
         }
-        out
+        read.out
     }
 
     /// Syncs everything written (at shutdown).
@@ -602,6 +579,189 @@ fn name_of(p: &Path) -> Option<String> {
 fn read_meta(p: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(p).ok()?;
     text.lines().find_map(|l| l.strip_prefix("shards=")).and_then(|v| v.trim().parse().ok())
+}
+
+/// One history read in progress: batches from the one holding `from`, stopping before `end`
+/// or after about `max_bytes` of payload.
+struct RangeRead {
+    from: u64,
+    end: u64,
+    max_bytes: usize,
+    bytes: usize,
+    out: Vec<StoredBatch>,
+}
+
+impl RangeRead {
+    fn new(from: u64, end: u64, max_bytes: usize) -> RangeRead {
+        RangeRead { from, end, max_bytes, bytes: 0, out: Vec::new() }
+    }
+
+    /// Reads on from byte `pos` of one segment; false once the read is over (it has what was
+    /// asked for, or met something it cannot read past: a torn or damaged batch, a file gone).
+    fn segment(&mut self, path: &Path, pos: u64) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(f) = File::open(path) else { return false };
+        let mut f = std::io::BufReader::with_capacity(256 << 10, f);
+        if f.seek(SeekFrom::Start(pos)).is_err() {
+            return false;
+        }
+        let mut header = [0u8; felix_proto::storage::BATCH_HEADER_LEN];
+        loop {
+            if f.read_exact(&mut header).is_err() {
+                return true; // the end of this segment: the next one goes on
+            }
+            let Ok(len) = felix_proto::storage::batch_body_len(&header) else { return false };
+            let mut frame = BytesMut::with_capacity(header.len() + len);
+            frame.extend_from_slice(&header);
+            frame.resize(header.len() + len, 0);
+            if f.read_exact(&mut frame[header.len()..]).is_err() {
+                return false;
+            }
+            let r = decode_segment(frame.freeze());
+            let Some(b) = r.batches.into_iter().next() else { return false };
+            if b.base_offset >= self.end {
+                return false;
+            }
+            if b.base_offset + b.count() > self.from {
+                self.bytes += b.records.payload_bytes();
+                self.out.push(b);
+                if self.bytes >= self.max_bytes {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Reads history from the segment files on a thread of its own, beside the thread that
+/// appends ([`DiskStorage`]), so a reader that fell behind is never queued behind a pass of
+/// writes (under a saturating publisher a pass took 30–145 ms, and a 1 MiB read 1 ms).
+///
+/// Only what was written may be asked for: the broker reads storage below what it holds in
+/// memory, and a batch leaves memory only after its write completed, so every byte asked for
+/// is in the file (the page cache) before the read is asked. It keeps its own sparse seek
+/// points, found by reading batch headers, never a lock shared with the writer. A segment
+/// removed meanwhile (retention, a deleted stream) ends the read with what was found, as a read
+/// on the storage thread would.
+#[derive(Debug)]
+pub struct HistoryReader {
+    root: PathBuf,
+    seeks: HashMap<PathBuf, SeekPoints>,
+}
+
+/// Where batches start in one segment, as far as it was scanned.
+#[derive(Debug, Default)]
+struct SeekPoints {
+    /// The file these points are of (a segment removed and made again is another file).
+    inode: u64,
+    /// `(first offset, byte position)` of every `SPARSE_EVERY`th batch, and the first.
+    points: Vec<(u64, u64)>,
+    /// Batches scanned, and the byte position the scan goes on from.
+    batches: u32,
+    scanned: u64,
+}
+
+impl SeekPoints {
+    /// Scans batch headers from where the last scan stopped until a batch starting after
+    /// `from` (or the end of what is in the file).
+    fn scan_to(&mut self, f: &File, len: u64, from: u64) {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; felix_proto::storage::BATCH_HEADER_LEN + 8];
+        while self.scanned + head.len() as u64 <= len {
+            if f.read_exact_at(&mut head, self.scanned).is_err() {
+                return;
+            }
+            let mut h = [0u8; felix_proto::storage::BATCH_HEADER_LEN];
+            h.copy_from_slice(&head[..felix_proto::storage::BATCH_HEADER_LEN]);
+            let Ok(body) = felix_proto::storage::batch_body_len(&h) else { return };
+            let next = self.scanned + (felix_proto::storage::BATCH_HEADER_LEN + body) as u64;
+            if next > len {
+                return; // still being written
+            }
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[felix_proto::storage::BATCH_HEADER_LEN..]);
+            let base = u64::from_be_bytes(b);
+            if self.points.is_empty() || self.batches.is_multiple_of(SPARSE_EVERY) {
+                self.points.push((base, self.scanned));
+            }
+            self.batches += 1;
+            self.scanned = next;
+            if base > from {
+                return;
+            }
+        }
+    }
+
+    /// Where to start reading for `from`, if the batch found there is the one the point
+    /// names (a file removed and made again can reuse an inode: its points are then checked,
+    /// not trusted).
+    fn seek(&self, f: &File, from: u64) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let i = self.points.partition_point(|(base, _)| *base <= from);
+        if i == 0 {
+            return Some(0);
+        }
+        let (base, pos) = self.points[i - 1];
+        let mut head = [0u8; felix_proto::storage::BATCH_HEADER_LEN + 8];
+        f.read_exact_at(&mut head, pos).ok()?;
+        let mut h = [0u8; felix_proto::storage::BATCH_HEADER_LEN];
+        h.copy_from_slice(&head[..felix_proto::storage::BATCH_HEADER_LEN]);
+        felix_proto::storage::batch_body_len(&h).ok()?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&head[felix_proto::storage::BATCH_HEADER_LEN..]);
+        (u64::from_be_bytes(b) == base).then_some(pos)
+    }
+}
+
+impl HistoryReader {
+    /// A reader of the data directory a [`DiskStorage`] writes.
+    pub fn new(root: &Path) -> HistoryReader {
+        HistoryReader { root: root.to_path_buf(), seeks: HashMap::new() }
+    }
+
+    /// The same read as [`DiskStorage::read_range`], from this thread.
+    pub fn read_range(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        shard: u32,
+        from: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Vec<StoredBatch> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.root.join("streams").join(path_component(tenant)).join(path_component(ns));
+        let dir = dir.join(path_component(stream)).join(shard.to_string());
+        let Ok(segs) = segments(&dir) else { return Vec::new() };
+        // Points of segments no longer there are forgotten (memory follows retention).
+        self.seeks.retain(|p, _| p.parent() != Some(dir.as_path()) || segs.iter().any(|(_, s)| s == p));
+        let first = segs.iter().rposition(|(base, _)| *base <= from).unwrap_or(0);
+        let mut read = RangeRead::new(from, end, max_bytes);
+        for (i, (_, path)) in segs[first..].iter().enumerate() {
+            let pos = if i == 0 {
+                let Ok(f) = File::open(path) else { break };
+                let Ok(meta) = f.metadata() else { break };
+                let points = self.seeks.entry(path.clone()).or_default();
+                if points.inode != meta.ino() || points.scanned > meta.len() {
+                    *points = SeekPoints { inode: meta.ino(), ..SeekPoints::default() };
+                }
+                points.scan_to(&f, meta.len(), from);
+                match points.seek(&f, from) {
+                    Some(pos) => pos,
+                    None => {
+                        *points = SeekPoints { inode: meta.ino(), ..SeekPoints::default() };
+                        points.scan_to(&f, meta.len(), from);
+                        points.seek(&f, from).unwrap_or(0)
+                    }
+                }
+            } else {
+                0
+            };
+            if !read.segment(path, pos) {
+                break;
+            }
+        }
+        read.out
+    }
 }
 
 fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
@@ -970,6 +1130,93 @@ mod tests {
         let got: Vec<u64> = s.read_range(name, 0, 15, 100, 1 << 20).iter().map(|b| b.base_offset).collect();
         assert_eq!(got, (15..20).collect::<Vec<_>>());
         assert!(s.read_range(("t1", "default", "nope"), 0, 0, 10, 100).is_empty());
+    }
+
+    /// The reader beside the writer gives what the writer's own read gives, from any offset,
+    /// while the writer appends, across rolled segments, through the sparse seek points.
+    #[test]
+    fn the_history_reader_beside_the_writer_reads_what_the_writer_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        s.set_segment_bytes(4 << 10);
+        let name = ("t1", "default", "../orders");
+        let mut h = s.history_reader();
+        let mut next = 0u64;
+        for round in 0..6u64 {
+            // 200 one-record batches a round: several segments, more than SPARSE_EVERY batches each.
+            let reqs: Vec<_> = (0..200).map(|i| req(next + i + 1, next + i, &[&format!("r{round}-{i:03}")])).collect();
+            next += 200;
+            assert!(s.write(reqs).iter().all(|r| r.1 == WriteOutcome::Written));
+            for from in [0, next / 3, next - 150, next - 1] {
+                let theirs: Vec<u64> =
+                    s.read_range(name, 0, from, next, 1 << 20).iter().map(|b| b.base_offset).collect();
+                let ours: Vec<u64> = h.read_range(name, 0, from, next, 1 << 20).iter().map(|b| b.base_offset).collect();
+                assert_eq!(ours, (from..next).collect::<Vec<_>>(), "round {round}, from {from}");
+                assert_eq!(ours, theirs);
+            }
+        }
+        let capped = h.read_range(name, 0, 10, next, 25);
+        assert_eq!(capped.len(), 5, "stops once max_bytes is reached (6-byte records)");
+        assert_eq!(capped[0].records.slices().next().unwrap(), b"r0-010");
+        assert!(h.read_range(("t1", "default", "nope"), 0, 0, 10, 100).is_empty());
+        // From another thread, as the tokio driver runs it.
+        let got = std::thread::spawn(move || h.read_range(name, 0, 700, 705, 1 << 20)).join().unwrap();
+        assert_eq!(got.iter().map(|b| b.base_offset).collect::<Vec<_>>(), (700..705).collect::<Vec<_>>());
+    }
+
+    /// Segments removed behind the reader's back (retention) and a shard emptied and written
+    /// again (a copy moving here) are read as they are now, never through stale seek points.
+    #[test]
+    fn the_history_reader_follows_retention_and_a_shard_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        s.set_segment_bytes(2 << 10);
+        let name = ("t1", "default", "../orders");
+        let mut h = s.history_reader();
+        s.write((0..300).map(|i| req(i + 1, i, &[&format!("old-{i:03}")])).collect());
+        assert_eq!(h.read_range(name, 0, 250, 300, 1 << 20).len(), 50);
+        assert!(s.truncate_before(name, 0, 200, &[]) > 0);
+        let after: Vec<u64> = h.read_range(name, 0, 0, 300, 1 << 20).iter().map(|b| b.base_offset).collect();
+        assert!(after[0] > 0 && after[0] <= 200, "retention removed the oldest segments: {}", after[0]);
+        assert_eq!(*after.last().unwrap(), 299);
+        // Emptied and written again from 0 with other contents and other batch sizes.
+        s.reset_shard(name, 0).unwrap();
+        s.write((0..100).map(|i| req(1000 + i, i * 3, &["new-a", "new-b", "new-c"])).collect());
+        let got = h.read_range(name, 0, 151, 300, 1 << 20);
+        assert_eq!(got.iter().map(|b| b.base_offset).collect::<Vec<_>>(), (50..100).map(|i| i * 3).collect::<Vec<_>>());
+        assert_eq!(got[0].records.slices().next().unwrap(), b"new-a");
+    }
+
+    /// A segment rewritten in place (the same inode, as a file removed and made again may
+    /// get): seek points found before are checked against the file, not trusted.
+    #[test]
+    fn the_history_reader_checks_its_seek_points_against_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        let name = ("t1", "default", "../orders");
+        let mut h = s.history_reader();
+        s.write((0..300).map(|i| req(i + 1, i, &[&format!("old-{i:03}")])).collect());
+        assert_eq!(h.read_range(name, 0, 250, 300, 1 << 20)[0].base_offset, 250);
+        drop(s);
+        let shard = dir.path().join("streams/t1/default/%2E.%2Forders/0");
+        let segs = segments(&shard).unwrap();
+        assert_eq!(segs.len(), 1);
+        let mut rewritten = BytesMut::new();
+        for i in 0..200u64 {
+            let b = StoredBatch {
+                base_offset: i * 3,
+                timestamp_micros: 5,
+                generation_start: false,
+                publisher: None,
+                producer: None,
+                state: None,
+                records: Records::from_payloads([b"new-a".as_slice(), b"new-bb", b"new-ccc"]).unwrap(),
+            };
+            encode_batch(&b, &mut rewritten);
+        }
+        std::fs::write(&segs[0].1, &rewritten).unwrap();
+        let got = h.read_range(name, 0, 201, 240, 1 << 20);
+        assert_eq!(got.iter().map(|b| b.base_offset).collect::<Vec<_>>(), (67..80).map(|i| i * 3).collect::<Vec<_>>());
     }
 
     /// A commit in an old segment (known by its index only at start) still gives the broker its

@@ -284,6 +284,14 @@ impl Server {
             }
             None => None,
         };
+        let (htx, hrx) = std::sync::mpsc::channel();
+        {
+            let (tx, reader) = (tx.clone(), storage.as_ref().map(DiskStorage::history_reader));
+            std::thread::Builder::new()
+                .name("felix-history".into())
+                .spawn(move || history_loop(reader, hrx, tx))
+                .map_err(ServerError::Io)?;
+        }
         let (stx, srx) = std::sync::mpsc::channel::<StorageCmd>();
         let storage_thread = {
             let tx = tx.clone();
@@ -306,6 +314,7 @@ impl Server {
             conns: HashMap::new(),
             tx: tx.clone(),
             storage: stx,
+            history: htx,
             pending_writes: Vec::new(),
             io: IoCounters::default(),
             transport_tuning: opts.transport.clone(),
@@ -378,7 +387,6 @@ impl Node {
 enum StorageCmd {
     Write(Vec<PersistRequest>),
     Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64, forgotten: Vec<(u64, u64)> },
-    Read(felix_proto::broker::ReadRequest),
     DeleteStream { tenant: String, namespace: String, stream: String },
     ResetShard { tenant: String, namespace: String, stream: String, shard: u32 },
     Stop,
@@ -405,7 +413,6 @@ fn storage_loop(
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         };
         let mut truncations = Vec::new();
-        let mut reads = Vec::new();
         let mut reqs = Vec::new();
         // A deletion ends the pass: the writes before it are written, then the stream removed;
         // writes after it (a stream of the same name created again) go in the next pass.
@@ -414,7 +421,6 @@ fn storage_loop(
         let mut cut = false;
         let mut take = |cmd: StorageCmd, stop: &mut bool, cut: &mut bool| match cmd {
             StorageCmd::Write(r) => reqs.extend(r),
-            StorageCmd::Read(r) => reads.push(r),
             StorageCmd::Truncate { tenant, namespace, stream, shard, start, forgotten } => {
                 truncations.push((tenant, namespace, stream, shard, start, forgotten));
             }
@@ -460,25 +466,29 @@ fn storage_loop(
         {
             tracing::error!("emptying shard {shard} of {n}/{s} for the copy moving here: {e}");
         }
-        // Reads after the writes queued before them (so they see them).
-        answer_reads(&mut disk, reads, &tx);
     }
     if let Some(d) = disk.as_mut() {
         d.sync_all();
     }
 }
 
-fn answer_reads(
-    disk: &mut Option<DiskStorage>,
-    reads: Vec<felix_proto::broker::ReadRequest>,
-    tx: &mpsc::UnboundedSender<Input>,
+/// Answers history reads on their own thread ([`HistoryReader`]), beside the storage thread:
+/// a reader that fell behind waits for its read, never for a pass of writes.
+///
+/// [`HistoryReader`]: felix_driver_common::storage::HistoryReader
+fn history_loop(
+    mut reader: Option<felix_driver_common::storage::HistoryReader>,
+    rx: std::sync::mpsc::Receiver<felix_proto::broker::ReadRequest>,
+    tx: mpsc::UnboundedSender<Input>,
 ) {
-    for r in reads {
-        let batches = match disk.as_mut() {
-            Some(d) => d.read_range((&r.tenant_id, &r.namespace, &r.stream), r.shard, r.from, r.end, r.max_bytes),
+    while let Ok(r) = rx.recv() {
+        let batches = match reader.as_mut() {
+            Some(h) => h.read_range((&r.tenant_id, &r.namespace, &r.stream), r.shard, r.from, r.end, r.max_bytes),
             None => felix_proto::storage::MemoryOnly.read(&r),
         };
-        let _ = tx.send(Input::ReadDone(r.token, batches));
+        if tx.send(Input::ReadDone(r.token, batches)).is_err() {
+            return;
+        }
     }
 }
 
@@ -905,6 +915,8 @@ struct BrokerTask {
     conns: HashMap<ConnId, ConnHandle>,
     tx: mpsc::UnboundedSender<Input>,
     storage: std::sync::mpsc::Sender<StorageCmd>,
+    /// History reads, answered beside the storage thread ([`history_loop`]).
+    history: std::sync::mpsc::Sender<felix_proto::broker::ReadRequest>,
     pending_writes: Vec<PersistRequest>,
     io: IoCounters,
     /// What the server configuration is built from, to rebuild it with a renewed certificate.
@@ -1774,9 +1786,10 @@ impl BrokerTask {
                     }
                 }
                 BrokerOutput::Persist(w) => self.pending_writes.push(w),
+                // What a read asks for was written before it was asked (it is below what the
+                // log holds in memory): no flush of pending writes needed.
                 BrokerOutput::Read(r) => {
-                    self.flush_storage();
-                    let _ = self.storage.send(StorageCmd::Read(r));
+                    let _ = self.history.send(r);
                 }
                 BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
                     // Writes asked for before the truncation go first.

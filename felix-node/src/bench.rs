@@ -123,6 +123,21 @@ pub struct BenchArgs {
     /// records/s (to measure what a limit far above the load costs).
     #[arg(long)]
     rate_limit: Option<u64>,
+    /// Measure a reader that falls behind: once this many records were published, one more
+    /// subscriber (its own connection) starts that many records behind the tail and reads
+    /// while the publishers go on; the report says how fast it read, what retention removed
+    /// before it got there, and whether (and when) it caught up with the live tail. Durable
+    /// streams only (the in-process broker's stream is made durable).
+    #[arg(long)]
+    late_reader: Option<u64>,
+    /// Records the in-process broker's streams retain per shard (its default otherwise): a
+    /// late reader further behind than this loses what retention removes.
+    #[arg(long)]
+    retention_records: Option<u64>,
+    /// History the in-process broker holds in memory per shard, bytes (its default
+    /// otherwise): a late reader further behind than this reads from the segment files.
+    #[arg(long)]
+    memory_bytes: Option<u64>,
 }
 
 impl BenchArgs {
@@ -201,7 +216,7 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         publisher_hold_max: felix_proto::broker::DEFAULT_PUBLISHER_HOLD_MAX,
         identity,
         fsync: a.fsync,
-        ephemeral: !a.durable && a.group.is_none(),
+        ephemeral: !a.durable && a.group.is_none() && a.late_reader.is_none(),
         default_shards: 1,
         default_replication: 1,
         cache_replication: 1,
@@ -212,8 +227,8 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
         auto_create: true,
         queue_capacity: felix_proto::broker::DEFAULT_SUBSCRIBER_QUEUE_CAPACITY,
         max_records_per_read: 1000,
-        retention_records: None,
-        memory_bytes: None,
+        retention_records: a.retention_records,
+        memory_bytes: a.memory_bytes,
         group_limits: Default::default(),
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().expect("literal")),
@@ -299,13 +314,17 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let stream = a.stream.clone().unwrap_or_else(|| format!("bench-{}", std::process::id()));
     // In a cluster a new stream exists once the metadata group created it: publish one record
     // until it is taken (bounded), before anything is measured.
+    let warm_offset;
     {
         let c = connect(&t).await?;
         let until = Instant::now() + Duration::from_secs(10);
         loop {
             let opts = PublishOptions { ack: true, ..Default::default() };
             match c.publish("bench", &stream, vec![Bytes::from_static(b"warm-up")], opts).await {
-                Ok(_) => break,
+                Ok(o) => {
+                    warm_offset = o;
+                    break;
+                }
                 Err(e) if Instant::now() < until && e.to_string().contains("shard_unavailable") => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -381,6 +400,20 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         }));
     }
 
+    // Ends the late reader's measurement when the publishers stop.
+    let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
+    let late = match a.late_reader {
+        Some(behind) => {
+            let Some(first) = warm_offset else {
+                return Err("--late-reader needs a durable stream (the warm-up record got no offset)".into());
+            };
+            let c = connect(&t).await?;
+            let job = LateReader { stream: stream.clone(), next: first + 1, behind, epoch };
+            Some(tokio::spawn(job.run(c, published.clone(), ended_rx)))
+        }
+        None => None,
+    };
+
     let total = a.duration;
     let per_pub_rate = if a.rate == 0 { 0.0 } else { a.rate as f64 / a.publishers as f64 };
     let mut pubs = Vec::new();
@@ -455,6 +488,11 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         );
     }
     stop.store(true, Ordering::Relaxed);
+    let _ = ended_tx.send(true);
+    let late = match late {
+        Some(j) => Some(j.await.map_err(|e| e.to_string())??),
+        None => None,
+    };
     // What arrived within the publishing window, the figure comparable with raw quinn's.
     let in_window = Throughput {
         mb_per_s: delivered.load(Ordering::Relaxed) as f64 * a.payload as f64
@@ -535,6 +573,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         "client_quic_per_record": {"publishers": per_record(pub_counts), "subscribers": per_record(sub_counts)},
         "json_publish": a.json_publish,
     });
+    if let Some(l) = &late {
+        result["late_reader"] = l.json();
+    }
     if let Some((single, relay)) = baseline {
         result["baseline"] = serde_json::json!({
             "raw_quinn_mb_per_s": single.mb_per_s, "raw_quinn_cpu_s_per_gb": single.cpu_s_per_gb(),
@@ -553,7 +594,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
             a.payload,
             a.batch,
             if a.ack { "acked" } else { "unacked" },
-            if a.durable { "durable" } else { "ephemeral" }
+            if a.durable || a.late_reader.is_some() { "durable" } else { "ephemeral" }
         );
         out!("  {:<28} {:>14}", "published", format!("{sent} msgs"));
         out!("  {:<28} {:>14.0}", "publish msgs/s", sent as f64 / secs);
@@ -569,6 +610,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         out!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));
         out!("  {:<28} {:>14}", "latency max (µs)", hist.max());
         out!("  {:<28} {:>14.1}", "delivered MB/s (per sub)", in_window.mb_per_s);
+        if let Some(l) = &late {
+            l.print();
+        }
         let cpu = |t: &Throughput| t.cpu_s_per_gb().map_or("-".to_owned(), |c| format!("{c:.2}"));
         out!("  {:<28} {:>14}", "CPU s per GB delivered", cpu(&in_window));
         if let Some(f) = stolen.filter(|f| *f >= 0.02) {
@@ -592,6 +636,152 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--late-reader`: a subscriber that starts `behind` records behind the tail while the
+/// publishers go on, and how it fares.
+struct LateReader {
+    stream: String,
+    /// The offset of the first record the publishers sent.
+    next: u64,
+    behind: u64,
+    /// The publishers' clock (send times ride in each record's first 8 bytes).
+    epoch: Instant,
+}
+
+/// What [`LateReader`] measured.
+struct LateReport {
+    behind: u64,
+    start_offset: u64,
+    /// Records it read.
+    read: u64,
+    /// Records retention removed before it got to them.
+    skipped: u64,
+    /// Seconds from its subscribe to the first record it got within [`LIVE`] of being sent.
+    caught_up_after: Option<f64>,
+    /// Records it read until it caught up (or until the run ended).
+    read_catching_up: u64,
+    /// Seconds it read for.
+    secs: f64,
+    resumed: u64,
+    /// Publish-to-delivery time of the last record it got, seconds.
+    last_age: f64,
+}
+
+/// A record delivered this soon after it was sent is live: the reader has caught up.
+const LIVE: Duration = Duration::from_millis(250);
+
+impl LateReader {
+    async fn run(
+        self,
+        c: Client,
+        published: Arc<AtomicU64>,
+        mut ended: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<LateReport, String> {
+        use felix_proto::message::StartPosition;
+        loop {
+            if published.load(Ordering::Relaxed) >= self.behind {
+                break;
+            }
+            if *ended.borrow() {
+                return Err(format!(
+                    "the run ended before {} records were published for --late-reader: give a longer --duration or \
+                     a smaller --late-reader",
+                    self.behind
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The publishers' count runs a little ahead of what the broker appended (unacked batches
+        // in flight), so the reader starts at most that little less far behind.
+        let start_offset = (self.next + published.load(Ordering::Relaxed)).saturating_sub(self.behind).max(self.next);
+        let started = Instant::now();
+        let mut sub = c
+            .subscribe("bench", &self.stream, Some(StartPosition::Offset(start_offset)), None)
+            .await
+            .map_err(|e| format!("late reader: {e}"))?;
+        let mut cursor = felix_proto::client::SubscriptionCursor::new();
+        cursor.subscribed(sub.start_offset);
+        let mut r = LateReport {
+            behind: self.behind,
+            start_offset,
+            read: 0,
+            skipped: 0,
+            caught_up_after: None,
+            read_catching_up: 0,
+            secs: 0.0,
+            resumed: 0,
+            last_age: 0.0,
+        };
+        let mut expect = start_offset;
+        loop {
+            let item = tokio::select! {
+                item = sub.next() => item,
+                _ = ended.wait_for(|d| *d) => None,
+            };
+            if let Some(SubscriptionItem::End(reason @ felix_proto::client::EndReason::Lagged { .. })) = item {
+                let Some(start) = cursor.resume(&reason) else { break };
+                sub = c
+                    .subscribe("bench", &self.stream, Some(start), None)
+                    .await
+                    .map_err(|e| format!("late reader, resuming: {e}"))?;
+                cursor.subscribed(sub.start_offset);
+                r.resumed += 1;
+                continue;
+            }
+            let Some(SubscriptionItem::Events(b)) = item else { break };
+            cursor.delivered(&b);
+            let n = u64::from(b.records.count());
+            if let Some(base) = b.base_offset {
+                r.skipped += base.saturating_sub(expect);
+                expect = base + n;
+            }
+            r.read += n;
+            if let Some(p) = b.records.slices().last().filter(|p| p.len() >= 8) {
+                let mut ts = [0u8; 8];
+                ts.copy_from_slice(&p[..8]);
+                let age = (self.epoch.elapsed().as_nanos() as u64).saturating_sub(u64::from_be_bytes(ts));
+                r.last_age = age as f64 / 1e9;
+                if r.caught_up_after.is_none() && Duration::from_nanos(age) < LIVE {
+                    r.caught_up_after = Some(started.elapsed().as_secs_f64());
+                    r.read_catching_up = r.read;
+                }
+            }
+        }
+        r.secs = started.elapsed().as_secs_f64();
+        if r.caught_up_after.is_none() {
+            r.read_catching_up = r.read;
+        }
+        drop(c);
+        Ok(r)
+    }
+}
+
+impl LateReport {
+    /// Records per second while it was behind.
+    fn catch_up_rate(&self) -> f64 {
+        self.read_catching_up as f64 / self.caught_up_after.unwrap_or(self.secs).max(1e-9)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "behind": self.behind, "start_offset": self.start_offset, "read": self.read,
+            "skipped_by_retention": self.skipped, "caught_up_after_s": self.caught_up_after,
+            "read_per_s_while_behind": self.catch_up_rate(), "read_for_s": self.secs,
+            "resumed_after_lag": self.resumed, "last_record_age_s": self.last_age,
+        })
+    }
+
+    fn print(&self) {
+        out!("Late reader, started {} records behind (offset {}):", self.behind, self.start_offset);
+        out!("  {:<28} {:>14}", "read", self.read);
+        out!("  {:<28} {:>14.0}", "records/s while behind", self.catch_up_rate());
+        out!("  {:<28} {:>14}", "skipped (retention)", self.skipped);
+        match self.caught_up_after {
+            Some(s) => out!("  {:<28} {:>13.2}s", "caught up after", s),
+            None => out!("  {:<28} {:>14}", "caught up", format!("no: {:.1}s behind at the end", self.last_age)),
+        }
+    }
 }
 
 async fn cache_bench(a: &BenchArgs, t: &Target) -> Result<ExitCode, String> {

@@ -263,6 +263,24 @@ fn bench_baseline_reports_fractions_of_raw_quinn_and_the_relay() {
     }
 }
 
+/// `bench --late-reader`: a subscriber that starts far behind a publisher that goes on reads
+/// its backlog from the segment files (the broker keeps 1 MiB in memory) and catches up.
+#[test]
+fn bench_late_reader_reads_its_backlog_from_disk_and_catches_up() {
+    let out = Command::new(BIN)
+        .args(["bench", "--subscribers", "0", "--late-reader", "60000", "--memory-bytes", "1048576"])
+        .args(["--rate", "40000", "--duration", "3", "--fsync", "never", "--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let l = &v["late_reader"];
+    assert_eq!(l["skipped_by_retention"], 0, "nothing retention would remove: {v}");
+    assert!(l["read"].as_u64().unwrap() >= 60_000, "read at least its backlog: {v}");
+    assert!(l["caught_up_after_s"].as_f64().is_some(), "caught up with the live tail: {v}");
+    assert!(l["read_per_s_while_behind"].as_f64().unwrap() > 40_000.0, "faster than the publisher: {v}");
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let out = Command::new(BIN).args(["serve", "--fsync", "sometimes"]).output().unwrap();

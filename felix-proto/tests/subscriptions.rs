@@ -697,6 +697,39 @@ fn history_beyond_the_memory_budget_is_read_back_from_storage() {
     assert_eq!(offsets_of(&more), vec![101]);
 }
 
+/// A subscriber reading history asks for its next read while one read's worth is still being
+/// sent (the read overlaps the sending), and no more than that: a subscriber that takes
+/// nothing pins at most its in-flight limit plus two reads.
+#[test]
+fn a_subscriber_behind_reads_one_read_ahead_of_what_it_was_sent_and_no_more() {
+    let mut cfg = config();
+    cfg.history_reads = true;
+    cfg.history_read_bytes = 600;
+    cfg.event_stream_inflight_bytes = 500;
+    cfg.default_stream.memory_bytes = 1000;
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s, _) = raw_session(&mut sim, Some(0x0827), None);
+    let payload = "x".repeat(100);
+    for i in 0..60 {
+        sim.raw_send(p, s, publish_binary("orders", &[&format!("{i:03}{payload}")], None, None), false);
+        sim.run();
+    }
+    let (q, sq, _) = raw_session(&mut sim, Some(0x0827), None);
+    sim.set_slow(q, true);
+    sim.raw_send(q, sq, subscribe("orders", Some(StartPosition::Earliest)), false);
+    sim.run();
+    assert_eq!(sim.reads, 2, "the first read, and one more while the first is being sent");
+    sim.advance(Duration::from_secs(1));
+    sim.run();
+    assert_eq!(sim.reads, 2, "nothing more until the subscriber takes what was sent");
+    sim.set_slow(q, false);
+    sim.run();
+    assert!(sim.reads > 4, "{}", sim.reads);
+    let es = event_streams(&sim, q);
+    let got = event_batches(&payloads(&sim.take_received(q, es[0])));
+    assert_eq!(offsets_of(&got), (0..60).collect::<Vec<_>>(), "every record once, in order");
+}
+
 #[test]
 fn conditional_cache_writes_and_version_only_when_offered() {
     let mut sim = Sim::new(config(), epoch());

@@ -164,7 +164,12 @@ impl Broker {
         loop {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };
             let Some(stream) = sub.stream else { return };
-            if sub.inflight >= limit {
+            // A subscriber reading history asks for its next read while up to one read's worth
+            // is still being sent: the read (storage, or a replica's log on another thread)
+            // overlaps the sending instead of waiting for it.
+            let over = sub.inflight >= limit;
+            let read_ahead = sub.inflight < limit.saturating_add(self.cfg.history_read_bytes);
+            if over && !(read_ahead && sub.catch_up().is_some()) {
                 return;
             }
             if let Some(catch_up) = sub.catch_up() {
@@ -178,6 +183,9 @@ impl Broker {
                 let log = &mut entry.shards[shard as usize].log;
                 // Retention may have passed the cursor: that history is gone (a visible gap).
                 let cursor = cursor.max(log.start());
+                if cursor >= log.memory_start() && over {
+                    return; // what is next is in memory: sent once the stream has room
+                }
                 if cursor < log.memory_start() {
                     let token = ReadToken(self.next_read);
                     self.next_read += 1;
