@@ -5,7 +5,7 @@
 #   scripts/replication-bench.sh [--replication N] [--payload BYTES] [--duration SECS]
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
 #                                [--retain-records N] [--rss] [--restart-follower]
-#                                [--late-reader N]
+#                                [--late-reader N] [--cpu] [--forwarded] [--subscribers0]
 #
 # Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
 # broker's peak and current resident memory after the run. --retain-records N configures the
@@ -16,7 +16,11 @@
 # it ends (or is interrupted); data lives in a temporary directory. --late-reader N replaces the
 # live subscriber with one that starts N records behind the tail once N were published
 # (`bench --late-reader`) and says how fast it read and whether it caught up; give
-# --retain-records above N so retention keeps what it has to read.
+# --retain-records above N so retention keeps what it has to read. --cpu prints the CPU time each
+# broker (leader first) and the bench client spent per published record during the run
+# (user + system, from /proc), so replication's cost can be split per broker. --forwarded
+# publishes through a broker that is not the shard's leader (it forwards every batch), with no
+# subscriber; --subscribers0 runs the direct case the same way, to compare.
 set -euo pipefail
 
 replication=3
@@ -28,6 +32,9 @@ retain=""
 rss=""
 restart=""
 late=""
+cpu=""
+forwarded=""
+nosub=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,7 +48,10 @@ while [ $# -gt 0 ]; do
     --rss) rss=1; shift ;;
     --restart-follower) restart=1; shift ;;
     --late-reader) late="$2"; shift 2 ;;
-    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+    --cpu) cpu=1; shift ;;
+    --forwarded) forwarded=1; shift ;;
+    --subscribers0) nosub=1; shift ;;
+    -h|--help) sed -n 2,24p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -140,16 +150,54 @@ PY
     leader_dir="$tmp/${leader#* }"
     leader="${leader% *}"
   fi
+  local target="$leader"
+  if [ -n "$forwarded" ]; then
+    for i in 0 1 2; do
+      [ "${client[$i]}" != "$leader" ] && { target="${client[$i]}"; leader_dir="$tmp/${names[$i]}"; break; }
+    done
+  fi
+  # CPU ticks (user + system) of each broker, to split the run's cost per broker.
+  ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+  local before=()
+  for i in 0 1 2; do before[i]=$(ticks "${pids[$i]}"); done
+  if [ -n "${PERF_PIDS_FILE:-}" ]; then
+    for i in 0 1 2; do
+      r=follower; [ "${client[$i]}" = "$leader" ] && r=leader
+      echo "$r ${pids[$i]}" >> "$PERF_PIDS_FILE"
+    done
+  fi
   local out readers=(--subscribers 1)
   [ -n "$late" ] && readers=(--subscribers 0 --late-reader "$late")
-  out=$("$bin" bench --addr "$leader" --token bench-token --stream b1 --ack "${readers[@]}" \
+  # A subscriber must read from the leader: a forwarded run publishes only.
+  [ -n "$forwarded$nosub" ] && readers=(--subscribers 0)
+  out=$("$bin" bench --addr "$target" --token bench-token --stream b1 --ack "${readers[@]}" \
         --duration "$duration" --payload "$payload" --data-dir "$leader_dir" --tenant bench --json --quiet 2>/dev/null)
-  python3 - "$replication" "$payload" "${fsync:-default}" "$out" <<'PY'
+  local split=""
+  if [ -n "$cpu" ]; then
+    local hz
+    hz=$(getconf CLK_TCK)
+    for i in 0 1 2; do
+      local role=follower
+      [ "${client[$i]}" = "$leader" ] && role=leader
+      [ "$replication" = 1 ] && [ "$role" = follower ] && role=idle
+      [ "${client[$i]}" = "$target" ] && [ "$role" != leader ] && role=forwarding
+      split+="${names[$i]}:$role:$(( $(ticks "${pids[$i]}") - before[i] )):$hz "
+    done
+  fi
+  python3 - "$replication" "$payload" "${fsync:-default}" "$out" "$split" <<'PY'
 import json, sys
-r, p, f, out = sys.argv[1:]
+r, p, f, out, split = sys.argv[1:]
 v = json.loads(out.strip().splitlines()[-1])
 rps = v["publish_msgs_per_s"]
 print(f"replication={r} payload={p} fsync={f} records/s={rps:.0f} MB/s={rps*int(p)/1e6:.1f}")
+if split:
+    n = max(v["published_msgs"], 1)
+    parts = []
+    for item in sorted(split.split(), key=lambda x: x.split(":")[1] != "leader"):
+        name, role, t, hz = item.split(":")
+        parts.append(f"{name} ({role}) {int(t) / int(hz) * 1e6 / n:.2f}")
+    bench = v.get("cpu_us_per_record")
+    print("  CPU µs per record: " + ", ".join(parts) + (f", bench client {bench:.2f}" if bench else ""))
 l = v.get("late_reader")
 if l:
     caught = f"caught up after {l['caught_up_after_s']:.2f} s" if l["caught_up_after_s"] is not None else f"not caught up ({l['last_record_age_s']:.1f} s behind at the end)"
