@@ -160,6 +160,7 @@ PY
   ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
   local before=()
   for i in 0 1 2; do before[i]=$(ticks "${pids[$i]}"); done
+  # PERF_PIDS_FILE=F (for profiling): each broker's role and pid are written to F.
   if [ -n "${PERF_PIDS_FILE:-}" ]; then
     for i in 0 1 2; do
       r=follower; [ "${client[$i]}" = "$leader" ] && r=leader

@@ -229,6 +229,14 @@ impl ClusterClient {
                 conns.insert(addr, c.clone());
                 Ok(c)
             }
+            Err(ClientError::Connect(m)) if m.contains("invalid peer certificate") => {
+                // Not worth dialling again soon: the same certificate would be refused again.
+                Err(ClientError::Connect(format!(
+                    "{addr}: its TLS certificate is not trusted ({m}); a cluster client reaches every broker \
+                     that serves a shard it uses, so its trust must hold each broker's certificate (or the \
+                     CA that signed them)"
+                )))
+            }
             Err(e) => {
                 if Self::worth_reconnecting(&e) {
                     self.note_lost(addr);

@@ -24,6 +24,8 @@ struct Cluster {
     clients: Vec<SocketAddr>,
     metrics: Vec<SocketAddr>,
     trust: Trust,
+    /// Each broker's own certificate alone.
+    own: Vec<Trust>,
     _dir: tempfile::TempDir,
 }
 
@@ -34,9 +36,11 @@ async fn start() -> Cluster {
     let peers: Vec<(String, SocketAddr)> = names.iter().map(|n| (n.to_string(), free_udp())).collect();
     let mut servers = Vec::new();
     let mut chains = Vec::new();
+    let mut own = Vec::new();
     for (i, n) in names.iter().enumerate() {
         let (identity, _, _) = Identity::self_signed(&["localhost"]).unwrap();
         chains.extend(identity.chain.clone());
+        own.push(Trust::Certificates(identity.chain.clone()));
         let mut broker = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() };
         broker.default_stream.shards = 6;
         let opts = ServerOptions {
@@ -64,7 +68,7 @@ async fn start() -> Cluster {
         servers.push(Server::start(opts).await.unwrap());
     }
     let metrics: Vec<SocketAddr> = servers.iter().map(|s| s.metrics_addr.unwrap()).collect();
-    let c = Cluster { servers, clients, metrics, trust: Trust::Certificates(chains), _dir: dir };
+    let c = Cluster { servers, clients, metrics, trust: Trust::Certificates(chains), own, _dir: dir };
     let until = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let mut formed = true;
@@ -154,6 +158,21 @@ async fn keyed_publishes_go_to_their_owner_and_a_stale_view_is_corrected() {
     assert!(cc.stats.view_fetches.load(std::sync::atomic::Ordering::Relaxed) > fetches);
     cc.close().await;
     let _ = plain.close().await;
+    drop(c.servers);
+}
+
+/// A cluster client that trusts one broker's certificate only is told, for another broker it
+/// has to reach, that this broker's certificate is not trusted and that it must trust each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_whose_certificate_is_not_trusted_is_named_with_what_to_do() {
+    let c = start().await;
+    let opts = ClientOptions::new("t1", TOKEN, c.own[0].clone());
+    let cc = ClusterClient::connect(&c.clients[0..1], opts).await.unwrap();
+    assert!(cc.at(c.clients[0]).await.is_ok(), "the trusted broker");
+    let e = cc.at(c.clients[1]).await.expect_err("the other broker's certificate is not trusted").to_string();
+    assert!(e.contains(&c.clients[1].to_string()) && e.contains("not trusted"), "{e}");
+    assert!(e.contains("each broker's certificate"), "{e}");
+    cc.close().await;
     drop(c.servers);
 }
 

@@ -516,8 +516,24 @@ where
     // another seed is followed, one back to a broker already asked is a view in flux.
     let mut asked: Vec<std::net::SocketAddr> = Vec::new();
     let mut newest = 0u64;
+    let mut sent_by: Option<String> = None;
     loop {
-        let client = connect(&args).await?;
+        let client = match connect(&args).await {
+            Ok(c) => c,
+            // A redirect to a broker whose certificate is not trusted: say which and why it
+            // has to be (a redirect is not something a user typed).
+            Err(e) if e.contains(UNTRUSTED) && sent_by.is_some() => {
+                let why = e.split_once("(rustls: ").and_then(|(_, w)| w.split_once(')')).map_or("", |(w, _)| w);
+                return Err(format!(
+                    "{}, where a redirect sent this request: {UNTRUSTED} (rustls: {why}). Requests \
+                     follow redirects to the broker that owns each shard, so trust every broker's \
+                     certificate: put each broker's DATA_DIR/tls/cert.pem in one file and give it \
+                     with --ca (docs/cluster.md)",
+                    sent_by.as_deref().unwrap_or_default()
+                ));
+            }
+            Err(e) => return Err(e),
+        };
         asked.push(client.remote_address());
         let (client, r) = op(client).await;
         match r {
@@ -534,6 +550,7 @@ where
                     ));
                 }
                 eprintln!("{node_id} owns it: asking {next}");
+                sent_by = Some(format!("{next} ({node_id})"));
                 let _ = client.close().await;
                 newest = generation;
                 args.addr = Addrs::one(next);
@@ -574,6 +591,14 @@ pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOption
 /// rustls says which names a certificate holds in Rust debug text (`DnsName("localhost")`,
 /// `IpAddress(127.0.0.1)`); said as a user writes them, with what to do about it.
 pub fn tidy_tls_error(e: &str) -> String {
+    if let Some((_, why)) = e.split_once("invalid peer certificate: ")
+        && !why.contains("only valid for")
+        && !why.contains("not valid for name")
+    {
+        return format!(
+            "{UNTRUSTED} (rustls: {why}): give the certificate that signed it with --ca (the broker's own DATA_DIR/tls/cert.pem for a self-signed one)"
+        );
+    }
     let Some((head, names)) = e.split_once("certificate is only valid for ") else { return e.to_owned() };
     let names: Vec<String> = names
         .split(", ")
@@ -591,6 +616,9 @@ pub fn tidy_tls_error(e: &str) -> String {
         names.join(", ")
     )
 }
+
+/// What a connection error says when the broker's certificate is not trusted.
+const UNTRUSTED: &str = "its TLS certificate is not trusted";
 
 /// A broker that did not answer within `--connect-timeout`.
 pub fn no_answer(addr: std::net::SocketAddr, wait: std::time::Duration) -> String {

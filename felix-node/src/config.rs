@@ -48,7 +48,8 @@
 //! memory_bytes = 67108864         # history kept in memory per shard; older is read from disk
 //! fsync = "always"                # this stream's own policy (default: the broker's)
 //! durability = "quorum"           # disk (default) | quorum: in a cluster, each shard a Raft
-//! replication = 3                 #   group over this many brokers (2..=7, default 3)
+//! replication = 3                 #   group over this many brokers (1..=7, default 3; 1: one
+//!                                 #   copy on its owner's disk, as durability = "disk")
 //!
 //! [[caches]]
 //! tenant = "acme"
@@ -61,7 +62,8 @@
 //! namespace = "default"
 //! name = "leases"
 //! durability = "quorum"           # in a cluster: the cache's changes are a Raft group's log
-//! replication = 3                 #   over this many brokers (2..=7, default 3)
+//! replication = 3                 #   over this many brokers (1..=7, default 3; 1: not
+//!                                 #   replicated, kept on its owner's disk)
 //! ```
 //!
 //! Unknown keys are errors: a typo must not silently change nothing.
@@ -266,7 +268,8 @@ pub struct StreamSection {
     /// and a write is acknowledged once a majority holds it. `disk` (the default for a
     /// durable stream) keeps a shard on its owner's disk only.
     pub durability: Option<String>,
-    /// Replicas per shard of a `quorum` stream (2..=7; default 3).
+    /// Replicas per shard of a `quorum` stream (1..=7; default 3). 1 means not replicated: one
+    /// copy on its owner's disk, what `durability = "disk"` keeps.
     pub replication: Option<u32>,
 }
 
@@ -290,7 +293,8 @@ pub struct CacheSection {
     /// `quorum`: in a cluster, the cache's changes are the log of a Raft group over
     /// `replication` brokers (default 3), a write answered once a majority holds it.
     pub durability: Option<String>,
-    /// Replicas of a `quorum` cache (2..=7; default 3).
+    /// Replicas of a `quorum` cache (1..=7; default 3). 1 means not replicated: its values
+    /// kept on its owner's disk, as `durable = true` does.
     pub replication: Option<u32>,
 }
 
@@ -421,9 +425,12 @@ impl FileConfig {
                         ));
                     }
                     if let Some(r) = s.replication
-                        && !(2..=7).contains(&r)
+                        && !(1..=7).contains(&r)
                     {
-                        return Err(format!("stream {}/{}: replication {r}: expected 2..=7", s.namespace, s.name));
+                        return Err(format!(
+                            "stream {}/{}: replication {r}: expected 1..=7 (1: not replicated)",
+                            s.namespace, s.name
+                        ));
                     }
                 }
                 Some(other) => {
@@ -446,9 +453,12 @@ impl FileConfig {
                 }
                 Some("quorum") => {
                     if let Some(r) = c.replication
-                        && !(2..=7).contains(&r)
+                        && !(1..=7).contains(&r)
                     {
-                        return Err(format!("cache {}/{}: replication {r}: expected 2..=7", c.namespace, c.name));
+                        return Err(format!(
+                            "cache {}/{}: replication {r}: expected 1..=7 (1: not replicated)",
+                            c.namespace, c.name
+                        ));
                     }
                 }
                 Some(other) => {
@@ -546,7 +556,10 @@ impl FileConfig {
                 tenant_id: c.tenant.clone(),
                 namespace: c.namespace.clone(),
                 name: c.name.clone(),
-                durable: c.durable || c.durability.as_deref() == Some("disk"),
+                // A quorum of one is the owner's disk alone.
+                durable: c.durable
+                    || c.durability.as_deref() == Some("disk")
+                    || (c.durability.as_deref() == Some("quorum") && c.replication == Some(1)),
                 replication: if c.durability.as_deref() == Some("quorum") { c.replication.unwrap_or(3) } else { 1 },
             })
             .collect()
@@ -556,6 +569,17 @@ impl FileConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/felix.example.toml is accepted as it is, and says what it seems to.
+    #[test]
+    fn the_example_configuration_parses() {
+        let cfg = FileConfig::parse(include_str!("../../docs/felix.example.toml")).unwrap();
+        let streams = cfg.streams(1024);
+        assert_eq!(streams.len(), 1);
+        assert!(streams[0].config.durable && streams[0].config.shards == 4 && streams[0].config.replication == 1);
+        assert!(cfg.caches()[0].durable);
+        assert_eq!(cfg.limits()[0].records_per_s, Some(100_000));
+    }
 
     #[test]
     fn the_documented_example_parses() {
@@ -613,7 +637,10 @@ mod tests {
         let e = FileConfig::parse(&stream("replication = 3")).unwrap_err();
         assert!(e.contains("replication needs durability = \"quorum\""), "{e}");
         let e = FileConfig::parse(&stream("durability = \"quorum\"\nreplication = 9")).unwrap_err();
-        assert!(e.contains("replication 9: expected 2..=7"), "{e}");
+        assert!(e.contains("replication 9: expected 1..=7"), "{e}");
+        let one = FileConfig::parse(&stream("durability = \"quorum\"\nreplication = 1")).unwrap();
+        let one = &one.streams(1024)[0].config;
+        assert!(one.replication == 1 && one.durable, "replication 1 is one copy on the owner's disk");
         let e = FileConfig::parse(&stream("durability = \"quorum\"\ndurable = false")).unwrap_err();
         assert!(e.contains("cannot be durable = false"), "{e}");
         let q = FileConfig::parse(&stream("durability = \"quorum\"")).unwrap();
@@ -621,8 +648,10 @@ mod tests {
         let cache = |extra: &str| format!("[[caches]]\ntenant = \"t\"\nnamespace = \"n\"\nname = \"c\"\n{extra}");
         let e = FileConfig::parse(&cache("replication = 3")).unwrap_err();
         assert!(e.contains("cache n/c: replication needs durability = \"quorum\""), "{e}");
-        let e = FileConfig::parse(&cache("durability = \"quorum\"\nreplication = 1")).unwrap_err();
-        assert!(e.contains("replication 1: expected 2..=7"), "{e}");
+        let e = FileConfig::parse(&cache("durability = \"quorum\"\nreplication = 0")).unwrap_err();
+        assert!(e.contains("replication 0: expected 1..=7 (1: not replicated)"), "{e}");
+        let one = FileConfig::parse(&cache("durability = \"quorum\"\nreplication = 1")).unwrap();
+        assert!(one.caches()[0].replication == 1 && one.caches()[0].durable, "a quorum of one is the owner's disk");
         let e = FileConfig::parse(&cache("durability = \"paper\"")).unwrap_err();
         assert!(e.contains("durability \"paper\": expected memory, disk or quorum"), "{e}");
         let q = FileConfig::parse(&cache("durability = \"quorum\"")).unwrap();

@@ -957,3 +957,33 @@ fn a_replicated_shard_moves_to_a_fourth_broker_with_every_acknowledged_record() 
     let got: Vec<String> = out.lines().map(|l| l.split('\t').nth(1).unwrap_or(l).to_owned()).collect();
     assert_eq!(got, expected);
 }
+
+/// A client that trusts only the broker it dials, sent by a redirect to another broker, is told
+/// which broker's certificate it does not trust and how to fix it; with both certificates in
+/// one `--ca` file the same read works.
+#[test]
+fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
+    let (brokers, _) = three_formed(|_| Vec::new());
+    let (ok, _, err) = cli(&brokers[0], &["publish", "orders", "x", "--ack"]);
+    assert!(ok, "{err}");
+    let mut away = None;
+    wait_for("the shards of orders have owners", 30, || {
+        let Some(v) = status(&brokers[0]) else { return false };
+        let o = owners(&v);
+        away = o.iter().position(|n| n != "n1").map(|s| (s, o[s].clone()));
+        o.len() == 6 && away.is_some()
+    });
+    let (shard, owner) = away.unwrap();
+    let owner = brokers.iter().find(|b| b.name == owner).unwrap();
+    let (ok, _, err) = cli(&brokers[0], &["read", "orders", "--shard", &shard.to_string(), "--count", "1"]);
+    assert!(!ok, "the owner's certificate is not trusted");
+    assert!(err.contains(&owner.client.to_string()), "names the broker: {err}");
+    assert!(err.contains("not trusted") && err.contains("--ca"), "says how to fix it: {err}");
+    let both = tempfile::NamedTempFile::new().unwrap();
+    let mut pem = std::fs::read_to_string(brokers[0].dir.path().join("tls/cert.pem")).unwrap();
+    pem.push_str(&std::fs::read_to_string(owner.dir.path().join("tls/cert.pem")).unwrap());
+    std::fs::write(both.path(), pem).unwrap();
+    let ca = both.path().to_str().unwrap();
+    let (ok, _, err) = cli(&brokers[0], &["read", "orders", "--shard", &shard.to_string(), "--ca", ca]);
+    assert!(ok, "trusting both, the redirect is followed: {err}");
+}

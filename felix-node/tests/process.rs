@@ -1737,3 +1737,34 @@ fn cache_keys_and_group_list_show_what_is_there() {
     let missing = client_cmd(dir.path(), addr).args(["cache", "keys", "nosuch"]).output().unwrap();
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("not found"));
 }
+
+/// docs/felix.example.toml starts a broker as it is (only the address and directory given on
+/// the command line, which win over the file), and its token works as the comments say.
+#[test]
+fn the_example_configuration_starts_a_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/felix.example.toml");
+    let _broker = serve(dir.path(), addr, &["--config", example]);
+    let out = Command::new(BIN)
+        .args(["publish", "--addr", &addr.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args([
+            "--tenant",
+            "acme",
+            "--namespace",
+            "orders",
+            "--token",
+            "change-me-billing",
+            "created",
+            "hi",
+            "--ack",
+            "--key",
+            "k1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("of 4"), "the configured 4 shards: {said}");
+}
