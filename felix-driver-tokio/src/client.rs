@@ -878,6 +878,54 @@ impl Client {
         }
     }
 
+    /// A page of the tenant's streams this token may publish to or read (FEATURE_STREAM_INFO),
+    /// in `namespace/stream` order: `namespace` narrows it, `after` is the previous page's
+    /// `next`. Any broker of a cluster lists every stream of the cluster.
+    ///
+    /// # Errors
+    /// [`ClientError::Unsupported`] against a broker without the feature.
+    pub async fn stream_list(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<message::StreamEntry>, Option<String>), ClientError> {
+        let (namespace, after) = (namespace.map(str::to_owned), after.map(str::to_owned));
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StreamList(message::StreamList { tenant_id, namespace, after, limit, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::StreamList { streams, next } => Ok((streams, next)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One shard of a stream described by the broker that serves it (FEATURE_STREAM_INFO):
+    /// configuration, offsets, retained records and bytes, subscribers, groups.
+    ///
+    /// # Errors
+    /// `not_found` for a stream that does not exist; [`ClientError::NotLeader`] from a broker
+    /// of a cluster that does not serve the shard.
+    pub async fn stream_info(
+        &self,
+        ns: &str,
+        stream: &str,
+        shard: u32,
+    ) -> Result<message::StreamInfoView, ClientError> {
+        let (namespace, stream) = (ns.to_owned(), stream.to_owned());
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StreamInfo(message::StreamInfo { tenant_id, namespace, stream, shard, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::StreamInfo(i) => Ok(*i),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Deletes a value, returning what was removed.
     ///
     /// # Errors

@@ -1702,7 +1702,11 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
 }
 
 pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {
-    let StreamOp::Delete { stream, yes } = a.op;
+    let (stream, yes) = match a.op {
+        StreamOp::List { in_namespace, json } => return stream_list(&a.conn, in_namespace.as_deref(), json).await,
+        StreamOp::Info { stream, shard, json } => return stream_info(&a.conn, &stream, shard, json).await,
+        StreamOp::Delete { stream, yes } => (stream, yes),
+    };
     let ns = a.conn.namespace.clone();
     if !yes {
         use std::io::IsTerminal;
@@ -1727,6 +1731,136 @@ pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {
         eprintln!("no stream {ns}/{stream}");
         Ok(ExitCode::from(1))
     }
+}
+
+/// `stream list`: every page, in order.
+async fn stream_list(c: &ConnectArgs, namespace: Option<&str>, json: bool) -> Result<ExitCode, String> {
+    let client = connect(c).await?;
+    let mut after: Option<String> = None;
+    let mut out = std::io::stdout().lock();
+    let mut n = 0usize;
+    loop {
+        let (page, next) = client.stream_list(namespace, after.as_deref(), Some(1000)).await.map_err(|e| match e {
+            felix_driver_tokio::ClientError::Unsupported(_) => {
+                "this broker cannot list streams (it does not advertise FEATURE_STREAM_INFO)".to_owned()
+            }
+            e => e.to_string(),
+        })?;
+        for e in &page {
+            let line = if json {
+                serde_json::json!({"namespace": e.namespace, "stream": e.stream, "shards": e.shards}).to_string()
+            } else {
+                format!("{}/{}\t{} shard{}", e.namespace, e.stream, e.shards, if e.shards == 1 { "" } else { "s" })
+            };
+            let _ = writeln!(out, "{line}");
+        }
+        n += page.len();
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    drop(out);
+    let _ = client.close().await;
+    if n == 0 && !json {
+        eprintln!("no streams{} this token may use", namespace.map(|ns| format!(" in {ns}")).unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `stream info`: the stream's configuration and every shard (or one), each asked of the
+/// broker that serves it.
+async fn stream_info(c: &ConnectArgs, stream: &str, shard: Option<u32>, json: bool) -> Result<ExitCode, String> {
+    let ns = c.namespace.clone();
+    let shards = crate::reading::shards_of(c, stream, shard, false).await?;
+    let list = match shard {
+        Some(s) => vec![s],
+        None => shards.list.clone(),
+    };
+    let mut rows = Vec::new();
+    for s in list {
+        let (client, v) = with_redirects(c, |client| {
+            let (ns, stream) = (ns.clone(), stream.to_owned());
+            async move {
+                let r = client.stream_info(&ns, &stream, s).await;
+                (client, r)
+            }
+        })
+        .await
+        .map_err(|e| format!("shard {s}: {e}"))?;
+        let _ = client.close().await;
+        rows.push(v);
+    }
+    let Some(first) = rows.first() else { return Err(format!("{ns}/{stream} has no shards")) };
+    let retention = |v: &felix_proto::message::StreamInfoView| {
+        let mut r = Vec::new();
+        if let Some(n) = v.retention_records {
+            r.push(format!("{n} records"));
+        }
+        if let Some(b) = v.retention_bytes {
+            r.push(format!("{} MiB", b >> 20));
+        }
+        if let Some(s) = v.retention_secs {
+            r.push(humantime(std::time::Duration::from_secs(s)));
+        }
+        if r.is_empty() { "everything".to_owned() } else { r.join(" or ") }
+    };
+    let total = |f: fn(&felix_proto::message::StreamInfoView) -> u64| rows.iter().map(f).sum::<u64>();
+    if json {
+        let per: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|v| {
+                serde_json::json!({"shard": v.shard, "start": v.start, "next_offset": v.next_offset, "records": v.records,
+                    "bytes": v.bytes, "subscribers": v.subscribers, "groups": v.groups})
+            })
+            .collect();
+        out!(
+            "{}",
+            serde_json::json!({"namespace": ns, "stream": stream, "shards": first.shards, "durable": first.durable,
+                "replication": first.replication, "retention_records": first.retention_records,
+                "retention_bytes": first.retention_bytes, "retention_secs": first.retention_secs,
+                "records": total(|v| v.records), "bytes": total(|v| v.bytes), "per_shard": per})
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let kept = if first.durable { "durable (on disk)" } else { "in memory only" };
+    let copies = if first.replication > 1 { format!("{} replicas", first.replication) } else { "one copy".into() };
+    out!("{ns}/{stream}: {} shard(s), {kept}, {copies}, retains {}", first.shards, retention(first));
+    out!(
+        "{:>6} {:>12} {:>12} {:>12} {:>14} {:>11} {:>7}",
+        "shard",
+        "start",
+        "next offset",
+        "records",
+        "bytes",
+        "subscribers",
+        "groups"
+    );
+    for v in &rows {
+        out!(
+            "{:>6} {:>12} {:>12} {:>12} {:>14} {:>11} {:>7}",
+            v.shard,
+            v.start,
+            v.next_offset,
+            v.records,
+            v.bytes,
+            v.subscribers,
+            v.groups
+        );
+    }
+    if rows.len() > 1 {
+        out!(
+            "{:>6} {:>12} {:>12} {:>12} {:>14} {:>11} {:>7}",
+            "all",
+            "",
+            "",
+            total(|v| v.records),
+            total(|v| v.bytes),
+            total(|v| v.subscribers),
+            total(|v| v.groups)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Prints a cache's changes as they happen (offset, key, value or `<deleted>`). A watch whose

@@ -728,6 +728,29 @@ struct StreamArgs {
 
 #[derive(Subcommand, Debug)]
 enum StreamOp {
+    /// List the tenant's streams this token may publish to or read, with their shard counts
+    /// (every namespace unless --in names one; any broker of a cluster lists them all).
+    List {
+        /// Only this namespace.
+        #[arg(long = "in", value_name = "NAMESPACE")]
+        in_namespace: Option<String>,
+        /// One JSON object per stream.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Describe a stream: shards, durability, replication, retention, and per shard its
+    /// offsets, what it retains, subscribers and consumer groups (asked of each shard's owner).
+    Info {
+        /// The stream.
+        #[arg(value_parser = commands::parse_name)]
+        stream: String,
+        /// Only this shard.
+        #[arg(long)]
+        shard: Option<u32>,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a stream: its records, consumer groups and files are removed, its subscribers
     /// told `stream_deleted`. Exit code 1 when there was no such stream. A stream declared in
     /// the configuration file comes back empty, with its configured shards, when next used or

@@ -986,4 +986,23 @@ fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
     let ca = both.path().to_str().unwrap();
     let (ok, _, err) = cli(&brokers[0], &["read", "orders", "--shard", &shard.to_string(), "--ca", ca]);
     assert!(ok, "trusting both, the redirect is followed: {err}");
+    // Every broker lists the cluster's streams, and `stream info` asks each shard's owner.
+    let mut pem = String::new();
+    for b in &brokers {
+        pem.push_str(&std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap());
+    }
+    std::fs::write(both.path(), pem).unwrap();
+    for i in 0..5 {
+        let (ok, _, err) =
+            cli(&brokers[1], &["publish", "orders", &format!("r{i}"), "--key", &format!("k{i}"), "--ack", "--ca", ca]);
+        assert!(ok, "{err}");
+    }
+    let (ok, out, err) = cli(&brokers[2], &["stream", "list"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "default/orders\t6 shards\n");
+    let (ok, out, err) = cli(&brokers[0], &["stream", "info", "orders", "--json", "--ca", ca]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["records"], 6, "the first record and five keyed ones, from every owner: {v}");
+    assert_eq!(v["per_shard"].as_array().unwrap().len(), 6);
 }

@@ -1768,3 +1768,47 @@ fn the_example_configuration_starts_a_broker() {
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("of 4"), "the configured 4 shards: {said}");
 }
+
+/// `stream list` and `stream info`: what a new user asks first, answered over the client
+/// protocol (D51).
+#[test]
+fn stream_list_and_info_show_what_the_broker_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let _broker = serve(dir.path(), addr, &["--default-shards", "2"]);
+    let run = |args: &[&str]| {
+        let out = client_cmd(dir.path(), addr).args(args).output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    for (ns, stream, n) in [("default", "orders", 3), ("audit", "logins", 1)] {
+        for i in 0..n {
+            let (ok, _, err) =
+                run(&["publish", "--namespace", ns, stream, &format!("r{i}"), "--ack", "--key", &format!("k{i}")]);
+            assert!(ok, "{err}");
+        }
+    }
+    let (ok, out, err) = run(&["stream", "list"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "audit/logins\t2 shards\ndefault/orders\t2 shards\n");
+    let (ok, out, _) = run(&["stream", "list", "--in", "default", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["stream"].as_str(), v["shards"].as_u64()), (Some("orders"), Some(2)));
+    let (ok, out, err) = run(&["stream", "info", "orders", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["shards"], 2);
+    assert_eq!(v["durable"], true);
+    assert_eq!(v["records"], 3, "every shard's records: {v}");
+    assert_eq!(v["bytes"], 6);
+    assert_eq!(v["per_shard"].as_array().unwrap().len(), 2);
+    let next: u64 = v["per_shard"].as_array().unwrap().iter().map(|s| s["next_offset"].as_u64().unwrap()).sum();
+    assert_eq!(next, 3);
+    let (ok, out, _) = run(&["stream", "info", "orders"]);
+    assert!(ok);
+    assert!(out.starts_with("default/orders: 2 shard(s), durable (on disk), one copy, retains"), "{out}");
+    let (ok, _, err) = run(&["stream", "info", "nosuch"]);
+    assert!(!ok);
+    assert!(err.contains("no stream default/nosuch"), "{err}");
+}

@@ -102,6 +102,9 @@ feature_bits! {
     /// Second word, bit 0x20 (our decision D50, docs/protocol.md): the broker serves
     /// `group_list` and `cache_keys`.
     LISTING = 1 << 37, "FEATURE_LISTING";
+    /// Second word, bit 0x40 (our decision D51, docs/protocol.md): the broker serves
+    /// `stream_list` and `stream_info`.
+    STREAM_INFO = 1 << 38, "FEATURE_STREAM_INFO";
 }
 
 impl Features {

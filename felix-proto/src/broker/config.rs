@@ -310,6 +310,7 @@ impl BrokerConfig {
             | Features::CACHE_WATCH_RETAINED
             | Features::STREAM_ADMIN
             | Features::LISTING
+            | Features::STREAM_INFO
             | Features::INSPECT;
         if self.history_reads {
             // Counters, group positions and commit state must survive a restart: only a broker

@@ -42,6 +42,7 @@ mod admin;
 mod answers;
 mod cache_moves;
 mod cache_requests;
+mod catalog;
 mod connection;
 mod forward;
 mod forward_request;

@@ -324,6 +324,8 @@ impl Broker {
             Message::GroupDescribe(r) => self.group_describe(conn, st, r, now),
             Message::GroupList(q) => self.group_list(conn, st, q, now),
             Message::CacheKeys(q) => self.cache_keys(conn, st, q, now),
+            Message::StreamList(q) => self.stream_list(conn, st, q),
+            Message::StreamInfo(q) => self.stream_info(conn, st, q),
             Message::GroupDelete(r) => self.group_delete(conn, st, r, now),
             Message::OffsetForTime(q) => self.offset_for_time(conn, st, q),
             Message::StreamShards(q) => {

@@ -590,6 +590,8 @@ fn typed_reply(m: Message) -> Result<(Option<u64>, Reply), Box<Message>> {
         Message::GroupInfo(i) => (Some(i.request_id), Reply::GroupInfo(i)),
         Message::GroupListView(l) => (Some(l.request_id), Reply::GroupList(l.groups)),
         Message::CacheKeysView(k) => (Some(k.request_id), Reply::CacheKeys { keys: k.keys, next: k.next }),
+        Message::StreamListView(l) => (Some(l.request_id), Reply::StreamList { streams: l.streams, next: l.next }),
+        Message::StreamInfoView(i) => (Some(i.request_id), Reply::StreamInfo(Box::new(i))),
         Message::CommitOk(c) => (Some(c.request_id), Reply::Committed(c.offset)),
         Message::StreamDeleteOk(d) => (Some(d.request_id), Reply::StreamDeleted(d.existed)),
         Message::StateValue(v) => {

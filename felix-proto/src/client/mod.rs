@@ -238,6 +238,15 @@ pub enum Reply {
         /// The last key, when more follow.
         next: Option<String>,
     },
+    /// `stream_list_view`: a page of streams, and where the next starts when more follow.
+    StreamList {
+        /// The streams, in `namespace/stream` order.
+        streams: Vec<message::StreamEntry>,
+        /// The last one's `namespace/stream`, when more follow.
+        next: Option<String>,
+    },
+    /// `stream_info_view`: the stream's configuration and one shard's state.
+    StreamInfo(Box<message::StreamInfoView>),
     /// `group_deleted`: whether the group existed.
     GroupDeleted(bool),
     /// `stream_delete_ok`: whether there was such a stream.

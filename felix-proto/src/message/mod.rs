@@ -152,6 +152,10 @@ messages! {
     GroupListView(GroupListView) = "group_list_view", ToClient;
     CacheKeys(CacheKeys) = "cache_keys", ToBroker;
     CacheKeysView(CacheKeysView) = "cache_keys_view", ToClient;
+    StreamList(StreamList) = "stream_list", ToBroker;
+    StreamListView(StreamListView) = "stream_list_view", ToClient;
+    StreamInfo(StreamInfo) = "stream_info", ToBroker;
+    StreamInfoView(StreamInfoView) = "stream_info_view", ToClient;
     GroupDelete(GroupDelete) = "group_delete", ToBroker;
     GroupDeleted(GroupDeleted) = "group_deleted", ToClient;
     ShardInspect(ShardInspect) = "shard_inspect", ToBroker;

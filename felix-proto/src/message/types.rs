@@ -969,6 +969,78 @@ pub struct GroupListView {
     pub request_id: u64,
 }
 
+/// `stream_list` (D51, FEATURE_STREAM_INFO): the streams of the token's tenant it may publish
+/// to or read, by namespace and name, a page at a time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamList {
+    pub tenant_id: String,
+    /// Only this namespace (absent: every namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Start strictly after this `namespace/stream` (the previous page's `next`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// At most this many (100 when absent, at most 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    pub request_id: u64,
+}
+
+/// One stream of a `stream_list_view`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamEntry {
+    pub namespace: String,
+    pub stream: String,
+    pub shards: u32,
+}
+
+/// `stream_list_view`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamListView {
+    pub streams: Vec<StreamEntry>,
+    /// The last entry's `namespace/stream` when more follow (the next page's `after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    pub request_id: u64,
+}
+
+/// `stream_info` (D51): one shard of a stream, described by the broker that serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    pub request_id: u64,
+}
+
+/// `stream_info_view`: the stream's configuration and one shard's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfoView {
+    pub shards: u32,
+    pub shard: u32,
+    /// Kept on disk (offsets, history); false: in memory only.
+    pub durable: bool,
+    /// Copies of each shard (1: not replicated).
+    pub replication: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_records: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_secs: Option<u64>,
+    /// The oldest retained offset and the next offset to be written.
+    pub start: u64,
+    pub next_offset: u64,
+    /// Records and payload bytes retained.
+    pub records: u64,
+    pub bytes: u64,
+    /// Live subscriptions to this shard on this broker, and its consumer groups.
+    pub subscribers: u64,
+    pub groups: u64,
+    pub request_id: u64,
+}
+
 /// `group_deleted`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupDeleted {
