@@ -101,6 +101,20 @@ enum Command {
     Soak(soak::SoakArgs),
     /// Measure publish→deliver throughput and latency, and cache operations.
     Bench(bench::BenchArgs),
+    /// Print a shell completion script, e.g. `felix-node completions bash >
+    /// ~/.local/share/bash-completion/completions/felix-node` (zsh: into a directory of
+    /// `$fpath` as `_felix-node`; fish: `~/.config/fish/completions/felix-node.fish`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages: `felix-node.1` and one per subcommand (`felix-node-serve.1`, ...) into
+    /// --out, or print the main page (`felix-node man | man -l -`).
+    Man {
+        /// A directory to write every page into (created if missing).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Check conformance vectors byte for byte, or (with --addr) a running broker's behaviour.
     ///
     /// Vectors: for each NAME.json + NAME.hex pair the frame is decoded and compared with what
@@ -1050,6 +1064,44 @@ fn first_sentence(help: &str) -> Option<String> {
     Some(short)
 }
 
+/// `felix-node man`: the pages clap_mangen renders from the same definitions `--help` shows.
+fn man_pages(cmd: clap::Command, out: Option<&std::path::Path>) -> ExitCode {
+    let done = match out {
+        Some(dir) => std::fs::create_dir_all(dir)
+            .and_then(|()| clap_mangen::generate_to(cmd, dir))
+            .map(|()| eprintln!("man pages written to {}", dir.display()))
+            .map_err(|e| format!("writing man pages to {}: {e}", dir.display())),
+        None => {
+            let mut page = Vec::new();
+            match clap_mangen::Man::new(cmd).render(&mut page) {
+                Ok(()) => return print_all(&page),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `bytes` to standard output; a reader that went away (`| head`) is not an error.
+fn print_all(bytes: &[u8]) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing to standard output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,felix=info".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
@@ -1057,8 +1109,18 @@ fn init_tracing() {
 
 fn main() -> ExitCode {
     let cmd = short_help(adopt_renamed_env(<Cli as clap::CommandFactory>::command()));
-    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit());
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&cmd.clone().get_matches()).unwrap_or_else(|e| e.exit());
     init_tracing();
+    match &cli.command {
+        Command::Completions { shell } => {
+            // Into a buffer first: clap_complete panics on a failed write (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cmd.clone(), "felix-node", &mut script);
+            return print_all(&script);
+        }
+        Command::Man { out } => return man_pages(cmd, out.as_deref()),
+        _ => {}
+    }
     if let Command::Sim(a) = &cli.command {
         return commands::sim(a).unwrap_or(ExitCode::FAILURE);
     }
@@ -1114,7 +1176,10 @@ fn main() -> ExitCode {
                 };
                 Ok(live::run(live::Target { addr, trust, server_name, tenant, token, alpn }).await)
             }
-            Command::Conformance { addr: None, .. } | Command::Sim(_) => unreachable!("handled above"),
+            Command::Conformance { addr: None, .. }
+            | Command::Sim(_)
+            | Command::Completions { .. }
+            | Command::Man { .. } => unreachable!("handled above"),
         }
     });
     match result {

@@ -1812,3 +1812,39 @@ fn stream_list_and_info_show_what_the_broker_holds() {
     assert!(!ok);
     assert!(err.contains("no stream default/nosuch"), "{err}");
 }
+
+/// Shell completions and man pages come from the same definitions as `--help`: a bash script
+/// bash accepts that knows the subcommands, a page per subcommand; a reader that stops early
+/// (`| head`) is no error.
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let out = Command::new(BIN).args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    let script = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        script.contains("felix__node__subcmd__stream__subcmd__info") && script.contains("--connect-timeout"),
+        "subcommands and flags"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("felix-node.bash");
+    std::fs::write(&file, &script).unwrap();
+    let check = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+    assert!(check.status.success(), "bash accepts it: {}", String::from_utf8_lossy(&check.stderr));
+    for shell in ["zsh", "fish"] {
+        assert!(Command::new(BIN).args(["completions", shell]).output().unwrap().status.success());
+    }
+    let bad = Command::new(BIN).args(["completions", "tcsh"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("possible values"));
+    let pages = dir.path().join("man");
+    assert!(Command::new(BIN).args(["man", "--out"]).arg(&pages).output().unwrap().status.success());
+    for page in ["felix-node.1", "felix-node-serve.1", "felix-node-stream-info.1"] {
+        let text = std::fs::read_to_string(pages.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") && text.contains(".TH"), "{page} is a man page");
+    }
+    // A reader that takes a few bytes and goes away.
+    let mut child = Command::new(BIN).args(["completions", "bash"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = [0u8; 8];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take());
+    assert!(child.wait().unwrap().success(), "a closed pipe ends it quietly");
+}
