@@ -3091,3 +3091,49 @@ fn elections_and_leadership_changes_are_noticed_for_the_operators_log() {
         assert_eq!(last_shard, Some(Some(shard_leader.clone())), "{name}: {notices:?}");
     }
 }
+
+/// A leader says in the operator's log when a replica of its shard falls behind (here: down
+/// while 300 batches are written) and when it has caught up again, once each.
+#[test]
+fn a_leader_notices_a_replica_falling_behind_and_catching_up() {
+    use felix_proto::broker::Notice;
+    use felix_proto::cluster::node::REPLICA_BEHIND_ENTRIES;
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    let drain = |c: &mut Cluster| -> Vec<Notice> {
+        let node = c.nodes.get_mut(&leader).unwrap();
+        std::iter::from_fn(|| node.broker.poll_notice())
+            .filter(|n| matches!(n, Notice::ReplicaBehind { .. } | Notice::ReplicaCaughtUp { .. }))
+            .collect()
+    };
+    for _ in 0..12 {
+        c.tick();
+    }
+    assert_eq!(drain(&mut c), Vec::new(), "healthy replicas are not noticed");
+    c.nodes.remove(&behind);
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&leader, flags, 1);
+    for k in 0..300u64 {
+        c.send(&leader, conn, st, publish_binary("ledger", &[&format!("r{k}")], Some(k + 1), None));
+    }
+    assert_eq!(acks(&payloads(&c.take(&leader, conn, st))).len(), 300);
+    for _ in 0..12 {
+        c.tick();
+    }
+    let said = drain(&mut c);
+    assert!(
+        matches!(said.as_slice(), [Notice::ReplicaBehind { replica, entries, shard }]
+            if *replica == behind && *entries > REPLICA_BEHIND_ENTRIES && shard.ends_with("/ledger#0")),
+        "{said:?}"
+    );
+    restart(&mut c, &behind);
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    for _ in 0..12 {
+        c.tick();
+    }
+    let said = drain(&mut c);
+    assert!(matches!(said.as_slice(), [Notice::ReplicaCaughtUp { replica, .. }] if *replica == behind), "{said:?}");
+    assert_eq!(said[0].to_string(), format!("cluster: replica {behind} of t1/default/ledger#0 caught up"));
+}

@@ -1,6 +1,6 @@
 //! What an operator wants in the log. The state machines log nothing themselves (no IO); they
 //! queue a [`Notice`] and the driver writes it, at info level: failed logins, elections and
-//! leadership changes, peers connecting and going away.
+//! leadership changes, peers connecting and going away, replicas falling behind and catching up.
 
 use crate::transport::ConnId;
 use std::collections::VecDeque;
@@ -47,6 +47,24 @@ pub enum Notice {
         /// Its node id.
         peer: String,
     },
+    /// On a shard's leader: one of its replicas lacks more than
+    /// [`REPLICA_BEHIND_ENTRIES`](crate::cluster::node::REPLICA_BEHIND_ENTRIES) entries (down,
+    /// cut off, slow, or restarted and catching up).
+    ReplicaBehind {
+        /// The shard, as `tenant/namespace/stream#shard`.
+        shard: String,
+        /// The replica's node id.
+        replica: String,
+        /// Entries (batches) it lacks.
+        entries: u64,
+    },
+    /// On a shard's leader: a replica said to be behind holds the log again.
+    ReplicaCaughtUp {
+        /// The shard.
+        shard: String,
+        /// The replica's node id.
+        replica: String,
+    },
 }
 
 impl std::fmt::Display for Notice {
@@ -65,6 +83,10 @@ impl std::fmt::Display for Notice {
             }
             Notice::PeerConnected { peer } => write!(f, "cluster: peer {peer} connected"),
             Notice::PeerLost { peer } => write!(f, "cluster: lost the connection to peer {peer}"),
+            Notice::ReplicaBehind { shard, replica, entries } => {
+                write!(f, "cluster: replica {replica} of {shard} is {entries} entries behind this leader")
+            }
+            Notice::ReplicaCaughtUp { shard, replica } => write!(f, "cluster: replica {replica} of {shard} caught up"),
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::binary::OwnerHint;
 use crate::broker::{Broker, BrokerOutput, Notice, ReplicaRole};
 use bytes::Bytes;
 use raft::eraftpb::{Entry, HardState, Message, MessageType};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// How often the Raft group's clock ticks. With [`super::meta::ELECTION_TICKS`] of 10 a
@@ -27,6 +27,14 @@ pub const TICK: Duration = Duration::from_millis(100);
 
 /// Ticks between two proposals of this broker's own membership while it is not committed.
 const JOIN_RETRY_TICKS: u64 = 10;
+
+/// A leader says in the operator's log that a replica of a shard it leads fell behind when the
+/// replica lacks more than this many entries (batches), and that it caught up once it lacks
+/// at most [`REPLICA_CAUGHT_UP_ENTRIES`]; the gap between the two keeps a replica that hovers
+/// around one bound from filling the log. Checked once a second ([`JOIN_RETRY_TICKS`]).
+pub const REPLICA_BEHIND_ENTRIES: u64 = 256;
+/// See [`REPLICA_BEHIND_ENTRIES`].
+pub const REPLICA_CAUGHT_UP_ENTRIES: u64 = 16;
 
 /// How long the leader waits without hearing from a member before it declares it down (its
 /// in-memory shards then move; its durable ones wait for it). Raft heartbeats run every
@@ -426,6 +434,30 @@ struct Hosted {
     ready_term: Option<u64>,
     /// The read lease the broker was told (a replicated cache's).
     lease: Option<Instant>,
+    /// On the leader: replicas (Raft ids) it said were behind and has not yet said caught up.
+    behind: BTreeSet<u64>,
+}
+
+/// On a leader: which of the shard's other replicas fell behind since the last look, and which
+/// caught up (operator notices); elsewhere it forgets what it said.
+fn replicas_behind(h: &mut Hosted, shard: &ShardId, me: &str) -> Vec<Notice> {
+    if h.role != Some(ReplicaRole::Leading) {
+        h.behind.clear();
+        return Vec::new();
+    }
+    let name = || format!("{}/{}/{}#{}", shard.tenant, shard.namespace, shard.name, shard.shard);
+    let (last, _) = h.replica.indexes();
+    let mut out = Vec::new();
+    for (id, matched) in h.replica.progress() {
+        let Some(replica) = h.names.get(&id).filter(|n| n.as_str() != me) else { continue };
+        let lag = last.saturating_sub(matched);
+        if lag > REPLICA_BEHIND_ENTRIES && h.behind.insert(id) {
+            out.push(Notice::ReplicaBehind { shard: name(), replica: replica.clone(), entries: lag });
+        } else if lag <= REPLICA_CAUGHT_UP_ENTRIES && h.behind.remove(&id) {
+            out.push(Notice::ReplicaCaughtUp { shard: name(), replica: replica.clone() });
+        }
+    }
+    out
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -1028,7 +1060,15 @@ impl ClusterNode {
                     let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
                     self.replicas.insert(
                         shard.clone(),
-                        Hosted { replica, names, rejoins: BTreeMap::new(), role: None, ready_term: None, lease: None },
+                        Hosted {
+                            replica,
+                            names,
+                            rejoins: BTreeMap::new(),
+                            role: None,
+                            ready_term: None,
+                            lease: None,
+                            behind: BTreeSet::new(),
+                        },
                     );
                     self.drain_replica(&shard, now);
                 }
@@ -1362,6 +1402,12 @@ impl ClusterNode {
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {
                         h.replica.compact_below(floor);
+                    }
+                    if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) {
+                        let notices = replicas_behind(h, &shard, &self.me.id);
+                        for n in notices {
+                            self.broker.notice(n);
+                        }
                     }
                 }
                 self.drain_replica(&shard, now);
