@@ -1049,6 +1049,25 @@ fn short_help(mut cmd: clap::Command) -> clap::Command {
     cmd
 }
 
+/// `--worker-threads` is global (every command runs on the async runtime), but it means
+/// nothing to a user of `cluster status`, `token mint` or `completions`: their help leaves it
+/// out. A hidden copy of the flag in those commands takes its place (clap gives a subcommand
+/// the global flag only when it has none of that name), so it is still accepted there.
+fn hide_runtime_flag(mut cmd: clap::Command) -> clap::Command {
+    let hidden = || {
+        clap::Arg::new("worker_threads")
+            .long("worker-threads")
+            .value_parser(clap::value_parser!(u16).range(1..=1024))
+            .env("FELIX_WORKER_THREADS")
+            .global(true)
+            .hide(true)
+    };
+    for name in ["cluster", "token", "completions", "man", "conformance"] {
+        cmd = cmd.mut_subcommand(name, |c| c.arg(hidden()));
+    }
+    cmd
+}
+
 /// The first sentence of `help` with its `[default: ...]`, when there is more to it.
 fn first_sentence(help: &str) -> Option<String> {
     let end = help.match_indices(". ").map(|(i, _)| i).find(|&i| {
@@ -1108,7 +1127,7 @@ fn init_tracing() {
 }
 
 fn main() -> ExitCode {
-    let cmd = short_help(adopt_renamed_env(<Cli as clap::CommandFactory>::command()));
+    let cmd = short_help(hide_runtime_flag(adopt_renamed_env(<Cli as clap::CommandFactory>::command())));
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&cmd.clone().get_matches()).unwrap_or_else(|e| e.exit());
     init_tracing();
     match &cli.command {

@@ -1848,3 +1848,20 @@ fn completions_and_man_pages_are_generated() {
     drop(child.stdout.take());
     assert!(child.wait().unwrap().success(), "a closed pipe ends it quietly");
 }
+
+/// `--worker-threads` is offered where the runtime matters and left out of the help of
+/// commands where it does not (`cluster status`), yet still accepted and checked there.
+#[test]
+fn worker_threads_is_left_out_of_help_where_it_means_nothing() {
+    let help = |args: &[&str]| String::from_utf8(Command::new(BIN).args(args).output().unwrap().stdout).unwrap();
+    assert!(help(&["serve", "--help"]).contains("--worker-threads"));
+    assert!(help(&["subscribe", "--help"]).contains("--worker-threads"));
+    for cmd in [&["cluster", "status", "--help"][..], &["token", "mint", "--help"], &["completions", "--help"]] {
+        assert!(!help(cmd).contains("worker-threads"), "{cmd:?}");
+    }
+    let out = Command::new(BIN)
+        .args(["cluster", "status", "--worker-threads", "0", "--metrics", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("0 is not in 1..=1024"), "still checked");
+}

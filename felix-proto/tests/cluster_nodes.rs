@@ -50,6 +50,7 @@ struct Cluster {
     cut: std::collections::BTreeSet<String>,
     /// Caches named in the configuration of brokers (re)started by `start`.
     cache_specs: Vec<felix_proto::broker::CacheSpec>,
+    stream_specs: Vec<felix_proto::broker::StreamSpec>,
     /// Streams the brokers finished (FIN), by broker, connection and stream.
     finished: std::collections::BTreeSet<(String, ConnId, StreamId)>,
     /// Steps of replica rejoins the brokers said: (broker, what).
@@ -112,6 +113,7 @@ impl Cluster {
             sent_kinds: BTreeMap::new(),
             cut: Default::default(),
             cache_specs: Vec::new(),
+            stream_specs: Vec::new(),
             finished: Default::default(),
             rejoin_notes: Vec::new(),
             wall_skew: BTreeMap::new(),
@@ -144,6 +146,7 @@ impl Cluster {
         cfg.clustered = true;
         cfg.history_reads = self.history;
         cfg.caches = self.cache_specs.clone();
+        cfg.streams = self.stream_specs.clone();
         if let Some(r) = self.retain {
             cfg.default_stream.retention.max_records = Some(r);
         }
@@ -3136,4 +3139,34 @@ fn a_leader_notices_a_replica_falling_behind_and_catching_up() {
     let said = drain(&mut c);
     assert!(matches!(said.as_slice(), [Notice::ReplicaCaughtUp { replica, .. }] if *replica == behind), "{said:?}");
     assert_eq!(said[0].to_string(), format!("cluster: replica {behind} of t1/default/ledger#0 caught up"));
+}
+
+/// A stream every broker's configuration declares is registered by the metadata leader, its
+/// shards placed, before anyone uses it: `cluster status` and `stream_list` show it at once.
+#[test]
+fn configured_streams_are_registered_in_the_cluster_before_first_use() {
+    use felix_proto::cluster::metadata::ShardId;
+    let mut c = Cluster::new(&NAMES);
+    c.stream_specs = vec![felix_proto::broker::StreamSpec {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        name: "audit".into(),
+        config: felix_proto::broker::StreamConfig { shards: 2, ..Default::default() },
+    }];
+    for (i, n) in NAMES.iter().enumerate() {
+        c.now += std::time::Duration::from_millis(7 * i as u64 + 1);
+        let now = c.now;
+        c.start(n, &RaftLog::default(), now);
+    }
+    let audit = |shard| ShardId {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "audit".into(),
+        shard,
+    };
+    c.until("every broker's registry places both shards of the configured stream", |c| {
+        c.nodes.values().all(|n| n.metadata().owner(&audit(0)).is_some() && n.metadata().owner(&audit(1)).is_some())
+    });
+    assert!(c.nodes.values().all(|n| n.metadata().owner(&audit(2)).is_none()), "two shards, as configured");
 }

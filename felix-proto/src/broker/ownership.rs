@@ -282,6 +282,23 @@ fn fence_mark(local: &str) -> Moved {
 }
 
 impl Broker {
+    /// Streams this broker's configuration declares that the cluster's registry does not have
+    /// yet, as the registry's creation asks for them: `(tenant, namespace, name, shards,
+    /// ephemeral, replication)`. The metadata leader proposes them, so a configured stream is
+    /// in the cluster (its shards placed, listed by `cluster status`) before its first use.
+    pub fn configured_streams_to_register(&self) -> Vec<(String, String, String, u32, bool, u32)> {
+        let Some(view) = &self.cluster else { return Vec::new() };
+        self.cfg
+            .streams
+            .iter()
+            .filter(|s| !view.knows_stream(&s.tenant_id, &s.namespace, &s.name))
+            .map(|s| {
+                let c = &s.config;
+                (s.tenant_id.clone(), s.namespace.clone(), s.name.clone(), c.shards.max(1), !c.durable, c.replication)
+            })
+            .collect()
+    }
+
     /// In a cluster: whether this broker is fenced ([`set_fenced`](Self::set_fenced)).
     pub fn is_fenced(&self) -> bool {
         self.fenced

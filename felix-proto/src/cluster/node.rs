@@ -1381,6 +1381,17 @@ impl ClusterNode {
             if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && !active && !self.removed {
                 self.pending.push_back(Command::Join { member: self.me.clone() }.encode());
             }
+            // The metadata leader registers the streams its configuration declares (each
+            // broker of a cluster is given the same file): placed and listed before first use.
+            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) && active && self.leader() == Some(self.me.id.as_str()) {
+                for (tenant, namespace, name, shards, ephemeral, replication) in
+                    self.broker.configured_streams_to_register()
+                {
+                    let kind = super::metadata::Kind::Stream;
+                    let c = Command::Create { kind, tenant, namespace, name, shards, ephemeral, replication };
+                    self.pending.push_back(c.encode());
+                }
+            }
             self.check_leases(now);
             self.check_fence(now);
             self.broker.tick_moves(now);
