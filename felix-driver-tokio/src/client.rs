@@ -1039,6 +1039,38 @@ impl Client {
         end: Option<u64>,
         max_records: Option<u32>,
     ) -> Result<Page, ClientError> {
+        self.read_page(namespace, stream, shard, from, end, max_records, false).await
+    }
+
+    /// [`stream_read`](Self::stream_read) of this broker's own copy of a replicated shard,
+    /// follower or not (D51): what an operator compares to check that replicas agree.
+    ///
+    /// # Errors
+    /// [`ClientError::NotLeader`] from a broker that keeps no copy of the shard;
+    /// [`ClientError::Unsupported`] against a broker without FEATURE_STREAM_INFO.
+    pub async fn stream_read_replica(
+        &self,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+        from: u64,
+        end: Option<u64>,
+        max_records: Option<u32>,
+    ) -> Result<Page, ClientError> {
+        self.read_page(namespace, stream, shard, from, end, max_records, true).await
+    }
+
+    #[allow(clippy::too_many_arguments)] // the request's fields
+    async fn read_page(
+        &self,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+        from: u64,
+        end: Option<u64>,
+        max_records: Option<u32>,
+        replica_local: bool,
+    ) -> Result<Page, ClientError> {
         let req = StreamReadRequest {
             namespace: namespace.into(),
             stream: stream.into(),
@@ -1047,6 +1079,7 @@ impl Client {
             end,
             max_records,
             max_bytes: None,
+            replica_local,
         };
         let r = self
             .request(move |tenant_id, request_id| felix_proto::client::stream_read_message(tenant_id, req, request_id))

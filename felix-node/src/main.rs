@@ -547,6 +547,11 @@ struct ReadArgs {
     /// Print one JSON object per record (shard, offset, payload, publisher, timestamp_micros).
     #[arg(long)]
     json: bool,
+    /// Read the copy the broker given with --addr keeps of a replicated stream, follower or
+    /// leader, instead of following redirects to the leader: run it against each replica and
+    /// compare, to check that they agree. Shards it keeps no copy of are passed over.
+    #[arg(long)]
+    replica_local: bool,
     #[command(flatten)]
     conn: ConnectArgs,
 }

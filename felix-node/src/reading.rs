@@ -359,6 +359,9 @@ async fn resubscribe(
     }
 }
 
+/// What `read --replica-local` says of a broker that keeps no copy of a shard.
+const NO_COPY: &str = "keeps no copy (only the replicas of a replicated stream do)";
+
 pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
     let shards = shards_of(&a.conn, &a.stream, a.shard, false).await?;
     let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
@@ -370,7 +373,14 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
         if left == Some(0) {
             break;
         }
-        let (n, next, closed) = read_shard(&a, shard, tag, left).await?;
+        let (n, next, closed) = match read_shard(&a, shard, tag, left).await {
+            // --replica-local over every shard: those this broker keeps no copy of are not read.
+            Err(e) if a.replica_local && a.shard.is_none() && e.contains(NO_COPY) => {
+                eprintln!("{e}: passed over");
+                continue;
+            }
+            r => r?,
+        };
         total += n;
         nexts.push((shard, next));
         if closed {
@@ -396,16 +406,30 @@ pub async fn read(a: ReadArgs) -> Result<ExitCode, String> {
 /// closed.
 async fn read_shard(a: &ReadArgs, shard: u32, tag: bool, left: Option<u64>) -> Result<(u64, u64, bool), String> {
     let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
-    // The first page finds the shard's owner (following redirects in a cluster).
-    let (client, first) = with_redirects(&a.conn, |c| {
-        let (ns, stream) = (ns.clone(), stream.clone());
-        async move {
-            let r = c.stream_read(&ns, &stream, shard, a.from, a.to, a.page).await;
-            (c, r)
+    let (client, first) = if a.replica_local {
+        // This broker's own copy: no redirect is followed.
+        let c = connect(&a.conn).await?;
+        match c.stream_read_replica(&ns, &stream, shard, a.from, a.to, a.page).await {
+            Ok(p) => (c, p),
+            Err(ClientError::NotLeader { .. }) => {
+                let at = c.remote_address();
+                let _ = c.close().await;
+                return Err(format!("shard {shard}: {at} {NO_COPY} of {ns}/{stream}"));
+            }
+            Err(e) => return Err(e.to_string()),
         }
-    })
-    .await
-    .map_err(|e| if tag { format!("shard {shard}: {e}") } else { e })?;
+    } else {
+        // The first page finds the shard's owner (following redirects in a cluster).
+        with_redirects(&a.conn, |c| {
+            let (ns, stream) = (ns.clone(), stream.clone());
+            async move {
+                let r = c.stream_read(&ns, &stream, shard, a.from, a.to, a.page).await;
+                (c, r)
+            }
+        })
+        .await
+        .map_err(|e| if tag { format!("shard {shard}: {e}") } else { e })?
+    };
     let mut first = Some(first);
     let mut from = a.from;
     let mut total = 0u64;
@@ -416,6 +440,9 @@ async fn read_shard(a: &ReadArgs, shard: u32, tag: bool, left: Option<u64>) -> R
         }
         let page = match first.take() {
             Some(p) => p,
+            None if a.replica_local => {
+                client.stream_read_replica(&ns, &stream, shard, from, a.to, a.page).await.map_err(|e| e.to_string())?
+            }
             None => client.stream_read(&ns, &stream, shard, from, a.to, a.page).await.map_err(|e| e.to_string())?,
         };
         // A page at a time, not a system call per line (stdout alone is line-buffered).

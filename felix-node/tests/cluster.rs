@@ -1006,3 +1006,37 @@ fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
     assert_eq!(v["records"], 6, "the first record and five keyed ones, from every owner: {v}");
     assert_eq!(v["per_shard"].as_array().unwrap().len(), 6);
 }
+
+/// `read --replica-local` reads each broker's own copy of a replicated stream, follower or
+/// leader: on three brokers holding every shard, the three copies agree with the leaders' read.
+#[test]
+fn read_replica_local_shows_every_replicas_copy_and_they_agree() {
+    let (brokers, _) = three_formed(|_| vec!["--default-replication".into(), "3".into()]);
+    let certs = tempfile::NamedTempFile::new().unwrap();
+    let pem: String =
+        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
+    std::fs::write(certs.path(), pem).unwrap();
+    let ca = certs.path().to_str().unwrap();
+    let mut published = false;
+    wait_for("the replicated stream takes writes", 30, || {
+        published = cli(&brokers[0], &["publish", "ledger", "first", "--ack", "--ca", ca]).0;
+        published
+    });
+    for i in 0..6 {
+        let (ok, _, err) =
+            cli(&brokers[0], &["publish", "ledger", &format!("r{i}"), "--key", &format!("k{i}"), "--ack", "--ca", ca]);
+        assert!(ok, "{err}");
+    }
+    let (ok, leaders, err) = cli(&brokers[0], &["read", "ledger", "--ca", ca]);
+    assert!(ok, "{err}");
+    assert_eq!(leaders.lines().count(), 7, "{leaders}");
+    for b in &brokers {
+        let mut copy = String::new();
+        wait_for("this replica applied every record", 30, || {
+            let (ok, out, _) = cli(b, &["read", "ledger", "--replica-local"]);
+            copy = out;
+            ok && copy == leaders
+        });
+        assert_eq!(copy, leaders, "{}'s own copy", b.name);
+    }
+}

@@ -330,6 +330,7 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
                     end: None,
                     max_records: Some(u32::from(sel)),
                     max_bytes: None,
+                    replica_local: sel & 1 == 1,
                 };
                 let _ = c.stream_read(stream, req);
                 let _ = c.offset_for_time(stream, "ns", "s", 0, u64::from(arg));

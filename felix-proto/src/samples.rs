@@ -225,6 +225,7 @@ pub fn messages() -> Vec<Message> {
             max_records: Some(100),
             max_bytes: Some(65_536),
             request_id: 12,
+            replica_local: None,
         }),
         Message::StreamRecords(StreamRecords {
             records: vec![StreamRecord {
@@ -581,6 +582,21 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
     };
     let refused = |reason| Message::PublishRefused(PublishRefused { request_id: 7, reason, message: s("refused") });
     vec![
+        (
+            "stream_read_replica_local",
+            Message::StreamRead(StreamRead {
+                tenant_id: s("t1"),
+                namespace: s("default"),
+                stream: s("orders"),
+                shard: 1,
+                from: 0,
+                end: None,
+                max_records: Some(100),
+                max_bytes: None,
+                request_id: 13,
+                replica_local: Some(true),
+            }),
+        ),
         ("subscribe_start_latest", sub(Some(StartPosition::Latest))),
         ("subscribe_start_earliest", sub(Some(StartPosition::Earliest))),
         ("publish_refused_unknown_producer", refused(RefusedReason::UnknownProducer)),

@@ -199,6 +199,7 @@ fn rows() -> Vec<Row> {
                         end: None,
                         max_records: None,
                         max_bytes: None,
+                        replica_local: false,
                     },
                 )
             }),
@@ -317,4 +318,27 @@ fn an_unkeyed_publish_to_a_legacy_broker_still_goes_out() {
     let r = PublishRequest::new("ns", "s", vec![Bytes::from_static(b"x")]).acked();
     assert!(c.publish(S, r, epoch()).is_ok());
     assert_eq!(transmits(&mut c), 1);
+}
+
+/// `replica_local` on a `stream_read` (D51) is sent only to a broker that advertises
+/// FEATURE_STREAM_INFO besides FEATURE_STREAM_READ.
+#[test]
+fn a_replica_local_read_needs_stream_info() {
+    let req = |replica_local| StreamReadRequest {
+        namespace: "ns".into(),
+        stream: "s".into(),
+        shard: 0,
+        from: 0,
+        end: None,
+        max_records: None,
+        max_bytes: None,
+        replica_local,
+    };
+    let mut c = connected(0x7FFF, Features::STREAM_READ);
+    assert_eq!(c.stream_read(S, req(true)), Err(CommandError::NotNegotiated("FEATURE_STREAM_INFO")));
+    assert_eq!(transmits(&mut c), 0, "nothing was sent");
+    assert!(c.stream_read(S, req(false)).is_ok(), "a plain read goes");
+    let mut c = connected(0x7FFF, Features::STREAM_READ | Features::STREAM_INFO);
+    assert!(c.stream_read(S, req(true)).is_ok());
+    assert!(transmits(&mut c) > 0);
 }

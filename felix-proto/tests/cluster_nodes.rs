@@ -2944,6 +2944,14 @@ fn a_partitioned_stream_leader_hands_out_nothing_its_successor_could_have_settle
 
 /// Each record's (offset, timestamp) as the ledger's leader `node` reads it back.
 fn ledger_times(c: &mut Cluster, node: &str, index: u64) -> Vec<(u64, u64)> {
+    match ledger_read(c, node, index, None) {
+        Message::StreamRecords(r) => r.records.iter().map(|r| (r.offset, r.timestamp_micros)).collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// One `stream_read` of the whole ledger at `node` (`replica_local` as given).
+fn ledger_read(c: &mut Cluster, node: &str, index: u64, replica_local: Option<bool>) -> Message {
     let (conn, st) = c.client(node, 1, index);
     let read = message::StreamRead {
         tenant_id: "t1".into(),
@@ -2955,12 +2963,12 @@ fn ledger_times(c: &mut Cluster, node: &str, index: u64) -> Vec<(u64, u64)> {
         max_records: Some(1000),
         max_bytes: None,
         request_id: 1,
+        replica_local,
     };
     c.send(node, conn, st, json(&Message::StreamRead(read)));
-    match &messages(&c.take(node, conn, st))[..] {
-        [Message::StreamRecords(r)] => r.records.iter().map(|r| (r.offset, r.timestamp_micros)).collect(),
-        other => panic!("{other:?}"),
-    }
+    let mut ms = messages(&c.take(node, conn, st));
+    assert_eq!(ms.len(), 1, "{ms:?}");
+    ms.remove(0)
 }
 
 /// A new leader whose clock is an hour behind the old one's (both followers restarted with
@@ -3169,4 +3177,30 @@ fn configured_streams_are_registered_in_the_cluster_before_first_use() {
         c.nodes.values().all(|n| n.metadata().owner(&audit(0)).is_some() && n.metadata().owner(&audit(1)).is_some())
     });
     assert!(c.nodes.values().all(|n| n.metadata().owner(&audit(2)).is_none()), "two shards, as configured");
+}
+
+/// `stream_read` with `replica_local` (D51) reads a follower's own copy, so an operator can
+/// check that the replicas agree; without it a follower redirects to the leader.
+#[test]
+fn a_replica_local_read_gives_each_followers_own_copy() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&leader, flags, 1);
+    for k in 0..20u64 {
+        c.send(&leader, conn, st, publish_binary("ledger", &[&format!("r{k}")], Some(k + 1), None));
+    }
+    assert_eq!(acks(&payloads(&c.take(&leader, conn, st))).len(), 20);
+    c.until("every replica holds the same records", |c| same_history_everywhere(c, &leader));
+    let records = |m: &Message| match m {
+        Message::StreamRecords(r) => r.records.iter().map(|r| (r.offset, r.payload.0.clone())).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    let theirs = records(&ledger_read(&mut c, &leader, 50, Some(true)));
+    assert_eq!(theirs.len(), 20);
+    for (i, node) in NAMES.iter().filter(|n| **n != leader).enumerate() {
+        assert!(matches!(ledger_read(&mut c, node, 60 + i as u64, None), Message::Error(_) | Message::NotLeader(_)));
+        assert_eq!(records(&ledger_read(&mut c, node, 70 + i as u64, Some(true))), theirs, "{node}'s own copy");
+    }
 }

@@ -24,6 +24,7 @@ fn read(stream: &str, from: u64, end: Option<u64>, max_records: Option<u32>, req
         max_records,
         max_bytes: None,
         request_id,
+        replica_local: None,
     }))
 }
 
@@ -172,6 +173,7 @@ fn history_requests_are_refused_as_the_spec_says() {
         max_records: None,
         max_bytes: None,
         request_id: 3,
+        replica_local: None,
     };
     sim.raw_send(p, s, json(&Message::StreamRead(bad.clone())), false);
     // A stream that does not exist: reading it is not_found, and creates nothing.
@@ -336,6 +338,7 @@ fn answers_behind_a_storage_read_stay_in_request_order() {
         max_records: None,
         max_bytes: None,
         request_id: 10,
+        replica_local: None,
     };
     b.handle_stream_data(conn, s, json(&Message::StreamRead(bad)), false, t0);
     let mut read_req = None;
@@ -383,6 +386,7 @@ fn the_client_state_machine_reads_pages_and_maps_cursor_errors_to_the_request() 
         end: None,
         max_records: Some(2),
         max_bytes: None,
+        replica_local: false,
     };
     let r1 = sim.client(c).stream_read(ClientStream(0), req(0)).unwrap();
     let r2 = sim.client(c).stream_read(ClientStream(0), req(9)).unwrap();

@@ -62,6 +62,12 @@ impl Broker {
         Ok(k)
     }
 
+    /// Whether this broker keeps a replica of the shard `r` reads (any role).
+    fn holds_copy(&self, r: &message::StreamRead) -> bool {
+        let k = key(&r.tenant_id, &r.namespace, &r.stream);
+        self.streams.get(&k).and_then(|e| e.shards.get(r.shard as usize)).is_some_and(|s| s.replica.is_some())
+    }
+
     pub(super) fn deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
         match d {
             Denied::Refused(r) => self.refuse(conn, st, r),
@@ -100,6 +106,11 @@ impl Broker {
             "reading history",
         ) {
             Ok(k) => k,
+            // D51: a replica's own copy, asked for by an operator checking that copies agree
+            // (a follower answers from what it applied; the leader as always).
+            Err(Denied::Answer(_)) if r.replica_local == Some(true) && self.holds_copy(&r) => {
+                key(&r.tenant_id, &r.namespace, &r.stream)
+            }
             Err(d) => return self.deny(conn, st, d),
         };
         let (cap_records, cap_bytes) = (self.cfg.max_records_per_read.max(1), self.cfg.max_read_bytes.max(1));

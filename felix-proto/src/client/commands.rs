@@ -770,5 +770,6 @@ pub fn stream_read_message(tenant_id: String, req: StreamReadRequest, request_id
         max_records: req.max_records,
         max_bytes: req.max_bytes,
         request_id,
+        replica_local: req.replica_local.then_some(true),
     })
 }

@@ -613,6 +613,8 @@ pub struct StreamReadRequest {
     pub max_records: Option<u32>,
     /// Most payload bytes (`None`: the broker's cap).
     pub max_bytes: Option<u64>,
+    /// Read the asked broker's own copy of a replicated shard (D51), not the leader's.
+    pub replica_local: bool,
 }
 
 /// What a deadline in the timer table is for.

@@ -92,7 +92,12 @@ pub fn needs(m: &Message) -> Vec<Need> {
         Message::CacheShards(_) => n.push(f(Features::CACHE_SHARDS, "FEATURE_CACHE_SHARDS")),
         Message::ShardOwners(_) => n.push(f(Features::SHARD_OWNERS, "FEATURE_SHARD_OWNERS")),
         Message::OffsetForTime(_) => n.push(f(Features::RECORD_TIMESTAMPS, "FEATURE_RECORD_TIMESTAMPS")),
-        Message::StreamRead(_) => n.push(f(Features::STREAM_READ, "FEATURE_STREAM_READ")),
+        Message::StreamRead(r) => {
+            n.push(f(Features::STREAM_READ, "FEATURE_STREAM_READ"));
+            if r.replica_local == Some(true) {
+                n.push(f(Features::STREAM_INFO, "FEATURE_STREAM_INFO"));
+            }
+        }
         Message::CacheDelete(_) => n.push(f(Features::CACHE_DELETE, "FEATURE_CACHE_DELETE")),
         Message::CachePutIf(_) | Message::CacheDeleteIf(_) => {
             n.push(f(Features::CACHE_CONDITIONAL, "FEATURE_CACHE_CONDITIONAL"));

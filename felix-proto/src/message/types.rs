@@ -563,6 +563,10 @@ pub struct StreamRead {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<u64>,
     pub request_id: u64,
+    /// D51: read this broker's own copy of a replicated shard, follower or not (sent only to
+    /// a broker that advertises `FEATURE_STREAM_INFO`; absent: the owner answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_local: Option<bool>,
 }
 
 /// One record of `stream_records`.
