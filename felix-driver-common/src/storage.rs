@@ -161,7 +161,7 @@ impl DiskStorage {
     }
 
     fn stream_dir(&self, tenant: &str, ns: &str, stream: &str) -> PathBuf {
-        self.root.join("streams").join(path_component(tenant)).join(path_component(ns)).join(path_component(stream))
+        stream_dir(&self.root, tenant, ns, stream)
     }
 
     /// Reads every shard back whole (tests, tools): see [`recover_within`](Self::recover_within).
@@ -729,8 +729,7 @@ impl HistoryReader {
         max_bytes: usize,
     ) -> Vec<StoredBatch> {
         use std::os::unix::fs::MetadataExt;
-        let dir = self.root.join("streams").join(path_component(tenant)).join(path_component(ns));
-        let dir = dir.join(path_component(stream)).join(shard.to_string());
+        let dir = stream_dir(&self.root, tenant, ns, stream).join(shard.to_string());
         let Ok(segs) = segments(&dir) else { return Vec::new() };
         // Points of segments no longer there are forgotten (memory follows retention).
         self.seeks.retain(|p, _| p.parent() != Some(dir.as_path()) || segs.iter().any(|(_, s)| s == p));
@@ -762,6 +761,11 @@ impl HistoryReader {
         }
         read.out
     }
+}
+
+/// Where a stream's shards live under a data directory (names made safe as path components).
+fn stream_dir(root: &Path, tenant: &str, ns: &str, stream: &str) -> PathBuf {
+    root.join("streams").join(path_component(tenant)).join(path_component(ns)).join(path_component(stream))
 }
 
 fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
