@@ -38,6 +38,15 @@ pub enum TlsError {
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
+    /// A cluster CA's files are not a CA certificate and its key as `cluster init-ca` writes
+    /// them.
+    #[error("cluster CA {path}: {what}")]
+    Ca {
+        /// The CA's directory or file.
+        path: String,
+        /// What was wrong.
+        what: String,
+    },
 }
 
 /// A certificate chain and its key.
@@ -363,44 +372,209 @@ pub fn cert_names(leaf: &CertificateDer<'_>) -> Vec<String> {
     names
 }
 
-/// A certificate authority for tests and development: a self-signed CA, and leaf certificates
-/// it signs (a broker's, or a client's for mutual TLS).
-pub struct TestCa {
+/// A certificate authority: a self-signed CA, and leaf certificates it signs (a broker's, or a
+/// client's for mutual TLS). A cluster's brokers share one (`cluster init-ca`, `serve
+/// --cluster-ca`) so that a client trusts one file whichever broker a redirect sends it to.
+pub struct CertAuthority {
     key: rcgen::KeyPair,
+    /// What rcgen signs leaves with: the CA's name and key identifier. Its own signature is
+    /// not the file's when the CA was loaded (rcgen re-signs), so `der` is kept beside it.
     cert: rcgen::Certificate,
+    /// The CA certificate as written to `ca.pem`: what leaves chain to and clients trust.
+    der: CertificateDer<'static>,
 }
 
-impl std::fmt::Debug for TestCa {
+/// `der` as PEM body lines of 64 characters, each ending in a newline.
+fn base64_lines(der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::with_capacity(b64.len() + b64.len() / 64 + 1);
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+        out.push('\n');
+    }
+    out
+}
+
+/// The file names of a CA directory.
+pub const CA_CERT_FILE: &str = "ca.pem";
+/// The CA's private key, readable by its owner only.
+pub const CA_KEY_FILE: &str = "ca.key";
+
+impl std::fmt::Debug for CertAuthority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestCa").field("fingerprint", &fingerprint(self.cert.der())).finish_non_exhaustive()
+        f.debug_struct("CertAuthority").field("fingerprint", &fingerprint(self.cert.der())).finish_non_exhaustive()
     }
 }
 
-impl TestCa {
+impl CertAuthority {
     /// A fresh CA named `name`.
     ///
     /// # Errors
     /// If generation fails.
-    pub fn new(name: &str) -> Result<TestCa, TlsError> {
+    pub fn new(name: &str) -> Result<CertAuthority, TlsError> {
+        let g = |e: rcgen::Error| TlsError::Generate(e.to_string());
+        let key = rcgen::KeyPair::generate().map_err(g)?;
+        let cert = Self::params(name)?.self_signed(&key).map_err(g)?;
+        let der = cert.der().clone();
+        Ok(CertAuthority { key, cert, der })
+    }
+
+    /// What a CA named `name` is made from. Loading rebuilds the same parameters, so a
+    /// loaded CA names itself as issuer with exactly the bytes of the written certificate.
+    fn params(name: &str) -> Result<rcgen::CertificateParams, TlsError> {
         let g = |e: rcgen::Error| TlsError::Generate(e.to_string());
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(g)?;
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params.distinguished_name.push(rcgen::DnType::CommonName, name);
         params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-        let key = rcgen::KeyPair::generate().map_err(g)?;
-        let cert = params.self_signed(&key).map_err(g)?;
-        Ok(TestCa { key, cert })
+        Ok(params)
+    }
+
+    /// A CA from its PEM certificate and key (as [`CertAuthority::save`] writes them). `path`
+    /// names them in errors.
+    ///
+    /// # Errors
+    /// [`TlsError::Ca`] when the certificate is not a CA, the key is not its key, or the CA
+    /// was not made by Felix (its name cannot be reproduced byte for byte; issue brokers'
+    /// certificates with your own tools and give them with `--tls-cert` instead).
+    pub fn from_pem(cert_pem: &str, key_pem: &str, path: &str) -> Result<CertAuthority, TlsError> {
+        let bad = |what: String| TlsError::Ca { path: path.to_owned(), what };
+        let der =
+            CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| bad(format!("{CA_CERT_FILE}: {e}")))?;
+        let key = rcgen::KeyPair::from_pem(key_pem).map_err(|e| bad(format!("{CA_KEY_FILE}: {e}")))?;
+        let (_, x509) = x509_parser::parse_x509_certificate(der.as_ref())
+            .map_err(|e| bad(format!("{CA_CERT_FILE}: not an X.509 certificate: {e}")))?;
+        if !x509.is_ca() {
+            return Err(bad(format!("{CA_CERT_FILE} is not a CA certificate")));
+        }
+        if x509.public_key().raw != key.public_key_der().as_slice() {
+            return Err(bad(format!("{CA_KEY_FILE} is not the key of {CA_CERT_FILE}")));
+        }
+        let name = x509
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .ok_or_else(|| bad(format!("{CA_CERT_FILE} has no common name")))?
+            .to_owned();
+        let cert = Self::params(&name)?.self_signed(&key).map_err(|e| TlsError::Generate(e.to_string()))?;
+        let same_name = x509_parser::parse_x509_certificate(cert.der().as_ref())
+            .is_ok_and(|(_, again)| again.subject().as_raw() == x509.subject().as_raw());
+        if !same_name {
+            return Err(bad(format!(
+                "{CA_CERT_FILE} was not made by `felix-node cluster init-ca`; issue the brokers' certificates \
+                 with the tools that made it and give each broker its own with --tls-cert/--tls-key"
+            )));
+        }
+        Ok(CertAuthority { key, cert, der: der.into_owned() })
+    }
+
+    /// Loads the CA kept in `dir` (`ca.pem`, `ca.key`).
+    ///
+    /// # Errors
+    /// Unreadable files, or as [`CertAuthority::from_pem`].
+    pub fn load(dir: &Path) -> Result<CertAuthority, TlsError> {
+        let read = |f: &str| {
+            let p = dir.join(f);
+            std::fs::read_to_string(&p).map_err(|source| TlsError::Io { path: p.display().to_string(), source })
+        };
+        Self::from_pem(&read(CA_CERT_FILE)?, &read(CA_KEY_FILE)?, &dir.display().to_string())
+    }
+
+    /// The CA kept in `dir`, or a new one named `name` made there when `dir` holds none (the
+    /// second value says so). Several brokers started at once with the same directory agree
+    /// on one CA: the new files are written beside it and renamed into place as a whole, and
+    /// the one that loses the rename loads the winner's.
+    ///
+    /// # Errors
+    /// As [`CertAuthority::load`], or the directory cannot be written.
+    pub fn load_or_create(dir: &Path, name: &str) -> Result<(CertAuthority, bool), TlsError> {
+        let io = |p: &Path| {
+            let path = p.display().to_string();
+            move |source| TlsError::Io { path, source }
+        };
+        if dir.join(CA_CERT_FILE).exists() || dir.join(CA_KEY_FILE).exists() {
+            return Self::load(dir).map(|ca| (ca, false));
+        }
+        let ca = CertAuthority::new(name)?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        let base = dir.file_name().map_or_else(|| "ca".into(), |n| n.to_string_lossy().into_owned());
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = parent.join(format!(".{base}.new-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        ca.save(&tmp)?;
+        // An empty directory is replaced (the operator made it for us); a full one means
+        // another broker won.
+        if dir.exists() && std::fs::read_dir(dir).map_err(io(dir))?.next().is_none() {
+            let _ = std::fs::remove_dir(dir);
+        }
+        match std::fs::rename(&tmp, dir) {
+            Ok(()) => Ok((ca, true)),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                if dir.join(CA_KEY_FILE).exists() { Self::load(dir).map(|ca| (ca, false)) } else { Err(io(dir)(e)) }
+            }
+        }
+    }
+
+    /// Writes `ca.pem` and `ca.key` (mode 0600) into `dir`, refusing to overwrite either.
+    ///
+    /// # Errors
+    /// The directory cannot be written, or already holds a CA.
+    pub fn save(&self, dir: &Path) -> Result<(), TlsError> {
+        use std::io::Write;
+        let io = |p: &Path| {
+            let path = p.display().to_string();
+            move |source| TlsError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        for (file, data, private) in
+            [(CA_CERT_FILE, self.cert_pem(), false), (CA_KEY_FILE, self.key.serialize_pem(), true)]
+        {
+            let p = dir.join(file);
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            if private {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            #[cfg(not(unix))]
+            let _ = private;
+            let mut f = opts.open(&p).map_err(io(&p))?;
+            f.write_all(data.as_bytes()).and_then(|()| f.sync_all()).map_err(io(&p))?;
+        }
+        Ok(())
     }
 
     /// The CA's certificate (what a broker trusts for client certificates, or a client for
     /// the broker's).
     pub fn cert(&self) -> CertificateDer<'static> {
-        self.cert.der().clone()
+        self.der.clone()
     }
 
     /// The CA's certificate as PEM.
     pub fn cert_pem(&self) -> String {
-        self.cert.pem()
+        let b64 = base64_lines(self.der.as_ref());
+        format!("-----BEGIN CERTIFICATE-----\n{b64}-----END CERTIFICATE-----\n")
+    }
+
+    /// A broker's certificate for `names` (the first is its common name), signed by the CA,
+    /// as an identity whose chain carries the CA certificate after the leaf, and its PEM texts
+    /// (that chain, the key). A client that trusts a broker's `cert.pem` thereby trusts the
+    /// CA, and so every broker of the cluster.
+    ///
+    /// # Errors
+    /// If generation fails.
+    pub fn issue_chain(&self, names: &[&str]) -> Result<(Identity, String, String), TlsError> {
+        let cn = names.first().copied().unwrap_or("felix broker");
+        let (mut id, mut pem, key) = self.issue(cn, names)?;
+        id.chain.push(self.cert());
+        pem.push_str(&self.cert_pem());
+        Ok((id, pem, key))
     }
 
     /// A leaf certificate signed by the CA with subject common name `common_name` and DNS
@@ -409,6 +583,8 @@ impl TestCa {
     /// # Errors
     /// If generation fails.
     pub fn issue(&self, common_name: &str, dns: &[&str]) -> Result<(Identity, String, String), TlsError> {
+        // Leaves carry the CA's name as issuer; rcgen takes it from `self.cert`, rebuilt on
+        // load from the same parameters (checked there to match the file).
         let g = |e: rcgen::Error| TlsError::Generate(e.to_string());
         let mut params =
             rcgen::CertificateParams::new(dns.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).map_err(g)?;
@@ -489,7 +665,7 @@ mod tests {
     /// read; one from another CA fails the handshake; a client with none is still served.
     #[test]
     fn client_certificates_from_the_configured_ca_are_verified_and_named() {
-        let ca = TestCa::new("felix test CA").unwrap();
+        let ca = CertAuthority::new("felix test CA").unwrap();
         let server = || {
             let (id, _, _) = ca.issue("broker", &["localhost"]).unwrap();
             server_config_with(id, Some(&[ca.cert()])).unwrap()
@@ -498,7 +674,7 @@ mod tests {
         let (client, _, _) = ca.issue("svc-orders", &["orders.internal"]).unwrap();
         let names = mutual(server(), client_config_with(trust(), false, Some(&client)).unwrap()).unwrap();
         assert_eq!(names, ["svc-orders", "orders.internal"]);
-        let other = TestCa::new("someone else").unwrap();
+        let other = CertAuthority::new("someone else").unwrap();
         let (stranger, _, _) = other.issue("svc-orders", &[]).unwrap();
         let refused = mutual(server(), client_config_with(trust(), false, Some(&stranger)).unwrap());
         assert!(refused.is_err(), "a certificate from another CA is refused: {refused:?}");
@@ -509,6 +685,83 @@ mod tests {
         let plain = mutual(server_config(id).unwrap(), client_config_with(trust(), false, Some(&client)).unwrap());
         assert_eq!(plain, Ok(Vec::new()));
         assert!(cert_names(&CertificateDer::from(vec![1u8, 2, 3])).is_empty(), "garbage names nothing");
+    }
+
+    /// A cluster CA written by one broker and loaded by another issues certificates that a
+    /// client trusting only `ca.pem`, or only one broker's `cert.pem` (leaf and CA), accepts
+    /// from every broker; a broker with its own self-signed certificate is still refused.
+    #[test]
+    fn a_saved_cluster_ca_loads_and_its_brokers_are_trusted_through_one_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("ca");
+        let (first, made) = CertAuthority::load_or_create(&ca_dir, "felix cluster CA").unwrap();
+        assert!(made);
+        let (again, made) = CertAuthority::load_or_create(&ca_dir, "ignored").unwrap();
+        assert!(!made, "the second broker loads the first one's CA");
+        assert_eq!(again.cert(), first.cert(), "the CA certificate is the file's, byte for byte");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(ca_dir.join(CA_KEY_FILE)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "the CA key is private");
+        }
+        let ca_file = load_certs(&ca_dir.join(CA_CERT_FILE)).unwrap();
+        let (b1, b1_pem, _) = first.issue_chain(&["localhost", "127.0.0.1"]).unwrap();
+        let (b2, _, _) = again.issue_chain(&["localhost"]).unwrap();
+        assert_eq!(b1.chain.len(), 2, "leaf, then the CA");
+        let one_brokers_file =
+            CertificateDer::pem_slice_iter(b1_pem.as_bytes()).collect::<Result<Vec<_>, _>>().unwrap();
+        assert_eq!(one_brokers_file.len(), 2);
+        for trust in [ca_file.clone(), one_brokers_file] {
+            for broker in [&b1, &b2] {
+                let id = Identity { chain: broker.chain.clone(), key: broker.key.clone_key() };
+                let client = client_config_with(Trust::Certificates(trust.clone()), false, None).unwrap();
+                assert_eq!(mutual(server_config(id).unwrap(), client), Ok(Vec::new()));
+            }
+        }
+        let (stranger, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+        let client = client_config_with(Trust::Certificates(ca_file), false, None).unwrap();
+        assert!(mutual(server_config(stranger).unwrap(), client).is_err(), "a broker outside the CA is refused");
+    }
+
+    /// Files that are not a Felix cluster CA are refused with what is wrong, not used.
+    #[test]
+    fn a_cluster_ca_that_is_not_one_is_refused_with_the_reason() {
+        let ca = CertAuthority::new("c").unwrap();
+        let other = CertAuthority::new("c").unwrap();
+        let key = ca.key.serialize_pem();
+        let err = |r: Result<CertAuthority, TlsError>| r.map(|_| ()).unwrap_err().to_string();
+        assert!(err(CertAuthority::from_pem(&ca.cert_pem(), &other.key.serialize_pem(), "d")).contains("not the key"));
+        let (_, leaf_pem, leaf_key) = ca.issue("leaf", &["localhost"]).unwrap();
+        assert!(err(CertAuthority::from_pem(&leaf_pem, &leaf_key, "d")).contains("not a CA"));
+        assert!(err(CertAuthority::from_pem("garbage", &key, "d")).contains(CA_CERT_FILE));
+        assert!(err(CertAuthority::from_pem(&ca.cert_pem(), "garbage", "d")).contains(CA_KEY_FILE));
+        // A CA made elsewhere, whose name Felix would not write the same way.
+        let mut params = CertAuthority::params("c").unwrap();
+        params.distinguished_name.push(rcgen::DnType::OrganizationName, "Example");
+        let k = rcgen::KeyPair::generate().unwrap();
+        let foreign = params.self_signed(&k).unwrap();
+        assert!(err(CertAuthority::from_pem(&foreign.pem(), &k.serialize_pem(), "d")).contains("--tls-cert"));
+        // A half-written directory (a key without its certificate) is not silently replaced.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CA_KEY_FILE), key).unwrap();
+        assert!(err(CertAuthority::load_or_create(dir.path(), "c").map(|(c, _)| c)).contains(CA_CERT_FILE));
+        assert!(ca.save(dir.path()).is_err(), "save never overwrites a CA key");
+    }
+
+    /// Brokers started at once with one CA directory end up with one CA between them.
+    #[test]
+    fn brokers_creating_the_cluster_ca_at_once_agree_on_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("cluster-ca");
+        let certs: Vec<CertificateDer<'static>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| CertAuthority::load_or_create(&ca_dir, "c").map(|(c, _)| c.cert())))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        assert!(certs.windows(2).all(|w| w[0] == w[1]), "one CA");
+        assert_eq!(certs[0], CertAuthority::load(&ca_dir).unwrap().cert());
     }
 
     #[test]

@@ -233,8 +233,8 @@ impl ClusterClient {
                 // Not worth dialling again soon: the same certificate would be refused again.
                 Err(ClientError::Connect(format!(
                     "{addr}: its TLS certificate is not trusted ({m}); a cluster client reaches every broker \
-                     that serves a shard it uses, so its trust must hold each broker's certificate (or the \
-                     CA that signed them)"
+                     that serves a shard it uses, so its trust must hold each broker's certificate, or the \
+                     CA that signed them (the cluster CA's ca.pem when the brokers run with --cluster-ca)"
                 )))
             }
             Err(e) => {

@@ -997,9 +997,9 @@ async fn draining_finishes_what_is_in_flight_then_stops() {
 /// same broker are unaffected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_authenticate_as_the_principal_they_map_to() {
-    use felix_driver_tokio::tls::TestCa;
+    use felix_driver_tokio::tls::CertAuthority;
     use felix_proto::broker::{Action, Grant};
-    let ca = TestCa::new("clients CA").unwrap();
+    let ca = CertAuthority::new("clients CA").unwrap();
     let (broker_id, _, _) = ca.issue("broker", &["localhost"]).unwrap();
     let opts = ServerOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -1056,7 +1056,7 @@ async fn client_certificates_authenticate_as_the_principal_they_map_to() {
     let (svc, _, _) = ca.issue("svc-orders", &["orders.internal"]).unwrap();
     assert_eq!(code(connect_as("t2", "", Some(svc)).await), "unauthenticated");
     // Another CA's certificate: the handshake fails.
-    let other = TestCa::new("someone else").unwrap();
+    let other = CertAuthority::new("someone else").unwrap();
     let (stranger, _, _) = other.issue("svc-orders", &["orders.internal"]).unwrap();
     let refused = connect_as("t1", "", Some(stranger)).await;
     assert!(

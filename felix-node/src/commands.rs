@@ -94,21 +94,42 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
     // names the broker is reached at).
     let tls_cert = a.tls_cert.clone().or_else(|| file.tls.cert.as_ref().map(Into::into));
     let tls_key = a.tls_key.clone().or_else(|| file.tls.key.as_ref().map(Into::into));
-    let (identity, generated, cert_path) = match (tls_cert, tls_key) {
-        (Some(c), Some(k)) => {
+    let cluster_ca = a.cluster_ca.clone().or_else(|| file.tls.cluster_ca.as_ref().map(Into::into));
+    let names = || {
+        let mut names: Vec<String> = Vec::new();
+        if !listen.ip().is_unspecified() {
+            names.push(listen.ip().to_string());
+        }
+        if let Some(adv) = a.advertise.clone().or_else(|| file.cluster.advertise.clone()) {
+            names.push(adv.rsplit_once(':').map_or(adv.clone(), |(h, _)| h.trim_matches(['[', ']']).to_owned()));
+        }
+        names
+    };
+    let (identity, generated, cert_path) = match (cluster_ca.clone(), tls_cert, tls_key) {
+        (Some(ca_dir), None, None) => {
+            let (ca, made) = felix_driver_tokio::tls::CertAuthority::load_or_create(&ca_dir, "Felix cluster CA")
+                .map_err(|e| format!("--cluster-ca: {e}"))?;
+            if made {
+                eprintln!(
+                    "made the cluster CA in {}: give every other broker the same directory (--cluster-ca)",
+                    ca_dir.display()
+                );
+            }
+            let (id, generated) = dir.identity_from_ca(&ca, &names())?;
+            (id, generated, dir.cert())
+        }
+        (Some(_), _, _) => {
+            return Err("give either a cluster CA (--cluster-ca, [tls] cluster_ca) or the broker's own certificate \
+                        (--tls-cert, [tls] cert), not both"
+                .into());
+        }
+        (None, Some(c), Some(k)) => {
             let id = felix_driver_tokio::Identity::load(&c, &k)
                 .map_err(|e| format!("--tls-cert/--tls-key: {e} (a PEM certificate chain and its PEM private key)"))?;
             (id, false, c)
         }
-        (None, None) => {
-            let mut names: Vec<String> = Vec::new();
-            if !listen.ip().is_unspecified() {
-                names.push(listen.ip().to_string());
-            }
-            if let Some(adv) = a.advertise.clone().or_else(|| file.cluster.advertise.clone()) {
-                names.push(adv.rsplit_once(':').map_or(adv.clone(), |(h, _)| h.trim_matches(['[', ']']).to_owned()));
-            }
-            let (id, generated) = dir.identity_for(&names)?;
+        (None, None, None) => {
+            let (id, generated) = dir.identity_for(&names())?;
             (id, generated, dir.cert())
         }
         _ => return Err("give both --tls-cert and --tls-key (or [tls] cert and key), or neither".into()),
@@ -255,7 +276,14 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         token.is_some(),
         (!generated && a.tls_cert.is_some()).then_some(&cert_path),
     );
-    if banner.is_some() && a.tls_cert.is_none() {
+    if let Some(ca) = cluster_ca.as_ref().filter(|_| banner.is_some()) {
+        // One CA signed every broker: the data directory's cert.pem carries it, so the
+        // default trust follows redirects; other hosts give ca.pem.
+        out!("  trust        {} (the cluster CA; clients elsewhere: --ca it)", ca.join("ca.pem").display());
+        out!("Try, from this directory:");
+        out!("  felix-node subscribe orders --from earliest{hint}");
+        out!("  felix-node publish orders hello world --ack{hint}");
+    } else if banner.is_some() && a.tls_cert.is_none() {
         // Each broker of a cluster made its own certificate: a command redirected to another
         // broker must trust it too (docs/cluster.md, "Clients": --ca with every broker's
         // certificate). For a first try on this machine:
@@ -527,8 +555,9 @@ where
                 return Err(format!(
                     "{}, where a redirect sent this request: {UNTRUSTED} (rustls: {why}). Requests \
                      follow redirects to the broker that owns each shard, so trust every broker's \
-                     certificate: put each broker's DATA_DIR/tls/cert.pem in one file and give it \
-                     with --ca (docs/cluster.md)",
+                     certificate: give --ca the cluster CA's ca.pem when the brokers share one \
+                     (`serve --cluster-ca`), else put each broker's DATA_DIR/tls/cert.pem in one \
+                     file and give that with --ca (docs/cluster.md)",
                     sent_by.as_deref().unwrap_or_default()
                 ));
             }
@@ -1515,9 +1544,31 @@ async fn cluster_revoke(jti: Option<String>, sub: Option<String>, a: AdminArgs) 
     }
 }
 
+/// `cluster init-ca`: a new CA in `out`, never over an existing one.
+fn init_ca(out: &std::path::Path, name: &str) -> Result<ExitCode, String> {
+    use felix_driver_tokio::tls::{CA_CERT_FILE, CA_KEY_FILE, CertAuthority};
+    if out.join(CA_CERT_FILE).exists() || out.join(CA_KEY_FILE).exists() {
+        return Err(format!(
+            "{} already holds a CA; its brokers use it with `serve --cluster-ca {}` (remove it first to make another, \
+             and every broker's certificate with it)",
+            out.display(),
+            out.display()
+        ));
+    }
+    let ca = CertAuthority::new(name).map_err(|e| e.to_string())?;
+    ca.save(out).map_err(|e| e.to_string())?;
+    let fp = felix_driver_tokio::tls::fingerprint(&ca.cert());
+    out!("made the cluster CA \"{name}\" in {} (SHA-256 {fp})", out.display());
+    out!("  {}  what clients trust: --ca {}", CA_CERT_FILE, out.join(CA_CERT_FILE).display());
+    out!("  {}  private: copy the directory to each broker's host, and to no one else", CA_KEY_FILE);
+    out!("Start every broker with --cluster-ca {} (or [tls] cluster_ca)", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
     let (metrics, json) = match a.op {
         ClusterOp::Status { metrics, json } => (metrics, json),
+        ClusterOp::InitCa { out, name } => return init_ca(&out, &name),
         ClusterOp::Add { member, admin } => {
             let (id, addr) = member
                 .split_once('=')

@@ -149,6 +149,9 @@ pub struct TlsSection {
     pub key: Option<String>,
     /// CA certificates (PEM) client certificates must chain to: turns mutual TLS on.
     pub client_ca: Option<String>,
+    /// The cluster's CA directory (`ca.pem`, `ca.key`): the broker's certificate is issued by
+    /// it (`serve --cluster-ca`).
+    pub cluster_ca: Option<String>,
 }
 
 /// `[[client_certs]]`: what a verified client certificate naming `name` may do.

@@ -302,6 +302,13 @@ struct ServeArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(help_heading = "Listening and TLS", long, env = "FELIX_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// A cluster's certificate authority: a directory holding `ca.pem` and `ca.key` (made by
+    /// `felix-node cluster init-ca`, or here by the first broker given an empty or missing
+    /// one). The broker's certificate is issued by it, so clients trust every broker with
+    /// one file: `--ca DIR/ca.pem`. Every broker of the cluster is given the same CA (copy
+    /// the directory to each host). Also `[tls] cluster_ca`.
+    #[arg(help_heading = "Listening and TLS", long, env = "FELIX_CLUSTER_CA", conflicts_with = "tls_cert")]
+    cluster_ca: Option<std::path::PathBuf>,
     /// Mutual TLS: ask clients for a certificate and verify it against these CA certificates
     /// (PEM). A verified certificate authenticates an `auth` with an empty token as the
     /// `[[client_certs]]` entry naming it (its subject CN or a subject alternative name);
@@ -603,6 +610,18 @@ struct ClusterArgs {
 
 #[derive(Subcommand, Debug)]
 enum ClusterOp {
+    /// Make the cluster's certificate authority: DIR/ca.pem (what clients trust) and
+    /// DIR/ca.key (private; what brokers sign their certificates with). Give the directory to
+    /// every broker with `serve --cluster-ca DIR`; clients then need only `--ca DIR/ca.pem`,
+    /// whichever broker a redirect sends them to.
+    InitCa {
+        /// Where to write the CA (refused if it already holds one).
+        #[arg(long, default_value = "./felix-cluster-ca")]
+        out: std::path::PathBuf,
+        /// The CA certificate's common name.
+        #[arg(long, default_value = "Felix cluster CA")]
+        name: String,
+    },
     /// Print members, the metadata leader, and every shard's owner and generation, as one
     /// broker of the cluster sees them (ask several: they agree once the metadata settled).
     Status {

@@ -958,6 +958,55 @@ fn a_replicated_shard_moves_to_a_fourth_broker_with_every_acknowledged_record() 
     assert_eq!(got, expected);
 }
 
+/// One cluster CA: `cluster init-ca` makes it (and refuses to overwrite it), three brokers given
+/// it with `--cluster-ca` take certificates it signed, and a client trusting only `ca.pem` (or
+/// only the broker's own `cert.pem`, which carries the CA) follows a redirect to any of them.
+#[test]
+fn brokers_sharing_a_cluster_ca_are_trusted_through_one_file() {
+    let ca_root = tempfile::tempdir().unwrap();
+    let ca = ca_root.path().join("ca");
+    let ca_arg = ca.to_str().unwrap().to_owned();
+    let made = Command::new(BIN).args(["cluster", "init-ca", "--out", &ca_arg]).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(String::from_utf8_lossy(&made.stdout).contains("--cluster-ca"), "says what to do next");
+    let again = Command::new(BIN).args(["cluster", "init-ca", "--out", &ca_arg]).output().unwrap();
+    assert!(!again.status.success(), "an existing CA is not overwritten");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a CA"));
+    let ca_pem = std::fs::read(ca.join("ca.pem")).unwrap();
+    let (brokers, _) = three_formed(|_| vec!["--cluster-ca".into(), ca_arg.clone()]);
+    for b in &brokers {
+        let chain = std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap();
+        assert_eq!(chain.matches("BEGIN CERTIFICATE").count(), 2, "leaf and CA");
+        assert!(chain.ends_with(std::str::from_utf8(&ca_pem).unwrap()), "the CA is the file's");
+    }
+    let (ok, _, err) = cli(&brokers[0], &["publish", "orders", "x", "--ack"]);
+    assert!(ok, "{err}");
+    let mut away = None;
+    wait_for("the shards of orders have owners", 30, || {
+        let Some(v) = status(&brokers[0]) else { return false };
+        let o = owners(&v);
+        away = o.iter().position(|n| n != "n1").map(|s| (s, o[s].clone()));
+        o.len() == 6 && away.is_some()
+    });
+    let shard = away.unwrap().0.to_string();
+    // The data directory's cert.pem (the CLI's default trust) carries the CA: redirects work.
+    let (ok, _, err) = cli(&brokers[0], &["read", "orders", "--shard", &shard, "--count", "1"]);
+    assert!(ok, "trusting one broker's cert.pem trusts its peers: {err}");
+    // A client elsewhere, with ca.pem and the token only.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let token = std::fs::read_to_string(brokers[0].dir.path().join("dev-token")).unwrap();
+    let ca_file = ca.join("ca.pem");
+    let args = ["read", "orders", "--shard", &shard, "--count", "1", "--ca", ca_file.to_str().unwrap()];
+    let out = Command::new(BIN)
+        .env("FELIX_ADDR", brokers[1].client.to_string())
+        .env("FELIX_DATA_DIR", elsewhere.path())
+        .env("FELIX_TOKEN", token.trim())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ca.pem alone is enough: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// A client that trusts only the broker it dials, sent by a redirect to another broker, is told
 /// which broker's certificate it does not trust and how to fix it; with both certificates in
 /// one `--ca` file the same read works.

@@ -1239,7 +1239,7 @@ fn a_renewed_certificate_is_served_after_sighup_without_dropping_connections() {
 /// start with the reason.
 #[test]
 fn a_client_certificate_authenticates_cli_commands() {
-    let ca = felix_driver_tokio::tls::TestCa::new("clients").unwrap();
+    let ca = felix_driver_tokio::tls::CertAuthority::new("clients").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (_, cert_pem, key_pem) = ca.issue("svc-orders", &[]).unwrap();
     let (ca_file, cert, key) = (dir.path().join("ca.pem"), dir.path().join("svc.pem"), dir.path().join("svc.key"));
