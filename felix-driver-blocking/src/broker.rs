@@ -335,6 +335,7 @@ impl BlockingBroker {
             | BrokerOutput::ProposeStreamDeletion { .. }
             | BrokerOutput::Copy { .. }
             | BrokerOutput::ProposeCluster(_)
+            | BrokerOutput::ClusterAdmin { .. }
             | BrokerOutput::ResetShard { .. } => {}
             // Replicated shards exist only in a cluster (a ClusterNode takes this output).
             BrokerOutput::Replicate { token, .. } => self.broker.handle_replicated(

@@ -902,6 +902,49 @@ impl Client {
         }
     }
 
+    /// The cluster as this broker sees it (FEATURE_CLUSTER_ADMIN, D52): the document `GET
+    /// /cluster` serves on the metrics listener, limited to the token's tenant unless the
+    /// token holds `node.view:cluster:*`; `{"cluster": false}` from a broker that runs alone.
+    ///
+    /// # Errors
+    /// `forbidden` without the admin permission on the whole tenant;
+    /// [`ClientError::Unsupported`] against a broker without the feature.
+    pub async fn cluster_status(&self) -> Result<serde_json::Value, ClientError> {
+        let r =
+            self.request(move |_, request_id| Message::ClusterStatus(message::ClusterStatus { request_id })).await?;
+        match r {
+            core::Reply::ClusterStatus(v) => Ok(*v),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Moves one shard of a stream to broker `to`, or (`to` absent) gives its move up
+    /// (FEATURE_CLUSTER_ADMIN, D52); what was proposed. The move's progress shows in
+    /// [`Client::cluster_status`]'s `moves`.
+    ///
+    /// # Errors
+    /// `forbidden` without the admin permission on the stream; `invalid_request` with the
+    /// metadata's reason (no such shard, not a member, already there, not moving).
+    pub async fn shard_move(
+        &self,
+        ns: &str,
+        stream: &str,
+        shard: u32,
+        to: Option<&str>,
+    ) -> Result<String, ClientError> {
+        let (namespace, stream, to) = (ns.to_owned(), stream.to_owned(), to.map(str::to_owned));
+        let r = self
+            .request(move |tenant_id, request_id| {
+                let cancel = to.is_none();
+                Message::ShardMove(message::ShardMove { tenant_id, namespace, stream, shard, to, cancel, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::ShardMoveProposed(what) => Ok(what),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// One shard of a stream described by the broker that serves it (FEATURE_STREAM_INFO):
     /// configuration, offsets, retained records and bytes, subscribers, groups.
     ///

@@ -987,85 +987,7 @@ impl BrokerTask {
     /// generation, as JSON (`{"cluster":false}` for a single broker).
     fn cluster_status(&self) -> String {
         let Node::Cluster(n) = &self.node else { return "{\"cluster\":false}\n".into() };
-        let md = n.metadata();
-        let members: Vec<serde_json::Value> = md
-            .members()
-            .values()
-            .map(|m| {
-                serde_json::json!({"node_id": m.id, "client_addr": m.client_addr, "cluster_addr": m.cluster_addr,
-                    "state": format!("{:?}", m.state).to_lowercase()})
-            })
-            .collect();
-        let shards: Vec<serde_json::Value> = md
-            .owners()
-            .iter()
-            .map(|(s, a)| {
-                serde_json::json!({"kind": format!("{:?}", s.kind).to_lowercase(), "tenant": s.tenant,
-                    "namespace": s.namespace, "name": s.name, "shard": s.shard, "owner": a.owner, "generation": a.generation})
-            })
-            .collect();
-        let revoked = serde_json::json!({"jti": md.revoked_jti(), "sub": md.revoked_sub()});
-        let replicas: Vec<serde_json::Value> = n
-            .replica_report()
-            .into_iter()
-            .map(|r| {
-                let followers: Vec<serde_json::Value> = r
-                    .followers
-                    .iter()
-                    .map(|(id, matched, lag)| serde_json::json!({"node_id": id, "matched_index": matched, "lag": lag}))
-                    .collect();
-                serde_json::json!({"kind": format!("{:?}", r.shard.kind).to_lowercase(), "tenant": r.shard.tenant,
-                    "namespace": r.shard.namespace, "name": r.shard.name, "shard": r.shard.shard,
-                    "replicas": md.replicas(&r.shard), "leader": r.leader, "term": r.term, "role": r.role,
-                    "next_offset": r.next_offset, "last_index": r.last_index, "first_index": r.first_index, "committed_index": r.committed_index,
-                    "followers": followers})
-            })
-            .collect();
-        let failed: Vec<serde_json::Value> = n
-            .failed_replicas()
-            .iter()
-            .map(|(s, why)| {
-                serde_json::json!({"name": s.name, "namespace": s.namespace, "tenant": s.tenant,
-                "shard": s.shard, "failed": why})
-            })
-            .collect();
-        let rejoining: Vec<serde_json::Value> = n
-            .rejoining_replicas()
-            .iter()
-            .map(|(s, why)| {
-                serde_json::json!({"kind": format!("{:?}", s.kind).to_lowercase(), "name": s.name,
-                "namespace": s.namespace, "tenant": s.tenant, "shard": s.shard, "damaged": why})
-            })
-            .collect();
-        let moves: Vec<serde_json::Value> = md
-            .moves()
-            .iter()
-            .map(|(s, m)| {
-                let (phase, at) = match m.phase {
-                    // A replicated shard's move: its group's leadership is being handed over.
-                    _ if md.replicas(s).is_some() => ("transferring_leadership", None),
-                    felix_proto::cluster::metadata::MovePhase::CatchingUp => ("catching_up", None),
-                    felix_proto::cluster::metadata::MovePhase::CutOver { at } => ("cut_over", Some(at)),
-                };
-                serde_json::json!({"tenant": s.tenant, "namespace": s.namespace, "name": s.name, "shard": s.shard,
-                    "from": m.from, "to": m.to, "phase": phase, "at": at})
-            })
-            .collect();
-        let progress: Vec<serde_json::Value> = n
-            .broker
-            .move_progress()
-            .into_iter()
-            .map(|p| {
-                serde_json::json!({"tenant": p.shard.tenant, "namespace": p.shard.namespace, "name": p.shard.name,
-                    "shard": p.shard.shard, "direction": if p.outgoing { "out" } else { "in" }, "peer": p.peer,
-                    "copied": p.copied, "source_tail": p.source_tail, "cutting": p.cutting})
-            })
-            .collect();
-        let v = serde_json::json!({"cluster": true, "node_id": n.node_id(), "leader": n.leader(),
-            "fenced": n.broker.is_fenced(), "moves": moves, "move_progress": progress,
-            "voters": n.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas,
-            "failed_replicas": failed, "rejoining_replicas": rejoining});
-        format!("{v}\n")
+        format!("{}\n", n.status(None))
     }
 
     /// Prometheus text exposition of the broker's and the driver's counters.
@@ -1824,6 +1746,7 @@ impl BrokerTask {
                 | BrokerOutput::ProposeStream { .. }
                 | BrokerOutput::Copy { .. }
                 | BrokerOutput::ProposeCluster(_)
+                | BrokerOutput::ClusterAdmin { .. }
                 | BrokerOutput::ProposeStreamDeletion { .. } => {}
                 // Replicated shards exist only in a cluster, whose ClusterNode takes this output.
                 BrokerOutput::Replicate { token, .. } => self.node.broker().handle_replicated(

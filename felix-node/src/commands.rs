@@ -1328,13 +1328,32 @@ async fn proposed(
 
 /// Shows the cluster's moves (as the broker asked sees them) until `done` says the operator's
 /// change is complete; gives up after `--wait` without any progress.
+/// Where a command reads the cluster's status: a broker's metrics listener, or a broker over
+/// the client protocol (D52).
+enum StatusSource {
+    Metrics(std::net::SocketAddr),
+    Client(Client),
+}
+
+impl StatusSource {
+    /// The status document, or `None` when the broker did not answer in 2 s.
+    async fn fetch(&self) -> Option<serde_json::Value> {
+        match self {
+            StatusSource::Metrics(m) => status_json(*m).await,
+            StatusSource::Client(c) => {
+                tokio::time::timeout(std::time::Duration::from_secs(2), c.cluster_status()).await.ok()?.ok()
+            }
+        }
+    }
+}
+
 async fn watch_moves(
     what: &str,
     json: bool,
-    a: AdminArgs,
+    source: &StatusSource,
+    wait: std::time::Duration,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<ExitCode, String> {
-    let m = a.metrics;
     if !json {
         eprintln!("proposed: {what}");
     }
@@ -1344,7 +1363,7 @@ async fn watch_moves(
     let mut polls = 0u32;
     loop {
         polls += 1;
-        if let Some(v) = status_json(m).await {
+        if let Some(v) = source.fetch().await {
             // What this broker knows of the copies it takes part in (bytes copied so far).
             let copied = |x: &serde_json::Value| {
                 v["move_progress"]
@@ -1409,10 +1428,9 @@ async fn watch_moves(
                 return Ok(ExitCode::SUCCESS);
             }
         }
-        if progressed.elapsed() >= a.wait {
+        if progressed.elapsed() >= wait {
             return Err(format!(
-                "{what}: no progress for {:?}; see `felix-node cluster status` (cancel a stuck move with `cluster move STREAM SHARD --cancel`)",
-                a.wait
+                "{what}: no progress for {wait:?}; see `felix-node cluster status` (cancel a stuck move with `cluster move STREAM SHARD --cancel`)"
             ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -1566,8 +1584,8 @@ fn init_ca(out: &std::path::Path, name: &str) -> Result<ExitCode, String> {
 }
 
 pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
-    let (metrics, json) = match a.op {
-        ClusterOp::Status { metrics, json } => (metrics, json),
+    let (metrics, json, conn) = match a.op {
+        ClusterOp::Status { metrics, json, conn } => (metrics, json, conn),
         ClusterOp::InitCa { out, name } => return init_ca(&out, &name),
         ClusterOp::Add { member, admin } => {
             let (id, addr) = member
@@ -1578,12 +1596,30 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
         }
         ClusterOp::Remove { node, force, admin } => return cluster_change(None, node, force, admin).await,
         ClusterOp::Revoke { jti, sub, admin } => return cluster_revoke(jti, sub, admin).await,
-        ClusterOp::Move { stream, shard, to, cancel, namespace, tenant, json, admin } => {
-            let m = admin.metrics;
+        ClusterOp::Move { stream, shard, to, cancel, json, metrics, cluster_secret, wait, conn } => {
+            let (tenant, namespace) = (conn.tenant.clone(), conn.namespace.clone());
             let name = (tenant.as_str(), namespace.as_str(), stream.as_str());
             let to = if cancel { None } else { to };
-            proposed(m, felix_driver_tokio::server::cluster_move(m, name, shard, to.as_deref(), &admin.cluster_secret))
-                .await?;
+            let source = match metrics {
+                Some(m) => {
+                    let asked =
+                        felix_driver_tokio::server::cluster_move(m, name, shard, to.as_deref(), &cluster_secret);
+                    proposed(m, asked).await?;
+                    StatusSource::Metrics(m)
+                }
+                None => {
+                    let client = connect(&conn).await?;
+                    client.shard_move(&namespace, &stream, shard, to.as_deref()).await.map_err(|e| {
+                        let t = e.to_string();
+                        if t.contains("forbidden") {
+                            format!("{t} (moving a shard needs the admin permission on its stream)")
+                        } else {
+                            t
+                        }
+                    })?;
+                    StatusSource::Client(client)
+                }
+            };
             let what = match &to {
                 Some(to) => format!("{namespace}/{stream} shard {shard} → {to}"),
                 None => format!("cancel the move of {namespace}/{stream} shard {shard}"),
@@ -1599,7 +1635,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                 let owner = v["shards"].as_array().into_iter().flatten().find(|x| x["kind"] == "stream" && this(x));
                 !moving && to.as_ref().is_none_or(|to| owner.is_some_and(|o| o["owner"] == to.as_str()))
             };
-            return watch_moves(&what, json, admin, done).await;
+            return watch_moves(&what, json, &source, wait, done).await;
         }
         ClusterOp::Drain { node, json, admin } => {
             let m = admin.metrics;
@@ -1615,7 +1651,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                     .any(|m| m["node_id"] == node.as_str() && m["state"] == "draining");
                 draining && !owns && !moving
             };
-            return watch_moves(&what, json, admin, done).await;
+            return watch_moves(&what, json, &StatusSource::Metrics(m), admin.wait, done).await;
         }
         ClusterOp::Inspect { name, shard, cache, subscriptions, json, conn } => {
             return cluster_inspect(name, shard, cache, subscriptions, json, conn).await;
@@ -1624,20 +1660,41 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             let m = admin.metrics;
             proposed(m, felix_driver_tokio::server::cluster_drain(m, None, &admin.cluster_secret)).await?;
             let done = |v: &serde_json::Value| v["moves"].as_array().is_none_or(Vec::is_empty);
-            return watch_moves("rebalance", json, admin, done).await;
+            return watch_moves("rebalance", json, &StatusSource::Metrics(m), admin.wait, done).await;
         }
     };
-    let text =
-        tokio::time::timeout(std::time::Duration::from_secs(5), felix_driver_tokio::server::cluster_status(metrics))
+    let v: serde_json::Value = match metrics {
+        Some(metrics) => {
+            let text = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                felix_driver_tokio::server::cluster_status(metrics),
+            )
             .await
             .map_err(|_| format!("no answer from {metrics} within 5 s"))?
             .map_err(|e| format!("{metrics}: {e} (is it a broker's --metrics-listen address?)"))?;
-    if json {
-        out!("{}", text.trim_end());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{metrics}: not a cluster status ({e})"))?;
+            if json {
+                out!("{}", text.trim_end());
+                return Ok(ExitCode::SUCCESS);
+            }
+            serde_json::from_str(&text).map_err(|e| format!("{metrics}: not a cluster status ({e})"))?
+        }
+        None => {
+            let client = connect(&conn).await?;
+            let v = client.cluster_status().await.map_err(|e| {
+                let t = e.to_string();
+                if t.contains("forbidden") {
+                    format!("{t} (or ask the metrics listener: --metrics HOST:PORT)")
+                } else {
+                    t
+                }
+            })?;
+            if json {
+                out!("{v}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            v
+        }
+    };
     if v["cluster"] != true {
         out!("not a cluster: this broker runs alone");
         return Ok(ExitCode::SUCCESS);

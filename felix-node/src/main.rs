@@ -624,13 +624,19 @@ enum ClusterOp {
     },
     /// Print members, the metadata leader, and every shard's owner and generation, as one
     /// broker of the cluster sees them (ask several: they agree once the metadata settled).
+    ///
+    /// Asked over the client protocol (--addr, with a token holding the admin permission on
+    /// the whole tenant, as the development token does: that tenant's shards; or
+    /// node.view:cluster:*: everything), or with --metrics from the metrics listener.
     Status {
-        /// The broker's metrics listener (its --metrics-listen), where /cluster is served.
+        /// Ask the broker's metrics listener (its --metrics-listen) instead of --addr.
         #[arg(long, env = "FELIX_METRICS")]
-        metrics: SocketAddr,
+        metrics: Option<SocketAddr>,
         /// Print the JSON as the broker gave it.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        conn: ConnectArgs,
     },
     /// Add a broker to the cluster (a Raft configuration change), then wait until it is a
     /// member. Start it first with `serve --join --node-id ID --cluster-listen HOST:PORT
@@ -671,17 +677,22 @@ enum ClusterOp {
         /// Give the shard's move up instead: it stays with its owner.
         #[arg(long, conflicts_with = "to")]
         cancel: bool,
-        /// The stream's namespace.
-        #[arg(long, default_value = "default")]
-        namespace: String,
-        /// The stream's tenant.
-        #[arg(long, default_value = "default")]
-        tenant: String,
         /// Progress as JSON lines.
         #[arg(long)]
         json: bool,
+        /// Ask through this broker's metrics listener (its --metrics-listen) with the cluster
+        /// secret, instead of over the client protocol (--addr and a token with the admin
+        /// permission on the stream).
+        #[arg(long, env = "FELIX_METRICS")]
+        metrics: Option<SocketAddr>,
+        /// With --metrics: the cluster's shared secret (the brokers' --cluster-secret).
+        #[arg(long, env = "FELIX_CLUSTER_SECRET", hide_env_values = true, default_value = "felix-dev-cluster-secret")]
+        cluster_secret: String,
+        /// How long to wait without any progress.
+        #[arg(long, value_parser = commands::parse_duration, default_value = "30s")]
+        wait: std::time::Duration,
         #[command(flatten)]
-        admin: AdminArgs,
+        conn: ConnectArgs,
     },
     /// Drain a broker: it takes no more shards and leaves the topology view, and its shards
     /// move to the others (durable ones copied first, a few at a time); it answers

@@ -1007,6 +1007,32 @@ fn brokers_sharing_a_cluster_ca_are_trusted_through_one_file() {
     assert!(out.status.success(), "ca.pem alone is enough: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// `cluster status` and `cluster move` over the client protocol (D52): the client address and
+/// the development token, as every other command, instead of the metrics listener and the
+/// cluster secret; the move is shown until done and the status agrees with the metrics one.
+#[test]
+fn cluster_status_and_move_work_with_the_client_address_and_token() {
+    let (brokers, _) = three_formed(|_| Vec::new());
+    let (ok, _, err) = cli(&brokers[0], &["publish", "orders", "x", "--ack"]);
+    assert!(ok, "{err}");
+    wait_for("the shards of orders have owners", 30, || status(&brokers[0]).is_some_and(|v| owners(&v).len() == 6));
+    let (ok, out, err) = cli(&brokers[1], &["cluster", "status"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("node     n2") && out.contains("leader") && out.contains("orders"), "{out}");
+    let (ok, out, err) = cli(&brokers[1], &["cluster", "status", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(owners(&v), owners(&status(&brokers[1]).unwrap()), "the same owners as GET /cluster");
+    let (from, _) = homes(&v, "orders")[3].clone();
+    let to = ["n1", "n2", "n3"].into_iter().find(|n| *n != from).unwrap();
+    let (ok, out, err) = cli(&brokers[2], &["cluster", "move", "orders", "3", "--to", to]);
+    assert!(ok, "{err}");
+    assert!(out.contains("done"), "{out}");
+    assert_eq!(homes(&status(&brokers[0]).unwrap(), "orders")[3].0, to);
+    let (ok, _, err) = cli(&brokers[2], &["cluster", "move", "orders", "3", "--to", "nosuch"]);
+    assert!(!ok && err.contains("nosuch"), "the metadata's reason: {err}");
+}
+
 /// A client that trusts only the broker it dials, sent by a redirect to another broker, is told
 /// which broker's certificate it does not trust and how to fix it; with both certificates in
 /// one `--ca` file the same read works.

@@ -105,6 +105,9 @@ feature_bits! {
     /// Second word, bit 0x40 (our decision D51, docs/protocol.md): the broker serves
     /// `stream_list` and `stream_info`.
     STREAM_INFO = 1 << 38, "FEATURE_STREAM_INFO";
+    /// Second word, bit 0x80 (our decision D52, docs/protocol.md): the broker serves
+    /// `cluster_status` and `shard_move`.
+    CLUSTER_ADMIN = 1 << 39, "FEATURE_CLUSTER_ADMIN";
 }
 
 impl Features {

@@ -89,6 +89,7 @@
 //!             | BrokerOutput::ProposeStreamDeletion { .. }
 //!             | BrokerOutput::Copy { .. }
 //!             | BrokerOutput::ProposeCluster(_)
+//!             | BrokerOutput::ClusterAdmin { .. }
 //!             | BrokerOutput::ResetShard { .. }
 //!             | BrokerOutput::Replicate { .. }
 //!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }

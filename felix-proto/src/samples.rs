@@ -458,6 +458,27 @@ pub fn messages() -> Vec<Message> {
             groups: 1,
             request_id: 34,
         }),
+        Message::ClusterStatus(ClusterStatus { request_id: 35 }),
+        Message::ClusterStatusView(ClusterStatusView {
+            status: serde_json::json!({
+                "cluster": true, "node_id": "n1", "leader": "n2", "fenced": false,
+                "members": [{"node_id": "n1", "client_addr": "10.0.0.1:5000", "cluster_addr": "10.0.0.1:7000", "state": "active"}],
+                "shards": [{"kind": "stream", "tenant": "t1", "namespace": "default", "name": "orders", "shard": 0,
+                    "owner": "n1", "generation": 3}],
+                "moves": [], "revoked": {"jti": [], "sub": []}
+            }),
+            request_id: 35,
+        }),
+        Message::ShardMove(ShardMove {
+            tenant_id: t(),
+            namespace: ns(),
+            stream: st(),
+            shard: 1,
+            to: Some(s("n3")),
+            cancel: false,
+            request_id: 36,
+        }),
+        Message::ShardMoveOk(ShardMoveOk { proposed: s("move t1/default/orders shard 1 to n3"), request_id: 36 }),
         Message::ShardInspect(ShardInspect {
             tenant_id: t(),
             namespace: ns(),
@@ -595,6 +616,25 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
                 max_bytes: None,
                 request_id: 13,
                 replica_local: Some(true),
+            }),
+        ),
+        (
+            "shard_move_cancel",
+            Message::ShardMove(ShardMove {
+                tenant_id: s("t1"),
+                namespace: s("default"),
+                stream: s("orders"),
+                shard: 1,
+                to: None,
+                cancel: true,
+                request_id: 37,
+            }),
+        ),
+        (
+            "cluster_status_view_single",
+            Message::ClusterStatusView(ClusterStatusView {
+                status: serde_json::json!({"cluster": false}),
+                request_id: 35,
             }),
         ),
         ("subscribe_start_latest", sub(Some(StartPosition::Latest))),

@@ -598,6 +598,7 @@ impl Sim {
             | BrokerOutput::ProposeStreamDeletion { .. }
             | BrokerOutput::Copy { .. }
             | BrokerOutput::ProposeCluster(_)
+            | BrokerOutput::ClusterAdmin { .. }
             | BrokerOutput::ResetShard { .. }
             | BrokerOutput::Replicate { .. }) => self.to_peers.push(o),
             BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {

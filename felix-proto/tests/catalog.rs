@@ -187,3 +187,72 @@ fn in_a_cluster_the_list_is_the_registry_and_info_comes_from_the_owner() {
     assert!(matches!(&ms[1], Message::NotLeader(n) if n.node_id == owner && n.generation == generation), "{:?}", ms[1]);
     assert!(matches!(&ms[2], Message::StreamInfoView(v) if v.shard == mine && v.shards == 4), "{:?}", ms[2]);
 }
+
+/// D52 on a broker that runs alone: `cluster_status` says so, `shard_move` is refused with
+/// why, and a token without the admin permission on the whole tenant is refused `forbidden`
+/// (its stream stays open and answers the next request).
+#[test]
+fn cluster_requests_on_a_lone_broker_say_it_runs_alone_and_need_the_admin_permission() {
+    let mut cfg = config();
+    cfg.tokens.push(TokenGrant {
+        token: "writer".into(),
+        tenant_id: Some("t1".into()),
+        principal: "writer".into(),
+        grants: vec![Grant { action: Action::Publish, pattern: "default/orders".into() }],
+    });
+    assert!(cfg.server_features().contains(Features::CLUSTER_ADMIN));
+    let mut sim = Sim::new(cfg, epoch());
+    let codes = Features::ERROR_CODES.to_words(false).0.unwrap();
+    let (p, s, _) = raw_session(&mut sim, None, Some(codes));
+    let status = |request_id| json(&Message::ClusterStatus(message::ClusterStatus { request_id }));
+    let mv = |to: Option<&str>, cancel, request_id| {
+        json(&Message::ShardMove(message::ShardMove {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            shard: 0,
+            to: to.map(Into::into),
+            cancel,
+            request_id,
+        }))
+    };
+    sim.raw_send(p, s, status(1), false);
+    sim.raw_send(p, s, mv(Some("n2"), false, 2), false);
+    sim.raw_send(p, s, status(3), false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(
+        ms[0],
+        Message::ClusterStatusView(message::ClusterStatusView {
+            status: serde_json::json!({"cluster": false}),
+            request_id: 1
+        })
+    );
+    assert_eq!(code(&ms[1]).as_deref(), Some("invalid_request"));
+    assert!(matches!(&ms[2], Message::ClusterStatusView(v) if v.request_id == 3), "the stream goes on");
+    let w = sim.connect_raw();
+    let ws = sim.raw_open_bi(w);
+    sim.raw_send(
+        w,
+        ws,
+        json(&Message::Auth(message::Auth {
+            tenant_id: "t1".into(),
+            token: "writer".into(),
+            client_flags: None,
+            client_features: Some(codes),
+            client_features_hi: None,
+        })),
+        false,
+    );
+    sim.run();
+    sim.take_received(w, ws);
+    sim.raw_send(w, ws, status(4), false);
+    sim.raw_send(w, ws, mv(Some("n2"), false, 5), false);
+    sim.raw_send(w, ws, mv(None, true, 6), false);
+    sim.run();
+    let ms = messages(&sim.take_received(w, ws));
+    assert_eq!(
+        ms.iter().map(code).collect::<Vec<_>>(),
+        [Some("forbidden".to_string()), Some("forbidden".into()), Some("forbidden".into())]
+    );
+}

@@ -713,6 +713,56 @@ fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
     assert!(NAMES.iter().all(|n| !has_orders(&c, n)));
 }
 
+/// D52: any broker answers `cluster_status` over the client protocol with the document the
+/// metrics listener serves (a tenant's part of it for a tenant's administrator), and a
+/// `shard_move` sent to a broker that does not own the shard is proposed and carried out; a
+/// move the metadata refuses comes back as an `error` saying why, in its turn.
+#[test]
+fn an_operator_reads_the_status_and_moves_a_shard_over_the_client_protocol() {
+    let mut c = Cluster::new(&NAMES);
+    c.create(Kind::Stream, "orders", 3, 0);
+    let owner0 = owner(&c, 0);
+    let other = NAMES.iter().find(|n| **n != owner0).unwrap().to_string();
+    let codes = felix_proto::features::Features::ERROR_CODES.to_words(false).0.unwrap();
+    let (q, qs) = c.client_with(&other, 0x0001, codes, 6);
+    c.send(&other, q, qs, json(&Message::ClusterStatus(message::ClusterStatus { request_id: 1 })));
+    let got = messages(&c.take(&other, q, qs));
+    let [Message::ClusterStatusView(v)] = &got[..] else { panic!("{got:?}") };
+    assert_eq!(v.request_id, 1);
+    let st = &v.status;
+    assert_eq!(st["cluster"], true);
+    assert_eq!(st["node_id"], other.as_str());
+    assert_eq!(st["members"].as_array().map(Vec::len), Some(3));
+    let shard0 = st["shards"].as_array().unwrap().iter().find(|s| s["name"] == "orders" && s["shard"] == 0).unwrap();
+    assert_eq!(shard0["owner"], owner0.as_str());
+    assert_eq!(st["revoked"], serde_json::json!({"jti": [], "sub": []}), "a tenant sees no revocations");
+    // A tenant's view holds its shards only; the operator's holds every tenant's.
+    let n = &c.nodes[&other];
+    assert_eq!(n.status(Some("someone-else"))["shards"], serde_json::json!([]));
+    assert_eq!(n.status(None)["shards"], st["shards"]);
+    let mv = |to: Option<&str>, cancel, request_id| {
+        json(&Message::ShardMove(message::ShardMove {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            shard: 0,
+            to: to.map(Into::into),
+            cancel,
+            request_id,
+        }))
+    };
+    c.send(&other, q, qs, mv(Some("nosuch"), false, 2));
+    c.send(&other, q, qs, mv(None, true, 3));
+    c.send(&other, q, qs, mv(Some(&other), false, 4));
+    let got = messages(&c.take(&other, q, qs));
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(matches!(&got[0], Message::Error(e) if e.message.contains("nosuch")), "{:?}", got[0]);
+    assert!(matches!(&got[1], Message::Error(_)), "not moving, nothing to cancel: {:?}", got[1]);
+    let Message::ShardMoveOk(ok) = &got[2] else { panic!("{:?}", got[2]) };
+    assert_eq!((ok.request_id, ok.proposed.clone()), (4, format!("move t1/default/orders shard 0 to {other}")));
+    c.until("shard 0 moved to the broker asked", |c| owner(c, 0) == other);
+}
+
 #[test]
 fn an_operator_adds_a_broker_that_takes_a_share_and_removes_one_only_with_force_for_its_durable_shards() {
     use felix_proto::cluster::node::AdminError;

@@ -311,6 +311,7 @@ impl BrokerConfig {
             | Features::STREAM_ADMIN
             | Features::LISTING
             | Features::STREAM_INFO
+            | Features::CLUSTER_ADMIN
             | Features::INSPECT;
         if self.history_reads {
             // Counters, group positions and commit state must survive a restart: only a broker

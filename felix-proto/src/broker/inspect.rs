@@ -17,7 +17,7 @@ const LIST_DEFAULT: u32 = 100;
 
 impl Broker {
     /// Whether the stream's session holds exactly `node.view:cluster:*`.
-    fn may_inspect(st: &CtlStream) -> bool {
+    pub(super) fn may_inspect(st: &CtlStream) -> bool {
         st.session
             .as_ref()
             .and_then(|s| s.jwt.as_ref())

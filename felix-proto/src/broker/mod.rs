@@ -43,6 +43,7 @@ mod answers;
 mod cache_moves;
 mod cache_requests;
 mod catalog;
+pub mod cluster_admin;
 mod connection;
 mod forward;
 mod forward_request;
@@ -374,6 +375,8 @@ enum HeldFor {
     /// A `commit`'s answer (it may fail with an `error`, which carries no request id, so it
     /// keeps its turn among the stream's other answers).
     Commit(u64),
+    /// An operator request the cluster node answers.
+    Admin(u64),
 }
 
 /// Where an owed publish answer goes once it is known.
@@ -591,6 +594,8 @@ pub struct Broker {
     next_forward: u64,
     /// Cache and counter requests forwarded to the cache's owner, by forward id.
     request_forwards: HashMap<u64, forward_request::PendingRequest>,
+    /// Operator requests the cluster node is answering, by id (from `next_forward`).
+    cluster_admin: std::collections::BTreeMap<u64, cluster_admin::PendingAdmin>,
     /// Requests this broker serves for others (it owns their caches).
     served: forward_request::Served,
     /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
@@ -691,6 +696,7 @@ impl Broker {
             forward_deadlines: std::collections::BTreeSet::new(),
             next_forward: 1,
             request_forwards: HashMap::new(),
+            cluster_admin: std::collections::BTreeMap::new(),
             served: forward_request::Served::default(),
             draining: false,
             fenced: false,

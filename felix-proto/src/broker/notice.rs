@@ -65,6 +65,14 @@ pub enum Notice {
         /// The replica's node id.
         replica: String,
     },
+    /// A client asked this broker, over the client protocol, for a change to the cluster
+    /// (`shard_move`), and it was proposed.
+    OperatorRequest {
+        /// What, as a sentence ("move t/ns/s shard 1 to n3").
+        what: String,
+        /// The tenant whose token asked.
+        tenant: String,
+    },
 }
 
 impl std::fmt::Display for Notice {
@@ -87,6 +95,9 @@ impl std::fmt::Display for Notice {
                 write!(f, "cluster: replica {replica} of {shard} is {entries} entries behind this leader")
             }
             Notice::ReplicaCaughtUp { shard, replica } => write!(f, "cluster: replica {replica} of {shard} caught up"),
+            Notice::OperatorRequest { what, tenant } => {
+                write!(f, "cluster: a client of tenant {tenant} asked to {what}")
+            }
         }
     }
 }

@@ -195,6 +195,14 @@ pub enum BrokerOutput {
     /// Propose this metadata command (a move's cut-over, finish or cancel;
     /// [`crate::cluster::node::ClusterNode`] does).
     ProposeCluster(crate::cluster::metadata::Command),
+    /// An operator's request over the client protocol (D52) for the cluster node to answer
+    /// with [`Broker::handle_cluster_admin_answer`]. Never sent by a broker that runs alone.
+    ClusterAdmin {
+        /// Echoed in the answer.
+        id: u64,
+        /// What is asked.
+        request: super::cluster_admin::ClusterAdminRequest,
+    },
     /// Storage removes everything it holds of one shard (after the writes asked for before
     /// this): a shard moving here is copied from the old owner's start, whatever was here
     /// from an earlier stay. Writes asked for after this land in the emptied shard.

@@ -308,6 +308,8 @@ impl Broker {
             Message::Topology(_) => self.topology(conn, st),
             Message::ShardOwners(q) => self.shard_owners(conn, st, q),
             Message::ShardInspect(q) => self.shard_inspect(conn, st, q),
+            Message::ClusterStatus(q) => self.cluster_status(conn, st, q),
+            Message::ShardMove(m) => self.shard_move(conn, st, m),
             Message::SubscriptionsList(q) => self.subscriptions_list(conn, st, q),
             Message::StateGet(g) => self.state_get(conn, st, g),
             Message::CounterAdd(a) => self.counter_add(conn, st, a, now),

@@ -592,6 +592,8 @@ fn typed_reply(m: Message) -> Result<(Option<u64>, Reply), Box<Message>> {
         Message::CacheKeysView(k) => (Some(k.request_id), Reply::CacheKeys { keys: k.keys, next: k.next }),
         Message::StreamListView(l) => (Some(l.request_id), Reply::StreamList { streams: l.streams, next: l.next }),
         Message::StreamInfoView(i) => (Some(i.request_id), Reply::StreamInfo(Box::new(i))),
+        Message::ClusterStatusView(v) => (Some(v.request_id), Reply::ClusterStatus(Box::new(v.status))),
+        Message::ShardMoveOk(m) => (Some(m.request_id), Reply::ShardMoveProposed(m.proposed)),
         Message::CommitOk(c) => (Some(c.request_id), Reply::Committed(c.offset)),
         Message::StreamDeleteOk(d) => (Some(d.request_id), Reply::StreamDeleted(d.existed)),
         Message::StateValue(v) => {

@@ -247,6 +247,10 @@ pub enum Reply {
     },
     /// `stream_info_view`: the stream's configuration and one shard's state.
     StreamInfo(Box<message::StreamInfoView>),
+    /// `cluster_status_view`: the status document (D52).
+    ClusterStatus(Box<serde_json::Value>),
+    /// `shard_move_ok`: what was proposed.
+    ShardMoveProposed(String),
     /// `group_deleted`: whether the group existed.
     GroupDeleted(bool),
     /// `stream_delete_ok`: whether there was such a stream.

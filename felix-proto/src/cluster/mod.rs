@@ -15,6 +15,7 @@ pub mod replica;
 pub mod replica_sim;
 #[cfg(feature = "testkit")]
 pub mod sim;
+pub mod status;
 #[cfg(feature = "testkit")]
 pub mod world;
 

@@ -1592,6 +1592,32 @@ impl ClusterNode {
                 self.flush_pending(now);
                 return self.poll_output();
             }
+            BrokerOutput::ClusterAdmin { id, request } => {
+                use crate::broker::cluster_admin::{ClusterAdminAnswer as A, ClusterAdminRequest as R};
+                let now = self.last_now;
+                let name = |s: &ShardId| format!("{}/{}/{} shard {}", s.tenant, s.namespace, s.name, s.shard);
+                let mut tenant = None;
+                let answer = match request {
+                    R::Status { tenant: scope } => A::Status(self.status(scope.as_deref())),
+                    R::Move { shard, to } => {
+                        tenant = Some(shard.tenant.clone());
+                        let what = format!("move {} to {to}", name(&shard));
+                        self.request_move(shard, &to, now)
+                            .map_or_else(|e| A::Refused(e.to_string()), |()| A::Proposed(what))
+                    }
+                    R::CancelMove { shard } => {
+                        tenant = Some(shard.tenant.clone());
+                        let what = format!("cancel the move of {}", name(&shard));
+                        self.request_cancel_move(shard, now)
+                            .map_or_else(|e| A::Refused(e.to_string()), |()| A::Proposed(what))
+                    }
+                };
+                if let (A::Proposed(what), Some(tenant)) = (&answer, tenant) {
+                    self.broker.notice(Notice::OperatorRequest { what: what.clone(), tenant });
+                }
+                self.broker.handle_cluster_admin_answer(id, answer);
+                return self.poll_output();
+            }
             other => NodeOutput::Broker(other),
         })
     }

@@ -156,6 +156,10 @@ messages! {
     StreamListView(StreamListView) = "stream_list_view", ToClient;
     StreamInfo(StreamInfo) = "stream_info", ToBroker;
     StreamInfoView(StreamInfoView) = "stream_info_view", ToClient;
+    ClusterStatus(ClusterStatus) = "cluster_status", ToBroker;
+    ClusterStatusView(ClusterStatusView) = "cluster_status_view", ToClient;
+    ShardMove(ShardMove) = "shard_move", ToBroker;
+    ShardMoveOk(ShardMoveOk) = "shard_move_ok", ToClient;
     GroupDelete(GroupDelete) = "group_delete", ToBroker;
     GroupDeleted(GroupDeleted) = "group_deleted", ToClient;
     ShardInspect(ShardInspect) = "shard_inspect", ToBroker;

@@ -1008,6 +1008,47 @@ pub struct StreamListView {
     pub request_id: u64,
 }
 
+/// `cluster_status` (D52, FEATURE_CLUSTER_ADMIN): the cluster as the answering broker sees
+/// it, for an operator who holds the client address and a token rather than the metrics
+/// listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub request_id: u64,
+}
+
+/// `cluster_status_view`: `status` is the document `GET /cluster` serves (docs/cluster.md):
+/// members, leader, shards with owners and generations, moves, this broker's replicas. For a
+/// tenant's administrator it holds that tenant's shards only and no revocations;
+/// `{"cluster": false}` from a broker that runs alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatusView {
+    pub status: serde_json::Value,
+    pub request_id: u64,
+}
+
+/// `shard_move` (D52): move one shard of a stream to another broker, or (`cancel`) give its
+/// move up. Proposed to the metadata group; `cluster_status`'s `moves` shows it until done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMove {
+    pub tenant_id: String,
+    pub namespace: String,
+    pub stream: String,
+    pub shard: u32,
+    /// The broker it goes to (its node id); absent with `cancel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cancel: bool,
+    pub request_id: u64,
+}
+
+/// `shard_move_ok`: the move (or its cancellation) was proposed; `proposed` says what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMoveOk {
+    pub proposed: String,
+    pub request_id: u64,
+}
+
 /// `stream_info` (D51): one shard of a stream, described by the broker that serves it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StreamInfo {
