@@ -7,6 +7,7 @@
 //! broker. The Python package (`felix-py/python/felix`) adds the asyncio API people write
 //! against, batching of fire-and-forget publishes, and a synchronous wrapper.
 
+mod bridge;
 mod convert;
 mod errors;
 mod raw;
@@ -25,5 +26,7 @@ fn _felix(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<convert::CacheChange>()?;
     m.add_class::<convert::GroupRecord>()?;
     errors::register(m)?;
+    m.add_function(wrap_pyfunction!(bridge::shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(bridge::_roundtrip, m)?)?;
     Ok(())
 }

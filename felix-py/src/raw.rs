@@ -2,6 +2,7 @@
 //! publishes go to their shard's owner, owner-only requests follow redirects), its methods as
 //! awaitables; and `RawProducer`, the idempotent producer. The Python package wraps both.
 
+use crate::bridge::{Fail, spawn as future_into_py};
 use crate::convert::{self, GroupRecord};
 use crate::errors::to_py;
 use crate::streams::{RawSubscription, RawWatch};
@@ -11,7 +12,6 @@ use felix_driver_tokio::{ClusterClient, GroupTarget, IdempotentProducer, PollOpt
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3_async_runtimes::tokio::future_into_py;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,65 @@ pub struct RawClient {
     cc: Arc<ClusterClient>,
     seeds: Vec<SocketAddr>,
     opts: ClientOptions,
+    publisher: Publisher,
+}
+
+/// What the publishing task is asked, in order.
+enum PubItem {
+    /// A fire-and-forget batch.
+    Publish { namespace: String, stream: String, payloads: Vec<Bytes>, key: Option<Bytes>, bytes: usize },
+    /// Answered once everything before it was handed to the connection.
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Fire-and-forget publishes, queued from Python without an awaitable each and handed to the
+/// client in the order queued by one task: batches to one stream keep their order (tasks
+/// spawned per call would race), and Python pays one channel send per batch, not a thread
+/// hand-off and an event-loop wake-up.
+struct Publisher {
+    tx: tokio::sync::mpsc::UnboundedSender<PubItem>,
+    /// Payload bytes queued and not yet handed over.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// The first failure, raised by the next call.
+    error: Arc<std::sync::Mutex<Option<felix_driver_tokio::ClientError>>>,
+}
+
+impl Publisher {
+    /// Starts the task (on the runtime the caller runs on).
+    fn start(cc: Arc<ClusterClient>) -> Publisher {
+        use std::sync::atomic::Ordering;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PubItem>();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let error = Arc::new(std::sync::Mutex::new(None));
+        let (q, err) = (queued.clone(), error.clone());
+        tokio::spawn(async move {
+            while let Some(item) = rx.recv().await {
+                match item {
+                    PubItem::Publish { namespace, stream, payloads, key, bytes } => {
+                        let opts = PublishOptions { key, ack: false, json: false };
+                        if let Err(e) = cc.publish(&namespace, &stream, payloads, opts).await
+                            && let Ok(mut g) = err.lock()
+                            && g.is_none()
+                        {
+                            *g = Some(e);
+                        }
+                        q.fetch_sub(bytes, Ordering::Relaxed);
+                    }
+                    PubItem::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        Publisher { tx, queued, error }
+    }
+
+    fn take_error(&self) -> PyResult<()> {
+        match self.error.lock().ok().and_then(|mut g| g.take()) {
+            Some(e) => Err(to_py(e)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Resolves `host:port` addresses (names too), in order, each to its first address.
@@ -95,8 +154,10 @@ impl RawClient {
                 .map_err(|_| {
                     crate::errors::ConnectError::new_err(format!("no broker of {addrs:?} answered within {all:?}"))
                 })?
-                .map_err(to_py)?;
-            Ok(RawClient { cc: Arc::new(cc), seeds, opts })
+                .map_err(Fail::from)?;
+            let cc = Arc::new(cc);
+            let publisher = Publisher::start(cc.clone());
+            Ok(RawClient { cc, seeds, opts, publisher })
         })
     }
 
@@ -115,7 +176,49 @@ impl RawClient {
         let cc = self.cc.clone();
         let payloads = convert::payloads(payloads);
         let opts = PublishOptions { key: key.map(Bytes::from_owner), ack, json: false };
-        future_into_py(py, async move { cc.publish(&namespace, &stream, payloads, opts).await.map_err(to_py) })
+        future_into_py(py, async move { cc.publish(&namespace, &stream, payloads, opts).await.map_err(Fail::from) })
+    }
+
+    /// Queues a fire-and-forget batch, in order behind every batch queued before it; returns
+    /// the payload bytes queued and not yet handed to the connection (the caller waits with
+    /// `flush` when that grows). An earlier batch's failure is raised by `take_error` or
+    /// `flush`, never here: this batch is always queued.
+    #[pyo3(signature = (namespace, stream, payloads, key=None))]
+    fn publish_nowait(
+        &self,
+        namespace: String,
+        stream: String,
+        payloads: Vec<PyBackedBytes>,
+        key: Option<PyBackedBytes>,
+    ) -> PyResult<usize> {
+        use std::sync::atomic::Ordering;
+        let payloads = convert::payloads(payloads);
+        let bytes: usize = payloads.iter().map(Bytes::len).sum();
+        let queued = self.publisher.queued.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let item = PubItem::Publish { namespace, stream, payloads, key: key.map(Bytes::from_owner), bytes };
+        self.publisher.tx.send(item).map_err(|_| crate::errors::ConnectionClosed::new_err("the client is closed"))?;
+        Ok(queued)
+    }
+
+    /// Waits until every queued fire-and-forget batch was handed to the connection; raises the
+    /// first failure among them.
+    fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (tx, error) = (self.publisher.tx.clone(), self.publisher.error.clone());
+        future_into_py(py, async move {
+            let (done, wait) = tokio::sync::oneshot::channel();
+            if tx.send(PubItem::Flush(done)).is_ok() {
+                let _ = wait.await;
+            }
+            match error.lock().ok().and_then(|mut g| g.take()) {
+                Some(e) => Err(Fail::Client(e)),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Raises the first failure of a fire-and-forget batch since the last call, if any.
+    fn take_error(&self) -> PyResult<()> {
+        self.publisher.take_error()
     }
 
     /// Subscribes to one shard, following it if it moves or its broker fails.
@@ -169,8 +272,8 @@ impl RawClient {
         let cc = self.cc.clone();
         let value = Bytes::from_owner(value);
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
-            c.cache_put(&namespace, &cache, &key, value, ttl_ms).await.map_err(to_py)
+            let c = cc.any().await.map_err(Fail::from)?;
+            c.cache_put(&namespace, &cache, &key, value, ttl_ms).await.map_err(Fail::from)
         })
     }
 
@@ -184,8 +287,8 @@ impl RawClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
-            let v = c.cache_get(&namespace, &cache, &key).await.map_err(to_py)?;
+            let c = cc.any().await.map_err(Fail::from)?;
+            let v = c.cache_get(&namespace, &cache, &key).await.map_err(Fail::from)?;
             Ok(v.map(|b| b.to_vec()))
         })
     }
@@ -200,8 +303,8 @@ impl RawClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
-            let v = c.cache_delete(&namespace, &cache, &key).await.map_err(to_py)?;
+            let c = cc.any().await.map_err(Fail::from)?;
+            let v = c.cache_delete(&namespace, &cache, &key).await.map_err(Fail::from)?;
             Ok(v.map(|b| b.to_vec()))
         })
     }
@@ -217,8 +320,8 @@ impl RawClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
-            c.counter_add(&namespace, &cache, &key, delta).await.map_err(to_py)
+            let c = cc.any().await.map_err(Fail::from)?;
+            c.counter_add(&namespace, &cache, &key, delta).await.map_err(Fail::from)
         })
     }
 
@@ -232,8 +335,8 @@ impl RawClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
-            c.counter_get(&namespace, &cache, &key).await.map_err(to_py)
+            let c = cc.any().await.map_err(Fail::from)?;
+            c.counter_get(&namespace, &cache, &key).await.map_err(Fail::from)
         })
     }
 
@@ -263,7 +366,7 @@ impl RawClient {
                     async move { c.group_poll(&g, max_records, opts).await }
                 })
                 .await
-                .map_err(to_py)?;
+                .map_err(Fail::from)?;
             Ok(records.into_iter().map(GroupRecord::from).collect::<Vec<_>>())
         })
     }
@@ -287,7 +390,7 @@ impl RawClient {
                 async move { c.group_ack(&g, offset).await }
             })
             .await
-            .map_err(to_py)
+            .map_err(Fail::from)
         })
     }
 
@@ -313,7 +416,7 @@ impl RawClient {
                 async move { c.group_nack(&g, offset, delay, None).await }
             })
             .await
-            .map_err(to_py)
+            .map_err(Fail::from)
         })
     }
 
@@ -322,12 +425,12 @@ impl RawClient {
     fn stream_list<'py>(&self, py: Python<'py>, namespace: Option<String>) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
+            let c = cc.any().await.map_err(Fail::from)?;
             let mut out = Vec::new();
             let mut after: Option<String> = None;
             loop {
                 let (page, next) =
-                    c.stream_list(namespace.as_deref(), after.as_deref(), Some(1000)).await.map_err(to_py)?;
+                    c.stream_list(namespace.as_deref(), after.as_deref(), Some(1000)).await.map_err(Fail::from)?;
                 out.extend(page.into_iter().map(|e| (e.namespace, e.stream, e.shards)));
                 match next {
                     Some(n) => after = Some(n),
@@ -341,8 +444,8 @@ impl RawClient {
     fn cluster_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
-            Ok(c.cluster_status().await.map_err(to_py)?.to_string())
+            let c = cc.any().await.map_err(Fail::from)?;
+            Ok(c.cluster_status().await.map_err(Fail::from)?.to_string())
         })
     }
 
@@ -361,7 +464,7 @@ impl RawClient {
                     Err(e) => last = Some(e),
                 }
             }
-            Err(last.map_or_else(|| PyRuntimeError::new_err("no broker"), to_py))
+            Err(last.map_or_else(|| Fail::Py(PyRuntimeError::new_err("no broker")), Fail::Client))
         })
     }
 
@@ -398,7 +501,7 @@ impl RawProducer {
         future_into_py(py, async move {
             let mut g = inner.lock().await;
             let p = g.as_mut().ok_or_else(|| crate::errors::ConnectionClosed::new_err("the producer is closed"))?;
-            p.send(payloads, key).await.map_err(to_py)
+            p.send(payloads, key).await.map_err(Fail::from)
         })
     }
 
@@ -417,7 +520,7 @@ impl RawProducer {
         future_into_py(py, async move {
             let mut g = inner.lock().await;
             let p = g.as_mut().ok_or_else(|| crate::errors::ConnectionClosed::new_err("the producer is closed"))?;
-            p.submit(payloads, key).await.map(|_| ()).map_err(to_py)
+            p.submit(payloads, key).await.map(|_| ()).map_err(Fail::from)
         })
     }
 
@@ -427,7 +530,7 @@ impl RawProducer {
         future_into_py(py, async move {
             let mut g = inner.lock().await;
             let p = g.as_mut().ok_or_else(|| crate::errors::ConnectionClosed::new_err("the producer is closed"))?;
-            p.flush().await.map(|_| ()).map_err(to_py)
+            p.flush().await.map(|_| ()).map_err(Fail::from)
         })
     }
 
@@ -443,7 +546,7 @@ impl RawProducer {
         future_into_py(py, async move {
             let p = inner.lock().await.take();
             match p {
-                Some(p) => p.close().await.map_err(to_py),
+                Some(p) => p.close().await.map_err(Fail::from),
                 None => Ok(()),
             }
         })

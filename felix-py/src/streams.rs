@@ -5,14 +5,13 @@
 //! holds the broker: nothing is buffered without bound, and a subscription the broker ends
 //! for lagging is reported as an error, not hidden.
 
+use crate::bridge::{Fail, spawn as future_into_py};
 use crate::convert::{self, CacheChange, Event};
-use crate::errors::{ended, to_py};
 use felix_driver_tokio::{ClientError, ClusterClient, SubscriptionItem};
 use felix_proto::binary::EventBatch;
 use felix_proto::client::WatchOn;
 use felix_proto::message::StartPosition;
 use pyo3::prelude::*;
-use pyo3_async_runtimes::tokio::future_into_py;
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
@@ -72,8 +71,8 @@ impl RawSubscription {
             });
             match ready_rx.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(to_py(e)),
-                Err(_) => return Err(ended("the subscription's task stopped".into())),
+                Ok(Err(e)) => return Err(Fail::Client(e)),
+                Err(_) => return Err(Fail::Ended("the subscription's task stopped".into())),
             }
             let rx: Batches = rx;
             Ok(RawSubscription {
@@ -93,10 +92,10 @@ impl RawSubscription {
         future_into_py(py, async move {
             let mut inbox = inbox.lock().await;
             if let Some(e) = inbox.pending.take() {
-                return Err(to_py(e));
+                return Err(Fail::Client(e));
             }
             let Some(first) = inbox.rx.recv().await else { return Ok(None) };
-            let mut events: Vec<Event> = convert::events(&first.map_err(to_py)?, shard);
+            let mut events: Vec<Event> = convert::events(&first.map_err(Fail::from)?, shard);
             for _ in 0..DRAIN {
                 match inbox.rx.try_recv() {
                     Ok(Ok(b)) => events.extend(convert::events(&b, shard)),
@@ -127,7 +126,7 @@ impl Drop for RawSubscription {
 /// A cache watch.
 #[pyclass(frozen, module = "felix._felix")]
 pub struct RawWatch {
-    rx: Arc<Mutex<Inbox<CacheChange, PyErr>>>,
+    rx: Arc<Mutex<Inbox<CacheChange, String>>>,
     task: tokio::task::AbortHandle,
 }
 
@@ -145,23 +144,25 @@ impl RawWatch {
         buffer: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         future_into_py(py, async move {
-            let c = cc.any().await.map_err(to_py)?;
+            let c = cc.any().await.map_err(Fail::from)?;
             let mut w = match c.cache_watch(&namespace, &cache, on.clone(), from_offset, retained).await {
                 Err(ClientError::NotLeader { addr: Some(a), .. }) => {
-                    let a = a.parse().map_err(|_| crate::errors::ConnectError::new_err(format!("{a}: bad address")))?;
-                    let c = cc.at(a).await.map_err(to_py)?;
-                    c.cache_watch(&namespace, &cache, on, from_offset, retained).await.map_err(to_py)?
+                    let a = a
+                        .parse()
+                        .map_err(|_| Fail::Py(crate::errors::ConnectError::new_err(format!("{a}: bad address"))))?;
+                    let c = cc.at(a).await.map_err(Fail::from)?;
+                    c.cache_watch(&namespace, &cache, on, from_offset, retained).await.map_err(Fail::from)?
                 }
-                r => r.map_err(to_py)?,
+                r => r.map_err(Fail::from)?,
             };
             let (tx, rx) = mpsc::channel(buffer.max(1));
             let task = tokio::spawn(async move {
                 loop {
                     let item = match w.next().await {
                         Some(SubscriptionItem::CacheChange(e)) => Ok(CacheChange::from(e)),
-                        Some(SubscriptionItem::End(reason)) => Err(ended(format!("{reason:?}"))),
+                        Some(SubscriptionItem::End(reason)) => Err(format!("{reason:?}")),
                         Some(SubscriptionItem::Events(_)) => continue,
-                        None => Err(ended("the connection closed".into())),
+                        None => Err("the connection closed".to_owned()),
                     };
                     let last = item.is_err();
                     if tx.send(item).await.is_err() || last {
@@ -182,10 +183,10 @@ impl RawWatch {
         future_into_py(py, async move {
             let mut inbox = inbox.lock().await;
             if let Some(e) = inbox.pending.take() {
-                return Err(e);
+                return Err(Fail::Ended(e));
             }
             let Some(first) = inbox.rx.recv().await else { return Ok(None) };
-            let mut out = vec![first?];
+            let mut out = vec![first.map_err(Fail::Ended)?];
             while out.len() < DRAIN * 16 {
                 match inbox.rx.try_recv() {
                     Ok(Ok(c)) => out.push(c),

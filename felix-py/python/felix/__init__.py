@@ -24,10 +24,11 @@ program behaves exactly as a Rust one::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import json
 import os
-from typing import Any, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union  # noqa: F401
 
 from . import _felix
 from ._felix import (  # noqa: F401  (re-exported)
@@ -64,6 +65,10 @@ from ._felix import (  # noqa: F401  (re-exported)
 
 __version__ = _felix.__version__
 
+# Before the interpreter finalizes: no Rust future hands a result to Python any more, and those
+# doing so finish first (felix-py/src/bridge.rs).
+atexit.register(_felix.shutdown, 2.0)
+
 # The exception classes are defined in the extension; they read as felix.X.
 for _name in dir(_felix):
     _obj = getattr(_felix, _name)
@@ -76,8 +81,8 @@ Payload = Union[bytes, bytearray, memoryview, str]
 BATCH_RECORDS = 1024
 #: ... or once they hold this many bytes.
 BATCH_BYTES = 256 * 1024
-#: Batches handed to the broker but not yet written to QUIC before `publish` waits for room.
-MAX_IN_FLIGHT = 32
+#: Payload bytes handed to the client but not yet to the connection before a publish waits.
+MAX_QUEUED_BYTES = 16 * 1024 * 1024
 
 
 def _bytes(p: Payload) -> bytes:
@@ -160,8 +165,7 @@ class Client:
         self.namespace = namespace
         self._pending: Dict[Tuple[str, str, Optional[bytes]], List[bytes]] = {}
         self._pending_bytes: Dict[Tuple[str, str, Optional[bytes]], int] = {}
-        self._in_flight: Deque["asyncio.Future[Any]"] = collections.deque()
-        self._error: Optional[BaseException] = None
+        self._queued = 0
         self._flush_scheduled = False
 
     async def __aenter__(self) -> "Client":
@@ -185,26 +189,30 @@ class Client:
 
         With ``ack=True`` waits until the broker stored it (per the stream's fsync policy) and
         returns its offset. Without, it is queued and sent with the records published around
-        it in one batch (at the next turn of the event loop, or once ``BATCH_RECORDS`` wait):
-        ``flush()`` or ``close()`` waits until everything queued was handed over, and a failure
-        to send is raised by the next ``publish`` or ``flush``.
+        it in one batch (at the next turn of the event loop, or once ``BATCH_RECORDS`` wait);
+        records to one stream keep their order, acknowledged or not. ``flush()`` or ``close()``
+        waits until everything queued was handed over, and a failure to send is raised by the
+        next ``publish`` or ``flush``.
         """
         ns = namespace or self.namespace
         k = _bytes(key) if key is not None else None
-        if ack:
-            self._raise_pending_error()
-            return await self._raw.publish(ns, stream, [_bytes(payload)], k, True)
         p = _bytes(payload)
         slot = (ns, stream, k)
+        if ack:
+            await self._before_acked(slot)
+            return await self._raw.publish(ns, stream, [p], k, True)
         batch = self._pending.get(slot)
         if batch is None:
+            self._raw.take_error()  # an earlier batch's failure, once per new batch
             batch = self._pending[slot] = []
             self._pending_bytes[slot] = 0
         batch.append(p)
         size = self._pending_bytes[slot] = self._pending_bytes[slot] + len(p)
         if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
             self._send(slot)
-            await self._room()
+            if self._queued > MAX_QUEUED_BYTES:
+                await self._raw.flush()
+                self._queued = 0
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._send_all)
@@ -220,59 +228,51 @@ class Client:
         namespace: Optional[str] = None,
     ) -> Optional[int]:
         """Publishes records as one batch (one frame, one write); with ``ack=True`` returns the
-        first record's offset once stored."""
-        self._raise_pending_error()
+        first record's offset once stored. Without, the batch is queued (in order behind what
+        was published before it) and this returns at once."""
+        ns = namespace or self.namespace
         k = _bytes(key) if key is not None else None
         batch = [_bytes(p) for p in payloads]
         if not batch:
             return None
-        return await self._raw.publish(namespace or self.namespace, stream, batch, k, ack)
+        slot = (ns, stream, k)
+        if ack:
+            await self._before_acked(slot)
+            return await self._raw.publish(ns, stream, batch, k, True)
+        self._raw.take_error()
+        self._send(slot)
+        self._queued = self._raw.publish_nowait(ns, stream, batch, k)
+        if self._queued > MAX_QUEUED_BYTES:
+            await self._raw.flush()
+            self._queued = 0
+        return None
+
+    async def _before_acked(self, slot: Tuple[str, str, Optional[bytes]]) -> None:
+        """An acknowledged publish goes straight to the client: what is queued for its stream
+        goes first."""
+        self._raw.take_error()
+        if slot in self._pending or self._queued:
+            self._send_all()
+            await self._raw.flush()
+            self._queued = 0
 
     def _send(self, slot: Tuple[str, str, Optional[bytes]]) -> None:
         batch = self._pending.pop(slot, None)
         self._pending_bytes.pop(slot, None)
-        if not batch:
-            return
-        fut = asyncio.ensure_future(self._raw.publish(slot[0], slot[1], batch, slot[2], False))
-        fut.add_done_callback(self._sent)
-        self._in_flight.append(fut)
+        if batch:
+            self._queued = self._raw.publish_nowait(slot[0], slot[1], batch, slot[2])
 
     def _send_all(self) -> None:
         self._flush_scheduled = False
         for slot in list(self._pending):
             self._send(slot)
 
-    def _sent(self, fut: "asyncio.Future[Any]") -> None:
-        if not fut.cancelled() and fut.exception() is not None and self._error is None:
-            self._error = fut.exception()
-
-    async def _room(self) -> None:
-        while self._in_flight and self._in_flight[0].done():
-            self._in_flight.popleft()
-        while len(self._in_flight) > MAX_IN_FLIGHT:
-            fut = self._in_flight.popleft()
-            try:
-                await fut
-            except BaseException:  # recorded by _sent; raised below
-                pass
-        self._raise_pending_error()
-
-    def _raise_pending_error(self) -> None:
-        if self._error is not None:
-            e, self._error = self._error, None
-            raise e
-
     async def flush(self) -> None:
         """Waits until every fire-and-forget publish was handed to the connection; raises the
         first failure since the last call."""
         self._send_all()
-        while self._in_flight:
-            fut = self._in_flight.popleft()
-            try:
-                await fut
-            except BaseException:
-                pass
-        self._raise_pending_error()
+        await self._raw.flush()
+        self._queued = 0
 
     async def producer(self, stream: str, *, namespace: Optional[str] = None) -> "Producer":
         """An idempotent producer: every batch it sends is appended exactly once, across
