@@ -101,3 +101,44 @@ fn the_same_inputs_give_the_same_outputs_byte_for_byte() {
         assert_eq!(scenario(t0), (first, truncations), "run {run} differs");
     }
 }
+
+/// A subscriber holding the publishers of many ephemeral streams (its queues over half full)
+/// goes away: the broker releases each held publisher, and the order of those releases (which
+/// stream is read again first) is the same in every run. `drop_conn` once walked the
+/// connection's subscriptions in hash-map order.
+fn releases(t0: Instant) -> u64 {
+    use support::*;
+    let mut cfg = support::ephemeral_config();
+    cfg.publisher_hold_max = Duration::from_secs(10);
+    cfg.event_stream_inflight_bytes = 1024;
+    cfg.default_stream.queue_capacity = 4;
+    let mut sim = Sim::new(cfg, t0);
+    let (slow, ss, _) = raw_session(&mut sim, Some(0x0027), None);
+    let mut publishers = Vec::new();
+    for i in 0..16 {
+        sim.raw_send(slow, ss, subscribe(&format!("e{i:02}"), None), false);
+        publishers.push(raw_session(&mut sim, Some(0x7FFF), None));
+    }
+    sim.run();
+    sim.set_slow(slow, true);
+    let payload = "h".repeat(256);
+    for round in 0..12u64 {
+        for (i, (p, s, _)) in publishers.iter().enumerate() {
+            sim.raw_send(*p, *s, publish_binary(&format!("e{i:02}"), &[&payload], Some(round), None), false);
+        }
+        sim.run();
+    }
+    assert!(sim.broker.stats().publishers_held >= 16, "every publisher is held");
+    sim.drop_connection(slow);
+    sim.run();
+    sim.trace.value()
+}
+
+#[test]
+fn a_subscriber_holding_many_publishers_releases_them_in_the_same_order_every_run() {
+    let t0 = support::epoch();
+    let first = releases(t0);
+    for run in 1..8 {
+        assert_eq!(releases(t0), first, "run {run} differs");
+    }
+}

@@ -114,7 +114,11 @@ impl Broker {
                     self.auth_deadlines.remove(&(d, conn, *sid));
                 }
             }
-            for sub in c.subs.values() {
+            // In subscription-id order: what this releases (held publishers read again)
+            // becomes outputs, which must not follow a hash map's order.
+            let mut subs: Vec<&Sub> = c.subs.values().collect();
+            subs.sort_unstable_by_key(|s| s.id);
+            for sub in subs {
                 self.unlink_sub(conn, sub);
             }
         }
