@@ -1,0 +1,36 @@
+//! The driver guides name every output a driver must handle: docs/embedding.md (the guide for a
+//! new driver) and docs/architecture.md list each `BrokerOutput` variant, read here from the
+//! enum's source, so a new variant without its line in the docs fails this test.
+
+fn variants() -> Vec<String> {
+    let src = include_str!("../src/broker/output.rs");
+    let body = src.split("pub enum BrokerOutput {").nth(1).expect("the enum is in output.rs");
+    let body = &body[..body.find("\n}").expect("the enum ends")];
+    body.lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map(|l| l.chars().take_while(char::is_ascii_alphanumeric).collect())
+        .collect()
+}
+
+/// Whether `text` holds `word` as a whole word.
+fn names(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + word.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_alphanumeric()) && !after.is_some_and(|c| c.is_ascii_alphanumeric())
+    })
+}
+
+#[test]
+fn every_broker_output_is_named_in_the_driver_guides() {
+    let vs = variants();
+    assert!(vs.len() >= 20 && vs.contains(&"Transmit".to_string()), "read the enum: {vs:?}");
+    for (doc, text) in [
+        ("docs/embedding.md", include_str!("../../docs/embedding.md")),
+        ("docs/architecture.md", include_str!("../../docs/architecture.md")),
+    ] {
+        let missing: Vec<&String> = vs.iter().filter(|v| !names(text, v)).collect();
+        assert!(missing.is_empty(), "{doc} does not name BrokerOutput::{missing:?}");
+    }
+}
