@@ -31,6 +31,8 @@ struct Inbox<T, E> {
 pub struct RawSubscription {
     rx: Arc<Mutex<Inbox<EventBatch, ClientError>>>,
     task: tokio::task::AbortHandle,
+    /// How many times it had to subscribe again, and why the last time.
+    resumed: Arc<std::sync::Mutex<(u64, Option<String>)>>,
     /// The shard it reads.
     #[pyo3(get)]
     shard: u32,
@@ -50,6 +52,8 @@ impl RawSubscription {
         future_into_py(py, async move {
             let (tx, rx) = mpsc::channel(buffer_batches.max(1));
             let (ready_tx, ready_rx) = oneshot::channel::<Result<(), ClientError>>();
+            let resumed = Arc::new(std::sync::Mutex::new((0u64, None::<String>)));
+            let told = resumed.clone();
             let task = tokio::spawn(async move {
                 let mut f = match cc.follow(&namespace, &stream, shard, start).await {
                     Ok(f) => {
@@ -63,6 +67,12 @@ impl RawSubscription {
                 };
                 loop {
                     let r = f.next().await;
+                    if f.resumes() > 0
+                        && let Ok(mut t) = told.lock()
+                        && t.0 != f.resumes()
+                    {
+                        *t = (f.resumes(), f.last_end().map(str::to_owned));
+                    }
                     let last = r.is_err();
                     if tx.send(r).await.is_err() || last {
                         return;
@@ -78,6 +88,7 @@ impl RawSubscription {
             Ok(RawSubscription {
                 rx: Arc::new(Mutex::new(Inbox { rx, pending: None })),
                 task: task.abort_handle(),
+                resumed,
                 shard,
             })
         })
@@ -109,6 +120,19 @@ impl RawSubscription {
             }
             Ok(Some(events))
         })
+    }
+
+    /// How many times the subscription had to be made again (its shard moved, its broker
+    /// failed, it fell behind and resumed where it left off).
+    #[getter]
+    fn resumes(&self) -> u64 {
+        self.resumed.lock().map_or(0, |r| r.0)
+    }
+
+    /// Why it was last made again, for a person to read.
+    #[getter]
+    fn last_end(&self) -> Option<String> {
+        self.resumed.lock().ok().and_then(|r| r.1.clone())
     }
 
     /// Ends the subscription.

@@ -69,6 +69,7 @@ async def test_a_replicated_stream_survives_its_leader_killed_mid_stream(cluster
     assert sorted(seen) == list(seen), "offsets delivered in order"
     for off, payload in acked.items():
         assert seen.get(off) == payload, f"acknowledged record at {off} read back"
+    assert sub.resumes >= 1 and sub.last_end, "the fail-over is reported, not hidden"
     sub.close()
     await c.close()
 

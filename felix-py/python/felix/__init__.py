@@ -428,6 +428,18 @@ class Subscription:
             return out
         return (await self._raw.next_events()) or []
 
+    @property
+    def resumes(self) -> int:
+        """How many times the subscription was made again: its shard moved, its broker failed,
+        or it fell behind the broker's queue and resumed where it left off (no gap on a
+        durable stream)."""
+        return self._raw.resumes
+
+    @property
+    def last_end(self) -> Optional[str]:
+        """Why it was last made again, for a person to read."""
+        return self._raw.last_end
+
     def close(self) -> None:
         self._raw.close()
 

@@ -39,6 +39,8 @@ class GroupRecord:
 
 class RawSubscription:
     shard: int
+    resumes: int
+    last_end: Optional[str]
     def next_events(self) -> Awaitable[Optional[List[Event]]]: ...
     def close(self) -> None: ...
 
