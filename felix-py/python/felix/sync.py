@@ -36,8 +36,9 @@ class Client:
         self.close()
 
     def publish(self, stream: str, payload: Any, **kw: Any) -> Optional[int]:
-        """Publishes one record (``ack=True`` waits and returns its offset; without, it is sent
-        before this call returns, batched only with itself)."""
+        """Publishes one record (``ack=True`` waits and returns its offset; without, it is queued
+        for the client's own threads to send, in order, and a failure is raised by a later call
+        or by ``close()``)."""
         if kw.get("ack"):
             return self._run(self._client.publish(stream, payload, **kw))
         return self._run(self._client.publish_batch(stream, [payload], **kw))
