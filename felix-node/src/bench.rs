@@ -20,20 +20,20 @@ use std::time::{Duration, Instant};
 pub struct BenchArgs {
     /// Benchmark a running broker instead of starting one in-process.
     #[arg(long)]
-    addr: Option<SocketAddr>,
+    pub(crate) addr: Option<SocketAddr>,
     /// Token for --addr (default: the dev token in --data-dir).
     #[arg(long)]
-    token: Option<String>,
+    pub(crate) token: Option<String>,
     /// Stream to publish to, in namespace `bench` (default: one named after this process). In
     /// a cluster, naming it lets a run go through its owner or through another broker.
     #[arg(long)]
     stream: Option<String>,
     /// Certificate for --addr (default: the one in --data-dir).
     #[arg(long)]
-    ca: Option<PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
     /// Data directory of the broker given with --addr.
     #[arg(long, default_value = "./felix-data")]
-    data_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
     /// Publisher connections.
     #[arg(long, default_value_t = 1)]
     publishers: usize,
@@ -69,7 +69,7 @@ pub struct BenchArgs {
     /// The tenant to publish and subscribe as (with --addr and a token valid for it; the dev
     /// token is valid for any): two benches as two tenants show whether one slows the other.
     #[arg(long, default_value = "bench")]
-    tenant: String,
+    pub(crate) tenant: String,
     /// Target records per second across all publishers (0: as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
@@ -115,10 +115,10 @@ pub struct BenchArgs {
     baseline: bool,
     /// Print results as JSON.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// No progress line.
     #[arg(long)]
-    quiet: bool,
+    pub(crate) quiet: bool,
     /// Configure the in-process broker with a publish rate limit for the bench's tenant, in
     /// records/s (to measure what a limit far above the load costs).
     #[arg(long)]
@@ -138,9 +138,45 @@ pub struct BenchArgs {
     /// otherwise): a late reader further behind than this reads from the segment files.
     #[arg(long)]
     memory_bytes: Option<u64>,
+    /// Measure many connections instead: this many connect at once to a broker started as a
+    /// child process (or --addr with --broker-pid), each subscribing to one in-memory stream;
+    /// reports the connect storm's time and failures, the broker's memory per connection, its
+    /// CPU while they sit idle, and fan-out to all of them. Needs a file-descriptor limit
+    /// above N (`ulimit -n`): each connection is a UDP socket here.
+    #[arg(long, help_heading = "Many connections")]
+    pub(crate) connections: Option<usize>,
+    /// With --connections: subscriptions each connection makes (0: connections alone).
+    #[arg(long, default_value_t = 1, help_heading = "Many connections")]
+    pub(crate) subscriptions_per_connection: usize,
+    /// With --connections: handshakes in flight at once (a broker given with --addr must admit
+    /// that many unauthenticated connections from this address:
+    /// --max-unauthenticated-per-address).
+    #[arg(long, default_value_t = 256, help_heading = "Many connections")]
+    pub(crate) handshakes: usize,
+    /// With --connections: how long to measure the broker's CPU while the connections idle.
+    #[arg(long, value_parser = crate::commands::parse_duration, default_value = "10s", help_heading = "Many connections")]
+    pub(crate) idle: Duration,
+    /// With --connections: keep each client's liveness check as shipped (`default`: a client
+    /// gives a silent broker up after 2 s, so it sends a keep-alive every 500 ms) or turn it
+    /// `off` (QUIC's own keep-alive, every 5 s, only).
+    #[arg(long, default_value = "default", value_parser = ["default", "off"], help_heading = "Many connections")]
+    pub(crate) liveness: String,
+    /// With --connections: the started broker's `--max-streams` (concurrent streams a client
+    /// may open, each direction; quinn keeps a table entry per allowed stream, so this sets
+    /// most of an idle connection's memory) [default: the broker's, 1024].
+    #[arg(long, help_heading = "Many connections")]
+    pub(crate) broker_max_streams: Option<u32>,
+    /// With --connections and --addr: the broker's process id, for its memory and CPU.
+    #[arg(long, help_heading = "Many connections")]
+    pub(crate) broker_pid: Option<u32>,
 }
 
 impl BenchArgs {
+    /// The transport settings of every endpoint the bench makes.
+    pub(crate) fn tuning_pub(&self) -> felix_driver_tokio::TransportTuning {
+        self.tuning()
+    }
+
     /// The transport settings of every endpoint the bench makes.
     fn tuning(&self) -> felix_driver_tokio::TransportTuning {
         felix_driver_tokio::TransportTuning {
@@ -294,6 +330,12 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     }
     if a.raw_quinn {
         return raw_quinn(&a).await;
+    }
+    if let Some(n) = a.connections {
+        if n == 0 {
+            return Err("--connections must be positive".into());
+        }
+        return crate::conn_bench::run(&a, n).await;
     }
     let plain = !a.cache && a.group.is_none() && a.watchers.is_none();
     if a.baseline && !plain {

@@ -16,6 +16,7 @@ mod bench;
 mod commands;
 mod config;
 mod conformance;
+mod conn_bench;
 mod demo;
 mod groups;
 mod live;
