@@ -1865,3 +1865,24 @@ fn worker_threads_is_left_out_of_help_where_it_means_nothing() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("0 is not in 1..=1024"), "still checked");
 }
+
+/// `bench --connections`: a broker started as a child process takes a burst of connections
+/// (more than its default per-address cap of 64 unauthenticated at once, which the bench
+/// raises), each with two subscriptions; the report gives the broker's own memory and CPU from
+/// /proc and every subscription receives the fan-out.
+#[test]
+fn bench_connections_measures_many_connections_on_a_child_broker() {
+    let out = Command::new(BIN)
+        .args(["bench", "--connections", "150", "--subscriptions-per-connection", "2", "--idle", "1s", "--json"])
+        .args(["--quiet", "--liveness", "off"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["connected"], 150, "{v}");
+    assert_eq!(v["failures"], 0, "{v}");
+    assert_eq!(v["fanout_deliveries"], v["fanout_expected"], "{v}");
+    assert_eq!(v["fanout_expected"], 500 * 150 * 2, "{v}");
+    assert!(v["broker_rss_per_connection_kb"].as_f64().is_some_and(|k| k > 0.0), "{v}");
+    assert!(v["broker_idle_cpu_share_of_a_core"].as_f64().is_some(), "{v}");
+}
