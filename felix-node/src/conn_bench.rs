@@ -172,7 +172,7 @@ pub async fn run(a: &BenchArgs, n: usize) -> Result<ExitCode, String> {
             Err(e) => failures.push(e),
         }
         let done = clients.len() + failures.len();
-        if !a.quiet && done % 1000 == 0 {
+        if !a.quiet && done.is_multiple_of(1000) {
             eprintln!("  {done} of {n} connections ({:.1} s)", start.elapsed().as_secs_f64());
         }
     }
