@@ -104,6 +104,20 @@ fn ms(seconds: f64) -> PyResult<Duration> {
         .map_err(|_| PyValueError::new_err(format!("{seconds}: not a duration in seconds")))
 }
 
+impl RawClient {
+    /// Runs `op` on a connection to any broker (caches and counters: every broker forwards
+    /// them to their owner); an awaitable of its outcome.
+    fn on_any<'py, T, F, Fut>(&self, py: Python<'py>, op: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: FnOnce(felix_driver_tokio::Client) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, felix_driver_tokio::ClientError>> + Send,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let cc = self.cc.clone();
+        future_into_py(py, async move { Ok(op(cc.any().await?).await?) })
+    }
+}
+
 #[pymethods]
 impl RawClient {
     /// Connects to the first of `addrs` that answers (each within `connect_timeout` seconds).
@@ -269,12 +283,8 @@ impl RawClient {
         value: PyBackedBytes,
         ttl_ms: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cc = self.cc.clone();
         let value = Bytes::from_owner(value);
-        future_into_py(py, async move {
-            let c = cc.any().await.map_err(Fail::from)?;
-            c.cache_put(&namespace, &cache, &key, value, ttl_ms).await.map_err(Fail::from)
-        })
+        self.on_any(py, move |c| async move { c.cache_put(&namespace, &cache, &key, value, ttl_ms).await })
     }
 
     /// A value, or `None`.
@@ -285,12 +295,7 @@ impl RawClient {
         cache: String,
         key: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cc = self.cc.clone();
-        future_into_py(py, async move {
-            let c = cc.any().await.map_err(Fail::from)?;
-            let v = c.cache_get(&namespace, &cache, &key).await.map_err(Fail::from)?;
-            Ok(v.map(|b| b.to_vec()))
-        })
+        self.on_any(py, move |c| async move { Ok(c.cache_get(&namespace, &cache, &key).await?.map(|b| b.to_vec())) })
     }
 
     /// Deletes a key; the value it held, or `None`.
@@ -301,12 +306,7 @@ impl RawClient {
         cache: String,
         key: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cc = self.cc.clone();
-        future_into_py(py, async move {
-            let c = cc.any().await.map_err(Fail::from)?;
-            let v = c.cache_delete(&namespace, &cache, &key).await.map_err(Fail::from)?;
-            Ok(v.map(|b| b.to_vec()))
-        })
+        self.on_any(py, move |c| async move { Ok(c.cache_delete(&namespace, &cache, &key).await?.map(|b| b.to_vec())) })
     }
 
     /// Adds `delta` to a counter; its new value.
@@ -318,11 +318,7 @@ impl RawClient {
         key: String,
         delta: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cc = self.cc.clone();
-        future_into_py(py, async move {
-            let c = cc.any().await.map_err(Fail::from)?;
-            c.counter_add(&namespace, &cache, &key, delta).await.map_err(Fail::from)
-        })
+        self.on_any(py, move |c| async move { c.counter_add(&namespace, &cache, &key, delta).await })
     }
 
     /// A counter's value, or `None` when it was never set.
@@ -333,11 +329,7 @@ impl RawClient {
         cache: String,
         key: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cc = self.cc.clone();
-        future_into_py(py, async move {
-            let c = cc.any().await.map_err(Fail::from)?;
-            c.counter_get(&namespace, &cache, &key).await.map_err(Fail::from)
-        })
+        self.on_any(py, move |c| async move { c.counter_get(&namespace, &cache, &key).await })
     }
 
     /// Claims up to `max_records` records of consumer group `group` on one shard, waiting up
@@ -442,11 +434,7 @@ impl RawClient {
 
     /// The cluster's status document as JSON text (D52).
     fn cluster_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let cc = self.cc.clone();
-        future_into_py(py, async move {
-            let c = cc.any().await.map_err(Fail::from)?;
-            Ok(c.cluster_status().await.map_err(Fail::from)?.to_string())
-        })
+        self.on_any(py, |c| async move { Ok(c.cluster_status().await?.to_string()) })
     }
 
     /// An idempotent producer for `namespace/stream`: every batch it sends is appended exactly
