@@ -30,6 +30,19 @@ struct Cluster {
 }
 
 async fn start() -> Cluster {
+    // Ports are picked free, then bound when each broker starts: another test may take one in
+    // between, so a start that finds its port taken begins again with new ports (bounded).
+    for attempt in 1.. {
+        match try_start().await {
+            Ok(c) => return c,
+            Err(e) if attempt < 5 && e.contains("in use") => continue,
+            Err(e) => panic!("starting three brokers: {e}"),
+        }
+    }
+    unreachable!()
+}
+
+async fn try_start() -> Result<Cluster, String> {
     let dir = tempfile::tempdir().unwrap();
     let names = ["n1", "n2", "n3"];
     let clients: Vec<SocketAddr> = names.iter().map(|_| free_udp()).collect();
@@ -65,7 +78,7 @@ async fn start() -> Cluster {
             }),
             client_ca: None,
         };
-        servers.push(Server::start(opts).await.unwrap());
+        servers.push(Server::start(opts).await.map_err(|e| e.to_string())?);
     }
     let metrics: Vec<SocketAddr> = servers.iter().map(|s| s.metrics_addr.unwrap()).collect();
     let c = Cluster { servers, clients, metrics, trust: Trust::Certificates(chains), own, _dir: dir };
@@ -77,7 +90,7 @@ async fn start() -> Cluster {
             formed &= v["members"].as_array().is_some_and(|m| m.len() == 3) && !v["leader"].is_null();
         }
         if formed {
-            return c;
+            return Ok(c);
         }
         assert!(tokio::time::Instant::now() < until, "the cluster did not form in 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
