@@ -979,16 +979,7 @@ fn brokers_sharing_a_cluster_ca_are_trusted_through_one_file() {
         assert_eq!(chain.matches("BEGIN CERTIFICATE").count(), 2, "leaf and CA");
         assert!(chain.ends_with(std::str::from_utf8(&ca_pem).unwrap()), "the CA is the file's");
     }
-    let (ok, _, err) = cli(&brokers[0], &["publish", "orders", "x", "--ack"]);
-    assert!(ok, "{err}");
-    let mut away = None;
-    wait_for("the shards of orders have owners", 30, || {
-        let Some(v) = status(&brokers[0]) else { return false };
-        let o = owners(&v);
-        away = o.iter().position(|n| n != "n1").map(|s| (s, o[s].clone()));
-        o.len() == 6 && away.is_some()
-    });
-    let shard = away.unwrap().0.to_string();
+    let shard = shard_away_from_n1(&brokers).0.to_string();
     // The data directory's cert.pem (the CLI's default trust) carries the CA: redirects work.
     let (ok, _, err) = cli(&brokers[0], &["read", "orders", "--shard", &shard, "--count", "1"]);
     assert!(ok, "trusting one broker's cert.pem trusts its peers: {err}");
@@ -1033,12 +1024,9 @@ fn cluster_status_and_move_work_with_the_client_address_and_token() {
     assert!(!ok && err.contains("nosuch"), "the metadata's reason: {err}");
 }
 
-/// A client that trusts only the broker it dials, sent by a redirect to another broker, is told
-/// which broker's certificate it does not trust and how to fix it; with both certificates in
-/// one `--ca` file the same read works.
-#[test]
-fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
-    let (brokers, _) = three_formed(|_| Vec::new());
+/// Creates `orders` through n1 (one acknowledged publish) and waits until its six shards have
+/// owners; a shard n1 does not own, and its owner.
+fn shard_away_from_n1(brokers: &[Broker]) -> (usize, String) {
     let (ok, _, err) = cli(&brokers[0], &["publish", "orders", "x", "--ack"]);
     assert!(ok, "{err}");
     let mut away = None;
@@ -1048,7 +1036,16 @@ fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
         away = o.iter().position(|n| n != "n1").map(|s| (s, o[s].clone()));
         o.len() == 6 && away.is_some()
     });
-    let (shard, owner) = away.unwrap();
+    away.unwrap()
+}
+
+/// A client that trusts only the broker it dials, sent by a redirect to another broker, is told
+/// which broker's certificate it does not trust and how to fix it; with both certificates in
+/// one `--ca` file the same read works.
+#[test]
+fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
+    let (brokers, _) = three_formed(|_| Vec::new());
+    let (shard, owner) = shard_away_from_n1(&brokers);
     let owner = brokers.iter().find(|b| b.name == owner).unwrap();
     let (ok, _, err) = cli(&brokers[0], &["read", "orders", "--shard", &shard.to_string(), "--count", "1"]);
     assert!(!ok, "the owner's certificate is not trusted");

@@ -39,6 +39,33 @@ fn names(m: &Message) -> (Vec<String>, Option<String>) {
     }
 }
 
+/// A token that may only publish to `default/orders`.
+fn writer() -> TokenGrant {
+    TokenGrant {
+        token: "writer".into(),
+        tenant_id: Some("t1".into()),
+        principal: "writer".into(),
+        grants: vec![Grant { action: Action::Publish, pattern: "default/orders".into() }],
+    }
+}
+
+/// A session authenticated with [`writer`]'s token, offering error codes.
+fn writer_session(sim: &mut Sim) -> (usize, felix_proto::transport::StreamId) {
+    let w = sim.connect_raw();
+    let ws = sim.raw_open_bi(w);
+    let auth = Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: "writer".into(),
+        client_flags: None,
+        client_features: Features::ERROR_CODES.to_words(false).0,
+        client_features_hi: None,
+    });
+    sim.raw_send(w, ws, json(&auth), false);
+    sim.run();
+    sim.take_received(w, ws);
+    (w, ws)
+}
+
 fn code(m: &Message) -> Option<String> {
     match m {
         Message::Error(e) => e.code.as_ref().map(|c| c.name().into_owned()),
@@ -52,12 +79,7 @@ fn code(m: &Message) -> Option<String> {
 #[test]
 fn stream_list_pages_what_the_token_may_use_in_order() {
     let mut cfg = config();
-    cfg.tokens.push(TokenGrant {
-        token: "writer".into(),
-        tenant_id: Some("t1".into()),
-        principal: "writer".into(),
-        grants: vec![Grant { action: Action::Publish, pattern: "default/orders".into() }],
-    });
+    cfg.tokens.push(writer());
     cfg.streams.push(StreamSpec {
         tenant_id: "t1".into(),
         namespace: "other".into(),
@@ -98,23 +120,7 @@ fn stream_list_pages_what_the_token_may_use_in_order() {
     assert!(matches!(&ms[4], Message::Error(_)), "another tenant's list: {:?}", ms[4]);
     assert_eq!(sim.broker.streams().count(), before, "listing created nothing");
     // A token that may publish to one stream lists that one.
-    let w = sim.connect_raw();
-    let ws = sim.raw_open_bi(w);
-    let codes = Features::ERROR_CODES.to_words(false).0;
-    sim.raw_send(
-        w,
-        ws,
-        json(&Message::Auth(message::Auth {
-            tenant_id: "t1".into(),
-            token: "writer".into(),
-            client_flags: None,
-            client_features: codes,
-            client_features_hi: None,
-        })),
-        false,
-    );
-    sim.run();
-    sim.take_received(w, ws);
+    let (w, ws) = writer_session(&mut sim);
     sim.raw_send(w, ws, list(None, None, None, 6), false);
     sim.run();
     assert_eq!(names(&messages(&sim.take_received(w, ws))[0]).0, ["default/orders:1"]);
@@ -194,12 +200,7 @@ fn in_a_cluster_the_list_is_the_registry_and_info_comes_from_the_owner() {
 #[test]
 fn cluster_requests_on_a_lone_broker_say_it_runs_alone_and_need_the_admin_permission() {
     let mut cfg = config();
-    cfg.tokens.push(TokenGrant {
-        token: "writer".into(),
-        tenant_id: Some("t1".into()),
-        principal: "writer".into(),
-        grants: vec![Grant { action: Action::Publish, pattern: "default/orders".into() }],
-    });
+    cfg.tokens.push(writer());
     assert!(cfg.server_features().contains(Features::CLUSTER_ADMIN));
     let mut sim = Sim::new(cfg, epoch());
     let codes = Features::ERROR_CODES.to_words(false).0.unwrap();
@@ -230,22 +231,7 @@ fn cluster_requests_on_a_lone_broker_say_it_runs_alone_and_need_the_admin_permis
     );
     assert_eq!(code(&ms[1]).as_deref(), Some("invalid_request"));
     assert!(matches!(&ms[2], Message::ClusterStatusView(v) if v.request_id == 3), "the stream goes on");
-    let w = sim.connect_raw();
-    let ws = sim.raw_open_bi(w);
-    sim.raw_send(
-        w,
-        ws,
-        json(&Message::Auth(message::Auth {
-            tenant_id: "t1".into(),
-            token: "writer".into(),
-            client_flags: None,
-            client_features: Some(codes),
-            client_features_hi: None,
-        })),
-        false,
-    );
-    sim.run();
-    sim.take_received(w, ws);
+    let (w, ws) = writer_session(&mut sim);
     sim.raw_send(w, ws, status(4), false);
     sim.raw_send(w, ws, mv(Some("n2"), false, 5), false);
     sim.raw_send(w, ws, mv(None, true, 6), false);
