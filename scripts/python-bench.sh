@@ -33,18 +33,22 @@ udp() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_D
 # for acknowledged publishes one with durable streams written as JetStream writes its file
 # store by default (acknowledged once written, fsync on an interval: --fsync interval:2000, a
 # power cut can take the last 2 s back) and one with the default fsync (always: acknowledged
-# only once on disk), a stronger promise than JetStream's default makes.
-fe=127.0.0.1:$(udp); fd=127.0.0.1:$(udp); fa=127.0.0.1:$(udp); na=127.0.0.1:$(port); nj=127.0.0.1:$(port)
+# only once on disk), a stronger promise than JetStream's default makes. On a machine of 2 cores
+# `serve` runs one runtime thread by default; one more durable broker with --worker-threads 2
+# (a thread per core, the default on larger machines) shows what that is worth to an
+# acknowledged publish.
+fe=127.0.0.1:$(udp); fd=127.0.0.1:$(udp); fa=127.0.0.1:$(udp); fw=127.0.0.1:$(udp); na=127.0.0.1:$(port); nj=127.0.0.1:$(port)
 "$bin" serve --listen "$fe" --data-dir "$tmp/fe" --dev-token t --ephemeral >"$tmp/fe.log" 2>&1 & pids+=($!)
 "$bin" serve --listen "$fd" --data-dir "$tmp/fd" --dev-token t --fsync interval:2000 >"$tmp/fd.log" 2>&1 & pids+=($!)
 "$bin" serve --listen "$fa" --data-dir "$tmp/fa" --dev-token t >"$tmp/fa.log" 2>&1 & pids+=($!)
+"$bin" serve --listen "$fw" --data-dir "$tmp/fw" --dev-token t --fsync interval:2000 --worker-threads 2 >"$tmp/fw.log" 2>&1 & pids+=($!)
 nats-server -a 127.0.0.1 -p "${na##*:}" >"$tmp/na.log" 2>&1 & pids+=($!)
 nats-server -a 127.0.0.1 -p "${nj##*:}" -js -sd "$tmp/js" >"$tmp/nj.log" 2>&1 & pids+=($!)
-for f in fe fd fa; do
+for f in fe fd fa fw; do
   for _ in $(seq 1 100); do grep -q "listening on" "$tmp/$f.log" && break; sleep 0.1; done
 done
 sleep 0.5
-ca_e="$tmp/fe/tls/cert.pem"; ca_d="$tmp/fd/tls/cert.pem"; ca_a="$tmp/fa/tls/cert.pem"
+ca_e="$tmp/fe/tls/cert.pem"; ca_d="$tmp/fd/tls/cert.pem"; ca_a="$tmp/fa/tls/cert.pem"; ca_w="$tmp/fw/tls/cert.pem"
 run() { "$py" felix-py/bench/bench.py "$@"; }
 out="$tmp/results.jsonl"
 for r in $(seq 1 "$rounds"); do
@@ -56,6 +60,7 @@ for r in $(seq 1 "$rounds"); do
   run pub-ack   --system felix --addr "$fd" --token t --ca "$ca_d" --stream "ack$r" --n 5000 | tee -a "$out"
   run pub-ack   --system nats  --addr "$nj" --stream "ack$r" --n 5000 | tee -a "$out"
   run pub-ack   --system felix --addr "$fa" --token t --ca "$ca_a" --stream "acf$r" --n 5000 --label fsync-always | tee -a "$out"
+  run pub-ack   --system felix --addr "$fw" --token t --ca "$ca_w" --stream "acw$r" --n 5000 --label two-threads | tee -a "$out"
   run sub       --system felix --addr "$fe" --token t --ca "$ca_e" --stream "sub$r" --n 500000 | tee -a "$out"
   run sub       --system nats  --addr "$na" --stream "sub$r" --n 500000 | tee -a "$out"
   run hop --system felix --addr "$fe" --n 20000 | tee -a "$out"
@@ -81,6 +86,11 @@ for s in shapes:
 a = [r["records_per_s"] for r in rows if r.get("label") == "fsync-always"]
 if a:
     print(f"pub-ack with --fsync always (acknowledged once on disk): felix-py {statistics.median(a):,.0f}")
+w = [r["records_per_s"] for r in rows if r.get("label") == "two-threads"]
+n = [r["records_per_s"] for r in rows if r["shape"] == "pub-ack" and r["system"] == "nats"]
+if w and n:
+    mw, mn = statistics.median(w), statistics.median(n)
+    print(f"pub-ack, broker with --worker-threads 2: felix-py {mw:,.0f} ({mw / mn:.2f} of nats-py)")
 if hops:
     print(f"binding hand-off per call (no broker): {statistics.median(hops):.0f} us")
 lost = [r for r in rows if r["shape"] == "sub" and r["received"] < r["expected"]]

@@ -50,9 +50,10 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Threads of the async runtime (default: one per core). On a small machine shared with its
-    /// clients, 1 halves the broker's CPU per record at moderate rates and its tail latency
-    /// (docs/benchmarks.md); more help many connections on many cores.
+    /// Threads of the async runtime (default: one per core; `serve` on a machine of 2 cores or
+    /// fewer: 1). On a small machine shared with its clients, 1 halves the broker's CPU per
+    /// record at moderate rates and its tail latency (docs/benchmarks.md); more help many
+    /// connections on many cores.
     #[arg(long, global = true, env = "FELIX_WORKER_THREADS",
         value_parser = clap::value_parser!(u16).range(1..=1024))]
     worker_threads: Option<u16>,
@@ -1085,6 +1086,19 @@ fn short_help(mut cmd: clap::Command) -> clap::Command {
     cmd
 }
 
+/// `serve`'s runtime threads when `--worker-threads` is not given: one on a machine of two
+/// cores or fewer, else tokio's default (one per core).
+///
+/// Why: a broker with two runtime threads on two cores, beside its own storage threads and
+/// usually its clients, has its idle worker woken to search for work on every packet. One
+/// worker halved its CPU per record at 10,000 records/s and its p99 (0.84 → 0.47 ms), lost
+/// nothing at saturation, and answered one-at-a-time acknowledged publishes from Python 1.2–1.3×
+/// as fast (docs/benchmarks.md). Other commands keep tokio's default: `bench` without `--addr`
+/// runs a broker and its clients in one process.
+fn default_serve_workers(command: &Command, cores: usize) -> Option<usize> {
+    (matches!(command, Command::Serve(_)) && cores <= 2).then_some(1)
+}
+
 /// `--worker-threads` is global (every command runs on the async runtime), but it means
 /// nothing to a user of `cluster status`, `token mint` or `completions`: their help leaves it
 /// out. A hidden copy of the flag in those commands takes its place (clap gives a subcommand
@@ -1184,8 +1198,9 @@ fn main() -> ExitCode {
         return conformance::run(&dirs, verbose);
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = cli.worker_threads {
-        builder.worker_threads(usize::from(n));
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+    if let Some(n) = cli.worker_threads.map(usize::from).or_else(|| default_serve_workers(&cli.command, cores)) {
+        builder.worker_threads(n);
     }
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
@@ -1243,5 +1258,21 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_on_a_small_machine_runs_one_runtime_thread_unless_told_otherwise() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.command).map_err(|e| e.to_string());
+        let serve = parse(&["felix-node", "serve"]).expect("serve parses");
+        assert_eq!(default_serve_workers(&serve, 1), Some(1));
+        assert_eq!(default_serve_workers(&serve, 2), Some(1));
+        assert_eq!(default_serve_workers(&serve, 4), None, "larger machines keep one per core");
+        let bench = parse(&["felix-node", "bench"]).expect("bench parses");
+        assert_eq!(default_serve_workers(&bench, 2), None, "an in-process bench runs broker and clients");
     }
 }

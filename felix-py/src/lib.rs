@@ -26,7 +26,6 @@ fn _felix(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<convert::CacheChange>()?;
     m.add_class::<convert::GroupRecord>()?;
     errors::register(m)?;
-    m.add_function(wrap_pyfunction!(bridge::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(bridge::_roundtrip, m)?)?;
     Ok(())
 }

@@ -24,7 +24,6 @@ program behaves exactly as a Rust one::
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import json
 import os
@@ -64,10 +63,6 @@ from ._felix import (  # noqa: F401  (re-exported)
 )
 
 __version__ = _felix.__version__
-
-# Before the interpreter finalizes: no Rust future hands a result to Python any more, and those
-# doing so finish first (felix-py/src/bridge.rs).
-atexit.register(_felix.shutdown, 2.0)
 
 # The exception classes are defined in the extension; they read as felix.X.
 for _name in dir(_felix):
