@@ -29,6 +29,15 @@ async fn start_at(
     data: Option<&Path>,
     broker: BrokerConfig,
 ) -> (Server, Vec<CertificateDer<'static>>) {
+    start_tuned(listen, data, broker, TransportTuning::default()).await
+}
+
+async fn start_tuned(
+    listen: std::net::SocketAddr,
+    data: Option<&Path>,
+    broker: BrokerConfig,
+    transport: TransportTuning,
+) -> (Server, Vec<CertificateDer<'static>>) {
     let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
     let chain = id.chain.clone();
     let opts = ServerOptions {
@@ -37,7 +46,7 @@ async fn start_at(
         identity: id,
         data_dir: data.map(Path::to_path_buf),
         fsync: FsyncMode::Always,
-        transport: TransportTuning::default(),
+        transport,
         require_alpn: false,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         http: None,
@@ -207,6 +216,53 @@ async fn wrong_certificate_fails_the_handshake_quickly() {
         .expect("no hang")
         .unwrap_err();
     assert!(matches!(err, ClientError::Connect(_)), "{err}");
+    server.shutdown().await;
+}
+
+/// The broker's stream allowance bounds how many streams a client holds open at once, not what
+/// it can do: with room for 2 bidirectional streams and 1 unidirectional one, 24 subscriptions
+/// made at once (each asked on a stream of its own), cache writes and acknowledged publishes
+/// beside them all complete, and every subscription gets its records. The default allowance is
+/// low because QUIC keeps a table entry per allowed stream on every connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_needing_more_streams_than_the_broker_allows_at_once_waits_for_credit_and_completes() {
+    let tight = TransportTuning { max_bi_streams: 2, max_uni_streams: 1, ..TransportTuning::default() };
+    let (server, chain) = start_tuned("127.0.0.1:0".parse().unwrap(), None, BrokerConfig::default(), tight).await;
+    let c = connect(&server, &chain).await;
+    let work = async {
+        let subs: Vec<_> = (0..24)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    c.subscribe("default", &format!("s{i}"), Some(StartPosition::Earliest), None).await
+                })
+            })
+            .collect();
+        let puts: Vec<_> = (0..24)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move { c.cache_put("default", "c", &format!("k{i}"), Bytes::from("v"), None).await })
+            })
+            .collect();
+        for p in puts {
+            p.await.unwrap().unwrap();
+        }
+        let mut subs_done = Vec::new();
+        for s in subs {
+            subs_done.push(s.await.unwrap());
+        }
+        let subs = subs_done;
+        let mut subs: Vec<_> = subs.into_iter().map(Result::unwrap).collect();
+        for i in 0..24 {
+            let ack = PublishOptions { ack: true, ..Default::default() };
+            c.publish("default", &format!("s{i}"), vec![Bytes::from(format!("r{i}"))], ack).await.unwrap();
+        }
+        for (i, sub) in subs.iter_mut().enumerate() {
+            let got = collect(sub, 1).await;
+            assert_eq!(got[0].1, Bytes::from(format!("r{i}")));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), work).await.expect("everything completes within the allowance");
     server.shutdown().await;
 }
 

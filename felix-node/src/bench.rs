@@ -161,9 +161,9 @@ pub struct BenchArgs {
     /// `off` (QUIC's own keep-alive, every 5 s, only).
     #[arg(long, default_value = "default", value_parser = ["default", "off"], help_heading = "Many connections")]
     pub(crate) liveness: String,
-    /// With --connections: the started broker's `--max-streams` (concurrent streams a client
-    /// may open, each direction; quinn keeps a table entry per allowed stream, so this sets
-    /// most of an idle connection's memory) [default: the broker's, 1024].
+    /// With --connections: the started broker's `--max-streams` (concurrent bidirectional
+    /// streams a client may open; quinn keeps a table entry per allowed stream, so this sets
+    /// most of an idle connection's memory) [default: the broker's, 128].
     #[arg(long, help_heading = "Many connections")]
     pub(crate) broker_max_streams: Option<u32>,
     /// With --connections and --addr: the broker's process id, for its memory and CPU.

@@ -217,7 +217,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
         cluster: cluster_opts,
         transport: felix_driver_tokio::TransportTuning {
             max_bi_streams: a.max_streams,
-            max_uni_streams: a.max_streams,
+            max_uni_streams: a.max_uni_streams,
             stream_receive_window: a.stream_receive_window,
             receive_window: a.receive_window,
             idle_timeout: std::time::Duration::from_millis(a.idle_timeout_ms),
