@@ -37,6 +37,8 @@ pub struct Node {
     pub journal: Option<PathBuf>,
     /// Environment for the broker (a slow disk).
     pub env: Vec<(String, String)>,
+    /// Replicas of each stream and cache created without saying (`--default-replication`).
+    pub replication: u8,
 }
 
 impl Node {
@@ -45,7 +47,9 @@ impl Node {
             .args(["serve", "--listen", &self.client.to_string(), "--data-dir"])
             .arg(&self.dir)
             .args(["--dev-token", TOKEN, "--node-id", &self.name])
-            .args(["--default-shards", "1", "--default-replication", "3", "--cache-replication", "3"])
+            .args(["--default-shards", "1"])
+            .args(["--default-replication", &self.replication.to_string()])
+            .args(["--cache-replication", &self.replication.to_string()])
             .args(["--cluster-listen", &self.cluster.to_string(), "--peers", peers, "--cluster-secret", "s"])
             .args(["--metrics-listen", &self.metrics.to_string()])
             .args(&self.extra)
@@ -134,7 +138,29 @@ pub fn three_brokers_with(
 /// Three brokers' addresses and data directories (kept while the directories live), not
 /// started.
 pub fn three_nodes(extra: &[&str], env: &[(&str, &str)], journal: bool) -> (Vec<tempfile::TempDir>, Vec<Node>) {
-    let names = ["n1", "n2", "n3"];
+    nodes_named(&["n1", "n2", "n3"], 3, extra, env, journal)
+}
+
+/// `count` brokers started on loopback (n1, n2, …), streams and caches replicated on
+/// `replication` of them by default, and the `--peers` list they were given.
+pub fn brokers(count: usize, replication: u8) -> (Vec<tempfile::TempDir>, Vec<Node>, String) {
+    let names: Vec<String> = (1..=count).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (dirs, mut nodes) = nodes_named(&names, replication, &[], &[], false);
+    let peers = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    for n in &mut nodes {
+        n.start(&peers);
+    }
+    (dirs, nodes, peers)
+}
+
+fn nodes_named(
+    names: &[&str],
+    replication: u8,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    journal: bool,
+) -> (Vec<tempfile::TempDir>, Vec<Node>) {
     let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir().unwrap()).collect();
     let nodes: Vec<Node> = names
         .iter()
@@ -149,6 +175,7 @@ pub fn three_nodes(extra: &[&str], env: &[(&str, &str)], journal: bool) -> (Vec<
             extra: extra.iter().map(|a| a.to_string()).collect(),
             journal: journal.then(|| d.path().join("sync-journal")),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            replication,
         })
         .collect();
     (dirs, nodes)
