@@ -527,7 +527,7 @@ struct SimArgs {
     /// one history, one owner per shard and generation, growing generations and progress.
     #[arg(long)]
     cluster: bool,
-    /// With --cluster: simulate whole brokers and their clients (3 or 5 brokers, keyed
+    /// With --cluster: simulate whole brokers and their clients (3, 5 or 7 brokers, 212 shards, keyed
     /// publishes and subscribes through random brokers, forwards and redirects under lost,
     /// delayed and cut links and crashes), checking one owner per generation, writes only on
     /// owners, every request answered and progress once healed. --steps is fault ticks of

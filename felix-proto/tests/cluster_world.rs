@@ -1,10 +1,10 @@
-//! The whole cluster under faults (felix_proto::cluster::world): brokers and clients, lost,
-//! delayed and partitioned peer messages, brokers that crash and restart from their kept Raft
-//! log, operators moving durable shards (copied, cut over, handed over) and cancelling moves.
-//! Over 1,000 seeds: one owner per shard and generation, generations only grow, only owners
-//! (and a moving shard's new owner, its copy) write and accept subscribers, every request
-//! answered, progress once healed, every acknowledged durable record at its offset on its
-//! final owner, no reader left on a broker that lost its shard, and subscribers that follow
+//! The whole cluster under faults (felix_proto::cluster::world): 3, 5 or 7 brokers (by seed)
+//! holding 212 shards, and clients; lost, delayed and partitioned peer messages, brokers that crash
+//! and restart from their kept Raft log, operators moving durable shards (copied, cut over, handed
+//! over) and cancelling moves. Over 1,000 seeds: one owner per shard and generation, generations
+//! only grow, only owners (and a moving shard's new owner, its copy) write and accept subscribers,
+//! every request answered, progress once healed, every acknowledged durable record at its offset on
+//! its final owner, no reader left on a broker that lost its shard, and subscribers that follow
 //! every durable shard through its moves given every committed record once, in order.
 
 mod support;

@@ -285,6 +285,8 @@ pub struct ClusterNode {
     pub broker: Broker,
     meta: MetaNode,
     metadata: Metadata,
+    /// How many times `metadata` changed in this life ([`ClusterNode::metadata_changes`]).
+    metadata_changes: u64,
     me: Member,
     /// Raft id ↔ node id of every voter.
     names: BTreeMap<u64, String>,
@@ -526,6 +528,7 @@ impl ClusterNode {
             broker,
             meta,
             metadata: Metadata::default(),
+            metadata_changes: 0,
             me,
             names,
             out: VecDeque::new(),
@@ -691,6 +694,14 @@ impl ClusterNode {
     /// The metadata as applied here.
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
+    }
+
+    /// How many times [`ClusterNode::metadata`] changed since this node was made: equal
+    /// counts of one node mean the same metadata, so a watcher (a status page, the world
+    /// simulation's checker) can skip a view it already looked at instead of walking
+    /// thousands of shards again.
+    pub fn metadata_changes(&self) -> u64 {
+        self.metadata_changes
     }
 
     /// The leader of the metadata group, as this broker knows it.
@@ -1812,6 +1823,7 @@ impl ClusterNode {
             }
         }
         if changed {
+            self.metadata_changes += 1;
             self.broker.apply_cluster(&self.metadata, &self.me.id, now);
         }
         // Unfenced as soon as what was confirmed is applied (not at the next tick).
