@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Many shards on a three-broker cluster: what declaring them costs and what they cost at rest.
+# Each run starts three `felix-node serve` brokers on loopback with a configuration declaring
+# STREAMS streams of SHARDS shards each (`[[streams]]`, durability "quorum" with replication RF,
+# or one copy on disk with RF 1), and reports:
+#   - how long until every broker's view (`/cluster`) names an owner for every shard;
+#   - each broker's resident memory then, against a run with no streams (same script, same
+#     machine): memory per shard, summed over the three brokers;
+#   - each broker's CPU while everything sits idle for IDLE seconds (% of one core).
+#
+#   scripts/shards-bench.sh [--streams N] [--shards N] [--rf N] [--idle SECS] [--bin PATH]
+#
+# Defaults: 250 streams x 4 shards, RF 3, 10 s idle. Everything it starts is killed when it
+# ends; data lives in a temporary directory.
+set -euo pipefail
+
+streams=250
+shards=4
+rf=3
+idle=10
+bin="target/release/felix-node"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --streams) streams="$2"; shift 2 ;;
+    --shards) shards="$2"; shift 2 ;;
+    --rf) rf="$2"; shift 2 ;;
+    --idle) idle="$2"; shift 2 ;;
+    --bin) bin="$2"; shift 2 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$bin" ] || { echo "$bin is not built: cargo build --release -p felix-node" >&2; exit 1; }
+
+pids=()
+tmp=""
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+  pids=()
+  [ -n "$tmp" ] && rm -rf "$tmp"
+  tmp=""
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM if sys.argv[1]=='udp' else socket.SOCK_STREAM); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])" "$1"
+}
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# One cluster with $1 streams; prints "seconds rss1 rss2 rss3 cpu1 cpu2 cpu3".
+one_run() {
+  local n_streams=$1
+  tmp=$(mktemp -d)
+  local names=(n1 n2 n3) client=() cluster=() metrics=() peers=""
+  for n in "${names[@]}"; do
+    client+=("127.0.0.1:$(free_port udp)")
+    cluster+=("127.0.0.1:$(free_port udp)")
+    metrics+=("127.0.0.1:$(free_port tcp)")
+  done
+  for i in 0 1 2; do peers+="${names[$i]}=${cluster[$i]},"; done
+  peers=${peers%,}
+  python3 - "$n_streams" "$shards" "$rf" > "$tmp/streams.toml" <<'PY'
+import sys
+n, shards, rf = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+for i in range(n):
+    print("[[streams]]")
+    print('tenant = "bench"\nnamespace = "bench"')
+    print(f'name = "s{i}"\nshards = {shards}')
+    if rf > 1:
+        print(f'durability = "quorum"\nreplication = {rf}')
+    else:
+        print("durable = true")
+    print()
+PY
+  local started
+  started=$(date +%s.%N)
+  for i in 0 1 2; do
+    "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
+      --node-id "${names[$i]}" --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
+      --metrics-listen "${metrics[$i]}" --config "$tmp/streams.toml" >> "$tmp/${names[$i]}.out" 2>&1 &
+    pids[i]=$!
+  done
+  local want=$((n_streams * shards))
+  local done_at=""
+  for _ in $(seq 1 3000); do
+    if python3 - "$want" "${metrics[@]}" <<'PY'
+import json, sys, urllib.request
+want = int(sys.argv[1])
+for m in sys.argv[2:]:
+    try:
+        body = json.load(urllib.request.urlopen(f"http://{m}/cluster", timeout=5))
+    except Exception:
+        sys.exit(1)
+    owned = [s for s in body.get("shards", []) if s.get("tenant", "bench") == "bench" and s.get("owner")]
+    if len(owned) < want or len(body.get("members", [])) < 3:
+        sys.exit(1)
+sys.exit(0)
+PY
+    then done_at=$(date +%s.%N); break; fi
+    sleep 0.2
+  done
+  [ -n "$done_at" ] || { echo "not every shard had an owner within 10 minutes" >&2; tail -5 "$tmp/n1.out" >&2; return 1; }
+  # Settle (elections, first heartbeats), then measure at rest.
+  sleep 3
+  local before=() after=()
+  for i in 0 1 2; do before+=("$(cpu_ticks "${pids[$i]}")"); done
+  sleep "$idle"
+  for i in 0 1 2; do after+=("$(cpu_ticks "${pids[$i]}")"); done
+  local hz
+  hz=$(getconf CLK_TCK)
+  local line
+  line=$(python3 -c "print(f'{$done_at - $started:.2f}')")
+  for i in 0 1 2; do line+=" $(rss_kib "${pids[$i]}")"; done
+  for i in 0 1 2; do line+=" $(python3 -c "print(f'{(${after[$i]} - ${before[$i]}) / $hz / $idle * 100:.1f}')")"; done
+  echo "$line"
+  cleanup
+}
+
+echo "baseline: three brokers, no streams" >&2
+read -r _ b1 b2 b3 c1 c2 c3 <<< "$(one_run 0)"
+echo "  resident ${b1} / ${b2} / ${b3} KiB, idle CPU ${c1}% / ${c2}% / ${c3}% of a core" >&2
+echo "$streams streams x $shards shards, RF $rf" >&2
+read -r secs r1 r2 r3 d1 d2 d3 <<< "$(one_run "$streams")"
+total=$((streams * shards))
+python3 - "$total" "$secs" "$b1" "$b2" "$b3" "$r1" "$r2" "$r3" "$d1" "$d2" "$d3" "$rf" <<'PY'
+import sys
+total, secs = int(sys.argv[1]), float(sys.argv[2])
+base = [int(x) for x in sys.argv[3:6]]
+rss = [int(x) for x in sys.argv[6:9]]
+cpu = [float(x) for x in sys.argv[9:12]]
+rf = int(sys.argv[12])
+grown = sum(r - b for r, b in zip(rss, base))
+print(f"{total} shards (RF {rf}) owned on every broker after {secs:.1f} s")
+print(f"resident per broker: {' / '.join(f'{r / 1024:.1f}' for r in rss)} MiB "
+      f"(no streams: {' / '.join(f'{b / 1024:.1f}' for b in base)})")
+print(f"memory per shard, three brokers together: {grown / total:.1f} KiB "
+      f"(per replica: {grown / total / rf:.1f} KiB)")
+print(f"idle CPU per broker: {' / '.join(f'{c:.1f}%' for c in cpu)} of a core")
+PY
