@@ -32,20 +32,8 @@ while [ $# -gt 0 ]; do
 done
 [ -x "$bin" ] || { echo "$bin is not built: cargo build --release -p felix-node" >&2; exit 1; }
 
-pids=()
-tmp=""
-cleanup() {
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
-  pids=()
-  [ -n "$tmp" ] && rm -rf "$tmp"
-  tmp=""
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM if sys.argv[1]=='udp' else socket.SOCK_STREAM); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])" "$1"
-}
+# shellcheck source=scripts/cluster-lib.sh
+source "$(dirname "$0")/cluster-lib.sh"
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
