@@ -20,3 +20,22 @@ trap cleanup EXIT
 free_port() {
   python3 -c "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM if sys.argv[1]=='udp' else socket.SOCK_STREAM); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])" "$1"
 }
+
+# Addresses for three brokers n1, n2, n3 on loopback: fills the caller's `names`, `client`,
+# `cluster` and `metrics` arrays and its `peers` list (declare them `local` first; bash's
+# dynamic scope makes this function fill the caller's).
+pick_three() {
+  names=(n1 n2 n3)
+  client=()
+  cluster=()
+  metrics=()
+  local n i
+  for n in "${names[@]}"; do
+    client+=("127.0.0.1:$(free_port udp)")
+    cluster+=("127.0.0.1:$(free_port udp)")
+    metrics+=("127.0.0.1:$(free_port tcp)")
+  done
+  peers=""
+  for i in 0 1 2; do peers+="${names[$i]}=${cluster[$i]},"; done
+  peers=${peers%,}
+}

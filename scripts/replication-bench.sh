@@ -62,14 +62,8 @@ source "$(dirname "$0")/cluster-lib.sh"
 
 one_run() {
   tmp=$(mktemp -d)
-  local names=(n1 n2 n3) client=() cluster=() metrics=() peers=""
-  for n in "${names[@]}"; do
-    client+=("127.0.0.1:$(free_port udp)")
-    cluster+=("127.0.0.1:$(free_port udp)")
-    metrics+=("127.0.0.1:$(free_port tcp)")
-  done
-  for i in 0 1 2; do peers+="${names[$i]}=${cluster[$i]},"; done
-  peers=${peers%,}
+  local names=() client=() cluster=() metrics=() peers=""
+  pick_three
   local extra=()
   [ -n "$fsync" ] && extra+=(--fsync "$fsync")
   if [ -n "$retain" ]; then

@@ -41,14 +41,8 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 one_run() {
   local n_streams=$1
   tmp=$(mktemp -d)
-  local names=(n1 n2 n3) client=() cluster=() metrics=() peers=""
-  for n in "${names[@]}"; do
-    client+=("127.0.0.1:$(free_port udp)")
-    cluster+=("127.0.0.1:$(free_port udp)")
-    metrics+=("127.0.0.1:$(free_port tcp)")
-  done
-  for i in 0 1 2; do peers+="${names[$i]}=${cluster[$i]},"; done
-  peers=${peers%,}
+  local names=() client=() cluster=() metrics=() peers=""
+  pick_three
   python3 - "$n_streams" "$shards" "$rf" > "$tmp/streams.toml" <<'PY'
 import sys
 n, shards, rf = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
