@@ -9,6 +9,10 @@
 #   - each broker's CPU while everything sits idle for IDLE seconds (% of one core).
 #
 #   scripts/shards-bench.sh [--streams N] [--shards N] [--rf N] [--idle SECS] [--bin PATH]
+#                           [--hold SECS]
+#
+# --hold keeps the cluster running that long after the measurement (to look at it: each
+# broker's /cluster and /metrics), and skips the baseline run.
 #
 # Defaults: 250 streams x 4 shards, RF 3, 10 s idle. Everything it starts is killed when it
 # ends; data lives in a temporary directory.
@@ -19,6 +23,7 @@ shards=4
 rf=3
 idle=10
 bin="target/release/felix-node"
+hold=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --streams) streams="$2"; shift 2 ;;
@@ -26,6 +31,7 @@ while [ $# -gt 0 ]; do
     --rf) rf="$2"; shift 2 ;;
     --idle) idle="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
+    --hold) hold="$2"; shift 2 ;;
     -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -37,7 +43,24 @@ source "$(dirname "$0")/cluster-lib.sh"
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-# One cluster with $1 streams; prints "seconds rss1 rss2 rss3 cpu1 cpu2 cpu3".
+# "sleeping/groups" of a broker's replicated shards' Raft groups, from its metrics.
+sleeping() {
+  python3 - "$1" <<'PY'
+import sys, urllib.request
+try:
+    body = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+except Exception:
+    print("-"); sys.exit(0)
+vals = {}
+for line in body.splitlines():
+    parts = line.split()
+    if len(parts) == 2 and parts[0] in ("felix_replica_groups", "felix_replica_groups_sleeping"):
+        vals[parts[0]] = parts[1]
+print(f"{vals['felix_replica_groups_sleeping']}/{vals['felix_replica_groups']}" if len(vals) == 2 else "-")
+PY
+}
+
+# One cluster with $1 streams; prints "seconds rss1 rss2 rss3 cpu1 cpu2 cpu3 sleep1 sleep2 sleep3".
 one_run() {
   local n_streams=$1
   tmp=$(mktemp -d)
@@ -84,8 +107,25 @@ PY
     sleep 0.2
   done
   [ -n "$done_at" ] || { echo "not every shard had an owner within 10 minutes" >&2; tail -5 "$tmp/n1.out" >&2; return 1; }
-  # Settle (elections, first heartbeats), then measure at rest.
+  # Settle (elections, first heartbeats), then measure at rest: with hibernation, once every
+  # broker's groups sleep (at most 120 s more; a build without the metrics waits 3 s).
   sleep 3
+  local asleep_at=""
+  for _ in $(seq 1 600); do
+    local all=1
+    for i in 0 1 2; do
+      local sg
+      sg=$(sleeping "${metrics[$i]}")
+      if [ "$sg" = "-" ]; then all=2; break; fi
+      [ "${sg%/*}" = "${sg#*/}" ] || all=0
+    done
+    [ "$all" = 2 ] && break
+    if [ "$all" = 1 ]; then asleep_at=$(date +%s.%N); break; fi
+    sleep 0.2
+  done
+  if [ -n "$asleep_at" ]; then
+    echo "  every group asleep $(python3 -c "print(f'{$asleep_at - $done_at:.1f}')") s after every owner was known" >&2
+  fi
   local before=() after=()
   for i in 0 1 2; do before+=("$(cpu_ticks "${pids[$i]}")"); done
   sleep "$idle"
@@ -96,17 +136,28 @@ PY
   line=$(python3 -c "print(f'{$done_at - $started:.2f}')")
   for i in 0 1 2; do line+=" $(rss_kib "${pids[$i]}")"; done
   for i in 0 1 2; do line+=" $(python3 -c "print(f'{(${after[$i]} - ${before[$i]}) / $hz / $idle * 100:.1f}')")"; done
+  # How many of each broker's Raft groups sleep (hibernation), as "sleeping/groups"; "-" from
+  # a broker without the metrics (older builds).
+  for i in 0 1 2; do line+=" $(sleeping "${metrics[$i]}")"; done
   echo "$line"
+  if [ "$hold" != 0 ] && [ "$n_streams" != 0 ]; then
+    echo "  holding the cluster for $hold s: metrics at ${metrics[*]}" >&2
+    sleep "$hold"
+  fi
   cleanup
 }
 
-echo "baseline: three brokers, no streams" >&2
-read -r _ b1 b2 b3 c1 c2 c3 <<< "$(one_run 0)"
-echo "  resident ${b1} / ${b2} / ${b3} KiB, idle CPU ${c1}% / ${c2}% / ${c3}% of a core" >&2
+if [ "$hold" = 0 ]; then
+  echo "baseline: three brokers, no streams" >&2
+  read -r _ b1 b2 b3 c1 c2 c3 _ _ _ <<< "$(one_run 0)"
+  echo "  resident ${b1} / ${b2} / ${b3} KiB, idle CPU ${c1}% / ${c2}% / ${c3}% of a core" >&2
+else
+  b1=0 b2=0 b3=0
+fi
 echo "$streams streams x $shards shards, RF $rf" >&2
-read -r secs r1 r2 r3 d1 d2 d3 <<< "$(one_run "$streams")"
+read -r secs r1 r2 r3 d1 d2 d3 s1 s2 s3 <<< "$(one_run "$streams")"
 total=$((streams * shards))
-python3 - "$total" "$secs" "$b1" "$b2" "$b3" "$r1" "$r2" "$r3" "$d1" "$d2" "$d3" "$rf" <<'PY'
+python3 - "$total" "$secs" "$b1" "$b2" "$b3" "$r1" "$r2" "$r3" "$d1" "$d2" "$d3" "$rf" "$s1" "$s2" "$s3" <<'PY'
 import sys
 total, secs = int(sys.argv[1]), float(sys.argv[2])
 base = [int(x) for x in sys.argv[3:6]]
@@ -120,4 +171,5 @@ print(f"resident per broker: {' / '.join(f'{r / 1024:.1f}' for r in rss)} MiB "
 print(f"memory per shard, three brokers together: {grown / total:.1f} KiB "
       f"(per replica: {grown / total / rf:.1f} KiB)")
 print(f"idle CPU per broker: {' / '.join(f'{c:.1f}%' for c in cpu)} of a core")
+print(f"Raft groups asleep per broker (sleeping/groups, after the idle time): {' / '.join(sys.argv[13:16])}")
 PY

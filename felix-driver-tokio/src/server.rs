@@ -1131,6 +1131,18 @@ impl BrokerTask {
                 "Other brokers' rejoining replicas this broker, leading their group, took out and added back.",
                 r.readded,
             );
+            m(
+                "felix_replica_groups",
+                "gauge",
+                "Replicated shards' Raft groups this broker holds a replica of.",
+                n.replica_status().len() as u64,
+            );
+            m(
+                "felix_replica_groups_sleeping",
+                "gauge",
+                "Of those, groups that sleep: settled, they do not tick until something wakes them (hibernation).",
+                n.sleeping_replicas() as u64,
+            );
             let (bytes, on_disk) = n.replica_entry_memory();
             m(
                 "felix_replica_entry_bytes",
@@ -1500,7 +1512,14 @@ impl BrokerTask {
     /// this broker's own copy, or a client's acknowledgement never goes out ahead of its bytes.
     fn drain(&mut self) {
         use felix_proto::cluster::node::NodeOutput;
+        // Metadata log states waiting to be written: consecutive ones are written once (the
+        // file is rewritten whole), before any other output is carried out.
+        let mut meta_unwritten = false;
         while let Some(o) = self.node.poll_output() {
+            if meta_unwritten && !matches!(o, NodeOutput::PersistRaft { .. }) {
+                meta_unwritten = false;
+                self.write_meta_log();
+            }
             match o {
                 NodeOutput::PersistReplica { shard, entries, hard_state } => {
                     // Appended before anything after it is carried out (Raft's rule).
@@ -1552,14 +1571,10 @@ impl BrokerTask {
                 }
                 NodeOutput::PersistRaft { entries, hard_state } => {
                     // Durable before anything after it is carried out (Raft's rule): written
-                    // whole and synced here, on the task.
-                    if let Some((path, kept)) = self.raft_log.as_mut() {
+                    // whole and synced here, on the task, before the next other output.
+                    if let Some((_, kept)) = self.raft_log.as_mut() {
                         kept.persist(&entries, hard_state.as_ref());
-                        if let Some(p) = path
-                            && let Err(e) = crate::cluster::write_raft_log(p, &kept.encode())
-                        {
-                            tracing::error!("writing the cluster's Raft log {}: {e}", p.display());
-                        }
+                        meta_unwritten = true;
                     }
                 }
                 o => {
@@ -1569,8 +1584,20 @@ impl BrokerTask {
                 }
             }
         }
+        if meta_unwritten {
+            self.write_meta_log();
+        }
         self.start_replica_sync();
         self.flush_storage();
+    }
+
+    /// Writes the metadata group's kept Raft log (whole, synced).
+    fn write_meta_log(&mut self) {
+        if let Some((Some(p), kept)) = self.raft_log.as_ref()
+            && let Err(e) = crate::cluster::write_raft_log(p, &kept.encode())
+        {
+            tracing::error!("writing the cluster's Raft log {}: {e}", p.display());
+        }
     }
 
     /// Hands the replica log files written since the last sync to the sync thread, unless a
@@ -1833,13 +1860,7 @@ fn replica_sync_thread(
     let (jobs, rx) = std::sync::mpsc::channel::<(u64, Vec<crate::cluster::UnsyncedFile>)>();
     std::thread::Builder::new().name("felix-replica-sync".into()).spawn(move || {
         for (covers, files) in rx {
-            let mut result = Ok(());
-            for f in &files {
-                if let Err(e) = f.sync() {
-                    result = Err(format!("{:?}: {e}", f.shard));
-                    break;
-                }
-            }
+            let result = crate::cluster::sync_many(&files);
             if tx.send(Input::ReplicaSynced { covers, result }).is_err() {
                 return;
             }

@@ -1219,3 +1219,60 @@ fn an_rf5_stream_on_five_brokers_loses_no_acknowledged_record_when_two_are_kille
     );
     assert!(gap < Duration::from_secs(10), "no acknowledged write for {gap:?} after two brokers were killed");
 }
+
+/// Hibernation on real brokers: eight replicated streams go idle and their groups sleep on
+/// every broker (`felix_replica_groups_sleeping`). One broker is killed with SIGKILL: every
+/// group it led gets a leader among the two left (they notice its silence; nothing of the
+/// sleeping groups ticked) within seconds, and an acknowledged publish to each of the eight
+/// streams succeeds.
+#[test]
+fn sleeping_replicated_streams_get_new_leaders_within_seconds_of_a_sigkill() {
+    let (_dirs, mut nodes, _peers) = brokers(3, 3);
+    let addrs = nodes.iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
+    let dir = nodes[0].dir.clone();
+    let streams: Vec<String> = (0..8).map(|i| format!("idle{i}")).collect();
+    for s in &streams {
+        wait_for("the stream is created", 60, || cli(&addrs, &dir, &["publish", s, "first", "--ack"]).0);
+    }
+    wait_for("every group sleeps on every broker", 60, || {
+        nodes.iter().all(|n| metric(n, "felix_replica_groups_sleeping") == Some(8))
+    });
+    // Who leads what, from each broker's own view.
+    let leaders = |nodes: &[Node]| -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for n in nodes.iter().filter(|n| n.proc.is_some()) {
+            if let Some(v) = status(n.metrics) {
+                for r in v["replicas"].as_array().into_iter().flatten() {
+                    if r["role"] == "leader" {
+                        out.push((r["name"].as_str().unwrap_or_default().to_owned(), n.name.clone()));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let before = leaders(&nodes);
+    let victim =
+        (0..3).max_by_key(|i| before.iter().filter(|(_, l)| *l == nodes[*i].name).count()).expect("three brokers");
+    let led: Vec<String> = before.iter().filter(|(_, l)| *l == nodes[victim].name).map(|(s, _)| s.clone()).collect();
+    assert!(!led.is_empty(), "{before:?}");
+    let killed = Instant::now();
+    nodes[victim].kill();
+    wait_for("every group the killed broker led has a new leader", 30, || {
+        let now = leaders(&nodes);
+        led.iter().all(|s| now.iter().any(|(n, _)| n == s))
+    });
+    let elected = killed.elapsed();
+    let addrs: String =
+        nodes.iter().filter(|n| n.proc.is_some()).map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
+    for s in &streams {
+        wait_for("an acknowledged publish", 30, || cli(&addrs, &dir, &["publish", s, "after", "--ack"]).0);
+    }
+    let served = killed.elapsed();
+    eprintln!(
+        "hibernation: {} groups led by the killed broker had new leaders after {elected:?}; all 8 streams acknowledged \
+         a publish after {served:?}",
+        led.len()
+    );
+    assert!(elected < Duration::from_secs(10), "{elected:?}");
+}

@@ -182,6 +182,12 @@ impl Cluster {
             features: if c.old_peers.contains(from) { 0 } else { PEER_FEATURES },
         };
         let now = self.now;
+        // An older broker also acts as one: it offers nothing, so it hibernates nothing.
+        for (n, node) in self.nodes.iter_mut() {
+            if self.old_peers.contains(n) {
+                node.set_offered_features(0);
+            }
+        }
         let others: Vec<String> = self.nodes.keys().filter(|n| *n != name).cloned().collect();
         for o in others {
             let to_me = hello(self, &o);
@@ -232,6 +238,7 @@ impl Cluster {
                         NodeOutput::Peer { to, message } => {
                             use felix_proto::cluster::peer::PeerMessage;
                             let kind = match &message {
+                                PeerMessage::Heartbeats(list) if list.is_empty() => "empty heartbeats",
                                 PeerMessage::Heartbeats(_) => "heartbeats",
                                 PeerMessage::ShardRaft(list)
                                     if list.iter().all(|(_, b)| {
@@ -3253,4 +3260,168 @@ fn a_replica_local_read_gives_each_followers_own_copy() {
         assert!(matches!(ledger_read(&mut c, node, 60 + i as u64, None), Message::Error(_) | Message::NotLeader(_)));
         assert_eq!(records(&ledger_read(&mut c, node, 70 + i as u64, Some(true))), theirs, "{node}'s own copy");
     }
+}
+
+fn fleet(shard: u32) -> ShardId {
+    ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "fleet".into(), shard }
+}
+
+/// The ledger (one shard) and a fleet of six shards, RF 3, until every group sleeps on every
+/// broker.
+fn sleeping_cluster() -> Cluster {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    c.create(Kind::Stream, "fleet", 6, 3);
+    c.until("every group sleeps on every broker", |c| c.nodes.values().all(|n| n.sleeping_replicas() == 7));
+    c
+}
+
+/// Hibernation: settled groups stop ticking. Once every group of an idle cluster sleeps, five
+/// seconds pass with no shard Raft message at all (the heartbeats of seven groups every
+/// 300 ms before): only one empty heartbeat per peer every heartbeat interval, and no
+/// election. A publish wakes its own group only; it is acknowledged by a majority as before,
+/// and the group goes back to sleep once settled.
+#[test]
+fn idle_replicated_groups_stop_ticking_and_a_publish_wakes_only_its_own() {
+    let mut c = sleeping_cluster();
+    let leader = leading(&c).unwrap();
+    let terms: Vec<(String, u64)> =
+        c.nodes[&leader].replica_report().iter().map(|r| (r.leader.clone().unwrap_or_default(), r.term)).collect();
+    c.sent_kinds.clear();
+    for _ in 0..50 {
+        c.tick();
+    }
+    for ((from, to, kind), n) in &c.sent_kinds {
+        assert!(
+            matches!(*kind, "empty heartbeats" | "other"),
+            "{from} → {to}: {n} {kind} while every group sleeps: {:?}",
+            c.sent_kinds
+        );
+        if *kind == "empty heartbeats" {
+            assert!((15..=18).contains(n), "{from} → {to}: one per heartbeat interval, not {n}");
+        }
+    }
+    let after: Vec<(String, u64)> =
+        c.nodes[&leader].replica_report().iter().map(|r| (r.leader.clone().unwrap_or_default(), r.term)).collect();
+    assert_eq!(after, terms, "no election while asleep");
+    assert!(c.nodes.values().all(|n| n.sleeping_replicas() == 7));
+    // A publish wakes the ledger's group (on each broker), and nothing else.
+    publish_acked(&mut c, &leader, 1, "a", 5);
+    c.settle();
+    for n in NAMES {
+        assert_eq!(c.nodes[n].sleeping_replicas(), 6, "{n}: only the ledger's group woke");
+        assert_eq!(history(&c, n).0.len(), 5, "{n} holds the five records");
+    }
+    c.until("the ledger's group sleeps again", |c| c.nodes.values().all(|n| n.sleeping_replicas() == 7));
+    assert_eq!(leading(&c), Some(leader));
+}
+
+/// Ticks until every group `victim` led has a leader among the others once it is cut off,
+/// after `cluster` settled (asleep or not).
+fn ticks_to_replace_leader(c: &mut Cluster, victim: &str) -> u32 {
+    let led: Vec<ShardId> = std::iter::once(ledger())
+        .chain((0..6).map(fleet))
+        .filter(|s| leader_of(c, s).as_deref() == Some(victim))
+        .collect();
+    assert!(!led.is_empty());
+    c.cut.insert(victim.to_owned());
+    let survivors: Vec<String> = NAMES.iter().filter(|n| **n != victim).map(|n| n.to_string()).collect();
+    let mut ticks = 0;
+    while !led.iter().all(|s| leading_among(c, &survivors, s).is_some()) {
+        c.tick();
+        ticks += 1;
+        assert!(ticks <= 100, "not every group {victim} led has a new leader after {ticks} ticks");
+    }
+    ticks
+}
+
+/// A broker that dies says nothing: the brokers whose groups it led notice its silence and
+/// wake those groups, whose followers elect new leaders as they would without hibernation.
+/// Every group it led has a new leader within three seconds of cluster time and serves again;
+/// back, it follows and catches up.
+#[test]
+fn a_dead_leaders_sleeping_groups_wake_and_elect_new_leaders() {
+    // The same cluster without hibernation (every broker plays an older version), for the
+    // time its followers take to replace a leader cut off.
+    let mut awake = Cluster::new(&NAMES);
+    awake.old_peers = NAMES.iter().map(|n| n.to_string()).collect();
+    for n in NAMES {
+        awake.hellos(n);
+    }
+    create_ledger(&mut awake);
+    awake.create(Kind::Stream, "fleet", 6, 3);
+    for _ in 0..50 {
+        awake.tick();
+    }
+    let victim = leading(&awake).unwrap();
+    let without = ticks_to_replace_leader(&mut awake, &victim);
+
+    let mut c = sleeping_cluster();
+    let first = leading(&c).unwrap();
+    let with = ticks_to_replace_leader(&mut c, &first);
+    eprintln!("new leaders after {with} ticks asleep, {without} awake");
+    // Silence is noticed after PEER_SILENT_TICKS (ten), then the election as awake.
+    assert!(with <= without + 13, "{with} ticks asleep against {without} awake");
+    let survivors: Vec<String> = NAMES.iter().filter(|n| **n != first).map(|n| n.to_string()).collect();
+    let second = leading_among(&c, &survivors, &ledger()).unwrap().clone();
+    publish_acked(&mut c, &second, 1, "b", 3);
+    c.cut.clear();
+    c.hellos(&first);
+    c.until("the old leader caught up", |c| history(c, &first).0 == history(c, &second).0);
+    c.until("every group sleeps again", |c| c.nodes.values().all(|n| n.sleeping_replicas() == 7));
+}
+
+/// Groups with a replica on an older broker (it did not offer hibernation) never sleep: its
+/// follower would stand for election as soon as the heartbeats stopped. It is sent no empty
+/// heartbeat and no sleep heartbeat; between the two newer brokers nothing changes either.
+#[test]
+fn groups_with_a_replica_on_an_older_broker_never_sleep() {
+    let mut c = Cluster::new(&NAMES);
+    c.old_peers.insert("n3".into());
+    c.hellos("n3");
+    create_ledger(&mut c);
+    c.create(Kind::Stream, "fleet", 6, 3);
+    c.sent_kinds.clear();
+    for _ in 0..60 {
+        c.tick();
+    }
+    for n in NAMES {
+        assert_eq!(c.nodes[n].sleeping_replicas(), 0, "{n}");
+    }
+    let sent = |from: &str, to: &str, kind: &str| {
+        c.sent_kinds.get(&(from.to_owned(), to.to_owned(), kind)).copied().unwrap_or(0)
+    };
+    assert_eq!(sent("n1", "n3", "empty heartbeats") + sent("n2", "n3", "empty heartbeats"), 0);
+    assert!(sent("n1", "n2", "empty heartbeats") > 0, "newer brokers beat each other");
+    assert!(sent("n1", "n3", "shard_raft heartbeats") + sent("n2", "n3", "shard_raft heartbeats") > 0);
+}
+
+/// A broker that is only slow (paused for a little over the silence threshold, then heard
+/// again) costs no election: the groups its silence woke go back to sleep under the same
+/// leaders, in the same terms.
+#[test]
+fn a_broker_silent_for_a_moment_costs_no_election() {
+    let mut c = sleeping_cluster();
+    let terms = |c: &Cluster| -> Vec<(String, Vec<(String, u64)>)> {
+        c.nodes
+            .iter()
+            .map(|(n, node)| {
+                (
+                    n.clone(),
+                    node.replica_report().iter().map(|r| (r.leader.clone().unwrap_or_default(), r.term)).collect(),
+                )
+            })
+            .collect()
+    };
+    let before = terms(&c);
+    // Paused (as by SIGSTOP): it neither ticks nor reads; what is sent to it meanwhile is lost.
+    let first = leading(&c).unwrap();
+    let paused = c.nodes.remove(&first).unwrap();
+    for _ in 0..12 {
+        c.tick();
+    }
+    assert!(c.nodes.values().all(|n| n.sleeping_replicas() < 7), "its silence woke the groups it is in");
+    c.nodes.insert(first.clone(), paused);
+    c.until("every group sleeps again", |c| c.nodes.values().all(|n| n.sleeping_replicas() == 7));
+    assert_eq!(terms(&c), before, "no election, no change of leader");
 }

@@ -619,6 +619,11 @@ impl MetaNode {
         (self.raw.raft.raft_log.last_index(), self.raw.raft.raft_log.committed)
     }
 
+    /// The highest committed index (without asking the storage for the last one).
+    pub fn committed(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
     /// On the leader: each voter and the highest index it is known to hold (its replication
     /// progress), in id order. Empty on a follower.
     pub fn progress(&self) -> Vec<(u64, u64)> {
@@ -666,6 +671,29 @@ impl MetaNode {
         let r = self.raw.propose(Vec::new(), data);
         self.process_ready();
         r.map_err(MetaError::from)
+    }
+
+    /// Proposes several commands at once: one ready (one write, one sync, one append message
+    /// per follower) for all of them rather than one each. Stops at the first the engine
+    /// refuses; the ones before it stand.
+    ///
+    /// # Errors
+    /// As [`propose`](Self::propose); with the count proposed before the refusal.
+    pub fn propose_all(&mut self, data: Vec<Vec<u8>>) -> Result<(), (usize, MetaError)> {
+        if !self.is_leader() {
+            return Err((0, MetaError::NotLeader { leader: self.leader() }));
+        }
+        let mut done = 0;
+        let mut failed = None;
+        for d in data {
+            if let Err(e) = self.raw.propose(Vec::new(), d) {
+                failed = Some(MetaError::from(e));
+                break;
+            }
+            done += 1;
+        }
+        self.process_ready();
+        failed.map_or(Ok(()), |e| Err((done, e)))
     }
 
     /// Asks the leader for its commit index, confirmed with a majority (Raft's read index):

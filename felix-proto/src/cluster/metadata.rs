@@ -422,6 +422,13 @@ impl Metadata {
     /// # Errors
     /// [`CommandError`] saying why nothing changed.
     pub fn apply(&mut self, c: &Command) -> Result<(), CommandError> {
+        self.apply_inner(c, false)
+    }
+
+    /// [`apply`](Self::apply); `always_rebalance` runs the whole placement after every command
+    /// that changed something, even where it is known to change nothing (what the tests
+    /// compare the shortcut with).
+    fn apply_inner(&mut self, c: &Command, always_rebalance: bool) -> Result<(), CommandError> {
         match c {
             Command::Join { member } => {
                 // A draining member stays draining (restarted, it joins again): an operator
@@ -463,7 +470,37 @@ impl Metadata {
                 // ephemeral wins.
                 if *replication > 1 && !*ephemeral {
                     // Its replicas are chosen in `rebalance`, once enough brokers are active.
-                    self.replication.insert(key, (*replication).min(MAX_REPLICATION));
+                    let rf = (*replication).min(MAX_REPLICATION);
+                    self.replication.insert(key, rf);
+                    let settled =
+                        self.moves.is_empty() && self.members.values().all(|m| m.state != MemberState::Draining);
+                    if !always_rebalance && settled {
+                        // A replicated stream's shards are no broker's to place (their groups
+                        // elect their leaders), so while no move is under way and no member
+                        // drains (the rebalance's other work), placement of every other shard
+                        // is as the last rebalance left it: only its replicas are chosen, now.
+                        // The whole rebalance is a walk of every shard, which made declaring
+                        // thousands of streams quadratic.
+                        self.place_replicas(*kind, tenant, namespace, name, *shards, rf);
+                        // Owned by its first replica until one claims the lead (as in
+                        // `rebalance`).
+                        for shard in 0..*shards {
+                            let id = ShardId {
+                                kind: *kind,
+                                tenant: tenant.clone(),
+                                namespace: namespace.clone(),
+                                name: name.clone(),
+                                shard,
+                            };
+                            if self.owners.contains_key(&id) {
+                                continue;
+                            }
+                            if let Some(first) = self.replicas.get(&id).and_then(|(r, _)| r.first()).cloned() {
+                                self.owners.insert(id, Assignment { owner: first, generation: 1 });
+                            }
+                        }
+                        return Ok(());
+                    }
                 }
             }
             Command::Lead { shard, node, term } => {
@@ -1226,7 +1263,55 @@ mod tests {
         ]
     }
 
+    fn command_or_replicated() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            3 => command(),
+            1 => ((0u8..4), (1u32..5), (2u32..4)).prop_map(|(n, shards, replication)| Command::Create {
+                kind: Kind::Stream,
+                tenant: "t".into(),
+                namespace: "ns".into(),
+                name: format!("r{n}"),
+                shards,
+                ephemeral: false,
+                replication,
+            }),
+        ]
+    }
+
     proptest! {
+        /// Creating a replicated stream places its replicas and skips the rebalance of every
+        /// other shard: over any sequence of commands (replicated streams among them) the
+        /// metadata is the same, command by command, as with the whole rebalance after each
+        /// (what an older broker of the same cluster computes).
+        #[test]
+        fn the_replicated_create_shortcut_changes_nothing_the_whole_rebalance_would(
+            cmds in proptest::collection::vec(command_or_replicated(), 1..40)
+        ) {
+            let mut short = Metadata::default();
+            let mut whole = Metadata::default();
+            for c in &cmds {
+                prop_assert_eq!(short.apply(c), whole.apply_inner(c, true));
+                prop_assert_eq!(&short, &whole);
+                // Every move carried to its end, as brokers would (a replicated shard's with
+                // its finish), through the same path on both.
+                for _ in 0..64 {
+                    let Some((s, m)) = short.moves().iter().next().map(|(s, m)| (s.clone(), m.clone())) else { break };
+                    let steps = if short.replicas(&s).is_some() {
+                        vec![Command::FinishMove { shard: s, to: m.to, at: 0 }]
+                    } else {
+                        vec![
+                            Command::CutOver { shard: s.clone(), from: m.from.clone(), at: 7 },
+                            Command::FinishMove { shard: s, to: m.to, at: 7 },
+                        ]
+                    };
+                    for step in steps {
+                        prop_assert_eq!(short.apply(&step), whole.apply_inner(&step, true));
+                        prop_assert_eq!(&short, &whole);
+                    }
+                }
+            }
+        }
+
         /// Over any sequence of commands, each followed by the moves it started running to
         /// their end (as brokers carry them out): generations only grow (per shard, while it
         /// exists) and grow with every change of owner, owners are active members whenever one

@@ -21,6 +21,12 @@ use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+// A child of this module (it keeps the node's fields private), in a file of its own.
+#[path = "hibernation.rs"]
+mod hibernation;
+use hibernation::Sleep;
+pub use hibernation::{PEER_SILENT_AFTER, PEER_SILENT_TICKS, QUIET_AFTER_TICKS, QUIET_CONTEXT, SWEEP_PER_TICK};
+
 /// How often the Raft group's clock ticks. With [`super::meta::ELECTION_TICKS`] of 10 a
 /// follower stands for election after about a second without a leader.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -165,6 +171,9 @@ pub enum NodeOutput {
         max_bytes: u64,
     },
 }
+
+/// Replicas a broker starts per tick at most (see `sync_replicas`): 2,000 a second.
+pub const NEW_REPLICAS_PER_TICK: usize = 200;
 
 /// Entry bytes of a replicated shard's Raft log each replica keeps in memory once applied
 /// (with history reads): enough for followers a few seconds behind at full speed; older
@@ -344,6 +353,28 @@ pub struct ClusterNode {
     /// Reads of replica logs under way ([`NodeOutput::ReadReplicaLog`]), by token.
     replica_reads: BTreeMap<u64, ReplicaRead>,
     next_replica_read: u64,
+    /// The replicas that tick (the others sleep: [`hibernation`]).
+    awake: BTreeSet<ShardId>,
+    /// Where the last tick's visit of sleeping groups stopped.
+    sweep_after: Option<ShardId>,
+    /// `metadata_changes` when sleeping groups were last checked against the metadata.
+    quiet_checked: u64,
+    /// Peers not heard from for [`PEER_SILENT_AFTER`] (the groups they led were woken); a
+    /// word from one takes it out.
+    silent: BTreeSet<String>,
+    /// The tick at which each peer was last heard from (silence is counted in ticks, as Raft
+    /// counts a leader's: a broker too busy to tick on time does not find its peers silent).
+    heard_at: BTreeMap<String, u64>,
+    /// Groups woken because their leader's broker went silent, with the term they followed
+    /// it in, by that broker (see `hibernation`).
+    woken_by_silence: BTreeMap<String, Vec<(ShardId, u64)>>,
+    /// `metadata_changes` when the replicas were last brought in line with the metadata.
+    synced: Option<u64>,
+    /// The broker was not yet told the latest metadata (only leader claims changed since).
+    view_behind: bool,
+    /// What this broker offers its peers ([`super::peer::PEER_FEATURES`] unless a test or a
+    /// simulation plays an older version): it hibernates groups only if it offers that.
+    offers: u64,
 }
 
 /// Whether this broker's applied metadata is known to be current: a broker that (re)starts
@@ -438,6 +469,20 @@ struct Hosted {
     lease: Option<Instant>,
     /// On the leader: replicas (Raft ids) it said were behind and has not yet said caught up.
     behind: BTreeSet<u64>,
+    /// It does not tick ([`hibernation`]), and why.
+    sleep: Option<Sleep>,
+    /// The commit index when its log was last offered to retention's compaction.
+    compacted_at: Option<u64>,
+    /// `metadata_changes` when `names` last learnt the replicas' names from the metadata.
+    names_at: Option<u64>,
+    /// On the leader: `metadata_changes` when its group was last found in line with the
+    /// metadata (no move, the voters it names): nothing to drive until either changes.
+    in_line_at: Option<u64>,
+    /// What the role the broker was told was worked out from: (leads, its generation start
+    /// committed, the leader known, `metadata_changes`, names known).
+    role_from: Option<(bool, bool, Option<u64>, u64, usize)>,
+    /// On the leader, awake: ticks its group has been settled in a row.
+    settled_ticks: u32,
 }
 
 /// On a leader: which of the shard's other replicas fell behind since the last look, and which
@@ -558,6 +603,15 @@ impl ClusterNode {
             last_now: now,
             meta_leader_seen: (None, 0),
             started: now,
+            awake: BTreeSet::new(),
+            sweep_after: None,
+            quiet_checked: 0,
+            silent: BTreeSet::new(),
+            heard_at: BTreeMap::new(),
+            woken_by_silence: BTreeMap::new(),
+            synced: None,
+            view_behind: false,
+            offers: super::peer::PEER_FEATURES,
         };
         node.names.insert(node.meta.id(), node.me.id.clone());
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
@@ -566,6 +620,18 @@ impl ClusterNode {
         // What was replayed is not known current: fenced until confirmed.
         node.check_fence(now);
         Ok(node)
+    }
+
+    /// What this broker says it reads in its hello ([`super::peer::PEER_FEATURES`] by
+    /// default); it also acts by it (an older version is played by offering less).
+    pub fn offered_features(&self) -> u64 {
+        self.offers
+    }
+
+    /// Plays a broker that offers only `features` (tests and simulations of mixed versions):
+    /// say it in the hellos, and this node acts by it.
+    pub fn set_offered_features(&mut self, features: u64) {
+        self.offers = features;
     }
 
     /// The voters of the metadata group, by node id.
@@ -724,12 +790,25 @@ impl ClusterNode {
             self.peer_features.insert(from.to_owned(), *features);
             self.check_incarnation(from, incarnation);
             self.broker.notice(Notice::PeerConnected { peer: from.to_owned() });
+            // It may have restarted (its replicas forgot who leads): the groups it is in tick
+            // until they settle again (not put back to sleep as after a mere silence).
+            self.woken_by_silence.remove(from);
+            self.wake_involving(from);
             return;
         }
         if self.refused.contains(from) {
             return;
         }
         self.last_seen.insert(from.to_owned(), now);
+        if self.silent.remove(from) {
+            self.heard_again(from);
+        }
+        match self.heard_at.get_mut(from) {
+            Some(t) => *t = self.ticks,
+            None => {
+                self.heard_at.insert(from.to_owned(), self.ticks);
+            }
+        }
         match m {
             PeerMessage::Hello { .. } => {}
             PeerMessage::Raft(bytes) => {
@@ -798,8 +877,10 @@ impl ClusterNode {
                         }
                     }
                     note_rejoin(h, &msg);
+                    let (kind, quiet) = (msg.get_msg_type(), msg.context.as_ref() == QUIET_CONTEXT);
                     h.replica.step(msg);
                     self.drain_replica(&shard, now);
+                    self.after_group_message(&shard, from, kind, quiet);
                 }
             }
             PeerMessage::Heartbeats(list) => {
@@ -824,6 +905,7 @@ impl ClusterNode {
                     }
                     h.replica.step(msg);
                     self.drain_replica(&shard, now);
+                    self.wake(&shard);
                 }
             }
         }
@@ -873,6 +955,9 @@ impl ClusterNode {
     /// shows it done): a replica that must rejoin is removed from the group's configuration,
     /// then added back; once the addition is applied (committed) it is told so.
     fn drive_rejoins(&mut self, shard: &ShardId) {
+        if self.replicas.get(shard).is_none_or(|h| h.rejoins.is_empty()) {
+            return;
+        }
         let members: Vec<String> = self.metadata.replicas(shard).map(<[String]>::to_vec).unwrap_or_default();
         let Some(h) = self.replicas.get_mut(shard) else { return };
         if h.rejoins.is_empty() || !h.replica.is_leader() || h.replica.transferring() {
@@ -983,6 +1068,7 @@ impl ClusterNode {
     /// replica that knows no leader.
     pub fn handle_replica_persist_failed(&mut self, shard: &ShardId, why: &str, now: Instant) {
         let Some(h) = self.replicas.remove(shard) else { return };
+        self.awake.remove(shard);
         self.failed_replicas.insert(shard.clone(), why.to_owned());
         for token in h.replica.abandon() {
             self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
@@ -1049,8 +1135,16 @@ impl ClusterNode {
                     && !self.failed_replicas.contains_key(*s)
             })
             .map(|(s, r)| (s.clone(), r.to_vec(), !r.contains(&me)))
+            .take(NEW_REPLICAS_PER_TICK + 1)
             .collect();
-        for (shard, names, joins) in wanted {
+        // A few hundred at a time: each starts a Raft group, makes its state durable (a file)
+        // and soon stands for election; thousands at once (a configuration declaring them)
+        // kept this broker from its other work for seconds, long enough for its peers to
+        // elect another metadata leader. The rest start at the next tick.
+        if wanted.len() > NEW_REPLICAS_PER_TICK {
+            self.synced = None;
+        }
+        for (shard, names, joins) in wanted.into_iter().take(NEW_REPLICAS_PER_TICK) {
             // A rejoining replica (its kept log was damaged) starts like a move's target: an
             // empty log, no voters known; it learns both from the leader.
             let rejoins = self.rejoining.contains_key(&shard);
@@ -1079,8 +1173,15 @@ impl ClusterNode {
                             ready_term: None,
                             lease: None,
                             behind: BTreeSet::new(),
+                            sleep: None,
+                            compacted_at: None,
+                            names_at: None,
+                            in_line_at: None,
+                            role_from: None,
+                            settled_ticks: 0,
                         },
                     );
+                    self.awake.insert(shard.clone());
                     self.drain_replica(&shard, now);
                 }
                 // A kept log the engine refuses: the replica stays out (its peers carry on
@@ -1098,6 +1199,7 @@ impl ClusterNode {
             .cloned()
             .collect();
         for shard in gone {
+            self.awake.remove(&shard);
             if let Some(h) = self.replicas.remove(&shard) {
                 for token in h.replica.abandon() {
                     self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
@@ -1118,17 +1220,31 @@ impl ClusterNode {
     ///   replica move given up half way is undone: a missing member added back, then an extra
     ///   one removed).
     fn drive_replica_move(&mut self, shard: &ShardId) {
-        let mv = self.metadata.moving(shard).cloned();
-        let members: Vec<String> = self.metadata.replicas(shard).map(<[String]>::to_vec).unwrap_or_default();
+        let changes = self.metadata_changes;
         let fenced = self.broker.is_fenced();
-        let me = self.me.id.clone();
         let Some(h) = self.replicas.get_mut(shard) else { return };
-        for n in members.iter().chain(mv.iter().map(|m| &m.to)) {
-            h.names.entry(raft_id(n)).or_insert_with(|| n.clone());
+        // The replicas' names, learnt from the metadata when it changed.
+        if h.names_at != Some(changes) {
+            h.names_at = Some(changes);
+            let mv = self.metadata.moving(shard);
+            let members = self.metadata.replicas(shard).unwrap_or_default();
+            for n in members.iter().chain(mv.iter().map(|m| &m.to)) {
+                h.names.entry(raft_id(n)).or_insert_with(|| n.clone());
+            }
         }
         if !h.replica.is_leader() || h.replica.transferring() || fenced {
+            h.in_line_at = None;
             return;
         }
+        // Nothing to do when it was found in line with the metadata since it last changed
+        // (looked at again once a second all the same).
+        if h.in_line_at == Some(changes) && !self.ticks.is_multiple_of(JOIN_RETRY_TICKS) {
+            return;
+        }
+        h.in_line_at = None;
+        let mv = self.metadata.moving(shard).cloned();
+        let members: Vec<String> = self.metadata.replicas(shard).map(<[String]>::to_vec).unwrap_or_default();
+        let me = self.me.id.clone();
         let voters = h.replica.voters();
         if !voters.contains(&h.replica.id()) {
             // Removed from the group while it led it (a removal another leader proposed
@@ -1175,6 +1291,8 @@ impl ClusterNode {
                     let _ = h.replica.propose_conf_change(true, *missing);
                 } else if let Some(extra) = voters.iter().find(|v| !ids.contains(v)) {
                     let _ = h.replica.propose_conf_change(false, *extra);
+                } else {
+                    h.in_line_at = Some(changes);
                 }
             }
         }
@@ -1263,6 +1381,22 @@ impl ClusterNode {
                 }
             }
         }
+        // Worked out again only when what it depends on changed (a drain per message and per
+        // tick: the follower's hint costs lookups by name).
+        let from = (
+            h.replica.is_leader(),
+            h.ready_term == Some(h.replica.term()),
+            h.replica.leader(),
+            self.metadata_changes,
+            h.names.len(),
+        );
+        if h.role_from == Some(from) {
+            if (from.0 || h.lease.is_some()) && self.broker.wants_read_lease(shard) {
+                self.drain_lease(shard, now);
+            }
+            return;
+        }
+        h.role_from = Some(from);
         let role = if h.replica.is_leader() {
             if h.ready_term == Some(h.replica.term()) { ReplicaRole::Leading } else { ReplicaRole::Settling }
         } else {
@@ -1288,6 +1422,14 @@ impl ClusterNode {
             self.broker.set_replica_role(shard, role, now);
         }
         if self.broker.wants_read_lease(shard) {
+            self.drain_lease(shard, now);
+        }
+    }
+
+    /// A leader's read lease, as the broker is told it, renewed when due.
+    fn drain_lease(&mut self, shard: &ShardId, now: Instant) {
+        let Some(h) = self.replicas.get_mut(shard) else { return };
+        {
             let lease = h.replica.read_lease();
             if h.lease != lease {
                 h.lease = lease;
@@ -1364,6 +1506,7 @@ impl ClusterNode {
     /// ([`Broker::handle_peer_connection_lost`]); Raft resends on its own.
     pub fn handle_peer_lost(&mut self, peer: &str, now: Instant) {
         self.broker.notice(Notice::PeerLost { peer: peer.to_owned() });
+        self.wake_involving(peer);
         self.broker.handle_peer_connection_lost(peer, now);
     }
 
@@ -1378,6 +1521,10 @@ impl ClusterNode {
         self.last_now = self.last_now.max(now);
         let next = *self.next_tick.get_or_insert(now);
         if next <= now {
+            if self.view_behind {
+                self.view_behind = false;
+                self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+            }
             self.meta.tick();
             self.ticks += 1;
             self.next_tick = Some(crate::transport::after(now, TICK));
@@ -1406,46 +1553,74 @@ impl ClusterNode {
             self.check_leases(now);
             self.check_fence(now);
             self.broker.tick_moves(now);
-            self.sync_replicas(now);
-            let shards: Vec<ShardId> = self.replicas.keys().cloned().collect();
-            for shard in shards {
-                let floor = self.broker.replicated_start(&shard);
-                self.drive_replica_move(&shard);
-                self.drive_rejoins(&shard);
-                if let Some(h) = self.replicas.get_mut(&shard) {
+            // The replicas follow the metadata: looked at when it changed (and every ten
+            // seconds regardless), not at every tick: a walk of every replicated shard.
+            if self.synced != Some(self.metadata_changes) || self.ticks.is_multiple_of(10 * JOIN_RETRY_TICKS) {
+                self.synced = Some(self.metadata_changes);
+                self.sync_replicas(now);
+            }
+            // Sleeping groups do not tick ([`hibernation`]).
+            // (Taken, not cloned: thousands of shard ids a tick. What wakes meanwhile lands in
+            // the new set; what went to sleep is left out below.)
+            let shards = std::mem::take(&mut self.awake);
+            // Once a second per group: notices, lead claims, and retention's compaction of a
+            // group that committed nothing since (a group that did is looked at each tick).
+            let slow = self.ticks.is_multiple_of(JOIN_RETRY_TICKS);
+            for shard in &shards {
+                let committed = self.replicas.get(shard).map(|h| (h.replica.committed(), h.compacted_at));
+                let floor = match committed {
+                    Some((now_at, then)) if slow || then != Some(now_at) => {
+                        if let Some(h) = self.replicas.get_mut(shard) {
+                            h.compacted_at = Some(now_at);
+                        }
+                        self.broker.replicated_start(shard)
+                    }
+                    _ => None,
+                };
+                self.drive_replica_move(shard);
+                self.drive_rejoins(shard);
+                if let Some(h) = self.replicas.get_mut(shard) {
                     // A rejoining replica never campaigns (its vote for itself could be a
                     // second one in a term): it only answers its leader.
-                    if !self.rejoining.contains_key(&shard) {
+                    if !self.rejoining.contains_key(shard) {
                         h.replica.tick();
                     }
-                    if self.broker.wants_read_lease(&shard) {
+                    if h.replica.is_leader() && self.broker.wants_read_lease(shard) {
                         renew_read_lease(&mut h.replica, now, true);
                     }
                     // What retention dropped here need not stay in the Raft log either.
                     if let Some(floor) = floor {
                         h.replica.compact_below(floor);
                     }
-                    if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) {
-                        let notices = replicas_behind(h, &shard, &self.me.id);
+                    if slow {
+                        let notices = replicas_behind(h, shard, &self.me.id);
                         for n in notices {
                             self.broker.notice(n);
                         }
                     }
                 }
-                self.drain_replica(&shard, now);
+                self.drain_replica(shard, now);
                 // A leadership claim can be lost with the metadata leader it was sent to: a
                 // leader the metadata does not name yet claims again (a repeated claim for a
                 // term already recorded changes nothing).
-                let me = self.me.id.clone();
-                if self.ticks.is_multiple_of(JOIN_RETRY_TICKS)
-                    && let Some(h) = self.replicas.get(&shard)
+                if slow
+                    && let Some(h) = self.replicas.get(shard)
                     && h.role == Some(ReplicaRole::Leading)
-                    && self.metadata.owner(&shard).is_none_or(|a| a.owner != me)
+                    && self.metadata.owner(shard).is_none_or(|a| a.owner != self.me.id)
                     && let Some(term) = h.ready_term
                 {
+                    let me = self.me.id.clone();
                     self.pending.push_back(Command::Lead { shard: shard.clone(), node: me, term }.encode());
                 }
+                self.consider_sleep(shard);
             }
+            // Those that went to sleep are left out; those that woke or started meanwhile are in
+            // the new set.
+            let mut still: BTreeSet<ShardId> =
+                shards.into_iter().filter(|s| self.replicas.get(s).is_some_and(|h| h.sleep.is_none())).collect();
+            still.append(&mut self.awake);
+            self.awake = still;
+            self.hibernation_tick(now);
             self.flush_pending(now);
             self.drain_meta(now);
             self.flush_shard_sends();
@@ -1516,6 +1691,7 @@ impl ClusterNode {
                 let now = self.broker.last_now();
                 // A leader handing its leadership over takes no proposal (the engine drops it):
                 // nothing is written, so the writer is told to send it again.
+                self.wake(&shard);
                 let transferring = self.replicas.get(&shard).is_some_and(|h| h.replica.transferring());
                 let proposed = self.replicas.get_mut(&shard).map(|h| h.replica.propose(token.0, &batch));
                 match proposed {
@@ -1712,24 +1888,28 @@ impl ClusterNode {
     /// tick), and drops the join of a broker that is not a voter (a removed one).
     fn flush_pending(&mut self, now: Instant) {
         let mut later = Vec::new();
+        // Plain commands go to the engine together (one ready for all: a configuration
+        // declaring thousands of streams is thousands of commands at once); a configuration
+        // change is proposed after the ones before it, in order.
+        let mut plain: Vec<Vec<u8>> = Vec::new();
         while let Some(data) = self.pending.front().cloned() {
             if self.meta.is_leader() {
                 self.pending.pop_front();
                 match Command::decode(&data) {
                     Ok(Command::AddVoter { id, .. }) => {
+                        let _ = self.meta.propose_all(std::mem::take(&mut plain));
                         if self.meta.propose_conf_change(true, raft_id(&id), data.clone()).is_err() {
                             later.push(data);
                         }
                     }
                     Ok(Command::RemoveVoter { id, .. }) => {
+                        let _ = self.meta.propose_all(std::mem::take(&mut plain));
                         if self.meta.propose_conf_change(false, raft_id(&id), data.clone()).is_err() {
                             later.push(data);
                         }
                     }
                     Ok(Command::Join { member }) if !self.meta.voters().contains(&raft_id(&member.id)) => {}
-                    _ => {
-                        let _ = self.meta.propose(data);
-                    }
+                    _ => plain.push(data),
                 }
             } else if let Some(leader) = self.leader().map(str::to_owned) {
                 self.pending.pop_front();
@@ -1737,6 +1917,9 @@ impl ClusterNode {
             } else {
                 break;
             }
+        }
+        if !plain.is_empty() {
+            let _ = self.meta.propose_all(plain);
         }
         self.pending.extend(later);
         self.drain_meta(now);
@@ -1752,6 +1935,7 @@ impl ClusterNode {
             self.broker.notice(Notice::MetadataLeader { leader, term: seen.1 });
         }
         let mut changed = false;
+        let mut urgent = false;
         let mut confirmed = false;
         while let Some(o) = self.meta.poll_output() {
             match o {
@@ -1817,14 +2001,25 @@ impl ClusterNode {
                     // A command that does not decode or is refused changes nothing, here as on
                     // every other broker.
                     if let Ok(c) = Command::decode(&data) {
-                        changed |= self.metadata.apply(&c).is_ok();
+                        let applied = self.metadata.apply(&c).is_ok();
+                        changed |= applied;
+                        urgent |= applied && !matches!(c, Command::Lead { .. });
                     }
                 }
             }
         }
         if changed {
             self.metadata_changes += 1;
-            self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+            // The broker's view is a walk of every shard. A replicated shard's leader claim
+            // (`Lead`) changes only whom it redirects to (the group itself decides who serves
+            // it): thousands of those, as thousands of groups elect, are told at the next tick
+            // together. Anything else is told now.
+            if urgent {
+                self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+                self.view_behind = false;
+            } else {
+                self.view_behind = true;
+            }
         }
         // Unfenced as soon as what was confirmed is applied (not at the next tick).
         if matches!(self.currency, Currency::Confirmed { index } if self.meta.applied() >= index) || confirmed {

@@ -43,6 +43,12 @@
 //!                    (12 and 13 only to a peer whose hello offered [`FEATURE_CACHE_COPY`])
 //! ```
 //!
+//! Hibernation ([`FEATURE_HIBERNATION`]) adds no kind: a settled group's leader sends each
+//! follower a `shard_raft` heartbeat with the context `felix:quiet` and stops ticking the
+//! group; a follower holding the whole log stops too. Any other message of the group wakes
+//! it; so does its leader's broker going silent (every broker sends each peer that offered
+//! the bit an empty `heartbeats` every heartbeat interval).
+//!
 //! The first frame on a connection must be `hello` with the cluster's name and secret; a peer
 //! whose hello does not match is refused before anything else it sent is read.
 
@@ -62,8 +68,17 @@ pub const FEATURE_SHARD_COPY: u64 = 0x2;
 /// kinds 12, 13).
 pub const FEATURE_CACHE_COPY: u64 = 0x4;
 
+/// A peer's hello bit: its shard groups hibernate. It reads a leader's "sleep" heartbeat (a
+/// `shard_raft` heartbeat whose context is `felix:quiet`) as leave to stop ticking a settled
+/// group, and sends an empty `heartbeats` (kind 9) to each such peer every heartbeat interval,
+/// so a peer that goes silent wakes the groups it led. A group hibernates only when every one of
+/// its replicas' brokers offered this: an older follower would stand for election as soon as
+/// its leader stopped sending heartbeats.
+pub const FEATURE_HIBERNATION: u64 = 0x8;
+
 /// What this implementation offers its peers in its hello.
-pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS | FEATURE_SHARD_COPY | FEATURE_CACHE_COPY;
+pub const PEER_FEATURES: u64 =
+    FEATURE_COALESCED_HEARTBEATS | FEATURE_SHARD_COPY | FEATURE_CACHE_COPY | FEATURE_HIBERNATION;
 
 /// A moving shard's new owner asks the old one for its records (kind 10).
 #[derive(Debug, Clone, PartialEq, Eq)]

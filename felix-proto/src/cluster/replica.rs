@@ -520,6 +520,37 @@ impl Replica {
         holds.then(|| l.asked.checked_add(READ_LEASE)).flatten()
     }
 
+    /// On the leader: whether nothing is in flight in the group: every replica holds the whole
+    /// log, all of it committed and applied here, no proposal or leadership confirmation
+    /// waits for an answer, no hand-over is under way and nothing is left to carry out. Only
+    /// such a group may stop ticking (hibernate): nothing in it needs a timer to go on.
+    pub fn settled(&self) -> bool {
+        if !self.node.is_leader()
+            || self.node.transferring()
+            || !self.pending.is_empty()
+            || !self.reads.is_empty()
+            || self.due.is_some()
+            || !self.out.is_empty()
+        {
+            return false;
+        }
+        let (last, commit) = self.node.indexes();
+        last == commit && self.node.applied() == last && self.node.progress().iter().all(|(_, m)| *m == last)
+    }
+
+    /// On a follower: whether it follows `leader` in `term` and holds, committed and applied,
+    /// everything it was sent (what a leader's "sleep" heartbeat asks it to check before it
+    /// stops ticking too).
+    pub fn settled_under(&self, leader: u64, term: u64) -> bool {
+        let (last, commit) = self.node.indexes();
+        !self.node.is_leader()
+            && self.node.leader() == Some(leader)
+            && self.node.term() == term
+            && last == commit
+            && self.node.applied() == last
+            && self.out.is_empty()
+    }
+
     /// The group's voters, as this replica's configuration has them.
     pub fn voters(&self) -> Vec<u64> {
         self.node.voters()
@@ -553,6 +584,11 @@ impl Replica {
     /// The last log index and the committed index.
     pub fn indexes(&self) -> (u64, u64) {
         self.node.indexes()
+    }
+
+    /// The committed index.
+    pub fn committed(&self) -> u64 {
+        self.node.committed()
     }
 
     /// On the leader: each replica's id and the highest log index it holds.

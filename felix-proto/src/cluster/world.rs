@@ -306,6 +306,10 @@ impl World {
             .map_err(|e| self.violation(format!("{name} does not restart from its kept log: {e}")))?;
         node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
         node.set_replica_checkpoint_bytes(CHECKPOINT_BYTES);
+        // In one seed of three the first broker plays an older version (see the hellos below).
+        if self.seed.is_multiple_of(3) && self.names.first().is_some_and(|f| f == name) {
+            node.set_offered_features(0);
+        }
         self.nodes.insert(name.to_owned(), node);
         // New connections both ways, each opened by a hello saying what its broker reads (in
         // one seed of three the first broker is an older one: no coalesced heartbeats).
