@@ -799,7 +799,14 @@ impl ClusterNode {
         if self.refused.contains(from) {
             return;
         }
-        self.last_seen.insert(from.to_owned(), now);
+        // The leader's lease on a member (`check_leases`) counts what it says as a member of
+        // the cluster, not the empty heartbeat hibernation sends every peer regardless: a
+        // broker cut off from the leader's messages (one way) would keep its lease with those
+        // alone, and the leader would never declare it down.
+        let keepalive = matches!(&m, PeerMessage::Heartbeats(list) if list.is_empty());
+        if !keepalive {
+            self.last_seen.insert(from.to_owned(), now);
+        }
         if self.silent.remove(from) {
             self.heard_again(from);
         }
