@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
     --idle) idle="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --hold) hold="$2"; shift 2 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
