@@ -2036,12 +2036,18 @@ fn a_commit_on_a_replicated_stream_keeps_its_event_and_state_together_across_a_f
     assert!(matches!(&got[..], [Message::StateValue(v)] if v.version == Some(deposit_at)), "{got:?}");
 }
 
-#[test]
-fn shard_groups_heartbeats_are_coalesced_for_peers_that_read_them_and_whole_for_one_that_does_not() {
+/// Three brokers, n3 an older version (its hello offers no peer feature, and it acts so).
+fn with_an_older_n3() -> Cluster {
     let mut c = Cluster::new(&NAMES);
-    // n3 says in its hello it is an older broker: it reads no coalesced heartbeats.
     c.old_peers.insert("n3".into());
     c.hellos("n3");
+    c
+}
+
+#[test]
+fn shard_groups_heartbeats_are_coalesced_for_peers_that_read_them_and_whole_for_one_that_does_not() {
+    // n3 says in its hello it is an older broker: it reads no coalesced heartbeats.
+    let mut c = with_an_older_n3();
     create_ledger(&mut c);
     create_sessions(&mut c);
     c.sent_kinds.clear();
@@ -3376,9 +3382,7 @@ fn a_dead_leaders_sleeping_groups_wake_and_elect_new_leaders() {
 /// heartbeat and no sleep heartbeat; between the two newer brokers nothing changes either.
 #[test]
 fn groups_with_a_replica_on_an_older_broker_never_sleep() {
-    let mut c = Cluster::new(&NAMES);
-    c.old_peers.insert("n3".into());
-    c.hellos("n3");
+    let mut c = with_an_older_n3();
     create_ledger(&mut c);
     c.create(Kind::Stream, "fleet", 6, 3);
     c.sent_kinds.clear();

@@ -1,6 +1,6 @@
 //! Hibernation: shard groups with nothing to do stop ticking, as TiKV's hibernate regions do.
 //!
-//! Why: a broker hosts one Raft group per replicated shard. Ticked every [`TICK`], each costs a
+//! Why: a broker hosts one Raft group per replicated shard. Ticked every [`TICK`](super::TICK), each costs a
 //! walk of its state and, on the leader, a heartbeat to every follower every
 //! [`HEARTBEAT_TICKS`] ticks: at thousands of groups an idle broker spends a third of a core
 //! saying that nothing happened. A settled group (every replica holds the whole log, committed
@@ -29,13 +29,13 @@
 //! Sleeping changes no Raft state and skips no message: it only withholds ticks, which Raft's
 //! safety never depends on; liveness is what the wake-ups above keep.
 
-use super::{ClusterNode, NodeOutput, TICK, raft_id};
+use super::{ClusterNode, NodeOutput, raft_id};
 use crate::broker::ReplicaRole;
 use crate::cluster::meta::{ELECTION_TICKS, HEARTBEAT_TICKS};
 use crate::cluster::metadata::{MemberState, ShardId};
 use crate::cluster::peer::{FEATURE_HIBERNATION, PeerMessage};
 use raft::eraftpb::{Message, MessageType};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The context of a leader's "sleep" heartbeat (see the module's documentation).
 pub const QUIET_CONTEXT: &[u8] = b"felix:quiet";
@@ -49,9 +49,6 @@ pub const QUIET_AFTER_TICKS: u32 = ELECTION_TICKS as u32;
 /// Counted in ticks, as Raft counts a leader's silence: a broker too busy to tick on time
 /// (thousands of groups waking at once) does not take the backlog for its peers' silence.
 pub const PEER_SILENT_TICKS: u64 = ELECTION_TICKS as u64;
-
-/// [`PEER_SILENT_TICKS`] at the normal rate ([`TICK`]).
-pub const PEER_SILENT_AFTER: Duration = Duration::from_millis(TICK.as_millis() as u64 * ELECTION_TICKS as u64);
 
 /// Sleeping groups visited per tick for retention and a check that they may still sleep.
 pub const SWEEP_PER_TICK: usize = 64;
@@ -286,25 +283,18 @@ impl ClusterNode {
         }
         // A few sleeping groups, in turn: what retention dropped leaves their log too, and
         // what changed without a message (a read lease wanted) wakes them.
+        use std::ops::Bound;
         let start = self.sweep_after.take();
+        let from = start.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
+        let range: Vec<ShardId> = self
+            .replicas
+            .range::<ShardId, _>((from, Bound::Unbounded))
+            .filter(|(_, h)| h.sleep.is_some())
+            .take(SWEEP_PER_TICK)
+            .map(|(s, _)| s.clone())
+            .collect();
         let mut visited = 0;
         let mut last = None;
-        let range: Vec<ShardId> = match &start {
-            Some(s) => self
-                .replicas
-                .range::<ShardId, _>((std::ops::Bound::Excluded(s), std::ops::Bound::Unbounded))
-                .filter(|(_, h)| h.sleep.is_some())
-                .take(SWEEP_PER_TICK)
-                .map(|(s, _)| s.clone())
-                .collect(),
-            None => self
-                .replicas
-                .iter()
-                .filter(|(_, h)| h.sleep.is_some())
-                .take(SWEEP_PER_TICK)
-                .map(|(s, _)| s.clone())
-                .collect(),
-        };
         for s in range {
             visited += 1;
             if !self.may_stay_asleep(&s) {

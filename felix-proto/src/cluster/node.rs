@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 #[path = "hibernation.rs"]
 mod hibernation;
 use hibernation::Sleep;
-pub use hibernation::{PEER_SILENT_AFTER, PEER_SILENT_TICKS, QUIET_AFTER_TICKS, QUIET_CONTEXT, SWEEP_PER_TICK};
+pub use hibernation::{PEER_SILENT_TICKS, QUIET_AFTER_TICKS, QUIET_CONTEXT, SWEEP_PER_TICK};
 
 /// How often the Raft group's clock ticks. With [`super::meta::ELECTION_TICKS`] of 10 a
 /// follower stands for election after about a second without a leader.
@@ -359,7 +359,7 @@ pub struct ClusterNode {
     sweep_after: Option<ShardId>,
     /// `metadata_changes` when sleeping groups were last checked against the metadata.
     quiet_checked: u64,
-    /// Peers not heard from for [`PEER_SILENT_AFTER`] (the groups they led were woken); a
+    /// Peers not heard from for [`PEER_SILENT_TICKS`] ticks (the groups they led were woken); a
     /// word from one takes it out.
     silent: BTreeSet<String>,
     /// The tick at which each peer was last heard from (silence is counted in ticks, as Raft
