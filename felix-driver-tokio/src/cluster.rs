@@ -568,9 +568,18 @@ impl ReplicaLogs {
     ///
     /// [`LogDamage`]: felix_proto::cluster::meta::LogDamage
     /// [`ClusterNode::set_damaged_replicas`]: felix_proto::cluster::node::ClusterNode::set_damaged_replicas
+    ///
+    /// With `keep`, a log is read one segment at a time and its committed entries beyond
+    /// `keep` bytes are left on disk ([`LogFold`]): the replica replays them in bounded reads
+    /// ([`ReplicaLogs::read_job`]) as it starts, so a restart holds one segment, the
+    /// uncommitted tail and `keep` bytes, whatever the retained log. `None`: every entry is
+    /// held (tests).
+    ///
+    /// [`LogFold`]: felix_proto::cluster::meta::LogFold
     pub(crate) fn open(
         data_dir: Option<&std::path::Path>,
         sync_every: Option<std::time::Duration>,
+        keep: Option<u64>,
     ) -> std::io::Result<OpenedReplicaLogs> {
         let dir = data_dir.map(|d| d.join("cluster").join("replicas"));
         let mut kept = std::collections::BTreeMap::new();
@@ -596,13 +605,25 @@ impl ReplicaLogs {
             }
             for (shard, mut seqs) in found {
                 seqs.sort_unstable();
-                // Each segment read into one buffer that the entries folded from it share: the
-                // log is held once, and a segment's buffer is freed once its entries left memory.
-                let mut datas = Vec::with_capacity(seqs.len());
+                // Two passes, one segment at a time: the last snapshot's index, then the fold.
+                // Each segment is read into one buffer that the entries folded from it share:
+                // a buffer is freed once its entries left memory (spilled, with `keep`).
+                use felix_proto::cluster::meta::LogFold;
+                let mut floor = 0;
                 for seq in &seqs {
-                    datas.push(bytes::Bytes::from(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?));
+                    floor =
+                        floor.max(LogFold::snapshot_floor(&std::fs::read(dir.join(replica_file_name(&shard, *seq)))?));
                 }
-                let (log, infos, damage, mut points) = felix_proto::cluster::meta::fold_log_segments_shared(&datas);
+                let mut fold = LogFold::new(floor, keep);
+                let mut lens = Vec::with_capacity(seqs.len());
+                for (i, seq) in seqs.iter().enumerate() {
+                    let data = bytes::Bytes::from(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?);
+                    lens.push(data.len());
+                    if !fold.feed(&data, Some(&data), i + 1 == seqs.len()) {
+                        break;
+                    }
+                }
+                let (log, infos, damage, mut points) = fold.finish();
                 if let Some(d) = damage {
                     let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
                     let why = format!("{}, byte {}: {}", path.display(), d.offset, d.kind);
@@ -618,13 +639,13 @@ impl ReplicaLogs {
                 points.map_segments(|i| seqs.get(i as usize).copied().unwrap_or(u64::MAX));
                 let mut files =
                     ShardFiles { hard_state: Some(log.hard_state.clone()), points, ..ShardFiles::default() };
-                for ((seq, info), data) in seqs.iter().zip(&infos).zip(&datas) {
+                for ((seq, info), len) in seqs.iter().zip(&infos).zip(&lens) {
                     let path = dir.join(replica_file_name(&shard, *seq));
-                    if info.whole < data.len() {
+                    if info.whole < *len {
                         tracing::warn!(
                             "{}: {} bytes after the last whole record (a write cut short) were dropped",
                             path.display(),
-                            data.len() - info.whole
+                            len - info.whole
                         );
                         let f = std::fs::OpenOptions::new().write(true).open(&path)?;
                         f.set_len(info.whole as u64)?;
@@ -642,6 +663,15 @@ impl ReplicaLogs {
                 }
                 shards.insert(shard.clone(), files);
                 kept.insert(shard, log);
+            }
+            let spilled: u64 = kept.values().filter_map(|l| l.spill.as_ref()).map(|s| s.end() - s.first()).sum();
+            let held: u64 = kept.values().map(|l| l.entries.len() as u64).sum();
+            if !kept.is_empty() {
+                tracing::info!(
+                    "replica logs read back: {} shards, {held} entries held, {spilled} committed entries left on disk \
+                     (replayed from the files as each replica starts: felix_replicas_replaying)",
+                    kept.len()
+                );
             }
         }
         let logs = ReplicaLogs {
@@ -943,7 +973,7 @@ mod replica_log_tests {
         let _ = std::fs::remove_dir_all(&dir);
         let shard =
             ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
-        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1))).unwrap().logs;
+        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
         logs.segment_bytes = 4000;
         let entry =
             |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
@@ -975,9 +1005,64 @@ mod replica_log_tests {
         assert!(logs.segments(&shard).len() < segments, "a snapshot deleted segments");
         assert_eq!(read(&logs, 150, 160, u64::MAX), want(150, 160));
         drop(logs);
-        let logs = ReplicaLogs::open(Some(&dir), None).unwrap().logs;
+        let logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
         assert_eq!(read(&logs, 150, 160, u64::MAX), want(150, 160), "after a restart");
         assert_eq!(read(&logs, 190, 204, u64::MAX), want(190, 204), "after a restart");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A restart with a budget holds the newest committed entries within it and the
+    /// uncommitted tail; the committed entries before them are left on disk (their terms and
+    /// the configuration changes among them kept), readable by index as the replica replays
+    /// them. What it holds and what it left add up to the whole fold's log.
+    #[test]
+    fn a_restart_with_a_budget_leaves_the_committed_front_of_the_log_on_disk() {
+        use felix_proto::cluster::meta::{Entry, HardState};
+        let dir = std::env::temp_dir().join(format!("felix-replica-spill-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard =
+            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
+        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
+        logs.segment_bytes = 3000;
+        let entry =
+            |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
+        for index in 1..=300u64 {
+            let term = 1 + index / 100;
+            let hs = HardState { term, commit: index.saturating_sub(20), ..HardState::default() };
+            logs.persist(&shard, &[entry(index, term)], Some(&hs)).unwrap();
+        }
+        drop(logs);
+        let whole = ReplicaLogs::open(Some(&dir), None, None).unwrap().kept.remove(&shard).expect("kept");
+        assert!(whole.spill.is_none() && whole.entries.len() == 300);
+        let OpenedReplicaLogs { logs, mut kept, damaged } = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
+        assert!(damaged.is_empty());
+        let part = kept.remove(&shard).expect("kept");
+        let spill = part.spill.as_ref().expect("the committed front left on disk");
+        assert_eq!(spill.first(), 1);
+        assert_eq!(spill.end(), part.entries[0].index, "the log goes on in memory where the disk part ends");
+        // 20 uncommitted entries stay whatever the budget, and about 2000 bytes of committed ones.
+        let committed_held = part.entries.iter().filter(|e| e.index <= part.hard_state.commit).count();
+        assert!(part.entries.len() >= 20 && committed_held <= 10, "{} held", part.entries.len());
+        assert_eq!(part.hard_state, whole.hard_state);
+        for e in &whole.entries {
+            match spill.term(e.index) {
+                Some(t) => assert_eq!(t, e.term, "{}", e.index),
+                None => assert!(part.entries.iter().any(|p| p == e), "{}", e.index),
+            }
+        }
+        // The replay's reads give the entries left on disk back, in bounded reads.
+        let mut next = spill.first();
+        let mut reads = 0;
+        while next < spill.end() {
+            let got = logs.read_job(&shard, next, spill.end(), 1000).expect("kept").run().unwrap();
+            assert!(!got.is_empty() && got.len() < 20, "{} entries in one read", got.len());
+            for e in got.iter().take_while(|e| e.index < spill.end()) {
+                assert_eq!(e, &whole.entries[e.index as usize - 1]);
+                next = e.index + 1;
+            }
+            reads += 1;
+        }
+        assert!(reads > 10);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -989,7 +1074,7 @@ mod replica_log_tests {
         let shard =
             ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
         let OpenedReplicaLogs { mut logs, kept, .. } =
-            ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1))).unwrap();
+            ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap();
         assert!(kept.is_empty());
         logs.segment_bytes = 1000;
         let mut expect = felix_proto::cluster::meta::RaftLog::default();
@@ -1016,7 +1101,7 @@ mod replica_log_tests {
         logs.persist(&shard, &e, None).unwrap();
         expect.persist(&e, None);
         drop(logs);
-        let kept = ReplicaLogs::open(Some(&dir), None).unwrap().kept;
+        let kept = ReplicaLogs::open(Some(&dir), None, None).unwrap().kept;
         assert_eq!(kept.get(&shard), Some(&expect));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1034,7 +1119,7 @@ mod replica_log_tests {
             shard: 0,
         };
         let (damaged, torn) = (shard("damaged"), shard("torn"));
-        let mut logs = ReplicaLogs::open(Some(&dir), None).unwrap().logs;
+        let mut logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
         for index in 1..=10u64 {
             let e = vec![Entry { index, term: 1, data: vec![7; 50].into(), ..Entry::default() }];
             let hs = HardState { term: 1, vote: 2, commit: index, ..HardState::default() };
@@ -1053,7 +1138,7 @@ mod replica_log_tests {
         let mut f = std::fs::OpenOptions::new().append(true).open(path(&torn)).unwrap();
         std::io::Write::write_all(&mut f, &felix_proto::cluster::meta::encode_log_record(&[], None)[..7]).unwrap();
         drop(f);
-        let opened = ReplicaLogs::open(Some(&dir), None).unwrap();
+        let opened = ReplicaLogs::open(Some(&dir), None, None).unwrap();
         // The torn one is cut back to its whole records and kept.
         assert_eq!(opened.kept.get(&torn).map(|l| l.entries.len()), Some(10));
         assert_eq!(std::fs::metadata(path(&torn)).unwrap().len(), whole);
@@ -1071,7 +1156,7 @@ mod replica_log_tests {
         let e = vec![Entry { index: 1, term: 3, data: vec![1].into(), ..Entry::default() }];
         logs.persist(&damaged, &e, Some(&HardState { term: 3, commit: 1, ..HardState::default() })).unwrap();
         drop(logs);
-        let again = ReplicaLogs::open(Some(&dir), None).unwrap();
+        let again = ReplicaLogs::open(Some(&dir), None, None).unwrap();
         assert!(again.damaged.is_empty());
         assert_eq!(again.kept.get(&damaged).map(|l| l.hard_state.term), Some(3));
         let _ = std::fs::remove_dir_all(&dir);

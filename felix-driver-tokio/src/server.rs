@@ -234,6 +234,9 @@ impl Server {
                 if let Some(bytes) = c.replica_entry_cache {
                     node.set_replica_entry_cache(bytes);
                 }
+                // A restart holds as much of each replica's committed log as its entry cache
+                // would; the rest is replayed from the files in reads.
+                let keep = c.replica_entry_cache.unwrap_or(felix_proto::cluster::node::REPLICA_ENTRY_CACHE);
                 // Replicated shards' logs follow the broker's fsync policy (`never` still syncs
                 // once a second: a replica's log is what a fail-over stands on).
                 let sync_every = match opts.fsync {
@@ -241,8 +244,8 @@ impl Server {
                     FsyncMode::Interval(d) => Some(d),
                     FsyncMode::Never => Some(std::time::Duration::from_secs(1)),
                 };
-                let opened =
-                    crate::cluster::ReplicaLogs::open(opts.data_dir.as_deref(), sync_every).map_err(ServerError::Io)?;
+                let opened = crate::cluster::ReplicaLogs::open(opts.data_dir.as_deref(), sync_every, Some(keep))
+                    .map_err(ServerError::Io)?;
                 node.set_kept_replicas(opened.kept);
                 node.set_damaged_replicas(opened.damaged);
                 replica_logs = Some(opened.logs);
@@ -1142,6 +1145,12 @@ impl BrokerTask {
                 "gauge",
                 "Of those, groups that sleep: settled, they do not tick until something wakes them (hibernation).",
                 n.sleeping_replicas() as u64,
+            );
+            m(
+                "felix_replicas_replaying",
+                "gauge",
+                "Replicas replaying, after a restart, the committed entries their logs hold on disk (they take part in their groups once done).",
+                n.replaying_replicas() as u64,
             );
             let (bytes, on_disk) = n.replica_entry_memory();
             m(

@@ -401,6 +401,35 @@ pub fn replica_log(data: &[u8]) {
     let shared: Vec<bytes::Bytes> = segments.iter().map(|s| bytes::Bytes::copy_from_slice(s)).collect();
     let (shared_log, shared_infos, shared_damage, points) = crate::cluster::meta::fold_log_segments_shared(&shared);
     assert!(shared_log == log && shared_infos == infos && shared_damage == damage, "the shared fold differs");
+    // The streaming fold of a restart, spilling committed entries past a small budget, finds
+    // the same verdict, hard state and snapshot; what it holds and what it left on disk are
+    // the whole log's entries (the spill's by term), and everything spilled is committed.
+    {
+        use crate::cluster::meta::LogFold;
+        let floor = segments.iter().map(|s| LogFold::snapshot_floor(s)).max().unwrap_or(0);
+        let mut fold = LogFold::new(floor, Some(200));
+        for (i, seg) in segments.iter().enumerate() {
+            if !fold.feed(seg, None, i + 1 == segments.len()) {
+                break;
+            }
+        }
+        let (part, part_infos, part_damage, _) = fold.finish();
+        assert!(part_infos == infos && part_damage == damage, "the streaming fold's verdict differs");
+        assert!(part.hard_state == log.hard_state && part.snapshot == log.snapshot, "the streaming fold differs");
+        let spilled = part.spill.as_ref().map_or(0, |s| s.end() - s.first());
+        assert_eq!(spilled as usize + part.entries.len(), log.entries.len(), "entries lost or invented");
+        if let Some(sp) = &part.spill {
+            assert!(sp.end() - 1 <= part.hard_state.commit, "an uncommitted entry left on disk");
+            assert!(part.entries.first().is_none_or(|e| e.index == sp.end()), "a gap after the disk part");
+        }
+        for e in &log.entries {
+            match part.spill.as_ref().and_then(|s| s.term(e.index)) {
+                Some(t) => assert_eq!(t, e.term, "a spilled entry's term differs"),
+                None => assert!(part.entries.contains(e), "an entry lost"),
+            }
+        }
+        assert_eq!(part.voters(), log.voters(), "voters differ");
+    }
     // Reading entries back with the index, from any start, invents nothing: every entry it
     // gives decodes from a record of the bytes, at the index asked or after, in order.
     if let Some(first) = log.entries.first().map(|e| e.index) {

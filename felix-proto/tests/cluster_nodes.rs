@@ -64,6 +64,9 @@ struct Cluster {
     memory: Option<(u64, u64)>,
     /// Reads of kept replica logs answered.
     replica_reads: u64,
+    /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
+    /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
+    spill_on_start: Option<u64>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -120,6 +123,7 @@ impl Cluster {
             rates: BTreeMap::new(),
             memory: None,
             replica_reads: 0,
+            spill_on_start: None,
         };
         for n in names {
             c.hellos(n);
@@ -165,7 +169,13 @@ impl Cluster {
         if let Some((_, entries)) = self.memory {
             node.set_replica_entry_cache(entries);
         }
-        node.set_kept_replicas(self.kept_replicas.get(name).cloned().unwrap_or_default());
+        let mut replicas = self.kept_replicas.get(name).cloned().unwrap_or_default();
+        if let Some(keep) = self.spill_on_start {
+            for log in replicas.values_mut() {
+                log.spill_committed(keep);
+            }
+        }
+        node.set_kept_replicas(replicas);
         self.nodes.insert(name.to_owned(), node);
         self.hellos(name);
     }
@@ -1354,6 +1364,60 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     c.until("another replica leads", |c| leading(c).is_some());
     let second = leading(&c).unwrap();
     assert_eq!(subscribe_all(&mut c, &second, 3), expect);
+}
+
+/// Brokers restarted on long replica logs hold only the newest part of them in memory: the
+/// committed entries before it (left on disk, as `serve`'s fold does past its entry cache)
+/// are replayed from the kept logs in reads of about the entry cache's size before each
+/// replica takes part again. The whole cluster restarts (a power cut): every replica comes
+/// back with the offsets it had, a subscriber from the start gets every record, and writes
+/// go on at the next offset.
+#[test]
+fn restarted_replicas_replay_the_committed_log_left_on_disk_in_bounded_reads() {
+    let mut c = Cluster::with(&NAMES, true);
+    c.memory = Some((4096, 4096));
+    let now = c.now;
+    for name in NAMES {
+        c.start(name, &RaftLog::default(), now);
+    }
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let pad = "x".repeat(96);
+    publish_acked(&mut c, &leader, 1, &pad, 300);
+    c.until("every replica holds the same history", |c| same_history_everywhere(c, &leader));
+    let before: BTreeMap<String, _> = NAMES.iter().map(|n| (n.to_string(), history(&c, n).0)).collect();
+    c.spill_on_start = Some(2048);
+    let mut spilled = c.kept_replicas[&leader][&ledger()].clone();
+    spilled.spill_committed(2048);
+    let on_disk = spilled.spill.as_ref().map_or(0, |s| s.end() - s.first());
+    assert!(on_disk > 250 && spilled.entries.len() < 30, "{on_disk} entries left on disk");
+    let reads = c.replica_reads;
+    for name in NAMES {
+        restart(&mut c, name);
+    }
+    c.until("every restarted replica replayed its log and one leads", |c| {
+        NAMES.iter().all(|n| {
+            c.nodes[*n].replaying_replicas() == 0 && c.nodes[*n].replica_status().iter().any(|r| r.0 == ledger())
+        }) && leading(c).is_some()
+    });
+    // Three logs of 300 entries of about 160 bytes, in reads of about 4 KiB.
+    assert!(c.replica_reads - reads >= 30, "{} reads", c.replica_reads - reads);
+    for name in NAMES {
+        assert_eq!(history(&c, name).0, before[name], "{name}: the records it held in memory, at their offsets");
+    }
+    let second = leading(&c).unwrap();
+    let expect: Vec<(u64, String)> = (0..300u64).map(|k| (k + 1, format!("{pad}{k}"))).collect();
+    let (sc, ss) = c.client_with(&second, MOVED_SUB_FLAGS, 0x1000, 2);
+    c.send(&second, sc, ss, subscribe_shard_of("ledger", 0, 0));
+    assert!(matches!(messages(&c.take(&second, sc, ss))[0], Message::Subscribed(_)));
+    c.settle();
+    assert_eq!(c.stream_events(&second, sc).0[..300], expect[..], "every record from the start");
+    let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
+    let (conn, st) = c.client(&second, flags, 3);
+    c.send(&second, conn, st, publish_binary("ledger", &["later"], Some(1), None));
+    let a = acks(&payloads(&c.take(&second, conn, st)));
+    assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
+    assert!(a[0].offset.is_some_and(|o| o > 300), "written after the records replayed: {a:?}");
 }
 
 /// Whether every broker holds the same ledger history as `leader`.

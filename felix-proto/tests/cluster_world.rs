@@ -43,6 +43,8 @@ fn the_next_500_seeds_keep_every_cluster_invariant() {
     assert!(t.crashes > 500 && t.acked > 10_000, "{t:?}");
     // Retention kept few records, so replicas' logs were compacted (and restored) as they ran.
     assert!(t.snapshots > 1_000, "{t:?}");
+    // Restarts replayed the committed front of replicas' logs from disk in reads.
+    assert!(t.replayed > 1_000, "{t:?}");
     // The replicated cache took writes through crashes and partitions.
     assert!(t.qcache_acked > 1_000, "{t:?}");
 }

@@ -99,6 +99,96 @@ impl OnDisk {
     }
 }
 
+/// The committed entries `first..end` of a kept log that a restart leaves on disk (the front
+/// of the log, folded with [`RaftLog::spill_committed`] or [`LogFold`]): their terms, one run
+/// per term, and the configuration changes among them (a few entries). A replica restarted
+/// from such a log replays them from its driver's files in bounded reads
+/// ([`super::replica::Replica`]) instead of holding the whole retained log in memory, and the
+/// engine starts with them applied.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Spill {
+    first: u64,
+    end: u64,
+    /// (first index, term), ascending; the last run goes on to `end`.
+    runs: Vec<(u64, u64)>,
+    /// The configuration changes among them, in index order.
+    conf: Vec<Entry>,
+}
+
+impl Spill {
+    /// The first entry it holds.
+    pub fn first(&self) -> u64 {
+        self.first
+    }
+
+    /// One past the last entry it holds.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Whether it holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.first >= self.end
+    }
+
+    /// The term of entry `idx`, if it holds it.
+    pub fn term(&self, idx: u64) -> Option<u64> {
+        if idx < self.first || idx >= self.end {
+            return None;
+        }
+        let i = self.runs.partition_point(|(start, _)| *start <= idx);
+        i.checked_sub(1).map(|i| self.runs[i].1)
+    }
+
+    /// Entry `e` goes to disk (entries go in index order, each continuing the last).
+    fn push(&mut self, e: &Entry) {
+        if self.is_empty() {
+            *self = Spill { first: e.index, end: e.index, ..Spill::default() };
+        }
+        if self.runs.last().is_none_or(|(_, t)| *t != e.term) {
+            self.runs.push((e.index, e.term));
+        }
+        if e.get_entry_type() == EntryType::EntryConfChange {
+            self.conf.push(e.clone());
+        }
+        self.end = e.index.saturating_add(1);
+    }
+
+    /// Entries from `idx` on are gone (a newer leader's entries replace them; never a
+    /// committed one, which is all a spill holds, but a file is not trusted to say so).
+    fn truncate_from(&mut self, idx: u64) {
+        if idx >= self.end {
+            return;
+        }
+        if idx <= self.first {
+            *self = Spill::default();
+            return;
+        }
+        self.runs.retain(|(start, _)| *start < idx);
+        self.conf.retain(|e| e.index < idx);
+        self.end = idx;
+    }
+
+    /// Entries up to `index` were compacted into a snapshot.
+    fn drop_through(&mut self, index: u64) {
+        let next = index.saturating_add(1);
+        if next <= self.first {
+            return;
+        }
+        if next >= self.end {
+            *self = Spill::default();
+            return;
+        }
+        let keep = self.runs.partition_point(|(start, _)| *start <= next).saturating_sub(1);
+        self.runs.drain(..keep);
+        if let Some(r) = self.runs.first_mut() {
+            r.0 = next;
+        }
+        self.conf.retain(|e| e.index >= next);
+        self.first = next;
+    }
+}
+
 /// The size of each entry `MemStorage` holds, and their sum.
 #[derive(Debug, Default)]
 struct EntryCache {
@@ -200,8 +290,11 @@ impl Storage for GroupStore {
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
+        // The entry before the log's first: the snapshot's, or index 0 (term 0) of a log never
+        // compacted (the in-memory log may start later, after entries left on disk at a
+        // restart, and would call 0 compacted: a new member would then wait for a snapshot).
         let m = self.snapshot.get_metadata();
-        if idx == m.index && idx > 0 {
+        if idx == m.index {
             return Ok(m.term);
         }
         if let Some(t) = self.disk.term(idx) {
@@ -450,10 +543,36 @@ impl MetaNode {
             .filter(|v| !v.is_empty());
         let voters = kept.voters().or(snap_voters).unwrap_or(founders);
         let storage = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
+        // Committed entries left on disk: the engine starts with them applied (the replica
+        // replays them from its driver's files first), and the in-memory log starts after them.
+        let spill = kept.spill.clone().filter(|s| !s.is_empty());
+        if let Some(sp) = &spill {
+            let contiguous = sp.first == snapshot.get_metadata().index + 1
+                && kept.entries.first().is_none_or(|e| e.index == sp.end)
+                && sp.end - 1 <= kept.hard_state.commit;
+            if !contiguous {
+                return Err(MetaError::Decode(format!(
+                    "kept log: entries {}..{} on disk do not fit the snapshot at {} and the log after",
+                    sp.first,
+                    sp.end,
+                    snapshot.get_metadata().index
+                )));
+            }
+        }
         {
             let mut w = storage.wl();
             if snapshot.get_metadata().index > 0 {
                 w.apply_snapshot(snapshot.clone())?;
+            }
+            if let Some(sp) = &spill {
+                // The in-memory log's own start: a placeholder at the last entry on disk (the
+                // snapshot sent to followers stays the real one, `GroupStore::snapshot`).
+                let mut start = Snapshot::default();
+                let m = start.mut_metadata();
+                m.index = sp.end - 1;
+                m.term = sp.term(sp.end - 1).unwrap_or(0);
+                m.set_conf_state(ConfState::from((voters.clone(), vec![])));
+                w.apply_snapshot(start)?;
             }
             let after: Vec<Entry> =
                 kept.entries.iter().filter(|e| e.index > snapshot.get_metadata().index).cloned().collect();
@@ -463,7 +582,7 @@ impl MetaNode {
             let mut hs = kept.hard_state.clone();
             // The kept commit cannot point past the kept log (a commit learnt before the entries
             // it covers were written).
-            let last = kept.entries.last().map_or(0, |e| e.index).max(snapshot.get_metadata().index);
+            let last = kept.last_index().max(snapshot.get_metadata().index);
             hs.commit = hs.commit.min(last).max(snapshot.get_metadata().index);
             w.set_hardstate(hs);
         }
@@ -471,7 +590,13 @@ impl MetaNode {
         cached.appended(
             &kept.entries.iter().filter(|e| e.index > snapshot.get_metadata().index).cloned().collect::<Vec<_>>(),
         );
-        let storage = GroupStore { mem: storage, snapshot, disk: OnDisk::default(), cached, reads: Default::default() };
+        let disk = spill.as_ref().map_or_else(OnDisk::default, |sp| OnDisk {
+            first: sp.first,
+            end: sp.end,
+            runs: sp.runs.clone(),
+        });
+        let applied = spill.as_ref().map_or(0, |sp| sp.end - 1);
+        let storage = GroupStore { mem: storage, snapshot, disk, cached, reads: Default::default() };
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
         let rank = rank.unwrap_or_else(|| voters.iter().filter(|v| **v < id).count());
@@ -489,6 +614,7 @@ impl MetaNode {
             // transport write per batch.
             max_size_per_msg: MAX_APPEND_BYTES,
             max_inflight_msgs: 256,
+            applied,
             ..Config::default()
         };
         cfg.validate()?;
@@ -537,6 +663,11 @@ impl MetaNode {
         store.snapshot = snap.clone();
         self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: false });
         true
+    }
+
+    /// The term of entry `idx` of the log, if it still holds it (in memory or on disk).
+    pub fn term_of(&self, idx: u64) -> Option<u64> {
+        self.raw.store().term(idx).ok().filter(|_| idx >= self.raw.store().first_index().unwrap_or(u64::MAX))
     }
 
     /// The first index the log still holds (after the last snapshot).
@@ -800,6 +931,12 @@ impl MetaNode {
         self.process_ready();
     }
 
+    /// [`set_entry_cache`](Self::set_entry_cache) without running the engine (its next tick
+    /// or step does): for a member whose host holds it back a while.
+    pub fn set_entry_budget(&mut self, budget: Option<u64>) {
+        self.raw.mut_store().cached.budget = budget;
+    }
+
     /// Entry bytes held in memory (with [`ENTRY_OVERHEAD`] each), and how many entries of the
     /// log are on disk only.
     pub fn entry_memory(&self) -> (u64, u64) {
@@ -902,6 +1039,9 @@ pub struct RaftLog {
     pub hard_state: HardState,
     /// The snapshot the log was compacted to (it stands for every entry up to its index).
     pub snapshot: Option<Snapshot>,
+    /// Committed entries after the snapshot and before `entries` that are on disk only (a
+    /// restart's fold leaves them there: see [`Spill`]).
+    pub spill: Option<Spill>,
 }
 
 impl RaftLog {
@@ -929,7 +1069,7 @@ impl RaftLog {
             })
             .collect();
         let hard_state = HardState { term: 1, commit: entries.len() as u64, ..HardState::default() };
-        RaftLog { entries, hard_state, snapshot: None }
+        RaftLog { entries, hard_state, snapshot: None, spill: None }
     }
 
     /// The voters the committed configuration changes of this log leave, or `None` for a log
@@ -938,7 +1078,8 @@ impl RaftLog {
         use protobuf::Message as _;
         let mut voters = std::collections::BTreeSet::new();
         let mut any = false;
-        for e in self.entries.iter().take_while(|e| e.index <= self.hard_state.commit) {
+        let spilled = self.spill.iter().flat_map(|s| s.conf.iter());
+        for e in spilled.chain(self.entries.iter().take_while(|e| e.index <= self.hard_state.commit)) {
             if e.get_entry_type() != EntryType::EntryConfChange {
                 continue;
             }
@@ -961,11 +1102,19 @@ impl RaftLog {
         if self.snapshot.as_ref().is_some_and(|s| s.get_metadata().index >= m.index) {
             return;
         }
-        let matches = self.entries.iter().any(|e| e.index == m.index && e.term == m.term);
+        let matches = self.entries.iter().any(|e| e.index == m.index && e.term == m.term)
+            || self.spill.as_ref().is_some_and(|s| s.term(m.index) == Some(m.term));
         if matches {
             self.entries.retain(|e| e.index > m.index);
+            if let Some(s) = &mut self.spill {
+                s.drop_through(m.index);
+            }
         } else {
             self.entries.clear();
+            self.spill = None;
+        }
+        if self.spill.as_ref().is_some_and(Spill::is_empty) {
+            self.spill = None;
         }
         self.hard_state.commit = self.hard_state.commit.max(m.index);
         self.hard_state.term = self.hard_state.term.max(m.term);
@@ -1003,10 +1152,50 @@ impl RaftLog {
         if let Some(first) = entries.first() {
             let keep = self.entries.partition_point(|e| e.index < first.index);
             self.entries.truncate(keep);
+            if let Some(s) = &mut self.spill {
+                s.truncate_from(first.index);
+                if s.is_empty() {
+                    self.spill = None;
+                }
+            }
             self.entries.extend_from_slice(entries);
         }
         if let Some(hs) = hard_state {
             self.hard_state = hs.clone();
+        }
+    }
+
+    /// The last entry's index, in memory or spilled (or the snapshot's; 0 for none).
+    pub fn last_index(&self) -> u64 {
+        let spilled = self.spill.as_ref().map(|s| s.end.saturating_sub(1));
+        self.entries
+            .last()
+            .map(|e| e.index)
+            .or(spilled)
+            .or(self.snapshot.as_ref().map(|s| s.get_metadata().index))
+            .unwrap_or(0)
+    }
+
+    /// Moves committed entries from the front of `entries` into the [`Spill`] (terms and
+    /// configuration changes only) while the entries left in memory hold more than `keep`
+    /// bytes of data: what a restart needs in memory of a long log is its uncommitted tail and
+    /// a cache's worth of the newest committed entries; the rest it replays from disk.
+    pub fn spill_committed(&mut self, keep: u64) {
+        let mut bytes: u64 = self.entries.iter().map(|e| e.data.len() as u64 + ENTRY_OVERHEAD).sum();
+        let mut n = 0;
+        for e in &self.entries {
+            if bytes <= keep || e.index > self.hard_state.commit {
+                break;
+            }
+            bytes -= e.data.len() as u64 + ENTRY_OVERHEAD;
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let spill = self.spill.get_or_insert_with(Spill::default);
+        for e in self.entries.drain(..n) {
+            spill.push(&e);
         }
     }
 
@@ -1083,7 +1272,7 @@ impl RaftLog {
         if entries.windows(2).any(|w| w[1].index != w[0].index + 1) || entries.first().is_some_and(|e| e.index == 0) {
             return Err(bad("entries out of order"));
         }
-        Ok(RaftLog { entries, hard_state, snapshot: None })
+        Ok(RaftLog { entries, hard_state, snapshot: None, spill: None })
     }
 }
 
@@ -1351,11 +1540,41 @@ fn fold_segments(
     segments: &[&[u8]],
     buffers: Option<&[bytes::Bytes]>,
 ) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>, super::log_read::LogPoints) {
-    let mut points = super::log_read::LogPoints::default();
-    // Pass 1: the last snapshot's index (whole snapshot records that decode; entry records
-    // are decoded once, in pass 2).
-    let mut floor = 0;
-    for data in segments {
+    // Pass 1: the last snapshot's index (entry records are decoded once, in pass 2).
+    let floor = segments.iter().map(|d| LogFold::snapshot_floor(d)).max().unwrap_or(0);
+    // Pass 2: every record in order, entries below the floor skipped.
+    let mut fold = LogFold::new(floor, None);
+    for (segment, data) in segments.iter().enumerate() {
+        if !fold.feed(data, buffers.and_then(|b| b.get(segment)), segment + 1 == segments.len()) {
+            break;
+        }
+    }
+    fold.finish()
+}
+
+/// The fold of a kept log's segments one at a time, oldest first (what
+/// [`fold_log_segments_indexed`] does over all of them at once): a driver reads, feeds and
+/// drops one segment after another, and with a `keep` budget the committed entries beyond it
+/// go to the log's [`Spill`] as they are folded, so a restart of a long log holds a bounded
+/// part of it (the segment being read, the uncommitted tail and `keep` bytes of entries).
+/// Never panics.
+#[derive(Debug)]
+pub struct LogFold {
+    floor: u64,
+    keep: Option<u64>,
+    log: RaftLog,
+    infos: Vec<SegmentInfo>,
+    damage: Option<LogDamage>,
+    points: super::log_read::LogPoints,
+}
+
+impl LogFold {
+    /// The highest snapshot index among the whole snapshot records of one segment (0: none):
+    /// the fold's first pass, over every segment, before the first [`feed`](Self::feed).
+    /// Segments a snapshot made useless may have been deleted, so entries below the last
+    /// snapshot are skipped wherever they are, and the ones after it must follow without a gap.
+    pub fn snapshot_floor(data: &[u8]) -> u64 {
+        let mut floor = 0;
         let mut at = 0;
         while let RecordAt::Whole(end, body) = record_at(data, at) {
             if body[0] == 2
@@ -1365,50 +1584,65 @@ fn fold_segments(
             }
             at = end;
         }
+        floor
     }
-    // Pass 2: every record in order, entries below the floor skipped.
-    let mut log = RaftLog::default();
-    let mut infos = Vec::with_capacity(segments.len());
-    let mut damage = None;
-    'segments: for (segment, data) in segments.iter().enumerate() {
+
+    /// A fold from the floor [`snapshot_floor`](Self::snapshot_floor) found; `keep`: spill
+    /// committed entries beyond that many bytes (`None`: every entry stays in memory).
+    pub fn new(floor: u64, keep: Option<u64>) -> LogFold {
+        LogFold {
+            floor,
+            keep,
+            log: RaftLog::default(),
+            infos: Vec::new(),
+            damage: None,
+            points: super::log_read::LogPoints::default(),
+        }
+    }
+
+    /// Folds the next segment (`buffer`: the same bytes, shared, for the entries' data to be
+    /// slices of; `last`: no segment follows, so a short end is a torn tail rather than
+    /// damage). Returns `false` once damage was found: the fold stops there.
+    pub fn feed(&mut self, data: &[u8], buffer: Option<&bytes::Bytes>, last: bool) -> bool {
+        if self.damage.is_some() {
+            return false;
+        }
+        let segment = self.infos.len();
         let mut info = SegmentInfo::default();
-        let last = segment + 1 == segments.len();
+        let log = &mut self.log;
+        let floor = self.floor;
         let damaged = |offset, kind| Some(LogDamage { segment, offset, kind });
         loop {
             let body = match record_at(data, info.whole) {
                 RecordAt::End => break,
                 RecordAt::Whole(_, body) => body,
                 RecordAt::Short if !last => {
-                    damage = damaged(info.whole, DamageKind::ClosedSegmentShort);
-                    infos.push(info);
-                    break 'segments;
+                    self.damage = damaged(info.whole, DamageKind::ClosedSegmentShort);
+                    break;
                 }
                 RecordAt::Short if data.len() > info.whole + 5 && decode_body(&data[info.whole + 4..]).is_ok() => {
-                    damage = damaged(info.whole, DamageKind::Length);
-                    infos.push(info);
-                    break 'segments;
+                    self.damage = damaged(info.whole, DamageKind::Length);
+                    break;
                 }
                 RecordAt::Short if whole_record_after(data, info.whole) => {
-                    damage = damaged(info.whole, DamageKind::RecordsAfterBreak);
-                    infos.push(info);
-                    break 'segments;
+                    self.damage = damaged(info.whole, DamageKind::RecordsAfterBreak);
+                    break;
                 }
                 // A torn tail: cut here.
                 RecordAt::Short => break,
             };
             let end = info.whole + 4 + body.len();
-            let mut part = match decode_body_in(body, buffers.and_then(|b| b.get(segment))) {
+            let mut part = match decode_body_in(body, buffer) {
                 Ok(Ok(snap)) => {
                     log.persist_snapshot(&snap);
-                    points.skip((end - info.whole) as u64);
+                    self.points.skip((end - info.whole) as u64);
                     info.whole = end;
                     continue;
                 }
                 Ok(Err(part)) => part,
                 Err(()) => {
-                    damage = damaged(info.whole, DamageKind::Checksum);
-                    infos.push(info);
-                    break 'segments;
+                    self.damage = damaged(info.whole, DamageKind::Checksum);
+                    break;
                 }
             };
             // Entries below the last snapshot are covered by it (the one at its index stays
@@ -1419,32 +1653,45 @@ fn fold_segments(
             // The entries must continue the log (or overwrite its tail): a record that would
             // leave a gap is damage, not a crash.
             let next = log.entries.last().map(|l| l.index + 1);
+            let next = next.or(log.spill.as_ref().map(|s| s.end));
             let next = next.or(log.snapshot.as_ref().map(|s| s.get_metadata().index + 1)).unwrap_or(floor.max(1));
             if part.entries.first().is_some_and(|e| e.index > next) {
-                damage = damaged(info.whole, DamageKind::Gap);
-                infos.push(info);
-                break 'segments;
+                self.damage = damaged(info.whole, DamageKind::Gap);
+                break;
             }
             info.max_index = info.max_index.max(max_index);
             let len = (end - info.whole) as u64;
             match (part.entries.first(), part.entries.last()) {
-                (Some(f), Some(l)) => points.record(segment as u64, info.whole as u64, len, f.index, l.index),
-                _ => points.skip(len),
+                (Some(f), Some(l)) => self.points.record(segment as u64, info.whole as u64, len, f.index, l.index),
+                _ => self.points.skip(len),
             }
             log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
             info.whole = end;
         }
-        infos.push(info);
+        self.infos.push(info);
+        if let Some(keep) = self.keep {
+            self.log.spill_committed(keep);
+        }
+        self.damage.is_none()
     }
-    // A commit past every entry kept: entries this replica held (and may have acknowledged)
-    // are gone, though every record left is whole (a file cut at a record boundary).
-    let last_index = log.entries.last().map(|e| e.index).or(log.snapshot.as_ref().map(|s| s.get_metadata().index));
-    if damage.is_none() && log.hard_state.commit > last_index.unwrap_or(0) {
-        let segment = infos.len().saturating_sub(1);
-        let offset = infos.last().map_or(0, |i| i.whole);
-        damage = Some(LogDamage { segment, offset, kind: DamageKind::CommitPastEntries });
+
+    /// The log folded, what each segment fed held, the first damage found (`None`: at most
+    /// a torn tail, which [`SegmentInfo::whole`] says where to cut) and the index of where
+    /// the records start. After damage the log is what came before it, which a driver must
+    /// not serve or vote from.
+    pub fn finish(self) -> (RaftLog, Vec<SegmentInfo>, Option<LogDamage>, super::log_read::LogPoints) {
+        let LogFold { log, infos, mut damage, points, .. } = self;
+        // A commit past every entry kept: entries this replica held (and may have
+        // acknowledged) are gone, though every record left is whole (a file cut at a record
+        // boundary).
+        let last_index = log.last_index();
+        if damage.is_none() && log.hard_state.commit > last_index {
+            let segment = infos.len().saturating_sub(1);
+            let offset = infos.last().map_or(0, |i| i.whole);
+            damage = Some(LogDamage { segment, offset, kind: DamageKind::CommitPastEntries });
+        }
+        (log, infos, damage, points)
     }
-    (log, infos, damage, points)
 }
 
 /// A Raft message as bytes for the cluster transport.
@@ -1886,6 +2133,48 @@ mod tests {
         assert_eq!(g.applied[&3], g.applied[&1], "the follower caught up with what was read back");
         let (bytes, on_disk) = g.nodes[&3].entry_memory();
         assert!(bytes <= 2048 && on_disk > 150, "and it keeps only its cache too: {bytes}, {on_disk}");
+    }
+
+    /// A member restarted from a kept log whose committed entries were all left on disk (a
+    /// restart's fold of a long, never compacted log) starts with them applied, answers their
+    /// terms (index 0's too: the log starts at 1), and as leader brings a member added later
+    /// up from entry 1 with entries read back. Before index 0 was answered, the leader took
+    /// the new member for one behind a compaction and waited for a snapshot there was none of.
+    #[test]
+    fn a_member_restarted_with_its_committed_log_on_disk_brings_a_new_member_up_from_the_start() {
+        let mut g = Group::new(&[1, 2]);
+        g.run(30);
+        assert_eq!(g.leaders(), vec![1]);
+        for i in 0..50u8 {
+            g.nodes.get_mut(&1).unwrap().propose(vec![i; 40]).unwrap();
+        }
+        g.run(3);
+        for id in [1, 2] {
+            let mut kept = g.kept[&id].clone();
+            kept.spill_committed(0);
+            let spill = kept.spill.clone().expect("left on disk");
+            assert_eq!(spill.first(), 1);
+            let founding = [(1, Vec::new()), (2, Vec::new())];
+            let n = MetaNode::restart(id, &founding, &kept).unwrap();
+            assert_eq!(n.applied(), spill.end() - 1, "node {id} starts with what is on disk applied");
+            assert_eq!(n.raw.raft.raft_log.term(0).ok(), Some(0));
+            assert_eq!(n.term_of(spill.end() - 1), kept_term(&g.kept[&id], spill.end() - 1));
+            g.nodes.insert(id, n);
+        }
+        g.applied.clear();
+        g.run(40);
+        let leader = g.leaders()[0];
+        g.nodes.insert(3, MetaNode::restart(3, &[], &RaftLog::default()).unwrap());
+        g.nodes.get_mut(&leader).unwrap().propose_conf_change(true, 3, Vec::new()).unwrap();
+        g.run(40);
+        assert!(g.disk_reads > 0, "the new member was sent entries read back");
+        let got: Vec<Vec<u8>> = g.applied[&3].iter().filter(|d| d.len() == 40).cloned().collect();
+        let want: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; 40]).collect();
+        assert_eq!(got, want, "the new member applied the whole log");
+    }
+
+    fn kept_term(log: &RaftLog, idx: u64) -> Option<u64> {
+        log.entries.iter().find(|e| e.index == idx).map(|e| e.term)
     }
 
     #[test]

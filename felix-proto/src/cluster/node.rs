@@ -1115,6 +1115,12 @@ impl ClusterNode {
         self.entry_cache = Some(bytes);
     }
 
+    /// This broker's replicas still replaying, after a restart, the committed entries their
+    /// kept logs left on disk (they take part in their groups once done).
+    pub fn replaying_replicas(&self) -> usize {
+        self.replicas.values().filter(|h| h.replica.replaying()).count()
+    }
+
     /// Over this broker's replicas: entry bytes of their Raft logs held in memory, and entries
     /// held on disk only (read back when asked for).
     pub fn replica_entry_memory(&self) -> (u64, u64) {

@@ -68,6 +68,31 @@ struct Lease {
 /// Checkpoints kept (the oldest go first: compaction then waits for the next one).
 const MAX_CHECKPOINTS: usize = 64;
 
+/// About how many bytes of entries one read of a restart's replay asks for.
+pub const REPLAY_READ_BYTES: u64 = 4 << 20;
+
+/// A restart replaying the committed entries its kept log left on disk ([`Spill`]), in
+/// bounded reads, before the engine runs: the state a replica serves from (offsets,
+/// producers, the host's log of the shard) is the fold of every committed entry, and the
+/// engine was started with them applied. Until the replay ends the replica takes no message,
+/// tick or proposal: it is a member that is slow to answer, which Raft copes with.
+///
+/// [`Spill`]: super::meta::Spill
+#[derive(Debug)]
+struct Replay {
+    /// The next entry to apply.
+    next: u64,
+    /// One past the last entry on disk.
+    end: u64,
+    /// A read from `next` was asked and not answered yet.
+    asked: bool,
+    /// Reads that failed or came back unusable, one after another.
+    failures: u32,
+    /// About how many bytes one read asks for: [`REPLAY_READ_BYTES`], or the entry cache's
+    /// budget when smaller (what the replica holds of its log in memory anyway).
+    read_bytes: u64,
+}
+
 /// The replicated state right after applying entry `index`: what a snapshot at that index
 /// holds.
 #[derive(Debug, Clone)]
@@ -395,6 +420,8 @@ pub struct Replica {
     next_read: u64,
     /// The newest confirmation of this replica's leadership.
     lease: Option<Lease>,
+    /// A restart's replay of the entries on disk, while under way.
+    replay: Option<Replay>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -454,13 +481,71 @@ impl Replica {
             reads: BTreeMap::new(),
             next_read: 0,
             lease: None,
+            replay: None,
         };
         if let Some(snap) = kept.snapshot.as_ref() {
             // Its state first: the committed entries replayed next come after it.
             r.restore(snap.get_data());
         }
+        if let Some(sp) = kept.spill.as_ref().filter(|s| !s.is_empty()) {
+            // The first read is asked once the entry cache is set, or at the first tick.
+            let read_bytes = REPLAY_READ_BYTES;
+            r.replay = Some(Replay { next: sp.first(), end: sp.end(), asked: false, failures: 0, read_bytes });
+        }
         r.drain();
         Ok(r)
+    }
+
+    /// Whether it is still replaying a restart's entries from disk (it takes no message,
+    /// tick or proposal until done).
+    pub fn replaying(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    /// Asks for the replay's next read, unless one is under way.
+    fn ask_replay(&mut self) {
+        let Some(rp) = &mut self.replay else { return };
+        if rp.asked {
+            return;
+        }
+        rp.asked = true;
+        self.out.push_back(ReplicaOutput::ReadEntries { low: rp.next, high: rp.end, max_bytes: rp.read_bytes });
+    }
+
+    /// Applies the replay's entries read back from `low` (those that continue it, with the
+    /// terms the log has for them); returns whether any were.
+    fn replay_read(&mut self, low: u64, entries: Result<Vec<Entry>, String>) -> bool {
+        let Some(rp) = self.replay.as_mut() else { return false };
+        if low != rp.next || !rp.asked {
+            return false;
+        }
+        rp.asked = false;
+        let mut took = false;
+        for e in entries.unwrap_or_default() {
+            let Some(rp) = self.replay.as_mut() else { break };
+            if e.index != rp.next || e.index >= rp.end || self.node.term_of(e.index) != Some(e.term) {
+                break;
+            }
+            rp.next += 1;
+            took = true;
+            // As the engine applies them (`MetaNode`): normal entries, the empty ones new
+            // leaders append included; configuration changes are already in the engine's
+            // configuration (the fold gathered them).
+            if e.get_entry_type() == raft::eraftpb::EntryType::EntryNormal {
+                self.apply_committed(e.index, e.term, e.data);
+            }
+        }
+        let Some(rp) = self.replay.as_mut() else { return took };
+        if rp.next >= rp.end {
+            self.replay = None;
+        } else if took {
+            rp.failures = 0;
+            self.ask_replay();
+        } else {
+            // A failed read, or entries that are not the log's: asked again at the next tick.
+            rp.failures = rp.failures.saturating_add(1);
+        }
+        took
     }
 
     /// This replica's id.
@@ -477,6 +562,9 @@ impl Replica {
     pub fn transfer_leader(&mut self, to: u64) {
         // The replica it hands over to stands at once, with every vote granted regardless of
         // any lease: no read is answered here from now on.
+        if self.replay.is_some() {
+            return;
+        }
         self.lease = None;
         self.reads.clear();
         self.node.transfer_leader(to);
@@ -488,7 +576,7 @@ impl Replica {
     /// [`READ_LEASE`]. Not asked (`false`) before an entry of its own term committed: the
     /// engine drops a read index asked earlier.
     pub fn confirm_leadership(&mut self, now: Instant) -> bool {
-        if self.node.leader_commit().is_none() || self.node.transferring() {
+        if self.replay.is_some() || self.node.leader_commit().is_none() || self.node.transferring() {
             return false;
         }
         self.next_read += 1;
@@ -525,7 +613,8 @@ impl Replica {
     /// waits for an answer, no hand-over is under way and nothing is left to carry out. Only
     /// such a group may stop ticking (hibernate): nothing in it needs a timer to go on.
     pub fn settled(&self) -> bool {
-        if !self.node.is_leader()
+        if self.replay.is_some()
+            || !self.node.is_leader()
             || self.node.transferring()
             || !self.pending.is_empty()
             || !self.reads.is_empty()
@@ -561,6 +650,9 @@ impl Replica {
     /// # Errors
     /// As [`MetaNode::propose_conf_change`].
     pub fn propose_conf_change(&mut self, add: bool, id: u64) -> Result<(), MetaError> {
+        if self.replay.is_some() {
+            return Err(MetaError::NotLeader { leader: None });
+        }
         let r = self.node.propose_conf_change(add, id, Vec::new());
         self.drain();
         r
@@ -639,6 +731,9 @@ impl Replica {
     /// could still be given exists only in the dropped entries. Comes out as
     /// [`ReplicaOutput::PersistSnapshot`]. Returns whether it compacted.
     pub fn compact_below(&mut self, floor: u64) -> bool {
+        if self.replay.is_some() {
+            return false;
+        }
         let Some(at) = self.checkpoints.iter().rposition(|c| c.next_offset <= floor) else { return false };
         let cp = self.checkpoints[at].clone();
         self.checkpoints.drain(..=at);
@@ -707,6 +802,10 @@ impl Replica {
 
     /// A unit of time passed.
     pub fn tick(&mut self) {
+        if self.replay.is_some() {
+            self.ask_replay();
+            return;
+        }
         self.node.tick();
         for p in self.pending.values_mut() {
             p.age += 1;
@@ -723,6 +822,9 @@ impl Replica {
 
     /// A message from another replica.
     pub fn step(&mut self, m: Message) {
+        if self.replay.is_some() {
+            return;
+        }
         let _ = self.node.step(m);
         self.drain();
     }
@@ -733,6 +835,9 @@ impl Replica {
     /// # Errors
     /// [`MetaError::NotLeader`] (with the leader known, if any) on a follower.
     pub fn propose(&mut self, token: u64, batch: &ReplicatedBatch) -> Result<(), MetaError> {
+        if self.replay.is_some() {
+            return Err(MetaError::NotLeader { leader: None });
+        }
         let (index, term) = self.node.propose_indexed(batch.encode())?;
         self.pending.insert(index, Proposal { token, term, age: 0 });
         self.drain();
@@ -753,6 +858,13 @@ impl Replica {
     /// Keeps at most `budget` bytes of applied entries of the group's log in memory (see
     /// [`MetaNode::set_entry_cache`]); the host must then answer [`ReplicaOutput::ReadEntries`].
     pub fn set_entry_cache(&mut self, budget: Option<u64>) {
+        if let Some(rp) = &mut self.replay {
+            // The engine is held until the replay ends: the budget only, no ready yet.
+            self.node.set_entry_budget(budget);
+            rp.read_bytes = budget.unwrap_or(REPLAY_READ_BYTES).clamp(1, REPLAY_READ_BYTES);
+            self.ask_replay();
+            return;
+        }
         self.node.set_entry_cache(budget);
         self.drain();
     }
@@ -765,6 +877,11 @@ impl Replica {
     /// The host read back the entries a [`ReplicaOutput::ReadEntries`] from `low` asked for
     /// (see [`MetaNode::handle_entries_read`]). Returns whether they were taken.
     pub fn handle_entries_read(&mut self, low: u64, entries: Result<Vec<Entry>, String>) -> bool {
+        if self.replay.is_some() {
+            let took = self.replay_read(low, entries);
+            self.drain();
+            return took;
+        }
         let taken = self.node.handle_entries_read(low, entries);
         self.drain();
         taken
@@ -791,24 +908,7 @@ impl Replica {
                 }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),
                 MetaOutput::ReadIndex { ctx, index } => self.confirmed(&ctx, index),
-                MetaOutput::Committed { index, term, data } => {
-                    self.since_checkpoint += data.len() as u64 + 64;
-                    self.apply(index, term, data);
-                    if self.since_checkpoint >= self.checkpoint_bytes {
-                        self.since_checkpoint = 0;
-                        let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state() };
-                        if self.host_state {
-                            // Completed once the host applied what came out before this.
-                            self.due = Some(cp);
-                            self.out.push_back(ReplicaOutput::CheckpointDue { index });
-                        } else {
-                            self.checkpoints.push_back(cp);
-                            if self.checkpoints.len() > MAX_CHECKPOINTS {
-                                self.checkpoints.pop_front();
-                            }
-                        }
-                    }
-                }
+                MetaOutput::Committed { index, term, data } => self.apply_committed(index, term, data),
                 MetaOutput::ConfChanged { .. } => {}
                 MetaOutput::ReadEntries { low, high, max_bytes } => {
                     self.out.push_back(ReplicaOutput::ReadEntries { low, high, max_bytes })
@@ -823,6 +923,26 @@ impl Replica {
             }
         }
         self.leading = leading;
+    }
+
+    /// Applies committed entry `index` and takes a checkpoint when one is due.
+    fn apply_committed(&mut self, index: u64, term: u64, data: Bytes) {
+        self.since_checkpoint += data.len() as u64 + 64;
+        self.apply(index, term, data);
+        if self.since_checkpoint >= self.checkpoint_bytes {
+            self.since_checkpoint = 0;
+            let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state() };
+            if self.host_state {
+                // Completed once the host applied what came out before this.
+                self.due = Some(cp);
+                self.out.push_back(ReplicaOutput::CheckpointDue { index });
+            } else {
+                self.checkpoints.push_back(cp);
+                if self.checkpoints.len() > MAX_CHECKPOINTS {
+                    self.checkpoints.pop_front();
+                }
+            }
+        }
     }
 
     /// A majority answered read-index request `ctx`: the lease runs from when it was asked
