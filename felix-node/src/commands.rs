@@ -2188,7 +2188,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots (in {} chunks), {} entries replayed from disk at restarts",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -2203,7 +2203,10 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.moves_done,
         t.followed,
         t.follows,
-        t.replica_moves
+        t.replica_moves,
+        t.snapshots,
+        t.snapshot_chunks,
+        t.replayed
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -67,6 +67,8 @@ struct Cluster {
     /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
     /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
     spill_on_start: Option<u64>,
+    /// Brokers (re)started by `start` send shard snapshots in chunks of this many bytes.
+    chunk_bytes: Option<usize>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -124,6 +126,7 @@ impl Cluster {
             memory: None,
             replica_reads: 0,
             spill_on_start: None,
+            chunk_bytes: None,
         };
         for n in names {
             c.hellos(n);
@@ -176,6 +179,9 @@ impl Cluster {
             }
         }
         node.set_kept_replicas(replicas);
+        if let Some(b) = self.chunk_bytes {
+            node.set_snapshot_chunk_bytes(b);
+        }
         self.nodes.insert(name.to_owned(), node);
         self.hellos(name);
     }
@@ -1418,6 +1424,99 @@ fn restarted_replicas_replay_the_committed_log_left_on_disk_in_bounded_reads() {
     let a = acks(&payloads(&c.take(&second, conn, st)));
     assert!(a.len() == 1 && a[0].status == AckStatus::Ok, "{a:?}");
     assert!(a[0].offset.is_some_and(|o| o > 300), "written after the records replayed: {a:?}");
+}
+
+/// A snapshot with more data than a chunk goes to a follower behind the leader's compaction
+/// in `snapshot_chunk`s (kind 14), put together there and installed, and the follower catches
+/// up. To a broker playing a version without the hello bit it goes whole in `shard_raft`, as
+/// before, and that one catches up too.
+#[test]
+fn a_snapshot_larger_than_a_chunk_goes_in_chunks_to_a_peer_that_reads_them_and_whole_to_one_that_does_not() {
+    for old in [false, true] {
+        let mut c = Cluster::new(&NAMES);
+        c.retain = Some(30);
+        c.history = true;
+        c.chunk_bytes = Some(4);
+        let now = c.now;
+        for name in NAMES {
+            c.start(name, &RaftLog::default(), now);
+        }
+        create_ledger(&mut c);
+        let leader = leading(&c).unwrap();
+        let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+        c.nodes.remove(&behind);
+        publish_acked(&mut c, &leader, 1, "r", 300);
+        for _ in 0..3 {
+            c.tick();
+        }
+        if old {
+            c.old_peers.insert(behind.clone());
+        }
+        restart(&mut c, &behind);
+        c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+        assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
+        let sent = c.nodes[&leader].snapshot_chunk_counts().0;
+        let assembled = c.nodes[&behind].snapshot_chunk_counts().1;
+        if old {
+            assert_eq!((sent, assembled), (0, 0), "no chunk to an older broker");
+        } else {
+            assert!(sent >= 3 && assembled >= 1, "{sent} chunks sent, {assembled} snapshots put together");
+        }
+    }
+}
+
+/// Chunks that do not make a snapshot are dropped, whatever a peer sends: a chunk with no
+/// first one before it, a first one whose message is not the snapshot it names, a claim past
+/// the limit, a chunk that skips ahead or runs past its total. Nothing is stepped, nothing
+/// panics, and the group goes on.
+#[test]
+fn snapshot_chunks_that_do_not_make_a_snapshot_are_dropped() {
+    use felix_proto::cluster::meta::encode_message;
+    use felix_proto::cluster::node::MAX_SNAPSHOT_BYTES;
+    use felix_proto::cluster::peer::{PeerMessage, SnapshotChunk};
+    use raft::eraftpb::{Message, MessageType};
+    let mut c = Cluster::new(&NAMES);
+    let now = c.now;
+    for name in NAMES {
+        c.start(name, &RaftLog::default(), now);
+    }
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    let mut snap = Message::default();
+    snap.set_msg_type(MessageType::MsgSnapshot);
+    snap.mut_snapshot().mut_metadata().index = 5;
+    snap.mut_snapshot().mut_metadata().term = 1;
+    let header = Bytes::from(encode_message(&snap));
+    let chunk = |offset: u64, total: u64, header: Bytes, data: &'static [u8]| {
+        PeerMessage::SnapshotChunk(SnapshotChunk {
+            shard: ledger(),
+            index: 5,
+            term: 1,
+            total,
+            offset,
+            header,
+            data: Bytes::from_static(data),
+        })
+    };
+    let mut other = snap.clone();
+    other.set_msg_type(MessageType::MsgAppend);
+    for m in [
+        chunk(4, 8, Bytes::new(), b"efgh"),
+        chunk(0, 8, Bytes::from(encode_message(&other)), b"abcd"),
+        chunk(0, 8, Bytes::from_static(b"\xff\xff garbage"), b"abcd"),
+        chunk(0, MAX_SNAPSHOT_BYTES + 1, header.clone(), b"abcd"),
+        chunk(0, 8, header.clone(), b"abcd"),
+        chunk(6, 8, Bytes::new(), b"gh"),
+        chunk(4, 8, Bytes::new(), b"efgh"),
+        chunk(0, 4, header.clone(), b"abcdefgh"),
+    ] {
+        let n = c.nodes.get_mut(&follower).unwrap();
+        n.handle_peer(&leader, m, now);
+    }
+    assert_eq!(c.nodes[&follower].snapshot_chunk_counts().1, 0, "no snapshot was put together");
+    publish_acked(&mut c, &leader, 1, "after", 3);
+    c.until("every replica holds the same history", |c| same_history_everywhere(c, &leader));
 }
 
 /// Whether every broker holds the same ledger history as `leader`.

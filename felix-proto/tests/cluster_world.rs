@@ -45,6 +45,8 @@ fn the_next_500_seeds_keep_every_cluster_invariant() {
     assert!(t.snapshots > 1_000, "{t:?}");
     // Restarts replayed the committed front of replicas' logs from disk in reads.
     assert!(t.replayed > 1_000, "{t:?}");
+    // Snapshots went to replicas behind in chunks (odd seeds), and whole to older brokers.
+    assert!(t.snapshot_chunks > 1_000, "{t:?}");
     // The replicated cache took writes through crashes and partitions.
     assert!(t.qcache_acked > 1_000, "{t:?}");
 }

@@ -187,6 +187,30 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                     },
                 }),
             ),
+            (
+                "snapshot-chunk",
+                PeerMessage::SnapshotChunk(felix_proto::cluster::peer::SnapshotChunk {
+                    shard: felix_proto::cluster::metadata::ShardId {
+                        kind: felix_proto::cluster::metadata::Kind::Stream,
+                        tenant: "t1".into(),
+                        namespace: "default".into(),
+                        name: "ledger".into(),
+                        shard: 0,
+                    },
+                    index: 40,
+                    term: 2,
+                    total: 6,
+                    offset: 0,
+                    header: bytes::Bytes::from(felix_proto::cluster::meta::encode_message(&{
+                        let mut m = raft::eraftpb::Message::default();
+                        m.set_msg_type(raft::eraftpb::MessageType::MsgSnapshot);
+                        m.mut_snapshot().mut_metadata().index = 40;
+                        m.mut_snapshot().mut_metadata().term = 2;
+                        m
+                    })),
+                    data: bytes::Bytes::from_static(b"abc"),
+                }),
+            ),
         ];
         let mut all = bytes::BytesMut::new();
         for (name, m) in messages {

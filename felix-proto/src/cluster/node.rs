@@ -12,7 +12,7 @@
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
 use super::metadata::ShardId;
 use super::metadata::{Command, Member, MemberState, Metadata};
-use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, PeerMessage, RaftBytes};
+use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk};
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
 use crate::broker::{Broker, BrokerOutput, Notice, ReplicaRole};
@@ -180,6 +180,58 @@ pub const NEW_REPLICAS_PER_TICK: usize = 200;
 /// entries are read back from the log on disk.
 pub const REPLICA_ENTRY_CACHE: u64 = 8 << 20;
 
+/// A shard group's snapshot with more data than this goes to peers that read
+/// `snapshot_chunk` (kind 14) in chunks of it: a snapshot is never larger than a frame can
+/// carry, and no one frame holds the transport for long.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// The most snapshot data a chunked snapshot may claim (16 GiB): a claim past it is dropped.
+pub const MAX_SNAPSHOT_BYTES: u64 = 16 << 30;
+
+/// A snapshot being received in chunks.
+#[derive(Debug)]
+struct Assembly {
+    index: u64,
+    term: u64,
+    total: u64,
+    /// The `MsgSnapshot`, its data left out.
+    header: Message,
+    data: bytes::BytesMut,
+}
+
+/// Queues `message` (a `MsgSnapshot`) to `to` as `snapshot_chunk`s of `chunk` bytes of data
+/// each, the message itself (without the data) in the first; returns how many. The chunks'
+/// data are slices of the snapshot's (no copy here).
+fn send_snapshot_chunks(
+    out: &mut VecDeque<NodeOutput>,
+    to: &str,
+    shard: &ShardId,
+    mut message: Message,
+    chunk: usize,
+) -> u64 {
+    let (index, term) = (message.get_snapshot().get_metadata().index, message.get_snapshot().get_metadata().term);
+    let data = message.mut_snapshot().take_data();
+    let mut header = Bytes::from(encode_message(&message));
+    let mut n = 0;
+    let mut offset = 0;
+    while offset < data.len() {
+        let end = (offset + chunk).min(data.len());
+        let c = SnapshotChunk {
+            shard: shard.clone(),
+            index,
+            term,
+            total: data.len() as u64,
+            offset: offset as u64,
+            header: std::mem::take(&mut header),
+            data: data.slice(offset..end),
+        };
+        out.push_back(NodeOutput::Peer { to: to.to_owned(), message: PeerMessage::SnapshotChunk(c) });
+        n += 1;
+        offset = end;
+    }
+    n
+}
+
 /// Who asked for a read of a replica's log.
 #[derive(Debug)]
 enum ReplicaRead {
@@ -337,6 +389,13 @@ pub struct ClusterNode {
     beats: BTreeMap<String, Vec<(ShardId, Beat)>>,
     /// What each peer's hello offered ([`super::peer::PEER_FEATURES`]).
     peer_features: BTreeMap<String, u64>,
+    /// Shard groups' snapshots over this many bytes of data go in chunks of it to peers that
+    /// read them ([`SNAPSHOT_CHUNK_BYTES`]; simulations set it small).
+    snapshot_chunk_bytes: usize,
+    /// Snapshots being received in chunks, by sender and shard.
+    assemblies: BTreeMap<(String, ShardId), Assembly>,
+    /// Snapshot chunks sent and snapshots put together from chunks received.
+    snapshot_chunk_counts: (u64, u64),
     /// When a metadata leader was last heard from (or this broker last led).
     leader_contact: Instant,
     /// Where this broker stands on knowing the cluster's current metadata ([`Currency`]).
@@ -597,6 +656,9 @@ impl ClusterNode {
             replica_reads: BTreeMap::new(),
             next_replica_read: 1,
             peer_features: BTreeMap::new(),
+            snapshot_chunk_bytes: SNAPSHOT_CHUNK_BYTES,
+            assemblies: BTreeMap::new(),
+            snapshot_chunk_counts: (0, 0),
             leader_contact: now,
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
             read_ctx: 0,
@@ -632,6 +694,17 @@ impl ClusterNode {
     /// say it in the hellos, and this node acts by it.
     pub fn set_offered_features(&mut self, features: u64) {
         self.offers = features;
+    }
+
+    /// Shard groups' snapshots with more data than `bytes` go in chunks of it (to peers that
+    /// read them); [`SNAPSHOT_CHUNK_BYTES`] unless set (simulations set it small).
+    pub fn set_snapshot_chunk_bytes(&mut self, bytes: usize) {
+        self.snapshot_chunk_bytes = bytes.max(1);
+    }
+
+    /// Snapshot chunks sent, and snapshots put together from chunks received.
+    pub fn snapshot_chunk_counts(&self) -> (u64, u64) {
+        self.snapshot_chunk_counts
     }
 
     /// The voters of the metadata group, by node id.
@@ -854,40 +927,15 @@ impl ClusterNode {
             }
             PeerMessage::ShardRaft(list) => {
                 for (shard, bytes) in list {
-                    // A message for a shard this broker holds no replica of (yet: it starts at
-                    // the next tick), or one that does not decode, changes nothing; Raft resends.
-                    let Some(h) = self.replicas.get_mut(&shard) else { continue };
+                    // One that does not decode changes nothing; Raft resends.
                     let Ok(msg) = super::meta::decode_message_shared(&bytes.to_bytes()) else { continue };
-                    if h.names.get(&msg.from).is_none_or(|n| n != from) {
-                        continue; // only a shard's own replicas speak for it
-                    }
-                    if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
-                        start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
-                    }
-                    let vote =
-                        matches!(msg.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
-                    if vote && now < crate::transport::after(self.started, VOTE_HOLD) {
-                        continue; // just started: see VOTE_HOLD
-                    }
-                    if let Some(why) = self.rejoining.get(&shard) {
-                        // Rejoining: it may have voted in a term it no longer remembers and
-                        // acknowledged entries it no longer holds, so it grants no vote until
-                        // its group took it out and added it back.
-                        if vote {
-                            continue;
-                        }
-                        if msg.context.as_ref() == READDED_CONTEXT {
-                            let what = format!("rejoined its group (its damaged log: {why})");
-                            self.rejoining.remove(&shard);
-                            self.rejoin_counts.healed += 1;
-                            self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
-                        }
-                    }
-                    note_rejoin(h, &msg);
-                    let (kind, quiet) = (msg.get_msg_type(), msg.context.as_ref() == QUIET_CONTEXT);
-                    h.replica.step(msg);
-                    self.drain_replica(&shard, now);
-                    self.after_group_message(&shard, from, kind, quiet);
+                    self.step_shard(from, shard, msg, now);
+                }
+            }
+            PeerMessage::SnapshotChunk(c) => {
+                if let Some((shard, msg)) = self.take_chunk(from, c) {
+                    self.snapshot_chunk_counts.1 += 1;
+                    self.step_shard(from, shard, msg, now);
                 }
             }
             PeerMessage::Heartbeats(list) => {
@@ -1345,6 +1393,15 @@ impl ClusterNode {
                             message.context = READDED_CONTEXT.to_vec().into();
                         }
                     }
+                    let chunked = message.get_msg_type() == MessageType::MsgSnapshot
+                        && message.get_snapshot().get_data().len() > self.snapshot_chunk_bytes
+                        && self.offers & FEATURE_SNAPSHOT_CHUNKS != 0
+                        && self.peer_features.get(name).is_some_and(|f| f & FEATURE_SNAPSHOT_CHUNKS != 0);
+                    if chunked {
+                        let n = send_snapshot_chunks(&mut self.out, name, shard, message, self.snapshot_chunk_bytes);
+                        self.snapshot_chunk_counts.0 += n;
+                        continue;
+                    }
                     let heartbeat =
                         matches!(message.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
                     let coalesce = heartbeat
@@ -1514,10 +1571,91 @@ impl ClusterNode {
         }
     }
 
+    /// A Raft message of a shard's group from peer `from`.
+    fn step_shard(&mut self, from: &str, shard: ShardId, msg: Message, now: Instant) {
+        // A message for a shard this broker holds no replica of (yet: it starts at the next
+        // tick) changes nothing; Raft resends.
+        let Some(h) = self.replicas.get_mut(&shard) else { return };
+        if h.names.get(&msg.from).is_none_or(|n| n != from) {
+            return; // only a shard's own replicas speak for it
+        }
+        if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
+            start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
+        }
+        let vote = matches!(msg.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
+        if vote && now < crate::transport::after(self.started, VOTE_HOLD) {
+            return; // just started: see VOTE_HOLD
+        }
+        if let Some(why) = self.rejoining.get(&shard) {
+            // Rejoining: it may have voted in a term it no longer remembers and acknowledged
+            // entries it no longer holds, so it grants no vote until its group took it out and
+            // added it back.
+            if vote {
+                return;
+            }
+            if msg.context.as_ref() == READDED_CONTEXT {
+                let what = format!("rejoined its group (its damaged log: {why})");
+                self.rejoining.remove(&shard);
+                self.rejoin_counts.healed += 1;
+                self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
+            }
+        }
+        note_rejoin(h, &msg);
+        let (kind, quiet) = (msg.get_msg_type(), msg.context.as_ref() == QUIET_CONTEXT);
+        h.replica.step(msg);
+        self.drain_replica(&shard, now);
+        self.after_group_message(&shard, from, kind, quiet);
+    }
+
+    /// Takes a chunk of a snapshot from `from`; the snapshot's message once its data is whole.
+    /// Chunks come in order on one connection: one that does not continue what is held (a
+    /// connection lost midway, a newer snapshot) drops it, and a first chunk starts afresh;
+    /// the leader sends the snapshot again when its follower still needs one. Chunks of a
+    /// shard this broker holds no replica of, or that claim more than [`MAX_SNAPSHOT_BYTES`],
+    /// are dropped.
+    fn take_chunk(&mut self, from: &str, c: SnapshotChunk) -> Option<(ShardId, Message)> {
+        let key = (from.to_owned(), c.shard.clone());
+        if !self.replicas.contains_key(&c.shard) || c.total > MAX_SNAPSHOT_BYTES {
+            self.assemblies.remove(&key);
+            return None;
+        }
+        if c.offset == 0 {
+            let mut header = decode_message(&c.header).ok().filter(|m| {
+                m.get_msg_type() == MessageType::MsgSnapshot
+                    && m.get_snapshot().get_metadata().index == c.index
+                    && m.get_snapshot().get_metadata().term == c.term
+            })?;
+            header.mut_snapshot().set_data(Bytes::new());
+            // Room as the data arrives, not as the first chunk claims.
+            let data = bytes::BytesMut::with_capacity(c.data.len());
+            self.assemblies
+                .insert(key.clone(), Assembly { index: c.index, term: c.term, total: c.total, header, data });
+        }
+        let a = self.assemblies.get_mut(&key)?;
+        let fits = a.index == c.index
+            && a.term == c.term
+            && a.total == c.total
+            && c.offset == a.data.len() as u64
+            && a.data.len() as u64 + c.data.len() as u64 <= a.total;
+        if !fits {
+            self.assemblies.remove(&key);
+            return None;
+        }
+        a.data.extend_from_slice(&c.data);
+        if (a.data.len() as u64) < a.total {
+            return None;
+        }
+        let Assembly { mut header, data, .. } = self.assemblies.remove(&key)?;
+        header.mut_snapshot().set_data(data.freeze());
+        Some((c.shard, header))
+    }
+
     /// The driver's connection to peer `peer` closed (it went quiet past the idle timeout, or
     /// was closed): what was forwarded on it is answered now, outcome unknown
     /// ([`Broker::handle_peer_connection_lost`]); Raft resends on its own.
     pub fn handle_peer_lost(&mut self, peer: &str, now: Instant) {
+        // Snapshots it was sending in chunks will not go on where they stopped.
+        self.assemblies.retain(|(from, _), _| from != peer);
         self.broker.notice(Notice::PeerLost { peer: peer.to_owned() });
         self.wake_involving(peer);
         self.broker.handle_peer_connection_lost(peer, now);

@@ -41,6 +41,13 @@
 //!                    counter record (reset, then every counter's value); 1 refused:
 //!                    u16+utf8 message
 //!                    (12 and 13 only to a peer whose hello offered [`FEATURE_CACHE_COPY`])
+//!  14 snapshot_chunk u8 kind (0 stream, 1 cache), u16+utf8 tenant, namespace, name,
+//!                    u32 shard, u64 index, u64 term (the snapshot's), u64 total (its data's
+//!                    length), u64 offset (of this chunk's data in it), u32 len + the Raft
+//!                    `MsgSnapshot` with empty data (in the chunk at offset 0 only; else 0),
+//!                    then this chunk's data to the end: a shard group's snapshot too large
+//!                    for one frame, in order (only to a peer whose hello offered
+//!                    [`FEATURE_SNAPSHOT_CHUNKS`])
 //! ```
 //!
 //! Hibernation ([`FEATURE_HIBERNATION`]) adds no kind: a settled group's leader sends each
@@ -76,9 +83,38 @@ pub const FEATURE_CACHE_COPY: u64 = 0x4;
 /// its leader stopped sending heartbeats.
 pub const FEATURE_HIBERNATION: u64 = 0x8;
 
+/// A peer's hello bit: it reads `snapshot_chunk` (kind 14), so a shard group's snapshot
+/// larger than a chunk is sent to it in chunks rather than in one `shard_raft` message (which
+/// a snapshot over the frame limit, a large cache's, could never fit).
+pub const FEATURE_SNAPSHOT_CHUNKS: u64 = 0x10;
+
 /// What this implementation offers its peers in its hello.
-pub const PEER_FEATURES: u64 =
-    FEATURE_COALESCED_HEARTBEATS | FEATURE_SHARD_COPY | FEATURE_CACHE_COPY | FEATURE_HIBERNATION;
+pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
+    | FEATURE_SHARD_COPY
+    | FEATURE_CACHE_COPY
+    | FEATURE_HIBERNATION
+    | FEATURE_SNAPSHOT_CHUNKS;
+
+/// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
+/// in order. The receiver puts the data together and steps the message once it holds it all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotChunk {
+    /// The shard whose group it is.
+    pub shard: ShardId,
+    /// The snapshot's index and term (the chunks of one snapshot name the same).
+    pub index: u64,
+    /// The snapshot's term.
+    pub term: u64,
+    /// The length of the snapshot's whole data.
+    pub total: u64,
+    /// Where this chunk's data starts in it.
+    pub offset: u64,
+    /// The `MsgSnapshot` with its data left out (`meta::encode_message`), in the first chunk
+    /// only (empty in the others).
+    pub header: Bytes,
+    /// This chunk's part of the data.
+    pub data: Bytes,
+}
 
 /// A moving shard's new owner asks the old one for its records (kind 10).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,6 +309,8 @@ pub enum PeerMessage {
     CopyRequest(CopyRequest),
     /// The old owner's records.
     CopyAnswer(CopyAnswer),
+    /// A part of a shard group's snapshot.
+    SnapshotChunk(SnapshotChunk),
 }
 
 /// Why peer bytes could not be read.
@@ -314,6 +352,7 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
         PeerMessage::ShardRaft(list) => list.iter().map(|(s, b)| b.len() + s.name.len() + 64).sum(),
         PeerMessage::Forward(p) => p.records.raw().len() + 128,
         PeerMessage::Raft(b) | PeerMessage::Propose(b) => b.len(),
+        PeerMessage::SnapshotChunk(c) => c.header.len() + c.data.len() + c.shard.name.len() + 96,
         PeerMessage::CopyAnswer(CopyAnswer { body: CopyBody::Batches { batches, .. }, .. }) => {
             batches.iter().map(|b| b.records.raw().len() + 64).sum()
         }
@@ -540,6 +579,21 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             }
             13
         }
+        PeerMessage::SnapshotChunk(c) => {
+            body.put_u8(u8::from(c.shard.kind == Kind::Cache));
+            put_str16(body, &c.shard.tenant, "tenant")?;
+            put_str16(body, &c.shard.namespace, "namespace")?;
+            put_str16(body, &c.shard.name, "name")?;
+            body.put_u32(c.shard.shard);
+            body.put_u64(c.index);
+            body.put_u64(c.term);
+            body.put_u64(c.total);
+            body.put_u64(c.offset);
+            body.put_u32(u32::try_from(c.header.len()).map_err(|_| PeerError::FieldTooLong("snapshot message"))?);
+            body.extend_from_slice(&c.header);
+            body.extend_from_slice(&c.data);
+            14
+        }
         PeerMessage::CopyAnswer(a) => {
             put_stream_shard(body, &a.shard)?;
             match &a.body {
@@ -751,6 +805,18 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             };
             PeerMessage::CopyAnswer(CopyAnswer { shard, body })
         }
+        14 => {
+            let kind = if r.u8("kind")? == 1 { Kind::Cache } else { Kind::Stream };
+            let tenant = r.str16("tenant")?;
+            let namespace = r.str16("namespace")?;
+            let name = r.str16("name")?;
+            let shard = ShardId { kind, tenant, namespace, name, shard: r.u32("shard")? };
+            let (index, term, total, offset) = (r.u64("index")?, r.u64("term")?, r.u64("total")?, r.u64("offset")?);
+            let len = r.u32("header_len")? as usize;
+            let header = r.bytes(len, "snapshot message")?;
+            let data = r.rest();
+            PeerMessage::SnapshotChunk(SnapshotChunk { shard, index, term, total, offset, header, data })
+        }
         other => return Err(PeerError::UnknownKind(other)),
     };
     r.finish()?;
@@ -855,6 +921,36 @@ mod tests {
                 ),
             ]),
             PeerMessage::Heartbeats(Vec::new()),
+            PeerMessage::SnapshotChunk(SnapshotChunk {
+                shard: ShardId {
+                    kind: Kind::Cache,
+                    tenant: "t".into(),
+                    namespace: "ns".into(),
+                    name: "c".into(),
+                    shard: 2,
+                },
+                index: 900,
+                term: 4,
+                total: 10,
+                offset: 0,
+                header: Bytes::from_static(b"\x08\x07snap"),
+                data: Bytes::from_static(b"abcd"),
+            }),
+            PeerMessage::SnapshotChunk(SnapshotChunk {
+                shard: ShardId {
+                    kind: Kind::Stream,
+                    tenant: "t".into(),
+                    namespace: "ns".into(),
+                    name: "s".into(),
+                    shard: 0,
+                },
+                index: 900,
+                term: 4,
+                total: 10,
+                offset: 4,
+                header: Bytes::new(),
+                data: Bytes::from_static(b"efghij"),
+            }),
             PeerMessage::Hello {
                 cluster: "c".into(),
                 node_id: "n2".into(),

@@ -130,6 +130,9 @@ pub struct WorldReport {
     /// Committed entries a restart left on disk and its replicas replayed in reads (the
     /// seeds that restart as the driver does with a long log: see `World::start`).
     pub replayed: u64,
+    /// Snapshot chunks sent (kind 14: in odd seeds a snapshot over 24 bytes of data goes in
+    /// chunks of 24, except to and from a broker playing an older version).
+    pub snapshot_chunks: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -159,6 +162,7 @@ impl WorldReport {
         self.replica_moves += r.replica_moves;
         self.follows += r.follows;
         self.replayed += r.replayed;
+        self.snapshot_chunks += r.snapshot_chunks;
     }
 }
 
@@ -325,6 +329,9 @@ impl World {
         }
         node.set_kept_replicas(replicas);
         node.set_replica_checkpoint_bytes(CHECKPOINT_BYTES);
+        if self.seed % 2 == 1 {
+            node.set_snapshot_chunk_bytes(24);
+        }
         // In one seed of three the first broker plays an older version (see the hellos below).
         if self.seed.is_multiple_of(3) && self.names.first().is_some_and(|f| f == name) {
             node.set_offered_features(0);
@@ -492,6 +499,9 @@ impl World {
                 }
             }
             NodeOutput::Peer { to, message } => {
+                if matches!(message, super::peer::PeerMessage::SnapshotChunk(_)) {
+                    self.report.snapshot_chunks += 1;
+                }
                 let cut = self.cut.contains(name) != self.cut.contains(&to) || !self.nodes.contains_key(&to);
                 if cut && rng.chance(500) {
                     // The transport knows the link is down: it says so.
