@@ -202,17 +202,12 @@ impl Server {
             None => (Node::Single(Box::new(broker)), None, None),
             Some(c) => {
                 let path = opts.data_dir.as_deref().map(crate::cluster::raft_log_path);
-                let kept = match &path {
-                    Some(p) if p.exists() => {
-                        let bytes = std::fs::read(p)?;
-                        felix_proto::cluster::meta::RaftLog::decode(&bytes).map_err(|e| {
-                            ServerError::Io(std::io::Error::new(
-                                std::io::ErrorKind::InvalidData,
-                                format!("{}: {e} (move it away to rejoin the cluster as a new member)", p.display()),
-                            ))
-                        })?
+                let (path, kept) = match &path {
+                    Some(p) => {
+                        let (file, kept) = crate::cluster::MetaLog::open(p).map_err(ServerError::Io)?;
+                        (Some(file), kept)
                     }
-                    _ => felix_proto::cluster::meta::RaftLog::default(),
+                    None => (None, felix_proto::cluster::meta::RaftLog::default()),
                 };
                 let incarnation = crate::cluster::incarnation(opts.data_dir.as_deref())?;
                 let me = felix_proto::cluster::metadata::Member {
@@ -308,6 +303,7 @@ impl Server {
             node,
             transport,
             raft_log,
+            meta_parts: Vec::new(),
             replica_logs,
             replica_log_reads: 0,
             gate: ReplicaSyncGate::default(),
@@ -902,8 +898,10 @@ struct BrokerTask {
     node: Node,
     /// The cluster transport, for a broker of a cluster.
     transport: Option<crate::cluster::Transport>,
-    /// Where the metadata Raft log is kept, and what it holds.
-    raft_log: Option<(Option<PathBuf>, felix_proto::cluster::meta::RaftLog)>,
+    /// The metadata Raft log's file (none without a data directory), and what it holds.
+    raft_log: Option<(Option<crate::cluster::MetaLog>, felix_proto::cluster::meta::RaftLog)>,
+    /// The metadata persists of this drain not yet appended to its file.
+    meta_parts: Vec<(Vec<felix_proto::cluster::meta::Entry>, Option<felix_proto::cluster::meta::HardState>)>,
     /// Where this broker's replicas of replicated shards keep their logs.
     replica_logs: Option<crate::cluster::ReplicaLogs>,
     /// Reads of replica log files started (metrics).
@@ -1521,8 +1519,8 @@ impl BrokerTask {
     /// this broker's own copy, or a client's acknowledgement never goes out ahead of its bytes.
     fn drain(&mut self) {
         use felix_proto::cluster::node::NodeOutput;
-        // Metadata log states waiting to be written: consecutive ones are written once (the
-        // file is rewritten whole), before any other output is carried out.
+        // Metadata log persists waiting to be written: consecutive ones are appended and
+        // synced together, before any other output is carried out.
         let mut meta_unwritten = false;
         while let Some(o) = self.node.poll_output() {
             if meta_unwritten && !matches!(o, NodeOutput::PersistRaft { .. }) {
@@ -1583,6 +1581,7 @@ impl BrokerTask {
                     // whole and synced here, on the task, before the next other output.
                     if let Some((_, kept)) = self.raft_log.as_mut() {
                         kept.persist(&entries, hard_state.as_ref());
+                        self.meta_parts.push((entries, hard_state));
                         meta_unwritten = true;
                     }
                 }
@@ -1600,12 +1599,13 @@ impl BrokerTask {
         self.flush_storage();
     }
 
-    /// Writes the metadata group's kept Raft log (whole, synced).
+    /// Appends the metadata group's persists of this drain to its file (synced).
     fn write_meta_log(&mut self) {
-        if let Some((Some(p), kept)) = self.raft_log.as_ref()
-            && let Err(e) = crate::cluster::write_raft_log(p, &kept.encode())
+        let parts = std::mem::take(&mut self.meta_parts);
+        if let Some((Some(file), kept)) = self.raft_log.as_mut()
+            && let Err(e) = file.append(&parts, kept)
         {
-            tracing::error!("writing the cluster's Raft log {}: {e}", p.display());
+            tracing::error!("writing the cluster's Raft log: {e}");
         }
     }
 
