@@ -501,6 +501,8 @@ impl Metadata {
                         }
                         return Ok(());
                     }
+                } else if !always_rebalance && self.place_new_shards(*kind, tenant, namespace, name, *shards) {
+                    return Ok(());
                 }
             }
             Command::Lead { shard, node, term } => {
@@ -675,6 +677,88 @@ impl Metadata {
             };
             self.replicas.entry(id).or_insert((replicas, 0));
         }
+    }
+
+    /// Places the shards of a stream with one copy just created as the whole rebalance would,
+    /// without walking every other shard: while every member is active and no move is under
+    /// way, the last placement holds for every other shard, and what [`placement::place`] does
+    /// with `shards` more is to give each broker its quota (the most loaded the extra ones,
+    /// ties to the lower id) and fill the room left, in id order, with the new shards in
+    /// order. Returns `false` (the caller runs the whole rebalance) when that does not hold:
+    /// a member not active, a move, or a shard without an active owner or over its quota.
+    /// The whole rebalance after every create made declaring thousands of streams quadratic
+    /// (10,000 shards took 48 s to have owners).
+    ///
+    /// [`placement::place`]: super::placement::place
+    fn place_new_shards(&mut self, kind: Kind, tenant: &str, namespace: &str, name: &str, shards: u32) -> bool {
+        if !self.moves.is_empty()
+            || self.members.is_empty()
+            || self.members.values().any(|m| m.state != MemberState::Active)
+        {
+            return false;
+        }
+        // What the rebalance places: every registered shard of a stream with one copy that no
+        // operator pinned (with every member active, none is unavailable). A replicated
+        // shard has an owner only once it has replicas.
+        let placed_here = |s: &ShardId| !self.replicas.contains_key(s) && !self.pins.contains_key(s);
+        let mut counts: BTreeMap<&str, usize> = self.members.keys().map(|k| (k.as_str(), 0)).collect();
+        let mut held = 0usize;
+        for (s, a) in &self.owners {
+            if !placed_here(s) {
+                continue;
+            }
+            match counts.get_mut(a.owner.as_str()) {
+                Some(c) => *c += 1,
+                None => return false,
+            }
+            held += 1;
+        }
+        let registered: usize =
+            self.registry.iter().filter(|(k, _)| !self.replication.contains_key(*k)).map(|(_, n)| *n as usize).sum();
+        let pinned = self
+            .pins
+            .keys()
+            .filter(|s| {
+                !self.replicas.contains_key(*s)
+                    && self
+                        .registry
+                        .get(&(s.kind, s.tenant.clone(), s.namespace.clone(), s.name.clone()))
+                        .is_some_and(|n| s.shard < *n)
+            })
+            .count();
+        let total = registered.saturating_sub(pinned);
+        // Every other shard has an active owner (else the rebalance would place it too).
+        if held + shards as usize != total {
+            return false;
+        }
+        let m = counts.len();
+        let (base, extra) = (total / m, total % m);
+        let mut by_load: Vec<(&str, usize)> = counts.iter().map(|(k, c)| (*k, *c)).collect();
+        by_load.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let mut room: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, (node, c)) in by_load.iter().enumerate() {
+            let quota = base + usize::from(i < extra);
+            if *c > quota {
+                return false; // the rebalance would move one of its shards
+            }
+            room.insert((*node).to_owned(), quota - c);
+        }
+        let owners: Vec<String> = room.into_iter().flat_map(|(node, r)| std::iter::repeat_n(node, r)).collect();
+        if owners.len() != shards as usize {
+            return false;
+        }
+        for (shard, owner) in (0..shards).zip(owners) {
+            let id = ShardId {
+                kind,
+                tenant: tenant.to_owned(),
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                shard,
+            };
+            let generation = self.owners.get(&id).map_or(1, |a| a.generation + 1);
+            self.owners.insert(id, Assignment { owner, generation });
+        }
+        true
     }
 
     /// Whether a shard's owner is down with records only it holds (a durable shard of a member
@@ -1266,6 +1350,19 @@ mod tests {
     fn command_or_replicated() -> impl Strategy<Value = Command> {
         prop_oneof![
             3 => command(),
+            // An operator's move (the shard is then pinned to its broker) and a member declared
+            // down: placement leaves both kinds of shard alone.
+            1 => ((0u8..4), (0u32..4), (1u8..6)).prop_map(|(n, shard, to)| Command::MoveShard {
+                shard: ShardId {
+                    kind: Kind::Stream,
+                    tenant: "t".into(),
+                    namespace: "ns".into(),
+                    name: format!("s{n}"),
+                    shard,
+                },
+                to: format!("n{to}"),
+            }),
+            1 => (1u8..6).prop_map(|i| Command::MarkDown { id: format!("n{i}") }),
             1 => ((0u8..4), (1u32..5), (2u32..4)).prop_map(|(n, shards, replication)| Command::Create {
                 kind: Kind::Stream,
                 tenant: "t".into(),
@@ -1279,12 +1376,13 @@ mod tests {
     }
 
     proptest! {
-        /// Creating a replicated stream places its replicas and skips the rebalance of every
-        /// other shard: over any sequence of commands (replicated streams among them) the
+        /// Creating a stream places its shards (a replicated one's replicas) and skips the
+        /// rebalance of every other shard: over any sequence of commands (replicated streams,
+        /// operator moves and members declared down among them) the
         /// metadata is the same, command by command, as with the whole rebalance after each
         /// (what an older broker of the same cluster computes).
         #[test]
-        fn the_replicated_create_shortcut_changes_nothing_the_whole_rebalance_would(
+        fn the_create_shortcuts_change_nothing_the_whole_rebalance_would(
             cmds in proptest::collection::vec(command_or_replicated(), 1..40)
         ) {
             let mut short = Metadata::default();
