@@ -9,10 +9,14 @@
 #   - each broker's CPU while everything sits idle for IDLE seconds (% of one core).
 #
 #   scripts/shards-bench.sh [--streams N] [--shards N] [--rf N] [--idle SECS] [--bin PATH]
-#                           [--hold SECS]
+#                           [--hold SECS] [--kill] [--kill-which I]
 #
 # --hold keeps the cluster running that long after the measurement (to look at it: each
-# broker's /cluster and /metrics), and skips the baseline run.
+# broker's /cluster and /metrics), and skips the baseline run. --kill then SIGKILLs the first
+# broker (--kill-which 1 or 2: the second or third) and says, of the shards it owned (led), how
+# long until both survivors' views named another owner: count, median, 90th and 99th
+# percentiles, the slowest, how many had none within 60 s, and which broker led the metadata
+# group (its death means an election there first).
 #
 # Defaults: 250 streams x 4 shards, RF 3, 10 s idle. Everything it starts is killed when it
 # ends; data lives in a temporary directory.
@@ -24,6 +28,8 @@ rf=3
 idle=10
 bin="target/release/felix-node"
 hold=0
+kill=""
+which=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --streams) streams="$2"; shift 2 ;;
@@ -32,7 +38,9 @@ while [ $# -gt 0 ]; do
     --idle) idle="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --hold) hold="$2"; shift 2 ;;
-    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    --kill) kill=1; shift ;;
+    --kill-which) kill=1; which="$2"; shift 2 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,6 +65,46 @@ for line in body.splitlines():
     if len(parts) == 2 and parts[0] in ("felix_replica_groups", "felix_replica_groups_sleeping"):
         vals[parts[0]] = parts[1]
 print(f"{vals['felix_replica_groups_sleeping']}/{vals['felix_replica_groups']}" if len(vals) == 2 else "-")
+PY
+}
+
+# SIGKILLs broker $1 (pid $2) and reports how long until the survivors ($3, $4: metrics
+# addresses) both name another owner for each shard it owned.
+kill_first() {
+  python3 - "$@" <<'PY'
+import json, os, signal, sys, time, urllib.request
+victim, pid, survivors = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def cluster(addr):
+    return json.load(urllib.request.urlopen(f"http://{addr}/cluster", timeout=5))
+def owners(addr):
+    body = cluster(addr)
+    return {(s["name"], s["shard"]): s.get("owner") for s in body.get("shards", []) if s.get("tenant") == "bench"}
+led = {k for k, o in owners(survivors[0]).items() if o == victim}
+meta_leader = cluster(survivors[0]).get("leader")
+steps = []
+t0 = time.time()
+os.kill(pid, signal.SIGKILL)
+moved = {}
+while time.time() - t0 < 60 and len(moved) < len(led):
+    try:
+        views = [owners(a) for a in survivors]
+    except Exception:
+        time.sleep(0.1)
+        continue
+    now = time.time() - t0
+    for k in led:
+        if k not in moved and all(v.get(k) not in (None, victim) for v in views):
+            moved[k] = now
+    if not steps or steps[-1][1] != len(moved):
+        steps.append((now, len(moved)))
+    time.sleep(0.1)
+ts = sorted(moved.values())
+pct = lambda p: ts[min(len(ts) - 1, int(p * len(ts)))] if ts else float("nan")
+print(f"  SIGKILL of {victim}, which owned {len(led)} shards: another owner named by both survivors for "
+      f"{len(ts)} of them; median {pct(0.5):.2f} s, p90 {pct(0.9):.2f} s, p99 {pct(0.99):.2f} s, "
+      f"slowest {ts[-1] if ts else float('nan'):.2f} s; {len(led) - len(ts)} without one after 60 s")
+print(f"  (the metadata group's leader was {meta_leader}; moved by then: "
+      + ", ".join(f"{n} at {t:.2f} s" for t, n in steps[:12]) + ")")
 PY
 }
 
@@ -143,6 +191,11 @@ PY
   if [ "$hold" != 0 ] && [ "$n_streams" != 0 ]; then
     echo "  holding the cluster for $hold s: metrics at ${metrics[*]}" >&2
     sleep "$hold"
+  fi
+  if [ -n "$kill" ] && [ "$n_streams" != 0 ]; then
+    local others=()
+    for i in 0 1 2; do [ "$i" = "$which" ] || others+=("${metrics[$i]}"); done
+    kill_first "${names[$which]}" "${pids[$which]}" "${others[@]}" >&2
   fi
   cleanup
 }
