@@ -1145,6 +1145,12 @@ impl BrokerTask {
                 n.sleeping_replicas() as u64,
             );
             m(
+                "felix_replica_leader_handovers_total",
+                "counter",
+                "Leaderships of settled groups this broker handed to their preferred replica (the first placement names), so leaders spread as placed.",
+                n.preferred_handovers(),
+            );
+            m(
                 "felix_replicas_replaying",
                 "gauge",
                 "Replicas replaying, after a restart, the committed entries their logs hold on disk (they take part in their groups once done).",

@@ -3592,3 +3592,41 @@ fn a_broker_silent_for_a_moment_costs_no_election() {
     c.until("every group sleeps again", |c| c.nodes.values().all(|n| n.sleeping_replicas() == 7));
     assert_eq!(terms(&c), before, "no election, no change of leader");
 }
+
+/// Leadership goes back where placement put it: groups elected while the broker that should
+/// lead them (the first replica the metadata names) was cut off hand their leadership to it
+/// once it is back and the group settled, and then sleep, each led by its preferred replica.
+/// One hand-over a term: none is tried twice, and none happens once leaders are where placed.
+#[test]
+fn settled_groups_hand_their_leadership_back_to_their_preferred_replica() {
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    c.create(Kind::Stream, "fleet", 6, 3);
+    c.until("every group sleeps on every broker", |c| c.nodes.values().all(|n| n.sleeping_replicas() == 7));
+    let preferred =
+        |c: &Cluster, s: &ShardId| c.nodes["n1"].metadata().replicas(s).and_then(|r| r.first()).cloned().unwrap();
+    let shards: Vec<ShardId> = std::iter::once(ledger()).chain((0..6).map(fleet)).collect();
+    assert!(shards.iter().all(|s| leader_of(&c, s) == Some(preferred(&c, s))), "placed leaders lead");
+    let before: u64 = c.nodes.values().map(|n| n.preferred_handovers()).sum();
+    // n2 is cut off: the groups it led elect other leaders.
+    c.cut.insert("n2".into());
+    let led_by_n2: Vec<ShardId> = shards.iter().filter(|s| preferred(&c, s) == "n2").cloned().collect();
+    assert!(!led_by_n2.is_empty());
+    let others = ["n1".to_string(), "n3".to_string()];
+    c.until("the groups n2 led have other leaders", |c| {
+        led_by_n2.iter().all(|s| leading_among(c, &others, s).is_some())
+    });
+    // Back: once settled, each hands its leadership back to n2, and all sleep again.
+    c.cut.clear();
+    c.until("every group is led by its preferred replica and sleeps", |c| {
+        shards.iter().all(|s| leader_of(c, s) == Some(preferred(c, s)))
+            && c.nodes.values().all(|n| n.sleeping_replicas() == 7)
+    });
+    let handed: u64 = c.nodes.values().map(|n| n.preferred_handovers()).sum::<u64>() - before;
+    assert_eq!(handed, led_by_n2.len() as u64, "one hand-over per group n2 lost");
+    for _ in 0..50 {
+        c.tick();
+    }
+    let after: u64 = c.nodes.values().map(|n| n.preferred_handovers()).sum::<u64>() - before;
+    assert_eq!(after, handed, "none once every leader is where placed");
+}

@@ -196,6 +196,10 @@ impl ClusterNode {
         if h.settled_ticks < QUIET_AFTER_TICKS {
             return;
         }
+        if self.hand_to_preferred(shard) {
+            return;
+        }
+        let Some(h) = self.replicas.get_mut(shard) else { return };
         let (last, _) = h.replica.indexes();
         let (me, term) = (h.replica.id(), h.replica.term());
         for id in h.replica.voters() {
@@ -215,6 +219,37 @@ impl ClusterNode {
         h.sleep = Some(Sleep::Leading);
         h.settled_ticks = 0;
         self.awake.remove(shard);
+    }
+
+    /// A settled group led here, whose preferred replica (the first the metadata names, which
+    /// stands first when nobody leads) is another active broker: hands it the leadership,
+    /// once a term and a few groups per tick, and returns `true`. Leaderships spread as
+    /// placement chose them, whatever the races of elections (after thousands of groups
+    /// elected at once, one broker of three led 741 of 10,000 and another 5,329), as Kafka's
+    /// preferred leader election does; so a broker's death moves its share, not more. The
+    /// group sleeps once settled under its new leader.
+    fn hand_to_preferred(&mut self, shard: &ShardId) -> bool {
+        if self.handovers_left == 0 {
+            return false;
+        }
+        let Some(preferred) = self.metadata.replicas(shard).and_then(|r| r.first()).cloned() else { return false };
+        let active = self.metadata.members().get(&preferred).is_some_and(|m| m.state == MemberState::Active);
+        if preferred == self.me.id || !active || self.silent.contains(&preferred) {
+            return false;
+        }
+        let Some(h) = self.replicas.get_mut(shard) else { return false };
+        let term = h.replica.term();
+        if h.preferred_tried == Some(term) {
+            return false;
+        }
+        h.preferred_tried = Some(term);
+        h.settled_ticks = 0;
+        h.replica.transfer_leader(raft_id(&preferred));
+        self.handovers_left -= 1;
+        self.handovers += 1;
+        let now = self.last_now;
+        self.drain_replica(shard, now);
+        true
     }
 
     /// After a message of `shard`'s group from peer `from` was stepped: a sleep heartbeat

@@ -180,6 +180,10 @@ pub const NEW_REPLICAS_PER_TICK: usize = 200;
 /// entries are read back from the log on disk.
 pub const REPLICA_ENTRY_CACHE: u64 = 8 << 20;
 
+/// Settled groups a broker hands over to their preferred replica per tick, at most (the
+/// newly elected leaders of thousands of groups would otherwise all stand down at once).
+pub const PREFERRED_HANDOVERS_PER_TICK: usize = 32;
+
 /// A shard group's snapshot with more data than this goes to peers that read
 /// `snapshot_chunk` (kind 14) in chunks of it: a snapshot is never larger than a frame can
 /// carry, and no one frame holds the transport for long.
@@ -394,6 +398,10 @@ pub struct ClusterNode {
     snapshot_chunk_bytes: usize,
     /// Snapshots being received in chunks, by sender and shard.
     assemblies: BTreeMap<(String, ShardId), Assembly>,
+    /// Leaderships this broker may still hand to preferred replicas in this tick.
+    handovers_left: usize,
+    /// Leaderships handed to preferred replicas (settled groups led elsewhere).
+    handovers: u64,
     /// Snapshot chunks sent and snapshots put together from chunks received.
     snapshot_chunk_counts: (u64, u64),
     /// When a metadata leader was last heard from (or this broker last led).
@@ -542,6 +550,10 @@ struct Hosted {
     role_from: Option<(bool, bool, Option<u64>, u64, usize)>,
     /// On the leader, awake: ticks its group has been settled in a row.
     settled_ticks: u32,
+    /// The term in which this leader last handed its leadership to the group's preferred
+    /// replica (at most once a term: a hand-over that failed is not tried again until a new
+    /// term).
+    preferred_tried: Option<u64>,
 }
 
 /// On a leader: which of the shard's other replicas fell behind since the last look, and which
@@ -658,6 +670,8 @@ impl ClusterNode {
             peer_features: BTreeMap::new(),
             snapshot_chunk_bytes: SNAPSHOT_CHUNK_BYTES,
             assemblies: BTreeMap::new(),
+            handovers_left: 0,
+            handovers: 0,
             snapshot_chunk_counts: (0, 0),
             leader_contact: now,
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
@@ -700,6 +714,11 @@ impl ClusterNode {
     /// read them); [`SNAPSHOT_CHUNK_BYTES`] unless set (simulations set it small).
     pub fn set_snapshot_chunk_bytes(&mut self, bytes: usize) {
         self.snapshot_chunk_bytes = bytes.max(1);
+    }
+
+    /// Leaderships this broker handed to their group's preferred replica.
+    pub fn preferred_handovers(&self) -> u64 {
+        self.handovers
     }
 
     /// Snapshot chunks sent, and snapshots put together from chunks received.
@@ -1240,6 +1259,7 @@ impl ClusterNode {
                             in_line_at: None,
                             role_from: None,
                             settled_ticks: 0,
+                            preferred_tried: None,
                         },
                     );
                     self.awake.insert(shard.clone());
@@ -1713,6 +1733,7 @@ impl ClusterNode {
             // Sleeping groups do not tick ([`hibernation`]).
             // (Taken, not cloned: thousands of shard ids a tick. What wakes meanwhile lands in
             // the new set; what went to sleep is left out below.)
+            self.handovers_left = PREFERRED_HANDOVERS_PER_TICK;
             let shards = std::mem::take(&mut self.awake);
             // Once a second per group: notices, lead claims, and retention's compaction of a
             // group that committed nothing since (a group that did is looked at each tick).
