@@ -1173,7 +1173,7 @@ mod meta_log_tests {
         let (mut m, kept) = MetaLog::open(&path).unwrap();
         assert_eq!(kept, want);
         assert!(!std::fs::read(&path).unwrap().starts_with(b"FLXR"), "rewritten as records");
-        want.persist(&[e.clone()], Some(&hs));
+        want.persist(std::slice::from_ref(&e), Some(&hs));
         m.append(&[(vec![e], Some(hs))], &want).unwrap();
         drop(m);
         assert_eq!(MetaLog::open(&path).unwrap().1, want);
