@@ -46,8 +46,8 @@ struct GroupStore {
 
 /// The entries `first..end` of the log that are held on disk only, with their terms (the
 /// engine asks an entry's term at any time, and must be answered at once): one run per term,
-/// a few bytes for millions of entries.
-#[derive(Debug, Default)]
+/// a few bytes for millions of entries. Also what a restart's [`Spill`] holds of its entries.
+#[derive(Debug, Clone, Default, PartialEq)]
 struct OnDisk {
     first: u64,
     end: u64,
@@ -97,6 +97,19 @@ impl OnDisk {
         }
         self.first = next;
     }
+
+    /// Entries from `idx` on are gone (a newer leader's entries replace them).
+    fn truncate_from(&mut self, idx: u64) {
+        if idx >= self.end {
+            return;
+        }
+        if idx <= self.first {
+            *self = OnDisk::default();
+            return;
+        }
+        self.runs.retain(|(start, _)| *start < idx);
+        self.end = idx;
+    }
 }
 
 /// The committed entries `first..end` of a kept log that a restart leaves on disk (the front
@@ -107,10 +120,8 @@ impl OnDisk {
 /// engine starts with them applied.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Spill {
-    first: u64,
-    end: u64,
-    /// (first index, term), ascending; the last run goes on to `end`.
-    runs: Vec<(u64, u64)>,
+    /// The entries' terms.
+    disk: OnDisk,
     /// The configuration changes among them, in index order.
     conf: Vec<Entry>,
 }
@@ -118,74 +129,46 @@ pub struct Spill {
 impl Spill {
     /// The first entry it holds.
     pub fn first(&self) -> u64 {
-        self.first
+        self.disk.first
     }
 
     /// One past the last entry it holds.
     pub fn end(&self) -> u64 {
-        self.end
+        self.disk.end
     }
 
     /// Whether it holds no entry.
     pub fn is_empty(&self) -> bool {
-        self.first >= self.end
+        self.disk.is_empty()
     }
 
     /// The term of entry `idx`, if it holds it.
     pub fn term(&self, idx: u64) -> Option<u64> {
-        if idx < self.first || idx >= self.end {
-            return None;
-        }
-        let i = self.runs.partition_point(|(start, _)| *start <= idx);
-        i.checked_sub(1).map(|i| self.runs[i].1)
+        self.disk.term(idx)
     }
 
     /// Entry `e` goes to disk (entries go in index order, each continuing the last).
     fn push(&mut self, e: &Entry) {
         if self.is_empty() {
-            *self = Spill { first: e.index, end: e.index, ..Spill::default() };
+            self.conf.clear();
         }
-        if self.runs.last().is_none_or(|(_, t)| *t != e.term) {
-            self.runs.push((e.index, e.term));
-        }
+        self.disk.push(e.index, e.term);
         if e.get_entry_type() == EntryType::EntryConfChange {
             self.conf.push(e.clone());
         }
-        self.end = e.index.saturating_add(1);
     }
 
     /// Entries from `idx` on are gone (a newer leader's entries replace them; never a
     /// committed one, which is all a spill holds, but a file is not trusted to say so).
     fn truncate_from(&mut self, idx: u64) {
-        if idx >= self.end {
-            return;
-        }
-        if idx <= self.first {
-            *self = Spill::default();
-            return;
-        }
-        self.runs.retain(|(start, _)| *start < idx);
+        self.disk.truncate_from(idx);
         self.conf.retain(|e| e.index < idx);
-        self.end = idx;
     }
 
     /// Entries up to `index` were compacted into a snapshot.
     fn drop_through(&mut self, index: u64) {
-        let next = index.saturating_add(1);
-        if next <= self.first {
-            return;
-        }
-        if next >= self.end {
-            *self = Spill::default();
-            return;
-        }
-        let keep = self.runs.partition_point(|(start, _)| *start <= next).saturating_sub(1);
-        self.runs.drain(..keep);
-        if let Some(r) = self.runs.first_mut() {
-            r.0 = next;
-        }
-        self.conf.retain(|e| e.index >= next);
-        self.first = next;
+        self.disk.drop_through(index);
+        self.conf.retain(|e| e.index > index);
     }
 }
 
@@ -547,14 +530,14 @@ impl MetaNode {
         // replays them from its driver's files first), and the in-memory log starts after them.
         let spill = kept.spill.clone().filter(|s| !s.is_empty());
         if let Some(sp) = &spill {
-            let contiguous = sp.first == snapshot.get_metadata().index + 1
-                && kept.entries.first().is_none_or(|e| e.index == sp.end)
-                && sp.end - 1 <= kept.hard_state.commit;
+            let contiguous = sp.first() == snapshot.get_metadata().index + 1
+                && kept.entries.first().is_none_or(|e| e.index == sp.end())
+                && sp.end() - 1 <= kept.hard_state.commit;
             if !contiguous {
                 return Err(MetaError::Decode(format!(
                     "kept log: entries {}..{} on disk do not fit the snapshot at {} and the log after",
-                    sp.first,
-                    sp.end,
+                    sp.first(),
+                    sp.end(),
                     snapshot.get_metadata().index
                 )));
             }
@@ -569,8 +552,8 @@ impl MetaNode {
                 // snapshot sent to followers stays the real one, `GroupStore::snapshot`).
                 let mut start = Snapshot::default();
                 let m = start.mut_metadata();
-                m.index = sp.end - 1;
-                m.term = sp.term(sp.end - 1).unwrap_or(0);
+                m.index = sp.end() - 1;
+                m.term = sp.term(sp.end() - 1).unwrap_or(0);
                 m.set_conf_state(ConfState::from((voters.clone(), vec![])));
                 w.apply_snapshot(start)?;
             }
@@ -590,12 +573,8 @@ impl MetaNode {
         cached.appended(
             &kept.entries.iter().filter(|e| e.index > snapshot.get_metadata().index).cloned().collect::<Vec<_>>(),
         );
-        let disk = spill.as_ref().map_or_else(OnDisk::default, |sp| OnDisk {
-            first: sp.first,
-            end: sp.end,
-            runs: sp.runs.clone(),
-        });
-        let applied = spill.as_ref().map_or(0, |sp| sp.end - 1);
+        let disk = spill.as_ref().map_or_else(OnDisk::default, |sp| sp.disk.clone());
+        let applied = spill.as_ref().map_or(0, |sp| sp.end() - 1);
         let storage = GroupStore { mem: storage, snapshot, disk, cached, reads: Default::default() };
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
@@ -1167,7 +1146,7 @@ impl RaftLog {
 
     /// The last entry's index, in memory or spilled (or the snapshot's; 0 for none).
     pub fn last_index(&self) -> u64 {
-        let spilled = self.spill.as_ref().map(|s| s.end.saturating_sub(1));
+        let spilled = self.spill.as_ref().map(|s| s.end().saturating_sub(1));
         self.entries
             .last()
             .map(|e| e.index)
@@ -1653,7 +1632,7 @@ impl LogFold {
             // The entries must continue the log (or overwrite its tail): a record that would
             // leave a gap is damage, not a crash.
             let next = log.entries.last().map(|l| l.index + 1);
-            let next = next.or(log.spill.as_ref().map(|s| s.end));
+            let next = next.or(log.spill.as_ref().map(Spill::end));
             let next = next.or(log.snapshot.as_ref().map(|s| s.get_metadata().index + 1)).unwrap_or(floor.max(1));
             if part.entries.first().is_some_and(|e| e.index > next) {
                 self.damage = damaged(info.whole, DamageKind::Gap);
