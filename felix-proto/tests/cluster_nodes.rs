@@ -1317,14 +1317,10 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
     );
 }
 
-/// With history reads (a driver that reads back what it kept, as `serve` with a data
-/// directory) a replicated shard holds only its newest batches and Raft entries in memory;
-/// older ones are read back from the replica's kept log: by a subscriber from the start, and
-/// by the leader for a follower that was cut off while they were written. Then the leader
-/// dies, and the follower that caught up from read-back entries serves the same history.
-/// Without the bound every record stays in memory (the first assertions fail).
-#[test]
-fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_ones_back_from_its_log() {
+/// Three brokers that read back what they kept (as `serve` with a data directory), with 4 KiB
+/// budgets for a stream's history and a replica's entries in memory, and the ledger; its
+/// leader.
+fn memory_bounded_ledger() -> (Cluster, String) {
     let mut c = Cluster::with(&NAMES, true);
     c.memory = Some((4096, 4096));
     let now = c.now;
@@ -1333,6 +1329,27 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     }
     create_ledger(&mut c);
     let leader = leading(&c).unwrap();
+    (c, leader)
+}
+
+/// What a subscriber to the ledger from offset 0 on `node` is given (client `index`).
+fn ledger_from_start(c: &mut Cluster, node: &str, index: u64) -> Vec<(u64, String)> {
+    let (sc, ss) = c.client_with(node, MOVED_SUB_FLAGS, 0x1000, index);
+    c.send(node, sc, ss, subscribe_shard_of("ledger", 0, 0));
+    assert!(matches!(messages(&c.take(node, sc, ss))[0], Message::Subscribed(_)));
+    c.settle();
+    c.stream_events(node, sc).0
+}
+
+/// With history reads (a driver that reads back what it kept, as `serve` with a data
+/// directory) a replicated shard holds only its newest batches and Raft entries in memory;
+/// older ones are read back from the replica's kept log: by a subscriber from the start, and
+/// by the leader for a follower that was cut off while they were written. Then the leader
+/// dies, and the follower that caught up from read-back entries serves the same history.
+/// Without the bound every record stays in memory (the first assertions fail).
+#[test]
+fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_ones_back_from_its_log() {
+    let (mut c, leader) = memory_bounded_ledger();
     let away = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
     c.cut.insert(away.clone());
     // 300 acked records of 100 bytes, one batch each: about 30 KB of payload (and 150 KB
@@ -1357,12 +1374,9 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     let expect: Vec<(u64, String)> = (0..300u64).map(|k| (k + 1, format!("{pad}{k}"))).collect();
     let subscribe_all = |c: &mut Cluster, node: &str, index: u64| {
         let reads = c.replica_reads;
-        let (sc, ss) = c.client_with(node, MOVED_SUB_FLAGS, 0x1000, index);
-        c.send(node, sc, ss, subscribe_shard_of("ledger", 0, 0));
-        assert!(matches!(messages(&c.take(node, sc, ss))[0], Message::Subscribed(_)));
-        c.settle();
+        let got = ledger_from_start(c, node, index);
         assert!(c.replica_reads > reads, "{node}: history was read back from the replica log");
-        c.stream_events(node, sc).0
+        got
     };
     assert_eq!(subscribe_all(&mut c, &leader, 2), expect, "offset 0 is the generation start");
     // The leader dies; the follower that was away may lead, and serves the same history.
@@ -1380,14 +1394,7 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
 /// go on at the next offset.
 #[test]
 fn restarted_replicas_replay_the_committed_log_left_on_disk_in_bounded_reads() {
-    let mut c = Cluster::with(&NAMES, true);
-    c.memory = Some((4096, 4096));
-    let now = c.now;
-    for name in NAMES {
-        c.start(name, &RaftLog::default(), now);
-    }
-    create_ledger(&mut c);
-    let leader = leading(&c).unwrap();
+    let (mut c, leader) = memory_bounded_ledger();
     let pad = "x".repeat(96);
     publish_acked(&mut c, &leader, 1, &pad, 300);
     c.until("every replica holds the same history", |c| same_history_everywhere(c, &leader));
@@ -1413,11 +1420,7 @@ fn restarted_replicas_replay_the_committed_log_left_on_disk_in_bounded_reads() {
     }
     let second = leading(&c).unwrap();
     let expect: Vec<(u64, String)> = (0..300u64).map(|k| (k + 1, format!("{pad}{k}"))).collect();
-    let (sc, ss) = c.client_with(&second, MOVED_SUB_FLAGS, 0x1000, 2);
-    c.send(&second, sc, ss, subscribe_shard_of("ledger", 0, 0));
-    assert!(matches!(messages(&c.take(&second, sc, ss))[0], Message::Subscribed(_)));
-    c.settle();
-    assert_eq!(c.stream_events(&second, sc).0[..300], expect[..], "every record from the start");
+    assert_eq!(ledger_from_start(&mut c, &second, 2)[..300], expect[..], "every record from the start");
     let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
     let (conn, st) = c.client(&second, flags, 3);
     c.send(&second, conn, st, publish_binary("ledger", &["later"], Some(1), None));

@@ -67,6 +67,13 @@ pub struct ShardId {
     pub shard: u32,
 }
 
+impl ShardId {
+    /// Shard `shard` of `kind` `name` in `tenant`/`namespace`.
+    pub fn of(kind: Kind, tenant: &str, namespace: &str, name: &str, shard: u32) -> ShardId {
+        ShardId { kind, tenant: tenant.to_owned(), namespace: namespace.to_owned(), name: name.to_owned(), shard }
+    }
+}
+
 /// Who owns a shard, and since which change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
@@ -668,13 +675,7 @@ impl Metadata {
         for shard in 0..shards {
             let first = (start + shard as usize) % n;
             let replicas: Vec<String> = (0..(rf as usize).min(n)).map(|i| active[(first + i) % n].clone()).collect();
-            let id = ShardId {
-                kind,
-                tenant: tenant.to_owned(),
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                shard,
-            };
+            let id = ShardId::of(kind, tenant, namespace, name, shard);
             self.replicas.entry(id).or_insert((replicas, 0));
         }
     }
@@ -748,13 +749,7 @@ impl Metadata {
             return false;
         }
         for (shard, owner) in (0..shards).zip(owners) {
-            let id = ShardId {
-                kind,
-                tenant: tenant.to_owned(),
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                shard,
-            };
+            let id = ShardId::of(kind, tenant, namespace, name, shard);
             let generation = self.owners.get(&id).map_or(1, |a| a.generation + 1);
             self.owners.insert(id, Assignment { owner, generation });
         }
