@@ -548,6 +548,10 @@ pub(crate) struct OpenedReplicaLogs {
     pub(crate) kept: std::collections::BTreeMap<ShardId, felix_proto::cluster::meta::RaftLog>,
     /// Replicas whose log was found damaged (and set aside), and why.
     pub(crate) damaged: std::collections::BTreeMap<ShardId, String>,
+    /// Closed segments folded from their summaries rather than their records (the tests'
+    /// view; the broker logs it with the summary line).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) summarised: usize,
 }
 
 /// Moves a damaged replica log's segments to `replicas/damaged/` (each name gets the time it
@@ -566,6 +570,7 @@ fn quarantine(dir: &std::path::Path, shard: &ShardId, seqs: &[u64]) -> std::io::
             n += 1;
         }
         std::fs::rename(dir.join(&name), &to)?;
+        let _ = std::fs::remove_file(dir.join(summary_file_name(shard, *seq)));
     }
     std::fs::File::open(&aside)?.sync_all()?;
     std::fs::File::open(dir)?.sync_all()?;
@@ -590,6 +595,9 @@ struct ShardFiles {
     /// Where its records start (sparse): how entries that left the replica's memory are read
     /// back ([`ReplicaLogs::read_job`]).
     points: felix_proto::cluster::log_read::LogPoints,
+    /// The summary of the last segment so far, written beside it when it is closed (`None`
+    /// once an append failed: what the file holds is then unknown).
+    summary: Option<felix_proto::cluster::segment_summary::SummaryBuilder>,
 }
 
 /// A read of entries of one replica's log, run off the broker's task
@@ -617,6 +625,8 @@ impl ReplicaLogRead {
         let mut c = EntryCollector::new(self.low, self.high, self.max_bytes);
         let mut next = self.after.iter().peekable();
         let mut record = Vec::new();
+        let last_segment = self.segments.last().copied();
+        let last_segment = last_segment.as_ref();
         'segments: for seq in self.segments {
             let path = self.dir.join(replica_file_name(&self.shard, seq));
             let file = match std::fs::File::open(&path) {
@@ -645,12 +655,24 @@ impl ReplicaLogRead {
                 if r.read_exact(&mut record[4..]).is_err() {
                     break;
                 }
-                if let Some((_, part)) = felix_proto::cluster::meta::read_log_record(&record, 0) {
-                    if let Some(part) = part {
-                        c.feed(part);
+                match felix_proto::cluster::meta::read_log_record(&record, 0) {
+                    Some((_, Some(part))) => c.feed(part),
+                    Some((_, None)) if record.get(4) == Some(&2) => {} // a snapshot
+                    // In the segment being appended to, the record being written (a read runs
+                    // beside the appends): the end of what there is to read.
+                    _ if Some(&seq) == last_segment => break,
+                    // A whole record of a closed segment that fails its checksum: the restart
+                    // that folded this segment from its summary did not read it (see
+                    // `ReplicaLogs::open`).
+                    _ => {
+                        let _ = std::fs::remove_file(self.dir.join(summary_file_name(&self.shard, seq)));
+                        return Err(format!(
+                            "{}, byte {at}: {DAMAGED_RECORD}: a record fails its checksum. The segment's summary \
+                             was removed: the next start reads the segment whole, finds the damage, sets the log \
+                             aside and has this replica rejoin its group afresh",
+                            path.display()
+                        ));
                     }
-                } else {
-                    break;
                 }
                 at += 4 + n as u64;
             }
@@ -660,6 +682,76 @@ impl ReplicaLogRead {
 }
 
 use felix_proto::cluster::metadata::{Kind, ShardId};
+
+/// What a read error says when a record read back is damaged (see [`ReplicaLogRead::run`]).
+pub(crate) const DAMAGED_RECORD: &str = "damaged replica log";
+
+/// A closed segment's summary file name (`….log` → `….idx`).
+fn summary_file_name(s: &ShardId, seq: u64) -> String {
+    let name = replica_file_name(s, seq);
+    format!("{}.idx", name.strip_suffix(".log").unwrap_or(&name))
+}
+
+/// The summary beside a closed segment of `len` bytes, if there is one that is whole and
+/// stands for exactly those bytes (anything else: `None`, and the segment is folded from its
+/// records).
+fn read_summary(
+    dir: &std::path::Path,
+    shard: &ShardId,
+    seq: u64,
+    len: u64,
+) -> Option<felix_proto::cluster::segment_summary::SegmentSummary> {
+    let bytes = std::fs::read(dir.join(summary_file_name(shard, seq))).ok()?;
+    match felix_proto::cluster::segment_summary::SegmentSummary::decode(&bytes) {
+        Ok(s) if s.len == len => Some(s),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!("{}: {e}; its segment is read whole", summary_file_name(shard, seq));
+            None
+        }
+    }
+}
+
+/// Writes a closed segment's summary beside it (through a temporary file and a rename, so a
+/// crash leaves the old one, none or the new one; not synced: one lost or cut short by a power
+/// cut fails its length or checksum check and the segment is read whole).
+fn write_summary(dir: &std::path::Path, shard: &ShardId, seq: u64, bytes: &[u8]) -> std::io::Result<()> {
+    let name = summary_file_name(shard, seq);
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// The commit index the last hard state of a segment file says (0: none), reading record
+/// headers and the last record that carries a hard state.
+fn last_commit_of(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let (mut at, mut with_state) = (0u64, Vec::new());
+    let mut head = [0u8; 5];
+    while at + 5 <= len {
+        f.read_exact_at(&mut head, at)?;
+        let n = u64::from(u32::from_be_bytes([head[0], head[1], head[2], head[3]]));
+        if n == 0 || at + 4 + n > len {
+            break;
+        }
+        if head[4] == 1 {
+            with_state.push((at, n));
+        }
+        at += 4 + n;
+    }
+    // From the last: a record that fails its checksum says nothing (the fold judges it).
+    for (at, n) in with_state.into_iter().rev() {
+        let mut record = vec![0; 4 + n as usize];
+        f.read_exact_at(&mut record, at)?;
+        let commit = felix_proto::cluster::meta::LogFold::last_commit(&record);
+        if commit > 0 {
+            return Ok(commit);
+        }
+    }
+    Ok(0)
+}
 
 /// [`LogFold::snapshot_floor`] of a segment file, reading only each record's length and flag
 /// (and the snapshot records whole): a restart's first pass, without reading the entries
@@ -742,6 +834,7 @@ impl ReplicaLogs {
         let mut kept = std::collections::BTreeMap::new();
         let mut damaged = std::collections::BTreeMap::new();
         let mut shards = std::collections::BTreeMap::new();
+        let (mut read_from_summaries, mut read_whole) = (0usize, 0usize);
         if let Some(dir) = &dir
             && dir.exists()
         {
@@ -752,6 +845,9 @@ impl ReplicaLogs {
                     continue; // `damaged/`: logs set aside
                 }
                 let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".idx") {
+                    continue; // a closed segment's summary, read with it
+                }
                 let Some((shard, seq)) = parse_replica_file_name(&name) else {
                     if !name.ends_with(".tmp") {
                         tracing::warn!("{}: not a replica's log, left alone", e.path().display());
@@ -762,23 +858,75 @@ impl ReplicaLogs {
             }
             for (shard, mut seqs) in found {
                 seqs.sort_unstable();
+                let path_of = |seq: u64| dir.join(replica_file_name(&shard, seq));
+                // Which closed segments fold from their summary: with a budget, those before
+                // the newest segments that hold `keep` bytes (what stays in memory is read
+                // whole), when a summary stands for exactly the file.
+                let mut lens = Vec::with_capacity(seqs.len());
+                for seq in &seqs {
+                    lens.push(std::fs::metadata(path_of(*seq))?.len());
+                }
+                let mut summaries: Vec<Option<felix_proto::cluster::segment_summary::SegmentSummary>> =
+                    vec![None; seqs.len()];
+                if let Some(keep) = keep {
+                    let mut newest = 0u64;
+                    for i in (0..seqs.len()).rev() {
+                        if i + 1 < seqs.len() && newest >= keep {
+                            summaries[i] = read_summary(dir, &shard, seqs[i], lens[i]);
+                        }
+                        newest = newest.saturating_add(lens[i]);
+                    }
+                }
+                let commit = match (summaries.iter().any(Option::is_some), seqs.last()) {
+                    (true, Some(last)) => last_commit_of(&path_of(*last))?,
+                    _ => 0,
+                };
+                // The snapshot records a summary names, read from its segment.
+                let snapshots_of = |seq: u64, sum: &felix_proto::cluster::segment_summary::SegmentSummary| {
+                    use std::os::unix::fs::FileExt;
+                    let f = std::fs::File::open(path_of(seq))?;
+                    sum.snapshots()
+                        .map(|(pos, len)| {
+                            let mut b = vec![0; len as usize];
+                            f.read_exact_at(&mut b, pos).map(|()| b)
+                        })
+                        .collect::<std::io::Result<Vec<Vec<u8>>>>()
+                };
                 // Two passes, one segment at a time: the last snapshot's index, then the fold.
                 // Each segment is read into one buffer that the entries folded from it share:
                 // a buffer is freed once its entries left memory (spilled, with `keep`).
                 use felix_proto::cluster::meta::LogFold;
                 let mut floor = 0;
-                for seq in &seqs {
-                    floor = floor.max(snapshot_floor_of(&dir.join(replica_file_name(&shard, *seq)))?);
+                for (seq, sum) in seqs.iter().zip(&summaries) {
+                    let f = match sum {
+                        Some(sum) => {
+                            snapshots_of(*seq, sum)?.iter().map(|r| LogFold::snapshot_floor(r)).max().unwrap_or(0)
+                        }
+                        None => snapshot_floor_of(&path_of(*seq))?,
+                    };
+                    floor = floor.max(f);
                 }
                 let mut fold = LogFold::new(floor, keep);
-                let mut lens = Vec::with_capacity(seqs.len());
+                let mut summarised = vec![false; seqs.len()];
                 for (i, seq) in seqs.iter().enumerate() {
-                    let data = bytes::Bytes::from(std::fs::read(dir.join(replica_file_name(&shard, *seq)))?);
-                    lens.push(data.len());
+                    if let Some(sum) = &summaries[i] {
+                        let records = snapshots_of(*seq, sum)?;
+                        let records: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+                        if fold.feed_summary(sum, &records, commit) {
+                            summarised[i] = true;
+                            if fold.damage().is_some() {
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                    let data = bytes::Bytes::from(std::fs::read(path_of(*seq))?);
+                    lens[i] = data.len() as u64;
                     if !fold.feed(&data, Some(&data), i + 1 == seqs.len()) {
                         break;
                     }
                 }
+                let builders = fold.take_builders();
                 let (log, infos, damage, mut points) = fold.finish();
                 if let Some(d) = damage {
                     let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
@@ -795,9 +943,26 @@ impl ReplicaLogs {
                 points.map_segments(|i| seqs.get(i as usize).copied().unwrap_or(u64::MAX));
                 let mut files =
                     ShardFiles { hard_state: Some(log.hard_state.clone()), points, ..ShardFiles::default() };
-                for ((seq, info), len) in seqs.iter().zip(&infos).zip(&lens) {
+                let n = seqs.len();
+                for (i, (((seq, info), len), builder)) in seqs.iter().zip(&infos).zip(&lens).zip(builders).enumerate() {
                     let path = dir.join(replica_file_name(&shard, *seq));
-                    if info.whole < *len {
+                    let len = *len as usize;
+                    if i + 1 == n {
+                        // Appended to again: the builder goes on; a summary left from a crash
+                        // just after it was closed no longer stands for it.
+                        files.summary = builder;
+                        let _ = std::fs::remove_file(dir.join(summary_file_name(&shard, *seq)));
+                    } else if let Some(b) = builder.and_then(|b| b.encode()) {
+                        // Read whole without a summary (an older broker's, or one lost): it
+                        // gets one, so the next restart need not read it.
+                        if summaries[i].is_none()
+                            && !dir.join(summary_file_name(&shard, *seq)).exists()
+                            && let Err(e) = write_summary(dir, &shard, *seq, &b)
+                        {
+                            tracing::warn!("writing the summary of {}: {e}", path.display());
+                        }
+                    }
+                    if info.whole < len {
                         tracing::warn!(
                             "{}: {} bytes after the last whole record (a write cut short) were dropped",
                             path.display(),
@@ -817,6 +982,8 @@ impl ReplicaLogs {
                     files.segments.push((*seq, info.max_index));
                     files.len = info.whole as u64;
                 }
+                read_from_summaries += summarised.iter().filter(|s| **s).count();
+                read_whole += summarised.iter().filter(|s| !**s).count();
                 shards.insert(shard.clone(), files);
                 kept.insert(shard, log);
             }
@@ -825,7 +992,8 @@ impl ReplicaLogs {
             if !kept.is_empty() {
                 tracing::info!(
                     "replica logs read back: {} shards, {held} entries held, {spilled} committed entries left on disk \
-                     (replayed from the files as each replica starts: felix_replicas_replaying)",
+                     (replayed from the files as each replica starts: felix_replicas_replaying); {read_from_summaries} \
+                     closed segments folded from their summaries, {read_whole} segments read whole",
                     kept.len()
                 );
             }
@@ -840,7 +1008,7 @@ impl ReplicaLogs {
             segment_bytes: SEGMENT_BYTES,
             scratch: Vec::new(),
         };
-        Ok(OpenedReplicaLogs { logs, kept, damaged })
+        Ok(OpenedReplicaLogs { logs, kept, damaged, summarised: read_from_summaries })
     }
 
     /// Appends a replica's persisted state. Synced at once when the policy says `always`.
@@ -866,11 +1034,16 @@ impl ReplicaLogs {
         self.scratch = record;
         let (seq, pos) = r?;
         if let Some(f) = self.shards.get_mut(shard) {
+            if let Some(b) = &mut f.summary {
+                b.record(pos, len, entries, hard_state);
+            }
             if let Some(hs) = hard_state {
                 f.hard_state = Some(hs.clone());
             }
             match (entries.first(), entries.last()) {
-                (Some(a), Some(b)) => f.points.record(seq, pos, len, a.index, b.index),
+                (Some(a), Some(b)) => {
+                    f.points.record(seq, pos, len, a.index, b.index);
+                }
                 _ => f.points.skip(len),
             }
         }
@@ -888,7 +1061,7 @@ impl ReplicaLogs {
     }
 
     /// Appends a snapshot of a replica's log, then deletes the closed segments it made useless
-    /// (every entry in them at or below its index).
+    /// (every entry in them below its index: the one holding the entry at its index stays, see below).
     ///
     /// # Errors
     /// As [`persist`](Self::persist).
@@ -898,14 +1071,20 @@ impl ReplicaLogs {
         snapshot: &felix_proto::cluster::meta::Snapshot,
     ) -> std::io::Result<()> {
         let record = felix_proto::cluster::meta::encode_snapshot_record(snapshot);
-        self.append(shard, &record, 0)?;
+        let (_, pos) = self.append(shard, &record, 0)?;
         let index = snapshot.get_metadata().index;
         let (Some(dir), Some(f)) = (&self.dir, self.shards.get_mut(shard)) else { return Ok(()) };
         f.points.skip(record.len() as u64);
+        if let Some(b) = &mut f.summary {
+            b.snapshot(pos, record.len() as u64);
+        }
         let current = f.segments.last().map(|(s, _)| *s);
         let mut deleted = Vec::new();
         f.segments.retain(|(seq, max)| {
-            let useless = Some(*seq) != current && *max <= index;
+            // Strictly below: the segment holding the entry at the snapshot's index stays, so a
+            // restart's fold finds that entry and keeps the entries after it (a snapshot whose
+            // entry is missing reads as one that replaced a log that did not match).
+            let useless = Some(*seq) != current && *max < index;
             if useless {
                 deleted.push(*seq);
             }
@@ -917,6 +1096,7 @@ impl ReplicaLogs {
             if let Err(e) = std::fs::remove_file(dir.join(replica_file_name(shard, seq))) {
                 tracing::warn!("removing a compacted segment of {shard:?}'s replica log: {e}");
             }
+            let _ = std::fs::remove_file(dir.join(summary_file_name(shard, seq)));
         }
         Ok(())
     }
@@ -936,21 +1116,31 @@ impl ReplicaLogs {
                     let seq = f.segments.last().map_or(0, |(s, _)| *s);
                     let path = dir.join(replica_file_name(shard, seq));
                     UnsyncedFile { shard: shard.clone(), path, len: f.len, file }.sync()?;
+                    // Its summary, for a restart to read instead of its records.
+                    if let Some(b) = f.summary.take().and_then(|b| b.encode())
+                        && let Err(e) = write_summary(&dir, shard, seq, &b)
+                    {
+                        tracing::warn!("writing the summary of {shard:?}'s replica log segment {seq}: {e}");
+                    }
                 }
                 let seq = f.segments.last().map_or(0, |(s, _)| s + 1);
                 f.segments.push((seq, 0));
                 f.len = 0;
                 let file = open_segment(&dir, shard, seq)?;
+                let mut summary = felix_proto::cluster::segment_summary::SummaryBuilder::new();
                 if let Some(hs) = &f.hard_state {
                     let head = felix_proto::cluster::meta::encode_log_record(&[], Some(hs));
                     (&*file).write_all(&head)?;
+                    summary.record(0, head.len() as u64, &[], Some(hs));
                     f.len += head.len() as u64;
                 }
+                f.summary = Some(summary);
                 f.file = Some(file);
             }
             if f.file.is_none() {
                 if f.segments.is_empty() {
                     f.segments.push((0, 0));
+                    f.summary = Some(felix_proto::cluster::segment_summary::SummaryBuilder::new());
                 }
                 let seq = f.segments.last().map_or(0, |(s, _)| *s);
                 f.file = Some(open_segment(&dir, shard, seq)?);
@@ -973,6 +1163,7 @@ impl ReplicaLogs {
                 self.failures += 1;
                 // What was appended of it may be torn: the file is cut back at the next start.
                 f.file = None;
+                f.summary = None;
                 tracing::error!("writing {shard:?}'s replica log: {e}; the replica stops until the broker restarts");
             }
         }
@@ -1030,6 +1221,7 @@ impl ReplicaLogs {
         if let (Some(dir), Some(f)) = (&self.dir, self.shards.remove(shard)) {
             for (seq, _) in f.segments {
                 let _ = std::fs::remove_file(dir.join(replica_file_name(shard, seq)));
+                let _ = std::fs::remove_file(dir.join(summary_file_name(shard, seq)));
             }
         }
     }
@@ -1277,7 +1469,8 @@ mod replica_log_tests {
         drop(logs);
         let whole = ReplicaLogs::open(Some(&dir), None, None).unwrap().kept.remove(&shard).expect("kept");
         assert!(whole.spill.is_none() && whole.entries.len() == 300);
-        let OpenedReplicaLogs { logs, mut kept, damaged } = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
+        let OpenedReplicaLogs { logs, mut kept, damaged, .. } =
+            ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
         assert!(damaged.is_empty());
         let part = kept.remove(&shard).expect("kept");
         let spill = part.spill.as_ref().expect("the committed front left on disk");
@@ -1309,6 +1502,108 @@ mod replica_log_tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Closed segments get a summary as they are closed; a restart with a budget folds the
+    /// older ones from it (their records unread) to the same log, the same disk part and the
+    /// same reads as a restart that reads every record, and gives summaries to segments that
+    /// had none. A record damaged in a segment folded from its summary is found when it is
+    /// read back (an error that says so, and the summary removed), and the restart after that
+    /// reads the segment whole and sets the log aside as damaged.
+    #[test]
+    fn a_restart_folds_closed_segments_from_their_summaries_to_the_same_log() {
+        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
+        let dir = std::env::temp_dir().join(format!("felix-replica-summary-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard =
+            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
+        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
+        logs.segment_bytes = 3000;
+        let entry =
+            |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
+        let mut term = 1;
+        for index in 1..=400u64 {
+            // A new leader now and then overwrites the uncommitted tail.
+            if index % 97 == 0 {
+                term += 1;
+                let from = index - 5;
+                let es: Vec<Entry> = (from..index).map(|i| entry(i, term)).collect();
+                logs.persist(&shard, &es, None).unwrap();
+            }
+            let hs = HardState { term, vote: 2, commit: index.saturating_sub(20), ..HardState::default() };
+            logs.persist(&shard, &[entry(index, term)], Some(&hs)).unwrap();
+            if index == 150 {
+                let mut snap = Snapshot::default();
+                snap.mut_metadata().index = 60;
+                snap.mut_metadata().term = 1;
+                snap.set_data(b"state".to_vec().into());
+                logs.persist_snapshot(&shard, &snap).unwrap();
+            }
+        }
+        drop(logs);
+        let files = dir.join("cluster").join("replicas");
+        let idx_files = || {
+            std::fs::read_dir(&files)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".idx"))
+                .count()
+        };
+        let written = idx_files();
+        assert!(written > 5, "summaries written as segments closed: {written}");
+        let fast = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
+        assert!(fast.damaged.is_empty());
+        assert!(fast.summarised > 5, "{} folded from summaries", fast.summarised);
+        let kept_fast = fast.kept.get(&shard).expect("kept").clone();
+        // The same from every record (the summaries removed).
+        for e in std::fs::read_dir(&files).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "idx") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        let slow = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
+        assert_eq!(slow.summarised, 0);
+        assert_eq!(slow.kept.get(&shard), Some(&kept_fast), "the same log, disk part and all");
+        assert_eq!(slow.logs.shards[&shard].points, fast.logs.shards[&shard].points, "the same index");
+        let spill = kept_fast.spill.as_ref().expect("a disk part");
+        for low in [spill.first(), spill.first() + 7, spill.end() - 3] {
+            let a = fast.logs.read_job(&shard, low, spill.end(), 1500).unwrap().run().unwrap();
+            let b = slow.logs.read_job(&shard, low, spill.end(), 1500).unwrap().run().unwrap();
+            assert!(!a.is_empty() && a == b, "reads from {low}");
+        }
+        // That restart gave the segments their summaries back.
+        assert_eq!(idx_files(), written);
+        drop((fast, slow));
+        // A bit flipped in the middle of an old segment's record (the second oldest: the
+        // oldest holds the snapshot's entry, so it is read whole).
+        let mut segs: Vec<_> = std::fs::read_dir(&files)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        segs.sort();
+        let first = segs[1].clone();
+        let mut bytes = std::fs::read(&first).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&first, &bytes).unwrap();
+        let opened = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
+        assert!(opened.damaged.is_empty(), "not read at the restart");
+        let sp = opened.kept[&shard].spill.clone().expect("a disk part");
+        let mut found = None;
+        let mut next = sp.first();
+        while next < sp.end() && found.is_none() {
+            match opened.logs.read_job(&shard, next, sp.end(), 1500).unwrap().run() {
+                Ok(got) => next = got.last().map_or(sp.end(), |e| e.index + 1),
+                Err(e) => found = Some(e),
+            }
+        }
+        let e = found.expect("the damaged record found when read");
+        assert!(e.contains(DAMAGED_RECORD), "{e}");
+        drop(opened);
+        let again = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
+        assert!(again.damaged.contains_key(&shard), "set aside at the next restart");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_replica_log_rolls_segments_and_a_snapshot_deletes_the_ones_it_covers() {
         use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
@@ -1337,7 +1632,10 @@ mod replica_log_tests {
         expect.persist_snapshot(&snap);
         let after = logs.segments(&shard);
         assert!(after.len() < before.len() / 2, "deleted: {before:?} -> {after:?}");
-        let files = std::fs::read_dir(dir.join("cluster").join("replicas")).unwrap().count();
+        let files = std::fs::read_dir(dir.join("cluster").join("replicas"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
+            .count();
         assert_eq!(files, after.len());
         // Written on after the snapshot, then read back: the same log.
         let e = vec![Entry { index: 101, term: 1, data: vec![8; 50].into(), ..Entry::default() }];

@@ -31,7 +31,7 @@ pub struct Point {
 }
 
 /// The sparse index of one replica log's records (see the module doc).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogPoints {
     points: Vec<Point>,
     /// The last entry index written.
@@ -44,8 +44,8 @@ pub struct LogPoints {
 
 impl LogPoints {
     /// A record of `len` bytes was written at `pos` of `segment`, holding entries
-    /// `first..=last`.
-    pub fn record(&mut self, segment: u64, pos: u64, len: u64, first: u64, last: u64) {
+    /// `first..=last`. Returns whether it made a point.
+    pub fn record(&mut self, segment: u64, pos: u64, len: u64, first: u64, last: u64) -> bool {
         let overwrites = first <= self.last;
         if overwrites {
             self.points.retain(|p| p.index < first);
@@ -62,6 +62,17 @@ impl LogPoints {
         }
         self.since += len;
         self.last = last;
+        point
+    }
+
+    /// Records that made no point were written: `len` bytes, the last entry among them `last`
+    /// (0: none). What [`record`](Self::record) and [`skip`](Self::skip) of each would have done
+    /// (a segment's summary replays them in one step).
+    pub fn extend(&mut self, len: u64, last: u64) {
+        self.since += len;
+        if last != 0 {
+            self.last = last;
+        }
     }
 
     /// A record without entries (a hard state, a snapshot) of `len` bytes was written.

@@ -158,6 +158,27 @@ impl Spill {
         }
     }
 
+    /// Entries `first..end` of the terms in `runs` (each (first index, term), ascending, the
+    /// first at `first`) go to disk, with the configuration changes among them: a segment's
+    /// summary, continuing what it holds.
+    fn push_runs(&mut self, first: u64, end: u64, runs: &[(u64, u64)], conf: &[Entry]) {
+        if first >= end {
+            return;
+        }
+        if self.is_empty() {
+            self.conf.clear();
+            self.disk = OnDisk { first, end: first, runs: Vec::new() };
+        }
+        for (start, term) in runs {
+            if *start >= end {
+                break;
+            }
+            self.disk.push(*start, *term);
+        }
+        self.disk.end = end;
+        self.conf.extend(conf.iter().filter(|e| e.index >= first && e.index < end).cloned());
+    }
+
     /// Entries from `idx` on are gone (a newer leader's entries replace them; never a
     /// committed one, which is all a spill holds, but a file is not trusted to say so).
     fn truncate_from(&mut self, idx: u64) {
@@ -1545,7 +1566,13 @@ pub struct LogFold {
     infos: Vec<SegmentInfo>,
     damage: Option<LogDamage>,
     points: super::log_read::LogPoints,
+    /// A summary of each segment folded from its records (`None` for one folded from its
+    /// summary): what a driver writes beside a closed segment that has none, and goes on
+    /// building for the last one as it appends.
+    builders: Vec<Option<SummaryBuilder>>,
 }
+
+use super::segment_summary::{Part, PointStep, SegmentSummary, SummaryBuilder};
 
 impl LogFold {
     /// The highest snapshot index among the whole snapshot records of one segment (0: none):
@@ -1576,7 +1603,160 @@ impl LogFold {
             infos: Vec::new(),
             damage: None,
             points: super::log_read::LogPoints::default(),
+            builders: Vec::new(),
         }
+    }
+
+    /// The index the next entry continues the log at: after the last entry held, or, with
+    /// none held, after the snapshot folded or at the floor, whichever is higher (entries
+    /// below the floor were skipped, so an older snapshot folded on the way there says
+    /// nothing of where the entries kept go on).
+    fn next_index(log: &RaftLog, floor: u64) -> u64 {
+        let next = log.entries.last().map(|l| l.index + 1);
+        let next = next.or(log.spill.as_ref().map(Spill::end));
+        next.unwrap_or_else(|| log.snapshot.as_ref().map_or(0, |s| s.get_metadata().index + 1).max(floor).max(1))
+    }
+
+    /// Folds the next segment from its summary instead of its records (`snapshots`: the
+    /// snapshot records it names, read from the segment, in order), when that is the same as
+    /// folding the records and the fold keeps no entry of it in memory: a `keep` budget is
+    /// set, no entry of it lies at or below the last snapshot, and every entry in it is
+    /// committed by the hard state it leaves. Returns `false`, changing nothing, otherwise: the
+    /// driver then feeds the records ([`feed`](Self::feed)). A gap is damage, as from the
+    /// records (see [`damage`](Self::damage)).
+    ///
+    /// `commit` is the commit index the log's last segment leaves ([`last_commit`]): the last
+    /// entries of a segment are usually committed only by hard states written after it was
+    /// closed. What the fold spills is checked against the hard state it ends with
+    /// ([`finish`](Self::finish)).
+    ///
+    /// [`last_commit`]: Self::last_commit
+    pub fn feed_summary(&mut self, summary: &SegmentSummary, snapshots: &[&[u8]], commit: u64) -> bool {
+        if self.damage.is_some() || self.keep.is_none() {
+            return false;
+        }
+        if summary.min_index != u64::MAX && summary.min_index <= self.floor {
+            return false;
+        }
+        let mut snaps = Vec::new();
+        for (&record, (_, len)) in snapshots.iter().zip(summary.snapshots()) {
+            match record_at(record, 0) {
+                RecordAt::Whole(end, body) if end as u64 == len && body[0] == 2 => {
+                    match decode_snapshot_record(&body[1..]) {
+                        Some(snap) => snaps.push(snap),
+                        None => return false,
+                    }
+                }
+                _ => return false,
+            }
+        }
+        if snaps.len() != snapshots.len() || snaps.len() != summary.snapshots().count() {
+            return false;
+        }
+        // Every entry it writes committed.
+        let commit = commit.max(self.log.hard_state.commit);
+        if summary
+            .parts
+            .iter()
+            .any(|p| matches!(p, Part::Entries { first, end, .. } if end > first && end - 1 > commit))
+        {
+            return false;
+        }
+        let segment = self.infos.len();
+        let mut snaps = snaps.into_iter();
+        for p in &summary.parts {
+            match p {
+                Part::Snapshot { .. } => {
+                    if let Some(snap) = snaps.next().filter(|s| s.get_metadata().index >= self.floor) {
+                        self.log.persist_snapshot(&snap);
+                    }
+                }
+                Part::Entries { first, end, runs, conf, hard_state } => {
+                    if end > first {
+                        if *first > Self::next_index(&self.log, self.floor) {
+                            self.damage = Some(LogDamage { segment, offset: 0, kind: DamageKind::Gap });
+                            self.infos.push(SegmentInfo::default());
+                            self.builders.push(None);
+                            return true;
+                        }
+                        // What this writes replaces the log from `first`; what is left before
+                        // it is committed (it lies below entries the hard state commits), so
+                        // it goes to disk too, and the spill stays in front of memory.
+                        let log = &mut self.log;
+                        log.persist(&[], hard_state.as_ref());
+                        let keep = log.entries.partition_point(|e| e.index < *first);
+                        log.entries.truncate(keep);
+                        let spill = log.spill.get_or_insert_with(Spill::default);
+                        spill.truncate_from(*first);
+                        for e in log.entries.drain(..) {
+                            spill.push(&e);
+                        }
+                        spill.push_runs(*first, *end, runs, conf);
+                    } else {
+                        self.log.persist(&[], hard_state.as_ref());
+                    }
+                }
+            }
+        }
+        let seq = segment as u64;
+        for step in &summary.points {
+            match *step {
+                PointStep::Record { pos, len, first, last } => {
+                    self.points.record(seq, pos, len, first, last);
+                }
+                PointStep::Extend { len, last } => self.points.extend(len, last),
+            }
+        }
+        self.infos.push(SegmentInfo { whole: summary.len as usize, max_index: summary.max_index });
+        self.builders.push(None);
+        true
+    }
+
+    /// The commit index of the last whole hard-state record of a segment (0: none): what the
+    /// last segment says is committed, for [`feed_summary`](Self::feed_summary). Reads each
+    /// record's framing and checksum, not its entries.
+    pub fn last_commit(data: &[u8]) -> u64 {
+        use protobuf::Message as _;
+        let mut at = 0;
+        let mut commit = 0;
+        while let RecordAt::Whole(end, body) = record_at(data, at) {
+            at = end;
+            if body[0] != 1 || body.len() < 13 || &body[1..5] != b"FLXR" {
+                continue;
+            }
+            let part = &body[1..];
+            let (inner, crc) = part.split_at(part.len() - 4);
+            if crate::storage::crc32c(inner).to_be_bytes() != crc {
+                break;
+            }
+            let word = |i: usize| inner.get(i..i + 4).map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]) as usize);
+            let Some(count) = word(4) else { break };
+            let mut i = 8;
+            for _ in 0..count {
+                match word(i) {
+                    Some(n) => i = i.saturating_add(4).saturating_add(n),
+                    None => break,
+                }
+            }
+            let hs = word(i).and_then(|n| inner.get(i + 4..i + 4 + n));
+            match hs.map(HardState::parse_from_bytes) {
+                Some(Ok(h)) => commit = h.commit,
+                _ => break,
+            }
+        }
+        commit
+    }
+
+    /// The damage found so far.
+    pub fn damage(&self) -> Option<&LogDamage> {
+        self.damage.as_ref()
+    }
+
+    /// A summary builder for each segment fed, in order: `Some` for one folded from its
+    /// records (the builder of the last goes on as the driver appends to it), `None` for one
+    /// folded from its summary.
+    pub fn take_builders(&mut self) -> Vec<Option<SummaryBuilder>> {
+        std::mem::take(&mut self.builders)
     }
 
     /// Folds the next segment (`buffer`: the same bytes, shared, for the entries' data to be
@@ -1588,6 +1768,7 @@ impl LogFold {
         }
         let segment = self.infos.len();
         let mut info = SegmentInfo::default();
+        let mut builder = SummaryBuilder::new();
         let log = &mut self.log;
         let floor = self.floor;
         let damaged = |offset, kind| Some(LogDamage { segment, offset, kind });
@@ -1613,7 +1794,14 @@ impl LogFold {
             let end = info.whole + 4 + body.len();
             let mut part = match decode_body_in(body, buffer) {
                 Ok(Ok(snap)) => {
-                    log.persist_snapshot(&snap);
+                    // One older than the floor is superseded by the floor's, later in the
+                    // files; folded, it would find the entry at its index skipped (below the
+                    // floor) and drop the entries kept as if it replaced a log that did not
+                    // match.
+                    if snap.get_metadata().index >= floor {
+                        log.persist_snapshot(&snap);
+                    }
+                    builder.snapshot(info.whole as u64, (end - info.whole) as u64);
                     self.points.skip((end - info.whole) as u64);
                     info.whole = end;
                     continue;
@@ -1627,13 +1815,13 @@ impl LogFold {
             // Entries below the last snapshot are covered by it (the one at its index stays
             // until the snapshot is folded in: it says whether later entries match).
             let below = log.snapshot.as_ref().map_or(floor, |s| s.get_metadata().index + 1).max(floor);
+            let hs = (body[0] != 0).then_some(&part.hard_state);
+            builder.record(info.whole as u64, (end - info.whole) as u64, &part.entries, hs);
             let max_index = part.entries.last().map_or(0, |e| e.index);
             part.entries.retain(|e| e.index >= below);
             // The entries must continue the log (or overwrite its tail): a record that would
             // leave a gap is damage, not a crash.
-            let next = log.entries.last().map(|l| l.index + 1);
-            let next = next.or(log.spill.as_ref().map(Spill::end));
-            let next = next.or(log.snapshot.as_ref().map(|s| s.get_metadata().index + 1)).unwrap_or(floor.max(1));
+            let next = Self::next_index(log, floor);
             if part.entries.first().is_some_and(|e| e.index > next) {
                 self.damage = damaged(info.whole, DamageKind::Gap);
                 break;
@@ -1641,13 +1829,16 @@ impl LogFold {
             info.max_index = info.max_index.max(max_index);
             let len = (end - info.whole) as u64;
             match (part.entries.first(), part.entries.last()) {
-                (Some(f), Some(l)) => self.points.record(segment as u64, info.whole as u64, len, f.index, l.index),
+                (Some(f), Some(l)) => {
+                    self.points.record(segment as u64, info.whole as u64, len, f.index, l.index);
+                }
                 _ => self.points.skip(len),
             }
             log.persist(&part.entries, (body[0] != 0).then_some(&part.hard_state));
             info.whole = end;
         }
         self.infos.push(info);
+        self.builders.push(Some(builder));
         if let Some(keep) = self.keep {
             self.log.spill_committed(keep);
         }
@@ -1664,7 +1855,10 @@ impl LogFold {
         // acknowledged) are gone, though every record left is whole (a file cut at a record
         // boundary).
         let last_index = log.last_index();
-        if damage.is_none() && log.hard_state.commit > last_index {
+        // Entries folded from summaries went to disk on the strength of the commit the driver
+        // read from the last segment: the hard state folded must say the same.
+        let spilled_past_commit = log.spill.as_ref().is_some_and(|s| s.end() - 1 > log.hard_state.commit);
+        if damage.is_none() && (log.hard_state.commit > last_index || spilled_past_commit) {
             let segment = infos.len().saturating_sub(1);
             let offset = infos.last().map_or(0, |i| i.whole);
             damage = Some(LogDamage { segment, offset, kind: DamageKind::CommitPastEntries });

@@ -13,6 +13,7 @@ pub mod placement;
 pub mod replica;
 #[cfg(feature = "testkit")]
 pub mod replica_sim;
+pub mod segment_summary;
 #[cfg(feature = "testkit")]
 pub mod sim;
 pub mod status;
