@@ -4,7 +4,7 @@
 #
 #   scripts/replication-bench.sh [--replication N] [--payload BYTES] [--duration SECS]
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
-#                                [--retain-records N] [--rss] [--restart-follower]
+#                                [--retain-records N] [--rss] [--restart-follower [--no-summaries]]
 #                                [--late-reader N] [--cpu] [--forwarded] [--subscribers0]
 #
 # Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
@@ -12,7 +12,8 @@
 # bench stream (a [[streams]] entry) to retain N records (and N x 4 x payload bytes), so a long
 # run keeps far more than memory budgets hold. --restart-follower then kills a follower
 # (SIGKILL), starts it again on its data, and says how long until it listened and until its
-# replica was caught up with the leader, and its peak RSS. Everything it starts is killed when
+# replica was caught up with the leader, and its peak RSS; --no-summaries removes the follower's
+# segment summaries (`*.idx`) first, so its restart reads every record, to compare. Everything it starts is killed when
 # it ends (or is interrupted); data lives in a temporary directory. --late-reader N replaces the
 # live subscriber with one that starts N records behind the tail once N were published
 # (`bench --late-reader`) and says how fast it read and whether it caught up; give
@@ -31,6 +32,7 @@ runs=1
 retain=""
 rss=""
 restart=""
+nosum=""
 late=""
 cpu=""
 forwarded=""
@@ -47,6 +49,7 @@ while [ $# -gt 0 ]; do
     --retain-records) retain="$2"; shift 2 ;;
     --rss) rss=1; shift ;;
     --restart-follower) restart=1; shift ;;
+    --no-summaries) nosum=1; shift ;;
     --late-reader) late="$2"; shift 2 ;;
     --cpu) cpu=1; shift ;;
     --forwarded) forwarded=1; shift ;;
@@ -199,6 +202,10 @@ PY
     wait "${pids[$f]}" 2>/dev/null || true
     local lines
     lines=$(wc -l < "$tmp/${names[$f]}.out")
+    if [ -n "$nosum" ]; then
+      # The closed segments' summaries removed: the restart reads every record (as before them).
+      find "$tmp/${names[$f]}" -name '*.idx' -delete
+    fi
     local t0
     t0=$(date +%s.%N)
     start_one "$f"
@@ -221,6 +228,9 @@ while time.time() < deadline:
         caught = time.time() - t0
         time.sleep(2)
         st = {l.split(":")[0]: int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith(("VmHWM", "VmRSS"))}
+        summary = next((l.strip() for l in open(out).readlines()[skip:] if "replica logs read back" in l), "")
+        if summary:
+            print("  " + summary[summary.index("replica logs read back"):])
         print(f"  restarted follower: listening after {listening or 0:.2f} s, caught up (next offset {a}) after {caught:.2f} s, peak RSS {st['VmHWM'] / 1024:.0f} MB, {st['VmRSS'] / 1024:.0f} MB 2 s later")
         sys.exit(0)
     time.sleep(0.05)

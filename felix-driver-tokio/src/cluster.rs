@@ -859,22 +859,19 @@ impl ReplicaLogs {
             for (shard, mut seqs) in found {
                 seqs.sort_unstable();
                 let path_of = |seq: u64| dir.join(replica_file_name(&shard, seq));
-                // Which closed segments fold from their summary: with a budget, those before
-                // the newest segments that hold `keep` bytes (what stays in memory is read
-                // whole), when a summary stands for exactly the file.
+                // Which closed segments fold from their summary: with a budget, every one whose
+                // summary stands for exactly the file (what stays in memory then comes from the
+                // last segment, read whole: reading a 64 MiB segment to keep a few MiB of it
+                // cost more than replaying them).
                 let mut lens = Vec::with_capacity(seqs.len());
                 for seq in &seqs {
                     lens.push(std::fs::metadata(path_of(*seq))?.len());
                 }
                 let mut summaries: Vec<Option<felix_proto::cluster::segment_summary::SegmentSummary>> =
                     vec![None; seqs.len()];
-                if let Some(keep) = keep {
-                    let mut newest = 0u64;
-                    for i in (0..seqs.len()).rev() {
-                        if i + 1 < seqs.len() && newest >= keep {
-                            summaries[i] = read_summary(dir, &shard, seqs[i], lens[i]);
-                        }
-                        newest = newest.saturating_add(lens[i]);
+                if keep.is_some() {
+                    for i in 0..seqs.len().saturating_sub(1) {
+                        summaries[i] = read_summary(dir, &shard, seqs[i], lens[i]);
                     }
                 }
                 let commit = match (summaries.iter().any(Option::is_some), seqs.last()) {
