@@ -910,8 +910,32 @@ impl Client {
     /// `forbidden` without the admin permission on the whole tenant;
     /// [`ClientError::Unsupported`] against a broker without the feature.
     pub async fn cluster_status(&self) -> Result<serde_json::Value, ClientError> {
-        let r =
-            self.request(move |_, request_id| Message::ClusterStatus(message::ClusterStatus { request_id })).await?;
+        let r = self
+            .request(move |_, request_id| {
+                Message::ClusterStatus(message::ClusterStatus { after: None, limit: None, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::ClusterStatus(v) => Ok(*v),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One page of [`Client::cluster_status`] (FEATURE_STATUS_PAGES, D55): the shards after
+    /// `after` (the `next` of the page before; `None`: from the first), `limit` of them with
+    /// an owner (at most 5,000), and every list about them; the document's `next` is the next
+    /// page's `after` when more follow. Paging through shows each shard once.
+    ///
+    /// # Errors
+    /// As [`Client::cluster_status`]; [`ClientError::Unsupported`] against a broker without
+    /// pages (ask it for the whole status); `invalid_request` for an `after` no page gave.
+    pub async fn cluster_status_page(&self, after: Option<&str>, limit: u32) -> Result<serde_json::Value, ClientError> {
+        let after = after.map(str::to_owned);
+        let r = self
+            .request(move |_, request_id| {
+                Message::ClusterStatus(message::ClusterStatus { after, limit: Some(limit), request_id })
+            })
+            .await?;
         match r {
             core::Reply::ClusterStatus(v) => Ok(*v),
             other => Err(unexpected(&other)),

@@ -531,9 +531,11 @@ enum Input {
         conn: ConnId,
     },
     Metrics(oneshot::Sender<String>),
-    ClusterStatus(oneshot::Sender<String>),
+    /// `GET /cluster`, whole or one page (D55): the answer, or a 400's reason.
+    ClusterStatus(Option<felix_proto::cluster::status::StatusPage>, oneshot::Sender<Result<String, String>>),
     /// The web view's page.
-    WebView(oneshot::Sender<String>),
+    /// The web view's page, from the shard after this cursor on (D55).
+    WebView(Option<felix_proto::cluster::metadata::ShardId>, oneshot::Sender<String>),
     /// `POST /cluster/add|remove` (its secret checked): the answer's status and body.
     ClusterAdmin(AdminRequest, oneshot::Sender<(u16, String)>),
     /// A reloaded signed-token configuration.
@@ -720,7 +722,13 @@ async fn web_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
                 (404, "not found\n".to_string())
             } else {
                 let (rtx, rrx) = oneshot::channel();
-                if tx.send(Input::WebView(rtx)).is_err() {
+                let after = head
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|t| t.split_once('?'))
+                    .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
+                    .and_then(|a| felix_proto::cluster::metadata::ShardId::from_cursor(&percent_decode(a)));
+                if tx.send(Input::WebView(after, rtx)).is_err() {
                     return;
                 }
                 let Ok(page) = rrx.await else { return };
@@ -769,14 +777,28 @@ async fn metrics_loop(listener: tokio::net::TcpListener, tx: mpsc::UnboundedSend
                     Err(e) => e,
                 };
                 (answer.0, "application/json", answer.1)
+            } else if cluster {
+                let (rtx, rrx) = oneshot::channel();
+                match status_page_of(&head) {
+                    Ok(page) => {
+                        if tx.send(Input::ClusterStatus(page, rtx)).is_err() {
+                            return;
+                        }
+                        match rrx.await {
+                            Ok(Ok(body)) => (200, "application/json", body),
+                            Ok(Err(e)) => (400, "application/json", format!("{}\n", serde_json::json!({"error": e}))),
+                            Err(_) => return,
+                        }
+                    }
+                    Err(e) => (400, "application/json", format!("{}\n", serde_json::json!({"error": e}))),
+                }
             } else {
                 let (rtx, rrx) = oneshot::channel();
-                let asked = if cluster { Input::ClusterStatus(rtx) } else { Input::Metrics(rtx) };
-                if tx.send(asked).is_err() {
+                if tx.send(Input::Metrics(rtx)).is_err() {
                     return;
                 }
                 let Ok(body) = rrx.await else { return };
-                (200, if cluster { "application/json" } else { "text/plain; version=0.0.4" }, body)
+                (200, "text/plain; version=0.0.4", body)
             };
             let reason = match status {
                 200 => "OK",
@@ -985,10 +1007,15 @@ impl BrokerTask {
     }
 
     /// `GET /cluster` on the metrics listener: members, leader, every shard's owner and
-    /// generation, as JSON (`{"cluster":false}` for a single broker).
+    /// generation, as JSON (`{"cluster":false}` for a single broker); one page of it with
+    /// `?limit=N&after=CURSOR` (D55).
     fn cluster_status(&self) -> String {
+        self.cluster_status_page(None)
+    }
+
+    fn cluster_status_page(&self, page: Option<&felix_proto::cluster::status::StatusPage>) -> String {
         let Node::Cluster(n) = &self.node else { return "{\"cluster\":false}\n".into() };
-        format!("{}\n", n.status(None))
+        format!("{}\n", n.status_page(None, page))
     }
 
     /// Prometheus text exposition of the broker's and the driver's counters.
@@ -1382,10 +1409,10 @@ impl BrokerTask {
             Input::Metrics(reply) => {
                 let _ = reply.send(self.metrics());
             }
-            Input::ClusterStatus(reply) => {
-                let _ = reply.send(self.cluster_status());
+            Input::ClusterStatus(page, reply) => {
+                let _ = reply.send(Ok(self.cluster_status_page(page.as_ref())));
             }
-            Input::WebView(reply) => {
+            Input::WebView(after, reply) => {
                 let status: serde_json::Value =
                     serde_json::from_str(&self.cluster_status()).unwrap_or(serde_json::Value::Null);
                 let b = self.node.broker_ref();
@@ -1427,6 +1454,7 @@ impl BrokerTask {
                     version: env!("CARGO_PKG_VERSION"),
                     uptime: at.duration_since(self.started),
                     now_unix: unix,
+                    after,
                 };
                 let _ = reply.send(crate::web::page(&view));
                 self.web_sample = Some((at, sample));
@@ -1901,6 +1929,41 @@ pub async fn cluster_status(addr: SocketAddr) -> std::io::Result<String> {
     http_get(addr, "/cluster").await
 }
 
+/// One page of a broker's cluster state (`GET /cluster?limit=N&after=CURSOR`, D55): the shards
+/// after `after` (a `next` of the page before), `limit` of them. A broker older than pages
+/// answers the whole state, without `next`.
+///
+/// # Errors
+/// Connection and read failures.
+pub async fn cluster_status_page(addr: SocketAddr, after: Option<&str>, limit: u32) -> std::io::Result<String> {
+    let after = after.map(|a| format!("&after={}", percent_encode(a))).unwrap_or_default();
+    http_get(addr, &format!("/cluster?limit={limit}{after}")).await
+}
+
+/// The page a `GET /cluster` asks for (D55): `None` for the whole status; a reason for a
+/// `limit` that is not a number or an `after` that is not a cursor a page gave.
+fn status_page_of(head: &str) -> Result<Option<felix_proto::cluster::status::StatusPage>, String> {
+    use felix_proto::cluster::{metadata::ShardId, status::StatusPage};
+    let target = head.lines().next().and_then(|l| l.split(' ').nth(1)).unwrap_or_default();
+    let Some((_, query)) = target.split_once('?') else { return Ok(None) };
+    let arg = |name: &str| {
+        query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| percent_decode(v))
+    };
+    let (limit, after) = (arg("limit"), arg("after"));
+    if limit.is_none() && after.is_none() {
+        return Ok(None);
+    }
+    let limit = match limit {
+        None => felix_proto::broker::cluster_admin::DEFAULT_STATUS_PAGE,
+        Some(l) => l.parse::<usize>().map_err(|_| format!("limit={l:?} is not a number of shards"))?,
+    };
+    let after = match after {
+        None => None,
+        Some(a) => Some(ShardId::from_cursor(&a).ok_or_else(|| format!("after={a:?} is not a cursor a page gave"))?),
+    };
+    Ok(Some(StatusPage { after, limit: limit.clamp(1, felix_proto::cluster::status::STATUS_PAGE_MAX) }))
+}
+
 /// Asks a broker of the cluster (at its metrics listener) to change the members:
 /// `add` (`node`, its cluster address `addr`) or remove (`node`, `force`). Answers the HTTP
 /// status and body: 202 when proposed, 401 for a wrong secret, 409 with the reason when refused.
@@ -2013,6 +2076,22 @@ mod admin_tests {
 
     fn post(target: &str, secret: &str) -> String {
         format!("POST {target} HTTP/1.0\r\nAuthorization: Bearer {secret}\r\n")
+    }
+
+    #[test]
+    fn status_pages_are_read_from_the_query() {
+        use felix_proto::cluster::metadata::{Kind, ShardId};
+        let get = |t: &str| format!("GET {t} HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(status_page_of(&get("/cluster")), Ok(None));
+        let p = status_page_of(&get("/cluster?limit=20")).unwrap().unwrap();
+        assert_eq!((p.after, p.limit), (None, 20));
+        let s = ShardId::of(Kind::Cache, "t 1", "ns", "a~b", 3);
+        let p = status_page_of(&get(&format!("/cluster?after={}", percent_encode(&s.cursor())))).unwrap().unwrap();
+        assert_eq!(p.after, Some(s));
+        assert_eq!(p.limit, felix_proto::broker::cluster_admin::DEFAULT_STATUS_PAGE);
+        assert_eq!(status_page_of(&get("/cluster?limit=99999")).unwrap().unwrap().limit, 5_000);
+        assert!(status_page_of(&get("/cluster?limit=ten")).is_err());
+        assert!(status_page_of(&get("/cluster?after=nonsense")).is_err());
     }
 
     #[test]

@@ -36,6 +36,31 @@ pub(crate) struct View<'a> {
     pub uptime: std::time::Duration,
     /// The wall clock, seconds since the Unix epoch.
     pub now_unix: u64,
+    /// Where the page's shard tables start (`?after=CURSOR`, a cursor of D55): both show at
+    /// most [`PAGE_ROWS`] shards, with a link to the next page.
+    pub after: Option<felix_proto::cluster::metadata::ShardId>,
+}
+
+/// Shards per page of the view: at 10,000 shards the whole table was megabytes of HTML every
+/// two seconds.
+pub(crate) const PAGE_ROWS: usize = 500;
+
+/// The page's range of shards after `after`: its last shard when more follow (`None`: the
+/// page runs to the end).
+fn page_end(
+    mut keys: Vec<felix_proto::cluster::metadata::ShardId>,
+    after: Option<&felix_proto::cluster::metadata::ShardId>,
+) -> Option<felix_proto::cluster::metadata::ShardId> {
+    keys.retain(|k| after.is_none_or(|a| k > a));
+    keys.sort();
+    (keys.len() > PAGE_ROWS).then(|| keys.swap_remove(PAGE_ROWS - 1))
+}
+
+fn shard_of(x: &serde_json::Value) -> felix_proto::cluster::metadata::ShardId {
+    use felix_proto::cluster::metadata::{Kind, ShardId};
+    let kind = if x["kind"] == "cache" { Kind::Cache } else { Kind::Stream };
+    let s = |k: &str| x[k].as_str().unwrap_or_default();
+    ShardId::of(kind, s("tenant"), s("namespace"), s("name"), x["shard"].as_u64().unwrap_or(0) as u32)
 }
 
 /// A byte count as people read it.
@@ -107,6 +132,17 @@ pub(crate) fn page(v: &View<'_>) -> String {
     let node = status["node_id"].as_str().unwrap_or("");
     let title = if node.is_empty() { "Felix broker".to_owned() } else { format!("Felix broker {}", esc(node)) };
     let cluster = status["cluster"] == true;
+    // One page of shards: the cluster's (or, alone, the ones held here) after `after`.
+    use felix_proto::cluster::metadata::{Kind, ShardId};
+    let held =
+        |x: &felix_proto::broker::ShardSummary| ShardId::of(Kind::Stream, &x.tenant, &x.namespace, &x.stream, x.shard);
+    let keys: Vec<ShardId> = if cluster {
+        status["shards"].as_array().into_iter().flatten().map(shard_of).collect()
+    } else {
+        v.shards.iter().map(held).collect()
+    };
+    let end = page_end(keys, v.after.as_ref());
+    let in_page = |k: &ShardId| v.after.as_ref().is_none_or(|a| k > a) && end.as_ref().is_none_or(|e| k <= e);
     let members = status["members"].as_array().cloned().unwrap_or_default();
     let replicas = status["replicas"].as_array().cloned().unwrap_or_default();
     // Health at a glance: red when this broker is fenced or a broker is down, amber when a
@@ -191,7 +227,7 @@ pub(crate) fn page(v: &View<'_>) -> String {
             h.push_str("</table>");
         }
         h.push_str("<h2>Shards of the cluster</h2><table id=\"shards\"><tr><th>kind</th><th>name</th><th>shard</th><th>owner</th><th>generation</th><th>replicas (entries behind)</th></tr>");
-        for x in &shards {
+        for x in shards.iter().filter(|x| in_page(&shard_of(x))) {
             let lag = replicas
                 .iter()
                 .find(|r| r["name"] == x["name"] && r["shard"] == x["shard"] && r["kind"] == x["kind"])
@@ -218,7 +254,7 @@ pub(crate) fn page(v: &View<'_>) -> String {
         "<h2>Streams held here</h2><table id=\"streams\"><tr><th>stream</th><th>shard</th><th>kind</th><th>records</th>\
          <th>bytes</th><th>offsets</th><th>publish</th><th>delivery</th><th>subscribers</th><th>consumer groups (lag)</th></tr>",
     );
-    for (i, x) in v.shards.iter().enumerate() {
+    for (i, x) in v.shards.iter().enumerate().filter(|(_, x)| in_page(&held(x))) {
         let (pubs, dels) = v.rates.get(i).copied().flatten().map_or((None, None), |(p, d)| (Some(p), Some(d)));
         let groups: Vec<String> = x
             .groups
@@ -264,7 +300,10 @@ pub(crate) fn page(v: &View<'_>) -> String {
     h.push_str("</table>");
     let _ = write!(h, "<h2>Subscriptions served here ({})</h2>", v.subs.len());
     h.push_str("<table id=\"subscriptions\"><tr><th>stream</th><th>shard</th><th>id</th><th>queue</th><th>dropped</th><th>position</th><th>tail</th></tr>");
-    for x in v.subs {
+    let sub_key = |x: &felix_proto::message::SubscriptionInfo| {
+        ShardId::of(Kind::Stream, &x.tenant_id, &x.namespace, &x.stream, x.shard)
+    };
+    for x in v.subs.iter().filter(|x| in_page(&sub_key(x))) {
         let class = if x.dropped > 0 { "warn" } else { "ok" };
         let _ = write!(
             h,
@@ -281,7 +320,22 @@ pub(crate) fn page(v: &View<'_>) -> String {
             x.tail
         );
     }
-    h.push_str("</table></body></html>\n");
+    h.push_str("</table>");
+    if v.after.is_some() || end.is_some() {
+        let _ = write!(h, "<p id=\"pages\">{PAGE_ROWS} shards a page");
+        if v.after.is_some() {
+            h.push_str(" · <a href=\"/\">first page</a>");
+        }
+        if let Some(e) = &end {
+            let _ = write!(
+                h,
+                " · <a id=\"next\" href=\"/?after={}\">next page</a>",
+                crate::server::percent_encode_pub(&e.cursor())
+            );
+        }
+        h.push_str("</p>");
+    }
+    h.push_str("</body></html>\n");
     h
 }
 
@@ -376,6 +430,7 @@ mod tests {
             version: "1.2.3",
             uptime: std::time::Duration::from_secs(3700),
             now_unix: 0,
+            after: None,
         });
         assert!(p.contains("Felix broker n&lt;1&gt;") && !p.contains("n<1>"));
         assert!(p.contains("version 1.2.3") && p.contains("up <span id=\"uptime\">1h 1m</span>"), "{p}");
@@ -414,6 +469,7 @@ mod tests {
             version: "1",
             uptime: std::time::Duration::ZERO,
             now_unix: 1_796_380_875,
+            after: None,
         });
         assert!(p.contains("<td>t/ns/orders</td><td class=\"n\">1</td><td>durable</td><td class=\"n\">50000</td><td class=\"n\">3.0 MiB</td>"), "{p}");
         assert!(p.contains("1.5k/s") && p.contains("3.0k/s") && p.contains("billing (49990, 5 in flight)"), "{p}");
@@ -424,5 +480,40 @@ mod tests {
         assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
         assert_eq!(bytes(1023), "1023 B");
         assert_eq!(rate(None), "…");
+    }
+
+    /// At 10,000 shards the page showed every one: it now shows PAGE_ROWS of them, in order,
+    /// with a link to the next page that starts after the last one shown.
+    #[test]
+    fn the_shard_tables_are_paged() {
+        use felix_proto::cluster::metadata::{Kind, ShardId};
+        let shards: Vec<serde_json::Value> = (0..PAGE_ROWS as u32 + 20)
+            .map(|i| serde_json::json!({"kind": "stream", "tenant": "t", "namespace": "ns", "name": "s", "shard": i, "owner": "n1", "generation": 1}))
+            .collect();
+        let v = serde_json::json!({"cluster": true, "node_id": "n1", "leader": "n1",
+            "members": [{"node_id": "n1", "state": "active"}], "shards": shards});
+        let view = |after| {
+            page(&View {
+                status: &v,
+                shards: &[],
+                rates: &[],
+                subs: &[],
+                version: "1",
+                uptime: std::time::Duration::ZERO,
+                now_unix: 0,
+                after,
+            })
+        };
+        let first = view(None);
+        let rows = |p: &str| p.matches("<td>t/ns/s</td>").count();
+        assert_eq!(rows(&first), PAGE_ROWS);
+        let last = ShardId::of(Kind::Stream, "t", "ns", "s", PAGE_ROWS as u32 - 1);
+        let link = format!("href=\"/?after={}\"", crate::server::percent_encode_pub(&last.cursor()));
+        assert!(first.contains(&link), "a link to the next page");
+        // The shard count per broker still counts every shard.
+        assert!(first.contains(&format!("<td class=\"n\">{}</td>", PAGE_ROWS + 20)));
+        let second = view(Some(last));
+        assert_eq!(rows(&second), 20);
+        assert!(second.contains("first page") && !second.contains("id=\"next\""));
     }
 }

@@ -1585,7 +1585,12 @@ fn init_ca(out: &std::path::Path, name: &str) -> Result<ExitCode, String> {
 
 pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
     let (metrics, json, conn) = match a.op {
-        ClusterOp::Status { metrics, json, conn } => (metrics, json, conn),
+        ClusterOp::Status { metrics, json, limit, after, conn } => {
+            if limit.is_some() || after.is_some() {
+                return cluster_status_one_page(metrics, json, limit.unwrap_or(STATUS_PAGE), after, conn).await;
+            }
+            (metrics, json, conn)
+        }
         ClusterOp::InitCa { out, name } => return init_ca(&out, &name),
         ClusterOp::Add { member, admin } => {
             let (id, addr) = member
@@ -1663,41 +1668,129 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             return watch_moves("rebalance", json, &StatusSource::Metrics(m), admin.wait, done).await;
         }
     };
-    let v: serde_json::Value = match metrics {
-        Some(metrics) => {
-            let text = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                felix_driver_tokio::server::cluster_status(metrics),
-            )
-            .await
-            .map_err(|_| format!("no answer from {metrics} within 5 s"))?
-            .map_err(|e| format!("{metrics}: {e} (is it a broker's --metrics-listen address?)"))?;
-            if json {
-                out!("{}", text.trim_end());
-                return Ok(ExitCode::SUCCESS);
-            }
-            serde_json::from_str(&text).map_err(|e| format!("{metrics}: not a cluster status ({e})"))?
+    // Page by page (D55), merged: no one answer has to hold every shard of a large cluster.
+    let source = StatusPages::open(metrics, &conn).await?;
+    let mut v = source.page(None, STATUS_PAGE).await?;
+    let mut next = v["next"].as_str().map(str::to_owned);
+    let mut pages = 1;
+    while let Some(after) = next.take() {
+        let p = source.page(Some(&after), STATUS_PAGE).await?;
+        next = p["next"].as_str().map(str::to_owned).filter(|n| *n != after);
+        merge_status_page(&mut v, p);
+        pages += 1;
+        if pages % 10 == 0 && !json {
+            eprintln!("{pages} pages of {STATUS_PAGE} shards read…");
         }
-        None => {
-            let client = connect(&conn).await?;
-            let v = client.cluster_status().await.map_err(|e| {
-                let t = e.to_string();
-                if t.contains("forbidden") {
-                    format!("{t} (or ask the metrics listener: --metrics HOST:PORT)")
-                } else {
-                    t
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.remove("next");
+    }
+    if json {
+        out!("{v}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_cluster_status(&v);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Shards per page `cluster status` asks for (D55).
+const STATUS_PAGE: u32 = 1_000;
+
+/// The status lists a page holds part of (D55); everything else is on every page.
+const STATUS_PAGE_LISTS: [&str; 6] =
+    ["shards", "replicas", "moves", "move_progress", "failed_replicas", "rejoining_replicas"];
+
+/// Appends a page's lists to the document of the pages before it.
+fn merge_status_page(into: &mut serde_json::Value, page: serde_json::Value) {
+    for key in STATUS_PAGE_LISTS {
+        if let (Some(a), Some(b)) = (into[key].as_array_mut(), page[key].as_array()) {
+            a.extend(b.iter().cloned());
+        }
+    }
+}
+
+/// Where `cluster status` reads pages from: a metrics listener, or a broker over the client
+/// protocol (which answers whole when it offers no pages).
+enum StatusPages {
+    Metrics(std::net::SocketAddr),
+    Client(Client),
+}
+
+impl StatusPages {
+    async fn open(metrics: Option<std::net::SocketAddr>, conn: &ConnectArgs) -> Result<StatusPages, String> {
+        Ok(match metrics {
+            Some(m) => StatusPages::Metrics(m),
+            None => StatusPages::Client(connect(conn).await?),
+        })
+    }
+
+    /// One page; a broker older than pages answers the whole status (no `next`).
+    async fn page(&self, after: Option<&str>, limit: u32) -> Result<serde_json::Value, String> {
+        let wait = std::time::Duration::from_secs(5);
+        match self {
+            StatusPages::Metrics(m) => {
+                let text =
+                    tokio::time::timeout(wait, felix_driver_tokio::server::cluster_status_page(*m, after, limit))
+                        .await
+                        .map_err(|_| format!("no answer from {m} within 5 s"))?
+                        .map_err(|e| format!("{m}: {e} (is it a broker's --metrics-listen address?)"))?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| format!("{m}: not a cluster status ({e})"))?;
+                match v["error"].as_str() {
+                    Some(e) => Err(format!("{m}: {e}")),
+                    None => Ok(v),
                 }
-            })?;
-            if json {
-                out!("{v}");
-                return Ok(ExitCode::SUCCESS);
             }
-            v
+            StatusPages::Client(c) => {
+                let worded = |e: felix_driver_tokio::ClientError| {
+                    let t = e.to_string();
+                    if t.contains("forbidden") {
+                        format!("{t} (or ask the metrics listener: --metrics HOST:PORT)")
+                    } else {
+                        t
+                    }
+                };
+                let paged = c.negotiated().server_features.contains(felix_proto::features::Features::STATUS_PAGES);
+                let asked = if paged {
+                    tokio::time::timeout(wait, c.cluster_status_page(after, limit)).await
+                } else if after.is_some() {
+                    return Err("this broker gives its status whole, not in pages: leave --after out".into());
+                } else {
+                    tokio::time::timeout(wait, c.cluster_status()).await
+                };
+                asked.map_err(|_| "no answer within 5 s".to_string())?.map_err(worded)
+            }
         }
-    };
+    }
+}
+
+/// `cluster status --limit/--after`: one page, and how to ask for the next.
+async fn cluster_status_one_page(
+    metrics: Option<std::net::SocketAddr>,
+    json: bool,
+    limit: u32,
+    after: Option<String>,
+    conn: ConnectArgs,
+) -> Result<ExitCode, String> {
+    let source = StatusPages::open(metrics, &conn).await?;
+    let v = source.page(after.as_deref(), limit).await?;
+    if json {
+        out!("{v}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_cluster_status(&v);
+    match v["next"].as_str() {
+        Some(n) => out!("next page: felix-node cluster status --limit {limit} --after '{n}'"),
+        None => out!("(last page)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a status document (or one page of it) for a reader.
+fn print_cluster_status(v: &serde_json::Value) {
     if v["cluster"] != true {
         out!("not a cluster: this broker runs alone");
-        return Ok(ExitCode::SUCCESS);
+        return;
     }
     let s = |x: &serde_json::Value| x.as_str().unwrap_or("-").to_owned();
     if v["fenced"] == true {
@@ -1806,7 +1899,6 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             s(&f["failed"])
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {

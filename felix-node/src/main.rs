@@ -640,13 +640,23 @@ enum ClusterOp {
     /// Asked over the client protocol (--addr, with a token holding the admin permission on
     /// the whole tenant, as the development token does: that tenant's shards; or
     /// node.view:cluster:*: everything), or with --metrics from the metrics listener.
+    ///
+    /// A large cluster's status is fetched in pages of 1,000 shards (from brokers that offer
+    /// pages) and shown whole; --limit or --after shows one page and the command for the next.
     Status {
         /// Ask the broker's metrics listener (its --metrics-listen) instead of --addr.
         #[arg(long, env = "FELIX_METRICS")]
         metrics: Option<SocketAddr>,
-        /// Print the JSON as the broker gave it.
+        /// Print the JSON as the broker gave it (pages merged into one document, unless one
+        /// page was asked for).
         #[arg(long)]
         json: bool,
+        /// Show one page of at most this many shards (1 to 5,000).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5000))]
+        limit: Option<u32>,
+        /// Show the page after this shard: the cursor a page's "next page" line (or JSON `next`) gave.
+        #[arg(long)]
+        after: Option<String>,
         #[command(flatten)]
         conn: ConnectArgs,
     },

@@ -1014,6 +1014,29 @@ fn cluster_status_and_move_work_with_the_client_address_and_token() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(owners(&v), owners(&status(&brokers[1]).unwrap()), "the same owners as GET /cluster");
+    // In pages (D55): four shards, then the rest, each shown once; the same from the metrics
+    // listener's pages.
+    let (ok, out, err) = cli(&brokers[1], &["cluster", "status", "--limit", "4"]);
+    assert!(ok, "{err}");
+    let next = out.lines().find_map(|l| l.strip_prefix("next page: felix-node cluster status --limit 4 --after '"));
+    let cursor = next.and_then(|n| n.strip_suffix('\'')).unwrap_or_else(|| panic!("a next page: {out}")).to_owned();
+    let shard_lines = |out: &str| out.lines().filter(|l| l.starts_with("  stream ")).count();
+    assert_eq!(shard_lines(&out), 4, "{out}");
+    let (ok, rest, err) = cli(&brokers[1], &["cluster", "status", "--limit", "4", "--after", &cursor]);
+    assert!(ok, "{err}");
+    assert!(rest.contains("(last page)"), "{rest}");
+    assert_eq!(shard_lines(&out) + shard_lines(&rest), owners(&v).len(), "{out}{rest}");
+    let metrics = brokers[1].metrics.to_string();
+    let (ok, page, err) = cli(&brokers[1], &["cluster", "status", "--metrics", &metrics, "--limit", "4", "--json"]);
+    assert!(ok, "{err}");
+    let page: serde_json::Value = serde_json::from_str(&page).unwrap();
+    assert_eq!(page["next"].as_str(), Some(cursor.as_str()), "the same cursor from both");
+    let (ok, whole, err) = cli(&brokers[1], &["cluster", "status", "--metrics", &metrics, "--json"]);
+    assert!(ok, "{err}");
+    let whole: serde_json::Value = serde_json::from_str(&whole).unwrap();
+    assert_eq!(owners(&whole), owners(&v));
+    let (ok, _, err) = cli(&brokers[1], &["cluster", "status", "--after", "nonsense"]);
+    assert!(!ok && err.contains("cursor"), "a bad cursor is refused: {err}");
     let (from, _) = homes(&v, "orders")[3].clone();
     let to = ["n1", "n2", "n3"].into_iter().find(|n| *n != from).unwrap();
     let (ok, out, err) = cli(&brokers[2], &["cluster", "move", "orders", "3", "--to", to]);

@@ -526,18 +526,24 @@ fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
             }
         });
         // Killed once the leader committed some of its records (and long before the last).
-        let who = leader(&nodes).expect("a leader");
-        let m = nodes.iter().find(|n| n.name == who).unwrap().metrics;
+        // The leader is looked up at each poll: a settled group hands its leadership back to
+        // its preferred replica meanwhile, so the broker that led at first may not lead now.
         let bound = |v: &serde_json::Value| {
             v["replicas"].as_array()?.iter().find(|r| r["name"] == "ledger" && r["role"] == "leader")?["next_offset"]
                 .as_u64()
         };
-        let start = status(m).as_ref().and_then(bound).expect("the leader's readable bound");
+        let leading_bound = |nodes: &[Node]| {
+            let who = leader(nodes)?;
+            let m = nodes.iter().find(|n| n.name == who)?.metrics;
+            Some((who, status(m).as_ref().and_then(bound)?))
+        };
+        let (_, start) = leading_bound(&nodes).expect("the leader's readable bound");
         wait_for("the idempotent producer is under way", 30, || {
-            status(m).as_ref().and_then(bound).is_some_and(|o| o > start + 100)
+            leading_bound(&nodes).is_some_and(|(_, o)| o > start + 100)
         });
+        let (who, at_kill) =
+            leading_bound(&nodes).map_or((leader(&nodes).expect("a leader"), None), |(w, o)| (w, Some(o)));
         let victim = nodes.iter().position(|n| n.name == who).unwrap();
-        let at_kill = status(m).as_ref().and_then(bound);
         eprintln!("killing {who} at readable bound {at_kill:?} (the producer started at {start})");
         nodes[victim].kill();
         writer.join().unwrap();

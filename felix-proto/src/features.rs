@@ -108,6 +108,9 @@ feature_bits! {
     /// Second word, bit 0x80 (our decision D52, docs/protocol.md): the broker serves
     /// `cluster_status` and `shard_move`.
     CLUSTER_ADMIN = 1 << 39, "FEATURE_CLUSTER_ADMIN";
+    /// Second word, bit 0x100 (our decision D55, docs/protocol.md): the broker answers a
+    /// `cluster_status` with `after`/`limit` with one page of the status.
+    STATUS_PAGES = 1 << 40, "FEATURE_STATUS_PAGES";
 }
 
 impl Features {

@@ -458,7 +458,7 @@ pub fn messages() -> Vec<Message> {
             groups: 1,
             request_id: 34,
         }),
-        Message::ClusterStatus(ClusterStatus { request_id: 35 }),
+        Message::ClusterStatus(ClusterStatus { after: None, limit: None, request_id: 35 }),
         Message::ClusterStatusView(ClusterStatusView {
             status: serde_json::json!({
                 "cluster": true, "node_id": "n1", "leader": "n2", "fenced": false,
@@ -628,6 +628,28 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
                 to: None,
                 cancel: true,
                 request_id: 37,
+            }),
+        ),
+        (
+            "cluster_status_page",
+            Message::ClusterStatus(ClusterStatus {
+                after: Some(s("stream~t1~default~orders~3")),
+                limit: Some(500),
+                request_id: 38,
+            }),
+        ),
+        (
+            "cluster_status_view_page",
+            Message::ClusterStatusView(ClusterStatusView {
+                status: serde_json::json!({
+                    "cluster": true, "node_id": "n1", "leader": "n2", "fenced": false,
+                    "members": [{"node_id": "n1", "client_addr": "10.0.0.1:5000", "cluster_addr": "10.0.0.1:7000", "state": "active"}],
+                    "shards": [{"kind": "stream", "tenant": "t1", "namespace": "default", "name": "orders", "shard": 4,
+                        "owner": "n1", "generation": 3}],
+                    "moves": [], "revoked": {"jti": [], "sub": []},
+                    "next": "stream~t1~default~orders~4"
+                }),
+                request_id: 38,
             }),
         ),
         (

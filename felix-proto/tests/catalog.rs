@@ -205,7 +205,8 @@ fn cluster_requests_on_a_lone_broker_say_it_runs_alone_and_need_the_admin_permis
     let mut sim = Sim::new(cfg, epoch());
     let codes = Features::ERROR_CODES.to_words(false).0.unwrap();
     let (p, s, _) = raw_session(&mut sim, None, Some(codes));
-    let status = |request_id| json(&Message::ClusterStatus(message::ClusterStatus { request_id }));
+    let status =
+        |request_id| json(&Message::ClusterStatus(message::ClusterStatus { after: None, limit: None, request_id }));
     let mv = |to: Option<&str>, cancel, request_id| {
         json(&Message::ShardMove(message::ShardMove {
             tenant_id: "t1".into(),

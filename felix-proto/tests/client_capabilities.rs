@@ -342,3 +342,20 @@ fn a_replica_local_read_needs_stream_info() {
     assert!(c.stream_read(S, req(true)).is_ok());
     assert!(transmits(&mut c) > 0);
 }
+
+/// `after`/`limit` on a `cluster_status` (D55) are sent only to a broker that advertises
+/// FEATURE_STATUS_PAGES besides FEATURE_CLUSTER_ADMIN: an older one would drop them and answer
+/// the whole status. A `cluster_status` without them goes to any broker with the admin feature.
+#[test]
+fn a_status_page_needs_status_pages() {
+    use felix_proto::message::{ClusterStatus, Message};
+    let ask =
+        |limit: Option<u32>| move |request_id| Message::ClusterStatus(ClusterStatus { after: None, limit, request_id });
+    let mut c = connected(0x7FFF, Features::CLUSTER_ADMIN);
+    assert_eq!(c.request(S, ask(Some(10))), Err(CommandError::NotNegotiated("FEATURE_STATUS_PAGES")));
+    assert_eq!(transmits(&mut c), 0, "nothing was sent");
+    assert!(c.request(S, ask(None)).is_ok(), "the whole status goes");
+    let mut c = connected(0x7FFF, Features::CLUSTER_ADMIN | Features::STATUS_PAGES);
+    assert!(c.request(S, ask(Some(10))).is_ok());
+    assert!(transmits(&mut c) > 0);
+}

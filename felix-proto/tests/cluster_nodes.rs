@@ -748,7 +748,12 @@ fn an_operator_reads_the_status_and_moves_a_shard_over_the_client_protocol() {
     let other = NAMES.iter().find(|n| **n != owner0).unwrap().to_string();
     let codes = felix_proto::features::Features::ERROR_CODES.to_words(false).0.unwrap();
     let (q, qs) = c.client_with(&other, 0x0001, codes, 6);
-    c.send(&other, q, qs, json(&Message::ClusterStatus(message::ClusterStatus { request_id: 1 })));
+    c.send(
+        &other,
+        q,
+        qs,
+        json(&Message::ClusterStatus(message::ClusterStatus { after: None, limit: None, request_id: 1 })),
+    );
     let got = messages(&c.take(&other, q, qs));
     let [Message::ClusterStatusView(v)] = &got[..] else { panic!("{got:?}") };
     assert_eq!(v.request_id, 1);
@@ -784,6 +789,67 @@ fn an_operator_reads_the_status_and_moves_a_shard_over_the_client_protocol() {
     let Message::ShardMoveOk(ok) = &got[2] else { panic!("{:?}", got[2]) };
     assert_eq!((ok.request_id, ok.proposed.clone()), (4, format!("move t1/default/orders shard 0 to {other}")));
     c.until("shard 0 moved to the broker asked", |c| owner(c, 0) == other);
+}
+
+/// D55: a status asked in pages shows every shard once, in order, with the lists about each
+/// shard on the page its shard is on; the members on every page; a tenant's pages hold its
+/// shards only; a bad cursor is an `error` in its turn, never the first page.
+#[test]
+fn the_status_is_read_in_pages_that_show_every_shard_once() {
+    let mut c = Cluster::new(&NAMES);
+    c.create(Kind::Stream, "orders", 7, 0);
+    c.create(Kind::Stream, "audit", 5, 0);
+    let n = &c.nodes[NAMES[0]];
+    let whole = n.status(None);
+    let all: Vec<serde_json::Value> = whole["shards"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 12);
+    for limit in [1usize, 3, 5, 12, 50] {
+        let mut after = None;
+        let mut seen = Vec::new();
+        let mut pages = 0;
+        loop {
+            let page = felix_proto::cluster::status::StatusPage { after: after.clone(), limit };
+            let v = n.status_page(None, Some(&page));
+            assert_eq!(v["members"], whole["members"], "members on every page");
+            let shards = v["shards"].as_array().unwrap();
+            assert!(shards.len() <= limit);
+            seen.extend(shards.iter().cloned());
+            pages += 1;
+            match v["next"].as_str() {
+                Some(next) => {
+                    assert_eq!(shards.len(), limit, "a page before the last is full");
+                    after = Some(ShardId::from_cursor(next).expect("a cursor"));
+                }
+                None => break,
+            }
+        }
+        assert_eq!(seen, all, "every shard once, in order, with {limit} a page");
+        assert_eq!(pages, all.len().div_ceil(limit));
+    }
+    let page = felix_proto::cluster::status::StatusPage { after: None, limit: 3 };
+    assert_eq!(n.status_page(Some("someone-else"), Some(&page))["shards"], serde_json::json!([]));
+    // Over the client protocol, to a broker that offers pages.
+    let (q, qs) =
+        c.client_with(NAMES[1], 0x0001, felix_proto::features::Features::ERROR_CODES.to_words(false).0.unwrap(), 6);
+    let ask = |after: Option<&str>, request_id| {
+        json(&Message::ClusterStatus(message::ClusterStatus {
+            after: after.map(Into::into),
+            limit: Some(5),
+            request_id,
+        }))
+    };
+    c.send(NAMES[1], q, qs, ask(None, 1));
+    let got = messages(&c.take(NAMES[1], q, qs));
+    let [Message::ClusterStatusView(v)] = &got[..] else { panic!("{got:?}") };
+    assert_eq!(v.status["shards"].as_array().map(Vec::len), Some(5));
+    let next = v.status["next"].as_str().expect("more follow").to_owned();
+    c.send(NAMES[1], q, qs, ask(Some("not a cursor"), 2));
+    c.send(NAMES[1], q, qs, ask(Some(&next), 3));
+    let got = messages(&c.take(NAMES[1], q, qs));
+    assert!(matches!(&got[0], Message::Error(e) if e.message.contains("cursor")), "{:?}", got[0]);
+    let Message::ClusterStatusView(v) = &got[1] else { panic!("{:?}", got[1]) };
+    assert_eq!(v.request_id, 3);
+    assert_eq!(v.status["shards"].as_array().unwrap()[..], all[5..10]);
 }
 
 #[test]

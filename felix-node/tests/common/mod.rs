@@ -11,12 +11,35 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+/// A port for a broker to listen on, free when asked. Taken below Linux's ephemeral range
+/// (32768–60999), which is where the kernel picks the port of every socket bound to port 0: a
+/// port taken from there (by binding to 0 and letting go) was sometimes given to a client's
+/// socket before the broker bound it, and the broker then failed to start ("Address already in
+/// use"). Below it only these helpers hand ports out, each once per test process (a counter
+/// from a point that depends on the process id).
+fn free_port(taken: impl Fn(u16) -> bool) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 12_000;
+    const SPAN: u32 = 20_000;
+    let base = std::process::id().wrapping_mul(7_919);
+    loop {
+        let port = (FIRST + base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if !taken(port) {
+            return port;
+        }
+    }
+}
+
 pub fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    let port = free_port(|p| {
+        UdpSocket::bind(("127.0.0.1", p)).is_err() || std::net::TcpListener::bind(("127.0.0.1", p)).is_err()
+    });
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 pub fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    free_udp()
 }
 
 /// `GET /cluster` on a broker's metrics listener (`None` while it does not answer).

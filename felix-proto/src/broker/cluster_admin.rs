@@ -5,6 +5,11 @@
 //! the metadata and the replicas, answers ([`Broker::handle_cluster_admin_answer`]). A broker
 //! that runs alone answers at once.
 
+use crate::cluster::status::{STATUS_PAGE_MAX, StatusPage};
+
+/// Shards on a status page when `limit` is absent (D55).
+pub const DEFAULT_STATUS_PAGE: usize = 1_000;
+
 use super::*;
 use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::ErrorCode;
@@ -18,6 +23,8 @@ pub enum ClusterAdminRequest {
     Status {
         /// The tenant whose shards it shows; `None`: all.
         tenant: Option<String>,
+        /// One page of it (D55); `None`: whole.
+        page: Option<crate::cluster::status::StatusPage>,
     },
     /// Move a stream shard to `to`.
     Move {
@@ -81,12 +88,28 @@ impl Broker {
             Ok(t) => t,
             Err(r) => return self.refuse(conn, st, r),
         };
+        // A page (D55): asked only of a broker that offered FEATURE_STATUS_PAGES; an `after`
+        // this broker could not have given is refused rather than read as the start.
+        let page = if q.limit.is_some() || q.after.is_some() {
+            let after = match q.after.as_deref().map(ShardId::from_cursor) {
+                None => None,
+                Some(Some(a)) => Some(a),
+                Some(None) => {
+                    let r = Refusal::new(ErrorCode::InvalidRequest, "`after` is not a cursor a status page gave");
+                    return self.refuse(conn, st, r);
+                }
+            };
+            let limit = q.limit.map_or(DEFAULT_STATUS_PAGE, |l| l as usize).clamp(1, STATUS_PAGE_MAX);
+            Some(StatusPage { after, limit })
+        } else {
+            None
+        };
         if self.cluster.is_none() {
             let status = serde_json::json!({"cluster": false});
             let m = Message::ClusterStatusView(message::ClusterStatusView { status, request_id: q.request_id });
             return self.send(conn, st, json_frame(&m));
         }
-        self.ask_cluster(conn, st, q.request_id, ClusterAdminRequest::Status { tenant });
+        self.ask_cluster(conn, st, q.request_id, ClusterAdminRequest::Status { tenant, page });
     }
 
     /// `shard_move`: needs the admin permission on the stream (as deleting it does).

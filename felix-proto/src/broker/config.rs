@@ -312,6 +312,7 @@ impl BrokerConfig {
             | Features::LISTING
             | Features::STREAM_INFO
             | Features::CLUSTER_ADMIN
+            | Features::STATUS_PAGES
             | Features::INSPECT;
         if self.history_reads {
             // Counters, group positions and commit state must survive a restart: only a broker

@@ -137,9 +137,14 @@ pub fn needs(m: &Message) -> Vec<Need> {
         Message::ShardInspect(_) | Message::SubscriptionsList(_) => n.push(f(Features::INSPECT, "FEATURE_INSPECT")),
         Message::GroupList(_) | Message::CacheKeys(_) => n.push(f(Features::LISTING, "FEATURE_LISTING")),
         Message::StreamList(_) | Message::StreamInfo(_) => n.push(f(Features::STREAM_INFO, "FEATURE_STREAM_INFO")),
-        Message::ClusterStatus(_) | Message::ShardMove(_) => {
+        Message::ClusterStatus(q) => {
             n.push(f(Features::CLUSTER_ADMIN, "FEATURE_CLUSTER_ADMIN"));
+            // An older broker would drop `after`/`limit` and answer the whole status.
+            if q.after.is_some() || q.limit.is_some() {
+                n.push(f(Features::STATUS_PAGES, "FEATURE_STATUS_PAGES"));
+            }
         }
+        Message::ShardMove(_) => n.push(f(Features::CLUSTER_ADMIN, "FEATURE_CLUSTER_ADMIN")),
         // The rest is part of every broker (auth, cache_put/get) or never sent by a client.
         _ => {}
     }

@@ -72,6 +72,30 @@ impl ShardId {
     pub fn of(kind: Kind, tenant: &str, namespace: &str, name: &str, shard: u32) -> ShardId {
         ShardId { kind, tenant: tenant.to_owned(), namespace: namespace.to_owned(), name: name.to_owned(), shard }
     }
+
+    /// The shard as one opaque string, `KIND~tenant~namespace~name~shard` with each name as a
+    /// [`path_component`](crate::storage::path_component) (so `~` never appears inside one):
+    /// the cursor a paged status names a shard by (D55). [`from_cursor`](Self::from_cursor)
+    /// reads it back.
+    pub fn cursor(&self) -> String {
+        use crate::storage::path_component as pc;
+        let kind = if self.kind == Kind::Cache { "cache" } else { "stream" };
+        format!("{kind}~{}~{}~{}~{}", pc(&self.tenant), pc(&self.namespace), pc(&self.name), self.shard)
+    }
+
+    /// Reads a [`cursor`](Self::cursor); `None` for a string it could not have produced.
+    pub fn from_cursor(s: &str) -> Option<ShardId> {
+        use crate::storage::parse_path_component as pc;
+        let parts: Vec<&str> = s.split('~').collect();
+        let [kind, tenant, namespace, name, shard] = parts.as_slice() else { return None };
+        let kind = match *kind {
+            "stream" => Kind::Stream,
+            "cache" => Kind::Cache,
+            _ => return None,
+        };
+        let shard = shard.parse().ok().filter(|_| shard.bytes().all(|b| b.is_ascii_digit()))?;
+        Some(ShardId { kind, tenant: pc(tenant)?, namespace: pc(namespace)?, name: pc(name)?, shard })
+    }
 }
 
 /// Who owns a shard, and since which change.

@@ -1957,7 +1957,7 @@ impl ClusterNode {
                 let name = |s: &ShardId| format!("{}/{}/{} shard {}", s.tenant, s.namespace, s.name, s.shard);
                 let mut tenant = None;
                 let answer = match request {
-                    R::Status { tenant: scope } => A::Status(self.status(scope.as_deref())),
+                    R::Status { tenant: scope, page } => A::Status(self.status_page(scope.as_deref(), page.as_ref())),
                     R::Move { shard, to } => {
                         tenant = Some(shard.tenant.clone());
                         let what = format!("move {} to {to}", name(&shard));

@@ -1011,8 +1011,17 @@ pub struct StreamListView {
 /// `cluster_status` (D52, FEATURE_CLUSTER_ADMIN): the cluster as the answering broker sees
 /// it, for an operator who holds the client address and a token rather than the metrics
 /// listener.
+///
+/// `after` and `limit` (D55, only to a broker that advertises FEATURE_STATUS_PAGES) ask for
+/// one page: the per-shard lists hold the shards after the cursor `after`, up to `limit` of
+/// them with an owner (1,000 when absent, at most 5,000), and the document's `next` is the
+/// cursor of the next page when more follow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
     pub request_id: u64,
 }
 
