@@ -13,7 +13,7 @@
 # run keeps far more than memory budgets hold. --restart-follower then kills a follower
 # (SIGKILL), starts it again on its data, and says how long until it listened and until its
 # replica was caught up with the leader, and its peak RSS; --no-summaries removes the follower's
-# segment summaries (`*.idx`) first, so its restart reads every record, to compare. Everything it starts is killed when
+# segment summaries (`*.sum`) first, so its restart reads every record, to compare. Everything it starts is killed when
 # it ends (or is interrupted); data lives in a temporary directory. --late-reader N replaces the
 # live subscriber with one that starts N records behind the tail once N were published
 # (`bench --late-reader`) and says how fast it read and whether it caught up; give
@@ -204,7 +204,7 @@ PY
     lines=$(wc -l < "$tmp/${names[$f]}.out")
     if [ -n "$nosum" ]; then
       # The closed segments' summaries removed: the restart reads every record (as before them).
-      find "$tmp/${names[$f]}" -name '*.idx' -delete
+      find "$tmp/${names[$f]}/cluster/replicas" -name '*.sum' -delete
     fi
     local t0
     t0=$(date +%s.%N)

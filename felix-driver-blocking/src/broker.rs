@@ -18,7 +18,9 @@ use crate::quic::{Happening, Quic};
 use felix_driver_common::storage::{DiskStorage, FsyncMode};
 use felix_driver_common::tls::{Identity, quic_server_crypto};
 pub use felix_driver_common::transport::TransportTuning;
-use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PeerAddr, PersistRequest, ReadRequest};
+use felix_proto::broker::{
+    Broker, BrokerConfig, BrokerOutput, PeerAddr, PersistRequest, ReadRequest, StorageOutput, TransportOutput,
+};
 use felix_proto::transport::{ConnId, WallClock};
 use quinn_proto::ConnectionHandle;
 use std::collections::BTreeMap;
@@ -274,46 +276,53 @@ impl BlockingBroker {
     fn output(&mut self, o: BrokerOutput) {
         let ch = |conn: &ConnId| self.handles.get(conn).copied();
         match o {
-            BrokerOutput::Transmit { conn, stream, data } => {
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.write(ch, stream, data);
                 }
             }
-            BrokerOutput::Finish { conn, stream } => {
+            BrokerOutput::Transport(TransportOutput::Finish { conn, stream }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.finish(ch, stream);
                 }
             }
-            BrokerOutput::StopSending { conn, stream, code } => {
+            BrokerOutput::Transport(TransportOutput::StopSending { conn, stream, code }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.stop(ch, stream, code);
                 }
             }
-            BrokerOutput::PauseReading { conn, stream } => {
+            BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.set_paused(ch, stream, true);
                 }
             }
-            BrokerOutput::ResumeReading { conn, stream } => {
+            BrokerOutput::Transport(TransportOutput::ResumeReading { conn, stream }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.set_paused(ch, stream, false);
                 }
             }
-            BrokerOutput::OpenUni { conn, token } => {
+            BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.open(ch, token.0, false);
                 }
             }
-            BrokerOutput::Persist(w) => self.writes.push(w),
-            BrokerOutput::Read(r) => self.reads.push(r),
-            BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
+            BrokerOutput::Storage(StorageOutput::Persist(w)) => self.writes.push(w),
+            BrokerOutput::Storage(StorageOutput::Read(r)) => self.reads.push(r),
+            BrokerOutput::Storage(StorageOutput::Truncate {
+                tenant_id,
+                namespace,
+                stream,
+                shard,
+                start,
+                producers_forgotten,
+            }) => {
                 // Writes asked for before the truncation go first.
                 self.write_pending();
                 if let Some(d) = self.disk.as_mut() {
                     d.truncate_before((&tenant_id, &namespace, &stream), shard, start, &producers_forgotten);
                 }
             }
-            BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
+            BrokerOutput::Storage(StorageOutput::DeleteStream { tenant_id, namespace, stream }) => {
                 // Writes asked for before the deletion go first.
                 self.write_pending();
                 if let Some(d) = self.disk.as_mut()
@@ -322,28 +331,12 @@ impl BlockingBroker {
                     eprintln!("deleting {namespace}/{stream}: {e}");
                 }
             }
-            // No cluster transport in this driver: a broker only forwards once it was given a
-            // cluster's metadata, which this driver never does.
-            BrokerOutput::Forward { publish, .. } => self.broker.handle_forward_failed(publish.id, Instant::now()),
-            BrokerOutput::ForwardRequest { request, .. } => {
-                self.broker.handle_forward_request_failed(request.id, Instant::now())
-            }
-            BrokerOutput::ForwardAnswer { .. }
-            | BrokerOutput::ForwardRequestAnswer { .. }
-            | BrokerOutput::ProposeCache { .. }
-            | BrokerOutput::ProposeStream { .. }
-            | BrokerOutput::ProposeStreamDeletion { .. }
-            | BrokerOutput::Copy { .. }
-            | BrokerOutput::ProposeCluster(_)
-            | BrokerOutput::ClusterAdmin { .. }
-            | BrokerOutput::ResetShard { .. } => {}
-            // Replicated shards exist only in a cluster (a ClusterNode takes this output).
-            BrokerOutput::Replicate { token, .. } => self.broker.handle_replicated(
-                token,
-                felix_proto::cluster::replica::Answer::LeadershipLost,
-                Instant::now(),
-            ),
-            BrokerOutput::CloseConnection { conn, code, reason } => {
+            // A shard is reset only when it moves here, which needs a cluster.
+            BrokerOutput::Storage(StorageOutput::ResetShard { .. }) => {}
+            // No cluster transport in this driver (it is never given a cluster's metadata): any
+            // cluster output is answered as the cluster would, by the broker.
+            BrokerOutput::Cluster(c) => self.broker.handle_cluster_output_alone(c, Instant::now()),
+            BrokerOutput::Transport(TransportOutput::CloseConnection { conn, code, reason }) => {
                 if let Some(ch) = ch(&conn) {
                     self.quic.close(ch, code, &reason);
                 }

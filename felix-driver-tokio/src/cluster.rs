@@ -686,10 +686,10 @@ use felix_proto::cluster::metadata::{Kind, ShardId};
 /// What a read error says when a record read back is damaged (see [`ReplicaLogRead::run`]).
 pub(crate) const DAMAGED_RECORD: &str = "damaged replica log";
 
-/// A closed segment's summary file name (`….log` → `….idx`).
+/// A closed segment's summary file name (`….log` → `….sum`).
 fn summary_file_name(s: &ShardId, seq: u64) -> String {
     let name = replica_file_name(s, seq);
-    format!("{}.idx", name.strip_suffix(".log").unwrap_or(&name))
+    format!("{}.sum", name.strip_suffix(".log").unwrap_or(&name))
 }
 
 /// The summary beside a closed segment of `len` bytes, if there is one that is whole and
@@ -845,7 +845,7 @@ impl ReplicaLogs {
                     continue; // `damaged/`: logs set aside
                 }
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.ends_with(".idx") {
+                if name.ends_with(".sum") {
                     continue; // a closed segment's summary, read with it
                 }
                 let Some((shard, seq)) = parse_replica_file_name(&name) else {
@@ -1537,13 +1537,13 @@ mod replica_log_tests {
         }
         drop(logs);
         let files = dir.join("cluster").join("replicas");
-        let idx_files = || {
+        let summary_files = || {
             std::fs::read_dir(&files)
                 .unwrap()
-                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".idx"))
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".sum"))
                 .count()
         };
-        let written = idx_files();
+        let written = summary_files();
         assert!(written > 5, "summaries written as segments closed: {written}");
         let fast = ReplicaLogs::open(Some(&dir), None, Some(2000)).unwrap();
         assert!(fast.damaged.is_empty());
@@ -1552,7 +1552,7 @@ mod replica_log_tests {
         // The same from every record (the summaries removed).
         for e in std::fs::read_dir(&files).unwrap() {
             let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "idx") {
+            if p.extension().is_some_and(|x| x == "sum") {
                 std::fs::remove_file(p).unwrap();
             }
         }
@@ -1567,7 +1567,7 @@ mod replica_log_tests {
             assert!(!a.is_empty() && a == b, "reads from {low}");
         }
         // That restart gave the segments their summaries back.
-        assert_eq!(idx_files(), written);
+        assert_eq!(summary_files(), written);
         drop((fast, slow));
         // A bit flipped in the middle of an old segment's record (the second oldest: the
         // oldest holds the snapshot's entry, so it is read whole).

@@ -19,7 +19,9 @@ use bytes::Bytes;
 pub use felix_driver_common::transport::{
     DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, TransportTuning, is_loopback,
 };
-use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
+use felix_proto::broker::{
+    Broker, BrokerConfig, BrokerOutput, PersistRequest, StorageOutput, TransportOutput, WriteOutcome,
+};
 use felix_proto::transport::{ConnId, OpenToken, StreamId, WallClock, WriteToken, close_code};
 use quinn::VarInt;
 use std::collections::HashMap;
@@ -1737,7 +1739,7 @@ impl BrokerTask {
                 | NodeOutput::PersistRaft { .. } => return,
             };
             match o {
-                BrokerOutput::Transmit { conn, stream, data } => {
+                BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) => {
                     self.io.bytes_out += data.len() as u64;
                     if stream.initiator() == felix_proto::transport::Side::Broker {
                         self.io.bytes_out_events += data.len() as u64;
@@ -1746,27 +1748,27 @@ impl BrokerTask {
                         let _ = w.send(WriterCmd::Data(data));
                     }
                 }
-                BrokerOutput::Finish { conn, stream } => {
+                BrokerOutput::Transport(TransportOutput::Finish { conn, stream }) => {
                     if let Some(w) = self.conns.get_mut(&conn).and_then(|h| h.writers.remove(&stream)) {
                         let _ = w.send(WriterCmd::Finish);
                     }
                 }
-                BrokerOutput::StopSending { conn, stream, code } => {
+                BrokerOutput::Transport(TransportOutput::StopSending { conn, stream, code }) => {
                     if let Some(g) = self.conns.get_mut(&conn).and_then(|h| h.gates.remove(&stream)) {
                         let _ = g.send(ReadGate::Stopped(code));
                     }
                 }
-                BrokerOutput::PauseReading { conn, stream } => {
+                BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream }) => {
                     if let Some(g) = self.conns.get(&conn).and_then(|h| h.gates.get(&stream)) {
                         let _ = g.send(ReadGate::Paused);
                     }
                 }
-                BrokerOutput::ResumeReading { conn, stream } => {
+                BrokerOutput::Transport(TransportOutput::ResumeReading { conn, stream }) => {
                     if let Some(g) = self.conns.get(&conn).and_then(|h| h.gates.get(&stream)) {
                         let _ = g.send(ReadGate::Open);
                     }
                 }
-                BrokerOutput::OpenUni { conn, token } => {
+                BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) => {
                     if let Some(h) = self.conns.get(&conn) {
                         let quic = h.quic.clone();
                         let tx = self.tx.clone();
@@ -1777,13 +1779,20 @@ impl BrokerTask {
                         });
                     }
                 }
-                BrokerOutput::Persist(w) => self.pending_writes.push(w),
+                BrokerOutput::Storage(StorageOutput::Persist(w)) => self.pending_writes.push(w),
                 // What a read asks for was written before it was asked (it is below what the
                 // log holds in memory): no flush of pending writes needed.
-                BrokerOutput::Read(r) => {
+                BrokerOutput::Storage(StorageOutput::Read(r)) => {
                     let _ = self.history.send(r);
                 }
-                BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
+                BrokerOutput::Storage(StorageOutput::Truncate {
+                    tenant_id,
+                    namespace,
+                    stream,
+                    shard,
+                    start,
+                    producers_forgotten,
+                }) => {
                     // Writes asked for before the truncation go first.
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::Truncate {
@@ -1795,36 +1804,19 @@ impl BrokerTask {
                         forgotten: producers_forgotten,
                     });
                 }
-                BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
+                BrokerOutput::Storage(StorageOutput::DeleteStream { tenant_id, namespace, stream }) => {
                     // Writes asked for before the deletion go first.
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::DeleteStream { tenant: tenant_id, namespace, stream });
                 }
-                BrokerOutput::ResetShard { tenant_id, namespace, stream, shard } => {
+                BrokerOutput::Storage(StorageOutput::ResetShard { tenant_id, namespace, stream, shard }) => {
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::ResetShard { tenant: tenant_id, namespace, stream, shard });
                 }
-                // A single broker never forwards (only a broker given a cluster's metadata
-                // does, and its ClusterNode turns forwards into peer messages).
-                BrokerOutput::Forward { publish, .. } => self.node.broker().handle_forward_failed(publish.id, now()),
-                BrokerOutput::ForwardRequest { request, .. } => {
-                    self.node.broker().handle_forward_request_failed(request.id, now())
-                }
-                BrokerOutput::ForwardAnswer { .. }
-                | BrokerOutput::ForwardRequestAnswer { .. }
-                | BrokerOutput::ProposeCache { .. }
-                | BrokerOutput::ProposeStream { .. }
-                | BrokerOutput::Copy { .. }
-                | BrokerOutput::ProposeCluster(_)
-                | BrokerOutput::ClusterAdmin { .. }
-                | BrokerOutput::ProposeStreamDeletion { .. } => {}
-                // Replicated shards exist only in a cluster, whose ClusterNode takes this output.
-                BrokerOutput::Replicate { token, .. } => self.node.broker().handle_replicated(
-                    token,
-                    felix_proto::cluster::replica::Answer::LeadershipLost,
-                    now(),
-                ),
-                BrokerOutput::CloseConnection { conn, code, reason } => {
+                // Only a broker of a cluster emits these, and its ClusterNode takes them before
+                // they reach here: a single broker answers any it gets as the cluster would.
+                BrokerOutput::Cluster(c) => self.node.broker().handle_cluster_output_alone(c, now()),
+                BrokerOutput::Transport(TransportOutput::CloseConnection { conn, code, reason }) => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());
                     }

@@ -10,7 +10,9 @@ use bytes::{Bytes, BytesMut};
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use felix_proto::Records;
 use felix_proto::binary::PublishBatch;
-use felix_proto::broker::{Broker, BrokerConfig, BrokerOutput, Retention, StreamConfig, TokenGrant};
+use felix_proto::broker::{
+    Broker, BrokerConfig, BrokerOutput, Retention, StorageOutput, StreamConfig, TokenGrant, TransportOutput,
+};
 use felix_proto::message::{self, Message};
 use felix_proto::transport::{ConnId, StreamId, WallClock};
 use std::collections::HashMap;
@@ -100,14 +102,16 @@ impl Bench {
         loop {
             while let Some(o) = self.broker.poll_output() {
                 match o {
-                    BrokerOutput::Transmit { conn, stream, data } if stream.0 & 3 == 3 => {
+                    BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) if stream.0 & 3 == 3 => {
                         delivered += data.len();
                         *self.credit.entry((conn, stream)).or_default() += data.len();
                     }
-                    BrokerOutput::OpenUni { conn, token } => {
+                    BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) => {
                         self.broker.handle_stream_opened(conn, token, StreamId(3), self.now);
                     }
-                    BrokerOutput::Persist(w) => self.broker.handle_write_complete(w.token, true, self.now),
+                    BrokerOutput::Storage(StorageOutput::Persist(w)) => {
+                        self.broker.handle_write_complete(w.token, true, self.now)
+                    }
                     _ => {}
                 }
             }

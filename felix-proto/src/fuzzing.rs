@@ -134,7 +134,7 @@ pub fn error_is_classified(e: &FrameError) -> bool {
 ///
 /// `t0` is any instant (the caller's clock reading: this crate reads none).
 pub fn broker_session(data: &[u8], t0: std::time::Instant) {
-    use crate::broker::{Broker, BrokerConfig, BrokerOutput, TokenGrant};
+    use crate::broker::{Broker, BrokerConfig, BrokerOutput, StorageOutput, TokenGrant, TransportOutput};
     use crate::transport::{Dir, Side, StreamId, WallClock};
     use std::time::Duration;
     let cfg = BrokerConfig {
@@ -200,22 +200,24 @@ pub fn broker_session(data: &[u8], t0: std::time::Instant) {
             guard += 1;
             assert!(guard < 100_000, "output loop does not settle");
             match o {
-                BrokerOutput::Transmit { conn: c, stream, data } => {
+                BrokerOutput::Transport(TransportOutput::Transmit { conn: c, stream, data }) => {
                     assert_eq!(c, conn);
                     if stream.initiator() == Side::Broker {
                         b.handle_stream_flushed(conn, stream, data.len(), now);
                     }
                 }
-                BrokerOutput::OpenUni { conn: c, token } => {
+                BrokerOutput::Transport(TransportOutput::OpenUni { conn: c, token }) => {
                     assert_eq!(c, conn);
                     let s = StreamId::new(Side::Broker, Dir::Uni, next_uni);
                     next_uni += 1;
                     event_streams.push(s);
                     b.handle_stream_opened(conn, token, s, now);
                 }
-                BrokerOutput::Persist(w) => b.handle_write_complete(w.token, flags & 4 == 0, now),
-                BrokerOutput::Read(r) => b.handle_read_complete(r.token, Vec::new(), now),
-                BrokerOutput::CloseConnection { .. } => return,
+                BrokerOutput::Storage(StorageOutput::Persist(w)) => {
+                    b.handle_write_complete(w.token, flags & 4 == 0, now)
+                }
+                BrokerOutput::Storage(StorageOutput::Read(r)) => b.handle_read_complete(r.token, Vec::new(), now),
+                BrokerOutput::Transport(TransportOutput::CloseConnection { .. }) => return,
                 _ => {}
             }
         }

@@ -10,7 +10,7 @@
 //! crypto. Pure computation with the time passed in, so it sits in the sans-IO core. Every
 //! input is untrusted: a token that does not parse is an error, never a panic.
 
-use crate::broker::Action;
+use crate::auth::Action;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};

@@ -50,7 +50,7 @@
 //! use bytes::Bytes;
 //! use felix_proto::broker::{BrokerConfig, PeerAddr, WriteOutcome};
 //! use felix_proto::transport::{StreamId, WallClock};
-//! use felix_proto::{Broker, BrokerOutput};
+//! use felix_proto::{Broker, BrokerOutput, ClusterOutput, StorageOutput, TransportOutput};
 //! use std::time::Instant;
 //!
 //! # fn read_socket() -> (StreamId, Bytes, bool) { unimplemented!() }
@@ -67,32 +67,32 @@
 //!     // Then everything the broker asks for, in order.
 //!     while let Some(out) = broker.poll_output() {
 //!         match out {
-//!             BrokerOutput::Transmit { stream, data, .. } => write_socket(stream, data),
-//!             BrokerOutput::Persist(w) => {
+//!             BrokerOutput::Transport(TransportOutput::Transmit { stream, data, .. }) => write_socket(stream, data),
+//!             BrokerOutput::Storage(StorageOutput::Persist(w)) => {
 //!                 // (write it, then report the outcome)
 //!                 broker.handle_write_result(w.token, WriteOutcome::Written, Instant::now());
 //!             }
-//!             BrokerOutput::Read(r) => broker.handle_read_complete(r.token, Vec::new(), Instant::now()),
-//!             BrokerOutput::Finish { .. }
-//!             | BrokerOutput::StopSending { .. }
-//!             | BrokerOutput::OpenUni { .. }
-//!             | BrokerOutput::PauseReading { .. }
-//!             | BrokerOutput::ResumeReading { .. }
-//!             | BrokerOutput::Truncate { .. }
-//!             | BrokerOutput::DeleteStream { .. }
-//!             | BrokerOutput::Forward { .. }
-//!             | BrokerOutput::ForwardAnswer { .. }
-//!             | BrokerOutput::ForwardRequest { .. }
-//!             | BrokerOutput::ForwardRequestAnswer { .. }
-//!             | BrokerOutput::ProposeCache { .. }
-//!             | BrokerOutput::ProposeStream { .. }
-//!             | BrokerOutput::ProposeStreamDeletion { .. }
-//!             | BrokerOutput::Copy { .. }
-//!             | BrokerOutput::ProposeCluster(_)
-//!             | BrokerOutput::ClusterAdmin { .. }
-//!             | BrokerOutput::ResetShard { .. }
-//!             | BrokerOutput::Replicate { .. }
-//!             | BrokerOutput::CloseConnection { .. } => { /* each is a driver duty */ }
+//!             BrokerOutput::Storage(StorageOutput::Read(r)) => broker.handle_read_complete(r.token, Vec::new(), Instant::now()),
+//!             BrokerOutput::Transport(TransportOutput::Finish { .. })
+//!             | BrokerOutput::Transport(TransportOutput::StopSending { .. })
+//!             | BrokerOutput::Transport(TransportOutput::OpenUni { .. })
+//!             | BrokerOutput::Transport(TransportOutput::PauseReading { .. })
+//!             | BrokerOutput::Transport(TransportOutput::ResumeReading { .. })
+//!             | BrokerOutput::Storage(StorageOutput::Truncate { .. })
+//!             | BrokerOutput::Storage(StorageOutput::DeleteStream { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::Forward { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ForwardRequest { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ProposeCache { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ProposeStream { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ProposeStreamDeletion { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::Copy { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::ProposeCluster(_))
+//!             | BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { .. })
+//!             | BrokerOutput::Storage(StorageOutput::ResetShard { .. })
+//!             | BrokerOutput::Cluster(ClusterOutput::Replicate { .. })
+//!             | BrokerOutput::Transport(TransportOutput::CloseConnection { .. }) => { /* each is a driver duty */ }
 //!         }
 //!     }
 //!     if broker.poll_timeout().is_some_and(|t| t <= Instant::now()) {
@@ -107,6 +107,7 @@
 
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod binary;
 pub mod broker;
 #[cfg(any(test, feature = "testkit"))]
@@ -133,7 +134,7 @@ pub mod storage;
 pub mod transport;
 
 pub use binary::{EventBatch, PublishAck, PublishBatch, Records};
-pub use broker::{Broker, BrokerOutput};
+pub use broker::{Broker, BrokerOutput, ClusterOutput, StorageOutput, TransportOutput};
 pub use client::{ClientConnection, ClientEvent, ClientOutput};
 pub use error_code::{ErrorCode, RetryClass};
 pub use features::Features;

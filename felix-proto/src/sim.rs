@@ -8,7 +8,9 @@
 //! Clients are either [`ClientConnection`]s or *raw* peers that send hand-made bytes and record
 //! everything the broker writes to them byte for byte (to check what an old client would see).
 
-use crate::broker::{Broker, BrokerConfig, BrokerOutput, PersistRequest, WriteOutcome};
+use crate::broker::{
+    Broker, BrokerConfig, BrokerOutput, ClusterOutput, PersistRequest, StorageOutput, TransportOutput, WriteOutcome,
+};
 use crate::client::{ClientConfig, ClientConnection, ClientEvent, ClientOutput};
 use crate::transport::{ConnId, Dir, Side, StreamId, WallClock, WriteToken};
 use bytes::{Bytes, BytesMut};
@@ -507,7 +509,7 @@ impl Sim {
     fn apply(&mut self, o: BrokerOutput) {
         self.trace.broker_output(&o);
         match o {
-            BrokerOutput::Transmit { conn, stream, data } => {
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) => {
                 let Some(i) = self.index_of(conn) else { return };
                 if let Some(q) = self.clients[i].reader_paused.get_mut(&stream) {
                     return q.push_back((data, false));
@@ -520,7 +522,7 @@ impl Sim {
                     self.deliver(i, stream, data, false);
                 }
             }
-            BrokerOutput::Finish { conn, stream } => {
+            BrokerOutput::Transport(TransportOutput::Finish { conn, stream }) => {
                 let Some(i) = self.index_of(conn) else { return };
                 if let Some(q) = self.clients[i].reader_paused.get_mut(&stream) {
                     return q.push_back((Bytes::new(), true));
@@ -532,30 +534,30 @@ impl Sim {
                     self.deliver(i, stream, Bytes::new(), true);
                 }
             }
-            BrokerOutput::StopSending { conn, stream, .. } => {
+            BrokerOutput::Transport(TransportOutput::StopSending { conn, stream, .. }) => {
                 if let Some(i) = self.index_of(conn) {
                     self.clients[i].stopped.insert(stream);
                     self.clients[i].to_broker.retain(|(s, _, _)| *s != stream);
                 }
             }
-            BrokerOutput::OpenUni { conn, token } => {
+            BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) => {
                 let Some(i) = self.index_of(conn) else { return };
                 let sc = &mut self.clients[i];
                 let s = StreamId::new(Side::Broker, Dir::Uni, sc.next_broker_uni);
                 sc.next_broker_uni += 1;
                 self.broker.handle_stream_opened(conn, token, s, self.now);
             }
-            BrokerOutput::PauseReading { conn, stream } => {
+            BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream }) => {
                 if let Some(i) = self.index_of(conn) {
                     self.clients[i].paused.insert(stream);
                 }
             }
-            BrokerOutput::ResumeReading { conn, stream } => {
+            BrokerOutput::Transport(TransportOutput::ResumeReading { conn, stream }) => {
                 if let Some(i) = self.index_of(conn) {
                     self.clients[i].paused.remove(&stream);
                 }
             }
-            BrokerOutput::Persist(w) => {
+            BrokerOutput::Storage(StorageOutput::Persist(w)) => {
                 self.writes.push(w.clone());
                 match self.storage {
                     StorageMode::Immediate => {
@@ -565,12 +567,19 @@ impl Sim {
                     StorageMode::Manual => self.pending_writes.push(w),
                 }
             }
-            BrokerOutput::CloseConnection { conn, code, reason } => {
+            BrokerOutput::Transport(TransportOutput::CloseConnection { conn, code, reason }) => {
                 if let Some(i) = self.index_of(conn) {
                     self.clients[i].closed = Some((code, reason));
                 }
             }
-            BrokerOutput::Truncate { tenant_id, namespace, stream, shard, start, producers_forgotten } => {
+            BrokerOutput::Storage(StorageOutput::Truncate {
+                tenant_id,
+                namespace,
+                stream,
+                shard,
+                start,
+                producers_forgotten,
+            }) => {
                 let kept = self
                     .producer_watermarks
                     .entry((tenant_id.clone(), namespace.clone(), stream.clone(), shard))
@@ -589,19 +598,19 @@ impl Sim {
                 });
                 self.truncations.push((stream, shard, start))
             }
-            o @ (BrokerOutput::Forward { .. }
-            | BrokerOutput::ForwardAnswer { .. }
-            | BrokerOutput::ForwardRequest { .. }
-            | BrokerOutput::ForwardRequestAnswer { .. }
-            | BrokerOutput::ProposeCache { .. }
-            | BrokerOutput::ProposeStream { .. }
-            | BrokerOutput::ProposeStreamDeletion { .. }
-            | BrokerOutput::Copy { .. }
-            | BrokerOutput::ProposeCluster(_)
-            | BrokerOutput::ClusterAdmin { .. }
-            | BrokerOutput::ResetShard { .. }
-            | BrokerOutput::Replicate { .. }) => self.to_peers.push(o),
-            BrokerOutput::DeleteStream { tenant_id, namespace, stream } => {
+            o @ (BrokerOutput::Cluster(ClusterOutput::Forward { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ForwardRequest { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ProposeCache { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ProposeStream { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ProposeStreamDeletion { .. })
+            | BrokerOutput::Cluster(ClusterOutput::Copy { .. })
+            | BrokerOutput::Cluster(ClusterOutput::ProposeCluster(_))
+            | BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { .. })
+            | BrokerOutput::Storage(StorageOutput::ResetShard { .. })
+            | BrokerOutput::Cluster(ClusterOutput::Replicate { .. })) => self.to_peers.push(o),
+            BrokerOutput::Storage(StorageOutput::DeleteStream { tenant_id, namespace, stream }) => {
                 // Writes asked for before it land first, then go with the rest: here they
                 // simply never land.
                 let of =
@@ -611,7 +620,7 @@ impl Sim {
                 self.producer_watermarks
                     .retain(|(t, n, s, _), _| !(*t == tenant_id && *n == namespace && *s == stream));
             }
-            BrokerOutput::Read(r) => {
+            BrokerOutput::Storage(StorageOutput::Read(r)) => {
                 // Storage is `durable`: answer from it, as a disk would.
                 self.reads += 1;
                 let mut out = Vec::new();
@@ -681,13 +690,13 @@ impl Trace {
     fn broker_output(&mut self, o: &BrokerOutput) {
         match o {
             // The bulk: hashed as bytes, not formatted.
-            BrokerOutput::Transmit { conn, stream, data } => {
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) => {
                 self.u64(1);
                 self.u64(conn.0);
                 self.u64(stream.0);
                 self.bytes(data);
             }
-            BrokerOutput::Persist(w) => {
+            BrokerOutput::Storage(StorageOutput::Persist(w)) => {
                 self.u64(2);
                 self.u64(w.token.0);
                 self.bytes(w.stream.as_bytes());

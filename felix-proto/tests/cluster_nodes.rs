@@ -6,7 +6,7 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::binary::AckStatus;
-use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, WriteOutcome};
+use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, StorageOutput, TransportOutput, WriteOutcome};
 use felix_proto::cluster::meta::RaftLog;
 use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, ShardId};
 use felix_proto::cluster::node::{ClusterNode, NodeOutput, TICK};
@@ -227,19 +227,23 @@ impl Cluster {
                 while let Some(o) = node.poll_output() {
                     moved = true;
                     match o {
-                        NodeOutput::Broker(BrokerOutput::Transmit { conn, stream, data }) => {
+                        NodeOutput::Broker(BrokerOutput::Transport(TransportOutput::Transmit {
+                            conn,
+                            stream,
+                            data,
+                        })) => {
                             self.received.entry((name.clone(), conn, stream)).or_default().extend_from_slice(&data);
                         }
-                        NodeOutput::Broker(BrokerOutput::Finish { conn, stream }) => {
+                        NodeOutput::Broker(BrokerOutput::Transport(TransportOutput::Finish { conn, stream })) => {
                             self.finished.insert((name.clone(), conn, stream));
                         }
-                        NodeOutput::Broker(BrokerOutput::OpenUni { conn, token }) => {
+                        NodeOutput::Broker(BrokerOutput::Transport(TransportOutput::OpenUni { conn, token })) => {
                             // Event streams (cache watches) get ids of their own.
                             self.next_uni += 1;
                             let s = StreamId::new(Side::Broker, Dir::Uni, self.next_uni);
                             node.broker.handle_stream_opened(conn, token, s, now_of(&self.rates, name, self.now));
                         }
-                        NodeOutput::Broker(BrokerOutput::Persist(w)) => {
+                        NodeOutput::Broker(BrokerOutput::Storage(StorageOutput::Persist(w))) => {
                             if !w.generation_start && !w.stream.starts_with('$') {
                                 *self.stored.entry((name.clone(), w.shard)).or_default() += w.records.count();
                             }
@@ -1238,7 +1242,7 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
         n.broker.handle_stream_data(conn, st, subscribe("orders", None), false, c.now);
         let mut events = None;
         while let Some(o) = n.poll_output() {
-            if let NodeOutput::Broker(BrokerOutput::OpenUni { conn: oc, token }) = o {
+            if let NodeOutput::Broker(BrokerOutput::Transport(TransportOutput::OpenUni { conn: oc, token })) = o {
                 let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
                 n.broker.handle_stream_opened(oc, token, id, c.now);
                 events = Some(id);

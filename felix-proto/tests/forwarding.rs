@@ -1,12 +1,12 @@
 //! Forwarding in a cluster: a publish for a shard owned by another broker goes to that broker
-//! (`BrokerOutput::Forward` → `handle_forwarded`) and its answer comes back
+//! (`ClusterOutput::Forward` → `handle_forwarded`) and its answer comes back
 //! (`ForwardAnswer` → `handle_forward_answer`), the binary ack naming the owner for a client that
 //! offered 0x0080. Two simulations, one per broker; the test carries what goes between them.
 
 mod support;
 
 use felix_proto::binary::AckStatus;
-use felix_proto::broker::{BrokerOutput, FORWARD_TIMEOUT};
+use felix_proto::broker::{BrokerOutput, ClusterOutput, FORWARD_TIMEOUT};
 use felix_proto::cluster::metadata::{Command, Metadata};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message};
@@ -54,8 +54,12 @@ fn carry(from: &mut Sim, from_id: &str, to: &mut Sim) -> usize {
     let n = out.len();
     for o in out {
         match o {
-            BrokerOutput::Forward { publish, .. } => to.broker.handle_forwarded(from_id, publish, to.now),
-            BrokerOutput::ForwardAnswer { id, outcome, .. } => to.broker.handle_forward_answer(id, outcome, to.now),
+            BrokerOutput::Cluster(ClusterOutput::Forward { publish, .. }) => {
+                to.broker.handle_forwarded(from_id, publish, to.now)
+            }
+            BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { id, outcome, .. }) => {
+                to.broker.handle_forward_answer(id, outcome, to.now)
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -158,7 +162,7 @@ fn two_forwarded_to_n2() -> (Sim, usize, felix_proto::transport::StreamId, Vec<B
 #[test]
 fn an_unreachable_owner_is_shard_unavailable_and_a_silent_one_unacknowledged() {
     let (mut a, p, s, out) = two_forwarded_to_n2();
-    let BrokerOutput::Forward { publish, .. } = &out[0] else { panic!("{out:?}") };
+    let BrokerOutput::Cluster(ClusterOutput::Forward { publish, .. }) = &out[0] else { panic!("{out:?}") };
     // The driver cannot reach n2 for the first; the second is never answered.
     a.broker.handle_forward_failed(publish.id, a.now);
     a.run();

@@ -4,7 +4,9 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::binary::OwnerHint;
-use felix_proto::broker::{Action, Broker, BrokerConfig, BrokerOutput, Grant, TokenGrant};
+use felix_proto::broker::{
+    Action, Broker, BrokerConfig, BrokerOutput, Grant, StorageOutput, TokenGrant, TransportOutput,
+};
 use felix_proto::client::{ClientConfig, ClientEvent, ClientStream, Reply, StreamReadRequest};
 use felix_proto::features::Features;
 use felix_proto::message::{self, CursorErrorReason, Message};
@@ -317,7 +319,7 @@ fn answers_behind_a_storage_read_stay_in_request_order() {
     }
     let mut writes = Vec::new();
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Persist(w) = o {
+        if let BrokerOutput::Storage(StorageOutput::Persist(w)) = o {
             writes.push(w.token);
         }
     }
@@ -345,8 +347,8 @@ fn answers_behind_a_storage_read_stay_in_request_order() {
     let mut sent = Vec::new();
     while let Some(o) = b.poll_output() {
         match o {
-            BrokerOutput::Read(r) => read_req = Some(r),
-            BrokerOutput::Transmit { data, .. } => sent.push(data),
+            BrokerOutput::Storage(StorageOutput::Read(r)) => read_req = Some(r),
+            BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => sent.push(data),
             _ => {}
         }
     }
@@ -356,7 +358,7 @@ fn answers_behind_a_storage_read_stay_in_request_order() {
     b.handle_read_complete(r.token, Vec::new(), t0);
     let mut order = Vec::new();
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Transmit { data, .. } = o {
+        if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
             order.extend(messages(&data));
         }
     }

@@ -9,7 +9,7 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::binary::AckMode;
-use felix_proto::broker::{Broker, BrokerOutput, PeerAddr};
+use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, TransportOutput};
 use felix_proto::features::Features;
 use felix_proto::jwt::{Claims, Jwks, Verifier, mint, public_key};
 use felix_proto::message::{self, Message};
@@ -110,7 +110,7 @@ fn run(token: &str, advance: Duration) -> Result<Vec<(&'static str, String)>, St
     b.handle_stream_data(conn, st, auth_with(token), false, t0);
     let mut out = Vec::new();
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Transmit { data, .. } = o {
+        if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
             out.extend_from_slice(&data);
         }
     }
@@ -125,7 +125,7 @@ fn run(token: &str, advance: Duration) -> Result<Vec<(&'static str, String)>, St
         b.handle_stream_data(conn, st, req, false, t);
         let mut out = Vec::new();
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, stream, .. } = o
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, stream, .. }) = o
                 && stream == st
             {
                 out.extend_from_slice(&data);
@@ -214,7 +214,7 @@ fn a_subscription_ends_revoked_when_its_token_expires() {
         b.handle_stream_data(conn, st, subscribe("orders", None), false, t0);
         let mut event_stream = None;
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::OpenUni { conn: c, token } = o {
+            if let BrokerOutput::Transport(TransportOutput::OpenUni { conn: c, token }) = o {
                 let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
                 b.handle_stream_opened(c, token, id, t0);
                 event_stream = Some(id);
@@ -233,10 +233,12 @@ fn a_subscription_ends_revoked_when_its_token_expires() {
     let mut finished = Vec::new();
     while let Some(o) = b.poll_output() {
         match o {
-            BrokerOutput::Transmit { conn, stream, data } if conn == signed_conn && stream == signed_events => {
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data })
+                if conn == signed_conn && stream == signed_events =>
+            {
                 ended.extend(payloads(&data))
             }
-            BrokerOutput::Finish { conn, stream } => finished.push((conn, stream)),
+            BrokerOutput::Transport(TransportOutput::Finish { conn, stream }) => finished.push((conn, stream)),
             _ => {}
         }
     }
@@ -270,7 +272,7 @@ fn a_revocation_reloaded_live_ends_what_the_token_opened() {
         b.handle_stream_data(conn, st, subscribe("orders", None), false, t0);
         let mut events = None;
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::OpenUni { conn: c, token } = o {
+            if let BrokerOutput::Transport(TransportOutput::OpenUni { conn: c, token }) = o {
                 let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
                 b.handle_stream_opened(c, token, id, t0);
                 events = Some(id);
@@ -288,10 +290,12 @@ fn a_revocation_reloaded_live_ends_what_the_token_opened() {
     let mut finished = Vec::new();
     while let Some(o) = b.poll_output() {
         match o {
-            BrokerOutput::Transmit { conn, stream, data } if conn == bad_conn && stream == bad_events => {
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data })
+                if conn == bad_conn && stream == bad_events =>
+            {
                 last = payloads(&data).pop()
             }
-            BrokerOutput::Finish { conn, .. } => finished.push(conn),
+            BrokerOutput::Transport(TransportOutput::Finish { conn, .. }) => finished.push(conn),
             _ => {}
         }
     }
@@ -304,7 +308,7 @@ fn a_revocation_reloaded_live_ends_what_the_token_opened() {
     b.handle_stream_data(bad_conn, st, publish_json("orders", "x", Some(9), Some(AckMode::PerBatch)), false, t0);
     let mut out = Vec::new();
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Transmit { data, .. } = o {
+        if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
             out.extend_from_slice(&data);
         }
     }
@@ -316,7 +320,7 @@ fn a_revocation_reloaded_live_ends_what_the_token_opened() {
     b.handle_stream_data(conn, st, auth_with(&bad), false, t0);
     let mut out = Vec::new();
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Transmit { data, .. } = o {
+        if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
             out.extend_from_slice(&data);
         }
     }
@@ -453,7 +457,7 @@ fn a_client_certificate_authenticates_an_empty_token_as_its_mapped_principal() {
         b.handle_stream_data(conn, st, subscribe("orders", None), false, t0);
         let mut out = Vec::new();
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, .. } = o {
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
                 out.extend_from_slice(&data);
             }
         }
@@ -497,7 +501,7 @@ fn diagnostics_answer_only_a_token_with_exactly_node_view_cluster() {
     let take = |b: &mut Broker, st: StreamId| {
         let mut out = Vec::new();
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, stream, .. } = o
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, stream, .. }) = o
                 && stream == st
             {
                 out.extend_from_slice(&data);

@@ -7,7 +7,7 @@ mod support;
 
 use bytes::Bytes;
 use felix_proto::binary::AckMode;
-use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, TenantLimit};
+use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, StorageOutput, TenantLimit, TransportOutput};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message};
 use felix_proto::transport::{ConnId, Dir, Side, StreamId, WallClock};
@@ -73,14 +73,16 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
             rid += 1;
             while let Some(o) = b.poll_output() {
                 match &o {
-                    BrokerOutput::PauseReading { conn, .. } if *conn == c1 => {
+                    BrokerOutput::Transport(TransportOutput::PauseReading { conn, .. }) if *conn == c1 => {
                         paused1 = true;
                         pauses += 1;
                     }
-                    BrokerOutput::ResumeReading { conn, .. } if *conn == c1 => paused1 = false,
+                    BrokerOutput::Transport(TransportOutput::ResumeReading { conn, .. }) if *conn == c1 => {
+                        paused1 = false
+                    }
                     _ => {}
                 }
-                let BrokerOutput::Transmit { conn, data, .. } = o else { continue };
+                let BrokerOutput::Transport(TransportOutput::Transmit { conn, data, .. }) = o else { continue };
                 for m in messages(&data) {
                     match (conn == c1, m) {
                         (true, Message::PublishOk(_)) => ok1 += 1,
@@ -99,7 +101,7 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
         }
         // Resumed by a timeout: the stream is read again.
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::ResumeReading { conn, .. } = o
+            if let BrokerOutput::Transport(TransportOutput::ResumeReading { conn, .. }) = o
                 && conn == c1
             {
                 paused1 = false;
@@ -109,7 +111,7 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
         if b.poll_timeout().is_some_and(|d| d <= t) {
             b.handle_timeout(t);
             while let Some(o) = b.poll_output() {
-                if let BrokerOutput::ResumeReading { conn, .. } = o
+                if let BrokerOutput::Transport(TransportOutput::ResumeReading { conn, .. }) = o
                     && conn == c1
                 {
                     paused1 = false;
@@ -136,7 +138,7 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
     for r in 0..20 {
         b.handle_stream_data(c3, s3, publish_binary("orders", &["y"], Some(r + 1), None), false, t);
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, .. } = o {
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
                 acks_seen.extend(acks(&payloads(&data)));
             }
         }
@@ -149,7 +151,8 @@ fn a_tenant_over_its_rate_is_refused_with_when_to_retry_and_others_are_untouched
     for _ in 0..200 {
         b.handle_stream_data(c1, st, publish_as("t1", None), false, t);
     }
-    let answered = std::iter::from_fn(|| b.poll_output()).any(|o| matches!(o, BrokerOutput::Transmit { .. }));
+    let answered = std::iter::from_fn(|| b.poll_output())
+        .any(|o| matches!(o, BrokerOutput::Transport(TransportOutput::Transmit { .. })));
     assert!(!answered);
     assert!(b.stats().publishes_rate_limited > before);
 }
@@ -171,7 +174,7 @@ fn publish_to(tenant: &str, ns: &str, stream: &str, request_id: u64) -> Bytes {
 fn answers(b: &mut Broker) -> Vec<Message> {
     let mut out = Vec::new();
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Transmit { data, .. } = o {
+        if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
             out.extend(messages(&data));
         }
     }
@@ -247,8 +250,8 @@ fn complete_writes(b: &mut Broker, t: std::time::Instant) -> Vec<Message> {
         let mut tokens = Vec::new();
         while let Some(o) = b.poll_output() {
             match o {
-                BrokerOutput::Persist(p) => tokens.push(p.token),
-                BrokerOutput::Transmit { data, .. } => got.extend(messages(&data)),
+                BrokerOutput::Storage(StorageOutput::Persist(p)) => tokens.push(p.token),
+                BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => got.extend(messages(&data)),
                 _ => {}
             }
         }
@@ -288,8 +291,8 @@ fn a_tenant_whose_share_of_the_publish_queue_is_full_is_refused_publish_queue_fu
         b.handle_stream_data(c, st, publish_as(tenant, Some(rid)), false, t0);
         while let Some(o) = b.poll_output() {
             match o {
-                BrokerOutput::Persist(p) => writes.push((p.tenant_id.clone(), p.token)),
-                BrokerOutput::Transmit { data, .. } => {
+                BrokerOutput::Storage(StorageOutput::Persist(p)) => writes.push((p.tenant_id.clone(), p.token)),
+                BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => {
                     refusals.extend(messages(&data).into_iter().filter_map(|m| match m {
                         Message::PublishError(e) => Some((rid, e)),
                         _ => None,
@@ -458,7 +461,7 @@ fn a_namespace_over_its_own_rate_is_refused_and_the_tenants_other_namespaces_go_
         b.handle_stream_data(c, st, publish_to("t1", ns, "s", rid), false, t0);
         // Read again at once, as a driver would once the pause ends.
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, .. } = o {
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
                 return messages(&data).pop();
             }
         }
@@ -503,8 +506,8 @@ fn a_paused_stream_is_read_again_only_once_its_backlog_is_processed() {
     for _ in 0..2000 {
         while let Some(o) = b.poll_output() {
             match o {
-                BrokerOutput::Transmit { data, .. } => answered += messages(&data).len(),
-                BrokerOutput::ResumeReading { .. } => {
+                BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => answered += messages(&data).len(),
+                BrokerOutput::Transport(TransportOutput::ResumeReading { .. }) => {
                     resumes += 1;
                     answered_at_resume.push(answered);
                 }

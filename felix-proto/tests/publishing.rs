@@ -516,12 +516,15 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
     // Past the auth timeout, the oldest unauthenticated connection makes room.
     let later = t0 + std::time::Duration::from_secs(11);
     let newest = b.admit(z, later).unwrap();
-    let closed: Vec<_> = std::iter::from_fn(|| b.poll_output())
-        .filter_map(|o| match o {
-            felix_proto::broker::BrokerOutput::CloseConnection { conn, code, .. } => Some((conn, code)),
-            _ => None,
-        })
-        .collect();
+    let closed: Vec<_> =
+        std::iter::from_fn(|| b.poll_output())
+            .filter_map(|o| match o {
+                felix_proto::broker::BrokerOutput::Transport(
+                    felix_proto::broker::TransportOutput::CloseConnection { conn, code, .. },
+                ) => Some((conn, code)),
+                _ => None,
+            })
+            .collect();
     assert_eq!(closed.len(), 1);
     assert_eq!(closed[0].1, close_code::AUTH_TIMEOUT);
     assert_ne!(closed[0].0, first_z, "the authenticated one is never chosen");
@@ -597,7 +600,7 @@ fn publishers_are_paused_when_storage_falls_behind() {
 /// again once the answers drain.
 #[test]
 fn a_client_that_does_not_read_its_answers_is_paused_not_buffered() {
-    use felix_proto::broker::{Broker, BrokerOutput};
+    use felix_proto::broker::{Broker, BrokerOutput, TransportOutput};
     use felix_proto::transport::{Dir, Side, StreamId, WallClock};
     let mut cfg = config();
     cfg.control_stream_unflushed_bytes = 4096;
@@ -619,8 +622,8 @@ fn a_client_that_does_not_read_its_answers_is_paused_not_buffered() {
     let (mut written, mut paused) = (0usize, false);
     while let Some(o) = b.poll_output() {
         match o {
-            BrokerOutput::Transmit { data, .. } => written += data.len(),
-            BrokerOutput::PauseReading { .. } => paused = true,
+            BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => written += data.len(),
+            BrokerOutput::Transport(TransportOutput::PauseReading { .. }) => paused = true,
             _ => {}
         }
     }
@@ -632,7 +635,7 @@ fn a_client_that_does_not_read_its_answers_is_paused_not_buffered() {
         b.handle_stream_flushed(conn, s, written, t0);
         written = 0;
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, .. } = o {
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
                 written += data.len();
             }
         }
@@ -776,7 +779,7 @@ proptest::proptest! {
 /// is): the driver sees one `PauseReading`, and one `ResumeReading` only when the last goes.
 #[test]
 fn overlapping_pauses_pause_and_resume_once() {
-    use felix_proto::broker::{Broker, BrokerOutput, WriteOutcome};
+    use felix_proto::broker::{Broker, BrokerOutput, StorageOutput, TransportOutput, WriteOutcome};
     use felix_proto::transport::{Dir, Side, StreamId, WallClock, WriteToken};
     #[derive(Default)]
     struct Seen {
@@ -788,10 +791,10 @@ fn overlapping_pauses_pause_and_resume_once() {
     fn drain(b: &mut Broker, seen: &mut Seen) {
         while let Some(o) = b.poll_output() {
             match o {
-                BrokerOutput::PauseReading { .. } => seen.pauses += 1,
-                BrokerOutput::ResumeReading { .. } => seen.resumes += 1,
-                BrokerOutput::Transmit { data, .. } => seen.unflushed += data.len(),
-                BrokerOutput::Persist(p) => seen.writes.push_back(p.token),
+                BrokerOutput::Transport(TransportOutput::PauseReading { .. }) => seen.pauses += 1,
+                BrokerOutput::Transport(TransportOutput::ResumeReading { .. }) => seen.resumes += 1,
+                BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => seen.unflushed += data.len(),
+                BrokerOutput::Storage(StorageOutput::Persist(p)) => seen.writes.push_back(p.token),
                 _ => {}
             }
         }
@@ -847,7 +850,7 @@ fn overlapping_pauses_pause_and_resume_once() {
 /// answers too many): still one `PauseReading`, not one per reason.
 #[test]
 fn one_publish_crossing_two_limits_pauses_once() {
-    use felix_proto::broker::{Broker, BrokerOutput};
+    use felix_proto::broker::{Broker, BrokerOutput, StorageOutput, TransportOutput};
     use felix_proto::transport::{Dir, Side, StreamId, WallClock};
     // Returns (publishes read before the pause, ack bytes written, PauseReading count).
     fn run(unflushed_limit: usize) -> (usize, usize, usize) {
@@ -861,7 +864,7 @@ fn one_publish_crossing_two_limits_pauses_once() {
         b.handle_stream_data(conn, s, auth(None, None, None), false, t0);
         let mut auth_bytes = 0;
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::Transmit { data, .. } = o {
+            if let BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) = o {
                 auth_bytes += data.len();
             }
         }
@@ -873,9 +876,9 @@ fn one_publish_crossing_two_limits_pauses_once() {
         let (mut writes, mut acked, mut pauses) = (0, 0, 0);
         while let Some(o) = b.poll_output() {
             match o {
-                BrokerOutput::Persist(_) => writes += 1,
-                BrokerOutput::Transmit { data, .. } => acked += data.len(),
-                BrokerOutput::PauseReading { .. } => pauses += 1,
+                BrokerOutput::Storage(StorageOutput::Persist(_)) => writes += 1,
+                BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => acked += data.len(),
+                BrokerOutput::Transport(TransportOutput::PauseReading { .. }) => pauses += 1,
                 _ => {}
             }
         }

@@ -151,7 +151,7 @@ fn a_configured_stream_comes_back_with_its_configured_width() {
 /// served, and what storage has not confirmed is counted as work in flight.
 #[test]
 fn a_draining_broker_refuses_new_streams_and_serves_open_ones() {
-    use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, WriteOutcome};
+    use felix_proto::broker::{Broker, BrokerOutput, PeerAddr, StorageOutput, TransportOutput, WriteOutcome};
     use felix_proto::features::Features;
     use felix_proto::transport::{Dir, Side, StreamId, WallClock};
     let now = epoch();
@@ -161,8 +161,8 @@ fn a_draining_broker_refuses_new_streams_and_serves_open_ones() {
         let mut writes = Vec::new();
         while let Some(o) = b.poll_output() {
             match o {
-                BrokerOutput::Transmit { data, .. } => out.extend_from_slice(&data),
-                BrokerOutput::Persist(w) => writes.push(w.token),
+                BrokerOutput::Transport(TransportOutput::Transmit { data, .. }) => out.extend_from_slice(&data),
+                BrokerOutput::Storage(StorageOutput::Persist(w)) => writes.push(w.token),
                 _ => {}
             }
         }

@@ -4,7 +4,7 @@
 mod support;
 
 use bytes::Bytes;
-use felix_proto::broker::{Broker, BrokerOutput, Retention, StreamConfig, StreamSpec};
+use felix_proto::broker::{Broker, BrokerOutput, Retention, StorageOutput, StreamConfig, StreamSpec, TransportOutput};
 use felix_proto::client::{
     ClientConfig, ClientEvent, ClientStream, EndReason, PublishRequest, Reply, SubscribeRequest,
 };
@@ -152,7 +152,7 @@ fn one_encoding_per_batch_is_shared_by_every_subscriber_of_a_shape() {
         b.handle_stream_data(conn, s, auth(Some(0x0027), None, None), false, now);
         b.handle_stream_data(conn, s, subscribe("orders", None), false, now);
         while let Some(o) = b.poll_output() {
-            if let BrokerOutput::OpenUni { conn, token } = o {
+            if let BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) = o {
                 b.handle_stream_opened(conn, token, StreamId(3), now);
             }
         }
@@ -166,15 +166,17 @@ fn one_encoding_per_batch_is_shared_by_every_subscriber_of_a_shape() {
     let mut writes = Vec::new();
     while let Some(o) = b.poll_output() {
         match o {
-            BrokerOutput::Transmit { conn, data, .. } if subs.contains(&conn) => heads.push(data),
-            BrokerOutput::Persist(w) => writes.push(w),
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, data, .. }) if subs.contains(&conn) => {
+                heads.push(data)
+            }
+            BrokerOutput::Storage(StorageOutput::Persist(w)) => writes.push(w),
             _ => {}
         }
     }
     assert_eq!(writes.len(), 1);
     b.handle_write_complete(writes[0].token, true, now);
     while let Some(o) = b.poll_output() {
-        if let BrokerOutput::Transmit { conn, data, .. } = o
+        if let BrokerOutput::Transport(TransportOutput::Transmit { conn, data, .. }) = o
             && subs.contains(&conn)
         {
             heads.push(data);

@@ -142,7 +142,7 @@ impl Broker {
     /// Deletes a stream and everything it holds: its subscriptions end after delivering what
     /// they have queued, with `stream_deleted` for clients that read it; publishes still waiting
     /// for their write are refused `not_found` (nothing of them will be read); its consumer
-    /// groups go too; storage is told to remove its files ([`BrokerOutput::DeleteStream`]), so a
+    /// groups go too; storage is told to remove its files ([`StorageOutput::DeleteStream`]), so a
     /// restart does not bring it back. A stream of the same name can then be created again,
     /// with the width its configuration gives it then.
     pub fn delete_stream(&mut self, tenant: &str, ns: &str, stream: &str, now: Instant) -> bool {
@@ -194,16 +194,16 @@ impl Broker {
             for (to, id) in ctx.forwards {
                 let outcome =
                     ForwardOutcome::Refused { code: r.code.clone(), retry: r.retry, message: r.message.clone() };
-                self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }));
             }
         }
         // Files: the stream's own when it is durable, its groups' system logs always.
         for g in gone.iter().filter(|g| entry.config.durable || **g != k) {
-            self.out.push_back(BrokerOutput::DeleteStream {
+            self.out.push_back(BrokerOutput::Storage(StorageOutput::DeleteStream {
                 tenant_id: g.tenant().to_owned(),
                 namespace: g.namespace().to_owned(),
                 stream: g.name().to_owned(),
-            });
+            }));
         }
         for shard in entry.shards {
             for (conn, id) in shard.subs {
@@ -238,11 +238,11 @@ impl Broker {
                         == (d.tenant_id.as_str(), d.namespace.as_str(), d.stream.as_str())
             });
             if existed {
-                self.out.push_back(BrokerOutput::ProposeStreamDeletion {
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeStreamDeletion {
                     tenant_id: d.tenant_id.clone(),
                     namespace: d.namespace.clone(),
                     stream: d.stream.clone(),
-                });
+                }));
             }
             let m = Message::StreamDeleteOk(message::StreamDeleteOk { request_id: d.request_id, existed });
             return self.send(conn, st, json_frame(&m));
@@ -285,7 +285,7 @@ impl Broker {
             addr: owner.addr.clone(),
             generation: owner.generation,
             down: false,
-            reason: "",
+            reason: Unavailable::OwnerDown,
         });
         let subs = std::mem::take(&mut s.subs);
         for (conn, id) in subs {

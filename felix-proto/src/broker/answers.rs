@@ -104,7 +104,7 @@ impl Broker {
         }
         if st.held.is_empty() {
             Self::count_unflushed(&mut self.out, self.cfg.control_stream_unflushed_bytes, conn, st, data.len());
-            self.out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream: st.id, data }));
         } else {
             st.held.push_back(Held::Ready(data));
         }
@@ -121,7 +121,7 @@ impl Broker {
     ) {
         st.unflushed += n;
         if st.unflushed > limit && !st.pauses.has(Pause::Flush) && st.pause(Pause::Flush) {
-            out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+            out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
         }
     }
 
@@ -151,7 +151,7 @@ impl Broker {
                 && !st.send_finished
             {
                 st.unflushed += data.len();
-                out.push_back(BrokerOutput::Transmit { conn, stream: st.id, data });
+                out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream: st.id, data }));
             }
         }
     }
@@ -183,7 +183,7 @@ impl Broker {
         st.next_seq += 1;
         st.owed.push_back(Owed { seq, answer: None });
         if st.owed.len() >= window as usize && !st.pauses.has(Pause::Window) && st.pause(Pause::Window) {
-            self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
         }
         AnswerSlot::Owed(seq)
     }

@@ -52,7 +52,7 @@ impl Broker {
         if self.moves_out.get(&s).is_none_or(|o| o.to() != from) {
             let why = format!("no move of cache {} to {from} here", s.name);
             let m = CopyMessage::Answer(CopyAnswer { shard: s, body: CopyBody::Refused(why) });
-            return self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message: m });
+            return self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message: m }));
         }
         let k = cache_key(&s);
         let tail = self.cache_tail(&k);
@@ -79,7 +79,7 @@ impl Broker {
             shard: s.clone(),
             body: CopyBody::Cache { tail, cutting, full, records, counters },
         });
-        self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message }));
         self.maybe_cut_over(&s, now);
     }
 
@@ -169,12 +169,12 @@ impl Broker {
         self.counters.remove(&k);
         for log in [syslog::cache_log_key(&k), syslog::counters_key(&k)] {
             if self.streams.remove(&log).is_some() {
-                self.out.push_back(BrokerOutput::ResetShard {
+                self.out.push_back(BrokerOutput::Storage(StorageOutput::ResetShard {
                     tenant_id: log.tenant().to_owned(),
                     namespace: log.namespace().to_owned(),
                     stream: log.name().to_owned(),
                     shard: 0,
-                });
+                }));
             }
         }
     }

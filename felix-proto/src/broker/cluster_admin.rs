@@ -144,10 +144,10 @@ impl Broker {
         let offer = Self::features_of(st);
         self.cluster_admin.insert(id, PendingAdmin { conn, stream: st.id, request_id, offer });
         Self::hold(st, HeldFor::Admin(id));
-        self.out.push_back(BrokerOutput::ClusterAdmin { id, request });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { id, request }));
     }
 
-    /// The cluster node answered a [`BrokerOutput::ClusterAdmin`]: the client gets it in its
+    /// The cluster node answered a [`ClusterOutput::ClusterAdmin`]: the client gets it in its
     /// turn on its stream.
     pub fn handle_cluster_admin_answer(&mut self, id: u64, answer: ClusterAdminAnswer) {
         let Some(p) = self.cluster_admin.remove(&id) else { return };

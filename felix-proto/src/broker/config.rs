@@ -17,47 +17,8 @@ pub struct Retention {
     pub max_age: Option<Duration>,
 }
 
-/// When a stream's appends reach the disk (carried to storage with each write).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsyncMode {
-    /// Before each write is reported (an ack on commit then means "on disk").
-    Always,
-    /// At most this long after a write.
-    Interval(Duration),
-    /// When the operating system decides.
-    Never,
-}
-
-/// As users write it (`always`, `never`, `interval:MS`): what [`FromStr`](std::str::FromStr)
-/// reads back.
-impl std::fmt::Display for FsyncMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FsyncMode::Always => f.write_str("always"),
-            FsyncMode::Interval(d) => write!(f, "interval:{}", d.as_millis()),
-            FsyncMode::Never => f.write_str("never"),
-        }
-    }
-}
-
-/// `always`, `never` or `interval:MS` (the CLI's and config file's spelling).
-impl std::str::FromStr for FsyncMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<FsyncMode, String> {
-        match s {
-            "always" => Ok(FsyncMode::Always),
-            "never" => Ok(FsyncMode::Never),
-            other => match other.strip_prefix("interval:").or_else(|| other.strip_prefix("interval=")) {
-                Some(ms) => ms
-                    .trim_end_matches("ms")
-                    .parse::<u64>()
-                    .map(|ms| FsyncMode::Interval(Duration::from_millis(ms)))
-                    .map_err(|_| format!("bad interval in {other:?}: expected interval:MILLISECONDS")),
-                None => Err(format!("unknown fsync policy {other:?}: expected always, never or interval:MS")),
-            },
-        }
-    }
-}
+/// When a stream's appends reach the disk: storage's policy (defined with storage).
+pub use crate::storage::FsyncMode;
 
 /// Configuration of one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +179,7 @@ pub struct BrokerConfig {
     pub max_unauthenticated_connections: usize,
     /// Connections that authenticated no stream yet, per peer address.
     pub max_unauthenticated_per_peer: usize,
-    /// The driver can read history back from storage (`BrokerOutput::Read`), so durable shards
+    /// The driver can read history back from storage (`StorageOutput::Read`), so durable shards
     /// keep only `memory_bytes` of history in memory. Off: all retained history stays in memory.
     pub history_reads: bool,
     /// Most payload bytes one history read returns.

@@ -51,11 +51,11 @@ impl Broker {
                 return Err(AdmitError::TooManyUnauthenticated { max: self.cfg.max_unauthenticated_connections });
             };
             self.stats.connections_evicted += 1;
-            self.out.push_back(BrokerOutput::CloseConnection {
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::CloseConnection {
                 conn: old,
                 code: close_code::AUTH_TIMEOUT,
                 reason: "unauthenticated for too long while others wait".into(),
-            });
+            }));
             self.drop_conn(old);
         }
         Ok(self.open_conn(Some(peer), now))
@@ -227,13 +227,13 @@ impl Broker {
         let Some(sub_id) = c.opens.remove(&token) else { return };
         let Some(sub) = c.subs.get_mut(&sub_id) else {
             // The subscription ended before its stream opened: close the stream at once.
-            self.out.push_back(BrokerOutput::Finish { conn, stream });
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::Finish { conn, stream }));
             return;
         };
         sub.stream = Some(stream);
         let hello = json_frame(&Message::EventStreamHello(message::EventStreamHello { subscription_id: sub.id }));
         sub.inflight += hello.len();
-        self.out.push_back(BrokerOutput::Transmit { conn, stream, data: hello });
+        self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data: hello }));
         self.pump(conn, sub_id);
     }
 
@@ -241,7 +241,7 @@ impl Broker {
     /// stream it is. Required on control streams as well as event streams: on an event stream
     /// the writer credit comes back and more queued batches are written; on a control stream the
     /// unread answers go down, and a stream paused because its client did not read its answers
-    /// ([`BrokerOutput::PauseReading`]) is resumed only by this call. A driver that reports event
+    /// ([`TransportOutput::PauseReading`]) is resumed only by this call. A driver that reports event
     /// streams alone leaves such a stream paused for ever.
     pub fn handle_stream_flushed(&mut self, conn: ConnId, stream: StreamId, bytes: usize, now: Instant) {
         let now = self.clock.advance(now);
@@ -283,11 +283,11 @@ impl Broker {
                     // Bad magic, bad version, oversized frame: the byte stream cannot be
                     // trusted any more. Close the connection (decision D10).
                     self.stats.protocol_violations += 1;
-                    self.out.push_back(BrokerOutput::CloseConnection {
+                    self.out.push_back(BrokerOutput::Transport(TransportOutput::CloseConnection {
                         conn,
                         code: close_code::PROTOCOL_VIOLATION,
                         reason: e.to_string(),
-                    });
+                    }));
                     self.drop_conn(conn);
                     return;
                 }
@@ -297,7 +297,7 @@ impl Broker {
         // again, if a pause ended meanwhile.
         if st.resume_owed && st.reading() {
             st.resume_owed = false;
-            self.out.push_back(BrokerOutput::ResumeReading { conn, stream: sid });
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::ResumeReading { conn, stream: sid }));
         }
         if st.recv == Recv::Finished && st.reading() && st.decoder.finish().is_err() {
             // The client finished the stream inside a frame: nothing more can come.
@@ -332,7 +332,7 @@ impl Broker {
         if st.recv != Recv::Open && drained && st.outstanding == 0 && !st.send_finished {
             st.send_finished = true;
             if !st.uni {
-                self.out.push_back(BrokerOutput::Finish { conn, stream: st.id });
+                self.out.push_back(BrokerOutput::Transport(TransportOutput::Finish { conn, stream: st.id }));
             }
         }
     }
@@ -343,7 +343,11 @@ impl Broker {
             return;
         }
         st.recv = Recv::Closed;
-        self.out.push_back(BrokerOutput::StopSending { conn, stream: st.id, code: close_code::STREAM_CLOSED });
+        self.out.push_back(BrokerOutput::Transport(TransportOutput::StopSending {
+            conn,
+            stream: st.id,
+            code: close_code::STREAM_CLOSED,
+        }));
     }
 
     // -----------------------------------------------------------------------------------------

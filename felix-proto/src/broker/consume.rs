@@ -13,7 +13,10 @@
 use super::group::{Delivery, Group, GroupOp, Member, Parked, PollRequest, Settle};
 use super::requests::Missing;
 use super::syslog::SysPending;
-use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, json_frame, key};
+use super::{
+    Broker, BrokerOutput, ClusterOutput, CtlStream, HeldFor, Key, ReadFor, ReadRequest, Refusal, StorageOutput,
+    json_frame, key,
+};
 use crate::broker::auth::Action;
 use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
@@ -184,7 +187,7 @@ impl Broker {
         self.next_write += 1;
         let batch = ReplicatedBatch::side_entry(self.wall.micros(now), &[op.encode()]);
         let id = super::replicated::stream_shard(k, shard);
-        self.out.push_back(BrokerOutput::Replicate { token, shard: id, batch });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard: id, batch }));
         self.group_proposals.insert(token, GroupProposal { conn, stream, data: k.clone(), shard, op, answer });
         token
     }
@@ -294,8 +297,14 @@ impl Broker {
         }
         self.groups.entry((k.clone(), shard)).or_default();
         let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        Err(super::Moved { node_id: local, addr: None, generation: 0, down: true, reason: "confirming_leader" }
-            .unavailable(shard))
+        Err(super::Moved {
+            node_id: local,
+            addr: None,
+            generation: 0,
+            down: true,
+            reason: super::Unavailable::ConfirmingLeader,
+        }
+        .unavailable(shard))
     }
 
     /// [`group_target`](Self::group_target), and for a read of a replicated shard's groups,
@@ -426,7 +435,7 @@ impl Broker {
             Some(from) if from < memory_start => {
                 let token = ReadToken(self.next_read);
                 self.next_read += 1;
-                self.out.push_back(BrokerOutput::Read(ReadRequest {
+                self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                     token,
                     tenant_id: fill.data.tenant().to_owned(),
                     namespace: fill.data.namespace().to_owned(),
@@ -435,7 +444,7 @@ impl Broker {
                     from,
                     end: memory_start,
                     max_bytes: self.cfg.history_read_bytes,
-                }));
+                })));
                 fill.slot.get_or_insert(HeldFor::Read(token));
                 self.reads.insert(token, ReadFor::Poll(Box::new(fill)));
                 Filled::Reading(token)

@@ -3,9 +3,9 @@
 //! owner's identity in the binary ack's 0x0080 section, for a client that offered it).
 //!
 //! ```text
-//!   client ──publish──▶ origin ──BrokerOutput::Forward──▶ (driver, cluster transport)
+//!   client ──publish──▶ origin ──ClusterOutput::Forward──▶ (driver, cluster transport)
 //!                                                           ──▶ owner.handle_forwarded
-//!   client ◀──answer─── origin ◀──handle_forward_answer── ◀── BrokerOutput::ForwardAnswer
+//!   client ◀──answer─── origin ◀──handle_forward_answer── ◀── ClusterOutput::ForwardAnswer
 //! ```
 //!
 //! Only plain publishes (JSON or binary, acked or not) are forwarded: idempotent and
@@ -128,7 +128,7 @@ impl Broker {
             self.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: to });
         }
         self.stats.publishes_forwarded += 1;
-        self.out.push_back(BrokerOutput::Forward {
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Forward {
             to: owner.node_id.clone(),
             publish: ForwardedPublish {
                 id,
@@ -141,12 +141,12 @@ impl Broker {
                 publisher,
                 acked,
             },
-        });
+        }));
         true
     }
 
     /// A publish another broker of the cluster forwarded here (the owner side). Its answer, for
-    /// an acked one, comes out as [`BrokerOutput::ForwardAnswer`] to `from`.
+    /// an acked one, comes out as [`ClusterOutput::ForwardAnswer`] to `from`.
     pub fn handle_forwarded(&mut self, from: &str, p: ForwardedPublish, now: Instant) {
         let now = self.clock.advance(now);
         self.stats.publishes_forwarded_in += 1;
@@ -157,7 +157,7 @@ impl Broker {
         if let Err(r) = self.owned_here(&p.tenant_id, &p.namespace, &p.stream, p.shard) {
             if acked {
                 let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
-                self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to: from, id, outcome: o }));
             }
             return;
         }
@@ -186,14 +186,14 @@ impl Broker {
         };
         if let Some(o) = outcome {
             if acked {
-                self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to: from, id, outcome: o }));
             }
             return;
         }
         if let Err(r) = self.storage_gate(&k, p.shard, now) {
             if acked {
                 let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
-                self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to: from, id, outcome: o }));
             }
             return;
         }
@@ -202,7 +202,11 @@ impl Broker {
             Err(r) => {
                 if acked {
                     let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
-                    self.out.push_back(BrokerOutput::ForwardAnswer { to: from, id, outcome: o });
+                    self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer {
+                        to: from,
+                        id,
+                        outcome: o,
+                    }));
                 }
                 return;
             }
@@ -220,11 +224,11 @@ impl Broker {
             self.count_queued(token, queued);
         }
         match appended {
-            None if acked => self.out.push_back(BrokerOutput::ForwardAnswer {
+            None if acked => self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer {
                 to: from,
                 id,
                 outcome: ForwardOutcome::Appended { offset: None },
-            }),
+            })),
             None => {}
             Some(token) if acked => {
                 if let Some(ctx) = self.writes.get_mut(&token) {

@@ -110,7 +110,13 @@ impl Broker {
         match view.owners.get(&id) {
             None => CacheHome::Unknown,
             Some((owner, _, _)) if *owner == view.local && self.fenced => {
-                let m = Moved { node_id: owner.clone(), addr: None, generation: 0, down: true, reason: "fenced" };
+                let m = Moved {
+                    node_id: owner.clone(),
+                    addr: None,
+                    generation: 0,
+                    down: true,
+                    reason: Unavailable::Fenced,
+                };
                 CacheHome::Refused(m.unavailable(0))
             }
             // Handing the cache over to its next owner: writes and new watches wait.
@@ -124,7 +130,7 @@ impl Broker {
                 addr: addr.clone(),
                 generation: *generation,
                 down: view.unavailable.contains(&id),
-                reason: "",
+                reason: Unavailable::OwnerDown,
             }),
         }
     }
@@ -134,12 +140,12 @@ impl Broker {
     fn cache_creating(&mut self, t: &str, ns: &str, c: &str) -> Refusal {
         let spec = self.cfg.caches.iter().find(|s| s.tenant_id == t && s.namespace == ns && s.name == c);
         let replication = spec.map_or(self.cfg.cache_replication, |s| s.replication);
-        self.out.push_back(BrokerOutput::ProposeCache {
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCache {
             tenant_id: t.to_owned(),
             namespace: ns.to_owned(),
             cache: c.to_owned(),
             replication,
-        });
+        }));
         let mut r =
             Refusal::new(ErrorCode::ShardUnavailable, format!("cache {ns}/{c} is being created in the cluster; retry"));
         r.detail = Some(ErrorDetail { reason: Some("creating".into()), retry_after_ms: Some(200) });
@@ -241,7 +247,7 @@ impl Broker {
             .insert(id, PendingRequest { conn, stream: st.id, offer, write, deadline, owner: moved.node_id.clone() });
         Self::hold(st, HeldFor::Forward(id));
         self.stats.requests_forwarded += 1;
-        self.out.push_back(BrokerOutput::ForwardRequest { to: moved.node_id, request: fwd });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardRequest { to: moved.node_id, request: fwd }));
         true
     }
 
@@ -324,7 +330,7 @@ impl Broker {
     }
 
     /// Owner side: a cache or counter request another broker forwarded here. Its answer comes
-    /// out as [`BrokerOutput::ForwardRequestAnswer`] to `from`.
+    /// out as [`ClusterOutput::ForwardRequestAnswer`] to `from`.
     pub fn handle_forwarded_request(&mut self, from: &str, r: ForwardedRequest, now: Instant) {
         let now = self.clock.advance(now);
         self.stats.requests_forwarded_in += 1;
@@ -336,7 +342,11 @@ impl Broker {
         };
         let answer_now = |b: &mut Broker, refusal: Refusal| {
             let data = json_frame(&Self::error_message(&offer, &refusal));
-            b.out.push_back(BrokerOutput::ForwardRequestAnswer { to: from.to_owned(), id: r.id, data });
+            b.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer {
+                to: from.to_owned(),
+                id: r.id,
+                data,
+            }));
         };
         let mut d = FrameDecoder::new();
         d.push(r.request.clone());
@@ -358,7 +368,11 @@ impl Broker {
             }
             CacheHome::Elsewhere(moved) => {
                 let data = json_frame(&Self::not_leader_answer(self.server_features, &offer, &moved, 0));
-                self.out.push_back(BrokerOutput::ForwardRequestAnswer { to: from.to_owned(), id: r.id, data });
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer {
+                    to: from.to_owned(),
+                    id: r.id,
+                    data,
+                }));
                 return;
             }
             CacheHome::Refused(refusal) => return answer_now(self, refusal),
@@ -420,21 +434,21 @@ impl Broker {
     /// an internal stream goes back to the origin; everything else about it is dropped.
     pub(super) fn intercept_internal(&mut self, o: BrokerOutput) -> Option<BrokerOutput> {
         let conn = match &o {
-            BrokerOutput::Transmit { conn, .. }
-            | BrokerOutput::Finish { conn, .. }
-            | BrokerOutput::StopSending { conn, .. }
-            | BrokerOutput::PauseReading { conn, .. }
-            | BrokerOutput::ResumeReading { conn, .. }
-            | BrokerOutput::OpenUni { conn, .. } => *conn,
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, .. })
+            | BrokerOutput::Transport(TransportOutput::Finish { conn, .. })
+            | BrokerOutput::Transport(TransportOutput::StopSending { conn, .. })
+            | BrokerOutput::Transport(TransportOutput::PauseReading { conn, .. })
+            | BrokerOutput::Transport(TransportOutput::ResumeReading { conn, .. })
+            | BrokerOutput::Transport(TransportOutput::OpenUni { conn, .. }) => *conn,
             _ => return Some(o),
         };
         let Some(origin) = self.served.conns.get(&conn).cloned() else { return Some(o) };
-        let BrokerOutput::Transmit { stream, data, .. } = o else { return None };
+        let BrokerOutput::Transport(TransportOutput::Transmit { stream, data, .. }) = o else { return None };
         let id = self.served.streams.remove(&(conn, stream))?;
         if let Some(c) = self.conns.get_mut(&conn) {
             c.streams.remove(&stream);
         }
-        Some(BrokerOutput::ForwardRequestAnswer { to: origin, id, data })
+        Some(BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer { to: origin, id, data }))
     }
 }
 

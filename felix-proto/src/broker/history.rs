@@ -1,13 +1,16 @@
 //! Reading history without subscribing: `stream_read` pages and `offset_for_time`.
 //!
 //! A page below what a shard holds in memory is read from storage first (a
-//! [`BrokerOutput::Read`]), then filled on from memory. Answers on the request's stream stay in
+//! [`StorageOutput::Read`]), then filled on from memory. Answers on the request's stream stay in
 //! request order while the read is out: later answers are held behind it, because `error` and
 //! `subscribe_cursor_error` carry no request id and are matched by order.
 
 use super::log::Page;
 use super::requests::Missing;
-use super::{Broker, BrokerOutput, CtlStream, HeldFor, Key, PageRead, ReadFor, ReadRequest, Refusal, json_frame, key};
+use super::{
+    Broker, BrokerOutput, CtlStream, HeldFor, Key, PageRead, ReadFor, ReadRequest, Refusal, StorageOutput, json_frame,
+    key,
+};
 use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
 use crate::message::{self, B64, CursorErrorReason, Message};
@@ -132,7 +135,7 @@ impl Broker {
         if r.from < end && r.from < memory_start {
             let token = ReadToken(self.next_read);
             self.next_read += 1;
-            self.out.push_back(BrokerOutput::Read(ReadRequest {
+            self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                 token,
                 tenant_id: k.tenant().to_owned(),
                 namespace: k.namespace().to_owned(),
@@ -141,7 +144,7 @@ impl Broker {
                 from: r.from,
                 end: memory_start.min(end),
                 max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
-            }));
+            })));
             let read = PageRead { conn, stream: st.id, request_id: r.request_id, key: k, shard: r.shard, end, page };
             self.reads.insert(token, ReadFor::Page(read));
             Self::hold(st, HeldFor::Read(token));

@@ -44,7 +44,7 @@ impl Broker {
         hold.streams.push((conn, st.id));
         self.stats.publishers_held += 1;
         if st.pause(Pause::Subscribers) {
-            self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
         }
     }
 

@@ -142,8 +142,8 @@ impl Broker {
         }
         let (phase, reason) = match (&moved, mine) {
             _ if self.fenced && mine => ("fencing", Some("lease_lapsed")),
-            (Some(("moving", _)), true) => ("draining", Some("draining")),
-            (Some(("fenced", _)), true) => ("fencing", Some("lease_lapsed")),
+            (Some((super::Unavailable::Moving, _)), true) => ("draining", Some("draining")),
+            (Some((super::Unavailable::Fenced, _)), true) => ("fencing", Some("lease_lapsed")),
             (Some((_, true)), true) => ("opening", Some("opening")),
             (None, true) => ("active", None),
             (_, true) => ("active", None),

@@ -27,7 +27,8 @@
 //! Decisions that depend on what a client offered are taken per control stream, from the
 //! `auth` that opened it: a frame or field a client did not offer is never sent to it.
 
-pub mod auth;
+/// Credentials and permissions live on a floor below the broker (jwt.rs reads them too).
+pub use crate::auth;
 mod cache;
 pub mod config;
 mod consume;
@@ -79,11 +80,13 @@ pub use group::GroupLimits;
 pub use inspect::ShardSummary;
 pub use limits::TenantLimit;
 pub use notice::Notice;
-pub use output::{AdmitError, BrokerOutput, BrokerStats, PeerAddr, PersistRequest, ReadRequest, WriteOutcome};
+pub use output::{
+    AdmitError, BrokerOutput, BrokerStats, ClusterOutput, PeerAddr, PersistRequest, ReadRequest, StorageOutput,
+    TransportOutput, WriteOutcome,
+};
 pub use replicated::ReplicaRole;
 pub use requests::{MAX_NAME_BYTES, name_problem};
 
-pub(crate) use producer::digest as records_digest;
 use publish::PublishReq;
 use requests::{Missing, check_names, check_new_name};
 
@@ -111,34 +114,66 @@ struct Moved {
     /// The owner is down with records only it holds: requests are `shard_unavailable` (retry)
     /// until it comes back, not redirected or forwarded to it.
     down: bool,
-    /// Why it is unavailable when `down` (`owner_down`; for a replicated shard `not_ready`
-    /// while a new leader settles, `no_leader` while its replicas elect one).
-    reason: &'static str,
+    /// Why it is unavailable when `down`.
+    reason: Unavailable,
+}
+
+/// Why a shard is unavailable here (a [`Moved`] mark that is `down`): the `reason` word of
+/// the `shard_unavailable` answer, what it says and how soon to retry. One type, matched by
+/// the compiler, where the words were once compared as strings in several files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unavailable {
+    /// The owner is down, and holds the shard's records (`owner_down`).
+    OwnerDown,
+    /// A replicated shard's new leader is settling its readable bound (`not_ready`).
+    NotReady,
+    /// A replicated shard's replicas are electing a leader (`no_leader`).
+    NoLeader,
+    /// The leader is confirming it still leads before it answers a read (`confirming_leader`).
+    ConfirmingLeader,
+    /// The shard is cutting over to another broker (`moving`).
+    Moving,
+    /// This broker lost contact with the metadata leader (`fenced`).
+    Fenced,
+}
+
+impl Unavailable {
+    /// The word on the wire (`ErrorDetail::reason`).
+    fn wire(self) -> &'static str {
+        match self {
+            Unavailable::OwnerDown => "owner_down",
+            Unavailable::NotReady => "not_ready",
+            Unavailable::NoLeader => "no_leader",
+            Unavailable::ConfirmingLeader => "confirming_leader",
+            Unavailable::Moving => "moving",
+            Unavailable::Fenced => "fenced",
+        }
+    }
 }
 
 impl Moved {
     /// The answer for a shard whose owner is down.
     fn unavailable(&self, shard: u32) -> Refusal {
         let (message, retry_ms) = match self.reason {
-            "not_ready" => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
-            "no_leader" => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
-            "confirming_leader" => {
+            Unavailable::NotReady => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
+            Unavailable::NoLeader => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
+            Unavailable::ConfirmingLeader => {
                 (format!("shard {shard}'s leader is confirming with its replicas that it still leads; retry"), 50)
             }
-            "moving" => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 50),
-            "fenced" => (
+            Unavailable::Moving => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 50),
+            Unavailable::Fenced => (
                 format!(
                     "this broker lost contact with the cluster's metadata leader: it serves shard {shard} again once back in contact; retry (another broker may own it by then)"
                 ),
                 500,
             ),
-            _ => (
+            Unavailable::OwnerDown => (
                 format!("shard {shard} is owned by {}, which is down; it holds the shard's records", self.node_id),
                 1000,
             ),
         };
         let mut r = Refusal::new(ErrorCode::ShardUnavailable, message);
-        let reason = if self.reason.is_empty() { "owner_down" } else { self.reason };
+        let reason = self.reason.wire();
         r.detail = Some(crate::binary::ErrorDetail { reason: Some(reason.into()), retry_after_ms: Some(retry_ms) });
         r.retry = RetryClass::Retry;
         r
@@ -992,14 +1027,14 @@ impl Broker {
                 }
                 let producers_forgotten = shard.producers.retain_from(after);
                 if entry.config.durable {
-                    self.out.push_back(BrokerOutput::Truncate {
+                    self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
                         tenant_id: k.tenant().to_owned(),
                         namespace: k.namespace().to_owned(),
                         stream: k.name().to_owned(),
                         shard: i as u32,
                         start: after,
                         producers_forgotten,
-                    });
+                    }));
                 }
             }
         }

@@ -262,12 +262,12 @@ impl Broker {
         sh.log.reset_to(0);
         sh.producers = Default::default();
         sh.state = Default::default();
-        self.out.push_back(BrokerOutput::ResetShard {
+        self.out.push_back(BrokerOutput::Storage(StorageOutput::ResetShard {
             tenant_id: s.tenant.clone(),
             namespace: s.namespace.clone(),
             stream: s.name.clone(),
             shard: s.shard,
-        });
+        }));
     }
 
     /// Time passed: lost copy requests asked again, cut-overs and finishes proposed (again),
@@ -306,7 +306,7 @@ impl Broker {
         i.due = None;
         let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next, max_bytes: COPY_CHUNK_BYTES });
         let to = i.from.clone();
-        self.out.push_back(BrokerOutput::Copy { to, message });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to, message }));
     }
 
     /// The new owner, with everything below the cut-over tail written: it proposes the finish.
@@ -321,7 +321,11 @@ impl Broker {
             return;
         }
         i.proposed = Some(now);
-        self.out.push_back(BrokerOutput::ProposeCluster(Command::FinishMove { shard: s.clone(), to: local, at }));
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCluster(Command::FinishMove {
+            shard: s.clone(),
+            to: local,
+            at,
+        })));
     }
 
     /// The old owner, writes stopped: once the writes in flight are done it proposes the
@@ -337,7 +341,9 @@ impl Broker {
                 if let Some(o) = self.moves_out.get_mut(s) {
                     o.proposed = Some(now);
                 }
-                self.out.push_back(BrokerOutput::ProposeCluster(Command::CancelMove { shard: s.clone() }));
+                self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCluster(Command::CancelMove {
+                    shard: s.clone(),
+                })));
             }
             return;
         }
@@ -363,7 +369,11 @@ impl Broker {
         if let Some(o) = self.moves_out.get_mut(s) {
             o.proposed = Some(now);
         }
-        self.out.push_back(BrokerOutput::ProposeCluster(Command::CutOver { shard: s.clone(), from: local, at }));
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCluster(Command::CutOver {
+            shard: s.clone(),
+            from: local,
+            at,
+        })));
     }
 
     /// A new owner asks for records (it copies a shard moving here from this broker).
@@ -376,11 +386,11 @@ impl Broker {
         let refuse = |why: String| CopyMessage::Answer(CopyAnswer { shard: s.clone(), body: CopyBody::Refused(why) });
         if self.moves_out.get(&s).is_none_or(|o| o.to != from) {
             let m = refuse(format!("no move of {} shard {} to {from} here", s.name, s.shard));
-            return self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message: m });
+            return self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message: m }));
         }
         let Some(log) = self.shard_log(&s) else {
             let m = refuse(format!("{} is not here", s.name));
-            return self.out.push_back(BrokerOutput::Copy { to: from.to_owned(), message: m });
+            return self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message: m }));
         };
         let max = (q.max_bytes.clamp(1, COPY_CHUNK_BYTES * 16)) as usize;
         let want = q.from.unwrap_or_else(|| log.start()).max(log.start());
@@ -389,7 +399,7 @@ impl Broker {
             // Older history is on disk: read it, answer when storage has.
             let token = ReadToken(self.next_read);
             self.next_read += 1;
-            self.out.push_back(BrokerOutput::Read(ReadRequest {
+            self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                 token,
                 tenant_id: s.tenant.clone(),
                 namespace: s.namespace.clone(),
@@ -398,7 +408,7 @@ impl Broker {
                 from: want,
                 end: memory_start,
                 max_bytes: max,
-            }));
+            })));
             self.reads.insert(token, ReadFor::Copy { to: from.to_owned(), shard: s, max });
             return;
         }
@@ -443,7 +453,7 @@ impl Broker {
             shard: s.clone(),
             body: CopyBody::Batches { start, tail, cutting, batches },
         });
-        self.out.push_back(BrokerOutput::Copy { to: to.to_owned(), message });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: to.to_owned(), message }));
         self.maybe_cut_over(&s, now);
     }
 
@@ -502,7 +512,7 @@ impl Broker {
             next = end;
             let token = WriteToken(self.next_write);
             self.next_write += 1;
-            self.out.push_back(BrokerOutput::Persist(PersistRequest {
+            self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
                 token,
                 tenant_id: s.tenant.clone(),
                 namespace: s.namespace.clone(),
@@ -517,7 +527,7 @@ impl Broker {
                 state: b.state.clone(),
                 fsync,
                 stream_shards,
-            }));
+            })));
             self.import_writes.insert(token, (s.clone(), b));
             writes += 1;
         }
@@ -570,5 +580,5 @@ impl Broker {
 /// What a shard cutting over says to new writes and readers: `shard_unavailable` reason
 /// `moving`, retry.
 pub(super) fn moving_mark(to: &str) -> Moved {
-    Moved { node_id: to.to_owned(), addr: None, generation: 0, down: true, reason: "moving" }
+    Moved { node_id: to.to_owned(), addr: None, generation: 0, down: true, reason: Unavailable::Moving }
 }

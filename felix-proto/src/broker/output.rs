@@ -1,14 +1,29 @@
 //! What the broker tells its driver: outputs, storage requests and results, admission, counters.
 
 use super::*;
-use crate::binary::Records;
-use crate::transport::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
+use crate::transport::{ConnId, OpenToken, StreamId};
 use bytes::Bytes;
+
+/// Storage's requests and results: defined with storage (a floor below the broker), named here
+/// too because the broker's outputs carry them.
+pub use crate::storage::{PersistRequest, ReadRequest, WriteOutcome};
 
 /// Something the driver must do. Match it exhaustively (it is deliberately not
 /// `#[non_exhaustive]`): a new variant is a new duty, and a catch-all arm would drop it silently.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerOutput {
+    /// For the transport ([`TransportOutput`]).
+    Transport(TransportOutput),
+    /// For storage ([`StorageOutput`]).
+    Storage(StorageOutput),
+    /// For the cluster ([`ClusterOutput`]).
+    Cluster(ClusterOutput),
+}
+
+/// What the driver does on the client connections' transport: write, finish or stop a stream,
+/// open one, pause or resume reading one, close a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportOutput {
     /// Write `data` on `stream` (after everything written on it before).
     Transmit {
         /// Connection.
@@ -56,6 +71,22 @@ pub enum BrokerOutput {
         /// Stream.
         stream: StreamId,
     },
+    /// Close the connection.
+    CloseConnection {
+        /// Connection.
+        conn: ConnId,
+        /// QUIC application error code (see [`close_code`](crate::transport::close_code)).
+        code: u64,
+        /// Human-readable reason.
+        reason: String,
+    },
+}
+
+/// What the driver's storage does: persist a batch, read history, truncate for retention, delete
+/// a stream or reset a shard. A broker without storage answers writes itself (see
+/// [`crate::storage::MemStorage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageOutput {
     /// Persist records, then report with `handle_write_complete(token, ok)`. Writes of one shard
     /// should complete in the order they were asked for (they become visible in offset order
     /// either way).
@@ -95,6 +126,26 @@ pub enum BrokerOutput {
         /// Stream.
         stream: String,
     },
+    /// Storage removes everything it holds of one shard (after the writes asked for before
+    /// this): a shard moving here is copied from the old owner's start, whatever was here
+    /// from an earlier stay. Writes asked for after this land in the emptied shard.
+    ResetShard {
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+        /// Shard.
+        shard: u32,
+    },
+}
+
+/// What only a broker of a cluster produces, for [`crate::cluster::node::ClusterNode`] (which
+/// turns each into peer messages or metadata proposals). A single broker never emits one: its
+/// driver matches the group once and has nothing to do for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterOutput {
     /// Send a publish to the broker `to` owns its shard (a clustered broker): deliver it to
     /// that broker's [`Broker::handle_forwarded`], or, when it cannot be reached, report
     /// [`Broker::handle_forward_failed`] (an acked one is then answered `shard_unavailable`).
@@ -203,98 +254,32 @@ pub enum BrokerOutput {
         /// What is asked.
         request: super::cluster_admin::ClusterAdminRequest,
     },
-    /// Storage removes everything it holds of one shard (after the writes asked for before
-    /// this): a shard moving here is copied from the old owner's start, whatever was here
-    /// from an earlier stay. Writes asked for after this land in the emptied shard.
-    ResetShard {
-        /// Tenant.
-        tenant_id: String,
-        /// Namespace.
-        namespace: String,
-        /// Stream.
-        stream: String,
-        /// Shard.
-        shard: u32,
-    },
-    /// Close the connection.
-    CloseConnection {
-        /// Connection.
-        conn: ConnId,
-        /// QUIC application error code (see [`close_code`](crate::transport::close_code)).
-        code: u64,
-        /// Human-readable reason.
-        reason: String,
-    },
 }
 
-/// A storage write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PersistRequest {
-    /// Reported back on completion.
-    pub token: WriteToken,
-    /// Tenant.
-    pub tenant_id: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Stream.
-    pub stream: String,
-    /// Shard.
-    pub shard: u32,
-    /// Offset of the first record.
-    pub base_offset: u64,
-    /// The records (empty for a generation-start record).
-    pub records: Records,
-    /// Append time, microseconds since the Unix epoch.
-    pub timestamp_micros: u64,
-    /// The publishing principal.
-    pub publisher: Option<Bytes>,
-    /// A generation-start record (one offset, never delivered).
-    pub generation_start: bool,
-    /// The idempotent producer that wrote it: `(producer_id, sequence)`, kept with the batch so
-    /// producer state survives a restart.
-    pub producer: Option<(u64, u64)>,
-    /// A `commit`'s state changes (`storage::encode_state_changes`), stored with its record.
-    pub state: Option<Bytes>,
-    /// The stream's fsync policy (`None`: storage's default).
-    pub fsync: Option<FsyncMode>,
-    /// How many shards the stream has (for the storage layer's metadata).
-    pub stream_shards: u32,
-}
-
-impl PersistRequest {
-    /// The batch as storage keeps it.
-    pub fn to_stored(&self) -> crate::storage::StoredBatch {
-        crate::storage::StoredBatch {
-            base_offset: self.base_offset,
-            timestamp_micros: self.timestamp_micros,
-            generation_start: self.generation_start,
-            publisher: self.publisher.clone(),
-            producer: self.producer,
-            state: self.state.clone(),
-            records: self.records.clone(),
+impl Broker {
+    /// A [`ClusterOutput`] that reached a driver without a cluster (a single broker's, or
+    /// one whose cluster node did not take it): what needs an answer gets the one a cluster
+    /// that cannot be reached gives (a forward failed: `shard_unavailable`; a replicated
+    /// write: leadership lost, outcome unknown), the rest needs nothing. A single-broker
+    /// driver matches [`BrokerOutput::Cluster`] once and hands it here, so no output is dropped
+    /// without an answer.
+    pub fn handle_cluster_output_alone(&mut self, out: ClusterOutput, now: std::time::Instant) {
+        match out {
+            ClusterOutput::Forward { publish, .. } => self.handle_forward_failed(publish.id, now),
+            ClusterOutput::ForwardRequest { request, .. } => self.handle_forward_request_failed(request.id, now),
+            ClusterOutput::Replicate { token, .. } => {
+                self.handle_replicated(token, crate::cluster::replica::Answer::LeadershipLost, now);
+            }
+            ClusterOutput::ForwardAnswer { .. }
+            | ClusterOutput::ForwardRequestAnswer { .. }
+            | ClusterOutput::ProposeCache { .. }
+            | ClusterOutput::ProposeStream { .. }
+            | ClusterOutput::ProposeStreamDeletion { .. }
+            | ClusterOutput::Copy { .. }
+            | ClusterOutput::ProposeCluster(_)
+            | ClusterOutput::ClusterAdmin { .. } => {}
         }
     }
-}
-
-/// A history read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadRequest {
-    /// Reported back on completion.
-    pub token: ReadToken,
-    /// Tenant.
-    pub tenant_id: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Stream.
-    pub stream: String,
-    /// Shard.
-    pub shard: u32,
-    /// First offset wanted.
-    pub from: u64,
-    /// Stop before this offset (the start of what the broker holds in memory).
-    pub end: u64,
-    /// About how many payload bytes to return at most.
-    pub max_bytes: usize,
 }
 
 /// Counters, for metrics and tests.
@@ -362,18 +347,6 @@ pub struct BrokerStats {
 /// mapped into IPv6): connections from one peer share a cap. Opaque to the core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerAddr(pub [u8; 16]);
-
-/// How a write ended ([`Broker::handle_write_result`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOutcome {
-    /// On storage (as far as the stream's fsync policy promises).
-    Written,
-    /// Failed; nothing of it is stored.
-    Failed,
-    /// Failed for lack of space (a full disk, a quota, a file-size limit); nothing of it is
-    /// stored. The shard refuses publishes until a write succeeds again.
-    NoSpace,
-}
 
 /// Why a connection was not admitted ([`Broker::admit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -58,7 +58,7 @@ impl ClusterView {
 /// What a replicated shard without a leader this broker can name says to writes and readers:
 /// `shard_unavailable` reason `no_leader`, retry.
 fn no_leader_mark(local: &str) -> Moved {
-    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: "no_leader" }
+    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: Unavailable::NoLeader }
 }
 
 impl Broker {
@@ -278,7 +278,7 @@ impl Broker {
 
 /// What a fenced broker's own shards say: unavailable here, reason `fenced` (retry).
 fn fence_mark(local: &str) -> Moved {
-    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: "fenced" }
+    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: Unavailable::Fenced }
 }
 
 impl Broker {
@@ -320,8 +320,11 @@ impl Broker {
         let mut owned: Vec<(Key, u32)> = Vec::new();
         for (k, e) in &self.streams {
             for (i, sh) in e.shards.iter().enumerate() {
-                let ours =
-                    if fenced { sh.moved.is_none() } else { sh.moved.as_ref().is_some_and(|m| m.reason == "fenced") };
+                let ours = if fenced {
+                    sh.moved.is_none()
+                } else {
+                    sh.moved.as_ref().is_some_and(|m| m.reason == Unavailable::Fenced)
+                };
                 if sh.replica.is_none() && ours && !syslog::is_sys(k) {
                     owned.push((k.clone(), i as u32));
                 }

@@ -176,32 +176,10 @@ impl Producers {
     }
 }
 
-const fn crc64_table() -> [u64; 256] {
-    // CRC-64/XZ (ECMA-182 polynomial, reflected).
-    let mut t = [0u64; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u64;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { 0xC96C_5795_D787_0F42 ^ (c >> 1) } else { c >> 1 };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-}
-
-static CRC64_TABLE: [u64; 256] = crc64_table();
-
-/// CRC-64 of a batch's encoded records (lengths included, so record boundaries count).
+/// CRC-64 of a batch's encoded records (lengths included, so record boundaries count):
+/// [`crate::storage::crc64`], which storage keeps with each batch an idempotent producer wrote.
 pub fn digest(data: &[u8]) -> u64 {
-    let mut c = !0u64;
-    for &b in data {
-        c = CRC64_TABLE[((c ^ u64::from(b)) & 0xFF) as usize] ^ (c >> 8);
-    }
-    !c
+    crate::storage::crc64(data)
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ impl Broker {
             // is slowed by flow control rather than read, decrypted and refused.
             if !st.pauses.has(Pause::Rate) {
                 if st.pause(Pause::Rate) {
-                    self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+                    self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
                 }
                 self.rate_resumes.insert((crate::transport::after(now, wait), conn, st.id));
             }
@@ -184,7 +184,7 @@ impl Broker {
         if sh.log.pending_bytes() + sh.replicating > limit && !st.pauses.has(Pause::Storage) {
             sh.paused.push((conn, st.id));
             if st.pause(Pause::Storage) {
-                self.out.push_back(BrokerOutput::PauseReading { conn, stream: st.id });
+                self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
             }
         }
         if !matches!(reply, Reply::None) {
@@ -364,7 +364,7 @@ impl Broker {
         if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
             sh.producers.appended(pid, seq, d, base, base + count, Some(token));
         }
-        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+        self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
             token,
             tenant_id: k.tenant().to_owned(),
             namespace: k.namespace().to_owned(),
@@ -379,7 +379,7 @@ impl Broker {
             state: b.state.clone(),
             fsync,
             stream_shards: entry_shards,
-        }));
+        })));
         let ctx = WriteCtx { producer: b.idempotent, state: b.state, ..WriteCtx::new(k.clone(), shard) };
         self.writes.insert(token, ctx);
         Some(token)
@@ -582,7 +582,7 @@ impl Broker {
                 }
                 for (to, id) in ctx.forwards {
                     let outcome = ForwardOutcome::Appended { offset: Some(base) };
-                    self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+                    self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }));
                 }
             }
         }
@@ -600,7 +600,7 @@ impl Broker {
                 for (to, id) in ctx.forwards {
                     let outcome =
                         ForwardOutcome::Refused { code: r.code.clone(), retry: r.retry, message: r.message.clone() };
-                    self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+                    self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }));
                 }
             }
         }

@@ -230,7 +230,7 @@ impl Broker {
             state: None,
             side: false,
         };
-        self.out.push_back(BrokerOutput::Replicate { token, shard: cache_shard(k), batch });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard: cache_shard(k), batch }));
         token
     }
 
@@ -531,7 +531,7 @@ impl Broker {
             return Ok(());
         }
         let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason: "confirming_leader" };
+        let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason: Unavailable::ConfirmingLeader };
         Err(m.unavailable(0))
     }
 
@@ -543,14 +543,14 @@ impl Broker {
         let down = |reason| Moved { node_id: local.clone(), addr: None, generation: 0, down: true, reason };
         match role {
             ReplicaRole::Leading => None,
-            ReplicaRole::Settling => Some(Err(down("not_ready").unavailable(0))),
-            ReplicaRole::Following { leader: None } => Some(Err(down("no_leader").unavailable(0))),
+            ReplicaRole::Settling => Some(Err(down(Unavailable::NotReady).unavailable(0))),
+            ReplicaRole::Following { leader: None } => Some(Err(down(Unavailable::NoLeader).unavailable(0))),
             ReplicaRole::Following { leader: Some(h) } => Some(Ok(Moved {
                 node_id: h.node_id.clone(),
                 addr: h.addr.clone(),
                 generation: h.generation,
                 down: false,
-                reason: "",
+                reason: Unavailable::OwnerDown,
             })),
         }
     }

@@ -1,7 +1,7 @@
 //! Replicated (`quorum`) shards, the broker's side. A replicated shard's log is its Raft
 //! group's log ([`crate::cluster::replica::Replica`], hosted by the
 //! [`crate::cluster::node::ClusterNode`]): this broker never assigns its offsets. On the leader a
-//! publish becomes a proposal ([`BrokerOutput::Replicate`]) and waits for the group; on every
+//! publish becomes a proposal ([`ClusterOutput::Replicate`]) and waits for the group; on every
 //! replica, the leader included, committed entries are appended as they come out of the group
 //! ([`Broker::apply_replicated`]), so subscribers only ever see records a majority holds, at the
 //! offsets every replica gives them.
@@ -66,7 +66,7 @@ impl Broker {
         match role {
             ReplicaRole::Leading => sh.moved = None,
             ReplicaRole::Settling | ReplicaRole::Following { leader: None } => {
-                let reason = if role == ReplicaRole::Settling { "not_ready" } else { "no_leader" };
+                let reason = if role == ReplicaRole::Settling { Unavailable::NotReady } else { Unavailable::NoLeader };
                 let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason };
                 if was_serving {
                     // Readers end as on a move: what committed was delivered; they come back.
@@ -253,7 +253,7 @@ impl Broker {
                 Ok(o) => ForwardOutcome::Appended { offset: Some(*o) },
                 Err(r) => ForwardOutcome::Refused { code: r.code.clone(), retry: r.retry, message: r.message.clone() },
             };
-            self.out.push_back(BrokerOutput::ForwardAnswer { to, id, outcome });
+            self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }));
         }
         for (conn, sid) in resume {
             let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
@@ -264,7 +264,7 @@ impl Broker {
         }
     }
 
-    /// For a history read ([`BrokerOutput::Read`]) of a replicated shard below what its log
+    /// For a history read ([`StorageOutput::Read`]) of a replicated shard below what its log
     /// holds in memory: the Raft log indexes `low..high` holding the batches to read back.
     /// `None` for a shard whose older history is not in a Raft log.
     pub fn replicated_read_range(&self, r: &ReadRequest) -> Option<(u64, u64)> {
@@ -334,7 +334,11 @@ impl Broker {
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.replicating += bytes;
         }
-        self.out.push_back(BrokerOutput::Replicate { token, shard: stream_shard(k, shard), batch });
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Replicate {
+            token,
+            shard: stream_shard(k, shard),
+            batch,
+        }));
         let ctx = WriteCtx { replicated: bytes, ..WriteCtx::new(k.clone(), shard) };
         self.writes.insert(token, ctx);
         token

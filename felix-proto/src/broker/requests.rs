@@ -471,14 +471,14 @@ impl Broker {
         ephemeral: bool,
         replication: u32,
     ) -> Refusal {
-        self.out.push_back(BrokerOutput::ProposeStream {
+        self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeStream {
             tenant_id: t.to_owned(),
             namespace: ns.to_owned(),
             stream: s.to_owned(),
             shards,
             ephemeral,
             replication,
-        });
+        }));
         let mut r = Refusal::new(
             ErrorCode::ShardUnavailable,
             format!("stream {ns}/{s} is being created in the cluster; retry"),

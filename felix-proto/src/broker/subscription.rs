@@ -37,7 +37,7 @@ impl Broker {
         let s = entry.shards.get_mut(shard as usize)?;
         let ts = s.log.stamp(self.wall.micros(now));
         let base = s.log.append_generation_start(ts, token);
-        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+        self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
             token,
             tenant_id: k.tenant().to_owned(),
             namespace: k.namespace().to_owned(),
@@ -52,7 +52,7 @@ impl Broker {
             state: None,
             fsync: entry.config.fsync,
             stream_shards,
-        }));
+        })));
         self.writes.insert(token, WriteCtx::new(k, shard));
         Some(base)
     }
@@ -191,7 +191,7 @@ impl Broker {
                     self.next_read += 1;
                     let end = log.memory_start();
                     self.reads.insert(token, ReadFor::Sub(conn, id));
-                    self.out.push_back(BrokerOutput::Read(ReadRequest {
+                    self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                         token,
                         tenant_id: k.tenant().to_owned(),
                         namespace: k.namespace().to_owned(),
@@ -200,7 +200,7 @@ impl Broker {
                         from: cursor,
                         end,
                         max_bytes: self.cfg.history_read_bytes,
-                    }));
+                    })));
                     let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
                     sub.on(SubEvent::Reading(sub::CatchUp { cursor, reading: Some(token) }));
                     return;
@@ -266,9 +266,13 @@ impl Broker {
                     }),
                 };
                 if let Some(m) = terminal {
-                    self.out.push_back(BrokerOutput::Transmit { conn, stream, data: json_frame(&m) });
+                    self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit {
+                        conn,
+                        stream,
+                        data: json_frame(&m),
+                    }));
                 }
-                self.out.push_back(BrokerOutput::Finish { conn, stream });
+                self.out.push_back(BrokerOutput::Transport(TransportOutput::Finish { conn, stream }));
                 if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.remove(&id)) {
                     self.unlink_sub(conn, &sub);
                 }
@@ -277,7 +281,7 @@ impl Broker {
         }
     }
 
-    /// Storage returned history asked for with `BrokerOutput::Read`. The batches are delivered
+    /// Storage returned history asked for with `StorageOutput::Read`. The batches are delivered
     /// to the subscriber that asked, in order, and its catch-up continues.
     pub fn handle_read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
         self.clock.advance(now);
@@ -339,9 +343,9 @@ impl Broker {
     }
 
     pub(super) fn write_frame(&mut self, conn: ConnId, stream: StreamId, [head, body]: [Bytes; 2]) {
-        self.out.push_back(BrokerOutput::Transmit { conn, stream, data: head });
+        self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data: head }));
         if !body.is_empty() {
-            self.out.push_back(BrokerOutput::Transmit { conn, stream, data: body });
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data: body }));
         }
     }
 
@@ -445,7 +449,7 @@ impl Broker {
             queue_capacity: if self.server_features.contains(Features::SUBSCRIBE_QUEUE) { granted } else { None },
         });
         self.send(conn, st, json_frame(&answer));
-        self.out.push_back(BrokerOutput::OpenUni { conn, token });
+        self.out.push_back(BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }));
     }
 
     /// The answer to a request for a shard that moved away: `not_leader` for a client that

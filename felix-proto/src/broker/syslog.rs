@@ -8,7 +8,7 @@
 //! nothing else is in flight) lets the log be truncated below it.
 
 use super::config::{Retention, StreamConfig};
-use super::{Broker, BrokerOutput, ConnId, HeldFor, Key, PersistRequest, StreamId, WriteCtx, key};
+use super::{Broker, BrokerOutput, ConnId, HeldFor, Key, PersistRequest, StorageOutput, StreamId, WriteCtx, key};
 use crate::binary::Records;
 use crate::transport::WriteToken;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -273,7 +273,7 @@ impl Broker {
         let ts = self.wall.micros(now);
         let entry = self.streams.get_mut(k).expect("created above");
         let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, Some(token));
-        self.out.push_back(BrokerOutput::Persist(PersistRequest {
+        self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
             token,
             tenant_id: k.tenant().to_owned(),
             namespace: k.namespace().to_owned(),
@@ -288,7 +288,7 @@ impl Broker {
             state: None,
             fsync: None,
             stream_shards: 1,
-        }));
+        })));
         self.writes.insert(token, WriteCtx { sys: Some(pending), ..WriteCtx::new(k.clone(), 0) });
         token
     }
@@ -514,14 +514,14 @@ impl Broker {
     fn sys_truncate(&mut self, k: &Key, start: u64) {
         if let Some(e) = self.streams.get_mut(k) {
             e.shards[0].log.truncate_before(start);
-            self.out.push_back(BrokerOutput::Truncate {
+            self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
                 tenant_id: k.tenant().to_owned(),
                 namespace: k.namespace().to_owned(),
                 stream: k.name().to_owned(),
                 shard: 0,
                 start,
                 producers_forgotten: Vec::new(),
-            });
+            }));
         }
     }
 

@@ -7,7 +7,7 @@
 //! gets `cache_watch_lagged` with the first change it missed, and ends.
 
 use super::cache::Change;
-use super::{Broker, BrokerOutput, CtlStream, Ending, Key, Refusal, Sub, SubEvent, json_frame};
+use super::{Broker, BrokerOutput, CtlStream, Ending, Key, Refusal, Sub, SubEvent, TransportOutput, json_frame};
 use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
 use crate::features::Features;
@@ -140,7 +140,7 @@ impl Broker {
             retained_count,
         });
         self.send(conn, st, json_frame(&m));
-        self.out.push_back(BrokerOutput::OpenUni { conn, token });
+        self.out.push_back(BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }));
     }
 
     /// Hands a cache's new changes to its watchers.

@@ -15,7 +15,7 @@ use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk};
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
-use crate::broker::{Broker, BrokerOutput, Notice, ReplicaRole};
+use crate::broker::{Broker, BrokerOutput, ClusterOutput, Notice, ReplicaRole, StorageOutput};
 use bytes::Bytes;
 use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -1840,7 +1840,7 @@ impl ClusterNode {
             return None;
         };
         Some(match o {
-            BrokerOutput::Read(r) => {
+            BrokerOutput::Storage(StorageOutput::Read(r)) => {
                 // History of a replicated shard below what the broker's log of it holds in
                 // memory is in the shard's Raft log on disk; anything else is the driver's
                 // segment storage.
@@ -1852,14 +1852,16 @@ impl ClusterNode {
                     shard: r.shard,
                 };
                 let range = self.replicas.contains_key(&shard).then(|| self.broker.replicated_read_range(&r)).flatten();
-                let Some((low, high)) = range else { return Some(NodeOutput::Broker(BrokerOutput::Read(r))) };
+                let Some((low, high)) = range else {
+                    return Some(NodeOutput::Broker(BrokerOutput::Storage(StorageOutput::Read(r))));
+                };
                 let token = self.next_replica_read;
                 self.next_replica_read += 1;
                 self.replica_reads.insert(token, ReplicaRead::History { shard: shard.clone(), read: r.token });
                 // The whole range: it was sized by the batches' payload.
                 NodeOutput::ReadReplicaLog { shard, token, low, high, max_bytes: u64::MAX }
             }
-            BrokerOutput::Replicate { token, shard, batch } => {
+            BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard, batch }) => {
                 let now = self.broker.last_now();
                 // A leader handing its leadership over takes no proposal (the engine drops it):
                 // nothing is written, so the writer is told to send it again.
@@ -1875,17 +1877,19 @@ impl ClusterNode {
                 }
                 return self.poll_output();
             }
-            BrokerOutput::Forward { to, publish } => NodeOutput::Peer { to, message: PeerMessage::Forward(publish) },
-            BrokerOutput::ForwardAnswer { to, id, outcome } => {
+            BrokerOutput::Cluster(ClusterOutput::Forward { to, publish }) => {
+                NodeOutput::Peer { to, message: PeerMessage::Forward(publish) }
+            }
+            BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }) => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
             }
-            BrokerOutput::ForwardRequest { to, request } => {
+            BrokerOutput::Cluster(ClusterOutput::ForwardRequest { to, request }) => {
                 NodeOutput::Peer { to, message: PeerMessage::Request(request) }
             }
-            BrokerOutput::ForwardRequestAnswer { to, id, data } => {
+            BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer { to, id, data }) => {
                 NodeOutput::Peer { to, message: PeerMessage::RequestAnswer { id, data } }
             }
-            BrokerOutput::ProposeCache { tenant_id, namespace, cache, replication } => {
+            BrokerOutput::Cluster(ClusterOutput::ProposeCache { tenant_id, namespace, cache, replication }) => {
                 // One shard; durable like the counters it holds (they live on its owner's disk,
                 // or with `replication` above 1 in its own Raft group's log).
                 let c = Command::Create {
@@ -1900,14 +1904,21 @@ impl ClusterNode {
                 self.pending.push_back(c.encode());
                 return self.poll_output();
             }
-            BrokerOutput::ProposeStreamDeletion { tenant_id, namespace, stream } => {
+            BrokerOutput::Cluster(ClusterOutput::ProposeStreamDeletion { tenant_id, namespace, stream }) => {
                 let c =
                     Command::Delete { kind: super::metadata::Kind::Stream, tenant: tenant_id, namespace, name: stream };
                 // Handed to the leader at the next tick, like a creation.
                 self.pending.push_back(c.encode());
                 return self.poll_output();
             }
-            BrokerOutput::ProposeStream { tenant_id, namespace, stream, shards, ephemeral, replication } => {
+            BrokerOutput::Cluster(ClusterOutput::ProposeStream {
+                tenant_id,
+                namespace,
+                stream,
+                shards,
+                ephemeral,
+                replication,
+            }) => {
                 let c = Command::Create {
                     kind: super::metadata::Kind::Stream,
                     tenant: tenant_id,
@@ -1922,7 +1933,7 @@ impl ClusterNode {
                 self.pending.push_back(c.encode());
                 return self.poll_output();
             }
-            BrokerOutput::Copy { to, message } => {
+            BrokerOutput::Cluster(ClusterOutput::Copy { to, message }) => {
                 // A peer that did not offer FEATURE_SHARD_COPY (FEATURE_CACHE_COPY for a cache;
                 // an older broker) cannot take part in a copy: the new owner gives the move up
                 // (the shard stays home).
@@ -1943,7 +1954,7 @@ impl ClusterNode {
                 }
                 NodeOutput::Peer { to, message: message.into() }
             }
-            BrokerOutput::ProposeCluster(c) => {
+            BrokerOutput::Cluster(ClusterOutput::ProposeCluster(c)) => {
                 // A move's step: handed to the leader now, not at the next tick (writes to
                 // the shard wait for it).
                 self.pending.push_back(c.encode());
@@ -1951,7 +1962,7 @@ impl ClusterNode {
                 self.flush_pending(now);
                 return self.poll_output();
             }
-            BrokerOutput::ClusterAdmin { id, request } => {
+            BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { id, request }) => {
                 use crate::broker::cluster_admin::{ClusterAdminAnswer as A, ClusterAdminRequest as R};
                 let now = self.last_now;
                 let name = |s: &ShardId| format!("{}/{}/{} shard {}", s.tenant, s.namespace, s.name, s.shard);

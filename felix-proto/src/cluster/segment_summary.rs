@@ -18,7 +18,7 @@ use super::meta::{Entry, HardState};
 use raft::eraftpb::EntryType;
 
 /// The summary's magic and version.
-const MAGIC: &[u8; 4] = b"FLXI";
+const MAGIC: &[u8; 4] = b"FLXU";
 const VERSION: u8 = 1;
 
 /// One step of folding a segment, in record order: the net effect of a run of entry records
@@ -225,7 +225,7 @@ impl SegmentSummary {
         })
     }
 
-    /// The bytes a driver writes beside the segment: `"FLXI"`, version, the fields as
+    /// The bytes a driver writes beside the segment: `"FLXU"`, version, the fields as
     /// big-endian integers (conf entries and hard states as length + protobuf), CRC-32C of
     /// everything before it.
     pub fn encode(&self) -> Vec<u8> {

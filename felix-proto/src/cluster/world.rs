@@ -39,7 +39,9 @@ use super::metadata::{Command, Kind, Member, MemberState, ShardId};
 use super::node::{ClusterNode, NodeOutput, TICK};
 use super::peer::{PeerDecoder, encode};
 use crate::binary::{AckMode, AckStatus, AckedPrefix, PublishBatch, Records};
-use crate::broker::{Broker, BrokerConfig, BrokerOutput, PeerAddr, TokenGrant, WriteOutcome};
+use crate::broker::{
+    Broker, BrokerConfig, BrokerOutput, PeerAddr, StorageOutput, TokenGrant, TransportOutput, WriteOutcome,
+};
 use crate::features::Features;
 use crate::frame::FrameDecoder;
 use crate::message::{self, Decoded, Message, StartPosition};
@@ -540,14 +542,18 @@ impl World {
     fn broker_output(&mut self, name: &str, o: BrokerOutput) -> Result<(), Violation> {
         let now = self.now;
         match o {
-            BrokerOutput::Transmit { conn, stream, data } if self.is_follower(name, conn) => {
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data })
+                if self.is_follower(name, conn) =>
+            {
                 self.give_follower(name, conn, stream, data, false);
             }
-            BrokerOutput::Finish { conn, stream } if self.is_follower(name, conn) => {
+            BrokerOutput::Transport(TransportOutput::Finish { conn, stream }) if self.is_follower(name, conn) => {
                 self.give_follower(name, conn, stream, Bytes::new(), true);
             }
-            BrokerOutput::CloseConnection { conn, reason, .. } => self.follower_lost(name, Some(conn), &reason),
-            BrokerOutput::Transmit { conn, stream, data } => {
+            BrokerOutput::Transport(TransportOutput::CloseConnection { conn, reason, .. }) => {
+                self.follower_lost(name, Some(conn), &reason)
+            }
+            BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) => {
                 if stream == StreamId::new(Side::Client, Dir::Bi, 0)
                     && let Some(p) = self.pending.get_mut(&(name.to_owned(), conn))
                 {
@@ -555,7 +561,7 @@ impl World {
                     self.answer(name, conn)?;
                 }
             }
-            BrokerOutput::Persist(w) => {
+            BrokerOutput::Storage(StorageOutput::Persist(w)) => {
                 if STREAMS.iter().any(|(s, _, ephemeral, _)| *s == w.stream && *ephemeral) {
                     return Err(self.violation(format!("{name} persists {}, created in memory only", w.stream)));
                 }
@@ -589,7 +595,7 @@ impl World {
                     n.broker.handle_write_result(w.token, WriteOutcome::Written, now);
                 }
             }
-            BrokerOutput::Read(r) => {
+            BrokerOutput::Storage(StorageOutput::Read(r)) => {
                 // From the batch holding `from`, before `end`, about `max_bytes` at most.
                 let mut batches = Vec::new();
                 if r.stream == ORDERS
@@ -611,21 +617,21 @@ impl World {
                     n.broker.handle_read_complete(r.token, batches, now);
                 }
             }
-            BrokerOutput::ResetShard { stream, shard, .. } => {
+            BrokerOutput::Storage(StorageOutput::ResetShard { stream, shard, .. }) => {
                 if stream == ORDERS
                     && let Some(d) = self.disks.get_mut(name)
                 {
                     d.remove(&shard);
                 }
             }
-            BrokerOutput::Truncate { stream, shard, start, .. } => {
+            BrokerOutput::Storage(StorageOutput::Truncate { stream, shard, start, .. }) => {
                 if stream == ORDERS
                     && let Some(disk) = self.disks.get_mut(name).and_then(|d| d.get_mut(&shard))
                 {
                     disk.retain(|_, b| b.base_offset + b.count() > start);
                 }
             }
-            BrokerOutput::OpenUni { conn, token } => {
+            BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) => {
                 self.next_uni += 1;
                 let id = StreamId::new(Side::Broker, Dir::Uni, self.next_uni);
                 if let Some(n) = self.nodes.get_mut(name) {
