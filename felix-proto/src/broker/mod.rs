@@ -52,10 +52,12 @@ mod hold;
 mod inspect;
 mod key;
 mod limits;
+mod moved;
 mod moves;
 pub mod notice;
 mod output;
 mod ownership;
+mod pauses;
 mod publish;
 mod quorum_cache;
 #[cfg(any(test, fuzzing, feature = "testkit"))]
@@ -105,80 +107,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 type Key = StreamKey;
-
-#[derive(Debug)]
-struct Moved {
-    node_id: String,
-    addr: Option<String>,
-    generation: u64,
-    /// The owner is down with records only it holds: requests are `shard_unavailable` (retry)
-    /// until it comes back, not redirected or forwarded to it.
-    down: bool,
-    /// Why it is unavailable when `down`.
-    reason: Unavailable,
-}
-
-/// Why a shard is unavailable here (a [`Moved`] mark that is `down`): the `reason` word of
-/// the `shard_unavailable` answer, what it says and how soon to retry. One type, matched by
-/// the compiler, where the words were once compared as strings in several files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Unavailable {
-    /// The owner is down, and holds the shard's records (`owner_down`).
-    OwnerDown,
-    /// A replicated shard's new leader is settling its readable bound (`not_ready`).
-    NotReady,
-    /// A replicated shard's replicas are electing a leader (`no_leader`).
-    NoLeader,
-    /// The leader is confirming it still leads before it answers a read (`confirming_leader`).
-    ConfirmingLeader,
-    /// The shard is cutting over to another broker (`moving`).
-    Moving,
-    /// This broker lost contact with the metadata leader (`fenced`).
-    Fenced,
-}
-
-impl Unavailable {
-    /// The word on the wire (`ErrorDetail::reason`).
-    fn wire(self) -> &'static str {
-        match self {
-            Unavailable::OwnerDown => "owner_down",
-            Unavailable::NotReady => "not_ready",
-            Unavailable::NoLeader => "no_leader",
-            Unavailable::ConfirmingLeader => "confirming_leader",
-            Unavailable::Moving => "moving",
-            Unavailable::Fenced => "fenced",
-        }
-    }
-}
-
-impl Moved {
-    /// The answer for a shard whose owner is down.
-    fn unavailable(&self, shard: u32) -> Refusal {
-        let (message, retry_ms) = match self.reason {
-            Unavailable::NotReady => (format!("shard {shard}'s new leader is settling its readable bound; retry"), 50),
-            Unavailable::NoLeader => (format!("shard {shard}'s replicas are electing a leader; retry"), 200),
-            Unavailable::ConfirmingLeader => {
-                (format!("shard {shard}'s leader is confirming with its replicas that it still leads; retry"), 50)
-            }
-            Unavailable::Moving => (format!("shard {shard} is moving to {}: retry (then ask it)", self.node_id), 50),
-            Unavailable::Fenced => (
-                format!(
-                    "this broker lost contact with the cluster's metadata leader: it serves shard {shard} again once back in contact; retry (another broker may own it by then)"
-                ),
-                500,
-            ),
-            Unavailable::OwnerDown => (
-                format!("shard {shard} is owned by {}, which is down; it holds the shard's records", self.node_id),
-                1000,
-            ),
-        };
-        let mut r = Refusal::new(ErrorCode::ShardUnavailable, message);
-        let reason = self.reason.wire();
-        r.detail = Some(crate::binary::ErrorDetail { reason: Some(reason.into()), retry_after_ms: Some(retry_ms) });
-        r.retry = RetryClass::Retry;
-        r
-    }
-}
+use moved::{Moved, Unavailable};
+use pauses::{Pause, Pauses};
 
 #[derive(Debug)]
 struct Shard {
@@ -345,58 +275,6 @@ enum Recv {
     /// Nothing more is read: the client reset it, we stopped it after a closing refusal, or
     /// it ended inside a frame.
     Closed,
-}
-
-/// A reason to stop reading a control stream's requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Pause {
-    /// As many publish answers are owed as the stream's window allows.
-    Window = 1,
-    /// A shard it publishes to has too much waiting for storage.
-    Storage = 2,
-    /// Answers written to it are not flushed yet: a client that sends requests and does not
-    /// read the answers is slowed by QUIC flow control, not buffered for.
-    Flush = 4,
-    /// Its tenant is over its publish rate: nothing more is read until the tenant is back
-    /// under, so QUIC flow control slows the publisher at its source instead of the broker
-    /// reading (and decrypting) what it would refuse.
-    Rate = 8,
-    /// An ephemeral shard it publishes to has a subscriber whose queue is over half full
-    /// ([`Hold`]).
-    Subscribers = 16,
-}
-
-/// The set of reasons a stream is paused. Reading stops when the first reason appears and
-/// resumes when the last goes, so the driver sees exactly one `PauseReading` and one
-/// `ResumeReading` per pause, however many reasons overlap.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Pauses(u8);
-
-impl Pauses {
-    fn any(self) -> bool {
-        self.0 != 0
-    }
-
-    fn has(self, p: Pause) -> bool {
-        self.0 & p as u8 != 0
-    }
-
-    /// Adds `p`. True when reading was running until now: the caller owes a `PauseReading`.
-    fn add(&mut self, p: Pause) -> bool {
-        let was_reading = self.0 == 0;
-        self.0 |= p as u8;
-        was_reading
-    }
-
-    /// Removes `p`. True when it was the last reason: the caller owes a `ResumeReading`.
-    fn remove(&mut self, p: Pause) -> bool {
-        if !self.has(p) {
-            return false;
-        }
-        self.0 &= !(p as u8);
-        self.0 == 0
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
