@@ -246,6 +246,15 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let mut two = vec![128, 255];
         two.extend_from_slice(&log);
         out.push(("replica_log", "seed-two-segments".into(), two));
+        // A segment summary's fields (the body reads them sealed with the magic and a checksum).
+        let mut b = felix_proto::cluster::segment_summary::SummaryBuilder::new();
+        b.record(0, 40, &entries(1..=3, 1), Some(&HardState { term: 1, vote: 2, commit: 2, ..HardState::default() }));
+        b.snapshot(40, 30);
+        b.record(70, 40, &entries(3..=6, 2), None);
+        let sum = b.encode().expect("a whole summary");
+        let mut seed = vec![255, 255];
+        seed.extend_from_slice(&sum[5..sum.len() - 4]);
+        out.push(("replica_log", "seed-summary".into(), seed));
         #[allow(clippy::disallowed_methods)]
         let (entry, state) = felix_proto::fuzzing::cache_entry_seeds(std::time::Instant::now());
         out.push(("peer_message", "seed-cache-entry".into(), entry));
