@@ -1381,6 +1381,23 @@ mod meta_log_tests {
 #[cfg(test)]
 mod replica_log_tests {
     use super::*;
+    use felix_proto::cluster::meta::Entry;
+
+    /// A fresh data directory for one test (`tag` names it), the shard its logs are of, and
+    /// the logs opened there (lazily synced) with segments closed at `segment_bytes`.
+    fn ledger_logs(tag: &str, segment_bytes: u64) -> (std::path::PathBuf, ShardId, ReplicaLogs) {
+        let dir = std::env::temp_dir().join(format!("felix-replica-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard = ShardId::of(Kind::Stream, "t", "ns", "ledger", 0);
+        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
+        logs.segment_bytes = segment_bytes;
+        (dir, shard, logs)
+    }
+
+    /// Entry `index` of `term`, 90 bytes of data.
+    fn entry(index: u64, term: u64) -> Entry {
+        Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() }
+    }
 
     /// Entries are read back from the files by index, across segments, with an overwritten
     /// tail giving its last write, after a snapshot deleted the oldest segments, and after a
@@ -1388,15 +1405,8 @@ mod replica_log_tests {
     /// per record.
     #[test]
     fn a_replica_logs_entries_are_read_back_by_index_across_segments_and_restarts() {
-        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
-        let dir = std::env::temp_dir().join(format!("felix-replica-reads-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let shard =
-            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
-        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
-        logs.segment_bytes = 4000;
-        let entry =
-            |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
+        use felix_proto::cluster::meta::{HardState, Snapshot};
+        let (dir, shard, mut logs) = ledger_logs("reads", 4000);
         for index in 1..=200u64 {
             let hs = HardState { term: 1, commit: index.saturating_sub(5), ..HardState::default() };
             logs.persist(&shard, &[entry(index, 1)], Some(&hs)).unwrap();
@@ -1449,15 +1459,8 @@ mod replica_log_tests {
     /// them. What it holds and what it left add up to the whole fold's log.
     #[test]
     fn a_restart_with_a_budget_leaves_the_committed_front_of_the_log_on_disk() {
-        use felix_proto::cluster::meta::{Entry, HardState};
-        let dir = std::env::temp_dir().join(format!("felix-replica-spill-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let shard =
-            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
-        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
-        logs.segment_bytes = 3000;
-        let entry =
-            |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
+        use felix_proto::cluster::meta::HardState;
+        let (dir, shard, mut logs) = ledger_logs("spill", 3000);
         for index in 1..=300u64 {
             let term = 1 + index / 100;
             let hs = HardState { term, commit: index.saturating_sub(20), ..HardState::default() };
@@ -1507,15 +1510,8 @@ mod replica_log_tests {
     /// reads the segment whole and sets the log aside as damaged.
     #[test]
     fn a_restart_folds_closed_segments_from_their_summaries_to_the_same_log() {
-        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
-        let dir = std::env::temp_dir().join(format!("felix-replica-summary-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let shard =
-            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "ledger".into(), shard: 0 };
-        let mut logs = ReplicaLogs::open(Some(&dir), Some(std::time::Duration::from_secs(1)), None).unwrap().logs;
-        logs.segment_bytes = 3000;
-        let entry =
-            |index: u64, term: u64| Entry { index, term, data: vec![index as u8; 90].into(), ..Entry::default() };
+        use felix_proto::cluster::meta::{HardState, Snapshot};
+        let (dir, shard, mut logs) = ledger_logs("summary", 3000);
         let mut term = 1;
         for index in 1..=400u64 {
             // A new leader now and then overwrites the uncommitted tail.
