@@ -1303,19 +1303,23 @@ pub fn encode_log_record_into(out: &mut Vec<u8>, entries: &[Entry], hard_state: 
     let part = out.len();
     out.extend_from_slice(b"FLXR");
     out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
-    let put = |out: &mut Vec<u8>, m: &dyn protobuf::Message| {
-        let at = out.len();
-        out.extend_from_slice(&[0; 4]);
-        // Writing a message to a Vec does not fail.
-        let _ = m.write_to_vec(out);
-        let n = (out.len() - at - 4) as u32;
-        out[at..at + 4].copy_from_slice(&n.to_be_bytes());
-    };
+    let put = put_message;
     for e in entries {
         put(out, e);
     }
     put(out, hs);
     seal_record_at(out, start, part);
+}
+
+/// Appends `m` as `u32 length` + its protobuf (how a log record and a segment summary hold
+/// entries and hard states).
+pub(crate) fn put_message(out: &mut Vec<u8>, m: &dyn protobuf::Message) {
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    // Writing a message to a Vec does not fail.
+    let _ = m.write_to_vec(out);
+    let n = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&n.to_be_bytes());
 }
 
 /// Ends a record begun with 4 placeholder bytes: the CRC-32C of its part from `part` on, then

@@ -233,13 +233,7 @@ impl SegmentSummary {
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         let u64s = |out: &mut Vec<u8>, vs: &[u64]| vs.iter().for_each(|v| out.extend_from_slice(&v.to_be_bytes()));
-        let msg = |out: &mut Vec<u8>, m: &dyn protobuf::Message| {
-            let at = out.len();
-            out.extend_from_slice(&[0; 4]);
-            let _ = m.write_to_vec(out);
-            let n = (out.len() - at - 4) as u32;
-            out[at..at + 4].copy_from_slice(&n.to_be_bytes());
-        };
+        let msg = super::meta::put_message;
         u64s(&mut out, &[self.len, self.max_index, self.min_index]);
         out.extend_from_slice(&(self.parts.len() as u32).to_be_bytes());
         for p in &self.parts {
