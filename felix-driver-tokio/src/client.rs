@@ -93,6 +93,10 @@ pub struct QuicCounts {
     pub acks_sent: u64,
     /// ACK frames received.
     pub acks_received: u64,
+    /// UDP payload bytes sent (QUIC packets: headers, frames, encryption overhead included).
+    pub bytes_sent: u64,
+    /// UDP payload bytes received.
+    pub bytes_received: u64,
 }
 
 impl std::ops::AddAssign for QuicCounts {
@@ -103,6 +107,8 @@ impl std::ops::AddAssign for QuicCounts {
         self.receive_calls += o.receive_calls;
         self.acks_sent += o.acks_sent;
         self.acks_received += o.acks_received;
+        self.bytes_sent += o.bytes_sent;
+        self.bytes_received += o.bytes_received;
     }
 }
 
@@ -564,6 +570,8 @@ impl Client {
     pub fn quic_counts(&self) -> QuicCounts {
         let s = self.quic.stats();
         QuicCounts {
+            bytes_sent: s.udp_tx.bytes,
+            bytes_received: s.udp_rx.bytes,
             datagrams_sent: s.udp_tx.datagrams,
             datagrams_received: s.udp_rx.datagrams,
             send_calls: s.udp_tx.ios,

@@ -1221,6 +1221,24 @@ impl BrokerTask {
         m("felix_bytes_out_total", "counter", "Bytes written to client streams.", self.io.bytes_out);
         m("felix_publishes_json_total", "counter", "JSON publish requests.", st.publishes_json);
         m("felix_publishes_binary_total", "counter", "Binary publish frames.", st.publishes_binary);
+        m(
+            "felix_publishes_compressed_total",
+            "counter",
+            "Binary publish frames that arrived compressed.",
+            st.publishes_compressed,
+        );
+        m(
+            "felix_compressed_bytes_in_total",
+            "counter",
+            "Compressed bytes of compressed publish batches, as received.",
+            st.compressed_bytes_in,
+        );
+        m(
+            "felix_compressed_plain_bytes_in_total",
+            "counter",
+            "Plain bytes compressed publish batches inflated to.",
+            st.compressed_plain_bytes_in,
+        );
         m("felix_publishes_refused_total", "counter", "Publishes refused.", st.publishes_refused);
         m(
             "felix_unacked_publish_failures_total",

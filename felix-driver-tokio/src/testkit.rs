@@ -188,6 +188,7 @@ async fn serve_stream(
                     let answer = match a.client_flags {
                         Some(_) => Message::AuthOk(message::AuthOk {
                             server_flags: LEGACY_SERVER_FLAGS,
+                            server_flags_hi: None,
                             server_features: None,
                             server_features_hi: None,
                             listener_ports: None,

@@ -834,6 +834,7 @@ async fn a_stream_flood_is_held_at_the_limit_and_others_are_served() {
             tenant_id: "t1".into(),
             token: TOKEN.into(),
             client_flags: None,
+            client_flags_hi: None,
             client_features: None,
             client_features_hi: None,
         });

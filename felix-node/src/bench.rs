@@ -46,6 +46,18 @@ pub struct BenchArgs {
     /// Records per published batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// What records hold after their 8-byte send time: `filler` (one repeated byte), `json`
+    /// (JSON-like event records, as logs and click streams are: compressible) or `random`
+    /// (incompressible bytes).
+    #[arg(long, default_value = "filler", value_parser = ["filler", "json", "random"])]
+    data: String,
+    /// Publishers compress each batch with this codec (zstd or lz4; D56); subscribers take it
+    /// as stored. The report gives the bytes on the wire per record.
+    #[arg(long, value_parser = crate::commands::parse_codec)]
+    compress: Option<felix_proto::Codec>,
+    /// Compression level with --compress: zstd 1–19 (default 3).
+    #[arg(long, requires = "compress")]
+    level: Option<i32>,
     /// Wait for an acknowledgement of every batch (pipelined), answered after the write.
     #[arg(long)]
     ack: bool,
@@ -288,8 +300,14 @@ async fn target(a: &BenchArgs) -> Result<Target, String> {
 }
 
 async fn connect(t: &Target) -> Result<Client, String> {
+    connect_compressing(t, None).await
+}
+
+/// A client that compresses its publishes with `compress` (D56).
+async fn connect_compressing(t: &Target, compress: Option<(felix_proto::Codec, i32)>) -> Result<Client, String> {
     let mut opts = ClientOptions::new(t.tenant.clone(), t.token.clone(), t.trust.clone());
     opts.transport = t.tuning.clone();
+    opts.config.compress = compress;
     if t.ack_on_enqueue {
         opts.config = opts.config.ack_on_enqueue();
     }
@@ -328,6 +346,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.publishers == 0 || a.batch == 0 || a.duration.is_zero() {
         return Err("--publishers, --batch and --duration must be positive".into());
     }
+    let compress = crate::commands::compression(a.compress, a.level)?;
     if a.raw_quinn {
         return raw_quinn(&a).await;
     }
@@ -459,15 +478,15 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let total = a.duration;
     let per_pub_rate = if a.rate == 0 { 0.0 } else { a.rate as f64 / a.publishers as f64 };
     let mut pubs = Vec::new();
-    for _ in 0..a.publishers {
-        let c = connect(&t).await?;
+    for p in 0..a.publishers {
+        let c = connect_compressing(&t, compress).await?;
         let (published, stop, stream) = (published.clone(), stop.clone(), stream.clone());
         let (batch, size, ack, json) = (a.batch, a.payload, a.ack, a.json_publish);
+        let data = RecordData::new(&a.data, size - 8, p as u64);
         pubs.push(tokio::spawn(async move {
             let started = Instant::now();
             let mut sent = 0u64;
             let mut inflight = tokio::task::JoinSet::new();
-            let filler = vec![b'x'; size - 8];
             while !stop.load(Ordering::Relaxed) {
                 if per_pub_rate > 0.0 {
                     let due = started + Duration::from_secs_f64(sent as f64 / per_pub_rate);
@@ -476,9 +495,9 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 let now = epoch.elapsed().as_nanos() as u64;
                 // One buffer per batch, sliced into records: no allocation per record.
                 let mut buf = BytesMut::with_capacity(batch * size);
-                for _ in 0..batch {
+                for i in 0..batch {
                     buf.put_u64(now);
-                    buf.extend_from_slice(&filler);
+                    buf.extend_from_slice(data.record(sent + i as u64));
                 }
                 let buf = buf.freeze();
                 let payloads: Vec<Bytes> = (0..batch).map(|i| buf.slice(i * size..(i + 1) * size)).collect();
@@ -594,7 +613,17 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
             "datagrams_sent": c.datagrams_sent as f64 / n, "datagrams_received": c.datagrams_received as f64 / n,
             "send_calls": c.send_calls as f64 / n, "receive_calls": c.receive_calls as f64 / n,
             "acks_sent": c.acks_sent as f64 / n, "acks_received": c.acks_received as f64 / n,
+            "bytes_sent": c.bytes_sent as f64 / n, "bytes_received": c.bytes_received as f64 / n,
         })
+    };
+    // Bytes on the wire per record: each publisher's sent, each subscriber's received.
+    let wire_in = pub_counts.bytes_sent as f64 / sent.max(1) as f64;
+    let wire_out = sub_counts.bytes_received as f64 / (sent.max(1) * a.subscribers.max(1) as u64) as f64;
+    // Bytes on disk per record: the in-process broker's segment files.
+    let disk = if a.durable || a.late_reader.is_some() {
+        t._dir.as_ref().map(|d| dir_bytes(d.path()) as f64 / sent.max(1) as f64)
+    } else {
+        None
     };
     drop(t);
     let secs = elapsed.as_secs_f64();
@@ -614,6 +643,8 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         "broker_quic": quic,
         "client_quic_per_record": {"publishers": per_record(pub_counts), "subscribers": per_record(sub_counts)},
         "json_publish": a.json_publish,
+        "data": a.data, "compress": compress.map(|(c, l)| format!("{c}:{l}")),
+        "wire_bytes_per_record": {"publish": wire_in, "deliver": wire_out}, "disk_bytes_per_record": disk,
     });
     if let Some(l) = &late {
         result["late_reader"] = l.json();
@@ -630,13 +661,15 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         out!("{result}");
     } else {
         out!(
-            "Felix bench: {} publisher(s), {} subscriber(s), {} B records, batch {}, {}, {}",
+            "Felix bench: {} publisher(s), {} subscriber(s), {} B {} records, batch {}, {}, {}{}",
             a.publishers,
             a.subscribers,
             a.payload,
+            a.data,
             a.batch,
             if a.ack { "acked" } else { "unacked" },
-            if a.durable || a.late_reader.is_some() { "durable" } else { "ephemeral" }
+            if a.durable || a.late_reader.is_some() { "durable" } else { "ephemeral" },
+            compress.map_or(String::new(), |(c, l)| format!(", {c} level {l}"))
         );
         out!("  {:<28} {:>14}", "published", format!("{sent} msgs"));
         out!("  {:<28} {:>14.0}", "publish msgs/s", sent as f64 / secs);
@@ -652,6 +685,16 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         out!("  {:<28} {:>14}", "latency p999 (µs)", q(0.999));
         out!("  {:<28} {:>14}", "latency max (µs)", hist.max());
         out!("  {:<28} {:>14.1}", "delivered MB/s (per sub)", in_window.mb_per_s);
+        out!("  {:<28} {:>14.1}", "wire B/record, publish", wire_in);
+        out!("  {:<28} {:>14.1}", "wire B/record, per sub", wire_out);
+        if let Some(d) = disk {
+            out!("  {:<28} {:>14.1}", "disk B/record", d);
+        }
+        out!(
+            "  {:<28} {:>14.3}",
+            "CPU µs per record",
+            in_window.cpu_s.map_or(f64::NAN, |c| c * 1e6 / sent.max(1) as f64)
+        );
         if let Some(l) = &late {
             l.print();
         }
@@ -678,6 +721,95 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes of every file under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// What the bench's records hold after their send time (`--data`): pre-made bodies, picked in
+/// turn, so making a batch costs a copy whatever the kind.
+struct RecordData {
+    bodies: Vec<Vec<u8>>,
+}
+
+impl RecordData {
+    /// Bodies of `len` bytes; `seed` varies them between publishers.
+    fn new(kind: &str, len: usize, seed: u64) -> RecordData {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let bodies = match kind {
+            "json" => (0..1024).map(|_| json_record(len, &mut next)).collect(),
+            "random" => (0..1024).map(|_| (0..len).map(|_| next() as u8).collect()).collect(),
+            _ => vec![vec![b'x'; len]],
+        };
+        RecordData { bodies }
+    }
+
+    fn record(&self, n: u64) -> &[u8] {
+        &self.bodies[(n % self.bodies.len() as u64) as usize]
+    }
+}
+
+/// A JSON-like event of exactly `len` bytes: the fields of a click stream or an access log,
+/// values drawn from small vocabularies and random numbers, as such records are.
+fn json_record(len: usize, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+    const EVENTS: [&str; 6] = ["page_view", "click", "add_to_cart", "checkout", "search", "login"];
+    const PAGES: [&str; 8] =
+        ["/", "/products", "/products/shoes", "/products/hats", "/cart", "/checkout", "/search", "/account"];
+    const AGENTS: [&str; 3] = [
+        "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36",
+        "Mozilla/5.0 (iPhone; CPU iPhone OS 17_4 like Mac OS X) AppleWebKit/605.1.15 Mobile/15E148",
+        "Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:125.0) Gecko/20100101 Firefox/125.0",
+    ];
+    let mut s = String::with_capacity(len + 64);
+    let mut r = || next() as usize;
+    s.push_str(&format!(
+        "{{\"event\":\"{}\",\"user_id\":{},\"session\":\"{:016x}\",\"page\":\"{}\",\"status\":{},\"latency_ms\":{},\"agent\":\"{}\",\"items\":[",
+        EVENTS[r() % EVENTS.len()],
+        r() % 100_000,
+        r() as u64,
+        PAGES[r() % PAGES.len()],
+        [200, 200, 200, 304, 404][r() % 5],
+        r() % 900 + 3,
+        AGENTS[r() % AGENTS.len()],
+    ));
+    let mut first = true;
+    while s.len() + 80 < len {
+        if !first {
+            s.push(',');
+        }
+        first = false;
+        s.push_str(&format!(
+            "{{\"sku\":\"SKU-{:05}\",\"qty\":{},\"price\":{}.{:02}}}",
+            r() % 5000,
+            r() % 4 + 1,
+            r() % 200,
+            r() % 100
+        ));
+    }
+    s.push_str("],\"pad\":\"");
+    while s.len() + 2 < len {
+        s.push('-');
+    }
+    s.push_str("\"}");
+    let mut v = s.into_bytes();
+    v.resize(len, b' ');
+    v
 }
 
 /// `--late-reader`: a subscriber that starts `behind` records behind the tail while the

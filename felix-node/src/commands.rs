@@ -7,6 +7,7 @@ use crate::{
 };
 use bytes::Bytes;
 use felix_driver_tokio::{Client, ClientOptions, PublishOptions, SubscriptionItem};
+use felix_proto::Codec;
 use felix_proto::client::EndReason;
 use felix_proto::error_code::RetryClass;
 use felix_proto::message::StartPosition;
@@ -590,6 +591,20 @@ where
 }
 
 /// [`connect`], with the client options adjusted by `adjust` first.
+/// `--compress`: a codec name.
+pub fn parse_codec(s: &str) -> Result<Codec, String> {
+    Codec::from_name(s).ok_or_else(|| format!("unknown codec {s:?}: zstd or lz4"))
+}
+
+/// `--compress` and `--level` checked together, before anything connects: the codec and the
+/// level (the codec's default when none is given).
+pub fn compression(codec: Option<Codec>, level: Option<i32>) -> Result<Option<(Codec, i32)>, String> {
+    let Some(codec) = codec else { return Ok(None) };
+    let level = level.unwrap_or(codec.default_level());
+    felix_proto::Compressor::new(codec, level).map_err(|e| format!("--level: {e}"))?;
+    Ok(Some((codec, level)))
+}
+
 pub async fn connect_with(c: &ConnectArgs, adjust: impl FnOnce(&mut ClientOptions)) -> Result<Client, String> {
     let opts = client_options(c, adjust)?;
     // Several addresses: tried in order, each given a head start of STAGGER before the next is
@@ -805,8 +820,8 @@ where
 
 /// `publish --idempotent`: every batch through an idempotent producer, pipelined, then a wait
 /// for all of them.
-async fn publish_idempotent(a: PublishArgs) -> Result<ExitCode, String> {
-    let opts = client_options(&a.conn, |_| {})?;
+async fn publish_idempotent(a: PublishArgs, compress: Option<(Codec, i32)>) -> Result<ExitCode, String> {
+    let opts = client_options(&a.conn, |o| o.config.compress = compress)?;
     let addr = a.conn.addr.first();
     let connect = felix_driver_tokio::IdempotentProducer::connect(addr, opts, &a.conn.namespace, &a.stream);
     let mut producer = tokio::time::timeout(a.conn.connect_timeout, connect)
@@ -850,14 +865,16 @@ fn exit_after(end: InputEnd) -> ExitCode {
 }
 
 pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
+    let compress = compression(a.compress, a.level)?;
     if a.idempotent {
-        return publish_idempotent(a).await;
+        return publish_idempotent(a, compress).await;
     }
     a.ack |= a.ack_on_enqueue;
     let adjust = |o: &mut ClientOptions| {
         if a.ack_on_enqueue {
             o.config = o.config.clone().ack_on_enqueue();
         }
+        o.config.compress = compress;
     };
     let mut cluster = None;
     let client = match &a.key {

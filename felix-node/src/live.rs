@@ -93,6 +93,7 @@ impl Target {
             tenant_id: self.tenant.clone(),
             token: self.token.clone(),
             client_flags: flags,
+            client_flags_hi: None,
             client_features: features,
             client_features_hi: None,
         }))
@@ -221,6 +222,96 @@ async fn legacy_frames_are_the_old_frames(t: &Target) -> Check {
     expect(frames[1].flags == Flags::BINARY_EVENT_BATCH_SHARED, || {
         format!("events for a legacy client must be plain 0x0004 batches, got {}", frames[1].flags)
     })?;
+    Ok(PASSED)
+}
+
+/// The frames of the next event stream the broker opens on `c`, until `n` are read.
+async fn next_event_frames(c: &Conn, n: usize) -> Result<Vec<Frame>, String> {
+    let mut uni = tokio::time::timeout(WAIT, c.quic.accept_uni())
+        .await
+        .map_err(|_| "no event stream")?
+        .map_err(|e| e.to_string())?;
+    let mut dec = FrameDecoder::new();
+    dec.set_accepted_flags(Flags::KNOWN);
+    let mut frames = Vec::new();
+    while frames.len() < n {
+        let chunk = tokio::time::timeout(WAIT, uni.read_chunk(64 * 1024, true)).await.map_err(|_| "no events")?;
+        match chunk.map_err(|e| e.to_string())? {
+            Some(c) => dec.push(c.bytes),
+            None => return Err("event stream ended early".into()),
+        }
+        while let Some(f) = dec.next_frame().map_err(|e| e.to_string())? {
+            frames.push(f);
+        }
+    }
+    Ok(frames)
+}
+
+/// D56: a compressed batch reaches a subscriber that offered its codec compressed, and one
+/// that did not as the plain frame it always got. Skipped against a broker that does not
+/// advertise zstd in its second flag word.
+async fn compressed_batches_only_when_offered(t: &Target) -> Check {
+    let auth = |hi: Option<u16>, flags: u16| {
+        json(&Message::Auth(message::Auth {
+            tenant_id: t.tenant.clone(),
+            token: t.token.clone(),
+            client_flags: Some(flags),
+            client_flags_hi: hi,
+            client_features: None,
+            client_features_hi: None,
+        }))
+    };
+    let open = |c: &Conn, a: Bytes| {
+        let quic = c.quic.clone();
+        async move {
+            let (send, recv) = quic.open_bi().await.map_err(|e| e.to_string())?;
+            let mut s = Stream { send, recv, dec: FrameDecoder::new() };
+            s.send(&a).await?;
+            let answer = s.message().await?;
+            Ok::<_, String>((s, answer))
+        }
+    };
+    let (pc, zc, lc) = (t.connect().await?, t.connect().await?, t.connect().await?);
+    let (mut p, answer) = open(&pc, auth(Some(0x1), 0xFFFF)).await?;
+    let Message::AuthOk(ok) = answer else { return skipped("no auth_ok") };
+    if ok.server_flags & 0x8000 == 0 || ok.server_flags_hi.unwrap_or(0) & 0x1 == 0 {
+        return skipped("the broker does not advertise COMPRESSED_ZSTD (D56)");
+    }
+    let stream = format!("compressed-{}", std::process::id());
+    let (mut zs, _) = open(&zc, auth(Some(0x1), 0xFFFF)).await?;
+    zs.send(&t.subscribe(&stream)).await?;
+    zs.message().await?;
+    let (mut ls, _) = open(&lc, auth(None, 0x0007)).await?;
+    ls.send(&t.subscribe(&stream)).await?;
+    ls.message().await?;
+    let payloads: Vec<String> =
+        (0..32).map(|i| format!(r#"{{"user":"u{}","action":"click","page":"/home","n":{i}}}"#, i % 3)).collect();
+    let b = PublishBatch {
+        acked: None,
+        idempotent: None,
+        key: None,
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: stream.clone(),
+        records: Records::default(),
+    };
+    let mut frame = BytesMut::new();
+    let mut z = felix_proto::Compressor::new(felix_proto::Codec::Zstd, 3).map_err(|e| e.to_string())?;
+    b.encode_payloads_compressed(&payloads, &mut z, &mut frame).map_err(|e| e.to_string())?;
+    p.send(&frame).await?;
+    let zf = next_event_frames(&zc, 2).await?;
+    let lf = next_event_frames(&lc, 2).await?;
+    expect(zf[1].flags.contains(Flags::EXTENDED), || format!("zstd subscriber got flags {}", zf[1].flags))?;
+    expect(lf[1].flags == Flags::BINARY_EVENT_BATCH_SHARED, || format!("legacy subscriber got flags {}", lf[1].flags))?;
+    for f in [&zf[1], &lf[1]] {
+        let Ok(Payload::Events(e)) = f.decode_payload() else {
+            return Err("an event batch that does not decode".into());
+        };
+        let got: Vec<Bytes> = e.records.payloads().collect();
+        expect(got.len() == payloads.len() && got.iter().zip(&payloads).all(|(g, p)| g == p.as_bytes()), || {
+            "the records differ from those published".into()
+        })?;
+    }
     Ok(PASSED)
 }
 
@@ -546,7 +637,8 @@ pub async fn run(t: Target) -> ExitCode {
         ("legacy client gets exactly {\"type\":\"ok\"}", Box::pin(row3_legacy_gets_plain_ok(&t))),
         ("legacy client gets the legacy frames", Box::pin(legacy_frames_are_the_old_frames(&t))),
         ("error codes only for FEATURE_ERROR_CODES clients", Box::pin(error_codes_only_when_offered(&t))),
-        ("unknown flag bit rejected, not masked", Box::pin(unknown_flag_bit_is_rejected_not_masked(&t))),
+        ("bit 15 not negotiated: rejected, not masked", Box::pin(unknown_flag_bit_is_rejected_not_masked(&t))),
+        ("compressed batches only to their codec's subscribers", Box::pin(compressed_batches_only_when_offered(&t))),
         ("unknown type: unsupported or stream closed", Box::pin(unknown_type_unsupported_or_closed(&t))),
         (
             "malformed acked publish answered by request_id",

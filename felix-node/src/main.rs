@@ -465,6 +465,13 @@ struct PublishArgs {
     /// command exits with 130.
     #[arg(long, default_value = "5ms", value_parser = commands::parse_duration)]
     linger: std::time::Duration,
+    /// Compress each batch with this codec (zstd or lz4), when the broker takes it and the
+    /// batch shrinks; it is stored and sent on compressed (docs/protocol.md, D56).
+    #[arg(long, value_parser = commands::parse_codec)]
+    compress: Option<felix_proto::Codec>,
+    /// Compression level with --compress: zstd 1–19 (default 3); lz4 has one level.
+    #[arg(long, requires = "compress", allow_negative_numbers = true)]
+    level: Option<i32>,
     #[command(flatten)]
     conn: ConnectArgs,
 }

@@ -40,6 +40,7 @@ fn auth() -> Bytes {
         tenant_id: "t1".into(),
         token: "tok".into(),
         client_flags: Some(0x0027),
+        client_flags_hi: None,
         client_features: None,
         client_features_hi: None,
     }))

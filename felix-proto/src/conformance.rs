@@ -13,8 +13,8 @@
 //!   error kind `expect.error`.
 
 use crate::binary::{
-    AckMode, AckStatus, AckedPrefix, ErrorDetail, EventBatch, IdempotentPrefix, OwnerHint, PublishAck, PublishBatch,
-    Records,
+    AckMode, AckStatus, AckedPrefix, Codec, ErrorDetail, EventBatch, IdempotentPrefix, OwnerHint, PublishAck,
+    PublishBatch, Records,
 };
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::flags::Flags;
@@ -93,6 +93,9 @@ pub fn check_vector(json_text: &str, hex_text: &str) -> Result<(), VectorFailure
 
 fn decode_one(frame: &[u8], desc: &Map<String, Value>) -> Result<Frame, FrameError> {
     let mut dec = FrameDecoder::new();
+    // A vector shows a layout to a peer that negotiated it: bit 15 (D56) included, unless the
+    // vector names what its receiver accepts.
+    dec.set_accepted_flags(Flags::KNOWN);
     if let Some(max) = desc.get("max_frame_len").and_then(Value::as_u64) {
         dec.set_max_frame_len(u32::try_from(max).unwrap_or(u32::MAX));
     }
@@ -215,6 +218,26 @@ fn bytes_field(desc: &Map<String, Value>, base: &str) -> Result<Option<Bytes>, V
     Ok(None)
 }
 
+/// A compressed vector's `codec` and `compressed_hex` (D56), when it has them.
+fn packed_field(desc: &Map<String, Value>) -> Result<Option<(Codec, Bytes)>, VectorFailure> {
+    let Some(name) = desc.get("codec").and_then(Value::as_str) else { return Ok(None) };
+    let Some(codec) = Codec::from_name(name) else { return fail(format!("unknown codec {name:?}")) };
+    match bytes_field(desc, "compressed")? {
+        Some(data) => Ok(Some((codec, data))),
+        None => fail("a compressed vector needs compressed_hex"),
+    }
+}
+
+/// The described records with the described compressed form, which must inflate to them.
+fn from_packed(plain: &Records, codec: Codec, data: Bytes) -> Result<Records, VectorFailure> {
+    let r = Records::from_packed(plain.count(), codec, data, plain.raw().len(), plain.raw().len())
+        .or_else(|e| fail(format!("compressed_hex: {e}")))?;
+    if r.raw() != plain.raw() {
+        return fail("compressed_hex does not inflate to the described records");
+    }
+    Ok(r)
+}
+
 fn str_field(desc: &Map<String, Value>, name: &str) -> Result<String, VectorFailure> {
     match desc.get(name) {
         Some(Value::String(s)) => Ok(s.clone()),
@@ -277,7 +300,13 @@ fn build_binary(kind: &str, desc: &Map<String, Value>) -> Result<Payload, Vector
                 tenant_id: str_field(desc, "tenant_id")?,
                 namespace: str_field(desc, "namespace")?,
                 stream: str_field(desc, "stream")?,
-                records: Records::from_payloads(payload_list(desc)?).map_err(enc)?,
+                records: match packed_field(desc)? {
+                    Some((codec, data)) => {
+                        let plain = Records::from_payloads(payload_list(desc)?).map_err(enc)?;
+                        from_packed(&plain, codec, data)?
+                    }
+                    None => Records::from_payloads(payload_list(desc)?).map_err(enc)?,
+                },
             }))
         }
         "binary_publish_ack" => {
@@ -331,11 +360,21 @@ fn build_binary(kind: &str, desc: &Map<String, Value>) -> Result<Payload, Vector
                     None => plain.push(p),
                 }
             }
-            let records = match (timed.is_empty(), plain.is_empty()) {
+            let mut records = match (timed.is_empty(), plain.is_empty()) {
                 (true, _) => Records::from_payloads(plain).map_err(enc)?,
-                (false, true) => Records::from_timed(timed).map_err(enc)?,
+                (false, true) => Records::from_timed(timed.clone()).map_err(enc)?,
                 (false, false) => return fail("either every event has a timestamp or none does"),
             };
+            if let Some((codec, data)) = packed_field(desc)? {
+                let untimed = records.without_timestamps();
+                records = from_packed(&untimed, codec, data)?;
+                if let Some((t, _)) = timed.first() {
+                    if timed.iter().any(|(u, _)| u != t) {
+                        return fail("the events of a compressed batch share one timestamp");
+                    }
+                    records = records.with_timestamp(*t);
+                }
+            }
             Ok(Payload::Events(EventBatch {
                 subscription_id: u64_field(desc, "subscription_id")?,
                 base_offset: u64_field(desc, "base_offset")?,

@@ -53,13 +53,17 @@ flag_bits! {
     EVENT_BATCH_PUBLISHER = 0x2000, "FLAG_EVENT_BATCH_PUBLISHER";
     /// Bit 14: each event is preceded by its record's append time.
     EVENT_BATCH_TIMESTAMPS = 0x4000, "FLAG_EVENT_BATCH_TIMESTAMPS";
+    /// Bit 15 (D56): a second flag word ([`FlagsHi`]) opens the payload. Offered with
+    /// `client_flags_hi`, advertised with `server_flags_hi`, and only to a client that set it.
+    EXTENDED = 0x8000, "FLAG_EXTENDED";
 }
 
 impl Flags {
     /// No bits: a JSON control message.
     pub const EMPTY: Flags = Flags(0);
-    /// Every bit this implementation understands (bits 0–14). Bit 15 is reserved.
-    pub const KNOWN: Flags = Flags(0x7FFF);
+    /// Every bit this implementation understands: bits 0–14, and bit 15, which says a second
+    /// word follows (D56).
+    pub const KNOWN: Flags = Flags(0xFFFF);
     /// What an absent advertisement means: the bits that predate negotiation.
     ///
     /// Frozen forever. A peer that predates negotiation cannot be asked what it supports, so
@@ -68,11 +72,12 @@ impl Flags {
     /// The "kind" bits: at most one of them selects the payload layout.
     pub const KINDS: Flags = Flags(0x0001 | 0x0002 | 0x0004 | 0x0010);
     /// Bits a client may put on a frame it sends (publish family).
-    pub const CLIENT_SENDS: Flags = Flags(0x0001 | 0x0008 | 0x0040 | 0x0100);
+    pub const CLIENT_SENDS: Flags = Flags(0x0001 | 0x0008 | 0x0040 | 0x0100 | 0x8000);
     /// Bits a broker may put on a frame it sends (acks and event batches).
-    pub const BROKER_SENDS: Flags = Flags(0x7FFF & !(0x0001 | 0x0008 | 0x0040 | 0x0100));
+    pub const BROKER_SENDS: Flags = Flags(!(0x0001 | 0x0008 | 0x0040 | 0x0100));
     /// Bits a broker sets toward a client only if that client offered them.
-    pub const OFFER_GATED: Flags = Flags(0x0020 | 0x0080 | 0x0200 | 0x0400 | 0x0800 | 0x1000 | 0x2000 | 0x4000);
+    pub const OFFER_GATED: Flags =
+        Flags(0x0020 | 0x0080 | 0x0200 | 0x0400 | 0x0800 | 0x1000 | 0x2000 | 0x4000 | 0x8000);
 
     /// The raw bits.
     pub const fn bits(self) -> u16 {
@@ -120,6 +125,8 @@ impl Flags {
         (Flags::EVENT_BATCH_SKIPPED, Flags::EVENT_BATCH_OFFSETS),
         (Flags::EVENT_BATCH_PUBLISHER, Flags(0x0002 | 0x0004)),
         (Flags::EVENT_BATCH_TIMESTAMPS, Flags(0x0002 | 0x0004)),
+        // A second word is defined for publish batches and shared event batches only.
+        (Flags::EXTENDED, Flags(0x0001 | 0x0004)),
     ];
 
     /// Checks that this set is one a frame may carry: only known bits, at most one kind bit,
@@ -180,6 +187,106 @@ impl std::ops::BitAnd for Flags {
     fn bitand(self, rhs: Flags) -> Flags {
         self.intersection(rhs)
     }
+}
+
+/// The second flag word (D56): the payload's first two bytes when the header carries
+/// [`Flags::EXTENDED`]; offered as `client_flags_hi` and advertised as `server_flags_hi`. Like
+/// the first word it selects how the payload is parsed, so an unknown bit is refused, and a
+/// frame never carries an all-zero second word (it would then not set [`Flags::EXTENDED`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FlagsHi(pub u16);
+
+impl FlagsHi {
+    /// No bits.
+    pub const EMPTY: FlagsHi = FlagsHi(0);
+    /// 0x0001: the record block is compressed with zstd (publish batches and shared event
+    /// batches; offered, it means "I decode zstd").
+    pub const COMPRESSED_ZSTD: FlagsHi = FlagsHi(0x0001);
+    /// 0x0002: the record block is compressed with lz4.
+    pub const COMPRESSED_LZ4: FlagsHi = FlagsHi(0x0002);
+    /// The codec bits: a frame carries at most one.
+    pub const CODECS: FlagsHi = FlagsHi(0x0003);
+    /// Every second-word bit this implementation understands.
+    pub const KNOWN: FlagsHi = FlagsHi(0x0003);
+    /// Every named bit with its constant name.
+    pub const NAMED: &'static [(FlagsHi, &'static str)] =
+        &[(FlagsHi(0x0001), "FLAG_HI_COMPRESSED_ZSTD"), (FlagsHi(0x0002), "FLAG_HI_COMPRESSED_LZ4")];
+
+    /// The raw bits.
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+    /// True when every bit of `other` is set here.
+    pub const fn contains(self, other: FlagsHi) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Bitwise union.
+    pub const fn union(self, other: FlagsHi) -> FlagsHi {
+        FlagsHi(self.0 | other.0)
+    }
+    /// Bitwise intersection.
+    pub const fn intersection(self, other: FlagsHi) -> FlagsHi {
+        FlagsHi(self.0 & other.0)
+    }
+    /// True when no bit is set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Checks a second word read off a frame: non-zero, known bits only, at most one codec.
+    ///
+    /// # Errors
+    /// The rule broken, as a [`FlagsHiError`].
+    pub fn validate(self) -> Result<FlagsHi, FlagsHiError> {
+        if self.is_empty() {
+            return Err(FlagsHiError::Empty);
+        }
+        let unknown = self.0 & !FlagsHi::KNOWN.0;
+        if unknown != 0 {
+            return Err(FlagsHiError::Unknown { flags: self.0, unknown });
+        }
+        if (self.0 & FlagsHi::CODECS.0).count_ones() > 1 {
+            return Err(FlagsHiError::TwoCodecs { flags: self.0 });
+        }
+        Ok(self)
+    }
+}
+
+impl fmt::Debug for FlagsHi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FlagsHi({:#06x})", self.0)
+    }
+}
+
+impl std::ops::BitOr for FlagsHi {
+    type Output = FlagsHi;
+    fn bitor(self, rhs: FlagsHi) -> FlagsHi {
+        self.union(rhs)
+    }
+}
+
+/// Why a second flag word cannot be carried by a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlagsHiError {
+    /// [`Flags::EXTENDED`] with an all-zero second word (a frame with nothing in its second
+    /// word does not carry one).
+    #[error("second flag word is empty")]
+    Empty,
+    /// A bit this implementation does not know.
+    #[error("unsupported second flag word {flags:#06x}: unknown bits {unknown:#06x}")]
+    Unknown {
+        /// The word.
+        flags: u16,
+        /// The bits not recognised.
+        unknown: u16,
+    },
+    /// Two codecs at once.
+    #[error("second flag word {flags:#06x} names two codecs")]
+    TwoCodecs {
+        /// The word.
+        flags: u16,
+    },
 }
 
 /// Why a flag set cannot be carried by a frame. The frame's length is still trustworthy, so the
@@ -259,7 +366,20 @@ mod tests {
 
     #[test]
     fn unknown_and_conflicting_bits_are_rejected() {
-        assert_eq!(Flags(0x8001).validate(), Err(FlagError::Unknown { flags: 0x8001, unknown: 0x8000 }));
+        // Every bit of the first word is known since bit 15 became the second word's marker
+        // (D56); a second word alone is not a frame.
+        assert_eq!(Flags(0x8001).validate(), Ok(Flags(0x8001)));
+        assert_eq!(
+            Flags(0x8000).validate(),
+            Err(FlagError::MissingBase { flags: 0x8000, bit: 0x8000, requires: 0x0005 })
+        );
+        assert_eq!(
+            Flags(0x8010).validate(),
+            Err(FlagError::MissingBase { flags: 0x8010, bit: 0x8000, requires: 0x0005 })
+        );
+        assert_eq!(FlagsHi(0).validate(), Err(FlagsHiError::Empty));
+        assert_eq!(FlagsHi(0x0004).validate(), Err(FlagsHiError::Unknown { flags: 4, unknown: 4 }));
+        assert_eq!(FlagsHi(0x0003).validate(), Err(FlagsHiError::TwoCodecs { flags: 3 }));
         assert_eq!(Flags(0x0006).validate(), Err(FlagError::ConflictingKinds { flags: 6 }));
         assert_eq!(Flags(0x0011).validate(), Err(FlagError::ConflictingKinds { flags: 0x11 }));
     }

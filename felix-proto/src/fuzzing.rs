@@ -152,6 +152,7 @@ pub fn broker_session(data: &[u8], t0: std::time::Instant) {
             tenant_id: "t1".into(),
             token: "t".into(),
             client_flags: flags,
+            client_flags_hi: None,
             client_features: features,
             client_features_hi: features.map(|_| 0xF),
         });
@@ -262,6 +263,7 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
     drain(&mut c, now, &mut opened);
     let auth_ok = crate::Message::AuthOk(crate::message::AuthOk {
         server_flags: crate::Flags::KNOWN.bits(),
+        server_flags_hi: None,
         server_features: Some(crate::Features::known().to_words(true).0.unwrap_or(0)),
         server_features_hi: crate::Features::known().to_words(true).1,
         listener_ports: None,

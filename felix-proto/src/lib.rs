@@ -133,12 +133,12 @@ pub mod sim;
 pub mod storage;
 pub mod transport;
 
-pub use binary::{EventBatch, PublishAck, PublishBatch, Records};
+pub use binary::{Codec, Compressor, EventBatch, PublishAck, PublishBatch, Records};
 pub use broker::{Broker, BrokerOutput, ClusterOutput, StorageOutput, TransportOutput};
 pub use client::{ClientConnection, ClientEvent, ClientOutput};
 pub use error_code::{ErrorCode, RetryClass};
 pub use features::Features;
-pub use flags::Flags;
+pub use flags::{Flags, FlagsHi};
 pub use frame::{Frame, FrameDecoder, FrameError};
 pub use message::{Decoded, Message};
 pub use payload::{Payload, PayloadKind};

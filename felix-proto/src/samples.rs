@@ -3,8 +3,8 @@
 //! vectors in `vectors/`, seed the fuzz corpora and drive the round-trip tests.
 
 use crate::binary::{
-    AckMode, AckStatus, AckedPrefix, ErrorDetail, EventBatch, IdempotentPrefix, OwnerHint, PublishAck, PublishBatch,
-    Records,
+    AckMode, AckStatus, AckedPrefix, Codec, Compressor, ErrorDetail, EventBatch, IdempotentPrefix, OwnerHint,
+    PublishAck, PublishBatch, Records,
 };
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::message::*;
@@ -29,11 +29,13 @@ pub fn messages() -> Vec<Message> {
             tenant_id: t(),
             token: s("demo-token"),
             client_flags: Some(0x7FFF),
+            client_flags_hi: None,
             client_features: Some(0x8000_0800),
             client_features_hi: Some(0x2),
         }),
         Message::AuthOk(AuthOk {
             server_flags: 0x7FFF,
+            server_flags_hi: None,
             server_features: Some(0x8002_8800),
             server_features_hi: Some(0xC),
             listener_ports: Some(vec![5001, 5002]),
@@ -783,10 +785,33 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
             "auth_ok_with_window",
             Message::AuthOk(AuthOk {
                 server_flags: 2047,
+                server_flags_hi: None,
                 server_features: Some(196_132),
                 server_features_hi: None,
                 listener_ports: None,
                 publish_window: Some(256),
+            }),
+        ),
+        (
+            "auth_second_flag_word",
+            Message::Auth(Auth {
+                tenant_id: s("t1"),
+                token: s("demo-token"),
+                client_flags: Some(0xFFFF),
+                client_flags_hi: Some(0x3),
+                client_features: Some(0x8000_0800),
+                client_features_hi: Some(0x2),
+            }),
+        ),
+        (
+            "auth_ok_second_flag_word",
+            Message::AuthOk(AuthOk {
+                server_flags: 0xFFFF,
+                server_flags_hi: Some(0x3),
+                server_features: Some(0x8000_0800),
+                server_features_hi: Some(0x2),
+                listener_ports: None,
+                publish_window: None,
             }),
         ),
         (
@@ -795,6 +820,7 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
                 tenant_id: s("t1"),
                 token: s("demo-token"),
                 client_flags: None,
+                client_flags_hi: None,
                 client_features: None,
                 client_features_hi: None,
             }),
@@ -804,6 +830,22 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
 
 fn records(payloads: &[&str]) -> Records {
     Records::from_payloads(payloads.iter().map(|p| p.as_bytes())).expect("small payloads")
+}
+
+/// Four JSON-like records, alike enough to compress.
+pub const COMPRESSIBLE: [&str; 4] = [
+    r#"{"user":"alice","action":"click","page":"/home","ms":120}"#,
+    r#"{"user":"alice","action":"click","page":"/cart","ms":95}"#,
+    r#"{"user":"bob","action":"click","page":"/home","ms":130}"#,
+    r#"{"user":"alice","action":"click","page":"/home","ms":118}"#,
+];
+
+/// [`COMPRESSIBLE`] compressed with `codec` at its default level (D56).
+pub fn packed_records(codec: Codec) -> Records {
+    let mut c = Compressor::new(codec, codec.default_level()).expect("the default level is valid");
+    let r = records(&COMPRESSIBLE).compressed(&mut c);
+    debug_assert!(r.packed().is_some(), "the sample shrinks");
+    r
 }
 
 /// Every publish-batch flag combination: 0x0001, 0x0041, 0x0009 (both modes), 0x0049, 0x0109,
@@ -832,6 +874,14 @@ pub fn publish_batches() -> Vec<(&'static str, PublishBatch)> {
         ("binary_publish_acked_keyed_two", base(acked(AckMode::PerBatch), None, Some("customer-1"))),
         ("binary_publish_idempotent", base(acked(AckMode::PerBatch), idem, None)),
         ("binary_publish_idempotent_keyed", base(acked(AckMode::PerBatch), idem, Some("customer-1"))),
+        ("binary_publish_zstd", PublishBatch { records: packed_records(Codec::Zstd), ..base(None, None, None) }),
+        (
+            "binary_publish_lz4_idempotent_keyed",
+            PublishBatch {
+                records: packed_records(Codec::Lz4),
+                ..base(acked(AckMode::PerBatch), idem, Some("customer-1"))
+            },
+        ),
     ]
 }
 
@@ -916,5 +966,26 @@ pub fn event_batches() -> Vec<(String, EventBatch)> {
             }
         }
     }
+    // Compressed (D56): the shared form only, as a publisher's block was stored.
+    out.push((
+        "binary_event_shared_offsets_zstd".into(),
+        EventBatch {
+            subscription_id: None,
+            base_offset: Some(100),
+            skipped_before: None,
+            publisher: None,
+            records: packed_records(Codec::Zstd),
+        },
+    ));
+    out.push((
+        "binary_event_shared_offsets_skipped_publisher_timestamps_lz4".into(),
+        EventBatch {
+            subscription_id: None,
+            base_offset: Some(100),
+            skipped_before: Some(1),
+            publisher: Some(Bytes::from_static(b"alice")),
+            records: packed_records(Codec::Lz4).with_timestamp(1_760_000_000_000_000),
+        },
+    ));
     out
 }

@@ -57,6 +57,7 @@ fn writer_session(sim: &mut Sim) -> (usize, felix_proto::transport::StreamId) {
         tenant_id: "t1".into(),
         token: "writer".into(),
         client_flags: None,
+        client_flags_hi: None,
         client_features: Features::ERROR_CODES.to_words(false).0,
         client_features_hi: None,
     });

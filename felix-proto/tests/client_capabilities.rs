@@ -29,6 +29,7 @@ fn connected(flags: u16, features: Features) -> ClientConnection {
     let (server_features, server_features_hi) = features.to_words(true);
     let ok = Message::AuthOk(message::AuthOk {
         server_flags: flags,
+        server_flags_hi: None,
         server_features,
         server_features_hi,
         listener_ports: None,

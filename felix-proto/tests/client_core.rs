@@ -29,6 +29,7 @@ fn auth_ok(window: Option<u32>) -> Bytes {
         (Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW | Features::CONSUMER_GROUP).to_words(true);
     json(&Message::AuthOk(message::AuthOk {
         server_flags: 0x7FFF,
+        server_flags_hi: None,
         server_features,
         server_features_hi,
         listener_ports: None,

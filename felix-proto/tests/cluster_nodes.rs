@@ -1229,6 +1229,7 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
             tenant_id: "t1".into(),
             token: token.into(),
             client_flags: Some(0x0001 | 0x0008),
+            client_flags_hi: None,
             client_features: lo,
             client_features_hi: hi,
         }))

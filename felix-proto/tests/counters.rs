@@ -180,6 +180,7 @@ fn counters_need_cache_permissions_and_reserved_names_stay_reserved() {
             tenant_id: "t1".into(),
             token: "reader".into(),
             client_flags: None,
+            client_flags_hi: None,
             client_features: features(Features::COUNTERS | Features::ERROR_CODES),
             client_features_hi: None,
         })),

@@ -386,6 +386,7 @@ fn groups_need_storage_durable_streams_and_permissions() {
             tenant_id: "t1".into(),
             token: "reader".into(),
             client_flags: Some(1),
+            client_flags_hi: None,
             client_features: all_group_features().to_words(false).0,
             client_features_hi: None,
         })),

@@ -203,6 +203,7 @@ fn history_requests_are_refused_as_the_spec_says() {
             tenant_id: "t1".into(),
             token: "writer".into(),
             client_flags: None,
+            client_flags_hi: None,
             client_features: Some(codes),
             client_features_hi: None,
         })),

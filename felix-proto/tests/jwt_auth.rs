@@ -53,6 +53,7 @@ fn auth_with(token: &str) -> Bytes {
         token: token.into(),
         // 0x0200: binary acks carry the error code too.
         client_flags: Some(0x0001 | 0x0008 | 0x0200),
+        client_flags_hi: None,
         client_features: lo,
         client_features_hi: hi,
     }))
@@ -368,6 +369,7 @@ fn group_long_polls_end_revoked_when_their_token_expires_or_is_revoked() {
             tenant_id: "t1".into(),
             token: token.into(),
             client_flags: Some(0x0001),
+            client_flags_hi: None,
             client_features: features,
             client_features_hi: None,
         }));
@@ -517,6 +519,7 @@ fn diagnostics_answer_only_a_token_with_exactly_node_view_cluster() {
             tenant_id: "t1".into(),
             token: token.into(),
             client_flags: Some(0x0001),
+            client_flags_hi: None,
             client_features: lo,
             client_features_hi: hi,
         }));
@@ -613,6 +616,7 @@ fn a_refused_login_is_noticed_for_the_operators_log() {
         tenant_id: "t1".into(),
         token: "wrong".into(),
         client_flags: None,
+        client_flags_hi: None,
         client_features: None,
         client_features_hi: None,
     }));

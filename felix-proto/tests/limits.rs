@@ -20,6 +20,7 @@ fn auth_as(tenant: &str, features: Features) -> Bytes {
         tenant_id: tenant.into(),
         token: TOKEN.into(),
         client_flags: Some(0x0001 | 0x0008),
+        client_flags_hi: None,
         client_features: lo,
         client_features_hi: hi,
     }))

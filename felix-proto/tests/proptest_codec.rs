@@ -153,7 +153,7 @@ proptest! {
     #[test]
     fn restricting_an_event_batch_never_sets_an_unoffered_bit(e in event_batch(), offered in any::<u16>()) {
         let offered = Flags(offered);
-        let r = e.restricted_to(offered);
+        let r = e.restricted_to(offered, felix_proto::FlagsHi::EMPTY);
         let extra = r.flags().difference(offered).difference(Flags::BINARY_EVENT_BATCH | Flags::BINARY_EVENT_BATCH_SHARED);
         prop_assert!(extra.is_empty(), "{:?} offered {:?}", r.flags(), offered);
         prop_assert_eq!(r.records.payloads().collect::<Vec<_>>(), e.records.payloads().collect::<Vec<_>>());

@@ -332,6 +332,7 @@ fn client_shares_one_window_against_a_broker_without_the_per_stream_bit() {
     // An older broker: pipelining with a window of 1, but no FEATURE_STREAM_PUBLISH_WINDOW.
     let ok = json(&Message::AuthOk(message::AuthOk {
         server_flags: 0x7FFF,
+        server_flags_hi: None,
         server_features: Some(Features::PUBLISH_PIPELINE.0 as u32),
         server_features_hi: None,
         listener_ports: None,
@@ -431,6 +432,7 @@ fn requests_before_auth_and_bad_tokens_are_refused() {
         tenant_id: "t1".into(),
         token: "wrong".into(),
         client_flags: Some(25),
+        client_flags_hi: None,
         client_features: Some(Features::ERROR_CODES.0 as u32),
         client_features_hi: None,
     }));
@@ -566,6 +568,7 @@ fn forbidden_without_permission() {
         tenant_id: "t1".into(),
         token: "reader".into(),
         client_flags: Some(0x7FFF),
+        client_flags_hi: None,
         client_features: Some(Features::ERROR_CODES.0 as u32),
         client_features_hi: None,
     }));

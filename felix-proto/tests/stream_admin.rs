@@ -95,6 +95,7 @@ fn only_an_admin_may_delete_and_the_broker_owns_dollar_streams() {
         tenant_id: "t1".into(),
         token: "writer".into(),
         client_flags: Some(1),
+        client_flags_hi: None,
         client_features: features(Features::ERROR_CODES),
         client_features_hi: None,
     }));

@@ -8,11 +8,18 @@
 //! u32 count
 //! count × ( u64 timestamp_micros if 0x4000, u32 payload_len, payload )
 //! ```
+//! With [`Flags::EXTENDED`] (D56, shared form only) the payload opens with `u16 flags_hi`; a
+//! codec bit in it makes the block `u32 count, u64 timestamp_micros if 0x4000 (one append time
+//! for every record of the batch), u32 raw_len, compressed bytes`: the publisher's compressed
+//! block, sent as it was stored.
+//!
 //! The broker emits only the shared 0x0004 form: `event_stream_hello` already bound the stream to
 //! its subscription, so one encoded buffer serves every subscriber of the same shape.
 
+use super::compression::{Codec, Decompressor};
+use super::publish::read_flags_hi;
 use super::{EncodeError, PayloadError, Reader, Records};
-use crate::flags::Flags;
+use crate::flags::{Flags, FlagsHi};
 use crate::frame::{HEADER_LEN, begin_frame, patch_length};
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -27,7 +34,8 @@ pub struct EventBatch {
     pub skipped_before: Option<u64>,
     /// 0x2000: principal that published these events (at most 255 bytes).
     pub publisher: Option<Bytes>,
-    /// The events; timed (0x4000) when they carry append times.
+    /// The events; timed (0x4000) when they carry append times; sent compressed when they
+    /// hold a compressed form (D56; the shared form only).
     pub records: Records,
 }
 
@@ -45,22 +53,36 @@ impl EventBatch {
             .with(Flags::EVENT_BATCH_SKIPPED, self.skipped_before.is_some())
             .with(Flags::EVENT_BATCH_PUBLISHER, self.publisher.is_some())
             .with(Flags::EVENT_BATCH_TIMESTAMPS, self.records.is_timed())
+            .with(Flags::EXTENDED, !self.flags_hi().is_empty())
+    }
+
+    /// The second flag word this batch is framed with (empty: none is sent). The legacy
+    /// per-subscriber form never carries one.
+    pub fn flags_hi(&self) -> FlagsHi {
+        match self.subscription_id {
+            Some(_) => FlagsHi::EMPTY,
+            None => self.records.codec().map_or(FlagsHi::EMPTY, Codec::flag),
+        }
     }
 
     /// This batch with every section the client did not offer left out: what a client that
     /// offered `offered` may receive. Timestamps are stripped by copying the block; everything
     /// else is free.
-    pub fn restricted_to(&self, offered: Flags) -> EventBatch {
+    /// A compressed form is kept only for a client that offered its codec (`offered_hi`).
+    pub fn restricted_to(&self, offered: Flags, offered_hi: FlagsHi) -> EventBatch {
         let offsets = offered.contains(Flags::EVENT_BATCH_OFFSETS);
+        let packed =
+            offered.contains(Flags::EXTENDED) && self.records.codec().is_some_and(|c| offered_hi.contains(c.flag()));
+        let records = if packed { self.records.clone() } else { self.records.plain() };
         EventBatch {
             subscription_id: self.subscription_id,
             base_offset: self.base_offset.filter(|_| offsets),
             skipped_before: self.skipped_before.filter(|_| offsets && offered.contains(Flags::EVENT_BATCH_SKIPPED)),
             publisher: self.publisher.clone().filter(|_| offered.contains(Flags::EVENT_BATCH_PUBLISHER)),
             records: if offered.contains(Flags::EVENT_BATCH_TIMESTAMPS) {
-                self.records.clone()
+                records
             } else {
-                self.records.without_timestamps()
+                records.without_timestamps()
             },
         }
     }
@@ -70,11 +92,34 @@ impl EventBatch {
     /// # Errors
     /// See [`PayloadError`].
     pub fn decode(flags: Flags, payload: Bytes) -> Result<EventBatch, PayloadError> {
+        EventBatch::decode_limited(flags, payload, crate::frame::DEFAULT_MAX_FRAME_LEN as usize)
+    }
+
+    /// Decodes a payload framed with `flags`, refusing a compressed block that declares more
+    /// than `limit` plain bytes before inflating it.
+    ///
+    /// # Errors
+    /// See [`PayloadError`].
+    pub fn decode_limited(flags: Flags, payload: Bytes, limit: usize) -> Result<EventBatch, PayloadError> {
+        EventBatch::decode_with(flags, payload, limit, &mut Decompressor::new())
+    }
+
+    /// [`decode_limited`](Self::decode_limited) with the receiver's decompression contexts.
+    ///
+    /// # Errors
+    /// See [`PayloadError`].
+    pub fn decode_with(
+        flags: Flags,
+        payload: Bytes,
+        limit: usize,
+        dec: &mut Decompressor,
+    ) -> Result<EventBatch, PayloadError> {
         let legacy = flags.contains(Flags::BINARY_EVENT_BATCH);
         if !legacy && !flags.contains(Flags::BINARY_EVENT_BATCH_SHARED) {
             return Err(PayloadError::WrongKind(flags.bits()));
         }
         let mut r = Reader::new(payload);
+        let hi = read_flags_hi(&mut r, flags, FlagsHi::CODECS)?;
         let subscription_id = if legacy { Some(r.u64("subscription_id")?) } else { None };
         let base_offset = if flags.contains(Flags::EVENT_BATCH_OFFSETS) { Some(r.u64("base_offset")?) } else { None };
         let skipped_before =
@@ -85,7 +130,11 @@ impl EventBatch {
         } else {
             None
         };
-        let records = Records::decode(&mut r, flags.contains(Flags::EVENT_BATCH_TIMESTAMPS))?;
+        let timed = flags.contains(Flags::EVENT_BATCH_TIMESTAMPS);
+        let records = match Codec::of(hi) {
+            Some(codec) => Records::decode_packed(&mut r, codec, timed, limit, dec)?,
+            None => Records::decode(&mut r, timed)?,
+        };
         r.finish()?;
         Ok(EventBatch { subscription_id, base_offset, skipped_before, publisher, records })
     }
@@ -102,8 +151,20 @@ impl EventBatch {
         Ok(())
     }
 
+    /// The block after the head: the compressed bytes, or the plain block.
+    fn body(&self) -> &Bytes {
+        match (self.flags_hi().is_empty(), self.records.packed()) {
+            (false, Some(p)) => &p.data,
+            _ => self.records.raw(),
+        }
+    }
+
     fn head_len(&self) -> usize {
         let mut n = HEADER_LEN + 4;
+        if !self.flags_hi().is_empty() {
+            // flags_hi, raw_len, and the one time of a timed block.
+            n += 2 + 4 + 8 * usize::from(self.records.is_timed());
+        }
         n += 8 * usize::from(self.subscription_id.is_some());
         n += 8 * usize::from(self.base_offset.is_some());
         n += 8 * usize::from(self.skipped_before.is_some());
@@ -113,6 +174,10 @@ impl EventBatch {
     fn put_head(&self, dst: &mut BytesMut, length: u32) {
         let at = begin_frame(dst, self.flags());
         dst[at..at + 4].copy_from_slice(&length.to_be_bytes());
+        let hi = self.flags_hi();
+        if !hi.is_empty() {
+            dst.put_u16(hi.bits());
+        }
         if let Some(id) = self.subscription_id {
             dst.put_u64(id);
         }
@@ -126,7 +191,9 @@ impl EventBatch {
             dst.put_u8(p.len() as u8);
             dst.extend_from_slice(p);
         }
-        dst.put_u32(self.records.count());
+        if hi.is_empty() || self.records.encode_packed_head(dst).is_none() {
+            dst.put_u32(self.records.count());
+        }
     }
 
     /// Writes the whole frame into `dst` (one copy of the records).
@@ -149,7 +216,7 @@ impl EventBatch {
     /// As [`encode`](Self::encode).
     pub fn encode_parts(&self) -> Result<[Bytes; 2], EncodeError> {
         self.check()?;
-        let payload_len = self.head_len() - HEADER_LEN + self.records.raw().len();
+        let payload_len = self.head_len() - HEADER_LEN + self.body().len();
         let length = u32::try_from(payload_len).map_err(|_| EncodeError::TooLong {
             field: "frame payload",
             len: payload_len,
@@ -157,7 +224,7 @@ impl EventBatch {
         })?;
         let mut head = BytesMut::with_capacity(self.head_len());
         self.put_head(&mut head, length);
-        Ok([head.freeze(), self.records.raw().clone()])
+        Ok([head.freeze(), self.body().clone()])
     }
 
     /// Writes the frame into `dst` with a single check of the payload length (used by encoders
@@ -168,9 +235,9 @@ impl EventBatch {
     pub fn encode_into(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         self.check()?;
         let start = dst.len();
-        dst.reserve(self.head_len() + self.records.raw().len());
+        dst.reserve(self.head_len() + self.body().len());
         self.put_head(dst, 0);
-        dst.extend_from_slice(self.records.raw());
+        dst.extend_from_slice(self.body());
         patch_length(dst, start + 8)
     }
 }
@@ -212,10 +279,10 @@ mod tests {
             records: Records::from_timed([(7u64, "a"), (7, "b")]).unwrap(),
         };
         assert_eq!(full.flags(), Flags(0x6824));
-        let old = full.restricted_to(Flags::ORIGINAL_V1);
+        let old = full.restricted_to(Flags::ORIGINAL_V1, FlagsHi::EMPTY);
         assert_eq!(old.flags(), Flags(0x0004));
         assert_eq!(old, EventBatch::shared(Records::from_payloads(["a", "b"]).unwrap()));
-        let offsets_only = full.restricted_to(Flags::ORIGINAL_V1 | Flags::EVENT_BATCH_OFFSETS);
+        let offsets_only = full.restricted_to(Flags::ORIGINAL_V1 | Flags::EVENT_BATCH_OFFSETS, FlagsHi::EMPTY);
         assert_eq!(offsets_only.flags(), Flags(0x0024));
     }
 

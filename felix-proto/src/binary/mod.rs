@@ -6,11 +6,13 @@
 //! a declared record `count` is bounded by the remaining bytes before anything is allocated.
 
 mod ack;
+pub mod compression;
 mod event;
 mod publish;
 mod records;
 
 pub use ack::{AckStatus, ErrorDetail, OwnerHint, PublishAck};
+pub use compression::{Codec, CompressError, Compressor, Decompressor, Packed};
 pub use event::EventBatch;
 pub use publish::{AckMode, AckedPrefix, IdempotentPrefix, PublishBatch};
 pub use records::{Record, Records, RecordsIter, SlicesIter};
@@ -65,6 +67,20 @@ pub enum PayloadError {
         /// The status byte.
         status: u8,
     },
+    /// The second flag word (D56) breaks a rule: empty, an unknown bit, two codecs, or a bit
+    /// this payload kind cannot carry.
+    #[error("{0}")]
+    FlagsHi(crate::flags::FlagsHiError),
+    /// A compressed block (D56) declares too much or does not inflate to what it declares.
+    #[error("{0}")]
+    Compression(compression::CompressError),
+    /// A stored batch names a codec this version does not know.
+    #[error("unknown codec {0}")]
+    UnknownCodec(u8),
+    /// A compressed block (D56) with no record: never sent, so never accepted (a frame
+    /// decodes to one value only).
+    #[error("a compressed block holds no record")]
+    EmptyCompressedBlock,
 }
 
 impl PayloadError {
@@ -80,6 +96,13 @@ impl PayloadError {
             PayloadError::TrailingBytes(_) => "trailing_bytes",
             PayloadError::WrongKind(_) => "wrong_kind",
             PayloadError::SectionForOtherStatus { .. } => "section_for_other_status",
+            PayloadError::FlagsHi(crate::flags::FlagsHiError::Empty) => "empty_flags_hi",
+            PayloadError::FlagsHi(crate::flags::FlagsHiError::Unknown { .. }) => "unknown_flags_hi",
+            PayloadError::FlagsHi(crate::flags::FlagsHiError::TwoCodecs { .. }) => "two_codecs",
+            PayloadError::Compression(compression::CompressError::TooLarge { .. }) => "decompressed_too_large",
+            PayloadError::Compression(_) => "corrupt_compressed_block",
+            PayloadError::EmptyCompressedBlock => "empty_compressed_block",
+            PayloadError::UnknownCodec(_) => "unknown_codec",
         }
     }
 }

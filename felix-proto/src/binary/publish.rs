@@ -8,11 +8,15 @@
 //! u16 tenant_len, tenant_id, u16 namespace_len, namespace, u16 stream_len, stream
 //! u32 count, count × (u32 payload_len, payload)
 //! ```
+//! With [`Flags::EXTENDED`] (D56) the payload opens with `u16 flags_hi`, before everything
+//! above; a codec bit in it ([`FlagsHi::COMPRESSED_ZSTD`], [`FlagsHi::COMPRESSED_LZ4`]) makes
+//! the record block `u32 count, u32 raw_len, compressed bytes` (see [`super::compression`]).
 //! The acked prefix comes first so a broker can read `request_id` before parsing anything else
 //! and answer a malformed body with an error its client can match ([`PublishBatch::peek_request_id`]).
 
+use super::compression::{Codec, Compressor, Decompressor};
 use super::{EncodeError, PayloadError, Reader, Records, put_str16};
-use crate::flags::Flags;
+use crate::flags::{Flags, FlagsHi};
 use crate::frame::{begin_frame, patch_length};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -90,8 +94,22 @@ pub struct PublishBatch {
     pub namespace: String,
     /// Stream.
     pub stream: String,
-    /// The records.
+    /// The records; sent compressed when they hold a compressed form (D56).
     pub records: Records,
+}
+
+/// Reads the second flag word of a payload framed with `flags`, when it has one, and checks it
+/// against the bits this payload kind may carry.
+pub(crate) fn read_flags_hi(r: &mut Reader, flags: Flags, allowed: FlagsHi) -> Result<FlagsHi, PayloadError> {
+    if !flags.contains(Flags::EXTENDED) {
+        return Ok(FlagsHi::EMPTY);
+    }
+    let hi = FlagsHi(r.u16("flags_hi")?).validate().map_err(PayloadError::FlagsHi)?;
+    let other = hi.0 & !allowed.0;
+    if other != 0 {
+        return Err(PayloadError::FlagsHi(crate::flags::FlagsHiError::Unknown { flags: hi.0, unknown: other }));
+    }
+    Ok(hi)
 }
 
 impl PublishBatch {
@@ -100,18 +118,49 @@ impl PublishBatch {
         let mut f = Flags::BINARY_PUBLISH_BATCH;
         f = f.with(Flags::BINARY_PUBLISH_ACKED, self.acked.is_some());
         f = f.with(Flags::BINARY_PUBLISH_IDEMPOTENT, self.idempotent.is_some());
+        f = f.with(Flags::EXTENDED, !self.flags_hi().is_empty());
         f.with(Flags::BINARY_PUBLISH_KEYED, self.key.is_some())
     }
 
-    /// Decodes a payload framed with `flags` (already validated).
+    /// The second flag word this batch is framed with (empty: none is sent).
+    pub fn flags_hi(&self) -> FlagsHi {
+        self.records.codec().map_or(FlagsHi::EMPTY, Codec::flag)
+    }
+
+    /// Decodes a payload framed with `flags` (already validated), taking a compressed block
+    /// of up to [`crate::frame::DEFAULT_MAX_FRAME_LEN`] plain bytes.
     ///
     /// # Errors
     /// See [`PayloadError`].
     pub fn decode(flags: Flags, payload: Bytes) -> Result<PublishBatch, PayloadError> {
+        PublishBatch::decode_limited(flags, payload, crate::frame::DEFAULT_MAX_FRAME_LEN as usize)
+    }
+
+    /// Decodes a payload framed with `flags`, refusing a compressed block that declares more
+    /// than `limit` plain bytes before inflating it (a broker passes its frame limit: a batch
+    /// may not grow past what it could have sent plain).
+    ///
+    /// # Errors
+    /// See [`PayloadError`].
+    pub fn decode_limited(flags: Flags, payload: Bytes, limit: usize) -> Result<PublishBatch, PayloadError> {
+        PublishBatch::decode_with(flags, payload, limit, &mut Decompressor::new())
+    }
+
+    /// [`decode_limited`](Self::decode_limited) with the receiver's decompression contexts.
+    ///
+    /// # Errors
+    /// See [`PayloadError`].
+    pub fn decode_with(
+        flags: Flags,
+        payload: Bytes,
+        limit: usize,
+        dec: &mut Decompressor,
+    ) -> Result<PublishBatch, PayloadError> {
         if !flags.contains(Flags::BINARY_PUBLISH_BATCH) {
             return Err(PayloadError::WrongKind(flags.bits()));
         }
         let mut r = Reader::new(payload);
+        let hi = read_flags_hi(&mut r, flags, FlagsHi::CODECS)?;
         let acked = if flags.contains(Flags::BINARY_PUBLISH_ACKED) {
             let request_id = r.u64("request_id")?;
             let ack_mode = AckMode::from_byte(r.u8("ack_mode")?)?;
@@ -133,7 +182,10 @@ impl PublishBatch {
         let tenant_id = r.str16("tenant_id")?;
         let namespace = r.str16("namespace")?;
         let stream = r.str16("stream")?;
-        let records = Records::decode(&mut r, false)?;
+        let records = match Codec::of(hi) {
+            Some(codec) => Records::decode_packed(&mut r, codec, false, limit, dec)?,
+            None => Records::decode(&mut r, false)?,
+        };
         r.finish()?;
         Ok(PublishBatch { acked, idempotent, key, tenant_id, namespace, stream, records })
     }
@@ -141,9 +193,10 @@ impl PublishBatch {
     /// Reads just the `request_id` of an acked frame, however broken the rest is. This is what
     /// lets a broker answer a malformed acked publish with an error its client can match.
     pub fn peek_request_id(flags: Flags, payload: &[u8]) -> Option<u64> {
-        if flags.contains(Flags::BINARY_PUBLISH_ACKED) && payload.len() >= 8 {
+        let at = if flags.contains(Flags::EXTENDED) { 2 } else { 0 };
+        if flags.contains(Flags::BINARY_PUBLISH_ACKED) && payload.len() >= at + 8 {
             let mut id = [0u8; 8];
-            id.copy_from_slice(&payload[..8]);
+            id.copy_from_slice(&payload[at..at + 8]);
             Some(u64::from_be_bytes(id))
         } else {
             None
@@ -153,7 +206,10 @@ impl PublishBatch {
     /// Payload length when encoded.
     pub fn encoded_payload_len(&self) -> usize {
         let mut n = 6 + self.tenant_id.len() + self.namespace.len() + self.stream.len();
-        n += self.records.encoded_len();
+        n += self.records_encoded_len();
+        if !self.flags_hi().is_empty() {
+            n += 2;
+        }
         if self.acked.is_some() {
             n += 9;
         }
@@ -172,10 +228,53 @@ impl PublishBatch {
     /// A string too long for its prefix, an acked prefix with mode `None`, or an idempotent
     /// prefix without an acked one. Nothing is left in `dst` on error.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        self.encode_with(dst, self.records.encoded_len(), |dst| {
-            self.records.encode(dst);
+        self.encode_with(dst, self.flags(), self.flags_hi(), self.records_encoded_len(), |dst| {
+            match self.records.packed() {
+                Some(p) => {
+                    self.records.encode_packed_head(dst);
+                    dst.extend_from_slice(&p.data);
+                }
+                None => self.records.encode(dst),
+            }
             Ok(())
         })
+    }
+
+    fn records_encoded_len(&self) -> usize {
+        self.records.packed_encoded_len().unwrap_or_else(|| self.records.encoded_len())
+    }
+
+    /// Writes the frame with `payloads` as its records, compressed by `compressor` when that
+    /// makes the block smaller (plain otherwise; the `records` field is ignored): the bytes of
+    /// [`encode`](Self::encode) with `Records::from_payloads(payloads).compressed(compressor)`.
+    /// One copy of the payloads into a scratch block, one compression.
+    ///
+    /// # Errors
+    /// As [`encode_payloads`](Self::encode_payloads).
+    pub fn encode_payloads_compressed<P: AsRef<[u8]>>(
+        &self,
+        payloads: &[P],
+        compressor: &mut Compressor,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let records = Records::from_payloads(payloads)?.compressed(compressor);
+        if records.packed().is_none() {
+            return self.encode_payloads(payloads, dst);
+        }
+        PublishBatch { records, ..self.clone_head() }.encode(dst)
+    }
+
+    /// This batch's prefixes and names, with no records.
+    fn clone_head(&self) -> PublishBatch {
+        PublishBatch {
+            acked: self.acked,
+            idempotent: self.idempotent,
+            key: self.key.clone(),
+            tenant_id: self.tenant_id.clone(),
+            namespace: self.namespace.clone(),
+            stream: self.stream.clone(),
+            records: Records::default(),
+        }
     }
 
     /// Writes the frame with `payloads` as its records (the `records` field is ignored): the
@@ -187,7 +286,8 @@ impl PublishBatch {
     /// As [`encode`](Self::encode), and a payload or count over `u32::MAX`.
     pub fn encode_payloads<P: AsRef<[u8]>>(&self, payloads: &[P], dst: &mut BytesMut) -> Result<(), EncodeError> {
         let len = super::records::payloads_encoded_len(payloads);
-        self.encode_with(dst, len, |dst| super::records::encode_payloads(payloads, dst))
+        let flags = self.flags().difference(Flags::EXTENDED);
+        self.encode_with(dst, flags, FlagsHi::EMPTY, len, |dst| super::records::encode_payloads(payloads, dst))
     }
 
     /// Writes the frame with `records` writing the record block (`records_len` bytes); nothing
@@ -195,6 +295,8 @@ impl PublishBatch {
     fn encode_with(
         &self,
         dst: &mut BytesMut,
+        flags: Flags,
+        hi: FlagsHi,
         records_len: usize,
         records: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
     ) -> Result<(), EncodeError> {
@@ -203,8 +305,11 @@ impl PublishBatch {
         }
         let start = dst.len();
         let write = || -> Result<(), EncodeError> {
-            dst.reserve(12 + self.encoded_payload_len() - self.records.encoded_len() + records_len);
-            let at = begin_frame(dst, self.flags());
+            dst.reserve(14 + self.encoded_payload_len() - self.records_encoded_len() + records_len);
+            let at = begin_frame(dst, flags);
+            if !hi.is_empty() {
+                dst.put_u16(hi.bits());
+            }
             if let Some(a) = &self.acked {
                 let mode = a.ack_mode.to_byte().ok_or(EncodeError::InvalidCombination(
                     "an acked prefix needs ack mode per_message or per_batch",

@@ -6,16 +6,24 @@
 //! put the very same bytes of a publish batch into the event batch it fans out, without touching
 //! a payload.
 
+use super::compression::{self, Codec, Compressor, Decompressor, Packed};
 use super::{EncodeError, PayloadError, Reader};
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// `count` records, optionally each with a timestamp, as validated raw bytes.
+///
+/// A block that travelled compressed (D56) also keeps its compressed form (`packed`): the
+/// plain block is what every reader of records uses, the compressed one is what is stored and
+/// sent on, as it came, to a peer that takes its codec. Every `Records` holding a packed form
+/// holds the plain block it inflates to, and at least one record; a timed one has one append
+/// time for every record (a compressed block carries one).
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Records {
     count: u32,
     timed: bool,
     payload_bytes: usize,
     raw: Bytes,
+    packed: Option<Packed>,
 }
 
 /// One record of a [`Records`] block.
@@ -33,6 +41,7 @@ impl std::fmt::Debug for Records {
             .field("count", &self.count)
             .field("timed", &self.timed)
             .field("payload_bytes", &self.payload_bytes)
+            .field("packed", &self.packed.as_ref().map(|p| (p.codec, p.data.len())))
             .finish()
     }
 }
@@ -41,12 +50,47 @@ impl Records {
     /// Reads `u32 count` then the records, from the reader's position to the end.
     pub(crate) fn decode(r: &mut Reader, timed: bool) -> Result<Records, PayloadError> {
         let count = r.u32("count")?;
+        Records::validate(count, r.rest(), timed)
+    }
+
+    /// Reads a compressed block (D56) from the reader's position to the end: `u32 count`, the
+    /// shared `u64 timestamp_micros` when `timed`, `u32 raw_len`, then the compressed bytes.
+    /// The plain block is inflated (refused before any allocation when it declares more than
+    /// `limit` bytes) and validated as `count` untimed records.
+    pub(crate) fn decode_packed(
+        r: &mut Reader,
+        codec: Codec,
+        timed: bool,
+        limit: usize,
+        dec: &mut Decompressor,
+    ) -> Result<Records, PayloadError> {
+        let count = r.u32("count")?;
+        if count == 0 {
+            return Err(PayloadError::EmptyCompressedBlock);
+        }
+        let timestamp = if timed { Some(r.u64("timestamp_micros")?) } else { None };
+        let raw_len = r.u32("raw_len")? as usize;
+        // Every record takes at least its four-byte length: bounded before inflating.
+        if count as usize > raw_len / 4 {
+            return Err(PayloadError::CountTooLarge { count, remaining: raw_len });
+        }
+        let data = r.rest();
+        let plain = dec.decompress(codec, &data, raw_len, limit).map_err(PayloadError::Compression)?;
+        let mut records = Records::validate(count, plain, false)?;
+        records.packed = Some(Packed { codec, data });
+        Ok(match timestamp {
+            Some(t) => records.with_timestamp(t),
+            None => records,
+        })
+    }
+
+    /// Checks that `raw` holds exactly `count` records.
+    fn validate(count: u32, raw: Bytes, timed: bool) -> Result<Records, PayloadError> {
         let per = if timed { 12 } else { 4 };
-        let remaining = r.remaining();
+        let remaining = raw.len();
         if count as usize > remaining / per {
             return Err(PayloadError::CountTooLarge { count, remaining });
         }
-        let raw = r.rest();
         let mut pos = 0usize;
         let mut payload_bytes = 0usize;
         for _ in 0..count {
@@ -70,7 +114,7 @@ impl Records {
         if pos != raw.len() {
             return Err(PayloadError::TrailingBytes(raw.len() - pos));
         }
-        Ok(Records { count, timed, payload_bytes, raw })
+        Ok(Records { count, timed, payload_bytes, raw, packed: None })
     }
 
     /// Builds an untimed block from payloads (one copy of each payload).
@@ -116,7 +160,7 @@ impl Records {
             payload_bytes += p.len();
             count += 1;
         }
-        Ok(Records { count: as_u32("count", count)?, timed, payload_bytes, raw: raw.freeze() })
+        Ok(Records { count: as_u32("count", count)?, timed, payload_bytes, raw: raw.freeze(), packed: None })
     }
 
     /// Number of records.
@@ -152,7 +196,64 @@ impl Records {
     pub fn slices(&self) -> SlicesIter<'_> {
         SlicesIter { raw: &self.raw, pos: 0, left: self.count, timed: self.timed }
     }
-    /// This block with every record stamped `timestamp_micros` (one copy of the block).
+    /// The compressed form this block travelled in, if it did.
+    pub fn packed(&self) -> Option<&Packed> {
+        self.packed.as_ref()
+    }
+    /// The codec of the compressed form, if any.
+    pub fn codec(&self) -> Option<Codec> {
+        self.packed.as_ref().map(|p| p.codec)
+    }
+    /// This block without its compressed form (no copy): what a peer that does not take its
+    /// codec is sent.
+    pub fn plain(&self) -> Records {
+        Records { packed: None, ..self.clone() }
+    }
+    /// This block with a compressed form made by `compressor`, when that shrinks it (an
+    /// untimed block with at least one record); otherwise the block as it is.
+    pub fn compressed(&self, compressor: &mut Compressor) -> Records {
+        if self.timed || self.count == 0 {
+            return self.clone();
+        }
+        match compressor.compress(&self.raw) {
+            Some(data) => Records { packed: Some(Packed { codec: compressor.codec(), data }), ..self.clone() },
+            None => self.plain(),
+        }
+    }
+    /// Rebuilds a block from a stored compressed form: `count` records whose plain block,
+    /// `raw_len` bytes, is `data` inflated (refused over `limit`).
+    ///
+    /// # Errors
+    /// As a compressed publish batch's block.
+    pub fn from_packed(
+        count: u32,
+        codec: Codec,
+        data: Bytes,
+        raw_len: usize,
+        limit: usize,
+    ) -> Result<Records, PayloadError> {
+        if count == 0 {
+            return Err(PayloadError::EmptyCompressedBlock);
+        }
+        if count as usize > raw_len / 4 {
+            return Err(PayloadError::CountTooLarge { count, remaining: raw_len });
+        }
+        let plain = compression::decompress(codec, &data, raw_len, limit).map_err(PayloadError::Compression)?;
+        let mut records = Records::validate(count, plain, false)?;
+        records.packed = Some(Packed { codec, data });
+        Ok(records)
+    }
+    /// Length of the plain untimed block: what a compressed form declares as `raw_len`.
+    pub fn plain_len(&self) -> usize {
+        if self.timed { self.raw.len() - 8 * self.count as usize } else { self.raw.len() }
+    }
+    /// The append time shared by every record of a timed block (its first record's).
+    pub(crate) fn first_timestamp(&self) -> Option<u64> {
+        self.iter().next().and_then(|r| r.timestamp_micros)
+    }
+
+    /// This block with every record stamped `timestamp_micros` (one copy of the block; a
+    /// compressed form is kept, as it carries one time for all).
     pub fn with_timestamp(&self, timestamp_micros: u64) -> Records {
         if self.timed {
             return self.clone();
@@ -163,7 +264,13 @@ impl Records {
             raw.put_u32(r.payload.len() as u32);
             raw.extend_from_slice(&r.payload);
         }
-        Records { count: self.count, timed: true, payload_bytes: self.payload_bytes, raw: raw.freeze() }
+        Records {
+            count: self.count,
+            timed: true,
+            payload_bytes: self.payload_bytes,
+            raw: raw.freeze(),
+            packed: self.packed.clone(),
+        }
     }
     /// This block without timestamps (one copy of the block when it had them).
     pub fn without_timestamps(&self) -> Records {
@@ -175,7 +282,13 @@ impl Records {
             raw.put_u32(r.payload.len() as u32);
             raw.extend_from_slice(&r.payload);
         }
-        Records { count: self.count, timed: false, payload_bytes: self.payload_bytes, raw: raw.freeze() }
+        Records {
+            count: self.count,
+            timed: false,
+            payload_bytes: self.payload_bytes,
+            raw: raw.freeze(),
+            packed: self.packed.clone(),
+        }
     }
     /// This block without its first `n` records (a slice of the same bytes, no copy).
     pub fn skip(&self, n: u32) -> Records {
@@ -183,7 +296,7 @@ impl Records {
             return self.clone();
         }
         if n >= self.count {
-            return Records { count: 0, timed: self.timed, payload_bytes: 0, raw: Bytes::new() };
+            return Records { count: 0, timed: self.timed, payload_bytes: 0, raw: Bytes::new(), packed: None };
         }
         let mut it = self.iter();
         let mut skipped_bytes = 0usize;
@@ -197,6 +310,7 @@ impl Records {
             timed: self.timed,
             payload_bytes: self.payload_bytes - skipped_bytes,
             raw: self.raw.slice(it.pos..),
+            packed: None,
         }
     }
     /// Writes `u32 count` and the block.
@@ -207,6 +321,22 @@ impl Records {
     /// Encoded size: count plus block.
     pub(crate) fn encoded_len(&self) -> usize {
         4 + self.raw.len()
+    }
+    /// Writes a compressed block's head: `u32 count`, the shared time when timed, `u32
+    /// raw_len` (the compressed bytes follow). `None` when the block has no compressed form.
+    pub(crate) fn encode_packed_head(&self, dst: &mut BytesMut) -> Option<()> {
+        self.packed.as_ref()?;
+        dst.put_u32(self.count);
+        if self.timed {
+            dst.put_u64(self.first_timestamp().unwrap_or(0));
+        }
+        dst.put_u32(self.plain_len() as u32);
+        Some(())
+    }
+    /// Bytes of [`encode_packed_head`](Self::encode_packed_head) and the compressed data.
+    pub(crate) fn packed_encoded_len(&self) -> Option<usize> {
+        let p = self.packed.as_ref()?;
+        Some(8 + if self.timed { 8 } else { 0 } + p.data.len())
     }
 }
 

@@ -14,7 +14,13 @@ use std::collections::VecDeque;
 impl Broker {
     pub(super) fn features_of(st: &CtlStream) -> ClientOffer {
         st.session.as_ref().map_or(
-            ClientOffer { negotiating: false, flags: Flags::ORIGINAL_V1, features: Features::NONE, extended: false },
+            ClientOffer {
+                negotiating: false,
+                flags: Flags::ORIGINAL_V1,
+                flags_hi: crate::flags::FlagsHi::EMPTY,
+                features: Features::NONE,
+                extended: false,
+            },
             |s| s.offer,
         )
     }

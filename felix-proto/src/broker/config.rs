@@ -247,6 +247,12 @@ impl BrokerConfig {
         Flags::KNOWN
     }
 
+    /// The second-word flag bits this broker implements (D56): both codecs. Shown only to a
+    /// client that set [`Flags::EXTENDED`].
+    pub fn server_flags_hi(&self) -> crate::flags::FlagsHi {
+        crate::flags::FlagsHi::KNOWN
+    }
+
     /// The feature bits this broker advertises: only what it serves end to end.
     pub fn server_features(&self) -> Features {
         let mut f = Features::CACHE_DELETE

@@ -337,6 +337,7 @@ impl Broker {
         let offer = ClientOffer {
             negotiating: true,
             flags: crate::flags::Flags(r.flags),
+            flags_hi: crate::flags::FlagsHi::EMPTY,
             features: crate::features::Features(r.features),
             extended: true,
         };

@@ -14,7 +14,8 @@
 //! run of them carries `skipped_before` for clients that read it.
 
 use super::config::Retention;
-use crate::binary::{EventBatch, Records};
+use crate::binary::{Codec, EventBatch, Records};
+use crate::flags::FlagsHi;
 use crate::transport::WriteToken;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -28,7 +29,9 @@ pub const BATCH_OVERHEAD: u64 = 512;
 /// What a batch counts against the memory budget (nothing for a generation-start marker, which
 /// holds no records).
 fn held_bytes(b: &LogBatch) -> u64 {
-    if b.generation_start { 0 } else { b.records.payload_bytes() as u64 + BATCH_OVERHEAD }
+    // A batch that arrived compressed holds its compressed form beside the plain one.
+    let packed = b.records.packed().map_or(0, |p| p.data.len() as u64);
+    if b.generation_start { 0 } else { b.records.payload_bytes() as u64 + packed + BATCH_OVERHEAD }
 }
 
 /// Which optional event-batch sections a subscriber receives (decided by what it offered and
@@ -39,6 +42,22 @@ pub(crate) struct Shape {
     pub skipped: bool,
     pub publisher: bool,
     pub timestamps: bool,
+    /// The codecs the subscriber decodes (D56): a batch stored compressed with one of them is
+    /// sent as stored; any other batch goes plain.
+    pub codecs: FlagsHi,
+}
+
+impl Shape {
+    /// This shape as far as a batch compressed with `codec` (or plain) is concerned: the
+    /// codecs narrowed to the one that decides its encoding, so subscribers whose codec sets
+    /// differ but who get the same bytes share one encoding.
+    pub fn for_codec(self, codec: Option<Codec>) -> Shape {
+        let codecs = match codec {
+            Some(c) if self.codecs.contains(c.flag()) => c.flag(),
+            _ => FlagsHi::EMPTY,
+        };
+        Shape { codecs, ..self }
+    }
 }
 
 /// The event batch a subscriber of `shape` receives for these records.
@@ -50,6 +69,8 @@ pub(crate) fn event_batch(
     publisher: Option<&Bytes>,
     timestamp_micros: u64,
 ) -> EventBatch {
+    let packed = records.codec().is_some_and(|c| shape.codecs.contains(c.flag()));
+    let records = if packed { records } else { records.plain() };
     EventBatch {
         subscription_id: None,
         base_offset: shape.offsets.then_some(base),
@@ -106,6 +127,7 @@ impl LogBatch {
 
     /// The event frame for `shape`, encoded once and cached.
     pub fn frame(&mut self, shape: Shape) -> [Bytes; 2] {
+        let shape = shape.for_codec(self.records.codec());
         if let Some((_, f)) = self.encoded.iter().find(|(s, _)| *s == shape) {
             return f.clone();
         }

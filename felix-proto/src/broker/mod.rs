@@ -492,6 +492,8 @@ pub struct Broker {
     stats: BrokerStats,
     server_flags: Flags,
     server_features: Features,
+    /// Decompression contexts for compressed publishes (D56), made once.
+    decompressor: crate::binary::Decompressor,
     next_sweep: Option<Instant>,
     reads: HashMap<ReadToken, ReadFor>,
     next_read: u64,
@@ -597,6 +599,7 @@ impl Broker {
             stats: BrokerStats::default(),
             notices: notice::Notices::default(),
             server_flags,
+            decompressor: crate::binary::Decompressor::new(),
             server_features,
             next_sweep: None,
             reads: HashMap::new(),

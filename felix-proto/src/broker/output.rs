@@ -309,6 +309,13 @@ pub struct BrokerStats {
     pub publishes_json: u64,
     /// Binary publish frames.
     pub publishes_binary: u64,
+    /// Binary publish frames that arrived compressed (D56), and their bytes: compressed as
+    /// received, and plain.
+    pub publishes_compressed: u64,
+    /// Compressed bytes of those frames' record blocks.
+    pub compressed_bytes_in: u64,
+    /// Plain bytes those blocks inflated to.
+    pub compressed_plain_bytes_in: u64,
     /// Records appended.
     pub records_appended: u64,
     /// Publishes refused.

@@ -43,8 +43,14 @@ impl Broker {
             Some(id) => Reply::Binary(id),
             None => Reply::None,
         };
-        match PublishBatch::decode(frame.flags, frame.payload) {
+        let limit = self.cfg.max_frame_len as usize;
+        match PublishBatch::decode_with(frame.flags, frame.payload, limit, &mut self.decompressor) {
             Ok(b) => {
+                if let Some(p) = b.records.packed() {
+                    self.stats.publishes_compressed += 1;
+                    self.stats.compressed_bytes_in += p.data.len() as u64;
+                    self.stats.compressed_plain_bytes_in += b.records.raw().len() as u64;
+                }
                 let width = b.key.as_ref().and_then(|_| {
                     st.session
                         .as_ref()

@@ -29,6 +29,10 @@ impl Broker {
             return self.refuse(conn, st, Refusal::new(ErrorCode::Unauthenticated, "authenticate first").closing());
         }
         // Decision D7: an acked publish is answered with its request id whatever else is wrong.
+        // The id is read after the second flag word (D56) only on a stream that negotiated
+        // one; from any other peer bit 15 is the reserved bit it knew, with nothing after it.
+        let extended = Self::features_of(st).flags.contains(Flags::EXTENDED);
+        let flags = flags.with(Flags::EXTENDED, extended && flags.contains(Flags::EXTENDED));
         match PublishBatch::peek_request_id(flags, payload) {
             Some(request_id) => {
                 let offer = Self::features_of(st);
@@ -187,14 +191,24 @@ impl Broker {
             widths: HashMap::new(),
         });
         st.decoder.set_max_frame_len(self.cfg.max_frame_len);
-        st.decoder.set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags));
+        // Bit 15 only from a client that was shown it (D56): from any other it is refused as
+        // not negotiated, as it was when it was reserved.
+        let extended = offer.flags.contains(Flags::EXTENDED) && !self.cfg.server_flags_hi().is_empty();
+        st.decoder
+            .set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags).with(Flags::EXTENDED, extended));
         if let Some(d) = st.auth_deadline.take() {
             self.auth_deadlines.remove(&(d, conn, st.id));
         }
         if let Some(c) = self.conns.get_mut(&conn) {
             c.authenticated = true;
         }
-        let answer = match broker_answer(&offer, self.server_flags, self.server_features, self.cfg.publish_window) {
+        let answer = match broker_answer(
+            &offer,
+            self.server_flags,
+            self.cfg.server_flags_hi(),
+            self.server_features,
+            self.cfg.publish_window,
+        ) {
             Some(ok) => Message::AuthOk(ok),
             None => Message::Ok(message::OkMsg {}),
         };

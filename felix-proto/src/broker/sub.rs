@@ -217,6 +217,7 @@ mod tests {
         let offer = ClientOffer {
             negotiating: false,
             flags: Default::default(),
+            flags_hi: Default::default(),
             features: Default::default(),
             extended: false,
         };

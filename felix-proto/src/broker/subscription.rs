@@ -425,6 +425,11 @@ impl Broker {
             skipped: offsets && offer.offered(Flags::EVENT_BATCH_SKIPPED),
             publisher: offer.offered(Flags::EVENT_BATCH_PUBLISHER),
             timestamps: durable && offer.offered(Flags::EVENT_BATCH_TIMESTAMPS),
+            codecs: if offer.offered(Flags::EXTENDED) {
+                offer.flags_hi.intersection(crate::flags::FlagsHi::CODECS)
+            } else {
+                crate::flags::FlagsHi::EMPTY
+            },
         };
         let token = OpenToken(self.next_open);
         self.next_open += 1;

@@ -7,7 +7,7 @@ use super::{
     CacheWatchRequest, ClientConnection, ClientStream, CommandError, CommitRequest, ErrorInfo, PublishId,
     PublishRequest, StreamReadRequest, SubscribeRequest, Timer, WatchOn, frame_of, needs,
 };
-use crate::binary::{AckMode, AckedPrefix, PublishBatch, Records};
+use crate::binary::{AckMode, AckedPrefix, Compressor, PublishBatch, Records};
 use crate::error_code::RetryClass;
 use crate::flags::Flags;
 use crate::message::{self, B64, Message};
@@ -114,7 +114,12 @@ impl ClientConnection {
         Ok(())
     }
 
-    fn encode_publish(&self, neg: &Negotiated, request_id: u64, req: &PublishRequest) -> Result<Bytes, CommandError> {
+    fn encode_publish(
+        &mut self,
+        neg: &Negotiated,
+        request_id: u64,
+        req: &PublishRequest,
+    ) -> Result<Bytes, CommandError> {
         let binary = !req.json
             && req.shard.is_none()
             && req.expected_offset.is_none()
@@ -136,7 +141,11 @@ impl ClientConnection {
                 records: Records::default(),
             };
             let mut out = BytesMut::new();
-            b.encode_payloads(&req.payloads, &mut out).map_err(|e| CommandError::Encode(e.to_string()))?;
+            match self.compressor(neg)? {
+                Some(c) => b.encode_payloads_compressed(&req.payloads, c, &mut out),
+                None => b.encode_payloads(&req.payloads, &mut out),
+            }
+            .map_err(|e| CommandError::Encode(e.to_string()))?;
             return Ok(out.freeze());
         }
         frame_of(&match (req.idempotent, req.expected_offset) {
@@ -174,6 +183,19 @@ impl ClientConnection {
                 publish_width: None,
             }),
         })
+    }
+
+    /// The compressor for binary publishes, when compression is configured and the broker
+    /// takes its codec (D56); made once and kept, as zstd's context is worth keeping.
+    fn compressor(&mut self, neg: &Negotiated) -> Result<Option<&mut Compressor>, CommandError> {
+        let Some((codec, level)) = self.cfg.compress else { return Ok(None) };
+        if !neg.may_send_hi(codec.flag()) {
+            return Ok(None);
+        }
+        if self.compressor.as_ref().is_none_or(|c| c.codec() != codec || c.level() != level) {
+            self.compressor = Some(Compressor::new(codec, level).map_err(CommandError::Encode)?);
+        }
+        Ok(self.compressor.as_mut())
     }
 
     // -----------------------------------------------------------------------------------------

@@ -102,7 +102,8 @@ impl ClientConnection {
         let auth = Message::Auth(message::Auth {
             tenant_id: self.cfg.tenant_id.clone(),
             token: self.cfg.token.clone(),
-            client_flags: self.cfg.flags.map(Flags::bits),
+            client_flags: self.cfg.flags.map(|_| self.offered_flags().bits()),
+            client_flags_hi: Some(self.offered_flags_hi().bits()).filter(|h| *h != 0),
             client_features: self.cfg.features.to_words(true).0,
             client_features_hi: self.cfg.features.to_words(true).1,
         });
@@ -311,13 +312,13 @@ impl ClientConnection {
 
     fn control_message(&mut self, idx: usize, m: Message) {
         let stream = ClientStream(idx as u32);
-        let (flags, features) = (self.offered_flags(), self.cfg.features);
+        let (flags, flags_hi, features) = (self.offered_flags(), self.offered_flags_hi(), self.cfg.features);
         let authenticating = self.ctls[idx].state == CtlState::Authenticating;
         match m {
             Message::AuthOk(a) if authenticating => {
-                self.authenticated(idx, Negotiated::from_auth_ok(&a, flags, features))
+                self.authenticated(idx, Negotiated::from_auth_ok(&a, flags, flags_hi, features))
             }
-            Message::Ok(_) if authenticating => self.authenticated(idx, Negotiated::legacy(flags, features)),
+            Message::Ok(_) if authenticating => self.authenticated(idx, Negotiated::legacy(flags, flags_hi, features)),
             Message::Error(e) if authenticating => {
                 let error = error_info(e);
                 self.ctls[idx].state = CtlState::Refused;

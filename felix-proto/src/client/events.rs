@@ -236,7 +236,17 @@ impl ClientConnection {
     }
 
     fn event_frame(&mut self, stream: StreamId, sub: Option<u64>, f: Frame) {
-        let payload = match f.decode_payload() {
+        let decoded = match crate::payload::PayloadKind::of(f.flags) {
+            // Event batches with this connection's decompression contexts (D56).
+            Some(crate::payload::PayloadKind::Events) => {
+                let limit = self.cfg.max_frame_len as usize;
+                crate::binary::EventBatch::decode_with(f.flags, f.payload.clone(), limit, &mut self.decompressor)
+                    .map(Payload::Events)
+                    .map_err(|e| e.to_string())
+            }
+            _ => f.decode_payload().map_err(|e| e.to_string()),
+        };
+        let payload = match decoded {
             Ok(p) => p,
             Err(e) => {
                 return self.events.push_back(ClientEvent::ProtocolError { reason: format!("event stream: {e}") });

@@ -25,10 +25,10 @@
 //! until `None`, and call [`handle_timeout`](ClientConnection::handle_timeout) at
 //! [`poll_timeout`](ClientConnection::poll_timeout).
 
-use crate::binary::{ErrorDetail, EventBatch, OwnerHint};
+use crate::binary::{Codec, Compressor, Decompressor, ErrorDetail, EventBatch, OwnerHint};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
-use crate::flags::Flags;
+use crate::flags::{Flags, FlagsHi};
 use crate::frame::FrameDecoder;
 use crate::message::{self, Message, StartPosition};
 use crate::negotiate::Negotiated;
@@ -58,6 +58,13 @@ pub struct ClientConfig {
     /// Flags to offer; `None` behaves as a legacy client that predates negotiation (it sends no
     /// `client_flags` and expects plain `ok`).
     pub flags: Option<Flags>,
+    /// The second flag word to offer (D56), with [`Flags::EXTENDED`] in `flags`: the codecs
+    /// this client decodes (both by default), so a publisher's compressed batches reach it as
+    /// they were stored.
+    pub flags_hi: FlagsHi,
+    /// Compress published batches with this codec at this level, when the broker takes it and
+    /// the batch shrinks (`None`, the default: publish plain).
+    pub compress: Option<(Codec, i32)>,
     /// Features to offer.
     pub features: Features,
     /// Largest frame accepted from the broker.
@@ -81,6 +88,8 @@ impl ClientConfig {
             tenant_id: tenant_id.into(),
             token: token.into(),
             flags: Some(Flags::KNOWN),
+            flags_hi: FlagsHi::KNOWN,
+            compress: None,
             features: Features::ERROR_CODES
                 | Features::SHARD_MOVED
                 | Features::UNSUPPORTED
@@ -634,6 +643,10 @@ enum Timer {
 #[derive(Debug)]
 pub struct ClientConnection {
     cfg: ClientConfig,
+    /// The publish compressor, once a compressed publish was made (`cfg.compress`).
+    compressor: Option<Compressor>,
+    /// Decompression contexts for compressed event batches (D56), made once.
+    decompressor: Decompressor,
     clock: Clock,
     /// Control streams, by [`ClientStream`] index.
     ctls: Vec<control::Ctl>,
@@ -676,6 +689,8 @@ impl ClientConnection {
     pub fn new(cfg: ClientConfig, now: Instant) -> ClientConnection {
         let mut c = ClientConnection {
             cfg,
+            compressor: None,
+            decompressor: Decompressor::new(),
             clock: Clock::new(),
             ctls: Vec::new(),
             main: 0,
@@ -700,9 +715,16 @@ impl ClientConnection {
         c
     }
 
-    /// The flags this client offers (what it may receive).
+    /// The flags this client offers (what it may receive). Bit 15 only with a second word
+    /// to offer, so a client that offers none sends the `auth` it always did.
     fn offered_flags(&self) -> Flags {
-        self.cfg.flags.unwrap_or(Flags::ORIGINAL_V1)
+        let f = self.cfg.flags.unwrap_or(Flags::ORIGINAL_V1);
+        f.with(Flags::EXTENDED, f.contains(Flags::EXTENDED) && !self.cfg.flags_hi.is_empty())
+    }
+
+    /// The second flag word this client offers (D56): empty unless bit 15 is offered.
+    fn offered_flags_hi(&self) -> FlagsHi {
+        if self.offered_flags().contains(Flags::EXTENDED) { self.cfg.flags_hi } else { FlagsHi::EMPTY }
     }
 
     /// The next output.

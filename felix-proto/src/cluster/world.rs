@@ -859,6 +859,7 @@ impl World {
                 tenant_id: TENANT.into(),
                 token: TOKEN.into(),
                 client_flags: Some(flags),
+                client_flags_hi: None,
                 client_features: lo,
                 client_features_hi: hi,
             }),

@@ -103,14 +103,16 @@ impl Default for FrameDecoder {
 }
 
 impl FrameDecoder {
-    /// A decoder with the default 16 MiB limit that accepts every known flag bit.
+    /// A decoder with the default 16 MiB limit that accepts every known flag bit but bit 15,
+    /// the second word's marker (D56), which a peer must have negotiated
+    /// ([`set_accepted_flags`](Self::set_accepted_flags)).
     pub fn new() -> FrameDecoder {
         FrameDecoder {
             chunks: VecDeque::new(),
             buffered: 0,
             header: None,
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
-            accept: Flags::KNOWN,
+            accept: Flags::KNOWN.difference(Flags::EXTENDED),
             poisoned: None,
         }
     }
@@ -359,16 +361,16 @@ mod tests {
 
     #[test]
     fn flag_errors_skip_the_payload_and_continue() {
-        let mut stream = frame(0x8001, b"xx");
+        let mut stream = frame(0x8001, b"xx"); // bit 15 (D56) not negotiated here
         stream.extend(frame(0x0008, b"yy"));
         stream.extend(frame(0x0010, b"zz"));
         stream.extend(frame(0, b"ok"));
         let mut d = FrameDecoder::new();
-        d.set_accepted_flags(Flags::CLIENT_SENDS);
+        d.set_accepted_flags(Flags::CLIENT_SENDS.difference(Flags::EXTENDED));
         d.push(Bytes::from(stream));
         let got = all(&mut d);
         assert_eq!(got.len(), 4);
-        assert_eq!(got[0].as_ref().unwrap_err().kind(), "unknown_flags");
+        assert_eq!(got[0].as_ref().unwrap_err().kind(), "flag_not_negotiated");
         assert_eq!(got[1].as_ref().unwrap_err().kind(), "missing_base_flag");
         assert_eq!(got[2].as_ref().unwrap_err().kind(), "flag_not_negotiated");
         match &got[2] {

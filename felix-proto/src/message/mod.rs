@@ -388,6 +388,7 @@ mod tests {
                 tenant_id: "t".into(),
                 token: "x".into(),
                 client_flags: None,
+                client_flags_hi: None,
                 client_features: None,
                 client_features_hi: None
             }))

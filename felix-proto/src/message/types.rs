@@ -31,6 +31,9 @@ pub struct Auth {
     pub token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_flags: Option<u16>,
+    /// The second flag word (D56), sent only with `client_flags` bit 0x8000 set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_flags_hi: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_features: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,6 +44,9 @@ pub struct Auth {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuthOk {
     pub server_flags: u16,
+    /// The second flag word (D56), sent only to a client that set 0x8000 in `client_flags`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_flags_hi: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_features: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

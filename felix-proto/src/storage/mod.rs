@@ -14,13 +14,16 @@
 //!   u8  flags           bit 0: generation-start record; bit 1: idempotent producer
 //!   u8  publisher_len, publisher
 //!   [u64 producer_id, u64 sequence]   only with flags bit 1
+//!   [u32 state_len, state]            only with flags bit 2
 //!   u32 count
 //!   count × (u32 payload_len, payload)
+//!   -- or, with flags bit 3 (a batch that arrived compressed, D56, stored as it came):
+//!   u8 codec (1 zstd, 2 lz4), u32 count, u32 raw_len, compressed bytes
 //! ```
 //!
 //! See docs/storage.md.
 
-use crate::binary::{PayloadError, Reader, Records};
+use crate::binary::{Codec, PayloadError, Reader, Records};
 use bytes::{BufMut, Bytes, BytesMut};
 
 mod requests;
@@ -32,11 +35,21 @@ pub const BATCH_MAGIC: u32 = 0x464C_5842;
 pub const BATCH_HEADER_LEN: usize = 12;
 /// Batch flag bits this version knows: bit 0, generation-start record; bit 1, the batch carries
 /// its idempotent producer's id and sequence; bit 2, the batch is a `commit` and carries the
-/// state changes it applies ([`encode_state_changes`]).
-const BATCH_FLAGS_KNOWN: u8 = 0x07;
+/// state changes it applies ([`encode_state_changes`]); bit 3, the records are stored
+/// compressed, as they were published (D56).
+const BATCH_FLAGS_KNOWN: u8 = 0x0F;
 const FLAG_GENERATION_START: u8 = 0x01;
 const FLAG_PRODUCER: u8 = 0x02;
 const FLAG_STATE: u8 = 0x04;
+const FLAG_COMPRESSED: u8 = 0x08;
+
+/// The codec byte of a compressed stored batch.
+fn codec_byte(c: Codec) -> u8 {
+    match c {
+        Codec::Zstd => 1,
+        Codec::Lz4 => 2,
+    }
+}
 /// The largest body a reader accepts (a defence against a corrupt length).
 pub const MAX_BATCH_BODY: usize = 256 << 20;
 
@@ -116,7 +129,9 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     let publisher = &publisher[..publisher.len().min(255)];
     let producer_len = if b.producer.is_some() { 16 } else { 0 };
     let state_len = b.state.as_ref().map_or(0, |s| 4 + s.len());
-    let body_len = 8 + 8 + 1 + 1 + publisher.len() + producer_len + state_len + 4 + b.records.raw().len();
+    let packed = b.records.packed().filter(|_| !b.records.is_timed());
+    let records_len = packed.map_or(4 + b.records.raw().len(), |p| 1 + 4 + 4 + p.data.len());
+    let body_len = 8 + 8 + 1 + 1 + publisher.len() + producer_len + state_len + records_len;
     dst.reserve(BATCH_HEADER_LEN + body_len);
     dst.put_u32(BATCH_MAGIC);
     dst.put_u32(body_len as u32);
@@ -135,6 +150,9 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     if b.state.is_some() {
         flags |= FLAG_STATE;
     }
+    if packed.is_some() {
+        flags |= FLAG_COMPRESSED;
+    }
     dst.put_u8(flags);
     dst.put_u8(publisher.len() as u8);
     dst.extend_from_slice(publisher);
@@ -146,8 +164,18 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
         dst.put_u32(state.len() as u32);
         dst.extend_from_slice(state);
     }
-    dst.put_u32(b.records.count());
-    dst.extend_from_slice(b.records.raw());
+    match packed {
+        Some(p) => {
+            dst.put_u8(codec_byte(p.codec));
+            dst.put_u32(b.records.count());
+            dst.put_u32(b.records.raw().len() as u32);
+            dst.extend_from_slice(&p.data);
+        }
+        None => {
+            dst.put_u32(b.records.count());
+            dst.extend_from_slice(b.records.raw());
+        }
+    }
     let crc = crc32c(&dst[body_at..]);
     dst[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
 }
@@ -377,7 +405,18 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     } else {
         None
     };
-    let records = Records::decode(&mut r, false)?;
+    let records = if flags & FLAG_COMPRESSED != 0 {
+        let codec = match r.u8("codec")? {
+            1 => Codec::Zstd,
+            2 => Codec::Lz4,
+            other => return Err(PayloadError::UnknownCodec(other)),
+        };
+        let count = r.u32("count")?;
+        let raw_len = r.u32("raw_len")? as usize;
+        Records::from_packed(count, codec, r.rest(), raw_len, MAX_BATCH_BODY)?
+    } else {
+        Records::decode(&mut r, false)?
+    };
     r.finish()?;
     Ok(StoredBatch {
         base_offset,
@@ -721,6 +760,50 @@ mod tests {
         for split in 0..64 {
             assert_eq!(crc32c_append(crc32c(&data[..split]), &data[split..]), bytewise(&data), "split {split}");
         }
+    }
+
+    #[test]
+    fn a_compressed_batch_is_stored_compressed_and_read_back_as_it_was() {
+        for codec in [Codec::Zstd, Codec::Lz4] {
+            let mut b = batch(5, &crate::samples::COMPRESSIBLE);
+            b.records = crate::samples::packed_records(codec);
+            b.producer = Some((3, 1));
+            let plain = StoredBatch { records: b.records.plain(), ..b.clone() };
+            let (mut packed_buf, mut plain_buf) = (BytesMut::new(), BytesMut::new());
+            encode_batch(&b, &mut packed_buf);
+            encode_batch(&plain, &mut plain_buf);
+            assert!(packed_buf.len() < plain_buf.len(), "{codec}: {} vs {}", packed_buf.len(), plain_buf.len());
+            assert_eq!(packed_buf[BATCH_HEADER_LEN + 16] & FLAG_COMPRESSED, FLAG_COMPRESSED);
+            encode_batch(&batch(9, &["after"]), &mut packed_buf);
+            let r = decode_segment(packed_buf.clone().freeze());
+            assert_eq!(r.problem, None);
+            assert_eq!(r.batches[0], b, "{codec}: the compressed form kept");
+            assert_eq!(
+                r.batches[0].records.payloads().collect::<Vec<_>>(),
+                plain.records.payloads().collect::<Vec<_>>()
+            );
+            // The producer digest is the plain block's, whichever way the batch is stored.
+            assert_eq!(IndexEntry::of(&r.batches[0], 0).producer, IndexEntry::of(&plain, 0).producer);
+            // A codec byte this version does not know, under a sound checksum: refused.
+            let mut bad = packed_buf[..BATCH_HEADER_LEN + plain_len_of(&b)].to_vec();
+            let at = BATCH_HEADER_LEN + 8 + 8 + 1 + 1 + 5 + 16;
+            bad[at] = 7;
+            let crc = crc32c(&bad[BATCH_HEADER_LEN..]);
+            bad[8..12].copy_from_slice(&crc.to_be_bytes());
+            let r = decode_segment(Bytes::from(bad));
+            assert!(
+                matches!(r.problem, Some(SegmentError::Malformed { error: PayloadError::UnknownCodec(7), .. })),
+                "{:?}",
+                r.problem
+            );
+        }
+    }
+
+    /// The body length of `b` as stored.
+    fn plain_len_of(b: &StoredBatch) -> usize {
+        let mut buf = BytesMut::new();
+        encode_batch(b, &mut buf);
+        buf.len() - BATCH_HEADER_LEN
     }
 
     #[test]

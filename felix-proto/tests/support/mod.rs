@@ -40,6 +40,7 @@ pub fn auth(flags: Option<u16>, features: Option<u32>, hi: Option<u32>) -> Bytes
         tenant_id: "t1".into(),
         token: TOKEN.into(),
         client_flags: flags,
+        client_flags_hi: None,
         client_features: features,
         client_features_hi: hi,
     }))
