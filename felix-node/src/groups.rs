@@ -247,7 +247,13 @@ pub async fn consume(a: ConsumeArgs) -> Result<ExitCode, String> {
         l => format!("all {} shards", l.len()),
     };
     eprintln!("consuming {}/{} {which} as {consumer} in group {}", a.conn.namespace, a.g.stream, a.g.group);
-    let state = Arc::new(Consumed { seen: Mutex::new(0), count: a.count, json: a.json, tagged: shards.tagged() });
+    let state = Arc::new(Consumed {
+        seen: Mutex::new(0),
+        count: a.count,
+        json: a.json,
+        tagged: shards.tagged(),
+        acking: tokio::sync::watch::Sender::new(0),
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for &shard in &shards.list {
         let (client, g, consumer, state) =
@@ -265,6 +271,12 @@ pub async fn consume(a: ConsumeArgs) -> Result<ExitCode, String> {
         Some(Ok(Err(e))) => return Err(e),
         Some(Err(e)) => return Err(format!("a shard's consumer stopped: {e}")),
     };
+    // A record printed by another shard's consumer may still have its ack in flight (it
+    // counted the record that reached --count, and this one saw the count reached): wait for
+    // those acks, bounded, before stopping the rest. Stopping one mid-ack would leave a record
+    // printed here to be delivered again.
+    let mut acking = state.acking.subscribe();
+    let _ = tokio::time::timeout(Duration::from_secs(10), acking.wait_for(|n| *n == 0)).await;
     tasks.abort_all();
     eprintln!("consumed {} record(s)", state.seen());
     // Every ack was answered, so nothing written is at stake; the other shards' long polls are
@@ -280,6 +292,8 @@ struct Consumed {
     count: Option<u64>,
     json: bool,
     tagged: bool,
+    /// Acks sent and not yet answered, over every shard.
+    acking: tokio::sync::watch::Sender<u64>,
 }
 
 impl Consumed {
@@ -324,8 +338,12 @@ async fn consume_shard(
                     return Ok(true); // stdout closed: leave the rest claimed, to lapse
                 }
                 *seen += 1;
+                // Counted under the same lock: whoever sees the count reached sees this ack.
+                state.acking.send_modify(|n| *n += 1);
             }
-            client.group_ack(&g, r.offset).await.map_err(|e| format!("ack {}: {e}", r.offset))?;
+            let acked = client.group_ack(&g, r.offset).await;
+            state.acking.send_modify(|n| *n = n.saturating_sub(1));
+            acked.map_err(|e| format!("ack {}: {e}", r.offset))?;
         }
     }
 }
