@@ -148,6 +148,7 @@ impl BlockingClient {
             start: Some(start),
             shard: None,
             queue_capacity: None,
+            filter: None,
         };
         let sub = self.core.subscribe_dedicated(req, Instant::now())?;
         self.wait_for(|e| match e {

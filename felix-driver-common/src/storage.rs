@@ -1034,6 +1034,7 @@ mod tests {
 
     fn req(token: u64, base: u64, payloads: &[&str]) -> PersistRequest {
         PersistRequest {
+            key: None,
             token: WriteToken(token),
             tenant_id: "t1".into(),
             namespace: "default".into(),
@@ -1208,6 +1209,7 @@ mod tests {
         let mut rewritten = BytesMut::new();
         for i in 0..200u64 {
             let b = StoredBatch {
+                key: None,
                 base_offset: i * 3,
                 timestamp_micros: 5,
                 generation_start: false,

@@ -813,8 +813,31 @@ impl Client {
         start: Option<StartPosition>,
         shard: Option<u32>,
     ) -> Result<Subscription, ClientError> {
-        let req =
-            SubscribeRequest { namespace: namespace.into(), stream: stream.into(), start, shard, queue_capacity: None };
+        self.subscribe_filtered(namespace, stream, start, shard, None).await
+    }
+
+    /// [`subscribe`](Self::subscribe), delivering only the batches whose key `filter` matches
+    /// (D57); the offsets passed over show as `skipped_before` and gaps.
+    ///
+    /// # Errors
+    /// As [`subscribe`](Self::subscribe), and `NotNegotiated` from a broker that does not
+    /// filter (a broker in a cluster, or an older one).
+    pub async fn subscribe_filtered(
+        &self,
+        namespace: &str,
+        stream: &str,
+        start: Option<StartPosition>,
+        shard: Option<u32>,
+        filter: Option<felix_proto::message::KeyFilter>,
+    ) -> Result<Subscription, ClientError> {
+        let req = SubscribeRequest {
+            filter,
+            namespace: namespace.into(),
+            stream: stream.into(),
+            start,
+            shard,
+            queue_capacity: None,
+        };
         self.call(|reply| Cmd::Subscribe { req, reply }).await
     }
 

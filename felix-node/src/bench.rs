@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// Compression level with --compress: zstd 1–19 (default 3).
     #[arg(long, requires = "compress")]
     level: Option<i32>,
+    /// Publishers key their batches k0..k(N-1) in turn and subscriber i subscribes with a
+    /// filter on key k(i mod N) (D57): each takes 1/N of the stream, filtered at the broker.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    filter_split: Option<u32>,
     /// Wait for an acknowledgement of every batch (pipelined), answered after the write.
     #[arg(long)]
     ack: bool,
@@ -403,9 +407,14 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
 
     let mut subs = Vec::new();
-    for _ in 0..a.subscribers {
+    for i in 0..a.subscribers {
         let c = connect(&t).await?;
-        let mut sub = c.subscribe("bench", &stream, None, None).await.map_err(|e| e.to_string())?;
+        let filter = a.filter_split.map(|n| felix_proto::message::KeyFilter {
+            keys: vec![felix_proto::message::B64(Bytes::from(format!("k{}", i as u32 % n)))],
+            key_prefixes: vec![],
+        });
+        let mut sub =
+            c.subscribe_filtered("bench", &stream, None, None, filter.clone()).await.map_err(|e| e.to_string())?;
         let delivered = delivered.clone();
         let stream = stream.clone();
         let mut done = done_rx.clone();
@@ -425,7 +434,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 // consumer would (felix-node subscribe does the same).
                 if let Some(SubscriptionItem::End(reason @ felix_proto::client::EndReason::Lagged { .. })) = item {
                     let Some(start) = cursor.resume(&reason) else { break };
-                    match c.subscribe("bench", &stream, Some(start), None).await {
+                    match c.subscribe_filtered("bench", &stream, Some(start), None, filter.clone()).await {
                         Ok(s) => {
                             sub = s;
                             cursor.subscribed(sub.start_offset);
@@ -447,8 +456,10 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     }
                     if let Some(base) = b.base_offset {
                         let o = base + i as u64;
+                        // Offsets a filter passed over are said, not missing.
+                        let said = if i == 0 { b.skipped_before.unwrap_or(0) } else { 0 };
                         if let Some(l) = last_offset {
-                            gaps += o.saturating_sub(l + 1);
+                            gaps += o.saturating_sub(l + 1 + said);
                         }
                         last_offset = Some(o);
                     }
@@ -477,12 +488,17 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
 
     let total = a.duration;
     let per_pub_rate = if a.rate == 0 { 0.0 } else { a.rate as f64 / a.publishers as f64 };
+    // Records published per key (one key without --filter-split): what each subscriber is owed.
+    let keys = a.filter_split.unwrap_or(1) as usize;
+    let key_sent: Arc<Vec<AtomicU64>> = Arc::new((0..keys).map(|_| AtomicU64::new(0)).collect());
     let mut pubs = Vec::new();
     for p in 0..a.publishers {
         let c = connect_compressing(&t, compress).await?;
         let (published, stop, stream) = (published.clone(), stop.clone(), stream.clone());
         let (batch, size, ack, json) = (a.batch, a.payload, a.ack, a.json_publish);
         let data = RecordData::new(&a.data, size - 8, p as u64);
+        let split = a.filter_split;
+        let key_sent = key_sent.clone();
         pubs.push(tokio::spawn(async move {
             let started = Instant::now();
             let mut sent = 0u64;
@@ -501,7 +517,8 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 }
                 let buf = buf.freeze();
                 let payloads: Vec<Bytes> = (0..batch).map(|i| buf.slice(i * size..(i + 1) * size)).collect();
-                let opts = PublishOptions { ack, json, ..Default::default() };
+                let key = split.map(|n| Bytes::from(format!("k{}", (sent / batch as u64) % u64::from(n))));
+                let opts = PublishOptions { ack, json, key };
                 if ack {
                     // Keep many acked batches in flight: the client pipelines them under the
                     // broker's window.
@@ -519,6 +536,8 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     // Unacked: completes when QUIC took the bytes (flow-control backpressure).
                     return Err(e.to_string());
                 }
+                key_sent[((sent / batch as u64) % key_sent.len() as u64) as usize]
+                    .fetch_add(batch as u64, Ordering::Relaxed);
                 sent += batch as u64;
                 published.fetch_add(batch as u64, Ordering::Relaxed);
             }
@@ -576,7 +595,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
     }
     let elapsed = start.elapsed();
     let sent = published.load(Ordering::Relaxed);
-    let expected = sent * a.subscribers as u64;
+    let expected: u64 = (0..a.subscribers).map(|i| key_sent[i % keys].load(Ordering::Relaxed)).sum();
     // Let the subscribers catch up (bounded).
     let drain_start = Instant::now();
     while delivered.load(Ordering::Relaxed) < expected && drain_start.elapsed() < Duration::from_secs(10) {

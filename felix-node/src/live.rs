@@ -132,6 +132,7 @@ impl Target {
             start: None,
             shard: None,
             queue_capacity: None,
+            filter: None,
         }))
     }
 }

@@ -504,8 +504,29 @@ struct SubscribeArgs {
     /// minute).
     #[arg(long)]
     no_resume: bool,
+    /// Only records published with this key (repeatable; with --key-prefix, either matches).
+    /// Filtered at the broker: the rest never crosses the network (docs/protocol.md, D57).
+    #[arg(long = "key", value_name = "KEY")]
+    keys: Vec<String>,
+    /// Only records whose key starts with this (repeatable).
+    #[arg(long = "key-prefix", value_name = "PREFIX")]
+    key_prefixes: Vec<String>,
     #[command(flatten)]
     conn: ConnectArgs,
+}
+
+impl SubscribeArgs {
+    /// The filter `--key` and `--key-prefix` make, if either was given.
+    fn filter(&self) -> Option<felix_proto::message::KeyFilter> {
+        if self.keys.is_empty() && self.key_prefixes.is_empty() {
+            return None;
+        }
+        let b64 = |s: &String| felix_proto::message::B64(bytes::Bytes::copy_from_slice(s.as_bytes()));
+        Some(felix_proto::message::KeyFilter {
+            keys: self.keys.iter().map(b64).collect(),
+            key_prefixes: self.key_prefixes.iter().map(b64).collect(),
+        })
+    }
 }
 
 #[derive(Args, Debug)]

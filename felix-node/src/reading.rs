@@ -220,7 +220,7 @@ async fn follow_shard(
     let ns = &a.conn.namespace;
     // Subscribing finds the shard's owner (following redirects in a cluster).
     let (mut client, mut sub) = with_redirects(&a.conn, |client| {
-        let (ns, stream, since) = (ns.clone(), a.stream.clone(), a.since);
+        let (ns, stream, since, filter) = (ns.clone(), a.stream.clone(), a.since, a.filter());
         async move {
             let mut start = first;
             if let Some(since) = since {
@@ -231,7 +231,7 @@ async fn follow_shard(
                     Err(e) => return (client, Err(e)),
                 };
             }
-            let r = client.subscribe(&ns, &stream, Some(start), Some(shard)).await;
+            let r = client.subscribe_filtered(&ns, &stream, Some(start), Some(shard), filter).await;
             (client, r)
         }
     })
@@ -271,7 +271,7 @@ async fn follow_shard(
                     position(&from)
                 );
                 sub = client
-                    .subscribe(ns, &a.stream, Some(from), Some(shard))
+                    .subscribe_filtered(ns, &a.stream, Some(from), Some(shard), a.filter())
                     .await
                     .map_err(|e| format!("resuming shard {shard} at {}: {e}", position(&from)))?;
                 cursor.subscribed(sub.start_offset);
@@ -338,9 +338,9 @@ async fn resubscribe(
             conn.addr = Addrs::one(addr);
         }
         let r = with_redirects(&conn, |client| {
-            let (ns, stream) = (a.conn.namespace.clone(), a.stream.clone());
+            let (ns, stream, filter) = (a.conn.namespace.clone(), a.stream.clone(), a.filter());
             async move {
-                let r = client.subscribe(&ns, &stream, Some(from), Some(shard)).await;
+                let r = client.subscribe_filtered(&ns, &stream, Some(from), Some(shard), filter).await;
                 (client, r)
             }
         })

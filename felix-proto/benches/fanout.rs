@@ -77,6 +77,7 @@ impl Bench {
                 start: None,
                 shard: None,
                 queue_capacity: None,
+                filter: None,
             }));
             broker.handle_stream_data(c, StreamId(0), sub, false, now);
         }

@@ -331,6 +331,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                     start,
                     shard: None,
                     queue_capacity: None,
+                    filter: None,
                 };
                 if let Ok(sub) = sim.client(parties[p].idx).subscribe(ClientStream(0), req, now) {
                     parties[p].subs.insert(sub, SubLog { stream, ..SubLog::default() });

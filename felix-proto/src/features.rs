@@ -111,6 +111,9 @@ feature_bits! {
     /// Second word, bit 0x100 (our decision D55, docs/protocol.md): the broker answers a
     /// `cluster_status` with `after`/`limit` with one page of the status.
     STATUS_PAGES = 1 << 40, "FEATURE_STATUS_PAGES";
+    /// Second word, bit 0x200 (our decision D57, docs/protocol.md): the broker takes a
+    /// `filter` on `subscribe`, on record keys, and sends only the batches it matches.
+    STREAM_FILTER = 1 << 41, "FEATURE_STREAM_FILTER";
 }
 
 impl Features {

@@ -315,6 +315,7 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
                     start: None,
                     shard: (arg & 2 != 0).then_some(u32::from(sel)),
                     queue_capacity: (arg & 4 != 0).then_some(u32::from(arg)),
+                    filter: None,
                 };
                 let _ = c.subscribe(stream, req, now);
             }

@@ -176,6 +176,7 @@ pub fn messages() -> Vec<Message> {
             start: Some(StartPosition::Offset(100)),
             shard: Some(2),
             queue_capacity: Some(64),
+            filter: None,
         }),
         Message::Subscribed(Subscribed {
             subscription_id: 42,
@@ -601,6 +602,7 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
             start,
             shard: None,
             queue_capacity: None,
+            filter: None,
         })
     };
     let refused = |reason| Message::PublishRefused(PublishRefused { request_id: 7, reason, message: s("refused") });
@@ -770,6 +772,22 @@ pub fn message_variants() -> Vec<(&'static str, Message)> {
                 node_id: None,
                 addr: None,
                 generation: 9,
+            }),
+        ),
+        (
+            "subscribe_filtered",
+            Message::Subscribe(Subscribe {
+                tenant_id: s("t1"),
+                namespace: s("default"),
+                stream: s("orders"),
+                subscription_id: Some(4),
+                start: Some(StartPosition::Earliest),
+                shard: None,
+                queue_capacity: None,
+                filter: Some(KeyFilter {
+                    keys: vec![B64(Bytes::from_static(b"customer-7"))],
+                    key_prefixes: vec![B64(Bytes::from_static(b"eu-")), B64(Bytes::new())],
+                }),
             }),
         ),
         (

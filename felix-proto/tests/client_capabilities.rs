@@ -117,6 +117,7 @@ fn rows() -> Vec<Row> {
         })
     };
     let sub = |queue_capacity| SubscribeRequest {
+        filter: None,
         namespace: "ns".into(),
         stream: "s".into(),
         start: Some(StartPosition::Earliest),

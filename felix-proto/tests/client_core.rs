@@ -96,7 +96,14 @@ fn cfg() -> ClientConfig {
 }
 
 fn sub_req() -> SubscribeRequest {
-    SubscribeRequest { namespace: "ns".into(), stream: "s".into(), start: None, shard: None, queue_capacity: None }
+    SubscribeRequest {
+        namespace: "ns".into(),
+        stream: "s".into(),
+        start: None,
+        shard: None,
+        queue_capacity: None,
+        filter: None,
+    }
 }
 
 fn batch_frame(base: u64, payloads: &[&str]) -> Bytes {

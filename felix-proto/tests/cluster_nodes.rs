@@ -531,6 +531,7 @@ fn records_published_through_any_broker_land_once_on_their_owner() {
         start: Some(StartPosition::Earliest),
         shard: Some(theirs),
         queue_capacity: None,
+        filter: None,
     }));
     c.send("n1", p, st, sub);
     let ms = messages(&c.take("n1", p, st));
@@ -714,6 +715,7 @@ fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
         start: Some(StartPosition::Latest),
         shard: Some(0),
         queue_capacity: None,
+        filter: None,
     }));
     c.send(&owner0, p, st, sub);
     assert!(matches!(messages(&c.take(&owner0, p, st))[0], Message::Subscribed(_)));
@@ -1379,6 +1381,7 @@ fn a_replicated_stream_fails_over_to_a_follower_with_every_acknowledged_record()
         start: Some(StartPosition::Earliest),
         shard: Some(0),
         queue_capacity: None,
+        filter: None,
     }));
     c.send(follower, conn, st, sub);
     let ms = messages(&c.take(follower, conn, st));
@@ -2380,6 +2383,7 @@ fn subscribe_shard_of(stream: &str, shard: u32, from: u64) -> Bytes {
         start: Some(StartPosition::Offset(from)),
         shard: Some(shard),
         queue_capacity: None,
+        filter: None,
     }))
 }
 

@@ -28,6 +28,7 @@ fn subscribe_shard(shard: u32) -> bytes::Bytes {
         start: Some(StartPosition::Latest),
         shard: Some(shard),
         queue_capacity: None,
+        filter: None,
     }))
 }
 

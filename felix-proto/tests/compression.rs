@@ -304,6 +304,7 @@ fn clients_compress_and_read_compressed_batches_end_to_end() {
             start: None,
             shard: None,
             queue_capacity: None,
+            filter: None,
         };
         ids.push(sim.client(who).subscribe(ClientStream(0), req, now).unwrap());
     }

@@ -53,6 +53,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             let records = felix_proto::Records::from_payloads([&frame[12..]]).expect("small");
             felix_proto::storage::encode_batch(
                 &felix_proto::storage::StoredBatch {
+                    key: None,
                     base_offset: frame.len() as u64,
                     timestamp_micros: 7,
                     generation_start: false,
@@ -157,6 +158,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                         tail: 9,
                         cutting: true,
                         batches: vec![felix_proto::storage::StoredBatch {
+                            key: None,
                             base_offset: 7,
                             timestamp_micros: 1,
                             generation_start: false,

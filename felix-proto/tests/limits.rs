@@ -411,6 +411,7 @@ fn a_tenant_at_its_subscriptions_per_connection_quota_is_refused_limit_exceeded(
             start: None,
             shard: None,
             queue_capacity: None,
+            filter: None,
         }))
     };
     let outcome = |b: &mut Broker, i: u8, tenant: &str, n: usize| {

@@ -188,6 +188,7 @@ fn error_codes_only_for_error_codes_clients() {
                 start: None,
                 shard: Some(7),
                 queue_capacity: None,
+                filter: None,
             })),
             false,
         );
@@ -431,6 +432,7 @@ fn subscription_lagged_only_with_the_feature_and_offsets() {
                 start: None,
                 shard: None,
                 queue_capacity: Some(2),
+                filter: None,
             })),
             false,
         );

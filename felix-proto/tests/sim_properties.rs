@@ -103,6 +103,7 @@ fn run_case(seed: u64, ops: Vec<Op>, queue_capacity: u32) {
                     start,
                     shard: None,
                     queue_capacity: None,
+                    filter: None,
                 };
                 let sub = sim.client(clients[client]).subscribe(ClientStream(0), req, now).unwrap();
                 subs.insert((client, sub), ());

@@ -115,6 +115,7 @@ fn replay_joins_live_delivery_without_gap_or_duplicate() {
                 start: Some(StartPosition::Earliest),
                 shard: None,
                 queue_capacity: None,
+                filter: None,
             },
             now,
         )
@@ -210,6 +211,7 @@ fn queue_capacity_is_clamped_and_echoed() {
                 start: None,
                 shard: None,
                 queue_capacity: q,
+                filter: None,
             })),
             false,
         );
@@ -413,6 +415,7 @@ fn unsubscribe_ends_delivery() {
         start: None,
         shard: None,
         queue_capacity: None,
+        filter: None,
     };
     let sub = sim.client(c).subscribe(ClientStream(0), req, now).unwrap();
     sim.run();
@@ -437,6 +440,7 @@ fn client_sees_lagged_end_with_resume_point() {
         start: None,
         shard: None,
         queue_capacity: None,
+        filter: None,
     };
     let sub = sim.client(c).subscribe(ClientStream(0), req, now).unwrap();
     sim.run();
@@ -464,6 +468,7 @@ fn client_sees_lagged_end_with_resume_point() {
         start: Some(StartPosition::Offset(from)),
         shard: None,
         queue_capacity: None,
+        filter: None,
     };
     sim.client(c).subscribe(ClientStream(0), req, now).unwrap();
     sim.run();
@@ -847,6 +852,7 @@ fn restored_history_ages_from_its_append_time_not_the_restart() {
         ..StreamConfig::default()
     };
     let batch = |base: u64, age_secs: u64| StoredBatch {
+        key: None,
         base_offset: base,
         timestamp_micros: wall - age_secs * 1_000_000,
         generation_start: false,

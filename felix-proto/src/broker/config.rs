@@ -299,6 +299,9 @@ impl BrokerConfig {
         }
         if self.clustered {
             f |= Features::REDIRECT | Features::TOPOLOGY | Features::SHARD_OWNERS;
+        } else {
+            // Forwarded and replicated batches do not carry their keys yet (D57).
+            f |= Features::STREAM_FILTER;
         }
         f
     }

@@ -212,6 +212,7 @@ impl Broker {
             }
         };
         let batch = NewBatch {
+            key: None,
             records: p.records,
             publisher: p.publisher,
             idempotent: None,

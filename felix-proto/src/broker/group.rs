@@ -726,6 +726,7 @@ mod tests {
         let mut log = ShardLog::new(true, crate::broker::Retention::default());
         for i in 0..n {
             let b = crate::storage::StoredBatch {
+                key: None,
                 base_offset: i,
                 timestamp_micros: 0,
                 generation_start: false,

@@ -110,6 +110,8 @@ pub(crate) struct LogBatch {
     pub state: Option<Bytes>,
     /// A replicated shard's batch: its entry's index in the Raft log (0 otherwise).
     pub entry: u64,
+    /// The key it was published with (what a subscription's filter matches, D57).
+    pub key: Option<Bytes>,
     encoded: Vec<(Shape, [Bytes; 2])>,
 }
 
@@ -137,6 +139,24 @@ impl LogBatch {
         let f = e.encode_parts().unwrap_or_default();
         self.encoded.push((shape, f.clone()));
         f
+    }
+
+    /// The event frame for `shape` with `extra` more offsets skipped before it (a filtered
+    /// subscription's, D57): the cached frame when there are none, else encoded for it alone.
+    pub fn frame_skipping(&mut self, shape: Shape, extra: u64) -> [Bytes; 2] {
+        if extra == 0 {
+            return self.frame(shape);
+        }
+        let e = self.event_batch(shape, self.records.clone(), self.base, self.skipped_before + extra);
+        e.encode_parts().unwrap_or_default()
+    }
+
+    /// Offsets a filtered subscription passes over when this batch is not for it, from
+    /// `cursor`: its records there, and the records no batch holds just before it.
+    pub fn passed_over(&self, cursor: u64) -> u64 {
+        let from = cursor.max(self.base);
+        let before = if from == self.base { self.skipped_before } else { 0 };
+        before + self.end().saturating_sub(from)
     }
 
     /// The event frame for the part of this batch from `from` on (a resumed subscription that
@@ -344,6 +364,7 @@ impl ShardLog {
         let timestamp_micros = self.stamp(timestamp_micros);
         self.last_ts = timestamp_micros;
         let batch = LogBatch {
+            key: None,
             base,
             records,
             timestamp_micros,
@@ -363,6 +384,13 @@ impl ShardLog {
                 (base, None)
             }
             _ => (base, Some(batch)),
+        }
+    }
+
+    /// The key the batch just appended was published with (D57).
+    pub fn note_key(&mut self, key: Option<Bytes>) {
+        if let Some(p) = self.pending.back_mut() {
+            p.batch.key = key;
         }
     }
 
@@ -391,6 +419,7 @@ impl ShardLog {
             }
             bytes += b.records.payload_bytes();
             out.push(crate::storage::StoredBatch {
+                key: b.key.clone(),
                 base_offset: b.base,
                 timestamp_micros: b.timestamp_micros,
                 generation_start: b.generation_start,
@@ -424,6 +453,7 @@ impl ShardLog {
         }
         self.last_ts = self.last_ts.max(b.timestamp_micros);
         let batch = LogBatch {
+            key: b.key,
             base: b.base_offset,
             records: b.records,
             timestamp_micros: b.timestamp_micros,
@@ -504,6 +534,7 @@ impl ShardLog {
         let timestamp_micros = self.stamp(timestamp_micros);
         self.last_ts = timestamp_micros;
         let batch = LogBatch {
+            key: None,
             base,
             records,
             timestamp_micros,
@@ -569,6 +600,7 @@ impl ShardLog {
         self.next_offset += 1;
         self.skip_next += 1;
         let batch = LogBatch {
+            key: None,
             base,
             records: Records::default(),
             timestamp_micros,
@@ -861,6 +893,7 @@ mod tests {
     fn timestamps_never_go_back_whatever_the_clock_says() {
         let mut log = ShardLog::new(true, Retention::default());
         log.restore(crate::storage::StoredBatch {
+            key: None,
             base_offset: 0,
             timestamp_micros: 100,
             generation_start: false,

@@ -494,6 +494,9 @@ pub struct Broker {
     server_features: Features,
     /// Decompression contexts for compressed publishes (D56), made once.
     decompressor: crate::binary::Decompressor,
+    /// Subscription filters (D57), interned: looked up, never iterated in an order that
+    /// decides output.
+    filters: HashMap<message::KeyFilter, std::sync::Weak<message::KeyFilter>>,
     next_sweep: Option<Instant>,
     reads: HashMap<ReadToken, ReadFor>,
     next_read: u64,
@@ -600,6 +603,7 @@ impl Broker {
             notices: notice::Notices::default(),
             server_flags,
             decompressor: crate::binary::Decompressor::new(),
+            filters: HashMap::new(),
             server_features,
             next_sweep: None,
             reads: HashMap::new(),

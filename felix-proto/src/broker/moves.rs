@@ -513,6 +513,7 @@ impl Broker {
             let token = WriteToken(self.next_write);
             self.next_write += 1;
             self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
+                key: b.key.clone(),
                 token,
                 tenant_id: s.tenant.clone(),
                 namespace: s.namespace.clone(),

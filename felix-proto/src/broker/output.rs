@@ -86,6 +86,9 @@ pub enum TransportOutput {
 /// a stream or reset a shard. A broker without storage answers writes itself (see
 /// [`crate::storage::MemStorage`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+// A write is the output of every durable publish: boxing it would cost an allocation per batch
+// to save bytes in the rarer variants' slots.
+#[allow(clippy::large_enum_variant)]
 pub enum StorageOutput {
     /// Persist records, then report with `handle_write_complete(token, ok)`. Writes of one shard
     /// should complete in the order they were asked for (they become visible in offset order
@@ -316,6 +319,9 @@ pub struct BrokerStats {
     pub compressed_bytes_in: u64,
     /// Plain bytes those blocks inflated to.
     pub compressed_plain_bytes_in: u64,
+    /// Times a subscription filter (D57) judged a batch: once per batch and distinct filter
+    /// at fan-out, once per batch and subscription when catching up.
+    pub filter_evaluations: u64,
     /// Records appended.
     pub records_appended: u64,
     /// Publishes refused.

@@ -177,6 +177,7 @@ impl Broker {
             digest,
             state: req.state,
             expected_offset: req.expected_offset,
+            key: req.key,
         };
         let Some(token) = self.append_batch(&k, shard, durable, batch, now) else {
             self.hold_publisher(conn, st, &k, shard);
@@ -350,8 +351,11 @@ impl Broker {
             if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
                 sh.producers.appended(pid, seq, d, base, base + count, None);
             }
-            if let Some(batch) = batch
-                && self.fanout(k, shard, batch)
+            if let Some(mut batch) = batch
+                && {
+                    batch.key = b.key;
+                    self.fanout(k, shard, batch)
+                }
             {
                 self.start_hold(k, shard, now);
             }
@@ -366,6 +370,9 @@ impl Broker {
         let (base, _) = sh.log.append(b.records, ts, b.publisher.clone(), Some(token));
         if b.idempotent.is_some() || b.state.is_some() {
             sh.log.note_last(b.idempotent, b.state.clone());
+        }
+        if b.key.is_some() {
+            sh.log.note_key(b.key.clone());
         }
         if let (Some((pid, seq)), Some(d)) = (b.idempotent, b.digest) {
             sh.producers.appended(pid, seq, d, base, base + count, Some(token));
@@ -383,6 +390,7 @@ impl Broker {
             generation_start: false,
             producer: b.idempotent,
             state: b.state.clone(),
+            key: b.key,
             fsync,
             stream_shards: entry_shards,
         })));
@@ -662,6 +670,8 @@ pub(super) struct NewBatch {
     /// A conditional publish's expected offset (checked by a replicated shard's group; a
     /// single broker checked it before).
     pub(super) expected_offset: Option<u64>,
+    /// The key it was published with, kept with it for subscriptions' filters (D57).
+    pub(super) key: Option<Bytes>,
 }
 
 /// A publish, whatever encoding it came in.

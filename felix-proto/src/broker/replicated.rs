@@ -288,6 +288,7 @@ impl Broker {
             };
             let stored = if generation_start {
                 crate::storage::StoredBatch {
+                    key: None,
                     base_offset,
                     timestamp_micros,
                     generation_start,
@@ -302,6 +303,7 @@ impl Broker {
                     continue;
                 }
                 crate::storage::StoredBatch {
+                    key: None,
                     base_offset,
                     timestamp_micros,
                     generation_start,

@@ -102,6 +102,12 @@ pub(super) struct Sub {
     /// It held the publishers as long as allowed: it holds no one again until its queue is
     /// back under a quarter.
     pub excused: bool,
+    /// Its filter on record keys (D57), shared with every subscription that has the same one
+    /// (interned by the broker, so fan-out judges a batch once per distinct filter).
+    pub filter: Option<std::sync::Arc<message::KeyFilter>>,
+    /// Offsets its filter passed over since the last batch it was sent (and the records no
+    /// batch holds before them): the next batch's `skipped_before` says so.
+    pub filtered: u64,
 }
 
 impl Sub {
@@ -127,7 +133,14 @@ impl Sub {
             offered: None,
             holding: false,
             excused: false,
+            filter: None,
+            filtered: 0,
         }
+    }
+
+    /// Whether its filter lets a batch with this key through (no filter: every batch).
+    pub fn wants(&self, key: Option<&Bytes>) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.matches(key.map(|k| &k[..])))
     }
 
     /// The one transition function.

@@ -38,6 +38,7 @@ impl Broker {
         let ts = s.log.stamp(self.wall.micros(now));
         let base = s.log.append_generation_start(ts, token);
         self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
+            key: None,
             token,
             tenant_id: k.tenant().to_owned(),
             namespace: k.namespace().to_owned(),
@@ -68,18 +69,37 @@ impl Broker {
             return;
         }
         let count = b.count();
+        let (key, passed_over) = (b.key.clone(), b.passed_over(base));
         let mut subs = std::mem::take(&mut self.fanout_subs);
         subs.clear();
         subs.extend_from_slice(&s.subs);
         // One encoding per subscriber shape, shared by every subscriber of that shape: four
         // yes/no choices make 16 shapes, each kept on the stack.
         let mut frames: [Option<(Shape, [Bytes; 2])>; 16] = Default::default();
+        let mut verdicts = Verdicts::default();
         for &(conn, id) in &subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             if !sub.live() {
                 continue; // catching up from the log, or ending
             }
+            if !verdicts.wants(&mut self.stats, sub, key.as_ref()) {
+                sub.filtered += passed_over;
+                sub.offered = Some(end);
+                continue;
+            }
             let shape = sub.shape;
+            if sub.filtered > 0 {
+                // Offsets its filter passed over: said in this frame alone.
+                let extra = std::mem::take(&mut sub.filtered);
+                let Some(b) = self.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base)) else {
+                    break;
+                };
+                let frame = b.frame_skipping(shape, extra);
+                let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
+                Self::enqueue(&mut self.stats, sub, frame, base, count, self.cfg.subscriber_queue_bytes_max);
+                self.pump(conn, id);
+                continue;
+            }
             let frame = match frames.iter().flatten().find(|(sh, _)| *sh == shape) {
                 Some((_, f)) => f.clone(),
                 None => {
@@ -113,9 +133,10 @@ impl Broker {
         let bytes_max = self.cfg.subscriber_queue_bytes_max;
         let holds = !self.cfg.publisher_hold_max.is_zero();
         let mut hold = false;
+        let mut verdicts = Verdicts::default();
         for &(conn, id) in &subs {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
-            if sub.ending() {
+            if sub.ending() || !verdicts.wants(&mut self.stats, sub, batch.key.as_ref()) {
                 continue;
             }
             let frame = batch.frame(sub.shape);
@@ -205,13 +226,27 @@ impl Broker {
                     sub.on(SubEvent::Reading(sub::CatchUp { cursor, reading: Some(token) }));
                     return;
                 }
+                let filter = sub.filter.clone();
+                let extra = sub.filtered;
                 let next = log.next_deliverable(cursor).map(|b| {
-                    let f = if b.base >= cursor { b.frame(shape) } else { b.frame_from(shape, cursor) };
-                    (f, b.end())
+                    if filter.as_ref().is_some_and(|f| !f.matches(b.key.as_deref())) {
+                        return (Err(b.passed_over(cursor)), b.end());
+                    }
+                    let f = if b.base >= cursor { b.frame_skipping(shape, extra) } else { b.frame_from(shape, cursor) };
+                    (Ok(f), b.end())
                 });
                 let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
+                if filter.is_some() && next.is_some() {
+                    self.stats.filter_evaluations += 1;
+                }
                 match next {
-                    Some((frame, end)) => {
+                    Some((Err(passed), end)) => {
+                        // Not for its filter: passed over, said in the next frame it is sent.
+                        sub.filtered += passed;
+                        sub.on(SubEvent::Delivered { cursor: end });
+                    }
+                    Some((Ok(frame), end)) => {
+                        sub.filtered = 0;
                         sub.on(SubEvent::Delivered { cursor: end });
                         sub.inflight += frame[0].len() + frame[1].len();
                         self.stats.batches_delivered += 1;
@@ -298,6 +333,9 @@ impl Broker {
         sub.on(SubEvent::Delivered { cursor });
         let Some(stream) = sub.stream else { return };
         let shape = sub.shape;
+        let filter = sub.filter.clone();
+        // Offsets a filter passed over (D57), carried from frame to frame until one is sent.
+        let mut filtered = std::mem::take(&mut sub.filtered);
         let memory_start = self
             .streams
             .get(&sub.key)
@@ -316,8 +354,17 @@ impl Broker {
                 continue;
             }
             let from = cursor.max(b.base_offset);
+            if let Some(f) = &filter {
+                self.stats.filter_evaluations += 1;
+                if !f.matches(b.key.as_deref()) {
+                    filtered += if from == b.base_offset { skip } else { 0 } + (end - from);
+                    skip = 0;
+                    cursor = end;
+                    continue;
+                }
+            }
             let records = b.records.skip((from - b.base_offset) as u32);
-            let skipped = if from == b.base_offset { skip } else { 0 };
+            let skipped = if from == b.base_offset { skip } else { 0 } + std::mem::take(&mut filtered);
             skip = 0;
             let e = log::event_batch(shape, records, from, skipped, b.publisher.as_ref(), b.timestamp_micros);
             if let Ok(f) = e.encode_parts() {
@@ -325,13 +372,14 @@ impl Broker {
             }
             cursor = end;
         }
-        if frames.is_empty() {
+        if frames.is_empty() && filtered == 0 {
             // Storage had nothing there (deleted by retention, or unreadable): skip to what is in
             // memory rather than ask again forever. The subscriber sees the gap in offsets.
             cursor = cursor.max(memory_start);
         }
         let sub = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)).expect("present");
         sub.on(SubEvent::Delivered { cursor });
+        sub.filtered += filtered;
         for f in &frames {
             sub.inflight += f[0].len() + f[1].len();
         }
@@ -340,6 +388,20 @@ impl Broker {
             self.write_frame(conn, stream, f);
         }
         self.pump(conn, id);
+    }
+
+    /// The shared copy of a subscription filter (D57): subscriptions with equal filters hold
+    /// one, so fan-out judges each batch once per distinct filter.
+    fn intern_filter(&mut self, f: &message::KeyFilter) -> std::sync::Arc<message::KeyFilter> {
+        if let Some(shared) = self.filters.get(f).and_then(std::sync::Weak::upgrade) {
+            return shared;
+        }
+        if self.filters.len() >= 64 {
+            self.filters.retain(|_, w| w.strong_count() > 0);
+        }
+        let shared = std::sync::Arc::new(f.clone());
+        self.filters.insert(f.clone(), std::sync::Arc::downgrade(&shared));
+        shared
     }
 
     pub(super) fn write_frame(&mut self, conn: ConnId, stream: StreamId, [head, body]: [Bytes; 2]) {
@@ -359,6 +421,20 @@ impl Broker {
                 Err(r) => return self.refuse(conn, st, r),
             };
         let offer = Self::features_of(st);
+        let filter = match &s.filter {
+            None => None,
+            // A cluster's forwarded and replicated batches do not carry their keys yet (D57):
+            // a filter there would drop what it should deliver.
+            Some(_) if self.cfg.clustered => {
+                let r =
+                    Refusal::new(ErrorCode::InvalidRequest, "a broker in a cluster does not filter subscriptions yet");
+                return self.refuse(conn, st, r);
+            }
+            Some(f) => match f.check() {
+                Ok(()) => Some(self.intern_filter(f)),
+                Err(why) => return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, why)),
+            },
+        };
         let shard = s.shard.unwrap_or(0);
         if shard >= shards {
             let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {shard} (it has {shards})"));
@@ -442,6 +518,7 @@ impl Broker {
             id,
             Sub {
                 capacity,
+                filter,
                 ..Sub::new(id, k.clone(), shard, shape, offer, (durable && cursor < tail).then_some(cursor))
             },
         );
@@ -479,4 +556,24 @@ impl Broker {
 
     // -----------------------------------------------------------------------------------------
     // Operator actions
+}
+
+/// Which distinct filters let one batch through (D57): each is judged once per batch, however
+/// many subscriptions share it (the broker interns filters, so sharing is pointer equality).
+#[derive(Default)]
+struct Verdicts(Vec<(*const message::KeyFilter, bool)>);
+
+impl Verdicts {
+    /// Whether `sub` takes a batch with this key.
+    fn wants(&mut self, stats: &mut BrokerStats, sub: &Sub, key: Option<&Bytes>) -> bool {
+        let Some(f) = &sub.filter else { return true };
+        let at = std::sync::Arc::as_ptr(f);
+        if let Some((_, v)) = self.0.iter().find(|(p, _)| *p == at) {
+            return *v;
+        }
+        stats.filter_evaluations += 1;
+        let v = sub.wants(key);
+        self.0.push((at, v));
+        v
+    }
 }

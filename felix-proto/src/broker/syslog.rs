@@ -274,6 +274,7 @@ impl Broker {
         let entry = self.streams.get_mut(k).expect("created above");
         let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, Some(token));
         self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
+            key: None,
             token,
             tenant_id: k.tenant().to_owned(),
             namespace: k.namespace().to_owned(),

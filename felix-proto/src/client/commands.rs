@@ -298,6 +298,7 @@ impl ClientConnection {
             start: req.start,
             shard: req.shard,
             queue_capacity: req.queue_capacity,
+            filter: req.filter,
         })
     }
 

@@ -566,6 +566,9 @@ pub struct SubscribeRequest {
     pub shard: Option<u32>,
     /// Queue capacity to ask for (sent only to a broker advertising FEATURE_SUBSCRIBE_QUEUE).
     pub queue_capacity: Option<u32>,
+    /// Only batches whose key this matches (D57; refused before sending to a broker that does
+    /// not advertise FEATURE_STREAM_FILTER).
+    pub filter: Option<message::KeyFilter>,
 }
 
 /// What a cache watch follows.

@@ -83,8 +83,13 @@ pub fn needs(m: &Message) -> Vec<Need> {
             n.push(f(Features::ATOMIC_COMMIT, "FEATURE_ATOMIC_COMMIT"));
             explicit_shard(&mut n, s.shard);
         }
-        Message::Subscribe(s) if s.queue_capacity.is_some() => {
-            n.push(f(Features::SUBSCRIBE_QUEUE, "FEATURE_SUBSCRIBE_QUEUE"));
+        Message::Subscribe(s) => {
+            if s.queue_capacity.is_some() {
+                n.push(f(Features::SUBSCRIBE_QUEUE, "FEATURE_SUBSCRIBE_QUEUE"));
+            }
+            if s.filter.is_some() {
+                n.push(f(Features::STREAM_FILTER, "FEATURE_STREAM_FILTER"));
+            }
         }
         Message::Topology(_) => n.push(f(Features::TOPOLOGY, "FEATURE_TOPOLOGY")),
         Message::StreamDelete(_) => n.push(f(Features::STREAM_ADMIN, "FEATURE_STREAM_ADMIN")),

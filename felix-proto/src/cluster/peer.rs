@@ -1023,6 +1023,7 @@ mod tests {
                     cutting: true,
                     batches: vec![
                         crate::storage::StoredBatch {
+                            key: None,
                             base_offset: 3,
                             timestamp_micros: 17,
                             generation_start: false,
@@ -1032,6 +1033,7 @@ mod tests {
                             records: Records::from_payloads(["a", "bb"]).unwrap(),
                         },
                         crate::storage::StoredBatch {
+                            key: None,
                             base_offset: 5,
                             timestamp_micros: 18,
                             generation_start: true,

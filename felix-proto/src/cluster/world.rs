@@ -570,6 +570,7 @@ impl World {
                 }
                 if w.stream == ORDERS && w.tenant_id == TENANT {
                     let b = crate::storage::StoredBatch {
+                        key: None,
                         base_offset: w.base_offset,
                         timestamp_micros: w.timestamp_micros,
                         generation_start: w.generation_start,
@@ -925,6 +926,7 @@ impl World {
                     start: Some(StartPosition::Latest),
                     shard: Some(shard),
                     queue_capacity: None,
+                    filter: None,
                 }),
                 &mut out,
             ),

@@ -432,6 +432,54 @@ pub struct Subscribe {
     pub shard: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_capacity: Option<u32>,
+    /// Only batches whose key this matches (D57); sent only to a broker advertising
+    /// `FEATURE_STREAM_FILTER`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<KeyFilter>,
+}
+
+/// A subscription's filter on record keys (D57): a batch is delivered when its key equals one
+/// of `keys` or starts with one of `key_prefixes` (an empty prefix matches every keyed batch);
+/// an unkeyed batch never matches. Keys are bytes, base64 as a publish's key is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct KeyFilter {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<B64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_prefixes: Vec<B64>,
+}
+
+impl KeyFilter {
+    /// The most keys and prefixes a filter holds, together.
+    pub const MAX_ENTRIES: usize = 256;
+    /// The most bytes its keys and prefixes hold, together.
+    pub const MAX_BYTES: usize = 64 << 10;
+
+    /// Whether a batch with this key is delivered.
+    pub fn matches(&self, key: Option<&[u8]>) -> bool {
+        let Some(key) = key else { return false };
+        self.keys.iter().any(|k| k.0[..] == *key) || self.key_prefixes.iter().any(|p| key.starts_with(&p.0))
+    }
+
+    /// Checks the filter's size: at least one entry, at most [`MAX_ENTRIES`](Self::MAX_ENTRIES)
+    /// and [`MAX_BYTES`](Self::MAX_BYTES).
+    ///
+    /// # Errors
+    /// What is wrong, in words.
+    pub fn check(&self) -> Result<(), String> {
+        let n = self.keys.len() + self.key_prefixes.len();
+        if n == 0 {
+            return Err("a filter needs at least one key or key prefix".into());
+        }
+        if n > Self::MAX_ENTRIES {
+            return Err(format!("a filter holds at most {} keys and prefixes, not {n}", Self::MAX_ENTRIES));
+        }
+        let bytes: usize = self.keys.iter().chain(&self.key_prefixes).map(|k| k.0.len()).sum();
+        if bytes > Self::MAX_BYTES {
+            return Err(format!("a filter's keys and prefixes hold at most {} bytes, not {bytes}", Self::MAX_BYTES));
+        }
+        Ok(())
+    }
 }
 
 /// `subscribed`.

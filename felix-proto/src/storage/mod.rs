@@ -13,6 +13,7 @@
 //!   u64 timestamp_micros
 //!   u8  flags           bit 0: generation-start record; bit 1: idempotent producer
 //!   u8  publisher_len, publisher
+//!   [u16 key_len, key]                only with flags bit 4 (D57)
 //!   [u64 producer_id, u64 sequence]   only with flags bit 1
 //!   [u32 state_len, state]            only with flags bit 2
 //!   u32 count
@@ -36,8 +37,10 @@ pub const BATCH_HEADER_LEN: usize = 12;
 /// Batch flag bits this version knows: bit 0, generation-start record; bit 1, the batch carries
 /// its idempotent producer's id and sequence; bit 2, the batch is a `commit` and carries the
 /// state changes it applies ([`encode_state_changes`]); bit 3, the records are stored
-/// compressed, as they were published (D56).
-const BATCH_FLAGS_KNOWN: u8 = 0x0F;
+/// compressed, as they were published (D56); bit 4, the batch carries the key it was published
+/// with (D57).
+const BATCH_FLAGS_KNOWN: u8 = 0x1F;
+const FLAG_KEY: u8 = 0x10;
 const FLAG_GENERATION_START: u8 = 0x01;
 const FLAG_PRODUCER: u8 = 0x02;
 const FLAG_STATE: u8 = 0x04;
@@ -112,6 +115,8 @@ pub struct StoredBatch {
     /// A `commit`'s state changes ([`encode_state_changes`]), stored with its event so that
     /// both are written, or neither.
     pub state: Option<Bytes>,
+    /// The key it was published with (flags bit 4; D57): what subscriptions' filters match.
+    pub key: Option<Bytes>,
     /// The records.
     pub records: Records,
 }
@@ -128,10 +133,14 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     let publisher = b.publisher.as_deref().unwrap_or(&[]);
     let publisher = &publisher[..publisher.len().min(255)];
     let producer_len = if b.producer.is_some() { 16 } else { 0 };
+    // A key longer than its u16 length cannot have been published (keys are u16-prefixed on
+    // the wire); such a key is not stored rather than cut.
+    let key = b.key.as_ref().filter(|k| k.len() <= usize::from(u16::MAX));
+    let key_len = key.map_or(0, |k| 2 + k.len());
     let state_len = b.state.as_ref().map_or(0, |s| 4 + s.len());
     let packed = b.records.packed().filter(|_| !b.records.is_timed());
     let records_len = packed.map_or(4 + b.records.raw().len(), |p| 1 + 4 + 4 + p.data.len());
-    let body_len = 8 + 8 + 1 + 1 + publisher.len() + producer_len + state_len + records_len;
+    let body_len = 8 + 8 + 1 + 1 + publisher.len() + key_len + producer_len + state_len + records_len;
     dst.reserve(BATCH_HEADER_LEN + body_len);
     dst.put_u32(BATCH_MAGIC);
     dst.put_u32(body_len as u32);
@@ -153,9 +162,16 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     if packed.is_some() {
         flags |= FLAG_COMPRESSED;
     }
+    if key.is_some() {
+        flags |= FLAG_KEY;
+    }
     dst.put_u8(flags);
     dst.put_u8(publisher.len() as u8);
     dst.extend_from_slice(publisher);
+    if let Some(k) = key {
+        dst.put_u16(k.len() as u16);
+        dst.extend_from_slice(k);
+    }
     if let Some((id, seq)) = b.producer {
         dst.put_u64(id);
         dst.put_u64(seq);
@@ -396,6 +412,12 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     let flags = r.u8("flags")?;
     let plen = r.u8("publisher_len")? as usize;
     let publisher = r.bytes(plen, "publisher")?;
+    let key = if flags & FLAG_KEY != 0 {
+        let len = r.u16("key_len")?;
+        Some(r.bytes(usize::from(len), "key")?)
+    } else {
+        None
+    };
     let producer = if flags & FLAG_PRODUCER != 0 { Some((r.u64("producer_id")?, r.u64("sequence")?)) } else { None };
     let state = if flags & FLAG_STATE != 0 {
         let len = r.u32("state_len")? as usize;
@@ -419,6 +441,7 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     };
     r.finish()?;
     Ok(StoredBatch {
+        key,
         base_offset,
         timestamp_micros,
         generation_start: flags & FLAG_GENERATION_START != 0,
@@ -712,6 +735,7 @@ mod tests {
 
     fn batch(base: u64, payloads: &[&str]) -> StoredBatch {
         StoredBatch {
+            key: None,
             base_offset: base,
             timestamp_micros: 42,
             generation_start: false,
@@ -797,6 +821,24 @@ mod tests {
                 r.problem
             );
         }
+    }
+
+    #[test]
+    fn a_batch_keeps_its_key_across_a_restart() {
+        let mut b = batch(3, &["x", "y"]);
+        b.key = Some(Bytes::from_static(b"customer-7"));
+        b.producer = Some((1, 2));
+        let mut c = batch(5, &["z"]);
+        c.key = Some(Bytes::new()); // an empty key is still a key
+        c.records = crate::samples::packed_records(Codec::Lz4);
+        let mut buf = BytesMut::new();
+        for x in [&b, &c, &batch(9, &["unkeyed"])] {
+            encode_batch(x, &mut buf);
+        }
+        let r = decode_segment(buf.freeze());
+        assert_eq!(r.problem, None);
+        assert_eq!(r.batches, vec![b, c, batch(9, &["unkeyed"])]);
+        assert_eq!(r.batches[2].key, None);
     }
 
     /// The body length of `b` as stored.
@@ -933,12 +975,12 @@ mod tests {
         let mut seg = BytesMut::new();
         encode_batch(&batch(0, &["a"]), &mut seg);
         // Set an unknown flag bit and fix the checksum, as a newer writer would.
-        seg[BATCH_HEADER_LEN + 16] |= 0x10;
+        seg[BATCH_HEADER_LEN + 16] |= 0x20;
         let crc = crc32c(&seg[BATCH_HEADER_LEN..]);
         seg[8..12].copy_from_slice(&crc.to_be_bytes());
         let r = decode_segment(seg.freeze());
         assert!(r.batches.is_empty());
-        assert_eq!(r.problem, Some(SegmentError::UnknownFlags { at: 0, flags: 0x10 }));
+        assert_eq!(r.problem, Some(SegmentError::UnknownFlags { at: 0, flags: 0x20 }));
     }
 
     #[test]

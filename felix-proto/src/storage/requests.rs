@@ -79,6 +79,8 @@ pub struct PersistRequest {
     pub fsync: Option<FsyncMode>,
     /// How many shards the stream has (for the storage layer's metadata).
     pub stream_shards: u32,
+    /// The key it was published with (D57), stored with it.
+    pub key: Option<Bytes>,
 }
 
 impl PersistRequest {
@@ -91,6 +93,7 @@ impl PersistRequest {
             publisher: self.publisher.clone(),
             producer: self.producer,
             state: self.state.clone(),
+            key: self.key.clone(),
             records: self.records.clone(),
         }
     }

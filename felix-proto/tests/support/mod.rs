@@ -109,6 +109,7 @@ pub fn subscribe(stream: &str, start: Option<message::StartPosition>) -> Bytes {
         start,
         shard: None,
         queue_capacity: None,
+        filter: None,
     }))
 }
 

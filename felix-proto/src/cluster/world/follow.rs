@@ -182,6 +182,7 @@ impl World {
             start: Some(from),
             shard: Some(f.shard),
             queue_capacity: None,
+            filter: None,
         };
         match client.subscribe_dedicated(req, now) {
             Ok(sub) => f.state = Follow::On { node, conn, client, sub, from, next_bi: 0, live: false },
