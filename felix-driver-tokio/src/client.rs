@@ -248,6 +248,9 @@ pub struct PublishOptions {
     pub ack: bool,
     /// Use the JSON encoding even when binary is available.
     pub json: bool,
+    /// An envelope sent with the batch (D58): end-to-end encryption's key id and algorithm
+    /// ([`crate::envelope::KeyRing::seal`]), opaque to the broker.
+    pub envelope: Option<Bytes>,
 }
 
 /// What a subscription yields.
@@ -797,6 +800,7 @@ impl Client {
     ) -> Result<Option<u64>, ClientError> {
         let mut req = PublishRequest::new(namespace, stream, payloads);
         req.key = opts.key;
+        req.envelope = opts.envelope;
         req.ack = opts.ack;
         req.json = opts.json;
         self.call(|reply| Cmd::Publish { req, reply }).await

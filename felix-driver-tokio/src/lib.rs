@@ -8,6 +8,7 @@
 pub mod client;
 pub mod cluster;
 pub mod cluster_client;
+pub mod envelope;
 pub mod following;
 pub mod groups;
 pub mod producer;

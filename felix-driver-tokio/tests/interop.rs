@@ -159,7 +159,7 @@ async fn a_keyed_publish_to_a_broker_that_does_not_route_by_key_is_refused_not_s
     let legacy = LegacyBroker::start().await.unwrap();
     let c = connect(legacy.local_addr(), opts(legacy.chain(), AlpnOffer::Auto)).await.unwrap();
     for ack in [false, true] {
-        let keyed = PublishOptions { key: Some(Bytes::from("customer-1")), ack, json: false };
+        let keyed = PublishOptions { envelope: None, key: Some(Bytes::from("customer-1")), ack, json: false };
         let err = c.publish("default", "keyed", vec![Bytes::from("x")], keyed).await.unwrap_err();
         assert!(
             matches!(&err, ClientError::Unsupported(m) if m.contains("FLAG_BINARY_PUBLISH_KEYED")),

@@ -518,7 +518,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                 let buf = buf.freeze();
                 let payloads: Vec<Bytes> = (0..batch).map(|i| buf.slice(i * size..(i + 1) * size)).collect();
                 let key = split.map(|n| Bytes::from(format!("k{}", (sent / batch as u64) % u64::from(n))));
-                let opts = PublishOptions { ack, json, key };
+                let opts = PublishOptions { ack, json, key, envelope: None };
                 if ack {
                     // Keep many acked batches in flight: the client pipelines them under the
                     // broker's window.

@@ -898,14 +898,28 @@ pub async fn publish(mut a: PublishArgs) -> Result<ExitCode, String> {
         }
         None => connect_with(&a.conn, adjust).await?,
     };
-    let opts = || PublishOptions { key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
+    let ring = match &a.encrypt_key_file {
+        Some(path) => Some(felix_driver_tokio::envelope::KeyRing::load(path).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let opts = || PublishOptions { envelope: None, key: a.key.clone().map(Bytes::from), ack: a.ack, json: false };
     let mut sent = 0usize;
     let last_offset = std::sync::Arc::new(std::sync::Mutex::new(None));
     let end = publish_batches(&a, |batch| {
         sent += batch.len();
         let client = client.clone();
-        let (ns, stream, o, last) = (a.conn.namespace.clone(), a.stream.clone(), opts(), last_offset.clone());
+        let (ns, stream, mut o, last) = (a.conn.namespace.clone(), a.stream.clone(), opts(), last_offset.clone());
+        // End to end (D58): sealed here, the key's id in the envelope.
+        let sealed = ring.as_ref().map(|r| r.seal(&batch));
         async move {
+            let batch = match sealed {
+                Some(Ok((envelope, sealed))) => {
+                    o.envelope = Some(envelope);
+                    sealed
+                }
+                Some(Err(e)) => return Err(e.to_string()),
+                None => batch,
+            };
             // A shard that is refused for a moment (nothing written: the cluster is still
             // creating the stream, the shard is cutting over a move, the broker's view is one
             // move behind, it is fenced or electing) is sent again after the wait it asks for

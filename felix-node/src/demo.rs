@@ -115,7 +115,7 @@ pub async fn run() -> Result<ExitCode, String> {
                 "default",
                 "orders",
                 vec![Bytes::from(*item)],
-                PublishOptions { key: Some(Bytes::from(key.clone())), ack: true, json: false },
+                PublishOptions { envelope: None, key: Some(Bytes::from(key.clone())), ack: true, json: false },
             )
             .await
             .map_err(|e| e.to_string())?;

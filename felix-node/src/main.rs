@@ -472,6 +472,10 @@ struct PublishArgs {
     /// Compression level with --compress: zstd 1–19 (default 3); lz4 has one level.
     #[arg(long, requires = "compress", allow_negative_numbers = true)]
     level: Option<i32>,
+    /// Encrypt each record end to end with AES-256-GCM under the last key of this file (lines
+    /// `KEY_ID HEX`, 32-byte keys); the broker stores ciphertext and the key id (D58).
+    #[arg(long, conflicts_with = "idempotent")]
+    encrypt_key_file: Option<PathBuf>,
     #[command(flatten)]
     conn: ConnectArgs,
 }
@@ -511,6 +515,13 @@ struct SubscribeArgs {
     /// Only records whose key starts with this (repeatable).
     #[arg(long = "key-prefix", value_name = "PREFIX")]
     key_prefixes: Vec<String>,
+    /// Decrypt end-to-end encrypted records with the keys of this file (lines `KEY_ID HEX`;
+    /// several for rotated keys): each batch names the key it was sealed with (D58).
+    #[arg(long)]
+    encrypt_key_file: Option<PathBuf>,
+    /// The keys read from --encrypt-key-file.
+    #[arg(skip)]
+    keyring: Option<std::sync::Arc<felix_driver_tokio::envelope::KeyRing>>,
     #[command(flatten)]
     conn: ConnectArgs,
 }

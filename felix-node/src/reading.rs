@@ -124,6 +124,29 @@ enum Printed {
 
 /// Standard output shared by the shards' tasks: a batch is written whole under the lock, so
 /// lines never interleave, and `--count` counts over every shard.
+/// A batch's records decrypted with the keys of --encrypt-key-file, when it carries an
+/// envelope (D58); a clear error, never ciphertext printed as records, when they cannot be.
+fn open_batch(ring: Option<&felix_driver_tokio::envelope::KeyRing>, batch: EventBatch) -> Result<EventBatch, String> {
+    let Some(envelope) = batch.records.envelope().cloned() else { return Ok(batch) };
+    let at = batch.base_offset.map_or(String::new(), |o| format!(" from offset {o}"));
+    let Some(ring) = ring else {
+        let key = felix_driver_tokio::envelope::key_id_of(&envelope).unwrap_or_else(|e| e.to_string());
+        return Err(format!("the records{at} are encrypted end to end (key {key}): give --encrypt-key-file"));
+    };
+    let mut opened = Vec::with_capacity(batch.records.count() as usize);
+    for r in batch.records.iter() {
+        let plain = ring.open(&envelope, &r.payload).map_err(|e| format!("records{at}: {e}"))?;
+        opened.push((r.timestamp_micros, plain));
+    }
+    let records = if batch.records.is_timed() {
+        felix_proto::Records::from_timed(opened.into_iter().map(|(t, p)| (t.unwrap_or(0), p)))
+    } else {
+        felix_proto::Records::from_payloads(opened.into_iter().map(|(_, p)| p))
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(EventBatch { records, ..batch })
+}
+
 struct Output {
     json: bool,
     tagged: bool,
@@ -165,7 +188,10 @@ enum Stop {
     Failed,
 }
 
-pub async fn subscribe(a: SubscribeArgs) -> Result<ExitCode, String> {
+pub async fn subscribe(mut a: SubscribeArgs) -> Result<ExitCode, String> {
+    if let Some(path) = &a.encrypt_key_file {
+        a.keyring = Some(Arc::new(felix_driver_tokio::envelope::KeyRing::load(path).map_err(|e| e.to_string())?));
+    }
     let mut first = parse_start(&a.from)?;
     let shards = tokio::select! {
         s = shards_of(&a.conn, &a.stream, a.shard, true) => s?,
@@ -253,6 +279,7 @@ async fn follow_shard(
         match sub.next().await {
             Some(SubscriptionItem::Events(batch)) => {
                 cursor.delivered(&batch);
+                let batch = open_batch(a.keyring.as_deref(), batch)?;
                 match out.batch(shard, &batch) {
                     Printed::More => {}
                     Printed::Done => {

@@ -235,7 +235,7 @@ fn from_packed(plain: &Records, codec: Codec, data: Bytes) -> Result<Records, Ve
     if r.raw() != plain.raw() {
         return fail("compressed_hex does not inflate to the described records");
     }
-    Ok(r)
+    Ok(r.with_envelope(plain.envelope().cloned()))
 }
 
 fn str_field(desc: &Map<String, Value>, name: &str) -> Result<String, VectorFailure> {
@@ -306,7 +306,8 @@ fn build_binary(kind: &str, desc: &Map<String, Value>) -> Result<Payload, Vector
                         from_packed(&plain, codec, data)?
                     }
                     None => Records::from_payloads(payload_list(desc)?).map_err(enc)?,
-                },
+                }
+                .with_envelope(bytes_field(desc, "envelope")?),
             }))
         }
         "binary_publish_ack" => {
@@ -365,6 +366,9 @@ fn build_binary(kind: &str, desc: &Map<String, Value>) -> Result<Payload, Vector
                 (false, true) => Records::from_timed(timed.clone()).map_err(enc)?,
                 (false, false) => return fail("either every event has a timestamp or none does"),
             };
+            if let Some(e) = bytes_field(desc, "envelope")? {
+                records = records.with_envelope(Some(e));
+            }
             if let Some((codec, data)) = packed_field(desc)? {
                 let untimed = records.without_timestamps();
                 records = from_packed(&untimed, codec, data)?;

@@ -204,13 +204,19 @@ impl FlagsHi {
     pub const COMPRESSED_ZSTD: FlagsHi = FlagsHi(0x0001);
     /// 0x0002: the record block is compressed with lz4.
     pub const COMPRESSED_LZ4: FlagsHi = FlagsHi(0x0002);
+    /// 0x0004 (D58): the batch carries an envelope (`u16 envelope_len, envelope`), opaque to
+    /// the broker: end-to-end encryption's key id and algorithm, stored and delivered as sent.
+    pub const ENVELOPE: FlagsHi = FlagsHi(0x0004);
     /// The codec bits: a frame carries at most one.
     pub const CODECS: FlagsHi = FlagsHi(0x0003);
     /// Every second-word bit this implementation understands.
-    pub const KNOWN: FlagsHi = FlagsHi(0x0003);
+    pub const KNOWN: FlagsHi = FlagsHi(0x0007);
     /// Every named bit with its constant name.
-    pub const NAMED: &'static [(FlagsHi, &'static str)] =
-        &[(FlagsHi(0x0001), "FLAG_HI_COMPRESSED_ZSTD"), (FlagsHi(0x0002), "FLAG_HI_COMPRESSED_LZ4")];
+    pub const NAMED: &'static [(FlagsHi, &'static str)] = &[
+        (FlagsHi(0x0001), "FLAG_HI_COMPRESSED_ZSTD"),
+        (FlagsHi(0x0002), "FLAG_HI_COMPRESSED_LZ4"),
+        (FlagsHi(0x0004), "FLAG_HI_ENVELOPE"),
+    ];
 
     /// The raw bits.
     pub const fn bits(self) -> u16 {
@@ -378,7 +384,8 @@ mod tests {
             Err(FlagError::MissingBase { flags: 0x8010, bit: 0x8000, requires: 0x0005 })
         );
         assert_eq!(FlagsHi(0).validate(), Err(FlagsHiError::Empty));
-        assert_eq!(FlagsHi(0x0004).validate(), Err(FlagsHiError::Unknown { flags: 4, unknown: 4 }));
+        assert_eq!(FlagsHi(0x0008).validate(), Err(FlagsHiError::Unknown { flags: 8, unknown: 8 }));
+        assert_eq!(FlagsHi(0x0005).validate(), Ok(FlagsHi(0x0005)));
         assert_eq!(FlagsHi(0x0003).validate(), Err(FlagsHiError::TwoCodecs { flags: 3 }));
         assert_eq!(Flags(0x0006).validate(), Err(FlagError::ConflictingKinds { flags: 6 }));
         assert_eq!(Flags(0x0011).validate(), Err(FlagError::ConflictingKinds { flags: 0x11 }));

@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(o.flags_hi, FlagsHi::COMPRESSED_ZSTD, "unknown bits kept out");
         assert!(o.offered_hi(FlagsHi::COMPRESSED_ZSTD) && !o.offered_hi(FlagsHi::COMPRESSED_LZ4));
         let a = broker_answer(&o, Flags::KNOWN, FlagsHi::KNOWN, Features::NONE, 0).unwrap();
-        assert_eq!((a.server_flags, a.server_flags_hi), (0xFFFF, Some(3)));
+        assert_eq!((a.server_flags, a.server_flags_hi), (0xFFFF, Some(7)));
         let n = Negotiated::from_auth_ok(&a, Flags(0xFFFF), FlagsHi(3), Features::NONE);
         assert!(n.may_send_hi(FlagsHi::COMPRESSED_LZ4));
         // A broker that knows no second-word bit does not set bit 15 either.

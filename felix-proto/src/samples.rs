@@ -894,6 +894,21 @@ pub fn publish_batches() -> Vec<(&'static str, PublishBatch)> {
         ("binary_publish_idempotent_keyed", base(acked(AckMode::PerBatch), idem, Some("customer-1"))),
         ("binary_publish_zstd", PublishBatch { records: packed_records(Codec::Zstd), ..base(None, None, None) }),
         (
+            "binary_publish_envelope",
+            PublishBatch {
+                records: records(&["\u{1}sealed-one", "\u{1}sealed-two"])
+                    .with_envelope(Some(Bytes::from_static(b"\x01\x01\x06key-07"))),
+                ..base(acked(AckMode::PerBatch), None, Some("customer-1"))
+            },
+        ),
+        (
+            "binary_publish_zstd_envelope",
+            PublishBatch {
+                records: packed_records(Codec::Zstd).with_envelope(Some(Bytes::from_static(b"\x01\x01\x06key-07"))),
+                ..base(None, None, None)
+            },
+        ),
+        (
             "binary_publish_lz4_idempotent_keyed",
             PublishBatch {
                 records: packed_records(Codec::Lz4),
@@ -993,6 +1008,16 @@ pub fn event_batches() -> Vec<(String, EventBatch)> {
             skipped_before: None,
             publisher: None,
             records: packed_records(Codec::Zstd),
+        },
+    ));
+    out.push((
+        "binary_event_shared_offsets_envelope".into(),
+        EventBatch {
+            subscription_id: None,
+            base_offset: Some(100),
+            skipped_before: None,
+            publisher: None,
+            records: records(&["\u{1}sealed-one"]).with_envelope(Some(Bytes::from_static(b"\x01\x01\x06key-07"))),
         },
     ));
     out.push((

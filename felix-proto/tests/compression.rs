@@ -117,7 +117,7 @@ fn a_compressed_batch_is_stored_as_it_came_and_sent_as_stored_only_to_subscriber
     b.handle_stream_data(publisher, StreamId(0), auth_hi(0xFFFF, Some(0x3)), false, now);
     let (sent, _) = drain(&mut b, now);
     let Some(Message::AuthOk(ok)) = messages(&bytes_to(&sent, publisher)).into_iter().next() else { panic!() };
-    assert_eq!((ok.server_flags, ok.server_flags_hi), (0xFFFF, Some(0x3)));
+    assert_eq!((ok.server_flags, ok.server_flags_hi), (0xFFFF, Some(0x7)));
 
     let frame = compressed_publish(Codec::Zstd, None, &COMPRESSIBLE);
     b.handle_stream_data(publisher, StreamId(0), frame.clone(), false, now);
@@ -329,4 +329,86 @@ fn clients_compress_and_read_compressed_batches_end_to_end() {
         assert_eq!(got, payloads, "client {who}");
     }
     assert!(sim.broker.stats().publishes_compressed >= 1);
+}
+
+/// D58: an envelope travels with its batch, stored and delivered as sent, only to subscribers
+/// that read envelopes; everyone else gets the frame they always got.
+#[test]
+fn an_envelope_is_stored_and_delivered_only_to_subscribers_that_read_envelopes() {
+    let now = epoch();
+    let mut b = Broker::new(config(), WallClock::new(now, 0));
+    let offers = [(0xFFFF, Some(0x7)), (0xFFFF, Some(0x3)), (0x0007, None)];
+    let mut subs = Vec::new();
+    for (flags, hi) in offers {
+        let conn = b.connection_opened(now);
+        b.handle_stream_data(conn, StreamId(0), auth_hi(flags, hi), false, now);
+        b.handle_stream_data(conn, StreamId(0), subscribe("orders", None), false, now);
+        subs.push(conn);
+    }
+    let publisher = b.connection_opened(now);
+    b.handle_stream_data(publisher, StreamId(0), auth_hi(0xFFFF, Some(0x7)), false, now);
+    let (sent, _) = drain(&mut b, now);
+    let Some(Message::AuthOk(ok)) = messages(&bytes_to(&sent, publisher)).into_iter().next() else { panic!() };
+    assert_eq!(ok.server_flags_hi, Some(0x7), "a single broker keeps envelopes");
+    let envelope = Bytes::from_static(b"\x01\x01\x02k1");
+    let batch = PublishBatch {
+        acked: Some(AckedPrefix { request_id: 3, ack_mode: AckMode::PerBatch }),
+        idempotent: None,
+        key: None,
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: "orders".into(),
+        records: Records::from_payloads(COMPRESSIBLE).unwrap().with_envelope(Some(envelope.clone())),
+    };
+    let mut frame = BytesMut::new();
+    batch.encode(&mut frame).unwrap();
+    b.handle_stream_data(publisher, StreamId(0), frame.freeze(), false, now);
+    let (sent, writes) = drain(&mut b, now);
+    assert_eq!(writes.len(), 1);
+    assert_eq!(writes[0].records.envelope(), Some(&envelope), "stored with its envelope");
+    let got = event_frames(&bytes_to(&sent, subs[0]));
+    let Ok(Payload::Events(e)) = got[0].decode_payload() else { panic!() };
+    assert_eq!(e.records.envelope(), Some(&envelope), "delivered as sent");
+    for conn in &subs[1..] {
+        let got = event_frames(&bytes_to(&sent, *conn));
+        let Ok(Payload::Events(e)) = got[0].decode_payload() else { panic!() };
+        assert_eq!(e.records.envelope(), None);
+        assert_eq!(e.records.payloads().count(), COMPRESSIBLE.len());
+    }
+    let legacy = event_frames(&bytes_to(&sent, subs[2]));
+    assert_eq!(legacy[0].flags, Flags::BINARY_EVENT_BATCH_SHARED, "the frame a legacy subscriber always got");
+}
+
+#[test]
+fn a_client_sends_an_envelope_only_to_a_broker_that_keeps_it() {
+    let ok = |hi: Option<u16>| {
+        Message::AuthOk(message::AuthOk {
+            server_flags: 0xFFFF,
+            server_flags_hi: hi,
+            server_features: None,
+            server_features_hi: None,
+            listener_ports: None,
+            publish_window: None,
+        })
+    };
+    let sealed = || {
+        let mut req = PublishRequest::new("default", "orders", vec![Bytes::from_static(b"ciphertext")]);
+        req.envelope = Some(Bytes::from_static(b"\x01\x01\x02k1"));
+        req
+    };
+    // A broker in a cluster shows the codecs only.
+    let (mut c, _) = client_after(ok(Some(0x3)), None);
+    let e = c.publish(ClientStream(0), sealed(), epoch()).expect_err("not advertised");
+    assert!(e.to_string().contains("FLAG_HI_ENVELOPE"), "{e}");
+    let (mut c, _) = client_after(ok(Some(0x7)), None);
+    c.publish(ClientStream(0), sealed(), epoch()).unwrap();
+    let data = std::iter::from_fn(|| c.poll_output())
+        .find_map(|o| match o {
+            ClientOutput::Transmit { data, .. } => Some(data),
+            _ => None,
+        })
+        .unwrap();
+    let f = &event_frames_any(&data)[0];
+    let Ok(Payload::Publish(p)) = f.decode_payload() else { panic!() };
+    assert_eq!(p.records.envelope(), Some(&Bytes::from_static(b"\x01\x01\x02k1")));
 }

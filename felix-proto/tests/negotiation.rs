@@ -47,8 +47,8 @@ fn row2_negotiating_client_and_legacy_broker_falls_back_to_json() {
     c.handle_stream_opened(token, s, now);
     let Some(ClientOutput::Transmit { data, .. }) = c.poll_output() else { panic!() };
     let Message::Auth(a) = messages(&data).remove(0) else { panic!() };
-    // Bit 15 with the codecs it decodes (D56); a legacy broker masks both off.
-    assert_eq!((a.client_flags, a.client_flags_hi), (Some(0xFFFF), Some(3)));
+    // Bit 15 with the codecs it decodes and envelopes (D56, D58); a legacy broker masks both off.
+    assert_eq!((a.client_flags, a.client_flags_hi), (Some(0xFFFF), Some(7)));
     c.handle_stream_data(s, json(&Message::Ok(message::OkMsg {})), false, now);
     let Some(ClientEvent::Connected { negotiated, .. }) = c.poll_event() else { panic!() };
     assert_eq!(negotiated.server_flags, Flags::ORIGINAL_V1);

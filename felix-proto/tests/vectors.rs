@@ -103,8 +103,13 @@ fn publish_vector(name: &str, b: &PublishBatch) -> Vector {
 
 /// A compressed block's codec, second flag word and compressed bytes (D56).
 fn packed_desc(d: &mut Map<String, Value>, records: &felix_proto::Records, flags_hi: u16) {
-    if let Some(p) = records.packed() {
+    if flags_hi != 0 {
         d.insert("flags_hi".into(), json!(flags_hi));
+    }
+    if let Some(e) = records.envelope() {
+        d.insert("envelope_hex".into(), json!(to_hex(e)));
+    }
+    if let Some(p) = records.packed() {
         d.insert("codec".into(), json!(p.codec.name()));
         d.insert("raw_len".into(), json!(records.plain_len()));
         d.insert("compressed_hex".into(), json!(to_hex(&p.data)));
@@ -230,10 +235,11 @@ fn negative_vectors() -> Vec<Vector> {
         invalid("invalid_flag_bit15", raw_frame(0x8001, &publish_body), "frame", "flag_not_negotiated", Some(false), json!({"accepted_flags": 0x7FFF}), "bit 15 (D56: a second flag word opens the payload) from a peer that did not negotiate it: rejected, never masked; the payload is skipped and the stream continues"),
         invalid("invalid_flag_bit15_on_ack", raw_frame(0x8010, &[0; 13]), "frame", "missing_base_flag", Some(false), none.clone(), "a second flag word exists only on publish batches and shared event batches"),
         invalid("invalid_flags_hi_empty", raw_frame(0x8001, &[&[0u8, 0][..], &publish_body].concat()), "payload", "empty_flags_hi", None, none.clone(), "a frame with nothing in its second word does not carry one (one encoding per value)"),
-        invalid("invalid_flags_hi_unknown", raw_frame(0x8001, &[&[0u8, 4][..], &publish_body].concat()), "payload", "unknown_flags_hi", None, none.clone(), "an unknown bit of the second word is refused like one of the first"),
+        invalid("invalid_flags_hi_unknown", raw_frame(0x8001, &[&[0u8, 8][..], &publish_body].concat()), "payload", "unknown_flags_hi", None, none.clone(), "an unknown bit of the second word is refused like one of the first"),
         invalid("invalid_flags_hi_two_codecs", raw_frame(0x8001, &[&[0u8, 3][..], &publish_body].concat()), "payload", "two_codecs", None, none.clone(), "a block has one codec"),
         invalid("invalid_compressed_too_large", raw_frame(0x8001, &[&[0u8, 1, 0, 1, b't', 0, 1, b'n', 0, 1, b's', 0, 0, 0, 1, 0x01, 0, 0, 1][..], &[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0]].concat()), "payload", "decompressed_too_large", None, none.clone(), "raw_len over the receiver's frame limit (16 MiB + 1 here) is refused before anything is inflated"),
         invalid("invalid_compressed_corrupt", raw_frame(0x8001, &[0, 2, 0, 1, b't', 0, 1, b'n', 0, 1, b's', 0, 0, 0, 1, 0, 0, 0, 9, 0xff, 0xff]), "payload", "corrupt_compressed_block", None, none.clone(), "bytes that do not inflate to exactly raw_len"),
+        invalid("invalid_envelope_past_end", raw_frame(0x8001, &[0, 4, 0, 1, b't', 0, 1, b'n', 0, 1, b's', 0, 9, 1, 1]), "payload", "incomplete", None, none.clone(), "envelope_len past the end of the frame (D58)"),
         invalid("invalid_compressed_empty", raw_frame(0x8001, &[0, 2, 0, 1, b't', 0, 1, b'n', 0, 1, b's', 0, 0, 0, 0, 0, 0, 0, 0]), "payload", "empty_compressed_block", None, none.clone(), "a compressed block holds at least one record"),
         invalid("invalid_compressed_count_over_raw_len", raw_frame(0x8001, &[0, 2, 0, 1, b't', 0, 1, b'n', 0, 1, b's', 0, 0, 0, 9, 0, 0, 0, 8, 0x80, 0, 0, 0, 0]), "payload", "count_too_large", None, none.clone(), "each record takes at least 4 plain bytes: count is bounded by raw_len before inflating"),
         invalid("invalid_flags_two_kinds_publish_ack", raw_frame(0x0011, &publish_body), "frame", "conflicting_kinds", Some(false), none.clone(), "0x0001 and 0x0010 both select a layout"),

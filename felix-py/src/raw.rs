@@ -57,7 +57,7 @@ impl Publisher {
             while let Some(item) = rx.recv().await {
                 match item {
                     PubItem::Publish { namespace, stream, payloads, key, bytes } => {
-                        let opts = PublishOptions { key, ack: false, json: false };
+                        let opts = PublishOptions { envelope: None, key, ack: false, json: false };
                         if let Err(e) = cc.publish(&namespace, &stream, payloads, opts).await
                             && let Ok(mut g) = err.lock()
                             && g.is_none()
@@ -189,7 +189,7 @@ impl RawClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let cc = self.cc.clone();
         let payloads = convert::payloads(payloads);
-        let opts = PublishOptions { key: key.map(Bytes::from_owner), ack, json: false };
+        let opts = PublishOptions { envelope: None, key: key.map(Bytes::from_owner), ack, json: false };
         future_into_py(py, async move { cc.publish(&namespace, &stream, payloads, opts).await.map_err(Fail::from) })
     }
 

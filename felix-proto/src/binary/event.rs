@@ -17,7 +17,7 @@
 //! its subscription, so one encoded buffer serves every subscriber of the same shape.
 
 use super::compression::{Codec, Decompressor};
-use super::publish::read_flags_hi;
+use super::publish::{put_envelope, read_envelope, read_flags_hi};
 use super::{EncodeError, PayloadError, Reader, Records};
 use crate::flags::{Flags, FlagsHi};
 use crate::frame::{HEADER_LEN, begin_frame, patch_length};
@@ -61,7 +61,10 @@ impl EventBatch {
     pub fn flags_hi(&self) -> FlagsHi {
         match self.subscription_id {
             Some(_) => FlagsHi::EMPTY,
-            None => self.records.codec().map_or(FlagsHi::EMPTY, Codec::flag),
+            None => {
+                let codec = self.records.codec().map_or(FlagsHi::EMPTY, Codec::flag);
+                if self.records.envelope().is_some() { codec | FlagsHi::ENVELOPE } else { codec }
+            }
         }
     }
 
@@ -74,6 +77,8 @@ impl EventBatch {
         let packed =
             offered.contains(Flags::EXTENDED) && self.records.codec().is_some_and(|c| offered_hi.contains(c.flag()));
         let records = if packed { self.records.clone() } else { self.records.plain() };
+        let envelope = offered.contains(Flags::EXTENDED) && offered_hi.contains(FlagsHi::ENVELOPE);
+        let records = if envelope { records } else { records.with_envelope(None) };
         EventBatch {
             subscription_id: self.subscription_id,
             base_offset: self.base_offset.filter(|_| offsets),
@@ -119,7 +124,7 @@ impl EventBatch {
             return Err(PayloadError::WrongKind(flags.bits()));
         }
         let mut r = Reader::new(payload);
-        let hi = read_flags_hi(&mut r, flags, FlagsHi::CODECS)?;
+        let hi = read_flags_hi(&mut r, flags, FlagsHi::CODECS | FlagsHi::ENVELOPE)?;
         let subscription_id = if legacy { Some(r.u64("subscription_id")?) } else { None };
         let base_offset = if flags.contains(Flags::EVENT_BATCH_OFFSETS) { Some(r.u64("base_offset")?) } else { None };
         let skipped_before =
@@ -131,10 +136,12 @@ impl EventBatch {
             None
         };
         let timed = flags.contains(Flags::EVENT_BATCH_TIMESTAMPS);
+        let envelope = read_envelope(&mut r, hi)?;
         let records = match Codec::of(hi) {
             Some(codec) => Records::decode_packed(&mut r, codec, timed, limit, dec)?,
             None => Records::decode(&mut r, timed)?,
         };
+        let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
         r.finish()?;
         Ok(EventBatch { subscription_id, base_offset, skipped_before, publisher, records })
     }
@@ -148,13 +155,23 @@ impl EventBatch {
         {
             return Err(EncodeError::TooLong { field: "publisher", len: p.len(), max: 255 });
         }
+        if let Some(e) = self.records.envelope()
+            && e.len() > u16::MAX as usize
+        {
+            return Err(EncodeError::TooLong { field: "envelope", len: e.len(), max: u16::MAX as usize });
+        }
         Ok(())
+    }
+
+    /// Whether the block goes compressed (the shared form, with a compressed form).
+    fn uses_packed(&self) -> bool {
+        self.subscription_id.is_none() && self.records.packed().is_some()
     }
 
     /// The block after the head: the compressed bytes, or the plain block.
     fn body(&self) -> &Bytes {
-        match (self.flags_hi().is_empty(), self.records.packed()) {
-            (false, Some(p)) => &p.data,
+        match (self.uses_packed(), self.records.packed()) {
+            (true, Some(p)) => &p.data,
             _ => self.records.raw(),
         }
     }
@@ -163,7 +180,13 @@ impl EventBatch {
         let mut n = HEADER_LEN + 4;
         if !self.flags_hi().is_empty() {
             // flags_hi, raw_len, and the one time of a timed block.
-            n += 2 + 4 + 8 * usize::from(self.records.is_timed());
+            n += 2;
+            if self.uses_packed() {
+                n += 4 + 8 * usize::from(self.records.is_timed());
+            }
+            if let Some(e) = self.records.envelope() {
+                n += 2 + e.len();
+            }
         }
         n += 8 * usize::from(self.subscription_id.is_some());
         n += 8 * usize::from(self.base_offset.is_some());
@@ -191,7 +214,11 @@ impl EventBatch {
             dst.put_u8(p.len() as u8);
             dst.extend_from_slice(p);
         }
-        if hi.is_empty() || self.records.encode_packed_head(dst).is_none() {
+        if !hi.is_empty() {
+            // `check` made sure an envelope fits its u16 length.
+            let _ = put_envelope(dst, &self.records);
+        }
+        if !self.uses_packed() || self.records.encode_packed_head(dst).is_none() {
             dst.put_u32(self.records.count());
         }
     }

@@ -98,6 +98,23 @@ pub struct PublishBatch {
     pub records: Records,
 }
 
+/// Reads the envelope section (D58) when the second word says there is one.
+pub(crate) fn read_envelope(r: &mut Reader, hi: FlagsHi) -> Result<Option<Bytes>, PayloadError> {
+    if !hi.contains(FlagsHi::ENVELOPE) {
+        return Ok(None);
+    }
+    let len = r.u16("envelope_len")?;
+    Ok(Some(r.bytes(usize::from(len), "envelope")?))
+}
+
+/// Writes the envelope section (D58), if the records carry one.
+pub(crate) fn put_envelope(dst: &mut BytesMut, records: &Records) -> Result<(), EncodeError> {
+    match records.envelope() {
+        Some(e) => put_str16(dst, e, "envelope"),
+        None => Ok(()),
+    }
+}
+
 /// Reads the second flag word of a payload framed with `flags`, when it has one, and checks it
 /// against the bits this payload kind may carry.
 pub(crate) fn read_flags_hi(r: &mut Reader, flags: Flags, allowed: FlagsHi) -> Result<FlagsHi, PayloadError> {
@@ -124,7 +141,8 @@ impl PublishBatch {
 
     /// The second flag word this batch is framed with (empty: none is sent).
     pub fn flags_hi(&self) -> FlagsHi {
-        self.records.codec().map_or(FlagsHi::EMPTY, Codec::flag)
+        let codec = self.records.codec().map_or(FlagsHi::EMPTY, Codec::flag);
+        if self.records.envelope().is_some() { codec | FlagsHi::ENVELOPE } else { codec }
     }
 
     /// Decodes a payload framed with `flags` (already validated), taking a compressed block
@@ -160,7 +178,7 @@ impl PublishBatch {
             return Err(PayloadError::WrongKind(flags.bits()));
         }
         let mut r = Reader::new(payload);
-        let hi = read_flags_hi(&mut r, flags, FlagsHi::CODECS)?;
+        let hi = read_flags_hi(&mut r, flags, FlagsHi::CODECS | FlagsHi::ENVELOPE)?;
         let acked = if flags.contains(Flags::BINARY_PUBLISH_ACKED) {
             let request_id = r.u64("request_id")?;
             let ack_mode = AckMode::from_byte(r.u8("ack_mode")?)?;
@@ -182,10 +200,12 @@ impl PublishBatch {
         let tenant_id = r.str16("tenant_id")?;
         let namespace = r.str16("namespace")?;
         let stream = r.str16("stream")?;
+        let envelope = read_envelope(&mut r, hi)?;
         let records = match Codec::of(hi) {
             Some(codec) => Records::decode_packed(&mut r, codec, false, limit, dec)?,
             None => Records::decode(&mut r, false)?,
         };
+        let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
         r.finish()?;
         Ok(PublishBatch { acked, idempotent, key, tenant_id, namespace, stream, records })
     }
@@ -209,6 +229,9 @@ impl PublishBatch {
         n += self.records_encoded_len();
         if !self.flags_hi().is_empty() {
             n += 2;
+        }
+        if let Some(e) = self.records.envelope() {
+            n += 2 + e.len();
         }
         if self.acked.is_some() {
             n += 9;
@@ -327,6 +350,9 @@ impl PublishBatch {
             put_str16(dst, self.tenant_id.as_bytes(), "tenant_id")?;
             put_str16(dst, self.namespace.as_bytes(), "namespace")?;
             put_str16(dst, self.stream.as_bytes(), "stream")?;
+            if !hi.is_empty() {
+                put_envelope(dst, &self.records)?;
+            }
             records(dst)?;
             patch_length(dst, at)
         };

@@ -24,6 +24,7 @@ pub struct Records {
     payload_bytes: usize,
     raw: Bytes,
     packed: Option<Packed>,
+    envelope: Option<Bytes>,
 }
 
 /// One record of a [`Records`] block.
@@ -42,6 +43,7 @@ impl std::fmt::Debug for Records {
             .field("timed", &self.timed)
             .field("payload_bytes", &self.payload_bytes)
             .field("packed", &self.packed.as_ref().map(|p| (p.codec, p.data.len())))
+            .field("envelope", &self.envelope.as_ref().map(Bytes::len))
             .finish()
     }
 }
@@ -114,7 +116,7 @@ impl Records {
         if pos != raw.len() {
             return Err(PayloadError::TrailingBytes(raw.len() - pos));
         }
-        Ok(Records { count, timed, payload_bytes, raw, packed: None })
+        Ok(Records { count, timed, payload_bytes, raw, packed: None, envelope: None })
     }
 
     /// Builds an untimed block from payloads (one copy of each payload).
@@ -160,7 +162,14 @@ impl Records {
             payload_bytes += p.len();
             count += 1;
         }
-        Ok(Records { count: as_u32("count", count)?, timed, payload_bytes, raw: raw.freeze(), packed: None })
+        Ok(Records {
+            count: as_u32("count", count)?,
+            timed,
+            payload_bytes,
+            raw: raw.freeze(),
+            packed: None,
+            envelope: None,
+        })
     }
 
     /// Number of records.
@@ -195,6 +204,15 @@ impl Records {
     /// only read them (hashing, printing, writing to storage).
     pub fn slices(&self) -> SlicesIter<'_> {
         SlicesIter { raw: &self.raw, pos: 0, left: self.count, timed: self.timed }
+    }
+    /// The envelope it travels with (D58): opaque bytes its publisher attached (end-to-end
+    /// encryption's key id and algorithm), stored and delivered as sent.
+    pub fn envelope(&self) -> Option<&Bytes> {
+        self.envelope.as_ref()
+    }
+    /// This block with `envelope` attached (or removed).
+    pub fn with_envelope(&self, envelope: Option<Bytes>) -> Records {
+        Records { envelope, ..self.clone() }
     }
     /// The compressed form this block travelled in, if it did.
     pub fn packed(&self) -> Option<&Packed> {
@@ -270,6 +288,7 @@ impl Records {
             payload_bytes: self.payload_bytes,
             raw: raw.freeze(),
             packed: self.packed.clone(),
+            envelope: self.envelope.clone(),
         }
     }
     /// This block without timestamps (one copy of the block when it had them).
@@ -288,6 +307,7 @@ impl Records {
             payload_bytes: self.payload_bytes,
             raw: raw.freeze(),
             packed: self.packed.clone(),
+            envelope: self.envelope.clone(),
         }
     }
     /// This block without its first `n` records (a slice of the same bytes, no copy).
@@ -296,7 +316,14 @@ impl Records {
             return self.clone();
         }
         if n >= self.count {
-            return Records { count: 0, timed: self.timed, payload_bytes: 0, raw: Bytes::new(), packed: None };
+            return Records {
+                count: 0,
+                timed: self.timed,
+                payload_bytes: 0,
+                raw: Bytes::new(),
+                packed: None,
+                envelope: self.envelope.clone(),
+            };
         }
         let mut it = self.iter();
         let mut skipped_bytes = 0usize;
@@ -311,6 +338,7 @@ impl Records {
             payload_bytes: self.payload_bytes - skipped_bytes,
             raw: self.raw.slice(it.pos..),
             packed: None,
+            envelope: self.envelope.clone(),
         }
     }
     /// Writes `u32 count` and the block.

@@ -250,7 +250,12 @@ impl BrokerConfig {
     /// The second-word flag bits this broker implements (D56): both codecs. Shown only to a
     /// client that set [`Flags::EXTENDED`].
     pub fn server_flags_hi(&self) -> crate::flags::FlagsHi {
-        crate::flags::FlagsHi::KNOWN
+        if self.clustered {
+            // Forwarded and replicated batches do not carry envelopes yet (D58).
+            crate::flags::FlagsHi::CODECS
+        } else {
+            crate::flags::FlagsHi::KNOWN
+        }
     }
 
     /// The feature bits this broker advertises: only what it serves end to end.

@@ -45,6 +45,8 @@ pub(crate) struct Shape {
     /// The codecs the subscriber decodes (D56): a batch stored compressed with one of them is
     /// sent as stored; any other batch goes plain.
     pub codecs: FlagsHi,
+    /// It reads envelopes (D58): a batch's envelope is sent to it; to anyone else, not.
+    pub envelope: bool,
 }
 
 impl Shape {
@@ -71,6 +73,7 @@ pub(crate) fn event_batch(
 ) -> EventBatch {
     let packed = records.codec().is_some_and(|c| shape.codecs.contains(c.flag()));
     let records = if packed { records } else { records.plain() };
+    let records = if shape.envelope || records.envelope().is_none() { records } else { records.with_envelope(None) };
     EventBatch {
         subscription_id: None,
         base_offset: shape.offsets.then_some(base),

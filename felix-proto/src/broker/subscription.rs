@@ -506,6 +506,7 @@ impl Broker {
             } else {
                 crate::flags::FlagsHi::EMPTY
             },
+            envelope: offer.offered_hi(crate::flags::FlagsHi::ENVELOPE),
         };
         let token = OpenToken(self.next_open);
         self.next_open += 1;

@@ -141,11 +141,21 @@ impl ClientConnection {
                 records: Records::default(),
             };
             let mut out = BytesMut::new();
-            match self.compressor(neg)? {
-                Some(c) => b.encode_payloads_compressed(&req.payloads, c, &mut out),
-                None => b.encode_payloads(&req.payloads, &mut out),
-            }
-            .map_err(|e| CommandError::Encode(e.to_string()))?;
+            let encoded = match (self.compressor(neg)?, &req.envelope) {
+                (c, Some(envelope)) => {
+                    // With an envelope (D58): the block built once, compressed if asked.
+                    let records =
+                        Records::from_payloads(&req.payloads).map_err(|e| CommandError::Encode(e.to_string()))?;
+                    let records = match c {
+                        Some(c) => records.compressed(c),
+                        None => records,
+                    };
+                    PublishBatch { records: records.with_envelope(Some(envelope.clone())), ..b }.encode(&mut out)
+                }
+                (Some(c), None) => b.encode_payloads_compressed(&req.payloads, c, &mut out),
+                (None, None) => b.encode_payloads(&req.payloads, &mut out),
+            };
+            encoded.map_err(|e| CommandError::Encode(e.to_string()))?;
             return Ok(out.freeze());
         }
         frame_of(&match (req.idempotent, req.expected_offset) {
@@ -744,6 +754,19 @@ fn check_publish(neg: &Negotiated, req: &PublishRequest) -> Result<(), CommandEr
     // (JSON) or the frame refused (binary), and ordering silently changed.
     if req.key.is_some() && !neg.may_send(Flags::BINARY_PUBLISH_KEYED) {
         return Err(CommandError::NotNegotiated("FLAG_BINARY_PUBLISH_KEYED (routing by key)"));
+    }
+    // An envelope goes only in a binary batch, to a broker that keeps it (D58): dropping it
+    // would deliver ciphertext as if it were plain records.
+    if req.envelope.is_some() {
+        if !neg.may_send_hi(crate::flags::FlagsHi::ENVELOPE) {
+            return Err(CommandError::NotNegotiated("FLAG_HI_ENVELOPE (end-to-end encryption envelopes)"));
+        }
+        if req.json || req.shard.is_some() || req.expected_offset.is_some() {
+            return Err(CommandError::Encode(
+                "an envelope goes in a binary batch only (not with json, an explicit shard or an expected offset)"
+                    .into(),
+            ));
+        }
     }
     Ok(())
 }

@@ -524,12 +524,16 @@ pub struct PublishRequest {
     /// `publish_if` (FEATURE_PUBLISH_CONDITIONAL): append only if the shard's next offset is
     /// this. Always acked; a mismatch comes as `PublishRefused` with the tail.
     pub expected_offset: Option<u64>,
+    /// An envelope sent with the batch (D58): opaque to the broker, stored and delivered with
+    /// it to subscribers that read envelopes (end-to-end encryption's key id and algorithm).
+    pub envelope: Option<Bytes>,
 }
 
 impl PublishRequest {
     /// An unkeyed, unacked batch.
     pub fn new(namespace: impl Into<String>, stream: impl Into<String>, payloads: Vec<Bytes>) -> PublishRequest {
         PublishRequest {
+            envelope: None,
             namespace: namespace.into(),
             stream: stream.into(),
             payloads,

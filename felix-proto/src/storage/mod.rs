@@ -39,8 +39,10 @@ pub const BATCH_HEADER_LEN: usize = 12;
 /// state changes it applies ([`encode_state_changes`]); bit 3, the records are stored
 /// compressed, as they were published (D56); bit 4, the batch carries the key it was published
 /// with (D57).
-const BATCH_FLAGS_KNOWN: u8 = 0x1F;
+const BATCH_FLAGS_KNOWN: u8 = 0x3F;
 const FLAG_KEY: u8 = 0x10;
+/// Bit 5: the batch carries its publisher's envelope (D58), `u16 envelope_len, envelope`.
+const FLAG_ENVELOPE: u8 = 0x20;
 const FLAG_GENERATION_START: u8 = 0x01;
 const FLAG_PRODUCER: u8 = 0x02;
 const FLAG_STATE: u8 = 0x04;
@@ -137,6 +139,9 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     // the wire); such a key is not stored rather than cut.
     let key = b.key.as_ref().filter(|k| k.len() <= usize::from(u16::MAX));
     let key_len = key.map_or(0, |k| 2 + k.len());
+    // An envelope is u16-prefixed on the wire too.
+    let envelope = b.records.envelope().filter(|e| e.len() <= usize::from(u16::MAX));
+    let key_len = key_len + envelope.map_or(0, |e| 2 + e.len());
     let state_len = b.state.as_ref().map_or(0, |s| 4 + s.len());
     let packed = b.records.packed().filter(|_| !b.records.is_timed());
     let records_len = packed.map_or(4 + b.records.raw().len(), |p| 1 + 4 + 4 + p.data.len());
@@ -165,12 +170,19 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     if key.is_some() {
         flags |= FLAG_KEY;
     }
+    if envelope.is_some() {
+        flags |= FLAG_ENVELOPE;
+    }
     dst.put_u8(flags);
     dst.put_u8(publisher.len() as u8);
     dst.extend_from_slice(publisher);
     if let Some(k) = key {
         dst.put_u16(k.len() as u16);
         dst.extend_from_slice(k);
+    }
+    if let Some(e) = envelope {
+        dst.put_u16(e.len() as u16);
+        dst.extend_from_slice(e);
     }
     if let Some((id, seq)) = b.producer {
         dst.put_u64(id);
@@ -418,6 +430,12 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     } else {
         None
     };
+    let envelope = if flags & FLAG_ENVELOPE != 0 {
+        let len = r.u16("envelope_len")?;
+        Some(r.bytes(usize::from(len), "envelope")?)
+    } else {
+        None
+    };
     let producer = if flags & FLAG_PRODUCER != 0 { Some((r.u64("producer_id")?, r.u64("sequence")?)) } else { None };
     let state = if flags & FLAG_STATE != 0 {
         let len = r.u32("state_len")? as usize;
@@ -439,6 +457,7 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     } else {
         Records::decode(&mut r, false)?
     };
+    let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
     r.finish()?;
     Ok(StoredBatch {
         key,
@@ -830,7 +849,8 @@ mod tests {
         b.producer = Some((1, 2));
         let mut c = batch(5, &["z"]);
         c.key = Some(Bytes::new()); // an empty key is still a key
-        c.records = crate::samples::packed_records(Codec::Lz4);
+        c.records =
+            crate::samples::packed_records(Codec::Lz4).with_envelope(Some(Bytes::from_static(b"\x01\x01\x02k1")));
         let mut buf = BytesMut::new();
         for x in [&b, &c, &batch(9, &["unkeyed"])] {
             encode_batch(x, &mut buf);
@@ -839,6 +859,7 @@ mod tests {
         assert_eq!(r.problem, None);
         assert_eq!(r.batches, vec![b, c, batch(9, &["unkeyed"])]);
         assert_eq!(r.batches[2].key, None);
+        assert_eq!(r.batches[1].records.envelope(), Some(&Bytes::from_static(b"\x01\x01\x02k1")), "D58");
     }
 
     /// The body length of `b` as stored.
@@ -975,12 +996,12 @@ mod tests {
         let mut seg = BytesMut::new();
         encode_batch(&batch(0, &["a"]), &mut seg);
         // Set an unknown flag bit and fix the checksum, as a newer writer would.
-        seg[BATCH_HEADER_LEN + 16] |= 0x20;
+        seg[BATCH_HEADER_LEN + 16] |= 0x40;
         let crc = crc32c(&seg[BATCH_HEADER_LEN..]);
         seg[8..12].copy_from_slice(&crc.to_be_bytes());
         let r = decode_segment(seg.freeze());
         assert!(r.batches.is_empty());
-        assert_eq!(r.problem, Some(SegmentError::UnknownFlags { at: 0, flags: 0x20 }));
+        assert_eq!(r.problem, Some(SegmentError::UnknownFlags { at: 0, flags: 0x40 }));
     }
 
     #[test]
