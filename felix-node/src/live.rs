@@ -316,6 +316,120 @@ async fn compressed_batches_only_when_offered(t: &Target) -> Check {
     Ok(PASSED)
 }
 
+/// A raw session on its own connection with this offer (the second flag word and the second
+/// feature word included).
+async fn raw_session(
+    t: &Target,
+    flags: Option<u16>,
+    flags_hi: Option<u16>,
+    features: Features,
+) -> Result<(Conn, Stream, Message), String> {
+    let c = t.connect().await?;
+    let (lo, hi) = features.to_words(true);
+    let auth = json(&Message::Auth(message::Auth {
+        tenant_id: t.tenant.clone(),
+        token: t.token.clone(),
+        client_flags: flags,
+        client_flags_hi: flags_hi,
+        client_features: lo,
+        client_features_hi: hi,
+    }));
+    let (send, recv) = c.quic.open_bi().await.map_err(|e| e.to_string())?;
+    let mut s = Stream { send, recv, dec: FrameDecoder::new() };
+    s.send(&auth).await?;
+    let answer = s.message().await?;
+    Ok((c, s, answer))
+}
+
+/// A binary publish of `payloads` with `key` and, when given, an envelope (D58).
+fn keyed_publish(t: &Target, stream: &str, key: &str, payloads: &[&str], envelope: Option<&[u8]>) -> Bytes {
+    let records = Records::from_payloads(payloads).expect("small");
+    let b = PublishBatch {
+        acked: None,
+        idempotent: None,
+        key: Some(Bytes::copy_from_slice(key.as_bytes())),
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: stream.into(),
+        records: records.with_envelope(envelope.map(Bytes::copy_from_slice)),
+    };
+    let mut out = BytesMut::new();
+    let _ = b.encode(&mut out);
+    out.freeze()
+}
+
+/// D57: a filtered subscription gets only its key's batches, and what it was not sent as
+/// `skipped_before`. Skipped against a broker that does not advertise FEATURE_STREAM_FILTER.
+async fn filtered_subscription_when_offered(t: &Target) -> Check {
+    let (c, mut s, answer) = raw_session(t, Some(0x0827), None, Features::STREAM_FILTER).await?;
+    let Message::AuthOk(ok) = answer else { return skipped("no auth_ok") };
+    if !Features::from_words(ok.server_features, ok.server_features_hi).contains(Features::STREAM_FILTER) {
+        return skipped("the broker does not advertise FEATURE_STREAM_FILTER (D57)");
+    }
+    let stream = format!("filtered-{}", std::process::id());
+    let filter = message::KeyFilter { keys: vec![message::B64(Bytes::from_static(b"k-a"))], key_prefixes: vec![] };
+    s.send(&json(&Message::Subscribe(message::Subscribe {
+        tenant_id: t.tenant.clone(),
+        namespace: "conformance".into(),
+        stream: stream.clone(),
+        subscription_id: None,
+        start: Some(message::StartPosition::Earliest),
+        shard: None,
+        queue_capacity: None,
+        filter: Some(filter),
+    })))
+    .await?;
+    s.message().await?;
+    let (_pc, mut p, _) = raw_session(t, Some(0x0001), None, Features::NONE).await?;
+    for (key, payload) in [("k-a", "first"), ("k-b", "other"), ("k-a", "second")] {
+        p.send(&keyed_publish(t, &stream, key, &[payload], None)).await?;
+    }
+    let frames = next_event_frames(&c, 3).await?;
+    let mut got = Vec::new();
+    for f in &frames[1..] {
+        let Ok(Payload::Events(e)) = f.decode_payload() else {
+            return Err("an event batch that does not decode".into());
+        };
+        got.push((e.base_offset, e.skipped_before, e.records.payloads().collect::<Vec<_>>()));
+    }
+    let want = vec![
+        (Some(0), None, vec![Bytes::from_static(b"first")]),
+        (Some(2), Some(1), vec![Bytes::from_static(b"second")]),
+    ];
+    expect(got == want, || format!("got {got:?}"))?;
+    Ok(PASSED)
+}
+
+/// D58: an envelope reaches a subscriber that reads envelopes as sent, and one that does not
+/// gets the plain frame it always got. Skipped against a broker that does not advertise
+/// FLAG_HI_ENVELOPE.
+async fn envelopes_only_when_offered(t: &Target) -> Check {
+    let (_pc, mut p, answer) = raw_session(t, Some(0xFFFF), Some(0x4), Features::NONE).await?;
+    let Message::AuthOk(ok) = answer else { return skipped("no auth_ok") };
+    if ok.server_flags & 0x8000 == 0 || ok.server_flags_hi.unwrap_or(0) & 0x4 == 0 {
+        return skipped("the broker does not advertise FLAG_HI_ENVELOPE (D58)");
+    }
+    let stream = format!("sealed-{}", std::process::id());
+    let (ec, mut es, _) = raw_session(t, Some(0xFFFF), Some(0x4), Features::NONE).await?;
+    es.send(&t.subscribe(&stream)).await?;
+    es.message().await?;
+    let (lc, mut ls, _) = raw_session(t, Some(0x0007), None, Features::NONE).await?;
+    ls.send(&t.subscribe(&stream)).await?;
+    ls.message().await?;
+    let envelope = b"\x01\x01\x02k1";
+    p.send(&keyed_publish(t, &stream, "k", &["sealed"], Some(envelope))).await?;
+    let ef = next_event_frames(&ec, 2).await?;
+    let lf = next_event_frames(&lc, 2).await?;
+    let Ok(Payload::Events(e)) = ef[1].decode_payload() else {
+        return Err("an event batch that does not decode".into());
+    };
+    expect(e.records.envelope().map(|e| &e[..]) == Some(&envelope[..]), || {
+        format!("envelope {:?}", e.records.envelope())
+    })?;
+    expect(lf[1].flags == Flags::BINARY_EVENT_BATCH_SHARED, || format!("legacy subscriber got flags {}", lf[1].flags))?;
+    Ok(PASSED)
+}
+
 async fn error_codes_only_when_offered(t: &Target) -> Check {
     let c = t.connect().await?;
     let bad = json(&Message::Publish(message::Publish {
@@ -640,6 +754,8 @@ pub async fn run(t: Target) -> ExitCode {
         ("error codes only for FEATURE_ERROR_CODES clients", Box::pin(error_codes_only_when_offered(&t))),
         ("bit 15 not negotiated: rejected, not masked", Box::pin(unknown_flag_bit_is_rejected_not_masked(&t))),
         ("compressed batches only to their codec's subscribers", Box::pin(compressed_batches_only_when_offered(&t))),
+        ("filtered subscription: its keys, the rest as skipped", Box::pin(filtered_subscription_when_offered(&t))),
+        ("envelopes only to subscribers that read them", Box::pin(envelopes_only_when_offered(&t))),
         ("unknown type: unsupported or stream closed", Box::pin(unknown_type_unsupported_or_closed(&t))),
         (
             "malformed acked publish answered by request_id",

@@ -133,7 +133,7 @@ fn felix_node_commands_and_live_conformance_pass_against_the_blocking_driver() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.lines().last(), Some("13 passed, 0 failed, 0 skipped"), "{stdout}");
+    assert_eq!(stdout.lines().last(), Some("15 passed, 0 failed, 0 skipped"), "{stdout}");
     b.stop();
 }
 
