@@ -73,8 +73,9 @@ impl Broker {
         let mut subs = std::mem::take(&mut self.fanout_subs);
         subs.clear();
         subs.extend_from_slice(&s.subs);
-        // One encoding per subscriber shape, shared by every subscriber of that shape: four
-        // yes/no choices make 16 shapes, each kept on the stack.
+        // One encoding per subscriber shape, shared by every subscriber of that shape: the first
+        // 16 shapes seen are kept on the stack (subscribers share a handful in practice); any
+        // other comes from the batch's own cache of encodings.
         let mut frames: [Option<(Shape, [Bytes; 2])>; 16] = Default::default();
         let mut verdicts = Verdicts::default();
         for &(conn, id) in &subs {
