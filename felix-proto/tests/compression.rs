@@ -73,6 +73,28 @@ fn drain(b: &mut Broker, now: std::time::Instant) -> (Vec<(ConnId, Bytes)>, Vec<
     }
 }
 
+/// A broker with a subscriber to `orders` per offer (`client_flags`, `client_flags_hi`) and a
+/// publisher offering 0xFFFF and `publisher_hi`, with the publisher's `auth_ok`.
+fn subscribers_and_publisher(
+    offers: &[(u16, Option<u16>)],
+    publisher_hi: Option<u16>,
+) -> (Broker, std::time::Instant, Vec<ConnId>, ConnId, message::AuthOk) {
+    let now = epoch();
+    let mut b = Broker::new(config(), WallClock::new(now, 0));
+    let mut subs = Vec::new();
+    for &(flags, hi) in offers {
+        let conn = b.connection_opened(now);
+        b.handle_stream_data(conn, StreamId(0), auth_hi(flags, hi), false, now);
+        b.handle_stream_data(conn, StreamId(0), subscribe("orders", None), false, now);
+        subs.push(conn);
+    }
+    let publisher = b.connection_opened(now);
+    b.handle_stream_data(publisher, StreamId(0), auth_hi(0xFFFF, publisher_hi), false, now);
+    let (sent, _) = drain(&mut b, now);
+    let Some(Message::AuthOk(ok)) = messages(&bytes_to(&sent, publisher)).into_iter().next() else { panic!() };
+    (b, now, subs, publisher, ok)
+}
+
 fn bytes_to(sent: &[(ConnId, Bytes)], conn: ConnId) -> Vec<u8> {
     sent.iter().filter(|(c, _)| *c == conn).flat_map(|(_, d)| d.to_vec()).collect()
 }
@@ -102,21 +124,9 @@ fn event_frames_any(bytes: &[u8]) -> Vec<felix_proto::Frame> {
 
 #[test]
 fn a_compressed_batch_is_stored_as_it_came_and_sent_as_stored_only_to_subscribers_of_its_codec() {
-    let now = epoch();
-    let mut b = Broker::new(config(), WallClock::new(now, 0));
     // Both codecs; lz4 only; a subscriber that predates D56 (the original flags, nothing else).
-    let offers = [(0xFFFF, Some(0x3)), (0xFFFF, Some(0x2)), (0x0007, None)];
-    let mut subs = Vec::new();
-    for (flags, hi) in offers {
-        let conn = b.connection_opened(now);
-        b.handle_stream_data(conn, StreamId(0), auth_hi(flags, hi), false, now);
-        b.handle_stream_data(conn, StreamId(0), subscribe("orders", None), false, now);
-        subs.push(conn);
-    }
-    let publisher = b.connection_opened(now);
-    b.handle_stream_data(publisher, StreamId(0), auth_hi(0xFFFF, Some(0x3)), false, now);
-    let (sent, _) = drain(&mut b, now);
-    let Some(Message::AuthOk(ok)) = messages(&bytes_to(&sent, publisher)).into_iter().next() else { panic!() };
+    let (mut b, now, subs, publisher, ok) =
+        subscribers_and_publisher(&[(0xFFFF, Some(0x3)), (0xFFFF, Some(0x2)), (0x0007, None)], Some(0x3));
     assert_eq!((ok.server_flags, ok.server_flags_hi), (0xFFFF, Some(0x7)));
 
     let frame = compressed_publish(Codec::Zstd, None, &COMPRESSIBLE);
@@ -317,16 +327,7 @@ fn clients_compress_and_read_compressed_batches_end_to_end() {
         .unwrap();
     sim.run();
     for (who, id) in [reader, legacy].into_iter().zip(ids) {
-        let got: Vec<Bytes> = sim.clients[who]
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                ClientEvent::Events { sub, batch } if *sub == id => Some(batch.records.payloads().collect::<Vec<_>>()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        assert_eq!(got, payloads, "client {who}");
+        assert_eq!(delivered_payloads(&sim, who, id), payloads, "client {who}");
     }
     assert!(sim.broker.stats().publishes_compressed >= 1);
 }
@@ -335,20 +336,8 @@ fn clients_compress_and_read_compressed_batches_end_to_end() {
 /// that read envelopes; everyone else gets the frame they always got.
 #[test]
 fn an_envelope_is_stored_and_delivered_only_to_subscribers_that_read_envelopes() {
-    let now = epoch();
-    let mut b = Broker::new(config(), WallClock::new(now, 0));
-    let offers = [(0xFFFF, Some(0x7)), (0xFFFF, Some(0x3)), (0x0007, None)];
-    let mut subs = Vec::new();
-    for (flags, hi) in offers {
-        let conn = b.connection_opened(now);
-        b.handle_stream_data(conn, StreamId(0), auth_hi(flags, hi), false, now);
-        b.handle_stream_data(conn, StreamId(0), subscribe("orders", None), false, now);
-        subs.push(conn);
-    }
-    let publisher = b.connection_opened(now);
-    b.handle_stream_data(publisher, StreamId(0), auth_hi(0xFFFF, Some(0x7)), false, now);
-    let (sent, _) = drain(&mut b, now);
-    let Some(Message::AuthOk(ok)) = messages(&bytes_to(&sent, publisher)).into_iter().next() else { panic!() };
+    let (mut b, now, subs, publisher, ok) =
+        subscribers_and_publisher(&[(0xFFFF, Some(0x7)), (0xFFFF, Some(0x3)), (0x0007, None)], Some(0x7));
     assert_eq!(ok.server_flags_hi, Some(0x7), "a single broker keeps envelopes");
     let envelope = Bytes::from_static(b"\x01\x01\x02k1");
     let batch = PublishBatch {

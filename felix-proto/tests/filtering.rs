@@ -243,14 +243,5 @@ fn a_client_subscription_with_a_filter_gets_only_its_keys() {
         sim.client(publisher).publish(ClientStream(0), req, now).unwrap();
         sim.run();
     }
-    let got: Vec<Bytes> = sim.clients[reader]
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            ClientEvent::Events { sub, batch } if *sub == id => Some(batch.records.payloads().collect::<Vec<_>>()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    assert_eq!(got, vec![Bytes::from("from eu-1"), Bytes::from("from eu-2")]);
+    assert_eq!(delivered_payloads(&sim, reader, id), vec![Bytes::from("from eu-1"), Bytes::from("from eu-2")]);
 }

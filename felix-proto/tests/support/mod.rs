@@ -231,3 +231,16 @@ pub fn publish_n(sim: &mut Sim, (p, s): (usize, StreamId), ids: std::ops::Range<
         sim.run();
     }
 }
+
+/// Every payload client `who` of the simulation was delivered on subscription `id`, in order.
+pub fn delivered_payloads(sim: &felix_proto::sim::Sim, who: usize, id: u64) -> Vec<Bytes> {
+    sim.clients[who]
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            felix_proto::client::ClientEvent::Events { sub, batch } if *sub == id => Some(batch.records.payloads()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
