@@ -245,3 +245,74 @@ fn a_client_subscription_with_a_filter_gets_only_its_keys() {
     }
     assert_eq!(delivered_payloads(&sim, reader, id), vec![Bytes::from("from eu-1"), Bytes::from("from eu-2")]);
 }
+
+/// A filtered subscriber reading history that storage no longer has, after a read whose every
+/// batch its filter passed over: it moves on to what memory holds instead of asking storage
+/// for the same offsets again (it did, for ever, while the offsets passed over were unsent).
+#[test]
+fn a_filtered_history_read_that_storage_cannot_answer_moves_on() {
+    use felix_proto::broker::{Broker, BrokerOutput, StorageOutput, TransportOutput};
+    use felix_proto::transport::WallClock;
+    let mut cfg = config();
+    cfg.history_reads = true;
+    cfg.history_read_bytes = 40;
+    cfg.default_stream.memory_bytes = 1;
+    let now = epoch();
+    let mut b = Broker::new(cfg, WallClock::new(now, 0));
+    let conn = b.connection_opened(now);
+    let features = Features::STREAM_FILTER.to_words(true);
+    b.handle_stream_data(conn, StreamId(0), auth(Some(0x0827), features.0, features.1), false, now);
+    let mut stored = Vec::new();
+    let mut reads = Vec::new();
+    let settle = |b: &mut Broker, stored: &mut Vec<felix_proto::storage::StoredBatch>, reads: &mut Vec<_>| loop {
+        let mut writes = Vec::new();
+        while let Some(o) = b.poll_output() {
+            match o {
+                BrokerOutput::Transport(TransportOutput::OpenUni { conn, token }) => {
+                    b.handle_stream_opened(conn, token, StreamId(3), now)
+                }
+                BrokerOutput::Storage(StorageOutput::Persist(w)) => writes.push(w),
+                BrokerOutput::Storage(StorageOutput::Read(r)) => reads.push(r),
+                _ => {}
+            }
+        }
+        if writes.is_empty() {
+            return;
+        }
+        for w in writes {
+            stored.push(w.to_stored());
+            b.handle_write_complete(w.token, true, now);
+        }
+    };
+    for i in 0..12 {
+        let key = if i == 11 { "a" } else { "z" };
+        b.handle_stream_data(
+            conn,
+            StreamId(0),
+            publish_binary("orders", &[&format!("{key}{i:02}")], None, Some(key)),
+            false,
+            now,
+        );
+        settle(&mut b, &mut stored, &mut reads);
+    }
+    b.handle_stream_data(
+        conn,
+        StreamId(0),
+        filtered_subscribe("orders", Some(StartPosition::Earliest), keys(&["a"])),
+        false,
+        now,
+    );
+    settle(&mut b, &mut stored, &mut reads);
+    // The first read: every batch there is passed over.
+    let first = reads.pop().expect("history is read from storage");
+    let some: Vec<_> =
+        stored.iter().filter(|s| s.base_offset >= first.from && s.base_offset < first.from + 3).cloned().collect();
+    b.handle_read_complete(first.token, some, now);
+    settle(&mut b, &mut stored, &mut reads);
+    // The next: storage has nothing any more (retention took it).
+    let second = reads.pop().expect("the read goes on");
+    assert!(second.from > first.from);
+    b.handle_read_complete(second.token, Vec::new(), now);
+    settle(&mut b, &mut stored, &mut reads);
+    assert!(reads.iter().all(|r| r.from != second.from), "asked again for what storage does not have: {reads:?}");
+}

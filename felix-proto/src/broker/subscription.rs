@@ -337,6 +337,7 @@ impl Broker {
         let filter = sub.filter.clone();
         // Offsets a filter passed over (D57), carried from frame to frame until one is sent.
         let mut filtered = std::mem::take(&mut sub.filtered);
+        let asked_from = cursor;
         let memory_start = self
             .streams
             .get(&sub.key)
@@ -373,7 +374,7 @@ impl Broker {
             }
             cursor = end;
         }
-        if frames.is_empty() && filtered == 0 {
+        if frames.is_empty() && cursor == asked_from {
             // Storage had nothing there (deleted by retention, or unreadable): skip to what is in
             // memory rather than ask again forever. The subscriber sees the gap in offsets.
             cursor = cursor.max(memory_start);
