@@ -22,6 +22,7 @@ pub struct Event {
     #[pyo3(get)]
     pub timestamp_micros: Option<u64>,
     payload: Bytes,
+    envelope: Option<Bytes>,
 }
 
 #[pymethods]
@@ -30,6 +31,13 @@ impl Event {
     #[getter]
     fn payload<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.payload)
+    }
+
+    /// The envelope the record's batch was published with (D58: end-to-end encryption's key id
+    /// and algorithm), or `None`: with one, `payload` is ciphertext.
+    #[getter]
+    fn envelope<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.envelope.as_ref().map(|e| PyBytes::new(py, e))
     }
 
     fn __repr__(&self) -> String {
@@ -48,6 +56,7 @@ pub fn events(batch: &EventBatch, shard: u32) -> Vec<Event> {
             shard,
             timestamp_micros: r.timestamp_micros,
             payload: r.payload,
+            envelope: batch.records.envelope().cloned(),
         })
         .collect()
 }
