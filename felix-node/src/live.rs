@@ -202,22 +202,7 @@ async fn legacy_frames_are_the_old_frames(t: &Target) -> Check {
     // answered `subscribed` (the existing Felix broker does).
     let (mut p, _) = t.session(&c, None, None).await?;
     p.send(&t.publish_binary(&stream, None)).await?;
-    let mut uni = tokio::time::timeout(WAIT, c.quic.accept_uni())
-        .await
-        .map_err(|_| "no event stream")?
-        .map_err(|e| e.to_string())?;
-    let mut dec = FrameDecoder::new();
-    let mut frames = Vec::new();
-    while frames.len() < 2 {
-        let chunk = tokio::time::timeout(WAIT, uni.read_chunk(64 * 1024, true)).await.map_err(|_| "no events")?;
-        match chunk.map_err(|e| e.to_string())? {
-            Some(c) => dec.push(c.bytes),
-            None => return Err("event stream ended early".into()),
-        }
-        while let Some(f) = dec.next_frame().map_err(|e| e.to_string())? {
-            frames.push(f);
-        }
-    }
+    let frames = next_event_frames(&c, 2).await?;
     let hello = String::from_utf8_lossy(&frames[0].payload).into_owned();
     expect(hello.starts_with(r#"{"type":"event_stream_hello","subscription_id":"#), || format!("first frame {hello}"))?;
     expect(frames[1].flags == Flags::BINARY_EVENT_BATCH_SHARED, || {

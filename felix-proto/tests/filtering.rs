@@ -36,17 +36,16 @@ fn session(sim: &mut Sim) -> (usize, StreamId) {
     (p, s)
 }
 
-fn filtered_subscribe(stream: &str, start: Option<StartPosition>, filter: Option<KeyFilter>) -> Bytes {
-    json(&Message::Subscribe(message::Subscribe {
-        tenant_id: "t1".into(),
+/// A client subscription to `orders` with `filter`.
+fn orders_request(filter: Option<KeyFilter>) -> SubscribeRequest {
+    SubscribeRequest {
         namespace: "default".into(),
-        stream: stream.into(),
-        subscription_id: None,
-        start,
+        stream: "orders".into(),
+        start: None,
         shard: None,
         queue_capacity: None,
         filter,
-    }))
+    }
 }
 
 fn keys(k: &[&str]) -> Option<KeyFilter> {
@@ -91,7 +90,7 @@ fn live_subscribers_get_only_what_their_filter_matches_and_the_rest_as_skipped()
     let mut sim = Sim::new(config(), epoch());
     let (p, s) = session(&mut sim);
     for f in [keys(&["a"]), prefixes(&["b"]), None, keys(&["a"])] {
-        sim.raw_send(p, s, filtered_subscribe("orders", None, f), false);
+        sim.raw_send(p, s, subscribe_filtered("orders", None, f), false);
     }
     sim.run();
     let es = event_streams(&sim, p);
@@ -113,9 +112,9 @@ fn catching_up_from_memory_and_from_storage_filters_the_same_way() {
     let mut sim = Sim::new(config(), epoch());
     let (p, s) = session(&mut sim);
     publish_mix(&mut sim, p, s);
-    sim.raw_send(p, s, filtered_subscribe("orders", Some(StartPosition::Earliest), keys(&["a"])), false);
-    sim.raw_send(p, s, filtered_subscribe("orders", Some(StartPosition::Earliest), prefixes(&["b"])), false);
-    sim.raw_send(p, s, filtered_subscribe("orders", Some(StartPosition::Offset(2)), prefixes(&["b"])), false);
+    sim.raw_send(p, s, subscribe_filtered("orders", Some(StartPosition::Earliest), keys(&["a"])), false);
+    sim.raw_send(p, s, subscribe_filtered("orders", Some(StartPosition::Earliest), prefixes(&["b"])), false);
+    sim.raw_send(p, s, subscribe_filtered("orders", Some(StartPosition::Offset(2)), prefixes(&["b"])), false);
     sim.run();
     let es = event_streams(&sim, p);
     assert_eq!(batches(&mut sim, p, es[0]), want_a());
@@ -139,7 +138,7 @@ fn catching_up_from_memory_and_from_storage_filters_the_same_way() {
         sim.raw_send(p, s, publish_binary("orders", &[&format!("{key}{}", 7 + round)], None, Some(key)), false);
         sim.run();
     }
-    sim.raw_send(p, s, filtered_subscribe("orders", Some(StartPosition::Earliest), keys(&["a"])), false);
+    sim.raw_send(p, s, subscribe_filtered("orders", Some(StartPosition::Earliest), keys(&["a"])), false);
     sim.run();
     assert!(sim.reads > 1, "history came from storage: {}", sim.reads);
     let es = event_streams(&sim, p);
@@ -159,7 +158,7 @@ fn catching_up_from_memory_and_from_storage_filters_the_same_way() {
 fn an_ephemeral_stream_sends_a_filtered_subscriber_only_its_batches() {
     let mut sim = Sim::new(ephemeral_config(), epoch());
     let (p, s) = session(&mut sim);
-    sim.raw_send(p, s, filtered_subscribe("orders", None, prefixes(&["b"])), false);
+    sim.raw_send(p, s, subscribe_filtered("orders", None, prefixes(&["b"])), false);
     sim.run();
     let es = event_streams(&sim, p);
     publish_mix(&mut sim, p, s);
@@ -177,7 +176,7 @@ fn a_filter_that_is_empty_or_too_big_is_refused() {
         (big, "at most 256"),
         (KeyFilter { keys: vec![B64(Bytes::from(vec![b'k'; 70_000]))], key_prefixes: vec![] }, "at most 65536 bytes"),
     ] {
-        sim.raw_send(p, s, filtered_subscribe("orders", None, Some(f)), false);
+        sim.raw_send(p, s, subscribe_filtered("orders", None, Some(f)), false);
         sim.run();
         let m = messages(&sim.take_received(p, s));
         match &m[..] {
@@ -206,14 +205,7 @@ fn a_client_sends_a_filter_only_to_a_broker_that_advertises_it() {
     });
     c.handle_stream_data(s, json(&ok), false, now);
     assert!(matches!(c.poll_event(), Some(ClientEvent::Connected { .. })));
-    let req = SubscribeRequest {
-        namespace: "default".into(),
-        stream: "orders".into(),
-        start: None,
-        shard: None,
-        queue_capacity: None,
-        filter: keys(&["a"]),
-    };
+    let req = orders_request(keys(&["a"]));
     let e = c.subscribe(ClientStream(0), req, now).expect_err("not advertised");
     assert!(e.to_string().contains("FEATURE_STREAM_FILTER"), "{e}");
 }
@@ -225,14 +217,7 @@ fn a_client_subscription_with_a_filter_gets_only_its_keys() {
     let reader = sim.connect(ClientConfig::new("t1", TOKEN));
     sim.run();
     let now = sim.now;
-    let req = SubscribeRequest {
-        namespace: "default".into(),
-        stream: "orders".into(),
-        start: None,
-        shard: None,
-        queue_capacity: None,
-        filter: prefixes(&["eu-"]),
-    };
+    let req = orders_request(prefixes(&["eu-"]));
     let id = sim.client(reader).subscribe(ClientStream(0), req, now).unwrap();
     sim.run();
     for key in ["eu-1", "us-1", "eu-2", "ap-1"] {
@@ -298,7 +283,7 @@ fn a_filtered_history_read_that_storage_cannot_answer_moves_on() {
     b.handle_stream_data(
         conn,
         StreamId(0),
-        filtered_subscribe("orders", Some(StartPosition::Earliest), keys(&["a"])),
+        subscribe_filtered("orders", Some(StartPosition::Earliest), keys(&["a"])),
         false,
         now,
     );

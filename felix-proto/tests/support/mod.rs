@@ -101,6 +101,15 @@ pub fn publish_binary(stream: &str, payloads: &[&str], request_id: Option<u64>, 
 }
 
 pub fn subscribe(stream: &str, start: Option<message::StartPosition>) -> Bytes {
+    subscribe_filtered(stream, start, None)
+}
+
+/// A subscribe with a filter on record keys (D57).
+pub fn subscribe_filtered(
+    stream: &str,
+    start: Option<message::StartPosition>,
+    filter: Option<message::KeyFilter>,
+) -> Bytes {
     json(&Message::Subscribe(message::Subscribe {
         tenant_id: "t1".into(),
         namespace: "default".into(),
@@ -109,7 +118,7 @@ pub fn subscribe(stream: &str, start: Option<message::StartPosition>) -> Bytes {
         start,
         shard: None,
         queue_capacity: None,
-        filter: None,
+        filter,
     }))
 }
 
