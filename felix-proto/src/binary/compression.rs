@@ -43,6 +43,24 @@ impl Codec {
         Codec::ALL.into_iter().find(|c| flags.contains(c.flag()))
     }
 
+    /// The codec's byte where a block names it outside a frame's flags (a stored batch, a
+    /// replicated entry, a forwarded publish): 1 zstd, 2 lz4.
+    pub const fn byte(self) -> u8 {
+        match self {
+            Codec::Zstd => 1,
+            Codec::Lz4 => 2,
+        }
+    }
+
+    /// The codec [`byte`](Self::byte) names, if any.
+    pub const fn from_byte(b: u8) -> Option<Codec> {
+        match b {
+            1 => Some(Codec::Zstd),
+            2 => Some(Codec::Lz4),
+            _ => None,
+        }
+    }
+
     /// The name used by the CLI, metrics and docs.
     pub const fn name(self) -> &'static str {
         match self {

@@ -341,6 +341,56 @@ impl Records {
             envelope: self.envelope.clone(),
         }
     }
+    /// Whether [`put_block`](Self::put_block) writes this block compressed: it has a
+    /// compressed form and is untimed (a stored, replicated or forwarded block is).
+    pub fn stores_packed(&self) -> bool {
+        self.packed.is_some() && !self.timed
+    }
+
+    /// Bytes [`put_block`](Self::put_block) writes.
+    pub fn block_len(&self) -> usize {
+        match self.packed.as_ref().filter(|_| !self.timed) {
+            Some(p) => 1 + 4 + 4 + p.data.len(),
+            None => 4 + self.raw.len(),
+        }
+    }
+
+    /// Writes the block as it is kept outside a client frame (a stored batch, a replicated
+    /// entry, a forwarded publish), the last thing in its container: compressed when
+    /// [`stores_packed`](Self::stores_packed), `u8 codec (1 zstd, 2 lz4), u32 count, u32
+    /// raw_len`, the compressed bytes; else `u32 count` and the plain block.
+    pub fn put_block(&self, dst: &mut impl BufMut) {
+        match self.packed.as_ref().filter(|_| !self.timed) {
+            Some(p) => {
+                dst.put_u8(p.codec.byte());
+                dst.put_u32(self.count);
+                dst.put_u32(self.raw.len() as u32);
+                dst.put_slice(&p.data);
+            }
+            None => {
+                dst.put_u32(self.count);
+                dst.put_slice(&self.raw);
+            }
+        }
+    }
+
+    /// Reads [`put_block`](Self::put_block)'s bytes, to the reader's end (`packed`: its
+    /// container said the block is compressed). A compressed block is inflated, refused
+    /// before any allocation when it declares more than `limit` plain bytes.
+    ///
+    /// # Errors
+    /// An unknown codec, a block that does not inflate or does not hold its records.
+    pub(crate) fn read_block(r: &mut Reader, packed: bool, limit: usize) -> Result<Records, PayloadError> {
+        if !packed {
+            return Records::decode(r, false);
+        }
+        let byte = r.u8("codec")?;
+        let codec = Codec::from_byte(byte).ok_or(PayloadError::UnknownCodec(byte))?;
+        let count = r.u32("count")?;
+        let raw_len = r.u32("raw_len")? as usize;
+        Records::from_packed(count, codec, r.rest(), raw_len, limit)
+    }
+
     /// Writes `u32 count` and the block.
     pub(crate) fn encode(&self, dst: &mut BytesMut) {
         dst.put_u32(self.count);

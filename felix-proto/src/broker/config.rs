@@ -247,15 +247,11 @@ impl BrokerConfig {
         Flags::KNOWN
     }
 
-    /// The second-word flag bits this broker implements (D56): both codecs. Shown only to a
-    /// client that set [`Flags::EXTENDED`].
+    /// The second-word flag bits this broker implements (D56, D58): both codecs and
+    /// envelopes, in a cluster too (forwarded and replicated batches carry them, D59). Shown
+    /// only to a client that set [`Flags::EXTENDED`].
     pub fn server_flags_hi(&self) -> crate::flags::FlagsHi {
-        if self.clustered {
-            // Forwarded and replicated batches do not carry envelopes yet (D58).
-            crate::flags::FlagsHi::CODECS
-        } else {
-            crate::flags::FlagsHi::KNOWN
-        }
+        crate::flags::FlagsHi::KNOWN
     }
 
     /// The feature bits this broker advertises: only what it serves end to end.
@@ -304,10 +300,9 @@ impl BrokerConfig {
         }
         if self.clustered {
             f |= Features::REDIRECT | Features::TOPOLOGY | Features::SHARD_OWNERS;
-        } else {
-            // Forwarded and replicated batches do not carry their keys yet (D57).
-            f |= Features::STREAM_FILTER;
         }
+        // In a cluster too: forwarded and replicated batches carry their keys (D59).
+        f |= Features::STREAM_FILTER;
         f
     }
 }

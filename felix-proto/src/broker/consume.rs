@@ -278,7 +278,7 @@ impl Broker {
             Answer::NotProposed => {
                 Settled::Failed(super::moves::moving_mark("another of its replicas").unavailable(p.shard))
             }
-            Answer::Appended { .. } | Answer::Refused(_) => {
+            Answer::Appended { .. } | Answer::Refused(_) | Answer::NoEnvelopes => {
                 Settled::Failed(Refusal::new(ErrorCode::Internal, "the shard's group took the change as records"))
             }
         };

@@ -43,12 +43,29 @@ pub struct ForwardedPublish {
     pub shard: u32,
     /// The owner's generation the origin routed by.
     pub generation: u64,
-    /// The records, as the client sent them.
+    /// The key it was published with (D57; sent only to an owner that offered
+    /// [`FEATURE_BATCH_META`](crate::cluster::peer::FEATURE_BATCH_META), D59).
+    pub key: Option<Bytes>,
+    /// The records, as the client sent them (with their envelope and compressed form only to
+    /// an owner that offered `FEATURE_BATCH_META`).
     pub records: Records,
     /// The publishing principal (recorded as the publisher).
     pub publisher: Option<Bytes>,
     /// Whether the client waits for an answer.
     pub acked: bool,
+}
+
+impl ForwardedPublish {
+    /// What an owner that did not offer
+    /// [`FEATURE_BATCH_META`](crate::cluster::peer::FEATURE_BATCH_META) reads (D59): no key,
+    /// the plain block. `None` for a batch with an envelope: its records are ciphertext that
+    /// no subscriber could open without it, so it is refused rather than sent without it.
+    pub fn without_meta(self) -> Option<ForwardedPublish> {
+        if self.records.envelope().is_some() {
+            return None;
+        }
+        Some(ForwardedPublish { key: None, records: self.records.plain(), ..self })
+    }
 }
 
 /// The owner's answer to a forwarded publish.
@@ -137,6 +154,7 @@ impl Broker {
                 stream: req.stream.clone(),
                 shard,
                 generation: owner.generation,
+                key: req.key.clone(),
                 records: req.records.clone(),
                 publisher,
                 acked,
@@ -212,7 +230,7 @@ impl Broker {
             }
         };
         let batch = NewBatch {
-            key: None,
+            key: p.key,
             records: p.records,
             publisher: p.publisher,
             idempotent: None,

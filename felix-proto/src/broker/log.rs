@@ -514,15 +514,8 @@ impl ShardLog {
     /// below the tail is one the log holds (a replay) and is ignored; one above it (a log that
     /// starts later than this one's tail) leaves the offsets between as a gap. Returns the
     /// batch's end when it was appended.
-    pub fn append_committed(
-        &mut self,
-        base: u64,
-        records: Records,
-        timestamp_micros: u64,
-        publisher: Option<Bytes>,
-        generation_start: bool,
-        entry: u64,
-    ) -> Option<u64> {
+    pub fn append_committed(&mut self, base: u64, c: Committed, generation_start: bool, entry: u64) -> Option<u64> {
+        let Committed { records, timestamp_micros, publisher, key } = c;
         if base < self.next_offset || !self.pending.is_empty() {
             return None;
         }
@@ -537,7 +530,7 @@ impl ShardLog {
         let timestamp_micros = self.stamp(timestamp_micros);
         self.last_ts = timestamp_micros;
         let batch = LogBatch {
-            key: None,
+            key,
             base,
             records,
             timestamp_micros,
@@ -881,6 +874,19 @@ impl Page {
     }
 }
 
+/// What [`ShardLog::append_committed`] appends: a replicated shard's committed batch.
+#[derive(Debug, Default)]
+pub struct Committed {
+    /// The records.
+    pub records: Records,
+    /// Its append time (clamped so times never go back).
+    pub timestamp_micros: u64,
+    /// Who published it.
+    pub publisher: Option<Bytes>,
+    /// The key it was published with (D57, D59).
+    pub key: Option<Bytes>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -912,7 +918,15 @@ mod tests {
         log.settle(WriteToken(2), true);
         let (later, _) = log.append(recs(1), 300, None, Some(WriteToken(3)));
         log.settle(WriteToken(3), true);
-        assert_eq!(log.append_committed(5, recs(1), 200, None, false, 0), Some(6));
+        assert_eq!(
+            log.append_committed(
+                5,
+                Committed { records: recs(1), timestamp_micros: 200, ..Committed::default() },
+                false,
+                0
+            ),
+            Some(6)
+        );
         let times: Vec<u64> = log.committed.iter().map(|b| b.timestamp_micros).collect();
         assert_eq!(times, [100, 100, 100, 300, 300]);
         assert_eq!(log.offset_for_time(100), Some(0));

@@ -45,14 +45,6 @@ impl Broker {
         };
         let limit = self.cfg.max_frame_len as usize;
         match PublishBatch::decode_with(frame.flags, frame.payload, limit, &mut self.decompressor) {
-            Ok(b) if self.cfg.clustered && b.records.envelope().is_some() => {
-                let r = Refusal::new(ErrorCode::InvalidRequest, "a broker in a cluster does not keep envelopes yet");
-                if matches!(reply, Reply::None) {
-                    self.stats.unacked_failures += 1;
-                } else {
-                    self.answer_now(conn, st, reply, Err(&r));
-                }
-            }
             Ok(b) => {
                 if let Some(p) = b.records.packed() {
                     self.stats.publishes_compressed += 1;

@@ -222,6 +222,7 @@ impl Broker {
         self.next_write += 1;
         let payloads: Vec<Bytes> = ops.iter().map(CacheOp::encode).collect();
         let batch = ReplicatedBatch {
+            key: None,
             producer: None,
             timestamp_micros: self.wall.micros(now),
             publisher: None,
@@ -392,7 +393,7 @@ impl Broker {
                 ErrorCode::QuorumTimeout,
                 "no majority of the cache's replicas confirmed the write in time: it may or may not be applied",
             ),
-            (Answer::Refused(_) | Answer::Applied, _) => {
+            (Answer::Refused(_) | Answer::Applied | Answer::NoEnvelopes, _) => {
                 refusal(ErrorCode::Internal, "the cache's group refused the write")
             }
             (Answer::NotProposed, _) => Err(super::moves::moving_mark("another of its replicas").unavailable(0)),
@@ -602,6 +603,7 @@ pub(crate) fn cache_entry_samples(t0: Instant) -> (Vec<u8>, Vec<u8>) {
     ];
     let payloads: Vec<Bytes> = ops.iter().map(CacheOp::encode).collect();
     let batch = ReplicatedBatch {
+        key: None,
         producer: None,
         timestamp_micros: 1_700_000_000_000_000,
         publisher: None,

@@ -179,9 +179,13 @@ impl Broker {
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         let count = u64::from(batch.records.count());
         let state = batch.state;
-        let Some(end) =
-            sh.log.append_committed(offset, batch.records, batch.timestamp_micros, batch.publisher, false, entry)
-        else {
+        let c = super::log::Committed {
+            records: batch.records,
+            timestamp_micros: batch.timestamp_micros,
+            publisher: batch.publisher,
+            key: batch.key,
+        };
+        let Some(end) = sh.log.append_committed(offset, c, false, entry) else {
             return;
         };
         // A commit: its state changes take effect with its event, alike on every replica
@@ -208,7 +212,7 @@ impl Broker {
         let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
         // The entry carries no time: it takes the last batch's, alike on every replica (this
         // broker's own clock would differ from the others').
-        let _ = sh.log.append_committed(offset, crate::binary::Records::default(), 0, None, true, entry);
+        let _ = sh.log.append_committed(offset, super::log::Committed::default(), true, entry);
     }
 
     /// The group's answer to a batch proposed for the publish `token`: publishers (and brokers
@@ -242,6 +246,10 @@ impl Broker {
             )),
             Answer::Refused(why) => Err(sequence_refusal(why)),
             Answer::NotProposed => Err(super::moves::moving_mark("another of its replicas").unavailable(ctx.shard)),
+            Answer::NoEnvelopes => Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                "a replica of this shard runs an older broker that does not keep envelopes: nothing was written",
+            )),
             // Only group settlements are side entries, and those are answered above.
             Answer::Applied => Err(Refusal::new(ErrorCode::Internal, "a publish was answered as a side entry")),
         };
@@ -303,7 +311,7 @@ impl Broker {
                     continue;
                 }
                 crate::storage::StoredBatch {
-                    key: None,
+                    key: b.key,
                     base_offset,
                     timestamp_micros,
                     generation_start,
@@ -328,6 +336,7 @@ impl Broker {
             producer: b.idempotent,
             timestamp_micros: self.wall.micros(now),
             publisher: b.publisher,
+            key: b.key,
             records: b.records,
             expected_offset: b.expected_offset,
             state: b.state,

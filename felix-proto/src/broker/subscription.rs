@@ -425,13 +425,6 @@ impl Broker {
         let offer = Self::features_of(st);
         let filter = match &s.filter {
             None => None,
-            // A cluster's forwarded and replicated batches do not carry their keys yet (D57):
-            // a filter there would drop what it should deliver.
-            Some(_) if self.cfg.clustered => {
-                let r =
-                    Refusal::new(ErrorCode::InvalidRequest, "a broker in a cluster does not filter subscriptions yet");
-                return self.refuse(conn, st, r);
-            }
             Some(f) => match f.check() {
                 Ok(()) => Some(self.intern_filter(f)),
                 Err(why) => return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, why)),

@@ -12,10 +12,14 @@
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
 use super::metadata::ShardId;
 use super::metadata::{Command, Member, MemberState, Metadata};
-use super::peer::{Beat, FEATURE_COALESCED_HEARTBEATS, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk};
+use super::peer::{
+    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes,
+    SnapshotChunk,
+};
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
-use crate::broker::{Broker, BrokerOutput, ClusterOutput, Notice, ReplicaRole, StorageOutput};
+use crate::broker::{Broker, BrokerOutput, ClusterOutput, ForwardOutcome, Notice, ReplicaRole, StorageOutput};
+use crate::error_code::{ErrorCode, RetryClass};
 use bytes::Bytes;
 use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -708,6 +712,30 @@ impl ClusterNode {
     /// say it in the hellos, and this node acts by it.
     pub fn set_offered_features(&mut self, features: u64) {
         self.offers = features;
+    }
+
+    /// Whether a batch's key, envelope and compressed block may travel to `peer` (D59): this
+    /// broker and `peer` (by its hello on the current connection) offered
+    /// [`FEATURE_BATCH_META`].
+    fn peer_reads_meta(&self, peer: &str) -> bool {
+        self.offers & FEATURE_BATCH_META != 0
+            && self.peer_features.get(peer).is_some_and(|f| f & FEATURE_BATCH_META != 0)
+    }
+
+    /// Whether `shard`'s group may be proposed version 4 entries (D59): its replicas, as the
+    /// metadata names them and as the group's voters are (no configuration change half done),
+    /// all run brokers that read them. A replica added later is a broker of the cluster that
+    /// offered the bit too, or it refuses such entries (docs/protocol.md, D59).
+    fn group_reads_meta(&self, shard: &ShardId) -> bool {
+        if self.offers & FEATURE_BATCH_META == 0 {
+            return false;
+        }
+        let (Some(members), Some(h)) = (self.metadata.replicas(shard), self.replicas.get(shard)) else { return false };
+        let mut wanted: Vec<u64> = members.iter().map(|n| raft_id(n)).collect();
+        wanted.sort_unstable();
+        let mut voters = h.replica.voters();
+        voters.sort_unstable();
+        voters == wanted && members.iter().all(|n| *n == self.me.id || self.peer_reads_meta(n))
     }
 
     /// Shard groups' snapshots with more data than `bytes` go in chunks of it (to peers that
@@ -1863,6 +1891,19 @@ impl ClusterNode {
             }
             BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard, batch }) => {
                 let now = self.broker.last_now();
+                // A version 4 entry (key, envelope, compressed block) only for a group whose
+                // every replica reads it (D59); the others get the batch as before D59.
+                let batch = if batch.has_meta() && !self.group_reads_meta(&shard) {
+                    match batch.without_meta() {
+                        Some(b) => b,
+                        None => {
+                            self.broker.handle_replicated(token, Answer::NoEnvelopes, now);
+                            return self.poll_output();
+                        }
+                    }
+                } else {
+                    batch
+                };
                 // A leader handing its leadership over takes no proposal (the engine drops it):
                 // nothing is written, so the writer is told to send it again.
                 self.wake(&shard);
@@ -1878,7 +1919,31 @@ impl ClusterNode {
                 return self.poll_output();
             }
             BrokerOutput::Cluster(ClusterOutput::Forward { to, publish }) => {
-                NodeOutput::Peer { to, message: PeerMessage::Forward(publish) }
+                if self.peer_reads_meta(&to) {
+                    NodeOutput::Peer { to, message: PeerMessage::Forward(publish) }
+                } else {
+                    let (id, acked) = (publish.id, publish.acked);
+                    match publish.without_meta() {
+                        Some(p) => NodeOutput::Peer { to, message: PeerMessage::Forward(p) },
+                        None => {
+                            // An owner that would keep the ciphertext without its envelope:
+                            // nothing is sent (an unacked publish is dropped, as any refused
+                            // unacked publish is: it asked for no answer).
+                            if acked {
+                                let now = self.broker.last_now();
+                                let outcome = ForwardOutcome::Refused {
+                                    code: ErrorCode::InvalidRequest,
+                                    retry: RetryClass::Fatal,
+                                    message: format!(
+                                        "the shard's owner {to} runs an older broker that does not keep envelopes: nothing was written"
+                                    ),
+                                };
+                                self.broker.handle_forward_answer(id, outcome, now);
+                            }
+                            return self.poll_output();
+                        }
+                    }
+                }
             }
             BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }) => {
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
@@ -1952,6 +2017,7 @@ impl ClusterNode {
                     }
                     return self.poll_output();
                 }
+                let message = if self.peer_reads_meta(&to) { message } else { copy_without_meta(message) };
                 NodeOutput::Peer { to, message: message.into() }
             }
             BrokerOutput::Cluster(ClusterOutput::ProposeCluster(c)) => {
@@ -2239,6 +2305,28 @@ fn split_shard_sends(list: Vec<(ShardId, RaftBytes)>, max: usize) -> Vec<Vec<(Sh
         size += n;
     }
     parts
+}
+
+/// A shard copy's answer as a new owner that did not offer [`FEATURE_BATCH_META`] reads it
+/// (D59): its batches without keys and with plain records (the segment format's flag bits
+/// for them are unknown to it). A batch with an envelope cannot go without it: the copy is
+/// refused, and the new owner gives the move up (the shard stays where it is).
+fn copy_without_meta(message: super::peer::CopyMessage) -> super::peer::CopyMessage {
+    use super::peer::{CopyAnswer, CopyBody, CopyMessage};
+    let CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches } }) = message
+    else {
+        return message;
+    };
+    if batches.iter().any(|b| b.records.envelope().is_some()) {
+        let why =
+            "the shard holds batches with envelopes, which the new owner (an older broker) does not keep".to_owned();
+        return CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Refused(why) });
+    }
+    let batches = batches
+        .into_iter()
+        .map(|b| crate::storage::StoredBatch { key: None, records: b.records.plain(), ..b })
+        .collect();
+    CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches } })
 }
 
 #[cfg(test)]

@@ -9,7 +9,11 @@
 //!                    [, u64 features: absent from a broker older than them]]
 //!   2 raft           a Raft message (protobuf, `meta::encode_message`), to the end
 //!   3 forward        u64 id, u16+utf8 tenant, namespace, stream, u32 shard, u64 generation,
-//!                    u8 acked, u8 publisher_len + publisher, u32 count + records (to the end)
+//!                    u8 flags (0x1 acked; with [`FEATURE_BATCH_META`] 0x2 key, 0x4 envelope,
+//!                    0x8 compressed), u8 publisher_len + publisher, u16 key_len + key (0x2),
+//!                    u16 envelope_len + envelope (0x4), then to the end u32 count + records,
+//!                    or with 0x8 u8 codec (1 zstd, 2 lz4), u32 count, u32 raw_len, the
+//!                    compressed block
 //!   4 forward_answer u64 id, u8 status; 0 appended: u8 has_offset, u64 offset;
 //!                    1 refused: u16 code, u8 retry, u16+utf8 message
 //!   5 propose        a metadata command (JSON) for the leader to propose, to the end
@@ -88,12 +92,22 @@ pub const FEATURE_HIBERNATION: u64 = 0x8;
 /// a snapshot over the frame limit, a large cache's, could never fit).
 pub const FEATURE_SNAPSHOT_CHUNKS: u64 = 0x10;
 
+/// A peer's hello bit (D59): it reads a batch's key, envelope and compressed block where they
+/// travel between brokers: in `forward` (kind 3: bits 0x2, 0x4 and 0x8 of its `flags` byte) and
+/// in replicated shards' Raft entries (version 4, see
+/// [`ReplicatedBatch::encode`](crate::cluster::replica::ReplicatedBatch::encode)). A peer that
+/// did not offer it is forwarded the plain block without key, and a group with such a replica
+/// is proposed version 2 entries; a batch with an envelope is refused rather than sent to it
+/// without one.
+pub const FEATURE_BATCH_META: u64 = 0x20;
+
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SHARD_COPY
     | FEATURE_CACHE_COPY
     | FEATURE_HIBERNATION
-    | FEATURE_SNAPSHOT_CHUNKS;
+    | FEATURE_SNAPSHOT_CHUNKS
+    | FEATURE_BATCH_META;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.
@@ -350,7 +364,7 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
     // forwarded batch, every group's Raft messages) is copied once, not twice.
     let hint = match m {
         PeerMessage::ShardRaft(list) => list.iter().map(|(s, b)| b.len() + s.name.len() + 64).sum(),
-        PeerMessage::Forward(p) => p.records.raw().len() + 128,
+        PeerMessage::Forward(p) => p.records.block_len() + p.key.as_ref().map_or(0, Bytes::len) + 192,
         PeerMessage::Raft(b) | PeerMessage::Propose(b) => b.len(),
         PeerMessage::SnapshotChunk(c) => c.header.len() + c.data.len() + c.shard.name.len() + 96,
         PeerMessage::CopyAnswer(CopyAnswer { body: CopyBody::Batches { batches, .. }, .. }) => {
@@ -458,12 +472,23 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             put_str16(body, &p.stream, "stream")?;
             body.put_u32(p.shard);
             body.put_u64(p.generation);
-            body.put_u8(u8::from(p.acked));
+            let envelope = p.records.envelope();
+            body.put_u8(
+                u8::from(p.acked)
+                    | (u8::from(p.key.is_some()) << 1)
+                    | (u8::from(envelope.is_some()) << 2)
+                    | (u8::from(p.records.stores_packed()) << 3),
+            );
             let publisher = p.publisher.as_deref().unwrap_or(&[]);
             body.put_u8(u8::try_from(publisher.len()).map_err(|_| PeerError::FieldTooLong("publisher"))?);
             body.extend_from_slice(publisher);
-            body.put_u32(p.records.count());
-            body.extend_from_slice(p.records.raw());
+            for (f, what) in [(p.key.as_ref(), "key"), (envelope, "envelope")] {
+                if let Some(f) = f {
+                    body.put_u16(u16::try_from(f.len()).map_err(|_| PeerError::FieldTooLong(what))?);
+                    body.extend_from_slice(f);
+                }
+            }
+            p.records.put_block(body);
             3
         }
         PeerMessage::ForwardAnswer { id, outcome } => {
@@ -655,10 +680,23 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             let stream = r.str16("stream")?;
             let shard = r.u32("shard")?;
             let generation = r.u64("generation")?;
-            let acked = r.u8("acked")? != 0;
+            let flags = r.u8("flags")?;
             let plen = r.u8("publisher_len")? as usize;
             let publisher = r.bytes(plen, "publisher")?;
-            let records = Records::decode(&mut r, false)?;
+            let mut field = |bit: u8, what: &'static str| -> Result<Option<Bytes>, PayloadError> {
+                if flags & bit == 0 {
+                    return Ok(None);
+                }
+                let len = r.u16(what)?;
+                r.bytes(usize::from(len), what).map(Some)
+            };
+            let key = field(0x2, "key_len")?;
+            let envelope = field(0x4, "envelope_len")?;
+            // The origin checked the block against its frame limit; the owner's bound is the
+            // storage reader's (a peer frame is at most `MAX_PEER_FRAME` compressed bytes).
+            let records = Records::read_block(&mut r, flags & 0x8 != 0, crate::storage::MAX_BATCH_BODY)?;
+            let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
+            let acked = flags & 0x1 != 0;
             PeerMessage::Forward(ForwardedPublish {
                 id,
                 tenant_id,
@@ -666,6 +704,7 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
                 stream,
                 shard,
                 generation,
+                key,
                 records,
                 publisher: (!publisher.is_empty()).then_some(publisher),
                 acked,
@@ -989,7 +1028,21 @@ mod tests {
                 stream: "orders".into(),
                 shard: 3,
                 generation: 9,
+                key: None,
                 records: Records::from_payloads(["a", "bb"]).unwrap(),
+                publisher: Some(Bytes::from_static(b"alice")),
+                acked: true,
+            }),
+            PeerMessage::Forward(ForwardedPublish {
+                id: 8,
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "orders".into(),
+                shard: 3,
+                generation: 9,
+                key: Some(Bytes::from_static(b"eu-7")),
+                records: crate::samples::packed_records(crate::binary::Codec::Lz4)
+                    .with_envelope(Some(Bytes::from_static(b"\x01\x01\x02k1"))),
                 publisher: Some(Bytes::from_static(b"alice")),
                 acked: true,
             }),

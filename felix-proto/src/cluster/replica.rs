@@ -125,7 +125,10 @@ pub struct ReplicatedBatch {
     pub timestamp_micros: u64,
     /// Who published it (principal), when known.
     pub publisher: Option<Bytes>,
-    /// The records (an untimed block, as published).
+    /// The key it was published with (D57: what subscriptions' filters match; D59).
+    pub key: Option<Bytes>,
+    /// The records (an untimed block, as published), with their envelope (D58) and their
+    /// compressed form (D56) when they came with them (D59).
     pub records: Records,
     /// A conditional publish (`publish_if`): written only if the shard's next offset is this
     /// when the entry is applied.
@@ -153,6 +156,7 @@ impl ReplicatedBatch {
             producer,
             timestamp_micros: 0,
             publisher: None,
+            key: None,
             records: Records::from_payloads(payloads.iter()).unwrap_or_default(),
             expected_offset: None,
             state: None,
@@ -175,15 +179,57 @@ impl ReplicatedBatch {
         self.records.payloads().collect()
     }
 
-    /// Its bytes in the Raft log: `u8 version` (2; 3 for a side entry, same layout), `u8 flags` (0x1 producer, 0x2 publisher,
+    /// Whether it carries what only a replica that offered [`FEATURE_BATCH_META`] reads (a
+    /// key, an envelope, a compressed block): encoded as version 4.
+    ///
+    /// [`FEATURE_BATCH_META`]: crate::cluster::peer::FEATURE_BATCH_META
+    pub fn has_meta(&self) -> bool {
+        !self.side && (self.key.is_some() || self.records.envelope().is_some() || self.records.stores_packed())
+    }
+
+    /// What a group with a replica that did not offer [`FEATURE_BATCH_META`] can take: the
+    /// batch without its key and with its records plain (both only ever help: the key
+    /// filters, the compressed form saves bytes). `None` for a batch with an envelope: its
+    /// records are ciphertext that no subscriber could open without it, so it is refused
+    /// rather than written without it.
+    ///
+    /// [`FEATURE_BATCH_META`]: crate::cluster::peer::FEATURE_BATCH_META
+    pub fn without_meta(self) -> Option<ReplicatedBatch> {
+        if self.records.envelope().is_some() {
+            return None;
+        }
+        Some(ReplicatedBatch { key: None, records: self.records.plain(), ..self })
+    }
+
+    /// Its bytes in the Raft log: `u8 version` (2; 3 for a side entry, same layout; 4 for a
+    /// batch that [`has_meta`](Self::has_meta)), `u8 flags` (0x1 producer, 0x2 publisher,
     /// 0x4 expected offset, 0x8 state), `u64 producer`, `u64 sequence`, `u64 timestamp_micros`,
     /// `u8 publisher_len` + publisher, `u64 expected_offset` (with 0x4 only), `u32 state_len` +
-    /// state (with 0x8 only), then the records block as in a publish batch (`u32 count`, each
-    /// `u32 len` + payload).
+    /// state (with 0x8 only); version 4 then has `u8 meta` (0x1 key, 0x2 envelope, 0x4
+    /// compressed), `u16 key_len` + key (0x1), `u16 envelope_len` + envelope (0x2); then the
+    /// records block as in a publish batch (`u32 count`, each `u32 len` + payload), or with
+    /// 0x4 compressed as in a stored batch (`u8 codec`, `u32 count`, `u32 raw_len`, the
+    /// compressed bytes). A version 2 or 3 entry is byte-identical to what brokers before D59
+    /// wrote; version 4 goes only to groups whose every replica offered `FEATURE_BATCH_META`.
     pub fn encode(&self) -> Vec<u8> {
         let publisher = self.publisher.as_ref().filter(|p| p.len() <= 255);
-        let mut b = Vec::with_capacity(32 + publisher.map_or(0, |p| p.len()) + self.records.raw().len());
-        b.put_u8(if self.side { 3 } else { 2 });
+        let key = self.key.as_ref().filter(|k| k.len() <= usize::from(u16::MAX) && !self.side);
+        let envelope = self.records.envelope().filter(|e| e.len() <= usize::from(u16::MAX) && !self.side);
+        let packed = self.records.stores_packed() && !self.side;
+        let meta = u8::from(key.is_some()) | (u8::from(envelope.is_some()) << 1) | (u8::from(packed) << 2);
+        let mut b = Vec::with_capacity(
+            48 + publisher.map_or(0, |p| p.len())
+                + key.map_or(0, Bytes::len)
+                + envelope.map_or(0, Bytes::len)
+                + self.records.block_len(),
+        );
+        b.put_u8(if self.side {
+            3
+        } else if meta != 0 {
+            4
+        } else {
+            2
+        });
         let (pid, seq) = self.producer.unwrap_or((0, 0));
         b.put_u8(
             u8::from(self.producer.is_some())
@@ -204,8 +250,19 @@ impl ReplicatedBatch {
             b.put_u32(s.len() as u32);
             b.extend_from_slice(s);
         }
-        b.put_u32(self.records.count());
-        b.extend_from_slice(self.records.raw());
+        if meta != 0 {
+            b.put_u8(meta);
+            for f in [key, envelope].into_iter().flatten() {
+                b.put_u16(f.len() as u16);
+                b.extend_from_slice(f);
+            }
+        }
+        if packed {
+            self.records.put_block(&mut b);
+        } else {
+            b.put_u32(self.records.count());
+            b.extend_from_slice(self.records.raw());
+        }
         b
     }
 
@@ -225,8 +282,9 @@ impl ReplicatedBatch {
     pub fn decode_shared(data: Bytes) -> Result<ReplicatedBatch, BatchError> {
         let mut r = Reader::new(data);
         let bad = |what: &'static str| move |_| BatchError(what);
-        let side = match r.u8("version").map_err(bad("version"))? {
-            2 => false,
+        let version = r.u8("version").map_err(bad("version"))?;
+        let side = match version {
+            2 | 4 => false,
             3 => true,
             _ => return Err(BatchError("unknown version")),
         };
@@ -244,11 +302,26 @@ impl ReplicatedBatch {
         } else {
             None
         };
-        let records = Records::decode(&mut r, false).map_err(bad("records"))?;
+        let meta = if version == 4 { r.u8("meta").map_err(bad("meta"))? } else { 0 };
+        let mut field = |bit: u8, what: &'static str| -> Result<Option<Bytes>, BatchError> {
+            if meta & bit == 0 {
+                return Ok(None);
+            }
+            let len = r.u16(what).map_err(bad(what))?;
+            r.bytes(usize::from(len), what).map(Some).map_err(bad(what))
+        };
+        let key = field(1, "key")?;
+        let envelope = field(2, "envelope")?;
+        // The leader checked the block against its frame limit; a replica's bound is the
+        // storage reader's, alike on every replica (an entry refused here is refused by all).
+        let records =
+            Records::read_block(&mut r, meta & 4 != 0, crate::storage::MAX_BATCH_BODY).map_err(bad("records"))?;
+        let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
         Ok(ReplicatedBatch {
             producer: (flags & 1 != 0).then_some((pid, seq)),
             timestamp_micros,
             publisher: (flags & 2 != 0).then_some(publisher),
+            key,
             records,
             expected_offset,
             state,
@@ -277,6 +350,11 @@ pub enum Answer {
     /// Not proposed: the leader is handing its leadership over (a move). Nothing was written;
     /// send it again (to the new leader, soon).
     NotProposed,
+    /// Not proposed: the batch carries an envelope (D58) and a replica of the group runs a
+    /// broker that did not offer [`FEATURE_BATCH_META`](crate::cluster::peer::FEATURE_BATCH_META),
+    /// which would keep its ciphertext without the envelope that opens it (D59). Nothing was
+    /// written.
+    NoEnvelopes,
     /// Committed, and refused when applied (nothing written): an idempotent producer's batch
     /// out of its sequence order. Every replica refuses it alike, so a producer's batches land
     /// in sequence order whichever leader wrote them.
@@ -1067,6 +1145,55 @@ mod tests {
         huge.extend_from_slice(&[0; 24]);
         huge.extend_from_slice(&[0, 0xFF, 0xFF, 0xFF, 0xFF]);
         assert!(ReplicatedBatch::decode(&huge).is_err());
+    }
+
+    /// D59: a batch with a key, an envelope or a compressed block is a version 4 entry that
+    /// keeps all three; one with none of them is the version 2 entry brokers before D59 wrote,
+    /// byte for byte; and what a group with an older replica is proposed drops the key and
+    /// the compressed form, never the envelope.
+    #[test]
+    fn a_batch_with_a_key_envelope_or_compressed_block_is_version_4_and_keeps_them() {
+        let plain = ReplicatedBatch::from_payloads(Some((7, 9)), &[Bytes::from_static(b"a")]);
+        let v2 = plain.encode();
+        assert_eq!(v2[0], 2);
+        // A key alone changes nothing but the version, the meta byte and the key.
+        let keyed = ReplicatedBatch { key: Some(Bytes::from_static(b"eu-7")), ..plain.clone() };
+        assert!(keyed.has_meta());
+        let v4 = keyed.encode();
+        assert_eq!(v4[0], 4);
+        assert_eq!(v4.len(), v2.len() + 1 + 2 + 4);
+        assert_eq!(ReplicatedBatch::decode(&v4), Ok(keyed.clone()));
+        assert_eq!(keyed.clone().without_meta().map(|b| b.encode()), Some(v2.clone()));
+
+        for codec in crate::binary::Codec::ALL {
+            let packed = crate::samples::packed_records(codec);
+            let b = ReplicatedBatch {
+                key: Some(Bytes::from_static(b"eu-7")),
+                records: packed.with_envelope(Some(Bytes::from_static(b"\x01\x01\x02k1"))),
+                ..plain.clone()
+            };
+            let bytes = b.encode();
+            assert!(bytes.len() < packed.raw().len(), "{codec}: the entry holds the compressed block");
+            let back = ReplicatedBatch::decode(&bytes).expect("decodes");
+            assert_eq!(back, b);
+            assert_eq!(back.records.payloads().collect::<Vec<_>>(), packed.payloads().collect::<Vec<_>>());
+            for cut in 0..bytes.len() {
+                assert!(ReplicatedBatch::decode(&bytes[..cut]).is_err(), "{codec}: cut {cut}");
+            }
+            // Without the envelope it goes to an older group as the plain version 2 entry.
+            assert_eq!(b.clone().without_meta(), None, "an envelope is never dropped");
+            let open = ReplicatedBatch { records: b.records.with_envelope(None), ..b };
+            let old = open.without_meta().expect("no envelope");
+            assert!(!old.has_meta());
+            assert_eq!(old.encode()[0], 2);
+            assert_eq!(ReplicatedBatch::decode(&old.encode()).map(|b| b.payloads()), Ok(packed.payloads().collect()));
+        }
+        // An unknown codec byte in a version 4 entry is refused, not misread.
+        let mut bad =
+            ReplicatedBatch { records: crate::samples::packed_records(crate::binary::Codec::Zstd), ..plain }.encode();
+        let at = bad.len() - crate::samples::packed_records(crate::binary::Codec::Zstd).block_len();
+        bad[at] = 9;
+        assert!(ReplicatedBatch::decode(&bad).is_err());
     }
 
     /// A one-replica group ticked until it leads; its outputs collected.

@@ -315,7 +315,7 @@ impl World {
             Answer::NotProposed => prod.inflight = None,
             // One batch in flight, resent under its sequence until answered: never out of order;
             // and it proposes no side entries.
-            Answer::Refused(_) | Answer::Applied => {
+            Answer::Refused(_) | Answer::Applied | Answer::NoEnvelopes => {
                 let pid = prod.id;
                 return Err(self.violation(format!("producer {pid} seq {seq} answered {answer:?}")));
             }

@@ -24,7 +24,7 @@
 //!
 //! See docs/storage.md.
 
-use crate::binary::{Codec, PayloadError, Reader, Records};
+use crate::binary::{PayloadError, Reader, Records};
 use bytes::{BufMut, Bytes, BytesMut};
 
 mod requests;
@@ -48,13 +48,6 @@ const FLAG_PRODUCER: u8 = 0x02;
 const FLAG_STATE: u8 = 0x04;
 const FLAG_COMPRESSED: u8 = 0x08;
 
-/// The codec byte of a compressed stored batch.
-fn codec_byte(c: Codec) -> u8 {
-    match c {
-        Codec::Zstd => 1,
-        Codec::Lz4 => 2,
-    }
-}
 /// The largest body a reader accepts (a defence against a corrupt length).
 pub const MAX_BATCH_BODY: usize = 256 << 20;
 
@@ -143,8 +136,7 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     let envelope = b.records.envelope().filter(|e| e.len() <= usize::from(u16::MAX));
     let key_len = key_len + envelope.map_or(0, |e| 2 + e.len());
     let state_len = b.state.as_ref().map_or(0, |s| 4 + s.len());
-    let packed = b.records.packed().filter(|_| !b.records.is_timed());
-    let records_len = packed.map_or(4 + b.records.raw().len(), |p| 1 + 4 + 4 + p.data.len());
+    let records_len = b.records.block_len();
     let body_len = 8 + 8 + 1 + 1 + publisher.len() + key_len + producer_len + state_len + records_len;
     dst.reserve(BATCH_HEADER_LEN + body_len);
     dst.put_u32(BATCH_MAGIC);
@@ -164,7 +156,7 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
     if b.state.is_some() {
         flags |= FLAG_STATE;
     }
-    if packed.is_some() {
+    if b.records.stores_packed() {
         flags |= FLAG_COMPRESSED;
     }
     if key.is_some() {
@@ -192,18 +184,7 @@ pub fn encode_batch(b: &StoredBatch, dst: &mut BytesMut) {
         dst.put_u32(state.len() as u32);
         dst.extend_from_slice(state);
     }
-    match packed {
-        Some(p) => {
-            dst.put_u8(codec_byte(p.codec));
-            dst.put_u32(b.records.count());
-            dst.put_u32(b.records.raw().len() as u32);
-            dst.extend_from_slice(&p.data);
-        }
-        None => {
-            dst.put_u32(b.records.count());
-            dst.extend_from_slice(b.records.raw());
-        }
-    }
+    b.records.put_block(dst);
     let crc = crc32c(&dst[body_at..]);
     dst[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
 }
@@ -445,18 +426,7 @@ fn decode_body(body: Bytes) -> Result<StoredBatch, PayloadError> {
     } else {
         None
     };
-    let records = if flags & FLAG_COMPRESSED != 0 {
-        let codec = match r.u8("codec")? {
-            1 => Codec::Zstd,
-            2 => Codec::Lz4,
-            other => return Err(PayloadError::UnknownCodec(other)),
-        };
-        let count = r.u32("count")?;
-        let raw_len = r.u32("raw_len")? as usize;
-        Records::from_packed(count, codec, r.rest(), raw_len, MAX_BATCH_BODY)?
-    } else {
-        Records::decode(&mut r, false)?
-    };
+    let records = Records::read_block(&mut r, flags & FLAG_COMPRESSED != 0, MAX_BATCH_BODY)?;
     let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
     r.finish()?;
     Ok(StoredBatch {
@@ -751,6 +721,7 @@ pub fn parse_path_component(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::binary::Codec;
 
     fn batch(base: u64, payloads: &[&str]) -> StoredBatch {
         StoredBatch {
