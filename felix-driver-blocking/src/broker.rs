@@ -331,6 +331,13 @@ impl BlockingBroker {
                     eprintln!("deleting {namespace}/{stream}: {e}");
                 }
             }
+            BrokerOutput::Storage(StorageOutput::CreateStream { token, tenant_id, namespace, stream, shards }) => {
+                let r = match self.disk.as_mut() {
+                    Some(d) => d.record_stream((&tenant_id, &namespace, &stream), shards).map_err(|e| e.to_string()),
+                    None => Ok(()),
+                };
+                self.broker.handle_stream_recorded(token, r, Instant::now());
+            }
             // A shard is reset only when it moves here, which needs a cluster.
             BrokerOutput::Storage(StorageOutput::ResetShard { .. }) => {}
             // No cluster transport in this driver (it is never given a cluster's metadata): any

@@ -198,6 +198,7 @@ impl DiskStorage {
                     };
                     let stream_shards = read_meta(&s.join("meta")).unwrap_or(1);
                     self.known_meta.insert(s.join("meta"));
+                    let before = out.len();
                     for shard_dir in read_dirs(&s)? {
                         let Some(shard) =
                             shard_dir.file_name().and_then(|f| f.to_str()).and_then(|f| f.parse::<u32>().ok())
@@ -225,6 +226,21 @@ impl DiskStorage {
                             state_batches,
                             repairs,
                             producer_watermarks,
+                        });
+                    }
+                    // A stream created (D60) and never written: its shards, empty.
+                    if out.len() == before && s.join("meta").exists() {
+                        out.push(RecoveredShard {
+                            tenant_id: tenant.clone(),
+                            namespace: namespace.clone(),
+                            stream: stream.clone(),
+                            shard: 0,
+                            stream_shards,
+                            summaries: Vec::new(),
+                            batches: Vec::new(),
+                            state_batches: Vec::new(),
+                            repairs: Vec::new(),
+                            producer_watermarks: Vec::new(),
                         });
                     }
                 }
@@ -356,6 +372,35 @@ impl DiskStorage {
             }
         }
         deleted
+    }
+
+    /// Records a created stream's shard count (`stream_create`, D60): its directory's `meta`,
+    /// written whole and synced with the directories above it, so a restart brings the stream
+    /// back with its shards before its first record. A stream that has a `meta` keeps it (a
+    /// stream's shard count never changes).
+    ///
+    /// # Errors
+    /// The directories or the file cannot be written.
+    pub fn record_stream(&mut self, (tenant, ns, stream): (&str, &str, &str), shards: u32) -> std::io::Result<()> {
+        let sdir = self.stream_dir(tenant, ns, stream);
+        let meta = sdir.join("meta");
+        if meta.exists() {
+            self.known_meta.insert(meta);
+            return Ok(());
+        }
+        std::fs::create_dir_all(&sdir).map_err(|e| io_err(&sdir, e))?;
+        // The new directories' entries, up to the streams root, survive a crash too.
+        let mut d = sdir.parent();
+        while let Some(dir) = d {
+            File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io_err(dir, e))?;
+            if dir == self.root {
+                break;
+            }
+            d = dir.parent();
+        }
+        write_atomically(&meta, format!("shards={shards}\n").as_bytes()).map_err(|e| io_err(&meta, e))?;
+        self.known_meta.insert(meta);
+        Ok(())
     }
 
     /// Removes a deleted stream's files. The directory is first renamed to a name no stream can
@@ -1079,6 +1124,26 @@ mod tests {
         let rec = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
         assert_eq!(rec[0].batches.len(), 3);
         assert!(rec[0].repairs.is_empty());
+    }
+
+    /// D60: a created stream's shard count is on disk before its first record, and recovery
+    /// hands it back as one empty shard carrying the count; a written stream's `meta` is kept.
+    #[test]
+    fn a_recorded_stream_is_recovered_with_its_shards_before_any_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Always).unwrap();
+        s.record_stream(("t1", "default", "wide"), 8).unwrap();
+        s.record_stream(("t1", "default", "wide"), 2).unwrap(); // a shard count never changes
+        s.write(vec![req(1, 0, &["a"])]);
+        s.record_stream(("t1", "default", "../orders"), 5).unwrap(); // written already: kept
+        drop(s);
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Always).unwrap();
+        let got = s.recover().unwrap();
+        let wide = got.iter().find(|r| r.stream == "wide").expect("recovered unwritten");
+        assert_eq!((wide.shard, wide.stream_shards, wide.batches.len()), (0, 8, 0));
+        let orders = got.iter().find(|r| r.stream == "../orders").expect("written");
+        assert_eq!(orders.batches.len(), 1);
+        assert_ne!(orders.stream_shards, 5, "the meta its first write made stands");
     }
 
     #[test]

@@ -1262,6 +1262,32 @@ impl Client {
         }
     }
 
+    /// Creates streams in namespace `ns` (FEATURE_STREAM_CREATE, D60; needs the admin
+    /// permission on each), at most [`message::MAX_STREAMS_PER_CREATE`] in one request.
+    /// Returns the names created (in a cluster: proposed, created on every broker once the
+    /// metadata group commits them) and the streams that existed already, left as they are.
+    ///
+    /// # Errors
+    /// `invalid_request` (nothing created) for a bad name, shard count or replication, or a
+    /// name given twice; `forbidden`; `limit_exceeded` past the namespace's stream quota;
+    /// [`ClientError::Unsupported`] against a broker without the feature.
+    pub async fn stream_create(
+        &self,
+        ns: &str,
+        streams: Vec<message::NewStream>,
+    ) -> Result<(Vec<String>, Vec<message::ExistingStream>), ClientError> {
+        let namespace = ns.to_owned();
+        let r = self
+            .request(move |tenant_id, request_id| {
+                Message::StreamCreate(message::StreamCreate { tenant_id, namespace, streams, request_id })
+            })
+            .await?;
+        match r {
+            core::Reply::StreamsCreated { created, existed } => Ok((created, existed)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Commits an event and state changes as one record (FEATURE_ATOMIC_COMMIT; brokers with
     /// storage offer it) and returns its offset (the version of every key it wrote), once
     /// durable.

@@ -389,6 +389,7 @@ enum StorageCmd {
     Write(Vec<PersistRequest>),
     Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64, forgotten: Vec<(u64, u64)> },
     DeleteStream { tenant: String, namespace: String, stream: String },
+    CreateStream { token: WriteToken, tenant: String, namespace: String, stream: String, shards: u32 },
     ResetShard { tenant: String, namespace: String, stream: String, shard: u32 },
     Stop,
 }
@@ -419,6 +420,7 @@ fn storage_loop(
         // writes after it (a stream of the same name created again) go in the next pass.
         let mut deletion = None;
         let mut reset = None;
+        let mut created = Vec::new();
         let mut cut = false;
         let mut take = |cmd: StorageCmd, stop: &mut bool, cut: &mut bool| match cmd {
             StorageCmd::Write(r) => reqs.extend(r),
@@ -432,6 +434,9 @@ fn storage_loop(
             StorageCmd::ResetShard { tenant, namespace, stream, shard } => {
                 reset = Some((tenant, namespace, stream, shard));
                 *cut = true;
+            }
+            StorageCmd::CreateStream { token, tenant, namespace, stream, shards } => {
+                created.push((token, tenant, namespace, stream, shards));
             }
             StorageCmd::Stop => *stop = true,
         };
@@ -456,6 +461,13 @@ fn storage_loop(
             };
             let micros = started.elapsed().as_micros() as u64;
             let _ = tx.send(Input::Written(results, micros));
+        }
+        for (token, t, n, s, shards) in created {
+            let r = match disk.as_mut() {
+                Some(d) => d.record_stream((&t, &n, &s), shards).map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+            let _ = tx.send(Input::StreamRecorded(token, r));
         }
         if let (Some(d), Some((t, n, s))) = (disk.as_mut(), deletion)
             && let Err(e) = d.delete_stream((&t, &n, &s))
@@ -529,6 +541,7 @@ enum Input {
     },
     Written(Vec<(WriteToken, WriteOutcome)>, u64),
     ReadDone(felix_proto::transport::ReadToken, Vec<felix_proto::storage::StoredBatch>),
+    StreamRecorded(WriteToken, Result<(), String>),
     Closed {
         conn: ConnId,
     },
@@ -1426,6 +1439,7 @@ impl BrokerTask {
                 }
             }
             Input::ReadDone(token, batches) => self.node.broker().handle_read_complete(token, batches, now),
+            Input::StreamRecorded(token, r) => self.node.broker().handle_stream_recorded(token, r, now),
             Input::Metrics(reply) => {
                 let _ = reply.send(self.metrics());
             }
@@ -1826,6 +1840,15 @@ impl BrokerTask {
                     // Writes asked for before the deletion go first.
                     self.flush_storage();
                     let _ = self.storage.send(StorageCmd::DeleteStream { tenant: tenant_id, namespace, stream });
+                }
+                BrokerOutput::Storage(StorageOutput::CreateStream { token, tenant_id, namespace, stream, shards }) => {
+                    let _ = self.storage.send(StorageCmd::CreateStream {
+                        token,
+                        tenant: tenant_id,
+                        namespace,
+                        stream,
+                        shards,
+                    });
                 }
                 BrokerOutput::Storage(StorageOutput::ResetShard { tenant_id, namespace, stream, shard }) => {
                     self.flush_storage();

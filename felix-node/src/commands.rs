@@ -1937,6 +1937,21 @@ pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {
         StreamOp::List { in_namespace, json } => return stream_list(&a.conn, in_namespace.as_deref(), json).await,
         StreamOp::Info { stream, shard, json } => return stream_info(&a.conn, &stream, shard, json).await,
         StreamOp::Delete { stream, yes } => (stream, yes),
+        StreamOp::Create { streams, from_file, shards, replication, memory, wait, json } => {
+            let mut list: Vec<felix_proto::message::NewStream> = streams
+                .into_iter()
+                .map(|stream| felix_proto::message::NewStream {
+                    stream,
+                    shards,
+                    replication,
+                    durable: memory.then_some(false),
+                })
+                .collect();
+            if let Some(path) = from_file {
+                list.extend(read_stream_list(&path, shards, replication, memory)?);
+            }
+            return stream_create(&a.conn, list, wait, json).await;
+        }
     };
     let ns = a.conn.namespace.clone();
     if !yes {
@@ -1962,6 +1977,144 @@ pub async fn stream(a: StreamArgs) -> Result<ExitCode, String> {
         eprintln!("no stream {ns}/{stream}");
         Ok(ExitCode::from(1))
     }
+}
+
+/// Reads `stream create --from-file`: one stream per line, `NAME [SHARDS [REPLICATION]]`.
+fn read_stream_list(
+    path: &std::path::Path,
+    shards: Option<u32>,
+    replication: Option<u32>,
+    memory: bool,
+) -> Result<Vec<felix_proto::message::NewStream>, String> {
+    let text = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| format!("standard input: {e}"))?;
+        s
+    } else {
+        std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+    };
+    parse_stream_list(&text, shards, replication, memory).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The lines of a stream list (see [`read_stream_list`]); the first bad line is named.
+pub fn parse_stream_list(
+    text: &str,
+    shards: Option<u32>,
+    replication: Option<u32>,
+    memory: bool,
+) -> Result<Vec<felix_proto::message::NewStream>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |why: String| format!("line {}: {why}", i + 1);
+        let mut words = line.split_whitespace();
+        let name = words.next().unwrap_or("");
+        let stream = parse_name(name).map_err(|e| at(format!("{name:?}: {e}")))?;
+        let mut count = |what: &str, range: std::ops::RangeInclusive<u32>, default: Option<u32>| match words.next() {
+            None => Ok(default),
+            Some(w) => match w.parse::<u32>() {
+                Ok(n) if range.contains(&n) => Ok(Some(n)),
+                _ => Err(at(format!("{what} {w:?} is not a number from {} to {}", range.start(), range.end()))),
+            },
+        };
+        let shards = count("shard count", 1..=4096, shards)?;
+        let replication = count("replication", 1..=7, replication)?;
+        if let Some(extra) = words.next() {
+            return Err(at(format!("{extra:?} after the replication: a line is NAME [SHARDS [REPLICATION]]")));
+        }
+        out.push(felix_proto::message::NewStream { stream, shards, replication, durable: memory.then_some(false) });
+    }
+    Ok(out)
+}
+
+/// `stream create`: a thousand streams per request; then, until `wait`, the listing until it
+/// shows every created one (in a cluster they exist once the metadata group committed them).
+async fn stream_create(
+    c: &ConnectArgs,
+    list: Vec<felix_proto::message::NewStream>,
+    wait: std::time::Duration,
+    json: bool,
+) -> Result<ExitCode, String> {
+    if list.is_empty() {
+        return Err("name at least one stream (or --from-file FILE)".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = list.iter().find(|s| !seen.insert(s.stream.as_str())) {
+        return Err(format!("stream {} is named twice", dup.stream));
+    }
+    let ns = c.namespace.clone();
+    let client = connect(c).await?;
+    let total = list.len();
+    let (mut created, mut existed) = (Vec::new(), Vec::new());
+    let started = std::time::Instant::now();
+    for chunk in list.chunks(1000) {
+        let (c, e) = client.stream_create(&ns, chunk.to_vec()).await.map_err(|e| match e {
+            felix_driver_tokio::ClientError::Unsupported(_) => {
+                "this broker cannot create streams on request (it does not advertise FEATURE_STREAM_CREATE)".to_owned()
+            }
+            e => e.to_string(),
+        })?;
+        created.extend(c);
+        existed.extend(e);
+        if total > 1000 {
+            eprintln!("asked for {} of {total} stream(s)", created.len() + existed.len());
+        }
+    }
+    // Until every broker of a cluster knows them: the listing is the cluster's.
+    let mut missing: std::collections::BTreeSet<&str> = created.iter().map(String::as_str).collect();
+    let deadline = started + wait;
+    let mut shown = std::time::Instant::now();
+    while !missing.is_empty() {
+        let mut after: Option<String> = None;
+        loop {
+            let (page, next) =
+                client.stream_list(Some(&ns), after.as_deref(), Some(1000)).await.map_err(|e| e.to_string())?;
+            for e in &page {
+                missing.remove(e.stream.as_str());
+            }
+            match next {
+                Some(n) if !missing.is_empty() => after = Some(n),
+                _ => break,
+            }
+        }
+        if missing.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = client.close().await;
+            return Err(format!(
+                "{} of {} stream(s) not created within {:?} (the cluster may still be creating them: `felix-node stream list`)",
+                missing.len(),
+                created.len(),
+                wait
+            ));
+        }
+        if shown.elapsed() >= std::time::Duration::from_secs(1) {
+            eprintln!("created {} of {} stream(s)", created.len() - missing.len(), created.len());
+            shown = std::time::Instant::now();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let _ = client.close().await;
+    if json {
+        let existed: Vec<_> =
+            existed.iter().map(|e| serde_json::json!({"stream": e.stream, "shards": e.shards})).collect();
+        out!("{}", serde_json::json!({"created": created, "existed": existed}));
+    } else {
+        out!("created {} stream(s) in {ns} in {:.2} s", created.len(), started.elapsed().as_secs_f64());
+        for e in &existed {
+            out!(
+                "{ns}/{} existed already ({} shard{}), left as it is",
+                e.stream,
+                e.shards,
+                if e.shards == 1 { "" } else { "s" }
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `stream list`: every page, in order.

@@ -838,6 +838,35 @@ struct StreamArgs {
 
 #[derive(Subcommand, Debug)]
 enum StreamOp {
+    /// Create streams, each with its shard count and replication: names on the command line,
+    /// or thousands from a file (one request per thousand). A stream that exists is left as
+    /// it is and reported with its shard count. In a cluster, waits (showing progress) until
+    /// every broker knows them.
+    Create {
+        /// Stream names.
+        #[arg(value_parser = commands::parse_name)]
+        streams: Vec<String>,
+        /// A file with one stream per line, `NAME [SHARDS [REPLICATION]]` (`#` starts a
+        /// comment; `-` reads standard input). Lines without a count take --shards and
+        /// --replication.
+        #[arg(long, value_name = "FILE")]
+        from_file: Option<std::path::PathBuf>,
+        /// Shards per stream [default: the broker's default].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        shards: Option<u32>,
+        /// Replicas per shard, in a cluster (a `quorum` stream) [default: the broker's default].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=7))]
+        replication: Option<u32>,
+        /// Keep the streams in memory only, not on disk [default: the broker's default].
+        #[arg(long)]
+        memory: bool,
+        /// How long to wait for a cluster to create them.
+        #[arg(long, default_value = "60s", value_parser = commands::parse_duration)]
+        wait: std::time::Duration,
+        /// One JSON object: {"created": [...], "existed": [{"stream", "shards"}]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the tenant's streams this token may publish to or read, with their shard counts
     /// (every namespace unless --in names one; any broker of a cluster lists them all).
     List {

@@ -1992,3 +1992,56 @@ fn bench_connections_measures_many_connections_on_a_child_broker() {
     assert!(v["broker_rss_per_connection_kb"].as_f64().is_some_and(|k| k > 0.0), "{v}");
     assert!(v["broker_idle_cpu_share_of_a_core"].as_f64().is_some(), "{v}");
 }
+
+/// `stream create` (D60): names on the command line and thousands from a file, each with its
+/// shard count; a stream that exists is reported and left as it is; a bad line of the file is
+/// named before anything is created; a restart brings the created streams back with their
+/// shards before any record was written.
+#[test]
+fn streams_created_from_the_command_line_and_a_file_survive_a_restart_unwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("broker");
+    let addr = free_port();
+    let broker = serve(&data, addr, &[]);
+    let run = |args: &[&str]| {
+        let out = client_cmd(&data, addr).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&["stream", "create", "orders", "payments", "--shards", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("created 2 stream(s) in default"), "{out}");
+    let list = dir.path().join("streams.txt");
+    let mut text = String::from("# name shards\n");
+    for i in 0..2500 {
+        text.push_str(&format!("bulk{i:04} {}\n", 1 + i % 4));
+    }
+    text.push_str("orders 5\n");
+    std::fs::write(&list, &text).unwrap();
+    let (code, out, err) = run(&["stream", "create", "--from-file", list.to_str().unwrap(), "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["created"].as_array().map(Vec::len), Some(2500), "{out}");
+    assert_eq!(v["existed"], serde_json::json!([{"stream": "orders", "shards": 3}]), "left as it is");
+    assert!(err.contains("asked for 2501 of 2501 stream(s)"), "progress: {err}");
+    // A bad line is named; nothing of the file is created.
+    std::fs::write(&list, "fresh1 2\nfresh2 zero\n").unwrap();
+    let (code, _, err) = run(&["stream", "create", "--from-file", list.to_str().unwrap()]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("line 2: shard count \"zero\" is not a number from 1 to 4096"), "{err}");
+    let (code, _, err) = run(&["stream", "create", "x", "--shards", "0"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--shards"), "{err}");
+    // Restarted: the unwritten streams are back with their shards.
+    drop(broker);
+    let _broker = serve(&data, addr, &[]);
+    let (code, out, err) = run(&["stream", "list"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.lines().any(|l| l == "default/orders\t3 shards"), "{out}");
+    assert!(out.lines().any(|l| l == "default/bulk0002\t3 shards"), "{out}");
+    assert!(!out.contains("fresh1"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("default/bulk")).count(), 2500);
+}

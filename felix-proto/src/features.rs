@@ -114,6 +114,9 @@ feature_bits! {
     /// Second word, bit 0x200 (our decision D57, docs/protocol.md): the broker takes a
     /// `filter` on `subscribe`, on record keys, and sends only the batches it matches.
     STREAM_FILTER = 1 << 41, "FEATURE_STREAM_FILTER";
+    /// Second word, bit 0x400 (our decision D60, docs/protocol.md): the broker serves
+    /// `stream_create`, many streams in one request.
+    STREAM_CREATE = 1 << 42, "FEATURE_STREAM_CREATE";
 }
 
 impl Features {

@@ -80,6 +80,7 @@
 //!             | BrokerOutput::Transport(TransportOutput::ResumeReading { .. })
 //!             | BrokerOutput::Storage(StorageOutput::Truncate { .. })
 //!             | BrokerOutput::Storage(StorageOutput::DeleteStream { .. })
+//!             | BrokerOutput::Storage(StorageOutput::CreateStream { .. })
 //!             | BrokerOutput::Cluster(ClusterOutput::Forward { .. })
 //!             | BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { .. })
 //!             | BrokerOutput::Cluster(ClusterOutput::ForwardRequest { .. })

@@ -209,6 +209,20 @@ pub fn messages() -> Vec<Message> {
         Message::StreamDeleted(StreamDeleted { subscription_id: 42 }),
         Message::StreamDelete(StreamDelete { tenant_id: t(), namespace: ns(), stream: s("orders"), request_id: 12 }),
         Message::StreamDeleteOk(StreamDeleteOk { request_id: 12, existed: true }),
+        Message::StreamCreate(StreamCreate {
+            tenant_id: t(),
+            namespace: ns(),
+            streams: vec![
+                NewStream { stream: s("orders"), shards: Some(8), replication: Some(3), durable: None },
+                NewStream { stream: s("clicks"), shards: None, replication: None, durable: Some(false) },
+            ],
+            request_id: 13,
+        }),
+        Message::StreamCreateOk(StreamCreateOk {
+            request_id: 13,
+            created: vec![s("clicks")],
+            existed: vec![ExistingStream { stream: s("orders"), shards: 4 }],
+        }),
         Message::OffsetForTime(OffsetForTime {
             tenant_id: t(),
             namespace: ns(),

@@ -89,6 +89,9 @@ pub struct Sim {
     /// `producers_forgotten` of its truncations, highest per producer), kept with `durable` as a
     /// disk keeps it and handed back at a restart.
     pub producer_watermarks: BTreeMap<ShardName, BTreeMap<u64, u64>>,
+    /// Durable streams `stream_create` made, with their shard counts (D60): what a data
+    /// directory's `meta` files keep, handed back at a restart.
+    pub created_streams: BTreeMap<(String, String, String), u32>,
     /// Broker restarts so far.
     pub restarts: u32,
     /// A digest of everything the broker and the clients put out, in order (see [`Trace`]):
@@ -119,6 +122,7 @@ impl Sim {
             durable: Vec::new(),
             restarts: 0,
             producer_watermarks: BTreeMap::new(),
+            created_streams: BTreeMap::new(),
             trace: Trace::default(),
             stored: 0,
             index: BTreeMap::new(),
@@ -355,8 +359,15 @@ impl Sim {
                 .or_default()
                 .push(w.to_stored());
         }
+        // A created stream comes back with its shard count, written to or not.
+        for (t, n, s) in self.created_streams.keys() {
+            shards.entry((t.clone(), n.clone(), s.clone(), 0)).or_default();
+        }
         for ((t, n, s, shard), batches) in shards {
-            let cfg = crate::broker::StreamConfig { durable: true, ..self.config.default_stream.clone() };
+            let mut cfg = crate::broker::StreamConfig { durable: true, ..self.config.default_stream.clone() };
+            if let Some(count) = self.created_streams.get(&(t.clone(), n.clone(), s.clone())) {
+                cfg.shards = *count;
+            }
             self.broker.restore_shard((&t, &n, &s), cfg, shard, batches, self.now);
             if let Some(w) = self.producer_watermarks.get(&(t.clone(), n.clone(), s.clone(), shard)) {
                 let w: Vec<(u64, u64)> = w.iter().map(|(id, through)| (*id, *through)).collect();
@@ -610,7 +621,13 @@ impl Sim {
             | BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { .. })
             | BrokerOutput::Storage(StorageOutput::ResetShard { .. })
             | BrokerOutput::Cluster(ClusterOutput::Replicate { .. })) => self.to_peers.push(o),
+            BrokerOutput::Storage(StorageOutput::CreateStream { token, tenant_id, namespace, stream, shards }) => {
+                self.created_streams.insert((tenant_id, namespace, stream), shards);
+                let now = self.now;
+                self.broker.handle_stream_recorded(token, Ok(()), now);
+            }
             BrokerOutput::Storage(StorageOutput::DeleteStream { tenant_id, namespace, stream }) => {
+                self.created_streams.remove(&(tenant_id.clone(), namespace.clone(), stream.clone()));
                 // Writes asked for before it land first, then go with the rest: here they
                 // simply never land.
                 let of =

@@ -3924,3 +3924,76 @@ fn an_older_broker_is_sent_keys_and_blocks_as_before_and_never_a_batch_without_i
         assert_eq!(entry_versions(&c, n, &ledger()), vec![2], "{n}: the one batch, as before D59");
     }
 }
+
+/// D60 in a cluster: one `stream_create` through any broker proposes every stream to the
+/// metadata group, which creates them on every broker with their shard counts and replicas;
+/// asked again, each existed.
+#[test]
+fn streams_created_in_one_request_through_any_broker_exist_on_every_broker() {
+    let mut c = Cluster::new(&NAMES);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    let (lo, hi) =
+        (felix_proto::features::Features::STREAM_CREATE | felix_proto::features::Features::ERROR_CODES).to_words(true);
+    let n = c.nodes.get_mut("n2").unwrap();
+    let conn = n.broker.admit(PeerAddr([7; 16]), c.now).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, 7);
+    n.broker.handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+    c.settle();
+    let Message::AuthOk(ok) = messages(&c.take("n2", conn, st)).remove(0) else { panic!() };
+    let f = felix_proto::features::Features::from_words(ok.server_features, ok.server_features_hi);
+    assert!(f.contains(felix_proto::features::Features::STREAM_CREATE));
+    let streams: Vec<message::NewStream> = (0..100u32)
+        .map(|i| message::NewStream {
+            stream: format!("bulk{i:03}"),
+            shards: Some(1 + i % 3),
+            replication: Some(if i % 10 == 0 { 3 } else { 1 }),
+            durable: None,
+        })
+        .collect();
+    let req = |streams, request_id| {
+        json(&Message::StreamCreate(message::StreamCreate {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            streams,
+            request_id,
+        }))
+    };
+    c.send("n2", conn, st, req(streams, 1));
+    let ms = messages(&c.take("n2", conn, st));
+    assert!(
+        matches!(&ms[0], Message::StreamCreateOk(ok) if ok.created.len() == 100 && ok.existed.is_empty()),
+        "{ms:?}"
+    );
+    c.until("every broker knows every stream", |c| {
+        c.nodes.values().all(|n| {
+            (0..100u32).all(|i| {
+                n.metadata().shard_count(Kind::Stream, "t1", "default", &format!("bulk{i:03}")) == Some(1 + i % 3)
+            })
+        })
+    });
+    let quorum = ShardId {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "bulk010".into(),
+        shard: 0,
+    };
+    assert_eq!(c.nodes["n1"].metadata().replicas(&quorum).map(<[String]>::len), Some(3));
+    let single = ShardId { name: "bulk011".into(), ..quorum.clone() };
+    assert_eq!(c.nodes["n1"].metadata().replicas(&single), None);
+    // Asked again through another broker: every one existed, with its shards.
+    let n = c.nodes.get_mut("n3").unwrap();
+    let conn = n.broker.admit(PeerAddr([8; 16]), c.now).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, 8);
+    n.broker.handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+    c.settle();
+    c.take("n3", conn, st);
+    let again =
+        vec![message::NewStream { stream: "bulk005".into(), shards: Some(9), replication: None, durable: None }];
+    c.send("n3", conn, st, req(again, 2));
+    let ms = messages(&c.take("n3", conn, st));
+    assert!(
+        matches!(&ms[0], Message::StreamCreateOk(ok) if ok.created.is_empty() && ok.existed == vec![message::ExistingStream { stream: "bulk005".into(), shards: 3 }]),
+        "{ms:?}"
+    );
+}

@@ -302,7 +302,7 @@ impl BrokerConfig {
             f |= Features::REDIRECT | Features::TOPOLOGY | Features::SHARD_OWNERS;
         }
         // In a cluster too: forwarded and replicated batches carry their keys (D59).
-        f |= Features::STREAM_FILTER;
+        f |= Features::STREAM_FILTER | Features::STREAM_CREATE;
         f
     }
 }

@@ -46,6 +46,7 @@ mod cache_requests;
 mod catalog;
 pub mod cluster_admin;
 mod connection;
+mod create;
 mod forward;
 mod forward_request;
 mod hold;
@@ -290,6 +291,8 @@ enum HeldFor {
     Commit(u64),
     /// An operator request the cluster node answers.
     Admin(u64),
+    /// A `stream_create` waiting for storage to record its streams.
+    Create(u64),
 }
 
 /// Where an owed publish answer goes once it is known.
@@ -510,6 +513,8 @@ pub struct Broker {
     forwards: HashMap<u64, forward::Forwarding>,
     forward_deadlines: std::collections::BTreeSet<(Instant, u64)>,
     next_forward: u64,
+    /// `stream_create` requests waiting for storage (D60).
+    creates: create::Creates,
     /// Cache and counter requests forwarded to the cache's owner, by forward id.
     request_forwards: HashMap<u64, forward_request::PendingRequest>,
     /// Operator requests the cluster node is answering, by id (from `next_forward`).
@@ -615,6 +620,7 @@ impl Broker {
             forwards: HashMap::new(),
             forward_deadlines: std::collections::BTreeSet::new(),
             next_forward: 1,
+            creates: create::Creates::default(),
             request_forwards: HashMap::new(),
             cluster_admin: std::collections::BTreeMap::new(),
             served: forward_request::Served::default(),

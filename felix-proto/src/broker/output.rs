@@ -129,6 +129,22 @@ pub enum StorageOutput {
         /// Stream.
         stream: String,
     },
+    /// A durable stream was created (`stream_create`, D60): storage records its shard count
+    /// (the stream directory's `meta`) and syncs it, then reports with
+    /// [`Broker::handle_stream_recorded`], so a restart brings the stream back with its shards
+    /// even before its first record.
+    CreateStream {
+        /// Names the report.
+        token: crate::transport::WriteToken,
+        /// Tenant.
+        tenant_id: String,
+        /// Namespace.
+        namespace: String,
+        /// Stream.
+        stream: String,
+        /// Its shard count.
+        shards: u32,
+    },
     /// Storage removes everything it holds of one shard (after the writes asked for before
     /// this): a shard moving here is copied from the old owner's start, whatever was here
     /// from an earlier stay. Writes asked for after this land in the emptied shard.

@@ -319,6 +319,7 @@ impl Broker {
             }
             Message::Commit(c) => self.commit(conn, st, c, now),
             Message::StreamDelete(d) => self.stream_delete(conn, st, d, now),
+            Message::StreamCreate(c) => self.stream_create(conn, st, c, now),
             Message::Topology(_) => self.topology(conn, st),
             Message::ShardOwners(q) => self.shard_owners(conn, st, q),
             Message::ShardInspect(q) => self.shard_inspect(conn, st, q),

@@ -597,6 +597,9 @@ fn typed_reply(m: Message) -> Result<(Option<u64>, Reply), Box<Message>> {
         Message::ShardMoveOk(m) => (Some(m.request_id), Reply::ShardMoveProposed(m.proposed)),
         Message::CommitOk(c) => (Some(c.request_id), Reply::Committed(c.offset)),
         Message::StreamDeleteOk(d) => (Some(d.request_id), Reply::StreamDeleted(d.existed)),
+        Message::StreamCreateOk(c) => {
+            (Some(c.request_id), Reply::StreamsCreated { created: c.created, existed: c.existed })
+        }
         Message::StateValue(v) => {
             (Some(v.request_id), Reply::State { value: v.value.map(|b| b.0), version: v.version, as_of: v.as_of })
         }

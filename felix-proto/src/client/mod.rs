@@ -264,6 +264,14 @@ pub enum Reply {
     GroupDeleted(bool),
     /// `stream_delete_ok`: whether there was such a stream.
     StreamDeleted(bool),
+    /// `stream_create_ok` (D60): the streams created (proposed, in a cluster) and those that
+    /// existed, with their shard counts.
+    StreamsCreated {
+        /// Created.
+        created: Vec<String>,
+        /// Existed already.
+        existed: Vec<message::ExistingStream>,
+    },
     /// `commit_ok`: where the commit's event is read, and the version of every key it wrote.
     Committed(u64),
     /// `state_value`: a key's value (`None`: never written, or deleted), the offset of the

@@ -93,6 +93,7 @@ pub fn needs(m: &Message) -> Vec<Need> {
         }
         Message::Topology(_) => n.push(f(Features::TOPOLOGY, "FEATURE_TOPOLOGY")),
         Message::StreamDelete(_) => n.push(f(Features::STREAM_ADMIN, "FEATURE_STREAM_ADMIN")),
+        Message::StreamCreate(_) => n.push(f(Features::STREAM_CREATE, "FEATURE_STREAM_CREATE")),
         Message::StreamShards(_) => n.push(f(Features::STREAM_SHARDS, "FEATURE_STREAM_SHARDS")),
         Message::CacheShards(_) => n.push(f(Features::CACHE_SHARDS, "FEATURE_CACHE_SHARDS")),
         Message::ShardOwners(_) => n.push(f(Features::SHARD_OWNERS, "FEATURE_SHARD_OWNERS")),

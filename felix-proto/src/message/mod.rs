@@ -156,6 +156,8 @@ messages! {
     StreamListView(StreamListView) = "stream_list_view", ToClient;
     StreamInfo(StreamInfo) = "stream_info", ToBroker;
     StreamInfoView(StreamInfoView) = "stream_info_view", ToClient;
+    StreamCreate(StreamCreate) = "stream_create", ToBroker;
+    StreamCreateOk(StreamCreateOk) = "stream_create_ok", ToClient;
     ClusterStatus(ClusterStatus) = "cluster_status", ToBroker;
     ClusterStatusView(ClusterStatusView) = "cluster_status_view", ToClient;
     ShardMove(ShardMove) = "shard_move", ToBroker;

@@ -1044,6 +1044,53 @@ pub struct StreamList {
     pub request_id: u64,
 }
 
+/// `stream_create` (FEATURE_STREAM_CREATE, our D60): create many streams in one request, each
+/// with its own shard count and replication.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamCreate {
+    pub tenant_id: String,
+    pub namespace: String,
+    /// The streams (at least 1, at most [`MAX_STREAMS_PER_CREATE`], distinct names).
+    pub streams: Vec<NewStream>,
+    pub request_id: u64,
+}
+
+/// The most streams one `stream_create` names.
+pub const MAX_STREAMS_PER_CREATE: usize = 10_000;
+
+/// One stream of a `stream_create`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewStream {
+    pub stream: String,
+    /// Shards (1..=4096; absent: the broker's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
+    /// Replicas per shard (absent: the broker's default; above 1 only in a cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<u32>,
+    /// Kept on disk (absent: the broker's default; `false`: in memory only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable: Option<bool>,
+}
+
+/// `stream_create_ok`: the streams created (in a cluster: proposed to the metadata group,
+/// which creates them on every broker once it commits) and those that already existed, with
+/// their shard counts (left as they are).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamCreateOk {
+    pub request_id: u64,
+    pub created: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub existed: Vec<ExistingStream>,
+}
+
+/// A stream a `stream_create` named that existed already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExistingStream {
+    pub stream: String,
+    pub shards: u32,
+}
+
 /// One stream of a `stream_list_view`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamEntry {
