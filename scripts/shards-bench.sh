@@ -9,7 +9,10 @@
 #   - each broker's CPU while everything sits idle for IDLE seconds (% of one core).
 #
 #   scripts/shards-bench.sh [--streams N] [--shards N] [--rf N] [--idle SECS] [--bin PATH]
-#                           [--hold SECS] [--kill] [--kill-which I]
+#                           [--hold SECS] [--kill] [--kill-which I] [--via-cli]
+#
+# --via-cli creates the streams at run time instead, with one `felix-node stream create
+# --from-file` through the first broker once the three have formed (D60), and times from there.
 #
 # --hold keeps the cluster running that long after the measurement (to look at it: each
 # broker's /cluster and /metrics), and skips the baseline run. --kill then SIGKILLs the first
@@ -31,6 +34,7 @@ bin="target/release/felix-node"
 hold=0
 kill=""
 which=0
+via_cli=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --streams) streams="$2"; shift 2 ;;
@@ -41,6 +45,7 @@ while [ $# -gt 0 ]; do
     --hold) hold="$2"; shift 2 ;;
     --kill) kill=1; shift ;;
     --kill-which) kill=1; which="$2"; shift 2 ;;
+    --via-cli) via_cli=1; shift ;;
     -h|--help) sed -n 2,23p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -149,14 +154,43 @@ for i in range(n):
         print("durable = true")
     print()
 PY
-  local started
+  local started config=(--config "$tmp/streams.toml")
+  [ -z "$via_cli" ] || config=()
   started=$(date +%s.%N)
   for i in 0 1 2; do
     "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
       --node-id "${names[$i]}" --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
-      --metrics-listen "${metrics[$i]}" --config "$tmp/streams.toml" >> "$tmp/${names[$i]}.out" 2>&1 &
+      --metrics-listen "${metrics[$i]}" "${config[@]}" >> "$tmp/${names[$i]}.out" 2>&1 &
     pids[i]=$!
   done
+  if [ -n "$via_cli" ] && [ "$n_streams" != 0 ]; then
+    # Formed first (three members, a leader), then one command creates every stream.
+    for _ in $(seq 1 300); do
+      python3 - "${metrics[@]}" <<'PY' && break
+import json, sys, urllib.request
+for m in sys.argv[1:]:
+    try:
+        body = json.load(urllib.request.urlopen(f"http://{m}/cluster", timeout=5))
+    except Exception:
+        sys.exit(1)
+    if len(body.get("members", [])) < 3 or body.get("leader") is None:
+        sys.exit(1)
+sys.exit(0)
+PY
+      sleep 0.2
+    done
+    python3 - "$n_streams" "$shards" "$rf" > "$tmp/streams.txt" <<'PY'
+import sys
+n, shards, rf = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+for i in range(n):
+    print(f"s{i} {shards} {rf}")
+PY
+    started=$(date +%s.%N)
+    FELIX_DATA_DIR="$tmp/${names[0]}" "$bin" stream create --from-file "$tmp/streams.txt" --addr "${client[0]}" \
+      --tenant bench --namespace bench --token bench-token --wait 600s > "$tmp/create.out" 2>> "$tmp/create.err" \
+      || { echo "stream create failed:" >&2; tail -5 "$tmp/create.err" >&2; return 1; }
+    echo "  stream create: $(head -1 "$tmp/create.out")" >&2
+  fi
   local want=$((n_streams * shards))
   local done_at=""
   for _ in $(seq 1 3000); do
