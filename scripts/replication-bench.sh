@@ -6,6 +6,7 @@
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
 #                                [--retain-records N] [--rss] [--restart-follower [--no-summaries]]
 #                                [--late-reader N] [--cpu] [--forwarded] [--subscribers0]
+#                                [--bench-args "ARGS"] [--disk]
 #
 # Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
 # broker's peak and current resident memory after the run. --retain-records N configures the
@@ -21,7 +22,10 @@
 # broker (leader first) and the bench client spent per published record during the run
 # (user + system, from /proc), so replication's cost can be split per broker. --forwarded
 # publishes through a broker that is not the shard's leader (it forwards every batch), with no
-# subscriber; --subscribers0 runs the direct case the same way, to compare.
+# subscriber; --subscribers0 runs the direct case the same way, to compare. --bench-args passes
+# more arguments to `felix-node bench` (e.g. "--compress zstd --data json"); --disk prints the
+# bytes each broker's replica logs hold per published record once the run is over (D59: a
+# compressed batch stays compressed in every replica's log).
 set -euo pipefail
 
 replication=3
@@ -37,6 +41,8 @@ late=""
 cpu=""
 forwarded=""
 nosub=""
+bench_args=""
+disk=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,6 +60,8 @@ while [ $# -gt 0 ]; do
     --cpu) cpu=1; shift ;;
     --forwarded) forwarded=1; shift ;;
     --subscribers0) nosub=1; shift ;;
+    --bench-args) bench_args="$2"; shift 2 ;;
+    --disk) disk=1; shift ;;
     -h|--help) sed -n 2,24p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -155,7 +163,10 @@ PY
   [ -n "$late" ] && readers=(--subscribers 0 --late-reader "$late")
   # A subscriber must read from the leader: a forwarded run publishes only.
   [ -n "$forwarded$nosub" ] && readers=(--subscribers 0)
-  out=$("$bin" bench --addr "$target" --token bench-token --stream b1 --ack "${readers[@]}" \
+  local more=()
+  # shellcheck disable=SC2206
+  [ -n "$bench_args" ] && more=($bench_args)
+  out=$("$bin" bench --addr "$target" --token bench-token --stream b1 --ack "${readers[@]}" "${more[@]}" \
         --duration "$duration" --payload "$payload" --data-dir "$leader_dir" --tenant bench --json --quiet 2>/dev/null)
   local split=""
   if [ -n "$cpu" ]; then
@@ -188,6 +199,16 @@ if l:
     caught = f"caught up after {l['caught_up_after_s']:.2f} s" if l["caught_up_after_s"] is not None else f"not caught up ({l['last_record_age_s']:.1f} s behind at the end)"
     print(f"  late reader {l['behind']} behind: {l['read_per_s_while_behind']:.0f} records/s while behind, {caught}, {l['skipped_by_retention']} skipped by retention")
 PY
+  if [ -n "$disk" ]; then
+    local n
+    n=$(python3 -c "import json,sys; print(json.loads(sys.argv[1].strip().splitlines()[-1])['published_msgs'])" "$out")
+    sleep 1
+    for i in 0 1 2; do
+      local b
+      b=$(du -sb "$tmp/${names[$i]}/cluster/replicas" 2>/dev/null | cut -f1)
+      python3 -c "import sys; print(f'  {sys.argv[1]}: replica logs {int(sys.argv[2] or 0) / max(int(sys.argv[3]), 1):.1f} bytes per record')" "${names[$i]}" "${b:-0}" "$n"
+    done
+  fi
   if [ -n "$rss" ]; then
     for i in 0 1 2; do
       awk -v n="${names[$i]}" '/^VmHWM|^VmRSS/ {v[$1]=$2} END {printf "  %s: peak RSS %.0f MB, now %.0f MB\n", n, v["VmHWM:"]/1024, v["VmRSS:"]/1024}' "/proc/${pids[$i]}/status"
