@@ -3997,3 +3997,43 @@ fn streams_created_in_one_request_through_any_broker_exist_on_every_broker() {
         "{ms:?}"
     );
 }
+
+/// A replicated cache moved to a broker outside its group: the broker whose replica it
+/// replaced serves the cache as any other broker does (forwarding to the new leader).
+#[test]
+fn a_brokers_replica_of_a_cache_moved_away_stops_answering_for_it() {
+    let mut c = Cluster::new(&NAMES);
+    configure_sessions(&mut c, false, 3);
+    create_sessions(&mut c);
+    let old = cache_leader(&c).unwrap();
+    // A fourth broker; the cache's group moves onto it, replacing the leader's replica.
+    let mut cfg = config();
+    cfg.clustered = true;
+    cfg.caches = c.cache_specs.clone();
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    c.nodes.insert("n4".into(), ClusterNode::joining(broker, member("n4", 4), &RaftLog::default(), c.now).unwrap());
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().request_add("n4", "127.0.0.1:7004", now).unwrap();
+    c.settle();
+    c.until("n4 is an active member everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().members().get("n4").is_some_and(|m| m.state == MemberState::Active))
+    });
+    let now = c.now;
+    c.nodes.get_mut("n1").unwrap().propose(&Command::MoveShard { shard: sessions(), to: "n4".into() }, now);
+    c.settle();
+    c.until("the move finished: n4 replaced the old leader's replica", |c| {
+        c.nodes.values().all(|n| {
+            n.metadata().moving(&sessions()).is_none()
+                && n.metadata().replicas(&sessions()).is_some_and(|r| r.iter().any(|x| x == "n4") && !r.contains(&old))
+        })
+    });
+    c.until("a leader serves it", |c| cache_leader(c).is_some());
+    for _ in 0..20 {
+        c.tick();
+    }
+    // Through the broker that held the replica: served (forwarded to the leader).
+    let (conn, st) = c.client(&old, 0x0001, 9);
+    c.send(&old, conn, st, sessions_put("after-the-move", 1));
+    let ms = messages(&c.take(&old, conn, st));
+    assert!(matches!(&ms[0], Message::CacheOk(_)), "{old}: {ms:?}");
+}
