@@ -1193,6 +1193,12 @@ impl BrokerTask {
                 n.preferred_handovers(),
             );
             m(
+                "felix_replica_balance_moves_total",
+                "counter",
+                "Replica moves this broker proposed, as the metadata leader, to spread replicated shards' replicas over the active brokers (a broker added takes a fair share).",
+                n.balance_moves(),
+            );
+            m(
                 "felix_replicas_replaying",
                 "gauge",
                 "Replicas replaying, after a restart, the committed entries their logs hold on disk (they take part in their groups once done).",

@@ -4037,3 +4037,82 @@ fn a_brokers_replica_of_a_cache_moved_away_stops_answering_for_it() {
     let ms = messages(&c.take(&old, conn, st));
     assert!(matches!(&ms[0], Message::CacheOk(_)), "{old}: {ms:?}");
 }
+
+/// Issue 33: a broker added to a cluster takes a fair share of the replicated shards' replica
+/// sets, and leaderships with them, without an operator: the metadata leader moves replicas
+/// off the brokers above their share onto it, a few shards at a time, the fewest moves that
+/// balance, and every acknowledged record is on the new replicas.
+#[test]
+fn an_added_broker_takes_a_fair_share_of_the_replica_sets_by_itself() {
+    let mut c = Cluster::new(&NAMES);
+    c.create(Kind::Stream, "wide", 12, 3);
+    let shard = |i: u32| ShardId {
+        kind: Kind::Stream,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "wide".into(),
+        shard: i,
+    };
+    c.until("every shard has a leader", |c| (0..12).all(|i| leader_of(c, &shard(i)).is_some()));
+    // Records on every shard, acknowledged (through their leaders, forwarded by n1).
+    let (conn, st) = c.client("n1", ACKED, 1);
+    for i in 0..12u32 {
+        c.send(
+            "n1",
+            conn,
+            st,
+            publish_binary("wide", &[&format!("r{i}")], Some(u64::from(i) + 1), Some(&key_for(i, 12))),
+        );
+    }
+    let a = acks(&payloads(&c.take("n1", conn, st)));
+    assert!(a.len() == 12 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    // n4 joins through an operator's add.
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    c.nodes.insert("n4".into(), ClusterNode::joining(broker, member("n4", 4), &RaftLog::default(), c.now).unwrap());
+    let now = c.now;
+    c.nodes.get_mut("n2").unwrap().request_add("n4", "127.0.0.1:7004", now).unwrap();
+    c.settle();
+    let counts = |c: &Cluster| -> BTreeMap<String, usize> {
+        let md = c.nodes["n1"].metadata();
+        let mut n: BTreeMap<String, usize> = md.members().keys().map(|k| (k.clone(), 0)).collect();
+        for (_, r) in md.replicated_shards() {
+            for x in r {
+                *n.entry(x.clone()).or_default() += 1;
+            }
+        }
+        n
+    };
+    for _ in 0..3000 {
+        let done = c.nodes.values().all(|n| n.metadata().moves().is_empty())
+            && counts(&c).values().all(|n| *n == 9)
+            && c.nodes.values().all(|n| n.metadata() == c.nodes["n1"].metadata());
+        if done {
+            break;
+        }
+        c.tick();
+    }
+    assert_eq!(counts(&c).values().copied().collect::<Vec<_>>(), [9, 9, 9, 9], "{:?}", counts(&c));
+    // The fewest moves: nine replicas went to n4, none between the three.
+    let moves: u64 = c.nodes.values().map(|n| n.balance_moves()).sum();
+    assert_eq!(moves, 9, "one move per replica n4 took");
+    // n4 leads some of the shards it took (each move hands it the leader's place).
+    c.until("every shard has a leader", |c| (0..12).all(|i| leader_of(c, &shard(i)).is_some()));
+    let led = (0..12).filter(|i| leader_of(&c, &shard(*i)).as_deref() == Some("n4")).count();
+    assert!(led >= 1, "n4 leads {led}");
+    // Its new replicas hold what was acknowledged before it came.
+    let md = c.nodes["n1"].metadata().clone();
+    let mine: Vec<u32> =
+        (0..12).filter(|i| md.replicas(&shard(*i)).is_some_and(|r| r.iter().any(|x| x == "n4"))).collect();
+    assert_eq!(mine.len(), 9);
+    c.until("n4's replicas caught up", |c| {
+        mine.iter().all(|i| {
+            c.nodes["n4"]
+                .broker
+                .committed_batches(&shard(*i), 0)
+                .iter()
+                .any(|(_, _, p)| p.iter().any(|p| *p == format!("r{i}")))
+        })
+    });
+}

@@ -194,6 +194,26 @@ impl Broker {
         for s in mine {
             self.quorum_cache(&s);
         }
+        // And forgets those it no longer holds (a replica move took its place): what it held
+        // is stale, and the cache is now served by its group's leader elsewhere, not by the
+        // role its replica here last had (a follower without a leader said "electing" for
+        // ever; found by the world simulation once replicas moved by themselves).
+        let left: Vec<Key> = self
+            .caches
+            .iter()
+            .filter(|(k, c)| {
+                let s = cache_shard(k);
+                c.replica.is_some()
+                    && md.replicas(&s).is_some_and(|r| !r.iter().any(|n| n == local))
+                    && md.moving(&s).is_none_or(|m| m.to != local)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in left {
+            if let Some(c) = self.caches.get_mut(&k) {
+                *c = Cache::default();
+            }
+        }
     }
 
     /// Proposes a client's write to a replicated cache this broker leads; the client's answer

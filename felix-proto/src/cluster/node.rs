@@ -38,6 +38,11 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// Ticks between two proposals of this broker's own membership while it is not committed.
 const JOIN_RETRY_TICKS: u64 = 10;
 
+/// At most this many replicated shards move at once to balance replicas (each copies its log
+/// to its new replica: the throttle that keeps a rebalance from taking the publishers' share of
+/// the disks and links).
+pub const MAX_BALANCE_MOVES: usize = 4;
+
 /// A leader says in the operator's log that a replica of a shard it leads fell behind when the
 /// replica lacks more than this many entries (batches), and that it caught up once it lacks
 /// at most [`REPLICA_CAUGHT_UP_ENTRIES`]; the gap between the two keeps a replica that hovers
@@ -368,6 +373,10 @@ pub struct ClusterNode {
     /// broker led at the last tick.
     last_seen: BTreeMap<String, Instant>,
     was_leader: bool,
+    /// Replica moves proposed to balance replicas (metrics, tests).
+    balance_moves: u64,
+    /// The metadata's change count when it last proposed some (see `check_replica_balance`).
+    balance_proposed_at: Option<u64>,
     /// Members this leader proposed to mark down (not again until their state changes).
     marked: std::collections::BTreeSet<String>,
     /// This broker was removed from the cluster: it proposes nothing any more.
@@ -657,6 +666,8 @@ impl ClusterNode {
             pending: VecDeque::new(),
             last_seen: BTreeMap::new(),
             was_leader: false,
+            balance_moves: 0,
+            balance_proposed_at: None,
             marked: std::collections::BTreeSet::new(),
             removed: false,
             refused: std::collections::BTreeSet::new(),
@@ -1750,6 +1761,9 @@ impl ClusterNode {
                 }
             }
             self.check_leases(now);
+            if self.ticks.is_multiple_of(JOIN_RETRY_TICKS) {
+                self.check_replica_balance();
+            }
             self.check_fence(now);
             self.broker.tick_moves(now);
             // The replicas follow the metadata: looked at when it changed (and every ten
@@ -2130,6 +2144,89 @@ impl ClusterNode {
         for c in down {
             self.pending.push_back(c.encode());
         }
+    }
+
+    /// The metadata leader spreads replicated shards' replicas over the active members (issue
+    /// 33): a broker added to the cluster takes a fair share of the replica sets, and with them
+    /// of the leaderships, without an operator. While every member is active (a drain and a
+    /// dead broker have moves of their own) and fewer than [`MAX_BALANCE_MOVES`] replicated
+    /// shards are moving, it proposes a move of a shard led by the broker holding the most
+    /// replicas to the one holding the fewest (outside that shard's group), as long as they
+    /// differ by more than one: the operator's `MoveShard`, which any broker's metadata applies
+    /// alike (the decision is the proposer's, so brokers of other versions agree on the
+    /// result), and whose target joins the group, catches up and takes the leader's place.
+    /// The fewest moves that balance are made: a shard moves only off a broker above its share
+    /// and onto one below. Looked at once a second.
+    fn check_replica_balance(&mut self) {
+        // Its last proposals first take effect (or are lost with a leadership): counted
+        // before they apply, they would be proposed again, or more shards moved than needed.
+        if !self.meta.is_leader() || self.removed || self.balance_proposed_at == Some(self.metadata_changes) {
+            return;
+        }
+        let md = &self.metadata;
+        if md.members().values().any(|m| m.state != MemberState::Active) {
+            return;
+        }
+        let moving = md.moves().keys().filter(|s| md.replicas(s).is_some()).count();
+        if moving >= MAX_BALANCE_MOVES {
+            return;
+        }
+        // Replicas per active member, a moving replica counted where it is going.
+        let mut counts: BTreeMap<&str, usize> = md.members().keys().map(|k| (k.as_str(), 0)).collect();
+        for (s, replicas) in md.replicated_shards() {
+            let m = md.moving(s);
+            for r in replicas {
+                let at = match m {
+                    Some(m) if m.from == *r => m.to.as_str(),
+                    _ => r.as_str(),
+                };
+                if let Some(c) = counts.get_mut(at) {
+                    *c += 1;
+                }
+            }
+        }
+        let mut chosen: BTreeSet<&ShardId> = BTreeSet::new();
+        let mut proposals = Vec::new();
+        for _ in moving..MAX_BALANCE_MOVES {
+            // The most loaded (ties: the higher id) and the least (ties: the lower id).
+            let Some((&most, &high)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0))) else {
+                break;
+            };
+            let Some((&least, &low)) = counts.iter().min_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0))) else {
+                break;
+            };
+            if high <= low + 1 {
+                break;
+            }
+            let pick = md.replicated_shards().find(|(s, replicas)| {
+                md.moving(s).is_none()
+                    && !chosen.contains(s)
+                    && md.owner(s).is_some_and(|a| a.owner == most)
+                    && !replicas.iter().any(|r| r == least)
+            });
+            let Some((shard, _)) = pick else { break };
+            chosen.insert(shard);
+            proposals.push(Command::MoveShard { shard: shard.clone(), to: least.to_owned() });
+            if let Some(c) = counts.get_mut(most) {
+                *c -= 1;
+            }
+            if let Some(c) = counts.get_mut(least) {
+                *c += 1;
+            }
+        }
+        self.balance_moves += proposals.len() as u64;
+        if !proposals.is_empty() {
+            self.balance_proposed_at = Some(self.metadata_changes);
+        }
+        for c in proposals {
+            self.pending.push_back(c.encode());
+        }
+    }
+
+    /// Replica moves the metadata leader proposed to balance replicas (see
+    /// [`check_replica_balance`](Self::check_replica_balance)), for metrics and tests.
+    pub fn balance_moves(&self) -> u64 {
+        self.balance_moves
     }
 
     /// Hands waiting commands to the leader (itself or a peer). The leader proposes a change
