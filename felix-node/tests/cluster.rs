@@ -554,6 +554,15 @@ fn three_formed(extra: impl Fn(usize) -> Vec<String>) -> (Vec<Broker>, String) {
     (brokers, peers)
 }
 
+/// One file holding every broker's certificate (each made its own), for `--ca`.
+fn certificates_of(brokers: &[Broker]) -> tempfile::NamedTempFile {
+    let certs = tempfile::NamedTempFile::new().unwrap();
+    let pem: String =
+        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
+    std::fs::write(certs.path(), pem).unwrap();
+    certs
+}
+
 /// A child killed (and reaped) when dropped.
 struct Kill(Child);
 
@@ -1107,10 +1116,7 @@ fn a_redirect_to_an_untrusted_broker_names_it_and_says_how_to_trust_it() {
 #[test]
 fn read_replica_local_shows_every_replicas_copy_and_they_agree() {
     let (brokers, _) = three_formed(|_| vec!["--default-replication".into(), "3".into()]);
-    let certs = tempfile::NamedTempFile::new().unwrap();
-    let pem: String =
-        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
-    std::fs::write(certs.path(), pem).unwrap();
+    let certs = certificates_of(&brokers);
     let ca = certs.path().to_str().unwrap();
     let mut published = false;
     wait_for("the replicated stream takes writes", 30, || {
@@ -1144,10 +1150,7 @@ fn read_replica_local_shows_every_replicas_copy_and_they_agree() {
 #[test]
 fn filters_envelopes_and_compression_work_across_a_replicated_cluster() {
     let (brokers, _) = three_formed(|_| vec!["--default-replication".into(), "3".into()]);
-    let certs = tempfile::NamedTempFile::new().unwrap();
-    let pem: String =
-        brokers.iter().map(|b| std::fs::read_to_string(b.dir.path().join("tls/cert.pem")).unwrap()).collect();
-    std::fs::write(certs.path(), pem).unwrap();
+    let certs = certificates_of(&brokers);
     let ca = certs.path().to_str().unwrap();
     let keys = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(keys.path(), format!("k1 {}\n", "11".repeat(32))).unwrap();

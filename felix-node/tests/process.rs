@@ -85,6 +85,16 @@ fn client_cmd(data: &Path, addr: SocketAddr) -> Command {
     c
 }
 
+/// Runs a client command against `addr`: its exit code, standard output and standard error.
+fn run_cli(data: &Path, addr: SocketAddr, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = client_cmd(data, addr).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `felix-node subscribe | head -n 1`: the subscriber writes its output a batch at a time, and
 /// must still notice that its reader went away and exit, rather than read on for ever.
 #[test]
@@ -1460,14 +1470,7 @@ async fn encrypted_records_are_ciphertext_at_the_broker_and_plain_to_a_subscribe
     let data = dir.path().join("broker");
     let addr = free_port();
     let _broker = serve(&data, addr, &[]);
-    let run = |args: &[&str]| {
-        let out = client_cmd(&data, addr).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| run_cli(&data, addr, args);
     let (k1, k2) = ("11".repeat(32), "22".repeat(32));
     let old = dir.path().join("old.keys");
     let both = dir.path().join("both.keys");
@@ -1517,14 +1520,7 @@ async fn compressed_publishes_and_filtered_subscriptions_from_the_command_line()
     let dir = tempfile::tempdir().unwrap();
     let addr = free_port();
     let _broker = serve(dir.path(), addr, &[]);
-    let run = |args: &[&str]| {
-        let out = client_cmd(dir.path(), addr).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| run_cli(dir.path(), addr, args);
     // Keyed records, some compressed (a batch of several alike records shrinks).
     for (key, codec) in
         [("eu-1", "zstd"), ("us-1", "lz4"), ("eu-2", ""), ("us-2", "zstd"), ("ap-1", ""), ("eu-3", "lz4")]
@@ -1568,14 +1564,7 @@ async fn reads_cover_every_shard_and_never_create_a_stream() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_port();
     let _broker = serve(dir.path(), addr, &["--default-shards", "3"]);
-    let run = |args: &[&str]| {
-        let out = client_cmd(dir.path(), addr).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| run_cli(dir.path(), addr, args);
     // Twelve keys: with three shards each gets some (key routing is fixed, so this is stable).
     let mut shards_hit = std::collections::BTreeSet::new();
     for k in 0..12 {
@@ -2003,14 +1992,7 @@ fn streams_created_from_the_command_line_and_a_file_survive_a_restart_unwritten(
     let data = dir.path().join("broker");
     let addr = free_port();
     let broker = serve(&data, addr, &[]);
-    let run = |args: &[&str]| {
-        let out = client_cmd(&data, addr).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| run_cli(&data, addr, args);
     let (code, out, err) = run(&["stream", "create", "orders", "payments", "--shards", "3"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.starts_with("created 2 stream(s) in default"), "{out}");
