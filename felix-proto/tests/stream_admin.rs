@@ -5,7 +5,7 @@
 mod support;
 
 use bytes::Bytes;
-use felix_proto::broker::{Action, Grant, StreamConfig, StreamSpec, TokenGrant};
+use felix_proto::broker::{StreamConfig, StreamSpec};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message};
 use felix_proto::sim::{Sim, StorageMode};
@@ -82,23 +82,11 @@ fn deleting_a_stream_ends_its_subscriptions_answers_its_publishes_and_removes_it
 #[test]
 fn only_an_admin_may_delete_and_the_broker_owns_dollar_streams() {
     let mut cfg = config();
-    cfg.tokens.push(TokenGrant {
-        token: "writer".into(),
-        tenant_id: Some("t1".into()),
-        principal: "w".into(),
-        grants: vec![Grant { action: Action::Publish, pattern: "*".into() }],
-    });
+    cfg.tokens.push(publish_only_token());
     let mut sim = Sim::new(cfg, epoch());
     let p = sim.connect_raw();
     let s = sim.raw_open_bi(p);
-    let auth = json(&Message::Auth(message::Auth {
-        tenant_id: "t1".into(),
-        token: "writer".into(),
-        client_flags: Some(1),
-        client_flags_hi: None,
-        client_features: features(Features::ERROR_CODES),
-        client_features_hi: None,
-    }));
+    let auth = auth_publish_only(features(Features::ERROR_CODES));
     sim.raw_send(p, s, auth, false);
     sim.raw_send(p, s, publish_json("orders", "x", Some(1), Some(felix_proto::binary::AckMode::PerMessage)), false);
     sim.raw_send(p, s, delete("orders", 2), false);

@@ -5,7 +5,7 @@
 mod support;
 
 use bytes::Bytes;
-use felix_proto::broker::{Action, Broker, BrokerOutput, Grant, StorageOutput, TokenGrant, TransportOutput};
+use felix_proto::broker::{Broker, BrokerOutput, StorageOutput, TransportOutput};
 use felix_proto::features::Features;
 use felix_proto::message::{self, Message, NewStream};
 use felix_proto::sim::Sim;
@@ -128,12 +128,7 @@ fn the_answer_waits_for_storage_to_record_the_streams_and_names_a_failure() {
 #[test]
 fn a_bad_request_creates_nothing_and_says_why() {
     let mut cfg = config();
-    cfg.tokens.push(TokenGrant {
-        token: "writer".into(),
-        tenant_id: Some("t1".into()),
-        principal: "w".into(),
-        grants: vec![Grant { action: Action::Publish, pattern: "*".into() }],
-    });
+    cfg.tokens.push(publish_only_token());
     // Nothing made on first use either: a stream exists only if a request created it.
     cfg.auto_create = false;
     let mut sim = Sim::new(cfg, epoch());
@@ -168,14 +163,7 @@ fn a_bad_request_creates_nothing_and_says_why() {
     // Without the admin permission: forbidden, nothing created.
     let p = sim.connect_raw();
     let s = sim.raw_open_bi(p);
-    let auth = json(&Message::Auth(message::Auth {
-        tenant_id: "t1".into(),
-        token: "writer".into(),
-        client_flags: Some(1),
-        client_flags_hi: None,
-        client_features: codes(),
-        client_features_hi: None,
-    }));
+    let auth = auth_publish_only(codes());
     sim.raw_send(p, s, auth, false);
     sim.raw_send(p, s, create(vec![new("mine", None)], 1), false);
     sim.run();

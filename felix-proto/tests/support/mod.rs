@@ -46,6 +46,28 @@ pub fn auth(flags: Option<u16>, features: Option<u32>, hi: Option<u32>) -> Bytes
     }))
 }
 
+/// A token of tenant t1 that may publish to every stream and do nothing else (no `admin`).
+pub fn publish_only_token() -> TokenGrant {
+    TokenGrant {
+        token: "writer".into(),
+        tenant_id: Some("t1".into()),
+        principal: "w".into(),
+        grants: vec![felix_proto::broker::Grant { action: felix_proto::broker::Action::Publish, pattern: "*".into() }],
+    }
+}
+
+/// `auth` with [`publish_only_token`], binary publishes and these first-word features.
+pub fn auth_publish_only(features: Option<u32>) -> Bytes {
+    json(&Message::Auth(message::Auth {
+        tenant_id: "t1".into(),
+        token: "writer".into(),
+        client_flags: Some(1),
+        client_flags_hi: None,
+        client_features: features,
+        client_features_hi: None,
+    }))
+}
+
 pub fn frames(bytes: &[u8]) -> Vec<Frame> {
     let mut d = FrameDecoder::new();
     d.push(Bytes::copy_from_slice(bytes));
