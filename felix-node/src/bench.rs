@@ -524,7 +524,22 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     // broker's window.
                     let c2 = c.clone();
                     let stream2 = stream.clone();
-                    inflight.spawn(async move { c2.publish("bench", &stream2, payloads, opts).await });
+                    // A refusal that wrote nothing (a shard moving or electing a leader: a
+                    // rebalance under load) is sent again after the wait the broker asked
+                    // for, as a real publisher would; anything else ends the run.
+                    inflight.spawn(async move {
+                        let mut tries = 0;
+                        loop {
+                            tries += 1;
+                            match c2.publish("bench", &stream2, payloads.clone(), opts.clone()).await {
+                                Err(e) => match felix_driver_tokio::ClusterClient::retry_wait(&e, tries) {
+                                    Some(wait) => tokio::time::sleep(wait).await,
+                                    None => return Err(e),
+                                },
+                                done => return done,
+                            }
+                        }
+                    });
                     while inflight.len() >= 256 {
                         match inflight.join_next().await {
                             Some(Ok(Err(e))) => return Err(e.to_string()),
