@@ -42,6 +42,9 @@ pub struct ClusterOptions {
     /// are read back from its log files); `None`: `REPLICA_ENTRY_CACHE` (8 MiB). Only with a
     /// data directory.
     pub replica_entry_cache: Option<u64>,
+    /// Bytes a second moves copy at most to and from this broker (`None`: unlimited), see
+    /// `felix_proto::cluster::bandwidth`.
+    pub move_bandwidth: Option<u64>,
 }
 
 /// What the transport tells the broker task.

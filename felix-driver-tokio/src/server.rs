@@ -231,6 +231,7 @@ impl Server {
                 if let Some(bytes) = c.replica_entry_cache {
                     node.set_replica_entry_cache(bytes);
                 }
+                node.set_move_bandwidth(c.move_bandwidth);
                 // A restart holds as much of each replica's committed log as its entry cache
                 // would; the rest is replayed from the files in reads.
                 let keep = c.replica_entry_cache.unwrap_or(felix_proto::cluster::node::REPLICA_ENTRY_CACHE);
@@ -1197,6 +1198,26 @@ impl BrokerTask {
                 "counter",
                 "Replica moves this broker proposed, as the metadata leader, to spread replicated shards' replicas over the active brokers (a broker added takes a fair share).",
                 n.balance_moves(),
+            );
+            let (charged, waits, _, held, drops) = n.move_bandwidth_counts();
+            m(
+                "felix_move_bytes_total",
+                "counter",
+                "Bytes moves copied to and from this broker: durable shards' copies received, replicated shards' entries and snapshots sent to a move's target (--move-bandwidth paces them).",
+                charged,
+            );
+            m("felix_move_bandwidth_waits_total", "counter", "Times a move's copy waited for --move-bandwidth.", waits);
+            m(
+                "felix_move_held_bytes",
+                "gauge",
+                "Bytes of replicated shards' entries and snapshots for moves' targets held back by --move-bandwidth now.",
+                held,
+            );
+            m(
+                "felix_move_dropped_appends_total",
+                "counter",
+                "Appends to moves' targets dropped (their leader sends them again) with the most --move-bandwidth holds back already held.",
+                drops,
             );
             m(
                 "felix_replicas_replaying",

@@ -75,6 +75,7 @@ async fn try_start() -> Result<Cluster, String> {
                 advertise: None,
                 join: false,
                 replica_entry_cache: None,
+                move_bandwidth: None,
             }),
             client_ca: None,
         };

@@ -77,6 +77,13 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
                     advertise: a.advertise.clone().or_else(|| c.advertise.clone()),
                     join,
                     replica_entry_cache: a.replica_entry_cache,
+                    move_bandwidth: match (a.move_bandwidth, &c.move_bandwidth) {
+                        (Some(r), _) => Some(r),
+                        (None, Some(r)) => {
+                            Some(parse_byte_rate(r).map_err(|e| format!("config cluster.move_bandwidth: {e}"))?)
+                        }
+                        (None, None) => None,
+                    },
                 })
             }
             (None, None, None) => None,
@@ -1093,6 +1100,31 @@ pub fn parse_duration_with_unit(s: &str) -> Result<std::time::Duration, String> 
         return Err(format!("{s:?}: give a unit, like {s}ms or {s}s"));
     }
     parse_duration(s)
+}
+
+/// Parses a byte rate: `50MB/s`, `20MiB/s`, `1G`, `65536` (bytes a second; `/s` optional;
+/// k/M/G and KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024; case does not matter).
+pub fn parse_byte_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t).trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected bytes a second, like 50MB/s or 20MiB/s"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (use B, KB, MB, GB, KiB, MiB or GiB)")),
+    };
+    match n.checked_mul(mult) {
+        Some(0) => Err(format!("{s:?}: a rate above zero (leave it out for no limit)")),
+        Some(r) => Ok(r),
+        None => Err(format!("{s:?}: too large")),
+    }
 }
 
 /// Parses `90s`, `10m`, `2h`, `1d`, `500ms` (a bare number is seconds).
@@ -2664,5 +2696,21 @@ mod tests {
             assert_eq!(humantime(parse_duration(s).unwrap()), s);
         }
         assert_eq!(humantime(std::time::Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn byte_rates_read_as_operators_write_them_and_bad_ones_are_named() {
+        assert_eq!(parse_byte_rate("50MB/s"), Ok(50_000_000));
+        assert_eq!(parse_byte_rate(" 20MiB/s "), Ok(20 << 20));
+        assert_eq!(parse_byte_rate("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_byte_rate("3gib"), Ok(3 << 30));
+        assert_eq!(parse_byte_rate("65536"), Ok(65_536));
+        assert_eq!(parse_byte_rate("512 KiB/s"), Ok(512 << 10));
+        assert!(parse_byte_rate("0MB/s").unwrap_err().contains("above zero"));
+        assert!(parse_byte_rate("fast").unwrap_err().contains("like 50MB/s"));
+        assert!(parse_byte_rate("5Mb/s").is_ok(), "case does not matter: bytes");
+        assert!(parse_byte_rate("5 furlongs").unwrap_err().contains("unknown unit"));
+        assert!(parse_byte_rate("99999999999GB").unwrap_err().contains("too large"));
+        assert!(parse_byte_rate("-5MB").is_err());
     }
 }

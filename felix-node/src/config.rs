@@ -184,6 +184,8 @@ pub struct ClusterSection {
     pub cache_replication: Option<u32>,
     /// Join a running cluster (`serve --join`).
     pub join: Option<bool>,
+    /// `serve --move-bandwidth`: `"50MB/s"`, `"20MiB/s"`.
+    pub move_bandwidth: Option<String>,
 }
 
 /// The peers of `[cluster]`, as one string or a list.

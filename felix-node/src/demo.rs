@@ -219,6 +219,7 @@ pub async fn run_cluster() -> Result<ExitCode, String> {
             advertise: None,
             join: false,
             replica_entry_cache: None,
+            move_bandwidth: None,
         };
         let server = start_broker(demo_settings(
             client,

@@ -327,6 +327,14 @@ struct ServeArgs {
     /// reader needs them [default: 8388608 (8 MiB)].
     #[arg(help_heading = "Cluster", long, env = "FELIX_REPLICA_ENTRY_CACHE")]
     replica_entry_cache: Option<u64>,
+    /// Cluster: the most bytes a second that moves copy to and from this broker (a durable
+    /// shard's copy, a replicated shard's log sent to a broker joining its group), so that a
+    /// rebalance, a drain or an operator's moves leave publishers their share. Like 50MB/s,
+    /// 20MiB/s or 1G (decimal and binary units, bytes). A move slower than its shard is
+    /// written to never finishes: size it above the busiest moving shard's write rate
+    /// [default: unlimited]. Also `[cluster] move_bandwidth`.
+    #[arg(help_heading = "Cluster", long, env = "FELIX_MOVE_BANDWIDTH", value_parser = commands::parse_byte_rate)]
+    move_bandwidth: Option<u64>,
     /// Where this broker listens for the other brokers (never the client listener).
     #[arg(help_heading = "Cluster", long, env = "FELIX_CLUSTER_LISTEN")]
     cluster_listen: Option<SocketAddr>,

@@ -380,6 +380,27 @@ fn half_a_cluster_configuration_is_refused() {
     let out = Command::new(BIN).args(["serve", "--peers", "n1=nowhere"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not an address"));
+    // A move bandwidth that is not a rate, as a flag or in the file, is named.
+    let out = Command::new(BIN).args(["serve", "--move-bandwidth", "fast"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("like 50MB/s"));
+    let cluster = free_udp();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!("[cluster]\nnode_id = \"n1\"\nlisten = \"{cluster}\"\npeers = \"n1={cluster}\"\nmove_bandwidth = \"0MB/s\"\n"),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &free_udp().to_string(), "--data-dir"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("config cluster.move_bandwidth") && err.contains("above zero"), "{err}");
 }
 
 /// `felix-node sim --cluster`: the metadata group's simulation from the command line, and a seed

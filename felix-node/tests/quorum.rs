@@ -1282,3 +1282,74 @@ fn sleeping_replicated_streams_get_new_leaders_within_seconds_of_a_sigkill() {
     );
     assert!(elected < Duration::from_secs(10), "{elected:?}");
 }
+
+/// Brokers added to a loaded cluster take their share by themselves: three brokers hold the
+/// ledger (under a full-speed acknowledged publisher throughout) and a second replicated
+/// stream of eight shards with records on each; brokers 4 to 7 are started and added with
+/// `cluster add`, every broker copying at most `--move-bandwidth` for moves. Without an
+/// operator's move, the metadata leader moves replicas onto the new brokers until every broker
+/// of the seven holds three or four of the 27, with the fewest moves (none between the first
+/// three); the copies were paced (`felix_move_bytes_total`), the publisher was acknowledged
+/// throughout, and every acknowledged record is in the ledger exactly once.
+#[test]
+fn brokers_four_to_seven_added_under_load_take_a_fair_share_of_the_replicas_with_nothing_lost() {
+    let (_dirs, mut nodes) = nodes(7, 3, &["--move-bandwidth", "1MB/s"]);
+    let founders = nodes[..3].iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    for n in &mut nodes[..3] {
+        n.start(&founders);
+    }
+    let addrs = nodes[..3].iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
+    let dir = nodes[0].dir.clone();
+    let load = Load::start(&nodes[..3], 4);
+    let (ok, _, err) = cli(&addrs, &dir, &["stream", "create", "wide", "--shards", "8", "--replication", "3"]);
+    assert!(ok, "{err}");
+    let lines: String = (0..2000).map(|i| format!("w{i}-{}\n", "x".repeat(1000))).collect();
+    let file = dir.parent().unwrap().join("wide.txt");
+    std::fs::write(&file, lines).unwrap();
+    wait_for("the wide stream's records are acknowledged", 60, || {
+        cli(&addrs, &dir, &["publish", "wide", "--file", file.to_str().unwrap(), "--ack"]).0
+    });
+    load.wait_acks("the publisher is acknowledged", 0, 300);
+    let held = |n: &Node| -> Option<usize> { Some(status(n.metrics)?["replicas"].as_array()?.len()) };
+    wait_for("the first three hold all 27 replicas", 30, || nodes[..3].iter().all(|n| held(n) == Some(9)));
+    let started = Instant::now();
+    for i in 3..7 {
+        let members = nodes[..=i].iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+        nodes[i].extra.push("--join".into());
+        nodes[i].start(&members);
+        let out = Command::new(BIN)
+            .args(["cluster", "add", &format!("{}={}", nodes[i].name, nodes[i].cluster)])
+            .args(["--metrics", &nodes[0].metrics.to_string(), "--cluster-secret", "s", "--wait", "30s"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut counts = Vec::new();
+    wait_for("every broker of the seven holds three or four replicas, no move left", 120, || {
+        counts = nodes.iter().map(held).collect();
+        let idle = status(nodes[0].metrics).is_some_and(|v| v["moves"].as_array().is_some_and(|m| m.is_empty()));
+        idle && counts.iter().all(|c| matches!(c, Some(3 | 4))) && counts.iter().flatten().sum::<usize>() == 27
+    });
+    let balanced = started.elapsed();
+    let moves: u64 = nodes.iter().filter_map(|n| metric(n, "felix_replica_balance_moves_total")).sum();
+    let copied: u64 = nodes.iter().filter_map(|n| metric(n, "felix_move_bytes_total")).sum();
+    let waited: u64 = nodes.iter().filter_map(|n| metric(n, "felix_move_bandwidth_waits_total")).sum();
+    let gap = load.longest_gap(started);
+    load.wait_acks("acknowledged on seven brokers", load.count(), 200);
+    let fast = load.finish();
+    let acked: Vec<String> = fast.acked.iter().flatten().cloned().collect();
+    check_ledger(&nodes, &dir, &acked, &fast.unknown);
+    eprintln!(
+        "brokers 4-7 added under load: balanced in {balanced:?} with {moves} moves, {copied} bytes copied ({waited} waits for the budget); \
+         replicas per broker {counts:?}; {} acknowledged, none lost or doubled; longest stretch without an ack {gap:?}",
+        acked.len()
+    );
+    // The fewest moves: one per replica the new brokers hold (nothing moved between the
+    // first three, nor off a new broker once it had its share).
+    let taken: usize = counts[3..].iter().flatten().sum();
+    assert_eq!(moves, taken as u64, "one move per replica the new brokers took: {counts:?}");
+    assert!(taken >= 12, "{counts:?}");
+    assert!(copied >= 2000 * 1000, "the wide stream's records were copied: {copied} bytes");
+    assert!(waited > 0, "copies waited for --move-bandwidth");
+    assert!(gap < Duration::from_secs(10), "no acknowledged write for {gap:?} while the cluster rebalanced");
+}

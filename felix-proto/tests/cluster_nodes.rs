@@ -4116,3 +4116,195 @@ fn an_added_broker_takes_a_fair_share_of_the_replica_sets_by_itself() {
         })
     });
 }
+
+/// Cluster time (ticks) a move of `shard` to a broker outside its replicas or ownership takes,
+/// with one MiB acknowledged on it first and `--move-bandwidth` at `rate` on every broker;
+/// and the bytes the brokers charged to their move budgets.
+fn timed_move(replicated: bool, rate: Option<u64>) -> (u64, u64) {
+    timed_move_writing(replicated, rate, 0)
+}
+
+/// [`timed_move`], with `live` bytes published to the shard at each tick while it moves.
+fn timed_move_writing(replicated: bool, rate: Option<u64>, live: usize) -> (u64, u64) {
+    let four = ["n1", "n2", "n3", "n4"];
+    let mut c = Cluster::new(&four);
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 4));
+    for n in c.nodes.values_mut() {
+        n.set_move_bandwidth(rate);
+    }
+    let (stream, shard) = if replicated {
+        create_ledger(&mut c);
+        ("ledger", ledger())
+    } else {
+        c.create(Kind::Stream, "orders", 1, 0);
+        ("orders", orders_shard(0))
+    };
+    let from =
+        if replicated { leading(&c).unwrap() } else { c.nodes["n1"].metadata().owner(&shard).unwrap().owner.clone() };
+    let holders: Vec<String> =
+        if replicated { c.nodes["n1"].metadata().replicas(&shard).unwrap().to_vec() } else { vec![from.clone()] };
+    let to = four.iter().find(|n| !holders.iter().any(|h| h == *n)).unwrap().to_string();
+    // One MiB: eight acknowledged batches of eight 16 KiB records.
+    let record = "x".repeat(16 << 10);
+    let (conn, st) = c.client(&from, ACKED, 1);
+    for b in 0..8u64 {
+        c.send(&from, conn, st, publish_binary(stream, &[record.as_str(); 8], Some(b + 1), None));
+    }
+    let a = acks(&payloads(&c.take(&from, conn, st)));
+    assert!(a.len() == 8 && a.iter().all(|a| a.status == AckStatus::Ok), "{a:?}");
+    let now = c.now;
+    c.nodes.get_mut(&from).unwrap().propose(&Command::MoveShard { shard: shard.clone(), to: to.clone() }, now);
+    let mut ticks = 0u64;
+    loop {
+        let done = c.nodes.values().all(|n| {
+            let md = n.metadata();
+            md.moving(&shard).is_none()
+                && if replicated {
+                    md.replicas(&shard).is_some_and(|r| r.contains(&to))
+                } else {
+                    md.owner(&shard).is_some_and(|a| a.owner == to)
+                }
+        });
+        if done {
+            break;
+        }
+        if live > 0 {
+            let fresh = "y".repeat(live);
+            c.send(&from, conn, st, publish_binary(stream, &[fresh.as_str()], Some(1000 + ticks), None));
+            let _ = c.take(&from, conn, st);
+        }
+        assert!(
+            ticks < 600,
+            "the move did not finish within 60 s of cluster time: {:?} {:?} {:?}",
+            c.nodes["n1"].metadata().moving(&shard),
+            c.nodes["n1"].metadata().owner(&shard),
+            c.nodes[&to].broker.move_progress(),
+        );
+        c.tick();
+        ticks += 1;
+    }
+    // Everything acknowledged is on the new holder.
+    c.settle();
+    let held: usize = c.nodes[&to].broker.committed_batches(&shard, 0).iter().map(|(_, _, p)| p.len()).sum();
+    assert!(held >= 64, "{to} holds {held} of 64 records");
+    let charged = c.nodes.values().map(|n| n.move_bandwidth_counts().0).sum();
+    (ticks, charged)
+}
+
+#[test]
+fn a_move_copies_no_faster_than_its_bandwidth_and_unlimited_as_fast_as_it_goes() {
+    for replicated in [false, true] {
+        let (fast, charged_fast) = timed_move(replicated, None);
+        let (slow, charged) = timed_move(replicated, Some(256 << 10));
+        // One MiB at 256 KiB a second, one second's worth in hand: about three seconds.
+        assert!(slow >= 25, "replicated {replicated}: throttled move took {slow} ticks");
+        assert!(slow <= 80, "replicated {replicated}: throttled move took {slow} ticks");
+        assert!(fast < 15, "replicated {replicated}: unthrottled move took {fast} ticks");
+        assert!(charged >= 1 << 20 && charged_fast >= 1 << 20, "{charged} {charged_fast}");
+    }
+}
+
+/// A shard written faster than the move budget still moves, replicated or not: the budget
+/// paces the copy (what the shard held when its target joined, or when the new owner's copy
+/// began), not the target keeping up with the shard's live writes, so the copy of one MiB at
+/// 256 KiB a second takes about as long as without writes.
+#[test]
+fn a_throttled_move_of_a_shard_written_faster_than_its_budget_still_finishes() {
+    for replicated in [true, false] {
+        // 32 KiB a tick: 320 KiB a second, more than the 256 KiB budget.
+        let (ticks, charged) = timed_move_writing(replicated, Some(256 << 10), 32 << 10);
+        assert!((25..=80).contains(&ticks), "replicated {replicated}: took {ticks} ticks");
+        // Charged: the copy, not the live writes (about 1 MiB, not 1 MiB plus 32 KiB a tick).
+        assert!(((1 << 20)..(1 << 20) + (512 << 10)).contains(&charged), "replicated {replicated}: {charged}");
+    }
+}
+
+/// Replica balancing when the broker holding the most replicas leads none of the shards it
+/// could give up: it gives up a follower's replica (`MoveReplica`, D61), which the metadata
+/// leader proposes only when every member offered `FEATURE_REPLICA_MOVES`. With an older
+/// member in the cluster it moves leaders' replicas only, and here finds none to move.
+#[test]
+fn the_broker_holding_the_most_gives_up_a_followers_replica_only_when_every_member_reads_such_a_move() {
+    for older in [false, true] {
+        let mut c = Cluster::new(&NAMES);
+        if older {
+            c.old_peers.insert("n2".into());
+            c.hellos("n2");
+        }
+        c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+        // A stream of two RF 3 shards that placement has n1 and n2 lead: n3 leads neither.
+        let name = (0..100)
+            .map(|i| format!("pair{i}"))
+            .find(|name| {
+                let mut md = c.nodes["n1"].metadata().clone();
+                md.apply(&Command::Create {
+                    kind: Kind::Stream,
+                    tenant: "t1".into(),
+                    namespace: "default".into(),
+                    name: name.clone(),
+                    shards: 2,
+                    ephemeral: false,
+                    replication: 3,
+                })
+                .unwrap();
+                (0..2).all(|i| {
+                    let s = ShardId {
+                        kind: Kind::Stream,
+                        tenant: "t1".into(),
+                        namespace: "default".into(),
+                        name: name.clone(),
+                        shard: i,
+                    };
+                    md.replicas(&s).is_some_and(|r| r[0] != "n3")
+                })
+            })
+            .unwrap();
+        c.create(Kind::Stream, &name, 2, 3);
+        let shard = |i: u32| ShardId {
+            kind: Kind::Stream,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: name.clone(),
+            shard: i,
+        };
+        c.until("each shard led by its first replica", |c| {
+            (0..2).all(|i| {
+                let first = c.nodes["n1"].metadata().replicas(&shard(i)).unwrap()[0].clone();
+                leader_of(c, &shard(i)) == Some(first.clone())
+                    && c.nodes.values().all(|n| n.metadata().owner(&shard(i)).is_some_and(|a| a.owner == first))
+            })
+        });
+        let mut cfg = config();
+        cfg.clustered = true;
+        let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+        c.nodes.insert("n4".into(), ClusterNode::joining(broker, member("n4", 4), &RaftLog::default(), c.now).unwrap());
+        c.hellos("n4");
+        let now = c.now;
+        c.nodes.get_mut("n1").unwrap().request_add("n4", "127.0.0.1:7004", now).unwrap();
+        c.settle();
+        let held = |c: &Cluster, who: &str| -> usize {
+            let md = c.nodes["n1"].metadata();
+            (0..2).filter(|i| md.replicas(&shard(*i)).is_some_and(|r| r.iter().any(|x| x == who))).count()
+        };
+        c.until("n4 is an active member", |c| c.nodes.values().all(|n| n.metadata().members().len() == 4));
+        for _ in 0..50 {
+            c.tick();
+        }
+        c.until("no move left", |c| c.nodes.values().all(|n| n.metadata().moves().is_empty()));
+        let counts: Vec<usize> = ["n1", "n2", "n3", "n4"].iter().map(|n| held(&c, n)).collect();
+        let moves: u64 = c.nodes.values().map(|n| n.balance_moves()).sum();
+        if older {
+            assert_eq!(
+                (counts.as_slice(), moves),
+                ([2, 2, 2, 0].as_slice(), 0),
+                "older member: nothing it cannot read"
+            );
+        } else {
+            assert_eq!((counts.as_slice(), moves), ([2, 2, 1, 1].as_slice(), 1), "n3's follower replica went to n4");
+            // The leaders led on; n4 holds what the group holds.
+            for i in 0..2 {
+                assert_ne!(leader_of(&c, &shard(i)).as_deref(), Some("n3"));
+            }
+        }
+    }
+}

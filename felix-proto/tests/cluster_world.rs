@@ -35,6 +35,8 @@ fn the_first_500_seeds_keep_every_cluster_invariant() {
     // Subscribers followed their shards through them, each record checked once and in order;
     // replicas of the replicated stream moved to other brokers.
     assert!(t.followed > 10_000 && t.follows > 500 && t.replica_moves > 10, "{t:?}");
+    // Operators moved one broker's replica of it, followers' too (D61).
+    assert!(t.follower_moves_asked > 50, "{t:?}");
 }
 
 #[test]

@@ -154,6 +154,14 @@ pub fn brokers(count: usize, replication: u8) -> (Vec<tempfile::TempDir>, Vec<No
     (dirs, nodes, peers)
 }
 
+/// `count` brokers' addresses and data directories (n1, n2, …), started with `extra`
+/// arguments and streams replicated on `replication` by default: none started yet.
+pub fn nodes(count: usize, replication: u8, extra: &[&str]) -> (Vec<tempfile::TempDir>, Vec<Node>) {
+    let names: Vec<String> = (1..=count).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    nodes_named(&names, replication, extra, &[], false)
+}
+
 fn nodes_named(
     names: &[&str],
     replication: u8,

@@ -530,6 +530,9 @@ pub struct Broker {
     moves_out: std::collections::BTreeMap<crate::cluster::metadata::ShardId, moves::Outgoing>,
     /// Moves of shards to this broker: their copies.
     moves_in: std::collections::BTreeMap<crate::cluster::metadata::ShardId, moves::Incoming>,
+    /// The byte budget of moves' copies, to and from this broker (`--move-bandwidth`); the
+    /// cluster node charges replicated shards' catch-up to it too.
+    pub(crate) move_bandwidth: crate::cluster::bandwidth::Bandwidth,
     /// Copied batches being written.
     import_writes:
         std::collections::BTreeMap<WriteToken, (crate::cluster::metadata::ShardId, crate::storage::StoredBatch)>,
@@ -628,6 +631,7 @@ impl Broker {
             fenced: false,
             moves_out: Default::default(),
             moves_in: Default::default(),
+            move_bandwidth: crate::cluster::bandwidth::Bandwidth::new(None),
             import_writes: Default::default(),
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),

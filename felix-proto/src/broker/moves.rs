@@ -75,6 +75,9 @@ pub(super) struct Incoming {
     pub(super) proposed: Option<Instant>,
     /// The old owner's tail in its last answer (progress).
     pub(super) source_tail: u64,
+    /// The old owner's tail in its first answer: below it is the copy the move budget paces,
+    /// above it the shard's live writes, which it does not (`--move-bandwidth`).
+    pub(super) copy_floor: Option<u64>,
 }
 
 impl Outgoing {
@@ -151,6 +154,7 @@ impl Broker {
                     cut_at: None,
                     proposed: None,
                     source_tail: 0,
+                    copy_floor: None,
                 });
                 if i.cut_at.is_none() && cut_at.is_some() {
                     // Cut over: what is left to copy is final; ask for it now.
@@ -297,14 +301,22 @@ impl Broker {
         if !(lost || due) {
             return;
         }
+        // A throttled copy asks once there is budget again (the tick comes back); past what
+        // the old owner held when the copy began, it keeps up unpaced.
+        let copying = i.failed || i.copy_floor.is_none_or(|f| i.next.is_none_or(|n| n < f));
+        if !lost && copying && !self.move_bandwidth.may_send(now) {
+            return;
+        }
         if i.failed {
             // Start again from scratch.
             i.failed = false;
             i.next = None;
+            i.copy_floor = None;
         }
         i.asked = Some(now);
         i.due = None;
-        let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next, max_bytes: COPY_CHUNK_BYTES });
+        let max_bytes = if copying { self.move_bandwidth.chunk(COPY_CHUNK_BYTES) } else { COPY_CHUNK_BYTES };
+        let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next, max_bytes });
         let to = i.from.clone();
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to, message }));
     }
@@ -489,6 +501,10 @@ impl Broker {
             CopyBody::Batches { start, tail, batches, .. } => (start, tail, batches),
         };
         i.source_tail = tail;
+        let floor = *i.copy_floor.get_or_insert(tail);
+        let bytes: usize = batches.iter().filter(|b| b.base_offset < floor).map(|b| b.records.block_len()).sum();
+        self.move_bandwidth.charge(bytes as u64, now);
+        let Some(i) = self.moves_in.get_mut(&s) else { return };
         let first = i.next.is_none();
         let mut next = i.next.unwrap_or_else(|| batches.first().map_or(start, |b| b.base_offset.min(start)));
         let k = key(&s.tenant, &s.namespace, &s.name);

@@ -231,6 +231,20 @@ pub enum Command {
         /// The broker it goes to.
         to: String,
     },
+    /// A replicated shard's replica on `from`, a follower or its leader, goes to broker `to`
+    /// outside its group: `to` joins the group, catches up, and `from` leaves it (handing the
+    /// leadership over first if it leads), done with [`Command::FinishMove`], `to` in
+    /// `from`'s place. [`Command::MoveShard`] always replaces the leader's replica; this
+    /// moves the replica of the broker holding the most (replica balancing, D61). Proposed
+    /// only when every member offered `FEATURE_REPLICA_MOVES`: an older broker cannot read it.
+    MoveReplica {
+        /// The shard.
+        shard: ShardId,
+        /// The replica that leaves.
+        from: String,
+        /// The broker outside the group that takes its place.
+        to: String,
+    },
     /// The old owner of a moving shard stopped taking writes, its tail at `at` ([`MovePhase::CutOver`]).
     CutOver {
         /// The shard.
@@ -565,6 +579,7 @@ impl Metadata {
                 return Ok(());
             }
             Command::MoveShard { shard, to } => self.move_shard(shard, to)?,
+            Command::MoveReplica { shard, from, to } => self.move_replica(shard, from, to)?,
             Command::Rebalance => self.pins.clear(),
             Command::CutOver { shard, from, at } => {
                 let m = self
@@ -657,6 +672,29 @@ impl Metadata {
         } else {
             self.moves.insert(shard.clone(), Move { from: a.owner, to: to.to_owned(), phase: MovePhase::CatchingUp });
         }
+        Ok(())
+    }
+
+    /// [`Command::MoveReplica`].
+    fn move_replica(&mut self, shard: &ShardId, from: &str, to: &str) -> Result<(), CommandError> {
+        let name = || format!("{}/{}/{} shard {}", shard.tenant, shard.namespace, shard.name, shard.shard);
+        let Some((replicas, _)) = self.replicas.get(shard) else {
+            return Err(CommandError::Move(format!("{} is not replicated", name())));
+        };
+        if !replicas.iter().any(|r| r == from) {
+            return Err(CommandError::Move(format!("{from} holds no replica of {}", name())));
+        }
+        if replicas.iter().any(|r| r == to) {
+            return Err(CommandError::Move(format!("{to} holds a replica of {} already", name())));
+        }
+        if !self.members.get(to).is_some_and(|m| m.state == MemberState::Active) {
+            return Err(CommandError::Move(format!("{to} is not an active member")));
+        }
+        if let Some(m) = self.moves.get(shard) {
+            return Err(CommandError::Move(format!("{} is already moving ({} → {})", name(), m.from, m.to)));
+        }
+        self.moves
+            .insert(shard.clone(), Move { from: from.to_owned(), to: to.to_owned(), phase: MovePhase::CatchingUp });
         Ok(())
     }
 
@@ -1004,8 +1042,9 @@ mod tests {
         ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: name.into(), shard }
     }
 
-    #[test]
-    fn a_replicated_shard_moves_its_leadership_to_a_replica_or_a_replica_to_another_broker() {
+    /// Four members, stream `q` of one RF 3 shard led by its first replica: the metadata, the
+    /// shard, its replicas and the member outside its group.
+    fn four_brokers_and_a_led_rf3_shard() -> (Metadata, ShardId, Vec<String>, &'static str) {
         let mut md = Metadata::default();
         for c in [join("n1"), join("n2"), join("n3"), join("n4")] {
             md.apply(&c).unwrap();
@@ -1024,6 +1063,12 @@ mod tests {
         let replicas = md.replicas(&q).unwrap().to_vec();
         md.apply(&Command::Lead { shard: q.clone(), node: replicas[0].clone(), term: 2 }).unwrap();
         let outsider = ["n1", "n2", "n3", "n4"].into_iter().find(|n| !replicas.iter().any(|r| r == n)).unwrap();
+        (md, q, replicas, outsider)
+    }
+
+    #[test]
+    fn a_replicated_shard_moves_its_leadership_to_a_replica_or_a_replica_to_another_broker() {
+        let (mut md, q, replicas, outsider) = four_brokers_and_a_led_rf3_shard();
         // To a broker outside the group: it takes the leader's place once the group says so
         // (its leader's finish); it may lead before that.
         md.apply(&Command::MoveShard { shard: q.clone(), to: outsider.into() }).unwrap();
@@ -1063,6 +1108,37 @@ mod tests {
         md.apply(&Command::Drain { id: replicas[1].clone() }).unwrap();
         let m = md.moving(&q).expect("a move off the draining broker").clone();
         assert_eq!((m.from.as_str(), m.to.as_str()), (replicas[1].as_str(), outsider));
+    }
+
+    #[test]
+    fn a_followers_replica_moves_to_a_broker_outside_the_group_into_its_place() {
+        let (mut md, q, replicas, outsider) = four_brokers_and_a_led_rf3_shard();
+        md.apply(&create("d", 1)).unwrap();
+        let mv = |from: &str, to: &str| Command::MoveReplica { shard: q.clone(), from: from.into(), to: to.into() };
+        // Refused: a broker holding no replica, a target holding one, a target not a member, a
+        // shard that is not replicated.
+        let before = md.clone();
+        assert!(md.apply(&mv(outsider, outsider)).is_err());
+        assert!(md.apply(&mv(&replicas[1], &replicas[2])).is_err());
+        assert!(md.apply(&mv(&replicas[1], "n9")).is_err());
+        let plain = Command::MoveReplica { shard: sid("d", 0), from: "n1".into(), to: "n2".into() };
+        assert!(md.apply(&plain).unwrap_err().to_string().contains("not replicated"));
+        assert_eq!(md, before, "nothing changed");
+        // A follower's replica: the leader leads on, the target takes the follower's place.
+        md.apply(&mv(&replicas[1], outsider)).unwrap();
+        assert!(md.apply(&mv(&replicas[2], outsider)).unwrap_err().to_string().contains("already moving"));
+        let m = md.moving(&q).unwrap().clone();
+        assert_eq!((m.from.as_str(), m.to.as_str(), m.phase), (replicas[1].as_str(), outsider, MovePhase::CatchingUp));
+        assert_eq!(md.owner(&q).unwrap().owner, replicas[0]);
+        md.apply(&Command::FinishMove { shard: q.clone(), to: outsider.into(), at: 0 }).unwrap();
+        let mut group = replicas.clone();
+        group[1] = outsider.to_owned();
+        assert_eq!(md.replicas(&q).unwrap(), &group[..]);
+        assert_eq!(md.owner(&q).unwrap().owner, replicas[0], "still its leader");
+        assert!(md.moving(&q).is_none());
+        // It reads back as it was written.
+        let c = mv(&replicas[2], &replicas[1]);
+        assert_eq!(Command::decode(&c.encode()).unwrap(), c);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! sans-IO member of a Raft group on tikv's engine ([`meta`]), the metadata state machine it
 //! replicates ([`metadata`]), a broker of a cluster ([`node`]) and the messages between brokers
 //! ([`peer`]); a replicated shard's replica, whose Raft log is the shard's log ([`replica`]), and
-//! reading that log back from its files once entries left memory ([`log_read`]).
+//! reading that log back from its files once entries left memory ([`log_read`]); the byte budget
+//! of moves ([`bandwidth`]).
 
+pub mod bandwidth;
 pub mod log_read;
 pub mod meta;
 pub mod metadata;

@@ -13,8 +13,8 @@ use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, enco
 use super::metadata::ShardId;
 use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::{
-    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes,
-    SnapshotChunk,
+    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_REPLICA_MOVES, FEATURE_SNAPSHOT_CHUNKS,
+    PeerMessage, RaftBytes, SnapshotChunk,
 };
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
@@ -212,6 +212,31 @@ struct Assembly {
     data: bytes::BytesMut,
 }
 
+/// A message for a move's target held back by the move budget.
+#[derive(Debug)]
+struct HeldMove {
+    to: String,
+    shard: ShardId,
+    message: Message,
+    /// The bytes of the move's copy it carries (charged when it goes).
+    copy: u64,
+    /// Its entries' or snapshot's bytes (what holding it costs).
+    size: u64,
+}
+
+/// The bytes a log message carries: its entries' data, or its snapshot's.
+fn catch_up_bytes(m: &Message) -> u64 {
+    let entries: usize = m.entries.iter().map(|e| e.data.len() + e.context.len()).sum();
+    (entries + m.get_snapshot().get_data().len()) as u64
+}
+
+/// The bytes of a move's copy a message to its target carries: its entries up to `floor`
+/// (what the group held when the leader first sent it some), or its whole snapshot.
+fn copy_bytes(m: &Message, floor: u64) -> u64 {
+    let entries: usize = m.entries.iter().filter(|e| e.index <= floor).map(|e| e.data.len() + e.context.len()).sum();
+    (entries + m.get_snapshot().get_data().len()) as u64
+}
+
 /// Queues `message` (a `MsgSnapshot`) to `to` as `snapshot_chunk`s of `chunk` bytes of data
 /// each, the message itself (without the data) in the first; returns how many. The chunks'
 /// data are slices of the snapshot's (no copy here).
@@ -402,6 +427,12 @@ pub struct ClusterNode {
     entry_cache: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
     shard_sends: BTreeMap<String, Vec<(ShardId, RaftBytes)>>,
+    /// Log entries and snapshots for moves' targets held back by the move budget, in the
+    /// order they were made ([`super::bandwidth`]), and their bytes.
+    held_moves: VecDeque<HeldMove>,
+    held_bytes: u64,
+    /// Appends for moves' targets dropped with [`super::bandwidth::HELD_BYTES_MAX`] held.
+    move_drops: u64,
     /// Shard groups' heartbeats waiting to go, per peer that reads them coalesced.
     beats: BTreeMap<String, Vec<(ShardId, Beat)>>,
     /// What each peer's hello offered ([`super::peer::PEER_FEATURES`]).
@@ -558,6 +589,10 @@ struct Hosted {
     /// On the leader: `metadata_changes` when its group was last found in line with the
     /// metadata (no move, the voters it names): nothing to drive until either changes.
     in_line_at: Option<u64>,
+    /// On the leader, for a move's target: its name and the group's last index when this
+    /// leader first sent it entries. Entries up to it are the copy the move budget paces;
+    /// later ones are the shard's live writes, which it does not ([`super::bandwidth`]).
+    move_floor: Option<(String, u64)>,
     /// What the role the broker was told was worked out from: (leads, its generation start
     /// committed, the leader known, `metadata_changes`, names known).
     role_from: Option<(bool, bool, Option<u64>, u64, usize)>,
@@ -679,6 +714,9 @@ impl ClusterNode {
             checkpoint_bytes: None,
             entry_cache: None,
             shard_sends: BTreeMap::new(),
+            held_moves: VecDeque::new(),
+            held_bytes: 0,
+            move_drops: 0,
             beats: BTreeMap::new(),
             replica_reads: BTreeMap::new(),
             next_replica_read: 1,
@@ -1186,6 +1224,8 @@ impl ClusterNode {
         for token in h.replica.abandon() {
             self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
         }
+        self.held_moves.retain(|h| h.shard != *shard);
+        self.held_bytes = self.held_moves.iter().map(|h| h.size).sum();
         let strip = |list: &mut Vec<(ShardId, RaftBytes)>| list.retain(|(s, _)| s != shard);
         for list in self.shard_sends.values_mut() {
             strip(list);
@@ -1296,6 +1336,7 @@ impl ClusterNode {
                             compacted_at: None,
                             names_at: None,
                             in_line_at: None,
+                            move_floor: None,
                             role_from: None,
                             settled_ticks: 0,
                             preferred_tried: None,
@@ -1403,6 +1444,8 @@ impl ClusterNode {
                 }
             }
             None => {
+                // (A later move's copy is counted from its own start.)
+                h.move_floor = None;
                 // The group as the metadata has it: a replica move given up half way (its
                 // target added, maybe the leaving replica removed) is undone, a missing member
                 // added back before an extra one is removed.
@@ -1418,9 +1461,144 @@ impl ClusterNode {
         }
     }
 
+    /// A group's message to replica `name`. For a move's target that is not a replica yet,
+    /// `copy` is the bytes of the move's copy it carries: they wait for the move budget
+    /// ([`super::bandwidth`]), and so does anything after them to the same target and shard
+    /// (in order). The shard's live writes to it (entries after the copy) are not charged:
+    /// however slow the budget, a move of a shard written faster than it still ends. The
+    /// rest goes at once.
+    fn send_replica_message(
+        &mut self,
+        name: String,
+        shard: &ShardId,
+        message: Message,
+        copy: Option<u64>,
+        now: Instant,
+    ) {
+        let Some(copy) = copy else {
+            self.ship_replica_message(&name, shard, message);
+            return;
+        };
+        let queued = self.held_moves.iter().any(|h| h.to == name && h.shard == *shard);
+        if !queued && (copy == 0 || self.broker.move_bandwidth.may_send(now)) {
+            self.broker.move_bandwidth.charge(copy, now);
+            self.ship_replica_message(&name, shard, message);
+            return;
+        }
+        let size = catch_up_bytes(&message);
+        if message.get_msg_type() == MessageType::MsgAppend {
+            // The same append again (the leader resends what it has no answer to at each
+            // heartbeat answer) is not queued twice: it would be paid for twice. Nor is one
+            // past the most held. Raft sends it again (a message may always be lost).
+            let again = self.held_moves.iter().any(|h| {
+                h.to == name
+                    && h.shard == *shard
+                    && h.message.get_msg_type() == MessageType::MsgAppend
+                    && h.message.term == message.term
+                    && h.message.index == message.index
+                    && h.message.entries.len() == message.entries.len()
+            });
+            if again || self.held_bytes.saturating_add(size) > super::bandwidth::HELD_BYTES_MAX {
+                self.move_drops += 1;
+                return;
+            }
+        }
+        self.held_bytes += size;
+        self.held_moves.push_back(HeldMove { to: name, shard: shard.clone(), message, copy, size });
+    }
+
+    /// Releases the held messages for moves' targets the move budget allows now: in order per
+    /// target and shard, one carrying no copy as soon as nothing before it to the same target
+    /// and shard waits.
+    fn release_held_moves(&mut self, now: Instant) {
+        if self.held_moves.is_empty() {
+            return;
+        }
+        let mut waiting: BTreeSet<(String, ShardId)> = BTreeSet::new();
+        let mut kept = VecDeque::new();
+        let mut budget = true;
+        for h in std::mem::take(&mut self.held_moves) {
+            let key = (h.to.clone(), h.shard.clone());
+            let mut go = !waiting.contains(&key);
+            if go && h.copy > 0 {
+                budget = budget && self.broker.move_bandwidth.may_send(now);
+                go = budget;
+            }
+            if !go {
+                waiting.insert(key);
+                kept.push_back(h);
+                continue;
+            }
+            self.held_bytes = self.held_bytes.saturating_sub(h.size);
+            self.broker.move_bandwidth.charge(h.copy, now);
+            self.ship_replica_message(&h.to, &h.shard, h.message);
+        }
+        self.held_moves = kept;
+    }
+
+    /// Puts a group's message to replica `name` on its way: a large snapshot in chunks, a
+    /// heartbeat coalesced with the others to that peer, the rest batched per peer.
+    fn ship_replica_message(&mut self, name: &str, shard: &ShardId, message: Message) {
+        let chunked = message.get_msg_type() == MessageType::MsgSnapshot
+            && message.get_snapshot().get_data().len() > self.snapshot_chunk_bytes
+            && self.offers & FEATURE_SNAPSHOT_CHUNKS != 0
+            && self.peer_features.get(name).is_some_and(|f| f & FEATURE_SNAPSHOT_CHUNKS != 0);
+        if chunked {
+            let n = send_snapshot_chunks(&mut self.out, name, shard, message, self.snapshot_chunk_bytes);
+            self.snapshot_chunk_counts.0 += n;
+            return;
+        }
+        let heartbeat = matches!(message.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
+        let coalesce = heartbeat
+            && message.context.is_empty()
+            && self.peer_features.get(name).is_some_and(|f| f & FEATURE_COALESCED_HEARTBEATS != 0);
+        if coalesce {
+            let beat = Beat {
+                response: message.get_msg_type() == MessageType::MsgHeartbeatResponse,
+                term: message.term,
+                commit: message.commit,
+            };
+            self.beats.entry(name.to_owned()).or_default().push((shard.clone(), beat));
+        } else {
+            self.shard_sends
+                .entry(name.to_owned())
+                .or_default()
+                .push((shard.clone(), super::meta::encode_message_parts(&message)));
+        }
+    }
+
+    /// Move budget: bytes charged, times a move waited for it, catch-up messages held now
+    /// (and their bytes), appends dropped with the most held.
+    pub fn move_bandwidth_counts(&self) -> (u64, u64, usize, u64, u64) {
+        let (charged, waits) = self.broker.move_bandwidth.counts();
+        (charged, waits, self.held_moves.len(), self.held_bytes, self.move_drops)
+    }
+
+    /// Moves copy at most `bytes` a second to and from this broker (`serve --move-bandwidth`;
+    /// `None`: as fast as they go), see [`super::bandwidth`].
+    pub fn set_move_bandwidth(&mut self, bytes: Option<u64>) {
+        self.broker.move_bandwidth = super::bandwidth::Bandwidth::new(bytes);
+    }
+
     /// Carries a replica's outputs: state to keep, messages to its peers (batched per peer),
     /// commits into the broker's log, answers to publishers; then tells the broker its role.
     fn drain_replica(&mut self, shard: &ShardId, now: Instant) {
+        let mut sends = Vec::new();
+        self.drain_replica_outputs(shard, now, &mut sends);
+        for (name, message, copy) in sends {
+            self.send_replica_message(name, shard, message, copy, now);
+        }
+    }
+
+    /// [`Self::drain_replica`], the messages to peers left in `sends` with the bytes of a
+    /// move's copy each carries, for a move's target (they go once the group's entry is no
+    /// longer borrowed).
+    fn drain_replica_outputs(
+        &mut self,
+        shard: &ShardId,
+        now: Instant,
+        sends: &mut Vec<(String, Message, Option<u64>)>,
+    ) {
         let Some(h) = self.replicas.get_mut(shard) else { return };
         while let Some(o) = h.replica.poll_output() {
             match o {
@@ -1452,33 +1630,25 @@ impl ClusterNode {
                             message.context = READDED_CONTEXT.to_vec().into();
                         }
                     }
-                    let chunked = message.get_msg_type() == MessageType::MsgSnapshot
-                        && message.get_snapshot().get_data().len() > self.snapshot_chunk_bytes
-                        && self.offers & FEATURE_SNAPSHOT_CHUNKS != 0
-                        && self.peer_features.get(name).is_some_and(|f| f & FEATURE_SNAPSHOT_CHUNKS != 0);
-                    if chunked {
-                        let n = send_snapshot_chunks(&mut self.out, name, shard, message, self.snapshot_chunk_bytes);
-                        self.snapshot_chunk_counts.0 += n;
-                        continue;
-                    }
-                    let heartbeat =
-                        matches!(message.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
-                    let coalesce = heartbeat
-                        && message.context.is_empty()
-                        && self.peer_features.get(name).is_some_and(|f| f & FEATURE_COALESCED_HEARTBEATS != 0);
-                    if coalesce {
-                        let beat = Beat {
-                            response: message.get_msg_type() == MessageType::MsgHeartbeatResponse,
-                            term: message.term,
-                            commit: message.commit,
+                    // Log entries and snapshots for a move's target that is not a replica
+                    // yet: how many bytes of them are the copy (entries the group held when
+                    // this leader first sent it some; a snapshot, whole).
+                    let target = matches!(message.get_msg_type(), MessageType::MsgAppend | MessageType::MsgSnapshot)
+                        && !self.metadata.moves().is_empty()
+                        && self.metadata.moving(shard).is_some_and(|m| m.to == *name)
+                        && !self.metadata.replicas(shard).is_some_and(|r| r.contains(name));
+                    let copy = target.then(|| {
+                        let floor = match &h.move_floor {
+                            Some((to, floor)) if to == name => *floor,
+                            _ => {
+                                let last = h.replica.indexes().0;
+                                h.move_floor = Some((name.clone(), last));
+                                last
+                            }
                         };
-                        self.beats.entry(name.clone()).or_default().push((shard.clone(), beat));
-                    } else {
-                        self.shard_sends
-                            .entry(name.clone())
-                            .or_default()
-                            .push((shard.clone(), super::meta::encode_message_parts(&message)));
-                    }
+                        copy_bytes(&message, floor)
+                    });
+                    sends.push((name.clone(), message, copy));
                 }
                 ReplicaOutput::Answer { token, answer } => {
                     self.broker.handle_replicated(crate::transport::WriteToken(token), answer, now)
@@ -1835,6 +2005,7 @@ impl ClusterNode {
             still.append(&mut self.awake);
             self.awake = still;
             self.hibernation_tick(now);
+            self.release_held_moves(now);
             self.flush_pending(now);
             self.drain_meta(now);
             self.flush_shard_sends();
@@ -2171,6 +2342,12 @@ impl ClusterNode {
         if moving >= MAX_BALANCE_MOVES {
             return;
         }
+        // Every member reads a follower's replica move (D61).
+        let replica_moves = self.offers & FEATURE_REPLICA_MOVES != 0
+            && md
+                .members()
+                .keys()
+                .all(|m| *m == self.me.id || self.peer_features.get(m).is_some_and(|f| f & FEATURE_REPLICA_MOVES != 0));
         // Replicas per active member, a moving replica counted where it is going.
         let mut counts: BTreeMap<&str, usize> = md.members().keys().map(|k| (k.as_str(), 0)).collect();
         for (s, replicas) in md.replicated_shards() {
@@ -2185,7 +2362,7 @@ impl ClusterNode {
                 }
             }
         }
-        let mut chosen: BTreeSet<&ShardId> = BTreeSet::new();
+        let mut chosen: BTreeSet<ShardId> = BTreeSet::new();
         let mut proposals = Vec::new();
         for _ in moving..MAX_BALANCE_MOVES {
             // The most loaded (ties: the higher id) and the least (ties: the lower id).
@@ -2198,15 +2375,31 @@ impl ClusterNode {
             if high <= low + 1 {
                 break;
             }
-            let pick = md.replicated_shards().find(|(s, replicas)| {
+            // A shard `most` leads moves with its leadership (leaderships spread too); else,
+            // where every member reads it, a shard `most` follows (one it leads may be none).
+            let candidate = |s: &ShardId, replicas: &[String]| {
                 md.moving(s).is_none()
                     && !chosen.contains(s)
-                    && md.owner(s).is_some_and(|a| a.owner == most)
+                    && replicas.iter().any(|r| r == most)
                     && !replicas.iter().any(|r| r == least)
-            });
-            let Some((shard, _)) = pick else { break };
-            chosen.insert(shard);
-            proposals.push(Command::MoveShard { shard: shard.clone(), to: least.to_owned() });
+            };
+            let led = md
+                .replicated_shards()
+                .find(|(s, replicas)| candidate(s, replicas) && md.owner(s).is_some_and(|a| a.owner == most));
+            let command = match led {
+                Some((shard, _)) => Command::MoveShard { shard: shard.clone(), to: least.to_owned() },
+                None if replica_moves => {
+                    let Some((shard, _)) = md.replicated_shards().find(|(s, replicas)| candidate(s, replicas)) else {
+                        break;
+                    };
+                    Command::MoveReplica { shard: shard.clone(), from: most.to_owned(), to: least.to_owned() }
+                }
+                None => break,
+            };
+            if let Command::MoveShard { shard, .. } | Command::MoveReplica { shard, .. } = &command {
+                chosen.insert(shard.clone());
+            }
+            proposals.push(command);
             if let Some(c) = counts.get_mut(most) {
                 *c -= 1;
             }

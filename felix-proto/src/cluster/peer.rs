@@ -101,13 +101,19 @@ pub const FEATURE_SNAPSHOT_CHUNKS: u64 = 0x10;
 /// without one.
 pub const FEATURE_BATCH_META: u64 = 0x20;
 
+/// Peer hello bit: this broker reads [`crate::cluster::metadata::Command::MoveReplica`] in the
+/// metadata log (a follower's replica moved to balance replicas, D61). The metadata leader
+/// proposes one only when every member offered it.
+pub const FEATURE_REPLICA_MOVES: u64 = 0x40;
+
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SHARD_COPY
     | FEATURE_CACHE_COPY
     | FEATURE_HIBERNATION
     | FEATURE_SNAPSHOT_CHUNKS
-    | FEATURE_BATCH_META;
+    | FEATURE_BATCH_META
+    | FEATURE_REPLICA_MOVES;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.

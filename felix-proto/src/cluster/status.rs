@@ -116,8 +116,11 @@ impl ClusterNode {
             .filter(|(s, _)| keep_shard(s))
             .map(|(s, m)| {
                 let (phase, at) = match m.phase {
-                    // A replicated shard's move: its group's leadership is being handed over.
-                    _ if md.replicas(s).is_some() => ("transferring_leadership", None),
+                    // A replicated shard's move: to another replica, its group's leadership
+                    // is being handed over; to a broker outside the group, it joins the group
+                    // (catches up) and takes the leaving replica's place.
+                    _ if md.replicas(s).is_some_and(|r| r.contains(&m.to)) => ("transferring_leadership", None),
+                    _ if md.replicas(s).is_some() => ("joining_group", None),
                     MovePhase::CatchingUp => ("catching_up", None),
                     MovePhase::CutOver { at } => ("cut_over", Some(at)),
                 };

@@ -124,6 +124,9 @@ pub struct WorldReport {
     /// Replica moves of the replicated stream finished (a broker took another's place in a
     /// shard's Raft group).
     pub replica_moves: u64,
+    /// Operator moves of one broker's replica of the replicated stream (`MoveReplica`, a
+    /// follower's or the leader's) proposed.
+    pub follower_moves_asked: u64,
     /// Records given to the subscribers that follow the durable stream's shards (each checked
     /// once, in order, against what was committed there).
     pub followed: u64,
@@ -162,6 +165,7 @@ impl WorldReport {
         self.moves_done += r.moves_done;
         self.followed += r.followed;
         self.replica_moves += r.replica_moves;
+        self.follower_moves_asked += r.follower_moves_asked;
         self.follows += r.follows;
         self.replayed += r.replayed;
         self.snapshot_chunks += r.snapshot_chunks;
@@ -1241,6 +1245,14 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
                         };
                     }
                     let c = match rng.below(10) {
+                        0..=6 if shard.name == LEDGER && rng.chance(500) => {
+                            // One broker's replica of it, a follower's or the leader's, to
+                            // another (refused when that one holds a replica already, or the
+                            // first holds none): replica balancing's move (D61).
+                            let from = names[rng.below(n as u64) as usize].clone();
+                            w.report.follower_moves_asked += 1;
+                            Command::MoveReplica { shard, from, to }
+                        }
                         0..=6 => Command::MoveShard { shard, to },
                         7 | 8 => Command::CancelMove { shard },
                         _ => Command::Rebalance,
