@@ -431,6 +431,8 @@ pub struct ClusterNode {
     /// order they were made ([`super::bandwidth`]), and their bytes.
     held_moves: VecDeque<HeldMove>,
     held_bytes: u64,
+    /// A replica's messages to its peers between its drain and their sending (kept, emptied).
+    replica_sends: Vec<(String, Message, Option<u64>)>,
     /// Appends for moves' targets dropped with [`super::bandwidth::HELD_BYTES_MAX`] held.
     move_drops: u64,
     /// Shard groups' heartbeats waiting to go, per peer that reads them coalesced.
@@ -716,6 +718,7 @@ impl ClusterNode {
             shard_sends: BTreeMap::new(),
             held_moves: VecDeque::new(),
             held_bytes: 0,
+            replica_sends: Vec::new(),
             move_drops: 0,
             beats: BTreeMap::new(),
             replica_reads: BTreeMap::new(),
@@ -1476,13 +1479,13 @@ impl ClusterNode {
         now: Instant,
     ) {
         let Some(copy) = copy else {
-            self.ship_replica_message(&name, shard, message);
+            self.ship_replica_message(name, shard, message);
             return;
         };
         let queued = self.held_moves.iter().any(|h| h.to == name && h.shard == *shard);
         if !queued && (copy == 0 || self.broker.move_bandwidth.may_send(now)) {
             self.broker.move_bandwidth.charge(copy, now);
-            self.ship_replica_message(&name, shard, message);
+            self.ship_replica_message(name, shard, message);
             return;
         }
         let size = catch_up_bytes(&message);
@@ -1531,37 +1534,37 @@ impl ClusterNode {
             }
             self.held_bytes = self.held_bytes.saturating_sub(h.size);
             self.broker.move_bandwidth.charge(h.copy, now);
-            self.ship_replica_message(&h.to, &h.shard, h.message);
+            self.ship_replica_message(h.to, &h.shard, h.message);
         }
         self.held_moves = kept;
     }
 
     /// Puts a group's message to replica `name` on its way: a large snapshot in chunks, a
     /// heartbeat coalesced with the others to that peer, the rest batched per peer.
-    fn ship_replica_message(&mut self, name: &str, shard: &ShardId, message: Message) {
+    fn ship_replica_message(&mut self, name: String, shard: &ShardId, message: Message) {
         let chunked = message.get_msg_type() == MessageType::MsgSnapshot
             && message.get_snapshot().get_data().len() > self.snapshot_chunk_bytes
             && self.offers & FEATURE_SNAPSHOT_CHUNKS != 0
-            && self.peer_features.get(name).is_some_and(|f| f & FEATURE_SNAPSHOT_CHUNKS != 0);
+            && self.peer_features.get(&name).is_some_and(|f| f & FEATURE_SNAPSHOT_CHUNKS != 0);
         if chunked {
-            let n = send_snapshot_chunks(&mut self.out, name, shard, message, self.snapshot_chunk_bytes);
+            let n = send_snapshot_chunks(&mut self.out, &name, shard, message, self.snapshot_chunk_bytes);
             self.snapshot_chunk_counts.0 += n;
             return;
         }
         let heartbeat = matches!(message.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
         let coalesce = heartbeat
             && message.context.is_empty()
-            && self.peer_features.get(name).is_some_and(|f| f & FEATURE_COALESCED_HEARTBEATS != 0);
+            && self.peer_features.get(&name).is_some_and(|f| f & FEATURE_COALESCED_HEARTBEATS != 0);
         if coalesce {
             let beat = Beat {
                 response: message.get_msg_type() == MessageType::MsgHeartbeatResponse,
                 term: message.term,
                 commit: message.commit,
             };
-            self.beats.entry(name.to_owned()).or_default().push((shard.clone(), beat));
+            self.beats.entry(name).or_default().push((shard.clone(), beat));
         } else {
             self.shard_sends
-                .entry(name.to_owned())
+                .entry(name)
                 .or_default()
                 .push((shard.clone(), super::meta::encode_message_parts(&message)));
         }
@@ -1583,11 +1586,13 @@ impl ClusterNode {
     /// Carries a replica's outputs: state to keep, messages to its peers (batched per peer),
     /// commits into the broker's log, answers to publishers; then tells the broker its role.
     fn drain_replica(&mut self, shard: &ShardId, now: Instant) {
-        let mut sends = Vec::new();
+        // (One buffer, kept: this runs for every replicated write.)
+        let mut sends = std::mem::take(&mut self.replica_sends);
         self.drain_replica_outputs(shard, now, &mut sends);
-        for (name, message, copy) in sends {
+        for (name, message, copy) in sends.drain(..) {
             self.send_replica_message(name, shard, message, copy, now);
         }
+        self.replica_sends = sends;
     }
 
     /// [`Self::drain_replica`], the messages to peers left in `sends` with the bytes of a
