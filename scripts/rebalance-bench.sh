@@ -163,7 +163,7 @@ run_window() {
   a=$(date +%s.%N)
   local offered=()
   [ "$rate" != 0 ] && offered=(--rate "$rate")
-  out=$(bench --at "$(live_leader)" --stream live --payload "$payload" --duration "$window" "${offered[@]}" || true)
+  out=$(bench --at "$(live_leader)" --stream live --payload "$payload" --duration "$window" --resend-refused "${offered[@]}" || true)
   b=$(date +%s.%N)
   if [ -z "$out" ]; then
     # The run failed: said, and counted as a window with nothing acknowledged.

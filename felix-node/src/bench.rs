@@ -65,6 +65,12 @@ pub struct BenchArgs {
     /// Wait for an acknowledgement of every batch (pipelined), answered after the write.
     #[arg(long)]
     ack: bool,
+    /// With --ack: a batch refused before anything was written (its shard moving, a leader
+    /// being elected) is sent again after the wait the broker asks for, as a real publisher
+    /// does, instead of ending the run (a run across a rebalance: scripts/rebalance-bench.sh).
+    /// Off by default: the resends' bookkeeping costs the client CPU on every batch.
+    #[arg(long, requires = "ack")]
+    resend_refused: bool,
     /// Publish as JSON control messages (base64 payloads) instead of binary batches, as a
     /// plain client that implements only the JSON encoding does.
     #[arg(long)]
@@ -496,6 +502,7 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
         let c = connect_compressing(&t, compress).await?;
         let (published, stop, stream) = (published.clone(), stop.clone(), stream.clone());
         let (batch, size, ack, json) = (a.batch, a.payload, a.ack, a.json_publish);
+        let resend = a.resend_refused;
         let data = RecordData::new(&a.data, size - 8, p as u64);
         let split = a.filter_split;
         let key_sent = key_sent.clone();
@@ -524,22 +531,25 @@ pub async fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     // broker's window.
                     let c2 = c.clone();
                     let stream2 = stream.clone();
-                    // A refusal that wrote nothing (a shard moving or electing a leader: a
-                    // rebalance under load) is sent again after the wait the broker asked
-                    // for, as a real publisher would; anything else ends the run.
-                    inflight.spawn(async move {
-                        let mut tries = 0;
-                        loop {
-                            tries += 1;
-                            match c2.publish("bench", &stream2, payloads.clone(), opts.clone()).await {
-                                Err(e) => match felix_driver_tokio::ClusterClient::retry_wait(&e, tries) {
-                                    Some(wait) => tokio::time::sleep(wait).await,
-                                    None => return Err(e),
-                                },
-                                done => return done,
+                    // With --resend-refused, a refusal that wrote nothing (a shard moving or
+                    // electing a leader: a rebalance under load) is sent again after the wait
+                    // the broker asked for, as a real publisher would; anything else ends the
+                    // run. (The resends live in their own boxed future; they slice the
+                    // records again from the batch's one buffer.)
+                    if resend {
+                        let again = (buf.clone(), batch, size);
+                        inflight.spawn(async move {
+                            let resend = opts.clone();
+                            match c2.publish("bench", &stream2, payloads, opts).await {
+                                Err(e) if felix_driver_tokio::ClusterClient::retry_wait(&e, 1).is_some() => {
+                                    Box::pin(resend_refused(c2, stream2, again, resend, e)).await
+                                }
+                                done => done,
                             }
-                        }
-                    });
+                        });
+                    } else {
+                        inflight.spawn(async move { c2.publish("bench", &stream2, payloads, opts).await });
+                    }
                     while inflight.len() >= 256 {
                         match inflight.join_next().await {
                             Some(Ok(Err(e))) => return Err(e.to_string()),
@@ -1405,6 +1415,30 @@ async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughput, String>
     }
     conn.close(0u32.into(), b"done");
     Ok(Throughput { mb_per_s: mb, secs, cpu_s })
+}
+
+/// Sends a bench batch again after a refusal that wrote nothing (`first`), waiting as the
+/// broker asked, until it is taken or refused otherwise: the records are sliced again from
+/// the batch's buffer (`buf`, `count` records of `size` bytes).
+async fn resend_refused(
+    c: felix_driver_tokio::Client,
+    stream: String,
+    (buf, count, size): (Bytes, usize, usize),
+    opts: PublishOptions,
+    first: felix_driver_tokio::ClientError,
+) -> Result<Option<u64>, felix_driver_tokio::ClientError> {
+    let mut last = first;
+    let mut tries = 1;
+    while let Some(wait) = felix_driver_tokio::ClusterClient::retry_wait(&last, tries) {
+        tokio::time::sleep(wait).await;
+        tries += 1;
+        let records = (0..count).map(|i| buf.slice(i * size..(i + 1) * size)).collect();
+        match c.publish("bench", &stream, records, opts.clone()).await {
+            Err(e) => last = e,
+            done => return done,
+        }
+    }
+    Err(last)
 }
 
 #[cfg(test)]
