@@ -504,7 +504,6 @@ impl Broker {
         let floor = *i.copy_floor.get_or_insert(tail);
         let bytes: usize = batches.iter().filter(|b| b.base_offset < floor).map(|b| b.records.block_len()).sum();
         self.move_bandwidth.charge(bytes as u64, now);
-        let Some(i) = self.moves_in.get_mut(&s) else { return };
         let first = i.next.is_none();
         let mut next = i.next.unwrap_or_else(|| batches.first().map_or(start, |b| b.base_offset.min(start)));
         let k = key(&s.tenant, &s.namespace, &s.name);

@@ -224,14 +224,9 @@ struct HeldMove {
     size: u64,
 }
 
-/// The bytes a log message carries: its entries' data, or its snapshot's.
-fn catch_up_bytes(m: &Message) -> u64 {
-    let entries: usize = m.entries.iter().map(|e| e.data.len() + e.context.len()).sum();
-    (entries + m.get_snapshot().get_data().len()) as u64
-}
-
 /// The bytes of a move's copy a message to its target carries: its entries up to `floor`
-/// (what the group held when the leader first sent it some), or its whole snapshot.
+/// (what the group held when the leader first sent it some), or its whole snapshot. With
+/// `u64::MAX`, every byte of log it carries (what holding it costs).
 fn copy_bytes(m: &Message, floor: u64) -> u64 {
     let entries: usize = m.entries.iter().filter(|e| e.index <= floor).map(|e| e.data.len() + e.context.len()).sum();
     (entries + m.get_snapshot().get_data().len()) as u64
@@ -1488,7 +1483,7 @@ impl ClusterNode {
             self.ship_replica_message(name, shard, message);
             return;
         }
-        let size = catch_up_bytes(&message);
+        let size = copy_bytes(&message, u64::MAX);
         if message.get_msg_type() == MessageType::MsgAppend {
             // The same append again (the leader resends what it has no answer to at each
             // heartbeat answer) is not queued twice: it would be paid for twice. Nor is one
