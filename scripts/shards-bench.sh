@@ -10,9 +10,14 @@
 #
 #   scripts/shards-bench.sh [--streams N] [--shards N] [--rf N] [--idle SECS] [--bin PATH]
 #                           [--hold SECS] [--kill] [--kill-which I] [--via-cli]
+#                           [--metadata-snapshot-entries N]
 #
 # --via-cli creates the streams at run time instead, with one `felix-node stream create
 # --from-file` through the first broker once the three have formed (D60), and times from there.
+#
+# After the idle time it also says, per broker, what the metadata log holds: entries since the
+# last metadata snapshot, snapshots taken, the last one's size, and the size of raft.log.
+# --metadata-snapshot-entries passes that flag to every broker (0: never compact, the A/B).
 #
 # --hold keeps the cluster running that long after the measurement (to look at it: each
 # broker's /cluster and /metrics), and skips the baseline run. --kill then SIGKILLs the first
@@ -35,6 +40,7 @@ hold=0
 kill=""
 which=0
 via_cli=""
+meta_every=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --streams) streams="$2"; shift 2 ;;
@@ -46,7 +52,8 @@ while [ $# -gt 0 ]; do
     --kill) kill=1; shift ;;
     --kill-which) kill=1; which="$2"; shift 2 ;;
     --via-cli) via_cli=1; shift ;;
-    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
+    --metadata-snapshot-entries) meta_every=(--metadata-snapshot-entries "$2"); shift 2 ;;
+    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -160,7 +167,7 @@ PY
   for i in 0 1 2; do
     "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
       --node-id "${names[$i]}" --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
-      --metrics-listen "${metrics[$i]}" "${config[@]}" >> "$tmp/${names[$i]}.out" 2>&1 &
+      --metrics-listen "${metrics[$i]}" "${config[@]}" "${meta_every[@]}" >> "$tmp/${names[$i]}.out" 2>&1 &
     pids[i]=$!
   done
   if [ -n "$via_cli" ] && [ "$n_streams" != 0 ]; then
@@ -244,6 +251,27 @@ PY
   # a broker without the metrics (older builds).
   for i in 0 1 2; do line+=" $(sleeping "${metrics[$i]}")"; done
   echo "$line"
+  if [ "$n_streams" != 0 ]; then
+    for i in 0 1 2; do
+      python3 - "${names[$i]}" "${metrics[$i]}" "$tmp/${names[$i]}/cluster/raft.log" >&2 <<'PY'
+import os, sys, urllib.request
+name, addr, path = sys.argv[1:4]
+try:
+    body = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+except Exception:
+    body = ""
+vals = {}
+for line in body.splitlines():
+    parts = line.split()
+    if len(parts) == 2 and parts[0].startswith("felix_metadata_"):
+        vals[parts[0]] = int(float(parts[1]))
+size = os.path.getsize(path) if os.path.exists(path) else 0
+print(f"  {name} metadata log: {vals.get('felix_metadata_log_entries', '-')} entries held, "
+      f"{vals.get('felix_metadata_snapshots_total', '-')} snapshots taken (the last {vals.get('felix_metadata_snapshot_bytes', 0) / 1e6:.2f} MB), "
+      f"raft.log {size / 1e6:.2f} MB")
+PY
+    done
+  fi
   if [ "$hold" != 0 ] && [ "$n_streams" != 0 ]; then
     echo "  holding the cluster for $hold s: metrics at ${metrics[*]}" >&2
     sleep "$hold"

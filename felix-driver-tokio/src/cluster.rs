@@ -45,6 +45,10 @@ pub struct ClusterOptions {
     /// Bytes a second moves copy at most to and from this broker (`None`: unlimited), see
     /// `felix_proto::cluster::bandwidth`.
     pub move_bandwidth: Option<u64>,
+    /// Applied metadata log entries past the last metadata snapshot that make this broker
+    /// take one and compact the log (`None`: `META_SNAPSHOT_ENTRIES`, 10,000; `Some(0)`:
+    /// never), see `felix_proto::cluster::metadata::snapshot`.
+    pub metadata_snapshot_entries: Option<u64>,
 }
 
 /// What the transport tells the broker task.
@@ -496,8 +500,12 @@ impl MetaLog {
     }
 
     /// Writes `log` whole as a new file (a snapshot record if it has one, then one record of
-    /// its entries and hard state), synced and renamed over the old one.
-    fn rewrite(&mut self, log: &felix_proto::cluster::meta::RaftLog) -> std::io::Result<()> {
+    /// its entries and hard state), synced and renamed over the old one. A metadata snapshot
+    /// (D62) is written this way: the records before it are no longer needed.
+    ///
+    /// # Errors
+    /// The write's, the sync's or the rename's error (the old file is then still whole).
+    pub(crate) fn rewrite(&mut self, log: &felix_proto::cluster::meta::RaftLog) -> std::io::Result<()> {
         use felix_proto::cluster::meta::{HardState, encode_log_record, encode_snapshot_record};
         let mut bytes = Vec::new();
         if let Some(s) = &log.snapshot {
@@ -1377,6 +1385,45 @@ mod meta_log_tests {
         let err = MetaLog::open(&path).err().expect("refused");
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
         assert!(err.to_string().contains("raft.log"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A metadata snapshot (D62) rewrites the file as the snapshot and the entries after it:
+    /// the records before it are gone from the disk, appends go on after it, and it all
+    /// reads back as the log the broker holds.
+    #[test]
+    fn a_metadata_snapshot_replaces_the_records_before_it_in_the_file() {
+        use felix_proto::cluster::meta::Snapshot;
+        let dir = std::env::temp_dir().join(format!("felix-meta-snap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("raft.log");
+        let (mut m, _) = MetaLog::open(&path).unwrap();
+        let mut want = RaftLog::default();
+        for i in 1..=2000u64 {
+            let hs = HardState { term: 1, commit: i, ..HardState::default() };
+            want.persist(&[entry(i, 1)], Some(&hs));
+            m.append(&[(vec![entry(i, 1)], Some(hs))], &want).unwrap();
+        }
+        let before = std::fs::metadata(&path).unwrap().len();
+        let mut snap = Snapshot::default();
+        snap.set_data(b"the metadata at 1990".to_vec().into());
+        snap.mut_metadata().index = 1990;
+        snap.mut_metadata().term = 1;
+        want.persist_snapshot(&snap);
+        m.rewrite(&want).unwrap();
+        let after = std::fs::metadata(&path).unwrap().len();
+        assert!(after * 20 < before, "{after} bytes after the snapshot, {before} before");
+        for i in 2001..=2010u64 {
+            let hs = HardState { term: 1, commit: i, ..HardState::default() };
+            want.persist(&[entry(i, 1)], Some(&hs));
+            m.append(&[(vec![entry(i, 1)], Some(hs))], &want).unwrap();
+        }
+        drop(m);
+        let (_, kept) = MetaLog::open(&path).unwrap();
+        assert_eq!(kept, want);
+        assert_eq!(kept.snapshot.as_ref().map(|s| s.get_metadata().index), Some(1990));
+        assert_eq!(kept.entries.first().map(|e| e.index), Some(1991));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -232,6 +232,11 @@ impl Server {
                     node.set_replica_entry_cache(bytes);
                 }
                 node.set_move_bandwidth(c.move_bandwidth);
+                match c.metadata_snapshot_entries {
+                    Some(0) => node.set_meta_snapshot_entries(None),
+                    Some(n) => node.set_meta_snapshot_entries(Some(n)),
+                    None => {}
+                }
                 // A restart holds as much of each replica's committed log as its entry cache
                 // would; the rest is replayed from the files in reads.
                 let keep = c.replica_entry_cache.unwrap_or(felix_proto::cluster::node::REPLICA_ENTRY_CACHE);
@@ -1219,6 +1224,31 @@ impl BrokerTask {
                 "Appends to moves' targets dropped (their leader sends them again) with the most --move-bandwidth holds back already held.",
                 drops,
             );
+            let snaps = n.meta_snapshot_counts();
+            m(
+                "felix_metadata_log_entries",
+                "gauge",
+                "Entries of the metadata Raft log this broker holds since its last metadata snapshot (in memory and in raft.log).",
+                n.meta_log_entries(),
+            );
+            m(
+                "felix_metadata_snapshots_total",
+                "counter",
+                "Metadata snapshots this broker took, compacting the metadata log (--metadata-snapshot-entries).",
+                snaps.taken,
+            );
+            m(
+                "felix_metadata_snapshots_received_total",
+                "counter",
+                "Metadata snapshots the metadata leader sent this broker (behind its compacted log) and it restored its metadata from.",
+                snaps.received,
+            );
+            m(
+                "felix_metadata_snapshot_bytes",
+                "gauge",
+                "The size of the last metadata snapshot this broker took.",
+                snaps.bytes,
+            );
             m(
                 "felix_replicas_replaying",
                 "gauge",
@@ -1671,6 +1701,31 @@ impl BrokerTask {
                         }
                     }
                 }
+                NodeOutput::PersistRaftSnapshot { snapshot, received } => {
+                    // Durable before anything after it is carried out, like a persist (the
+                    // persists before it were written above). It stands for the log before
+                    // it: the file is rewritten as the snapshot and the entries after it.
+                    let index = snapshot.get_metadata().index;
+                    if let Some((file, kept)) = self.raft_log.as_mut() {
+                        kept.persist_snapshot(&snapshot);
+                        if let Some(file) = file
+                            && let Err(e) = file.rewrite(kept)
+                        {
+                            tracing::error!("writing the cluster's Raft log (a metadata snapshot at {index}): {e}");
+                        }
+                    }
+                    if received {
+                        tracing::info!(
+                            "cluster: the metadata was restored from the leader's snapshot at index {index} ({} bytes)",
+                            snapshot.get_data().len()
+                        );
+                    } else {
+                        tracing::debug!(
+                            "cluster: metadata log compacted at index {index} (a {} byte snapshot)",
+                            snapshot.get_data().len()
+                        );
+                    }
+                }
                 NodeOutput::PersistRaft { entries, hard_state } => {
                     // Durable before anything after it is carried out (Raft's rule): written
                     // whole and synced here, on the task, before the next other output.
@@ -1795,7 +1850,8 @@ impl BrokerTask {
                 | NodeOutput::PersistReplicaSnapshot { .. }
                 | NodeOutput::DropReplica { .. }
                 | NodeOutput::ReadReplicaLog { .. }
-                | NodeOutput::PersistRaft { .. } => return,
+                | NodeOutput::PersistRaft { .. }
+                | NodeOutput::PersistRaftSnapshot { .. } => return,
             };
             match o {
                 BrokerOutput::Transport(TransportOutput::Transmit { conn, stream, data }) => {

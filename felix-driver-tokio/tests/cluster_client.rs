@@ -76,6 +76,7 @@ async fn try_start() -> Result<Cluster, String> {
                 join: false,
                 replica_entry_cache: None,
                 move_bandwidth: None,
+                metadata_snapshot_entries: None,
             }),
             client_ca: None,
         };

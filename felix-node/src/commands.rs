@@ -84,6 +84,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode, String> {
                         }
                         (None, None) => None,
                     },
+                    metadata_snapshot_entries: a.metadata_snapshot_entries.or(c.metadata_snapshot_entries),
                 })
             }
             (None, None, None) => None,
@@ -2496,7 +2497,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots (in {} chunks), {} entries replayed from disk at restarts",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots (in {} chunks), {} entries replayed from disk at restarts, {} metadata snapshots ({} sent to a broker behind)",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -2514,7 +2515,9 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.replica_moves,
         t.snapshots,
         t.snapshot_chunks,
-        t.replayed
+        t.replayed,
+        t.meta_snapshots,
+        t.meta_snapshots_received
     );
     Ok(ExitCode::SUCCESS)
 }

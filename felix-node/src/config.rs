@@ -186,6 +186,8 @@ pub struct ClusterSection {
     pub join: Option<bool>,
     /// `serve --move-bandwidth`: `"50MB/s"`, `"20MiB/s"`.
     pub move_bandwidth: Option<String>,
+    /// `serve --metadata-snapshot-entries`.
+    pub metadata_snapshot_entries: Option<u64>,
 }
 
 /// The peers of `[cluster]`, as one string or a list.

@@ -220,6 +220,7 @@ pub async fn run_cluster() -> Result<ExitCode, String> {
             join: false,
             replica_entry_cache: None,
             move_bandwidth: None,
+            metadata_snapshot_entries: None,
         };
         let server = start_broker(demo_settings(
             client,

@@ -335,6 +335,12 @@ struct ServeArgs {
     /// [default: unlimited]. Also `[cluster] move_bandwidth`.
     #[arg(help_heading = "Cluster", long, env = "FELIX_MOVE_BANDWIDTH", value_parser = commands::parse_byte_rate)]
     move_bandwidth: Option<u64>,
+    /// Cluster: compact the metadata Raft log into a snapshot of the metadata once it holds
+    /// this many entries past the last one, so a restart replays, and a broker added later is
+    /// sent, a snapshot and a short log rather than everything since the cluster began. 0:
+    /// never [default: 10000]. Also `[cluster] metadata_snapshot_entries`.
+    #[arg(help_heading = "Cluster", long, env = "FELIX_METADATA_SNAPSHOT_ENTRIES")]
+    metadata_snapshot_entries: Option<u64>,
     /// Where this broker listens for the other brokers (never the client listener).
     #[arg(help_heading = "Cluster", long, env = "FELIX_CLUSTER_LISTEN")]
     cluster_listen: Option<SocketAddr>,

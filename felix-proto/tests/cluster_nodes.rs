@@ -69,6 +69,10 @@ struct Cluster {
     spill_on_start: Option<u64>,
     /// Brokers (re)started by `start` send shard snapshots in chunks of this many bytes.
     chunk_bytes: Option<usize>,
+    /// Brokers that offer these peer features (and act by them) rather than all of them.
+    features: BTreeMap<String, u64>,
+    /// Brokers (re)started by `start` compact the metadata log every this many entries.
+    meta_snapshot_entries: Option<u64>,
 }
 
 fn member(name: &str, i: u16) -> Member {
@@ -127,6 +131,8 @@ impl Cluster {
             replica_reads: 0,
             spill_on_start: None,
             chunk_bytes: None,
+            features: BTreeMap::new(),
+            meta_snapshot_entries: None,
         };
         for n in names {
             c.hellos(n);
@@ -182,6 +188,9 @@ impl Cluster {
         if let Some(b) = self.chunk_bytes {
             node.set_snapshot_chunk_bytes(b);
         }
+        if let Some(e) = self.meta_snapshot_entries {
+            node.set_meta_snapshot_entries(Some(e));
+        }
         self.nodes.insert(name.to_owned(), node);
         self.hellos(name);
     }
@@ -195,13 +204,19 @@ impl Cluster {
             node_id: from.into(),
             secret: String::new(),
             incarnation: format!("{from}-first-life"),
-            features: if c.old_peers.contains(from) { 0 } else { PEER_FEATURES },
+            features: if c.old_peers.contains(from) {
+                0
+            } else {
+                c.features.get(from).copied().unwrap_or(PEER_FEATURES)
+            },
         };
         let now = self.now;
         // An older broker also acts as one: it offers nothing, so it hibernates nothing.
         for (n, node) in self.nodes.iter_mut() {
             if self.old_peers.contains(n) {
                 node.set_offered_features(0);
+            } else if let Some(f) = self.features.get(n) {
+                node.set_offered_features(*f);
             }
         }
         let others: Vec<String> = self.nodes.keys().filter(|n| *n != name).cloned().collect();
@@ -290,6 +305,9 @@ impl Cluster {
                         NodeOutput::ReplicaRejoin { what, .. } => self.rejoin_notes.push((name.clone(), what)),
                         NodeOutput::PersistRaft { entries, hard_state } => {
                             self.kept.entry(name.clone()).or_default().persist(&entries, hard_state.as_ref());
+                        }
+                        NodeOutput::PersistRaftSnapshot { snapshot, .. } => {
+                            self.kept.entry(name.clone()).or_default().persist_snapshot(&snapshot);
                         }
                         NodeOutput::PersistReplica { shard, entries, hard_state } => {
                             if self.failing_disks.contains(name) {
@@ -4307,4 +4325,192 @@ fn the_broker_holding_the_most_gives_up_a_followers_replica_only_when_every_memb
             }
         }
     }
+}
+
+/// Three brokers that compact the metadata log every 20 entries (D62), all joined.
+fn compacting_every_20() -> Cluster {
+    let mut c = Cluster::new(&NAMES);
+    c.meta_snapshot_entries = Some(20);
+    for n in c.nodes.values_mut() {
+        n.set_meta_snapshot_entries(Some(20));
+    }
+    c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
+    c
+}
+
+/// Creates streams `first..first + count` (one shard each) through `via`, and waits until
+/// every broker running knows them.
+fn create_streams(c: &mut Cluster, via: &str, range: std::ops::Range<u32>) {
+    let now = c.now;
+    for i in range.clone() {
+        let create = Command::Create {
+            kind: Kind::Stream,
+            tenant: "t1".into(),
+            namespace: "default".into(),
+            name: format!("s{i}"),
+            shards: 1,
+            ephemeral: false,
+            replication: 0,
+        };
+        c.nodes.get_mut(via).unwrap().propose(&create, now);
+    }
+    c.settle();
+    let last = format!("s{}", range.end - 1);
+    c.until("every broker knows the streams", |c| {
+        c.nodes.values().all(|n| n.metadata().shard_count(Kind::Stream, "t1", "default", &last).is_some())
+    });
+}
+
+fn same_metadata(c: &Cluster, a: &str, b: &str) -> bool {
+    c.nodes[a].metadata() == c.nodes[b].metadata()
+}
+
+/// The metadata log is compacted into snapshots; a broker restarted from a kept log with
+/// one restores its metadata from it, and a broker that was down while the others compacted
+/// is sent the leader's snapshot and restored from it (D62).
+#[test]
+fn the_metadata_log_is_compacted_and_brokers_restore_from_kept_and_sent_snapshots() {
+    let mut c = compacting_every_20();
+    c.nodes.remove("n3");
+    create_streams(&mut c, "n1", 0..30);
+    c.tick();
+    create_streams(&mut c, "n1", 30..60);
+    c.tick();
+    for n in ["n1", "n2"] {
+        let counts = c.nodes[n].meta_snapshot_counts();
+        assert!(counts.taken >= 2 && counts.bytes > 100, "{n}: {counts:?}");
+        assert!(c.nodes[n].meta_log_entries() < 40, "{n} holds {} entries", c.nodes[n].meta_log_entries());
+        let kept = &c.kept[n];
+        let at = kept.snapshot.as_ref().map_or(0, |s| s.get_metadata().index);
+        assert!(at > 40 && kept.entries.iter().all(|e| e.index > at), "{n}'s kept log starts at its snapshot ({at})");
+    }
+    // n3 was down throughout: its kept log ends before what the others dropped.
+    assert!(c.kept["n3"].snapshot.is_none());
+    restart(&mut c, "n3");
+    c.until("n3 caught up", |c| same_metadata(c, "n3", "n1"));
+    assert_eq!(c.nodes["n3"].meta_snapshot_counts().received, 1, "sent the leader's snapshot");
+    assert!(c.kept["n3"].snapshot.is_some(), "and kept it");
+    // n1 restarts from its kept log, a snapshot and the entries after it: the same metadata.
+    restart(&mut c, "n1");
+    let known = |c: &Cluster, n: &str, s: &str| c.nodes[n].metadata().shard_count(Kind::Stream, "t1", "default", s);
+    assert_eq!(known(&c, "n1", "s40"), Some(1), "restored at once from its snapshot, before hearing from anyone");
+    c.until("n1 caught up", |c| same_metadata(c, "n1", "n2"));
+    assert_eq!(c.nodes["n1"].meta_snapshot_counts().received, 0, "from its own snapshot, not a sent one");
+    // And the cluster goes on: more streams, on every broker.
+    create_streams(&mut c, "n2", 60..70);
+    c.until("the same metadata everywhere", |c| same_metadata(c, "n1", "n2") && same_metadata(c, "n3", "n2"));
+}
+
+/// A broker added after the metadata log was compacted is sent a snapshot: it holds the whole
+/// metadata, and is told every voter added with an address (as a replay of the log would
+/// tell it), and a restart restores it from the snapshot it kept (D62).
+#[test]
+fn a_broker_added_after_the_metadata_log_was_compacted_gets_the_whole_metadata_from_a_snapshot() {
+    let mut c = compacting_every_20();
+    let join = |c: &mut Cluster, name: &str, i: u16| {
+        let mut cfg = config();
+        cfg.clustered = true;
+        let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+        let mut node = ClusterNode::joining(broker, member(name, i), &RaftLog::default(), c.now).unwrap();
+        node.set_meta_snapshot_entries(Some(20));
+        c.nodes.insert(name.into(), node);
+        c.hellos(name);
+        let now = c.now;
+        c.nodes.get_mut("n1").unwrap().request_add(name, &format!("127.0.0.1:{}", 7000 + i), now).unwrap();
+        c.settle();
+        let want = c.nodes.len();
+        c.until("the new broker is a voter and an active member with the whole metadata", |c| {
+            c.nodes.values().all(|n| {
+                n.voters().len() == want
+                    && n.metadata().members().get(name).is_some_and(|m| m.state == MemberState::Active)
+                    && n.metadata() == c.nodes["n1"].metadata()
+            })
+        });
+    };
+    join(&mut c, "n4", 4);
+    create_streams(&mut c, "n2", 0..30);
+    c.tick();
+    create_streams(&mut c, "n2", 30..60);
+    c.tick();
+    assert!(c.nodes["n1"].meta_snapshot_counts().taken >= 2);
+    join(&mut c, "n5", 5);
+    assert_eq!(c.nodes["n5"].meta_snapshot_counts().received, 1, "n5 was sent a snapshot, not the log");
+    assert!(c.peers_added.contains(&("n5".into(), "n4".into(), "127.0.0.1:7004".into())), "n5 dials n4");
+    // n5 restarts from what it kept: the snapshot it was sent, and the entries after it.
+    let kept = c.kept["n5"].clone();
+    assert!(kept.snapshot.is_some());
+    c.peers_added.retain(|(at, ..)| at != "n5");
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(c.now, 1_700_000_000_000_000));
+    let node = ClusterNode::joining(broker, member("n5", 5), &kept, c.now).unwrap();
+    assert_eq!(node.metadata().shard_count(Kind::Stream, "t1", "default", "s59"), Some(1), "restored at once");
+    c.nodes.insert("n5".into(), node);
+    c.hellos("n5");
+    c.settle();
+    c.until("n5 caught up", |c| same_metadata(c, "n5", "n1"));
+    assert_eq!(c.nodes["n5"].meta_snapshot_counts().received, 0, "from its own kept snapshot");
+    assert!(c.peers_added.contains(&("n5".into(), "n4".into(), "127.0.0.1:7004".into())), "{:?}", c.peers_added);
+    create_streams(&mut c, "n5", 60..65);
+    c.until("the same metadata everywhere", |c| c.nodes.keys().all(|n| same_metadata(c, n, "n1")));
+}
+
+/// While a voter is an older broker (no `FEATURE_META_SNAPSHOTS`) nobody compacts the metadata
+/// log; once every voter reads snapshots they do. An older broker that comes back behind the
+/// compacted log is not sent a snapshot it would take into its log without restoring its
+/// metadata: it stays behind, the leader counts it withheld, until it is upgraded (D62).
+#[test]
+fn the_metadata_log_is_compacted_only_while_every_voter_reads_snapshots_and_none_goes_to_an_older_broker() {
+    use felix_proto::cluster::peer::{FEATURE_META_SNAPSHOTS, PEER_FEATURES};
+    let older = PEER_FEATURES & !FEATURE_META_SNAPSHOTS;
+    let mut c = compacting_every_20();
+    c.features.insert("n3".into(), older);
+    c.hellos("n3");
+    create_streams(&mut c, "n1", 0..40);
+    for _ in 0..5 {
+        c.tick();
+    }
+    assert!(c.nodes.values().all(|n| n.meta_snapshot_counts().taken == 0), "no snapshot with an older voter");
+    // n3 upgraded: they compact.
+    c.features.remove("n3");
+    restart(&mut c, "n3");
+    c.until("every broker compacted", |c| c.nodes.values().all(|n| n.meta_snapshot_counts().taken > 0));
+    // n3 is down while more is created, and comes back as the older version.
+    c.nodes.remove("n3");
+    create_streams(&mut c, "n1", 40..80);
+    c.tick();
+    c.features.insert("n3".into(), older);
+    restart(&mut c, "n3");
+    for _ in 0..30 {
+        c.tick();
+    }
+    let leader = c.nodes["n1"].leader().unwrap().to_owned();
+    assert!(c.nodes[&leader].meta_snapshot_counts().withheld > 0, "the leader withheld its snapshot");
+    assert_eq!(c.nodes["n3"].meta_snapshot_counts().received, 0);
+    assert_eq!(c.nodes["n3"].metadata().shard_count(Kind::Stream, "t1", "default", "s79"), None, "n3 stays behind");
+    // Upgraded, it is sent the snapshot and catches up.
+    c.features.remove("n3");
+    restart(&mut c, "n3");
+    c.until("n3 caught up", |c| same_metadata(c, "n3", "n1"));
+    assert_eq!(c.nodes["n3"].meta_snapshot_counts().received, 1);
+}
+
+/// A kept metadata snapshot that does not read back (damaged, or a newer format) is refused
+/// at start, with what and where, rather than taken as empty metadata.
+#[test]
+fn a_broker_whose_kept_metadata_snapshot_does_not_read_back_does_not_start() {
+    let peers: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+    let mut kept = RaftLog::default();
+    let mut snap = felix_proto::cluster::meta::Snapshot::default();
+    snap.set_data(b"{\"version\":99}".to_vec().into());
+    snap.mut_metadata().index = 12;
+    snap.mut_metadata().term = 2;
+    snap.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+    kept.persist_snapshot(&snap);
+    let mut cfg = config();
+    cfg.clustered = true;
+    let broker = Broker::new(cfg, WallClock::new(epoch(), 1_700_000_000_000_000));
+    let Err(err) = ClusterNode::new(broker, member("n1", 1), &peers, &kept, epoch()) else { panic!("started") };
+    let text = err.to_string();
+    assert!(text.contains("kept metadata snapshot at 12") && text.contains("version 99"), "{text}");
 }

@@ -37,6 +37,8 @@ fn the_first_500_seeds_keep_every_cluster_invariant() {
     assert!(t.followed > 10_000 && t.follows > 500 && t.replica_moves > 10, "{t:?}");
     // Operators moved one broker's replica of it, followers' too (D61).
     assert!(t.follower_moves_asked > 50, "{t:?}");
+    // The metadata log was compacted, and brokers behind it restored from a sent snapshot (D62).
+    assert!(t.meta_snapshots > 1_000 && t.meta_snapshots_received > 20, "{t:?}");
 }
 
 #[test]

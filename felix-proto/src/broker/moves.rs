@@ -292,6 +292,13 @@ impl Broker {
     /// The new owner asks for what it has not copied yet, unless a request or writes are out
     /// (`force`: an answer just came, ask now).
     pub(super) fn ask_copy(&mut self, s: &ShardId, now: Instant, force: bool) {
+        // A fenced broker's view may be behind (a restart's replay stops at the commit it
+        // kept; a cut-off broker misses entries): a move into it there may have finished
+        // long ago, and the shard taken writes here since. The copy, whose first answer
+        // replaces what this broker holds of the shard, waits for a view known current.
+        if self.fenced {
+            return;
+        }
         let Some(i) = self.moves_in.get_mut(s) else { return };
         if i.writing > 0 || (!i.failed && i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at))) {
             return;
@@ -486,11 +493,18 @@ impl Broker {
     pub fn handle_copy_answer(&mut self, from: &str, a: CopyAnswer, now: Instant) {
         let now = self.clock.advance(now);
         let s = a.shard;
+        let fenced = self.fenced;
         let Some(i) = self.moves_in.get_mut(&s) else { return };
         if i.from != from {
             return;
         }
         i.asked = None;
+        if fenced {
+            // Asked before this broker was fenced: asked again once its view is current (see
+            // `ask_copy`).
+            i.due = Some(now);
+            return;
+        }
         let (start, tail, batches) = match a.body {
             CopyBody::Refused(_) => {
                 // Not ready there yet (its metadata behind ours): ask again later.

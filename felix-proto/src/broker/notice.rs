@@ -65,6 +65,21 @@ pub enum Notice {
         /// The replica's node id.
         replica: String,
     },
+    /// A metadata snapshot (D62) was not sent to a peer behind the compacted metadata log: it
+    /// did not offer `FEATURE_META_SNAPSHOTS` (an older version) and would leave its metadata
+    /// behind. It stays behind until it runs a version that reads one. Told once per peer.
+    MetadataSnapshotWithheld {
+        /// Its node id.
+        peer: String,
+    },
+    /// A metadata snapshot sent by the leader could not be read (a newer format): this
+    /// broker's metadata stays as it was, and behind.
+    MetadataSnapshotRefused {
+        /// The log index it stood for.
+        index: u64,
+        /// Why.
+        why: String,
+    },
     /// A client asked this broker, over the client protocol, for a change to the cluster
     /// (`shard_move`), and it was proposed.
     OperatorRequest {
@@ -95,6 +110,13 @@ impl std::fmt::Display for Notice {
                 write!(f, "cluster: replica {replica} of {shard} is {entries} entries behind this leader")
             }
             Notice::ReplicaCaughtUp { shard, replica } => write!(f, "cluster: replica {replica} of {shard} caught up"),
+            Notice::MetadataSnapshotWithheld { peer } => write!(
+                f,
+                "cluster: peer {peer} is behind the compacted metadata log and does not read a metadata snapshot; it stays behind until it is upgraded"
+            ),
+            Notice::MetadataSnapshotRefused { index, why } => {
+                write!(f, "cluster: the metadata snapshot at index {index} was refused, metadata stays behind: {why}")
+            }
             Notice::OperatorRequest { what, tenant } => {
                 write!(f, "cluster: a client of tenant {tenant} asked to {what}")
             }

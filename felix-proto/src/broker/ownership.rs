@@ -316,6 +316,13 @@ impl Broker {
             return;
         }
         self.fenced = fenced;
+        if !fenced {
+            // Copies into this broker waited for a current view (see `ask_copy`).
+            let due: Vec<crate::cluster::metadata::ShardId> = self.moves_in.keys().cloned().collect();
+            for s in due {
+                self.ask_copy(&s, now, false);
+            }
+        }
         let Some(local) = self.cluster.as_ref().map(|c| c.local.clone()) else { return };
         let mut owned: Vec<(Key, u32)> = Vec::new();
         for (k, e) in &self.streams {

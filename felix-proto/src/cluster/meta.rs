@@ -623,6 +623,13 @@ impl MetaNode {
         Ok(MetaNode { raw, out: first_persist.into_iter().collect(), report_empty: false, snapshots_sent: Vec::new() })
     }
 
+    /// Hands out now what the kept log holds committed and not yet applied (a restart's
+    /// replay), rather than at the first tick or step: a host that restored its state from
+    /// the kept snapshot tells its users of that state and of the replay after it together.
+    pub fn replay_kept(&mut self) {
+        self.process_ready();
+    }
+
     /// Reports the empty entry every new leader appends as a [`MetaOutput::Committed`] with
     /// empty data (a replicated shard makes it its generation-start record). Set before the
     /// first tick or step: a restart's replay reports them too.

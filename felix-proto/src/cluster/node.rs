@@ -11,10 +11,11 @@
 
 use super::meta::{MetaError, MetaNode, MetaOutput, RaftLog, decode_message, encode_message};
 use super::metadata::ShardId;
+use super::metadata::snapshot::MetaSnapshot;
 use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::{
-    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_REPLICA_MOVES, FEATURE_SNAPSHOT_CHUNKS,
-    PeerMessage, RaftBytes, SnapshotChunk,
+    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_META_SNAPSHOTS, FEATURE_REPLICA_MOVES,
+    FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk,
 };
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
@@ -150,6 +151,19 @@ pub enum NodeOutput {
         /// What happened, for an operator.
         what: String,
     },
+    /// Make this snapshot of the metadata group durable before carrying out any later output
+    /// (D62): it replaces the kept metadata log up to its index
+    /// ([`super::meta::RaftLog::persist_snapshot`]; in a file, an
+    /// [`super::meta::encode_snapshot_record`] record, after which the records before it may
+    /// go). This broker compacted its log, or was sent the snapshot by the leader, being too
+    /// far behind (a broker added late, one down a long while).
+    PersistRaftSnapshot {
+        /// The snapshot (its data a [`MetaSnapshot`]).
+        snapshot: super::meta::Snapshot,
+        /// The leader sent it (this broker's metadata was restored from it); else this broker
+        /// compacted its own log.
+        received: bool,
+    },
     /// Make this Raft state durable before carrying out any later output
     /// ([`super::meta::MetaOutput::Persist`]).
     PersistRaft {
@@ -180,6 +194,11 @@ pub enum NodeOutput {
         max_bytes: u64,
     },
 }
+
+/// The metadata log is compacted into a snapshot (D62) once it holds this many applied entries
+/// beyond the last one: with 10,000 shards a snapshot is under a megabyte, while ten thousand
+/// entries (a `Lead` each, as a failed broker's leaderships move) are about as much.
+pub const META_SNAPSHOT_ENTRIES: u64 = 10_000;
 
 /// Replicas a broker starts per tick at most (see `sync_replicas`): 2,000 a second.
 pub const NEW_REPLICAS_PER_TICK: usize = 200;
@@ -368,6 +387,22 @@ fn start_rejoin(
     rejoining.insert(shard.clone(), why);
 }
 
+/// What a broker did with metadata snapshots (D62), for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetaSnapshotCounts {
+    /// Snapshots this broker took (compacting its metadata log).
+    pub taken: u64,
+    /// Snapshots it was sent by the leader and restored its metadata from.
+    pub received: u64,
+    /// Snapshots it was sent and could not read (a newer format).
+    pub refused: u64,
+    /// Snapshots it did not send, as the metadata leader, to a peer behind its compacted log
+    /// that does not read one (an older version).
+    pub withheld: u64,
+    /// The last snapshot's size, in bytes.
+    pub bytes: u64,
+}
+
 /// Whether `name` is a usable node id.
 pub fn valid_node_id(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -384,6 +419,20 @@ pub struct ClusterNode {
     me: Member,
     /// Raft id ↔ node id of every voter.
     names: BTreeMap<u64, String>,
+    /// The cluster address each voter was added with (`cluster add`), by node id; and the
+    /// voters removed: what the metadata log said of the voters besides their names, kept in
+    /// a metadata snapshot (D62) with `names` and the metadata.
+    voter_addrs: BTreeMap<String, String>,
+    removed_voters: BTreeSet<String>,
+    /// Applied metadata log entries past the last snapshot that make this broker take one
+    /// ([`META_SNAPSHOT_ENTRIES`]; `None`: never).
+    meta_snapshot_every: Option<u64>,
+    /// Metadata snapshots taken, received (and restored), and refused; the last one's size.
+    meta_snapshot_counts: MetaSnapshotCounts,
+    /// Peers a metadata snapshot was withheld from (they do not read one), told once each.
+    withheld: BTreeSet<String>,
+    /// A metadata snapshot was restored and the broker not yet told (see `drain_meta`).
+    meta_restored: bool,
     out: VecDeque<NodeOutput>,
     next_tick: Option<Instant>,
     ticks: u64,
@@ -692,6 +741,12 @@ impl ClusterNode {
             metadata_changes: 0,
             me,
             names,
+            voter_addrs: BTreeMap::new(),
+            removed_voters: BTreeSet::new(),
+            meta_snapshot_every: Some(META_SNAPSHOT_ENTRIES),
+            meta_snapshot_counts: MetaSnapshotCounts::default(),
+            withheld: BTreeSet::new(),
+            meta_restored: false,
             out: VecDeque::new(),
             next_tick: Some(crate::transport::after(now, TICK)),
             ticks: 0,
@@ -740,7 +795,20 @@ impl ClusterNode {
             view_behind: false,
             offers: super::peer::PEER_FEATURES,
         };
+        // A kept snapshot stands for the log before it (D62): its state first, then the
+        // entries after it replay.
+        if let Some(snap) = kept.snapshot.as_ref().filter(|s| s.get_metadata().index > 0) {
+            let restored = MetaSnapshot::decode(snap.get_data()).map_err(|e| {
+                MetaError::Decode(format!("kept metadata snapshot at {}: {e}", snap.get_metadata().index))
+            })?;
+            node.restore_meta_snapshot(restored);
+        }
         node.names.insert(node.meta.id(), node.me.id.clone());
+        // The replay comes out now, with the snapshot before it: the broker is first told of
+        // the state after both (a snapshot's state alone, some entries old, once showed a
+        // finished move into this broker as under way, and its copy replaced what the shard
+        // took here since).
+        node.meta.replay_kept();
         node.pending.push_back(Command::Join { member: node.me.clone() }.encode());
         // The founding entries (or a replay) come out now.
         node.drain_meta(now);
@@ -2008,6 +2076,7 @@ impl ClusterNode {
             self.release_held_moves(now);
             self.flush_pending(now);
             self.drain_meta(now);
+            self.maybe_snapshot_meta(now);
             self.flush_shard_sends();
         }
         if self.broker.poll_timeout().is_some_and(|t| t <= now) {
@@ -2416,6 +2485,81 @@ impl ClusterNode {
         }
     }
 
+    /// Takes a metadata snapshot and compacts the metadata log up to what was applied (D62),
+    /// once the log holds [`META_SNAPSHOT_ENTRIES`] (or what
+    /// [`set_meta_snapshot_entries`](Self::set_meta_snapshot_entries) said) past the last one,
+    /// and only while every voter offered [`FEATURE_META_SNAPSHOTS`]: a broker that may lead
+    /// sends the snapshot to a peer behind its log, and an older one could not take it in.
+    /// Called right after the metadata's outputs were all applied: `metadata` is the state at
+    /// the applied index.
+    fn maybe_snapshot_meta(&mut self, now: Instant) {
+        let Some(every) = self.meta_snapshot_every else { return };
+        let applied = self.meta.applied();
+        let since = applied.saturating_sub(self.meta.first_index().saturating_sub(1));
+        if since < every || self.offers & FEATURE_META_SNAPSHOTS == 0 {
+            return;
+        }
+        let all_read = self.meta.voters().iter().all(|v| {
+            self.names.get(v).is_some_and(|n| {
+                *n == self.me.id || self.peer_features.get(n).is_some_and(|f| f & FEATURE_META_SNAPSHOTS != 0)
+            })
+        });
+        if !all_read {
+            return;
+        }
+        let data = MetaSnapshot::encode_state(&self.metadata, &self.names, &self.voter_addrs, &self.removed_voters);
+        let bytes = data.len() as u64;
+        if self.meta.compact(applied, data) {
+            self.meta_snapshot_counts.taken += 1;
+            self.meta_snapshot_counts.bytes = bytes;
+            self.drain_meta(now);
+        }
+    }
+
+    /// Takes in a metadata snapshot (kept, or sent by the leader): the metadata, the voters'
+    /// names and addresses, and those removed, as the log before it left them. The driver is
+    /// told the peers it names (as a replay of that log would: idempotent).
+    fn restore_meta_snapshot(&mut self, s: MetaSnapshot) {
+        self.meta_restored = true;
+        self.metadata = s.metadata;
+        self.names.extend(s.names);
+        self.voter_addrs = s.addrs;
+        self.removed_voters = s.removed;
+        for (name, cluster_addr) in &self.voter_addrs {
+            if *name != self.me.id {
+                self.out.push_back(NodeOutput::PeerAdded { name: name.clone(), cluster_addr: cluster_addr.clone() });
+            }
+        }
+        for name in &self.removed_voters {
+            self.last_seen.remove(name);
+            self.refused.remove(name);
+            if *name != self.me.id {
+                self.out.push_back(NodeOutput::PeerRemoved { name: name.clone() });
+            }
+        }
+        self.removed = self.removed_voters.contains(&self.me.id);
+        if self.removed {
+            self.pending.clear();
+        }
+    }
+
+    /// Applied metadata log entries past the last snapshot that make this broker take one
+    /// (`None`: never); [`META_SNAPSHOT_ENTRIES`] unless set (tests and simulations set it
+    /// small, an operator with `--metadata-snapshot-entries`).
+    pub fn set_meta_snapshot_entries(&mut self, entries: Option<u64>) {
+        self.meta_snapshot_every = entries.map(|e| e.max(1));
+    }
+
+    /// Metadata snapshots taken, received and refused, and the last one's size.
+    pub fn meta_snapshot_counts(&self) -> MetaSnapshotCounts {
+        self.meta_snapshot_counts
+    }
+
+    /// Entries of the metadata log this broker holds (since its last snapshot).
+    pub fn meta_log_entries(&self) -> u64 {
+        self.meta.applied().saturating_sub(self.meta.first_index().saturating_sub(1))
+    }
+
     /// Replica moves the metadata leader proposed to balance replicas (see
     /// [`check_replica_balance`](Self::check_replica_balance)), for metrics and tests.
     pub fn balance_moves(&self) -> u64 {
@@ -2478,11 +2622,32 @@ impl ClusterNode {
         let mut confirmed = false;
         while let Some(o) = self.meta.poll_output() {
             match o {
-                // The metadata group never compacts its log, so its leader never sends a
-                // snapshot (its storage has none to give).
-                // The metadata group keeps its whole log in memory (no entry cache): it never
-                // reads back.
-                MetaOutput::PersistSnapshot { .. } | MetaOutput::ReadEntries { .. } => {}
+                // The metadata group keeps its log since the last snapshot in memory (no
+                // entry cache): it never reads back.
+                MetaOutput::ReadEntries { .. } => {}
+                MetaOutput::PersistSnapshot { snapshot, received } => {
+                    if received {
+                        // This broker was behind the leader's compacted log: the snapshot
+                        // stands for it, and the committed entries after it follow.
+                        match MetaSnapshot::decode(snapshot.get_data()) {
+                            Ok(restored) => {
+                                self.meta_snapshot_counts.received += 1;
+                                self.restore_meta_snapshot(restored);
+                            }
+                            Err(e) => {
+                                // Only a newer broker's format does this (a damaged one
+                                // does not pass the peer transport): its metadata stays as
+                                // it was, behind, and an operator is told.
+                                self.meta_snapshot_counts.refused += 1;
+                                self.broker.notice(Notice::MetadataSnapshotRefused {
+                                    index: snapshot.get_metadata().index,
+                                    why: e.to_string(),
+                                });
+                            }
+                        }
+                    }
+                    self.out.push_back(NodeOutput::PersistRaftSnapshot { snapshot, received });
+                }
                 MetaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(NodeOutput::PersistRaft { entries, hard_state })
                 }
@@ -2490,6 +2655,17 @@ impl ClusterNode {
                     if let Some(name) = self.names.get(&to)
                         && !self.refused.contains(name)
                     {
+                        if message.get_msg_type() == MessageType::MsgSnapshot
+                            && self.peer_features.get(name).is_none_or(|f| f & FEATURE_META_SNAPSHOTS == 0)
+                        {
+                            // An older broker would take the snapshot into its log and leave
+                            // its metadata behind (D62): it waits, behind, for an upgrade.
+                            self.meta_snapshot_counts.withheld += 1;
+                            if self.withheld.insert(name.clone()) {
+                                self.broker.notice(Notice::MetadataSnapshotWithheld { peer: name.clone() });
+                            }
+                            continue;
+                        }
                         let message = PeerMessage::Raft(Bytes::from(encode_message(&message)));
                         self.out.push_back(NodeOutput::Peer { to: name.clone(), message });
                     }
@@ -2507,6 +2683,10 @@ impl ClusterNode {
                     };
                     if added {
                         self.names.insert(id, name.clone());
+                        self.removed_voters.remove(&name);
+                        if !cluster_addr.is_empty() {
+                            self.voter_addrs.insert(name.clone(), cluster_addr.clone());
+                        }
                         if name == self.me.id {
                             // Added (again: a replay passes through an earlier removal first).
                             self.removed = false;
@@ -2515,6 +2695,8 @@ impl ClusterNode {
                             self.out.push_back(NodeOutput::PeerAdded { name, cluster_addr });
                         }
                     } else {
+                        self.voter_addrs.remove(&name);
+                        self.removed_voters.insert(name.clone());
                         if name == self.me.id {
                             self.removed = true;
                             self.pending.clear();
@@ -2546,6 +2728,13 @@ impl ClusterNode {
                     }
                 }
             }
+        }
+        // A restored snapshot is a change the broker is told of with what follows it (at a
+        // restart, the kept entries after it), never alone: the view it gives the broker is
+        // the one after the whole replay, as without a snapshot.
+        if std::mem::take(&mut self.meta_restored) {
+            changed = true;
+            urgent = true;
         }
         if changed {
             self.metadata_changes += 1;

@@ -106,6 +106,14 @@ pub const FEATURE_BATCH_META: u64 = 0x20;
 /// proposes one only when every member offered it.
 pub const FEATURE_REPLICA_MOVES: u64 = 0x40;
 
+/// Peer hello bit (D62): this broker restores its metadata from a snapshot of the metadata
+/// group (in a `raft` message, kind 1, `MsgSnapshot`; the data a
+/// [`MetaSnapshot`](crate::cluster::metadata::snapshot::MetaSnapshot)). An older broker would
+/// take such a snapshot into its log and leave its metadata behind, so a broker compacts the
+/// metadata log only while every voter offered this, and a metadata leader never sends a
+/// snapshot to a peer that did not.
+pub const FEATURE_META_SNAPSHOTS: u64 = 0x80;
+
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SHARD_COPY
@@ -113,7 +121,8 @@ pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_HIBERNATION
     | FEATURE_SNAPSHOT_CHUNKS
     | FEATURE_BATCH_META
-    | FEATURE_REPLICA_MOVES;
+    | FEATURE_REPLICA_MOVES
+    | FEATURE_META_SNAPSHOTS;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.

@@ -135,6 +135,11 @@ pub struct WorldReport {
     /// Committed entries a restart left on disk and its replicas replayed in reads (the
     /// seeds that restart as the driver does with a long log: see `World::start`).
     pub replayed: u64,
+    /// Metadata snapshots taken (the metadata log compacted: every 40 entries here), and
+    /// restored from one the metadata leader sent (a broker behind its compacted log) (D62).
+    pub meta_snapshots: u64,
+    /// ... of them sent by the leader and restored from.
+    pub meta_snapshots_received: u64,
     /// Snapshot chunks sent (kind 14: in odd seeds a snapshot over 24 bytes of data goes in
     /// chunks of 24, except to and from a broker playing an older version).
     pub snapshot_chunks: u64,
@@ -169,6 +174,8 @@ impl WorldReport {
         self.follows += r.follows;
         self.replayed += r.replayed;
         self.snapshot_chunks += r.snapshot_chunks;
+        self.meta_snapshots += r.meta_snapshots;
+        self.meta_snapshots_received += r.meta_snapshots_received;
     }
 }
 
@@ -282,6 +289,9 @@ fn encode_json(m: &Message, out: &mut BytesMut) {
     let _ = m.encode(out);
 }
 
+/// Applied metadata entries past the last snapshot that make a broker take one, here.
+const META_SNAPSHOT_ENTRIES: u64 = 40;
+
 impl World {
     fn violation(&self, what: String) -> Violation {
         let step = self.report.requests;
@@ -335,6 +345,9 @@ impl World {
         }
         node.set_kept_replicas(replicas);
         node.set_replica_checkpoint_bytes(CHECKPOINT_BYTES);
+        // The metadata log is compacted every few dozen entries, so restarts restore from a
+        // kept snapshot and brokers cut off are sent one (D62).
+        node.set_meta_snapshot_entries(Some(META_SNAPSHOT_ENTRIES));
         if self.seed % 2 == 1 {
             node.set_snapshot_chunk_bytes(24);
         }
@@ -474,6 +487,11 @@ impl World {
         match o {
             NodeOutput::PersistRaft { entries, hard_state } => {
                 self.kept.entry(name.to_owned()).or_default().persist(&entries, hard_state.as_ref());
+            }
+            NodeOutput::PersistRaftSnapshot { snapshot, received } => {
+                self.report.meta_snapshots += 1;
+                self.report.meta_snapshots_received += u64::from(received);
+                self.kept.entry(name.to_owned()).or_default().persist_snapshot(&snapshot);
             }
             NodeOutput::PersistReplica { shard, entries, hard_state } => {
                 self.kept_replicas
