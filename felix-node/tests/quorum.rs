@@ -1353,3 +1353,52 @@ fn brokers_four_to_seven_added_under_load_take_a_fair_share_of_the_replicas_with
     assert!(waited > 0, "copies waited for --move-bandwidth");
     assert!(gap < Duration::from_secs(10), "no acknowledged write for {gap:?} while the cluster rebalanced");
 }
+
+/// The metadata log compacted on disk (D62): three brokers that compact every 20 entries
+/// take snapshots as 40 streams are created; one SIGKILLed and restarted restores its
+/// metadata from the snapshot it kept in `raft.log` (and the entries after it), and a fourth
+/// added later is sent the leader's snapshot, and both list every stream.
+#[test]
+fn a_compacted_metadata_log_restores_a_restarted_broker_and_is_sent_to_one_added_later() {
+    let (_dirs, mut nodes) = nodes(4, 1, &["--metadata-snapshot-entries", "20"]);
+    let founders = nodes[..3].iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    for n in &mut nodes[..3] {
+        n.start(&founders);
+    }
+    let addrs = nodes[..3].iter().map(|n| n.client.to_string()).collect::<Vec<_>>().join(",");
+    let dir = nodes[0].dir.clone();
+    let file = dir.parent().unwrap().join("streams.txt");
+    std::fs::write(&file, (0..40).map(|i| format!("m{i:02} 1\n")).collect::<String>()).unwrap();
+    wait_for("the 40 streams are created", 60, || {
+        cli(&addrs, &dir, &["stream", "create", "--from-file", file.to_str().unwrap(), "--wait", "30s"]).0
+    });
+    let snapshots = |n: &Node| metric(n, "felix_metadata_snapshots_total").unwrap_or(0);
+    wait_for("every broker took a metadata snapshot", 30, || nodes[..3].iter().all(|n| snapshots(n) > 0));
+    let lists_all = |n: &Node| {
+        let (ok, out, _) = cli(&n.client.to_string(), &dir, &["stream", "list"]);
+        ok && (0..40).all(|i| out.contains(&format!("default/m{i:02}\t")))
+    };
+    // n2's raft.log is its snapshot and the entries after it.
+    let log = std::fs::metadata(nodes[1].dir.join("cluster/raft.log")).unwrap().len();
+    nodes[1].kill();
+    nodes[1].start(&founders);
+    wait_for("the restarted broker lists every stream", 30, || lists_all(&nodes[1]));
+    assert!(metric(&nodes[1], "felix_metadata_log_entries").is_some_and(|e| e < 40), "{log} bytes of raft.log");
+    // n4 joins: the leader's log no longer holds the start, so it is sent the snapshot.
+    let members = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    nodes[3].extra.push("--join".into());
+    nodes[3].start(&members);
+    let out = Command::new(BIN)
+        .args(["cluster", "add", &format!("{}={}", nodes[3].name, nodes[3].cluster)])
+        .args(["--metrics", &nodes[0].metrics.to_string(), "--cluster-secret", "s", "--wait", "30s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_for("the added broker restored the metadata from a snapshot and lists every stream", 30, || {
+        metric(&nodes[3], "felix_metadata_snapshots_received_total") == Some(1) && lists_all(&nodes[3])
+    });
+    // And it restarts from what it kept.
+    nodes[3].kill();
+    nodes[3].start(&members);
+    wait_for("the added broker, restarted, lists every stream", 30, || lists_all(&nodes[3]));
+}
