@@ -82,6 +82,7 @@ pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
 pub use inspect::ShardSummary;
 pub use limits::TenantLimit;
+pub use moves::MoveProgress;
 pub use notice::Notice;
 pub use output::{
     AdmitError, BrokerOutput, BrokerStats, ClusterOutput, PeerAddr, PersistRequest, ReadRequest, StorageOutput,

@@ -4,8 +4,10 @@
 //! D52), scoped to its tenant unless it is the operator. Built here, not in a driver, so both
 //! say the same thing.
 
-use super::metadata::{MovePhase, ShardId};
+use super::metadata::{Kind, MemberState, MovePhase, ShardId};
 use super::node::ClusterNode;
+use serde::Serialize;
+use std::ops::Bound;
 
 /// Most shards one page of the status holds (D55).
 pub const STATUS_PAGE_MAX: usize = 5_000;
@@ -24,6 +26,124 @@ pub struct StatusPage {
     pub limit: usize,
 }
 
+/// The status document, borrowed from the node: serialised straight to bytes for `GET
+/// /cluster` ([`ClusterNode::status_page_json`]) or to a JSON value for the client protocol. It
+/// was built as a `serde_json::Value` tree first: with 10,000 shards each render made tens of
+/// thousands of maps (a key compared and allocated per field), and a survivor polled for it
+/// once a second spent a quarter of its work rendering while it failed over (perf).
+#[derive(Serialize)]
+struct Doc<'a> {
+    cluster: bool,
+    node_id: &'a str,
+    leader: Option<&'a str>,
+    fenced: bool,
+    moves: Vec<MoveRow<'a>>,
+    move_progress: Vec<ProgressRow<'a>>,
+    voters: Vec<String>,
+    members: Vec<MemberRow<'a>>,
+    shards: Vec<ShardRow<'a>>,
+    revoked: Revoked<'a>,
+    replicas: Vec<ReplicaRow<'a>>,
+    failed_replicas: Vec<FailedRow<'a>>,
+    rejoining_replicas: Vec<RejoinRow<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+#[derive(Serialize)]
+struct MemberRow<'a> {
+    node_id: &'a str,
+    client_addr: &'a str,
+    cluster_addr: &'a str,
+    state: MemberState,
+}
+
+#[derive(Serialize)]
+struct ShardRow<'a> {
+    kind: Kind,
+    tenant: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    shard: u32,
+    owner: &'a str,
+    generation: u64,
+}
+
+#[derive(Serialize)]
+struct Revoked<'a> {
+    jti: Vec<&'a str>,
+    sub: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct FollowerRow<'a> {
+    node_id: &'a str,
+    matched_index: u64,
+    lag: u64,
+}
+
+#[derive(Serialize)]
+struct ReplicaRow<'a> {
+    kind: Kind,
+    tenant: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    shard: u32,
+    replicas: Option<&'a [String]>,
+    leader: Option<&'a str>,
+    term: u64,
+    role: &'static str,
+    next_offset: u64,
+    last_index: u64,
+    first_index: u64,
+    committed_index: u64,
+    followers: Vec<FollowerRow<'a>>,
+}
+
+#[derive(Serialize)]
+struct FailedRow<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    tenant: &'a str,
+    shard: u32,
+    failed: &'a str,
+}
+
+#[derive(Serialize)]
+struct RejoinRow<'a> {
+    kind: Kind,
+    name: &'a str,
+    namespace: &'a str,
+    tenant: &'a str,
+    shard: u32,
+    damaged: &'a str,
+}
+
+#[derive(Serialize)]
+struct MoveRow<'a> {
+    tenant: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    shard: u32,
+    from: &'a str,
+    to: &'a str,
+    phase: &'static str,
+    at: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct ProgressRow<'a> {
+    tenant: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    shard: u32,
+    direction: &'static str,
+    peer: &'a str,
+    copied: u64,
+    source_tail: u64,
+    cutting: bool,
+}
+
 impl ClusterNode {
     /// The status document. `tenant` limits shards, moves and replicas to one tenant's and
     /// leaves revocations out (a tenant's view); `None` is the operator's whole view.
@@ -33,84 +153,134 @@ impl ClusterNode {
 
     /// [`status`](Self::status), one page of it (`None`: whole).
     pub fn status_page(&self, tenant: Option<&str>, page: Option<&StatusPage>) -> serde_json::Value {
+        let progress = self.broker.move_progress();
+        let reports = self.replica_report_of(|s| self.keeps(tenant, page, s));
+        let doc = self.status_doc(tenant, page, &progress, &reports);
+        serde_json::to_value(&doc).unwrap_or_default()
+    }
+
+    /// [`status_page`](Self::status_page) as JSON text, serialised without building a value
+    /// first (what `GET /cluster` answers).
+    pub fn status_page_json(&self, tenant: Option<&str>, page: Option<&StatusPage>) -> Vec<u8> {
+        let progress = self.broker.move_progress();
+        let reports = self.replica_report_of(|s| self.keeps(tenant, page, s));
+        let doc = self.status_doc(tenant, page, &progress, &reports);
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The page's end: the `limit`-th shard with an owner after `after` (of `tenant`'s), when
+    /// more follow.
+    fn page_end(&self, tenant: Option<&str>, page: Option<&StatusPage>) -> Option<ShardId> {
+        let p = page?;
+        let limit = p.limit.clamp(1, STATUS_PAGE_MAX);
         let md = self.metadata();
-        // The page's end: the `limit`-th owned shard after `after`, when more follow.
-        let mut end = None;
-        if let Some(p) = page {
-            let limit = p.limit.clamp(1, STATUS_PAGE_MAX);
-            let mut after_start = md
-                .owners()
-                .keys()
-                .filter(|s| tenant.is_none_or(|t| t == s.tenant))
-                .filter(|s| p.after.as_ref().is_none_or(|a| *s > a));
-            if let Some(last) = after_start.nth(limit - 1)
-                && after_start.next().is_some()
-            {
-                end = Some(last.clone());
-            }
+        // Straight to the first shard after `after` (not a walk from the first).
+        let mut after_start = match &p.after {
+            Some(a) => md.owners().range::<ShardId, _>((Bound::Excluded(a), Bound::Unbounded)),
+            None => md.owners().range::<ShardId, _>(..),
         }
+        .map(|(s, _)| s)
+        .filter(|s| tenant.is_none_or(|t| t == s.tenant));
+        let last = after_start.nth(limit - 1)?;
+        after_start.next().is_some().then(|| last.clone())
+    }
+
+    /// Whether shard `s` is on the page (and the tenant's).
+    fn keeps(&self, tenant: Option<&str>, page: Option<&StatusPage>, s: &ShardId) -> bool {
+        // (The end is found once per document, in `status_doc`; here only for the replica
+        // report, which is filtered again below.)
+        tenant.is_none_or(|x| x == s.tenant) && page.is_none_or(|p| p.after.as_ref().is_none_or(|a| s > a))
+    }
+
+    fn status_doc<'a>(
+        &'a self,
+        tenant: Option<&str>,
+        page: Option<&StatusPage>,
+        progress: &'a [crate::broker::MoveProgress],
+        reports: &'a [super::node::ReplicaReport],
+    ) -> Doc<'a> {
+        let md = self.metadata();
+        let end = self.page_end(tenant, page);
         let in_page = |s: &ShardId| {
             page.is_none_or(|p| p.after.as_ref().is_none_or(|a| s > a)) && end.as_ref().is_none_or(|e| s <= e)
         };
         let keep_shard = |s: &ShardId| tenant.is_none_or(|x| x == s.tenant) && in_page(s);
-        let members: Vec<serde_json::Value> = md
-            .members()
-            .values()
-            .map(|m| {
-                serde_json::json!({"node_id": m.id, "client_addr": m.client_addr, "cluster_addr": m.cluster_addr,
-                    "state": format!("{:?}", m.state).to_lowercase()})
-            })
-            .collect();
-        let shards: Vec<serde_json::Value> = md
-            .owners()
-            .iter()
+        // The page's owned shards, found by range rather than by walking them all.
+        let owners = match page.and_then(|p| p.after.as_ref()) {
+            Some(a) => md.owners().range::<ShardId, _>((Bound::Excluded(a), Bound::Unbounded)),
+            None => md.owners().range::<ShardId, _>(..),
+        };
+        let shards = owners
+            .take_while(|(s, _)| end.as_ref().is_none_or(|e| *s <= e))
             .filter(|(s, _)| keep_shard(s))
-            .map(|(s, a)| {
-                serde_json::json!({"kind": format!("{:?}", s.kind).to_lowercase(), "tenant": s.tenant,
-                    "namespace": s.namespace, "name": s.name, "shard": s.shard, "owner": a.owner, "generation": a.generation})
+            .map(|(s, a)| ShardRow {
+                kind: s.kind,
+                tenant: &s.tenant,
+                namespace: &s.namespace,
+                name: &s.name,
+                shard: s.shard,
+                owner: &a.owner,
+                generation: a.generation,
             })
             .collect();
         // Who is revoked is the operator's business, not a tenant's.
         let revoked = match tenant {
-            None => serde_json::json!({"jti": md.revoked_jti(), "sub": md.revoked_sub()}),
-            Some(_) => serde_json::json!({"jti": [], "sub": []}),
+            None => Revoked {
+                jti: md.revoked_jti().iter().map(String::as_str).collect(),
+                sub: md.revoked_sub().iter().map(String::as_str).collect(),
+            },
+            Some(_) => Revoked { jti: Vec::new(), sub: Vec::new() },
         };
-        let replicas: Vec<serde_json::Value> = self
-            .replica_report()
-            .into_iter()
+        let replicas = reports
+            .iter()
             .filter(|r| keep_shard(&r.shard))
-            .map(|r| {
-                let followers: Vec<serde_json::Value> = r
+            .map(|r| ReplicaRow {
+                kind: r.shard.kind,
+                tenant: &r.shard.tenant,
+                namespace: &r.shard.namespace,
+                name: &r.shard.name,
+                shard: r.shard.shard,
+                replicas: md.replicas(&r.shard),
+                leader: r.leader.as_deref(),
+                term: r.term,
+                role: r.role,
+                next_offset: r.next_offset,
+                last_index: r.last_index,
+                first_index: r.first_index,
+                committed_index: r.committed_index,
+                followers: r
                     .followers
                     .iter()
-                    .map(|(id, matched, lag)| serde_json::json!({"node_id": id, "matched_index": matched, "lag": lag}))
-                    .collect();
-                serde_json::json!({"kind": format!("{:?}", r.shard.kind).to_lowercase(), "tenant": r.shard.tenant,
-                    "namespace": r.shard.namespace, "name": r.shard.name, "shard": r.shard.shard,
-                    "replicas": md.replicas(&r.shard), "leader": r.leader, "term": r.term, "role": r.role,
-                    "next_offset": r.next_offset, "last_index": r.last_index, "first_index": r.first_index, "committed_index": r.committed_index,
-                    "followers": followers})
+                    .map(|(id, matched, lag)| FollowerRow { node_id: id, matched_index: *matched, lag: *lag })
+                    .collect(),
             })
             .collect();
-        let failed: Vec<serde_json::Value> = self
+        let failed = self
             .failed_replicas()
             .iter()
             .filter(|(s, _)| keep_shard(s))
-            .map(|(s, why)| {
-                serde_json::json!({"name": s.name, "namespace": s.namespace, "tenant": s.tenant,
-                "shard": s.shard, "failed": why})
+            .map(|(s, why)| FailedRow {
+                name: &s.name,
+                namespace: &s.namespace,
+                tenant: &s.tenant,
+                shard: s.shard,
+                failed: why,
             })
             .collect();
-        let rejoining: Vec<serde_json::Value> = self
+        let rejoining = self
             .rejoining_replicas()
             .iter()
             .filter(|(s, _)| keep_shard(s))
-            .map(|(s, why)| {
-                serde_json::json!({"kind": format!("{:?}", s.kind).to_lowercase(), "name": s.name,
-                "namespace": s.namespace, "tenant": s.tenant, "shard": s.shard, "damaged": why})
+            .map(|(s, why)| RejoinRow {
+                kind: s.kind,
+                name: &s.name,
+                namespace: &s.namespace,
+                tenant: &s.tenant,
+                shard: s.shard,
+                damaged: why,
             })
             .collect();
-        let moves: Vec<serde_json::Value> = md
+        let moves = md
             .moves()
             .iter()
             .filter(|(s, _)| keep_shard(s))
@@ -124,29 +294,59 @@ impl ClusterNode {
                     MovePhase::CatchingUp => ("catching_up", None),
                     MovePhase::CutOver { at } => ("cut_over", Some(at)),
                 };
-                serde_json::json!({"tenant": s.tenant, "namespace": s.namespace, "name": s.name, "shard": s.shard,
-                    "from": m.from, "to": m.to, "phase": phase, "at": at})
+                MoveRow {
+                    tenant: &s.tenant,
+                    namespace: &s.namespace,
+                    name: &s.name,
+                    shard: s.shard,
+                    from: &m.from,
+                    to: &m.to,
+                    phase,
+                    at,
+                }
             })
             .collect();
-        let progress: Vec<serde_json::Value> = self
-            .broker
-            .move_progress()
-            .into_iter()
+        let move_progress = progress
+            .iter()
             .filter(|p| keep_shard(&p.shard))
-            .map(|p| {
-                serde_json::json!({"tenant": p.shard.tenant, "namespace": p.shard.namespace, "name": p.shard.name,
-                    "shard": p.shard.shard, "direction": if p.outgoing { "out" } else { "in" }, "peer": p.peer,
-                    "copied": p.copied, "source_tail": p.source_tail, "cutting": p.cutting})
+            .map(|p| ProgressRow {
+                tenant: &p.shard.tenant,
+                namespace: &p.shard.namespace,
+                name: &p.shard.name,
+                shard: p.shard.shard,
+                direction: if p.outgoing { "out" } else { "in" },
+                peer: &p.peer,
+                copied: p.copied,
+                source_tail: p.source_tail,
+                cutting: p.cutting,
             })
             .collect();
-        let mut doc = serde_json::json!({"cluster": true, "node_id": self.node_id(), "leader": self.leader(),
-            "fenced": self.broker.is_fenced(), "moves": moves, "move_progress": progress,
-            "voters": self.voters(), "members": members, "shards": shards, "revoked": revoked, "replicas": replicas,
-            "failed_replicas": failed, "rejoining_replicas": rejoining});
-        if let Some(e) = end {
-            doc["next"] = e.cursor().into();
+        let members = md
+            .members()
+            .values()
+            .map(|m| MemberRow {
+                node_id: &m.id,
+                client_addr: &m.client_addr,
+                cluster_addr: &m.cluster_addr,
+                state: m.state,
+            })
+            .collect();
+        Doc {
+            cluster: true,
+            node_id: self.node_id(),
+            leader: self.leader(),
+            fenced: self.broker.is_fenced(),
+            moves,
+            move_progress,
+            voters: self.voters(),
+            members,
+            shards,
+            revoked,
+            replicas,
+            failed_replicas: failed,
+            rejoining_replicas: rejoining,
+            next: end.map(|e| e.cursor()),
         }
-        doc
     }
 }
 
