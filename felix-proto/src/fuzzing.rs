@@ -572,7 +572,7 @@ pub fn storage_segment(data: &[u8]) {
 /// `peer_message` target: any bytes from a cluster peer, in any chunking, and the same bytes as
 /// a kept Raft log file. Never a panic; what decodes encodes again to a frame that decodes to the
 /// same message. The same bytes go through a replicated cache's entry and snapshot decoders
-/// (`t0`: the instant its expiries are mapped to).
+/// (`t0`: the instant its expiries are mapped to) and the metadata snapshot's.
 pub fn peer_message(data: &[u8], t0: std::time::Instant) {
     use crate::cluster::peer::{PeerDecoder, encode};
     let split = data.first().map_or(1, |b| usize::from(*b % 7) + 1);
@@ -599,6 +599,17 @@ pub fn peer_message(data: &[u8], t0: std::time::Instant) {
     }
     // The same bytes as a replicated cache's entry and snapshot state.
     crate::broker::fuzz_cache_entry(data, t0);
+    // And as a metadata snapshot (D62, from the leader in a `raft` message): one that reads
+    // back encodes to itself, and its metadata takes commands and becomes a broker's view
+    // without a panic.
+    if let Ok(s) = crate::cluster::metadata::snapshot::MetaSnapshot::decode(data) {
+        assert_eq!(crate::cluster::metadata::snapshot::MetaSnapshot::decode(&s.encode()).as_ref(), Ok(&s));
+        let mut md = s.metadata;
+        let _ = md.apply(&crate::cluster::metadata::Command::Rebalance);
+        let cfg = crate::broker::BrokerConfig { clustered: true, ..crate::broker::BrokerConfig::default() };
+        let mut b = crate::broker::Broker::new(cfg, crate::transport::WallClock::new(t0, 0));
+        b.apply_cluster(&md, "n1", t0);
+    }
 }
 
 /// Seeds for `peer_message`'s replicated-cache decoders: an entry with one operation of each

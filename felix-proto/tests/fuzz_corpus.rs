@@ -279,6 +279,49 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         out.push(("peer_message", "seed-cache-entry".into(), entry));
         out.push(("peer_message", "seed-cache-state".into(), state));
     }
+    // peer_message: a metadata snapshot (D62) of members, a replicated stream with a leader,
+    // a durable one moving, a revocation.
+    {
+        use felix_proto::cluster::metadata::snapshot::MetaSnapshot;
+        use felix_proto::cluster::metadata::{Command, Kind, Member, MemberState, Metadata, ShardId};
+        let mut md = Metadata::default();
+        for id in ["n1", "n2", "n3"] {
+            let member = Member {
+                id: id.into(),
+                client_addr: format!("{id}:5000"),
+                cluster_addr: format!("{id}:7000"),
+                state: MemberState::Active,
+                incarnation: String::new(),
+            };
+            md.apply(&Command::Join { member }).expect("a join");
+        }
+        for (name, replication) in [("ledger", 3), ("orders", 1)] {
+            let c = Command::Create {
+                kind: Kind::Stream,
+                tenant: "t1".into(),
+                namespace: "default".into(),
+                name: name.into(),
+                shards: 2,
+                ephemeral: false,
+                replication,
+            };
+            md.apply(&c).expect("a create");
+        }
+        let ledger = ShardId::of(Kind::Stream, "t1", "default", "ledger", 0);
+        let node = md.replicas(&ledger).expect("replicated")[0].clone();
+        md.apply(&Command::Lead { shard: ledger, node, term: 2 }).expect("a lead");
+        let orders = ShardId::of(Kind::Stream, "t1", "default", "orders", 1);
+        let to = if md.owner(&orders).expect("owned").owner == "n1" { "n2" } else { "n1" };
+        md.apply(&Command::MoveShard { shard: orders, to: to.into() }).expect("a move");
+        md.apply(&Command::Revoke { jti: Some("j".into()), sub: None }).expect("a revocation");
+        let s = MetaSnapshot {
+            metadata: md,
+            names: [(1, "n1".to_owned()), (2, "n2".to_owned()), (3, "n3".to_owned())].into(),
+            addrs: [("n3".to_owned(), "n3:7000".to_owned())].into(),
+            removed: Default::default(),
+        };
+        out.push(("peer_message", "seed-meta-snapshot".into(), s.encode()));
+    }
     // jwt: a token signed by the target's key (RFC 8032's first test secret), a JWK set, a
     // permission.
     {
