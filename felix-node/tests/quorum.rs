@@ -1314,15 +1314,7 @@ fn brokers_four_to_seven_added_under_load_take_a_fair_share_of_the_replicas_with
     wait_for("the first three hold all 27 replicas", 30, || nodes[..3].iter().all(|n| held(n) == Some(9)));
     let started = Instant::now();
     for i in 3..7 {
-        let members = nodes[..=i].iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
-        nodes[i].extra.push("--join".into());
-        nodes[i].start(&members);
-        let out = Command::new(BIN)
-            .args(["cluster", "add", &format!("{}={}", nodes[i].name, nodes[i].cluster)])
-            .args(["--metrics", &nodes[0].metrics.to_string(), "--cluster-secret", "s", "--wait", "30s"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        join_and_add(&mut nodes, i);
     }
     let mut counts = Vec::new();
     wait_for("every broker of the seven holds three or four replicas, no move left", 120, || {
@@ -1385,15 +1377,7 @@ fn a_compacted_metadata_log_restores_a_restarted_broker_and_is_sent_to_one_added
     wait_for("the restarted broker lists every stream", 30, || lists_all(&nodes[1]));
     assert!(metric(&nodes[1], "felix_metadata_log_entries").is_some_and(|e| e < 40), "{log} bytes of raft.log");
     // n4 joins: the leader's log no longer holds the start, so it is sent the snapshot.
-    let members = nodes.iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
-    nodes[3].extra.push("--join".into());
-    nodes[3].start(&members);
-    let out = Command::new(BIN)
-        .args(["cluster", "add", &format!("{}={}", nodes[3].name, nodes[3].cluster)])
-        .args(["--metrics", &nodes[0].metrics.to_string(), "--cluster-secret", "s", "--wait", "30s"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let members = join_and_add(&mut nodes, 3);
     wait_for("the added broker restored the metadata from a snapshot and lists every stream", 30, || {
         metric(&nodes[3], "felix_metadata_snapshots_received_total") == Some(1) && lists_all(&nodes[3])
     });
@@ -1401,4 +1385,19 @@ fn a_compacted_metadata_log_restores_a_restarted_broker_and_is_sent_to_one_added
     nodes[3].kill();
     nodes[3].start(&members);
     wait_for("the added broker, restarted, lists every stream", 30, || lists_all(&nodes[3]));
+}
+
+/// Starts broker `i` joining the cluster of the brokers before it and adds it with `cluster
+/// add` through the first (waiting until it is a voter); the `--peers` it was given.
+fn join_and_add(nodes: &mut [Node], i: usize) -> String {
+    let members = nodes[..=i].iter().map(|n| format!("{}={}", n.name, n.cluster)).collect::<Vec<_>>().join(",");
+    nodes[i].extra.push("--join".into());
+    nodes[i].start(&members);
+    let out = Command::new(BIN)
+        .args(["cluster", "add", &format!("{}={}", nodes[i].name, nodes[i].cluster)])
+        .args(["--metrics", &nodes[0].metrics.to_string(), "--cluster-secret", "s", "--wait", "30s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    members
 }

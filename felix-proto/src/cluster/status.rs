@@ -144,6 +144,22 @@ struct ProgressRow<'a> {
     cutting: bool,
 }
 
+/// Which shards a document shows: `tenant`'s (all with `None`), after `after` and up to `end`
+/// (a page's).
+struct Scope<'a> {
+    tenant: Option<&'a str>,
+    after: Option<&'a ShardId>,
+    end: Option<ShardId>,
+}
+
+impl Scope<'_> {
+    fn keeps(&self, s: &ShardId) -> bool {
+        self.tenant.is_none_or(|t| t == s.tenant)
+            && self.after.is_none_or(|a| s > a)
+            && self.end.as_ref().is_none_or(|e| s <= e)
+    }
+}
+
 impl ClusterNode {
     /// The status document. `tenant` limits shards, moves and replicas to one tenant's and
     /// leaves revocations out (a tenant's view); `None` is the operator's whole view.
@@ -153,19 +169,21 @@ impl ClusterNode {
 
     /// [`status`](Self::status), one page of it (`None`: whole).
     pub fn status_page(&self, tenant: Option<&str>, page: Option<&StatusPage>) -> serde_json::Value {
-        let progress = self.broker.move_progress();
-        let reports = self.replica_report_of(|s| self.keeps(tenant, page, s));
-        let doc = self.status_doc(tenant, page, &progress, &reports);
-        serde_json::to_value(&doc).unwrap_or_default()
+        self.render(tenant, page, |doc| serde_json::to_value(doc).unwrap_or_default())
     }
 
     /// [`status_page`](Self::status_page) as JSON text, serialised without building a value
     /// first (what `GET /cluster` answers).
     pub fn status_page_json(&self, tenant: Option<&str>, page: Option<&StatusPage>) -> Vec<u8> {
+        self.render(tenant, page, |doc| serde_json::to_vec(doc).unwrap_or_default())
+    }
+
+    /// Builds the document of `tenant`'s shards on `page` and hands it to `out`.
+    fn render<R>(&self, tenant: Option<&str>, page: Option<&StatusPage>, out: impl FnOnce(&Doc<'_>) -> R) -> R {
+        let scope = Scope { tenant, after: page.and_then(|p| p.after.as_ref()), end: self.page_end(tenant, page) };
         let progress = self.broker.move_progress();
-        let reports = self.replica_report_of(|s| self.keeps(tenant, page, s));
-        let doc = self.status_doc(tenant, page, &progress, &reports);
-        serde_json::to_vec(&doc).unwrap_or_default()
+        let reports = self.replica_report_of(|s| scope.keeps(s));
+        out(&self.status_doc(&scope, &progress, &reports))
     }
 
     /// The page's end: the `limit`-th shard with an owner after `after` (of `tenant`'s), when
@@ -185,28 +203,17 @@ impl ClusterNode {
         after_start.next().is_some().then(|| last.clone())
     }
 
-    /// Whether shard `s` is on the page (and the tenant's).
-    fn keeps(&self, tenant: Option<&str>, page: Option<&StatusPage>, s: &ShardId) -> bool {
-        // (The end is found once per document, in `status_doc`; here only for the replica
-        // report, which is filtered again below.)
-        tenant.is_none_or(|x| x == s.tenant) && page.is_none_or(|p| p.after.as_ref().is_none_or(|a| s > a))
-    }
-
     fn status_doc<'a>(
         &'a self,
-        tenant: Option<&str>,
-        page: Option<&StatusPage>,
+        scope: &Scope<'_>,
         progress: &'a [crate::broker::MoveProgress],
         reports: &'a [super::node::ReplicaReport],
     ) -> Doc<'a> {
         let md = self.metadata();
-        let end = self.page_end(tenant, page);
-        let in_page = |s: &ShardId| {
-            page.is_none_or(|p| p.after.as_ref().is_none_or(|a| s > a)) && end.as_ref().is_none_or(|e| s <= e)
-        };
-        let keep_shard = |s: &ShardId| tenant.is_none_or(|x| x == s.tenant) && in_page(s);
+        let (tenant, end) = (scope.tenant, &scope.end);
+        let keep_shard = |s: &ShardId| scope.keeps(s);
         // The page's owned shards, found by range rather than by walking them all.
-        let owners = match page.and_then(|p| p.after.as_ref()) {
+        let owners = match scope.after {
             Some(a) => md.owners().range::<ShardId, _>((Bound::Excluded(a), Bound::Unbounded)),
             None => md.owners().range::<ShardId, _>(..),
         };
@@ -345,7 +352,7 @@ impl ClusterNode {
             replicas,
             failed_replicas: failed,
             rejoining_replicas: rejoining,
-            next: end.map(|e| e.cursor()),
+            next: end.as_ref().map(ShardId::cursor),
         }
     }
 }
