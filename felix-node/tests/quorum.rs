@@ -628,10 +628,13 @@ fn kill_loop(kills: usize, per_round: usize, idempotent_lines: usize) {
     assert!(printed.windows(2).all(|w| w[0].0 < w[1].0), "offsets only grow: {printed:?}");
     let seen: Vec<String> = printed.iter().map(|(_, p)| p.clone()).collect();
     assert_eq!(seen, records, "the subscriber saw every record once, in order");
-    // `cluster status` on the leader shows its replica leading, every replica caught up.
-    let lead = leader(&nodes).expect("a leader");
-    let m = nodes.iter().find(|n| n.name == lead).unwrap().metrics;
+    // `cluster status` on the leader shows its replica leading, every replica caught up. The
+    // leader is looked up at each poll: once the restarted broker caught up the settled group
+    // hands its leadership to its preferred replica, which may be that broker.
     wait_for("every replica caught up, as the leader's status says", 30, || {
+        let Some(m) = leader(&nodes).and_then(|lead| nodes.iter().find(|n| n.name == lead)).map(|n| n.metrics) else {
+            return false;
+        };
         let out = Command::new(BIN).args(["cluster", "status", "--metrics", &m.to_string()]).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         text.lines().any(|l| l.contains("default/default/ledger 0: leader") && l.matches(" lag 0").count() == 3)
