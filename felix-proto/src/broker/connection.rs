@@ -174,7 +174,7 @@ impl Broker {
             let mut decoder = FrameDecoder::new();
             decoder.set_max_frame_len(preauth);
             decoder.set_accepted_flags(Flags::CLIENT_SENDS);
-            CtlStream::new(stream, decoder, Some(deadline))
+            Box::new(CtlStream::new(stream, decoder, Some(deadline)))
         });
         if st.recv == Recv::Closed {
             return;
@@ -317,7 +317,7 @@ impl Broker {
 
     /// Returns a control stream taken out of its connection, unless it is done (or the
     /// connection is gone).
-    pub(super) fn put_back(&mut self, conn: ConnId, st: CtlStream) {
+    pub(super) fn put_back(&mut self, conn: ConnId, st: Box<CtlStream>) {
         if let Some(c) = self.conns.get_mut(&conn)
             && !st.done()
         {

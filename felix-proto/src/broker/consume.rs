@@ -893,7 +893,7 @@ impl Broker {
         } else if matches!(answer, GroupAnswer::None) {
             None
         } else {
-            let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of);
+            let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(|s| Self::features_of(s));
             offer.zip(failed).map(|(offer, r)| json_frame(&Self::error_message(&offer, &r)))
         };
         if let Some(d) = data_bytes {

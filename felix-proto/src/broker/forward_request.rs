@@ -393,7 +393,7 @@ impl Broker {
         self.served.streams.insert((conn, stream), r.id);
         let mut decoder = FrameDecoder::new();
         decoder.set_max_frame_len(self.cfg.max_frame_len);
-        let mut st = CtlStream::new(stream, decoder, None);
+        let mut st = Box::new(CtlStream::new(stream, decoder, None));
         st.session = Some(Session {
             tenant_id: r.tenant_id,
             principal: r.principal,

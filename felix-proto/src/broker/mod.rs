@@ -339,7 +339,7 @@ struct PageRead {
 
 #[derive(Debug)]
 struct Conn {
-    streams: HashMap<StreamId, CtlStream>,
+    streams: HashMap<StreamId, Box<CtlStream>>,
     subs: HashMap<u64, Sub>,
     opens: HashMap<OpenToken, u64>,
     /// Some stream of it authenticated. Until then it counts against the caps on

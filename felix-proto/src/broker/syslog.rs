@@ -404,7 +404,7 @@ impl Broker {
     /// The answer to a request whose system-log write failed (`storage`, retry), worded for
     /// what its stream offered; `None` when the stream is gone.
     fn write_failed_frame(&self, conn: ConnId, stream: StreamId, why: &str) -> Option<Bytes> {
-        let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(Self::features_of)?;
+        let offer = self.conns.get(&conn).and_then(|c| c.streams.get(&stream)).map(|s| Self::features_of(s))?;
         let mut r = super::Refusal::new(crate::error_code::ErrorCode::Storage, why);
         r.retry = crate::error_code::RetryClass::Retry;
         Some(super::json_frame(&Self::error_message(&offer, &r)))
