@@ -138,3 +138,111 @@ impl TransportTuning {
         e
     }
 }
+
+/// Bidirectional streams a broker first allows a client to have open at once; more are granted
+/// as it uses them ([`StreamCredit`]), up to `--max-streams`.
+pub const INITIAL_BI_STREAMS: u32 = 8;
+
+/// Unidirectional streams a broker first allows a client to have open at once (Felix's own
+/// clients open none); more are granted as it uses them, up to `--max-uni-streams`.
+pub const INITIAL_UNI_STREAMS: u32 = 2;
+
+/// How many streams of one direction a connection may have open at once, granted as the peer
+/// uses them.
+///
+/// Why: quinn keeps a table entry for every stream the peer may open, from the handshake on.
+/// At the full `--max-streams` (128 bidirectional, 32 unidirectional) that table was 10.8 KB of
+/// an idle connection's 53 KiB, although a Felix client holds two or three streams. So a
+/// connection starts with a few ([`INITIAL_BI_STREAMS`]) and, whenever half of what it may
+/// open is open, the driver doubles the limit (quinn sends the peer `MAX_STREAMS` at once),
+/// up to the configured most. A client opening streams in a burst waits at most a round trip
+/// for the next grant; nothing fails, as when it reaches the most. The limit never shrinks:
+/// quinn keeps the entries it has allocated either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamCredit {
+    limit: u32,
+    most: u32,
+    open: u32,
+}
+
+impl StreamCredit {
+    /// Starting at `initial` (at most `most`) of `most`.
+    pub fn new(initial: u32, most: u32) -> Self {
+        StreamCredit { limit: initial.min(most), most, open: 0 }
+    }
+
+    /// The limit the connection was configured with at its handshake.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Streams open now.
+    pub fn open(&self) -> u32 {
+        self.open
+    }
+
+    /// The peer opened a stream: the new limit to grant, when it grows.
+    pub fn opened(&mut self) -> Option<u32> {
+        self.open = self.open.saturating_add(1);
+        if self.limit >= self.most || self.open.saturating_mul(2) < self.limit {
+            return None;
+        }
+        self.limit = self.limit.saturating_mul(2).min(self.most);
+        Some(self.limit)
+    }
+
+    /// One of the peer's streams ended (both its halves).
+    pub fn closed(&mut self) {
+        self.open = self.open.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod credit_tests {
+    use super::*;
+
+    #[test]
+    fn credit_doubles_once_half_is_open_and_stops_at_the_most() {
+        let mut c = StreamCredit::new(8, 40);
+        // 1..=3 open: under half of 8.
+        assert_eq!((c.opened(), c.opened(), c.opened()), (None, None, None));
+        assert_eq!(c.opened(), Some(16), "4 of 8 open");
+        assert_eq!(c.limit(), 16);
+        for _ in 5..8 {
+            assert_eq!(c.opened(), None);
+        }
+        assert_eq!(c.opened(), Some(32), "8 of 16 open");
+        for _ in 9..16 {
+            assert_eq!(c.opened(), None);
+        }
+        assert_eq!(c.opened(), Some(40), "16 of 32 open, capped at the most");
+        for _ in 17..100 {
+            assert_eq!(c.opened(), None, "past the most nothing more is granted");
+        }
+    }
+
+    #[test]
+    fn streams_that_end_free_their_place_and_the_limit_stays() {
+        let mut c = StreamCredit::new(8, 128);
+        for _ in 0..3 {
+            assert_eq!(c.opened(), None);
+            c.closed();
+        }
+        assert_eq!((c.open(), c.limit()), (0, 8), "a client opening one stream at a time keeps the first limit");
+        for _ in 0..4 {
+            c.opened();
+        }
+        assert_eq!(c.limit(), 16);
+        for _ in 0..10 {
+            c.closed();
+        }
+        assert_eq!((c.open(), c.limit()), (0, 16), "never below zero open, and the limit is not taken back");
+    }
+
+    #[test]
+    fn an_initial_credit_above_the_most_is_the_most() {
+        let mut c = StreamCredit::new(8, 2);
+        assert_eq!(c.limit(), 2);
+        assert_eq!((c.opened(), c.opened()), (None, None));
+    }
+}

@@ -17,7 +17,8 @@ use crate::tls::{Identity, quic_server_crypto_with};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 pub use felix_driver_common::transport::{
-    DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, TransportTuning, is_loopback,
+    DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, INITIAL_BI_STREAMS, INITIAL_UNI_STREAMS, StreamCredit,
+    TransportTuning, is_loopback,
 };
 use felix_proto::broker::{
     Broker, BrokerConfig, BrokerOutput, PersistRequest, StorageOutput, TransportOutput, WriteOutcome,
@@ -551,6 +552,11 @@ enum Input {
     Closed {
         conn: ConnId,
     },
+    /// A client's stream ended, both halves ([`StreamEnd`]).
+    StreamEnded {
+        conn: ConnId,
+        bi: bool,
+    },
     Metrics(oneshot::Sender<String>),
     /// `GET /cluster`, whole or one page (D55): the answer, or a 400's reason.
     ClusterStatus(Option<felix_proto::cluster::status::StatusPage>, oneshot::Sender<Result<String, String>>),
@@ -849,6 +855,24 @@ struct ConnHandle {
     quic: quinn::Connection,
     writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
     gates: HashMap<StreamId, watch::Sender<ReadGate>>,
+    /// The client's bidirectional and unidirectional streams open, and how many it may open.
+    bi: StreamCredit,
+    uni: StreamCredit,
+}
+
+/// Held by the tasks serving one of a client's streams; the last to end tells the broker task
+/// the stream is over (both halves), so its place counts as free in the connection's
+/// [`StreamCredit`].
+struct StreamEnd {
+    conn: ConnId,
+    bi: bool,
+    tx: mpsc::UnboundedSender<Input>,
+}
+
+impl Drop for StreamEnd {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Input::StreamEnded { conn: self.conn, bi: self.bi });
+    }
 }
 
 /// Hands every arriving connection to the broker task, which asks the core whether to admit it
@@ -884,6 +908,7 @@ async fn reader(
     recv: quinn::RecvStream,
     gate: watch::Receiver<ReadGate>,
     tx: mpsc::UnboundedSender<Input>,
+    _end: Arc<StreamEnd>,
 ) {
     // Paused while a publish window is full: QUIC flow control holds the client.
     crate::read_gated(recv, gate, |event| match event {
@@ -902,6 +927,7 @@ async fn writer(
     mut rx: mpsc::UnboundedReceiver<WriterCmd>,
     tx: mpsc::UnboundedSender<Input>,
     report: bool,
+    _end: Option<Arc<StreamEnd>>,
 ) {
     let mut chunks: Vec<Bytes> = Vec::new();
     while let Some(cmd) = rx.recv().await {
@@ -1461,34 +1487,66 @@ impl BrokerTask {
                     self.node.broker().set_peer_certificate(conn, names);
                 }
                 tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
-                self.conns.insert(conn, ConnHandle { quic, writers: HashMap::new(), gates: HashMap::new() });
+                let t = &self.transport_tuning;
+                self.conns.insert(
+                    conn,
+                    ConnHandle {
+                        quic,
+                        writers: HashMap::new(),
+                        gates: HashMap::new(),
+                        bi: StreamCredit::new(INITIAL_BI_STREAMS, t.max_bi_streams),
+                        uni: StreamCredit::new(INITIAL_UNI_STREAMS, t.max_uni_streams),
+                    },
+                );
             }
             Input::HandshakeFailed(conn) => self.node.broker().connection_closed(conn, now),
             Input::Stream { conn, send, recv } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(recv.id());
                 self.io.streams_opened += 1;
+                let bi = send.is_some();
+                let grown = if bi { h.bi.opened() } else { h.uni.opened() };
+                if let Some(n) = grown {
+                    if bi {
+                        h.quic.set_max_concurrent_bi_streams(VarInt::from_u32(n));
+                    } else {
+                        h.quic.set_max_concurrent_uni_streams(VarInt::from_u32(n));
+                    }
+                }
+                let end = Arc::new(StreamEnd { conn, bi, tx: self.tx.clone() });
                 let (gate_tx, gate_rx) = watch::channel(ReadGate::Open);
                 h.gates.insert(stream, gate_tx);
-                tokio::spawn(reader(conn, stream, recv, gate_rx, self.tx.clone()));
+                tokio::spawn(reader(conn, stream, recv, gate_rx, self.tx.clone(), end.clone()));
                 if let Some(send) = send {
                     let (wtx, wrx) = mpsc::unbounded_channel();
                     h.writers.insert(stream, wtx);
-                    tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));
+                    tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true, Some(end)));
                 }
             }
             Input::Data { conn, stream, data, fin } => {
                 self.io.bytes_in += data.iter().map(|c| c.len() as u64).sum::<u64>();
+                if fin {
+                    // Its reader is done: nothing more to gate (a connection doing many
+                    // requests, each on a stream of its own, kept every gate till it closed).
+                    if let Some(h) = self.conns.get_mut(&conn) {
+                        h.gates.remove(&stream);
+                    }
+                }
                 self.node.broker().handle_stream_chunks(conn, stream, data, fin, now);
             }
-            Input::Reset { conn, stream } => self.node.broker().handle_stream_reset(conn, stream, now),
+            Input::Reset { conn, stream } => {
+                if let Some(h) = self.conns.get_mut(&conn) {
+                    h.gates.remove(&stream);
+                }
+                self.node.broker().handle_stream_reset(conn, stream, now)
+            }
             Input::Stopped { conn, stream } => self.node.broker().handle_stream_stopped(conn, stream, now),
             Input::Opened { conn, token, send } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(send.id());
                 let (wtx, wrx) = mpsc::unbounded_channel();
                 h.writers.insert(stream, wtx);
-                tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true));
+                tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true, None));
                 self.node.broker().handle_stream_opened(conn, token, stream, now);
             }
             Input::Flushed { conn, stream, bytes } => {
@@ -1620,6 +1678,11 @@ impl BrokerTask {
             Input::Closed { conn } => {
                 self.conns.remove(&conn);
                 self.node.broker().connection_closed(conn, now);
+            }
+            Input::StreamEnded { conn, bi } => {
+                if let Some(h) = self.conns.get_mut(&conn) {
+                    if bi { h.bi.closed() } else { h.uni.closed() }
+                }
             }
             Input::ReplicaSynced { covers, result } => self.replica_synced(covers, result),
             Input::ReplicaLogRead { token, result } => {
@@ -2191,8 +2254,15 @@ fn server_configs(
 ) -> Result<(quinn::ServerConfig, quinn::ServerConfig), ServerError> {
     let mut qcfg = quinn::ServerConfig::with_crypto(quic_server_crypto_with(identity, require_alpn, client_ca)?);
     let mut loopback = qcfg.clone();
-    qcfg.transport_config(Arc::new(transport.to_quinn()));
-    loopback.transport_config(Arc::new(transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
+    // A connection starts with a few streams and is granted more as it uses them
+    // ([`StreamCredit`]): quinn's table of allowed streams is most of an idle connection.
+    let first_credit = |mut t: quinn::TransportConfig| {
+        t.max_concurrent_bidi_streams(VarInt::from_u32(INITIAL_BI_STREAMS.min(transport.max_bi_streams)));
+        t.max_concurrent_uni_streams(VarInt::from_u32(INITIAL_UNI_STREAMS.min(transport.max_uni_streams)));
+        Arc::new(t)
+    };
+    qcfg.transport_config(first_credit(transport.to_quinn()));
+    loopback.transport_config(first_credit(transport.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
     Ok((qcfg, loopback))
 }
 

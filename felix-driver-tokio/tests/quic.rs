@@ -818,6 +818,91 @@ async fn dropping_every_client_handle_closes_its_connection() {
     server.shutdown().await;
 }
 
+/// An `Auth` frame, for raw QUIC streams.
+fn auth_frame() -> Bytes {
+    let m = felix_proto::Message::Auth(felix_proto::message::Auth {
+        tenant_id: "t1".into(),
+        token: TOKEN.into(),
+        client_flags: None,
+        client_flags_hi: None,
+        client_features: None,
+        client_features_hi: None,
+    });
+    let mut b = bytes::BytesMut::new();
+    m.encode(&mut b).unwrap();
+    b.freeze()
+}
+
+/// A connection starts with a few streams (quinn keeps a table entry per stream a peer may
+/// open, and at the full allowance that table was a fifth of an idle connection's memory) and
+/// is granted more as it uses them, up to the broker's most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connections_stream_credit_starts_small_and_grows_with_use_up_to_the_most() {
+    const MOST: usize = 40;
+    let tuned = TransportTuning { max_bi_streams: MOST as u32, ..TransportTuning::default() };
+    let (server, chain) = start_tuned("127.0.0.1:0".parse().unwrap(), None, BrokerConfig::default(), tuned).await;
+    let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(chain.clone()), true).unwrap();
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+    let conn = endpoint.connect(server.local_addr(), "localhost").unwrap().await.unwrap();
+    // Streams with nothing sent on them are unknown to the broker: they use the first credit.
+    let mut streams = Vec::new();
+    while let Ok(s) = tokio::time::timeout(Duration::from_millis(300), conn.open_bi()).await {
+        streams.push(s.unwrap());
+        assert!(streams.len() <= MOST, "more streams than the most");
+    }
+    assert_eq!(streams.len(), felix_driver_tokio::server::INITIAL_BI_STREAMS as usize, "the first credit");
+    // Used (each holds an `Auth` and stays open), they earn more, up to the most.
+    let auth = auth_frame();
+    for (send, _) in &mut streams {
+        send.write_all(&auth).await.unwrap();
+    }
+    loop {
+        let wait = if streams.len() < MOST { Duration::from_secs(10) } else { Duration::from_millis(300) };
+        let Ok(s) = tokio::time::timeout(wait, conn.open_bi()).await else { break };
+        let (mut send, recv) = s.unwrap();
+        send.write_all(&auth).await.unwrap();
+        streams.push((send, recv));
+        assert!(streams.len() <= MOST, "more streams than the most");
+    }
+    assert_eq!(streams.len(), MOST, "granted as used, up to the most");
+    // Each was served: its `Auth` answered.
+    for (_, recv) in &mut streams {
+        let mut head = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(10), recv.read_exact(&mut head)).await.unwrap().unwrap();
+        assert_eq!(&head[..4], b"FLX1");
+    }
+    conn.close(0u32.into(), b"done");
+    server.shutdown().await;
+}
+
+/// A stream's reader ends when the client finishes sending on it, and the driver forgets it
+/// then: a long-lived connection making one request after another, each on a stream of its
+/// own, holds no reader state for the streams it is done with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_holds_no_reader_for_the_request_streams_it_finished() {
+    let (server, chain) = start(None).await;
+    let c = connect(&server, &chain).await;
+    let before = gauge(&server, "felix_driver_stream_readers").await;
+    let mut subs = Vec::new();
+    for i in 0..30 {
+        // Each subscription is asked for on a stream of its own, finished once answered.
+        subs.push(c.subscribe("default", &format!("s{i}"), None, None).await.unwrap());
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = gauge(&server, "felix_driver_stream_readers").await;
+        if now <= before + 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{now} readers after 30 finished requests (from {before})");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(subs);
+    server.shutdown().await;
+}
+
 /// A peer that opens streams as fast as it can is held at the stream limit by QUIC; the broker
 /// keeps serving others, holds at most that many control streams, and frees them all when the
 /// peer goes.
@@ -829,32 +914,23 @@ async fn a_stream_flood_is_held_at_the_limit_and_others_are_served() {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
     let flood = endpoint.connect(server.local_addr(), "localhost").unwrap().await.unwrap();
-    let auth = {
-        let m = felix_proto::Message::Auth(felix_proto::message::Auth {
-            tenant_id: "t1".into(),
-            token: TOKEN.into(),
-            client_flags: None,
-            client_flags_hi: None,
-            client_features: None,
-            client_features_hi: None,
-        });
-        let mut b = bytes::BytesMut::new();
-        m.encode(&mut b).unwrap();
-        b.freeze()
-    };
+    let auth = auth_frame();
     let mut opened = Vec::new();
     let blocked = loop {
-        match tokio::time::timeout(Duration::from_millis(300), flood.open_bi()).await {
+        // Below the most the broker grants more as streams are used (a round trip); at it,
+        // QUIC says no more streams for now.
+        let wait = if opened.len() < 1024 { Duration::from_secs(10) } else { Duration::from_millis(300) };
+        match tokio::time::timeout(wait, flood.open_bi()).await {
             Ok(Ok((mut send, recv))) => {
                 send.write_all(&auth).await.unwrap();
                 opened.push((send, recv));
             }
             Ok(Err(e)) => panic!("{e}"),
-            Err(_) => break opened.len(), // QUIC says no more streams for now
+            Err(_) => break opened.len(),
         }
         assert!(opened.len() <= 5000, "no stream limit");
     };
-    assert_eq!(blocked, 1024, "the advertised limit");
+    assert_eq!(blocked, 1024, "the configured most");
     // Someone else is served meanwhile.
     let c = connect(&server, &chain).await;
     c.publish("default", "f", vec![Bytes::from("x")], PublishOptions { ack: true, ..Default::default() })

@@ -359,16 +359,16 @@ struct ServeArgs {
     #[arg(help_heading = "Cluster", long, env = "FELIX_ADVERTISE")]
     advertise: Option<String>,
     /// Concurrent bidirectional streams (control and cache streams) a client may open. Past it
-    /// a client waits for QUIC to grant more as its streams end; nothing fails. QUIC keeps a
-    /// table entry per stream allowed on every connection, so this sets memory per connection
-    /// (1024: about 176 KiB each; 128: about 50; docs/benchmarks.md).
+    /// a client waits for QUIC to grant more as its streams end; nothing fails. A connection
+    /// starts with 8 and is granted more as it uses them (QUIC keeps a table entry per stream
+    /// allowed, so an idle connection costs the same whatever this is; docs/benchmarks.md).
     /// At least 8: a client holds a few long-lived streams (requests, long polls) and needs
     /// room beside them to ask for a subscription.
     #[arg(help_heading = "QUIC transport", long, env = "FELIX_MAX_STREAMS", default_value_t = 128,
         value_parser = clap::value_parser!(u32).range(8..))]
     max_streams: u32,
-    /// Concurrent unidirectional (publish-only) streams a client may open. Felix's own clients
-    /// open none: they publish on control streams.
+    /// Concurrent unidirectional (publish-only) streams a client may open (2 at first, more
+    /// as it uses them). Felix's own clients open none: they publish on control streams.
     #[arg(help_heading = "QUIC transport", long, env = "FELIX_MAX_UNI_STREAMS", default_value_t = 32)]
     max_uni_streams: u32,
     /// Per-stream QUIC receive window, bytes.
