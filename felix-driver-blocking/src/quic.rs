@@ -6,7 +6,9 @@
 //! knows the Felix protocol.
 
 use bytes::{Bytes, BytesMut};
-use felix_driver_common::transport::{TransportTuning, is_loopback};
+use felix_driver_common::transport::{
+    INITIAL_BI_STREAMS, INITIAL_UNI_STREAMS, TransportTuning, is_loopback, next_stream_limit,
+};
 use felix_proto::transport::StreamId;
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -71,6 +73,8 @@ pub(crate) struct Quic {
     /// The server configuration for loopback peers (no MTU discovery: the largest size at once).
     loopback_config: Option<Arc<quinn_proto::ServerConfig>>,
     recv_buf: Vec<u8>,
+    /// The most bidirectional and unidirectional streams a peer may be granted (the tuning's).
+    most_streams: (u32, u32),
     send_buf: Vec<u8>,
     /// A datagram the socket refused (`WouldBlock`): sent first when it is writable again.
     blocked: Option<(Vec<u8>, SocketAddr)>,
@@ -103,8 +107,15 @@ impl Quic {
                 Arc::new(s)
             })
         };
-        let server_config = server(tuning.to_quinn());
-        let loopback_config = server(tuning.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0))));
+        // A connection starts with a few streams and is granted more as it uses them
+        // (`StreamCredit`): quinn keeps a table entry per stream a peer may open.
+        let first_credit = |mut t: quinn_proto::TransportConfig| {
+            t.max_concurrent_bidi_streams(VarInt::from_u32(INITIAL_BI_STREAMS.min(tuning.max_bi_streams)));
+            t.max_concurrent_uni_streams(VarInt::from_u32(INITIAL_UNI_STREAMS.min(tuning.max_uni_streams)));
+            t
+        };
+        let server_config = server(first_credit(tuning.to_quinn()));
+        let loopback_config = server(first_credit(tuning.to_quinn_for(SocketAddr::from(([127, 0, 0, 1], 0)))));
         let endpoint = Endpoint::new(Arc::new(tuning.endpoint_config()), server_config.clone(), true, None);
         Ok((
             Quic {
@@ -116,6 +127,7 @@ impl Quic {
                 server_config,
                 loopback_config,
                 recv_buf: vec![0; 65_536],
+                most_streams: (tuning.max_bi_streams, tuning.max_uni_streams),
                 send_buf: Vec::with_capacity(65_536),
                 blocked: None,
                 happenings: VecDeque::new(),
@@ -264,6 +276,11 @@ impl Quic {
                     Event::Stream(StreamEvent::Opened { dir }) => {
                         while let Some(id) = c.quic.streams().accept(dir) {
                             read_stream(ch, c, felix_id(id), &mut self.happenings);
+                        }
+                        let most = if dir == Dir::Bi { self.most_streams.0 } else { self.most_streams.1 };
+                        let open = c.quic.streams().remote_open_streams(dir);
+                        if let Some(n) = next_stream_limit(open, c.quic.max_concurrent_streams(dir), most.into()) {
+                            c.quic.set_max_concurrent_streams(dir, VarInt::from_u64(n).unwrap_or(VarInt::MAX));
                         }
                     }
                     Event::Stream(StreamEvent::Readable { id }) => {

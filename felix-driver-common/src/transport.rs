@@ -147,6 +147,13 @@ pub const INITIAL_BI_STREAMS: u32 = 8;
 /// clients open none); more are granted as it uses them, up to `--max-uni-streams`.
 pub const INITIAL_UNI_STREAMS: u32 = 2;
 
+/// The rule of [`StreamCredit`]: with `open` of its `limit` streams open, a connection is
+/// granted twice its limit (at most `most`) once half is open. A driver that can ask QUIC how
+/// many of the peer's streams are open (quinn-proto's `remote_open_streams`) needs no more.
+pub fn next_stream_limit(open: u64, limit: u64, most: u64) -> Option<u64> {
+    (limit < most && open.saturating_mul(2) >= limit).then(|| limit.saturating_mul(2).min(most))
+}
+
 /// How many streams of one direction a connection may have open at once, granted as the peer
 /// uses them.
 ///
@@ -184,10 +191,8 @@ impl StreamCredit {
     /// The peer opened a stream: the new limit to grant, when it grows.
     pub fn opened(&mut self) -> Option<u32> {
         self.open = self.open.saturating_add(1);
-        if self.limit >= self.most || self.open.saturating_mul(2) < self.limit {
-            return None;
-        }
-        self.limit = self.limit.saturating_mul(2).min(self.most);
+        let grown = next_stream_limit(self.open.into(), self.limit.into(), self.most.into())?;
+        self.limit = u32::try_from(grown).unwrap_or(self.most);
         Some(self.limit)
     }
 

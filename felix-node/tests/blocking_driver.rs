@@ -363,3 +363,104 @@ fn one_scenario_gives_one_transcript_in_the_simulation_and_through_both_drivers(
     blocking.stop();
     rt.block_on(server.shutdown());
 }
+
+/// Opens bidirectional streams on `addr` with a raw QUIC client and returns how many opened
+/// before QUIC held it: first with nothing sent on them (the broker cannot know of them), then
+/// each holding an `Auth`, so the broker grants more as they are used.
+async fn streams_granted(
+    addr: SocketAddr,
+    certs: Vec<felix_driver_common::tls::CertificateDer<'static>>,
+    most: usize,
+) -> (usize, usize) {
+    let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(certs), true).unwrap();
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+    let conn = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
+    let mut streams = Vec::new();
+    while let Ok(s) = tokio::time::timeout(Duration::from_millis(300), conn.open_bi()).await {
+        streams.push(s.unwrap());
+        assert!(streams.len() <= most, "more streams than the most");
+    }
+    let first = streams.len();
+    let mut auth = bytes::BytesMut::new();
+    Message::Auth(felix_proto::message::Auth {
+        tenant_id: "t1".into(),
+        token: TOKEN.into(),
+        client_flags: None,
+        client_flags_hi: None,
+        client_features: None,
+        client_features_hi: None,
+    })
+    .encode(&mut auth)
+    .unwrap();
+    for (send, _) in &mut streams {
+        send.write_all(&auth).await.unwrap();
+    }
+    loop {
+        // Below the most a grant is a round trip away; at it none comes.
+        let wait = if streams.len() < most { Duration::from_secs(10) } else { Duration::from_millis(300) };
+        let Ok(s) = tokio::time::timeout(wait, conn.open_bi()).await else { break };
+        let (mut send, recv) = s.unwrap();
+        send.write_all(&auth).await.unwrap();
+        streams.push((send, recv));
+        assert!(streams.len() <= most, "more streams than the most");
+    }
+    for (_, recv) in &mut streams {
+        let mut head = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(10), recv.read_exact(&mut head)).await.unwrap().unwrap();
+        assert_eq!(&head[..4], b"FLX1", "each stream was answered");
+    }
+    conn.close(0u32.into(), b"done");
+    (first, streams.len())
+}
+
+/// Both drivers start a connection with a few streams (quinn keeps a table entry per stream a
+/// peer may open: most of an idle connection's memory at the full allowance) and grant more as
+/// they are used, up to the configured most.
+#[test]
+fn both_drivers_grant_streams_as_a_connection_uses_them_up_to_the_most() {
+    const MOST: usize = 40;
+    let tuning = felix_driver_common::transport::TransportTuning { max_bi_streams: MOST as u32, ..Default::default() };
+    let dir = tempfile::tempdir().unwrap();
+    let data = DataDir::new(dir.path());
+    let token = data.dev_token(Some(TOKEN)).unwrap();
+    let (identity, _) = data.identity().unwrap();
+    let broker = BlockingBroker::bind(BrokerOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        broker: BrokerConfig { tokens: vec![TokenGrant::dev(token)], ..BrokerConfig::default() },
+        identity,
+        data_dir: None,
+        fsync: FsyncMode::Always,
+        transport: tuning.clone(),
+    })
+    .unwrap();
+    let addr = broker.local_addr().unwrap();
+    let stop = broker.stop_handle();
+    let thread = std::thread::spawn(move || broker.run().unwrap());
+    let blocking = Running { addr, stop, thread: Some(thread), recovered: 0 };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let certs = || felix_driver_common::tls::load_certs(&dir.path().join("tls/cert.pem")).unwrap();
+    let got = rt.block_on(streams_granted(blocking.addr, certs(), MOST));
+    assert_eq!(got, (felix_driver_common::transport::INITIAL_BI_STREAMS as usize, MOST), "the blocking driver");
+    blocking.stop();
+    let (identity, _) = data.identity().unwrap();
+    let server = rt
+        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+            identity,
+            data_dir: None,
+            fsync: FsyncMode::Always,
+            transport: tuning,
+            require_alpn: false,
+            metrics_listen: None,
+            http: None,
+            cluster: None,
+            client_ca: None,
+        }))
+        .unwrap();
+    let got = rt.block_on(streams_granted(server.local_addr(), certs(), MOST));
+    assert_eq!(got, (felix_driver_common::transport::INITIAL_BI_STREAMS as usize, MOST), "the tokio driver");
+    rt.block_on(server.shutdown());
+}
