@@ -895,3 +895,38 @@ fn one_publish_crossing_two_limits_pauses_once() {
     assert_eq!(m, n, "the same publish crosses both limits");
     assert_eq!(pauses, 1, "one pause for two reasons");
 }
+
+/// Streams' first bytes come in any order (packets reorder, and a driver reads each stream on
+/// its own): a stream overtaken by a later one is still a new stream and is answered, while
+/// bytes for a stream that was closed are still ignored.
+#[test]
+fn a_stream_whose_first_bytes_come_after_a_later_streams_is_answered() {
+    use felix_proto::broker::{Broker, BrokerOutput, TransportOutput};
+    use felix_proto::transport::{Dir, Side, StreamId, WallClock};
+    let t0 = epoch();
+    let mut b = Broker::new(config(), WallClock::new(t0, 0));
+    let conn = b.connection_opened(t0);
+    let answered = |b: &mut Broker| -> Vec<u64> {
+        let mut on = Vec::new();
+        while let Some(o) = b.poll_output() {
+            // The answer to an `Auth` is `{"type":"ok"}`.
+            if let BrokerOutput::Transport(TransportOutput::Transmit { stream, data, .. }) = o
+                && !messages(&data).is_empty()
+            {
+                on.push(stream.index());
+            }
+        }
+        on
+    };
+    let s = |i| StreamId::new(Side::Client, Dir::Bi, i);
+    for i in [2, 0, 3, 1] {
+        b.handle_stream_data(conn, s(i), auth(None, None, None), false, t0);
+        assert_eq!(answered(&mut b), [i], "stream {i} answered");
+    }
+    // Closed (the client finished it, the broker answered and finished): bytes that straggle
+    // in after are not a new stream.
+    b.handle_stream_data(conn, s(1), Bytes::new(), true, t0);
+    let _ = answered(&mut b);
+    b.handle_stream_data(conn, s(1), auth(None, None, None), false, t0);
+    assert_eq!(answered(&mut b), Vec::<u64>::new(), "a closed stream is not opened again");
+}

@@ -34,7 +34,7 @@ impl Broker {
     pub fn admit(&mut self, peer: PeerAddr, now: Instant) -> Result<ConnId, AdmitError> {
         let now = self.clock.advance(now);
         let unauth = |c: &&Conn| !c.authenticated;
-        let from_peer = self.conns.values().filter(unauth).filter(|c| c.peer == Some(peer)).count();
+        let from_peer = self.conns.values().map(|c| &**c).filter(unauth).filter(|c| c.peer == Some(peer)).count();
         if from_peer >= self.cfg.max_unauthenticated_per_peer {
             self.stats.connections_refused += 1;
             return Err(AdmitError::TooManyFromPeer { max: self.cfg.max_unauthenticated_per_peer });
@@ -68,7 +68,7 @@ impl Broker {
         self.stats.connections_opened += 1;
         self.conns.insert(
             id,
-            Conn {
+            Box::new(Conn {
                 streams: HashMap::new(),
                 subs: HashMap::new(),
                 opens: HashMap::new(),
@@ -78,9 +78,9 @@ impl Broker {
                 tenant: None,
                 cert_names: Vec::new(),
                 next_sub: 1,
-                max_bi: None,
-                max_uni: None,
-            },
+                seen_bi: Default::default(),
+                seen_uni: Default::default(),
+            }),
         );
         id
     }
@@ -161,11 +161,10 @@ impl Broker {
             return;
         }
         if !c.streams.contains_key(&stream) {
-            let max = if stream.dir() == Dir::Bi { &mut c.max_bi } else { &mut c.max_uni };
-            if max.is_some_and(|m| stream.index() <= m) {
+            let seen = if stream.dir() == Dir::Bi { &mut c.seen_bi } else { &mut c.seen_uni };
+            if !seen.first_sight(stream.index()) {
                 return; // a stream that was closed
             }
-            *max = Some(stream.index());
         }
         let auth_deadlines = &mut self.auth_deadlines;
         let st = c.streams.entry(stream).or_insert_with(|| {

@@ -65,6 +65,7 @@ mod quorum_cache;
 pub(crate) use quorum_cache::{cache_entry_samples, fuzz_cache_entry};
 mod replicated;
 mod requests;
+mod seen_streams;
 mod state;
 mod sub;
 mod subscription;
@@ -352,11 +353,11 @@ struct Conn {
     /// The names of the client certificate the driver verified in the handshake, if any.
     cert_names: Vec<String>,
     next_sub: u64,
-    /// Highest stream index the client opened, per direction. QUIC stream ids only grow, so a
-    /// stream at or below it with no state here was closed: bytes for it are ignored rather
-    /// than taken for a new, unauthenticated stream.
-    max_bi: Option<u64>,
-    max_uni: Option<u64>,
+    /// The stream indexes the client opened, per direction: a stream seen before with no
+    /// state here was closed, and bytes for it are ignored rather than taken for a new,
+    /// unauthenticated stream.
+    seen_bi: seen_streams::SeenStreams,
+    seen_uni: seen_streams::SeenStreams,
 }
 
 impl Conn {
@@ -475,7 +476,7 @@ pub struct Broker {
     fanout_subs: Vec<(ConnId, u64)>,
     clock: Clock,
     wall: WallClock,
-    conns: HashMap<ConnId, Conn>,
+    conns: HashMap<ConnId, Box<Conn>>,
     /// Authentication deadlines of control streams, earliest first, so `poll_timeout` reads one
     /// entry instead of scanning every stream. Entries of streams that authenticated or went
     /// away are removed when that happens, or skipped when they come due.
