@@ -853,7 +853,7 @@ enum WriterCmd {
 
 struct ConnHandle {
     quic: quinn::Connection,
-    writers: HashMap<StreamId, mpsc::UnboundedSender<WriterCmd>>,
+    writers: HashMap<StreamId, crate::queue::Sender<WriterCmd>>,
     gates: HashMap<StreamId, watch::Sender<ReadGate>>,
     /// The client's bidirectional and unidirectional streams open, and how many it may open.
     bi: StreamCredit,
@@ -924,7 +924,7 @@ async fn writer(
     conn: ConnId,
     stream: StreamId,
     mut send: quinn::SendStream,
-    mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+    mut rx: crate::queue::Receiver<WriterCmd>,
     tx: mpsc::UnboundedSender<Input>,
     report: bool,
     _end: Option<Arc<StreamEnd>>,
@@ -938,9 +938,9 @@ async fn writer(
         // Batch everything already queued into one write.
         while !finish {
             match rx.try_recv() {
-                Ok(WriterCmd::Data(b)) => chunks.push(b),
-                Ok(WriterCmd::Finish) => finish = true,
-                Err(_) => break,
+                Some(WriterCmd::Data(b)) => chunks.push(b),
+                Some(WriterCmd::Finish) => finish = true,
+                None => break,
             }
         }
         let n: usize = chunks.iter().map(Bytes::len).sum();
@@ -1518,7 +1518,7 @@ impl BrokerTask {
                 h.gates.insert(stream, gate_tx);
                 tokio::spawn(reader(conn, stream, recv, gate_rx, self.tx.clone(), end.clone()));
                 if let Some(send) = send {
-                    let (wtx, wrx) = mpsc::unbounded_channel();
+                    let (wtx, wrx) = crate::queue::queue();
                     h.writers.insert(stream, wtx);
                     tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true, Some(end)));
                 }
@@ -1544,7 +1544,7 @@ impl BrokerTask {
             Input::Opened { conn, token, send } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(send.id());
-                let (wtx, wrx) = mpsc::unbounded_channel();
+                let (wtx, wrx) = crate::queue::queue();
                 h.writers.insert(stream, wtx);
                 tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true, None));
                 self.node.broker().handle_stream_opened(conn, token, stream, now);
