@@ -60,6 +60,8 @@ struct Conn {
     /// Streams to open, by the caller's token, waiting for the peer's stream limit.
     opens: VecDeque<(u64, Dir)>,
     lost: bool,
+    /// Its QUIC timer as [`Quic::timers`] holds it.
+    timer: Option<Instant>,
 }
 
 /// The endpoint, its socket and its connections.
@@ -78,6 +80,13 @@ pub(crate) struct Quic {
     send_buf: Vec<u8>,
     /// A datagram the socket refused (`WouldBlock`): sent first when it is writable again.
     blocked: Option<(Vec<u8>, SocketAddr)>,
+    /// Connections something happened to (a datagram, a timer, a write asked for) since they
+    /// last sent what they had to: only these are visited. Visiting every connection on each
+    /// turn of the loop kept 1,000 idle connections at 14% of a core.
+    dirty: BTreeSet<ConnectionHandle>,
+    /// Every connection's next QUIC timer, earliest first (kept current for each connection
+    /// visited), so the loop's sleep and its due timers cost no walk over every connection.
+    timers: BTreeSet<(Instant, ConnectionHandle)>,
     happenings: VecDeque<Happening>,
 }
 
@@ -130,6 +139,8 @@ impl Quic {
                 most_streams: (tuning.max_bi_streams, tuning.max_uni_streams),
                 send_buf: Vec::with_capacity(65_536),
                 blocked: None,
+                dirty: BTreeSet::new(),
+                timers: BTreeSet::new(),
                 happenings: VecDeque::new(),
             },
             waker,
@@ -192,8 +203,25 @@ impl Quic {
                 readable: BTreeSet::new(),
                 opens: VecDeque::new(),
                 lost: false,
+                timer: None,
             },
         );
+        self.dirty.insert(ch);
+    }
+
+    /// Files `ch`'s QUIC timer in [`Self::timers`] as it stands now.
+    fn refresh_timer(&mut self, ch: ConnectionHandle) {
+        let Some(c) = self.conns.get_mut(&ch) else { return };
+        let t = c.quic.poll_timeout();
+        if t != c.timer {
+            if let Some(old) = c.timer {
+                self.timers.remove(&(old, ch));
+            }
+            if let Some(new) = t {
+                self.timers.insert((new, ch));
+            }
+            c.timer = t;
+        }
     }
 
     /// The next thing that happened, if any.
@@ -205,7 +233,11 @@ impl Quic {
     /// first), then takes in everything that arrived and fires due timers.
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> std::io::Result<()> {
         let now = Instant::now();
-        let next = self.conns.values_mut().filter_map(|c| c.quic.poll_timeout()).chain(deadline).min();
+        let dirty: Vec<ConnectionHandle> = self.dirty.iter().copied().collect();
+        for ch in dirty {
+            self.refresh_timer(ch);
+        }
+        let next = self.timers.first().map(|(t, _)| *t).into_iter().chain(deadline).min();
         let timeout = next.map(|d| d.saturating_duration_since(now));
         // Something already queued to say: do not sleep.
         let timeout = if self.happenings.is_empty() { timeout } else { Some(Duration::ZERO) };
@@ -220,10 +252,16 @@ impl Quic {
         }
         let now = Instant::now();
         self.receive(now);
-        for c in self.conns.values_mut() {
-            if c.quic.poll_timeout().is_some_and(|t| t <= now) {
+        while let Some(&(t, ch)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some(c) = self.conns.get_mut(&ch) {
+                c.timer = None;
                 c.quic.handle_timeout(now);
             }
+            self.dirty.insert(ch);
         }
         self.process(now);
         Ok(())
@@ -244,6 +282,7 @@ impl Quic {
                 Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
                     if let Some(c) = self.conns.get_mut(&ch) {
                         c.quic.handle_event(ev);
+                        self.dirty.insert(ch);
                     }
                 }
                 Some(DatagramEvent::NewConnection(incoming)) => {
@@ -257,7 +296,7 @@ impl Quic {
 
     /// Lets every connection talk to the endpoint and report its events.
     fn process(&mut self, now: Instant) {
-        let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
+        let handles: Vec<ConnectionHandle> = self.dirty.iter().copied().collect();
         for ch in handles {
             let Some(c) = self.conns.get_mut(&ch) else { continue };
             while let Some(ev) = c.quic.poll_endpoint_events() {
@@ -308,7 +347,11 @@ impl Quic {
                 if !c.lost {
                     self.happenings.push_back(Happening::Lost(ch, "closed".into()));
                 }
+                if let Some(t) = c.timer {
+                    self.timers.remove(&(t, ch));
+                }
                 self.conns.remove(&ch);
+                self.dirty.remove(&ch);
             }
         }
         let _ = now;
@@ -318,10 +361,11 @@ impl Quic {
     pub(crate) fn transmit(&mut self) {
         let now = Instant::now();
         self.process(now);
-        let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
+        let handles: Vec<ConnectionHandle> = self.dirty.iter().copied().collect();
         for ch in handles {
             loop {
                 if self.blocked.is_some() {
+                    // The rest stay dirty: they send once the socket drains.
                     return;
                 }
                 let Some(c) = self.conns.get_mut(&ch) else { break };
@@ -331,6 +375,8 @@ impl Quic {
                 self.send_datagram(&data[..t.size], t.destination);
                 self.send_buf = data;
             }
+            self.refresh_timer(ch);
+            self.dirty.remove(&ch);
         }
     }
 
@@ -346,6 +392,7 @@ impl Quic {
 
     /// Queues bytes on a stream (sent in order, as flow control allows).
     pub(crate) fn write(&mut self, ch: ConnectionHandle, stream: StreamId, data: Bytes) {
+        self.dirty.insert(ch);
         let Some(c) = self.conns.get_mut(&ch) else { return };
         c.out.entry(stream).or_default().queue.push_back(data);
         flush_stream(ch, c, stream, &mut self.happenings);
@@ -353,6 +400,7 @@ impl Quic {
 
     /// Finishes our side of a stream once what is queued on it is written.
     pub(crate) fn finish(&mut self, ch: ConnectionHandle, stream: StreamId) {
+        self.dirty.insert(ch);
         let Some(c) = self.conns.get_mut(&ch) else { return };
         c.out.entry(stream).or_default().finish = true;
         flush_stream(ch, c, stream, &mut self.happenings);
@@ -360,6 +408,7 @@ impl Quic {
 
     /// Stops reading a stream, telling the peer `code`.
     pub(crate) fn stop(&mut self, ch: ConnectionHandle, stream: StreamId, code: u64) {
+        self.dirty.insert(ch);
         let (Some(c), Some(id)) = (self.conns.get_mut(&ch), quic_id(stream)) else { return };
         let _ = c.quic.recv_stream(id).stop(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)));
         c.paused.remove(&stream);
@@ -368,6 +417,7 @@ impl Quic {
 
     /// Pauses or resumes reading a stream.
     pub(crate) fn set_paused(&mut self, ch: ConnectionHandle, stream: StreamId, paused: bool) {
+        self.dirty.insert(ch);
         let Some(c) = self.conns.get_mut(&ch) else { return };
         if paused {
             c.paused.insert(stream);
@@ -379,6 +429,7 @@ impl Quic {
     /// Opens a stream; reported as [`Happening::Opened`] with `token` (at once, or when the
     /// peer's stream limit allows).
     pub(crate) fn open(&mut self, ch: ConnectionHandle, token: u64, bi: bool) {
+        self.dirty.insert(ch);
         let Some(c) = self.conns.get_mut(&ch) else { return };
         c.opens.push_back((token, if bi { Dir::Bi } else { Dir::Uni }));
         open_waiting(ch, c, &mut self.happenings);
@@ -386,6 +437,7 @@ impl Quic {
 
     /// Closes a connection with an application code.
     pub(crate) fn close(&mut self, ch: ConnectionHandle, code: u64, reason: &str) {
+        self.dirty.insert(ch);
         let Some(c) = self.conns.get_mut(&ch) else { return };
         let code = VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0));
         c.quic.close(Instant::now(), code, Bytes::copy_from_slice(reason.as_bytes()));
