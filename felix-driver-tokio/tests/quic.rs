@@ -833,50 +833,6 @@ fn auth_frame() -> Bytes {
     b.freeze()
 }
 
-/// A connection starts with a few streams (quinn keeps a table entry per stream a peer may
-/// open, and at the full allowance that table was a fifth of an idle connection's memory) and
-/// is granted more as it uses them, up to the broker's most.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connections_stream_credit_starts_small_and_grows_with_use_up_to_the_most() {
-    const MOST: usize = 40;
-    let tuned = TransportTuning { max_bi_streams: MOST as u32, ..TransportTuning::default() };
-    let (server, chain) = start_tuned("127.0.0.1:0".parse().unwrap(), None, BrokerConfig::default(), tuned).await;
-    let tls = felix_driver_tokio::tls::client_config(Trust::Certificates(chain.clone()), true).unwrap();
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
-    let conn = endpoint.connect(server.local_addr(), "localhost").unwrap().await.unwrap();
-    // Streams with nothing sent on them are unknown to the broker: they use the first credit.
-    let mut streams = Vec::new();
-    while let Ok(s) = tokio::time::timeout(Duration::from_millis(300), conn.open_bi()).await {
-        streams.push(s.unwrap());
-        assert!(streams.len() <= MOST, "more streams than the most");
-    }
-    assert_eq!(streams.len(), felix_driver_tokio::server::INITIAL_BI_STREAMS as usize, "the first credit");
-    // Used (each holds an `Auth` and stays open), they earn more, up to the most.
-    let auth = auth_frame();
-    for (send, _) in &mut streams {
-        send.write_all(&auth).await.unwrap();
-    }
-    loop {
-        let wait = if streams.len() < MOST { Duration::from_secs(10) } else { Duration::from_millis(300) };
-        let Ok(s) = tokio::time::timeout(wait, conn.open_bi()).await else { break };
-        let (mut send, recv) = s.unwrap();
-        send.write_all(&auth).await.unwrap();
-        streams.push((send, recv));
-        assert!(streams.len() <= MOST, "more streams than the most");
-    }
-    assert_eq!(streams.len(), MOST, "granted as used, up to the most");
-    // Each was served: its `Auth` answered.
-    for (_, recv) in &mut streams {
-        let mut head = [0u8; 12];
-        tokio::time::timeout(Duration::from_secs(10), recv.read_exact(&mut head)).await.unwrap().unwrap();
-        assert_eq!(&head[..4], b"FLX1");
-    }
-    conn.close(0u32.into(), b"done");
-    server.shutdown().await;
-}
-
 /// A stream's reader ends when the client finishes sending on it, and the driver forgets it
 /// then: a long-lived connection making one request after another, each on a stream of its
 /// own, holds no reader state for the streams it is done with.

@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use felix_driver_blocking::{BlockingBroker, BlockingClient, BrokerOptions, ConnectOptions, StopHandle};
 use felix_driver_common::data_dir::DataDir;
+use felix_driver_common::transport::TransportTuning;
 use felix_driver_common::{FsyncMode, Trust};
 use felix_proto::broker::{BrokerConfig, TokenGrant};
 use felix_proto::client::{ClientConnection, ClientEvent, ClientStream, CommandError, Reply};
@@ -43,6 +44,11 @@ impl Drop for Running {
 /// A blocking broker on its own thread, with `dir` as its data directory (certificate and dev
 /// token where `felix-node` clients look for them).
 fn start(dir: &Path) -> Running {
+    start_tuned(dir, Default::default())
+}
+
+/// [`start`] with these QUIC settings.
+fn start_tuned(dir: &Path, transport: TransportTuning) -> Running {
     let data = DataDir::new(dir);
     let token = data.dev_token(Some(TOKEN)).unwrap();
     let (identity, _) = data.identity().unwrap();
@@ -52,7 +58,7 @@ fn start(dir: &Path) -> Running {
         identity,
         data_dir: Some(dir.to_path_buf()),
         fsync: FsyncMode::Always,
-        transport: Default::default(),
+        transport,
     })
     .unwrap();
     let addr = broker.local_addr().unwrap();
@@ -64,6 +70,11 @@ fn start(dir: &Path) -> Running {
 
 /// The tokio driver's broker with `dir` as its data directory, on a runtime of its own.
 fn start_tokio(dir: &Path) -> (tokio::runtime::Runtime, felix_driver_tokio::Server) {
+    start_tokio_tuned(dir, Default::default())
+}
+
+/// [`start_tokio`] with these QUIC settings.
+fn start_tokio_tuned(dir: &Path, transport: TransportTuning) -> (tokio::runtime::Runtime, felix_driver_tokio::Server) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (identity, _) = DataDir::new(dir).identity().unwrap();
     let server = rt
@@ -73,7 +84,7 @@ fn start_tokio(dir: &Path) -> (tokio::runtime::Runtime, felix_driver_tokio::Serv
             identity,
             data_dir: Some(dir.to_path_buf()),
             fsync: FsyncMode::Always,
-            transport: Default::default(),
+            transport,
             require_alpn: false,
             metrics_listen: None,
             http: None,
@@ -421,46 +432,16 @@ async fn streams_granted(
 #[test]
 fn both_drivers_grant_streams_as_a_connection_uses_them_up_to_the_most() {
     const MOST: usize = 40;
-    let tuning = felix_driver_common::transport::TransportTuning { max_bi_streams: MOST as u32, ..Default::default() };
-    let dir = tempfile::tempdir().unwrap();
-    let data = DataDir::new(dir.path());
-    let token = data.dev_token(Some(TOKEN)).unwrap();
-    let (identity, _) = data.identity().unwrap();
-    let broker = BlockingBroker::bind(BrokerOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        broker: BrokerConfig { tokens: vec![TokenGrant::dev(token)], ..BrokerConfig::default() },
-        identity,
-        data_dir: None,
-        fsync: FsyncMode::Always,
-        transport: tuning.clone(),
-    })
-    .unwrap();
-    let addr = broker.local_addr().unwrap();
-    let stop = broker.stop_handle();
-    let thread = std::thread::spawn(move || broker.run().unwrap());
-    let blocking = Running { addr, stop, thread: Some(thread), recovered: 0 };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let certs = || felix_driver_common::tls::load_certs(&dir.path().join("tls/cert.pem")).unwrap();
-    let got = rt.block_on(streams_granted(blocking.addr, certs(), MOST));
-    assert_eq!(got, (felix_driver_common::transport::INITIAL_BI_STREAMS as usize, MOST), "the blocking driver");
+    let tuning = TransportTuning { max_bi_streams: MOST as u32, ..Default::default() };
+    let (dir, tokio_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (rt, server) = start_tokio_tuned(tokio_dir.path(), tuning.clone());
+    let blocking = start_tuned(dir.path(), tuning);
+    let certs = |d: &Path| felix_driver_common::tls::load_certs(&d.join("tls/cert.pem")).unwrap();
+    let first = felix_driver_common::transport::INITIAL_BI_STREAMS as usize;
+    let got = rt.block_on(streams_granted(blocking.addr, certs(dir.path()), MOST));
+    assert_eq!(got, (first, MOST), "the blocking driver");
     blocking.stop();
-    let (identity, _) = data.identity().unwrap();
-    let server = rt
-        .block_on(felix_driver_tokio::Server::start(felix_driver_tokio::ServerOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
-            identity,
-            data_dir: None,
-            fsync: FsyncMode::Always,
-            transport: tuning,
-            require_alpn: false,
-            metrics_listen: None,
-            http: None,
-            cluster: None,
-            client_ca: None,
-        }))
-        .unwrap();
-    let got = rt.block_on(streams_granted(server.local_addr(), certs(), MOST));
-    assert_eq!(got, (felix_driver_common::transport::INITIAL_BI_STREAMS as usize, MOST), "the tokio driver");
+    let got = rt.block_on(streams_granted(server.local_addr(), certs(tokio_dir.path()), MOST));
+    assert_eq!(got, (first, MOST), "the tokio driver");
     rt.block_on(server.shutdown());
 }
