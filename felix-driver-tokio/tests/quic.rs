@@ -820,14 +820,7 @@ async fn dropping_every_client_handle_closes_its_connection() {
 
 /// An `Auth` frame, for raw QUIC streams.
 fn auth_frame() -> Bytes {
-    let m = felix_proto::Message::Auth(felix_proto::message::Auth {
-        tenant_id: "t1".into(),
-        token: TOKEN.into(),
-        client_flags: None,
-        client_flags_hi: None,
-        client_features: None,
-        client_features_hi: None,
-    });
+    let m = felix_proto::Message::Auth(felix_proto::message::Auth::plain("t1", TOKEN));
     let mut b = bytes::BytesMut::new();
     m.encode(&mut b).unwrap();
     b.freeze()

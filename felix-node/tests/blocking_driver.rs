@@ -395,16 +395,7 @@ async fn streams_granted(
     }
     let first = streams.len();
     let mut auth = bytes::BytesMut::new();
-    Message::Auth(felix_proto::message::Auth {
-        tenant_id: "t1".into(),
-        token: TOKEN.into(),
-        client_flags: None,
-        client_flags_hi: None,
-        client_features: None,
-        client_features_hi: None,
-    })
-    .encode(&mut auth)
-    .unwrap();
+    Message::Auth(felix_proto::message::Auth::plain("t1", TOKEN)).encode(&mut auth).unwrap();
     for (send, _) in &mut streams {
         send.write_all(&auth).await.unwrap();
     }

@@ -40,6 +40,21 @@ pub struct Auth {
     pub client_features_hi: Option<u32>,
 }
 
+impl Auth {
+    /// An `auth` offering no flags and no features: what a client of the protocol's first
+    /// version sends.
+    pub fn plain(tenant_id: impl Into<String>, token: impl Into<String>) -> Auth {
+        Auth {
+            tenant_id: tenant_id.into(),
+            token: token.into(),
+            client_flags: None,
+            client_flags_hi: None,
+            client_features: None,
+            client_features_hi: None,
+        }
+    }
+}
+
 /// `auth_ok`: answer to an `auth` that offered `client_flags`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuthOk {
