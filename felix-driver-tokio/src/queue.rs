@@ -10,6 +10,12 @@
 //! The lock is held for one push or one pop, never across an await, by the two tasks of one
 //! stream (the broker task sending, the writer taking): uncontended but for the moment both
 //! touch the same stream, as tokio's channel's atomics would be.
+//!
+//! Unlike the patched quinn's event queue (vendor/quinn, which swaps two buffers because a
+//! buffer freed on every drain cost 7-10% there, one event per datagram), this one frees its
+//! buffer with the last item: it carries one item per batch of records, and the broker's
+//! throughput with it measured the same as with tokio's channel (5.0-5.45M against
+//! 5.1-5.4M deliveries/s, interleaved, 2026-12-05).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -17,9 +17,9 @@ use crate::tls::{Identity, quic_server_crypto_with};
 use crate::{ReadEvent, ReadGate};
 use bytes::Bytes;
 pub use felix_driver_common::transport::{
-    DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, INITIAL_BI_STREAMS, INITIAL_UNI_STREAMS, StreamCredit,
-    TransportTuning, is_loopback,
+    DEFAULT_MAX_UDP_PAYLOAD, GSO_SAFE_MAX_UDP_PAYLOAD, TransportTuning, is_loopback,
 };
+use felix_driver_common::transport::{INITIAL_BI_STREAMS, INITIAL_UNI_STREAMS, StreamCredit};
 use felix_proto::broker::{
     Broker, BrokerConfig, BrokerOutput, PersistRequest, StorageOutput, TransportOutput, WriteOutcome,
 };
@@ -860,6 +860,19 @@ struct ConnHandle {
     uni: StreamCredit,
 }
 
+impl ConnHandle {
+    /// The client opened a stream: grants it more when half of what it may open is open.
+    fn stream_opened(&mut self, bi: bool) {
+        if bi {
+            if let Some(n) = self.bi.opened() {
+                self.quic.set_max_concurrent_bi_streams(VarInt::from_u32(n));
+            }
+        } else if let Some(n) = self.uni.opened() {
+            self.quic.set_max_concurrent_uni_streams(VarInt::from_u32(n));
+        }
+    }
+}
+
 /// Held by the tasks serving one of a client's streams; the last to end tells the broker task
 /// the stream is over (both halves), so its place counts as free in the connection's
 /// [`StreamCredit`].
@@ -1505,14 +1518,7 @@ impl BrokerTask {
                 let stream = crate::stream_id(recv.id());
                 self.io.streams_opened += 1;
                 let bi = send.is_some();
-                let grown = if bi { h.bi.opened() } else { h.uni.opened() };
-                if let Some(n) = grown {
-                    if bi {
-                        h.quic.set_max_concurrent_bi_streams(VarInt::from_u32(n));
-                    } else {
-                        h.quic.set_max_concurrent_uni_streams(VarInt::from_u32(n));
-                    }
-                }
+                h.stream_opened(bi);
                 let end = Arc::new(StreamEnd { conn, bi, tx: self.tx.clone() });
                 let (gate_tx, gate_rx) = watch::channel(ReadGate::Open);
                 h.gates.insert(stream, gate_tx);
