@@ -1390,8 +1390,43 @@ async fn proposed(
     }
 }
 
-/// Shows the cluster's moves (as the broker asked sees them) until `done` says the operator's
-/// change is complete; gives up after `--wait` without any progress.
+/// Proposes a shard move; a shard already moving (placement may have started it, e.g. onto a
+/// broker just added) takes no second move, so this waits (within `wait`) for that one to end
+/// and asks again. If the shard ended up where this move was going, the move is done.
+async fn propose_when_not_moving<P, PF, M, MF>(
+    propose: P,
+    moving: M,
+    to: Option<&str>,
+    wait: std::time::Duration,
+    poll: std::time::Duration,
+    json: bool,
+) -> Result<(), String>
+where
+    P: Fn() -> PF,
+    PF: std::future::Future<Output = Result<(), String>>,
+    M: Fn() -> MF,
+    MF: std::future::Future<Output = bool>,
+{
+    let asked_at = std::time::Instant::now();
+    let mut waited = false;
+    loop {
+        match propose().await {
+            Ok(()) => return Ok(()),
+            Err(e) if to.is_some() && e.contains("is already moving") && asked_at.elapsed() < wait => {
+                if !json {
+                    eprintln!("{e}: waiting for that move to end, then asking again");
+                }
+                waited = true;
+                while asked_at.elapsed() < wait && moving().await {
+                    tokio::time::sleep(poll).await;
+                }
+            }
+            Err(e) if waited && to.is_some_and(|to| e.ends_with(&format!("is on {to} already"))) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Where a command reads the cluster's status: a broker's metrics listener, or a broker over
 /// the client protocol (D52).
 enum StatusSource {
@@ -1411,6 +1446,8 @@ impl StatusSource {
     }
 }
 
+/// Shows the cluster's moves (as the broker asked sees them) until `done` says the operator's
+/// change is complete; gives up after `--wait` without any progress.
 async fn watch_moves(
     what: &str,
     json: bool,
@@ -1670,25 +1707,39 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
             let name = (tenant.as_str(), namespace.as_str(), stream.as_str());
             let to = if cancel { None } else { to };
             let source = match metrics {
-                Some(m) => {
-                    let asked =
-                        felix_driver_tokio::server::cluster_move(m, name, shard, to.as_deref(), &cluster_secret);
-                    proposed(m, asked).await?;
-                    StatusSource::Metrics(m)
-                }
-                None => {
-                    let client = connect(&conn).await?;
-                    client.shard_move(&namespace, &stream, shard, to.as_deref()).await.map_err(|e| {
-                        let t = e.to_string();
-                        if t.contains("forbidden") {
-                            format!("{t} (moving a shard needs the admin permission on its stream)")
-                        } else {
-                            t
-                        }
-                    })?;
-                    StatusSource::Client(client)
+                Some(m) => StatusSource::Metrics(m),
+                None => StatusSource::Client(connect(&conn).await?),
+            };
+            let propose = || async {
+                match &source {
+                    StatusSource::Metrics(m) => {
+                        let asked =
+                            felix_driver_tokio::server::cluster_move(*m, name, shard, to.as_deref(), &cluster_secret);
+                        proposed(*m, asked).await
+                    }
+                    StatusSource::Client(client) => {
+                        client.shard_move(&namespace, &stream, shard, to.as_deref()).await.map_err(|e| {
+                            let t = e.to_string();
+                            if t.contains("forbidden") {
+                                format!("{t} (moving a shard needs the admin permission on its stream)")
+                            } else {
+                                t
+                            }
+                        })?;
+                        Ok(())
+                    }
                 }
             };
+            let this = |x: &serde_json::Value| {
+                x["tenant"] == tenant.as_str()
+                    && x["namespace"] == namespace.as_str()
+                    && x["name"] == stream.as_str()
+                    && x["shard"] == shard
+            };
+            let moving =
+                || async { source.fetch().await.is_none_or(|v| v["moves"].as_array().into_iter().flatten().any(this)) };
+            let poll = std::time::Duration::from_millis(200);
+            propose_when_not_moving(propose, moving, to.as_deref(), wait, poll, json).await?;
             let what = match &to {
                 Some(to) => format!("{namespace}/{stream} shard {shard} → {to}"),
                 None => format!("cancel the move of {namespace}/{stream} shard {shard}"),
@@ -2670,6 +2721,44 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A move refused because placement is moving the shard already waits for that move to end
+    /// and asks again; ending where it was asked to go is done; any other refusal is said.
+    #[tokio::test]
+    async fn a_move_of_a_shard_already_moving_waits_for_that_move_then_asks_again() {
+        use std::cell::{Cell, RefCell};
+        let run = |answers: Vec<Result<(), String>>, busy_polls: u32| async move {
+            let answers = RefCell::new(answers.into_iter());
+            let (asked, polled) = (Cell::new(0), Cell::new(0));
+            let propose = || {
+                asked.set(asked.get() + 1);
+                let a = answers.borrow_mut().next().unwrap_or(Ok(()));
+                async move { a }
+            };
+            let moving = || {
+                polled.set(polled.get() + 1);
+                let busy = polled.get() <= busy_polls;
+                async move { busy }
+            };
+            let ms = std::time::Duration::from_millis;
+            let r = propose_when_not_moving(propose, moving, Some("n4"), ms(5_000), ms(1), true).await;
+            (r, asked.get(), polled.get())
+        };
+        let busy = || Err("127.0.0.1:1: refused (409): d/d/orders shard 0 is already moving (n2 → n4)".to_owned());
+        // Placement's move ends on n4 as a replica: the operator's move (the lead) is proposed.
+        assert_eq!(run(vec![busy(), Ok(())], 3).await, (Ok(()), 2, 4));
+        // Placement's move ended with the shard on n4: nothing left to do.
+        let there = Err("refused (409): d/d/orders shard 0 is on n4 already".to_owned());
+        assert_eq!(run(vec![busy(), there.clone()], 0).await, (Ok(()), 2, 1));
+        // Asked first, "already there" is the operator's mistake, and said.
+        assert_eq!(run(vec![there.clone()], 0).await, (there, 1, 0));
+        let other = Err("refused (409): n9 is not an active member".to_owned());
+        assert_eq!(run(vec![busy(), other.clone()], 0).await, (other, 2, 1));
+        // A move that never ends: the refusal is said once `wait` is spent.
+        let ms = std::time::Duration::from_millis;
+        let forever = propose_when_not_moving(|| async { busy() }, || async { true }, Some("n4"), ms(30), ms(1), true);
+        assert!(forever.await.unwrap_err().contains("already moving"));
+    }
 
     #[test]
     fn certificate_names_read_as_users_write_them() {
