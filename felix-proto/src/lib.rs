@@ -129,6 +129,7 @@ pub mod payload;
 pub mod routing;
 #[cfg(any(test, feature = "testkit"))]
 pub mod samples;
+pub mod shard;
 #[cfg(any(test, feature = "testkit"))]
 pub mod sim;
 pub mod storage;

@@ -501,9 +501,7 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
     };
     let mut b = Broker::new(cfg, felix_proto::transport::WallClock::new(t0, 0));
     let (a, z) = (PeerAddr([1; 16]), PeerAddr([2; 16]));
-    for _ in 0..3 {
-        b.admit(a, t0).unwrap();
-    }
+    let from_a: Vec<_> = (0..3).map(|_| b.admit(a, t0).unwrap()).collect();
     assert_eq!(b.admit(a, t0), Err(AdmitError::TooManyFromPeer { max: 3 }));
     let first_z = b.admit(z, t0).unwrap();
     // Four unauthenticated, none older than the auth timeout: the fifth is refused.
@@ -531,8 +529,29 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
     assert_eq!(closed[0].1, close_code::AUTH_TIMEOUT);
     assert_ne!(closed[0].0, first_z, "the authenticated one is never chosen");
     assert_ne!(closed[0].0, newest);
+    assert_eq!(closed[0].0, from_a[0], "the oldest goes");
     assert_eq!(b.stats().connections_evicted, 1);
     assert_eq!(b.stats().connections_refused, 2);
+    // A connection that goes frees its room, in all and for its peer.
+    b.connection_closed(from_a[1], later);
+    assert_eq!(b.unauthenticated_connections(), 3);
+    b.admit(a, later).unwrap();
+    assert_eq!(b.unauthenticated_connections(), 4);
+    while b.poll_output().is_some() {}
+    // Full again: the oldest left (a's last from t0) makes room, and a's room is counted right.
+    b.admit(a, later).unwrap();
+    let evicted = std::iter::from_fn(|| b.poll_output()).find_map(|o| match o {
+        felix_proto::broker::BrokerOutput::Transport(felix_proto::broker::TransportOutput::CloseConnection {
+            conn,
+            ..
+        }) => Some(conn),
+        _ => None,
+    });
+    assert_eq!(evicted, Some(from_a[2]));
+    // a holds two now; a third (z's last from t0 makes room), then a's cap.
+    b.admit(a, later).unwrap();
+    assert_eq!(b.admit(a, later), Err(AdmitError::TooManyFromPeer { max: 3 }));
+    assert_eq!(b.unauthenticated_connections(), 4);
 }
 
 #[test]

@@ -233,7 +233,7 @@ impl Broker {
             // In a cluster the stream is the cluster's: its deletion goes through the metadata
             // group, and every broker deletes its shards when it is committed.
             let existed = view.owners.keys().any(|s| {
-                s.kind == crate::cluster::metadata::Kind::Stream
+                s.kind == crate::shard::Kind::Stream
                     && (s.tenant.as_str(), s.namespace.as_str(), s.name.as_str())
                         == (d.tenant_id.as_str(), d.namespace.as_str(), d.stream.as_str())
             });

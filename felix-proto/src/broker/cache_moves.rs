@@ -18,8 +18,9 @@
 use super::cache::{Cache, Change};
 use super::syslog::{self, CacheRecord, Counters, SysPending};
 use super::*;
-use crate::cluster::metadata::{Kind, Metadata, ShardId};
+use crate::cluster::metadata::Metadata;
 use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::shard::{Kind, ShardId};
 use std::time::Instant;
 
 fn cache_key(s: &ShardId) -> Key {

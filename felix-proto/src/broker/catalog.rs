@@ -10,9 +10,9 @@
 use super::requests::Missing;
 use super::{Broker, CtlStream, KeyRef, Refusal, json_frame, syslog};
 use crate::broker::auth::Action;
-use crate::cluster::metadata::Kind;
 use crate::error_code::ErrorCode;
 use crate::message::{self, Message};
+use crate::shard::Kind;
 use crate::transport::ConnId;
 use std::collections::BTreeMap;
 

@@ -11,9 +11,9 @@ use crate::cluster::status::{STATUS_PAGE_MAX, StatusPage};
 pub const DEFAULT_STATUS_PAGE: usize = 1_000;
 
 use super::*;
-use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::ErrorCode;
 use crate::message::{self, Message};
+use crate::shard::{Kind, ShardId};
 use crate::transport::{ConnId, StreamId};
 
 /// What the cluster node is asked for a client.

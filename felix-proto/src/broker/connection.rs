@@ -33,19 +33,17 @@ impl Broker {
     /// [`AdmitError`] naming the cap; refuse the connection in the handshake.
     pub fn admit(&mut self, peer: PeerAddr, now: Instant) -> Result<ConnId, AdmitError> {
         let now = self.clock.advance(now);
-        let unauth = |c: &&Conn| !c.authenticated;
-        let from_peer = self.conns.values().map(|c| &**c).filter(unauth).filter(|c| c.peer == Some(peer)).count();
-        if from_peer >= self.cfg.max_unauthenticated_per_peer {
+        if self.unauthenticated.from_peer(peer) >= self.cfg.max_unauthenticated_per_peer {
             self.stats.connections_refused += 1;
             return Err(AdmitError::TooManyFromPeer { max: self.cfg.max_unauthenticated_per_peer });
         }
-        if self.unauthenticated_connections() >= self.cfg.max_unauthenticated_connections {
+        if self.unauthenticated.len() >= self.cfg.max_unauthenticated_connections {
+            // The oldest is the one to evict, if it has had its time to authenticate.
             let stale = self
-                .conns
-                .iter()
-                .filter(|(_, c)| !c.authenticated && crate::transport::after(c.opened_at, self.cfg.auth_timeout) <= now)
-                .min_by_key(|(id, c)| (c.opened_at, **id))
-                .map(|(id, _)| *id);
+                .unauthenticated
+                .oldest()
+                .filter(|(opened_at, _)| crate::transport::after(*opened_at, self.cfg.auth_timeout) <= now)
+                .map(|(_, id)| id);
             let Some(old) = stale else {
                 self.stats.connections_refused += 1;
                 return Err(AdmitError::TooManyUnauthenticated { max: self.cfg.max_unauthenticated_connections });
@@ -66,6 +64,7 @@ impl Broker {
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
         self.stats.connections_opened += 1;
+        self.unauthenticated.opened(id, now, peer);
         self.conns.insert(
             id,
             Box::new(Conn {
@@ -97,7 +96,18 @@ impl Broker {
 
     /// Connections none of whose streams authenticated yet.
     pub fn unauthenticated_connections(&self) -> usize {
-        self.conns.values().filter(|c| !c.authenticated).count()
+        self.unauthenticated.len()
+    }
+
+    /// Connection `conn` authenticated (a stream of it did, or it serves another broker): it
+    /// no longer counts against the caps on unauthenticated connections.
+    pub(super) fn authenticated(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn)
+            && !c.authenticated
+        {
+            c.authenticated = true;
+            self.unauthenticated.closed(conn, c.opened_at, c.peer);
+        }
     }
 
     /// The connection is gone (closed by either side or lost). Its subscriptions end.
@@ -109,6 +119,9 @@ impl Broker {
 
     pub(super) fn drop_conn(&mut self, conn: ConnId) {
         if let Some(c) = self.conns.remove(&conn) {
+            if !c.authenticated {
+                self.unauthenticated.closed(conn, c.opened_at, c.peer);
+            }
             for (sid, st) in &c.streams {
                 if let Some(d) = st.auth_deadline {
                     self.auth_deadlines.remove(&(d, conn, *sid));
@@ -351,4 +364,50 @@ impl Broker {
 
     // -----------------------------------------------------------------------------------------
     // Answers
+}
+
+/// The connections not authenticated yet, oldest first, and how many each peer has: the caps
+/// [`Broker::admit`] checks at every handshake are read here, not counted by walking every
+/// connection (which made a storm of N connections cost N² steps).
+#[derive(Debug, Default)]
+pub(super) struct Unauthenticated {
+    by_age: std::collections::BTreeSet<(Instant, ConnId)>,
+    /// Looked up only, never iterated.
+    per_peer: HashMap<PeerAddr, usize>,
+}
+
+impl Unauthenticated {
+    fn opened(&mut self, id: ConnId, at: Instant, peer: Option<PeerAddr>) {
+        self.by_age.insert((at, id));
+        if let Some(p) = peer {
+            *self.per_peer.entry(p).or_default() += 1;
+        }
+    }
+
+    /// It authenticated or went away.
+    fn closed(&mut self, id: ConnId, at: Instant, peer: Option<PeerAddr>) {
+        if !self.by_age.remove(&(at, id)) {
+            return;
+        }
+        if let Some(p) = peer
+            && let Some(n) = self.per_peer.get_mut(&p)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&p);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.by_age.len()
+    }
+
+    fn from_peer(&self, peer: PeerAddr) -> usize {
+        self.per_peer.get(&peer).copied().unwrap_or(0)
+    }
+
+    fn oldest(&self) -> Option<(Instant, ConnId)> {
+        self.by_age.first().copied()
+    }
 }

@@ -18,10 +18,10 @@ use super::{
     json_frame, key,
 };
 use crate::broker::auth::Action;
-use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::features::Features;
 use crate::message::{self, B64, Message, StartPosition};
+use crate::shard::replicated::{Answer, ReplicatedBatch};
 use crate::storage::StoredBatch;
 use crate::transport::{ConnId, ReadToken, StreamId, WriteToken};
 use bytes::Bytes;

@@ -5,9 +5,9 @@
 //! one ready, and answers that they were proposed.
 
 use super::*;
-use crate::cluster::metadata::MAX_SHARDS;
 use crate::error_code::ErrorCode;
 use crate::message::{self, Message, NewStream};
+use crate::shard::MAX_SHARDS;
 use crate::transport::{ConnId, WriteToken};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -155,8 +155,8 @@ impl Broker {
             }
             self.authorize(st, &c.tenant_id, &c.namespace, &s.stream, Action::Admin)?;
             let shards = match &self.cluster {
-                Some(view) => view.shard_count(&crate::cluster::metadata::ShardId::of(
-                    crate::cluster::metadata::Kind::Stream,
+                Some(view) => view.shard_count(&crate::shard::ShardId::of(
+                    crate::shard::Kind::Stream,
                     &c.tenant_id,
                     &c.namespace,
                     &s.stream,

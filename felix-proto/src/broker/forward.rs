@@ -357,7 +357,7 @@ impl Broker {
     /// unknown) now, as the timeout would. A shard moved between live brokers keeps waiting:
     /// its old owner answers, and that answer is definite.
     pub(super) fn forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata, now: Instant) {
-        use crate::cluster::metadata::{Kind, ShardId};
+        use crate::shard::{Kind, ShardId};
         let mut gone: Vec<u64> = self
             .forwards
             .iter()

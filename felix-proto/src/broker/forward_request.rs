@@ -19,10 +19,10 @@
 //! origin (the reference's rule): nothing here retries anything.
 
 use super::*;
-use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::frame::FrameDecoder;
 use crate::message::{self, Decoded, Message};
+use crate::shard::{Kind, ShardId};
 use crate::transport::{ConnId, Dir, Side, StreamId};
 use crate::{Payload, binary::ErrorDetail};
 use std::time::Instant;
@@ -420,9 +420,7 @@ impl Broker {
     fn internal_connection(&mut self, now: Instant) -> ConnId {
         let c = self.open_conn(None, now);
         self.stats.connections_opened = self.stats.connections_opened.saturating_sub(1);
-        if let Some(conn) = self.conns.get_mut(&c) {
-            conn.authenticated = true;
-        }
+        self.authenticated(c);
         c
     }
 

@@ -5,9 +5,9 @@
 //! open. Answered from what this broker holds, never forwarded, changing nothing.
 
 use super::*;
-use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::ErrorCode;
 use crate::message::{self, Message};
+use crate::shard::{Kind, ShardId};
 use crate::transport::ConnId;
 
 /// Subscriptions one `subscriptions_list` answer lists at most.

@@ -324,7 +324,7 @@ enum ReadFor {
     /// Records a group poll handed out.
     Poll(Box<consume::PollFill>),
     /// Records a moving shard's new owner asked for.
-    Copy { to: String, shard: crate::cluster::metadata::ShardId, max: usize },
+    Copy { to: String, shard: crate::shard::ShardId, max: usize },
 }
 
 #[derive(Debug)]
@@ -477,6 +477,8 @@ pub struct Broker {
     clock: Clock,
     wall: WallClock,
     conns: HashMap<ConnId, Box<Conn>>,
+    /// The connections not authenticated yet (the caps of [`Broker::admit`]).
+    unauthenticated: connection::Unauthenticated,
     /// Authentication deadlines of control streams, earliest first, so `poll_timeout` reads one
     /// entry instead of scanning every stream. Entries of streams that authenticated or went
     /// away are removed when that happens, or skipped when they come due.
@@ -529,15 +531,14 @@ pub struct Broker {
     /// lapsed and its shards been given to others): it serves none of its own shards.
     fenced: bool,
     /// Moves of shards this broker owns, to others.
-    moves_out: std::collections::BTreeMap<crate::cluster::metadata::ShardId, moves::Outgoing>,
+    moves_out: std::collections::BTreeMap<crate::shard::ShardId, moves::Outgoing>,
     /// Moves of shards to this broker: their copies.
-    moves_in: std::collections::BTreeMap<crate::cluster::metadata::ShardId, moves::Incoming>,
+    moves_in: std::collections::BTreeMap<crate::shard::ShardId, moves::Incoming>,
     /// The byte budget of moves' copies, to and from this broker (`--move-bandwidth`); the
     /// cluster node charges replicated shards' catch-up to it too.
     pub(crate) move_bandwidth: crate::cluster::bandwidth::Bandwidth,
     /// Copied batches being written.
-    import_writes:
-        std::collections::BTreeMap<WriteToken, (crate::cluster::metadata::ShardId, crate::storage::StoredBatch)>,
+    import_writes: std::collections::BTreeMap<WriteToken, (crate::shard::ShardId, crate::storage::StoredBatch)>,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
     /// Streams paused for their tenant's rate, and when they are read again.
@@ -597,6 +598,7 @@ impl Broker {
             clock: Clock::new(),
             wall,
             conns: HashMap::new(),
+            unauthenticated: Default::default(),
             auth_deadlines: std::collections::BTreeSet::new(),
             aged_streams: 0,
             next_conn: 1,

@@ -18,8 +18,9 @@
 //! to change), and once the move is done they are answered `not_leader` with the new owner.
 
 use super::*;
-use crate::cluster::metadata::{Command, Kind, Metadata, MovePhase, ShardId};
+use crate::cluster::metadata::{Command, Metadata, MovePhase};
 use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::shard::{Kind, ShardId};
 use crate::storage::StoredBatch;
 use crate::transport::{ReadToken, WriteToken};
 use std::collections::BTreeMap;

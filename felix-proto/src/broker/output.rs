@@ -240,9 +240,9 @@ pub enum ClusterOutput {
         /// Names the publish in the answer.
         token: crate::transport::WriteToken,
         /// The shard.
-        shard: crate::cluster::metadata::ShardId,
+        shard: crate::shard::ShardId,
         /// The batch as replicated.
-        batch: crate::cluster::replica::ReplicatedBatch,
+        batch: crate::shard::replicated::ReplicatedBatch,
     },
     /// A clustered broker was asked to delete a stream: propose the deletion to the metadata
     /// group; every broker deletes its part once it is committed ([`Broker::apply_cluster`]).
@@ -287,7 +287,7 @@ impl Broker {
             ClusterOutput::Forward { publish, .. } => self.handle_forward_failed(publish.id, now),
             ClusterOutput::ForwardRequest { request, .. } => self.handle_forward_request_failed(request.id, now),
             ClusterOutput::Replicate { token, .. } => {
-                self.handle_replicated(token, crate::cluster::replica::Answer::LeadershipLost, now);
+                self.handle_replicated(token, crate::shard::replicated::Answer::LeadershipLost, now);
             }
             ClusterOutput::ForwardAnswer { .. }
             | ClusterOutput::ForwardRequestAnswer { .. }

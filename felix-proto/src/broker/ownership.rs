@@ -11,8 +11,9 @@
 
 use super::*;
 use crate::binary::OwnerHint;
-use crate::cluster::metadata::{Kind, MemberState, Metadata, ShardId};
+use crate::cluster::metadata::{MemberState, Metadata};
 use crate::message::{self, Message};
+use crate::shard::{Kind, ShardId};
 use crate::transport::ConnId;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -318,7 +319,7 @@ impl Broker {
         self.fenced = fenced;
         if !fenced {
             // Copies into this broker waited for a current view (see `ask_copy`).
-            let due: Vec<crate::cluster::metadata::ShardId> = self.moves_in.keys().cloned().collect();
+            let due: Vec<crate::shard::ShardId> = self.moves_in.keys().cloned().collect();
             for s in due {
                 self.ask_copy(&s, now, false);
             }

@@ -547,8 +547,8 @@ impl Broker {
         let settled = entry.shards[shard as usize].log.settle(token, ok);
         if !self.moves_out.is_empty() {
             // A shard cutting over a move proposes its cut-over once its last write landed.
-            let id = crate::cluster::metadata::ShardId {
-                kind: crate::cluster::metadata::Kind::Stream,
+            let id = crate::shard::ShardId {
+                kind: crate::shard::Kind::Stream,
                 tenant: k.tenant().to_owned(),
                 namespace: k.namespace().to_owned(),
                 name: k.name().to_owned(),

@@ -21,10 +21,10 @@
 
 use super::*;
 use crate::binary::{Reader, Records};
-use crate::cluster::metadata::{Kind, ShardId};
-use crate::cluster::replica::{Answer, ReplicatedBatch};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::message::{self, B64, Message};
+use crate::shard::replicated::{Answer, ReplicatedBatch};
+use crate::shard::{Kind, ShardId};
 use crate::transport::{ConnId, StreamId, WriteToken};
 use bytes::{BufMut, Bytes};
 use std::time::Instant;

@@ -16,10 +16,10 @@
 use super::*;
 use crate::binary::OwnerHint;
 use crate::cluster::meta::Entry;
-use crate::cluster::metadata::{Kind, ShardId};
-use crate::cluster::replica::{Answer, ApplyRefusal, ReplicatedBatch};
 use crate::error_code::ErrorCode;
 use crate::message::RefusedReason;
+use crate::shard::replicated::{Answer, ApplyRefusal, ReplicatedBatch};
+use crate::shard::{Kind, ShardId};
 use crate::transport::{ReadToken, WriteToken};
 use bytes::Bytes;
 use std::time::Instant;

@@ -199,9 +199,7 @@ impl Broker {
         if let Some(d) = st.auth_deadline.take() {
             self.auth_deadlines.remove(&(d, conn, st.id));
         }
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.authenticated = true;
-        }
+        self.authenticated(conn);
         let answer = match broker_answer(
             &offer,
             self.server_flags,

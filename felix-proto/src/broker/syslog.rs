@@ -120,7 +120,7 @@ pub(crate) enum SysPending {
     Checkpoint,
     /// A copy of a cache moving here ([`super::cache_moves`]): once on disk, the move goes
     /// on; `full` (a reset first): the log below it can go.
-    MoveCopy { shard: crate::cluster::metadata::ShardId, full: bool },
+    MoveCopy { shard: crate::shard::ShardId, full: bool },
     /// A consumer-group operation: folded, then answered.
     Group {
         conn: ConnId,
