@@ -360,16 +360,17 @@ enum Node {
 }
 
 impl Node {
-    fn broker(&mut self) -> &mut Broker {
+    /// What the driver feeds the broker, single or in a cluster.
+    fn inputs(&mut self) -> felix_proto::broker::ConnectionInputs<'_> {
         match self {
-            Node::Single(b) => b,
-            Node::Cluster(n) => &mut n.broker,
+            Node::Single(b) => b.inputs(),
+            Node::Cluster(n) => n.inputs(),
         }
     }
     fn broker_ref(&self) -> &Broker {
         match self {
             Node::Single(b) => b,
-            Node::Cluster(n) => &n.broker,
+            Node::Cluster(n) => n.broker(),
         }
     }
     fn poll_timeout(&self) -> Option<std::time::Instant> {
@@ -1445,7 +1446,7 @@ impl BrokerTask {
         let now = now();
         match input {
             Input::Incoming(incoming) if self.draining.is_some() => incoming.refuse(),
-            Input::SetJwt(v) => self.node.broker().set_jwt(v, now),
+            Input::SetJwt(v) => self.node.inputs().set_jwt(v, now),
             Input::SetIdentity(identity, reply) => {
                 let r = server_configs(*identity, self.require_alpn, self.client_ca.as_deref(), &self.transport_tuning)
                     .map(|(cfg, loopback)| {
@@ -1456,12 +1457,12 @@ impl BrokerTask {
                 let _ = reply.send(r);
             }
             Input::Drain { grace, reply } => {
-                self.node.broker().begin_drain(now);
+                self.node.inputs().begin_drain(now);
                 self.flush_storage();
                 self.draining = Some((now + grace, reply));
             }
             Input::Incoming(incoming) => {
-                match self.node.broker().admit(felix_driver_common::peer_addr(incoming.remote_address().ip()), now) {
+                match self.node.inputs().admit(felix_driver_common::peer_addr(incoming.remote_address().ip()), now) {
                     Ok(conn) => {
                         let tx = self.tx.clone();
                         let connecting = if is_loopback(incoming.remote_address()) {
@@ -1497,7 +1498,7 @@ impl BrokerTask {
                 if let Some(leaf) = certs.as_deref().and_then(|c| c.first()) {
                     let names = crate::tls::cert_names(leaf);
                     tracing::debug!("connection {conn:?} presented a client certificate for {names:?}");
-                    self.node.broker().set_peer_certificate(conn, names);
+                    self.node.inputs().set_peer_certificate(conn, names);
                 }
                 tokio::spawn(conn_loop(conn, quic.clone(), self.tx.clone()));
                 let t = &self.transport_tuning;
@@ -1512,7 +1513,7 @@ impl BrokerTask {
                     },
                 );
             }
-            Input::HandshakeFailed(conn) => self.node.broker().connection_closed(conn, now),
+            Input::HandshakeFailed(conn) => self.node.inputs().connection_closed(conn, now),
             Input::Stream { conn, send, recv } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(recv.id());
@@ -1538,25 +1539,25 @@ impl BrokerTask {
                         h.gates.remove(&stream);
                     }
                 }
-                self.node.broker().handle_stream_chunks(conn, stream, data, fin, now);
+                self.node.inputs().handle_stream_chunks(conn, stream, data, fin, now);
             }
             Input::Reset { conn, stream } => {
                 if let Some(h) = self.conns.get_mut(&conn) {
                     h.gates.remove(&stream);
                 }
-                self.node.broker().handle_stream_reset(conn, stream, now)
+                self.node.inputs().handle_stream_reset(conn, stream, now)
             }
-            Input::Stopped { conn, stream } => self.node.broker().handle_stream_stopped(conn, stream, now),
+            Input::Stopped { conn, stream } => self.node.inputs().handle_stream_stopped(conn, stream, now),
             Input::Opened { conn, token, send } => {
                 let Some(h) = self.conns.get_mut(&conn) else { return };
                 let stream = crate::stream_id(send.id());
                 let (wtx, wrx) = crate::queue::queue();
                 h.writers.insert(stream, wtx);
                 tokio::spawn(writer(conn, stream, send, wrx, self.tx.clone(), true, None));
-                self.node.broker().handle_stream_opened(conn, token, stream, now);
+                self.node.inputs().handle_stream_opened(conn, token, stream, now);
             }
             Input::Flushed { conn, stream, bytes } => {
-                self.node.broker().handle_stream_flushed(conn, stream, bytes, now)
+                self.node.inputs().handle_stream_flushed(conn, stream, bytes, now)
             }
             Input::Written(results, micros) => {
                 self.io.storage_passes += 1;
@@ -1566,11 +1567,11 @@ impl BrokerTask {
                     self.io.storage_writes += 1;
                     self.io.storage_failures += u64::from(outcome != WriteOutcome::Written);
                     self.io.storage_full += u64::from(outcome == WriteOutcome::NoSpace);
-                    self.node.broker().handle_write_result(token, outcome, now);
+                    self.node.inputs().handle_write_result(token, outcome, now);
                 }
             }
-            Input::ReadDone(token, batches) => self.node.broker().handle_read_complete(token, batches, now),
-            Input::StreamRecorded(token, r) => self.node.broker().handle_stream_recorded(token, r, now),
+            Input::ReadDone(token, batches) => self.node.inputs().handle_read_complete(token, batches, now),
+            Input::StreamRecorded(token, r) => self.node.inputs().handle_stream_recorded(token, r, now),
             Input::Metrics(reply) => {
                 let _ = reply.send(self.metrics());
             }
@@ -1683,7 +1684,7 @@ impl BrokerTask {
             }
             Input::Closed { conn } => {
                 self.conns.remove(&conn);
-                self.node.broker().connection_closed(conn, now);
+                self.node.inputs().connection_closed(conn, now);
             }
             Input::StreamEnded { conn, bi } => {
                 if let Some(h) = self.conns.get_mut(&conn) {
@@ -1705,7 +1706,7 @@ impl BrokerTask {
     /// Writes the state machine's operator notices (failed logins, elections, leadership
     /// changes, peers) to the log at info level, with the client's address for a login.
     fn log_notices(&mut self) {
-        while let Some(n) = self.node.broker().poll_notice() {
+        while let Some(n) = self.node.inputs().poll_notice() {
             match &n {
                 felix_proto::broker::Notice::LoginRefused { conn, .. } => {
                     let from = self.conns.get(conn).map(|c| c.quic.remote_address().to_string());
@@ -2018,7 +2019,11 @@ impl BrokerTask {
                 }
                 // Only a broker of a cluster emits these, and its ClusterNode takes them before
                 // they reach here: a single broker answers any it gets as the cluster would.
-                BrokerOutput::Cluster(c) => self.node.broker().handle_cluster_output_alone(c, now()),
+                BrokerOutput::Cluster(c) => {
+                    if let Node::Single(b) = &mut self.node {
+                        b.handle_cluster_output_alone(c, now());
+                    }
+                }
                 BrokerOutput::Transport(TransportOutput::CloseConnection { conn, code, reason }) => {
                     if let Some(h) = self.conns.remove(&conn) {
                         h.quic.close(VarInt::from_u64(code).unwrap_or(VarInt::from_u32(0)), reason.as_bytes());

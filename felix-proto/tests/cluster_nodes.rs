@@ -256,14 +256,14 @@ impl Cluster {
                             // Event streams (cache watches) get ids of their own.
                             self.next_uni += 1;
                             let s = StreamId::new(Side::Broker, Dir::Uni, self.next_uni);
-                            node.broker.handle_stream_opened(conn, token, s, now_of(&self.rates, name, self.now));
+                            node.inputs().handle_stream_opened(conn, token, s, now_of(&self.rates, name, self.now));
                         }
                         NodeOutput::Broker(BrokerOutput::Storage(StorageOutput::Persist(w))) => {
                             if !w.generation_start && !w.stream.starts_with('$') {
                                 *self.stored.entry((name.clone(), w.shard)).or_default() += w.records.count();
                             }
                             let now = now_of(&self.rates, name, self.now);
-                            node.broker.handle_write_result(w.token, WriteOutcome::Written, now);
+                            node.inputs().handle_write_result(w.token, WriteOutcome::Written, now);
                         }
                         NodeOutput::Broker(o) => {
                             if std::env::var("DBG").is_ok() {
@@ -398,9 +398,9 @@ impl Cluster {
     fn client(&mut self, node: &str, flags: u16, index: u64) -> (ConnId, StreamId) {
         let n = self.nodes.get_mut(node).unwrap();
         let now = now_of(&self.rates, node, self.now);
-        let conn = n.broker.admit(PeerAddr([index as u8; 16]), now).unwrap();
+        let conn = n.inputs().admit(PeerAddr([index as u8; 16]), now).unwrap();
         let stream = StreamId::new(Side::Client, Dir::Bi, index);
-        n.broker.handle_stream_data(conn, stream, auth(Some(flags), None, None), false, now);
+        n.inputs().handle_stream_data(conn, stream, auth(Some(flags), None, None), false, now);
         self.settle();
         self.received.remove(&(node.to_string(), conn, stream));
         (conn, stream)
@@ -410,9 +410,9 @@ impl Cluster {
     fn client_with(&mut self, node: &str, flags: u16, features: u32, index: u64) -> (ConnId, StreamId) {
         let n = self.nodes.get_mut(node).unwrap();
         let now = now_of(&self.rates, node, self.now);
-        let conn = n.broker.admit(PeerAddr([index as u8; 16]), now).unwrap();
+        let conn = n.inputs().admit(PeerAddr([index as u8; 16]), now).unwrap();
         let stream = StreamId::new(Side::Client, Dir::Bi, index);
-        n.broker.handle_stream_data(conn, stream, auth(Some(flags), Some(features), None), false, now);
+        n.inputs().handle_stream_data(conn, stream, auth(Some(flags), Some(features), None), false, now);
         self.settle();
         self.received.remove(&(node.to_string(), conn, stream));
         (conn, stream)
@@ -448,7 +448,7 @@ impl Cluster {
 
     fn send(&mut self, node: &str, conn: ConnId, stream: StreamId, data: Bytes) {
         let now = now_of(&self.rates, node, self.now);
-        self.nodes.get_mut(node).unwrap().broker.handle_stream_data(conn, stream, data, false, now);
+        self.nodes.get_mut(node).unwrap().inputs().handle_stream_data(conn, stream, data, false, now);
         self.settle();
     }
 
@@ -535,10 +535,10 @@ fn records_published_through_any_broker_land_once_on_their_owner() {
     }
     // A subscribe through a broker that does not own the shard follows a redirect.
     let theirs = (0..6).find(|s| owners[*s as usize] != "n1").unwrap() as u32;
-    let p = c.nodes.get_mut("n1").unwrap().broker.admit(PeerAddr([9; 16]), c.now).unwrap();
+    let p = c.nodes.get_mut("n1").unwrap().inputs().admit(PeerAddr([9; 16]), c.now).unwrap();
     let st = StreamId::new(Side::Client, Dir::Bi, 9);
     let (lo, hi) = felix_proto::features::Features::REDIRECT.to_words(true);
-    c.nodes.get_mut("n1").unwrap().broker.handle_stream_data(p, st, auth(Some(1), lo, hi), false, c.now);
+    c.nodes.get_mut("n1").unwrap().inputs().handle_stream_data(p, st, auth(Some(1), lo, hi), false, c.now);
     c.settle();
     c.take("n1", p, st);
     let sub = json(&Message::Subscribe(message::Subscribe {
@@ -698,13 +698,13 @@ fn a_dead_broker_is_declared_down_its_in_memory_shards_move_and_its_durable_ones
     for _ in 0..5 {
         c.tick();
     }
-    assert!(c.nodes[&victim].broker.is_fenced(), "no leader heard: still fenced");
+    assert!(c.nodes[&victim].broker().is_fenced(), "no leader heard: still fenced");
     // In contact again: it rejoins active, learns the shard's new owner and forwards to it.
     c.cut.clear();
     c.until("the broker is active again everywhere", |c| {
         c.nodes.values().all(|n| n.metadata().members()[&victim].state == MemberState::Active)
     });
-    c.until("no longer fenced", |c| !c.nodes[&victim].broker.is_fenced());
+    c.until("no longer fenced", |c| !c.nodes[&victim].broker().is_fenced());
     // (The placement may have handed it back to it, at a newer generation still.)
     let now_owner = owner_in(&c, &leader, "ticks", memory_shard);
     assert_eq!(owner_in(&c, &victim, "ticks", memory_shard), now_owner, "its view is the cluster's");
@@ -737,7 +737,7 @@ fn a_stream_deleted_through_any_broker_is_deleted_on_every_broker() {
     }));
     c.send(&owner0, p, st, sub);
     assert!(matches!(messages(&c.take(&owner0, p, st))[0], Message::Subscribed(_)));
-    let has_orders = |c: &Cluster, n: &str| c.nodes[n].broker.streams().any(|(_, _, s, _)| s == "orders");
+    let has_orders = |c: &Cluster, n: &str| c.nodes[n].broker().streams().any(|(_, _, s, _)| s == "orders");
     assert!(NAMES.iter().all(|n| has_orders(&c, n)));
     // Deleted through another broker.
     let other = NAMES.iter().find(|n| **n != owner0).unwrap().to_string();
@@ -1073,11 +1073,11 @@ fn caches_and_counters_live_on_their_owner_and_every_broker_forwards_to_it() {
         [Message::CounterValue(message::CounterValue { value: Some(6), request_id: 300 })]
     );
     // Only the owner holds the cache; the others served nothing locally.
-    let forwarded: u64 = c.nodes.values().map(|n| n.broker.stats().requests_forwarded).sum();
-    let served: u64 = c.nodes.values().map(|n| n.broker.stats().requests_forwarded_in).sum();
+    let forwarded: u64 = c.nodes.values().map(|n| n.broker().stats().requests_forwarded).sum();
+    let served: u64 = c.nodes.values().map(|n| n.broker().stats().requests_forwarded_in).sum();
     assert_eq!(forwarded, served, "every forward served");
     assert_eq!(forwarded, 2 + 6 + 2 + 1, "puts, gets, adds and the get not made on the owner");
-    assert_eq!(c.nodes[&cache_owner].broker.stats().requests_forwarded, 0);
+    assert_eq!(c.nodes[&cache_owner].broker().stats().requests_forwarded, 0);
     // A watch is owner-only: not_leader to a client that offered the redirect bit, an error
     // with code not_leader to one that offered codes only.
     let other = NAMES.iter().find(|n| **n != cache_owner).unwrap().to_string();
@@ -1092,18 +1092,18 @@ fn caches_and_counters_live_on_their_owner_and_every_broker_forwards_to_it() {
         retained: false,
         subscription_id: None,
     }));
-    let p = c.nodes.get_mut(&other).unwrap().broker.admit(PeerAddr([50; 16]), c.now).unwrap();
+    let p = c.nodes.get_mut(&other).unwrap().inputs().admit(PeerAddr([50; 16]), c.now).unwrap();
     let ps = StreamId::new(Side::Client, Dir::Bi, 0);
     let (lo, hi) = felix_proto::features::Features::REDIRECT.to_words(true);
-    c.nodes.get_mut(&other).unwrap().broker.handle_stream_data(p, ps, auth(Some(1), lo, hi), false, c.now);
+    c.nodes.get_mut(&other).unwrap().inputs().handle_stream_data(p, ps, auth(Some(1), lo, hi), false, c.now);
     c.settle();
     c.take(&other, p, ps);
     c.send(&other, p, ps, watch.clone());
     let got = messages(&c.take(&other, p, ps));
     assert!(matches!(&got[..], [Message::NotLeader(l)] if l.node_id == cache_owner), "{got:?}");
     let (lo, hi) = felix_proto::features::Features::ERROR_CODES.to_words(true);
-    let q = c.nodes.get_mut(&other).unwrap().broker.admit(PeerAddr([51; 16]), c.now).unwrap();
-    c.nodes.get_mut(&other).unwrap().broker.handle_stream_data(q, ps, auth(Some(1), lo, hi), false, c.now);
+    let q = c.nodes.get_mut(&other).unwrap().inputs().admit(PeerAddr([51; 16]), c.now).unwrap();
+    c.nodes.get_mut(&other).unwrap().inputs().handle_stream_data(q, ps, auth(Some(1), lo, hi), false, c.now);
     c.settle();
     c.take(&other, q, ps);
     c.send(&other, q, ps, watch);
@@ -1129,7 +1129,7 @@ fn caches_and_counters_live_on_their_owner_and_every_broker_forwards_to_it() {
         [Message::CacheShardsView(message::CacheShardsView { shards: 1, request_id: 9 })]
     );
     // Internal connections are not clients.
-    assert!(c.nodes[&cache_owner].broker.connection_count() <= 3);
+    assert!(c.nodes[&cache_owner].broker().connection_count() <= 3);
 }
 
 #[test]
@@ -1213,7 +1213,7 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
     let verifier = Verifier::new(Jwks::single("k1", &public_key(&rfc8032_test_key()).unwrap()));
     for n in c.nodes.values_mut() {
         let now = c.now;
-        n.broker.set_jwt(Some(verifier.clone()), now);
+        n.inputs().set_jwt(Some(verifier.clone()), now);
     }
     c.until("every broker joined", |c| c.nodes.values().all(|n| n.metadata().members().len() == 3));
     let now = c.now;
@@ -1260,15 +1260,15 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
     let mut subscribers = Vec::new();
     for (i, token) in [(20u8, &leaked), (21, &fine)] {
         let n = c.nodes.get_mut(&home).unwrap();
-        let conn = n.broker.admit(PeerAddr([i; 16]), c.now).unwrap();
+        let conn = n.inputs().admit(PeerAddr([i; 16]), c.now).unwrap();
         let st = StreamId::new(Side::Client, Dir::Bi, 0);
-        n.broker.handle_stream_data(conn, st, auth_with(token), false, c.now);
-        n.broker.handle_stream_data(conn, st, subscribe("orders", None), false, c.now);
+        n.inputs().handle_stream_data(conn, st, auth_with(token), false, c.now);
+        n.inputs().handle_stream_data(conn, st, subscribe("orders", None), false, c.now);
         let mut events = None;
         while let Some(o) = n.poll_output() {
             if let NodeOutput::Broker(BrokerOutput::Transport(TransportOutput::OpenUni { conn: oc, token })) = o {
                 let id = StreamId::new(Side::Broker, Dir::Uni, u64::from(i));
-                n.broker.handle_stream_opened(oc, token, id, c.now);
+                n.inputs().handle_stream_opened(oc, token, id, c.now);
                 events = Some(id);
             }
         }
@@ -1299,9 +1299,9 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
     );
     for (i, n) in NAMES.iter().enumerate() {
         let node = c.nodes.get_mut(*n).unwrap();
-        let conn = node.broker.admit(PeerAddr([30 + i as u8; 16]), c.now).unwrap();
+        let conn = node.inputs().admit(PeerAddr([30 + i as u8; 16]), c.now).unwrap();
         let st = StreamId::new(Side::Client, Dir::Bi, 0);
-        node.broker.handle_stream_data(conn, st, auth_with(&leaked), false, c.now);
+        node.inputs().handle_stream_data(conn, st, auth_with(&leaked), false, c.now);
         c.settle();
         let ms = messages(&c.take(n, conn, st));
         assert!(matches!(&ms[..], [Message::Error(e)] if e.message.contains("revoked")), "{n}: {ms:?}");
@@ -1311,7 +1311,7 @@ fn a_revocation_through_the_metadata_group_ends_what_the_token_opened_on_every_b
 /// Which of `others` leads `shard` (its replica's generation start committed).
 fn leading_among<'a>(c: &Cluster, others: &'a [String], shard: &ShardId) -> Option<&'a String> {
     use felix_proto::broker::ReplicaRole;
-    others.iter().find(|n| c.nodes[*n].broker.replica_role(shard) == Some(&ReplicaRole::Leading))
+    others.iter().find(|n| c.nodes[*n].broker().replica_role(shard) == Some(&ReplicaRole::Leading))
 }
 
 fn ledger() -> ShardId {
@@ -1321,7 +1321,7 @@ fn ledger() -> ShardId {
 /// The broker whose replica of `shard` leads (its generation start committed).
 fn leader_of(c: &Cluster, shard: &ShardId) -> Option<String> {
     use felix_proto::broker::ReplicaRole;
-    c.nodes.iter().find(|(_, n)| n.broker.replica_role(shard) == Some(&ReplicaRole::Leading)).map(|(k, _)| k.clone())
+    c.nodes.iter().find(|(_, n)| n.broker().replica_role(shard) == Some(&ReplicaRole::Leading)).map(|(k, _)| k.clone())
 }
 
 fn leading(c: &Cluster) -> Option<String> {
@@ -1332,7 +1332,7 @@ fn leading(c: &Cluster) -> Option<String> {
 /// generation-start offsets.
 fn history(c: &Cluster, node: &str) -> (Vec<(u64, Bytes)>, Vec<u64>) {
     let (mut records, mut starts) = (Vec::new(), Vec::new());
-    for (base, generation_start, payloads) in c.nodes[node].broker.committed_batches(&ledger(), 0) {
+    for (base, generation_start, payloads) in c.nodes[node].broker().committed_batches(&ledger(), 0) {
         if generation_start {
             starts.push(base);
         }
@@ -1452,7 +1452,7 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     let pad = "x".repeat(96);
     publish_acked(&mut c, &leader, 1, &pad, 300);
     c.settle();
-    let held = c.nodes[&leader].broker.committed_batches(&ledger(), 0).len();
+    let held = c.nodes[&leader].broker().committed_batches(&ledger(), 0).len();
     assert!(held < 20, "the leader's log holds {held} of 300 batches in memory");
     let (bytes, on_disk) = c.nodes[&leader].replica_entry_memory();
     assert!(
@@ -1653,7 +1653,7 @@ fn a_restarted_broker_grants_no_replica_vote_for_an_election_timeout() {
         restart(&mut c, &others[pick]);
         let restarted = c.now;
         c.until("a survivor leads", |c| {
-            others.iter().any(|n| c.nodes[n].broker.replica_role(&ledger()) == Some(&ReplicaRole::Leading))
+            others.iter().any(|n| c.nodes[n].broker().replica_role(&ledger()) == Some(&ReplicaRole::Leading))
         });
         let after = c.now - restarted;
         assert!(after >= VOTE_HOLD, "restarting {}: a leader {after:?} after the restart", others[pick]);
@@ -1762,10 +1762,10 @@ fn a_conditional_publish_on_a_replicated_stream_is_written_only_at_its_expected_
     create_ledger(&mut c);
     let leader = leading(&c).unwrap();
     let n = c.nodes.get_mut(&leader).unwrap();
-    let conn = n.broker.admit(PeerAddr([9; 16]), c.now).unwrap();
+    let conn = n.inputs().admit(PeerAddr([9; 16]), c.now).unwrap();
     let st = StreamId::new(Side::Client, Dir::Bi, 9);
     let features = (Features::PUBLISH_CONDITIONAL.union(Features::ERROR_CODES)).to_words(false).0;
-    n.broker.handle_stream_data(conn, st, auth(Some(0x0001 | 0x0080 | 0x1000), features, None), false, c.now);
+    n.inputs().handle_stream_data(conn, st, auth(Some(0x0001 | 0x0080 | 0x1000), features, None), false, c.now);
     c.settle();
     c.take(&leader, conn, st);
     let publish_if = |expected_offset, request_id, payload: &'static str| {
@@ -1782,7 +1782,7 @@ fn a_conditional_publish_on_a_replicated_stream_is_written_only_at_its_expected_
         }))
     };
     // The tail after the leader's generation start.
-    let tail = c.nodes[&leader].broker.replicated_start(&ledger()).unwrap()
+    let tail = c.nodes[&leader].broker().replicated_start(&ledger()).unwrap()
         + history(&c, &leader).1.len() as u64
         + history(&c, &leader).0.len() as u64;
     c.send(&leader, conn, st, publish_if(tail, 1, "first"));
@@ -1907,9 +1907,9 @@ mod quorum_cache {
         let f = Features::ERROR_CODES | Features::CACHE_CONDITIONAL | Features::CACHE_WATCH | Features::SHARD_MOVED;
         let (lo, hi) = f.to_words(true);
         let n = c.nodes.get_mut(node).unwrap();
-        let conn = n.broker.admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+        let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
         let stream = StreamId::new(Side::Client, Dir::Bi, index);
-        n.broker.handle_stream_data(conn, stream, auth(Some(1), lo, hi), false, c.now);
+        n.inputs().handle_stream_data(conn, stream, auth(Some(1), lo, hi), false, c.now);
         c.settle();
         let hello = messages(&c.take(node, conn, stream));
         assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
@@ -2135,7 +2135,7 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     let hint = felix_proto::binary::OwnerHint { node_id: other.clone(), addr: None, generation: 9 };
     let now = c.now;
     let role = felix_proto::broker::ReplicaRole::Following { leader: Some(hint) };
-    c.nodes.get_mut(&third).unwrap().broker.set_replica_role(&sessions(), role, now);
+    c.nodes.get_mut(&third).unwrap().broker_mut().set_replica_role(&sessions(), role, now);
     c.settle();
     let (_, moved) = events(&mut c, &third, cl3.0);
     let moved = moved.expect("shard_moved to a client that offered it");
@@ -2212,9 +2212,9 @@ fn a_commit_on_a_replicated_stream_keeps_its_event_and_state_together_across_a_f
     let open = |c: &mut Cluster, node: &str, index: u64| {
         let (lo, hi) = f.to_words(true);
         let n = c.nodes.get_mut(node).unwrap();
-        let conn = n.broker.admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+        let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
         let st = StreamId::new(Side::Client, Dir::Bi, index);
-        n.broker.handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+        n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
         c.settle();
         let hello = messages(&c.take(node, conn, st));
         assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
@@ -2362,7 +2362,7 @@ fn a_broker_cut_off_from_the_metadata_leader_fences_itself_before_its_lease_laps
     // stops serving them, with a reason a client can act on.
     c.cut.insert(victim.clone());
     let mut ticks = 0;
-    while !c.nodes[&victim].broker.is_fenced() {
+    while !c.nodes[&victim].broker().is_fenced() {
         c.tick();
         ticks += 1;
         assert!(ticks < 30, "fenced within 3 s");
@@ -2374,7 +2374,7 @@ fn a_broker_cut_off_from_the_metadata_leader_fences_itself_before_its_lease_laps
     assert_eq!(a[0].detail.as_ref().and_then(|d| d.reason.as_deref()), Some("fenced"), "{a:?}");
     // Back in contact: it serves its durable shard again (it kept it: its records are there).
     c.cut.clear();
-    c.until("no longer fenced", |c| !c.nodes[&victim].broker.is_fenced());
+    c.until("no longer fenced", |c| !c.nodes[&victim].broker().is_fenced());
     c.until("every broker is active again", |c| {
         c.nodes.values().all(|n| n.metadata().members().values().all(|m| m.state == MemberState::Active))
     });
@@ -2492,13 +2492,13 @@ fn a_durable_shard_moves_with_its_records_under_load_and_a_subscriber_follows_it
     assert_eq!(got, acked, "every acknowledged record once, in order");
     // The new owner's log below the cut-over is the old owner's, offset for offset; its own
     // generation starts at the cut-over tail.
-    let old: Vec<_> = c.nodes[&from].broker.committed_batches(&orders_shard(0), 0);
-    let new: Vec<_> = c.nodes[&to].broker.committed_batches(&orders_shard(0), 0);
+    let old: Vec<_> = c.nodes[&from].broker().committed_batches(&orders_shard(0), 0);
+    let new: Vec<_> = c.nodes[&to].broker().committed_batches(&orders_shard(0), 0);
     let below = |v: &Vec<(u64, bool, Vec<Bytes>)>| v.iter().filter(|b| b.0 < resume_from).cloned().collect::<Vec<_>>();
     assert_eq!(below(&new), below(&old));
     assert!(new.iter().any(|(base, gen_start, _)| *base == resume_from && *gen_start), "{new:?}");
     // The old owner holds no reader and takes no write of it any more.
-    assert!(c.nodes[&from].broker.move_progress().is_empty() && c.nodes[&to].broker.move_progress().is_empty());
+    assert!(c.nodes[&from].broker().move_progress().is_empty() && c.nodes[&to].broker().move_progress().is_empty());
 }
 
 fn orders_shard(shard: u32) -> ShardId {
@@ -2630,7 +2630,7 @@ fn a_cache_moves_with_its_values_versions_and_counters_and_its_watch_resumes_on_
     assert_eq!(rest.last().and_then(|e| e.value.as_ref()).map(|v| v.0.as_ref()), Some(&b"v3b"[..]));
     // The old owner dropped its copy: reads through it are the new owner's.
     assert_eq!(read(&mut c, &from, "k3", 5).map(|v| v.0), Some("v3b".to_owned()));
-    assert!(c.nodes[&from].broker.move_progress().is_empty() && c.nodes[&to].broker.move_progress().is_empty());
+    assert!(c.nodes[&from].broker().move_progress().is_empty() && c.nodes[&to].broker().move_progress().is_empty());
 }
 
 #[test]
@@ -3414,7 +3414,7 @@ fn elections_and_leadership_changes_are_noticed_for_the_operators_log() {
     let shard_leader = leading(&c).unwrap();
     let meta_leader = c.nodes.values().find_map(|n| n.leader().map(str::to_owned)).expect("a metadata leader");
     for (name, node) in &mut c.nodes {
-        let notices: Vec<Notice> = std::iter::from_fn(|| node.broker.poll_notice()).collect();
+        let notices: Vec<Notice> = std::iter::from_fn(|| node.inputs().poll_notice()).collect();
         let last_meta = notices.iter().rev().find_map(|n| match n {
             Notice::MetadataLeader { leader, .. } => Some(leader.clone()),
             _ => None,
@@ -3440,7 +3440,7 @@ fn a_leader_notices_a_replica_falling_behind_and_catching_up() {
     let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
     let drain = |c: &mut Cluster| -> Vec<Notice> {
         let node = c.nodes.get_mut(&leader).unwrap();
-        std::iter::from_fn(|| node.broker.poll_notice())
+        std::iter::from_fn(|| node.inputs().poll_notice())
             .filter(|n| matches!(n, Notice::ReplicaBehind { .. } | Notice::ReplicaCaughtUp { .. }))
             .collect()
     };
@@ -3750,9 +3750,9 @@ fn auth_everything() -> Bytes {
 /// A client on `node` that offered everything; its connection, stream and `auth_ok`.
 fn client_everything(c: &mut Cluster, node: &str, index: u64) -> (ConnId, StreamId, message::AuthOk) {
     let n = c.nodes.get_mut(node).unwrap();
-    let conn = n.broker.admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+    let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
     let stream = StreamId::new(Side::Client, Dir::Bi, index);
-    n.broker.handle_stream_data(conn, stream, auth_everything(), false, c.now);
+    n.inputs().handle_stream_data(conn, stream, auth_everything(), false, c.now);
     c.settle();
     let Some(Message::AuthOk(ok)) = messages(&c.take(node, conn, stream)).into_iter().next() else { panic!() };
     (conn, stream, ok)
@@ -3956,9 +3956,9 @@ fn streams_created_in_one_request_through_any_broker_exist_on_every_broker() {
     let (lo, hi) =
         (felix_proto::features::Features::STREAM_CREATE | felix_proto::features::Features::ERROR_CODES).to_words(true);
     let n = c.nodes.get_mut("n2").unwrap();
-    let conn = n.broker.admit(PeerAddr([7; 16]), c.now).unwrap();
+    let conn = n.inputs().admit(PeerAddr([7; 16]), c.now).unwrap();
     let st = StreamId::new(Side::Client, Dir::Bi, 7);
-    n.broker.handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+    n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
     c.settle();
     let Message::AuthOk(ok) = messages(&c.take("n2", conn, st)).remove(0) else { panic!() };
     let f = felix_proto::features::Features::from_words(ok.server_features, ok.server_features_hi);
@@ -4004,9 +4004,9 @@ fn streams_created_in_one_request_through_any_broker_exist_on_every_broker() {
     assert_eq!(c.nodes["n1"].metadata().replicas(&single), None);
     // Asked again through another broker: every one existed, with its shards.
     let n = c.nodes.get_mut("n3").unwrap();
-    let conn = n.broker.admit(PeerAddr([8; 16]), c.now).unwrap();
+    let conn = n.inputs().admit(PeerAddr([8; 16]), c.now).unwrap();
     let st = StreamId::new(Side::Client, Dir::Bi, 8);
-    n.broker.handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+    n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
     c.settle();
     c.take("n3", conn, st);
     let again =
@@ -4130,7 +4130,7 @@ fn an_added_broker_takes_a_fair_share_of_the_replica_sets_by_itself() {
     c.until("n4's replicas caught up", |c| {
         mine.iter().all(|i| {
             c.nodes["n4"]
-                .broker
+                .broker()
                 .committed_batches(&shard(*i), 0)
                 .iter()
                 .any(|(_, _, p)| p.iter().any(|p| *p == format!("r{i}")))
@@ -4199,14 +4199,14 @@ fn timed_move_writing(replicated: bool, rate: Option<u64>, live: usize) -> (u64,
             "the move did not finish within 60 s of cluster time: {:?} {:?} {:?}",
             c.nodes["n1"].metadata().moving(&shard),
             c.nodes["n1"].metadata().owner(&shard),
-            c.nodes[&to].broker.move_progress(),
+            c.nodes[&to].broker().move_progress(),
         );
         c.tick();
         ticks += 1;
     }
     // Everything acknowledged is on the new holder.
     c.settle();
-    let held: usize = c.nodes[&to].broker.committed_batches(&shard, 0).iter().map(|(_, _, p)| p.len()).sum();
+    let held: usize = c.nodes[&to].broker().committed_batches(&shard, 0).iter().map(|(_, _, p)| p.len()).sum();
     assert!(held >= 64, "{to} holds {held} of 64 records");
     let charged = c.nodes.values().map(|n| n.move_bandwidth_counts().0).sum();
     (ticks, charged)

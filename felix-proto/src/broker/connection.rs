@@ -33,7 +33,7 @@ impl Broker {
     /// [`AdmitError`] naming the cap; refuse the connection in the handshake.
     pub fn admit(&mut self, peer: PeerAddr, now: Instant) -> Result<ConnId, AdmitError> {
         let now = self.clock.advance(now);
-        if self.unauthenticated.from_peer(peer) >= self.cfg.max_unauthenticated_per_peer {
+        if self.unauthenticated.of_peer(peer) >= self.cfg.max_unauthenticated_per_peer {
             self.stats.connections_refused += 1;
             return Err(AdmitError::TooManyFromPeer { max: self.cfg.max_unauthenticated_per_peer });
         }
@@ -403,7 +403,7 @@ impl Unauthenticated {
         self.by_age.len()
     }
 
-    fn from_peer(&self, peer: PeerAddr) -> usize {
+    fn of_peer(&self, peer: PeerAddr) -> usize {
         self.per_peer.get(&peer).copied().unwrap_or(0)
     }
 

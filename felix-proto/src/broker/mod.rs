@@ -50,6 +50,7 @@ mod create;
 mod forward;
 mod forward_request;
 mod hold;
+mod inputs;
 mod inspect;
 mod key;
 mod limits;
@@ -81,6 +82,7 @@ pub use config::{
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
+pub use inputs::ConnectionInputs;
 pub use inspect::ShardSummary;
 pub use limits::TenantLimit;
 pub use moves::MoveProgress;

@@ -410,8 +410,10 @@ pub fn valid_node_id(name: &str) -> bool {
 
 /// A broker of a cluster.
 pub struct ClusterNode {
-    /// The broker: client connections, logs, caches.
-    pub broker: Broker,
+    /// The broker: client connections, logs, caches. Reached from outside through
+    /// [`broker`](Self::broker) (to read) and the node's own inputs (to change): everything
+    /// that changes it goes through the node, which sees its outputs.
+    pub(crate) broker: Broker,
     meta: MetaNode,
     metadata: Metadata,
     /// How many times `metadata` changed in this life ([`ClusterNode::metadata_changes`]).
@@ -989,6 +991,24 @@ impl ClusterNode {
         }
         self.propose(&Command::Revoke { jti: jti.map(str::to_owned), sub: sub.map(str::to_owned) }, now);
         Ok(())
+    }
+
+    /// The broker this node runs, to read: its counters, its shards, its connections.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// The broker, to change: for tests that play a part of the cluster on it (a group saying
+    /// another replica leads, say) without running that part.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn broker_mut(&mut self) -> &mut Broker {
+        &mut self.broker
+    }
+
+    /// A driver's inputs to this node's broker: its connections' bytes and events, storage's
+    /// answers, notices. What the cluster changes on the broker only the node itself does.
+    pub fn inputs(&mut self) -> crate::broker::ConnectionInputs<'_> {
+        self.broker.inputs()
     }
 
     /// This broker's node id.
