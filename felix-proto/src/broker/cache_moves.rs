@@ -18,8 +18,8 @@
 use super::cache::{Cache, Change};
 use super::syslog::{self, CacheRecord, Counters, SysPending};
 use super::*;
-use crate::cluster::metadata::Metadata;
-use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::shard::copy::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::shard::metadata::ClusterFacts;
 use crate::shard::{Kind, ShardId};
 use std::time::Instant;
 
@@ -150,7 +150,7 @@ impl Broker {
     /// A cache this broker served is someone else's now: its watches end with `shard_moved`
     /// (`resume_from` the tail when it was handed over with its contents), and what this
     /// broker held of it goes, in memory and in storage.
-    pub(super) fn cache_gone(&mut self, s: &ShardId, resume_from: Option<u64>, md: &Metadata) {
+    pub(super) fn cache_gone(&mut self, s: &ShardId, resume_from: Option<u64>, md: &impl ClusterFacts) {
         let k = cache_key(s);
         let owner = md.owner(s);
         let addr = owner.and_then(|a| md.members().get(&a.owner)).map(|m| m.client_addr.clone());
@@ -182,7 +182,7 @@ impl Broker {
 
     /// After the metadata changed: single-replica caches this broker holds but does not own
     /// (and is not receiving) are dropped, their watches ended.
-    pub(super) fn note_caches(&mut self, md: &Metadata, local: &str) {
+    pub(super) fn note_caches(&mut self, md: &impl ClusterFacts, local: &str) {
         let stale: Vec<ShardId> = md
             .owners()
             .iter()

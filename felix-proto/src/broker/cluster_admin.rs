@@ -5,7 +5,7 @@
 //! the metadata and the replicas, answers ([`Broker::handle_cluster_admin_answer`]). A broker
 //! that runs alone answers at once.
 
-use crate::cluster::status::{STATUS_PAGE_MAX, StatusPage};
+use crate::shard::page::{STATUS_PAGE_MAX, StatusPage};
 
 /// Shards on a status page when `limit` is absent (D55).
 pub const DEFAULT_STATUS_PAGE: usize = 1_000;
@@ -24,7 +24,7 @@ pub enum ClusterAdminRequest {
         /// The tenant whose shards it shows; `None`: all.
         tenant: Option<String>,
         /// One page of it (D55); `None`: whole.
-        page: Option<crate::cluster::status::StatusPage>,
+        page: Option<crate::shard::page::StatusPage>,
     },
     /// Move a stream shard to `to`.
     Move {

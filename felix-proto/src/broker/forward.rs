@@ -21,6 +21,7 @@ use crate::binary::{OwnerHint, PublishAck, Records};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::flags::Flags;
 use crate::routing::shard_for_key;
+use crate::shard::metadata::ClusterFacts;
 use crate::transport::ConnId;
 use bytes::BytesMut;
 use std::time::{Duration, Instant};
@@ -356,7 +357,7 @@ impl Broker {
     /// [`FORWARD_TIMEOUT`] would only hold the client: it is answered `unacknowledged` (outcome
     /// unknown) now, as the timeout would. A shard moved between live brokers keeps waiting:
     /// its old owner answers, and that answer is definite.
-    pub(super) fn forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata, now: Instant) {
+    pub(super) fn forwards_to_gone_owners(&mut self, md: &impl ClusterFacts, now: Instant) {
         use crate::shard::{Kind, ShardId};
         let mut gone: Vec<u64> = self
             .forwards

@@ -22,6 +22,7 @@ use super::*;
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::frame::FrameDecoder;
 use crate::message::{self, Decoded, Message};
+use crate::shard::metadata::ClusterFacts;
 use crate::shard::{Kind, ShardId};
 use crate::transport::{ConnId, Dir, Side, StreamId};
 use crate::{Payload, binary::ErrorDetail};
@@ -282,7 +283,7 @@ impl Broker {
     /// Forwarded requests whose owner the metadata now says is gone (declared down, or no
     /// longer a member): answered now as a timeout would answer them, since a killed owner's
     /// answer never comes. In the order they were forwarded.
-    pub(super) fn request_forwards_to_gone_owners(&mut self, md: &crate::cluster::metadata::Metadata) {
+    pub(super) fn request_forwards_to_gone_owners(&mut self, md: &impl ClusterFacts) {
         let mut gone: Vec<(u64, Instant)> = self
             .request_forwards
             .iter()

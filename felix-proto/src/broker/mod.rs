@@ -538,7 +538,7 @@ pub struct Broker {
     moves_in: std::collections::BTreeMap<crate::shard::ShardId, moves::Incoming>,
     /// The byte budget of moves' copies, to and from this broker (`--move-bandwidth`); the
     /// cluster node charges replicated shards' catch-up to it too.
-    pub(crate) move_bandwidth: crate::cluster::bandwidth::Bandwidth,
+    pub(crate) move_bandwidth: crate::shard::bandwidth::Bandwidth,
     /// Copied batches being written.
     import_writes: std::collections::BTreeMap<WriteToken, (crate::shard::ShardId, crate::storage::StoredBatch)>,
     /// Per-tenant publish rate limits.
@@ -637,7 +637,7 @@ impl Broker {
             fenced: false,
             moves_out: Default::default(),
             moves_in: Default::default(),
-            move_bandwidth: crate::cluster::bandwidth::Bandwidth::new(None),
+            move_bandwidth: crate::shard::bandwidth::Bandwidth::new(None),
             import_writes: Default::default(),
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),

@@ -18,8 +18,9 @@
 //! to change), and once the move is done they are answered `not_leader` with the new owner.
 
 use super::*;
-use crate::cluster::metadata::{Command, Metadata, MovePhase};
-use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::shard::copy::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+use crate::shard::metadata::ClusterFacts;
+use crate::shard::metadata::{Command, MovePhase};
 use crate::shard::{Kind, ShardId};
 use crate::storage::StoredBatch;
 use crate::transport::{ReadToken, WriteToken};
@@ -119,7 +120,7 @@ impl Broker {
     /// The moves of the metadata as applied here: starts sending and receiving the ones that
     /// involve this broker, and ends the ones that are over (the new owner starts its
     /// generation; a cancelled move's old owner starts a new one, a cancelled copy is dropped).
-    pub(super) fn note_moves(&mut self, md: &Metadata, local: &str, now: Instant) {
+    pub(super) fn note_moves(&mut self, md: &impl ClusterFacts, local: &str, now: Instant) {
         let mut outgoing = BTreeMap::new();
         let mut incoming = BTreeMap::new();
         for (s, m) in md.moves() {

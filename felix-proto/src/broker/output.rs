@@ -260,11 +260,11 @@ pub enum ClusterOutput {
         /// Node id.
         to: String,
         /// The message.
-        message: crate::cluster::peer::CopyMessage,
+        message: crate::shard::copy::CopyMessage,
     },
     /// Propose this metadata command (a move's cut-over, finish or cancel;
     /// [`crate::cluster::node::ClusterNode`] does).
-    ProposeCluster(crate::cluster::metadata::Command),
+    ProposeCluster(crate::shard::metadata::Command),
     /// An operator's request over the client protocol (D52) for the cluster node to answer
     /// with [`Broker::handle_cluster_admin_answer`]. Never sent by a broker that runs alone.
     ClusterAdmin {

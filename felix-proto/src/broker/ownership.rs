@@ -11,8 +11,9 @@
 
 use super::*;
 use crate::binary::OwnerHint;
-use crate::cluster::metadata::{MemberState, Metadata};
 use crate::message::{self, Message};
+use crate::shard::metadata::ClusterFacts;
+use crate::shard::metadata::MemberState;
 use crate::shard::{Kind, ShardId};
 use crate::transport::ConnId;
 use std::collections::BTreeMap;
@@ -30,7 +31,7 @@ pub(super) struct ClusterView {
     /// This broker's node id.
     pub(super) local: String,
     /// Moves in progress.
-    pub(super) moves: BTreeMap<ShardId, crate::cluster::metadata::Move>,
+    pub(super) moves: BTreeMap<ShardId, crate::shard::metadata::Move>,
     /// Replicated shards' replicas.
     pub(super) replicas: BTreeMap<ShardId, Vec<String>>,
 }
@@ -67,7 +68,7 @@ impl Broker {
     /// applied): streams of the registry are created here with their shard counts, shards owned
     /// elsewhere are marked moved (their local subscriptions end with `shard_moved`), shards
     /// owned here serve. `local` is this broker's node id.
-    pub fn apply_cluster(&mut self, md: &Metadata, local: &str, now: Instant) {
+    pub fn apply_cluster(&mut self, md: &impl ClusterFacts, local: &str, now: Instant) {
         let now = self.clock.advance(now);
         let addr_of = |id: &str| md.members().get(id).map(|m| m.client_addr.clone());
         let brokers = md

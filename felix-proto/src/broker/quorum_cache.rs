@@ -23,6 +23,7 @@ use super::*;
 use crate::binary::{Reader, Records};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::message::{self, B64, Message};
+use crate::shard::metadata::ClusterFacts;
 use crate::shard::replicated::{Answer, ReplicatedBatch};
 use crate::shard::{Kind, ShardId};
 use crate::transport::{ConnId, StreamId, WriteToken};
@@ -185,7 +186,7 @@ impl Broker {
     }
 
     /// Marks the caches whose replicas this broker holds, as the metadata names them.
-    pub(super) fn note_quorum_caches(&mut self, md: &crate::cluster::metadata::Metadata, local: &str) {
+    pub(super) fn note_quorum_caches(&mut self, md: &impl ClusterFacts, local: &str) {
         let mine: Vec<ShardId> = md
             .replicated_shards()
             .filter(|(s, r)| s.kind == Kind::Cache && r.iter().any(|n| n == local))

@@ -15,13 +15,13 @@
 
 use super::*;
 use crate::binary::OwnerHint;
-use crate::cluster::meta::Entry;
 use crate::error_code::ErrorCode;
 use crate::message::RefusedReason;
 use crate::shard::replicated::{Answer, ApplyRefusal, ReplicatedBatch};
 use crate::shard::{Kind, ShardId};
 use crate::transport::{ReadToken, WriteToken};
 use bytes::Bytes;
+use raft::eraftpb::Entry;
 use std::time::Instant;
 
 /// The role of this broker's replica of a replicated shard.

@@ -7,240 +7,19 @@
 //! every change of a shard's owner bumps its generation, which only grows: a request or answer
 //! naming an older generation is stale.
 
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod snapshot;
 
+pub use crate::shard::metadata::{Assignment, ClusterFacts, Command, Member, MemberState, Move, MovePhase};
 pub use crate::shard::{Kind, MAX_SHARDS, ShardId};
-
-/// Whether a member takes shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MemberState {
-    /// Owns its share of shards.
-    Active,
-    /// Being emptied: owns nothing, still a member (left out of `topology`).
-    Draining,
-    /// Declared down by the leader (its lease ran out): its in-memory shards went to the others;
-    /// its durable shards stay its own and are unavailable until it comes back (a `Join`), as
-    /// nobody else holds their records.
-    Down,
-}
-
-/// A broker of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    /// Node id (unique, never reused for another broker).
-    pub id: String,
-    /// Where clients reach it.
-    pub client_addr: String,
-    /// Where brokers reach it.
-    pub cluster_addr: String,
-    /// Active or draining.
-    pub state: MemberState,
-    /// Which life of its data directory the broker is in: chosen at random when its data
-    /// directory is first used, kept there. A broker that comes back with another one lost its
-    /// Raft state and records (a wiped data directory) and is refused by its peers.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub incarnation: String,
-}
-
-/// Who owns a shard, and since which change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Assignment {
-    /// The owning member.
-    pub owner: String,
-    /// Bumped on every change of owner; only grows.
-    pub generation: u64,
-}
-
-/// A shard on its way from one broker to another. Only a single-replica durable stream shard
-/// moves this way (its records are on its owner alone, so they are copied first); an in-memory
-/// shard just changes owner, and a replicated shard's replicas are its Raft group's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Move {
-    /// The owner it leaves (it serves on until the move is done).
-    pub from: String,
-    /// The broker it goes to (it copies the shard's records meanwhile).
-    pub to: String,
-    /// Where the move stands.
-    pub phase: MovePhase,
-}
-
-/// Where a [`Move`] stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "phase", rename_all = "snake_case")]
-pub enum MovePhase {
-    /// The new owner copies the shard's records from the old one, which serves on.
-    CatchingUp,
-    /// The old owner stopped taking writes with its tail at `at`: the new owner copies what is
-    /// below `at`, then takes over ([`Command::FinishMove`]).
-    CutOver {
-        /// The old owner's tail: the first offset the new owner writes.
-        at: u64,
-    },
-}
 
 /// Moves in progress at once, cluster-wide, that placement starts by itself (a join, a drain):
 /// each copies a shard's records, and a joining broker should not be flooded.
 pub const MAX_PLACEMENT_MOVES: usize = 4;
 
-/// A change to the metadata, as the metadata group commits it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum Command {
-    /// A broker joins (or comes back active with new addresses).
-    Join {
-        /// The member.
-        member: Member,
-    },
-    /// A broker hands its shards to the others and takes no more.
-    Drain {
-        /// Node id.
-        id: String,
-    },
-    /// A broker leaves the cluster (or is declared dead): its shards go to the others.
-    Remove {
-        /// Node id.
-        id: String,
-    },
-    /// A stream or cache is created with `shards` shards.
-    Create {
-        /// Stream or cache.
-        kind: Kind,
-        /// Tenant.
-        tenant: String,
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// Shard count (at least 1).
-        shards: u32,
-        /// Kept in memory only: its shards move freely when their owner goes down.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        ephemeral: bool,
-        /// Replicas of each shard (`quorum` durability): 0 or 1 is a single replica on its
-        /// owner's disk; more makes every shard its own Raft group over that many brokers.
-        #[serde(default, skip_serializing_if = "is_single")]
-        replication: u32,
-    },
-    /// A replica of a replicated shard says it leads the shard's Raft group in `term` (its
-    /// generation-start record committed): it becomes the shard's owner, and the shard's
-    /// generation grows. An older term than the one recorded changes nothing.
-    Lead {
-        /// The shard.
-        shard: ShardId,
-        /// The leading replica's node id.
-        node: String,
-        /// Its Raft term.
-        term: u64,
-    },
-    /// The leader declares a member down (it has not been heard from for a lease).
-    MarkDown {
-        /// Node id.
-        id: String,
-    },
-    /// A broker becomes a voter of the metadata group (an operator's `cluster add`). Carried
-    /// as a Raft configuration change; it changes no metadata (the broker then joins).
-    AddVoter {
-        /// Node id.
-        id: String,
-        /// Where brokers reach it (empty for a founding voter: every broker was given those).
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        cluster_addr: String,
-    },
-    /// A broker stops being a voter and leaves (an operator's `cluster remove`): a Raft
-    /// configuration change, and its shards go to the others like [`Command::Remove`].
-    RemoveVoter {
-        /// Node id.
-        id: String,
-        /// The operator accepted losing the records only it held (its durable shards).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        force: bool,
-    },
-    /// A signed token is revoked on every broker of the cluster (an operator's `cluster
-    /// revoke`), by its id (`jti`) and/or its principal (`sub`): what it opened ends `revoked`
-    /// and it no longer authenticates, whatever each broker's own files say.
-    Revoke {
-        /// The token id.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        jti: Option<String>,
-        /// The principal: every token it holds.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        sub: Option<String>,
-    },
-    /// An operator moves a stream shard to broker `to` (`cluster move`): an in-memory shard
-    /// changes owner at once; a durable one starts a [`Move`]. The shard stays on `to` until
-    /// an operator moves it again or `to` stops being active (placement leaves it there).
-    MoveShard {
-        /// The shard.
-        shard: ShardId,
-        /// The broker it goes to.
-        to: String,
-    },
-    /// A replicated shard's replica on `from`, a follower or its leader, goes to broker `to`
-    /// outside its group: `to` joins the group, catches up, and `from` leaves it (handing the
-    /// leadership over first if it leads), done with [`Command::FinishMove`], `to` in
-    /// `from`'s place. [`Command::MoveShard`] always replaces the leader's replica; this
-    /// moves the replica of the broker holding the most (replica balancing, D61). Proposed
-    /// only when every member offered `FEATURE_REPLICA_MOVES`: an older broker cannot read it.
-    MoveReplica {
-        /// The shard.
-        shard: ShardId,
-        /// The replica that leaves.
-        from: String,
-        /// The broker outside the group that takes its place.
-        to: String,
-    },
-    /// The old owner of a moving shard stopped taking writes, its tail at `at` ([`MovePhase::CutOver`]).
-    CutOver {
-        /// The shard.
-        shard: ShardId,
-        /// The old owner (a stale proposal from another changes nothing).
-        from: String,
-        /// Its tail.
-        at: u64,
-    },
-    /// The new owner of a cut-over shard holds every record below `at`: it owns the shard now
-    /// (the next generation), and the old owner's readers end with `shard_moved`.
-    FinishMove {
-        /// The shard.
-        shard: ShardId,
-        /// The new owner.
-        to: String,
-        /// The cut-over tail it copied up to.
-        at: u64,
-    },
-    /// A move is given up (an operator's `cluster move --cancel`, or the old owner when the
-    /// new one did not finish in time): the old owner keeps the shard and serves it again at
-    /// the next generation; placement leaves it there until an operator moves it.
-    CancelMove {
-        /// The shard.
-        shard: ShardId,
-    },
-    /// Placement may move every shard again (an operator's `cluster rebalance`): what
-    /// operators placed and cancelled moves left is placed afresh.
-    Rebalance,
-    /// A stream or cache is deleted.
-    Delete {
-        /// Stream or cache.
-        kind: Kind,
-        /// Tenant.
-        tenant: String,
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-    },
-}
-
 /// A stream's or cache's registry key: kind, tenant, namespace, name.
 type Name = (Kind, String, String, String);
-
-fn is_single(r: &u32) -> bool {
-    *r <= 1
-}
 
 /// Why a command changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -936,6 +715,53 @@ impl Command {
     /// [`CommandError::Decode`] for bytes that are not a command.
     pub fn decode(bytes: &[u8]) -> Result<Command, CommandError> {
         serde_json::from_slice(bytes).map_err(|e| CommandError::Decode(e.to_string()))
+    }
+}
+
+/// What the broker reads of the metadata ([`ClusterFacts`]): the same answers as the methods
+/// of the same names.
+impl ClusterFacts for Metadata {
+    fn members(&self) -> &BTreeMap<String, Member> {
+        Metadata::members(self)
+    }
+    fn is_gone(&self, id: &str) -> bool {
+        Metadata::is_gone(self, id)
+    }
+    fn owners(&self) -> &BTreeMap<ShardId, Assignment> {
+        Metadata::owners(self)
+    }
+    fn owner(&self, shard: &ShardId) -> Option<&Assignment> {
+        Metadata::owner(self, shard)
+    }
+    fn replicas(&self, shard: &ShardId) -> Option<&[String]> {
+        Metadata::replicas(self, shard)
+    }
+    fn replicated_shards(&self) -> impl Iterator<Item = (&ShardId, &[String])> {
+        Metadata::replicated_shards(self)
+    }
+    fn replication(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> u32 {
+        Metadata::replication(self, kind, tenant, namespace, name)
+    }
+    fn shard_count(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> Option<u32> {
+        Metadata::shard_count(self, kind, tenant, namespace, name)
+    }
+    fn is_ephemeral(&self, kind: Kind, tenant: &str, namespace: &str, name: &str) -> bool {
+        Metadata::is_ephemeral(self, kind, tenant, namespace, name)
+    }
+    fn moves(&self) -> &BTreeMap<ShardId, Move> {
+        Metadata::moves(self)
+    }
+    fn moving(&self, shard: &ShardId) -> Option<&Move> {
+        Metadata::moving(self, shard)
+    }
+    fn unavailable(&self, shard: &ShardId) -> bool {
+        Metadata::unavailable(self, shard)
+    }
+    fn revoked_jti(&self) -> &std::collections::BTreeSet<String> {
+        Metadata::revoked_jti(self)
+    }
+    fn revoked_sub(&self) -> &std::collections::BTreeSet<String> {
+        Metadata::revoked_sub(self)
     }
 }
 

@@ -5,7 +5,6 @@
 //! reading that log back from its files once entries left memory ([`log_read`]); the byte budget
 //! of moves ([`bandwidth`]).
 
-pub mod bandwidth;
 pub mod log_read;
 pub mod meta;
 pub mod metadata;
@@ -22,4 +21,5 @@ pub mod status;
 #[cfg(feature = "testkit")]
 pub mod world;
 
+pub use crate::shard::bandwidth;
 pub use placement::place;

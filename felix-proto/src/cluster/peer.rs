@@ -69,6 +69,8 @@ use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::{ErrorCode, RetryClass};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+pub use crate::shard::copy::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
+
 /// A peer's hello bit: it reads `heartbeats` (kind 9).
 pub const FEATURE_COALESCED_HEARTBEATS: u64 = 0x1;
 
@@ -145,35 +147,6 @@ pub struct SnapshotChunk {
     pub data: Bytes,
 }
 
-/// A moving shard's new owner asks the old one for its records (kind 10).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CopyRequest {
-    /// The stream shard.
-    pub shard: ShardId,
-    /// The first offset wanted; `None` for a first request (from the shard's start).
-    pub from: Option<u64>,
-    /// About how many payload bytes to send at most.
-    pub max_bytes: u32,
-}
-
-/// The old owner's answer to a [`CopyRequest`] (kind 11).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CopyAnswer {
-    /// The stream shard.
-    pub shard: ShardId,
-    /// What it sends, or why not.
-    pub body: CopyBody,
-}
-
-/// A shard copy's message, as a broker hands it to its cluster node to send.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyMessage {
-    /// To the old owner.
-    Request(CopyRequest),
-    /// To the new owner.
-    Answer(CopyAnswer),
-}
-
 impl From<CopyMessage> for PeerMessage {
     fn from(m: CopyMessage) -> PeerMessage {
         match m {
@@ -181,38 +154,6 @@ impl From<CopyMessage> for PeerMessage {
             CopyMessage::Answer(a) => PeerMessage::CopyAnswer(a),
         }
     }
-}
-
-/// What a [`CopyAnswer`] carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyBody {
-    /// Records in offset order from the one asked for (fewer than asked near the tail).
-    Batches {
-        /// The old owner's oldest retained offset.
-        start: u64,
-        /// Its committed tail: the first offset it has not written (yet).
-        tail: u64,
-        /// It stopped taking writes for the cut-over: `tail` is final.
-        cutting: bool,
-        /// The batches.
-        batches: Vec<crate::storage::StoredBatch>,
-    },
-    /// A cache's values (and counters), whole or what changed since the offset asked for.
-    Cache {
-        /// The offset the cache's next change takes there.
-        tail: u64,
-        /// It stopped taking writes for the cut-over: `tail` is final.
-        cutting: bool,
-        /// `records` are the whole cache (a reset first), not changes.
-        full: bool,
-        /// Cache records (the system log's encoding), in offset order.
-        records: Vec<Bytes>,
-        /// The counters, whole (a reset, then every value).
-        counters: Vec<Bytes>,
-    },
-    /// It cannot serve the copy (not the shard's owner, no such move, a read that failed):
-    /// ask again later.
-    Refused(String),
 }
 
 /// One Raft message's bytes, possibly in pieces: a leader's entries are not copied into one

@@ -6,6 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod bandwidth;
+pub mod copy;
+pub mod metadata;
+pub mod page;
 pub mod replicated;
 
 /// Stream or cache.

@@ -1,0 +1,55 @@
+//! The modules' floors (docs/architecture.md): the cluster builds on the broker, the broker on
+//! `shard`, and never the other way. Read from the sources, so an import that climbs a floor
+//! fails here rather than growing back into a circle. Doc links may point anywhere: they are
+//! read by people, not compiled into a dependency.
+
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`, recursively, in name order.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("a source directory").flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            out.extend(sources(&p));
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The lines of `file` that are code (not comments) and name `path`.
+fn code_naming(file: &Path, path: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(file).expect("a readable source");
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| !l.starts_with("//"))
+        .filter(|l| l.contains(path))
+        .map(|l| format!("{}: {l}", file.display()))
+        .collect()
+}
+
+fn climbing(floor: &str, above: &[&str]) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(floor);
+    let files = sources(&root);
+    assert!(files.len() > 3, "found the sources of {floor}");
+    files.iter().flat_map(|f| above.iter().flat_map(move |p| code_naming(f, p))).collect()
+}
+
+#[test]
+fn the_broker_never_names_the_cluster() {
+    let found = climbing("broker", &["crate::cluster", "super::super::cluster"]);
+    assert!(
+        found.is_empty(),
+        "broker/ imports the cluster (it takes what it needs from crate::shard):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_shard_floor_names_neither_the_broker_nor_the_cluster() {
+    let found = climbing("shard", &["crate::cluster", "crate::broker", "super::super::"]);
+    assert!(found.is_empty(), "shard/ climbs a floor:\n{}", found.join("\n"));
+}
