@@ -17,7 +17,7 @@
 
 use super::publish::NewBatch;
 use super::*;
-use crate::binary::{OwnerHint, PublishAck, Records};
+use crate::binary::{OwnerHint, PublishAck};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::flags::Flags;
 use crate::routing::shard_for_key;
@@ -29,64 +29,7 @@ use std::time::{Duration, Instant};
 /// How long the origin waits for the owner's answer to a forwarded acked publish.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A publish forwarded to its shard's owner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForwardedPublish {
-    /// Names it on the origin until its answer comes back.
-    pub id: u64,
-    /// Tenant.
-    pub tenant_id: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Stream.
-    pub stream: String,
-    /// The shard the origin routed it to.
-    pub shard: u32,
-    /// The owner's generation the origin routed by.
-    pub generation: u64,
-    /// The key it was published with (D57; sent only to an owner that offered
-    /// [`FEATURE_BATCH_META`](crate::cluster::peer::FEATURE_BATCH_META), D59).
-    pub key: Option<Bytes>,
-    /// The records, as the client sent them (with their envelope and compressed form only to
-    /// an owner that offered `FEATURE_BATCH_META`).
-    pub records: Records,
-    /// The publishing principal (recorded as the publisher).
-    pub publisher: Option<Bytes>,
-    /// Whether the client waits for an answer.
-    pub acked: bool,
-}
-
-impl ForwardedPublish {
-    /// What an owner that did not offer
-    /// [`FEATURE_BATCH_META`](crate::cluster::peer::FEATURE_BATCH_META) reads (D59): no key,
-    /// the plain block. `None` for a batch with an envelope: its records are ciphertext that
-    /// no subscriber could open without it, so it is refused rather than sent without it.
-    pub fn without_meta(self) -> Option<ForwardedPublish> {
-        if self.records.envelope().is_some() {
-            return None;
-        }
-        Some(ForwardedPublish { key: None, records: self.records.plain(), ..self })
-    }
-}
-
-/// The owner's answer to a forwarded publish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForwardOutcome {
-    /// Appended; the first record's offset on a durable shard.
-    Appended {
-        /// Offset of the first record.
-        offset: Option<u64>,
-    },
-    /// Refused; nothing was appended.
-    Refused {
-        /// Code.
-        code: ErrorCode,
-        /// Retry class.
-        retry: RetryClass,
-        /// Prose.
-        message: String,
-    },
-}
+pub use crate::shard::forward::{ForwardOutcome, ForwardedPublish};
 
 /// An acked publish forwarded and not answered yet.
 #[derive(Debug)]

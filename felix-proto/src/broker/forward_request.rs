@@ -30,22 +30,7 @@ use std::time::Instant;
 
 pub use super::forward::FORWARD_TIMEOUT;
 
-/// A cache or counter request forwarded to the cache's owner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForwardedRequest {
-    /// Names it on the origin until its answer comes back.
-    pub id: u64,
-    /// The client's tenant (the origin checked its permission).
-    pub tenant_id: String,
-    /// The client's principal.
-    pub principal: Bytes,
-    /// The client's flags, so that the answer is built for it.
-    pub flags: u16,
-    /// The client's features.
-    pub features: u64,
-    /// The request, as one JSON frame.
-    pub request: Bytes,
-}
+pub use crate::shard::forward::ForwardedRequest;
 
 /// A forwarded request not answered yet (origin side).
 #[derive(Debug)]

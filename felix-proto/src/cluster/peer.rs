@@ -64,9 +64,9 @@
 //! whose hello does not match is refused before anything else it sent is read.
 
 use crate::binary::{PayloadError, Reader, Records};
-use crate::broker::{ForwardOutcome, ForwardedPublish, ForwardedRequest};
 use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::{ErrorCode, RetryClass};
+use crate::shard::forward::{ForwardOutcome, ForwardedPublish, ForwardedRequest};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 pub use crate::shard::copy::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
@@ -864,7 +864,7 @@ impl PeerDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::ForwardedRequest;
+    use crate::shard::forward::ForwardedRequest;
     use proptest::prelude::*;
 
     fn samples() -> Vec<PeerMessage> {

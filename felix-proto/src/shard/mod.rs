@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod bandwidth;
 pub mod copy;
+pub mod forward;
 pub mod metadata;
 pub mod page;
 pub mod replicated;
