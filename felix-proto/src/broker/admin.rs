@@ -229,7 +229,7 @@ impl Broker {
             return self.refuse(conn, st, r);
         }
         let now = self.clock.advance(now);
-        if let Some(view) = &self.cluster {
+        if let Some(view) = &self.membership.view {
             // In a cluster the stream is the cluster's: its deletion goes through the metadata
             // group, and every broker deletes its shards when it is committed.
             let existed = view.owners.keys().any(|s| {

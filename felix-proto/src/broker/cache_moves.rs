@@ -50,7 +50,7 @@ impl Broker {
     /// The old owner: a new owner asks for a cache moving to it.
     pub(super) fn handle_cache_copy_request(&mut self, from: &str, q: CopyRequest, now: Instant) {
         let s = q.shard;
-        if self.moves_out.get(&s).is_none_or(|o| o.to() != from) {
+        if self.membership.moves_out.get(&s).is_none_or(|o| o.to() != from) {
             let why = format!("no move of cache {} to {from} here", s.name);
             let m = CopyMessage::Answer(CopyAnswer { shard: s, body: CopyBody::Refused(why) });
             return self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message: m }));
@@ -69,11 +69,11 @@ impl Broker {
         };
         // Asked for what changed since a copy: the rest is small, so writes stop now, for
         // the cut-over.
-        if !full && let Some(o) = self.moves_out.get_mut(&s) {
+        if !full && let Some(o) = self.membership.moves_out.get_mut(&s) {
             o.start_cutting(now);
         }
         let settled = self.cache_settled(&k);
-        let cutting = self.moves_out.get(&s).is_some_and(|o| o.is_cutting()) && settled;
+        let cutting = self.membership.moves_out.get(&s).is_some_and(|o| o.is_cutting()) && settled;
         let counters =
             self.counters.get(&k).map_or_else(|| vec![syslog::CounterOp::Reset.encode()], Counters::checkpoint);
         let message = CopyMessage::Answer(CopyAnswer {
@@ -90,7 +90,7 @@ impl Broker {
     pub(super) fn cache_copy_answer(&mut self, s: &ShardId, body: CopyBody, now: Instant) {
         let CopyBody::Cache { tail, full, records, counters, .. } = body else { return };
         let k = cache_key(s);
-        let Some(i) = self.moves_in.get_mut(s) else { return };
+        let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         i.source_tail = tail;
         if !full && i.next.is_none() {
             // Changes without the cache they change (an answer to an older request): ask for
@@ -126,7 +126,7 @@ impl Broker {
             self.sys_append(&syslog::counters_key(&k), counters, sums, now);
             writes = 2;
         }
-        let Some(i) = self.moves_in.get_mut(s) else { return };
+        let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         i.writing += writes;
         if writes == 0 {
             i.due = Some(crate::transport::after(now, super::moves::COPY_POLL));
@@ -136,7 +136,7 @@ impl Broker {
 
     /// One of a copied cache's system-log writes settled here.
     pub(super) fn cache_copy_written(&mut self, s: &ShardId, ok: bool, now: Instant) {
-        let Some(i) = self.moves_in.get_mut(s) else { return };
+        let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         i.writing = i.writing.saturating_sub(1);
         if !ok {
             i.failed = true;
@@ -190,8 +190,8 @@ impl Broker {
                 s.kind == Kind::Cache
                     && a.owner != local
                     && md.replicas(s).is_none()
-                    && !self.moves_in.contains_key(*s)
-                    && !self.moves_out.contains_key(*s)
+                    && !self.membership.moves_in.contains_key(*s)
+                    && !self.membership.moves_out.contains_key(*s)
             })
             .map(|(s, _)| s.clone())
             .filter(|s| {

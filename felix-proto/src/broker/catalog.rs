@@ -40,7 +40,7 @@ impl Broker {
         for spec in self.cfg.streams.iter().filter(|s| s.tenant_id == t) {
             all.entry((spec.namespace.clone(), spec.name.clone())).or_insert(spec.config.shards.max(1));
         }
-        if let Some(view) = &self.cluster {
+        if let Some(view) = &self.membership.view {
             for id in view.owners.keys().filter(|id| id.kind == Kind::Stream && id.tenant == t) {
                 let n = all.entry((id.namespace.clone(), id.name.clone())).or_insert(0);
                 *n = (*n).max(id.shard + 1);

@@ -104,7 +104,7 @@ impl Broker {
         } else {
             None
         };
-        if self.cluster.is_none() {
+        if self.membership.view.is_none() {
             let status = serde_json::json!({"cluster": false});
             let m = Message::ClusterStatusView(message::ClusterStatusView { status, request_id: q.request_id });
             return self.send(conn, st, json_frame(&m));
@@ -120,7 +120,7 @@ impl Broker {
         {
             return self.refuse(conn, st, r);
         }
-        if self.cluster.is_none() {
+        if self.membership.view.is_none() {
             let r = Refusal::new(ErrorCode::InvalidRequest, "this broker runs alone: there is nowhere to move a shard");
             return self.refuse(conn, st, r);
         }
@@ -139,10 +139,10 @@ impl Broker {
 
     /// Holds the answer's turn and hands the request to the cluster node.
     fn ask_cluster(&mut self, conn: ConnId, st: &mut CtlStream, request_id: u64, request: ClusterAdminRequest) {
-        let id = self.next_forward;
-        self.next_forward += 1;
+        let id = self.membership.next_forward;
+        self.membership.next_forward += 1;
         let offer = Self::features_of(st);
-        self.cluster_admin.insert(id, PendingAdmin { conn, stream: st.id, request_id, offer });
+        self.membership.admin.insert(id, PendingAdmin { conn, stream: st.id, request_id, offer });
         Self::hold(st, HeldFor::Admin(id));
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { id, request }));
     }
@@ -150,7 +150,7 @@ impl Broker {
     /// The cluster node answered a [`ClusterOutput::ClusterAdmin`]: the client gets it in its
     /// turn on its stream.
     pub fn handle_cluster_admin_answer(&mut self, id: u64, answer: ClusterAdminAnswer) {
-        let Some(p) = self.cluster_admin.remove(&id) else { return };
+        let Some(p) = self.membership.admin.remove(&id) else { return };
         let m = match answer {
             ClusterAdminAnswer::Status(status) => {
                 Message::ClusterStatusView(message::ClusterStatusView { status, request_id: p.request_id })

@@ -296,7 +296,7 @@ impl Broker {
             return Ok(());
         }
         self.groups.entry((k.clone(), shard)).or_default();
-        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         Err(super::Moved {
             node_id: local,
             addr: None,

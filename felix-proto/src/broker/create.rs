@@ -56,7 +56,7 @@ impl Broker {
             let shards = s.shards.unwrap_or(d.shards).max(1);
             let durable = s.durable.unwrap_or(d.durable);
             let replication = s.replication.unwrap_or(d.replication).max(1);
-            if self.cluster.is_some() {
+            if self.membership.view.is_some() {
                 // The cluster creates it on every broker once the metadata group commits it;
                 // a create of a stream proposed meanwhile by another request is refused there
                 // and changes nothing.
@@ -149,12 +149,12 @@ impl Broker {
         let mut existing = Vec::with_capacity(c.streams.len());
         let mut new = 0u64;
         for s in &c.streams {
-            check_new_stream(s, self.cluster.is_some())?;
+            check_new_stream(s, self.membership.view.is_some())?;
             if !seen.insert(s.stream.as_str()) {
                 return Err(bad(format!("stream {} is named twice", s.stream)));
             }
             self.authorize(st, &c.tenant_id, &c.namespace, &s.stream, Action::Admin)?;
-            let shards = match &self.cluster {
+            let shards = match &self.membership.view {
                 Some(view) => view.shard_count(&crate::shard::ShardId::of(
                     crate::shard::Kind::Stream,
                     &c.tenant_id,

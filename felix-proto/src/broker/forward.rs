@@ -53,14 +53,18 @@ impl Broker {
         reply: Reply,
         now: Instant,
     ) -> bool {
-        if self.cluster.is_none() || req.idempotent.is_some() || req.expected_offset.is_some() || req.state.is_some() {
+        if self.membership.view.is_none()
+            || req.idempotent.is_some()
+            || req.expected_offset.is_some()
+            || req.state.is_some()
+        {
             return false;
         }
         // A fenced broker (out of touch with the metadata leader) forwards nothing: the owner
         // it knows may be stale and the link to it may be what cut it off (a one-way fault left
         // every forwarded batch unanswered for the whole forward timeout). The refusal stands:
         // `not_leader` names the owner, and the client goes there itself.
-        if self.fenced {
+        if self.membership.fenced {
             return false;
         }
         let Some(entry) = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()) else {
@@ -77,16 +81,16 @@ impl Broker {
         let Some(sess) = st.session.as_ref() else { return false };
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
         let offer = sess.offer;
-        let id = self.next_forward;
-        self.next_forward += 1;
+        let id = self.membership.next_forward;
+        self.membership.next_forward += 1;
         let acked = !matches!(reply, Reply::None);
         if acked {
             let seq = self.owe(conn, st, reply);
             let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
-            self.forward_deadlines.insert((deadline, id));
+            self.membership.forward_deadlines.insert((deadline, id));
             let waiter = Waiter { conn, stream: st.id, seq, reply, offer };
             let to = (req.tenant_id.clone(), req.namespace.clone(), req.stream.clone(), shard);
-            self.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: to });
+            self.membership.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: to });
         }
         self.stats.publishes_forwarded += 1;
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Forward {
@@ -205,8 +209,8 @@ impl Broker {
     /// The owner answered a publish forwarded from here: the client gets it.
     pub fn handle_forward_answer(&mut self, id: u64, outcome: ForwardOutcome, now: Instant) {
         let now = self.clock.advance(now);
-        let Some(f) = self.forwards.remove(&id) else { return };
-        self.forward_deadlines.remove(&(f.deadline, id));
+        let Some(f) = self.membership.forwards.remove(&id) else { return };
+        self.membership.forward_deadlines.remove(&(f.deadline, id));
         let result = match outcome {
             ForwardOutcome::Appended { offset } => Ok(offset),
             ForwardOutcome::Refused { code: ErrorCode::NotLeader, message, .. } => {
@@ -234,8 +238,8 @@ impl Broker {
     /// is down): `shard_unavailable`, retryable.
     pub fn handle_forward_failed(&mut self, id: u64, now: Instant) {
         let now = self.clock.advance(now);
-        let Some(f) = self.forwards.remove(&id) else { return };
-        self.forward_deadlines.remove(&(f.deadline, id));
+        let Some(f) = self.membership.forwards.remove(&id) else { return };
+        self.membership.forward_deadlines.remove(&(f.deadline, id));
         let mut r = Refusal::new(
             ErrorCode::ShardUnavailable,
             format!("the shard's owner {} cannot be reached", f.owner.node_id),
@@ -252,7 +256,7 @@ impl Broker {
     pub fn handle_peer_connection_lost(&mut self, peer: &str, now: Instant) {
         let now = self.clock.advance(now);
         let mut lost: Vec<u64> =
-            self.forwards.iter().filter(|(_, f)| f.owner.node_id == peer).map(|(id, _)| *id).collect();
+            self.membership.forwards.iter().filter(|(_, f)| f.owner.node_id == peer).map(|(id, _)| *id).collect();
         // In the order they were forwarded (the map's own order must not decide the output's).
         lost.sort_unstable();
         self.answer_forwards_unknown(&lost, now, |owner| {
@@ -267,8 +271,8 @@ impl Broker {
     /// with `why` of their owner.
     fn answer_forwards_unknown(&mut self, ids: &[u64], now: Instant, why: impl Fn(&str) -> String) {
         for id in ids {
-            let Some(f) = self.forwards.remove(id) else { continue };
-            self.forward_deadlines.remove(&(f.deadline, *id));
+            let Some(f) = self.membership.forwards.remove(id) else { continue };
+            self.membership.forward_deadlines.remove(&(f.deadline, *id));
             let r = Refusal::new(ErrorCode::Unacknowledged, why(&f.owner.node_id));
             self.answer_forwarded(f, Err(&r), now);
         }
@@ -277,14 +281,14 @@ impl Broker {
     /// Forwarded publishes whose answer did not come in time: `unacknowledged` (the owner may
     /// have appended them).
     pub(super) fn forwards_timeout(&mut self, now: Instant) {
-        while let Some(&(d, id)) = self.forward_deadlines.first()
+        while let Some(&(d, id)) = self.membership.forward_deadlines.first()
             && d <= now
         {
-            self.forward_deadlines.pop_first();
+            self.membership.forward_deadlines.pop_first();
             if self.forward_request_timed_out(id) {
                 continue;
             }
-            if let Some(f) = self.forwards.remove(&id) {
+            if let Some(f) = self.membership.forwards.remove(&id) {
                 let r = Refusal::new(
                     ErrorCode::Unacknowledged,
                     "the shard's owner did not answer in time; the batch may have been appended",
@@ -303,6 +307,7 @@ impl Broker {
     pub(super) fn forwards_to_gone_owners(&mut self, md: &impl ClusterFacts, now: Instant) {
         use crate::shard::{Kind, ShardId};
         let mut gone: Vec<u64> = self
+            .membership
             .forwards
             .iter()
             .filter(|(_, f)| {
@@ -336,7 +341,7 @@ impl Broker {
     }
 
     pub(super) fn forward_deadline(&self) -> Option<Instant> {
-        self.forward_deadlines.first().map(|(d, _)| *d)
+        self.membership.forward_deadlines.first().map(|(d, _)| *d)
     }
 
     fn answer_forwarded(&mut self, f: Forwarding, result: Result<Option<u64>, &Refusal>, now: Instant) {

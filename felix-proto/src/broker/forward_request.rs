@@ -84,7 +84,7 @@ enum CacheHome {
 
 impl Broker {
     fn cache_home(&self, t: &str, ns: &str, c: &str) -> CacheHome {
-        let Some(view) = &self.cluster else { return CacheHome::Here };
+        let Some(view) = &self.membership.view else { return CacheHome::Here };
         // A replicated cache with a replica here: where its group says it is led.
         match self.quorum_cache_home(&key(t, ns, c)) {
             Some(Ok(leader)) => return CacheHome::Elsewhere(leader),
@@ -95,7 +95,7 @@ impl Broker {
         let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
         match view.owners.get(&id) {
             None => CacheHome::Unknown,
-            Some((owner, _, _)) if *owner == view.local && self.fenced => {
+            Some((owner, _, _)) if *owner == view.local && self.membership.fenced => {
                 let m = Moved {
                     node_id: owner.clone(),
                     addr: None,
@@ -156,7 +156,7 @@ impl Broker {
 
     /// The shard count `cache_shards` answers in a cluster: 1 once the cluster knows the cache.
     pub(super) fn cluster_cache_shards(&self, t: &str, ns: &str, c: &str) -> Option<u32> {
-        let view = self.cluster.as_ref()?;
+        let view = self.membership.view.as_ref()?;
         let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
         Some(u32::from(view.owners.contains_key(&id)))
     }
@@ -170,7 +170,7 @@ impl Broker {
         m: &Message,
         now: Instant,
     ) -> bool {
-        if self.cluster.is_none() {
+        if self.membership.view.is_none() {
             return false;
         }
         let Some((t, ns, c, write)) = cache_target(m) else { return false };
@@ -216,8 +216,8 @@ impl Broker {
             self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "request too large to forward"));
             return true;
         }
-        let id = self.next_forward;
-        self.next_forward += 1;
+        let id = self.membership.next_forward;
+        self.membership.next_forward += 1;
         let offer = sess.offer;
         let fwd = ForwardedRequest {
             id,
@@ -228,8 +228,9 @@ impl Broker {
             request: request.freeze(),
         };
         let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
-        self.forward_deadlines.insert((deadline, id));
-        self.request_forwards
+        self.membership.forward_deadlines.insert((deadline, id));
+        self.membership
+            .request_forwards
             .insert(id, PendingRequest { conn, stream: st.id, offer, write, deadline, owner: moved.node_id.clone() });
         Self::hold(st, HeldFor::Forward(id));
         self.stats.requests_forwarded += 1;
@@ -241,8 +242,8 @@ impl Broker {
     /// its turn on its stream.
     pub fn handle_forward_request_answer(&mut self, id: u64, data: Bytes, now: Instant) {
         self.clock.advance(now);
-        let Some(p) = self.request_forwards.remove(&id) else { return };
-        self.forward_deadlines.remove(&(p.deadline, id));
+        let Some(p) = self.membership.request_forwards.remove(&id) else { return };
+        self.membership.forward_deadlines.remove(&(p.deadline, id));
         self.fill_held(p.conn, p.stream, HeldFor::Forward(id), data);
     }
 
@@ -250,8 +251,8 @@ impl Broker {
     /// `shard_unavailable` (retry).
     pub fn handle_forward_request_failed(&mut self, id: u64, now: Instant) {
         self.clock.advance(now);
-        let Some(p) = self.request_forwards.remove(&id) else { return };
-        self.forward_deadlines.remove(&(p.deadline, id));
+        let Some(p) = self.membership.request_forwards.remove(&id) else { return };
+        self.membership.forward_deadlines.remove(&(p.deadline, id));
         let mut r =
             Refusal::new(ErrorCode::ShardUnavailable, format!("the cache's owner {} cannot be reached", p.owner));
         r.retry = RetryClass::Retry;
@@ -270,6 +271,7 @@ impl Broker {
     /// answer never comes. In the order they were forwarded.
     pub(super) fn request_forwards_to_gone_owners(&mut self, md: &impl ClusterFacts) {
         let mut gone: Vec<(u64, Instant)> = self
+            .membership
             .request_forwards
             .iter()
             .filter(|(_, p)| md.is_gone(&p.owner))
@@ -277,7 +279,7 @@ impl Broker {
             .collect();
         gone.sort_unstable();
         for (id, deadline) in gone {
-            self.forward_deadlines.remove(&(deadline, id));
+            self.membership.forward_deadlines.remove(&(deadline, id));
             self.give_up_request_forward(id, "went down before it answered");
         }
     }
@@ -287,11 +289,16 @@ impl Broker {
     /// to be sent again) rather than after the forward timeout. In the order they were
     /// forwarded.
     pub(super) fn request_forwards_on_lost_connection(&mut self, peer: &str) {
-        let mut lost: Vec<(u64, Instant)> =
-            self.request_forwards.iter().filter(|(_, p)| p.owner == peer).map(|(id, p)| (*id, p.deadline)).collect();
+        let mut lost: Vec<(u64, Instant)> = self
+            .membership
+            .request_forwards
+            .iter()
+            .filter(|(_, p)| p.owner == peer)
+            .map(|(id, p)| (*id, p.deadline))
+            .collect();
         lost.sort_unstable();
         for (id, deadline) in lost {
-            self.forward_deadlines.remove(&(deadline, id));
+            self.membership.forward_deadlines.remove(&(deadline, id));
             self.give_up_request_forward(id, "closed its connection to this broker before it answered");
         }
     }
@@ -299,7 +306,7 @@ impl Broker {
     /// Answers a forwarded request whose owner's answer is not coming: a write's outcome is
     /// unknown, a read may be sent again.
     fn give_up_request_forward(&mut self, id: u64, why: &str) -> bool {
-        let Some(p) = self.request_forwards.remove(&id) else { return false };
+        let Some(p) = self.membership.request_forwards.remove(&id) else { return false };
         let r = if p.write {
             Refusal::new(
                 ErrorCode::Unacknowledged,
@@ -365,18 +372,18 @@ impl Broker {
             CacheHome::Refused(refusal) => return answer_now(self, refusal),
         }
         // An internal connection per origin, an internal stream per request, vouched for.
-        let conn = match self.served.by_origin.get(from) {
+        let conn = match self.membership.served.by_origin.get(from) {
             Some(c) => *c,
             None => {
                 let c = self.internal_connection(now);
-                self.served.by_origin.insert(from.to_owned(), c);
-                self.served.conns.insert(c, from.to_owned());
+                self.membership.served.by_origin.insert(from.to_owned(), c);
+                self.membership.served.conns.insert(c, from.to_owned());
                 c
             }
         };
-        let stream = StreamId::new(Side::Client, Dir::Bi, self.served.next_stream);
-        self.served.next_stream += 1;
-        self.served.streams.insert((conn, stream), r.id);
+        let stream = StreamId::new(Side::Client, Dir::Bi, self.membership.served.next_stream);
+        self.membership.served.next_stream += 1;
+        self.membership.served.streams.insert((conn, stream), r.id);
         let mut decoder = FrameDecoder::new();
         decoder.set_max_frame_len(self.cfg.max_frame_len);
         let mut st = Box::new(CtlStream::new(stream, decoder, None));
@@ -412,7 +419,7 @@ impl Broker {
 
     /// How many of the connections are internal ones.
     pub(super) fn internal_connections(&self) -> usize {
-        self.served.conns.len()
+        self.membership.served.conns.len()
     }
 
     /// Turns an output for an internal connection into what it stands for: the first answer on
@@ -427,9 +434,9 @@ impl Broker {
             | BrokerOutput::Transport(TransportOutput::OpenUni { conn, .. }) => *conn,
             _ => return Some(o),
         };
-        let Some(origin) = self.served.conns.get(&conn).cloned() else { return Some(o) };
+        let Some(origin) = self.membership.served.conns.get(&conn).cloned() else { return Some(o) };
         let BrokerOutput::Transport(TransportOutput::Transmit { stream, data, .. }) = o else { return None };
-        let id = self.served.streams.remove(&(conn, stream))?;
+        let id = self.membership.served.streams.remove(&(conn, stream))?;
         if let Some(c) = self.conns.get_mut(&conn) {
             c.streams.remove(&stream);
         }

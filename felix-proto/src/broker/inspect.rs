@@ -54,7 +54,7 @@ impl Broker {
             name: q.name.clone(),
             shard: q.shard,
         };
-        let node_id = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let node_id = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let k = KeyRef(&q.tenant_id, &q.namespace, &q.name);
         let mut view = message::InspectView {
             node_id: node_id.clone(),
@@ -92,12 +92,12 @@ impl Broker {
                 None => (0, None, None, None),
             },
         };
-        view.shards = self.cluster.as_ref().and_then(|c| c.shard_count(&id)).unwrap_or(shards);
+        view.shards = self.membership.view.as_ref().and_then(|c| c.shard_count(&id)).unwrap_or(shards);
         if view.shards == 0 || q.shard >= view.shards {
             view.shards = view.shards.max(shards);
             return view;
         }
-        let Some(c) = &self.cluster else {
+        let Some(c) = &self.membership.view else {
             // A broker alone serves everything it has.
             view.role = "leader".into();
             view.phase = "active".into();
@@ -141,7 +141,7 @@ impl Broker {
             view.committed = local.map(|l| l.1);
         }
         let (phase, reason) = match (&moved, mine) {
-            _ if self.fenced && mine => ("fencing", Some("lease_lapsed")),
+            _ if self.membership.fenced && mine => ("fencing", Some("lease_lapsed")),
             (Some((super::Unavailable::Moving, _)), true) => ("draining", Some("draining")),
             (Some((super::Unavailable::Fenced, _)), true) => ("fencing", Some("lease_lapsed")),
             (Some((_, true)), true) => ("opening", Some("opening")),
@@ -246,7 +246,7 @@ impl Broker {
         });
         let m = Message::SubscriptionsListInfo(message::SubscriptionsListInfo {
             request_id: q.request_id,
-            node_id: self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default(),
+            node_id: self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default(),
             subscriptions: page,
             next_cursor,
         });

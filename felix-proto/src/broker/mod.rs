@@ -54,6 +54,7 @@ mod inputs;
 mod inspect;
 mod key;
 mod limits;
+mod membership;
 mod moved;
 mod moves;
 pub mod notice;
@@ -513,41 +514,14 @@ pub struct Broker {
     counters: HashMap<Key, syslog::Counters>,
     /// State of the random sequence (splitmix64), seeded from the configuration.
     rng: u64,
-    /// The cluster this broker belongs to, as its metadata last said ([`ownership`]).
-    cluster: Option<ownership::ClusterView>,
-    /// Acked publishes forwarded to their owner and not answered yet, by forward id.
-    forwards: HashMap<u64, forward::Forwarding>,
-    forward_deadlines: std::collections::BTreeSet<(Instant, u64)>,
-    next_forward: u64,
     /// `stream_create` requests waiting for storage (D60).
     creates: create::Creates,
-    /// Cache and counter requests forwarded to the cache's owner, by forward id.
-    request_forwards: HashMap<u64, forward_request::PendingRequest>,
-    /// Operator requests the cluster node is answering, by id (from `next_forward`).
-    cluster_admin: std::collections::BTreeMap<u64, cluster_admin::PendingAdmin>,
-    /// Requests this broker serves for others (it owns their caches).
-    served: forward_request::Served,
     /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
     draining: bool,
-    /// In a cluster, this broker lost contact with the metadata leader (its lease may have
-    /// lapsed and its shards been given to others): it serves none of its own shards.
-    fenced: bool,
-    /// Moves of shards this broker owns, to others.
-    moves_out: std::collections::BTreeMap<crate::shard::ShardId, moves::Outgoing>,
-    /// Moves of shards to this broker: their copies.
-    moves_in: std::collections::BTreeMap<crate::shard::ShardId, moves::Incoming>,
-    /// The byte budget of moves' copies, to and from this broker (`--move-bandwidth`); the
-    /// cluster node charges replicated shards' catch-up to it too.
-    pub(crate) move_bandwidth: crate::shard::bandwidth::Bandwidth,
-    /// Copied batches being written.
-    import_writes: std::collections::BTreeMap<WriteToken, (crate::shard::ShardId, crate::storage::StoredBatch)>,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
     /// Streams paused for their tenant's rate, and when they are read again.
     rate_resumes: std::collections::BTreeSet<(Instant, ConnId, StreamId)>,
-    /// Signed tokens revoked through the cluster's metadata (by id, by principal), besides the
-    /// revocations of the broker's own configuration.
-    cluster_revoked: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
     /// Subscriptions and watches opened with a signed token: (its expiry in seconds, connection,
     /// subscription, the token), ended `revoked` when it comes or the token is revoked.
     credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64, Credential)>,
@@ -568,6 +542,8 @@ pub struct Broker {
     resumes: Vec<(ConnId, StreamId)>,
     /// Cache watches by cache.
     cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
+    /// What this broker holds as a member of a cluster (nothing in use on a single broker).
+    pub(crate) membership: membership::Membership,
 }
 
 impl Broker {
@@ -625,23 +601,10 @@ impl Broker {
             counters: HashMap::new(),
             rng: 0,
             groups: HashMap::new(),
-            cluster: None,
-            forwards: HashMap::new(),
-            forward_deadlines: std::collections::BTreeSet::new(),
-            next_forward: 1,
             creates: create::Creates::default(),
-            request_forwards: HashMap::new(),
-            cluster_admin: std::collections::BTreeMap::new(),
-            served: forward_request::Served::default(),
             draining: false,
-            fenced: false,
-            moves_out: Default::default(),
-            moves_in: Default::default(),
-            move_bandwidth: crate::shard::bandwidth::Bandwidth::new(None),
-            import_writes: Default::default(),
             limits: limits::RateLimits::default(),
             credential_expiries: std::collections::BTreeSet::new(),
-            cluster_revoked: Default::default(),
             rate_resumes: std::collections::BTreeSet::new(),
             group_ops: HashMap::new(),
             next_poll: 1,
@@ -650,6 +613,7 @@ impl Broker {
             releases: Vec::new(),
             resumes: Vec::new(),
             cache_watchers: HashMap::new(),
+            membership: membership::Membership::default(),
         };
         b.rng = b.cfg.random_seed;
         b.limits = limits::RateLimits::new(&b.cfg.tenant_limits);
@@ -694,7 +658,7 @@ impl Broker {
             jti.is_some_and(|j| ids.contains(j)) || subs.contains(sub)
         };
         self.cfg.jwt.as_ref().is_some_and(|v| listed(&v.revoked_jti, &v.revoked_sub))
-            || listed(&self.cluster_revoked.0, &self.cluster_revoked.1)
+            || listed(&self.membership.revoked.0, &self.membership.revoked.1)
     }
 
     /// Revocations through the cluster's metadata changed: what a newly revoked token opened
@@ -705,10 +669,10 @@ impl Broker {
         sub: &std::collections::BTreeSet<String>,
         now: Instant,
     ) {
-        if self.cluster_revoked.0 == *jti && self.cluster_revoked.1 == *sub {
+        if self.membership.revoked.0 == *jti && self.membership.revoked.1 == *sub {
             return;
         }
-        self.cluster_revoked = (jti.clone(), sub.clone());
+        self.membership.revoked = (jti.clone(), sub.clone());
         self.end_revoked(now);
     }
 
@@ -749,7 +713,7 @@ impl Broker {
     /// What a clean stop would cut short: writes storage has not confirmed (and the publishes
     /// waiting on them), publishes and requests forwarded to other brokers and not answered.
     pub fn work_in_flight(&self) -> usize {
-        self.writes.len() + self.forwards.len() + self.request_forwards.len()
+        self.writes.len() + self.membership.forwards.len() + self.membership.request_forwards.len()
     }
 
     /// Open client connections (internal ones serving other brokers' forwarded requests are
@@ -804,7 +768,7 @@ impl Broker {
     pub fn poll_output(&mut self) -> Option<BrokerOutput> {
         loop {
             let o = self.out.pop_front()?;
-            if self.served.is_empty() {
+            if self.membership.served.is_empty() {
                 return Some(o);
             }
             if let Some(o) = self.intercept_internal(o) {

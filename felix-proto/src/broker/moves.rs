@@ -134,7 +134,7 @@ impl Broker {
             };
             if m.from == local {
                 // (Another move of the shard than the one this broker knew: started afresh.)
-                let mut o = self.moves_out.remove(s).filter(|o| o.to == m.to).unwrap_or(Outgoing {
+                let mut o = self.membership.moves_out.remove(s).filter(|o| o.to == m.to).unwrap_or(Outgoing {
                     to: m.to.clone(),
                     cutting: None,
                     proposed: None,
@@ -146,7 +146,7 @@ impl Broker {
                 o.cut_at = cut_at;
                 outgoing.insert(s.clone(), o);
             } else if m.to == local {
-                let mut i = self.moves_in.remove(s).filter(|i| i.from == m.from).unwrap_or(Incoming {
+                let mut i = self.membership.moves_in.remove(s).filter(|i| i.from == m.from).unwrap_or(Incoming {
                     from: m.from.clone(),
                     next: None,
                     asked: None,
@@ -167,7 +167,7 @@ impl Broker {
             }
         }
         // What is left is over.
-        for (s, o) in std::mem::take(&mut self.moves_out) {
+        for (s, o) in std::mem::take(&mut self.membership.moves_out) {
             let home = md.owner(&s).is_some_and(|a| a.owner == local);
             match s.kind {
                 // Cancelled: this broker serves on, at a new generation.
@@ -180,7 +180,7 @@ impl Broker {
                 _ => {}
             }
         }
-        for (s, i) in std::mem::take(&mut self.moves_in) {
+        for (s, i) in std::mem::take(&mut self.membership.moves_in) {
             if md.owner(&s).is_some_and(|a| a.owner == local) {
                 // Done: it is ours from the cut-over tail on (a cache's versions go on there).
                 if s.kind == Kind::Stream {
@@ -194,10 +194,10 @@ impl Broker {
                 }
             }
         }
-        self.moves_out = outgoing;
-        self.moves_in = incoming;
+        self.membership.moves_out = outgoing;
+        self.membership.moves_in = incoming;
         // The new owners ask at once.
-        let due: Vec<ShardId> = self.moves_in.keys().cloned().collect();
+        let due: Vec<ShardId> = self.membership.moves_in.keys().cloned().collect();
         for s in due {
             self.ask_copy(&s, now, false);
         }
@@ -205,12 +205,17 @@ impl Broker {
 
     /// Whether writes to a shard are stopped for a cut-over here.
     pub(super) fn cutting_over(&self, shard: &ShardId) -> Option<&str> {
-        self.moves_out.get(shard).filter(|o| o.cutting.is_some() || o.cut_at.is_some()).map(|o| o.to.as_str())
+        self.membership
+            .moves_out
+            .get(shard)
+            .filter(|o| o.cutting.is_some() || o.cut_at.is_some())
+            .map(|o| o.to.as_str())
     }
 
     /// The moves this broker takes part in.
     pub fn move_progress(&self) -> Vec<MoveProgress> {
         let mut v: Vec<MoveProgress> = self
+            .membership
             .moves_out
             .iter()
             .map(|(s, o)| {
@@ -230,7 +235,7 @@ impl Broker {
                 }
             })
             .collect();
-        v.extend(self.moves_in.iter().map(|(s, i)| MoveProgress {
+        v.extend(self.membership.moves_in.iter().map(|(s, i)| MoveProgress {
             shard: s.clone(),
             outgoing: false,
             peer: i.from.clone(),
@@ -280,12 +285,12 @@ impl Broker {
     /// a cut-over that took too long given up.
     pub fn tick_moves(&mut self, now: Instant) {
         let now = self.clock.advance(now);
-        let ins: Vec<ShardId> = self.moves_in.keys().cloned().collect();
+        let ins: Vec<ShardId> = self.membership.moves_in.keys().cloned().collect();
         for s in ins {
             self.ask_copy(&s, now, false);
             self.maybe_finish_move(&s, now);
         }
-        let outs: Vec<ShardId> = self.moves_out.keys().cloned().collect();
+        let outs: Vec<ShardId> = self.membership.moves_out.keys().cloned().collect();
         for s in outs {
             self.maybe_cut_over(&s, now);
         }
@@ -298,10 +303,10 @@ impl Broker {
         // kept; a cut-off broker misses entries): a move into it there may have finished
         // long ago, and the shard taken writes here since. The copy, whose first answer
         // replaces what this broker holds of the shard, waits for a view known current.
-        if self.fenced {
+        if self.membership.fenced {
             return;
         }
-        let Some(i) = self.moves_in.get_mut(s) else { return };
+        let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         if i.writing > 0 || (!i.failed && i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at))) {
             return;
         }
@@ -313,7 +318,7 @@ impl Broker {
         // A throttled copy asks once there is budget again (the tick comes back); past what
         // the old owner held when the copy began, it keeps up unpaced.
         let copying = i.failed || i.copy_floor.is_none_or(|f| i.next.is_none_or(|n| n < f));
-        if !lost && copying && !self.move_bandwidth.may_send(now) {
+        if !lost && copying && !self.membership.move_bandwidth.may_send(now) {
             return;
         }
         if i.failed {
@@ -324,7 +329,7 @@ impl Broker {
         }
         i.asked = Some(now);
         i.due = None;
-        let max_bytes = if copying { self.move_bandwidth.chunk(COPY_CHUNK_BYTES) } else { COPY_CHUNK_BYTES };
+        let max_bytes = if copying { self.membership.move_bandwidth.chunk(COPY_CHUNK_BYTES) } else { COPY_CHUNK_BYTES };
         let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next, max_bytes });
         let to = i.from.clone();
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to, message }));
@@ -332,8 +337,8 @@ impl Broker {
 
     /// The new owner, with everything below the cut-over tail written: it proposes the finish.
     pub(super) fn maybe_finish_move(&mut self, s: &ShardId, now: Instant) {
-        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        let Some(i) = self.moves_in.get_mut(s) else { return };
+        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         let Some(at) = i.cut_at else { return };
         if i.writing > 0 || i.failed || i.next.is_none_or(|n| n < at) {
             return;
@@ -352,14 +357,14 @@ impl Broker {
     /// The old owner, writes stopped: once the writes in flight are done it proposes the
     /// cut-over at its tail; after [`CUTOVER_GIVE_UP`] it cancels the move.
     pub(super) fn maybe_cut_over(&mut self, s: &ShardId, now: Instant) {
-        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        let Some(o) = self.moves_out.get(s) else { return };
+        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let Some(o) = self.membership.moves_out.get(s) else { return };
         let Some(since) = o.cutting.or(o.cut_at.map(|_| now)) else { return };
         let retry = o.proposed.is_none_or(|p| now.saturating_duration_since(p) >= PROPOSE_RETRY);
         let cut = o.cut_at.is_some();
         if now.saturating_duration_since(since) >= CUTOVER_GIVE_UP && o.cutting.is_some() {
             if retry {
-                if let Some(o) = self.moves_out.get_mut(s) {
+                if let Some(o) = self.membership.moves_out.get_mut(s) {
                     o.proposed = Some(now);
                 }
                 self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCluster(Command::CancelMove {
@@ -387,7 +392,7 @@ impl Broker {
                 self.cache_tail(&k)
             }
         };
-        if let Some(o) = self.moves_out.get_mut(s) {
+        if let Some(o) = self.membership.moves_out.get_mut(s) {
             o.proposed = Some(now);
         }
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCluster(Command::CutOver {
@@ -405,7 +410,7 @@ impl Broker {
         }
         let s = q.shard;
         let refuse = |why: String| CopyMessage::Answer(CopyAnswer { shard: s.clone(), body: CopyBody::Refused(why) });
-        if self.moves_out.get(&s).is_none_or(|o| o.to != from) {
+        if self.membership.moves_out.get(&s).is_none_or(|o| o.to != from) {
             let m = refuse(format!("no move of {} shard {} to {from} here", s.name, s.shard));
             return self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message: m }));
         }
@@ -463,13 +468,13 @@ impl Broker {
         let settled = log.settled();
         // This answer brings the new owner up to the tail: stop taking writes for the cut-over.
         if reaches_tail
-            && let Some(o) = self.moves_out.get_mut(&s)
+            && let Some(o) = self.membership.moves_out.get_mut(&s)
             && o.cutting.is_none()
         {
             o.cutting = Some(now);
             self.mark_moving(&s);
         }
-        let cutting = self.moves_out.get(&s).is_some_and(|o| o.cutting.is_some()) && settled;
+        let cutting = self.membership.moves_out.get(&s).is_some_and(|o| o.cutting.is_some()) && settled;
         let message = CopyMessage::Answer(CopyAnswer {
             shard: s.clone(),
             body: CopyBody::Batches { start, tail, cutting, batches },
@@ -480,7 +485,7 @@ impl Broker {
 
     /// New writes and readers of a shard cutting over are refused `moving` (retry).
     fn mark_moving(&mut self, s: &ShardId) {
-        let to = self.moves_out.get(s).map(|o| o.to.clone()).unwrap_or_default();
+        let to = self.membership.moves_out.get(s).map(|o| o.to.clone()).unwrap_or_default();
         if let Some(sh) = self
             .streams
             .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
@@ -495,8 +500,8 @@ impl Broker {
     pub fn handle_copy_answer(&mut self, from: &str, a: CopyAnswer, now: Instant) {
         let now = self.clock.advance(now);
         let s = a.shard;
-        let fenced = self.fenced;
-        let Some(i) = self.moves_in.get_mut(&s) else { return };
+        let fenced = self.membership.fenced;
+        let Some(i) = self.membership.moves_in.get_mut(&s) else { return };
         if i.from != from {
             return;
         }
@@ -519,7 +524,7 @@ impl Broker {
         i.source_tail = tail;
         let floor = *i.copy_floor.get_or_insert(tail);
         let bytes: usize = batches.iter().filter(|b| b.base_offset < floor).map(|b| b.records.block_len()).sum();
-        self.move_bandwidth.charge(bytes as u64, now);
+        self.membership.move_bandwidth.charge(bytes as u64, now);
         let first = i.next.is_none();
         let mut next = i.next.unwrap_or_else(|| batches.first().map_or(start, |b| b.base_offset.min(start)));
         let k = key(&s.tenant, &s.namespace, &s.name);
@@ -560,10 +565,10 @@ impl Broker {
                 fsync,
                 stream_shards,
             })));
-            self.import_writes.insert(token, (s.clone(), b));
+            self.membership.import_writes.insert(token, (s.clone(), b));
             writes += 1;
         }
-        let Some(i) = self.moves_in.get_mut(&s) else { return };
+        let Some(i) = self.membership.moves_in.get_mut(&s) else { return };
         i.next = Some(next);
         i.writing += writes;
         if writes == 0 {
@@ -579,8 +584,8 @@ impl Broker {
 
     /// A copied batch was written here (or not). Returns whether `token` was one.
     pub(super) fn import_written(&mut self, token: WriteToken, ok: bool, now: Instant) -> bool {
-        let Some((s, b)) = self.import_writes.remove(&token) else { return false };
-        let Some(i) = self.moves_in.get_mut(&s) else { return true };
+        let Some((s, b)) = self.membership.import_writes.remove(&token) else { return false };
+        let Some(i) = self.membership.moves_in.get_mut(&s) else { return true };
         i.writing = i.writing.saturating_sub(1);
         if !ok {
             i.failed = true;

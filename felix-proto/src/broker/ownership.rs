@@ -83,7 +83,7 @@ impl Broker {
         self.note_moves(md, local, now);
         self.note_caches(md, local);
         self.forwards_to_gone_owners(md, now);
-        let fenced = self.fenced;
+        let fenced = self.membership.fenced;
         for (shard, (owner, addr, generation)) in &owners {
             if shard.kind != Kind::Stream {
                 continue;
@@ -154,12 +154,13 @@ impl Broker {
                 .map(|s| (s.tenant.clone(), s.namespace.clone(), s.name.clone()))
                 .collect()
         };
-        let before = self.cluster.as_ref().map(|c| names(&c.owners)).unwrap_or_default();
+        let before = self.membership.view.as_ref().map(|c| names(&c.owners)).unwrap_or_default();
         let after = names(&owners);
         let unavailable = md.owners().keys().filter(|s| md.unavailable(s)).cloned().collect();
         let moves = md.moves().clone();
         let replicas = md.replicated_shards().map(|(s, r)| (s.clone(), r.to_vec())).collect();
-        self.cluster = Some(ClusterView { brokers, owners, unavailable, local: local.to_owned(), moves, replicas });
+        self.membership.view =
+            Some(ClusterView { brokers, owners, unavailable, local: local.to_owned(), moves, replicas });
         self.set_cluster_revocations(md.revoked_jti(), md.revoked_sub(), now);
         for (t, ns, s) in before.difference(&after) {
             self.delete_stream(t, ns, s, now);
@@ -171,7 +172,7 @@ impl Broker {
     /// broker just restarted, still replaying the metadata) is `shard_unavailable`, retryable:
     /// never written by a broker that cannot tell it owns it.
     pub(super) fn owned_here(&self, t: &str, ns: &str, s: &str, shard: u32) -> Result<(), Refusal> {
-        let Some(c) = &self.cluster else { return Ok(()) };
+        let Some(c) = &self.membership.view else { return Ok(()) };
         if let Some(sh) = self.streams.get(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get(shard as usize))
             && sh.replica.is_some()
         {
@@ -210,7 +211,8 @@ impl Broker {
     /// `topology`: the brokers that serve clients (draining ones left out).
     pub(super) fn topology(&mut self, conn: ConnId, st: &mut CtlStream) {
         let brokers = self
-            .cluster
+            .membership
+            .view
             .as_ref()
             .map(|c| {
                 c.brokers
@@ -232,7 +234,7 @@ impl Broker {
         if let Err(r) = self.authorize(st, &q.tenant_id, &q.namespace, &q.name, action) {
             return self.refuse(conn, st, r);
         }
-        let owners = match &self.cluster {
+        let owners = match &self.membership.view {
             Some(c) => c
                 .owners
                 .range(
@@ -289,7 +291,7 @@ impl Broker {
     /// ephemeral, replication)`. The metadata leader proposes them, so a configured stream is
     /// in the cluster (its shards placed, listed by `cluster status`) before its first use.
     pub fn configured_streams_to_register(&self) -> Vec<(String, String, String, u32, bool, u32)> {
-        let Some(view) = &self.cluster else { return Vec::new() };
+        let Some(view) = &self.membership.view else { return Vec::new() };
         self.cfg
             .streams
             .iter()
@@ -303,7 +305,7 @@ impl Broker {
 
     /// In a cluster: whether this broker is fenced ([`set_fenced`](Self::set_fenced)).
     pub fn is_fenced(&self) -> bool {
-        self.fenced
+        self.membership.fenced
     }
 
     /// The cluster node says this broker lost contact with the metadata leader (`true`), or is
@@ -314,18 +316,18 @@ impl Broker {
     /// are their Raft groups' to decide (a leader that lost its majority steps down).
     pub fn set_fenced(&mut self, fenced: bool, now: Instant) {
         let now = self.clock.advance(now);
-        if self.fenced == fenced {
+        if self.membership.fenced == fenced {
             return;
         }
-        self.fenced = fenced;
+        self.membership.fenced = fenced;
         if !fenced {
             // Copies into this broker waited for a current view (see `ask_copy`).
-            let due: Vec<crate::shard::ShardId> = self.moves_in.keys().cloned().collect();
+            let due: Vec<crate::shard::ShardId> = self.membership.moves_in.keys().cloned().collect();
             for s in due {
                 self.ask_copy(&s, now, false);
             }
         }
-        let Some(local) = self.cluster.as_ref().map(|c| c.local.clone()) else { return };
+        let Some(local) = self.membership.view.as_ref().map(|c| c.local.clone()) else { return };
         let mut owned: Vec<(Key, u32)> = Vec::new();
         for (k, e) in &self.streams {
             for (i, sh) in e.shards.iter().enumerate() {

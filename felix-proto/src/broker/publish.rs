@@ -545,7 +545,7 @@ impl Broker {
             _ => {}
         }
         let settled = entry.shards[shard as usize].log.settle(token, ok);
-        if !self.moves_out.is_empty() {
+        if !self.membership.moves_out.is_empty() {
             // A shard cutting over a move proposes its cut-over once its last write landed.
             let id = crate::shard::ShardId {
                 kind: crate::shard::Kind::Stream,

@@ -552,7 +552,7 @@ impl Broker {
         if c.read_lease.is_some_and(|until| now < until) {
             return Ok(());
         }
-        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason: Unavailable::ConfirmingLeader };
         Err(m.unavailable(0))
     }
@@ -561,7 +561,7 @@ impl Broker {
     /// here (this replica leads), else the refusal or the leader to send it to.
     pub(super) fn quorum_cache_home(&self, k: &Key) -> Option<Result<Moved, Refusal>> {
         let role = self.caches.get(k)?.replica.as_ref()?;
-        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let down = |reason| Moved { node_id: local.clone(), addr: None, generation: 0, down: true, reason };
         match role {
             ReplicaRole::Leading => None,

@@ -54,7 +54,7 @@ impl Broker {
             return self.set_cache_replica_role(shard, role);
         }
         let (t, ns, s, n) = (shard.tenant.as_str(), shard.namespace.as_str(), shard.name.as_str(), shard.shard);
-        let local = self.cluster.as_ref().map(|c| c.local.clone()).unwrap_or_default();
+        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let Some(sh) = self.streams.get_mut(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get_mut(n as usize)) else {
             return;
         };

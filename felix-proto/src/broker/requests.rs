@@ -524,7 +524,7 @@ impl Broker {
             // In a cluster a stream exists once the metadata says so: one this broker has from
             // its own configuration is proposed with that configuration first (every broker
             // would otherwise write its own copy).
-            if self.cluster.as_ref().is_some_and(|c| !c.knows_stream(t, ns, s)) {
+            if self.membership.view.as_ref().is_some_and(|c| !c.knows_stream(t, ns, s)) {
                 let (shards, durable, rf) = (e.shards.len() as u32, e.config.durable, e.config.replication);
                 return Err(self.stream_creating(t, ns, s, shards, !durable, rf));
             }
@@ -553,7 +553,7 @@ impl Broker {
                 format!("namespace {t}/{ns} has its {max} stream(s) already: {s} is not created"),
             ));
         }
-        if self.cfg.auto_create && self.cluster.is_some() {
+        if self.cfg.auto_create && self.membership.view.is_some() {
             // In a cluster a stream exists once the metadata group says so, with its owners.
             let d = &self.cfg.default_stream;
             let (shards, durable, rf) = (d.shards.max(1), d.durable, d.replication);

@@ -1576,8 +1576,8 @@ impl ClusterNode {
             return;
         };
         let queued = self.held_moves.iter().any(|h| h.to == name && h.shard == *shard);
-        if !queued && (copy == 0 || self.broker.move_bandwidth.may_send(now)) {
-            self.broker.move_bandwidth.charge(copy, now);
+        if !queued && (copy == 0 || self.broker.membership.move_bandwidth.may_send(now)) {
+            self.broker.membership.move_bandwidth.charge(copy, now);
             self.ship_replica_message(name, shard, message);
             return;
         }
@@ -1617,7 +1617,7 @@ impl ClusterNode {
             let key = (h.to.clone(), h.shard.clone());
             let mut go = !waiting.contains(&key);
             if go && h.copy > 0 {
-                budget = budget && self.broker.move_bandwidth.may_send(now);
+                budget = budget && self.broker.membership.move_bandwidth.may_send(now);
                 go = budget;
             }
             if !go {
@@ -1626,7 +1626,7 @@ impl ClusterNode {
                 continue;
             }
             self.held_bytes = self.held_bytes.saturating_sub(h.size);
-            self.broker.move_bandwidth.charge(h.copy, now);
+            self.broker.membership.move_bandwidth.charge(h.copy, now);
             self.ship_replica_message(h.to, &h.shard, h.message);
         }
         self.held_moves = kept;
@@ -1666,14 +1666,14 @@ impl ClusterNode {
     /// Move budget: bytes charged, times a move waited for it, catch-up messages held now
     /// (and their bytes), appends dropped with the most held.
     pub fn move_bandwidth_counts(&self) -> (u64, u64, usize, u64, u64) {
-        let (charged, waits) = self.broker.move_bandwidth.counts();
+        let (charged, waits) = self.broker.membership.move_bandwidth.counts();
         (charged, waits, self.held_moves.len(), self.held_bytes, self.move_drops)
     }
 
     /// Moves copy at most `bytes` a second to and from this broker (`serve --move-bandwidth`;
     /// `None`: as fast as they go), see [`super::bandwidth`].
     pub fn set_move_bandwidth(&mut self, bytes: Option<u64>) {
-        self.broker.move_bandwidth = super::bandwidth::Bandwidth::new(bytes);
+        self.broker.membership.move_bandwidth = super::bandwidth::Bandwidth::new(bytes);
     }
 
     /// Carries a replica's outputs: state to keep, messages to its peers (batched per peer),
