@@ -8,8 +8,9 @@
 
 use super::*;
 
-/// A driver's inputs to a broker (see the [module](self)). Each method is the broker's own of
-/// the same name.
+/// A driver's inputs to a broker ([`Broker::inputs`],
+/// [`ClusterNode::inputs`](crate::cluster::node::ClusterNode::inputs)). Each method is the
+/// broker's own of the same name.
 pub struct ConnectionInputs<'a>(&'a mut Broker);
 
 impl Broker {
