@@ -741,6 +741,8 @@ enum ClusterOp {
     /// writes pause for a moment (refused `moving`, retried by clients), the new owner takes
     /// over, and subscribers follow it with no gap. An in-memory shard changes owner at once.
     /// The shard stays there until moved again (`cluster rebalance` lets placement decide).
+    /// A shard already moving (placement moves shards onto a broker just added, or off one
+    /// draining) is moved once that move ends, within --wait.
     Move {
         /// The stream.
         stream: String,
