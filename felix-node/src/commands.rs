@@ -1390,6 +1390,12 @@ async fn proposed(
     }
 }
 
+/// Whether a status entry (a shard, a move) is shard `shard` of the stream `(tenant,
+/// namespace, name)`.
+fn names_shard(x: &serde_json::Value, (tenant, namespace, name): (&str, &str, &str), shard: u32) -> bool {
+    x["tenant"] == tenant && x["namespace"] == namespace && x["name"] == name && x["shard"] == shard
+}
+
 /// Proposes a shard move; a shard already moving (placement may have started it, e.g. onto a
 /// broker just added) takes no second move, so this waits (within `wait`) for that one to end
 /// and asks again. If the shard ended up where this move was going, the move is done.
@@ -1730,12 +1736,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                     }
                 }
             };
-            let this = |x: &serde_json::Value| {
-                x["tenant"] == tenant.as_str()
-                    && x["namespace"] == namespace.as_str()
-                    && x["name"] == stream.as_str()
-                    && x["shard"] == shard
-            };
+            let this = move |x: &serde_json::Value| names_shard(x, name, shard);
             let moving =
                 || async { source.fetch().await.is_none_or(|v| v["moves"].as_array().into_iter().flatten().any(this)) };
             let poll = std::time::Duration::from_millis(200);
@@ -1745,12 +1746,7 @@ pub async fn cluster(a: ClusterArgs) -> Result<ExitCode, String> {
                 None => format!("cancel the move of {namespace}/{stream} shard {shard}"),
             };
             let done = move |v: &serde_json::Value| {
-                let this = |x: &serde_json::Value| {
-                    x["tenant"] == tenant.as_str()
-                        && x["namespace"] == namespace.as_str()
-                        && x["name"] == stream.as_str()
-                        && x["shard"] == shard
-                };
+                let this = |x: &serde_json::Value| names_shard(x, (&tenant, &namespace, &stream), shard);
                 let moving = v["moves"].as_array().into_iter().flatten().any(&this);
                 let owner = v["shards"].as_array().into_iter().flatten().find(|x| x["kind"] == "stream" && this(x));
                 !moving && to.as_ref().is_none_or(|to| owner.is_some_and(|o| o["owner"] == to.as_str()))

@@ -516,7 +516,8 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
     // Past the auth timeout, the oldest unauthenticated connection makes room.
     let later = t0 + std::time::Duration::from_secs(11);
     let newest = b.admit(z, later).unwrap();
-    let closed: Vec<_> =
+    // The connections the broker closed, with their codes.
+    let closes = |b: &mut Broker| -> Vec<_> {
         std::iter::from_fn(|| b.poll_output())
             .filter_map(|o| match o {
                 felix_proto::broker::BrokerOutput::Transport(
@@ -524,7 +525,9 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
                 ) => Some((conn, code)),
                 _ => None,
             })
-            .collect();
+            .collect()
+    };
+    let closed = closes(&mut b);
     assert_eq!(closed.len(), 1);
     assert_eq!(closed[0].1, close_code::AUTH_TIMEOUT);
     assert_ne!(closed[0].0, first_z, "the authenticated one is never chosen");
@@ -540,14 +543,8 @@ fn admission_caps_unauthenticated_connections_per_peer_and_in_all() {
     while b.poll_output().is_some() {}
     // Full again: the oldest left (a's last from t0) makes room, and a's room is counted right.
     b.admit(a, later).unwrap();
-    let evicted = std::iter::from_fn(|| b.poll_output()).find_map(|o| match o {
-        felix_proto::broker::BrokerOutput::Transport(felix_proto::broker::TransportOutput::CloseConnection {
-            conn,
-            ..
-        }) => Some(conn),
-        _ => None,
-    });
-    assert_eq!(evicted, Some(from_a[2]));
+    let evicted: Vec<_> = closes(&mut b).into_iter().map(|(conn, _)| conn).collect();
+    assert_eq!(evicted, [from_a[2]]);
     // a holds two now; a third (z's last from t0 makes room), then a's cap.
     b.admit(a, later).unwrap();
     assert_eq!(b.admit(a, later), Err(AdmitError::TooManyFromPeer { max: 3 }));
