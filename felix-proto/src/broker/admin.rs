@@ -275,36 +275,8 @@ impl Broker {
         owner: OwnerHint,
         now: Instant,
     ) -> bool {
-        self.clock.advance(now);
-        let Some(entry) = self.streams.get_mut(KeyRef(tenant, ns, stream).q()) else { return false };
-        let durable = entry.config.durable;
-        let Some(s) = entry.shards.get_mut(shard as usize) else { return false };
-        let resume_from = durable.then(|| s.log.committed_tail());
-        s.moved = Some(Moved {
-            node_id: owner.node_id.clone(),
-            addr: owner.addr.clone(),
-            generation: owner.generation,
-            down: false,
-            reason: Unavailable::OwnerDown,
-        });
-        let subs = std::mem::take(&mut s.subs);
-        for (conn, id) in subs {
-            if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
-                let m = message::ShardMoved {
-                    subscription_id: id,
-                    resume_from,
-                    // No leader yet (a replicated shard electing): the client asks again.
-                    node_id: Some(owner.node_id.clone()).filter(|n| !n.is_empty()),
-                    addr: owner.addr.clone(),
-                    generation: owner.generation,
-                };
-                sub.on(SubEvent::End(Ending::Moved(m)));
-                self.pump(conn, id);
-            }
-        }
-        // Polls waiting on the shard answer empty.
-        self.wake_groups(&key(tenant, ns, stream), shard, now);
-        true
+        let now = self.clock.advance(now);
+        self.shard_on(&key(tenant, ns, stream), shard, ServingEvent::MovedTo(owner), now)
     }
 
     // -----------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ impl Broker {
             return self.refuse(conn, st, Refusal::new(ErrorCode::NotFound, "gone"));
         };
         let shard = &entry.shards[q.shard as usize];
-        if let Some(m) = &shard.moved {
+        if let Some(m) = shard.serving.away() {
             let answer = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, q.shard);
             return self.send(conn, st, json_frame(&answer));
         }

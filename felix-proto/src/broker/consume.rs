@@ -178,7 +178,7 @@ impl Broker {
         now: Instant,
     ) -> WriteToken {
         let replicated =
-            self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.replica.is_some());
+            self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.serving.is_replica());
         if !replicated {
             let pending = SysPending::Group { conn, stream, data: k.clone(), shard, op: op.clone(), answer };
             return self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
@@ -276,7 +276,7 @@ impl Broker {
                 Settled::Failed(unknown(ErrorCode::QuorumTimeout, "no majority of the shard's replicas confirmed it"))
             }
             Answer::NotProposed => {
-                Settled::Failed(super::moves::moving_mark("another of its replicas").unavailable(p.shard))
+                Settled::Failed(super::Unavailable::Moving.refusal(p.shard, "another of its replicas"))
             }
             Answer::Appended { .. } | Answer::Refused(_) | Answer::NoEnvelopes => {
                 Settled::Failed(Refusal::new(ErrorCode::Internal, "the shard's group took the change as records"))
@@ -292,19 +292,11 @@ impl Broker {
     /// request finds a confirmed leader, here or elsewhere.
     fn group_read_allowed(&mut self, k: &Key, shard: u32, now: Instant) -> Result<(), Refusal> {
         let Some(sh) = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)) else { return Ok(()) };
-        if sh.replica.is_none() || sh.read_lease.is_some_and(|until| now < until) {
+        if !sh.serving.is_replica() || sh.read_lease.is_some_and(|until| now < until) {
             return Ok(());
         }
         self.groups.entry((k.clone(), shard)).or_default();
-        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        Err(super::Moved {
-            node_id: local,
-            addr: None,
-            generation: 0,
-            down: true,
-            reason: super::Unavailable::ConfirmingLeader,
-        }
-        .unavailable(shard))
+        Err(super::Unavailable::ConfirmingLeader.refusal(shard, ""))
     }
 
     /// [`group_target`](Self::group_target), and for a read of a replicated shard's groups,
@@ -532,7 +524,7 @@ impl Broker {
                     self.fill_held(p.conn, p.stream, HeldFor::Poll(p.id), data);
                     continue;
                 }
-                let moved = self.streams.get(k).is_none_or(|e| e.shards[shard as usize].moved.is_some());
+                let moved = self.streams.get(k).is_none_or(|e| !e.shards[shard as usize].serving.here());
                 let deliveries =
                     if moved { Vec::new() } else { self.poll_now(p.conn, k, shard, &name, &p.request, now) };
                 if deliveries.is_empty() && p.deadline > now && !moved {

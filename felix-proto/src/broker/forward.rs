@@ -72,12 +72,12 @@ impl Broker {
         };
         let shards = entry.shards.len() as u32;
         let shard = req.shard.unwrap_or_else(|| shard_for_key(req.key.as_deref(), shards, entry.config.routing));
-        let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.moved.as_ref()) else { return false };
-        if m.down {
-            // Nobody can write it until its owner is back: the refusal route() made stands.
+        // Nobody can write a shard that is unavailable until its owner is back: the refusal
+        // route() made stands.
+        let Some(Away::Owner(owner)) = entry.shards.get(shard as usize).and_then(|s| s.serving.away()) else {
             return false;
-        }
-        let owner = OwnerHint { node_id: m.node_id.clone(), addr: m.addr.clone(), generation: m.generation };
+        };
+        let owner = owner.clone();
         let Some(sess) = st.session.as_ref() else { return false };
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
         let offer = sess.offer;
@@ -137,13 +137,16 @@ impl Broker {
         let durable = entry.config.durable;
         let outcome = match entry.shards.get(p.shard as usize) {
             None => Some(refuse(ErrorCode::InvalidRequest, format!("stream has no shard {}", p.shard))),
-            Some(sh) => sh.moved.as_ref().map(|m| {
-                if m.down {
-                    // Not served here for now (fenced, cutting over a move): retry, as a client
-                    // of this broker would be told.
-                    let r = m.unavailable(p.shard);
-                    return ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
-                }
+            Some(sh) => sh.serving.away().map(|away| {
+                let m = match away {
+                    Away::Owner(m) => m,
+                    Away::Unavailable { reason, node } => {
+                        // Not served here for now (fenced, cutting over a move): retry, as a
+                        // client of this broker would be told.
+                        let r = reason.refusal(p.shard, node);
+                        return ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
+                    }
+                };
                 refuse(
                     ErrorCode::NotLeader,
                     format!("shard {} is owned by {} (generation {})", p.shard, m.node_id, m.generation),

@@ -76,9 +76,10 @@ enum CacheHome {
     Here,
     /// The cluster does not know it yet.
     Unknown,
-    /// Elsewhere.
-    Elsewhere(Moved),
-    /// Nowhere now: a replicated cache electing its leader, or one settling.
+    /// At this owner (or replicated cache's leader), which is up.
+    Elsewhere(crate::binary::OwnerHint),
+    /// Nowhere now: a replicated cache electing its leader, or one settling; this broker
+    /// fenced or handing the cache over; its owner down.
     Refused(Refusal),
 }
 
@@ -96,27 +97,21 @@ impl Broker {
         match view.owners.get(&id) {
             None => CacheHome::Unknown,
             Some((owner, _, _)) if *owner == view.local && self.membership.fenced => {
-                let m = Moved {
-                    node_id: owner.clone(),
-                    addr: None,
-                    generation: 0,
-                    down: true,
-                    reason: Unavailable::Fenced,
-                };
-                CacheHome::Refused(m.unavailable(0))
+                CacheHome::Refused(Unavailable::Fenced.refusal(0, owner))
             }
             // Handing the cache over to its next owner: writes and new watches wait.
             Some((owner, _, _)) if *owner == view.local && self.cutting_over(&id).is_some() => {
                 let to = self.cutting_over(&id).unwrap_or_default();
-                CacheHome::Refused(super::moves::moving_mark(to).unavailable(0))
+                CacheHome::Refused(Unavailable::Moving.refusal(0, to))
             }
             Some((owner, _, _)) if *owner == view.local => CacheHome::Here,
-            Some((owner, addr, generation)) => CacheHome::Elsewhere(Moved {
+            Some((owner, _, _)) if view.unavailable.contains(&id) => {
+                CacheHome::Refused(Unavailable::OwnerDown.refusal(0, owner))
+            }
+            Some((owner, addr, generation)) => CacheHome::Elsewhere(crate::binary::OwnerHint {
                 node_id: owner.clone(),
                 addr: addr.clone(),
                 generation: *generation,
-                down: view.unavailable.contains(&id),
-                reason: Unavailable::OwnerDown,
             }),
         }
     }
@@ -149,7 +144,7 @@ impl Broker {
                 let r = self.cache_creating(&w.tenant_id, &w.namespace, &w.cache);
                 Some(Self::error_message(&offer, &r))
             }
-            CacheHome::Elsewhere(m) => Some(Self::not_leader_answer(self.server_features, &offer, &m, 0)),
+            CacheHome::Elsewhere(m) => Some(Self::not_leader_answer(self.server_features, &offer, Away::Owner(&m), 0)),
             CacheHome::Refused(r) => Some(Self::error_message(&offer, &r)),
         }
     }
@@ -206,10 +201,6 @@ impl Broker {
                 return true;
             }
         };
-        if moved.down {
-            self.refuse(conn, st, moved.unavailable(0));
-            return true;
-        }
         let Some(sess) = st.session.as_ref() else { return false };
         let mut request = BytesMut::new();
         if m.encode(&mut request).is_err() {
@@ -361,7 +352,7 @@ impl Broker {
                 return answer_now(self, refusal);
             }
             CacheHome::Elsewhere(moved) => {
-                let data = json_frame(&Self::not_leader_answer(self.server_features, &offer, &moved, 0));
+                let data = json_frame(&Self::not_leader_answer(self.server_features, &offer, Away::Owner(&moved), 0));
                 self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer {
                     to: from.to_owned(),
                     id: r.id,

@@ -47,7 +47,7 @@ impl Broker {
         }
         let k = key(t, ns, s);
         let entry = self.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
-        if let Some(m) = &entry.shards[shard as usize].moved {
+        if let Some(m) = entry.shards[shard as usize].serving.away() {
             return Err(Denied::Answer(Box::new(Self::not_leader_answer(
                 self.server_features,
                 &Self::features_of(st),
@@ -68,7 +68,7 @@ impl Broker {
     /// Whether this broker keeps a replica of the shard `r` reads (any role).
     fn holds_copy(&self, r: &message::StreamRead) -> bool {
         let k = key(&r.tenant_id, &r.namespace, &r.stream);
-        self.streams.get(&k).and_then(|e| e.shards.get(r.shard as usize)).is_some_and(|s| s.replica.is_some())
+        self.streams.get(&k).and_then(|e| e.shards.get(r.shard as usize)).is_some_and(|s| s.serving.is_replica())
     }
 
     pub(super) fn deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {

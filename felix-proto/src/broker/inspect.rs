@@ -74,15 +74,18 @@ impl Broker {
             replicas: None,
         };
         // What this broker holds of it: shard count, tail, whether it serves it.
-        let (shards, local, moved, replica) = match kind {
+        let (shards, local, unavailable, replica) = match kind {
             Kind::Stream => match self.streams.get(k.q()) {
                 Some(e) => {
                     let sh = e.shards.get(q.shard as usize);
                     (
                         e.shards.len() as u32,
                         sh.map(|s| (s.log.committed_tail(), s.log.readable_tail())),
-                        sh.and_then(|s| s.moved.as_ref().map(|m| (m.reason, m.down))),
-                        sh.and_then(|s| s.replica.clone()),
+                        sh.and_then(|s| match s.serving.away() {
+                            Some(Away::Unavailable { reason, .. }) => Some(reason),
+                            _ => None,
+                        }),
+                        sh.and_then(|s| s.serving.replica().cloned()),
                     )
                 }
                 None => (0, None, None, None),
@@ -140,13 +143,12 @@ impl Broker {
             view.tail = local.map(|l| l.0);
             view.committed = local.map(|l| l.1);
         }
-        let (phase, reason) = match (&moved, mine) {
+        let (phase, reason) = match (unavailable, mine) {
             _ if self.membership.fenced && mine => ("fencing", Some("lease_lapsed")),
-            (Some((super::Unavailable::Moving, _)), true) => ("draining", Some("draining")),
-            (Some((super::Unavailable::Fenced, _)), true) => ("fencing", Some("lease_lapsed")),
-            (Some((_, true)), true) => ("opening", Some("opening")),
+            (Some(Unavailable::Moving), true) => ("draining", Some("draining")),
+            (Some(Unavailable::Fenced), true) => ("fencing", Some("lease_lapsed")),
+            (Some(_), true) => ("opening", Some("opening")),
             (None, true) => ("active", None),
-            (_, true) => ("active", None),
             (_, false) if replica.is_some() => ("active", Some("not_assigned_here")),
             (_, false) => ("unassigned", Some("not_assigned_here")),
         };
@@ -324,7 +326,7 @@ impl Broker {
                     stream: k.name().to_owned(),
                     shard,
                     durable: e.config.durable,
-                    served: s.moved.is_none() && !matches!(s.replica, Some(replicated::ReplicaRole::Following { .. })),
+                    served: s.serving.here(),
                     start: s.log.start(),
                     tail,
                     records: s.log.retained_records(),

@@ -55,7 +55,6 @@ mod inspect;
 mod key;
 mod limits;
 mod membership;
-mod moved;
 mod moves;
 pub mod notice;
 mod output;
@@ -68,6 +67,7 @@ pub(crate) use quorum_cache::{cache_entry_samples, fuzz_cache_entry};
 mod replicated;
 mod requests;
 mod seen_streams;
+mod serving;
 mod state;
 mod sub;
 mod subscription;
@@ -113,14 +113,15 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 type Key = StreamKey;
-use moved::{Moved, Unavailable};
 use pauses::{Pause, Pauses};
+use serving::{Away, Serving, ServingEvent, Unavailable};
 
 #[derive(Debug)]
 struct Shard {
     log: ShardLog,
     subs: Vec<(ConnId, u64)>,
-    moved: Option<Moved>,
+    /// Who serves it: here, another broker, nobody for now, or its group ([`serving`]).
+    serving: Serving,
     /// Streams paused because this shard's writes backed up.
     paused: Vec<(ConnId, StreamId)>,
     /// An ephemeral shard's publishers held for a slow subscriber
@@ -134,9 +135,6 @@ struct Shard {
     full: Option<Instant>,
     /// What `commit`s wrote ([`state`]).
     state: state::ShardState,
-    /// This broker is a replica of this replicated (`quorum`) shard, in this role; `None` for a
-    /// shard with one replica, or one this broker holds no replica of.
-    replica: Option<replicated::ReplicaRole>,
     /// Payload bytes proposed to the shard's Raft group and not yet answered.
     replicating: u64,
     /// A replicated shard's leader serves its consumer groups' polls and reads until then

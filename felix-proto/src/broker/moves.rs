@@ -490,9 +490,9 @@ impl Broker {
             .streams
             .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
             .and_then(|e| e.shards.get_mut(s.shard as usize))
-            && sh.moved.is_none()
         {
-            sh.moved = Some(moving_mark(&to));
+            // (Nothing ends: readers wait for the cut-over, then move.)
+            sh.serving.on(ServingEvent::CutOver { to });
         }
     }
 
@@ -612,10 +612,4 @@ impl Broker {
         }
         true
     }
-}
-
-/// What a shard cutting over says to new writes and readers: `shard_unavailable` reason
-/// `moving`, retry.
-pub(super) fn moving_mark(to: &str) -> Moved {
-    Moved { node_id: to.to_owned(), addr: None, generation: 0, down: true, reason: Unavailable::Moving }
 }

@@ -57,12 +57,6 @@ impl ClusterView {
     }
 }
 
-/// What a replicated shard without a leader this broker can name says to writes and readers:
-/// `shard_unavailable` reason `no_leader`, retry.
-fn no_leader_mark(local: &str) -> Moved {
-    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: Unavailable::NoLeader }
-}
-
 impl Broker {
     /// Takes the cluster's metadata as committed (after every change the metadata group
     /// applied): streams of the registry are created here with their shard counts, shards owned
@@ -97,9 +91,6 @@ impl Broker {
                 let cfg = StreamConfig { shards, durable, replication, ..self.cfg.default_stream.clone() };
                 self.create_stream(k.clone(), cfg);
             }
-            let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
-                continue;
-            };
             // A replicated shard this broker holds a replica of is served by its role in the
             // shard's Raft group ([`Broker::set_replica_role`]), not by the metadata's owner (which
             // learns of a new leader only after it took over). Until its group says, it is
@@ -107,45 +98,23 @@ impl Broker {
             // (The target of a replica move is one from the moment it joins the group, before
             // the metadata lists it; a broker that left a group is not one any more.)
             let joining = md.replicas(shard).is_some() && md.moving(shard).is_some_and(|m| m.to == local);
-            if md.replicas(shard).is_some_and(|r| r.iter().any(|n| n == local)) || joining {
-                if sh.replica.is_none() {
-                    sh.replica = Some(super::replicated::ReplicaRole::Following { leader: None });
-                    sh.moved = Some(no_leader_mark(local));
-                }
-                continue;
-            }
-            sh.replica = None;
-            let down = md.unavailable(shard);
-            if owner == local && md.replicas(shard).is_some() {
+            let ev = if md.replicas(shard).is_some_and(|r| r.iter().any(|n| n == local)) || joining {
+                ServingEvent::JoinedGroup
+            } else if owner == local && md.replicas(shard).is_some() {
                 // Named the owner of a replicated shard it holds no replica of (a replica move
                 // given up after its target led): only a replica serves it; the group's leader
                 // claims it again.
-                sh.moved = Some(no_leader_mark(local));
-                continue;
-            }
-            if owner == local {
+                ServingEvent::OwnedWithoutReplica
+            } else if owner == local {
                 // A fenced broker does not take its shards back until it is in contact again
-                // (its own mark stays `down`: it never names itself as the owner to go to);
-                // one cutting over a move takes no writes.
-                let cutting = self.cutting_over(shard).map(str::to_owned);
-                let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
-                    continue;
-                };
-                sh.moved =
-                    if fenced { Some(fence_mark(local)) } else { cutting.map(|to| super::moves::moving_mark(&to)) };
-                continue;
-            } else if sh.moved.as_ref().is_none_or(|m| m.node_id != *owner || m.generation != *generation) {
-                let hint = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };
-                self.move_shard(&shard.tenant, &shard.namespace, &shard.name, shard.shard, hint, now);
-            }
-            if let Some(m) = self
-                .streams
-                .get_mut(&k)
-                .and_then(|e| e.shards.get_mut(shard.shard as usize))
-                .and_then(|s| s.moved.as_mut())
-            {
-                m.down = down;
-            }
+                // (it never names itself as the owner to go to); one cutting over a move takes
+                // no writes.
+                ServingEvent::OwnedHere { fenced, cutting: self.cutting_over(shard).map(str::to_owned) }
+            } else {
+                let owner = OwnerHint { node_id: owner.clone(), addr: addr.clone(), generation: *generation };
+                ServingEvent::OwnedElsewhere { owner, down: md.unavailable(shard) }
+            };
+            self.shard_on(&k, shard.shard, ev, now);
         }
         // Streams the metadata no longer has were deleted in the cluster: delete them here.
         let names = |o: &BTreeMap<ShardId, (String, Option<String>, u64)>| -> std::collections::BTreeSet<(String, String, String)> {
@@ -174,13 +143,15 @@ impl Broker {
     pub(super) fn owned_here(&self, t: &str, ns: &str, s: &str, shard: u32) -> Result<(), Refusal> {
         let Some(c) = &self.membership.view else { return Ok(()) };
         if let Some(sh) = self.streams.get(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get(shard as usize))
-            && sh.replica.is_some()
+            && sh.serving.is_replica()
         {
             // A replica: its role in the shard's group decides.
-            return match &sh.moved {
+            return match sh.serving.away() {
                 None => Ok(()),
-                Some(m) if m.down => Err(m.unavailable(shard)),
-                Some(m) => Err(Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is led by {}", m.node_id))),
+                Some(Away::Unavailable { reason, node }) => Err(reason.refusal(shard, node)),
+                Some(Away::Owner(m)) => {
+                    Err(Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is led by {}", m.node_id)))
+                }
             };
         }
         let id = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard };
@@ -189,7 +160,7 @@ impl Broker {
         {
             // Named the owner of a replicated shard without a replica of it here: only its
             // group writes it.
-            return Err(no_leader_mark(&c.local).unavailable(shard));
+            return Err(Unavailable::NoLeader.refusal(shard, ""));
         }
         match c.owners.get(&id) {
             Some((owner, _, _)) if *owner == c.local => Ok(()),
@@ -280,11 +251,6 @@ impl Broker {
     }
 }
 
-/// What a fenced broker's own shards say: unavailable here, reason `fenced` (retry).
-fn fence_mark(local: &str) -> Moved {
-    Moved { node_id: local.to_owned(), addr: None, generation: 0, down: true, reason: Unavailable::Fenced }
-}
-
 impl Broker {
     /// Streams this broker's configuration declares that the cluster's registry does not have
     /// yet, as the registry's creation asks for them: `(tenant, namespace, name, shards,
@@ -327,40 +293,36 @@ impl Broker {
                 self.ask_copy(&s, now, false);
             }
         }
-        let Some(local) = self.membership.view.as_ref().map(|c| c.local.clone()) else { return };
+        if self.membership.view.is_none() {
+            return;
+        }
+        // Fenced: the shards served here; back in contact: the shards fenced (both in order).
         let mut owned: Vec<(Key, u32)> = Vec::new();
         for (k, e) in &self.streams {
             for (i, sh) in e.shards.iter().enumerate() {
-                let ours = if fenced {
-                    sh.moved.is_none()
-                } else {
-                    sh.moved.as_ref().is_some_and(|m| m.reason == Unavailable::Fenced)
-                };
-                if sh.replica.is_none() && ours && !syslog::is_sys(k) {
+                let ours = if fenced { sh.serving == Serving::Here } else { sh.serving == Serving::Fenced };
+                if ours && !syslog::is_sys(k) {
                     owned.push((k.clone(), i as u32));
                 }
             }
         }
         owned.sort();
         for (k, n) in owned {
-            if fenced {
-                let hint = OwnerHint { node_id: String::new(), addr: None, generation: 0 };
-                self.move_shard(k.tenant(), k.namespace(), k.name(), n, hint, now);
-            }
-            // Back in contact, a shard cutting over a move still takes no writes (its new
-            // owner may already have started at the cut-over tail).
-            let id = ShardId {
-                kind: Kind::Stream,
-                tenant: k.tenant().to_owned(),
-                namespace: k.namespace().to_owned(),
-                name: k.name().to_owned(),
-                shard: n,
+            let ev = if fenced {
+                ServingEvent::Fence
+            } else {
+                // Back in contact, a shard cutting over a move still takes no writes (its new
+                // owner may already have started at the cut-over tail).
+                let id = ShardId {
+                    kind: Kind::Stream,
+                    tenant: k.tenant().to_owned(),
+                    namespace: k.namespace().to_owned(),
+                    name: k.name().to_owned(),
+                    shard: n,
+                };
+                ServingEvent::Unfence { cutting: self.cutting_over(&id).map(str::to_owned) }
             };
-            let cutting = (!fenced).then(|| self.cutting_over(&id).map(str::to_owned)).flatten();
-            if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(n as usize)) {
-                sh.moved =
-                    if fenced { Some(fence_mark(&local)) } else { cutting.map(|to| super::moves::moving_mark(&to)) };
-            }
+            self.shard_on(&k, n, ev, now);
         }
     }
 }

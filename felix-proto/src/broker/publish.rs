@@ -139,7 +139,7 @@ impl Broker {
                 return self.refuse_publish(conn, st, reply, &r);
             }
         };
-        let replicated = self.streams.get(&k).is_some_and(|e| e.shards[shard as usize].replica.is_some());
+        let replicated = self.streams.get(&k).is_some_and(|e| e.shards[shard as usize].serving.is_replica());
         if replicated && req.expected_offset.is_some() && req.records.is_empty() {
             let r = Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records");
             return self.refuse_publish(conn, st, reply, &r);
@@ -335,7 +335,7 @@ impl Broker {
         b: NewBatch,
         now: Instant,
     ) -> Option<WriteToken> {
-        if self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.replica.is_some()) {
+        if self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.serving.is_replica()) {
             // A replicated shard: its group writes it (counted when it commits).
             return Some(self.replicate_batch(k, shard, b, now));
         }
@@ -502,10 +502,10 @@ impl Broker {
 
     /// The refusal for a request reaching a shard that moved to another broker.
     pub(super) fn moved_refusal(shard: u32, sh: &Shard) -> Option<Refusal> {
-        let m = sh.moved.as_ref()?;
-        if m.down {
-            return Some(m.unavailable(shard));
-        }
+        let m = match sh.serving.away()? {
+            Away::Owner(m) => m,
+            Away::Unavailable { reason, node } => return Some(reason.refusal(shard, node)),
+        };
         let mut r = Refusal::new(ErrorCode::NotLeader, format!("shard {shard} is owned by {}", m.node_id)).with_reason(
             message::RefusedReason::NotLeader(message::LeaderHint { node_id: m.node_id.clone(), addr: m.addr.clone() }),
         );

@@ -417,7 +417,7 @@ impl Broker {
             (Answer::Refused(_) | Answer::Applied | Answer::NoEnvelopes, _) => {
                 refusal(ErrorCode::Internal, "the cache's group refused the write")
             }
-            (Answer::NotProposed, _) => Err(super::moves::moving_mark("another of its replicas").unavailable(0)),
+            (Answer::NotProposed, _) => Err(Unavailable::Moving.refusal(0, "another of its replicas")),
         };
         let m = match result {
             Err(r) => Self::error_message(&offer, &r),
@@ -552,28 +552,17 @@ impl Broker {
         if c.read_lease.is_some_and(|until| now < until) {
             return Ok(());
         }
-        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason: Unavailable::ConfirmingLeader };
-        Err(m.unavailable(0))
+        Err(Unavailable::ConfirmingLeader.refusal(0, ""))
     }
 
     /// Where a request for a replicated cache whose replica is here goes: `None` to serve it
     /// here (this replica leads), else the refusal or the leader to send it to.
-    pub(super) fn quorum_cache_home(&self, k: &Key) -> Option<Result<Moved, Refusal>> {
-        let role = self.caches.get(k)?.replica.as_ref()?;
-        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        let down = |reason| Moved { node_id: local.clone(), addr: None, generation: 0, down: true, reason };
-        match role {
+    pub(super) fn quorum_cache_home(&self, k: &Key) -> Option<Result<crate::binary::OwnerHint, Refusal>> {
+        match self.caches.get(k)?.replica.as_ref()? {
             ReplicaRole::Leading => None,
-            ReplicaRole::Settling => Some(Err(down(Unavailable::NotReady).unavailable(0))),
-            ReplicaRole::Following { leader: None } => Some(Err(down(Unavailable::NoLeader).unavailable(0))),
-            ReplicaRole::Following { leader: Some(h) } => Some(Ok(Moved {
-                node_id: h.node_id.clone(),
-                addr: h.addr.clone(),
-                generation: h.generation,
-                down: false,
-                reason: Unavailable::OwnerDown,
-            })),
+            ReplicaRole::Settling => Some(Err(Unavailable::NotReady.refusal(0, ""))),
+            ReplicaRole::Following { leader: None } => Some(Err(Unavailable::NoLeader.refusal(0, ""))),
+            ReplicaRole::Following { leader: Some(h) } => Some(Ok(h.clone())),
         }
     }
 

@@ -53,35 +53,8 @@ impl Broker {
         if shard.kind == Kind::Cache {
             return self.set_cache_replica_role(shard, role);
         }
-        let (t, ns, s, n) = (shard.tenant.as_str(), shard.namespace.as_str(), shard.name.as_str(), shard.shard);
-        let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
-        let Some(sh) = self.streams.get_mut(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get_mut(n as usize)) else {
-            return;
-        };
-        if sh.replica.as_ref() == Some(&role) {
-            return;
-        }
-        let was_serving = sh.moved.is_none();
-        sh.replica = Some(role.clone());
-        match role {
-            ReplicaRole::Leading => sh.moved = None,
-            ReplicaRole::Settling | ReplicaRole::Following { leader: None } => {
-                let reason = if role == ReplicaRole::Settling { Unavailable::NotReady } else { Unavailable::NoLeader };
-                let m = Moved { node_id: local, addr: None, generation: 0, down: true, reason };
-                if was_serving {
-                    // Readers end as on a move: what committed was delivered; they come back.
-                    let hint = OwnerHint { node_id: String::new(), addr: None, generation: 0 };
-                    self.move_shard(t, ns, s, n, hint, now);
-                }
-                if let Some(sh) = self.streams.get_mut(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get_mut(n as usize))
-                {
-                    sh.moved = Some(m);
-                }
-            }
-            ReplicaRole::Following { leader: Some(hint) } => {
-                self.move_shard(t, ns, s, n, hint, now);
-            }
-        }
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        self.shard_on(&k, shard.shard, ServingEvent::Role(role), now);
     }
 
     /// The committed batches of a shard held in memory from offset `from` on: base offset,
@@ -164,8 +137,8 @@ impl Broker {
             .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?
             .shards
             .get(shard.shard as usize)?
-            .replica
-            .as_ref()
+            .serving
+            .replica()
     }
 
     /// An entry of a replicated shard committed (on every replica, in log order): the batch
@@ -245,7 +218,7 @@ impl Broker {
                 "no majority of the shard's replicas confirmed the batch in time: it may or may not be written",
             )),
             Answer::Refused(why) => Err(sequence_refusal(why)),
-            Answer::NotProposed => Err(super::moves::moving_mark("another of its replicas").unavailable(ctx.shard)),
+            Answer::NotProposed => Err(Unavailable::Moving.refusal(ctx.shard, "another of its replicas")),
             Answer::NoEnvelopes => Err(Refusal::new(
                 ErrorCode::InvalidRequest,
                 "a replica of this shard runs an older broker that does not keep envelopes: nothing was written",

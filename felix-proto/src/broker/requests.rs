@@ -405,13 +405,12 @@ impl Broker {
                     Shard {
                         log,
                         subs: Vec::new(),
-                        moved: None,
+                        serving: Serving::Here,
                         paused: Vec::new(),
                         hold: None,
                         producers: Default::default(),
                         full: None,
                         state: Default::default(),
-                        replica: None,
                         replicating: 0,
                         read_lease: None,
                     }

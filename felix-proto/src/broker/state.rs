@@ -86,7 +86,7 @@ impl Broker {
         // Owner-only and never forwarded: a shard owned elsewhere is a redirect.
         if let Some(entry) = self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()) {
             let shard = c.shard.unwrap_or_else(|| shard_for_key(Some(&c.entity_key.0), shards, entry.config.routing));
-            if let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.moved.as_ref()) {
+            if let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.serving.away()) {
                 let msg = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, shard);
                 return self.send(conn, st, json_frame(&msg));
             }
@@ -135,7 +135,7 @@ impl Broker {
             None => shard_for_key(Some(&g.entity_key.0), shards, entry.config.routing),
         };
         let sh = &entry.shards[shard as usize];
-        if let Some(m) = &sh.moved {
+        if let Some(m) = sh.serving.away() {
             let msg = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, shard);
             return self.send(conn, st, json_frame(&msg));
         }

@@ -442,7 +442,7 @@ impl Broker {
         let durable = entry.config.durable;
         let default_cap = entry.config.queue_capacity.clamp(1, cap_max);
         let sh = &mut entry.shards[shard as usize];
-        if let Some(m) = &sh.moved {
+        if let Some(m) = sh.serving.away() {
             let msg = Self::not_leader_answer(self.server_features, &offer, m, shard);
             return self.send(conn, st, json_frame(&msg));
         }
@@ -533,10 +533,11 @@ impl Broker {
     /// The answer to a request for a shard that moved away: `not_leader` for a client that
     /// offered FEATURE_REDIRECT to a broker that advertised it (a clustered one), an `error`
     /// with code `not_leader` for any other.
-    pub(super) fn not_leader_answer(server: Features, offer: &ClientOffer, m: &Moved, shard: u32) -> Message {
-        if m.down {
-            return Self::error_message(offer, &m.unavailable(shard));
-        }
+    pub(super) fn not_leader_answer(server: Features, offer: &ClientOffer, away: Away<'_>, shard: u32) -> Message {
+        let m = match away {
+            Away::Owner(m) => m,
+            Away::Unavailable { reason, node } => return Self::error_message(offer, &reason.refusal(shard, node)),
+        };
         if offer.has(Features::REDIRECT) && server.contains(Features::REDIRECT) {
             Message::NotLeader(message::NotLeader {
                 node_id: m.node_id.clone(),
