@@ -105,43 +105,52 @@ impl Broker {
 
     /// Sends a non-publish answer (never held back by the pipeline).
     pub(super) fn send(&mut self, conn: ConnId, st: &mut CtlStream, data: Bytes) {
-        if st.uni || st.send_finished {
-            return;
-        }
-        if st.held.is_empty() {
-            Self::count_unflushed(&mut self.out, self.cfg.control_stream_unflushed_bytes, conn, st, data.len());
-            self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream: st.id, data }));
-        } else {
-            st.held.push_back(Held::Ready(data));
+        self.answering().send(conn, st, data);
+    }
+
+    /// What answers write to ([`Answering`]), borrowed from the broker.
+    pub(super) fn answering(&mut self) -> Answering<'_> {
+        Answering {
+            out: &mut self.out,
+            stats: &mut self.stats,
+            unflushed_limit: self.cfg.control_stream_unflushed_bytes,
         }
     }
 
-    /// Counts answer bytes handed to the driver; past the limit, stops reading the stream's
-    /// requests until the client reads what it was sent.
-    pub(super) fn count_unflushed(
-        out: &mut VecDeque<BrokerOutput>,
-        limit: usize,
+    /// Control stream `stream` of `conn`, and what its answers write to, borrowed side by
+    /// side: an answer that comes later (a write done, a forward answered, a deadline) is
+    /// delivered in place, the stream never taken out of its connection and put back.
+    pub(super) fn stream_answering(
+        &mut self,
         conn: ConnId,
-        st: &mut CtlStream,
-        n: usize,
-    ) {
-        st.unflushed += n;
-        if st.unflushed > limit && !st.pauses.has(Pause::Flush) && st.pause(Pause::Flush) {
-            out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
+        stream: StreamId,
+    ) -> Option<(&mut CtlStream, Answering<'_>)> {
+        let Broker { conns, out, stats, cfg, .. } = self;
+        let st = conns.get_mut(&conn)?.streams.get_mut(&stream)?;
+        Some((st, Answering { out, stats, unflushed_limit: cfg.control_stream_unflushed_bytes }))
+    }
+
+    /// Forgets control stream `stream` of `conn` once it is done (both sides finished, nothing
+    /// owed on it).
+    pub(super) fn forget_if_done(&mut self, conn: ConnId, stream: StreamId) {
+        if let Some(c) = self.conns.get_mut(&conn)
+            && c.streams.get(&stream).is_some_and(|st| st.done())
+        {
+            c.streams.remove(&stream);
         }
     }
 
     /// Fills the held slot `slot` of a control stream with its answer, writes whatever is now
     /// ready in order, and finishes the stream if that was the last thing owed on it.
     pub(super) fn fill_held(&mut self, conn: ConnId, stream: StreamId, slot: HeldFor, data: Bytes) {
-        let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&stream)) else { return };
+        let Some((st, mut a)) = self.stream_answering(conn, stream) else { return };
         if let Some(h) = st.held.iter_mut().find(|h| matches!(h, Held::Waiting(t) if *t == slot)) {
             *h = Held::Ready(data);
         }
         st.outstanding = st.outstanding.saturating_sub(1);
-        Self::release_held(&mut self.out, conn, &mut st);
-        self.maybe_finish(conn, &mut st);
-        self.put_back(conn, st);
+        a.release_held(conn, st);
+        a.maybe_finish(conn, st);
+        self.forget_if_done(conn, stream);
     }
 
     /// Reserves an answer slot that later answers on the stream wait behind.
@@ -151,23 +160,8 @@ impl Broker {
     }
 
     /// Writes the held answers that are ready, in order, up to the first still waiting.
-    pub(super) fn release_held(out: &mut VecDeque<BrokerOutput>, conn: ConnId, st: &mut CtlStream) {
-        while let Some(Held::Ready(_)) = st.held.front() {
-            if let Some(Held::Ready(data)) = st.held.pop_front()
-                && !st.send_finished
-            {
-                st.unflushed += data.len();
-                out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream: st.id, data }));
-            }
-        }
-    }
-
     pub(super) fn refuse(&mut self, conn: ConnId, st: &mut CtlStream, r: Refusal) {
-        let m = Self::error_message(&Self::features_of(st), &r);
-        self.send(conn, st, json_frame(&m));
-        if r.close_stream {
-            self.close_stream(conn, st);
-        }
+        self.answering().refuse(conn, st, r);
     }
 
     /// Reserves the answer slot of an owed publish (pipelined streams answer in order). A
@@ -192,6 +186,116 @@ impl Broker {
             self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
         }
         AnswerSlot::Owed(seq)
+    }
+
+    /// Delivers the answer owed in slot `seq` ([`Answering::deliver_answer`]).
+    pub(super) fn deliver_answer(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        seq: AnswerSlot,
+        data: Option<Bytes>,
+    ) -> bool {
+        self.answering().deliver_answer(conn, st, seq, data)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Frames
+
+    pub(super) fn answer_now(
+        &mut self,
+        conn: ConnId,
+        st: &mut CtlStream,
+        reply: Reply,
+        result: Result<Option<u64>, &Refusal>,
+    ) {
+        let offer = Self::features_of(st);
+        let seq = self.owe(conn, st, reply);
+        let data = Self::publish_answer(&offer, reply, result);
+        if !matches!(reply, Reply::None) {
+            self.deliver_answer(conn, st, seq, data);
+        }
+    }
+}
+
+/// What a control stream's answers write to: the driver's outputs, the counters, and the
+/// limit of answer bytes handed to the driver before the stream stops being read. It is
+/// borrowed beside the stream ([`Broker::stream_answering`]), so delivering an answer needs
+/// neither the whole broker nor the stream taken out of its connection.
+pub(super) struct Answering<'a> {
+    pub(super) out: &'a mut VecDeque<BrokerOutput>,
+    pub(super) stats: &'a mut BrokerStats,
+    pub(super) unflushed_limit: usize,
+}
+
+impl Answering<'_> {
+    /// Sends a non-publish answer (never held back by the pipeline).
+    pub(super) fn send(&mut self, conn: ConnId, st: &mut CtlStream, data: Bytes) {
+        if st.uni || st.send_finished {
+            return;
+        }
+        if st.held.is_empty() {
+            self.count_unflushed(conn, st, data.len());
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream: st.id, data }));
+        } else {
+            st.held.push_back(Held::Ready(data));
+        }
+    }
+
+    /// Counts answer bytes handed to the driver; past the limit, stops reading the stream's
+    /// requests until the client reads what it was sent.
+    fn count_unflushed(&mut self, conn: ConnId, st: &mut CtlStream, n: usize) {
+        st.unflushed += n;
+        if st.unflushed > self.unflushed_limit && !st.pauses.has(Pause::Flush) && st.pause(Pause::Flush) {
+            self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
+        }
+    }
+
+    /// Writes the answers at the front of the stream's held queue that are ready.
+    pub(super) fn release_held(&mut self, conn: ConnId, st: &mut CtlStream) {
+        while let Some(Held::Ready(_)) = st.held.front() {
+            if let Some(Held::Ready(data)) = st.held.pop_front()
+                && !st.send_finished
+            {
+                st.unflushed += data.len();
+                self.out.push_back(BrokerOutput::Transport(TransportOutput::Transmit { conn, stream: st.id, data }));
+            }
+        }
+    }
+
+    /// Answers with a refusal worded for what the client reads; closes the stream when the
+    /// refusal says so.
+    pub(super) fn refuse(&mut self, conn: ConnId, st: &mut CtlStream, r: Refusal) {
+        let m = Broker::error_message(&Broker::features_of(st), &r);
+        self.send(conn, st, json_frame(&m));
+        if r.close_stream {
+            self.close_stream(conn, st);
+        }
+    }
+
+    /// Finishes our side of a control stream once the client finished and every answer owed
+    /// on it is written.
+    pub(super) fn maybe_finish(&mut self, conn: ConnId, st: &mut CtlStream) {
+        let drained = st.decoder.buffered() == 0 || st.recv == Recv::Closed;
+        if st.recv != Recv::Open && drained && st.outstanding == 0 && !st.send_finished {
+            st.send_finished = true;
+            if !st.uni {
+                self.out.push_back(BrokerOutput::Transport(TransportOutput::Finish { conn, stream: st.id }));
+            }
+        }
+    }
+
+    /// Ends a request stream after an answer: finish our side, stop reading theirs.
+    pub(super) fn close_stream(&mut self, conn: ConnId, st: &mut CtlStream) {
+        if st.recv == Recv::Closed {
+            return;
+        }
+        st.recv = Recv::Closed;
+        self.out.push_back(BrokerOutput::Transport(TransportOutput::StopSending {
+            conn,
+            stream: st.id,
+            code: crate::transport::close_code::STREAM_CLOSED,
+        }));
     }
 
     /// Delivers an owed publish answer: at once, in order behind earlier ones when the stream
@@ -223,7 +327,7 @@ impl Broker {
                         }
                     }
                 }
-                Self::release_held(&mut self.out, conn, st);
+                self.release_held(conn, st);
                 false
             }
             AnswerSlot::Owed(seq) => {
@@ -246,24 +350,6 @@ impl Broker {
                 }
                 false
             }
-        }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // Frames
-
-    pub(super) fn answer_now(
-        &mut self,
-        conn: ConnId,
-        st: &mut CtlStream,
-        reply: Reply,
-        result: Result<Option<u64>, &Refusal>,
-    ) {
-        let offer = Self::features_of(st);
-        let seq = self.owe(conn, st, reply);
-        let data = Self::publish_answer(&offer, reply, result);
-        if !matches!(reply, Reply::None) {
-            self.deliver_answer(conn, st, seq, data);
         }
     }
 }

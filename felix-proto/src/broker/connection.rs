@@ -340,26 +340,12 @@ impl Broker {
     /// Finishes our side of a control stream once the client finished and every answer owed on
     /// it is written.
     pub(super) fn maybe_finish(&mut self, conn: ConnId, st: &mut CtlStream) {
-        let drained = st.decoder.buffered() == 0 || st.recv == Recv::Closed;
-        if st.recv != Recv::Open && drained && st.outstanding == 0 && !st.send_finished {
-            st.send_finished = true;
-            if !st.uni {
-                self.out.push_back(BrokerOutput::Transport(TransportOutput::Finish { conn, stream: st.id }));
-            }
-        }
+        self.answering().maybe_finish(conn, st);
     }
 
     /// Ends a request stream after an answer: finish our side, stop reading theirs.
     pub(super) fn close_stream(&mut self, conn: ConnId, st: &mut CtlStream) {
-        if st.recv == Recv::Closed {
-            return;
-        }
-        st.recv = Recv::Closed;
-        self.out.push_back(BrokerOutput::Transport(TransportOutput::StopSending {
-            conn,
-            stream: st.id,
-            code: close_code::STREAM_CLOSED,
-        }));
+        self.answering().close_stream(conn, st);
     }
 
     // -----------------------------------------------------------------------------------------

@@ -837,23 +837,16 @@ impl Broker {
             expired.push((conn, sid));
         }
         for (conn, sid) in expired {
-            let Some(mut st) = self.conns.get_mut(&conn).and_then(|c| c.streams.remove(&sid)) else { continue };
-            if st.auth_deadline.is_none() {
-                // Authenticated since: put it back untouched.
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.streams.insert(sid, st);
-                }
+            let Some((st, mut a)) = self.stream_answering(conn, sid) else { continue };
+            if st.auth_deadline.take().is_none() {
+                // Authenticated since.
                 continue;
             }
-            st.auth_deadline = None;
             if st.recv != Recv::Closed {
-                self.stats.auth_timeouts += 1;
+                a.stats.auth_timeouts += 1;
                 let r = Refusal::new(ErrorCode::Unauthenticated, "authentication timeout").closing();
-                self.refuse(conn, &mut st, r);
-                self.maybe_finish(conn, &mut st);
-            }
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.streams.insert(sid, st);
+                a.refuse(conn, st, r);
+                a.maybe_finish(conn, st);
             }
         }
         self.forwards_timeout(now);

@@ -644,16 +644,12 @@ impl Broker {
 
     /// Delivers an answer already encoded to a waiter (on its stream, in its turn).
     pub(super) fn finish_waiter_with(&mut self, w: Waiter, data: Option<Bytes>, now: Instant) {
-        let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) else { return };
-        let resume = self.deliver_answer(w.conn, &mut st, w.seq, data);
-        if let Some(c) = self.conns.get_mut(&w.conn) {
-            c.streams.insert(w.stream, st);
-        }
-        if resume {
+        let Some((st, mut a)) = self.stream_answering(w.conn, w.stream) else { return };
+        if a.deliver_answer(w.conn, st, w.seq, data) {
             self.drive_stream(w.conn, w.stream, now);
-        } else if let Some(mut st) = self.conns.get_mut(&w.conn).and_then(|c| c.streams.remove(&w.stream)) {
-            self.maybe_finish(w.conn, &mut st);
-            self.put_back(w.conn, st);
+        } else {
+            a.maybe_finish(w.conn, st);
+            self.forget_if_done(w.conn, w.stream);
         }
     }
 }
