@@ -9,12 +9,48 @@
 //! Decoding reads the `type` first (directly from the bytes when the payload starts with
 //! `{"type":"…"`, as every encoder we know writes it; otherwise by a scan of the object), then
 //! deserialises the one struct it names. There is no intermediate tree.
+//!
+//! The structs live in one module per part of the protocol (`session`, `topology`, `publish`,
+//! `subscribe`, `history`, `cache`, `counter`, `group`, `listing`, `inspect`), re-exported
+//! here, fields in upstream's serialisation order.
+//!
+//! Rules every struct follows (so that an old peer sees byte-identical frames):
+//! * an optional field is `Option<_>` with `skip_serializing_if`, so "absent" means "what it
+//!   meant before the field existed";
+//! * a few fields upstream always writes (`cache_put.ttl_ms`, `cache_value.value`,
+//!   `state_value.value`, `group_poll.wait_ms`, group record `attempts`,
+//!   `cache_event.expires_at_millis`, `cache_watch_started.resnapshot`) are always written here
+//!   too, and accepted when absent;
+//! * unknown fields are ignored on decode (serde's default), which is what makes additive fields
+//!   safe.
 
 mod b64;
-mod types;
+mod cache;
+mod counter;
+mod group;
+mod history;
+mod inspect;
+mod listing;
+mod publish;
+mod session;
+mod subscribe;
+mod topology;
 
 pub use b64::B64;
-pub use types::*;
+pub use cache::*;
+pub use counter::*;
+pub use group::*;
+pub use history::*;
+pub use inspect::*;
+pub use listing::*;
+pub use publish::*;
+pub use session::*;
+pub use subscribe::*;
+pub use topology::*;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 
 use crate::binary::EncodeError;
 use crate::flags::Flags;
