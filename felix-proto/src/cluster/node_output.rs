@@ -1,0 +1,333 @@
+//! What a cluster node asks its driver to do ([`NodeOutput`]), and the one place it is handed
+//! out ([`ClusterNode::poll_output`]): a child of `node` (it reads the node's fields), in a file
+//! of its own.
+
+use super::*;
+
+/// What the node asks its driver to do, in order.
+#[derive(Debug)]
+pub enum NodeOutput {
+    /// A client-facing duty of the broker (everything but its peer traffic).
+    Broker(BrokerOutput),
+    /// Send to peer broker `to` on the cluster transport. When it cannot be delivered, report
+    /// [`ClusterNode::handle_undeliverable`].
+    Peer {
+        /// Node id.
+        to: String,
+        /// The message.
+        message: PeerMessage,
+    },
+    /// A broker became a voter of the cluster (an operator added it): dial it at
+    /// `cluster_addr` and accept it as a peer. Repeated on a restart's replay: idempotent.
+    PeerAdded {
+        /// Node id.
+        name: String,
+        /// Its cluster listener.
+        cluster_addr: String,
+    },
+    /// A broker left the cluster: stop dialling it, refuse it as a peer.
+    PeerRemoved {
+        /// Node id.
+        name: String,
+    },
+    /// A peer was refused (log it; close its connection): it came back with another data
+    /// directory than the one the cluster knows (its Raft state and records are gone).
+    PeerRefused {
+        /// Node id.
+        name: String,
+        /// What happened and what the operator can do.
+        why: String,
+    },
+    /// Make this state of a replicated shard's Raft group durable (its log: the shard's
+    /// records) before carrying out any later output, as for [`NodeOutput::PersistRaft`]. Keep
+    /// it per shard and hand it back at a restart ([`ClusterNode::set_kept_replicas`]).
+    PersistReplica {
+        /// The shard.
+        shard: ShardId,
+        /// New entries (replacing the log from the first one's index).
+        entries: Vec<Entry>,
+        /// The new hard state.
+        hard_state: Option<HardState>,
+    },
+    /// Make this snapshot of a replicated shard's Raft group durable before carrying out any
+    /// later output: it replaces the shard's kept log up to its index
+    /// ([`crate::cluster::meta::RaftLog::persist_snapshot`]; in a file, an
+    /// [`crate::cluster::meta::encode_snapshot_record`] record).
+    PersistReplicaSnapshot {
+        /// The shard.
+        shard: ShardId,
+        /// The snapshot.
+        snapshot: crate::cluster::meta::Snapshot,
+    },
+    /// This broker no longer holds a replica of the shard (its stream was deleted): its kept
+    /// Raft state may be removed.
+    DropReplica {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// A step of a replica's rejoin after its kept log was found damaged (log it): this
+    /// broker's replica starts one, or heals; a leader takes a replica out of its group and
+    /// adds it back.
+    ReplicaRejoin {
+        /// The shard.
+        shard: ShardId,
+        /// What happened, for an operator.
+        what: String,
+    },
+    /// Make this snapshot of the metadata group durable before carrying out any later output
+    /// (D62): it replaces the kept metadata log up to its index
+    /// ([`crate::cluster::meta::RaftLog::persist_snapshot`]; in a file, an
+    /// [`crate::cluster::meta::encode_snapshot_record`] record, after which the records before it may
+    /// go). This broker compacted its log, or was sent the snapshot by the leader, being too
+    /// far behind (a broker added late, one down a long while).
+    PersistRaftSnapshot {
+        /// The snapshot (its data a [`MetaSnapshot`]).
+        snapshot: crate::cluster::meta::Snapshot,
+        /// The leader sent it (this broker's metadata was restored from it); else this broker
+        /// compacted its own log.
+        received: bool,
+    },
+    /// Make this Raft state durable before carrying out any later output
+    /// ([`crate::cluster::meta::MetaOutput::Persist`]).
+    PersistRaft {
+        /// New entries (replacing the log from the first one's index).
+        entries: Vec<Entry>,
+        /// The new hard state.
+        hard_state: Option<HardState>,
+    },
+    /// Read entries `low..high` of the shard's kept Raft log back from disk (about
+    /// `max_bytes` of them from `low` on, one at least; fewer where the log ends) and hand
+    /// them to [`ClusterNode::handle_replica_log_read`] with `token`. A replica keeps only its
+    /// newest entries in memory and a replicated shard's broker log only its newest batches
+    /// (with [`BrokerConfig::history_reads`](crate::broker::BrokerConfig::history_reads), which
+    /// says the driver reads back what it kept): a follower far behind and a reader of older
+    /// history are served from here. Carry it out off the state machine's task; it depends on
+    /// no sync (the entries were written before they were asked for) and nothing waits on it
+    /// but the read.
+    ReadReplicaLog {
+        /// The shard.
+        shard: ShardId,
+        /// Handed back with the entries.
+        token: u64,
+        /// First index wanted.
+        low: u64,
+        /// Stop before this index.
+        high: u64,
+        /// About how many bytes of entries at most.
+        max_bytes: u64,
+    },
+}
+
+impl ClusterNode {
+    /// The next thing to do.
+    pub fn poll_output(&mut self) -> Option<NodeOutput> {
+        if let Some(o) = self.out.pop_front() {
+            return Some(o);
+        }
+        let Some(o) = self.broker.poll_output() else {
+            // Proposals made while draining the broker go out together, one message per peer.
+            if !self.shard_sends.is_empty() {
+                self.flush_shard_sends();
+                return self.out.pop_front();
+            }
+            return None;
+        };
+        Some(match o {
+            BrokerOutput::Storage(StorageOutput::Read(r)) => {
+                // History of a replicated shard below what the broker's log of it holds in
+                // memory is in the shard's Raft log on disk; anything else is the driver's
+                // segment storage.
+                let shard = ShardId {
+                    kind: crate::cluster::metadata::Kind::Stream,
+                    tenant: r.tenant_id.clone(),
+                    namespace: r.namespace.clone(),
+                    name: r.stream.clone(),
+                    shard: r.shard,
+                };
+                let range = self.replicas.contains_key(&shard).then(|| self.broker.replicated_read_range(&r)).flatten();
+                let Some((low, high)) = range else {
+                    return Some(NodeOutput::Broker(BrokerOutput::Storage(StorageOutput::Read(r))));
+                };
+                let token = self.next_replica_read;
+                self.next_replica_read += 1;
+                self.replica_reads.insert(token, ReplicaRead::History { shard: shard.clone(), read: r.token });
+                // The whole range: it was sized by the batches' payload.
+                NodeOutput::ReadReplicaLog { shard, token, low, high, max_bytes: u64::MAX }
+            }
+            BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard, batch }) => {
+                let now = self.broker.last_now();
+                // A version 4 entry (key, envelope, compressed block) only for a group whose
+                // every replica reads it (D59); the others get the batch as before D59.
+                let batch = if batch.has_meta() && !self.group_reads_meta(&shard) {
+                    match batch.without_meta() {
+                        Some(b) => b,
+                        None => {
+                            self.broker.handle_replicated(token, Answer::NoEnvelopes, now);
+                            return self.poll_output();
+                        }
+                    }
+                } else {
+                    batch
+                };
+                // A leader handing its leadership over takes no proposal (the engine drops it):
+                // nothing is written, so the writer is told to send it again.
+                self.wake(&shard);
+                let transferring = self.replicas.get(&shard).is_some_and(|h| h.replica.transferring());
+                let proposed = self.replicas.get_mut(&shard).map(|h| h.replica.propose(token.0, &batch));
+                match proposed {
+                    Some(Ok(())) => self.drain_replica(&shard, now),
+                    _ if transferring => self.broker.handle_replicated(token, Answer::NotProposed, now),
+                    // Not (or no longer) leading: the batch was not proposed, but the broker
+                    // asked in the belief it leads; outcome unknown is the safe answer.
+                    _ => self.broker.handle_replicated(token, Answer::LeadershipLost, now),
+                }
+                return self.poll_output();
+            }
+            BrokerOutput::Cluster(ClusterOutput::Forward { to, publish }) => {
+                if self.peer_reads_meta(&to) {
+                    NodeOutput::Peer { to, message: PeerMessage::Forward(publish) }
+                } else {
+                    let (id, acked) = (publish.id, publish.acked);
+                    match publish.without_meta() {
+                        Some(p) => NodeOutput::Peer { to, message: PeerMessage::Forward(p) },
+                        None => {
+                            // An owner that would keep the ciphertext without its envelope:
+                            // nothing is sent (an unacked publish is dropped, as any refused
+                            // unacked publish is: it asked for no answer).
+                            if acked {
+                                let now = self.broker.last_now();
+                                let outcome = ForwardOutcome::Refused {
+                                    code: ErrorCode::InvalidRequest,
+                                    retry: RetryClass::Fatal,
+                                    message: format!(
+                                        "the shard's owner {to} runs an older broker that does not keep envelopes: nothing was written"
+                                    ),
+                                };
+                                self.broker.handle_forward_answer(id, outcome, now);
+                            }
+                            return self.poll_output();
+                        }
+                    }
+                }
+            }
+            BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }) => {
+                NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
+            }
+            BrokerOutput::Cluster(ClusterOutput::ForwardRequest { to, request }) => {
+                NodeOutput::Peer { to, message: PeerMessage::Request(request) }
+            }
+            BrokerOutput::Cluster(ClusterOutput::ForwardRequestAnswer { to, id, data }) => {
+                NodeOutput::Peer { to, message: PeerMessage::RequestAnswer { id, data } }
+            }
+            BrokerOutput::Cluster(ClusterOutput::ProposeCache { tenant_id, namespace, cache, replication }) => {
+                // One shard; durable like the counters it holds (they live on its owner's disk,
+                // or with `replication` above 1 in its own Raft group's log).
+                let c = Command::Create {
+                    kind: crate::cluster::metadata::Kind::Cache,
+                    tenant: tenant_id,
+                    namespace,
+                    name: cache,
+                    shards: 1,
+                    ephemeral: false,
+                    replication: if replication > 1 { replication } else { 0 },
+                };
+                self.pending.push_back(c.encode());
+                return self.poll_output();
+            }
+            BrokerOutput::Cluster(ClusterOutput::ProposeStreamDeletion { tenant_id, namespace, stream }) => {
+                let c = Command::Delete {
+                    kind: crate::cluster::metadata::Kind::Stream,
+                    tenant: tenant_id,
+                    namespace,
+                    name: stream,
+                };
+                // Handed to the leader at the next tick, like a creation.
+                self.pending.push_back(c.encode());
+                return self.poll_output();
+            }
+            BrokerOutput::Cluster(ClusterOutput::ProposeStream {
+                tenant_id,
+                namespace,
+                stream,
+                shards,
+                ephemeral,
+                replication,
+            }) => {
+                let c = Command::Create {
+                    kind: crate::cluster::metadata::Kind::Stream,
+                    tenant: tenant_id,
+                    namespace,
+                    name: stream,
+                    shards,
+                    ephemeral,
+                    replication,
+                };
+                // Proposed at most once per request burst: a create of an existing stream is
+                // refused by the metadata and changes nothing.
+                self.pending.push_back(c.encode());
+                return self.poll_output();
+            }
+            BrokerOutput::Cluster(ClusterOutput::Copy { to, message }) => {
+                // A peer that did not offer FEATURE_SHARD_COPY (FEATURE_CACHE_COPY for a cache;
+                // an older broker) cannot take part in a copy: the new owner gives the move up
+                // (the shard stays home).
+                let needs = match &message {
+                    crate::cluster::peer::CopyMessage::Request(q)
+                        if q.shard.kind == crate::cluster::metadata::Kind::Cache =>
+                    {
+                        crate::cluster::peer::FEATURE_CACHE_COPY
+                    }
+                    crate::cluster::peer::CopyMessage::Answer(a)
+                        if a.shard.kind == crate::cluster::metadata::Kind::Cache =>
+                    {
+                        crate::cluster::peer::FEATURE_CACHE_COPY
+                    }
+                    _ => crate::cluster::peer::FEATURE_SHARD_COPY,
+                };
+                if self.peer_features.get(&to).is_some_and(|f| f & needs == 0) {
+                    if let crate::cluster::peer::CopyMessage::Request(q) = &message {
+                        self.pending.push_back(Command::CancelMove { shard: q.shard.clone() }.encode());
+                    }
+                    return self.poll_output();
+                }
+                let message = if self.peer_reads_meta(&to) { message } else { copy_without_meta(message) };
+                NodeOutput::Peer { to, message: message.into() }
+            }
+            BrokerOutput::Cluster(ClusterOutput::ProposeCluster(c)) => {
+                // A move's step: handed to the leader now, not at the next tick (writes to
+                // the shard wait for it).
+                self.pending.push_back(c.encode());
+                let now = self.last_now;
+                self.flush_pending(now);
+                return self.poll_output();
+            }
+            BrokerOutput::Cluster(ClusterOutput::ClusterAdmin { id, request }) => {
+                use crate::broker::cluster_admin::{ClusterAdminAnswer as A, ClusterAdminRequest as R};
+                let now = self.last_now;
+                let name = |s: &ShardId| format!("{}/{}/{} shard {}", s.tenant, s.namespace, s.name, s.shard);
+                let mut tenant = None;
+                let answer = match request {
+                    R::Status { tenant: scope, page } => A::Status(self.status_page(scope.as_deref(), page.as_ref())),
+                    R::Move { shard, to } => {
+                        tenant = Some(shard.tenant.clone());
+                        let what = format!("move {} to {to}", name(&shard));
+                        self.request_move(shard, &to, now)
+                            .map_or_else(|e| A::Refused(e.to_string()), |()| A::Proposed(what))
+                    }
+                    R::CancelMove { shard } => {
+                        tenant = Some(shard.tenant.clone());
+                        let what = format!("cancel the move of {}", name(&shard));
+                        self.request_cancel_move(shard, now)
+                            .map_or_else(|e| A::Refused(e.to_string()), |()| A::Proposed(what))
+                    }
+                };
+                if let (A::Proposed(what), Some(tenant)) = (&answer, tenant) {
+                    self.broker.notice(Notice::OperatorRequest { what: what.clone(), tenant });
+                }
+                self.broker.handle_cluster_admin_answer(id, answer);
+                return self.poll_output();
+            }
+            other => NodeOutput::Broker(other),
+        })
+    }
+}
