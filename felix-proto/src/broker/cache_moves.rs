@@ -70,7 +70,7 @@ impl Broker {
         // Asked for what changed since a copy: the rest is small, so writes stop now, for
         // the cut-over.
         if !full && let Some(o) = self.membership.moves_out.get_mut(&s) {
-            o.start_cutting(now);
+            o.on(super::moves::OutEvent::Stop(now));
         }
         let settled = self.cache_settled(&k);
         let cutting = self.membership.moves_out.get(&s).is_some_and(|o| o.is_cutting()) && settled;

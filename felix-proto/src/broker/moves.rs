@@ -48,12 +48,47 @@ pub const CUTOVER_GIVE_UP: Duration = Duration::from_secs(5);
 pub(super) struct Outgoing {
     /// The new owner.
     to: String,
-    /// It stopped taking writes (since when), for the cut-over.
-    cutting: Option<Instant>,
-    /// When it last proposed the cut-over (or the cancel).
+    /// Where the move is, on this side.
+    phase: OutPhase,
+    /// When it last proposed the cut-over (or the cancel): proposals are retried after
+    /// [`PROPOSE_RETRY`].
     proposed: Option<Instant>,
-    /// The metadata says the cut-over happened (at this tail).
-    cut_at: Option<u64>,
+}
+
+/// The old owner's side of a move, phase by phase; [`Outgoing::on`] is the one place it
+/// changes.
+///
+/// ```text
+///   copying ──stop (the copy reached the tail)──► cutting over ──metadata: cut at T──► cut over
+///      └───────────────────────metadata: cut at T─────────────────────────────────────────┘
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OutPhase {
+    /// The new owner copies; this broker serves on.
+    Copying,
+    /// The new owner caught up: writes are stopped (since `since`) and the cut-over at the
+    /// tail is proposed; after [`CUTOVER_GIVE_UP`] the move is cancelled.
+    CuttingOver {
+        /// When writes stopped.
+        since: Instant,
+    },
+    /// The metadata says the cut-over happened, at tail `at`; `since`: when this broker stopped
+    /// writes, if it did before it learned.
+    CutOver {
+        /// The cut-over tail.
+        at: u64,
+        /// When writes stopped here.
+        since: Option<Instant>,
+    },
+}
+
+/// What moves the old owner's side of a move along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OutEvent {
+    /// The copy reached the tail (or what is left is small): stop taking writes.
+    Stop(Instant),
+    /// The metadata's phase of the move: cut over at this tail, or not (yet).
+    Metadata(Option<u64>),
 }
 
 /// The new owner's side of a move.
@@ -83,19 +118,62 @@ pub(super) struct Incoming {
 }
 
 impl Outgoing {
+    fn new(to: String) -> Outgoing {
+        Outgoing { to, phase: OutPhase::Copying, proposed: None }
+    }
+
     /// The new owner.
     pub(super) fn to(&self) -> &str {
         &self.to
     }
 
-    /// Stops taking writes for the cut-over (from now, unless already).
-    pub(super) fn start_cutting(&mut self, now: Instant) {
-        self.cutting.get_or_insert(now);
+    /// The one place the phase changes. Learning of the cut-over forgets the last proposal
+    /// (the next one, a cancel, is not held back by it).
+    pub(super) fn on(&mut self, ev: OutEvent) {
+        self.phase = match (self.phase, ev) {
+            (OutPhase::Copying, OutEvent::Stop(now)) => OutPhase::CuttingOver { since: now },
+            (OutPhase::CutOver { at, since: None }, OutEvent::Stop(now)) => OutPhase::CutOver { at, since: Some(now) },
+            (phase, OutEvent::Stop(_)) => phase,
+            (OutPhase::Copying, OutEvent::Metadata(Some(at))) => {
+                self.proposed = None;
+                OutPhase::CutOver { at, since: None }
+            }
+            (OutPhase::CuttingOver { since }, OutEvent::Metadata(Some(at))) => {
+                self.proposed = None;
+                OutPhase::CutOver { at, since: Some(since) }
+            }
+            (OutPhase::CutOver { since, .. }, OutEvent::Metadata(Some(at))) => OutPhase::CutOver { at, since },
+            (OutPhase::CutOver { since: Some(since), .. }, OutEvent::Metadata(None)) => OutPhase::CuttingOver { since },
+            (OutPhase::CutOver { since: None, .. }, OutEvent::Metadata(None)) => OutPhase::Copying,
+            (phase, OutEvent::Metadata(None)) => phase,
+        };
+    }
+
+    /// Writes were stopped here for the cut-over (since when).
+    pub(super) fn stopped_since(&self) -> Option<Instant> {
+        match self.phase {
+            OutPhase::Copying => None,
+            OutPhase::CuttingOver { since } => Some(since),
+            OutPhase::CutOver { since, .. } => since,
+        }
     }
 
     /// Writes are stopped for the cut-over.
     pub(super) fn is_cutting(&self) -> bool {
-        self.cutting.is_some()
+        self.stopped_since().is_some()
+    }
+
+    /// Past copying: stopped here, or cut over in the metadata; the shard takes no writes.
+    pub(super) fn past_copying(&self) -> bool {
+        self.phase != OutPhase::Copying
+    }
+
+    /// The cut-over tail, once the metadata has it.
+    pub(super) fn cut_at(&self) -> Option<u64> {
+        match self.phase {
+            OutPhase::CutOver { at, .. } => Some(at),
+            _ => None,
+        }
     }
 }
 
@@ -134,16 +212,13 @@ impl Broker {
             };
             if m.from == local {
                 // (Another move of the shard than the one this broker knew: started afresh.)
-                let mut o = self.membership.moves_out.remove(s).filter(|o| o.to == m.to).unwrap_or(Outgoing {
-                    to: m.to.clone(),
-                    cutting: None,
-                    proposed: None,
-                    cut_at: None,
-                });
-                if o.cut_at.is_none() && cut_at.is_some() {
-                    o.proposed = None;
-                }
-                o.cut_at = cut_at;
+                let mut o = self
+                    .membership
+                    .moves_out
+                    .remove(s)
+                    .filter(|o| o.to == m.to)
+                    .unwrap_or_else(|| Outgoing::new(m.to.clone()));
+                o.on(OutEvent::Metadata(cut_at));
                 outgoing.insert(s.clone(), o);
             } else if m.to == local {
                 let mut i = self.membership.moves_in.remove(s).filter(|i| i.from == m.from).unwrap_or(Incoming {
@@ -175,7 +250,7 @@ impl Broker {
                     self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
                 }
                 // Handed over: its watches go to the new owner, which goes on from the tail.
-                Kind::Cache if !home => self.cache_gone(&s, o.cut_at, md),
+                Kind::Cache if !home => self.cache_gone(&s, o.cut_at(), md),
                 // (A cancelled cache move serves on: its writes are taken again.)
                 _ => {}
             }
@@ -205,11 +280,7 @@ impl Broker {
 
     /// Whether writes to a shard are stopped for a cut-over here.
     pub(super) fn cutting_over(&self, shard: &ShardId) -> Option<&str> {
-        self.membership
-            .moves_out
-            .get(shard)
-            .filter(|o| o.cutting.is_some() || o.cut_at.is_some())
-            .map(|o| o.to.as_str())
+        self.membership.moves_out.get(shard).filter(|o| o.past_copying()).map(|o| o.to.as_str())
     }
 
     /// The moves this broker takes part in.
@@ -231,7 +302,7 @@ impl Broker {
                     peer: o.to.clone(),
                     copied: tail,
                     source_tail: tail,
-                    cutting: o.cutting.is_some() || o.cut_at.is_some(),
+                    cutting: o.past_copying(),
                 }
             })
             .collect();
@@ -359,10 +430,10 @@ impl Broker {
     pub(super) fn maybe_cut_over(&mut self, s: &ShardId, now: Instant) {
         let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let Some(o) = self.membership.moves_out.get(s) else { return };
-        let Some(since) = o.cutting.or(o.cut_at.map(|_| now)) else { return };
+        let Some(since) = o.stopped_since().or(o.cut_at().map(|_| now)) else { return };
         let retry = o.proposed.is_none_or(|p| now.saturating_duration_since(p) >= PROPOSE_RETRY);
-        let cut = o.cut_at.is_some();
-        if now.saturating_duration_since(since) >= CUTOVER_GIVE_UP && o.cutting.is_some() {
+        let cut = o.cut_at().is_some();
+        if now.saturating_duration_since(since) >= CUTOVER_GIVE_UP && o.is_cutting() {
             if retry {
                 if let Some(o) = self.membership.moves_out.get_mut(s) {
                     o.proposed = Some(now);
@@ -469,12 +540,12 @@ impl Broker {
         // This answer brings the new owner up to the tail: stop taking writes for the cut-over.
         if reaches_tail
             && let Some(o) = self.membership.moves_out.get_mut(&s)
-            && o.cutting.is_none()
+            && !o.is_cutting()
         {
-            o.cutting = Some(now);
+            o.on(OutEvent::Stop(now));
             self.mark_moving(&s);
         }
-        let cutting = self.membership.moves_out.get(&s).is_some_and(|o| o.cutting.is_some()) && settled;
+        let cutting = self.membership.moves_out.get(&s).is_some_and(Outgoing::is_cutting) && settled;
         let message = CopyMessage::Answer(CopyAnswer {
             shard: s.clone(),
             body: CopyBody::Batches { start, tail, cutting, batches },
@@ -611,5 +682,46 @@ impl Broker {
             self.maybe_finish_move(&s, now);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The old owner's phases, event by event: stopping writes, and the metadata's word on the
+    /// cut-over (which forgets the last proposal only when it is news).
+    #[test]
+    fn an_outgoing_moves_phase_by_phase() {
+        let t0 = crate::transport::test_epoch();
+        let t1 = t0 + std::time::Duration::from_secs(1);
+        let mut o = Outgoing::new("n2".into());
+        assert_eq!((o.past_copying(), o.is_cutting(), o.cut_at()), (false, false, None));
+        o.on(OutEvent::Metadata(None));
+        assert_eq!(o.phase, OutPhase::Copying);
+        o.on(OutEvent::Stop(t0));
+        assert_eq!(o.phase, OutPhase::CuttingOver { since: t0 });
+        o.on(OutEvent::Stop(t1));
+        assert_eq!(o.stopped_since(), Some(t0), "stopped once, from the first time");
+        o.proposed = Some(t1);
+        o.on(OutEvent::Metadata(Some(40)));
+        assert_eq!(o.phase, OutPhase::CutOver { at: 40, since: Some(t0) });
+        assert_eq!(o.proposed, None, "the cut-over is news: the proposal is forgotten");
+        o.proposed = Some(t1);
+        o.on(OutEvent::Metadata(Some(40)));
+        assert_eq!(o.proposed, Some(t1), "not news");
+        o.on(OutEvent::Metadata(None));
+        assert_eq!(o.phase, OutPhase::CuttingOver { since: t0 }, "the metadata took it back");
+
+        // Cut over before this broker stopped writes (it learned from the metadata first).
+        let mut o = Outgoing::new("n3".into());
+        o.on(OutEvent::Metadata(Some(7)));
+        assert_eq!((o.past_copying(), o.is_cutting(), o.cut_at()), (true, false, Some(7)));
+        o.on(OutEvent::Stop(t1));
+        assert_eq!(o.phase, OutPhase::CutOver { at: 7, since: Some(t1) });
+        let mut o = Outgoing::new("n3".into());
+        o.on(OutEvent::Metadata(Some(7)));
+        o.on(OutEvent::Metadata(None));
+        assert_eq!(o.phase, OutPhase::Copying);
     }
 }
