@@ -159,7 +159,7 @@ impl Broker {
         st.outstanding += 1;
     }
 
-    /// Writes the held answers that are ready, in order, up to the first still waiting.
+    /// Answers with a refusal ([`Answering::refuse`]).
     pub(super) fn refuse(&mut self, conn: ConnId, st: &mut CtlStream, r: Refusal) {
         self.answering().refuse(conn, st, r);
     }
@@ -251,7 +251,7 @@ impl Answering<'_> {
         }
     }
 
-    /// Writes the answers at the front of the stream's held queue that are ready.
+    /// Writes the held answers that are ready, in order, up to the first still waiting.
     pub(super) fn release_held(&mut self, conn: ConnId, st: &mut CtlStream) {
         while let Some(Held::Ready(_)) = st.held.front() {
             if let Some(Held::Ready(data)) = st.held.pop_front()

@@ -4,19 +4,13 @@
 //! through [`Serving::away`].
 //!
 //! ```text
-//!                     owned elsewhere (redirect, or `owner_down` while that owner is down)
-//!      ┌───────────────────────────────────────────────────────────────► elsewhere
-//!      │            fence                          unfence                   │ ▲
-//!    here ─────────────────────────► fenced ───────────────► here            │ │ owned
-//!      │ ▲                                                                   │ │ elsewhere
-//!      │ └──────────────── owned here (not fenced, not cutting over) ────────┘ │
-//!      │  cut over (a move out reaches the tail)                               │
-//!      └──────────────────────────────► cutting over ──── owned elsewhere ─────┘
-//!
-//!    joined group ──► replica(following, no leader) ──role──► replica(settling | leading |
-//!                                                             following a leader)
-//!    owned here without a replica here ──► orphaned (no_leader, until the group's leader
-//!                                          claims it)
+//!   here ──fence──► fenced ──unfence──► here, or cutting over (a move out still cutting over)
+//!   here ──cut over (a move out reached the tail)──► cutting over
+//!   any ──owned elsewhere──► elsewhere(owner, down or up)
+//!   any ──owned here──► here, fenced or cutting over (as this broker is)
+//!   any ──owned here, replicated, no replica here──► orphaned (`no_leader`)
+//!   not a replica ──joined group──► replica(following, no leader)
+//!   any ──role──► replica(settling | leading | following a leader)
 //! ```
 //!
 //! Leaving *here* (or a leading replica) ends the shard's subscriptions as a move does
