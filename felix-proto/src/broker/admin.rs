@@ -254,7 +254,7 @@ impl Broker {
             if w.conn == conn && w.stream == st.id {
                 // Waiting on this very stream, which the caller holds.
                 let data = Self::publish_answer(&w.offer, w.reply, Err(&r));
-                self.deliver_answer(conn, st, w.seq, data);
+                self.answering().deliver_answer(conn, st, w.seq, data);
             } else {
                 self.finish_waiter(w, Err(&r), now);
             }

@@ -188,17 +188,6 @@ impl Broker {
         AnswerSlot::Owed(seq)
     }
 
-    /// Delivers the answer owed in slot `seq` ([`Answering::deliver_answer`]).
-    pub(super) fn deliver_answer(
-        &mut self,
-        conn: ConnId,
-        st: &mut CtlStream,
-        seq: AnswerSlot,
-        data: Option<Bytes>,
-    ) -> bool {
-        self.answering().deliver_answer(conn, st, seq, data)
-    }
-
     // -----------------------------------------------------------------------------------------
     // Frames
 
@@ -213,7 +202,7 @@ impl Broker {
         let seq = self.owe(conn, st, reply);
         let data = Self::publish_answer(&offer, reply, result);
         if !matches!(reply, Reply::None) {
-            self.deliver_answer(conn, st, seq, data);
+            self.answering().deliver_answer(conn, st, seq, data);
         }
     }
 }

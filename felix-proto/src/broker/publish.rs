@@ -203,7 +203,7 @@ impl Broker {
             } else {
                 // Acknowledged on enqueue: no offset (the broker never invents one).
                 let data = Self::publish_answer(&offer, reply, Ok(None));
-                self.deliver_answer(conn, st, seq, data);
+                self.answering().deliver_answer(conn, st, seq, data);
             }
         }
     }

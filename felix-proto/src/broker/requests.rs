@@ -38,7 +38,7 @@ impl Broker {
                 let offer = Self::features_of(st);
                 let seq = self.owe(conn, st, Reply::Binary(request_id));
                 let data = Self::publish_answer(&offer, Reply::Binary(request_id), Err(&r));
-                self.deliver_answer(conn, st, seq, data);
+                self.answering().deliver_answer(conn, st, seq, data);
             }
             None => self.refuse(conn, st, r),
         }
