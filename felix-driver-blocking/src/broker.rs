@@ -315,11 +315,18 @@ impl BlockingBroker {
                 shard,
                 start,
                 producers_forgotten,
+                state_checkpoint,
             }) => {
                 // Writes asked for before the truncation go first.
                 self.write_pending();
                 if let Some(d) = self.disk.as_mut() {
-                    d.truncate_before((&tenant_id, &namespace, &stream), shard, start, &producers_forgotten);
+                    d.truncate_before(
+                        (&tenant_id, &namespace, &stream),
+                        shard,
+                        start,
+                        &producers_forgotten,
+                        state_checkpoint.as_deref(),
+                    );
                 }
             }
             BrokerOutput::Storage(StorageOutput::DeleteStream { tenant_id, namespace, stream }) => {

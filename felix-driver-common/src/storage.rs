@@ -16,9 +16,9 @@
 use bytes::{Bytes, BytesMut};
 use felix_proto::broker::{PersistRequest, WriteOutcome};
 use felix_proto::storage::{
-    IndexEntry, StoredBatch, crc32c_append, decode_index, decode_producer_watermarks, decode_segment, encode_batch,
-    encode_index, encode_index_entry, encode_index_trailer, encode_producer_watermarks, parse_path_component,
-    parse_segment_name, path_component, segment_name,
+    IndexEntry, StateCheckpoint, StoredBatch, crc32c_append, decode_index, decode_producer_watermarks, decode_segment,
+    decode_state_checkpoint, encode_batch, encode_index, encode_index_entry, encode_index_trailer,
+    encode_producer_watermarks, parse_path_component, parse_segment_name, path_component, segment_name,
 };
 use felix_proto::transport::WriteToken;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -206,8 +206,10 @@ impl DiskStorage {
                             continue;
                         };
                         let keep = budget(&tenant, &namespace, &stream);
+                        let state_checkpoint = read_state_checkpoint(&shard_dir)?;
+                        let as_of = state_checkpoint.as_ref().map(|c| c.as_of);
                         let ShardFiles { summaries, batches, state_batches, mut repairs, index } =
-                            recover_shard(&shard_dir, keep)?;
+                            recover_shard(&shard_dir, keep, as_of)?;
                         let producer_watermarks = read_watermarks(&shard_dir, &mut repairs);
                         if let Some((newest, entries)) =
                             index.iter().max_by_key(|(p, _)| p.file_name().map(|f| f.to_owned()))
@@ -226,6 +228,7 @@ impl DiskStorage {
                             state_batches,
                             repairs,
                             producer_watermarks,
+                            state_checkpoint,
                         });
                     }
                     // A stream created (D60) and never written: its shards, empty.
@@ -241,6 +244,7 @@ impl DiskStorage {
                             state_batches: Vec::new(),
                             repairs: Vec::new(),
                             producer_watermarks: Vec::new(),
+                            state_checkpoint: None,
                         });
                     }
                 }
@@ -327,14 +331,26 @@ impl DiskStorage {
     /// `producers_forgotten` (from the broker's `Truncate`) is merged into the shard's
     /// producer-watermark file, kept (highest per producer) and synced before any segment goes,
     /// so that a restart never takes a sequence retention removed for one that never landed.
+    ///
+    /// `state_checkpoint` (the shard's commit state, from the same `Truncate`) replaces the
+    /// shard's `state.checkpoint`, written whole and synced before any segment goes: the
+    /// commits that wrote the state may be in them. If it cannot be written, nothing is deleted.
     pub fn truncate_before(
         &mut self,
         (tenant, ns, stream): (&str, &str, &str),
         shard: u32,
         start: u64,
         producers_forgotten: &[(u64, u64)],
+        state_checkpoint: Option<&[u8]>,
     ) -> usize {
         let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
+        if let Some(c) = state_checkpoint {
+            let made = std::fs::create_dir_all(&dir).and_then(|()| write_atomically(&dir.join(STATE_CHECKPOINT), c));
+            if let Err(e) = made {
+                tracing::error!("retention: writing the state checkpoint in {}: {e}; segments kept", dir.display());
+                return 0;
+            }
+        }
         if !producers_forgotten.is_empty() {
             let mut repairs = Vec::new();
             let mut kept: BTreeMap<u64, u64> = read_watermarks(&dir, &mut repairs).into_iter().collect();
@@ -929,6 +945,34 @@ fn read_watermarks(shard_dir: &Path, repairs: &mut Vec<String>) -> Vec<(u64, u64
     }
 }
 
+/// The file beside a shard's segments that keeps its commit state as retention last
+/// checkpointed it.
+const STATE_CHECKPOINT: &str = "state.checkpoint";
+
+/// Reads a shard's state checkpoint, if it has one. A damaged one stops recovery: the commits
+/// that wrote that state were deleted once it was on disk, so starting without it would serve
+/// a state missing every value they wrote, and say nothing. The error names the file and what
+/// moving it aside costs.
+fn read_state_checkpoint(shard_dir: &Path) -> std::io::Result<Option<StateCheckpoint>> {
+    let path = shard_dir.join(STATE_CHECKPOINT);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(&path, e)),
+    };
+    decode_state_checkpoint(&bytes::Bytes::from(bytes)).map(Some).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{}: {e}. It holds the shard's commit state from commits retention has deleted; \
+                 restore it from a backup, or move it aside to start with only the state of the \
+                 commits still on disk (every value older commits wrote is then lost)",
+                path.display()
+            ),
+        )
+    })
+}
+
 /// Writes `data` to `path` whole or not at all: a synced temporary file renamed into place, and
 /// the directory synced so the rename survives a crash.
 fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -1015,7 +1059,8 @@ struct ShardFiles {
     index: SegmentIndex,
 }
 
-fn recover_shard(dir: &Path, budget: u64) -> std::io::Result<ShardFiles> {
+/// `as_of`: the last commit a state checkpoint holds (commits at or below it are not read).
+fn recover_shard(dir: &Path, budget: u64, as_of: Option<u64>) -> std::io::Result<ShardFiles> {
     let mut repairs = Vec::new();
     let segs = segments(dir)?;
     let mut parts: Vec<(PathBuf, Part)> = Vec::with_capacity(segs.len());
@@ -1052,13 +1097,15 @@ fn recover_shard(dir: &Path, budget: u64) -> std::io::Result<ShardFiles> {
         let entries = part.entries().to_vec();
         if i < whole_from {
             summaries.extend_from_slice(&entries);
-            // Commits carry state the broker rebuilds at start: read those batches whole.
-            if entries.iter().any(|e| e.state) {
+            // Commits carry state the broker rebuilds at start: read those batches whole (but
+            // not the ones a checkpoint already holds).
+            let newer = |base: u64| as_of.is_none_or(|a| base > a);
+            if entries.iter().any(|e| e.state && newer(e.base_offset)) {
                 let whole = match part {
                     Part::Scanned(b, _) => b,
                     Part::Indexed(_) => scan_segment(&path, &mut repairs)?.0,
                 };
-                state_batches.extend(whole.into_iter().filter(|b| b.state.is_some()));
+                state_batches.extend(whole.into_iter().filter(|b| b.state.is_some() && newer(b.base_offset)));
             }
         } else {
             match part {
@@ -1154,8 +1201,8 @@ mod tests {
         // One batch per segment: bases 0, 2, 3, 4.
         s.write(vec![req(1, 0, &["a", "b"]), req(2, 2, &["c"]), req(3, 3, &["d"]), req(4, 4, &["e"])]);
         let name = ("t1", "default", "../orders");
-        assert_eq!(s.truncate_before(name, 0, 3, &[]), 2, "segments [0,2) and [2,3) go");
-        assert_eq!(s.truncate_before(name, 0, 100, &[]), 1, "the newest segment stays");
+        assert_eq!(s.truncate_before(name, 0, 3, &[], None), 2, "segments [0,2) and [2,3) go");
+        assert_eq!(s.truncate_before(name, 0, 100, &[], None), 1, "the newest segment stays");
         let rec = s.recover().unwrap();
         assert_eq!(rec[0].batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![4]);
         assert!(rec[0].producer_watermarks.is_empty());
@@ -1168,8 +1215,8 @@ mod tests {
         s.set_segment_bytes(1);
         s.write(vec![req(1, 0, &["a"]), req(2, 1, &["b"]), req(3, 2, &["c"])]);
         let name = ("t1", "default", "../orders");
-        s.truncate_before(name, 0, 1, &[(7, 4), (9, 1)]);
-        s.truncate_before(name, 0, 2, &[(7, 3), (8, 5)]); // the highest per producer is kept
+        s.truncate_before(name, 0, 1, &[(7, 4), (9, 1)], None);
+        s.truncate_before(name, 0, 2, &[(7, 3), (8, 5)], None); // the highest per producer is kept
         let rec = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
         assert_eq!(rec[0].producer_watermarks, vec![(7, 4), (8, 5), (9, 1)]);
         assert!(rec[0].repairs.is_empty());
@@ -1245,7 +1292,7 @@ mod tests {
         let mut h = s.history_reader();
         s.write((0..300).map(|i| req(i + 1, i, &[&format!("old-{i:03}")])).collect());
         assert_eq!(h.read_range(name, 0, 250, 300, 1 << 20).len(), 50);
-        assert!(s.truncate_before(name, 0, 200, &[]) > 0);
+        assert!(s.truncate_before(name, 0, 200, &[], None) > 0);
         let after: Vec<u64> = h.read_range(name, 0, 0, 300, 1 << 20).iter().map(|b| b.base_offset).collect();
         assert!(after[0] > 0 && after[0] <= 200, "retention removed the oldest segments: {}", after[0]);
         assert_eq!(*after.last().unwrap(), 299);
@@ -1313,6 +1360,56 @@ mod tests {
             felix_proto::storage::decode_state_changes(rec[0].state_batches[0].state.as_ref().unwrap()).unwrap(),
             vec![("balance".to_string(), Some(Bytes::from_static(b"10")))]
         );
+    }
+
+    /// Retention's state checkpoint is on disk before any segment goes, comes back at
+    /// recovery, and spares recovery the commits it holds (only later ones are read). A
+    /// damaged one stops recovery with an error that names the file.
+    #[test]
+    fn a_state_checkpoint_is_kept_before_segments_go_and_bounds_what_recovery_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        s.set_segment_bytes(200);
+        let commit = |token: u64, base: u64, key: &str| {
+            let mut r = req(token, base, &["c"]);
+            r.state = felix_proto::storage::encode_state_changes(&[(key.into(), Some(Bytes::from_static(b"v")))]);
+            r
+        };
+        let mut reqs = vec![commit(1, 0, "old")];
+        reqs.extend((1..30).map(|i| req(i + 1, i, &[&format!("payload-{i:03}")])));
+        reqs.push(commit(31, 30, "mid"));
+        reqs.extend((31..60).map(|i| req(i + 1, i, &[&format!("payload-{i:03}")])));
+        s.write(reqs);
+        let checkpoint = felix_proto::storage::StateCheckpoint {
+            as_of: 30,
+            values: vec![("mid".into(), Bytes::from_static(b"v"), 30), ("old".into(), Bytes::from_static(b"v"), 0)],
+        };
+        let file = felix_proto::storage::encode_state_checkpoint(&checkpoint).unwrap();
+        // Retention below offset 20: the first commit's segment goes, the checkpoint stays.
+        let name = ("t1", "default", "../orders");
+        assert!(s.truncate_before(name, 0, 20, &[], Some(&file)) > 0);
+        let ns = dir.path().join("streams").join("t1").join("default");
+        let shard_dir = std::fs::read_dir(&ns).unwrap().next().unwrap().unwrap().path().join("0");
+        assert_eq!(std::fs::read(shard_dir.join(STATE_CHECKPOINT)).unwrap(), file);
+        drop(s);
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        let rec = s.recover_within(|_, _, _| 60).unwrap();
+        assert_eq!(rec[0].state_checkpoint.as_ref(), Some(&checkpoint));
+        assert!(rec[0].summaries.iter().any(|e| e.base_offset == 30 && e.state), "the later commit is summarized");
+        assert!(rec[0].state_batches.is_empty(), "the checkpoint holds every commit: none is read");
+        // A flipped bit: recovery stops and says which file and what moving it aside costs.
+        let mut damaged = file.to_vec();
+        damaged[10] ^= 1;
+        std::fs::write(shard_dir.join(STATE_CHECKPOINT), damaged).unwrap();
+        drop(s);
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        let e = s.recover_within(|_, _, _| 60).unwrap_err().to_string();
+        assert!(e.contains("state.checkpoint") && e.contains("checksum") && e.contains("move it aside"), "{e}");
+        // Moved aside: recovery goes on with the commits still on disk.
+        std::fs::remove_file(shard_dir.join(STATE_CHECKPOINT)).unwrap();
+        let rec = s.recover_within(|_, _, _| 60).unwrap();
+        assert_eq!(rec[0].state_checkpoint, None);
+        assert_eq!(rec[0].state_batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![30]);
     }
 
     #[test]

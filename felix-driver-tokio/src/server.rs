@@ -395,10 +395,33 @@ impl Node {
 
 enum StorageCmd {
     Write(Vec<PersistRequest>),
-    Truncate { tenant: String, namespace: String, stream: String, shard: u32, start: u64, forgotten: Vec<(u64, u64)> },
-    DeleteStream { tenant: String, namespace: String, stream: String },
-    CreateStream { token: WriteToken, tenant: String, namespace: String, stream: String, shards: u32 },
-    ResetShard { tenant: String, namespace: String, stream: String, shard: u32 },
+    Truncate {
+        tenant: String,
+        namespace: String,
+        stream: String,
+        shard: u32,
+        start: u64,
+        forgotten: Vec<(u64, u64)>,
+        state: Option<Bytes>,
+    },
+    DeleteStream {
+        tenant: String,
+        namespace: String,
+        stream: String,
+    },
+    CreateStream {
+        token: WriteToken,
+        tenant: String,
+        namespace: String,
+        stream: String,
+        shards: u32,
+    },
+    ResetShard {
+        tenant: String,
+        namespace: String,
+        stream: String,
+        shard: u32,
+    },
     Stop,
 }
 
@@ -432,8 +455,8 @@ fn storage_loop(
         let mut cut = false;
         let mut take = |cmd: StorageCmd, stop: &mut bool, cut: &mut bool| match cmd {
             StorageCmd::Write(r) => reqs.extend(r),
-            StorageCmd::Truncate { tenant, namespace, stream, shard, start, forgotten } => {
-                truncations.push((tenant, namespace, stream, shard, start, forgotten));
+            StorageCmd::Truncate { tenant, namespace, stream, shard, start, forgotten, state } => {
+                truncations.push((tenant, namespace, stream, shard, start, forgotten, state));
             }
             StorageCmd::DeleteStream { tenant, namespace, stream } => {
                 deletion = Some((tenant, namespace, stream));
@@ -457,8 +480,8 @@ fn storage_loop(
             }
         }
         if let Some(d) = disk.as_mut() {
-            for (t, n, s, shard, start, forgotten) in truncations {
-                d.truncate_before((&t, &n, &s), shard, start, &forgotten);
+            for (t, n, s, shard, start, forgotten, state) in truncations {
+                d.truncate_before((&t, &n, &s), shard, start, &forgotten, state.as_deref());
             }
         }
         if !reqs.is_empty() {
@@ -1987,6 +2010,7 @@ impl BrokerTask {
                     shard,
                     start,
                     producers_forgotten,
+                    state_checkpoint,
                 }) => {
                     // Writes asked for before the truncation go first.
                     self.flush_storage();
@@ -1997,6 +2021,7 @@ impl BrokerTask {
                         shard,
                         start,
                         forgotten: producers_forgotten,
+                        state: state_checkpoint,
                     });
                 }
                 BrokerOutput::Storage(StorageOutput::DeleteStream { tenant_id, namespace, stream }) => {

@@ -495,6 +495,73 @@ async fn counters_over_quic_survive_a_restart_and_need_storage() {
     server.shutdown().await;
 }
 
+/// Retention compacts a stream holding commit state: the driver writes the state checkpoint
+/// beside the shard, a restart serves the state from it, and a damaged one stops the start
+/// with an error naming the file (never a state silently missing values).
+#[tokio::test]
+async fn retention_checkpoints_commit_state_and_a_damaged_checkpoint_stops_the_start() {
+    use felix_proto::client::CommitRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::default();
+    cfg.default_stream.retention.max_records = Some(2);
+    let key = Bytes::from_static(b"account-7");
+    let req = |i: u64| CommitRequest {
+        namespace: "default".into(),
+        stream: "accounts".into(),
+        entity_key: key.clone(),
+        event: Bytes::from(format!("event-{i}")),
+        changes: vec![(format!("k{i}"), Some(Bytes::from(i.to_string())))],
+        expected_offset: None,
+    };
+    {
+        let (server, chain) = start_with(Some(dir.path()), cfg.clone()).await;
+        let c = connect(&server, &chain).await;
+        for i in 0..5 {
+            assert_eq!(c.commit(req(i)).await.unwrap(), i);
+        }
+        server.shutdown().await;
+    }
+    // The restart applies retention to what it recovered: the shard's state is checkpointed.
+    let (server, chain) = start_with(Some(dir.path()), cfg.clone()).await;
+    let c = connect(&server, &chain).await;
+    assert_eq!(
+        c.state_get("default", "accounts", key.clone(), "k0").await.unwrap(),
+        (Some(Bytes::from_static(b"0")), Some(0))
+    );
+    server.shutdown().await;
+    let checkpoints: Vec<std::path::PathBuf> =
+        walk(dir.path()).into_iter().filter(|p| p.ends_with("state.checkpoint")).collect();
+    assert_eq!(checkpoints.len(), 1, "one shard holds state: {checkpoints:?}");
+    let (server, chain) = start_with(Some(dir.path()), cfg.clone()).await;
+    let c = connect(&server, &chain).await;
+    for i in [0u64, 4] {
+        assert_eq!(
+            c.state_get("default", "accounts", key.clone(), &format!("k{i}")).await.unwrap(),
+            (Some(Bytes::from(i.to_string())), Some(i))
+        );
+    }
+    server.shutdown().await;
+    let mut damaged = std::fs::read(&checkpoints[0]).unwrap();
+    damaged[12] ^= 1;
+    std::fs::write(&checkpoints[0], damaged).unwrap();
+    let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+    let opts = ServerOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        broker: cfg,
+        identity: id,
+        data_dir: Some(dir.path().to_path_buf()),
+        fsync: FsyncMode::Always,
+        transport: TransportTuning::default(),
+        require_alpn: false,
+        metrics_listen: None,
+        http: None,
+        cluster: None,
+        client_ca: None,
+    };
+    let e = Server::start(opts).await.err().expect("a damaged checkpoint stops the start").to_string();
+    assert!(e.contains("state.checkpoint") && e.contains("move it aside"), "{e}");
+}
+
 #[tokio::test]
 async fn commits_over_quic_write_event_and_state_together_and_survive_a_restart() {
     use felix_proto::client::CommitRequest;

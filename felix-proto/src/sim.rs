@@ -89,6 +89,9 @@ pub struct Sim {
     /// `producers_forgotten` of its truncations, highest per producer), kept with `durable` as a
     /// disk keeps it and handed back at a restart.
     pub producer_watermarks: BTreeMap<ShardName, BTreeMap<u64, u64>>,
+    /// The last state checkpoint of each shard's truncations (its commit state, kept before
+    /// the commits that wrote it were removed), handed back at a restart.
+    pub state_checkpoints: BTreeMap<ShardName, Bytes>,
     /// Durable streams `stream_create` made, with their shard counts (D60): what a data
     /// directory's `meta` files keep, handed back at a restart.
     pub created_streams: BTreeMap<(String, String, String), u32>,
@@ -122,6 +125,7 @@ impl Sim {
             durable: Vec::new(),
             restarts: 0,
             producer_watermarks: BTreeMap::new(),
+            state_checkpoints: BTreeMap::new(),
             created_streams: BTreeMap::new(),
             trace: Trace::default(),
             stored: 0,
@@ -368,6 +372,12 @@ impl Sim {
             if let Some(count) = self.created_streams.get(&(t.clone(), n.clone(), s.clone())) {
                 cfg.shards = *count;
             }
+            if let Some(c) = self.state_checkpoints.get(&(t.clone(), n.clone(), s.clone(), shard)) {
+                // The harness wrote it: it reads back whole.
+                if let Ok(c) = crate::storage::decode_state_checkpoint(c) {
+                    self.broker.restore_state_checkpoint((&t, &n, &s), cfg.clone(), shard, &c, self.now);
+                }
+            }
             self.broker.restore_shard((&t, &n, &s), cfg, shard, batches, self.now);
             if let Some(w) = self.producer_watermarks.get(&(t.clone(), n.clone(), s.clone(), shard)) {
                 let w: Vec<(u64, u64)> = w.iter().map(|(id, through)| (*id, *through)).collect();
@@ -590,7 +600,11 @@ impl Sim {
                 shard,
                 start,
                 producers_forgotten,
+                state_checkpoint,
             }) => {
+                if let Some(c) = state_checkpoint {
+                    self.state_checkpoints.insert((tenant_id.clone(), namespace.clone(), stream.clone(), shard), c);
+                }
                 let kept = self
                     .producer_watermarks
                     .entry((tenant_id.clone(), namespace.clone(), stream.clone(), shard))
@@ -636,6 +650,7 @@ impl Sim {
                 self.unstore(|w| !of(w));
                 self.producer_watermarks
                     .retain(|(t, n, s, _), _| !(*t == tenant_id && *n == namespace && *s == stream));
+                self.state_checkpoints.retain(|(t, n, s, _), _| !(*t == tenant_id && *n == namespace && *s == stream));
             }
             BrokerOutput::Storage(StorageOutput::Read(r)) => {
                 // Storage is `durable`: answer from it, as a disk would.

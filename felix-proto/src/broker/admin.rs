@@ -22,6 +22,10 @@ impl Broker {
         cfg.durable = true;
         cfg.shards = shard.stream_shards.max(1);
         let name = (shard.tenant_id.as_str(), shard.namespace.as_str(), shard.stream.as_str());
+        // The state retention checkpointed, then the commits after it.
+        if let Some(c) = &shard.state_checkpoint {
+            self.restore_state_checkpoint(name, cfg.clone(), shard.shard, c, now);
+        }
         self.restore_shard_summaries(name, cfg.clone(), shard.shard, &shard.summaries, now);
         // The state older commits wrote, before the newer batches (which may change it again).
         if let Some(s) = self
@@ -85,6 +89,33 @@ impl Broker {
             self.streams.get_mut(KeyRef(tenant, ns, stream).q()).and_then(|e| e.shards.get_mut(shard as usize))
         {
             s.producers.restore_forgotten(forgotten);
+        }
+    }
+
+    /// Restores a durable shard's commit state from the checkpoint storage kept
+    /// ([`crate::storage::RecoveredShard::state_checkpoint`]). Call before
+    /// [`restore_shard_summaries`](Self::restore_shard_summaries) and
+    /// [`restore_shard`](Self::restore_shard): the commits they replay apply on top of it, and
+    /// those at or below its `as_of` (already part of it) are skipped. Creates the stream (with
+    /// `config`) if it does not exist yet.
+    pub fn restore_state_checkpoint(
+        &mut self,
+        (tenant, ns, stream): (&str, &str, &str),
+        config: StreamConfig,
+        shard: u32,
+        checkpoint: &crate::storage::StateCheckpoint,
+        now: Instant,
+    ) {
+        self.clock.advance(now);
+        let k = key(tenant, ns, stream);
+        if syslog::is_sys(&k) {
+            return; // system logs keep their own checkpoints, in their logs
+        }
+        if !self.streams.contains_key(&k) {
+            self.create_stream(k.clone(), config);
+        }
+        if let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) {
+            s.state.restore_checkpoint(checkpoint);
         }
     }
 

@@ -872,8 +872,9 @@ impl Broker {
         for k in &keys {
             let Some(entry) = self.streams.get_mut(k) else { continue };
             for (i, shard) in entry.shards.iter_mut().enumerate() {
-                if shard.state.holds_state() {
-                    // Its state is rebuilt from every commit it holds: nothing may go.
+                if shard.state.holds_state() && (entry.config.replication > 1 || shard.serving.is_replica()) {
+                    // A replicated shard's snapshots do not carry its commit state: its log is
+                    // where the state lives, so nothing may go.
                     continue;
                 }
                 let before = shard.log.start();
@@ -883,6 +884,9 @@ impl Broker {
                 }
                 let producers_forgotten = shard.producers.retain_from(after);
                 if entry.config.durable {
+                    // The commits that wrote the state may go with the segments: storage keeps
+                    // the state itself first.
+                    let state_checkpoint = shard.state.checkpoint();
                     self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
                         tenant_id: k.tenant().to_owned(),
                         namespace: k.namespace().to_owned(),
@@ -890,6 +894,7 @@ impl Broker {
                         shard: i as u32,
                         start: after,
                         producers_forgotten,
+                        state_checkpoint,
                     }));
                 }
             }

@@ -118,6 +118,13 @@ pub enum StorageOutput {
         /// retention removed is refused `sequence_expired` after a restart too, never appended
         /// twice. Almost always empty.
         producers_forgotten: Vec<(u64, u64)>,
+        /// The shard's commit state as a checkpoint
+        /// ([`crate::storage::encode_state_checkpoint`]) when it holds any: storage writes it
+        /// whole and durably (replacing the last one) *before* deleting a segment, and hands
+        /// it back at recovery as [`crate::storage::RecoveredShard::state_checkpoint`], since
+        /// the commits that wrote it go with the segments. A new owner of a moved shard asks
+        /// for it with `start` at its copy's start (nothing to delete).
+        state_checkpoint: Option<Bytes>,
     },
     /// A stream was deleted: storage removes everything it holds (after the writes asked for
     /// before this), so a restart does not bring it back.

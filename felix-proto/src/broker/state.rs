@@ -8,16 +8,20 @@
 //! reads that state: `version` is the offset of the commit that wrote the value, `as_of` the
 //! offset of the last commit applied.
 //!
-//! The state is rebuilt at start from every commit the shard holds (recovery reads the commit
-//! batches even where it otherwise reads indexes only), so a shard that holds state is exempt
-//! from retention: deleting old segments would delete what they wrote.
+//! The state is rebuilt at start from a checkpoint and the commits after it. Retention of a
+//! shard that holds state first hands storage a checkpoint of the whole state (with its
+//! `Truncate`), which storage keeps on disk before it deletes the segments whose commits wrote
+//! it; recovery restores the checkpoint and replays only the commits after its `as_of` (older
+//! ones, still in segments retention has not reached, are skipped by their offsets). A
+//! replicated stream's checkpoints (Raft snapshots) do not carry this state yet, so a
+//! replicated shard that holds state stays exempt from retention.
 
 use super::*;
 use crate::binary::Records;
 use crate::error_code::ErrorCode;
 use crate::message::{self, Message, StateChange as WireChange};
 use crate::routing::shard_for_key;
-use crate::storage::{StateChange, decode_state_changes, encode_state_changes};
+use crate::storage::{StateChange, StateCheckpoint, decode_state_changes, encode_state_changes};
 use crate::transport::ConnId;
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -47,17 +51,36 @@ impl ShardState {
         self.as_of = Some(self.as_of.map_or(offset, |a| a.max(offset)));
     }
 
-    /// Applies a stored commit batch (recovery). Undecodable state was refused when the segment
-    /// was read, so nothing is skipped silently here.
+    /// Applies a stored commit batch (recovery, a move's copy). Undecodable state was refused
+    /// when the segment was read, so nothing is skipped silently here; a commit at or below
+    /// `as_of` is already part of the state (a checkpoint holds it) and changes nothing.
     pub(super) fn apply_stored(&mut self, b: &crate::storage::StoredBatch) {
+        if self.as_of.is_some_and(|a| b.base_offset <= a) {
+            return;
+        }
         if let Some(changes) = b.state.as_ref().and_then(|s| decode_state_changes(s).ok()) {
             self.apply(b.base_offset, &changes);
         }
     }
 
-    /// Whether any commit was applied (such a shard is exempt from retention).
+    /// Whether any commit was applied (retention then checkpoints the state first).
     pub(super) fn holds_state(&self) -> bool {
         self.as_of.is_some()
+    }
+
+    /// The whole state as a checkpoint, encoded ([`crate::storage::encode_state_checkpoint`]);
+    /// `None` while no commit was applied.
+    pub(super) fn checkpoint(&self) -> Option<Bytes> {
+        let as_of = self.as_of?;
+        let values = self.values.iter().map(|(k, (v, version))| (k.clone(), v.clone(), *version)).collect();
+        crate::storage::encode_state_checkpoint(&StateCheckpoint { as_of, values })
+    }
+
+    /// The state a checkpoint holds, replacing this one's. Commits after its `as_of` are then
+    /// applied on top; older ones are skipped ([`apply_stored`](Self::apply_stored)).
+    pub(super) fn restore_checkpoint(&mut self, c: &StateCheckpoint) {
+        self.values = c.values.iter().map(|(k, v, version)| (k.clone(), (v.clone(), *version))).collect();
+        self.as_of = Some(c.as_of);
     }
 }
 

@@ -522,6 +522,7 @@ impl Broker {
                 shard: 0,
                 start,
                 producers_forgotten: Vec::new(),
+                state_checkpoint: None,
             }));
         }
     }

@@ -327,6 +327,7 @@ impl World {
                 state_batches: Vec::new(),
                 repairs: Vec::new(),
                 producer_watermarks: Vec::new(),
+                state_checkpoint: None,
             };
             b.restore(r, self.now);
         }

@@ -296,6 +296,11 @@ pub struct RecoveredShard {
     /// What retention made the broker forget about idempotent producers on this shard
     /// ([`crate::broker::Broker::restore_producer_watermarks`]).
     pub producer_watermarks: Vec<(u64, u64)>,
+    /// The shard's commit state as retention last checkpointed it (written before the
+    /// segments holding those commits were deleted): restore it first
+    /// ([`crate::broker::Broker::restore_state_checkpoint`]); `state_batches` and `batches`
+    /// then hold only what came after (older commits are skipped by their offsets).
+    pub state_checkpoint: Option<StateCheckpoint>,
 }
 
 /// Storage for a broker run without a data directory: durable streams then live in memory only.
@@ -1072,6 +1077,139 @@ pub fn decode_producer_watermarks(data: &[u8]) -> Result<Vec<(u64, u64)>, IndexE
         .map(|i| Some((long(8 + 16 * i)?, long(16 + 16 * i)?)))
         .collect::<Option<Vec<_>>>()
         .ok_or(IndexError::Malformed)
+}
+
+/// Magic of a shard's state-checkpoint file: "FLXS".
+const STATE_CHECKPOINT_MAGIC: u32 = 0x464C_5853;
+
+/// A shard's commit state at one point of its log (atomic commits, `state_get`): every live
+/// key with its value and the offset of the commit that wrote it, and `as_of`, the offset of
+/// the last commit it includes. Retention may delete the segments holding the commits that
+/// wrote it only once this is on disk; recovery starts from it and replays only the commits
+/// after `as_of`. A moving shard's first copy answer carries it too.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StateCheckpoint {
+    /// The offset of the last commit applied.
+    pub as_of: u64,
+    /// `(key, value, version)` in key order; `version` is the offset of the commit that wrote
+    /// the value.
+    pub values: Vec<(String, Bytes, u64)>,
+}
+
+/// Encodes a [`StateCheckpoint`] as storage keeps it beside the shard (`state.checkpoint`)
+/// and as a copy answer carries it:
+///
+/// ```text
+/// u32 magic "FLXS", u64 as_of, u32 count,
+/// count × (u16 key_len, key (UTF-8), u64 version, u32 value_len, value), u32 crc32c
+/// ```
+///
+/// `None` when a key or value is longer than its length field holds (the broker refuses such
+/// commits, so its own state always encodes).
+pub fn encode_state_checkpoint(c: &StateCheckpoint) -> Option<Bytes> {
+    let size: usize = c.values.iter().map(|(k, v, _)| 14 + k.len() + v.len()).sum();
+    let mut out = BytesMut::with_capacity(20 + size);
+    out.put_u32(STATE_CHECKPOINT_MAGIC);
+    out.put_u64(c.as_of);
+    out.put_u32(u32::try_from(c.values.len()).ok()?);
+    for (key, value, version) in &c.values {
+        out.put_u16(u16::try_from(key.len()).ok()?);
+        out.extend_from_slice(key.as_bytes());
+        out.put_u64(*version);
+        out.put_u32(u32::try_from(value.len()).ok()?);
+        out.extend_from_slice(value);
+    }
+    let crc = crc32c(&out);
+    out.put_u32(crc);
+    Some(out.freeze())
+}
+
+/// Why a state checkpoint cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Too short, a wrong magic, or contents that do not add up to the length.
+    #[error("not a state checkpoint: {0}")]
+    Malformed(&'static str),
+    /// The checksum does not match (the file was damaged after it was written).
+    #[error("state checkpoint checksum mismatch")]
+    BadChecksum,
+}
+
+/// Reads [`encode_state_checkpoint`]'s bytes. Never panics; keys come back in the order
+/// written and must be strictly increasing (a file that repeats a key is malformed).
+///
+/// # Errors
+/// [`CheckpointError`] for bytes that are not a whole, undamaged checkpoint.
+pub fn decode_state_checkpoint(data: &Bytes) -> Result<StateCheckpoint, CheckpointError> {
+    if data.len() < 20 {
+        return Err(CheckpointError::Malformed("shorter than a header"));
+    }
+    let body = data.slice(..data.len() - 4);
+    let crc =
+        u32::from_be_bytes([data[data.len() - 4], data[data.len() - 3], data[data.len() - 2], data[data.len() - 1]]);
+    let mut r = Reader::new(body.clone());
+    let bad = |_| CheckpointError::Malformed("truncated");
+    if r.u32("magic").map_err(bad)? != STATE_CHECKPOINT_MAGIC {
+        return Err(CheckpointError::Malformed("wrong magic"));
+    }
+    if crc != crc32c(&body) {
+        return Err(CheckpointError::BadChecksum);
+    }
+    let as_of = r.u64("as_of").map_err(bad)?;
+    let count = r.u32("count").map_err(bad)?;
+    // Each value takes at least 14 bytes: a count beyond that is garbage, not an allocation.
+    let mut values: Vec<(String, Bytes, u64)> = Vec::with_capacity((count as usize).min(body.len() / 14));
+    for _ in 0..count {
+        let klen = r.u16("key_len").map_err(bad)? as usize;
+        let key = r.string(klen, "key").map_err(|e| match e {
+            PayloadError::InvalidUtf8 { .. } => CheckpointError::Malformed("a key is not UTF-8"),
+            _ => CheckpointError::Malformed("truncated"),
+        })?;
+        let version = r.u64("version").map_err(bad)?;
+        let vlen = r.u32("value_len").map_err(bad)? as usize;
+        let value = r.bytes(vlen, "value").map_err(bad)?;
+        if values.last().is_some_and(|(k, _, _)| *k >= key) {
+            return Err(CheckpointError::Malformed("keys out of order"));
+        }
+        values.push((key, value, version));
+    }
+    r.finish().map_err(|_| CheckpointError::Malformed("bytes after the last value"))?;
+    Ok(StateCheckpoint { as_of, values })
+}
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::*;
+
+    #[test]
+    fn a_state_checkpoint_round_trips_and_refuses_damage() {
+        let c = StateCheckpoint {
+            as_of: 41,
+            values: vec![("a".into(), Bytes::from_static(b"1"), 3), ("b".into(), Bytes::new(), 41)],
+        };
+        let file = encode_state_checkpoint(&c).unwrap();
+        assert_eq!(decode_state_checkpoint(&file), Ok(c));
+        let empty = encode_state_checkpoint(&StateCheckpoint::default()).unwrap();
+        assert_eq!(decode_state_checkpoint(&empty), Ok(StateCheckpoint::default()));
+        for cut in 0..file.len() {
+            assert!(decode_state_checkpoint(&file.slice(..cut)).is_err(), "truncated at {cut}");
+        }
+        for at in 4..file.len() {
+            let mut flipped = file.to_vec();
+            flipped[at] ^= 0x10;
+            assert!(decode_state_checkpoint(&Bytes::from(flipped)).is_err(), "flipped at {at}");
+        }
+        let mut huge = file[..file.len() - 4].to_vec();
+        huge[12..16].copy_from_slice(&u32::MAX.to_be_bytes());
+        let crc = crc32c(&huge);
+        huge.extend_from_slice(&crc.to_be_bytes());
+        assert_eq!(decode_state_checkpoint(&Bytes::from(huge)), Err(CheckpointError::Malformed("truncated")));
+        let twice =
+            StateCheckpoint { as_of: 1, values: vec![("a".into(), Bytes::new(), 1), ("a".into(), Bytes::new(), 1)] };
+        let twice = encode_state_checkpoint(&twice).unwrap();
+        assert_eq!(decode_state_checkpoint(&twice), Err(CheckpointError::Malformed("keys out of order")));
+    }
 }
 
 #[cfg(test)]
