@@ -558,7 +558,8 @@ async fn retention_checkpoints_commit_state_and_a_damaged_checkpoint_stops_the_s
         cluster: None,
         client_ca: None,
     };
-    let e = Server::start(opts).await.err().expect("a damaged checkpoint stops the start").to_string();
+    let Err(e) = Server::start(opts).await else { panic!("a damaged checkpoint stops the start") };
+    let e = e.to_string();
     assert!(e.contains("state.checkpoint") && e.contains("move it aside"), "{e}");
 }
 

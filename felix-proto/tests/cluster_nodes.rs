@@ -30,6 +30,8 @@ struct Cluster {
     received: BTreeMap<(String, ConnId, StreamId), Vec<u8>>,
     /// Records stored per (node, shard).
     stored: BTreeMap<(String, u32), u32>,
+    /// Every broker's truncations that carried a state checkpoint: (broker, stream, start).
+    state_checkpoints: Vec<(String, String, u64)>,
     /// (at, peer, address) the driver was told to dial; (at, peer) to forget.
     peers_added: Vec<(String, String, String)>,
     peers_removed: Vec<(String, String)>,
@@ -112,6 +114,7 @@ impl Cluster {
             network: VecDeque::new(),
             received: BTreeMap::new(),
             stored: BTreeMap::new(),
+            state_checkpoints: Vec::new(),
             peers_added: Vec::new(),
             peers_removed: Vec::new(),
             refusals: Vec::new(),
@@ -265,6 +268,12 @@ impl Cluster {
                             let now = now_of(&self.rates, name, self.now);
                             node.inputs().handle_write_result(w.token, WriteOutcome::Written, now);
                         }
+                        NodeOutput::Broker(BrokerOutput::Storage(StorageOutput::Truncate {
+                            stream,
+                            start,
+                            state_checkpoint: Some(_),
+                            ..
+                        })) => self.state_checkpoints.push((name.clone(), stream, start)),
                         NodeOutput::Broker(o) => {
                             if std::env::var("DBG").is_ok() {
                                 eprintln!("{name}: {o:?}");
@@ -2499,6 +2508,107 @@ fn a_durable_shard_moves_with_its_records_under_load_and_a_subscriber_follows_it
     assert!(new.iter().any(|(base, gen_start, _)| *base == resume_from && *gen_start), "{new:?}");
     // The old owner holds no reader and takes no write of it any more.
     assert!(c.nodes[&from].broker().move_progress().is_empty() && c.nodes[&to].broker().move_progress().is_empty());
+}
+
+/// A single-replica shard whose retention deleted the commits that wrote its state moves
+/// with that state (the first copy answer carries it, and the new owner keeps it on disk),
+/// but not to an older broker, which could not take it: that copy is refused, and the old
+/// owner goes on serving the shard and its state.
+#[test]
+fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_broker_that_cannot_take_it() {
+    use felix_proto::cluster::peer::{FEATURE_STATE_COPY, PEER_FEATURES};
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, StateChange};
+    for new_owner_takes_state in [true, false] {
+        let mut c = Cluster::retaining(&NAMES, 3);
+        c.create(Kind::Stream, "accounts", 1, 0);
+        let shard = ShardId { name: "accounts".into(), ..orders_shard(0) };
+        let from = c.nodes["n1"].metadata().owner(&shard).unwrap().owner.clone();
+        let to = NAMES.iter().find(|n| **n != from).unwrap().to_string();
+        if !new_owner_takes_state {
+            c.features.insert(to.clone(), PEER_FEATURES & !FEATURE_STATE_COPY);
+            c.hellos(&to);
+        }
+        let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
+        let open = |c: &mut Cluster, node: &str, index: u64| {
+            let (lo, hi) = f.to_words(true);
+            let n = c.nodes.get_mut(node).unwrap();
+            let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+            let st = StreamId::new(Side::Client, Dir::Bi, index);
+            n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+            c.settle();
+            let hello = messages(&c.take(node, conn, st));
+            assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
+            (conn, st)
+        };
+        let entity = B64(Bytes::from_static(b"account-1"));
+        let (conn, st) = open(&mut c, &from, 1);
+        for i in 0..10u64 {
+            let value = B64(Bytes::from(i.to_string()));
+            let m = json(&Message::Commit(message::Commit {
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "accounts".into(),
+                entity_key: entity.clone(),
+                event: B64(Bytes::from_static(b"e")),
+                changes: vec![StateChange::Put { key: format!("k{i}"), value }],
+                shard: Some(0),
+                request_id: i,
+                expected_offset: None,
+            }));
+            c.send(&from, conn, st, m);
+            let got = messages(&c.take(&from, conn, st));
+            assert!(matches!(&got[..], [Message::CommitOk(ok)] if ok.offset == i), "{got:?}");
+        }
+        c.until("retention compacts the shard, its state checkpointed", |c| {
+            c.state_checkpoints.iter().any(|(n, s, start)| *n == from && s == "accounts" && *start > 0)
+        });
+        let now = c.now;
+        c.nodes.get_mut(&from).unwrap().propose(&Command::MoveShard { shard: shard.clone(), to: to.clone() }, now);
+        let get = |key: &str, rid: u64| {
+            json(&Message::StateGet(message::StateGet {
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "accounts".into(),
+                entity_key: entity.clone(),
+                key: key.into(),
+                shard: Some(0),
+                request_id: rid,
+            }))
+        };
+        let serving = if new_owner_takes_state {
+            c.until("the shard moved", |c| c.nodes["n1"].metadata().owner(&shard).is_some_and(|o| o.owner == to));
+            assert!(
+                c.state_checkpoints.iter().any(|(n, s, _)| *n == to && s == "accounts"),
+                "the new owner keeps the state on disk: {:?}",
+                c.state_checkpoints
+            );
+            to.clone()
+        } else {
+            for _ in 0..100 {
+                c.tick();
+            }
+            assert_eq!(c.nodes["n1"].metadata().owner(&shard).unwrap().owner, from, "the shard stays home");
+            assert!(c.state_checkpoints.iter().all(|(n, ..)| *n != to), "{:?}", c.state_checkpoints);
+            from.clone()
+        };
+        let (conn, st) = open(&mut c, &serving, 7);
+        c.send(&serving, conn, st, get("k0", 20));
+        c.send(&serving, conn, st, get("k9", 21));
+        let got = messages(&c.take(&serving, conn, st));
+        let values: Vec<(Option<Bytes>, Option<u64>)> = got
+            .iter()
+            .map(|m| match m {
+                Message::StateValue(v) => (v.value.as_ref().map(|b| b.0.clone()), v.version),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            values,
+            vec![(Some(Bytes::from_static(b"0")), Some(0)), (Some(Bytes::from_static(b"9")), Some(9))],
+            "served by {serving} (new owner takes state: {new_owner_takes_state})"
+        );
+    }
 }
 
 fn orders_shard(shard: u32) -> ShardId {

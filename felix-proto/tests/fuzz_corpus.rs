@@ -167,6 +167,22 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 }),
             ),
             (
+                "copy-answer-state",
+                PeerMessage::CopyAnswer(felix_proto::cluster::peer::CopyAnswer {
+                    shard: orders(),
+                    body: felix_proto::cluster::peer::CopyBody::Batches {
+                        start: 7,
+                        tail: 9,
+                        cutting: false,
+                        state: felix_proto::storage::encode_state_checkpoint(&felix_proto::storage::StateCheckpoint {
+                            as_of: 6,
+                            values: vec![("balance".into(), bytes::Bytes::from_static(b"15"), 2)],
+                        }),
+                        batches: Vec::new(),
+                    },
+                }),
+            ),
+            (
                 "copy-answer",
                 PeerMessage::CopyAnswer(felix_proto::cluster::peer::CopyAnswer {
                     shard: orders(),
@@ -174,6 +190,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                         start: 0,
                         tail: 9,
                         cutting: true,
+                        state: None,
                         batches: vec![felix_proto::storage::StoredBatch {
                             key: None,
                             base_offset: 7,

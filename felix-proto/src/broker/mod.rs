@@ -325,7 +325,7 @@ enum ReadFor {
     /// Records a group poll handed out.
     Poll(Box<consume::PollFill>),
     /// Records a moving shard's new owner asked for.
-    Copy { to: String, shard: crate::shard::ShardId, max: usize },
+    Copy { to: String, shard: crate::shard::ShardId, max: usize, first: bool },
 }
 
 #[derive(Debug)]

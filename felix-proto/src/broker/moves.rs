@@ -490,6 +490,7 @@ impl Broker {
             return self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: from.to_owned(), message: m }));
         };
         let max = (q.max_bytes.clamp(1, COPY_CHUNK_BYTES * 16)) as usize;
+        let first = q.from.is_none();
         let want = q.from.unwrap_or_else(|| log.start()).max(log.start());
         let memory_start = log.memory_start();
         if want < memory_start && want < log.committed_tail() {
@@ -506,11 +507,11 @@ impl Broker {
                 end: memory_start,
                 max_bytes: max,
             })));
-            self.reads.insert(token, ReadFor::Copy { to: from.to_owned(), shard: s, max });
+            self.reads.insert(token, ReadFor::Copy { to: from.to_owned(), shard: s, max, first });
             return;
         }
         let batches = log.stored_from(want, max);
-        self.answer_copy(from, s, batches, now);
+        self.answer_copy(from, s, batches, first, now);
     }
 
     /// Storage answered the read of a copy: what it holds, or (a broker that keeps nothing on
@@ -520,6 +521,7 @@ impl Broker {
         to: String,
         shard: ShardId,
         max: usize,
+        first: bool,
         batches: Vec<StoredBatch>,
         now: Instant,
     ) {
@@ -529,12 +531,23 @@ impl Broker {
         } else {
             batches
         };
-        self.answer_copy(&to, shard, batches, now);
+        self.answer_copy(&to, shard, batches, first, now);
     }
 
-    fn answer_copy(&mut self, to: &str, s: ShardId, batches: Vec<StoredBatch>, now: Instant) {
+    /// `first`: the answer to the new owner's first request, which carries the shard's commit
+    /// state when retention may have deleted commits that wrote it (the copy starts at the
+    /// log's start, and those commits are not in it).
+    fn answer_copy(&mut self, to: &str, s: ShardId, batches: Vec<StoredBatch>, first: bool, now: Instant) {
         let Some(log) = self.shard_log(&s) else { return };
         let (start, tail) = (log.start(), log.committed_tail());
+        let state = if first && start > 0 {
+            self.streams
+                .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
+                .and_then(|e| e.shards.get(s.shard as usize))
+                .and_then(|sh| sh.state.checkpoint())
+        } else {
+            None
+        };
         let reaches_tail = batches.last().is_none_or(|b| b.base_offset + b.count() >= tail);
         let settled = log.settled();
         // This answer brings the new owner up to the tail: stop taking writes for the cut-over.
@@ -548,7 +561,7 @@ impl Broker {
         let cutting = self.membership.moves_out.get(&s).is_some_and(Outgoing::is_cutting) && settled;
         let message = CopyMessage::Answer(CopyAnswer {
             shard: s.clone(),
-            body: CopyBody::Batches { start, tail, cutting, batches },
+            body: CopyBody::Batches { start, tail, cutting, batches, state },
         });
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: to.to_owned(), message }));
         self.maybe_cut_over(&s, now);
@@ -583,14 +596,14 @@ impl Broker {
             i.due = Some(now);
             return;
         }
-        let (start, tail, batches) = match a.body {
+        let (start, tail, batches, state) = match a.body {
             CopyBody::Refused(_) => {
                 // Not ready there yet (its metadata behind ours): ask again later.
                 i.due = Some(crate::transport::after(now, COPY_RETRY));
                 return;
             }
             body @ CopyBody::Cache { .. } => return self.cache_copy_answer(&s, body, now),
-            CopyBody::Batches { start, tail, batches, .. } => (start, tail, batches),
+            CopyBody::Batches { start, tail, batches, state, .. } => (start, tail, batches, state),
         };
         i.source_tail = tail;
         let floor = *i.copy_floor.get_or_insert(tail);
@@ -605,6 +618,22 @@ impl Broker {
             self.reset_moved_shard(&s);
             if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(s.shard as usize)) {
                 sh.log.reset_to(next);
+                // The old owner's commit state (its log no longer holds every commit that
+                // wrote it): this broker's state from now on, and on its disk before the
+                // batches, as retention would have kept it.
+                let checkpoint = state.as_ref().and_then(|b| crate::storage::decode_state_checkpoint(b).ok());
+                if let (Some(c), Some(bytes)) = (checkpoint, state) {
+                    sh.state.restore_checkpoint(&c);
+                    self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
+                        tenant_id: s.tenant.clone(),
+                        namespace: s.namespace.clone(),
+                        stream: s.name.clone(),
+                        shard: s.shard,
+                        start: next,
+                        producers_forgotten: Vec::new(),
+                        state_checkpoint: Some(bytes),
+                    }));
+                }
             }
         }
         let Some(entry) = self.streams.get(&k) else { return };

@@ -325,7 +325,9 @@ impl Broker {
             Some(ReadFor::Sub(conn, id)) => (conn, id),
             Some(ReadFor::Page(p)) => return self.page_read_complete(token, p, batches),
             Some(ReadFor::Poll(p)) => return self.poll_read_complete(*p, batches),
-            Some(ReadFor::Copy { to, shard, max }) => return self.copy_read_complete(to, shard, max, batches, now),
+            Some(ReadFor::Copy { to, shard, max, first }) => {
+                return self.copy_read_complete(to, shard, max, first, batches, now);
+            }
             None => return,
         };
         let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { return };

@@ -957,13 +957,32 @@ impl ClusterNode {
     }
 }
 
+/// A shard copy's answer as a new owner that did not offer
+/// [`FEATURE_STATE_COPY`](super::peer::FEATURE_STATE_COPY) reads it:
+/// without the shard's commit state it would serve a state missing every value retention's
+/// deleted commits wrote, so an answer carrying state is refused instead (the move goes no
+/// further; the shard stays where it is).
+fn copy_without_state(message: super::peer::CopyMessage) -> super::peer::CopyMessage {
+    use super::peer::{CopyAnswer, CopyBody, CopyMessage};
+    match message {
+        CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { state: Some(_), .. } }) => {
+            let why = "the shard holds commit state older than its log, which the new owner (an older broker) \
+                       cannot take"
+                .to_owned();
+            CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Refused(why) })
+        }
+        other => other,
+    }
+}
+
 /// A shard copy's answer as a new owner that did not offer [`FEATURE_BATCH_META`] reads it
 /// (D59): its batches without keys and with plain records (the segment format's flag bits
 /// for them are unknown to it). A batch with an envelope cannot go without it: the copy is
 /// refused, and the new owner gives the move up (the shard stays where it is).
 fn copy_without_meta(message: super::peer::CopyMessage) -> super::peer::CopyMessage {
     use super::peer::{CopyAnswer, CopyBody, CopyMessage};
-    let CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches } }) = message
+    let CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state } }) =
+        message
     else {
         return message;
     };
@@ -976,5 +995,5 @@ fn copy_without_meta(message: super::peer::CopyMessage) -> super::peer::CopyMess
         .into_iter()
         .map(|b| crate::storage::StoredBatch { key: None, records: b.records.plain(), ..b })
         .collect();
-    CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches } })
+    CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state } })
 }

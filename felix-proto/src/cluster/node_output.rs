@@ -291,6 +291,9 @@ impl ClusterNode {
                     return self.poll_output();
                 }
                 let message = if self.peer_reads_meta(&to) { message } else { copy_without_meta(message) };
+                let takes_state =
+                    self.peer_features.get(&to).is_none_or(|f| f & crate::cluster::peer::FEATURE_STATE_COPY != 0);
+                let message = if takes_state { message } else { copy_without_state(message) };
                 NodeOutput::Peer { to, message: message.into() }
             }
             BrokerOutput::Cluster(ClusterOutput::ProposeCluster(c)) => {

@@ -33,7 +33,10 @@
 //!                    records from `from` (none yet: from its start)
 //!  11 copy_answer    u16+utf8 tenant, namespace, stream, u32 shard, u8 status;
 //!                    0: u64 start, u64 tail, u8 cutting, then stored batches (the segment
-//!                    format, `storage::encode_batch`) to the end; 1 refused: u16+utf8 message
+//!                    format, `storage::encode_batch`) to the end; 1 refused: u16+utf8 message;
+//!                    2 (only to a peer whose hello offered [`FEATURE_STATE_COPY`]): as 0 with
+//!                    u32 len + the shard's commit state (`storage::encode_state_checkpoint`)
+//!                    after `cutting`
 //!                    (10 and 11 only to a peer whose hello offered [`FEATURE_SHARD_COPY`])
 //!  12 cache_copy_request  as 10, for a cache (u16+utf8 tenant, namespace, cache, u32 shard,
 //!                    u8 has_from, u64 from, u32 max_bytes): `from` is the cache-log offset
@@ -116,6 +119,11 @@ pub const FEATURE_REPLICA_MOVES: u64 = 0x40;
 /// snapshot to a peer that did not.
 pub const FEATURE_META_SNAPSHOTS: u64 = 0x80;
 
+/// Peer hello bit (D63): this broker takes a shard's commit state in a copy answer (kind 11,
+/// status 2). A shard holding state whose retention deleted commits cannot be copied without
+/// it: the old owner refuses such a copy to a new owner that did not offer this.
+pub const FEATURE_STATE_COPY: u64 = 0x100;
+
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SHARD_COPY
@@ -124,7 +132,8 @@ pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SNAPSHOT_CHUNKS
     | FEATURE_BATCH_META
     | FEATURE_REPLICA_MOVES
-    | FEATURE_META_SNAPSHOTS;
+    | FEATURE_META_SNAPSHOTS
+    | FEATURE_STATE_COPY;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.
@@ -578,11 +587,15 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
         PeerMessage::CopyAnswer(a) => {
             put_stream_shard(body, &a.shard)?;
             match &a.body {
-                CopyBody::Batches { start, tail, cutting, batches } => {
-                    body.put_u8(0);
+                CopyBody::Batches { start, tail, cutting, batches, state } => {
+                    body.put_u8(if state.is_some() { 2 } else { 0 });
                     body.put_u64(*start);
                     body.put_u64(*tail);
                     body.put_u8(u8::from(*cutting));
+                    if let Some(state) = state {
+                        body.put_u32(u32::try_from(state.len()).map_err(|_| PeerError::FieldTooLong("state"))?);
+                        body.extend_from_slice(state);
+                    }
                     for b in batches {
                         crate::storage::encode_batch(b, body);
                     }
@@ -784,17 +797,27 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
         11 => {
             let shard = stream_shard(&mut r)?;
             let body = match r.u8("status")? {
-                0 => {
+                status @ (0 | 2) => {
                     let start = r.u64("start")?;
                     let tail = r.u64("tail")?;
                     let cutting = r.u8("cutting")? != 0;
+                    let state = if status == 2 {
+                        let len = r.u32("state_len")? as usize;
+                        let state = r.bytes(len, "state")?;
+                        // Taken as the new owner's whole state: it must read back whole.
+                        crate::storage::decode_state_checkpoint(&state)
+                            .map_err(|_| PeerError::Malformed(PayloadError::Incomplete { field: "state" }))?;
+                        Some(state)
+                    } else {
+                        None
+                    };
                     // The batches in the segment format: every one passed its checksum, in
                     // strictly increasing offsets; anything else is a malformed answer.
                     let seg = crate::storage::decode_segment(r.rest());
                     if seg.problem.is_some() || !seg.damaged.is_empty() {
                         return Err(PeerError::Malformed(PayloadError::Incomplete { field: "copied batches" }));
                     }
-                    CopyBody::Batches { start, tail, cutting, batches: seg.batches }
+                    CopyBody::Batches { start, tail, cutting, batches: seg.batches, state }
                 }
                 _ => CopyBody::Refused(r.str16("message")?),
             };
@@ -1030,6 +1053,7 @@ mod tests {
                     start: 3,
                     tail: 12,
                     cutting: true,
+                    state: None,
                     batches: vec![
                         crate::storage::StoredBatch {
                             key: None,
@@ -1056,7 +1080,20 @@ mod tests {
             }),
             PeerMessage::CopyAnswer(CopyAnswer {
                 shard: orders(0),
-                body: CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new() },
+                body: CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new(), state: None },
+            }),
+            PeerMessage::CopyAnswer(CopyAnswer {
+                shard: orders(1),
+                body: CopyBody::Batches {
+                    start: 40,
+                    tail: 41,
+                    cutting: false,
+                    batches: Vec::new(),
+                    state: crate::storage::encode_state_checkpoint(&crate::storage::StateCheckpoint {
+                        as_of: 39,
+                        values: vec![("balance".into(), Bytes::from_static(b"15"), 7)],
+                    }),
+                },
             }),
             PeerMessage::CopyAnswer(CopyAnswer { shard: orders(1), body: CopyBody::Refused("not moving".into()) }),
             PeerMessage::CopyRequest(CopyRequest { shard: sessions(), from: None, max_bytes: 1 << 20 }),
@@ -1102,7 +1139,7 @@ mod tests {
     #[test]
     fn a_copy_answer_whose_body_is_not_for_its_shards_kind_does_not_encode() {
         let cache = CopyBody::Cache { tail: 1, cutting: false, full: true, records: Vec::new(), counters: Vec::new() };
-        let batches = CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new() };
+        let batches = CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new(), state: None };
         for (shard, body) in [(orders(0), cache), (sessions(), batches)] {
             let m = PeerMessage::CopyAnswer(CopyAnswer { shard, body });
             assert!(matches!(encode(&m, &mut BytesMut::new()), Err(PeerError::Mismatched(_))), "{m:?}");

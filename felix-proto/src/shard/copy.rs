@@ -48,6 +48,13 @@ pub enum CopyBody {
         cutting: bool,
         /// The batches.
         batches: Vec<crate::storage::StoredBatch>,
+        /// The shard's commit state, whole ([`crate::storage::encode_state_checkpoint`]), in
+        /// the answer to a first request of a shard whose retention may have deleted commits
+        /// that wrote it (it holds state and its log no longer starts at 0). The new owner
+        /// takes it as its state and keeps it on disk before the batches; commits among the
+        /// batches at or below its `as_of` are already in it. Sent only to a peer that offered
+        /// [`crate::cluster::peer::FEATURE_STATE_COPY`].
+        state: Option<bytes::Bytes>,
     },
     /// A cache's values (and counters), whole or what changed since the offset asked for.
     Cache {
