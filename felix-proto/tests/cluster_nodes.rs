@@ -2516,7 +2516,7 @@ fn a_durable_shard_moves_with_its_records_under_load_and_a_subscriber_follows_it
 /// owner goes on serving the shard and its state.
 #[test]
 fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_broker_that_cannot_take_it() {
-    use felix_proto::cluster::peer::{FEATURE_STATE_COPY, PEER_FEATURES};
+    use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
     use felix_proto::features::Features;
     use felix_proto::message::{B64, StateChange};
     for new_owner_takes_state in [true, false] {
@@ -2526,7 +2526,7 @@ fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_br
         let from = c.nodes["n1"].metadata().owner(&shard).unwrap().owner.clone();
         let to = NAMES.iter().find(|n| **n != from).unwrap().to_string();
         if !new_owner_takes_state {
-            c.features.insert(to.clone(), PEER_FEATURES & !FEATURE_STATE_COPY);
+            c.features.insert(to.clone(), PEER_FEATURES & !FEATURE_COMMIT_STATE);
             c.hellos(&to);
         }
         let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
@@ -3319,6 +3319,113 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
     c.send(&now_leader, gc, gs, json(&Message::GroupDeadLetters(list)));
     let ms = messages(&c.take(&now_leader, gc, gs));
     assert!(matches!(&ms[..], [Message::GroupDeadLetterList(l)] if l.offsets == [dead]), "{ms:?}");
+}
+
+/// A replicated stream holding commit state is compacted like any other once every member
+/// reads that state in its snapshots (D63): a follower sent a snapshot, and one restarted from
+/// its own, serve the values of commits retention deleted, with their versions. While one
+/// member does not offer `FEATURE_COMMIT_STATE`, the shard's log keeps every entry instead.
+#[test]
+fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_reads_it() {
+    use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, StateChange};
+    for every_member_reads_it in [true, false] {
+        let mut c = Cluster::retaining(&NAMES, 30);
+        if !every_member_reads_it {
+            c.features.insert("n3".into(), PEER_FEATURES & !FEATURE_COMMIT_STATE);
+            c.hellos("n3");
+        }
+        create_ledger(&mut c);
+        let leader = leading(&c).unwrap();
+        let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+        c.nodes.remove(&behind);
+        let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
+        let open = |c: &mut Cluster, node: &str, index: u64| {
+            let (lo, hi) = f.to_words(true);
+            let n = c.nodes.get_mut(node).unwrap();
+            let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+            let st = StreamId::new(Side::Client, Dir::Bi, index);
+            n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+            c.settle();
+            let hello = messages(&c.take(node, conn, st));
+            assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
+            (conn, st)
+        };
+        let entity = B64(Bytes::from_static(b"account-1"));
+        let commit = |key: String, value: u64, rid: u64| {
+            json(&Message::Commit(message::Commit {
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "ledger".into(),
+                entity_key: entity.clone(),
+                event: B64(Bytes::from_static(b"e")),
+                changes: vec![StateChange::Put { key, value: B64(Bytes::from(value.to_string())) }],
+                shard: Some(0),
+                request_id: rid,
+                expected_offset: None,
+            }))
+        };
+        let (conn, st) = open(&mut c, &leader, 1);
+        // "first" is written once, by the first commit; k0..k9 over and over.
+        let mut first_at = None;
+        for i in 0..300u64 {
+            let key = if i == 0 { "first".to_owned() } else { format!("k{}", i % 10) };
+            c.send(&leader, conn, st, commit(key, i, i));
+            let got = messages(&c.take(&leader, conn, st));
+            let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+            first_at.get_or_insert(ok.offset);
+        }
+        for _ in 0..3 {
+            c.tick();
+        }
+        let report = c.nodes[&leader].replica_report();
+        if !every_member_reads_it {
+            assert!(report[0].first_index <= 2, "not compacted: the log starts at {}", report[0].first_index);
+            continue;
+        }
+        assert!(report[0].first_index > 200, "compacted: the log starts at {}", report[0].first_index);
+        // The follower behind is sent a snapshot; then the leader dies and it leads, with the
+        // other follower (restarted from its own snapshot).
+        restart(&mut c, &behind);
+        c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+        assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
+        let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
+        restart(&mut c, &other);
+        c.nodes.remove(&leader);
+        c.until("a follower leads", |c| leading(c).is_some());
+        let now_leader = leading(&c).unwrap();
+        let (conn, st) = open(&mut c, &now_leader, 7);
+        for (rid, key) in [(20, "first"), (21, "k9")] {
+            let m = json(&Message::StateGet(message::StateGet {
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "ledger".into(),
+                entity_key: entity.clone(),
+                key: key.into(),
+                shard: Some(0),
+                request_id: rid,
+            }));
+            c.send(&now_leader, conn, st, m);
+        }
+        let got = messages(&c.take(&now_leader, conn, st));
+        let values: Vec<(Option<Bytes>, Option<u64>)> = got
+            .iter()
+            .map(|m| match m {
+                Message::StateValue(v) => (v.value.as_ref().map(|b| b.0.clone()), v.version),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let first_at = first_at.unwrap();
+        assert_eq!(
+            values,
+            vec![
+                (Some(Bytes::from_static(b"0")), Some(first_at)),
+                (Some(Bytes::from_static(b"299")), Some(first_at + 299))
+            ],
+            "served by {now_leader}, the old leader gone"
+        );
+    }
 }
 
 /// A consumer group's poll on a replicated stream is a read of the group's state, so a leader

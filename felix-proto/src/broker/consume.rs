@@ -78,6 +78,9 @@ pub(super) enum Settled {
 /// Version of [`Broker::replicated_stream_state`]'s bytes.
 const STREAM_STATE_VERSION: u8 = 1;
 
+/// Tag of the commit-state section of [`Broker::replicated_stream_state`]'s bytes (D63).
+const STREAM_STATE_COMMITS: u8 = 1;
+
 /// A group poll whose records are partly on disk.
 #[derive(Debug)]
 pub(crate) struct PollFill {
@@ -241,6 +244,15 @@ impl Broker {
             b.extend_from_slice(&(r.len() as u32).to_be_bytes());
             b.extend_from_slice(&r);
         }
+        // The commit state, when the shard holds any (D63): once retention compacted the log,
+        // the commits that wrote it are gone, and a snapshot is the only place it lives. A
+        // shard that holds none writes the bytes it always did.
+        let state = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).and_then(|s| s.state.checkpoint());
+        if let Some(state) = state {
+            b.push(STREAM_STATE_COMMITS);
+            b.extend_from_slice(&(state.len() as u32).to_be_bytes());
+            b.extend_from_slice(&state);
+        }
         b
     }
 
@@ -249,9 +261,13 @@ impl Broker {
     /// read whole change nothing (an empty state is a snapshot from before groups were
     /// replicated: the log's side entries carry them).
     pub(super) fn restore_replicated_stream(&mut self, k: &Key, shard: u32, state: &[u8]) {
-        let Some((ts, ops)) = decode_stream_state(state) else { return };
+        let Some((ts, ops, commits)) = decode_stream_state(state) else { return };
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.log.raise_timestamp(ts);
+            // (A snapshot without the section leaves the state to the entries, as before D63.)
+            if let Some(c) = &commits {
+                sh.state.restore_checkpoint(c);
+            }
         }
         let groups = self.groups.entry((k.clone(), shard)).or_default();
         for g in groups.values_mut() {
@@ -895,10 +911,13 @@ impl Broker {
     }
 }
 
-/// Reads [`Broker::replicated_stream_state`]'s bytes: the last timestamp and the checkpoint
-/// records it holds, or `None` for bytes that are not a whole state (an empty one included).
-/// Never panics.
-pub(crate) fn decode_stream_state(state: &[u8]) -> Option<(u64, Vec<GroupOp>)> {
+/// Reads [`Broker::replicated_stream_state`]'s bytes: the last timestamp, the checkpoint
+/// records it holds and the commit state (the optional section after them: `u8 1`, `u32`
+/// length + [`crate::storage::encode_state_checkpoint`]), or `None` for bytes that are not a
+/// whole state (an empty one included). Never panics.
+pub(crate) fn decode_stream_state(
+    state: &[u8],
+) -> Option<(u64, Vec<GroupOp>, Option<crate::storage::StateCheckpoint>)> {
     let (&version, mut rest) = state.split_first()?;
     if version != STREAM_STATE_VERSION {
         return None;
@@ -919,7 +938,15 @@ pub(crate) fn decode_stream_state(state: &[u8]) -> Option<(u64, Vec<GroupOp>)> {
             _ => return None,
         }
     }
-    rest.is_empty().then_some((ts, ops))
+    match take(1) {
+        None => return Some((ts, ops, None)),
+        Some(&[STREAM_STATE_COMMITS]) => {}
+        Some(_) => return None,
+    }
+    let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+    let commits = crate::storage::decode_state_checkpoint(&Bytes::copy_from_slice(take(len)?)).ok()?;
+    // Nothing after it.
+    take(1).is_none().then_some((ts, ops, Some(commits)))
 }
 
 fn group_record(
@@ -959,7 +986,28 @@ mod tests {
             bytes.extend_from_slice(&(e.len() as u32).to_be_bytes());
             bytes.extend_from_slice(&e);
         }
-        assert_eq!(decode_stream_state(&bytes), Some((77, ops)));
+        assert_eq!(decode_stream_state(&bytes), Some((77, ops.clone(), None)));
+        // With the commit-state section: read whole, or the state is not read at all.
+        let commits = crate::storage::StateCheckpoint {
+            as_of: 12,
+            values: vec![("balance".into(), Bytes::from_static(b"25"), 12)],
+        };
+        let section = crate::storage::encode_state_checkpoint(&commits).unwrap();
+        let mut with = bytes.clone();
+        with.push(STREAM_STATE_COMMITS);
+        with.extend_from_slice(&(section.len() as u32).to_be_bytes());
+        with.extend_from_slice(&section);
+        assert_eq!(decode_stream_state(&with), Some((77, ops.clone(), Some(commits))));
+        for cut in bytes.len() + 1..with.len() {
+            assert_eq!(decode_stream_state(&with[..cut]), None, "cut {cut}");
+        }
+        let mut tag = with.clone();
+        tag[bytes.len()] = 2;
+        assert_eq!(decode_stream_state(&tag), None, "an unknown section");
+        let mut flipped = with.clone();
+        let last = flipped.len() - 6;
+        flipped[last] ^= 1;
+        assert_eq!(decode_stream_state(&flipped), None, "a damaged state");
         // Every cut, a wrong version, trailing bytes, an absurd count, an empty state: none.
         for cut in 0..bytes.len() {
             assert_eq!(decode_stream_state(&bytes[..cut]), None, "cut {cut}");
@@ -978,6 +1026,6 @@ mod tests {
         a.extend_from_slice(&ack);
         assert_eq!(decode_stream_state(&a), None);
         let none = [STREAM_STATE_VERSION, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0];
-        assert_eq!(decode_stream_state(&none), Some((9, Vec::new())));
+        assert_eq!(decode_stream_state(&none), Some((9, Vec::new(), None)));
     }
 }

@@ -37,6 +37,9 @@ pub(crate) struct Membership {
     /// Signed tokens revoked through the cluster's metadata (by id, by principal), besides the
     /// revocations of the broker's own configuration.
     pub(super) revoked: (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>),
+    /// Every member reads a replicated stream's commit state in its snapshots (peer hello bit
+    /// `FEATURE_COMMIT_STATE`), so retention may compact a replicated shard that holds state.
+    pub(super) commit_state_snapshots: bool,
 }
 
 impl Default for Membership {
@@ -55,6 +58,7 @@ impl Default for Membership {
             move_bandwidth: crate::shard::bandwidth::Bandwidth::new(None),
             import_writes: Default::default(),
             revoked: Default::default(),
+            commit_state_snapshots: false,
         }
     }
 }

@@ -872,9 +872,10 @@ impl Broker {
         for k in &keys {
             let Some(entry) = self.streams.get_mut(k) else { continue };
             for (i, shard) in entry.shards.iter_mut().enumerate() {
-                if shard.state.holds_state() && (entry.config.replication > 1 || shard.serving.is_replica()) {
-                    // A replicated shard's snapshots do not carry its commit state: its log is
-                    // where the state lives, so nothing may go.
+                let replicated = entry.config.replication > 1 || shard.serving.is_replica();
+                if shard.state.holds_state() && replicated && !self.membership.commit_state_snapshots {
+                    // Some member would take a snapshot of the shard without its commit state:
+                    // its log is where the state lives, so nothing may go.
                     continue;
                 }
                 let before = shard.log.start();
@@ -885,8 +886,8 @@ impl Broker {
                 let producers_forgotten = shard.producers.retain_from(after);
                 if entry.config.durable {
                     // The commits that wrote the state may go with the segments: storage keeps
-                    // the state itself first.
-                    let state_checkpoint = shard.state.checkpoint();
+                    // the state itself first. (A replica's state goes in its group's snapshots.)
+                    let state_checkpoint = if replicated { None } else { shard.state.checkpoint() };
                     self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
                         tenant_id: k.tenant().to_owned(),
                         namespace: k.namespace().to_owned(),

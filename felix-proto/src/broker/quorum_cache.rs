@@ -579,7 +579,7 @@ impl Broker {
 #[cfg(any(test, fuzzing, feature = "testkit"))]
 pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
     // The same bytes as a stream replica's groups state: read whole or not at all.
-    if let Some((_, ops)) = super::consume::decode_stream_state(data) {
+    if let Some((_, ops, _)) = super::consume::decode_stream_state(data) {
         assert!(ops.iter().all(|op| matches!(op, super::group::GroupOp::Snapshot { .. })));
     }
     if let Ok(batch) = ReplicatedBatch::decode(data) {

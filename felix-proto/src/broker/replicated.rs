@@ -57,6 +57,13 @@ impl Broker {
         self.shard_on(&k, shard.shard, ServingEvent::Role(role), now);
     }
 
+    /// Whether every member of the cluster reads a replicated stream's commit state in its
+    /// snapshots (the cluster node says so as its peers' hellos and the members change): only
+    /// then does retention compact a replicated shard that holds state (D63).
+    pub fn set_commit_state_snapshots(&mut self, every_member_reads_them: bool) {
+        self.membership.commit_state_snapshots = every_member_reads_them;
+    }
+
     /// The committed batches of a shard held in memory from offset `from` on: base offset,
     /// whether it is a generation-start record, payloads (checkers and diagnostics).
     pub fn committed_batches(&self, shard: &ShardId, from: u64) -> Vec<(u64, bool, Vec<Bytes>)> {

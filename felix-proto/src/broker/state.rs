@@ -13,8 +13,8 @@
 //! `Truncate`), which storage keeps on disk before it deletes the segments whose commits wrote
 //! it; recovery restores the checkpoint and replays only the commits after its `as_of` (older
 //! ones, still in segments retention has not reached, are skipped by their offsets). A
-//! replicated stream's checkpoints (Raft snapshots) do not carry this state yet, so a
-//! replicated shard that holds state stays exempt from retention.
+//! replicated stream's state rides in its replicas' checkpoints (Raft snapshots) instead, and
+//! such a shard is compacted only while every member reads it there (D63).
 
 use super::*;
 use crate::binary::Records;

@@ -14,8 +14,8 @@ use super::metadata::ShardId;
 use super::metadata::snapshot::MetaSnapshot;
 use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::{
-    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_META_SNAPSHOTS, FEATURE_REPLICA_MOVES,
-    FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk,
+    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_COMMIT_STATE, FEATURE_META_SNAPSHOTS,
+    FEATURE_REPLICA_MOVES, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk,
 };
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
@@ -841,6 +841,12 @@ impl ClusterNode {
             self.meta.tick();
             self.ticks += 1;
             self.next_tick = Some(crate::transport::after(now, TICK));
+            // Every member reads a replicated stream's commit state in its snapshots (D63).
+            let commit_state = self.offers & FEATURE_COMMIT_STATE != 0
+                && self.metadata.members().keys().all(|m| {
+                    *m == self.me.id || self.peer_features.get(m).is_some_and(|f| f & FEATURE_COMMIT_STATE != 0)
+                });
+            self.broker.set_commit_state_snapshots(commit_state);
             // Not an active member (yet, or any more): ask again (a proposal can be lost with a
             // leader; a member declared down comes back this way).
             // (A draining broker stays draining: an operator asked for it.)
@@ -958,7 +964,7 @@ impl ClusterNode {
 }
 
 /// A shard copy's answer as a new owner that did not offer
-/// [`FEATURE_STATE_COPY`](super::peer::FEATURE_STATE_COPY) reads it:
+/// [`FEATURE_COMMIT_STATE`] reads it:
 /// without the shard's commit state it would serve a state missing every value retention's
 /// deleted commits wrote, so an answer carrying state is refused instead (the move goes no
 /// further; the shard stays where it is).

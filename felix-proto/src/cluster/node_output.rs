@@ -292,7 +292,7 @@ impl ClusterNode {
                 }
                 let message = if self.peer_reads_meta(&to) { message } else { copy_without_meta(message) };
                 let takes_state =
-                    self.peer_features.get(&to).is_none_or(|f| f & crate::cluster::peer::FEATURE_STATE_COPY != 0);
+                    self.peer_features.get(&to).is_none_or(|f| f & crate::cluster::peer::FEATURE_COMMIT_STATE != 0);
                 let message = if takes_state { message } else { copy_without_state(message) };
                 NodeOutput::Peer { to, message: message.into() }
             }

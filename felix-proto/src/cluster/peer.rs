@@ -34,7 +34,7 @@
 //!  11 copy_answer    u16+utf8 tenant, namespace, stream, u32 shard, u8 status;
 //!                    0: u64 start, u64 tail, u8 cutting, then stored batches (the segment
 //!                    format, `storage::encode_batch`) to the end; 1 refused: u16+utf8 message;
-//!                    2 (only to a peer whose hello offered [`FEATURE_STATE_COPY`]): as 0 with
+//!                    2 (only to a peer whose hello offered [`FEATURE_COMMIT_STATE`]): as 0 with
 //!                    u32 len + the shard's commit state (`storage::encode_state_checkpoint`)
 //!                    after `cutting`
 //!                    (10 and 11 only to a peer whose hello offered [`FEATURE_SHARD_COPY`])
@@ -119,10 +119,13 @@ pub const FEATURE_REPLICA_MOVES: u64 = 0x40;
 /// snapshot to a peer that did not.
 pub const FEATURE_META_SNAPSHOTS: u64 = 0x80;
 
-/// Peer hello bit (D63): this broker takes a shard's commit state in a copy answer (kind 11,
-/// status 2). A shard holding state whose retention deleted commits cannot be copied without
-/// it: the old owner refuses such a copy to a new owner that did not offer this.
-pub const FEATURE_STATE_COPY: u64 = 0x100;
+/// Peer hello bit (D63): this broker takes a shard's commit state where it travels: in a copy
+/// answer (kind 11, status 2), and in a replicated stream's snapshots (the commit-state section
+/// of its checkpoint state). A shard holding state whose retention deleted commits cannot be
+/// copied without it: the old owner refuses such a copy to a new owner that did not offer
+/// this. A replicated shard holding state is compacted only while every member offered it: an
+/// older follower sent a snapshot would read none of it.
+pub const FEATURE_COMMIT_STATE: u64 = 0x100;
 
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
@@ -133,7 +136,7 @@ pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_BATCH_META
     | FEATURE_REPLICA_MOVES
     | FEATURE_META_SNAPSHOTS
-    | FEATURE_STATE_COPY;
+    | FEATURE_COMMIT_STATE;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.

@@ -53,7 +53,7 @@ pub enum CopyBody {
         /// that wrote it (it holds state and its log no longer starts at 0). The new owner
         /// takes it as its state and keeps it on disk before the batches; commits among the
         /// batches at or below its `as_of` are already in it. Sent only to a peer that offered
-        /// [`crate::cluster::peer::FEATURE_STATE_COPY`].
+        /// [`crate::cluster::peer::FEATURE_COMMIT_STATE`].
         state: Option<bytes::Bytes>,
     },
     /// A cache's values (and counters), whole or what changed since the offset asked for.
