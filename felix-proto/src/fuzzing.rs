@@ -567,6 +567,13 @@ pub fn storage_segment(data: &[u8]) {
         assert!(entries.windows(2).all(|w| w[1].base_offset >= w[0].base_offset + w[0].count));
         assert!(entries.iter().all(|e| e.position < data.len() as u64 && e.count > 0));
     }
+    // The same bytes as a shard's state checkpoint: refused, or read back to a state that
+    // encodes to exactly these bytes (keys strictly in order, nothing left over).
+    let bytes = Bytes::copy_from_slice(data);
+    if let Ok(c) = crate::storage::decode_state_checkpoint(&bytes) {
+        assert!(c.values.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(crate::storage::encode_state_checkpoint(&c).as_deref(), Some(data));
+    }
 }
 
 /// `peer_message` target: any bytes from a cluster peer, in any chunking, and the same bytes as

@@ -14,6 +14,16 @@ fn fuzz_dir() -> PathBuf {
 fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vectors");
     let mut out = Vec::new();
+    // A shard's state checkpoint, as storage keeps it beside the shard.
+    let checkpoint = felix_proto::storage::StateCheckpoint {
+        as_of: 41,
+        values: vec![
+            ("balance".into(), bytes::Bytes::from_static(b"15"), 7),
+            ("owner".into(), bytes::Bytes::from_static(b"ann"), 41),
+        ],
+    };
+    let file = felix_proto::storage::encode_state_checkpoint(&checkpoint).expect("small");
+    out.push(("storage_segment", "seed-state-checkpoint".to_owned(), file.to_vec()));
     let mut names: Vec<PathBuf> = std::fs::read_dir(&vectors)
         .expect("vectors/")
         .map(|e| e.expect("entry").path())
