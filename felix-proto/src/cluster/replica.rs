@@ -70,6 +70,13 @@ struct Lease {
 /// Checkpoints kept (the oldest go first: compaction then waits for the next one).
 const MAX_CHECKPOINTS: usize = 64;
 
+/// Bytes of checkpoint data kept waiting for compaction, beyond the oldest checkpoint (which
+/// is always kept). A host whose state is large (a cache, a stream's commit state) would
+/// otherwise hold up to [`MAX_CHECKPOINTS`] copies of it while retention's floor catches up;
+/// past this, no new checkpoint is taken (nor the host asked for its state) until compaction
+/// consumed the older ones, so the log is compacted in coarser steps instead.
+pub const MAX_CHECKPOINT_MEMORY: usize = 64 << 20;
+
 /// About how many bytes of entries one read of a restart's replay asks for.
 pub const REPLAY_READ_BYTES: u64 = 4 << 20;
 
@@ -227,6 +234,8 @@ pub struct Replica {
     /// The host's state is part of every checkpoint (a replicated cache: its values are the
     /// fold of the whole log, not something retention drops), and the checkpoint waiting for it.
     host_state: bool,
+    /// [`MAX_CHECKPOINT_MEMORY`] unless set.
+    checkpoint_memory: usize,
     due: Option<Checkpoint>,
     /// Read-index requests waiting for a majority: counter → (asked at, term).
     reads: BTreeMap<u64, (Instant, u64)>,
@@ -290,6 +299,7 @@ impl Replica {
             since_checkpoint: 0,
             checkpoint_bytes: CHECKPOINT_BYTES,
             host_state,
+            checkpoint_memory: MAX_CHECKPOINT_MEMORY,
             due: None,
             reads: BTreeMap::new(),
             next_read: 0,
@@ -520,6 +530,12 @@ impl Replica {
         self.host_state = true;
     }
 
+    /// Bytes of checkpoint data kept waiting for compaction beyond the oldest checkpoint
+    /// ([`MAX_CHECKPOINT_MEMORY`] unless set; tests set less).
+    pub fn set_checkpoint_memory(&mut self, bytes: usize) {
+        self.checkpoint_memory = bytes;
+    }
+
     /// Completes the checkpoint due after entry `index` with the host's state as of that
     /// entry (a checkpoint asked for earlier and never completed is dropped).
     pub fn complete_checkpoint(&mut self, index: u64, state: &[u8]) {
@@ -744,6 +760,10 @@ impl Replica {
         self.apply(index, term, data);
         if self.since_checkpoint >= self.checkpoint_bytes {
             self.since_checkpoint = 0;
+            let held: usize = self.checkpoints.iter().map(|c| c.data.len()).sum();
+            if !self.checkpoints.is_empty() && held >= self.checkpoint_memory {
+                return; // the next one, once compaction made room
+            }
             let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state() };
             if self.host_state {
                 // Completed once the host applied what came out before this.
@@ -1029,6 +1049,46 @@ mod tests {
         let (next, state) = restored.expect("restored");
         assert_eq!(next, r.next_offset());
         assert_eq!(state.as_ref(), format!("host@{}", last.get_metadata().index).as_bytes());
+    }
+
+    /// A host with a large state does not have it copied into every checkpoint waiting for
+    /// retention's floor: past the memory bound no checkpoint is taken (the host is not even
+    /// asked) until compaction consumed the older ones; then they are taken again.
+    #[test]
+    fn checkpoints_of_a_large_host_state_wait_for_compaction_rather_than_pile_up() {
+        let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
+        r.set_checkpoint_bytes(1);
+        r.set_checkpoint_memory(2_500);
+        for _ in 0..100 {
+            if r.is_leader() {
+                break;
+            }
+            r.tick();
+        }
+        while r.poll_output().is_some() {} // (the leader's first entry's checkpoint is not completed)
+        let big = vec![7u8; 1_000];
+        let mut asked = 0;
+        let mut propose = |r: &mut Replica, token: u64| {
+            let b = ReplicatedBatch::from_payloads(None, &[Bytes::from(format!("x{token}"))]);
+            r.propose(token, &b).expect("leads");
+            while let Some(o) = r.poll_output() {
+                if let ReplicaOutput::CheckpointDue { index } = o {
+                    asked += 1;
+                    r.complete_checkpoint(index, &big);
+                }
+            }
+        };
+        for token in 1..=10 {
+            propose(&mut r, token);
+        }
+        let held: usize = r.checkpoints.iter().map(|c| c.data.len()).sum();
+        assert_eq!(r.checkpoints.len(), 3, "three fill the bound (2,500 bytes), the rest are not taken");
+        assert!(held < 2_500 + 1_100, "{held}");
+        assert!(r.compact_below(u64::MAX), "compaction consumes what was kept");
+        assert!(r.checkpoints.is_empty());
+        propose(&mut r, 11);
+        assert_eq!(r.checkpoints.len(), 1, "taken again once there is room");
+        assert_eq!(asked, 3 + 1, "the host was asked only for the checkpoints kept");
     }
 
     #[test]
