@@ -344,7 +344,14 @@ impl DiskStorage {
         state_checkpoint: Option<&[u8]>,
     ) -> usize {
         let dir = self.stream_dir(tenant, ns, stream).join(shard.to_string());
-        if let Some(c) = state_checkpoint {
+        // The checkpoint is written when a segment is about to go (the commits in it may have
+        // written the state), and into a shard holding no segment yet (a moved shard's copy,
+        // whose older commits never were here). Otherwise every commit since the last
+        // checkpoint is still on disk: a state of many megabytes is not rewritten and synced at
+        // every retention sweep for nothing.
+        let segs = segments(&dir).unwrap_or_default();
+        let deletes = segs.windows(2).any(|pair| pair[1].0 <= start);
+        if let Some(c) = state_checkpoint.filter(|_| deletes || segs.is_empty()) {
             let made = std::fs::create_dir_all(&dir).and_then(|()| write_atomically(&dir.join(STATE_CHECKPOINT), c));
             if let Err(e) = made {
                 tracing::error!("retention: writing the state checkpoint in {}: {e}; segments kept", dir.display());
@@ -1387,9 +1394,12 @@ mod tests {
         let file = felix_proto::storage::encode_state_checkpoint(&checkpoint).unwrap();
         // Retention below offset 20: the first commit's segment goes, the checkpoint stays.
         let name = ("t1", "default", "../orders");
-        assert!(s.truncate_before(name, 0, 20, &[], Some(&file)) > 0);
         let ns = dir.path().join("streams").join("t1").join("default");
         let shard_dir = std::fs::read_dir(&ns).unwrap().next().unwrap().unwrap().path().join("0");
+        // A truncation that deletes nothing writes nothing: every commit is still on disk.
+        assert_eq!(s.truncate_before(name, 0, 1, &[], Some(&file)), 0);
+        assert!(!shard_dir.join(STATE_CHECKPOINT).exists());
+        assert!(s.truncate_before(name, 0, 20, &[], Some(&file)) > 0);
         assert_eq!(std::fs::read(shard_dir.join(STATE_CHECKPOINT)).unwrap(), file);
         drop(s);
         let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
@@ -1405,6 +1415,12 @@ mod tests {
         let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
         let e = s.recover_within(|_, _, _| 60).unwrap_err().to_string();
         assert!(e.contains("state.checkpoint") && e.contains("checksum") && e.contains("move it aside"), "{e}");
+        // A shard holding no segment yet (a moved shard's copy, emptied for it) takes it.
+        let empty = ("t1", "default", "fresh");
+        s.truncate_before(empty, 0, 40, &[], Some(&file));
+        let fresh = std::fs::read_dir(&ns).unwrap().flatten().map(|e| e.path()).find(|p| p.ends_with("fresh")).unwrap();
+        assert_eq!(std::fs::read(fresh.join("0").join(STATE_CHECKPOINT)).unwrap(), file);
+        std::fs::remove_dir_all(fresh).unwrap();
         // Moved aside: recovery goes on with the commits still on disk.
         std::fs::remove_file(shard_dir.join(STATE_CHECKPOINT)).unwrap();
         let rec = s.recover_within(|_, _, _| 60).unwrap();

@@ -521,7 +521,35 @@ async fn retention_checkpoints_commit_state_and_a_damaged_checkpoint_stops_the_s
         }
         server.shutdown().await;
     }
-    // The restart applies retention to what it recovered: the shard's state is checkpointed.
+    // Three more records, each in a segment of its own (written through the storage layer:
+    // a broker's segments are 64 MiB), so that retention has whole segments to delete.
+    {
+        let mut disk = felix_driver_tokio::storage::DiskStorage::open(dir.path(), FsyncMode::Always).unwrap();
+        disk.recover().unwrap();
+        disk.set_segment_bytes(1);
+        let plain = |i: u64| felix_proto::storage::PersistRequest {
+            key: None,
+            token: felix_proto::transport::WriteToken(i),
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "accounts".into(),
+            shard: 0,
+            base_offset: i,
+            records: felix_proto::Records::from_payloads([b"plain".as_slice()]).unwrap(),
+            timestamp_micros: 1,
+            publisher: None,
+            generation_start: false,
+            producer: None,
+            state: None,
+            fsync: None,
+            stream_shards: 1,
+        };
+        disk.write((5..8).map(plain).collect());
+    }
+    let segments = |dir: &Path| walk(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "seg")).count();
+    assert_eq!(segments(dir.path()), 4);
+    // The restart applies retention to what it recovered (two records kept): the segments
+    // holding every commit go, the state checkpointed first.
     let (server, chain) = start_with(Some(dir.path()), cfg.clone()).await;
     let c = connect(&server, &chain).await;
     assert_eq!(
@@ -529,6 +557,7 @@ async fn retention_checkpoints_commit_state_and_a_damaged_checkpoint_stops_the_s
         (Some(Bytes::from_static(b"0")), Some(0))
     );
     server.shutdown().await;
+    assert_eq!(segments(dir.path()), 2, "the commits' segments were deleted");
     let checkpoints: Vec<std::path::PathBuf> =
         walk(dir.path()).into_iter().filter(|p| p.ends_with("state.checkpoint")).collect();
     assert_eq!(checkpoints.len(), 1, "one shard holds state: {checkpoints:?}");
