@@ -18,6 +18,7 @@
 use super::cache::{Cache, Change};
 use super::syslog::{self, CacheRecord, Counters, SysPending};
 use super::*;
+use crate::broker::moves::InEvent;
 use crate::shard::copy::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
 use crate::shard::metadata::ClusterFacts;
 use crate::shard::{Kind, ShardId};
@@ -92,13 +93,11 @@ impl Broker {
         let k = cache_key(s);
         let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         i.source_tail = tail;
-        if !full && i.next.is_none() {
+        if !full && i.next().is_none() {
             // Changes without the cache they change (an answer to an older request): ask for
             // the whole cache.
-            i.due = Some(now);
-            return;
+            return i.on(InEvent::Answered(Some(now)));
         }
-        i.next = Some(tail);
         let wall = self.wall;
         // Kept on disk here as a cache of this name is (its configuration, else the default).
         let spec =
@@ -127,9 +126,9 @@ impl Broker {
             writes = 2;
         }
         let Some(i) = self.membership.moves_in.get_mut(s) else { return };
-        i.writing += writes;
+        i.on(InEvent::Copied { next: tail, writes });
         if writes == 0 {
-            i.due = Some(crate::transport::after(now, super::moves::COPY_POLL));
+            i.on(InEvent::Answered(Some(crate::transport::after(now, super::moves::COPY_POLL))));
             self.maybe_finish_move(s, now);
         }
     }
@@ -137,11 +136,8 @@ impl Broker {
     /// One of a copied cache's system-log writes settled here.
     pub(super) fn cache_copy_written(&mut self, s: &ShardId, ok: bool, now: Instant) {
         let Some(i) = self.membership.moves_in.get_mut(s) else { return };
-        i.writing = i.writing.saturating_sub(1);
-        if !ok {
-            i.failed = true;
-        }
-        if i.writing == 0 {
+        i.on(InEvent::Written { ok });
+        if i.writing() == 0 {
             self.ask_copy(s, now, true);
             self.maybe_finish_move(s, now);
         }

@@ -91,30 +91,197 @@ pub(super) enum OutEvent {
     Metadata(Option<u64>),
 }
 
-/// The new owner's side of a move.
+/// The new owner's side of a move: its copy's phase and its request to the old owner, each
+/// changed only by [`Incoming::on`]; the rest is progress (shown) and pacing.
 #[derive(Debug, Clone)]
 pub(super) struct Incoming {
     /// The old owner.
     pub(super) from: String,
-    /// The next offset to copy; `None` before the first answer (which resets the shard here).
-    pub(super) next: Option<u64>,
-    /// A request is out (since when).
-    pub(super) asked: Option<Instant>,
-    /// When to ask next (after an answer that brought nothing new).
-    pub(super) due: Option<Instant>,
-    /// Copied batches being written here.
-    pub(super) writing: usize,
-    /// A copied write failed: start again from scratch once the others are done.
-    pub(super) failed: bool,
+    /// How far the copy got.
+    copy: InCopy,
+    /// The request to the old owner.
+    asking: Asking,
     /// The cut-over tail, once the metadata has it.
-    pub(super) cut_at: Option<u64>,
+    cut_at: Option<u64>,
     /// When it last proposed the finish.
-    pub(super) proposed: Option<Instant>,
+    proposed: Option<Instant>,
     /// The old owner's tail in its last answer (progress).
     pub(super) source_tail: u64,
     /// The old owner's tail in its first answer: below it is the copy the move budget paces,
     /// above it the shard's live writes, which it does not (`--move-bandwidth`).
     pub(super) copy_floor: Option<u64>,
+}
+
+/// How far a move's copy got on the new owner.
+///
+/// ```text
+///   fresh ──copied──► copying ──a write failed──► failed ──writes done, asked again──► fresh
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum InCopy {
+    /// Nothing copied yet (or starting again): the first answer empties the shard here.
+    Fresh,
+    /// Copied below `next`; `writing` copied batches are being written here.
+    Copying {
+        /// The next offset to copy.
+        next: u64,
+        /// Copied batches being written.
+        writing: usize,
+    },
+    /// A copied write failed: once the `writing` still out are done, it starts again fresh.
+    /// (Answers to requests sent before still come, and are written; none of it is used.)
+    Failed {
+        /// The next offset the copy would have asked for.
+        next: u64,
+        /// Copied batches still being written.
+        writing: usize,
+    },
+}
+
+/// The new owner's request for the next part of the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asking {
+    /// Nothing out: ask once `at` comes (`None`: at once; never while copied writes are out).
+    Waiting {
+        /// When to ask.
+        at: Option<Instant>,
+    },
+    /// A request is out, since then.
+    Out {
+        /// When it was sent.
+        since: Instant,
+    },
+}
+
+/// What moves the new owner's side of a move along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum InEvent {
+    /// The metadata's phase of the move: cut over at this tail, or not (yet). Learning of the
+    /// cut-over asks for what is left at once.
+    Metadata {
+        /// The cut-over tail.
+        cut_at: Option<u64>,
+        /// Now.
+        now: Instant,
+    },
+    /// A request went out; a failed copy starts again fresh with it.
+    Asked(Instant),
+    /// An answer came that gives nothing to write: ask again at this time (`None`: once the
+    /// writes out are done).
+    Answered(Option<Instant>),
+    /// An answer's records: the copy reaches `next`, `writes` of them being written here.
+    Copied {
+        /// The next offset to copy.
+        next: u64,
+        /// Copied batches now being written.
+        writes: usize,
+    },
+    /// One copied write settled.
+    Written {
+        /// Whether it was written.
+        ok: bool,
+    },
+    /// The finish was proposed.
+    Proposed(Instant),
+}
+
+impl Incoming {
+    fn new(from: String, now: Instant) -> Incoming {
+        Incoming {
+            from,
+            copy: InCopy::Fresh,
+            asking: Asking::Waiting { at: Some(now) },
+            cut_at: None,
+            proposed: None,
+            source_tail: 0,
+            copy_floor: None,
+        }
+    }
+
+    /// The one place the copy's phase and the request change.
+    pub(super) fn on(&mut self, ev: InEvent) {
+        match ev {
+            InEvent::Metadata { cut_at, now } => {
+                if self.cut_at.is_none() && cut_at.is_some() && matches!(self.asking, Asking::Waiting { .. }) {
+                    // Cut over: what is left to copy is final; ask for it now.
+                    self.asking = Asking::Waiting { at: Some(now) };
+                }
+                self.cut_at = cut_at;
+            }
+            InEvent::Asked(now) => {
+                if matches!(self.copy, InCopy::Failed { writing: 0, .. }) {
+                    self.copy = InCopy::Fresh;
+                    self.copy_floor = None;
+                }
+                self.asking = Asking::Out { since: now };
+            }
+            InEvent::Answered(at) => self.asking = Asking::Waiting { at },
+            InEvent::Copied { next, writes } => {
+                self.copy = match self.copy {
+                    InCopy::Fresh => InCopy::Copying { next, writing: writes },
+                    InCopy::Copying { writing, .. } => InCopy::Copying { next, writing: writing + writes },
+                    InCopy::Failed { writing, .. } => InCopy::Failed { next, writing: writing + writes },
+                }
+            }
+            InEvent::Written { ok } => {
+                self.copy = match self.copy {
+                    InCopy::Copying { next, writing } if ok => {
+                        InCopy::Copying { next, writing: writing.saturating_sub(1) }
+                    }
+                    InCopy::Copying { next, writing } | InCopy::Failed { next, writing } => {
+                        InCopy::Failed { next, writing: writing.saturating_sub(1) }
+                    }
+                    InCopy::Fresh => InCopy::Fresh,
+                }
+            }
+            InEvent::Proposed(now) => self.proposed = Some(now),
+        }
+    }
+
+    /// The next offset to copy; `None` before the first answer (which resets the shard here).
+    pub(super) fn next(&self) -> Option<u64> {
+        match self.copy {
+            InCopy::Copying { next, .. } | InCopy::Failed { next, .. } => Some(next),
+            InCopy::Fresh => None,
+        }
+    }
+
+    /// Copied batches being written here.
+    pub(super) fn writing(&self) -> usize {
+        match self.copy {
+            InCopy::Copying { writing, .. } | InCopy::Failed { writing, .. } => writing,
+            InCopy::Fresh => 0,
+        }
+    }
+
+    /// A copied write failed (the copy starts again once the others are done).
+    pub(super) fn failed(&self) -> bool {
+        matches!(self.copy, InCopy::Failed { .. })
+    }
+
+    /// Something was copied here (a cancelled move drops it).
+    pub(super) fn copied_any(&self) -> bool {
+        self.copy != InCopy::Fresh
+    }
+
+    /// The cut-over tail, once the metadata has it.
+    pub(super) fn cut_at(&self) -> Option<u64> {
+        self.cut_at
+    }
+
+    /// Whether a request is due (`force`: an answer just came, ask now) or the last one was
+    /// lost (out for `retry` or more).
+    fn may_ask(&self, now: Instant, force: bool, retry: std::time::Duration) -> (bool, bool) {
+        match self.asking {
+            Asking::Out { since } => (now.saturating_duration_since(since) >= retry, false),
+            Asking::Waiting { at } => (false, force || at.is_none_or(|d| d <= now)),
+        }
+    }
+
+    /// The finish was proposed within `retry` of `now`.
+    fn proposed_within(&self, now: Instant, retry: std::time::Duration) -> bool {
+        self.proposed.is_some_and(|p| now.saturating_duration_since(p) < retry)
+    }
 }
 
 impl Outgoing {
@@ -221,23 +388,13 @@ impl Broker {
                 o.on(OutEvent::Metadata(cut_at));
                 outgoing.insert(s.clone(), o);
             } else if m.to == local {
-                let mut i = self.membership.moves_in.remove(s).filter(|i| i.from == m.from).unwrap_or(Incoming {
-                    from: m.from.clone(),
-                    next: None,
-                    asked: None,
-                    due: Some(now),
-                    writing: 0,
-                    failed: false,
-                    cut_at: None,
-                    proposed: None,
-                    source_tail: 0,
-                    copy_floor: None,
-                });
-                if i.cut_at.is_none() && cut_at.is_some() {
-                    // Cut over: what is left to copy is final; ask for it now.
-                    i.due = Some(now);
-                }
-                i.cut_at = cut_at;
+                let mut i = self
+                    .membership
+                    .moves_in
+                    .remove(s)
+                    .filter(|i| i.from == m.from)
+                    .unwrap_or_else(|| Incoming::new(m.from.clone(), now));
+                i.on(InEvent::Metadata { cut_at, now });
                 incoming.insert(s.clone(), i);
             }
         }
@@ -261,7 +418,7 @@ impl Broker {
                 if s.kind == Kind::Stream {
                     self.start_generation(&s.tenant, &s.namespace, &s.name, s.shard, now);
                 }
-            } else if i.next.is_some() {
+            } else if i.copied_any() {
                 // Cancelled: what was copied is dropped (a later move starts afresh).
                 match s.kind {
                     Kind::Stream => self.reset_moved_shard(&s),
@@ -310,9 +467,9 @@ impl Broker {
             shard: s.clone(),
             outgoing: false,
             peer: i.from.clone(),
-            copied: i.next.unwrap_or(0),
+            copied: i.next().unwrap_or(0),
             source_tail: i.source_tail,
-            cutting: i.cut_at.is_some(),
+            cutting: i.cut_at().is_some(),
         }));
         v
     }
@@ -378,30 +535,23 @@ impl Broker {
             return;
         }
         let Some(i) = self.membership.moves_in.get_mut(s) else { return };
-        if i.writing > 0 || (!i.failed && i.cut_at.is_some_and(|at| i.next.is_some_and(|n| n >= at))) {
+        if i.writing() > 0 || (!i.failed() && i.cut_at().is_some_and(|at| i.next().is_some_and(|n| n >= at))) {
             return;
         }
-        let lost = i.asked.is_some_and(|a| now.saturating_duration_since(a) >= COPY_RETRY);
-        let due = i.asked.is_none() && (force || i.due.is_none_or(|d| d <= now));
+        let (lost, due) = i.may_ask(now, force, COPY_RETRY);
         if !(lost || due) {
             return;
         }
         // A throttled copy asks once there is budget again (the tick comes back); past what
         // the old owner held when the copy began, it keeps up unpaced.
-        let copying = i.failed || i.copy_floor.is_none_or(|f| i.next.is_none_or(|n| n < f));
+        let copying = i.failed() || i.copy_floor.is_none_or(|f| i.next().is_none_or(|n| n < f));
         if !lost && copying && !self.membership.move_bandwidth.may_send(now) {
             return;
         }
-        if i.failed {
-            // Start again from scratch.
-            i.failed = false;
-            i.next = None;
-            i.copy_floor = None;
-        }
-        i.asked = Some(now);
-        i.due = None;
+        // (A failed copy starts again from scratch.)
+        i.on(InEvent::Asked(now));
         let max_bytes = if copying { self.membership.move_bandwidth.chunk(COPY_CHUNK_BYTES) } else { COPY_CHUNK_BYTES };
-        let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next, max_bytes });
+        let message = CopyMessage::Request(CopyRequest { shard: s.clone(), from: i.next(), max_bytes });
         let to = i.from.clone();
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to, message }));
     }
@@ -410,14 +560,14 @@ impl Broker {
     pub(super) fn maybe_finish_move(&mut self, s: &ShardId, now: Instant) {
         let local = self.membership.view.as_ref().map(|c| c.local.clone()).unwrap_or_default();
         let Some(i) = self.membership.moves_in.get_mut(s) else { return };
-        let Some(at) = i.cut_at else { return };
-        if i.writing > 0 || i.failed || i.next.is_none_or(|n| n < at) {
+        let Some(at) = i.cut_at() else { return };
+        if i.writing() > 0 || i.failed() || i.next().is_none_or(|n| n < at) {
             return;
         }
-        if i.proposed.is_some_and(|p| now.saturating_duration_since(p) < PROPOSE_RETRY) {
+        if i.proposed_within(now, PROPOSE_RETRY) {
             return;
         }
-        i.proposed = Some(now);
+        i.on(InEvent::Proposed(now));
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::ProposeCluster(Command::FinishMove {
             shard: s.clone(),
             to: local,
@@ -589,28 +739,29 @@ impl Broker {
         if i.from != from {
             return;
         }
-        i.asked = None;
         if fenced {
             // Asked before this broker was fenced: asked again once its view is current (see
             // `ask_copy`).
-            i.due = Some(now);
-            return;
+            return i.on(InEvent::Answered(Some(now)));
         }
         let (start, tail, batches, state) = match a.body {
             CopyBody::Refused(_) => {
                 // Not ready there yet (its metadata behind ours): ask again later.
-                i.due = Some(crate::transport::after(now, COPY_RETRY));
-                return;
+                return i.on(InEvent::Answered(Some(crate::transport::after(now, COPY_RETRY))));
             }
-            body @ CopyBody::Cache { .. } => return self.cache_copy_answer(&s, body, now),
+            body @ CopyBody::Cache { .. } => {
+                i.on(InEvent::Answered(None));
+                return self.cache_copy_answer(&s, body, now);
+            }
             CopyBody::Batches { start, tail, batches, state, .. } => (start, tail, batches, state),
         };
+        i.on(InEvent::Answered(None));
         i.source_tail = tail;
         let floor = *i.copy_floor.get_or_insert(tail);
         let bytes: usize = batches.iter().filter(|b| b.base_offset < floor).map(|b| b.records.block_len()).sum();
         self.membership.move_bandwidth.charge(bytes as u64, now);
-        let first = i.next.is_none();
-        let mut next = i.next.unwrap_or_else(|| batches.first().map_or(start, |b| b.base_offset.min(start)));
+        let first = i.next().is_none();
+        let mut next = i.next().unwrap_or_else(|| batches.first().map_or(start, |b| b.base_offset.min(start)));
         let k = key(&s.tenant, &s.namespace, &s.name);
         if first {
             // Whatever this broker held of the shard before (an older stay here) goes: the copy
@@ -669,15 +820,14 @@ impl Broker {
             writes += 1;
         }
         let Some(i) = self.membership.moves_in.get_mut(&s) else { return };
-        i.next = Some(next);
-        i.writing += writes;
+        if writes == 0 && next < tail && !first {
+            // Nothing new, and offsets without records (a write that failed on the old owner).
+            next = tail;
+        }
+        i.on(InEvent::Copied { next, writes });
         if writes == 0 {
             // Nothing new: up to date with the old owner for now.
-            if next < tail && !first {
-                // Offsets without records (a write that failed on the old owner).
-                i.next = Some(tail);
-            }
-            i.due = Some(crate::transport::after(now, COPY_POLL));
+            i.on(InEvent::Answered(Some(crate::transport::after(now, COPY_POLL))));
             self.maybe_finish_move(&s, now);
         }
     }
@@ -686,12 +836,9 @@ impl Broker {
     pub(super) fn import_written(&mut self, token: WriteToken, ok: bool, now: Instant) -> bool {
         let Some((s, b)) = self.membership.import_writes.remove(&token) else { return false };
         let Some(i) = self.membership.moves_in.get_mut(&s) else { return true };
-        i.writing = i.writing.saturating_sub(1);
-        if !ok {
-            i.failed = true;
-        }
-        let done = i.writing == 0;
-        let failed = i.failed;
+        i.on(InEvent::Written { ok });
+        let done = i.writing() == 0;
+        let failed = i.failed();
         if ok
             && !failed
             && let Some(sh) = self
@@ -717,6 +864,45 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The new owner's copy and request, event by event: a first answer, a poll, a failed
+    /// write that starts the copy again once the others settled, the cut-over, the finish.
+    #[test]
+    fn an_incoming_moves_phase_by_phase() {
+        let t0 = crate::transport::test_epoch();
+        let later = |ms| t0 + std::time::Duration::from_millis(ms);
+        let retry = std::time::Duration::from_secs(1);
+        let mut i = Incoming::new("n1".into(), t0);
+        assert_eq!((i.copy, i.asking), (InCopy::Fresh, Asking::Waiting { at: Some(t0) }));
+        assert_eq!(i.may_ask(t0, false, retry), (false, true), "asks at once");
+        i.on(InEvent::Asked(t0));
+        assert_eq!(i.may_ask(later(500), false, retry), (false, false), "one request out");
+        assert_eq!(i.may_ask(later(1000), false, retry), (true, false), "out too long: lost");
+        i.on(InEvent::Answered(None));
+        i.on(InEvent::Copied { next: 10, writes: 2 });
+        assert_eq!((i.next(), i.writing(), i.copied_any()), (Some(10), 2, true));
+        i.on(InEvent::Written { ok: true });
+        i.on(InEvent::Written { ok: false });
+        assert_eq!(i.copy, InCopy::Failed { next: 10, writing: 0 });
+        // Asked again: from scratch.
+        i.copy_floor = Some(10);
+        i.on(InEvent::Asked(later(10)));
+        assert_eq!((i.copy, i.copy_floor, i.next()), (InCopy::Fresh, None, None));
+        i.on(InEvent::Answered(None));
+        i.on(InEvent::Copied { next: 12, writes: 0 });
+        i.on(InEvent::Answered(Some(later(60))));
+        assert_eq!(i.may_ask(later(20), false, retry), (false, false), "polls later");
+        assert_eq!(i.may_ask(later(20), true, retry), (false, true), "or when told");
+        // The metadata's cut-over asks for the rest at once; while a request is out, that
+        // request's answer comes first.
+        i.on(InEvent::Metadata { cut_at: Some(12), now: later(30) });
+        assert_eq!((i.cut_at(), i.asking), (Some(12), Asking::Waiting { at: Some(later(30)) }));
+        i.on(InEvent::Asked(later(30)));
+        i.on(InEvent::Metadata { cut_at: Some(12), now: later(40) });
+        assert_eq!(i.asking, Asking::Out { since: later(30) });
+        i.on(InEvent::Proposed(later(40)));
+        assert!(i.proposed_within(later(41), retry) && !i.proposed_within(later(1040), retry));
+    }
 
     /// The old owner's phases, event by event: stopping writes, and the metadata's word on the
     /// cut-over (which forgets the last proposal only when it is news).
