@@ -963,11 +963,10 @@ impl ClusterNode {
     }
 }
 
-/// A shard copy's answer as a new owner that did not offer
-/// [`FEATURE_COMMIT_STATE`] reads it:
-/// without the shard's commit state it would serve a state missing every value retention's
-/// deleted commits wrote, so an answer carrying state is refused instead (the move goes no
-/// further; the shard stays where it is).
+/// A shard copy's answer as a new owner that did not offer [`FEATURE_COMMIT_STATE`] reads it
+/// (D63): without the shard's commit state it would serve a state missing every value the
+/// commits retention deleted wrote, so an answer carrying state is refused instead (the move
+/// goes no further; the shard stays where it is).
 fn copy_without_state(message: super::peer::CopyMessage) -> super::peer::CopyMessage {
     use super::peer::{CopyAnswer, CopyBody, CopyMessage};
     match message {
