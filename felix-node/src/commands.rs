@@ -2699,7 +2699,7 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
     let steps =
         a.steps.map_or_else(|| format!("{} steps in all (varied per seed)", total.steps), |s| format!("{s} steps"));
     out!(
-        "{ran} seed(s) of {steps} passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}, {jobs} job(s)): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends, {} group deliveries, {} group acks",
+        "{ran} seed(s) of {steps} passed in {secs:.1} s ({:.0} seeds/hour, from seed {first}, {jobs} job(s)): {} acknowledged records verified, {} deliveries, {} failed writes, {} lost connections, {} crashes, {} cache reads checked, {} idempotent resends, {} group deliveries, {} group acks, {} commits folded, {} state keys checked after crashes",
         ran as f64 * 3600.0 / secs,
         total.acked,
         total.delivered,
@@ -2709,7 +2709,9 @@ pub fn sim(a: &SimArgs) -> Result<ExitCode, String> {
         total.cache_reads,
         total.idempotent_resends,
         total.group_deliveries,
-        total.group_acks
+        total.group_acks,
+        total.commits,
+        total.state_reads
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -19,7 +19,10 @@
 //!   lost connections, failed writes and crashes) has each batch stored exactly once and never
 //!   stops: the only refusal it meets is a gap behind an earlier batch that failed, which it
 //!   sends again after that one;
-//! * memory stays bounded: no subscriber queue holds more than its capacity.
+//! * memory stays bounded: no subscriber queue holds more than its capacity;
+//! * a stream's commit state (`commit`, `state_get`) after every crash is the fold of every
+//!   commit storage held, in offset order, the ones retention deleted included: its retention
+//!   keeps 20 records, so the state checkpoint carries most of it.
 //!
 //! Storage also stalls now and then (completes nothing for up to 3,000 steps), so that writes and answers
 //! pile up and the idempotent producer runs into its window.
@@ -64,6 +67,10 @@ pub struct ChaosReport {
     pub storage_stalls: u64,
     /// New idempotent batches the producer held back because its window was full.
     pub producer_window_full: u64,
+    /// Commits storage held (folded into the state model).
+    pub commits: u64,
+    /// Keys of the commit state checked after a crash.
+    pub state_reads: u64,
     /// The run's trace digest ([`crate::sim::Trace`]); for a sum of runs, a digest of theirs in
     /// order.
     pub digest: u64,
@@ -155,6 +162,8 @@ impl ChaosReport {
         self.producer_window_full += r.producer_window_full;
         self.storage_stalls += r.storage_stalls;
         self.gaps_after_failure += r.gaps_after_failure;
+        self.commits += r.commits;
+        self.state_reads += r.state_reads;
         self.digest = self.digest.rotate_left(7) ^ r.digest;
     }
 }
@@ -179,6 +188,10 @@ impl Rng {
 }
 
 const STREAMS: [&str; 2] = ["alpha", "beta"];
+/// The stream commits go to (its retention keeps 20 records: its state lives mostly in the
+/// checkpoint), and the keys they write.
+const STATE_STREAM: &str = "gamma";
+const STATE_KEYS: u64 = 6;
 const CLIENTS: usize = 3;
 /// Records a shard keeps: a long run's history is cut by retention many times over, while the
 /// idempotent producer's remembered window (64 of its batches, about 1,800 records of traffic)
@@ -239,7 +252,104 @@ fn config() -> BrokerConfig {
             retention: Retention { max_records: Some(RETAINED_RECORDS), ..Retention::default() },
             ..StreamConfig::default()
         },
+        streams: vec![crate::broker::StreamSpec {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            name: STATE_STREAM.into(),
+            config: StreamConfig {
+                memory_bytes: 64,
+                queue_capacity: 4,
+                retention: Retention { max_records: Some(20), ..Retention::default() },
+                ..StreamConfig::default()
+            },
+        }],
         ..BrokerConfig::default()
+    }
+}
+
+/// The commit state as storage holds it: every commit to [`STATE_STREAM`] ever seen in storage,
+/// by offset, less the ones a crash took back. Retention removes commits from storage, not from
+/// here: their state must live on in the broker's checkpoint.
+#[derive(Default)]
+struct StateModel {
+    commits: std::collections::BTreeMap<u64, Vec<crate::storage::StateChange>>,
+    checked: u64,
+    restarts: u32,
+}
+
+impl StateModel {
+    /// Takes in the commits storage completed since the last look.
+    fn observe(&mut self, sim: &Sim, report: &mut ChaosReport) {
+        let new = if sim.restarts != self.restarts {
+            0 // (`check_after_restart` settled what storage holds)
+        } else {
+            (sim.stored - self.checked) as usize
+        };
+        for w in &sim.durable[sim.durable.len().saturating_sub(new)..] {
+            if w.stream != STATE_STREAM {
+                continue;
+            }
+            if let Some(changes) = w.state.as_ref().and_then(|s| crate::storage::decode_state_changes(s).ok()) {
+                report.commits += 1;
+                self.commits.insert(w.base_offset, changes);
+            }
+        }
+        self.checked = sim.stored;
+        self.restarts = sim.restarts;
+    }
+
+    /// After a crash: a write completed behind one that never did is gone from storage (a
+    /// disk completes a shard's writes in order), and so from here, unless retention had
+    /// removed it; then every key the restarted broker serves must be the model's.
+    fn check_after_restart(&mut self, sim: &mut Sim, report: &mut ChaosReport) -> Result<(), String> {
+        let below = truncated_below(sim, STATE_STREAM);
+        let held: HashSet<u64> =
+            sim.durable.iter().filter(|w| w.stream == STATE_STREAM).map(|w| w.base_offset).collect();
+        self.commits.retain(|o, _| *o < below || held.contains(o));
+        self.checked = sim.stored;
+        self.restarts = sim.restarts;
+        let mut want: HashMap<String, (Bytes, u64)> = HashMap::new();
+        for (o, changes) in &self.commits {
+            for (k, v) in changes {
+                match v {
+                    Some(v) => want.insert(k.clone(), (v.clone(), *o)),
+                    None => want.remove(k),
+                };
+            }
+        }
+        let idx = sim.connect(client_config(0));
+        sim.run();
+        let mut asked = HashMap::new();
+        for k in 0..STATE_KEYS {
+            let key = format!("k{k}");
+            let id = sim
+                .client(idx)
+                .state_get(ClientStream(0), "default", STATE_STREAM, Bytes::from_static(b"entity"), &key)
+                .map_err(|e| format!("state_get: {e}"))?;
+            asked.insert(id, key);
+        }
+        sim.run();
+        for e in sim.take_events(idx) {
+            let ClientEvent::Reply { request_id, reply } = e else { continue };
+            let Some(key) = asked.remove(&request_id) else { continue };
+            let Reply::State { value, version, .. } = reply else {
+                return Err(format!("state_get of {key} answered {reply:?}"));
+            };
+            let want = want.get(&key).map(|(v, o)| (v.clone(), *o));
+            if value.clone().zip(version) != want {
+                return Err(format!(
+                    "after a crash, state {key} is {value:?} at {version:?}; storage's commits make it {want:?} \
+                     (retention removed commits below {below})"
+                ));
+            }
+            report.state_reads += 1;
+        }
+        if !asked.is_empty() {
+            return Err(format!("state_get unanswered after a crash: {asked:?}"));
+        }
+        sim.drop_connection(idx);
+        sim.run();
+        Ok(())
     }
 }
 
@@ -286,6 +396,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     let mut producer = Producer { state: ProducerState::new(producer_id, policy), in_flight: HashMap::new() };
     let mut consumer = Consumer::default();
     let mut storage_check = StorageCheck::default();
+    let mut state = StateModel::default();
     // Every acknowledged record: payload → offset it was answered with (if any).
     let mut acked: HashMap<Bytes, (usize, u64)> = HashMap::new();
     // Storage completes nothing before this step (a stalled disk): writes, answers after the
@@ -295,7 +406,26 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
         let p = rng.below(CLIENTS as u64) as usize;
         let now = sim.now;
         match rng.below(100) {
-            0..=34 => {
+            0..=2 => {
+                // A commit: an event and its state changes, to the state stream.
+                counter += 1;
+                let key = format!("k{}", rng.below(STATE_KEYS));
+                let change = if rng.chance(20) { None } else { Some(Bytes::from(format!("v{counter}"))) };
+                let mut changes = vec![(key, change)];
+                if rng.chance(25) {
+                    changes.push((format!("k{}", rng.below(STATE_KEYS)), Some(Bytes::from(format!("w{counter}")))));
+                }
+                let req = crate::client::CommitRequest {
+                    namespace: "default".into(),
+                    stream: STATE_STREAM.into(),
+                    entity_key: Bytes::from_static(b"entity"),
+                    event: Bytes::from(format!("s{seed}-c{counter}")),
+                    changes,
+                    expected_offset: None,
+                };
+                let _ = sim.client(parties[p].idx).commit(ClientStream(0), req);
+            }
+            3..=34 => {
                 let stream = rng.below(2) as usize;
                 let n = 1 + rng.below(3) as usize;
                 let payloads: Vec<Bytes> = (0..n)
@@ -438,7 +568,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 // A crash: what storage did not complete is gone; everyone reconnects.
                 report.crashes += 1;
                 collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
+                state.observe(&sim, &mut report);
                 sim.restart();
+                state.check_after_restart(&mut sim, &mut report)?;
                 model = Model::default();
                 producer.connection_lost();
                 consumer.forget_connection();
@@ -475,6 +607,7 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
         }
         collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
         storage_check.check(&sim)?;
+        state.observe(&sim, &mut report);
         let bound = 64 * 1024 * (sim.clients.len() + 1);
         if sim.broker.queued_event_bytes() > bound {
             return Err(format!("subscriber queues hold {} bytes", sim.broker.queued_event_bytes()));
@@ -532,6 +665,10 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     for party in retired.iter().chain(&parties) {
         check_party(party, &stored, &sim, &mut report)?;
     }
+    // Last, a crash with every write done: every seed's state comes back from its checkpoint.
+    state.observe(&sim, &mut report);
+    sim.restart();
+    state.check_after_restart(&mut sim, &mut report)?;
     report.digest = sim.trace.value();
     Ok(report)
 }
