@@ -19,6 +19,7 @@ use felix_proto::storage::{
     IndexEntry, StateCheckpoint, StoredBatch, crc32c_append, decode_index, decode_producer_watermarks, decode_segment,
     decode_state_checkpoint, encode_batch, encode_index, encode_index_entry, encode_index_trailer,
     encode_producer_watermarks, parse_path_component, parse_segment_name, path_component, segment_name,
+    state_checkpoint_as_of,
 };
 use felix_proto::transport::WriteToken;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -117,6 +118,11 @@ pub struct DiskStorage {
     idx_open: HashMap<PathBuf, IdxWriter>,
     /// Index entries recovery found for the newest segments, to start their index files with.
     idx_seed: HashMap<PathBuf, Vec<IndexEntry>>,
+    /// Per segment holding commits: the offset of its newest one. Retention deletes such a
+    /// segment only once the shard's state checkpoint holds that commit.
+    commits_in: HashMap<PathBuf, u64>,
+    /// Per shard directory: the `as_of` of its state checkpoint on disk.
+    checkpoints: HashMap<PathBuf, u64>,
 }
 
 /// The name a deleted stream's directory takes while it is removed.
@@ -147,6 +153,8 @@ impl DiskStorage {
             syncs: 0,
             syncer: Syncer::start(),
             index: HashMap::new(),
+            commits_in: HashMap::new(),
+            checkpoints: HashMap::new(),
         })
     }
 
@@ -208,6 +216,9 @@ impl DiskStorage {
                         let keep = budget(&tenant, &namespace, &stream);
                         let state_checkpoint = read_state_checkpoint(&shard_dir)?;
                         let as_of = state_checkpoint.as_ref().map(|c| c.as_of);
+                        if let Some(a) = as_of {
+                            self.checkpoints.insert(shard_dir.clone(), a);
+                        }
                         let ShardFiles { summaries, batches, state_batches, mut repairs, index } =
                             recover_shard(&shard_dir, keep, as_of)?;
                         let producer_watermarks = read_watermarks(&shard_dir, &mut repairs);
@@ -215,6 +226,11 @@ impl DiskStorage {
                             index.iter().max_by_key(|(p, _)| p.file_name().map(|f| f.to_owned()))
                         {
                             self.idx_seed.insert(newest.clone(), entries.clone());
+                        }
+                        for (p, e) in &index {
+                            if let Some(newest) = e.iter().filter(|e| e.state).map(|e| e.base_offset).max() {
+                                self.commits_in.insert(p.clone(), newest);
+                            }
                         }
                         self.index.extend(index.into_iter().map(|(p, e)| (p, sparse(&e))));
                         out.push(RecoveredShard {
@@ -266,6 +282,10 @@ impl DiskStorage {
             let policy = r.fsync.unwrap_or(self.policy);
             match self.append(&r, &buf) {
                 Ok(path) => {
+                    if r.state.is_some() {
+                        let newest = self.commits_in.entry(path.clone()).or_insert(r.base_offset);
+                        *newest = (*newest).max(r.base_offset);
+                    }
                     match policy {
                         FsyncMode::Always => always.entry(path.clone()).or_default().push(results.len()),
                         FsyncMode::Interval(d) => {
@@ -357,7 +377,14 @@ impl DiskStorage {
                 tracing::error!("retention: writing the state checkpoint in {}: {e}; segments kept", dir.display());
                 return 0;
             }
+            if let Some(as_of) = state_checkpoint_as_of(c) {
+                self.checkpoints.insert(dir.clone(), as_of);
+            }
         }
+        // A segment holding a commit the checkpoint on disk does not hold is kept, and every
+        // segment after it (retention is late, never lossy): the broker hands storage its state
+        // once a second, not with every truncation.
+        let as_of = self.checkpoints.get(&dir).copied();
         if !producers_forgotten.is_empty() {
             let mut repairs = Vec::new();
             let mut kept: BTreeMap<u64, u64> = read_watermarks(&dir, &mut repairs).into_iter().collect();
@@ -376,16 +403,19 @@ impl DiskStorage {
                 return 0;
             }
         }
-        let Ok(segs) = segments(&dir) else { return 0 };
         let mut deleted = 0;
         for pair in segs.windows(2) {
             let (_, path) = &pair[0];
             let (next_base, _) = pair[1];
+            if self.commits_in.get(path).is_some_and(|newest| as_of.is_none_or(|a| *newest > a)) {
+                break;
+            }
             if next_base <= start {
                 self.open.remove(path);
                 self.dirty.remove(path);
                 self.index.remove(path);
                 self.idx_open.remove(path);
+                self.commits_in.remove(path);
                 let _ = std::fs::remove_file(index_path(path));
                 let _ = std::fs::remove_file(part_path(path));
                 match std::fs::remove_file(path) {
@@ -468,6 +498,8 @@ impl DiskStorage {
         self.index.retain(|p, _| !under(p));
         self.idx_open.retain(|p, _| !under(p));
         self.idx_seed.retain(|p, _| !under(p));
+        self.commits_in.retain(|p, _| !under(p));
+        self.checkpoints.retain(|p, _| !under(p));
     }
 
     /// Removes everything held of one shard (a shard moving here is copied from its old
@@ -1426,6 +1458,37 @@ mod tests {
         let rec = s.recover_within(|_, _, _| 60).unwrap();
         assert_eq!(rec[0].state_checkpoint, None);
         assert_eq!(rec[0].state_batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![30]);
+    }
+
+    /// Retention deletes no segment holding a commit the checkpoint on disk does not hold (nor
+    /// any after it), whatever the truncation asks: the broker hands its state over once a
+    /// second, not with every write. Across a restart too (the segments' commits come from
+    /// their indexes, the checkpoint's `as_of` from its file).
+    #[test]
+    fn retention_keeps_a_segment_with_a_commit_newer_than_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        s.set_segment_bytes(1);
+        let mut commit = req(3, 2, &["c"]);
+        commit.state = felix_proto::storage::encode_state_changes(&[("k".into(), Some(Bytes::from_static(b"v")))]);
+        // One batch per segment: 0, 1, the commit at 2, 3, 4.
+        s.write(vec![req(1, 0, &["a"]), req(2, 1, &["b"]), commit, req(4, 3, &["d"]), req(5, 4, &["e"])]);
+        let name = ("t1", "default", "../orders");
+        assert_eq!(s.truncate_before(name, 0, 4, &[], None), 2, "0 and 1 go; the commit and what follows stay");
+        let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+        let rec = s.recover().unwrap();
+        assert_eq!(rec[0].batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(s.truncate_before(name, 0, 4, &[], None), 0, "still no checkpoint holding it");
+        let older = felix_proto::storage::StateCheckpoint { as_of: 1, values: Vec::new() };
+        let older = felix_proto::storage::encode_state_checkpoint(&older).unwrap();
+        assert_eq!(s.truncate_before(name, 0, 4, &[], Some(&older)), 0, "a checkpoint before the commit");
+        let holding =
+            felix_proto::storage::StateCheckpoint { as_of: 2, values: vec![("k".into(), Bytes::from_static(b"v"), 2)] };
+        let holding = felix_proto::storage::encode_state_checkpoint(&holding).unwrap();
+        assert_eq!(s.truncate_before(name, 0, 4, &[], Some(&holding)), 2, "held by the checkpoint: it goes");
+        let rec = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap().recover().unwrap();
+        assert_eq!(rec[0].batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(rec[0].state_checkpoint.as_ref().map(|c| c.as_of), Some(2));
     }
 
     #[test]

@@ -607,6 +607,8 @@ async fn a_commit_state_stream_stays_within_retention_on_disk() {
     cfg.default_stream.retention.max_bytes = Some(32 << 20);
     let key = Bytes::from_static(b"account-7");
     let commits: u64 = std::env::var("FELIX_COMMITS").ok().and_then(|v| v.parse().ok()).unwrap_or(60_000);
+    // Distinct keys the commits write (FELIX_STATE_KEYS, default 1,000): the state's size.
+    let keys: u64 = std::env::var("FELIX_STATE_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000);
     let event = Bytes::from(vec![b'e'; 4096]);
     let (server, chain) = start_with(Some(dir.path()), cfg.clone()).await;
     let c = connect(&server, &chain).await;
@@ -622,7 +624,7 @@ async fn a_commit_state_stream_stays_within_retention_on_disk() {
                     stream: "accounts".into(),
                     entity_key: key,
                     event,
-                    changes: vec![(format!("k{}", i % 1000), Some(Bytes::from(i.to_string())))],
+                    changes: vec![(format!("k{}", i % keys), Some(Bytes::from(i.to_string())))],
                     expected_offset: None,
                 };
                 c.commit(req).await.unwrap()
@@ -652,7 +654,7 @@ async fn a_commit_state_stream_stays_within_retention_on_disk() {
     let c = connect(&server, &chain).await;
     eprintln!("restart and first connection: {:.2} s", restarted.elapsed().as_secs_f64());
     assert_eq!(c.state_get("default", "accounts", key.clone(), "k0").await.unwrap(), (v.clone(), version));
-    let last = (commits - 1) / 1000 * 1000;
+    let last = (commits - 1) / keys * keys;
     assert_eq!(v, Some(Bytes::from(last.to_string())));
     server.shutdown().await;
     let on_disk = bytes(dir.path());

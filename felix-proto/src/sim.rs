@@ -613,13 +613,23 @@ impl Sim {
                     let e = kept.entry(id).or_insert(through);
                     *e = (*e).max(through);
                 }
+                // As a disk's storage does: nothing from the first commit its state checkpoint
+                // does not hold on (the broker hands the state over once a second).
+                let name = (tenant_id.clone(), namespace.clone(), stream.clone(), shard);
+                let as_of = self.state_checkpoints.get(&name).and_then(|c| crate::storage::state_checkpoint_as_of(c));
+                let of_shard = |w: &PersistRequest| {
+                    w.tenant_id == name.0 && w.namespace == name.1 && w.stream == name.2 && w.shard == name.3
+                };
+                let blocked = self
+                    .durable
+                    .iter()
+                    .filter(|w| of_shard(w) && w.state.is_some() && as_of.is_none_or(|a| w.base_offset > a))
+                    .map(|w| w.base_offset)
+                    .min();
+                let limit = blocked.map_or(start, |b| b.min(start));
                 self.unstore(|w| {
                     let end = w.base_offset + if w.generation_start { 1 } else { u64::from(w.records.count()) };
-                    !(w.tenant_id == tenant_id
-                        && w.namespace == namespace
-                        && w.stream == stream
-                        && w.shard == shard
-                        && end <= start)
+                    !(of_shard(w) && end <= limit)
                 });
                 self.truncations.push((stream, shard, start))
             }

@@ -154,7 +154,12 @@ fn retention_compacts_a_shard_holding_state_and_a_restart_rebuilds_it_from_the_c
     }
     sim.run();
     sim.take_received(p, s);
+    // Written within one second: the state went with the first truncation only, and the
+    // broker asks for its sweep to hand over the rest, idle as it is otherwise.
+    let due = sim.broker.poll_timeout().expect("a checkpoint is owed");
+    assert!(due <= sim.now + std::time::Duration::from_secs(1));
     sim.advance(std::time::Duration::from_secs(2));
+    assert_eq!(sim.broker.poll_timeout(), None, "nothing owed after the sweep");
     let start = sim.truncations.iter().filter(|t| t.0 == "accounts").map(|t| t.2).max();
     assert_eq!(start, Some(8), "retention keeps two records: {:?}", sim.truncations);
     assert!(sim.durable.iter().all(|w| w.stream != "accounts" || w.base_offset >= 8), "older commits are gone");

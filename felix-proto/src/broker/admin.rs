@@ -73,7 +73,7 @@ impl Broker {
             s.state.apply_stored(&b);
             s.log.restore(b);
         }
-        self.enforce_retention(Some(&k), now);
+        self.enforce_retention(Some(&k), now, true);
     }
 
     /// Restores what retention made a shard forget about idempotent producers (the

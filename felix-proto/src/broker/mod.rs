@@ -506,6 +506,10 @@ pub struct Broker {
     /// decides output.
     filters: HashMap<message::KeyFilter, std::sync::Weak<message::KeyFilter>>,
     next_sweep: Option<Instant>,
+    /// A shard's commit state is owed to storage (a write's truncation moved its start within a
+    /// second of its last checkpoint): the sweep comes even on an otherwise idle broker, so the
+    /// segments storage keeps for it go.
+    checkpoint_owed: bool,
     reads: HashMap<ReadToken, ReadFor>,
     next_read: u64,
     /// Counters by cache, folded from their system logs.
@@ -594,6 +598,7 @@ impl Broker {
             filters: HashMap::new(),
             server_features,
             next_sweep: None,
+            checkpoint_owed: false,
             reads: HashMap::new(),
             next_read: 1,
             counters: HashMap::new(),
@@ -780,9 +785,12 @@ impl Broker {
     /// by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
-        let sweep = self
-            .next_sweep
-            .filter(|_| self.aged_streams > 0 || !self.caches.is_empty() || self.limits.counts_retained());
+        let sweep = if self.checkpoint_owed {
+            self.next_sweep.or_else(|| self.clock.last())
+        } else {
+            self.next_sweep
+                .filter(|_| self.aged_streams > 0 || !self.caches.is_empty() || self.limits.counts_retained())
+        };
         let expiry = self
             .credential_expiries
             .first()
@@ -851,7 +859,7 @@ impl Broker {
         }
         self.forwards_timeout(now);
         if self.next_sweep.is_none_or(|t| t <= now) {
-            self.enforce_retention(None, now);
+            self.enforce_retention(None, now, true);
             self.recount_retained();
             self.cache_sweep(now);
             self.next_sweep = Some(crate::transport::after(now, std::time::Duration::from_secs(1)));
@@ -860,8 +868,11 @@ impl Broker {
     }
 
     /// Applies retention to every shard of `k` (or every stream when `None`), telling storage
-    /// when a durable shard's start moved.
-    fn enforce_retention(&mut self, only: Option<&Key>, now: Instant) {
+    /// when a durable shard's start moved, with the state of a shard that holds commit state
+    /// when its start moved since it last did: at most once a second from a write (encoding a
+    /// large state with every write would cost more than the write), at once when `checkpoint`
+    /// (the sweep, a restore).
+    fn enforce_retention(&mut self, only: Option<&Key>, now: Instant, checkpoint: bool) {
         let now_micros = self.wall.micros(now);
         // In key order: the truncations it asks storage for come in the same order every run.
         let mut keys: Vec<Key> = match only {
@@ -869,6 +880,10 @@ impl Broker {
             None => self.streams.keys().cloned().collect(),
         };
         keys.sort_unstable();
+        if only.is_none() {
+            self.checkpoint_owed = false; // every shard is looked at now
+        }
+        let mut owed = false;
         for k in &keys {
             let Some(entry) = self.streams.get_mut(k) else { continue };
             for (i, shard) in entry.shards.iter_mut().enumerate() {
@@ -880,14 +895,19 @@ impl Broker {
                 }
                 let before = shard.log.start();
                 let after = shard.log.enforce_retention(now_micros);
-                if after <= before {
+                // The commits that wrote the state may go with the segments: storage keeps the
+                // state itself first. (A replica's state goes in its group's snapshots.)
+                let state_checkpoint = if entry.config.durable && !replicated {
+                    shard.state.due_checkpoint(after, now, checkpoint)
+                } else {
+                    None
+                };
+                owed |= state_checkpoint.is_none() && shard.state.checkpoint_owed(after) && !replicated;
+                if after <= before && state_checkpoint.is_none() {
                     continue;
                 }
-                let producers_forgotten = shard.producers.retain_from(after);
+                let producers_forgotten = if after > before { shard.producers.retain_from(after) } else { Vec::new() };
                 if entry.config.durable {
-                    // The commits that wrote the state may go with the segments: storage keeps
-                    // the state itself first. (A replica's state goes in its group's snapshots.)
-                    let state_checkpoint = if replicated { None } else { shard.state.checkpoint() };
                     self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
                         tenant_id: k.tenant().to_owned(),
                         namespace: k.namespace().to_owned(),
@@ -900,6 +920,7 @@ impl Broker {
                 }
             }
         }
+        self.checkpoint_owed |= owed;
     }
 
     // -----------------------------------------------------------------------------------------

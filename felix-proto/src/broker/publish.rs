@@ -618,7 +618,7 @@ impl Broker {
                 }
             }
         }
-        self.enforce_retention(Some(&k), now);
+        self.enforce_retention(Some(&k), now, false);
         let limit = self.cfg.max_pending_write_bytes;
         let mut resume = Vec::new();
         if let Some(entry) = self.streams.get_mut(&k) {

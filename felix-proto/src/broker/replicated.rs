@@ -176,7 +176,7 @@ impl Broker {
         self.stats.records_appended += count;
         self.fanout_committed(&k, shard.shard, offset, end);
         self.wake_groups(&k, shard.shard, now);
-        self.enforce_retention(Some(&k), now);
+        self.enforce_retention(Some(&k), now, false);
     }
 
     /// A generation-start record of a replicated shard committed at `offset` (a new leader's

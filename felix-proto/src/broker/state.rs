@@ -27,12 +27,18 @@ use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+/// How often, at most, a write's truncation hands storage the state (the sweep may sooner).
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One shard's state: key → (value, offset of the commit that wrote it).
 #[derive(Debug, Default)]
 pub(super) struct ShardState {
     values: BTreeMap<String, (Bytes, u64)>,
     /// Offset of the last commit applied.
     as_of: Option<u64>,
+    /// The log's start when the state was last handed to storage as a checkpoint, and when.
+    checkpointed_at: u64,
+    checkpointed_when: Option<Instant>,
 }
 
 impl ShardState {
@@ -66,6 +72,29 @@ impl ShardState {
     /// Whether any commit was applied (retention then checkpoints the state first).
     pub(super) fn holds_state(&self) -> bool {
         self.as_of.is_some()
+    }
+
+    /// The state as a checkpoint for a truncation to `start`, when it holds any and retention
+    /// moved the start since the last one, at most once a second unless `now_anyway`: storage
+    /// deletes no segment holding a commit its checkpoint on disk does not hold, so this need
+    /// not come with every truncation (every write moves the start of a full stream).
+    pub(super) fn due_checkpoint(&mut self, start: u64, now: Instant, now_anyway: bool) -> Option<Bytes> {
+        if start <= self.checkpointed_at {
+            return None;
+        }
+        let recent = self.checkpointed_when.is_some_and(|t| now.saturating_duration_since(t) < CHECKPOINT_EVERY);
+        if recent && !now_anyway {
+            return None;
+        }
+        let c = self.checkpoint()?;
+        self.checkpointed_at = start;
+        self.checkpointed_when = Some(now);
+        Some(c)
+    }
+
+    /// Retention moved the start to `start` since the state was last handed to storage.
+    pub(super) fn checkpoint_owed(&self, start: u64) -> bool {
+        self.holds_state() && start > self.checkpointed_at
     }
 
     /// The whole state as a checkpoint, encoded ([`crate::storage::encode_state_checkpoint`]);
@@ -170,5 +199,31 @@ impl Broker {
             request_id: g.request_id,
         });
         self.send(conn, st, json_frame(&m));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write's truncation hands the state over at most once a second, the sweep at once, and
+    /// neither while the start stayed where the last checkpoint was taken.
+    #[test]
+    fn the_state_goes_to_storage_at_most_once_a_second_from_writes() {
+        let t0 = crate::transport::test_epoch();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let mut s = ShardState::default();
+        assert_eq!(s.due_checkpoint(5, t0, true), None, "no state, no checkpoint");
+        s.apply(3, &[("k".into(), Some(Bytes::from_static(b"v")))]);
+        let c = s.due_checkpoint(5, t0, false).expect("the first one");
+        let c = crate::storage::decode_state_checkpoint(&c).unwrap();
+        assert_eq!((c.as_of, c.values.len()), (3, 1));
+        assert_eq!(s.due_checkpoint(5, at(2_000), true), None, "the start did not move");
+        assert_eq!(s.due_checkpoint(6, at(500), false), None, "a write within the second");
+        assert!(s.checkpoint_owed(6), "owed: the broker asks for its sweep");
+        assert!(s.due_checkpoint(6, at(500), true).is_some(), "the sweep at once");
+        assert!(!s.checkpoint_owed(6));
+        assert_eq!(s.due_checkpoint(7, at(1_400), false), None);
+        assert!(s.due_checkpoint(7, at(1_500), false).is_some(), "a write a second later");
     }
 }

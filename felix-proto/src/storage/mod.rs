@@ -1124,6 +1124,15 @@ pub fn encode_state_checkpoint(c: &StateCheckpoint) -> Option<Bytes> {
     Some(out.freeze())
 }
 
+/// The `as_of` of [`encode_state_checkpoint`]'s bytes, read from their header alone (storage
+/// keeps it to know which commits the checkpoint on disk holds); `None` for bytes that do not
+/// start like a checkpoint.
+pub fn state_checkpoint_as_of(data: &[u8]) -> Option<u64> {
+    let magic = u32::from_be_bytes(data.get(..4)?.try_into().ok()?);
+    (magic == STATE_CHECKPOINT_MAGIC).then_some(())?;
+    Some(u64::from_be_bytes(data.get(4..12)?.try_into().ok()?))
+}
+
 /// Why a state checkpoint cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -1190,6 +1199,9 @@ mod checkpoint_tests {
         };
         let file = encode_state_checkpoint(&c).unwrap();
         assert_eq!(decode_state_checkpoint(&file), Ok(c));
+        assert_eq!(state_checkpoint_as_of(&file), Some(41));
+        assert_eq!(state_checkpoint_as_of(&file[..11]), None);
+        assert_eq!(state_checkpoint_as_of(b"FLXP and more bytes"), None);
         let empty = encode_state_checkpoint(&StateCheckpoint::default()).unwrap();
         assert_eq!(decode_state_checkpoint(&empty), Ok(StateCheckpoint::default()));
         for cut in 0..file.len() {
