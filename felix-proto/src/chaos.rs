@@ -273,29 +273,18 @@ fn config() -> BrokerConfig {
 #[derive(Default)]
 struct StateModel {
     commits: std::collections::BTreeMap<u64, Vec<crate::storage::StateChange>>,
-    checked: u64,
-    restarts: u32,
 }
 
 impl StateModel {
-    /// Takes in the commits storage completed since the last look.
-    fn observe(&mut self, sim: &Sim, report: &mut ChaosReport) {
-        let new = if sim.restarts != self.restarts {
-            0 // (`check_after_restart` settled what storage holds)
-        } else {
-            (sim.stored - self.checked) as usize
-        };
-        for w in &sim.durable[sim.durable.len().saturating_sub(new)..] {
-            if w.stream != STATE_STREAM {
-                continue;
-            }
+    /// Takes in the commits storage completed since the last look (from the journal: retention
+    /// may already have removed some of them from storage).
+    fn observe(&mut self, fresh: &[crate::storage::PersistRequest], report: &mut ChaosReport) {
+        for w in fresh.iter().filter(|w| w.stream == STATE_STREAM) {
             if let Some(changes) = w.state.as_ref().and_then(|s| crate::storage::decode_state_changes(s).ok()) {
                 report.commits += 1;
                 self.commits.insert(w.base_offset, changes);
             }
         }
-        self.checked = sim.stored;
-        self.restarts = sim.restarts;
     }
 
     /// After a crash: a write completed behind one that never did is gone from storage (a
@@ -306,8 +295,6 @@ impl StateModel {
         let held: HashSet<u64> =
             sim.durable.iter().filter(|w| w.stream == STATE_STREAM).map(|w| w.base_offset).collect();
         self.commits.retain(|o, _| *o < below || held.contains(o));
-        self.checked = sim.stored;
-        self.restarts = sim.restarts;
         let mut want: HashMap<String, (Bytes, u64)> = HashMap::new();
         for (o, changes) in &self.commits {
             for (k, v) in changes {
@@ -383,6 +370,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     let mut rng = Rng(seed | 1);
     let mut sim = Sim::new(config(), epoch).with_random_chunks(seed, 31);
     sim.storage = StorageMode::Manual;
+    // Each write storage completes, once, for the checks (retention may remove it from
+    // `durable` before they look).
+    sim.journal = Some(Vec::new());
     let mut report = ChaosReport { steps, ..ChaosReport::default() };
     let mut parties: Vec<Party> =
         (0..CLIENTS).map(|i| Party { idx: sim.connect(client_config(i)), ..Party::default() }).collect();
@@ -568,7 +558,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
                 // A crash: what storage did not complete is gone; everyone reconnects.
                 report.crashes += 1;
                 collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
-                state.observe(&sim, &mut report);
+                let fresh = sim.take_journal();
+                storage_check.check(&sim, &fresh)?;
+                state.observe(&fresh, &mut report);
                 sim.restart();
                 state.check_after_restart(&mut sim, &mut report)?;
                 model = Model::default();
@@ -606,8 +598,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
             }
         }
         collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
-        storage_check.check(&sim)?;
-        state.observe(&sim, &mut report);
+        let fresh = sim.take_journal();
+        storage_check.check(&sim, &fresh)?;
+        state.observe(&fresh, &mut report);
         let bound = 64 * 1024 * (sim.clients.len() + 1);
         if sim.broker.queued_event_bytes() > bound {
             return Err(format!("subscriber queues hold {} bytes", sim.broker.queued_event_bytes()));
@@ -621,7 +614,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
     sim.complete_all_writes();
     sim.run();
     collect(&mut sim, &mut parties, &mut acked, &mut model, &mut producer, &mut consumer, &mut report)?;
-    storage_check.check(&sim)?;
+    let fresh = sim.take_journal();
+    storage_check.check(&sim, &fresh)?;
+    state.observe(&fresh, &mut report);
     // The member drains the group: claims lapse, everything left is polled and acked.
     for _ in 0..200 {
         sim.advance(Duration::from_secs(31));
@@ -666,7 +661,9 @@ pub fn run_seed(seed: u64, epoch: Instant, steps: usize) -> Result<ChaosReport, 
         check_party(party, &stored, &sim, &mut report)?;
     }
     // Last, a crash with every write done: every seed's state comes back from its checkpoint.
-    state.observe(&sim, &mut report);
+    let fresh = sim.take_journal();
+    storage_check.check(&sim, &fresh)?;
+    state.observe(&fresh, &mut report);
     sim.restart();
     state.check_after_restart(&mut sim, &mut report)?;
     report.digest = sim.trace.value();
@@ -692,19 +689,19 @@ fn stored(sim: &Sim) -> HashMap<Bytes, (String, u64)> {
 struct StorageCheck {
     seen: HashSet<Bytes>,
     offsets: HashSet<(String, u64)>,
-    checked: u64,
     restarts: u32,
 }
 
 impl StorageCheck {
-    fn check(&mut self, sim: &Sim) -> Result<(), String> {
-        let new = if sim.restarts != self.restarts {
+    /// `fresh`: the writes storage completed since the last look (the journal).
+    fn check(&mut self, sim: &Sim, fresh: &[crate::storage::PersistRequest]) -> Result<(), String> {
+        let writes = if sim.restarts != self.restarts {
             *self = StorageCheck { restarts: sim.restarts, ..StorageCheck::default() };
-            sim.durable.len()
+            &sim.durable[..]
         } else {
-            (sim.stored - self.checked) as usize
+            fresh
         };
-        for w in &sim.durable[sim.durable.len() - new..] {
+        for w in writes {
             for (i, p) in w.records.payloads().enumerate() {
                 if !self.seen.insert(p.clone()) {
                     return Err(format!("record {p:?} stored twice"));
@@ -714,7 +711,6 @@ impl StorageCheck {
                 }
             }
         }
-        self.checked = sim.stored;
         Ok(())
     }
 }

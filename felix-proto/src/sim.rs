@@ -101,8 +101,13 @@ pub struct Sim {
     /// two runs of one seed that digest alike behaved alike.
     pub trace: Trace,
     /// Writes ever added to `durable` (removals keep the order of the rest, so the newest
-    /// `stored - n` entries are the ones added since it was `n`).
+    /// `stored - n` entries are the ones added since it was `n`, unless retention removed some
+    /// of those already: checkers that need each write once read [`journal`](Self::journal)).
     pub stored: u64,
+    /// Every write added to `durable`, in order, when `Some` (a checker turns it on and takes
+    /// what it holds with [`take_journal`](Self::take_journal)): unlike `durable`, nothing is
+    /// ever removed from it but by taking.
+    pub journal: Option<Vec<PersistRequest>>,
     /// `durable` by shard and base offset (positions in `durable`), so that a history read
     /// costs what a disk's would rather than a scan of every write; rebuilt after a removal.
     index: BTreeMap<ShardName, BTreeMap<u64, usize>>,
@@ -129,6 +134,7 @@ impl Sim {
             created_streams: BTreeMap::new(),
             trace: Trace::default(),
             stored: 0,
+            journal: None,
             index: BTreeMap::new(),
             index_stale: false,
             config,
@@ -279,8 +285,16 @@ impl Sim {
             let name = (w.tenant_id.clone(), w.namespace.clone(), w.stream.clone(), w.shard);
             self.index.entry(name).or_default().insert(w.base_offset, self.durable.len());
         }
+        if let Some(j) = &mut self.journal {
+            j.push(w.clone());
+        }
         self.durable.push(w);
         self.stored += 1;
+    }
+
+    /// The writes added to storage since the last call (with the journal on).
+    pub fn take_journal(&mut self) -> Vec<PersistRequest> {
+        self.journal.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Removes writes from what storage holds.
