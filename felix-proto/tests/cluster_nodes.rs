@@ -2218,17 +2218,7 @@ fn a_commit_on_a_replicated_stream_keeps_its_event_and_state_together_across_a_f
     });
     let first = leading(&c).unwrap();
     let f = Features::ATOMIC_COMMIT | Features::PUBLISH_CONDITIONAL | Features::ERROR_CODES;
-    let open = |c: &mut Cluster, node: &str, index: u64| {
-        let (lo, hi) = f.to_words(true);
-        let n = c.nodes.get_mut(node).unwrap();
-        let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
-        let st = StreamId::new(Side::Client, Dir::Bi, index);
-        n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
-        c.settle();
-        let hello = messages(&c.take(node, conn, st));
-        assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
-        (conn, st)
-    };
+    let open = |c: &mut Cluster, node: &str, index: u64| client_offering(c, node, index, f);
     let commit = |event: &str, changes: Vec<StateChange>, rid: u64, expected: Option<u64>| {
         json(&Message::Commit(message::Commit {
             tenant_id: "t1".into(),
@@ -2530,17 +2520,7 @@ fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_br
             c.hellos(&to);
         }
         let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
-        let open = |c: &mut Cluster, node: &str, index: u64| {
-            let (lo, hi) = f.to_words(true);
-            let n = c.nodes.get_mut(node).unwrap();
-            let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
-            let st = StreamId::new(Side::Client, Dir::Bi, index);
-            n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
-            c.settle();
-            let hello = messages(&c.take(node, conn, st));
-            assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
-            (conn, st)
-        };
+        let open = |c: &mut Cluster, node: &str, index: u64| client_offering(c, node, index, f);
         let entity = B64(Bytes::from_static(b"account-1"));
         let (conn, st) = open(&mut c, &from, 1);
         for i in 0..10u64 {
@@ -2596,19 +2576,42 @@ fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_br
         c.send(&serving, conn, st, get("k0", 20));
         c.send(&serving, conn, st, get("k9", 21));
         let got = messages(&c.take(&serving, conn, st));
-        let values: Vec<(Option<Bytes>, Option<u64>)> = got
-            .iter()
-            .map(|m| match m {
-                Message::StateValue(v) => (v.value.as_ref().map(|b| b.0.clone()), v.version),
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let values = state_values(&got);
         assert_eq!(
             values,
             vec![(Some(Bytes::from_static(b"0")), Some(0)), (Some(Bytes::from_static(b"9")), Some(9))],
             "served by {serving} (new owner takes state: {new_owner_takes_state})"
         );
     }
+}
+
+/// A client on `node` whose hello offers `features` (and flag 0x0001), authenticated.
+fn client_offering(
+    c: &mut Cluster,
+    node: &str,
+    index: u64,
+    features: felix_proto::features::Features,
+) -> (ConnId, StreamId) {
+    let (lo, hi) = features.to_words(true);
+    let n = c.nodes.get_mut(node).unwrap();
+    let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
+    let st = StreamId::new(Side::Client, Dir::Bi, index);
+    n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
+    c.settle();
+    let hello = messages(&c.take(node, conn, st));
+    assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
+    (conn, st)
+}
+
+/// The value and version of each answer, which must all be `state_value`s.
+fn state_values(answers: &[Message]) -> Vec<(Option<Bytes>, Option<u64>)> {
+    answers
+        .iter()
+        .map(|m| match m {
+            Message::StateValue(v) => (v.value.as_ref().map(|b| b.0.clone()), v.version),
+            other => panic!("{other:?}"),
+        })
+        .collect()
 }
 
 fn orders_shard(shard: u32) -> ShardId {
@@ -3341,17 +3344,7 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
         let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
         c.nodes.remove(&behind);
         let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
-        let open = |c: &mut Cluster, node: &str, index: u64| {
-            let (lo, hi) = f.to_words(true);
-            let n = c.nodes.get_mut(node).unwrap();
-            let conn = n.inputs().admit(PeerAddr([index as u8; 16]), c.now).unwrap();
-            let st = StreamId::new(Side::Client, Dir::Bi, index);
-            n.inputs().handle_stream_data(conn, st, auth(Some(1), lo, hi), false, c.now);
-            c.settle();
-            let hello = messages(&c.take(node, conn, st));
-            assert!(matches!(&hello[..], [Message::AuthOk(_)]), "{hello:?}");
-            (conn, st)
-        };
+        let open = |c: &mut Cluster, node: &str, index: u64| client_offering(c, node, index, f);
         let entity = B64(Bytes::from_static(b"account-1"));
         let commit = |key: String, value: u64, rid: u64| {
             json(&Message::Commit(message::Commit {
@@ -3409,13 +3402,7 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
             c.send(&now_leader, conn, st, m);
         }
         let got = messages(&c.take(&now_leader, conn, st));
-        let values: Vec<(Option<Bytes>, Option<u64>)> = got
-            .iter()
-            .map(|m| match m {
-                Message::StateValue(v) => (v.value.as_ref().map(|b| b.0.clone()), v.version),
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let values = state_values(&got);
         let first_at = first_at.unwrap();
         assert_eq!(
             values,
