@@ -38,6 +38,18 @@ async fn start_tuned(
     broker: BrokerConfig,
     transport: TransportTuning,
 ) -> (Server, Vec<CertificateDer<'static>>) {
+    let (opts, chain) = options(listen, data, broker, transport);
+    (Server::start(opts).await.unwrap(), chain)
+}
+
+/// What the tests' brokers start with: a self-signed certificate (its chain beside), the
+/// development token, `--fsync always`, metrics on a free port.
+fn options(
+    listen: std::net::SocketAddr,
+    data: Option<&Path>,
+    broker: BrokerConfig,
+    transport: TransportTuning,
+) -> (ServerOptions, Vec<CertificateDer<'static>>) {
     let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
     let chain = id.chain.clone();
     let opts = ServerOptions {
@@ -53,7 +65,7 @@ async fn start_tuned(
         cluster: None,
         client_ca: None,
     };
-    (Server::start(opts).await.unwrap(), chain)
+    (opts, chain)
 }
 
 async fn connect(server: &Server, chain: &[CertificateDer<'static>]) -> Client {
@@ -573,20 +585,7 @@ async fn retention_checkpoints_commit_state_and_a_damaged_checkpoint_stops_the_s
     let mut damaged = std::fs::read(&checkpoints[0]).unwrap();
     damaged[12] ^= 1;
     std::fs::write(&checkpoints[0], damaged).unwrap();
-    let (id, _, _) = Identity::self_signed(&["localhost"]).unwrap();
-    let opts = ServerOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        broker: cfg,
-        identity: id,
-        data_dir: Some(dir.path().to_path_buf()),
-        fsync: FsyncMode::Always,
-        transport: TransportTuning::default(),
-        require_alpn: false,
-        metrics_listen: None,
-        http: None,
-        cluster: None,
-        client_ca: None,
-    };
+    let (opts, _) = options("127.0.0.1:0".parse().unwrap(), Some(dir.path()), cfg, TransportTuning::default());
     let Err(e) = Server::start(opts).await else { panic!("a damaged checkpoint stops the start") };
     let e = e.to_string();
     assert!(e.contains("state.checkpoint") && e.contains("move it aside"), "{e}");

@@ -2614,6 +2614,20 @@ fn state_values(answers: &[Message]) -> Vec<(Option<Bytes>, Option<u64>)> {
         .collect()
 }
 
+/// The ledger's compacted group fails over to followers that hold no entry below the
+/// compaction: `behind` (which was away) is restarted and sent a snapshot, the other follower is
+/// restarted from its own, then `leader` dies. Returns the follower that leads then.
+fn fail_over_to_snapshots(c: &mut Cluster, leader: &str, behind: &str) -> String {
+    restart(c, behind);
+    c.until("the follower caught up", |c| history(c, behind).0 == history(c, leader).0);
+    assert!(c.kept_replicas[behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
+    let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
+    restart(c, &other);
+    c.nodes.remove(leader);
+    c.until("a follower leads", |c| leading(c).is_some());
+    leading(c).unwrap()
+}
+
 fn orders_shard(shard: u32) -> ShardId {
     ShardId { kind: Kind::Stream, tenant: "t1".into(), namespace: "default".into(), name: "orders".into(), shard }
 }
@@ -3299,16 +3313,7 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
     }
     let report = c.nodes[&leader].replica_report();
     assert!(report[0].first_index > 200, "compacted: the log starts at {}", report[0].first_index);
-    // The follower behind is sent a snapshot; then the leader dies and it leads, with the
-    // other follower (restarted from its own snapshot).
-    restart(&mut c, &behind);
-    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
-    assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
-    let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
-    restart(&mut c, &other);
-    c.nodes.remove(&leader);
-    c.until("a follower leads", |c| leading(c).is_some());
-    let now_leader = leading(&c).unwrap();
+    let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
     assert_eq!(drain_group(&mut c, &now_leader, 20), Vec::<u64>::new(), "nothing acked is handed out again");
     let (gc, gs) = c.client_with(&now_leader, 1, group_features(), 21);
     let list = message::GroupRef {
@@ -3378,16 +3383,7 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
             continue;
         }
         assert!(report[0].first_index > 200, "compacted: the log starts at {}", report[0].first_index);
-        // The follower behind is sent a snapshot; then the leader dies and it leads, with the
-        // other follower (restarted from its own snapshot).
-        restart(&mut c, &behind);
-        c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
-        assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
-        let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
-        restart(&mut c, &other);
-        c.nodes.remove(&leader);
-        c.until("a follower leads", |c| leading(c).is_some());
-        let now_leader = leading(&c).unwrap();
+        let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
         let (conn, st) = open(&mut c, &now_leader, 7);
         for (rid, key) in [(20, "first"), (21, "k9")] {
             let m = json(&Message::StateGet(message::StateGet {
