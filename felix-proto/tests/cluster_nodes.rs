@@ -298,6 +298,10 @@ impl Cluster {
                                     "shard_raft heartbeats"
                                 }
                                 PeerMessage::ShardRaft(_) => "shard_raft",
+                                PeerMessage::Forward(_) => "forward",
+                                PeerMessage::ForwardBatch(_) => "forward_batch",
+                                PeerMessage::ForwardAnswer { .. } => "forward_answer",
+                                PeerMessage::ForwardAnswers(_) => "forward_answers",
                                 _ => "other",
                             };
                             *self.sent_kinds.entry((name.clone(), to.clone(), kind)).or_default() += 1;
@@ -4149,6 +4153,53 @@ fn an_older_broker_is_sent_keys_and_blocks_as_before_and_never_a_batch_without_i
 /// D60 in a cluster: one `stream_create` through any broker proposes every stream to the
 /// metadata group, which creates them on every broker with their shard counts and replicas;
 /// asked again, each existed.
+/// D64 both ways: the publishes one round of input forwards to an owner that reads batches go
+/// in one `forward_batch` frame and its answers come back in one `forward_answers`; an older
+/// owner (n3) is sent a `forward` per publish and answers each, as before. Every client gets
+/// its ack, in order, either way.
+#[test]
+fn publishes_forwarded_in_one_round_share_a_frame_to_an_owner_that_reads_batches_and_not_to_an_older_one() {
+    let mut c = with_an_older_n3();
+    c.create(Kind::Stream, "orders", 3, 0);
+    let shard_of = |c: &Cluster, who: &str| (0..3).find(|s| owner(c, *s) == who).expect("it owns a shard");
+    let (new, old) = (shard_of(&c, "n2"), shard_of(&c, "n3"));
+    let (pc, ps, _) = client_everything(&mut c, "n1", 1);
+    for (shard, to) in [(new, "n2"), (old, "n3")] {
+        let key = key_for(shard, 3);
+        let before = c.stored.get(&(to.to_string(), shard)).copied().unwrap_or(0);
+        c.sent_kinds.clear();
+        // Five acked batches in one read of the client's stream: one round of input.
+        let mut frames = bytes::BytesMut::new();
+        for id in 1..=5 {
+            frames.extend_from_slice(&publish_meta("orders", id, &key, None, None));
+        }
+        let now = c.now;
+        c.nodes.get_mut("n1").unwrap().inputs().handle_stream_data(pc, ps, frames.freeze(), false, now);
+        c.settle();
+        let a = acks(&payloads(&c.take("n1", pc, ps)));
+        assert_eq!(a.iter().map(|a| a.request_id).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5], "{to}: {a:?}");
+        assert!(a.iter().all(|a| a.status == AckStatus::Ok), "{to}: {a:?}");
+        let n = felix_proto::samples::COMPRESSIBLE.len() as u32;
+        assert_eq!(c.stored.get(&(to.to_string(), shard)).copied().unwrap_or(0), before + 5 * n, "{to}");
+        let sent = |from: &str, to: &str, kind: &str| {
+            c.sent_kinds.get(&(from.to_owned(), to.to_owned(), kind)).copied().unwrap_or(0)
+        };
+        if to == "n2" {
+            assert_eq!((sent("n1", to, "forward_batch"), sent("n1", to, "forward")), (1, 0), "{:?}", c.sent_kinds);
+            let (batches, singles) = (sent(to, "n1", "forward_answers"), sent(to, "n1", "forward_answer"));
+            assert!(batches >= 1 && batches + singles < 5, "answers share frames: {:?}", c.sent_kinds);
+        } else {
+            assert_eq!((sent("n1", to, "forward_batch"), sent("n1", to, "forward")), (0, 5), "{:?}", c.sent_kinds);
+            assert_eq!(
+                (sent(to, "n1", "forward_answers"), sent(to, "n1", "forward_answer")),
+                (0, 5),
+                "{:?}",
+                c.sent_kinds
+            );
+        }
+    }
+}
+
 #[test]
 fn streams_created_in_one_request_through_any_broker_exist_on_every_broker() {
     let mut c = Cluster::new(&NAMES);

@@ -155,6 +155,39 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 }),
             ),
             ("answer", PeerMessage::ForwardAnswer { id: 1, outcome: ForwardOutcome::Appended { offset: Some(9) } }),
+            (
+                "forward_batch",
+                PeerMessage::ForwardBatch(
+                    (3..5)
+                        .map(|id| ForwardedPublish {
+                            id,
+                            tenant_id: "t1".into(),
+                            namespace: "default".into(),
+                            stream: "orders".into(),
+                            shard: 2,
+                            generation: 3,
+                            key: None,
+                            records: records.clone(),
+                            publisher: None,
+                            acked: true,
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "forward_answers",
+                PeerMessage::ForwardAnswers(vec![
+                    (3, ForwardOutcome::Appended { offset: Some(10) }),
+                    (
+                        4,
+                        ForwardOutcome::Refused {
+                            code: felix_proto::error_code::ErrorCode::NotLeader,
+                            retry: felix_proto::error_code::RetryClass::Redirect,
+                            message: "moved".into(),
+                        },
+                    ),
+                ]),
+            ),
             ("propose", PeerMessage::Propose(bytes::Bytes::from_static(br#"{"op":"drain","id":"n2"}"#))),
             (
                 "request",

@@ -360,16 +360,24 @@ impl Records {
     /// [`stores_packed`](Self::stores_packed), `u8 codec (1 zstd, 2 lz4), u32 count, u32
     /// raw_len`, the compressed bytes; else `u32 count` and the plain block.
     pub fn put_block(&self, dst: &mut impl BufMut) {
+        let body = self.put_block_header(dst);
+        dst.put_slice(body);
+    }
+
+    /// [`put_block`](Self::put_block) in two parts: writes the block's header to `dst` and
+    /// returns its body, for a writer that hands large bodies on as they
+    /// are.
+    pub(crate) fn put_block_header(&self, dst: &mut impl BufMut) -> &Bytes {
         match self.packed.as_ref().filter(|_| !self.timed) {
             Some(p) => {
                 dst.put_u8(p.codec.byte());
                 dst.put_u32(self.count);
                 dst.put_u32(self.raw.len() as u32);
-                dst.put_slice(&p.data);
+                &p.data
             }
             None => {
                 dst.put_u32(self.count);
-                dst.put_slice(&self.raw);
+                &self.raw
             }
         }
     }

@@ -14,12 +14,14 @@ use super::metadata::ShardId;
 use super::metadata::snapshot::MetaSnapshot;
 use super::metadata::{Command, Member, MemberState, Metadata};
 use super::peer::{
-    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_COMMIT_STATE, FEATURE_META_SNAPSHOTS,
-    FEATURE_REPLICA_MOVES, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk,
+    Beat, FEATURE_BATCH_META, FEATURE_COALESCED_HEARTBEATS, FEATURE_COMMIT_STATE, FEATURE_FORWARD_BATCH,
+    FEATURE_META_SNAPSHOTS, FEATURE_REPLICA_MOVES, FEATURE_SNAPSHOT_CHUNKS, PeerMessage, RaftBytes, SnapshotChunk,
 };
 use super::replica::{Answer, Replica, ReplicaOutput};
 use crate::binary::OwnerHint;
-use crate::broker::{Broker, BrokerOutput, ClusterOutput, ForwardOutcome, Notice, ReplicaRole, StorageOutput};
+use crate::broker::{
+    Broker, BrokerOutput, ClusterOutput, ForwardOutcome, ForwardedPublish, Notice, ReplicaRole, StorageOutput,
+};
 use crate::error_code::{ErrorCode, RetryClass};
 use bytes::Bytes;
 use raft::eraftpb::{Entry, HardState, Message, MessageType};
@@ -377,6 +379,11 @@ pub struct ClusterNode {
     entry_cache: Option<u64>,
     /// Shard Raft messages waiting to go, per peer: sent as one message per peer.
     shard_sends: BTreeMap<String, Vec<(ShardId, RaftBytes)>>,
+    /// Publishes forwarded, and answers to publishes forwarded here, waiting to go to peers
+    /// that read them batched ([`FEATURE_FORWARD_BATCH`]): what one drain of the broker's
+    /// outputs makes goes as one frame per peer ([`ClusterNode::poll_output`]).
+    forward_sends: BTreeMap<String, Vec<ForwardedPublish>>,
+    answer_sends: BTreeMap<String, Vec<(u64, ForwardOutcome)>>,
     /// Log entries and snapshots for moves' targets held back by the move budget, in the
     /// order they were made ([`super::bandwidth`]), and their bytes.
     held_moves: VecDeque<HeldMove>,
@@ -673,6 +680,8 @@ impl ClusterNode {
             checkpoint_bytes: None,
             entry_cache: None,
             shard_sends: BTreeMap::new(),
+            forward_sends: BTreeMap::new(),
+            answer_sends: BTreeMap::new(),
             held_moves: VecDeque::new(),
             held_bytes: 0,
             replica_sends: Vec::new(),
@@ -734,6 +743,13 @@ impl ClusterNode {
     /// say it in the hellos, and this node acts by it.
     pub fn set_offered_features(&mut self, features: u64) {
         self.offers = features;
+    }
+
+    /// Whether `peer` reads forwarded publishes and their answers batched (D64): this broker
+    /// and `peer` (by its hello on the current connection) offered [`FEATURE_FORWARD_BATCH`].
+    fn peer_reads_forward_batches(&self, peer: &str) -> bool {
+        self.offers & FEATURE_FORWARD_BATCH != 0
+            && self.peer_features.get(peer).is_some_and(|f| f & FEATURE_FORWARD_BATCH != 0)
     }
 
     /// Whether a batch's key, envelope and compressed block may travel to `peer` (D59): this

@@ -125,12 +125,13 @@ impl ClusterNode {
             return Some(o);
         }
         let Some(o) = self.broker.poll_output() else {
-            // Proposals made while draining the broker go out together, one message per peer.
+            // Proposals made while draining the broker go out together, one message per peer;
+            // so do publishes forwarded and answers to them.
+            self.flush_forwards();
             if !self.shard_sends.is_empty() {
                 self.flush_shard_sends();
-                return self.out.pop_front();
             }
-            return None;
+            return self.out.pop_front();
         };
         Some(match o {
             BrokerOutput::Storage(StorageOutput::Read(r)) => {
@@ -184,7 +185,10 @@ impl ClusterNode {
                 return self.poll_output();
             }
             BrokerOutput::Cluster(ClusterOutput::Forward { to, publish }) => {
-                if self.peer_reads_meta(&to) {
+                if self.peer_reads_forward_batches(&to) && self.peer_reads_meta(&to) {
+                    self.forward_sends.entry(to).or_default().push(publish);
+                    return self.poll_output();
+                } else if self.peer_reads_meta(&to) {
                     NodeOutput::Peer { to, message: PeerMessage::Forward(publish) }
                 } else {
                     let (id, acked) = (publish.id, publish.acked);
@@ -211,6 +215,10 @@ impl ClusterNode {
                 }
             }
             BrokerOutput::Cluster(ClusterOutput::ForwardAnswer { to, id, outcome }) => {
+                if self.peer_reads_forward_batches(&to) {
+                    self.answer_sends.entry(to).or_default().push((id, outcome));
+                    return self.poll_output();
+                }
                 NodeOutput::Peer { to, message: PeerMessage::ForwardAnswer { id, outcome } }
             }
             BrokerOutput::Cluster(ClusterOutput::ForwardRequest { to, request }) => {
@@ -333,4 +341,56 @@ impl ClusterNode {
             other => NodeOutput::Broker(other),
         })
     }
+}
+
+/// The most forwarded payload one `forward_batch` frame carries (D64): a drain's forwards to one
+/// peer beyond it go in further frames, so no one frame holds the peer transport for long.
+pub const FORWARD_BATCH_BYTES: usize = 1 << 20;
+
+/// The most answers one `forward_answers` frame carries.
+pub const FORWARD_ANSWERS_MAX: usize = 4096;
+
+impl ClusterNode {
+    /// Sends the forwarded publishes and the answers gathered while draining the broker: one
+    /// frame per peer (more past [`FORWARD_BATCH_BYTES`] or [`FORWARD_ANSWERS_MAX`]), a lone
+    /// one in the frame it always had (kind 3 or 4).
+    pub(super) fn flush_forwards(&mut self) {
+        for (to, list) in std::mem::take(&mut self.forward_sends) {
+            let mut part: Vec<ForwardedPublish> = Vec::new();
+            let mut bytes = 0;
+            for p in list {
+                let size = p.records.block_len();
+                if !part.is_empty() && bytes + size > FORWARD_BATCH_BYTES {
+                    self.out.push_back(forward_frame(&to, std::mem::take(&mut part)));
+                    bytes = 0;
+                }
+                bytes += size;
+                part.push(p);
+            }
+            if !part.is_empty() {
+                self.out.push_back(forward_frame(&to, part));
+            }
+        }
+        for (to, list) in std::mem::take(&mut self.answer_sends) {
+            for part in list.chunks(FORWARD_ANSWERS_MAX) {
+                let message = match part {
+                    [(id, outcome)] => PeerMessage::ForwardAnswer { id: *id, outcome: outcome.clone() },
+                    _ => PeerMessage::ForwardAnswers(part.to_vec()),
+                };
+                self.out.push_back(NodeOutput::Peer { to: to.clone(), message });
+            }
+        }
+    }
+}
+
+/// One frame of forwarded publishes to `to`: kind 3 for one, kind 15 for more.
+fn forward_frame(to: &str, mut part: Vec<ForwardedPublish>) -> NodeOutput {
+    let message = match part.len() {
+        1 => match part.pop() {
+            Some(p) => PeerMessage::Forward(p),
+            None => PeerMessage::ForwardBatch(part),
+        },
+        _ => PeerMessage::ForwardBatch(part),
+    };
+    NodeOutput::Peer { to: to.to_owned(), message }
 }

@@ -70,6 +70,16 @@ impl ClusterNode {
             PeerMessage::CopyAnswer(a) => self.broker.handle_copy_answer(from, a, now),
             PeerMessage::Forward(p) => self.broker.handle_forwarded(from, p, now),
             PeerMessage::ForwardAnswer { id, outcome } => self.broker.handle_forward_answer(id, outcome, now),
+            PeerMessage::ForwardBatch(list) => {
+                for p in list {
+                    self.broker.handle_forwarded(from, p, now);
+                }
+            }
+            PeerMessage::ForwardAnswers(list) => {
+                for (id, outcome) in list {
+                    self.broker.handle_forward_answer(id, outcome, now);
+                }
+            }
             PeerMessage::Request(q) => self.broker.handle_forwarded_request(from, q, now),
             PeerMessage::RequestAnswer { id, data } => self.broker.handle_forward_request_answer(id, data, now),
             PeerMessage::Propose(data) => {
@@ -153,6 +163,11 @@ impl ClusterNode {
     pub fn handle_undeliverable(&mut self, message: PeerMessage, now: Instant) {
         match message {
             PeerMessage::Forward(p) => self.broker.handle_forward_failed(p.id, now),
+            PeerMessage::ForwardBatch(list) => {
+                for p in list {
+                    self.broker.handle_forward_failed(p.id, now);
+                }
+            }
             PeerMessage::Request(q) => self.broker.handle_forward_request_failed(q.id, now),
             PeerMessage::Propose(data) => self.pending.push_back(data.to_vec()),
             _ => {}

@@ -55,6 +55,13 @@
 //!                    then this chunk's data to the end: a shard group's snapshot too large
 //!                    for one frame, in order (only to a peer whose hello offered
 //!                    [`FEATURE_SNAPSHOT_CHUNKS`])
+//!  15 forward_batch  u32 count (2 or more), then per publish u32 len + a `forward` body
+//!                    (kind 3's, as above): the publishes forwarded to one owner meanwhile,
+//!                    in one frame (only to a peer whose hello offered
+//!                    [`FEATURE_FORWARD_BATCH`]; a single one goes as kind 3)
+//!  16 forward_answers u32 count (2 or more), then per answer u32 len + a `forward_answer`
+//!                    body (kind 4's): the answers to one origin meanwhile, in one frame (only
+//!                    to a peer whose hello offered [`FEATURE_FORWARD_BATCH`])
 //! ```
 //!
 //! Hibernation ([`FEATURE_HIBERNATION`]) adds no kind: a settled group's leader sends each
@@ -127,6 +134,12 @@ pub const FEATURE_META_SNAPSHOTS: u64 = 0x80;
 /// older follower sent a snapshot would read none of it.
 pub const FEATURE_COMMIT_STATE: u64 = 0x100;
 
+/// Peer hello bit (D64): this broker reads `forward_batch` and `forward_answers` (kinds 15
+/// and 16), so the publishes a broker forwards to it while it handles one round of input go in
+/// one frame, and its answers to them in one frame back, instead of a frame each. A peer that
+/// did not offer it is sent kinds 3 and 4, one per publish, byte for byte as before.
+pub const FEATURE_FORWARD_BATCH: u64 = 0x200;
+
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SHARD_COPY
@@ -136,7 +149,8 @@ pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_BATCH_META
     | FEATURE_REPLICA_MOVES
     | FEATURE_META_SNAPSHOTS
-    | FEATURE_COMMIT_STATE;
+    | FEATURE_COMMIT_STATE
+    | FEATURE_FORWARD_BATCH;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.
@@ -293,6 +307,10 @@ pub enum PeerMessage {
     CopyAnswer(CopyAnswer),
     /// A part of a shard group's snapshot.
     SnapshotChunk(SnapshotChunk),
+    /// Publishes forwarded to one owner, in one frame (kind 15; [`FEATURE_FORWARD_BATCH`]).
+    ForwardBatch(Vec<ForwardedPublish>),
+    /// Answers to forwarded publishes, in one frame (kind 16; [`FEATURE_FORWARD_BATCH`]).
+    ForwardAnswers(Vec<(u64, ForwardOutcome)>),
 }
 
 /// Why peer bytes could not be read.
@@ -332,7 +350,9 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
     // forwarded batch, every group's Raft messages) is copied once, not twice.
     let hint = match m {
         PeerMessage::ShardRaft(list) => list.iter().map(|(s, b)| b.len() + s.name.len() + 64).sum(),
-        PeerMessage::Forward(p) => p.records.block_len() + p.key.as_ref().map_or(0, Bytes::len) + 192,
+        PeerMessage::Forward(p) => forward_hint(p),
+        PeerMessage::ForwardBatch(list) => list.iter().map(forward_hint).sum(),
+        PeerMessage::ForwardAnswers(list) => list.len() * 24,
         PeerMessage::Raft(b) | PeerMessage::Propose(b) => b.len(),
         PeerMessage::SnapshotChunk(c) => c.header.len() + c.data.len() + c.shard.name.len() + 96,
         PeerMessage::CopyAnswer(CopyAnswer { body: CopyBody::Batches { batches, .. }, .. }) => {
@@ -373,11 +393,16 @@ const CHUNK_MIN: usize = 4096;
 /// # Errors
 /// As [`encode`].
 pub fn encode_chunks(m: &PeerMessage, out: &mut Vec<Bytes>) -> Result<(), PeerError> {
-    let PeerMessage::ShardRaft(list) = m else {
-        let mut b = BytesMut::new();
-        encode(m, &mut b)?;
-        out.push(b.freeze());
-        return Ok(());
+    let list = match m {
+        PeerMessage::ShardRaft(list) => list,
+        PeerMessage::Forward(p) => return forward_chunks(std::slice::from_ref(p), false, out),
+        PeerMessage::ForwardBatch(list) => return forward_chunks(list, true, out),
+        _ => {
+            let mut b = BytesMut::new();
+            encode(m, &mut b)?;
+            out.push(b.freeze());
+            return Ok(());
+        }
     };
     let mut body_len: usize = 4;
     for (s, r) in list {
@@ -414,6 +439,127 @@ pub fn encode_chunks(m: &PeerMessage, out: &mut Vec<Bytes>) -> Result<(), PeerEr
     Ok(())
 }
 
+/// What a forwarded publish's encoding takes, about (room reserved before writing it).
+fn forward_hint(p: &ForwardedPublish) -> usize {
+    p.records.block_len() + p.key.as_ref().map_or(0, Bytes::len) + 192
+}
+
+/// Writes `u32 count`, then each item as `u32 len` + what `put` writes (the length patched
+/// in place afterwards: each item is written once).
+fn put_list<T>(
+    body: &mut BytesMut,
+    list: &[T],
+    what: &'static str,
+    put: impl Fn(&mut BytesMut, &T) -> Result<(), PeerError>,
+) -> Result<(), PeerError> {
+    body.put_u32(u32::try_from(list.len()).map_err(|_| PeerError::FieldTooLong(what))?);
+    for item in list {
+        let at = body.len();
+        body.put_u32(0);
+        put(body, item)?;
+        let len = u32::try_from(body.len() - at - 4).map_err(|_| PeerError::FieldTooLong(what))?;
+        body[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    }
+    Ok(())
+}
+
+/// A `forward` body (kind 3).
+fn put_forward(body: &mut BytesMut, p: &ForwardedPublish) -> Result<(), PeerError> {
+    let records = put_forward_head(body, p)?;
+    body.extend_from_slice(records);
+    Ok(())
+}
+
+/// A `forward` body up to its block's bytes, which it returns (not copied).
+fn put_forward_head<'a>(body: &mut BytesMut, p: &'a ForwardedPublish) -> Result<&'a Bytes, PeerError> {
+    body.put_u64(p.id);
+    put_str16(body, &p.tenant_id, "tenant")?;
+    put_str16(body, &p.namespace, "namespace")?;
+    put_str16(body, &p.stream, "stream")?;
+    body.put_u32(p.shard);
+    body.put_u64(p.generation);
+    let envelope = p.records.envelope();
+    body.put_u8(
+        u8::from(p.acked)
+            | (u8::from(p.key.is_some()) << 1)
+            | (u8::from(envelope.is_some()) << 2)
+            | (u8::from(p.records.stores_packed()) << 3),
+    );
+    let publisher = p.publisher.as_deref().unwrap_or(&[]);
+    body.put_u8(u8::try_from(publisher.len()).map_err(|_| PeerError::FieldTooLong("publisher"))?);
+    body.extend_from_slice(publisher);
+    for (f, what) in [(p.key.as_ref(), "key"), (envelope, "envelope")] {
+        if let Some(f) = f {
+            body.put_u16(u16::try_from(f.len()).map_err(|_| PeerError::FieldTooLong(what))?);
+            body.extend_from_slice(f);
+        }
+    }
+    Ok(p.records.put_block_header(body))
+}
+
+/// A `forward_answer` body (kind 4).
+fn put_answer(body: &mut BytesMut, id: u64, outcome: &ForwardOutcome) -> Result<(), PeerError> {
+    body.put_u64(id);
+    match outcome {
+        ForwardOutcome::Appended { offset } => {
+            body.put_u8(0);
+            body.put_u8(u8::from(offset.is_some()));
+            body.put_u64(offset.unwrap_or(0));
+        }
+        ForwardOutcome::Refused { code, retry, message } => {
+            body.put_u8(1);
+            body.put_u16(code.number());
+            body.put_u8(retry.number());
+            put_str16(body, message, "message")?;
+        }
+    }
+    Ok(())
+}
+
+/// A `forward` (one publish, kind 3) or `forward_batch` (kind 15) in pieces: each publish's
+/// records, when large, go to the transport as they came from the client (shared, not
+/// copied into the frame), so a forwarded payload is copied only into QUIC's packets.
+fn forward_chunks(list: &[ForwardedPublish], batch: bool, out: &mut Vec<Bytes>) -> Result<(), PeerError> {
+    // Every publish's head first, so that every length is known before the first byte.
+    let mut heads = BytesMut::with_capacity(list.len() * 96);
+    let mut parts = Vec::with_capacity(list.len());
+    for p in list {
+        let records = put_forward_head(&mut heads, p)?;
+        parts.push((heads.len(), records));
+    }
+    let records: usize = parts.iter().map(|(_, r)| r.len()).sum();
+    let body_len = heads.len() + records + if batch { 4 + 4 * list.len() } else { 0 };
+    if body_len + 1 > MAX_PEER_FRAME {
+        return Err(PeerError::TooLong(body_len + 1));
+    }
+    let mut small = BytesMut::with_capacity(heads.len() + 9 + 4 * list.len());
+    small.put_u32((body_len + 1) as u32);
+    small.put_u8(if batch { 15 } else { 3 });
+    if batch {
+        small.put_u32(list.len() as u32);
+    }
+    let mut start = 0;
+    for (end, records) in parts {
+        if batch {
+            small.put_u32((end - start + records.len()) as u32);
+        }
+        small.extend_from_slice(&heads[start..end]);
+        start = end;
+        if records.len() >= CHUNK_MIN {
+            if !small.is_empty() {
+                out.push(small.split().freeze());
+            }
+            out.push(records.clone());
+        } else {
+            small.extend_from_slice(records);
+        }
+    }
+    if !small.is_empty() {
+        out.push(small.freeze());
+    }
+    Ok(())
+}
+
 /// Writes a message's body; its kind.
 fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
     Ok(match m {
@@ -434,47 +580,20 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             2
         }
         PeerMessage::Forward(p) => {
-            body.put_u64(p.id);
-            put_str16(body, &p.tenant_id, "tenant")?;
-            put_str16(body, &p.namespace, "namespace")?;
-            put_str16(body, &p.stream, "stream")?;
-            body.put_u32(p.shard);
-            body.put_u64(p.generation);
-            let envelope = p.records.envelope();
-            body.put_u8(
-                u8::from(p.acked)
-                    | (u8::from(p.key.is_some()) << 1)
-                    | (u8::from(envelope.is_some()) << 2)
-                    | (u8::from(p.records.stores_packed()) << 3),
-            );
-            let publisher = p.publisher.as_deref().unwrap_or(&[]);
-            body.put_u8(u8::try_from(publisher.len()).map_err(|_| PeerError::FieldTooLong("publisher"))?);
-            body.extend_from_slice(publisher);
-            for (f, what) in [(p.key.as_ref(), "key"), (envelope, "envelope")] {
-                if let Some(f) = f {
-                    body.put_u16(u16::try_from(f.len()).map_err(|_| PeerError::FieldTooLong(what))?);
-                    body.extend_from_slice(f);
-                }
-            }
-            p.records.put_block(body);
+            put_forward(body, p)?;
             3
         }
         PeerMessage::ForwardAnswer { id, outcome } => {
-            body.put_u64(*id);
-            match outcome {
-                ForwardOutcome::Appended { offset } => {
-                    body.put_u8(0);
-                    body.put_u8(u8::from(offset.is_some()));
-                    body.put_u64(offset.unwrap_or(0));
-                }
-                ForwardOutcome::Refused { code, retry, message } => {
-                    body.put_u8(1);
-                    body.put_u16(code.number());
-                    body.put_u8(retry.number());
-                    put_str16(body, message, "message")?;
-                }
-            }
+            put_answer(body, *id, outcome)?;
             4
+        }
+        PeerMessage::ForwardBatch(list) => {
+            put_list(body, list, "forward batch", put_forward)?;
+            15
+        }
+        PeerMessage::ForwardAnswers(list) => {
+            put_list(body, list, "forward answers", |b, (id, outcome)| put_answer(b, *id, outcome))?;
+            16
         }
         PeerMessage::Propose(b) => {
             body.extend_from_slice(b);
@@ -634,6 +753,80 @@ fn stream_shard(r: &mut Reader) -> Result<ShardId, PeerError> {
     })
 }
 
+/// A `forward` body (kind 3), read to the end of `r`.
+fn read_forward(r: &mut Reader) -> Result<ForwardedPublish, PeerError> {
+    let id = r.u64("id")?;
+    let tenant_id = r.str16("tenant")?;
+    let namespace = r.str16("namespace")?;
+    let stream = r.str16("stream")?;
+    let shard = r.u32("shard")?;
+    let generation = r.u64("generation")?;
+    let flags = r.u8("flags")?;
+    let plen = r.u8("publisher_len")? as usize;
+    let publisher = r.bytes(plen, "publisher")?;
+    let mut field = |bit: u8, what: &'static str| -> Result<Option<Bytes>, PayloadError> {
+        if flags & bit == 0 {
+            return Ok(None);
+        }
+        let len = r.u16(what)?;
+        r.bytes(usize::from(len), what).map(Some)
+    };
+    let key = field(0x2, "key_len")?;
+    let envelope = field(0x4, "envelope_len")?;
+    // The origin checked the block against its frame limit; the owner's bound is the
+    // storage reader's (a peer frame is at most `MAX_PEER_FRAME` compressed bytes).
+    let records = Records::read_block(r, flags & 0x8 != 0, crate::storage::MAX_BATCH_BODY)?;
+    let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
+    let acked = flags & 0x1 != 0;
+    Ok(ForwardedPublish {
+        id,
+        tenant_id,
+        namespace,
+        stream,
+        shard,
+        generation,
+        key,
+        records,
+        publisher: (!publisher.is_empty()).then_some(publisher),
+        acked,
+    })
+}
+
+/// A `forward_answer` body (kind 4).
+fn read_answer(r: &mut Reader) -> Result<(u64, ForwardOutcome), PeerError> {
+    let id = r.u64("id")?;
+    let outcome = match r.u8("status")? {
+        0 => {
+            let has = r.u8("has_offset")? != 0;
+            let offset = r.u64("offset")?;
+            ForwardOutcome::Appended { offset: has.then_some(offset) }
+        }
+        _ => ForwardOutcome::Refused {
+            code: ErrorCode::from_number(r.u16("code")?),
+            retry: RetryClass::from_number(r.u8("retry")?),
+            message: r.str16("message")?,
+        },
+    };
+    Ok((id, outcome))
+}
+
+/// `u32 count`, then each item as `u32 len` + its bytes, read by `read` from a reader of its
+/// own (a forward's records run to the end of its item). A count the bytes left could not hold
+/// (at least 4 bytes an item) is refused before anything is allocated for it.
+fn read_list<T>(r: &mut Reader, read: impl Fn(&mut Reader) -> Result<T, PeerError>) -> Result<Vec<T>, PeerError> {
+    let count = r.u32("count")?;
+    if count as usize > r.remaining() / 4 {
+        return Err(PeerError::Malformed(PayloadError::CountTooLarge { count, remaining: r.remaining() }));
+    }
+    let mut list = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let len = r.u32("len")? as usize;
+        let mut item = Reader::new(r.bytes(len, "item")?);
+        list.push(read(&mut item)?);
+    }
+    Ok(list)
+}
+
 fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
     let mut r = Reader::new(body);
     let m = match kind {
@@ -645,59 +838,13 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
             features: if r.remaining() >= 8 { r.u64("features")? } else { 0 },
         },
         2 => PeerMessage::Raft(r.rest()),
-        3 => {
-            let id = r.u64("id")?;
-            let tenant_id = r.str16("tenant")?;
-            let namespace = r.str16("namespace")?;
-            let stream = r.str16("stream")?;
-            let shard = r.u32("shard")?;
-            let generation = r.u64("generation")?;
-            let flags = r.u8("flags")?;
-            let plen = r.u8("publisher_len")? as usize;
-            let publisher = r.bytes(plen, "publisher")?;
-            let mut field = |bit: u8, what: &'static str| -> Result<Option<Bytes>, PayloadError> {
-                if flags & bit == 0 {
-                    return Ok(None);
-                }
-                let len = r.u16(what)?;
-                r.bytes(usize::from(len), what).map(Some)
-            };
-            let key = field(0x2, "key_len")?;
-            let envelope = field(0x4, "envelope_len")?;
-            // The origin checked the block against its frame limit; the owner's bound is the
-            // storage reader's (a peer frame is at most `MAX_PEER_FRAME` compressed bytes).
-            let records = Records::read_block(&mut r, flags & 0x8 != 0, crate::storage::MAX_BATCH_BODY)?;
-            let records = if envelope.is_some() { records.with_envelope(envelope) } else { records };
-            let acked = flags & 0x1 != 0;
-            PeerMessage::Forward(ForwardedPublish {
-                id,
-                tenant_id,
-                namespace,
-                stream,
-                shard,
-                generation,
-                key,
-                records,
-                publisher: (!publisher.is_empty()).then_some(publisher),
-                acked,
-            })
-        }
+        3 => PeerMessage::Forward(read_forward(&mut r)?),
         4 => {
-            let id = r.u64("id")?;
-            let outcome = match r.u8("status")? {
-                0 => {
-                    let has = r.u8("has_offset")? != 0;
-                    let offset = r.u64("offset")?;
-                    ForwardOutcome::Appended { offset: has.then_some(offset) }
-                }
-                _ => ForwardOutcome::Refused {
-                    code: ErrorCode::from_number(r.u16("code")?),
-                    retry: RetryClass::from_number(r.u8("retry")?),
-                    message: r.str16("message")?,
-                },
-            };
+            let (id, outcome) = read_answer(&mut r)?;
             PeerMessage::ForwardAnswer { id, outcome }
         }
+        15 => PeerMessage::ForwardBatch(read_list(&mut r, read_forward)?),
+        16 => PeerMessage::ForwardAnswers(read_list(&mut r, read_answer)?),
         5 => PeerMessage::Propose(r.rest()),
         6 => {
             let id = r.u64("id")?;
@@ -1003,41 +1150,14 @@ mod tests {
                 ),
             ]),
             PeerMessage::ShardRaft(Vec::new()),
-            PeerMessage::Forward(ForwardedPublish {
-                id: 7,
-                tenant_id: "t1".into(),
-                namespace: "default".into(),
-                stream: "orders".into(),
-                shard: 3,
-                generation: 9,
-                key: None,
-                records: Records::from_payloads(["a", "bb"]).unwrap(),
-                publisher: Some(Bytes::from_static(b"alice")),
-                acked: true,
-            }),
-            PeerMessage::Forward(ForwardedPublish {
-                id: 8,
-                tenant_id: "t1".into(),
-                namespace: "default".into(),
-                stream: "orders".into(),
-                shard: 3,
-                generation: 9,
-                key: Some(Bytes::from_static(b"eu-7")),
-                records: crate::samples::packed_records(crate::binary::Codec::Lz4)
-                    .with_envelope(Some(Bytes::from_static(b"\x01\x01\x02k1"))),
-                publisher: Some(Bytes::from_static(b"alice")),
-                acked: true,
-            }),
-            PeerMessage::ForwardAnswer { id: 7, outcome: ForwardOutcome::Appended { offset: Some(41) } },
-            PeerMessage::ForwardAnswer { id: 8, outcome: ForwardOutcome::Appended { offset: None } },
-            PeerMessage::ForwardAnswer {
-                id: 9,
-                outcome: ForwardOutcome::Refused {
-                    code: ErrorCode::NotLeader,
-                    retry: RetryClass::Redirect,
-                    message: "moved".into(),
-                },
-            },
+            PeerMessage::Forward(forwards()[0].clone()),
+            PeerMessage::Forward(forwards()[1].clone()),
+            PeerMessage::Forward(forwards()[2].clone()),
+            PeerMessage::ForwardAnswer { id: answers()[0].0, outcome: answers()[0].1.clone() },
+            PeerMessage::ForwardAnswer { id: answers()[1].0, outcome: answers()[1].1.clone() },
+            PeerMessage::ForwardAnswer { id: answers()[2].0, outcome: answers()[2].1.clone() },
+            PeerMessage::ForwardBatch(forwards()),
+            PeerMessage::ForwardAnswers(answers()),
             PeerMessage::Propose(Bytes::from_static(br#"{"op":"drain","id":"n2"}"#)),
             PeerMessage::Request(ForwardedRequest {
                 id: 4,
@@ -1127,6 +1247,134 @@ mod tests {
             }),
             PeerMessage::CopyAnswer(CopyAnswer { shard: sessions(), body: CopyBody::Refused("no move".into()) }),
         ]
+    }
+
+    /// The publishes of the `forward` samples.
+    fn forwards() -> Vec<ForwardedPublish> {
+        vec![
+            ForwardedPublish {
+                id: 7,
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "orders".into(),
+                shard: 3,
+                generation: 9,
+                key: None,
+                records: Records::from_payloads(["a", "bb"]).unwrap(),
+                publisher: Some(Bytes::from_static(b"alice")),
+                acked: true,
+            },
+            ForwardedPublish {
+                id: 8,
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "orders".into(),
+                shard: 3,
+                generation: 9,
+                key: Some(Bytes::from_static(b"eu-7")),
+                records: crate::samples::packed_records(crate::binary::Codec::Lz4)
+                    .with_envelope(Some(Bytes::from_static(b"\x01\x01\x02k1"))),
+                publisher: Some(Bytes::from_static(b"alice")),
+                acked: true,
+            },
+            ForwardedPublish {
+                id: 10,
+                tenant_id: "t1".into(),
+                namespace: "default".into(),
+                stream: "orders".into(),
+                shard: 1,
+                generation: 2,
+                key: None,
+                records: Records::from_payloads([vec![b'x'; 5000], vec![b'y'; 3]]).unwrap(),
+                publisher: None,
+                acked: false,
+            },
+        ]
+    }
+
+    /// The answers of the `forward_answer` samples.
+    fn answers() -> Vec<(u64, ForwardOutcome)> {
+        vec![
+            (7, ForwardOutcome::Appended { offset: Some(41) }),
+            (8, ForwardOutcome::Appended { offset: None }),
+            (
+                9,
+                ForwardOutcome::Refused {
+                    code: ErrorCode::NotLeader,
+                    retry: RetryClass::Redirect,
+                    message: "moved".into(),
+                },
+            ),
+        ]
+    }
+
+    /// A batch's items are the single messages' bodies, byte for byte (D64): `u32 count`, then
+    /// `u32 len` + body each.
+    #[test]
+    fn a_forward_batch_holds_each_forwards_own_body() {
+        let singles: Vec<PeerMessage> = forwards().into_iter().map(PeerMessage::Forward).collect();
+        let singles_answers: Vec<PeerMessage> =
+            answers().into_iter().map(|(id, outcome)| PeerMessage::ForwardAnswer { id, outcome }).collect();
+        for (batch, singles, kind) in [
+            (PeerMessage::ForwardBatch(forwards()), singles, 15u8),
+            (PeerMessage::ForwardAnswers(answers()), singles_answers, 16),
+        ] {
+            let mut want = BytesMut::new();
+            want.put_u32(singles.len() as u32);
+            for m in &singles {
+                let mut one = BytesMut::new();
+                encode(m, &mut one).unwrap();
+                want.put_u32(one.len() as u32 - 5);
+                want.extend_from_slice(&one[5..]);
+            }
+            let mut got = BytesMut::new();
+            encode(&batch, &mut got).unwrap();
+            assert_eq!(got[4], kind);
+            assert_eq!(&got[5..], &want[..], "{batch:?}");
+        }
+    }
+
+    /// A forwarded payload large enough is handed to the transport as the client's bytes, not
+    /// copied into the frame (D64), alone or in a batch.
+    #[test]
+    fn a_large_forwarded_payload_goes_to_the_transport_uncopied() {
+        let list = forwards();
+        let raw = list[2].records.raw().clone();
+        for m in [PeerMessage::Forward(list[2].clone()), PeerMessage::ForwardBatch(list)] {
+            let mut parts = Vec::new();
+            encode_chunks(&m, &mut parts).unwrap();
+            assert!(parts.iter().any(|p| p.as_ptr() == raw.as_ptr() && p.len() == raw.len()), "{m:?}");
+        }
+    }
+
+    /// A batch that claims more items than its bytes could hold, or whose item is cut short
+    /// or is not a forward, is refused as a whole: nothing in it is handled.
+    #[test]
+    fn a_forward_batch_that_does_not_add_up_is_malformed() {
+        let frame = |kind: u8, body: &[u8]| {
+            let mut f = BytesMut::new();
+            f.put_u32(body.len() as u32 + 1);
+            f.put_u8(kind);
+            f.extend_from_slice(body);
+            f
+        };
+        let mut good = BytesMut::new();
+        encode(&PeerMessage::ForwardBatch(forwards()), &mut good).unwrap();
+        let body = good.split_off(5);
+        for kind in [15u8, 16] {
+            let lie = [0u8, 0x10, 0, 0, 0, 0, 0, 1, 7];
+            let cut = &body[..body.len() - 3];
+            let mut not_a_forward = BytesMut::new();
+            not_a_forward.put_u32(2);
+            not_a_forward.put_u32(3);
+            not_a_forward.extend_from_slice(b"abc");
+            not_a_forward.put_u32(0);
+            for bad in [&lie[..], cut, &not_a_forward[..]] {
+                let mut d = PeerDecoder::default();
+                d.push(&frame(kind, bad));
+                assert!(matches!(d.next_message(), Err(PeerError::Malformed(_))), "kind {kind}: {bad:?}");
+            }
+        }
     }
 
     fn sessions() -> ShardId {
