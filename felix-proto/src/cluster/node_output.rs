@@ -343,6 +343,46 @@ impl ClusterNode {
     }
 }
 
+/// A shard copy's answer as a new owner that did not offer [`FEATURE_COMMIT_STATE`] reads it
+/// (D63): without the shard's commit state it would serve a state missing every value the
+/// commits retention deleted wrote, so an answer carrying state is refused instead (the move
+/// goes no further; the shard stays where it is).
+fn copy_without_state(message: crate::cluster::peer::CopyMessage) -> crate::cluster::peer::CopyMessage {
+    use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage};
+    match message {
+        CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { state: Some(_), .. } }) => {
+            let why = "the shard holds commit state older than its log, which the new owner (an older broker) \
+                       cannot take"
+                .to_owned();
+            CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Refused(why) })
+        }
+        other => other,
+    }
+}
+
+/// A shard copy's answer as a new owner that did not offer [`FEATURE_BATCH_META`] reads it
+/// (D59): its batches without keys and with plain records (the segment format's flag bits
+/// for them are unknown to it). A batch with an envelope cannot go without it: the copy is
+/// refused, and the new owner gives the move up (the shard stays where it is).
+fn copy_without_meta(message: crate::cluster::peer::CopyMessage) -> crate::cluster::peer::CopyMessage {
+    use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage};
+    let CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state } }) =
+        message
+    else {
+        return message;
+    };
+    if batches.iter().any(|b| b.records.envelope().is_some()) {
+        let why =
+            "the shard holds batches with envelopes, which the new owner (an older broker) does not keep".to_owned();
+        return CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Refused(why) });
+    }
+    let batches = batches
+        .into_iter()
+        .map(|b| crate::storage::StoredBatch { key: None, records: b.records.plain(), ..b })
+        .collect();
+    CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state } })
+}
+
 /// The most forwarded payload one `forward_batch` frame carries (D64): a drain's forwards to one
 /// peer beyond it go in further frames, so no one frame holds the peer transport for long.
 pub const FORWARD_BATCH_BYTES: usize = 1 << 20;
