@@ -37,8 +37,8 @@ pub(super) struct Forwarding {
     waiter: Waiter,
     owner: OwnerHint,
     deadline: Instant,
-    /// The shard it went to: (tenant, namespace, stream, shard).
-    shard: (String, String, String, u32),
+    /// The shard it went to.
+    shard: (Key, u32),
 }
 
 impl Broker {
@@ -67,7 +67,8 @@ impl Broker {
         if self.membership.fenced {
             return false;
         }
-        let Some(entry) = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()) else {
+        let Some((key, entry)) = self.streams.get_key_value(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())
+        else {
             return false;
         };
         let shards = entry.shards.len() as u32;
@@ -77,7 +78,7 @@ impl Broker {
         let Some(Away::Owner(owner)) = entry.shards.get(shard as usize).and_then(|s| s.serving.away()) else {
             return false;
         };
-        let owner = owner.clone();
+        let (owner, key) = (owner.clone(), key.clone());
         let Some(sess) = st.session.as_ref() else { return false };
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
         let offer = sess.offer;
@@ -89,8 +90,9 @@ impl Broker {
             let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
             self.membership.forward_deadlines.insert((deadline, id));
             let waiter = Waiter { conn, stream: st.id, seq, reply, offer };
-            let to = (req.tenant_id.clone(), req.namespace.clone(), req.stream.clone(), shard);
-            self.membership.forwards.insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: to });
+            self.membership
+                .forwards
+                .insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: (key, shard) });
         }
         self.stats.publishes_forwarded += 1;
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Forward {
@@ -314,15 +316,15 @@ impl Broker {
             .forwards
             .iter()
             .filter(|(_, f)| {
-                let (t, ns, s, n) = &f.shard;
+                let (k, n) = &f.shard;
                 if md.is_gone(&f.owner.node_id) {
                     return true;
                 }
                 let id = ShardId {
                     kind: Kind::Stream,
-                    tenant: t.clone(),
-                    namespace: ns.clone(),
-                    name: s.clone(),
+                    tenant: k.tenant().to_owned(),
+                    namespace: k.namespace().to_owned(),
+                    name: k.name().to_owned(),
                     shard: *n,
                 };
                 md.replicas(&id).is_some()

@@ -125,9 +125,18 @@ impl Broker {
         }
         let routed = self.route(st, &req);
         let (shard, durable) = match routed {
-            Ok(v) => v,
-            // In a cluster, a plain publish for a shard owned elsewhere goes to its owner.
-            Err(r) if r.code == ErrorCode::NotLeader && self.try_forward(conn, st, &req, reply, now) => return,
+            Ok(Route::Here { shard, durable }) => (shard, durable),
+            // In a cluster, a plain publish for a shard owned elsewhere goes to its owner (the
+            // refusal is worded only when it does not).
+            Ok(Route::Owner(_)) if self.try_forward(conn, st, &req, reply, now) => return,
+            Ok(Route::Owner(shard)) => {
+                let sh = self
+                    .streams
+                    .get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())
+                    .and_then(|e| e.shards.get(shard as usize));
+                let Some(r) = sh.and_then(|sh| Self::moved_refusal(shard, sh)) else { return };
+                return self.refuse_publish(conn, st, reply, &r);
+            }
             Err(r) => {
                 return self.refuse_publish(conn, st, reply, &r);
             }
@@ -472,7 +481,7 @@ impl Broker {
     }
 
     /// Picks the shard of a publish: permission, stream, explicit shard, key hash, width check.
-    pub(super) fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<(u32, bool), Refusal> {
+    pub(super) fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<Route, Refusal> {
         let shards =
             self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish, Missing::Create)?;
         let entry = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()).expect("looked up");
@@ -494,10 +503,14 @@ impl Broker {
             Some(s) => s,
             None => shard_for_key(req.key.as_deref(), shards, entry.config.routing),
         };
-        if let Some(r) = Self::moved_refusal(shard, &entry.shards[shard as usize]) {
+        let sh = &entry.shards[shard as usize];
+        if let Some(Away::Owner(_)) = sh.serving.away() {
+            return Ok(Route::Owner(shard));
+        }
+        if let Some(r) = Self::moved_refusal(shard, sh) {
             return Err(r);
         }
-        Ok((shard, entry.config.durable))
+        Ok(Route::Here { shard, durable: entry.config.durable })
     }
 
     /// The refusal for a request reaching a shard that moved to another broker.
@@ -713,4 +726,13 @@ impl PublishReq {
             state: None,
         }
     }
+}
+
+/// Where a publish goes ([`Broker::route`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Route {
+    /// This broker serves its shard (durable or not).
+    Here { shard: u32, durable: bool },
+    /// Another broker of the cluster owns its shard: forwarded, or refused `not_leader`.
+    Owner(u32),
 }

@@ -632,7 +632,7 @@ pub(super) fn check_new_name(what: &str, name: &str) -> Result<(), Refusal> {
 
 pub(super) fn check_names(names: &[(&str, &str)]) -> Result<(), Refusal> {
     for (what, name) in names {
-        let escaped = crate::storage::path_component(name).len();
+        let escaped = crate::storage::path_component_len(name);
         if name.len() > MAX_NAME_BYTES || escaped > MAX_ESCAPED_NAME {
             return Err(Refusal::new(
                 ErrorCode::InvalidRequest,

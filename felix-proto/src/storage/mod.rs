@@ -707,6 +707,16 @@ pub fn path_component(name: &str) -> String {
     out
 }
 
+/// The length of [`path_component`]`(name)`, without building it (checked on every publish).
+pub fn path_component_len(name: &str) -> usize {
+    let escaped = name
+        .bytes()
+        .enumerate()
+        .filter(|&(i, b)| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0)))
+        .count();
+    (name.len() + 2 * escaped).max(1)
+}
+
 /// Inverse of [`path_component`]; `None` for a string it could not have produced.
 pub fn parse_path_component(s: &str) -> Option<String> {
     if s == "%" {

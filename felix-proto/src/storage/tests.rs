@@ -291,6 +291,7 @@ fn names() {
     assert_eq!(parse_segment_name("42.seg"), None);
     for n in ["orders", "../etc", ".hidden", "a/b", "ünï", "", "%41"] {
         let c = path_component(n);
+        assert_eq!(path_component_len(n), c.len(), "{n}");
         assert!(!c.contains('/') && c != "." && c != ".." && !c.starts_with('.'), "{c}");
         assert_eq!(parse_path_component(&c).as_deref(), Some(n));
     }
