@@ -3341,7 +3341,7 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
 fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_reads_it() {
     use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
     use felix_proto::features::Features;
-    use felix_proto::message::{B64, StateChange};
+    use felix_proto::message::B64;
     for every_member_reads_it in [true, false] {
         let mut c = Cluster::retaining(&NAMES, 30);
         if !every_member_reads_it {
@@ -3355,32 +3355,7 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
         let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
         let open = |c: &mut Cluster, node: &str, index: u64| client_offering(c, node, index, f);
         let entity = B64(Bytes::from_static(b"account-1"));
-        let commit = |key: String, value: u64, rid: u64| {
-            json(&Message::Commit(message::Commit {
-                tenant_id: "t1".into(),
-                namespace: "default".into(),
-                stream: "ledger".into(),
-                entity_key: entity.clone(),
-                event: B64(Bytes::from_static(b"e")),
-                changes: vec![StateChange::Put { key, value: B64(Bytes::from(value.to_string())) }],
-                shard: Some(0),
-                request_id: rid,
-                expected_offset: None,
-            }))
-        };
-        let (conn, st) = open(&mut c, &leader, 1);
-        // "first" is written once, by the first commit; k0..k9 over and over.
-        let mut first_at = None;
-        for i in 0..300u64 {
-            let key = if i == 0 { "first".to_owned() } else { format!("k{}", i % 10) };
-            c.send(&leader, conn, st, commit(key, i, i));
-            let got = messages(&c.take(&leader, conn, st));
-            let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
-            first_at.get_or_insert(ok.offset);
-        }
-        for _ in 0..3 {
-            c.tick();
-        }
+        let first_at = commit_300(&mut c, &leader);
         let report = c.nodes[&leader].replica_report();
         if !every_member_reads_it {
             assert!(report[0].first_index <= 2, "not compacted: the log starts at {}", report[0].first_index);
@@ -3403,7 +3378,6 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
         }
         let got = messages(&c.take(&now_leader, conn, st));
         let values = state_values(&got);
-        let first_at = first_at.unwrap();
         assert_eq!(
             values,
             vec![
@@ -3413,6 +3387,79 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
             "served by {now_leader}, the old leader gone"
         );
     }
+}
+
+/// Commits 300 times to the ledger's shard 0 through `leader` ("first" once, by the first
+/// commit; then k0..k9 over and over), ticks, and returns the first commit's offset.
+fn commit_300(c: &mut Cluster, leader: &str) -> u64 {
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, StateChange};
+    let (conn, st) = client_offering(c, leader, 1, Features::ATOMIC_COMMIT | Features::ERROR_CODES);
+    let mut first_at = None;
+    for i in 0..300u64 {
+        let key = if i == 0 { "first".to_owned() } else { format!("k{}", i % 10) };
+        let m = json(&Message::Commit(message::Commit {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: B64(Bytes::from_static(b"account-1")),
+            event: B64(Bytes::from_static(b"e")),
+            changes: vec![StateChange::Put { key, value: B64(Bytes::from(i.to_string())) }],
+            shard: Some(0),
+            request_id: i,
+            expected_offset: None,
+        }));
+        c.send(leader, conn, st, m);
+        let got = messages(&c.take(leader, conn, st));
+        let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+        first_at.get_or_insert(ok.offset);
+    }
+    for _ in 0..3 {
+        c.tick();
+    }
+    first_at.unwrap_or_default()
+}
+
+/// D63 with a replica whose broker comes back older after its shard's log was compacted: the
+/// snapshot it needs holds commit state it could not read, so the leader withholds it (said
+/// once, as a notice) and the replica stays behind rather than take the records without the
+/// state. Upgraded, it is sent the snapshot and catches up.
+#[test]
+fn a_snapshot_holding_commit_state_is_withheld_from_a_replica_that_came_back_older() {
+    use felix_proto::broker::Notice;
+    use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.nodes.remove(&behind);
+    commit_300(&mut c, &leader);
+    assert!(c.nodes[&leader].replica_report()[0].first_index > 200, "compacted");
+    // It comes back as a broker that does not read commit state.
+    c.features.insert(behind.clone(), PEER_FEATURES & !FEATURE_COMMIT_STATE);
+    restart(&mut c, &behind);
+    c.hellos(&behind);
+    for _ in 0..50 {
+        c.tick();
+    }
+    assert!(c.kept_replicas[&behind].get(&ledger()).is_none_or(|k| k.snapshot.is_none()), "none installed");
+    assert!(c.nodes[&leader].shard_snapshots_withheld() > 0, "the engine asked for the snapshot");
+    assert!(history(&c, &behind).0.len() < history(&c, &leader).0.len(), "it stays behind");
+    let node = c.nodes.get_mut(&leader).unwrap();
+    let told: Vec<Notice> = std::iter::from_fn(|| node.inputs().poll_notice())
+        .filter(|n| matches!(n, Notice::ShardSnapshotWithheld { .. }))
+        .collect();
+    assert!(
+        matches!(told.as_slice(), [Notice::ShardSnapshotWithheld { replica, shard }]
+            if *replica == behind && shard == "t1/default/ledger#0"),
+        "told once: {told:?}"
+    );
+    // Upgraded, it takes the snapshot and catches up.
+    c.features.remove(&behind);
+    restart(&mut c, &behind);
+    c.hellos(&behind);
+    c.until("the upgraded replica caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed the snapshot");
 }
 
 /// A consumer group's poll on a replicated stream is a read of the group's state, so a leader

@@ -915,6 +915,25 @@ impl Broker {
 /// records it holds and the commit state (the optional section after them: `u8 1`, `u32`
 /// length + [`crate::storage::encode_state_checkpoint`]), or `None` for bytes that are not a
 /// whole state (an empty one included). Never panics.
+/// Whether a replicated stream's checkpoint state (as [`decode_stream_state`] reads it) holds
+/// a commit-state section (D63), found by its lengths alone: nothing is decoded or copied.
+pub(crate) fn stream_state_holds_commits(state: &[u8]) -> bool {
+    let walk = || -> Option<bool> {
+        let (&version, rest) = state.split_first()?;
+        if version != STREAM_STATE_VERSION {
+            return None;
+        }
+        let (_ts, rest) = rest.split_at_checked(8)?;
+        let (count, mut rest) = rest.split_at_checked(4)?;
+        for _ in 0..u32::from_be_bytes(count.try_into().ok()?) {
+            let (len, after) = rest.split_at_checked(4)?;
+            rest = after.get(u32::from_be_bytes(len.try_into().ok()?) as usize..)?;
+        }
+        Some(rest.first() == Some(&STREAM_STATE_COMMITS))
+    };
+    walk().unwrap_or(false)
+}
+
 pub(crate) fn decode_stream_state(
     state: &[u8],
 ) -> Option<(u64, Vec<GroupOp>, Option<crate::storage::StateCheckpoint>)> {
@@ -998,6 +1017,12 @@ mod tests {
         with.extend_from_slice(&(section.len() as u32).to_be_bytes());
         with.extend_from_slice(&section);
         assert_eq!(decode_stream_state(&with), Some((77, ops.clone(), Some(commits))));
+        // What a leader checks before sending a snapshot to an older replica, by lengths alone.
+        assert!(stream_state_holds_commits(&with));
+        assert!(!stream_state_holds_commits(&bytes), "no section");
+        for cut in 0..=bytes.len() {
+            assert!(!stream_state_holds_commits(&with[..cut]), "cut {cut}");
+        }
         for cut in bytes.len() + 1..with.len() {
             assert_eq!(decode_stream_state(&with[..cut]), None, "cut {cut}");
         }

@@ -74,6 +74,18 @@ pub enum Notice {
         /// Its node id.
         peer: String,
     },
+    /// On a replicated stream's leader: a replica behind the compacted log was not sent the
+    /// shard's snapshot, because the snapshot holds the shard's commit state and the replica's
+    /// broker did not offer `FEATURE_COMMIT_STATE` (an older version, D63): it would take the
+    /// snapshot without the state and could later serve `state_get` missing every value the
+    /// compacted commits wrote. It stays behind until it runs a version that reads the state.
+    /// Told once per shard and replica.
+    ShardSnapshotWithheld {
+        /// The shard, as `tenant/namespace/stream#shard`.
+        shard: String,
+        /// The replica's node id.
+        replica: String,
+    },
     /// A metadata snapshot sent by the leader could not be read (a newer format): this
     /// broker's metadata stays as it was, and behind.
     MetadataSnapshotRefused {
@@ -115,6 +127,10 @@ impl std::fmt::Display for Notice {
             Notice::MetadataSnapshotWithheld { peer } => write!(
                 f,
                 "cluster: peer {peer} is behind the compacted metadata log and does not read a metadata snapshot; it stays behind until it is upgraded"
+            ),
+            Notice::ShardSnapshotWithheld { shard, replica } => write!(
+                f,
+                "cluster: replica {replica} of {shard} is behind the compacted log, and the snapshot it needs holds commit state that broker (an older version) cannot read; it stays behind until it is upgraded"
             ),
             Notice::MetadataSnapshotRefused { index, why } => {
                 write!(f, "cluster: the metadata snapshot at index {index} was refused, metadata stays behind: {why}")

@@ -57,6 +57,13 @@ impl Broker {
         self.shard_on(&k, shard.shard, ServingEvent::Role(role), now);
     }
 
+    /// Whether a replicated stream's checkpoint state (the host's part of a replica's snapshot
+    /// data) carries the shard's commit state (D63), which a broker that did not offer
+    /// `FEATURE_COMMIT_STATE` cannot read. Read from lengths alone.
+    pub fn stream_state_holds_commits(state: &[u8]) -> bool {
+        consume::stream_state_holds_commits(state)
+    }
+
     /// Whether every member of the cluster reads a replicated stream's commit state in its
     /// snapshots (the cluster node says so as its peers' hellos and the members change): only
     /// then does retention compact a replicated shard that holds state (D63).

@@ -336,6 +336,10 @@ pub struct ClusterNode {
     meta_snapshot_counts: MetaSnapshotCounts,
     /// Peers a metadata snapshot was withheld from (they do not read one), told once each.
     withheld: BTreeSet<String>,
+    /// Replicas a shard's snapshot holding commit state was withheld from (their brokers do
+    /// not read it, D63), told once each; and how many such snapshots were not sent.
+    withheld_shard_snapshots: BTreeSet<(ShardId, String)>,
+    shard_snapshots_withheld: u64,
     /// A metadata snapshot was restored and the broker not yet told (see `drain_meta`).
     meta_restored: bool,
     /// Leadership claims (`Lead`) the metadata applied here: how fast a dead broker's shards
@@ -659,6 +663,8 @@ impl ClusterNode {
             meta_snapshot_every: Some(META_SNAPSHOT_ENTRIES),
             meta_snapshot_counts: MetaSnapshotCounts::default(),
             withheld: BTreeSet::new(),
+            withheld_shard_snapshots: BTreeSet::new(),
+            shard_snapshots_withheld: 0,
             meta_restored: false,
             leads_applied: 0,
             out: VecDeque::new(),
@@ -785,6 +791,12 @@ impl ClusterNode {
     /// Leaderships this broker handed to their group's preferred replica.
     pub fn preferred_handovers(&self) -> u64 {
         self.handovers
+    }
+
+    /// Snapshots of replicated streams not sent to a replica whose broker cannot read the
+    /// commit state they hold (D63; each retry counts).
+    pub fn shard_snapshots_withheld(&self) -> u64 {
+        self.shard_snapshots_withheld
     }
 
     /// Snapshot chunks sent, and snapshots put together from chunks received.

@@ -486,6 +486,23 @@ impl ClusterNode {
     /// Puts a group's message to replica `name` on its way: a large snapshot in chunks, a
     /// heartbeat coalesced with the others to that peer, the rest batched per peer.
     pub(super) fn ship_replica_message(&mut self, name: String, shard: &ShardId, message: Message) {
+        if message.get_msg_type() == MessageType::MsgSnapshot
+            && shard.kind == crate::shard::Kind::Stream
+            && self.offers & FEATURE_COMMIT_STATE != 0
+            && self.peer_features.get(&name).is_none_or(|f| f & FEATURE_COMMIT_STATE == 0)
+            && Replica::host_state_of(message.get_snapshot().get_data()).is_some_and(Broker::stream_state_holds_commits)
+        {
+            // An older broker would take the snapshot without the commit state and could later
+            // serve a state missing every value the compacted commits wrote (D63): it waits,
+            // behind, for an upgrade. (Every snapshot sent is reported sent, so the engine
+            // offers it again as the follower is probed: sent once it reads it.)
+            self.shard_snapshots_withheld += 1;
+            if self.withheld_shard_snapshots.insert((shard.clone(), name.clone())) {
+                let label = format!("{}/{}/{}#{}", shard.tenant, shard.namespace, shard.name, shard.shard);
+                self.broker.notice(Notice::ShardSnapshotWithheld { shard: label, replica: name });
+            }
+            return;
+        }
         let chunked = message.get_msg_type() == MessageType::MsgSnapshot
             && message.get_snapshot().get_data().len() > self.snapshot_chunk_bytes
             && self.offers & FEATURE_SNAPSHOT_CHUNKS != 0

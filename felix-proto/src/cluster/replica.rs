@@ -592,6 +592,23 @@ impl Replica {
         b
     }
 
+    /// The host's state within snapshot data ([`encode_state`](Self::encode_state)'s end),
+    /// found by its lengths alone (nothing copied). `None` for data that does not read.
+    pub fn host_state_of(data: &[u8]) -> Option<&[u8]> {
+        let (&version, rest) = data.split_first()?;
+        if version != 1 {
+            return None;
+        }
+        let (_next_offset, rest) = rest.split_at_checked(8)?;
+        let (n, mut rest) = rest.split_at_checked(4)?;
+        for _ in 0..u32::from_be_bytes(n.try_into().ok()?) {
+            let (_seqs, after) = rest.split_at_checked(24)?;
+            let (landed, after) = after.split_at_checked(4)?;
+            rest = after.get((u32::from_be_bytes(landed.try_into().ok()?) as usize).checked_mul(16)?..)?;
+        }
+        Some(rest)
+    }
+
     /// Reads [`encode_state`](Self::encode_state)'s bytes. Never panics.
     fn decode_state(data: &[u8]) -> Option<(u64, BTreeMap<u64, ProducerSeqs>, Bytes)> {
         let mut r = Reader::new(Bytes::copy_from_slice(data));
@@ -1039,6 +1056,11 @@ mod tests {
         let last = snapshots.last().expect("snapshots");
         let data = last.get_data();
         assert!(data.ends_with(format!("host@{}", last.get_metadata().index).as_bytes()), "{data:?}");
+        let host = format!("host@{}", last.get_metadata().index);
+        assert_eq!(Replica::host_state_of(data), Some(host.as_bytes()), "found by lengths alone");
+        for cut in 0..data.len() - host.len() {
+            assert!(Replica::host_state_of(&data[..cut]).is_none(), "cut {cut}");
+        }
         // Restarted from the snapshot alone: the host's state comes back with the offsets.
         let kept = RaftLog { snapshot: Some(last.clone()), ..RaftLog::default() };
         let mut again = Replica::new_hosting(1, &[1], &kept, None, true).expect("restart");
