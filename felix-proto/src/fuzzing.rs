@@ -594,6 +594,11 @@ pub fn peer_message(data: &[u8], t0: std::time::Instant) {
                         let mut again = PeerDecoder::default();
                         again.push(&out);
                         assert_eq!(again.next_message().ok().flatten().as_ref(), Some(&m));
+                        // In pieces (shard Raft messages, forwards: D64) the same bytes.
+                        let mut parts = Vec::new();
+                        if crate::cluster::peer::encode_chunks(&m, &mut parts).is_ok() {
+                            assert_eq!(parts.concat(), out.to_vec());
+                        }
                     }
                 }
                 Ok(None) => break,
@@ -604,6 +609,12 @@ pub fn peer_message(data: &[u8], t0: std::time::Instant) {
     if let Ok(log) = crate::cluster::meta::RaftLog::decode(data) {
         assert_eq!(crate::cluster::meta::RaftLog::decode(&log.encode()).ok(), Some(log));
     }
+    // The same bytes as a replica's snapshot data and a replicated stream's checkpoint state,
+    // as a leader probes them before sending a snapshot to an older replica (D63).
+    if let Some(host) = crate::cluster::replica::Replica::host_state_of(data) {
+        let _ = crate::broker::Broker::stream_state_holds_commits(host);
+    }
+    let _ = crate::broker::Broker::stream_state_holds_commits(data);
     // The same bytes as a replicated cache's entry and snapshot state.
     crate::broker::fuzz_cache_entry(data, t0);
     // And as a metadata snapshot (D62, from the leader in a `raft` message): one that reads
