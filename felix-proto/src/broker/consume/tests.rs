@@ -1,0 +1,64 @@
+use super::*;
+use crate::broker::group::Durable;
+
+#[test]
+fn a_stream_state_round_trips_and_garbage_changes_nothing() {
+    let snap = |name: &str, cursor| GroupOp::Snapshot {
+        group: name.into(),
+        state: Durable { cursor: Some(cursor), dead: [3, 9].into(), ..Durable::default() },
+    };
+    let ops = vec![snap("a", 4), snap("b", 11)];
+    let mut bytes = vec![STREAM_STATE_VERSION];
+    bytes.extend_from_slice(&77u64.to_be_bytes());
+    bytes.extend_from_slice(&2u32.to_be_bytes());
+    for op in &ops {
+        let e = op.encode();
+        bytes.extend_from_slice(&(e.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&e);
+    }
+    assert_eq!(decode_stream_state(&bytes), Some((77, ops.clone(), None)));
+    // With the commit-state section: read whole, or the state is not read at all.
+    let commits =
+        crate::storage::StateCheckpoint { as_of: 12, values: vec![("balance".into(), Bytes::from_static(b"25"), 12)] };
+    let section = crate::storage::encode_state_checkpoint(&commits).unwrap();
+    let mut with = bytes.clone();
+    with.push(STREAM_STATE_COMMITS);
+    with.extend_from_slice(&(section.len() as u32).to_be_bytes());
+    with.extend_from_slice(&section);
+    assert_eq!(decode_stream_state(&with), Some((77, ops.clone(), Some(commits))));
+    // What a leader checks before sending a snapshot to an older replica, by lengths alone.
+    assert!(stream_state_holds_commits(&with));
+    assert!(!stream_state_holds_commits(&bytes), "no section");
+    for cut in 0..=bytes.len() {
+        assert!(!stream_state_holds_commits(&with[..cut]), "cut {cut}");
+    }
+    for cut in bytes.len() + 1..with.len() {
+        assert_eq!(decode_stream_state(&with[..cut]), None, "cut {cut}");
+    }
+    let mut tag = with.clone();
+    tag[bytes.len()] = 2;
+    assert_eq!(decode_stream_state(&tag), None, "an unknown section");
+    let mut flipped = with.clone();
+    let last = flipped.len() - 6;
+    flipped[last] ^= 1;
+    assert_eq!(decode_stream_state(&flipped), None, "a damaged state");
+    // Every cut, a wrong version, trailing bytes, an absurd count, an empty state: none.
+    for cut in 0..bytes.len() {
+        assert_eq!(decode_stream_state(&bytes[..cut]), None, "cut {cut}");
+    }
+    let mut v = bytes.clone();
+    v[0] = 9;
+    assert_eq!(decode_stream_state(&v), None);
+    let mut t = bytes.clone();
+    t.push(0);
+    assert_eq!(decode_stream_state(&t), None);
+    assert_eq!(decode_stream_state(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]), None);
+    // A record that is not a checkpoint record does not belong in a state.
+    let ack = GroupOp::Ack { group: "a".into(), offset: 1 }.encode();
+    let mut a = vec![STREAM_STATE_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    a.extend_from_slice(&(ack.len() as u32).to_be_bytes());
+    a.extend_from_slice(&ack);
+    assert_eq!(decode_stream_state(&a), None);
+    let none = [STREAM_STATE_VERSION, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0];
+    assert_eq!(decode_stream_state(&none), Some((9, Vec::new(), None)));
+}
