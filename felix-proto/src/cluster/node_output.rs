@@ -425,12 +425,12 @@ impl ClusterNode {
 
 /// One frame of forwarded publishes to `to`: kind 3 for one, kind 15 for more.
 fn forward_frame(to: &str, mut part: Vec<ForwardedPublish>) -> NodeOutput {
-    let message = match part.len() {
-        1 => match part.pop() {
-            Some(p) => PeerMessage::Forward(p),
-            None => PeerMessage::ForwardBatch(part),
-        },
-        _ => PeerMessage::ForwardBatch(part),
+    let message = if part.len() == 1
+        && let Some(p) = part.pop()
+    {
+        PeerMessage::Forward(p)
+    } else {
+        PeerMessage::ForwardBatch(part)
     };
     NodeOutput::Peer { to: to.to_owned(), message }
 }

@@ -426,20 +426,26 @@ pub fn encode_chunks(m: &PeerMessage, out: &mut Vec<Bytes>) -> Result<(), PeerEr
         small.put_u32(shard.shard);
         small.put_u32(u32::try_from(r.len()).map_err(|_| PeerError::FieldTooLong("raft message"))?);
         for p in r.parts() {
-            if p.len() >= CHUNK_MIN {
-                if !small.is_empty() {
-                    out.push(small.split().freeze());
-                }
-                out.push(p.clone());
-            } else {
-                small.extend_from_slice(p);
-            }
+            put_piece(&mut small, out, p);
         }
     }
     if !small.is_empty() {
         out.push(small.freeze());
     }
     Ok(())
+}
+
+/// Adds `piece` to a message being written in pieces: a large one goes to `out` as it is
+/// (shared, after the small bytes gathered before it), a small one is gathered in `small`.
+fn put_piece(small: &mut BytesMut, out: &mut Vec<Bytes>, piece: &Bytes) {
+    if piece.len() >= CHUNK_MIN {
+        if !small.is_empty() {
+            out.push(small.split().freeze());
+        }
+        out.push(piece.clone());
+    } else {
+        small.extend_from_slice(piece);
+    }
 }
 
 /// Writes a message's body; its kind.

@@ -109,14 +109,7 @@ pub(super) fn forward_chunks(list: &[ForwardedPublish], batch: bool, out: &mut V
         }
         small.extend_from_slice(&heads[start..end]);
         start = end;
-        if records.len() >= CHUNK_MIN {
-            if !small.is_empty() {
-                out.push(small.split().freeze());
-            }
-            out.push(records.clone());
-        } else {
-            small.extend_from_slice(records);
-        }
+        put_piece(&mut small, out, records);
     }
     if !small.is_empty() {
         out.push(small.freeze());
