@@ -98,6 +98,19 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         use felix_proto::broker::{ForwardOutcome, ForwardedPublish};
         use felix_proto::cluster::peer::{PeerMessage, encode};
         let records = felix_proto::Records::from_payloads(["a", "bb"]).expect("small");
+        // An acked plain publish forwarded to orders#2 (what each forward seed varies).
+        let to_orders = |id: u64| ForwardedPublish {
+            id,
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "orders".into(),
+            shard: 2,
+            generation: 3,
+            key: None,
+            records: records.clone(),
+            publisher: None,
+            acked: true,
+        };
         let messages = [
             (
                 "hello",
@@ -126,54 +139,22 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             (
                 "forward",
                 PeerMessage::Forward(ForwardedPublish {
-                    id: 1,
-                    tenant_id: "t1".into(),
-                    namespace: "default".into(),
-                    stream: "orders".into(),
-                    shard: 2,
-                    generation: 3,
-                    key: None,
-                    records: records.clone(),
                     publisher: Some(bytes::Bytes::from_static(b"alice")),
-                    acked: true,
+                    ..to_orders(1)
                 }),
             ),
             (
                 "forward_meta",
                 PeerMessage::Forward(ForwardedPublish {
-                    id: 2,
-                    tenant_id: "t1".into(),
-                    namespace: "default".into(),
-                    stream: "orders".into(),
-                    shard: 2,
-                    generation: 3,
                     key: Some(bytes::Bytes::from_static(b"eu-7")),
                     records: felix_proto::samples::packed_records(felix_proto::binary::Codec::Zstd)
                         .with_envelope(Some(bytes::Bytes::from_static(b"\x01\x01\x02k1"))),
-                    publisher: None,
                     acked: false,
+                    ..to_orders(2)
                 }),
             ),
             ("answer", PeerMessage::ForwardAnswer { id: 1, outcome: ForwardOutcome::Appended { offset: Some(9) } }),
-            (
-                "forward_batch",
-                PeerMessage::ForwardBatch(
-                    (3..5)
-                        .map(|id| ForwardedPublish {
-                            id,
-                            tenant_id: "t1".into(),
-                            namespace: "default".into(),
-                            stream: "orders".into(),
-                            shard: 2,
-                            generation: 3,
-                            key: None,
-                            records: records.clone(),
-                            publisher: None,
-                            acked: true,
-                        })
-                        .collect(),
-                ),
-            ),
+            ("forward_batch", PeerMessage::ForwardBatch((3..5).map(to_orders).collect())),
             (
                 "forward_answers",
                 PeerMessage::ForwardAnswers(vec![
