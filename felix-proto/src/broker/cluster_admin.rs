@@ -2,7 +2,7 @@
 //! and `shard_move`, so an operator needs the client address and a token, as every other
 //! command does, rather than the metrics listener and the cluster secret. The broker checks
 //! the permission and holds the answer's turn on the stream; the cluster node, which holds
-//! the metadata and the replicas, answers ([`Broker::handle_cluster_admin_answer`]). A broker
+//! the metadata and the replicas, answers (`Broker::handle_cluster_admin_answer`). A broker
 //! that runs alone answers at once.
 
 use crate::shard::page::{STATUS_PAGE_MAX, StatusPage};
@@ -149,7 +149,7 @@ impl Broker {
 
     /// The cluster node answered a [`ClusterOutput::ClusterAdmin`]: the client gets it in its
     /// turn on its stream.
-    pub fn handle_cluster_admin_answer(&mut self, id: u64, answer: ClusterAdminAnswer) {
+    pub(crate) fn handle_cluster_admin_answer(&mut self, id: u64, answer: ClusterAdminAnswer) {
         let Some(p) = self.membership.admin.remove(&id) else { return };
         let m = match answer {
             ClusterAdminAnswer::Status(status) => {

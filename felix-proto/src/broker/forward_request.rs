@@ -231,7 +231,7 @@ impl Broker {
 
     /// The owner answered a request forwarded from here: the client gets its answer bytes, in
     /// its turn on its stream.
-    pub fn handle_forward_request_answer(&mut self, id: u64, data: Bytes, now: Instant) {
+    pub(crate) fn handle_forward_request_answer(&mut self, id: u64, data: Bytes, now: Instant) {
         self.clock.advance(now);
         let Some(p) = self.membership.request_forwards.remove(&id) else { return };
         self.membership.forward_deadlines.remove(&(p.deadline, id));
@@ -240,7 +240,7 @@ impl Broker {
 
     /// The driver could not deliver a forwarded request to the cache's owner:
     /// `shard_unavailable` (retry).
-    pub fn handle_forward_request_failed(&mut self, id: u64, now: Instant) {
+    pub(crate) fn handle_forward_request_failed(&mut self, id: u64, now: Instant) {
         self.clock.advance(now);
         let Some(p) = self.membership.request_forwards.remove(&id) else { return };
         self.membership.forward_deadlines.remove(&(p.deadline, id));
@@ -315,7 +315,7 @@ impl Broker {
 
     /// Owner side: a cache or counter request another broker forwarded here. Its answer comes
     /// out as [`ClusterOutput::ForwardRequestAnswer`] to `from`.
-    pub fn handle_forwarded_request(&mut self, from: &str, r: ForwardedRequest, now: Instant) {
+    pub(crate) fn handle_forwarded_request(&mut self, from: &str, r: ForwardedRequest, now: Instant) {
         let now = self.clock.advance(now);
         self.stats.requests_forwarded_in += 1;
         let offer = ClientOffer {

@@ -475,7 +475,7 @@ impl Broker {
     }
 
     /// How many subscriptions this broker serves on one stream shard.
-    pub fn subscribers_of(&self, s: &ShardId) -> usize {
+    pub(crate) fn subscribers_of(&self, s: &ShardId) -> usize {
         self.streams
             .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
             .and_then(|e| e.shards.get(s.shard as usize))
@@ -511,7 +511,7 @@ impl Broker {
 
     /// Time passed: lost copy requests asked again, cut-overs and finishes proposed (again),
     /// a cut-over that took too long given up.
-    pub fn tick_moves(&mut self, now: Instant) {
+    pub(crate) fn tick_moves(&mut self, now: Instant) {
         let now = self.clock.advance(now);
         let ins: Vec<ShardId> = self.membership.moves_in.keys().cloned().collect();
         for s in ins {
@@ -624,7 +624,7 @@ impl Broker {
     }
 
     /// A new owner asks for records (it copies a shard moving here from this broker).
-    pub fn handle_copy_request(&mut self, from: &str, q: CopyRequest, now: Instant) {
+    pub(crate) fn handle_copy_request(&mut self, from: &str, q: CopyRequest, now: Instant) {
         let now = self.clock.advance(now);
         if q.shard.kind == Kind::Cache {
             return self.handle_cache_copy_request(from, q, now);
@@ -731,7 +731,7 @@ impl Broker {
     }
 
     /// The old owner's answer to a copy request.
-    pub fn handle_copy_answer(&mut self, from: &str, a: CopyAnswer, now: Instant) {
+    pub(crate) fn handle_copy_answer(&mut self, from: &str, a: CopyAnswer, now: Instant) {
         let now = self.clock.advance(now);
         let s = a.shard;
         let fenced = self.membership.fenced;

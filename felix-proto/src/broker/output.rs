@@ -84,7 +84,7 @@ pub enum TransportOutput {
 
 /// What the driver's storage does: persist a batch, read history, truncate for retention, delete
 /// a stream or reset a shard. A broker without storage answers writes itself (see
-/// [`crate::storage::MemStorage`]).
+/// [`crate::storage::MemoryOnly`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 // A write is the output of every durable publish: boxing it would cost an allocation per batch
 // to save bytes in the rarer variants' slots.
@@ -192,8 +192,8 @@ pub enum ClusterOutput {
         outcome: super::ForwardOutcome,
     },
     /// Send a cache or counter request to the broker `to` that owns its cache: deliver it to
-    /// that broker's [`Broker::handle_forwarded_request`], or, when it cannot be reached,
-    /// report [`Broker::handle_forward_request_failed`].
+    /// that broker's `Broker::handle_forwarded_request`, or, when it cannot be reached,
+    /// report `Broker::handle_forward_request_failed`.
     ForwardRequest {
         /// The owner's node id.
         to: String,
@@ -201,7 +201,7 @@ pub enum ClusterOutput {
         request: super::ForwardedRequest,
     },
     /// The answer to a request broker `to` forwarded here: deliver it to that broker's
-    /// [`Broker::handle_forward_request_answer`].
+    /// `Broker::handle_forward_request_answer`.
     ForwardRequestAnswer {
         /// The origin's node id.
         to: String,
@@ -241,8 +241,8 @@ pub enum ClusterOutput {
     },
     /// Propose this batch to the Raft group of a replicated shard this broker leads
     /// ([`crate::cluster::node::ClusterNode`] does): it becomes visible once the group commits
-    /// it ([`Broker::apply_replicated`]), and the publish is answered with the group's answer
-    /// ([`Broker::handle_replicated`], same `token`).
+    /// it (`Broker::apply_replicated`), and the publish is answered with the group's answer
+    /// (`Broker::handle_replicated`, same `token`).
     Replicate {
         /// Names the publish in the answer.
         token: crate::transport::WriteToken,
@@ -273,7 +273,7 @@ pub enum ClusterOutput {
     /// [`crate::cluster::node::ClusterNode`] does).
     ProposeCluster(crate::shard::metadata::Command),
     /// An operator's request over the client protocol (D52) for the cluster node to answer
-    /// with [`Broker::handle_cluster_admin_answer`]. Never sent by a broker that runs alone.
+    /// with `Broker::handle_cluster_admin_answer`. Never sent by a broker that runs alone.
     ClusterAdmin {
         /// Echoed in the answer.
         id: u64,

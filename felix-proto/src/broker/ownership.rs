@@ -256,7 +256,7 @@ impl Broker {
     /// yet, as the registry's creation asks for them: `(tenant, namespace, name, shards,
     /// ephemeral, replication)`. The metadata leader proposes them, so a configured stream is
     /// in the cluster (its shards placed, listed by `cluster status`) before its first use.
-    pub fn configured_streams_to_register(&self) -> Vec<(String, String, String, u32, bool, u32)> {
+    pub(crate) fn configured_streams_to_register(&self) -> Vec<(String, String, String, u32, bool, u32)> {
         let Some(view) = &self.membership.view else { return Vec::new() };
         self.cfg
             .streams

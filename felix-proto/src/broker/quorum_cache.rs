@@ -524,7 +524,7 @@ impl Broker {
 
     /// How long this broker's replica of a replicated cache may answer reads
     /// ([`crate::cluster::replica::Replica::read_lease`]; `None`: not now).
-    pub fn set_read_lease(&mut self, shard: &ShardId, until: Option<Instant>) {
+    pub(crate) fn set_read_lease(&mut self, shard: &ShardId, until: Option<Instant>) {
         if shard.kind == Kind::Cache {
             self.quorum_cache(shard).read_lease = until;
         } else if let Some(sh) = self
@@ -538,7 +538,7 @@ impl Broker {
 
     /// Whether this broker's replica of `shard` needs a read lease: always for a cache; for a
     /// stream, while it has consumer groups here (their polls are served only within one).
-    pub fn wants_read_lease(&self, shard: &ShardId) -> bool {
+    pub(crate) fn wants_read_lease(&self, shard: &ShardId) -> bool {
         shard.kind == Kind::Cache
             || self.groups.contains_key(&(key(&shard.tenant, &shard.namespace, &shard.name), shard.shard))
     }

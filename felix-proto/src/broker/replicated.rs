@@ -40,7 +40,7 @@ pub enum ReplicaRole {
 
 impl Broker {
     /// The latest time the broker was given (its clock never goes back).
-    pub fn last_now(&self) -> Instant {
+    pub(crate) fn last_now(&self) -> Instant {
         self.clock.last().unwrap_or_else(|| self.wall.anchor())
     }
 
@@ -67,7 +67,7 @@ impl Broker {
     /// Whether every member of the cluster reads a replicated stream's commit state in its
     /// snapshots (the cluster node says so as its peers' hellos and the members change): only
     /// then does retention compact a replicated shard that holds state (D63).
-    pub fn set_commit_state_snapshots(&mut self, every_member_reads_them: bool) {
+    pub(crate) fn set_commit_state_snapshots(&mut self, every_member_reads_them: bool) {
         self.membership.commit_state_snapshots = every_member_reads_them;
     }
 
@@ -98,7 +98,7 @@ impl Broker {
     /// A replicated shard's replica was restored from a snapshot: what is held goes (every
     /// record before `next_offset` was dropped by retention), and the log goes on from
     /// `next_offset`. Readers of the shard (a follower has none) end as on a move.
-    pub fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, state: &[u8], now: Instant) {
+    pub(crate) fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, state: &[u8], now: Instant) {
         self.clock.advance(now);
         if shard.kind == Kind::Cache {
             return self.restore_quorum_cache(shard, state);
@@ -116,7 +116,7 @@ impl Broker {
     /// values and counters; a stream's consumer groups (their settlements are side entries of
     /// its log) and its last timestamp. A stream's records are not part of its snapshots: retention dropped them
     /// before its log is compacted.
-    pub fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
+    pub(crate) fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
         if shard.kind == Kind::Cache {
             self.quorum_cache_state(shard)
         } else {
@@ -127,7 +127,7 @@ impl Broker {
     /// A side entry of a replicated shard committed (on every replica, in log order with its
     /// records): a stream's consumer-group settlements, folded into its groups here. It took
     /// no offset.
-    pub fn apply_replicated_side(&mut self, shard: &ShardId, batch: ReplicatedBatch, now: Instant) {
+    pub(crate) fn apply_replicated_side(&mut self, shard: &ShardId, batch: ReplicatedBatch, now: Instant) {
         self.clock.advance(now);
         if shard.kind != Kind::Stream {
             return;
@@ -138,7 +138,7 @@ impl Broker {
 
     /// The live value and version of `key` in a cache held here (checkers and diagnostics;
     /// changes nothing).
-    pub fn cache_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<(Bytes, u64)> {
+    pub(crate) fn cache_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<(Bytes, u64)> {
         self.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
     }
 
@@ -157,7 +157,14 @@ impl Broker {
 
     /// An entry of a replicated shard committed (on every replica, in log order): the batch
     /// becomes visible at `offset`, the offset the group gave it, and live subscribers get it.
-    pub fn apply_replicated(&mut self, shard: &ShardId, offset: u64, entry: u64, batch: ReplicatedBatch, now: Instant) {
+    pub(crate) fn apply_replicated(
+        &mut self,
+        shard: &ShardId,
+        offset: u64,
+        entry: u64,
+        batch: ReplicatedBatch,
+        now: Instant,
+    ) {
         let now = self.clock.advance(now);
         if shard.kind == Kind::Cache {
             return self.apply_replicated_cache(shard, offset, batch, now);
@@ -189,7 +196,7 @@ impl Broker {
     /// A generation-start record of a replicated shard committed at `offset` (a new leader's
     /// first entry): it takes the offset and is never delivered; the next batch carries
     /// `skipped_before` for clients that read it.
-    pub fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, entry: u64, now: Instant) {
+    pub(crate) fn apply_replicated_generation(&mut self, shard: &ShardId, offset: u64, entry: u64, now: Instant) {
         self.clock.advance(now);
         if shard.kind == Kind::Cache {
             // It takes the offset; a cache has no record to keep for it.
@@ -205,7 +212,7 @@ impl Broker {
     /// The group's answer to a batch proposed for the publish `token`: publishers (and brokers
     /// that forwarded it) are answered. `leadership_lost` and `quorum_timeout` are outcome
     /// unknown: the batch may still commit, and an idempotent producer's retry is written once.
-    pub fn handle_replicated(&mut self, token: WriteToken, answer: Answer, now: Instant) {
+    pub(crate) fn handle_replicated(&mut self, token: WriteToken, answer: Answer, now: Instant) {
         let now = self.clock.advance(now);
         if self.handle_cache_answer(token, &answer).is_some() {
             return;
@@ -262,7 +269,7 @@ impl Broker {
     /// For a history read ([`StorageOutput::Read`]) of a replicated shard below what its log
     /// holds in memory: the Raft log indexes `low..high` holding the batches to read back.
     /// `None` for a shard whose older history is not in a Raft log.
-    pub fn replicated_read_range(&self, r: &ReadRequest) -> Option<(u64, u64)> {
+    pub(crate) fn replicated_read_range(&self, r: &ReadRequest) -> Option<(u64, u64)> {
         let sh = self.streams.get(KeyRef(&r.tenant_id, &r.namespace, &r.stream).q())?.shards.get(r.shard as usize)?;
         sh.log.entry_range(r.from, r.end, r.max_bytes)
     }
@@ -272,7 +279,13 @@ impl Broker {
     /// with the batches they hold, at the offsets and times the log gave them. Entries that
     /// hold no batch the log knows (side entries, configuration changes, refused batches)
     /// are passed over.
-    pub fn replicated_read_complete(&mut self, token: ReadToken, shard: &ShardId, entries: Vec<Entry>, now: Instant) {
+    pub(crate) fn replicated_read_complete(
+        &mut self,
+        token: ReadToken,
+        shard: &ShardId,
+        entries: Vec<Entry>,
+        now: Instant,
+    ) {
         let k = KeyRef(&shard.tenant, &shard.namespace, &shard.name);
         let log = self.streams.get(k.q()).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log);
         let mut batches = Vec::with_capacity(entries.len());

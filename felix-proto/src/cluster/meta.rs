@@ -609,7 +609,7 @@ impl MetaNode {
         self.raw.mut_store().cached.budget = budget;
     }
 
-    /// Entry bytes held in memory (with [`ENTRY_OVERHEAD`] each), and how many entries of the
+    /// Entry bytes held in memory (with `ENTRY_OVERHEAD` each), and how many entries of the
     /// log are on disk only.
     pub fn entry_memory(&self) -> (u64, u64) {
         let s = self.raw.store();

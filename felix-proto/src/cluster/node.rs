@@ -64,7 +64,7 @@ pub const MAX_BALANCE_MOVES: usize = 4;
 /// A leader says in the operator's log that a replica of a shard it leads fell behind when the
 /// replica lacks more than this many entries (batches), and that it caught up once it lacks
 /// at most [`REPLICA_CAUGHT_UP_ENTRIES`]; the gap between the two keeps a replica that hovers
-/// around one bound from filling the log. Checked once a second ([`JOIN_RETRY_TICKS`]).
+/// around one bound from filling the log. Checked once a second (`JOIN_RETRY_TICKS`).
 pub const REPLICA_BEHIND_ENTRIES: u64 = 256;
 /// See [`REPLICA_BEHIND_ENTRIES`].
 pub const REPLICA_CAUGHT_UP_ENTRIES: u64 = 16;

@@ -261,7 +261,7 @@ impl ClusterNode {
     }
 
     /// Replica moves the metadata leader proposed to balance replicas (see
-    /// [`check_replica_balance`](Self::check_replica_balance)), for metrics and tests.
+    /// `check_replica_balance`), for metrics and tests.
     pub fn balance_moves(&self) -> u64 {
         self.balance_moves
     }

@@ -72,7 +72,7 @@ const MAX_CHECKPOINTS: usize = 64;
 
 /// Bytes of checkpoint data kept waiting for compaction, beyond the oldest checkpoint (which
 /// is always kept). A host whose state is large (a cache, a stream's commit state) would
-/// otherwise hold up to [`MAX_CHECKPOINTS`] copies of it while retention's floor catches up;
+/// otherwise hold up to `MAX_CHECKPOINTS` copies of it while retention's floor catches up;
 /// past this, no new checkpoint is taken (nor the host asked for its state) until compaction
 /// consumed the older ones, so the log is compacted in coarser steps instead.
 pub const MAX_CHECKPOINT_MEMORY: usize = 64 << 20;
@@ -592,7 +592,7 @@ impl Replica {
         b
     }
 
-    /// The host's state within snapshot data ([`encode_state`](Self::encode_state)'s end),
+    /// The host's state within snapshot data (`encode_state`'s end),
     /// found by its lengths alone (nothing copied). `None` for data that does not read.
     pub fn host_state_of(data: &[u8]) -> Option<&[u8]> {
         let (&version, rest) = data.split_first()?;
@@ -609,7 +609,7 @@ impl Replica {
         Some(rest)
     }
 
-    /// Reads [`encode_state`](Self::encode_state)'s bytes. Never panics.
+    /// Reads `encode_state`'s bytes. Never panics.
     fn decode_state(data: &[u8]) -> Option<(u64, BTreeMap<u64, ProducerSeqs>, Bytes)> {
         let mut r = Reader::new(Bytes::copy_from_slice(data));
         if r.u8("version").ok()? != 1 {
