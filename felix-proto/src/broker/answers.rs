@@ -172,8 +172,7 @@ impl Broker {
             return AnswerSlot::Now;
         }
         if matches!(reply, Reply::Commit(_)) {
-            let id = self.next_poll;
-            self.next_poll += 1;
+            let id = self.ids.poll();
             Self::hold(st, HeldFor::Commit(id));
             return AnswerSlot::Held(id);
         }

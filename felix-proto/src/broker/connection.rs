@@ -61,8 +61,7 @@ impl Broker {
 
     pub(super) fn open_conn(&mut self, peer: Option<PeerAddr>, now: Instant) -> ConnId {
         self.next_sweep.get_or_insert(crate::transport::after(now, std::time::Duration::from_secs(1)));
-        let id = ConnId(self.next_conn);
-        self.next_conn += 1;
+        let id = self.ids.conn();
         self.stats.connections_opened += 1;
         self.unauthenticated.opened(id, now, peer);
         self.conns.insert(
@@ -124,7 +123,7 @@ impl Broker {
             }
             for (sid, st) in &c.streams {
                 if let Some(d) = st.auth_deadline {
-                    self.auth_deadlines.remove(&(d, conn, *sid));
+                    self.timers.auth.remove(&(d, conn, *sid));
                 }
             }
             // In subscription-id order: what this releases (held publishers read again)
@@ -179,7 +178,7 @@ impl Broker {
                 return; // a stream that was closed
             }
         }
-        let auth_deadlines = &mut self.auth_deadlines;
+        let auth_deadlines = &mut self.timers.auth;
         let st = c.streams.entry(stream).or_insert_with(|| {
             let deadline = crate::transport::after(now, auth_timeout);
             auth_deadlines.insert((deadline, conn, stream));

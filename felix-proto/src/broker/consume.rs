@@ -186,8 +186,7 @@ impl Broker {
             let pending = SysPending::Group { conn, stream, data: k.clone(), shard, op: op.clone(), answer };
             return self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
         }
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
+        let token = self.ids.write();
         let batch = ReplicatedBatch::side_entry(self.wall.micros(now), &[op.encode()]);
         let id = super::replicated::stream_shard(k, shard);
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard: id, batch }));
@@ -365,8 +364,7 @@ impl Broker {
         };
         let deliveries = self.poll_now(conn, &k, p.shard, &p.group, &request, now);
         if deliveries.is_empty() && p.wait_ms > 0 {
-            let id = self.next_poll;
-            self.next_poll += 1;
+            let id = self.ids.poll();
             Self::hold(st, HeldFor::Poll(id));
             let mut deadline = crate::transport::after(now, Duration::from_millis(p.wait_ms).min(limits.max_wait));
             // A poll opened with a signed token is woken when the token expires, to end it
@@ -441,8 +439,7 @@ impl Broker {
         let memory_start = self.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
         match missing {
             Some(from) if from < memory_start => {
-                let token = ReadToken(self.next_read);
-                self.next_read += 1;
+                let token = self.ids.read();
                 self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                     token,
                     tenant_id: fill.data.tenant().to_owned(),

@@ -72,8 +72,7 @@ impl Broker {
                 let cfg = StreamConfig { shards, durable, replication: 1, ..d.clone() };
                 self.create_stream(key(&c.tenant_id, &c.namespace, &s.stream), cfg);
                 if durable {
-                    let token = WriteToken(self.next_write);
-                    self.next_write += 1;
+                    let token = self.ids.write();
                     recording.push(token);
                     self.out.push_back(BrokerOutput::Storage(StorageOutput::CreateStream {
                         token,

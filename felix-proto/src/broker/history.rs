@@ -133,8 +133,7 @@ impl Broker {
         let max_bytes = r.max_bytes.filter(|n| *n > 0).map_or(cap_bytes, |n| n.min(cap_bytes));
         let mut page = Page::new(r.from, max_records as usize, max_bytes);
         if r.from < end && r.from < memory_start {
-            let token = ReadToken(self.next_read);
-            self.next_read += 1;
+            let token = self.ids.read();
             self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                 token,
                 tenant_id: k.tenant().to_owned(),

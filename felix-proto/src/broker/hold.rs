@@ -27,7 +27,7 @@ impl Broker {
         }
         let deadline = crate::transport::after(now, self.cfg.publisher_hold_max);
         sh.hold = Some(Hold { deadline, streams: Vec::new() });
-        self.hold_deadlines.insert((deadline, k.clone(), shard));
+        self.timers.holds.insert((deadline, k.clone(), shard));
     }
 
     /// A publish to `k`/`shard` was just fanned out on `st`: if the shard holds, this stream
@@ -64,7 +64,7 @@ impl Broker {
     /// they would stay paused with nothing left to resume them.
     pub(super) fn let_go_of(&mut self, k: &Key, shard: u32, paused: Vec<(ConnId, StreamId)>, hold: Option<Hold>) {
         let held = hold.map(|h| {
-            self.hold_deadlines.remove(&(h.deadline, k.clone(), shard));
+            self.timers.holds.remove(&(h.deadline, k.clone(), shard));
             h.streams
         });
         let storage = paused.into_iter().map(|s| (s, Pause::Storage));
@@ -81,10 +81,10 @@ impl Broker {
     /// Holds past their deadline: the subscribers still holding are excused, and the
     /// publishers go on.
     pub(super) fn expire_holds(&mut self, now: Instant) {
-        while let Some((at, k, shard)) = self.hold_deadlines.first().cloned()
+        while let Some((at, k, shard)) = self.timers.holds.first().cloned()
             && at <= now
         {
-            self.hold_deadlines.pop_first();
+            self.timers.holds.pop_first();
             let Some(sh) = self.streams.get(&k).and_then(|e| e.shards.get(shard as usize)) else { continue };
             if sh.hold.as_ref().is_none_or(|h| h.deadline != at) {
                 continue;
@@ -113,7 +113,7 @@ impl Broker {
             return;
         }
         let Some(hold) = sh.hold.take() else { return };
-        self.hold_deadlines.remove(&(hold.deadline, k.clone(), shard));
+        self.timers.holds.remove(&(hold.deadline, k.clone(), shard));
         for (conn, sid) in hold.streams {
             let Some(st) = self.conns.get_mut(&conn).and_then(|c| c.streams.get_mut(&sid)) else { continue };
             if st.pauses.remove(Pause::Subscribers) {

@@ -37,6 +37,7 @@ mod history;
 mod log;
 mod producer;
 mod syslog;
+mod timers;
 mod watch;
 
 mod admin;
@@ -50,6 +51,7 @@ mod create;
 mod forward;
 mod forward_request;
 mod hold;
+mod ids;
 mod inputs;
 mod inspect;
 mod key;
@@ -480,13 +482,12 @@ pub struct Broker {
     conns: HashMap<ConnId, Box<Conn>>,
     /// The connections not authenticated yet (the caps of [`Broker::admit`]).
     unauthenticated: connection::Unauthenticated,
-    /// Authentication deadlines of control streams, earliest first, so `poll_timeout` reads one
-    /// entry instead of scanning every stream. Entries of streams that authenticated or went
-    /// away are removed when that happens, or skipped when they come due.
-    auth_deadlines: std::collections::BTreeSet<(Instant, ConnId, StreamId)>,
     /// Streams whose retention is by age (they need the once-a-second sweep).
     aged_streams: usize,
-    next_conn: u64,
+    /// What comes due at a time of its own, each kind in deadline order.
+    timers: timers::Timers,
+    /// The next id of each kind this broker hands out.
+    ids: ids::Ids,
     streams: HashMap<Key, StreamEntry>,
     caches: HashMap<Key, Cache>,
     writes: HashMap<WriteToken, WriteCtx>,
@@ -494,8 +495,6 @@ pub struct Broker {
     cache_writes: std::collections::BTreeMap<WriteToken, quorum_cache::CacheWrite>,
     /// Consumer-group settlements proposed to replicated shards, by the token of their entry.
     group_proposals: std::collections::BTreeMap<WriteToken, consume::GroupProposal>,
-    next_write: u64,
-    next_open: u64,
     out: VecDeque<BrokerOutput>,
     stats: BrokerStats,
     server_flags: Flags,
@@ -511,7 +510,6 @@ pub struct Broker {
     /// segments storage keeps for it go.
     checkpoint_owed: bool,
     reads: HashMap<ReadToken, ReadFor>,
-    next_read: u64,
     /// Counters by cache, folded from their system logs.
     counters: HashMap<Key, syslog::Counters>,
     /// State of the random sequence (splitmix64), seeded from the configuration.
@@ -522,20 +520,12 @@ pub struct Broker {
     draining: bool,
     /// Per-tenant publish rate limits.
     limits: limits::RateLimits,
-    /// Streams paused for their tenant's rate, and when they are read again.
-    rate_resumes: std::collections::BTreeSet<(Instant, ConnId, StreamId)>,
-    /// Subscriptions and watches opened with a signed token: (its expiry in seconds, connection,
-    /// subscription, the token), ended `revoked` when it comes or the token is revoked.
-    credential_expiries: std::collections::BTreeSet<(u64, ConnId, u64, Credential)>,
     /// Consumer groups by (stream, shard), then name.
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
     group_ops: HashMap<Key, u64>,
-    next_poll: u64,
     /// Group wake-ups deferred until the control stream being handled is back in place.
     wakes: Vec<(Key, u32)>,
-    /// Shards holding their publishers for a slow subscriber, by deadline.
-    hold_deadlines: std::collections::BTreeSet<(Instant, Key, u32)>,
     /// Shards whose holding subscriber drained or went: their publishers may be read again
     /// (deferred like `wakes`, run at the end of the input that caused it).
     releases: Vec<(Key, u32)>,
@@ -579,16 +569,14 @@ impl Broker {
             wall,
             conns: HashMap::new(),
             unauthenticated: Default::default(),
-            auth_deadlines: std::collections::BTreeSet::new(),
             aged_streams: 0,
-            next_conn: 1,
+            timers: timers::Timers::default(),
+            ids: ids::Ids::default(),
             streams: HashMap::new(),
             caches: HashMap::new(),
             writes: HashMap::new(),
             cache_writes: std::collections::BTreeMap::new(),
             group_proposals: std::collections::BTreeMap::new(),
-            next_write: 1,
-            next_open: 1,
             out: VecDeque::new(),
             fanout_subs: Vec::new(),
             stats: BrokerStats::default(),
@@ -600,19 +588,14 @@ impl Broker {
             next_sweep: None,
             checkpoint_owed: false,
             reads: HashMap::new(),
-            next_read: 1,
             counters: HashMap::new(),
             rng: 0,
             groups: HashMap::new(),
             creates: create::Creates::default(),
             draining: false,
             limits: limits::RateLimits::default(),
-            credential_expiries: std::collections::BTreeSet::new(),
-            rate_resumes: std::collections::BTreeSet::new(),
             group_ops: HashMap::new(),
-            next_poll: 1,
             wakes: Vec::new(),
-            hold_deadlines: std::collections::BTreeSet::new(),
             releases: Vec::new(),
             resumes: Vec::new(),
             cache_watchers: HashMap::new(),
@@ -682,13 +665,14 @@ impl Broker {
     /// Ends every subscription, watch and group long-poll opened with a token now revoked.
     fn end_revoked(&mut self, now: Instant) {
         let revoked: Vec<(u64, ConnId, u64, Credential)> = self
-            .credential_expiries
+            .timers
+            .expiries
             .iter()
             .filter(|(_, _, _, c)| self.is_revoked(c.jti.as_deref(), &c.sub))
             .cloned()
             .collect();
         for e in revoked {
-            self.credential_expiries.remove(&e);
+            self.timers.expiries.remove(&e);
             let (_, conn, id, _) = e;
             if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
                 sub.on(SubEvent::End(Ending::Revoked { expired: false }));
@@ -784,21 +768,19 @@ impl Broker {
     /// deadline of a stream, or the next retention sweep (once a second while any stream retains
     /// by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let auth = self.auth_deadlines.first().map(|(d, _, _)| *d);
+        let auth = self.timers.auth.first().map(|(d, _, _)| *d);
         let sweep = if self.checkpoint_owed {
             self.next_sweep.or_else(|| self.clock.last())
         } else {
             self.next_sweep
                 .filter(|_| self.aged_streams > 0 || !self.caches.is_empty() || self.limits.counts_retained())
         };
-        let expiry = self
-            .credential_expiries
-            .first()
-            .map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
-        let resume = self.rate_resumes.first().map(|(t, _, _)| *t);
+        let expiry =
+            self.timers.expiries.first().map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
+        let resume = self.timers.rate.first().map(|(t, _, _)| *t);
         // A release owed is due at once; a hold ends at its deadline.
         let hold = if self.releases.is_empty() && self.resumes.is_empty() {
-            self.hold_deadlines.first().map(|(t, _, _)| *t)
+            self.timers.holds.first().map(|(t, _, _)| *t)
         } else {
             self.clock.last()
         };
@@ -812,10 +794,10 @@ impl Broker {
         let now = self.clock.advance(now);
         self.expire_holds(now);
         // Streams paused for their tenant's rate are read again once it is back under.
-        while let Some(&(at, conn, stream)) = self.rate_resumes.first()
+        while let Some(&(at, conn, stream)) = self.timers.rate.first()
             && at <= now
         {
-            self.rate_resumes.pop_first();
+            self.timers.rate.pop_first();
             let resumed = self
                 .conns
                 .get_mut(&conn)
@@ -828,20 +810,20 @@ impl Broker {
         }
         // Subscriptions and watches whose signed token expired end `revoked`.
         let secs = self.wall.micros(now) / 1_000_000;
-        while let Some((exp, conn, id, _)) = self.credential_expiries.first().cloned()
+        while let Some((exp, conn, id, _)) = self.timers.expiries.first().cloned()
             && exp <= secs
         {
-            self.credential_expiries.pop_first();
+            self.timers.expiries.pop_first();
             if let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) {
                 sub.on(SubEvent::End(Ending::Revoked { expired: true }));
                 self.pump(conn, id);
             }
         }
         let mut expired = Vec::new();
-        while let Some(&(d, conn, sid)) = self.auth_deadlines.first()
+        while let Some(&(d, conn, sid)) = self.timers.auth.first()
             && d <= now
         {
-            self.auth_deadlines.pop_first();
+            self.timers.auth.pop_first();
             expired.push((conn, sid));
         }
         for (conn, sid) in expired {

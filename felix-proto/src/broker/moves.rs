@@ -23,7 +23,7 @@ use crate::shard::metadata::ClusterFacts;
 use crate::shard::metadata::{Command, MovePhase};
 use crate::shard::{Kind, ShardId};
 use crate::storage::StoredBatch;
-use crate::transport::{ReadToken, WriteToken};
+use crate::transport::WriteToken;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -475,6 +475,7 @@ impl Broker {
     }
 
     /// How many subscriptions this broker serves on one stream shard.
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn subscribers_of(&self, s: &ShardId) -> usize {
         self.streams
             .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
@@ -645,8 +646,7 @@ impl Broker {
         let memory_start = log.memory_start();
         if want < memory_start && want < log.committed_tail() {
             // Older history is on disk: read it, answer when storage has.
-            let token = ReadToken(self.next_read);
-            self.next_read += 1;
+            let token = self.ids.read();
             self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                 token,
                 tenant_id: s.tenant.clone(),
@@ -797,8 +797,7 @@ impl Broker {
             }
             // A gap (a write that failed there) stays a gap here.
             next = end;
-            let token = WriteToken(self.next_write);
-            self.next_write += 1;
+            let token = self.ids.write();
             self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
                 key: b.key.clone(),
                 token,

@@ -101,7 +101,7 @@ impl Broker {
                 if st.pause(Pause::Rate) {
                     self.out.push_back(BrokerOutput::Transport(TransportOutput::PauseReading { conn, stream: st.id }));
                 }
-                self.rate_resumes.insert((crate::transport::after(now, wait), conn, st.id));
+                self.timers.rate.insert((crate::transport::after(now, wait), conn, st.id));
             }
             let whose = if namespace {
                 format!("namespace {}/{}", req.tenant_id, req.namespace)
@@ -370,8 +370,7 @@ impl Broker {
             }
             return None;
         }
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
+        let token = self.ids.write();
         let entry_shards = entry.shards.len() as u32;
         let fsync = entry.config.fsync;
         let records = b.records.clone();

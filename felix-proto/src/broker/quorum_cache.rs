@@ -239,8 +239,7 @@ impl Broker {
 
     /// Proposes operations as one batch; the token its answer comes with.
     fn propose_cache_ops(&mut self, k: &Key, ops: &[CacheOp], now: Instant) -> WriteToken {
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
+        let token = self.ids.write();
         let payloads: Vec<Bytes> = ops.iter().map(CacheOp::encode).collect();
         let batch = ReplicatedBatch {
             key: None,

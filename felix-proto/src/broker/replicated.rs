@@ -138,6 +138,7 @@ impl Broker {
 
     /// The live value and version of `key` in a cache held here (checkers and diagnostics;
     /// changes nothing).
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn cache_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<(Bytes, u64)> {
         self.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
     }
@@ -329,8 +330,7 @@ impl Broker {
     /// Proposes a batch to a replicated shard this broker leads: nothing is appended here until
     /// the group commits it. Returns the write whose context (no waiters yet) is registered.
     pub(super) fn replicate_batch(&mut self, k: &Key, shard: u32, b: publish::NewBatch, now: Instant) -> WriteToken {
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
+        let token = self.ids.write();
         let bytes = b.records.payload_bytes() as u64;
         let batch = ReplicatedBatch {
             producer: b.idempotent,

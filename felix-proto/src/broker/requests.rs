@@ -197,7 +197,7 @@ impl Broker {
         st.decoder
             .set_accepted_flags(Flags::CLIENT_SENDS.intersection(self.server_flags).with(Flags::EXTENDED, extended));
         if let Some(d) = st.auth_deadline.take() {
-            self.auth_deadlines.remove(&(d, conn, st.id));
+            self.timers.auth.remove(&(d, conn, st.id));
         }
         self.authenticated(conn);
         let answer = match broker_answer(

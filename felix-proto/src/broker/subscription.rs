@@ -8,7 +8,7 @@ use crate::features::Features;
 use crate::flags::Flags;
 use crate::message::{self, Message};
 use crate::negotiate::ClientOffer;
-use crate::transport::{ConnId, OpenToken, ReadToken, StreamId, WriteToken};
+use crate::transport::{ConnId, ReadToken, StreamId};
 use bytes::Bytes;
 use log::Shape;
 use std::time::Instant;
@@ -31,8 +31,7 @@ impl Broker {
         if !entry.config.durable {
             return None;
         }
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
+        let token = self.ids.write();
         let stream_shards = entry.shards.len() as u32;
         let s = entry.shards.get_mut(shard as usize)?;
         let ts = s.log.stamp(self.wall.micros(now));
@@ -209,8 +208,7 @@ impl Broker {
                     return; // what is next is in memory: sent once the stream has room
                 }
                 if cursor < log.memory_start() {
-                    let token = ReadToken(self.next_read);
-                    self.next_read += 1;
+                    let token = self.ids.read();
                     let end = log.memory_start();
                     self.reads.insert(token, ReadFor::Sub(conn, id));
                     self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
@@ -505,11 +503,10 @@ impl Broker {
             },
             envelope: offer.offered_hi(crate::flags::FlagsHi::ENVELOPE),
         };
-        let token = OpenToken(self.next_open);
-        self.next_open += 1;
+        let token = self.ids.open();
         c.opens.insert(token, id);
         if let Some(j) = st.session.as_ref().and_then(|s| s.jwt.as_ref()) {
-            self.credential_expiries.insert((j.exp, conn, id, j.credential.clone()));
+            self.timers.expiries.insert((j.exp, conn, id, j.credential.clone()));
         }
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.subs.insert(

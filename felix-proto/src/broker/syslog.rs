@@ -267,8 +267,7 @@ impl Broker {
         now: Instant,
     ) -> WriteToken {
         self.sys_log(k);
-        let token = WriteToken(self.next_write);
-        self.next_write += 1;
+        let token = self.ids.write();
         let records = Records::from_payloads(payloads).unwrap_or_default();
         let ts = self.wall.micros(now);
         let entry = self.streams.get_mut(k).expect("created above");

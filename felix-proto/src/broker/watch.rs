@@ -12,7 +12,7 @@ use crate::broker::auth::Action;
 use crate::error_code::ErrorCode;
 use crate::features::Features;
 use crate::message::{self, B64, Message};
-use crate::transport::{ConnId, OpenToken};
+use crate::transport::ConnId;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -110,11 +110,10 @@ impl Broker {
         };
         let queue: VecDeque<[Bytes; 2]> = initial.iter().map(|ch| self.event_frame(ch)).collect();
         let replayed = queue.len();
-        let token = OpenToken(self.next_open);
-        self.next_open += 1;
+        let token = self.ids.open();
         let offer = Self::features_of(st);
         if let Some(j) = st.session.as_ref().and_then(|s| s.jwt.as_ref()) {
-            self.credential_expiries.insert((j.exp, conn, id, j.credential.clone()));
+            self.timers.expiries.insert((j.exp, conn, id, j.credential.clone()));
         }
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.opens.insert(token, id);
