@@ -221,11 +221,20 @@ impl Cache {
     /// A replicated cache's state as a snapshot holds it: `u8 version (1)`, `u64 next_version`,
     /// `u32 n`, each entry (in key order) `u16 key_len` + key, `u64 version`,
     /// `u64 expires_wall` (0: none), `u32 value_len` + value.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn encode_state(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        self.encode_state_into(&mut b);
+        b
+    }
+
+    /// [`encode_state`](Self::encode_state), appended to `b` (a checkpoint's data: the cache's
+    /// values are copied once, into it).
+    pub fn encode_state_into(&self, b: &mut Vec<u8>) {
         use bytes::BufMut;
         let mut keys: Vec<&String> = self.entries.keys().collect();
         keys.sort_unstable();
-        let mut b = Vec::with_capacity(13 + self.bytes + 22 * keys.len());
+        b.reserve(13 + self.bytes + 22 * keys.len());
         b.put_u8(1);
         b.put_u64(self.next_version);
         b.put_u32(keys.len() as u32);
@@ -238,7 +247,6 @@ impl Cache {
             b.put_u32(e.value.len() as u32);
             b.extend_from_slice(&e.value);
         }
-        b
     }
 
     /// Takes the state [`encode_state`](Self::encode_state) wrote (a snapshot installed or a

@@ -225,8 +225,8 @@ impl Broker {
     /// timestamp and its groups' durable state. `u8 version (1)`, `u64 last_timestamp_micros`,
     /// `u32 count`, then per group (in name order) `u32 len` + a checkpoint record
     /// ([`GroupOp::Snapshot`]).
-    pub(super) fn replicated_stream_state(&self, k: &Key, shard: u32) -> Vec<u8> {
-        let mut b = vec![STREAM_STATE_VERSION];
+    pub(super) fn replicated_stream_state(&self, k: &Key, shard: u32, b: &mut Vec<u8>) {
+        b.push(STREAM_STATE_VERSION);
         let ts = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).map_or(0, |s| s.log.last_timestamp());
         b.extend_from_slice(&ts.to_be_bytes());
         let mut records: Vec<Bytes> = Vec::new();
@@ -246,13 +246,19 @@ impl Broker {
         // The commit state, when the shard holds any (D63): once retention compacted the log,
         // the commits that wrote it are gone, and a snapshot is the only place it lives. A
         // shard that holds none writes the bytes it always did.
-        let state = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).and_then(|s| s.state.checkpoint());
-        if let Some(state) = state {
+        // Written in place behind its tag and length, the length filled in after.
+        if let Some(sh) = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)) {
+            let at = b.len();
             b.push(STREAM_STATE_COMMITS);
-            b.extend_from_slice(&(state.len() as u32).to_be_bytes());
-            b.extend_from_slice(&state);
+            b.extend_from_slice(&[0; 4]);
+            match sh.state.checkpoint_into(b) {
+                Some(()) => {
+                    let len = (b.len() - at - 5) as u32;
+                    b[at + 1..at + 5].copy_from_slice(&len.to_be_bytes());
+                }
+                None => b.truncate(at),
+            }
         }
-        b
     }
 
     /// A replicated shard's replica was restored from a snapshot: its groups become the ones

@@ -449,9 +449,12 @@ impl Broker {
     }
 
     /// A replicated cache's state for its group's checkpoint: its values and its counters.
-    pub(super) fn quorum_cache_state(&self, shard: &ShardId) -> Vec<u8> {
+    pub(super) fn quorum_cache_state(&self, shard: &ShardId, b: &mut Vec<u8>) {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let mut b = self.caches.get(&k).map(Cache::encode_state).unwrap_or_else(|| Cache::default().encode_state());
+        match self.caches.get(&k) {
+            Some(c) => c.encode_state_into(b),
+            None => Cache::default().encode_state_into(b),
+        }
         let mut sums: Vec<(&String, &i64)> = self.counters.get(&k).map(|c| c.sums.iter().collect()).unwrap_or_default();
         sums.sort_unstable();
         b.put_u32(sums.len() as u32);
@@ -460,15 +463,14 @@ impl Broker {
             b.extend_from_slice(key.as_bytes());
             b.put_u64(*sum as u64);
         }
-        b
     }
 
     /// A replicated cache's replica was restored from a snapshot: the cache and its counters
     /// become the snapshot's. Its watchers (a follower has none) resume elsewhere.
-    pub(super) fn restore_quorum_cache(&mut self, shard: &ShardId, state: &[u8]) {
+    pub(super) fn restore_quorum_cache(&mut self, shard: &ShardId, state: &Bytes) {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let wall = self.wall;
-        let mut r = Reader::new(Bytes::copy_from_slice(state));
+        let mut r = Reader::new(state.clone());
         let read = self.quorum_cache(shard).restore_state(&mut r, |w| wall.instant_at(w));
         let mut sums = std::collections::HashMap::new();
         if read {

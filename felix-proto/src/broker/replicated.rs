@@ -98,7 +98,7 @@ impl Broker {
     /// A replicated shard's replica was restored from a snapshot: what is held goes (every
     /// record before `next_offset` was dropped by retention), and the log goes on from
     /// `next_offset`. Readers of the shard (a follower has none) end as on a move.
-    pub(crate) fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, state: &[u8], now: Instant) {
+    pub(crate) fn restore_replicated(&mut self, shard: &ShardId, next_offset: u64, state: &Bytes, now: Instant) {
         self.clock.advance(now);
         if shard.kind == Kind::Cache {
             return self.restore_quorum_cache(shard, state);
@@ -116,12 +116,24 @@ impl Broker {
     /// values and counters; a stream's consumer groups (their settlements are side entries of
     /// its log) and its last timestamp. A stream's records are not part of its snapshots: retention dropped them
     /// before its log is compacted.
-    pub(crate) fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
+    /// Appended to `out`: a checkpoint's data, which holds the group's own state before it
+    /// ([`crate::cluster::replica::Replica::checkpoint_due`]), so the host's state is written
+    /// once, in place, not built apart and copied in.
+    pub(crate) fn append_replicated_state(&self, shard: &ShardId, out: &mut Vec<u8>) {
         if shard.kind == Kind::Cache {
-            self.quorum_cache_state(shard)
+            self.quorum_cache_state(shard, out)
         } else {
-            self.replicated_stream_state(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard)
+            self.replicated_stream_state(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard, out)
         }
+    }
+
+    /// [`append_replicated_state`](Self::append_replicated_state) on its own (the checkers
+    /// compare it across replicas).
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
+        let mut b = Vec::new();
+        self.append_replicated_state(shard, &mut b);
+        b
     }
 
     /// A side entry of a replicated shard committed (on every replica, in log order with its

@@ -100,9 +100,17 @@ impl ShardState {
     /// The whole state as a checkpoint, encoded ([`crate::storage::encode_state_checkpoint`]);
     /// `None` while no commit was applied.
     pub(super) fn checkpoint(&self) -> Option<Bytes> {
+        let mut out = Vec::new();
+        self.checkpoint_into(&mut out)?;
+        Some(out.into())
+    }
+
+    /// [`checkpoint`](Self::checkpoint) appended to `out`, the values copied once, into it;
+    /// `None` (and `out` as it was) when it holds no state.
+    pub(super) fn checkpoint_into(&self, out: &mut Vec<u8>) -> Option<()> {
         let as_of = self.as_of?;
-        let values = self.values.iter().map(|(k, (v, version))| (k.clone(), v.clone(), *version)).collect();
-        crate::storage::encode_state_checkpoint(&StateCheckpoint { as_of, values })
+        let values = self.values.iter().map(|(k, (v, version))| (k.as_str(), v.as_ref(), *version));
+        crate::storage::encode_state_checkpoint_into(as_of, values, out)
     }
 
     /// The state a checkpoint holds, replacing this one's. Commits after its `as_of` are then

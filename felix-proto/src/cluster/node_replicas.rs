@@ -578,8 +578,10 @@ impl ClusterNode {
                     self.broker.restore_replicated(shard, next_offset, &state, now)
                 }
                 ReplicaOutput::CheckpointDue { index } => {
-                    let state = self.broker.replicated_state(shard);
-                    h.replica.complete_checkpoint(index, &state);
+                    if let Some(data) = h.replica.checkpoint_due(index) {
+                        self.broker.append_replicated_state(shard, data);
+                    }
+                    h.replica.finish_checkpoint(index);
                 }
                 ReplicaOutput::Send { to, mut message } => {
                     let Some(name) = h.names.get(&to) else { continue };

@@ -308,7 +308,7 @@ impl Replica {
         };
         if let Some(snap) = kept.snapshot.as_ref() {
             // Its state first: the committed entries replayed next come after it.
-            r.restore(snap.get_data());
+            r.restore(snap.data.clone());
         }
         if let Some(sp) = kept.spill.as_ref().filter(|s| !s.is_empty()) {
             // The first read is asked once the entry cache is set, or at the first tick.
@@ -539,11 +539,26 @@ impl Replica {
     /// Completes the checkpoint due after entry `index` with the host's state as of that
     /// entry (a checkpoint asked for earlier and never completed is dropped).
     pub fn complete_checkpoint(&mut self, index: u64, state: &[u8]) {
+        if let Some(data) = self.checkpoint_due(index) {
+            data.extend_from_slice(state);
+        }
+        self.finish_checkpoint(index);
+    }
+
+    /// The data of the checkpoint due after entry `index` (the group's own state so far), for
+    /// the host to append its state to in place, then [`finish_checkpoint`](Self::finish_checkpoint):
+    /// [`complete_checkpoint`](Self::complete_checkpoint) without a copy of the host's state
+    /// made first. `None` when no such checkpoint is due.
+    pub fn checkpoint_due(&mut self, index: u64) -> Option<&mut Vec<u8>> {
+        self.due.as_mut().filter(|c| c.index == index).map(|c| &mut c.data)
+    }
+
+    /// Keeps the checkpoint due after entry `index` with what its data holds now.
+    pub fn finish_checkpoint(&mut self, index: u64) {
         if self.due.as_ref().is_none_or(|c| c.index != index) {
             return;
         }
-        let Some(mut cp) = self.due.take() else { return };
-        cp.data.extend_from_slice(state);
+        let Some(cp) = self.due.take() else { return };
         self.checkpoints.push_back(cp);
         if self.checkpoints.len() > MAX_CHECKPOINTS {
             self.checkpoints.pop_front();
@@ -609,9 +624,10 @@ impl Replica {
         Some(rest)
     }
 
-    /// Reads `encode_state`'s bytes. Never panics.
-    fn decode_state(data: &[u8]) -> Option<(u64, BTreeMap<u64, ProducerSeqs>, Bytes)> {
-        let mut r = Reader::new(Bytes::copy_from_slice(data));
+    /// Reads `encode_state`'s bytes; the host's state it returns shares `data`'s memory (a
+    /// snapshot's data can be the size of a cache: it is not copied). Never panics.
+    fn decode_state(data: Bytes) -> Option<(u64, BTreeMap<u64, ProducerSeqs>, Bytes)> {
+        let mut r = Reader::new(data);
         if r.u8("version").ok()? != 1 {
             return None;
         }
@@ -633,7 +649,7 @@ impl Replica {
 
     /// Takes the state a snapshot holds. Snapshots are only made by this module; one whose
     /// data does not read leaves the state as it was (the same on every replica).
-    fn restore(&mut self, data: &[u8]) {
+    fn restore(&mut self, data: Bytes) {
         let Some((next_offset, producers, state)) = Self::decode_state(data) else { return };
         self.next_offset = next_offset;
         self.producers = producers;
@@ -746,10 +762,10 @@ impl Replica {
                 }
                 MetaOutput::PersistSnapshot { snapshot, received } => {
                     // Kept before anything after it; received, the state becomes its.
-                    let data = received.then(|| snapshot.get_data().to_vec());
+                    let data = received.then(|| snapshot.data.clone());
                     self.out.push_back(ReplicaOutput::PersistSnapshot { snapshot });
                     if let Some(data) = data {
-                        self.restore(&data);
+                        self.restore(data);
                     }
                 }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),

@@ -82,21 +82,43 @@ pub struct StateCheckpoint {
 /// `None` when a key or value is longer than its length field holds (the broker refuses such
 /// commits, so its own state always encodes).
 pub fn encode_state_checkpoint(c: &StateCheckpoint) -> Option<Bytes> {
-    let size: usize = c.values.iter().map(|(k, v, _)| 14 + k.len() + v.len()).sum();
-    let mut out = BytesMut::with_capacity(20 + size);
-    out.put_u32(STATE_CHECKPOINT_MAGIC);
-    out.put_u64(c.as_of);
-    out.put_u32(u32::try_from(c.values.len()).ok()?);
-    for (key, value, version) in &c.values {
-        out.put_u16(u16::try_from(key.len()).ok()?);
-        out.extend_from_slice(key.as_bytes());
-        out.put_u64(*version);
-        out.put_u32(u32::try_from(value.len()).ok()?);
-        out.extend_from_slice(value);
+    let mut out = Vec::new();
+    let values = c.values.iter().map(|(k, v, version)| (k.as_str(), v.as_ref(), *version));
+    encode_state_checkpoint_into(c.as_of, values, &mut out)?;
+    Some(out.into())
+}
+
+/// [`encode_state_checkpoint`] of the state as of `as_of` with `values` (in key order),
+/// appended to `out` straight from where the values live: nothing gathered or copied first (a
+/// replicated shard's snapshot holds it). On `None` (a key or value longer than its length
+/// field), `out` is left as it was.
+pub fn encode_state_checkpoint_into<'a, I>(as_of: u64, values: I, out: &mut Vec<u8>) -> Option<()>
+where
+    I: ExactSizeIterator<Item = (&'a str, &'a [u8], u64)> + Clone,
+{
+    let start = out.len();
+    let size: usize = values.clone().map(|(k, v, _)| 14 + k.len() + v.len()).sum();
+    out.reserve(20 + size);
+    let fits = (|| {
+        out.put_u32(STATE_CHECKPOINT_MAGIC);
+        out.put_u64(as_of);
+        out.put_u32(u32::try_from(values.len()).ok()?);
+        for (key, value, version) in values {
+            out.put_u16(u16::try_from(key.len()).ok()?);
+            out.extend_from_slice(key.as_bytes());
+            out.put_u64(version);
+            out.put_u32(u32::try_from(value.len()).ok()?);
+            out.extend_from_slice(value);
+        }
+        Some(())
+    })();
+    if fits.is_none() {
+        out.truncate(start);
+        return None;
     }
-    let crc = crc32c(&out);
+    let crc = crc32c(&out[start..]);
     out.put_u32(crc);
-    Some(out.freeze())
+    Some(())
 }
 
 /// The `as_of` of [`encode_state_checkpoint`]'s bytes, read from their header alone (storage

@@ -296,3 +296,27 @@ fn names() {
         assert_eq!(parse_path_component(&c).as_deref(), Some(n));
     }
 }
+
+/// A checkpoint written in place after other bytes (a replicated shard's snapshot) is the
+/// same checkpoint, byte for byte, and one that cannot be written leaves the bytes before it
+/// as they were.
+#[test]
+fn a_state_checkpoint_written_in_place_is_the_checkpoint_and_a_failed_one_leaves_nothing() {
+    let c = StateCheckpoint {
+        as_of: 41,
+        values: vec![("a".into(), Bytes::from_static(b"one"), 7), ("b".into(), Bytes::from_static(b""), 9)],
+    };
+    let whole = encode_state_checkpoint(&c).expect("encodes");
+    let mut out = b"head".to_vec();
+    let values = c.values.iter().map(|(k, v, version)| (k.as_str(), v.as_ref(), *version));
+    assert_eq!(encode_state_checkpoint_into(c.as_of, values, &mut out), Some(()));
+    assert_eq!(&out[..4], b"head");
+    assert_eq!(&out[4..], &whole[..]);
+    assert_eq!(decode_state_checkpoint(&Bytes::copy_from_slice(&out[4..])).expect("reads"), c);
+
+    let long = "k".repeat(u16::MAX as usize + 1);
+    let values = [(long.as_str(), &b"v"[..], 1u64)];
+    let mut out = b"head".to_vec();
+    assert_eq!(encode_state_checkpoint_into(1, values.iter().copied(), &mut out), None);
+    assert_eq!(out, b"head");
+}

@@ -172,6 +172,44 @@ fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_th
     let (next, state) = restored.expect("restored");
     assert_eq!(next, r.next_offset());
     assert_eq!(state.as_ref(), format!("host@{}", last.get_metadata().index).as_bytes());
+    // Handed over where the snapshot holds it, not copied (a cache's snapshot is its size).
+    let (base, len) = (last.data.as_ptr() as usize, last.data.len());
+    let at = state.as_ptr() as usize;
+    assert!(at >= base && at + state.len() <= base + len, "the host's state shares the snapshot's memory");
+}
+
+/// The host's state is written into the checkpoint in place: what it appends to
+/// `checkpoint_due`'s data is the checkpoint, after the group's own state, and a checkpoint
+/// not due takes nothing.
+#[test]
+fn a_host_appends_its_state_to_the_checkpoint_in_place() {
+    let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
+    r.set_checkpoint_bytes(1);
+    for _ in 0..100 {
+        if r.is_leader() {
+            break;
+        }
+        r.tick();
+    }
+    let b = ReplicatedBatch::from_payloads(None, &[Bytes::from_static(b"x")]);
+    r.propose(1, &b).expect("leads");
+    let mut dues = Vec::new();
+    while let Some(o) = r.poll_output() {
+        if let ReplicaOutput::CheckpointDue { index } = o {
+            dues.push(index);
+        }
+    }
+    let index = *dues.last().expect("a checkpoint is due");
+    assert!(r.checkpoint_due(index + 1).is_none(), "only the one due");
+    let data = r.checkpoint_due(index).expect("due");
+    let head = data.len();
+    data.extend_from_slice(b"host-state");
+    r.finish_checkpoint(index);
+    assert!(r.checkpoint_due(index).is_none(), "taken");
+    let cp = r.checkpoints.back().expect("kept");
+    assert_eq!(cp.index, index);
+    assert_eq!(&cp.data[head..], b"host-state");
+    assert_eq!(Replica::host_state_of(&cp.data), Some(&b"host-state"[..]));
 }
 
 /// A host with a large state does not have it copied into every checkpoint waiting for
