@@ -1037,7 +1037,7 @@ impl ReplicaLogs {
         record.clear();
         felix_proto::cluster::meta::encode_log_record_into(&mut record, entries, hard_state);
         let max = entries.last().map_or(0, |e| e.index);
-        let r = self.append(shard, &record, max);
+        let r = self.append(shard, &[&record], max);
         let len = record.len() as u64;
         self.scratch = record;
         let (seq, pos) = r?;
@@ -1078,8 +1078,9 @@ impl ReplicaLogs {
         shard: &ShardId,
         snapshot: &felix_proto::cluster::meta::Snapshot,
     ) -> std::io::Result<()> {
-        let record = felix_proto::cluster::meta::encode_snapshot_record(snapshot);
-        let (_, pos) = self.append(shard, &record, 0)?;
+        // In pieces: the snapshot's data (a cache's size) is written from where it is.
+        let record = felix_proto::cluster::meta::SnapshotRecord::new(snapshot);
+        let (_, pos) = self.append(shard, &record.pieces(), 0)?;
         let index = snapshot.get_metadata().index;
         let (Some(dir), Some(f)) = (&self.dir, self.shards.get_mut(shard)) else { return Ok(()) };
         f.points.skip(record.len() as u64);
@@ -1109,9 +1110,10 @@ impl ReplicaLogs {
         Ok(())
     }
 
-    /// Appends one record to the shard's last segment (a new one past [`SEGMENT_BYTES`]);
-    /// returns the segment and the position it was written at.
-    fn append(&mut self, shard: &ShardId, record: &[u8], max_index: u64) -> std::io::Result<(u64, u64)> {
+    /// Appends one record, given in pieces written one after the other, to the shard's last
+    /// segment (a new one past [`SEGMENT_BYTES`]); returns the segment and the position it was
+    /// written at.
+    fn append(&mut self, shard: &ShardId, pieces: &[&[u8]], max_index: u64) -> std::io::Result<(u64, u64)> {
         use std::io::Write;
         let Some(dir) = self.dir.clone() else { return Ok((0, 0)) };
         let segment_bytes = self.segment_bytes;
@@ -1154,10 +1156,13 @@ impl ReplicaLogs {
                 f.file = Some(open_segment(&dir, shard, seq)?);
             }
             let file = f.file.as_ref().expect("opened above");
-            felix_driver_common::sync_journal::before_append(record.len())?;
-            (&**file).write_all(record)?;
+            let len: usize = pieces.iter().map(|p| p.len()).sum();
+            felix_driver_common::sync_journal::before_append(len)?;
+            for piece in pieces {
+                (&**file).write_all(piece)?;
+            }
             let at = (f.segments.last().map_or(0, |(s, _)| *s), f.len);
-            f.len += record.len() as u64;
+            f.len += len as u64;
             if let Some(last) = f.segments.last_mut() {
                 last.1 = last.1.max(max_index);
             }

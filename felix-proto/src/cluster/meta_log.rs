@@ -310,14 +310,8 @@ pub(crate) fn put_message(out: &mut Vec<u8>, m: &dyn protobuf::Message) {
     out[at..at + 4].copy_from_slice(&n.to_be_bytes());
 }
 
-/// Ends a record begun with 4 placeholder bytes: the CRC-32C of its part from `part` on, then
-/// its length in front.
-fn seal_record(mut out: Vec<u8>, part: usize) -> Vec<u8> {
-    seal_record_at(&mut out, 0, part);
-    out
-}
-
-/// [`seal_record`] for a record that starts at `start` of `out`.
+/// Ends a record begun at `start` of `out` with 4 placeholder bytes: the CRC-32C of its part
+/// from `part` on, then its length in front.
 fn seal_record_at(out: &mut Vec<u8>, start: usize, part: usize) {
     let crc = crate::storage::crc32c(&out[part..]);
     out.extend_from_slice(&crc.to_be_bytes());
@@ -329,19 +323,130 @@ fn seal_record_at(out: &mut Vec<u8>, start: usize, part: usize) {
 /// `u32 length`, `u8 2`, `"FLXS"`, `u32 length` + the snapshot's protobuf, CRC-32C of the bytes
 /// from `"FLXS"` on.
 pub fn encode_snapshot_record(snapshot: &Snapshot) -> Vec<u8> {
-    use protobuf::Message as _;
-    let mut out = vec![0; 4];
-    out.push(2);
-    let part = out.len();
-    out.extend_from_slice(b"FLXS");
-    out.extend_from_slice(&[0; 4]);
-    let _ = snapshot.write_to_vec(&mut out);
-    let n = (out.len() - part - 8) as u32;
-    out[part + 4..part + 8].copy_from_slice(&n.to_be_bytes());
-    seal_record(out, part)
+    let r = SnapshotRecord::new(snapshot);
+    let mut out = Vec::with_capacity(r.len());
+    for piece in r.pieces() {
+        out.extend_from_slice(piece);
+    }
+    out
 }
 
-fn decode_snapshot_record(body: &[u8]) -> Option<Snapshot> {
+/// [`encode_snapshot_record`] in three pieces, written one after the other: the snapshot's
+/// data, which can be the size of a replicated cache or a stream's commit state, is the middle
+/// one, shared and not copied into a record buffer first.
+#[derive(Debug, Clone)]
+pub struct SnapshotRecord {
+    head: Vec<u8>,
+    data: bytes::Bytes,
+    tail: Vec<u8>,
+}
+
+impl SnapshotRecord {
+    /// The record of `snapshot`, its data uncopied.
+    pub fn new(snapshot: &Snapshot) -> SnapshotRecord {
+        use protobuf::Message as _;
+        let mut head = vec![0; 4];
+        head.push(2);
+        let part = head.len();
+        head.extend_from_slice(b"FLXS");
+        head.extend_from_slice(&[0; 4]);
+        // The protobuf by hand around the data: field 1 (data, length-delimited) first, then
+        // field 2 (metadata), the order the generated code writes them in. Empty data is not
+        // written at all (proto3), so the whole message is then written as generated.
+        let (data, mut tail) = if snapshot.data.is_empty() {
+            let _ = snapshot.write_to_vec(&mut head);
+            (bytes::Bytes::new(), Vec::new())
+        } else {
+            head.push(0x0a);
+            put_varint(&mut head, snapshot.data.len() as u64);
+            let mut tail = Vec::new();
+            if snapshot.has_metadata() {
+                tail.push(0x12);
+                let meta = snapshot.get_metadata().write_to_bytes().unwrap_or_default();
+                put_varint(&mut tail, meta.len() as u64);
+                tail.extend_from_slice(&meta);
+            }
+            (snapshot.data.clone(), tail)
+        };
+        let n = (head.len() - part - 8 + data.len() + tail.len()) as u32;
+        head[part + 4..part + 8].copy_from_slice(&n.to_be_bytes());
+        let crc = [&head[part..], &data[..], &tail[..]].iter().fold(0, |c, p| crate::storage::crc32c_append(c, p));
+        tail.extend_from_slice(&crc.to_be_bytes());
+        let len = (head.len() + data.len() + tail.len() - 4) as u32;
+        head[..4].copy_from_slice(&len.to_be_bytes());
+        SnapshotRecord { head, data, tail }
+    }
+
+    /// Its bytes, in order.
+    pub fn pieces(&self) -> [&[u8]; 3] {
+        [&self.head, &self.data, &self.tail]
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.data.len() + self.tail.len()
+    }
+
+    /// Never: a record has at least its header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// A protobuf varint.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The index of the snapshot in [`encode_snapshot_record`]'s body, read from its metadata
+/// alone: its data (as large as a cache) is checked by the CRC, not parsed or copied.
+fn snapshot_record_index(body: &[u8]) -> Option<u64> {
+    use protobuf::Message as _;
+    if body.len() < 12 || &body[..4] != b"FLXS" {
+        return None;
+    }
+    let (part, crc) = body.split_at(body.len() - 4);
+    if crate::storage::crc32c(part).to_be_bytes() != crc {
+        return None;
+    }
+    let n = u32::from_be_bytes([part[4], part[5], part[6], part[7]]) as usize;
+    let mut b = part.get(8..).filter(|b| b.len() == n)?;
+    let mut index = 0;
+    while !b.is_empty() {
+        let (key, rest) = read_varint(b)?;
+        // Both fields are length-delimited (wire type 2); anything else is not ours.
+        if key & 7 != 2 {
+            return None;
+        }
+        let (len, rest) = read_varint(rest)?;
+        let (field, rest) = rest.split_at_checked(usize::try_from(len).ok()?)?;
+        if key >> 3 == 2 {
+            index = raft::eraftpb::SnapshotMetadata::parse_from_bytes(field).ok()?.index;
+        }
+        b = rest;
+    }
+    Some(index)
+}
+
+/// A protobuf varint at the start of `b`, and what follows it.
+fn read_varint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, &b[i + 1..]));
+        }
+    }
+    None
+}
+
+/// Reads [`encode_snapshot_record`]'s body; with the `buffer` it lies in, the snapshot's data
+/// shares it (a restart reads a snapshot the size of a cache: it is not copied again).
+fn decode_snapshot_record(body: &[u8], buffer: Option<&bytes::Bytes>) -> Option<Snapshot> {
     use protobuf::Message as _;
     if body.len() < 12 || &body[..4] != b"FLXS" {
         return None;
@@ -352,7 +457,10 @@ fn decode_snapshot_record(body: &[u8]) -> Option<Snapshot> {
     }
     let n = u32::from_be_bytes([part[4], part[5], part[6], part[7]]) as usize;
     let b = part.get(8..).filter(|b| b.len() == n)?;
-    Snapshot::parse_from_bytes(b).ok()
+    match buffer.and_then(|buffer| shared_part(buffer, b)) {
+        Some(shared) => Snapshot::parse_from_carllerche_bytes(&shared).ok(),
+        None => Snapshot::parse_from_bytes(b).ok(),
+    }
 }
 
 /// Folds an append-only file of [`encode_log_record`] (and [`encode_snapshot_record`])
@@ -458,7 +566,7 @@ fn decode_body(body: &[u8]) -> Result<Result<Snapshot, RaftLog>, ()> {
 /// [`decode_body`], entries sharing `buffer` (see [`RaftLog::decode_in`]).
 fn decode_body_in(body: &[u8], buffer: Option<&bytes::Bytes>) -> Result<Result<Snapshot, RaftLog>, ()> {
     match body[0] {
-        2 => decode_snapshot_record(&body[1..]).map(Ok).ok_or(()),
+        2 => decode_snapshot_record(&body[1..], buffer).map(Ok).ok_or(()),
         flag @ (0 | 1) => {
             let part = RaftLog::decode_in(&body[1..], buffer).map_err(|_| ())?;
             if (flag == 1) == (part.hard_state == HardState::default()) {
@@ -576,9 +684,9 @@ impl LogFold {
         let mut at = 0;
         while let RecordAt::Whole(end, body) = record_at(data, at) {
             if body[0] == 2
-                && let Some(snap) = decode_snapshot_record(&body[1..])
+                && let Some(index) = snapshot_record_index(&body[1..])
             {
-                floor = floor.max(snap.get_metadata().index);
+                floor = floor.max(index);
             }
             at = end;
         }
@@ -634,7 +742,7 @@ impl LogFold {
         for (&record, (_, len)) in snapshots.iter().zip(summary.snapshots()) {
             match record_at(record, 0) {
                 RecordAt::Whole(end, body) if end as u64 == len && body[0] == 2 => {
-                    match decode_snapshot_record(&body[1..]) {
+                    match decode_snapshot_record(&body[1..], None) {
                         Some(snap) => snaps.push(snap),
                         None => return false,
                     }

@@ -248,3 +248,55 @@ fn segments_fold_from_the_last_snapshot_even_with_older_segments_deleted() {
     let (log, whole) = fold_log_records(&c[..cut]);
     assert!(log.snapshot.is_none() && whole < cut);
 }
+
+/// A snapshot record written in pieces is the record the generated protobuf code writes, byte
+/// for byte, whatever the data's size (one- and multi-byte lengths, none) and with or without
+/// metadata; its index reads from the metadata alone; and read back from the buffer it lies
+/// in, its data shares that buffer.
+#[test]
+fn a_snapshot_record_in_pieces_is_the_generated_record_and_reads_back_uncopied() {
+    use protobuf::Message as _;
+    fn generated(snapshot: &Snapshot) -> Vec<u8> {
+        let mut out = vec![0; 4];
+        out.push(2);
+        out.extend_from_slice(b"FLXS");
+        out.extend_from_slice(&[0; 4]);
+        snapshot.write_to_vec(&mut out).expect("encodes");
+        let n = (out.len() - 13) as u32;
+        out[9..13].copy_from_slice(&n.to_be_bytes());
+        let crc = crate::storage::crc32c(&out[5..]);
+        out.extend_from_slice(&crc.to_be_bytes());
+        let len = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&len.to_be_bytes());
+        out
+    }
+    for size in [0usize, 1, 127, 128, 300, 16_384, 70_000] {
+        for with_metadata in [true, false] {
+            let mut s = if with_metadata { snapshot_at(9 + size as u64, 3) } else { Snapshot::default() };
+            s.set_data((0..size).map(|i| i as u8).collect::<Vec<u8>>().into());
+            let r = SnapshotRecord::new(&s);
+            let whole: Vec<u8> = r.pieces().concat();
+            assert_eq!(whole, generated(&s), "size {size}, metadata {with_metadata}");
+            assert_eq!(r.len(), whole.len());
+            assert_eq!(encode_snapshot_record(&s), whole);
+            let index = if with_metadata { 9 + size as u64 } else { 0 };
+            assert_eq!(snapshot_record_index(&whole[5..]), Some(index));
+            let buffer = bytes::Bytes::from(whole);
+            let body = &buffer[4..];
+            let back = match decode_body_in(body, Some(&buffer)) {
+                Ok(Ok(snap)) => snap,
+                other => panic!("size {size}: {other:?}"),
+            };
+            assert_eq!(back, s);
+            if size > 0 {
+                let at = (back.data.as_ptr() as usize).checked_sub(buffer.as_ptr() as usize);
+                assert!(at.is_some_and(|at| at + size <= buffer.len()), "the data shares the buffer it was read from");
+            }
+            // Damage anywhere is no index (and no snapshot).
+            let mut bad = buffer.to_vec();
+            let last = bad.len() - 1;
+            bad[last] ^= 1;
+            assert_eq!(snapshot_record_index(&bad[5..]), None);
+        }
+    }
+}
