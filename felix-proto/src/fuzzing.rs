@@ -412,6 +412,9 @@ pub fn replica_log(data: &[u8]) {
     {
         use crate::cluster::meta::LogFold;
         let floor = segments.iter().map(|s| LogFold::snapshot_floor(s)).max().unwrap_or(0);
+        for s in &segments {
+            assert_eq!(LogFold::snapshot_floor(s), LogFold::snapshot_floor_parsed(s), "a snapshot's index read alone");
+        }
         let mut fold = LogFold::new(floor, Some(200));
         for (i, seg) in segments.iter().enumerate() {
             if !fold.feed(seg, None, i + 1 == segments.len()) {
