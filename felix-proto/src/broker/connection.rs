@@ -138,7 +138,7 @@ impl Broker {
 
     pub(super) fn unlink_sub(&mut self, conn: ConnId, sub: &Sub) {
         if sub.holding {
-            self.releases.push((sub.key.clone(), sub.shard));
+            self.deferred.releases.push((sub.key.clone(), sub.shard));
         }
         if sub.watch.is_some() {
             if let Some(w) = self.cache_watchers.get_mut(&sub.key) {

@@ -614,7 +614,7 @@ impl Broker {
 
     /// Runs the wake-ups deferred while a control stream was being handled.
     pub(super) fn run_wakes(&mut self, now: Instant) {
-        while let Some((k, shard)) = self.wakes.pop() {
+        while let Some((k, shard)) = self.deferred.wakes.pop() {
             self.wake_groups(&k, shard, now);
         }
     }
@@ -673,7 +673,7 @@ impl Broker {
         let settle = g.nack(&n.group, n.offset, delay, n.attempts, log, now, &limits);
         self.settle(conn, st, &k, n.shard, settle, GroupAnswer::Ok(n.request_id), now);
         // Parked polls may take the record now, once this stream's answer is out.
-        self.wakes.push((k, n.shard));
+        self.deferred.wakes.push((k, n.shard));
     }
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {

@@ -51,10 +51,10 @@ impl Broker {
     /// Ends the holds of shards whose holding subscribers drained or went, if none holds any
     /// more.
     pub(super) fn run_releases(&mut self, now: Instant) {
-        while let Some((k, shard)) = self.releases.pop() {
+        while let Some((k, shard)) = self.deferred.releases.pop() {
             self.release(&k, shard, now);
         }
-        while let Some((conn, sid)) = self.resumes.pop() {
+        while let Some((conn, sid)) = self.deferred.resumes.pop() {
             self.drive_stream(conn, sid, now);
         }
     }
@@ -73,7 +73,7 @@ impl Broker {
                 && st.pauses.remove(why)
             {
                 st.resume_owed = true;
-                self.resumes.push((conn, sid));
+                self.deferred.resumes.push((conn, sid));
             }
         }
     }

@@ -341,6 +341,20 @@ struct PageRead {
     page: log::Page,
 }
 
+/// Work that touches other control streams than the one being handled (which is out of the
+/// broker's table while it is: [`Broker::drive_stream`]), run once it is back, in the order
+/// each kind's runner takes it.
+#[derive(Debug, Default)]
+struct Deferred {
+    /// Groups whose parked polls may take a record now.
+    wakes: Vec<(Key, u32)>,
+    /// Shards whose holding subscriber drained or went: their publishers may be read again.
+    releases: Vec<(Key, u32)>,
+    /// Control streams whose last pause went with the shard that caused it (a deleted
+    /// stream): to be read again.
+    resumes: Vec<(ConnId, StreamId)>,
+}
+
 #[derive(Debug)]
 struct Conn {
     streams: HashMap<StreamId, Box<CtlStream>>,
@@ -524,14 +538,9 @@ pub struct Broker {
     groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
     /// Durable group operations since the last checkpoint, per `$groups` log.
     group_ops: HashMap<Key, u64>,
-    /// Group wake-ups deferred until the control stream being handled is back in place.
-    wakes: Vec<(Key, u32)>,
-    /// Shards whose holding subscriber drained or went: their publishers may be read again
-    /// (deferred like `wakes`, run at the end of the input that caused it).
-    releases: Vec<(Key, u32)>,
-    /// Control streams whose last pause went with the shard that caused it (a deleted
-    /// stream): to be read again, deferred like `releases`.
-    resumes: Vec<(ConnId, StreamId)>,
+    /// Work that touches other control streams, kept until the one being handled is back in
+    /// place and run at the end of the input that caused it.
+    deferred: Deferred,
     /// Cache watches by cache.
     cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
     /// What this broker holds as a member of a cluster (nothing in use on a single broker).
@@ -595,9 +604,7 @@ impl Broker {
             draining: false,
             limits: limits::RateLimits::default(),
             group_ops: HashMap::new(),
-            wakes: Vec::new(),
-            releases: Vec::new(),
-            resumes: Vec::new(),
+            deferred: Deferred::default(),
             cache_watchers: HashMap::new(),
             membership: membership::Membership::default(),
         };
@@ -779,7 +786,7 @@ impl Broker {
             self.timers.expiries.first().map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
         let resume = self.timers.rate.first().map(|(t, _, _)| *t);
         // A release owed is due at once; a hold ends at its deadline.
-        let hold = if self.releases.is_empty() && self.resumes.is_empty() {
+        let hold = if self.deferred.releases.is_empty() && self.deferred.resumes.is_empty() {
             self.timers.holds.first().map(|(t, _, _)| *t)
         } else {
             self.clock.last()

@@ -263,7 +263,7 @@ impl Broker {
                 sub.queued_bytes = sub.queued_bytes.saturating_sub(frame_len(&frame));
                 if (sub.holding || sub.excused) && sub.under_quarter(self.cfg.subscriber_queue_bytes_max) {
                     if sub.holding {
-                        self.releases.push((sub.key.clone(), sub.shard));
+                        self.deferred.releases.push((sub.key.clone(), sub.shard));
                     }
                     sub.holding = false;
                     sub.excused = false;
