@@ -400,6 +400,7 @@ pub fn encode_chunks(m: &PeerMessage, out: &mut Vec<Bytes>) -> Result<(), PeerEr
         PeerMessage::ShardRaft(list) => list,
         PeerMessage::Forward(p) => return forward_chunks(std::slice::from_ref(p), false, out),
         PeerMessage::ForwardBatch(list) => return forward_chunks(list, true, out),
+        PeerMessage::SnapshotChunk(c) => return snapshot_chunk_pieces(c, out),
         _ => {
             let mut b = BytesMut::new();
             encode(m, &mut b)?;
@@ -446,6 +447,43 @@ fn put_piece(small: &mut BytesMut, out: &mut Vec<Bytes>, piece: &Bytes) {
     } else {
         small.extend_from_slice(piece);
     }
+}
+
+/// A snapshot chunk's fields before its Raft message's header and its data: shard, index,
+/// term, total, offset, the header's length.
+fn put_snapshot_chunk_head(body: &mut BytesMut, c: &SnapshotChunk) -> Result<(), PeerError> {
+    body.put_u8(u8::from(c.shard.kind == Kind::Cache));
+    put_str16(body, &c.shard.tenant, "tenant")?;
+    put_str16(body, &c.shard.namespace, "namespace")?;
+    put_str16(body, &c.shard.name, "name")?;
+    body.put_u32(c.shard.shard);
+    body.put_u64(c.index);
+    body.put_u64(c.term);
+    body.put_u64(c.total);
+    body.put_u64(c.offset);
+    body.put_u32(u32::try_from(c.header.len()).map_err(|_| PeerError::FieldTooLong("snapshot message"))?);
+    Ok(())
+}
+
+/// A snapshot chunk in pieces ([`encode_chunks`]): its data, up to a chunk of a snapshot the
+/// size of a cache, goes to the transport as it is, once per follower sent it, not copied into
+/// a frame first.
+fn snapshot_chunk_pieces(c: &SnapshotChunk, out: &mut Vec<Bytes>) -> Result<(), PeerError> {
+    let mut small = BytesMut::with_capacity(64 + c.shard.tenant.len() + c.shard.namespace.len() + c.shard.name.len());
+    small.put_u32(0);
+    small.put_u8(14);
+    put_snapshot_chunk_head(&mut small, c)?;
+    let body_len = small.len() - 5 + c.header.len() + c.data.len();
+    if body_len + 1 > MAX_PEER_FRAME {
+        return Err(PeerError::TooLong(body_len + 1));
+    }
+    small[..4].copy_from_slice(&((body_len + 1) as u32).to_be_bytes());
+    put_piece(&mut small, out, &c.header);
+    put_piece(&mut small, out, &c.data);
+    if !small.is_empty() {
+        out.push(small.freeze());
+    }
+    Ok(())
 }
 
 /// Writes a message's body; its kind.
@@ -580,16 +618,7 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
             13
         }
         PeerMessage::SnapshotChunk(c) => {
-            body.put_u8(u8::from(c.shard.kind == Kind::Cache));
-            put_str16(body, &c.shard.tenant, "tenant")?;
-            put_str16(body, &c.shard.namespace, "namespace")?;
-            put_str16(body, &c.shard.name, "name")?;
-            body.put_u32(c.shard.shard);
-            body.put_u64(c.index);
-            body.put_u64(c.term);
-            body.put_u64(c.total);
-            body.put_u64(c.offset);
-            body.put_u32(u32::try_from(c.header.len()).map_err(|_| PeerError::FieldTooLong("snapshot message"))?);
+            put_snapshot_chunk_head(body, c)?;
             body.extend_from_slice(&c.header);
             body.extend_from_slice(&c.data);
             14

@@ -269,6 +269,36 @@ fn a_large_forwarded_payload_goes_to_the_transport_uncopied() {
     }
 }
 
+/// A snapshot chunk's data goes to the transport as the snapshot's bytes, not copied into the
+/// frame, and the pieces are the frame; a chunk past the frame limit is refused as the frame
+/// is.
+#[test]
+fn a_snapshot_chunks_data_goes_to_the_transport_uncopied() {
+    let data = Bytes::from(vec![5u8; 256 * 1024]);
+    let c = SnapshotChunk {
+        shard: ShardId { kind: Kind::Cache, tenant: "t".into(), namespace: "ns".into(), name: "c".into(), shard: 0 },
+        index: 9,
+        term: 2,
+        total: 1 << 20,
+        offset: 0,
+        header: Bytes::from_static(b"\x08\x07snap"),
+        data: data.clone(),
+    };
+    let m = PeerMessage::SnapshotChunk(c.clone());
+    let mut parts = Vec::new();
+    encode_chunks(&m, &mut parts).unwrap();
+    assert!(parts.iter().any(|p| p.as_ptr() == data.as_ptr() && p.len() == data.len()), "shared");
+    let mut one = BytesMut::new();
+    encode(&m, &mut one).unwrap();
+    assert_eq!(parts.concat(), one.to_vec());
+    let mut d = PeerDecoder::default();
+    d.push(&one);
+    assert_eq!(d.next_message(), Ok(Some(m)));
+    let huge = PeerMessage::SnapshotChunk(SnapshotChunk { data: Bytes::from(vec![0u8; MAX_PEER_FRAME]), ..c });
+    assert!(matches!(encode_chunks(&huge, &mut Vec::new()), Err(PeerError::TooLong(_))));
+    assert!(matches!(encode(&huge, &mut BytesMut::new()), Err(PeerError::TooLong(_))));
+}
+
 /// A batch that claims more items than its bytes could hold, or whose item is cut short
 /// or is not a forward, is refused as a whole: nothing in it is handled.
 #[test]
