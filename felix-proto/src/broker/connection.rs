@@ -60,7 +60,7 @@ impl Broker {
     }
 
     pub(super) fn open_conn(&mut self, peer: Option<PeerAddr>, now: Instant) -> ConnId {
-        self.next_sweep.get_or_insert(crate::transport::after(now, std::time::Duration::from_secs(1)));
+        self.timers.sweep.get_or_insert(crate::transport::after(now, std::time::Duration::from_secs(1)));
         let id = self.ids.conn();
         self.stats.connections_opened += 1;
         self.unauthenticated.opened(id, now, peer);

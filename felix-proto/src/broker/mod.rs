@@ -518,11 +518,6 @@ pub struct Broker {
     /// Subscription filters (D57), interned: looked up, never iterated in an order that
     /// decides output.
     filters: HashMap<message::KeyFilter, std::sync::Weak<message::KeyFilter>>,
-    next_sweep: Option<Instant>,
-    /// A shard's commit state is owed to storage (a write's truncation moved its start within a
-    /// second of its last checkpoint): the sweep comes even on an otherwise idle broker, so the
-    /// segments storage keeps for it go.
-    checkpoint_owed: bool,
     reads: HashMap<ReadToken, ReadFor>,
     /// Counters by cache, folded from their system logs.
     counters: HashMap<Key, syslog::Counters>,
@@ -594,8 +589,6 @@ impl Broker {
             decompressor: crate::binary::Decompressor::new(),
             filters: HashMap::new(),
             server_features,
-            next_sweep: None,
-            checkpoint_owed: false,
             reads: HashMap::new(),
             counters: HashMap::new(),
             rng: 0,
@@ -776,10 +769,11 @@ impl Broker {
     /// by age).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let auth = self.timers.auth.first().map(|(d, _, _)| *d);
-        let sweep = if self.checkpoint_owed {
-            self.next_sweep.or_else(|| self.clock.last())
+        let sweep = if self.timers.checkpoint_owed {
+            self.timers.sweep.or_else(|| self.clock.last())
         } else {
-            self.next_sweep
+            self.timers
+                .sweep
                 .filter(|_| self.aged_streams > 0 || !self.caches.is_empty() || self.limits.counts_retained())
         };
         let expiry =
@@ -847,11 +841,11 @@ impl Broker {
             }
         }
         self.forwards_timeout(now);
-        if self.next_sweep.is_none_or(|t| t <= now) {
+        if self.timers.sweep.is_none_or(|t| t <= now) {
             self.enforce_retention(None, now, true);
             self.recount_retained();
             self.cache_sweep(now);
-            self.next_sweep = Some(crate::transport::after(now, std::time::Duration::from_secs(1)));
+            self.timers.sweep = Some(crate::transport::after(now, std::time::Duration::from_secs(1)));
         }
         self.groups_timeout(now);
     }
@@ -870,7 +864,7 @@ impl Broker {
         };
         keys.sort_unstable();
         if only.is_none() {
-            self.checkpoint_owed = false; // every shard is looked at now
+            self.timers.checkpoint_owed = false; // every shard is looked at now
         }
         let mut owed = false;
         for k in &keys {
@@ -909,7 +903,7 @@ impl Broker {
                 }
             }
         }
-        self.checkpoint_owed |= owed;
+        self.timers.checkpoint_owed |= owed;
     }
 
     // -----------------------------------------------------------------------------------------

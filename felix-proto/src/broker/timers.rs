@@ -1,7 +1,7 @@
-//! What comes due at a time of its own, each kind in a set ordered by deadline, so that
+//! What comes due at a time of its own: each kind in a set ordered by deadline, so that
 //! `poll_timeout` reads the first entry of each instead of scanning every stream, subscription
-//! or shard. Entries whose subject went away are removed when that happens, or skipped when
-//! they come due.
+//! or shard (entries whose subject went away are removed when that happens, or skipped when
+//! they come due), and the once-a-second sweep.
 
 use super::{Credential, Key};
 use crate::transport::{ConnId, StreamId};
@@ -19,4 +19,11 @@ pub(super) struct Timers {
     pub(super) expiries: BTreeSet<(u64, ConnId, u64, Credential)>,
     /// Shards holding their publishers for a slow subscriber, by deadline.
     pub(super) holds: BTreeSet<(Instant, Key, u32)>,
+    /// The once-a-second sweep (retention by age, caches' expiries, retained-bytes quotas),
+    /// set from the first connection on.
+    pub(super) sweep: Option<Instant>,
+    /// A shard's commit state is owed to storage (a write's truncation moved its start within a
+    /// second of its last checkpoint): the sweep comes even on an otherwise idle broker, so the
+    /// segments storage keeps for it go.
+    pub(super) checkpoint_owed: bool,
 }
