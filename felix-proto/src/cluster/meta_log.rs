@@ -402,12 +402,9 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// The index of the snapshot in [`encode_snapshot_record`]'s body, read as the generated code
-/// reads the whole snapshot, field by field, except that the data (as large as a cache; the
-/// CRC covers it) is stepped over rather than copied out: `Some` exactly when
-/// [`decode_snapshot_record`] reads it, with the same index.
-fn snapshot_record_index(body: &[u8]) -> Option<u64> {
-    use protobuf::wire_format::WireType;
+/// The snapshot's protobuf in [`encode_snapshot_record`]'s body, once its magic, CRC and
+/// length check out.
+fn snapshot_record_protobuf(body: &[u8]) -> Option<&[u8]> {
     if body.len() < 12 || &body[..4] != b"FLXS" {
         return None;
     }
@@ -416,7 +413,16 @@ fn snapshot_record_index(body: &[u8]) -> Option<u64> {
         return None;
     }
     let n = u32::from_be_bytes([part[4], part[5], part[6], part[7]]) as usize;
-    let b = part.get(8..).filter(|b| b.len() == n)?;
+    part.get(8..).filter(|b| b.len() == n)
+}
+
+/// The index of the snapshot in [`encode_snapshot_record`]'s body, read as the generated code
+/// reads the whole snapshot, field by field, except that the data (as large as a cache; the
+/// CRC covers it) is stepped over rather than copied out: `Some` exactly when
+/// [`decode_snapshot_record`] reads it, with the same index.
+fn snapshot_record_index(body: &[u8]) -> Option<u64> {
+    use protobuf::wire_format::WireType;
+    let b = snapshot_record_protobuf(body)?;
     let mut is = protobuf::CodedInputStream::from_bytes(b);
     let mut index = 0;
     while !is.eof().ok()? {
@@ -446,15 +452,7 @@ fn snapshot_record_index(body: &[u8]) -> Option<u64> {
 /// shares it (a restart reads a snapshot the size of a cache: it is not copied again).
 fn decode_snapshot_record(body: &[u8], buffer: Option<&bytes::Bytes>) -> Option<Snapshot> {
     use protobuf::Message as _;
-    if body.len() < 12 || &body[..4] != b"FLXS" {
-        return None;
-    }
-    let (part, crc) = body.split_at(body.len() - 4);
-    if crate::storage::crc32c(part).to_be_bytes() != crc {
-        return None;
-    }
-    let n = u32::from_be_bytes([part[4], part[5], part[6], part[7]]) as usize;
-    let b = part.get(8..).filter(|b| b.len() == n)?;
+    let b = snapshot_record_protobuf(body)?;
     match buffer.and_then(|buffer| shared_part(buffer, b)) {
         Some(shared) => Snapshot::parse_from_carllerche_bytes(&shared).ok(),
         None => Snapshot::parse_from_bytes(b).ok(),

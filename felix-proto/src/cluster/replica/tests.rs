@@ -70,8 +70,8 @@ fn a_batch_with_a_key_envelope_or_compressed_block_is_version_4_and_keeps_them()
 }
 
 /// A one-replica group ticked until it leads; its outputs collected.
-fn leading_alone() -> Replica {
-    let mut r = Replica::new(1, &[1], &RaftLog::default()).expect("replica");
+/// `r`, a one-replica group, once it elected itself (its outputs not taken).
+fn elected_alone(mut r: Replica) -> Replica {
     for _ in 0..100 {
         if r.is_leader() {
             break;
@@ -79,8 +79,21 @@ fn leading_alone() -> Replica {
         r.tick();
     }
     assert!(r.is_leader(), "a one-replica group elects itself");
+    r
+}
+
+fn leading_alone() -> Replica {
+    let mut r = elected_alone(Replica::new(1, &[1], &RaftLog::default()).expect("replica"));
     while r.poll_output().is_some() {}
     r
+}
+
+/// A one-replica group whose host keeps state of its own, a checkpoint after every entry,
+/// leading (its outputs, the generation start's checkpoint among them, not taken).
+fn hosting_alone() -> Replica {
+    let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
+    r.set_checkpoint_bytes(1);
+    elected_alone(r)
 }
 
 fn propose(r: &mut Replica, token: u64, producer: (u64, u64)) -> Answer {
@@ -120,14 +133,7 @@ fn an_idempotent_producers_batches_land_in_sequence_order_or_are_refused() {
 
 #[test]
 fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_the_log_usable() {
-    let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
-    r.set_checkpoint_bytes(1);
-    for _ in 0..100 {
-        if r.is_leader() {
-            break;
-        }
-        r.tick();
-    }
+    let mut r = hosting_alone();
     // Every entry is a checkpoint here: each asks the host for its state.
     let mut due = Vec::new();
     let mut snapshots = Vec::new();
@@ -183,14 +189,7 @@ fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_th
 /// not due takes nothing.
 #[test]
 fn a_host_appends_its_state_to_the_checkpoint_in_place() {
-    let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
-    r.set_checkpoint_bytes(1);
-    for _ in 0..100 {
-        if r.is_leader() {
-            break;
-        }
-        r.tick();
-    }
+    let mut r = hosting_alone();
     let b = ReplicatedBatch::from_payloads(None, &[Bytes::from_static(b"x")]);
     r.propose(1, &b).expect("leads");
     let mut dues = Vec::new();
@@ -217,15 +216,8 @@ fn a_host_appends_its_state_to_the_checkpoint_in_place() {
 /// asked) until compaction consumed the older ones; then they are taken again.
 #[test]
 fn checkpoints_of_a_large_host_state_wait_for_compaction_rather_than_pile_up() {
-    let mut r = Replica::new_hosting(1, &[1], &RaftLog::default(), None, true).expect("replica");
-    r.set_checkpoint_bytes(1);
+    let mut r = hosting_alone();
     r.set_checkpoint_memory(2_500);
-    for _ in 0..100 {
-        if r.is_leader() {
-            break;
-        }
-        r.tick();
-    }
     while r.poll_output().is_some() {} // (the leader's first entry's checkpoint is not completed)
     let big = vec![7u8; 1_000];
     let mut asked = 0;
