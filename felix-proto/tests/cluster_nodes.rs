@@ -1719,12 +1719,8 @@ fn a_replica_whose_disk_fails_stops_and_the_group_carries_on_without_losing_a_re
 
 #[test]
 fn a_replicas_log_is_compacted_to_what_retention_keeps_and_a_follower_behind_it_catches_up_from_a_snapshot() {
-    let mut c = Cluster::retaining(&NAMES, 30);
-    create_ledger(&mut c);
-    let leader = leading(&c).unwrap();
-    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
     // One follower is down while 300 records are written (acknowledged by the other two).
-    c.nodes.remove(&behind);
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
     let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
     let (conn, st) = c.client(&leader, flags, 1);
     for k in 0..300u64 {
@@ -3285,11 +3281,7 @@ fn a_consumer_groups_acks_on_a_replicated_stream_survive_a_fail_over_and_nothing
 /// without the groups apart; without them it listed none.)
 #[test]
 fn a_replicated_streams_groups_are_part_of_its_snapshots() {
-    let mut c = Cluster::retaining(&NAMES, 30);
-    create_ledger(&mut c);
-    let leader = leading(&c).unwrap();
-    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
-    c.nodes.remove(&behind);
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
     let flags = 0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x1000;
     let (conn, st) = c.client(&leader, flags, 1);
     c.send(&leader, conn, st, publish_binary("ledger", &["dead"], Some(1), None));
@@ -3389,6 +3381,17 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
     }
 }
 
+/// Three brokers retaining 30 records of the ledger, one follower of its shard 0 taken down:
+/// the cluster, the leader, the follower down.
+fn ledger_with_a_follower_down() -> (Cluster, String, String) {
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.nodes.remove(&behind);
+    (c, leader, behind)
+}
+
 /// Commits 300 times to the ledger's shard 0 through `leader` ("first" once, by the first
 /// commit; then k0..k9 over and over), ticks, and returns the first commit's offset.
 fn commit_300(c: &mut Cluster, leader: &str) -> u64 {
@@ -3428,11 +3431,7 @@ fn commit_300(c: &mut Cluster, leader: &str) -> u64 {
 fn a_snapshot_holding_commit_state_is_withheld_from_a_replica_that_came_back_older() {
     use felix_proto::broker::Notice;
     use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
-    let mut c = Cluster::retaining(&NAMES, 30);
-    create_ledger(&mut c);
-    let leader = leading(&c).unwrap();
-    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
-    c.nodes.remove(&behind);
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
     commit_300(&mut c, &leader);
     assert!(c.nodes[&leader].replica_report()[0].first_index > 200, "compacted");
     // It comes back as a broker that does not read commit state.
