@@ -144,6 +144,7 @@ impl Cache {
     }
 
     fn put_wall(&mut self, key: String, value: Bytes, expires_at: Option<Instant>, expires_wall: u64) -> u64 {
+        let value = super::owned(&value);
         let version = self.record(&key, Some(value.clone()), expires_at);
         if expires_at.is_some() {
             self.ttl_entries += 1;
@@ -271,7 +272,7 @@ impl Cache {
                 let version = r.u64("version").ok()?;
                 let expires_wall = r.u64("expires").ok()?;
                 let len = r.u32("value_len").ok()? as usize;
-                let value = r.bytes(len, "value").ok()?;
+                let value = super::owned(&r.bytes(len, "value").ok()?);
                 let expires_at = (expires_wall != 0).then(|| instant_at(expires_wall));
                 if expires_at.is_some() {
                     self.ttl_entries += 1;
@@ -418,7 +419,8 @@ impl Cache {
 
     /// Folds one change read back from the cache's system log (a restart): the entry as it
     /// was written, at its version, and in the change log for watches resuming there.
-    pub fn restore(&mut self, c: Change) {
+    pub fn restore(&mut self, mut c: Change) {
+        c.value = c.value.as_ref().map(super::owned);
         self.next_version = self.next_version.max(c.offset);
         if let Some(old) = self.entries.remove(&c.key) {
             self.bytes -= c.key.len() + old.value.len();
@@ -510,5 +512,45 @@ mod tests {
         assert_eq!(c.delete_if("k", v1.unwrap(), t0), (false, v2));
         assert_eq!(c.delete_if("k", v2.unwrap(), t0), (true, None));
         assert!(c.get("k", t0).is_none());
+    }
+
+    /// A value the cache keeps does not keep the buffer it arrived in: a put's frame, a Raft
+    /// entry sharing a peer frame with other shards' entries, a snapshot, a segment read at a
+    /// restart. The cache's limits count key and value bytes, and that is what it holds.
+    #[test]
+    fn kept_values_do_not_keep_the_buffer_they_came_in() {
+        let t0 = crate::transport::test_epoch();
+        let buffer = Bytes::from(vec![9u8; 64 << 10]);
+        let inside = |v: &Bytes| super::super::tests::within(v, &buffer);
+        let value_of = |c: &Cache, k: &str| c.peek(k, t0).expect("kept").0;
+        let mut c = Cache::default();
+        c.put("put".into(), buffer.slice(0..10), None);
+        c.put_if("put_if".into(), buffer.slice(10..20), None, None, t0);
+        c.put_at(50, "put_at".into(), buffer.slice(20..30), None);
+        for k in ["put", "put_if", "put_at"] {
+            let v = value_of(&c, k);
+            assert_eq!(&v[..], &[9u8; 10][..]);
+            assert!(!inside(&v), "{k}: copied out of the buffer it came in");
+        }
+        assert!(c.log.iter().filter_map(|ch| ch.value.as_ref()).all(|v| !inside(v)), "the change log shares the copy");
+
+        // A snapshot's state, restored.
+        let mut state = Vec::new();
+        c.encode_state_into(&mut state);
+        let state = Bytes::from(state);
+        let mut restored = Cache::default();
+        assert!(restored.restore_state(&mut crate::binary::Reader::new(state.clone()), |_| t0));
+        for k in ["put", "put_if", "put_at"] {
+            let v = value_of(&restored, k);
+            assert_eq!(&v[..], &[9u8; 10][..]);
+            assert!(!super::super::tests::within(&v, &state), "{k}: copied out of the snapshot");
+        }
+
+        // A change read back from a durable cache's system log.
+        let mut folded = Cache::default();
+        folded.restore(Change { offset: 4, key: "k".into(), value: Some(buffer.slice(40..48)), expires_at: None });
+        let v = value_of(&folded, "k");
+        assert_eq!((&v[..], folded.version_of("k")), (&[9u8; 8][..], Some(4)));
+        assert!(!inside(&v), "restored from its log: copied out of the segment's buffer");
     }
 }

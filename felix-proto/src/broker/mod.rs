@@ -553,6 +553,17 @@ fn key(t: &str, n: &str, s: &str) -> Key {
     StreamKey::new(t, n, s)
 }
 
+/// A copy of `value` in an allocation of its own, for what a cache or a stream's commit state
+/// keeps for as long as the key lives. A value arrives as a slice of some larger buffer: a
+/// client's frame, a peer frame carrying other shards' entries, a snapshot, or a 64 MiB
+/// segment read back at a restart. Kept as that slice, it would keep the whole buffer alive,
+/// unseen by the limits, which count key and value bytes; one small copy per stored value
+/// bounds what is held by what is counted. (Records in a log are kept as slices: they leave in
+/// order, with their neighbours, so the buffers they share go too.)
+pub(crate) fn owned(value: &Bytes) -> Bytes {
+    Bytes::copy_from_slice(value)
+}
+
 fn json_frame(m: &Message) -> Bytes {
     let mut b = BytesMut::new();
     // Every message this broker builds is plain data; encoding cannot fail. An empty frame would
@@ -925,6 +936,22 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::{Pause, Pauses};
+
+    /// Whether `part` lies within `whole`'s memory (a slice of it, not a copy).
+    pub(super) fn within(part: &[u8], whole: &[u8]) -> bool {
+        let (p, w) = (part.as_ptr() as usize, whole.as_ptr() as usize);
+        !part.is_empty() && p >= w && p + part.len() <= w + whole.len()
+    }
+
+    #[test]
+    fn owned_copies_out_of_the_buffer() {
+        let buffer = bytes::Bytes::from(vec![1u8; 4096]);
+        let slice = buffer.slice(10..20);
+        assert!(within(&slice, &buffer), "the check sees a slice");
+        let copy = super::owned(&slice);
+        assert_eq!(copy, slice);
+        assert!(!within(&copy, &buffer));
+    }
 
     #[test]
     fn pauses_owe_one_pause_and_one_resume_however_reasons_overlap() {

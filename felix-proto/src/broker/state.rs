@@ -47,7 +47,7 @@ impl ShardState {
         for (key, value) in changes {
             match value {
                 Some(v) => {
-                    self.values.insert(key.clone(), (v.clone(), offset));
+                    self.values.insert(key.clone(), (owned(v), offset));
                 }
                 None => {
                     self.values.remove(key);
@@ -116,7 +116,7 @@ impl ShardState {
     /// The state a checkpoint holds, replacing this one's. Commits after its `as_of` are then
     /// applied on top; older ones are skipped ([`apply_stored`](Self::apply_stored)).
     pub(super) fn restore_checkpoint(&mut self, c: &StateCheckpoint) {
-        self.values = c.values.iter().map(|(k, v, version)| (k.clone(), (v.clone(), *version))).collect();
+        self.values = c.values.iter().map(|(k, v, version)| (k.clone(), (owned(v), *version))).collect();
         self.as_of = Some(c.as_of);
     }
 }
@@ -233,5 +233,24 @@ mod tests {
         assert!(!s.checkpoint_owed(6));
         assert_eq!(s.due_checkpoint(7, at(1_400), false), None);
         assert!(s.due_checkpoint(7, at(1_500), false).is_some(), "a write a second later");
+    }
+
+    /// A value the state keeps does not keep the buffer it arrived in (a commit's encoded
+    /// changes, a peer frame, a segment read at a restart): it is copied out, so what the state
+    /// holds is what it counts.
+    #[test]
+    fn kept_values_do_not_keep_the_buffer_they_came_in() {
+        let buffer = Bytes::from(vec![7u8; 64 << 10]);
+        let inside = |v: &Bytes| super::super::tests::within(v, &buffer);
+        let mut s = ShardState::default();
+        s.apply(3, &[("k".into(), Some(buffer.slice(100..110)))]);
+        let (v, version) = &s.values["k"];
+        assert_eq!((&v[..], *version), (&[7u8; 10][..], 3));
+        assert!(!inside(v), "applied: copied out of the commit's buffer");
+        let c = StateCheckpoint { as_of: 9, values: vec![("j".into(), buffer.slice(5..9), 8)] };
+        s.restore_checkpoint(&c);
+        let (v, version) = &s.values["j"];
+        assert_eq!((&v[..], *version), (&[7u8; 4][..], 8));
+        assert!(!inside(v), "restored: copied out of the checkpoint's buffer");
     }
 }
