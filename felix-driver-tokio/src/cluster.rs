@@ -609,6 +609,33 @@ struct ShardFiles {
     /// The summary of the last segment so far, written beside it when it is closed (`None`
     /// once an append failed: what the file holds is then unknown).
     summary: Option<felix_proto::cluster::segment_summary::SummaryBuilder>,
+    /// Where the last snapshot record is: (segment, position, length). A replica keeps its
+    /// snapshot's data here only ([`ReplicaLogs::snapshot_job`]).
+    snapshot: Option<(u64, u64, u64)>,
+}
+
+/// A read of a replica's last snapshot record, run off the broker's task
+/// ([`ReplicaSnapshotRead::run`]).
+pub(crate) struct ReplicaSnapshotRead {
+    path: std::path::PathBuf,
+    pos: u64,
+    len: u64,
+}
+
+impl ReplicaSnapshotRead {
+    /// Reads the record into a buffer of its size (the snapshot's data shares it) and checks
+    /// it (its CRC, that it is a snapshot).
+    pub(crate) fn run(self) -> Result<felix_proto::cluster::meta::Snapshot, String> {
+        use std::os::unix::fs::FileExt;
+        let at = |e: std::io::Error| format!("{}: {e}", self.path.display());
+        let f = std::fs::File::open(&self.path).map_err(at)?;
+        let len =
+            usize::try_from(self.len).map_err(|_| format!("{}: a snapshot record too large", self.path.display()))?;
+        let mut b = vec![0; len];
+        f.read_exact_at(&mut b, self.pos).map_err(at)?;
+        felix_proto::cluster::meta::decode_snapshot_record_alone(&bytes::Bytes::from(b))
+            .ok_or_else(|| format!("{}, byte {}: not an intact snapshot record", self.path.display(), self.pos))
+    }
 }
 
 /// A read of entries of one replica's log, run off the broker's task
@@ -935,6 +962,15 @@ impl ReplicaLogs {
                     }
                 }
                 let builders = fold.take_builders();
+                // The last snapshot record, where a follower behind is read it from.
+                let last_snapshot = (0..seqs.len()).rev().find_map(|i| {
+                    let at = match (&summaries[i], builders.get(i).and_then(Option::as_ref)) {
+                        (_, Some(b)) => b.last_snapshot(),
+                        (Some(sum), None) => sum.snapshots().last(),
+                        (None, None) => None,
+                    };
+                    at.map(|(pos, len)| (seqs[i], pos, len))
+                });
                 let (log, infos, damage, mut points) = fold.finish();
                 if let Some(d) = damage {
                     let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
@@ -949,8 +985,12 @@ impl ReplicaLogs {
                     continue;
                 }
                 points.map_segments(|i| seqs.get(i as usize).copied().unwrap_or(u64::MAX));
-                let mut files =
-                    ShardFiles { hard_state: Some(log.hard_state.clone()), points, ..ShardFiles::default() };
+                let mut files = ShardFiles {
+                    hard_state: Some(log.hard_state.clone()),
+                    points,
+                    snapshot: last_snapshot,
+                    ..ShardFiles::default()
+                };
                 let n = seqs.len();
                 for (i, (((seq, info), len), builder)) in seqs.iter().zip(&infos).zip(&lens).zip(builders).enumerate() {
                     let path = dir.join(replica_file_name(&shard, *seq));
@@ -1068,6 +1108,14 @@ impl ReplicaLogs {
         Some(ReplicaLogRead { dir, shard: shard.clone(), segments, start, after, low, high, max_bytes })
     }
 
+    /// A read of the shard's last snapshot record, to run off the task; `None` when none is
+    /// kept (no data directory, an unknown shard, no snapshot).
+    pub(crate) fn snapshot_job(&self, shard: &ShardId) -> Option<ReplicaSnapshotRead> {
+        let dir = self.dir.as_ref()?;
+        let (seq, pos, len) = self.shards.get(shard)?.snapshot?;
+        Some(ReplicaSnapshotRead { path: dir.join(replica_file_name(shard, seq)), pos, len })
+    }
+
     /// Appends a snapshot of a replica's log, then deletes the closed segments it made useless
     /// (every entry in them below its index: the one holding the entry at its index stays, see below).
     ///
@@ -1080,9 +1128,10 @@ impl ReplicaLogs {
     ) -> std::io::Result<()> {
         // In pieces: the snapshot's data (a cache's size) is written from where it is.
         let record = felix_proto::cluster::meta::SnapshotRecord::new(snapshot);
-        let (_, pos) = self.append(shard, &record.pieces(), 0)?;
+        let (seq, pos) = self.append(shard, &record.pieces(), 0)?;
         let index = snapshot.get_metadata().index;
         let (Some(dir), Some(f)) = (&self.dir, self.shards.get_mut(shard)) else { return Ok(()) };
+        f.snapshot = Some((seq, pos, record.len() as u64));
         f.points.skip(record.len() as u64);
         if let Some(b) = &mut f.summary {
             b.snapshot(pos, record.len() as u64);
@@ -1692,6 +1741,63 @@ mod replica_log_tests {
         drop(logs);
         let kept = ReplicaLogs::open(Some(&dir), None, None).unwrap().kept;
         assert_eq!(kept.get(&shard), Some(&expect));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A replica keeps its last snapshot in its log files only: the read job finds the last
+    /// snapshot record where it was written, and at a restart where the fold saw it (in the
+    /// last segment, read whole; in a closed one, from its summary).
+    #[test]
+    fn the_last_snapshot_is_read_back_from_where_it_was_written_and_after_a_restart() {
+        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
+        let dir = std::env::temp_dir().join(format!("felix-replica-snapshot-read-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard =
+            ShardId { kind: Kind::Cache, tenant: "t".into(), namespace: "ns".into(), name: "c".into(), shard: 0 };
+        let mut logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
+        logs.segment_bytes = 1000;
+        assert!(logs.snapshot_job(&shard).is_none(), "nothing kept");
+        let write = |logs: &mut ReplicaLogs, from: u64, to: u64| {
+            for index in from..=to {
+                let e = vec![Entry { index, term: 2, data: vec![7; 50].into(), ..Entry::default() }];
+                logs.persist(&shard, &e, Some(&HardState { term: 2, commit: index, ..HardState::default() })).unwrap();
+            }
+        };
+        let snapshot = |index: u64, fill: u8| {
+            let mut s = Snapshot::default();
+            s.mut_metadata().index = index;
+            s.mut_metadata().term = 2;
+            s.set_data(vec![fill; 3000].into());
+            s
+        };
+        write(&mut logs, 1, 30);
+        logs.persist_snapshot(&shard, &snapshot(20, 1)).unwrap();
+        assert_eq!(logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(20, 1)));
+        write(&mut logs, 31, 32);
+        logs.persist_snapshot(&shard, &snapshot(30, 2)).unwrap();
+        assert_eq!(logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(30, 2)), "the newest");
+        drop(logs);
+        // Restarted with the snapshot in the last segment (read whole).
+        let mut logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
+        logs.segment_bytes = 1000;
+        assert_eq!(logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(30, 2)));
+        // Written on until its segment is closed (with a summary), then restarted.
+        write(&mut logs, 33, 80);
+        assert!(logs.segments(&shard).len() > 3);
+        drop(logs);
+        let logs = ReplicaLogs::open(Some(&dir), None, Some(1 << 20)).unwrap();
+        assert!(logs.summarised > 0, "closed segments folded from their summaries");
+        assert_eq!(logs.logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(30, 2)));
+        assert_eq!(logs.kept[&shard].snapshot, Some(snapshot(30, 2)), "the one the fold kept");
+        // A record that no longer reads (a bit flipped on disk) is an error, not a snapshot.
+        let (seq, pos, _) = logs.logs.shards[&shard].snapshot.unwrap();
+        assert_ne!(Some(seq), logs.logs.segments(&shard).last().copied(), "found in a closed segment's summary");
+        let path = dir.join("cluster").join("replicas").join(replica_file_name(&shard, seq));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[pos as usize + 100] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = logs.logs.snapshot_job(&shard).unwrap().run().unwrap_err();
+        assert!(e.contains("not an intact snapshot record"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

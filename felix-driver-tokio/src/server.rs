@@ -315,6 +315,7 @@ impl Server {
             meta_parts: Vec::new(),
             replica_logs,
             replica_log_reads: 0,
+            replica_snapshot_reads: 0,
             gate: ReplicaSyncGate::default(),
             replica_syncer: replica_sync_thread(tx.clone()).map_err(ServerError::Io)?,
             endpoint: endpoint.clone(),
@@ -611,6 +612,14 @@ enum Input {
     ReplicaLogRead {
         token: u64,
         result: Result<Vec<felix_proto::cluster::meta::Entry>, String>,
+    },
+    /// A read of a replica's last snapshot ([`NodeOutput::ReadReplicaSnapshot`]) ended.
+    ///
+    /// [`NodeOutput::ReadReplicaSnapshot`]: felix_proto::cluster::node::NodeOutput::ReadReplicaSnapshot
+    ReplicaSnapshotRead {
+        shard: felix_proto::cluster::metadata::ShardId,
+        index: u64,
+        result: Result<felix_proto::cluster::meta::Snapshot, String>,
     },
 }
 
@@ -1012,6 +1021,8 @@ struct BrokerTask {
     replica_logs: Option<crate::cluster::ReplicaLogs>,
     /// Reads of replica log files started (metrics).
     replica_log_reads: u64,
+    /// Reads of replicas' last snapshots, kept on disk only, for followers behind.
+    replica_snapshot_reads: u64,
     /// What waits for the replica logs to be synced.
     gate: ReplicaSyncGate,
     /// The replica sync thread's queue.
@@ -1346,6 +1357,18 @@ impl BrokerTask {
                 "counter",
                 "Reads of replica log files: entries for a follower behind, history below what memory holds.",
                 self.replica_log_reads,
+            );
+            m(
+                "felix_replica_snapshot_reads_total",
+                "counter",
+                "Reads of replicas' last snapshots, kept in their log files only, for a follower behind the compaction.",
+                self.replica_snapshot_reads,
+            );
+            m(
+                "felix_replica_snapshot_bytes",
+                "gauge",
+                "Bytes of replicas' snapshot data held in memory (only what is being sent: snapshots stay in the log files).",
+                n.replica_snapshot_memory(),
             );
         }
         m(
@@ -1723,6 +1746,14 @@ impl BrokerTask {
                     n.handle_replica_log_read(token, result, now);
                 }
             }
+            Input::ReplicaSnapshotRead { shard, index, result } => {
+                if let Err(e) = &result {
+                    tracing::warn!("reading the snapshot of {shard:?}'s replica back: {e}");
+                }
+                if let Node::Cluster(n) = &mut self.node {
+                    n.handle_replica_snapshot_read(&shard, index, result, now);
+                }
+            }
         }
     }
 
@@ -1800,6 +1831,24 @@ impl BrokerTask {
                         None => {
                             if let Node::Cluster(n) = &mut self.node {
                                 n.handle_replica_log_read(token, Err("no log kept for the shard".into()), now());
+                            }
+                        }
+                    }
+                }
+                NodeOutput::ReadReplicaSnapshot { shard, index } => {
+                    // Like a read of entries: what was appended is readable now; off the task.
+                    let job = self.replica_logs.as_ref().and_then(|l| l.snapshot_job(&shard));
+                    self.replica_snapshot_reads += 1;
+                    match job {
+                        Some(job) => {
+                            let tx = self.tx.clone();
+                            tokio::task::spawn_blocking(move || {
+                                let _ = tx.send(Input::ReplicaSnapshotRead { shard, index, result: job.run() });
+                            });
+                        }
+                        None => {
+                            if let Node::Cluster(n) = &mut self.node {
+                                n.handle_replica_snapshot_read(&shard, index, Err("no snapshot kept".into()), now());
                             }
                         }
                     }
@@ -1953,6 +2002,7 @@ impl BrokerTask {
                 | NodeOutput::PersistReplicaSnapshot { .. }
                 | NodeOutput::DropReplica { .. }
                 | NodeOutput::ReadReplicaLog { .. }
+                | NodeOutput::ReadReplicaSnapshot { .. }
                 | NodeOutput::PersistRaft { .. }
                 | NodeOutput::PersistRaftSnapshot { .. } => return,
             };

@@ -66,6 +66,8 @@ struct Cluster {
     memory: Option<(u64, u64)>,
     /// Reads of kept replica logs answered.
     replica_reads: u64,
+    /// Reads of kept snapshots answered.
+    snapshot_reads: u64,
     /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
     /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
     spill_on_start: Option<u64>,
@@ -132,6 +134,7 @@ impl Cluster {
             rates: BTreeMap::new(),
             memory: None,
             replica_reads: 0,
+            snapshot_reads: 0,
             spill_on_start: None,
             chunk_bytes: None,
             features: BTreeMap::new(),
@@ -346,6 +349,12 @@ impl Cluster {
                             let entries = kept.map(|l| l.read(low, high, max_bytes)).unwrap_or_default();
                             self.replica_reads += 1;
                             node.handle_replica_log_read(token, Ok(entries), self.now);
+                        }
+                        NodeOutput::ReadReplicaSnapshot { shard, index } => {
+                            let kept = self.kept_replicas.get(name.as_str()).and_then(|k| k.get(&shard));
+                            let read = kept.and_then(|l| l.snapshot.clone()).ok_or_else(|| "none kept".to_owned());
+                            self.snapshot_reads += 1;
+                            node.handle_replica_snapshot_read(&shard, index, read, self.now);
                         }
                     }
                 }
@@ -1563,9 +1572,17 @@ fn a_snapshot_larger_than_a_chunk_goes_in_chunks_to_a_peer_that_reads_them_and_w
         if old {
             c.old_peers.insert(behind.clone());
         }
+        // With history reads the leader's snapshot is on disk only (its data is the host's
+        // state, which the host holds): read back for the follower behind, held by nobody after.
+        assert_eq!(c.nodes[&leader].replica_snapshot_memory(), 0);
+        let reads = c.snapshot_reads;
         restart(&mut c, &behind);
         c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
         assert!(c.kept_replicas[&behind][&ledger()].snapshot.is_some(), "it installed a snapshot");
+        assert!(c.snapshot_reads > reads, "the snapshot was read back from the leader's kept log");
+        for n in [&leader, &behind] {
+            assert_eq!(c.nodes[n].replica_snapshot_memory(), 0, "{n} holds no snapshot data");
+        }
         let sent = c.nodes[&leader].snapshot_chunk_counts().0;
         let assembled = c.nodes[&behind].snapshot_chunk_counts().1;
         if old {

@@ -119,6 +119,14 @@ pub enum MetaOutput {
         /// About how many bytes of entries to return at most.
         max_bytes: u64,
     },
+    /// Read the snapshot at `index` back from this member's kept log (the last one persisted,
+    /// [`MetaOutput::PersistSnapshot`]) and hand it to [`MetaNode::handle_snapshot_read`]. Only
+    /// with [`MetaNode::set_snapshot_on_disk`]: a follower behind the compaction waits for it.
+    /// Off the state machine's task: nothing else waits on it.
+    ReadSnapshot {
+        /// The snapshot's index.
+        index: u64,
+    },
     /// A command committed by the group, in log order: apply it. (With
     /// [`MetaNode::report_leader_entries`], also the empty entry each new leader appends: `data`
     /// empty.)
@@ -261,7 +269,14 @@ impl MetaNode {
         );
         let disk = spill.as_ref().map_or_else(OnDisk::default, |sp| sp.disk.clone());
         let applied = spill.as_ref().map_or(0, |sp| sp.end() - 1);
-        let storage = GroupStore { mem: storage, snapshot, disk, cached, reads: Default::default() };
+        let storage = GroupStore {
+            mem: storage,
+            snapshot,
+            disk,
+            cached,
+            reads: Default::default(),
+            snapshot_data: Default::default(),
+        };
         // One election timeout per node, staggered by id: deterministic, and apart enough that
         // two nodes rarely stand at once.
         let rank = rank.unwrap_or_else(|| voters.iter().filter(|v| **v < id).count());
@@ -333,6 +348,7 @@ impl MetaNode {
             store.cached.dropped_below(first);
         }
         store.snapshot = snap.clone();
+        store.snapshot_persisted();
         self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: false });
         true
     }
@@ -553,6 +569,7 @@ impl MetaNode {
                 if self.raw.mut_store().mem.wl().apply_snapshot(snap.clone()).is_ok() {
                     let store = self.raw.mut_store();
                     store.snapshot = snap.clone();
+                    store.snapshot_persisted();
                     store.disk = OnDisk::default();
                     store.cached.clear();
                     self.out.push_back(MetaOutput::PersistSnapshot { snapshot: snap, received: true });
@@ -593,6 +610,67 @@ impl MetaNode {
         for (low, high, max_bytes) in std::mem::take(&mut store.reads.get_mut().asked) {
             self.out.push_back(MetaOutput::ReadEntries { low, high, max_bytes });
         }
+        let index = store.snapshot.get_metadata().index;
+        let d = store.snapshot_data.get_mut();
+        // Read back at most once per round (dropped at once if nobody took it: it is asked
+        // only for a send that failed without it).
+        d.loaded = None;
+        if std::mem::take(&mut d.ask) {
+            self.out.push_back(MetaOutput::ReadSnapshot { index });
+        }
+    }
+
+    /// Keeps the data of the last snapshot on disk only, once persisted, rather than in
+    /// memory too ([`MetaOutput::ReadSnapshot`] reads it back when a follower needs it). A
+    /// driver that sets it must answer those reads. The snapshot kept now (a restart's, read
+    /// from the kept log) is on disk already: its data leaves memory at once.
+    pub fn set_snapshot_on_disk(&mut self, on: bool) {
+        let store = self.raw.mut_store();
+        store.snapshot_data.get_mut().on_disk = on;
+        if on {
+            store.snapshot_persisted();
+        }
+    }
+
+    /// Bytes of snapshot data held in memory for the engine (the last snapshot's, unless it is
+    /// on disk only).
+    pub fn snapshot_memory(&self) -> usize {
+        let s = self.raw.store();
+        s.snapshot.get_data().len() + s.snapshot_data.borrow().loaded.as_ref().map_or(0, bytes::Bytes::len)
+    }
+
+    /// The driver read back the snapshot a [`MetaOutput::ReadSnapshot`] asked for (`Err`: it
+    /// could not, and why). The snapshot at that index, if it still is the last one, is sent to
+    /// the followers that waited for it; anything else (a newer snapshot since, metadata that
+    /// is not the snapshot's) is refused, and they are tried again at the engine's next
+    /// heartbeat, which asks again. Returns whether it was taken.
+    pub fn handle_snapshot_read(&mut self, index: u64, read: Result<Snapshot, String>) -> bool {
+        let store = self.raw.mut_store();
+        let kept = store.snapshot.get_metadata();
+        let current = kept.index == index && store.snapshot_data.get_mut().offloaded;
+        let fits = current
+            && read.as_ref().is_ok_and(|s| s.get_metadata().index == kept.index && s.get_metadata().term == kept.term);
+        if !current {
+            // A newer snapshot replaced it: its own read, if any, is under way.
+            return false;
+        }
+        let d = store.snapshot_data.get_mut();
+        d.pending = false;
+        let waiting = std::mem::take(&mut d.waiting);
+        let Ok(mut snap) = read.map_err(|_| ()).and_then(|s| if fits { Ok(s) } else { Err(()) }) else {
+            return false;
+        };
+        d.loaded = Some(snap.take_data());
+        if self.raw.raft.state == StateRole::Leader {
+            for to in waiting {
+                // (The engine's send unwraps the follower's progress: only members it has.)
+                if to != self.raw.raft.id && self.raw.raft.prs().get(to).is_some() {
+                    self.raw.raft.send_append(to);
+                }
+            }
+        }
+        self.process_ready();
+        true
     }
 
     /// Keeps at most `budget` bytes of applied entries in memory (`None`, the default: every

@@ -459,6 +459,18 @@ fn decode_snapshot_record(body: &[u8], buffer: Option<&bytes::Bytes>) -> Option<
     }
 }
 
+/// The snapshot in one whole [`encode_snapshot_record`] record, as written (length first), read
+/// back alone: its data shares `record` (a buffer the record's size: nothing more is kept
+/// alive with it). `None` when it is not a whole, intact snapshot record.
+pub fn decode_snapshot_record_alone(record: &bytes::Bytes) -> Option<Snapshot> {
+    match record_at(record, 0) {
+        RecordAt::Whole(end, body) if end == record.len() && body.first() == Some(&2) => {
+            decode_snapshot_record(&body[1..], Some(record))
+        }
+        _ => None,
+    }
+}
+
 /// Folds an append-only file of [`encode_log_record`] (and [`encode_snapshot_record`])
 /// records into the log they leave, and says how many bytes of it were whole records. A torn
 /// record ends the file there (a crash mid-append): what came before it stands, and the driver

@@ -28,6 +28,31 @@ pub(super) struct GroupStore {
     pub(super) cached: EntryCache,
     /// Reads of evicted entries asked and answered (the engine reads through `&self`).
     pub(super) reads: std::cell::RefCell<DiskReads>,
+    /// Where the snapshot's data is when it is not in `snapshot` ([`SnapshotData`]).
+    pub(super) snapshot_data: std::cell::RefCell<SnapshotData>,
+}
+
+/// Where a snapshot's data is kept. In memory it would hold the state machine's state a second
+/// time (a replicated cache's values, a stream's commit state) for as long as the snapshot is
+/// the last one, although it is on disk already and only a follower behind the compaction
+/// ever needs it. With [`MetaNode::set_snapshot_on_disk`] the data leaves memory once it is
+/// handed to the driver to persist; a follower that needs it waits while it is read back
+/// ([`MetaOutput::ReadSnapshot`]), then is sent it (the data dropped again once handed over).
+#[derive(Debug, Default)]
+pub(super) struct SnapshotData {
+    /// Data leaves memory once persisted.
+    pub(super) on_disk: bool,
+    /// The kept snapshot's data is on disk only (`snapshot` holds none of it).
+    pub(super) offloaded: bool,
+    /// A read of the data asked by the engine and not yet handed to the driver.
+    pub(super) ask: bool,
+    /// A read under way.
+    pub(super) pending: bool,
+    /// The data read back, until the engine takes it.
+    pub(super) loaded: Option<bytes::Bytes>,
+    /// Followers the engine could not send the snapshot to while it was on disk (sent it once
+    /// it is read; a few at most: the engine asks again at its next heartbeat to each).
+    pub(super) waiting: Vec<u64>,
 }
 
 /// The entries `first..end` of the log that are held on disk only, with their terms (the
@@ -306,21 +331,53 @@ impl Storage for GroupStore {
         if index == 0 || index < request_index {
             return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
         }
+        let mut snap = self.snapshot.clone();
+        {
+            let mut d = self.snapshot_data.borrow_mut();
+            if d.offloaded {
+                // Handed over once: the message holds it while it is sent, and the next
+                // follower that needs it waits for another read.
+                let Some(data) = d.loaded.take() else {
+                    if !d.pending {
+                        d.ask = true;
+                        d.pending = true;
+                    }
+                    if to != 0 && !d.waiting.contains(&to) && d.waiting.len() < MAX_WAITING_READS {
+                        d.waiting.push(to);
+                    }
+                    return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
+                };
+                snap.set_data(data);
+            }
+        }
         let conf = self.snapshot.get_metadata().get_conf_state();
         if to != 0 && !conf.voters.contains(&to) && !conf.learners.contains(&to) {
             // A member added after the compaction: the engine refuses a snapshot whose
             // configuration does not name it, and would be sent this one forever. It gets the
             // configuration of now (the changes after the snapshot come again with the entries
             // that follow it, and re-applying them changes nothing).
-            let mut snap = self.snapshot.clone();
             snap.mut_metadata().set_conf_state(self.mem.initial_state()?.conf_state);
-            return Ok(snap);
         }
-        Ok(self.snapshot.clone())
+        Ok(snap)
     }
 }
 
 impl GroupStore {
+    /// The kept snapshot was handed to the driver to persist: with [`SnapshotData::on_disk`]
+    /// its data leaves memory (a read under way or data read back for the one before are
+    /// dropped with it).
+    pub(super) fn snapshot_persisted(&mut self) {
+        let d = self.snapshot_data.get_mut();
+        if !d.on_disk {
+            return;
+        }
+        *d = SnapshotData { on_disk: true, ..SnapshotData::default() };
+        if !self.snapshot.get_data().is_empty() {
+            self.snapshot.set_data(bytes::Bytes::new());
+            d.offloaded = true;
+        }
+    }
+
     /// Lets applied entries beyond the cache's budget leave memory, oldest first (the last
     /// entry always stays: `MemStorage` reads its last index from its entries).
     pub(super) fn evict(&mut self, applied: u64) {

@@ -325,6 +325,8 @@ impl ClusterNode {
                 // The metadata group keeps its log since the last snapshot in memory (no
                 // entry cache): it never reads back.
                 MetaOutput::ReadEntries { .. } => {}
+                // Nor its snapshot (it is small, and not kept on disk only).
+                MetaOutput::ReadSnapshot { .. } => {}
                 MetaOutput::PersistSnapshot { snapshot, received } => {
                     if received {
                         // This broker was behind the leader's compacted log: the snapshot

@@ -116,6 +116,19 @@ pub enum NodeOutput {
         /// About how many bytes of entries at most.
         max_bytes: u64,
     },
+    /// Read the snapshot at `index` of the shard's kept Raft log back from disk (the last
+    /// [`NodeOutput::PersistReplicaSnapshot`] of it) and hand it to
+    /// [`ClusterNode::handle_replica_snapshot_read`]. With
+    /// [`BrokerConfig::history_reads`](crate::broker::BrokerConfig::history_reads) a replica keeps
+    /// its snapshot's data (its host's state, a second time) on disk only: a follower behind the
+    /// compaction is sent it once it is read. Carry it out off the state machine's task, after
+    /// the persists before it (a sync is not needed to read what was written).
+    ReadReplicaSnapshot {
+        /// The shard.
+        shard: ShardId,
+        /// The snapshot's index.
+        index: u64,
+    },
 }
 
 impl ClusterNode {

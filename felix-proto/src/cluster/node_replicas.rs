@@ -266,6 +266,9 @@ impl ClusterNode {
                         replica.set_checkpoint_bytes(b);
                     }
                     if self.broker.config().history_reads {
+                        // The driver reads the kept log back: entries beyond the cache, and the
+                        // last snapshot, stay on disk only.
+                        replica.set_snapshot_on_disk(true);
                         replica.set_entry_cache(Some(self.entry_cache.unwrap_or(REPLICA_ENTRY_CACHE)));
                     }
                     let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
@@ -637,6 +640,9 @@ impl ClusterNode {
                         max_bytes,
                     });
                 }
+                ReplicaOutput::ReadSnapshot { index } => {
+                    self.out.push_back(NodeOutput::ReadReplicaSnapshot { shard: shard.clone(), index })
+                }
                 ReplicaOutput::GenerationStart { offset, index, term } => {
                     self.broker.apply_replicated_generation(shard, offset, index, now);
                     if h.replica.is_leader() && term == h.replica.term() {
@@ -808,6 +814,29 @@ impl ClusterNode {
         let Assembly { mut header, data, .. } = self.assemblies.remove(&key)?;
         header.mut_snapshot().set_data(data.freeze());
         Some((c.shard, header))
+    }
+
+    /// The driver read back the snapshot a [`NodeOutput::ReadReplicaSnapshot`] asked for
+    /// (`Err`: it could not, and why): the followers waiting for it are sent it (on an error,
+    /// or once a newer snapshot replaced it, they are tried again at the next heartbeat).
+    pub fn handle_replica_snapshot_read(
+        &mut self,
+        shard: &ShardId,
+        index: u64,
+        read: Result<crate::cluster::meta::Snapshot, String>,
+        now: Instant,
+    ) {
+        self.last_now = self.last_now.max(now);
+        let now = self.last_now;
+        let Some(h) = self.replicas.get_mut(shard) else { return };
+        h.replica.handle_snapshot_read(index, read);
+        self.drain_replica(shard, now);
+    }
+
+    /// Over this broker's replicas: bytes of snapshot data their engines hold in memory (none
+    /// but what is being sent, when the driver reads snapshots back).
+    pub fn replica_snapshot_memory(&self) -> u64 {
+        self.replicas.values().map(|h| h.replica.snapshot_memory() as u64).sum()
     }
 
     /// The driver read back what a [`NodeOutput::ReadReplicaLog`] asked for (`Err`: it could

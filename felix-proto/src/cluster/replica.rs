@@ -206,6 +206,12 @@ pub enum ReplicaOutput {
         /// About how many bytes of entries at most.
         max_bytes: u64,
     },
+    /// Read the snapshot at `index` back from the kept log (as [`MetaOutput::ReadSnapshot`])
+    /// and hand it to [`Replica::handle_snapshot_read`].
+    ReadSnapshot {
+        /// The snapshot's index.
+        index: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -736,6 +742,27 @@ impl Replica {
         self.node.entry_memory()
     }
 
+    /// Keeps the group's last snapshot on disk only once persisted (see
+    /// [`MetaNode::set_snapshot_on_disk`]): a checkpoint holds the host's state, a replicated
+    /// cache's values or a stream's commit state, which the host holds already. The host must
+    /// then answer [`ReplicaOutput::ReadSnapshot`].
+    pub fn set_snapshot_on_disk(&mut self, on: bool) {
+        self.node.set_snapshot_on_disk(on);
+    }
+
+    /// Bytes of snapshot data the group's engine holds in memory ([`MetaNode::snapshot_memory`]).
+    pub fn snapshot_memory(&self) -> usize {
+        self.node.snapshot_memory()
+    }
+
+    /// The host read back the snapshot a [`ReplicaOutput::ReadSnapshot`] asked for (see
+    /// [`MetaNode::handle_snapshot_read`]). Returns whether it was taken.
+    pub fn handle_snapshot_read(&mut self, index: u64, read: Result<Snapshot, String>) -> bool {
+        let taken = self.node.handle_snapshot_read(index, read);
+        self.drain();
+        taken
+    }
+
     /// The host read back the entries a [`ReplicaOutput::ReadEntries`] from `low` asked for
     /// (see [`MetaNode::handle_entries_read`]). Returns whether they were taken.
     pub fn handle_entries_read(&mut self, low: u64, entries: Result<Vec<Entry>, String>) -> bool {
@@ -775,6 +802,7 @@ impl Replica {
                 MetaOutput::ReadEntries { low, high, max_bytes } => {
                     self.out.push_back(ReplicaOutput::ReadEntries { low, high, max_bytes })
                 }
+                MetaOutput::ReadSnapshot { index } => self.out.push_back(ReplicaOutput::ReadSnapshot { index }),
             }
         }
         let leading = self.node.is_leader();

@@ -51,6 +51,9 @@ pub struct ReplicaReport {
     pub entry_reads: u64,
     /// Committed entries restarts left on disk and replayed in reads (two seeds of three).
     pub replayed: u64,
+    /// Reads of a leader's last snapshot, kept on disk only, answered and taken (a follower
+    /// behind its compaction was sent it).
+    pub snapshot_reads: u64,
 }
 
 impl ReplicaReport {
@@ -67,6 +70,7 @@ impl ReplicaReport {
         self.compactions += r.compactions;
         self.snapshots_installed += r.snapshots_installed;
         self.entry_reads += r.entry_reads;
+        self.snapshot_reads += r.snapshot_reads;
     }
 }
 
@@ -124,6 +128,8 @@ struct World {
     retain: u64,
     /// Reads of kept logs asked for: (due step, replica, low, high, max bytes).
     reads: Vec<(u64, u64, u64, u64, u64)>,
+    /// Reads of kept snapshots asked for: (due step, replica, index).
+    snapshot_reads: Vec<(u64, u64, u64)>,
 }
 
 impl World {
@@ -206,6 +212,10 @@ impl World {
                     let due = self.step + if lossy { rng.below(4) } else { 0 };
                     self.reads.push((due, id, low, high, max_bytes));
                 }
+                ReplicaOutput::ReadSnapshot { index } => {
+                    let due = self.step + if lossy { rng.below(4) } else { 0 };
+                    self.snapshot_reads.push((due, id, index));
+                }
             }
         }
     }
@@ -243,6 +253,7 @@ impl World {
         })?;
         r.set_checkpoint_bytes(CHECKPOINT_BYTES);
         r.set_entry_cache(Some(ENTRY_CACHE));
+        r.set_snapshot_on_disk(true);
         n.replica = Some(r);
         // A new life replays the log from the start (or from its snapshot).
         n.next = 0;
@@ -363,6 +374,25 @@ impl World {
             }
             self.drain(id, rng, lossy)?;
         }
+        let (due, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.snapshot_reads).into_iter().partition(|r| r.0 <= now);
+        self.snapshot_reads = later;
+        for (_, id, index) in due {
+            let Some(n) = self.nodes.get_mut(&id) else { continue };
+            // The last snapshot kept, whatever its index (a newer one may have replaced the
+            // one asked for: the replica refuses it).
+            let read = match &n.kept.snapshot {
+                _ if lossy && rng.chance(10) => Err("the disk failed the read".to_owned()),
+                Some(s) => Ok(s.clone()),
+                None => Err("no snapshot kept".to_owned()),
+            };
+            if let Some(r) = n.replica.as_mut()
+                && r.handle_snapshot_read(index, read)
+            {
+                self.report.snapshot_reads += 1;
+            }
+            self.drain(id, rng, lossy)?;
+        }
         Ok(())
     }
 
@@ -472,6 +502,7 @@ pub fn run(seed: u64, steps: u64) -> Result<ReplicaReport, Violation> {
         // behind is always sent entries read back from the kept log rather than a snapshot.
         retain: if seed.is_multiple_of(3) { u64::MAX } else { 4 + seed % 16 },
         reads: Vec::new(),
+        snapshot_reads: Vec::new(),
     };
     for &id in &ids {
         w.nodes.insert(id, Node { replica: None, kept: RaftLog::default(), next: 0 });

@@ -210,6 +210,11 @@ impl SummaryBuilder {
         (!self.broken).then_some(self.summary)
     }
 
+    /// The last snapshot record written so far: (position, length).
+    pub fn last_snapshot(&self) -> Option<(u64, u64)> {
+        self.summary.snapshots().last()
+    }
+
     /// The summary so far, as bytes (see [`SegmentSummary::encode`]).
     pub fn encode(&self) -> Option<Vec<u8>> {
         (!self.broken).then(|| self.summary.encode())

@@ -125,7 +125,10 @@ impl World {
                 MetaOutput::Committed { index, data, .. } => self.apply(id, index, data.to_vec())?,
                 // The founding voters' own entries; this simulation changes no voters.
                 // (No entry cache here: nothing is read back.)
-                MetaOutput::ConfChanged { .. } | MetaOutput::ReadIndex { .. } | MetaOutput::ReadEntries { .. } => {}
+                MetaOutput::ConfChanged { .. }
+                | MetaOutput::ReadIndex { .. }
+                | MetaOutput::ReadEntries { .. }
+                | MetaOutput::ReadSnapshot { .. } => {}
             }
         }
     }

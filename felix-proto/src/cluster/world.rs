@@ -147,6 +147,9 @@ pub struct WorldReport {
     /// Snapshot chunks sent (kind 14: in odd seeds a snapshot over 24 bytes of data goes in
     /// chunks of 24, except to and from a broker playing an older version).
     pub snapshot_chunks: u64,
+    /// Reads of a replica's last snapshot, kept on disk only, asked of the driver (a follower
+    /// behind its leader's compaction waited for one).
+    pub snapshot_reads: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -178,6 +181,7 @@ impl WorldReport {
         self.follows += r.follows;
         self.replayed += r.replayed;
         self.snapshot_chunks += r.snapshot_chunks;
+        self.snapshot_reads += r.snapshot_reads;
         self.meta_snapshots += r.meta_snapshots;
         self.meta_snapshots_received += r.meta_snapshots_received;
     }
@@ -489,6 +493,14 @@ impl World {
                 let entries = kept.map(|l| l.read(low, high, max_bytes)).unwrap_or_default();
                 if let Some(n) = self.nodes.get_mut(name) {
                     n.handle_replica_log_read(token, Ok(entries), now);
+                }
+            }
+            NodeOutput::ReadReplicaSnapshot { shard, index } => {
+                self.report.snapshot_reads += 1;
+                let kept = self.kept_replicas.get(name).and_then(|k| k.get(&shard));
+                let read = kept.and_then(|l| l.snapshot.clone()).ok_or_else(|| "no snapshot kept".to_owned());
+                if let Some(n) = self.nodes.get_mut(name) {
+                    n.handle_replica_snapshot_read(&shard, index, read, now);
                 }
             }
             NodeOutput::Peer { to, message } => {

@@ -75,6 +75,12 @@ struct Group {
     disk_reads: u64,
     /// Answer reads of kept logs with entries of another term (a disk gone wrong).
     corrupt_reads: bool,
+    /// Reads of kept snapshots answered and taken.
+    snapshot_reads: u64,
+    /// Reads of kept snapshots asked, whatever became of them.
+    snapshot_asks: u64,
+    /// Fail reads of kept snapshots (a disk error).
+    fail_snapshot_reads: bool,
 }
 
 impl Group {
@@ -90,6 +96,9 @@ impl Group {
             reads: BTreeMap::new(),
             disk_reads: 0,
             corrupt_reads: false,
+            snapshot_reads: 0,
+            snapshot_asks: 0,
+            fail_snapshot_reads: false,
         }
     }
 
@@ -98,6 +107,7 @@ impl Group {
         loop {
             let mut msgs = Vec::new();
             let mut asks = Vec::new();
+            let mut snapshot_asks = Vec::new();
             for (&id, n) in self.nodes.iter_mut() {
                 while let Some(o) = n.poll_output() {
                     match o {
@@ -114,11 +124,25 @@ impl Group {
                         }
                         MetaOutput::ReadIndex { ctx, index } => self.reads.entry(id).or_default().push((ctx, index)),
                         MetaOutput::ReadEntries { low, high, max_bytes } => asks.push((id, low, high, max_bytes)),
+                        MetaOutput::ReadSnapshot { index } => snapshot_asks.push((id, index)),
                     }
                 }
             }
-            if msgs.is_empty() && asks.is_empty() {
+            if msgs.is_empty() && asks.is_empty() && snapshot_asks.is_empty() {
                 break;
+            }
+            for (id, index) in snapshot_asks {
+                self.snapshot_asks += 1;
+                let read = match self.kept.get(&id).and_then(|k| k.snapshot.clone()) {
+                    _ if self.fail_snapshot_reads => Err("Input/output error".to_owned()),
+                    Some(s) => Ok(s),
+                    None => Err("none kept".to_owned()),
+                };
+                if let Some(n) = self.nodes.get_mut(&id)
+                    && n.handle_snapshot_read(index, read)
+                {
+                    self.snapshot_reads += 1;
+                }
             }
             for (id, low, high, max_bytes) in asks {
                 let mut entries = self.kept.get(&id).map(|k| k.read(low, high, max_bytes)).unwrap_or_default();
@@ -195,6 +219,62 @@ fn entries_past_the_cache_leave_memory_and_a_follower_behind_is_sent_them_read_b
     assert_eq!(g.applied[&3], g.applied[&1], "the follower caught up with what was read back");
     let (bytes, on_disk) = g.nodes[&3].entry_memory();
     assert!(bytes <= 2048 && on_disk > 150, "and it keeps only its cache too: {bytes}, {on_disk}");
+}
+
+/// With the snapshot on disk, a member that compacted its log holds none of the snapshot's
+/// data (the state machine holds that state already): a follower cut off behind the
+/// compaction waits while it is read back from the kept log, and is sent it then. A read that
+/// fails leaves it waiting, and the next heartbeat asks again.
+#[test]
+fn a_snapshot_on_disk_is_read_back_for_a_follower_behind_and_held_by_nobody_after() {
+    let state = vec![7u8; 10_000];
+    let mut g = Group::new(&[1, 2, 3]);
+    for n in g.nodes.values_mut() {
+        n.set_snapshot_on_disk(true);
+    }
+    g.run(30);
+    assert_eq!(g.leaders(), vec![1]);
+    g.cut.insert(3);
+    for i in 0..20u8 {
+        g.nodes.get_mut(&1).unwrap().propose(vec![i; 40]).unwrap();
+    }
+    g.settle();
+    let leader = g.nodes.get_mut(&1).unwrap();
+    let index = leader.applied();
+    assert!(leader.compact(index, state.clone()));
+    g.settle();
+    assert_eq!(g.kept[&1].snapshot.as_ref().map(|s| s.get_data().len()), Some(state.len()), "persisted whole");
+    assert_eq!(g.nodes[&1].snapshot_memory(), 0, "and kept on disk only");
+
+    g.fail_snapshot_reads = true;
+    g.cut.clear();
+    g.run(10);
+    assert!(g.snapshot_asks > 0, "the leader asked for its snapshot");
+    assert_eq!(g.snapshot_reads, 0);
+    assert!(g.kept.get(&3).is_none_or(|k| k.snapshot.is_none()), "no snapshot without its data");
+    assert_eq!(g.nodes[&1].snapshot_memory(), 0, "a failed read holds nothing");
+
+    g.fail_snapshot_reads = false;
+    g.run(10);
+    assert!(g.snapshot_reads > 0, "read back and sent");
+    let got = g.kept[&3].snapshot.as_ref().expect("the follower installed it");
+    assert_eq!((got.get_metadata().index, got.get_data()), (index, &state[..]));
+    for id in [1, 3] {
+        assert_eq!(g.nodes[&id].snapshot_memory(), 0, "node {id} holds no snapshot data after");
+    }
+    g.nodes.get_mut(&1).unwrap().propose(b"after".to_vec()).unwrap();
+    g.run(3);
+    assert_eq!(g.applied[&3].last(), Some(&b"after".to_vec()), "the follower goes on from the snapshot");
+
+    // Without it, the data stays in memory (the measure counts it).
+    let mut g = Group::new(&[1, 2, 3]);
+    g.run(30);
+    g.nodes.get_mut(&1).unwrap().propose(vec![1; 40]).unwrap();
+    g.settle();
+    let leader = g.nodes.get_mut(&1).unwrap();
+    let index = leader.applied();
+    assert!(leader.compact(index, state.clone()));
+    assert_eq!(leader.snapshot_memory(), state.len());
 }
 
 /// A member restarted from a kept log whose committed entries were all left on disk (a

@@ -402,6 +402,7 @@ fn a_raft_group_keeps_every_members_metadata_equal() {
                             | MetaOutput::PersistSnapshot { .. }
                             | MetaOutput::ReadIndex { .. }
                             | MetaOutput::ReadEntries { .. }
+                            | MetaOutput::ReadSnapshot { .. }
                             | MetaOutput::ConfChanged { .. } => {}
                         }
                     }
