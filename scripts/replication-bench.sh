@@ -6,7 +6,7 @@
 #                                [--fsync POLICY] [--bin PATH] [--runs N]
 #                                [--retain-records N] [--rss] [--restart-follower [--no-summaries]]
 #                                [--late-reader N] [--cpu] [--forwarded] [--subscribers0]
-#                                [--bench-args "ARGS"] [--disk]
+#                                [--bench-args "ARGS"] [--disk] [--follower-down]
 #
 # Prints one line per run: replication, payload, fsync policy, records/s, MB/s; with --rss, each
 # broker's peak and current resident memory after the run. --retain-records N configures the
@@ -25,7 +25,10 @@
 # subscriber; --subscribers0 runs the direct case the same way, to compare. --bench-args passes
 # more arguments to `felix-node bench` (e.g. "--compress zstd --data json"); --disk prints the
 # bytes each broker's replica logs hold per published record once the run is over (D59: a
-# compressed batch stays compressed in every replica's log).
+# compressed batch stays compressed in every replica's log). --follower-down kills a follower
+# (SIGKILL) before the run and starts it again after, as --restart-follower does: with a short
+# --retain-records the leader compacts its log meanwhile, so the follower catches up from its
+# snapshot, which the leader reads back from its files (the leader's snapshot reads are printed).
 set -euo pipefail
 
 replication=3
@@ -43,6 +46,7 @@ forwarded=""
 nosub=""
 bench_args=""
 disk=""
+down=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     --subscribers0) nosub=1; shift ;;
     --bench-args) bench_args="$2"; shift 2 ;;
     --disk) disk=1; shift ;;
+    --follower-down) down=1; shift ;;
     -h|--help) sed -n 2,24p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -159,6 +164,14 @@ PY
       echo "$r ${pids[$i]}" >> "$PERF_PIDS_FILE"
     done
   fi
+  local f="" l=""
+  for i in 0 1 2; do
+    if [ "${client[$i]}" = "$leader" ]; then l=$i; elif [ -z "$f" ]; then f=$i; fi
+  done
+  if [ -n "$down" ] && [ "$replication" != 1 ]; then
+    kill -9 "${pids[$f]}"
+    wait "${pids[$f]}" 2>/dev/null || true
+  fi
   local out readers=(--subscribers 1)
   [ -n "$late" ] && readers=(--subscribers 0 --late-reader "$late")
   # A subscriber must read from the leader: a forwarded run publishes only.
@@ -211,16 +224,15 @@ PY
   fi
   if [ -n "$rss" ]; then
     for i in 0 1 2; do
+      [ -e "/proc/${pids[$i]}/status" ] || continue # (a follower kept down, --follower-down)
       awk -v n="${names[$i]}" '/^VmHWM|^VmRSS/ {v[$1]=$2} END {printf "  %s: peak RSS %.0f MB, now %.0f MB\n", n, v["VmHWM:"]/1024, v["VmRSS:"]/1024}' "/proc/${pids[$i]}/status"
     done
   fi
-  if [ -n "$restart" ] && [ "$replication" != 1 ]; then
-    local f="" l=""
-    for i in 0 1 2; do
-      if [ "${client[$i]}" = "$leader" ]; then l=$i; elif [ -z "$f" ]; then f=$i; fi
-    done
-    kill -9 "${pids[$f]}"
-    wait "${pids[$f]}" 2>/dev/null || true
+  if [ -n "$restart$down" ] && [ "$replication" != 1 ]; then
+    if [ -z "$down" ]; then
+      kill -9 "${pids[$f]}"
+      wait "${pids[$f]}" 2>/dev/null || true
+    fi
     local lines
     lines=$(wc -l < "$tmp/${names[$f]}.out")
     if [ -n "$nosum" ]; then
@@ -253,6 +265,11 @@ while time.time() < deadline:
         if summary:
             print("  " + summary[summary.index("replica logs read back"):])
         print(f"  restarted follower: listening after {listening or 0:.2f} s, caught up (next offset {a}) after {caught:.2f} s, peak RSS {st['VmHWM'] / 1024:.0f} MB, {st['VmRSS'] / 1024:.0f} MB 2 s later")
+        def metrics(addr):
+            body = urllib.request.urlopen(f"http://{addr}/metrics", timeout=2).read().decode()
+            return {l.split()[0]: l.split()[1] for l in body.splitlines() if l.startswith("felix_replica_snapshot")}
+        m = metrics(leader)
+        print(f"  leader: {m.get('felix_replica_snapshot_reads_total', '?')} snapshot reads, {m.get('felix_replica_snapshot_bytes', '?')} bytes of snapshot data in memory")
         sys.exit(0)
     time.sleep(0.05)
 print("  restarted follower: not caught up within 300 s")

@@ -971,7 +971,19 @@ impl ReplicaLogs {
                     };
                     at.map(|(pos, len)| (seqs[i], pos, len))
                 });
-                let (log, infos, damage, mut points) = fold.finish();
+                let (mut log, infos, damage, mut points) = fold.finish();
+                if keep.is_some() {
+                    // The entries left in memory (at most `keep` bytes) share the buffer their
+                    // segment was read into, up to 64 MiB of which the rest is entries now on
+                    // disk only and the snapshot the host restores from (and then copies its
+                    // values out of). Copied out, that buffer goes once the replica started,
+                    // rather than living as long as the newest of them: on an idle shard, for
+                    // ever. (Without a budget every entry stays: sharing is then the smaller.)
+                    for e in &mut log.entries {
+                        e.data = bytes::Bytes::copy_from_slice(&e.data);
+                        e.context = bytes::Bytes::copy_from_slice(&e.context);
+                    }
+                }
                 if let Some(d) = damage {
                     let path = dir.join(replica_file_name(&shard, seqs[d.segment.min(seqs.len() - 1)]));
                     let why = format!("{}, byte {}: {}", path.display(), d.offset, d.kind);
