@@ -51,6 +51,8 @@ fn the_next_500_seeds_keep_every_cluster_invariant() {
     assert!(t.replayed > 1_000, "{t:?}");
     // Snapshots went to replicas behind in chunks (odd seeds), and whole to older brokers.
     assert!(t.snapshot_chunks > 1_000, "{t:?}");
+    // In half the seeds snapshots were on disk only, read back for the replicas behind.
+    assert!(t.snapshot_reads > 100, "{t:?}");
     // The replicated cache took writes through crashes and partitions.
     assert!(t.qcache_acked > 1_000, "{t:?}");
 }

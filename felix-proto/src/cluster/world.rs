@@ -280,8 +280,11 @@ fn member(name: &str, i: usize) -> Member {
     }
 }
 
-fn broker(now: Instant) -> Broker {
+fn broker(now: Instant, history_reads: bool) -> Broker {
     let mut cfg = BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], clustered: true, ..BrokerConfig::default() };
+    // In half the seeds the broker reads back what it kept, as `serve` with a data directory
+    // does: replicas keep their last snapshot on disk only, read back for a replica behind.
+    cfg.history_reads = history_reads;
     // Streams retain few records, so replicas compact their logs within a run (and a
     // replica that was down is sent a snapshot).
     cfg.default_stream.retention.max_records = Some(RETAINED);
@@ -314,7 +317,7 @@ impl World {
         let i = self.names.iter().position(|n| n == name).unwrap_or(0);
         let kept = self.kept.get(name).cloned().unwrap_or_default();
         // What its disk holds of the durable stream comes back, as a driver recovers it.
-        let mut b = broker(self.now);
+        let mut b = broker(self.now, self.seed % 4 >= 2);
         let shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(1, |s| s.1);
         for (shard, batches) in self.disks.get(name).into_iter().flatten() {
             if batches.is_empty() {
