@@ -436,6 +436,24 @@ pub fn replica_log(data: &[u8]) {
                     fast.feed(seg, None, last);
                 }
             }
+            // What a driver reads back for a follower behind a compaction: every snapshot
+            // record a summary names reads alone, and the fold's snapshot is one of them.
+            if summaries.iter().all(Option::is_some) {
+                let alone: Vec<_> = segments
+                    .iter()
+                    .zip(&summaries)
+                    .flat_map(|(seg, sum)| {
+                        sum.iter().flat_map(|s| s.snapshots()).map(|(p, l)| {
+                            let record = bytes::Bytes::copy_from_slice(&seg[p as usize..(p + l) as usize]);
+                            crate::cluster::meta::decode_snapshot_record_alone(&record)
+                        })
+                    })
+                    .collect();
+                assert!(alone.iter().all(Option::is_some), "a snapshot a summary names does not read alone");
+                if let Some(kept) = &part.snapshot {
+                    assert!(alone.iter().flatten().any(|s| s == kept), "the fold's snapshot is not read back alone");
+                }
+            }
             let (f, f_infos, f_damage, f_points) = fast.finish();
             assert!(
                 f_damage.is_none() && f_infos == part_infos && f_points == part_points,

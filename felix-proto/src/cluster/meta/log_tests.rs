@@ -292,11 +292,25 @@ fn a_snapshot_record_in_pieces_is_the_generated_record_and_reads_back_uncopied()
                 let at = (back.data.as_ptr() as usize).checked_sub(buffer.as_ptr() as usize);
                 assert!(at.is_some_and(|at| at + size <= buffer.len()), "the data shares the buffer it was read from");
             }
+            // Read back alone, as a driver reads the last one for a follower behind: the same
+            // snapshot, its data in the record's buffer.
+            let alone = decode_snapshot_record_alone(&buffer).expect("reads alone");
+            assert_eq!(alone, s);
+            if size > 0 {
+                let at = (alone.data.as_ptr() as usize).checked_sub(buffer.as_ptr() as usize);
+                assert!(at.is_some_and(|at| at + size <= buffer.len()), "read alone, uncopied");
+            }
+            // Cut, or with bytes after it, it is not a record read alone.
+            assert_eq!(decode_snapshot_record_alone(&buffer.slice(..buffer.len() - 1)), None);
+            let mut longer = buffer.to_vec();
+            longer.push(0);
+            assert_eq!(decode_snapshot_record_alone(&bytes::Bytes::from(longer)), None);
             // Damage anywhere is no index (and no snapshot).
             let mut bad = buffer.to_vec();
             let last = bad.len() - 1;
             bad[last] ^= 1;
             assert_eq!(snapshot_record_index(&bad[5..]), None);
+            assert_eq!(decode_snapshot_record_alone(&bytes::Bytes::from(bad)), None);
         }
     }
 }
