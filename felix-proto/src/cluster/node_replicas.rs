@@ -831,6 +831,7 @@ impl ClusterNode {
         let Some(h) = self.replicas.get_mut(shard) else { return };
         h.replica.handle_snapshot_read(index, read);
         self.drain_replica(shard, now);
+        self.flush_shard_sends();
     }
 
     /// Over this broker's replicas: bytes of snapshot data their engines hold in memory (none
