@@ -2544,7 +2544,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots (in {} chunks), {} entries replayed from disk at restarts, {} metadata snapshots ({} sent to a broker behind)",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots (in {} chunks, {} read back from disk for a replica behind), {} entries replayed from disk at restarts, {} metadata snapshots ({} sent to a broker behind)",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -2562,6 +2562,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.replica_moves,
         t.snapshots,
         t.snapshot_chunks,
+        t.snapshot_reads,
         t.replayed,
         t.meta_snapshots,
         t.meta_snapshots_received
@@ -2606,14 +2607,17 @@ fn sim_replicated(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} batches acknowledged exactly once ({} retries answered as duplicates, {} outcome-unknown answers), {} crashes, {} elections, {} messages lost",
+        "{seeds} seeds passed in {:.1} s: {} batches acknowledged exactly once ({} retries answered as duplicates, {} outcome-unknown answers), {} crashes, {} elections, {} messages lost, {} compactions, {} snapshots installed ({} read back from disk for a replica behind)",
         start.elapsed().as_secs_f64(),
         t.acked,
         t.duplicates,
         t.outcome_unknown,
         t.crashes,
         t.elections,
-        t.lost
+        t.lost,
+        t.compactions,
+        t.snapshots_installed,
+        t.snapshot_reads
     );
     Ok(ExitCode::SUCCESS)
 }
