@@ -758,6 +758,11 @@ impl Replica {
     /// The host read back the snapshot a [`ReplicaOutput::ReadSnapshot`] asked for (see
     /// [`MetaNode::handle_snapshot_read`]). Returns whether it was taken.
     pub fn handle_snapshot_read(&mut self, index: u64, read: Result<Snapshot, String>) -> bool {
+        if self.replay.is_some() {
+            // The engine is held until the replay ends (it never asked: a read asked by an
+            // earlier life, answered in this one); its followers are tried again after.
+            return false;
+        }
         let taken = self.node.handle_snapshot_read(index, read);
         self.drain();
         taken
