@@ -318,7 +318,7 @@ fn a_snapshot_read_answered_while_replaying_is_not_taken() {
     let mut r = hosting_alone();
     r.set_snapshot_on_disk(true);
     let mut kept = RaftLog::default();
-    let mut keep = |r: &mut Replica, kept: &mut RaftLog| {
+    let keep = |r: &mut Replica, kept: &mut RaftLog| {
         while let Some(o) = r.poll_output() {
             match o {
                 ReplicaOutput::Persist { entries, hard_state } => kept.persist(&entries, hard_state.as_ref()),
