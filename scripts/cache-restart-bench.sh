@@ -63,18 +63,9 @@ one_run() {
   tmp=$(mktemp -d)
   local names=() client=() cluster=() metrics=() peers=""
   pick_three
-  start_one() {
-    local i=$1
-    "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
-      --node-id "${names[$i]}" --cache-replication 3 \
-      --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
-      --metrics-listen "${metrics[$i]}" >> "$tmp/${names[$i]}.out" 2>&1 &
-    pids[i]=$!
-  }
+  start_one() { serve_one "$1" --cache-replication 3; }
   for i in 0 1 2; do start_one "$i"; done
-  for i in 0 1 2; do
-    for _ in $(seq 1 300); do grep -q "listening" "$tmp/${names[$i]}.out" && break; sleep 0.1; done
-  done
+  wait_listening
   # The first put creates the cache (retried until the metadata group took it).
   local ok=""
   for _ in $(seq 1 100); do

@@ -39,3 +39,23 @@ pick_three() {
   for i in 0 1 2; do peers+="${names[$i]}=${cluster[$i]},"; done
   peers=${peers%,}
 }
+
+# Starts broker $1 (an index into the caller's `names`, `client`, `cluster` and `metrics`) of
+# `$bin` with the caller's `tmp` and `peers`, and the further arguments: its output appended to
+# `$tmp/NAME.out`, its pid in `pids`.
+serve_one() {
+  local i=$1
+  shift
+  "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
+    --node-id "${names[$i]}" --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
+    --metrics-listen "${metrics[$i]}" "$@" >> "$tmp/${names[$i]}.out" 2>&1 &
+  pids[i]=$!
+}
+
+# Waits (up to 30 s each) until every broker of the caller's `names` said it listens.
+wait_listening() {
+  local n
+  for n in "${names[@]}"; do
+    for _ in $(seq 1 300); do grep -q "listening" "$tmp/$n.out" && break; sleep 0.1; done
+  done
+}

@@ -96,18 +96,9 @@ $quorum
 TOML
     extra+=(--config "$tmp/streams.toml")
   fi
-  start_one() {
-    local i=$1
-    "$bin" serve --listen "${client[$i]}" --data-dir "$tmp/${names[$i]}" --dev-token bench-token \
-      --node-id "${names[$i]}" --default-shards 1 --default-replication "$replication" \
-      --cluster-listen "${cluster[$i]}" --peers "$peers" --cluster-secret s \
-      --metrics-listen "${metrics[$i]}" "${extra[@]}" >> "$tmp/${names[$i]}.out" 2>&1 &
-    pids[i]=$!
-  }
+  start_one() { serve_one "$1" --default-shards 1 --default-replication "$replication" "${extra[@]}"; }
   for i in 0 1 2; do start_one "$i"; done
-  for i in 0 1 2; do
-    for _ in $(seq 1 300); do grep -q "listening" "$tmp/${names[$i]}.out" && break; sleep 0.1; done
-  done
+  wait_listening
   # Create the stream (the first publish is retried until the metadata group took it).
   local ok=""
   for _ in $(seq 1 100); do
