@@ -165,7 +165,7 @@ impl Spill {
         }
         self.disk.push(e.index, e.term);
         if e.get_entry_type() == EntryType::EntryConfChange {
-            self.conf.push(e.clone());
+            self.conf.push(crate::cluster::segment_summary::detached(e));
         }
     }
 

@@ -103,6 +103,16 @@ pub enum SummaryError {
     Malformed,
 }
 
+/// `e` with its data and context in allocations of their own: a configuration change a summary
+/// or a restart's spill keeps for as long as its segment is appended to (or for ever) must not
+/// keep alive the whole segment buffer (up to 64 MiB) it was read in with.
+pub(crate) fn detached(e: &Entry) -> Entry {
+    let mut d = e.clone();
+    d.data = bytes::Bytes::copy_from_slice(&e.data);
+    d.context = bytes::Bytes::copy_from_slice(&e.context);
+    d
+}
+
 /// Builds a segment's summary from its records as they are written (or read), in order.
 #[derive(Debug, Clone)]
 pub struct SummaryBuilder {
@@ -162,7 +172,7 @@ impl SummaryBuilder {
                         runs.push((e.index, e.term));
                     }
                     if e.get_entry_type() == EntryType::EntryConfChange {
-                        conf.push(e.clone());
+                        conf.push(detached(e));
                     }
                 }
                 *end = entries.last().map_or(a.index, |b| b.index).saturating_add(1);
@@ -222,6 +232,18 @@ impl SummaryBuilder {
 }
 
 impl SegmentSummary {
+    /// The configuration changes it keeps, over its parts.
+    #[cfg(test)]
+    pub(crate) fn conf_entries(&self) -> Vec<&Entry> {
+        self.parts
+            .iter()
+            .flat_map(|p| match p {
+                Part::Entries { conf, .. } => conf.iter().collect(),
+                Part::Snapshot { .. } => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The snapshot records it names: (position, length).
     pub fn snapshots(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.parts.iter().filter_map(|p| match p {

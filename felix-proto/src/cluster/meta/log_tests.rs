@@ -166,6 +166,36 @@ fn a_shared_fold_gives_the_same_log_with_entries_in_the_segment_buffers() {
     assert!(d.is_some());
 }
 
+/// A restart's fold keeps the configuration changes among the entries it leaves on disk, and
+/// the segment's summary keeps them too, for as long as they matter: copies, not slices of the
+/// segment buffer, which they would otherwise keep alive whole (up to 64 MiB) for ever.
+#[test]
+fn configuration_changes_kept_from_a_shared_fold_do_not_keep_its_buffer() {
+    let mut es = entries(1..=6, 1);
+    for e in &mut es[..3] {
+        e.set_entry_type(raft::eraftpb::EntryType::EntryConfChange);
+        e.data = vec![9; 40].into();
+    }
+    let hs = HardState { term: 1, vote: 1, commit: 6, ..HardState::default() };
+    let buffer = bytes::Bytes::from(encode_log_record(&es, Some(&hs)));
+    let mut fold = LogFold::new(0, Some(0));
+    assert!(fold.feed(&buffer, Some(&buffer), true));
+    let builders = fold.take_builders();
+    let (log, _, damage, _) = fold.finish();
+    assert_eq!(damage, None);
+    let spill = log.spill.as_ref().expect("committed entries left on disk");
+    assert_eq!(spill.conf.len(), 3);
+    let inside = |e: &Entry| {
+        let (p, d) = (buffer.as_ptr() as usize, e.data.as_ptr() as usize);
+        d >= p && d < p + buffer.len()
+    };
+    assert!(spill.conf.iter().all(|e| e.data.len() == 40 && !inside(e)), "the spill's copies");
+    let summary = builders.into_iter().next().flatten().and_then(|b| b.finish()).expect("a summary");
+    let conf = summary.conf_entries();
+    assert_eq!(conf.len(), 3);
+    assert!(conf.iter().all(|e| e.data.len() == 40 && !inside(e)), "the summary's copies");
+}
+
 #[test]
 fn damage_in_a_closed_segment_or_a_commit_past_the_entries_kept_is_found() {
     let (file, [a, ..]) = three_records();
