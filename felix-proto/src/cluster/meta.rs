@@ -646,18 +646,17 @@ impl MetaNode {
     /// heartbeat, which asks again. Returns whether it was taken.
     pub fn handle_snapshot_read(&mut self, index: u64, read: Result<Snapshot, String>) -> bool {
         let store = self.raw.mut_store();
-        let kept = store.snapshot.get_metadata();
-        let current = kept.index == index && store.snapshot_data.get_mut().offloaded;
-        let fits = current
-            && read.as_ref().is_ok_and(|s| s.get_metadata().index == kept.index && s.get_metadata().term == kept.term);
-        if !current {
+        let (kept_index, kept_term) = (store.snapshot.get_metadata().index, store.snapshot.get_metadata().term);
+        let d = store.snapshot_data.get_mut();
+        if kept_index != index || !d.offloaded {
             // A newer snapshot replaced it: its own read, if any, is under way.
             return false;
         }
-        let d = store.snapshot_data.get_mut();
         d.pending = false;
         let waiting = std::mem::take(&mut d.waiting);
-        let Ok(mut snap) = read.map_err(|_| ()).and_then(|s| if fits { Ok(s) } else { Err(()) }) else {
+        let Some(mut snap) =
+            read.ok().filter(|s| (s.get_metadata().index, s.get_metadata().term) == (index, kept_term))
+        else {
             return false;
         };
         d.loaded = Some(snap.take_data());
