@@ -1370,6 +1370,12 @@ impl BrokerTask {
                 "Bytes of replicas' snapshot data held in memory (only what is being sent: snapshots stay in the log files).",
                 n.replica_snapshot_memory(),
             );
+            m(
+                "felix_replica_checkpoint_bytes",
+                "gauge",
+                "Bytes of replicas' checkpoints held in memory waiting for retention (a stream's commit state in them is shared with the live state, not counted).",
+                n.replica_checkpoint_memory(),
+            );
         }
         m(
             "felix_runtime_alive_tasks",

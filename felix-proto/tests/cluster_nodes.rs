@@ -3398,6 +3398,69 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
     }
 }
 
+/// A replicated stream's checkpoints wait for retention to pass their records before its log
+/// is compacted to one, and they hold its commit state as it was without a copy of its values
+/// (issue 32): with 40 KiB of state and a checkpoint after each of the 30 records retained,
+/// the brokers hold the checkpoints' few bytes of their own, not the state again in each. The one compacted to is
+/// a snapshot holding the state as of it: a follower sent it, then leading, serves every value
+/// with its version.
+#[test]
+fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it() {
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, StateChange};
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
+    let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
+    let entity = B64(Bytes::from_static(b"account-1"));
+    let (conn, st) = client_offering(&mut c, &leader, 1, f);
+    let mut last = std::collections::BTreeMap::new();
+    for i in 0..300u64 {
+        let key = format!("k{}", i % 10);
+        let value = Bytes::from(vec![i as u8; 4096]);
+        let m = json(&Message::Commit(message::Commit {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: entity.clone(),
+            event: B64(Bytes::from_static(b"e")),
+            changes: vec![StateChange::Put { key: key.clone(), value: B64(value.clone()) }],
+            shard: Some(0),
+            request_id: i,
+            expected_offset: None,
+        }));
+        c.send(&leader, conn, st, m);
+        let got = messages(&c.take(&leader, conn, st));
+        let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+        last.insert(key, (value, ok.offset));
+    }
+    for _ in 0..3 {
+        c.tick();
+    }
+    let report = c.nodes[&leader].replica_report();
+    assert!(report[0].first_index > 200, "compacted: the log starts at {}", report[0].first_index);
+    for (name, node) in &c.nodes {
+        let held = node.replica_checkpoint_memory();
+        assert!(held > 0, "{name} keeps checkpoints waiting for retention");
+        assert!(held < 16 << 10, "{name} holds {held} bytes of checkpoints, a 40 KiB state copied into them");
+    }
+    let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
+    let (conn, st) = client_offering(&mut c, &now_leader, 7, f);
+    for (rid, key) in last.keys().enumerate() {
+        let m = json(&Message::StateGet(message::StateGet {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: entity.clone(),
+            key: key.clone(),
+            shard: Some(0),
+            request_id: rid as u64,
+        }));
+        c.send(&now_leader, conn, st, m);
+    }
+    let got = state_values(&messages(&c.take(&now_leader, conn, st)));
+    let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
+    assert_eq!(got, want, "served by {now_leader}, the old leader gone");
+}
+
 /// Three brokers retaining 30 records of the ledger, one follower of its shard 0 taken down:
 /// the cluster, the leader, the follower down.
 fn ledger_with_a_follower_down() -> (Cluster, String, String) {

@@ -75,11 +75,39 @@ pub(super) enum Settled {
     Failed(Refusal),
 }
 
-/// Version of [`Broker::replicated_stream_state`]'s bytes.
+/// Version of [`Broker::replicated_stream_state_head`]'s bytes.
 const STREAM_STATE_VERSION: u8 = 1;
 
-/// Tag of the commit-state section of [`Broker::replicated_stream_state`]'s bytes (D63).
+/// Tag of the commit-state section of [`Broker::replicated_stream_state_head`]'s bytes (D63).
 const STREAM_STATE_COMMITS: u8 = 1;
+
+/// The commit-state section of a replicated stream shard's checkpoint (D63), as of the
+/// checkpoint: `u8 tag (1)`, `u32 len`, the state's checkpoint encoding. Nothing when the
+/// state cannot be encoded (a key over 65,535 bytes), as before it was held unencoded.
+#[derive(Debug, Clone)]
+pub(crate) struct CommitSection(super::state::FrozenState);
+
+impl CommitSection {
+    /// Appends the section, written in place behind its tag and length, the length filled in
+    /// after.
+    pub(crate) fn encode_into(&self, b: &mut Vec<u8>) {
+        let at = b.len();
+        b.push(STREAM_STATE_COMMITS);
+        b.extend_from_slice(&[0; 4]);
+        match self.0.checkpoint_into(b) {
+            Some(()) => {
+                let len = (b.len() - at - 5) as u32;
+                b[at + 1..at + 5].copy_from_slice(&len.to_be_bytes());
+            }
+            None => b.truncate(at),
+        }
+    }
+
+    /// The bytes [`encode_into`](Self::encode_into) appends, at most.
+    pub(crate) fn encoded_len(&self) -> usize {
+        5 + self.0.encoded_len()
+    }
+}
 
 /// A group poll whose records are partly on disk.
 #[derive(Debug)]
@@ -221,11 +249,14 @@ impl Broker {
         }
     }
 
-    /// What a replicated stream shard's checkpoints carry of its broker's state: its log's last
-    /// timestamp and its groups' durable state. `u8 version (1)`, `u64 last_timestamp_micros`,
-    /// `u32 count`, then per group (in name order) `u32 len` + a checkpoint record
-    /// ([`GroupOp::Snapshot`]).
-    pub(super) fn replicated_stream_state(&self, k: &Key, shard: u32, b: &mut Vec<u8>) {
+    /// What a replicated stream shard's checkpoints carry of its broker's state, up to its
+    /// commit state: its log's last timestamp and its groups' durable state. `u8 version (1)`,
+    /// `u64 last_timestamp_micros`, `u32 count`, then per group (in name order) `u32 len` + a
+    /// checkpoint record ([`GroupOp::Snapshot`]). The commit state's section, the end, is
+    /// returned unencoded ([`CommitSection`], sharing the live state's keys and values) when
+    /// the shard holds any: a checkpoint keeps it so while it waits for retention, and encodes
+    /// it only if it becomes a snapshot.
+    pub(super) fn replicated_stream_state_head(&self, k: &Key, shard: u32, b: &mut Vec<u8>) -> Option<CommitSection> {
         b.push(STREAM_STATE_VERSION);
         let ts = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).map_or(0, |s| s.log.last_timestamp());
         b.extend_from_slice(&ts.to_be_bytes());
@@ -246,19 +277,8 @@ impl Broker {
         // The commit state, when the shard holds any (D63): once retention compacted the log,
         // the commits that wrote it are gone, and a snapshot is the only place it lives. A
         // shard that holds none writes the bytes it always did.
-        // Written in place behind its tag and length, the length filled in after.
-        if let Some(sh) = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)) {
-            let at = b.len();
-            b.push(STREAM_STATE_COMMITS);
-            b.extend_from_slice(&[0; 4]);
-            match sh.state.checkpoint_into(b) {
-                Some(()) => {
-                    let len = (b.len() - at - 5) as u32;
-                    b[at + 1..at + 5].copy_from_slice(&len.to_be_bytes());
-                }
-                None => b.truncate(at),
-            }
-        }
+        let sh = self.streams.get(k).and_then(|e| e.shards.get(shard as usize))?;
+        sh.state.freeze().map(CommitSection)
     }
 
     /// A replicated shard's replica was restored from a snapshot: its groups become the ones
@@ -914,7 +934,7 @@ impl Broker {
     }
 }
 
-/// Reads [`Broker::replicated_stream_state`]'s bytes: the last timestamp, the checkpoint
+/// Reads [`Broker::replicated_stream_state_head`]'s bytes: the last timestamp, the checkpoint
 /// records it holds and the commit state (the optional section after them: `u8 1`, `u32`
 /// length + [`crate::storage::encode_state_checkpoint`]), or `None` for bytes that are not a
 /// whole state (an empty one included). Never panics.

@@ -82,6 +82,7 @@ pub use config::{
     BrokerConfig, CacheSpec, DEFAULT_PUBLISHER_HOLD_MAX, DEFAULT_SUBSCRIBER_QUEUE_CAPACITY, FsyncMode, Retention,
     StreamConfig, StreamSpec,
 };
+pub(crate) use consume::CommitSection;
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;

@@ -114,25 +114,31 @@ impl Broker {
 
     /// What a replicated shard's checkpoint carries besides the group's own state: a cache's
     /// values and counters; a stream's consumer groups (their settlements are side entries of
-    /// its log) and its last timestamp. A stream's records are not part of its snapshots: retention dropped them
-    /// before its log is compacted.
+    /// its log), its last timestamp and its commit state. A stream's records are not part of its
+    /// snapshots: retention dropped them before its log is compacted.
     /// Appended to `out`: a checkpoint's data, which holds the group's own state before it
     /// ([`crate::cluster::replica::Replica::checkpoint_due`]), so the host's state is written
-    /// once, in place, not built apart and copied in.
-    pub(crate) fn append_replicated_state(&self, shard: &ShardId, out: &mut Vec<u8>) {
+    /// once, in place, not built apart and copied in. A stream's commit state, the end, is
+    /// returned unencoded instead ([`CommitSection`]: shared with the live state, not copied),
+    /// to be encoded only if the checkpoint becomes a snapshot
+    /// ([`crate::cluster::replica::HostPart`]).
+    pub(crate) fn checkpoint_replicated_state(&self, shard: &ShardId, out: &mut Vec<u8>) -> Option<CommitSection> {
         if shard.kind == Kind::Cache {
-            self.quorum_cache_state(shard, out)
+            self.quorum_cache_state(shard, out);
+            None
         } else {
-            self.replicated_stream_state(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard, out)
+            self.replicated_stream_state_head(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard, out)
         }
     }
 
-    /// [`append_replicated_state`](Self::append_replicated_state) on its own (the checkers
-    /// compare it across replicas).
+    /// [`checkpoint_replicated_state`](Self::checkpoint_replicated_state) encoded whole (the
+    /// checkers compare it across replicas).
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn replicated_state(&self, shard: &ShardId) -> Vec<u8> {
         let mut b = Vec::new();
-        self.append_replicated_state(shard, &mut b);
+        if let Some(rest) = self.checkpoint_replicated_state(shard, &mut b) {
+            rest.encode_into(&mut b);
+        }
         b
     }
 

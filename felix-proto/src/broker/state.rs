@@ -25,6 +25,7 @@ use crate::storage::{StateChange, StateCheckpoint, decode_state_changes, encode_
 use crate::transport::ConnId;
 use bytes::Bytes;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// How often, at most, a write's truncation hands storage the state (the sweep may sooner).
@@ -33,7 +34,10 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// One shard's state: key → (value, offset of the commit that wrote it).
 #[derive(Debug, Default)]
 pub(super) struct ShardState {
-    values: BTreeMap<String, (Bytes, u64)>,
+    /// Keys are shared (`Arc<str>`) and values are immutable `Bytes` of their own, so a
+    /// replicated shard's checkpoint can hold the state as it was ([`FrozenState`]) without a
+    /// copy of either.
+    values: BTreeMap<Arc<str>, (Bytes, u64)>,
     /// Offset of the last commit applied.
     as_of: Option<u64>,
     /// The log's start when the state was last handed to storage as a checkpoint, and when.
@@ -47,10 +51,16 @@ impl ShardState {
         for (key, value) in changes {
             match value {
                 Some(v) => {
-                    self.values.insert(key.clone(), (owned(v), offset));
+                    let value = (owned(v), offset);
+                    match self.values.get_mut(key.as_str()) {
+                        Some(kept) => *kept = value,
+                        None => {
+                            self.values.insert(key.as_str().into(), value);
+                        }
+                    }
                 }
                 None => {
-                    self.values.remove(key);
+                    self.values.remove(key.as_str());
                 }
             }
         }
@@ -109,15 +119,56 @@ impl ShardState {
     /// `None` (and `out` as it was) when it holds no state.
     pub(super) fn checkpoint_into(&self, out: &mut Vec<u8>) -> Option<()> {
         let as_of = self.as_of?;
-        let values = self.values.iter().map(|(k, (v, version))| (k.as_str(), v.as_ref(), *version));
+        let values = self.values.iter().map(|(k, (v, version))| (&**k, v.as_ref(), *version));
         crate::storage::encode_state_checkpoint_into(as_of, values, out)
+    }
+
+    /// The state as it is now, sharing its keys and values (nothing copied): what a replicated
+    /// shard's checkpoint keeps until it becomes a snapshot. `None` while no commit was applied.
+    pub(super) fn freeze(&self) -> Option<FrozenState> {
+        let as_of = self.as_of?;
+        let mut encoded_len = 20;
+        let values = self
+            .values
+            .iter()
+            .map(|(k, (v, version))| {
+                encoded_len += 14 + k.len() + v.len();
+                (k.clone(), v.clone(), *version)
+            })
+            .collect();
+        Some(FrozenState { as_of, values, encoded_len })
     }
 
     /// The state a checkpoint holds, replacing this one's. Commits after its `as_of` are then
     /// applied on top; older ones are skipped ([`apply_stored`](Self::apply_stored)).
     pub(super) fn restore_checkpoint(&mut self, c: &StateCheckpoint) {
-        self.values = c.values.iter().map(|(k, v, version)| (k.clone(), (owned(v), *version))).collect();
+        self.values = c.values.iter().map(|(k, v, version)| (k.as_str().into(), (owned(v), *version))).collect();
         self.as_of = Some(c.as_of);
+    }
+}
+
+/// A shard's commit state as of one point ([`ShardState::freeze`]): its keys and values shared
+/// with the live state, in key order. A value the live state overwrites or deletes later stays
+/// here, so it encodes the state as it was, byte for byte what
+/// [`ShardState::checkpoint_into`] wrote then.
+#[derive(Debug, Clone)]
+pub(crate) struct FrozenState {
+    as_of: u64,
+    values: Vec<(Arc<str>, Bytes, u64)>,
+    encoded_len: usize,
+}
+
+impl FrozenState {
+    /// Appends the state's checkpoint encoding (as [`ShardState::checkpoint_into`]); `None`
+    /// (and `out` as it was) when it cannot be encoded (a key over 65,535 bytes).
+    pub(crate) fn checkpoint_into(&self, out: &mut Vec<u8>) -> Option<()> {
+        let values = self.values.iter().map(|(k, v, version)| (&**k, v.as_ref(), *version));
+        crate::storage::encode_state_checkpoint_into(self.as_of, values, out)
+    }
+
+    /// The bytes [`checkpoint_into`](Self::checkpoint_into) appends.
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.encoded_len
     }
 }
 
@@ -199,7 +250,7 @@ impl Broker {
             let msg = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, shard);
             return self.send(conn, st, json_frame(&msg));
         }
-        let found = sh.state.values.get(&g.key);
+        let found = sh.state.values.get(g.key.as_str());
         let m = Message::StateValue(message::StateValue {
             value: found.map(|(v, _)| message::B64(v.clone())),
             version: found.map(|(_, o)| *o),
@@ -233,6 +284,38 @@ mod tests {
         assert!(!s.checkpoint_owed(6));
         assert_eq!(s.due_checkpoint(7, at(1_400), false), None);
         assert!(s.due_checkpoint(7, at(1_500), false).is_some(), "a write a second later");
+    }
+
+    /// A frozen state shares the live state's keys and values (nothing copied) and encodes the
+    /// state as it was when frozen, byte for byte, whatever the live state did since:
+    /// overwrote a key, deleted one, added one.
+    #[test]
+    fn a_frozen_state_shares_its_values_and_encodes_the_state_as_it_was() {
+        let mut s = ShardState::default();
+        assert!(s.freeze().is_none(), "no commit applied, nothing to freeze");
+        let put = |k: &str, v: &[u8]| (k.to_owned(), Some(Bytes::copy_from_slice(v)));
+        s.apply(3, &[put("a", &[1; 4096]), put("b", b"two"), put("c", b"three")]);
+        s.apply(4, &[put("b", b"2")]);
+        let mut then = Vec::new();
+        s.checkpoint_into(&mut then).expect("encodes");
+        let frozen = s.freeze().expect("holds state");
+        for (key, (value, _)) in &s.values {
+            let (k, v, _) = frozen.values.iter().find(|(k, _, _)| k == key).expect("every key");
+            assert!(Arc::ptr_eq(k, key), "{key}: the key is shared");
+            assert_eq!(v.as_ptr(), value.as_ptr(), "{key}: the value is shared");
+        }
+        assert_eq!(frozen.encoded_len(), then.len(), "its size is the encoding's");
+        s.apply(5, &[put("a", b"new"), (String::from("c"), None), put("d", b"four")]);
+        let mut later = Vec::new();
+        frozen.checkpoint_into(&mut later).expect("encodes");
+        assert_eq!(later, then, "the state as it was when frozen");
+        let c = crate::storage::decode_state_checkpoint(&Bytes::from(later.clone())).expect("reads");
+        assert_eq!(c.as_of, 4);
+        let long = "k".repeat(70_000);
+        s.apply(6, &[(long, Some(Bytes::from_static(b"v")))]);
+        let mut out = b"head".to_vec();
+        assert!(s.freeze().expect("holds state").checkpoint_into(&mut out).is_none(), "a key too long to encode");
+        assert_eq!(out, b"head", "and nothing written");
     }
 
     /// A value the state keeps does not keep the buffer it arrived in (a commit's encoded

@@ -6,6 +6,7 @@
 //! node's fields private.
 
 use super::*;
+use crate::cluster::replica::HostPart;
 
 impl ClusterNode {
     /// Hands over what the driver kept of this broker's replicas (their Raft logs, read back at
@@ -581,10 +582,11 @@ impl ClusterNode {
                     self.broker.restore_replicated(shard, next_offset, &state, now)
                 }
                 ReplicaOutput::CheckpointDue { index } => {
-                    if let Some(data) = h.replica.checkpoint_due(index) {
-                        self.broker.append_replicated_state(shard, data);
-                    }
-                    h.replica.finish_checkpoint(index);
+                    let rest = h.replica.checkpoint_due(index).and_then(|data| {
+                        let rest = self.broker.checkpoint_replicated_state(shard, data)?;
+                        Some(Box::new(rest) as Box<dyn HostPart>)
+                    });
+                    h.replica.finish_checkpoint_with(index, rest);
                 }
                 ReplicaOutput::Send { to, mut message } => {
                     let Some(name) = h.names.get(&to) else { continue };
@@ -840,6 +842,13 @@ impl ClusterNode {
         self.replicas.values().map(|h| h.replica.snapshot_memory() as u64).sum()
     }
 
+    /// Bytes of encoded checkpoints this broker's replicas hold waiting for compaction
+    /// ([`Replica::checkpoint_memory`]); a stream's commit state in them is shared with the
+    /// live state and not counted.
+    pub fn replica_checkpoint_memory(&self) -> u64 {
+        self.replicas.values().map(|h| h.replica.checkpoint_memory() as u64).sum()
+    }
+
     /// The driver read back what a [`NodeOutput::ReadReplicaLog`] asked for (`Err`: it could
     /// not, and why). A follower behind is sent the entries (or tried again at the next
     /// heartbeat, when they are not the log's); a history read completes with the batches
@@ -893,6 +902,18 @@ fn split_shard_sends(list: Vec<(ShardId, RaftBytes)>, max: usize) -> Vec<Vec<(Sh
         size += n;
     }
     parts
+}
+
+/// A stream's commit state in a checkpoint stays shared with the live state until the
+/// checkpoint becomes a snapshot.
+impl HostPart for crate::broker::CommitSection {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        crate::broker::CommitSection::encode_into(self, out)
+    }
+
+    fn encoded_len(&self) -> usize {
+        crate::broker::CommitSection::encoded_len(self)
+    }
 }
 
 #[cfg(test)]

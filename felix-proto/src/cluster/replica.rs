@@ -104,11 +104,47 @@ struct Replay {
 
 /// The replicated state right after applying entry `index`: what a snapshot at that index
 /// holds.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Checkpoint {
     index: u64,
     next_offset: u64,
     data: Vec<u8>,
+    /// The end of the host's state, kept unencoded until the checkpoint becomes a snapshot
+    /// ([`Replica::finish_checkpoint_with`]).
+    rest: Option<Box<dyn HostPart>>,
+}
+
+impl Checkpoint {
+    /// What it holds, or stands for, in encoded bytes (what the checkpoint memory counts).
+    fn size(&self) -> usize {
+        self.data.len() + self.rest.as_ref().map_or(0, |r| r.encoded_len())
+    }
+
+    /// The snapshot's data: the bytes written when it was taken, then the rest encoded now.
+    fn into_data(self) -> Vec<u8> {
+        let mut data = self.data;
+        if let Some(rest) = self.rest {
+            rest.encode_into(&mut data);
+        }
+        data
+    }
+}
+
+/// The end of a host's state as of a checkpoint, held in a form that shares memory with the
+/// host's live state (e.g. a commit state's keys and values) and encoded only when the
+/// checkpoint is compacted into a snapshot.
+///
+/// Why: a stream's checkpoint waits for retention to pass its records before the log can be
+/// compacted to it, which takes as long as the retention window. Encoded when taken, it held
+/// the whole state a second time all that while; a view that shares the live state's values
+/// holds only what changed since.
+pub trait HostPart: std::fmt::Debug + Send {
+    /// Appends its encoded bytes, the end of the snapshot's data.
+    fn encode_into(&self, out: &mut Vec<u8>);
+    /// How many bytes [`encode_into`](Self::encode_into) appends, at most: what the
+    /// checkpoint stands for, counted against [`MAX_CHECKPOINT_MEMORY`] as if it were
+    /// encoded (a value the live state overwrote since is held by the view alone).
+    fn encoded_len(&self) -> usize;
 }
 
 /// What one idempotent producer's batches did on this shard (replicated state: every replica
@@ -561,14 +597,31 @@ impl Replica {
 
     /// Keeps the checkpoint due after entry `index` with what its data holds now.
     pub fn finish_checkpoint(&mut self, index: u64) {
+        self.finish_checkpoint_with(index, None);
+    }
+
+    /// [`finish_checkpoint`](Self::finish_checkpoint), the end of the host's state given as a
+    /// part encoded only if the checkpoint becomes a snapshot ([`HostPart`]).
+    pub fn finish_checkpoint_with(&mut self, index: u64, rest: Option<Box<dyn HostPart>>) {
         if self.due.as_ref().is_none_or(|c| c.index != index) {
             return;
         }
-        let Some(cp) = self.due.take() else { return };
+        let Some(mut cp) = self.due.take() else { return };
+        cp.rest = rest;
+        self.keep_checkpoint(cp);
+    }
+
+    fn keep_checkpoint(&mut self, cp: Checkpoint) {
         self.checkpoints.push_back(cp);
         if self.checkpoints.len() > MAX_CHECKPOINTS {
             self.checkpoints.pop_front();
         }
+    }
+
+    /// Bytes of checkpoint data held encoded in memory, waiting for compaction (a
+    /// [`HostPart`] shares the host's memory and is not counted).
+    pub fn checkpoint_memory(&self) -> usize {
+        self.checkpoints.iter().chain(&self.due).map(|c| c.data.capacity()).sum()
     }
 
     /// The first log index still held (entries before it were compacted into a snapshot).
@@ -585,9 +638,9 @@ impl Replica {
             return false;
         }
         let Some(at) = self.checkpoints.iter().rposition(|c| c.next_offset <= floor) else { return false };
-        let cp = self.checkpoints[at].clone();
-        self.checkpoints.drain(..=at);
-        let done = self.node.compact(cp.index, cp.data);
+        let Some(cp) = self.checkpoints.drain(..=at).next_back() else { return false };
+        let index = cp.index;
+        let done = self.node.compact(index, cp.into_data());
         self.drain();
         done
     }
@@ -826,20 +879,17 @@ impl Replica {
         self.apply(index, term, data);
         if self.since_checkpoint >= self.checkpoint_bytes {
             self.since_checkpoint = 0;
-            let held: usize = self.checkpoints.iter().map(|c| c.data.len()).sum();
+            let held: usize = self.checkpoints.iter().map(Checkpoint::size).sum();
             if !self.checkpoints.is_empty() && held >= self.checkpoint_memory {
                 return; // the next one, once compaction made room
             }
-            let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state() };
+            let cp = Checkpoint { index, next_offset: self.next_offset, data: self.encode_state(), rest: None };
             if self.host_state {
                 // Completed once the host applied what came out before this.
                 self.due = Some(cp);
                 self.out.push_back(ReplicaOutput::CheckpointDue { index });
             } else {
-                self.checkpoints.push_back(cp);
-                if self.checkpoints.len() > MAX_CHECKPOINTS {
-                    self.checkpoints.pop_front();
-                }
+                self.keep_checkpoint(cp);
             }
         }
     }

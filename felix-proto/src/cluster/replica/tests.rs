@@ -244,6 +244,58 @@ fn checkpoints_of_a_large_host_state_wait_for_compaction_rather_than_pile_up() {
     assert_eq!(asked, 3 + 1, "the host was asked only for the checkpoints kept");
 }
 
+/// The end of a host's state given unencoded ([`HostPart`]) is counted against the memory
+/// bound by the size it stands for, is not held as checkpoint data, and is encoded into the
+/// snapshot's data, after what the host wrote in place, only when the log is compacted to it.
+#[test]
+fn a_host_part_is_encoded_only_when_its_checkpoint_becomes_a_snapshot() {
+    #[derive(Debug)]
+    struct Part(Arc<AtomicU32>);
+    impl HostPart for Part {
+        fn encode_into(&self, out: &mut Vec<u8>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            out.extend_from_slice(&[9u8; 1_000]);
+        }
+        fn encoded_len(&self) -> usize {
+            1_000
+        }
+    }
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let encoded = Arc::new(AtomicU32::new(0));
+    let mut r = hosting_alone();
+    r.set_checkpoint_memory(2_500);
+    while r.poll_output().is_some() {}
+    let mut asked = 0;
+    for token in 1..=10 {
+        let b = ReplicatedBatch::from_payloads(None, &[Bytes::from(format!("x{token}"))]);
+        r.propose(token, &b).expect("leads");
+        while let Some(o) = r.poll_output() {
+            if let ReplicaOutput::CheckpointDue { index } = o {
+                asked += 1;
+                r.checkpoint_due(index).expect("due").extend_from_slice(b"head");
+                r.finish_checkpoint_with(index, Some(Box::new(Part(encoded.clone()))));
+            }
+        }
+    }
+    assert_eq!((r.checkpoints.len(), asked), (3, 3), "the parts count against the bound (2,500 bytes)");
+    assert!(r.checkpoint_memory() < 3 * 200, "held as data: the heads only, {}", r.checkpoint_memory());
+    assert_eq!(encoded.load(Ordering::Relaxed), 0, "nothing encoded while waiting");
+    assert!(r.compact_below(u64::MAX));
+    assert_eq!(encoded.load(Ordering::Relaxed), 1, "the one compacted to, once");
+    let mut persisted = None;
+    while let Some(o) = r.poll_output() {
+        if let ReplicaOutput::PersistSnapshot { snapshot } = o {
+            persisted = Some(snapshot);
+        }
+    }
+    let snapshot = persisted.expect("compacted into a snapshot");
+    let host = Replica::host_state_of(snapshot.get_data()).expect("reads");
+    assert_eq!(&host[..4], b"head");
+    assert_eq!(&host[4..], &[9u8; 1_000][..]);
+    assert_eq!(r.checkpoint_memory(), 0);
+}
+
 #[test]
 fn a_conditional_batch_is_written_only_at_its_expected_offset() {
     let mut r = leading_alone();
