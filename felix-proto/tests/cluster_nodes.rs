@@ -3461,6 +3461,53 @@ fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it(
     assert_eq!(got, want, "served by {now_leader}, the old leader gone");
 }
 
+/// The measurement behind the test above, at a size (docs/benchmarks.md): three brokers in
+/// this process, a ledger retaining `FELIX_RETAIN` records (default 1,000), `FELIX_COMMITS`
+/// commits (default 3,000) of 4 KiB values over `FELIX_STATE_KEYS` keys (default 2,000: an
+/// 8 MiB state), one follower down; prints the checkpoints held encoded on each broker at the
+/// end and the process's peak RSS.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn measure_checkpoint_memory_of_a_large_commit_state() {
+    use felix_proto::features::Features;
+    use felix_proto::message::{B64, StateChange};
+    let var = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (retain, commits, keys) =
+        (var("FELIX_RETAIN", 1_000), var("FELIX_COMMITS", 3_000), var("FELIX_STATE_KEYS", 2_000));
+    let mut c = Cluster::retaining(&NAMES, retain);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.nodes.remove(&behind);
+    let (conn, st) = client_offering(&mut c, &leader, 1, Features::ATOMIC_COMMIT | Features::ERROR_CODES);
+    let mut peak = 0;
+    for i in 0..commits {
+        let m = json(&Message::Commit(message::Commit {
+            tenant_id: "t1".into(),
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: B64(Bytes::from_static(b"account-1")),
+            event: B64(Bytes::from_static(b"e")),
+            changes: vec![StateChange::Put {
+                key: format!("k{}", i % keys),
+                value: B64(Bytes::from(vec![i as u8; 4096])),
+            }],
+            shard: Some(0),
+            request_id: i,
+            expected_offset: None,
+        }));
+        c.send(&leader, conn, st, m);
+        c.take(&leader, conn, st);
+        peak = peak.max(c.nodes.values().map(|n| n.replica_checkpoint_memory()).sum::<u64>());
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or("VmHWM: ?");
+    for (name, node) in &c.nodes {
+        println!("{name}: checkpoints held encoded {} bytes", node.replica_checkpoint_memory());
+    }
+    println!("peak over the run, both brokers: {peak} bytes; {hwm}");
+}
+
 /// Three brokers retaining 30 records of the ledger, one follower of its shard 0 taken down:
 /// the cluster, the leader, the follower down.
 fn ledger_with_a_follower_down() -> (Cluster, String, String) {
