@@ -55,6 +55,9 @@ fn the_next_500_seeds_keep_every_cluster_invariant() {
     assert!(t.snapshot_reads > 100, "{t:?}");
     // The replicated cache took writes through crashes and partitions.
     assert!(t.qcache_acked > 1_000, "{t:?}");
+    // Commits to the replicated stream (in the seeds whose brokers offer them), their state
+    // checked on every replica once healed.
+    assert!(t.commits_acked > 500, "{t:?}");
 }
 
 #[test]

@@ -161,6 +161,14 @@ impl Broker {
         self.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
     }
 
+    /// The value of `key` in a stream shard's commit state held here (checkers; changes
+    /// nothing).
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn commit_state_peek(&self, shard: &ShardId, key: &str) -> Option<Bytes> {
+        let e = self.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
+        e.shards.get(shard.shard as usize)?.state.peek(key).cloned()
+    }
+
     /// The role of this broker's replica of a shard, if it holds one.
     pub fn replica_role(&self, shard: &ShardId) -> Option<&ReplicaRole> {
         if shard.kind == Kind::Cache {

@@ -79,6 +79,12 @@ impl ShardState {
         }
     }
 
+    /// The value `key` holds.
+    #[cfg(any(test, feature = "testkit"))]
+    pub(super) fn peek(&self, key: &str) -> Option<&Bytes> {
+        self.values.get(key).map(|(v, _)| v)
+    }
+
     /// Whether any commit was applied (retention then checkpoints the state first).
     pub(super) fn holds_state(&self) -> bool {
         self.as_of.is_some()

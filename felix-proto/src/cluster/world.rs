@@ -150,6 +150,9 @@ pub struct WorldReport {
     /// Reads of a replica's last snapshot, kept on disk only, asked of the driver (a follower
     /// behind its leader's compaction waited for one).
     pub snapshot_reads: u64,
+    /// Commits (an event and a state change, D63) to the replicated stream acknowledged: every
+    /// third publish to it is one; its state is checked once healed.
+    pub commits_acked: u64,
     /// A digest of the run: equal for equal seeds.
     pub digest: u64,
 }
@@ -182,6 +185,7 @@ impl WorldReport {
         self.replayed += r.replayed;
         self.snapshot_chunks += r.snapshot_chunks;
         self.snapshot_reads += r.snapshot_reads;
+        self.commits_acked += r.commits_acked;
         self.meta_snapshots += r.meta_snapshots;
         self.meta_snapshots_received += r.meta_snapshots_received;
     }
@@ -195,7 +199,12 @@ enum Ask {
     CachePut,
     /// A cache get (forwarded by non-owners).
     CacheGet,
+    /// A commit to the replicated stream: its event, and a put to its state (owner-only).
+    Commit,
 }
+
+/// Writes of unique values to keys, by value: the key, when sent, when acknowledged.
+type Puts = BTreeMap<Bytes, (String, Instant, Option<Instant>)>;
 
 /// A request in flight: on which broker, connection and stream, since when.
 struct Pending {
@@ -233,9 +242,11 @@ struct World {
     /// Payloads of the replicated stream's publishes in flight, by connection.
     quorum_payloads: BTreeMap<(String, ConnId), Bytes>,
     /// Every put to the replicated cache, by its (unique) value: key, sent, acknowledged.
-    qputs: BTreeMap<Bytes, (String, Instant, Option<Instant>)>,
+    qputs: Puts,
     /// The same for the single-replica cache.
-    cache_puts: BTreeMap<Bytes, (String, Instant, Option<Instant>)>,
+    cache_puts: Puts,
+    /// The same for the replicated stream's commits, by shard: the state key each put.
+    commits: BTreeMap<u32, Puts>,
     /// Crashed brokers and when they come back.
     down: BTreeMap<String, Instant>,
     /// In flight between brokers: (deliver at, from, to, bytes).
@@ -291,6 +302,15 @@ fn broker(now: Instant, history_reads: bool) -> Broker {
     Broker::new(cfg, WallClock::new(now, 1_700_000_000_000_000))
 }
 
+impl World {
+    /// Whether this seed's brokers read back what they kept, as `serve` with a data directory
+    /// does (half the seeds): their replicas keep their last snapshot on disk only, and they
+    /// offer what needs storage (commits among it).
+    fn history_reads(&self) -> bool {
+        self.seed % 4 >= 2
+    }
+}
+
 fn shard_id(stream: &str, shard: u32) -> ShardId {
     ShardId { kind: Kind::Stream, tenant: TENANT.into(), namespace: NS.into(), name: stream.into(), shard }
 }
@@ -317,7 +337,7 @@ impl World {
         let i = self.names.iter().position(|n| n == name).unwrap_or(0);
         let kept = self.kept.get(name).cloned().unwrap_or_default();
         // What its disk holds of the durable stream comes back, as a driver recovers it.
-        let mut b = broker(self.now, self.seed % 4 >= 2);
+        let mut b = broker(self.now, self.history_reads());
         let shards = STREAMS.iter().find(|s| s.0 == ORDERS).map_or(1, |s| s.1);
         for (shard, batches) in self.disks.get(name).into_iter().flatten() {
             if batches.is_empty() {
@@ -720,6 +740,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         quorum_payloads: BTreeMap::new(),
         qputs: BTreeMap::new(),
         cache_puts: BTreeMap::new(),
+        commits: BTreeMap::new(),
         down: BTreeMap::new(),
         network: Vec::new(),
         cut: BTreeSet::new(),
@@ -988,6 +1009,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         return Err(w.violation(format!("{p:?} was acknowledged on {s:?} and is not in its history")));
     }
     w.check_quorum_cache(&first, &mut rng)?;
+    w.check_commit_state(&first)?;
     w.check_cache(&first)?;
     // Every follower ends on its shard's owner with everything it committed.
     for _ in 0..300 {

@@ -124,6 +124,19 @@ impl World {
         kept: bool,
     ) -> Result<(), Violation> {
         let puts = if cache == QCACHE { &self.qputs } else { &self.cache_puts };
+        self.check_value_of(puts, cache, key, value, kept)
+    }
+
+    /// [`check_value`](Self::check_value) against `puts`, said of `cache` (a cache, or a
+    /// shard's commit state).
+    fn check_value_of(
+        &self,
+        puts: &Puts,
+        cache: &str,
+        key: &str,
+        value: Option<Bytes>,
+        kept: bool,
+    ) -> Result<(), Violation> {
         let acked = |p: &&(String, Instant, Option<Instant>)| p.0 == key && p.2.is_some();
         let last_sent_acked = puts.values().filter(acked).map(|p| p.1).max();
         let Some(v) = value else {
@@ -146,6 +159,36 @@ impl World {
                 "{cache} {key} holds {v:?} (acknowledged at {acked_at:?}), but {:?}, sent after that, was acknowledged too",
                 later.0
             )));
+        }
+        Ok(())
+    }
+
+    /// The replicated stream's commit state (D63), healed: the replicas of each shard hold the
+    /// same state (their checkpoints' encoding of it, as a snapshot would carry it), and every
+    /// key a value some commit put to it, no older than its last acknowledged commit; an
+    /// acknowledged commit is never lost, through crashes, fail-overs, compactions into
+    /// snapshots (its checkpoints shared with the live state) and replica moves.
+    pub(super) fn check_commit_state(&mut self, md: &crate::cluster::metadata::Metadata) -> Result<(), Violation> {
+        for (shard, puts) in &self.commits {
+            let id = shard_id(LEDGER, *shard);
+            let Some(replicas) = md.replicas(&id) else {
+                return Err(self.violation(format!("{id:?} has no replicas")));
+            };
+            let states: Vec<(&String, Vec<u8>)> =
+                replicas.iter().filter_map(|r| Some((r, self.nodes.get(r)?.broker.replicated_state(&id)))).collect();
+            if let Some((a, b)) = states.iter().zip(states.iter().skip(1)).find(|(a, b)| a.1 != b.1) {
+                return Err(
+                    self.violation(format!("healed, but {id:?}'s replicas {} and {} hold different states", a.0, b.0))
+                );
+            }
+            let Some((holder, _)) = states.first() else {
+                return Err(self.violation(format!("no replica of {id:?} is up")));
+            };
+            let keys: BTreeSet<&String> = puts.values().map(|p| &p.0).collect();
+            for key in keys {
+                let value = self.nodes[*holder].broker.commit_state_peek(&id, key);
+                self.check_value_of(puts, &format!("{id:?}"), key, value, true)?;
+            }
         }
         Ok(())
     }

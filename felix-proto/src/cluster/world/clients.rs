@@ -87,6 +87,10 @@ impl World {
                     Err(format!("subscribed to {shard:?} owned by {owner:?}"))
                 }
             }
+            (Ask::Commit, Payload::Json(Decoded::Message(Message::CommitOk(_)))) => {
+                self.report.commits_acked += 1;
+                Ok("ok")
+            }
             (Ask::CachePut, Payload::Json(Decoded::Message(Message::CacheOk(_))))
             | (Ask::CacheGet, Payload::Json(Decoded::Message(Message::CacheValue(_)))) => {
                 self.report.cache_answers += 1;
@@ -116,7 +120,12 @@ impl World {
                 {
                     put.2 = Some(self.now);
                 }
-                if ask == Ask::Publish {
+                if ask == Ask::Commit
+                    && let Some(c) = payload.as_ref().and_then(|p| self.commits.get_mut(&shard.shard)?.get_mut(p))
+                {
+                    c.2 = Some(self.now);
+                }
+                if ask == Ask::Publish || ask == Ask::Commit {
                     self.report.acked += 1;
                     if let Some(p) = payload.filter(|_| shard.name == LEDGER) {
                         self.report.quorum_acked += 1;
@@ -181,11 +190,28 @@ impl World {
         rng: &mut Rng,
     ) {
         let now = self.now;
+        // A publish to the replicated stream under faults is a commit where brokers offer
+        // commits, when sent to the replica that leads (a commit is owner-only, never
+        // forwarded: a client sends it where a redirect took it). No draw of its own, so the
+        // seeds' other choices stay as they were. Not once healed, where every request must
+        // succeed at whichever broker it reaches.
+        let leads = || {
+            self.nodes.get(name).and_then(|n| n.broker.replica_role(&shard_id(stream, shard)))
+                == Some(&crate::broker::ReplicaRole::Leading)
+        };
+        let commit = ask == Ask::Publish && stream == LEDGER && !must && self.history_reads() && leads();
+        let ask = if commit { Ask::Commit } else { ask };
         let Some(node) = self.nodes.get_mut(name) else { return };
         let mut addr = [0u8; 16];
         addr[..8].copy_from_slice(&rng.next().to_be_bytes());
         let Ok(conn) = node.broker.admit(PeerAddr(addr), now) else { return };
-        let (lo, hi) = if modern { Features::REDIRECT.to_words(true) } else { (None, None) };
+        let features = match (modern, ask == Ask::Commit) {
+            (true, true) => Features::REDIRECT | Features::ATOMIC_COMMIT,
+            (true, false) => Features::REDIRECT,
+            (false, true) => Features::ATOMIC_COMMIT,
+            (false, false) => Features::NONE,
+        };
+        let (lo, hi) = features.to_words(true);
         let flags = if modern {
             0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x0200 | 0x1000
         } else {
@@ -232,6 +258,23 @@ impl World {
                 };
                 let _ = b.encode(&mut out);
             }
+            Ask::Commit => encode_json(
+                &Message::Commit(message::Commit {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    stream: stream.into(),
+                    entity_key: message::B64(Bytes::from_static(b"account")),
+                    event: message::B64(payload.clone()),
+                    changes: vec![message::StateChange::Put {
+                        key: commit_key(self.report.requests),
+                        value: message::B64(payload.clone()),
+                    }],
+                    shard: Some(shard),
+                    request_id: 1,
+                    expected_offset: None,
+                }),
+                &mut out,
+            ),
             Ask::CachePut => encode_json(
                 &Message::CachePut(message::CachePut {
                     tenant_id: TENANT.into(),
@@ -269,7 +312,11 @@ impl World {
             ),
         }
         self.report.requests += 1;
-        if (stream == LEDGER || stream == ORDERS) && ask == Ask::Publish {
+        if ask == Ask::Commit {
+            let key = commit_key(self.report.requests - 1);
+            self.commits.entry(shard).or_default().insert(payload.clone(), (key, now, None));
+            self.quorum_payloads.insert((name.to_owned(), conn), payload);
+        } else if (stream == LEDGER || stream == ORDERS) && ask == Ask::Publish {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
         } else if ask == Ask::CachePut {
             let puts = if stream == QCACHE { &mut self.qputs } else { &mut self.cache_puts };
@@ -303,4 +350,10 @@ impl World {
             node.broker.handle_stream_data(conn, st, out.freeze(), false, now);
         }
     }
+}
+
+/// The state key the commit sent as request `n` puts (four keys, so values are overwritten
+/// while checkpoints hold older ones).
+fn commit_key(n: u64) -> String {
+    format!("c{}", n % 4)
 }
