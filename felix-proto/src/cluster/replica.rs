@@ -639,8 +639,7 @@ impl Replica {
         }
         let Some(at) = self.checkpoints.iter().rposition(|c| c.next_offset <= floor) else { return false };
         let Some(cp) = self.checkpoints.drain(..=at).next_back() else { return false };
-        let index = cp.index;
-        let done = self.node.compact(index, cp.into_data());
+        let done = self.node.compact(cp.index, cp.into_data());
         self.drain();
         done
     }
