@@ -2608,7 +2608,7 @@ fn sim_replicated(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} batches acknowledged exactly once ({} retries answered as duplicates, {} outcome-unknown answers), {} crashes, {} elections, {} messages lost, {} compactions, {} snapshots installed ({} read back from disk for a replica behind)",
+        "{seeds} seeds passed in {:.1} s: {} batches acknowledged exactly once ({} retries answered as duplicates, {} outcome-unknown answers), {} crashes, {} elections, {} messages lost, {} compactions, {} snapshots installed ({} read back from disk for a replica behind), {} host states restored",
         start.elapsed().as_secs_f64(),
         t.acked,
         t.duplicates,
@@ -2618,7 +2618,8 @@ fn sim_replicated(a: &SimArgs) -> Result<ExitCode, String> {
         t.lost,
         t.compactions,
         t.snapshots_installed,
-        t.snapshot_reads
+        t.snapshot_reads,
+        t.host_restores
     );
     Ok(ExitCode::SUCCESS)
 }

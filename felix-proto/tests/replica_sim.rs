@@ -2,7 +2,8 @@
 //! delayed and partitioned messages, crashes between any two outputs (the leader mid-write,
 //! with what it had not made durable lost), restarts from the kept Raft log, and idempotent
 //! producers retrying. Over 1,000 seeds: one history, offsets only grow, one leader per term,
-//! every acknowledged batch exactly once at its offset, progress once healed.
+//! every acknowledged batch exactly once at its offset, progress once healed, and the hosts'
+//! state the same at every offset, restored from snapshots included.
 
 use felix_proto::cluster::replica_sim::{ReplicaReport, run};
 
@@ -37,6 +38,9 @@ fn the_next_500_seeds_lose_no_acknowledged_record() {
     // Snapshots stayed on disk only: each one a follower was sent was read back first (in
     // reads that failed now and then).
     assert!(t.snapshot_reads > 50, "{t:?}");
+    // Hosts restored their state from snapshots (written in place in even seeds, encoded at
+    // compaction in odd ones), each the state every replica had at its offset.
+    assert!(t.host_restores > 500, "{t:?}");
 }
 
 /// Seeds past the first 1,000 that once found a fault, with what each found.

@@ -13,10 +13,16 @@
 //! * **exactly once**: an acknowledged batch is in the history at the offset it was answered
 //!   with, and no (producer, sequence) is in the history twice, however often it was retried;
 //! * **progress**: once healed, every producer's batches are acknowledged and every replica
-//!   holds the same log.
+//!   holds the same log;
+//! * **the host's state travels with the log**: each replica's host keeps state of its own
+//!   folded from the records (as a replicated cache's values or a stream's commit state are),
+//!   carried in checkpoints, written in place when taken (even seeds, a cache's way) or held
+//!   unencoded and encoded only when the log is compacted to it (odd seeds, a commit state's
+//!   way: [`HostPart`]); whatever offset a replica's host reaches, by delivering records or by
+//!   restoring a snapshot, its state there is the one every other replica's had there.
 
 use super::meta::{RaftLog, decode_message, encode_message};
-use super::replica::{Answer, Replica, ReplicaOutput, ReplicatedBatch};
+use super::replica::{Answer, HostPart, Replica, ReplicaOutput, ReplicatedBatch};
 use super::sim::{Rng, Violation};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
@@ -54,6 +60,9 @@ pub struct ReplicaReport {
     /// Reads of a leader's last snapshot, kept on disk only, answered and taken (a follower
     /// behind its compaction was sent it).
     pub snapshot_reads: u64,
+    /// Host states restored from a snapshot (at a restart, or sent) and found to be the state
+    /// every replica had at its offset.
+    pub host_restores: u64,
 }
 
 impl ReplicaReport {
@@ -71,6 +80,7 @@ impl ReplicaReport {
         self.snapshots_installed += r.snapshots_installed;
         self.entry_reads += r.entry_reads;
         self.snapshot_reads += r.snapshot_reads;
+        self.host_restores += r.host_restores;
     }
 }
 
@@ -94,6 +104,82 @@ struct Node {
     kept: RaftLog,
     /// The next offset this life expects to deliver.
     next: u64,
+    /// The host's state, this life.
+    host: Host,
+}
+
+/// A host's state of its own, folded from the records delivered: how many, and each
+/// producer's last payload (a value per key, shared with the record it came in, as a
+/// replicated cache or a commit state keeps values).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Host {
+    records: u64,
+    last: BTreeMap<u64, Bytes>,
+}
+
+impl Host {
+    fn apply(&mut self, producer: Option<(u64, u64)>, payload: &Bytes) {
+        self.records += 1;
+        self.last.insert(producer.map_or(0, |p| p.0), payload.clone());
+    }
+
+    /// A digest of the state (compared across replicas at each offset).
+    fn digest(&self) -> u64 {
+        let mut d = self.records;
+        for (k, v) in &self.last {
+            d = d.rotate_left(7) ^ k;
+            for b in v.iter() {
+                d = d.rotate_left(3) ^ u64::from(*b);
+            }
+        }
+        d
+    }
+
+    /// The state as checkpoint bytes: `u64 records`, `u32 n`, then `n` times `u64 key`,
+    /// `u32 len` and the value.
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.records.to_be_bytes());
+        out.extend_from_slice(&(self.last.len() as u32).to_be_bytes());
+        for (k, v) in &self.last {
+            out.extend_from_slice(&k.to_be_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            out.extend_from_slice(v);
+        }
+    }
+
+    /// Reads [`encode_into`](Self::encode_into)'s bytes; `None` for bytes that do not read
+    /// whole.
+    fn decode(mut b: &[u8]) -> Option<Host> {
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, rest) = b.split_at_checked(n)?;
+            b = rest;
+            Some(head)
+        };
+        let records = u64::from_be_bytes(take(8)?.try_into().ok()?);
+        let n = u32::from_be_bytes(take(4)?.try_into().ok()?);
+        let mut last = BTreeMap::new();
+        for _ in 0..n {
+            let k = u64::from_be_bytes(take(8)?.try_into().ok()?);
+            let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+            last.insert(k, Bytes::copy_from_slice(take(len)?));
+        }
+        b.is_empty().then_some(Host { records, last })
+    }
+}
+
+/// A host's state kept unencoded in a checkpoint until the log is compacted to it: a copy of
+/// the map, its values shared with the live state's (the way a commit state is kept).
+#[derive(Debug)]
+struct FrozenHost(Host);
+
+impl HostPart for FrozenHost {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        self.0.encode_into(out);
+    }
+
+    fn encoded_len(&self) -> usize {
+        12 + self.0.last.values().map(|v| 12 + v.len()).sum::<usize>()
+    }
 }
 
 /// An idempotent producer: one batch in flight at a time, retried under the same sequence
@@ -130,6 +216,9 @@ struct World {
     reads: Vec<(u64, u64, u64, u64, u64)>,
     /// Reads of kept snapshots asked for: (due step, replica, index).
     snapshot_reads: Vec<(u64, u64, u64)>,
+    /// The digest of the host's state every replica reached at an offset (after delivering
+    /// what precedes it), the first time one did.
+    host_states: BTreeMap<u64, u64>,
 }
 
 impl World {
@@ -160,9 +249,41 @@ impl World {
                         n.kept.persist_snapshot(&snapshot);
                     }
                 }
-                // A stream's replica keeps no host state: never asked for it.
-                ReplicaOutput::CheckpointDue { .. } => {}
-                ReplicaOutput::Restored { next_offset, .. } => {
+                // The host's state as of the checkpoint: everything before it was delivered.
+                ReplicaOutput::CheckpointDue { index } => {
+                    let frozen = self.seed % 2 == 1;
+                    if let Some(n) = self.nodes.get_mut(&id)
+                        && let Some(r) = n.replica.as_mut()
+                    {
+                        if frozen {
+                            r.finish_checkpoint_with(index, Some(Box::new(FrozenHost(n.host.clone()))));
+                        } else if let Some(data) = r.checkpoint_due(index) {
+                            n.host.encode_into(data);
+                            r.finish_checkpoint(index);
+                        }
+                    }
+                }
+                ReplicaOutput::Restored { next_offset, state } => {
+                    let Some(host) = Host::decode(&state) else {
+                        return Err(self.violation(format!("r{id} restored a host state that does not read")));
+                    };
+                    match self.host_states.get(&next_offset) {
+                        Some(d) if *d != host.digest() => {
+                            return Err(self.violation(format!(
+                                "r{id} restored a snapshot at offset {next_offset} whose host state ({} records) is not the one replicas had there",
+                                host.records
+                            )));
+                        }
+                        Some(_) => self.report.host_restores += 1,
+                        None => {
+                            return Err(self.violation(format!(
+                                "r{id} restored a host state at offset {next_offset}, which no replica reached"
+                            )));
+                        }
+                    }
+                    if let Some(n) = self.nodes.get_mut(&id) {
+                        n.host = host;
+                    }
                     let next = self.nodes.get(&id).map_or(0, |n| n.next);
                     if next_offset < next {
                         return Err(self.violation(format!(
@@ -246,7 +367,7 @@ impl World {
         }
         self.report.replayed += kept.spill.as_ref().map_or(0, |s| s.end() - s.first());
         let Some(n) = self.nodes.get_mut(&id) else { return Ok(()) };
-        let mut r = Replica::new(id, &ids, &kept).map_err(|e| Violation {
+        let mut r = Replica::new_hosting(id, &ids, &kept, None, true).map_err(|e| Violation {
             seed,
             step,
             what: format!("r{id} does not restart from its kept log: {e}"),
@@ -257,6 +378,7 @@ impl World {
         n.replica = Some(r);
         // A new life replays the log from the start (or from its snapshot).
         n.next = 0;
+        n.host = Host::default();
         Ok(())
     }
 
@@ -269,6 +391,22 @@ impl World {
         }
         if let Some(n) = self.nodes.get_mut(&id) {
             n.next = offset + 1;
+            if let Slot::Record { producer, payload, .. } = &slot {
+                n.host.apply(*producer, payload);
+            }
+        }
+        let digest = self.nodes.get(&id).map_or(0, |n| n.host.digest());
+        match self.host_states.get(&(offset + 1)) {
+            Some(d) if *d != digest => {
+                return Err(self.violation(format!(
+                    "r{id}'s host state at offset {} is not the one another replica had there",
+                    offset + 1
+                )));
+            }
+            Some(_) => {}
+            None => {
+                self.host_states.insert(offset + 1, digest);
+            }
         }
         match self.history.get(&offset) {
             Some(s) if *s != slot => {
@@ -503,9 +641,10 @@ pub fn run(seed: u64, steps: u64) -> Result<ReplicaReport, Violation> {
         retain: if seed.is_multiple_of(3) { u64::MAX } else { 4 + seed % 16 },
         reads: Vec::new(),
         snapshot_reads: Vec::new(),
+        host_states: BTreeMap::from([(0, Host::default().digest())]),
     };
     for &id in &ids {
-        w.nodes.insert(id, Node { replica: None, kept: RaftLog::default(), next: 0 });
+        w.nodes.insert(id, Node { replica: None, kept: RaftLog::default(), next: 0, host: Host::default() });
         w.restart(id)?;
     }
     for _ in 0..steps {
