@@ -2525,7 +2525,6 @@ fn a_durable_shard_moves_with_its_records_under_load_and_a_subscriber_follows_it
 fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_broker_that_cannot_take_it() {
     use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
     use felix_proto::features::Features;
-    use felix_proto::message::{B64, StateChange};
     for new_owner_takes_state in [true, false] {
         let mut c = Cluster::retaining(&NAMES, 3);
         c.create(Kind::Stream, "accounts", 1, 0);
@@ -2538,21 +2537,10 @@ fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_br
         }
         let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
         let open = |c: &mut Cluster, node: &str, index: u64| client_offering(c, node, index, f);
-        let entity = B64(Bytes::from_static(b"account-1"));
         let (conn, st) = open(&mut c, &from, 1);
         for i in 0..10u64 {
-            let value = B64(Bytes::from(i.to_string()));
-            let m = json(&Message::Commit(message::Commit {
-                tenant_id: "t1".into(),
-                namespace: "default".into(),
-                stream: "accounts".into(),
-                entity_key: entity.clone(),
-                event: B64(Bytes::from_static(b"e")),
-                changes: vec![StateChange::Put { key: format!("k{i}"), value }],
-                shard: Some(0),
-                request_id: i,
-                expected_offset: None,
-            }));
+            let value = Bytes::from(i.to_string());
+            let m = commit_put("accounts", format!("k{i}"), value, i);
             c.send(&from, conn, st, m);
             let got = messages(&c.take(&from, conn, st));
             assert!(matches!(&got[..], [Message::CommitOk(ok)] if ok.offset == i), "{got:?}");
@@ -2562,17 +2550,7 @@ fn a_compacted_shard_holding_commit_state_moves_with_its_state_but_never_to_a_br
         });
         let now = c.now;
         c.nodes.get_mut(&from).unwrap().propose(&Command::MoveShard { shard: shard.clone(), to: to.clone() }, now);
-        let get = |key: &str, rid: u64| {
-            json(&Message::StateGet(message::StateGet {
-                tenant_id: "t1".into(),
-                namespace: "default".into(),
-                stream: "accounts".into(),
-                entity_key: entity.clone(),
-                key: key.into(),
-                shard: Some(0),
-                request_id: rid,
-            }))
-        };
+        let get = |key: &str, rid: u64| state_get("accounts", key, rid);
         let serving = if new_owner_takes_state {
             c.until("the shard moved", |c| c.nodes["n1"].metadata().owner(&shard).is_some_and(|o| o.owner == to));
             assert!(
@@ -3350,7 +3328,6 @@ fn a_replicated_streams_groups_are_part_of_its_snapshots() {
 fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_reads_it() {
     use felix_proto::cluster::peer::{FEATURE_COMMIT_STATE, PEER_FEATURES};
     use felix_proto::features::Features;
-    use felix_proto::message::B64;
     for every_member_reads_it in [true, false] {
         let mut c = Cluster::retaining(&NAMES, 30);
         if !every_member_reads_it {
@@ -3363,7 +3340,6 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
         c.nodes.remove(&behind);
         let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
         let open = |c: &mut Cluster, node: &str, index: u64| client_offering(c, node, index, f);
-        let entity = B64(Bytes::from_static(b"account-1"));
         let first_at = commit_300(&mut c, &leader);
         let report = c.nodes[&leader].replica_report();
         if !every_member_reads_it {
@@ -3374,15 +3350,7 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
         let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
         let (conn, st) = open(&mut c, &now_leader, 7);
         for (rid, key) in [(20, "first"), (21, "k9")] {
-            let m = json(&Message::StateGet(message::StateGet {
-                tenant_id: "t1".into(),
-                namespace: "default".into(),
-                stream: "ledger".into(),
-                entity_key: entity.clone(),
-                key: key.into(),
-                shard: Some(0),
-                request_id: rid,
-            }));
+            let m = state_get("ledger", key, rid);
             c.send(&now_leader, conn, st, m);
         }
         let got = messages(&c.take(&now_leader, conn, st));
@@ -3407,26 +3375,14 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
 #[test]
 fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it() {
     use felix_proto::features::Features;
-    use felix_proto::message::{B64, StateChange};
     let (mut c, leader, behind) = ledger_with_a_follower_down();
     let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
-    let entity = B64(Bytes::from_static(b"account-1"));
     let (conn, st) = client_offering(&mut c, &leader, 1, f);
     let mut last = std::collections::BTreeMap::new();
     for i in 0..300u64 {
         let key = format!("k{}", i % 10);
         let value = Bytes::from(vec![i as u8; 4096]);
-        let m = json(&Message::Commit(message::Commit {
-            tenant_id: "t1".into(),
-            namespace: "default".into(),
-            stream: "ledger".into(),
-            entity_key: entity.clone(),
-            event: B64(Bytes::from_static(b"e")),
-            changes: vec![StateChange::Put { key: key.clone(), value: B64(value.clone()) }],
-            shard: Some(0),
-            request_id: i,
-            expected_offset: None,
-        }));
+        let m = commit_put("ledger", key.clone(), value.clone(), i);
         c.send(&leader, conn, st, m);
         let got = messages(&c.take(&leader, conn, st));
         let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
@@ -3445,15 +3401,7 @@ fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it(
     let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
     let (conn, st) = client_offering(&mut c, &now_leader, 7, f);
     for (rid, key) in last.keys().enumerate() {
-        let m = json(&Message::StateGet(message::StateGet {
-            tenant_id: "t1".into(),
-            namespace: "default".into(),
-            stream: "ledger".into(),
-            entity_key: entity.clone(),
-            key: key.clone(),
-            shard: Some(0),
-            request_id: rid as u64,
-        }));
+        let m = state_get("ledger", key, rid as u64);
         c.send(&now_leader, conn, st, m);
     }
     let got = state_values(&messages(&c.take(&now_leader, conn, st)));
@@ -3470,7 +3418,6 @@ fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it(
 #[ignore = "a measurement: run with --ignored --nocapture"]
 fn measure_checkpoint_memory_of_a_large_commit_state() {
     use felix_proto::features::Features;
-    use felix_proto::message::{B64, StateChange};
     let var = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let (retain, commits, keys) =
         (var("FELIX_RETAIN", 1_000), var("FELIX_COMMITS", 3_000), var("FELIX_STATE_KEYS", 2_000));
@@ -3482,20 +3429,7 @@ fn measure_checkpoint_memory_of_a_large_commit_state() {
     let (conn, st) = client_offering(&mut c, &leader, 1, Features::ATOMIC_COMMIT | Features::ERROR_CODES);
     let mut peak = 0;
     for i in 0..commits {
-        let m = json(&Message::Commit(message::Commit {
-            tenant_id: "t1".into(),
-            namespace: "default".into(),
-            stream: "ledger".into(),
-            entity_key: B64(Bytes::from_static(b"account-1")),
-            event: B64(Bytes::from_static(b"e")),
-            changes: vec![StateChange::Put {
-                key: format!("k{}", i % keys),
-                value: B64(Bytes::from(vec![i as u8; 4096])),
-            }],
-            shard: Some(0),
-            request_id: i,
-            expected_offset: None,
-        }));
+        let m = commit_put("ledger", format!("k{}", i % keys), Bytes::from(vec![i as u8; 4096]), i);
         c.send(&leader, conn, st, m);
         c.take(&leader, conn, st);
         peak = peak.max(c.nodes.values().map(|n| n.replica_checkpoint_memory()).sum::<u64>());
@@ -3506,6 +3440,35 @@ fn measure_checkpoint_memory_of_a_large_commit_state() {
         println!("{name}: checkpoints held encoded {} bytes", node.replica_checkpoint_memory());
     }
     println!("peak over the run, both brokers: {peak} bytes; {hwm}");
+}
+
+/// A `commit` to shard 0 of `stream` (entity `account-1`, event `e`) putting `value` at `key`.
+fn commit_put(stream: &str, key: String, value: Bytes, request_id: u64) -> Bytes {
+    use felix_proto::message::{B64, StateChange};
+    json(&Message::Commit(message::Commit {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        entity_key: B64(Bytes::from_static(b"account-1")),
+        event: B64(Bytes::from_static(b"e")),
+        changes: vec![StateChange::Put { key, value: B64(value) }],
+        shard: Some(0),
+        request_id,
+        expected_offset: None,
+    }))
+}
+
+/// A `state_get` of `key` on shard 0 of `stream` (entity `account-1`).
+fn state_get(stream: &str, key: &str, request_id: u64) -> Bytes {
+    json(&Message::StateGet(message::StateGet {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        entity_key: message::B64(Bytes::from_static(b"account-1")),
+        key: key.into(),
+        shard: Some(0),
+        request_id,
+    }))
 }
 
 /// Three brokers retaining 30 records of the ledger, one follower of its shard 0 taken down:
@@ -3523,22 +3486,11 @@ fn ledger_with_a_follower_down() -> (Cluster, String, String) {
 /// commit; then k0..k9 over and over), ticks, and returns the first commit's offset.
 fn commit_300(c: &mut Cluster, leader: &str) -> u64 {
     use felix_proto::features::Features;
-    use felix_proto::message::{B64, StateChange};
     let (conn, st) = client_offering(c, leader, 1, Features::ATOMIC_COMMIT | Features::ERROR_CODES);
     let mut first_at = None;
     for i in 0..300u64 {
         let key = if i == 0 { "first".to_owned() } else { format!("k{}", i % 10) };
-        let m = json(&Message::Commit(message::Commit {
-            tenant_id: "t1".into(),
-            namespace: "default".into(),
-            stream: "ledger".into(),
-            entity_key: B64(Bytes::from_static(b"account-1")),
-            event: B64(Bytes::from_static(b"e")),
-            changes: vec![StateChange::Put { key, value: B64(Bytes::from(i.to_string())) }],
-            shard: Some(0),
-            request_id: i,
-            expected_offset: None,
-        }));
+        let m = commit_put("ledger", key, Bytes::from(i.to_string()), i);
         c.send(leader, conn, st, m);
         let got = messages(&c.take(leader, conn, st));
         let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
