@@ -59,6 +59,9 @@ pub(crate) enum PeerInput {
     Undeliverable(PeerMessage),
     /// The connection to peer `name` closed: what was written on it may not have arrived.
     Lost(String),
+    /// A chunk of a shard's snapshot at `index` was written to peer `to`'s stream (the send
+    /// reads its next one).
+    ChunkWritten { to: String, shard: ShardId, index: u64 },
 }
 
 /// The sending side: one queue per peer.
@@ -258,6 +261,9 @@ async fn dial_loop(
                 let _ = inputs.send(PeerInput::Undeliverable(m));
                 let _ = inputs.send(PeerInput::Lost(peer.clone()));
                 break;
+            }
+            if let PeerMessage::SnapshotChunk(c) = m {
+                let _ = inputs.send(PeerInput::ChunkWritten { to: peer.clone(), shard: c.shard, index: c.index });
             }
         }
         if rx.is_closed() {
@@ -620,21 +626,30 @@ pub(crate) struct ReplicaSnapshotRead {
     path: std::path::PathBuf,
     pos: u64,
     len: u64,
+    index: u64,
+    offset: u64,
+    max: u64,
+    verify: bool,
 }
 
 impl ReplicaSnapshotRead {
-    /// Reads the record into a buffer of its size (the snapshot's data shares it) and checks
-    /// it (its CRC, that it is a snapshot).
-    pub(crate) fn run(self) -> Result<felix_proto::cluster::meta::Snapshot, String> {
+    /// Reads the piece from the record where it lies, the rest of the record unread (its CRC
+    /// streamed through a bounded buffer first when `verify`).
+    pub(crate) fn run(self) -> Result<felix_proto::cluster::meta::SnapshotPiece, String> {
         use std::os::unix::fs::FileExt;
-        let at = |e: std::io::Error| format!("{}: {e}", self.path.display());
-        let f = std::fs::File::open(&self.path).map_err(at)?;
-        let len =
-            usize::try_from(self.len).map_err(|_| format!("{}: a snapshot record too large", self.path.display()))?;
-        let mut b = vec![0; len];
-        f.read_exact_at(&mut b, self.pos).map_err(at)?;
-        felix_proto::cluster::meta::decode_snapshot_record_alone(&bytes::Bytes::from(b))
-            .ok_or_else(|| format!("{}, byte {}: not an intact snapshot record", self.path.display(), self.pos))
+        let at = |e: &dyn std::fmt::Display| format!("{}, record at byte {}: {e}", self.path.display(), self.pos);
+        let f = std::fs::File::open(&self.path).map_err(|e| at(&e))?;
+        let pos = self.pos;
+        let mut read_at = |rel: u64, buf: &mut [u8]| f.read_exact_at(buf, pos + rel);
+        felix_proto::cluster::meta::read_snapshot_record_piece(
+            &mut read_at,
+            self.len,
+            self.index,
+            self.offset,
+            self.max,
+            self.verify,
+        )
+        .map_err(|e| at(&e))
     }
 }
 
@@ -1120,12 +1135,21 @@ impl ReplicaLogs {
         Some(ReplicaLogRead { dir, shard: shard.clone(), segments, start, after, low, high, max_bytes })
     }
 
-    /// A read of the shard's last snapshot record, to run off the task; `None` when none is
-    /// kept (no data directory, an unknown shard, no snapshot).
-    pub(crate) fn snapshot_job(&self, shard: &ShardId) -> Option<ReplicaSnapshotRead> {
+    /// A read of bytes `offset..offset + max` of the data of the shard's last snapshot record
+    /// (which must be the snapshot at `index`), to run off the task; `None` when none is kept
+    /// (no data directory, an unknown shard, no snapshot).
+    pub(crate) fn snapshot_piece_job(
+        &self,
+        shard: &ShardId,
+        index: u64,
+        offset: u64,
+        max: u64,
+        verify: bool,
+    ) -> Option<ReplicaSnapshotRead> {
         let dir = self.dir.as_ref()?;
         let (seq, pos, len) = self.shards.get(shard)?.snapshot?;
-        Some(ReplicaSnapshotRead { path: dir.join(replica_file_name(shard, seq)), pos, len })
+        let path = dir.join(replica_file_name(shard, seq));
+        Some(ReplicaSnapshotRead { path, pos, len, index, offset, max, verify })
     }
 
     /// Appends a snapshot of a replica's log, then deletes the closed segments it made useless
@@ -1756,11 +1780,12 @@ mod replica_log_tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A replica keeps its last snapshot in its log files only: the read job finds the last
+    /// A replica keeps its last snapshot in its log files only: the piece jobs find the last
     /// snapshot record where it was written, and at a restart where the fold saw it (in the
-    /// last segment, read whole; in a closed one, from its summary).
+    /// last segment, read whole; in a closed one, from its summary), and read its data a piece
+    /// at a time; the first piece of a send checks the whole record's CRC.
     #[test]
-    fn the_last_snapshot_is_read_back_from_where_it_was_written_and_after_a_restart() {
+    fn the_last_snapshot_is_read_back_in_pieces_from_where_it_was_written_and_after_a_restart() {
         use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
         let dir = std::env::temp_dir().join(format!("felix-replica-snapshot-read-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -1768,7 +1793,23 @@ mod replica_log_tests {
             ShardId { kind: Kind::Cache, tenant: "t".into(), namespace: "ns".into(), name: "c".into(), shard: 0 };
         let mut logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
         logs.segment_bytes = 1000;
-        assert!(logs.snapshot_job(&shard).is_none(), "nothing kept");
+        assert!(logs.snapshot_piece_job(&shard, 20, 0, 1000, true).is_none(), "nothing kept");
+        // The data, as a send reads it: in pieces of 1,000 bytes, the first one checked.
+        let read = |logs: &ReplicaLogs, index: u64| -> Result<Snapshot, String> {
+            let mut data = Vec::new();
+            loop {
+                let job = logs.snapshot_piece_job(&shard, index, data.len() as u64, 1000, data.is_empty()).unwrap();
+                let piece = job.run()?;
+                data.extend_from_slice(&piece.data);
+                if data.len() as u64 == piece.total {
+                    let mut s = Snapshot::default();
+                    s.mut_metadata().index = index;
+                    s.mut_metadata().term = 2;
+                    s.set_data(data.into());
+                    return Ok(s);
+                }
+            }
+        };
         let write = |logs: &mut ReplicaLogs, from: u64, to: u64| {
             for index in from..=to {
                 let e = vec![Entry { index, term: 2, data: vec![7; 50].into(), ..Entry::default() }];
@@ -1784,22 +1825,24 @@ mod replica_log_tests {
         };
         write(&mut logs, 1, 30);
         logs.persist_snapshot(&shard, &snapshot(20, 1)).unwrap();
-        assert_eq!(logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(20, 1)));
+        assert_eq!(read(&logs, 20), Ok(snapshot(20, 1)));
         write(&mut logs, 31, 32);
         logs.persist_snapshot(&shard, &snapshot(30, 2)).unwrap();
-        assert_eq!(logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(30, 2)), "the newest");
+        assert_eq!(read(&logs, 30), Ok(snapshot(30, 2)), "the newest");
+        let e = read(&logs, 20).unwrap_err();
+        assert!(e.contains("the snapshot kept is at index 30, not 20"), "{e}");
         drop(logs);
         // Restarted with the snapshot in the last segment (read whole).
         let mut logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
         logs.segment_bytes = 1000;
-        assert_eq!(logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(30, 2)));
+        assert_eq!(read(&logs, 30), Ok(snapshot(30, 2)));
         // Written on until its segment is closed (with a summary), then restarted.
         write(&mut logs, 33, 80);
         assert!(logs.segments(&shard).len() > 3);
         drop(logs);
         let logs = ReplicaLogs::open(Some(&dir), None, Some(1 << 20)).unwrap();
         assert!(logs.summarised > 0, "closed segments folded from their summaries");
-        assert_eq!(logs.logs.snapshot_job(&shard).unwrap().run(), Ok(snapshot(30, 2)));
+        assert_eq!(read(&logs.logs, 30), Ok(snapshot(30, 2)));
         assert_eq!(logs.kept[&shard].snapshot, Some(snapshot(30, 2)), "the one the fold kept");
         // A record that no longer reads (a bit flipped on disk) is an error, not a snapshot.
         let (seq, pos, _) = logs.logs.shards[&shard].snapshot.unwrap();
@@ -1808,7 +1851,7 @@ mod replica_log_tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[pos as usize + 100] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let e = logs.logs.snapshot_job(&shard).unwrap().run().unwrap_err();
+        let e = read(&logs.logs, 30).unwrap_err();
         assert!(e.contains("not an intact snapshot record"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

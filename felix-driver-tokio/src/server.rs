@@ -613,13 +613,14 @@ enum Input {
         token: u64,
         result: Result<Vec<felix_proto::cluster::meta::Entry>, String>,
     },
-    /// A read of a replica's last snapshot ([`NodeOutput::ReadReplicaSnapshot`]) ended.
+    /// A read of a piece of a replica's last snapshot ([`NodeOutput::ReadReplicaSnapshotPiece`])
+    /// ended.
     ///
-    /// [`NodeOutput::ReadReplicaSnapshot`]: felix_proto::cluster::node::NodeOutput::ReadReplicaSnapshot
-    ReplicaSnapshotRead {
+    /// [`NodeOutput::ReadReplicaSnapshotPiece`]: felix_proto::cluster::node::NodeOutput::ReadReplicaSnapshotPiece
+    ReplicaSnapshotPiece {
         shard: felix_proto::cluster::metadata::ShardId,
-        index: u64,
-        result: Result<felix_proto::cluster::meta::Snapshot, String>,
+        token: u64,
+        result: Result<felix_proto::cluster::meta::SnapshotPiece, String>,
     },
 }
 
@@ -1361,7 +1362,7 @@ impl BrokerTask {
             m(
                 "felix_replica_snapshot_reads_total",
                 "counter",
-                "Reads of replicas' last snapshots, kept in their log files only, for a follower behind the compaction.",
+                "Reads of pieces of replicas' last snapshots, kept in their log files only, for a follower behind the compaction.",
                 self.replica_snapshot_reads,
             );
             m(
@@ -1731,6 +1732,9 @@ impl BrokerTask {
                         crate::cluster::PeerInput::Message { from, message } => n.handle_peer(&from, message, now),
                         crate::cluster::PeerInput::Undeliverable(m) => n.handle_undeliverable(m, now),
                         crate::cluster::PeerInput::Lost(peer) => n.handle_peer_lost(&peer, now),
+                        crate::cluster::PeerInput::ChunkWritten { to, shard, index } => {
+                            n.handle_snapshot_chunk_written(&to, &shard, index, now)
+                        }
                     }
                 }
             }
@@ -1752,12 +1756,12 @@ impl BrokerTask {
                     n.handle_replica_log_read(token, result, now);
                 }
             }
-            Input::ReplicaSnapshotRead { shard, index, result } => {
+            Input::ReplicaSnapshotPiece { shard, token, result } => {
                 if let Err(e) = &result {
                     tracing::warn!("reading the snapshot of {shard:?}'s replica back: {e}");
                 }
                 if let Node::Cluster(n) = &mut self.node {
-                    n.handle_replica_snapshot_read(&shard, index, result, now);
+                    n.handle_replica_snapshot_piece(token, result, now);
                 }
             }
         }
@@ -1841,20 +1845,23 @@ impl BrokerTask {
                         }
                     }
                 }
-                NodeOutput::ReadReplicaSnapshot { shard, index } => {
+                NodeOutput::ReadReplicaSnapshotPiece { shard, token, index, offset, len, verify } => {
                     // Like a read of entries: what was appended is readable now; off the task.
-                    let job = self.replica_logs.as_ref().and_then(|l| l.snapshot_job(&shard));
+                    let job = self
+                        .replica_logs
+                        .as_ref()
+                        .and_then(|l| l.snapshot_piece_job(&shard, index, offset, len, verify));
                     self.replica_snapshot_reads += 1;
                     match job {
                         Some(job) => {
                             let tx = self.tx.clone();
                             tokio::task::spawn_blocking(move || {
-                                let _ = tx.send(Input::ReplicaSnapshotRead { shard, index, result: job.run() });
+                                let _ = tx.send(Input::ReplicaSnapshotPiece { shard, token, result: job.run() });
                             });
                         }
                         None => {
                             if let Node::Cluster(n) = &mut self.node {
-                                n.handle_replica_snapshot_read(&shard, index, Err("no snapshot kept".into()), now());
+                                n.handle_replica_snapshot_piece(token, Err("no snapshot kept".into()), now());
                             }
                         }
                     }
@@ -2008,7 +2015,7 @@ impl BrokerTask {
                 | NodeOutput::PersistReplicaSnapshot { .. }
                 | NodeOutput::DropReplica { .. }
                 | NodeOutput::ReadReplicaLog { .. }
-                | NodeOutput::ReadReplicaSnapshot { .. }
+                | NodeOutput::ReadReplicaSnapshotPiece { .. }
                 | NodeOutput::PersistRaft { .. }
                 | NodeOutput::PersistRaftSnapshot { .. } => return,
             };

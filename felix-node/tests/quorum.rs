@@ -1404,3 +1404,99 @@ fn join_and_add(nodes: &mut [Node], i: usize) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     members
 }
+
+/// A replicated cache's snapshot, several chunks large, is sent to a follower behind the
+/// leader's compaction from the leader's log files a chunk at a time (issue 32), over QUIC
+/// between three broker processes: the follower catches up from it, the leader read it back in
+/// pieces and holds none of it, and once the leader is killed every value is served by the
+/// survivors.
+#[test]
+fn a_follower_behind_a_compacted_cache_is_sent_the_snapshot_from_the_leaders_files_in_chunks() {
+    let (_dirs, mut nodes, peers) = three_brokers();
+    let seeds: Vec<SocketAddr> = nodes.iter().map(|n| n.client).collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = rt.block_on(async {
+        let opts = ClientOptions::new("default", TOKEN, Trust::DangerAcceptAnyCertificate);
+        ClusterClient::connect(&seeds, opts).await.expect("the client connects")
+    });
+    // 300 keys of 16 KiB (a 4.9 MB cache: five chunks), written over twice: past the 8 MiB of
+    // entries after which a replica checkpoints, so the log is compacted to a snapshot.
+    let value = |k: usize, round: usize| Bytes::from(vec![(k + round) as u8; 16 << 10]);
+    let put = |k: usize, round: usize| {
+        rt.block_on(async {
+            let until = Instant::now() + Duration::from_secs(30);
+            loop {
+                let c = client.any().await;
+                let r = match c {
+                    Ok(c) => c.cache_put("default", "sessions", &format!("k{k}"), value(k, round), None).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => return,
+                    Err(e) => {
+                        assert!(Instant::now() < until, "k{k} not taken for 30 s: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        })
+    };
+    put(0, 0);
+    let mut lead = None;
+    wait_for("the cache has a leader", 30, || {
+        lead = leader_of(&nodes, "sessions");
+        lead.is_some()
+    });
+    let lead = nodes.iter().position(|n| Some(&n.name) == lead.as_ref()).unwrap();
+    let f = (0..3).find(|i| *i != lead).unwrap();
+    nodes[f].kill();
+    for round in 0..2 {
+        for k in 0..300 {
+            put(k, round);
+        }
+    }
+    let first_index = |n: &Node| {
+        status(n.metrics).and_then(|v| {
+            v["replicas"].as_array()?.iter().find(|r| r["name"] == "sessions").and_then(|r| r["first_index"].as_u64())
+        })
+    };
+    wait_for("the leader compacted the cache's log", 30, || first_index(&nodes[lead]).is_some_and(|i| i > 2));
+    let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0);
+    nodes[f].start(&peers);
+    let caught_up = |a: &Node, b: &Node| {
+        let next = |n: &Node| {
+            status(n.metrics).and_then(|v| {
+                v["replicas"].as_array()?.iter().find(|r| r["name"] == "sessions").map(|r| r["next_offset"].clone())
+            })
+        };
+        next(a).is_some() && next(a) == next(b)
+    };
+    wait_for("the follower caught up", 60, || caught_up(&nodes[f], &nodes[lead]));
+    let pieces = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
+    assert!(pieces >= 5, "the snapshot was read back from the leader's files in {pieces} pieces");
+    assert_eq!(metric(&nodes[lead], "felix_replica_snapshot_bytes"), Some(0), "the leader holds none of it");
+    assert!(first_index(&nodes[f]).is_some_and(|i| i > 2), "the follower installed a snapshot");
+    nodes[lead].kill();
+    rt.block_on(async {
+        let until = Instant::now() + Duration::from_secs(60);
+        for k in 0..300 {
+            loop {
+                let got = match client.any().await {
+                    Ok(c) => c.cache_get("default", "sessions", &format!("k{k}")).await,
+                    Err(e) => Err(e),
+                };
+                match got {
+                    Ok(v) => {
+                        assert_eq!(v, Some(value(k, 1)), "k{k}");
+                        break;
+                    }
+                    Err(e) => {
+                        assert!(Instant::now() < until, "k{k} not served within 60 s: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+        client.close().await;
+    });
+}

@@ -66,8 +66,13 @@ struct Cluster {
     memory: Option<(u64, u64)>,
     /// Reads of kept replica logs answered.
     replica_reads: u64,
-    /// Reads of kept snapshots answered.
+    /// Reads of pieces of kept snapshots answered, and the most bytes one asked for.
     snapshot_reads: u64,
+    largest_snapshot_piece: u64,
+    /// Snapshot chunks the transport does not report taken until the test says so (a slow
+    /// link): (sender, receiver, shard, index).
+    hold_chunk_writes: bool,
+    held_chunk_writes: Vec<(String, String, ShardId, u64)>,
     /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
     /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
     spill_on_start: Option<u64>,
@@ -135,6 +140,9 @@ impl Cluster {
             memory: None,
             replica_reads: 0,
             snapshot_reads: 0,
+            largest_snapshot_piece: 0,
+            hold_chunk_writes: false,
+            held_chunk_writes: Vec::new(),
             spill_on_start: None,
             chunk_bytes: None,
             features: BTreeMap::new(),
@@ -308,6 +316,14 @@ impl Cluster {
                                 _ => "other",
                             };
                             *self.sent_kinds.entry((name.clone(), to.clone(), kind)).or_default() += 1;
+                            if let PeerMessage::SnapshotChunk(c) = &message {
+                                let written = (name.clone(), to.clone(), c.shard.clone(), c.index);
+                                if self.hold_chunk_writes {
+                                    self.held_chunk_writes.push(written);
+                                } else {
+                                    node.handle_snapshot_chunk_written(&to, &c.shard, c.index, self.now);
+                                }
+                            }
                             // Through the wire encoding, as the transport would.
                             let mut b = bytes::BytesMut::new();
                             encode(&message, &mut b).unwrap();
@@ -350,11 +366,34 @@ impl Cluster {
                             self.replica_reads += 1;
                             node.handle_replica_log_read(token, Ok(entries), self.now);
                         }
-                        NodeOutput::ReadReplicaSnapshot { shard, index } => {
+                        NodeOutput::ReadReplicaSnapshotPiece { shard, token, index, offset, len, verify } => {
+                            // Read from the snapshot's record as written to disk, as the driver
+                            // reads it: the piece alone.
+                            use felix_proto::cluster::meta::{encode_snapshot_record, read_snapshot_record_piece};
                             let kept = self.kept_replicas.get(name.as_str()).and_then(|k| k.get(&shard));
-                            let read = kept.and_then(|l| l.snapshot.clone()).ok_or_else(|| "none kept".to_owned());
+                            let read = match kept.and_then(|l| l.snapshot.as_ref()) {
+                                Some(snap) => {
+                                    let record = encode_snapshot_record(snap);
+                                    let mut read_at = |pos: u64, buf: &mut [u8]| {
+                                        let at = pos as usize;
+                                        buf.copy_from_slice(&record[at..at + buf.len()]);
+                                        Ok(())
+                                    };
+                                    read_snapshot_record_piece(
+                                        &mut read_at,
+                                        record.len() as u64,
+                                        index,
+                                        offset,
+                                        len,
+                                        verify,
+                                    )
+                                    .map_err(|e| e.to_string())
+                                }
+                                None => Err("none kept".to_owned()),
+                            };
                             self.snapshot_reads += 1;
-                            node.handle_replica_snapshot_read(&shard, index, read, self.now);
+                            self.largest_snapshot_piece = self.largest_snapshot_piece.max(len);
+                            node.handle_replica_snapshot_piece(token, read, self.now);
                         }
                     }
                 }
@@ -1643,6 +1682,24 @@ fn snapshot_chunks_that_do_not_make_a_snapshot_are_dropped() {
         n.handle_peer(&leader, m, now);
     }
     assert_eq!(c.nodes[&follower].snapshot_chunk_counts().1, 0, "no snapshot was put together");
+    // A snapshot from the leader whose data is not a replica's state (none at all, as a
+    // message whose data was to follow from disk; or bytes that do not read): dropped, not
+    // installed over the follower's log.
+    let history_before = history(&c, &follower).0;
+    let mut bare = snap.clone();
+    bare.from = felix_proto::cluster::node::raft_id(&leader);
+    bare.to = felix_proto::cluster::node::raft_id(&follower);
+    bare.term = 1_000;
+    bare.mut_snapshot().mut_metadata().index = 1_000;
+    bare.mut_snapshot().mut_metadata().term = 1_000;
+    let mut junk = bare.clone();
+    junk.mut_snapshot().set_data(Bytes::from_static(b"\x07 not a state"));
+    for m in [bare, junk] {
+        let raft = PeerMessage::ShardRaft(vec![(ledger(), Bytes::from(encode_message(&m)).into())]);
+        c.nodes.get_mut(&follower).unwrap().handle_peer(&leader, raft, now);
+    }
+    assert_eq!(c.nodes[&follower].snapshots_refused(), 2);
+    assert_eq!(history(&c, &follower).0, history_before, "nothing installed");
     publish_acked(&mut c, &leader, 1, "after", 3);
     c.until("every replica holds the same history", |c| same_history_everywhere(c, &leader));
 }
@@ -3403,6 +3460,68 @@ fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it(
     for (rid, key) in last.keys().enumerate() {
         let m = state_get("ledger", key, rid as u64);
         c.send(&now_leader, conn, st, m);
+    }
+    let got = state_values(&messages(&c.take(&now_leader, conn, st)));
+    let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
+    assert_eq!(got, want, "served by {now_leader}, the old leader gone");
+}
+
+/// A leader sends a follower behind its compaction the snapshot from disk a chunk at a time
+/// (issue 32), never reading it back whole: with 40 KiB of commit state in chunks of 4 KiB, it
+/// reads no piece larger than a chunk, reads the next only while fewer than two chunks wait for
+/// the transport (here a link that takes nothing until the test lets it), and holds none of
+/// the data itself. Once the transport takes them the rest follows, the follower installs the
+/// snapshot, and, leading, serves every value with its version.
+#[test]
+fn a_leader_sends_a_snapshot_from_disk_a_chunk_at_a_time_paced_by_the_transport() {
+    use felix_proto::cluster::snapshot_send::SEND_WINDOW;
+    use felix_proto::features::Features;
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
+    for node in c.nodes.values_mut() {
+        node.set_snapshot_chunk_bytes(4096);
+    }
+    let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
+    let (conn, st) = client_offering(&mut c, &leader, 1, f);
+    let mut last = std::collections::BTreeMap::new();
+    for i in 0..300u64 {
+        let key = format!("k{}", i % 10);
+        let value = Bytes::from(vec![i as u8; 4096]);
+        c.send(&leader, conn, st, commit_put("ledger", key.clone(), value.clone(), i));
+        let got = messages(&c.take(&leader, conn, st));
+        let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+        last.insert(key, (value, ok.offset));
+    }
+    for _ in 0..3 {
+        c.tick();
+    }
+    // The follower comes back behind the compaction, over a link that takes nothing yet.
+    c.hold_chunk_writes = true;
+    restart(&mut c, &behind);
+    for _ in 0..20 {
+        c.tick();
+        assert_eq!(c.nodes[&leader].replica_snapshot_memory(), 0, "the leader holds no snapshot data");
+    }
+    let held = c.held_chunk_writes.len();
+    assert!(held >= 1 && held as u32 <= SEND_WINDOW, "{held} chunks shipped before the transport took any");
+    assert!(c.largest_snapshot_piece <= 4096, "a read of {} bytes", c.largest_snapshot_piece);
+    assert_eq!(c.nodes[&leader].snapshot_send_counts(), (1, 0, 0), "one send under way");
+    assert_ne!(history(&c, &behind).0, history(&c, &leader).0, "not caught up without the rest");
+    // The link takes what was shipped: the rest follows as it is taken.
+    c.hold_chunk_writes = false;
+    for (from, to, shard, index) in std::mem::take(&mut c.held_chunk_writes) {
+        let now = c.now;
+        c.nodes.get_mut(&from).unwrap().handle_snapshot_chunk_written(&to, &shard, index, now);
+    }
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    let (sends, finished, ended) = c.nodes[&leader].snapshot_send_counts();
+    assert_eq!((sends, finished, ended), (1, 1, 0));
+    let chunks = c.nodes[&leader].snapshot_chunk_counts().0;
+    assert!(chunks >= 10, "{chunks} chunks for 40 KiB of state");
+    assert_eq!(c.nodes[&leader].replica_snapshot_memory(), 0);
+    let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
+    let (conn, st) = client_offering(&mut c, &now_leader, 7, f);
+    for (rid, key) in last.keys().enumerate() {
+        c.send(&now_leader, conn, st, state_get("ledger", key, rid as u64));
     }
     let got = state_values(&messages(&c.take(&now_leader, conn, st)));
     let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();

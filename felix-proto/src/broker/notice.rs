@@ -86,6 +86,18 @@ pub enum Notice {
         /// The replica's node id.
         replica: String,
     },
+    /// On a shard's leader: the snapshot a replica behind the compacted log needs could not be
+    /// read back from this broker's disk (a damaged or missing record, a read error), so the
+    /// send stopped. The engine offers it again as it probes the replica; a damaged record
+    /// keeps failing until the next compaction writes a new one.
+    ShardSnapshotSendFailed {
+        /// The shard, as `tenant/namespace/stream#shard`.
+        shard: String,
+        /// The replica's node id.
+        replica: String,
+        /// Why.
+        why: String,
+    },
     /// A metadata snapshot sent by the leader could not be read (a newer format): this
     /// broker's metadata stays as it was, and behind.
     MetadataSnapshotRefused {
@@ -132,6 +144,9 @@ impl std::fmt::Display for Notice {
                 f,
                 "cluster: replica {replica} of {shard} is behind the compacted log, and the snapshot it needs holds commit state that broker (an older version) cannot read; it stays behind until it is upgraded"
             ),
+            Notice::ShardSnapshotSendFailed { shard, replica, why } => {
+                write!(f, "cluster: sending {shard}'s snapshot to replica {replica} stopped: {why}")
+            }
             Notice::MetadataSnapshotRefused { index, why } => {
                 write!(f, "cluster: the metadata snapshot at index {index} was refused, metadata stays behind: {why}")
             }

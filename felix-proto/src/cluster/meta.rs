@@ -632,6 +632,27 @@ impl MetaNode {
         }
     }
 
+    /// Like [`set_snapshot_on_disk`](Self::set_snapshot_on_disk), and the data is never read
+    /// back for the engine: a follower behind the compaction is sent a `MsgSnapshot` holding
+    /// the snapshot's metadata and no data, which the host completes from disk in chunks
+    /// ([`Self::offloaded_snapshot`] says which snapshot's data it is). Why: read back whole,
+    /// the state was in memory twice again for every follower sent it (a cache's values, a
+    /// stream's commit state), however large.
+    pub fn set_snapshot_by_reference(&mut self, on: bool) {
+        self.raw.mut_store().snapshot_data.get_mut().by_reference = on;
+        if on {
+            self.set_snapshot_on_disk(true);
+        }
+    }
+
+    /// The index of the last snapshot when its data is on disk only (not in memory): a
+    /// `MsgSnapshot` at that index without data is one whose data the host sends
+    /// ([`Self::set_snapshot_by_reference`]).
+    pub fn offloaded_snapshot(&self) -> Option<u64> {
+        let s = self.raw.store();
+        s.snapshot_data.borrow().offloaded.then(|| s.snapshot.get_metadata().index)
+    }
+
     /// Bytes of snapshot data held in memory for the engine (the last snapshot's, unless it is
     /// on disk only).
     pub fn snapshot_memory(&self) -> usize {

@@ -459,6 +459,175 @@ fn decode_snapshot_record(body: &[u8], buffer: Option<&bytes::Bytes>) -> Option<
     }
 }
 
+/// A piece of a kept snapshot's data, read from its record on disk
+/// ([`read_snapshot_record_piece`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotPiece {
+    /// The length of the snapshot's whole data.
+    pub total: u64,
+    /// The bytes asked for (fewer at the data's end).
+    pub data: bytes::Bytes,
+}
+
+/// Why a piece of a kept snapshot could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotReadError {
+    /// The file could not be read.
+    #[error("{0}")]
+    Io(String),
+    /// The bytes are not a whole, intact snapshot record (its framing, magic or CRC).
+    #[error("not an intact snapshot record")]
+    Damaged,
+    /// The record holds another snapshot (a newer compaction replaced the one asked for).
+    #[error("the snapshot kept is at index {kept}, not {wanted}")]
+    Replaced {
+        /// The index of the snapshot the record holds.
+        kept: u64,
+        /// The index asked for.
+        wanted: u64,
+    },
+    /// The piece starts past the data's end.
+    #[error("byte {offset} lies past the snapshot's {total} bytes of data")]
+    OutOfRange {
+        /// Where the piece was asked from.
+        offset: u64,
+        /// The data's length.
+        total: u64,
+    },
+}
+
+/// Bytes of a record read at a time to check its CRC.
+const VERIFY_READ_BYTES: usize = 1 << 20;
+
+/// Reads bytes `offset..offset + max` (fewer at the end) of the data of the snapshot at
+/// `index`, in the [`SnapshotRecord`] of `record_len` bytes that `read_at(position, buf)` reads
+/// (positions from the record's start), without reading the rest of it: what a leader sends
+/// a follower behind its compaction, chunk by chunk, never holding the whole state. With
+/// `verify`, the whole record's CRC is checked first, streamed through a bounded buffer (once
+/// per send, on its first piece). A record laid out otherwise than [`SnapshotRecord`] writes
+/// it is read whole and decoded, as before. Never panics.
+///
+/// # Errors
+/// [`SnapshotReadError`]: the read failed, the record is damaged or holds another snapshot,
+/// the piece starts past the data.
+pub fn read_snapshot_record_piece(
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    record_len: u64,
+    index: u64,
+    offset: u64,
+    max: u64,
+    verify: bool,
+) -> Result<SnapshotPiece, SnapshotReadError> {
+    use protobuf::Message as _;
+    let io = |e: std::io::Error| SnapshotReadError::Io(e.to_string());
+    // [len u32][flag 2]["FLXS"][n u32][protobuf: n bytes][crc u32]
+    if record_len < 17 {
+        return Err(SnapshotReadError::Damaged);
+    }
+    let mut head = vec![0; record_len.min(32) as usize];
+    read_at(0, &mut head).map_err(io)?;
+    let n = u32::from_be_bytes([head[9], head[10], head[11], head[12]]) as u64;
+    let framed = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as u64 == record_len - 4
+        && head[4] == 2
+        && &head[5..9] == b"FLXS"
+        && 17 + n == record_len;
+    if !framed {
+        return Err(SnapshotReadError::Damaged);
+    }
+    // The data (field 1) first, then the metadata (field 2), as `SnapshotRecord` writes them.
+    let (data_start, total) = match head.get(13) {
+        Some(0x0a) => match varint_at(&head, 14) {
+            Some((len, at)) => (at as u64, len),
+            None => return read_whole_piece(read_at, record_len, index, offset, max),
+        },
+        Some(0x12) => (13, 0),
+        _ => return read_whole_piece(read_at, record_len, index, offset, max),
+    };
+    let tail_start =
+        data_start.checked_add(total).filter(|t| *t <= record_len - 4).ok_or(SnapshotReadError::Damaged)?;
+    let mut tail = vec![0; (record_len - 4 - tail_start) as usize];
+    read_at(tail_start, &mut tail).map_err(io)?;
+    let meta = match (tail.first(), varint_at(&tail, 1)) {
+        (Some(0x12), Some((len, at))) if at as u64 + len == tail.len() as u64 => {
+            raft::eraftpb::SnapshotMetadata::parse_from_bytes(&tail[at..]).map_err(|_| SnapshotReadError::Damaged)?
+        }
+        _ => return read_whole_piece(read_at, record_len, index, offset, max),
+    };
+    if verify {
+        let mut crc = 0;
+        let mut buf = vec![0; VERIFY_READ_BYTES.min((record_len - 9) as usize)];
+        let mut at = 5;
+        while at < record_len - 4 {
+            let take = buf.len().min((record_len - 4 - at) as usize);
+            read_at(at, &mut buf[..take]).map_err(io)?;
+            crc = crate::storage::crc32c_append(crc, &buf[..take]);
+            at += take as u64;
+        }
+        let mut stored = [0; 4];
+        read_at(record_len - 4, &mut stored).map_err(io)?;
+        if crc.to_be_bytes() != stored {
+            return Err(SnapshotReadError::Damaged);
+        }
+    }
+    if meta.index != index {
+        return Err(SnapshotReadError::Replaced { kept: meta.index, wanted: index });
+    }
+    if offset > total || (offset == total && total > 0) {
+        return Err(SnapshotReadError::OutOfRange { offset, total });
+    }
+    let mut data = vec![0; max.min(total - offset) as usize];
+    read_at(data_start + offset, &mut data).map_err(io)?;
+    Ok(SnapshotPiece { total, data: data.into() })
+}
+
+/// [`read_snapshot_record_piece`] for a record not laid out as [`SnapshotRecord`] writes it:
+/// read whole and decoded (its CRC checked), the piece sliced out.
+fn read_whole_piece(
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    record_len: u64,
+    index: u64,
+    offset: u64,
+    max: u64,
+) -> Result<SnapshotPiece, SnapshotReadError> {
+    let len = usize::try_from(record_len).map_err(|_| SnapshotReadError::Damaged)?;
+    let mut record = vec![0; len];
+    read_at(0, &mut record).map_err(|e| SnapshotReadError::Io(e.to_string()))?;
+    let snap = decode_snapshot_record_alone(&record.into()).ok_or(SnapshotReadError::Damaged)?;
+    let kept = snap.get_metadata().index;
+    if kept != index {
+        return Err(SnapshotReadError::Replaced { kept, wanted: index });
+    }
+    piece_of(&snap.data, offset, max)
+}
+
+/// Bytes `offset..offset + max` (fewer at the end) of a snapshot's `data` held in memory, as
+/// [`read_snapshot_record_piece`] reads them from its record (drivers that keep their
+/// snapshots in memory, the simulations).
+///
+/// # Errors
+/// [`SnapshotReadError::OutOfRange`] for a piece past the data's end.
+pub fn piece_of(data: &bytes::Bytes, offset: u64, max: u64) -> Result<SnapshotPiece, SnapshotReadError> {
+    let total = data.len() as u64;
+    if offset > total || (offset == total && total > 0) {
+        return Err(SnapshotReadError::OutOfRange { offset, total });
+    }
+    let end = offset.saturating_add(max).min(total);
+    Ok(SnapshotPiece { total, data: data.slice(offset as usize..end as usize) })
+}
+
+/// A protobuf varint at `at`: its value and where what follows it starts.
+fn varint_at(b: &[u8], at: usize) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let byte = *b.get(at + i)?;
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, at + i + 1));
+        }
+    }
+    None
+}
+
 /// The snapshot in one whole [`encode_snapshot_record`] record, as written (length first), read
 /// back alone: its data shares `record` (a buffer the record's size: nothing more is kept
 /// alive with it). `None` when it is not a whole, intact snapshot record.

@@ -53,6 +53,10 @@ pub(super) struct SnapshotData {
     /// Followers the engine could not send the snapshot to while it was on disk (sent it once
     /// it is read; a few at most: the engine asks again at its next heartbeat to each).
     pub(super) waiting: Vec<u64>,
+    /// The data on disk is not read back for the engine at all: its `MsgSnapshot` goes out
+    /// with the metadata only, and the host streams the data from disk in chunks
+    /// ([`MetaNode::set_snapshot_by_reference`]).
+    pub(super) by_reference: bool,
 }
 
 /// The entries `first..end` of the log that are held on disk only, with their terms (the
@@ -334,6 +338,10 @@ impl Storage for GroupStore {
         let mut snap = self.snapshot.clone();
         {
             let mut d = self.snapshot_data.borrow_mut();
+            if d.offloaded && d.by_reference {
+                // The host sends the data from disk, piece by piece, after the message.
+                return self.with_conf_of_now(snap, to);
+            }
             if d.offloaded {
                 // Handed over once: the message holds it while it is sent, and the next
                 // follower that needs it waits for another read.
@@ -350,12 +358,18 @@ impl Storage for GroupStore {
                 snap.set_data(data);
             }
         }
+        self.with_conf_of_now(snap, to)
+    }
+}
+
+impl GroupStore {
+    /// The snapshot `snap` for follower `to`. A member added after the compaction gets the
+    /// configuration of now: the engine refuses a snapshot whose configuration does not name
+    /// it, and would be sent this one forever (the changes after the snapshot come again with
+    /// the entries that follow it, and re-applying them changes nothing).
+    fn with_conf_of_now(&self, mut snap: Snapshot, to: u64) -> raft::Result<Snapshot> {
         let conf = self.snapshot.get_metadata().get_conf_state();
         if to != 0 && !conf.voters.contains(&to) && !conf.learners.contains(&to) {
-            // A member added after the compaction: the engine refuses a snapshot whose
-            // configuration does not name it, and would be sent this one forever. It gets the
-            // configuration of now (the changes after the snapshot come again with the entries
-            // that follow it, and re-applying them changes nothing).
             snap.mut_metadata().set_conf_state(self.mem.initial_state()?.conf_state);
         }
         Ok(snap)
@@ -371,7 +385,7 @@ impl GroupStore {
         if !d.on_disk {
             return;
         }
-        *d = SnapshotData { on_disk: true, ..SnapshotData::default() };
+        *d = SnapshotData { on_disk: true, by_reference: d.by_reference, ..SnapshotData::default() };
         if !self.snapshot.get_data().is_empty() {
             self.snapshot.set_data(bytes::Bytes::new());
             d.offloaded = true;

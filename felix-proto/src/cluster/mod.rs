@@ -17,6 +17,7 @@ pub mod replica_sim;
 pub mod segment_summary;
 #[cfg(feature = "testkit")]
 pub mod sim;
+pub mod snapshot_send;
 pub mod status;
 #[cfg(feature = "testkit")]
 pub mod world;

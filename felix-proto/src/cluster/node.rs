@@ -38,6 +38,8 @@ mod admin;
 mod metadata_group;
 #[path = "node_replicas.rs"]
 mod replicas;
+#[path = "node_snapshots.rs"]
+mod snapshots;
 // What the node asks its driver to do, and `poll_output`, which hands it out.
 #[path = "node_output.rs"]
 mod output;
@@ -411,6 +413,15 @@ pub struct ClusterNode {
     handovers: u64,
     /// Snapshot chunks sent and snapshots put together from chunks received.
     snapshot_chunk_counts: (u64, u64),
+    /// Snapshots on their way to followers, their data read from disk a chunk at a time, by
+    /// shard and follower ([`super::snapshot_send`]).
+    snapshot_sends: BTreeMap<(ShardId, String), super::snapshot_send::SnapshotSend>,
+    /// Reads of those snapshots' data under way, by token.
+    snapshot_send_reads: BTreeMap<u64, (ShardId, String)>,
+    /// Snapshot sends from disk: started, finished, ended early.
+    snapshot_send_counts: (u64, u64, u64),
+    /// Shard snapshots received whose data is not a replica's state, dropped.
+    snapshots_refused: u64,
     /// When a metadata leader was last heard from (or this broker last led).
     leader_contact: Instant,
     /// Where this broker stands on knowing the cluster's current metadata ([`Currency`]).
@@ -565,6 +576,9 @@ struct Hosted {
     /// replica (at most once a term: a hand-over that failed is not tried again until a new
     /// term).
     preferred_tried: Option<u64>,
+    /// The index of the last snapshot persisted (or kept) and whether its host state holds a
+    /// stream's commit state: known when its data was in hand, for when it is sent from disk.
+    snapshot_commits: Option<(u64, bool)>,
 }
 
 /// On a leader: which of the shard's other replicas fell behind since the last look, and which
@@ -701,6 +715,10 @@ impl ClusterNode {
             handovers_left: 0,
             handovers: 0,
             snapshot_chunk_counts: (0, 0),
+            snapshot_sends: BTreeMap::new(),
+            snapshot_send_reads: BTreeMap::new(),
+            snapshot_send_counts: (0, 0, 0),
+            snapshots_refused: 0,
             leader_contact: now,
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },
             read_ctx: 0,
@@ -980,6 +998,7 @@ impl ClusterNode {
             self.awake = still;
             self.hibernation_tick(now);
             self.release_held_moves(now);
+            self.resume_snapshot_sends(now);
             self.flush_pending(now);
             self.drain_meta(now);
             self.maybe_snapshot_meta(now);

@@ -116,18 +116,29 @@ pub enum NodeOutput {
         /// About how many bytes of entries at most.
         max_bytes: u64,
     },
-    /// Read the snapshot at `index` of the shard's kept Raft log back from disk (the last
-    /// [`NodeOutput::PersistReplicaSnapshot`] of it) and hand it to
-    /// [`ClusterNode::handle_replica_snapshot_read`]. With
-    /// [`BrokerConfig::history_reads`](crate::broker::BrokerConfig::history_reads) a replica keeps
-    /// its snapshot's data (its host's state, a second time) on disk only: a follower behind the
-    /// compaction is sent it once it is read. Carry it out off the state machine's task, after
-    /// the persists before it (a sync is not needed to read what was written).
-    ReadReplicaSnapshot {
+    /// Read bytes `offset..offset + len` (fewer at the end) of the data of the snapshot at
+    /// `index` of the shard's kept Raft log (the last [`NodeOutput::PersistReplicaSnapshot`] of
+    /// it) and hand them, with the data's whole length, to
+    /// [`ClusterNode::handle_replica_snapshot_piece`] with `token`
+    /// ([`crate::cluster::meta::read_snapshot_record_piece`] reads them from a record). With
+    /// [`BrokerConfig::history_reads`](crate::broker::BrokerConfig::history_reads) a replica
+    /// keeps its snapshot's data (its host's state, a second time) on disk only, and sends it
+    /// to a follower behind the compaction a chunk at a time. `verify`: check the whole
+    /// record's CRC first (the first piece of a send). Carry it out off the state machine's
+    /// task, after the persists before it (a sync is not needed to read what was written).
+    ReadReplicaSnapshotPiece {
         /// The shard.
         shard: ShardId,
-        /// The snapshot's index.
+        /// Handed back with the piece.
+        token: u64,
+        /// The snapshot's index (a record holding another is an error).
         index: u64,
+        /// Where in the data the piece starts.
+        offset: u64,
+        /// Its length at most.
+        len: u64,
+        /// Check the whole record's CRC first.
+        verify: bool,
     },
 }
 

@@ -170,6 +170,7 @@ impl ClusterNode {
             }
             PeerMessage::Request(q) => self.broker.handle_forward_request_failed(q.id, now),
             PeerMessage::Propose(data) => self.pending.push_back(data.to_vec()),
+            PeerMessage::SnapshotChunk(c) => self.end_snapshot_sends(None, Some((&c.shard, c.index))),
             _ => {}
         }
     }
@@ -180,6 +181,7 @@ impl ClusterNode {
     pub fn handle_peer_lost(&mut self, peer: &str, now: Instant) {
         // Snapshots it was sending in chunks will not go on where they stopped.
         self.assemblies.retain(|(from, _), _| from != peer);
+        self.end_snapshot_sends(Some(peer), None);
         self.broker.notice(Notice::PeerLost { peer: peer.to_owned() });
         self.wake_involving(peer);
         self.broker.handle_peer_connection_lost(peer, now);

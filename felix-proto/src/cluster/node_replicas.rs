@@ -5,6 +5,7 @@
 //! [`super`] in a file of its own, as [`hibernation`](super::hibernation) is: it keeps the
 //! node's fields private.
 
+use super::snapshots::snapshot_holds_commits;
 use super::*;
 use crate::cluster::replica::HostPart;
 
@@ -261,6 +262,7 @@ impl ClusterNode {
             // A cache's values, and a stream's consumer groups, are the fold of the whole log
             // (not something retention drops): they are part of its checkpoints.
             let hosting = true;
+            let snapshot_commits = kept.snapshot.as_ref().map(snapshot_holds_commits);
             match Replica::new_hosting(raft_id(&self.me.id), &ids, &kept, rank, hosting) {
                 Ok(mut replica) => {
                     if let Some(b) = self.checkpoint_bytes {
@@ -269,7 +271,7 @@ impl ClusterNode {
                     if self.broker.config().history_reads {
                         // The driver reads the kept log back: entries beyond the cache, and the
                         // last snapshot, stay on disk only.
-                        replica.set_snapshot_on_disk(true);
+                        replica.set_snapshot_by_reference(true);
                         replica.set_entry_cache(Some(self.entry_cache.unwrap_or(REPLICA_ENTRY_CACHE)));
                     }
                     let names = names.iter().chain(std::iter::once(&me)).map(|n| (raft_id(n), n.clone())).collect();
@@ -291,6 +293,7 @@ impl ClusterNode {
                             role_from: None,
                             settled_ticks: 0,
                             preferred_tried: None,
+                            snapshot_commits,
                         },
                     );
                     self.awake.insert(shard.clone());
@@ -426,6 +429,12 @@ impl ClusterNode {
         copy: Option<u64>,
         now: Instant,
     ) {
+        if self.snapshot_by_reference(shard, &message) {
+            // Its data is on disk: read and sent a chunk at a time, a move's copy paced by the
+            // budget as it goes.
+            self.start_snapshot_send(name, shard, message, copy.is_some(), now);
+            return;
+        }
         let Some(copy) = copy else {
             self.ship_replica_message(name, shard, message);
             return;
@@ -490,22 +499,12 @@ impl ClusterNode {
     /// Puts a group's message to replica `name` on its way: a large snapshot in chunks, a
     /// heartbeat coalesced with the others to that peer, the rest batched per peer.
     pub(super) fn ship_replica_message(&mut self, name: String, shard: &ShardId, message: Message) {
-        if message.get_msg_type() == MessageType::MsgSnapshot
-            && shard.kind == crate::shard::Kind::Stream
-            && self.offers & FEATURE_COMMIT_STATE != 0
-            && self.peer_features.get(&name).is_none_or(|f| f & FEATURE_COMMIT_STATE == 0)
-            && Replica::host_state_of(message.get_snapshot().get_data()).is_some_and(Broker::stream_state_holds_commits)
-        {
-            // An older broker would take the snapshot without the commit state and could later
-            // serve a state missing every value the compacted commits wrote (D63): it waits,
-            // behind, for an upgrade. (Every snapshot sent is reported sent, so the engine
-            // offers it again as the follower is probed: sent once it reads it.)
-            self.shard_snapshots_withheld += 1;
-            if self.withheld_shard_snapshots.insert((shard.clone(), name.clone())) {
-                let label = format!("{}/{}/{}#{}", shard.tenant, shard.namespace, shard.name, shard.shard);
-                self.broker.notice(Notice::ShardSnapshotWithheld { shard: label, replica: name });
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            let holds = Replica::host_state_of(message.get_snapshot().get_data())
+                .is_some_and(Broker::stream_state_holds_commits);
+            if self.withhold_snapshot(&name, shard, holds) {
+                return;
             }
-            return;
         }
         let chunked = message.get_msg_type() == MessageType::MsgSnapshot
             && message.get_snapshot().get_data().len() > self.snapshot_chunk_bytes
@@ -576,6 +575,7 @@ impl ClusterNode {
                     self.out.push_back(NodeOutput::PersistReplica { shard: shard.clone(), entries, hard_state })
                 }
                 ReplicaOutput::PersistSnapshot { snapshot } => {
+                    h.snapshot_commits = Some(snapshot_holds_commits(&snapshot));
                     self.out.push_back(NodeOutput::PersistReplicaSnapshot { shard: shard.clone(), snapshot })
                 }
                 ReplicaOutput::Restored { next_offset, state } => {
@@ -642,9 +642,8 @@ impl ClusterNode {
                         max_bytes,
                     });
                 }
-                ReplicaOutput::ReadSnapshot { index } => {
-                    self.out.push_back(NodeOutput::ReadReplicaSnapshot { shard: shard.clone(), index })
-                }
+                // Never asked: a replica's snapshot is sent from disk by reference (above).
+                ReplicaOutput::ReadSnapshot { .. } => {}
                 ReplicaOutput::GenerationStart { offset, index, term } => {
                     self.broker.apply_replicated_generation(shard, offset, index, now);
                     if h.replica.is_leader() && term == h.replica.term() {
@@ -768,6 +767,15 @@ impl ClusterNode {
                 self.out.push_back(NodeOutput::ReplicaRejoin { shard: shard.clone(), what });
             }
         }
+        if msg.get_msg_type() == MessageType::MsgSnapshot
+            && Replica::host_state_of(msg.get_snapshot().get_data()).is_none()
+        {
+            // Data that is not a replica's state (none at all: a message whose data was to
+            // follow and did not): installed, the engine would take the log as replaced while
+            // the state stayed as it was. Dropped; the leader sends the snapshot again.
+            self.snapshots_refused += 1;
+            return;
+        }
         note_rejoin(h, &msg);
         let (kind, quiet) = (msg.get_msg_type(), msg.context.as_ref() == QUIET_CONTEXT);
         h.replica.step(msg);
@@ -818,28 +826,11 @@ impl ClusterNode {
         Some((c.shard, header))
     }
 
-    /// The driver read back the snapshot a [`NodeOutput::ReadReplicaSnapshot`] asked for
-    /// (`Err`: it could not, and why): the followers waiting for it are sent it (on an error,
-    /// or once a newer snapshot replaced it, they are tried again at the next heartbeat).
-    pub fn handle_replica_snapshot_read(
-        &mut self,
-        shard: &ShardId,
-        index: u64,
-        read: Result<crate::cluster::meta::Snapshot, String>,
-        now: Instant,
-    ) {
-        self.last_now = self.last_now.max(now);
-        let now = self.last_now;
-        let Some(h) = self.replicas.get_mut(shard) else { return };
-        h.replica.handle_snapshot_read(index, read);
-        self.drain_replica(shard, now);
-        self.flush_shard_sends();
-    }
-
-    /// Over this broker's replicas: bytes of snapshot data their engines hold in memory (none
-    /// but what is being sent, when the driver reads snapshots back).
+    /// Over this broker's replicas: bytes of snapshot data their engines hold in memory, and
+    /// their sends hold (none with history reads but what a peer that takes a snapshot
+    /// whole is gathered: the data is sent from disk a chunk at a time).
     pub fn replica_snapshot_memory(&self) -> u64 {
-        self.replicas.values().map(|h| h.replica.snapshot_memory() as u64).sum()
+        self.replicas.values().map(|h| h.replica.snapshot_memory() as u64).sum::<u64>() + self.snapshot_send_memory()
     }
 
     /// Bytes of encoded checkpoints this broker's replicas hold waiting for compaction

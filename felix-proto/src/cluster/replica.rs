@@ -802,6 +802,19 @@ impl Replica {
         self.node.set_snapshot_on_disk(on);
     }
 
+    /// Keeps the last snapshot on disk only and never reads it back for the engine (see
+    /// [`MetaNode::set_snapshot_by_reference`]): a `MsgSnapshot` to a follower carries no
+    /// data, and the host sends the data from disk in chunks.
+    pub fn set_snapshot_by_reference(&mut self, on: bool) {
+        self.node.set_snapshot_by_reference(on);
+    }
+
+    /// The index of the last snapshot when its data is on disk only
+    /// ([`MetaNode::offloaded_snapshot`]).
+    pub fn offloaded_snapshot(&self) -> Option<u64> {
+        self.node.offloaded_snapshot()
+    }
+
     /// Bytes of snapshot data the group's engine holds in memory ([`MetaNode::snapshot_memory`]).
     pub fn snapshot_memory(&self) -> usize {
         self.node.snapshot_memory()

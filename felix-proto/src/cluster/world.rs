@@ -518,12 +518,18 @@ impl World {
                     n.handle_replica_log_read(token, Ok(entries), now);
                 }
             }
-            NodeOutput::ReadReplicaSnapshot { shard, index } => {
+            NodeOutput::ReadReplicaSnapshotPiece { shard, token, index, offset, len, .. } => {
                 self.report.snapshot_reads += 1;
-                let kept = self.kept_replicas.get(name).and_then(|k| k.get(&shard));
-                let read = kept.and_then(|l| l.snapshot.clone()).ok_or_else(|| "no snapshot kept".to_owned());
+                let kept = self.kept_replicas.get(name).and_then(|k| k.get(&shard)).and_then(|l| l.snapshot.as_ref());
+                let read = match kept {
+                    Some(s) if s.get_metadata().index == index => {
+                        super::meta::piece_of(&s.data, offset, len).map_err(|e| e.to_string())
+                    }
+                    Some(s) => Err(format!("the snapshot kept is at {}, not {index}", s.get_metadata().index)),
+                    None => Err("no snapshot kept".to_owned()),
+                };
                 if let Some(n) = self.nodes.get_mut(name) {
-                    n.handle_replica_snapshot_read(&shard, index, read, now);
+                    n.handle_replica_snapshot_piece(token, read, now);
                 }
             }
             NodeOutput::Peer { to, message } => {
@@ -538,6 +544,10 @@ impl World {
                         n.handle_undeliverable(message, now);
                     }
                     return Ok(());
+                }
+                if let (super::peer::PeerMessage::SnapshotChunk(c), Some(n)) = (&message, self.nodes.get_mut(name)) {
+                    // The transport took it (whether it arrives or not).
+                    n.handle_snapshot_chunk_written(&to, &c.shard, c.index, now);
                 }
                 if cut || (faults && rng.chance(30)) {
                     // Lost in flight (a connection that died with it).

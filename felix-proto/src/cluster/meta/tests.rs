@@ -1,4 +1,5 @@
 use super::*;
+use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[test]
@@ -436,4 +437,111 @@ fn bad_members_and_bad_bytes_are_errors() {
     assert!(MetaNode::new(0, &[1, 2]).is_err());
     assert!(MetaNode::new(4, &[1, 2, 3]).is_err());
     assert!(matches!(decode_message(&[0xFF, 0xFF, 0xFF]), Err(MetaError::Decode(_))));
+}
+
+/// A snapshot with `len` bytes of data at index 7 (term 2, voters 1..=3).
+fn snapshot_of(len: usize) -> Snapshot {
+    let mut s = Snapshot::default();
+    s.mut_metadata().index = 7;
+    s.mut_metadata().term = 2;
+    s.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+    s.set_data((0..len).map(|i| (i % 253) as u8).collect::<Vec<u8>>().into());
+    s
+}
+
+/// Reads `record` by `read_snapshot_record_piece`, counting the most bytes one read asked.
+fn piece(
+    record: &[u8],
+    index: u64,
+    offset: u64,
+    max: u64,
+    verify: bool,
+) -> (Result<SnapshotPiece, SnapshotReadError>, usize) {
+    let mut largest = 0;
+    let mut read_at = |pos: u64, buf: &mut [u8]| {
+        largest = largest.max(buf.len());
+        let at = usize::try_from(pos).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        let src = record.get(at..at + buf.len()).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    };
+    let r = read_snapshot_record_piece(&mut read_at, record.len() as u64, index, offset, max, verify);
+    (r, largest)
+}
+
+#[test]
+fn a_snapshot_records_data_is_read_a_piece_at_a_time_without_the_rest() {
+    let snap = snapshot_of(3 << 20);
+    let record = encode_snapshot_record(&snap);
+    let mut data = Vec::new();
+    while data.len() < snap.data.len() {
+        let first = data.is_empty();
+        let (r, largest) = piece(&record, 7, data.len() as u64, 100_000, first);
+        let p = r.unwrap();
+        assert_eq!(p.total, snap.data.len() as u64);
+        // The piece, the record's head and its metadata; the CRC check in bounded reads.
+        let bound = if first { 1 << 20 } else { 100_000 };
+        assert!(largest <= bound, "a read of {largest} bytes");
+        data.extend_from_slice(&p.data);
+    }
+    assert_eq!(data, snap.data);
+    assert_eq!(
+        piece(&record, 7, 3 << 20, 10, false).0,
+        Err(SnapshotReadError::OutOfRange { offset: 3 << 20, total: 3 << 20 })
+    );
+    assert_eq!(piece(&record, 8, 0, 10, false).0, Err(SnapshotReadError::Replaced { kept: 7, wanted: 8 }));
+    // No data at all: one empty piece.
+    let empty = encode_snapshot_record(&snapshot_of(0));
+    assert_eq!(piece(&empty, 7, 0, 10, true).0, Ok(SnapshotPiece { total: 0, data: Bytes::new() }));
+    // A read that fails says why.
+    let mut failing = |_: u64, _: &mut [u8]| Err(std::io::Error::other("EIO"));
+    let e = read_snapshot_record_piece(&mut failing, record.len() as u64, 7, 0, 10, true).unwrap_err();
+    assert_eq!(e, SnapshotReadError::Io("EIO".into()));
+}
+
+#[test]
+fn any_byte_of_a_snapshot_record_flipped_fails_the_checked_read_and_none_panics() {
+    let record = encode_snapshot_record(&snapshot_of(300));
+    for at in 0..record.len() {
+        for bit in [0x01, 0x80] {
+            let mut bad = record.clone();
+            bad[at] ^= bit;
+            let (r, _) = piece(&bad, 7, 0, 64, true);
+            assert!(r.is_err(), "byte {at} flipped ({bit:#x}): {r:?}");
+            // Unchecked, and from anywhere: an answer or an error, never a panic.
+            let _ = piece(&bad, 7, 64, 64, false);
+        }
+    }
+    // A record cut short, or claimed longer than it is.
+    for len in [0, 5, 16, 17, record.len() - 1] {
+        let (r, _) = piece(&record[..len], 7, 0, 64, true);
+        assert!(r.is_err(), "cut to {len}: {r:?}");
+    }
+}
+
+#[test]
+fn a_snapshot_record_laid_out_otherwise_is_read_whole_and_its_piece_sliced() {
+    use protobuf::Message as _;
+    // The generated layout: metadata first (field 2), then the data.
+    let snap = snapshot_of(500);
+    let mut body = Vec::new();
+    let meta = snap.get_metadata().write_to_bytes().unwrap();
+    body.push(0x12);
+    body.push(meta.len() as u8);
+    body.extend_from_slice(&meta);
+    body.push(0x0a);
+    body.extend_from_slice(&[0xf4, 0x03]); // 500
+    body.extend_from_slice(&snap.data);
+    let mut rec = vec![0; 4];
+    rec.push(2);
+    rec.extend_from_slice(b"FLXS");
+    rec.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    rec.extend_from_slice(&body);
+    let crc = crate::storage::crc32c(&rec[5..]);
+    rec.extend_from_slice(&crc.to_be_bytes());
+    let n = (rec.len() - 4) as u32;
+    rec[..4].copy_from_slice(&n.to_be_bytes());
+    assert_eq!(decode_snapshot_record_alone(&Bytes::from(rec.clone())), Some(snap.clone()), "a record that reads");
+    let (r, _) = piece(&rec, 7, 100, 50, true);
+    assert_eq!(r, Ok(SnapshotPiece { total: 500, data: snap.data.slice(100..150) }));
 }
