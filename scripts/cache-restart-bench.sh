@@ -6,7 +6,12 @@
 # and the snapshot data its engines hold; then a follower is SIGKILLed and started again on its
 # data, and its resident memory is read once its replica of the cache caught up.
 #
-#   scripts/cache-restart-bench.sh [--bin PATH] [--payload BYTES] [--duration SECS] [--runs N]
+# With --behind the follower is SIGKILLed before the puts instead, so it comes back behind the
+# leader's compaction and is sent the cache's snapshot: the leader's resident memory is sampled
+# while it sends it (its growth over what it held just before is what the send costs it), and
+# the pieces of snapshot it read back from its files are counted.
+#
+#   scripts/cache-restart-bench.sh [--bin PATH] [--payload BYTES] [--duration SECS] [--runs N] [--behind]
 #
 # Everything it starts is killed when it ends (or is interrupted); data lives in a temporary
 # directory.
@@ -15,6 +20,7 @@ set -euo pipefail
 payload=1500
 duration=8
 runs=1
+behind=""
 bin="target/release/felix-node"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -22,7 +28,8 @@ while [ $# -gt 0 ]; do
     --payload) payload="$2"; shift 2 ;;
     --duration) duration="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    --behind) behind=1; shift ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,23 +81,46 @@ one_run() {
     sleep 0.1
   done
   [ -n "$ok" ] || { echo "the cache was never created" >&2; cat "$tmp"/n1.out >&2; return 1; }
+  local l="" f=""
+  if [ -n "$behind" ]; then
+    # A follower goes down before the puts (n1 takes them; any other replica will do).
+    for _ in $(seq 1 100); do
+      for i in 0 1 2; do
+        read -r role _ < <(replica "${metrics[$i]}")
+        if [ "$role" = leader ]; then l=$i; fi
+      done
+      [ -n "$l" ] && break
+      sleep 0.1
+    done
+    for i in 1 2; do [ "$i" != "$l" ] && { f=$i; break; }; done
+    kill -9 "${pids[$f]}"
+    wait "${pids[$f]}" 2>/dev/null || true
+  fi
   local out
   out=$("$bin" bench --addr "${client[0]}" --token bench-token --tenant bench --cache --concurrency 16 \
-        --data-dir "$tmp/${names[0]}" --payload "$payload" --duration "$duration" --json --quiet 2>/dev/null)
+        --data-dir "$tmp/${names[0]}" --payload "$payload" --duration "$duration" --json --quiet 2>"$tmp/bench.err") || { echo "the bench failed:" >&2; cat "$tmp/bench.err" >&2; cleanup; return 1; }
   python3 -c "import json,sys; v=json.loads(sys.argv[1].strip().splitlines()[-1]); print(f'payload={sys.argv[2]} cache ops/s={v[\"ops_per_s\"]:.0f}')" "$out" "$payload"
   sleep 2
-  local l="" f=""
+  if [ -z "$behind" ]; then
+    for i in 0 1 2; do
+      read -r role _ < <(replica "${metrics[$i]}")
+      if [ "$role" = leader ]; then l=$i; elif [ -z "$f" ]; then f=$i; fi
+    done
+  fi
   for i in 0 1 2; do
-    read -r role _ < <(replica "${metrics[$i]}")
-    if [ "$role" = leader ]; then l=$i; elif [ -z "$f" ]; then f=$i; fi
-  done
-  for i in 0 1 2; do
+    [ -n "$behind" ] && [ "$i" = "$f" ] && continue
     read -r peak now < <(rss "${pids[$i]}")
     echo "  ${names[$i]}$([ "$i" = "$l" ] && echo ' (leader)'): peak RSS $peak MB, now $now MB, snapshot data held $(metric "${metrics[$i]}" felix_replica_snapshot_bytes) bytes"
   done
   [ -n "$l" ] || { echo "  no leader of the cache found" >&2; cleanup; return 1; }
-  kill -9 "${pids[$f]}"
-  wait "${pids[$f]}" 2>/dev/null || true
+  if [ -z "$behind" ]; then
+    kill -9 "${pids[$f]}"
+    wait "${pids[$f]}" 2>/dev/null || true
+  fi
+  local before_rss most_rss pieces_before
+  read -r _ before_rss < <(rss "${pids[$l]}")
+  most_rss=$before_rss
+  pieces_before=$(metric "${metrics[$l]}" felix_replica_snapshot_reads_total)
   local t0
   t0=$(date +%s.%N)
   start_one "$f"
@@ -98,9 +128,12 @@ one_run() {
   for _ in $(seq 1 1200); do
     read -r _ a < <(replica "${metrics[$f]}")
     read -r _ b < <(replica "${metrics[$l]}")
+    read -r _ r < <(rss "${pids[$l]}")
+    [ "$r" -gt "$most_rss" ] && most_rss=$r
     if [ "$a" != "-" ] && [ "$a" = "$b" ]; then caught=$(python3 -c "import sys,time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$t0"); break; fi
-    sleep 0.05
+    sleep 0.02
   done
+  echo "  leader ${names[$l]} while the follower caught up: RSS $before_rss MB before, at most $most_rss MB (+$((most_rss - before_rss)) MB); snapshot pieces read $(( $(metric "${metrics[$l]}" felix_replica_snapshot_reads_total) - pieces_before ))"
   sleep 3
   read -r peak now < <(rss "${pids[$f]}")
   echo "  restarted follower ${names[$f]}: caught up after ${caught:-(not within 60 s)} s, peak RSS $peak MB, now $now MB, snapshot data held $(metric "${metrics[$f]}" felix_replica_snapshot_bytes) bytes"
