@@ -160,6 +160,9 @@ impl Transport {
     }
 }
 
+/// The most bytes of a snapshot's small pieces gathered into one write.
+const SNAPSHOT_WRITE_BYTES: usize = 1 << 20;
+
 /// Peer connections notice a dead broker within this (keep-alives every quarter of it): a
 /// connection to a broker that was killed and restarted must not linger for quinn's default
 /// 30 s, sending into a process that no longer knows it.
@@ -1161,16 +1164,42 @@ impl ReplicaLogs {
         &mut self,
         shard: &ShardId,
         snapshot: &felix_proto::cluster::meta::Snapshot,
+        rest: Option<&felix_proto::cluster::replica::SnapshotRest>,
     ) -> std::io::Result<()> {
-        // In pieces: the snapshot's data (a cache's size) is written from where it is.
-        let record = felix_proto::cluster::meta::SnapshotRecord::new(snapshot);
-        let (seq, pos) = self.append(shard, &record.pieces(), 0)?;
+        // In pieces: the snapshot's data (a cache's size) is written from where it is, and
+        // a host's part still unencoded (a stream's commit state) is encoded as it is written.
+        let record_len = felix_proto::cluster::meta::snapshot_record_len(snapshot, rest.map_or(0, |r| r.len()));
+        let (seq, pos) = self.append_with(shard, record_len, 0, &mut |sink| {
+            let rest_len = rest.map_or(0, |r| r.len());
+            let pieces = |each: &mut dyn FnMut(&[u8])| {
+                if let Some(r) = rest {
+                    r.pieces(each)
+                }
+            };
+            // A commit state comes in pieces of a few bytes (each value's header) between its
+            // values: gathered into writes of up to 1 MiB, a large piece written from where it is.
+            let mut buf: Vec<u8> = Vec::new();
+            let mut gathered = |piece: &[u8]| -> std::io::Result<()> {
+                let large = piece.len() >= SNAPSHOT_WRITE_BYTES / 4;
+                if !buf.is_empty() && (large || buf.len() + piece.len() > SNAPSHOT_WRITE_BYTES) {
+                    sink(&buf)?;
+                    buf.clear();
+                }
+                if large {
+                    return sink(piece);
+                }
+                buf.extend_from_slice(piece);
+                Ok(())
+            };
+            felix_proto::cluster::meta::write_snapshot_record(snapshot, rest_len, &pieces, &mut gathered)?;
+            if buf.is_empty() { Ok(()) } else { sink(&buf) }
+        })?;
         let index = snapshot.get_metadata().index;
         let (Some(dir), Some(f)) = (&self.dir, self.shards.get_mut(shard)) else { return Ok(()) };
-        f.snapshot = Some((seq, pos, record.len() as u64));
-        f.points.skip(record.len() as u64);
+        f.snapshot = Some((seq, pos, record_len));
+        f.points.skip(record_len);
         if let Some(b) = &mut f.summary {
-            b.snapshot(pos, record.len() as u64);
+            b.snapshot(pos, record_len);
         }
         let current = f.segments.last().map(|(s, _)| *s);
         let mut deleted = Vec::new();
@@ -1199,6 +1228,26 @@ impl ReplicaLogs {
     /// segment (a new one past [`SEGMENT_BYTES`]); returns the segment and the position it was
     /// written at.
     fn append(&mut self, shard: &ShardId, pieces: &[&[u8]], max_index: u64) -> std::io::Result<(u64, u64)> {
+        let len = pieces.iter().map(|p| p.len() as u64).sum();
+        self.append_with(shard, len, max_index, &mut |sink| {
+            for piece in pieces {
+                sink(piece)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// [`append`](Self::append) of a record of `len` bytes that `write` hands to the sink it
+    /// is given, piece by piece (written as they come); a record that comes out of another
+    /// length is an error (and torn: cut at the next start).
+    #[allow(clippy::type_complexity)]
+    fn append_with(
+        &mut self,
+        shard: &ShardId,
+        len: u64,
+        max_index: u64,
+        write: &mut dyn FnMut(&mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()>,
+    ) -> std::io::Result<(u64, u64)> {
         use std::io::Write;
         let Some(dir) = self.dir.clone() else { return Ok((0, 0)) };
         let segment_bytes = self.segment_bytes;
@@ -1241,13 +1290,20 @@ impl ReplicaLogs {
                 f.file = Some(open_segment(&dir, shard, seq)?);
             }
             let file = f.file.as_ref().expect("opened above");
-            let len: usize = pieces.iter().map(|p| p.len()).sum();
-            felix_driver_common::sync_journal::before_append(len)?;
-            for piece in pieces {
-                (&**file).write_all(piece)?;
+            let declared = usize::try_from(len)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a record past the address space"))?;
+            felix_driver_common::sync_journal::before_append(declared)?;
+            let mut written = 0u64;
+            write(&mut |piece: &[u8]| {
+                written += piece.len() as u64;
+                (&**file).write_all(piece)
+            })?;
+            if written != len {
+                let why = format!("a record declared {len} bytes and wrote {written}");
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
             }
             let at = (f.segments.last().map_or(0, |(s, _)| *s), f.len);
-            f.len += len as u64;
+            f.len += len;
             if let Some(last) = f.segments.last_mut() {
                 last.1 = last.1.max(max_index);
             }
@@ -1571,7 +1627,7 @@ mod replica_log_tests {
         let mut snap = Snapshot::default();
         snap.mut_metadata().index = 100;
         snap.mut_metadata().term = 1;
-        logs.persist_snapshot(&shard, &snap).unwrap();
+        logs.persist_snapshot(&shard, &snap, None).unwrap();
         assert!(logs.segments(&shard).len() < segments, "a snapshot deleted segments");
         // The restart's first pass reads headers only, and finds what reading it all finds.
         let floors: Vec<u64> = logs
@@ -1668,7 +1724,7 @@ mod replica_log_tests {
                 snap.mut_metadata().index = 60;
                 snap.mut_metadata().term = 1;
                 snap.set_data(b"state".to_vec().into());
-                logs.persist_snapshot(&shard, &snap).unwrap();
+                logs.persist_snapshot(&shard, &snap, None).unwrap();
             }
         }
         drop(logs);
@@ -1761,7 +1817,7 @@ mod replica_log_tests {
         snap.mut_metadata().index = 80;
         snap.mut_metadata().term = 1;
         snap.set_data(b"state".to_vec().into());
-        logs.persist_snapshot(&shard, &snap).unwrap();
+        logs.persist_snapshot(&shard, &snap, None).unwrap();
         expect.persist_snapshot(&snap);
         let after = logs.segments(&shard);
         assert!(after.len() < before.len() / 2, "deleted: {before:?} -> {after:?}");
@@ -1777,6 +1833,70 @@ mod replica_log_tests {
         drop(logs);
         let kept = ReplicaLogs::open(Some(&dir), None, None).unwrap().kept;
         assert_eq!(kept.get(&shard), Some(&expect));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A host's part of a snapshot kept apart (a stream's commit state) is encoded as it is
+    /// written: the record on disk is byte for byte the one of the whole data, reads back as
+    /// that snapshot (whole at a restart's fold, and in pieces for a follower), and a part that
+    /// gives other than the length it declared fails the write rather than leaving a record
+    /// that lies.
+    #[test]
+    fn a_snapshot_whose_host_part_is_written_piece_by_piece_reads_back_whole_and_in_pieces() {
+        use felix_proto::cluster::meta::{Entry, HardState, Snapshot};
+        use felix_proto::cluster::replica::{HostPart, SnapshotRest};
+        #[derive(Debug)]
+        struct Part(Vec<u8>, usize);
+        impl HostPart for Part {
+            fn encode_into(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.0);
+            }
+            fn encoded_len(&self) -> usize {
+                self.1
+            }
+            fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+                // Small pieces and one past the write buffer's quarter, in order.
+                let (a, b) = self.0.split_at(self.0.len() / 2);
+                for piece in a.chunks(7) {
+                    each(piece);
+                }
+                each(b);
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("felix-replica-snapshot-rest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let shard =
+            ShardId { kind: Kind::Stream, tenant: "t".into(), namespace: "ns".into(), name: "s".into(), shard: 0 };
+        let mut logs = ReplicaLogs::open(Some(&dir), None, None).unwrap().logs;
+        for index in 1..=30 {
+            let e = vec![Entry { index, term: 2, data: vec![7; 50].into(), ..Entry::default() }];
+            logs.persist(&shard, &e, Some(&HardState { term: 2, commit: index, ..HardState::default() })).unwrap();
+        }
+        let mut head = Snapshot::default();
+        head.mut_metadata().index = 20;
+        head.mut_metadata().term = 2;
+        head.set_data(vec![1u8; 100].into());
+        let part: Vec<u8> = (0..(1 << 20) + 333).map(|i| (i % 241) as u8).collect();
+        let rest = SnapshotRest::new(std::sync::Arc::new(Part(part.clone(), part.len())));
+        logs.persist_snapshot(&shard, &head, Some(&rest)).unwrap();
+        let mut whole = head.clone();
+        rest.append_to(&mut whole);
+        let mut data = Vec::new();
+        while data.len() < whole.data.len() {
+            let job = logs.snapshot_piece_job(&shard, 20, data.len() as u64, 300_000, data.is_empty()).unwrap();
+            data.extend_from_slice(&job.run().unwrap().data);
+        }
+        assert_eq!(data, whole.data, "read back in pieces, the CRC checked");
+        drop(logs);
+        let opened = ReplicaLogs::open(Some(&dir), None, None).unwrap();
+        assert_eq!(opened.kept[&shard].snapshot, Some(whole), "folded at a restart");
+        // A part that says one length and gives another.
+        let mut logs = opened.logs;
+        let lying = SnapshotRest::new(std::sync::Arc::new(Part(part.clone(), part.len() + 1)));
+        let mut next = head.clone();
+        next.mut_metadata().index = 25;
+        let e = logs.persist_snapshot(&shard, &next, Some(&lying)).unwrap_err();
+        assert!(e.to_string().contains("declared"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1824,10 +1944,10 @@ mod replica_log_tests {
             s
         };
         write(&mut logs, 1, 30);
-        logs.persist_snapshot(&shard, &snapshot(20, 1)).unwrap();
+        logs.persist_snapshot(&shard, &snapshot(20, 1), None).unwrap();
         assert_eq!(read(&logs, 20), Ok(snapshot(20, 1)));
         write(&mut logs, 31, 32);
-        logs.persist_snapshot(&shard, &snapshot(30, 2)).unwrap();
+        logs.persist_snapshot(&shard, &snapshot(30, 2), None).unwrap();
         assert_eq!(read(&logs, 30), Ok(snapshot(30, 2)), "the newest");
         let e = read(&logs, 20).unwrap_err();
         assert!(e.contains("the snapshot kept is at index 30, not 20"), "{e}");

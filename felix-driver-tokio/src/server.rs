@@ -1810,9 +1810,9 @@ impl BrokerTask {
                         }
                     }
                 }
-                NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                NodeOutput::PersistReplicaSnapshot { shard, snapshot, rest } => {
                     if let Some(l) = self.replica_logs.as_mut() {
-                        match l.persist_snapshot(&shard, &snapshot) {
+                        match l.persist_snapshot(&shard, &snapshot, rest.as_ref()) {
                             Ok(()) => self.gate.wrote(l.syncs_before_answering()),
                             Err(e) => {
                                 if let Node::Cluster(n) = &mut self.node {

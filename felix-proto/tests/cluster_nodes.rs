@@ -69,6 +69,8 @@ struct Cluster {
     /// Reads of pieces of kept snapshots answered, and the most bytes one asked for.
     snapshot_reads: u64,
     largest_snapshot_piece: u64,
+    /// Snapshots persisted with their host's part beside them (written piece by piece).
+    snapshots_with_rest: u64,
     /// Snapshot chunks the transport does not report taken until the test says so (a slow
     /// link): (sender, receiver, shard, index).
     hold_chunk_writes: bool,
@@ -141,6 +143,7 @@ impl Cluster {
             replica_reads: 0,
             snapshot_reads: 0,
             largest_snapshot_piece: 0,
+            snapshots_with_rest: 0,
             hold_chunk_writes: false,
             held_chunk_writes: Vec::new(),
             spill_on_start: None,
@@ -349,7 +352,13 @@ impl Cluster {
                             let k = self.kept_replicas.entry(name.clone()).or_default();
                             k.entry(shard).or_default().persist(&entries, hard_state.as_ref());
                         }
-                        NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+                        NodeOutput::PersistReplicaSnapshot { shard, mut snapshot, rest } => {
+                            // Written as the driver writes it, the host's part piece by piece,
+                            // and read back.
+                            if let Some(rest) = rest {
+                                snapshot = written_and_read_back(&snapshot, &rest);
+                                self.snapshots_with_rest += 1;
+                            }
                             if self.failing_disks.contains(name) {
                                 node.handle_replica_persist_failed(&shard, "No space left on device", self.now);
                                 continue;
@@ -3515,6 +3524,7 @@ fn a_leader_sends_a_snapshot_from_disk_a_chunk_at_a_time_paced_by_the_transport(
     c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
     let (sends, finished, ended) = c.nodes[&leader].snapshot_send_counts();
     assert_eq!((sends, finished, ended), (1, 1, 0));
+    assert!(c.snapshots_with_rest > 0, "the commit state written beside the snapshot, piece by piece");
     let chunks = c.nodes[&leader].snapshot_chunk_counts().0;
     assert!(chunks >= 10, "{chunks} chunks for 40 KiB of state");
     assert_eq!(c.nodes[&leader].replica_snapshot_memory(), 0);
@@ -5031,4 +5041,25 @@ fn each_broker_counts_the_leadership_claims_its_metadata_applied() {
     }
     let after: Vec<u64> = c.nodes.values().map(ClusterNode::leads_applied).collect();
     assert_eq!(before, after, "no claim applied without an election (a repeated claim changes nothing)");
+}
+
+/// `snapshot` whose data ends with `rest`, written as a record piece by piece
+/// (`write_snapshot_record`, as the driver writes it) and read back from the record's bytes.
+fn written_and_read_back(
+    snapshot: &raft::eraftpb::Snapshot,
+    rest: &felix_proto::cluster::replica::SnapshotRest,
+) -> raft::eraftpb::Snapshot {
+    use felix_proto::cluster::meta::{decode_snapshot_record_alone, encode_snapshot_record, write_snapshot_record};
+    let mut record = Vec::new();
+    let len = write_snapshot_record(snapshot, rest.len(), &|each| rest.pieces(each), &mut |piece| {
+        record.extend_from_slice(piece);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(len as usize, record.len());
+    let back = decode_snapshot_record_alone(&Bytes::from(record.clone())).expect("the record reads back");
+    let mut whole = snapshot.clone();
+    rest.append_to(&mut whole);
+    assert_eq!(record, encode_snapshot_record(&whole), "byte for byte the record of the whole data");
+    back
 }

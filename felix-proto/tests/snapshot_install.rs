@@ -36,7 +36,7 @@ impl Group {
                     match o {
                         ReplicaOutput::Send { to, message } => queue.push_back((to, message)),
                         ReplicaOutput::CheckpointDue { index } => r.complete_checkpoint(index, &self.state),
-                        ReplicaOutput::PersistSnapshot { snapshot } if r.id() == 1 => self.snapshots.push(snapshot),
+                        ReplicaOutput::PersistSnapshot { snapshot, .. } if r.id() == 1 => self.snapshots.push(snapshot),
                         _ => {}
                     }
                 }

@@ -103,7 +103,17 @@ impl CommitSection {
         }
     }
 
-    /// The bytes [`encode_into`](Self::encode_into) appends, at most.
+    /// [`encode_into`](Self::encode_into)'s bytes handed to `each` in pieces, each value from
+    /// where it is: a snapshot's commit section written to disk without encoding the state
+    /// whole first.
+    pub(crate) fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        let mut head = [STREAM_STATE_COMMITS, 0, 0, 0, 0];
+        head[1..].copy_from_slice(&(self.0.encoded_len() as u32).to_be_bytes());
+        each(&head);
+        self.0.checkpoint_pieces(each);
+    }
+
+    /// The bytes [`encode_into`](Self::encode_into) appends, exactly.
     pub(crate) fn encoded_len(&self) -> usize {
         5 + self.0.encoded_len()
     }

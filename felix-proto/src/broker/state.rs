@@ -131,18 +131,22 @@ impl ShardState {
 
     /// The state as it is now, sharing its keys and values (nothing copied): what a replicated
     /// shard's checkpoint keeps until it becomes a snapshot. `None` while no commit was applied.
+    /// `None` too for a state that cannot be encoded (a key over 65,535 bytes: commits refuse
+    /// them), so a frozen state's length is exact.
     pub(super) fn freeze(&self) -> Option<FrozenState> {
         let as_of = self.as_of?;
         let mut encoded_len = 20;
+        let mut fits = u32::try_from(self.values.len()).is_ok();
         let values = self
             .values
             .iter()
             .map(|(k, (v, version))| {
                 encoded_len += 14 + k.len() + v.len();
+                fits &= k.len() <= usize::from(u16::MAX) && u32::try_from(v.len()).is_ok();
                 (k.clone(), v.clone(), *version)
             })
             .collect();
-        Some(FrozenState { as_of, values, encoded_len })
+        fits.then_some(FrozenState { as_of, values, encoded_len })
     }
 
     /// The state a checkpoint holds, replacing this one's. Commits after its `as_of` are then
@@ -172,7 +176,15 @@ impl FrozenState {
         crate::storage::encode_state_checkpoint_into(self.as_of, values, out)
     }
 
-    /// The bytes [`checkpoint_into`](Self::checkpoint_into) appends.
+    /// [`checkpoint_into`](Self::checkpoint_into)'s bytes handed to `each` in pieces, the
+    /// values from where they are ([`crate::storage::encode_state_checkpoint_pieces`]).
+    pub(crate) fn checkpoint_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        let values = self.values.iter().map(|(k, v, version)| (&**k, v.as_ref(), *version));
+        // (`freeze` made only states that encode.)
+        let _ = crate::storage::encode_state_checkpoint_pieces(self.as_of, values, each);
+    }
+
+    /// The bytes [`checkpoint_into`](Self::checkpoint_into) appends, exactly.
     pub(crate) fn encoded_len(&self) -> usize {
         self.encoded_len
     }
@@ -319,9 +331,10 @@ mod tests {
         assert_eq!(c.as_of, 4);
         let long = "k".repeat(70_000);
         s.apply(6, &[(long, Some(Bytes::from_static(b"v")))]);
-        let mut out = b"head".to_vec();
-        assert!(s.freeze().expect("holds state").checkpoint_into(&mut out).is_none(), "a key too long to encode");
-        assert_eq!(out, b"head", "and nothing written");
+        assert!(s.freeze().is_none(), "a key too long to encode: no frozen state claims a length it cannot give");
+        let mut pieces = Vec::new();
+        frozen.checkpoint_pieces(&mut |p| pieces.extend_from_slice(p));
+        assert_eq!(pieces, then, "in pieces, the same bytes");
     }
 
     /// A value the state keeps does not keep the buffer it arrived in (a commit's encoded

@@ -645,6 +645,12 @@ impl MetaNode {
         }
     }
 
+    /// Whether the last snapshot's data is sent by reference
+    /// ([`Self::set_snapshot_by_reference`]).
+    pub fn snapshot_by_reference(&self) -> bool {
+        self.raw.store().snapshot_data.borrow().by_reference
+    }
+
     /// The index of the last snapshot when its data is on disk only (not in memory): a
     /// `MsgSnapshot` at that index without data is one whose data the host sends
     /// ([`Self::set_snapshot_by_reference`]).

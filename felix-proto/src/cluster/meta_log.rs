@@ -393,6 +393,100 @@ impl SnapshotRecord {
     }
 }
 
+/// The length of the record [`write_snapshot_record`] writes for `snapshot` and `rest_len`
+/// more bytes of data (what a writer declares, or reserves, before the pieces).
+pub fn snapshot_record_len(snapshot: &Snapshot, rest_len: u64) -> u64 {
+    use protobuf::Message as _;
+    if rest_len == 0 {
+        return SnapshotRecord::new(snapshot).len() as u64;
+    }
+    let total = snapshot.data.len() as u64 + rest_len;
+    let varint = |v: u64| {
+        let mut b = Vec::new();
+        put_varint(&mut b, v);
+        b.len() as u64
+    };
+    let tail = if snapshot.has_metadata() {
+        let meta = snapshot.get_metadata().compute_size() as u64;
+        1 + varint(meta) + meta
+    } else {
+        0
+    };
+    13 + 1 + varint(total) + total + tail + 4
+}
+
+/// Writes the [`SnapshotRecord`] of `snapshot` whose data is `snapshot.data` followed by
+/// `rest_len` more bytes that `rest` hands over in pieces (a host's state encoded as it is
+/// written, never whole in memory: [`crate::cluster::replica::SnapshotRest`]), to `sink`, in
+/// pieces; returns the record's length. The bytes are exactly those of the record of the
+/// snapshot whose data holds the rest (the CRC is computed as they go). With no rest it
+/// writes [`SnapshotRecord::pieces`].
+///
+/// # Errors
+/// What `sink` returned, or `InvalidData` when `rest` handed over other than `rest_len`
+/// bytes (what was written is then a torn record, cut at the next start).
+pub fn write_snapshot_record(
+    snapshot: &Snapshot,
+    rest_len: u64,
+    rest: &dyn Fn(&mut dyn FnMut(&[u8])),
+    sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<u64> {
+    use protobuf::Message as _;
+    if rest_len == 0 {
+        let record = SnapshotRecord::new(snapshot);
+        for piece in record.pieces() {
+            sink(piece)?;
+        }
+        return Ok(record.len() as u64);
+    }
+    let total = snapshot.data.len() as u64 + rest_len;
+    let mut head = vec![0; 4];
+    head.push(2);
+    head.extend_from_slice(b"FLXS");
+    head.extend_from_slice(&[0; 4]);
+    head.push(0x0a);
+    put_varint(&mut head, total);
+    let mut tail = Vec::new();
+    if snapshot.has_metadata() {
+        tail.push(0x12);
+        let meta = snapshot.get_metadata().write_to_bytes().unwrap_or_default();
+        put_varint(&mut tail, meta.len() as u64);
+        tail.extend_from_slice(&meta);
+    }
+    let n = (head.len() - 13) as u64 + total + tail.len() as u64;
+    let n32 = u32::try_from(n)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a snapshot record past 4 GiB"))?;
+    head[9..13].copy_from_slice(&n32.to_be_bytes());
+    let len = head.len() as u64 + total + tail.len() as u64 + 4;
+    head[..4].copy_from_slice(&((len - 4) as u32).to_be_bytes());
+    let mut crc = crate::storage::crc32c_append(0, &head[5..]);
+    crc = crate::storage::crc32c_append(crc, &snapshot.data);
+    sink(&head)?;
+    sink(&snapshot.data)?;
+    let (mut written, mut failed) = (0u64, None);
+    rest(&mut |piece: &[u8]| {
+        if failed.is_some() {
+            return;
+        }
+        written += piece.len() as u64;
+        crc = crate::storage::crc32c_append(crc, piece);
+        if let Err(e) = sink(piece) {
+            failed = Some(e);
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if written != rest_len {
+        let why = format!("a snapshot's host state declared {rest_len} bytes and gave {written}");
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+    }
+    crc = crate::storage::crc32c_append(crc, &tail);
+    tail.extend_from_slice(&crc.to_be_bytes());
+    sink(&tail)?;
+    Ok(len)
+}
+
 /// A protobuf varint.
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {

@@ -52,12 +52,16 @@ pub enum NodeOutput {
     /// Make this snapshot of a replicated shard's Raft group durable before carrying out any
     /// later output: it replaces the shard's kept log up to its index
     /// ([`crate::cluster::meta::RaftLog::persist_snapshot`]; in a file, an
-    /// [`crate::cluster::meta::encode_snapshot_record`] record).
+    /// [`crate::cluster::meta::encode_snapshot_record`] record, written with its `rest` by
+    /// [`crate::cluster::meta::write_snapshot_record`]).
     PersistReplicaSnapshot {
         /// The shard.
         shard: ShardId,
         /// The snapshot.
         snapshot: crate::cluster::meta::Snapshot,
+        /// The end of its data, still unencoded (a stream's commit state, with history
+        /// reads): the data is `snapshot`'s followed by it, written piece by piece.
+        rest: Option<crate::cluster::replica::SnapshotRest>,
     },
     /// This broker no longer holds a replica of the shard (its stream was deleted): its kept
     /// Raft state may be removed.

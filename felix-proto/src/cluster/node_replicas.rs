@@ -262,7 +262,7 @@ impl ClusterNode {
             // A cache's values, and a stream's consumer groups, are the fold of the whole log
             // (not something retention drops): they are part of its checkpoints.
             let hosting = true;
-            let snapshot_commits = kept.snapshot.as_ref().map(snapshot_holds_commits);
+            let snapshot_commits = kept.snapshot.as_ref().map(|s| snapshot_holds_commits(s, None));
             match Replica::new_hosting(raft_id(&self.me.id), &ids, &kept, rank, hosting) {
                 Ok(mut replica) => {
                     if let Some(b) = self.checkpoint_bytes {
@@ -574,9 +574,9 @@ impl ClusterNode {
                 ReplicaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(NodeOutput::PersistReplica { shard: shard.clone(), entries, hard_state })
                 }
-                ReplicaOutput::PersistSnapshot { snapshot } => {
-                    h.snapshot_commits = Some(snapshot_holds_commits(&snapshot));
-                    self.out.push_back(NodeOutput::PersistReplicaSnapshot { shard: shard.clone(), snapshot })
+                ReplicaOutput::PersistSnapshot { snapshot, rest } => {
+                    h.snapshot_commits = Some(snapshot_holds_commits(&snapshot, rest.as_ref()));
+                    self.out.push_back(NodeOutput::PersistReplicaSnapshot { shard: shard.clone(), snapshot, rest })
                 }
                 ReplicaOutput::Restored { next_offset, state } => {
                     self.broker.restore_replicated(shard, next_offset, &state, now)
@@ -904,6 +904,10 @@ impl HostPart for crate::broker::CommitSection {
 
     fn encoded_len(&self) -> usize {
         crate::broker::CommitSection::encoded_len(self)
+    }
+
+    fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        crate::broker::CommitSection::encode_pieces(self, each)
     }
 }
 

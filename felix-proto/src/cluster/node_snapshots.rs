@@ -7,12 +7,15 @@
 
 use super::*;
 use crate::cluster::meta::{Snapshot, SnapshotPiece};
+use crate::cluster::replica::SnapshotRest;
 use crate::cluster::snapshot_send::{Ship, SnapshotSend};
 
 /// The index of `snapshot` and whether its host state holds a stream's commit state (what
-/// decides whether it may go to a peer that does not read commit state, D63).
-pub(super) fn snapshot_holds_commits(snapshot: &Snapshot) -> (u64, bool) {
-    let holds = Replica::host_state_of(snapshot.get_data()).is_some_and(Broker::stream_state_holds_commits);
+/// decides whether it may go to a peer that does not read commit state, D63). A `rest` of
+/// any bytes is one: the only part a host keeps apart is a stream's commit section.
+pub(super) fn snapshot_holds_commits(snapshot: &Snapshot, rest: Option<&SnapshotRest>) -> (u64, bool) {
+    let holds = Replica::host_state_of(snapshot.get_data()).is_some_and(Broker::stream_state_holds_commits)
+        || rest.is_some_and(|r| !r.is_empty());
     (snapshot.get_metadata().index, holds)
 }
 

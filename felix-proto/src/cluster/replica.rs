@@ -138,13 +138,76 @@ impl Checkpoint {
 /// compacted to it, which takes as long as the retention window. Encoded when taken, it held
 /// the whole state a second time all that while; a view that shares the live state's values
 /// holds only what changed since.
-pub trait HostPart: std::fmt::Debug + Send {
+///
+/// With the snapshot on disk by reference ([`Replica::set_snapshot_by_reference`]) it is not
+/// encoded into the snapshot's data at all: it goes out beside it ([`SnapshotRest`]) and is
+/// written to disk piece by piece ([`encode_pieces`](Self::encode_pieces)), so the state is
+/// never whole in memory a second time at compaction either.
+pub trait HostPart: std::fmt::Debug + Send + Sync {
     /// Appends its encoded bytes, the end of the snapshot's data.
     fn encode_into(&self, out: &mut Vec<u8>);
-    /// How many bytes [`encode_into`](Self::encode_into) appends, at most: what the
+    /// How many bytes [`encode_into`](Self::encode_into) appends, exactly: what the
     /// checkpoint stands for, counted against [`MAX_CHECKPOINT_MEMORY`] as if it were
-    /// encoded (a value the live state overwrote since is held by the view alone).
+    /// encoded (a value the live state overwrote since is held by the view alone), and the
+    /// length a snapshot record written piece by piece declares before its pieces.
     fn encoded_len(&self) -> usize;
+    /// Hands its encoded bytes to `each`, in order, in pieces (the same bytes as
+    /// [`encode_into`](Self::encode_into)); by default encoded whole and handed over once.
+    fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        let mut b = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut b);
+        each(&b);
+    }
+}
+
+/// The end of a snapshot's data, still unencoded (a host's part: a stream's commit state),
+/// beside a [`ReplicaOutput::PersistSnapshot`]: the snapshot's data is its `data` followed by
+/// these bytes. Whoever persists it writes them piece by piece
+/// ([`crate::cluster::meta::write_snapshot_record`]); a keeper of snapshots in memory puts
+/// them together ([`SnapshotRest::append_to`]).
+#[derive(Clone)]
+pub struct SnapshotRest(std::sync::Arc<dyn HostPart>);
+
+impl SnapshotRest {
+    /// A host's part, to go beside a snapshot.
+    pub fn new(part: std::sync::Arc<dyn HostPart>) -> SnapshotRest {
+        SnapshotRest(part)
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.0.encoded_len() as u64
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hands its bytes to `each`, in order, in pieces.
+    pub fn pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        self.0.encode_pieces(each)
+    }
+
+    /// Puts it at the end of `snapshot`'s data (whole in memory: for simulations and tests).
+    pub fn append_to(&self, snapshot: &mut Snapshot) {
+        let mut data = Vec::with_capacity(snapshot.data.len() + self.len() as usize);
+        data.extend_from_slice(&snapshot.data);
+        self.0.encode_into(&mut data);
+        snapshot.set_data(data.into());
+    }
+}
+
+impl std::fmt::Debug for SnapshotRest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SnapshotRest({} bytes)", self.len())
+    }
+}
+
+impl PartialEq for SnapshotRest {
+    fn eq(&self, other: &SnapshotRest) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// What one idempotent producer's batches did on this shard (replicated state: every replica
@@ -188,6 +251,9 @@ pub enum ReplicaOutput {
     PersistSnapshot {
         /// The snapshot.
         snapshot: Snapshot,
+        /// The end of its data, when it is still unencoded (by reference only: see
+        /// [`SnapshotRest`]); the data is `snapshot`'s followed by it.
+        rest: Option<SnapshotRest>,
     },
     /// The replica's state was restored from a snapshot (at a restart from a compacted log,
     /// or sent by the leader because this replica fell behind its compaction): the shard's
@@ -270,6 +336,9 @@ pub struct Replica {
     leading: bool,
     /// Points the log can be compacted to, oldest first.
     checkpoints: VecDeque<Checkpoint>,
+    /// The host's part of the snapshot being compacted to (by reference), for its
+    /// [`ReplicaOutput::PersistSnapshot`], by index.
+    compacting_rest: Option<(u64, SnapshotRest)>,
     /// Entry bytes applied since the last checkpoint, and how many make one.
     since_checkpoint: u64,
     checkpoint_bytes: u64,
@@ -338,6 +407,7 @@ impl Replica {
             out: VecDeque::new(),
             leading: false,
             checkpoints: VecDeque::new(),
+            compacting_rest: None,
             since_checkpoint: 0,
             checkpoint_bytes: CHECKPOINT_BYTES,
             host_state,
@@ -639,7 +709,15 @@ impl Replica {
         }
         let Some(at) = self.checkpoints.iter().rposition(|c| c.next_offset <= floor) else { return false };
         let Some(cp) = self.checkpoints.drain(..=at).next_back() else { return false };
-        let done = self.node.compact(cp.index, cp.into_data());
+        let done = if self.node.snapshot_by_reference() {
+            // The host's part goes beside the snapshot, encoded only as it is written: the
+            // engine keeps none of the data (it is on disk once persisted).
+            let index = cp.index;
+            self.compacting_rest = cp.rest.map(|r| (index, SnapshotRest(std::sync::Arc::from(r))));
+            self.node.compact(index, cp.data)
+        } else {
+            self.node.compact(cp.index, cp.into_data())
+        };
         self.drain();
         done
     }
@@ -860,7 +938,12 @@ impl Replica {
                 MetaOutput::PersistSnapshot { snapshot, received } => {
                     // Kept before anything after it; received, the state becomes its.
                     let data = received.then(|| snapshot.data.clone());
-                    self.out.push_back(ReplicaOutput::PersistSnapshot { snapshot });
+                    let index = snapshot.get_metadata().index;
+                    let rest = match self.compacting_rest.take() {
+                        Some((i, rest)) if !received && i == index => Some(rest),
+                        _ => None,
+                    };
+                    self.out.push_back(ReplicaOutput::PersistSnapshot { snapshot, rest });
                     if let Some(data) = data {
                         self.restore(data);
                     }

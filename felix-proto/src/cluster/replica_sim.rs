@@ -244,7 +244,10 @@ impl World {
                         n.kept.persist(&entries, hard_state.as_ref());
                     }
                 }
-                ReplicaOutput::PersistSnapshot { snapshot } => {
+                ReplicaOutput::PersistSnapshot { mut snapshot, rest } => {
+                    if let Some(rest) = rest {
+                        rest.append_to(&mut snapshot);
+                    }
                     if let Some(n) = self.nodes.get_mut(&id) {
                         n.kept.persist_snapshot(&snapshot);
                     }

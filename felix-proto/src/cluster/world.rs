@@ -497,7 +497,10 @@ impl World {
                     .or_default()
                     .persist(&entries, hard_state.as_ref());
             }
-            NodeOutput::PersistReplicaSnapshot { shard, snapshot } => {
+            NodeOutput::PersistReplicaSnapshot { shard, mut snapshot, rest } => {
+                if let Some(rest) = rest {
+                    rest.append_to(&mut snapshot);
+                }
                 self.report.snapshots += 1;
                 self.kept_replicas
                     .entry(name.to_owned())

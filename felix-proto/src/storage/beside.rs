@@ -121,6 +121,41 @@ where
     Some(())
 }
 
+/// [`encode_state_checkpoint_into`]'s bytes handed to `each` in pieces as they are encoded
+/// (each value from where it is, never copied into one buffer), with the CRC computed as they
+/// go: a replicated stream's commit state written into a snapshot on disk. `None`, and
+/// nothing handed over, when it cannot be encoded (a key over 65,535 bytes, a value or a
+/// count over 4 GiB).
+pub fn encode_state_checkpoint_pieces<'a, I>(as_of: u64, values: I, each: &mut dyn FnMut(&[u8])) -> Option<()>
+where
+    I: ExactSizeIterator<Item = (&'a str, &'a [u8], u64)> + Clone,
+{
+    let count = u32::try_from(values.len()).ok()?;
+    let fits = values.clone().all(|(k, v, _)| k.len() <= usize::from(u16::MAX) && u32::try_from(v.len()).is_ok());
+    if !fits {
+        return None;
+    }
+    let mut head = [0u8; 16];
+    head[..4].copy_from_slice(&STATE_CHECKPOINT_MAGIC.to_be_bytes());
+    head[4..12].copy_from_slice(&as_of.to_be_bytes());
+    head[12..].copy_from_slice(&count.to_be_bytes());
+    let mut crc = crc32c(&head);
+    each(&head);
+    for (key, value, version) in values {
+        let mut h = [0u8; 2];
+        h.copy_from_slice(&(key.len() as u16).to_be_bytes());
+        let mut after = [0u8; 12];
+        after[..8].copy_from_slice(&version.to_be_bytes());
+        after[8..].copy_from_slice(&(value.len() as u32).to_be_bytes());
+        for piece in [&h[..], key.as_bytes(), &after[..], value] {
+            crc = crate::storage::crc32c_append(crc, piece);
+            each(piece);
+        }
+    }
+    each(&crc.to_be_bytes());
+    Some(())
+}
+
 /// The `as_of` of [`encode_state_checkpoint`]'s bytes, read from their header alone (storage
 /// keeps it to know which commits the checkpoint on disk holds); `None` for bytes that do not
 /// start like a checkpoint.
@@ -187,6 +222,30 @@ pub fn decode_state_checkpoint(data: &Bytes) -> Result<StateCheckpoint, Checkpoi
 #[cfg(test)]
 mod checkpoint_tests {
     use super::*;
+
+    #[test]
+    fn a_state_checkpoint_in_pieces_is_the_same_bytes_and_hands_over_nothing_it_cannot_encode() {
+        let big = vec![9u8; 100_000];
+        let values: Vec<(String, Vec<u8>, u64)> =
+            vec![("a".into(), b"x".to_vec(), 3), ("k".repeat(300), big, 7), ("z".into(), Vec::new(), 9)];
+        let iter = || values.iter().map(|(k, v, n)| (k.as_str(), v.as_slice(), *n));
+        let mut whole = Vec::new();
+        encode_state_checkpoint_into(42, iter(), &mut whole).unwrap();
+        let mut pieces = Vec::new();
+        let mut largest = 0;
+        encode_state_checkpoint_pieces(42, iter(), &mut |p| {
+            largest = largest.max(p.len());
+            pieces.extend_from_slice(p);
+        })
+        .unwrap();
+        assert_eq!(pieces, whole);
+        assert_eq!(largest, 100_000, "each value handed over from where it is");
+        let long = "k".repeat(70_000);
+        let bad = [(long.as_str(), &b"v"[..], 1u64)];
+        let mut handed = 0;
+        assert!(encode_state_checkpoint_pieces(1, bad.iter().copied(), &mut |_| handed += 1).is_none());
+        assert_eq!(handed, 0);
+    }
 
     #[test]
     fn a_state_checkpoint_round_trips_and_refuses_damage() {

@@ -32,7 +32,7 @@ pub use requests::{FsyncMode, PersistRequest, ReadRequest, WriteOutcome};
 mod beside;
 pub use beside::{
     CheckpointError, StateCheckpoint, decode_producer_watermarks, decode_state_checkpoint, encode_producer_watermarks,
-    encode_state_checkpoint, encode_state_checkpoint_into, state_checkpoint_as_of,
+    encode_state_checkpoint, encode_state_checkpoint_into, encode_state_checkpoint_pieces, state_checkpoint_as_of,
 };
 
 /// Batch magic, "FLXB".

@@ -545,3 +545,40 @@ fn a_snapshot_record_laid_out_otherwise_is_read_whole_and_its_piece_sliced() {
     let (r, _) = piece(&rec, 7, 100, 50, true);
     assert_eq!(r, Ok(SnapshotPiece { total: 500, data: snap.data.slice(100..150) }));
 }
+
+#[test]
+fn a_snapshot_record_written_with_its_data_in_pieces_is_the_record_of_the_whole_data() {
+    for (head, rest) in [(10usize, 5usize), (100, 200_000), (3, 1)] {
+        let mut snap = snapshot_of(head);
+        let part: Vec<u8> = (0..rest).map(|i| (i % 199) as u8).collect();
+        let mut record = Vec::new();
+        let pieces = |each: &mut dyn FnMut(&[u8])| {
+            for p in part.chunks(1000) {
+                each(p);
+            }
+        };
+        let len = write_snapshot_record(&snap, rest as u64, &pieces, &mut |p| {
+            record.extend_from_slice(p);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(len, snapshot_record_len(&snap, rest as u64));
+        let mut data = snap.data.to_vec();
+        data.extend_from_slice(&part);
+        snap.set_data(data.into());
+        assert_eq!(record, encode_snapshot_record(&snap), "{head} + {rest} bytes");
+        assert_eq!(len as usize, record.len());
+    }
+    // No rest: the record of the snapshot as it is.
+    let snap = snapshot_of(50);
+    let mut record = Vec::new();
+    write_snapshot_record(&snap, 0, &|_| {}, &mut |p| {
+        record.extend_from_slice(p);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(record, encode_snapshot_record(&snap));
+    // A rest that gives fewer bytes than it declared is an error.
+    let e = write_snapshot_record(&snap, 10, &|each| each(b"abc"), &mut |_| Ok(())).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+}

@@ -146,7 +146,7 @@ fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_th
                     due.push(index);
                     r.complete_checkpoint(index, format!("host@{index}").as_bytes());
                 }
-                ReplicaOutput::PersistSnapshot { snapshot } => snapshots.push(snapshot),
+                ReplicaOutput::PersistSnapshot { snapshot, .. } => snapshots.push(snapshot),
                 _ => {}
             }
         }
@@ -154,7 +154,7 @@ fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_th
         // after the committed index (the in-memory log keeps its last entry).
         assert!(r.compact_below(u64::MAX), "compacts to the checkpoint just made");
         while let Some(o) = r.poll_output() {
-            if let ReplicaOutput::PersistSnapshot { snapshot } = o {
+            if let ReplicaOutput::PersistSnapshot { snapshot, .. } = o {
                 snapshots.push(snapshot);
             }
         }
@@ -285,7 +285,7 @@ fn a_host_part_is_encoded_only_when_its_checkpoint_becomes_a_snapshot() {
     assert_eq!(encoded.load(Ordering::Relaxed), 1, "the one compacted to, once");
     let mut persisted = None;
     while let Some(o) = r.poll_output() {
-        if let ReplicaOutput::PersistSnapshot { snapshot } = o {
+        if let ReplicaOutput::PersistSnapshot { snapshot, .. } = o {
             persisted = Some(snapshot);
         }
     }
@@ -294,6 +294,39 @@ fn a_host_part_is_encoded_only_when_its_checkpoint_becomes_a_snapshot() {
     assert_eq!(&host[..4], b"head");
     assert_eq!(&host[4..], &[9u8; 1_000][..]);
     assert_eq!(r.checkpoint_memory(), 0);
+
+    // With the snapshot on disk by reference the part is not encoded into the data at all: it
+    // goes beside the snapshot, to be written piece by piece, and the whole is the same.
+    let mut r = hosting_alone();
+    r.set_snapshot_by_reference(true);
+    while r.poll_output().is_some() {}
+    let encoded = Arc::new(AtomicU32::new(0));
+    for token in 1..=3 {
+        let b = ReplicatedBatch::from_payloads(None, &[Bytes::from(format!("x{token}"))]);
+        r.propose(token, &b).expect("leads");
+        while let Some(o) = r.poll_output() {
+            if let ReplicaOutput::CheckpointDue { index } = o {
+                r.checkpoint_due(index).expect("due").extend_from_slice(b"head");
+                r.finish_checkpoint_with(index, Some(Box::new(Part(encoded.clone()))));
+            }
+        }
+    }
+    assert!(r.compact_below(u64::MAX));
+    let mut persisted = None;
+    while let Some(o) = r.poll_output() {
+        if let ReplicaOutput::PersistSnapshot { snapshot, rest } = o {
+            persisted = Some((snapshot, rest));
+        }
+    }
+    let (mut snapshot, rest) = persisted.expect("compacted into a snapshot");
+    let rest = rest.expect("the part beside it");
+    assert_eq!(encoded.load(Ordering::Relaxed), 0, "not encoded into the data");
+    assert_eq!(Replica::host_state_of(snapshot.get_data()), Some(&b"head"[..]));
+    assert_eq!(rest.len(), 1_000);
+    assert_eq!(r.snapshot_memory(), 0, "the engine keeps none of it");
+    rest.append_to(&mut snapshot);
+    let host = Replica::host_state_of(snapshot.get_data()).expect("reads");
+    assert_eq!((&host[..4], &host[4..]), (&b"head"[..], &[9u8; 1_000][..]));
 }
 
 #[test]
@@ -374,7 +407,7 @@ fn a_snapshot_read_answered_while_replaying_is_not_taken() {
         while let Some(o) = r.poll_output() {
             match o {
                 ReplicaOutput::Persist { entries, hard_state } => kept.persist(&entries, hard_state.as_ref()),
-                ReplicaOutput::PersistSnapshot { snapshot } => kept.persist_snapshot(&snapshot),
+                ReplicaOutput::PersistSnapshot { snapshot, .. } => kept.persist_snapshot(&snapshot),
                 ReplicaOutput::CheckpointDue { index } => r.complete_checkpoint(index, b"host"),
                 _ => {}
             }
