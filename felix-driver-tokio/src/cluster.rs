@@ -160,6 +160,9 @@ impl Transport {
     }
 }
 
+/// Writes one record's pieces, in order, to the sink it is given.
+type RecordWriter<'a> = dyn FnMut(&mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()> + 'a;
+
 /// The most bytes of a snapshot's small pieces gathered into one write.
 const SNAPSHOT_WRITE_BYTES: usize = 1 << 20;
 
@@ -1240,13 +1243,12 @@ impl ReplicaLogs {
     /// [`append`](Self::append) of a record of `len` bytes that `write` hands to the sink it
     /// is given, piece by piece (written as they come); a record that comes out of another
     /// length is an error (and torn: cut at the next start).
-    #[allow(clippy::type_complexity)]
     fn append_with(
         &mut self,
         shard: &ShardId,
         len: u64,
         max_index: u64,
-        write: &mut dyn FnMut(&mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()>,
+        write: &mut RecordWriter<'_>,
     ) -> std::io::Result<(u64, u64)> {
         use std::io::Write;
         let Some(dir) = self.dir.clone() else { return Ok((0, 0)) };

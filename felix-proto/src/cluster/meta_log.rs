@@ -393,6 +393,10 @@ impl SnapshotRecord {
     }
 }
 
+/// Bytes handed, in order and in pieces, to the function it is given (a host's state encoded
+/// as it is written).
+pub type Pieces<'a> = dyn Fn(&mut dyn FnMut(&[u8])) + 'a;
+
 /// The length of the record [`write_snapshot_record`] writes for `snapshot` and `rest_len`
 /// more bytes of data (what a writer declares, or reserves, before the pieces).
 pub fn snapshot_record_len(snapshot: &Snapshot, rest_len: u64) -> u64 {
@@ -428,7 +432,7 @@ pub fn snapshot_record_len(snapshot: &Snapshot, rest_len: u64) -> u64 {
 pub fn write_snapshot_record(
     snapshot: &Snapshot,
     rest_len: u64,
-    rest: &dyn Fn(&mut dyn FnMut(&[u8])),
+    rest: &Pieces<'_>,
     sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<u64> {
     use protobuf::Message as _;
