@@ -1500,3 +1500,103 @@ fn a_follower_behind_a_compacted_cache_is_sent_the_snapshot_from_the_leaders_fil
         client.close().await;
     });
 }
+
+/// The measurement behind docs/benchmarks.md's "A large commit state, compacted and sent":
+/// three brokers (`FELIX_TEST_BIN` picks the build), a replicated stream retaining 2,000
+/// records, `FELIX_STATE_KEYS` keys (default 10,000) of 4 KiB committed twice over by 8
+/// writers while a follower is down; once the leader compacted, the follower starts again
+/// behind and is sent the snapshot. Prints the leader's peak RSS before the send (compaction
+/// encodes the state), its growth while sending, and how long the follower took.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture (FELIX_TEST_BIN=path for another build)"]
+fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
+    use felix_proto::client::CommitRequest;
+    let keys: usize = std::env::var("FELIX_STATE_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let (_dirs, mut nodes, peers) = three_brokers_with(&["--retention-records", "2000"], &[], false);
+    let seeds: Vec<SocketAddr> = nodes.iter().map(|n| n.client).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = Arc::new(rt.block_on(async {
+        let opts = ClientOptions::new("default", TOKEN, Trust::DangerAcceptAnyCertificate);
+        ClusterClient::connect(&seeds, opts).await.expect("the client connects")
+    }));
+    let commit = |client: Arc<ClusterClient>, k: usize, round: usize| async move {
+        let req = CommitRequest {
+            namespace: "default".into(),
+            stream: "ledger".into(),
+            entity_key: Bytes::from_static(b"one"),
+            event: Bytes::from(format!("k{k}/{round}")),
+            changes: vec![(format!("k{k}"), Some(Bytes::from(vec![(k + round) as u8; 4096])))],
+            expected_offset: None,
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = match client.any().await {
+                Ok(c) => c.commit(req.clone()).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(_) => return,
+                Err(e) => {
+                    assert!(Instant::now() < until, "k{k} not committed for 60 s: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    };
+    rt.block_on(commit(client.clone(), 0, 0));
+    let lead = leader_index(&nodes);
+    let f = (0..3).find(|i| *i != lead).unwrap();
+    nodes[f].kill();
+    let t0 = Instant::now();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                for round in 0..2 {
+                    for k in (w..keys).step_by(8) {
+                        commit(client.clone(), k, round).await;
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let committed = t0.elapsed();
+    let first_index = |n: &Node| {
+        status(n.metrics).and_then(|v| {
+            v["replicas"].as_array()?.iter().find(|r| r["name"] == "ledger").and_then(|r| r["first_index"].as_u64())
+        })
+    };
+    wait_for("the leader compacted the ledger's log", 60, || first_index(&nodes[lead]).is_some_and(|i| i > 2));
+    let pid = nodes[lead].proc.as_ref().unwrap().0.id();
+    let rss = |what: &str| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with(what))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .map_or(0, |kb: u64| kb / 1024)
+    };
+    let (peak_before, before) = (rss("VmHWM:"), rss("VmRSS:"));
+    let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0);
+    let t1 = Instant::now();
+    nodes[f].start(&peers);
+    let mut most = before;
+    wait_for("the follower caught up", 120, || {
+        most = most.max(rss("VmRSS:"));
+        ledger_caught_up(&nodes[f], &nodes[lead])
+    });
+    let caught = t1.elapsed();
+    let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
+    println!(
+        "{keys} keys of 4 KiB, {} commits in {committed:.1?}; leader peak RSS before the send {peak_before} MB, \
+         RSS {before} MB before and at most {most} MB while sending (+{} MB), {reads} snapshot reads; \
+         the follower caught up in {caught:.2?}",
+        2 * keys,
+        most - before
+    );
+    rt.block_on(client.close());
+}

@@ -5057,9 +5057,11 @@ fn written_and_read_back(
     })
     .unwrap();
     assert_eq!(len as usize, record.len());
-    let back = decode_snapshot_record_alone(&Bytes::from(record.clone())).expect("the record reads back");
-    let mut whole = snapshot.clone();
-    rest.append_to(&mut whole);
-    assert_eq!(record, encode_snapshot_record(&whole), "byte for byte the record of the whole data");
-    back
+    if record.len() < 1 << 20 {
+        // (Not at the measurements' sizes: it makes the whole data twice more.)
+        let mut whole = snapshot.clone();
+        rest.append_to(&mut whole);
+        assert_eq!(record, encode_snapshot_record(&whole), "byte for byte the record of the whole data");
+    }
+    decode_snapshot_record_alone(&Bytes::from(record)).expect("the record reads back")
 }

@@ -42,8 +42,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// Starts the broker: this build's binary, or `FELIX_TEST_BIN`'s (to measure another
+    /// build in the same test, side by side).
     pub fn start(&mut self, peers: &str) {
-        let mut child = Command::new(BIN)
+        let bin = std::env::var("FELIX_TEST_BIN").unwrap_or_else(|_| BIN.to_owned());
+        let mut child = Command::new(bin)
             .args(["serve", "--listen", &self.client.to_string(), "--data-dir"])
             .arg(&self.dir)
             .args(["--dev-token", TOKEN, "--node-id", &self.name])

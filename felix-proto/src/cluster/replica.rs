@@ -714,7 +714,11 @@ impl Replica {
             // engine keeps none of the data (it is on disk once persisted).
             let index = cp.index;
             self.compacting_rest = cp.rest.map(|r| (index, SnapshotRest(std::sync::Arc::from(r))));
-            self.node.compact(index, cp.data)
+            let done = self.node.compact(index, cp.data);
+            if !done {
+                self.compacting_rest = None;
+            }
+            done
         } else {
             self.node.compact(cp.index, cp.into_data())
         };
