@@ -1506,7 +1506,8 @@ fn a_follower_behind_a_compacted_cache_is_sent_the_snapshot_from_the_leaders_fil
 /// records, `FELIX_STATE_KEYS` keys (default 10,000) of 4 KiB committed twice over by 8
 /// writers while a follower is down; once the leader compacted, the follower starts again
 /// behind and is sent the snapshot. Prints the leader's peak RSS before the send (compaction
-/// encodes the state), its growth while sending, and how long the follower took.
+/// encodes the state), its growth while sending, and how long the follower took; with
+/// `FELIX_TRACE`, the leader's RSS and the snapshot pieces it read at each sample.
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture (FELIX_TEST_BIN=path for another build)"]
 fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
@@ -1582,15 +1583,25 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
     };
     let (peak_before, before) = (rss("VmHWM:"), rss("VmRSS:"));
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0);
+    let log_reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0);
     let t1 = Instant::now();
     nodes[f].start(&peers);
     let mut most = before;
+    let mut trace = Vec::new();
     wait_for("the follower caught up", 120, || {
-        most = most.max(rss("VmRSS:"));
+        let now = rss("VmRSS:");
+        most = most.max(now);
+        let pieces = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
+        trace.push(format!("{}ms:{now}MB/{pieces}", t1.elapsed().as_millis()));
         ledger_caught_up(&nodes[f], &nodes[lead])
     });
+    if std::env::var_os("FELIX_TRACE").is_some() {
+        println!("leader RSS while the follower caught up (time: RSS/pieces read): {}", trace.join(" "));
+    }
     let caught = t1.elapsed();
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
+    let log_reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0) - log_reads;
+    println!("log reads while sending: {log_reads}");
     println!(
         "{keys} keys of 4 KiB, {} commits in {committed:.1?}; leader peak RSS before the send {peak_before} MB, \
          RSS {before} MB before and at most {most} MB while sending (+{} MB), {reads} snapshot reads; \
