@@ -73,6 +73,9 @@ pub(crate) struct Transport {
     hello: PeerMessage,
     inputs: mpsc::UnboundedSender<PeerInput>,
     me: String,
+    /// Bytes of messages queued for peers and not yet written to their streams (about:
+    /// [`felix_proto::cluster::peer::size_hint`]), over every peer.
+    queued: Arc<std::sync::atomic::AtomicU64>,
 }
 
 type Known = Arc<std::sync::RwLock<std::collections::BTreeSet<String>>>;
@@ -111,7 +114,9 @@ impl Transport {
             incarnation: incarnation.to_owned(),
             features: felix_proto::cluster::peer::PEER_FEATURES,
         };
-        let mut t = Transport { senders: BTreeMap::new(), endpoint, known, hello, inputs, me: opts.node_id.clone() };
+        let queued = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut t =
+            Transport { senders: BTreeMap::new(), endpoint, known, hello, inputs, me: opts.node_id.clone(), queued };
         for (name, addr) in &opts.peers {
             t.add_peer(name, *addr);
         }
@@ -130,7 +135,8 @@ impl Transport {
         let (tx, rx) = mpsc::unbounded_channel();
         self.senders.insert(name.to_owned(), tx);
         let peer = name.to_owned();
-        tokio::spawn(dial_loop(self.endpoint.clone(), addr, peer, self.hello.clone(), rx, self.inputs.clone()));
+        let queue = Queue { rx, queued: self.queued.clone() };
+        tokio::spawn(dial_loop(self.endpoint.clone(), addr, peer, self.hello.clone(), queue, self.inputs.clone()));
     }
 
     /// Stops dialling `name` and refuses it as a peer from now on (a broker removed from the
@@ -145,9 +151,22 @@ impl Transport {
     /// Queues a message for peer `to`; a peer not in the cluster's list gets nothing.
     pub(crate) fn send(&self, to: &str, message: PeerMessage) -> Result<(), Box<PeerMessage>> {
         match self.senders.get(to) {
-            Some(tx) => tx.send(message).map_err(|e| Box::new(e.0)),
+            Some(tx) => {
+                // Counted before it is queued: the peer's task may take it at once.
+                let size = felix_proto::cluster::peer::size_hint(&message) as u64;
+                self.queued.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+                tx.send(message).map_err(|e| {
+                    self.queued.fetch_sub(size, std::sync::atomic::Ordering::Relaxed);
+                    Box::new(e.0)
+                })
+            }
             None => Err(Box::new(message)),
         }
+    }
+
+    /// Bytes of messages queued for peers and not yet written to their streams.
+    pub(crate) fn queued_bytes(&self) -> u64 {
+        self.queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The cluster listener's address.
@@ -201,7 +220,7 @@ async fn dial_loop(
     addr: SocketAddr,
     peer: String,
     hello: PeerMessage,
-    mut rx: mpsc::UnboundedReceiver<PeerMessage>,
+    mut queue: Queue,
     inputs: mpsc::UnboundedSender<PeerInput>,
 ) {
     let Ok(cfg) = client_config(addr) else { return };
@@ -221,7 +240,7 @@ async fn dial_loop(
             tokio::pin!(deadline);
             loop {
                 tokio::select! {
-                    m = rx.recv() => match m {
+                    m = queue.recv() => match m {
                         Some(m) => { let _ = inputs.send(PeerInput::Undeliverable(m)); }
                         None => return,
                     },
@@ -246,7 +265,7 @@ async fn dial_loop(
         tokio::pin!(closed);
         loop {
             let m = tokio::select! {
-                m = rx.recv() => match m {
+                m = queue.recv() => match m {
                     Some(m) => m,
                     None => break,
                 },
@@ -272,9 +291,29 @@ async fn dial_loop(
                 let _ = inputs.send(PeerInput::ChunkWritten { to: peer.clone(), shard: c.shard, index: c.index });
             }
         }
-        if rx.is_closed() {
+        if queue.rx.is_closed() {
             return;
         }
+    }
+}
+
+/// What is queued for one peer, and the transport's count of queued bytes it takes from.
+struct Queue {
+    rx: mpsc::UnboundedReceiver<PeerMessage>,
+    queued: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Queue {
+    /// The next message, no longer counted as queued.
+    async fn recv(&mut self) -> Option<PeerMessage> {
+        let m = self.rx.recv().await?;
+        let size = felix_proto::cluster::peer::size_hint(&m) as u64;
+        // (Added when it was queued: never below zero.)
+        let _ =
+            self.queued.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |q| {
+                Some(q.saturating_sub(size))
+            });
+        Some(m)
     }
 }
 

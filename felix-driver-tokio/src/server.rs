@@ -1366,6 +1366,12 @@ impl BrokerTask {
                 self.replica_snapshot_reads,
             );
             m(
+                "felix_peer_queued_bytes",
+                "gauge",
+                "Bytes of messages queued for other brokers and not yet written to their streams (about).",
+                self.transport.as_ref().map_or(0, |t| t.queued_bytes()),
+            );
+            m(
                 "felix_replica_snapshot_bytes",
                 "gauge",
                 "Bytes of replicas' snapshot data held in memory (only what is being sent: snapshots stay in the log files).",

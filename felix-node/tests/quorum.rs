@@ -1584,6 +1584,15 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
     let (peak_before, before) = (rss("VmHWM:"), rss("VmRSS:"));
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0);
     let log_reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0);
+    if std::env::var_os("FELIX_TRACE").is_some() {
+        // The leader alone for 3 s first: what it does anyway, without a follower to catch up.
+        let (mut alone, t) = (Vec::new(), Instant::now());
+        while t.elapsed() < Duration::from_secs(3) {
+            alone.push(format!("{}ms:{}MB", t.elapsed().as_millis(), rss("VmRSS:")));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!("leader RSS before the follower returns: {}", alone.join(" "));
+    }
     let t1 = Instant::now();
     nodes[f].start(&peers);
     let mut most = before;
@@ -1591,12 +1600,16 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
     wait_for("the follower caught up", 120, || {
         let now = rss("VmRSS:");
         most = most.max(now);
-        let pieces = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
-        trace.push(format!("{}ms:{now}MB/{pieces}", t1.elapsed().as_millis()));
+        let pieces = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0).saturating_sub(reads);
+        let queued = metric(&nodes[lead], "felix_peer_queued_bytes").unwrap_or(0) >> 20;
+        trace.push(format!("{}ms:{now}MB/{pieces}/q{queued}", t1.elapsed().as_millis()));
         ledger_caught_up(&nodes[f], &nodes[lead])
     });
     if std::env::var_os("FELIX_TRACE").is_some() {
-        println!("leader RSS while the follower caught up (time: RSS/pieces read): {}", trace.join(" "));
+        println!(
+            "leader RSS while the follower caught up (time: RSS/pieces read/MiB queued for peers): {}",
+            trace.join(" ")
+        );
     }
     let caught = t1.elapsed();
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;

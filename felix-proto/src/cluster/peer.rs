@@ -351,7 +351,13 @@ fn put_str16(out: &mut BytesMut, s: &str, what: &'static str) -> Result<(), Peer
 pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
     // The body is written in place after a header patched at the end: a large message (a
     // forwarded batch, every group's Raft messages) is copied once, not twice.
-    let hint = match m {
+    let hint = size_hint(m);
+    encode_reserved(m, out, hint)
+}
+
+/// About how many bytes `m` takes encoded (what a transport's queue holds for it).
+pub fn size_hint(m: &PeerMessage) -> usize {
+    match m {
         PeerMessage::ShardRaft(list) => list.iter().map(|(s, b)| b.len() + s.name.len() + 64).sum(),
         PeerMessage::Forward(p) => forward_hint(p),
         PeerMessage::ForwardBatch(list) => list.iter().map(forward_hint).sum(),
@@ -362,7 +368,11 @@ pub fn encode(m: &PeerMessage, out: &mut BytesMut) -> Result<(), PeerError> {
             batches.iter().map(|b| b.records.raw().len() + 64).sum()
         }
         _ => 64,
-    };
+    }
+}
+
+/// The body of [`encode`], with room for about `hint` bytes reserved.
+fn encode_reserved(m: &PeerMessage, out: &mut BytesMut, hint: usize) -> Result<(), PeerError> {
     out.reserve(5 + hint);
     let header = out.len();
     out.put_u32(0);
