@@ -385,6 +385,45 @@ pub fn client_session(data: &[u8], t0: std::time::Instant) {
     }
 }
 
+/// `snapshot_record` target: any bytes as a kept snapshot record that a leader sends a
+/// follower from, a piece at a time. The first two bytes pick where the piece starts (a
+/// fraction of the record) and how long it is; the rest is the record. Reading a piece never
+/// panics; a read that checks the CRC and succeeds agrees with the whole record's decoder (the
+/// index it holds, the data's length, the piece's bytes), and the piece an unchecked read
+/// gives of a record that decodes is that slice too.
+pub fn snapshot_record(data: &[u8]) {
+    use crate::cluster::meta::{decode_snapshot_record_alone, read_snapshot_record_piece};
+    let (knobs, record) = data.split_at(data.len().min(2));
+    let (at, len) = (knobs.first().copied().unwrap_or(0), knobs.get(1).copied().unwrap_or(0));
+    let offset = (usize::from(at) * record.len() / 256) as u64;
+    let max = u64::from(len) * 4 + 1;
+    let whole = decode_snapshot_record_alone(&bytes::Bytes::copy_from_slice(record));
+    let index = whole.as_ref().map_or(7, |s| s.get_metadata().index);
+    let mut read_at = |pos: u64, buf: &mut [u8]| {
+        let from = usize::try_from(pos).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        let src = record.get(from..from.saturating_add(buf.len())).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    };
+    for verify in [true, false] {
+        let piece = read_snapshot_record_piece(&mut read_at, record.len() as u64, index, offset, max, verify);
+        match (&whole, piece) {
+            (Some(s), Ok(p)) => {
+                let from = offset as usize;
+                let to = (from + p.data.len()).min(s.data.len());
+                assert_eq!(p.total, s.data.len() as u64, "the data's length");
+                assert_eq!(&p.data[..], &s.data[from.min(to)..to], "the piece is the data's slice");
+            }
+            (None, Ok(_)) => assert!(!verify, "a checked read of a record that does not decode"),
+            (Some(s), Err(e)) => {
+                let past = offset >= s.data.len() as u64 && !(offset == 0 && s.data.is_empty());
+                assert!(past, "a record that decodes, read from {offset}: {e}");
+            }
+            (None, Err(_)) => {}
+        }
+    }
+}
+
 /// `replica_log` target: any bytes as a replicated shard's Raft log, cut into up to three
 /// segments at the positions its first two bytes name. The fold never panics; a torn tail is
 /// never past the bytes given; a log folded without damage leaves its commit within its

@@ -14,6 +14,27 @@ fn fuzz_dir() -> PathBuf {
 fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vectors");
     let mut out = Vec::new();
+    // Kept snapshot records a leader reads pieces of: data written whole, and with its end
+    // (a commit state) written piece by piece; a piece from the middle, and one past the end.
+    {
+        use felix_proto::cluster::meta::{Snapshot, encode_snapshot_record, write_snapshot_record};
+        let mut s = Snapshot::default();
+        s.mut_metadata().index = 12;
+        s.mut_metadata().term = 3;
+        s.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        s.set_data((0..600u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into());
+        let mut seed = vec![128, 40];
+        seed.extend_from_slice(&encode_snapshot_record(&s));
+        out.push(("snapshot_record", "seed-whole".to_owned(), seed));
+        let rest: Vec<u8> = (0..300u32).map(|i| (i % 13) as u8).collect();
+        let mut seed = vec![250, 255];
+        write_snapshot_record(&s, rest.len() as u64, &|each| each(&rest), &mut |p| {
+            seed.extend_from_slice(p);
+            Ok(())
+        })
+        .expect("in memory");
+        out.push(("snapshot_record", "seed-with-rest".to_owned(), seed));
+    }
     // A shard's state checkpoint, as storage keeps it beside the shard.
     let checkpoint = felix_proto::storage::StateCheckpoint {
         as_of: 41,
@@ -430,6 +451,7 @@ fn fuzz_bodies_pass_over_their_corpora() {
         ("client_session", client_session),
         ("storage_segment", felix_proto::fuzzing::storage_segment),
         ("replica_log", felix_proto::fuzzing::replica_log),
+        ("snapshot_record", felix_proto::fuzzing::snapshot_record),
         ("peer_message", peer_message),
         ("jwt", felix_proto::fuzzing::jwt),
     ] {
