@@ -75,6 +75,8 @@ struct Cluster {
     /// link): (sender, receiver, shard, index).
     hold_chunk_writes: bool,
     held_chunk_writes: Vec<(String, String, ShardId, u64)>,
+    /// Reads of kept snapshots fail (a damaged record) while set.
+    failing_snapshot_reads: bool,
     /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
     /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
     spill_on_start: Option<u64>,
@@ -146,6 +148,7 @@ impl Cluster {
             snapshots_with_rest: 0,
             hold_chunk_writes: false,
             held_chunk_writes: Vec::new(),
+            failing_snapshot_reads: false,
             spill_on_start: None,
             chunk_bytes: None,
             features: BTreeMap::new(),
@@ -381,6 +384,9 @@ impl Cluster {
                             use felix_proto::cluster::meta::{encode_snapshot_record, read_snapshot_record_piece};
                             let kept = self.kept_replicas.get(name.as_str()).and_then(|k| k.get(&shard));
                             let read = match kept.and_then(|l| l.snapshot.as_ref()) {
+                                Some(_) if self.failing_snapshot_reads => {
+                                    Err("replicas/t1-ledger.log, byte 4096: not an intact snapshot record".to_owned())
+                                }
                                 Some(snap) => {
                                     let record = encode_snapshot_record(snap);
                                     let mut read_at = |pos: u64, buf: &mut [u8]| {
@@ -3536,6 +3542,36 @@ fn a_leader_sends_a_snapshot_from_disk_a_chunk_at_a_time_paced_by_the_transport(
     let got = state_values(&messages(&c.take(&now_leader, conn, st)));
     let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
     assert_eq!(got, want, "served by {now_leader}, the old leader gone");
+}
+
+/// A leader whose kept snapshot record does not read (damaged on disk) cannot send it: each
+/// send ends at its first piece, the engine offers the snapshot again at each probe, and the
+/// operator is told once, not at every probe. Once the record reads again (here: the damage
+/// gone; in life, the next compaction writes a new record) the follower catches up.
+#[test]
+fn a_snapshot_record_that_does_not_read_is_said_once_and_sent_once_it_reads() {
+    use felix_proto::broker::Notice;
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
+    commit_300(&mut c, &leader);
+    c.failing_snapshot_reads = true;
+    restart(&mut c, &behind);
+    for _ in 0..60 {
+        c.tick();
+    }
+    let (sends, finished, ended) = c.nodes[&leader].snapshot_send_counts();
+    assert!(sends >= 3 && finished == 0 && ended == sends, "{sends} sends, {finished} finished, {ended} ended");
+    let node = c.nodes.get_mut(&leader).unwrap();
+    let told: Vec<Notice> = std::iter::from_fn(|| node.inputs().poll_notice())
+        .filter(|n| matches!(n, Notice::ShardSnapshotSendFailed { .. }))
+        .collect();
+    assert!(
+        matches!(told.as_slice(), [Notice::ShardSnapshotSendFailed { replica, why, .. }] if *replica == behind && why.contains("byte 4096")),
+        "{told:?}"
+    );
+    assert_ne!(history(&c, &behind).0, history(&c, &leader).0, "not caught up from a snapshot that does not read");
+    c.failing_snapshot_reads = false;
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    assert!(c.nodes[&leader].snapshot_send_counts().1 >= 1);
 }
 
 /// The measurement behind the test above, at a size (docs/benchmarks.md): three brokers in

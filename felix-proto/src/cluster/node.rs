@@ -420,6 +420,8 @@ pub struct ClusterNode {
     snapshot_send_reads: BTreeMap<u64, (ShardId, String)>,
     /// Snapshot sends from disk: started, finished, ended early.
     snapshot_send_counts: (u64, u64, u64),
+    /// Snapshots whose send from disk failed, by shard, replica and index (said once each).
+    snapshot_send_failures: BTreeSet<(ShardId, String, u64)>,
     /// Shard snapshots received whose data is not a replica's state, dropped.
     snapshots_refused: u64,
     /// When a metadata leader was last heard from (or this broker last led).
@@ -718,6 +720,7 @@ impl ClusterNode {
             snapshot_sends: BTreeMap::new(),
             snapshot_send_reads: BTreeMap::new(),
             snapshot_send_counts: (0, 0, 0),
+            snapshot_send_failures: BTreeSet::new(),
             snapshots_refused: 0,
             leader_contact: now,
             currency: Currency::Unconfirmed { since: 1, asked: None, of: (None, 0) },

@@ -79,6 +79,8 @@ impl ClusterNode {
             return;
         }
         self.snapshot_send_reads.retain(|_, k| *k != key);
+        // Failures said of older snapshots to this replica are forgotten (a newer one is sent).
+        self.snapshot_send_failures.retain(|(s, n, i)| !(*s == key.0 && *n == key.1 && *i < index));
         let takes_chunks = self.offers & FEATURE_SNAPSHOT_CHUNKS != 0
             && self.peer_features.get(&key.1).is_some_and(|f| f & FEATURE_SNAPSHOT_CHUNKS != 0);
         let send = SnapshotSend::new(shard.clone(), message, takes_chunks, self.snapshot_chunk_bytes, charged, now);
@@ -158,8 +160,14 @@ impl ClusterNode {
             }
             Ok(None) => {}
             Err(e) => {
+                let index = s.index();
                 self.snapshot_sends.remove(&key);
                 self.snapshot_send_counts.2 += 1;
+                // Said once per snapshot and replica: the engine offers it again at each probe,
+                // and a damaged record fails each time until the next compaction replaces it.
+                if !self.snapshot_send_failures.insert((key.0.clone(), key.1.clone(), index)) {
+                    return;
+                }
                 let label = format!("{}/{}/{}#{}", key.0.tenant, key.0.namespace, key.0.name, key.0.shard);
                 self.broker.notice(Notice::ShardSnapshotSendFailed {
                     shard: label,
