@@ -719,7 +719,7 @@ impl ReplicaLogRead {
     /// was found; other errors are returned.
     pub(crate) fn run(self) -> Result<Vec<felix_proto::cluster::meta::Entry>, String> {
         use felix_proto::cluster::log_read::EntryCollector;
-        use std::io::{Read, Seek, SeekFrom};
+        use std::io::{BufRead, Read, Seek, SeekFrom};
         let mut c = EntryCollector::new(self.low, self.high, self.max_bytes);
         let mut next = self.after.iter().peekable();
         let mut record = Vec::new();
@@ -747,6 +747,17 @@ impl ReplicaLogRead {
                     break; // the end of this segment (a torn tail is never read: it is past what was asked)
                 }
                 let n = u32::from_be_bytes(len) as usize;
+                // A snapshot record (flag 2) holds no entries: stepped over unread. Read, a
+                // stream's commit state or a cache's values came into memory twice (the record,
+                // then its decoding) for every read of entries that passed it: a follower
+                // catching up after a compaction.
+                if n > 0 && r.fill_buf().map_err(|e| format!("{}: {e}", path.display()))?.first() == Some(&2) {
+                    if r.seek_relative(n as i64).is_err() {
+                        break;
+                    }
+                    at += 4 + n as u64;
+                    continue;
+                }
                 record.clear();
                 record.extend_from_slice(&len);
                 record.resize(4 + n, 0);
