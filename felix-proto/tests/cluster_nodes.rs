@@ -3470,15 +3470,7 @@ fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it(
         assert!(held > 0, "{name} keeps checkpoints waiting for retention");
         assert!(held < 16 << 10, "{name} holds {held} bytes of checkpoints, a 40 KiB state copied into them");
     }
-    let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
-    let (conn, st) = client_offering(&mut c, &now_leader, 7, f);
-    for (rid, key) in last.keys().enumerate() {
-        let m = state_get("ledger", key, rid as u64);
-        c.send(&now_leader, conn, st, m);
-    }
-    let got = state_values(&messages(&c.take(&now_leader, conn, st)));
-    let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
-    assert_eq!(got, want, "served by {now_leader}, the old leader gone");
+    serves_every_value_after_failing_over(&mut c, &leader, &behind, &last);
 }
 
 /// A leader sends a follower behind its compaction the snapshot from disk a chunk at a time
@@ -3534,14 +3526,7 @@ fn a_leader_sends_a_snapshot_from_disk_a_chunk_at_a_time_paced_by_the_transport(
     let chunks = c.nodes[&leader].snapshot_chunk_counts().0;
     assert!(chunks >= 10, "{chunks} chunks for 40 KiB of state");
     assert_eq!(c.nodes[&leader].replica_snapshot_memory(), 0);
-    let now_leader = fail_over_to_snapshots(&mut c, &leader, &behind);
-    let (conn, st) = client_offering(&mut c, &now_leader, 7, f);
-    for (rid, key) in last.keys().enumerate() {
-        c.send(&now_leader, conn, st, state_get("ledger", key, rid as u64));
-    }
-    let got = state_values(&messages(&c.take(&now_leader, conn, st)));
-    let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
-    assert_eq!(got, want, "served by {now_leader}, the old leader gone");
+    serves_every_value_after_failing_over(&mut c, &leader, &behind, &last);
 }
 
 /// A leader whose kept snapshot record does not read (damaged on disk) cannot send it: each
@@ -3605,6 +3590,25 @@ fn measure_checkpoint_memory_of_a_large_commit_state() {
         println!("{name}: checkpoints held encoded {} bytes", node.replica_checkpoint_memory());
     }
     println!("peak over the run, both brokers: {peak} bytes; {hwm}");
+}
+
+/// Fails over to the brokers that took the ledger's snapshot (`fail_over_to_snapshots`) and
+/// checks the new leader serves every key of `last` with its value and version.
+fn serves_every_value_after_failing_over(
+    c: &mut Cluster,
+    leader: &str,
+    behind: &str,
+    last: &std::collections::BTreeMap<String, (Bytes, u64)>,
+) {
+    use felix_proto::features::Features;
+    let now_leader = fail_over_to_snapshots(c, leader, behind);
+    let (conn, st) = client_offering(c, &now_leader, 7, Features::ATOMIC_COMMIT | Features::ERROR_CODES);
+    for (rid, key) in last.keys().enumerate() {
+        c.send(&now_leader, conn, st, state_get("ledger", key, rid as u64));
+    }
+    let got = state_values(&messages(&c.take(&now_leader, conn, st)));
+    let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
+    assert_eq!(got, want, "served by {now_leader}, the old leader gone");
 }
 
 /// A `commit` to shard 0 of `stream` (entity `account-1`, event `e`) putting `value` at `key`.

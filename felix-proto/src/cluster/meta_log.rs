@@ -359,14 +359,7 @@ impl SnapshotRecord {
         } else {
             head.push(0x0a);
             put_varint(&mut head, snapshot.data.len() as u64);
-            let mut tail = Vec::new();
-            if snapshot.has_metadata() {
-                tail.push(0x12);
-                let meta = snapshot.get_metadata().write_to_bytes().unwrap_or_default();
-                put_varint(&mut tail, meta.len() as u64);
-                tail.extend_from_slice(&meta);
-            }
-            (snapshot.data.clone(), tail)
+            (snapshot.data.clone(), metadata_field(snapshot))
         };
         let n = (head.len() - part - 8 + data.len() + tail.len()) as u32;
         head[part + 4..part + 8].copy_from_slice(&n.to_be_bytes());
@@ -435,7 +428,6 @@ pub fn write_snapshot_record(
     rest: &Pieces<'_>,
     sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<u64> {
-    use protobuf::Message as _;
     if rest_len == 0 {
         let record = SnapshotRecord::new(snapshot);
         for piece in record.pieces() {
@@ -450,13 +442,7 @@ pub fn write_snapshot_record(
     head.extend_from_slice(&[0; 4]);
     head.push(0x0a);
     put_varint(&mut head, total);
-    let mut tail = Vec::new();
-    if snapshot.has_metadata() {
-        tail.push(0x12);
-        let meta = snapshot.get_metadata().write_to_bytes().unwrap_or_default();
-        put_varint(&mut tail, meta.len() as u64);
-        tail.extend_from_slice(&meta);
-    }
+    let mut tail = metadata_field(snapshot);
     let n = (head.len() - 13) as u64 + total + tail.len() as u64;
     let n32 = u32::try_from(n)
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a snapshot record past 4 GiB"))?;
@@ -489,6 +475,20 @@ pub fn write_snapshot_record(
     tail.extend_from_slice(&crc.to_be_bytes());
     sink(&tail)?;
     Ok(len)
+}
+
+/// A snapshot's metadata as the protobuf field after its data (field 2), as the generated code
+/// writes it; nothing when it has none.
+fn metadata_field(snapshot: &Snapshot) -> Vec<u8> {
+    use protobuf::Message as _;
+    let mut field = Vec::new();
+    if snapshot.has_metadata() {
+        field.push(0x12);
+        let meta = snapshot.get_metadata().write_to_bytes().unwrap_or_default();
+        put_varint(&mut field, meta.len() as u64);
+        field.extend_from_slice(&meta);
+    }
+    field
 }
 
 /// A protobuf varint.
