@@ -3446,20 +3446,8 @@ fn a_replicated_streams_commit_state_is_part_of_its_snapshots_once_every_member_
 /// with its version.
 #[test]
 fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it() {
-    use felix_proto::features::Features;
     let (mut c, leader, behind) = ledger_with_a_follower_down();
-    let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
-    let (conn, st) = client_offering(&mut c, &leader, 1, f);
-    let mut last = std::collections::BTreeMap::new();
-    for i in 0..300u64 {
-        let key = format!("k{}", i % 10);
-        let value = Bytes::from(vec![i as u8; 4096]);
-        let m = commit_put("ledger", key.clone(), value.clone(), i);
-        c.send(&leader, conn, st, m);
-        let got = messages(&c.take(&leader, conn, st));
-        let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
-        last.insert(key, (value, ok.offset));
-    }
+    let last = commit_40_kib_of_state(&mut c, &leader);
     for _ in 0..3 {
         c.tick();
     }
@@ -3482,22 +3470,11 @@ fn checkpoints_waiting_for_retention_share_the_commit_state_rather_than_copy_it(
 #[test]
 fn a_leader_sends_a_snapshot_from_disk_a_chunk_at_a_time_paced_by_the_transport() {
     use felix_proto::cluster::snapshot_send::SEND_WINDOW;
-    use felix_proto::features::Features;
     let (mut c, leader, behind) = ledger_with_a_follower_down();
     for node in c.nodes.values_mut() {
         node.set_snapshot_chunk_bytes(4096);
     }
-    let f = Features::ATOMIC_COMMIT | Features::ERROR_CODES;
-    let (conn, st) = client_offering(&mut c, &leader, 1, f);
-    let mut last = std::collections::BTreeMap::new();
-    for i in 0..300u64 {
-        let key = format!("k{}", i % 10);
-        let value = Bytes::from(vec![i as u8; 4096]);
-        c.send(&leader, conn, st, commit_put("ledger", key.clone(), value.clone(), i));
-        let got = messages(&c.take(&leader, conn, st));
-        let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
-        last.insert(key, (value, ok.offset));
-    }
+    let last = commit_40_kib_of_state(&mut c, &leader);
     for _ in 0..3 {
         c.tick();
     }
@@ -3590,6 +3567,23 @@ fn measure_checkpoint_memory_of_a_large_commit_state() {
         println!("{name}: checkpoints held encoded {} bytes", node.replica_checkpoint_memory());
     }
     println!("peak over the run, both brokers: {peak} bytes; {hwm}");
+}
+
+/// Commits 300 times through `leader`, 4 KiB values over keys k0..k9 (a 40 KiB state), and
+/// returns each key's last value and the offset of its commit.
+fn commit_40_kib_of_state(c: &mut Cluster, leader: &str) -> std::collections::BTreeMap<String, (Bytes, u64)> {
+    use felix_proto::features::Features;
+    let (conn, st) = client_offering(c, leader, 1, Features::ATOMIC_COMMIT | Features::ERROR_CODES);
+    let mut last = std::collections::BTreeMap::new();
+    for i in 0..300u64 {
+        let key = format!("k{}", i % 10);
+        let value = Bytes::from(vec![i as u8; 4096]);
+        c.send(leader, conn, st, commit_put("ledger", key.clone(), value.clone(), i));
+        let got = messages(&c.take(leader, conn, st));
+        let [Message::CommitOk(ok)] = &got[..] else { panic!("{got:?}") };
+        last.insert(key, (value, ok.offset));
+    }
+    last
 }
 
 /// Fails over to the brokers that took the ledger's snapshot (`fail_over_to_snapshots`) and
