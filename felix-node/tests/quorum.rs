@@ -1501,6 +1501,16 @@ fn a_follower_behind_a_compacted_cache_is_sent_the_snapshot_from_the_leaders_fil
     });
 }
 
+/// A field of `/proc/PID/status` given in kB (`VmRSS:`, `VmHWM:`), in MB; 0 when unread.
+fn proc_status_mb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .map_or(0, |kb: u64| kb / 1024)
+}
+
 /// The measurement behind docs/benchmarks.md's "A large commit state, compacted and sent":
 /// three brokers (`FELIX_TEST_BIN` picks the build), a replicated stream retaining 2,000
 /// records, `FELIX_STATE_KEYS` keys (default 10,000) of 4 KiB committed twice over by 8
@@ -1573,14 +1583,7 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
     };
     wait_for("the leader compacted the ledger's log", 60, || first_index(&nodes[lead]).is_some_and(|i| i > 2));
     let pid = nodes[lead].proc.as_ref().unwrap().0.id();
-    let rss = |what: &str| -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with(what))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .map_or(0, |kb: u64| kb / 1024)
-    };
+    let rss = |what: &str| proc_status_mb(pid, what);
     let (peak_before, before) = (rss("VmHWM:"), rss("VmRSS:"));
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0);
     let log_reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0);
@@ -1612,13 +1615,15 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
         );
     }
     let caught = t1.elapsed();
+    // The follower started afresh: its peak is what taking the snapshot cost it.
+    let follower_peak = proc_status_mb(nodes[f].proc.as_ref().unwrap().0.id(), "VmHWM:");
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
     let log_reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0) - log_reads;
     println!("log reads while sending: {log_reads}");
     println!(
         "{keys} keys of 4 KiB, {} commits in {committed:.1?}; leader peak RSS before the send {peak_before} MB, \
          RSS {before} MB before and at most {most} MB while sending (+{} MB), {reads} snapshot reads; \
-         the follower caught up in {caught:.2?}",
+         the follower caught up in {caught:.2?}, its peak RSS {follower_peak} MB",
         2 * keys,
         most - before
     );

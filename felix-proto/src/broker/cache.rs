@@ -15,6 +15,55 @@ const LOG_MAX_CHANGES: usize = 100_000;
 /// Payload bytes of changes kept for replay.
 const LOG_MAX_BYTES: usize = 64 << 20;
 
+/// The average value size from which a checkpoint keeps a replicated cache's values aside
+/// rather than encoding them ([`Cache::freeze`]): about what an entry kept aside costs (its
+/// key copied, a value handle, its version and expiry, the list's slot).
+pub const FREEZE_MIN_VALUE: usize = 96;
+
+/// A replicated cache's state as of one checkpoint ([`Cache::freeze`]), in key order, its
+/// values shared with the live cache. A value the cache overwrites or drops later stays here,
+/// so it encodes the state as it was, byte for byte what [`Cache::encode_state_into`] wrote
+/// then.
+#[derive(Debug, Clone)]
+pub struct FrozenCache {
+    next_version: u64,
+    /// Key, value, version, wall-clock expiry (0: none).
+    entries: Vec<(Box<str>, Bytes, u64, u64)>,
+    encoded_len: usize,
+}
+
+impl FrozenCache {
+    /// Appends [`Cache::encode_state_into`]'s bytes as of the freeze.
+    pub fn encode_into(&self, b: &mut Vec<u8>) {
+        b.reserve(self.encoded_len);
+        self.encode_pieces(&mut |piece| b.extend_from_slice(piece));
+    }
+
+    /// [`encode_into`](Self::encode_into)'s bytes handed to `each` in pieces, each value from
+    /// where it is.
+    pub fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        let mut head = [1u8; 13];
+        head[1..9].copy_from_slice(&self.next_version.to_be_bytes());
+        head[9..].copy_from_slice(&(self.entries.len() as u32).to_be_bytes());
+        each(&head);
+        for (key, value, version, expires_wall) in &self.entries {
+            each(&(key.len() as u16).to_be_bytes());
+            each(key.as_bytes());
+            let mut after = [0u8; 20];
+            after[..8].copy_from_slice(&version.to_be_bytes());
+            after[8..16].copy_from_slice(&expires_wall.to_be_bytes());
+            after[16..].copy_from_slice(&(value.len() as u32).to_be_bytes());
+            each(&after);
+            each(value);
+        }
+    }
+
+    /// The bytes [`encode_into`](Self::encode_into) appends, exactly.
+    pub fn encoded_len(&self) -> usize {
+        self.encoded_len
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     value: Bytes,
@@ -248,6 +297,24 @@ impl Cache {
             b.put_u32(e.value.len() as u32);
             b.extend_from_slice(&e.value);
         }
+    }
+
+    /// The state [`encode_state_into`](Self::encode_state_into) would write now, its values
+    /// shared with this cache rather than copied: a replicated cache's checkpoint, written
+    /// into its snapshot on disk piece by piece ([`FrozenCache::encode_pieces`]) without its
+    /// values ever put together in one buffer. `None` when values average under
+    /// [`FREEZE_MIN_VALUE`] bytes: there an entry kept aside (its key copied, its value's
+    /// handle) costs more than the value it saves copying, and the caller encodes it whole.
+    pub fn freeze(&self) -> Option<FrozenCache> {
+        let values: usize = self.entries.values().map(|e| e.value.len()).sum();
+        if values < FREEZE_MIN_VALUE * self.entries.len() || self.entries.is_empty() {
+            return None;
+        }
+        let mut entries: Vec<(Box<str>, Bytes, u64, u64)> =
+            self.entries.iter().map(|(k, e)| (k.as_str().into(), e.value.clone(), e.version, e.expires_wall)).collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let encoded_len = 13 + entries.iter().map(|(k, v, ..)| 22 + k.len() + v.len()).sum::<usize>();
+        Some(FrozenCache { next_version: self.next_version, entries, encoded_len })
     }
 
     /// Takes the state [`encode_state`](Self::encode_state) wrote (a snapshot installed or a
@@ -552,5 +619,44 @@ mod tests {
         let v = value_of(&folded, "k");
         assert_eq!((&v[..], folded.version_of("k")), (&[9u8; 8][..], Some(4)));
         assert!(!inside(&v), "restored from its log: copied out of the segment's buffer");
+    }
+
+    /// A frozen cache encodes, whole or in pieces, byte for byte what the cache encoded when
+    /// frozen, whatever the cache does after; its values are handed over from where the cache
+    /// keeps them; and a cache of small values is not frozen (encoded whole by the caller).
+    #[test]
+    fn a_frozen_cache_encodes_the_state_as_it_was_its_values_from_where_they_are() {
+        let t0 = crate::transport::test_epoch();
+        let mut c = Cache::default();
+        for i in 0..5u64 {
+            let ttl = (i % 2 == 0).then(|| (t0 + std::time::Duration::from_secs(60), 1_000_000 + i));
+            c.put_at(10 + i, format!("k{}", 4 - i), Bytes::from(vec![i as u8; 200 + i as usize]), ttl);
+        }
+        let mut whole = Vec::new();
+        c.encode_state_into(&mut whole);
+        let frozen = c.freeze().expect("values of 200 bytes are kept aside");
+        assert_eq!(frozen.encoded_len(), whole.len());
+        let mut into = Vec::new();
+        frozen.encode_into(&mut into);
+        assert_eq!(into, whole, "encoded whole");
+        let (mut pieces, mut shared) = (Vec::new(), 0);
+        let values: Vec<Bytes> = (0..5).map(|i| c.peek(&format!("k{i}"), t0).expect("kept").0).collect();
+        frozen.encode_pieces(&mut |p| {
+            shared += usize::from(values.iter().any(|v| v.as_ptr() == p.as_ptr() && v.len() == p.len()));
+            pieces.extend_from_slice(p);
+        });
+        assert_eq!(pieces, whole, "in pieces");
+        assert_eq!(shared, 5, "every value handed over from where the cache keeps it");
+        // The cache changes; the frozen state does not.
+        c.put_at(20, "k0".into(), Bytes::from_static(b"new"), None);
+        c.put_at(21, "k9".into(), Bytes::from(vec![7; 300]), None);
+        let mut again = Vec::new();
+        frozen.encode_into(&mut again);
+        assert_eq!(again, whole, "as of the freeze");
+        // Small values: not frozen.
+        let mut small = Cache::default();
+        small.put_at(1, "k".into(), Bytes::from_static(b"v"), None);
+        assert!(small.freeze().is_none());
+        assert!(Cache::default().freeze().is_none());
     }
 }

@@ -295,7 +295,7 @@ impl Broker {
     /// the snapshot holds, and its timestamps go on from the snapshot's. Bytes that do not
     /// read whole change nothing (an empty state is a snapshot from before groups were
     /// replicated: the log's side entries carry them).
-    pub(super) fn restore_replicated_stream(&mut self, k: &Key, shard: u32, state: &[u8]) {
+    pub(super) fn restore_replicated_stream(&mut self, k: &Key, shard: u32, state: &Bytes) {
         let Some((ts, ops, commits)) = decode_stream_state(state) else { return };
         if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.log.raise_timestamp(ts);
@@ -947,29 +947,25 @@ impl Broker {
 /// Reads [`Broker::replicated_stream_state_head`]'s bytes: the last timestamp, the checkpoint
 /// records it holds and the commit state (the optional section after them: `u8 1`, `u32`
 /// length + [`crate::storage::encode_state_checkpoint`]), or `None` for bytes that are not a
-/// whole state (an empty one included). Never panics.
-/// Whether a replicated stream's checkpoint state (as [`decode_stream_state`] reads it) holds
-/// a commit-state section (D63), found by its lengths alone: nothing is decoded or copied.
-pub(crate) fn stream_state_holds_commits(state: &[u8]) -> bool {
-    let walk = || -> Option<bool> {
-        let (&version, rest) = state.split_first()?;
-        if version != STREAM_STATE_VERSION {
-            return None;
-        }
-        let (_ts, rest) = rest.split_at_checked(8)?;
-        let (count, mut rest) = rest.split_at_checked(4)?;
-        for _ in 0..u32::from_be_bytes(count.try_into().ok()?) {
-            let (len, after) = rest.split_at_checked(4)?;
-            rest = after.get(u32::from_be_bytes(len.try_into().ok()?) as usize..)?;
-        }
-        Some(rest.first() == Some(&STREAM_STATE_COMMITS))
+/// whole state (an empty one included). The commit state's values are slices of `state`
+/// (its host copies them out once, as it keeps them: a copy here as well held a snapshot's
+/// state three times at once while it was installed). Never panics.
+pub(crate) fn decode_stream_state(
+    state: &Bytes,
+) -> Option<(u64, Vec<GroupOp>, Option<crate::storage::StateCheckpoint>)> {
+    let (head, section) = stream_state_parts(state)?;
+    let section = section.map(|s| state.slice_ref(s));
+    let commits = match section {
+        Some(s) => Some(crate::storage::decode_state_checkpoint(&s).ok()?),
+        None => None,
     };
-    walk().unwrap_or(false)
+    Some((head.0, head.1, commits))
 }
 
-pub(crate) fn decode_stream_state(
-    state: &[u8],
-) -> Option<(u64, Vec<GroupOp>, Option<crate::storage::StateCheckpoint>)> {
+/// [`decode_stream_state`]'s timestamp and checkpoint records, and where its commit-state
+/// section lies in `state` (within it).
+#[allow(clippy::type_complexity)]
+fn stream_state_parts(state: &[u8]) -> Option<((u64, Vec<GroupOp>), Option<&[u8]>)> {
     let (&version, mut rest) = state.split_first()?;
     if version != STREAM_STATE_VERSION {
         return None;
@@ -991,14 +987,33 @@ pub(crate) fn decode_stream_state(
         }
     }
     match take(1) {
-        None => return Some((ts, ops, None)),
+        None => return Some(((ts, ops), None)),
         Some(&[STREAM_STATE_COMMITS]) => {}
         Some(_) => return None,
     }
     let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
-    let commits = crate::storage::decode_state_checkpoint(&Bytes::copy_from_slice(take(len)?)).ok()?;
+    let section = take(len)?;
     // Nothing after it.
-    take(1).is_none().then_some((ts, ops, Some(commits)))
+    take(1).is_none().then_some(((ts, ops), Some(section)))
+}
+
+/// Whether a replicated stream's checkpoint state (as [`decode_stream_state`] reads it) holds
+/// a commit-state section (D63), found by its lengths alone: nothing is decoded or copied.
+pub(crate) fn stream_state_holds_commits(state: &[u8]) -> bool {
+    let walk = || -> Option<bool> {
+        let (&version, rest) = state.split_first()?;
+        if version != STREAM_STATE_VERSION {
+            return None;
+        }
+        let (_ts, rest) = rest.split_at_checked(8)?;
+        let (count, mut rest) = rest.split_at_checked(4)?;
+        for _ in 0..u32::from_be_bytes(count.try_into().ok()?) {
+            let (len, after) = rest.split_at_checked(4)?;
+            rest = after.get(u32::from_be_bytes(len.try_into().ok()?) as usize..)?;
+        }
+        Some(rest.first() == Some(&STREAM_STATE_COMMITS))
+    };
+    walk().unwrap_or(false)
 }
 
 fn group_record(

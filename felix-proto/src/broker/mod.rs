@@ -95,6 +95,7 @@ pub use output::{
     AdmitError, BrokerOutput, BrokerStats, ClusterOutput, PeerAddr, PersistRequest, ReadRequest, StorageOutput,
     TransportOutput, WriteOutcome,
 };
+pub(crate) use replicated::HostSection;
 pub use replicated::ReplicaRole;
 pub use requests::{MAX_NAME_BYTES, name_problem};
 

@@ -30,6 +30,36 @@ use crate::transport::{ConnId, StreamId, WriteToken};
 use bytes::{BufMut, Bytes};
 use std::time::Instant;
 
+/// A replicated cache's checkpoint kept unencoded ([`Broker::quorum_cache_state`]): the cache
+/// frozen, its values shared with the live cache, and its counters' bytes (small: a name and
+/// a sum each).
+#[derive(Debug, Clone)]
+pub(crate) struct CacheSection {
+    cache: super::cache::FrozenCache,
+    counters: Vec<u8>,
+}
+
+impl CacheSection {
+    /// Appends the state's bytes, as [`Broker::quorum_cache_state`] appends them when it
+    /// encodes the state whole.
+    pub(crate) fn encode_into(&self, b: &mut Vec<u8>) {
+        self.cache.encode_into(b);
+        b.extend_from_slice(&self.counters);
+    }
+
+    /// [`encode_into`](Self::encode_into)'s bytes handed to `each` in pieces, each value from
+    /// where it is.
+    pub(crate) fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        self.cache.encode_pieces(each);
+        each(&self.counters);
+    }
+
+    /// The bytes [`encode_into`](Self::encode_into) appends, exactly.
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.cache.encoded_len() + self.counters.len()
+    }
+}
+
 /// Key and value bytes a replicated cache may hold: its whole state travels in one snapshot
 /// message to a follower that fell behind, under the peer frame limit.
 pub const MAX_QUORUM_CACHE_BYTES: usize = 32 << 20;
@@ -448,20 +478,35 @@ impl Broker {
         Some(())
     }
 
-    /// A replicated cache's state for its group's checkpoint: its values and its counters.
-    pub(super) fn quorum_cache_state(&self, shard: &ShardId, b: &mut Vec<u8>) {
+    /// A replicated cache's state for its group's checkpoint: its values and its counters,
+    /// appended to `b`; or, when its values are worth keeping aside
+    /// ([`super::cache::Cache::freeze`]), nothing appended and the whole state returned
+    /// unencoded, its values shared with the live cache: the checkpoint then holds no copy
+    /// of them, and a compaction writes them into the snapshot on disk from where they are.
+    pub(super) fn quorum_cache_state(&self, shard: &ShardId, b: &mut Vec<u8>) -> Option<CacheSection> {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        match self.caches.get(&k) {
-            Some(c) => c.encode_state_into(b),
-            None => Cache::default().encode_state_into(b),
+        let frozen = self.caches.get(&k).and_then(|c| c.freeze());
+        if frozen.is_none() {
+            match self.caches.get(&k) {
+                Some(c) => c.encode_state_into(b),
+                None => Cache::default().encode_state_into(b),
+            }
         }
+        let mut counters = Vec::new();
         let mut sums: Vec<(&String, &i64)> = self.counters.get(&k).map(|c| c.sums.iter().collect()).unwrap_or_default();
         sums.sort_unstable();
-        b.put_u32(sums.len() as u32);
+        counters.put_u32(sums.len() as u32);
         for (key, sum) in sums {
-            b.put_u16(key.len() as u16);
-            b.extend_from_slice(key.as_bytes());
-            b.put_u64(*sum as u64);
+            counters.put_u16(key.len() as u16);
+            counters.extend_from_slice(key.as_bytes());
+            counters.put_u64(*sum as u64);
+        }
+        match frozen {
+            Some(cache) => Some(CacheSection { cache, counters }),
+            None => {
+                b.extend_from_slice(&counters);
+                None
+            }
         }
     }
 
@@ -580,7 +625,7 @@ impl Broker {
 #[cfg(any(test, fuzzing, feature = "testkit"))]
 pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
     // The same bytes as a stream replica's groups state: read whole or not at all.
-    if let Some((_, ops, _)) = super::consume::decode_stream_state(data) {
+    if let Some((_, ops, _)) = super::consume::decode_stream_state(&Bytes::copy_from_slice(data)) {
         assert!(ops.iter().all(|op| matches!(op, super::group::GroupOp::Snapshot { .. })));
     }
     if let Ok(batch) = ReplicatedBatch::decode(data) {

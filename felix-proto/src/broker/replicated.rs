@@ -24,6 +24,48 @@ use bytes::Bytes;
 use raft::eraftpb::Entry;
 use std::time::Instant;
 
+/// The end of a replicated shard's checkpoint, kept unencoded until the checkpoint becomes a
+/// snapshot ([`Broker::checkpoint_replicated_state`]).
+#[derive(Debug, Clone)]
+pub(crate) enum HostSection {
+    /// A stream's commit state (D63).
+    Commits(CommitSection),
+    /// A cache's values and counters: the whole of its state.
+    Cache(super::quorum_cache::CacheSection),
+}
+
+impl HostSection {
+    /// Appends its bytes.
+    pub(crate) fn encode_into(&self, b: &mut Vec<u8>) {
+        match self {
+            HostSection::Commits(c) => c.encode_into(b),
+            HostSection::Cache(c) => c.encode_into(b),
+        }
+    }
+
+    /// [`encode_into`](Self::encode_into)'s bytes handed to `each` in pieces.
+    pub(crate) fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        match self {
+            HostSection::Commits(c) => c.encode_pieces(each),
+            HostSection::Cache(c) => c.encode_pieces(each),
+        }
+    }
+
+    /// The bytes [`encode_into`](Self::encode_into) appends, exactly.
+    pub(crate) fn encoded_len(&self) -> usize {
+        match self {
+            HostSection::Commits(c) => c.encoded_len(),
+            HostSection::Cache(c) => c.encoded_len(),
+        }
+    }
+
+    /// Whether it is a stream's commit state, which a broker from before commit state must
+    /// not be sent (D63); a cache's state every broker reads.
+    pub(crate) fn holds_commits(&self) -> bool {
+        matches!(self, HostSection::Commits(_))
+    }
+}
+
 /// The role of this broker's replica of a replicated shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaRole {
@@ -120,14 +162,15 @@ impl Broker {
     /// ([`crate::cluster::replica::Replica::checkpoint_due`]), so the host's state is written
     /// once, in place, not built apart and copied in. A stream's commit state, the end, is
     /// returned unencoded instead ([`CommitSection`]: shared with the live state, not copied),
-    /// to be encoded only if the checkpoint becomes a snapshot
+    /// and so is a cache's whole state when its values are worth keeping aside
+    /// ([`CacheSection`]), each to be encoded only if the checkpoint becomes a snapshot
     /// ([`crate::cluster::replica::HostPart`]).
-    pub(crate) fn checkpoint_replicated_state(&self, shard: &ShardId, out: &mut Vec<u8>) -> Option<CommitSection> {
+    pub(crate) fn checkpoint_replicated_state(&self, shard: &ShardId, out: &mut Vec<u8>) -> Option<HostSection> {
         if shard.kind == Kind::Cache {
-            self.quorum_cache_state(shard, out);
-            None
+            self.quorum_cache_state(shard, out).map(HostSection::Cache)
         } else {
             self.replicated_stream_state_head(&key(&shard.tenant, &shard.namespace, &shard.name), shard.shard, out)
+                .map(HostSection::Commits)
         }
     }
 

@@ -133,7 +133,28 @@ struct Assembly {
     total: u64,
     /// The `MsgSnapshot`, its data left out.
     header: Message,
-    data: bytes::BytesMut,
+    /// The chunks' data as they came, put together once, when the last arrives, into a
+    /// buffer of the snapshot's size. Gathered into one growing buffer, the data was copied
+    /// at each doubling (the old buffer and the new one held at once: up to three times a
+    /// 32 MiB part) and its spare room kept with it until the snapshot was installed.
+    chunks: Vec<Bytes>,
+    /// Bytes of data in `chunks`.
+    received: u64,
+}
+
+impl Assembly {
+    /// The snapshot's data whole: the one chunk as it came, or every chunk copied once into
+    /// a buffer of exactly their size.
+    fn data(chunks: Vec<Bytes>, received: u64) -> Bytes {
+        if chunks.len() == 1 {
+            return chunks.into_iter().next().unwrap_or_default();
+        }
+        let mut data = Vec::with_capacity(received as usize);
+        for c in chunks {
+            data.extend_from_slice(&c);
+        }
+        Bytes::from(data)
+    }
 }
 
 /// A message for a move's target held back by the move budget.

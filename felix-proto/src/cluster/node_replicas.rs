@@ -802,27 +802,29 @@ impl ClusterNode {
                     && m.get_snapshot().get_metadata().term == c.term
             })?;
             header.mut_snapshot().set_data(Bytes::new());
-            // Room as the data arrives, not as the first chunk claims.
-            let data = bytes::BytesMut::with_capacity(c.data.len());
-            self.assemblies
-                .insert(key.clone(), Assembly { index: c.index, term: c.term, total: c.total, header, data });
+            // Memory as the data arrives, not as the first chunk claims.
+            let a = Assembly { index: c.index, term: c.term, total: c.total, header, chunks: Vec::new(), received: 0 };
+            self.assemblies.insert(key.clone(), a);
         }
         let a = self.assemblies.get_mut(&key)?;
         let fits = a.index == c.index
             && a.term == c.term
             && a.total == c.total
-            && c.offset == a.data.len() as u64
-            && a.data.len() as u64 + c.data.len() as u64 <= a.total;
+            && c.offset == a.received
+            && a.received + c.data.len() as u64 <= a.total;
         if !fits {
             self.assemblies.remove(&key);
             return None;
         }
-        a.data.extend_from_slice(&c.data);
-        if (a.data.len() as u64) < a.total {
+        a.received += c.data.len() as u64;
+        if !c.data.is_empty() {
+            a.chunks.push(c.data);
+        }
+        if a.received < a.total {
             return None;
         }
-        let Assembly { mut header, data, .. } = self.assemblies.remove(&key)?;
-        header.mut_snapshot().set_data(data.freeze());
+        let Assembly { mut header, chunks, received, .. } = self.assemblies.remove(&key)?;
+        header.mut_snapshot().set_data(Assembly::data(chunks, received));
         Some((c.shard, header))
     }
 
@@ -895,19 +897,23 @@ fn split_shard_sends(list: Vec<(ShardId, RaftBytes)>, max: usize) -> Vec<Vec<(Sh
     parts
 }
 
-/// A stream's commit state in a checkpoint stays shared with the live state until the
-/// checkpoint becomes a snapshot.
-impl HostPart for crate::broker::CommitSection {
+/// A stream's commit state, or a cache's values, in a checkpoint stay shared with the live
+/// state until the checkpoint becomes a snapshot.
+impl HostPart for crate::broker::HostSection {
     fn encode_into(&self, out: &mut Vec<u8>) {
-        crate::broker::CommitSection::encode_into(self, out)
+        crate::broker::HostSection::encode_into(self, out)
     }
 
     fn encoded_len(&self) -> usize {
-        crate::broker::CommitSection::encoded_len(self)
+        crate::broker::HostSection::encoded_len(self)
     }
 
     fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
-        crate::broker::CommitSection::encode_pieces(self, each)
+        crate::broker::HostSection::encode_pieces(self, each)
+    }
+
+    fn holds_commits(&self) -> bool {
+        crate::broker::HostSection::holds_commits(self)
     }
 }
 

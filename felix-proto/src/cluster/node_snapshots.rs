@@ -15,7 +15,7 @@ use crate::cluster::snapshot_send::{Ship, SnapshotSend};
 /// any bytes is one: the only part a host keeps apart is a stream's commit section.
 pub(super) fn snapshot_holds_commits(snapshot: &Snapshot, rest: Option<&SnapshotRest>) -> (u64, bool) {
     let holds = Replica::host_state_of(snapshot.get_data()).is_some_and(Broker::stream_state_holds_commits)
-        || rest.is_some_and(|r| !r.is_empty());
+        || rest.is_some_and(SnapshotRest::holds_commits);
     (snapshot.get_metadata().index, holds)
 }
 

@@ -137,7 +137,8 @@ impl Checkpoint {
 /// Why: a stream's checkpoint waits for retention to pass its records before the log can be
 /// compacted to it, which takes as long as the retention window. Encoded when taken, it held
 /// the whole state a second time all that while; a view that shares the live state's values
-/// holds only what changed since.
+/// holds only what changed since. A cache's checkpoint is compacted to at once, but encoded
+/// it was the whole cache a second time at each compaction.
 ///
 /// With the snapshot on disk by reference ([`Replica::set_snapshot_by_reference`]) it is not
 /// encoded into the snapshot's data at all: it goes out beside it ([`SnapshotRest`]) and is
@@ -158,11 +159,16 @@ pub trait HostPart: std::fmt::Debug + Send + Sync {
         self.encode_into(&mut b);
         each(&b);
     }
+    /// Whether it is state a peer from before commit state must not be sent (a stream's
+    /// commit state, D63); by default, as every part was one before caches had parts.
+    fn holds_commits(&self) -> bool {
+        true
+    }
 }
 
-/// The end of a snapshot's data, still unencoded (a host's part: a stream's commit state),
-/// beside a [`ReplicaOutput::PersistSnapshot`]: the snapshot's data is its `data` followed by
-/// these bytes. Whoever persists it writes them piece by piece
+/// The end of a snapshot's data, still unencoded (a host's part: a stream's commit state, a
+/// cache's values), beside a [`ReplicaOutput::PersistSnapshot`]: the snapshot's data is its
+/// `data` followed by these bytes. Whoever persists it writes them piece by piece
 /// ([`crate::cluster::meta::write_snapshot_record`]); a keeper of snapshots in memory puts
 /// them together ([`SnapshotRest::append_to`]).
 #[derive(Clone)]
@@ -182,6 +188,11 @@ impl SnapshotRest {
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether it holds a stream's commit state ([`HostPart::holds_commits`]).
+    pub fn holds_commits(&self) -> bool {
+        !self.is_empty() && self.0.holds_commits()
     }
 
     /// Hands its bytes to `each`, in order, in pieces.

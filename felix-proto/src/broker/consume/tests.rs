@@ -1,6 +1,11 @@
 use super::*;
 use crate::broker::group::Durable;
 
+/// [`decode_stream_state`] of bytes anywhere.
+fn decode_stream_state(state: &[u8]) -> Option<(u64, Vec<GroupOp>, Option<crate::storage::StateCheckpoint>)> {
+    super::decode_stream_state(&Bytes::copy_from_slice(state))
+}
+
 #[test]
 fn a_stream_state_round_trips_and_garbage_changes_nothing() {
     let snap = |name: &str, cursor| GroupOp::Snapshot {
@@ -61,4 +66,31 @@ fn a_stream_state_round_trips_and_garbage_changes_nothing() {
     assert_eq!(decode_stream_state(&a), None);
     let none = [STREAM_STATE_VERSION, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0];
     assert_eq!(decode_stream_state(&none), Some((9, Vec::new(), None)));
+}
+
+/// A replicated stream's restored state hands its commit values over where the snapshot's
+/// data holds them: the host copies them out once as it keeps them
+/// ([`ShardState::restore_checkpoint`](crate::broker::state::ShardState)). A copy of the
+/// whole section here as well held the state a third time while a snapshot was installed
+/// (found with heaptrack: 41 MB for a 40 MiB state).
+#[test]
+fn a_stream_states_commit_values_are_read_where_the_snapshot_holds_them() {
+    let values: Vec<(String, Bytes, u64)> =
+        (0..4u64).map(|i| (format!("k{i}"), Bytes::from(vec![i as u8; 1000]), 10 + i)).collect();
+    let commits = crate::storage::StateCheckpoint { as_of: 20, values };
+    let section = crate::storage::encode_state_checkpoint(&commits).unwrap();
+    let mut state = vec![STREAM_STATE_VERSION];
+    state.extend_from_slice(&5u64.to_be_bytes());
+    state.extend_from_slice(&0u32.to_be_bytes());
+    state.push(STREAM_STATE_COMMITS);
+    state.extend_from_slice(&(section.len() as u32).to_be_bytes());
+    state.extend_from_slice(&section);
+    let state = Bytes::from(state);
+    let (ts, ops, read) = super::decode_stream_state(&state).expect("a whole state");
+    assert_eq!((ts, ops.len()), (5, 0));
+    let read = read.expect("its commit state");
+    assert_eq!(read, commits);
+    for (k, v, _) in &read.values {
+        assert!(crate::broker::tests::within(v, &state), "{k}: copied out of the snapshot's data");
+    }
 }
