@@ -233,9 +233,22 @@ PY
     local t0
     t0=$(date +%s.%N)
     start_one "$f"
-    python3 - "${metrics[$f]}" "${metrics[$l]}" "$t0" "$tmp/${names[$f]}.out" "$lines" "${pids[$f]}" <<'PY'
+    python3 - "${metrics[$f]}" "${metrics[$l]}" "$t0" "$tmp/${names[$f]}.out" "$lines" "${pids[$f]}" "${pids[$l]}" <<'PY'
 import json, sys, time, urllib.request
-mine, leader, t0, out, skip, pid = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+mine, leader, t0, out, skip, pid, lpid = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7]
+def rss_mb(p):
+    try:
+        return next(int(l.split()[1]) for l in open(f"/proc/{p}/status") if l.startswith("VmRSS")) / 1024
+    except Exception:
+        return 0
+def queued(addr):
+    try:
+        body = urllib.request.urlopen(f"http://{addr}/metrics", timeout=2).read().decode()
+    except Exception:
+        return 0
+    return next((int(l.split()[1]) for l in body.splitlines() if l.split()[:1] == ["felix_peer_queued_bytes"]), 0)
+leader_before = rss_mb(lpid)
+leader_most, queued_most = leader_before, 0
 def next_offset(addr):
     try:
         body = json.load(urllib.request.urlopen(f"http://{addr}/cluster", timeout=2))
@@ -248,6 +261,7 @@ while time.time() < deadline:
     if listening is None and any("listening" in l for l in open(out).readlines()[skip:]):
         listening = time.time() - t0
     a, b = next_offset(mine), next_offset(leader)
+    leader_most, queued_most = max(leader_most, rss_mb(lpid)), max(queued_most, queued(leader))
     if a is not None and a == b:
         caught = time.time() - t0
         time.sleep(2)
@@ -261,6 +275,7 @@ while time.time() < deadline:
             return {l.split()[0]: l.split()[1] for l in body.splitlines() if l.startswith("felix_replica_snapshot")}
         m = metrics(leader)
         print(f"  leader: {m.get('felix_replica_snapshot_reads_total', '?')} snapshot reads, {m.get('felix_replica_snapshot_bytes', '?')} bytes of snapshot data in memory")
+        print(f"  leader while the follower caught up: RSS {leader_before:.0f} MB before, at most {leader_most:.0f} MB (+{leader_most - leader_before:.0f} MB); at most {queued_most / 1048576:.1f} MiB queued for peers")
         sys.exit(0)
     time.sleep(0.05)
 print("  restarted follower: not caught up within 300 s")

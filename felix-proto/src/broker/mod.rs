@@ -30,6 +30,8 @@
 /// Credentials and permissions live on a floor below the broker (jwt.rs reads them too).
 pub use crate::auth;
 mod cache;
+#[cfg(feature = "testkit")]
+pub(crate) use cache::FREEZE_MIN_VALUE;
 pub mod config;
 mod consume;
 mod group;

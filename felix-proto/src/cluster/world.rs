@@ -119,6 +119,9 @@ pub struct WorldReport {
     /// Replica logs compacted into a snapshot, or restored from one (sent by the leader to
     /// a replica behind its compaction, or read back at a restart).
     pub snapshots: u64,
+    /// ... of which persisted with a host's part beside them, unencoded until written (a
+    /// stream's commit state, a cache's values kept aside).
+    pub snapshots_with_rest: u64,
     /// Puts to the replicated cache acknowledged (a majority held each).
     pub qcache_acked: u64,
     /// Operator moves (and cancels, rebalances) proposed.
@@ -175,6 +178,7 @@ impl WorldReport {
         self.quorum_unknown += r.quorum_unknown;
         self.quorum_checked += r.quorum_checked;
         self.snapshots += r.snapshots;
+        self.snapshots_with_rest += r.snapshots_with_rest;
         self.qcache_acked += r.qcache_acked;
         self.moves_asked += r.moves_asked;
         self.moves_done += r.moves_done;
@@ -500,6 +504,7 @@ impl World {
             NodeOutput::PersistReplicaSnapshot { shard, mut snapshot, rest } => {
                 if let Some(rest) = rest {
                     rest.append_to(&mut snapshot);
+                    self.report.snapshots_with_rest += 1;
                 }
                 self.report.snapshots += 1;
                 self.kept_replicas
