@@ -1372,6 +1372,12 @@ impl BrokerTask {
                 self.transport.as_ref().map_or(0, |t| t.queued_bytes()),
             );
             m(
+                "felix_replica_catch_up_reads_held_total",
+                "counter",
+                "Reads of entries for followers behind that a leader held until the links to other brokers drained (felix_peer_queued_bytes under 8 MiB).",
+                n.catch_up_reads_held().0,
+            );
+            m(
                 "felix_replica_snapshot_bytes",
                 "gauge",
                 "Bytes of replicas' snapshot data held in memory (only what is being sent: snapshots stay in the log files).",
@@ -1797,6 +1803,12 @@ impl BrokerTask {
         // Metadata log persists waiting to be written: consecutive ones are appended and
         // synced together, before any other output is carried out.
         let mut meta_unwritten = false;
+        // How full the links to other brokers are: a leader holds its reads for followers
+        // behind while they are full (`CATCH_UP_QUEUE_LIMIT`). Read here, before every drain:
+        // the answers of a follower catching up wake this task as the links drain.
+        if let (Node::Cluster(n), Some(t)) = (&mut self.node, &self.transport) {
+            n.set_peer_queued(t.queued_bytes());
+        }
         while let Some(o) = self.node.poll_output() {
             if meta_unwritten && !matches!(o, NodeOutput::PersistRaft { .. }) {
                 meta_unwritten = false;

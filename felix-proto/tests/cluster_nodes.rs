@@ -1562,6 +1562,37 @@ fn a_replicated_shard_keeps_only_its_newest_records_in_memory_and_reads_older_on
     assert_eq!(subscribe_all(&mut c, &second, 3), expect);
 }
 
+/// A leader reads entries back for a follower behind only while the links to other brokers
+/// have room (issue 32): with the driver saying [`CATCH_UP_QUEUE_LIMIT`] bytes are queued for
+/// peers, the leader holds its reads and the follower stays behind (unbounded, a follower 3M
+/// records behind had 83 MiB of appends queued for it on the leader); once the driver says
+/// the links drained, the held reads go out in order and the follower catches up.
+#[test]
+fn a_leader_reads_entries_for_a_follower_behind_only_while_the_links_have_room() {
+    use felix_proto::cluster::node::CATCH_UP_QUEUE_LIMIT;
+    let (mut c, leader) = memory_bounded_ledger();
+    let away = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    c.cut.insert(away.clone());
+    let pad = "x".repeat(96);
+    publish_acked(&mut c, &leader, 1, &pad, 300);
+    c.settle();
+    c.nodes.get_mut(&leader).unwrap().set_peer_queued(CATCH_UP_QUEUE_LIMIT);
+    let reads = c.replica_reads;
+    c.cut.clear();
+    for _ in 0..20 {
+        c.tick();
+    }
+    let tail = |c: &Cluster, n: &str| c.nodes[n].replica_status().iter().find(|r| r.0 == ledger()).map(|r| r.3);
+    assert!(tail(&c, &away) < tail(&c, &leader), "the follower stays behind while the links are full");
+    assert_eq!(c.replica_reads, reads, "no entries read back while the links are full");
+    let (ever, now) = c.nodes[&leader].catch_up_reads_held();
+    assert!(ever >= 1 && now >= 1, "the leader holds its reads: {ever} ever, {now} now");
+    c.nodes.get_mut(&leader).unwrap().set_peer_queued(CATCH_UP_QUEUE_LIMIT - 1);
+    c.until("the follower that was away caught up", |c| tail(c, &away) == tail(c, &leader));
+    assert!(c.replica_reads > reads, "the entries it missed were read back once the links drained");
+    assert_eq!(c.nodes[&leader].catch_up_reads_held().1, 0);
+}
+
 /// Brokers restarted on long replica logs hold only the newest part of them in memory: the
 /// committed entries before it (left on disk, as `serve`'s fold does past its entry cache)
 /// are replayed from the kept logs in reads of about the entry cache's size before each

@@ -634,13 +634,15 @@ impl ClusterNode {
                     let token = self.next_replica_read;
                     self.next_replica_read += 1;
                     self.replica_reads.insert(token, ReplicaRead::Raft { shard: shard.clone(), low });
-                    self.out.push_back(NodeOutput::ReadReplicaLog {
-                        shard: shard.clone(),
-                        token,
-                        low,
-                        high,
-                        max_bytes,
-                    });
+                    let read = NodeOutput::ReadReplicaLog { shard: shard.clone(), token, low, high, max_bytes };
+                    // A leader's read for a follower behind waits while the links are full
+                    // (a restart's replay, on a replica not leading yet, never does).
+                    if h.replica.is_leader() && self.peer_queued >= CATCH_UP_QUEUE_LIMIT {
+                        self.held_catch_up_reads.push_back(read);
+                        self.catch_up_reads_held += 1;
+                    } else {
+                        self.out.push_back(read);
+                    }
                 }
                 // Never asked: a replica's snapshot is sent from disk by reference (above).
                 ReplicaOutput::ReadSnapshot { .. } => {}
@@ -826,6 +828,23 @@ impl ClusterNode {
         let Assembly { mut header, chunks, received, .. } = self.assemblies.remove(&key)?;
         header.mut_snapshot().set_data(Assembly::data(chunks, received));
         Some((c.shard, header))
+    }
+
+    /// The driver's count of bytes queued for other brokers and not yet written to their
+    /// streams, given before it takes this node's outputs (and at each tick). While it is at
+    /// [`CATCH_UP_QUEUE_LIMIT`] or more a leader holds its reads of entries for followers
+    /// behind; below, the held reads go out, in order.
+    pub fn set_peer_queued(&mut self, bytes: u64) {
+        self.peer_queued = bytes;
+        if bytes < CATCH_UP_QUEUE_LIMIT {
+            self.out.extend(self.held_catch_up_reads.drain(..));
+        }
+    }
+
+    /// Reads of entries for followers behind held until the links drained (ever), and held
+    /// now.
+    pub fn catch_up_reads_held(&self) -> (u64, usize) {
+        (self.catch_up_reads_held, self.held_catch_up_reads.len())
     }
 
     /// Over this broker's replicas: bytes of snapshot data their engines hold in memory, and
