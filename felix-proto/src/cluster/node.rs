@@ -129,6 +129,11 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// much the link is busy for a while; the next read waits until it drains.
 pub const CATCH_UP_QUEUE_LIMIT: u64 = 8 << 20;
 
+/// The longest a leader holds a read for a follower behind while the links stay full: links
+/// kept full by the other shards' traffic must not starve a follower's catch-up, which then
+/// goes on at a read (up to 1 MiB) per hold.
+pub const CATCH_UP_HOLD_MAX: Duration = Duration::from_secs(1);
+
 /// The most snapshot data a chunked snapshot may claim (16 GiB): a claim past it is dropped.
 pub const MAX_SNAPSHOT_BYTES: u64 = 16 << 30;
 
@@ -472,10 +477,11 @@ pub struct ClusterNode {
     /// ([`ClusterNode::set_peer_queued`]).
     peer_queued: u64,
     /// A leader's reads of entries for followers behind, held while [`peer_queued`] is at
-    /// [`CATCH_UP_QUEUE_LIMIT`] or more, in the order asked; and how many ever were.
+    /// [`CATCH_UP_QUEUE_LIMIT`] or more (at most [`CATCH_UP_HOLD_MAX`]), in the order asked,
+    /// with when; and how many ever were.
     ///
     /// [`peer_queued`]: Self::peer_queued
-    held_catch_up_reads: VecDeque<NodeOutput>,
+    held_catch_up_reads: VecDeque<(Instant, NodeOutput)>,
     catch_up_reads_held: u64,
     /// The replicas that tick (the others sleep: [`hibernation`]).
     awake: BTreeSet<ShardId>,
@@ -930,6 +936,13 @@ impl ClusterNode {
             self.meta.tick();
             self.ticks += 1;
             self.next_tick = Some(crate::transport::after(now, TICK));
+            while self
+                .held_catch_up_reads
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= CATCH_UP_HOLD_MAX)
+            {
+                self.out.extend(self.held_catch_up_reads.pop_front().map(|(_, read)| read));
+            }
             // Every member reads a replicated stream's commit state in its snapshots (D63).
             let commit_state = self.offers & FEATURE_COMMIT_STATE != 0
                 && self.metadata.members().keys().all(|m| {

@@ -638,7 +638,7 @@ impl ClusterNode {
                     // A leader's read for a follower behind waits while the links are full
                     // (a restart's replay, on a replica not leading yet, never does).
                     if h.replica.is_leader() && self.peer_queued >= CATCH_UP_QUEUE_LIMIT {
-                        self.held_catch_up_reads.push_back(read);
+                        self.held_catch_up_reads.push_back((now, read));
                         self.catch_up_reads_held += 1;
                     } else {
                         self.out.push_back(read);
@@ -833,11 +833,11 @@ impl ClusterNode {
     /// The driver's count of bytes queued for other brokers and not yet written to their
     /// streams, given before it takes this node's outputs (and at each tick). While it is at
     /// [`CATCH_UP_QUEUE_LIMIT`] or more a leader holds its reads of entries for followers
-    /// behind; below, the held reads go out, in order.
+    /// behind (each at most [`CATCH_UP_HOLD_MAX`]); below, the held reads go out, in order.
     pub fn set_peer_queued(&mut self, bytes: u64) {
         self.peer_queued = bytes;
         if bytes < CATCH_UP_QUEUE_LIMIT {
-            self.out.extend(self.held_catch_up_reads.drain(..));
+            self.out.extend(self.held_catch_up_reads.drain(..).map(|(_, read)| read));
         }
     }
 
