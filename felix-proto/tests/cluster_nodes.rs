@@ -2298,8 +2298,10 @@ fn a_replicated_cache_fails_over_with_its_values_versions_counters_and_watch_off
     assert!(matches!(&m, Message::Error(e) if e.code.as_ref().is_some_and(|c| c.name() == "not_leader")), "{m:?}");
 }
 
-#[test]
-fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follower_catches_up_from_one() {
+/// The replicated cache `sessions` with a follower down: 200 writes of `value(i)` over `keys`
+/// keys (the log grows, the cache does not) and a counter at 5, until the leader compacted.
+/// Returns the cluster, the leader and the follower that is down.
+fn a_cache_compacted_with_a_follower_down(keys: u64, value: impl Fn(u64) -> String) -> (Cluster, String, String) {
     use quorum_cache::*;
     let mut c = Cluster::retaining(&NAMES, 30);
     create_sessions(&mut c);
@@ -2307,9 +2309,8 @@ fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follo
     let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
     c.nodes.remove(&behind);
     let cl = client(&mut c, &leader, 1);
-    // 200 writes over 20 keys: the log grows, the cache does not.
     for i in 0..200u64 {
-        let m = ask(&mut c, &leader, cl, put(&format!("k{}", i % 20), &format!("v{i}"), None, i + 1));
+        let m = ask(&mut c, &leader, cl, put(&format!("k{}", i % keys), &value(i), None, i + 1));
         assert_eq!(m, Message::CacheOk(message::CacheOk { request_id: i + 1 }));
     }
     let _ = ask(&mut c, &leader, cl, add(5, 1000));
@@ -2319,14 +2320,26 @@ fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follo
     let report = c.nodes[&leader].replica_report();
     let r = report.iter().find(|r| r.shard == sessions()).unwrap();
     assert!(r.first_index > 150, "compacted to a checkpoint: the log starts at {} of {}", r.first_index, r.last_index);
-    // The follower comes back behind the compaction: it is sent a snapshot holding the values.
-    restart(&mut c, &behind);
+    (c, leader, behind)
+}
+
+/// The follower down comes back behind the leader's compaction: it is sent a snapshot holding
+/// the cache's values, and installs it.
+fn a_follower_behind_a_cache_catches_up_from_its_snapshot(c: &mut Cluster, leader: &str, behind: &str) {
+    restart(c, behind);
     c.until("the follower caught up", |c| {
-        let lead = c.nodes[&leader].replica_report();
+        let lead = c.nodes[leader].replica_report();
         let l = lead.iter().find(|r| r.shard == sessions()).unwrap().last_index;
-        c.nodes[&behind].replica_report().iter().any(|r| r.shard == sessions() && r.committed_index >= l)
+        c.nodes[behind].replica_report().iter().any(|r| r.shard == sessions() && r.committed_index >= l)
     });
-    assert!(c.kept_replicas[&behind][&sessions()].snapshot.is_some(), "it installed a snapshot");
+    assert!(c.kept_replicas[behind][&sessions()].snapshot.is_some(), "it installed a snapshot");
+}
+
+#[test]
+fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follower_catches_up_from_one() {
+    use quorum_cache::*;
+    let (mut c, leader, behind) = a_cache_compacted_with_a_follower_down(20, |i| format!("v{i}"));
+    a_follower_behind_a_cache_catches_up_from_its_snapshot(&mut c, &leader, &behind);
     // It takes over (the leader dies): every key's last value, and the counter.
     c.nodes.remove(&leader);
     c.until("a replica leads the cache", |c| cache_leader(c).is_some());
@@ -2358,34 +2371,12 @@ fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follo
 #[test]
 fn a_replicated_caches_values_go_into_its_snapshots_from_where_they_are() {
     use quorum_cache::*;
-    let mut c = Cluster::retaining(&NAMES, 30);
-    create_sessions(&mut c);
-    let leader = cache_leader(&c).unwrap();
-    let behind = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
-    c.nodes.remove(&behind);
-    let cl = client(&mut c, &leader, 1);
     let value = |i: u64| format!("{i:>1024}");
-    for i in 0..200u64 {
-        let m = ask(&mut c, &leader, cl, put(&format!("k{}", i % 40), &value(i), None, i + 1));
-        assert_eq!(m, Message::CacheOk(message::CacheOk { request_id: i + 1 }));
-    }
-    let _ = ask(&mut c, &leader, cl, add(5, 1000));
-    for _ in 0..3 {
-        c.tick();
-    }
-    let report = c.nodes[&leader].replica_report();
-    let r = report.iter().find(|r| r.shard == sessions()).unwrap();
-    assert!(r.first_index > 150, "compacted to a checkpoint: the log starts at {} of {}", r.first_index, r.last_index);
+    let (mut c, leader, behind) = a_cache_compacted_with_a_follower_down(40, value);
     assert!(c.snapshots_with_rest > 0, "the values written beside the snapshot, piece by piece");
     let encoded = c.largest_encoded_snapshot;
     assert!(encoded < 16 << 10, "a snapshot handed over {encoded} bytes encoded: the 40 KiB of values");
-    restart(&mut c, &behind);
-    c.until("the follower caught up", |c| {
-        let lead = c.nodes[&leader].replica_report();
-        let l = lead.iter().find(|r| r.shard == sessions()).unwrap().last_index;
-        c.nodes[&behind].replica_report().iter().any(|r| r.shard == sessions() && r.committed_index >= l)
-    });
-    assert!(c.kept_replicas[&behind][&sessions()].snapshot.is_some(), "it installed a snapshot");
+    a_follower_behind_a_cache_catches_up_from_its_snapshot(&mut c, &leader, &behind);
     c.nodes.remove(&leader);
     c.until("a replica leads the cache", |c| cache_leader(c).is_some());
     let now_leader = cache_leader(&c).unwrap();
