@@ -125,7 +125,8 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Bytes queued for other brokers from which a leader holds its reads of entries for
 /// followers behind ([`ClusterNode::set_peer_queued`]). The engine sends a follower behind up
 /// to 256 appends of 1 MiB without waiting for an answer, each read back from disk: measured,
-/// a follower 3M records behind had 83 MiB queued for it on the leader (+87 MB RSS). Past this
+/// a follower 3M records behind had 83 to 180 MiB queued for it on the leader (+87 to +186 MB
+/// RSS). Past this
 /// much the link is busy for a while; the next read waits until it drains.
 pub const CATCH_UP_QUEUE_LIMIT: u64 = 8 << 20;
 
@@ -146,9 +147,10 @@ struct Assembly {
     /// The `MsgSnapshot`, its data left out.
     header: Message,
     /// The chunks' data as they came, put together once, when the last arrives, into a
-    /// buffer of the snapshot's size. Gathered into one growing buffer, the data was copied
-    /// at each doubling (the old buffer and the new one held at once: up to three times a
-    /// 32 MiB part) and its spare room kept with it until the snapshot was installed.
+    /// buffer of the snapshot's size. (One buffer grown as they came carried up to twice
+    /// the data's size in capacity into the install. Measured, that cost no resident
+    /// memory: glibc grows a large buffer in place and leaves spare room untouched; this
+    /// does not rest on it.)
     chunks: Vec<Bytes>,
     /// Bytes of data in `chunks`.
     received: u64,
