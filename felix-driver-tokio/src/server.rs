@@ -1377,6 +1377,25 @@ impl BrokerTask {
                 "Reads of entries for followers behind that a leader held until the links to other brokers drained (felix_peer_queued_bytes under 8 MiB).",
                 n.catch_up_reads_held().0,
             );
+            let restores = n.restore_counts();
+            m(
+                "felix_replica_restores_in_pieces_total",
+                "counter",
+                "Snapshots a follower installed whose state it read back from the copy it wrote to disk, a piece at a time (states of 1 MiB or more), finished.",
+                restores.finished,
+            );
+            m(
+                "felix_replica_restore_read_failures_total",
+                "counter",
+                "Reads of an installed snapshot's state back from disk that failed (each is tried again at the next tick).",
+                restores.failed_reads,
+            );
+            m(
+                "felix_replica_restoring",
+                "gauge",
+                "Replicas whose installed snapshot's state is being read back from disk (they serve nothing of their shard meanwhile).",
+                n.restoring() as u64,
+            );
             m(
                 "felix_replica_snapshot_bytes",
                 "gauge",

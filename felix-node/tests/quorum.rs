@@ -1617,13 +1617,15 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
     let caught = t1.elapsed();
     // The follower started afresh: its peak is what taking the snapshot cost it.
     let follower_peak = proc_status_mb(nodes[f].proc.as_ref().unwrap().0.id(), "VmHWM:");
+    let restored = metric(&nodes[f], "felix_replica_restores_in_pieces_total").unwrap_or(0);
     let reads = metric(&nodes[lead], "felix_replica_snapshot_reads_total").unwrap_or(0) - reads;
     let log_reads = metric(&nodes[lead], "felix_replica_log_reads_total").unwrap_or(0) - log_reads;
     println!("log reads while sending: {log_reads}");
     println!(
         "{keys} keys of 4 KiB, {} commits in {committed:.1?}; leader peak RSS before the send {peak_before} MB, \
          RSS {before} MB before and at most {most} MB while sending (+{} MB), {reads} snapshot reads; \
-         the follower caught up in {caught:.2?}, its peak RSS {follower_peak} MB",
+         the follower caught up in {caught:.2?}, its peak RSS {follower_peak} MB \
+         ({restored} states read back from disk in pieces)",
         2 * keys,
         most - before
     );

@@ -13,7 +13,7 @@ use felix_proto::cluster::node::{ClusterNode, NodeOutput, TICK};
 use felix_proto::cluster::peer::{PeerDecoder, encode};
 use felix_proto::message::{self, Message, StartPosition};
 use felix_proto::transport::{ConnId, Dir, Side, StreamId, WallClock};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 use support::*;
 
@@ -79,6 +79,11 @@ struct Cluster {
     held_chunk_writes: Vec<(String, String, ShardId, u64)>,
     /// Reads of kept snapshots fail (a damaged record) while set.
     failing_snapshot_reads: bool,
+    /// Reads of kept snapshots fail on these brokers (a disk that does not answer).
+    failing_reads_on: BTreeSet<String>,
+    /// Brokers (re)started by `start` read an installed snapshot's state back from disk in
+    /// pieces: (from this many bytes, pieces of this many).
+    restore_in_pieces: Option<(u64, u64)>,
     /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
     /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
     spill_on_start: Option<u64>,
@@ -152,6 +157,8 @@ impl Cluster {
             hold_chunk_writes: false,
             held_chunk_writes: Vec::new(),
             failing_snapshot_reads: false,
+            failing_reads_on: BTreeSet::new(),
+            restore_in_pieces: None,
             spill_on_start: None,
             chunk_bytes: None,
             features: BTreeMap::new(),
@@ -210,6 +217,9 @@ impl Cluster {
         node.set_kept_replicas(replicas);
         if let Some(b) = self.chunk_bytes {
             node.set_snapshot_chunk_bytes(b);
+        }
+        if let Some((min, piece)) = self.restore_in_pieces {
+            node.set_restore_in_pieces(min, piece);
         }
         if let Some(e) = self.meta_snapshot_entries {
             node.set_meta_snapshot_entries(Some(e));
@@ -389,7 +399,7 @@ impl Cluster {
                             use felix_proto::cluster::meta::{encode_snapshot_record, read_snapshot_record_piece};
                             let kept = self.kept_replicas.get(name.as_str()).and_then(|k| k.get(&shard));
                             let read = match kept.and_then(|l| l.snapshot.as_ref()) {
-                                Some(_) if self.failing_snapshot_reads => {
+                                Some(_) if self.failing_snapshot_reads || self.failing_reads_on.contains(name) => {
                                     Err("replicas/t1-ledger.log, byte 4096: not an intact snapshot record".to_owned())
                                 }
                                 Some(snap) => {
@@ -2367,7 +2377,8 @@ fn a_replicated_caches_log_is_compacted_into_snapshots_of_its_values_and_a_follo
 /// snapshot a compaction persists hands over a few bytes encoded and the values beside them,
 /// written piece by piece (the harness checks the record is byte for byte the whole data's,
 /// and reads it back). A follower behind is sent the snapshot, and, leading, reads every
-/// key's last value and the counter.
+/// key's last value and the counter. The follower reads the cache it installed back from the
+/// copy it wrote to disk, in pieces of 1,000 bytes (cut through its values).
 #[test]
 fn a_replicated_caches_values_go_into_its_snapshots_from_where_they_are() {
     use quorum_cache::*;
@@ -2376,7 +2387,11 @@ fn a_replicated_caches_values_go_into_its_snapshots_from_where_they_are() {
     assert!(c.snapshots_with_rest > 0, "the values written beside the snapshot, piece by piece");
     let encoded = c.largest_encoded_snapshot;
     assert!(encoded < 16 << 10, "a snapshot handed over {encoded} bytes encoded: the 40 KiB of values");
+    c.restore_in_pieces = Some((16 << 10, 1000));
     a_follower_behind_a_cache_catches_up_from_its_snapshot(&mut c, &leader, &behind);
+    let counts = c.nodes[&behind].restore_counts();
+    assert_eq!((counts.started, counts.finished), (1, 1), "read back from disk: {counts:?}");
+    assert!(counts.pieces >= 40, "{counts:?}");
     c.nodes.remove(&leader);
     c.until("a replica leads the cache", |c| cache_leader(c).is_some());
     let now_leader = cache_leader(&c).unwrap();
@@ -3596,6 +3611,71 @@ fn a_leader_sends_a_snapshot_from_disk_a_chunk_at_a_time_paced_by_the_transport(
     assert!(chunks >= 10, "{chunks} chunks for 40 KiB of state");
     assert_eq!(c.nodes[&leader].replica_snapshot_memory(), 0);
     serves_every_value_after_failing_over(&mut c, &leader, &behind, &last);
+}
+
+/// A follower that installs a snapshot with a large state reads that state back from the copy
+/// it wrote to disk, a piece at a time, rather than from the data it was sent (issue 32): the
+/// data is let go once written, so the two are never in memory together. 40 KiB of commit
+/// state, pieces of 4 KiB, read in pieces from 16 KiB. While its reads fail (a disk that does
+/// not answer) the state waits, the data in hand already let go and nothing restored from it,
+/// the records after the snapshot held back with it, the broker not told it may serve, and
+/// the operator told once; once they read, every value is restored from the pieces, no more
+/// than a piece and a value held over at a time, and the follower catches up.
+#[test]
+fn a_follower_reads_the_state_of_a_snapshot_it_installed_back_from_disk_a_piece_at_a_time() {
+    use felix_proto::broker::{Notice, ReplicaRole};
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
+    c.restore_in_pieces = Some((16 << 10, 4096));
+    // Sent in chunks, which the follower never gathers into one buffer.
+    c.chunk_bytes = Some(8192);
+    for node in c.nodes.values_mut() {
+        node.set_snapshot_chunk_bytes(8192);
+    }
+    let last = commit_40_kib_of_state(&mut c, &leader);
+    for _ in 0..3 {
+        c.tick();
+    }
+    c.failing_reads_on.insert(behind.clone());
+    restart(&mut c, &behind);
+    c.until("the follower installed the snapshot", |c| c.nodes[&behind].restore_counts().started == 1);
+    for _ in 0..20 {
+        c.tick();
+    }
+    let n = &c.nodes[&behind];
+    let counts = n.restore_counts();
+    assert_eq!((counts.finished, counts.pieces), (0, 0), "{counts:?}");
+    assert!(counts.failed_reads >= 10, "tried again at each tick: {counts:?}");
+    assert_eq!(n.restoring(), 1);
+    assert_eq!(n.replica_snapshot_memory(), 0, "the data it was sent let go once written");
+    for key in last.keys() {
+        assert!(n.commit_state_peek(&ledger(), key).is_none(), "{key} restored before it was read back");
+    }
+    assert!(
+        matches!(n.broker().replica_role(&ledger()), Some(ReplicaRole::Following { .. })),
+        "{:?}",
+        n.broker().replica_role(&ledger())
+    );
+    assert_ne!(history(&c, &behind).0, history(&c, &leader).0, "what came after the snapshot waits for its state");
+    let node = c.nodes.get_mut(&behind).unwrap();
+    let told: Vec<Notice> = std::iter::from_fn(|| node.inputs().poll_notice())
+        .filter(|n| matches!(n, Notice::ShardRestoreReadFailed { .. }))
+        .collect();
+    assert!(
+        matches!(told.as_slice(), [Notice::ShardRestoreReadFailed { why, .. }] if why.contains("byte 4096")),
+        "said once: {told:?}"
+    );
+    c.failing_reads_on.clear();
+    c.until("the state was read back", |c| c.nodes[&behind].restoring() == 0);
+    let counts = c.nodes[&behind].restore_counts();
+    assert_eq!((counts.started, counts.finished, counts.superseded), (1, 1, 0), "{counts:?}");
+    assert_eq!(counts.never_gathered, 1, "its chunks written as they came: {counts:?}");
+    assert!(counts.pieces >= 10, "40 KiB in pieces of 4 KiB: {counts:?}");
+    assert!(counts.most_held_bytes < 16 << 10, "held over {} bytes besides the values", counts.most_held_bytes);
+    for (key, (value, _)) in &last {
+        assert_eq!(c.nodes[&behind].commit_state_peek(&ledger(), key).as_ref(), Some(value), "{key}");
+    }
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    assert_eq!(c.nodes[&behind].replica_snapshot_memory(), 0);
 }
 
 /// A leader whose kept snapshot record does not read (damaged on disk) cannot send it: each

@@ -321,7 +321,11 @@ impl Cache {
     /// restart from a compacted log): every entry as it was, expiries mapped to instants
     /// here by `instant_at`. The change log starts over (a watch from before resnapshots).
     /// Bytes that do not read leave the cache empty rather than half-restored.
-    pub fn restore_state(&mut self, r: &mut crate::binary::Reader, instant_at: impl Fn(u64) -> Instant) -> bool {
+    pub(crate) fn restore_state(
+        &mut self,
+        state: super::cache_state::CacheState,
+        instant_at: impl Fn(u64) -> Instant,
+    ) -> bool {
         self.entries.clear();
         self.ttl_entries = 0;
         self.bytes = 0;
@@ -329,35 +333,21 @@ impl Cache {
         self.log_bytes = 0;
         self.unsent = 0;
         self.results.clear();
-        let mut read = || -> Option<()> {
-            if r.u8("version").ok()? != 1 {
-                return None;
+        if let Some(v) = state.next_version {
+            self.next_version = self.next_version.max(v);
+        }
+        let Some(entries) = state.entries else { return false };
+        for (key, value, version, expires_wall) in entries {
+            // (The value is a copy of its own already: read out of the snapshot's bytes.)
+            let expires_at = (expires_wall != 0).then(|| instant_at(expires_wall));
+            if expires_at.is_some() {
+                self.ttl_entries += 1;
             }
-            self.next_version = self.next_version.max(r.u64("next_version").ok()?);
-            for _ in 0..r.u32("entries").ok()? {
-                let key = r.str16("key").ok()?;
-                let version = r.u64("version").ok()?;
-                let expires_wall = r.u64("expires").ok()?;
-                let len = r.u32("value_len").ok()? as usize;
-                let value = super::owned(&r.bytes(len, "value").ok()?);
-                let expires_at = (expires_wall != 0).then(|| instant_at(expires_wall));
-                if expires_at.is_some() {
-                    self.ttl_entries += 1;
-                }
-                self.bytes += key.len() + value.len();
-                if let Some(old) = self.entries.insert(key.clone(), Entry { value, expires_at, version, expires_wall })
-                {
-                    self.bytes -= key.len() + old.value.len();
-                    self.ttl_entries -= usize::from(old.expires_at.is_some());
-                }
+            self.bytes += key.len() + value.len();
+            if let Some(old) = self.entries.insert(key.clone(), Entry { value, expires_at, version, expires_wall }) {
+                self.bytes -= key.len() + old.value.len();
+                self.ttl_entries -= usize::from(old.expires_at.is_some());
             }
-            Some(())
-        };
-        if read().is_none() {
-            self.entries.clear();
-            self.ttl_entries = 0;
-            self.bytes = 0;
-            return false;
         }
         true
     }
@@ -606,7 +596,7 @@ mod tests {
         c.encode_state_into(&mut state);
         let state = Bytes::from(state);
         let mut restored = Cache::default();
-        assert!(restored.restore_state(&mut crate::binary::Reader::new(state.clone()), |_| t0));
+        assert!(restored.restore_state(Cache::read_state(&state).0, |_| t0));
         for k in ["put", "put_if", "put_at"] {
             let v = value_of(&restored, k);
             assert_eq!(&v[..], &[9u8; 10][..]);

@@ -75,50 +75,6 @@ pub(super) enum Settled {
     Failed(Refusal),
 }
 
-/// Version of [`Broker::replicated_stream_state_head`]'s bytes.
-const STREAM_STATE_VERSION: u8 = 1;
-
-/// Tag of the commit-state section of [`Broker::replicated_stream_state_head`]'s bytes (D63).
-const STREAM_STATE_COMMITS: u8 = 1;
-
-/// The commit-state section of a replicated stream shard's checkpoint (D63), as of the
-/// checkpoint: `u8 tag (1)`, `u32 len`, the state's checkpoint encoding. Nothing when the
-/// state cannot be encoded (a key over 65,535 bytes), as before it was held unencoded.
-#[derive(Debug, Clone)]
-pub(crate) struct CommitSection(super::state::FrozenState);
-
-impl CommitSection {
-    /// Appends the section, written in place behind its tag and length, the length filled in
-    /// after.
-    pub(crate) fn encode_into(&self, b: &mut Vec<u8>) {
-        let at = b.len();
-        b.push(STREAM_STATE_COMMITS);
-        b.extend_from_slice(&[0; 4]);
-        match self.0.checkpoint_into(b) {
-            Some(()) => {
-                let len = (b.len() - at - 5) as u32;
-                b[at + 1..at + 5].copy_from_slice(&len.to_be_bytes());
-            }
-            None => b.truncate(at),
-        }
-    }
-
-    /// [`encode_into`](Self::encode_into)'s bytes handed to `each` in pieces, each value from
-    /// where it is: a snapshot's commit section written to disk without encoding the state
-    /// whole first.
-    pub(crate) fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
-        let mut head = [STREAM_STATE_COMMITS, 0, 0, 0, 0];
-        head[1..].copy_from_slice(&(self.0.encoded_len() as u32).to_be_bytes());
-        each(&head);
-        self.0.checkpoint_pieces(each);
-    }
-
-    /// The bytes [`encode_into`](Self::encode_into) appends, exactly.
-    pub(crate) fn encoded_len(&self) -> usize {
-        5 + self.0.encoded_len()
-    }
-}
-
 /// A group poll whose records are partly on disk.
 #[derive(Debug)]
 pub(crate) struct PollFill {
@@ -257,61 +213,6 @@ impl Broker {
                 }
             }
         }
-    }
-
-    /// What a replicated stream shard's checkpoints carry of its broker's state, up to its
-    /// commit state: its log's last timestamp and its groups' durable state. `u8 version (1)`,
-    /// `u64 last_timestamp_micros`, `u32 count`, then per group (in name order) `u32 len` + a
-    /// checkpoint record ([`GroupOp::Snapshot`]). The commit state's section, the end, is
-    /// returned unencoded ([`CommitSection`], sharing the live state's keys and values) when
-    /// the shard holds any: a checkpoint keeps it so while it waits for retention, and encodes
-    /// it only if it becomes a snapshot.
-    pub(super) fn replicated_stream_state_head(&self, k: &Key, shard: u32, b: &mut Vec<u8>) -> Option<CommitSection> {
-        b.push(STREAM_STATE_VERSION);
-        let ts = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).map_or(0, |s| s.log.last_timestamp());
-        b.extend_from_slice(&ts.to_be_bytes());
-        let mut records: Vec<Bytes> = Vec::new();
-        if let Some(groups) = self.groups.get(&(k.clone(), shard)) {
-            let mut names: Vec<_> = groups.keys().collect();
-            names.sort();
-            for name in names {
-                let state = groups[name].durable.clone();
-                records.push(GroupOp::Snapshot { group: name.clone(), state }.encode());
-            }
-        }
-        b.extend_from_slice(&(records.len() as u32).to_be_bytes());
-        for r in records {
-            b.extend_from_slice(&(r.len() as u32).to_be_bytes());
-            b.extend_from_slice(&r);
-        }
-        // The commit state, when the shard holds any (D63): once retention compacted the log,
-        // the commits that wrote it are gone, and a snapshot is the only place it lives. A
-        // shard that holds none writes the bytes it always did.
-        let sh = self.streams.get(k).and_then(|e| e.shards.get(shard as usize))?;
-        sh.state.freeze().map(CommitSection)
-    }
-
-    /// A replicated shard's replica was restored from a snapshot: its groups become the ones
-    /// the snapshot holds, and its timestamps go on from the snapshot's. Bytes that do not
-    /// read whole change nothing (an empty state is a snapshot from before groups were
-    /// replicated: the log's side entries carry them).
-    pub(super) fn restore_replicated_stream(&mut self, k: &Key, shard: u32, state: &Bytes) {
-        let Some((ts, ops, commits)) = decode_stream_state(state) else { return };
-        if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
-            sh.log.raise_timestamp(ts);
-            // (A snapshot without the section leaves the state to the entries, as before D63.)
-            if let Some(c) = &commits {
-                sh.state.restore_checkpoint(c);
-            }
-        }
-        let groups = self.groups.entry((k.clone(), shard)).or_default();
-        for g in groups.values_mut() {
-            g.apply(&GroupOp::Reset);
-        }
-        for op in ops {
-            groups.entry(op.group_name().to_owned()).or_default().apply(&op);
-        }
-        groups.retain(|_, g| g.exists() || !g.parked.is_empty());
     }
 
     /// A group operation proposed to a replicated shard was answered.
@@ -944,78 +845,6 @@ impl Broker {
     }
 }
 
-/// Reads [`Broker::replicated_stream_state_head`]'s bytes: the last timestamp, the checkpoint
-/// records it holds and the commit state (the optional section after them: `u8 1`, `u32`
-/// length + [`crate::storage::encode_state_checkpoint`]), or `None` for bytes that are not a
-/// whole state (an empty one included). The commit state's values are slices of `state`
-/// (its host copies them out once, as it keeps them: a copy here as well held a snapshot's
-/// state three times at once while it was installed). Never panics.
-pub(crate) fn decode_stream_state(
-    state: &Bytes,
-) -> Option<(u64, Vec<GroupOp>, Option<crate::storage::StateCheckpoint>)> {
-    let (head, section) = stream_state_parts(state)?;
-    let section = section.map(|s| state.slice_ref(s));
-    let commits = match section {
-        Some(s) => Some(crate::storage::decode_state_checkpoint(&s).ok()?),
-        None => None,
-    };
-    Some((head.0, head.1, commits))
-}
-
-/// [`decode_stream_state`]'s timestamp and checkpoint records, and where its commit-state
-/// section lies in `state` (within it).
-#[allow(clippy::type_complexity)]
-fn stream_state_parts(state: &[u8]) -> Option<((u64, Vec<GroupOp>), Option<&[u8]>)> {
-    let (&version, mut rest) = state.split_first()?;
-    if version != STREAM_STATE_VERSION {
-        return None;
-    }
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let (a, b) = rest.split_at_checked(n)?;
-        rest = b;
-        Some(a)
-    };
-    let ts = u64::from_be_bytes(take(8)?.try_into().ok()?);
-    let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
-    // Each record takes at least its length: a count beyond what is left is garbage.
-    let mut ops = Vec::with_capacity((count as usize).min(state.len() / 4));
-    for _ in 0..count {
-        let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
-        match GroupOp::decode(take(len)?)? {
-            op @ GroupOp::Snapshot { .. } => ops.push(op),
-            _ => return None,
-        }
-    }
-    match take(1) {
-        None => return Some(((ts, ops), None)),
-        Some(&[STREAM_STATE_COMMITS]) => {}
-        Some(_) => return None,
-    }
-    let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
-    let section = take(len)?;
-    // Nothing after it.
-    take(1).is_none().then_some(((ts, ops), Some(section)))
-}
-
-/// Whether a replicated stream's checkpoint state (as [`decode_stream_state`] reads it) holds
-/// a commit-state section (D63), found by its lengths alone: nothing is decoded or copied.
-pub(crate) fn stream_state_holds_commits(state: &[u8]) -> bool {
-    let walk = || -> Option<bool> {
-        let (&version, rest) = state.split_first()?;
-        if version != STREAM_STATE_VERSION {
-            return None;
-        }
-        let (_ts, rest) = rest.split_at_checked(8)?;
-        let (count, mut rest) = rest.split_at_checked(4)?;
-        for _ in 0..u32::from_be_bytes(count.try_into().ok()?) {
-            let (len, after) = rest.split_at_checked(4)?;
-            rest = after.get(u32::from_be_bytes(len.try_into().ok()?) as usize..)?;
-        }
-        Some(rest.first() == Some(&STREAM_STATE_COMMITS))
-    };
-    walk().unwrap_or(false)
-}
-
 fn group_record(
     req: &PollRequest,
     d: &Delivery,
@@ -1032,6 +861,3 @@ fn group_record(
         timestamp_micros: req.timestamps.then_some(ts),
     }
 }
-
-#[cfg(test)]
-mod tests;

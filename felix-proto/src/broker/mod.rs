@@ -30,6 +30,7 @@
 /// Credentials and permissions live on a floor below the broker (jwt.rs reads them too).
 pub use crate::auth;
 mod cache;
+mod cache_state;
 #[cfg(feature = "testkit")]
 pub(crate) use cache::FREEZE_MIN_VALUE;
 pub mod config;
@@ -73,6 +74,7 @@ mod requests;
 mod seen_streams;
 mod serving;
 mod state;
+mod stream_state;
 mod sub;
 mod subscription;
 
@@ -80,11 +82,11 @@ use key::{KeyRef, StreamKey};
 use sub::{Ending, Sub, SubEvent, frame_len};
 
 pub use auth::{Action, Grant, TokenGrant};
+pub(crate) use cache_state::CacheStateReader;
 pub use config::{
     BrokerConfig, CacheSpec, DEFAULT_PUBLISHER_HOLD_MAX, DEFAULT_SUBSCRIBER_QUEUE_CAPACITY, FsyncMode, Retention,
     StreamConfig, StreamSpec,
 };
-pub(crate) use consume::CommitSection;
 pub use forward::{FORWARD_TIMEOUT, ForwardOutcome, ForwardedPublish};
 pub use forward_request::ForwardedRequest;
 pub use group::GroupLimits;
@@ -97,9 +99,10 @@ pub use output::{
     AdmitError, BrokerOutput, BrokerStats, ClusterOutput, PeerAddr, PersistRequest, ReadRequest, StorageOutput,
     TransportOutput, WriteOutcome,
 };
-pub(crate) use replicated::HostSection;
 pub use replicated::ReplicaRole;
+pub(crate) use replicated::{HostSection, HostStateReader};
 pub use requests::{MAX_NAME_BYTES, name_problem};
+pub(crate) use stream_state::{CommitSection, StreamStateReader, stream_state_holds_commits_in};
 
 use publish::PublishReq;
 use requests::{Missing, check_names, check_new_name};

@@ -98,6 +98,15 @@ pub enum Notice {
         /// Why.
         why: String,
     },
+    /// A follower could not read back the state of a snapshot it installed from the copy it
+    /// wrote to disk (it restores a large one from there a piece at a time): the shard stays
+    /// unserved here, and the read is tried again each tick.
+    ShardRestoreReadFailed {
+        /// The shard, as `tenant/namespace/stream#shard`.
+        shard: String,
+        /// Why.
+        why: String,
+    },
     /// A metadata snapshot sent by the leader could not be read (a newer format): this
     /// broker's metadata stays as it was, and behind.
     MetadataSnapshotRefused {
@@ -146,6 +155,9 @@ impl std::fmt::Display for Notice {
             ),
             Notice::ShardSnapshotSendFailed { shard, replica, why } => {
                 write!(f, "cluster: sending {shard}'s snapshot to replica {replica} stopped: {why}")
+            }
+            Notice::ShardRestoreReadFailed { shard, why } => {
+                write!(f, "cluster: reading back {shard}'s installed snapshot failed, retrying each tick: {why}")
             }
             Notice::MetadataSnapshotRefused { index, why } => {
                 write!(f, "cluster: the metadata snapshot at index {index} was refused, metadata stays behind: {why}")

@@ -513,24 +513,19 @@ impl Broker {
     /// A replicated cache's replica was restored from a snapshot: the cache and its counters
     /// become the snapshot's. Its watchers (a follower has none) resume elsewhere.
     pub(super) fn restore_quorum_cache(&mut self, shard: &ShardId, state: &Bytes) {
+        let mut r = CacheStateReader::default();
+        r.feed(state);
+        self.restore_quorum_cache_read(shard, r);
+    }
+
+    /// [`restore_quorum_cache`](Self::restore_quorum_cache) of a state read a piece at a time
+    /// (from the snapshot on disk), whole now.
+    pub(super) fn restore_quorum_cache_read(&mut self, shard: &ShardId, state: CacheStateReader) {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let wall = self.wall;
-        let mut r = Reader::new(state.clone());
-        let read = self.quorum_cache(shard).restore_state(&mut r, |w| wall.instant_at(w));
-        let mut sums = std::collections::HashMap::new();
-        if read {
-            let mut counters = || -> Option<()> {
-                for _ in 0..r.u32("counters").ok()? {
-                    let key = r.str16("key").ok()?;
-                    sums.insert(key, r.u64("sum").ok()? as i64);
-                }
-                Some(())
-            };
-            if counters().is_none() {
-                sums.clear();
-            }
-        }
-        self.counters.entry(k).or_default().sums = sums;
+        let (cache, sums) = state.finish();
+        let read = self.quorum_cache(shard).restore_state(cache, |w| wall.instant_at(w));
+        self.counters.entry(k).or_default().sums = if read { sums } else { HashMap::new() };
     }
 
     /// The role of this broker's replica of a replicated cache changed: a broker that stops
@@ -624,10 +619,17 @@ impl Broker {
 /// to it again.
 #[cfg(any(test, fuzzing, feature = "testkit"))]
 pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
-    // The same bytes as a stream replica's groups state: read whole or not at all.
-    if let Some((_, ops, _)) = super::consume::decode_stream_state(&Bytes::copy_from_slice(data)) {
+    // The same bytes as a stream replica's groups state: read whole or not at all, and read
+    // in pieces (cut where the first byte says) as whole.
+    let whole = super::stream_state::decode_stream_state(&Bytes::copy_from_slice(data));
+    if let Some((_, ops, _)) = &whole {
         assert!(ops.iter().all(|op| matches!(op, super::group::GroupOp::Snapshot { .. })));
     }
+    let cut = data.first().map_or(0, |b| usize::from(*b) % (data.len() + 1));
+    let mut pieces = super::StreamStateReader::default();
+    pieces.feed(&data[..cut]);
+    pieces.feed(&data[cut..]);
+    assert_eq!(pieces.finish(), whole, "read in pieces as whole");
     if let Ok(batch) = ReplicatedBatch::decode(data) {
         for p in batch.records.payloads() {
             if let Some(op) = CacheOp::decode(&p) {
@@ -636,11 +638,17 @@ pub(crate) fn fuzz_cache_entry(data: &[u8], t0: Instant) {
         }
     }
     let mut c = Cache::default();
-    let mut r = Reader::new(Bytes::copy_from_slice(data));
-    if c.restore_state(&mut r, |_| t0) {
+    let whole = Cache::read_state(data);
+    // Read in pieces (cut where the second byte says), as whole.
+    let cut = data.get(1).map_or(0, |b| usize::from(*b) % (data.len() + 1));
+    let mut pieces = CacheStateReader::default();
+    pieces.feed(&data[..cut]);
+    pieces.feed(&data[cut..]);
+    assert_eq!(pieces.finish(), whole, "a cache's state read in pieces as whole");
+    if c.restore_state(whole.0, |_| t0) {
         // What it took, it writes back the same way.
         let mut again = Cache::default();
-        assert!(again.restore_state(&mut Reader::new(Bytes::from(c.encode_state())), |_| t0));
+        assert!(again.restore_state(Cache::read_state(&c.encode_state()).0, |_| t0));
         assert_eq!(again.encode_state(), c.encode_state());
     }
 }

@@ -103,7 +103,7 @@ impl Broker {
     /// data) carries the shard's commit state (D63), which a broker that did not offer
     /// `FEATURE_COMMIT_STATE` cannot read. Read from lengths alone.
     pub fn stream_state_holds_commits(state: &[u8]) -> bool {
-        consume::stream_state_holds_commits(state)
+        stream_state::stream_state_holds_commits(state)
     }
 
     /// Whether every member of the cluster reads a replicated stream's commit state in its
@@ -147,7 +147,33 @@ impl Broker {
         }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         self.restore_replicated_stream(&k, shard.shard, state);
-        let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
+        self.restored_from(&k, shard.shard, next_offset);
+    }
+
+    /// [`restore_replicated`](Self::restore_replicated) of a state read back from
+    /// the snapshot on disk a piece at a time (a follower that installed one a leader sent:
+    /// see [`crate::cluster::node`]'s restores), whole now.
+    pub(crate) fn restore_replicated_read(
+        &mut self,
+        shard: &ShardId,
+        next_offset: u64,
+        state: HostStateReader,
+        now: Instant,
+    ) {
+        self.clock.advance(now);
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        match state {
+            HostStateReader::Cache(r) => self.restore_quorum_cache_read(shard, r),
+            HostStateReader::Stream(r) => {
+                self.restore_replicated_stream_read(&k, shard.shard, r);
+                self.restored_from(&k, shard.shard, next_offset);
+            }
+        }
+    }
+
+    /// A restored shard's log goes on from the snapshot's next offset.
+    fn restored_from(&mut self, k: &Key, shard: u32, next_offset: u64) {
+        let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         if sh.log.next_offset() == next_offset && sh.log.start() == next_offset {
             return;
         }
@@ -454,4 +480,40 @@ fn sequence_refusal(why: ApplyRefusal) -> Refusal {
         }
     };
     Refusal::new(ErrorCode::InvalidRequest, message).with_reason(reason)
+}
+
+/// A replicated shard's host state read a piece at a time ([`Broker::restore_replicated_read`]):
+/// a stream's or a cache's, each value copied out as it comes.
+#[derive(Debug)]
+pub(crate) enum HostStateReader {
+    /// A stream's groups and commit state.
+    Stream(super::StreamStateReader),
+    /// A cache's entries and counters.
+    Cache(super::CacheStateReader),
+}
+
+impl HostStateReader {
+    /// A reader for a shard of `kind`.
+    pub(crate) fn new(kind: Kind) -> HostStateReader {
+        match kind {
+            Kind::Cache => HostStateReader::Cache(Default::default()),
+            _ => HostStateReader::Stream(Default::default()),
+        }
+    }
+
+    /// Takes the next bytes of the state.
+    pub(crate) fn feed(&mut self, piece: &[u8]) {
+        match self {
+            HostStateReader::Stream(r) => r.feed(piece),
+            HostStateReader::Cache(r) => r.feed(piece),
+        }
+    }
+
+    /// Bytes it holds besides the values read.
+    pub(crate) fn held(&self) -> usize {
+        match self {
+            HostStateReader::Stream(r) => r.held(),
+            HostStateReader::Cache(r) => r.held(),
+        }
+    }
 }

@@ -155,6 +155,14 @@ impl ShardState {
         self.values = c.values.iter().map(|(k, v, version)| (k.as_str().into(), (owned(v), *version))).collect();
         self.as_of = Some(c.as_of);
     }
+
+    /// [`restore_checkpoint`](Self::restore_checkpoint) of a checkpoint whose values are
+    /// allocations of their own already (read from disk a piece at a time,
+    /// [`crate::storage::StateCheckpointReader`]): kept as they are, not copied again.
+    pub(super) fn restore_checkpoint_owned(&mut self, c: StateCheckpoint) {
+        self.values = c.values.into_iter().map(|(k, v, version)| (Arc::from(k), (v, version))).collect();
+        self.as_of = Some(c.as_of);
+    }
 }
 
 /// A shard's commit state as of one point ([`ShardState::freeze`]): its keys and values shared

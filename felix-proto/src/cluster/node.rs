@@ -38,8 +38,11 @@ mod admin;
 mod metadata_group;
 #[path = "node_replicas.rs"]
 mod replicas;
+#[path = "node_restore.rs"]
+mod restore;
 #[path = "node_snapshots.rs"]
 mod snapshots;
+pub use restore::{RESTORE_IN_PIECES_MIN, RESTORE_PIECE_BYTES, RestoreCounts};
 // What the node asks its driver to do, and `poll_output`, which hands it out.
 #[path = "node_output.rs"]
 mod output;
@@ -475,6 +478,8 @@ pub struct ClusterNode {
     /// Reads of replica logs under way ([`NodeOutput::ReadReplicaLog`]), by token.
     replica_reads: BTreeMap<u64, ReplicaRead>,
     next_replica_read: u64,
+    /// Followers' restores of installed snapshots from disk ([`restore`]).
+    restores: restore::Restores,
     /// Bytes queued for other brokers and not yet written, as the driver last said
     /// ([`ClusterNode::set_peer_queued`]).
     peer_queued: u64,
@@ -626,6 +631,8 @@ struct Hosted {
     /// The index of the last snapshot persisted (or kept) and whether its host state holds a
     /// stream's commit state: known when its data was in hand, for when it is sent from disk.
     snapshot_commits: Option<(u64, bool)>,
+    /// Its host's state being read back from the snapshot on disk ([`restore`]).
+    restoring: Option<Box<restore::Restoring>>,
 }
 
 /// On a leader: which of the shard's other replicas fell behind since the last look, and which
@@ -756,6 +763,7 @@ impl ClusterNode {
             beats: BTreeMap::new(),
             replica_reads: BTreeMap::new(),
             next_replica_read: 1,
+            restores: restore::Restores::default(),
             peer_queued: 0,
             held_catch_up_reads: VecDeque::new(),
             catch_up_reads_held: 0,
@@ -1057,6 +1065,7 @@ impl ClusterNode {
             self.hibernation_tick(now);
             self.release_held_moves(now);
             self.resume_snapshot_sends(now);
+            self.retry_restores();
             self.flush_pending(now);
             self.drain_meta(now);
             self.maybe_snapshot_meta(now);

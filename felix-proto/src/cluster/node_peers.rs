@@ -94,9 +94,9 @@ impl ClusterNode {
                 }
             }
             PeerMessage::SnapshotChunk(c) => {
-                if let Some((shard, msg)) = self.take_chunk(from, c) {
+                if let Some((shard, msg, rest)) = self.take_chunk(from, c) {
                     self.snapshot_chunk_counts.1 += 1;
-                    self.step_shard(from, shard, msg, now);
+                    self.step_shard_with(from, shard, msg, rest, now);
                 }
             }
             PeerMessage::Heartbeats(list) => {

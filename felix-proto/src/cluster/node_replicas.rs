@@ -7,7 +7,7 @@
 
 use super::snapshots::snapshot_holds_commits;
 use super::*;
-use crate::cluster::replica::HostPart;
+use crate::cluster::replica::{HostPart, SnapshotRest};
 
 impl ClusterNode {
     /// Hands over what the driver kept of this broker's replicas (their Raft logs, read back at
@@ -294,6 +294,7 @@ impl ClusterNode {
                             settled_ticks: 0,
                             preferred_tried: None,
                             snapshot_commits,
+                            restoring: None,
                         },
                     );
                     self.awake.insert(shard.clone());
@@ -570,6 +571,7 @@ impl ClusterNode {
     ) {
         let Some(h) = self.replicas.get_mut(shard) else { return };
         while let Some(o) = h.replica.poll_output() {
+            let Some(o) = restore::hold_for_restore(h, &mut self.restores, o) else { continue };
             match o {
                 ReplicaOutput::Persist { entries, hard_state } => {
                     self.out.push_back(NodeOutput::PersistReplica { shard: shard.clone(), entries, hard_state })
@@ -578,8 +580,13 @@ impl ClusterNode {
                     h.snapshot_commits = Some(snapshot_holds_commits(&snapshot, rest.as_ref()));
                     self.out.push_back(NodeOutput::PersistReplicaSnapshot { shard: shard.clone(), snapshot, rest })
                 }
-                ReplicaOutput::Restored { next_offset, state } => {
-                    self.broker.restore_replicated(shard, next_offset, &state, now)
+                ReplicaOutput::Restored { next_offset, state, index, at, len, received } => {
+                    let history = self.broker.config().history_reads;
+                    let (restores, token, out) = (&mut self.restores, &mut self.next_replica_read, &mut self.out);
+                    let found = (next_offset, &state, index, at, len, received);
+                    if !restore::begin_restore(h, restores, token, out, shard, history, found) {
+                        self.broker.restore_replicated(shard, next_offset, &state, now)
+                    }
                 }
                 ReplicaOutput::CheckpointDue { index } => {
                     let rest = h.replica.checkpoint_due(index).and_then(|data| {
@@ -659,13 +666,10 @@ impl ClusterNode {
         }
         // Worked out again only when what it depends on changed (a drain per message and per
         // tick: the follower's hint costs lookups by name).
-        let from = (
-            h.replica.is_leader(),
-            h.ready_term == Some(h.replica.term()),
-            h.replica.leader(),
-            self.metadata_changes,
-            h.names.len(),
-        );
+        // A replica whose state is being read back serves nothing, elected or not.
+        let leads = h.replica.is_leader() && h.restoring.is_none();
+        let from =
+            (leads, h.ready_term == Some(h.replica.term()), h.replica.leader(), self.metadata_changes, h.names.len());
         if h.role_from == Some(from) {
             if (from.0 || h.lease.is_some()) && self.broker.wants_read_lease(shard) {
                 self.drain_lease(shard, now);
@@ -673,7 +677,7 @@ impl ClusterNode {
             return;
         }
         h.role_from = Some(from);
-        let role = if h.replica.is_leader() {
+        let role = if leads {
             if h.ready_term == Some(h.replica.term()) { ReplicaRole::Leading } else { ReplicaRole::Settling }
         } else {
             let leader = h.replica.leader().and_then(|l| h.names.get(&l)).filter(|n| **n != self.me.id).map(|n| {
@@ -706,7 +710,8 @@ impl ClusterNode {
     pub(super) fn drain_lease(&mut self, shard: &ShardId, now: Instant) {
         let Some(h) = self.replicas.get_mut(shard) else { return };
         {
-            let lease = h.replica.read_lease();
+            // (No lease is held while its state is being read back.)
+            let lease = h.replica.read_lease().filter(|_| h.restoring.is_none());
             if h.lease != lease {
                 h.lease = lease;
                 self.broker.set_read_lease(shard, lease);
@@ -742,6 +747,19 @@ impl ClusterNode {
 
     /// A Raft message of a shard's group from peer `from`.
     pub(super) fn step_shard(&mut self, from: &str, shard: ShardId, msg: Message, now: Instant) {
+        self.step_shard_with(from, shard, msg, None, now);
+    }
+
+    /// [`step_shard`](Self::step_shard) of a snapshot whose data's end, the host's state, came
+    /// beside it as `rest` (chunks as they came: [`Self::take_chunk`]).
+    pub(super) fn step_shard_with(
+        &mut self,
+        from: &str,
+        shard: ShardId,
+        msg: Message,
+        rest: Option<SnapshotRest>,
+        now: Instant,
+    ) {
         // A message for a shard this broker holds no replica of (yet: it starts at the next
         // tick) changes nothing; Raft resends.
         let Some(h) = self.replicas.get_mut(&shard) else { return };
@@ -780,7 +798,10 @@ impl ClusterNode {
         }
         note_rejoin(h, &msg);
         let (kind, quiet) = (msg.get_msg_type(), msg.context.as_ref() == QUIET_CONTEXT);
-        h.replica.step(msg);
+        match rest {
+            Some(rest) => h.replica.step_with_rest(msg, rest),
+            None => h.replica.step(msg),
+        }
         self.drain_replica(&shard, now);
         self.after_group_message(&shard, from, kind, quiet);
     }
@@ -791,7 +812,18 @@ impl ClusterNode {
     /// the leader sends the snapshot again when its follower still needs one. Chunks of a
     /// shard this broker holds no replica of, or that claim more than [`MAX_SNAPSHOT_BYTES`],
     /// are dropped.
-    pub(super) fn take_chunk(&mut self, from: &str, c: SnapshotChunk) -> Option<(ShardId, Message)> {
+    ///
+    /// With history reads, a snapshot of [`restore::RESTORE_IN_PIECES_MIN`] or more is not
+    /// gathered: its message's data is the group's own state alone, and the host's state
+    /// goes beside it as the chunks came, to be written to disk and read back from there
+    /// ([`restore`]). Gathered, the chunks and the one buffer they were copied into were in
+    /// memory together, twice the data at the peak of the install.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn take_chunk(
+        &mut self,
+        from: &str,
+        c: SnapshotChunk,
+    ) -> Option<(ShardId, Message, Option<SnapshotRest>)> {
         let key = (from.to_owned(), c.shard.clone());
         if !self.replicas.contains_key(&c.shard) || c.total > MAX_SNAPSHOT_BYTES {
             self.assemblies.remove(&key);
@@ -826,8 +858,21 @@ impl ClusterNode {
             return None;
         }
         let Assembly { mut header, chunks, received, .. } = self.assemblies.remove(&key)?;
+        let aside = self.broker.config().history_reads && received >= self.restores.min.max(1);
+        let chunks = if aside {
+            match restore::split_received(chunks, c.shard.kind) {
+                Ok((own, rest)) => {
+                    self.restores.counts.never_gathered += 1;
+                    header.mut_snapshot().set_data(own);
+                    return Some((c.shard, header, Some(rest)));
+                }
+                Err(chunks) => chunks,
+            }
+        } else {
+            chunks
+        };
         header.mut_snapshot().set_data(Assembly::data(chunks, received));
-        Some((c.shard, header))
+        Some((c.shard, header, None))
     }
 
     /// The driver's count of bytes queued for other brokers and not yet written to their

@@ -146,6 +146,7 @@ impl ClusterNode {
     pub fn handle_replica_snapshot_piece(&mut self, token: u64, read: Result<SnapshotPiece, String>, now: Instant) {
         self.last_now = self.last_now.max(now);
         let now = self.last_now;
+        let Err(read) = self.take_restore_piece(token, read, now) else { return };
         let Some(key) = self.snapshot_send_reads.remove(&token) else { return };
         let Some(s) = self.snapshot_sends.get_mut(&key) else { return };
         match s.on_read(token, read, now) {

@@ -276,6 +276,18 @@ pub enum ReplicaOutput {
         /// The host's state in the snapshot ([`Replica::complete_checkpoint`]; empty for a
         /// stream, whose records are not part of its snapshots).
         state: Bytes,
+        /// The snapshot's index.
+        index: u64,
+        /// Where the host's state starts in the snapshot's data (it runs to the end): where a
+        /// host that reads it back from the snapshot kept on disk finds it.
+        at: u64,
+        /// The host's state's length in the snapshot's data: `state`'s, unless its end was
+        /// sent to disk beside the data without being gathered ([`Replica::step_with_rest`]):
+        /// then only the snapshot on disk holds it whole.
+        len: u64,
+        /// The leader sent the snapshot (else it is this replica's own, kept across a
+        /// restart).
+        received: bool,
     },
     /// A checkpoint is due right after entry `index` (everything up to it was delivered):
     /// for a replica whose host keeps state of its own ([`Replica::set_host_state`]), hand
@@ -350,6 +362,8 @@ pub struct Replica {
     /// The host's part of the snapshot being compacted to (by reference), for its
     /// [`ReplicaOutput::PersistSnapshot`], by index.
     compacting_rest: Option<(u64, SnapshotRest)>,
+    /// The end of a received snapshot's data, beside its message ([`Self::step_with_rest`]).
+    received_rest: Option<(u64, SnapshotRest)>,
     /// Entry bytes applied since the last checkpoint, and how many make one.
     since_checkpoint: u64,
     checkpoint_bytes: u64,
@@ -419,6 +433,7 @@ impl Replica {
             leading: false,
             checkpoints: VecDeque::new(),
             compacting_rest: None,
+            received_rest: None,
             since_checkpoint: 0,
             checkpoint_bytes: CHECKPOINT_BYTES,
             host_state,
@@ -431,7 +446,7 @@ impl Replica {
         };
         if let Some(snap) = kept.snapshot.as_ref() {
             // Its state first: the committed entries replayed next come after it.
-            r.restore(snap.data.clone());
+            r.restore(snap.data.clone(), snap.get_metadata().index, false, 0);
         }
         if let Some(sp) = kept.spill.as_ref().filter(|s| !s.is_empty()) {
             // The first read is asked once the entry cache is set, or at the first tick.
@@ -800,8 +815,11 @@ impl Replica {
 
     /// Takes the state a snapshot holds. Snapshots are only made by this module; one whose
     /// data does not read leaves the state as it was (the same on every replica).
-    fn restore(&mut self, data: Bytes) {
+    fn restore(&mut self, data: Bytes, index: u64, received: bool, beside: u64) {
+        let whole = data.len();
         let Some((next_offset, producers, state)) = Self::decode_state(data) else { return };
+        let at = whole.saturating_sub(state.len()) as u64;
+        let len = state.len() as u64 + beside;
         self.next_offset = next_offset;
         self.producers = producers;
         self.checkpoints.clear();
@@ -810,7 +828,7 @@ impl Replica {
         for (_, p) in std::mem::take(&mut self.pending) {
             self.out.push_back(ReplicaOutput::Answer { token: p.token, answer: Answer::LeadershipLost });
         }
-        self.out.push_back(ReplicaOutput::Restored { next_offset, state });
+        self.out.push_back(ReplicaOutput::Restored { next_offset, state, index, at, len, received });
     }
 
     /// A unit of time passed.
@@ -840,6 +858,18 @@ impl Replica {
         }
         let _ = self.node.step(m);
         self.drain();
+    }
+
+    /// Steps a `MsgSnapshot` whose data holds only the start of the snapshot's data, `rest`
+    /// the end of it (the host's state, as its chunks came, never gathered into one buffer):
+    /// if the snapshot is taken, `rest` goes beside it to be persisted
+    /// ([`ReplicaOutput::PersistSnapshot`]), and the host reads its state back from there
+    /// ([`ReplicaOutput::Restored`] says how long it is).
+    pub fn step_with_rest(&mut self, m: Message, rest: SnapshotRest) {
+        self.received_rest = Some((m.get_snapshot().get_metadata().index, rest));
+        self.step(m);
+        // Not taken (a stale snapshot): let go.
+        self.received_rest = None;
     }
 
     /// Proposes a batch (on the leader); its answer comes out as [`ReplicaOutput::Answer`]
@@ -944,6 +974,15 @@ impl Replica {
         self.out.pop_front()
     }
 
+    /// Puts outputs taken from [`poll_output`](Self::poll_output) back in front of what is
+    /// left, in their order: a host that held its replica's outputs while it read a restored
+    /// state back from disk carries them out after it, as they came.
+    pub fn unpoll(&mut self, held: impl DoubleEndedIterator<Item = ReplicaOutput>) {
+        for o in held.rev() {
+            self.out.push_front(o);
+        }
+    }
+
     fn drain(&mut self) {
         while let Some(o) = self.node.poll_output() {
             match o {
@@ -954,13 +993,14 @@ impl Replica {
                     // Kept before anything after it; received, the state becomes its.
                     let data = received.then(|| snapshot.data.clone());
                     let index = snapshot.get_metadata().index;
-                    let rest = match self.compacting_rest.take() {
-                        Some((i, rest)) if !received && i == index => Some(rest),
-                        _ => None,
-                    };
+                    // This replica's own compaction's host part, or a received one's.
+                    let compacted = self.compacting_rest.take().filter(|(i, _)| !received && *i == index);
+                    let sent = self.received_rest.take().filter(|(i, _)| received && *i == index);
+                    let rest = compacted.or(sent).map(|(_, r)| r);
+                    let beside = rest.as_ref().filter(|_| received).map_or(0, SnapshotRest::len);
                     self.out.push_back(ReplicaOutput::PersistSnapshot { snapshot, rest });
                     if let Some(data) = data {
-                        self.restore(data);
+                        self.restore(data, index, true, beside);
                     }
                 }
                 MetaOutput::Send { to, message } => self.out.push_back(ReplicaOutput::Send { to, message }),

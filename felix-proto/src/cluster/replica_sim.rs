@@ -266,7 +266,7 @@ impl World {
                         }
                     }
                 }
-                ReplicaOutput::Restored { next_offset, state } => {
+                ReplicaOutput::Restored { next_offset, state, .. } => {
                     let Some(host) = Host::decode(&state) else {
                         return Err(self.violation(format!("r{id} restored a host state that does not read")));
                     };

@@ -153,6 +153,9 @@ pub struct WorldReport {
     /// Reads of a replica's last snapshot, kept on disk only, asked of the driver (a follower
     /// behind its leader's compaction waited for one).
     pub snapshot_reads: u64,
+    /// Snapshots a follower installed whose host state it read back from disk a piece at a
+    /// time (in a quarter of the seeds every one is: see `World::start`).
+    pub restores_from_disk: u64,
     /// Commits (an event and a state change, D63) to the replicated stream acknowledged: every
     /// third publish to it is one; its state is checked once healed.
     pub commits_acked: u64,
@@ -189,6 +192,7 @@ impl WorldReport {
         self.replayed += r.replayed;
         self.snapshot_chunks += r.snapshot_chunks;
         self.snapshot_reads += r.snapshot_reads;
+        self.restores_from_disk += r.restores_from_disk;
         self.commits_acked += r.commits_acked;
         self.meta_snapshots += r.meta_snapshots;
         self.meta_snapshots_received += r.meta_snapshots_received;
@@ -387,6 +391,12 @@ impl World {
         if self.seed % 2 == 1 {
             node.set_snapshot_chunk_bytes(24);
         }
+        if self.history_reads() && self.seed % 8 >= 6 {
+            // A follower reads back every state of a snapshot it installed from the copy on
+            // disk, a few bytes at a time (pieces cut through every item of the state), as
+            // one installing a large state does.
+            node.set_restore_in_pieces(0, 1 + self.seed / 8 % 40);
+        }
         // In one seed of three the first broker plays an older version (see the hellos below).
         if self.seed.is_multiple_of(3) && self.names.first().is_some_and(|f| f == name) {
             node.set_offered_features(0);
@@ -423,9 +433,8 @@ impl World {
     }
 
     fn crash(&mut self, name: &str, back_at: Instant) {
-        if self.nodes.remove(name).is_none() {
-            return;
-        }
+        let Some(node) = self.nodes.remove(name) else { return };
+        self.report.restores_from_disk += node.restore_counts().finished;
         self.report.crashes += 1;
         self.down.insert(name.to_owned(), back_at);
         self.follower_lost(name, None, "the broker crashed");
@@ -1040,5 +1049,6 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         return Err(w.violation(format!("healed, but not every follower caught up: {}", w.followers_behind())));
     }
     w.check_durable(&first)?;
+    w.report.restores_from_disk += w.nodes.values().map(|n| n.restore_counts().finished).sum::<u64>();
     Ok(w.report)
 }

@@ -55,7 +55,7 @@ pub fn decode_producer_watermarks(data: &[u8]) -> Result<Vec<(u64, u64)>, IndexE
 }
 
 /// Magic of a shard's state-checkpoint file: "FLXS".
-const STATE_CHECKPOINT_MAGIC: u32 = 0x464C_5853;
+pub(super) const STATE_CHECKPOINT_MAGIC: u32 = 0x464C_5853;
 
 /// A shard's commit state at one point of its log (atomic commits, `state_get`): every live
 /// key with its value and the offset of the commit that wrote it, and `as_of`, the offset of

@@ -30,10 +30,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 mod requests;
 pub use requests::{FsyncMode, PersistRequest, ReadRequest, WriteOutcome};
 mod beside;
+mod checkpoint_reader;
+pub mod pieces;
 pub use beside::{
     CheckpointError, StateCheckpoint, decode_producer_watermarks, decode_state_checkpoint, encode_producer_watermarks,
     encode_state_checkpoint, encode_state_checkpoint_into, encode_state_checkpoint_pieces, state_checkpoint_as_of,
 };
+pub use checkpoint_reader::StateCheckpointReader;
 
 /// Batch magic, "FLXB".
 pub const BATCH_MAGIC: u32 = 0x464C_5842;

@@ -172,7 +172,7 @@ fn a_host_states_checkpoint_carries_it_and_compacting_to_the_last_entry_keeps_th
     let kept = RaftLog { snapshot: Some(last.clone()), ..RaftLog::default() };
     let mut again = Replica::new_hosting(1, &[1], &kept, None, true).expect("restart");
     let restored = std::iter::from_fn(|| again.poll_output()).find_map(|o| match o {
-        ReplicaOutput::Restored { next_offset, state } => Some((next_offset, state)),
+        ReplicaOutput::Restored { next_offset, state, .. } => Some((next_offset, state)),
         _ => None,
     });
     let (next, state) = restored.expect("restored");

@@ -94,3 +94,67 @@ fn a_stream_states_commit_values_are_read_where_the_snapshot_holds_them() {
         assert!(crate::broker::tests::within(v, &state), "{k}: copied out of the snapshot's data");
     }
 }
+
+/// A stream's state read a piece at a time, as a follower reads it back from disk, is what
+/// reading it whole gives, wherever the pieces are cut (through the head, the section's tag
+/// and length, a value); each value a copy of its own; bytes that are not a whole state give
+/// nothing, as whole.
+#[test]
+fn a_stream_state_read_in_pieces_is_the_state_read_whole() {
+    let snap = |name: &str, cursor| GroupOp::Snapshot {
+        group: name.into(),
+        state: Durable { cursor: Some(cursor), dead: [3].into(), ..Durable::default() },
+    };
+    let commits = crate::storage::StateCheckpoint {
+        as_of: 20,
+        values: (0..5u64).map(|i| (format!("k{i}"), Bytes::from(vec![i as u8; 100]), 10 + i)).collect(),
+    };
+    let section = crate::storage::encode_state_checkpoint(&commits).unwrap();
+    let mut head = vec![STREAM_STATE_VERSION];
+    head.extend_from_slice(&77u64.to_be_bytes());
+    head.extend_from_slice(&2u32.to_be_bytes());
+    for op in [snap("a", 4), snap("b", 11)] {
+        let e = op.encode();
+        head.extend_from_slice(&(e.len() as u32).to_be_bytes());
+        head.extend_from_slice(&e);
+    }
+    let mut with = head.clone();
+    with.push(STREAM_STATE_COMMITS);
+    with.extend_from_slice(&(section.len() as u32).to_be_bytes());
+    with.extend_from_slice(&section);
+    let in_pieces = |bytes: &[u8], size: usize| {
+        let mut r = StreamStateReader::default();
+        for p in bytes.chunks(size.max(1)) {
+            r.feed(p);
+        }
+        r.finish()
+    };
+    for state in [&head, &with] {
+        let whole = decode_stream_state(state);
+        assert!(whole.is_some());
+        for size in [1, 2, 7, 13, 64, 300, state.len()] {
+            assert_eq!(in_pieces(state, size), whole, "pieces of {size}");
+        }
+    }
+    let (_, _, read) = in_pieces(&with, 9).unwrap();
+    let state = Bytes::from(with.clone());
+    assert!(read.unwrap().values.iter().all(|(_, v, _)| !crate::broker::tests::within(v, &state)));
+    for cut in 0..with.len() {
+        // (Cut right after the groups, it is a whole state without commits.)
+        assert_eq!(in_pieces(&with[..cut], 5), decode_stream_state(&with[..cut]), "cut {cut}");
+        assert_eq!(in_pieces(&with[..cut], 5).is_some(), cut == head.len(), "cut {cut}");
+    }
+    let mut longer = with.clone();
+    longer.push(0);
+    assert_eq!(in_pieces(&longer, 50), None, "a byte after the section");
+    let mut flipped = with.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    assert_eq!(in_pieces(&flipped, 50), None, "a damaged section");
+    let mut holds = Vec::new();
+    for p in with.chunks(3) {
+        holds.push(Bytes::copy_from_slice(p));
+    }
+    assert!(stream_state_holds_commits_in(&holds));
+    assert!(!stream_state_holds_commits_in(&[Bytes::from(head)]));
+}

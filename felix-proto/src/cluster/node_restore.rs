@@ -1,0 +1,445 @@
+//! A follower's install of a replicated shard's snapshot sent by its leader, the host's state
+//! (a stream's commit state, a cache's values) written to disk as it came and read back from
+//! there a piece at a time.
+//!
+//! Why: the snapshot's data was gathered into one buffer from its chunks (the chunks and the
+//! buffer in memory together), and the state restored from that buffer (the buffer and the
+//! state built from it in memory together): twice the state at each step (measured: 102–104
+//! MB for a follower installing a 40 MiB commit state). With history reads a snapshot of
+//! [`RESTORE_IN_PIECES_MIN`] or more is not gathered: its Raft message carries the group's own
+//! state alone, the host's state goes beside it as the chunks came ([`split_received`]), is
+//! written to the replica's log file before anything after it is carried out
+//! ([`NodeOutput::PersistReplicaSnapshot`]) and let go, and is read back from that record a
+//! piece at a time ([`NodeOutput::ReadReplicaSnapshotPiece`]), each value copied out as its
+//! bytes come ([`HostStateReader`]). A snapshot sent whole (to a broker that reads no
+//! chunks, or small) is restored the same way once written, when its state is that large.
+//!
+//! Until the state is whole the replica's later outputs that touch the host (records
+//! delivered, side entries, checkpoints due, answers, a generation's start) are held, in
+//! order, and carried out after it; the broker is told the replica follows, so it serves
+//! nothing of the shard meanwhile (not even when its replica was elected: it would serve the
+//! state from before the snapshot). A read that fails is tried again at each tick (said
+//! once), unless a newer snapshot replaced the one being read, which is restored instead.
+//! A child of [`super`] in a file of its own, as [`hibernation`](super::hibernation) is.
+
+use super::*;
+use crate::broker::HostStateReader;
+use crate::cluster::meta::SnapshotPiece;
+use crate::cluster::replica::{HostPart, SnapshotRest};
+use crate::shard::Kind;
+
+/// A snapshot a leader sent whose data (in chunks) or host state (sent whole) is at least this
+/// many bytes has its host state read back from disk a piece at a time (with history reads); a
+/// smaller one is restored at once from the data in hand, where the second copy costs little.
+pub const RESTORE_IN_PIECES_MIN: u64 = 1 << 20;
+
+/// Bytes of each read of a restore's state.
+pub const RESTORE_PIECE_BYTES: u64 = 1 << 20;
+
+/// A follower's restore of a snapshot's host state from disk, under way.
+#[derive(Debug)]
+pub(super) struct Restoring {
+    /// The snapshot's index (a record holding another is an error).
+    index: u64,
+    /// The next offset the group gives after the snapshot.
+    next_offset: u64,
+    /// The next byte of the snapshot's data to read.
+    next: u64,
+    /// The data's end (the host's state runs to it).
+    end: u64,
+    /// The read under way.
+    token: Option<u64>,
+    reader: HostStateReader,
+    /// The replica's outputs that came after the snapshot and touch the host, in order.
+    held: VecDeque<ReplicaOutput>,
+    /// A failed read was said (once per restore).
+    said: bool,
+    /// The next read checks the whole record's CRC first: the first, and the first after a
+    /// failure.
+    verify: bool,
+}
+
+/// The node's side of restores: settings, the reads under way and counts.
+#[derive(Debug)]
+pub(super) struct Restores {
+    /// Host states this large or larger are read back in pieces.
+    pub(super) min: u64,
+    /// Bytes a read asks for.
+    piece: u64,
+    /// Reads under way, by token.
+    reads: BTreeMap<u64, ShardId>,
+    /// Shards restoring (tried again at each tick while no read is under way).
+    active: BTreeSet<ShardId>,
+    pub(super) counts: RestoreCounts,
+}
+
+impl Default for Restores {
+    fn default() -> Self {
+        Restores {
+            min: RESTORE_IN_PIECES_MIN,
+            piece: RESTORE_PIECE_BYTES,
+            reads: BTreeMap::new(),
+            active: BTreeSet::new(),
+            counts: RestoreCounts::default(),
+        }
+    }
+}
+
+/// What a node's restores from disk did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreCounts {
+    /// Restores started.
+    pub started: u64,
+    /// Restores whole (the broker took the state).
+    pub finished: u64,
+    /// Pieces read.
+    pub pieces: u64,
+    /// Reads that failed (tried again).
+    pub failed_reads: u64,
+    /// Restores given up for a newer snapshot's.
+    pub superseded: u64,
+    /// Snapshots received in chunks whose host state was never gathered into one buffer
+    /// (written to disk as the chunks came, then read back).
+    pub never_gathered: u64,
+    /// The most bytes a restore held besides the values it read (the head gathered, a value
+    /// cut by a piece's end), and the most outputs it held.
+    pub most_held_bytes: u64,
+    /// See `most_held_bytes`.
+    pub most_held_outputs: u64,
+}
+
+/// The most bytes gathered to find where a received snapshot's own state ends (it is a few
+/// bytes, more with many idempotent producers): past it the data is gathered whole, as
+/// before, and the check that drops data that is not a replica's state reads it so.
+const OWN_STATE_MAX: usize = 4 << 20;
+
+/// A received snapshot's host state as its chunks came ([`split_received`]): written beside
+/// the snapshot's data, piece by piece, then let go.
+#[derive(Debug)]
+struct ReceivedState {
+    chunks: Vec<Bytes>,
+    len: usize,
+    commits: bool,
+}
+
+impl HostPart for ReceivedState {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        for c in &self.chunks {
+            out.extend_from_slice(c);
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.len
+    }
+
+    fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
+        for c in &self.chunks {
+            each(c);
+        }
+    }
+
+    fn holds_commits(&self) -> bool {
+        self.commits
+    }
+}
+
+/// Splits a received snapshot's chunks where the group's own state ends: its bytes (gathered:
+/// a few), and the host's state as the chunks hold it, beside. `Err` (the chunks, unchanged)
+/// when they do not start with a replica's state.
+pub(super) fn split_received(chunks: Vec<Bytes>, kind: Kind) -> Result<(Bytes, SnapshotRest), Vec<Bytes>> {
+    let mut head = Vec::new();
+    let mut own = None;
+    for c in &chunks {
+        let take = c.len().min(OWN_STATE_MAX.saturating_sub(head.len()));
+        head.extend_from_slice(&c[..take]);
+        if let Some(host) = Replica::host_state_of(&head) {
+            own = Some(head.len() - host.len());
+            break;
+        }
+        if take < c.len() {
+            break;
+        }
+    }
+    let Some(own) = own else { return Err(chunks) };
+    let mut rest = Vec::with_capacity(chunks.len());
+    let mut at = 0;
+    for c in chunks {
+        let end = at + c.len();
+        if end > own {
+            rest.push(c.slice(own.saturating_sub(at)..));
+        }
+        at = end;
+    }
+    let len = rest.iter().map(Bytes::len).sum();
+    let commits = kind == Kind::Stream && crate::broker::stream_state_holds_commits_in(&rest);
+    let own = Bytes::copy_from_slice(&head[..own]);
+    Ok((own, SnapshotRest::new(std::sync::Arc::new(ReceivedState { chunks: rest, len, commits }))))
+}
+
+/// Whether a replica's output waits for its host's state while it is read back: everything
+/// that reads or changes the host's state, or answers what did.
+fn waits_for_restore(o: &ReplicaOutput) -> bool {
+    matches!(
+        o,
+        ReplicaOutput::Restored { .. }
+            | ReplicaOutput::CheckpointDue { .. }
+            | ReplicaOutput::Delivered { .. }
+            | ReplicaOutput::Side { .. }
+            | ReplicaOutput::Answer { .. }
+            | ReplicaOutput::GenerationStart { .. }
+    )
+}
+
+/// Asks for the restore's next piece.
+fn ask(
+    restores: &mut Restores,
+    next_token: &mut u64,
+    out: &mut VecDeque<NodeOutput>,
+    shard: &ShardId,
+    r: &mut Restoring,
+) {
+    let token = *next_token;
+    *next_token += 1;
+    restores.reads.insert(token, shard.clone());
+    r.token = Some(token);
+    let len = restores.piece.max(1).min(r.end - r.next);
+    out.push_back(NodeOutput::ReadReplicaSnapshotPiece {
+        shard: shard.clone(),
+        token,
+        index: r.index,
+        offset: r.next,
+        len,
+        verify: r.verify,
+    });
+}
+
+/// Holds `o` if `h` is restoring and `o` waits for it; gives it back otherwise.
+pub(super) fn hold_for_restore(h: &mut Hosted, restores: &mut Restores, o: ReplicaOutput) -> Option<ReplicaOutput> {
+    match h.restoring.as_mut() {
+        Some(r) if waits_for_restore(&o) => {
+            r.held.push_back(o);
+            restores.counts.most_held_outputs = restores.counts.most_held_outputs.max(r.held.len() as u64);
+            None
+        }
+        _ => Some(o),
+    }
+}
+
+/// Starts reading back the host's state of a snapshot the leader sent to `h`, if it is one to
+/// read in pieces (with history reads, at least [`Restores::min`] bytes; or one whose end was
+/// never gathered: [`split_received`]): `state` (what is in hand) is let go. False: the
+/// caller restores it from `state`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn begin_restore(
+    h: &mut Hosted,
+    restores: &mut Restores,
+    next_token: &mut u64,
+    out: &mut VecDeque<NodeOutput>,
+    shard: &ShardId,
+    history_reads: bool,
+    (next_offset, state, index, at, len, received): (u64, &Bytes, u64, u64, u64, bool),
+) -> bool {
+    // A state whose end went to disk without being gathered is read from there, whatever
+    // its size.
+    let in_hand = state.len() as u64 == len;
+    let pieces = received && len > 0 && (!in_hand || (history_reads && len >= restores.min));
+    if !pieces {
+        return false;
+    }
+    let mut r = Box::new(Restoring {
+        index,
+        next_offset,
+        next: at,
+        end: at + len,
+        token: None,
+        reader: HostStateReader::new(shard.kind),
+        held: VecDeque::new(),
+        said: false,
+        // The record's CRC is checked whole before the first piece, as a send's first is.
+        verify: true,
+    });
+    ask(restores, next_token, out, shard, &mut r);
+    // (A newer snapshot's outputs wait behind the restore under way, so none is.)
+    if h.restoring.replace(r).is_some() {
+        restores.counts.superseded += 1;
+    }
+    restores.active.insert(shard.clone());
+    restores.counts.started += 1;
+    true
+}
+
+impl ClusterNode {
+    /// A follower's host states of at least `min` bytes in snapshots its leaders send are read
+    /// back from disk `piece` bytes at a time ([`RESTORE_IN_PIECES_MIN`] and
+    /// [`RESTORE_PIECE_BYTES`] unless set; simulations set both small). Only with history
+    /// reads, where the snapshot is kept on disk.
+    pub fn set_restore_in_pieces(&mut self, min: u64, piece: u64) {
+        self.restores.min = min;
+        self.restores.piece = piece.max(1);
+    }
+
+    /// What restores from disk did.
+    pub fn restore_counts(&self) -> RestoreCounts {
+        self.restores.counts
+    }
+
+    /// The value of `key` in the commit state this broker holds of `shard` (checkers and
+    /// tests; changes nothing).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn commit_state_peek(&self, shard: &ShardId, key: &str) -> Option<Bytes> {
+        self.broker.commit_state_peek(shard, key)
+    }
+
+    /// Shards whose host state is being read back from disk.
+    pub fn restoring(&self) -> usize {
+        self.restores.active.len()
+    }
+
+    /// The driver read a piece a restore asked for ([`Self::handle_replica_snapshot_piece`]
+    /// hands every piece here first): taken, or handed back (`Err`) when `token` is not a
+    /// restore's.
+    pub(super) fn take_restore_piece(
+        &mut self,
+        token: u64,
+        read: Result<SnapshotPiece, String>,
+        now: Instant,
+    ) -> Result<(), Result<SnapshotPiece, String>> {
+        let Some(shard) = self.restores.reads.remove(&token) else { return Err(read) };
+        let Some(h) = self.replicas.get_mut(&shard) else {
+            self.restores.active.remove(&shard);
+            return Ok(());
+        };
+        let Some(r) = h.restoring.as_mut().filter(|r| r.token == Some(token)) else { return Ok(()) };
+        r.token = None;
+        let why = match read {
+            Ok(p) if p.total == r.end && !p.data.is_empty() && p.data.len() as u64 <= r.end - r.next => {
+                r.reader.feed(&p.data);
+                r.next += p.data.len() as u64;
+                r.verify = false;
+                self.restores.counts.pieces += 1;
+                self.restores.counts.most_held_bytes = self.restores.counts.most_held_bytes.max(r.reader.held() as u64);
+                None
+            }
+            Ok(p) => {
+                Some(format!("a piece of {} bytes of data {} long, at {} of {}", p.data.len(), p.total, r.next, r.end))
+            }
+            Err(e) => Some(e),
+        };
+        if let Some(why) = why {
+            self.restores.counts.failed_reads += 1;
+            if r.held.iter().any(|o| matches!(o, ReplicaOutput::Restored { .. })) {
+                // A newer snapshot replaced the one on disk: what came after this one is
+                // carried out, the newer one's restore with it (which holds what they did).
+                if let Some(r) = h.restoring.take() {
+                    h.replica.unpoll(r.held.into_iter());
+                }
+                self.restores.active.remove(&shard);
+                self.restores.counts.superseded += 1;
+                self.drain_replica(&shard, now);
+                return Ok(());
+            }
+            r.verify = true;
+            if !r.said {
+                r.said = true;
+                let label = format!("{}/{}/{}#{}", shard.tenant, shard.namespace, shard.name, shard.shard);
+                self.broker.notice(Notice::ShardRestoreReadFailed { shard: label, why });
+            }
+            return Ok(()); // asked again at the next tick
+        }
+        if r.next < r.end {
+            ask(&mut self.restores, &mut self.next_replica_read, &mut self.out, &shard, r);
+            return Ok(());
+        }
+        let Some(r) = h.restoring.take() else { return Ok(()) };
+        let Restoring { next_offset, reader, held, .. } = *r;
+        self.restores.active.remove(&shard);
+        self.restores.counts.finished += 1;
+        self.broker.restore_replicated_read(&shard, next_offset, reader, now);
+        if let Some(h) = self.replicas.get_mut(&shard) {
+            h.replica.unpoll(held.into_iter());
+            // The role it is told is worked out again: it may serve now.
+            h.role_from = None;
+        }
+        self.drain_replica(&shard, now);
+        Ok(())
+    }
+
+    /// Restores whose last read failed ask again (at each tick).
+    pub(super) fn retry_restores(&mut self) {
+        // (A replica dropped while it restored takes its restore with it.)
+        let replicas = &self.replicas;
+        self.restores.active.retain(|s| replicas.get(s).is_some_and(|h| h.restoring.is_some()));
+        let due: Vec<ShardId> = (self.restores.active.iter())
+            .filter(|s| self.replicas.get(*s).and_then(|h| h.restoring.as_ref()).is_some_and(|r| r.token.is_none()))
+            .cloned()
+            .collect();
+        for shard in due {
+            if let Some(r) = self.replicas.get_mut(&shard).and_then(|h| h.restoring.as_mut()) {
+                ask(&mut self.restores, &mut self.next_replica_read, &mut self.out, &shard, r);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica's state as snapshot data: the group's own (version 1, next offset 9, one
+    /// producer with one sequence landed) then `host`.
+    fn snapshot_data(host: &[u8]) -> Vec<u8> {
+        let mut d = vec![1];
+        d.extend_from_slice(&9u64.to_be_bytes());
+        d.extend_from_slice(&1u32.to_be_bytes());
+        d.extend_from_slice(&[0; 24]);
+        d.extend_from_slice(&1u32.to_be_bytes());
+        d.extend_from_slice(&[0; 16]);
+        d.extend_from_slice(host);
+        d
+    }
+
+    fn chunks(data: &[u8], size: usize) -> Vec<Bytes> {
+        data.chunks(size).map(Bytes::copy_from_slice).collect()
+    }
+
+    #[test]
+    fn a_received_snapshot_is_split_where_the_groups_own_state_ends_its_chunks_kept_as_they_came() {
+        let checkpoint = crate::storage::encode_state_checkpoint(&crate::storage::StateCheckpoint {
+            as_of: 3,
+            values: vec![("k".into(), Bytes::from(vec![7u8; 300]), 3)],
+        })
+        .unwrap();
+        // A stream's state with a commit section (version, timestamp, no groups, the section).
+        let mut host = vec![1];
+        host.extend_from_slice(&5u64.to_be_bytes());
+        host.extend_from_slice(&0u32.to_be_bytes());
+        host.push(1);
+        host.extend_from_slice(&(checkpoint.len() as u32).to_be_bytes());
+        host.extend_from_slice(&checkpoint);
+        let data = snapshot_data(&host);
+        let own = data.len() - host.len();
+        // Chunks of 7 bytes: the group's own state ends inside one.
+        let sent = chunks(&data, 7);
+        let (head, rest) = split_received(sent.clone(), Kind::Stream).unwrap();
+        assert_eq!(&head[..], &data[..own]);
+        assert_eq!(rest.len(), host.len() as u64);
+        assert!(rest.holds_commits(), "a commit section");
+        let mut pieces = Vec::new();
+        rest.pieces(&mut |p| pieces.push(p.to_vec()));
+        assert_eq!(pieces.concat(), host);
+        assert!(pieces.len() >= host.len() / 7, "handed over as the chunks came");
+        // Beside the message's data, the record's data is the snapshot's, byte for byte.
+        let mut s = crate::cluster::meta::Snapshot::default();
+        s.set_data(head);
+        rest.append_to(&mut s);
+        assert_eq!(&s.data[..], &data[..]);
+        // A cache's state holds no commits; a stream's without the section neither.
+        assert!(!split_received(sent, Kind::Cache).unwrap().1.holds_commits());
+        let plain = snapshot_data(&host[..13]);
+        assert!(!split_received(chunks(&plain, 5), Kind::Stream).unwrap().1.holds_commits());
+        // Not a replica's state: the chunks come back as they were.
+        let junk = chunks(&[9u8; 40], 16);
+        assert_eq!(split_received(junk.clone(), Kind::Stream).unwrap_err(), junk);
+    }
+}
