@@ -42,10 +42,11 @@ mod replicas;
 mod restore;
 #[path = "node_snapshots.rs"]
 mod snapshots;
-pub use restore::{RESTORE_IN_PIECES_MIN, RESTORE_PIECE_BYTES, RestoreCounts};
+pub use restore::{MAX_SNAPSHOT_BYTES, RESTORE_IN_PIECES_MIN, RESTORE_PIECE_BYTES, RestoreCounts};
 // What the node asks its driver to do, and `poll_output`, which hands it out.
 #[path = "node_output.rs"]
 mod output;
+pub use admin::AdminError;
 use hibernation::Sleep;
 pub use hibernation::{PEER_SILENT_TICKS, QUIET_AFTER_TICKS, QUIET_CONTEXT, SWEEP_PER_TICK};
 pub use output::NodeOutput;
@@ -138,42 +139,6 @@ pub const CATCH_UP_QUEUE_LIMIT: u64 = 8 << 20;
 /// goes on at a read (up to 1 MiB) per hold.
 pub const CATCH_UP_HOLD_MAX: Duration = Duration::from_secs(1);
 
-/// The most snapshot data a chunked snapshot may claim (16 GiB): a claim past it is dropped.
-pub const MAX_SNAPSHOT_BYTES: u64 = 16 << 30;
-
-/// A snapshot being received in chunks.
-#[derive(Debug)]
-struct Assembly {
-    index: u64,
-    term: u64,
-    total: u64,
-    /// The `MsgSnapshot`, its data left out.
-    header: Message,
-    /// The chunks' data as they came, put together once, when the last arrives, into a
-    /// buffer of the snapshot's size. (One buffer grown as they came carried up to twice
-    /// the data's size in capacity into the install. Measured, that cost no resident
-    /// memory: glibc grows a large buffer in place and leaves spare room untouched; this
-    /// does not rest on it.)
-    chunks: Vec<Bytes>,
-    /// Bytes of data in `chunks`.
-    received: u64,
-}
-
-impl Assembly {
-    /// The snapshot's data whole: the one chunk as it came, or every chunk copied once into
-    /// a buffer of exactly their size.
-    fn data(chunks: Vec<Bytes>, received: u64) -> Bytes {
-        if chunks.len() == 1 {
-            return chunks.into_iter().next().unwrap_or_default();
-        }
-        let mut data = Vec::with_capacity(received as usize);
-        for c in chunks {
-            data.extend_from_slice(&c);
-        }
-        Bytes::from(data)
-    }
-}
-
 /// A message for a move's target held back by the move budget.
 #[derive(Debug)]
 struct HeldMove {
@@ -234,42 +199,6 @@ enum ReplicaRead {
     Raft { shard: ShardId, low: u64 },
     /// The broker, for history below what its log of the shard holds in memory.
     History { shard: ShardId, read: crate::transport::ReadToken },
-}
-
-/// Why an operator's change of members was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AdminError {
-    /// Already a voter.
-    #[error("{0} is already a member of the cluster")]
-    AlreadyMember(String),
-    /// Not a voter.
-    #[error("{0} is not a member of the cluster")]
-    NotMember(String),
-    /// The last voter cannot leave.
-    #[error("{0} is the cluster's last member")]
-    LastMember(String),
-    /// Its durable shards would lose the records only it holds.
-    #[error(
-        "{id} owns {count} durable shard(s) whose records only it holds: drain it first (`cluster drain {id}` \
-         copies them to the others), or pass force to remove it and lose them"
-    )]
-    OwnsDurableShards {
-        /// Node id.
-        id: String,
-        /// How many.
-        count: usize,
-    },
-    /// A move, drain or cancel the metadata refuses (why, as it says).
-    #[error("{0}")]
-    Refused(String),
-    /// A node id must be 1 to 64 of `[A-Za-z0-9._-]`; an address must be HOST:PORT.
-    #[error("bad {what}: {value:?}")]
-    Bad {
-        /// Which argument.
-        what: &'static str,
-        /// What was given.
-        value: String,
-    },
 }
 
 /// A node's Raft id: a stable 63-bit hash of its node id (never 0), the same on every broker,
@@ -444,7 +373,7 @@ pub struct ClusterNode {
     /// read them ([`SNAPSHOT_CHUNK_BYTES`]; simulations set it small).
     snapshot_chunk_bytes: usize,
     /// Snapshots being received in chunks, by sender and shard.
-    assemblies: BTreeMap<(String, ShardId), Assembly>,
+    assemblies: BTreeMap<(String, ShardId), restore::Assembly>,
     /// Leaderships this broker may still hand to preferred replicas in this tick.
     handovers_left: usize,
     /// Leaderships handed to preferred replicas (settled groups led elsewhere).
@@ -859,26 +788,9 @@ impl ClusterNode {
         voters == wanted && members.iter().all(|n| *n == self.me.id || self.peer_reads_meta(n))
     }
 
-    /// Shard groups' snapshots with more data than `bytes` go in chunks of it (to peers that
-    /// read them); [`SNAPSHOT_CHUNK_BYTES`] unless set (simulations set it small).
-    pub fn set_snapshot_chunk_bytes(&mut self, bytes: usize) {
-        self.snapshot_chunk_bytes = bytes.max(1);
-    }
-
     /// Leaderships this broker handed to their group's preferred replica.
     pub fn preferred_handovers(&self) -> u64 {
         self.handovers
-    }
-
-    /// Snapshots of replicated streams not sent to a replica whose broker cannot read the
-    /// commit state they hold (D63; each retry counts).
-    pub fn shard_snapshots_withheld(&self) -> u64 {
-        self.shard_snapshots_withheld
-    }
-
-    /// Snapshot chunks sent, and snapshots put together from chunks received.
-    pub fn snapshot_chunk_counts(&self) -> (u64, u64) {
-        self.snapshot_chunk_counts
     }
 
     /// The broker this node runs, to read: its counters, its shards, its connections.

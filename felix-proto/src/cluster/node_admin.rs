@@ -5,6 +5,42 @@
 
 use super::*;
 
+/// Why an operator's change of members was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdminError {
+    /// Already a voter.
+    #[error("{0} is already a member of the cluster")]
+    AlreadyMember(String),
+    /// Not a voter.
+    #[error("{0} is not a member of the cluster")]
+    NotMember(String),
+    /// The last voter cannot leave.
+    #[error("{0} is the cluster's last member")]
+    LastMember(String),
+    /// Its durable shards would lose the records only it holds.
+    #[error(
+        "{id} owns {count} durable shard(s) whose records only it holds: drain it first (`cluster drain {id}` \
+         copies them to the others), or pass force to remove it and lose them"
+    )]
+    OwnsDurableShards {
+        /// Node id.
+        id: String,
+        /// How many.
+        count: usize,
+    },
+    /// A move, drain or cancel the metadata refuses (why, as it says).
+    #[error("{0}")]
+    Refused(String),
+    /// A node id must be 1 to 64 of `[A-Za-z0-9._-]`; an address must be HOST:PORT.
+    #[error("bad {what}: {value:?}")]
+    Bad {
+        /// Which argument.
+        what: &'static str,
+        /// What was given.
+        value: String,
+    },
+}
+
 impl ClusterNode {
     /// The voters of the metadata group, by node id.
     pub fn voters(&self) -> Vec<String> {

@@ -20,6 +20,23 @@ pub(super) fn snapshot_holds_commits(snapshot: &Snapshot, rest: Option<&Snapshot
 }
 
 impl ClusterNode {
+    /// Shard groups' snapshots with more data than `bytes` go in chunks of it (to peers that
+    /// read them); [`SNAPSHOT_CHUNK_BYTES`] unless set (simulations set it small).
+    pub fn set_snapshot_chunk_bytes(&mut self, bytes: usize) {
+        self.snapshot_chunk_bytes = bytes.max(1);
+    }
+
+    /// Snapshots of replicated streams not sent to a replica whose broker cannot read the
+    /// commit state they hold (D63; each retry counts).
+    pub fn shard_snapshots_withheld(&self) -> u64 {
+        self.shard_snapshots_withheld
+    }
+
+    /// Snapshot chunks sent, and snapshots put together from chunks received.
+    pub fn snapshot_chunk_counts(&self) -> (u64, u64) {
+        self.snapshot_chunk_counts
+    }
+
     /// Whether `message` is a `MsgSnapshot` of `shard`'s group whose data is on disk only, for
     /// this broker to send from there ([`Replica::set_snapshot_by_reference`]). Any of its
     /// group's snapshots without data is: a replica's snapshot data is never empty (it starts

@@ -27,6 +27,11 @@ use std::time::{Duration, Instant};
 
 pub use crate::shard::replicated::{Answer, ApplyRefusal, BatchError, ReplicatedBatch};
 
+mod host_part;
+pub use host_part::{HostPart, SnapshotRest};
+mod output;
+pub use output::ReplicaOutput;
+
 /// Ticks a proposal may wait for a majority before it is answered `quorum_timeout`.
 pub const QUORUM_TIMEOUT_TICKS: u64 = 50;
 
@@ -130,97 +135,6 @@ impl Checkpoint {
     }
 }
 
-/// The end of a host's state as of a checkpoint, held in a form that shares memory with the
-/// host's live state (e.g. a commit state's keys and values) and encoded only when the
-/// checkpoint is compacted into a snapshot.
-///
-/// Why: a stream's checkpoint waits for retention to pass its records before the log can be
-/// compacted to it, which takes as long as the retention window. Encoded when taken, it held
-/// the whole state a second time all that while; a view that shares the live state's values
-/// holds only what changed since. A cache's checkpoint is compacted to at once, but encoded
-/// it was the whole cache a second time at each compaction.
-///
-/// With the snapshot on disk by reference ([`Replica::set_snapshot_by_reference`]) it is not
-/// encoded into the snapshot's data at all: it goes out beside it ([`SnapshotRest`]) and is
-/// written to disk piece by piece ([`encode_pieces`](Self::encode_pieces)), so the state is
-/// never whole in memory a second time at compaction either.
-pub trait HostPart: std::fmt::Debug + Send + Sync {
-    /// Appends its encoded bytes, the end of the snapshot's data.
-    fn encode_into(&self, out: &mut Vec<u8>);
-    /// How many bytes [`encode_into`](Self::encode_into) appends, exactly: what the
-    /// checkpoint stands for, counted against [`MAX_CHECKPOINT_MEMORY`] as if it were
-    /// encoded (a value the live state overwrote since is held by the view alone), and the
-    /// length a snapshot record written piece by piece declares before its pieces.
-    fn encoded_len(&self) -> usize;
-    /// Hands its encoded bytes to `each`, in order, in pieces (the same bytes as
-    /// [`encode_into`](Self::encode_into)); by default encoded whole and handed over once.
-    fn encode_pieces(&self, each: &mut dyn FnMut(&[u8])) {
-        let mut b = Vec::with_capacity(self.encoded_len());
-        self.encode_into(&mut b);
-        each(&b);
-    }
-    /// Whether it is state a peer from before commit state must not be sent (a stream's
-    /// commit state, D63); by default, as every part was one before caches had parts.
-    fn holds_commits(&self) -> bool {
-        true
-    }
-}
-
-/// The end of a snapshot's data, still unencoded (a host's part: a stream's commit state, a
-/// cache's values), beside a [`ReplicaOutput::PersistSnapshot`]: the snapshot's data is its
-/// `data` followed by these bytes. Whoever persists it writes them piece by piece
-/// ([`crate::cluster::meta::write_snapshot_record`]); a keeper of snapshots in memory puts
-/// them together ([`SnapshotRest::append_to`]).
-#[derive(Clone)]
-pub struct SnapshotRest(std::sync::Arc<dyn HostPart>);
-
-impl SnapshotRest {
-    /// A host's part, to go beside a snapshot.
-    pub fn new(part: std::sync::Arc<dyn HostPart>) -> SnapshotRest {
-        SnapshotRest(part)
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> u64 {
-        self.0.encoded_len() as u64
-    }
-
-    /// Whether it has no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether it holds a stream's commit state ([`HostPart::holds_commits`]).
-    pub fn holds_commits(&self) -> bool {
-        !self.is_empty() && self.0.holds_commits()
-    }
-
-    /// Hands its bytes to `each`, in order, in pieces.
-    pub fn pieces(&self, each: &mut dyn FnMut(&[u8])) {
-        self.0.encode_pieces(each)
-    }
-
-    /// Puts it at the end of `snapshot`'s data (whole in memory: for simulations and tests).
-    pub fn append_to(&self, snapshot: &mut Snapshot) {
-        let mut data = Vec::with_capacity(snapshot.data.len() + self.len() as usize);
-        data.extend_from_slice(&snapshot.data);
-        self.0.encode_into(&mut data);
-        snapshot.set_data(data.into());
-    }
-}
-
-impl std::fmt::Debug for SnapshotRest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SnapshotRest({} bytes)", self.len())
-    }
-}
-
-impl PartialEq for SnapshotRest {
-    fn eq(&self, other: &SnapshotRest) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
 /// What one idempotent producer's batches did on this shard (replicated state: every replica
 /// derives it from the same log).
 #[derive(Debug, Clone, Default)]
@@ -231,112 +145,6 @@ struct ProducerSeqs {
     landed: BTreeMap<u64, u64>,
     /// Log index of its last batch (which producer to forget first).
     last_index: u64,
-}
-
-/// What a replica asks its driver to do, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReplicaOutput {
-    /// Make durable before carrying out anything after it (as [`MetaOutput::Persist`]).
-    Persist {
-        /// New entries.
-        entries: Vec<Entry>,
-        /// The new hard state.
-        hard_state: Option<HardState>,
-    },
-    /// Send to replica `to`.
-    Send {
-        /// Peer id.
-        to: u64,
-        /// The message.
-        message: Message,
-    },
-    /// The answer to proposal `token`.
-    Answer {
-        /// The token the proposal was made with.
-        token: u64,
-        /// What became of it.
-        answer: Answer,
-    },
-    /// Make this snapshot durable before carrying out anything after it (as
-    /// [`MetaOutput::PersistSnapshot`]): the log up to its index is replaced by it.
-    PersistSnapshot {
-        /// The snapshot.
-        snapshot: Snapshot,
-        /// The end of its data, when it is still unencoded (by reference only: see
-        /// [`SnapshotRest`]); the data is `snapshot`'s followed by it.
-        rest: Option<SnapshotRest>,
-    },
-    /// The replica's state was restored from a snapshot (at a restart from a compacted log,
-    /// or sent by the leader because this replica fell behind its compaction): the shard's
-    /// records before `next_offset` are gone (retention dropped them everywhere); drop what
-    /// is held and go on from `next_offset`.
-    Restored {
-        /// The next offset the group gives.
-        next_offset: u64,
-        /// The host's state in the snapshot ([`Replica::complete_checkpoint`]; empty for a
-        /// stream, whose records are not part of its snapshots).
-        state: Bytes,
-        /// The snapshot's index.
-        index: u64,
-        /// Where the host's state starts in the snapshot's data (it runs to the end): where a
-        /// host that reads it back from the snapshot kept on disk finds it.
-        at: u64,
-        /// The host's state's length in the snapshot's data: `state`'s, unless its end was
-        /// sent to disk beside the data without being gathered ([`Replica::step_with_rest`]):
-        /// then only the snapshot on disk holds it whole.
-        len: u64,
-        /// The leader sent the snapshot (else it is this replica's own, kept across a
-        /// restart).
-        received: bool,
-    },
-    /// A checkpoint is due right after entry `index` (everything up to it was delivered):
-    /// for a replica whose host keeps state of its own ([`Replica::set_host_state`]), hand
-    /// that state to [`Replica::complete_checkpoint`].
-    CheckpointDue {
-        /// The last entry the checkpoint covers.
-        index: u64,
-    },
-    /// Records became readable (committed), in offset order: deliver them.
-    Delivered {
-        /// Offset of the first.
-        offset: u64,
-        /// The entry's index in the group's log (where to read it back once it left memory).
-        index: u64,
-        /// The batch.
-        batch: ReplicatedBatch,
-    },
-    /// A side entry committed (in log order with the deliveries): apply its operations to the
-    /// host's state of the shard. It took no offset.
-    Side {
-        /// The entry.
-        batch: ReplicatedBatch,
-    },
-    /// A new leader's generation starts at `offset` (an offset never delivered; readers skip
-    /// it, `skipped_before` for clients that offered 0x0800).
-    GenerationStart {
-        /// Its offset.
-        offset: u64,
-        /// The entry's index in the group's log.
-        index: u64,
-        /// The leader's term.
-        term: u64,
-    },
-    /// Read entries of the kept log back (as [`MetaOutput::ReadEntries`]) and hand them to
-    /// [`Replica::handle_entries_read`].
-    ReadEntries {
-        /// First index wanted.
-        low: u64,
-        /// Stop before this index.
-        high: u64,
-        /// About how many bytes of entries at most.
-        max_bytes: u64,
-    },
-    /// Read the snapshot at `index` back from the kept log (as [`MetaOutput::ReadSnapshot`])
-    /// and hand it to [`Replica::handle_snapshot_read`].
-    ReadSnapshot {
-        /// The snapshot's index.
-        index: u64,
-    },
 }
 
 #[derive(Debug)]
