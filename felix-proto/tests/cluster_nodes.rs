@@ -3678,6 +3678,74 @@ fn a_follower_reads_the_state_of_a_snapshot_it_installed_back_from_disk_a_piece_
     assert_eq!(c.nodes[&behind].replica_snapshot_memory(), 0);
 }
 
+/// A replica elected while it reads an installed snapshot's state back serves nothing of the
+/// shard (it would serve the state from before the snapshot), so it hands its leadership to
+/// the other replica, which serves the shard meanwhile; and it takes no leadership handed to
+/// it while it restores.
+#[test]
+fn a_replica_elected_while_it_reads_its_state_back_hands_its_leadership_over() {
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
+    c.restore_in_pieces = Some((16 << 10, 4096));
+    let last = commit_40_kib_of_state(&mut c, &leader);
+    for _ in 0..3 {
+        c.tick();
+    }
+    c.failing_reads_on.insert(behind.clone());
+    restart(&mut c, &behind);
+    c.until("the follower installed the snapshot", |c| c.nodes[&behind].restore_counts().started == 1);
+    let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
+    c.nodes.remove(&leader);
+    c.until("the replica that is not restoring leads", |c| leading(c).as_deref() == Some(other.as_str()));
+    let counts = c.nodes[&behind].restore_counts();
+    assert_eq!(counts.handed_over, 1, "elected, it handed its leadership over: {counts:?}");
+    assert_eq!(c.nodes[&behind].restoring(), 1, "still reading its state back");
+    let (conn, st) = client_offering(
+        &mut c,
+        &other,
+        7,
+        felix_proto::features::Features::ATOMIC_COMMIT | felix_proto::features::Features::ERROR_CODES,
+    );
+    for (rid, key) in last.keys().enumerate() {
+        c.send(&other, conn, st, state_get("ledger", key, rid as u64));
+    }
+    let got = state_values(&messages(&c.take(&other, conn, st)));
+    let want: Vec<_> = last.values().map(|(v, at)| (Some(v.clone()), Some(*at))).collect();
+    assert_eq!(got, want, "served by {other}");
+}
+
+/// The other way round: a leader hands leadership back to its group's preferred replica once
+/// the group is settled, and a preferred replica that came back behind and reads its state
+/// back does not take it (it would serve nothing): the leader leads on and serves. (The
+/// hand-back is tried once a term, so the preferred replica leads again after the next
+/// election, not as soon as its state is whole.)
+#[test]
+fn a_preferred_replica_reading_its_state_back_takes_no_leadership_while_it_does() {
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_ledger(&mut c);
+    c.restore_in_pieces = Some((16 << 10, 4096));
+    let preferred = leading(&c).unwrap();
+    c.nodes.remove(&preferred);
+    c.until("another replica leads", |c| leading(c).is_some());
+    let leader = leading(&c).unwrap();
+    commit_40_kib_of_state(&mut c, &leader);
+    for _ in 0..3 {
+        c.tick();
+    }
+    c.failing_reads_on.insert(preferred.clone());
+    restart(&mut c, &preferred);
+    c.until("the preferred replica installed the snapshot", |c| c.nodes[&preferred].restore_counts().started == 1);
+    for _ in 0..150 {
+        c.tick();
+        assert_eq!(leading(&c), Some(leader.clone()), "led on by the replica that holds the state");
+    }
+    let counts = c.nodes[&preferred].restore_counts();
+    assert!(counts.handovers_refused >= 1, "the leader handed its leadership back, and it was not taken: {counts:?}");
+    c.failing_reads_on.clear();
+    c.until("the state was read back", |c| c.nodes[&preferred].restoring() == 0);
+    c.until("the preferred replica caught up", |c| history(c, &preferred).0 == history(c, &leader).0);
+    assert_eq!(leading(&c), Some(leader));
+}
+
 /// A leader whose kept snapshot record does not read (damaged on disk) cannot send it: each
 /// send ends at its first piece, the engine offers the snapshot again at each probe, and the
 /// operator is told once, not at every probe. Once the record reads again (here: the damage

@@ -977,7 +977,7 @@ impl ClusterNode {
             self.hibernation_tick(now);
             self.release_held_moves(now);
             self.resume_snapshot_sends(now);
-            self.retry_restores();
+            self.retry_restores(now);
             self.flush_pending(now);
             self.drain_meta(now);
             self.maybe_snapshot_meta(now);

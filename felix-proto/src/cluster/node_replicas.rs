@@ -766,6 +766,13 @@ impl ClusterNode {
         if h.names.get(&msg.from).is_none_or(|n| n != from) {
             return; // only a shard's own replicas speak for it
         }
+        if h.restoring.is_some() && msg.get_msg_type() == MessageType::MsgTimeoutNow {
+            // A leader hands its leadership over (to the preferred replica, at a drain): not
+            // to one whose state is being read back, which would serve nothing (the leader's
+            // transfer lapses and it leads on).
+            self.restores.counts.handovers_refused += 1;
+            return;
+        }
         if let Some((why, what)) = lost_acknowledged(h, &msg, self.rejoining.contains_key(&shard)) {
             start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, &shard, why, what);
         }

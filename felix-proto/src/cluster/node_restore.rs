@@ -98,6 +98,10 @@ pub struct RestoreCounts {
     pub failed_reads: u64,
     /// Restores given up for a newer snapshot's.
     pub superseded: u64,
+    /// Leaderships a restoring replica handed over (it was elected meanwhile).
+    pub handed_over: u64,
+    /// Leaderships handed to a restoring replica that it did not take.
+    pub handovers_refused: u64,
     /// Snapshots received in chunks whose host state was never gathered into one buffer
     /// (written to disk as the chunks came, then read back).
     pub never_gathered: u64,
@@ -470,8 +474,12 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// Restores whose last read failed ask again (at each tick).
-    pub(super) fn retry_restores(&mut self) {
+    /// Restores whose last read failed ask again (at each tick). A replica elected while its
+    /// state is read back serves nothing of its shard, so it hands its leadership to the
+    /// voter most caught up, which serves the shard meanwhile. (Leadership is not handed to
+    /// a restoring replica: it ignores the leader's `MsgTimeoutNow`, so the two never bounce
+    /// it between them.)
+    pub(super) fn retry_restores(&mut self, now: Instant) {
         // (A replica dropped while it restored takes its restore with it.)
         let replicas = &self.replicas;
         self.restores.active.retain(|s| replicas.get(s).is_some_and(|h| h.restoring.is_some()));
@@ -482,6 +490,23 @@ impl ClusterNode {
         for shard in due {
             if let Some(r) = self.replicas.get_mut(&shard).and_then(|h| h.restoring.as_mut()) {
                 ask(&mut self.restores, &mut self.next_replica_read, &mut self.out, &shard, r);
+            }
+        }
+        let elected: Vec<ShardId> = (self.restores.active.iter())
+            .filter(|s| self.replicas.get(*s).is_some_and(|h| h.replica.is_leader() && !h.replica.transferring()))
+            .cloned()
+            .collect();
+        for shard in elected {
+            let Some(h) = self.replicas.get_mut(&shard) else { continue };
+            let me = h.replica.id();
+            let to = (h.replica.progress().into_iter())
+                .filter(|(id, _)| *id != me)
+                .max_by_key(|(id, matched)| (*matched, std::cmp::Reverse(*id)))
+                .map(|(id, _)| id);
+            if let Some(to) = to {
+                h.replica.transfer_leader(to);
+                self.restores.counts.handed_over += 1;
+                self.drain_replica(&shard, now);
             }
         }
     }
