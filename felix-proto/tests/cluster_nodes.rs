@@ -3631,13 +3631,7 @@ fn a_follower_reads_the_state_of_a_snapshot_it_installed_back_from_disk_a_piece_
     for node in c.nodes.values_mut() {
         node.set_snapshot_chunk_bytes(8192);
     }
-    let last = commit_40_kib_of_state(&mut c, &leader);
-    for _ in 0..3 {
-        c.tick();
-    }
-    c.failing_reads_on.insert(behind.clone());
-    restart(&mut c, &behind);
-    c.until("the follower installed the snapshot", |c| c.nodes[&behind].restore_counts().started == 1);
+    let last = a_restore_stalled_on_failing_reads(&mut c, &leader, &behind);
     for _ in 0..20 {
         c.tick();
     }
@@ -3686,13 +3680,7 @@ fn a_follower_reads_the_state_of_a_snapshot_it_installed_back_from_disk_a_piece_
 fn a_replica_elected_while_it_reads_its_state_back_hands_its_leadership_over() {
     let (mut c, leader, behind) = ledger_with_a_follower_down();
     c.restore_in_pieces = Some((16 << 10, 4096));
-    let last = commit_40_kib_of_state(&mut c, &leader);
-    for _ in 0..3 {
-        c.tick();
-    }
-    c.failing_reads_on.insert(behind.clone());
-    restart(&mut c, &behind);
-    c.until("the follower installed the snapshot", |c| c.nodes[&behind].restore_counts().started == 1);
+    let last = a_restore_stalled_on_failing_reads(&mut c, &leader, &behind);
     let other = NAMES.iter().find(|n| **n != leader && **n != behind).unwrap().to_string();
     c.nodes.remove(&leader);
     c.until("the replica that is not restoring leads", |c| leading(c).as_deref() == Some(other.as_str()));
@@ -3727,13 +3715,7 @@ fn a_preferred_replica_reading_its_state_back_takes_no_leadership_while_it_does(
     c.nodes.remove(&preferred);
     c.until("another replica leads", |c| leading(c).is_some());
     let leader = leading(&c).unwrap();
-    commit_40_kib_of_state(&mut c, &leader);
-    for _ in 0..3 {
-        c.tick();
-    }
-    c.failing_reads_on.insert(preferred.clone());
-    restart(&mut c, &preferred);
-    c.until("the preferred replica installed the snapshot", |c| c.nodes[&preferred].restore_counts().started == 1);
+    a_restore_stalled_on_failing_reads(&mut c, &leader, &preferred);
     for _ in 0..150 {
         c.tick();
         assert_eq!(leading(&c), Some(leader.clone()), "led on by the replica that holds the state");
@@ -3744,6 +3726,25 @@ fn a_preferred_replica_reading_its_state_back_takes_no_leadership_while_it_does(
     c.until("the state was read back", |c| c.nodes[&preferred].restoring() == 0);
     c.until("the preferred replica caught up", |c| history(c, &preferred).0 == history(c, &leader).0);
     assert_eq!(leading(&c), Some(leader));
+}
+
+/// Commits 40 KiB of state through `leader` (`commit_40_kib_of_state`: its log compacted past
+/// them), then brings `behind` back with its reads of its kept snapshot failing, until it
+/// installed the snapshot its leader sent and is reading its state back. Returns each key's
+/// last value and version.
+fn a_restore_stalled_on_failing_reads(
+    c: &mut Cluster,
+    leader: &str,
+    behind: &str,
+) -> std::collections::BTreeMap<String, (Bytes, u64)> {
+    let last = commit_40_kib_of_state(c, leader);
+    for _ in 0..3 {
+        c.tick();
+    }
+    c.failing_reads_on.insert(behind.to_owned());
+    restart(c, behind);
+    c.until("the follower installed the snapshot", |c| c.nodes[behind].restore_counts().started == 1);
+    last
 }
 
 /// A leader whose kept snapshot record does not read (damaged on disk) cannot send it: each
