@@ -1016,8 +1016,7 @@ impl ReplicaLogs {
                 let mut summarised = vec![false; seqs.len()];
                 for (i, seq) in seqs.iter().enumerate() {
                     if let Some(sum) = &summaries[i] {
-                        let records = snapshots_of(*seq, sum)?;
-                        let records: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+                        let records: Vec<bytes::Bytes> = snapshots_of(*seq, sum)?.into_iter().map(Into::into).collect();
                         if fold.feed_summary(sum, &records, commit) {
                             summarised[i] = true;
                             if fold.damage().is_some() {
@@ -1066,6 +1065,22 @@ impl ReplicaLogs {
                     );
                     damaged.insert(shard, why);
                     continue;
+                }
+                // A large host state in the kept snapshot stays on disk: the replica reads it
+                // back from the last snapshot record a piece at a time as it starts, rather
+                // than the record (read whole above, let go now) and the state built from it
+                // being in memory together, for every replica until each started. Only when
+                // that record reads as this snapshot's (it is the last one written).
+                if keep.is_some()
+                    && let (Some((seq, pos, len)), Some(s)) = (last_snapshot, log.snapshot.as_ref())
+                {
+                    let index = s.get_metadata().index;
+                    let (path, max, verify) = (path_of(seq), 1, false);
+                    let probe = ReplicaSnapshotRead { path, pos, len, index, offset: 0, max, verify };
+                    if probe.run().is_ok_and(|p| p.total == s.get_data().len() as u64) {
+                        use felix_proto::cluster::node::{ClusterNode, RESTORE_IN_PIECES_MIN};
+                        ClusterNode::leave_kept_state_on_disk(&mut log, RESTORE_IN_PIECES_MIN);
+                    }
                 }
                 points.map_segments(|i| seqs.get(i as usize).copied().unwrap_or(u64::MAX));
                 let mut files = ShardFiles {
@@ -1927,7 +1942,9 @@ mod replica_log_tests {
         let mut head = Snapshot::default();
         head.mut_metadata().index = 20;
         head.mut_metadata().term = 2;
-        head.set_data(vec![1u8; 100].into());
+        // A replica's own state (version 1, next offset 9, no producers), the host's after it.
+        let own = [&[1u8][..], &9u64.to_be_bytes(), &0u32.to_be_bytes()].concat();
+        head.set_data(own.clone().into());
         let part: Vec<u8> = (0..(1 << 20) + 333).map(|i| (i % 241) as u8).collect();
         let rest = SnapshotRest::new(std::sync::Arc::new(Part(part.clone(), part.len())));
         logs.persist_snapshot(&shard, &head, Some(&rest)).unwrap();
@@ -1941,7 +1958,19 @@ mod replica_log_tests {
         assert_eq!(data, whole.data, "read back in pieces, the CRC checked");
         drop(logs);
         let opened = ReplicaLogs::open(Some(&dir), None, None).unwrap();
-        assert_eq!(opened.kept[&shard].snapshot, Some(whole), "folded at a restart");
+        assert_eq!(opened.kept[&shard].snapshot, Some(whole.clone()), "folded at a restart");
+        drop(opened);
+        // As `serve` opens it (with an entry budget): the host's state, 1 MiB or more, left on
+        // disk for the replica to read back in pieces; the data kept, the group's own state.
+        let opened = ReplicaLogs::open(Some(&dir), None, Some(1 << 20)).unwrap();
+        let kept = &opened.kept[&shard];
+        let want = felix_proto::cluster::meta::RestOnDisk { len: part.len() as u64, holds_commits: false };
+        assert_eq!(kept.snapshot_rest_on_disk, Some(want));
+        let mut cut = whole.clone();
+        cut.set_data(own.clone().into());
+        assert_eq!(kept.snapshot, Some(cut), "the group's own state alone");
+        let job = opened.logs.snapshot_piece_job(&shard, 20, own.len() as u64, 4096, true).unwrap();
+        assert_eq!(job.run().unwrap().data[..], part[..4096], "read back from where it stayed");
         // A part that says one length and gives another.
         let mut logs = opened.logs;
         let lying = SnapshotRest::new(std::sync::Arc::new(Part(part.clone(), part.len() + 1)));

@@ -2544,7 +2544,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         }
     }
     out!(
-        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded, {} commits), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots ({} with a host's part written beside them; in {} chunks, {} read back from disk for a replica behind, {} installed states read back from disk in pieces), {} entries replayed from disk at restarts, {} metadata snapshots ({} sent to a broker behind)",
+        "{seeds} seeds passed in {:.1} s: {} requests, {} acked ({} forwarded, {} commits), {} subscribed, {} cache answers, {} redirected, {} unavailable, {} crashes, {} peer messages lost, {} operator moves asked, {} durable shards moved, {} records given to following subscribers ({} moves followed), {} replicas moved to another broker, {} snapshots ({} with a host's part written beside them; in {} chunks, {} read back from disk for a replica behind, {} installed or kept states read back from disk in pieces, {} restores of a kept one started at a restart), {} entries replayed from disk at restarts, {} metadata snapshots ({} sent to a broker behind)",
         start.elapsed().as_secs_f64(),
         t.requests,
         t.acked,
@@ -2566,6 +2566,7 @@ fn sim_cluster_world(a: &SimArgs) -> Result<ExitCode, String> {
         t.snapshot_chunks,
         t.snapshot_reads,
         t.restores_from_disk,
+        t.restores_at_restart,
         t.replayed,
         t.meta_snapshots,
         t.meta_snapshots_received

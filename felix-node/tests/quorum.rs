@@ -1629,5 +1629,21 @@ fn measure_a_large_commit_state_compacted_and_sent_to_a_follower_behind() {
         2 * keys,
         most - before
     );
+    // Then the follower restarts (killed): its fold reads the kept snapshot, and its peak is
+    // what restoring the state from it cost (read back in pieces with a large state).
+    nodes[f].kill();
+    let t2 = Instant::now();
+    nodes[f].start(&peers);
+    let restoring = |n: &Node| metric(n, "felix_replica_restoring");
+    wait_for("the restarted follower restored its state and caught up", 120, || {
+        restoring(&nodes[f]) == Some(0) && ledger_caught_up(&nodes[f], &nodes[lead])
+    });
+    let back = t2.elapsed();
+    let restart_peak = proc_status_mb(nodes[f].proc.as_ref().unwrap().0.id(), "VmHWM:");
+    let restored_again = metric(&nodes[f], "felix_replica_restores_in_pieces_total").unwrap_or(0);
+    println!(
+        "restarted, the follower restored its state and caught up in {back:.2?}, its peak RSS {restart_peak} MB \
+         ({restored_again} states read back from disk in pieces)"
+    );
     rt.block_on(client.close());
 }

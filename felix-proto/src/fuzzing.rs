@@ -468,8 +468,9 @@ pub fn replica_log(data: &[u8]) {
             let mut fast = LogFold::new(floor, Some(200));
             for (i, (seg, sum)) in segments.iter().zip(&summaries).enumerate() {
                 let last = i + 1 == segments.len();
-                let snaps: Vec<&[u8]> =
-                    sum.iter().flat_map(|s| s.snapshots()).map(|(p, l)| &seg[p as usize..(p + l) as usize]).collect();
+                let snaps: Vec<Bytes> = (sum.iter().flat_map(|s| s.snapshots()))
+                    .map(|(p, l)| Bytes::copy_from_slice(&seg[p as usize..(p + l) as usize]))
+                    .collect();
                 let taken = !last && sum.as_ref().is_some_and(|s| fast.feed_summary(s, &snaps, commit));
                 if !taken {
                     fast.feed(seg, None, last);
@@ -561,7 +562,7 @@ pub fn replica_log(data: &[u8]) {
             if let Some(first) = segments.first() {
                 fold.feed(first, None, segments.len() == 1);
             }
-            let snaps: Vec<&[u8]> = segments.last().map(|s| vec![*s]).unwrap_or_default();
+            let snaps: Vec<Bytes> = segments.last().map(|s| vec![Bytes::copy_from_slice(s)]).unwrap_or_default();
             let commit = data.first().map_or(0, |c| u64::from(*c));
             fold.feed_summary(&sum, &snaps, commit);
             let _ = fold.take_builders();

@@ -87,6 +87,9 @@ struct Cluster {
     /// Brokers (re)started by `start` find the committed entries of their replicas' kept logs
     /// past this many bytes left on disk (as `serve`'s fold of a long log leaves them).
     spill_on_start: Option<u64>,
+    /// Brokers (re)started by `start` find the host's state of their replicas' kept snapshots
+    /// of this many bytes or more left on disk (as `serve`'s fold leaves it).
+    state_on_disk_on_start: Option<u64>,
     /// Brokers (re)started by `start` send shard snapshots in chunks of this many bytes.
     chunk_bytes: Option<usize>,
     /// Brokers that offer these peer features (and act by them) rather than all of them.
@@ -159,6 +162,7 @@ impl Cluster {
             failing_snapshot_reads: false,
             failing_reads_on: BTreeSet::new(),
             restore_in_pieces: None,
+            state_on_disk_on_start: None,
             spill_on_start: None,
             chunk_bytes: None,
             features: BTreeMap::new(),
@@ -212,6 +216,11 @@ impl Cluster {
         if let Some(keep) = self.spill_on_start {
             for log in replicas.values_mut() {
                 log.spill_committed(keep);
+            }
+        }
+        if let Some(min) = self.state_on_disk_on_start {
+            for log in replicas.values_mut() {
+                ClusterNode::leave_kept_state_on_disk(log, min);
             }
         }
         node.set_kept_replicas(replicas);
@@ -3726,6 +3735,65 @@ fn a_preferred_replica_reading_its_state_back_takes_no_leadership_while_it_does(
     c.until("the state was read back", |c| c.nodes[&preferred].restoring() == 0);
     c.until("the preferred replica caught up", |c| history(c, &preferred).0 == history(c, &leader).0);
     assert_eq!(leading(&c), Some(leader));
+}
+
+/// A broker restarted with a large commit state in a replica's kept snapshot leaves that state
+/// on disk at its fold and reads it back a piece at a time as the replica starts (issue 32),
+/// rather than restoring it from the record read whole (the record and the state built from
+/// it in memory together). The restart's replay of the entries after the snapshot waits for
+/// the state: while the reads fail, no entry is read back and none piles up behind the
+/// restore, nothing is restored and the broker is told the replica follows; once they read,
+/// every value is restored from the pieces and the replica catches up.
+#[test]
+fn a_restarted_replica_reads_its_kept_snapshots_state_back_from_disk_its_replay_waiting() {
+    use felix_proto::broker::ReplicaRole;
+    let mut c = Cluster::retaining(&NAMES, 30);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let last = commit_40_kib_of_state(&mut c, &leader);
+    for _ in 0..3 {
+        c.tick();
+    }
+    publish_acked(&mut c, &leader, 2, "after", 20);
+    c.settle();
+    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    let kept = &c.kept_replicas[&follower][&ledger()];
+    let data = kept.snapshot.as_ref().map_or(0, |s| s.get_data().len());
+    assert!(data >= 40 << 10, "the state in the kept snapshot: {data} bytes");
+    c.restore_in_pieces = Some((16 << 10, 4096));
+    c.spill_on_start = Some(0);
+    c.state_on_disk_on_start = Some(16 << 10);
+    c.failing_reads_on.insert(follower.clone());
+    let reads = c.replica_reads;
+    restart(&mut c, &follower);
+    for _ in 0..20 {
+        c.tick();
+    }
+    let n = &c.nodes[&follower];
+    let counts = n.restore_counts();
+    assert_eq!((counts.started, counts.at_restart, counts.finished), (1, 1, 0), "{counts:?}");
+    assert!(counts.failed_reads >= 10, "tried again at each tick: {counts:?}");
+    assert_eq!(c.replica_reads, reads, "the replay read nothing while the state waited");
+    assert!(counts.most_held_outputs <= 1, "nothing delivered behind the restore: {counts:?}");
+    for key in last.keys() {
+        assert!(n.commit_state_peek(&ledger(), key).is_none(), "{key} restored before it was read back");
+    }
+    assert!(
+        matches!(n.broker().replica_role(&ledger()), Some(ReplicaRole::Following { .. }) | None),
+        "{:?}",
+        n.broker().replica_role(&ledger())
+    );
+    c.failing_reads_on.clear();
+    c.until("the state was read back", |c| c.nodes[&follower].restoring() == 0);
+    let counts = c.nodes[&follower].restore_counts();
+    assert_eq!((counts.started, counts.at_restart, counts.finished), (1, 1, 1), "{counts:?}");
+    assert!(counts.pieces >= 10, "40 KiB in pieces of 4 KiB: {counts:?}");
+    assert!(c.replica_reads > reads, "the replay went on after it");
+    for (key, (value, _)) in &last {
+        assert_eq!(c.nodes[&follower].commit_state_peek(&ledger(), key).as_ref(), Some(value), "{key}");
+    }
+    c.until("the follower caught up", |c| history(c, &follower).0 == history(c, &leader).0);
+    assert_eq!(c.nodes[&follower].replica_snapshot_memory(), 0);
 }
 
 /// Commits 40 KiB of state through `leader` (`commit_40_kib_of_state`: its log compacted past

@@ -626,8 +626,10 @@ impl MetaNode {
     /// from the kept log) is on disk already: its data leaves memory at once.
     pub fn set_snapshot_on_disk(&mut self, on: bool) {
         let store = self.raw.mut_store();
-        store.snapshot_data.get_mut().on_disk = on;
-        if on {
+        let was = std::mem::replace(&mut store.snapshot_data.get_mut().on_disk, on);
+        // Once: again, it would forget that the data it let go is on disk (and the engine
+        // would send the snapshot without it).
+        if on && !was {
             store.snapshot_persisted();
         }
     }

@@ -26,6 +26,20 @@ pub struct RaftLog {
     /// Committed entries after the snapshot and before `entries` that are on disk only (a
     /// restart's fold leaves them there: see [`Spill`]).
     pub spill: Option<Spill>,
+    /// The end of `snapshot`'s data that a restart left on disk (the host's state, which the
+    /// host reads back in pieces from the kept record rather than holding it twice at once:
+    /// the data in hand and the state built from it). `snapshot`'s data then holds only the
+    /// group's own state. `None`: the data is whole.
+    pub snapshot_rest_on_disk: Option<RestOnDisk>,
+}
+
+/// The end of a kept snapshot's data left on disk ([`RaftLog::snapshot_rest_on_disk`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestOnDisk {
+    /// Its length (it runs to the end of the data).
+    pub len: u64,
+    /// Whether it holds a stream's commit state (which an older replica cannot read: D63).
+    pub holds_commits: bool,
 }
 
 impl RaftLog {
@@ -53,7 +67,7 @@ impl RaftLog {
             })
             .collect();
         let hard_state = HardState { term: 1, commit: entries.len() as u64, ..HardState::default() };
-        RaftLog { entries, hard_state, snapshot: None, spill: None }
+        RaftLog { entries, hard_state, snapshot: None, spill: None, snapshot_rest_on_disk: None }
     }
 
     /// The voters the committed configuration changes of this log leave, or `None` for a log
@@ -114,6 +128,7 @@ impl RaftLog {
         self.hard_state.commit = self.hard_state.commit.max(m.index);
         self.hard_state.term = self.hard_state.term.max(m.term);
         self.snapshot = Some(snapshot.clone());
+        self.snapshot_rest_on_disk = None;
     }
 
     /// The entries `low..high` it holds, about `max_bytes` of them from `low` on (one at
@@ -267,7 +282,7 @@ impl RaftLog {
         if entries.windows(2).any(|w| w[1].index != w[0].index + 1) || entries.first().is_some_and(|e| e.index == 0) {
             return Err(bad("entries out of order"));
         }
-        Ok(RaftLog { entries, hard_state, snapshot: None, spill: None })
+        Ok(RaftLog { entries, hard_state, snapshot: None, spill: None, snapshot_rest_on_disk: None })
     }
 }
 
@@ -598,7 +613,8 @@ impl LogFold {
     }
 
     /// Folds the next segment from its summary instead of its records (`snapshots`: the
-    /// snapshot records it names, read from the segment, in order), when that is the same as
+    /// snapshot records it names, read from the segment, in order; the snapshot kept shares
+    /// its record's memory), when that is the same as
     /// folding the records and the fold keeps no entry of it in memory: a `keep` budget is
     /// set, no entry of it lies at or below the last snapshot, and every entry in it is
     /// committed by the hard state it leaves. Returns `false`, changing nothing, otherwise: the
@@ -611,7 +627,7 @@ impl LogFold {
     /// ([`finish`](Self::finish)).
     ///
     /// [`last_commit`]: Self::last_commit
-    pub fn feed_summary(&mut self, summary: &SegmentSummary, snapshots: &[&[u8]], commit: u64) -> bool {
+    pub fn feed_summary(&mut self, summary: &SegmentSummary, snapshots: &[bytes::Bytes], commit: u64) -> bool {
         if self.damage.is_some() || self.keep.is_none() {
             return false;
         }
@@ -619,10 +635,11 @@ impl LogFold {
             return false;
         }
         let mut snaps = Vec::new();
-        for (&record, (_, len)) in snapshots.iter().zip(summary.snapshots()) {
+        for (record, (_, len)) in snapshots.iter().zip(summary.snapshots()) {
             match record_at(record, 0) {
                 RecordAt::Whole(end, body) if end as u64 == len && body[0] == 2 => {
-                    match decode_snapshot_record(&body[1..], None) {
+                    // Its data shares the record's buffer (a cache's size: not copied again).
+                    match decode_snapshot_record(&body[1..], Some(record)) {
                         Some(snap) => snaps.push(snap),
                         None => return false,
                     }

@@ -262,7 +262,11 @@ impl ClusterNode {
             // A cache's values, and a stream's consumer groups, are the fold of the whole log
             // (not something retention drops): they are part of its checkpoints.
             let hosting = true;
-            let snapshot_commits = kept.snapshot.as_ref().map(|s| snapshot_holds_commits(s, None));
+            let on_disk = kept.snapshot_rest_on_disk.is_some_and(|r| r.holds_commits);
+            let snapshot_commits = kept.snapshot.as_ref().map(|s| {
+                let (index, holds) = snapshot_holds_commits(s, None);
+                (index, holds || on_disk)
+            });
             match Replica::new_hosting(raft_id(&self.me.id), &ids, &kept, rank, hosting) {
                 Ok(mut replica) => {
                     if let Some(b) = self.checkpoint_bytes {

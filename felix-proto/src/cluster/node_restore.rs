@@ -105,6 +105,9 @@ pub struct RestoreCounts {
     /// Snapshots received in chunks whose host state was never gathered into one buffer
     /// (written to disk as the chunks came, then read back).
     pub never_gathered: u64,
+    /// Restores of a snapshot kept across a restart, whose host state the restart left on
+    /// disk ([`ClusterNode::leave_kept_state_on_disk`]).
+    pub at_restart: u64,
     /// The most bytes a restore held besides the values it read (the head gathered, a value
     /// cut by a piece's end), and the most outputs it held.
     pub most_held_bytes: u64,
@@ -254,10 +257,13 @@ fn ask(
     });
 }
 
-/// Holds `o` if `h` is restoring and `o` waits for it; gives it back otherwise.
+/// Holds `o` if `h` is restoring and `o` waits for it; gives it back otherwise. A restart's
+/// replay waits too (its reads of the entries after the snapshot): read on, the entries would
+/// pile up, delivered and held, behind the restore, however many the restart left on disk.
 pub(super) fn hold_for_restore(h: &mut Hosted, restores: &mut Restores, o: ReplicaOutput) -> Option<ReplicaOutput> {
+    let replay = h.replica.replaying() && matches!(o, ReplicaOutput::ReadEntries { .. });
     match h.restoring.as_mut() {
-        Some(r) if waits_for_restore(&o) => {
+        Some(r) if replay || waits_for_restore(&o) => {
             r.held.push_back(o);
             restores.counts.most_held_outputs = restores.counts.most_held_outputs.max(r.held.len() as u64);
             None
@@ -266,10 +272,11 @@ pub(super) fn hold_for_restore(h: &mut Hosted, restores: &mut Restores, o: Repli
     }
 }
 
-/// Starts reading back the host's state of a snapshot the leader sent to `h`, if it is one to
-/// read in pieces (with history reads, at least [`Restores::min`] bytes; or one whose end was
-/// never gathered: [`split_received`]): `state` (what is in hand) is let go. False: the
-/// caller restores it from `state`.
+/// Starts reading back the host's state of a snapshot, if it is one to read in pieces: one
+/// the leader sent to `h` (with history reads, at least [`Restores::min`] bytes), or one whose
+/// end is not in hand (never gathered, [`split_received`]; left on disk by a restart,
+/// [`ClusterNode::leave_kept_state_on_disk`]). `state` (what is in hand) is let go. False:
+/// the caller restores it from `state`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn begin_restore(
     h: &mut Hosted,
@@ -283,9 +290,12 @@ pub(super) fn begin_restore(
     // A state whose end went to disk without being gathered is read from there, whatever
     // its size.
     let in_hand = state.len() as u64 == len;
-    let pieces = received && len > 0 && (!in_hand || (history_reads && len >= restores.min));
+    let pieces = len > 0 && (!in_hand || (received && history_reads && len >= restores.min));
     if !pieces {
         return false;
+    }
+    if !received {
+        restores.counts.at_restart += 1;
     }
     let mut r = Box::new(Restoring {
         index,
@@ -310,6 +320,34 @@ pub(super) fn begin_restore(
 }
 
 impl ClusterNode {
+    /// Leaves the host's state of `log`'s kept snapshot on disk when it is `min` bytes or more
+    /// ([`RESTORE_IN_PIECES_MIN`] for a driver): the snapshot's data is cut to the group's own
+    /// state (a copy of a few bytes, so the buffer the record was read into can go), and as
+    /// the replica starts its host reads the rest back from the kept record a piece at a time
+    /// ([`NodeOutput::ReadReplicaSnapshotPiece`], which the driver answers from the last
+    /// snapshot record of the shard's files: the one this is). Returns whether it did.
+    ///
+    /// Why: a restart read the record whole and restored the state from it, the record and
+    /// the state built from it in memory together (twice the state), and every replica's
+    /// record was held until its replica started. A driver calls this on each log its fold
+    /// gives, before the next is read.
+    pub fn leave_kept_state_on_disk(log: &mut RaftLog, min: u64) -> bool {
+        let Some(snap) = log.snapshot.as_mut().filter(|_| log.snapshot_rest_on_disk.is_none()) else {
+            return false;
+        };
+        let data = snap.get_data();
+        let Some(host) = Replica::host_state_of(data) else { return false };
+        let len = host.len() as u64;
+        if len == 0 || len < min {
+            return false;
+        }
+        let holds_commits = Broker::stream_state_holds_commits(host);
+        let own = Bytes::copy_from_slice(&data[..data.len() - host.len()]);
+        snap.set_data(own);
+        log.snapshot_rest_on_disk = Some(crate::cluster::meta::RestOnDisk { len, holds_commits });
+        true
+    }
+
     /// Takes a chunk of a snapshot from `from`; the snapshot's message once its data is whole.
     /// Chunks come in order on one connection: one that does not continue what is held (a
     /// connection lost midway, a newer snapshot) drops it, and a first chunk starts afresh;
@@ -535,18 +573,7 @@ mod tests {
 
     #[test]
     fn a_received_snapshot_is_split_where_the_groups_own_state_ends_its_chunks_kept_as_they_came() {
-        let checkpoint = crate::storage::encode_state_checkpoint(&crate::storage::StateCheckpoint {
-            as_of: 3,
-            values: vec![("k".into(), Bytes::from(vec![7u8; 300]), 3)],
-        })
-        .unwrap();
-        // A stream's state with a commit section (version, timestamp, no groups, the section).
-        let mut host = vec![1];
-        host.extend_from_slice(&5u64.to_be_bytes());
-        host.extend_from_slice(&0u32.to_be_bytes());
-        host.push(1);
-        host.extend_from_slice(&(checkpoint.len() as u32).to_be_bytes());
-        host.extend_from_slice(&checkpoint);
+        let host = stream_state_with_commits(300);
         let data = snapshot_data(&host);
         let own = data.len() - host.len();
         // Chunks of 7 bytes: the group's own state ends inside one.
@@ -571,5 +598,74 @@ mod tests {
         // Not a replica's state: the chunks come back as they were.
         let junk = chunks(&[9u8; 40], 16);
         assert_eq!(split_received(junk.clone(), Kind::Stream).unwrap_err(), junk);
+    }
+
+    /// A stream's host state with a commit section (version, timestamp, no groups, the
+    /// section) holding one value of `n` bytes.
+    fn stream_state_with_commits(n: usize) -> Vec<u8> {
+        let checkpoint = crate::storage::encode_state_checkpoint(&crate::storage::StateCheckpoint {
+            as_of: 3,
+            values: vec![("k".into(), Bytes::from(vec![7u8; n]), 3)],
+        })
+        .unwrap();
+        let mut host = vec![1];
+        host.extend_from_slice(&5u64.to_be_bytes());
+        host.extend_from_slice(&0u32.to_be_bytes());
+        host.push(1);
+        host.extend_from_slice(&(checkpoint.len() as u32).to_be_bytes());
+        host.extend_from_slice(&checkpoint);
+        host
+    }
+
+    fn kept(data: Vec<u8>) -> RaftLog {
+        let mut s = crate::cluster::meta::Snapshot::default();
+        s.set_data(data.into());
+        s.mut_metadata().index = 40;
+        RaftLog { snapshot: Some(s), ..RaftLog::default() }
+    }
+
+    #[test]
+    fn a_kept_snapshots_host_state_is_left_on_disk_from_its_size_on_and_the_rest_kept_whole() {
+        use crate::cluster::meta::RestOnDisk;
+        let host = stream_state_with_commits(300);
+        let data = snapshot_data(&host);
+        let own = data.len() - host.len();
+        let len = host.len() as u64;
+        // From `min` on: the data cut where the group's own state ends, the rest's length and
+        // what it holds said beside.
+        let mut log = kept(data.clone());
+        assert!(ClusterNode::leave_kept_state_on_disk(&mut log, len));
+        assert_eq!(log.snapshot.as_ref().unwrap().get_data(), &data[..own]);
+        assert_eq!(log.snapshot_rest_on_disk, Some(RestOnDisk { len, holds_commits: true }));
+        // What the replica restores from it: its own state, and the host's state to read back.
+        let mut r = Replica::new_hosting(1, &[1], &log, Some(0), true).unwrap();
+        let restored = std::iter::from_fn(|| r.poll_output()).find_map(|o| match o {
+            ReplicaOutput::Restored { next_offset, state, at, len, received, .. } => {
+                Some((next_offset, state.len(), at, len, received))
+            }
+            _ => None,
+        });
+        assert_eq!(restored, Some((9, 0, own as u64, host.len() as u64, false)));
+        // Left once: called again, nothing changes.
+        let before = log.clone();
+        assert!(!ClusterNode::leave_kept_state_on_disk(&mut log, 0));
+        assert_eq!(log, before);
+        // A newer snapshot kept is whole again.
+        let mut newer = crate::cluster::meta::Snapshot::default();
+        newer.set_data(data.clone().into());
+        newer.mut_metadata().index = 50;
+        log.persist_snapshot(&newer);
+        assert_eq!(log.snapshot_rest_on_disk, None);
+        // Below `min`, with no host state, or data that does not read: left whole.
+        for (data, min) in [(data.clone(), len + 1), (snapshot_data(&[]), 0), (vec![9u8; 40], 0)] {
+            let mut log = kept(data);
+            let before = log.clone();
+            assert!(!ClusterNode::leave_kept_state_on_disk(&mut log, min));
+            assert_eq!(log, before);
+        }
+        // A state without commits says so.
+        let mut log = kept(snapshot_data(&host[..13]));
+        assert!(ClusterNode::leave_kept_state_on_disk(&mut log, 1));
+        assert_eq!(log.snapshot_rest_on_disk, Some(RestOnDisk { len: 13, holds_commits: false }));
     }
 }

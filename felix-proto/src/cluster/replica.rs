@@ -253,8 +253,15 @@ impl Replica {
             replay: None,
         };
         if let Some(snap) = kept.snapshot.as_ref() {
-            // Its state first: the committed entries replayed next come after it.
-            r.restore(snap.data.clone(), snap.get_metadata().index, false, 0);
+            // Its state first: the committed entries replayed next come after it. The end of
+            // the data a restart left on disk is read back from there by the host
+            // ([`ReplicaOutput::Restored`] says how long it is); the engine never holds the
+            // data then, so never sends what it holds of it.
+            let beside = kept.snapshot_rest_on_disk.map_or(0, |r| r.len);
+            if beside > 0 {
+                r.node.set_snapshot_by_reference(true);
+            }
+            r.restore(snap.data.clone(), snap.get_metadata().index, false, beside);
         }
         if let Some(sp) = kept.spill.as_ref().filter(|s| !s.is_empty()) {
             // The first read is asked once the entry cache is set, or at the first tick.

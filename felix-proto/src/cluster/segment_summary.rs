@@ -579,7 +579,8 @@ mod tests {
             prop_assert!(a_damage.is_none());
             let mut fast = LogFold::new(floor(&segs), Some(keep));
             for (i, (s, sum)) in segs.iter().zip(&sums).enumerate() {
-                let snaps: Vec<&[u8]> = sum.snapshots().map(|(p, l)| &s[p as usize..(p + l) as usize]).collect();
+                let snaps: Vec<bytes::Bytes> =
+                    sum.snapshots().map(|(p, l)| bytes::Bytes::copy_from_slice(&s[p as usize..(p + l) as usize])).collect();
                 let last = i + 1 == n;
                 if last || !fast.feed_summary(sum, &snaps, LogFold::last_commit(&segs[n - 1])) {
                     prop_assert!(fast.feed(s, None, last));
@@ -607,7 +608,10 @@ mod tests {
             let (segs, sums) = written(seed * 7919 + 1);
             let mut fold = LogFold::new(floor(&segs), Some(0));
             for (i, (s, sum)) in segs.iter().zip(&sums).enumerate() {
-                let snaps: Vec<&[u8]> = sum.snapshots().map(|(p, l)| &s[p as usize..(p + l) as usize]).collect();
+                let snaps: Vec<bytes::Bytes> = sum
+                    .snapshots()
+                    .map(|(p, l)| bytes::Bytes::copy_from_slice(&s[p as usize..(p + l) as usize]))
+                    .collect();
                 if i + 1 < segs.len() && sum.min_index > floor(&segs) && sum.min_index != u64::MAX {
                     closed += 1;
                     if fold.feed_summary(sum, &snaps, LogFold::last_commit(segs.last().expect("one"))) {

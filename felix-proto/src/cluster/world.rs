@@ -269,6 +269,14 @@ impl World {
                 self.report.replayed += log.spill.as_ref().map_or(0, |s| s.end() - s.first());
             }
         }
+        let in_pieces = self.history_reads() && self.seed % 8 >= 6;
+        if in_pieces {
+            // Its kept snapshots' host states are left on disk and read back from there a
+            // few bytes at a time, as `serve`'s fold leaves a large one.
+            for log in replicas.values_mut() {
+                ClusterNode::leave_kept_state_on_disk(log, 0);
+            }
+        }
         node.set_kept_replicas(replicas);
         node.set_replica_checkpoint_bytes(CHECKPOINT_BYTES);
         // The metadata log is compacted every few dozen entries, so restarts restore from a
@@ -277,7 +285,7 @@ impl World {
         if self.seed % 2 == 1 {
             node.set_snapshot_chunk_bytes(24);
         }
-        if self.history_reads() && self.seed % 8 >= 6 {
+        if in_pieces {
             // A follower reads back every state of a snapshot it installed from the copy on
             // disk, a few bytes at a time (pieces cut through every item of the state), as
             // one installing a large state does.
@@ -318,9 +326,16 @@ impl World {
         Ok(())
     }
 
+    /// Adds what `node`'s restores from disk did to the report (it crashed, or the run ended).
+    fn count_restores(&mut self, node: &ClusterNode) {
+        let counts = node.restore_counts();
+        self.report.restores_from_disk += counts.finished;
+        self.report.restores_at_restart += counts.at_restart;
+    }
+
     fn crash(&mut self, name: &str, back_at: Instant) {
         let Some(node) = self.nodes.remove(name) else { return };
-        self.report.restores_from_disk += node.restore_counts().finished;
+        self.count_restores(&node);
         self.report.crashes += 1;
         self.down.insert(name.to_owned(), back_at);
         self.follower_lost(name, None, "the broker crashed");
@@ -935,6 +950,9 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         return Err(w.violation(format!("healed, but not every follower caught up: {}", w.followers_behind())));
     }
     w.check_durable(&first)?;
-    w.report.restores_from_disk += w.nodes.values().map(|n| n.restore_counts().finished).sum::<u64>();
+    let nodes = std::mem::take(&mut w.nodes);
+    for node in nodes.values() {
+        w.count_restores(node);
+    }
     Ok(w.report)
 }

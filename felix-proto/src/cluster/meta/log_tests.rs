@@ -365,6 +365,7 @@ fn a_snapshots_index_read_alone_agrees_with_the_whole_parse_on_odd_protobufs() {
     let bodies: Vec<Vec<u8>> = vec![
         [field(0x0a, b"data"), field(0x12, &meta(7))].concat(),
         [field(0x12, &meta(7)), field(0x12, &meta(9))].concat(),
+        [field(0x0a, b"da"), field(0x12, &meta(7)), field(0x0a, b"ta"), field(0x12, &meta(9))].concat(),
         [field(0x12, &meta(7)), vec![0x18, 0x05], field(0x0a, b"d")].concat(), // field 3, varint
         [vec![0x21], vec![0; 8], field(0x12, &meta(4))].concat(),              // field 4, 64-bit
         [vec![0x2d], vec![0; 4], field(0x12, &meta(4))].concat(),              // field 5, 32-bit

@@ -51,8 +51,11 @@ pub enum ReplicaOutput {
         /// host that reads it back from the snapshot kept on disk finds it.
         at: u64,
         /// The host's state's length in the snapshot's data: `state`'s, unless its end was
-        /// sent to disk beside the data without being gathered ([`Replica::step_with_rest`]):
-        /// then only the snapshot on disk holds it whole.
+        /// sent to disk beside the data without being gathered ([`Replica::step_with_rest`]),
+        /// or left there by a restart ([`RaftLog::snapshot_rest_on_disk`]): then only the
+        /// snapshot on disk holds it whole.
+        ///
+        /// [`RaftLog::snapshot_rest_on_disk`]: crate::cluster::meta::RaftLog::snapshot_rest_on_disk
         len: u64,
         /// The leader sent the snapshot (else it is this replica's own, kept across a
         /// restart).

@@ -432,7 +432,16 @@ fn a_snapshot_read_answered_while_replaying_is_not_taken() {
     kept.spill_committed(300);
     assert!(kept.spill.is_some() && !kept.entries.is_empty());
     let mut again = Replica::new_hosting(1, &[1], &kept, None, true).expect("restart");
-    again.set_snapshot_on_disk(true);
+    // Its data on disk, however many times that is said: the engine knows it let the data go
+    // (said twice, it forgot, and sent the snapshot to a follower with no data at all).
+    assert!(again.snapshot_memory() > 0);
+    for _ in 0..2 {
+        again.set_snapshot_on_disk(true);
+        assert_eq!(again.offloaded_snapshot(), Some(snapshot.get_metadata().index));
+        assert_eq!(again.snapshot_memory(), 0);
+    }
+    again.set_snapshot_by_reference(true);
+    assert_eq!(again.offloaded_snapshot(), Some(snapshot.get_metadata().index));
     assert!(again.replaying());
     while again.poll_output().is_some() {}
     let index = snapshot.get_metadata().index;

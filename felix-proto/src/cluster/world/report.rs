@@ -70,9 +70,13 @@ pub struct WorldReport {
     /// Reads of a replica's last snapshot, kept on disk only, asked of the driver (a follower
     /// behind its leader's compaction waited for one).
     pub snapshot_reads: u64,
-    /// Snapshots a follower installed whose host state it read back from disk a piece at a
-    /// time (in a quarter of the seeds every one is: see `World::start`).
+    /// Snapshots whose host state a replica read back from disk a piece at a time, whole:
+    /// installed ones, and ones kept across a restart (in a quarter of the seeds every one
+    /// is: see `World::start`).
     pub restores_from_disk: u64,
+    /// Restores from disk started at a restart (its fold left the kept snapshot's host state
+    /// on disk, as `serve`'s does with a large one).
+    pub restores_at_restart: u64,
     /// Commits (an event and a state change, D63) to the replicated stream acknowledged: every
     /// third publish to it is one; its state is checked once healed.
     pub commits_acked: u64,
@@ -110,6 +114,7 @@ impl WorldReport {
         self.snapshot_chunks += r.snapshot_chunks;
         self.snapshot_reads += r.snapshot_reads;
         self.restores_from_disk += r.restores_from_disk;
+        self.restores_at_restart += r.restores_at_restart;
         self.commits_acked += r.commits_acked;
         self.meta_snapshots += r.meta_snapshots;
         self.meta_snapshots_received += r.meta_snapshots_received;
