@@ -1381,19 +1381,25 @@ impl BrokerTask {
             m(
                 "felix_replica_restores_in_pieces_total",
                 "counter",
-                "Snapshots a follower installed whose state it read back from the copy it wrote to disk, a piece at a time (states of 1 MiB or more), finished.",
+                "Snapshots whose state a replica read back from disk a piece at a time (installed, or kept across a restart; states of 1 MiB or more), finished.",
                 restores.finished,
             );
             m(
                 "felix_replica_restore_read_failures_total",
                 "counter",
-                "Reads of an installed snapshot's state back from disk that failed (each is tried again at the next tick).",
+                "Reads of a snapshot's state back from disk that failed (each is tried again at the next tick).",
                 restores.failed_reads,
+            );
+            m(
+                "felix_replica_restores_given_up_total",
+                "counter",
+                "Restores whose reads failed for 30 s: the replica dropped its log and rejoined its group afresh.",
+                restores.given_up,
             );
             m(
                 "felix_replica_restoring",
                 "gauge",
-                "Replicas whose installed snapshot's state is being read back from disk (they serve nothing of their shard meanwhile).",
+                "Replicas whose snapshot's state is being read back from disk (they serve nothing of their shard meanwhile).",
                 n.restoring() as u64,
             );
             m(

@@ -3681,6 +3681,42 @@ fn a_follower_reads_the_state_of_a_snapshot_it_installed_back_from_disk_a_piece_
     assert_eq!(c.nodes[&behind].replica_snapshot_memory(), 0);
 }
 
+/// A restore whose reads keep failing (a record that never reads again) gives up after
+/// `RESTORE_GIVE_UP`: the replica drops its log and rejoins its group afresh, its leader takes
+/// it out and adds it back and sends it a new snapshot, and once that reads it holds every
+/// value and catches up. A shorter stall is waited out (the tests above).
+#[test]
+fn a_restore_whose_reads_keep_failing_gives_up_and_its_replica_rejoins_afresh() {
+    use felix_proto::cluster::node::RESTORE_GIVE_UP;
+    let (mut c, leader, behind) = ledger_with_a_follower_down();
+    c.restore_in_pieces = Some((16 << 10, 4096));
+    let last = a_restore_stalled_on_failing_reads(&mut c, &leader, &behind);
+    let ticks = (RESTORE_GIVE_UP.as_millis() / TICK.as_millis()) as usize;
+    for _ in 0..ticks - 20 {
+        c.tick();
+    }
+    let counts = c.nodes[&behind].restore_counts();
+    assert_eq!((counts.given_up, c.nodes[&behind].restoring()), (0, 1), "not yet: {counts:?}");
+    c.until("the restore gave up", |c| c.nodes[&behind].restore_counts().given_up == 1);
+    assert!(rejoining(&c, &behind), "it rejoins its group");
+    assert!(!c.kept_replicas[&behind].contains_key(&ledger()), "its log dropped");
+    let notes: Vec<&str> = c.rejoin_notes.iter().map(|(_, w)| w.as_str()).collect();
+    assert!(notes.iter().any(|w| w.contains("could not be read back") && w.contains("afresh")), "{notes:?}");
+    c.failing_reads_on.clear();
+    c.until("the replica rejoined", |c| !rejoining(c, &behind));
+    c.until("it restored the new snapshot's state", |c| {
+        c.nodes[&behind].restore_counts().finished == 1 && c.nodes[&behind].restoring() == 0
+    });
+    for (key, (value, _)) in &last {
+        assert_eq!(c.nodes[&behind].commit_state_peek(&ledger(), key).as_ref(), Some(value), "{key}");
+    }
+    c.until("the follower caught up", |c| history(c, &behind).0 == history(c, &leader).0);
+    assert_eq!(c.nodes[&leader].rejoin_counts().readded, 1);
+    let notes: Vec<&str> = c.rejoin_notes.iter().map(|(_, w)| w.as_str()).collect();
+    assert!(notes.iter().any(|w| w.contains("took") && w.contains("out of the group")), "{notes:?}");
+    assert_eq!(c.nodes[&behind].restore_counts().given_up, 1);
+}
+
 /// A replica elected while it reads an installed snapshot's state back serves nothing of the
 /// shard (it would serve the state from before the snapshot), so it hands its leadership to
 /// the other replica, which serves the shard meanwhile; and it takes no leadership handed to

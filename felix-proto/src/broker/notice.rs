@@ -98,9 +98,10 @@ pub enum Notice {
         /// Why.
         why: String,
     },
-    /// A follower could not read back the state of a snapshot it installed from the copy it
-    /// wrote to disk (it restores a large one from there a piece at a time): the shard stays
-    /// unserved here, and the read is tried again each tick.
+    /// A replica could not read back the state of its snapshot (one it installed, or kept
+    /// across a restart) from disk, where it restores a large one from a piece at a time: the
+    /// shard stays unserved here, and the read is tried again each tick; after 30 s of
+    /// failures the replica drops its log and rejoins its group afresh.
     ShardRestoreReadFailed {
         /// The shard, as `tenant/namespace/stream#shard`.
         shard: String,
@@ -157,7 +158,11 @@ impl std::fmt::Display for Notice {
                 write!(f, "cluster: sending {shard}'s snapshot to replica {replica} stopped: {why}")
             }
             Notice::ShardRestoreReadFailed { shard, why } => {
-                write!(f, "cluster: reading back {shard}'s installed snapshot failed, retrying each tick: {why}")
+                write!(
+                    f,
+                    "cluster: reading back {shard}'s snapshot state failed, retrying each tick (for 30 s, then the \
+                     replica rejoins its group afresh): {why}"
+                )
             }
             Notice::MetadataSnapshotRefused { index, why } => {
                 write!(f, "cluster: the metadata snapshot at index {index} was refused, metadata stays behind: {why}")

@@ -42,7 +42,7 @@ mod replicas;
 mod restore;
 #[path = "node_snapshots.rs"]
 mod snapshots;
-pub use restore::{MAX_SNAPSHOT_BYTES, RESTORE_IN_PIECES_MIN, RESTORE_PIECE_BYTES, RestoreCounts};
+pub use restore::{MAX_SNAPSHOT_BYTES, RESTORE_GIVE_UP, RESTORE_IN_PIECES_MIN, RESTORE_PIECE_BYTES, RestoreCounts};
 // What the node asks its driver to do, and `poll_output`, which hands it out.
 #[path = "node_output.rs"]
 mod output;

@@ -36,6 +36,12 @@ pub const RESTORE_IN_PIECES_MIN: u64 = 1 << 20;
 /// Bytes of each read of a restore's state.
 pub const RESTORE_PIECE_BYTES: u64 = 1 << 20;
 
+/// A restore whose reads have failed for this long, without a piece read since, gives up: the
+/// replica drops its log (the driver deletes its files) and rejoins its group afresh, taking
+/// a new snapshot from its leader ([`ClusterNode::rejoining_replicas`]). Until then a failed
+/// read is tried again at each tick: a disk that stalls for seconds is waited out.
+pub const RESTORE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A follower's restore of a snapshot's host state from disk, under way.
 #[derive(Debug)]
 pub(super) struct Restoring {
@@ -57,6 +63,8 @@ pub(super) struct Restoring {
     /// The next read checks the whole record's CRC first: the first, and the first after a
     /// failure.
     verify: bool,
+    /// When the reads started failing, none read since.
+    failing_since: Option<Instant>,
 }
 
 /// The node's side of restores: settings, the reads under way and counts.
@@ -98,6 +106,9 @@ pub struct RestoreCounts {
     pub failed_reads: u64,
     /// Restores given up for a newer snapshot's.
     pub superseded: u64,
+    /// Restores given up after their reads failed for [`RESTORE_GIVE_UP`]: the replica
+    /// dropped its log and rejoined its group afresh.
+    pub given_up: u64,
     /// Leaderships a restoring replica handed over (it was elected meanwhile).
     pub handed_over: u64,
     /// Leaderships handed to a restoring replica that it did not take.
@@ -308,6 +319,7 @@ pub(super) fn begin_restore(
         said: false,
         // The record's CRC is checked whole before the first piece, as a send's first is.
         verify: true,
+        failing_since: None,
     });
     ask(restores, next_token, out, shard, &mut r);
     // (A newer snapshot's outputs wait behind the restore under way, so none is.)
@@ -464,6 +476,7 @@ impl ClusterNode {
                 r.reader.feed(&p.data);
                 r.next += p.data.len() as u64;
                 r.verify = false;
+                r.failing_since = None;
                 self.restores.counts.pieces += 1;
                 self.restores.counts.most_held_bytes = self.restores.counts.most_held_bytes.max(r.reader.held() as u64);
                 None
@@ -487,10 +500,14 @@ impl ClusterNode {
                 return Ok(());
             }
             r.verify = true;
+            let since = *r.failing_since.get_or_insert(now);
             if !r.said {
                 r.said = true;
                 let label = format!("{}/{}/{}#{}", shard.tenant, shard.namespace, shard.name, shard.shard);
-                self.broker.notice(Notice::ShardRestoreReadFailed { shard: label, why });
+                self.broker.notice(Notice::ShardRestoreReadFailed { shard: label, why: why.clone() });
+            }
+            if now.saturating_duration_since(since) >= RESTORE_GIVE_UP {
+                self.give_up_restore(&shard, &why, now);
             }
             return Ok(()); // asked again at the next tick
         }
@@ -510,6 +527,50 @@ impl ClusterNode {
         }
         self.drain_replica(&shard, now);
         Ok(())
+    }
+
+    /// A restore whose reads kept failing ([`RESTORE_GIVE_UP`]): the replica is dropped with
+    /// its log (what it owed answered `LeadershipLost`, the outcome unknown to this broker)
+    /// and started again at the next tick, empty and rejoining its group, as one whose kept
+    /// log was found damaged at a start is. It grants no vote until its group took it out and
+    /// added it back (it forgets what it voted and acknowledged), and its leader sends it a
+    /// new snapshot, written anew. Why: a record that never reads again (a bad sector) left
+    /// the replica a voter for ever that could serve nothing, retrying each tick.
+    fn give_up_restore(&mut self, shard: &ShardId, why: &str, now: Instant) {
+        let Some(mut h) = self.replicas.remove(shard) else { return };
+        self.restores.active.remove(shard);
+        self.restores.counts.given_up += 1;
+        self.awake.remove(shard);
+        let (me, term) = (h.replica.id(), h.replica.term());
+        let held = h.restoring.take().map(|r| r.held).unwrap_or_default();
+        let owed = held.into_iter().filter_map(|o| match o {
+            ReplicaOutput::Answer { token, .. } => Some(token),
+            _ => None,
+        });
+        let owed: Vec<u64> = owed.chain(h.replica.abandon()).collect();
+        for token in owed {
+            self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
+        }
+        // Its group may sleep (settled: it held the whole log) and its new replica, rejoining,
+        // never stands for election to wake it: each of the other replicas is told at once,
+        // as a rejoining replica tells them on every message (the leader takes it out and
+        // adds it back; the others note it). In the term it knew, which the leader's engine
+        // takes as a heartbeat's answer.
+        for (&id, name) in h.names.iter().filter(|(id, _)| **id != me) {
+            let mut m = Message::default();
+            m.set_msg_type(MessageType::MsgHeartbeatResponse);
+            (m.from, m.to, m.term) = (me, id, term);
+            m.context = REJOIN_CONTEXT.to_vec().into();
+            self.ship_replica_message(name.clone(), shard, m);
+        }
+        self.flush_shard_sends();
+        self.out.push_back(NodeOutput::DropReplica { shard: shard.clone() });
+        let secs = RESTORE_GIVE_UP.as_secs();
+        let why = format!("its snapshot's state could not be read back for {secs} s ({why})");
+        let what = format!("{why}: it drops its log and rejoins its group afresh");
+        start_rejoin(&mut self.rejoining, &mut self.rejoin_counts, &mut self.out, shard, why, what);
+        // Started again, empty, at the next tick.
+        self.synced = None;
     }
 
     /// Restores whose last read failed ask again (at each tick). A replica elected while its
