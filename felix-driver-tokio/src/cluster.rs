@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+use crate::peer_links::{LinkReport, Links};
+
 /// The ALPN id of the cluster listener (clients never speak it).
 pub const CLUSTER_ALPN: &[u8] = b"felix-cluster/1";
 
@@ -76,6 +78,8 @@ pub(crate) struct Transport {
     /// Bytes of messages queued for peers and not yet written to their streams (about:
     /// [`felix_proto::cluster::peer::size_hint`]), over every peer.
     queued: Arc<std::sync::atomic::AtomicU64>,
+    /// Each peer's link, for the metrics.
+    links: Links,
 }
 
 type Known = Arc<std::sync::RwLock<std::collections::BTreeSet<String>>>;
@@ -100,12 +104,14 @@ impl Transport {
         let endpoint =
             quinn::Endpoint::new(tuning.endpoint_config(), Some(server), socket, Arc::new(quinn::TokioRuntime))?;
         let known: Known = Arc::new(std::sync::RwLock::new(opts.peers.iter().map(|(n, _)| n.clone()).collect()));
+        let links = Links::default();
         tokio::spawn(accept_loop(
             endpoint.clone(),
             opts.name.clone(),
             opts.secret.clone(),
             known.clone(),
             inputs.clone(),
+            links.clone(),
         ));
         let hello = PeerMessage::Hello {
             cluster: opts.name.clone(),
@@ -115,8 +121,16 @@ impl Transport {
             features: felix_proto::cluster::peer::PEER_FEATURES,
         };
         let queued = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let mut t =
-            Transport { senders: BTreeMap::new(), endpoint, known, hello, inputs, me: opts.node_id.clone(), queued };
+        let mut t = Transport {
+            senders: BTreeMap::new(),
+            endpoint,
+            known,
+            hello,
+            inputs,
+            me: opts.node_id.clone(),
+            queued,
+            links,
+        };
         for (name, addr) in &opts.peers {
             t.add_peer(name, *addr);
         }
@@ -136,7 +150,16 @@ impl Transport {
         self.senders.insert(name.to_owned(), tx);
         let peer = name.to_owned();
         let queue = Queue { rx, queued: self.queued.clone() };
-        tokio::spawn(dial_loop(self.endpoint.clone(), addr, peer, self.hello.clone(), queue, self.inputs.clone()));
+        let link = self.links.clone();
+        tokio::spawn(dial_loop(
+            self.endpoint.clone(),
+            addr,
+            peer,
+            self.hello.clone(),
+            queue,
+            self.inputs.clone(),
+            link,
+        ));
     }
 
     /// Stops dialling `name` and refuses it as a peer from now on (a broker removed from the
@@ -146,6 +169,7 @@ impl Transport {
             k.remove(name);
         }
         self.senders.remove(name);
+        self.links.remove(name);
     }
 
     /// Queues a message for peer `to`; a peer not in the cluster's list gets nothing.
@@ -167,6 +191,11 @@ impl Transport {
     /// Bytes of messages queued for peers and not yet written to their streams.
     pub(crate) fn queued_bytes(&self) -> u64 {
         self.queued.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Each peer's link as the metrics show it, in node id order.
+    pub(crate) fn links(&self) -> Vec<LinkReport> {
+        self.links.report()
     }
 
     /// The cluster listener's address.
@@ -222,8 +251,10 @@ async fn dial_loop(
     hello: PeerMessage,
     mut queue: Queue,
     inputs: mpsc::UnboundedSender<PeerInput>,
+    links: Links,
 ) {
     let Ok(cfg) = client_config(addr) else { return };
+    let bytes_out = links.bytes_out(&peer);
     let mut buf = BytesMut::new();
     loop {
         let conn = match endpoint.connect_with(cfg.clone(), addr, "localhost") {
@@ -252,6 +283,10 @@ async fn dial_loop(
         buf.clear();
         if encode(&hello, &mut buf).is_err() || send.write_all(&buf).await.is_err() {
             continue;
+        }
+        bytes_out.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Some(c) = &conn {
+            links.up(&peer, c);
         }
         let mut chunks: Vec<bytes::Bytes> = Vec::new();
         // Writes and the connection's end, together: a connection that died (the peer went
@@ -282,15 +317,18 @@ async fn dial_loop(
                 tracing::warn!("a peer message for {addr} was not sent: {e}");
                 continue;
             }
+            let len: usize = chunks.iter().map(bytes::Bytes::len).sum();
             if send.write_all_chunks(&mut chunks).await.is_err() {
                 let _ = inputs.send(PeerInput::Undeliverable(m));
                 let _ = inputs.send(PeerInput::Lost(peer.clone()));
                 break;
             }
+            bytes_out.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
             if let PeerMessage::SnapshotChunk(c) = m {
                 let _ = inputs.send(PeerInput::ChunkWritten { to: peer.clone(), shard: c.shard, index: c.index });
             }
         }
+        links.down(&peer);
         if queue.rx.is_closed() {
             return;
         }
@@ -323,17 +361,21 @@ async fn accept_loop(
     secret: String,
     known: Known,
     inputs: mpsc::UnboundedSender<PeerInput>,
+    links: Links,
 ) {
     while let Some(incoming) = endpoint.accept().await {
-        let (cluster, secret, known, inputs) = (cluster.clone(), secret.clone(), known.clone(), inputs.clone());
+        let (cluster, secret, known, inputs, links) =
+            (cluster.clone(), secret.clone(), known.clone(), inputs.clone(), links.clone());
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
             while let Ok(mut recv) = conn.accept_uni().await {
-                let (cluster, secret, known, inputs, conn) =
-                    (cluster.clone(), secret.clone(), known.clone(), inputs.clone(), conn.clone());
+                let (cluster, secret, known, inputs, conn, links) =
+                    (cluster.clone(), secret.clone(), known.clone(), inputs.clone(), conn.clone(), links.clone());
                 tokio::spawn(async move {
                     let mut d = PeerDecoder::default();
                     let mut from: Option<String> = None;
+                    // The peer's count of bytes read, once its hello named it.
+                    let mut bytes_in: Option<Arc<std::sync::atomic::AtomicU64>> = None;
                     while let Ok(Some(chunk)) = recv.read_chunk(64 * 1024, true).await {
                         d.push(&chunk.bytes);
                         loop {
@@ -370,6 +412,7 @@ async fn accept_loop(
                                         features,
                                     };
                                     let _ = inputs.send(PeerInput::Message { from: node_id.clone(), message: hello });
+                                    bytes_in = Some(links.bytes_in(&node_id));
                                     from = Some(node_id);
                                 }
                                 (None, _) => {
@@ -381,6 +424,10 @@ async fn accept_loop(
                                     let _ = inputs.send(PeerInput::Message { from: f.clone(), message });
                                 }
                             }
+                        }
+                        // Counted once its hello named the peer (the hello's chunk too).
+                        if let Some(n) = &bytes_in {
+                            n.fetch_add(chunk.bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                 });

@@ -1523,6 +1523,9 @@ impl BrokerTask {
             self.io.storage_micros,
         );
         m("felix_storage_pass_micros_max", "gauge", "Longest storage pass, microseconds.", self.io.storage_micros_max);
+        if let Some(t) = &self.transport {
+            crate::peer_links::render(&t.links(), &mut out);
+        }
         out
     }
 

@@ -58,6 +58,13 @@ fn status(b: &Broker) -> Option<serde_json::Value> {
     common::cluster_status(b.metrics)
 }
 
+/// A `felix_peer_*` metric's value for `peer` on a broker (`None`: not shown).
+fn peer_metric(b: &Broker, name: &str, peer: &str) -> Option<u64> {
+    let text = common::http_get(b.metrics, "/metrics")?;
+    let series = format!("{name}{{peer=\"{peer}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.trim().parse().ok())
+}
+
 fn cli(b: &Broker, args: &[&str]) -> (bool, String, String) {
     cli_at(b.client, b.dir.path(), args)
 }
@@ -249,6 +256,20 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
     });
     let ticks_before = homes(&status(&brokers[0]).unwrap(), "ticks");
     assert!(ticks_before.iter().any(|(o, _)| o == "n3"), "n3 owns some of ticks: {ticks_before:?}");
+    // Every link is up in the metrics, with messages both ways (Raft, at least) and one
+    // connection made each.
+    for b in &brokers {
+        for p in names.iter().filter(|p| **p != b.name) {
+            let m = |name: &str| peer_metric(b, name, p);
+            assert_eq!(m("felix_peer_link_up"), Some(1), "{} → {p}", b.name);
+            assert_eq!(m("felix_peer_connects_total"), Some(1), "{} → {p}", b.name);
+            assert_eq!(m("felix_peer_links_lost_total"), Some(0), "{} → {p}", b.name);
+            assert!(m("felix_peer_bytes_sent_total") > Some(0), "{} → {p}", b.name);
+            assert!(m("felix_peer_bytes_received_total") > Some(0), "{} → {p}", b.name);
+            assert!(m("felix_peer_datagrams_sent_total") > Some(0), "{} → {p}", b.name);
+            assert!(m("felix_peer_rtt_micros").is_some(), "{} → {p}: a round trip while up", b.name);
+        }
+    }
     // SIGKILL n3: the others keep serving their own shards; a write that needs n3 is answered
     // shard_unavailable (forwarding cannot reach it), not left hanging.
     let dead = brokers.iter().position(|b| b.name == "n3").unwrap();
@@ -265,6 +286,20 @@ fn three_brokers_share_a_stream_and_survive_a_sigkill() {
         })
     });
     eprintln!("n3 declared down {:?} after SIGKILL", killed.elapsed());
+    // The survivors' links to n3 went down (its idle timeout, 2 s), and stay down while it is
+    // dialled again; theirs to each other stay up.
+    wait_for("the survivors' links to n3 are down", 15, || {
+        brokers.iter().all(|b| {
+            peer_metric(b, "felix_peer_link_up", "n3") == Some(0)
+                && peer_metric(b, "felix_peer_links_lost_total", "n3") == Some(1)
+        })
+    });
+    for b in &brokers {
+        assert_eq!(peer_metric(b, "felix_peer_rtt_micros", "n3"), None, "no round trip to a dead peer");
+        let other = if b.name == "n1" { "n2" } else { "n1" };
+        assert_eq!(peer_metric(b, "felix_peer_link_up", other), Some(1), "{} → {other}", b.name);
+        assert_eq!(peer_metric(b, "felix_peer_links_lost_total", other), Some(0), "{} → {other}", b.name);
+    }
     // Its in-memory shards have new owners (a newer generation), everywhere; nothing else moved.
     wait_for("n3's in-memory shards moved", 10, || {
         brokers.iter().all(|b| {
