@@ -328,7 +328,9 @@ async fn dial_loop(
                 let _ = inputs.send(PeerInput::ChunkWritten { to: peer.clone(), shard: c.shard, index: c.index });
             }
         }
-        links.down(&peer);
+        if let Some(c) = &conn {
+            links.down(&peer, c);
+        }
         if queue.rx.is_closed() {
             return;
         }
@@ -2174,5 +2176,66 @@ mod replica_log_tests {
         for bad in ["x.log", "stream~a~b~c~d.log", "queue~a~b~c~1.log", "stream~a~b~c~1", "stream~a~b~c~1~2.log", ""] {
             assert_eq!(parse_replica_file_name(bad), None, "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+
+    /// A cluster listener that accepts and holds connections, and a dialling endpoint.
+    fn endpoints() -> (quinn::Endpoint, quinn::Endpoint, SocketAddr) {
+        let (id, _, _) = crate::Identity::self_signed(&["localhost"]).unwrap();
+        let mut tls = crate::tls::server_config(id).unwrap();
+        tls.alpn_protocols = vec![CLUSTER_ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let here = SocketAddr::from(([127, 0, 0, 1], 0));
+        server.transport_config(peer_transport(here));
+        let listener = quinn::Endpoint::server(server, here).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let dialler = quinn::Endpoint::client(here).unwrap();
+        (listener, dialler, addr)
+    }
+
+    /// A link made, lost and made again counts both and sums what each connection sent; a
+    /// connection that ended after a newer one came up (a peer removed and added again at once)
+    /// does not take the newer one down.
+    #[tokio::test]
+    async fn a_link_lost_and_made_again_counts_both_and_a_stale_end_changes_nothing() {
+        let (listener, dialler, addr) = endpoints();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(i) = listener.accept().await {
+                if let Ok(c) = i.await {
+                    held.push(c);
+                }
+            }
+        });
+        let dial =
+            async || dialler.connect_with(client_config(addr).unwrap(), addr, "localhost").unwrap().await.unwrap();
+        let links = Links::default();
+        let first = dial().await;
+        links.up("n2", &first);
+        let r = &links.report()[0];
+        assert!(r.up && r.rtt_micros.is_some() && r.datagrams_sent > 0, "{r:?}");
+        assert_eq!((r.connects, r.lost), (1, 0));
+        let sent_by_first = first.stats().udp_tx.datagrams;
+        first.close(0u32.into(), b"");
+        links.down("n2", &first);
+        let r = &links.report()[0];
+        assert!(!r.up && r.rtt_micros.is_none(), "{r:?}");
+        assert_eq!((r.connects, r.lost), (1, 1));
+        assert!(r.datagrams_sent >= sent_by_first, "kept after the link ended: {r:?}");
+        let second = dial().await;
+        links.up("n2", &second);
+        // The first connection's end said again (late) leaves the second one up.
+        links.down("n2", &first);
+        let r = &links.report()[0];
+        assert!(r.up, "{r:?}");
+        assert_eq!((r.connects, r.lost), (2, 1));
+        assert!(r.datagrams_sent > sent_by_first, "both connections' datagrams: {r:?}");
+        links.down("n2", &second);
+        assert_eq!((links.report()[0].up, links.report()[0].lost), (false, 2));
     }
 }
