@@ -1705,6 +1705,7 @@ impl BrokerTask {
                     .collect();
                 let unix =
                     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let links = self.transport.as_ref().map(crate::cluster::Transport::links).unwrap_or_default();
                 let view = crate::web::View {
                     status: &status,
                     shards: &shards,
@@ -1714,6 +1715,7 @@ impl BrokerTask {
                     uptime: at.duration_since(self.started),
                     now_unix: unix,
                     after,
+                    links: &links,
                 };
                 let _ = reply.send(crate::web::page(&view));
                 self.web_sample = Some((at, sample));

@@ -39,6 +39,22 @@ pub(crate) struct View<'a> {
     /// Where the page's shard tables start (`?after=CURSOR`, a cursor of D55): both show at
     /// most [`PAGE_ROWS`] shards, with a link to the next page.
     pub after: Option<felix_proto::cluster::metadata::ShardId>,
+    /// This broker's links to the others ([`crate::peer_links`]; none on a single broker).
+    pub links: &'a [crate::peer_links::LinkReport],
+}
+
+/// The brokers table's cell for the link from this broker to `node`.
+fn link_cell(links: &[crate::peer_links::LinkReport], me: &str, node: &str) -> String {
+    if node == me {
+        return "this broker".into();
+    }
+    let Some(l) = links.iter().find(|l| l.peer == node) else { return "-".into() };
+    let lost = if l.lost_packets > 0 { format!(" · {} packets lost", l.lost_packets) } else { String::new() };
+    match l.rtt_micros {
+        Some(rtt) if l.up => format!("up · {:.2} ms{lost}", rtt as f64 / 1000.0),
+        _ if l.connects == 0 => format!("DOWN: never reached{lost}"),
+        _ => format!("DOWN (lost {}×){lost}", l.lost),
+    }
 }
 
 /// Shards per page of the view: at 10,000 shards the whole table was megabytes of HTML every
@@ -148,6 +164,15 @@ pub(crate) fn page(v: &View<'_>) -> String {
     // Health at a glance: red when this broker is fenced or a broker is down, amber when a
     // subscriber drops or a replica is far behind, green otherwise.
     let down = members.iter().filter(|m| m["state"] != "active" && m["state"] != "draining").count();
+    // Links from this broker down to brokers the cluster holds alive: a partition (or a one-way
+    // fault) seen from here, which the members' states do not show.
+    let cut: Vec<String> = members
+        .iter()
+        .filter(|m| m["state"] == "active" || m["state"] == "draining")
+        .filter_map(|m| m["node_id"].as_str())
+        .filter(|n| v.links.iter().any(|l| l.peer == *n && !l.up))
+        .map(str::to_owned)
+        .collect();
     let dropping = v.subs.iter().filter(|x| x.dropped > 0).count();
     let lagging = replicas
         .iter()
@@ -158,6 +183,8 @@ pub(crate) fn page(v: &View<'_>) -> String {
         ("bad", "fenced: not serving its shards".to_owned())
     } else if down > 0 {
         ("bad", format!("{down} broker(s) down"))
+    } else if !cut.is_empty() {
+        ("bad", esc(&format!("no link to {}", cut.join(", "))))
     } else if dropping > 0 || lagging > 0 {
         ("warn", format!("{dropping} subscriber(s) dropping, {lagging} replica(s) far behind"))
     } else {
@@ -178,22 +205,26 @@ pub(crate) fn page(v: &View<'_>) -> String {
         if status["fenced"] == true {
             h.push_str(" <span class=\"warn\">FENCED: not serving its shards</span>");
         }
-        h.push_str("</p><h2>Brokers</h2><table id=\"brokers\"><tr><th>node</th><th>state</th><th>clients</th><th>cluster</th><th>shards</th></tr>");
+        h.push_str("</p><h2>Brokers</h2><table id=\"brokers\"><tr><th>node</th><th>state</th><th>clients</th><th>cluster</th><th>shards</th><th>link from here</th></tr>");
         let shards = status["shards"].as_array().cloned().unwrap_or_default();
         for m in &members {
             let owned = shards.iter().filter(|x| x["owner"] == m["node_id"]).count();
+            let node = m["node_id"].as_str().unwrap_or("-");
             let class = match m["state"].as_str() {
+                _ if cut.iter().any(|c| c == node) => "bad",
                 Some("active") => "ok",
                 Some("draining") => "warn",
                 _ => "bad",
             };
+            let link = link_cell(v.links, status["node_id"].as_str().unwrap_or_default(), node);
             let _ = write!(
                 h,
-                "<tr class=\"{class}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{owned}</td></tr>",
-                s(&m["node_id"]),
+                "<tr class=\"{class}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{owned}</td><td>{}</td></tr>",
+                esc(node),
                 s(&m["state"]),
                 s(&m["client_addr"]),
-                s(&m["cluster_addr"])
+                s(&m["cluster_addr"]),
+                esc(&link)
             );
         }
         h.push_str("</table><h2>Moves in progress</h2>");
@@ -431,6 +462,7 @@ mod tests {
             uptime: std::time::Duration::from_secs(3700),
             now_unix: 0,
             after: None,
+            links: &[],
         });
         assert!(p.contains("Felix broker n&lt;1&gt;") && !p.contains("n<1>"));
         assert!(p.contains("version 1.2.3") && p.contains("up <span id=\"uptime\">1h 1m</span>"), "{p}");
@@ -470,6 +502,7 @@ mod tests {
             uptime: std::time::Duration::ZERO,
             now_unix: 1_796_380_875,
             after: None,
+            links: &[],
         });
         assert!(p.contains("<td>t/ns/orders</td><td class=\"n\">1</td><td>durable</td><td class=\"n\">50000</td><td class=\"n\">3.0 MiB</td>"), "{p}");
         assert!(p.contains("1.5k/s") && p.contains("3.0k/s") && p.contains("billing (49990, 5 in flight)"), "{p}");
@@ -480,6 +513,78 @@ mod tests {
         assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
         assert_eq!(bytes(1023), "1023 B");
         assert_eq!(rate(None), "…");
+    }
+
+    /// Each broker's row says how this broker's link to it stands; a link down to a broker the
+    /// cluster holds active (a partition seen from here) turns its row and the badge red.
+    #[test]
+    fn the_brokers_table_shows_each_link_and_a_cut_one_is_red() {
+        use crate::peer_links::LinkReport;
+        let link = |peer: &str, up: bool, connects: u64, lost: u64, lost_packets: u64| LinkReport {
+            peer: peer.into(),
+            up,
+            connects,
+            lost,
+            rtt_micros: up.then_some(215),
+            datagrams_sent: 10,
+            lost_packets,
+            bytes_sent: 1,
+            bytes_received: 1,
+        };
+        let v = serde_json::json!({"cluster": true, "node_id": "n1", "leader": "n1", "shards": [],
+            "members": [{"node_id": "n1", "state": "active"}, {"node_id": "n2", "state": "active"},
+                        {"node_id": "n3", "state": "active"}, {"node_id": "n4", "state": "down"}]});
+        let view = |links: &[LinkReport]| {
+            page(&View {
+                status: &v,
+                shards: &[],
+                rates: &[],
+                subs: &[],
+                version: "1",
+                uptime: std::time::Duration::ZERO,
+                now_unix: 0,
+                after: None,
+                links,
+            })
+        };
+        let links = [link("n2", true, 1, 0, 3), link("n3", false, 2, 2, 0), link("n4", false, 0, 0, 0)];
+        let p = view(&links);
+        assert!(p.contains("<td>this broker</td></tr>"), "{p}");
+        assert!(p.contains("<td>up · 0.21 ms · 3 packets lost</td>"), "{p}");
+        assert!(p.contains("<tr class=\"bad\"><td>n3</td><td>active</td>"), "cut from here: {p}");
+        assert!(p.contains("<td>DOWN (lost 2×)</td>"), "{p}");
+        assert!(p.contains("<td>DOWN: never reached</td>"), "{p}");
+        // A broker down outranks a link (its link is down because it is); without it, the cut
+        // link is the badge.
+        assert!(p.contains("badge bad\">1 broker(s) down"), "{p}");
+        let v2 = serde_json::json!({"cluster": true, "node_id": "n1", "leader": "n1", "shards": [],
+            "members": [{"node_id": "n1", "state": "active"}, {"node_id": "n2", "state": "active"},
+                        {"node_id": "n3", "state": "active"}]});
+        let p = page(&View {
+            status: &v2,
+            shards: &[],
+            rates: &[],
+            subs: &[],
+            version: "1",
+            uptime: std::time::Duration::ZERO,
+            now_unix: 0,
+            after: None,
+            links: &links[..2],
+        });
+        assert!(p.contains("badge bad\">no link to n3"), "{p}");
+        let p = page(&View {
+            status: &v2,
+            shards: &[],
+            rates: &[],
+            subs: &[],
+            version: "1",
+            uptime: std::time::Duration::ZERO,
+            now_unix: 0,
+            after: None,
+            links: &[link("n2", true, 1, 0, 0), link("n3", true, 2, 1, 0)],
+        });
+        assert!(p.contains("badge ok\">healthy"), "every link up again: {p}");
+        assert!(p.contains("<td>up · 0.21 ms</td>"), "{p}");
     }
 
     /// At 10,000 shards the page showed every one: it now shows PAGE_ROWS of them, in order,
@@ -502,6 +607,7 @@ mod tests {
                 uptime: std::time::Duration::ZERO,
                 now_unix: 0,
                 after,
+                links: &[],
             })
         };
         let first = view(None);

@@ -915,6 +915,8 @@ fn the_web_view_shows_a_moved_shard_on_its_new_owner_in_a_browser() {
     for n in names {
         assert!(page.contains(&format!("<td>{n}</td><td>active</td>")), "{n} listed active: {page}");
     }
+    // And how this broker's link to each of the others stands.
+    assert!(page.contains("<td>this broker</td>") && page.matches("<td>up · ").count() == 2, "links: {page}");
     let row = format!("<td>stream</td><td>default/default/orders</td><td>2</td><td>{to}</td><td>");
     let at = page.find(&row).unwrap_or_else(|| panic!("shard 2 on {to}: {page}"));
     let shown: u64 = page[at + row.len()..].split('<').next().unwrap().parse().unwrap();
