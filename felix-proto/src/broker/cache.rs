@@ -115,7 +115,7 @@ pub(crate) struct Cache {
     bytes: usize,
     /// A replicated (`quorum`) cache: the role of this broker's replica in its Raft group.
     /// Its changes are made only by applying the group's committed log.
-    pub replica: Option<super::replicated::ReplicaRole>,
+    pub replica: Option<crate::shard::replicated::ReplicaRole>,
     /// A replicated cache's leader answers reads until then (its read lease).
     pub read_lease: Option<std::time::Instant>,
     /// On its leader: what applying each entry did, by offset, until the proposal's answer

@@ -123,7 +123,7 @@ impl Broker {
             });
         }
         let mine = match &replica {
-            Some(super::replicated::ReplicaRole::Leading) => {
+            Some(ReplicaRole::Leading) => {
                 view.role = "leader".into();
                 true
             }

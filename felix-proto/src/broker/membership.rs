@@ -10,7 +10,7 @@ use super::*;
 #[derive(Debug)]
 pub(crate) struct Membership {
     /// The cluster this broker belongs to, as its metadata last said ([`ownership`]).
-    pub(super) view: Option<ownership::ClusterView>,
+    pub(super) view: Option<crate::shard::view::ClusterView>,
     /// Acked publishes forwarded to their owner and not answered yet, by forward id.
     pub(super) forwards: HashMap<u64, forward::Forwarding>,
     pub(super) forward_deadlines: std::collections::BTreeSet<(Instant, u64)>,

@@ -81,6 +81,8 @@ mod subscription;
 use key::{KeyRef, StreamKey};
 use sub::{Ending, Sub, SubEvent, frame_len};
 
+pub use crate::shard::moving::MoveProgress;
+pub use crate::shard::replicated::ReplicaRole;
 pub use auth::{Action, Grant, TokenGrant};
 pub(crate) use cache_state::CacheStateReader;
 pub use config::{
@@ -93,13 +95,11 @@ pub use group::GroupLimits;
 pub use inputs::ConnectionInputs;
 pub use inspect::ShardSummary;
 pub use limits::TenantLimit;
-pub use moves::MoveProgress;
 pub use notice::Notice;
 pub use output::{
     AdmitError, BrokerOutput, BrokerStats, ClusterOutput, PeerAddr, PersistRequest, ReadRequest, StorageOutput,
     TransportOutput, WriteOutcome,
 };
-pub use replicated::ReplicaRole;
 pub(crate) use replicated::{HostSection, HostStateReader};
 pub use requests::{MAX_NAME_BYTES, name_problem};
 pub(crate) use stream_state::{CommitSection, StreamStateReader, stream_state_holds_commits_in};

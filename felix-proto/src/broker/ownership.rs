@@ -19,43 +19,7 @@ use crate::transport::ConnId;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-/// What this broker knows of the cluster it belongs to.
-#[derive(Debug, Clone, Default)]
-pub(super) struct ClusterView {
-    /// Active members that serve clients: node id → client address.
-    pub(super) brokers: Vec<(String, String)>,
-    /// Every shard's owner: node id, client address, generation.
-    pub(super) owners: BTreeMap<ShardId, (String, Option<String>, u64)>,
-    /// Shards whose owner is down with their records.
-    pub(super) unavailable: std::collections::BTreeSet<ShardId>,
-    /// This broker's node id.
-    pub(super) local: String,
-    /// Moves in progress.
-    pub(super) moves: BTreeMap<ShardId, crate::shard::metadata::Move>,
-    /// Replicated shards' replicas.
-    pub(super) replicas: BTreeMap<ShardId, Vec<String>>,
-}
-
-impl ClusterView {
-    /// How many shards the registry gives the stream or cache of `id`, if it has it.
-    pub(super) fn shard_count(&self, id: &ShardId) -> Option<u32> {
-        let first = ShardId { shard: 0, ..id.clone() };
-        let n = self
-            .owners
-            .range(first..)
-            .take_while(|(s, _)| {
-                (s.kind, &s.tenant, &s.namespace, &s.name) == (id.kind, &id.tenant, &id.namespace, &id.name)
-            })
-            .count();
-        (n > 0).then_some(n as u32)
-    }
-
-    /// Whether the cluster's registry has this stream.
-    pub(super) fn knows_stream(&self, t: &str, ns: &str, s: &str) -> bool {
-        let first = ShardId { kind: Kind::Stream, tenant: t.into(), namespace: ns.into(), name: s.into(), shard: 0 };
-        self.owners.contains_key(&first)
-    }
-}
+pub(super) use crate::shard::view::ClusterView;
 
 impl Broker {
     /// Takes the cluster's metadata as committed (after every change the metadata group

@@ -14,7 +14,6 @@
 //! a shard move, and its unanswered publishes end `leadership_lost` (outcome unknown).
 
 use super::*;
-use crate::binary::OwnerHint;
 use crate::error_code::ErrorCode;
 use crate::message::RefusedReason;
 use crate::shard::replicated::{Answer, ApplyRefusal, ReplicatedBatch};
@@ -64,20 +63,6 @@ impl HostSection {
     pub(crate) fn holds_commits(&self) -> bool {
         matches!(self, HostSection::Commits(_))
     }
-}
-
-/// The role of this broker's replica of a replicated shard.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplicaRole {
-    /// Leads, and its generation start committed: it serves.
-    Leading,
-    /// Leads, its generation-start record not committed yet: `not_ready`.
-    Settling,
-    /// Follows the leader it knows of (none while its group elects one).
-    Following {
-        /// The leader: node id, client address, generation.
-        leader: Option<OwnerHint>,
-    },
 }
 
 impl Broker {

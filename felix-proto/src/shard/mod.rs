@@ -7,11 +7,14 @@
 use serde::{Deserialize, Serialize};
 
 pub mod bandwidth;
+pub(crate) mod cache_op;
 pub mod copy;
 pub mod forward;
 pub mod metadata;
+pub(crate) mod moving;
 pub mod page;
 pub mod replicated;
+pub(crate) mod view;
 
 /// Stream or cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

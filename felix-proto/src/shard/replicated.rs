@@ -272,3 +272,17 @@ pub enum ApplyRefusal {
         tail: u64,
     },
 }
+
+/// The role of this broker's replica of a replicated shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaRole {
+    /// Leads, and its generation start committed: it serves.
+    Leading,
+    /// Leads, its generation-start record not committed yet: `not_ready`.
+    Settling,
+    /// Follows the leader it knows of (none while its group elects one).
+    Following {
+        /// The leader: node id, client address, generation.
+        leader: Option<crate::binary::OwnerHint>,
+    },
+}
