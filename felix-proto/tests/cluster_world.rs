@@ -67,3 +67,17 @@ fn a_seed_replays_exactly() {
         assert_eq!(run(seed, epoch, 300), run(seed, epoch, 300));
     }
 }
+
+/// Seeds that found a bug, each kept with what it was.
+#[test]
+fn seeds_that_once_failed() {
+    let epoch = support::epoch();
+    for (seed, what) in [(
+        501_290,
+        "two replicas with equal election ranks (made before a move changed the group) split the votes every term: no leader once healed",
+    )] {
+        if let Err(v) = run(seed, epoch, 300) {
+            panic!("seed {seed} ({what}): {v}");
+        }
+    }
+}

@@ -149,6 +149,34 @@ pub struct MetaNode {
     report_empty: bool,
     /// Followers sent a snapshot in this round (reported to the engine as sent).
     snapshots_sent: Vec<u64>,
+    /// A candidate's extra wait before it stands again ([`stand_delay`]): the term it is for
+    /// and the ticks still withheld.
+    stand_hold: (u64, usize),
+}
+
+/// The most ticks a candidate that did not win waits, beyond its election timeout, before it
+/// stands again ([`stand_delay`]).
+pub const STAND_JITTER_TICKS: usize = ELECTION_TICKS;
+
+/// The extra ticks node `id`, a candidate in `term` that has not won, waits before it stands
+/// again: spread over `0..STAND_JITTER_TICKS` by its id and the term, so it differs between two
+/// nodes and from one term to the next.
+///
+/// Why: election timeouts here are not random (outputs are a function of inputs); they are
+/// staggered by each node's rank in its group, fixed when the node's replica was made. After
+/// moves change a group's members, two live nodes can hold the same rank: they time out at the
+/// same tick, both stand, split the votes, and do it again every term. `felix-node sim
+/// --cluster --clients` found a group of four voters (one gone, moved away) whose two
+/// equal-ranked live replicas did that for the rest of the run: no leader, the shard
+/// unavailable, however long healed (seed 501290). A stand that did not win now waits a
+/// different number of ticks on each node, so one stands alone and wins; a first stand, the
+/// common case, keeps the order the ranks give.
+pub fn stand_delay(id: u64, term: u64) -> usize {
+    let mut z = id ^ term.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % STAND_JITTER_TICKS as u64) as usize
 }
 
 impl std::fmt::Debug for MetaNode {
@@ -300,7 +328,13 @@ impl MetaNode {
         cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&cfg, storage, &logger)?;
-        Ok(MetaNode { raw, out: first_persist.into_iter().collect(), report_empty: false, snapshots_sent: Vec::new() })
+        Ok(MetaNode {
+            raw,
+            out: first_persist.into_iter().collect(),
+            report_empty: false,
+            snapshots_sent: Vec::new(),
+            stand_hold: (0, 0),
+        })
     }
 
     /// Hands out now what the kept log holds committed and not yet applied (a restart's
@@ -456,6 +490,18 @@ impl MetaNode {
 
     /// One unit of time passed (the driver ticks every 100 ms, say).
     pub fn tick(&mut self) {
+        // A candidate (it stood in this term and has not won) withholds a few ticks of its
+        // election timer, a different number on each node ([`stand_delay`]).
+        let r = &self.raw.raft;
+        if r.state == StateRole::Candidate {
+            if self.stand_hold.0 != r.term {
+                self.stand_hold = (r.term, stand_delay(r.id, r.term));
+            }
+            if self.stand_hold.1 > 0 {
+                self.stand_hold.1 -= 1;
+                return;
+            }
+        }
         self.raw.tick();
         self.process_ready();
     }

@@ -354,6 +354,31 @@ fn three_members_elect_one_leader_replicate_and_fail_over() {
     assert!(g.leaders_by_term.values().all(|l| l.len() == 1), "{:?}", g.leaders_by_term);
 }
 
+/// Two live members that stand for election at the same tick (equal ranks: their replicas
+/// were made when the group had other members) in a group of four with one gone split the
+/// votes every term unless a stand that did not win waits differently on each: a leader within
+/// a few terms, and only one per term. (Found by `felix-node sim --cluster --clients`, seed
+/// 501290: a shard unavailable for the rest of the run.)
+#[test]
+fn two_members_standing_at_the_same_tick_do_not_split_the_votes_for_ever() {
+    let founding: Vec<(u64, Vec<u8>)> = [1, 2, 3, 4].iter().map(|v| (*v, Vec::new())).collect();
+    let ranked = |id: u64, rank: usize| MetaNode::restart_ranked(id, &founding, &RaftLog::default(), Some(rank));
+    let mut g = Group::new(&[1, 2, 3, 4]);
+    g.nodes = [(1, ranked(1, 0)), (2, ranked(2, 0)), (3, ranked(3, 1)), (4, ranked(4, 2))]
+        .into_iter()
+        .map(|(id, n)| (id, n.unwrap()))
+        .collect();
+    g.cut.insert(4);
+    g.run(ELECTION_TICKS * 8);
+    let leaders = g.leaders();
+    assert_eq!(leaders.len(), 1, "a leader among the three live members: {leaders:?}");
+    assert!(g.leaders_by_term.values().all(|l| l.len() == 1), "{:?}", g.leaders_by_term);
+    // And the waits differ between members and between terms, within the bound.
+    assert!((1..40).all(|t| stand_delay(1, t) < STAND_JITTER_TICKS));
+    assert!((1..40).any(|t| stand_delay(1, t) != stand_delay(2, t)));
+    assert!((2..40).any(|t| stand_delay(1, t) != stand_delay(1, 1)));
+}
+
 #[test]
 fn a_read_index_is_the_leaders_commit_confirmed_and_none_comes_without_a_majority() {
     let mut g = Group::new(&[1, 2, 3]);
