@@ -72,10 +72,16 @@ fn a_seed_replays_exactly() {
 #[test]
 fn seeds_that_once_failed() {
     let epoch = support::epoch();
-    for (seed, what) in [(
-        501_290,
-        "two replicas with equal election ranks (made before a move changed the group) split the votes every term: no leader once healed",
-    )] {
+    for (seed, what) in [
+        (
+            501_290,
+            "two replicas with equal election ranks (made before a move changed the group) split the votes every term: no leader once healed",
+        ),
+        (
+            503_908,
+            "a replica added back empty voted for a member standing in a stale configuration, which won and overwrote a committed record",
+        ),
+    ] {
         if let Err(v) = run(seed, epoch, 300) {
             panic!("seed {seed} ({what}): {v}");
         }

@@ -784,6 +784,17 @@ impl ClusterNode {
         if vote && now < crate::transport::after(self.started, VOTE_HOLD) {
             return; // just started: see VOTE_HOLD
         }
+        if vote && h.replica.voters().is_empty() {
+            // Joined (started empty, knowing no voters) and not yet given the group's
+            // configuration by a leader: no vote. A stale configuration can still list this
+            // broker from an earlier replica of it (removed, then added back empty under the
+            // same id); a member whose log is behind, standing in it, could win with this
+            // empty replica's vote and overwrite committed entries (`felix-node sim --cluster
+            // --clients`, seed 503908: a record acknowledged at offset 1 replaced by a
+            // generation start). Once a leader gave it the configuration, its log holds what
+            // was committed up to its addition, and such a candidate cannot win its vote.
+            return;
+        }
         if let Some(why) = self.rejoining.get(&shard) {
             // Rejoining: it may have voted in a term it no longer remembers and acknowledged
             // entries it no longer holds, so it grants no vote until its group took it out and
