@@ -534,9 +534,9 @@ mod tests {
         let v = serde_json::json!({"cluster": true, "node_id": "n1", "leader": "n1", "shards": [],
             "members": [{"node_id": "n1", "state": "active"}, {"node_id": "n2", "state": "active"},
                         {"node_id": "n3", "state": "active"}, {"node_id": "n4", "state": "down"}]});
-        let view = |links: &[LinkReport]| {
+        let view = |status: &serde_json::Value, links: &[LinkReport]| {
             page(&View {
-                status: &v,
+                status,
                 shards: &[],
                 rates: &[],
                 subs: &[],
@@ -548,7 +548,7 @@ mod tests {
             })
         };
         let links = [link("n2", true, 1, 0, 3), link("n3", false, 2, 2, 0), link("n4", false, 0, 0, 0)];
-        let p = view(&links);
+        let p = view(&v, &links);
         assert!(p.contains("<td>this broker</td></tr>"), "{p}");
         assert!(p.contains("<td>up · 0.21 ms · 3 packets lost</td>"), "{p}");
         assert!(p.contains("<tr class=\"bad\"><td>n3</td><td>active</td>"), "cut from here: {p}");
@@ -560,29 +560,9 @@ mod tests {
         let v2 = serde_json::json!({"cluster": true, "node_id": "n1", "leader": "n1", "shards": [],
             "members": [{"node_id": "n1", "state": "active"}, {"node_id": "n2", "state": "active"},
                         {"node_id": "n3", "state": "active"}]});
-        let p = page(&View {
-            status: &v2,
-            shards: &[],
-            rates: &[],
-            subs: &[],
-            version: "1",
-            uptime: std::time::Duration::ZERO,
-            now_unix: 0,
-            after: None,
-            links: &links[..2],
-        });
+        let p = view(&v2, &links[..2]);
         assert!(p.contains("badge bad\">no link to n3"), "{p}");
-        let p = page(&View {
-            status: &v2,
-            shards: &[],
-            rates: &[],
-            subs: &[],
-            version: "1",
-            uptime: std::time::Duration::ZERO,
-            now_unix: 0,
-            after: None,
-            links: &[link("n2", true, 1, 0, 0), link("n3", true, 2, 1, 0)],
-        });
+        let p = view(&v2, &[link("n2", true, 1, 0, 0), link("n3", true, 2, 1, 0)]);
         assert!(p.contains("badge ok\">healthy"), "every link up again: {p}");
         assert!(p.contains("<td>up · 0.21 ms</td>"), "{p}");
     }
