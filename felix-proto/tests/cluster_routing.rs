@@ -218,3 +218,74 @@ fn a_fenced_broker_copies_no_shard_into_itself_until_its_view_is_current() {
     sim.run();
     assert!(copies(&mut sim) > 0);
 }
+
+/// A broker the metadata still names the leader of a replicated cache whose replica here was
+/// moved away (the group's next leader not recorded yet) holds none of the cache: it must not
+/// serve a put or a get from a plain cache of its own. Seen in the world simulation (seed
+/// 506884): the put was acknowledged and never reached the group, so the key's later value
+/// was older than an acknowledged write.
+#[test]
+fn a_recorded_cache_leader_without_a_replica_serves_nothing_of_the_cache() {
+    use felix_proto::cluster::metadata::{Command, Kind, ShardId};
+    let mut md = Metadata::default();
+    for (id, port) in [("n1", 5001), ("n2", 5002), ("n3", 5003), ("n4", 5004)] {
+        md.apply(&Command::Join { member: cluster_member(id, port) }).unwrap();
+    }
+    md.apply(&Command::Create {
+        kind: Kind::Cache,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "leases".into(),
+        shards: 1,
+        ephemeral: false,
+        replication: 3,
+    })
+    .unwrap();
+    let q = ShardId {
+        kind: Kind::Cache,
+        tenant: "t1".into(),
+        namespace: "default".into(),
+        name: "leases".into(),
+        shard: 0,
+    };
+    let replicas = md.replicas(&q).unwrap().to_vec();
+    let led = replicas[0].clone();
+    md.apply(&Command::Lead { shard: q.clone(), node: led.clone(), term: 2 }).unwrap();
+    let outsider = ["n1", "n2", "n3", "n4"].into_iter().find(|n| !replicas.contains(&(*n).to_owned())).unwrap();
+    md.apply(&Command::MoveShard { shard: q.clone(), to: outsider.into() }).unwrap();
+    md.apply(&Command::FinishMove { shard: q.clone(), to: outsider.into(), at: 0 }).unwrap();
+    assert!(!md.replicas(&q).unwrap().contains(&led));
+    assert_eq!(md.owner(&q).map(|a| a.owner.as_str()), Some(led.as_str()), "still recorded as the leader");
+
+    let mut sim = Sim::new(clustered(), epoch());
+    sim.broker.apply_cluster(&md, &led, sim.now);
+    let (p, s, _) = raw_session(&mut sim, Some(1), Features::ERROR_CODES.to_words(false).0);
+    let put = Message::CachePut(message::CachePut {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "leases".into(),
+        key: "k".into(),
+        value: message::B64(bytes::Bytes::from_static(b"v")),
+        request_id: Some(1),
+        ttl_ms: None,
+    });
+    let get = Message::CacheGet(message::CacheGet {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: "leases".into(),
+        key: "k".into(),
+        request_id: Some(2),
+    });
+    for m in [put, get] {
+        sim.raw_send(p, s, json(&m), false);
+        sim.run();
+        let ms = messages(&sim.take_received(p, s));
+        let Some(Message::Error(e)) = ms.first() else { panic!("{m:?} answered {ms:?}") };
+        let reason = e.detail.as_ref().and_then(|d| d.reason.as_deref());
+        assert_eq!(
+            (e.code.as_ref().map(|c| c.name().into_owned()).as_deref(), reason),
+            (Some("shard_unavailable"), Some("no_leader")),
+            "{e:?}"
+        );
+    }
+}

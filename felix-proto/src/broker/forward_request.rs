@@ -96,6 +96,13 @@ impl Broker {
         let id = ShardId { kind: Kind::Cache, tenant: t.into(), namespace: ns.into(), name: c.into(), shard: 0 };
         match view.owners.get(&id) {
             None => CacheHome::Unknown,
+            // Named the owner (its group's last recorded leader) of a replicated cache this
+            // broker no longer holds a replica of (moved away, the next leader not recorded
+            // yet): only a replica serves it. Served here as a plain cache it would acknowledge
+            // writes its group never saw (found by the world simulation, seed 506884).
+            Some((owner, _, _)) if *owner == view.local && view.replicas.contains_key(&id) => {
+                CacheHome::Refused(Unavailable::NoLeader.refusal(0, ""))
+            }
             Some((owner, _, _)) if *owner == view.local && self.membership.fenced => {
                 CacheHome::Refused(Unavailable::Fenced.refusal(0, owner))
             }
