@@ -5444,3 +5444,41 @@ fn written_and_read_back(
     }
     decode_snapshot_record_alone(&Bytes::from(record)).expect("the record reads back")
 }
+
+/// The cluster node keeps its broker's role for a replicated shard in line with the shard's
+/// group, not only with what it last told it: a new view can reset the broker's copy (one that
+/// makes the broker one of the group again, after a view in which it was not, resets it to a
+/// follower that knows no leader). Found by the world simulation (seed 506623): told the
+/// leader once, a quiet group's follower was never told again, and answered "electing a
+/// leader" for good. Here the copy is reset by hand, the group left quiet, and the next view
+/// (any metadata change) must put it right.
+#[test]
+fn a_followers_broker_reset_to_no_leader_learns_its_groups_leader_again() {
+    use felix_proto::broker::ReplicaRole;
+    let mut c = Cluster::new(&NAMES);
+    create_ledger(&mut c);
+    let leader = leading(&c).unwrap();
+    let follower = NAMES.iter().find(|n| **n != leader).unwrap().to_string();
+    let knows_leader = |c: &Cluster| {
+        matches!(c.nodes[&follower].broker().replica_role(&ledger()),
+            Some(ReplicaRole::Following { leader: Some(h) }) if h.node_id == leader)
+    };
+    c.until("the follower's broker knows the leader", knows_leader);
+    c.until("the metadata records the leader everywhere", |c| {
+        c.nodes.values().all(|n| n.metadata().owner(&ledger()).is_some_and(|a| a.owner == leader))
+    });
+    for _ in 0..20 {
+        c.tick();
+    }
+    let now = c.now;
+    c.nodes.get_mut(&follower).unwrap().broker_mut().set_replica_role(
+        &ledger(),
+        ReplicaRole::Following { leader: None },
+        now,
+    );
+    assert!(!knows_leader(&c));
+    // Any change of the metadata (the path that resets it) has the node look again.
+    c.create(Kind::Stream, "other", 1, 0);
+    c.until("the follower's broker knows the leader again", knows_leader);
+    assert_eq!(leading(&c).as_deref(), Some(leader.as_str()), "the same leader throughout");
+}

@@ -81,6 +81,14 @@ fn seeds_that_once_failed() {
             503_908,
             "a replica added back empty voted for a member standing in a stale configuration, which won and overwrote a committed record",
         ),
+        (
+            506_623,
+            "a move's target, made a follower that knows no leader again by a metadata change, was never told its group's leader: \"electing\" for good",
+        ),
+        (
+            506_884,
+            "a broker still recorded as a replicated cache's leader after its replica moved away served the cache as a plain one, acknowledging a put its group never saw",
+        ),
     ] {
         if let Err(v) = run(seed, epoch, 300) {
             panic!("seed {seed} ({what}): {v}");

@@ -853,7 +853,7 @@ impl ClusterNode {
         if next <= now {
             if self.view_behind {
                 self.view_behind = false;
-                self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+                self.apply_view(now);
             }
             self.meta.tick();
             self.ticks += 1;

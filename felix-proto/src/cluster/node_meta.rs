@@ -447,7 +447,7 @@ impl ClusterNode {
             // it): thousands of those, as thousands of groups elect, are told at the next tick
             // together. Anything else is told now.
             if urgent {
-                self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+                self.apply_view(now);
                 self.view_behind = false;
             } else {
                 self.view_behind = true;

@@ -552,6 +552,22 @@ impl ClusterNode {
         self.broker.membership.move_bandwidth = crate::shard::bandwidth::Bandwidth::new(bytes);
     }
 
+    /// Gives the broker the cluster's view, then tells it again the role of each replica here
+    /// whose role the view reset. A view that makes this broker one of a group again (a move's
+    /// target, or listed again after a view in which it was not: `JoinedGroup`) resets the
+    /// broker's copy to a follower that knows no leader, and the group, told once, had no
+    /// reason to say its leader again: a quiet group's follower answered "electing a leader"
+    /// for good (found by the world simulation, seed 506623).
+    pub(super) fn apply_view(&mut self, now: Instant) {
+        self.broker.apply_cluster(&self.metadata, &self.me.id, now);
+        for (shard, h) in &self.replicas {
+            let Some(role) = &h.role else { continue };
+            if self.broker.replica_role(shard).is_some_and(|r| r != role) {
+                self.broker.set_replica_role(shard, role.clone(), now);
+            }
+        }
+    }
+
     /// Carries a replica's outputs: state to keep, messages to its peers (batched per peer),
     /// commits into the broker's log, answers to publishers; then tells the broker its role.
     pub(super) fn drain_replica(&mut self, shard: &ShardId, now: Instant) {
@@ -691,7 +707,8 @@ impl ClusterNode {
             });
             ReplicaRole::Following { leader }
         };
-        if h.role.as_ref() != Some(&role) {
+        let told = h.role.as_ref() == Some(&role);
+        if !told {
             let leader = match &role {
                 ReplicaRole::Leading => Some(self.me.id.clone()),
                 ReplicaRole::Settling => None,
@@ -703,6 +720,9 @@ impl ClusterNode {
                 self.broker.notice(Notice::ShardLeader { shard: name, leader, term: h.replica.term() });
             }
             h.role = Some(role.clone());
+        }
+        // (The broker's copy too, which a new view can reset: [`Self::apply_view`].)
+        if !told || self.broker.replica_role(shard).is_some_and(|r| *r != role) {
             self.broker.set_replica_role(shard, role, now);
         }
         if self.broker.wants_read_lease(shard) {
