@@ -53,8 +53,9 @@ fn the_next_500_seeds_keep_every_cluster_invariant() {
     assert!(t.snapshot_chunks > 1_000, "{t:?}");
     // In half the seeds snapshots were on disk only, read back for the replicas behind.
     assert!(t.snapshot_reads > 100, "{t:?}");
-    // The replicated cache took writes through crashes and partitions.
-    assert!(t.qcache_acked > 1_000, "{t:?}");
+    // The replicated cache took writes through crashes and partitions, and adds to its
+    // counters.
+    assert!(t.qcache_acked > 1_000 && t.counter_adds_acked > 300, "{t:?}");
     // Commits to the replicated stream (in the seeds whose brokers offer them), their state
     // checked on every replica once healed.
     assert!(t.commits_acked > 500, "{t:?}");

@@ -215,6 +215,12 @@ impl Broker {
         self.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
     }
 
+    /// The sum of counter `key` of a cache held here (checkers; changes nothing).
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn counter_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<i64> {
+        self.counters.get(KeyRef(tenant, namespace, cache).q())?.sums.get(key).copied()
+    }
+
     /// The value of `key` in a stream shard's commit state held here (checkers; changes
     /// nothing).
     #[cfg(any(test, feature = "testkit"))]

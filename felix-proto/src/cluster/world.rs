@@ -95,6 +95,17 @@ enum Ask {
     CacheGet,
     /// A commit to the replicated stream: its event, and a put to its state (owner-only).
     Commit,
+    /// An add of one to a counter of the replicated cache (forwarded by non-owners), in the
+    /// seeds [`World::counts`] picks.
+    CounterAdd,
+}
+
+/// Adds to one counter of the replicated cache: how many were sent, and the sum each
+/// acknowledged one was answered with.
+#[derive(Debug, Default)]
+struct Counted {
+    sent: u64,
+    sums: Vec<i64>,
 }
 
 /// Writes of unique values to keys, by value: the key, when sent, when acknowledged.
@@ -141,6 +152,10 @@ struct World {
     cache_puts: Puts,
     /// The same for the replicated stream's commits, by shard: the state key each put.
     commits: BTreeMap<u32, Puts>,
+    /// Adds to the replicated cache's counters, by counter.
+    counters: BTreeMap<String, Counted>,
+    /// The counter of each add in flight, by connection.
+    adding: BTreeMap<(String, ConnId), String>,
     /// Crashed brokers and when they come back.
     down: BTreeMap<String, Instant>,
     /// In flight between brokers: (deliver at, from, to, bytes).
@@ -202,6 +217,14 @@ impl World {
     /// offer what needs storage (commits among it).
     fn history_reads(&self) -> bool {
         self.seed % 4 >= 2
+    }
+
+    /// Whether this seed's clients add to the replicated cache's counters: where brokers offer
+    /// counters (those with history reads), in two seeds of five, those whose residues none of
+    /// the kept seeds (`seeds_that_once_failed`) has, so that each kept seed still runs as it
+    /// failed.
+    fn counts(&self) -> bool {
+        self.history_reads() && matches!(self.seed % 5, 1 | 2)
     }
 }
 
@@ -669,6 +692,8 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         qputs: BTreeMap::new(),
         cache_puts: BTreeMap::new(),
         commits: BTreeMap::new(),
+        counters: BTreeMap::new(),
+        adding: BTreeMap::new(),
         down: BTreeMap::new(),
         network: Vec::new(),
         cut: BTreeSet::new(),
@@ -893,6 +918,9 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         w.request(name, Ask::CacheGet, ("", 0), modern, true, &mut rng);
         w.request(name, Ask::CachePut, (QCACHE, 0), modern, true, &mut rng);
         w.request(name, Ask::CacheGet, (QCACHE, 0), modern, true, &mut rng);
+        if w.counts() {
+            w.request(name, Ask::CounterAdd, (QCACHE, 0), modern, true, &mut rng);
+        }
     }
     w.settle(&mut rng, false)?;
     for _ in 0..50 {

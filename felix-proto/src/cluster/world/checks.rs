@@ -108,6 +108,34 @@ impl World {
             let value = self.nodes[&holder].broker.cache_peek(TENANT, NS, QCACHE, &key).map(|(v, _)| v);
             self.check_value(QCACHE, &key, value, true)?;
         }
+        self.check_counters(&holder)
+    }
+
+    /// The replicated cache's counters, healed: each holds at least the adds acknowledged and
+    /// at most those sent (an add whose outcome was unknown may or may not have landed; none
+    /// lands twice), and each acknowledged add was answered a sum of its own (every add is of
+    /// one, so no two applied adds make the same sum), no greater than the final one.
+    fn check_counters(&self, holder: &str) -> Result<(), Violation> {
+        for (key, c) in &self.counters {
+            let sum = self.nodes[holder].broker.counter_peek(TENANT, NS, QCACHE, key).unwrap_or(0);
+            let acked = c.sums.len() as u64;
+            if sum < 0 || (sum as u64) < acked || sum as u64 > c.sent {
+                return Err(self.violation(format!(
+                    "{QCACHE} counter {key} holds {sum} after {} adds of one sent, {acked} of them acknowledged",
+                    c.sent
+                )));
+            }
+            let mut sums = c.sums.clone();
+            sums.sort_unstable();
+            if let Some(w) = sums.windows(2).find(|w| w[0] == w[1]) {
+                return Err(
+                    self.violation(format!("{QCACHE} counter {key}: two acknowledged adds both answered {}", w[0]))
+                );
+            }
+            if let Some(s) = sums.iter().find(|s| **s < 1 || **s > sum) {
+                return Err(self.violation(format!("{QCACHE} counter {key}: an add answered {s}, but it holds {sum}")));
+            }
+        }
         Ok(())
     }
 

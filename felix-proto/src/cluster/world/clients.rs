@@ -91,6 +91,18 @@ impl World {
                 self.report.commits_acked += 1;
                 Ok("ok")
             }
+            (Ask::CounterAdd, Payload::Json(Decoded::Message(Message::CounterValue(v)))) => {
+                let counted = self.adding.get(&key).and_then(|k| self.counters.get_mut(k));
+                match (v.value, counted) {
+                    (Some(sum), Some(c)) => {
+                        c.sums.push(sum);
+                        self.report.counter_adds_acked += 1;
+                        Ok("ok")
+                    }
+                    (None, _) => Err("an add answered with no sum".to_owned()),
+                    (_, None) => Err("an add that was never sent answered".to_owned()),
+                }
+            }
             (Ask::CachePut, Payload::Json(Decoded::Message(Message::CacheOk(_))))
             | (Ask::CacheGet, Payload::Json(Decoded::Message(Message::CacheValue(_)))) => {
                 self.report.cache_answers += 1;
@@ -105,6 +117,7 @@ impl World {
         };
         let outcome = outcome.map_err(|w| self.violation(format!("{name}, {ask:?} {shard:?}: {w}")))?;
         let payload = self.quorum_payloads.remove(&key);
+        self.adding.remove(&key);
         match outcome {
             "ok" => {
                 if ask == Ask::CachePut
@@ -201,6 +214,13 @@ impl World {
         };
         let commit = ask == Ask::Publish && stream == LEDGER && !must && self.history_reads() && leads();
         let ask = if commit { Ask::Commit } else { ask };
+        // In the seeds that count, a third of the puts to the replicated cache are adds to one
+        // of its counters instead (no draw of its own either).
+        let ask = if ask == Ask::CachePut && stream == QCACHE && self.counts() && self.report.requests % 3 == 2 {
+            Ask::CounterAdd
+        } else {
+            ask
+        };
         let Some(node) = self.nodes.get_mut(name) else { return };
         let mut addr = [0u8; 16];
         addr[..8].copy_from_slice(&rng.next().to_be_bytes());
@@ -290,6 +310,17 @@ impl World {
                 }),
                 &mut out,
             ),
+            Ask::CounterAdd => encode_json(
+                &Message::CounterAdd(message::CounterAdd {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    cache: QCACHE.into(),
+                    key: format!("n{shard}"),
+                    delta: 1,
+                    request_id: 1,
+                }),
+                &mut out,
+            ),
             Ask::CacheGet => encode_json(
                 &Message::CacheGet(message::CacheGet {
                     tenant_id: TENANT.into(),
@@ -321,6 +352,10 @@ impl World {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
         } else if (stream == LEDGER || stream == ORDERS) && ask == Ask::Publish {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
+        } else if ask == Ask::CounterAdd {
+            let key = format!("n{shard}");
+            self.counters.entry(key.clone()).or_default().sent += 1;
+            self.adding.insert((name.to_owned(), conn), key);
         } else if ask == Ask::CachePut {
             let puts = if stream == QCACHE { &mut self.qputs } else { &mut self.cache_puts };
             puts.insert(payload.clone(), (format!("k{shard}"), now, None));
@@ -333,11 +368,11 @@ impl World {
                 conn,
                 ask,
                 shard: match ask {
-                    Ask::CachePut | Ask::CacheGet => ShardId {
+                    Ask::CachePut | Ask::CacheGet | Ask::CounterAdd => ShardId {
                         kind: Kind::Cache,
                         tenant: TENANT.into(),
                         namespace: NS.into(),
-                        name: cache.into(),
+                        name: if ask == Ask::CounterAdd { QCACHE.into() } else { cache.into() },
                         shard: 0,
                     },
                     _ => shard_id(stream, shard),

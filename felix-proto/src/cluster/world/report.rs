@@ -41,6 +41,8 @@ pub struct WorldReport {
     pub snapshots_with_rest: u64,
     /// Puts to the replicated cache acknowledged (a majority held each).
     pub qcache_acked: u64,
+    /// Adds to the replicated cache's counters acknowledged (with the sum they made).
+    pub counter_adds_acked: u64,
     /// Operator moves (and cancels, rebalances) proposed.
     pub moves_asked: u64,
     /// Moves of the durable stream's shards completed (its owner changed with a copy).
@@ -104,6 +106,7 @@ impl WorldReport {
         self.snapshots += r.snapshots;
         self.snapshots_with_rest += r.snapshots_with_rest;
         self.qcache_acked += r.qcache_acked;
+        self.counter_adds_acked += r.counter_adds_acked;
         self.moves_asked += r.moves_asked;
         self.moves_done += r.moves_done;
         self.followed += r.followed;
