@@ -90,6 +90,10 @@ fn seeds_that_once_failed() {
             506_884,
             "a broker still recorded as a replicated cache's leader after its replica moved away served the cache as a plain one, acknowledging a put its group never saw",
         ),
+        (
+            511_375,
+            "two equal-ranked replicas, each stand rejected at once by the third (its log longer), stood together every term while the third's timer was reset by their vote requests: no leader once healed",
+        ),
     ] {
         if let Err(v) = run(seed, epoch, 300) {
             panic!("seed {seed} ({what}): {v}");

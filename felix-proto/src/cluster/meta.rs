@@ -490,10 +490,17 @@ impl MetaNode {
 
     /// One unit of time passed (the driver ticks every 100 ms, say).
     pub fn tick(&mut self) {
-        // A candidate (it stood in this term and has not won) withholds a few ticks of its
-        // election timer, a different number on each node ([`stand_delay`]).
+        // A member that stood in this term and has not won withholds a few ticks of its
+        // election timer, a different number on each node ([`stand_delay`]): a candidate still
+        // counting votes, or one the engine made a follower again when a majority rejected it
+        // (its vote is still its own, and it knows no leader). The second is what two
+        // equal-ranked members do when the third rejects them both (it holds an entry they
+        // lack), and that third never stands itself, since each newer term's vote request
+        // resets its timer (seed 511375).
         let r = &self.raw.raft;
-        if r.state == StateRole::Candidate {
+        let stood = r.state == StateRole::Candidate
+            || (r.state == StateRole::Follower && r.vote == r.id && r.leader_id == raft::INVALID_ID);
+        if stood {
             if self.stand_hold.0 != r.term {
                 self.stand_hold = (r.term, stand_delay(r.id, r.term));
             }

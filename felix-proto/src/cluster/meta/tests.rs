@@ -379,6 +379,46 @@ fn two_members_standing_at_the_same_tick_do_not_split_the_votes_for_ever() {
     assert!((2..40).any(|t| stand_delay(1, t) != stand_delay(1, 1)));
 }
 
+/// The same two equal-ranked members, with the third up but holding an entry they lack: it
+/// rejects both, so each stand is lost at once (the engine makes a candidate that lost a
+/// follower again), and each vote request of a newer term resets the third's own timer, so it
+/// never stands. A lost stand must wait differently on each member too. (Found by `felix-node
+/// sim --cluster --clients`, seed 511375: the replicated cache's group without a leader from
+/// term 4 to term 20, once healed.)
+#[test]
+fn two_members_whose_stands_are_rejected_at_once_do_not_split_the_votes_for_ever() {
+    let founding: Vec<(u64, Vec<u8>)> = [1, 2, 3].iter().map(|v| (*v, Vec::new())).collect();
+    let ranked =
+        |id: u64, rank: usize, kept: &RaftLog| MetaNode::restart_ranked(id, &founding, kept, Some(rank)).unwrap();
+    let mut g = Group::new(&[1, 2, 3]);
+    g.nodes = [
+        (1, ranked(1, 1, &RaftLog::default())),
+        (2, ranked(2, 2, &RaftLog::default())),
+        (3, ranked(3, 0, &RaftLog::default())),
+    ]
+    .into_iter()
+    .collect();
+    g.run(ELECTION_TICKS * 3);
+    assert_eq!(g.leaders(), vec![3]);
+    // Node 3 appends an entry the others never get, then all three restart: 1 and 2 with the
+    // same rank, 3 the last to time out.
+    g.cut.insert(1);
+    g.cut.insert(2);
+    g.nodes.get_mut(&3).unwrap().propose(b"only on 3".to_vec()).unwrap();
+    g.settle();
+    assert!(g.kept[&3].last_index() > g.kept[&1].last_index());
+    let kept = g.kept.clone();
+    g.nodes = [(1, ranked(1, 0, &kept[&1])), (2, ranked(2, 0, &kept[&2])), (3, ranked(3, 2, &kept[&3]))]
+        .into_iter()
+        .collect();
+    g.cut.clear();
+    g.leaders_by_term.clear();
+    g.run(ELECTION_TICKS * 8);
+    let leaders = g.leaders();
+    assert_eq!(leaders.len(), 1, "a leader: {leaders:?}");
+    assert!(g.leaders_by_term.values().all(|l| l.len() == 1), "{:?}", g.leaders_by_term);
+}
+
 #[test]
 fn a_read_index_is_the_leaders_commit_confirmed_and_none_comes_without_a_majority() {
     let mut g = Group::new(&[1, 2, 3]);
