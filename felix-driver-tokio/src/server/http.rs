@@ -19,7 +19,7 @@ pub(crate) fn percent_decode_pub(v: &str) -> String {
     percent_decode(v)
 }
 
-/// [`percent_encode`], for the web view's cookie and the banner's link.
+/// `percent_encode`, for the web view's cookie and the banner's link.
 pub fn percent_encode_pub(v: &str) -> String {
     percent_encode(v)
 }
