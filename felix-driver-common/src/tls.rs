@@ -300,7 +300,7 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
 }
 
 /// The QUIC server crypto for `id`: TLS 1.3 with ALPN `felix/1`, and, unless `require_alpn`,
-/// also serving clients that offer no ALPN (existing Felix clients; see [`crate::alpn`]).
+/// also serving clients that offer no ALPN (existing Felix clients; see the `alpn` module).
 ///
 /// # Errors
 /// If rustls refuses the key or chain.
