@@ -77,3 +77,39 @@ fn the_wire_and_storage_floors_name_no_state_machine() {
         .collect();
     assert!(found.is_empty(), "a floor below the state machines names one:\n{}", found.join("\n"));
 }
+
+/// Small modules named after what they hold (docs/architecture.md, "The drivers and the binary,
+/// by file"): no source file of the workspace, tests included, grows past 1,000 lines. The
+/// vendored quinn is upstream's layout and is left out.
+#[test]
+fn no_source_file_of_the_workspace_is_over_a_thousand_lines() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root");
+    let crates = [
+        "felix-proto",
+        "felix-driver-common",
+        "felix-driver-tokio",
+        "felix-driver-blocking",
+        "felix-node",
+        "felix-py",
+        "fuzz",
+    ];
+    let mut long = Vec::new();
+    let mut read = 0;
+    for c in crates {
+        for sub in ["src", "tests", "benches", "fuzz_targets", "examples"] {
+            let dir = workspace.join(c).join(sub);
+            if !dir.is_dir() {
+                continue;
+            }
+            for f in sources(&dir) {
+                let lines = std::fs::read_to_string(&f).expect("a readable source").lines().count();
+                read += 1;
+                if lines > 1_000 {
+                    long.push(format!("{}: {lines} lines", f.display()));
+                }
+            }
+        }
+    }
+    assert!(read > 300, "read the workspace's sources ({read} files)");
+    assert!(long.is_empty(), "split these into modules named after what they hold:\n{}", long.join("\n"));
+}
