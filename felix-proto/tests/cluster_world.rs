@@ -59,6 +59,9 @@ fn the_next_500_seeds_keep_every_cluster_invariant() {
     // Commits to the replicated stream (in the seeds whose brokers offer them), their state
     // checked on every replica once healed.
     assert!(t.commits_acked > 500, "{t:?}");
+    // A consumer group polled the replicated stream and acked what it was handed, through
+    // fail-overs: nothing acked was handed out again (in the seeds that consume).
+    assert!(t.group_records > 1_000 && t.group_acks_acked > 1_000, "{t:?}");
 }
 
 #[test]

@@ -325,6 +325,56 @@ fn the_group_survives_a_restart_without_redelivering_acked_records() {
     assert!(matches!(&info[0], Message::GroupInfo(i) if i.committed == Some(6)), "{info:?}");
 }
 
+/// An ack sent again while the first one's write is on its way is answered only once written:
+/// answered `ok` at once, it was an acknowledgement the first write's failure took back, and the
+/// record was handed out again after its ack was answered (the cluster's world simulation found
+/// it on a replicated stream whose leader was deposed mid-write; a failed disk write is the same
+/// on one broker).
+#[test]
+fn an_ack_repeated_while_the_first_is_written_is_answered_only_once_on_disk() {
+    let mut sim = Sim::new(durable_config(), epoch());
+    let (p, s) = session(&mut sim, all_group_features());
+    publish(&mut sim, p, s, 2);
+    assert_eq!(records(&ask(&mut sim, p, s, G1.poll(2, 0, 1, None, false))[0]), [(0, 1), (1, 1)]);
+    sim.storage = felix_proto::sim::StorageMode::Manual;
+    sim.raw_send(p, s, G1.ack(0, 2), false);
+    sim.run();
+    let first = sim.pending_writes.last().map(|w| w.token).expect("the ack is written");
+    sim.raw_send(p, s, G1.ack(0, 3), false);
+    sim.run();
+    assert!(sim.take_received(p, s).is_empty(), "neither ack is answered before a write is done");
+    let second = sim.pending_writes.last().map(|w| w.token).expect("the repeated ack is written too");
+    assert_ne!(first, second);
+    // The first write fails: its ack is refused, the repeated one still waits.
+    sim.complete_write(first, false);
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert_eq!(ms.len(), 1, "{ms:?}");
+    assert_eq!(code(&ms[0]).0, "storage");
+    // The second is written: now, and only now, the ack is answered, and the record is done.
+    sim.complete_write(second, true);
+    sim.run();
+    assert_eq!(messages(&sim.take_received(p, s)), [ok(3)]);
+    sim.storage = felix_proto::sim::StorageMode::Immediate;
+    assert_eq!(records(&ask(&mut sim, p, s, G1.poll(10, 0, 4, None, false))[0]), []);
+    // Both writes failing leave the record owed: handed out again, never after an `ok`.
+    sim.storage = felix_proto::sim::StorageMode::Manual;
+    sim.raw_send(p, s, G1.ack(1, 5), false);
+    sim.raw_send(p, s, G1.ack(1, 6), false);
+    sim.run();
+    let tokens: Vec<_> = sim.pending_writes.iter().map(|w| w.token).collect();
+    assert_eq!(tokens.len(), 2, "one write per ack");
+    for t in tokens {
+        sim.complete_write(t, false);
+    }
+    sim.run();
+    let ms = messages(&sim.take_received(p, s));
+    assert!(ms.len() == 2 && ms.iter().all(|m| code(m).0 == "storage"), "{ms:?}");
+    sim.storage = felix_proto::sim::StorageMode::Immediate;
+    let again = records(&ask(&mut sim, p, s, G1.poll(10, 0, 7, None, false))[0]);
+    assert_eq!(again.iter().map(|r| r.0).collect::<Vec<_>>(), [1]);
+}
+
 #[test]
 fn records_beyond_memory_are_read_back_and_optional_fields_follow_the_offer() {
     let mut cfg = durable_config();

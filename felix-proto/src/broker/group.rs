@@ -579,7 +579,12 @@ impl Group {
         }
         let pos = self.position(log);
         if self.writing.contains(&offset) {
-            return Settle::Done; // the same ack (or a dead letter) is already on its way
+            // The same ack (or a dead letter) is on its way, and may yet fail (a replicated
+            // shard's leader deposed, a failed write). Answering `ok` now would acknowledge an
+            // ack a failure takes back: the record handed out again after its ack was answered
+            // (the world simulation found it). It is written again, answered once on disk;
+            // applying an ack twice changes nothing.
+            return Settle::Write(GroupOp::Ack { group: group.into(), offset });
         }
         if !self.in_play(offset, pos) {
             if offset < pos || self.durable.finished.contains(&offset) {

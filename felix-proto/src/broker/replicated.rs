@@ -196,6 +196,48 @@ impl Broker {
         b
     }
 
+    /// [`replicated_state`](Self::replicated_state) without its consumer groups: the version,
+    /// the last timestamp and the commit state. The groups' part differs in form between
+    /// replicas that agree: a leader's polls fold finished offsets into a group's cursor, which
+    /// followers, never polled, do not ([`group_finished`](Self::group_finished) compares them).
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn replicated_commit_state(&self, shard: &ShardId) -> Vec<u8> {
+        let mut head = Vec::new();
+        let rest = self.checkpoint_replicated_state(shard, &mut head);
+        // Version (1 byte) and timestamp (8); group records follow.
+        head.truncate(9);
+        if let Some(rest) = rest {
+            rest.encode_into(&mut head);
+        }
+        head
+    }
+
+    /// The offsets of `[lo, hi)` holding a record that consumer group `group` of replicated
+    /// stream shard `shard` has finished here (acked or dead-lettered), read without moving
+    /// its cursor: what replicas that agree agree on, whatever form their states are in.
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn group_finished(&self, shard: &ShardId, group: &str, (lo, hi): (u64, u64)) -> Vec<u64> {
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let Some(log) = self.streams.get(&k).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log) else {
+            return Vec::new();
+        };
+        let Some(d) = self.groups.get(&(k.clone(), shard.shard)).and_then(|g| g.get(group)).map(|g| &g.durable) else {
+            return Vec::new();
+        };
+        (lo..hi)
+            .filter(|o| matches!(log.slot(*o), log::Slot::Record))
+            .filter(|o| d.cursor.is_some_and(|c| *o < c) || d.finished.contains(o))
+            .collect()
+    }
+
+    /// A stream shard's log here: its start and its committed tail.
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) fn log_bounds(&self, shard: &ShardId) -> Option<(u64, u64)> {
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let log = &self.streams.get(&k)?.shards.get(shard.shard as usize)?.log;
+        Some((log.start(), log.committed_tail()))
+    }
+
     /// A side entry of a replicated shard committed (on every replica, in log order with its
     /// records): a stream's consumer-group settlements, folded into its groups here. It took
     /// no offset.

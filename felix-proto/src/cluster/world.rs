@@ -98,7 +98,15 @@ enum Ask {
     /// An add of one to a counter of the replicated cache (forwarded by non-owners), in the
     /// seeds [`World::counts`] picks.
     CounterAdd,
+    /// A poll of the replicated stream's consumer group (leader-only: others redirect), in
+    /// the seeds [`World::consumes`] picks.
+    GroupPoll,
+    /// An ack of a record the group handed out (leader-only), in the same seeds.
+    GroupAck,
 }
+
+/// The consumer group the world's clients poll the replicated stream with.
+const GROUP: &str = "g";
 
 /// Adds to one counter of the replicated cache: how many were sent, and the sum each
 /// acknowledged one was answered with.
@@ -156,6 +164,16 @@ struct World {
     counters: BTreeMap<String, Counted>,
     /// The counter of each add in flight, by connection.
     adding: BTreeMap<(String, ConnId), String>,
+    /// Records of the replicated stream its group handed out and no ack of which was answered
+    /// yet: (shard, offset) → the payload.
+    handed: BTreeMap<(u32, u64), Bytes>,
+    /// Acks of the group answered `ok`: (shard, offset) → when. A poll sent after that never
+    /// hands the record out again.
+    group_acked: BTreeMap<(u32, u64), Instant>,
+    /// The (shard, offset) of each group ack in flight, by connection.
+    acking: BTreeMap<(String, ConnId), (u32, u64)>,
+    /// Every record the group handed out: (shard, offset, payload).
+    handed_log: Vec<(u32, u64, Bytes)>,
     /// Crashed brokers and when they come back.
     down: BTreeMap<String, Instant>,
     /// In flight between brokers: (deliver at, from, to, bytes).
@@ -225,6 +243,13 @@ impl World {
     /// failed.
     fn counts(&self) -> bool {
         self.history_reads() && matches!(self.seed % 5, 1 | 2)
+    }
+
+    /// Whether this seed's clients consume the replicated stream through a consumer group:
+    /// where brokers offer groups (those with history reads), in two seeds of five, again
+    /// residues none of the kept seeds has.
+    fn consumes(&self) -> bool {
+        self.history_reads() && matches!(self.seed % 5, 2 | 4)
     }
 }
 
@@ -366,6 +391,7 @@ impl World {
         for k in lost {
             self.pending.remove(&k);
             self.quorum_payloads.remove(&k);
+            self.acking.remove(&k);
             self.report.lost_with_broker += 1;
         }
     }
@@ -694,6 +720,10 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
         commits: BTreeMap::new(),
         counters: BTreeMap::new(),
         adding: BTreeMap::new(),
+        handed: BTreeMap::new(),
+        group_acked: BTreeMap::new(),
+        acking: BTreeMap::new(),
+        handed_log: Vec::new(),
         down: BTreeMap::new(),
         network: Vec::new(),
         cut: BTreeSet::new(),
@@ -854,6 +884,29 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
             w.request(&at, ask, target, modern, false, &mut rng);
             w.settle(&mut rng, true)?;
         }
+        // In the seeds that consume, the group's own client: it polls the replicated stream
+        // where a broker says its shard is led (a stale leader redirects) and acks what it was
+        // handed. Draws of its own: no kept seed consumes.
+        if w.consumes() && rng.chance(300) {
+            let shards = STREAMS.iter().find(|s| s.0 == LEDGER).map_or(1, |s| s.1);
+            let shard = rng.below(u64::from(shards)) as u32;
+            let id = shard_id(LEDGER, shard);
+            let leaders: Vec<String> = w
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.broker.replica_role(&id) == Some(&crate::broker::ReplicaRole::Leading))
+                .map(|(name, _)| name.clone())
+                .collect();
+            let live: Vec<String> = w.nodes.keys().cloned().collect();
+            let pool = if leaders.is_empty() { &live } else { &leaders };
+            if !pool.is_empty() {
+                let at = pool[rng.below(pool.len() as u64) as usize].clone();
+                let ask = if rng.chance(600) { Ask::GroupAck } else { Ask::GroupPoll };
+                let modern = rng.chance(500);
+                w.request(&at, ask, (LEDGER, shard), modern, false, &mut rng);
+                w.settle(&mut rng, true)?;
+            }
+        }
         w.tick(&mut rng, true)?;
     }
     // Heal: links up, every broker back; let leases and joins settle, and what was in flight
@@ -966,6 +1019,7 @@ pub fn run(seed: u64, epoch: Instant, fault_ticks: u32) -> Result<WorldReport, V
     }
     w.check_quorum_cache(&first, &mut rng)?;
     w.check_commit_state(&first)?;
+    w.check_group()?;
     w.check_cache(&first)?;
     // Every follower ends on its shard's owner with everything it committed.
     for _ in 0..300 {

@@ -41,6 +41,56 @@ impl World {
         }
     }
 
+    /// A group poll's records, sent at `sent`: none of them one the group's ack of which was
+    /// answered before the poll was sent (an acknowledged ack is never undone, whatever leader
+    /// answers the poll), each the record the stream holds committed at its offset.
+    pub(super) fn handed_out(
+        &mut self,
+        shard: &ShardId,
+        sent: Instant,
+        records: &[message::GroupRecord],
+    ) -> Result<&'static str, String> {
+        for r in records {
+            let at = (shard.shard, r.offset);
+            if let Some(acked) = self.group_acked.get(&at)
+                && *acked < sent
+            {
+                return Err(format!(
+                    "the group handed offset {} out again in a poll sent {:?} after its ack was answered",
+                    r.offset,
+                    sent - *acked
+                ));
+            }
+            if let Some(held) = self.history.get(&(shard.clone(), r.offset))
+                && *held != r.payload.0
+            {
+                return Err(format!(
+                    "the group handed out {:?} at offset {}, which holds {held:?}",
+                    r.payload.0, r.offset
+                ));
+            }
+            self.handed.insert(at, r.payload.0.clone());
+            self.handed_log.push((shard.shard, r.offset, r.payload.0.clone()));
+        }
+        self.report.group_records += records.len() as u64;
+        Ok("ok")
+    }
+
+    /// Once healed: every record the group handed out is the one the stream holds committed at
+    /// its offset (where the history saw it).
+    pub(super) fn check_group(&self) -> Result<(), Violation> {
+        for (shard, offset, payload) in &self.handed_log {
+            if let Some(held) = self.history.get(&(shard_id(LEDGER, *shard), *offset))
+                && held != payload
+            {
+                return Err(self.violation(format!(
+                    "the group handed out {payload:?} at shard {shard} offset {offset}, which holds {held:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// One owner per shard and generation; generations only grow within a life.
     pub(super) fn check_metadata(&mut self) -> Result<(), Violation> {
         let mut bad = None;
@@ -202,12 +252,28 @@ impl World {
             let Some(replicas) = md.replicas(&id) else {
                 return Err(self.violation(format!("{id:?} has no replicas")));
             };
-            let states: Vec<(&String, Vec<u8>)> =
-                replicas.iter().filter_map(|r| Some((r, self.nodes.get(r)?.broker.replicated_state(&id)))).collect();
+            let states: Vec<(&String, Vec<u8>)> = replicas
+                .iter()
+                .filter_map(|r| Some((r, self.nodes.get(r)?.broker.replicated_commit_state(&id))))
+                .collect();
             if let Some((a, b)) = states.iter().zip(states.iter().skip(1)).find(|(a, b)| a.1 != b.1) {
                 return Err(
                     self.violation(format!("healed, but {id:?}'s replicas {} and {} hold different states", a.0, b.0))
                 );
+            }
+            // Their consumer group agrees on every record each of them holds.
+            let bounds: Vec<(u64, u64)> =
+                replicas.iter().filter_map(|r| self.nodes.get(r)?.broker.log_bounds(&id)).collect();
+            let common = (bounds.iter().map(|b| b.0).max().unwrap_or(0), bounds.iter().map(|b| b.1).min().unwrap_or(0));
+            let finished: Vec<(&String, Vec<u64>)> = replicas
+                .iter()
+                .filter_map(|r| Some((r, self.nodes.get(r)?.broker.group_finished(&id, GROUP, common))))
+                .collect();
+            if let Some((a, b)) = finished.iter().zip(finished.iter().skip(1)).find(|(a, b)| a.1 != b.1) {
+                return Err(self.violation(format!(
+                    "healed, but {id:?}'s replicas {} and {} disagree on what its group finished in {common:?}: {:?} against {:?}",
+                    a.0, b.0, a.1, b.1
+                )));
             }
             let Some((holder, _)) = states.first() else {
                 return Err(self.violation(format!("no replica of {id:?} is up")));

@@ -22,7 +22,7 @@ impl World {
                 Err(e) => return Err(self.violation(format!("{name} sent a bad frame: {e}"))),
             }
         }
-        let (ask, shard, must) = (p.ask, p.shard.clone(), p.must_succeed);
+        let (ask, shard, must, sent) = (p.ask, p.shard.clone(), p.must_succeed, p.sent);
         let mut it = payloads.into_iter();
         if !p.authed {
             match it.next() {
@@ -45,6 +45,9 @@ impl World {
                 {
                     Ok("unknown")
                 }
+                // An ack of a record handed out before the group's state was rebuilt (a new
+                // leader): the record is handed out again.
+                ErrorCode::StaleClaim if ask == Ask::GroupAck => Ok("unavailable"),
                 other => Err(format!("unexpected refusal {}", other.name())),
             }
         };
@@ -103,6 +106,17 @@ impl World {
                     (_, None) => Err("an add that was never sent answered".to_owned()),
                 }
             }
+            (Ask::GroupPoll, Payload::Json(Decoded::Message(Message::GroupRecords(r)))) => {
+                self.handed_out(&shard, sent, &r.records)
+            }
+            (Ask::GroupAck, Payload::Json(Decoded::Message(Message::CacheOk(_)))) => {
+                if let Some(at) = self.acking.get(&key).copied() {
+                    self.handed.remove(&at);
+                    self.group_acked.entry(at).or_insert(self.now);
+                    self.report.group_acks_acked += 1;
+                }
+                Ok("ok")
+            }
             (Ask::CachePut, Payload::Json(Decoded::Message(Message::CacheOk(_))))
             | (Ask::CacheGet, Payload::Json(Decoded::Message(Message::CacheValue(_)))) => {
                 self.report.cache_answers += 1;
@@ -118,6 +132,7 @@ impl World {
         let outcome = outcome.map_err(|w| self.violation(format!("{name}, {ask:?} {shard:?}: {w}")))?;
         let payload = self.quorum_payloads.remove(&key);
         self.adding.remove(&key);
+        self.acking.remove(&key);
         match outcome {
             "ok" => {
                 if ask == Ask::CachePut
@@ -212,6 +227,23 @@ impl World {
             self.nodes.get(name).and_then(|n| n.broker.replica_role(&shard_id(stream, shard)))
                 == Some(&crate::broker::ReplicaRole::Leading)
         };
+        // In the seeds that consume, half the publishes to the replicated stream under faults
+        // that reach its leader are its group's polls and acks instead (no draw of their own):
+        // an ack of a record handed out and not acked yet, every other time there is one.
+        let group = ask == Ask::Publish
+            && stream == LEDGER
+            && !must
+            && self.consumes()
+            && self.report.requests % 2 == 1
+            && leads();
+        let acking = self.handed.range((shard, 0)..=(shard, u64::MAX)).next().map(|(k, _)| *k);
+        let ask = match (group, acking) {
+            (true, Some(_)) if self.report.requests % 4 == 3 => Ask::GroupAck,
+            (true, _) => Ask::GroupPoll,
+            // The group's own client asked for an ack with nothing to ack: it polls.
+            (false, None) if ask == Ask::GroupAck => Ask::GroupPoll,
+            (false, _) => ask,
+        };
         let commit = ask == Ask::Publish && stream == LEDGER && !must && self.history_reads() && leads();
         let ask = if commit { Ask::Commit } else { ask };
         // In the seeds that count, a third of the puts to the replicated cache are adds to one
@@ -225,12 +257,12 @@ impl World {
         let mut addr = [0u8; 16];
         addr[..8].copy_from_slice(&rng.next().to_be_bytes());
         let Ok(conn) = node.broker.admit(PeerAddr(addr), now) else { return };
-        let features = match (modern, ask == Ask::Commit) {
-            (true, true) => Features::REDIRECT | Features::ATOMIC_COMMIT,
-            (true, false) => Features::REDIRECT,
-            (false, true) => Features::ATOMIC_COMMIT,
-            (false, false) => Features::NONE,
+        let needs = match ask {
+            Ask::Commit => Features::ATOMIC_COMMIT,
+            Ask::GroupPoll | Ask::GroupAck => Features::CONSUMER_GROUP,
+            _ => Features::NONE,
         };
+        let features = if modern { Features::REDIRECT | needs } else { needs };
         let (lo, hi) = features.to_words(true);
         let flags = if modern {
             0x0001 | 0x0008 | 0x0020 | 0x0040 | 0x0080 | 0x0200 | 0x1000
@@ -321,6 +353,35 @@ impl World {
                 }),
                 &mut out,
             ),
+            Ask::GroupPoll => encode_json(
+                &Message::GroupPoll(message::GroupPoll {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    stream: stream.into(),
+                    shard,
+                    group: GROUP.into(),
+                    max_records: 4,
+                    wait_ms: 0,
+                    request_id: 1,
+                    consumer: None,
+                    reclaim: None,
+                    // Records not acked in time are handed out again within the run.
+                    visibility_ms: Some(3_000),
+                }),
+                &mut out,
+            ),
+            Ask::GroupAck => encode_json(
+                &Message::GroupAck(message::GroupOffset {
+                    tenant_id: TENANT.into(),
+                    namespace: NS.into(),
+                    stream: stream.into(),
+                    shard,
+                    group: GROUP.into(),
+                    offset: acking.map_or(0, |(_, o)| o),
+                    request_id: 1,
+                }),
+                &mut out,
+            ),
             Ask::CacheGet => encode_json(
                 &Message::CacheGet(message::CacheGet {
                     tenant_id: TENANT.into(),
@@ -352,6 +413,10 @@ impl World {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
         } else if (stream == LEDGER || stream == ORDERS) && ask == Ask::Publish {
             self.quorum_payloads.insert((name.to_owned(), conn), payload);
+        } else if ask == Ask::GroupAck
+            && let Some(at) = acking
+        {
+            self.acking.insert((name.to_owned(), conn), at);
         } else if ask == Ask::CounterAdd {
             let key = format!("n{shard}");
             self.counters.entry(key.clone()).or_default().sent += 1;

@@ -43,6 +43,10 @@ pub struct WorldReport {
     pub qcache_acked: u64,
     /// Adds to the replicated cache's counters acknowledged (with the sum they made).
     pub counter_adds_acked: u64,
+    /// Records the replicated stream's consumer group handed out, and its acks answered `ok`.
+    pub group_records: u64,
+    /// See `group_records`.
+    pub group_acks_acked: u64,
     /// Operator moves (and cancels, rebalances) proposed.
     pub moves_asked: u64,
     /// Moves of the durable stream's shards completed (its owner changed with a copy).
@@ -107,6 +111,8 @@ impl WorldReport {
         self.snapshots_with_rest += r.snapshots_with_rest;
         self.qcache_acked += r.qcache_acked;
         self.counter_adds_acked += r.counter_adds_acked;
+        self.group_records += r.group_records;
+        self.group_acks_acked += r.group_acks_acked;
         self.moves_asked += r.moves_asked;
         self.moves_done += r.moves_done;
         self.followed += r.followed;
