@@ -224,6 +224,22 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                             values: vec![("balance".into(), bytes::Bytes::from_static(b"15"), 2)],
                         }),
                         batches: Vec::new(),
+                        groups: None,
+                    },
+                }),
+            ),
+            (
+                "copy-answer-groups",
+                PeerMessage::CopyAnswer(felix_proto::cluster::peer::CopyAnswer {
+                    shard: orders(),
+                    body: felix_proto::cluster::peer::CopyBody::Batches {
+                        start: 0,
+                        tail: 9,
+                        cutting: true,
+                        state: None,
+                        batches: Vec::new(),
+                        // A `$groups` checkpoint: a reset (op 7), then group "g"'s state (op 8).
+                        groups: Some(vec![bytes::Bytes::from_static(&[7]), group_state_record()]),
                     },
                 }),
             ),
@@ -246,6 +262,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                             state: None,
                             records: felix_proto::binary::Records::from_payloads(["a", "bb"]).expect("small"),
                         }],
+                        groups: None,
                     },
                 }),
             ),
@@ -475,4 +492,16 @@ fn orders() -> felix_proto::cluster::metadata::ShardId {
         name: "orders".into(),
         shard: 2,
     }
+}
+
+/// Group "g"'s state as a `$groups` checkpoint record (op 8): cursor 4, offset 6 finished, none
+/// dead or redriven.
+fn group_state_record() -> bytes::Bytes {
+    let mut b = vec![8, 0, 1, b'g', 1];
+    b.extend_from_slice(&4u64.to_be_bytes());
+    b.extend_from_slice(&1u32.to_be_bytes());
+    b.extend_from_slice(&6u64.to_be_bytes());
+    b.extend_from_slice(&0u32.to_be_bytes());
+    b.extend_from_slice(&0u32.to_be_bytes());
+    bytes::Bytes::from(b)
 }

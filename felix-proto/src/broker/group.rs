@@ -313,6 +313,20 @@ pub(crate) struct Group {
     pub to_dead_letter: Vec<u64>,
 }
 
+/// Whether `bytes` is a record of a `$groups` checkpoint (a reset, or one group's state):
+/// what a moving shard's copy carries of its groups (D65), checked before it is kept.
+pub(crate) fn is_group_record(bytes: &[u8]) -> bool {
+    matches!(GroupOp::decode(bytes), Some(GroupOp::Reset | GroupOp::Snapshot { .. }))
+}
+
+/// A `$groups` checkpoint's two kinds of record, encoded: a reset, and a group's state (peer
+/// codec tests).
+#[cfg(test)]
+pub(crate) fn group_record_samples() -> (Bytes, Bytes) {
+    let state = Durable { cursor: Some(4), finished: [6].into(), dead: [5].into(), redriven: BTreeSet::new() };
+    (GroupOp::Reset.encode(), GroupOp::Snapshot { group: "g".into(), state }.encode())
+}
+
 impl Group {
     /// Applies one committed operation.
     pub fn apply(&mut self, op: &GroupOp) {

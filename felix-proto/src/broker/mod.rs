@@ -33,6 +33,9 @@ mod cache;
 mod cache_state;
 #[cfg(feature = "testkit")]
 pub(crate) use cache::FREEZE_MIN_VALUE;
+#[cfg(test)]
+pub(crate) use group::group_record_samples;
+pub(crate) use group::is_group_record;
 pub mod config;
 mod consume;
 mod group;

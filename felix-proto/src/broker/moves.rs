@@ -392,10 +392,17 @@ impl Broker {
             o.on(OutEvent::Stop(now));
             self.mark_moving(&s);
         }
-        let cutting = self.membership.moves_out.get(&s).is_some_and(Outgoing::is_cutting) && settled;
+        let k = key(&s.tenant, &s.namespace, &s.name);
+        // The groups' state is final once their requests are refused (the cut-over) and none
+        // is still being written: until then the tail is not called final either.
+        let groups_settled = !self.writes.values().any(|w| {
+            matches!(&w.sys, Some(syslog::SysPending::Group { data, shard, .. }) if *data == k && *shard == s.shard)
+        });
+        let cutting = self.membership.moves_out.get(&s).is_some_and(Outgoing::is_cutting) && settled && groups_settled;
+        let groups = if cutting { self.groups_checkpoint(&k, s.shard) } else { None };
         let message = CopyMessage::Answer(CopyAnswer {
             shard: s.clone(),
-            body: CopyBody::Batches { start, tail, cutting, batches, state },
+            body: CopyBody::Batches { start, tail, cutting, batches, state, groups },
         });
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Copy { to: to.to_owned(), message }));
         self.maybe_cut_over(&s, now);
@@ -428,7 +435,7 @@ impl Broker {
             // `ask_copy`).
             return i.on(InEvent::Answered(Some(now)));
         }
-        let (start, tail, batches, state) = match a.body {
+        let (start, tail, batches, state, groups) = match a.body {
             CopyBody::Refused(_) => {
                 // Not ready there yet (its metadata behind ours): ask again later.
                 return i.on(InEvent::Answered(Some(crate::transport::after(now, COPY_RETRY))));
@@ -437,7 +444,7 @@ impl Broker {
                 i.on(InEvent::Answered(None));
                 return self.cache_copy_answer(&s, body, now);
             }
-            CopyBody::Batches { start, tail, batches, state, .. } => (start, tail, batches, state),
+            CopyBody::Batches { start, tail, batches, state, groups, .. } => (start, tail, batches, state, groups),
         };
         i.on(InEvent::Answered(None));
         i.source_tail = tail;
@@ -500,6 +507,12 @@ impl Broker {
                 stream_shards,
             })));
             self.membership.import_writes.insert(token, (s.clone(), b));
+            writes += 1;
+        }
+        if let Some(records) = groups {
+            // The shard's consumer groups, final (the old owner cut over): this broker's from
+            // now on, and on its disk before the move finishes.
+            self.take_copied_groups(&k, &s, records, now);
             writes += 1;
         }
         let Some(i) = self.membership.moves_in.get_mut(&s) else { return };

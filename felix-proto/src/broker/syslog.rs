@@ -498,6 +498,13 @@ impl Broker {
             return;
         }
         self.group_ops.insert(k.clone(), 0);
+        let records = self.group_records(data, shard);
+        self.sys_append(k, records, SysPending::Checkpoint, now);
+    }
+
+    /// A checkpoint of stream shard `data`/`shard`'s consumer groups: a reset, then each
+    /// group's durable state, by name.
+    fn group_records(&self, data: &Key, shard: u32) -> Vec<Bytes> {
         let mut records = vec![super::group::GroupOp::Reset.encode()];
         if let Some(groups) = self.groups.get(&(data.clone(), shard)) {
             let mut names: Vec<_> = groups.keys().collect();
@@ -507,7 +514,39 @@ impl Broker {
                 records.push(super::group::GroupOp::Snapshot { group: name.clone(), state }.encode());
             }
         }
-        self.sys_append(k, records, SysPending::Checkpoint, now);
+        records
+    }
+
+    /// What a moving shard's copy carries of its consumer groups (D65): their checkpoint, when
+    /// the shard has any group holding something.
+    pub(super) fn groups_checkpoint(&self, data: &Key, shard: u32) -> Option<Vec<Bytes>> {
+        let groups = self.groups.get(&(data.clone(), shard))?;
+        groups.values().any(|g| g.durable != super::group::Durable::default()).then(|| self.group_records(data, shard))
+    }
+
+    /// A moving shard's consumer groups arrived with its copy's final answer (D65): they
+    /// replace whatever this broker held of them (an older stay), in memory now and in its
+    /// `$groups` log, whose write the move waits for ([`SysPending::MoveCopy`]).
+    pub(super) fn take_copied_groups(
+        &mut self,
+        data: &Key,
+        s: &crate::shard::ShardId,
+        records: Vec<Bytes>,
+        now: Instant,
+    ) {
+        let groups = self.groups.entry((data.clone(), s.shard)).or_default();
+        for p in &records {
+            match super::group::GroupOp::decode(p) {
+                Some(super::group::GroupOp::Reset) => groups.clear(),
+                Some(op) => {
+                    let name = op.group_name().to_owned();
+                    groups.entry(name).or_default().apply(&op);
+                }
+                None => {}
+            }
+        }
+        let pending = SysPending::MoveCopy { shard: s.clone(), full: true };
+        self.sys_append(&super::consume::groups_key(data, s.shard), records, pending, now);
     }
 
     /// Drops a system log below a committed checkpoint (memory and, through storage, disk).

@@ -330,6 +330,9 @@ impl ClusterNode {
                 let takes_state =
                     self.peer_features.get(&to).is_none_or(|f| f & crate::cluster::peer::FEATURE_COMMIT_STATE != 0);
                 let message = if takes_state { message } else { copy_without_state(message) };
+                let takes_groups =
+                    self.peer_features.get(&to).is_none_or(|f| f & crate::cluster::peer::FEATURE_GROUP_COPY != 0);
+                let message = if takes_groups { message } else { copy_without_groups(message) };
                 NodeOutput::Peer { to, message: message.into() }
             }
             BrokerOutput::Cluster(ClusterOutput::ProposeCluster(c)) => {
@@ -388,14 +391,31 @@ fn copy_without_state(message: crate::cluster::peer::CopyMessage) -> crate::clus
     }
 }
 
+/// A shard copy's answer as a new owner that did not offer [`FEATURE_GROUP_COPY`] reads it
+/// (D65): it would finish the move with none of the shard's consumer groups, and hand out
+/// again what they acknowledged, so an answer carrying groups is refused instead (the move
+/// goes no further; the shard stays where it is). Answers without groups are as before.
+fn copy_without_groups(message: crate::cluster::peer::CopyMessage) -> crate::cluster::peer::CopyMessage {
+    use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage};
+    match message {
+        CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { groups: Some(_), .. } }) => {
+            let why = "the shard has consumer groups, which the new owner (an older broker) cannot take".to_owned();
+            CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Refused(why) })
+        }
+        other => other,
+    }
+}
+
 /// A shard copy's answer as a new owner that did not offer [`FEATURE_BATCH_META`] reads it
 /// (D59): its batches without keys and with plain records (the segment format's flag bits
 /// for them are unknown to it). A batch with an envelope cannot go without it: the copy is
 /// refused, and the new owner gives the move up (the shard stays where it is).
 fn copy_without_meta(message: crate::cluster::peer::CopyMessage) -> crate::cluster::peer::CopyMessage {
     use crate::cluster::peer::{CopyAnswer, CopyBody, CopyMessage};
-    let CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state } }) =
-        message
+    let CopyMessage::Answer(CopyAnswer {
+        shard,
+        body: CopyBody::Batches { start, tail, cutting, batches, state, groups },
+    }) = message
     else {
         return message;
     };
@@ -408,7 +428,7 @@ fn copy_without_meta(message: crate::cluster::peer::CopyMessage) -> crate::clust
         .into_iter()
         .map(|b| crate::storage::StoredBatch { key: None, records: b.records.plain(), ..b })
         .collect();
-    CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state } })
+    CopyMessage::Answer(CopyAnswer { shard, body: CopyBody::Batches { start, tail, cutting, batches, state, groups } })
 }
 
 /// The most forwarded payload one `forward_batch` frame carries (D64): a drain's forwards to one

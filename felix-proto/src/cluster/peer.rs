@@ -36,7 +36,10 @@
 //!                    format, `storage::encode_batch`) to the end; 1 refused: u16+utf8 message;
 //!                    2 (only to a peer whose hello offered [`FEATURE_COMMIT_STATE`]): as 0 with
 //!                    u32 len + the shard's commit state (`storage::encode_state_checkpoint`)
-//!                    after `cutting`
+//!                    after `cutting`; bit 0x4 (only to a peer whose hello offered
+//!                    [`FEATURE_GROUP_COPY`], D65): u32 count + (u32 len + a `$groups`
+//!                    record) each, after the state, the shard's consumer groups (status 4,
+//!                    or 6 with the state)
 //!                    (10 and 11 only to a peer whose hello offered [`FEATURE_SHARD_COPY`])
 //!  12 cache_copy_request  as 10, for a cache (u16+utf8 tenant, namespace, cache, u32 shard,
 //!                    u8 has_from, u64 from, u32 max_bytes): `from` is the cache-log offset
@@ -143,6 +146,13 @@ pub const FEATURE_COMMIT_STATE: u64 = 0x100;
 /// did not offer it is sent kinds 3 and 4, one per publish, byte for byte as before.
 pub const FEATURE_FORWARD_BATCH: u64 = 0x200;
 
+/// Peer hello bit (D65): this broker takes a moving durable shard's consumer groups in its
+/// copy's final answer (kind 11, status bit 0x4) and keeps them before it finishes the move.
+/// Without it the groups stay behind and their acks are lost to the new owner, so an answer
+/// carrying groups to a peer that did not offer this is refused instead (the move goes no
+/// further; the shard stays where it is).
+pub const FEATURE_GROUP_COPY: u64 = 0x400;
+
 /// What this implementation offers its peers in its hello.
 pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_SHARD_COPY
@@ -153,7 +163,8 @@ pub const PEER_FEATURES: u64 = FEATURE_COALESCED_HEARTBEATS
     | FEATURE_REPLICA_MOVES
     | FEATURE_META_SNAPSHOTS
     | FEATURE_COMMIT_STATE
-    | FEATURE_FORWARD_BATCH;
+    | FEATURE_FORWARD_BATCH
+    | FEATURE_GROUP_COPY;
 
 /// One part of a shard group's snapshot (kind 14): the Raft message in the first, the data
 /// in order. The receiver puts the data together and steps the message once it holds it all.
@@ -636,14 +647,21 @@ fn write_body(m: &PeerMessage, body: &mut BytesMut) -> Result<u8, PeerError> {
         PeerMessage::CopyAnswer(a) => {
             put_stream_shard(body, &a.shard)?;
             match &a.body {
-                CopyBody::Batches { start, tail, cutting, batches, state } => {
-                    body.put_u8(if state.is_some() { 2 } else { 0 });
+                CopyBody::Batches { start, tail, cutting, batches, state, groups } => {
+                    body.put_u8(if state.is_some() { 2 } else { 0 } | if groups.is_some() { 4 } else { 0 });
                     body.put_u64(*start);
                     body.put_u64(*tail);
                     body.put_u8(u8::from(*cutting));
                     if let Some(state) = state {
                         body.put_u32(u32::try_from(state.len()).map_err(|_| PeerError::FieldTooLong("state"))?);
                         body.extend_from_slice(state);
+                    }
+                    if let Some(groups) = groups {
+                        body.put_u32(u32::try_from(groups.len()).map_err(|_| PeerError::FieldTooLong("groups"))?);
+                        for g in groups {
+                            body.put_u32(u32::try_from(g.len()).map_err(|_| PeerError::FieldTooLong("group"))?);
+                            body.extend_from_slice(g);
+                        }
                     }
                     for b in batches {
                         crate::storage::encode_batch(b, body);
@@ -800,11 +818,11 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
         11 => {
             let shard = stream_shard(&mut r)?;
             let body = match r.u8("status")? {
-                status @ (0 | 2) => {
+                status @ (0 | 2 | 4 | 6) => {
                     let start = r.u64("start")?;
                     let tail = r.u64("tail")?;
                     let cutting = r.u8("cutting")? != 0;
-                    let state = if status == 2 {
+                    let state = if status & 2 != 0 {
                         let len = r.u32("state_len")? as usize;
                         let state = r.bytes(len, "state")?;
                         // Taken as the new owner's whole state: it must read back whole.
@@ -814,13 +832,30 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
                     } else {
                         None
                     };
+                    let groups = if status & 4 != 0 {
+                        let n = r.u32("groups")?;
+                        let mut groups = Vec::new();
+                        for _ in 0..n {
+                            let len = r.u32("group_len")? as usize;
+                            let g = r.bytes(len, "group")?;
+                            // Written to the new owner's `$groups` log as they are: each must
+                            // be a group record it reads.
+                            if !crate::broker::is_group_record(&g) {
+                                return Err(PeerError::Malformed(PayloadError::Incomplete { field: "group" }));
+                            }
+                            groups.push(g);
+                        }
+                        Some(groups)
+                    } else {
+                        None
+                    };
                     // The batches in the segment format: every one passed its checksum, in
                     // strictly increasing offsets; anything else is a malformed answer.
                     let seg = crate::storage::decode_segment(r.rest());
                     if seg.problem.is_some() || !seg.damaged.is_empty() {
                         return Err(PeerError::Malformed(PayloadError::Incomplete { field: "copied batches" }));
                     }
-                    CopyBody::Batches { start, tail, cutting, batches: seg.batches, state }
+                    CopyBody::Batches { start, tail, cutting, batches: seg.batches, state, groups }
                 }
                 _ => CopyBody::Refused(r.str16("message")?),
             };

@@ -55,6 +55,13 @@ pub enum CopyBody {
         /// batches at or below its `as_of` are already in it. Sent only to a peer that offered
         /// [`crate::cluster::peer::FEATURE_COMMIT_STATE`].
         state: Option<bytes::Bytes>,
+        /// The shard's consumer groups' durable state (what they acked and dead-lettered),
+        /// whole, in an answer that says `cutting` (group requests are refused from then on,
+        /// and none is still being written): the records of a `$groups` checkpoint (a reset,
+        /// then each group's state), which the new owner writes to its own `$groups` log before
+        /// it finishes the move. Only when the shard has groups, and only to a peer that
+        /// offered [`crate::cluster::peer::FEATURE_GROUP_COPY`].
+        groups: Option<Vec<bytes::Bytes>>,
     },
     /// A cache's values (and counters), whole or what changed since the offset asked for.
     Cache {

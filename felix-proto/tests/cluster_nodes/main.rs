@@ -28,6 +28,7 @@ use moves_and_fail_over::*;
 mod groups_and_snapshots;
 use groups_and_snapshots::*;
 mod compatibility;
+mod group_moves;
 mod leadership;
 mod placement_and_metadata;
 use placement_and_metadata::*;
@@ -45,6 +46,8 @@ struct Cluster {
     received: BTreeMap<(String, ConnId, StreamId), Vec<u8>>,
     /// Records stored per (node, shard).
     stored: BTreeMap<(String, u32), u32>,
+    /// Records written to system logs (`$groups…`, `$cache…`), by broker and log, in order.
+    sys_writes: BTreeMap<(String, String), Vec<Bytes>>,
     /// Every broker's truncations that carried a state checkpoint: (broker, stream, start).
     state_checkpoints: Vec<(String, String, u64)>,
     /// (at, peer, address) the driver was told to dial; (at, peer) to forget.
@@ -150,6 +153,7 @@ impl Cluster {
             network: VecDeque::new(),
             received: BTreeMap::new(),
             stored: BTreeMap::new(),
+            sys_writes: BTreeMap::new(),
             state_checkpoints: Vec::new(),
             peers_added: Vec::new(),
             peers_removed: Vec::new(),
@@ -318,6 +322,10 @@ impl Cluster {
                         NodeOutput::Broker(BrokerOutput::Storage(StorageOutput::Persist(w))) => {
                             if !w.generation_start && !w.stream.starts_with('$') {
                                 *self.stored.entry((name.clone(), w.shard)).or_default() += w.records.count();
+                            }
+                            if w.stream.starts_with('$') {
+                                let log = self.sys_writes.entry((name.clone(), w.stream.clone())).or_default();
+                                log.extend(w.records.payloads());
                             }
                             let now = now_of(&self.rates, name, self.now);
                             node.inputs().handle_write_result(w.token, WriteOutcome::Written, now);

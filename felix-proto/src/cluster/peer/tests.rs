@@ -109,6 +109,7 @@ fn samples() -> Vec<PeerMessage> {
                 tail: 12,
                 cutting: true,
                 state: None,
+                groups: None,
                 batches: vec![
                     crate::storage::StoredBatch {
                         key: None,
@@ -135,7 +136,14 @@ fn samples() -> Vec<PeerMessage> {
         }),
         PeerMessage::CopyAnswer(CopyAnswer {
             shard: orders(0),
-            body: CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new(), state: None },
+            body: CopyBody::Batches {
+                start: 0,
+                tail: 0,
+                cutting: false,
+                batches: Vec::new(),
+                state: None,
+                groups: None,
+            },
         }),
         PeerMessage::CopyAnswer(CopyAnswer {
             shard: orders(1),
@@ -148,6 +156,33 @@ fn samples() -> Vec<PeerMessage> {
                     as_of: 39,
                     values: vec![("balance".into(), Bytes::from_static(b"15"), 7)],
                 }),
+                groups: None,
+            },
+        }),
+        // The final answer with the shard's consumer groups (D65): with and without state.
+        PeerMessage::CopyAnswer(CopyAnswer {
+            shard: orders(1),
+            body: CopyBody::Batches {
+                start: 40,
+                tail: 41,
+                cutting: true,
+                batches: Vec::new(),
+                state: None,
+                groups: Some(vec![crate::broker::group_record_samples().0, crate::broker::group_record_samples().1]),
+            },
+        }),
+        PeerMessage::CopyAnswer(CopyAnswer {
+            shard: orders(1),
+            body: CopyBody::Batches {
+                start: 40,
+                tail: 41,
+                cutting: true,
+                batches: Vec::new(),
+                state: crate::storage::encode_state_checkpoint(&crate::storage::StateCheckpoint {
+                    as_of: 39,
+                    values: vec![("balance".into(), Bytes::from_static(b"15"), 7)],
+                }),
+                groups: Some(vec![crate::broker::group_record_samples().0]),
             },
         }),
         PeerMessage::CopyAnswer(CopyAnswer { shard: orders(1), body: CopyBody::Refused("not moving".into()) }),
@@ -336,7 +371,8 @@ fn sessions() -> ShardId {
 #[test]
 fn a_copy_answer_whose_body_is_not_for_its_shards_kind_does_not_encode() {
     let cache = CopyBody::Cache { tail: 1, cutting: false, full: true, records: Vec::new(), counters: Vec::new() };
-    let batches = CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new(), state: None };
+    let batches =
+        CopyBody::Batches { start: 0, tail: 0, cutting: false, batches: Vec::new(), state: None, groups: None };
     for (shard, body) in [(orders(0), cache), (sessions(), batches)] {
         let m = PeerMessage::CopyAnswer(CopyAnswer { shard, body });
         assert!(matches!(encode(&m, &mut BytesMut::new()), Err(PeerError::Mismatched(_))), "{m:?}");
@@ -357,6 +393,55 @@ fn a_cache_copy_answer_claiming_more_records_than_it_holds_is_malformed() {
     let mut frame = BytesMut::new();
     frame.put_u32(body.len() as u32 + 1);
     frame.put_u8(13);
+    frame.extend_from_slice(&body);
+    let mut d = PeerDecoder::default();
+    d.push(&frame);
+    assert!(matches!(d.next_message(), Err(PeerError::Malformed(_))));
+}
+
+/// A moving shard's groups (D65) are written to the new owner's `$groups` log as they come:
+/// a record that is not a `$groups` checkpoint record (an ack, bytes of nothing) makes the
+/// answer malformed, and a count past what the frame holds too.
+#[test]
+fn a_copy_answer_whose_groups_are_not_group_records_is_malformed() {
+    let (reset, state) = crate::broker::group_record_samples();
+    for (groups, ok) in [
+        (vec![reset.clone(), state.clone()], true),
+        (vec![reset.clone(), Bytes::from_static(b"\x01\x00\x01g\x00\x00\x00\x00\x00\x00\x00\x05")], false),
+        (vec![Bytes::from_static(b"")], false),
+        (vec![Bytes::from_static(&[99])], false),
+    ] {
+        let m = PeerMessage::CopyAnswer(CopyAnswer {
+            shard: orders(0),
+            body: CopyBody::Batches {
+                start: 0,
+                tail: 3,
+                cutting: true,
+                batches: Vec::new(),
+                state: None,
+                groups: Some(groups),
+            },
+        });
+        let mut bytes = BytesMut::new();
+        encode(&m, &mut bytes).unwrap();
+        let mut d = PeerDecoder::default();
+        d.push(&bytes);
+        match d.next_message() {
+            Ok(Some(back)) => assert!(ok && back == m, "{back:?}"),
+            other => assert!(!ok && matches!(other, Err(PeerError::Malformed(_))), "{other:?}"),
+        }
+    }
+    // Status 4 claiming a million groups, none there.
+    let mut body = BytesMut::new();
+    put_stream_shard(&mut body, &orders(0)).unwrap();
+    body.put_u8(4);
+    body.put_u64(0);
+    body.put_u64(3);
+    body.put_u8(1);
+    body.put_u32(1_000_000);
+    let mut frame = BytesMut::new();
+    frame.put_u32(body.len() as u32 + 1);
+    frame.put_u8(11);
     frame.extend_from_slice(&body);
     let mut d = PeerDecoder::default();
     d.push(&frame);
