@@ -97,6 +97,10 @@ fn seeds_that_once_failed() {
             511_375,
             "two equal-ranked replicas, each stand rejected at once by the third (its log longer), stood together every term while the third's timer was reset by their vote requests: no leader once healed",
         ),
+        (
+            545_887,
+            "a replica move's target, added as a voter, dropped its replica when the move was cancelled (as another named replica had, losing what it acknowledged): a group of four with two voters, no leader once healed",
+        ),
     ] {
         if let Err(v) = run(seed, epoch, 300) {
             panic!("seed {seed} ({what}): {v}");

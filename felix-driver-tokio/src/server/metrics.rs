@@ -155,6 +155,12 @@ impl BrokerTask {
                 n.rejoining_replicas().len() as u64,
             );
             m(
+                "felix_replicas_lingering",
+                "gauge",
+                "Replicas here the metadata no longer names, kept while their group may still count them as voters.",
+                n.lingering_replicas() as u64,
+            );
+            m(
                 "felix_replicas_readded_total",
                 "counter",
                 "Other brokers' rejoining replicas this broker, leading their group, took out and added back.",

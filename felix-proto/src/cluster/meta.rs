@@ -425,6 +425,12 @@ impl MetaNode {
         v
     }
 
+    /// On the leader: whether a configuration change it proposed is not yet applied (one at a
+    /// time: another is refused until then).
+    pub fn has_pending_conf(&self) -> bool {
+        self.raw.raft.has_pending_conf()
+    }
+
     /// Proposes adding (`add`) or removing voter `id`; `context` comes back with
     /// [`MetaOutput::ConfChanged`] on every member. One change at a time: the engine drops a
     /// second while the first is not applied.

@@ -44,11 +44,15 @@ mod restore;
 mod snapshots;
 pub use restore::{MAX_SNAPSHOT_BYTES, RESTORE_GIVE_UP, RESTORE_IN_PIECES_MIN, RESTORE_PIECE_BYTES, RestoreCounts};
 // What the node asks its driver to do, and `poll_output`, which hands it out.
+#[path = "node_linger.rs"]
+mod linger;
 #[path = "node_output.rs"]
 mod output;
 pub use admin::AdminError;
 use hibernation::Sleep;
 pub use hibernation::{PEER_SILENT_TICKS, QUIET_AFTER_TICKS, QUIET_CONTEXT, SWEEP_PER_TICK};
+use linger::counts_as_member;
+pub use linger::{LINGER_TICKS, REMOVED_LINGER_TICKS};
 pub use output::NodeOutput;
 pub use replicas::{MAX_BEATS_PER_MESSAGE, SHARD_RAFT_BATCH_BYTES};
 // Messages from peers, and peers lost.
@@ -562,6 +566,10 @@ struct Hosted {
     snapshot_commits: Option<(u64, bool)>,
     /// Its host's state being read back from the snapshot on disk ([`restore`]).
     restoring: Option<Box<restore::Restoring>>,
+    /// `ticks` when a replica of its group last sent it a request (an append, a heartbeat, a
+    /// snapshot, a vote request, a hand-over): a sign the group still counts it a member. A
+    /// replica the metadata no longer names lingers while it hears one ([`linger`]).
+    heard_at: u64,
 }
 
 /// On a leader: which of the shard's other replicas fell behind since the last look, and which
@@ -926,10 +934,12 @@ impl ClusterNode {
                 };
                 self.drive_replica_move(shard);
                 self.drive_rejoins(shard);
+                let named = self.names_me(shard);
                 if let Some(h) = self.replicas.get_mut(shard) {
                     // A rejoining replica never campaigns (its vote for itself could be a
-                    // second one in a term): it only answers its leader.
-                    if !self.rejoining.contains_key(shard) {
+                    // second one in a term): it only answers its leader. Nor does a lingering
+                    // one, whose configuration may be one its group left long ago ([`linger`]).
+                    if !self.rejoining.contains_key(shard) && named {
                         h.replica.tick();
                     }
                     if h.replica.is_leader() && self.broker.wants_read_lease(shard) {

@@ -112,6 +112,9 @@ impl ClusterNode {
                     } else {
                         MessageType::MsgHeartbeat
                     });
+                    if !beat.response {
+                        h.heard_at = self.ticks;
+                    }
                     msg.from = sender;
                     msg.to = h.replica.id();
                     msg.term = beat.term;

@@ -238,7 +238,9 @@ impl ClusterNode {
             .metadata
             .replicated_shards()
             .filter(|(s, r)| {
-                (r.contains(&me) || joining(&self.metadata, s))
+                // (A replica kept from before a restart that the metadata no longer names
+                // starts too, and lingers like one it stopped naming since.)
+                (r.contains(&me) || joining(&self.metadata, s) || self.kept_replicas.contains_key(*s))
                     && !self.replicas.contains_key(*s)
                     && !self.failed_replicas.contains_key(*s)
             })
@@ -299,6 +301,7 @@ impl ClusterNode {
                             preferred_tried: None,
                             snapshot_commits,
                             restoring: None,
+                            heard_at: self.ticks,
                         },
                     );
                     self.awake.insert(shard.clone());
@@ -309,15 +312,10 @@ impl ClusterNode {
                 Err(_) => continue,
             }
         }
-        // Deleted shards, and groups this broker left (a replica move took its place).
-        let gone: Vec<ShardId> = self
-            .replicas
-            .keys()
-            .filter(|s| {
-                self.metadata.replicas(s).is_none_or(|r| !r.contains(&self.me.id) && !joining(&self.metadata, s))
-            })
-            .cloned()
-            .collect();
+        // Deleted shards, and groups this broker left (a replica move took its place, or one
+        // that brought it in was given up) once its group no longer counts it.
+        let gone: Vec<ShardId> =
+            self.replicas.iter().filter(|(s, h)| self.leaves(s, h)).map(|(s, _)| s.clone()).collect();
         for shard in gone {
             self.awake.remove(&shard);
             if let Some(h) = self.replicas.remove(&shard) {
@@ -352,7 +350,10 @@ impl ClusterNode {
                 h.names.entry(raft_id(n)).or_insert_with(|| n.clone());
             }
         }
-        if !h.replica.is_leader() || h.replica.transferring() || fenced {
+        // (Nor while a configuration change is on its way: the voters seen are about to change,
+        // and a finish proposed from them could take a replica out of the metadata that the
+        // change puts back in the group.)
+        if !h.replica.is_leader() || h.replica.transferring() || fenced || h.replica.has_pending_conf() {
             h.in_line_at = None;
             return;
         }
@@ -708,6 +709,10 @@ impl ClusterNode {
             ReplicaRole::Following { leader }
         };
         let told = h.role.as_ref() == Some(&role);
+        // (`names_me`, by field: `h` borrows the replicas.)
+        let me = &self.me.id;
+        let named = self.metadata.replicas(shard).is_some_and(|r| r.contains(me))
+            || self.metadata.moving(shard).is_some_and(|m| m.to == *me);
         if !told {
             let leader = match &role {
                 ReplicaRole::Leading => Some(self.me.id.clone()),
@@ -721,8 +726,10 @@ impl ClusterNode {
             }
             h.role = Some(role.clone());
         }
-        // (The broker's copy too, which a new view can reset: [`Self::apply_view`].)
-        if !told || self.broker.replica_role(shard).is_some_and(|r| *r != role) {
+        // (The broker's copy too, which a new view can reset: [`Self::apply_view`]. Not a
+        // lingering replica's, which the metadata does not name: the broker serves that shard
+        // as any other broker does, by the metadata's owner.)
+        if named && (!told || self.broker.replica_role(shard).is_some_and(|r| *r != role)) {
             self.broker.set_replica_role(shard, role, now);
         }
         if self.broker.wants_read_lease(shard) {
@@ -789,6 +796,9 @@ impl ClusterNode {
         let Some(h) = self.replicas.get_mut(&shard) else { return };
         if h.names.get(&msg.from).is_none_or(|n| n != from) {
             return; // only a shard's own replicas speak for it
+        }
+        if counts_as_member(&msg) {
+            h.heard_at = self.ticks;
         }
         if h.restoring.is_some() && msg.get_msg_type() == MessageType::MsgTimeoutNow {
             // A leader hands its leadership over (to the preferred replica, at a drain): not

@@ -421,6 +421,11 @@ impl Replica {
         self.node.voters()
     }
 
+    /// On the leader: whether a configuration change it proposed is not yet applied.
+    pub fn has_pending_conf(&self) -> bool {
+        self.node.has_pending_conf()
+    }
+
     /// On the leader: proposes adding (`add`) or removing voter `id` (one change at a time).
     ///
     /// # Errors

@@ -30,6 +30,7 @@ use groups_and_snapshots::*;
 mod compatibility;
 mod group_moves;
 mod leadership;
+mod lingering;
 mod placement_and_metadata;
 use placement_and_metadata::*;
 
