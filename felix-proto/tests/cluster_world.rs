@@ -101,6 +101,10 @@ fn seeds_that_once_failed() {
             545_887,
             "a replica move's target, added as a voter, dropped its replica when the move was cancelled (as another named replica had, losing what it acknowledged): a group of four with two voters, no leader once healed",
         ),
+        (
+            562_442,
+            "a lingering replica of the replicated cache, restarted, applied its kept log into its broker's cache and so made the broker serve the cache as a follower that knows no leader: \"electing\" for good",
+        ),
     ] {
         if let Err(v) = run(seed, epoch, 300) {
             panic!("seed {seed} ({what}): {v}");

@@ -113,9 +113,12 @@ pub(crate) struct Cache {
     pub since_checkpoint: u64,
     /// Key and value bytes stored.
     bytes: usize,
-    /// A replicated (`quorum`) cache: the role of this broker's replica in its Raft group.
-    /// Its changes are made only by applying the group's committed log.
+    /// A replicated (`quorum`) cache: the role of this broker's replica in its Raft group,
+    /// while the metadata names this broker one (it then serves the cache by that role).
     pub replica: Option<crate::shard::replicated::ReplicaRole>,
+    /// Its contents are a replicated cache's, made only by applying its group's committed log
+    /// (by a replica here that serves it, or lingers): never by this broker's own expiry.
+    pub group: bool,
     /// A replicated cache's leader answers reads until then (its read lease).
     pub read_lease: Option<std::time::Instant>,
     /// On its leader: what applying each entry did, by offset, until the proposal's answer

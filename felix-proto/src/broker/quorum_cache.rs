@@ -126,19 +126,49 @@ impl Broker {
         self.caches.get(k).is_some_and(|c| c.replica.is_some())
     }
 
-    /// The cache of a replicated cache's shard, created (empty, following) on first sight: a
-    /// replica starts before any client named the cache here.
+    /// The cache of a replicated cache's shard this broker serves as one of its replicas,
+    /// created (empty, following) on first sight: a replica starts before any client named the
+    /// cache here.
     fn quorum_cache(&mut self, shard: &ShardId) -> &mut Cache {
-        let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let c = self.caches.entry(k).or_default();
+        let c = self.quorum_cache_data(shard);
         if c.replica.is_none() {
-            // Everything it holds comes from the group's log from now on, versions included:
-            // not the wall-clock seed a configured cache starts its versions after, which
-            // differs from broker to broker (every replica must give a change one version).
-            *c = Cache::default();
             c.replica = Some(ReplicaRole::Following { leader: None });
         }
         c
+    }
+
+    /// The contents of a replicated cache's shard as a replica here applies its group's log,
+    /// whether or not this broker serves it: a replica the metadata no longer names lingers
+    /// while its group may still count it, applying what commits, and is named again with its
+    /// log (and these contents) whole, or dropped ([`Broker::forget_replica_state`]).
+    fn quorum_cache_data(&mut self, shard: &ShardId) -> &mut Cache {
+        let k = key(&shard.tenant, &shard.namespace, &shard.name);
+        let c = self.caches.entry(k).or_default();
+        if !c.group {
+            // Everything it holds comes from the group's log from now on, versions included:
+            // not the wall-clock seed a configured cache starts its versions after, which
+            // differs from broker to broker (every replica must give a change one version).
+            let role = c.replica.take();
+            *c = Cache::default();
+            (c.replica, c.group) = (role, true);
+        }
+        c
+    }
+
+    /// This broker's replica of a replicated shard was dropped (the shard deleted, or its
+    /// group let it go): a cache's contents, which that replica's log made, go with it (a
+    /// replica started here again builds them afresh from its group).
+    pub(crate) fn forget_replica_state(&mut self, shard: &ShardId) {
+        if shard.kind != Kind::Cache {
+            return;
+        }
+        if let Some(c) = self.caches.get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
+            && c.group
+        {
+            let role = c.replica.take();
+            *c = Cache::default();
+            c.replica = role;
+        }
     }
 
     /// Marks the caches whose replicas this broker holds, as the metadata names them.
@@ -151,10 +181,11 @@ impl Broker {
         for s in mine {
             self.quorum_cache(&s);
         }
-        // And forgets those it no longer holds (a replica move took its place): what it held
-        // is stale, and the cache is now served by its group's leader elsewhere, not by the
-        // role its replica here last had (a follower without a leader said "electing" for
-        // ever; found by the world simulation once replicas moved by themselves).
+        // And stops serving those it is no longer named a replica of (a replica move took its
+        // place): the cache is now served by its group's leader elsewhere, not by the role its
+        // replica here last had (a follower without a leader said "electing" for ever; found by
+        // the world simulation once replicas moved by themselves). Its contents stay while the
+        // replica lingers ([`Broker::forget_replica_state`] once it goes).
         let left: Vec<Key> = self
             .caches
             .iter()
@@ -168,7 +199,9 @@ impl Broker {
             .collect();
         for k in left {
             if let Some(c) = self.caches.get_mut(&k) {
-                *c = Cache::default();
+                c.replica = None;
+                c.read_lease = None;
+                c.results.clear();
             }
         }
     }
@@ -259,7 +292,7 @@ impl Broker {
                 Some(CacheOp::Put { ttl_ms, .. } | CacheOp::PutIf { ttl_ms, .. }) => expiry(*ttl_ms),
                 _ => None,
             };
-            let c = self.quorum_cache(shard);
+            let c = self.quorum_cache_data(shard);
             let fits = |c: &Cache, key: &str, value: &Bytes| {
                 c.bytes() - c.entry_bytes(key) + key.len() + value.len() <= MAX_QUORUM_CACHE_BYTES
             };
@@ -450,7 +483,7 @@ impl Broker {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
         let wall = self.wall;
         let (cache, sums) = state.finish();
-        let read = self.quorum_cache(shard).restore_state(cache, |w| wall.instant_at(w));
+        let read = self.quorum_cache_data(shard).restore_state(cache, |w| wall.instant_at(w));
         self.counters.entry(k).or_default().sums = if read { sums } else { HashMap::new() };
     }
 
@@ -493,7 +526,14 @@ impl Broker {
     /// ([`crate::cluster::replica::Replica::read_lease`]; `None`: not now).
     pub(crate) fn set_read_lease(&mut self, shard: &ShardId, until: Option<Instant>) {
         if shard.kind == Kind::Cache {
-            self.quorum_cache(shard).read_lease = until;
+            // (Only on a replica the metadata names: a lingering one serves nothing.)
+            if let Some(c) = self
+                .caches
+                .get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
+                .filter(|c| c.replica.is_some())
+            {
+                c.read_lease = until;
+            }
         } else if let Some(sh) = self
             .streams
             .get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())

@@ -71,7 +71,7 @@ impl Broker {
         let cache = self.caches.get_mut(&k).expect("cache_entry created it");
         // Expired entries are written as deletes before the tail is read (a replicated cache's
         // come from its log).
-        if cache.replica.is_none() {
+        if cache.replica.is_none() && !cache.group {
             cache.expire(now, usize::MAX);
         }
         let tail = cache.tail();
@@ -181,7 +181,7 @@ impl Broker {
         let mut keys: Vec<Key> = self
             .caches
             .iter()
-            .filter(|(_, c)| c.has_expiring() && c.replica.is_none())
+            .filter(|(_, c)| c.has_expiring() && c.replica.is_none() && !c.group)
             .map(|(k, _)| k.clone())
             .collect();
         keys.sort_unstable(); // the deletes it writes come in the same order in every run

@@ -73,6 +73,10 @@ impl ClusterNode {
         let Some(h) = self.replicas.get_mut(shard) else { return };
         if h.sleep.take().is_some() {
             h.settled_ticks = 0;
+            // Asleep it was a member its leader put to sleep: counted as heard until now, so a
+            // replica the metadata stops naming as its group wakes is not let go before the
+            // leader's first heartbeat ([`super::linger`]).
+            h.heard_at = self.ticks;
             self.awake.insert(shard.clone());
         }
     }

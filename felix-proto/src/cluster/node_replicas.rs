@@ -323,6 +323,7 @@ impl ClusterNode {
                     self.broker.handle_replicated(crate::transport::WriteToken(token), Answer::LeadershipLost, now);
                 }
             }
+            self.broker.forget_replica_state(&shard);
             self.out.push_back(NodeOutput::DropReplica { shard });
         }
     }
