@@ -105,6 +105,10 @@ fn seeds_that_once_failed() {
             562_442,
             "a lingering replica of the replicated cache, restarted, applied its kept log into its broker's cache and so made the broker serve the cache as a follower that knows no leader: \"electing\" for good",
         ),
+        (
+            562_733,
+            "a move given up after its target led and claimed put the shard back on the leaving replica, which a later move took out of the group; the leader's claims for its term were stale: no owner that leads, for good",
+        ),
     ] {
         if let Err(v) = run(seed, epoch, 300) {
             panic!("seed {seed} ({what}): {v}");

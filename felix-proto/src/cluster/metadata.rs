@@ -140,6 +140,12 @@ impl Metadata {
         self.replicas.get(shard).map(|(r, _)| r.as_slice())
     }
 
+    /// The highest term in which a replica of `shard` claimed its lead ([`Command::Lead`]): a
+    /// claim for that term or an earlier one is stale.
+    pub fn lead_term(&self, shard: &ShardId) -> Option<u64> {
+        self.replicas.get(shard).map(|(_, led)| *led)
+    }
+
     /// Every replicated shard with its replicas.
     pub fn replicated_shards(&self) -> impl Iterator<Item = (&ShardId, &[String])> {
         self.replicas.iter().map(|(s, (r, _))| (s, r.as_slice()))

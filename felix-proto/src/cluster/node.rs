@@ -957,17 +957,8 @@ impl ClusterNode {
                     }
                 }
                 self.drain_replica(shard, now);
-                // A leadership claim can be lost with the metadata leader it was sent to: a
-                // leader the metadata does not name yet claims again (a repeated claim for a
-                // term already recorded changes nothing).
-                if slow
-                    && let Some(h) = self.replicas.get(shard)
-                    && h.role == Some(ReplicaRole::Leading)
-                    && self.metadata.owner(shard).is_none_or(|a| a.owner != self.me.id)
-                    && let Some(term) = h.ready_term
-                {
-                    let me = self.me.id.clone();
-                    self.pending.push_back(Command::Lead { shard: shard.clone(), node: me, term }.encode());
+                if slow {
+                    self.claim_lead(shard, now);
                 }
                 self.consider_sleep(shard);
             }

@@ -81,6 +81,35 @@ impl ClusterNode {
         }
     }
 
+    /// A leader the metadata does not name claims its lead again (once a second: a claim can be
+    /// lost with the metadata leader it was sent to, and a repeated claim for a term already
+    /// recorded changes nothing). When the metadata recorded a claim for this term or a later
+    /// one and still names another broker, no claim for this term can succeed: a move given up
+    /// after its target led and claimed puts the shard back on the move's leaving replica, and
+    /// when a later move then took that one out of the group, the shard was refused "electing a
+    /// leader" for good (`felix-node sim --cluster --clients`, seed 562733). The leader then
+    /// hands its lead to the follower holding the most, which claims it in a new term.
+    pub(super) fn claim_lead(&mut self, shard: &ShardId, now: Instant) {
+        let Some(h) = self.replicas.get_mut(shard) else { return };
+        let named = self.metadata.owner(shard).is_some_and(|a| a.owner == self.me.id);
+        let Some(term) = h.ready_term.filter(|_| h.role == Some(ReplicaRole::Leading) && !named) else { return };
+        if self.metadata.lead_term(shard).is_none_or(|led| led < term) {
+            let me = self.me.id.clone();
+            self.pending.push_back(Command::Lead { shard: shard.clone(), node: me, term }.encode());
+            return;
+        }
+        if h.replica.transferring() {
+            return;
+        }
+        let (me, voters) = (h.replica.id(), h.replica.voters());
+        let best =
+            h.replica.progress().into_iter().filter(|(id, _)| *id != me && voters.contains(id)).max_by_key(|p| p.1);
+        if let Some((id, _)) = best {
+            h.replica.transfer_leader(id);
+            self.drain_replica(shard, now);
+        }
+    }
+
     /// The metadata leader spreads replicated shards' replicas over the active members (issue
     /// 33): a broker added to the cluster takes a fair share of the replica sets, and with them
     /// of the leaderships, without an operator. While every member is active (a drain and a
