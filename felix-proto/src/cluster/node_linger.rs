@@ -21,7 +21,7 @@
 //! over, seed 586), and its broker serves the shard by the metadata, as any other broker does.
 //! A metadata that names it again (a new move to it) finds its log still there.
 
-use super::{ClusterNode, Hosted};
+use super::{ClusterNode, Hosted, Replica};
 use crate::cluster::metadata::ShardId;
 use raft::eraftpb::{Message, MessageType};
 
@@ -62,6 +62,19 @@ pub(super) fn counts_as_member(msg: &Message) -> bool {
             | MessageType::MsgRequestPreVote
             | MessageType::MsgTimeoutNow
     )
+}
+
+/// A leader hands its lead to the voter holding the most, other than itself: a leader the
+/// metadata no longer names (lingering), or one removed from its group, or one whose claims are
+/// stale. Never by removing itself: the engine's leader that applied its own removal fails at
+/// its next commit (raft-rs `maybe_commit` unwraps its own progress; a lingering leader reached
+/// it, `felix-node sim --cluster --clients`), so the voter it hands to removes it.
+pub(super) fn hand_lead_on(replica: &mut Replica) {
+    let (me, voters) = (replica.id(), replica.voters());
+    let best = replica.progress().into_iter().filter(|(id, _)| *id != me && voters.contains(id)).max_by_key(|p| p.1);
+    if let Some((id, _)) = best {
+        replica.transfer_leader(id);
+    }
 }
 
 impl ClusterNode {

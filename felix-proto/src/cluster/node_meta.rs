@@ -101,13 +101,8 @@ impl ClusterNode {
         if h.replica.transferring() {
             return;
         }
-        let (me, voters) = (h.replica.id(), h.replica.voters());
-        let best =
-            h.replica.progress().into_iter().filter(|(id, _)| *id != me && voters.contains(id)).max_by_key(|p| p.1);
-        if let Some((id, _)) = best {
-            h.replica.transfer_leader(id);
-            self.drain_replica(shard, now);
-        }
+        linger::hand_lead_on(&mut h.replica);
+        self.drain_replica(shard, now);
     }
 
     /// The metadata leader spreads replicated shards' replicas over the active members (issue

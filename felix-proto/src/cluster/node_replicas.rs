@@ -372,10 +372,7 @@ impl ClusterNode {
             // Removed from the group while it led it (a removal another leader proposed
             // committed under this one): the engine takes no proposal from it any more, so it
             // hands the lead to the voter holding the most.
-            let best = h.replica.progress().into_iter().filter(|(id, _)| voters.contains(id)).max_by_key(|p| p.1);
-            if let Some((id, _)) = best {
-                h.replica.transfer_leader(id);
-            }
+            linger::hand_lead_on(&mut h.replica);
             return;
         }
         match mv {
@@ -410,11 +407,14 @@ impl ClusterNode {
                 // The group as the metadata has it: a replica move given up half way (its
                 // target added, maybe the leaving replica removed) is undone, a missing member
                 // added back before an extra one is removed.
-                let ids: Vec<u64> = members.iter().map(|n| raft_id(n)).collect();
+                // Never itself ([`linger::hand_lead_on`] says why).
+                let (ids, me): (Vec<u64>, u64) = (members.iter().map(|n| raft_id(n)).collect(), h.replica.id());
                 if let Some(missing) = ids.iter().find(|id| !voters.contains(id)) {
                     let _ = h.replica.propose_conf_change(true, *missing);
-                } else if let Some(extra) = voters.iter().find(|v| !ids.contains(v)) {
+                } else if let Some(extra) = voters.iter().find(|v| !ids.contains(v) && **v != me) {
                     let _ = h.replica.propose_conf_change(false, *extra);
+                } else if !ids.contains(&me) {
+                    linger::hand_lead_on(&mut h.replica);
                 } else {
                     h.in_line_at = Some(changes);
                 }
