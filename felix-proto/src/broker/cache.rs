@@ -127,6 +127,13 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
+    /// Empties it (contents, versions, log) but for the role it is served by, marked as holding
+    /// a replicated cache's contents (`group`) or not.
+    pub(crate) fn empty_keeping_role(&mut self, group: bool) {
+        let replica = self.replica.take();
+        *self = Cache { replica, group, ..Cache::default() };
+    }
+
     /// A cache whose versions (and log offsets) start after `seed`. An in-memory cache seeds them
     /// from the wall clock in microseconds, so they keep increasing across restarts.
     pub fn with_version_seed(seed: u64) -> Cache {

@@ -148,9 +148,7 @@ impl Broker {
             // Everything it holds comes from the group's log from now on, versions included:
             // not the wall-clock seed a configured cache starts its versions after, which
             // differs from broker to broker (every replica must give a change one version).
-            let role = c.replica.take();
-            *c = Cache::default();
-            (c.replica, c.group) = (role, true);
+            c.empty_keeping_role(true);
         }
         c
     }
@@ -165,9 +163,7 @@ impl Broker {
         if let Some(c) = self.caches.get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
             && c.group
         {
-            let role = c.replica.take();
-            *c = Cache::default();
-            c.replica = role;
+            c.empty_keeping_role(false);
         }
     }
 
