@@ -133,8 +133,9 @@ impl Broker {
         }
     }
 
-    /// One of a copied cache's system-log writes settled here.
-    pub(super) fn cache_copy_written(&mut self, s: &ShardId, ok: bool, now: Instant) {
+    /// One of a move's system-log writes settled here: a copied cache's values or counters,
+    /// or a moving stream shard's consumer groups (D65). The move goes on once none is left.
+    pub(super) fn move_copy_written(&mut self, s: &ShardId, ok: bool, now: Instant) {
         let Some(i) = self.membership.moves_in.get_mut(s) else { return };
         i.on(InEvent::Written { ok });
         if i.writing() == 0 {

@@ -118,8 +118,9 @@ pub(crate) enum SysPending {
     CounterAdd { conn: ConnId, stream: StreamId, request_id: u64, key: String },
     /// A checkpoint: once on disk, the log below it can go.
     Checkpoint,
-    /// A copy of a cache moving here ([`super::cache_moves`]): once on disk, the move goes
-    /// on; `full` (a reset first): the log below it can go.
+    /// A copy of a cache moving here ([`super::cache_moves`]), or of a moving shard's consumer
+    /// groups (D65): once on disk, the move goes on; `full` (a reset first): the log below it
+    /// can go.
     MoveCopy { shard: crate::shard::ShardId, full: bool },
     /// A consumer-group operation: folded, then answered.
     Group {
@@ -307,7 +308,7 @@ impl Broker {
             if let (Some(base), true) = (base, full) {
                 self.sys_truncate(k, base);
             }
-            return self.cache_copy_written(&shard, base.is_some(), now);
+            return self.move_copy_written(&shard, base.is_some(), now);
         }
         if let Some((data, shard)) = super::consume::parse_groups_key(k) {
             match pending {

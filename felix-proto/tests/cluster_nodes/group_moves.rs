@@ -4,37 +4,12 @@
 
 use super::*;
 
-fn group_flags() -> u32 {
-    use felix_proto::features::Features;
-    (Features::CONSUMER_GROUP | Features::ERROR_CODES).to_words(false).0.unwrap_or(0)
-}
-
 fn orders_poll(shard: u32, rid: u64) -> Bytes {
-    json(&Message::GroupPoll(message::GroupPoll {
-        tenant_id: "t1".into(),
-        namespace: "default".into(),
-        stream: "orders".into(),
-        shard,
-        group: "billing".into(),
-        max_records: 100,
-        wait_ms: 0,
-        request_id: rid,
-        consumer: None,
-        reclaim: None,
-        visibility_ms: Some(60_000),
-    }))
+    billing_poll("orders", shard, 100, rid)
 }
 
 fn orders_ack(shard: u32, offset: u64, rid: u64) -> Bytes {
-    json(&Message::GroupAck(message::GroupOffset {
-        tenant_id: "t1".into(),
-        namespace: "default".into(),
-        stream: "orders".into(),
-        shard,
-        group: "billing".into(),
-        offset,
-        request_id: rid,
-    }))
+    json(&Message::GroupAck(billing_offset("orders", shard, offset, rid)))
 }
 
 /// Six records on `shard` of `orders` through its owner; a group takes all six there and
@@ -47,7 +22,7 @@ fn six_records_four_acked(c: &mut Cluster, shard: u32) -> String {
         c.send(&from, pc, ps, publish_binary("orders", &[&format!("r{i}")], Some(i + 1), Some(&key)));
         assert_eq!(acks(&payloads(&c.take(&from, pc, ps)))[0].status, AckStatus::Ok);
     }
-    let (gc, gs) = c.client_with(&from, 1, group_flags(), 5);
+    let (gc, gs) = c.client_with(&from, 1, group_features(), 5);
     c.send(&from, gc, gs, orders_poll(shard, 1));
     assert_eq!(offsets_handed(&messages(&c.take(&from, gc, gs))), [0, 1, 2, 3, 4, 5]);
     for o in 0..4 {
@@ -84,7 +59,7 @@ fn move_to(c: &mut Cluster, shard: u32, to: &str, ticks: usize) -> bool {
 
 /// Polls `shard`'s group on `node` (a fresh client) and acks nothing: the offsets handed out.
 fn poll_on(c: &mut Cluster, node: &str, shard: u32, index: u64) -> Vec<u64> {
-    let (gc, gs) = c.client_with(node, 1, group_flags(), index);
+    let (gc, gs) = c.client_with(node, 1, group_features(), index);
     c.send(node, gc, gs, orders_poll(shard, 99));
     offsets_handed(&messages(&c.take(node, gc, gs)))
 }

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A client's offer of consumer groups with dead letters and their administration.
-fn group_features() -> u32 {
+pub(super) fn group_features() -> u32 {
     use felix_proto::features::Features;
     let f = Features::CONSUMER_GROUP
         | Features::GROUP_DEAD_LETTERS
@@ -14,12 +14,14 @@ fn group_features() -> u32 {
     f.to_words(false).0.unwrap_or(0)
 }
 
-fn ledger_group_poll(max_records: u32, request_id: u64) -> Bytes {
+/// A poll of group `billing` on `shard` of tenant t1's `stream`, handing records out for a
+/// minute.
+pub(super) fn billing_poll(stream: &str, shard: u32, max_records: u32, request_id: u64) -> Bytes {
     json(&Message::GroupPoll(message::GroupPoll {
         tenant_id: "t1".into(),
         namespace: "default".into(),
-        stream: "ledger".into(),
-        shard: 0,
+        stream: stream.into(),
+        shard,
         group: "billing".into(),
         max_records,
         wait_ms: 0,
@@ -30,16 +32,26 @@ fn ledger_group_poll(max_records: u32, request_id: u64) -> Bytes {
     }))
 }
 
-fn ledger_group_offset(offset: u64, request_id: u64) -> message::GroupOffset {
+/// Offset `offset` of group `billing` on `shard` of tenant t1's `stream` (an ack, a dead
+/// letter, a redrive).
+pub(super) fn billing_offset(stream: &str, shard: u32, offset: u64, request_id: u64) -> message::GroupOffset {
     message::GroupOffset {
         tenant_id: "t1".into(),
         namespace: "default".into(),
-        stream: "ledger".into(),
-        shard: 0,
+        stream: stream.into(),
+        shard,
         group: "billing".into(),
         offset,
         request_id,
     }
+}
+
+fn ledger_group_poll(max_records: u32, request_id: u64) -> Bytes {
+    billing_poll("ledger", 0, max_records, request_id)
+}
+
+fn ledger_group_offset(offset: u64, request_id: u64) -> message::GroupOffset {
+    billing_offset("ledger", 0, offset, request_id)
 }
 
 /// Polls the ledger's group on `node`: a new leader first confirms it leads (its read lease,
