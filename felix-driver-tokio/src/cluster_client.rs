@@ -85,12 +85,21 @@ pub struct ClusterClientStats {
     pub routed_to_owner: AtomicU64,
 }
 
+/// A broker's connection, once made ([`ClusterClient::at`] holds it while dialling).
+type Slot = Arc<tokio::sync::Mutex<Option<Client>>>;
+
 /// A client of a cluster (or of a single broker).
 #[derive(Debug)]
 pub struct ClusterClient {
     opts: ClientOptions,
     seeds: Vec<SocketAddr>,
-    conns: tokio::sync::Mutex<BTreeMap<SocketAddr, Client>>,
+    /// One slot per broker, each holding its connection once made. A dial holds its broker's
+    /// slot only, for up to [`CONNECT_TIMEOUT`]: a broker that does not answer (paused, cut
+    /// off) holds up the requests bound for it, never those for the others. (One lock over
+    /// every connection, held across the dial, stalled every lane of a client for the whole
+    /// pause of one broker: the chaos schedule's pauses, 12 to 16 s without an acknowledged
+    /// write where a fail-over takes 2 s.)
+    conns: std::sync::Mutex<BTreeMap<SocketAddr, Slot>>,
     views: std::sync::Mutex<BTreeMap<(String, String), Arc<StreamView>>>,
     /// Brokers whose connection was lost or could not be made, and when ([`LOST_BACKOFF`]).
     lost: std::sync::Mutex<BTreeMap<SocketAddr, std::time::Instant>>,
@@ -114,7 +123,7 @@ impl ClusterClient {
         let c = ClusterClient {
             opts,
             seeds: seeds.to_vec(),
-            conns: tokio::sync::Mutex::new(BTreeMap::new()),
+            conns: std::sync::Mutex::new(BTreeMap::new()),
             views: std::sync::Mutex::new(BTreeMap::new()),
             lost: std::sync::Mutex::new(BTreeMap::new()),
             turn: std::sync::atomic::AtomicUsize::new(0),
@@ -148,13 +157,16 @@ impl ClusterClient {
         }
         // Brokers whose connection closed (drained, stopped) are tried after the others: a
         // stopped broker costs a whole connect timeout.
+        // (A broker being dialled is neither: its slot is busy.)
         let seeds: Vec<SocketAddr> = {
-            let conns = self.conns.lock().await;
-            if let Some(c) = conns.values().find(|c| !c.is_closed()) {
+            let known = self.known();
+            if let Some(c) = known.iter().filter_map(|(_, c)| c.as_ref()).find(|c| !c.is_closed()) {
                 return Ok(c.clone());
             }
-            let (gone, rest): (Vec<SocketAddr>, Vec<SocketAddr>) =
-                self.seeds.iter().partition(|s| conns.get(s).is_some_and(Client::is_closed));
+            let (gone, rest): (Vec<SocketAddr>, Vec<SocketAddr>) = self
+                .seeds
+                .iter()
+                .partition(|s| known.iter().any(|(a, c)| a == *s && c.as_ref().is_some_and(Client::is_closed)));
             rest.into_iter().chain(gone).collect()
         };
         let start = std::time::Instant::now();
@@ -200,11 +212,16 @@ impl ClusterClient {
     /// # Errors
     /// The connection error.
     pub async fn at(&self, addr: SocketAddr) -> Result<Client, ClientError> {
-        let mut conns = self.conns.lock().await;
-        match conns.get(&addr) {
+        let slot = match self.conns.lock() {
+            Ok(mut conns) => conns.entry(addr).or_default().clone(),
+            Err(_) => return Err(ClientError::Closed("the client's connection table was poisoned".into())),
+        };
+        // Waits only for a dial to this same broker.
+        let mut conn = slot.lock().await;
+        match conn.as_ref() {
             Some(c) if !c.is_closed() => return Ok(c.clone()),
             Some(_) => {
-                conns.remove(&addr);
+                *conn = None;
                 self.note_lost(addr);
             }
             None => {}
@@ -226,7 +243,7 @@ impl ClusterClient {
                 if let Ok(mut l) = self.lost.lock() {
                     l.remove(&addr);
                 }
-                conns.insert(addr, c.clone());
+                *conn = Some(c.clone());
                 Ok(c)
             }
             Err(ClientError::Connect(m)) if m.contains("invalid peer certificate") => {
@@ -244,6 +261,16 @@ impl ClusterClient {
                 Err(e)
             }
         }
+    }
+
+    /// The connections known, by broker, without waiting: `None` for one not made yet or being
+    /// dialled now.
+    fn known(&self) -> Vec<(SocketAddr, Option<Client>)> {
+        let slots: Vec<(SocketAddr, Slot)> = match self.conns.lock() {
+            Ok(conns) => conns.iter().map(|(a, s)| (*a, s.clone())).collect(),
+            Err(_) => return Vec::new(),
+        };
+        slots.into_iter().map(|(a, s)| (a, s.try_lock().ok().and_then(|c| c.clone()))).collect()
     }
 
     fn note_lost(&self, addr: SocketAddr) {
@@ -546,9 +573,16 @@ impl ClusterClient {
 
     /// Closes every connection.
     pub async fn close(&self) {
-        let conns = std::mem::take(&mut *self.conns.lock().await);
-        for c in conns.values() {
-            let _ = c.close().await;
+        let slots = match self.conns.lock() {
+            Ok(mut conns) => std::mem::take(&mut *conns),
+            Err(_) => return,
+        };
+        // (A slot being dialled holds no connection yet: the request dialling gets it.)
+        for slot in slots.into_values() {
+            let c = slot.try_lock().ok().and_then(|mut c| c.take());
+            if let Some(c) = c {
+                let _ = c.close().await;
+            }
         }
     }
 }

@@ -203,6 +203,63 @@ async fn no_seed_answering_is_an_error_not_a_hang() {
     assert!(ClusterClient::connect(&[], opts).await.is_err());
 }
 
+/// A broker that does not answer (paused: its socket takes the packets, nothing comes back)
+/// holds up only the requests bound for it. Found by the chaos schedule's pauses: one request's
+/// dial to the paused broker held the lock over every connection for its whole
+/// `CONNECT_TIMEOUT`, again after each `LOST_BACKOFF`, so every other lane's publishes to the
+/// live brokers waited too: 12 to 16 s without an acknowledged write, where a fail-over takes 2.
+/// Without the fix the dial ends first (after `CONNECT_TIMEOUT`) and the test fails there.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dial_to_a_broker_that_does_not_answer_holds_up_no_request_for_another() {
+    let (identity, _, _) = Identity::self_signed(&["localhost"]).unwrap();
+    let trust = Trust::Certificates(identity.chain.clone());
+    let live = free_udp();
+    let server = Server::start(ServerOptions {
+        listen: live,
+        broker: BrokerConfig { tokens: vec![TokenGrant::dev(TOKEN)], ..BrokerConfig::default() },
+        identity,
+        data_dir: None,
+        fsync: FsyncMode::Never,
+        transport: Default::default(),
+        require_alpn: false,
+        metrics_listen: None,
+        http: None,
+        cluster: None,
+        client_ca: None,
+    })
+    .await
+    .unwrap();
+    // Bound and never read: a paused broker's socket.
+    let paused = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let paused_addr = paused.local_addr().unwrap();
+    let cc = std::sync::Arc::new(
+        ClusterClient::connect(&[live, paused_addr], ClientOptions::new("t1", TOKEN, trust)).await.unwrap(),
+    );
+    let mut dial = tokio::spawn({
+        let cc = cc.clone();
+        async move { cc.at(paused_addr).await.map(|_| ()) }
+    });
+    // The dial starts (this runtime runs one task at a time: the spawned one goes first) and
+    // waits for an answer that does not come.
+    tokio::task::yield_now().await;
+    let publish = cc.publish(
+        "default",
+        "orders",
+        vec![Bytes::from_static(b"r1")],
+        PublishOptions { ack: true, ..Default::default() },
+    );
+    tokio::select! {
+        biased;
+        r = publish => assert!(r.is_ok(), "{r:?}"),
+        d = &mut dial => panic!("the live broker's publish waited for the dial to the paused one to end: {d:?}"),
+    }
+    assert!(cc.at(live).await.is_ok(), "the live broker's connection, while the other is still dialled");
+    dial.abort();
+    cc.close().await;
+    drop(paused);
+    server.shutdown().await;
+}
+
 /// A following subscription (`ClusterClient::follow`) on a durable shard that an operator moves
 /// twice while a publisher writes to it: every acknowledged record arrives once, in order,
 /// and the subscription was made again on each new owner (the broker `shard_moved` named).

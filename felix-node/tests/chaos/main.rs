@@ -539,11 +539,15 @@ fn schedule(episodes: usize, seed: u64) -> String {
             times.sort();
             std::iter::once(began).chain(times).collect::<Vec<_>>().windows(2).map(|w| w[1] - w[0]).max()
         };
-        done.push(Episode {
+        let e = Episode {
             kind,
             unavailable_after_heal: first.map(|t| t - healed).unwrap_or_default(),
             longest_gap: longest_gap.unwrap_or_default(),
-        });
+        };
+        // Each episode's own figures, so that a worst case in the summary can be traced to its
+        // fault and target.
+        eprintln!("  healed in {:.0?}, longest stretch without an ack {:.0?}", e.unavailable_after_heal, e.longest_gap);
+        done.push(e);
     }
     net.heal();
     std::thread::sleep(Duration::from_secs(1));
