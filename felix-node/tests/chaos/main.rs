@@ -267,6 +267,46 @@ fn signal(node: &Node, s: &str) {
     assert!(Command::new("kill").args([s, &pid]).status().unwrap().success());
 }
 
+/// For `hold`, what the brokers other than `target` say of the cluster, each time it changes
+/// (`FELIX_CHAOS_TRACE`): the metadata leader they hear, whether they are fenced, the stream's
+/// owner and the leader of its group as they see them.
+fn trace_views(nodes: &[Node], target: usize, hold: Duration) {
+    let t0 = Instant::now();
+    let mut last = String::new();
+    while t0.elapsed() < hold {
+        let mut line = String::new();
+        for (i, n) in nodes.iter().enumerate() {
+            if i == target || n.proc.is_none() {
+                continue;
+            }
+            let Some(v) = status(n.metrics) else {
+                line.push_str(&format!(" {}: no status;", n.name));
+                continue;
+            };
+            let owner = v["shards"]
+                .as_array()
+                .and_then(|r| r.iter().find(|r| r["name"] == STREAM))
+                .map(|r| format!("{}@{}", r["owner"].as_str().unwrap_or("?"), r["generation"]));
+            let replica = v["replicas"].as_array().and_then(|r| r.iter().find(|r| r["name"] == STREAM)).map(|r| {
+                format!("{} {} t{}", r["role"].as_str().unwrap_or("?"), r["leader"].as_str().unwrap_or("-"), r["term"])
+            });
+            line.push_str(&format!(
+                " {}: meta {} fenced {} owner {} replica {};",
+                n.name,
+                v["leader"].as_str().unwrap_or("-"),
+                v["fenced"],
+                owner.unwrap_or_default(),
+                replica.unwrap_or_default()
+            ));
+        }
+        if line != last {
+            eprintln!("  +{:>5} ms{line}", t0.elapsed().as_millis());
+            last = line;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Applies `kind` to the broker `target` for `hold`, then heals it.
 fn apply(
     kind: Fault,
@@ -305,7 +345,12 @@ fn apply(
         }
         Fault::Pause => {
             signal(&nodes[target], "-STOP");
-            hold_then(&mut || signal(&nodes[target], "-CONT"));
+            if std::env::var("FELIX_CHAOS_TRACE").is_ok() {
+                trace_views(nodes, target, hold);
+            } else {
+                std::thread::sleep(hold);
+            }
+            signal(&nodes[target], "-CONT");
         }
         Fault::Kill => {
             nodes[target].kill();

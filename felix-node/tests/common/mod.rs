@@ -92,10 +92,21 @@ pub fn wait_for_banner(child: &mut std::process::Child) {
         }
     });
     let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::<String>::new()));
+    // `FELIX_TEST_LOG_DIR`: every line also kept in a file per broker process, to read after
+    // a run (what a broker said around a fault).
+    let kept = std::env::var_os("FELIX_TEST_LOG_DIR").and_then(|d| {
+        let path = std::path::Path::new(&d).join(format!("broker-{}.log", child.id()));
+        std::fs::OpenOptions::new().create(true).append(true).open(path).ok()
+    });
     if let Some(err) = child.stderr.take() {
         let tail = tail.clone();
         std::thread::spawn(move || {
+            let mut kept = kept;
             for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if let Some(f) = kept.as_mut() {
+                    use std::io::Write;
+                    let _ = writeln!(f, "{line}");
+                }
                 let Ok(mut t) = tail.lock() else { return };
                 if t.len() == 20 {
                     t.pop_front();
