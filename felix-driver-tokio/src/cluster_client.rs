@@ -96,9 +96,9 @@ pub struct ClusterClient {
     /// One slot per broker, each holding its connection once made. A dial holds its broker's
     /// slot only, for up to [`CONNECT_TIMEOUT`]: a broker that does not answer (paused, cut
     /// off) holds up the requests bound for it, never those for the others. (One lock over
-    /// every connection, held across the dial, stalled every lane of a client for the whole
-    /// pause of one broker: the chaos schedule's pauses, 12 to 16 s without an acknowledged
-    /// write where a fail-over takes 2 s.)
+    /// every connection, held across the dial, stalled every lane of a client while one broker
+    /// was paused: 16 s without an acknowledged write in one of the chaos schedule's pauses,
+    /// 74 ms with a slot per broker.)
     conns: std::sync::Mutex<BTreeMap<SocketAddr, Slot>>,
     views: std::sync::Mutex<BTreeMap<(String, String), Arc<StreamView>>>,
     /// Brokers whose connection was lost or could not be made, and when ([`LOST_BACKOFF`]).

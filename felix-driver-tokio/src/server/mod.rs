@@ -36,6 +36,8 @@ mod storage_thread;
 use storage_thread::*;
 mod http;
 pub use http::*;
+mod stalls;
+use stalls::{slow_turn, stall_watch};
 mod streams;
 use streams::*;
 mod metrics;
@@ -550,77 +552,8 @@ struct BrokerTask {
 /// Per shard (tenant, namespace, stream, shard): its tail and its subscribers' positions.
 type WebSample = std::collections::BTreeMap<(String, String, String, u32), (u64, u64)>;
 
-impl Input {
-    /// What it is, for the log.
-    fn kind(&self) -> &'static str {
-        use crate::cluster::PeerInput;
-        use felix_proto::cluster::peer::PeerMessage as M;
-        match self {
-            Input::Incoming(_) | Input::Connected(..) | Input::HandshakeFailed(_) => "handling a connection",
-            Input::Stream { .. } | Input::Opened { .. } | Input::Reset { .. } | Input::Stopped { .. } => {
-                "handling a stream's event"
-            }
-            Input::Data { .. } => "handling a client's bytes",
-            Input::Flushed { .. } => "handling flushed bytes",
-            Input::Written(..) | Input::StreamRecorded(..) => "handling written records",
-            Input::ReadDone(..) => "handling records read",
-            Input::Closed { .. } | Input::StreamEnded { .. } => "handling a closed connection",
-            Input::Metrics(_) => "answering the metrics",
-            Input::ClusterStatus(..) | Input::WebView(..) => "answering the status",
-            Input::ClusterAdmin(..) => "answering an operator",
-            Input::SetJwt(_) | Input::SetIdentity(..) => "reloading credentials",
-            Input::Drain { .. } => "beginning a drain",
-            Input::ReplicaSynced { .. } => "handling a replica log's sync",
-            Input::ReplicaLogRead { .. } => "handling a replica log's read",
-            Input::ReplicaSnapshotPiece { .. } => "handling a snapshot's piece",
-            Input::Peer(PeerInput::Message { message, .. }) => match message {
-                M::Hello { .. } => "handling a peer's hello",
-                M::Raft(_) | M::Propose(_) => "handling a metadata message",
-                M::ShardRaft(_) => "handling replicas' Raft messages",
-                M::Heartbeats(_) => "handling replicas' heartbeats",
-                M::SnapshotChunk(_) => "handling a snapshot chunk",
-                M::CopyRequest(_) | M::CopyAnswer(_) => "handling a move's copy",
-                M::Forward(_) | M::ForwardBatch(_) | M::ForwardAnswer { .. } | M::ForwardAnswers(_) => {
-                    "handling forwarded publishes"
-                }
-                M::Request(_) | M::RequestAnswer { .. } => "handling a forwarded request",
-            },
-            Input::Peer(PeerInput::Undeliverable(_)) => "handling an undeliverable peer message",
-            Input::Peer(PeerInput::Lost(_)) => "handling a lost peer",
-            Input::Peer(PeerInput::ChunkWritten { .. }) => "handling a written chunk",
-        }
-    }
-}
-
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
-}
-
-/// One turn of the broker task longer than this is said: the task holds every connection's
-/// and peer's work meanwhile, and a peer that hears nothing for its idle timeout (2 s) drops
-/// the link.
-const SLOW_TURN: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Says a turn of the broker task that took longer than [`SLOW_TURN`].
-fn slow_turn(began: std::time::Instant, what: &str) {
-    let took = began.elapsed();
-    if took > SLOW_TURN {
-        tracing::warn!("the broker task spent {} ms {what}", took.as_millis());
-    }
-}
-
-/// Says when the runtime ran nothing for a while (a stopped process, a starved machine, a task
-/// that blocks a worker): a timer due every 100 ms that fired this much late.
-async fn stall_watch() {
-    let every = std::time::Duration::from_millis(100);
-    loop {
-        let before = std::time::Instant::now();
-        tokio::time::sleep(every).await;
-        let late = before.elapsed().saturating_sub(every);
-        if late > SLOW_TURN {
-            tracing::warn!("the runtime ran no timer for {} ms (stopped, starved or blocked)", late.as_millis());
-        }
-    }
 }
 
 impl BrokerTask {
@@ -676,7 +609,7 @@ impl BrokerTask {
 }
 
 impl BrokerTask {
-    /// [`handle`](Self::handle), said when it takes longer than [`SLOW_TURN`].
+    /// [`handle`](Self::handle), said when it takes longer than [`stalls::SLOW_TURN`].
     fn handle_timed(&mut self, input: Input) {
         let what = input.kind();
         let began = std::time::Instant::now();
