@@ -580,11 +580,12 @@ impl BrokerTask {
             tokio::select! {
                 input = rx.recv() => {
                     let Some(input) = input else { break };
-                    self.handle_timed(input);
+                    // One clock read per input: each one's end is the next one's start.
+                    let mut began = self.handle_timed(input, std::time::Instant::now());
                     // Take what else is ready before draining outputs (bounded per turn).
                     for _ in 0..256 {
                         match rx.try_recv() {
-                            Ok(i) => self.handle_timed(i),
+                            Ok(i) => began = self.handle_timed(i, began),
                             Err(_) => break,
                         }
                     }
@@ -609,12 +610,12 @@ impl BrokerTask {
 }
 
 impl BrokerTask {
-    /// [`handle`](Self::handle), said when it takes longer than [`stalls::SLOW_TURN`].
-    fn handle_timed(&mut self, input: Input) {
+    /// [`handle`](Self::handle) of an input taken at `began`, said when it takes longer than
+    /// [`stalls::SLOW_TURN`]; when it ended.
+    fn handle_timed(&mut self, input: Input, began: std::time::Instant) -> std::time::Instant {
         let what = input.kind();
-        let began = std::time::Instant::now();
         self.handle(input);
-        slow_turn(began, what);
+        slow_turn(began, what)
     }
 
     fn flush_storage(&mut self) {

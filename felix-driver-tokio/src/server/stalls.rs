@@ -10,12 +10,14 @@ use super::Input;
 /// the link.
 pub(super) const SLOW_TURN: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Says a turn of the broker task that took longer than [`SLOW_TURN`].
-pub(super) fn slow_turn(began: std::time::Instant, what: &str) {
-    let took = began.elapsed();
+/// Says a turn of the broker task that took longer than [`SLOW_TURN`]; when it ended.
+pub(super) fn slow_turn(began: std::time::Instant, what: &str) -> std::time::Instant {
+    let ended = std::time::Instant::now();
+    let took = ended.saturating_duration_since(began);
     if took > SLOW_TURN {
         tracing::warn!("the broker task spent {} ms {what}", took.as_millis());
     }
+    ended
 }
 
 /// Says when the runtime ran nothing for a while (a stopped process, a starved machine, a task
