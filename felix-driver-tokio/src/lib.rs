@@ -11,6 +11,7 @@ pub mod cluster_client;
 pub mod envelope;
 pub mod following;
 pub mod groups;
+mod liveness;
 mod peer_links;
 pub mod producer;
 mod queue;

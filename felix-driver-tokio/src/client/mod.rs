@@ -123,34 +123,13 @@ pub const DEFAULT_UNRESPONSIVE_AFTER: std::time::Duration = std::time::Duration:
 /// silent.
 const UNRESPONSIVE_CODE: u32 = 0x10;
 
-/// Watches a connection for a broker that went silent: every eighth of `after` it reads how
-/// many datagrams arrived; when none did for `after` *and* for eight checks in a row (so a
-/// client process that was not scheduled for a while, and wakes to a full socket buffer, does
-/// not mistake its own pause for the broker's), the connection is closed with that reason.
+/// Watches a connection for a broker that went silent (nothing arrived for `after`, see
+/// [`crate::liveness`]): the connection is then closed with that reason.
 async fn watch_liveness(quic: quinn::Connection, after: std::time::Duration, tx: mpsc::UnboundedSender<Input>) {
-    const CHECKS: u32 = 8;
-    let mut tick = tokio::time::interval((after / CHECKS).max(std::time::Duration::from_millis(5)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = quic.stats().udp_rx.datagrams;
-    let mut heard = tokio::time::Instant::now();
-    let mut silent = 0u32;
-    loop {
-        tokio::select! {
-            _ = quic.closed() => return,
-            _ = tick.tick() => {}
-        }
-        let rx = quic.stats().udp_rx.datagrams;
-        if rx != last {
-            (last, heard, silent) = (rx, tokio::time::Instant::now(), 0);
-            continue;
-        }
-        silent += 1;
-        if silent >= CHECKS && heard.elapsed() >= after {
-            let why = format!("the broker sent nothing for {:.1} s (unresponsive)", heard.elapsed().as_secs_f64());
-            let _ = tx.send(Input::Closed(why));
-            quic.close(quinn::VarInt::from_u32(UNRESPONSIVE_CODE), b"broker unresponsive");
-            return;
-        }
+    if let Some(silent) = crate::liveness::silence(&quic, after).await {
+        let why = format!("the broker sent nothing for {:.1} s (unresponsive)", silent.as_secs_f64());
+        let _ = tx.send(Input::Closed(why));
+        quic.close(quinn::VarInt::from_u32(UNRESPONSIVE_CODE), b"broker unresponsive");
     }
 }
 

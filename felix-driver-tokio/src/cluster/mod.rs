@@ -7,7 +7,9 @@
 //! the hello before anything else; a stranger (another cluster, a wrong secret, an unknown node
 //! id) has its connection closed and is logged. A peer that cannot be reached is dialled again
 //! every 200 ms; meanwhile a forwarded publish for it is reported undeliverable (its client gets
-//! `shard_unavailable`), and Raft messages are dropped (Raft sends again).
+//! `shard_unavailable`), and Raft messages are dropped (Raft sends again). A link on which
+//! nothing arrived for `PEER_SILENCE` is closed and dialled again, whatever QUIC still holds
+//! (a pause inflates QUIC's own idle timeout; `liveness` says how).
 
 use bytes::BytesMut;
 use felix_proto::cluster::peer::{PeerDecoder, PeerMessage, encode, encode_chunks};
@@ -292,22 +294,19 @@ async fn dial_loop(
             links.up(&peer, c);
         }
         let mut chunks: Vec<bytes::Bytes> = Vec::new();
-        // Writes and the connection's end, together: a connection that died (the peer went
-        // quiet past the idle timeout) is said at once, not when the next write fails.
-        let closed = conn.clone();
-        let closed = async move {
-            if let Some(c) = closed {
-                c.closed().await;
-            }
-        };
-        tokio::pin!(closed);
+        // Writes and the connection's end, together: a connection that died (closed, or its
+        // peer went silent) is said at once, not when the next write fails. A write the peer's
+        // flow control holds up ends there too.
+        let gone = link_gone(conn.clone());
+        tokio::pin!(gone);
         loop {
             let m = tokio::select! {
                 m = queue.recv() => match m {
                     Some(m) => m,
                     None => break,
                 },
-                () = &mut closed => {
+                g = &mut gone => {
+                    g.say(&peer);
                     let _ = inputs.send(PeerInput::Lost(peer.clone()));
                     break;
                 }
@@ -321,7 +320,18 @@ async fn dial_loop(
                 continue;
             }
             let len: usize = chunks.iter().map(bytes::Bytes::len).sum();
-            if send.write_all_chunks(&mut chunks).await.is_err() {
+            let written = {
+                let write = send.write_all_chunks(&mut chunks);
+                tokio::pin!(write);
+                tokio::select! {
+                    r = &mut write => r.is_ok(),
+                    g = &mut gone => {
+                        g.say(&peer);
+                        false
+                    }
+                }
+            };
+            if !written {
                 let _ = inputs.send(PeerInput::Undeliverable(m));
                 let _ = inputs.send(PeerInput::Lost(peer.clone()));
                 break;
@@ -337,6 +347,45 @@ async fn dial_loop(
         if queue.rx.is_closed() {
             return;
         }
+    }
+}
+
+/// A peer link that carried nothing for this long is dead, whatever QUIC still holds (see
+/// [`crate::liveness`]): closed, and dialled again. Keep-alives every quarter of it keep a live
+/// link from ever being this quiet.
+const PEER_SILENCE: Duration = PEER_IDLE_TIMEOUT;
+
+/// QUIC application error code of a peer link closed because the peer went silent.
+const SILENT_PEER_CODE: u32 = 3;
+
+/// How a dialled link ended.
+enum Gone {
+    /// The connection closed (the peer closed it, QUIC's idle timeout, a stateless reset).
+    Closed,
+    /// Nothing arrived on it for this long: this broker closed it.
+    Silent(Duration),
+}
+
+impl Gone {
+    fn say(&self, peer: &str) {
+        if let Gone::Silent(d) = self {
+            tracing::warn!(
+                "cluster: peer {peer} sent nothing for {:.1} s on a link QUIC still held open; dialling it again",
+                d.as_secs_f64()
+            );
+        }
+    }
+}
+
+/// Ends when the dialled link on `conn` closes or goes silent (closing it then).
+async fn link_gone(conn: Option<quinn::Connection>) -> Gone {
+    let Some(c) = conn else { return std::future::pending().await };
+    match crate::liveness::silence(&c, PEER_SILENCE).await {
+        Some(d) => {
+            c.close(quinn::VarInt::from_u32(SILENT_PEER_CODE), b"peer silent");
+            Gone::Silent(d)
+        }
+        None => Gone::Closed,
     }
 }
 
@@ -492,6 +541,136 @@ mod link_tests {
         let addr = listener.local_addr().unwrap();
         let dialler = quinn::Endpoint::client(here).unwrap();
         (listener, dialler, addr)
+    }
+
+    /// What the relay between a dialler and a listener does with datagrams.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Relay {
+        Forward,
+        /// Keeps the listener's datagrams (the dialler's still go through): to the dialler, the
+        /// listener's answers take as long as the hold.
+        HoldReplies,
+        /// Hands the dialler what was held, then drops everything both ways.
+        ReleaseThenDrop,
+    }
+
+    /// A UDP relay in front of `to`, steered by what is sent on the channel.
+    fn relay(to: SocketAddr) -> (SocketAddr, mpsc::UnboundedSender<Relay>) {
+        let socket = || {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_nonblocking(true).unwrap();
+            tokio::net::UdpSocket::from_std(s).unwrap()
+        };
+        let (front, back) = (socket(), socket());
+        let addr = front.local_addr().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (mut mode, mut dialler, mut held) = (Relay::Forward, None, Vec::<Vec<u8>>::new());
+            let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
+            loop {
+                tokio::select! {
+                    m = rx.recv() => {
+                        let Some(m) = m else { return };
+                        if let (Relay::ReleaseThenDrop, Some(d)) = (m, dialler) {
+                            for p in held.drain(..) {
+                                let _ = front.send_to(&p, d).await;
+                            }
+                        }
+                        mode = m;
+                    }
+                    r = front.recv_from(&mut a) => {
+                        let Ok((n, from)) = r else { continue };
+                        dialler = Some(from);
+                        if mode != Relay::ReleaseThenDrop {
+                            let _ = back.send_to(&a[..n], to).await;
+                        }
+                    }
+                    r = back.recv_from(&mut b) => {
+                        let (Ok((n, _)), Some(d)) = (r, dialler) else { continue };
+                        match mode {
+                            Relay::Forward => { let _ = front.send_to(&b[..n], d).await; }
+                            Relay::HoldReplies => held.push(b[..n].to_vec()),
+                            Relay::ReleaseThenDrop => {}
+                        }
+                    }
+                }
+            }
+        });
+        (addr, tx)
+    }
+
+    /// The pause that kept a cluster from electing for 19 s: a dialler that reads its peer's
+    /// acknowledgements late (here held by a relay; in the fault, read from its own socket
+    /// buffer after a SIGSTOP) takes them for round trips as long as the wait, and QUIC's idle
+    /// timeout (three probe timeouts at least) stretches to many seconds. The peer is gone
+    /// right after (everything dropped): the link must still be given up, and dialled again,
+    /// within `PEER_SILENCE` and its checks, not when QUIC's stretched idle timeout ends.
+    #[tokio::test]
+    async fn a_link_whose_answers_came_late_and_then_stopped_is_given_up_within_the_silence_bound() {
+        let (listener, dialler, addr) = endpoints();
+        let (heard_tx, mut heard) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(i) = listener.accept().await {
+                let Ok(c) = i.await else { continue };
+                let heard_tx = heard_tx.clone();
+                tokio::spawn(async move {
+                    while let Ok(mut recv) = c.accept_uni().await {
+                        let heard_tx = heard_tx.clone();
+                        tokio::spawn(async move {
+                            while let Ok(Some(_)) = recv.read_chunk(64 * 1024, true).await {
+                                let _ = heard_tx.send(());
+                            }
+                        });
+                    }
+                });
+            }
+        });
+        let (front, steer) = relay(addr);
+        let (queue_tx, rx) = mpsc::unbounded_channel();
+        let (inputs_tx, mut inputs) = mpsc::unbounded_channel();
+        let hello = PeerMessage::Hello {
+            cluster: "c".into(),
+            node_id: "n1".into(),
+            secret: "s".into(),
+            incarnation: String::new(),
+            features: 0,
+        };
+        let queue = Queue { rx, queued: Arc::default() };
+        tokio::spawn(dial_loop(dialler, front, "n2".into(), hello.clone(), queue, inputs_tx, Links::default()));
+        let bound = Duration::from_secs(10);
+        tokio::time::timeout(bound, heard.recv()).await.expect("the link came up").expect("listener running");
+
+        // Messages the listener acknowledges into the hold, then the hold (the pause).
+        steer.send(Relay::HoldReplies).unwrap();
+        for _ in 0..20 {
+            queue_tx.send(hello.clone()).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        steer.send(Relay::ReleaseThenDrop).unwrap();
+        let released = tokio::time::Instant::now();
+
+        // The late answers arrive; then nothing. Keep the dialler busy meanwhile (a broker
+        // always has something for its peers).
+        let lost = tokio::time::timeout(bound, async {
+            loop {
+                let _ = queue_tx.send(hello.clone());
+                tokio::select! {
+                    i = inputs.recv() => match i {
+                        Some(PeerInput::Lost(p)) => return p,
+                        Some(_) => {}
+                        None => panic!("the dial loop ended"),
+                    },
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        })
+        .await
+        .expect("the silent link was given up");
+        let took = released.elapsed();
+        assert_eq!(lost, "n2");
+        // Silence is judged over `PEER_SILENCE` from the last late answer, checked every
+        // eighth of it (2.2 s measured); QUIC alone gave the link up after 8.8 s here.
+        assert!(took < PEER_SILENCE * 3, "given up {took:?} after the peer went silent");
     }
 
     /// A link made, lost and made again counts both and sums what each connection sent; a
