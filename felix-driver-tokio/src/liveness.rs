@@ -4,13 +4,15 @@
 //! QUIC's idle timeout is at least three probe timeouts (RFC 9000 §10.1), and the probe
 //! timeout follows the smoothed round trip. A process that was stopped (SIGSTOP, a VM paused,
 //! a long GC-like stall) and resumed reads, from its socket buffer, acknowledgements that
-//! waited there for the whole pause: each is a round-trip sample as long as the pause. One
-//! 17 s pause took a broker's estimate of a loopback link to a 2 s round trip and a 19 s probe
-//! timeout, so its idle timeout became 57 s. Its peer had dropped the connection after 2 s,
-//! but the stopped side sent nothing more on it (its congestion window was full of packets
-//! not yet declared lost), so it never drew the stateless reset that would have ended it: the
-//! link stayed "up" and carried nothing for 19 s, and the cluster could not elect a leader
-//! over it. Counting datagrams received does not depend on any of that.
+//! waited there for the whole pause: each is a round-trip sample as long as the pause. By RFC
+//! 9002's arithmetic one 17 s sample takes a loopback link's smoothed round trip to about 2 s
+//! and its probe timeout to about 19 s, so the idle timeout to most of a minute. In the fault
+//! that showed it, the peer had dropped the connection after 2 s, but the stopped side sent
+//! nothing more on it (its congestion window full of packets not yet declared lost), so it
+//! drew no stateless reset: the link stayed "up" and carried nothing until its next probe, 19 s
+//! after it resumed, and two brokers could not elect a leader over it meanwhile. A relay that
+//! delays a peer's answers 1.6 s and then drops everything reproduces it: QUIC alone held the
+//! link 8.8 s (`cluster::link_tests`). Counting datagrams received depends on none of that.
 
 use std::time::Duration;
 
