@@ -31,9 +31,11 @@ pub(crate) async fn silence(quic: &quinn::Connection, after: Duration) -> Option
     let mut tick = tokio::time::interval((after / CHECKS).max(Duration::from_millis(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watch = Watch::new(quic.stats().udp_rx.datagrams, tokio::time::Instant::now());
+    let closed = quic.closed();
+    tokio::pin!(closed);
     loop {
         tokio::select! {
-            _ = quic.closed() => return None,
+            _ = &mut closed => return None,
             _ = tick.tick() => {}
         }
         let now = tokio::time::Instant::now();

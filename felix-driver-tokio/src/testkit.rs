@@ -17,6 +17,12 @@
 //!   frame header past 16 MiB ends the stream.
 //!
 //! It is small on purpose: one task per stream, state under a mutex. Not for production.
+//!
+//! [`UdpRelay`] sits between two QUIC endpoints and makes one of them go silent, or answer
+//! late, on the test's word.
+
+mod relay;
+pub use relay::{RelayMode, UdpRelay};
 
 use crate::tls::{Identity, TlsError, server_config};
 use bytes::{Bytes, BytesMut};

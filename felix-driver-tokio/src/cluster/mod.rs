@@ -527,6 +527,7 @@ use felix_proto::cluster::metadata::{Kind, ShardId};
 #[cfg(test)]
 mod link_tests {
     use super::*;
+    use crate::testkit::{RelayMode, UdpRelay};
 
     /// A cluster listener that accepts and holds connections, and a dialling endpoint.
     fn endpoints() -> (quinn::Endpoint, quinn::Endpoint, SocketAddr) {
@@ -541,62 +542,6 @@ mod link_tests {
         let addr = listener.local_addr().unwrap();
         let dialler = quinn::Endpoint::client(here).unwrap();
         (listener, dialler, addr)
-    }
-
-    /// What the relay between a dialler and a listener does with datagrams.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum Relay {
-        Forward,
-        /// Keeps the listener's datagrams (the dialler's still go through): to the dialler, the
-        /// listener's answers take as long as the hold.
-        HoldReplies,
-        /// Hands the dialler what was held, then drops everything both ways.
-        ReleaseThenDrop,
-    }
-
-    /// A UDP relay in front of `to`, steered by what is sent on the channel.
-    fn relay(to: SocketAddr) -> (SocketAddr, mpsc::UnboundedSender<Relay>) {
-        let socket = || {
-            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            s.set_nonblocking(true).unwrap();
-            tokio::net::UdpSocket::from_std(s).unwrap()
-        };
-        let (front, back) = (socket(), socket());
-        let addr = front.local_addr().unwrap();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let (mut mode, mut dialler, mut held) = (Relay::Forward, None, Vec::<Vec<u8>>::new());
-            let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
-            loop {
-                tokio::select! {
-                    m = rx.recv() => {
-                        let Some(m) = m else { return };
-                        if let (Relay::ReleaseThenDrop, Some(d)) = (m, dialler) {
-                            for p in held.drain(..) {
-                                let _ = front.send_to(&p, d).await;
-                            }
-                        }
-                        mode = m;
-                    }
-                    r = front.recv_from(&mut a) => {
-                        let Ok((n, from)) = r else { continue };
-                        dialler = Some(from);
-                        if mode != Relay::ReleaseThenDrop {
-                            let _ = back.send_to(&a[..n], to).await;
-                        }
-                    }
-                    r = back.recv_from(&mut b) => {
-                        let (Ok((n, _)), Some(d)) = (r, dialler) else { continue };
-                        match mode {
-                            Relay::Forward => { let _ = front.send_to(&b[..n], d).await; }
-                            Relay::HoldReplies => held.push(b[..n].to_vec()),
-                            Relay::ReleaseThenDrop => {}
-                        }
-                    }
-                }
-            }
-        });
-        (addr, tx)
     }
 
     /// The pause that kept a cluster from electing for 19 s: a dialler that reads its peer's
@@ -625,7 +570,7 @@ mod link_tests {
                 });
             }
         });
-        let (front, steer) = relay(addr);
+        let relay = UdpRelay::start(addr);
         let (queue_tx, rx) = mpsc::unbounded_channel();
         let (inputs_tx, mut inputs) = mpsc::unbounded_channel();
         let hello = PeerMessage::Hello {
@@ -636,17 +581,17 @@ mod link_tests {
             features: 0,
         };
         let queue = Queue { rx, queued: Arc::default() };
-        tokio::spawn(dial_loop(dialler, front, "n2".into(), hello.clone(), queue, inputs_tx, Links::default()));
+        tokio::spawn(dial_loop(dialler, relay.addr(), "n2".into(), hello.clone(), queue, inputs_tx, Links::default()));
         let bound = Duration::from_secs(10);
         tokio::time::timeout(bound, heard.recv()).await.expect("the link came up").expect("listener running");
 
         // Messages the listener acknowledges into the hold, then the hold (the pause).
-        steer.send(Relay::HoldReplies).unwrap();
+        relay.set(RelayMode::HoldReplies);
         for _ in 0..20 {
             queue_tx.send(hello.clone()).unwrap();
         }
         tokio::time::sleep(Duration::from_millis(1600)).await;
-        steer.send(Relay::ReleaseThenDrop).unwrap();
+        relay.set(RelayMode::ReleaseThenDrop);
         let released = tokio::time::Instant::now();
 
         // The late answers arrive; then nothing. Keep the dialler busy meanwhile (a broker

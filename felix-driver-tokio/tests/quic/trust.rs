@@ -209,50 +209,6 @@ async fn clients_of_a_draining_broker_reconnect_elsewhere_or_wait_for_it() {
     b.shutdown().await;
 }
 
-/// A UDP relay between one client and a broker that can be switched to drop everything, as a
-/// broker killed with SIGKILL (or a host gone) looks to its clients: no close ever comes.
-struct Relay {
-    addr: std::net::SocketAddr,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-async fn relay_to(broker: std::net::SocketAddr) -> Relay {
-    use std::sync::atomic::Ordering;
-    let front = std::sync::Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    let back = std::sync::Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    back.connect(broker).await.unwrap();
-    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let client = std::sync::Arc::new(std::sync::Mutex::new(None::<std::net::SocketAddr>));
-    let addr = front.local_addr().unwrap();
-    {
-        let (front, back, cut, client) = (front.clone(), back.clone(), cut.clone(), client.clone());
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 65536];
-            while let Ok((n, from)) = front.recv_from(&mut buf).await {
-                *client.lock().unwrap() = Some(from);
-                if !cut.load(Ordering::Relaxed) {
-                    let _ = back.send(&buf[..n]).await;
-                }
-            }
-        });
-    }
-    {
-        let cut = cut.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 65536];
-            while let Ok(n) = back.recv(&mut buf).await {
-                let to = *client.lock().unwrap();
-                if let Some(to) = to
-                    && !cut.load(Ordering::Relaxed)
-                {
-                    let _ = front.send_to(&buf[..n], to).await;
-                }
-            }
-        });
-    }
-    Relay { addr, cut }
-}
-
 /// A broker that goes silent (nothing it sends arrives, nothing reaches it) is given up after
 /// `unresponsive_after`, not QUIC's 30 s idle timeout: the acked publish waiting on it ends
 /// outcome unknown and the client says it is closed, so a cluster client fails over in
@@ -261,10 +217,10 @@ async fn relay_to(broker: std::net::SocketAddr) -> Relay {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_broker_is_given_up_in_seconds_and_a_quiet_one_is_not() {
     let (server, chain) = start(None).await;
-    let relay = relay_to(server.local_addr()).await;
+    let relay = felix_driver_tokio::testkit::UdpRelay::start(server.local_addr());
     let mut opts = ClientOptions::new("t1", TOKEN, Trust::Certificates(chain.clone()));
     opts.unresponsive_after = Some(Duration::from_millis(600));
-    let client = Client::connect(relay.addr, opts).await.unwrap();
+    let client = Client::connect(relay.addr(), opts).await.unwrap();
     let ack = PublishOptions { ack: true, ..PublishOptions::default() };
     client.publish("ns", "s", vec![Bytes::from_static(b"before")], ack.clone()).await.unwrap();
     // Quiet for well over the threshold: keep-alives are answered, nothing is given up.
@@ -272,7 +228,7 @@ async fn a_silent_broker_is_given_up_in_seconds_and_a_quiet_one_is_not() {
     assert!(!client.is_closed(), "a quiet but live broker is kept");
     client.publish("ns", "s", vec![Bytes::from_static(b"quiet")], ack.clone()).await.unwrap();
     // Silence: the publish in flight ends outcome unknown, well before the idle timeout.
-    relay.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    relay.set(felix_driver_tokio::testkit::RelayMode::Drop);
     let started = std::time::Instant::now();
     let r = tokio::time::timeout(
         Duration::from_secs(15),
