@@ -90,6 +90,34 @@ fn retention_deletes_whole_segments_below_the_start() {
 }
 
 #[test]
+fn retention_lists_a_shard_only_when_a_segment_can_go_and_sees_segments_started_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+    let name = ("t1", "default", "../orders");
+    // One segment: nothing can go, whatever the start; listed once.
+    s.write(vec![req(1, 0, &["a", "b"])]);
+    for start in [1, 2, 50] {
+        assert_eq!(s.truncate_before(name, 0, start, &[], None), 0);
+    }
+    assert_eq!(s.retention_listings(), 1, "a stream at its limit asks at every batch: one listing");
+    // A segment started since (at 2): the first one can go now, and is seen to.
+    s.set_segment_bytes(1);
+    s.write(vec![req(2, 2, &["c"]), req(3, 3, &["d"])]);
+    assert_eq!(s.truncate_before(name, 0, 2, &[], None), 1, "[0,2) goes");
+    assert_eq!(s.retention_listings(), 2);
+    // Bases 2 and 3 left: below 3 nothing can go, and no listing is made.
+    assert_eq!(s.truncate_before(name, 0, 2, &[], None), 0);
+    assert_eq!(s.retention_listings(), 2);
+    assert_eq!(s.truncate_before(name, 0, 3, &[], None), 1, "[2,3) goes");
+    let rec = s.recover().unwrap();
+    assert_eq!(rec[0].batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![3]);
+    // A shard reset and written again from 10 is listed afresh.
+    s.reset_shard(name, 0).unwrap();
+    s.write(vec![req(4, 10, &["e"]), req(5, 11, &["f"])]);
+    assert_eq!(s.truncate_before(name, 0, 11, &[], None), 1, "[10,11) goes");
+}
+
+#[test]
 fn producer_watermarks_are_kept_beside_the_shard_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
