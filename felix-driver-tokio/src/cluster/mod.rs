@@ -431,7 +431,8 @@ async fn accept_loop(
                     // The peer's count of bytes read, once its hello named it.
                     let mut bytes_in: Option<Arc<std::sync::atomic::AtomicU64>> = None;
                     while let Ok(Some(chunk)) = recv.read_chunk(64 * 1024, true).await {
-                        d.push(&chunk.bytes);
+                        let got = chunk.bytes.len() as u64;
+                        d.push_chunk(chunk.bytes);
                         loop {
                             let m = match d.next_message() {
                                 Ok(Some(m)) => m,
@@ -481,7 +482,7 @@ async fn accept_loop(
                         }
                         // Counted once its hello named the peer (the hello's chunk too).
                         if let Some(n) = &bytes_in {
-                            n.fetch_add(chunk.bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                            n.fetch_add(got, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                 });

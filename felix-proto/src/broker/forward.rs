@@ -43,74 +43,75 @@ pub(super) struct Forwarding {
 
 impl Broker {
     /// Forwards `req` (which [`route`](Self::route) refused `not_leader`) to the owner of its
-    /// shard, when this broker is in a cluster and the request may be forwarded. `false`: it
-    /// was not (the caller answers the refusal).
+    /// shard, when this broker is in a cluster and the request may be forwarded. `Some(req)`:
+    /// it was not, and here it is back (the caller answers the refusal). It takes the request rather than a
+    /// reference so that its names and records move into the forward, uncopied: this runs for
+    /// every batch a forwarding broker passes on.
     pub(super) fn try_forward(
         &mut self,
         conn: ConnId,
         st: &mut CtlStream,
-        req: &PublishReq,
+        req: PublishReq,
         reply: Reply,
         now: Instant,
-    ) -> bool {
+    ) -> Option<PublishReq> {
         if self.membership.view.is_none()
             || req.idempotent.is_some()
             || req.expected_offset.is_some()
             || req.state.is_some()
         {
-            return false;
+            return Some(req);
         }
         // A fenced broker (out of touch with the metadata leader) forwards nothing: the owner
         // it knows may be stale and the link to it may be what cut it off (a one-way fault left
         // every forwarded batch unanswered for the whole forward timeout). The refusal stands:
         // `not_leader` names the owner, and the client goes there itself.
         if self.membership.fenced {
-            return false;
+            return Some(req);
         }
         let Some((key, entry)) = self.streams.get_key_value(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())
         else {
-            return false;
+            return Some(req);
         };
         let shards = entry.shards.len() as u32;
         let shard = req.shard.unwrap_or_else(|| shard_for_key(req.key.as_deref(), shards, entry.config.routing));
         // Nobody can write a shard that is unavailable until its owner is back: the refusal
         // route() made stands.
         let Some(Away::Owner(owner)) = entry.shards.get(shard as usize).and_then(|s| s.serving.away()) else {
-            return false;
+            return Some(req);
         };
+        let Some(sess) = st.session.as_ref() else { return Some(req) };
         let (owner, key) = (owner.clone(), key.clone());
-        let Some(sess) = st.session.as_ref() else { return false };
         let publisher = Some(sess.principal.clone()).filter(|p| !p.is_empty());
         let offer = sess.offer;
         let id = self.membership.next_forward;
         self.membership.next_forward += 1;
         let acked = !matches!(reply, Reply::None);
+        let (to, generation) = (owner.node_id.clone(), owner.generation);
         if acked {
             let seq = self.owe(conn, st, reply);
             let deadline = crate::transport::after(now, FORWARD_TIMEOUT);
             self.membership.forward_deadlines.insert((deadline, id));
             let waiter = Waiter { conn, stream: st.id, seq, reply, offer };
-            self.membership
-                .forwards
-                .insert(id, Forwarding { waiter, owner: owner.clone(), deadline, shard: (key, shard) });
+            self.membership.forwards.insert(id, Forwarding { waiter, owner, deadline, shard: (key, shard) });
         }
         self.stats.publishes_forwarded += 1;
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Forward {
-            to: owner.node_id.clone(),
+            to,
             publish: ForwardedPublish {
                 id,
-                tenant_id: req.tenant_id.clone(),
-                namespace: req.namespace.clone(),
-                stream: req.stream.clone(),
+                tenant_id: req.tenant_id,
+                namespace: req.namespace,
+                stream: req.stream,
                 shard,
-                generation: owner.generation,
-                key: req.key.clone(),
-                records: req.records.clone(),
+                generation,
+                key: req.key,
+                records: req.records,
                 publisher,
                 acked,
             },
         }));
-        true
+        None
     }
 
     /// A publish another broker of the cluster forwarded here (the owner side). Its answer, for
@@ -121,7 +122,6 @@ impl Broker {
         let (from, id, acked) = (from.to_owned(), p.id, p.acked);
         let refuse =
             |code: ErrorCode, message: String| ForwardOutcome::Refused { retry: code.default_retry(), code, message };
-        let k = key(&p.tenant_id, &p.namespace, &p.stream);
         if let Err(r) = self.owned_here(&p.tenant_id, &p.namespace, &p.stream, p.shard) {
             if acked {
                 let o = ForwardOutcome::Refused { code: r.code, retry: r.retry, message: r.message };
@@ -129,12 +129,18 @@ impl Broker {
             }
             return;
         }
-        if !self.streams.contains_key(&k) {
-            // The registry creates a cluster's streams on every broker; one unknown here was
-            // auto-created on the origin.
-            let cfg = self.cfg.default_stream.clone();
-            self.create_stream(k.clone(), cfg);
-        }
+        // The stream's own key, shared: building one per forwarded batch cost four allocations.
+        let k = match self.stream_key(&p.tenant_id, &p.namespace, &p.stream) {
+            Some(k) => k,
+            None => {
+                // The registry creates a cluster's streams on every broker; one unknown here was
+                // auto-created on the origin.
+                let k = key(&p.tenant_id, &p.namespace, &p.stream);
+                let cfg = self.cfg.default_stream.clone();
+                self.create_stream(k.clone(), cfg);
+                k
+            }
+        };
         let entry = self.streams.get(&k).expect("created above");
         let durable = entry.config.durable;
         let outcome = match entry.shards.get(p.shard as usize) {
@@ -260,10 +266,9 @@ impl Broker {
     /// held publishers for the whole timeout).
     pub fn handle_peer_connection_lost(&mut self, peer: &str, now: Instant) {
         let now = self.clock.advance(now);
-        let mut lost: Vec<u64> =
+        // In the order they were forwarded: the map's.
+        let lost: Vec<u64> =
             self.membership.forwards.iter().filter(|(_, f)| f.owner.node_id == peer).map(|(id, _)| *id).collect();
-        // In the order they were forwarded (the map's own order must not decide the output's).
-        lost.sort_unstable();
         self.answer_forwards_unknown(&lost, now, |owner| {
             format!(
                 "the connection to the shard's owner {owner} was lost while the publish was forwarded; the batch may have been appended"
@@ -311,7 +316,8 @@ impl Broker {
     /// its old owner answers, and that answer is definite.
     pub(super) fn forwards_to_gone_owners(&mut self, md: &impl ClusterFacts, now: Instant) {
         use crate::shard::{Kind, ShardId};
-        let mut gone: Vec<u64> = self
+        // In the order they were forwarded: the map's.
+        let gone: Vec<u64> = self
             .membership
             .forwards
             .iter()
@@ -335,8 +341,6 @@ impl Broker {
             })
             .map(|(id, _)| *id)
             .collect();
-        // In the order they were forwarded (the map's own order must not decide the output's).
-        gone.sort_unstable();
         self.answer_forwards_unknown(&gone, now, |owner| {
             format!(
                 "the shard's owner {owner} went down or lost the shard while the publish was forwarded; the batch may have been appended"

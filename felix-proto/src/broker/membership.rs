@@ -11,8 +11,11 @@ use super::*;
 pub(crate) struct Membership {
     /// The cluster this broker belongs to, as its metadata last said ([`ownership`]).
     pub(super) view: Option<crate::shard::view::ClusterView>,
-    /// Acked publishes forwarded to their owner and not answered yet, by forward id.
-    pub(super) forwards: HashMap<u64, forward::Forwarding>,
+    /// Acked publishes forwarded to their owner and not answered yet, by forward id. A
+    /// `BTreeMap`: ids grow, so inserts land at its end and answers (mostly in order) remove
+    /// near its start, without hashing a key per forwarded batch; and walking it goes in the
+    /// order they were forwarded, which is the order their answers must take.
+    pub(super) forwards: std::collections::BTreeMap<u64, forward::Forwarding>,
     pub(super) forward_deadlines: std::collections::BTreeSet<(Instant, u64)>,
     pub(super) next_forward: u64,
     /// Cache and counter requests forwarded to the cache's owner, by forward id.
@@ -46,7 +49,7 @@ impl Default for Membership {
     fn default() -> Membership {
         Membership {
             view: None,
-            forwards: HashMap::new(),
+            forwards: std::collections::BTreeMap::new(),
             forward_deadlines: std::collections::BTreeSet::new(),
             next_forward: 1,
             request_forwards: HashMap::new(),

@@ -128,8 +128,8 @@ impl Broker {
             Ok(Route::Here { shard, durable }) => (shard, durable),
             // In a cluster, a plain publish for a shard owned elsewhere goes to its owner (the
             // refusal is worded only when it does not).
-            Ok(Route::Owner(_)) if self.try_forward(conn, st, &req, reply, now) => return,
             Ok(Route::Owner(shard)) => {
+                let Some(req) = self.try_forward(conn, st, req, reply, now) else { return };
                 let sh = self
                     .streams
                     .get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())

@@ -80,7 +80,7 @@ use crate::binary::{PayloadError, Reader, Records};
 use crate::cluster::metadata::{Kind, ShardId};
 use crate::error_code::{ErrorCode, RetryClass};
 use crate::shard::forward::{ForwardOutcome, ForwardedPublish, ForwardedRequest};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 pub use crate::shard::copy::{CopyAnswer, CopyBody, CopyMessage, CopyRequest};
 
@@ -880,22 +880,23 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
 }
 
 /// Reads framed peer messages from a byte stream, whatever the chunking. Never panics.
+///
+/// The received chunks are kept as they came ([`Chunks`](crate::frame::chunks::Chunks)): a
+/// message inside one is a slice of it, one spread over several is copied once.
 #[derive(Debug, Default)]
 pub struct PeerDecoder {
-    buf: BytesMut,
+    chunks: crate::frame::chunks::Chunks,
 }
 
 impl PeerDecoder {
-    /// Bytes received.
+    /// Bytes received (copied; [`push_chunk`](Self::push_chunk) takes them as they are).
     pub fn push(&mut self, data: &[u8]) {
-        // Room for the whole frame being read, once: growing by doubling (and moving what
-        // was read each time) cost a large frame several copies of itself.
-        if self.buf.len() >= 4 {
-            let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
-            let want = (4 + len.min(MAX_PEER_FRAME)).max(self.buf.len() + data.len());
-            self.buf.reserve(want - self.buf.len());
-        }
-        self.buf.extend_from_slice(data);
+        self.push_chunk(Bytes::copy_from_slice(data));
+    }
+
+    /// Bytes received, uncopied.
+    pub fn push_chunk(&mut self, data: Bytes) {
+        self.chunks.push(data);
     }
 
     /// The next whole message, `Ok(None)` when more bytes are needed.
@@ -903,21 +904,22 @@ impl PeerDecoder {
     /// # Errors
     /// [`PeerError`]: the stream cannot be trusted after it (close the connection).
     pub fn next_message(&mut self) -> Result<Option<PeerMessage>, PeerError> {
-        if self.buf.len() < 4 {
+        let mut prefix = [0u8; 4];
+        if !self.chunks.peek(&mut prefix) {
             return Ok(None);
         }
-        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        let len = u32::from_be_bytes(prefix) as usize;
         if len > MAX_PEER_FRAME {
             return Err(PeerError::TooLong(len));
         }
         if len == 0 {
             return Err(PeerError::Malformed(PayloadError::Incomplete { field: "kind" }));
         }
-        if self.buf.len() < 4 + len {
+        if self.chunks.len() < 4 + len {
             return Ok(None);
         }
-        self.buf.advance(4);
-        let frame = self.buf.split_to(len).freeze();
+        self.chunks.skip(4);
+        let Some(frame) = self.chunks.take(len) else { return Ok(None) };
         decode_body(frame[0], frame.slice(1..)).map(Some)
     }
 }

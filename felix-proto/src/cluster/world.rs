@@ -413,7 +413,7 @@ impl World {
             for (_, from, to, bytes) in due {
                 moved = true;
                 let mut d = PeerDecoder::default();
-                d.push(&bytes);
+                d.push_chunk(bytes);
                 let m = match d.next_message() {
                     Ok(Some(m)) => m,
                     other => return Err(self.violation(format!("a peer message did not decode: {other:?}"))),

@@ -16,11 +16,11 @@
 //!   payload and carries on; the error carries the skipped payload so that a broker can still
 //!   read the `request_id` of an acked publish and answer it.
 
+use super::chunks::Chunks;
 use super::{FrameHeader, HEADER_LEN};
 use crate::flags::{FlagError, Flags};
 use crate::frame::Frame;
-use bytes::{Buf, Bytes, BytesMut};
-use std::collections::VecDeque;
+use bytes::Bytes;
 
 /// The default maximum payload length: 16 MiB, as the spec suggests.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -88,8 +88,7 @@ impl FrameError {
 /// [`next_frame`](Self::next_frame) until it returns `Ok(None)` ("need more bytes").
 #[derive(Debug)]
 pub struct FrameDecoder {
-    chunks: VecDeque<Bytes>,
-    buffered: usize,
+    chunks: Chunks,
     header: Option<FrameHeader>,
     max_frame_len: u32,
     accept: Flags,
@@ -108,8 +107,7 @@ impl FrameDecoder {
     /// ([`set_accepted_flags`](Self::set_accepted_flags)).
     pub fn new() -> FrameDecoder {
         FrameDecoder {
-            chunks: VecDeque::new(),
-            buffered: 0,
+            chunks: Chunks::default(),
             header: None,
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             accept: Flags::KNOWN.difference(Flags::EXTENDED),
@@ -142,15 +140,12 @@ impl FrameDecoder {
 
     /// Appends received bytes. Never copies them.
     pub fn push(&mut self, data: Bytes) {
-        if !data.is_empty() {
-            self.buffered += data.len();
-            self.chunks.push_back(data);
-        }
+        self.chunks.push(data);
     }
 
     /// Bytes received and not yet returned as frames.
     pub fn buffered(&self) -> usize {
-        self.buffered
+        self.chunks.len()
     }
 
     /// Whether the decoder hit a fatal error.
@@ -169,11 +164,11 @@ impl FrameDecoder {
         let header = match self.header {
             Some(h) => h,
             None => {
-                if self.buffered < HEADER_LEN {
+                let mut raw = [0u8; HEADER_LEN];
+                if !self.chunks.peek(&mut raw) {
                     return Ok(None);
                 }
-                let mut raw = [0u8; HEADER_LEN];
-                self.copy_out(&mut raw);
+                self.chunks.skip(HEADER_LEN);
                 let h = match FrameHeader::parse(&raw) {
                     Ok(h) => h,
                     Err(e) => return Err(self.poison(e)),
@@ -185,12 +180,8 @@ impl FrameDecoder {
                 h
             }
         };
-        let len = header.length as usize;
-        if self.buffered < len {
-            return Ok(None);
-        }
+        let Some(payload) = self.chunks.take(header.length as usize) else { return Ok(None) };
         self.header = None;
-        let payload = self.take(len);
         let checked = header.flags.validate().and_then(|f| {
             let extra = f.difference(self.accept);
             if extra.is_empty() { Ok(f) } else { Err(FlagError::NotNegotiated { flags: f.bits(), bits: extra.bits() }) }
@@ -210,63 +201,19 @@ impl FrameDecoder {
             return Err(e.clone());
         }
         match self.header {
-            Some(h) => {
-                Err(FrameError::Truncated { have: HEADER_LEN + self.buffered, need: HEADER_LEN + h.length as usize })
-            }
-            None if self.buffered > 0 => Err(FrameError::Truncated { have: self.buffered, need: HEADER_LEN }),
+            Some(h) => Err(FrameError::Truncated {
+                have: HEADER_LEN + self.chunks.len(),
+                need: HEADER_LEN + h.length as usize,
+            }),
+            None if self.chunks.len() > 0 => Err(FrameError::Truncated { have: self.chunks.len(), need: HEADER_LEN }),
             None => Ok(()),
         }
     }
 
     fn poison(&mut self, e: FrameError) -> FrameError {
         self.chunks.clear();
-        self.buffered = 0;
         self.poisoned = Some(e.clone());
         e
-    }
-
-    /// Copies exactly `out.len()` buffered bytes into `out` and consumes them.
-    fn copy_out(&mut self, out: &mut [u8]) {
-        let mut filled = 0;
-        while filled < out.len() {
-            let front = self.chunks.front_mut().expect("caller checked buffered >= out.len()");
-            let n = front.len().min(out.len() - filled);
-            out[filled..filled + n].copy_from_slice(&front[..n]);
-            front.advance(n);
-            filled += n;
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-        }
-        self.buffered -= out.len();
-    }
-
-    /// Takes exactly `len` buffered bytes: a slice of the front chunk when it holds them all,
-    /// else one copy into a buffer of exactly `len` bytes.
-    fn take(&mut self, len: usize) -> Bytes {
-        if len == 0 {
-            return Bytes::new();
-        }
-        self.buffered -= len;
-        let front = self.chunks.front_mut().expect("caller checked buffered >= len");
-        if front.len() >= len {
-            let out = front.split_to(len);
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-            return out;
-        }
-        let mut out = BytesMut::with_capacity(len);
-        while out.len() < len {
-            let front = self.chunks.front_mut().expect("caller checked buffered >= len");
-            let n = front.len().min(len - out.len());
-            out.extend_from_slice(&front[..n]);
-            front.advance(n);
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-        }
-        out.freeze()
     }
 }
 

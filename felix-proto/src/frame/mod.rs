@@ -8,6 +8,7 @@
 //! 8      4    length   payload bytes that follow
 //! ```
 
+pub(crate) mod chunks;
 mod decoder;
 
 pub use decoder::{DEFAULT_MAX_FRAME_LEN, FrameDecoder, FrameError};
