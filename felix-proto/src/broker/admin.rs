@@ -29,6 +29,7 @@ impl Broker {
         self.restore_shard_summaries(name, cfg.clone(), shard.shard, &shard.summaries, now);
         // The state older commits wrote, before the newer batches (which may change it again).
         if let Some(s) = self
+            .node
             .streams
             .get_mut(KeyRef(name.0, name.1, name.2).q())
             .and_then(|e| e.shards.get_mut(shard.shard as usize))
@@ -61,10 +62,10 @@ impl Broker {
         } else {
             config
         };
-        if !self.streams.contains_key(&k) {
+        if !self.node.streams.contains_key(&k) {
             self.create_stream(k.clone(), config);
         }
-        let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        let Some(s) = self.node.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         for b in batches {
             if let Some((pid, seq)) = b.producer {
                 let end = b.base_offset + b.count();
@@ -86,7 +87,7 @@ impl Broker {
         forgotten: &[(u64, u64)],
     ) {
         if let Some(s) =
-            self.streams.get_mut(KeyRef(tenant, ns, stream).q()).and_then(|e| e.shards.get_mut(shard as usize))
+            self.node.streams.get_mut(KeyRef(tenant, ns, stream).q()).and_then(|e| e.shards.get_mut(shard as usize))
         {
             s.producers.restore_forgotten(forgotten);
         }
@@ -111,10 +112,10 @@ impl Broker {
         if syslog::is_sys(&k) {
             return; // system logs keep their own checkpoints, in their logs
         }
-        if !self.streams.contains_key(&k) {
+        if !self.node.streams.contains_key(&k) {
             self.create_stream(k.clone(), config);
         }
-        if let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) {
+        if let Some(s) = self.node.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) {
             s.state.restore_checkpoint(checkpoint);
         }
     }
@@ -135,10 +136,10 @@ impl Broker {
         if entries.is_empty() || syslog::is_sys(&k) {
             return; // system logs are restored whole, by restore_shard
         }
-        if !self.streams.contains_key(&k) {
+        if !self.node.streams.contains_key(&k) {
             self.create_stream(k.clone(), config);
         }
-        let Some(s) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        let Some(s) = self.node.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         for e in entries {
             if let Some((pid, seq, digest)) = e.producer {
                 s.producers.appended(pid, seq, digest, e.base_offset, e.base_offset + e.count, None);
@@ -153,7 +154,8 @@ impl Broker {
         if stream.starts_with(syslog::SYS_PREFIX) {
             return u64::MAX; // system logs are folded whole
         }
-        self.streams
+        self.node
+            .streams
             .get(KeyRef(tenant, ns, stream).q())
             .map_or(self.cfg.default_stream.memory_bytes, |e| e.config.memory_bytes)
     }
@@ -161,6 +163,7 @@ impl Broker {
     /// Every stream with its configuration, in name order.
     pub fn streams(&self) -> impl Iterator<Item = (&str, &str, &str, &StreamConfig)> {
         let mut v: Vec<_> = self
+            .node
             .streams
             .iter()
             .filter(|(k, _)| !syslog::is_sys(k))
@@ -196,8 +199,8 @@ impl Broker {
     /// stream the caller holds).
     fn remove_stream(&mut self, tenant: &str, ns: &str, stream: &str) -> Option<Vec<Waiter>> {
         let k = key(tenant, ns, stream);
-        let mut entry = self.streams.remove(&k)?;
-        self.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
+        let mut entry = self.node.streams.remove(&k)?;
+        self.node.aged_streams -= usize::from(entry.config.retention.max_age.is_some());
         for (shard, sh) in entry.shards.iter_mut().enumerate() {
             let (paused, hold) = (std::mem::take(&mut sh.paused), sh.hold.take());
             self.let_go_of(&k, shard as u32, paused, hold);
@@ -205,17 +208,17 @@ impl Broker {
         // The stream's consumer groups and their system logs.
         let mut gone = vec![k.clone()];
         for shard in 0..entry.shards.len() as u32 {
-            self.groups.remove(&(k.clone(), shard));
+            self.node.groups.remove(&(k.clone(), shard));
             let log = consume::groups_key(&k, shard);
-            if let Some(e) = self.streams.remove(&log) {
-                self.aged_streams -= usize::from(e.config.retention.max_age.is_some());
-                self.group_ops.remove(&log);
+            if let Some(e) = self.node.streams.remove(&log) {
+                self.node.aged_streams -= usize::from(e.config.retention.max_age.is_some());
+                self.node.group_ops.remove(&log);
                 gone.push(log);
             }
         }
         // Writes still on their way: nobody will read them; say so to whoever waits.
         let mut pending: Vec<WriteToken> =
-            self.writes.iter().filter(|(_, c)| gone.contains(&c.key)).map(|(t, _)| *t).collect();
+            self.node.writes.iter().filter(|(_, c)| gone.contains(&c.key)).map(|(t, _)| *t).collect();
         pending.sort_unstable();
         let ctxs: Vec<WriteCtx> = pending.into_iter().filter_map(|t| self.take_write(&t)).collect();
         let r = Self::deleted_refusal(ns, stream);

@@ -33,19 +33,19 @@ impl Broker {
     /// counters) have every write settled.
     pub(super) fn cache_settled(&self, k: &Key) -> bool {
         [syslog::cache_log_key(k), syslog::counters_key(k)].iter().all(|l| {
-            self.streams.get(l).is_none_or(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset())
+            self.node.streams.get(l).is_none_or(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset())
         })
     }
 
     /// The offset a cache's next change takes here (a cache never used here: a new one's).
     pub(super) fn cache_tail(&mut self, k: &Key) -> u64 {
-        if !self.caches.contains_key(k) {
+        if !self.node.caches.contains_key(k) {
             let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
             let mut c = Cache::with_version_seed(seed);
             c.durable = self.cfg.durable_caches;
-            self.caches.insert(k.clone(), c);
+            self.node.caches.insert(k.clone(), c);
         }
-        self.caches.get(k).map_or(0, Cache::tail)
+        self.node.caches.get(k).map_or(0, Cache::tail)
     }
 
     /// The old owner: a new owner asks for a cache moving to it.
@@ -58,7 +58,7 @@ impl Broker {
         }
         let k = cache_key(&s);
         let tail = self.cache_tail(&k);
-        let c = self.caches.get(&k).expect("made above");
+        let c = self.node.caches.get(&k).expect("made above");
         // From `from` on when the cache's change log still holds it; else the whole cache.
         let changes: Option<Vec<Change>> = q.from.and_then(|f| c.changes_from(f).map(|it| it.cloned().collect()));
         let full = changes.is_none();
@@ -76,7 +76,7 @@ impl Broker {
         let settled = self.cache_settled(&k);
         let cutting = self.membership.moves_out.get(&s).is_some_and(|o| o.is_cutting()) && settled;
         let counters =
-            self.counters.get(&k).map_or_else(|| vec![syslog::CounterOp::Reset.encode()], Counters::checkpoint);
+            self.node.counters.get(&k).map_or_else(|| vec![syslog::CounterOp::Reset.encode()], Counters::checkpoint);
         let message = CopyMessage::Answer(CopyAnswer {
             shard: s.clone(),
             body: CopyBody::Cache { tail, cutting, full, records, counters },
@@ -108,14 +108,14 @@ impl Broker {
             // Whatever this broker held of the cache before (an older stay here) goes.
             let mut c = Cache::with_version_seed(tail.saturating_sub(1));
             c.durable = kept;
-            self.caches.insert(k.clone(), c);
+            self.node.caches.insert(k.clone(), c);
         }
-        let c = self.caches.entry(k.clone()).or_default();
+        let c = self.node.caches.entry(k.clone()).or_default();
         syslog::fold_cache_records(c, wall, records.iter().cloned());
         c.advance_tail(tail);
         let mut sums = Counters::default();
         sums.apply_payloads(counters.iter().cloned());
-        self.counters.insert(k.clone(), sums);
+        self.node.counters.insert(k.clone(), sums);
         let mut writes = 0;
         if durable {
             // (The counters go whole every time: the log below them can go.)
@@ -151,7 +151,7 @@ impl Broker {
         let k = cache_key(s);
         let owner = md.owner(s);
         let addr = owner.and_then(|a| md.members().get(&a.owner)).map(|m| m.client_addr.clone());
-        for (conn, id) in self.cache_watchers.remove(&k).unwrap_or_default() {
+        for (conn, id) in self.node.cache_watchers.remove(&k).unwrap_or_default() {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             let m = message::ShardMoved {
                 subscription_id: id,
@@ -163,10 +163,10 @@ impl Broker {
             sub.on(SubEvent::End(Ending::Moved(m)));
             self.pump(conn, id);
         }
-        self.caches.remove(&k);
-        self.counters.remove(&k);
+        self.node.caches.remove(&k);
+        self.node.counters.remove(&k);
         for log in [syslog::cache_log_key(&k), syslog::counters_key(&k)] {
-            if self.streams.remove(&log).is_some() {
+            if self.node.streams.remove(&log).is_some() {
                 self.out.push_back(BrokerOutput::Storage(StorageOutput::ResetShard {
                     tenant_id: log.tenant().to_owned(),
                     namespace: log.namespace().to_owned(),
@@ -193,7 +193,7 @@ impl Broker {
             .map(|(s, _)| s.clone())
             .filter(|s| {
                 let k = cache_key(s);
-                self.caches.contains_key(&k) || self.cache_watchers.contains_key(&k)
+                self.node.caches.contains_key(&k) || self.node.cache_watchers.contains_key(&k)
             })
             .collect();
         for s in stale {

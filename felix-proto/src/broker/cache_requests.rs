@@ -20,7 +20,7 @@ impl Broker {
     ) -> Result<Key, Refusal> {
         check_names(&[("tenant", t), ("namespace", ns), ("cache", c)])?;
         self.authorize(st, t, ns, c, action)?;
-        if let Some((k, _)) = self.caches.get_key_value(KeyRef(t, ns, c).q()) {
+        if let Some((k, _)) = self.node.caches.get_key_value(KeyRef(t, ns, c).q()) {
             return Ok(k.clone());
         }
         if !self.cfg.auto_create {
@@ -33,7 +33,7 @@ impl Broker {
         let seed = self.wall.micros(self.clock.last().unwrap_or_else(|| self.wall.anchor()));
         let mut cache = Cache::with_version_seed(seed);
         cache.durable = self.cfg.durable_caches;
-        self.caches.insert(k.clone(), cache);
+        self.node.caches.insert(k.clone(), cache);
         Ok(k)
     }
 
@@ -48,7 +48,7 @@ impl Broker {
         {
             return self.refuse(conn, st, r);
         }
-        let Some(cache) = self.caches.get(KeyRef(t, ns, c).q()) else {
+        let Some(cache) = self.node.caches.get(KeyRef(t, ns, c).q()) else {
             return self.refuse(conn, st, Refusal::new(ErrorCode::NotFound, format!("cache {ns}/{c} not found")));
         };
         let limit = q.limit.unwrap_or(DEFAULT).clamp(1, MAX) as usize;
@@ -88,7 +88,7 @@ impl Broker {
             Ok(k) => k,
             Err(r) => return self.refuse(conn, st, r),
         };
-        let value = self.counters.get(&k).and_then(|c| c.sums.get(&g.key).copied());
+        let value = self.node.counters.get(&k).and_then(|c| c.sums.get(&g.key).copied());
         let m = Message::CounterValue(message::CounterValue { value, request_id: g.request_id });
         self.send(conn, st, json_frame(&m));
     }
@@ -108,7 +108,7 @@ impl Broker {
             return self.propose_cache_op(conn, st, &k, op, CacheReply::Condition { request_id: p.request_id }, now);
         }
         let (applied, version) =
-            self.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
+            self.node.caches.get_mut(&k).expect("created").put_if(p.key, p.value.0, expires, condition, now);
         let token = self.cache_fanout(&k, now);
         let m =
             Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: p.request_id });
@@ -130,7 +130,7 @@ impl Broker {
             let op = CacheOp::DeleteIf { key: d.key, version: d.version };
             return self.propose_cache_op(conn, st, &k, op, CacheReply::Condition { request_id: d.request_id }, now);
         }
-        let (applied, version) = self.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
+        let (applied, version) = self.node.caches.get_mut(&k).expect("created").delete_if(&d.key, d.version, now);
         let token = self.cache_fanout(&k, now);
         let m =
             Message::CacheConditionResult(message::CacheConditionResult { applied, version, request_id: d.request_id });
@@ -146,7 +146,7 @@ impl Broker {
             return self.quorum_put(conn, st, &k, p, now);
         }
         let expires = p.ttl_ms.map(|ms| crate::transport::after(now, std::time::Duration::from_millis(ms)));
-        self.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
+        self.node.caches.get_mut(&k).expect("created").put(p.key, p.value.0, expires);
         let token = self.cache_fanout(&k, now);
         let answer = match p.request_id {
             Some(request_id) => Message::CacheOk(message::CacheOk { request_id }),
@@ -165,9 +165,9 @@ impl Broker {
         };
         let hit = if self.is_quorum_cache(&k) {
             // What committed; its expiries are entries of its log, not side effects of reads.
-            self.caches.get(&k).and_then(|c| c.peek(&g.key, now))
+            self.node.caches.get(&k).and_then(|c| c.peek(&g.key, now))
         } else {
-            let hit = self.caches.get_mut(&k).expect("created").get(&g.key, now);
+            let hit = self.node.caches.get_mut(&k).expect("created").get(&g.key, now);
             self.cache_fanout(&k, now); // a lazy expiry is a change too
             hit
         };
@@ -206,7 +206,7 @@ impl Broker {
             };
             return self.propose_cache_op(conn, st, &k, CacheOp::Delete { key: d.key }, reply, now);
         }
-        let removed = self.caches.get_mut(&k).expect("created").delete(&d.key, now);
+        let removed = self.node.caches.get_mut(&k).expect("created").delete(&d.key, now);
         let token = self.cache_fanout(&k, now);
         let m = Message::CacheValue(message::CacheValue {
             tenant_id: d.tenant_id,

@@ -32,7 +32,7 @@ impl Broker {
             return self.refuse(conn, st, r);
         }
         let mut all: BTreeMap<(String, String), u32> = BTreeMap::new();
-        for (k, e) in &self.streams {
+        for (k, e) in &self.node.streams {
             if k.tenant() == t && !syslog::is_sys(k) {
                 all.insert((k.namespace().to_owned(), k.name().to_owned()), e.shards.len() as u32);
             }
@@ -87,7 +87,7 @@ impl Broker {
                 Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {} (it has {shards})", q.shard));
             return self.refuse(conn, st, r);
         }
-        let Some(entry) = self.streams.get(KeyRef(t, ns, s).q()) else {
+        let Some(entry) = self.node.streams.get(KeyRef(t, ns, s).q()) else {
             return self.refuse(conn, st, Refusal::new(ErrorCode::NotFound, "gone"));
         };
         let shard = &entry.shards[q.shard as usize];
@@ -96,7 +96,7 @@ impl Broker {
             return self.send(conn, st, json_frame(&answer));
         }
         let key = (super::key(t, ns, s), q.shard);
-        let groups = self.groups.get(&key).map_or(0, |g| g.values().filter(|g| g.exists()).count() as u64);
+        let groups = self.node.groups.get(&key).map_or(0, |g| g.values().filter(|g| g.exists()).count() as u64);
         let (c, log) = (&entry.config, &shard.log);
         let m = Message::StreamInfoView(message::StreamInfoView {
             shards,

@@ -141,12 +141,12 @@ impl Broker {
             self.deferred.releases.push((sub.key.clone(), sub.shard));
         }
         if sub.watch.is_some() {
-            if let Some(w) = self.cache_watchers.get_mut(&sub.key) {
+            if let Some(w) = self.node.cache_watchers.get_mut(&sub.key) {
                 w.retain(|(c, id)| !(*c == conn && *id == sub.id));
             }
             return;
         }
-        if let Some(shard) = self.streams.get_mut(&sub.key).and_then(|e| e.shards.get_mut(sub.shard as usize)) {
+        if let Some(shard) = self.node.streams.get_mut(&sub.key).and_then(|e| e.shards.get_mut(sub.shard as usize)) {
             shard.subs.retain(|(c, id)| !(*c == conn && *id == sub.id));
         }
     }

@@ -138,7 +138,7 @@ impl Broker {
     }
 
     fn group_mut(&mut self, k: &Key, shard: u32, name: &str) -> &mut Group {
-        self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default()
+        self.node.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default()
     }
 
     fn cache_ok(request_id: u64) -> Bytes {
@@ -175,7 +175,7 @@ impl Broker {
         now: Instant,
     ) -> WriteToken {
         let replicated =
-            self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.serving.is_replica());
+            self.node.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.serving.is_replica());
         if !replicated {
             let pending = SysPending::Group { conn, stream, data: k.clone(), shard, op: op.clone(), answer };
             return self.sys_append(&groups_key(k, shard), vec![op.encode()], pending, now);
@@ -184,7 +184,7 @@ impl Broker {
         let batch = ReplicatedBatch::side_entry(self.wall.micros(now), &[op.encode()]);
         let id = super::replicated::stream_shard(k, shard);
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Replicate { token, shard: id, batch }));
-        self.group_proposals.insert(token, GroupProposal { conn, stream, data: k.clone(), shard, op, answer });
+        self.node.group_proposals.insert(token, GroupProposal { conn, stream, data: k.clone(), shard, op, answer });
         token
     }
 
@@ -201,7 +201,7 @@ impl Broker {
     /// every replica. Checkpoint records are never proposed; bytes that do not decode change
     /// nothing, on any replica alike.
     pub(super) fn fold_group_ops(&mut self, k: &Key, shard: u32, ops: impl Iterator<Item = Bytes>) {
-        if self.streams.get(k).is_none_or(|e| e.shards.len() <= shard as usize) {
+        if self.node.streams.get(k).is_none_or(|e| e.shards.len() <= shard as usize) {
             return;
         }
         for p in ops {
@@ -243,11 +243,11 @@ impl Broker {
     /// out). The shard is marked as having groups, so the lease is asked for; retried, the
     /// request finds a confirmed leader, here or elsewhere.
     fn group_read_allowed(&mut self, k: &Key, shard: u32, now: Instant) -> Result<(), Refusal> {
-        let Some(sh) = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)) else { return Ok(()) };
+        let Some(sh) = self.node.streams.get(k).and_then(|e| e.shards.get(shard as usize)) else { return Ok(()) };
         if !sh.serving.is_replica() || sh.read_lease.is_some_and(|until| now < until) {
             return Ok(());
         }
-        self.groups.entry((k.clone(), shard)).or_default();
+        self.node.groups.entry((k.clone(), shard)).or_default();
         Err(super::Unavailable::ConfirmingLeader.refusal(shard, ""))
     }
 
@@ -344,8 +344,8 @@ impl Broker {
         if self.group_read_allowed(k, shard, now).is_err() {
             return Vec::new();
         }
-        let Some(log) = self.streams.get(k).map(|e| &e.shards[shard as usize].log) else { return Vec::new() };
-        let group = self.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default();
+        let Some(log) = self.node.streams.get(k).map(|e| &e.shards[shard as usize].log) else { return Vec::new() };
+        let group = self.node.groups.entry((k.clone(), shard)).or_default().entry(name.to_owned()).or_default();
         let out = group.poll(conn, req, log, now, &limits);
         self.flush_dead_letters(k, shard, name, now);
         out
@@ -354,7 +354,7 @@ impl Broker {
     /// Builds `group_records` for the poll's deliveries (`fill.records` is filled here): from
     /// memory, or after reading storage.
     fn answer_poll(&mut self, mut fill: PollFill) -> Filled {
-        fill.records = match self.streams.get(&fill.data) {
+        fill.records = match self.node.streams.get(&fill.data) {
             None => fill.deliveries.iter().map(|_| None).collect(),
             Some(e) => {
                 let log = &e.shards[fill.shard as usize].log;
@@ -373,7 +373,8 @@ impl Broker {
     /// Reads the next missing records of a poll, or builds its answer when none are missing.
     fn continue_fill(&mut self, mut fill: PollFill) -> Filled {
         let missing = fill.records.iter().zip(&fill.deliveries).find(|(r, _)| r.is_none()).map(|(_, d)| d.offset);
-        let memory_start = self.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
+        let memory_start =
+            self.node.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
         match missing {
             Some(from) if from < memory_start => {
                 let token = self.ids.read();
@@ -388,7 +389,7 @@ impl Broker {
                     max_bytes: self.cfg.history_read_bytes,
                 })));
                 fill.slot.get_or_insert(HeldFor::Read(token));
-                self.reads.insert(token, ReadFor::Poll(Box::new(fill)));
+                self.node.reads.insert(token, ReadFor::Poll(Box::new(fill)));
                 Filled::Reading(token)
             }
             _ => {
@@ -427,7 +428,7 @@ impl Broker {
         if !progressed {
             // Storage had none of what is missing: give up on those below memory.
             let memory_start =
-                self.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
+                self.node.streams.get(&fill.data).map_or(0, |e| e.shards[fill.shard as usize].log.memory_start());
             let g = self.group_mut(&fill.data, fill.shard, &fill.group);
             let mut kept_d = Vec::new();
             let mut kept_r = Vec::new();
@@ -452,6 +453,7 @@ impl Broker {
     /// records became owed again, or their wait ran out (answered empty).
     pub(super) fn wake_groups(&mut self, k: &Key, shard: u32, now: Instant) {
         let Some(names) = self
+            .node
             .groups
             .get(&(k.clone(), shard))
             .map(|g| g.iter().filter(|(_, g)| !g.parked.is_empty()).map(|(n, _)| n.clone()).collect::<Vec<_>>())
@@ -474,7 +476,7 @@ impl Broker {
                     self.fill_held(p.conn, p.stream, HeldFor::Poll(p.id), data);
                     continue;
                 }
-                let moved = self.streams.get(k).is_none_or(|e| !e.shards[shard as usize].serving.here());
+                let moved = self.node.streams.get(k).is_none_or(|e| !e.shards[shard as usize].serving.here());
                 let deliveries =
                     if moved { Vec::new() } else { self.poll_now(p.conn, k, shard, &name, &p.request, now) };
                 if deliveries.is_empty() && p.deadline > now && !moved {
@@ -507,6 +509,7 @@ impl Broker {
     pub(super) fn groups_timeout(&mut self, now: Instant) {
         let limits = self.cfg.group_limits;
         let due: Vec<(Key, u32)> = self
+            .node
             .groups
             .iter()
             .filter(|(_, gs)| gs.values().any(|g| g.next_deadline().is_some_and(|d| d <= now)))
@@ -518,7 +521,7 @@ impl Broker {
         due.sort_unstable();
         for (k, shard) in due {
             let mut names: Vec<String> =
-                self.groups.get(&(k.clone(), shard)).map(|g| g.keys().cloned().collect()).unwrap_or_default();
+                self.node.groups.get(&(k.clone(), shard)).map(|g| g.keys().cloned().collect()).unwrap_or_default();
             names.sort_unstable();
             for name in &names {
                 self.group_mut(&k, shard, name).expire(now, &limits);
@@ -532,6 +535,7 @@ impl Broker {
     /// token end `revoked`), in key order.
     pub(super) fn wake_all_groups(&mut self, now: Instant) {
         let mut keys: Vec<(Key, u32)> = self
+            .node
             .groups
             .iter()
             .filter(|(_, gs)| gs.values().any(|g| !g.parked.is_empty()))
@@ -552,7 +556,7 @@ impl Broker {
 
     /// When a group next needs the clock.
     pub(super) fn groups_deadline(&self) -> Option<Instant> {
-        self.groups.values().flat_map(|gs| gs.values()).filter_map(Group::next_deadline).min()
+        self.node.groups.values().flat_map(|gs| gs.values()).filter_map(Group::next_deadline).min()
     }
 
     pub(super) fn group_ack(&mut self, conn: ConnId, st: &mut CtlStream, a: message::GroupOffset, now: Instant) {
@@ -561,8 +565,8 @@ impl Broker {
         else {
             return;
         };
-        let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
-        let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
+        let Some(log) = self.node.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
+        let g = self.node.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
         let settle = g.ack(&a.group, a.offset, log);
         self.settle(conn, st, &k, a.shard, settle, GroupAnswer::Ok(a.request_id), now);
     }
@@ -598,8 +602,8 @@ impl Broker {
             return;
         };
         let limits = self.cfg.group_limits;
-        let Some(log) = self.streams.get(&k).map(|e| &e.shards[n.shard as usize].log) else { return };
-        let g = self.groups.entry((k.clone(), n.shard)).or_default().entry(n.group.clone()).or_default();
+        let Some(log) = self.node.streams.get(&k).map(|e| &e.shards[n.shard as usize].log) else { return };
+        let g = self.node.groups.entry((k.clone(), n.shard)).or_default().entry(n.group.clone()).or_default();
         let delay = n.delay_ms.map(Duration::from_millis);
         let settle = g.nack(&n.group, n.offset, delay, n.attempts, log, now, &limits);
         self.settle(conn, st, &k, n.shard, settle, GroupAnswer::Ok(n.request_id), now);
@@ -637,8 +641,8 @@ impl Broker {
         else {
             return;
         };
-        let Some(log) = self.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
-        let g = self.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
+        let Some(log) = self.node.streams.get(&k).map(|e| &e.shards[a.shard as usize].log) else { return };
+        let g = self.node.groups.entry((k.clone(), a.shard)).or_default().entry(a.group.clone()).or_default();
         let settle = g.dead_letter(&a.group, a.offset, log);
         self.settle(conn, st, &k, a.shard, settle, GroupAnswer::Ok(a.request_id), now);
     }
@@ -650,6 +654,7 @@ impl Broker {
             return;
         };
         let offsets = self
+            .node
             .groups
             .get(&(k, r.shard))
             .and_then(|g| g.get(&r.group))
@@ -674,6 +679,7 @@ impl Broker {
             return;
         };
         let listed = self
+            .node
             .groups
             .get(&(k.clone(), a.shard))
             .and_then(|g| g.get(&a.group))
@@ -704,7 +710,7 @@ impl Broker {
         ) else {
             return;
         };
-        let Some(log) = self.streams.get(&k).map(|e| &e.shards[s.shard as usize].log) else { return };
+        let Some(log) = self.node.streams.get(&k).map(|e| &e.shards[s.shard as usize].log) else { return };
         let (earliest, latest) = (log.start(), log.committed_tail());
         let target = match s.start {
             StartPosition::Earliest => earliest,
@@ -716,7 +722,7 @@ impl Broker {
                 return self.refuse(conn, st, r);
             }
         };
-        let g = self.groups.entry((k.clone(), s.shard)).or_default().entry(s.group.clone()).or_default();
+        let g = self.node.groups.entry((k.clone(), s.shard)).or_default().entry(s.group.clone()).or_default();
         if s.if_new && g.exists() {
             let offset = g.position(log);
             let m = Message::GroupPosition(message::GroupPosition { offset, moved: false, request_id: s.request_id });
@@ -733,10 +739,10 @@ impl Broker {
         else {
             return;
         };
-        let Some(log) = self.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
+        let Some(log) = self.node.streams.get(&k).map(|e| &e.shards[r.shard as usize].log) else { return };
         let tail = log.committed_tail();
         let (committed, in_flight, owed, dead) =
-            match self.groups.get_mut(&(k, r.shard)).and_then(|g| g.get_mut(&r.group)) {
+            match self.node.groups.get_mut(&(k, r.shard)).and_then(|g| g.get_mut(&r.group)) {
                 Some(g) => {
                     g.position(log);
                     let (f, o) = g.counts();
@@ -763,9 +769,10 @@ impl Broker {
         else {
             return;
         };
-        let Some(log) = self.streams.get(&k).map(|e| &e.shards[q.shard as usize].log) else { return };
+        let Some(log) = self.node.streams.get(&k).map(|e| &e.shards[q.shard as usize].log) else { return };
         let tail = log.committed_tail();
         let mut groups: Vec<message::GroupSummary> = self
+            .node
             .groups
             .get_mut(&(k, q.shard))
             .into_iter()
@@ -795,7 +802,8 @@ impl Broker {
         else {
             return;
         };
-        let existed = self.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);
+        let existed =
+            self.node.groups.get(&(k.clone(), r.shard)).and_then(|g| g.get(&r.group)).is_some_and(Group::exists);
         let op = GroupOp::Delete { group: r.group.clone() };
         self.group_write(conn, st, &k, r.shard, op, GroupAnswer::Deleted { request_id: r.request_id, existed }, now);
     }

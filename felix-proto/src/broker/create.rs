@@ -90,14 +90,14 @@ impl Broker {
             return self.send(conn, st, json_frame(&Message::StreamCreateOk(answer)));
         }
         // Answered in its turn once storage recorded every durable stream it created.
-        let id = self.creates.next;
-        self.creates.next += 1;
+        let id = self.node.creates.next;
+        self.node.creates.next += 1;
         Self::hold(st, HeldFor::Create(id));
         for t in &recording {
-            self.creates.tokens.insert(*t, id);
+            self.node.creates.tokens.insert(*t, id);
         }
         let waiting = recording.len();
-        self.creates.pending.insert(id, PendingCreate { conn, stream: st.id, answer, waiting, failed: None });
+        self.node.creates.pending.insert(id, PendingCreate { conn, stream: st.id, answer, waiting, failed: None });
     }
 
     /// Storage recorded (or could not record) a created stream's shard count
@@ -107,8 +107,8 @@ impl Broker {
     /// before their first record).
     pub fn handle_stream_recorded(&mut self, token: WriteToken, result: Result<(), String>, now: Instant) {
         self.clock.advance(now);
-        let Some(id) = self.creates.tokens.remove(&token) else { return };
-        let Some(p) = self.creates.pending.get_mut(&id) else { return };
+        let Some(id) = self.node.creates.tokens.remove(&token) else { return };
+        let Some(p) = self.node.creates.pending.get_mut(&id) else { return };
         p.waiting = p.waiting.saturating_sub(1);
         if let Err(e) = result {
             p.failed.get_or_insert(e);
@@ -116,7 +116,7 @@ impl Broker {
         if p.waiting > 0 {
             return;
         }
-        let Some(p) = self.creates.pending.remove(&id) else { return };
+        let Some(p) = self.node.creates.pending.remove(&id) else { return };
         let m = match p.failed {
             None => Message::StreamCreateOk(p.answer),
             Some(e) => {
@@ -161,15 +161,18 @@ impl Broker {
                     &s.stream,
                     0,
                 )),
-                None => {
-                    self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &s.stream).q()).map(|e| e.shards.len() as u32)
-                }
+                None => self
+                    .node
+                    .streams
+                    .get(KeyRef(&c.tenant_id, &c.namespace, &s.stream).q())
+                    .map(|e| e.shards.len() as u32),
             };
             new += u64::from(shards.is_none());
             existing.push(shards);
         }
-        if let Some(max) = self.limits.max_streams(&c.tenant_id, &c.namespace) {
+        if let Some(max) = self.node.limits.max_streams(&c.tenant_id, &c.namespace) {
             let have = self
+                .node
                 .streams
                 .keys()
                 .filter(|k| k.tenant() == c.tenant_id && k.namespace() == c.namespace && !syslog::is_sys(k))

@@ -69,7 +69,8 @@ impl Broker {
         if self.membership.fenced {
             return Some(req);
         }
-        let Some((key, entry)) = self.streams.get_key_value(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())
+        let Some((key, entry)) =
+            self.node.streams.get_key_value(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())
         else {
             return Some(req);
         };
@@ -141,7 +142,7 @@ impl Broker {
                 k
             }
         };
-        let entry = self.streams.get(&k).expect("created above");
+        let entry = self.node.streams.get(&k).expect("created above");
         let durable = entry.config.durable;
         let outcome = match entry.shards.get(p.shard as usize) {
             None => Some(refuse(ErrorCode::InvalidRequest, format!("stream has no shard {}", p.shard))),
@@ -209,7 +210,7 @@ impl Broker {
             })),
             None => {}
             Some(token) if acked => {
-                if let Some(ctx) = self.writes.get_mut(&token) {
+                if let Some(ctx) = self.node.writes.get_mut(&token) {
                     ctx.forwards.push((from, id));
                 }
             }

@@ -46,7 +46,8 @@ impl Broker {
             return Err(Denied::Refused(r));
         }
         let k = key(t, ns, s);
-        let entry = self.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
+        let entry =
+            self.node.streams.get(&k).ok_or_else(|| Denied::Refused(Refusal::new(ErrorCode::NotFound, "gone")))?;
         if let Some(m) = entry.shards[shard as usize].serving.away() {
             return Err(Denied::Answer(Box::new(Self::not_leader_answer(
                 self.server_features,
@@ -68,7 +69,7 @@ impl Broker {
     /// Whether this broker keeps a replica of the shard `r` reads (any role).
     fn holds_copy(&self, r: &message::StreamRead) -> bool {
         let k = key(&r.tenant_id, &r.namespace, &r.stream);
-        self.streams.get(&k).and_then(|e| e.shards.get(r.shard as usize)).is_some_and(|s| s.serving.is_replica())
+        self.node.streams.get(&k).and_then(|e| e.shards.get(r.shard as usize)).is_some_and(|s| s.serving.is_replica())
     }
 
     pub(super) fn deny(&mut self, conn: ConnId, st: &mut CtlStream, d: Denied) {
@@ -92,7 +93,7 @@ impl Broker {
             Ok(k) => k,
             Err(d) => return self.deny(conn, st, d),
         };
-        let offset = self.streams[&k].shards[q.shard as usize].log.offset_for_time(q.at_micros);
+        let offset = self.node.streams[&k].shards[q.shard as usize].log.offset_for_time(q.at_micros);
         let m = Message::OffsetValue(message::OffsetValue { offset, request_id: q.request_id });
         self.send(conn, st, json_frame(&m));
     }
@@ -117,7 +118,7 @@ impl Broker {
             Err(d) => return self.deny(conn, st, d),
         };
         let (cap_records, cap_bytes) = (self.cfg.max_records_per_read.max(1), self.cfg.max_read_bytes.max(1));
-        let log = &self.streams[&k].shards[r.shard as usize].log;
+        let log = &self.node.streams[&k].shards[r.shard as usize].log;
         let (start, tail, memory_start) = (log.start(), log.committed_tail(), log.memory_start());
         let cursor_error = |reason, available| {
             Message::SubscribeCursorError(message::SubscribeCursorError { reason, requested: r.from, available })
@@ -145,7 +146,7 @@ impl Broker {
                 max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
             })));
             let read = PageRead { conn, stream: st.id, request_id: r.request_id, key: k, shard: r.shard, end, page };
-            self.reads.insert(token, ReadFor::Page(read));
+            self.node.reads.insert(token, ReadFor::Page(read));
             Self::hold(st, HeldFor::Read(token));
             return;
         }
@@ -174,7 +175,7 @@ impl Broker {
                 break;
             }
         }
-        if let Some(log) = self.streams.get(&key).and_then(|e| e.shards.get(shard as usize)).map(|s| &s.log) {
+        if let Some(log) = self.node.streams.get(&key).and_then(|e| e.shards.get(shard as usize)).map(|s| &s.log) {
             let memory_start = log.memory_start();
             if page.next == from && page.records.is_empty() && page.next < memory_start {
                 // Storage had nothing there (retention removed it meanwhile, or it is

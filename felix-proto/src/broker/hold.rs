@@ -21,7 +21,7 @@ impl Broker {
     /// A fan-out left a subscriber over half full: the shard holds from now, if it did not
     /// already.
     pub(super) fn start_hold(&mut self, k: &Key, shard: u32, now: Instant) {
-        let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         if sh.hold.is_some() {
             return;
         }
@@ -34,7 +34,7 @@ impl Broker {
     /// is not read again until the hold ends.
     pub(super) fn hold_publisher(&mut self, conn: ConnId, st: &mut CtlStream, k: &Key, shard: u32) {
         let Some(hold) =
-            self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)).and_then(|s| s.hold.as_mut())
+            self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)).and_then(|s| s.hold.as_mut())
         else {
             return;
         };
@@ -85,7 +85,7 @@ impl Broker {
             && at <= now
         {
             self.timers.holds.pop_first();
-            let Some(sh) = self.streams.get(&k).and_then(|e| e.shards.get(shard as usize)) else { continue };
+            let Some(sh) = self.node.streams.get(&k).and_then(|e| e.shards.get(shard as usize)) else { continue };
             if sh.hold.as_ref().is_none_or(|h| h.deadline != at) {
                 continue;
             }
@@ -105,7 +105,7 @@ impl Broker {
 
     /// Ends `k`/`shard`'s hold unless one of its subscribers still holds it.
     fn release(&mut self, k: &Key, shard: u32, now: Instant) {
-        let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         let conns = &self.conns;
         let still =
             sh.subs.iter().any(|(conn, id)| conns.get(conn).and_then(|c| c.subs.get(id)).is_some_and(|s| s.holding));

@@ -75,7 +75,7 @@ impl Broker {
         };
         // What this broker holds of it: shard count, tail, whether it serves it.
         let (shards, local, unavailable, replica) = match kind {
-            Kind::Stream => match self.streams.get(k.q()) {
+            Kind::Stream => match self.node.streams.get(k.q()) {
                 Some(e) => {
                     let sh = e.shards.get(q.shard as usize);
                     (
@@ -90,7 +90,7 @@ impl Broker {
                 }
                 None => (0, None, None, None),
             },
-            Kind::Cache => match self.caches.get(k.q()) {
+            Kind::Cache => match self.node.caches.get(k.q()) {
                 Some(c) => (1, (q.shard == 0).then(|| (c.tail(), c.tail())), None, c.replica.clone()),
                 None => (0, None, None, None),
             },
@@ -170,7 +170,7 @@ impl Broker {
                 if sub.watch.is_some() {
                     continue; // a cache watch, not a subscription
                 }
-                let entry = self.streams.get(&sub.key);
+                let entry = self.node.streams.get(&sub.key);
                 let log = entry.and_then(|e| e.shards.get(sub.shard as usize)).map(|s| &s.log);
                 // A stream kept in memory holds its publishers for a subscriber over half full
                 // (for a while: one that held them as long as allowed is excused and drops); a
@@ -293,7 +293,7 @@ impl Broker {
     /// shard. Reads nothing it does not hold in memory and changes nothing.
     pub fn shard_summaries(&self) -> Vec<ShardSummary> {
         let mut all = Vec::new();
-        for (k, e) in &self.streams {
+        for (k, e) in &self.node.streams {
             if syslog::is_sys(k) {
                 continue;
             }
@@ -309,6 +309,7 @@ impl Broker {
                 }
                 let tail = s.log.committed_tail();
                 let mut groups: Vec<(String, Option<u64>, u64, u64)> = self
+                    .node
                     .groups
                     .get(&(k.clone(), shard))
                     .into_iter()

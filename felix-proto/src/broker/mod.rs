@@ -64,6 +64,7 @@ mod key;
 mod limits;
 mod membership;
 mod moves;
+mod node;
 pub mod notice;
 mod output;
 mod ownership;
@@ -506,56 +507,33 @@ pub struct Broker {
     conns: HashMap<ConnId, Box<Conn>>,
     /// The connections not authenticated yet (the caps of [`Broker::admit`]).
     unauthenticated: connection::Unauthenticated,
-    /// Streams whose retention is by age (they need the once-a-second sweep).
-    aged_streams: usize,
     /// What comes due at a time of its own, each kind in deadline order.
     timers: timers::Timers,
     /// The next id of each kind this broker hands out.
     ids: ids::Ids,
-    streams: HashMap<Key, StreamEntry>,
-    caches: HashMap<Key, Cache>,
-    writes: HashMap<WriteToken, WriteCtx>,
-    /// Operations proposed to replicated caches' groups, waiting for their answer.
-    cache_writes: std::collections::BTreeMap<WriteToken, quorum_cache::CacheWrite>,
-    /// Consumer-group settlements proposed to replicated shards, by the token of their entry.
-    group_proposals: std::collections::BTreeMap<WriteToken, consume::GroupProposal>,
     out: VecDeque<BrokerOutput>,
     stats: BrokerStats,
     server_flags: Flags,
     server_features: Features,
     /// Decompression contexts for compressed publishes (D56), made once.
     decompressor: crate::binary::Decompressor,
-    /// Subscription filters (D57), interned: looked up, never iterated in an order that
-    /// decides output.
-    filters: HashMap<message::KeyFilter, std::sync::Weak<message::KeyFilter>>,
-    reads: HashMap<ReadToken, ReadFor>,
-    /// Counters by cache, folded from their system logs.
-    counters: HashMap<Key, syslog::Counters>,
     /// State of the random sequence (splitmix64), seeded from the configuration.
     rng: u64,
-    /// `stream_create` requests waiting for storage (D60).
-    creates: create::Creates,
     /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
     draining: bool,
-    /// Per-tenant publish rate limits.
-    limits: limits::RateLimits,
-    /// Consumer groups by (stream, shard), then name.
-    groups: HashMap<(Key, u32), HashMap<String, group::Group>>,
-    /// Durable group operations since the last checkpoint, per `$groups` log.
-    group_ops: HashMap<Key, u64>,
     /// Work that touches other control streams, kept until the one being handled is back in
     /// place and run at the end of the input that caused it.
     deferred: Deferred,
-    /// Cache watches by cache.
-    cache_watchers: HashMap<Key, Vec<(ConnId, u64)>>,
     /// What this broker holds as a member of a cluster (nothing in use on a single broker).
     pub(crate) membership: membership::Membership,
+    /// What it holds for everyone, apart from any connection.
+    node: node::Node,
 }
 
 impl Broker {
     /// The key a stream is stored under (shared, not allocated), if it exists.
     fn stream_key(&self, t: &str, n: &str, s: &str) -> Option<Key> {
-        self.streams.get_key_value(KeyRef(t, n, s).q()).map(|(k, _)| k.clone())
+        self.node.streams.get_key_value(KeyRef(t, n, s).q()).map(|(k, _)| k.clone())
     }
 }
 
@@ -594,36 +572,23 @@ impl Broker {
             wall,
             conns: HashMap::new(),
             unauthenticated: Default::default(),
-            aged_streams: 0,
             timers: timers::Timers::default(),
             ids: ids::Ids::default(),
-            streams: HashMap::new(),
-            caches: HashMap::new(),
-            writes: HashMap::new(),
-            cache_writes: std::collections::BTreeMap::new(),
-            group_proposals: std::collections::BTreeMap::new(),
             out: VecDeque::new(),
             fanout_subs: Vec::new(),
             stats: BrokerStats::default(),
             notices: notice::Notices::default(),
             server_flags,
             decompressor: crate::binary::Decompressor::new(),
-            filters: HashMap::new(),
             server_features,
-            reads: HashMap::new(),
-            counters: HashMap::new(),
             rng: 0,
-            groups: HashMap::new(),
-            creates: create::Creates::default(),
             draining: false,
-            limits: limits::RateLimits::default(),
-            group_ops: HashMap::new(),
             deferred: Deferred::default(),
-            cache_watchers: HashMap::new(),
             membership: membership::Membership::default(),
+            node: node::Node::default(),
         };
         b.rng = b.cfg.random_seed;
-        b.limits = limits::RateLimits::new(&b.cfg.tenant_limits);
+        b.node.limits = limits::RateLimits::new(&b.cfg.tenant_limits);
         for s in b.cfg.streams.clone() {
             b.create_stream(key(&s.tenant_id, &s.namespace, &s.name), s.config);
         }
@@ -631,7 +596,7 @@ impl Broker {
         for c in b.cfg.caches.clone() {
             let mut cache = Cache::with_version_seed(seed);
             cache.durable = c.durable;
-            b.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), cache);
+            b.node.caches.insert(key(&c.tenant_id, &c.namespace, &c.name), cache);
         }
         b
     }
@@ -721,7 +686,7 @@ impl Broker {
     /// What a clean stop would cut short: writes storage has not confirmed (and the publishes
     /// waiting on them), publishes and requests forwarded to other brokers and not answered.
     pub fn work_in_flight(&self) -> usize {
-        self.writes.len() + self.membership.forwards.len() + self.membership.request_forwards.len()
+        self.node.writes.len() + self.membership.forwards.len() + self.membership.request_forwards.len()
     }
 
     /// Open client connections (internal ones serving other brokers' forwarded requests are
@@ -742,13 +707,13 @@ impl Broker {
 
     /// `(start, committed tail, next offset, retained records)` of a shard, if the stream exists.
     pub fn shard_state(&self, tenant: &str, ns: &str, stream: &str, shard: u32) -> Option<(u64, u64, u64, u64)> {
-        let s = self.streams.get(KeyRef(tenant, ns, stream).q())?.shards.get(shard as usize)?;
+        let s = self.node.streams.get(KeyRef(tenant, ns, stream).q())?.shards.get(shard as usize)?;
         Some((s.log.start(), s.log.committed_tail(), s.log.next_offset(), s.log.retained_records()))
     }
 
     /// Payload bytes of history every shard log holds in memory.
     pub fn retained_log_bytes(&self) -> u64 {
-        self.streams.values().flat_map(|e| e.shards.iter()).map(|s| s.log.memory_bytes()).sum()
+        self.node.streams.values().flat_map(|e| e.shards.iter()).map(|s| s.log.memory_bytes()).sum()
     }
 
     /// Bytes queued for subscribers and not yet handed to the driver (memory held by queues).
@@ -793,9 +758,9 @@ impl Broker {
         let sweep = if self.timers.checkpoint_owed {
             self.timers.sweep.or_else(|| self.clock.last())
         } else {
-            self.timers
-                .sweep
-                .filter(|_| self.aged_streams > 0 || !self.caches.is_empty() || self.limits.counts_retained())
+            self.timers.sweep.filter(|_| {
+                self.node.aged_streams > 0 || !self.node.caches.is_empty() || self.node.limits.counts_retained()
+            })
         };
         let expiry =
             self.timers.expiries.first().map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
@@ -881,7 +846,7 @@ impl Broker {
         // In key order: the truncations it asks storage for come in the same order every run.
         let mut keys: Vec<Key> = match only {
             Some(k) => vec![k.clone()],
-            None => self.streams.keys().cloned().collect(),
+            None => self.node.streams.keys().cloned().collect(),
         };
         keys.sort_unstable();
         if only.is_none() {
@@ -889,7 +854,7 @@ impl Broker {
         }
         let mut owed = false;
         for k in &keys {
-            let Some(entry) = self.streams.get_mut(k) else { continue };
+            let Some(entry) = self.node.streams.get_mut(k) else { continue };
             for (i, shard) in entry.shards.iter_mut().enumerate() {
                 let replicated = entry.config.replication > 1 || shard.serving.is_replica();
                 if shard.state.holds_state() && replicated && !self.membership.commit_state_snapshots {

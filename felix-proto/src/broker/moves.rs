@@ -134,7 +134,7 @@ impl Broker {
                 let tail = match s.kind {
                     Kind::Stream => self.shard_log(s).map_or(0, ShardLog::committed_tail),
                     Kind::Cache => {
-                        self.caches.get(KeyRef(&s.tenant, &s.namespace, &s.name).q()).map_or(0, |c| c.tail())
+                        self.node.caches.get(KeyRef(&s.tenant, &s.namespace, &s.name).q()).map_or(0, |c| c.tail())
                     }
                 };
                 MoveProgress {
@@ -161,14 +161,16 @@ impl Broker {
     /// How many subscriptions this broker serves on one stream shard.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn subscribers_of(&self, s: &ShardId) -> usize {
-        self.streams
+        self.node
+            .streams
             .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
             .and_then(|e| e.shards.get(s.shard as usize))
             .map_or(0, |sh| sh.subs.len())
     }
 
     fn shard_log(&self, s: &ShardId) -> Option<&ShardLog> {
-        self.streams
+        self.node
+            .streams
             .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
             .and_then(|e| e.shards.get(s.shard as usize))
             .map(|sh| &sh.log)
@@ -177,6 +179,7 @@ impl Broker {
     /// Empties a shard's copy here, in memory and in storage.
     fn reset_moved_shard(&mut self, s: &ShardId) {
         let Some(sh) = self
+            .node
             .streams
             .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
             .and_then(|e| e.shards.get_mut(s.shard as usize))
@@ -341,7 +344,7 @@ impl Broker {
                 end: memory_start,
                 max_bytes: max,
             })));
-            self.reads.insert(token, ReadFor::Copy { to: from.to_owned(), shard: s, max, first });
+            self.node.reads.insert(token, ReadFor::Copy { to: from.to_owned(), shard: s, max, first });
             return;
         }
         let batches = log.stored_from(want, max);
@@ -375,7 +378,8 @@ impl Broker {
         let Some(log) = self.shard_log(&s) else { return };
         let (start, tail) = (log.start(), log.committed_tail());
         let state = if first && start > 0 {
-            self.streams
+            self.node
+                .streams
                 .get(KeyRef(&s.tenant, &s.namespace, &s.name).q())
                 .and_then(|e| e.shards.get(s.shard as usize))
                 .and_then(|sh| sh.state.checkpoint())
@@ -395,7 +399,7 @@ impl Broker {
         let k = key(&s.tenant, &s.namespace, &s.name);
         // The groups' state is final once their requests are refused (the cut-over) and none
         // is still being written: until then the tail is not called final either.
-        let groups_settled = !self.writes.values().any(|w| {
+        let groups_settled = !self.node.writes.values().any(|w| {
             matches!(&w.sys, Some(syslog::SysPending::Group { data, shard, .. }) if *data == k && *shard == s.shard)
         });
         let cutting = self.membership.moves_out.get(&s).is_some_and(Outgoing::is_cutting) && settled && groups_settled;
@@ -412,6 +416,7 @@ impl Broker {
     fn mark_moving(&mut self, s: &ShardId) {
         let to = self.membership.moves_out.get(s).map(|o| o.to().to_owned()).unwrap_or_default();
         if let Some(sh) = self
+            .node
             .streams
             .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
             .and_then(|e| e.shards.get_mut(s.shard as usize))
@@ -458,7 +463,7 @@ impl Broker {
             // Whatever this broker held of the shard before (an older stay here) goes: the copy
             // is the old owner's log from its start.
             self.reset_moved_shard(&s);
-            if let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(s.shard as usize)) {
+            if let Some(sh) = self.node.streams.get_mut(&k).and_then(|e| e.shards.get_mut(s.shard as usize)) {
                 sh.log.reset_to(next);
                 // The old owner's commit state (its log no longer holds every commit that
                 // wrote it): this broker's state from now on, and on its disk before the
@@ -478,7 +483,7 @@ impl Broker {
                 }
             }
         }
-        let Some(entry) = self.streams.get(&k) else { return };
+        let Some(entry) = self.node.streams.get(&k) else { return };
         let (fsync, stream_shards) = (entry.config.fsync, entry.shards.len() as u32);
         let mut writes = 0;
         for b in batches {
@@ -538,6 +543,7 @@ impl Broker {
         if ok
             && !failed
             && let Some(sh) = self
+                .node
                 .streams
                 .get_mut(KeyRef(&s.tenant, &s.namespace, &s.name).q())
                 .and_then(|e| e.shards.get_mut(s.shard as usize))

@@ -47,7 +47,7 @@ impl Broker {
                 continue;
             }
             let k = key(&shard.tenant, &shard.namespace, &shard.name);
-            if !self.streams.contains_key(&k) {
+            if !self.node.streams.contains_key(&k) {
                 let shards = md.shard_count(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name).unwrap_or(1);
                 // Durable or in memory as the cluster created it, whatever this broker's default.
                 let durable = !md.is_ephemeral(Kind::Stream, &shard.tenant, &shard.namespace, &shard.name);
@@ -106,7 +106,7 @@ impl Broker {
     /// never written by a broker that cannot tell it owns it.
     pub(super) fn owned_here(&self, t: &str, ns: &str, s: &str, shard: u32) -> Result<(), Refusal> {
         let Some(c) = &self.membership.view else { return Ok(()) };
-        if let Some(sh) = self.streams.get(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get(shard as usize))
+        if let Some(sh) = self.node.streams.get(KeyRef(t, ns, s).q()).and_then(|e| e.shards.get(shard as usize))
             && sh.serving.is_replica()
         {
             // A replica: its role in the shard's group decides.
@@ -262,7 +262,7 @@ impl Broker {
         }
         // Fenced: the shards served here; back in contact: the shards fenced (both in order).
         let mut owned: Vec<(Key, u32)> = Vec::new();
-        for (k, e) in &self.streams {
+        for (k, e) in &self.node.streams {
             for (i, sh) in e.shards.iter().enumerate() {
                 let ours = if fenced { sh.serving == Serving::Here } else { sh.serving == Serving::Fenced };
                 if ours && !syslog::is_sys(k) {

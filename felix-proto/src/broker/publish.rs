@@ -82,8 +82,8 @@ impl Broker {
     }
 
     pub(super) fn publish(&mut self, conn: ConnId, st: &mut CtlStream, req: PublishReq, reply: Reply, now: Instant) {
-        if !self.limits.is_empty()
-            && let Err(limits::OverRate { wait, namespace }) = self.limits.admit(
+        if !self.node.limits.is_empty()
+            && let Err(limits::OverRate { wait, namespace }) = self.node.limits.admit(
                 &req.tenant_id,
                 &req.namespace,
                 u64::from(req.records.count()),
@@ -131,6 +131,7 @@ impl Broker {
             Ok(Route::Owner(shard)) => {
                 let Some(req) = self.try_forward(conn, st, req, reply, now) else { return };
                 let sh = self
+                    .node
                     .streams
                     .get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q())
                     .and_then(|e| e.shards.get(shard as usize));
@@ -148,7 +149,7 @@ impl Broker {
                 return self.refuse_publish(conn, st, reply, &r);
             }
         };
-        let replicated = self.streams.get(&k).is_some_and(|e| e.shards[shard as usize].serving.is_replica());
+        let replicated = self.node.streams.get(&k).is_some_and(|e| e.shards[shard as usize].serving.is_replica());
         if replicated && req.expected_offset.is_some() && req.records.is_empty() {
             let r = Refusal::new(ErrorCode::InvalidRequest, "publish_if with no records");
             return self.refuse_publish(conn, st, reply, &r);
@@ -196,7 +197,7 @@ impl Broker {
         // Backpressure when storage (or the shard's group) falls behind: stop reading this
         // stream until it catches up.
         let limit = self.cfg.max_pending_write_bytes;
-        let sh = &mut self.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
+        let sh = &mut self.node.streams.get_mut(&k).expect("routed stream exists").shards[shard as usize];
         if sh.log.pending_bytes() + sh.replicating > limit && !st.pauses.has(Pause::Storage) {
             sh.paused.push((conn, st.id));
             if st.pause(Pause::Storage) {
@@ -206,7 +207,7 @@ impl Broker {
         if !matches!(reply, Reply::None) {
             let seq = self.owe(conn, st, reply);
             if ack_on_commit {
-                if let Some(ctx) = self.writes.get_mut(&token) {
+                if let Some(ctx) = self.node.writes.get_mut(&token) {
                     ctx.waiters.push(Waiter { conn, stream: st.id, seq, reply, offer });
                 }
             } else {
@@ -236,7 +237,7 @@ impl Broker {
     pub(super) fn publish_quota(&mut self, k: &Key, durable: bool, bytes: u64) -> Result<u64, Refusal> {
         let tenant = k.tenant();
         let queued = if durable {
-            match self.limits.take_queued(tenant, bytes) {
+            match self.node.limits.take_queued(tenant, bytes) {
                 Ok(counted) => {
                     if counted {
                         bytes
@@ -250,7 +251,7 @@ impl Broker {
                         ErrorCode::Overloaded,
                         format!(
                             "tenant {tenant} has {} bytes of publishes waiting for storage, its share of the publish queue: nothing was queued",
-                            self.limits.queued(tenant)
+                            self.node.limits.queued(tenant)
                         ),
                     );
                     r.detail = Some(ErrorDetail {
@@ -263,8 +264,8 @@ impl Broker {
         } else {
             0
         };
-        if let Err((held, max)) = self.limits.take_retained(tenant, k.namespace(), bytes) {
-            self.limits.release_queued(tenant, queued);
+        if let Err((held, max)) = self.node.limits.take_retained(tenant, k.namespace(), bytes) {
+            self.node.limits.release_queued(tenant, queued);
             self.stats.quota_refusals += 1;
             return Err(Refusal::new(
                 ErrorCode::LimitExceeded,
@@ -283,16 +284,16 @@ impl Broker {
         if queued == 0 {
             return;
         }
-        if let Some(ctx) = self.writes.get_mut(&token) {
+        if let Some(ctx) = self.node.writes.get_mut(&token) {
             ctx.queued = queued;
         }
     }
 
     /// Removes a write's context, giving its bytes back to its tenant's share of the queue.
     pub(super) fn take_write(&mut self, token: &WriteToken) -> Option<WriteCtx> {
-        let ctx = self.writes.remove(token)?;
+        let ctx = self.node.writes.remove(token)?;
         if ctx.queued > 0 {
-            self.limits.release_queued(ctx.key.tenant(), ctx.queued);
+            self.node.limits.release_queued(ctx.key.tenant(), ctx.queued);
         }
         Some(ctx)
     }
@@ -300,26 +301,29 @@ impl Broker {
     /// Recounts every limited namespace's retained history from the logs (on the retention
     /// sweep, so what retention dropped makes room again).
     pub(super) fn recount_retained(&mut self) {
-        if !self.limits.counts_retained() {
+        if !self.node.limits.counts_retained() {
             return;
         }
-        let tenants: std::collections::BTreeSet<String> = self.limits.retained_tenants().map(str::to_owned).collect();
+        let tenants: std::collections::BTreeSet<String> =
+            self.node.limits.retained_tenants().map(str::to_owned).collect();
         let mut counted = std::collections::BTreeMap::new();
-        for (k, e) in &self.streams {
+        for (k, e) in &self.node.streams {
             if !tenants.contains(k.tenant()) || syslog::is_sys(k) {
                 continue;
             }
             let bytes: u64 = e.shards.iter().map(|s| s.log.retained_bytes()).sum();
             *counted.entry((k.tenant().to_owned(), k.namespace().to_owned())).or_insert(0) += bytes;
         }
-        self.limits.set_retained(counted);
+        self.node.limits.set_retained(counted);
     }
 
     /// A shard whose storage is full writes nothing and acknowledges nothing on enqueue; one
     /// publish a second goes through as a probe, answered after its write. `Ok(true)`: this one
     /// is the probe.
     pub(super) fn storage_gate(&mut self, k: &Key, shard: u32, now: Instant) -> Result<bool, Refusal> {
-        let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return Ok(false) };
+        let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else {
+            return Ok(false);
+        };
         let Some(next) = sh.full else { return Ok(false) };
         if now < next {
             let mut r = Refusal::new(ErrorCode::Overloaded, "storage is full: nothing was written");
@@ -344,14 +348,14 @@ impl Broker {
         b: NewBatch,
         now: Instant,
     ) -> Option<WriteToken> {
-        if self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.serving.is_replica()) {
+        if self.node.streams.get(k).and_then(|e| e.shards.get(shard as usize)).is_some_and(|s| s.serving.is_replica()) {
             // A replicated shard: its group writes it (counted when it commits).
             return Some(self.replicate_batch(k, shard, b, now));
         }
         let count = u64::from(b.records.count());
         self.stats.records_appended += count;
         let wall = self.wall.micros(now);
-        let entry = self.streams.get_mut(k).expect("routed stream exists");
+        let entry = self.node.streams.get_mut(k).expect("routed stream exists");
         // What the log will give the batch (never less than its last one's).
         let ts = entry.shards[shard as usize].log.stamp(wall);
         if !durable {
@@ -403,7 +407,7 @@ impl Broker {
             stream_shards: entry_shards,
         })));
         let ctx = WriteCtx { producer: b.idempotent, state: b.state, ..WriteCtx::new(k.clone(), shard) };
-        self.writes.insert(token, ctx);
+        self.node.writes.insert(token, ctx);
         Some(token)
     }
 
@@ -427,7 +431,7 @@ impl Broker {
             return None;
         }
         let offer = Self::features_of(st);
-        let sh = &self.streams.get(k)?.shards[shard as usize];
+        let sh = &self.node.streams.get(k)?.shards[shard as usize];
         if let Some(expected) = req.expected_offset {
             let tail = sh.log.next_offset();
             let refusal = if !durable {
@@ -450,11 +454,11 @@ impl Broker {
         let refuse = |why: Why, msg: String| Err(Refusal::new(ErrorCode::InvalidRequest, msg).with_reason(why));
         let answer: Result<Option<u64>, Refusal> = match sh.producers.check(pid, seq, digest) {
             producer::Verdict::Append => return None,
-            producer::Verdict::Duplicate { pending: Some(token), .. } if self.writes.contains_key(&token) => {
+            producer::Verdict::Duplicate { pending: Some(token), .. } if self.node.writes.contains_key(&token) => {
                 // The first copy is still on its way to storage: this one gets the same answer,
                 // at the same time.
                 let seq_slot = self.owe(conn, st, reply);
-                if let Some(ctx) = self.writes.get_mut(&token) {
+                if let Some(ctx) = self.node.writes.get_mut(&token) {
                     ctx.waiters.push(Waiter { conn, stream: st.id, seq: seq_slot, reply, offer });
                 }
                 return Some(());
@@ -483,7 +487,7 @@ impl Broker {
     pub(super) fn route(&mut self, st: &CtlStream, req: &PublishReq) -> Result<Route, Refusal> {
         let shards =
             self.lookup_stream(st, &req.tenant_id, &req.namespace, &req.stream, Action::Publish, Missing::Create)?;
-        let entry = self.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()).expect("looked up");
+        let entry = self.node.streams.get(KeyRef(&req.tenant_id, &req.namespace, &req.stream).q()).expect("looked up");
         if let (Some(w), Some(_)) = (req.width, &req.key)
             && w != shards
         {
@@ -542,9 +546,9 @@ impl Broker {
         if self.import_written(token, ok, now) {
             return;
         }
-        let Some(ctx) = self.writes.get(&token) else { return };
+        let Some(ctx) = self.node.writes.get(&token) else { return };
         let (k, shard) = (ctx.key.clone(), ctx.shard);
-        let Some(entry) = self.streams.get_mut(&k) else {
+        let Some(entry) = self.node.streams.get_mut(&k) else {
             self.take_write(&token);
             return;
         };
@@ -581,7 +585,7 @@ impl Broker {
                     self.sys_settled(tok, &k, None, p, now);
                 }
             }
-            if let Some(e) = self.streams.get_mut(&k) {
+            if let Some(e) = self.node.streams.get_mut(&k) {
                 e.shards[0].log.trim_memory();
             }
             return;
@@ -594,11 +598,11 @@ impl Broker {
         }
         for (tok, base) in settled.done {
             if let Some(ctx) = self.take_write(&tok) {
-                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
+                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.node.streams.get_mut(&k)) {
                     e.shards[shard as usize].producers.settled(pid, seq, true);
                 }
                 // A commit's state changes take effect with its event, in offset order.
-                if let (Some(state), Some(e)) = (&ctx.state, self.streams.get_mut(&k))
+                if let (Some(state), Some(e)) = (&ctx.state, self.node.streams.get_mut(&k))
                     && let Ok(changes) = crate::storage::decode_state_changes(state)
                 {
                     e.shards[shard as usize].state.apply(base, &changes);
@@ -614,7 +618,7 @@ impl Broker {
         }
         for (tok, _, _) in settled.failed {
             if let Some(ctx) = self.take_write(&tok) {
-                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.streams.get_mut(&k)) {
+                if let (Some((pid, seq)), Some(e)) = (ctx.producer, self.node.streams.get_mut(&k)) {
                     e.shards[shard as usize].producers.settled(pid, seq, false);
                 }
                 let r = Refusal::new(ErrorCode::Storage, "the write failed; nothing was stored");
@@ -633,7 +637,7 @@ impl Broker {
         self.enforce_retention(Some(&k), now, false);
         let limit = self.cfg.max_pending_write_bytes;
         let mut resume = Vec::new();
-        if let Some(entry) = self.streams.get_mut(&k) {
+        if let Some(entry) = self.node.streams.get_mut(&k) {
             let sh = &mut entry.shards[shard as usize];
             sh.log.trim_memory();
             if sh.log.pending_bytes() <= limit / 2 {

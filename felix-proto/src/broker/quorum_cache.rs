@@ -123,7 +123,7 @@ fn cache_shard(k: &Key) -> ShardId {
 impl Broker {
     /// Whether the cache is replicated (this broker holds one of its replicas).
     pub(super) fn is_quorum_cache(&self, k: &Key) -> bool {
-        self.caches.get(k).is_some_and(|c| c.replica.is_some())
+        self.node.caches.get(k).is_some_and(|c| c.replica.is_some())
     }
 
     /// The cache of a replicated cache's shard this broker serves as one of its replicas,
@@ -143,7 +143,7 @@ impl Broker {
     /// log (and these contents) whole, or dropped ([`Broker::forget_replica_state`]).
     fn quorum_cache_data(&mut self, shard: &ShardId) -> &mut Cache {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let c = self.caches.entry(k).or_default();
+        let c = self.node.caches.entry(k).or_default();
         if !c.group {
             // Everything it holds comes from the group's log from now on, versions included:
             // not the wall-clock seed a configured cache starts its versions after, which
@@ -160,7 +160,7 @@ impl Broker {
         if shard.kind != Kind::Cache {
             return;
         }
-        if let Some(c) = self.caches.get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
+        if let Some(c) = self.node.caches.get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
             && c.group
         {
             c.empty_keeping_role(false);
@@ -183,6 +183,7 @@ impl Broker {
         // the world simulation once replicas moved by themselves). Its contents stay while the
         // replica lingers ([`Broker::forget_replica_state`] once it goes).
         let left: Vec<Key> = self
+            .node
             .caches
             .iter()
             .filter(|(k, c)| {
@@ -194,7 +195,7 @@ impl Broker {
             .map(|(k, _)| k.clone())
             .collect();
         for k in left {
-            if let Some(c) = self.caches.get_mut(&k) {
+            if let Some(c) = self.node.caches.get_mut(&k) {
                 c.replica = None;
                 c.read_lease = None;
                 c.results.clear();
@@ -217,7 +218,8 @@ impl Broker {
             return self.refuse(conn, st, Refusal::new(ErrorCode::InvalidRequest, "cache key longer than 65535 bytes"));
         }
         let token = self.propose_cache_ops(k, &[op], now);
-        self.cache_writes
+        self.node
+            .cache_writes
             .insert(token, CacheWrite { cache: k.clone(), to: Some((conn, st.id, Self::features_of(st), reply)) });
         Self::hold(st, HeldFor::Write(token));
     }
@@ -245,6 +247,7 @@ impl Broker {
     /// repeated or late one changes nothing).
     pub(super) fn quorum_cache_sweep(&mut self, now: Instant) {
         let mut due: Vec<(Key, Vec<CacheOp>)> = self
+            .node
             .caches
             .iter()
             .filter(|(_, c)| c.replica == Some(ReplicaRole::Leading) && c.has_expiring())
@@ -258,7 +261,7 @@ impl Broker {
         due.sort_by(|a, b| a.0.cmp(&b.0));
         for (k, ops) in due {
             let token = self.propose_cache_ops(&k, &ops, now);
-            self.cache_writes.insert(token, CacheWrite { cache: k, to: None });
+            self.node.cache_writes.insert(token, CacheWrite { cache: k, to: None });
         }
     }
 
@@ -344,7 +347,7 @@ impl Broker {
             self.keep_outcome(&k, at, outcome);
         }
         for (at, key_name, delta) in sums {
-            let counters = self.counters.entry(k.clone()).or_default();
+            let counters = self.node.counters.entry(k.clone()).or_default();
             counters.apply(syslog::CounterOp::Add { key: key_name.clone(), delta });
             let sum = counters.sums.get(&key_name).copied();
             self.keep_outcome(&k, at, Outcome { applied: true, sum, ..Outcome::default() });
@@ -354,7 +357,7 @@ impl Broker {
 
     /// Keeps an operation's outcome for the answer the leader owes (a follower owes none).
     fn keep_outcome(&mut self, k: &Key, at: u64, outcome: Outcome) {
-        let Some(c) = self.caches.get_mut(k) else { return };
+        let Some(c) = self.node.caches.get_mut(k) else { return };
         if !matches!(c.replica, Some(ReplicaRole::Leading | ReplicaRole::Settling)) {
             return;
         }
@@ -366,9 +369,11 @@ impl Broker {
 
     /// The group's answer to a proposed cache operation: `Some(())` when `token` was one.
     pub(super) fn handle_cache_answer(&mut self, token: WriteToken, answer: &Answer) -> Option<()> {
-        let w = self.cache_writes.remove(&token)?;
+        let w = self.node.cache_writes.remove(&token)?;
         let outcome = match answer {
-            Answer::Appended { offset, .. } => self.caches.get_mut(&w.cache).and_then(|c| c.results.remove(offset)),
+            Answer::Appended { offset, .. } => {
+                self.node.caches.get_mut(&w.cache).and_then(|c| c.results.remove(offset))
+            }
             _ => None,
         };
         // An expiry pass's proposal: nobody waits for it.
@@ -440,15 +445,16 @@ impl Broker {
     /// of them, and a compaction writes them into the snapshot on disk from where they are.
     pub(super) fn quorum_cache_state(&self, shard: &ShardId, b: &mut Vec<u8>) -> Option<CacheSection> {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let frozen = self.caches.get(&k).and_then(|c| c.freeze());
+        let frozen = self.node.caches.get(&k).and_then(|c| c.freeze());
         if frozen.is_none() {
-            match self.caches.get(&k) {
+            match self.node.caches.get(&k) {
                 Some(c) => c.encode_state_into(b),
                 None => Cache::default().encode_state_into(b),
             }
         }
         let mut counters = Vec::new();
-        let mut sums: Vec<(&String, &i64)> = self.counters.get(&k).map(|c| c.sums.iter().collect()).unwrap_or_default();
+        let mut sums: Vec<(&String, &i64)> =
+            self.node.counters.get(&k).map(|c| c.sums.iter().collect()).unwrap_or_default();
         sums.sort_unstable();
         counters.put_u32(sums.len() as u32);
         for (key, sum) in sums {
@@ -480,7 +486,7 @@ impl Broker {
         let wall = self.wall;
         let (cache, sums) = state.finish();
         let read = self.quorum_cache_data(shard).restore_state(cache, |w| wall.instant_at(w));
-        self.counters.entry(k).or_default().sums = if read { sums } else { HashMap::new() };
+        self.node.counters.entry(k).or_default().sums = if read { sums } else { HashMap::new() };
     }
 
     /// The role of this broker's replica of a replicated cache changed: a broker that stops
@@ -504,7 +510,7 @@ impl Broker {
         c.results.clear();
         let resume_from = Some(c.tail());
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        for (conn, id) in self.cache_watchers.remove(&k).unwrap_or_default() {
+        for (conn, id) in self.node.cache_watchers.remove(&k).unwrap_or_default() {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
             let m = message::ShardMoved {
                 subscription_id: id,
@@ -524,6 +530,7 @@ impl Broker {
         if shard.kind == Kind::Cache {
             // (Only on a replica the metadata names: a lingering one serves nothing.)
             if let Some(c) = self
+                .node
                 .caches
                 .get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
                 .filter(|c| c.replica.is_some())
@@ -531,6 +538,7 @@ impl Broker {
                 c.read_lease = until;
             }
         } else if let Some(sh) = self
+            .node
             .streams
             .get_mut(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
             .and_then(|e| e.shards.get_mut(shard.shard as usize))
@@ -543,7 +551,7 @@ impl Broker {
     /// stream, while it has consumer groups here (their polls are served only within one).
     pub(crate) fn wants_read_lease(&self, shard: &ShardId) -> bool {
         shard.kind == Kind::Cache
-            || self.groups.contains_key(&(key(&shard.tenant, &shard.namespace, &shard.name), shard.shard))
+            || self.node.groups.contains_key(&(key(&shard.tenant, &shard.namespace, &shard.name), shard.shard))
     }
 
     /// `Err` when a read of replicated cache `k` may not be answered here now: its replica
@@ -551,7 +559,7 @@ impl Broker {
     /// have been deposed by a partition it has not noticed). Retried, the read finds a
     /// confirmed leader, here or elsewhere.
     pub(super) fn quorum_read_allowed(&self, k: &Key, now: Instant) -> Result<(), Refusal> {
-        let Some(c) = self.caches.get(k).filter(|c| c.replica.is_some()) else { return Ok(()) };
+        let Some(c) = self.node.caches.get(k).filter(|c| c.replica.is_some()) else { return Ok(()) };
         if c.read_lease.is_some_and(|until| now < until) {
             return Ok(());
         }
@@ -561,7 +569,7 @@ impl Broker {
     /// Where a request for a replicated cache whose replica is here goes: `None` to serve it
     /// here (this replica leads), else the refusal or the leader to send it to.
     pub(super) fn quorum_cache_home(&self, k: &Key) -> Option<Result<crate::binary::OwnerHint, Refusal>> {
-        match self.caches.get(k)?.replica.as_ref()? {
+        match self.node.caches.get(k)?.replica.as_ref()? {
             ReplicaRole::Leading => None,
             ReplicaRole::Settling => Some(Err(Unavailable::NotReady.refusal(0, ""))),
             ReplicaRole::Following { leader: None } => Some(Err(Unavailable::NoLeader.refusal(0, ""))),

@@ -104,7 +104,8 @@ impl Broker {
         if shard.kind != Kind::Stream {
             return Vec::new();
         }
-        self.streams
+        self.node
+            .streams
             .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())
             .and_then(|e| e.shards.get(shard.shard as usize))
             .map(|s| s.log.held_from(from))
@@ -118,7 +119,7 @@ impl Broker {
             // A cache's checkpoints hold all of it: its log can go up to the latest one.
             return Some(u64::MAX);
         }
-        let e = self.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
+        let e = self.node.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
         Some(e.shards.get(shard.shard as usize)?.log.start())
     }
 
@@ -158,7 +159,7 @@ impl Broker {
 
     /// A restored shard's log goes on from the snapshot's next offset.
     fn restored_from(&mut self, k: &Key, shard: u32, next_offset: u64) {
-        let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
+        let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         if sh.log.next_offset() == next_offset && sh.log.start() == next_offset {
             return;
         }
@@ -218,10 +219,12 @@ impl Broker {
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn group_finished(&self, shard: &ShardId, group: &str, (lo, hi): (u64, u64)) -> Vec<u64> {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let Some(log) = self.streams.get(&k).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log) else {
+        let Some(log) = self.node.streams.get(&k).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log)
+        else {
             return Vec::new();
         };
-        let Some(d) = self.groups.get(&(k.clone(), shard.shard)).and_then(|g| g.get(group)).map(|g| &g.durable) else {
+        let Some(d) = self.node.groups.get(&(k.clone(), shard.shard)).and_then(|g| g.get(group)).map(|g| &g.durable)
+        else {
             return Vec::new();
         };
         (lo..hi)
@@ -234,7 +237,7 @@ impl Broker {
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn log_bounds(&self, shard: &ShardId) -> Option<(u64, u64)> {
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let log = &self.streams.get(&k)?.shards.get(shard.shard as usize)?.log;
+        let log = &self.node.streams.get(&k)?.shards.get(shard.shard as usize)?.log;
         Some((log.start(), log.committed_tail()))
     }
 
@@ -254,29 +257,30 @@ impl Broker {
     /// changes nothing).
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn cache_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<(Bytes, u64)> {
-        self.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
+        self.node.caches.get(KeyRef(tenant, namespace, cache).q())?.peek(key, self.last_now())
     }
 
     /// The sum of counter `key` of a cache held here (checkers; changes nothing).
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn counter_peek(&self, tenant: &str, namespace: &str, cache: &str, key: &str) -> Option<i64> {
-        self.counters.get(KeyRef(tenant, namespace, cache).q())?.sums.get(key).copied()
+        self.node.counters.get(KeyRef(tenant, namespace, cache).q())?.sums.get(key).copied()
     }
 
     /// The value of `key` in a stream shard's commit state held here (checkers; changes
     /// nothing).
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn commit_state_peek(&self, shard: &ShardId, key: &str) -> Option<Bytes> {
-        let e = self.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
+        let e = self.node.streams.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?;
         e.shards.get(shard.shard as usize)?.state.peek(key).cloned()
     }
 
     /// The role of this broker's replica of a shard, if it holds one.
     pub fn replica_role(&self, shard: &ShardId) -> Option<&ReplicaRole> {
         if shard.kind == Kind::Cache {
-            return self.caches.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?.replica.as_ref();
+            return self.node.caches.get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?.replica.as_ref();
         }
-        self.streams
+        self.node
+            .streams
             .get(KeyRef(&shard.tenant, &shard.namespace, &shard.name).q())?
             .shards
             .get(shard.shard as usize)?
@@ -299,7 +303,9 @@ impl Broker {
             return self.apply_replicated_cache(shard, offset, batch, now);
         }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
+        let Some(sh) = self.node.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
+            return;
+        };
         let count = u64::from(batch.records.count());
         let state = batch.state;
         let c = super::log::Committed {
@@ -332,7 +338,9 @@ impl Broker {
             return;
         }
         let k = key(&shard.tenant, &shard.namespace, &shard.name);
-        let Some(sh) = self.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else { return };
+        let Some(sh) = self.node.streams.get_mut(&k).and_then(|e| e.shards.get_mut(shard.shard as usize)) else {
+            return;
+        };
         // The entry carries no time: it takes the last batch's, alike on every replica (this
         // broker's own clock would differ from the others').
         let _ = sh.log.append_committed(offset, super::log::Committed::default(), true, entry);
@@ -346,12 +354,12 @@ impl Broker {
         if self.handle_cache_answer(token, &answer).is_some() {
             return;
         }
-        if let Some(p) = self.group_proposals.remove(&token) {
+        if let Some(p) = self.node.group_proposals.remove(&token) {
             return self.group_answered(token, p, answer, now);
         }
         let Some(ctx) = self.take_write(&token) else { return };
         let mut resume = Vec::new();
-        if let Some(sh) = self.streams.get_mut(&ctx.key).and_then(|e| e.shards.get_mut(ctx.shard as usize)) {
+        if let Some(sh) = self.node.streams.get_mut(&ctx.key).and_then(|e| e.shards.get_mut(ctx.shard as usize)) {
             sh.replicating = sh.replicating.saturating_sub(ctx.replicated);
             if sh.replicating <= self.cfg.max_pending_write_bytes / 2 {
                 resume = std::mem::take(&mut sh.paused);
@@ -399,7 +407,8 @@ impl Broker {
     /// holds in memory: the Raft log indexes `low..high` holding the batches to read back.
     /// `None` for a shard whose older history is not in a Raft log.
     pub(crate) fn replicated_read_range(&self, r: &ReadRequest) -> Option<(u64, u64)> {
-        let sh = self.streams.get(KeyRef(&r.tenant_id, &r.namespace, &r.stream).q())?.shards.get(r.shard as usize)?;
+        let sh =
+            self.node.streams.get(KeyRef(&r.tenant_id, &r.namespace, &r.stream).q())?.shards.get(r.shard as usize)?;
         sh.log.entry_range(r.from, r.end, r.max_bytes)
     }
 
@@ -416,7 +425,7 @@ impl Broker {
         now: Instant,
     ) {
         let k = KeyRef(&shard.tenant, &shard.namespace, &shard.name);
-        let log = self.streams.get(k.q()).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log);
+        let log = self.node.streams.get(k.q()).and_then(|e| e.shards.get(shard.shard as usize)).map(|s| &s.log);
         let mut batches = Vec::with_capacity(entries.len());
         for e in entries {
             let Some((base_offset, timestamp_micros, generation_start)) = log.and_then(|l| l.evicted_entry(e.index))
@@ -470,7 +479,7 @@ impl Broker {
             state: b.state,
             side: false,
         };
-        if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
+        if let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.replicating += bytes;
         }
         self.out.push_back(BrokerOutput::Cluster(ClusterOutput::Replicate {
@@ -479,7 +488,7 @@ impl Broker {
             batch,
         }));
         let ctx = WriteCtx { replicated: bytes, ..WriteCtx::new(k.clone(), shard) };
-        self.writes.insert(token, ctx);
+        self.node.writes.insert(token, ctx);
         token
     }
 }

@@ -154,7 +154,7 @@ impl Broker {
         // The tenant's connection quota: this connection counts from its first authenticated
         // stream; one more connection than allowed is refused, fatally.
         let counted = self.conns.get(&conn).is_some_and(|c| c.tenant.as_deref() == Some(a.tenant_id.as_str()));
-        if let Some(max) = self.limits.max_connections(&a.tenant_id)
+        if let Some(max) = self.node.limits.max_connections(&a.tenant_id)
             && !counted
             && self.conns.values().filter(|c| c.tenant.as_deref() == Some(a.tenant_id.as_str())).count() >= max as usize
         {
@@ -360,6 +360,7 @@ impl Broker {
                     Err(r) => return self.refuse(conn, st, r),
                 };
                 let routing = self
+                    .node
                     .streams
                     .get(KeyRef(&q.tenant_id, &q.namespace, &q.stream).q())
                     .map(|e| e.config.routing)
@@ -369,7 +370,7 @@ impl Broker {
                 self.send(conn, st, json_frame(&m));
             }
             Message::CacheShards(q) => {
-                let known = self.caches.contains_key(KeyRef(&q.tenant_id, &q.namespace, &q.cache).q());
+                let known = self.node.caches.contains_key(KeyRef(&q.tenant_id, &q.namespace, &q.cache).q());
                 let shards =
                     self.cluster_cache_shards(&q.tenant_id, &q.namespace, &q.cache).unwrap_or_else(|| u32::from(known));
                 let m = Message::CacheShardsView(message::CacheShardsView { shards, request_id: q.request_id });
@@ -418,9 +419,9 @@ impl Broker {
                 .collect(),
             config,
         };
-        self.aged_streams += usize::from(entry.config.retention.max_age.is_some());
-        if let Some(old) = self.streams.insert(k, entry) {
-            self.aged_streams -= usize::from(old.config.retention.max_age.is_some());
+        self.node.aged_streams += usize::from(entry.config.retention.max_age.is_some());
+        if let Some(old) = self.node.streams.insert(k, entry) {
+            self.node.aged_streams -= usize::from(old.config.retention.max_age.is_some());
         }
         shards
     }
@@ -519,7 +520,7 @@ impl Broker {
                 format!("stream names starting with {} are reserved for the broker", syslog::SYS_PREFIX),
             ));
         }
-        if let Some(e) = self.streams.get(KeyRef(t, ns, s).q()) {
+        if let Some(e) = self.node.streams.get(KeyRef(t, ns, s).q()) {
             // In a cluster a stream exists once the metadata says so: one this broker has from
             // its own configuration is proposed with that configuration first (every broker
             // would otherwise write its own copy).
@@ -542,8 +543,8 @@ impl Broker {
         check_new_name("namespace", ns)?;
         check_new_name("stream", s)?;
         if self.cfg.auto_create
-            && let Some(max) = self.limits.max_streams(t, ns)
-            && self.streams.keys().filter(|k| k.tenant() == t && k.namespace() == ns && !syslog::is_sys(k)).count()
+            && let Some(max) = self.node.limits.max_streams(t, ns)
+            && self.node.streams.keys().filter(|k| k.tenant() == t && k.namespace() == ns && !syslog::is_sys(k)).count()
                 >= max as usize
         {
             self.stats.quota_refusals += 1;

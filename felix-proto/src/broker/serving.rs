@@ -266,7 +266,7 @@ impl Broker {
     /// that read it; a durable shard's says where to resume), polls waiting on it answered.
     /// `false` when there is no such shard.
     pub(super) fn shard_on(&mut self, k: &Key, n: u32, ev: ServingEvent, now: Instant) -> bool {
-        let Some(entry) = self.streams.get_mut(k) else { return false };
+        let Some(entry) = self.node.streams.get_mut(k) else { return false };
         let durable = entry.config.durable;
         let Some(s) = entry.shards.get_mut(n as usize) else { return false };
         let Some(owner) = s.serving.on(ev) else { return true };

@@ -221,7 +221,7 @@ impl Broker {
                 Err(r) => return self.answer_now(conn, st, reply, Err(&r)),
             };
         // Owner-only and never forwarded: a shard owned elsewhere is a redirect.
-        if let Some(entry) = self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()) {
+        if let Some(entry) = self.node.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()) {
             let shard = c.shard.unwrap_or_else(|| shard_for_key(Some(&c.entity_key.0), shards, entry.config.routing));
             if let Some(m) = entry.shards.get(shard as usize).and_then(|s| s.serving.away()) {
                 let msg = Self::not_leader_answer(self.server_features, &Self::features_of(st), m, shard);
@@ -229,7 +229,7 @@ impl Broker {
             }
         }
         let durable =
-            self.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()).is_some_and(|e| e.config.durable);
+            self.node.streams.get(KeyRef(&c.tenant_id, &c.namespace, &c.stream).q()).is_some_and(|e| e.config.durable);
         if !durable {
             let r = Refusal::new(
                 ErrorCode::InvalidRequest,
@@ -262,7 +262,7 @@ impl Broker {
                 Ok(n) => n,
                 Err(r) => return self.refuse(conn, st, r),
             };
-        let Some(entry) = self.streams.get(KeyRef(&g.tenant_id, &g.namespace, &g.stream).q()) else { return };
+        let Some(entry) = self.node.streams.get(KeyRef(&g.tenant_id, &g.namespace, &g.stream).q()) else { return };
         let shard = match g.shard {
             Some(s) if s >= shards => {
                 let r = Refusal::new(ErrorCode::InvalidRequest, format!("stream has no shard {s} (it has {shards})"));

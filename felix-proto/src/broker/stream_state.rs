@@ -62,10 +62,11 @@ impl Broker {
     /// it only if it becomes a snapshot.
     pub(super) fn replicated_stream_state_head(&self, k: &Key, shard: u32, b: &mut Vec<u8>) -> Option<CommitSection> {
         b.push(STREAM_STATE_VERSION);
-        let ts = self.streams.get(k).and_then(|e| e.shards.get(shard as usize)).map_or(0, |s| s.log.last_timestamp());
+        let ts =
+            self.node.streams.get(k).and_then(|e| e.shards.get(shard as usize)).map_or(0, |s| s.log.last_timestamp());
         b.extend_from_slice(&ts.to_be_bytes());
         let mut records: Vec<Bytes> = Vec::new();
-        if let Some(groups) = self.groups.get(&(k.clone(), shard)) {
+        if let Some(groups) = self.node.groups.get(&(k.clone(), shard)) {
             let mut names: Vec<_> = groups.keys().collect();
             names.sort();
             for name in names {
@@ -81,7 +82,7 @@ impl Broker {
         // The commit state, when the shard holds any (D63): once retention compacted the log,
         // the commits that wrote it are gone, and a snapshot is the only place it lives. A
         // shard that holds none writes the bytes it always did.
-        let sh = self.streams.get(k).and_then(|e| e.shards.get(shard as usize))?;
+        let sh = self.node.streams.get(k).and_then(|e| e.shards.get(shard as usize))?;
         sh.state.freeze().map(CommitSection)
     }
 
@@ -103,7 +104,7 @@ impl Broker {
     }
 
     fn apply_stream_state(&mut self, k: &Key, shard: u32, ts: u64, ops: Vec<GroupOp>, commits: Option<Restored>) {
-        if let Some(sh) = self.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
+        if let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) {
             sh.log.raise_timestamp(ts);
             // (A snapshot without the section leaves the state to the entries, as before D63.)
             match commits {
@@ -112,7 +113,7 @@ impl Broker {
                 None => {}
             }
         }
-        let groups = self.groups.entry((k.clone(), shard)).or_default();
+        let groups = self.node.groups.entry((k.clone(), shard)).or_default();
         for g in groups.values_mut() {
             g.apply(&GroupOp::Reset);
         }

@@ -18,7 +18,7 @@ impl Broker {
     /// tenant's quota when it is lower.
     pub(super) fn max_subscriptions(&self, st: &CtlStream) -> usize {
         let cap = self.cfg.max_subscriptions_per_connection;
-        let quota = st.session.as_ref().and_then(|s| self.limits.max_subscriptions(&s.tenant_id));
+        let quota = st.session.as_ref().and_then(|s| self.node.limits.max_subscriptions(&s.tenant_id));
         quota.map_or(cap, |q| q.min(cap)) as usize
     }
 
@@ -27,7 +27,7 @@ impl Broker {
     pub fn start_generation(&mut self, tenant: &str, ns: &str, stream: &str, shard: u32, now: Instant) -> Option<u64> {
         let now = self.clock.advance(now);
         let k = key(tenant, ns, stream);
-        let entry = self.streams.get_mut(&k)?;
+        let entry = self.node.streams.get_mut(&k)?;
         if !entry.config.durable {
             return None;
         }
@@ -53,7 +53,7 @@ impl Broker {
             fsync: entry.config.fsync,
             stream_shards,
         })));
-        self.writes.insert(token, WriteCtx::new(k, shard));
+        self.node.writes.insert(token, WriteCtx::new(k, shard));
         Some(base)
     }
 
@@ -61,7 +61,7 @@ impl Broker {
     // Delivery
 
     pub(super) fn fanout_committed(&mut self, k: &Key, shard: u32, base: u64, end: u64) {
-        let Some(entry) = self.streams.get_mut(k) else { return };
+        let Some(entry) = self.node.streams.get_mut(k) else { return };
         let s = &mut entry.shards[shard as usize];
         let Some(b) = s.log.batch_at(base) else { return };
         if b.generation_start || b.base != base || b.end() != end {
@@ -91,7 +91,8 @@ impl Broker {
             if sub.filtered > 0 {
                 // Offsets its filter passed over: said in this frame alone.
                 let extra = std::mem::take(&mut sub.filtered);
-                let Some(b) = self.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base)) else {
+                let Some(b) = self.node.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base))
+                else {
                     break;
                 };
                 let frame = b.frame_skipping(shape, extra);
@@ -103,7 +104,8 @@ impl Broker {
             let frame = match frames.iter().flatten().find(|(sh, _)| *sh == shape) {
                 Some((_, f)) => f.clone(),
                 None => {
-                    let Some(b) = self.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base))
+                    let Some(b) =
+                        self.node.streams.get_mut(k).and_then(|e| e.shards[shard as usize].log.batch_at(base))
                     else {
                         break;
                     };
@@ -125,7 +127,7 @@ impl Broker {
     /// not excused) is left with its queue over half full: the shard's publishers are to be
     /// held ([`BrokerConfig::publisher_hold_max`]).
     pub(super) fn fanout(&mut self, k: &Key, shard: u32, mut batch: log::LogBatch) -> bool {
-        let Some(entry) = self.streams.get(k) else { return false };
+        let Some(entry) = self.node.streams.get(k) else { return false };
         let mut subs = std::mem::take(&mut self.fanout_subs);
         subs.clear();
         subs.extend_from_slice(&entry.shards[shard as usize].subs);
@@ -200,7 +202,7 @@ impl Broker {
                 }
                 let cursor = catch_up.cursor;
                 let (k, shard, shape) = (sub.key.clone(), sub.shard, sub.shape);
-                let Some(entry) = self.streams.get_mut(&k) else { return };
+                let Some(entry) = self.node.streams.get_mut(&k) else { return };
                 let log = &mut entry.shards[shard as usize].log;
                 // Retention may have passed the cursor: that history is gone (a visible gap).
                 let cursor = cursor.max(log.start());
@@ -210,7 +212,7 @@ impl Broker {
                 if cursor < log.memory_start() {
                     let token = self.ids.read();
                     let end = log.memory_start();
-                    self.reads.insert(token, ReadFor::Sub(conn, id));
+                    self.node.reads.insert(token, ReadFor::Sub(conn, id));
                     self.out.push_back(BrokerOutput::Storage(StorageOutput::Read(ReadRequest {
                         token,
                         tenant_id: k.tenant().to_owned(),
@@ -319,7 +321,7 @@ impl Broker {
     /// to the subscriber that asked, in order, and its catch-up continues.
     pub fn handle_read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
         self.clock.advance(now);
-        let (conn, id) = match self.reads.remove(&token) {
+        let (conn, id) = match self.node.reads.remove(&token) {
             Some(ReadFor::Sub(conn, id)) => (conn, id),
             Some(ReadFor::Page(p)) => return self.page_read_complete(token, p, batches),
             Some(ReadFor::Poll(p)) => return self.poll_read_complete(*p, batches),
@@ -339,6 +341,7 @@ impl Broker {
         let mut filtered = std::mem::take(&mut sub.filtered);
         let asked_from = cursor;
         let memory_start = self
+            .node
             .streams
             .get(&sub.key)
             .and_then(|e| e.shards.get(sub.shard as usize))
@@ -395,14 +398,14 @@ impl Broker {
     /// The shared copy of a subscription filter (D57): subscriptions with equal filters hold
     /// one, so fan-out judges each batch once per distinct filter.
     fn intern_filter(&mut self, f: &message::KeyFilter) -> std::sync::Arc<message::KeyFilter> {
-        if let Some(shared) = self.filters.get(f).and_then(std::sync::Weak::upgrade) {
+        if let Some(shared) = self.node.filters.get(f).and_then(std::sync::Weak::upgrade) {
             return shared;
         }
-        if self.filters.len() >= 64 {
-            self.filters.retain(|_, w| w.strong_count() > 0);
+        if self.node.filters.len() >= 64 {
+            self.node.filters.retain(|_, w| w.strong_count() > 0);
         }
         let shared = std::sync::Arc::new(f.clone());
-        self.filters.insert(f.clone(), std::sync::Arc::downgrade(&shared));
+        self.node.filters.insert(f.clone(), std::sync::Arc::downgrade(&shared));
         shared
     }
 
@@ -438,7 +441,7 @@ impl Broker {
         let Some(k) = self.stream_key(&s.tenant_id, &s.namespace, &s.stream) else { return };
         let max_subs = self.max_subscriptions(st);
         let cap_max = self.cfg.subscriber_queue_capacity_max.max(1);
-        let entry = self.streams.get_mut(&k).expect("looked up");
+        let entry = self.node.streams.get_mut(&k).expect("looked up");
         let durable = entry.config.durable;
         let default_cap = entry.config.queue_capacity.clamp(1, cap_max);
         let sh = &mut entry.shards[shard as usize];
@@ -517,7 +520,7 @@ impl Broker {
                 ..Sub::new(id, k.clone(), shard, shape, offer, (durable && cursor < tail).then_some(cursor))
             },
         );
-        let entry = self.streams.get_mut(&k).expect("looked up");
+        let entry = self.node.streams.get_mut(&k).expect("looked up");
         entry.shards[shard as usize].subs.push((conn, id));
         let answer = Message::Subscribed(message::Subscribed {
             subscription_id: id,

@@ -253,7 +253,7 @@ impl Counters {
 impl Broker {
     /// The system log `k`, created on first use.
     fn sys_log(&mut self, k: &Key) {
-        if !self.streams.contains_key(k) {
+        if !self.node.streams.contains_key(k) {
             self.create_stream(k.clone(), sys_stream_config());
         }
     }
@@ -271,7 +271,7 @@ impl Broker {
         let token = self.ids.write();
         let records = Records::from_payloads(payloads).unwrap_or_default();
         let ts = self.wall.micros(now);
-        let entry = self.streams.get_mut(k).expect("created above");
+        let entry = self.node.streams.get_mut(k).expect("created above");
         let (base, _) = entry.shards[0].log.append(records.clone(), ts, None, Some(token));
         self.out.push_back(BrokerOutput::Storage(StorageOutput::Persist(PersistRequest {
             key: None,
@@ -290,7 +290,7 @@ impl Broker {
             fsync: None,
             stream_shards: 1,
         })));
-        self.writes.insert(token, WriteCtx { sys: Some(pending), ..WriteCtx::new(k.clone(), 0) });
+        self.node.writes.insert(token, WriteCtx { sys: Some(pending), ..WriteCtx::new(k.clone(), 0) });
         token
     }
 
@@ -327,7 +327,7 @@ impl Broker {
                     let w = super::consume::GroupProposal { conn, stream, data, shard, op, answer };
                     self.group_settled(HeldFor::Write(token), w, settled, now);
                     if ok {
-                        *self.group_ops.entry(k.clone()).or_default() += 1;
+                        *self.node.group_ops.entry(k.clone()).or_default() += 1;
                     }
                 }
                 SysPending::Checkpoint => {
@@ -365,17 +365,18 @@ impl Broker {
         };
         if let Some(base) = base {
             let records = self
+                .node
                 .streams
                 .get_mut(k)
                 .and_then(|e| e.shards[0].log.batch_at(base).map(|b| b.records.clone()))
                 .unwrap_or_default();
-            self.counters.entry(cache.clone()).or_default().apply_records(&records);
+            self.node.counters.entry(cache.clone()).or_default().apply_records(&records);
         }
         match pending {
             SysPending::CounterAdd { conn, stream, request_id, key } => {
                 let data = match base {
                     Some(_) => {
-                        let value = self.counters.get(&cache).and_then(|c| c.sums.get(&key).copied());
+                        let value = self.node.counters.get(&cache).and_then(|c| c.sums.get(&key).copied());
                         super::json_frame(&crate::message::Message::CounterValue(crate::message::CounterValue {
                             value,
                             request_id,
@@ -420,7 +421,7 @@ impl Broker {
     ) -> Option<WriteToken> {
         // Without storage (a broker that cannot read history back) a cache stays in memory.
         let has_storage = self.cfg.history_reads;
-        let c = self.caches.get_mut(cache).filter(|c| c.durable && has_storage)?;
+        let c = self.node.caches.get_mut(cache).filter(|c| c.durable && has_storage)?;
         if changes.is_empty() {
             return None;
         }
@@ -449,7 +450,7 @@ impl Broker {
         st: &mut super::CtlStream,
         answer: Bytes,
     ) {
-        if let Some(ctx) = self.writes.get_mut(&token)
+        if let Some(ctx) = self.node.writes.get_mut(&token)
             && let Some(SysPending::CacheChanges { answer: slot }) = ctx.sys.as_mut()
         {
             *slot = Some((conn, st.id, answer));
@@ -460,15 +461,15 @@ impl Broker {
     /// Writes a checkpoint of a durable cache (every entry) when enough changes piled up and
     /// nothing else is in flight on its log, so the log below it can go.
     fn maybe_checkpoint_cache(&mut self, k: &Key, cache: &Key, now: Instant) {
-        let Some(c) = self.caches.get(cache) else { return };
+        let Some(c) = self.node.caches.get(cache) else { return };
         let idle =
-            self.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
+            self.node.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
         if !idle || c.since_checkpoint < CHECKPOINT_EVERY || c.since_checkpoint <= 2 * c.len() as u64 {
             return;
         }
         let mut records = vec![CacheRecord::Reset.encode()];
         records.extend(c.entries_sorted().iter().map(|e| self.cache_record(e).encode()));
-        if let Some(c) = self.caches.get_mut(cache) {
+        if let Some(c) = self.node.caches.get_mut(cache) {
             c.since_checkpoint = 0;
         }
         self.sys_append(k, records, SysPending::Checkpoint, now);
@@ -477,12 +478,12 @@ impl Broker {
     /// Writes a checkpoint of a cache's counters when enough deltas piled up and nothing else
     /// is in flight on its log (so the checkpoint is exactly the fold below it).
     fn maybe_checkpoint(&mut self, k: &Key, cache: &Key, now: Instant) {
-        let Some(c) = self.counters.get(cache) else { return };
+        let Some(c) = self.node.counters.get(cache) else { return };
         let idle =
-            self.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
+            self.node.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
         if idle && c.wants_checkpoint() {
             let records = c.checkpoint();
-            if let Some(c) = self.counters.get_mut(cache) {
+            if let Some(c) = self.node.counters.get_mut(cache) {
                 c.since_checkpoint = 0;
             }
             self.sys_append(k, records, SysPending::Checkpoint, now);
@@ -492,13 +493,13 @@ impl Broker {
     /// Writes a checkpoint of a shard's groups (every group's durable state) when enough
     /// operations piled up and nothing else is in flight on its log.
     fn maybe_checkpoint_groups(&mut self, k: &Key, data: &Key, shard: u32, now: Instant) {
-        let ops = self.group_ops.get(k).copied().unwrap_or(0);
+        let ops = self.node.group_ops.get(k).copied().unwrap_or(0);
         let idle =
-            self.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
+            self.node.streams.get(k).is_some_and(|e| e.shards[0].log.committed_tail() == e.shards[0].log.next_offset());
         if !idle || ops < CHECKPOINT_EVERY {
             return;
         }
-        self.group_ops.insert(k.clone(), 0);
+        self.node.group_ops.insert(k.clone(), 0);
         let records = self.group_records(data, shard);
         self.sys_append(k, records, SysPending::Checkpoint, now);
     }
@@ -507,7 +508,7 @@ impl Broker {
     /// group's durable state, by name.
     fn group_records(&self, data: &Key, shard: u32) -> Vec<Bytes> {
         let mut records = vec![super::group::GroupOp::Reset.encode()];
-        if let Some(groups) = self.groups.get(&(data.clone(), shard)) {
+        if let Some(groups) = self.node.groups.get(&(data.clone(), shard)) {
             let mut names: Vec<_> = groups.keys().collect();
             names.sort();
             for name in names {
@@ -521,7 +522,7 @@ impl Broker {
     /// What a moving shard's copy carries of its consumer groups (D65): their checkpoint, when
     /// the shard has any group holding something.
     pub(super) fn groups_checkpoint(&self, data: &Key, shard: u32) -> Option<Vec<Bytes>> {
-        let groups = self.groups.get(&(data.clone(), shard))?;
+        let groups = self.node.groups.get(&(data.clone(), shard))?;
         groups.values().any(|g| g.durable != super::group::Durable::default()).then(|| self.group_records(data, shard))
     }
 
@@ -535,7 +536,7 @@ impl Broker {
         records: Vec<Bytes>,
         now: Instant,
     ) {
-        let groups = self.groups.entry((data.clone(), s.shard)).or_default();
+        let groups = self.node.groups.entry((data.clone(), s.shard)).or_default();
         for p in &records {
             match super::group::GroupOp::decode(p) {
                 Some(super::group::GroupOp::Reset) => groups.clear(),
@@ -552,7 +553,7 @@ impl Broker {
 
     /// Drops a system log below a committed checkpoint (memory and, through storage, disk).
     fn sys_truncate(&mut self, k: &Key, start: u64) {
-        if let Some(e) = self.streams.get_mut(k) {
+        if let Some(e) = self.node.streams.get_mut(k) {
             e.shards[0].log.truncate_before(start);
             self.out.push_back(BrokerOutput::Storage(StorageOutput::Truncate {
                 tenant_id: k.tenant().to_owned(),
@@ -569,7 +570,7 @@ impl Broker {
     /// Rebuilds a system log's state from what storage recovered (in offset order).
     pub(super) fn sys_restore(&mut self, k: &Key, batches: &[crate::storage::StoredBatch]) {
         if let Some((data, shard)) = super::consume::parse_groups_key(k) {
-            let groups = self.groups.entry((data, shard)).or_default();
+            let groups = self.node.groups.entry((data, shard)).or_default();
             for b in batches.iter().filter(|b| !b.generation_start) {
                 for p in b.records.payloads() {
                     match super::group::GroupOp::decode(&p) {
@@ -586,7 +587,7 @@ impl Broker {
         }
         if let Some(cache) = k.name().strip_prefix("$cache.").map(|c| key(k.tenant(), k.namespace(), c)) {
             let wall = self.wall;
-            let c = self.caches.entry(cache).or_default();
+            let c = self.node.caches.entry(cache).or_default();
             c.durable = true;
             for b in batches.iter().filter(|b| !b.generation_start) {
                 fold_cache_records(c, wall, b.records.payloads());
@@ -594,7 +595,7 @@ impl Broker {
             return;
         }
         if let Some(cache) = k.name().strip_prefix("$counters.").map(|c| key(k.tenant(), k.namespace(), c)) {
-            let c = self.counters.entry(cache).or_default();
+            let c = self.node.counters.entry(cache).or_default();
             for b in batches.iter().filter(|b| !b.generation_start) {
                 c.apply_records(&b.records);
             }

@@ -68,7 +68,7 @@ impl Broker {
         if w.retained && !self.server_features.contains(Features::CACHE_WATCH_RETAINED) {
             return self.refuse(conn, st, invalid("retained delivery is not served"));
         }
-        let cache = self.caches.get_mut(&k).expect("cache_entry created it");
+        let cache = self.node.caches.get_mut(&k).expect("cache_entry created it");
         // Expired entries are written as deletes before the tail is read (a replicated cache's
         // come from its log).
         if cache.replica.is_none() && !cache.group {
@@ -131,7 +131,7 @@ impl Broker {
                 ..Sub::new(id, k.clone(), 0, Default::default(), offer, None)
             },
         );
-        self.cache_watchers.entry(k).or_default().push((conn, id));
+        self.node.cache_watchers.entry(k).or_default().push((conn, id));
         let m = Message::CacheWatchStarted(message::CacheWatchStarted {
             subscription_id: id,
             resume_offset: tail,
@@ -146,13 +146,13 @@ impl Broker {
     /// A durable cache's changes are also written to its system log: the write's token comes
     /// back, for the answer of the request that made them to wait on.
     pub(super) fn cache_fanout(&mut self, k: &Key, now: Instant) -> Option<crate::transport::WriteToken> {
-        let cache = self.caches.get_mut(k)?;
+        let cache = self.node.caches.get_mut(k)?;
         let changes = cache.take_new();
         if changes.is_empty() {
             return None;
         }
         let token = self.cache_persist(k, &changes, now);
-        let Some(watchers) = self.cache_watchers.get(k).cloned() else { return token };
+        let Some(watchers) = self.node.cache_watchers.get(k).cloned() else { return token };
         let frames: Vec<[Bytes; 2]> = changes.iter().map(|c| self.event_frame(c)).collect();
         for (conn, id) in watchers {
             let Some(sub) = self.conns.get_mut(&conn).and_then(|c| c.subs.get_mut(&id)) else { continue };
@@ -179,6 +179,7 @@ impl Broker {
     pub(super) fn cache_sweep(&mut self, now: Instant) {
         self.quorum_cache_sweep(now);
         let mut keys: Vec<Key> = self
+            .node
             .caches
             .iter()
             .filter(|(_, c)| c.has_expiring() && c.replica.is_none() && !c.group)
@@ -186,7 +187,7 @@ impl Broker {
             .collect();
         keys.sort_unstable(); // the deletes it writes come in the same order in every run
         for k in keys {
-            if let Some(c) = self.caches.get_mut(&k) {
+            if let Some(c) = self.node.caches.get_mut(&k) {
                 c.expire(now, 1024);
             }
             self.cache_fanout(&k, now);
