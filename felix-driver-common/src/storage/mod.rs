@@ -148,6 +148,8 @@ pub struct DiskStorage {
     /// the directory rather than by walking every open segment at each write, which with
     /// thousands of shards cost thousands of path comparisons a batch.
     appending: HashMap<PathBuf, PathBuf>,
+    /// The stream directory last asked for, by (tenant, namespace, stream).
+    last_dir: Option<(String, String, String, PathBuf)>,
 }
 
 /// The name a deleted stream's directory takes while it is removed.
@@ -183,6 +185,7 @@ impl DiskStorage {
             first_boundary: HashMap::new(),
             retention_listings: 0,
             appending: HashMap::new(),
+            last_dir: None,
         })
     }
 
@@ -196,8 +199,18 @@ impl DiskStorage {
         HistoryReader::new(&self.root)
     }
 
-    fn stream_dir(&self, tenant: &str, ns: &str, stream: &str) -> PathBuf {
-        stream_dir(&self.root, tenant, ns, stream)
+    /// The stream's directory. The last one asked for is kept: a storage thread writes and
+    /// truncates the same few streams batch after batch, and making each name safe as a path
+    /// component, then joining them, was 2.3% of a broker's CPU under one busy stream.
+    fn stream_dir(&mut self, tenant: &str, ns: &str, stream: &str) -> PathBuf {
+        if let Some((t, n, s, dir)) = &self.last_dir
+            && (t.as_str(), n.as_str(), s.as_str()) == (tenant, ns, stream)
+        {
+            return dir.clone();
+        }
+        let dir = stream_dir(&self.root, tenant, ns, stream);
+        self.last_dir = Some((tenant.to_owned(), ns.to_owned(), stream.to_owned(), dir.clone()));
+        dir
     }
 }
 
