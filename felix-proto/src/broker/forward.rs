@@ -44,9 +44,9 @@ pub(super) struct Forwarding {
 impl Broker {
     /// Forwards `req` (which [`route`](Self::route) refused `not_leader`) to the owner of its
     /// shard, when this broker is in a cluster and the request may be forwarded. `Some(req)`:
-    /// it was not, and here it is back (the caller answers the refusal). It takes the request rather than a
-    /// reference so that its names and records move into the forward, uncopied: this runs for
-    /// every batch a forwarding broker passes on.
+    /// it was not, and here it is back (the caller answers the refusal). It takes the request
+    /// rather than a reference so that its names and records move into the forward, uncopied:
+    /// this runs for every batch a forwarding broker passes on.
     pub(super) fn try_forward(
         &mut self,
         conn: ConnId,
