@@ -881,7 +881,7 @@ fn decode_body(kind: u8, body: Bytes) -> Result<PeerMessage, PeerError> {
 
 /// Reads framed peer messages from a byte stream, whatever the chunking. Never panics.
 ///
-/// The received chunks are kept as they came ([`Chunks`](crate::frame::chunks::Chunks)): a
+/// The received chunks are kept as they came (the queue the client frame decoder reads too): a
 /// message inside one is a slice of it, one spread over several is copied once.
 #[derive(Debug, Default)]
 pub struct PeerDecoder {
