@@ -209,7 +209,17 @@ impl DiskStorage {
             return dir.clone();
         }
         let dir = stream_dir(&self.root, tenant, ns, stream);
-        self.last_dir = Some((tenant.to_owned(), ns.to_owned(), stream.to_owned(), dir.clone()));
+        match &mut self.last_dir {
+            // Streams taking turns: the names' buffers are reused, not allocated again.
+            Some((t, n, s, d)) => {
+                for (buf, name) in [(t, tenant), (n, ns), (s, stream)] {
+                    buf.clear();
+                    buf.push_str(name);
+                }
+                d.clone_from(&dir);
+            }
+            None => self.last_dir = Some((tenant.to_owned(), ns.to_owned(), stream.to_owned(), dir.clone())),
+        }
         dir
     }
 }

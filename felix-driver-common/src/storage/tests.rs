@@ -118,6 +118,23 @@ fn retention_lists_a_shard_only_when_a_segment_can_go_and_sees_segments_started_
 }
 
 #[test]
+fn streams_written_in_turns_each_keep_their_own_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
+    let on = |stream: &str, token: u64, base: u64| PersistRequest { stream: stream.into(), ..req(token, base, &["x"]) };
+    // The storage keeps the last stream's directory; each turn must land in its own.
+    s.write(vec![on("a", 1, 0), on("b", 2, 0), on("a", 3, 1), on("c", 4, 0), on("b", 5, 1), on("a", 6, 2)]);
+    let mut got: Vec<(String, Vec<u64>)> = s
+        .recover()
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.stream.clone(), r.batches.iter().map(|b| b.base_offset).collect()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![("a".into(), vec![0, 1, 2]), ("b".into(), vec![0, 1]), ("c".into(), vec![0])]);
+}
+
+#[test]
 fn producer_watermarks_are_kept_beside_the_shard_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = DiskStorage::open(dir.path(), FsyncMode::Never).unwrap();
