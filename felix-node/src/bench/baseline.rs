@@ -146,13 +146,27 @@ pub(super) async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughp
         None
     };
     let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
-    let chunk = Bytes::from(vec![7u8; 64 * 1024]);
+    // Paced (`--rate` records/s of `--payload` bytes), it writes what a publisher's batches
+    // would carry, a batch's worth at a time: the same bytes per second as a Felix run at that
+    // rate, so that CPU per GB compares paths at the same load (a path run flat out amortises
+    // each wake-up, system call and ACK over more bytes than one at a third of that).
+    let pace = (a.rate > 0).then(|| a.rate as f64 * a.payload as f64);
+    let chunk_len = if pace.is_some() { (a.batch * a.payload).clamp(1, 1 << 20) } else { 64 * 1024 };
+    let chunk = Bytes::from(vec![7u8; chunk_len]);
     let total = a.duration;
     let cpu0 = cpu_seconds();
     let start = Instant::now();
     let mut last = Instant::now();
+    let mut sent = 0u64;
     while start.elapsed() < total {
+        if let Some(bytes_per_s) = pace {
+            let due = start + Duration::from_secs_f64(sent as f64 / bytes_per_s);
+            if due > Instant::now() {
+                tokio::time::sleep_until(due.into()).await;
+            }
+        }
         send.write_chunk(chunk.clone()).await.map_err(|e| e.to_string())?;
+        sent += chunk_len as u64;
         if last.elapsed() > Duration::from_millis(250) {
             last = Instant::now();
             let mb = received.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64() / 1e6;

@@ -120,7 +120,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 200_000)]
     backlog: u64,
     /// Measure raw QUIC instead: one stream of bulk bytes through quinn with the same TLS and
-    /// transport settings (the ceiling publish→deliver is compared against).
+    /// transport settings (the ceiling publish→deliver is compared against). With `--rate`, the
+    /// bytes `--rate` records of `--payload` bytes a second make, written `--batch` records'
+    /// worth at a time (CPU per GB at a given load rather than flat out).
     #[arg(long)]
     raw_quinn: bool,
     /// With --raw-quinn: two hops through a relay that forwards one connection's stream to
