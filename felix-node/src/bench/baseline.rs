@@ -150,7 +150,7 @@ pub(super) async fn raw_quinn_run(a: &BenchArgs, relay: bool) -> Result<Throughp
     // would carry, a batch's worth at a time: the same bytes per second as a Felix run at that
     // rate, so that CPU per GB compares paths at the same load (a path run flat out amortises
     // each wake-up, system call and ACK over more bytes than one at a third of that).
-    let pace = (a.rate > 0).then(|| a.rate as f64 * a.payload as f64);
+    let pace = (a.rate > 0).then_some(a.rate as f64 * a.payload as f64);
     let chunk_len = if pace.is_some() { (a.batch * a.payload).clamp(1, 1 << 20) } else { 64 * 1024 };
     let chunk = Bytes::from(vec![7u8; chunk_len]);
     let total = a.duration;
