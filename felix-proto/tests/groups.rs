@@ -545,3 +545,41 @@ proptest! {
         prop_assert_eq!(settled, all);
     }
 }
+
+/// A nack read only once its stream is read again (here: after a storage pause, on a write's
+/// completion) hands its record to a poll parked on another connection at once, not at the
+/// poll's deadline: what handling the nack asks of other streams runs at the end of every
+/// input, not only of the inputs that bring stream data.
+#[test]
+fn a_nack_read_after_a_storage_pause_wakes_parked_polls_at_once() {
+    let mut cfg = durable_config();
+    cfg.max_pending_write_bytes = 1000;
+    let mut sim = Sim::new(cfg, epoch());
+    let (p, s) = session(&mut sim, all_group_features());
+    publish(&mut sim, p, s, 1);
+    assert_eq!(records(&ask(&mut sim, p, s, G1.poll(1, 0, 1, None, false))[0]), [(0, 1)]);
+    let (c, cs) = session(&mut sim, all_group_features());
+    sim.raw_send(c, cs, G1.poll(5, 10_000, 2, None, false), false);
+    sim.run();
+    assert!(sim.take_received(c, cs).is_empty(), "parked: the only record is claimed");
+    // Storage falls behind on another stream's writes: the broker stops reading `p`'s stream,
+    // and the nack behind those publishes waits unread.
+    sim.storage = felix_proto::sim::StorageMode::Manual;
+    let payload = "z".repeat(100);
+    for _ in 0..50 {
+        sim.raw_send(p, s, publish_binary("orders", &[&payload], None, None), false);
+    }
+    sim.raw_send(p, s, G1.nack(0, 3, None, None), false);
+    sim.run();
+    assert!(!sim.pending_writes.is_empty());
+    assert!(!messages(&sim.take_received(p, s)).contains(&ok(3)), "the nack is not read yet");
+    sim.storage = felix_proto::sim::StorageMode::Immediate;
+    while !sim.pending_writes.is_empty() {
+        sim.complete_all_writes();
+    }
+    assert!(messages(&sim.take_received(p, s)).contains(&ok(3)), "the nack was read and answered");
+    // No time passed: the parked poll got the record from the nack, not its deadline.
+    let got = messages(&sim.take_received(c, cs));
+    assert_eq!(got.len(), 1, "the parked poll is answered at once: {got:?}");
+    assert_eq!(records(&got[0]), [(0, 2)]);
+}

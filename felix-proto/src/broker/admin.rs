@@ -186,7 +186,7 @@ impl Broker {
         for w in waiters {
             self.finish_waiter(w, Err(&r), now);
         }
-        self.run_releases(now);
+        self.run_events(now);
         true
     }
 

@@ -113,7 +113,7 @@ impl Broker {
     pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
         let now = self.clock.advance(now);
         self.drop_conn(conn);
-        self.run_releases(now);
+        self.run_events(now);
     }
 
     pub(super) fn drop_conn(&mut self, conn: ConnId) {
@@ -138,7 +138,7 @@ impl Broker {
 
     pub(super) fn unlink_sub(&mut self, conn: ConnId, sub: &Sub) {
         if sub.holding {
-            self.deferred.releases.push((sub.key.clone(), sub.shard));
+            self.events.raise(events::Event::HoldMayEnd(sub.key.clone(), sub.shard));
         }
         if sub.watch.is_some() {
             if let Some(w) = self.node.cache_watchers.get_mut(&sub.key) {
@@ -197,8 +197,7 @@ impl Broker {
             st.recv = Recv::Finished;
         }
         self.drive_stream(conn, stream, now);
-        self.run_wakes(now);
-        self.run_releases(now);
+        self.run_events(now);
     }
 
     /// The client reset its sending side of `stream`: drop what was buffered for it.
@@ -228,7 +227,7 @@ impl Broker {
         } else if let Some(st) = c.streams.get_mut(&stream) {
             st.send_finished = true;
         }
-        self.run_releases(now);
+        self.run_events(now);
     }
 
     /// The driver opened the unidirectional stream asked for with `token`.
@@ -263,7 +262,7 @@ impl Broker {
             if st.unflushed <= self.cfg.control_stream_unflushed_bytes / 2 && st.pauses.remove(Pause::Flush) {
                 st.resume_owed = true;
                 self.drive_stream(conn, stream, now);
-                self.run_wakes(now);
+                self.run_events(now);
             }
             return;
         }
@@ -271,7 +270,7 @@ impl Broker {
         sub.inflight = sub.inflight.saturating_sub(bytes);
         let id = sub.id;
         self.pump(conn, id);
-        self.run_releases(now);
+        self.run_events(now);
     }
 
     pub(super) fn drive_stream(&mut self, conn: ConnId, sid: StreamId, now: Instant) {

@@ -547,13 +547,6 @@ impl Broker {
         }
     }
 
-    /// Runs the wake-ups deferred while a control stream was being handled.
-    pub(super) fn run_wakes(&mut self, now: Instant) {
-        while let Some((k, shard)) = self.deferred.wakes.pop() {
-            self.wake_groups(&k, shard, now);
-        }
-    }
-
     /// When a group next needs the clock.
     pub(super) fn groups_deadline(&self) -> Option<Instant> {
         self.node.groups.values().flat_map(|gs| gs.values()).filter_map(Group::next_deadline).min()
@@ -608,7 +601,7 @@ impl Broker {
         let settle = g.nack(&n.group, n.offset, delay, n.attempts, log, now, &limits);
         self.settle(conn, st, &k, n.shard, settle, GroupAnswer::Ok(n.request_id), now);
         // Parked polls may take the record now, once this stream's answer is out.
-        self.deferred.wakes.push((k, n.shard));
+        self.events.raise(super::events::Event::GroupsMayTake(k, n.shard));
     }
 
     pub(super) fn group_extend(&mut self, conn: ConnId, st: &mut CtlStream, e: message::GroupExtend, now: Instant) {

@@ -48,17 +48,6 @@ impl Broker {
         }
     }
 
-    /// Ends the holds of shards whose holding subscribers drained or went, if none holds any
-    /// more.
-    pub(super) fn run_releases(&mut self, now: Instant) {
-        while let Some((k, shard)) = self.deferred.releases.pop() {
-            self.release(&k, shard, now);
-        }
-        while let Some((conn, sid)) = self.deferred.resumes.pop() {
-            self.drive_stream(conn, sid, now);
-        }
-    }
-
     /// A shard is going away (its stream deleted): the streams it paused, for its storage or
     /// for its subscribers, are let go (read again once the caller's input is handled), or
     /// they would stay paused with nothing left to resume them.
@@ -73,7 +62,7 @@ impl Broker {
                 && st.pauses.remove(why)
             {
                 st.resume_owed = true;
-                self.deferred.resumes.push((conn, sid));
+                self.events.raise(events::Event::Resume(conn, sid));
             }
         }
     }
@@ -100,11 +89,11 @@ impl Broker {
             }
             self.release(&k, shard, now);
         }
-        self.run_releases(now);
+        self.run_events(now);
     }
 
     /// Ends `k`/`shard`'s hold unless one of its subscribers still holds it.
-    fn release(&mut self, k: &Key, shard: u32, now: Instant) {
+    pub(super) fn release(&mut self, k: &Key, shard: u32, now: Instant) {
         let Some(sh) = self.node.streams.get_mut(k).and_then(|e| e.shards.get_mut(shard as usize)) else { return };
         let conns = &self.conns;
         let still =

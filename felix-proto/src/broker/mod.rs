@@ -54,6 +54,7 @@ mod catalog;
 pub mod cluster_admin;
 mod connection;
 mod create;
+mod events;
 mod forward;
 mod forward_request;
 mod hold;
@@ -352,20 +353,6 @@ struct PageRead {
     page: log::Page,
 }
 
-/// Work that touches other control streams than the one being handled (which is out of the
-/// broker's table while it is: [`Broker::drive_stream`]), run once it is back, in the order
-/// each kind's runner takes it.
-#[derive(Debug, Default)]
-struct Deferred {
-    /// Groups whose parked polls may take a record now.
-    wakes: Vec<(Key, u32)>,
-    /// Shards whose holding subscriber drained or went: their publishers may be read again.
-    releases: Vec<(Key, u32)>,
-    /// Control streams whose last pause went with the shard that caused it (a deleted
-    /// stream): to be read again.
-    resumes: Vec<(ConnId, StreamId)>,
-}
-
 #[derive(Debug)]
 struct Conn {
     streams: HashMap<StreamId, Box<CtlStream>>,
@@ -521,9 +508,9 @@ pub struct Broker {
     rng: u64,
     /// Shutting down: no new control stream is authenticated ([`Broker::begin_drain`]).
     draining: bool,
-    /// Work that touches other control streams, kept until the one being handled is back in
-    /// place and run at the end of the input that caused it.
-    deferred: Deferred,
+    /// Work that reaches other control streams than the one in hand, run at the end of the
+    /// input that raised it ([`events`]).
+    events: events::Events,
     /// What this broker holds as a member of a cluster (nothing in use on a single broker).
     pub(crate) membership: membership::Membership,
     /// What it holds for everyone, apart from any connection.
@@ -583,7 +570,7 @@ impl Broker {
             server_features,
             rng: 0,
             draining: false,
-            deferred: Deferred::default(),
+            events: events::Events::default(),
             membership: membership::Membership::default(),
             node: node::Node::default(),
         };
@@ -765,12 +752,10 @@ impl Broker {
         let expiry =
             self.timers.expiries.first().map(|(secs, _, _, _)| self.wall.instant_at(secs.saturating_mul(1_000_000)));
         let resume = self.timers.rate.first().map(|(t, _, _)| *t);
-        // A release owed is due at once; a hold ends at its deadline.
-        let hold = if self.deferred.releases.is_empty() && self.deferred.resumes.is_empty() {
-            self.timers.holds.first().map(|(t, _, _)| *t)
-        } else {
-            self.clock.last()
-        };
+        // An event waiting (a hold that may end, a stream to read again) is due at once; a hold
+        // ends at its deadline.
+        let hold =
+            if !self.events.pending() { self.timers.holds.first().map(|(t, _, _)| *t) } else { self.clock.last() };
         [auth, sweep, self.groups_deadline(), self.forward_deadline(), expiry, resume, hold].into_iter().flatten().min()
     }
 
@@ -834,6 +819,7 @@ impl Broker {
             self.timers.sweep = Some(crate::transport::after(now, std::time::Duration::from_secs(1)));
         }
         self.groups_timeout(now);
+        self.run_events(now);
     }
 
     /// Applies retention to every shard of `k` (or every stream when `None`), telling storage

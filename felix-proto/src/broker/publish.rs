@@ -542,6 +542,12 @@ impl Broker {
     /// one write a second. Reads are not affected.
     pub fn handle_write_result(&mut self, token: WriteToken, outcome: WriteOutcome, now: Instant) {
         let now = self.clock.advance(now);
+        self.write_result(token, outcome, now);
+        // Streams read again and subscribers fed here may have raised events.
+        self.run_events(now);
+    }
+
+    fn write_result(&mut self, token: WriteToken, outcome: WriteOutcome, now: Instant) {
         let ok = outcome == WriteOutcome::Written;
         if self.import_written(token, ok, now) {
             return;

@@ -265,7 +265,7 @@ impl Broker {
                 sub.queued_bytes = sub.queued_bytes.saturating_sub(frame_len(&frame));
                 if (sub.holding || sub.excused) && sub.under_quarter(self.cfg.subscriber_queue_bytes_max) {
                     if sub.holding {
-                        self.deferred.releases.push((sub.key.clone(), sub.shard));
+                        self.events.raise(events::Event::HoldMayEnd(sub.key.clone(), sub.shard));
                     }
                     sub.holding = false;
                     sub.excused = false;
@@ -320,7 +320,13 @@ impl Broker {
     /// Storage returned history asked for with `StorageOutput::Read`. The batches are delivered
     /// to the subscriber that asked, in order, and its catch-up continues.
     pub fn handle_read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
-        self.clock.advance(now);
+        let now = self.clock.advance(now);
+        self.read_complete(token, batches, now);
+        // A subscriber fed here may have drained under a quarter and ended a hold.
+        self.run_events(now);
+    }
+
+    fn read_complete(&mut self, token: ReadToken, batches: Vec<crate::storage::StoredBatch>, now: Instant) {
         let (conn, id) = match self.node.reads.remove(&token) {
             Some(ReadFor::Sub(conn, id)) => (conn, id),
             Some(ReadFor::Page(p)) => return self.page_read_complete(token, p, batches),
